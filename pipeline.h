@@ -236,41 +236,41 @@ typedef struct pp_model {
 #define _PP_MODEL_NAME(lname, P, fwd, bwd, desc, count) \
     if (_PP_MODEL_IN(lname)) return #lname;
 
-#define PP_MODEL(name, LIST)                                                                    \
-    typedef struct name##_model { LIST(_PP_MODEL_FIELD) } name##_model;                         \
-    enum { name##_N_LAYERS = 0 LIST(_PP_MODEL_COUNT) };                                         \
-    static inline int name##_forward(const void* w_, int l, pp_layer_io* io) {                  \
+#define PP_MODEL(mname, LIST)                                                                    \
+    typedef struct mname##_model { LIST(_PP_MODEL_FIELD) } mname##_model;                         \
+    enum { mname##_N_LAYERS = 0 LIST(_PP_MODEL_COUNT) };                                         \
+    static inline int mname##_forward(const void* w_, int l, pp_layer_io* io) {                  \
         enum { LIST(_PP_MODEL_ENUM) _pp_end };                                                  \
-        const name##_model* w = (const name##_model*)w_;                                        \
+        const mname##_model* w = (const mname##_model*)w_;                                        \
         LIST(_PP_MODEL_FWD)                                                                     \
         return -1;                                                                              \
     }                                                                                           \
-    static inline int name##_backward(const void* w_, void* g_, int l, pp_layer_io* io) {       \
+    static inline int mname##_backward(const void* w_, void* g_, int l, pp_layer_io* io) {       \
         enum { LIST(_PP_MODEL_ENUM) _pp_end };                                                  \
-        const name##_model* w = (const name##_model*)w_;                                        \
-        name##_model* g = (name##_model*)g_;                                                    \
+        const mname##_model* w = (const mname##_model*)w_;                                        \
+        mname##_model* g = (mname##_model*)g_;                                                    \
         LIST(_PP_MODEL_BWD)                                                                     \
         return -1;                                                                              \
     }                                                                                           \
-    static inline void name##_describe(const void* w_, int l, const pp_microbatch* mb,          \
+    static inline void mname##_describe(const void* w_, int l, const pp_microbatch* mb,          \
                                        const pp_tensor* in, int n_in, pp_layer_desc* d) {       \
         enum { LIST(_PP_MODEL_ENUM) _pp_end };                                                  \
-        const name##_model* w = (const name##_model*)w_;                                        \
+        const mname##_model* w = (const mname##_model*)w_;                                        \
         LIST(_PP_MODEL_DESC)                                                                    \
     }                                                                                           \
-    static inline const char* name##_layer_name(int l) {                                        \
+    static inline const char* mname##_layer_name(int l) {                                        \
         enum { LIST(_PP_MODEL_ENUM) _pp_end };                                                  \
         LIST(_PP_MODEL_NAME)                                                                    \
         return "?";                                                                             \
     }                                                                                           \
-    static inline pp_model name##_model_desc(void) {                                            \
+    static inline pp_model mname##_model_desc(void) {                                            \
         pp_model m;                                                                             \
-        m.name = #name;                                                                         \
-        m.n_layers = name##_N_LAYERS;                                                           \
-        m.forward = name##_forward;                                                             \
-        m.backward = name##_backward;                                                           \
-        m.describe = name##_describe;                                                           \
-        m.layer_name = name##_layer_name;                                                       \
+        m.name = #mname;                                                                         \
+        m.n_layers = mname##_N_LAYERS;                                                           \
+        m.forward = mname##_forward;                                                             \
+        m.backward = mname##_backward;                                                           \
+        m.describe = mname##_describe;                                                           \
+        m.layer_name = mname##_layer_name;                                                       \
         return m;                                                                               \
     }
 
@@ -357,6 +357,8 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
                            pp_schedule* s, pp_error* err);
 /* Rank and chunk of a global stage under this schedule's mapping. */
 void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chunk);
+/* Global stage of (rank, chunk), or -1. */
+int pp_schedule_stage(const pp_schedule* s, int rank, int chunk);
 /* Rank r's list. */
 const pp_action* pp_schedule_rank(const pp_schedule* s, int rank);
 
@@ -417,6 +419,8 @@ typedef struct pp_transport {
                        pp_request* req);
     pp_result (*irecv)(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req);
     pp_result (*wait)(void* self, pp_request* req, double timeout_s, pp_error* err);
+    /* Sets *done without blocking. May be NULL: finished sends are then reaped at step end. */
+    pp_result (*test)(void* self, pp_request* req, int* done);
     pp_result (*group_start)(void* self);                   /* may be NULL */
     pp_result (*group_end)(void* self);                     /* may be NULL */
     /* Sum count elements of buf over ranks[0..n) (this rank among them), in place. */
@@ -585,7 +589,9 @@ static double _pp_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+#include "wip/core_impl.inc"
 #include "wip/schedule_impl.inc"
+#include "wip/exec_impl.inc"
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,73 @@
+# pipeline.h - build, test, run.   make | make test | make run | make bench | make check-cuda
+CC      ?= cc
+CLANG   ?= clang
+CXX     ?= c++
+NVCC    ?= nvcc
+WARN     = -Wall -Wextra -Werror -pedantic
+CFLAGS  ?= -O2 -g
+BASE     = -std=c99 $(WARN) -I.
+LDLIBS   = -lpthread -lm
+B        = build
+
+HEADERS  = pipeline.h
+EXAMPLES = $(B)/mlp_cpu $(B)/pp-sched
+TESTS    = test_schedule test_pipeline test_errors
+BENCHES  = $(B)/bench_overhead
+
+.PHONY: all test run bench check-cuda check-cxx check-clang test-asan test-tsan clean
+
+all: $(EXAMPLES) $(BENCHES)
+
+$(B):
+	@mkdir -p $(B)
+
+$(B)/mlp_cpu: examples/mlp_cpu.c examples/mlp.h $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/pp-sched: tools/pp_sched.c $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/bench_overhead: bench/bench_overhead.c examples/mlp.h $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# Tests: gcc build, clang build, ASan+UBSan, TSan (threaded), and every header as C++.
+$(B)/%: tests/%.c tests/test.h examples/mlp.h $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/clang-%: tests/%.c tests/test.h examples/mlp.h $(HEADERS) | $(B)
+	$(CLANG) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/asan-%: tests/%.c tests/test.h examples/mlp.h $(HEADERS) | $(B)
+	$(CC) $(BASE) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $< -o $@ $(LDLIBS)
+
+$(B)/tsan-%: tests/%.c tests/test.h examples/mlp.h $(HEADERS) | $(B)
+	$(CLANG) $(BASE) -O1 -g -fsanitize=thread $< -o $@ $(LDLIBS)
+
+$(B)/cxx-check.o: tests/cxx_check.cc $(HEADERS) | $(B)
+	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -c $< -o $@
+
+check-cxx: $(B)/cxx-check.o
+
+check-clang: $(addprefix $(B)/clang-,$(TESTS)) $(B)/mlp_cpu
+	$(CLANG) $(BASE) $(CFLAGS) examples/mlp_cpu.c -o $(B)/clang-mlp_cpu $(LDLIBS)
+
+TEST_BINS = $(addprefix $(B)/,$(TESTS)) $(addprefix $(B)/clang-,$(TESTS)) \
+            $(addprefix $(B)/asan-,$(TESTS)) $(addprefix $(B)/tsan-,$(TESTS))
+
+test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) check-cxx
+	@sh tests/run.sh $(TEST_BINS)
+
+run: $(B)/mlp_cpu
+	$(B)/mlp_cpu
+
+bench: $(BENCHES)
+	$(B)/bench_overhead
+
+# CUDA: every header must compile under nvcc (host C++), even on machines without a GPU.
+check-cuda: | $(B)
+	@if command -v $(NVCC) >/dev/null 2>&1; then \
+	  $(NVCC) -std=c++17 -x cu -I. -c tests/cxx_check.cc -o $(B)/nvcc-check.o && echo "check-cuda: headers compile under nvcc"; \
+	else echo "check-cuda: nvcc not found, skipped"; fi
+
+clean:
+	rm -rf $(B)

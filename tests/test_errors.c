@@ -1,0 +1,310 @@
+/* tests/test_errors.c - bad input gets an error code and a message; failures never hang.
+
+   Covers: invalid schedules and partitions, models with NULL callbacks, stage descs that do not
+   fit their schedule, bad batches and cu_seqlens, mismatched buffer sizes in the transport, a
+   peer that never sends (timeout within 2x the deadline), and a layer that fails on the last
+   stage (every rank's step returns an error, and the next step runs clean). */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline.h"
+#include "../examples/mlp.h"
+#include "test.h"
+
+#define ROWS 16
+#define IN 4
+#define CLASSES 3
+static const int DIMS[MLP_DEPTH + 1] = {IN, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, CLASSES};
+
+#define EXPECT_ERR(call, code, what)                                                                   \
+    do {                                                                                             \
+        pp_error e_;                                                                                 \
+        pp_result r_;                                                                                \
+        memset(&e_, 0, sizeof e_);                                                                   \
+        r_ = (call);                                                                                 \
+        CHECK(r_ == (code), "%s: got %s, want %s (%s)", what, pp_result_str(r_), pp_result_str(code), \
+              e_.msg);                                                                               \
+        CHECK(r_ == PP_OK || e_.msg[0] != 0, "%s: no message", what);                                \
+    } while (0)
+/* EXPECT_ERR's call writes its message into e_. */
+#define ERR (&e_)
+
+static void test_schedule_args(void) {
+    pp_action acts[64];
+    pp_schedule s;
+    EXPECT_ERR(pp_schedule_make(PP_SCHED_1F1B, 0, 1, 4, acts, 64, &s, ERR), PP_ERR_INVALID, "p = 0");
+    EXPECT_ERR(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 0, acts, 64, &s, ERR), PP_ERR_INVALID, "m = 0");
+    EXPECT_ERR(pp_schedule_make(PP_SCHED_INTERLEAVED, 2, 0, 4, acts, 64, &s, ERR), PP_ERR_INVALID, "v = 0");
+    EXPECT_ERR(pp_schedule_make(PP_SCHED_GPIPE, 2, 2, 4, acts, 64, &s, ERR), PP_ERR_INVALID, "gpipe v = 2");
+    EXPECT_ERR(pp_schedule_make(PP_SCHED_INTERLEAVED, 2, 1, 4, acts, 64, &s, ERR), PP_ERR_INVALID, "interleaved v = 1");
+    EXPECT_ERR(pp_schedule_make(PP_SCHED_1F1B, 4, 1, 16, acts, 64, &s, ERR), PP_ERR_SIZE, "cap too small");
+    EXPECT_ERR(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, NULL, 64, &s, ERR), PP_ERR_INVALID, "NULL actions");
+    EXPECT_ERR(pp_schedule_make((pp_schedule_kind)99, 2, 1, 4, acts, 64, &s, ERR), PP_ERR_INVALID, "unknown kind");
+    CHECK(pp_schedule_size(PP_SCHED_1F1B, 0, 1, 4) == 0, "size of an invalid schedule is 0");
+}
+
+static void test_partition_args(void) {
+    int first[8];
+    double w[4] = {1, 2, 3, 4}, bad[4] = {1, -1, 3, 4};
+    int gap[4] = {0, 2, 2, 5}, short_end[3] = {0, 2, 4}, ok[3] = {0, 3, 5};
+    EXPECT_ERR(pp_partition_uniform(3, 4, first, ERR), PP_ERR_INVALID, "more stages than layers");
+    EXPECT_ERR(pp_partition_uniform(3, 0, first, ERR), PP_ERR_INVALID, "zero stages");
+    EXPECT_ERR(pp_partition_balanced(w, 4, 5, first, ERR), PP_ERR_INVALID, "balanced: more stages than layers");
+    EXPECT_ERR(pp_partition_balanced(bad, 4, 2, first, ERR), PP_ERR_INVALID, "negative weight");
+    EXPECT_ERR(pp_partition_check(gap, 5, 3, ERR), PP_ERR_INVALID, "empty stage");
+    EXPECT_ERR(pp_partition_check(short_end, 5, 2, ERR), PP_ERR_INVALID, "partition drops layers");
+    EXPECT_ERR(pp_partition_check(ok, 5, 2, ERR), PP_OK, "valid partition");
+    EXPECT_ERR(pp_partition_balanced(w, 4, 2, first, ERR), PP_OK, "balanced");
+    CHECK(first[0] == 0 && first[1] == 3 && first[2] == 4, "balanced {1,2,3,4} into 2: [0,3) [3,4), got %d %d %d",
+          first[0], first[1], first[2]);
+    CHECK(pp_partition_imbalance(w, 4, first, 2) > 1.19 && pp_partition_imbalance(w, 4, first, 2) < 1.21,
+          "imbalance 6/5");
+}
+
+/* --- stage and batch validation on a 2-rank pipeline ------------------------------------- */
+typedef struct fixture {
+    mlp_model w, g;
+    float *wbuf, *gbuf;
+    float x[ROWS * IN];
+    int32_t y[ROWS];
+    pp_batch b;
+    pp_action acts[64];
+    pp_schedule sched;
+    int first[3];
+    pp_threads* threads;
+} fixture;
+
+static void fixture_init(fixture* f, int m) {
+    pp_error err;
+    memset(f, 0, sizeof *f);
+    f->wbuf = mlp_init(&f->w, &f->g, DIMS, 5, &f->gbuf);
+    mlp_make_data(f->x, f->y, ROWS, IN, CLASSES, 1, 2);
+    f->b.m = m;
+    f->b.input.data = f->x;
+    f->b.input.rows = ROWS;
+    f->b.input.cols = IN;
+    f->b.input.dtype = PP_F32;
+    f->b.targets = f->y;
+    f->b.target_row_bytes = sizeof(int32_t);
+    pp_schedule_make(PP_SCHED_1F1B, 2, 1, m, f->acts, 64, &f->sched, &err);
+    pp_partition_uniform(MLP_DEPTH + 1, 2, f->first, &err);
+    pp_threads_create(2, &f->threads, &err);
+}
+
+static void fixture_free(fixture* f) {
+    free(f->wbuf);
+    free(f->gbuf);
+    pp_threads_destroy(f->threads);
+}
+
+static pp_stage_desc desc_for(fixture* f, int rank) {
+    pp_stage_desc d;
+    memset(&d, 0, sizeof d);
+    d.model = mlp_model_desc();
+    d.weights = &f->w;
+    d.grads = &f->g;
+    d.schedule = &f->sched;
+    d.partition = f->first;
+    d.rank = rank;
+    d.transport = pp_threads_transport(f->threads, rank);
+    d.timeout_s = 2;
+    return d;
+}
+
+static void test_stage_desc(void) {
+    fixture f;
+    pp_stage_desc d;
+    pp_stage* st = NULL;
+    int bad_first[3] = {0, 12, 12};
+    fixture_init(&f, 4);
+    d = desc_for(&f, 0);
+    d.model.forward = NULL;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL forward callback");
+    d = desc_for(&f, 0);
+    d.model.describe = NULL;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL describe callback");
+    d = desc_for(&f, 0);
+    d.schedule = NULL;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL schedule");
+    d = desc_for(&f, 0);
+    d.rank = 2;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "rank outside the schedule");
+    d = desc_for(&f, 0);
+    d.partition = bad_first;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "partition with an empty stage");
+    d = desc_for(&f, 0);
+    memset(&d.transport, 0, sizeof d.transport);
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "no transport for p = 2");
+    d = desc_for(&f, 0);
+    d.transport = pp_threads_transport(f.threads, 1);
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "transport of another rank");
+    d = desc_for(&f, 0);
+    d.grads = NULL;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL grads");
+    CHECK(st == NULL, "no stage is returned on error");
+    EXPECT_ERR(pp_stage_create(NULL, &st, ERR), PP_ERR_INVALID, "NULL desc");
+    fixture_free(&f);
+}
+
+static void test_batches(void) {
+    fixture f;
+    pp_stage_desc d;
+    pp_stage* st = NULL;
+    pp_error err;
+    pp_batch b;
+    uint64_t bytes0 = 0, bytes1 = 0;
+    int32_t cu_start[3] = {1, 8, 16}, cu_dec[4] = {0, 9, 8, 16}, cu_end[3] = {0, 8, 15}, cu_ok[3] = {0, 8, 16};
+    int32_t cu_neg[3] = {0, -4, 16};
+    float loss;
+    pp_model model = mlp_model_desc();
+    fixture_init(&f, 2);
+    d = desc_for(&f, 0);
+    CHECK(pp_stage_create(&d, &st, &err) == PP_OK, "%s", err.msg);
+
+    b = f.b;
+    b.m = 3;
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID && strstr(pp_stage_error(st), "m = 3"),
+          "m differs from the schedule: %s", pp_stage_error(st));
+    b = f.b;
+    b.input.data = NULL;
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID, "first stage without input: %s", pp_stage_error(st));
+    b = f.b;
+    b.input.cols = 0;
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID, "zero-width input: %s", pp_stage_error(st));
+    b = f.b;
+    b.input.cols = IN + 1;
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_LAYER, "input width the first layer rejects: %s", pp_stage_error(st));
+    b = f.b;
+    b.cu_seqlens = cu_start;
+    b.n_seqs = 2;
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID && strstr(pp_stage_error(st), "cu_seqlens[0]"),
+          "cu_seqlens not starting at 0: %s", pp_stage_error(st));
+    b.cu_seqlens = cu_dec;
+    b.n_seqs = 3;
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID, "decreasing cu_seqlens: %s", pp_stage_error(st));
+    b.cu_seqlens = cu_neg;
+    b.n_seqs = 2;
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID, "negative cu_seqlens: %s", pp_stage_error(st));
+    b.cu_seqlens = cu_end;
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID, "cu_seqlens ending before the rows: %s", pp_stage_error(st));
+    b.cu_seqlens = cu_ok;
+    b.n_seqs = 2;
+    b.m = 2;
+    pp_stage_destroy(st);
+    st = NULL;
+    /* more micro-batches than sequences, through the sequential path */
+    b.m = 3;
+    EXPECT_ERR(pp_sequential_step(&model, &f.w, &f.g, &b, &loss, ERR), PP_ERR_INVALID, "more micro-batches than sequences");
+    b = f.b;
+    b.m = ROWS + 1;
+    EXPECT_ERR(pp_sequential_step(&model, &f.w, &f.g, &b, &loss, ERR), PP_ERR_INVALID, "more micro-batches than rows");
+    b = f.b;
+    b.targets = NULL;
+    EXPECT_ERR(pp_sequential_step(&model, &f.w, &f.g, &b, &loss, ERR), PP_ERR_INVALID, "no targets");
+    /* nothing was sent by any of the rejected steps */
+    pp_threads_counters(f.threads, 0, &bytes0, NULL);
+    pp_threads_counters(f.threads, 1, &bytes1, NULL);
+    CHECK(bytes0 == 0 && bytes1 == 0, "rejected steps sent %llu + %llu bytes", (unsigned long long)bytes0,
+          (unsigned long long)bytes1);
+    fixture_free(&f);
+}
+
+/* --- the transport: size mismatches and a peer that never sends -------------------------- */
+static void test_transport(void) {
+    pp_threads* w;
+    pp_transport t0, t1;
+    pp_request rq, rs;
+    pp_error err;
+    char a[16] = "0123456789abcde", b[16];
+    double t;
+    pp_threads_create(2, &w, &err);
+    t0 = pp_threads_transport(w, 0);
+    t1 = pp_threads_transport(w, 1);
+    CHECK(t0.isend != NULL && pp_threads_transport(w, 2).isend == NULL, "transport of a missing rank is empty");
+    /* receive posted first, sender sends fewer bytes */
+    t1.irecv(t1.self, 0, 5, b, 16, &rq);
+    CHECK(t0.isend(t0.self, 1, 5, a, 8, &rs) == PP_ERR_SIZE, "sender told of the size mismatch");
+    memset(&err, 0, sizeof err);
+    CHECK(t1.wait(t1.self, &rq, 1, &err) == PP_ERR_SIZE && strstr(err.msg, "16"), "receiver: %s", err.msg);
+    /* message first, receive of another size */
+    t0.isend(t0.self, 1, 6, a, 16, &rs);
+    t1.irecv(t1.self, 0, 6, b, 8, &rq);
+    memset(&err, 0, sizeof err);
+    CHECK(t1.wait(t1.self, &rq, 1, &err) == PP_ERR_SIZE, "unexpected message of another size: %s", err.msg);
+    /* matched on tag, not order */
+    t0.isend(t0.self, 1, 8, "B", 2, &rs);
+    t0.isend(t0.self, 1, 7, "A", 2, &rs);
+    t1.irecv(t1.self, 0, 7, b, 2, &rq);
+    CHECK(t1.wait(t1.self, &rq, 1, &err) == PP_OK && b[0] == 'A', "tag 7 gets A");
+    t1.irecv(t1.self, 0, 8, b, 2, &rq);
+    CHECK(t1.wait(t1.self, &rq, 1, &err) == PP_OK && b[0] == 'B', "tag 8 gets B");
+    /* nobody sends: timeout within 2x the deadline, naming the peer */
+    t1.irecv(t1.self, 0, 9, b, 4, &rq);
+    t = _pp_now();
+    memset(&err, 0, sizeof err);
+    CHECK(t1.wait(t1.self, &rq, 0.2, &err) == PP_ERR_TIMEOUT, "timeout");
+    t = _pp_now() - t;
+    CHECK(t >= 0.19 && t < 0.4, "timed out after %.3f s for a 0.2 s deadline", t);
+    CHECK(strstr(err.msg, "rank 1") && strstr(err.msg, "rank 0"), "message names both ranks: %s", err.msg);
+    pp_threads_destroy(w);
+}
+
+/* --- a layer that fails on the last stage --------------------------------------------------- */
+static int g_fail_layer = -1;
+static int failing_forward(const void* w, int l, pp_layer_io* io) {
+    if (l == g_fail_layer && io->mb->index == 1) return 42;
+    return mlp_forward(w, l, io);
+}
+
+typedef struct fail_run {
+    fixture* f;
+    pp_stage* st[2];
+    pp_result rc[2];
+    char msg[2][512];
+} fail_run;
+
+static pp_result fail_rank(int rank, void* user) {
+    fail_run* R = (fail_run*)user;
+    R->rc[rank] = pp_stage_step(R->st[rank], &R->f->b, NULL);
+    snprintf(R->msg[rank], sizeof R->msg[rank], "%s", pp_stage_error(R->st[rank]));
+    return R->rc[rank];
+}
+
+static void test_failing_layer(void) {
+    fixture f;
+    fail_run R;
+    pp_error err;
+    double t;
+    int r;
+    fixture_init(&f, 4);
+    memset(&R, 0, sizeof R);
+    R.f = &f;
+    for (r = 0; r < 2; r++) {
+        pp_stage_desc d = desc_for(&f, r);
+        d.model.forward = failing_forward;
+        d.timeout_s = 30; /* the abort, not the deadline, must end the other rank's wait */
+        CHECK(pp_stage_create(&d, &R.st[r], &err) == PP_OK, "%s", err.msg);
+    }
+    g_fail_layer = MLP_DEPTH; /* the loss layer, on rank 1 */
+    t = _pp_now();
+    pp_threads_run(2, fail_rank, &R, &err);
+    t = _pp_now() - t;
+    CHECK(R.rc[1] == PP_ERR_LAYER && strstr(R.msg[1], "returned 42"), "failing rank: %s", R.msg[1]);
+    CHECK(R.rc[0] == PP_ERR_ABORTED, "the other rank is told: %s (%s)", pp_result_str(R.rc[0]), R.msg[0]);
+    CHECK(t < 5, "both returned in %.2f s", t);
+    /* the user decides to go on: the next step runs clean */
+    g_fail_layer = -1;
+    pp_threads_reset(f.threads);
+    pp_threads_run(2, fail_rank, &R, &err);
+    CHECK(R.rc[0] == PP_OK && R.rc[1] == PP_OK, "step after an aborted one: %s / %s", R.msg[0], R.msg[1]);
+    for (r = 0; r < 2; r++) pp_stage_destroy(R.st[r]);
+    fixture_free(&f);
+}
+
+int main(void) {
+    test_schedule_args();
+    test_partition_args();
+    test_stage_desc();
+    test_batches();
+    test_transport();
+    test_failing_layer();
+    return TEST_DONE("errors");
+}
