@@ -598,3 +598,22 @@ static double _pp_now(void) {
 #endif
 #endif /* PIPELINE_IMPLEMENTATION_DONE */
 #endif /* PIPELINE_IMPLEMENTATION */
+
+/*
+------------------------------------------------------------------------------
+This software is available under 2 licenses -- choose whichever you prefer.
+ALTERNATIVE A - MIT License
+Copyright (c) 2026 the pipeline.h authors
+Permission is hereby granted, free of charge, to any person obtaining a copy of this software
+and associated documentation files (the "Software"), to deal in the Software without
+restriction, including without limitation the rights to use, copy, modify, merge, publish,
+distribute, sublicense, and/or sell copies of the Software, and to permit persons to whom the
+Software is furnished to do so, subject to the following conditions: The above copyright notice
+and this permission notice shall be included in all copies or substantial portions of the
+Software. THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED.
+ALTERNATIVE B - Public Domain (www.unlicense.org)
+Anyone is free to copy, modify, publish, use, compile, sell, or distribute this software, either
+in source code form or as a compiled binary, for any purpose, commercial or non-commercial, and
+by any means.
+------------------------------------------------------------------------------
+*/
