@@ -11,7 +11,7 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors
+TESTS    = test_schedule test_pipeline test_errors test_varlen
 BENCHES  = $(B)/bench_overhead
 
 .PHONY: all test run bench check-cuda check-cxx check-clang test-asan test-tsan clean

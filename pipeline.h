@@ -294,7 +294,7 @@ typedef enum pp_partition_policy {
 } pp_partition_policy;
 
 pp_result pp_partition_uniform(int n_layers, int n_stages, int* first, pp_error* err);
-/* Contiguous split minimising the maximum stage weight (exact, O(S*L^2) worst case). */
+/* Contiguous split minimising the maximum stage weight (exact, O(S*L)). */
 pp_result pp_partition_balanced(const double* weight, int n_layers, int n_stages, int* first,
                                 pp_error* err);
 pp_result pp_partition_check(const int* first, int n_layers, int n_stages, pp_error* err);
@@ -451,8 +451,19 @@ typedef enum pp_loss_reduction {
     PP_LOSS_MEAN_ROWS               /* weighted by rows: scale rows_mb / rows_total */
 } pp_loss_reduction;
 
+/* How a packed batch (cu_seqlens) is cut into micro-batches of whole, contiguous sequences.
+   Without cu_seqlens the rows are split evenly whatever the policy. */
+typedef enum pp_split_policy {
+    PP_SPLIT_SEQS = 0,              /* equal sequence counts (Megatron's way) */
+    PP_SPLIT_TOKENS,                /* minimise the largest micro-batch's token count */
+    PP_SPLIT_COST                   /* minimise the largest a*tokens + b*sum(len^2) (attention) */
+} pp_split_policy;
+
 /* One step's global batch. Ranks that do not own the first stage may leave input.data NULL
-   (the shape must still be set); ranks without the last stage may leave targets NULL. */
+   (the shape must still be set, except under PP_SHAPES_BROADCAST); ranks without the last
+   stage may leave targets NULL.
+   Packed sequences: cu_seqlens[0] = 0, strictly increasing (no empty sequence: a micro-batch
+   of zero tokens is rejected, never sent), cu_seqlens[n_seqs] = input.rows, n_seqs >= m. */
 typedef struct pp_batch {
     int m;                          /* micro-batches */
     pp_tensor input;                /* [rows, cols] */
@@ -461,11 +472,16 @@ typedef struct pp_batch {
     const int32_t* cu_seqlens;      /* optional packed layout: n_seqs+1 entries, last == rows */
     int n_seqs;
     pp_loss_reduction loss;
+    pp_split_policy split;
+    double split_a, split_b;        /* PP_SPLIT_COST weights; both 0 means a = 1, b = 1/64 */
 } pp_batch;
 
 /* Split a batch into micro-batches (contiguous rows; whole sequences when packed). mbs[m] and
-   cu (n_seqs + m entries when packed, else may be NULL) are the caller's. */
+   cu (n_seqs + m entries when packed, else may be NULL) are the caller's. The balanced
+   policies take O(m * n_seqs) scratch from PP_MALLOC. */
 pp_result pp_batch_split(const pp_batch* b, pp_microbatch* mbs, int32_t* cu, pp_error* err);
+/* max / mean micro-batch cost of a split under the batch's policy (tokens for SEQS/TOKENS). */
+double pp_batch_split_imbalance(const pp_batch* b, const pp_microbatch* mbs);
 
 /* Sequential reference: every micro-batch forward then backward through all layers on this
    thread, gradients accumulated into grads. *loss gets the step loss. */
@@ -474,6 +490,26 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
 
 /* >>stage ------------------------------------------------------------------------------------- */
 typedef struct pp_stage pp_stage;
+
+/* How a rank learns the size of each tensor before it receives it.
+   LOCAL       every rank builds the step plan from its own copy of the batch metadata (rows,
+               cu_seqlens) and describe(): zero shape messages. The default.
+   BROADCAST   only the first stage's rank has the metadata; it sends it to every other rank
+               once per step (one message per rank per step, max_seqs bounds its size).
+   PER_MESSAGE a shape header travels before every activation transfer and the receiver
+               re-describes its own layers from it: for sizes that only the sender knows at
+               run time (data-dependent outputs). Gradients need none: their shapes are the
+               activations'. Receives of data cannot be posted early.
+   AUTO        shapes learned on the first transfer of each (micro-batch, boundary) and reused;
+               a 16-byte trailer rides on every activation message, and when the sender's shape
+               changes (a last, partial batch) it sends one resize notice and a header, then
+               the data. Zero extra messages while shapes stay the same. */
+typedef enum pp_shape_policy {
+    PP_SHAPES_LOCAL = 0,
+    PP_SHAPES_BROADCAST,
+    PP_SHAPES_PER_MESSAGE,
+    PP_SHAPES_AUTO
+} pp_shape_policy;
 
 typedef struct pp_stage_desc {
     pp_model model;
@@ -485,6 +521,8 @@ typedef struct pp_stage_desc {
     pp_transport transport;
     double timeout_s;           /* deadline of each wait; 0 = PP_DEFAULT_TIMEOUT_S */
     int record_timeline;        /* keep per-action events of the last step */
+    pp_shape_policy shapes;     /* default PP_SHAPES_LOCAL */
+    int max_seqs;               /* BROADCAST: most sequences in one step (0 = 4096) */
 } pp_stage_desc;
 
 typedef struct pp_step_stats {
@@ -495,6 +533,8 @@ typedef struct pp_step_stats {
     double t_wait;              /* blocked on receives */
     uint64_t bytes_sent, bytes_recv;
     uint64_t msgs_sent;
+    uint64_t meta_bytes_sent;   /* of bytes_sent: shape metadata (headers, broadcast, trailers) */
+    uint64_t meta_msgs_sent;    /* of msgs_sent: messages that carried only metadata */
     int peak_live;              /* most stashes alive at once */
     size_t peak_stash_bytes;
     int n_actions;
@@ -589,9 +629,2594 @@ static double _pp_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-#include "wip/core_impl.inc"
-#include "wip/schedule_impl.inc"
-#include "wip/exec_impl.inc"
+/* >>impl-tensor */
+size_t pp_dtype_size(pp_dtype t) {
+    switch (t) {
+    case PP_F32: return 4;
+    case PP_F64: return 8;
+    case PP_F16: return 2;
+    case PP_BF16: return 2;
+    case PP_I32: return 4;
+    case PP_I64: return 8;
+    case PP_U8: return 1;
+    default: return 0;
+    }
+}
+
+int pp_dtype_is_float(pp_dtype t) {
+    return t == PP_F32 || t == PP_F64 || t == PP_F16 || t == PP_BF16;
+}
+
+const char* pp_dtype_name(pp_dtype t) {
+    static const char* const names[PP_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
+    return (t >= 0 && t < PP_DTYPE_COUNT) ? names[t] : "?";
+}
+
+size_t pp_tensor_bytes(const pp_tensor* t) {
+    if (!t || t->rows < 0 || t->cols < 0) return 0;
+    return (size_t)t->rows * (size_t)t->cols * pp_dtype_size(t->dtype);
+}
+
+/* >>impl-model */
+pp_result pp_model_check(const pp_model* m, pp_error* err) {
+    if (!m) return _pp_fail(err, PP_ERR_INVALID, "model is NULL");
+    if (m->n_layers <= 0)
+        return _pp_fail(err, PP_ERR_INVALID, "model '%s' has %d layers", m->name ? m->name : "?", m->n_layers);
+    if (!m->forward || !m->backward || !m->describe)
+        return _pp_fail(err, PP_ERR_INVALID, "model '%s': forward, backward and describe must all be set",
+                        m->name ? m->name : "?");
+    return PP_OK;
+}
+
+static const char* _pp_layer_name(const pp_model* m, int l) {
+    return m->layer_name ? m->layer_name(l) : "layer";
+}
+
+/* Shapes crossing one layer boundary (data NULL). */
+typedef struct _pp_bnd {
+    int n;
+    pp_tensor t[PP_MAX_TENSORS];
+} _pp_bnd;
+
+/* Runs describe() for layer l and checks what it returned. */
+static pp_result _pp_describe(const pp_model* m, const void* w, int l, const pp_microbatch* mb,
+                              const _pp_bnd* in, _pp_bnd* out, pp_layer_desc* d, pp_error* err) {
+    int k;
+    memset(d, 0, sizeof *d);
+    m->describe(w, l, mb, in->t, in->n, d);
+    if (d->n_out < 0 || d->n_out > PP_MAX_TENSORS)
+        return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): describe gave n_out=%d (0..%d allowed)", l,
+                        _pp_layer_name(m, l), d->n_out, PP_MAX_TENSORS);
+    if (l < m->n_layers - 1 && d->n_out == 0)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "layer %d (%s) has no outputs but is not the last layer (only the loss layer may)", l,
+                        _pp_layer_name(m, l));
+    if (l == m->n_layers - 1 && d->n_out != 0)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "last layer %d (%s) must be the loss layer (n_out = 0), describe gave %d outputs", l,
+                        _pp_layer_name(m, l), d->n_out);
+    out->n = d->n_out;
+    for (k = 0; k < d->n_out; k++) {
+        const pp_tensor* t = &d->out[k];
+        if (t->rows < 0 || t->cols < 0 || pp_dtype_size(t->dtype) == 0)
+            return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): output %d has shape [%lld, %lld] dtype %d", l,
+                            _pp_layer_name(m, l), k, (long long)t->rows, (long long)t->cols, (int)t->dtype);
+        out->t[k] = *t;
+        out->t[k].data = NULL;
+    }
+    return PP_OK;
+}
+
+pp_result pp_model_layer_costs(const pp_model* m, const void* weights, const pp_tensor* input, double* cost,
+                               int64_t* n_params, pp_error* err) {
+    pp_microbatch mb;
+    _pp_bnd a, b;
+    pp_layer_desc d;
+    pp_result rc;
+    int l;
+    if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
+    if (!input || input->rows <= 0 || input->cols <= 0 || pp_dtype_size(input->dtype) == 0)
+        return _pp_fail(err, PP_ERR_INVALID, "sample input must have rows > 0, cols > 0 and a valid dtype");
+    memset(&mb, 0, sizeof mb);
+    mb.count = 1;
+    mb.rows = input->rows;
+    mb.loss_scale = 1.0f;
+    a.n = 1;
+    a.t[0] = *input;
+    a.t[0].data = NULL;
+    for (l = 0; l < m->n_layers; l++) {
+        if ((rc = _pp_describe(m, weights, l, &mb, &a, &b, &d, err)) != PP_OK) return rc;
+        if (cost) cost[l] = d.cost > 0 ? d.cost : 1.0;
+        if (n_params) n_params[l] = d.n_params;
+        a = b;
+    }
+    return PP_OK;
+}
+
+/* >>impl-partition */
+pp_result pp_partition_check(const int* first, int n_layers, int n_stages, pp_error* err) {
+    int s;
+    if (!first) return _pp_fail(err, PP_ERR_INVALID, "partition is NULL");
+    if (n_stages <= 0) return _pp_fail(err, PP_ERR_INVALID, "partition needs n_stages > 0 (got %d)", n_stages);
+    if (n_layers < n_stages)
+        return _pp_fail(err, PP_ERR_INVALID, "%d stages need at least %d layers, the model has %d", n_stages,
+                        n_stages, n_layers);
+    if (first[0] != 0) return _pp_fail(err, PP_ERR_INVALID, "partition must start at layer 0 (first[0] = %d)", first[0]);
+    if (first[n_stages] != n_layers)
+        return _pp_fail(err, PP_ERR_INVALID, "partition must end at layer %d (first[%d] = %d): layers would be dropped",
+                        n_layers, n_stages, first[n_stages]);
+    for (s = 0; s < n_stages; s++)
+        if (first[s + 1] <= first[s])
+            return _pp_fail(err, PP_ERR_INVALID, "stage %d is empty or reversed (layers [%d, %d))", s, first[s],
+                            first[s + 1]);
+    return PP_OK;
+}
+
+pp_result pp_partition_uniform(int n_layers, int n_stages, int* first, pp_error* err) {
+    int s;
+    if (!first) return _pp_fail(err, PP_ERR_INVALID, "partition output is NULL");
+    if (n_stages <= 0) return _pp_fail(err, PP_ERR_INVALID, "partition needs n_stages > 0 (got %d)", n_stages);
+    if (n_layers < n_stages)
+        return _pp_fail(err, PP_ERR_INVALID, "cannot split %d layers into %d stages (more stages than layers)",
+                        n_layers, n_stages);
+    first[0] = 0;
+    for (s = 0; s < n_stages; s++) first[s + 1] = first[s] + n_layers / n_stages + (s < n_layers % n_stages);
+    return PP_OK;
+}
+
+pp_result pp_partition_balanced(const double* weight, int n_layers, int n_stages, int* first, pp_error* err) {
+    /* best[s*(L+1)+l]: smallest possible maximum stage weight covering layers [0,l) with s stages. */
+    double *pre = NULL, *best = NULL;
+    int *cut = NULL, s, l, j, L = n_layers;
+    pp_result rc = PP_OK;
+    if (!weight || !first) return _pp_fail(err, PP_ERR_INVALID, "weights and partition output must be non-NULL");
+    if (n_stages <= 0) return _pp_fail(err, PP_ERR_INVALID, "partition needs n_stages > 0 (got %d)", n_stages);
+    if (n_layers < n_stages)
+        return _pp_fail(err, PP_ERR_INVALID, "cannot split %d layers into %d stages (more stages than layers)",
+                        n_layers, n_stages);
+    for (l = 0; l < L; l++)
+        if (!(weight[l] >= 0) || weight[l] > 1e300)
+            return _pp_fail(err, PP_ERR_INVALID, "layer %d has weight %g (must be finite and >= 0)", l, weight[l]);
+    pre = (double*)_pp_calloc((size_t)L + 1, sizeof *pre);
+    best = (double*)_pp_calloc((size_t)(n_stages + 1) * (size_t)(L + 1), sizeof *best);
+    cut = (int*)_pp_calloc((size_t)(n_stages + 1) * (size_t)(L + 1), sizeof *cut);
+    if (!pre || !best || !cut) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "partition scratch for %d layers x %d stages", L, n_stages);
+        goto cleanup;
+    }
+    for (l = 0; l < L; l++) pre[l + 1] = pre[l] + weight[l];
+    for (l = 1; l <= L; l++) best[1 * (L + 1) + l] = pre[l];
+    /* cost(j) = max(best[s-1][j], pre[l] - pre[j]) is the maximum of a non-decreasing and a
+       non-increasing function of j, so it falls then rises: walk j forward while it does not
+       rise. The best j never moves left as l grows (every stage weight is >= 0), so one pointer
+       per s suffices: O(S*L) in all. */
+    for (s = 2; s <= n_stages; s++) {
+        j = s - 1;
+        for (l = s; l <= L - (n_stages - s); l++) {
+            const double* prev = &best[(s - 1) * (L + 1)];
+#define _PP_SPLIT_COST(jj) (prev[jj] > pre[l] - pre[jj] ? prev[jj] : pre[l] - pre[jj])
+            while (j + 1 < l && _PP_SPLIT_COST(j + 1) <= _PP_SPLIT_COST(j)) j++;
+            best[s * (L + 1) + l] = _PP_SPLIT_COST(j);
+#undef _PP_SPLIT_COST
+            cut[s * (L + 1) + l] = j;
+        }
+    }
+    first[n_stages] = L;
+    for (s = n_stages; s >= 2; s--) first[s - 1] = cut[s * (L + 1) + first[s]];
+    first[0] = 0;
+    rc = pp_partition_check(first, L, n_stages, err);
+cleanup:
+    PP_FREE(pre);
+    PP_FREE(best);
+    PP_FREE(cut);
+    return rc;
+}
+
+double pp_partition_imbalance(const double* weight, int n_layers, const int* first, int n_stages) {
+    double total = 0, worst = 0;
+    int s, l;
+    if (!first || n_stages <= 0 || n_layers <= 0) return 0;
+    for (s = 0; s < n_stages; s++) {
+        double w = 0;
+        for (l = first[s]; l < first[s + 1]; l++) w += weight ? weight[l] : 1.0;
+        total += w;
+        if (w > worst) worst = w;
+    }
+    return total > 0 ? worst / (total / n_stages) : 1.0;
+}
+
+pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_partition_desc* d, int* first,
+                             double* imbalance, pp_error* err) {
+    double* w = NULL;
+    int64_t* np = NULL;
+    pp_result rc;
+    int l;
+    if (!d) return _pp_fail(err, PP_ERR_INVALID, "partition desc is NULL");
+    if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
+    switch (d->policy) {
+    case PP_PARTITION_UNIFORM:
+        rc = pp_partition_uniform(m->n_layers, d->n_stages, first, err);
+        if (rc == PP_OK && imbalance) *imbalance = pp_partition_imbalance(NULL, m->n_layers, first, d->n_stages);
+        return rc;
+    case PP_PARTITION_EXPLICIT:
+        if (!d->explicit_first) return _pp_fail(err, PP_ERR_INVALID, "explicit partition without boundaries");
+        if ((rc = pp_partition_check(d->explicit_first, m->n_layers, d->n_stages, err)) != PP_OK) return rc;
+        if (!first) return _pp_fail(err, PP_ERR_INVALID, "partition output is NULL");
+        memcpy(first, d->explicit_first, sizeof(int) * (size_t)(d->n_stages + 1));
+        if (imbalance) *imbalance = pp_partition_imbalance(NULL, m->n_layers, first, d->n_stages);
+        return PP_OK;
+    case PP_PARTITION_COST:
+    case PP_PARTITION_PARAMS:
+        break;
+    default:
+        return _pp_fail(err, PP_ERR_INVALID, "unknown partition policy %d", (int)d->policy);
+    }
+    if (!d->sample) return _pp_fail(err, PP_ERR_INVALID, "cost/params partition needs a sample input shape");
+    w = (double*)_pp_calloc((size_t)m->n_layers, sizeof *w);
+    np = (int64_t*)_pp_calloc((size_t)m->n_layers, sizeof *np);
+    if (!w || !np) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "partition weights");
+        goto cleanup;
+    }
+    if ((rc = pp_model_layer_costs(m, weights, d->sample, w, np, err)) != PP_OK) goto cleanup;
+    if (d->policy == PP_PARTITION_PARAMS)
+        for (l = 0; l < m->n_layers; l++) w[l] = (double)np[l];
+    rc = pp_partition_balanced(w, m->n_layers, d->n_stages, first, err);
+    if (rc == PP_OK && imbalance) *imbalance = pp_partition_imbalance(w, m->n_layers, first, d->n_stages);
+cleanup:
+    PP_FREE(w);
+    PP_FREE(np);
+    return rc;
+}
+
+void pp_partition_print(FILE* f, const pp_model* m, const int* first, int n_stages, const double* weight) {
+    int s;
+    for (s = 0; s < n_stages; s++) {
+        double w = 0;
+        int l;
+        for (l = first[s]; l < first[s + 1]; l++) w += weight ? weight[l] : 1.0;
+        fprintf(f, "stage %2d: layers [%3d, %3d) %-10s .. %-10s weight %.4g\n", s, first[s], first[s + 1],
+                m && m->layer_name ? m->layer_name(first[s]) : "", m && m->layer_name ? m->layer_name(first[s + 1] - 1) : "",
+                w);
+    }
+}
+
+/* >>impl-batch */
+static pp_result _pp_batch_check(const pp_batch* b, pp_error* err) {
+    int i;
+    if (!b) return _pp_fail(err, PP_ERR_INVALID, "batch is NULL");
+    if (b->m <= 0) return _pp_fail(err, PP_ERR_INVALID, "batch needs m > 0 micro-batches (got %d)", b->m);
+    if (b->input.rows <= 0 || b->input.cols <= 0 || pp_dtype_size(b->input.dtype) == 0)
+        return _pp_fail(err, PP_ERR_INVALID, "batch input must be [rows > 0, cols > 0] of a valid dtype (got [%lld, %lld] dtype %d)",
+                        (long long)b->input.rows, (long long)b->input.cols, (int)b->input.dtype);
+    if (b->loss != PP_LOSS_MEAN_MICROBATCH && b->loss != PP_LOSS_MEAN_ROWS)
+        return _pp_fail(err, PP_ERR_INVALID, "unknown loss reduction %d", (int)b->loss);
+    if (b->split != PP_SPLIT_SEQS && b->split != PP_SPLIT_TOKENS && b->split != PP_SPLIT_COST)
+        return _pp_fail(err, PP_ERR_INVALID, "unknown split policy %d", (int)b->split);
+    if (!(b->split_a >= 0 && b->split_b >= 0 && b->split_a < 1e300 && b->split_b < 1e300))
+        return _pp_fail(err, PP_ERR_INVALID, "split cost weights must be finite and >= 0 (a = %g, b = %g)", b->split_a,
+                        b->split_b);
+    if (b->targets && b->target_row_bytes == 0)
+        return _pp_fail(err, PP_ERR_INVALID, "targets given with target_row_bytes = 0");
+    if (!b->cu_seqlens) {
+        if (b->n_seqs != 0) return _pp_fail(err, PP_ERR_INVALID, "n_seqs = %d without cu_seqlens", b->n_seqs);
+        if (b->input.rows < b->m)
+            return _pp_fail(err, PP_ERR_INVALID, "%lld rows cannot fill %d micro-batches (each needs at least one row)",
+                            (long long)b->input.rows, b->m);
+        return PP_OK;
+    }
+    if (b->n_seqs <= 0) return _pp_fail(err, PP_ERR_INVALID, "cu_seqlens given with n_seqs = %d", b->n_seqs);
+    if (b->cu_seqlens[0] != 0) return _pp_fail(err, PP_ERR_INVALID, "cu_seqlens[0] = %d, must be 0", b->cu_seqlens[0]);
+    for (i = 0; i < b->n_seqs; i++)
+        if (b->cu_seqlens[i + 1] <= b->cu_seqlens[i])
+            return _pp_fail(err, PP_ERR_INVALID, "cu_seqlens not increasing at %d (%d then %d): sequence %d is empty or negative",
+                            i, b->cu_seqlens[i], b->cu_seqlens[i + 1], i);
+    if ((int64_t)b->cu_seqlens[b->n_seqs] != b->input.rows)
+        return _pp_fail(err, PP_ERR_INVALID, "cu_seqlens ends at %d but the input has %lld rows", b->cu_seqlens[b->n_seqs],
+                        (long long)b->input.rows);
+    if (b->n_seqs < b->m)
+        return _pp_fail(err, PP_ERR_INVALID, "%d sequences cannot fill %d micro-batches", b->n_seqs, b->m);
+    return PP_OK;
+}
+
+/* Cost of one sequence of len tokens under the batch's split policy. */
+static double _pp_seq_cost(const pp_batch* b, double len) {
+    double a = b->split_a, q = b->split_b;
+    if (b->split != PP_SPLIT_COST) return len;
+    if (a == 0 && q == 0) {
+        a = 1.0;
+        q = 1.0 / 64;
+    }
+    return a * len + q * len * len;
+}
+
+pp_result pp_batch_split(const pp_batch* b, pp_microbatch* mbs, int32_t* cu, pp_error* err) {
+    pp_result rc;
+    int *first = NULL, i;
+    if ((rc = _pp_batch_check(b, err)) != PP_OK) return rc;
+    if (!mbs || (b->cu_seqlens && !cu)) return _pp_fail(err, PP_ERR_INVALID, "split outputs are NULL");
+    if (b->cu_seqlens) {
+        /* first[i]: micro-batch i's first sequence */
+        first = (int*)_pp_calloc((size_t)b->m + 1, sizeof *first);
+        if (!first) return _pp_fail(err, PP_ERR_NOMEM, "split of %d sequences", b->n_seqs);
+        if (b->split == PP_SPLIT_SEQS) {
+            for (i = 0; i <= b->m; i++)
+                first[i] = i * (b->n_seqs / b->m) + (i < b->n_seqs % b->m ? i : b->n_seqs % b->m);
+        } else {
+            double* w = (double*)_pp_calloc((size_t)b->n_seqs, sizeof *w);
+            if (!w) {
+                PP_FREE(first);
+                return _pp_fail(err, PP_ERR_NOMEM, "split weights of %d sequences", b->n_seqs);
+            }
+            for (i = 0; i < b->n_seqs; i++) w[i] = _pp_seq_cost(b, (double)(b->cu_seqlens[i + 1] - b->cu_seqlens[i]));
+            rc = pp_partition_balanced(w, b->n_seqs, b->m, first, err);
+            PP_FREE(w);
+            if (rc != PP_OK) {
+                PP_FREE(first);
+                return rc;
+            }
+        }
+    }
+    for (i = 0; i < b->m; i++) {
+        pp_microbatch* mb = &mbs[i];
+        memset(mb, 0, sizeof *mb);
+        mb->index = i;
+        mb->count = b->m;
+        if (b->cu_seqlens) {
+            int s0 = first[i], n = first[i + 1] - first[i], j;
+            int32_t* c = cu + s0 + i; /* micro-batch i's n+1 offsets follow i earlier micro-batches' */
+            for (j = 0; j <= n; j++) {
+                c[j] = b->cu_seqlens[s0 + j] - b->cu_seqlens[s0];
+                if (j > 0 && c[j] - c[j - 1] > mb->max_seqlen) mb->max_seqlen = c[j] - c[j - 1];
+            }
+            mb->row0 = b->cu_seqlens[s0];
+            mb->rows = c[n];
+            mb->cu_seqlens = c;
+            mb->n_seqs = n;
+        } else {
+            int64_t q = b->input.rows / b->m, r = b->input.rows % b->m;
+            mb->row0 = i * q + (i < r ? i : r);
+            mb->rows = q + (i < r);
+        }
+        mb->targets = b->targets ? (const void*)((const unsigned char*)b->targets + (size_t)mb->row0 * b->target_row_bytes)
+                                 : NULL;
+        mb->loss_scale = b->loss == PP_LOSS_MEAN_ROWS ? (float)((double)mb->rows / (double)b->input.rows)
+                                                      : (float)(1.0 / b->m);
+    }
+    PP_FREE(first);
+    return PP_OK;
+}
+
+double pp_batch_split_imbalance(const pp_batch* b, const pp_microbatch* mbs) {
+    double worst = 0, total = 0;
+    int i, j;
+    if (!b || !mbs || b->m <= 0) return 0;
+    for (i = 0; i < b->m; i++) {
+        double c = 0;
+        if (mbs[i].cu_seqlens)
+            for (j = 0; j < mbs[i].n_seqs; j++) c += _pp_seq_cost(b, (double)(mbs[i].cu_seqlens[j + 1] - mbs[i].cu_seqlens[j]));
+        else
+            c = (double)mbs[i].rows;
+        total += c;
+        if (c > worst) worst = c;
+    }
+    return total > 0 ? worst / (total / b->m) : 1.0;
+}
+
+/* A step's plan: micro-batches, and the shapes at every layer boundary of every micro-batch.
+   Every rank builds the same plan from the same batch metadata, so receives are posted with
+   exact sizes and no shape message travels. */
+typedef struct _pp_plan {
+    int m, L, m_cap, cu_cap;
+    size_t pad;                 /* bytes kept free after every activation (AUTO's trailer) */
+    pp_microbatch* mbs;         /* [m] */
+    int32_t* cu;                /* rebased cu_seqlens of all micro-batches */
+    _pp_bnd* bnd;               /* [m][L+1]: boundary l is the input of layer l */
+    size_t* saved;              /* [m][L] */
+} _pp_plan;
+
+static void _pp_plan_free(_pp_plan* p) {
+    PP_FREE(p->mbs);
+    PP_FREE(p->cu);
+    PP_FREE(p->bnd);
+    PP_FREE(p->saved);
+    memset(p, 0, sizeof *p);
+}
+
+static pp_result _pp_plan_build(_pp_plan* p, const pp_model* model, const void* w, const pp_batch* b, pp_error* err) {
+    pp_result rc;
+    int i, l, L = model->n_layers;
+    int cu_need = b->cu_seqlens ? b->n_seqs + b->m : 1;
+    if ((rc = _pp_batch_check(b, err)) != PP_OK) return rc;
+    if (b->m > p->m_cap || L != p->L) {
+        PP_FREE(p->mbs);
+        PP_FREE(p->bnd);
+        PP_FREE(p->saved);
+        p->mbs = (pp_microbatch*)_pp_calloc((size_t)b->m, sizeof *p->mbs);
+        p->bnd = (_pp_bnd*)_pp_calloc((size_t)b->m * (size_t)(L + 1), sizeof *p->bnd);
+        p->saved = (size_t*)_pp_calloc((size_t)b->m * (size_t)L, sizeof *p->saved);
+        p->m_cap = b->m;
+        p->L = L;
+        if (!p->mbs || !p->bnd || !p->saved) {
+            p->m_cap = 0;
+            return _pp_fail(err, PP_ERR_NOMEM, "step plan for %d micro-batches x %d layers", b->m, L);
+        }
+    }
+    if (cu_need > p->cu_cap) {
+        PP_FREE(p->cu);
+        p->cu = (int32_t*)_pp_calloc((size_t)cu_need, sizeof *p->cu);
+        p->cu_cap = p->cu ? cu_need : 0;
+        if (!p->cu) return _pp_fail(err, PP_ERR_NOMEM, "step plan cu_seqlens (%d entries)", cu_need);
+    }
+    p->m = b->m;
+    if ((rc = pp_batch_split(b, p->mbs, p->cu, err)) != PP_OK) return rc;
+    for (i = 0; i < b->m; i++) {
+        _pp_bnd* bd = &p->bnd[(size_t)i * (L + 1)];
+        pp_layer_desc d;
+        bd[0].n = 1;
+        bd[0].t[0] = b->input;
+        bd[0].t[0].data = NULL;
+        bd[0].t[0].rows = p->mbs[i].rows;
+        for (l = 0; l < L; l++) {
+            if ((rc = _pp_describe(model, w, l, &p->mbs[i], &bd[l], &bd[l + 1], &d, err)) != PP_OK) return rc;
+            p->saved[(size_t)i * L + l] = d.saved_bytes;
+        }
+    }
+    return PP_OK;
+}
+
+static const _pp_bnd* _pp_plan_bnd(const _pp_plan* p, int mb, int l) { return &p->bnd[(size_t)mb * (p->L + 1) + l]; }
+
+#define _PP_ALIGN(x) (((x) + 63) & ~(size_t)63)
+
+/* Carves one micro-batch's stash for layers [a, b) out of base (NULL: only measure).
+   Layout: boundary a (only if own_input), boundaries a+1..b, then each layer's saved scratch.
+   act[(l-a)*PP_MAX_TENSORS + k] and nact[l-a] describe boundary l; saved[l-a] the scratch. */
+static size_t _pp_stash_carve(const _pp_plan* p, int mb, int a, int b, int own_input, unsigned char* base,
+                              pp_tensor* act, int* nact, void** saved) {
+    size_t off = 0;
+    int l, k;
+    for (l = a; l <= b; l++) {
+        const _pp_bnd* bd = _pp_plan_bnd(p, mb, l);
+        if (nact) nact[l - a] = bd->n;
+        for (k = 0; k < bd->n; k++) {
+            if (act) act[(l - a) * PP_MAX_TENSORS + k] = bd->t[k];
+            if (l == a && !own_input) continue;
+            if (act) act[(l - a) * PP_MAX_TENSORS + k].data = base ? base + off : NULL;
+            off += _PP_ALIGN(pp_tensor_bytes(&bd->t[k]) + p->pad);
+        }
+    }
+    for (l = a; l < b; l++) {
+        size_t sb = p->saved[(size_t)mb * p->L + l];
+        if (saved) saved[l - a] = (base && sb) ? base + off : NULL;
+        off += _PP_ALIGN(sb);
+    }
+    return off;
+}
+
+/* Carves the gradient workspace of layers [a, b): boundary b first (it is received), then
+   b-1 down to a+1, then a if need_in. Integer tensors get no gradient (data NULL). */
+static size_t _pp_grad_carve(const _pp_plan* p, int mb, int a, int b, int need_in, unsigned char* base, pp_tensor* dact) {
+    size_t off = 0;
+    int l, k;
+    for (l = b; l >= a; l--) {
+        const _pp_bnd* bd = _pp_plan_bnd(p, mb, l);
+        for (k = 0; k < bd->n; k++) {
+            pp_tensor* t = dact ? &dact[(l - a) * PP_MAX_TENSORS + k] : NULL;
+            int has = pp_dtype_is_float(bd->t[k].dtype) && (l > a || need_in);
+            if (t) {
+                *t = bd->t[k];
+                t->data = (has && base) ? base + off : NULL;
+            }
+            if (has) off += _PP_ALIGN(pp_tensor_bytes(&bd->t[k]));
+        }
+    }
+    return off;
+}
+
+/* Input tensor of micro-batch mb: a view into the batch's rows. */
+static pp_tensor _pp_input_view(const pp_batch* b, const pp_microbatch* mb) {
+    pp_tensor t = b->input;
+    t.rows = mb->rows;
+    t.data = b->input.data ? (void*)((unsigned char*)b->input.data +
+                                     (size_t)mb->row0 * (size_t)b->input.cols * pp_dtype_size(b->input.dtype))
+                           : NULL;
+    return t;
+}
+
+static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_microbatch* mb, int a, int b,
+                                   const pp_tensor* act, const int* nact, void* const* saved, const size_t* saved_bytes,
+                                   float* loss, pp_error* err) {
+    pp_layer_io io;
+    int l, rc;
+    for (l = a; l < b; l++) {
+        memset(&io, 0, sizeof io);
+        io.mb = mb;
+        io.layer = l;
+        io.n_in = nact[l - a];
+        io.n_out = nact[l - a + 1];
+        memcpy(io.in, &act[(l - a) * PP_MAX_TENSORS], sizeof io.in);
+        memcpy(io.out, &act[(l - a + 1) * PP_MAX_TENSORS], sizeof io.out);
+        io.saved = saved[l - a];
+        io.saved_bytes = saved_bytes[l];
+        if ((rc = m->forward(w, l, &io)) != 0)
+            return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) forward returned %d on micro-batch %d", l,
+                            _pp_layer_name(m, l), rc, mb->index);
+        if (l == m->n_layers - 1 && loss) *loss = io.loss;
+    }
+    return PP_OK;
+}
+
+static pp_result _pp_backward_range(const pp_model* m, const void* w, void* g, const pp_microbatch* mb, int a, int b,
+                                    const pp_tensor* act, const int* nact, const pp_tensor* dact, void* const* saved,
+                                    const size_t* saved_bytes, pp_error* err) {
+    pp_layer_io io;
+    int l, rc;
+    for (l = b - 1; l >= a; l--) {
+        memset(&io, 0, sizeof io);
+        io.mb = mb;
+        io.layer = l;
+        io.n_in = nact[l - a];
+        io.n_out = nact[l - a + 1];
+        memcpy(io.in, &act[(l - a) * PP_MAX_TENSORS], sizeof io.in);
+        memcpy(io.out, &act[(l - a + 1) * PP_MAX_TENSORS], sizeof io.out);
+        memcpy(io.d_in, &dact[(l - a) * PP_MAX_TENSORS], sizeof io.d_in);
+        memcpy(io.d_out, &dact[(l - a + 1) * PP_MAX_TENSORS], sizeof io.d_out);
+        io.saved = saved[l - a];
+        io.saved_bytes = saved_bytes[l];
+        if ((rc = m->backward(w, g, l, &io)) != 0)
+            return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) backward returned %d on micro-batch %d", l,
+                            _pp_layer_name(m, l), rc, mb->index);
+    }
+    return PP_OK;
+}
+
+/* Step loss from micro-batch losses, always in ascending micro-batch order. */
+static float _pp_step_loss(const _pp_plan* p, const float* mb_loss) {
+    double acc = 0;
+    int i;
+    for (i = 0; i < p->m; i++) acc += (double)p->mbs[i].loss_scale * (double)mb_loss[i];
+    return (float)acc;
+}
+
+pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads, const pp_batch* b, float* loss,
+                             pp_error* err) {
+    _pp_plan plan;
+    pp_tensor *act = NULL, *dact = NULL;
+    int* nact = NULL;
+    void** saved = NULL;
+    unsigned char *stash = NULL, *gws = NULL;
+    float* mb_loss = NULL;
+    pp_result rc;
+    int i, L;
+    memset(&plan, 0, sizeof plan);
+    if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
+    if (!grads) return _pp_fail(err, PP_ERR_INVALID, "grads is NULL");
+    if (!b || !b->input.data || !b->targets)
+        return _pp_fail(err, PP_ERR_INVALID, "sequential step needs the batch input data and targets");
+    L = m->n_layers;
+    if ((rc = _pp_plan_build(&plan, m, weights, b, err)) != PP_OK) goto cleanup;
+    act = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *act);
+    dact = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *dact);
+    nact = (int*)_pp_calloc((size_t)L + 1, sizeof *nact);
+    saved = (void**)_pp_calloc((size_t)L, sizeof *saved);
+    mb_loss = (float*)_pp_calloc((size_t)b->m, sizeof *mb_loss);
+    if (!act || !dact || !nact || !saved || !mb_loss) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "sequential step scratch");
+        goto cleanup;
+    }
+    for (i = 0; i < b->m; i++) {
+        size_t sb = _pp_stash_carve(&plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
+        size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, NULL, NULL);
+        stash = (unsigned char*)PP_MALLOC(sb ? sb : 1);
+        gws = (unsigned char*)_pp_calloc(gb ? gb : 1, 1);
+        if (!stash || !gws) {
+            rc = _pp_fail(err, PP_ERR_NOMEM, "sequential stash of micro-batch %d (%zu + %zu bytes)", i, sb, gb);
+            goto cleanup;
+        }
+        _pp_stash_carve(&plan, i, 0, L, 0, stash, act, nact, saved);
+        act[0] = _pp_input_view(b, &plan.mbs[i]);
+        _pp_grad_carve(&plan, i, 0, L, 0, gws, dact);
+        if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, &plan.saved[(size_t)i * L],
+                                    &mb_loss[i], err)) != PP_OK)
+            goto cleanup;
+        if ((rc = _pp_backward_range(m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
+                                     &plan.saved[(size_t)i * L], err)) != PP_OK)
+            goto cleanup;
+        PP_FREE(stash);
+        PP_FREE(gws);
+        stash = gws = NULL;
+    }
+    if (loss) *loss = _pp_step_loss(&plan, mb_loss);
+cleanup:
+    PP_FREE(stash);
+    PP_FREE(gws);
+    PP_FREE(act);
+    PP_FREE(dact);
+    PP_FREE(nact);
+    PP_FREE(saved);
+    PP_FREE(mb_loss);
+    _pp_plan_free(&plan);
+    return rc;
+}
+/* wip/schedule_impl.inc - schedules, simulator and timeline printers of pipeline.h.
+   Included by pipeline.h inside its implementation section (after stdlib, string, math, stdio,
+   inside extern "C"). Uses _pp_fail, _pp_calloc, PP_MALLOC and PP_FREE from there.
+   Every private name here starts with _pp_sched_, _pp_sim_ or _pp_tl_ so it cannot collide with
+   helpers added elsewhere in the header. */
+
+/* >>impl-schedule ----------------------------------------------------------------------------- */
+
+static const char* const _pp_sched_names[PP_SCHED_KIND_COUNT] = {"gpipe", "1f1b", "interleaved"};
+
+const char* pp_schedule_name(pp_schedule_kind k) {
+    if ((int)k < 0 || (int)k >= PP_SCHED_KIND_COUNT) return "unknown";
+    return _pp_sched_names[k];
+}
+
+/* ASCII-only case folding: locale-independent, so "GPipe" parses the same everywhere. */
+static int _pp_sched_streq_nocase(const char* a, const char* b) {
+    for (;; a++, b++) {
+        char ca = *a, cb = *b;
+        if (ca >= 'A' && ca <= 'Z') ca = (char)(ca - 'A' + 'a');
+        if (cb >= 'A' && cb <= 'Z') cb = (char)(cb - 'A' + 'a');
+        if (ca != cb) return 0;
+        if (ca == 0) return 1;
+    }
+}
+
+pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k) {
+    int i;
+    if (!s || !k) return PP_ERR_INVALID;
+    for (i = 0; i < PP_SCHED_KIND_COUNT; i++) {
+        if (_pp_sched_streq_nocase(s, _pp_sched_names[i])) {
+            *k = (pp_schedule_kind)i;
+            return PP_OK;
+        }
+    }
+    return PP_ERR_INVALID;
+}
+
+/* One place that decides whether (kind, p, v, m) describes a schedule we can build. The limits
+   come from pp_action's field widths (chunk int8, stage and ranks int16, mb int32) and from the
+   simulator indexing all p*2*m*v actions with an int. */
+static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, pp_error* err) {
+    if ((int)k < 0 || (int)k >= PP_SCHED_KIND_COUNT)
+        return _pp_fail(err, PP_ERR_INVALID, "schedule kind %d is not one of gpipe, 1f1b, interleaved",
+                        (int)k);
+    if (p < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: p (ranks) = %d, need p >= 1",
+                               pp_schedule_name(k), p);
+    if (v < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: v (chunks per rank) = %d, need v >= 1",
+                               pp_schedule_name(k), v);
+    if (m < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: m (micro-batches) = %d, need m >= 1",
+                               pp_schedule_name(k), m);
+    if (p > PP_MAX_RANKS || p > INT16_MAX)
+        return _pp_fail(err, PP_ERR_INVALID, "%s: p = %d ranks exceeds PP_MAX_RANKS (%d)",
+                        pp_schedule_name(k), p, (int)PP_MAX_RANKS);
+    if ((k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B) && v != 1)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "%s needs v = 1 chunk per rank (got v = %d); use interleaved for v >= 2",
+                        pp_schedule_name(k), v);
+    if (k == PP_SCHED_INTERLEAVED && v < 2)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "interleaved needs v >= 2 chunks per rank (got v = %d); use 1f1b for v = 1", v);
+    if (v > INT8_MAX || (long long)p * v > INT16_MAX)
+        return _pp_fail(err, PP_ERR_INVALID, "%s: p*v = %d*%d stages do not fit a pp_action (max %d, v <= %d)",
+                        pp_schedule_name(k), p, v, (int)INT16_MAX, (int)INT8_MAX);
+    if ((long long)p * 2 * v * m > INT32_MAX)
+        return _pp_fail(err, PP_ERR_INVALID, "%s: p*2*v*m = %d*2*%d*%d actions is too many",
+                        pp_schedule_name(k), p, v, m);
+    return PP_OK;
+}
+
+size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m) {
+    if (_pp_sched_check_args(k, p, v, m, NULL) != PP_OK) return 0;
+    return (size_t)p * 2 * (size_t)v * (size_t)m;
+}
+
+/* Work units. Every rank walks the same order of forward units k = 0 .. m*v-1 and the same
+   order of backward units, each a (micro-batch, chunk); ranks differ only in how they interleave
+   the two (the warm-up).
+   Micro-batches go in groups of consecutive mbs. Inside a group, forwards run chunk 0 for every
+   mb of the group, then chunk 1, ...; backwards run the chunks in reverse (v-1 first). Each chunk
+   thus sees its mbs in ascending order in both directions: a stage accumulates gradients in the
+   same order as the sequential reference, which makes pipelined results bit-identical.
+   Group sizes. Megatron uses groups of p and a short last group when p does not divide m. In
+   the 1F1B steady state a rank runs one forward per (f + b), so a forward of chunk c+1 on rank 0
+   finds chunk c's output from rank p-1 ready only if the group is at least p long; a short group
+   slows the whole steady state (simulated: p=16 v=4 m=29 has bubble 0.64 against the ideal
+   0.11; p=64 v=4 m=1000 has 0.43 against 0.016). So we spread the remainder: m / p groups (at
+   least one), sizes differing by at most one, the larger ones last, every group >= p when m >= p.
+   With the warm-up below, the simulated bubble is then exactly (p-1)/(v*m+p-1) for every m >= p
+   (checked for p <= 32, v <= 6, m <= 200 with b = f, and p <= 16, v <= 4, m <= 96 with b = 2f),
+   not only when p divides m.
+   With m % p == 0 all groups have p mbs: Megatron's order. With m < p there is one group of m.
+   With v = 1 all of this degenerates to mb = k, chunk = 0 (GPipe and 1F1B). */
+typedef struct _pp_sched_units {
+    int p, v;
+    int n_a, s_a;   /* first n_a groups of s_a micro-batches */
+    int n_b, s_b;   /* then n_b groups of s_b = s_a + 1 (n_b may be 0) */
+} _pp_sched_units;
+
+static void _pp_sched_layout(_pp_sched_units* u, int p, int v, int m) {
+    int groups = m / p > 0 ? m / p : 1;
+    u->p = p;
+    u->v = v;
+    u->n_b = m % groups;
+    u->n_a = groups - u->n_b;
+    u->s_a = m / groups;
+    u->s_b = u->s_a + 1;
+}
+
+/* The largest group. */
+static int _pp_sched_gmax(const _pp_sched_units* u) { return u->n_b > 0 ? u->s_b : u->s_a; }
+
+/* k-th unit -> (mb, chunk); backward units visit the chunks of a group in reverse. */
+static void _pp_sched_unit(const _pp_sched_units* u, int k, int backward, int* mb, int* chunk) {
+    int span_a = u->n_a * u->s_a * u->v, mb0, size, off;
+    if (k < span_a) {
+        mb0 = k / (u->s_a * u->v) * u->s_a;
+        size = u->s_a;
+        off = k % (u->s_a * u->v);
+    } else {
+        k -= span_a;
+        mb0 = u->n_a * u->s_a + k / (u->s_b * u->v) * u->s_b;
+        size = u->s_b;
+        off = k % (u->s_b * u->v);
+    }
+    *mb = mb0 + off % size;
+    *chunk = backward ? u->v - 1 - off / size : off / size;
+}
+
+/* (mb, chunk) -> unit index, the inverse of _pp_sched_unit. */
+static int _pp_sched_index(const _pp_sched_units* u, int mb, int chunk, int backward) {
+    int c = backward ? u->v - 1 - chunk : chunk, mb_a = u->n_a * u->s_a, g;
+    if (mb < mb_a) {
+        g = mb / u->s_a;
+        return g * u->s_a * u->v + c * u->s_a + (mb - g * u->s_a);
+    }
+    g = (mb - mb_a) / u->s_b;
+    return mb_a * u->v + g * u->s_b * u->v + c * u->s_b + (mb - mb_a - g * u->s_b);
+}
+
+/* Forwards rank r runs before its first backward.
+   - GPipe: all of them.
+   - 1F1B: p-r-1, so that rank r's first backward (mb 0) arrives just as its forward pipe is
+     full; this caps rank r's stash at p-r.
+   - interleaved (Megatron's count, for groups of G = p): the first backward of a group (its first
+     mb, last chunk) needs that mb's last-chunk forward, which comes (v-1)*G forwards after the
+     group starts, plus 2 per downstream rank for the round trip of that forward to the end of
+     the pipe and its backward back to r. We use the largest group for G, so every group's
+     backwards find their forwards done: (v-1)*(G_max-p) more stashes than Megatron's count, zero
+     when p divides m, v-1 once m >= p*p.
+   Capped at the total. The builder below adds warm-up where a count would deadlock (never needed
+   by these counts over p <= 32, v <= 6, m <= 200, but it makes the lists correct by
+   construction for every input). */
+static int _pp_sched_warmup(pp_schedule_kind k, const _pp_sched_units* u, int m, int r) {
+    int p = u->p, v = u->v, total = m * v, w;
+    switch (k) {
+    case PP_SCHED_GPIPE: w = total; break;
+    case PP_SCHED_1F1B: w = p - r - 1; break;
+    default: w = (p - r - 1) * 2 + (v - 1) * _pp_sched_gmax(u); break;
+    }
+    return w < total ? w : total;
+}
+
+/* Has rank r's next forward (next_f, a unit index) got its input? Forward of stage s needs
+   forward of stage s-1: the same unit on rank r-1, or for chunk c > 0 on rank 0, chunk c-1 of
+   the same mb on rank p-1. n_f[x] counts the forwards rank x has already been given. */
+static int _pp_sched_f_ready(const _pp_sched_units* u, const int* n_f, int r, int next_f) {
+    int mb, chunk;
+    _pp_sched_unit(u, next_f, 0, &mb, &chunk);
+    if (r > 0) return n_f[r - 1] > next_f;
+    if (chunk == 0) return 1;
+    return n_f[u->p - 1] > _pp_sched_index(u, mb, chunk - 1, 0);
+}
+
+/* Same for rank r's next backward: backward of stage s needs backward of stage s+1 (same unit
+   on rank r+1, or chunk c+1 on rank 0 for the last rank), and the last stage its own forward. */
+static int _pp_sched_b_ready(const _pp_sched_units* u, const int* n_f, const int* n_b, int r,
+                             int next_b) {
+    int mb, chunk;
+    _pp_sched_unit(u, next_b, 1, &mb, &chunk);
+    if (r < u->p - 1) return n_b[r + 1] > next_b;
+    if (chunk == u->v - 1) return n_f[r] > _pp_sched_index(u, mb, chunk, 0);
+    return n_b[0] > _pp_sched_index(u, mb, chunk + 1, 1);
+}
+
+static void _pp_sched_set(pp_action* a, int op, int p, int n_stages, int r, int mb, int chunk) {
+    int stage = chunk * p + r;              /* Megatron's interleaved mapping: s = chunk*p + rank */
+    a->op = (int8_t)op;
+    a->chunk = (int8_t)chunk;
+    a->stage = (int16_t)stage;
+    a->mb = (int32_t)mb;
+    a->prev_rank = (int16_t)(stage > 0 ? (stage - 1) % p : -1);
+    a->next_rank = (int16_t)(stage < n_stages - 1 ? (stage + 1) % p : -1);
+}
+
+/* The builder. Rank r's pattern is: warm[r] forwards, then one forward one backward, then the
+   remaining backwards (so backward j is preceded by min(warm[r] + j + 1, total) forwards).
+   Instead of writing each pattern out blindly, we append actions to the ranks' lists in sweeps,
+   and an action is appended only once the action it depends on has been appended (on its own
+   rank or another). The order of appends is then a topological order of the whole dependency
+   graph (data edges plus list order), so the lists cannot deadlock, whatever the costs, with
+   eager sends. When the patterns can be followed (GPipe, 1F1B, and interleaved with the counts
+   above in every case we checked), the lists are exactly the patterns.
+   A sweep that appends nothing means the patterns as given would deadlock (too short a warm-up:
+   Megatron's count with a short last group does, e.g. p=4 v=3 m=5).
+   Then some rank whose pattern says "backward" can run a forward instead. Proof: among the ranks
+   with forwards left, take the one whose next forward has the smallest unit index k (lowest rank
+   on ties). Its input comes from unit k on rank r-1 (which, k being smallest, has passed k) or,
+   on rank 0, from an earlier unit on rank p-1 (passed too): it is ready. Its rank did not run it
+   in the sweep, so its pattern says "backward". We give such a rank one more warm-up forward
+   (warm[r] += 1; it stays 1F1B afterwards with one more stash) and sweep on: every stuck sweep
+   is followed by at least one append, so the builder finishes. Once all forwards are appended,
+   the same argument on backward unit indices (smallest index, highest rank on ties) shows the
+   sweep never gets stuck.
+   State is two counters per rank (on the stack): generation allocates nothing. */
+static pp_result _pp_sched_build(pp_schedule_kind k, int p, int v, int m, pp_action* out,
+                                 pp_error* err) {
+    int n_f[PP_MAX_RANKS], n_b[PP_MAX_RANKS], warm[PP_MAX_RANKS];
+    int total = m * v, per_rank = 2 * total, n_stages = p * v, r, left = p * per_rank;
+    _pp_sched_units u;
+    _pp_sched_layout(&u, p, v, m);
+    for (r = 0; r < p; r++) {
+        n_f[r] = n_b[r] = 0;
+        warm[r] = _pp_sched_warmup(k, &u, m, r);
+    }
+    while (left > 0) {
+        int progress = 0, pick = -1;
+        for (r = 0; r < p; r++) {
+            pp_action* list = out + (size_t)r * (size_t)per_rank;
+            for (;;) {
+                int mb, chunk;
+                int want_f = n_f[r] < total && n_f[r] < warm[r] + n_b[r] + 1;
+                if (n_b[r] == total) break;
+                if (want_f) {
+                    if (!_pp_sched_f_ready(&u, n_f, r, n_f[r])) break;
+                    _pp_sched_unit(&u, n_f[r], 0, &mb, &chunk);
+                    _pp_sched_set(&list[n_f[r] + n_b[r]], PP_OP_F, p, n_stages, r, mb, chunk);
+                    n_f[r]++;
+                } else {
+                    if (!_pp_sched_b_ready(&u, n_f, n_b, r, n_b[r])) break;
+                    _pp_sched_unit(&u, n_b[r], 1, &mb, &chunk);
+                    _pp_sched_set(&list[n_f[r] + n_b[r]], PP_OP_B, p, n_stages, r, mb, chunk);
+                    n_b[r]++;
+                }
+                left--;
+                progress = 1;
+            }
+        }
+        if (progress) continue;
+        /* Stuck: one more warm-up forward on a rank that waits at a backward although its next
+           forward is ready (the argument above says one exists). Any such rank works; with
+           Megatron's groups (where this fires often) the lowest gave slightly smaller bubbles
+           than the highest. */
+        for (r = 0; r < p && pick < 0; r++)
+            if (n_f[r] < total && _pp_sched_f_ready(&u, n_f, r, n_f[r])) pick = r;
+        if (pick < 0) /* cannot happen; an error beats an endless loop if it ever did */
+            return _pp_fail(err, PP_ERR_SCHEDULE, "%s p=%d v=%d m=%d: schedule builder stuck",
+                            pp_schedule_name(k), p, v, m);
+        warm[pick] = n_f[pick] - n_b[pick];
+    }
+    return PP_OK;
+}
+
+pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* out, size_t cap,
+                           pp_schedule* s, pp_error* err) {
+    pp_result rc;
+    size_t need;
+    if (!out || !s) return _pp_fail(err, PP_ERR_INVALID, "pp_schedule_make: %s is NULL",
+                                    !out ? "out (action array)" : "s (schedule)");
+    rc = _pp_sched_check_args(k, p, v, m, err);
+    if (rc != PP_OK) return rc;
+    need = pp_schedule_size(k, p, v, m);
+    if (cap < need)
+        return _pp_fail(err, PP_ERR_SIZE, "%s p=%d v=%d m=%d needs %lu actions, cap is %lu",
+                        pp_schedule_name(k), p, v, m, (unsigned long)need, (unsigned long)cap);
+    rc = _pp_sched_build(k, p, v, m, out, err);
+    if (rc != PP_OK) return rc;
+    s->kind = k;
+    s->p = p;
+    s->v = v;
+    s->m = m;
+    s->n_stages = p * v;
+    s->per_rank = 2 * m * v;
+    s->actions = out;
+    return PP_OK;
+}
+
+void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chunk) {
+    int r = -1, c = -1;
+    if (s && s->p > 0 && stage >= 0 && stage < s->n_stages) {
+        r = stage % s->p;
+        c = stage / s->p;
+    }
+    if (rank) *rank = r;
+    if (chunk) *chunk = c;
+}
+
+const pp_action* pp_schedule_rank(const pp_schedule* s, int rank) {
+    if (!s || !s->actions || rank < 0 || rank >= s->p) return NULL;
+    return s->actions + (size_t)rank * (size_t)s->per_rank;
+}
+
+/* >>impl-sim ---------------------------------------------------------------------------------- */
+
+static char _pp_sched_op_char(int op) {
+    return op == PP_OP_F ? 'F' : op == PP_OP_B ? 'B' : op == PP_OP_W ? 'W' : '?';
+}
+
+static int _pp_sim_finite(double x) { return x == x && x - x == 0.0; }
+
+/* "0 counts as the default" for the scalar costs; negative or NaN is an error (returns -1). */
+static double _pp_sim_def(double x, double def) {
+    if (!_pp_sim_finite(x) || x < 0) return -1;
+    return x == 0 ? def : x;
+}
+
+/* Appends to a fixed report buffer; once full, later text is dropped and "..." marks the cut. */
+static void _pp_sim_append(char* buf, size_t cap, const char* fmt, ...) _PP_PRINTF(3, 4);
+static void _pp_sim_append(char* buf, size_t cap, const char* fmt, ...) {
+    size_t len = strlen(buf);
+    va_list ap;
+    int n;
+    if (len + 1 >= cap) return;
+    va_start(ap, fmt);
+    n = vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n >= cap - len && cap >= 4) memcpy(buf + cap - 4, "...", 4);
+}
+
+/* Simulation. Sends are eager (buffered), so an action can start as soon as its rank has finished
+   the previous action in its list and the one action it depends on has finished (+ comm when that
+   action ran on another rank):
+       F(i, s)    needs F(i, s-1)                      (nothing for s = 0)
+       B(i, s)    needs B(i, s+1), or F(i, S-1) for the last stage
+       W(i, s)    needs B(i, s)                        (same rank, earlier in the list)
+   Start times are therefore the longest-path times of the DAG formed by these edges plus each
+   rank's list order. We compute them by sweeping the ranks and advancing each one while its next
+   action's dependency is done; the result equals an event-by-event simulation because no start
+   time depends on the order in which ready actions are discovered. If a sweep advances nobody and
+   some list is unfinished, the graph has a cycle: a deadlock, whatever the costs.
+   Validation comes first, so the sweep only ever looks up dependencies that exist.
+   Activations: a (mb, chunk) is live from the end of its F to the end of its B, or of its W when
+   the schedule has W actions (the weight gradient still needs the stashed input). */
+pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_result* res,
+                      pp_event* events, pp_error* err) {
+    pp_sim_result local;
+    pp_sim_cost c;
+    pp_result rc = PP_OK;
+    int p, S, m, per, r, i, n_total, has_w = 0;
+    size_t n_slots = 0;
+    int* slot = NULL;       /* [op][mb*S + stage] -> 1 + global action index, 0 = not seen */
+    double* fin = NULL;     /* end time of each global action index (r*per + i) */
+    int pos[PP_MAX_RANKS];  /* next action of each rank */
+    double t_free[PP_MAX_RANKS];
+    int live[PP_MAX_RANKS];
+    double f_def, b_def, w_def, comm;
+
+    if (!res) res = &local;
+    memset(res, 0, sizeof *res);
+    if (!s || !s->actions)
+        return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: %s is NULL", !s ? "schedule" : "schedule actions");
+    p = s->p;
+    m = s->m;
+    S = s->n_stages;
+    per = s->per_rank;
+    if (p < 1 || p > PP_MAX_RANKS || s->v < 1 || m < 1 || per < 0 || S != p * s->v)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "pp_simulate: bad schedule header p=%d v=%d m=%d n_stages=%d per_rank=%d", p,
+                        s->v, m, S, per);
+    if ((long long)p * per > INT32_MAX - 1)
+        return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: %d ranks x %d actions is too many", p, per);
+    n_total = p * per;
+
+    memset(&c, 0, sizeof c);
+    if (cost) c = *cost;
+    f_def = _pp_sim_def(c.f, 1.0);
+    b_def = _pp_sim_def(c.b, 2.0);
+    w_def = _pp_sim_def(c.w, 0.0);
+    comm = _pp_sim_def(c.comm, 0.0);
+    if (f_def < 0 || b_def < 0 || w_def < 0 || comm < 0)
+        return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: costs must be finite and >= 0 (f=%g b=%g w=%g comm=%g)",
+                        c.f, c.b, c.w, c.comm);
+    for (i = 0; i < S; i++) {
+        if ((c.f_stage && (!_pp_sim_finite(c.f_stage[i]) || c.f_stage[i] < 0)) ||
+            (c.b_stage && (!_pp_sim_finite(c.b_stage[i]) || c.b_stage[i] < 0)))
+            return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: stage %d cost must be finite and >= 0", i);
+    }
+
+    /* (mb, stage) pairs are indexed with an int, like pp_schedule_make's limit on actions */
+    if ((long long)m * S > INT32_MAX / 3)
+        return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: m*stages = %d*%d is too many", m, S);
+    n_slots = (size_t)m * (size_t)S;
+    slot = (int*)_pp_calloc(3 * n_slots, sizeof(int));
+    fin = (double*)_pp_calloc((size_t)n_total, sizeof(double));
+    if (!slot || !fin) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "pp_simulate: no memory for %lu actions",
+                      (unsigned long)n_total);
+        goto cleanup;
+    }
+
+    /* 1. Every action well-formed, on the rank its stage maps to, and not a duplicate. */
+    for (r = 0; r < p; r++) {
+        const pp_action* list = s->actions + (size_t)r * (size_t)per;
+        for (i = 0; i < per; i++) {
+            const pp_action* a = &list[i];
+            int want_rank, want_chunk, *sl;
+            if (a->op != PP_OP_F && a->op != PP_OP_B && a->op != PP_OP_W) {
+                rc = _pp_fail(err, PP_ERR_SCHEDULE, "rank %d action #%d: op %d is not F, B or W", r, i,
+                              (int)a->op);
+                goto cleanup;
+            }
+            if (a->stage < 0 || a->stage >= S || a->mb < 0 || a->mb >= m) {
+                rc = _pp_fail(err, PP_ERR_SCHEDULE,
+                              "rank %d action #%d: %c%d stage %d out of range (m=%d, stages=%d)", r, i,
+                              _pp_sched_op_char(a->op), (int)a->mb, (int)a->stage, m, S);
+                goto cleanup;
+            }
+            pp_schedule_stage_rank(s, a->stage, &want_rank, &want_chunk);
+            if (want_rank != r || want_chunk != a->chunk) {
+                rc = _pp_fail(err, PP_ERR_SCHEDULE,
+                              "rank %d action #%d: %c%d.%d names stage %d, which is chunk %d of rank %d",
+                              r, i, _pp_sched_op_char(a->op), (int)a->mb, (int)a->chunk, (int)a->stage,
+                              want_chunk, want_rank);
+                goto cleanup;
+            }
+            if (a->prev_rank != (a->stage > 0 ? (a->stage - 1) % p : -1) ||
+                a->next_rank != (a->stage < S - 1 ? (a->stage + 1) % p : -1)) {
+                rc = _pp_fail(err, PP_ERR_SCHEDULE,
+                              "rank %d action #%d: %c%d.%d has prev_rank %d next_rank %d, stage %d needs %d and %d",
+                              r, i, _pp_sched_op_char(a->op), (int)a->mb, (int)a->chunk,
+                              (int)a->prev_rank, (int)a->next_rank, (int)a->stage,
+                              a->stage > 0 ? (a->stage - 1) % p : -1,
+                              a->stage < S - 1 ? (a->stage + 1) % p : -1);
+                goto cleanup;
+            }
+            sl = &slot[(size_t)a->op * n_slots + (size_t)a->mb * (size_t)S + (size_t)a->stage];
+            if (*sl) {
+                int first = *sl - 1;
+                rc = _pp_fail(err, PP_ERR_SCHEDULE,
+                              "rank %d action #%d: duplicate %c%d.%d (stage %d), already at rank %d #%d",
+                              r, i, _pp_sched_op_char(a->op), (int)a->mb, (int)a->chunk,
+                              (int)a->stage, first / per, first % per);
+                goto cleanup;
+            }
+            *sl = r * per + i + 1;
+            if (a->op == PP_OP_W) has_w = 1;
+        }
+    }
+
+    /* 2. Nothing missing, and on each rank B after its F (W after its B). */
+    for (i = 0; i < (int)n_slots; i++) {
+        int fi = slot[i] - 1, bi = slot[n_slots + i] - 1, wi = slot[2 * n_slots + i] - 1;
+        int mb = i / S, st = i % S, want_rank, want_chunk;
+        pp_schedule_stage_rank(s, st, &want_rank, &want_chunk);
+        if (fi < 0 || bi < 0 || (has_w && wi < 0)) {
+            rc = _pp_fail(err, PP_ERR_SCHEDULE, "rank %d has no %c%d.%d (mb %d, stage %d)", want_rank,
+                          fi < 0 ? 'F' : bi < 0 ? 'B' : 'W', mb, want_chunk, mb, st);
+            goto cleanup;
+        }
+        if (bi < fi) {
+            rc = _pp_fail(err, PP_ERR_SCHEDULE,
+                          "rank %d action #%d: B%d.%d comes before its forward F%d.%d at #%d",
+                          want_rank, bi % per, mb, want_chunk, mb, want_chunk, fi % per);
+            goto cleanup;
+        }
+        if (has_w && wi < bi) {
+            rc = _pp_fail(err, PP_ERR_SCHEDULE,
+                          "rank %d action #%d: W%d.%d comes before its backward B%d.%d at #%d",
+                          want_rank, wi % per, mb, want_chunk, mb, want_chunk, bi % per);
+            goto cleanup;
+        }
+    }
+
+    /* 3. Sweep: advance every rank while its next action is ready. */
+    for (r = 0; r < p; r++) {
+        pos[r] = 0;
+        t_free[r] = 0;
+        live[r] = 0;
+    }
+    for (;;) {
+        int progress = 0, all_done = 1;
+        for (r = 0; r < p; r++) {
+            const pp_action* list = s->actions + (size_t)r * (size_t)per;
+            while (pos[r] < per) {
+                const pp_action* a = &list[pos[r]];
+                size_t key = (size_t)a->mb * (size_t)S + (size_t)a->stage;
+                int dep = -1, gi = r * per + pos[r];
+                double start = t_free[r], dur;
+                if (a->op == PP_OP_F && a->stage > 0) dep = slot[key - 1] - 1;
+                else if (a->op == PP_OP_B && a->stage < S - 1) dep = slot[n_slots + key + 1] - 1;
+                else if (a->op == PP_OP_B) dep = slot[key] - 1;
+                else if (a->op == PP_OP_W) dep = slot[n_slots + key] - 1;
+                if (dep >= 0) {
+                    int dep_rank = dep / per;
+                    double ready;
+                    /* done iff the owning rank has moved past it */
+                    if (pos[dep_rank] <= dep % per) break;
+                    ready = fin[dep] + (dep_rank != r ? comm : 0.0);
+                    if (ready > start) start = ready;
+                }
+                if (a->op == PP_OP_F) dur = c.f_stage ? c.f_stage[a->stage] : f_def;
+                else if (a->op == PP_OP_B) dur = c.b_stage ? c.b_stage[a->stage] : b_def;
+                else dur = w_def;
+                fin[gi] = start + dur;
+                t_free[r] = start + dur;
+                res->busy[r] += dur;
+                if (a->op == PP_OP_F) live[r]++;
+                else if (a->op == (has_w ? PP_OP_W : PP_OP_B)) live[r]--;
+                if (live[r] > res->peak_live[r]) res->peak_live[r] = live[r];
+                if (t_free[r] > res->makespan) res->makespan = t_free[r];
+                if (events) {
+                    events[gi].rank = r;
+                    events[gi].a = *a;
+                    events[gi].start = start;
+                    events[gi].end = start + dur;
+                }
+                pos[r]++;
+                progress = 1;
+            }
+            if (pos[r] < per) all_done = 0;
+        }
+        if (all_done || !progress) break;
+    }
+
+    {
+        double sum = 0;
+        for (r = 0; r < p; r++) sum += res->busy[r];
+        res->bubble = res->makespan > 0 ? 1.0 - sum / ((double)p * res->makespan) : 0.0;
+    }
+
+    /* 4. Deadlock report: every blocked rank, the action it is stuck at, and whom it waits for. */
+    for (r = 0; r < p; r++) {
+        const pp_action* a;
+        int dep, dep_rank, dep_stage, dep_op;
+        if (pos[r] >= per) continue;
+        res->deadlock = 1;
+        a = &s->actions[(size_t)r * (size_t)per + (size_t)pos[r]];
+        /* only an F of stage > 0 or a B of stage < S-1 can block: the other dependencies are
+           on the same rank, earlier in its list (checked in step 2) */
+        if (a->op == PP_OP_F) dep_op = PP_OP_F, dep_stage = a->stage - 1;
+        else dep_op = PP_OP_B, dep_stage = a->stage + 1;
+        PP_ASSERT(dep_stage >= 0 && dep_stage < S);
+        dep = slot[(size_t)dep_op * n_slots + (size_t)a->mb * (size_t)S + (size_t)dep_stage] - 1;
+        dep_rank = dep / per;
+        _pp_sim_append(res->report, sizeof res->report,
+                       "%srank %d waits at #%d %c%d.%d for rank %d (%c%d of stage %d, its #%d)",
+                       res->report[0] ? "; " : "", r, pos[r], _pp_sched_op_char(a->op), (int)a->mb,
+                       (int)a->chunk, dep_rank, _pp_sched_op_char(dep_op), (int)a->mb, dep_stage,
+                       dep % per);
+    }
+    if (res->deadlock) {
+        rc = _pp_fail(err, PP_ERR_DEADLOCK, "%s", res->report);
+        /* unexecuted actions get start = end = -1 so printers can skip them */
+        if (events) {
+            for (r = 0; r < p; r++) {
+                for (i = pos[r]; i < per; i++) {
+                    pp_event* e = &events[r * per + i];
+                    e->rank = r;
+                    e->a = s->actions[(size_t)r * (size_t)per + (size_t)i];
+                    e->start = e->end = -1;
+                }
+            }
+        }
+    }
+
+cleanup:
+    if (slot) PP_FREE(slot);
+    if (fin) PP_FREE(fin);
+    return rc;
+}
+
+/* >>impl-trace -------------------------------------------------------------------------------- */
+
+/* An event the printers can draw: executed (deadlocked simulations mark the rest with -1). */
+static int _pp_tl_valid(const pp_event* e) {
+    return _pp_sim_finite(e->start) && _pp_sim_finite(e->end) && e->start >= 0 && e->end >= e->start;
+}
+
+/* ASCII timeline. Each row is one rank, each column width-th of the time span.
+   An action occupies the columns its [start, end) rounds to (at least one) and is drawn as its
+   label padded with its lowercase op letter, e.g. "F12ff" (forward of mb 12) or "B3.1b"
+   (backward of mb 3, chunk 1). The label is "<OP><mb>" plus ".<chunk>" when the events have more
+   than one chunk; when it does not fit, the chunk is dropped, then the mb, so a one-column action
+   is just its op letter ("F", "B", "W"): widen the picture to read the micro-batches. '.' is idle.
+   Labels never get truncated to a different-looking number ("F1" for mb 12). */
+void pp_timeline_ascii(FILE* f, const pp_event* ev, size_t n, int p, int width) {
+    double t0 = 0, t1 = 0, scale;
+    size_t k;
+    int r, any = 0, chunks = 0, has_w = 0, label_w = 1;
+    char* row;
+    if (!f) return;
+    if (width <= 0) width = 100;
+    if (width > 100000) width = 100000;
+    for (k = 0; ev && k < n; k++) {
+        if (!_pp_tl_valid(&ev[k])) continue;
+        if (!any || ev[k].start < t0) t0 = ev[k].start;
+        if (!any || ev[k].end > t1) t1 = ev[k].end;
+        if (ev[k].a.chunk > 0) chunks = 1;
+        if (ev[k].a.op == PP_OP_W) has_w = 1;
+        any = 1;
+    }
+    if (p <= 0) {
+        for (k = 0; ev && k < n; k++)
+            if (_pp_tl_valid(&ev[k]) && ev[k].rank + 1 > p) p = ev[k].rank + 1;
+    }
+    if (!any || p <= 0) {
+        fprintf(f, "(no events)\n");
+        return;
+    }
+    for (r = p - 1; r >= 10; r /= 10) label_w++;
+    scale = t1 > t0 ? (double)width / (t1 - t0) : 1.0;
+    row = (char*)PP_MALLOC((size_t)width + 1);
+    if (!row) {
+        fprintf(f, "(timeline: out of memory)\n");
+        return;
+    }
+    for (r = 0; r < p; r++) {
+        memset(row, '.', (size_t)width);
+        row[width] = 0;
+        for (k = 0; k < n; k++) {
+            const pp_event* e = &ev[k];
+            char label[40], pad;
+            int c0, c1, cells, len, j;
+            if (e->rank != r || !_pp_tl_valid(e)) continue;
+            /* round both ends the same way so adjacent actions abut exactly */
+            c0 = (int)((e->start - t0) * scale + 0.5);
+            c1 = (int)((e->end - t0) * scale + 0.5);
+            if (c0 > width - 1) c0 = width - 1;
+            if (c1 > width) c1 = width;
+            if (c1 <= c0) c1 = c0 + 1;
+            cells = c1 - c0;
+            pad = (char)(_pp_sched_op_char(e->a.op) - 'A' + 'a');
+            if (pad < 'a' || pad > 'z') pad = '?';
+            len = snprintf(label, sizeof label, "%c%d.%d", _pp_sched_op_char(e->a.op), (int)e->a.mb,
+                           (int)e->a.chunk);
+            if (!chunks || len > cells)
+                len = snprintf(label, sizeof label, "%c%d", _pp_sched_op_char(e->a.op), (int)e->a.mb);
+            if (len > cells) len = 1;
+            for (j = 0; j < cells; j++) row[c0 + j] = j < len ? label[j] : pad;
+        }
+        fprintf(f, "r%-*d |%s|\n", label_w, r, row);
+    }
+    PP_FREE(row);
+    fprintf(f, "%*s  one column = %g time units, %g .. %g\n", label_w, "", (t1 - t0) / width, t0, t1);
+    fprintf(f, "%*s  legend: F<mb>%s forward, B<mb> backward%s; %s continue an action; '.' idle\n",
+            label_w, "", chunks ? "[.<chunk>]" : "", has_w ? ", W<mb> weight grad" : "",
+            has_w ? "f/b/w" : "f/b");
+}
+
+void pp_timeline_chrome(FILE* f, const pp_event* ev, size_t n, double time_scale) {
+    unsigned char seen[PP_MAX_RANKS];
+    size_t k;
+    int r, first = 1;
+    if (!f) return;
+    if (!_pp_sim_finite(time_scale) || time_scale <= 0) time_scale = 1.0;
+    memset(seen, 0, sizeof seen);
+    for (k = 0; ev && k < n; k++)
+        if (_pp_tl_valid(&ev[k]) && ev[k].rank >= 0 && ev[k].rank < PP_MAX_RANKS) seen[ev[k].rank] = 1;
+    fprintf(f, "{\"traceEvents\":[");
+    /* name the tracks first, so viewers label them "rank r" and sort them by rank */
+    for (r = 0; r < PP_MAX_RANKS; r++) {
+        if (!seen[r]) continue;
+        fprintf(f, "%s\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,"
+                   "\"args\":{\"name\":\"rank %d\"}}",
+                first ? "" : ",", r, r);
+        fprintf(f, ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,"
+                   "\"args\":{\"sort_index\":%d}}",
+                r, r);
+        first = 0;
+    }
+    for (k = 0; ev && k < n; k++) {
+        const pp_event* e = &ev[k];
+        char op = _pp_sched_op_char(e->a.op);
+        if (!_pp_tl_valid(e)) continue;
+        fprintf(f, "%s\n{\"name\":\"%c%d.%d\",\"cat\":\"%c\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,"
+                   "\"ts\":%.3f,\"dur\":%.3f,"
+                   "\"args\":{\"mb\":%d,\"chunk\":%d,\"stage\":%d}}",
+                first ? "" : ",", op, (int)e->a.mb, (int)e->a.chunk, op, e->rank,
+                e->start * time_scale, (e->end - e->start) * time_scale, (int)e->a.mb,
+                (int)e->a.chunk, (int)e->a.stage);
+        first = 0;
+    }
+    fprintf(f, "\n],\"displayTimeUnit\":\"ms\"}\n");
+}
+/* >>impl-threads
+   Each rank has a mailbox. A send first looks for a matching posted receive and copies straight
+   into it; otherwise it copies the bytes into an unexpected message the receive will find later.
+   Either way a send completes at once, so the sender's buffer is free when isend returns.
+   Matching is on (source, tag); among equal pairs, first in first out. */
+typedef struct _pp_msg {
+    struct _pp_msg* next;
+    int src, tag;
+    size_t bytes;
+    unsigned char* data;
+} _pp_msg;
+
+typedef struct _pp_post {
+    struct _pp_post* next;
+    int src, tag;
+    void* buf;
+    size_t bytes;
+    int done;
+    pp_result rc;
+    size_t got;             /* bytes the sender offered, for a size-mismatch message */
+} _pp_post;
+
+typedef struct _pp_box {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    _pp_msg *unexpected, *unexpected_tail;
+    _pp_post *posted, *posted_tail;
+    uint64_t bytes_sent, msgs_sent;
+} _pp_box;
+
+typedef struct _pp_tport {
+    pp_threads* world;
+    int rank;
+} _pp_tport;
+
+struct pp_threads {
+    int n;
+    _pp_box* box;
+    _pp_tport* ports;
+    pthread_mutex_t abort_mu;
+    int aborted;
+    pp_result abort_code;
+    char abort_msg[256];
+};
+
+static int _pp_threads_aborted(pp_threads* w) {
+    int a;
+    pthread_mutex_lock(&w->abort_mu);
+    a = w->aborted;
+    pthread_mutex_unlock(&w->abort_mu);
+    return a;
+}
+
+static pp_result _pp_threads_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
+    _pp_tport* tp = (_pp_tport*)self;
+    pp_threads* w = tp->world;
+    _pp_box* box;
+    _pp_post* p;
+    _pp_post* prev = NULL;
+    pp_result rc = PP_OK;
+    if (!req || peer < 0 || peer >= w->n || (bytes && !buf)) return PP_ERR_INVALID;
+    memset(req, 0, sizeof *req);
+    box = &w->box[peer];
+    pthread_mutex_lock(&box->mu);
+    for (p = box->posted; p; prev = p, p = p->next)
+        if (p->src == tp->rank && p->tag == tag) break;
+    if (p) {
+        if (prev) prev->next = p->next; else box->posted = p->next;
+        if (box->posted_tail == p) box->posted_tail = prev;
+        p->next = NULL;
+        if (p->bytes != bytes) {
+            p->rc = rc = PP_ERR_SIZE;
+            p->got = bytes;
+        } else if (bytes) {
+            memcpy(p->buf, buf, bytes);
+        }
+        p->done = 1;
+        pthread_cond_broadcast(&box->cv);
+    } else {
+        _pp_msg* msg = (_pp_msg*)PP_MALLOC(sizeof *msg + (bytes ? bytes : 1));
+        if (!msg) {
+            pthread_mutex_unlock(&box->mu);
+            return PP_ERR_NOMEM;
+        }
+        msg->next = NULL;
+        msg->src = tp->rank;
+        msg->tag = tag;
+        msg->bytes = bytes;
+        msg->data = (unsigned char*)(msg + 1);
+        if (bytes) memcpy(msg->data, buf, bytes);
+        if (box->unexpected_tail) box->unexpected_tail->next = msg; else box->unexpected = msg;
+        box->unexpected_tail = msg;
+        pthread_cond_broadcast(&box->cv);
+    }
+    pthread_mutex_unlock(&box->mu);
+    pthread_mutex_lock(&w->box[tp->rank].mu);
+    w->box[tp->rank].bytes_sent += bytes;
+    w->box[tp->rank].msgs_sent += 1;
+    pthread_mutex_unlock(&w->box[tp->rank].mu);
+    req->done = 1;
+    return rc;
+}
+
+static pp_result _pp_threads_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
+    _pp_tport* tp = (_pp_tport*)self;
+    pp_threads* w = tp->world;
+    _pp_box* box = &w->box[tp->rank];
+    _pp_msg *m, *prev = NULL;
+    if (!req || peer < 0 || peer >= w->n || (bytes && !buf)) return PP_ERR_INVALID;
+    memset(req, 0, sizeof *req);
+    pthread_mutex_lock(&box->mu);
+    for (m = box->unexpected; m; prev = m, m = m->next)
+        if (m->src == peer && m->tag == tag) break;
+    if (m) {
+        pp_result rc = PP_OK;
+        if (prev) prev->next = m->next; else box->unexpected = m->next;
+        if (box->unexpected_tail == m) box->unexpected_tail = prev;
+        pthread_mutex_unlock(&box->mu);
+        if (m->bytes != bytes) {
+            rc = PP_ERR_SIZE;
+            req->id = (int64_t)m->bytes;
+        } else if (bytes) {
+            memcpy(buf, m->data, bytes);
+        }
+        PP_FREE(m);
+        req->done = 1;
+        req->impl = NULL;
+        if (rc != PP_OK) req->done = -1; /* completed with a size error, reported by wait */
+        return PP_OK;
+    } else {
+        _pp_post* p = (_pp_post*)_pp_calloc(1, sizeof *p);
+        if (!p) {
+            pthread_mutex_unlock(&box->mu);
+            return PP_ERR_NOMEM;
+        }
+        p->src = peer;
+        p->tag = tag;
+        p->buf = buf;
+        p->bytes = bytes;
+        if (box->posted_tail) box->posted_tail->next = p; else box->posted = p;
+        box->posted_tail = p;
+        req->impl = p;
+        req->id = tag;
+    }
+    pthread_mutex_unlock(&box->mu);
+    return PP_OK;
+}
+
+static void _pp_threads_unpost(_pp_box* box, _pp_post* p) {
+    _pp_post *q, *prev = NULL;
+    for (q = box->posted; q; prev = q, q = q->next)
+        if (q == p) {
+            if (prev) prev->next = q->next; else box->posted = q->next;
+            if (box->posted_tail == q) box->posted_tail = prev;
+            return;
+        }
+}
+
+static pp_result _pp_threads_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
+    _pp_tport* tp = (_pp_tport*)self;
+    pp_threads* w = tp->world;
+    _pp_box* box = &w->box[tp->rank];
+    _pp_post* p = (_pp_post*)req->impl;
+    struct timespec dl, now;
+    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S;
+    pp_result rc = PP_OK;
+    if (req->done == -1) {
+        req->done = 1;
+        return _pp_fail(err, PP_ERR_SIZE, "rank %d: message is %lld bytes, the receive expected another size",
+                        tp->rank, (long long)req->id);
+    }
+    if (req->done || !p) return PP_OK;
+    /* pthread_cond_timedwait measures against CLOCK_REALTIME. */
+    clock_gettime(CLOCK_REALTIME, &now);
+    dl.tv_sec = now.tv_sec + (time_t)dt;
+    dl.tv_nsec = now.tv_nsec + (long)((dt - (double)(time_t)dt) * 1e9);
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec += 1;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&box->mu);
+    while (!p->done) {
+        int e;
+        if (_pp_threads_aborted(w)) {
+            int src = p->src;
+            _pp_threads_unpost(box, p);
+            pthread_mutex_unlock(&box->mu);
+            PP_FREE(p);
+            req->impl = NULL;
+            pthread_mutex_lock(&w->abort_mu);
+            rc = _pp_fail(err, PP_ERR_ABORTED, "rank %d stopped waiting for rank %d: %s", tp->rank, src, w->abort_msg);
+            pthread_mutex_unlock(&w->abort_mu);
+            return rc;
+        }
+        e = pthread_cond_timedwait(&box->cv, &box->mu, &dl);
+        if (e == ETIMEDOUT && !p->done) {
+            int src = p->src;
+            _pp_threads_unpost(box, p);
+            pthread_mutex_unlock(&box->mu);
+            PP_FREE(p);
+            req->impl = NULL;
+            return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank %d and got nothing", tp->rank,
+                            timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, src);
+        }
+    }
+    pthread_mutex_unlock(&box->mu);
+    rc = p->rc;
+    if (rc == PP_ERR_SIZE)
+        _pp_fail(err, PP_ERR_SIZE, "rank %d expected %zu bytes from rank %d, the sender sent %zu", tp->rank, p->bytes,
+                 p->src, p->got);
+    PP_FREE(p);
+    req->impl = NULL;
+    req->done = 1;
+    return rc;
+}
+
+static pp_result _pp_threads_test(void* self, pp_request* req, int* done) {
+    _pp_tport* tp = (_pp_tport*)self;
+    _pp_post* p = (_pp_post*)req->impl;
+    if (req->done || !p) {
+        *done = 1;
+        return PP_OK;
+    }
+    pthread_mutex_lock(&tp->world->box[tp->rank].mu);
+    *done = p->done;
+    pthread_mutex_unlock(&tp->world->box[tp->rank].mu);
+    return PP_OK;
+}
+
+static void _pp_threads_abort(void* self, pp_result why, const char* msg) {
+    _pp_tport* tp = (_pp_tport*)self;
+    pp_threads* w = tp->world;
+    int r;
+    pthread_mutex_lock(&w->abort_mu);
+    if (!w->aborted) {
+        w->aborted = 1;
+        w->abort_code = why;
+        snprintf(w->abort_msg, sizeof w->abort_msg, "rank %d aborted: %s", tp->rank, msg ? msg : pp_result_str(why));
+    }
+    pthread_mutex_unlock(&w->abort_mu);
+    for (r = 0; r < w->n; r++) {
+        pthread_mutex_lock(&w->box[r].mu);
+        pthread_cond_broadcast(&w->box[r].cv);
+        pthread_mutex_unlock(&w->box[r].mu);
+    }
+}
+
+/* All-reduce built from point-to-point messages: everyone sends to ranks[0], which sums in the
+   order of ranks[] (so every run gives the same bits) and sends the result back. Works over any
+   transport with isend/irecv/wait. */
+#define _PP_TAG_ALLREDUCE 0x7ffffff0
+static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dtype dtype, const int* ranks,
+                                   int n_ranks, double timeout_s, pp_error* err) {
+    size_t es = pp_dtype_size(dtype), bytes = count * es, j;
+    pp_request rq;
+    pp_result rc = PP_OK;
+    unsigned char* tmp = NULL;
+    int i, me = -1;
+    if (!buf || !ranks || n_ranks <= 0 || !pp_dtype_is_float(dtype) || dtype == PP_F16 || dtype == PP_BF16)
+        return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a buffer, ranks and an f32/f64 dtype");
+    for (i = 0; i < n_ranks; i++)
+        if (ranks[i] == t->rank) me = i;
+    if (me < 0) return _pp_fail(err, PP_ERR_INVALID, "rank %d is not in the all-reduce group", t->rank);
+    if (n_ranks == 1 || count == 0) return PP_OK;
+    if (me != 0) {
+        if ((rc = t->isend(t->self, ranks[0], _PP_TAG_ALLREDUCE, buf, bytes, &rq)) != PP_OK)
+            return _pp_fail(err, rc, "rank %d: all-reduce send to rank %d", t->rank, ranks[0]);
+        if ((rc = t->wait(t->self, &rq, timeout_s, err)) != PP_OK) return rc;
+        if ((rc = t->irecv(t->self, ranks[0], _PP_TAG_ALLREDUCE + 1, buf, bytes, &rq)) != PP_OK)
+            return _pp_fail(err, rc, "rank %d: all-reduce receive from rank %d", t->rank, ranks[0]);
+        return t->wait(t->self, &rq, timeout_s, err);
+    }
+    tmp = (unsigned char*)PP_MALLOC(bytes);
+    if (!tmp) return _pp_fail(err, PP_ERR_NOMEM, "all-reduce buffer of %zu bytes", bytes);
+    for (i = 1; i < n_ranks && rc == PP_OK; i++) {
+        if ((rc = t->irecv(t->self, ranks[i], _PP_TAG_ALLREDUCE, tmp, bytes, &rq)) != PP_OK) break;
+        if ((rc = t->wait(t->self, &rq, timeout_s, err)) != PP_OK) break;
+        if (dtype == PP_F32)
+            for (j = 0; j < count; j++) ((float*)buf)[j] += ((float*)tmp)[j];
+        else
+            for (j = 0; j < count; j++) ((double*)buf)[j] += ((double*)tmp)[j];
+    }
+    for (i = 1; i < n_ranks && rc == PP_OK; i++) {
+        if ((rc = t->isend(t->self, ranks[i], _PP_TAG_ALLREDUCE + 1, buf, bytes, &rq)) != PP_OK) break;
+        rc = t->wait(t->self, &rq, timeout_s, err);
+    }
+    PP_FREE(tmp);
+    return rc;
+}
+
+static pp_result _pp_threads_allreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks,
+                                       int n_ranks, double timeout_s, pp_error* err) {
+    _pp_tport* tp = (_pp_tport*)self;
+    pp_transport t = pp_threads_transport(tp->world, tp->rank);
+    return _pp_allreduce_p2p(&t, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+}
+
+pp_result pp_threads_create(int n_ranks, pp_threads** out, pp_error* err) {
+    pp_threads* w;
+    int r;
+    if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    *out = NULL;
+    if (n_ranks <= 0 || n_ranks > PP_MAX_RANKS)
+        return _pp_fail(err, PP_ERR_INVALID, "threads transport needs 1..%d ranks (got %d)", PP_MAX_RANKS, n_ranks);
+    w = (pp_threads*)_pp_calloc(1, sizeof *w);
+    if (!w) return _pp_fail(err, PP_ERR_NOMEM, "threads transport");
+    w->box = (_pp_box*)_pp_calloc((size_t)n_ranks, sizeof *w->box);
+    w->ports = (_pp_tport*)_pp_calloc((size_t)n_ranks, sizeof *w->ports);
+    if (!w->box || !w->ports) {
+        PP_FREE(w->box);
+        PP_FREE(w->ports);
+        PP_FREE(w);
+        return _pp_fail(err, PP_ERR_NOMEM, "threads transport mailboxes");
+    }
+    w->n = n_ranks;
+    pthread_mutex_init(&w->abort_mu, NULL);
+    for (r = 0; r < n_ranks; r++) {
+        pthread_mutex_init(&w->box[r].mu, NULL);
+        pthread_cond_init(&w->box[r].cv, NULL);
+        w->ports[r].world = w;
+        w->ports[r].rank = r;
+    }
+    *out = w;
+    return PP_OK;
+}
+
+/* Drops every message and posted receive still queued (stale after an aborted step). */
+static void _pp_threads_drain(pp_threads* w) {
+    int r;
+    for (r = 0; r < w->n; r++) {
+        _pp_box* b = &w->box[r];
+        _pp_msg* m;
+        pthread_mutex_lock(&b->mu);
+        m = b->unexpected;
+        while (m) {
+            _pp_msg* nx = m->next;
+            PP_FREE(m);
+            m = nx;
+        }
+        b->unexpected = b->unexpected_tail = NULL;
+        /* posted receives belong to their waiters, who free them; none should remain here */
+        pthread_mutex_unlock(&b->mu);
+    }
+}
+
+void pp_threads_reset(pp_threads* w) {
+    if (!w) return;
+    _pp_threads_drain(w);
+    pthread_mutex_lock(&w->abort_mu);
+    w->aborted = 0;
+    w->abort_code = PP_OK;
+    w->abort_msg[0] = 0;
+    pthread_mutex_unlock(&w->abort_mu);
+}
+
+void pp_threads_destroy(pp_threads* w) {
+    int r;
+    if (!w) return;
+    _pp_threads_drain(w);
+    for (r = 0; r < w->n; r++) {
+        pthread_mutex_destroy(&w->box[r].mu);
+        pthread_cond_destroy(&w->box[r].cv);
+    }
+    pthread_mutex_destroy(&w->abort_mu);
+    PP_FREE(w->box);
+    PP_FREE(w->ports);
+    PP_FREE(w);
+}
+
+pp_transport pp_threads_transport(pp_threads* w, int rank) {
+    pp_transport t;
+    memset(&t, 0, sizeof t);
+    if (!w || rank < 0 || rank >= w->n) return t; /* all NULL: rejected by pp_stage_create */
+    t.self = &w->ports[rank];
+    t.rank = rank;
+    t.size = w->n;
+    t.isend = _pp_threads_isend;
+    t.irecv = _pp_threads_irecv;
+    t.wait = _pp_threads_wait;
+    t.test = _pp_threads_test;
+    t.allreduce_sum = _pp_threads_allreduce;
+    t.abort = _pp_threads_abort;
+    return t;
+}
+
+void pp_threads_counters(pp_threads* w, int rank, uint64_t* bytes, uint64_t* msgs) {
+    if (!w || rank < 0 || rank >= w->n) return;
+    pthread_mutex_lock(&w->box[rank].mu);
+    if (bytes) *bytes = w->box[rank].bytes_sent;
+    if (msgs) *msgs = w->box[rank].msgs_sent;
+    pthread_mutex_unlock(&w->box[rank].mu);
+}
+
+typedef struct _pp_thread_arg {
+    pp_rank_fn fn;
+    void* user;
+    int rank;
+    pp_result rc;
+} _pp_thread_arg;
+
+static void* _pp_thread_main(void* p) {
+    _pp_thread_arg* a = (_pp_thread_arg*)p;
+    a->rc = a->fn(a->rank, a->user);
+    return NULL;
+}
+
+pp_result pp_threads_run(int n, pp_rank_fn fn, void* user, pp_error* err) {
+    pthread_t* th;
+    _pp_thread_arg* args;
+    pp_result rc = PP_OK;
+    int r, started = 0;
+    if (n <= 0 || !fn) return _pp_fail(err, PP_ERR_INVALID, "pp_threads_run needs n > 0 and a function");
+    th = (pthread_t*)_pp_calloc((size_t)n, sizeof *th);
+    args = (_pp_thread_arg*)_pp_calloc((size_t)n, sizeof *args);
+    if (!th || !args) {
+        PP_FREE(th);
+        PP_FREE(args);
+        return _pp_fail(err, PP_ERR_NOMEM, "threads for %d ranks", n);
+    }
+    for (r = 0; r < n; r++) {
+        args[r].fn = fn;
+        args[r].user = user;
+        args[r].rank = r;
+        if (pthread_create(&th[r], NULL, _pp_thread_main, &args[r]) != 0) {
+            rc = _pp_fail(err, PP_ERR_NOMEM, "could not start thread for rank %d", r);
+            break;
+        }
+        started++;
+    }
+    for (r = 0; r < started; r++) pthread_join(th[r], NULL);
+    for (r = 0; r < started && rc == PP_OK; r++)
+        if (args[r].rc != PP_OK) rc = _pp_fail(err, args[r].rc, "rank %d returned %s", r, pp_result_str(args[r].rc));
+    PP_FREE(th);
+    PP_FREE(args);
+    return rc;
+}
+
+int pp_schedule_stage(const pp_schedule* sc, int rank, int chunk) {
+    int st, r, c;
+    if (!sc) return -1;
+    for (st = 0; st < sc->n_stages; st++) {
+        pp_schedule_stage_rank(sc, st, &r, &c);
+        if (r == rank && c == chunk) return st;
+    }
+    return -1;
+}
+
+/* >>impl-stage
+   The executor. Memory comes in blocks from a per-stage pool: a stash per (micro-batch, chunk)
+   from its F to its B, and a gradient workspace for the length of one B. A block whose sends
+   are still in flight retires until the transport says they completed, then returns to the
+   pool. Receives of the next action are posted before the current one computes. */
+/* A shape header: what PER_MESSAGE sends before every activation transfer, and AUTO when
+   a shape is new or changed. Fixed size, so it can always be received. */
+typedef struct _pp_hdr {
+    int64_t n;
+    int64_t t[PP_MAX_TENSORS][3];   /* rows, cols, dtype */
+} _pp_hdr;
+
+/* AUTO's trailer, after the first tensor of every activation message. */
+#define _PP_TRAILER 16
+#define _PP_TRAILER_MAGIC 0x50505452u /* "PPTR" */
+enum { _PP_TRAILER_OK = 1, _PP_TRAILER_RESIZE = 2 };
+
+#define _PP_MAX_REQ (PP_MAX_TENSORS + 2)
+
+typedef struct _pp_block {
+    struct _pp_block* next;
+    size_t cap;
+    int n_req;
+    pp_request req[_PP_MAX_REQ];
+    _pp_hdr hdr;                    /* a header this block's sends carry */
+    unsigned char* data;
+} _pp_block;
+
+/* An action whose block is taken and whose receives are posted. */
+typedef struct _pp_prep {
+    int idx;                        /* action index, -1 when empty */
+    _pp_block* blk;
+    int n_req;
+    pp_request req[_PP_MAX_REQ];
+    size_t req_bytes[_PP_MAX_REQ];
+    int want_hdr;                   /* the first thing to receive is a shape header */
+    int auto_first;                 /* AUTO: only tensor 0 (+ trailer) is posted */
+    _pp_hdr hdr;
+} _pp_prep;
+
+struct pp_stage {
+    pp_stage_desc d;
+    const pp_action* list;
+    int n_list, p, v, S, L, max_layers;
+    pp_error err;
+    _pp_plan plan;
+    const pp_batch* batch;
+    _pp_block** live;               /* [m*v] stash of (mb, chunk) between F and B */
+    int live_cap;
+    float* mb_loss;
+    _pp_block *pool, *retiring;
+    pp_tensor *act, *dact;          /* [(max_layers+1)*PP_MAX_TENSORS] */
+    int* nact;
+    void** saved;
+    _pp_prep prep[2];
+    pp_event* events;
+    size_t n_events;
+    pp_step_stats st;
+    int n_live, sim_peak;
+    size_t live_bytes, pool_bytes;
+    /* AUTO: shapes last received / sent per (micro-batch, chunk); n < 0 until learned */
+    _pp_bnd *learned_in, *learned_out;
+    int learned_cap;
+    /* BROADCAST: this rank's copy of the step metadata */
+    pp_batch bc_batch;
+    int32_t* bc_cu;
+    int64_t* bc_msg;
+    size_t bc_bytes;
+};
+
+static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ...) _PP_PRINTF(3, 4);
+static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ...) {
+    char tmp[sizeof s->err.msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    return _pp_fail(&s->err, code, "rank %d: %s", s->d.rank, tmp);
+}
+
+/* Prefix an error someone else recorded in s->err with rank and action context. */
+static pp_result _pp_stage_wrap(pp_stage* s, pp_result code, const pp_action* a) {
+    char tmp[sizeof s->err.msg];
+    memcpy(tmp, s->err.msg, sizeof tmp);
+    tmp[sizeof tmp - 1] = 0;
+    return _pp_fail(&s->err, code, "rank %d at %c%d.%d (stage %d): %s", s->d.rank, "FBW"[a->op % 3], a->mb, a->chunk,
+                    a->stage, tmp);
+}
+
+/* Every message of a step has its own tag: (direction, micro-batch, boundary, tensor); the
+   tensor slot PP_MAX_TENSORS is the boundary's shape header. */
+static int _pp_tag(const pp_stage* s, int dir, int mb, int boundary_stage, int k) {
+    return ((mb * s->S + boundary_stage) * (PP_MAX_TENSORS + 1) + k) * 2 + dir;
+}
+#define _PP_TAG_BROADCAST 0x7ffffff4
+
+static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
+    _pp_block *b, *best = NULL, **bp, **bestp = NULL;
+    for (bp = &s->pool; (b = *bp) != NULL; bp = &b->next)
+        if (b->cap >= bytes && (!best || b->cap < best->cap)) {
+            best = b;
+            bestp = bp;
+        }
+    if (best) {
+        *bestp = best->next;
+        best->next = NULL;
+        best->n_req = 0;
+        return best;
+    }
+    b = (_pp_block*)PP_MALLOC(sizeof(_pp_block) + 64 + (bytes ? bytes : 1));
+    if (!b) return NULL;
+    memset(b, 0, sizeof *b);
+    b->cap = bytes;
+    b->data = (unsigned char*)(((uintptr_t)(b + 1) + 63) & ~(uintptr_t)63);
+    s->pool_bytes += bytes;
+    return b;
+}
+
+static int _pp_block_busy(pp_stage* s, _pp_block* b) {
+    int i;
+    for (i = 0; i < b->n_req; i++) {
+        int done = b->req[i].done;
+        if (!done && s->d.transport.test) s->d.transport.test(s->d.transport.self, &b->req[i], &done);
+        if (!done) return 1;
+        b->req[i].done = 1;
+    }
+    return 0;
+}
+
+static void _pp_block_put(pp_stage* s, _pp_block* b) {
+    if (!b) return;
+    if (_pp_block_busy(s, b)) {
+        b->next = s->retiring;
+        s->retiring = b;
+    } else {
+        b->next = s->pool;
+        s->pool = b;
+    }
+}
+
+/* Moves retired blocks whose sends completed back to the pool; with wait_all, waits for them. */
+static pp_result _pp_reap(pp_stage* s, int wait_all) {
+    _pp_block **bp = &s->retiring, *b;
+    pp_result rc = PP_OK;
+    while ((b = *bp) != NULL) {
+        if (wait_all) {
+            int i;
+            for (i = 0; i < b->n_req; i++)
+                if (!b->req[i].done) {
+                    pp_result r = s->d.transport.wait(s->d.transport.self, &b->req[i], s->d.timeout_s, &s->err);
+                    if (r != PP_OK && rc == PP_OK) rc = r;
+                    b->req[i].done = 1;
+                }
+        }
+        if (wait_all || !_pp_block_busy(s, b)) {
+            *bp = b->next;
+            b->next = s->pool;
+            s->pool = b;
+        } else {
+            bp = &b->next;
+        }
+    }
+    return rc;
+}
+
+static void _pp_free_blocks(_pp_block* b) {
+    while (b) {
+        _pp_block* nx = b->next;
+        PP_FREE(b);
+        b = nx;
+    }
+}
+
+static void _pp_stage_layers(const pp_stage* s, int stage, int* a, int* b) {
+    *a = s->d.partition[stage];
+    *b = s->d.partition[stage + 1];
+}
+
+/* Sets boundary `stage`'s input shapes of this micro-batch to `in` and describes this stage's
+   layers again from them (PER_MESSAGE / AUTO: the sender's shapes win over the local plan). */
+static pp_result _pp_apply_shapes(pp_stage* s, const pp_action* a, const _pp_bnd* in) {
+    _pp_plan* p = &s->plan;
+    _pp_bnd* bd = &p->bnd[(size_t)a->mb * (p->L + 1)];
+    pp_layer_desc d;
+    pp_result rc;
+    int la = s->d.partition[a->stage], lb = s->d.partition[a->stage + 1], l;
+    bd[la] = *in;
+    for (l = la; l < lb; l++) {
+        if ((rc = _pp_describe(&s->d.model, s->d.weights, l, &p->mbs[a->mb], &bd[l], &bd[l + 1], &d, &s->err)) != PP_OK)
+            return _pp_stage_wrap(s, rc, a);
+        p->saved[(size_t)a->mb * p->L + l] = d.saved_bytes;
+    }
+    return PP_OK;
+}
+
+static pp_result _pp_hdr_to_bnd(pp_stage* s, const pp_action* a, const _pp_hdr* h, _pp_bnd* out) {
+    int k;
+    if (h->n < 1 || h->n > PP_MAX_TENSORS)
+        return _pp_stage_fail(s, PP_ERR_TRANSPORT, "F%d.%d: shape header from rank %d has %lld tensors", a->mb, a->chunk,
+                              a->prev_rank, (long long)h->n);
+    memset(out, 0, sizeof *out);
+    out->n = (int)h->n;
+    for (k = 0; k < out->n; k++) {
+        out->t[k].rows = h->t[k][0];
+        out->t[k].cols = h->t[k][1];
+        out->t[k].dtype = (pp_dtype)h->t[k][2];
+        if (h->t[k][0] < 0 || h->t[k][1] < 0 || pp_dtype_size(out->t[k].dtype) == 0)
+            return _pp_stage_fail(s, PP_ERR_TRANSPORT, "F%d.%d: shape header from rank %d is corrupt (tensor %d)", a->mb,
+                                  a->chunk, a->prev_rank, k);
+    }
+    return PP_OK;
+}
+
+static void _pp_bnd_to_hdr(const pp_tensor* ts, int n, _pp_hdr* h) {
+    int k;
+    memset(h, 0, sizeof *h);
+    h->n = n;
+    for (k = 0; k < n; k++) {
+        h->t[k][0] = ts[k].rows;
+        h->t[k][1] = ts[k].cols;
+        h->t[k][2] = (int64_t)ts[k].dtype;
+    }
+}
+
+static int _pp_same_shapes(const _pp_bnd* x, const pp_tensor* ts, int n) {
+    int k;
+    if (x->n != n) return 0;
+    for (k = 0; k < n; k++)
+        if (x->t[k].rows != ts[k].rows || x->t[k].cols != ts[k].cols || x->t[k].dtype != ts[k].dtype) return 0;
+    return 1;
+}
+
+/* Posts the receives of the stage input's tensors [from, upto) into the prepared block. */
+static pp_result _pp_post_range(pp_stage* s, const pp_action* a, _pp_prep* pr, int from, int upto) {
+    const pp_transport* t = &s->d.transport;
+    int la = s->d.partition[a->stage], lb = s->d.partition[a->stage + 1], k;
+    size_t extra = s->d.shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
+    _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
+    if (t->group_start) t->group_start(t->self);
+    for (k = from; k < s->nact[0] && k < upto; k++) {
+        pp_tensor* x = &s->act[k];
+        size_t n = pp_tensor_bytes(x) + (k == 0 ? extra : 0);
+        pp_result rc;
+        if (pr->n_req >= _PP_MAX_REQ) return _pp_stage_fail(s, PP_ERR_INVALID, "too many receives for one action");
+        rc = t->irecv(t->self, a->prev_rank, _pp_tag(s, 0, a->mb, a->stage, k), x->data, n, &pr->req[pr->n_req]);
+        if (rc != PP_OK) return _pp_stage_fail(s, rc, "posting receive F%d.%d from rank %d", a->mb, a->chunk, a->prev_rank);
+        pr->req_bytes[pr->n_req++] = n;
+    }
+    if (t->group_end) t->group_end(t->self);
+    return PP_OK;
+}
+
+static pp_result _pp_post_acts(pp_stage* s, const pp_action* a, _pp_prep* pr, int upto) {
+    return _pp_post_range(s, a, pr, 0, upto);
+}
+
+/* Takes the action's block and posts its receives. */
+static pp_result _pp_prepare(pp_stage* s, int idx) {
+    _pp_prep* pr = &s->prep[idx & 1];
+    const pp_action* a = &s->list[idx];
+    const pp_transport* t = &s->d.transport;
+    int la, lb, k;
+    size_t bytes;
+    if (pr->idx == idx) return PP_OK;
+    PP_ASSERT(pr->idx < 0);
+    memset(pr, 0, sizeof *pr);
+    pr->idx = idx;
+    _pp_stage_layers(s, a->stage, &la, &lb);
+    if (a->op == PP_OP_F) {
+        int slot = a->mb * s->v + a->chunk;
+        if (a->stage > 0 && (s->d.shapes == PP_SHAPES_PER_MESSAGE ||
+                             (s->d.shapes == PP_SHAPES_AUTO && s->learned_in[slot].n < 0))) {
+            /* the sizes come with the data: receive the header first, take the block later */
+            pp_result rc = t->irecv(t->self, a->prev_rank, _pp_tag(s, 0, a->mb, a->stage, PP_MAX_TENSORS), &pr->hdr,
+                                    sizeof pr->hdr, &pr->req[0]);
+            if (rc != PP_OK) return _pp_stage_fail(s, rc, "posting header receive F%d.%d from rank %d", a->mb, a->chunk, a->prev_rank);
+            pr->req_bytes[0] = sizeof pr->hdr;
+            pr->n_req = 1;
+            pr->want_hdr = 1;
+            return PP_OK;
+        }
+        if (a->stage > 0 && s->d.shapes == PP_SHAPES_AUTO) {
+            /* expect what this (micro-batch, boundary) carried last time */
+            pp_result rc = _pp_apply_shapes(s, a, &s->learned_in[slot]);
+            if (rc != PP_OK) return rc;
+        }
+        bytes = _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, NULL, NULL, NULL, NULL);
+        if (!(pr->blk = _pp_block_get(s, bytes)))
+            return _pp_stage_fail(s, PP_ERR_NOMEM, "stash of %zu bytes for F%d.%d", bytes, a->mb, a->chunk);
+        if (a->stage > 0) {
+            pp_result rc;
+            pr->auto_first = s->d.shapes == PP_SHAPES_AUTO;
+            if ((rc = _pp_post_acts(s, a, pr, pr->auto_first ? 1 : PP_MAX_TENSORS)) != PP_OK) return rc;
+        }
+    } else {
+        bytes = _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, NULL, NULL);
+        if (!(pr->blk = _pp_block_get(s, bytes)))
+            return _pp_stage_fail(s, PP_ERR_NOMEM, "gradient workspace of %zu bytes for B%d.%d", bytes, a->mb, a->chunk);
+        memset(pr->blk->data, 0, bytes);
+        if (a->stage < s->S - 1) {
+            const _pp_bnd* bd = _pp_plan_bnd(&s->plan, a->mb, lb);
+            size_t off = 0;
+            if (t->group_start) t->group_start(t->self);
+            for (k = 0; k < bd->n; k++) {
+                size_t n = pp_tensor_bytes(&bd->t[k]);
+                pp_result rc;
+                if (!pp_dtype_is_float(bd->t[k].dtype)) continue;
+                rc = t->irecv(t->self, a->next_rank, _pp_tag(s, 1, a->mb, a->stage + 1, k), pr->blk->data + off, n,
+                              &pr->req[pr->n_req]);
+                if (rc != PP_OK) return _pp_stage_fail(s, rc, "posting receive B%d.%d from rank %d", a->mb, a->chunk, a->next_rank);
+                pr->req_bytes[pr->n_req++] = n;
+                off += _PP_ALIGN(n);
+            }
+            if (t->group_end) t->group_end(t->self);
+        }
+    }
+    return PP_OK;
+}
+
+static pp_result _pp_wait_prep(pp_stage* s, _pp_prep* pr, const pp_action* a) {
+    int i;
+    double t0 = _pp_now();
+    for (i = 0; i < pr->n_req; i++) {
+        pp_result rc = s->d.transport.wait(s->d.transport.self, &pr->req[i], s->d.timeout_s, &s->err);
+        pr->req[i].done = 1;
+        if (rc != PP_OK) {
+            s->st.t_wait += _pp_now() - t0;
+            return _pp_stage_wrap(s, rc, a);
+        }
+        s->st.bytes_recv += pr->req_bytes[i];
+    }
+    pr->n_req = 0;
+    s->st.t_wait += _pp_now() - t0;
+    return PP_OK;
+}
+
+/* Reads the AUTO trailer after tensor 0 of the stage input; 0 if it is missing or corrupt. */
+static int _pp_trailer_read(const pp_stage* s) {
+    const unsigned char* p = (const unsigned char*)s->act[0].data + pp_tensor_bytes(&s->act[0]);
+    uint32_t w[2];
+    memcpy(w, p, sizeof w);
+    return w[0] == _PP_TRAILER_MAGIC ? (int)w[1] : 0;
+}
+
+static void _pp_trailer_write(unsigned char* p, int status) {
+    uint32_t w[4];
+    w[0] = _PP_TRAILER_MAGIC;
+    w[1] = (uint32_t)status;
+    w[2] = w[3] = 0;
+    memcpy(p, w, sizeof w);
+}
+
+/* F of a stage > 0 under PER_MESSAGE/AUTO: completes the receive of the stage input once
+   its shape is known, resizing the stash when the sender says the shape changed. */
+static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr) {
+    int la = s->d.partition[a->stage], lb = s->d.partition[a->stage + 1], slot = a->mb * s->v + a->chunk, status;
+    pp_result rc;
+    _pp_bnd in;
+    for (;;) {
+        if (pr->want_hdr) {
+            if ((rc = _pp_hdr_to_bnd(s, a, &pr->hdr, &in)) != PP_OK) return rc;
+            if ((rc = _pp_apply_shapes(s, a, &in)) != PP_OK) return rc;
+            {
+                size_t bytes = _pp_stash_carve(&s->plan, a->mb, la, lb, 1, NULL, NULL, NULL, NULL);
+                if (pr->blk && pr->blk->cap < bytes) {
+                    _pp_block_put(s, pr->blk);
+                    pr->blk = NULL;
+                }
+                if (!pr->blk && !(pr->blk = _pp_block_get(s, bytes)))
+                    return _pp_stage_fail(s, PP_ERR_NOMEM, "stash of %zu bytes for F%d.%d", bytes, a->mb, a->chunk);
+            }
+            pr->want_hdr = 0;
+            pr->auto_first = 0;
+            if ((rc = _pp_post_acts(s, a, pr, PP_MAX_TENSORS)) != PP_OK) return rc;
+            if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
+        } else if (pr->auto_first) {
+            /* tensor 0 arrived with its trailer: the rest may follow, or a resize notice */
+            pr->auto_first = 0;
+            _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
+            if (_pp_trailer_read(s) == _PP_TRAILER_RESIZE) {
+                const pp_transport* t = &s->d.transport;
+                rc = t->irecv(t->self, a->prev_rank, _pp_tag(s, 0, a->mb, a->stage, PP_MAX_TENSORS), &pr->hdr,
+                              sizeof pr->hdr, &pr->req[0]);
+                if (rc != PP_OK) return _pp_stage_fail(s, rc, "posting header receive F%d.%d", a->mb, a->chunk);
+                pr->req_bytes[0] = sizeof pr->hdr;
+                    pr->n_req = 1;
+                if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
+                pr->want_hdr = 1;
+                continue;
+            }
+            if ((rc = _pp_post_range(s, a, pr, 1, PP_MAX_TENSORS)) != PP_OK) return rc;
+            if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
+        }
+        break;
+    }
+    if (s->d.shapes == PP_SHAPES_AUTO) {
+        _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
+        status = _pp_trailer_read(s);
+        if (status != _PP_TRAILER_OK)
+            return _pp_stage_fail(s, PP_ERR_TRANSPORT, "F%d.%d: activation from rank %d lacks its trailer (%d)", a->mb,
+                                  a->chunk, a->prev_rank, status);
+        s->learned_in[slot] = *_pp_plan_bnd(&s->plan, a->mb, la);
+    }
+    return PP_OK;
+}
+
+static pp_result _pp_send_bnd(pp_stage* s, const pp_action* a, _pp_block* blk, const pp_tensor* ts, int n, int peer,
+                              int dir, int bstage, size_t extra0) {
+    const pp_transport* t = &s->d.transport;
+    int k;
+    if (t->group_start) t->group_start(t->self);
+    for (k = 0; k < n; k++) {
+        size_t bytes = pp_tensor_bytes(&ts[k]) + (k == 0 ? extra0 : 0);
+        pp_result rc;
+        if (!ts[k].data) continue; /* integer tensors carry no gradient */
+        rc = t->isend(t->self, peer, _pp_tag(s, dir, a->mb, bstage, k), ts[k].data, bytes, &blk->req[blk->n_req]);
+        if (rc != PP_OK) {
+            if (t->group_end) t->group_end(t->self);
+            return _pp_stage_fail(s, rc, "at %c%d.%d sending %zu bytes to rank %d", "FBW"[a->op % 3], a->mb, a->chunk,
+                                  bytes, peer);
+        }
+        blk->n_req++;
+        s->st.bytes_sent += bytes;
+        s->st.msgs_sent++;
+    }
+    if (t->group_end) t->group_end(t->self);
+    return PP_OK;
+}
+
+/* One metadata message (a header or a resize notice) from blk. */
+static pp_result _pp_send_meta(pp_stage* s, const pp_action* a, _pp_block* blk, const void* buf, size_t bytes, int k) {
+    const pp_transport* t = &s->d.transport;
+    pp_result rc;
+    if (blk->n_req >= _PP_MAX_REQ) return _pp_stage_fail(s, PP_ERR_INVALID, "too many sends for one action");
+    rc = t->isend(t->self, a->next_rank, _pp_tag(s, 0, a->mb, a->stage + 1, k), buf, bytes, &blk->req[blk->n_req]);
+    if (rc != PP_OK) return _pp_stage_fail(s, rc, "at F%d.%d sending %zu bytes of shapes to rank %d", a->mb, a->chunk, bytes, a->next_rank);
+    blk->n_req++;
+    s->st.bytes_sent += bytes;
+    s->st.msgs_sent++;
+    s->st.meta_bytes_sent += bytes;
+    s->st.meta_msgs_sent++;
+    return PP_OK;
+}
+
+/* Sends this stage's output (boundary lb) of an F, with the metadata the policy asks for. */
+static pp_result _pp_send_output(pp_stage* s, const pp_action* a, _pp_block* blk, int la, int lb) {
+    const pp_tensor* out = &s->act[(lb - la) * PP_MAX_TENSORS];
+    int n = s->nact[lb - la], slot = a->mb * s->v + a->chunk;
+    pp_result rc;
+    size_t extra = 0;
+    if (s->d.shapes == PP_SHAPES_PER_MESSAGE) {
+        _pp_bnd_to_hdr(out, n, &blk->hdr);
+        if ((rc = _pp_send_meta(s, a, blk, &blk->hdr, sizeof blk->hdr, PP_MAX_TENSORS)) != PP_OK) return rc;
+    } else if (s->d.shapes == PP_SHAPES_AUTO) {
+        _pp_bnd* known = &s->learned_out[slot];
+        extra = _PP_TRAILER;
+        if (known->n >= 1 && !_pp_same_shapes(known, out, n)) {
+            /* the receiver has posted tensor 0 at the old size: tell it, in a message of that
+               size, that a header follows */
+            size_t old = pp_tensor_bytes(&known->t[0]) + _PP_TRAILER;
+            _pp_block* note = _pp_block_get(s, old);
+            if (!note) return _pp_stage_fail(s, PP_ERR_NOMEM, "resize notice of %zu bytes", old);
+            memset(note->data, 0, old);
+            _pp_trailer_write(note->data + old - _PP_TRAILER, _PP_TRAILER_RESIZE);
+            rc = _pp_send_meta(s, a, note, note->data, old, 0);
+            _pp_block_put(s, note);
+            if (rc != PP_OK) return rc;
+        }
+        if (known->n < 1 || !_pp_same_shapes(known, out, n)) {
+            _pp_bnd_to_hdr(out, n, &blk->hdr);
+            if ((rc = _pp_send_meta(s, a, blk, &blk->hdr, sizeof blk->hdr, PP_MAX_TENSORS)) != PP_OK) return rc;
+            known->n = n;
+            memcpy(known->t, out, sizeof(pp_tensor) * (size_t)n);
+        }
+        _pp_trailer_write((unsigned char*)out[0].data + pp_tensor_bytes(&out[0]), _PP_TRAILER_OK);
+        s->st.meta_bytes_sent += _PP_TRAILER;
+    }
+    return _pp_send_bnd(s, a, blk, out, n, a->next_rank, 0, a->stage + 1, extra);
+}
+
+static pp_result _pp_run(pp_stage* s, int idx) {
+    _pp_prep* pr = &s->prep[idx & 1];
+    const pp_action* a = &s->list[idx];
+    const pp_microbatch* mb = &s->plan.mbs[a->mb];
+    int la, lb, slot = a->mb * s->v + a->chunk;
+    const size_t* sb = &s->plan.saved[(size_t)a->mb * s->L];
+    pp_result rc;
+    double t0;
+    _pp_stage_layers(s, a->stage, &la, &lb);
+    if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
+    if (a->op == PP_OP_F && a->stage > 0 && (s->d.shapes == PP_SHAPES_PER_MESSAGE || s->d.shapes == PP_SHAPES_AUTO) &&
+        (rc = _pp_receive_input(s, a, pr)) != PP_OK)
+        return rc;
+    t0 = _pp_now();
+    if (a->op == PP_OP_F) {
+        _pp_block* blk = pr->blk;
+        pr->blk = NULL;
+        _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, blk->data, s->act, s->nact, s->saved);
+        if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
+        s->live[slot] = blk;
+        if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
+        s->live_bytes += blk->cap;
+        if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
+        rc = _pp_forward_range(&s->d.model, s->d.weights, mb, la, lb, s->act, s->nact, s->saved, sb,
+                               &s->mb_loss[a->mb], &s->err);
+        if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+        s->st.t_forward += _pp_now() - t0;
+        if (a->stage < s->S - 1 && (rc = _pp_send_output(s, a, blk, la, lb)) != PP_OK) return rc;
+    } else {
+        _pp_block* stash = s->live[slot];
+        _pp_block* gws = pr->blk;
+        pr->blk = NULL;
+        if (!stash) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its F", a->mb, a->chunk);
+        _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, stash->data, s->act, s->nact, s->saved);
+        if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
+        _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
+        rc = _pp_backward_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact,
+                                s->saved, sb, &s->err);
+        if (rc != PP_OK) {
+            _pp_block_put(s, gws);
+            return _pp_stage_wrap(s, rc, a);
+        }
+        s->st.t_backward += _pp_now() - t0;
+        if (a->stage > 0) {
+            rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
+            if (rc != PP_OK) {
+                _pp_block_put(s, gws);
+                return rc;
+            }
+        }
+        s->live[slot] = NULL;
+        s->n_live--;
+        s->live_bytes -= stash->cap;
+        _pp_block_put(s, stash);
+        _pp_block_put(s, gws);
+    }
+    if (s->d.record_timeline && s->events) {
+        pp_event* e = &s->events[s->n_events++];
+        e->rank = s->d.rank;
+        e->a = *a;
+        e->start = t0;
+        e->end = _pp_now();
+    }
+    pr->idx = -1;
+    return PP_OK;
+}
+
+pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err) {
+    pp_stage* s = NULL;
+    pp_sim_result* sim = NULL;
+    pp_sim_cost cost;
+    pp_result rc;
+    int st, ml = 0;
+    if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    *out = NULL;
+    if (!d) return _pp_fail(err, PP_ERR_INVALID, "stage desc is NULL");
+    if ((rc = pp_model_check(&d->model, err)) != PP_OK) return rc;
+    if (!d->grads) return _pp_fail(err, PP_ERR_INVALID, "grads is NULL");
+    if (!d->schedule || !d->schedule->actions)
+        return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL (make one with pp_schedule_make)");
+    if (d->rank < 0 || d->rank >= d->schedule->p)
+        return _pp_fail(err, PP_ERR_INVALID, "rank %d is outside the schedule's %d ranks", d->rank, d->schedule->p);
+    if ((rc = pp_partition_check(d->partition, d->model.n_layers, d->schedule->n_stages, err)) != PP_OK) return rc;
+    if (d->shapes < PP_SHAPES_LOCAL || d->shapes > PP_SHAPES_AUTO)
+        return _pp_fail(err, PP_ERR_INVALID, "unknown shape policy %d", (int)d->shapes);
+    if (d->max_seqs < 0 || d->max_seqs > (1 << 28))
+        return _pp_fail(err, PP_ERR_INVALID, "max_seqs = %d (0 for the default, at most 2^28)", d->max_seqs);
+    if (d->schedule->p > 1) {
+        if (!d->transport.isend || !d->transport.irecv || !d->transport.wait)
+            return _pp_fail(err, PP_ERR_INVALID, "rank %d: transport lacks isend/irecv/wait (p = %d needs one)", d->rank,
+                            d->schedule->p);
+        if (d->transport.rank != d->rank || d->transport.size < d->schedule->p)
+            return _pp_fail(err, PP_ERR_INVALID, "transport is rank %d of %d, the stage is rank %d of %d",
+                            d->transport.rank, d->transport.size, d->rank, d->schedule->p);
+    }
+    /* Prove the schedule before running it. */
+    sim = (pp_sim_result*)_pp_calloc(1, sizeof *sim);
+    if (!sim) return _pp_fail(err, PP_ERR_NOMEM, "simulator result");
+    memset(&cost, 0, sizeof cost);
+    rc = pp_simulate(d->schedule, &cost, sim, NULL, err);
+    if (rc != PP_OK) {
+        PP_FREE(sim);
+        return rc;
+    }
+    s = (pp_stage*)_pp_calloc(1, sizeof *s);
+    if (!s) {
+        PP_FREE(sim);
+        return _pp_fail(err, PP_ERR_NOMEM, "stage");
+    }
+    s->sim_peak = sim->peak_live[d->rank];
+    PP_FREE(sim);
+    s->d = *d;
+    if (s->d.timeout_s <= 0) s->d.timeout_s = PP_DEFAULT_TIMEOUT_S;
+    s->p = d->schedule->p;
+    s->v = d->schedule->v;
+    s->S = d->schedule->n_stages;
+    s->L = d->model.n_layers;
+    s->list = pp_schedule_rank(d->schedule, d->rank);
+    s->n_list = d->schedule->per_rank;
+    for (st = 0; st < s->S; st++)
+        if (d->partition[st + 1] - d->partition[st] > ml) ml = d->partition[st + 1] - d->partition[st];
+    s->max_layers = ml;
+    s->act = (pp_tensor*)_pp_calloc((size_t)(ml + 1) * PP_MAX_TENSORS, sizeof *s->act);
+    s->dact = (pp_tensor*)_pp_calloc((size_t)(ml + 1) * PP_MAX_TENSORS, sizeof *s->dact);
+    s->nact = (int*)_pp_calloc((size_t)ml + 1, sizeof *s->nact);
+    s->saved = (void**)_pp_calloc((size_t)ml, sizeof *s->saved);
+    s->events = d->record_timeline ? (pp_event*)_pp_calloc((size_t)s->n_list, sizeof *s->events) : NULL;
+    if (!s->act || !s->dact || !s->nact || !s->saved || (d->record_timeline && !s->events)) {
+        pp_stage_destroy(s);
+        return _pp_fail(err, PP_ERR_NOMEM, "stage scratch");
+    }
+    s->prep[0].idx = s->prep[1].idx = -1;
+    s->plan.pad = d->shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
+    if (s->d.max_seqs <= 0) s->d.max_seqs = 4096;
+    *out = s;
+    return PP_OK;
+}
+
+void pp_stage_destroy(pp_stage* s) {
+    int i;
+    if (!s) return;
+    for (i = 0; i < 2; i++) PP_FREE(s->prep[i].blk);
+    if (s->live)
+        for (i = 0; i < s->live_cap; i++) PP_FREE(s->live[i]);
+    _pp_free_blocks(s->pool);
+    _pp_free_blocks(s->retiring);
+    _pp_plan_free(&s->plan);
+    PP_FREE(s->live);
+    PP_FREE(s->mb_loss);
+    PP_FREE(s->act);
+    PP_FREE(s->dact);
+    PP_FREE(s->nact);
+    PP_FREE(s->saved);
+    PP_FREE(s->events);
+    PP_FREE(s->learned_in);
+    PP_FREE(s->learned_out);
+    PP_FREE(s->bc_cu);
+    PP_FREE(s->bc_msg);
+    PP_FREE(s);
+}
+
+const char* pp_stage_error(const pp_stage* s) { return s ? s->err.msg : "stage is NULL"; }
+
+const pp_event* pp_stage_timeline(const pp_stage* s, size_t* n) {
+    if (n) *n = s ? s->n_events : 0;
+    return s ? s->events : NULL;
+}
+
+/* After a failure: tell the other ranks, and put every block back so the stage can step again. */
+static void _pp_stage_recover(pp_stage* s) {
+    int i;
+    for (i = 0; i < 2; i++) {
+        if (s->prep[i].blk) {
+            s->prep[i].blk->n_req = 0;
+            _pp_block_put(s, s->prep[i].blk);
+        }
+        s->prep[i].blk = NULL;
+        s->prep[i].idx = -1;
+    }
+    for (i = 0; i < s->live_cap; i++)
+        if (s->live[i]) {
+            s->live[i]->n_req = 0;
+            _pp_block_put(s, s->live[i]);
+            s->live[i] = NULL;
+        }
+    while (s->retiring) {
+        _pp_block* b = s->retiring;
+        s->retiring = b->next;
+        b->n_req = 0;
+        b->next = s->pool;
+        s->pool = b;
+    }
+    s->n_live = 0;
+    s->live_bytes = 0;
+    /* what a peer learned is unknown after a broken step: learn every shape again */
+    for (i = 0; i < s->learned_cap; i++) s->learned_in[i].n = s->learned_out[i].n = -1;
+}
+
+/* BROADCAST: the first stage's rank sends the step's metadata to every other rank in one
+   fixed-size message (max_seqs bounds it); the others build their plan from it. */
+#define _PP_BC_WORDS 10
+static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_batch** use) {
+    const pp_transport* t = &s->d.transport;
+    size_t bytes = sizeof(int64_t) * _PP_BC_WORDS + sizeof(int32_t) * ((size_t)s->d.max_seqs + 1);
+    int64_t* w;
+    int root, chunk, r;
+    pp_request rq;
+    pp_result rc;
+    pp_schedule_stage_rank(s->d.schedule, 0, &root, &chunk);
+    if (!s->bc_msg) {
+        s->bc_msg = (int64_t*)_pp_calloc(bytes / sizeof(int64_t) + 1, sizeof(int64_t));
+        s->bc_cu = (int32_t*)_pp_calloc((size_t)s->d.max_seqs + 1, sizeof(int32_t));
+        if (!s->bc_msg || !s->bc_cu) return _pp_stage_fail(s, PP_ERR_NOMEM, "broadcast buffer of %zu bytes", bytes);
+        s->bc_bytes = bytes;
+    }
+    w = s->bc_msg;
+    if (s->d.rank == root) {
+        pp_result chk = _pp_batch_check(b, &s->err);
+        if (chk != PP_OK) return _pp_stage_fail(s, chk, "%s", s->err.msg);
+        if (b->n_seqs > s->d.max_seqs)
+            return _pp_stage_fail(s, PP_ERR_SIZE, "batch has %d sequences, the broadcast holds max_seqs = %d", b->n_seqs,
+                                  s->d.max_seqs);
+        memset(w, 0, bytes);
+        w[0] = b->m;
+        w[1] = b->input.rows;
+        w[2] = b->input.cols;
+        w[3] = (int64_t)b->input.dtype;
+        w[4] = b->cu_seqlens ? b->n_seqs : 0;
+        w[5] = (int64_t)b->loss;
+        w[6] = (int64_t)b->split;
+        memcpy(&w[7], &b->split_a, sizeof(double));
+        memcpy(&w[8], &b->split_b, sizeof(double));
+        if (b->cu_seqlens) memcpy(&w[_PP_BC_WORDS], b->cu_seqlens, sizeof(int32_t) * ((size_t)b->n_seqs + 1));
+        for (r = 0; r < s->p; r++) {
+            if (r == root) continue;
+            if ((rc = t->isend(t->self, r, _PP_TAG_BROADCAST, w, bytes, &rq)) != PP_OK ||
+                (rc = t->wait(t->self, &rq, s->d.timeout_s, &s->err)) != PP_OK)
+                return _pp_stage_fail(s, rc, "broadcasting the step metadata to rank %d", r);
+            s->st.bytes_sent += bytes;
+            s->st.msgs_sent++;
+            s->st.meta_bytes_sent += bytes;
+            s->st.meta_msgs_sent++;
+        }
+        *use = b;
+        return PP_OK;
+    }
+    if ((rc = t->irecv(t->self, root, _PP_TAG_BROADCAST, w, bytes, &rq)) != PP_OK)
+        return _pp_stage_fail(s, rc, "posting the metadata receive from rank %d", root);
+    if ((rc = t->wait(t->self, &rq, s->d.timeout_s, &s->err)) != PP_OK)
+        return _pp_stage_fail(s, rc, "waiting for the step metadata: %s", s->err.msg);
+    s->st.bytes_recv += bytes;
+    if (w[4] < 0 || w[4] > s->d.max_seqs)
+        return _pp_stage_fail(s, PP_ERR_TRANSPORT, "step metadata from rank %d is corrupt (%lld sequences)", root,
+                              (long long)w[4]);
+    s->bc_batch = *b;
+    s->bc_batch.m = (int)w[0];
+    s->bc_batch.input.rows = w[1];
+    s->bc_batch.input.cols = w[2];
+    s->bc_batch.input.dtype = (pp_dtype)w[3];
+    s->bc_batch.n_seqs = (int)w[4];
+    s->bc_batch.loss = (pp_loss_reduction)w[5];
+    s->bc_batch.split = (pp_split_policy)w[6];
+    memcpy(&s->bc_batch.split_a, &w[7], sizeof(double));
+    memcpy(&s->bc_batch.split_b, &w[8], sizeof(double));
+    s->bc_batch.cu_seqlens = NULL;
+    if (w[4] > 0) {
+        memcpy(s->bc_cu, &w[_PP_BC_WORDS], sizeof(int32_t) * ((size_t)w[4] + 1));
+        s->bc_batch.cu_seqlens = s->bc_cu;
+    }
+    *use = &s->bc_batch;
+    return PP_OK;
+}
+
+/* Receives are posted one action ahead, except a B whose F has not run yet when the shapes
+   travel with the data (PER_MESSAGE, AUTO): its sizes are not final until that F received. */
+static int _pp_can_prepare(const pp_stage* s, int idx) {
+    const pp_action* a = &s->list[idx];
+    if (a->op == PP_OP_F || s->d.shapes == PP_SHAPES_LOCAL || s->d.shapes == PP_SHAPES_BROADCAST) return 1;
+    return s->live[a->mb * s->v + a->chunk] != NULL;
+}
+
+pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
+    const pp_schedule* sc;
+    pp_result rc = PP_OK;
+    double t_start;
+    int i, need;
+    if (!s) return PP_ERR_INVALID;
+    sc = s->d.schedule;
+    memset(&s->st, 0, sizeof s->st);
+    s->err.msg[0] = 0;
+    s->n_events = 0;
+    if (!b) return _pp_stage_fail(s, PP_ERR_INVALID, "batch is NULL");
+    if (s->d.shapes == PP_SHAPES_BROADCAST && sc->p > 1 && (rc = _pp_broadcast_meta(s, b, &b)) != PP_OK) {
+        if (s->d.transport.abort) s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
+        return rc;
+    }
+    if (b->m != sc->m)
+        return _pp_stage_fail(s, PP_ERR_INVALID, "batch has m = %d micro-batches, the schedule was made for %d", b->m, sc->m);
+    if ((rc = _pp_plan_build(&s->plan, &s->d.model, s->d.weights, b, &s->err)) != PP_OK)
+        return _pp_stage_fail(s, rc, "%s", s->err.msg);
+    for (i = 0; i < s->v; i++) {
+        int stage = pp_schedule_stage(sc, s->d.rank, i);
+        if (stage == 0 && !b->input.data)
+            return _pp_stage_fail(s, PP_ERR_INVALID, "this rank owns the first stage but the batch has no input data");
+        if (stage == s->S - 1 && !b->targets)
+            return _pp_stage_fail(s, PP_ERR_INVALID, "this rank owns the last stage but the batch has no targets");
+    }
+    need = b->m * s->v;
+    if (need > s->learned_cap) {
+        _pp_bnd* li = (_pp_bnd*)_pp_calloc((size_t)need, sizeof *li);
+        _pp_bnd* lo = (_pp_bnd*)_pp_calloc((size_t)need, sizeof *lo);
+        if (!li || !lo) {
+            PP_FREE(li);
+            PP_FREE(lo);
+            return _pp_stage_fail(s, PP_ERR_NOMEM, "shape tables for %d micro-batches", b->m);
+        }
+        for (i = 0; i < need; i++) li[i].n = lo[i].n = -1;
+        PP_FREE(s->learned_in);
+        PP_FREE(s->learned_out);
+        s->learned_in = li;
+        s->learned_out = lo;
+        s->learned_cap = need;
+    }
+    if (need > s->live_cap) {
+        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need, sizeof *nl);
+        float* nloss = (float*)_pp_calloc((size_t)b->m, sizeof *nloss);
+        if (!nl || !nloss) {
+            PP_FREE(nl);
+            PP_FREE(nloss);
+            return _pp_stage_fail(s, PP_ERR_NOMEM, "live table for %d stashes", need);
+        }
+        PP_FREE(s->live);
+        PP_FREE(s->mb_loss);
+        s->live = nl;
+        s->mb_loss = nloss;
+        s->live_cap = need;
+    }
+    s->batch = b;
+    t_start = _pp_now();
+    for (i = 0; i < s->n_list && rc == PP_OK; i++) {
+        rc = _pp_reap(s, 0);
+        if (rc == PP_OK) rc = _pp_prepare(s, i);
+        if (rc == PP_OK && i + 1 < s->n_list && _pp_can_prepare(s, i + 1)) rc = _pp_prepare(s, i + 1);
+        if (rc == PP_OK) rc = _pp_run(s, i);
+    }
+    if (rc == PP_OK) rc = _pp_reap(s, 1);
+    s->st.t_total = _pp_now() - t_start;
+    s->st.n_actions = i;
+    if (rc != PP_OK) {
+        if (s->d.transport.abort) s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
+        _pp_stage_recover(s);
+    } else {
+        int last_rank, last_chunk;
+        pp_schedule_stage_rank(sc, s->S - 1, &last_rank, &last_chunk);
+        if (last_rank == s->d.rank) {
+            s->st.loss = _pp_step_loss(&s->plan, s->mb_loss);
+            s->st.has_loss = 1;
+        }
+        for (i = 0; i < (int)s->n_events; i++) {
+            s->events[i].start -= t_start;
+            s->events[i].end -= t_start;
+        }
+    }
+    s->batch = NULL;
+    if (stats) *stats = s->st;
+    return rc;
+}
 
 #ifdef __cplusplus
 }

@@ -137,6 +137,16 @@ static int check_events(const pp_schedule* s, const pp_event* ev, double comm) {
     return bad;
 }
 
+/* Interleaved stash peak: warm-up + 1, capped. Megatron's warm-up 2(p-r-1) + (v-1)p, with p
+   replaced by the largest micro-batch group (m / p groups of sizes differing by one; p itself
+   when p divides m, m when m < 2p). */
+static int interleaved_peak(int p, int v, int m, int r) {
+    int groups = m / p > 0 ? m / p : 1;
+    int gmax = (m + groups - 1) / groups;
+    int want = 2 * (p - r - 1) + (v - 1) * gmax + 1;
+    return want < m * v ? want : m * v;
+}
+
 /* Every kind over the grid of the brief: generation, structure, simulation, closed forms. */
 static void test_grid(void) {
     int ki, pi, mi, v;
@@ -181,7 +191,7 @@ static void test_grid(void) {
                               pp_schedule_name(k), p, m, res_u.bubble, want);
                         CHECK(fabs(res_u.makespan - 2.0 * (m + p - 1)) < 1e-9, "%s p=%d m=%d makespan %g",
                               pp_schedule_name(k), p, m, res_u.makespan);
-                    } else if (m % p == 0) {
+                    } else if (m >= p) { /* every m >= p, not only m % p == 0 */
                         double want = (double)(p - 1) / (double)(v * m + p - 1);
                         CHECK(fabs(res_u.bubble - want) < 1e-12, "interleaved p=%d v=%d m=%d bubble %.15f want %.15f",
                               p, v, m, res_u.bubble, want);
@@ -191,13 +201,7 @@ static void test_grid(void) {
                         CHECK(fabs(res_u.busy[r] - 2.0 * m * v) < 1e-9, "busy[%d] = %g", r, res_u.busy[r]);
                         if (k == PP_SCHED_GPIPE) want = m;
                         else if (k == PP_SCHED_1F1B) want = p - r < m ? p - r : m;
-                        else if (m % p == 0) { /* Megatron: warm-up + 1, capped */
-                            want = 2 * (p - r - 1) + (v - 1) * p + 1;
-                            if (want > m * v) want = m * v;
-                        } else {
-                            want = res_u.peak_live[r]; /* short last group: only bounded */
-                            CHECK(want >= 1 && want <= m * v, "peak_live[%d] = %d", r, want);
-                        }
+                        else want = interleaved_peak(p, v, m, r);
                         CHECK(res_u.peak_live[r] == want, "%s p=%d v=%d m=%d rank %d peak_live %d want %d",
                               pp_schedule_name(k), p, v, m, r, res_u.peak_live[r], want);
                         CHECK(res.peak_live[r] == res_u.peak_live[r], "peak_live depends on costs");
@@ -208,7 +212,8 @@ static void test_grid(void) {
 }
 
 /* The proof the brief asks for: interleaved is deadlock-free for every p <= 8, v <= 4, m <= 64,
-   and so are GPipe and 1F1B; the simulation is cost-independent, unit costs suffice. */
+   and so are GPipe and 1F1B; deadlock does not depend on costs, unit costs suffice. With them the
+   bubble is the closed form for every m >= p, and the stash peak is the warm-up's. */
 static void test_exhaustive(void) {
     int p, v, m, fails = 0, runs = 0;
     for (p = 1; p <= 8; p++)
@@ -228,6 +233,14 @@ static void test_exhaustive(void) {
                         pp_simulate(&sb.s, &cu, &res, NULL, &err) != PP_OK ||
                         check_lists(&sb.s, why, sizeof why) != NULL) {
                         if (fails++ < 5) printf("  %s p=%d v=%d m=%d: %s\n", pp_schedule_name(k), p, v, m, err.msg);
+                    } else if (m >= p) {
+                        double want = (double)(p - 1) / (double)(v * m + p - 1);
+                        int r, ok = fabs(res.bubble - want) < 1e-12;
+                        for (r = 0; r < p && k == PP_SCHED_INTERLEAVED; r++)
+                            ok = ok && res.peak_live[r] == interleaved_peak(p, v, m, r);
+                        if (!ok && fails++ < 5)
+                            printf("  %s p=%d v=%d m=%d: bubble %.15f want %.15f, peak_live[0] %d\n",
+                                   pp_schedule_name(k), p, v, m, res.bubble, want, res.peak_live[0]);
                     }
                     free(sb.acts);
                 }
@@ -270,6 +283,13 @@ static void test_golden(void) {
     list_str(&sb.s, 1, buf, sizeof buf);
     CHECK(strcmp(buf, "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0") == 0,
           "interleaved r1: %s", buf);
+    free(sb.acts);
+
+    /* m = 5 at p = 2: groups {0,1} and {2,3,4} (never a group shorter than p) */
+    CHECK(make(&sb, PP_SCHED_INTERLEAVED, 2, 2, 5, &err) == PP_OK, "%s", err.msg);
+    list_str(&sb.s, 1, buf, sizeof buf);
+    CHECK(strcmp(buf, "F0.0 F1.0 F0.1 F1.1 B0.1 F2.0 B1.1 F3.0 B0.0 F4.0 B1.0 F2.1 B2.1 F3.1 B3.1 F4.1 "
+                      "B4.1 B2.0 B3.0 B4.0") == 0, "interleaved m=5 r1: %s", buf);
     free(sb.acts);
 
     /* per-stage costs: GPipe p=2 m=1, F 1+3, B 4+2 */

@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
     printf("bubble     %.4f simulated, %.4f theory %s%s\n", res.bubble, theory,
            kind == PP_SCHED_INTERLEAVED ? "(p-1)/(v*m+p-1)" : "(p-1)/(m+p-1)",
            comm > 0 ? " (theory assumes comm = 0)"
-           : kind == PP_SCHED_INTERLEAVED && m % p ? " (theory assumes m % p == 0)"
+           : kind == PP_SCHED_INTERLEAVED && m < p ? " (theory assumes m >= p)"
                                                      : "");
     printf("peak live ");
     for (r = 0; r < p; r++) printf(" r%d=%d", r, res.peak_live[r]);

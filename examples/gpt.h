@@ -1,0 +1,807 @@
+/* examples/gpt.h - a tiny GPT (decoder-only transformer) as a pipeline.h layer list, trained on
+   packed variable-length sequences: no padding; positions and attention restart at every sequence.
+   Used by examples/gpt_cpu.c and tests/test_gpt.c. Include after pipeline.h; everything is static.
+
+   LAYERS  (T = tokens of the micro-batch = io->mb->rows, C = channels, V = vocabulary)
+     embed   token ids int32 (T, 1) -> x (T, C):  wte[token] + wpe[position inside its sequence]
+     block   x (T, C) -> x (T, C):  x + attn(ln1(x)), then + mlp(ln2(...)); attention is causal
+             and never crosses a sequence boundary; mlp is C -> 4C -> GELU -> C
+     head    x (T, C) -> loss:  ln_f, logits (T, V), mean cross-entropy over the tokens whose
+             target (io->mb->targets, int32 per token) is >= 0; -1 means "no target" (the last
+             token of each sequence). Backward scales by io->mb->loss_scale.
+   io->mb->cu_seqlens holds the micro-batch's n_seqs+1 sequence offsets, rebased to 0; NULL means
+   the whole micro-batch is one sequence.
+
+   PARAMETERS
+   One flat float buffer holds every parameter (gpt_init); a layer's parameters are contiguous in
+   it (gpt_layer_params gives the span, for optimizers that update only the layers a rank owns).
+   Gradients use the same layout in a second buffer (gpt_bind on zeroed memory).
+
+   DEPTH
+   PP_MODEL fixes counts at compile time: the list has GPT_MAX_BLOCK blocks, and
+   gpt_model_desc_depth(n) returns the pp_model that uses the first n of them (n + 2 layers:
+   layer 0 is embed, 1..n the blocks, n+1 the head). Only those n blocks need buffers.
+
+   ERRORS  forward/backward return 0, or one of the GPT_E* codes below (the library reports it
+   as PP_ERR_LAYER with the layer and micro-batch). */
+#ifndef PP_EXAMPLE_GPT_H
+#define PP_EXAMPLE_GPT_H
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GPT_MAX_BLOCK 8
+#define GPT_LN_EPS 1e-5f
+
+enum {
+    GPT_ESHAPE = 1,     /* a tensor's shape or dtype is not what describe() promised */
+    GPT_ESAVED = 2,     /* io->saved is smaller than describe()'s saved_bytes */
+    GPT_ETOKEN = 3,     /* a token id outside 0 .. vocab-1 */
+    GPT_ELONG = 4,      /* a sequence longer than max_T (no position embedding for it) */
+    GPT_ENOMEM = 5,     /* backward workspace */
+    GPT_ETARGET = 6,    /* a target outside -1 .. vocab-1 */
+    GPT_ESEQS = 7       /* cu_seqlens does not cover the micro-batch's rows */
+};
+
+typedef struct gpt_config {
+    int vocab;          /* token ids 0 .. vocab-1 */
+    int max_T;          /* longest sequence: rows of the position table */
+    int C;              /* channels */
+    int n_head;         /* heads; C % n_head == 0 */
+    int n_block;        /* transformer blocks, 1 .. GPT_MAX_BLOCK */
+} gpt_config;
+
+typedef struct gpt_embed_params {
+    int vocab, max_T, C;
+    float* wte;         /* (vocab, C) token embedding */
+    float* wpe;         /* (max_T, C) position embedding; the position restarts at 0 per sequence */
+} gpt_embed_params;
+
+/* Matrices are stored (in, out): y = x W + b. */
+typedef struct gpt_block_params {
+    int C, n_head;
+    float* ln1_g;       /* (C) */
+    float* ln1_b;       /* (C) */
+    float* qkv_w;       /* (C, 3C) columns: q | k | v, head h at [h*hs, (h+1)*hs) of each */
+    float* qkv_b;       /* (3C) */
+    float* proj_w;      /* (C, C) attention output projection */
+    float* proj_b;      /* (C) */
+    float* ln2_g;       /* (C) */
+    float* ln2_b;       /* (C) */
+    float* fc_w;        /* (C, 4C) */
+    float* fc_b;        /* (4C) */
+    float* fcproj_w;    /* (4C, C) */
+    float* fcproj_b;    /* (C) */
+} gpt_block_params;
+
+typedef struct gpt_head_params {
+    int C, vocab;
+    float* lnf_g;       /* (C) */
+    float* lnf_b;       /* (C) */
+    float* lm_w;        /* (C, vocab) own weights, not tied to wte (that would cross stages) */
+    float* lm_b;        /* (vocab) */
+} gpt_head_params;
+
+/* ---- sequences of a micro-batch ------------------------------------------------------------ */
+static inline int gpt_seq_count(const pp_microbatch* mb) { return mb->cu_seqlens ? mb->n_seqs : 1; }
+static inline int64_t gpt_seq_start(const pp_microbatch* mb, int s) { return mb->cu_seqlens ? mb->cu_seqlens[s] : 0; }
+static inline int64_t gpt_seq_end(const pp_microbatch* mb, int s) {
+    return mb->cu_seqlens ? mb->cu_seqlens[s + 1] : mb->rows;
+}
+
+/* Sum over sequences of len^2: the attention term of the cost and of the saved probabilities. */
+static inline int64_t gpt_seq_sq_sum(const pp_microbatch* mb) {
+    int64_t acc = 0;
+    int s;
+    for (s = 0; s < gpt_seq_count(mb); s++) {
+        int64_t L = gpt_seq_end(mb, s) - gpt_seq_start(mb, s);
+        acc += L * L;
+    }
+    return acc;
+}
+
+static inline int64_t gpt_seq_max(const pp_microbatch* mb) {
+    int64_t mx = 0;
+    int s;
+    for (s = 0; s < gpt_seq_count(mb); s++) {
+        int64_t L = gpt_seq_end(mb, s) - gpt_seq_start(mb, s);
+        if (L > mx) mx = L;
+    }
+    return mx;
+}
+
+/* The offsets must tile [0, rows) with non-empty sequences. */
+static inline int gpt_seqs_ok(const pp_microbatch* mb) {
+    int s;
+    if (!mb->cu_seqlens) return mb->rows > 0;
+    if (mb->n_seqs <= 0 || mb->cu_seqlens[0] != 0 || mb->cu_seqlens[mb->n_seqs] != mb->rows) return 0;
+    for (s = 0; s < mb->n_seqs; s++)
+        if (mb->cu_seqlens[s + 1] <= mb->cu_seqlens[s]) return 0;
+    return 1;
+}
+
+static inline int gpt_tensor_is(const pp_tensor* t, int64_t rows, int64_t cols, pp_dtype dt) {
+    return t->data && t->rows == rows && t->cols == cols && t->dtype == dt;
+}
+
+/* ---- kernels: plain loops over flat buffers --------------------------------------------------- */
+
+/* out (T, OC) = inp (T, IC) w (IC, OC) + b (OC) */
+static inline void gpt_matmul_fwd(float* out, const float* inp, const float* w, const float* b, int64_t T, int IC,
+                                  int OC) {
+    int64_t t;
+    int i, o;
+    for (t = 0; t < T; t++) {
+        const float* x = inp + t * IC;      /* (IC) */
+        float* y = out + t * OC;            /* (OC) */
+        for (o = 0; o < OC; o++) y[o] = b[o];
+        for (i = 0; i < IC; i++) {
+            const float xi = x[i];
+            const float* wi = w + (size_t)i * OC;   /* (OC) */
+            for (o = 0; o < OC; o++) y[o] += xi * wi[o];
+        }
+    }
+}
+
+/* dinp (T, IC) += dout w^T (skipped when dinp is NULL); dw (IC, OC) += inp^T dout; db (OC) += sum
+   of dout rows. Rows are visited in ascending order, so the sums are the same on every run. */
+static inline void gpt_matmul_bwd(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                                  const float* w, int64_t T, int IC, int OC) {
+    int64_t t;
+    int i, o;
+    for (t = 0; t < T; t++) {
+        const float* dy = dout + t * OC;    /* (OC) */
+        const float* x = inp + t * IC;      /* (IC) */
+        for (o = 0; o < OC; o++) db[o] += dy[o];
+        for (i = 0; i < IC; i++) {
+            const float xi = x[i];
+            float* dwi = dw + (size_t)i * OC;       /* (OC) */
+            for (o = 0; o < OC; o++) dwi[o] += xi * dy[o];
+        }
+        if (dinp) {
+            float* dx = dinp + t * IC;      /* (IC) */
+            for (i = 0; i < IC; i++) {
+                const float* wi = w + (size_t)i * OC;
+                float acc = 0.0f;
+                for (o = 0; o < OC; o++) acc += wi[o] * dy[o];
+                dx[i] += acc;
+            }
+        }
+    }
+}
+
+/* out (T, C) = (inp - mean) * rstd * g + b, per row; mean, rstd (T) kept for backward. */
+static inline void gpt_layernorm_fwd(float* out, float* mean, float* rstd, const float* inp, const float* g,
+                                     const float* b, int64_t T, int C) {
+    int64_t t;
+    int i;
+    for (t = 0; t < T; t++) {
+        const float* x = inp + t * C;       /* (C) */
+        float* y = out + t * C;             /* (C) */
+        float m = 0.0f, v = 0.0f, s;
+        for (i = 0; i < C; i++) m += x[i];
+        m /= (float)C;
+        for (i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+        v /= (float)C;
+        s = 1.0f / sqrtf(v + GPT_LN_EPS);
+        for (i = 0; i < C; i++) y[i] = (x[i] - m) * s * g[i] + b[i];
+        mean[t] = m;
+        rstd[t] = s;
+    }
+}
+
+/* dinp (T, C) += d(LN)/d(inp) dout (skipped when NULL); dg, db (C) +=. */
+static inline void gpt_layernorm_bwd(float* dinp, float* dg, float* db, const float* dout, const float* inp,
+                                     const float* mean, const float* rstd, const float* g, int64_t T, int C) {
+    int64_t t;
+    int i;
+    for (t = 0; t < T; t++) {
+        const float* dy = dout + t * C;     /* (C) */
+        const float* x = inp + t * C;       /* (C) */
+        const float m = mean[t], s = rstd[t];
+        float dmean = 0.0f, dnorm_dot = 0.0f;   /* means of dnorm and of dnorm * norm */
+        for (i = 0; i < C; i++) {
+            const float norm = (x[i] - m) * s, dnorm = g[i] * dy[i];
+            dmean += dnorm;
+            dnorm_dot += dnorm * norm;
+        }
+        dmean /= (float)C;
+        dnorm_dot /= (float)C;
+        for (i = 0; i < C; i++) {
+            const float norm = (x[i] - m) * s, dnorm = g[i] * dy[i];
+            db[i] += dy[i];
+            dg[i] += norm * dy[i];
+            if (dinp) dinp[t * C + i] += (dnorm - dmean - norm * dnorm_dot) * s;
+        }
+    }
+}
+
+#define GPT_GELU_K 0.7978845608f /* sqrt(2/pi) */
+/* GELU, tanh approximation, and its derivative. */
+static inline float gpt_gelu(float x) {
+    return 0.5f * x * (1.0f + tanhf(GPT_GELU_K * (x + 0.044715f * x * x * x)));
+}
+static inline float gpt_gelu_grad(float x) {
+    const float th = tanhf(GPT_GELU_K * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * GPT_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+/* Causal self-attention inside each sequence of the micro-batch.
+   qkv (T, 3C); out (T, C); att: for each sequence in order (offset o, length L), NH blocks of
+   (L, L) softmax probabilities, row i nonzero only in columns 0..i. Every token index below is
+   o + (0 .. L-1) of one sequence, so tokens of different sequences never meet: this loop
+   structure is the sequence mask. */
+static inline void gpt_attention_fwd(float* out, float* att, const float* qkv, const pp_microbatch* mb, int C,
+                                     int NH) {
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    size_t base = 0;
+    int s, h, d;
+    for (s = 0; s < gpt_seq_count(mb); s++) {
+        const int64_t o = gpt_seq_start(mb, s), L = gpt_seq_end(mb, s) - o;
+        int64_t i, j;
+        for (h = 0; h < NH; h++) {
+            for (i = 0; i < L; i++) {
+                const float* q = qkv + (o + i) * C3 + h * hs;           /* (hs) */
+                float* p = att + base + ((size_t)h * L + i) * L;        /* (L) row i of head h */
+                float* y = out + (o + i) * C + h * hs;                  /* (hs) */
+                float mx = -INFINITY, sum = 0.0f, inv;
+                for (j = 0; j <= i; j++) {
+                    const float* k = qkv + (o + j) * C3 + C + h * hs;   /* (hs) */
+                    float dot = 0.0f;
+                    for (d = 0; d < hs; d++) dot += q[d] * k[d];
+                    p[j] = dot * scale;
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (j = 0; j <= i; j++) {
+                    p[j] = expf(p[j] - mx);
+                    sum += p[j];
+                }
+                inv = 1.0f / sum;
+                for (j = 0; j <= i; j++) p[j] *= inv;
+                for (j = i + 1; j < L; j++) p[j] = 0.0f;
+                for (d = 0; d < hs; d++) y[d] = 0.0f;
+                for (j = 0; j <= i; j++) {
+                    const float* v = qkv + (o + j) * C3 + 2 * C + h * hs; /* (hs) */
+                    for (d = 0; d < hs; d++) y[d] += p[j] * v[d];
+                }
+            }
+        }
+        base += (size_t)NH * (size_t)(L * L);
+    }
+}
+
+/* dqkv (T, 3C) += gradient of the attention given dout (T, C); dp is scratch of max_seqlen. */
+static inline void gpt_attention_bwd(float* dqkv, float* dp, const float* dout, const float* qkv, const float* att,
+                                     const pp_microbatch* mb, int C, int NH) {
+    const int hs = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)hs);
+    size_t base = 0;
+    int s, h, d;
+    for (s = 0; s < gpt_seq_count(mb); s++) {
+        const int64_t o = gpt_seq_start(mb, s), L = gpt_seq_end(mb, s) - o;
+        int64_t i, j;
+        for (h = 0; h < NH; h++) {
+            for (i = 0; i < L; i++) {
+                const float* q = qkv + (o + i) * C3 + h * hs;           /* (hs) */
+                float* dq = dqkv + (o + i) * C3 + h * hs;               /* (hs) */
+                const float* p = att + base + ((size_t)h * L + i) * L;  /* (L) */
+                const float* dy = dout + (o + i) * C + h * hs;          /* (hs) */
+                float pdp = 0.0f;   /* sum_j p[j] dp[j], for the softmax backward */
+                for (j = 0; j <= i; j++) {
+                    const float* v = qkv + (o + j) * C3 + 2 * C + h * hs;
+                    float* dv = dqkv + (o + j) * C3 + 2 * C + h * hs;
+                    float dot = 0.0f;
+                    for (d = 0; d < hs; d++) {
+                        dot += dy[d] * v[d];
+                        dv[d] += p[j] * dy[d];
+                    }
+                    dp[j] = dot;
+                    pdp += p[j] * dot;
+                }
+                for (j = 0; j <= i; j++) {
+                    const float* k = qkv + (o + j) * C3 + C + h * hs;
+                    float* dk = dqkv + (o + j) * C3 + C + h * hs;
+                    const float dpre = p[j] * (dp[j] - pdp) * scale; /* d(score before scaling) */
+                    for (d = 0; d < hs; d++) {
+                        dq[d] += dpre * k[d];
+                        dk[d] += dpre * q[d];
+                    }
+                }
+            }
+        }
+        base += (size_t)NH * (size_t)(L * L);
+    }
+}
+
+/* ---- embed -------------------------------------------------------------------------------------- */
+static inline int gpt_embed_fwd(const gpt_embed_params* p, pp_layer_io* io) {
+    const pp_microbatch* mb = io->mb;
+    const int C = p->C;
+    const int32_t* tok = (const int32_t*)io->in[0].data;   /* (T, 1) */
+    float* x = (float*)io->out[0].data;                     /* (T, C) */
+    int s, i;
+    if (!gpt_tensor_is(&io->in[0], mb->rows, 1, PP_I32) || !gpt_tensor_is(&io->out[0], mb->rows, C, PP_F32))
+        return GPT_ESHAPE;
+    if (!gpt_seqs_ok(mb)) return GPT_ESEQS;
+    for (s = 0; s < gpt_seq_count(mb); s++) {
+        const int64_t o = gpt_seq_start(mb, s), L = gpt_seq_end(mb, s) - o;
+        int64_t pos;
+        if (L > p->max_T) return GPT_ELONG;
+        for (pos = 0; pos < L; pos++) {
+            const int32_t id = tok[o + pos];
+            const float *te, *pe;
+            float* y = x + (o + pos) * C;                   /* (C) */
+            if (id < 0 || id >= p->vocab) return GPT_ETOKEN;
+            te = p->wte + (size_t)id * C;                   /* (C) */
+            pe = p->wpe + (size_t)pos * C;                  /* (C) */
+            for (i = 0; i < C; i++) y[i] = te[i] + pe[i];
+        }
+    }
+    return 0;
+}
+
+static inline int gpt_embed_bwd(const gpt_embed_params* p, gpt_embed_params* g, pp_layer_io* io) {
+    const pp_microbatch* mb = io->mb;
+    const int C = p->C;
+    const int32_t* tok = (const int32_t*)io->in[0].data;   /* (T, 1) */
+    const float* dx = (const float*)io->d_out[0].data;      /* (T, C) */
+    int s, i;
+    if (!gpt_tensor_is(&io->d_out[0], mb->rows, C, PP_F32) || !gpt_seqs_ok(mb)) return GPT_ESHAPE;
+    for (s = 0; s < gpt_seq_count(mb); s++) {
+        const int64_t o = gpt_seq_start(mb, s), L = gpt_seq_end(mb, s) - o;
+        int64_t pos;
+        for (pos = 0; pos < L; pos++) {
+            float* gte = g->wte + (size_t)tok[o + pos] * C;    /* (C) */
+            float* gpe = g->wpe + (size_t)pos * C;              /* (C) */
+            const float* dy = dx + (o + pos) * C;               /* (C) */
+            for (i = 0; i < C; i++) {
+                gte[i] += dy[i];
+                gpe[i] += dy[i];
+            }
+        }
+    }
+    return 0; /* token ids carry no gradient: io->d_in[0].data is NULL */
+}
+
+static inline void gpt_embed_desc(const gpt_embed_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
+                                  pp_layer_desc* d) {
+    (void)in;
+    (void)n_in;
+    d->n_out = 1;
+    d->out[0].rows = mb->rows;
+    d->out[0].cols = p->C;
+    d->out[0].dtype = PP_F32;
+    d->saved_bytes = 0;
+    d->cost = 3.0 * (double)mb->rows * p->C;
+    d->n_params = (int64_t)(p->vocab + p->max_T) * p->C;
+}
+
+/* ---- block -------------------------------------------------------------------------------------- */
+/* What a block keeps from forward to backward, carved from io->saved. */
+typedef struct gpt_block_saved {
+    float* ln1;         /* (T, C) */
+    float* ln1_mean;    /* (T) */
+    float* ln1_rstd;    /* (T) */
+    float* qkv;         /* (T, 3C) */
+    float* att;         /* (sum over sequences of NH * L * L) softmax probabilities */
+    float* atty;        /* (T, C) attention output before the projection */
+    float* x2;          /* (T, C) residual stream after attention */
+    float* ln2;         /* (T, C) */
+    float* ln2_mean;    /* (T) */
+    float* ln2_rstd;    /* (T) */
+    float* fch;         /* (T, 4C) before GELU */
+    float* fcg;         /* (T, 4C) after GELU */
+} gpt_block_saved;
+
+static inline size_t gpt_block_saved_floats(int64_t T, int C, int NH, int64_t sq_sum) {
+    return (size_t)T * (size_t)(15 * C + 4) + (size_t)NH * (size_t)sq_sum;
+}
+
+static inline void gpt_block_saved_carve(gpt_block_saved* s, float* base, int64_t T, int C, int NH, int64_t sq_sum) {
+    s->ln1 = base;
+    s->ln1_mean = s->ln1 + T * C;
+    s->ln1_rstd = s->ln1_mean + T;
+    s->qkv = s->ln1_rstd + T;
+    s->att = s->qkv + T * 3 * C;
+    s->atty = s->att + (size_t)NH * (size_t)sq_sum;
+    s->x2 = s->atty + T * C;
+    s->ln2 = s->x2 + T * C;
+    s->ln2_mean = s->ln2 + T * C;
+    s->ln2_rstd = s->ln2_mean + T;
+    s->fch = s->ln2_rstd + T;
+    s->fcg = s->fch + T * 4 * C;
+}
+
+/* Checks shapes and carves the saved area; 0 or an error code. */
+static inline int gpt_block_prepare(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved* s) {
+    const pp_microbatch* mb = io->mb;
+    const int64_t T = mb->rows;
+    int64_t sq;
+    if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !gpt_tensor_is(&io->out[0], T, p->C, PP_F32))
+        return GPT_ESHAPE;
+    if (!gpt_seqs_ok(mb)) return GPT_ESEQS;
+    sq = gpt_seq_sq_sum(mb);
+    if (!io->saved || io->saved_bytes < gpt_block_saved_floats(T, p->C, p->n_head, sq) * sizeof(float))
+        return GPT_ESAVED;
+    gpt_block_saved_carve(s, (float*)io->saved, T, p->C, p->n_head, sq);
+    return 0;
+}
+
+static inline int gpt_block_fwd(const gpt_block_params* p, pp_layer_io* io) {
+    const int C = p->C;
+    const int64_t T = io->mb->rows;
+    const float* x = (const float*)io->in[0].data;  /* (T, C) */
+    float* y = (float*)io->out[0].data;             /* (T, C) */
+    gpt_block_saved s;
+    int64_t i;
+    int rc = gpt_block_prepare(p, io, &s);
+    if (rc) return rc;
+    gpt_layernorm_fwd(s.ln1, s.ln1_mean, s.ln1_rstd, x, p->ln1_g, p->ln1_b, T, C);
+    gpt_matmul_fwd(s.qkv, s.ln1, p->qkv_w, p->qkv_b, T, C, 3 * C);
+    gpt_attention_fwd(s.atty, s.att, s.qkv, io->mb, C, p->n_head);
+    gpt_matmul_fwd(s.x2, s.atty, p->proj_w, p->proj_b, T, C, C);
+    for (i = 0; i < T * C; i++) s.x2[i] += x[i];
+    gpt_layernorm_fwd(s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, p->ln2_g, p->ln2_b, T, C);
+    gpt_matmul_fwd(s.fch, s.ln2, p->fc_w, p->fc_b, T, C, 4 * C);
+    for (i = 0; i < T * 4 * C; i++) s.fcg[i] = gpt_gelu(s.fch[i]);
+    gpt_matmul_fwd(y, s.fcg, p->fcproj_w, p->fcproj_b, T, 4 * C, C);
+    for (i = 0; i < T * C; i++) y[i] += s.x2[i];
+    return 0;
+}
+
+/* The gradients of the activations live only for this call: they come from a workspace
+   allocated here, not from io->saved (which would keep them alive from forward to backward). */
+static inline int gpt_block_bwd(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+    const int C = p->C;
+    const int64_t T = io->mb->rows;
+    const float* x = (const float*)io->in[0].data;      /* (T, C) */
+    const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
+    float* dx = (float*)io->d_in[0].data;               /* (T, C) zeroed by the library, or NULL */
+    float *ws, *dx2, *dfc, *dln, *datty, *dqkv, *dp;
+    gpt_block_saved s;
+    int64_t i;
+    int rc = gpt_block_prepare(p, io, &s);
+    if (rc) return rc;
+    if (!gpt_tensor_is(&io->d_out[0], T, C, PP_F32)) return GPT_ESHAPE;
+    ws = (float*)calloc((size_t)T * (size_t)(10 * C) + (size_t)gpt_seq_max(io->mb), sizeof(float));
+    if (!ws) return GPT_ENOMEM;
+    dx2 = ws;                   /* (T, C) */
+    dfc = dx2 + T * C;          /* (T, 4C) */
+    dln = dfc + T * 4 * C;      /* (T, C) */
+    datty = dln + T * C;        /* (T, C) */
+    dqkv = datty + T * C;       /* (T, 3C) */
+    dp = dqkv + T * 3 * C;      /* (max_seqlen) */
+    /* y = x2 + fcproj(gelu(fc(ln2(x2)))) */
+    memcpy(dx2, dy, sizeof(float) * (size_t)(T * C));
+    gpt_matmul_bwd(dfc, g->fcproj_w, g->fcproj_b, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
+    for (i = 0; i < T * 4 * C; i++) dfc[i] *= gpt_gelu_grad(s.fch[i]);
+    gpt_matmul_bwd(dln, g->fc_w, g->fc_b, dfc, s.ln2, p->fc_w, T, C, 4 * C);
+    gpt_layernorm_bwd(dx2, g->ln2_g, g->ln2_b, dln, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
+    /* x2 = x + proj(attn(qkv(ln1(x)))) */
+    gpt_matmul_bwd(datty, g->proj_w, g->proj_b, dx2, s.atty, p->proj_w, T, C, C);
+    gpt_attention_bwd(dqkv, dp, datty, s.qkv, s.att, io->mb, C, p->n_head);
+    memset(dln, 0, sizeof(float) * (size_t)(T * C));
+    gpt_matmul_bwd(dln, g->qkv_w, g->qkv_b, dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
+    if (dx)
+        for (i = 0; i < T * C; i++) dx[i] += dx2[i];
+    gpt_layernorm_bwd(dx, g->ln1_g, g->ln1_b, dln, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
+    free(ws);
+    return 0;
+}
+
+static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
+                                  pp_layer_desc* d) {
+    const double T = (double)mb->rows, C = (double)p->C;
+    const int64_t sq = gpt_seq_sq_sum(mb);
+    (void)in;
+    (void)n_in;
+    d->n_out = 1;
+    d->out[0].rows = mb->rows;
+    d->out[0].cols = p->C;
+    d->out[0].dtype = PP_F32;
+    d->saved_bytes = gpt_block_saved_floats(mb->rows, p->C, p->n_head, sq) * sizeof(float);
+    /* multiply-adds, forward + backward (3x): 12 C^2 per token in the four matmuls, and the
+       quadratic attention term: q.k and p.v over the causal half of every sequence's L^2. */
+    d->cost = 3.0 * (12.0 * T * C * C + C * (double)sq);
+    d->n_params = 12 * (int64_t)p->C * p->C + 13 * (int64_t)p->C;
+}
+
+/* ---- head: final LayerNorm, LM head, softmax cross-entropy -------------------------------------- */
+typedef struct gpt_head_saved {
+    float* loss;        /* (T) per-token loss, 0 where the target is -1 */
+    float* mean;        /* (T) */
+    float* rstd;        /* (T) */
+    float* ln;          /* (T, C) */
+    float* probs;       /* (T, V) */
+} gpt_head_saved;
+
+static inline size_t gpt_head_saved_floats(int64_t T, int C, int V) { return (size_t)T * (size_t)(3 + C + V); }
+
+static inline void gpt_head_saved_carve(gpt_head_saved* s, float* base, int64_t T, int C) {
+    s->loss = base;
+    s->mean = s->loss + T;
+    s->rstd = s->mean + T;
+    s->ln = s->rstd + T;
+    s->probs = s->ln + T * C;
+}
+
+/* The per-token losses the head's forward left in io->saved: (T) floats. */
+static inline const float* gpt_head_token_loss(const void* saved) { return (const float*)saved; }
+
+static inline int gpt_head_prepare(const gpt_head_params* p, const pp_layer_io* io, gpt_head_saved* s) {
+    const int64_t T = io->mb->rows;
+    if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !io->mb->targets) return GPT_ESHAPE;
+    if (!io->saved || io->saved_bytes < gpt_head_saved_floats(T, p->C, p->vocab) * sizeof(float)) return GPT_ESAVED;
+    gpt_head_saved_carve(s, (float*)io->saved, T, p->C);
+    return 0;
+}
+
+static inline int gpt_head_fwd(const gpt_head_params* p, pp_layer_io* io) {
+    const int C = p->C, V = p->vocab;
+    const int64_t T = io->mb->rows;
+    const float* x = (const float*)io->in[0].data;              /* (T, C) */
+    const int32_t* tgt = (const int32_t*)io->mb->targets;       /* (T) */
+    gpt_head_saved s;
+    double total = 0.0;
+    int64_t t, counted = 0;
+    int c, rc = gpt_head_prepare(p, io, &s);
+    if (rc) return rc;
+    gpt_layernorm_fwd(s.ln, s.mean, s.rstd, x, p->lnf_g, p->lnf_b, T, C);
+    gpt_matmul_fwd(s.probs, s.ln, p->lm_w, p->lm_b, T, C, V);
+    for (t = 0; t < T; t++) {
+        float* z = s.probs + t * V;     /* (V) logits in, probabilities out */
+        float mx = z[0], sum = 0.0f, inv, zt;
+        if (tgt[t] < -1 || tgt[t] >= V) return GPT_ETARGET;
+        zt = tgt[t] >= 0 ? z[tgt[t]] : 0.0f;
+        for (c = 1; c < V; c++) mx = z[c] > mx ? z[c] : mx;
+        for (c = 0; c < V; c++) {
+            z[c] = expf(z[c] - mx);
+            sum += z[c];
+        }
+        inv = 1.0f / sum;
+        for (c = 0; c < V; c++) z[c] *= inv;
+        s.loss[t] = tgt[t] >= 0 ? logf(sum) + mx - zt : 0.0f; /* log-sum-exp: no log(0) */
+        if (tgt[t] >= 0) {
+            total += (double)s.loss[t];
+            counted++;
+        }
+    }
+    io->loss = counted ? (float)(total / (double)counted) : 0.0f;
+    return 0;
+}
+
+static inline int gpt_head_bwd(const gpt_head_params* p, gpt_head_params* g, pp_layer_io* io) {
+    const int C = p->C, V = p->vocab;
+    const int64_t T = io->mb->rows;
+    const float* x = (const float*)io->in[0].data;              /* (T, C) */
+    const int32_t* tgt = (const int32_t*)io->mb->targets;       /* (T) */
+    float* dx = (float*)io->d_in[0].data;                       /* (T, C) or NULL */
+    float *ws, *dz, *dln;
+    gpt_head_saved s;
+    float scale;
+    int64_t t, counted = 0;
+    int c, rc = gpt_head_prepare(p, io, &s);
+    if (rc) return rc;
+    for (t = 0; t < T; t++) counted += tgt[t] >= 0;
+    if (!counted) return 0; /* no targets: the loss is the constant 0 */
+    scale = io->mb->loss_scale / (float)counted;
+    ws = (float*)malloc(sizeof(float) * (size_t)(V + C));
+    if (!ws) return GPT_ENOMEM;
+    dz = ws;        /* (V) gradient of one row's logits */
+    dln = ws + V;   /* (C) gradient of one row's normalised input */
+    for (t = 0; t < T; t++) {
+        const float* pr = s.probs + t * V;  /* (V) */
+        if (tgt[t] < 0) continue;           /* no target, no gradient */
+        for (c = 0; c < V; c++) dz[c] = scale * (pr[c] - (c == tgt[t] ? 1.0f : 0.0f));
+        memset(dln, 0, sizeof(float) * (size_t)C);
+        gpt_matmul_bwd(dln, g->lm_w, g->lm_b, dz, s.ln + t * C, p->lm_w, 1, C, V);
+        gpt_layernorm_bwd(dx ? dx + t * C : NULL, g->lnf_g, g->lnf_b, dln, x + t * C, s.mean + t, s.rstd + t,
+                          p->lnf_g, 1, C);
+    }
+    free(ws);
+    return 0;
+}
+
+static inline void gpt_head_desc(const gpt_head_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
+                                 pp_layer_desc* d) {
+    (void)in;
+    (void)n_in;
+    d->n_out = 0;
+    d->saved_bytes = gpt_head_saved_floats(mb->rows, p->C, p->vocab) * sizeof(float);
+    d->cost = 3.0 * (double)mb->rows * p->C * p->vocab;
+    d->n_params = 2 * (int64_t)p->C + (int64_t)p->C * p->vocab + p->vocab;
+}
+
+/* ---- the model ---------------------------------------------------------------------------------- */
+#define GPT_LAYERS(X)                                                                           \
+    X(embed, gpt_embed_params, gpt_embed_fwd, gpt_embed_bwd, gpt_embed_desc, 1)                  \
+    X(block, gpt_block_params, gpt_block_fwd, gpt_block_bwd, gpt_block_desc, GPT_MAX_BLOCK)      \
+    X(head, gpt_head_params, gpt_head_fwd, gpt_head_bwd, gpt_head_desc, 1)
+PP_MODEL(gpt, GPT_LAYERS)
+
+/* Layer l of a model with n_block blocks, as an index into the full list. */
+static inline int gpt_depth_layer(int n_block, int l) { return l <= n_block ? l : gpt_N_LAYERS - 1; }
+
+/* One set of dispatchers per depth: a pp_model carries no user pointer, so the depth is a
+   constant of the function rather than a global. */
+#define _GPT_DEPTH_FNS(n)                                                                                 \
+    static inline int _gpt_fwd_##n(const void* w, int l, pp_layer_io* io) {                               \
+        return gpt_forward(w, gpt_depth_layer(n, l), io);                                                 \
+    }                                                                                                     \
+    static inline int _gpt_bwd_##n(const void* w, void* g, int l, pp_layer_io* io) {                      \
+        return gpt_backward(w, g, gpt_depth_layer(n, l), io);                                             \
+    }                                                                                                     \
+    static inline void _gpt_desc_##n(const void* w, int l, const pp_microbatch* mb, const pp_tensor* in,  \
+                                     int n_in, pp_layer_desc* d) {                                        \
+        gpt_describe(w, gpt_depth_layer(n, l), mb, in, n_in, d);                                          \
+    }                                                                                                     \
+    static inline const char* _gpt_name_##n(int l) { return gpt_layer_name(gpt_depth_layer(n, l)); }
+_GPT_DEPTH_FNS(1)
+_GPT_DEPTH_FNS(2)
+_GPT_DEPTH_FNS(3)
+_GPT_DEPTH_FNS(4)
+_GPT_DEPTH_FNS(5)
+_GPT_DEPTH_FNS(6)
+_GPT_DEPTH_FNS(7)
+#define _GPT_DEPTH_CASE(n)         \
+    case n:                        \
+        m.forward = _gpt_fwd_##n;  \
+        m.backward = _gpt_bwd_##n; \
+        m.describe = _gpt_desc_##n; \
+        m.layer_name = _gpt_name_##n; \
+        break;
+
+/* The pp_model of a GPT with n_block blocks (1 .. GPT_MAX_BLOCK): n_block + 2 layers. Any other
+   n_block gives n_layers = 0, which pp_model_check rejects. */
+static inline pp_model gpt_model_desc_depth(int n_block) {
+    pp_model m = gpt_model_desc();
+    m.n_layers = n_block >= 1 && n_block <= GPT_MAX_BLOCK ? n_block + 2 : 0;
+    switch (n_block) {
+        _GPT_DEPTH_CASE(1)
+        _GPT_DEPTH_CASE(2)
+        _GPT_DEPTH_CASE(3)
+        _GPT_DEPTH_CASE(4)
+        _GPT_DEPTH_CASE(5)
+        _GPT_DEPTH_CASE(6)
+        _GPT_DEPTH_CASE(7)
+    default: break; /* GPT_MAX_BLOCK: the list as generated */
+    }
+    return m;
+}
+
+/* ---- parameters --------------------------------------------------------------------------------- */
+static inline size_t gpt_embed_numel(const gpt_config* c) { return (size_t)(c->vocab + c->max_T) * c->C; }
+static inline size_t gpt_block_numel(const gpt_config* c) { return 12 * (size_t)c->C * c->C + 13 * (size_t)c->C; }
+static inline size_t gpt_head_numel(const gpt_config* c) { return (size_t)(c->C + 1) * c->vocab + 2 * (size_t)c->C; }
+static inline size_t gpt_param_count(const gpt_config* c) {
+    return gpt_embed_numel(c) + (size_t)c->n_block * gpt_block_numel(c) + gpt_head_numel(c);
+}
+
+static inline int gpt_config_ok(const gpt_config* c) {
+    return c->vocab > 0 && c->max_T > 0 && c->C > 0 && c->n_head > 0 && c->C % c->n_head == 0 && c->n_block >= 1 &&
+           c->n_block <= GPT_MAX_BLOCK;
+}
+
+/* Sets m's config fields and points its parameters into buf (gpt_param_count floats), in layer
+   order: embed, block 0 .. n_block-1, head; inside a layer in struct order. Blocks past n_block
+   get their config (describe may see them) and NULL pointers. */
+static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
+    const int C = c->C;
+    float* q = buf;
+    int b;
+    memset(m, 0, sizeof *m);
+    m->embed[0].vocab = c->vocab;
+    m->embed[0].max_T = c->max_T;
+    m->embed[0].C = C;
+    m->embed[0].wte = q;
+    q += (size_t)c->vocab * C;
+    m->embed[0].wpe = q;
+    q += (size_t)c->max_T * C;
+    for (b = 0; b < GPT_MAX_BLOCK; b++) {
+        gpt_block_params* k = &m->block[b];
+        k->C = C;
+        k->n_head = c->n_head;
+        if (b >= c->n_block) continue;
+        k->ln1_g = q;               q += C;
+        k->ln1_b = q;               q += C;
+        k->qkv_w = q;               q += (size_t)C * 3 * C;
+        k->qkv_b = q;               q += 3 * C;
+        k->proj_w = q;              q += (size_t)C * C;
+        k->proj_b = q;              q += C;
+        k->ln2_g = q;               q += C;
+        k->ln2_b = q;               q += C;
+        k->fc_w = q;                q += (size_t)C * 4 * C;
+        k->fc_b = q;                q += 4 * C;
+        k->fcproj_w = q;            q += (size_t)4 * C * C;
+        k->fcproj_b = q;            q += C;
+    }
+    m->head[0].C = C;
+    m->head[0].vocab = c->vocab;
+    m->head[0].lnf_g = q;           q += C;
+    m->head[0].lnf_b = q;           q += C;
+    m->head[0].lm_w = q;            q += (size_t)C * c->vocab;
+    m->head[0].lm_b = q;
+}
+
+/* Layer l (numbered as in gpt_model_desc_depth(n_block)) owns *n contiguous floats from the
+   returned pointer; NULL for an l outside the model. Works on weights and gradients alike. */
+static inline float* gpt_layer_params(const gpt_model* m, const gpt_config* c, int l, size_t* n) {
+    if (l == 0) {
+        *n = gpt_embed_numel(c);
+        return m->embed[0].wte;
+    }
+    if (l >= 1 && l <= c->n_block) {
+        *n = gpt_block_numel(c);
+        return m->block[l - 1].ln1_g;
+    }
+    if (l == c->n_block + 1) {
+        *n = gpt_head_numel(c);
+        return m->head[0].lnf_g;
+    }
+    *n = 0;
+    return NULL;
+}
+
+/* Deterministic generator (splitmix64), so every run and rank sees the same numbers. */
+static inline uint64_t gpt_rng_next(uint64_t* s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* Uniform in [0, 1). */
+static inline float gpt_rng_uniform(uint64_t* s) { return (float)((gpt_rng_next(s) >> 40) * (1.0 / 16777216.0)); }
+/* Uniform with mean 0 and standard deviation sd. */
+static inline float gpt_rng_sym(uint64_t* s, float sd) { return (2.0f * gpt_rng_uniform(s) - 1.0f) * sd * 1.7320508f; }
+
+static inline void gpt_fill(float* p, size_t n, float sd, uint64_t* rng) {
+    size_t i;
+    for (i = 0; i < n; i++) p[i] = gpt_rng_sym(rng, sd);
+}
+static inline void gpt_fill_const(float* p, size_t n, float v) {
+    size_t i;
+    for (i = 0; i < n; i++) p[i] = v;
+}
+
+/* Allocates and binds the weights (returned; the caller frees it) with a deterministic random
+   init: GPT-2's, standard deviation 0.02, the residual projections scaled by 1/sqrt(2 n_block),
+   LayerNorm gains 1, biases 0. If g is non-NULL it is bound to a second, zeroed buffer returned
+   in *gbuf. NULL on a bad config or no memory. */
+static inline float* gpt_init(gpt_model* w, gpt_model* g, const gpt_config* c, uint64_t seed, float** gbuf) {
+    const size_t n = gpt_param_count(c);
+    const int C = c->C;
+    const float sd = 0.02f, sd_res = 0.02f / sqrtf(2.0f * (float)c->n_block);
+    float* buf;
+    int b;
+    if (gbuf) *gbuf = NULL;
+    if (!gpt_config_ok(c)) return NULL;
+    buf = (float*)calloc(n, sizeof(float));
+    if (!buf) return NULL;
+    gpt_bind(w, c, buf);
+    gpt_fill(w->embed[0].wte, (size_t)c->vocab * C, sd, &seed);
+    gpt_fill(w->embed[0].wpe, (size_t)c->max_T * C, sd, &seed);
+    for (b = 0; b < c->n_block; b++) {
+        gpt_block_params* k = &w->block[b];
+        gpt_fill_const(k->ln1_g, (size_t)C, 1.0f);
+        gpt_fill_const(k->ln2_g, (size_t)C, 1.0f);
+        gpt_fill(k->qkv_w, (size_t)C * 3 * C, sd, &seed);
+        gpt_fill(k->proj_w, (size_t)C * C, sd_res, &seed);
+        gpt_fill(k->fc_w, (size_t)C * 4 * C, sd, &seed);
+        gpt_fill(k->fcproj_w, (size_t)4 * C * C, sd_res, &seed);
+    }
+    gpt_fill_const(w->head[0].lnf_g, (size_t)C, 1.0f);
+    gpt_fill(w->head[0].lm_w, (size_t)C * c->vocab, sd, &seed);
+    if (g && gbuf) {
+        *gbuf = (float*)calloc(n, sizeof(float));
+        if (!*gbuf) {
+            free(buf);
+            return NULL;
+        }
+        gpt_bind(g, c, *gbuf);
+    }
+    return buf;
+}
+
+#endif
