@@ -12,7 +12,7 @@ B        = build
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen
-BENCHES  = $(B)/bench_overhead
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen
 
 .PHONY: all test run bench check-cuda check-cxx check-clang test-asan test-tsan clean
 
@@ -27,7 +27,7 @@ $(B)/mlp_cpu: examples/mlp_cpu.c examples/mlp.h $(HEADERS) | $(B)
 $(B)/pp-sched: tools/pp_sched.c $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/bench_overhead: bench/bench_overhead.c examples/mlp.h $(HEADERS) | $(B)
+$(B)/bench_%: bench/bench_%.c examples/mlp.h $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # Tests: gcc build, clang build, ASan+UBSan, TSan (threaded), and every header as C++.
@@ -62,6 +62,7 @@ run: $(B)/mlp_cpu
 
 bench: $(BENCHES)
 	$(B)/bench_overhead
+	$(B)/bench_varlen
 
 # CUDA: every header must compile under nvcc (host C++), even on machines without a GPU.
 check-cuda: | $(B)

@@ -128,8 +128,8 @@ static inline int gpt_tensor_is(const pp_tensor* t, int64_t rows, int64_t cols, 
 /* ---- kernels: plain loops over flat buffers --------------------------------------------------- */
 
 /* out (T, OC) = inp (T, IC) w (IC, OC) + b (OC) */
-static inline void gpt_matmul_fwd(float* out, const float* inp, const float* w, const float* b, int64_t T, int IC,
-                                  int OC) {
+static inline void gpt_matmul_fwd(float* restrict out, const float* restrict inp, const float* restrict w,
+                                  const float* restrict b, int64_t T, int IC, int OC) {
     int64_t t;
     int i, o;
     for (t = 0; t < T; t++) {
@@ -146,8 +146,9 @@ static inline void gpt_matmul_fwd(float* out, const float* inp, const float* w, 
 
 /* dinp (T, IC) += dout w^T (skipped when dinp is NULL); dw (IC, OC) += inp^T dout; db (OC) += sum
    of dout rows. Rows are visited in ascending order, so the sums are the same on every run. */
-static inline void gpt_matmul_bwd(float* dinp, float* dw, float* db, const float* dout, const float* inp,
-                                  const float* w, int64_t T, int IC, int OC) {
+static inline void gpt_matmul_bwd(float* restrict dinp, float* restrict dw, float* restrict db,
+                                  const float* restrict dout, const float* restrict inp, const float* restrict w,
+                                  int64_t T, int IC, int OC) {
     int64_t t;
     int i, o;
     for (t = 0; t < T; t++) {
