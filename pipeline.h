@@ -87,8 +87,10 @@
    >>threads >>batch >>stage >>impl
 
    REVISIONS
-   0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved, simulator, pictures,
-          executor, threads transport.
+   0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
+          pictures, executor, threads transport, packed variable-length micro-batches
+          (cu_seqlens, split policies, LOCAL/BROADCAST/PER_MESSAGE/AUTO shape policies),
+          several tensors per stage boundary.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -391,7 +393,8 @@ typedef struct pp_sim_result {
 /* Run all ranks' lists against the cost model. Also checks that every (micro-batch, stage)
    has exactly one F and one B, on the right rank, B after F. Returns PP_ERR_SCHEDULE for a
    malformed list, PP_ERR_DEADLOCK (with res->report) when ranks wait on each other forever.
-   events (may be NULL) receives p*per_rank entries in rank-major order. */
+   events (may be NULL) receives p*per_rank entries in rank-major order; after a deadlock the
+   actions that never ran have start = end = -1. */
 pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_result* res,
                       pp_event* events, pp_error* err);
 
