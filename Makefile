@@ -10,37 +10,42 @@ LDLIBS   = -lpthread -lm
 B        = build
 
 HEADERS  = pipeline.h
-EXAMPLES = $(B)/mlp_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen
+EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen
 
-.PHONY: all test run bench check-cuda check-cxx check-clang test-asan test-tsan clean
+.PHONY: all test run run-gpt bench check-cuda check-cxx clean
 
 all: $(EXAMPLES) $(BENCHES)
 
 $(B):
 	@mkdir -p $(B)
 
-$(B)/mlp_cpu: examples/mlp_cpu.c examples/mlp.h $(HEADERS) | $(B)
+EXH = $(wildcard examples/*.h)
+
+$(B)/mlp_cpu: examples/mlp_cpu.c $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/gpt_cpu: examples/gpt_cpu.c $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 $(B)/pp-sched: tools/pp_sched.c $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/bench_%: bench/bench_%.c examples/mlp.h $(HEADERS) | $(B)
+$(B)/bench_%: bench/bench_%.c $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # Tests: gcc build, clang build, ASan+UBSan, TSan (threaded), and every header as C++.
-$(B)/%: tests/%.c tests/test.h examples/mlp.h $(HEADERS) | $(B)
+$(B)/%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/clang-%: tests/%.c tests/test.h examples/mlp.h $(HEADERS) | $(B)
+$(B)/clang-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 	$(CLANG) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/asan-%: tests/%.c tests/test.h examples/mlp.h $(HEADERS) | $(B)
+$(B)/asan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $< -o $@ $(LDLIBS)
 
-$(B)/tsan-%: tests/%.c tests/test.h examples/mlp.h $(HEADERS) | $(B)
+$(B)/tsan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 	$(CLANG) $(BASE) -O1 -g -fsanitize=thread $< -o $@ $(LDLIBS)
 
 $(B)/cxx-check.o: tests/cxx_check.cc $(HEADERS) | $(B)
@@ -48,17 +53,21 @@ $(B)/cxx-check.o: tests/cxx_check.cc $(HEADERS) | $(B)
 
 check-cxx: $(B)/cxx-check.o
 
-check-clang: $(addprefix $(B)/clang-,$(TESTS)) $(B)/mlp_cpu
-	$(CLANG) $(BASE) $(CFLAGS) examples/mlp_cpu.c -o $(B)/clang-mlp_cpu $(LDLIBS)
+# the examples under clang too (the tests already build with both)
+$(B)/clang-ex-%: examples/%.c $(EXH) $(HEADERS) | $(B)
+	$(CLANG) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 TEST_BINS = $(addprefix $(B)/,$(TESTS)) $(addprefix $(B)/clang-,$(TESTS)) \
             $(addprefix $(B)/asan-,$(TESTS)) $(addprefix $(B)/tsan-,$(TESTS))
 
-test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) check-cxx
+test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx
 	@sh tests/run.sh $(TEST_BINS)
 
 run: $(B)/mlp_cpu
-	$(B)/mlp_cpu
+	$(B)/mlp_cpu --check
+
+run-gpt: $(B)/gpt_cpu
+	$(B)/gpt_cpu --check
 
 bench: $(BENCHES)
 	$(B)/bench_overhead

@@ -127,46 +127,108 @@ static inline int gpt_tensor_is(const pp_tensor* t, int64_t rows, int64_t cols, 
 
 /* ---- kernels: plain loops over flat buffers --------------------------------------------------- */
 
+/* The three loops below carry the matmuls. Each runs in two parts: n & ~3 elements, then the rest,
+   because GCC at -O2 vectorizes only loops whose trip count is a known multiple of the vector
+   width. Both parts do the same operations per element, so the split does not change results. */
+
+/* y (n) += a x (n) */
+static inline void gpt_axpy(float* restrict y, const float* restrict x, float a, int n) {
+    int o, n4 = n & ~3;
+    for (o = 0; o < n4; o++) y[o] += a * x[o];
+    for (; o < n; o++) y[o] += a * x[o];
+}
+
+/* y0..y3 (n) += a[k] x (n): one pass over x serves four rows. */
+static inline void gpt_axpy4(float* restrict y0, float* restrict y1, float* restrict y2, float* restrict y3,
+                             const float* restrict x, const float* a, int n) {
+    const float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+    int o, n4 = n & ~3;
+    for (o = 0; o < n4; o++) {
+        y0[o] += a0 * x[o];
+        y1[o] += a1 * x[o];
+        y2[o] += a2 * x[o];
+        y3[o] += a3 * x[o];
+    }
+    for (; o < n; o++) {
+        y0[o] += a0 * x[o];
+        y1[o] += a1 * x[o];
+        y2[o] += a2 * x[o];
+        y3[o] += a3 * x[o];
+    }
+}
+
+/* y (n) += a[0] x0 + a[1] x1 + a[2] x2 + a[3] x3, added left to right: bit for bit the same as
+   four gpt_axpy calls in that order, in one pass over y. */
+static inline void gpt_axpy_sum4(float* restrict y, const float* restrict x0, const float* restrict x1,
+                                 const float* restrict x2, const float* restrict x3, const float* a, int n) {
+    const float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+    int o, n4 = n & ~3;
+    for (o = 0; o < n4; o++) y[o] = y[o] + a0 * x0[o] + a1 * x1[o] + a2 * x2[o] + a3 * x3[o];
+    for (; o < n; o++) y[o] = y[o] + a0 * x0[o] + a1 * x1[o] + a2 * x2[o] + a3 * x3[o];
+}
+
+/* The matmuls walk rows in groups of four so that each row of the weight matrix is read once per
+   group. Every output element still sees the same operations in the same order whatever group
+   its row falls in, so a sequence's results do not depend on where it sits in the micro-batch. */
+
 /* out (T, OC) = inp (T, IC) w (IC, OC) + b (OC) */
 static inline void gpt_matmul_fwd(float* restrict out, const float* restrict inp, const float* restrict w,
                                   const float* restrict b, int64_t T, int IC, int OC) {
     int64_t t;
-    int i, o;
-    for (t = 0; t < T; t++) {
-        const float* x = inp + t * IC;      /* (IC) */
-        float* y = out + t * OC;            /* (OC) */
-        for (o = 0; o < OC; o++) y[o] = b[o];
+    int i, r;
+    for (t = 0; t < T; t += 4) {
+        const int nr = T - t < 4 ? (int)(T - t) : 4;
+        const float* x = inp + t * IC;      /* (nr, IC) */
+        float* y = out + t * OC;            /* (nr, OC) */
+        for (r = 0; r < nr; r++) memcpy(y + (size_t)r * OC, b, sizeof(float) * (size_t)OC);
         for (i = 0; i < IC; i++) {
-            const float xi = x[i];
             const float* wi = w + (size_t)i * OC;   /* (OC) */
-            for (o = 0; o < OC; o++) y[o] += xi * wi[o];
+            if (nr == 4) {
+                const float a[4] = {x[i], x[IC + i], x[2 * IC + i], x[3 * IC + i]};
+                gpt_axpy4(y, y + OC, y + 2 * OC, y + 3 * OC, wi, a, OC);
+            } else {
+                for (r = 0; r < nr; r++) gpt_axpy(y + (size_t)r * OC, wi, x[(size_t)r * IC + i], OC);
+            }
         }
     }
 }
 
-/* dinp (T, IC) += dout w^T (skipped when dinp is NULL); dw (IC, OC) += inp^T dout; db (OC) += sum
-   of dout rows. Rows are visited in ascending order, so the sums are the same on every run. */
-static inline void gpt_matmul_bwd(float* restrict dinp, float* restrict dw, float* restrict db,
+/* dinp (T, IC) += dout w^T (skipped when dinp is NULL; wt is scratch of IC*OC floats for w
+   transposed, NULL then too); dw (IC, OC) += inp^T dout; db (OC) += sum of dout rows. Rows are
+   added in ascending order, so the sums are the same on every run. */
+static inline void gpt_matmul_bwd(float* restrict dinp, float* restrict dw, float* restrict db, float* restrict wt,
                                   const float* restrict dout, const float* restrict inp, const float* restrict w,
                                   int64_t T, int IC, int OC) {
     int64_t t;
-    int i, o;
-    for (t = 0; t < T; t++) {
-        const float* dy = dout + t * OC;    /* (OC) */
-        const float* x = inp + t * IC;      /* (IC) */
-        for (o = 0; o < OC; o++) db[o] += dy[o];
+    int i, o, r;
+    if (dinp)
+        for (i = 0; i < IC; i++)
+            for (o = 0; o < OC; o++) wt[(size_t)o * IC + i] = w[(size_t)i * OC + o];
+    for (t = 0; t < T; t += 4) {
+        const int nr = T - t < 4 ? (int)(T - t) : 4;
+        const float* dy = dout + t * OC;    /* (nr, OC) */
+        const float* x = inp + t * IC;      /* (nr, IC) */
+        for (r = 0; r < nr; r++)
+            for (o = 0; o < OC; o++) db[o] += dy[(size_t)r * OC + o];
         for (i = 0; i < IC; i++) {
-            const float xi = x[i];
             float* dwi = dw + (size_t)i * OC;       /* (OC) */
-            for (o = 0; o < OC; o++) dwi[o] += xi * dy[o];
+            if (nr == 4) {
+                const float a[4] = {x[i], x[IC + i], x[2 * IC + i], x[3 * IC + i]};
+                gpt_axpy_sum4(dwi, dy, dy + OC, dy + 2 * OC, dy + 3 * OC, a, OC);
+            } else {
+                for (r = 0; r < nr; r++) gpt_axpy(dwi, dy + (size_t)r * OC, x[(size_t)r * IC + i], OC);
+            }
         }
         if (dinp) {
-            float* dx = dinp + t * IC;      /* (IC) */
-            for (i = 0; i < IC; i++) {
-                const float* wi = w + (size_t)i * OC;
-                float acc = 0.0f;
-                for (o = 0; o < OC; o++) acc += wi[o] * dy[o];
-                dx[i] += acc;
+            float* dx = dinp + t * IC;      /* (nr, IC) */
+            for (o = 0; o < OC; o++) {
+                const float* wto = wt + (size_t)o * IC;     /* (IC) row o of w^T */
+                if (nr == 4) {
+                    const float a[4] = {dy[o], dy[OC + o], dy[2 * OC + o], dy[3 * OC + o]};
+                    gpt_axpy4(dx, dx + IC, dx + 2 * IC, dx + 3 * IC, wto, a, IC);
+                } else {
+                    for (r = 0; r < nr; r++) gpt_axpy(dx + (size_t)r * IC, wto, dy[(size_t)r * OC + o], IC);
+                }
             }
         }
     }
@@ -460,13 +522,14 @@ static inline int gpt_block_bwd(const gpt_block_params* p, gpt_block_params* g, 
     const float* x = (const float*)io->in[0].data;      /* (T, C) */
     const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
     float* dx = (float*)io->d_in[0].data;               /* (T, C) zeroed by the library, or NULL */
-    float *ws, *dx2, *dfc, *dln, *datty, *dqkv, *dp;
+    float *ws, *dx2, *dfc, *dln, *datty, *dqkv, *dp, *wt;
     gpt_block_saved s;
     int64_t i;
     int rc = gpt_block_prepare(p, io, &s);
     if (rc) return rc;
     if (!gpt_tensor_is(&io->d_out[0], T, C, PP_F32)) return GPT_ESHAPE;
-    ws = (float*)calloc((size_t)T * (size_t)(10 * C) + (size_t)gpt_seq_max(io->mb), sizeof(float));
+    ws = (float*)calloc((size_t)T * (size_t)(10 * C) + (size_t)gpt_seq_max(io->mb) + (size_t)(4 * C * C),
+                        sizeof(float));
     if (!ws) return GPT_ENOMEM;
     dx2 = ws;                   /* (T, C) */
     dfc = dx2 + T * C;          /* (T, 4C) */
@@ -474,17 +537,18 @@ static inline int gpt_block_bwd(const gpt_block_params* p, gpt_block_params* g, 
     datty = dln + T * C;        /* (T, C) */
     dqkv = datty + T * C;       /* (T, 3C) */
     dp = dqkv + T * 3 * C;      /* (max_seqlen) */
+    wt = dp + gpt_seq_max(io->mb); /* (4C * C) a weight matrix transposed */
     /* y = x2 + fcproj(gelu(fc(ln2(x2)))) */
     memcpy(dx2, dy, sizeof(float) * (size_t)(T * C));
-    gpt_matmul_bwd(dfc, g->fcproj_w, g->fcproj_b, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
+    gpt_matmul_bwd(dfc, g->fcproj_w, g->fcproj_b, wt, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
     for (i = 0; i < T * 4 * C; i++) dfc[i] *= gpt_gelu_grad(s.fch[i]);
-    gpt_matmul_bwd(dln, g->fc_w, g->fc_b, dfc, s.ln2, p->fc_w, T, C, 4 * C);
+    gpt_matmul_bwd(dln, g->fc_w, g->fc_b, wt, dfc, s.ln2, p->fc_w, T, C, 4 * C);
     gpt_layernorm_bwd(dx2, g->ln2_g, g->ln2_b, dln, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
     /* x2 = x + proj(attn(qkv(ln1(x)))) */
-    gpt_matmul_bwd(datty, g->proj_w, g->proj_b, dx2, s.atty, p->proj_w, T, C, C);
+    gpt_matmul_bwd(datty, g->proj_w, g->proj_b, wt, dx2, s.atty, p->proj_w, T, C, C);
     gpt_attention_bwd(dqkv, dp, datty, s.qkv, s.att, io->mb, C, p->n_head);
     memset(dln, 0, sizeof(float) * (size_t)(T * C));
-    gpt_matmul_bwd(dln, g->qkv_w, g->qkv_b, dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
+    gpt_matmul_bwd(dln, g->qkv_w, g->qkv_b, wt, dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
     if (dx)
         for (i = 0; i < T * C; i++) dx[i] += dx2[i];
     gpt_layernorm_bwd(dx, g->ln1_g, g->ln1_b, dln, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
@@ -579,7 +643,7 @@ static inline int gpt_head_bwd(const gpt_head_params* p, gpt_head_params* g, pp_
     const float* x = (const float*)io->in[0].data;              /* (T, C) */
     const int32_t* tgt = (const int32_t*)io->mb->targets;       /* (T) */
     float* dx = (float*)io->d_in[0].data;                       /* (T, C) or NULL */
-    float *ws, *dz, *dln;
+    float *ws, *dz, *dln, *wt;
     gpt_head_saved s;
     float scale;
     int64_t t, counted = 0;
@@ -588,19 +652,18 @@ static inline int gpt_head_bwd(const gpt_head_params* p, gpt_head_params* g, pp_
     for (t = 0; t < T; t++) counted += tgt[t] >= 0;
     if (!counted) return 0; /* no targets: the loss is the constant 0 */
     scale = io->mb->loss_scale / (float)counted;
-    ws = (float*)malloc(sizeof(float) * (size_t)(V + C));
+    ws = (float*)calloc((size_t)T * (size_t)(V + C) + (size_t)C * V, sizeof(float));
     if (!ws) return GPT_ENOMEM;
-    dz = ws;        /* (V) gradient of one row's logits */
-    dln = ws + V;   /* (C) gradient of one row's normalised input */
+    dz = ws;                    /* (T, V) gradient of the logits; zero rows where there is no target */
+    dln = dz + T * V;           /* (T, C) gradient of the normalised input */
+    wt = dln + T * C;           /* (V, C) lm_w transposed */
     for (t = 0; t < T; t++) {
         const float* pr = s.probs + t * V;  /* (V) */
-        if (tgt[t] < 0) continue;           /* no target, no gradient */
-        for (c = 0; c < V; c++) dz[c] = scale * (pr[c] - (c == tgt[t] ? 1.0f : 0.0f));
-        memset(dln, 0, sizeof(float) * (size_t)C);
-        gpt_matmul_bwd(dln, g->lm_w, g->lm_b, dz, s.ln + t * C, p->lm_w, 1, C, V);
-        gpt_layernorm_bwd(dx ? dx + t * C : NULL, g->lnf_g, g->lnf_b, dln, x + t * C, s.mean + t, s.rstd + t,
-                          p->lnf_g, 1, C);
+        if (tgt[t] < 0) continue;
+        for (c = 0; c < V; c++) dz[t * V + c] = scale * (pr[c] - (c == tgt[t] ? 1.0f : 0.0f));
     }
+    gpt_matmul_bwd(dln, g->lm_w, g->lm_b, wt, dz, s.ln, p->lm_w, T, C, V);
+    gpt_layernorm_bwd(dx, g->lnf_g, g->lnf_b, dln, x, s.mean, s.rstd, p->lnf_g, T, C);
     free(ws);
     return 0;
 }
@@ -687,7 +750,8 @@ static inline int gpt_config_ok(const gpt_config* c) {
 
 /* Sets m's config fields and points its parameters into buf (gpt_param_count floats), in layer
    order: embed, block 0 .. n_block-1, head; inside a layer in struct order. Blocks past n_block
-   get their config (describe may see them) and NULL pointers. */
+   get their config and NULL pointers. With buf NULL only the config is set, which is all that
+   describe() reads. */
 static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
     const int C = c->C;
     float* q = buf;
@@ -696,15 +760,17 @@ static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
     m->embed[0].vocab = c->vocab;
     m->embed[0].max_T = c->max_T;
     m->embed[0].C = C;
-    m->embed[0].wte = q;
-    q += (size_t)c->vocab * C;
-    m->embed[0].wpe = q;
-    q += (size_t)c->max_T * C;
     for (b = 0; b < GPT_MAX_BLOCK; b++) {
+        m->block[b].C = C;
+        m->block[b].n_head = c->n_head;
+    }
+    m->head[0].C = C;
+    m->head[0].vocab = c->vocab;
+    if (!buf) return;
+    m->embed[0].wte = q;            q += (size_t)c->vocab * C;
+    m->embed[0].wpe = q;            q += (size_t)c->max_T * C;
+    for (b = 0; b < c->n_block && b < GPT_MAX_BLOCK; b++) {
         gpt_block_params* k = &m->block[b];
-        k->C = C;
-        k->n_head = c->n_head;
-        if (b >= c->n_block) continue;
         k->ln1_g = q;               q += C;
         k->ln1_b = q;               q += C;
         k->qkv_w = q;               q += (size_t)C * 3 * C;
@@ -718,8 +784,6 @@ static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
         k->fcproj_w = q;            q += (size_t)4 * C * C;
         k->fcproj_b = q;            q += C;
     }
-    m->head[0].C = C;
-    m->head[0].vocab = c->vocab;
     m->head[0].lnf_g = q;           q += C;
     m->head[0].lnf_b = q;           q += C;
     m->head[0].lm_w = q;            q += (size_t)C * c->vocab;

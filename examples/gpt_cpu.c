@@ -8,13 +8,17 @@
 
      build/gpt_cpu [--schedule gpipe|1f1b|interleaved] [-p 4] [-v 2] [-m 8] [--steps 60]
                    [--text FILE | --generated] [--seqs-per-step 32] [--max-len 128]
-                   [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--optim adam|sgd] [--check]
+                   [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--optim adam|sgd]
+                   [--split seqs|tokens|cost] [--check]
 
+   --layers counts transformer blocks (default 4, or p*v - 2 when the stages need more layers).
    The text is FILE, else README.md in the current directory if there is one, else a generated
    copy task (examples/gpt_data.h). Per step it prints the loss, tokens/s, the tokens that
    packing saved against padding every micro-batch to its longest sequence, and how evenly the
-   split spread tokens over micro-batches (max / mean). --check runs pp_sequential_step on the
-   first batch first and requires the pipelined loss and gradients to equal it bit for bit. */
+   split spread tokens over micro-batches (max / mean; --split seqs, equal sequence counts, shows
+   how uneven a count-based split of long-tailed lengths is; the default balances tokens).
+   --check runs pp_sequential_step on the first batch first and requires the pipelined loss and
+   gradients to equal it bit for bit. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "gpt.h"
@@ -32,6 +36,7 @@ typedef struct cfg {
     int sgd;                /* 0: Adam, 1: SGD with momentum 0.9 */
     const char* text;
     int generated, check;
+    pp_split_policy split;
 } cfg;
 
 typedef struct step_data {
@@ -66,7 +71,8 @@ static void usage(void) {
     fprintf(stderr,
             "usage: gpt_cpu [--schedule gpipe|1f1b|interleaved] [-p P] [-v V] [-m M] [--steps N]\n"
             "               [--text FILE | --generated] [--seqs-per-step S] [--max-len L]\n"
-            "               [--dim C] [--heads H] [--layers N] [--lr LR] [--optim adam|sgd] [--check]\n");
+            "               [--dim C] [--heads H] [--layers N] [--lr LR] [--optim adam|sgd]\n"
+            "               [--split seqs|tokens|cost] [--check]\n");
 }
 
 static int parse(int argc, char** argv, cfg* c) {
@@ -80,8 +86,9 @@ static int parse(int argc, char** argv, cfg* c) {
     c->max_len = 128;
     c->dim = 64;
     c->heads = 4;
-    c->layers = 4;
+    c->layers = 0; /* 4, or enough for p*v stages */
     c->lr = -1;
+    c->split = PP_SPLIT_TOKENS;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
         const char* val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -105,10 +112,16 @@ static int parse(int argc, char** argv, cfg* c) {
             if (!strcmp(val, "adam")) c->sgd = 0;
             else if (!strcmp(val, "sgd")) c->sgd = 1;
             else { fprintf(stderr, "unknown optimizer '%s'\n", val); return 1; }
+        } else if (!strcmp(a, "--split")) {
+            if (!strcmp(val, "seqs")) c->split = PP_SPLIT_SEQS;
+            else if (!strcmp(val, "tokens")) c->split = PP_SPLIT_TOKENS;
+            else if (!strcmp(val, "cost")) c->split = PP_SPLIT_COST;
+            else { fprintf(stderr, "unknown split '%s'\n", val); return 1; }
         } else { usage(); return 1; }
         i++;
     }
     if (c->v == 0) c->v = c->kind == PP_SCHED_INTERLEAVED ? 2 : 1;
+    if (c->layers == 0) c->layers = c->p * c->v - 2 > 4 ? c->p * c->v - 2 : 4;
     if (c->lr < 0) c->lr = c->sgd ? 0.1f : 3e-3f;
     if (c->p < 1 || c->v < 1 || c->p * c->v > PP_MAX_RANKS || c->m < 1 || c->steps < 1 || c->max_len < 12) {
         fprintf(stderr, "need p, v, m, steps >= 1 (p*v <= %d) and max-len >= 12\n", PP_MAX_RANKS);
@@ -192,6 +205,7 @@ static void make_batch(const trainer* T, int step, pp_batch* b) {
     b->cu_seqlens = sd->cu;
     b->n_seqs = T->c.seqs;
     b->loss = PP_LOSS_MEAN_ROWS; /* micro-batches weigh by tokens, not equally */
+    b->split = T->c.split;
 }
 
 static pp_result rank_main(int rank, void* user) {
@@ -295,6 +309,7 @@ int main(int argc, char** argv) {
     size_t n_acts;
     double weights[GPT_MAX_BLOCK + 2], imbalance = 0, mean_len = 0, attn_len = 0, t0, wall;
     int64_t total_tokens = 0, total_saved = 0, total_padded = 0;
+    double split_imb = 0;
     int rc = 1, step, s, threads_ok = 0;
     T = (trainer*)calloc(1, sizeof *T);
     if (!T) return 3;
@@ -362,8 +377,9 @@ int main(int argc, char** argv) {
            T->model.n_layers, T->c.layers, T->c.dim, T->c.heads, T->gc.vocab, T->n_params);
     printf("text: %s, %d documents of mean length %.1f (max %d)\n", corpus.source, corpus.n_docs, mean_len,
            T->c.max_len);
-    printf("%s p=%d v=%d m=%d, %d sequences per step, %s lr %g\n", pp_schedule_name(T->c.kind), T->c.p, T->c.v,
-           T->c.m, T->c.seqs, T->c.sgd ? "sgd+momentum" : "adam", (double)T->c.lr);
+    printf("%s p=%d v=%d m=%d, %d sequences per step split by %s, %s lr %g\n", pp_schedule_name(T->c.kind), T->c.p,
+           T->c.v, T->c.m, T->c.seqs, T->c.split == PP_SPLIT_SEQS ? "count" : T->c.split == PP_SPLIT_TOKENS ? "tokens" : "cost",
+           T->c.sgd ? "sgd+momentum" : "adam", (double)T->c.lr);
     pp_partition_print(stdout, &T->model, T->first, T->c.p * T->c.v, weights);
     printf("partition imbalance by cost %.3f\n", imbalance);
 
@@ -395,6 +411,7 @@ int main(int argc, char** argv) {
         total_tokens += T->steps[step].T;
         total_saved += T->steps[step].pad_saved;
         total_padded += T->steps[step].padded;
+        split_imb += T->steps[step].imbalance / T->c.steps;
     }
     s = T->c.steps < 5 ? T->c.steps : 5;
     {
@@ -405,9 +422,11 @@ int main(int argc, char** argv) {
         }
         printf("loss %.4f -> %.4f (mean of the first and last %d steps)\n", first, last, s);
     }
-    printf("%lld tokens in %.2f s: %.0f tokens/s; packing saved %lld of %lld padded tokens (%.1f%%)\n",
+    printf("%lld tokens in %.2f s: %.0f tokens/s; packing saved %lld of %lld padded tokens (%.1f%%); "
+           "micro-batch tokens max/mean %.3f on average\n",
            (long long)total_tokens, wall, (double)total_tokens / wall, (long long)total_saved,
-           (long long)total_padded, total_padded ? 100.0 * (double)total_saved / (double)total_padded : 0.0);
+           (long long)total_padded, total_padded ? 100.0 * (double)total_saved / (double)total_padded : 0.0,
+           split_imb);
     rc = 0;
     if (T->c.check) {
         int same = memcmp(&T->ref_loss, &T->loss[0], sizeof(float)) == 0;

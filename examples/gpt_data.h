@@ -3,6 +3,7 @@
 
      gpt_corpus c;
      gpt_corpus_load(&c, "README.md", 128, seed)      any text file; or
+     gpt_corpus_from_text(&c, text, n, 128, seed)     text in memory; or
      gpt_corpus_generate(&c, 4000, 128, seed)         a built-in task (below)
      T = gpt_pack(&c, &rng, n_seqs, tokens, targets, cu);   buffers of n_seqs * c.max_len
      gpt_corpus_free(&c);
@@ -93,31 +94,44 @@ static inline int gpt_corpus_split(gpt_corpus* c, uint64_t seed) {
     return c->n_docs > 0 ? 0 : -1;
 }
 
-/* Reads a text file and splits it. 0, or -1 (errno tells why; or no document of >= 2 bytes). */
-static inline int gpt_corpus_load(gpt_corpus* c, const char* path, int max_len, uint64_t seed) {
-    FILE* f;
-    long sz;
+/* Copies n bytes of text and splits them. 0, or -1 (no memory, or no document of >= 2 bytes). */
+static inline int gpt_corpus_from_text(gpt_corpus* c, const void* text, size_t n, int max_len, uint64_t seed) {
     memset(c, 0, sizeof *c);
     c->max_len = max_len;
-    if (max_len < 2 || !(f = fopen(path, "rb"))) return -1;
-    if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) <= 0 || fseek(f, 0, SEEK_SET) != 0) {
-        fclose(f);
-        return -1;
-    }
-    c->text = (unsigned char*)malloc((size_t)sz);
-    if (!c->text || fread(c->text, 1, (size_t)sz, f) != (size_t)sz) {
-        fclose(f);
-        gpt_corpus_free(c);
-        return -1;
-    }
-    fclose(f);
-    c->n_bytes = (size_t)sz;
-    snprintf(c->source, sizeof c->source, "%s", path);
+    if (max_len < 2 || n == 0 || !(c->text = (unsigned char*)malloc(n))) return -1;
+    memcpy(c->text, text, n);
+    c->n_bytes = n;
+    snprintf(c->source, sizeof c->source, "%zu bytes of text", n);
     if (gpt_corpus_split(c, seed)) {
         gpt_corpus_free(c);
         return -1;
     }
     return 0;
+}
+
+/* Reads a text file and splits it. 0, or -1 (errno tells why; or no document of >= 2 bytes). */
+static inline int gpt_corpus_load(gpt_corpus* c, const char* path, int max_len, uint64_t seed) {
+    FILE* f;
+    long sz;
+    void* buf;
+    int rc;
+    memset(c, 0, sizeof *c);
+    if (!(f = fopen(path, "rb"))) return -1;
+    if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) <= 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return -1;
+    }
+    buf = malloc((size_t)sz);
+    if (!buf || fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
+        fclose(f);
+        free(buf);
+        return -1;
+    }
+    fclose(f);
+    rc = gpt_corpus_from_text(c, buf, (size_t)sz, max_len, seed);
+    free(buf);
+    if (rc == 0) snprintf(c->source, sizeof c->source, "%s", path);
+    return rc;
 }
 
 /* The built-in copy task: n_docs documents "key=keykeyke..." (see the top of the file). */
