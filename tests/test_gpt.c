@@ -7,10 +7,12 @@
    (c) pipelined steps on threads (GPipe and 1F1B at p = 2 and 4, interleaved v = 2 at p = 2 and
        4) give the loss and gradients of pp_sequential_step bit for bit, on a packed batch of
        random lengths split into micro-batches of whole sequences;
-   and describe() reads only config fields, and charges the quadratic attention term. */
+   and describe() reads only config fields and charges the quadratic attention term; the corpus
+   splits at blank lines and packs documents without padding. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/gpt.h"
+#include "../examples/gpt_data.h"
 #include "test.h"
 
 /* Random values for every parameter of a model (weights are small at init; the checks want
@@ -375,6 +377,47 @@ static void test_describe(void) {
           "depth 3: layers embed, block x3, head");
 }
 
+/* The corpus: paragraphs become documents (a long one cut to max_len pieces), and a packed
+   batch has next-token targets inside each document and -1 on each document's last token. */
+static void test_data(void) {
+    static const char text[] = "first paragraph\nstill first\n\nsecond\n\n\nx\n\n"
+                               "a rather long third paragraph that must be cut into pieces of at most 16 bytes\n";
+    gpt_corpus c;
+    int32_t tok[8 * 16], tgt[8 * 16], cu[9];
+    uint64_t rng = 1;
+    int d, s, i, T, bad = 0, total = 0;
+    CHECK(gpt_corpus_from_text(&c, text, sizeof text - 1, 16, 3) == 0, "corpus from text");
+    CHECK(c.n_docs >= 7 && c.doc_len[0] == 16 && c.doc_len[1] == 12, "paragraph 1 is 28 bytes: 16 + 12, got %d docs, %d %d",
+          c.n_docs, c.doc_len[0], c.doc_len[1]);
+    CHECK(c.doc_len[2] == 7 && !memcmp(c.text + c.doc_start[2], "second\n", 7), "paragraph 2 is \"second\\n\"");
+    CHECK(c.doc_len[3] == 2 && c.text[c.doc_start[3]] == 'x', "a 2-byte paragraph is a document");
+    for (d = 0; d < c.n_docs; d++) {
+        bad += c.doc_len[d] < 2 || c.doc_len[d] > 16;
+        total += c.doc_len[d];
+    }
+    CHECK(bad == 0, "every document 2..16 bytes");
+    CHECK(total >= (int)sizeof text - 1 - 8, "documents cover the text but its blank lines (%d of %d bytes)", total,
+          (int)sizeof text - 1);
+    T = gpt_pack(&c, &rng, 8, tok, tgt, cu);
+    CHECK(cu[0] == 0 && cu[8] == T, "cu_seqlens spans the %d packed tokens", T);
+    for (s = 0, bad = 0; s < 8; s++) {
+        bad += cu[s + 1] - cu[s] < 2;
+        for (i = cu[s]; i < cu[s + 1]; i++) bad += tgt[i] != (i + 1 < cu[s + 1] ? tok[i + 1] : -1);
+    }
+    CHECK(bad == 0, "targets are the next token inside each document, -1 on its last");
+    gpt_corpus_free(&c);
+    CHECK(gpt_corpus_generate(&c, 200, 64, 9) == 0 && c.n_docs == 200, "generated corpus");
+    for (d = 0, bad = 0; d < c.n_docs; d++) {
+        const unsigned char* t = c.text + c.doc_start[d];
+        int k = 0;
+        while (t[k] != '=') k++;
+        for (i = k + 1; i < c.doc_len[d]; i++) bad += t[i] != t[(i - k - 1) % k];
+        bad += c.doc_len[d] > 64;
+    }
+    CHECK(bad == 0, "generated documents are key=key repeated, at most max_len");
+    gpt_corpus_free(&c);
+}
+
 /* (c) ------------------------------------------------------------------------------------------- */
 #define NB 6            /* blocks: 8 layers, enough for p*v = 8 stages */
 #define NSEQ 13
@@ -578,6 +621,7 @@ int main(void) {
     test_finite_differences();
     test_boundaries();
     test_describe();
+    test_data();
     test_pipelined_equals_sequential();
     return TEST_DONE("gpt");
 }
