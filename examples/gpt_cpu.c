@@ -25,9 +25,11 @@
 #include "gpt_data.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct cfg {
     pp_schedule_kind kind;
@@ -61,7 +63,6 @@ typedef struct trainer {
     pp_threads* threads;
     step_data* steps;
     float* loss;            /* (steps) from the rank owning the head */
-    double* step_s;         /* (steps) that rank's step time */
     float ref_loss;
     int grad_mismatch;      /* --check: layers whose gradient differs from the reference */
     pthread_mutex_t mu;
@@ -240,7 +241,6 @@ static pp_result rank_main(int rank, void* user) {
         update_owned(T, rank, step);
         if (ss.has_loss) {
             T->loss[step] = ss.loss;
-            T->step_s[step] = ss.t_total;
             printf("step %3d  loss %.4f  %5d tokens  %7.0f tok/s  padding saved %5lld of %5lld (%4.1f%%)  "
                    "mb tokens max/mean %.2f\n",
                    step, ss.loss, sd->T, ss.t_total > 0 ? sd->T / ss.t_total : 0.0, (long long)sd->pad_saved,
@@ -346,9 +346,8 @@ int main(int argc, char** argv) {
     T->mom1 = (float*)calloc(T->n_params, sizeof(float));
     T->mom2 = (float*)calloc(T->n_params, sizeof(float));
     T->loss = (float*)calloc((size_t)T->c.steps, sizeof(float));
-    T->step_s = (double*)calloc((size_t)T->c.steps, sizeof(double));
     pthread_mutex_init(&T->mu, NULL);
-    if (!T->wbuf || !T->mom1 || !T->mom2 || !T->loss || !T->step_s || make_data(T, &corpus)) {
+    if (!T->wbuf || !T->mom1 || !T->mom2 || !T->loss || make_data(T, &corpus)) {
         fprintf(stderr, "out of memory\n");
         goto cleanup;
     }
@@ -451,7 +450,6 @@ cleanup:
     free(T->mom1);
     free(T->mom2);
     free(T->loss);
-    free(T->step_s);
     gpt_corpus_free(&corpus);
     free(T);
     return rc;
