@@ -2431,8 +2431,8 @@ struct pp_stage {
     pp_event* events;
     size_t n_events;
     pp_step_stats st;
-    int n_live, sim_peak;
-    size_t live_bytes, pool_bytes;
+    int n_live;
+    size_t live_bytes;
     /* AUTO: shapes last received / sent per (micro-batch, chunk); n < 0 until learned */
     _pp_bnd *learned_in, *learned_out;
     int learned_cap;
@@ -2487,7 +2487,6 @@ static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
     memset(b, 0, sizeof *b);
     b->cap = bytes;
     b->data = (unsigned char*)(((uintptr_t)(b + 1) + 63) & ~(uintptr_t)63);
-    s->pool_bytes += bytes;
     return b;
 }
 
@@ -2625,8 +2624,17 @@ static pp_result _pp_post_range(pp_stage* s, const pp_action* a, _pp_prep* pr, i
     return PP_OK;
 }
 
-static pp_result _pp_post_acts(pp_stage* s, const pp_action* a, _pp_prep* pr, int upto) {
-    return _pp_post_range(s, a, pr, 0, upto);
+/* Posts the receive of the stage input's shape header (PER_MESSAGE, or AUTO learning a shape). */
+static pp_result _pp_post_hdr(pp_stage* s, const pp_action* a, _pp_prep* pr) {
+    const pp_transport* t = &s->d.transport;
+    pp_result rc = t->irecv(t->self, a->prev_rank, _pp_tag(s, 0, a->mb, a->stage, PP_MAX_TENSORS), &pr->hdr,
+                            sizeof pr->hdr, &pr->req[0]);
+    if (rc != PP_OK)
+        return _pp_stage_fail(s, rc, "posting header receive F%d.%d from rank %d", a->mb, a->chunk, a->prev_rank);
+    pr->req_bytes[0] = sizeof pr->hdr;
+    pr->n_req = 1;
+    pr->want_hdr = 1;
+    return PP_OK;
 }
 
 /* Takes the action's block and posts its receives. */
@@ -2646,13 +2654,7 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
         if (a->stage > 0 && (s->d.shapes == PP_SHAPES_PER_MESSAGE ||
                              (s->d.shapes == PP_SHAPES_AUTO && s->learned_in[slot].n < 0))) {
             /* the sizes come with the data: receive the header first, take the block later */
-            pp_result rc = t->irecv(t->self, a->prev_rank, _pp_tag(s, 0, a->mb, a->stage, PP_MAX_TENSORS), &pr->hdr,
-                                    sizeof pr->hdr, &pr->req[0]);
-            if (rc != PP_OK) return _pp_stage_fail(s, rc, "posting header receive F%d.%d from rank %d", a->mb, a->chunk, a->prev_rank);
-            pr->req_bytes[0] = sizeof pr->hdr;
-            pr->n_req = 1;
-            pr->want_hdr = 1;
-            return PP_OK;
+            return _pp_post_hdr(s, a, pr);
         }
         if (a->stage > 0 && s->d.shapes == PP_SHAPES_AUTO) {
             /* expect what this (micro-batch, boundary) carried last time */
@@ -2665,7 +2667,7 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
         if (a->stage > 0) {
             pp_result rc;
             pr->auto_first = s->d.shapes == PP_SHAPES_AUTO;
-            if ((rc = _pp_post_acts(s, a, pr, pr->auto_first ? 1 : PP_MAX_TENSORS)) != PP_OK) return rc;
+            if ((rc = _pp_post_range(s, a, pr, 0, pr->auto_first ? 1 : PP_MAX_TENSORS)) != PP_OK) return rc;
         }
     } else {
         bytes = _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, NULL, NULL);
@@ -2746,22 +2748,16 @@ static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr
             }
             pr->want_hdr = 0;
             pr->auto_first = 0;
-            if ((rc = _pp_post_acts(s, a, pr, PP_MAX_TENSORS)) != PP_OK) return rc;
+            if ((rc = _pp_post_range(s, a, pr, 0, PP_MAX_TENSORS)) != PP_OK) return rc;
             if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
         } else if (pr->auto_first) {
             /* tensor 0 arrived with its trailer: the rest may follow, or a resize notice */
             pr->auto_first = 0;
             _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
             if (_pp_trailer_read(s) == _PP_TRAILER_RESIZE) {
-                const pp_transport* t = &s->d.transport;
-                rc = t->irecv(t->self, a->prev_rank, _pp_tag(s, 0, a->mb, a->stage, PP_MAX_TENSORS), &pr->hdr,
-                              sizeof pr->hdr, &pr->req[0]);
-                if (rc != PP_OK) return _pp_stage_fail(s, rc, "posting header receive F%d.%d", a->mb, a->chunk);
-                pr->req_bytes[0] = sizeof pr->hdr;
-                    pr->n_req = 1;
+                if ((rc = _pp_post_hdr(s, a, pr)) != PP_OK) return rc;
                 if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
-                pr->want_hdr = 1;
-                continue;
+                continue; /* want_hdr is set: apply the header, then receive the data */
             }
             if ((rc = _pp_post_range(s, a, pr, 1, PP_MAX_TENSORS)) != PP_OK) return rc;
             if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
@@ -2962,7 +2958,6 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
         PP_FREE(sim);
         return _pp_fail(err, PP_ERR_NOMEM, "stage");
     }
-    s->sim_peak = sim->peak_live[d->rank];
     PP_FREE(sim);
     s->d = *d;
     if (s->d.timeout_s <= 0) s->d.timeout_s = PP_DEFAULT_TIMEOUT_S;
