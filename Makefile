@@ -14,7 +14,24 @@ EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen
 
-.PHONY: all test run run-gpt bench check-cuda check-cxx clean
+.PHONY: all test run run-gpt bench check-cuda check-cxx clean test-mpi run-mpi bench-mpi check-nccl
+
+# MPI (optional): tests/test_mpi.c under mpirun -np 2, 4 and 8, the multi-process example and
+# bench. Skipped, with a message, when mpicc or mpirun is missing. Open MPI needs
+# --oversubscribe for 8 processes on 2 cores, --allow-run-as-root as root, and in containers
+# without ptrace rights no single-copy (CMA) transfers; override MPIRUN_FLAGS for another MPI.
+MPICC   ?= mpicc
+MPIRUN  ?= mpirun
+HAVE_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && command -v $(MPIRUN) >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_MPI),1)
+MPIRUN_FLAGS ?= $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && \
+  echo --oversubscribe --mca btl_vader_single_copy_mechanism none $$([ "$$(id -u)" = 0 ] && echo --allow-run-as-root))
+MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8
+MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/bench_mpi
+else
+MPI_TESTS =
+MPI_BINS  =
+endif
 
 all: $(EXAMPLES) $(BENCHES)
 
@@ -34,6 +51,19 @@ $(B)/pp-sched: tools/pp_sched.c $(HEADERS) | $(B)
 
 $(B)/bench_%: bench/bench_%.c $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/test_mpi: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/tlm_mpi: examples/tlm_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/bench_mpi: bench/bench_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# A test "binary" per world size: a script tests/run.sh runs like any other test.
+$(B)/mpi-np%: $(B)/test_mpi
+	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_mpi\n' > $@ && chmod +x $@
 
 # Tests: gcc build, clang build, ASan+UBSan, TSan (threaded), and every header as C++.
 $(B)/%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
@@ -60,8 +90,19 @@ $(B)/clang-ex-%: examples/%.c $(EXH) $(HEADERS) | $(B)
 TEST_BINS = $(addprefix $(B)/,$(TESTS)) $(addprefix $(B)/clang-,$(TESTS)) \
             $(addprefix $(B)/asan-,$(TESTS)) $(addprefix $(B)/tsan-,$(TESTS))
 
-test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx
-	@sh tests/run.sh $(TEST_BINS)
+test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx $(MPI_BINS) $(MPI_TESTS)
+	@[ -n "$(MPI_TESTS)" ] || echo "MPI tests skipped: $(MPICC)/$(MPIRUN) not found (apt-get install openmpi-bin libopenmpi-dev)"
+	@sh tests/run.sh $(TEST_BINS) $(MPI_TESTS)
+
+test-mpi: $(MPI_TESTS)
+	@[ -n "$(MPI_TESTS)" ] || echo "MPI tests skipped: $(MPICC)/$(MPIRUN) not found"
+	@[ -z "$(MPI_TESTS)" ] || sh tests/run.sh $(MPI_TESTS)
+
+run-mpi: $(B)/tlm_mpi
+	$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/tlm_mpi --pp 2
+
+bench-mpi: $(B)/bench_mpi
+	$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/bench_mpi
 
 run: $(B)/mlp_cpu
 	$(B)/mlp_cpu --check

@@ -84,7 +84,7 @@
 
    SECTIONS  (search for ">>name")
    >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>transport
-   >>threads >>batch >>stage >>impl
+   >>threads >>batch >>stage >>grid >>impl
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
@@ -550,6 +550,78 @@ pp_result pp_stage_step(pp_stage* st, const pp_batch* b, pp_step_stats* stats);
 const char* pp_stage_error(const pp_stage* st);
 /* Events of the last step when record_timeline is set (times in seconds from step start). */
 const pp_event* pp_stage_timeline(const pp_stage* st, size_t* n);
+
+/* >>grid -------------------------------------------------------------------------------------- */
+/* Several processes: who am I, and which groups am I in. Shared by every multi-process transport
+   (pipeline_mpi.h, pipeline_nccl.h); all of it is plain arithmetic over a pp_transport.
+
+   The launcher tells each process its rank. pp_launch_from_env reads, in this order:
+       OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK       mpirun (Open MPI)
+       PMI_RANK / PMI_SIZE (+ MPI_LOCALRANKID)          mpiexec (MPICH, Intel MPI)
+       SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID      srun
+       RANK / WORLD_SIZE / LOCAL_RANK                   torchrun and friends
+   and fails with PP_ERR_INVALID, naming the variables, when none is set or one is malformed.
+   A missing local rank counts as 0. */
+typedef struct pp_launch {
+    int rank, world, local_rank;
+    const char* source;         /* "ompi", "pmi", "slurm", "torchrun" */
+} pp_launch;
+
+pp_result pp_launch_from_env(pp_launch* out, pp_error* err);
+
+/* A pipeline x data-parallel grid: world = pp * dp processes, each one stage rank (pp_rank) of
+   one pipeline replica (dp_rank). PP_GRID_DP_INNER (the default) numbers world ranks
+   pp_rank * dp + dp_rank, so the replicas of a stage are neighbours (one node holds a stage's
+   data-parallel group, where the gradient all-reduce moves the most bytes); PP_GRID_PP_INNER
+   numbers them dp_rank * pp + pp_rank (one node holds a whole pipeline). */
+typedef enum pp_grid_order { PP_GRID_DP_INNER = 0, PP_GRID_PP_INNER = 1 } pp_grid_order;
+
+typedef struct pp_grid {
+    int world, rank;            /* world size, this process's world rank */
+    int pp, dp;                 /* world = pp * dp */
+    pp_grid_order order;
+    int pp_rank, dp_rank;       /* this process's place: stage rank, replica */
+    int pipe[PP_MAX_RANKS];     /* world ranks of this replica's pipeline, by pp rank */
+    int dp_group[PP_MAX_RANKS]; /* world ranks holding this stage rank, by dp rank */
+    int tied[2];                /* world ranks of this pipeline's first and last stage rank */
+} pp_grid;
+
+pp_result pp_grid_make(int world, int rank, int pp, pp_grid_order order, pp_grid* g, pp_error* err);
+/* World rank of (pp_rank, dp_rank), or -1 when outside the grid. */
+int pp_grid_rank(const pp_grid* g, int pp_rank, int dp_rank);
+/* Colours and keys for MPI_Comm_split / ncclCommSplit: the pipeline group (ranks ordered by pp
+   rank), the data-parallel group (by dp rank), and the tied pair (first and last stage rank of
+   a pipeline, key 0 and 1); -1 (MPI_UNDEFINED / NCCL_SPLIT_NOCOLOR) where this rank has none. */
+void pp_grid_pipe_split(const pp_grid* g, int* color, int* key);
+void pp_grid_dp_split(const pp_grid* g, int* color, int* key);
+void pp_grid_tied_split(const pp_grid* g, int* color, int* key);
+
+/* All-reduce over any transport built from its own isend/irecv/wait: ranks[0] sums the others'
+   buffers into its own in the order of ranks[] and sends the result back, so every member ends
+   with the same bits, and the same bits every run. f32 or f64. */
+pp_result pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dtype dtype, const int* ranks,
+                           int n_ranks, double timeout_s, pp_error* err);
+
+/* Data-parallel gradients: buf (count elements) summed over the transport's ranks 0..size-1
+   (or over ranks[0..n_ranks) when ranks is non-NULL) with the transport's allreduce_sum, then
+   multiplied by scale (1/dp gives the mean; a power of two keeps it exact). Call it after the
+   tied sum below, on every parameter buffer this rank owns, in the same order on every rank. */
+pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
+                            pp_dtype dtype, double scale, double timeout_s, pp_error* err);
+
+/* Tied layers (an embedding on the first stage whose matrix the last stage's head reuses).
+   Each of the two ranks pair[0] (copy a) and pair[1] (copy b) keeps its own copy.
+   pp_tied_sync_weights: copy a's bytes replace copy b's (before training: both start identical).
+   pp_tied_sum_grads: both gradients become grad_a + grad_b (in that order, so both ranks hold
+   the same bits and an optimizer keeps the copies bit-identical). A rank owning both (pp = 1)
+   passes both pointers and the sum is local; a rank owning one passes NULL for the other; a
+   rank in neither returns at once. pair[] are ranks of transport t (normally the pipeline's:
+   {rank of the first stage, rank of the last stage}). Sum tied gradients before the
+   data-parallel all-reduce. */
+pp_result pp_tied_sync_weights(const pp_transport* t, const int pair[2], void* w_a, void* w_b, size_t bytes,
+                               double timeout_s, pp_error* err);
+pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad_a, void* grad_b, size_t count,
+                            pp_dtype dtype, double timeout_s, pp_error* err);
 
 #ifdef __cplusplus
 }
@@ -2371,6 +2443,201 @@ int pp_schedule_stage(const pp_schedule* sc, int rank, int chunk) {
         if (r == rank && c == chunk) return st;
     }
     return -1;
+}
+
+/* >>impl-grid --------------------------------------------------------------------------------- */
+/* Parses a non-negative decimal int; 0 on success. */
+static int _pp_env_int(const char* name, int* out) {
+    const char* v = getenv(name);
+    char* end = NULL;
+    long x;
+    if (!v || !*v) return 1;
+    errno = 0;
+    x = strtol(v, &end, 10);
+    if (errno || !end || *end || x < 0 || x > 1000000000L) return 2;
+    *out = (int)x;
+    return 0;
+}
+
+pp_result pp_launch_from_env(pp_launch* out, pp_error* err) {
+    static const char* const names[4][4] = {
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "ompi"},
+        {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "pmi"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "slurm"},
+        {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun"}};
+    int i;
+    if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    memset(out, 0, sizeof *out);
+    for (i = 0; i < 4; i++) {
+        int r = 0, n = 0, lr = 0, er, en, el;
+        er = _pp_env_int(names[i][0], &r);
+        en = _pp_env_int(names[i][1], &n);
+        if (er == 1 && en == 1) continue; /* this launcher did not start us */
+        if (er || en || n < 1 || r >= n)
+            return _pp_fail(err, PP_ERR_INVALID, "launcher environment is malformed: %s=%s %s=%s (want 0 <= rank < size)",
+                            names[i][0], getenv(names[i][0]) ? getenv(names[i][0]) : "(unset)", names[i][1],
+                            getenv(names[i][1]) ? getenv(names[i][1]) : "(unset)");
+        el = _pp_env_int(names[i][2], &lr);
+        if (el == 2)
+            return _pp_fail(err, PP_ERR_INVALID, "launcher environment is malformed: %s=%s", names[i][2], getenv(names[i][2]));
+        out->rank = r;
+        out->world = n;
+        out->local_rank = el ? 0 : lr;
+        out->source = names[i][3];
+        return PP_OK;
+    }
+    return _pp_fail(err, PP_ERR_INVALID,
+                    "no launcher environment: set OMPI_COMM_WORLD_RANK/SIZE (mpirun), PMI_RANK/SIZE (mpiexec), "
+                    "SLURM_PROCID/NTASKS (srun) or RANK/WORLD_SIZE (torchrun)");
+}
+
+int pp_grid_rank(const pp_grid* g, int pp_rank, int dp_rank) {
+    if (!g || pp_rank < 0 || pp_rank >= g->pp || dp_rank < 0 || dp_rank >= g->dp) return -1;
+    return g->order == PP_GRID_PP_INNER ? dp_rank * g->pp + pp_rank : pp_rank * g->dp + dp_rank;
+}
+
+pp_result pp_grid_make(int world, int rank, int pp, pp_grid_order order, pp_grid* g, pp_error* err) {
+    int i;
+    if (!g) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    memset(g, 0, sizeof *g);
+    if (order != PP_GRID_DP_INNER && order != PP_GRID_PP_INNER)
+        return _pp_fail(err, PP_ERR_INVALID, "unknown grid order %d", (int)order);
+    if (world < 1 || pp < 1 || world % pp != 0)
+        return _pp_fail(err, PP_ERR_INVALID, "world of %d processes is not a multiple of pp = %d", world, pp);
+    if (pp > PP_MAX_RANKS || world / pp > PP_MAX_RANKS)
+        return _pp_fail(err, PP_ERR_INVALID, "pp = %d, dp = %d: each at most PP_MAX_RANKS = %d", pp, world / pp,
+                        PP_MAX_RANKS);
+    if (rank < 0 || rank >= world) return _pp_fail(err, PP_ERR_INVALID, "rank %d is outside a world of %d", rank, world);
+    g->world = world;
+    g->rank = rank;
+    g->pp = pp;
+    g->dp = world / pp;
+    g->order = order;
+    if (order == PP_GRID_PP_INNER) {
+        g->pp_rank = rank % pp;
+        g->dp_rank = rank / pp;
+    } else {
+        g->pp_rank = rank / g->dp;
+        g->dp_rank = rank % g->dp;
+    }
+    for (i = 0; i < pp; i++) g->pipe[i] = pp_grid_rank(g, i, g->dp_rank);
+    for (i = 0; i < g->dp; i++) g->dp_group[i] = pp_grid_rank(g, g->pp_rank, i);
+    g->tied[0] = g->pipe[0];
+    g->tied[1] = g->pipe[pp - 1];
+    return PP_OK;
+}
+
+void pp_grid_pipe_split(const pp_grid* g, int* color, int* key) {
+    *color = g->dp_rank;
+    *key = g->pp_rank;
+}
+
+void pp_grid_dp_split(const pp_grid* g, int* color, int* key) {
+    *color = g->pp_rank;
+    *key = g->dp_rank;
+}
+
+void pp_grid_tied_split(const pp_grid* g, int* color, int* key) {
+    int first = g->pp_rank == 0, last = g->pp_rank == g->pp - 1;
+    *color = first || last ? g->dp_rank : -1;
+    *key = first ? 0 : 1;
+}
+
+pp_result pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dtype dtype, const int* ranks,
+                           int n_ranks, double timeout_s, pp_error* err) {
+    if (!t || !t->isend || !t->irecv || !t->wait)
+        return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a transport with isend/irecv/wait");
+    return _pp_allreduce_p2p(t, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+}
+
+static void _pp_scale(void* buf, size_t count, pp_dtype dtype, double scale) {
+    size_t i;
+    if (scale == 1.0) return;
+    if (dtype == PP_F32)
+        for (i = 0; i < count; i++) ((float*)buf)[i] *= (float)scale;
+    else
+        for (i = 0; i < count; i++) ((double*)buf)[i] *= scale;
+}
+
+pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
+                            pp_dtype dtype, double scale, double timeout_s, pp_error* err) {
+    int all[PP_MAX_RANKS], i;
+    pp_result rc;
+    if (!t || !t->allreduce_sum) return _pp_fail(err, PP_ERR_INVALID, "transport has no allreduce_sum");
+    if (dtype != PP_F32 && dtype != PP_F64) return _pp_fail(err, PP_ERR_INVALID, "gradients must be f32 or f64");
+    if (count && !buf) return _pp_fail(err, PP_ERR_INVALID, "gradient buffer is NULL");
+    if (!ranks) {
+        if (t->size < 1 || t->size > PP_MAX_RANKS)
+            return _pp_fail(err, PP_ERR_INVALID, "transport has %d ranks", t->size);
+        for (i = 0; i < t->size; i++) all[i] = i;
+        ranks = all;
+        n_ranks = t->size;
+    }
+    if (n_ranks > 1 && count) {
+        rc = t->allreduce_sum(t->self, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+        if (rc != PP_OK) return rc;
+    }
+    _pp_scale(buf, count, dtype, scale);
+    return PP_OK;
+}
+
+#define _PP_TAG_TIED 0x7ffffff8
+static pp_result _pp_tied_check(const pp_transport* t, const int pair[2], int* role, pp_error* err) {
+    if (!t || !pair) return _pp_fail(err, PP_ERR_INVALID, "tied layers need a transport and a rank pair");
+    if (pair[0] < 0 || pair[1] < 0 || pair[0] >= t->size || pair[1] >= t->size)
+        return _pp_fail(err, PP_ERR_INVALID, "tied pair {%d, %d} is outside the transport's %d ranks", pair[0], pair[1],
+                        t->size);
+    *role = (t->rank == pair[0] ? 1 : 0) | (t->rank == pair[1] ? 2 : 0);
+    if ((*role == 1 || *role == 2) && (!t->isend || !t->irecv || !t->wait))
+        return _pp_fail(err, PP_ERR_INVALID, "tied layers across ranks need isend/irecv/wait");
+    return PP_OK;
+}
+
+pp_result pp_tied_sync_weights(const pp_transport* t, const int pair[2], void* w_a, void* w_b, size_t bytes,
+                               double timeout_s, pp_error* err) {
+    pp_request rq;
+    pp_result rc;
+    int role;
+    if ((rc = _pp_tied_check(t, pair, &role, err)) != PP_OK) return rc;
+    if (role == 0 || bytes == 0) return PP_OK;
+    if (role == 3) {
+        if (!w_a || !w_b) return _pp_fail(err, PP_ERR_INVALID, "rank %d holds both tied copies: pass both", t->rank);
+        if (w_a != w_b) memcpy(w_b, w_a, bytes);
+        return PP_OK;
+    }
+    if (role == 1) {
+        if (!w_a) return _pp_fail(err, PP_ERR_INVALID, "rank %d holds tied copy a, which is NULL", t->rank);
+        if ((rc = t->isend(t->self, pair[1], _PP_TAG_TIED, w_a, bytes, &rq)) != PP_OK)
+            return _pp_fail(err, rc, "rank %d: sending the tied weights to rank %d", t->rank, pair[1]);
+    } else {
+        if (!w_b) return _pp_fail(err, PP_ERR_INVALID, "rank %d holds tied copy b, which is NULL", t->rank);
+        if ((rc = t->irecv(t->self, pair[0], _PP_TAG_TIED, w_b, bytes, &rq)) != PP_OK)
+            return _pp_fail(err, rc, "rank %d: receiving the tied weights from rank %d", t->rank, pair[0]);
+    }
+    return t->wait(t->self, &rq, timeout_s, err);
+}
+
+pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad_a, void* grad_b, size_t count,
+                            pp_dtype dtype, double timeout_s, pp_error* err) {
+    pp_result rc;
+    int role;
+    size_t i;
+    if ((rc = _pp_tied_check(t, pair, &role, err)) != PP_OK) return rc;
+    if (dtype != PP_F32 && dtype != PP_F64) return _pp_fail(err, PP_ERR_INVALID, "tied gradients must be f32 or f64");
+    if (role == 0 || count == 0) return PP_OK;
+    if (role == 3) {
+        if (!grad_a || !grad_b) return _pp_fail(err, PP_ERR_INVALID, "rank %d holds both tied copies: pass both", t->rank);
+        if (grad_a == grad_b) return PP_OK; /* one shared buffer already holds the sum */
+        if (dtype == PP_F32)
+            for (i = 0; i < count; i++) ((float*)grad_b)[i] = ((float*)grad_a)[i] += ((float*)grad_b)[i];
+        else
+            for (i = 0; i < count; i++) ((double*)grad_b)[i] = ((double*)grad_a)[i] += ((double*)grad_b)[i];
+        return PP_OK;
+    }
+    if (!t->allreduce_sum) return _pp_fail(err, PP_ERR_INVALID, "transport has no allreduce_sum");
+    if (!(role == 1 ? grad_a : grad_b))
+        return _pp_fail(err, PP_ERR_INVALID, "rank %d: its tied gradient copy is NULL", t->rank);
+    return t->allreduce_sum(t->self, role == 1 ? grad_a : grad_b, count, dtype, pair, 2, timeout_s, err);
 }
 
 /* >>impl-stage

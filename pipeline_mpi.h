@@ -1,0 +1,553 @@
+/* pipeline_mpi.h - pipeline.h's transport over MPI: one process per rank, on any machine.
+
+   Include after pipeline.h. In the one file that defines PIPELINE_IMPLEMENTATION, this header's
+   implementation comes along:
+
+       #define PIPELINE_IMPLEMENTATION
+       #include "pipeline.h"
+       #include "pipeline_mpi.h"       // needs <mpi.h>: build with mpicc, run with mpirun
+
+   A pp_mpi is a pp_transport over one MPI communicator: isend/irecv are MPI_Isend/MPI_Irecv with
+   the executor's tags (messages match on (peer, tag), as the interface asks), waits poll with
+   MPI_Test against a deadline, never a blocking MPI_Wait, and the all-reduce is MPI_Iallreduce
+   over the whole communicator (a subset of ranks falls back to pp_allreduce_p2p).
+
+   ABORT. Every pp_mpi has an abort domain: a duplicate of a communicator (by default its own)
+   on which an abort is a small message to every member. Each wait polls it, so a rank that
+   fails mid-step (pp_stage_step calls transport.abort) makes every other rank of the domain
+   return PP_ERR_ABORTED from its next wait, within milliseconds, instead of hanging; a rank
+   that dies or stops answering makes the others return PP_ERR_TIMEOUT after their timeout.
+   An aborted pp_mpi stays aborted (its communicator may hold stale messages): destroy it.
+   pp_mpi_grid makes the pipeline and data-parallel transports of a pp x dp grid share one
+   domain over the whole world, so an error anywhere stops everyone.
+
+   TAGS. The executor's tags grow with micro-batches x stages; MPI only promises MPI_TAG_UB >=
+   32767 (Open MPI gives 2^31 - 1). The reserved tags of pipeline.h (0x7ffffff0 and up) are
+   mapped to the top of the communicator's range; a tag that does not fit makes isend/irecv
+   return PP_ERR_UNSUPPORTED and pp_mpi_error() says which tag and what MPI_TAG_UB is.
+
+   Errors inside MPI are returned, not fatal: the communicators get MPI_ERRORS_RETURN.
+
+   API
+       pp_mpi_create(comm, abort_comm, &t, &err)   comm is duplicated; abort_comm may be
+                                                   MPI_COMM_NULL (= comm)
+       pp_mpi_transport(t)                         the pp_transport for pp_stage_desc
+       pp_mpi_counters(t, &bytes, &msgs)           sent so far by this rank
+       pp_mpi_error(t)                             the last error the transport recorded
+       pp_mpi_destroy(t)
+       pp_mpi_grid_create(world, pp, order, &g, &err)   pp x dp grid: g.grid, g.pipe, g.dp
+       pp_mpi_grid_destroy(&g)
+*/
+#ifndef PIPELINE_MPI_H
+#define PIPELINE_MPI_H
+
+#include <mpi.h>
+#include "pipeline.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pp_mpi pp_mpi;
+
+pp_result pp_mpi_create(MPI_Comm comm, MPI_Comm abort_comm, pp_mpi** out, pp_error* err);
+void pp_mpi_destroy(pp_mpi* t);
+pp_transport pp_mpi_transport(pp_mpi* t);
+void pp_mpi_counters(const pp_mpi* t, uint64_t* bytes, uint64_t* msgs);
+const char* pp_mpi_error(const pp_mpi* t);
+
+/* A pp x dp grid over `world`: pipe is this rank's pipeline (its rank there is grid.pp_rank),
+   dp its data-parallel group (rank grid.dp_rank). Both abort together. The tied pair is
+   {0, pp - 1} on pipe. */
+typedef struct pp_mpi_grid {
+    pp_grid grid;
+    pp_mpi* pipe;
+    pp_mpi* dp;
+} pp_mpi_grid;
+
+pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* out, pp_error* err);
+void pp_mpi_grid_destroy(pp_mpi_grid* g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PIPELINE_MPI_H */
+
+#if defined(PIPELINE_IMPLEMENTATION) && !defined(PIPELINE_MPI_IMPLEMENTATION_DONE)
+#define PIPELINE_MPI_IMPLEMENTATION_DONE
+
+#include <string.h>
+#include <time.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define _PP_MPI_TAG_ABORT 1
+#define _PP_MPI_RESERVED 0x7ffffff0 /* pipeline.h's own tags live at and above this */
+
+/* What a domain's members share: one communicator for abort notices, and what was heard. */
+typedef struct _pp_mpi_domain {
+    MPI_Comm comm;
+    int refs;
+    int aborted;
+    pp_result code;
+    char msg[256];
+    MPI_Request* sends;             /* outstanding abort notices, freed at destroy */
+    int n_sends;
+    int abort_buf[2];
+} _pp_mpi_domain;
+
+/* One outstanding operation; every live one is on the transport's list, so destroy can
+   cancel and free what an aborted step left behind. */
+typedef struct _pp_mpi_op {
+    struct _pp_mpi_op *next, *prev;
+    MPI_Request r;
+    int peer, tag, is_recv;
+    size_t bytes;
+} _pp_mpi_op;
+
+struct pp_mpi {
+    MPI_Comm comm;
+    int rank, size, tag_ub;
+    _pp_mpi_domain* dom;
+    _pp_mpi_op* ops;
+    uint64_t bytes_sent, msgs_sent;
+    char err[256];
+};
+
+static void _pp_mpi_note(pp_mpi* t, const char* fmt, ...) _PP_PRINTF(2, 3);
+static void _pp_mpi_note(pp_mpi* t, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->err, sizeof t->err, fmt, ap);
+    va_end(ap);
+}
+
+static void _pp_mpi_errstr(int code, char* buf, size_t n) {
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(code, s, &len) != MPI_SUCCESS) len = 0;
+    s[len < MPI_MAX_ERROR_STRING ? len : MPI_MAX_ERROR_STRING - 1] = 0;
+    snprintf(buf, n, "%s", len ? s : "unknown MPI error");
+}
+
+/* A pipeline.h tag as an MPI tag, or -1 when it does not fit under MPI_TAG_UB. */
+static int _pp_mpi_tag(pp_mpi* t, int tag) {
+    if (tag < 0) return -1;
+    if (tag >= _PP_MPI_RESERVED) {
+        int m = t->tag_ub - (0x7fffffff - tag);
+        return m > t->tag_ub / 2 ? m : -1;
+    }
+    return tag <= t->tag_ub - 16 ? tag : -1;
+}
+
+/* Receives any abort notice waiting on the domain; 1 if the domain is aborted. */
+static int _pp_mpi_poll_abort(pp_mpi* t) {
+    _pp_mpi_domain* d = t->dom;
+    int flag = 0;
+    MPI_Status st;
+    while (!d->aborted) {
+        if (MPI_Iprobe(MPI_ANY_SOURCE, _PP_MPI_TAG_ABORT, d->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
+        if (MPI_Recv(d->abort_buf, 2, MPI_INT, st.MPI_SOURCE, _PP_MPI_TAG_ABORT, d->comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            break;
+        d->aborted = 1;
+        d->code = (pp_result)d->abort_buf[1];
+        snprintf(d->msg, sizeof d->msg, "rank %d (of the abort domain) aborted: %s", d->abort_buf[0],
+                 pp_result_str(d->code));
+    }
+    return d->aborted;
+}
+
+static _pp_mpi_op* _pp_mpi_op_new(pp_mpi* t) {
+    _pp_mpi_op* op = (_pp_mpi_op*)_pp_calloc(1, sizeof *op);
+    if (!op) return NULL;
+    op->r = MPI_REQUEST_NULL;
+    op->next = t->ops;
+    if (t->ops) t->ops->prev = op;
+    t->ops = op;
+    return op;
+}
+
+static void _pp_mpi_op_free(pp_mpi* t, _pp_mpi_op* op) {
+    if (op->prev) op->prev->next = op->next; else t->ops = op->next;
+    if (op->next) op->next->prev = op->prev;
+    PP_FREE(op);
+}
+
+static pp_result _pp_mpi_post(pp_mpi* t, int is_recv, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
+    _pp_mpi_op* op;
+    int mt, rc;
+    if (!req || peer < 0 || peer >= t->size || (bytes && !buf)) return PP_ERR_INVALID;
+    memset(req, 0, sizeof *req);
+    if (bytes > (size_t)0x7fffffff) {
+        _pp_mpi_note(t, "rank %d: message of %zu bytes is over MPI's int count", t->rank, bytes);
+        return PP_ERR_UNSUPPORTED;
+    }
+    if ((mt = _pp_mpi_tag(t, tag)) < 0) {
+        _pp_mpi_note(t, "rank %d: tag %d does not fit under MPI_TAG_UB = %d (fewer micro-batches or stages per step)",
+                     t->rank, tag, t->tag_ub);
+        return PP_ERR_UNSUPPORTED;
+    }
+    if (t->dom->aborted) return PP_ERR_ABORTED;
+    if (!(op = _pp_mpi_op_new(t))) return PP_ERR_NOMEM;
+    op->peer = peer;
+    op->tag = tag;
+    op->is_recv = is_recv;
+    op->bytes = bytes;
+    if (is_recv)
+        rc = MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, mt, t->comm, &op->r);
+    else
+        rc = MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, mt, t->comm, &op->r);
+    if (rc != MPI_SUCCESS) {
+        char e[128];
+        _pp_mpi_errstr(rc, e, sizeof e);
+        _pp_mpi_note(t, "rank %d: MPI_%s to rank %d: %s", t->rank, is_recv ? "Irecv" : "Isend", peer, e);
+        _pp_mpi_op_free(t, op);
+        return PP_ERR_TRANSPORT;
+    }
+    if (!is_recv) {
+        t->bytes_sent += bytes;
+        t->msgs_sent++;
+    }
+    req->impl = op;
+    req->id = tag;
+    return PP_OK;
+}
+
+static pp_result _pp_mpi_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
+    return _pp_mpi_post((pp_mpi*)self, 0, peer, tag, (void*)(uintptr_t)buf, bytes, req);
+}
+
+static pp_result _pp_mpi_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
+    return _pp_mpi_post((pp_mpi*)self, 1, peer, tag, buf, bytes, req);
+}
+
+/* Checks a completed operation's status: a receive must get exactly the bytes it posted. */
+static pp_result _pp_mpi_finish(pp_mpi* t, _pp_mpi_op* op, int mpi_rc, MPI_Status* st, pp_error* err) {
+    pp_result rc = PP_OK;
+    int count = 0;
+    if (mpi_rc == MPI_ERR_TRUNCATE || (mpi_rc != MPI_SUCCESS && st->MPI_ERROR == MPI_ERR_TRUNCATE)) {
+        rc = _pp_fail(err, PP_ERR_SIZE, "rank %d expected %zu bytes from rank %d (tag %d), the sender sent more",
+                      t->rank, op->bytes, op->peer, op->tag);
+    } else if (mpi_rc != MPI_SUCCESS) {
+        char e[128];
+        _pp_mpi_errstr(mpi_rc, e, sizeof e);
+        rc = _pp_fail(err, PP_ERR_TRANSPORT, "rank %d: MPI %s with rank %d: %s", t->rank, op->is_recv ? "receive" : "send",
+                      op->peer, e);
+    } else if (op->is_recv && MPI_Get_count(st, MPI_BYTE, &count) == MPI_SUCCESS && (size_t)count != op->bytes) {
+        rc = _pp_fail(err, PP_ERR_SIZE, "rank %d expected %zu bytes from rank %d (tag %d), the sender sent %d", t->rank,
+                      op->bytes, op->peer, op->tag, count);
+    }
+    if (rc != PP_OK) {
+        size_t k = strlen(err ? err->msg : pp_result_str(rc));
+        if (k >= sizeof t->err) k = sizeof t->err - 1;
+        memcpy(t->err, err ? err->msg : pp_result_str(rc), k);
+        t->err[k] = 0;
+    }
+    return rc;
+}
+
+/* Sleeps a little longer each round: spinning would starve the other ranks on a shared core. */
+static void _pp_mpi_backoff(int round) {
+    struct timespec ts;
+    long ns = round < 64 ? 0 : round < 256 ? 20000L : round < 1024 ? 100000L : 1000000L;
+    if (!ns) return;
+    ts.tv_sec = 0;
+    ts.tv_nsec = ns;
+    nanosleep(&ts, NULL);
+}
+
+/* Cancels a request nobody will wait for again (abort or timeout) and frees its op. */
+static void _pp_mpi_drop(pp_mpi* t, _pp_mpi_op* op) {
+    if (op->r != MPI_REQUEST_NULL) {
+        if (op->is_recv) {
+            MPI_Cancel(&op->r);
+            MPI_Wait(&op->r, MPI_STATUS_IGNORE); /* a cancelled receive completes at once */
+        } else {
+            MPI_Request_free(&op->r);         /* the send may still complete in the background */
+        }
+    }
+    _pp_mpi_op_free(t, op);
+}
+
+static pp_result _pp_mpi_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
+    pp_mpi* t = (pp_mpi*)self;
+    _pp_mpi_op* op = (_pp_mpi_op*)req->impl;
+    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, deadline = _pp_now() + dt;
+    int round = 0;
+    if (req->done || !op) return PP_OK;
+    for (;; round++) {
+        MPI_Status st;
+        int flag = 0, rc;
+        memset(&st, 0, sizeof st);
+        rc = MPI_Test(&op->r, &flag, &st);
+        if (rc != MPI_SUCCESS || flag) {
+            pp_result r = _pp_mpi_finish(t, op, rc, &st, err);
+            op->r = MPI_REQUEST_NULL;
+            _pp_mpi_op_free(t, op);
+            req->impl = NULL;
+            req->done = 1;
+            return r;
+        }
+        if ((round & 7) == 0 && _pp_mpi_poll_abort(t)) {
+            int peer = op->peer;
+            _pp_mpi_drop(t, op);
+            req->impl = NULL;
+            req->done = 1;
+            return _pp_fail(err, PP_ERR_ABORTED, "rank %d stopped waiting for rank %d: %s", t->rank, peer, t->dom->msg);
+        }
+        if (_pp_now() > deadline) {
+            int peer = op->peer, is_recv = op->is_recv;
+            _pp_mpi_drop(t, op);
+            req->impl = NULL;
+            req->done = 1;
+            _pp_mpi_note(t, "rank %d waited %.3g s for rank %d", t->rank, dt, peer);
+            return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank %d to %s and got nothing", t->rank, dt,
+                            peer, is_recv ? "send" : "receive");
+        }
+        _pp_mpi_backoff(round);
+    }
+}
+
+static pp_result _pp_mpi_test(void* self, pp_request* req, int* done) {
+    pp_mpi* t = (pp_mpi*)self;
+    _pp_mpi_op* op = (_pp_mpi_op*)req->impl;
+    int flag = 0;
+    if (req->done || !op) {
+        *done = 1;
+        return PP_OK;
+    }
+    /* Only sends are tested by the executor; a finished one is freed here, a receive's status
+       is kept for its wait. */
+    if (op->is_recv) {
+        *done = 0;
+        return PP_OK;
+    }
+    if (MPI_Test(&op->r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        *done = 0;
+        return PP_ERR_TRANSPORT;
+    }
+    *done = flag;
+    if (flag) {
+        op->r = MPI_REQUEST_NULL;
+        _pp_mpi_op_free(t, op);
+        req->impl = NULL;
+        req->done = 1;
+    }
+    return PP_OK;
+}
+
+static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
+                                   double timeout_s, pp_error* err) {
+    pp_mpi* t = (pp_mpi*)self;
+    int i, whole = ranks && n_ranks == t->size, rc, round = 0;
+    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, deadline = _pp_now() + dt;
+    MPI_Request r;
+    for (i = 0; whole && i < n_ranks; i++)
+        if (ranks[i] != i) whole = 0;
+    if (!whole || count > (size_t)0x7fffffff) {
+        pp_transport tr = pp_mpi_transport(t);
+        return pp_allreduce_p2p(&tr, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+    }
+    if (!buf || (dtype != PP_F32 && dtype != PP_F64))
+        return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a buffer and an f32/f64 dtype");
+    if (n_ranks == 1 || count == 0) return PP_OK;
+    if (_pp_mpi_poll_abort(t)) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: all-reduce: %s", t->rank, t->dom->msg);
+    rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, dtype == PP_F32 ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, t->comm, &r);
+    if (rc != MPI_SUCCESS) {
+        char e[128];
+        _pp_mpi_errstr(rc, e, sizeof e);
+        return _pp_fail(err, PP_ERR_TRANSPORT, "rank %d: MPI_Iallreduce: %s", t->rank, e);
+    }
+    for (;; round++) {
+        int flag = 0;
+        if ((rc = MPI_Test(&r, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS) {
+            char e[128];
+            _pp_mpi_errstr(rc, e, sizeof e);
+            return _pp_fail(err, PP_ERR_TRANSPORT, "rank %d: all-reduce: %s", t->rank, e);
+        }
+        if (flag) return PP_OK;
+        /* A collective cannot be cancelled: after an abort or a timeout the request is left to
+           MPI (the transport is unusable from here on and should be destroyed). */
+        if ((round & 7) == 0 && _pp_mpi_poll_abort(t)) {
+            MPI_Request_free(&r);
+            return _pp_fail(err, PP_ERR_ABORTED, "rank %d stopped waiting in an all-reduce: %s", t->rank, t->dom->msg);
+        }
+        if (_pp_now() > deadline) {
+            MPI_Request_free(&r);
+            t->dom->aborted = 1;
+            snprintf(t->dom->msg, sizeof t->dom->msg, "rank %d: all-reduce timed out", t->rank);
+            return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s in an all-reduce over %d ranks", t->rank, dt,
+                            n_ranks);
+        }
+        _pp_mpi_backoff(round);
+    }
+}
+
+/* Tells every member of the domain; does not wait for delivery (a dead peer must not block it). */
+static void _pp_mpi_abort(void* self, pp_result why, const char* msg) {
+    pp_mpi* t = (pp_mpi*)self;
+    _pp_mpi_domain* d = t->dom;
+    int n = 0, me = 0, r;
+    if (d->aborted) return;
+    d->aborted = 1;
+    d->code = why;
+    snprintf(d->msg, sizeof d->msg, "this rank aborted: %s", msg ? msg : pp_result_str(why));
+    MPI_Comm_size(d->comm, &n);
+    MPI_Comm_rank(d->comm, &me);
+    d->abort_buf[0] = me;
+    d->abort_buf[1] = (int)why;
+    d->sends = (MPI_Request*)_pp_calloc((size_t)n, sizeof *d->sends);
+    if (!d->sends) return;
+    for (r = 0; r < n; r++) {
+        if (r == me) continue;
+        if (MPI_Isend(d->abort_buf, 2, MPI_INT, r, _PP_MPI_TAG_ABORT, d->comm, &d->sends[d->n_sends]) == MPI_SUCCESS)
+            d->n_sends++;
+    }
+}
+
+pp_transport pp_mpi_transport(pp_mpi* t) {
+    pp_transport tr;
+    memset(&tr, 0, sizeof tr);
+    if (!t) return tr;
+    tr.self = t;
+    tr.rank = t->rank;
+    tr.size = t->size;
+    tr.isend = _pp_mpi_isend;
+    tr.irecv = _pp_mpi_irecv;
+    tr.wait = _pp_mpi_wait;
+    tr.test = _pp_mpi_test;
+    tr.allreduce_sum = _pp_mpi_allreduce;
+    tr.abort = _pp_mpi_abort;
+    return tr;
+}
+
+static pp_result _pp_mpi_dup(MPI_Comm in, MPI_Comm* out, pp_error* err) {
+    int rc = MPI_Comm_dup(in, out);
+    if (rc != MPI_SUCCESS) {
+        char e[128];
+        _pp_mpi_errstr(rc, e, sizeof e);
+        return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Comm_dup: %s", e);
+    }
+    MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN);
+    return PP_OK;
+}
+
+static void _pp_mpi_domain_release(_pp_mpi_domain* d) {
+    int i;
+    if (!d || --d->refs > 0) return;
+    for (i = 0; i < d->n_sends; i++) {
+        /* the notice may never be received (its peer finished or died): let it go */
+        int flag = 0;
+        MPI_Test(&d->sends[i], &flag, MPI_STATUS_IGNORE);
+        if (!flag) MPI_Request_free(&d->sends[i]);
+    }
+    PP_FREE(d->sends);
+    MPI_Comm_free(&d->comm);
+    PP_FREE(d);
+}
+
+static pp_result _pp_mpi_create(MPI_Comm comm, _pp_mpi_domain* shared, MPI_Comm abort_comm, pp_mpi** out,
+                                pp_error* err) {
+    pp_mpi* t;
+    void* ub = NULL;
+    int flag = 0, init = 0;
+    pp_result rc;
+    if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    *out = NULL;
+    MPI_Initialized(&init);
+    if (!init) return _pp_fail(err, PP_ERR_INVALID, "MPI is not initialised (call MPI_Init first)");
+    if (comm == MPI_COMM_NULL) return _pp_fail(err, PP_ERR_INVALID, "communicator is MPI_COMM_NULL");
+    if (!(t = (pp_mpi*)_pp_calloc(1, sizeof *t))) return _pp_fail(err, PP_ERR_NOMEM, "MPI transport");
+    if ((rc = _pp_mpi_dup(comm, &t->comm, err)) != PP_OK) {
+        PP_FREE(t);
+        return rc;
+    }
+    MPI_Comm_rank(t->comm, &t->rank);
+    MPI_Comm_size(t->comm, &t->size);
+    if (t->size > PP_MAX_RANKS) {
+        int n = t->size;
+        MPI_Comm_free(&t->comm);
+        PP_FREE(t);
+        return _pp_fail(err, PP_ERR_INVALID, "communicator has %d ranks, PP_MAX_RANKS is %d", n, PP_MAX_RANKS);
+    }
+    MPI_Comm_get_attr(t->comm, MPI_TAG_UB, &ub, &flag);
+    t->tag_ub = flag && ub ? *(int*)ub : 32767;
+    if (shared) {
+        shared->refs++;
+        t->dom = shared;
+    } else {
+        _pp_mpi_domain* d = (_pp_mpi_domain*)_pp_calloc(1, sizeof *d);
+        if (!d || (rc = _pp_mpi_dup(abort_comm == MPI_COMM_NULL ? comm : abort_comm, &d->comm, err)) != PP_OK) {
+            PP_FREE(d);
+            MPI_Comm_free(&t->comm);
+            PP_FREE(t);
+            return d ? rc : _pp_fail(err, PP_ERR_NOMEM, "MPI abort domain");
+        }
+        d->refs = 1;
+        t->dom = d;
+    }
+    *out = t;
+    return PP_OK;
+}
+
+pp_result pp_mpi_create(MPI_Comm comm, MPI_Comm abort_comm, pp_mpi** out, pp_error* err) {
+    return _pp_mpi_create(comm, NULL, abort_comm, out, err);
+}
+
+void pp_mpi_destroy(pp_mpi* t) {
+    if (!t) return;
+    while (t->ops) _pp_mpi_drop(t, t->ops);
+    _pp_mpi_domain_release(t->dom);
+    MPI_Comm_free(&t->comm);
+    PP_FREE(t);
+}
+
+void pp_mpi_counters(const pp_mpi* t, uint64_t* bytes, uint64_t* msgs) {
+    if (bytes) *bytes = t ? t->bytes_sent : 0;
+    if (msgs) *msgs = t ? t->msgs_sent : 0;
+}
+
+const char* pp_mpi_error(const pp_mpi* t) { return t ? t->err : "transport is NULL"; }
+
+pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* g, pp_error* err) {
+    MPI_Comm pipe = MPI_COMM_NULL, dp = MPI_COMM_NULL;
+    int n = 0, me = 0, color, key;
+    pp_result rc;
+    if (!g) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    memset(g, 0, sizeof *g);
+    if (world == MPI_COMM_NULL) return _pp_fail(err, PP_ERR_INVALID, "communicator is MPI_COMM_NULL");
+    MPI_Comm_size(world, &n);
+    MPI_Comm_rank(world, &me);
+    if ((rc = pp_grid_make(n, me, pp, order, &g->grid, err)) != PP_OK) return rc;
+    pp_grid_pipe_split(&g->grid, &color, &key);
+    if (MPI_Comm_split(world, color, key, &pipe) != MPI_SUCCESS)
+        return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Comm_split for the pipeline group");
+    pp_grid_dp_split(&g->grid, &color, &key);
+    if (MPI_Comm_split(world, color, key, &dp) != MPI_SUCCESS) {
+        MPI_Comm_free(&pipe);
+        return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Comm_split for the data-parallel group");
+    }
+    rc = _pp_mpi_create(pipe, NULL, world, &g->pipe, err);
+    if (rc == PP_OK) rc = _pp_mpi_create(dp, g->pipe->dom, MPI_COMM_NULL, &g->dp, err);
+    MPI_Comm_free(&pipe);
+    MPI_Comm_free(&dp);
+    if (rc != PP_OK) {
+        pp_mpi_grid_destroy(g);
+        return rc;
+    }
+    return PP_OK;
+}
+
+void pp_mpi_grid_destroy(pp_mpi_grid* g) {
+    if (!g) return;
+    pp_mpi_destroy(g->dp);
+    pp_mpi_destroy(g->pipe);
+    g->dp = g->pipe = NULL;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PIPELINE_IMPLEMENTATION && !PIPELINE_MPI_IMPLEMENTATION_DONE */

@@ -1,0 +1,397 @@
+/* tests/test_mpi.c - the executor across processes over MPI: a pp x dp grid, tied embedding/head,
+   packed variable-length micro-batches, every schedule and shape policy; aborts and timeouts.
+
+   Run under mpirun with 2, 4 or 8 processes (make test does all three); every configuration
+   whose pp divides the world size runs. Exactness: a pipelined step gives the sequential
+   reference's gradients bit for bit (tests/test_pipeline.c says why); the tied gradient is then
+   grad_embed + grad_head on both ranks (pp_tied_sum_grads adds in that order, and so does the
+   reference), and the data-parallel mean is (replica 0 + replica 1) * 0.5 (MPI's two-rank sum
+   is one addition, which commutes; * 0.5 is exact). So every gradient, and the weights after
+   several SGD steps, are compared with memcmp. The truly tied single-process model (head and
+   embedding share one matrix and one gradient) adds the two contributions in another order
+   (micro-batch by micro-batch), so it is compared within a relative 1e-5.
+   Each rank counts its own checks; rank 0 prints the world's totals. */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline.h"
+#include "../pipeline_mpi.h"
+#include "../examples/tlm.h"
+#include "test.h"
+
+#define VOCAB 13
+#define DIM 8
+#define NSEQ 12
+#define MAXLEN 7
+#define MAXROWS (NSEQ * MAXLEN)
+#define STEPS 3
+#define LR 0.25f
+
+static int W_RANK, W_SIZE;
+
+/* This process's shard of step `step`: replica dp_rank's packed sequences. */
+typedef struct shard {
+    int32_t tok[MAXROWS], tgt[MAXROWS], cu[NSEQ + 1];
+    pp_batch b;
+} shard;
+
+static void make_shard(shard* s, int dp_rank, int step, int m) {
+    int rows = tlm_make_batch(s->tok, s->tgt, s->cu, NSEQ, MAXLEN, VOCAB, 1000u + 77u * (uint64_t)step + (uint64_t)dp_rank);
+    memset(&s->b, 0, sizeof s->b);
+    s->b.m = m;
+    s->b.input.data = s->tok;
+    s->b.input.rows = rows;
+    s->b.input.cols = 1;
+    s->b.input.dtype = PP_I32;
+    s->b.targets = s->tgt;
+    s->b.target_row_bytes = sizeof(int32_t);
+    s->b.cu_seqlens = s->cu;
+    s->b.n_seqs = NSEQ;
+    s->b.split = PP_SPLIT_TOKENS; /* unequal micro-batches: every transfer has its own size */
+}
+
+/* Floats of layer l's parameters in the arena: [*off, *off + *n). */
+static void layer_range(int l, size_t* off, size_t* n) {
+    size_t nE = (size_t)VOCAB * DIM, nd = (size_t)DIM * DIM + DIM;
+    if (l == TLM_EMBED_LAYER) {
+        *off = 0;
+        *n = nE;
+    } else if (l <= TLM_DEPTH) {
+        *off = nE + (size_t)(l - 1) * nd;
+        *n = nd;
+    } else if (l == TLM_HEAD_LAYER) {
+        *off = nE + (size_t)TLM_DEPTH * nd;
+        *n = nE;
+    } else {
+        *off = *n = 0;
+    }
+}
+
+static int owner_rank(const pp_schedule* sc, const int* first, int layer) {
+    int st, r, c;
+    for (st = 0; st < sc->n_stages; st++)
+        if (layer >= first[st] && layer < first[st + 1]) {
+            pp_schedule_stage_rank(sc, st, &r, &c);
+            return r;
+        }
+    return -1;
+}
+
+/* The reference for one step of the whole grid, on one process: each replica's sequential step
+   of the untied model, its tied sum, the replicas summed in order and scaled; likewise for the
+   truly tied model into gtied. Returns replica dp_rank's loss in *loss. */
+static int reference_grads(const float* warena, float* gref, float* gtied, int dp, int step, int m, int my_dp,
+                           float* loss) {
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, i, hoff, hn;
+    float* g = (float*)calloc(n, sizeof(float));
+    float* w_tied = (float*)malloc(n * sizeof(float));
+    pp_model model = tlm_model_desc();
+    tlm_model w, gw, wt, gt;
+    shard* s = (shard*)malloc(sizeof *s);
+    pp_error err;
+    int d, ok = 1;
+    layer_range(TLM_HEAD_LAYER, &hoff, &hn);
+    memset(gref, 0, n * sizeof(float));
+    memset(gtied, 0, n * sizeof(float));
+    memcpy(w_tied, warena, n * sizeof(float));
+    tlm_layout(&w, (float*)(uintptr_t)warena, VOCAB, DIM, 0);
+    tlm_layout(&wt, w_tied, VOCAB, DIM, 1);
+    for (d = 0; d < dp && ok; d++) {
+        float l = 0, lt = 0;
+        make_shard(s, d, step, m);
+        memset(g, 0, n * sizeof(float));
+        tlm_layout(&gw, g, VOCAB, DIM, 0);
+        ok = ok && pp_sequential_step(&model, &w, &gw, &s->b, &l, &err) == PP_OK;
+        for (i = 0; i < nE; i++) g[i] = g[hoff + i] = g[i] + g[hoff + i]; /* tied: embed + head */
+        for (i = 0; i < n; i++) gref[i] = d == 0 ? g[i] : gref[i] + g[i];
+        if (d == my_dp) *loss = l;
+        memset(g, 0, n * sizeof(float));
+        tlm_layout(&gt, g, VOCAB, DIM, 1);
+        ok = ok && pp_sequential_step(&model, &wt, &gt, &s->b, &lt, &err) == PP_OK;
+        for (i = 0; i < nE; i++) g[hoff + i] = g[i];
+        for (i = 0; i < n; i++) gtied[i] += g[i];
+    }
+    for (i = 0; i < n; i++) {
+        gref[i] *= 1.0f / (float)dp;
+        gtied[i] *= 1.0f / (float)dp;
+    }
+    free(g);
+    free(w_tied);
+    free(s);
+    return ok;
+}
+
+static double rel_diff(const float* a, const float* b, size_t n) {
+    double mx = 1e-30, d = 0;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - (double)b[i]);
+        if (fabs((double)b[i]) > mx) mx = fabs((double)b[i]);
+        if (x > d) d = x;
+    }
+    return d / (mx > 1 ? mx : 1);
+}
+
+/* One configuration on the whole world: STEPS training steps, each checked against the
+   reference, then the weights and the tied copies. */
+static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_policy shapes) {
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, i, hoff, hn;
+    char name[96];
+    pp_mpi_grid g;
+    pp_error err;
+    pp_transport pipe, dpt;
+    pp_schedule sc;
+    pp_action* acts = NULL;
+    pp_stage* st = NULL;
+    pp_model model = tlm_model_desc();
+    tlm_model w, gw;
+    float *warena = NULL, *garena = NULL, *wref = NULL, *gref = NULL, *gtied = NULL;
+    int first[16 + 1], pair[2], step, l, owns[TLM_DEPTH + 3];
+    shard* s = (shard*)malloc(sizeof *s);
+    pp_result rc;
+    snprintf(name, sizeof name, "%s pp=%d v=%d dp=%d m=%d shapes=%d", pp_schedule_name(kind), pp, v, W_SIZE / pp, m,
+             (int)shapes);
+    rc = pp_mpi_grid_create(MPI_COMM_WORLD, pp, PP_GRID_DP_INNER, &g, &err);
+    CHECK(rc == PP_OK, "%s: grid: %s", name, err.msg);
+    if (rc != PP_OK) {
+        free(s);
+        return;
+    }
+    pipe = pp_mpi_transport(g.pipe);
+    dpt = pp_mpi_transport(g.dp);
+    acts = (pp_action*)malloc(pp_schedule_size(kind, pp, v, m) * sizeof *acts);
+    rc = pp_schedule_make(kind, pp, v, m, acts, pp_schedule_size(kind, pp, v, m), &sc, &err);
+    if (rc == PP_OK) rc = pp_partition_uniform(model.n_layers, pp * v, first, &err);
+    CHECK(rc == PP_OK, "%s: %s", name, err.msg);
+    warena = (float*)malloc(n * sizeof(float));
+    garena = (float*)calloc(n, sizeof(float));
+    wref = (float*)malloc(n * sizeof(float));
+    gref = (float*)malloc(n * sizeof(float));
+    gtied = (float*)malloc(n * sizeof(float));
+    tlm_fill(warena, VOCAB, DIM, 42);
+    memcpy(wref, warena, n * sizeof(float));
+    tlm_layout(&w, warena, VOCAB, DIM, 0);
+    tlm_layout(&gw, garena, VOCAB, DIM, 0);
+    layer_range(TLM_HEAD_LAYER, &hoff, &hn);
+    pair[0] = owner_rank(&sc, first, TLM_EMBED_LAYER);
+    pair[1] = owner_rank(&sc, first, TLM_HEAD_LAYER);
+    for (l = 0; l < model.n_layers; l++) owns[l] = owner_rank(&sc, first, l) == g.grid.pp_rank;
+    /* The head's copy starts wrong on purpose; the sync must make it the embedding's. */
+    if (owns[TLM_HEAD_LAYER])
+        for (i = 0; i < nE; i++) warena[hoff + i] = 99.0f;
+    rc = pp_tied_sync_weights(&pipe, pair, owns[TLM_EMBED_LAYER] ? w.embed[0].E : NULL,
+                              owns[TLM_HEAD_LAYER] ? w.head[0].E : NULL, nE * sizeof(float), 30, &err);
+    CHECK(rc == PP_OK, "%s: tied weight sync: %s", name, err.msg);
+    if (owns[TLM_HEAD_LAYER])
+        CHECK(memcmp(warena + hoff, wref + hoff, nE * sizeof(float)) == 0, "%s: head copy after sync", name);
+    if (rc == PP_OK) {
+        pp_stage_desc d;
+        memset(&d, 0, sizeof d);
+        d.model = model;
+        d.weights = &w;
+        d.grads = &gw;
+        d.schedule = &sc;
+        d.partition = first;
+        d.rank = g.grid.pp_rank;
+        d.transport = pipe;
+        d.timeout_s = 60;
+        d.shapes = shapes;
+        d.max_seqs = NSEQ;
+        rc = pp_stage_create(&d, &st, &err);
+        CHECK(rc == PP_OK, "%s: stage: %s", name, err.msg);
+    }
+    for (step = 0; step < STEPS && rc == PP_OK; step++) {
+        pp_step_stats stats;
+        float loss_ref = 0;
+        memset(garena, 0, n * sizeof(float));
+        make_shard(s, g.grid.dp_rank, step, m);
+        if (shapes == PP_SHAPES_BROADCAST && g.grid.pp_rank != pair[0]) {
+            /* only the first stage's rank knows the batch; the others learn it from the broadcast */
+            memset(&s->b.input, 0, sizeof s->b.input);
+            s->b.cu_seqlens = NULL;
+            s->b.n_seqs = 0;
+        }
+        rc = pp_stage_step(st, &s->b, &stats);
+        CHECK(rc == PP_OK, "%s step %d: rank %d: %s", name, step, W_RANK, pp_stage_error(st));
+        if (rc != PP_OK) break;
+        rc = pp_tied_sum_grads(&pipe, pair, owns[TLM_EMBED_LAYER] ? gw.embed[0].E : NULL,
+                               owns[TLM_HEAD_LAYER] ? gw.head[0].E : NULL, nE, PP_F32, 30, &err);
+        if (rc == PP_OK) rc = pp_grad_allreduce(&dpt, NULL, 0, garena, n, PP_F32, 1.0 / g.grid.dp, 30, &err);
+        CHECK(rc == PP_OK, "%s step %d: gradient sync: %s", name, step, err.msg);
+        if (rc != PP_OK) break;
+        CHECK(reference_grads(wref, gref, gtied, g.grid.dp, step, m, g.grid.dp_rank, &loss_ref), "%s: reference", name);
+        for (l = 0; l < model.n_layers; l++) {
+            size_t off, cnt;
+            layer_range(l, &off, &cnt);
+            if (!cnt) continue;
+            if (owns[l]) {
+                CHECK(memcmp(garena + off, gref + off, cnt * sizeof(float)) == 0,
+                      "%s step %d: rank %d (pp %d, dp %d): gradient of layer %d differs from the reference", name, step,
+                      W_RANK, g.grid.pp_rank, g.grid.dp_rank, l);
+                if (l == TLM_EMBED_LAYER || l == TLM_HEAD_LAYER)
+                    CHECK(rel_diff(garena + off, gtied + (l == TLM_EMBED_LAYER ? 0 : hoff), cnt) < 1e-5,
+                          "%s step %d: tied gradient of layer %d vs the shared-matrix model: %g", name, step, l,
+                          rel_diff(garena + off, gtied + (l == TLM_EMBED_LAYER ? 0 : hoff), cnt));
+            } else {
+                for (i = 0; i < cnt && garena[off + i] == 0.0f; i++) {}
+                CHECK(i == cnt, "%s: rank %d touched layer %d, which it does not own", name, W_RANK, l);
+            }
+        }
+        if (stats.has_loss) CHECK(stats.loss == loss_ref, "%s step %d: loss %g, reference %g", name, step, stats.loss, loss_ref);
+        /* SGD on both sides, identically */
+        for (i = 0; i < n; i++) {
+            warena[i] -= LR * garena[i];
+            wref[i] -= LR * gref[i];
+        }
+    }
+    if (rc == PP_OK) {
+        /* after STEPS optimizer steps: owned weights equal the reference's, and the two tied
+           copies are bit-identical across their ranks (compared through MPI, not the transport) */
+        int bad = 0;
+        for (l = 0; l < model.n_layers; l++) {
+            size_t off, cnt;
+            layer_range(l, &off, &cnt);
+            if (owns[l] && cnt) bad += memcmp(warena + off, wref + off, cnt * sizeof(float)) != 0;
+        }
+        CHECK(bad == 0, "%s: rank %d: %d layers' weights differ from the reference after %d steps", name, W_RANK, bad,
+              STEPS);
+        if (pair[0] != pair[1]) {
+            float* other = (float*)malloc(nE * sizeof(float));
+            int wa = g.grid.pipe[pair[0]], wb = g.grid.pipe[pair[1]];
+            if (g.grid.pp_rank == pair[0]) MPI_Send(w.embed[0].E, (int)nE, MPI_FLOAT, wb, 5, MPI_COMM_WORLD);
+            if (g.grid.pp_rank == pair[1]) {
+                MPI_Recv(other, (int)nE, MPI_FLOAT, wa, 5, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                CHECK(memcmp(other, w.head[0].E, nE * sizeof(float)) == 0,
+                      "%s: tied copies differ between world ranks %d and %d after %d steps", name, wa, wb, STEPS);
+            }
+            free(other);
+        }
+    }
+    pp_stage_destroy(st);
+    pp_mpi_grid_destroy(&g);
+    free(acts);
+    free(warena);
+    free(garena);
+    free(wref);
+    free(gref);
+    free(gtied);
+    free(s);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+/* A rank fails mid-step (mode 0: its layer returns an error at micro-batch 1; mode 1: it never
+   steps at all). Every other rank must return an error well within its timeout, not hang. */
+static void fail_case(int mode) {
+    int pp = W_SIZE, m = 4, first[16 + 1], bad_rank = 1;
+    size_t n = tlm_param_count(VOCAB, DIM);
+    double timeout = mode == 0 ? 30.0 : 1.0, t0, dt;
+    pp_mpi_grid g;
+    pp_error err;
+    pp_schedule sc;
+    pp_action acts[8 * 2 * 4];
+    pp_stage* st = NULL;
+    pp_model model = tlm_model_desc();
+    tlm_model w, gw;
+    float* warena = (float*)malloc(n * sizeof(float));
+    float* garena = (float*)calloc(n, sizeof(float));
+    shard* s = (shard*)malloc(sizeof *s);
+    pp_stage_desc d;
+    pp_result rc;
+    rc = pp_mpi_grid_create(MPI_COMM_WORLD, pp, PP_GRID_DP_INNER, &g, &err);
+    if (rc == PP_OK) rc = pp_schedule_make(PP_SCHED_1F1B, pp, 1, m, acts, sizeof acts / sizeof acts[0], &sc, &err);
+    if (rc == PP_OK) rc = pp_partition_uniform(model.n_layers, pp, first, &err);
+    CHECK(rc == PP_OK, "fail case %d: setup: %s", mode, err.msg);
+    if (mode == 0) bad_rank = owner_rank(&sc, first, TLM_HEAD_LAYER); /* its head fails */
+    tlm_fill(warena, VOCAB, DIM, 42);
+    tlm_layout(&w, warena, VOCAB, DIM, 0);
+    tlm_layout(&gw, garena, VOCAB, DIM, 0);
+    if (mode == 0 && W_RANK == bad_rank) w.head[0].fail_mb = 1;
+    memset(&d, 0, sizeof d);
+    d.model = model;
+    d.weights = &w;
+    d.grads = &gw;
+    d.schedule = &sc;
+    d.partition = first;
+    d.rank = g.grid.pp_rank;
+    d.transport = pp_mpi_transport(g.pipe);
+    d.timeout_s = timeout;
+    if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
+    CHECK(rc == PP_OK, "fail case %d: stage: %s", mode, err.msg);
+    make_shard(s, 0, 0, m);
+    t0 = MPI_Wtime();
+    if (rc == PP_OK && !(mode == 1 && W_RANK == bad_rank)) {
+        rc = pp_stage_step(st, &s->b, NULL);
+        dt = MPI_Wtime() - t0;
+        if (W_RANK == bad_rank) {
+            CHECK(rc == PP_ERR_LAYER, "fail case %d: the failing rank returned %s", mode, pp_result_str(rc));
+        } else {
+            CHECK(rc == PP_ERR_ABORTED || rc == PP_ERR_TIMEOUT, "fail case %d: rank %d returned %s (%s)", mode, W_RANK,
+                  pp_result_str(rc), pp_stage_error(st));
+            if (mode == 0)
+                CHECK(rc == PP_ERR_ABORTED, "fail case 0: rank %d should hear the abort, got %s", W_RANK, pp_result_str(rc));
+            CHECK(dt < timeout * 2 + 3.0, "fail case %d: rank %d took %.2f s (timeout %.1f s)", mode, W_RANK, dt, timeout);
+            if (mode == 0) CHECK(dt < 5.0, "fail case 0: rank %d took %.2f s to hear the abort", W_RANK, dt);
+        }
+    }
+    pp_stage_destroy(st);
+    pp_mpi_grid_destroy(&g);
+    free(warena);
+    free(garena);
+    free(s);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+static void env_and_grid_checks(void) {
+    pp_launch L;
+    pp_grid g;
+    pp_error err;
+    int r, seen[8] = {0};
+    /* under mpirun the Open MPI variables are set */
+    CHECK(pp_launch_from_env(&L, &err) == PP_OK, "launch env: %s", err.msg);
+    CHECK(L.rank == W_RANK && L.world == W_SIZE, "launch env says rank %d of %d, MPI says %d of %d", L.rank, L.world,
+          W_RANK, W_SIZE);
+    /* grid arithmetic: pp = 4, dp = 2 in both orders covers every world rank once */
+    for (r = 0; r < 8; r++) {
+        CHECK(pp_grid_make(8, r, 4, PP_GRID_DP_INNER, &g, &err) == PP_OK, "grid: %s", err.msg);
+        CHECK(pp_grid_rank(&g, g.pp_rank, g.dp_rank) == r, "grid rank %d round trip", r);
+        CHECK(g.pipe[g.pp_rank] == r && g.dp_group[g.dp_rank] == r, "grid groups of rank %d", r);
+        CHECK(g.tied[0] == pp_grid_rank(&g, 0, g.dp_rank) && g.tied[1] == pp_grid_rank(&g, 3, g.dp_rank), "tied pair");
+        seen[g.pp_rank * 2 + g.dp_rank]++;
+        CHECK(pp_grid_make(8, r, 4, PP_GRID_PP_INNER, &g, &err) == PP_OK && g.pp_rank == r % 4 && g.dp_rank == r / 4,
+              "pp-inner grid of rank %d", r);
+    }
+    for (r = 0; r < 8; r++) CHECK(seen[r] == 1, "grid cell %d covered %d times", r, seen[r]);
+    CHECK(pp_grid_make(6, 0, 4, PP_GRID_DP_INNER, &g, &err) == PP_ERR_INVALID, "6 ranks are not a multiple of pp = 4");
+    CHECK(pp_grid_make(8, 8, 4, PP_GRID_DP_INNER, &g, &err) == PP_ERR_INVALID, "rank 8 of 8");
+}
+
+int main(int argc, char** argv) {
+    static const pp_schedule_kind kinds[3] = {PP_SCHED_GPIPE, PP_SCHED_1F1B, PP_SCHED_INTERLEAVED};
+    int pps[2] = {2, 4}, i, k, totals[2], mine[2];
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &W_RANK);
+    MPI_Comm_size(MPI_COMM_WORLD, &W_SIZE);
+    env_and_grid_checks();
+    for (i = 0; i < 2; i++) {
+        int pp = pps[i];
+        if (W_SIZE % pp != 0 || W_SIZE / pp > 2) continue; /* pp in {2, 4} x dp in {1, 2} */
+        for (k = 0; k < 3; k++) run_case(kinds[k], pp, kinds[k] == PP_SCHED_INTERLEAVED ? 2 : 1, 5, PP_SHAPES_LOCAL);
+        run_case(PP_SCHED_1F1B, pp, 1, 4, PP_SHAPES_BROADCAST);
+        run_case(PP_SCHED_1F1B, pp, 1, 4, PP_SHAPES_PER_MESSAGE);
+        run_case(PP_SCHED_INTERLEAVED, pp, 2, 4, PP_SHAPES_AUTO);
+    }
+    if (W_SIZE >= 2 && W_SIZE <= 8) {
+        fail_case(0);
+        fail_case(1);
+    }
+    mine[0] = _t_pass;
+    mine[1] = _t_fail;
+    MPI_Reduce(mine, totals, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    MPI_Finalize();
+    if (W_RANK == 0) {
+        char name[32];
+        snprintf(name, sizeof name, "test_mpi (np %d)", W_SIZE);
+        _t_pass = totals[0];
+        _t_fail = totals[1];
+        return TEST_DONE(name);
+    }
+    return _t_fail ? 1 : 0;
+}
