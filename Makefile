@@ -27,7 +27,7 @@ ifeq ($(HAVE_MPI),1)
 MPIRUN_FLAGS ?= $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && \
   echo --oversubscribe --mca btl_vader_single_copy_mechanism none $$([ "$$(id -u)" = 0 ] && echo --allow-run-as-root))
 MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8
-MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/bench_mpi
+MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/bench_mpi $(B)/clang-test_mpi.o $(B)/mpi-cxx.o
 else
 MPI_TESTS =
 MPI_BINS  =
@@ -61,6 +61,40 @@ $(B)/tlm_mpi: examples/tlm_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 $(B)/bench_mpi: bench/bench_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
+# NCCL (optional): pipeline_nccl.h compiles and links against NCCL and the CUDA runtime, as C99
+# (gcc, clang), C++ and under nvcc; test_nccl runs its CPU part (schedule order proofs) in make
+# test, and its one-rank GPU part where a GPU exists. CUDA headers are not -pedantic clean:
+# they come in as system headers.
+CUDA_HOME ?= /usr/local/cuda
+HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h && test -f $(CUDA_HOME)/lib64/libcudart.so && echo 1)
+NCCL_FLAGS = -isystem $(CUDA_HOME)/include
+NCCL_LIBS  = -L$(CUDA_HOME)/lib64 -lnccl -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
+ifeq ($(HAVE_NCCL),1)
+NCCL_TESTS = $(B)/test_nccl
+else
+NCCL_TESTS =
+endif
+
+$(B)/test_nccl: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_nccl.h | $(B)
+	$(CC) $(BASE) $(NCCL_FLAGS) $(CFLAGS) $< -o $@ $(NCCL_LIBS) $(LDLIBS)
+
+check-nccl: | $(B)
+	@if [ "$(HAVE_NCCL)" = 1 ]; then \
+	  $(MAKE) --no-print-directory $(B)/test_nccl && \
+	  $(CLANG) $(BASE) $(NCCL_FLAGS) -c tests/test_nccl.c -o $(B)/nccl-clang.o && \
+	  $(CXX) -std=c++11 $(WARN) -I. $(NCCL_FLAGS) -x c++ -c tests/test_nccl.c -o $(B)/nccl-cxx.o && \
+	  { ! command -v $(NVCC) >/dev/null 2>&1 || $(NVCC) -std=c++17 -x cu -I. -c tests/test_nccl.c -o $(B)/nccl-nvcc.o; } && \
+	  { [ "$(HAVE_MPI)" != 1 ] || $(MPICC) $(BASE) $(NCCL_FLAGS) -include mpi.h -c tests/test_nccl.c -o $(B)/nccl-mpi.o; } && \
+	  echo "check-nccl: pipeline_nccl.h compiles (gcc, clang, C++, nvcc$(if $(filter 1,$(HAVE_MPI)), and with MPI)) and links"; \
+	else echo "check-nccl: nccl.h/libcudart not found under $(CUDA_HOME), skipped"; fi
+
+# pipeline_mpi.h under clang and as C++ (without MPI's own C++ bindings, which are not -Wextra clean)
+$(B)/clang-test_mpi.o: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(CLANG) $(BASE) $(CFLAGS) $$($(MPICC) -showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-) -c $< -o $@
+
+$(B)/mpi-cxx.o: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	OMPI_CC=$(CXX) MPICH_CC=$(CXX) $(MPICC) -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX -std=c++11 $(WARN) -I. -x c++ -c $< -o $@
+
 # A test "binary" per world size: a script tests/run.sh runs like any other test.
 $(B)/mpi-np%: $(B)/test_mpi
 	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_mpi\n' > $@ && chmod +x $@
@@ -90,9 +124,9 @@ $(B)/clang-ex-%: examples/%.c $(EXH) $(HEADERS) | $(B)
 TEST_BINS = $(addprefix $(B)/,$(TESTS)) $(addprefix $(B)/clang-,$(TESTS)) \
             $(addprefix $(B)/asan-,$(TESTS)) $(addprefix $(B)/tsan-,$(TESTS))
 
-test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx $(MPI_BINS) $(MPI_TESTS)
+test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx $(MPI_BINS) $(MPI_TESTS) $(NCCL_TESTS)
 	@[ -n "$(MPI_TESTS)" ] || echo "MPI tests skipped: $(MPICC)/$(MPIRUN) not found (apt-get install openmpi-bin libopenmpi-dev)"
-	@sh tests/run.sh $(TEST_BINS) $(MPI_TESTS)
+	@sh tests/run.sh $(TEST_BINS) $(MPI_TESTS) $(NCCL_TESTS)
 
 test-mpi: $(MPI_TESTS)
 	@[ -n "$(MPI_TESTS)" ] || echo "MPI tests skipped: $(MPICC)/$(MPIRUN) not found"

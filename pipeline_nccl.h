@@ -1,0 +1,749 @@
+/* pipeline_nccl.h - pipeline.h's transport for one process per GPU, over NCCL.
+   v0.1.0   public domain / MIT (see pipeline.h)
+
+   Include after pipeline.h (and after <mpi.h> if you want the MPI bootstrap); in the one file
+   that defines PIPELINE_IMPLEMENTATION its implementation comes along. C99 and C++; link with
+   -lnccl -lcudart. It launches no kernel of its own besides NCCL's.
+
+   WHAT IT DOES
+   - pp_nccl: a pp_transport over one NCCL communicator. isend/irecv queue ncclSend/ncclRecv;
+     the queue is issued as one ncclGroupStart/ncclGroupEnd batch on the transport's own
+     communication stream whenever a send is posted (outside an executor group) or anything is
+     waited for, so the paired sends and receives of a step cannot deadlock on each other (the
+     same pairing Megatron's batched p2p uses). A send first makes the communication stream wait
+     on an event recorded on the compute stream at isend time (the producing kernels), and a
+     completed receive makes the compute stream wait on the batch's completion event: transfers
+     overlap the compute already queued. Byte counts are exact (the step plan's, varlen
+     included). Buffers are normally device memory (the device block pool of pipeline_cuda.h);
+     a host buffer (BROADCAST's step metadata) is staged through a device bounce buffer.
+   - NCCL has no tags: messages between two ranks match in the order they are posted. The
+     executor posts in schedule order, so the order agrees on both sides when every rank's list
+     implies the same per-pair sequence; pp_nccl_check_order proves that for a schedule. It holds
+     for GPipe, 1F1B and interleaved with p >= 3; with p = 2 one pair of ranks carries both
+     activations and gradients, and interleaved p = 2 with an odd m >= 5 posts them in another
+     order than they are sent (found by the check, tests/test_nccl.c): such a schedule, or a
+     user's list that breaks the order, is refused with the first mismatching message named.
+     Use the MPI transport (tags) or another m there.
+   - Waits poll (cudaEventQuery and ncclCommGetAsyncError) against the deadline; on a timeout
+     or an NCCL error the communicator is aborted (ncclCommAbort), so this rank returns
+     PP_ERR_TIMEOUT / PP_ERR_TRANSPORT instead of hanging, and its peers' waits fail the same way
+     within their own timeouts. transport.abort also calls ncclCommAbort. An aborted transport
+     stays aborted: destroy it and build a new communicator.
+   - Bootstrap: pp_launch_from_env (pipeline.h) gives rank, world and local rank from mpirun,
+     srun or torchrun; the ncclUniqueId travels by MPI_Bcast (pp_nccl_unique_id_mpi, when
+     <mpi.h> was included first) or through a file on a shared filesystem
+     (pp_nccl_unique_id_file, with a deadline); pp_nccl_comm_init binds the GPU (local rank modulo
+     the device count) and creates the communicator without blocking past its deadline.
+   - Grid: pp_nccl_grid_create splits the world communicator with ncclCommSplit (NCCL >= 2.18)
+     into the pipeline group and the data-parallel group of a pp x dp grid (pipeline.h's
+     pp_grid colours); tied layers use the pipeline transport with the pair of ranks that own
+     them (pp_tied_sum_grads), data parallelism the dp transport (pp_grad_allreduce).
+
+   USAGE (one process per GPU; examples/gpt_nccl.cu where present)
+       pp_launch L; pp_launch_from_env(&L, &err);
+       ncclUniqueId id; pp_nccl_unique_id_mpi(MPI_COMM_WORLD, &id, &err);   // or _file
+       ncclComm_t world; pp_nccl_comm_init(&L, &id, 60, &world, &err);
+       pp_nccl_grid g; pp_nccl_grid_create(world, pp, PP_GRID_DP_INNER, stream, 60, &g, &err);
+       d.transport = pp_nccl_transport(g.pipe); d.rank = g.grid.pp_rank;   // + device hooks
+       ... pp_stage_step, pp_tied_sum_grads(&pipe, pair, ...), pp_grad_allreduce(&dp, ...)
+
+   WHAT WAS RUN: this header compiles and links in CI (make check-nccl); it has not been run on
+   several GPUs (NCCL refuses two ranks on one GPU). See README, "Multi-process".
+*/
+#ifndef PIPELINE_NCCL_H
+#define PIPELINE_NCCL_H
+
+#include "pipeline.h"
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pp_nccl pp_nccl;
+
+typedef struct pp_nccl_desc {
+    ncclComm_t comm;            /* an initialised communicator */
+    cudaStream_t compute;       /* the stream the layers run on (0: the legacy default stream) */
+    int own_comm;               /* 1: pp_nccl_destroy destroys comm */
+} pp_nccl_desc;
+
+pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err);
+void pp_nccl_destroy(pp_nccl* t);
+pp_transport pp_nccl_transport(pp_nccl* t);
+cudaStream_t pp_nccl_comm_stream(const pp_nccl* t);
+void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs);
+const char* pp_nccl_error(const pp_nccl* t);
+
+/* Bootstrap. The file variant: rank 0 creates the id and writes it to path atomically (write,
+   then rename); the others poll for the file until timeout_s. Use a path unique to the job
+   (e.g. with $SLURM_JOB_ID): a stale file from an earlier run would be read. */
+pp_result pp_nccl_unique_id_file(const char* path, int rank, double timeout_s, ncclUniqueId* id, pp_error* err);
+/* cudaSetDevice(local_rank % devices), then ncclCommInitRankConfig (non-blocking) polled until
+   timeout_s; on a timeout the half-made communicator is aborted. */
+pp_result pp_nccl_comm_init(const pp_launch* L, const ncclUniqueId* id, double timeout_s, ncclComm_t* comm,
+                            pp_error* err);
+
+/* The pp x dp grid over a world communicator: pipe (rank grid.pp_rank) and dp (rank
+   grid.dp_rank), both on the compute stream given. Needs ncclCommSplit (NCCL >= 2.18); older
+   NCCL answers PP_ERR_UNSUPPORTED. */
+typedef struct pp_nccl_grid {
+    pp_grid grid;
+    pp_nccl* pipe;
+    pp_nccl* dp;
+} pp_nccl_grid;
+
+pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cudaStream_t compute, double timeout_s,
+                              pp_nccl_grid* out, pp_error* err);
+void pp_nccl_grid_destroy(pp_nccl_grid* g);
+
+/* Proves that, under schedule s, each ordered pair of ranks posts its receives in the order
+   the sender sends (NCCL matches by order, not by tag). PP_ERR_UNSUPPORTED names the first
+   pair and message where they differ. Pure: no GPU needed. */
+pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err);
+
+#if defined(MPI_VERSION)
+/* Rank 0 of comm creates the id; MPI_Bcast gives it to everyone. */
+pp_result pp_nccl_unique_id_mpi(MPI_Comm comm, ncclUniqueId* id, pp_error* err);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PIPELINE_NCCL_H */
+
+/* >>impl-nccl ================================================================================= */
+#if defined(PIPELINE_IMPLEMENTATION) && !defined(PIPELINE_NCCL_IMPLEMENTATION_DONE)
+#define PIPELINE_NCCL_IMPLEMENTATION_DONE
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One batch of operations issued in one NCCL group; its ops complete together. */
+typedef struct _ppn_batch {
+    cudaEvent_t done;
+    int refs;                   /* ops not yet waited for */
+    int complete;
+} _ppn_batch;
+
+typedef struct _ppn_op {
+    struct _ppn_op *next, *prev;   /* the transport's list of every live op */
+    int is_recv, peer, tag;
+    void* buf;                  /* the caller's buffer */
+    void* dev;                  /* what NCCL reads or writes: buf, or a bounce buffer */
+    int host;                   /* buf is host memory: staged through dev */
+    size_t bytes;
+    cudaEvent_t ready;          /* sends: the compute stream's work producing buf */
+    _ppn_batch* batch;          /* NULL while queued */
+    int queued;
+} _ppn_op;
+
+struct pp_nccl {
+    ncclComm_t comm;
+    int own_comm, rank, size, aborted, in_group;
+    cudaStream_t compute, stream;
+    _ppn_op* ops;               /* every live op; the queued ones are those with !batch */
+    int n_queued;
+    uint64_t bytes_sent, msgs_sent;
+    char err[256];
+};
+
+static void _ppn_note(pp_nccl* t, const char* what, const char* detail) {
+    snprintf(t->err, sizeof t->err, "rank %d: %s: %s", t->rank, what, detail ? detail : "");
+}
+
+static pp_result _ppn_cuda(pp_nccl* t, cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return PP_OK;
+    _ppn_note(t, what, cudaGetErrorString(e));
+    return e == cudaErrorMemoryAllocation ? PP_ERR_NOMEM : PP_ERR_TRANSPORT;
+}
+
+static pp_result _ppn_nccl(pp_nccl* t, ncclResult_t r, const char* what) {
+    if (r == ncclSuccess || r == ncclInProgress) return PP_OK;
+    _ppn_note(t, what, ncclGetErrorString(r));
+    return PP_ERR_TRANSPORT;
+}
+
+static void _ppn_abort_comm(pp_nccl* t) {
+    if (!t->aborted) {
+        t->aborted = 1;
+        ncclCommAbort(t->comm);
+    }
+}
+
+static void _ppn_sleep_us(long us) {
+    struct timespec ts;
+    ts.tv_sec = us / 1000000L;
+    ts.tv_nsec = (us % 1000000L) * 1000L;
+    nanosleep(&ts, NULL);
+}
+
+static int _ppn_is_host(const void* p) {
+    struct cudaPointerAttributes a;
+    memset(&a, 0, sizeof a);
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* clear: an unregistered host pointer is not an error */
+        return 1;
+    }
+    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+}
+
+static void _ppn_batch_release(_ppn_batch* b) {
+    if (b && --b->refs == 0) {
+        cudaEventDestroy(b->done);
+        PP_FREE(b);
+    }
+}
+
+static void _ppn_op_free(pp_nccl* t, _ppn_op* op) {
+    if (op->prev) op->prev->next = op->next; else t->ops = op->next;
+    if (op->next) op->next->prev = op->prev;
+    if (!op->batch && op->queued) t->n_queued--;
+    if (op->ready) cudaEventDestroy(op->ready);
+    if (op->host && op->dev) cudaFree(op->dev);
+    _ppn_batch_release(op->batch);
+    PP_FREE(op);
+}
+
+/* Issues every queued op as one NCCL group on the communication stream. */
+static pp_result _ppn_flush(pp_nccl* t) {
+    _ppn_batch* b;
+    _ppn_op* op;
+    pp_result rc = PP_OK;
+    if (!t->n_queued) return PP_OK;
+    if (t->aborted) return PP_ERR_ABORTED;
+    b = (_ppn_batch*)_pp_calloc(1, sizeof *b);
+    if (!b) return PP_ERR_NOMEM;
+    if ((rc = _ppn_cuda(t, cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming), "cudaEventCreate")) != PP_OK) {
+        PP_FREE(b);
+        return rc;
+    }
+    /* producers first: the communication stream waits for each send's compute */
+    for (op = t->ops; op && rc == PP_OK; op = op->next)
+        if (op->queued && !op->batch && !op->is_recv) {
+            if (op->ready) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->stream, op->ready, 0), "cudaStreamWaitEvent");
+            if (rc == PP_OK && op->host)
+                rc = _ppn_cuda(t, cudaMemcpyAsync(op->dev, op->buf, op->bytes, cudaMemcpyHostToDevice, t->stream),
+                               "staging a host send");
+        }
+    if (rc == PP_OK) rc = _ppn_nccl(t, ncclGroupStart(), "ncclGroupStart");
+    /* issue in posting order (the list is newest first: walk it from the tail) */
+    if (rc == PP_OK) {
+        _ppn_op* tail = t->ops;
+        while (tail && tail->next) tail = tail->next;
+        for (op = tail; op && rc == PP_OK; op = op->prev) {
+            if (!op->queued || op->batch) continue;
+            if (op->is_recv)
+                rc = _ppn_nccl(t, ncclRecv(op->dev, op->bytes, ncclUint8, op->peer, t->comm, t->stream), "ncclRecv");
+            else
+                rc = _ppn_nccl(t, ncclSend(op->dev, op->bytes, ncclUint8, op->peer, t->comm, t->stream), "ncclSend");
+            if (rc == PP_OK) {
+                op->batch = b;
+                b->refs++;
+                t->n_queued--;
+            }
+        }
+        if (rc == PP_OK) rc = _ppn_nccl(t, ncclGroupEnd(), "ncclGroupEnd");
+        else ncclGroupEnd();
+    }
+    /* host receives come back to the host once the group is done */
+    for (op = t->ops; op && rc == PP_OK; op = op->next)
+        if (op->batch == b && op->is_recv && op->host)
+            rc = _ppn_cuda(t, cudaMemcpyAsync(op->buf, op->dev, op->bytes, cudaMemcpyDeviceToHost, t->stream),
+                           "unstaging a host receive");
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(b->done, t->stream), "cudaEventRecord");
+    if (b->refs == 0) {
+        cudaEventDestroy(b->done);
+        PP_FREE(b);
+    }
+    if (rc != PP_OK) _ppn_abort_comm(t);
+    return rc;
+}
+
+static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
+    _ppn_op* op;
+    pp_result rc = PP_OK;
+    if (!req || peer < 0 || peer >= t->size || peer == t->rank || (bytes && !buf)) return PP_ERR_INVALID;
+    memset(req, 0, sizeof *req);
+    if (t->aborted) return PP_ERR_ABORTED;
+    if (!(op = (_ppn_op*)_pp_calloc(1, sizeof *op))) return PP_ERR_NOMEM;
+    op->is_recv = is_recv;
+    op->peer = peer;
+    op->tag = tag;
+    op->buf = buf;
+    op->dev = buf;
+    op->bytes = bytes;
+    op->host = bytes ? _ppn_is_host(buf) : 0;
+    if (op->host) rc = _ppn_cuda(t, cudaMalloc(&op->dev, bytes), "cudaMalloc (bounce buffer)");
+    if (rc == PP_OK && !is_recv) {
+        rc = _ppn_cuda(t, cudaEventCreateWithFlags(&op->ready, cudaEventDisableTiming), "cudaEventCreate");
+        if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(op->ready, t->compute), "cudaEventRecord");
+    }
+    if (rc != PP_OK) {
+        if (op->ready) cudaEventDestroy(op->ready);
+        if (op->host && op->dev) cudaFree(op->dev);
+        PP_FREE(op);
+        return rc;
+    }
+    op->queued = 1;
+    op->next = t->ops;
+    if (t->ops) t->ops->prev = op;
+    t->ops = op;
+    t->n_queued++;
+    req->impl = op;
+    req->id = tag;
+    if (!is_recv) {
+        t->bytes_sent += bytes;
+        t->msgs_sent++;
+        if (!t->in_group) rc = _ppn_flush(t);
+    }
+    return rc;
+}
+
+static pp_result _ppn_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
+    return _ppn_post((pp_nccl*)self, 0, peer, tag, (void*)(uintptr_t)buf, bytes, req);
+}
+
+static pp_result _ppn_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
+    return _ppn_post((pp_nccl*)self, 1, peer, tag, buf, bytes, req);
+}
+
+static pp_result _ppn_group_start(void* self) {
+    ((pp_nccl*)self)->in_group++;
+    return PP_OK;
+}
+
+/* The executor brackets the receives it posts ahead; they stay queued until the next send or
+   wait, so they travel in one group with the sends that pair with them. */
+static pp_result _ppn_group_end(void* self) {
+    pp_nccl* t = (pp_nccl*)self;
+    if (t->in_group > 0) t->in_group--;
+    return PP_OK;
+}
+
+/* 1 when the batch is done, 0 while it runs; an error otherwise. */
+static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
+    cudaError_t e;
+    ncclResult_t ar = ncclSuccess;
+    *done = 0;
+    if (b->complete) {
+        *done = 1;
+        return PP_OK;
+    }
+    e = cudaEventQuery(b->done);
+    if (e == cudaSuccess) {
+        b->complete = 1;
+        *done = 1;
+        return PP_OK;
+    }
+    if (e != cudaErrorNotReady) return _ppn_cuda(t, e, "cudaEventQuery");
+    if (ncclCommGetAsyncError(t->comm, &ar) != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress)) {
+        _ppn_note(t, "NCCL reported an asynchronous error", ncclGetErrorString(ar));
+        return PP_ERR_TRANSPORT;
+    }
+    return PP_OK;
+}
+
+static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
+    pp_nccl* t = (pp_nccl*)self;
+    _ppn_op* op = (_ppn_op*)req->impl;
+    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, deadline = _pp_now() + dt;
+    pp_result rc;
+    int done = 0, round = 0, peer;
+    if (req->done || !op) return PP_OK;
+    peer = op->peer;
+    if (t->aborted) {
+        _ppn_op_free(t, op);
+        req->impl = NULL;
+        req->done = 1;
+        return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted (%s)", t->rank, t->err);
+    }
+    if (!op->batch && (rc = _ppn_flush(t)) != PP_OK) {
+        _ppn_op_free(t, op);
+        req->impl = NULL;
+        req->done = 1;
+        return _pp_fail(err, rc, "%s", t->err);
+    }
+    for (;; round++) {
+        if ((rc = _ppn_query(t, op->batch, &done)) != PP_OK) break;
+        if (done) break;
+        if (_pp_now() > deadline) {
+            _ppn_note(t, "timeout", "a transfer did not complete; communicator aborted");
+            rc = PP_ERR_TIMEOUT;
+            break;
+        }
+        if (round > 100) _ppn_sleep_us(round > 1000 ? 500 : 20);
+    }
+    if (rc == PP_OK && op->is_recv && !op->host)
+        rc = _ppn_cuda(t, cudaStreamWaitEvent(t->compute, op->batch->done, 0), "cudaStreamWaitEvent");
+    _ppn_op_free(t, op);
+    req->impl = NULL;
+    req->done = 1;
+    if (rc == PP_OK) return PP_OK;
+    _ppn_abort_comm(t);
+    if (rc == PP_ERR_TIMEOUT)
+        return _pp_fail(err, rc, "rank %d waited %.3g s for rank %d over NCCL and got nothing (communicator aborted)",
+                        t->rank, dt, peer);
+    return _pp_fail(err, rc, "%s", t->err);
+}
+
+static pp_result _ppn_test(void* self, pp_request* req, int* done) {
+    pp_nccl* t = (pp_nccl*)self;
+    _ppn_op* op = (_ppn_op*)req->impl;
+    pp_result rc;
+    *done = 0;
+    if (req->done || !op) {
+        *done = 1;
+        return PP_OK;
+    }
+    if (!op->batch) return PP_OK; /* still queued: it goes out with the next send or wait */
+    if ((rc = _ppn_query(t, op->batch, done)) != PP_OK) return rc;
+    if (*done && !op->is_recv) {
+        _ppn_op_free(t, op);
+        req->impl = NULL;
+        req->done = 1;
+    } else if (*done) {
+        *done = 0; /* a receive's completion is reported by its wait, which orders the compute stream */
+    }
+    return PP_OK;
+}
+
+static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
+                                double timeout_s, pp_error* err) {
+    pp_nccl* t = (pp_nccl*)self;
+    int i, whole = ranks && n_ranks == t->size, host, done = 0, round = 0;
+    size_t bytes = count * pp_dtype_size(dtype);
+    void* dev;
+    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, deadline = _pp_now() + dt;
+    cudaEvent_t ev = NULL;
+    pp_result rc = PP_OK;
+    for (i = 0; whole && i < n_ranks; i++)
+        if (ranks[i] != i) whole = 0;
+    if (!whole) {
+        pp_transport tr = pp_nccl_transport(t);
+        return pp_allreduce_p2p(&tr, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+    }
+    if (!buf || (dtype != PP_F32 && dtype != PP_F64))
+        return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a buffer and an f32/f64 dtype");
+    if (n_ranks == 1 || count == 0) return PP_OK;
+    if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted", t->rank);
+    if ((rc = _ppn_flush(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
+    host = _ppn_is_host(buf);
+    dev = buf;
+    if (host) rc = _ppn_cuda(t, cudaMalloc(&dev, bytes), "cudaMalloc (all-reduce bounce)");
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+    /* the gradients are complete when the compute stream gets here */
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ev, t->compute), "cudaEventRecord");
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->stream, ev, 0), "cudaStreamWaitEvent");
+    if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaMemcpyAsync(dev, buf, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
+    if (rc == PP_OK)
+        rc = _ppn_nccl(t, ncclAllReduce(dev, dev, count, dtype == PP_F32 ? ncclFloat32 : ncclFloat64, ncclSum, t->comm, t->stream),
+                       "ncclAllReduce");
+    if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaMemcpyAsync(buf, dev, bytes, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ev, t->stream), "cudaEventRecord");
+    while (rc == PP_OK) {
+        _ppn_batch b;
+        memset(&b, 0, sizeof b);
+        b.done = ev;
+        if ((rc = _ppn_query(t, &b, &done)) != PP_OK || done) break;
+        if (_pp_now() > deadline) {
+            _ppn_note(t, "timeout", "all-reduce did not complete; communicator aborted");
+            rc = PP_ERR_TIMEOUT;
+            break;
+        }
+        if (++round > 100) _ppn_sleep_us(round > 1000 ? 500 : 20);
+    }
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->compute, ev, 0), "cudaStreamWaitEvent");
+    if (ev) cudaEventDestroy(ev);
+    if (host && dev) cudaFree(dev);
+    if (rc == PP_OK) return PP_OK;
+    _ppn_abort_comm(t);
+    return _pp_fail(err, rc, "%s", t->err);
+}
+
+static void _ppn_abort(void* self, pp_result why, const char* msg) {
+    pp_nccl* t = (pp_nccl*)self;
+    char tmp[200];
+    snprintf(tmp, sizeof tmp, "%s (%s)", pp_result_str(why), msg ? msg : "");
+    _ppn_note(t, "aborted", tmp);
+    _ppn_abort_comm(t);
+}
+
+pp_transport pp_nccl_transport(pp_nccl* t) {
+    pp_transport tr;
+    memset(&tr, 0, sizeof tr);
+    if (!t) return tr;
+    tr.self = t;
+    tr.rank = t->rank;
+    tr.size = t->size;
+    tr.isend = _ppn_isend;
+    tr.irecv = _ppn_irecv;
+    tr.wait = _ppn_wait;
+    tr.test = _ppn_test;
+    tr.group_start = _ppn_group_start;
+    tr.group_end = _ppn_group_end;
+    tr.allreduce_sum = _ppn_allreduce;
+    tr.abort = _ppn_abort;
+    return tr;
+}
+
+pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
+    pp_nccl* t;
+    cudaError_t e;
+    if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    *out = NULL;
+    if (!d || !d->comm) return _pp_fail(err, PP_ERR_INVALID, "pp_nccl_create needs a communicator");
+    if (!(t = (pp_nccl*)_pp_calloc(1, sizeof *t))) return _pp_fail(err, PP_ERR_NOMEM, "NCCL transport");
+    t->comm = d->comm;
+    t->own_comm = d->own_comm;
+    t->compute = d->compute;
+    if (ncclCommUserRank(t->comm, &t->rank) != ncclSuccess || ncclCommCount(t->comm, &t->size) != ncclSuccess) {
+        PP_FREE(t);
+        return _pp_fail(err, PP_ERR_TRANSPORT, "cannot read the communicator's rank and size");
+    }
+    if (t->size > PP_MAX_RANKS) {
+        int n = t->size;
+        PP_FREE(t);
+        return _pp_fail(err, PP_ERR_INVALID, "communicator has %d ranks, PP_MAX_RANKS is %d", n, PP_MAX_RANKS);
+    }
+    if ((e = cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        PP_FREE(t);
+        return _pp_fail(err, PP_ERR_TRANSPORT, "cudaStreamCreate: %s", cudaGetErrorString(e));
+    }
+    *out = t;
+    return PP_OK;
+}
+
+void pp_nccl_destroy(pp_nccl* t) {
+    if (!t) return;
+    if (!t->aborted) cudaStreamSynchronize(t->stream);
+    while (t->ops) _ppn_op_free(t, t->ops);
+    cudaStreamDestroy(t->stream);
+    if (t->own_comm && !t->aborted) ncclCommDestroy(t->comm);
+    PP_FREE(t);
+}
+
+cudaStream_t pp_nccl_comm_stream(const pp_nccl* t) { return t ? t->stream : NULL; }
+
+void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs) {
+    if (bytes) *bytes = t ? t->bytes_sent : 0;
+    if (msgs) *msgs = t ? t->msgs_sent : 0;
+}
+
+const char* pp_nccl_error(const pp_nccl* t) { return t ? t->err : "transport is NULL"; }
+
+pp_result pp_nccl_unique_id_file(const char* path, int rank, double timeout_s, ncclUniqueId* id, pp_error* err) {
+    char tmp[1024];
+    double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
+    FILE* f;
+    if (!path || !id) return _pp_fail(err, PP_ERR_INVALID, "unique id file needs a path and an output");
+    if (strlen(path) + 16 > sizeof tmp) return _pp_fail(err, PP_ERR_INVALID, "path is too long");
+    if (rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(id);
+        if (r != ncclSuccess) return _pp_fail(err, PP_ERR_TRANSPORT, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        if (!(f = fopen(tmp, "wb"))) return _pp_fail(err, PP_ERR_TRANSPORT, "cannot write %s", tmp);
+        if (fwrite(id, sizeof *id, 1, f) != 1) {
+            fclose(f);
+            return _pp_fail(err, PP_ERR_TRANSPORT, "cannot write %s", tmp);
+        }
+        if (fclose(f) != 0 || rename(tmp, path) != 0)
+            return _pp_fail(err, PP_ERR_TRANSPORT, "cannot publish %s", path);
+        return PP_OK;
+    }
+    for (;;) {
+        if ((f = fopen(path, "rb")) != NULL) {
+            size_t got = fread(id, sizeof *id, 1, f);
+            fclose(f);
+            if (got == 1) return PP_OK;
+        }
+        if (_pp_now() > deadline)
+            return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank 0 to write %s", rank,
+                            timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, path);
+        _ppn_sleep_us(10000);
+    }
+}
+
+/* Polls a non-blocking communicator until it is ready, failed, or the deadline passed. */
+static pp_result _ppn_settle(ncclComm_t c, double deadline, const char* what, pp_error* err) {
+    for (;;) {
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(c, &st) != ncclSuccess) st = ncclInternalError;
+        if (st == ncclSuccess) return PP_OK;
+        if (st != ncclInProgress) {
+            ncclCommAbort(c);
+            return _pp_fail(err, PP_ERR_TRANSPORT, "%s: %s", what, ncclGetErrorString(st));
+        }
+        if (_pp_now() > deadline) {
+            ncclCommAbort(c);
+            return _pp_fail(err, PP_ERR_TIMEOUT, "%s did not finish before the deadline (communicator aborted)", what);
+        }
+        _ppn_sleep_us(1000);
+    }
+}
+
+pp_result pp_nccl_comm_init(const pp_launch* L, const ncclUniqueId* id, double timeout_s, ncclComm_t* comm,
+                            pp_error* err) {
+    int ndev = 0;
+    cudaError_t e;
+    ncclResult_t r;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
+    if (!L || !id || !comm) return _pp_fail(err, PP_ERR_INVALID, "pp_nccl_comm_init needs a launch, an id and an output");
+    *comm = NULL;
+    if ((e = cudaGetDeviceCount(&ndev)) != cudaSuccess || ndev < 1)
+        return _pp_fail(err, PP_ERR_UNSUPPORTED, "no CUDA device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if ((e = cudaSetDevice(L->local_rank % ndev)) != cudaSuccess)
+        return _pp_fail(err, PP_ERR_TRANSPORT, "cudaSetDevice(%d): %s", L->local_rank % ndev, cudaGetErrorString(e));
+    cfg.blocking = 0;
+    r = ncclCommInitRankConfig(comm, L->world, *id, L->rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress)
+        return _pp_fail(err, PP_ERR_TRANSPORT, "ncclCommInitRankConfig (rank %d of %d): %s", L->rank, L->world,
+                        ncclGetErrorString(r));
+    return _ppn_settle(*comm, deadline, "ncclCommInitRankConfig", err);
+}
+
+pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cudaStream_t compute, double timeout_s,
+                              pp_nccl_grid* g, pp_error* err) {
+#if NCCL_VERSION_CODE >= 21800
+    ncclComm_t pipe = NULL, dp = NULL;
+    int n = 0, me = 0, color, key;
+    double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
+    pp_nccl_desc d;
+    pp_result rc;
+    ncclResult_t r;
+    if (!g) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    memset(g, 0, sizeof *g);
+    if (!world || ncclCommCount(world, &n) != ncclSuccess || ncclCommUserRank(world, &me) != ncclSuccess)
+        return _pp_fail(err, PP_ERR_INVALID, "world communicator is not usable");
+    if ((rc = pp_grid_make(n, me, pp, order, &g->grid, err)) != PP_OK) return rc;
+    /* every rank calls both splits, in the same order */
+    pp_grid_pipe_split(&g->grid, &color, &key);
+    r = ncclCommSplit(world, color, key, &pipe, NULL);
+    if (r != ncclSuccess && r != ncclInProgress) return _pp_fail(err, PP_ERR_TRANSPORT, "ncclCommSplit (pipeline): %s", ncclGetErrorString(r));
+    if ((rc = _ppn_settle(pipe, deadline, "ncclCommSplit (pipeline)", err)) != PP_OK) return rc;
+    pp_grid_dp_split(&g->grid, &color, &key);
+    r = ncclCommSplit(world, color, key, &dp, NULL);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        ncclCommDestroy(pipe);
+        return _pp_fail(err, PP_ERR_TRANSPORT, "ncclCommSplit (data-parallel): %s", ncclGetErrorString(r));
+    }
+    if ((rc = _ppn_settle(dp, deadline, "ncclCommSplit (data-parallel)", err)) != PP_OK) {
+        ncclCommDestroy(pipe);
+        return rc;
+    }
+    memset(&d, 0, sizeof d);
+    d.compute = compute;
+    d.own_comm = 1;
+    d.comm = pipe;
+    rc = pp_nccl_create(&d, &g->pipe, err);
+    d.comm = dp;
+    if (rc == PP_OK) rc = pp_nccl_create(&d, &g->dp, err);
+    if (rc != PP_OK) {
+        if (!g->pipe) ncclCommDestroy(pipe);
+        ncclCommDestroy(dp);
+        pp_nccl_grid_destroy(g);
+    }
+    return rc;
+#else
+    (void)world; (void)pp; (void)order; (void)compute; (void)timeout_s;
+    if (g) memset(g, 0, sizeof *g);
+    return _pp_fail(err, PP_ERR_UNSUPPORTED, "pp_nccl_grid_create needs ncclCommSplit (NCCL >= 2.18; this is %d)",
+                    NCCL_VERSION_CODE);
+#endif
+}
+
+void pp_nccl_grid_destroy(pp_nccl_grid* g) {
+    if (!g) return;
+    pp_nccl_destroy(g->dp);
+    pp_nccl_destroy(g->pipe);
+    g->dp = g->pipe = NULL;
+}
+
+/* One message in a pair's sequence: (micro-batch, boundary stage, direction). */
+typedef struct _ppn_msg { int mb, boundary, dir; } _ppn_msg;
+
+pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err) {
+    int p, a, b, i;
+    _ppn_msg *snd = NULL, *rcv = NULL;
+    size_t cap, ns, nr;
+    pp_result rc = PP_OK;
+    if (!s || !s->actions) return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL");
+    p = s->p;
+    cap = (size_t)s->per_rank + 1;
+    snd = (_ppn_msg*)_pp_calloc(cap, sizeof *snd);
+    rcv = (_ppn_msg*)_pp_calloc(cap, sizeof *rcv);
+    if (!snd || !rcv) {
+        PP_FREE(snd);
+        PP_FREE(rcv);
+        return _pp_fail(err, PP_ERR_NOMEM, "order check");
+    }
+    for (a = 0; a < p && rc == PP_OK; a++)
+        for (b = 0; b < p && rc == PP_OK; b++) {
+            const pp_action* la = pp_schedule_rank(s, a);
+            const pp_action* lb = pp_schedule_rank(s, b);
+            if (a == b) continue;
+            ns = nr = 0;
+            /* what a sends to b, in a's order: F outputs forward, B input gradients backward */
+            for (i = 0; i < s->per_rank; i++) {
+                const pp_action* x = &la[i];
+                if (x->op == PP_OP_F && x->next_rank == b) { snd[ns].mb = x->mb; snd[ns].boundary = x->stage + 1; snd[ns++].dir = 0; }
+                if (x->op == PP_OP_B && x->prev_rank == b) { snd[ns].mb = x->mb; snd[ns].boundary = x->stage; snd[ns++].dir = 1; }
+            }
+            /* what b receives from a, in b's posting order (its action order) */
+            for (i = 0; i < s->per_rank; i++) {
+                const pp_action* x = &lb[i];
+                if (x->op == PP_OP_F && x->prev_rank == a) { rcv[nr].mb = x->mb; rcv[nr].boundary = x->stage; rcv[nr++].dir = 0; }
+                if (x->op == PP_OP_B && x->next_rank == a) { rcv[nr].mb = x->mb; rcv[nr].boundary = x->stage + 1; rcv[nr++].dir = 1; }
+            }
+            if (ns != nr) {
+                rc = _pp_fail(err, PP_ERR_SCHEDULE, "rank %d sends %zu messages to rank %d, which receives %zu", a, ns, b, nr);
+                break;
+            }
+            for (i = 0; i < (int)ns; i++)
+                if (snd[i].mb != rcv[i].mb || snd[i].boundary != rcv[i].boundary || snd[i].dir != rcv[i].dir) {
+                    rc = _pp_fail(err, PP_ERR_UNSUPPORTED,
+                                  "%s p=%d v=%d: message %d from rank %d to rank %d is %s of micro-batch %d at stage "
+                                  "boundary %d, but rank %d expects %s of micro-batch %d at boundary %d (NCCL matches by "
+                                  "order; use the MPI transport for this schedule)",
+                                  pp_schedule_name(s->kind), s->p, s->v, i, a, b, snd[i].dir ? "a gradient" : "an activation",
+                                  snd[i].mb, snd[i].boundary, b, rcv[i].dir ? "a gradient" : "an activation", rcv[i].mb,
+                                  rcv[i].boundary);
+                    break;
+                }
+        }
+    PP_FREE(snd);
+    PP_FREE(rcv);
+    return rc;
+}
+
+#if defined(MPI_VERSION)
+pp_result pp_nccl_unique_id_mpi(MPI_Comm comm, ncclUniqueId* id, pp_error* err) {
+    int me = 0;
+    if (!id) return _pp_fail(err, PP_ERR_INVALID, "output is NULL");
+    MPI_Comm_rank(comm, &me);
+    if (me == 0) {
+        ncclResult_t r = ncclGetUniqueId(id);
+        if (r != ncclSuccess) {
+            /* everyone must still leave the broadcast: send zeros, then report */
+            memset(id, 0, sizeof *id);
+            MPI_Bcast(id, (int)sizeof *id, MPI_BYTE, 0, comm);
+            return _pp_fail(err, PP_ERR_TRANSPORT, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+        }
+    }
+    if (MPI_Bcast(id, (int)sizeof *id, MPI_BYTE, 0, comm) != MPI_SUCCESS)
+        return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Bcast of the NCCL unique id");
+    return PP_OK;
+}
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PIPELINE_IMPLEMENTATION && !PIPELINE_NCCL_IMPLEMENTATION_DONE */

@@ -1,0 +1,105 @@
+/* tests/test_nccl.c - pipeline_nccl.h: builds and links against NCCL and the CUDA runtime (make
+   check-nccl), proves which schedules NCCL's order matching supports (pure, no GPU), and where
+   a GPU exists runs one rank: a one-process communicator, the transport's all-reduce over one
+   rank, the id file bootstrap, and a host buffer staged through the device. Multi-rank NCCL
+   needs one GPU per rank (NCCL refuses two ranks on one GPU) and is not exercised here. */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline.h"
+#include "../pipeline_nccl.h"
+#include "test.h"
+
+#include <unistd.h>
+
+static void order_checks(void) {
+    static const struct { pp_schedule_kind k; int p, v, m, ok; } cases[] = {
+        {PP_SCHED_GPIPE, 2, 1, 4, 1}, {PP_SCHED_GPIPE, 4, 1, 7, 1},    {PP_SCHED_1F1B, 2, 1, 5, 1},
+        {PP_SCHED_1F1B, 4, 1, 8, 1},  {PP_SCHED_1F1B, 4, 1, 2, 1},     {PP_SCHED_INTERLEAVED, 3, 2, 6, 1},
+        {PP_SCHED_INTERLEAVED, 4, 2, 8, 1}, {PP_SCHED_INTERLEAVED, 4, 3, 5, 1}, {PP_SCHED_INTERLEAVED, 2, 2, 4, 1},
+        {PP_SCHED_INTERLEAVED, 2, 2, 3, 1}, {PP_SCHED_INTERLEAVED, 2, 2, 1, 1}, {PP_SCHED_INTERLEAVED, 2, 2, 6, 1},
+        /* p = 2, odd m >= 5: one pair carries activations and gradients in different orders */
+        {PP_SCHED_INTERLEAVED, 2, 2, 5, 0}, {PP_SCHED_INTERLEAVED, 2, 3, 7, 0}, {PP_SCHED_INTERLEAVED, 2, 4, 9, 0},
+    };
+    int i;
+    for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        pp_action acts[4 * 4 * 2 * 9 + 16];
+        pp_schedule s;
+        pp_error err;
+        pp_result rc = pp_schedule_make(cases[i].k, cases[i].p, cases[i].v, cases[i].m, acts, sizeof acts / sizeof acts[0], &s, &err);
+        CHECK(rc == PP_OK, "schedule %d: %s", i, err.msg);
+        if (rc != PP_OK) continue;
+        err.msg[0] = 0;
+        rc = pp_nccl_check_order(&s, &err);
+        if (cases[i].ok)
+            CHECK(rc == PP_OK, "%s p=%d v=%d m=%d should match in order: %s", pp_schedule_name(cases[i].k), cases[i].p,
+                  cases[i].v, cases[i].m, err.msg);
+        else
+            CHECK(rc == PP_ERR_UNSUPPORTED && strstr(err.msg, "MPI transport"),
+                  "%s p=%d v=%d m=%d should be refused with a reason: %s", pp_schedule_name(cases[i].k), cases[i].p,
+                  cases[i].v, cases[i].m, err.msg);
+    }
+    /* A list whose receives are out of the sender's order (rank 1 of GPipe runs F1 before F0)
+       is refused, naming the message. */
+    {
+        pp_action acts[2 * 2 * 2], x;
+        pp_schedule s;
+        pp_error err;
+        pp_action* r1;
+        CHECK(pp_schedule_make(PP_SCHED_GPIPE, 2, 1, 2, acts, 8, &s, &err) == PP_OK, "gpipe: %s", err.msg);
+        r1 = acts + s.per_rank;
+        x = r1[0];
+        r1[0] = r1[1];
+        r1[1] = x;
+        CHECK(pp_nccl_check_order(&s, &err) == PP_ERR_UNSUPPORTED && strstr(err.msg, "MPI transport"),
+              "out-of-order receives must be refused with a reason: %s", err.msg);
+    }
+}
+
+static void gpu_checks(void) {
+    pp_launch L;
+    ncclUniqueId id, id2;
+    ncclComm_t comm = NULL;
+    pp_nccl* t = NULL;
+    pp_nccl_desc d;
+    pp_error err;
+    pp_transport tr;
+    char path[256];
+    float* dev = NULL;
+    float host[4] = {1, 2, 3, 4}, back[4] = {0, 0, 0, 0};
+    int one = 0;
+    memset(&L, 0, sizeof L);
+    L.world = 1;
+    snprintf(path, sizeof path, "/tmp/pp_nccl_id_%d", (int)getpid());
+    CHECK(pp_nccl_unique_id_file(path, 0, 5, &id, &err) == PP_OK, "id file (rank 0): %s", err.msg);
+    CHECK(pp_nccl_unique_id_file(path, 1, 5, &id2, &err) == PP_OK && !memcmp(&id, &id2, sizeof id), "id file (rank 1): %s",
+          err.msg);
+    remove(path);
+    CHECK(pp_nccl_unique_id_file(path, 1, 0.05, &id2, &err) == PP_ERR_TIMEOUT, "a missing id file times out");
+    CHECK(pp_nccl_comm_init(&L, &id, 60, &comm, &err) == PP_OK, "comm init: %s", err.msg);
+    if (!comm) return;
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.own_comm = 1;
+    CHECK(pp_nccl_create(&d, &t, &err) == PP_OK, "create: %s", err.msg);
+    if (!t) return;
+    tr = pp_nccl_transport(t);
+    CHECK(tr.rank == 0 && tr.size == 1, "rank %d of %d", tr.rank, tr.size);
+    CHECK(cudaMalloc((void**)&dev, sizeof host) == cudaSuccess, "cudaMalloc");
+    cudaMemcpy(dev, host, sizeof host, cudaMemcpyHostToDevice);
+    CHECK(tr.allreduce_sum(tr.self, dev, 4, PP_F32, &one, 1, 10, &err) == PP_OK, "all-reduce over one rank: %s", err.msg);
+    cudaMemcpy(back, dev, sizeof back, cudaMemcpyDeviceToHost);
+    CHECK(!memcmp(back, host, sizeof host), "one-rank all-reduce keeps the data");
+    CHECK(pp_grad_allreduce(&tr, NULL, 0, host, 4, PP_F32, 0.5, 10, &err) == PP_OK && host[3] == 2.0f,
+          "host buffer, scaled: %s", err.msg);
+    cudaFree(dev);
+    pp_nccl_destroy(t);
+}
+
+int main(void) {
+    int n = 0;
+    order_checks();
+    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0)
+        gpu_checks();
+    else
+        printf("test_nccl: no CUDA device: ran the schedule-order checks only (the GPU part needs one GPU)\n");
+    return TEST_DONE("test_nccl");
+}
