@@ -1,0 +1,289 @@
+/* tests/test_grid.c - pipeline.h's grid section without MPI: launcher environments, grid
+   arithmetic, and a pp = 2 x dp = 2 grid over the threads transport (one pp_threads world per
+   pipeline, one for the whole grid's data-parallel sums) training the tied-embedding LM:
+   gradients equal the sequential reference bit for bit after the tied sum and the
+   data-parallel mean, and the tied copies stay bit-identical over SGD steps. Runs under the
+   sanitizers like every other test (the MPI version is tests/test_mpi.c). */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline.h"
+#include "../examples/tlm.h"
+#include "test.h"
+
+#include <stdlib.h>
+
+#define VOCAB 11
+#define DIM 6
+#define NSEQ 9
+#define MAXLEN 6
+#define MAXROWS (NSEQ * MAXLEN)
+#define PP 2
+#define DP 2
+#define STEPS 3
+#define LR 0.25f
+
+static const char* const ENV_VARS[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                       "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "SLURM_PROCID", "SLURM_NTASKS",
+                                       "SLURM_LOCALID", "RANK", "WORLD_SIZE", "LOCAL_RANK"};
+
+static void env_checks(void) {
+    pp_launch L;
+    pp_error err;
+    int i;
+    for (i = 0; i < (int)(sizeof ENV_VARS / sizeof ENV_VARS[0]); i++) unsetenv(ENV_VARS[i]);
+    err.msg[0] = 0;
+    CHECK(pp_launch_from_env(&L, &err) == PP_ERR_INVALID && strstr(err.msg, "OMPI_COMM_WORLD_RANK") &&
+              strstr(err.msg, "SLURM_PROCID") && strstr(err.msg, "WORLD_SIZE"),
+          "no launcher: a clear error naming the variables: %s", err.msg);
+    setenv("RANK", "3", 1);
+    setenv("WORLD_SIZE", "8", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    CHECK(pp_launch_from_env(&L, &err) == PP_OK && L.rank == 3 && L.world == 8 && L.local_rank == 1 &&
+              !strcmp(L.source, "torchrun"),
+          "torchrun variables: %s", err.msg);
+    setenv("SLURM_PROCID", "2", 1);
+    setenv("SLURM_NTASKS", "4", 1);
+    CHECK(pp_launch_from_env(&L, &err) == PP_OK && L.rank == 2 && L.world == 4 && L.local_rank == 0 &&
+              !strcmp(L.source, "slurm"),
+          "srun's variables win over torchrun's; no SLURM_LOCALID means 0: %s", err.msg);
+    setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+    setenv("OMPI_COMM_WORLD_SIZE", "6", 1);
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+    CHECK(pp_launch_from_env(&L, &err) == PP_OK && L.rank == 5 && L.world == 6 && !strcmp(L.source, "ompi"),
+          "mpirun's variables first: %s", err.msg);
+    setenv("OMPI_COMM_WORLD_RANK", "6", 1);
+    CHECK(pp_launch_from_env(&L, &err) == PP_ERR_INVALID && strstr(err.msg, "malformed"), "rank 6 of 6: %s", err.msg);
+    setenv("OMPI_COMM_WORLD_RANK", "x1", 1);
+    CHECK(pp_launch_from_env(&L, &err) == PP_ERR_INVALID, "a rank that is not a number");
+    for (i = 0; i < (int)(sizeof ENV_VARS / sizeof ENV_VARS[0]); i++) unsetenv(ENV_VARS[i]);
+}
+
+static void grid_checks(void) {
+    pp_grid g;
+    pp_error err;
+    int r, c, k, seen[12] = {0};
+    for (r = 0; r < 12; r++) {
+        CHECK(pp_grid_make(12, r, 3, PP_GRID_DP_INNER, &g, &err) == PP_OK, "grid: %s", err.msg);
+        CHECK(g.dp == 4 && pp_grid_rank(&g, g.pp_rank, g.dp_rank) == r, "rank %d round trip", r);
+        CHECK(g.pipe[g.pp_rank] == r && g.dp_group[g.dp_rank] == r, "rank %d is in its own groups", r);
+        seen[g.pp_rank * 4 + g.dp_rank]++;
+        pp_grid_pipe_split(&g, &c, &k);
+        CHECK(c == g.dp_rank && k == g.pp_rank, "pipeline split colour");
+        pp_grid_tied_split(&g, &c, &k);
+        CHECK((g.pp_rank == 1) == (c == -1), "only the first and last stage ranks are in a tied pair");
+        CHECK(pp_grid_make(12, r, 3, PP_GRID_PP_INNER, &g, &err) == PP_OK && g.pp_rank == r % 3 && g.dp_rank == r / 3,
+              "pp-inner rank %d", r);
+    }
+    for (r = 0; r < 12; r++) CHECK(seen[r] == 1, "cell %d covered %d times", r, seen[r]);
+    CHECK(pp_grid_make(10, 0, 3, PP_GRID_DP_INNER, &g, &err) == PP_ERR_INVALID && strstr(err.msg, "multiple"),
+          "10 is not a multiple of 3: %s", err.msg);
+    CHECK(pp_grid_make(4, -1, 2, PP_GRID_DP_INNER, &g, &err) == PP_ERR_INVALID, "negative rank");
+    CHECK(pp_grid_make(4, 0, 2, (pp_grid_order)7, &g, &err) == PP_ERR_INVALID, "unknown order");
+}
+
+/* ---- a pp x dp grid over the threads transport ---- */
+typedef struct shard {
+    int32_t tok[MAXROWS], tgt[MAXROWS], cu[NSEQ + 1];
+    pp_batch b;
+} shard;
+
+static void make_shard(shard* s, int dp_rank, int step, int m) {
+    int rows = tlm_make_batch(s->tok, s->tgt, s->cu, NSEQ, MAXLEN, VOCAB, 500u + 13u * (uint64_t)step + (uint64_t)dp_rank);
+    memset(&s->b, 0, sizeof s->b);
+    s->b.m = m;
+    s->b.input.data = s->tok;
+    s->b.input.rows = rows;
+    s->b.input.cols = 1;
+    s->b.input.dtype = PP_I32;
+    s->b.targets = s->tgt;
+    s->b.target_row_bytes = sizeof(int32_t);
+    s->b.cu_seqlens = s->cu;
+    s->b.n_seqs = NSEQ;
+    s->b.split = PP_SPLIT_TOKENS;
+}
+
+typedef struct world {
+    pp_threads* pipes[DP];
+    pp_threads* all;            /* the whole grid: data-parallel sums over its dp groups */
+    pp_schedule sc;
+    int first[PP * 2 + 1];
+    int pair[2];
+    int m;
+    float* w[PP * DP];          /* each rank's weights and gradients (one arena each) */
+    float* g[PP * DP];
+    float* wref;                /* the reference run */
+    int bad[PP * DP];           /* gradient or weight mismatches found by each rank */
+    char msg[PP * DP][600];
+} world;
+
+static int owner(const world* W, int layer) {
+    int st, r, c;
+    for (st = 0; st < W->sc.n_stages; st++)
+        if (layer >= W->first[st] && layer < W->first[st + 1]) {
+            pp_schedule_stage_rank(&W->sc, st, &r, &c);
+            return r;
+        }
+    return -1;
+}
+
+static void layer_range(int l, size_t* off, size_t* n) {
+    size_t nE = (size_t)VOCAB * DIM, nd = (size_t)DIM * DIM + DIM;
+    *off = *n = 0;
+    if (l == TLM_EMBED_LAYER) *n = nE;
+    else if (l <= TLM_DEPTH) { *off = nE + (size_t)(l - 1) * nd; *n = nd; }
+    else if (l == TLM_HEAD_LAYER) { *off = nE + (size_t)TLM_DEPTH * nd; *n = nE; }
+}
+
+/* reference gradients of one step (every replica, tied sums, mean over replicas) */
+static void reference(const float* wa, float* gref, int step, int m) {
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, i, hoff, hn;
+    float* g = (float*)calloc(n, sizeof(float));
+    pp_model model = tlm_model_desc();
+    tlm_model w, gw;
+    shard s;
+    float loss;
+    int d;
+    layer_range(TLM_HEAD_LAYER, &hoff, &hn);
+    tlm_layout(&w, (float*)(uintptr_t)wa, VOCAB, DIM, 0);
+    for (d = 0; d < DP; d++) {
+        memset(g, 0, n * sizeof(float));
+        tlm_layout(&gw, g, VOCAB, DIM, 0);
+        make_shard(&s, d, step, m);
+        pp_sequential_step(&model, &w, &gw, &s.b, &loss, NULL);
+        for (i = 0; i < nE; i++) g[i] = g[hoff + i] = g[i] + g[hoff + i];
+        for (i = 0; i < n; i++) gref[i] = d == 0 ? g[i] : gref[i] + g[i];
+    }
+    for (i = 0; i < n; i++) gref[i] *= 1.0f / DP;
+    free(g);
+}
+
+static pp_result rank_main(int wr, void* user) {
+    world* W = (world*)user;
+    pp_grid g;
+    pp_error err;
+    pp_stage* st = NULL;
+    pp_stage_desc d;
+    pp_model model = tlm_model_desc();
+    tlm_model w, gw;
+    pp_transport pipe, all;
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, i;
+    float* gref = (float*)malloc(n * sizeof(float));
+    float* wref = (float*)malloc(n * sizeof(float));
+    shard s;
+    int step, l;
+    pp_result rc = pp_grid_make(PP * DP, wr, PP, PP_GRID_DP_INNER, &g, &err);
+    if (rc != PP_OK) return rc;
+    pipe = pp_threads_transport(W->pipes[g.dp_rank], g.pp_rank);
+    all = pp_threads_transport(W->all, wr);
+    tlm_layout(&w, W->w[wr], VOCAB, DIM, 0);
+    tlm_layout(&gw, W->g[wr], VOCAB, DIM, 0);
+    memcpy(wref, W->wref, n * sizeof(float));
+    rc = pp_tied_sync_weights(&pipe, W->pair, g.pp_rank == W->pair[0] ? w.embed[0].E : NULL,
+                              g.pp_rank == W->pair[1] ? w.head[0].E : NULL, nE * sizeof(float), 20, &err);
+    memset(&d, 0, sizeof d);
+    d.model = model;
+    d.weights = &w;
+    d.grads = &gw;
+    d.schedule = &W->sc;
+    d.partition = W->first;
+    d.rank = g.pp_rank;
+    d.transport = pipe;
+    d.timeout_s = 20;
+    if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
+    for (step = 0; step < STEPS && rc == PP_OK; step++) {
+        memset(W->g[wr], 0, n * sizeof(float));
+        make_shard(&s, g.dp_rank, step, W->m);
+        if ((rc = pp_stage_step(st, &s.b, NULL)) != PP_OK) {
+            snprintf(err.msg, sizeof err.msg, "%s", pp_stage_error(st));
+            break;
+        }
+        rc = pp_tied_sum_grads(&pipe, W->pair, g.pp_rank == W->pair[0] ? gw.embed[0].E : NULL,
+                               g.pp_rank == W->pair[1] ? gw.head[0].E : NULL, nE, PP_F32, 20, &err);
+        /* the data-parallel group as world ranks of the grid's own transport */
+        if (rc == PP_OK) rc = pp_grad_allreduce(&all, g.dp_group, g.dp, W->g[wr], n, PP_F32, 1.0 / DP, 20, &err);
+        if (rc != PP_OK) break;
+        reference(wref, gref, step, W->m);
+        for (l = 0; l < model.n_layers; l++) {
+            size_t off, cnt;
+            layer_range(l, &off, &cnt);
+            if (cnt && owner(W, l) == g.pp_rank && memcmp(W->g[wr] + off, gref + off, cnt * sizeof(float))) {
+                W->bad[wr]++;
+                snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: layer %d's gradient differs", step, l);
+            }
+        }
+        for (i = 0; i < n; i++) {
+            W->w[wr][i] -= LR * W->g[wr][i];
+            wref[i] -= LR * gref[i];
+        }
+    }
+    for (l = 0; l < model.n_layers && rc == PP_OK; l++) {
+        size_t off, cnt;
+        layer_range(l, &off, &cnt);
+        if (cnt && owner(W, l) == g.pp_rank && memcmp(W->w[wr] + off, wref + off, cnt * sizeof(float))) {
+            W->bad[wr]++;
+            snprintf(W->msg[wr], sizeof W->msg[wr], "layer %d's weights differ after %d steps", l, STEPS);
+        }
+    }
+    if (rc != PP_OK) snprintf(W->msg[wr], sizeof W->msg[wr], "%s", err.msg);
+    pp_stage_destroy(st);
+    free(gref);
+    free(wref);
+    return rc;
+}
+
+static void grid_run(pp_schedule_kind kind, int v, int m) {
+    static pp_action acts[PP * 2 * 2 * 8];
+    world W;
+    pp_error err;
+    pp_model model = tlm_model_desc();
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, hoff, hn;
+    int r, d;
+    pp_result rc;
+    memset(&W, 0, sizeof W);
+    W.m = m;
+    rc = pp_schedule_make(kind, PP, v, m, acts, sizeof acts / sizeof acts[0], &W.sc, &err);
+    if (rc == PP_OK) rc = pp_partition_uniform(model.n_layers, PP * v, W.first, &err);
+    for (d = 0; d < DP && rc == PP_OK; d++) rc = pp_threads_create(PP, &W.pipes[d], &err);
+    if (rc == PP_OK) rc = pp_threads_create(PP * DP, &W.all, &err);
+    CHECK(rc == PP_OK, "grid setup: %s", err.msg);
+    W.pair[0] = owner(&W, TLM_EMBED_LAYER);
+    W.pair[1] = owner(&W, TLM_HEAD_LAYER);
+    W.wref = (float*)malloc(n * sizeof(float));
+    tlm_fill(W.wref, VOCAB, DIM, 3);
+    layer_range(TLM_HEAD_LAYER, &hoff, &hn);
+    for (r = 0; r < PP * DP; r++) {
+        W.w[r] = (float*)malloc(n * sizeof(float));
+        W.g[r] = (float*)calloc(n, sizeof(float));
+        memcpy(W.w[r], W.wref, n * sizeof(float));
+        for (d = 0; d < (int)nE; d++) W.w[r][hoff + d] = -5.0f; /* the head's copy starts wrong: the sync fixes it */
+    }
+    if (rc == PP_OK) rc = pp_threads_run(PP * DP, rank_main, &W, &err);
+    CHECK(rc == PP_OK, "%s pp=%d dp=%d: %s (%s / %s)", pp_schedule_name(kind), PP, DP, err.msg, W.msg[0], W.msg[1]);
+    for (r = 0; r < PP * DP; r++) CHECK(W.bad[r] == 0, "%s: world rank %d: %s", pp_schedule_name(kind), r, W.msg[r]);
+    /* the tied copies: embedding on a pair[0] rank, head on a pair[1] rank, every replica */
+    for (d = 0; d < DP && rc == PP_OK; d++) {
+        pp_grid g;
+        int ra, rb;
+        pp_grid_make(PP * DP, 0, PP, PP_GRID_DP_INNER, &g, &err);
+        ra = pp_grid_rank(&g, W.pair[0], d);
+        rb = pp_grid_rank(&g, W.pair[1], d);
+        CHECK(memcmp(W.w[ra], W.w[rb] + hoff, nE * sizeof(float)) == 0, "%s: replica %d: tied copies differ after %d steps",
+              pp_schedule_name(kind), d, STEPS);
+        CHECK(memcmp(W.w[ra], W.w[pp_grid_rank(&g, W.pair[0], 0)], nE * sizeof(float)) == 0, "replicas differ");
+    }
+    for (r = 0; r < PP * DP; r++) {
+        free(W.w[r]);
+        free(W.g[r]);
+    }
+    free(W.wref);
+    for (d = 0; d < DP; d++) pp_threads_destroy(W.pipes[d]);
+    pp_threads_destroy(W.all);
+}
+
+int main(void) {
+    env_checks();
+    grid_checks();
+    grid_run(PP_SCHED_1F1B, 1, 4);
+    grid_run(PP_SCHED_GPIPE, 1, 3);
+    grid_run(PP_SCHED_INTERLEAVED, 2, 5);
+    return TEST_DONE("test_grid");
+}
