@@ -81,6 +81,9 @@
    threads (this header)      each rank a thread in one process: pp_threads_*
    cuda    (pipeline_cuda.h)  stages as CUDA streams, one or several GPUs
    nccl    (pipeline_nccl.h)  one process per GPU
+   mpi     (pipeline_mpi.h)   one process per rank over MPI (CPU clusters, tests without GPUs)
+   Several processes share >>grid: launcher environment, pp x dp grid, data-parallel and
+   tied-layer gradient sums, written once over pp_transport.
 
    SECTIONS  (search for ">>name")
    >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>transport

@@ -248,10 +248,11 @@ static pp_result _pp_mpi_finish(pp_mpi* t, _pp_mpi_op* op, int mpi_rc, MPI_Statu
     return rc;
 }
 
-/* Sleeps a little longer each round: spinning would starve the other ranks on a shared core. */
+/* Spins a few rounds, then sleeps: spinning would starve the other ranks on a shared core, and
+   a sleep of at most 100 us bounds the latency it adds to a wait. */
 static void _pp_mpi_backoff(int round) {
     struct timespec ts;
-    long ns = round < 64 ? 0 : round < 256 ? 20000L : round < 1024 ? 100000L : 1000000L;
+    long ns = round < 64 ? 0 : round < 256 ? 20000L : 100000L;
     if (!ns) return;
     ts.tv_sec = 0;
     ts.tv_nsec = ns;
