@@ -27,7 +27,7 @@ ifeq ($(HAVE_MPI),1)
 MPIRUN_FLAGS ?= $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && \
   echo --oversubscribe --mca btl_vader_single_copy_mechanism none $$([ "$$(id -u)" = 0 ] && echo --allow-run-as-root))
 MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8
-MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/bench_mpi $(B)/clang-test_mpi.o $(B)/mpi-cxx.o
+MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/gpt_mpi $(B)/bench_mpi $(B)/clang-test_mpi.o $(B)/mpi-cxx.o
 else
 MPI_TESTS =
 MPI_BINS  =
@@ -57,6 +57,10 @@ $(B)/test_mpi: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | 
 
 $(B)/tlm_mpi: examples/tlm_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# the packed-sequence GPT with one process per rank (examples/gpt_cpu.c built with PP_GPT_MPI)
+$(B)/gpt_mpi: examples/gpt_cpu.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) $(CFLAGS) -DPP_GPT_MPI $< -o $@ $(LDLIBS)
 
 $(B)/bench_mpi: bench/bench_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)

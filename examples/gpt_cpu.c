@@ -18,11 +18,18 @@
    split spread tokens over micro-batches (max / mean; --split seqs, equal sequence counts, shows
    how uneven a count-based split of long-tailed lengths is; the default balances tokens).
    --check runs pp_sequential_step on the first batch first and requires the pipelined loss and
-   gradients to equal it bit for bit. */
+   gradients to equal it bit for bit.
+
+   Built with -DPP_GPT_MPI (make build/gpt_mpi, mpicc) each rank is a process instead of a
+   thread, over pipeline_mpi.h; p is the number of processes and the last rank prints:
+     mpirun -np 4 build/gpt_mpi [--schedule ...] [-v 2] [-m 8] ... [--check] */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "gpt.h"
 #include "gpt_data.h"
+#ifdef PP_GPT_MPI
+#include "../pipeline_mpi.h"
+#endif
 
 #include <errno.h>
 #include <pthread.h>
@@ -61,6 +68,9 @@ typedef struct trainer {
     int first[PP_MAX_RANKS + 1];
     pp_schedule sched;
     pp_threads* threads;
+#ifdef PP_GPT_MPI
+    pp_mpi* mpi;            /* one process per rank: this process's transport */
+#endif
     step_data* steps;
     float* loss;            /* (steps) from the rank owning the head */
     float ref_loss;
@@ -224,7 +234,11 @@ static pp_result rank_main(int rank, void* user) {
     d.schedule = &T->sched;
     d.partition = T->first;
     d.rank = rank;
+#ifdef PP_GPT_MPI
+    d.transport = pp_mpi_transport(T->mpi);
+#else
     d.transport = pp_threads_transport(T->threads, rank);
+#endif
     if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
         fprintf(stderr, "rank %d: %s\n", rank, err.msg);
         return rc;
@@ -311,12 +325,30 @@ int main(int argc, char** argv) {
     int64_t total_tokens = 0, total_saved = 0, total_padded = 0;
     double split_imb = 0;
     int rc = 1, step, s, threads_ok = 0;
+#ifdef PP_GPT_MPI
+    int mpi_rank = 0, mpi_size = 1;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &mpi_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &mpi_size);
+#endif
     T = (trainer*)calloc(1, sizeof *T);
     if (!T) return 3;
     if (parse(argc, argv, &T->c)) {
         free(T);
         return 2;
     }
+#ifdef PP_GPT_MPI
+    /* every process builds the same data, model and schedule; the last rank does the talking */
+    T->c.p = mpi_size;
+    if (T->c.p * T->c.v > T->c.layers + 2) T->c.layers = T->c.p * T->c.v - 2;
+    if (T->c.layers > GPT_MAX_BLOCK) {
+        fprintf(stderr, "%d processes x v = %d need more blocks than GPT_MAX_BLOCK\n", mpi_size, T->c.v);
+        free(T);
+        MPI_Finalize();
+        return 2;
+    }
+    if (mpi_rank != mpi_size - 1 && !freopen("/dev/null", "w", stdout)) perror("freopen");
+#endif
     /* text: --text FILE, else the project's README.md, else the generated task */
     memset(&corpus, 0, sizeof corpus);
     errno = 0;
@@ -395,6 +427,19 @@ int main(int argc, char** argv) {
         }
     }
 
+#ifdef PP_GPT_MPI
+    if (pp_mpi_create(MPI_COMM_WORLD, MPI_COMM_NULL, &T->mpi, &err) != PP_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        goto cleanup;
+    }
+    t0 = now_s();
+    threads_ok = rank_main(mpi_rank, T) == PP_OK;
+    wall = now_s() - t0;
+    MPI_Allreduce(MPI_IN_PLACE, &threads_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &T->grad_mismatch, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Bcast(T->loss, T->c.steps, MPI_FLOAT, mpi_size - 1, MPI_COMM_WORLD); /* the last stage's losses */
+    snprintf(err.msg, sizeof err.msg, "a rank failed (see its message)");
+#else
     if (pp_threads_create(T->c.p, &T->threads, &err) != PP_OK) {
         fprintf(stderr, "%s\n", err.msg);
         goto cleanup;
@@ -402,6 +447,7 @@ int main(int argc, char** argv) {
     t0 = now_s();
     threads_ok = pp_threads_run(T->c.p, rank_main, T, &err) == PP_OK;
     wall = now_s() - t0;
+#endif
     if (!threads_ok) {
         fprintf(stderr, "training failed: %s\n", err.msg);
         goto cleanup;
@@ -435,6 +481,9 @@ int main(int argc, char** argv) {
     }
 cleanup:
     if (T->threads) pp_threads_destroy(T->threads);
+#ifdef PP_GPT_MPI
+    pp_mpi_destroy(T->mpi);
+#endif
     pthread_mutex_destroy(&T->mu);
     if (T->steps)
         for (step = 0; step < T->c.steps; step++) {
@@ -452,5 +501,9 @@ cleanup:
     free(T->loss);
     gpt_corpus_free(&corpus);
     free(T);
+#ifdef PP_GPT_MPI
+    MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Finalize();
+#endif
     return rc;
 }
