@@ -363,6 +363,31 @@ static void env_and_grid_checks(void) {
     CHECK(pp_grid_make(8, 8, 4, PP_GRID_DP_INNER, &g, &err) == PP_ERR_INVALID, "rank 8 of 8");
 }
 
+/* A small MPI_TAG_UB (the standard only promises 32767): a tag above it is refused with a clear
+   message; pipeline.h's reserved tags map under it, each to its own value. */
+static void tag_checks(void) {
+    pp_mpi* t = NULL;
+    pp_error err;
+    pp_request rq;
+    pp_transport tr;
+    int buf = 0, peer = (W_RANK + 1) % W_SIZE;
+    CHECK(pp_mpi_create(MPI_COMM_WORLD, MPI_COMM_NULL, &t, &err) == PP_OK, "create: %s", err.msg);
+    if (!t) return;
+    t->tag_ub = 32767;
+    tr = pp_mpi_transport(t);
+    CHECK(tr.isend(tr.self, peer, 40000, &buf, sizeof buf, &rq) == PP_ERR_UNSUPPORTED &&
+              strstr(pp_mpi_error(t), "MPI_TAG_UB = 32767"),
+          "tag 40000 over a bound of 32767: %s", pp_mpi_error(t));
+    CHECK(tr.irecv(tr.self, peer, 40000, &buf, sizeof buf, &rq) == PP_ERR_UNSUPPORTED, "receive with tag 40000");
+    CHECK(_pp_mpi_tag(t, 32751) == 32751 && _pp_mpi_tag(t, 32752) == -1, "ordinary tags stay under the reserved top");
+    CHECK(_pp_mpi_tag(t, 0x7ffffff0) == 32752 && _pp_mpi_tag(t, 0x7ffffff1) == 32753 && _pp_mpi_tag(t, 0x7ffffff4) == 32756 &&
+              _pp_mpi_tag(t, 0x7ffffff8) == 32760,
+          "reserved tags map to the top of the range");
+    CHECK(tr.isend(tr.self, peer, -3, &buf, sizeof buf, &rq) == PP_ERR_UNSUPPORTED, "negative tag");
+    pp_mpi_destroy(t);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 int main(int argc, char** argv) {
     static const pp_schedule_kind kinds[3] = {PP_SCHED_GPIPE, PP_SCHED_1F1B, PP_SCHED_INTERLEAVED};
     int pps[2] = {2, 4}, i, k, totals[2], mine[2];
@@ -378,6 +403,7 @@ int main(int argc, char** argv) {
         run_case(PP_SCHED_1F1B, pp, 1, 4, PP_SHAPES_PER_MESSAGE);
         run_case(PP_SCHED_INTERLEAVED, pp, 2, 4, PP_SHAPES_AUTO);
     }
+    if (W_SIZE >= 2) tag_checks();
     if (W_SIZE >= 2 && W_SIZE <= 8) {
         fail_case(0);
         fail_case(1);
