@@ -279,8 +279,30 @@ static void grid_run(pp_schedule_kind kind, int v, int m) {
     pp_threads_destroy(W.all);
 }
 
+/* pp = 1: one rank holds both tied copies; the helpers work locally, in the same order. */
+static void tied_local_checks(void) {
+    pp_threads* one = NULL;
+    pp_transport t;
+    pp_error err;
+    float a[3] = {1.5f, -2.0f, 0.25f}, b[3] = {0.5f, 4.0f, 1.0f}, wa[3] = {1, 2, 3}, wb[3] = {0, 0, 0};
+    int pair[2] = {0, 0}, bad_pair[2] = {0, 3};
+    CHECK(pp_threads_create(1, &one, &err) == PP_OK, "threads: %s", err.msg);
+    t = pp_threads_transport(one, 0);
+    CHECK(pp_tied_sum_grads(&t, pair, a, b, 3, PP_F32, 1, &err) == PP_OK && a[0] == 2.0f && b[0] == 2.0f && a[1] == 2.0f &&
+              b[2] == 1.25f,
+          "local tied sum: %s", err.msg);
+    CHECK(pp_tied_sync_weights(&t, pair, wa, wb, sizeof wa, 1, &err) == PP_OK && !memcmp(wa, wb, sizeof wa), "local sync");
+    CHECK(pp_tied_sum_grads(&t, pair, a, NULL, 3, PP_F32, 1, &err) == PP_ERR_INVALID, "both copies needed: %s", err.msg);
+    CHECK(pp_tied_sum_grads(&t, bad_pair, a, b, 3, PP_F32, 1, &err) == PP_ERR_INVALID && strstr(err.msg, "outside"),
+          "a pair outside the transport: %s", err.msg);
+    CHECK(pp_tied_sum_grads(&t, pair, a, b, 3, PP_I32, 1, &err) == PP_ERR_INVALID, "integer gradients refused");
+    CHECK(pp_grad_allreduce(&t, NULL, 0, a, 3, PP_F32, 0.5, 1, &err) == PP_OK && a[0] == 1.0f, "one-rank mean: %s", err.msg);
+    pp_threads_destroy(one);
+}
+
 int main(void) {
     env_checks();
+    tied_local_checks();
     grid_checks();
     grid_run(PP_SCHED_1F1B, 1, 4);
     grid_run(PP_SCHED_GPIPE, 1, 3);
