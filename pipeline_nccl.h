@@ -139,7 +139,8 @@ typedef struct _ppn_op {
     void* dev;                  /* what NCCL reads or writes: buf, or a bounce buffer */
     int host;                   /* buf is host memory: staged through dev */
     size_t bytes;
-    cudaEvent_t ready;          /* sends: the compute stream's work producing buf */
+    cudaEvent_t ready;          /* the compute stream's work so far: what produces a send's
+                                   buffer, and what may still read a receive's (a pooled block) */
     _ppn_batch* batch;          /* NULL while queued */
     int queued;
 } _ppn_op;
@@ -224,11 +225,12 @@ static pp_result _ppn_flush(pp_nccl* t) {
         PP_FREE(b);
         return rc;
     }
-    /* producers first: the communication stream waits for each send's compute */
+    /* the communication stream waits for the compute each op depends on: a send's producer,
+       and whatever still reads a receive's buffer (a block the pool handed out again) */
     for (op = t->ops; op && rc == PP_OK; op = op->next)
-        if (op->queued && !op->batch && !op->is_recv) {
+        if (op->queued && !op->batch) {
             if (op->ready) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->stream, op->ready, 0), "cudaStreamWaitEvent");
-            if (rc == PP_OK && op->host)
+            if (rc == PP_OK && op->host && !op->is_recv)
                 rc = _ppn_cuda(t, cudaMemcpyAsync(op->dev, op->buf, op->bytes, cudaMemcpyHostToDevice, t->stream),
                                "staging a host send");
         }
@@ -281,7 +283,7 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     op->bytes = bytes;
     op->host = bytes ? _ppn_is_host(buf) : 0;
     if (op->host) rc = _ppn_cuda(t, cudaMalloc(&op->dev, bytes), "cudaMalloc (bounce buffer)");
-    if (rc == PP_OK && !is_recv) {
+    if (rc == PP_OK) {
         rc = _ppn_cuda(t, cudaEventCreateWithFlags(&op->ready, cudaEventDisableTiming), "cudaEventCreate");
         if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(op->ready, t->compute), "cudaEventRecord");
     }
