@@ -87,7 +87,8 @@
 
    SECTIONS  (search for ">>name")
    >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>transport
-   >>threads >>batch >>stage >>grid >>impl
+   >>threads >>batch >>stage >>impl
+   >>grid and >>impl-grid: several processes (launcher environment, pp x dp grid, tied layers)
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
