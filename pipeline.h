@@ -82,13 +82,12 @@
    cuda    (pipeline_cuda.h)  stages as CUDA streams, one or several GPUs
    nccl    (pipeline_nccl.h)  one process per GPU
    mpi     (pipeline_mpi.h)   one process per rank over MPI (CPU clusters, tests without GPUs)
-   Several processes share >>grid: launcher environment, pp x dp grid, data-parallel and
-   tied-layer gradient sums, written once over pp_transport.
+   Several processes share >>grid (and >>impl-grid): launcher environment, pp x dp grid,
+   data-parallel and tied-layer gradient sums, written once over pp_transport.
 
    SECTIONS  (search for ">>name")
    >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>transport
    >>threads >>batch >>stage >>impl
-   >>grid and >>impl-grid: several processes (launcher environment, pp x dp grid, tied layers)
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
