@@ -1,0 +1,104 @@
+# multiprocess.mk - included by the Makefile: the MPI transport's tests, example and bench, the
+# NCCL header's compile-and-link check, and the grid test. Everything here hooks into `make test`
+# through TEST_BINS and extra prerequisites of `test`, so the main Makefile only includes it.
+
+.PHONY: test-mpi run-mpi bench-mpi check-nccl mp-note
+
+# the grid section of pipeline.h over the threads transport: built four ways like every test
+TESTS += test_grid
+test: $(B)/test_grid $(B)/clang-test_grid $(B)/asan-test_grid $(B)/tsan-test_grid
+
+# MPI (optional): tests/test_mpi.c under mpirun -np 2, 4 and 8, the multi-process example and
+# bench. Skipped, with a message, when mpicc or mpirun is missing. Open MPI needs
+# --oversubscribe for 8 processes on 2 cores, --allow-run-as-root as root, and in containers
+# without ptrace rights no single-copy (CMA) transfers; override MPIRUN_FLAGS for another MPI.
+MPICC   ?= mpicc
+MPIRUN  ?= mpirun
+HAVE_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && command -v $(MPIRUN) >/dev/null 2>&1 && echo 1)
+ifeq ($(HAVE_MPI),1)
+MPIRUN_FLAGS ?= $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && \
+  echo --oversubscribe --mca btl_vader_single_copy_mechanism none $$([ "$$(id -u)" = 0 ] && echo --allow-run-as-root))
+# Open MPI forwards an environment variable only when asked (-x); MPICH's mpiexec forwards all
+MPI_FWD_ASAN := $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && echo -x ASAN_OPTIONS)
+MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8 $(B)/mpi-asan-np4
+MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/gpt_mpi $(B)/bench_mpi $(B)/clang-test_mpi.o $(B)/mpi-cxx.o
+else
+MPI_TESTS =
+MPI_BINS  =
+endif
+
+$(B)/test_mpi: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/tlm_mpi: examples/tlm_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# the packed-sequence GPT with one process per rank (examples/gpt_cpu.c built with PP_GPT_MPI)
+$(B)/gpt_mpi: examples/gpt_cpu.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) $(CFLAGS) -DPP_GPT_MPI $< -o $@ $(LDLIBS)
+
+$(B)/bench_mpi: bench/bench_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# NCCL (optional): pipeline_nccl.h compiles and links against NCCL and the CUDA runtime, as C99
+# (gcc, clang), C++ and under nvcc; test_nccl runs its CPU part (schedule order proofs) in make
+# test, and its one-rank GPU part where a GPU exists. CUDA headers are not -pedantic clean:
+# they come in as system headers.
+CUDA_HOME ?= /usr/local/cuda
+HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h && test -f $(CUDA_HOME)/lib64/libcudart.so && echo 1)
+NCCL_FLAGS = -isystem $(CUDA_HOME)/include
+NCCL_LIBS  = -L$(CUDA_HOME)/lib64 -lnccl -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
+ifeq ($(HAVE_NCCL),1)
+NCCL_TESTS = $(B)/test_nccl
+else
+NCCL_TESTS =
+endif
+
+$(B)/test_nccl: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_nccl.h | $(B)
+	$(CC) $(BASE) $(NCCL_FLAGS) $(CFLAGS) $< -o $@ $(NCCL_LIBS) $(LDLIBS)
+
+check-nccl: | $(B)
+	@if [ "$(HAVE_NCCL)" = 1 ]; then \
+	  $(MAKE) --no-print-directory $(B)/test_nccl && \
+	  $(CLANG) $(BASE) $(NCCL_FLAGS) -c tests/test_nccl.c -o $(B)/nccl-clang.o && \
+	  $(CXX) -std=c++11 $(WARN) -I. $(NCCL_FLAGS) -x c++ -c tests/test_nccl.c -o $(B)/nccl-cxx.o && \
+	  { ! command -v $(NVCC) >/dev/null 2>&1 || $(NVCC) -std=c++17 -x cu -I. -c tests/test_nccl.c -o $(B)/nccl-nvcc.o; } && \
+	  { [ "$(HAVE_MPI)" != 1 ] || $(MPICC) $(BASE) $(NCCL_FLAGS) -include mpi.h -c tests/test_nccl.c -o $(B)/nccl-mpi.o; } && \
+	  echo "check-nccl: pipeline_nccl.h compiles (gcc, clang, C++, nvcc$(if $(filter 1,$(HAVE_MPI)), and with MPI)) and links"; \
+	else echo "check-nccl: nccl.h/libcudart not found under $(CUDA_HOME), skipped"; fi
+
+# pipeline_mpi.h under clang and as C++ (without MPI's own C++ bindings, which are not -Wextra clean)
+$(B)/clang-test_mpi.o: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(CLANG) $(BASE) $(CFLAGS) $$($(MPICC) -showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-) -c $< -o $@
+
+$(B)/mpi-cxx.o: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	OMPI_CC=$(CXX) MPICH_CC=$(CXX) $(MPICC) -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX -std=c++11 $(WARN) -I. -x c++ -c $< -o $@
+
+# A test "binary" per world size: a script tests/run.sh runs like any other test.
+$(B)/mpi-np%: $(B)/test_mpi
+	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_mpi\n' > $@ && chmod +x $@
+
+# ASan+UBSan across 4 processes; leak checks off (MPI keeps its own allocations to the end)
+$(B)/asan-test_mpi: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $< -o $@ $(LDLIBS)
+
+$(B)/mpi-asan-np%: $(B)/asan-test_mpi
+	@printf '#!/bin/sh\nASAN_OPTIONS=detect_leaks=0 exec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) $(MPI_FWD_ASAN) -np $* $(B)/asan-test_mpi\n' > $@ && chmod +x $@
+
+# make test runs the MPI scripts and test_nccl after the other tests (tests/run.sh sums them all)
+TEST_BINS += $(MPI_TESTS) $(NCCL_TESTS)
+test: mp-note $(MPI_BINS) $(MPI_TESTS) $(NCCL_TESTS)
+
+mp-note:
+	@[ -n "$(MPI_TESTS)" ] || echo "MPI tests skipped: $(MPICC)/$(MPIRUN) not found (apt-get install openmpi-bin libopenmpi-dev)"
+	@[ -n "$(NCCL_TESTS)" ] || echo "NCCL checks skipped: nccl.h/libcudart not found under $(CUDA_HOME)"
+
+test-mpi: $(MPI_TESTS)
+	@[ -n "$(MPI_TESTS)" ] || echo "MPI tests skipped: $(MPICC)/$(MPIRUN) not found"
+	@[ -z "$(MPI_TESTS)" ] || sh tests/run.sh $(MPI_TESTS)
+
+run-mpi: $(B)/tlm_mpi
+	$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/tlm_mpi --pp 2
+
+bench-mpi: $(B)/bench_mpi
+	$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/bench_mpi
