@@ -49,13 +49,20 @@ HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h && test -f $(CUDA_HOME)
 NCCL_FLAGS = -isystem $(CUDA_HOME)/include
 NCCL_LIBS  = -L$(CUDA_HOME)/lib64 -lnccl -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
 ifeq ($(HAVE_NCCL),1)
-NCCL_TESTS = $(B)/test_nccl
+NCCL_TESTS = $(B)/test_nccl $(if $(filter 1,$(HAVE_MPI)),$(B)/mpi-nccl-np3)
 else
 NCCL_TESTS =
 endif
 
 $(B)/test_nccl: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_nccl.h | $(B)
 	$(CC) $(BASE) $(NCCL_FLAGS) $(CFLAGS) $< -o $@ $(NCCL_LIBS) $(LDLIBS)
+
+# the NCCL id by MPI_Bcast, under mpirun (ncclGetUniqueId needs no GPU)
+$(B)/test_nccl_mpi: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_nccl.h | $(B)
+	$(MPICC) $(BASE) $(NCCL_FLAGS) $(CFLAGS) -DPP_TEST_NCCL_MPI $< -o $@ $(NCCL_LIBS) $(LDLIBS)
+
+$(B)/mpi-nccl-np%: $(B)/test_nccl_mpi
+	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_nccl_mpi\n' > $@ && chmod +x $@
 
 check-nccl: | $(B)
 	@if [ "$(HAVE_NCCL)" = 1 ]; then \

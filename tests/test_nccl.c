@@ -1,9 +1,14 @@
 /* tests/test_nccl.c - pipeline_nccl.h: builds and links against NCCL and the CUDA runtime (make
    check-nccl), proves which schedules NCCL's order matching supports (pure, no GPU), and where
    a GPU exists runs one rank: a one-process communicator, the transport's all-reduce over one
-   rank, the id file bootstrap, and a host buffer staged through the device. Multi-rank NCCL
-   needs one GPU per rank (NCCL refuses two ranks on one GPU) and is not exercised here. */
+   rank, and a host buffer staged through the device. Multi-rank NCCL needs one GPU per rank
+   (NCCL refuses two ranks on one GPU) and is not exercised here. The bootstraps need no GPU
+   (ncclGetUniqueId runs on the host): the id file always runs, and built with
+   -DPP_TEST_NCCL_MPI under mpirun every rank must get rank 0's id by MPI_Bcast. */
 #define PIPELINE_IMPLEMENTATION
+#ifdef PP_TEST_NCCL_MPI
+#include <mpi.h> /* first: pipeline_nccl.h then offers pp_nccl_unique_id_mpi */
+#endif
 #include "../pipeline.h"
 #include "../pipeline_nccl.h"
 #include "test.h"
@@ -54,26 +59,46 @@ static void order_checks(void) {
     }
 }
 
-static void gpu_checks(void) {
-    pp_launch L;
+/* The id through a file: rank 0 publishes it atomically, a reader gets the same bytes, a reader
+   with no writer times out instead of polling forever. Without a device, comm init says so. */
+static void bootstrap_checks(void) {
     ncclUniqueId id, id2;
-    ncclComm_t comm = NULL;
-    pp_nccl* t = NULL;
-    pp_nccl_desc d;
     pp_error err;
-    pp_transport tr;
     char path[256];
-    float* dev = NULL;
-    float host[4] = {1, 2, 3, 4}, back[4] = {0, 0, 0, 0};
-    int one = 0;
-    memset(&L, 0, sizeof L);
-    L.world = 1;
+    pp_launch L;
+    ncclComm_t comm = NULL;
+    int n = 0;
     snprintf(path, sizeof path, "/tmp/pp_nccl_id_%d", (int)getpid());
     CHECK(pp_nccl_unique_id_file(path, 0, 5, &id, &err) == PP_OK, "id file (rank 0): %s", err.msg);
     CHECK(pp_nccl_unique_id_file(path, 1, 5, &id2, &err) == PP_OK && !memcmp(&id, &id2, sizeof id), "id file (rank 1): %s",
           err.msg);
     remove(path);
-    CHECK(pp_nccl_unique_id_file(path, 1, 0.05, &id2, &err) == PP_ERR_TIMEOUT, "a missing id file times out");
+    CHECK(pp_nccl_unique_id_file(path, 1, 0.05, &id2, &err) == PP_ERR_TIMEOUT && strstr(err.msg, path),
+          "a missing id file times out, naming it: %s", err.msg);
+    CHECK(pp_nccl_unique_id_file(NULL, 0, 1, &id, &err) == PP_ERR_INVALID, "no path");
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        memset(&L, 0, sizeof L);
+        L.world = 1;
+        CHECK(pp_nccl_comm_init(&L, &id, 5, &comm, &err) == PP_ERR_UNSUPPORTED && strstr(err.msg, "no CUDA device"),
+              "no GPU: a clear error: %s", err.msg);
+    }
+}
+
+static void gpu_checks(void) {
+    pp_launch L;
+    ncclUniqueId id;
+    ncclComm_t comm = NULL;
+    pp_nccl* t = NULL;
+    pp_nccl_desc d;
+    pp_error err;
+    pp_transport tr;
+    float* dev = NULL;
+    float host[4] = {1, 2, 3, 4}, back[4] = {0, 0, 0, 0};
+    int one = 0;
+    memset(&L, 0, sizeof L);
+    L.world = 1;
+    CHECK(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
     CHECK(pp_nccl_comm_init(&L, &id, 60, &comm, &err) == PP_OK, "comm init: %s", err.msg);
     if (!comm) return;
     memset(&d, 0, sizeof d);
@@ -94,12 +119,49 @@ static void gpu_checks(void) {
     pp_nccl_destroy(t);
 }
 
-int main(void) {
-    int n = 0;
-    order_checks();
-    if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0)
-        gpu_checks();
-    else
-        printf("test_nccl: no CUDA device: ran the schedule-order checks only (the GPU part needs one GPU)\n");
+#ifdef PP_TEST_NCCL_MPI
+/* Every rank must hold rank 0's id after pp_nccl_unique_id_mpi. */
+static void mpi_bootstrap_checks(void) {
+    ncclUniqueId id, root;
+    pp_error err;
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    CHECK(pp_nccl_unique_id_mpi(MPI_COMM_WORLD, &id, &err) == PP_OK, "rank %d: %s", me, err.msg);
+    memcpy(&root, &id, sizeof id);
+    MPI_Bcast(&root, (int)sizeof root, MPI_BYTE, 0, MPI_COMM_WORLD);
+    CHECK(!memcmp(&root, &id, sizeof id), "rank %d holds another id than rank 0", me);
+}
+#endif
+
+int main(int argc, char** argv) {
+    int n = 0, me = 0;
+#ifdef PP_TEST_NCCL_MPI
+    int mine[2], all[2];
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    mpi_bootstrap_checks();
+#else
+    (void)argc;
+    (void)argv;
+#endif
+    if (me == 0) {
+        order_checks();
+        bootstrap_checks();
+        if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0)
+            gpu_checks();
+        else
+            printf("test_nccl: no CUDA device: the GPU part (one rank) did not run\n");
+    }
+#ifdef PP_TEST_NCCL_MPI
+    mine[0] = _t_pass;
+    mine[1] = _t_fail;
+    MPI_Reduce(mine, all, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    MPI_Finalize();
+    if (me != 0) return _t_fail ? 1 : 0;
+    _t_pass = all[0];
+    _t_fail = all[1];
+    return TEST_DONE("test_nccl (MPI bootstrap)");
+#else
     return TEST_DONE("test_nccl");
+#endif
 }
