@@ -34,6 +34,7 @@
        pp_mpi_transport(t)                         the pp_transport for pp_stage_desc
        pp_mpi_counters(t, &bytes, &msgs)           sent so far by this rank
        pp_mpi_error(t)                             the last error the transport recorded
+       pp_mpi_set_spin(t, 1)                       busy-poll waits (one rank per core)
        pp_mpi_destroy(t)
        pp_mpi_grid_create(world, pp, order, &g, &err)   pp x dp grid: g.grid, g.pipe, g.dp
        pp_mpi_grid_destroy(&g)
@@ -55,6 +56,10 @@ void pp_mpi_destroy(pp_mpi* t);
 pp_transport pp_mpi_transport(pp_mpi* t);
 void pp_mpi_counters(const pp_mpi* t, uint64_t* bytes, uint64_t* msgs);
 const char* pp_mpi_error(const pp_mpi* t);
+/* How waits poll. 0 (the default): spin 64 rounds, then sleep 20 then 100 us between polls,
+   so ranks that share cores (tests, 8 ranks on 2 cores) leave them to the busy ones. 1: spin
+   without sleeping (one rank per core: the lowest latency, like MPI's own waits). */
+void pp_mpi_set_spin(pp_mpi* t, int spin);
 
 /* A pp x dp grid over `world`: pipe is this rank's pipeline (its rank there is grid.pp_rank),
    dp its data-parallel group (rank grid.dp_rank). Both abort together. The tied pair is
@@ -109,7 +114,7 @@ typedef struct _pp_mpi_op {
 
 struct pp_mpi {
     MPI_Comm comm;
-    int rank, size, tag_ub;
+    int rank, size, tag_ub, spin;
     _pp_mpi_domain* dom;
     _pp_mpi_op* ops;
     uint64_t bytes_sent, msgs_sent;
@@ -250,10 +255,10 @@ static pp_result _pp_mpi_finish(pp_mpi* t, _pp_mpi_op* op, int mpi_rc, MPI_Statu
 
 /* Spins a few rounds, then sleeps: spinning would starve the other ranks on a shared core, and
    a sleep of at most 100 us bounds the latency it adds to a wait. */
-static void _pp_mpi_backoff(int round) {
+static void _pp_mpi_backoff(const pp_mpi* t, int round) {
     struct timespec ts;
     long ns = round < 64 ? 0 : round < 256 ? 20000L : 100000L;
-    if (!ns) return;
+    if (!ns || t->spin) return;
     ts.tv_sec = 0;
     ts.tv_nsec = ns;
     nanosleep(&ts, NULL);
@@ -307,7 +312,7 @@ static pp_result _pp_mpi_wait(void* self, pp_request* req, double timeout_s, pp_
             return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank %d to %s and got nothing", t->rank, dt,
                             peer, is_recv ? "send" : "receive");
         }
-        _pp_mpi_backoff(round);
+        _pp_mpi_backoff(t, round);
     }
 }
 
@@ -382,7 +387,7 @@ static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype
             return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s in an all-reduce over %d ranks", t->rank, dt,
                             n_ranks);
         }
-        _pp_mpi_backoff(round);
+        _pp_mpi_backoff(t, round);
     }
 }
 
@@ -511,6 +516,10 @@ void pp_mpi_counters(const pp_mpi* t, uint64_t* bytes, uint64_t* msgs) {
 }
 
 const char* pp_mpi_error(const pp_mpi* t) { return t ? t->err : "transport is NULL"; }
+
+void pp_mpi_set_spin(pp_mpi* t, int spin) {
+    if (t) t->spin = spin != 0;
+}
 
 pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* g, pp_error* err) {
     MPI_Comm pipe = MPI_COMM_NULL, dp = MPI_COMM_NULL;

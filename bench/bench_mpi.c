@@ -12,9 +12,12 @@
    transport counted: payload plus any shape metadata), the minimum (exactly the activation and
    gradient tensors each rank must send, no padding, no metadata), the ratio, what padding every
    micro-batch to the largest would send, and #wrong; under each row, each rank's bytes sent
-   and its own minimum: steps whose loss differs
+   and its own minimum. CPU columns do not depend on what else runs on the machine: the
+   sequential step's CPU time, the busiest rank's CPU time per step, and their ratio (cpu bnd:
+   the speed-up with one core per rank if waiting cost nothing, i.e. the partition's balance): steps whose loss differs
    from the sequential step's (bit for bit). The footer says OK or FAILED; the exit code agrees.
-   The machine's cores bound the speed-up: 4 processes on 2 cores run at most 2 at a time. */
+   The machine's cores bound the speed-up: 4 processes on 2 cores run at most 2 at a time. Rows
+   marked "spin" busy-poll their waits (pp_mpi_set_spin), the others sleep between polls. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../pipeline_mpi.h"
@@ -46,29 +49,41 @@ static void quiet_barrier(void) {
 static int cmp_double(const void* a, const void* b);
 static double median(double* v, int n);
 
+/* CPU time of this process: what a rank computes, whatever else shares the cores. */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* The sequential step of the whole model on rank 0 alone (the others sleep in a barrier):
    median of REPS after one warm-up, in ms, on every rank. */
 static double sequential_ms(int rank, const pp_model* model, const tlm_model* w, tlm_model* gw, float* garena,
-                            size_t n, const pp_batch* b, float* loss) {
-    double t[REPS], ms = 0;
+                            size_t n, const pp_batch* b, float* loss, double* cpu_ms) {
+    double t[REPS], c[REPS], ms[2] = {0, 0};
     pp_error err;
     int rep;
     quiet_barrier();
     if (rank == 0) {
         for (rep = 0; rep <= REPS; rep++) {
-            double t0 = MPI_Wtime();
+            double t0 = MPI_Wtime(), c0 = cpu_s();
             memset(garena, 0, n * sizeof(float));
             if (pp_sequential_step(model, w, gw, b, loss, &err) != PP_OK) {
                 fprintf(stderr, "sequential: %s\n", err.msg);
                 MPI_Abort(MPI_COMM_WORLD, 1);
             }
-            if (rep) t[rep - 1] = MPI_Wtime() - t0;
+            if (rep) {
+                t[rep - 1] = MPI_Wtime() - t0;
+                c[rep - 1] = cpu_s() - c0;
+            }
         }
-        ms = median(t, REPS) * 1e3;
+        ms[0] = median(t, REPS) * 1e3;
+        ms[1] = median(c, REPS) * 1e3;
     }
     quiet_barrier();
-    MPI_Bcast(&ms, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    return ms;
+    MPI_Bcast(ms, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (cpu_ms) *cpu_ms = ms[1];
+    return ms[0];
 }
 
 static int cmp_double(const void* a, const void* b) {
@@ -112,13 +127,16 @@ int main(int argc, char** argv) {
         int v;
         pp_shape_policy shapes;
         const char* shapes_name;
+        int spin;
     } rows_cfg[] = {
-        {PP_SCHED_GPIPE, 1, PP_SHAPES_LOCAL, "local"},
-        {PP_SCHED_1F1B, 1, PP_SHAPES_LOCAL, "local"},
-        {PP_SCHED_1F1B, 1, PP_SHAPES_BROADCAST, "broadcast"},
-        {PP_SCHED_1F1B, 1, PP_SHAPES_PER_MESSAGE, "per_message"},
-        {PP_SCHED_1F1B, 1, PP_SHAPES_AUTO, "auto"},
-        {PP_SCHED_INTERLEAVED, 2, PP_SHAPES_LOCAL, "local"},
+        {PP_SCHED_GPIPE, 1, PP_SHAPES_LOCAL, "local", 0},
+        {PP_SCHED_1F1B, 1, PP_SHAPES_LOCAL, "local", 0},
+        {PP_SCHED_1F1B, 1, PP_SHAPES_BROADCAST, "broadcast", 0},
+        {PP_SCHED_1F1B, 1, PP_SHAPES_PER_MESSAGE, "per_message", 0},
+        {PP_SCHED_1F1B, 1, PP_SHAPES_AUTO, "auto", 0},
+        {PP_SCHED_INTERLEAVED, 2, PP_SHAPES_LOCAL, "local", 0},
+        {PP_SCHED_1F1B, 1, PP_SHAPES_LOCAL, "local", 1},
+        {PP_SCHED_INTERLEAVED, 2, PP_SHAPES_LOCAL, "local", 1},
     };
     int rank, world, pp, i, rep, failed = 0;
     size_t n = tlm_param_count(VOCAB, DIM);
@@ -168,14 +186,14 @@ int main(int argc, char** argv) {
     }
     for (i = 0; i < M; i++) max_rows = mbs[i].rows > max_rows ? mbs[i].rows : max_rows;
 
-    seq_ms = sequential_ms(rank, &model, &w, &gw, garena, n, &b, &seq_loss);
+    seq_ms = sequential_ms(rank, &model, &w, &gw, garena, n, &b, &seq_loss, NULL);
     if (rank == 0) {
         printf("bench_mpi: %d processes, pp = %d, tied LM (vocab %d, width %d, %d layers), %lld tokens in %d packed "
                "sequences, m = %d (token-balanced, largest %lld rows)\n",
                world, pp, VOCAB, DIM, model.n_layers, (long long)b.input.rows, NSEQ, M, (long long)max_rows);
         printf("sequential step on one process: %.2f ms (measured again before each row: seq ms)\n\n", seq_ms);
-        printf("%-16s %-12s %9s %9s %8s %12s %12s %7s %12s %6s\n", "schedule", "shapes", "seq ms", "step ms", "speedup",
-               "bytes/step", "minimum", "ratio", "padded", "#wrong");
+        printf("%-21s %-12s %8s %8s %8s %8s %8s %8s %10s %10s %6s %10s %6s\n", "schedule", "shapes", "seq ms", "step ms",
+               "speedup", "seq cpu", "rank cpu", "cpu bnd", "bytes/step", "minimum", "ratio", "padded", "#wrong");
     }
     quiet_barrier();
     MPI_Bcast(&seq_loss, 1, MPI_FLOAT, 0, MPI_COMM_WORLD);
@@ -192,7 +210,7 @@ int main(int argc, char** argv) {
         pp_stage_desc d;
         pp_partition_desc pd;
         pp_tensor sample;
-        double t[REPS], mine, slow, row_seq;
+        double t[REPS], ct[REPS], mine, slow, row_seq, row_cpu, mine_cpu = 0, max_cpu = 0;
         uint64_t sent0 = 0, sent1 = 0, exact, padded, worst_sent = 0, worst_min = 0, worst_pad = 0, v[3], all[3 * 64];
         pp_result rc;
         acts = (pp_action*)malloc(na * sizeof *acts);
@@ -222,12 +240,16 @@ int main(int argc, char** argv) {
             fprintf(stderr, "rank %d: %s\n", rank, err.msg);
             bad_setup = 1;
         }
+        pp_mpi_set_spin(g.pipe, rows_cfg[i].spin);
         for (rep = 0; rep <= REPS && !bad_setup; rep++) {
             pp_step_stats stats;
             quiet_barrier();
+            double c0;
             pp_mpi_counters(g.pipe, &sent0, NULL);
             memset(garena, 0, n * sizeof(float));
+            c0 = cpu_s();
             rc = pp_stage_step(st, &b, &stats);
+            if (rep) ct[rep - 1] = cpu_s() - c0;
             pp_mpi_counters(g.pipe, &sent1, NULL);
             if (rc != PP_OK) {
                 fprintf(stderr, "rank %d: %s\n", rank, pp_stage_error(st));
@@ -238,7 +260,9 @@ int main(int argc, char** argv) {
             if (rep) t[rep - 1] = stats.t_total;
         }
         mine = bad_setup || wrong ? 1e9 : median(t, REPS);
-        row_seq = sequential_ms(rank, &model, &w, &gw, garena, n, &b, &seq_loss);
+        if (!bad_setup && !wrong) mine_cpu = median(ct, REPS);
+        row_seq = sequential_ms(rank, &model, &w, &gw, garena, n, &b, &seq_loss, &row_cpu);
+        MPI_Allreduce(&mine_cpu, &max_cpu, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         min_bytes(&sc, first, g.grid.pp_rank, b.input.rows, max_rows, &exact, &padded);
         v[0] = sent1 - sent0;
         v[1] = exact;
@@ -249,16 +273,18 @@ int main(int argc, char** argv) {
         if (rank == 0) {
             char sname[32];
             int r;
-            snprintf(sname, sizeof sname, "%s%s", pp_schedule_name(rows_cfg[i].kind), rows_cfg[i].v > 1 ? " v=2" : "");
+            snprintf(sname, sizeof sname, "%s%s%s", pp_schedule_name(rows_cfg[i].kind), rows_cfg[i].v > 1 ? " v=2" : "",
+                     rows_cfg[i].spin ? " spin" : "");
             for (r = 0; r < world; r++) {
                 worst_sent += all[3 * r];
                 worst_min += all[3 * r + 1];
                 worst_pad += all[3 * r + 2];
             }
-            printf("%-16s %-12s %9.2f %9.2f %7.2fx %12llu %12llu %6.3fx %12llu %6d\n", sname, rows_cfg[i].shapes_name,
-                   row_seq, slow * 1e3, row_seq / (slow * 1e3), (unsigned long long)worst_sent, (unsigned long long)worst_min,
+            printf("%-21s %-12s %8.2f %8.2f %7.2fx %8.2f %8.2f %7.2fx %10llu %10llu %5.3fx %10llu %6d\n", sname,
+                   rows_cfg[i].shapes_name, row_seq, slow * 1e3, row_seq / (slow * 1e3), row_cpu, max_cpu * 1e3,
+                   max_cpu > 0 ? row_cpu / (max_cpu * 1e3) : 0.0, (unsigned long long)worst_sent, (unsigned long long)worst_min,
                    worst_min ? (double)worst_sent / (double)worst_min : 0.0, (unsigned long long)worst_pad, wrong);
-            printf("%-16s per rank sent/minimum:", "");
+            printf("%-21s per rank sent/minimum:", "");
             for (r = 0; r < world; r++)
                 printf(" r%d %llu/%llu", r, (unsigned long long)all[3 * r], (unsigned long long)all[3 * r + 1]);
             printf("\n");
