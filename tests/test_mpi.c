@@ -157,6 +157,7 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
     }
     pipe = pp_mpi_transport(g.pipe);
     dpt = pp_mpi_transport(g.dp);
+    if (shapes == PP_SHAPES_BROADCAST) pp_mpi_set_spin(g.pipe, 1); /* the busy-poll path too */
     acts = (pp_action*)malloc(pp_schedule_size(kind, pp, v, m) * sizeof *acts);
     rc = pp_schedule_make(kind, pp, v, m, acts, pp_schedule_size(kind, pp, v, m), &sc, &err);
     if (rc == PP_OK) rc = pp_partition_uniform(model.n_layers, pp * v, first, &err);
