@@ -35,6 +35,7 @@
        pp_mpi_counters(t, &bytes, &msgs)           sent so far by this rank
        pp_mpi_error(t)                             the last error the transport recorded
        pp_mpi_set_spin(t, 1)                       busy-poll waits (one rank per core)
+       pp_mpi_set_ordered_sum(t, 1)                all-reduce in rank order (bit-reproducible)
        pp_mpi_destroy(t)
        pp_mpi_grid_create(world, pp, order, &g, &err)   pp x dp grid: g.grid, g.pipe, g.dp
        pp_mpi_grid_destroy(&g)
@@ -60,6 +61,11 @@ const char* pp_mpi_error(const pp_mpi* t);
    so ranks that share cores (tests, 8 ranks on 2 cores) leave them to the busy ones. 1: spin
    without sleeping (one rank per core: the lowest latency, like MPI's own waits). */
 void pp_mpi_set_spin(pp_mpi* t, int spin);
+/* 1: allreduce_sum adds in rank order on rank 0 and sends the sum back (pp_allreduce_p2p):
+   every rank gets the same bits, equal to a sequential sum in rank order, at the cost of rank
+   0's bandwidth. 0 (the default): MPI_Iallreduce, whose order is MPI's (two ranks: one
+   commutative addition, so exact; more: may differ in the last bits from a sequential sum). */
+void pp_mpi_set_ordered_sum(pp_mpi* t, int ordered);
 
 /* A pp x dp grid over `world`: pipe is this rank's pipeline (its rank there is grid.pp_rank),
    dp its data-parallel group (rank grid.dp_rank). Both abort together. The tied pair is
@@ -114,7 +120,7 @@ typedef struct _pp_mpi_op {
 
 struct pp_mpi {
     MPI_Comm comm;
-    int rank, size, tag_ub, spin;
+    int rank, size, tag_ub, spin, ordered;
     _pp_mpi_domain* dom;
     _pp_mpi_op* ops;
     uint64_t bytes_sent, msgs_sent;
@@ -352,7 +358,7 @@ static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype
     MPI_Request r;
     for (i = 0; whole && i < n_ranks; i++)
         if (ranks[i] != i) whole = 0;
-    if (!whole || count > (size_t)0x7fffffff) {
+    if (!whole || t->ordered || count > (size_t)0x7fffffff) {
         pp_transport tr = pp_mpi_transport(t);
         return pp_allreduce_p2p(&tr, buf, count, dtype, ranks, n_ranks, timeout_s, err);
     }
@@ -519,6 +525,10 @@ const char* pp_mpi_error(const pp_mpi* t) { return t ? t->err : "transport is NU
 
 void pp_mpi_set_spin(pp_mpi* t, int spin) {
     if (t) t->spin = spin != 0;
+}
+
+void pp_mpi_set_ordered_sum(pp_mpi* t, int ordered) {
+    if (t) t->ordered = ordered != 0;
 }
 
 pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* g, pp_error* err) {
