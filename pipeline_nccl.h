@@ -271,8 +271,13 @@ static pp_result _ppn_flush(pp_nccl* t) {
 static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
     _ppn_op* op;
     pp_result rc = PP_OK;
-    if (!req || peer < 0 || peer >= t->size || peer == t->rank || (bytes && !buf)) return PP_ERR_INVALID;
+    if (!req || peer < 0 || peer >= t->size || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
+    if (peer == t->rank) {
+        /* a chunk boundary inside one rank (p = 1 with v > 1) has nothing to move over NCCL */
+        _ppn_note(t, "invalid", "a message to this rank itself: run p = 1 without the NCCL transport");
+        return PP_ERR_INVALID;
+    }
     if (t->aborted) return PP_ERR_ABORTED;
     if (!(op = (_ppn_op*)_pp_calloc(1, sizeof *op))) return PP_ERR_NOMEM;
     op->is_recv = is_recv;
@@ -282,7 +287,12 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     op->dev = buf;
     op->bytes = bytes;
     op->host = bytes ? _ppn_is_host(buf) : 0;
-    if (op->host) rc = _ppn_cuda(t, cudaMalloc(&op->dev, bytes), "cudaMalloc (bounce buffer)");
+    /* host memory (small metadata) goes through a device bounce buffer; cudaMalloc may
+       synchronise the device, which is why the executor's tensors should live in device blocks */
+    if (op->host) {
+        op->dev = NULL;
+        rc = _ppn_cuda(t, cudaMalloc(&op->dev, bytes), "cudaMalloc (bounce buffer)");
+    }
     if (rc == PP_OK) {
         rc = _ppn_cuda(t, cudaEventCreateWithFlags(&op->ready, cudaEventDisableTiming), "cudaEventCreate");
         if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(op->ready, t->compute), "cudaEventRecord");
