@@ -1805,6 +1805,266 @@ int pp_schedule_has_w(const pp_schedule* s) {
     return s && s->p > 0 && s->m > 0 && s->v > 0 && s->per_rank == 3 * s->m * s->v;
 }
 
+/* Text tables (pp_schedule_parse, pp_schedule_write). The parser reads its input once per pass
+   through a cursor that knows its line and column, so every message can say where. Pass one
+   (out NULL) checks the syntax and counts; pass two writes the actions. */
+typedef struct _pp_tab {
+    const char* t;
+    size_t n, i;
+    int line, col;                  /* of t[i], both from 1 */
+} _pp_tab;
+
+static int _pp_tab_peek(const _pp_tab* c) { return c->i < c->n ? (unsigned char)c->t[c->i] : -1; }
+
+static void _pp_tab_next(_pp_tab* c) {
+    if (c->i >= c->n) return;
+    if (c->t[c->i] == '\n') {
+        c->line++;
+        c->col = 1;
+    } else {
+        c->col++;
+    }
+    c->i++;
+}
+
+/* Skips blanks and a comment, stopping at the end of the line (or text). */
+static void _pp_tab_blank(_pp_tab* c) {
+    int ch;
+    while ((ch = _pp_tab_peek(c)) == ' ' || ch == '\t' || ch == '\r') _pp_tab_next(c);
+    if (ch == '#')
+        while ((ch = _pp_tab_peek(c)) >= 0 && ch != '\n') _pp_tab_next(c);
+}
+
+static int _pp_tab_eol(const _pp_tab* c) { return _pp_tab_peek(c) < 0 || _pp_tab_peek(c) == '\n'; }
+
+/* A decimal number < 2^31; 0 with a message when there is none or it is too large. */
+static int _pp_tab_int(_pp_tab* c, long* out, const char* what, pp_error* err) {
+    long v = 0;
+    int line = c->line, col = c->col, ch;
+    if ((ch = _pp_tab_peek(c)) < '0' || ch > '9') {
+        if (ch < 0 || ch == '\n' || ch == '\r')
+            _pp_fail(err, PP_ERR_INVALID, "schedule table line %d, column %d: expected %s (a number), got the end of the line",
+                     line, col, what);
+        else if (ch > 32 && ch < 127)
+            _pp_fail(err, PP_ERR_INVALID, "schedule table line %d, column %d: expected %s (a number), got '%c'", line, col,
+                     what, (char)ch);
+        else
+            _pp_fail(err, PP_ERR_INVALID, "schedule table line %d, column %d: expected %s (a number), got byte 0x%02x", line,
+                     col, what, ch);
+        return 0;
+    }
+    while ((ch = _pp_tab_peek(c)) >= '0' && ch <= '9') {
+        v = v * 10 + (ch - '0');
+        if (v > INT32_MAX) {
+            _pp_fail(err, PP_ERR_INVALID, "schedule table line %d, column %d: %s is too large", line, col, what);
+            return 0;
+        }
+        _pp_tab_next(c);
+    }
+    *out = v;
+    return 1;
+}
+
+/* Does the text at the cursor start with word, followed by a non-letter? */
+static int _pp_tab_word(const _pp_tab* c, const char* word) {
+    size_t k = 0;
+    while (word[k]) {
+        if (c->i + k >= c->n || c->t[c->i + k] != word[k]) return 0;
+        k++;
+    }
+    return 1;
+}
+
+static void _pp_tab_skip(_pp_tab* c, size_t k) {
+    while (k--) _pp_tab_next(c);
+}
+
+/* Goes to the next line that has something on it; 0 at the end of the text. */
+static int _pp_tab_content(_pp_tab* c) {
+    for (;;) {
+        _pp_tab_blank(c);
+        if (_pp_tab_peek(c) < 0) return 0;
+        if (_pp_tab_peek(c) != '\n') return 1;
+        _pp_tab_next(c);
+    }
+}
+
+#define _PP_TAB_FAIL(...) (_pp_fail(err, PP_ERR_INVALID, __VA_ARGS__), PP_ERR_INVALID)
+
+/* One pass. hdr receives p, v, m, map, per_rank. out NULL: check and count; else write, with the
+   per-rank count per_in that the counting pass found. */
+static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int per_in, pp_schedule* hdr,
+                              pp_error* err) {
+    _pp_tab c;
+    long p = -1, v = -1, m = -1, x;
+    int map = PP_MAP_LOOP, r, per = out ? per_in : -1, S;
+    c.t = text;
+    c.n = len;
+    c.i = 0;
+    c.line = c.col = 1;
+    /* header */
+    if (!_pp_tab_content(&c)) return _PP_TAB_FAIL("schedule table is empty (want a 'schedule p=.. v=.. m=..' line)");
+    if (!_pp_tab_word(&c, "schedule"))
+        return _PP_TAB_FAIL("schedule table line %d, column %d: expected the header 'schedule p=P v=V m=M [map=loop|v]'",
+                            c.line, c.col);
+    _pp_tab_skip(&c, 8);
+    for (;;) {
+        long* key = NULL;
+        int line = c.line, col = c.col;
+        _pp_tab_blank(&c);
+        if (_pp_tab_eol(&c)) break;
+        if (c.col == col) return _PP_TAB_FAIL("schedule table line %d, column %d: expected a space", line, col);
+        line = c.line, col = c.col;
+        if (_pp_tab_word(&c, "p=")) key = &p;
+        else if (_pp_tab_word(&c, "v=")) key = &v;
+        else if (_pp_tab_word(&c, "m=")) key = &m;
+        if (key) {
+            _pp_tab_skip(&c, 2);
+            if (!_pp_tab_int(&c, key, key == &p ? "p" : key == &v ? "v" : "m", err)) return PP_ERR_INVALID;
+        } else if (_pp_tab_word(&c, "map=loop")) {
+            _pp_tab_skip(&c, 8);
+            map = PP_MAP_LOOP;
+        } else if (_pp_tab_word(&c, "map=v")) {
+            _pp_tab_skip(&c, 5);
+            map = PP_MAP_V;
+        } else {
+            return _PP_TAB_FAIL("schedule table line %d, column %d: unknown header field (p=, v=, m=, map=loop or map=v)",
+                                line, col);
+        }
+    }
+    if (p < 0 || v < 0 || m < 0)
+        return _PP_TAB_FAIL("schedule table line %d: the header lacks %s", c.line, p < 0 ? "p=" : v < 0 ? "v=" : "m=");
+    if (p < 1 || p > PP_MAX_RANKS || v < 1 || v > INT8_MAX || m < 1 || p * v > INT16_MAX ||
+        (long long)p * 3 * v * m > INT32_MAX)
+        return _PP_TAB_FAIL("schedule table line %d: p=%ld v=%ld m=%ld out of range (1 <= p <= %d, 1 <= v <= %d, m >= 1)",
+                            c.line, p, v, m, (int)PP_MAX_RANKS, (int)INT8_MAX);
+    if (map == PP_MAP_V && v != 2) return _PP_TAB_FAIL("schedule table line %d: map=v needs v=2 (got v=%ld)", c.line, v);
+    S = (int)(p * v);
+    memset(hdr, 0, sizeof *hdr);
+    hdr->kind = PP_SCHED_CUSTOM;
+    hdr->p = (int)p;
+    hdr->v = (int)v;
+    hdr->m = (int)m;
+    hdr->n_stages = S;
+    hdr->map = (pp_stage_map)map;
+    /* rank lines */
+    for (r = 0; r < p; r++) {
+        int n = 0, line;
+        if (!_pp_tab_content(&c))
+            return _PP_TAB_FAIL("schedule table has %d rank line%s, the header says p=%ld", r, r == 1 ? "" : "s", p);
+        line = c.line;
+        if (_pp_tab_peek(&c) != 'r')
+            return _PP_TAB_FAIL("schedule table line %d, column %d: expected 'r%d:'", c.line, c.col, r);
+        _pp_tab_next(&c);
+        {
+            int col = c.col;
+            if (!_pp_tab_int(&c, &x, "a rank", err)) return PP_ERR_INVALID;
+            if (x != r)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: rank %ld where rank %d comes (one line per rank, in order)",
+                                    line, col, x, r);
+        }
+        if (_pp_tab_peek(&c) != ':') return _PP_TAB_FAIL("schedule table line %d, column %d: expected ':'", c.line, c.col);
+        _pp_tab_next(&c);
+        for (;;) {
+            int op, col, ch;
+            long mb, chunk = 0;
+            int before = c.col;
+            _pp_tab_blank(&c);
+            if (_pp_tab_eol(&c)) break;
+            if (n > 0 && c.col == before)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: expected a space between actions", c.line, c.col);
+            col = c.col;
+            ch = _pp_tab_peek(&c);
+            if (ch == 'F') op = PP_OP_F;
+            else if (ch == 'B') op = PP_OP_B;
+            else if (ch == 'W') op = PP_OP_W;
+            else if (ch > 32 && ch < 127)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: expected an action F, B or W, got '%c'", c.line, col,
+                                    (char)ch);
+            else
+                return _PP_TAB_FAIL("schedule table line %d, column %d: expected an action F, B or W, got byte 0x%02x", c.line,
+                                    col, ch);
+            _pp_tab_next(&c);
+            if (!_pp_tab_int(&c, &mb, "a micro-batch", err)) return PP_ERR_INVALID;
+            if (_pp_tab_peek(&c) == '.') {
+                _pp_tab_next(&c);
+                if (!_pp_tab_int(&c, &chunk, "a chunk", err)) return PP_ERR_INVALID;
+            }
+            if (mb >= m)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: micro-batch %ld, but m=%ld", c.line, col, mb, m);
+            if (chunk >= v)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: chunk %ld, but v=%ld", c.line, col, chunk, v);
+            if (per >= 0 && n >= per)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: rank %d has more than the %d actions of rank 0", c.line,
+                                    col, r, per);
+            if (out) _pp_sched_set_map(&out[(size_t)r * (size_t)per + (size_t)n], op, (pp_stage_map)map, (int)p, S, r, (int)mb,
+                                       (int)chunk);
+            n++;
+        }
+        if (per < 0) {
+            if (n != 2 * m * v && n != 3 * m * v)
+                return _PP_TAB_FAIL("schedule table line %d: rank 0 has %d actions; m=%ld v=%ld needs %ld (F and B) or %ld "
+                                    "(F, B and W)", line, n, m, v, 2 * m * v, 3 * m * v);
+            per = n;
+        } else if (n != per) {
+            return _PP_TAB_FAIL("schedule table line %d: rank %d has %d actions, rank 0 has %d", line, r, n, per);
+        }
+    }
+    if (_pp_tab_content(&c))
+        return _PP_TAB_FAIL("schedule table line %d, column %d: more than p=%ld rank lines", c.line, c.col, p);
+    hdr->per_rank = per;
+    return PP_OK;
+}
+
+pp_result pp_schedule_parse(const char* text, size_t len, pp_action* out, size_t cap, size_t* need, pp_schedule* s,
+                            pp_error* err) {
+    pp_schedule hdr;
+    pp_sim_result* res;
+    pp_result rc;
+    size_t n;
+    if (need) *need = 0;
+    if (!text && len > 0) return _pp_fail(err, PP_ERR_INVALID, "pp_schedule_parse: text is NULL");
+    if (!s) return _pp_fail(err, PP_ERR_INVALID, "pp_schedule_parse: s (schedule) is NULL");
+    if ((rc = _pp_tab_pass(text, len, NULL, -1, &hdr, err)) != PP_OK) return rc;
+    n = (size_t)hdr.p * (size_t)hdr.per_rank;
+    if (need) *need = n;
+    if (!out || cap < n)
+        return _pp_fail(err, PP_ERR_SIZE, "schedule table has %lu actions, cap is %lu", (unsigned long)n,
+                        (unsigned long)(out ? cap : 0));
+    if ((rc = _pp_tab_pass(text, len, out, hdr.per_rank, &hdr, err)) != PP_OK) return rc;
+    hdr.actions = out;
+    /* coverage, order, peers and deadlock: the simulator's proof */
+    res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
+    if (!res) return _pp_fail(err, PP_ERR_NOMEM, "pp_schedule_parse: simulator result");
+    rc = pp_simulate(&hdr, NULL, res, NULL, err);
+    PP_FREE(res);
+    if (rc != PP_OK) {
+        char tmp[sizeof err->msg];
+        if (err) {
+            memcpy(tmp, err->msg, sizeof tmp);
+            tmp[sizeof tmp - 1] = 0;
+            _pp_fail(err, rc, "schedule table rejected (rank r is the line 'rN:'): %s", tmp);
+        }
+        return rc;
+    }
+    *s = hdr;
+    return PP_OK;
+}
+
+void pp_schedule_write(FILE* f, const pp_schedule* s) {
+    int r, i;
+    if (!f || !s || !s->actions) return;
+    fprintf(f, "# %s: %d stages, %d actions per rank\n", pp_schedule_name(s->kind), s->n_stages, s->per_rank);
+    fprintf(f, "schedule p=%d v=%d m=%d map=%s\n", s->p, s->v, s->m, s->map == PP_MAP_V ? "v" : "loop");
+    for (r = 0; r < s->p; r++) {
+        const pp_action* a = pp_schedule_rank(s, r);
+        fprintf(f, "r%d:", r);
+        for (i = 0; i < s->per_rank; i++)
+            fprintf(f, " %c%d.%d", a[i].op == PP_OP_F ? 'F' : a[i].op == PP_OP_B ? 'B' : 'W', (int)a[i].mb, (int)a[i].chunk);
+        fprintf(f, "\n");
+    }
+}
+
 const pp_action* pp_schedule_rank(const pp_schedule* s, int rank) {
     if (!s || !s->actions || rank < 0 || rank >= s->p) return NULL;
     return s->actions + (size_t)rank * (size_t)s->per_rank;
