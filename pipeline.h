@@ -391,6 +391,13 @@ typedef struct pp_partition_desc {
 pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_partition_desc* d,
                              int* first, double* imbalance, pp_error* err);
 
+/* Min-max split under a memory cap: minimise the largest stage weight among the contiguous
+   partitions whose every stage has sum(mem) <= mem_cap (mem: e.g. a layer's parameters plus the
+   activations the schedule keeps of it). Exact, O(S*L^2) time, O(S*L) scratch. PP_ERR_SIZE when
+   no partition fits (the message says which layer or stage count is the obstacle). */
+pp_result pp_partition_capped(const double* weight, const double* mem, double mem_cap, int n_layers, int n_stages,
+                              int* first, pp_error* err);
+
 /* Print the partition, one line per stage: layers, names, weight. */
 void pp_partition_print(FILE* f, const pp_model* m, const int* first, int n_stages,
                         const double* weight);
@@ -604,6 +611,17 @@ double pp_batch_split_imbalance(const pp_batch* b, const pp_microbatch* mbs);
    thread, gradients accumulated into grads. *loss gets the step loss. */
 pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads,
                              const pp_batch* b, float* loss, pp_error* err);
+
+/* Measured per-layer times (auto-partition by measurement). Runs one untimed warm-up step and
+   `steps` timed steps of the sequential reference on this thread, and stores each layer's mean
+   wall time per step (all micro-batches of b together, seconds) of forward in t_f, backward in
+   t_b and weight_grad in t_w (t_w may be NULL; 0 without weight_grad, whose time is then in
+   t_b). grads receives steps+1 steps of gradients: pass scratch. CPU clock: layers that launch
+   asynchronous device work must synchronise in their callbacks for the times to mean anything
+   (CUDA events are for the CUDA transport). Feed t_f+t_b+t_w to pp_partition_balanced (or
+   _capped), and the per-stage sums to pp_simulate for a predicted step time. */
+pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads, const pp_batch* b, int steps,
+                            double* t_f, double* t_b, double* t_w, pp_error* err);
 
 /* >>stage ------------------------------------------------------------------------------------- */
 typedef struct pp_stage pp_stage;
@@ -983,6 +1001,69 @@ pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_pa
 cleanup:
     PP_FREE(w);
     PP_FREE(np);
+    return rc;
+}
+
+pp_result pp_partition_capped(const double* weight, const double* mem, double mem_cap, int n_layers, int n_stages,
+                              int* first, pp_error* err) {
+    /* best[s*(L+1)+l]: smallest maximum stage weight covering [0, l) with s stages that all fit */
+    double *pw = NULL, *pm = NULL, *best = NULL;
+    int *cut = NULL, s, l, j, L = n_layers;
+    const double inf = 1e308;
+    pp_result rc = PP_OK;
+    if (!weight || !mem || !first) return _pp_fail(err, PP_ERR_INVALID, "weights, memory and partition output must be non-NULL");
+    if (n_stages <= 0) return _pp_fail(err, PP_ERR_INVALID, "partition needs n_stages > 0 (got %d)", n_stages);
+    if (n_layers < n_stages)
+        return _pp_fail(err, PP_ERR_INVALID, "cannot split %d layers into %d stages (more stages than layers)", n_layers,
+                        n_stages);
+    if (!(mem_cap >= 0) || mem_cap > 1e300) return _pp_fail(err, PP_ERR_INVALID, "memory cap %g must be finite and >= 0", mem_cap);
+    for (l = 0; l < L; l++) {
+        if (!(weight[l] >= 0) || weight[l] > 1e300 || !(mem[l] >= 0) || mem[l] > 1e300)
+            return _pp_fail(err, PP_ERR_INVALID, "layer %d has weight %g, memory %g (must be finite and >= 0)", l, weight[l],
+                            mem[l]);
+        if (mem[l] > mem_cap)
+            return _pp_fail(err, PP_ERR_SIZE, "layer %d alone needs memory %g, over the cap %g", l, mem[l], mem_cap);
+    }
+    pw = (double*)_pp_calloc((size_t)L + 1, sizeof *pw);
+    pm = (double*)_pp_calloc((size_t)L + 1, sizeof *pm);
+    best = (double*)_pp_calloc((size_t)(n_stages + 1) * (size_t)(L + 1), sizeof *best);
+    cut = (int*)_pp_calloc((size_t)(n_stages + 1) * (size_t)(L + 1), sizeof *cut);
+    if (!pw || !pm || !best || !cut) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "capped partition scratch for %d layers x %d stages", L, n_stages);
+        goto cleanup;
+    }
+    for (l = 0; l < L; l++) {
+        pw[l + 1] = pw[l] + weight[l];
+        pm[l + 1] = pm[l] + mem[l];
+    }
+    for (s = 0; s <= n_stages; s++)
+        for (l = 0; l <= L; l++) best[s * (L + 1) + l] = inf;
+    best[0] = 0;
+    for (s = 1; s <= n_stages; s++)
+        for (l = s; l <= L - (n_stages - s); l++)
+            for (j = l - 1; j >= s - 1; j--) {
+                double prev = best[(s - 1) * (L + 1) + j], w = pw[l] - pw[j], c;
+                if (pm[l] - pm[j] > mem_cap) break; /* longer stages only need more */
+                if (prev >= inf) continue;
+                c = prev > w ? prev : w;
+                if (c < best[s * (L + 1) + l]) {
+                    best[s * (L + 1) + l] = c;
+                    cut[s * (L + 1) + l] = j;
+                }
+            }
+    if (best[n_stages * (L + 1) + L] >= inf) {
+        rc = _pp_fail(err, PP_ERR_SIZE, "no split of %d layers into %d stages keeps every stage's memory under %g "
+                      "(total %g: use more stages or raise the cap)", L, n_stages, mem_cap, pm[L]);
+        goto cleanup;
+    }
+    first[n_stages] = L;
+    for (s = n_stages; s >= 1; s--) first[s - 1] = cut[s * (L + 1) + first[s]];
+    rc = pp_partition_check(first, L, n_stages, err);
+cleanup:
+    PP_FREE(pw);
+    PP_FREE(pm);
+    PP_FREE(best);
+    PP_FREE(cut);
     return rc;
 }
 
@@ -1385,6 +1466,94 @@ cleanup:
     _pp_plan_free(&plan);
     return rc;
 }
+/* >>impl-profile: per-layer wall times for auto-partitioning (pp_profile_layers) */
+pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads, const pp_batch* b, int steps,
+                            double* t_f, double* t_b, double* t_w, pp_error* err) {
+    _pp_plan plan;
+    pp_tensor *act = NULL, *dact = NULL;
+    int* nact = NULL;
+    void** saved = NULL;
+    unsigned char *stash = NULL, *gws = NULL;
+    float loss = 0;
+    pp_result rc;
+    int i, l, L, step;
+    memset(&plan, 0, sizeof plan);
+    if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
+    if (!grads || !t_f || !t_b) return _pp_fail(err, PP_ERR_INVALID, "pp_profile_layers: grads, t_f and t_b must be non-NULL");
+    if (steps < 1 || steps > 1000000) return _pp_fail(err, PP_ERR_INVALID, "pp_profile_layers: steps = %d (1 .. 1e6)", steps);
+    if (!b || !b->input.data || !b->targets)
+        return _pp_fail(err, PP_ERR_INVALID, "pp_profile_layers needs the batch input data and targets");
+    L = m->n_layers;
+    for (l = 0; l < L; l++) {
+        t_f[l] = t_b[l] = 0;
+        if (t_w) t_w[l] = 0;
+    }
+    if ((rc = _pp_plan_build(&plan, m, weights, b, err)) != PP_OK) goto cleanup;
+    act = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *act);
+    dact = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *dact);
+    nact = (int*)_pp_calloc((size_t)L + 1, sizeof *nact);
+    saved = (void**)_pp_calloc((size_t)L, sizeof *saved);
+    if (!act || !dact || !nact || !saved) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "profile scratch");
+        goto cleanup;
+    }
+    for (step = 0; step <= steps; step++) {
+        for (i = 0; i < b->m; i++) {
+            const size_t* sb = &plan.saved[(size_t)i * L];
+            size_t nb = _pp_stash_carve(&plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
+            size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, NULL, NULL);
+            stash = (unsigned char*)PP_MALLOC(nb ? nb : 1);
+            gws = (unsigned char*)_pp_calloc(gb ? gb : 1, 1);
+            if (!stash || !gws) {
+                rc = _pp_fail(err, PP_ERR_NOMEM, "profile stash of micro-batch %d", i);
+                goto cleanup;
+            }
+            _pp_stash_carve(&plan, i, 0, L, 0, stash, act, nact, saved);
+            act[0] = _pp_input_view(b, &plan.mbs[i]);
+            _pp_grad_carve(&plan, i, 0, L, 0, gws, dact);
+            /* one layer at a time: the range helpers index act/nact/saved from their first layer */
+            for (l = 0; l < L; l++) {
+                double t0 = _pp_now();
+                rc = _pp_forward_range(m, weights, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
+                                       saved + l, sb, &loss, err);
+                if (rc != PP_OK) goto cleanup;
+                if (step > 0) t_f[l] += _pp_now() - t0;
+            }
+            for (l = L - 1; l >= 0; l--) {
+                double t0 = _pp_now();
+                rc = _pp_backward_range(m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
+                                        dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, err);
+                if (rc != PP_OK) goto cleanup;
+                if (step > 0) t_b[l] += _pp_now() - t0;
+            }
+            for (l = L - 1; m->weight_grad && l >= 0; l--) {
+                double t0 = _pp_now();
+                rc = _pp_wgrad_range(m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
+                                     dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, err);
+                if (rc != PP_OK) goto cleanup;
+                if (step > 0 && t_w) t_w[l] += _pp_now() - t0;
+            }
+            PP_FREE(stash);
+            PP_FREE(gws);
+            stash = gws = NULL;
+        }
+    }
+    for (l = 0; l < L; l++) {
+        t_f[l] /= steps;
+        t_b[l] /= steps;
+        if (t_w) t_w[l] /= steps;
+    }
+cleanup:
+    PP_FREE(stash);
+    PP_FREE(gws);
+    PP_FREE(act);
+    PP_FREE(dact);
+    PP_FREE(nact);
+    PP_FREE(saved);
+    _pp_plan_free(&plan);
+    return rc;
+}
+
 /* wip/schedule_impl.inc - schedules, simulator and timeline printers of pipeline.h.
    Included by pipeline.h inside its implementation section (after stdlib, string, math, stdio,
    inside extern "C"). Uses _pp_fail, _pp_calloc, PP_MALLOC and PP_FREE from there.

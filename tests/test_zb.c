@@ -482,11 +482,111 @@ static void test_gradients(void) {
     free(gbuf);
 }
 
+/* ---- measured auto-partition --------------------------------------------------------------- */
+
+/* Brute force: every composition of L layers into S non-empty stages. */
+static double brute_capped(const double* w, const double* mem, double cap, int L, int S) {
+    double best = 1e308;
+    int cuts[8], k;
+    for (k = 0; k < S; k++) cuts[k] = k; /* stage k starts at cuts[k] */
+    for (;;) {
+        double worst = 0;
+        int ok = 1, st;
+        for (st = 0; st < S; st++) {
+            int a = cuts[st], b = st + 1 < S ? cuts[st + 1] : L, l;
+            double sw = 0, sm = 0;
+            for (l = a; l < b; l++) sw += w[l], sm += mem[l];
+            if (sm > cap) ok = 0;
+            if (sw > worst) worst = sw;
+        }
+        if (ok && worst < best) best = worst;
+        /* next composition: advance the last cut that can move */
+        for (k = S - 1; k >= 1; k--)
+            if (cuts[k] < L - (S - k)) break;
+        if (k < 1) break;
+        cuts[k]++;
+        for (st = k + 1; st < S; st++) cuts[st] = cuts[st - 1] + 1;
+    }
+    return best;
+}
+
+static void test_partition_capped(void) {
+    uint64_t seed = 5;
+    int t, fails = 0;
+    double w[5] = {1, 1, 1, 1, 10}, mem[5] = {1, 1, 1, 1, 1};
+    int first[9];
+    pp_error err;
+    CHECK(pp_partition_capped(w, mem, 3, 5, 2, first, &err) == PP_OK && first[1] == 3, "capped split at %d: %s", first[1],
+          err.msg);
+    CHECK(pp_partition_capped(w, mem, 2, 5, 2, first, &err) == PP_ERR_SIZE && strstr(err.msg, "no split"), "%s", err.msg);
+    mem[4] = 7;
+    CHECK(pp_partition_capped(w, mem, 5, 5, 2, first, &err) == PP_ERR_SIZE && strstr(err.msg, "layer 4 alone"), "%s",
+          err.msg);
+    for (t = 0; t < 300; t++) {
+        double ww[8], mm[8], cap, want, got = -1, mx = 0;
+        int L = 1 + (int)(mlp_rng_next(&seed) % 8), S = 1 + (int)(mlp_rng_next(&seed) % (uint64_t)L), l, st;
+        pp_result rc;
+        for (l = 0; l < L; l++) {
+            ww[l] = (double)(mlp_rng_next(&seed) % 10);
+            mm[l] = (double)(1 + mlp_rng_next(&seed) % 5);
+            if (mm[l] > mx) mx = mm[l];
+        }
+        cap = mx + (double)(mlp_rng_next(&seed) % 12);
+        want = brute_capped(ww, mm, cap, L, S);
+        rc = pp_partition_capped(ww, mm, cap, L, S, first, &err);
+        if (rc == PP_OK) {
+            got = 0;
+            for (st = 0; st < S; st++) {
+                double sw = 0, sm = 0;
+                for (l = first[st]; l < first[st + 1]; l++) sw += ww[l], sm += mm[l];
+                if (sm > cap) got = 1e300;
+                if (sw > got) got = sw;
+            }
+        }
+        if ((want >= 1e308) != (rc == PP_ERR_SIZE) || (rc == PP_OK && got != want)) {
+            if (fails++ < 3) printf("  capped L=%d S=%d cap=%g: got %g (%s), brute force %g\n", L, S, cap, got, pp_result_str(rc), want);
+        }
+    }
+    CHECK(fails == 0, "%d capped partitions differ from brute force", fails);
+}
+
+static void test_profile(void) {
+    mlp_model w, g, gref, tmp;
+    mlpz_model wz, gz, gzref;
+    float *wbuf, *gbuf, *gbuf2, x[ROWS * IN], loss;
+    int32_t y[ROWS];
+    double tf[MLP_DEPTH + 1], tb[MLP_DEPTH + 1], tw[MLP_DEPTH + 1];
+    pp_model split = mlpz_model_desc();
+    pp_batch b;
+    pp_error err;
+    int l, ok = 1, i;
+    memset(&w, 0, sizeof w);
+    wbuf = mlp_init(&w, &g, DIMS, 3, &gbuf);
+    free(mlp_init(&tmp, &gref, DIMS, 3, &gbuf2));
+    mlpz_from_mlp(&wz, &w);
+    mlpz_from_mlp(&gz, &g);
+    mlpz_from_mlp(&gzref, &gref);
+    mlp_make_data(x, y, ROWS, IN, CLASSES, 4, 5);
+    make_batch(&b, x, y, 3);
+    CHECK(pp_profile_layers(&split, &wz, &gz, &b, 2, tf, tb, tw, &err) == PP_OK, "%s", err.msg);
+    for (l = 0; l <= MLP_DEPTH; l++) ok = ok && tf[l] >= 0 && tb[l] >= 0 && tw[l] >= 0;
+    CHECK(ok, "profile times must be >= 0");
+    /* the profile ran 3 steps of the sequential reference, in its order */
+    for (i = 0; i < 3; i++) pp_sequential_step(&split, &wz, &gzref, &b, &loss, &err);
+    CHECK(memcmp(gbuf, gbuf2, mlp_param_count(DIMS) * sizeof(float)) == 0, "profile gradients differ from 3 reference steps");
+    CHECK(pp_profile_layers(&split, &wz, &gz, &b, 0, tf, tb, tw, &err) == PP_ERR_INVALID, "steps = 0");
+    free(wbuf);
+    free(gbuf);
+    free(gbuf2);
+}
+
 int main(void) {
     test_zb_schedules();
     test_bubble_order();
     test_round_trip();
     test_bad_tables();
     test_gradients();
+    test_partition_capped();
+    test_profile();
     return TEST_DONE("zb");
 }
