@@ -9,7 +9,8 @@
 
    WHAT IT DOES
    You declare your model as a typed list of layers, write plain forward/backward functions over
-   flat buffers, and pick a schedule (GPipe, 1F1B, interleaved 1F1B). The library splits the layers
+   flat buffers, and pick a schedule (GPipe, 1F1B, interleaved 1F1B, zero-bubble ZB-H1 and ZB-V,
+   or your own as a text table). The library splits the layers
    into stages, generates each rank's ordered action list {op, micro-batch, chunk}, proves it free
    of deadlock with a simulator, and walks it: receiving activations, calling your functions,
    stashing what backward needs, sending results, accumulating gradients over micro-batches.
@@ -58,6 +59,23 @@
    pipelined run: results are bit-identical when the accumulation order is the same, which it is
    for every built-in schedule (each stage runs backward in ascending micro-batch order).
 
+   SPLIT BACKWARD (zero-bubble schedules)
+   PP_MODEL_SPLIT(name, LIST) takes X(layer, P, forward, backward, weight_grad, describe, count):
+   backward(w, g, io) then writes only io->d_in (B: the input gradient the previous stage waits
+   for) and weight_grad(w, g, io) adds the parameter gradient (W: nobody waits, a schedule may
+   defer it). It sees the io backward saw; the executor keeps stash and gradients alive until W.
+   A layer without the split names PP_NO_WGRAD there and does both in backward. Any model runs on
+   any schedule: without W actions W runs inside B; without weight_grad a W action is a no-op.
+
+   SCHEDULES AS TEXT
+       schedule p=2 v=1 m=2            # map=loop (default) or map=v
+       r0: F0 F1 B0 W0 B1 W1
+       r1: F0 B0 F1 B1 W0 W1
+   pp_schedule_parse(text, len, out, cap, &need, &sched, &err) checks it (errors name line and
+   column), proves it with the simulator and fills sched; pp_schedule_write prints one.
+   AUTO-PARTITION: pp_profile_layers measures each layer's F, B, W; pp_partition_balanced or
+   pp_partition_capped (under a memory cap per stage) splits on the measured times.
+
    CONFIGURATION (define before including, in the implementation file)
        PP_MALLOC(sz) / PP_FREE(p)   allocator (default malloc/free); define both or neither
        PP_ASSERT(c)                 internal invariants only, never user errors (default assert)
@@ -84,13 +102,15 @@
 
    SECTIONS  (search for ">>name")
    >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>transport
-   >>threads >>batch >>stage >>impl
+   >>threads >>batch >>stage >>impl (>>impl-profile: pp_profile_layers)
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
           pictures, executor, threads transport, packed variable-length micro-batches
           (cu_seqlens, split policies, LOCAL/BROADCAST/PER_MESSAGE/AUTO shape policies),
           several tensors per stage boundary.
+          Then: split backward (PP_MODEL_SPLIT, W actions), ZB-H1 and ZB-V (V stage map),
+          schedules as text tables, measured and memory-capped partitions.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
