@@ -3891,6 +3891,10 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
    travel with the data (PER_MESSAGE, AUTO): its sizes are not final until that F received. */
 static int _pp_can_prepare(const pp_stage* s, int idx) {
     const pp_action* a = &s->list[idx];
+    /* AUTO, an F fed by this rank itself (the turn of the V map, interleaved at p = 1): posting
+       it early would apply its learned input shapes to the plan before this rank's own F that
+       produces them has run */
+    if (a->op == PP_OP_F && s->d.shapes == PP_SHAPES_AUTO && a->prev_rank == s->d.rank) return 0;
     if (a->op != PP_OP_B || s->d.shapes == PP_SHAPES_LOCAL || s->d.shapes == PP_SHAPES_BROADCAST) return 1;
     return s->live[a->mb * s->v + a->chunk] != NULL;
 }

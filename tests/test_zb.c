@@ -243,6 +243,8 @@ typedef struct world {
     const int* first;
     pp_threads* threads;
     const pp_batch* batch;
+    const pp_batch* batch2;         /* a second step, or NULL */
+    pp_shape_policy shapes;
     pp_step_stats stats[PP_MAX_RANKS];
     pp_result rc[PP_MAX_RANKS];
     char msg[PP_MAX_RANKS][512];
@@ -263,12 +265,14 @@ static pp_result rank_main(int rank, void* user) {
     d.rank = rank;
     d.transport = pp_threads_transport(W->threads, rank);
     d.timeout_s = 20;
+    d.shapes = W->shapes;
     rc = pp_stage_create(&d, &st, &err);
     if (rc != PP_OK) {
         snprintf(W->msg[rank], sizeof W->msg[rank], "%s", err.msg);
         return W->rc[rank] = rc;
     }
     rc = pp_stage_step(st, W->batch, &W->stats[rank]);
+    if (rc == PP_OK && W->batch2) rc = pp_stage_step(st, W->batch2, &W->stats[rank]);
     if (rc != PP_OK) snprintf(W->msg[rank], sizeof W->msg[rank], "%s", pp_stage_error(st));
     W->rc[rank] = rc;
     pp_stage_destroy(st);
@@ -290,6 +294,9 @@ typedef struct ref {
 } ref;
 
 /* Runs sched on the threads transport with the split (or fused) model; compares with ref. */
+static pp_shape_policy g_shapes = PP_SHAPES_LOCAL;
+static const pp_batch* g_batch2 = NULL;
+
 static int run_sched(const pp_schedule* sched, const int* first, int split, const ref* R, const pp_batch* b,
                      const char* what) {
     static world W;
@@ -305,6 +312,8 @@ static int run_sched(const pp_schedule* sched, const int* first, int split, cons
     W.sched = sched;
     W.first = first;
     W.batch = b;
+    W.shapes = g_shapes;
+    W.batch2 = g_batch2;
     pp_threads_create(p, &W.threads, &err);
     for (r = 0; r < p; r++) {
         mlp_model tmp;
@@ -476,6 +485,33 @@ static void test_gradients(void) {
         cases += 1;
         good += run_sched(&s, first, 1, &R, &b, "parsed V table p=2 m=2, split model");
         free(acts);
+    }
+    /* the shape policies that send metadata, with deferred W (the V's turn is a send to self) */
+    {
+        static const char* const pol_name[] = {"local", "broadcast", "per_message", "auto"};
+        int pol, k;
+        pp_batch b2;
+        /* two steps whose shapes differ (the second batch has fewer rows), so AUTO re-learns */
+        make_batch(&b, x, y, 5);
+        make_batch(&b2, x, y, 5);
+        b2.input.rows = ROWS - 6;
+        memset(gbuf, 0, mlp_param_count(DIMS) * sizeof(float));
+        pp_sequential_step(&fused, &R.w, &R.g, &b, &R.loss, &err);
+        pp_sequential_step(&fused, &R.w, &R.g, &b2, &R.loss, &err);
+        g_batch2 = &b2;
+        for (pol = PP_SHAPES_BROADCAST; pol <= PP_SHAPES_AUTO; pol++)
+            for (k = PP_SCHED_ZB_H1; k <= PP_SCHED_ZB_V; k++)
+                for (p = 2; p <= 3; p++) {
+                    int v = k == PP_SCHED_ZB_V ? 2 : 1, first[9];
+                    char part[64];
+                    pp_partition_uniform(MLP_DEPTH + 1, p * v, first, &err);
+                    snprintf(part, sizeof part, "uniform, shapes %s", pol_name[pol]);
+                    g_shapes = (pp_shape_policy)pol;
+                    cases++;
+                    good += run_kind((pp_schedule_kind)k, p, v, 5, first, 1, &R, &b, part);
+                }
+        g_shapes = PP_SHAPES_LOCAL;
+        g_batch2 = NULL;
     }
     printf("gradient equality: %d of %d configurations bit-exact\n", good, cases);
     free(wbuf);
