@@ -1978,13 +1978,8 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
 void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chunk) {
     int r = -1, c = -1;
     if (s && s->p > 0 && stage >= 0 && stage < s->n_stages) {
-        if (s->map == PP_MAP_V) {
-            r = _pp_sched_map_rank(PP_MAP_V, s->p, stage);
-            c = stage < s->p ? 0 : 1;
-        } else {
-            r = stage % s->p;
-            c = stage / s->p;
-        }
+        r = _pp_sched_map_rank(s->map, s->p, stage);
+        c = s->map == PP_MAP_V ? (stage < s->p ? 0 : 1) : stage / s->p;
     }
     if (rank) *rank = r;
     if (chunk) *chunk = c;
