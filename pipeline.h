@@ -3093,7 +3093,8 @@ int pp_schedule_stage(const pp_schedule* sc, int rank, int chunk) {
 
 /* >>impl-stage
    The executor. Memory comes in blocks from a per-stage pool: a stash per (micro-batch, chunk)
-   from its F to its B, and a gradient workspace for the length of one B. A block whose sends
+   from its F to its B, and a gradient workspace for the length of one B; when W is deferred (the
+   schedule has W actions and the model a weight_grad) both live on until that W. A block whose sends
    are still in flight retires until the transport says they completed, then returns to the
    pool. Receives of the next action are posted before the current one computes. */
 /* A shape header: what PER_MESSAGE sends before every activation transfer, and AUTO when

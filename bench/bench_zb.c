@@ -9,7 +9,10 @@
       (warm-up steps excluded). #wrong counts steps whose loss is not bit-identical to the
       sequential reference's, plus 1 if the accumulated gradients are not.
 
-     build/bench_zb [--p P] [--m M] [--hidden H] [--rows R] [--steps N]
+     build/bench_zb [--p P] [--m M] [--hidden H] [--rows R] [--steps N] [--costs-out FILE]
+
+   --costs-out writes the measured per-layer times per micro-batch (ms, lines "f b w") in the
+   format `pp-sched rank --costs @FILE` reads: "which schedule should I use?" for this model.
 
    CPU threads: each rank needs its own core for the measured figures to mean anything; with
    more ranks than cores (or other work on the machine) the measured times are noisy. */
@@ -148,6 +151,19 @@ int main(int argc, char** argv) {
         if (l < 2 || l >= L - 2) printf("  %2d %-6s %7.3f %7.3f %7.3f\n", l, model.layer_name(l), tf[l] * 1e3, tb[l] * 1e3, tw[l] * 1e3);
         else if (l == 2) printf("  ..\n");
     }
+
+    for (i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--costs-out")) {
+            FILE* cf = fopen(argv[i + 1], "w");
+            if (!cf) {
+                fprintf(stderr, "bench_zb: cannot write %s\n", argv[i + 1]);
+                return 2;
+            }
+            fprintf(cf, "# measured by bench_zb: per layer, per micro-batch, ms: f b w\n");
+            for (l = 0; l < L; l++) fprintf(cf, "%.6f %.6f %.6f\n", tf[l] * 1e3 / m, tb[l] * 1e3 / m, tw[l] * 1e3 / m);
+            fclose(cf);
+            printf("wrote %s (pp-sched rank -p %d -m %d --costs @%s)\n", argv[i + 1], p, m, argv[i + 1]);
+        }
 
     /* 2. each schedule: partition by measured time, predict, then run. The schedules take turns
        (rounds of steps / ROUNDS timed steps each) so that a change in the machine's load hits
