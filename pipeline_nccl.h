@@ -19,7 +19,7 @@
    - NCCL has no tags: messages between two ranks match in the order they are posted. The
      executor posts in schedule order, so the order agrees on both sides when every rank's list
      implies the same per-pair sequence; pp_nccl_check_order proves that for a schedule. It holds
-     for GPipe, 1F1B and interleaved with p >= 3; with p = 2 one pair of ranks carries both
+     for GPipe, 1F1B, ZB-H1, ZB-V and interleaved with p >= 3; with p = 2 one pair carries both
      activations and gradients, and interleaved p = 2 with an odd m >= 5 posts them in another
      order than they are sent (found by the check, tests/test_nccl.c): such a schedule, or a
      user's list that breaks the order, is refused with the first mismatching message named.

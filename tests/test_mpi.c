@@ -1,5 +1,6 @@
 /* tests/test_mpi.c - the executor across processes over MPI: a pp x dp grid, tied embedding/head,
-   packed variable-length micro-batches, every schedule and shape policy; aborts and timeouts.
+   packed variable-length micro-batches, every schedule (GPipe, 1F1B, interleaved, ZB-H1, ZB-V)
+   and shape policy; aborts and timeouts.
 
    Run under mpirun with 2, 4 or 8 processes (make test does all three); every configuration
    whose pp divides the world size runs. Exactness: a pipelined step gives the sequential
@@ -408,6 +409,10 @@ int main(int argc, char** argv) {
         }
         /* pp in {2, 4} x dp in {1, 2} */
         for (k = 0; k < 3; k++) run_case(kinds[k], pp, kinds[k] == PP_SCHED_INTERLEAVED ? 2 : 1, 5, PP_SHAPES_LOCAL);
+        /* zero bubble: W actions (a no-op for this model, whose backward is whole); ZB-V puts the
+           first and the last stage on rank 0, so the tied sum is local there */
+        run_case(PP_SCHED_ZB_H1, pp, 1, 5, PP_SHAPES_LOCAL);
+        run_case(PP_SCHED_ZB_V, pp, 2, 5, PP_SHAPES_LOCAL);
         run_case(PP_SCHED_1F1B, pp, 1, 4, PP_SHAPES_BROADCAST);
         run_case(PP_SCHED_1F1B, pp, 1, 4, PP_SHAPES_PER_MESSAGE);
         run_case(PP_SCHED_INTERLEAVED, pp, 2, 4, PP_SHAPES_AUTO);

@@ -21,12 +21,13 @@ static void order_checks(void) {
         {PP_SCHED_1F1B, 4, 1, 8, 1},  {PP_SCHED_1F1B, 4, 1, 2, 1},     {PP_SCHED_INTERLEAVED, 3, 2, 6, 1},
         {PP_SCHED_INTERLEAVED, 4, 2, 8, 1}, {PP_SCHED_INTERLEAVED, 4, 3, 5, 1}, {PP_SCHED_INTERLEAVED, 2, 2, 4, 1},
         {PP_SCHED_INTERLEAVED, 2, 2, 3, 1}, {PP_SCHED_INTERLEAVED, 2, 2, 1, 1}, {PP_SCHED_INTERLEAVED, 2, 2, 6, 1},
+        {PP_SCHED_ZB_H1, 4, 1, 8, 1}, {PP_SCHED_ZB_H1, 2, 1, 5, 1}, {PP_SCHED_ZB_V, 2, 2, 5, 1}, {PP_SCHED_ZB_V, 4, 2, 7, 1},
         /* p = 2, odd m >= 5: one pair carries activations and gradients in different orders */
         {PP_SCHED_INTERLEAVED, 2, 2, 5, 0}, {PP_SCHED_INTERLEAVED, 2, 3, 7, 0}, {PP_SCHED_INTERLEAVED, 2, 4, 9, 0},
     };
     int i;
     for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
-        pp_action acts[4 * 4 * 2 * 9 + 16];
+        pp_action acts[4 * 4 * 3 * 9 + 16];
         pp_schedule s;
         pp_error err;
         pp_result rc = pp_schedule_make(cases[i].k, cases[i].p, cases[i].v, cases[i].m, acts, sizeof acts / sizeof acts[0], &s, &err);
