@@ -6,7 +6,7 @@
        mpirun -np 4 build/tlm_mpi --pp 2              (pp = 2 x dp = 2)
        srun -n 8 build/tlm_mpi --pp 4 --schedule interleaved
 
-   Options: --pp N (default: the world size), --schedule gpipe|1f1b|interleaved, --m N
+   Options: --pp N (default: the world size), --schedule gpipe|1f1b|interleaved|zb-h1|zb-v, --m N
    (micro-batches, default 4), --steps N (default 100), --lr X (default 1.0), --check (rank 0
    also trains the same model sequentially, replicas one after another, and the run fails
    unless its embedding, which rank 0 owns, matches the sequential one bit for bit at the end;
@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
     }
     pipe = pp_mpi_transport(g.pipe);
     dpt = pp_mpi_transport(g.dp);
-    v = kind == PP_SCHED_INTERLEAVED ? 2 : 1;
+    v = kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V ? 2 : 1;
     acts = (pp_action*)malloc(pp_schedule_size(kind, pp, v, m) * sizeof *acts);
     rc = acts ? pp_schedule_make(kind, pp, v, m, acts, pp_schedule_size(kind, pp, v, m), &sc, &err) : PP_ERR_NOMEM;
     if (rc == PP_OK && pp * v > 64) rc = _pp_fail(&err, PP_ERR_INVALID, "at most 64 stages here");
