@@ -37,7 +37,7 @@
        pp_mpi_set_spin(t, 1)                       busy-poll waits (one rank per core)
        pp_mpi_set_ordered_sum(t, 1)                all-reduce in rank order (bit-reproducible)
        pp_mpi_destroy(t)
-       pp_mpi_grid_create(world, pp, order, &g, &err)   pp x dp grid: g.grid, g.pipe, g.dp
+       pp_mpi_grid_create(world, pp, order, &g, &err)   pp x dp grid: g.grid, g.pipe, g.dp, g.tied
        pp_mpi_grid_destroy(&g)
 */
 #ifndef PIPELINE_MPI_H
@@ -68,12 +68,15 @@ void pp_mpi_set_spin(pp_mpi* t, int spin);
 void pp_mpi_set_ordered_sum(pp_mpi* t, int ordered);
 
 /* A pp x dp grid over `world`: pipe is this rank's pipeline (its rank there is grid.pp_rank),
-   dp its data-parallel group (rank grid.dp_rank). Both abort together. The tied pair is
-   {0, pp - 1} on pipe. */
+   dp its data-parallel group (rank grid.dp_rank), tied the pair {first, last stage rank} of this
+   pipeline (ranks 0 and 1 there; NULL on the ranks in between; with pp = 1 a one-rank group).
+   All abort together. Use tied when the embedding lives on pp rank 0 and the head on pp rank
+   pp - 1; otherwise pass the owners' pipe ranks to pp_tied_sum_grads over pipe. */
 typedef struct pp_mpi_grid {
     pp_grid grid;
     pp_mpi* pipe;
     pp_mpi* dp;
+    pp_mpi* tied;
 } pp_mpi_grid;
 
 pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* out, pp_error* err);
@@ -532,7 +535,7 @@ void pp_mpi_set_ordered_sum(pp_mpi* t, int ordered) {
 }
 
 pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* g, pp_error* err) {
-    MPI_Comm pipe = MPI_COMM_NULL, dp = MPI_COMM_NULL;
+    MPI_Comm pipe = MPI_COMM_NULL, dp = MPI_COMM_NULL, tied = MPI_COMM_NULL;
     int n = 0, me = 0, color, key;
     pp_result rc;
     if (!g) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
@@ -549,10 +552,18 @@ pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi
         MPI_Comm_free(&pipe);
         return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Comm_split for the data-parallel group");
     }
+    pp_grid_tied_split(&g->grid, &color, &key);
+    if (MPI_Comm_split(world, color < 0 ? MPI_UNDEFINED : color, key, &tied) != MPI_SUCCESS) {
+        MPI_Comm_free(&pipe);
+        MPI_Comm_free(&dp);
+        return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Comm_split for the tied pair");
+    }
     rc = _pp_mpi_create(pipe, NULL, world, &g->pipe, err);
     if (rc == PP_OK) rc = _pp_mpi_create(dp, g->pipe->dom, MPI_COMM_NULL, &g->dp, err);
+    if (rc == PP_OK && tied != MPI_COMM_NULL) rc = _pp_mpi_create(tied, g->pipe->dom, MPI_COMM_NULL, &g->tied, err);
     MPI_Comm_free(&pipe);
     MPI_Comm_free(&dp);
+    if (tied != MPI_COMM_NULL) MPI_Comm_free(&tied);
     if (rc != PP_OK) {
         pp_mpi_grid_destroy(g);
         return rc;
@@ -562,9 +573,10 @@ pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi
 
 void pp_mpi_grid_destroy(pp_mpi_grid* g) {
     if (!g) return;
+    pp_mpi_destroy(g->tied);
     pp_mpi_destroy(g->dp);
     pp_mpi_destroy(g->pipe);
-    g->dp = g->pipe = NULL;
+    g->tied = g->dp = g->pipe = NULL;
 }
 
 #ifdef __cplusplus

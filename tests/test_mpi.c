@@ -216,8 +216,19 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
         rc = pp_stage_step(st, &s->b, &stats);
         CHECK(rc == PP_OK, "%s step %d: rank %d: %s", name, step, W_RANK, pp_stage_error(st));
         if (rc != PP_OK) break;
-        rc = pp_tied_sum_grads(&pipe, pair, owns[TLM_EMBED_LAYER] ? gw.embed[0].E : NULL,
-                               owns[TLM_HEAD_LAYER] ? gw.head[0].E : NULL, nE, PP_F32, 30, &err);
+        if (step == 1 && pair[0] == 0 && pair[1] == pp - 1 && pp > 1) {
+            /* the grid's own tied-pair communicator (first and last stage rank): same bits */
+            static const int tp[2] = {0, 1};
+            pp_transport tt = pp_mpi_transport(g.tied);
+            rc = !g.tied ? PP_OK
+                         : pp_tied_sum_grads(&tt, tp, owns[TLM_EMBED_LAYER] ? gw.embed[0].E : NULL,
+                                             owns[TLM_HEAD_LAYER] ? gw.head[0].E : NULL, nE, PP_F32, 30, &err);
+            CHECK((g.tied != NULL) == (g.grid.pp_rank == 0 || g.grid.pp_rank == pp - 1), "%s: rank %d: tied communicator",
+                  name, W_RANK);
+        } else {
+            rc = pp_tied_sum_grads(&pipe, pair, owns[TLM_EMBED_LAYER] ? gw.embed[0].E : NULL,
+                                   owns[TLM_HEAD_LAYER] ? gw.head[0].E : NULL, nE, PP_F32, 30, &err);
+        }
         if (rc == PP_OK) rc = pp_grad_allreduce(&dpt, NULL, 0, garena, n, PP_F32, 1.0 / g.grid.dp, 30, &err);
         CHECK(rc == PP_OK, "%s step %d: gradient sync: %s", name, step, err.msg);
         if (rc != PP_OK) break;
