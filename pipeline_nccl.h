@@ -35,9 +35,10 @@
      (pp_nccl_unique_id_file, with a deadline); pp_nccl_comm_init binds the GPU (local rank modulo
      the device count) and creates the communicator without blocking past its deadline.
    - Grid: pp_nccl_grid_create splits the world communicator with ncclCommSplit (NCCL >= 2.18)
-     into the pipeline group and the data-parallel group of a pp x dp grid (pipeline.h's
-     pp_grid colours); tied layers use the pipeline transport with the pair of ranks that own
-     them (pp_tied_sum_grads), data parallelism the dp transport (pp_grad_allreduce).
+     into the pipeline group, the data-parallel group and the tied pair (first and last stage
+     rank) of a pp x dp grid (pipeline.h's pp_grid colours); tied layers use the tied transport,
+     or the pipeline transport with the pair of ranks that own them (pp_tied_sum_grads), data
+     parallelism the dp transport (pp_grad_allreduce).
 
    USAGE (one process per GPU; examples/gpt_nccl.cu where present)
        pp_launch L; pp_launch_from_env(&L, &err);
@@ -92,6 +93,7 @@ typedef struct pp_nccl_grid {
     pp_grid grid;
     pp_nccl* pipe;
     pp_nccl* dp;
+    pp_nccl* tied;              /* first and last stage rank of this pipeline; NULL between */
 } pp_nccl_grid;
 
 pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cudaStream_t compute, double timeout_s,
@@ -624,7 +626,7 @@ pp_result pp_nccl_comm_init(const pp_launch* L, const ncclUniqueId* id, double t
 pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cudaStream_t compute, double timeout_s,
                               pp_nccl_grid* g, pp_error* err) {
 #if NCCL_VERSION_CODE >= 21800
-    ncclComm_t pipe = NULL, dp = NULL;
+    ncclComm_t pipe = NULL, dp = NULL, tied = NULL;
     int n = 0, me = 0, color, key;
     double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
     pp_nccl_desc d;
@@ -650,6 +652,19 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
         ncclCommDestroy(pipe);
         return rc;
     }
+    /* the tied pair: ranks in none pass NCCL_SPLIT_NOCOLOR and get no communicator */
+    pp_grid_tied_split(&g->grid, &color, &key);
+    r = ncclCommSplit(world, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &tied, NULL);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        ncclCommDestroy(pipe);
+        ncclCommDestroy(dp);
+        return _pp_fail(err, PP_ERR_TRANSPORT, "ncclCommSplit (tied pair): %s", ncclGetErrorString(r));
+    }
+    if (tied && (rc = _ppn_settle(tied, deadline, "ncclCommSplit (tied pair)", err)) != PP_OK) {
+        ncclCommDestroy(pipe);
+        ncclCommDestroy(dp);
+        return rc;
+    }
     memset(&d, 0, sizeof d);
     d.compute = compute;
     d.own_comm = 1;
@@ -657,9 +672,12 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
     rc = pp_nccl_create(&d, &g->pipe, err);
     d.comm = dp;
     if (rc == PP_OK) rc = pp_nccl_create(&d, &g->dp, err);
+    d.comm = tied;
+    if (rc == PP_OK && tied) rc = pp_nccl_create(&d, &g->tied, err);
     if (rc != PP_OK) {
         if (!g->pipe) ncclCommDestroy(pipe);
-        ncclCommDestroy(dp);
+        if (!g->dp) ncclCommDestroy(dp);
+        if (tied && !g->tied) ncclCommDestroy(tied);
         pp_nccl_grid_destroy(g);
     }
     return rc;
@@ -673,9 +691,10 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
 
 void pp_nccl_grid_destroy(pp_nccl_grid* g) {
     if (!g) return;
+    pp_nccl_destroy(g->tied);
     pp_nccl_destroy(g->dp);
     pp_nccl_destroy(g->pipe);
-    g->dp = g->pipe = NULL;
+    g->tied = g->dp = g->pipe = NULL;
 }
 
 /* One message in a pair's sequence: (micro-batch, boundary stage, direction). */
