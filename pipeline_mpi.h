@@ -383,14 +383,12 @@ static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype
             return _pp_fail(err, PP_ERR_TRANSPORT, "rank %d: all-reduce: %s", t->rank, e);
         }
         if (flag) return PP_OK;
-        /* A collective cannot be cancelled: after an abort or a timeout the request is left to
-           MPI (the transport is unusable from here on and should be destroyed). */
-        if ((round & 7) == 0 && _pp_mpi_poll_abort(t)) {
-            MPI_Request_free(&r);
+        /* A nonblocking collective may be neither cancelled nor freed (the standard calls both
+           erroneous): after an abort or a timeout its request is abandoned, and the transport,
+           unusable from here on, should be destroyed. */
+        if ((round & 7) == 0 && _pp_mpi_poll_abort(t))
             return _pp_fail(err, PP_ERR_ABORTED, "rank %d stopped waiting in an all-reduce: %s", t->rank, t->dom->msg);
-        }
         if (_pp_now() > deadline) {
-            MPI_Request_free(&r);
             t->dom->aborted = 1;
             snprintf(t->dom->msg, sizeof t->dom->msg, "rank %d: all-reduce timed out", t->rank);
             return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s in an all-reduce over %d ranks", t->rank, dt,
