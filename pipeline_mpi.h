@@ -124,6 +124,7 @@ typedef struct _pp_mpi_op {
 struct pp_mpi {
     MPI_Comm comm;
     int rank, size, tag_ub, spin, ordered;
+    int abandoned;              /* an all-reduce was left unfinished: its communicator must live on */
     _pp_mpi_domain* dom;
     _pp_mpi_op* ops;
     uint64_t bytes_sent, msgs_sent;
@@ -386,9 +387,12 @@ static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype
         /* A nonblocking collective may be neither cancelled nor freed (the standard calls both
            erroneous): after an abort or a timeout its request is abandoned, and the transport,
            unusable from here on, should be destroyed. */
-        if ((round & 7) == 0 && _pp_mpi_poll_abort(t))
+        if ((round & 7) == 0 && _pp_mpi_poll_abort(t)) {
+            t->abandoned = 1;
             return _pp_fail(err, PP_ERR_ABORTED, "rank %d stopped waiting in an all-reduce: %s", t->rank, t->dom->msg);
+        }
         if (_pp_now() > deadline) {
+            t->abandoned = 1;
             t->dom->aborted = 1;
             snprintf(t->dom->msg, sizeof t->dom->msg, "rank %d: all-reduce timed out", t->rank);
             return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s in an all-reduce over %d ranks", t->rank, dt,
@@ -513,7 +517,9 @@ void pp_mpi_destroy(pp_mpi* t) {
     if (!t) return;
     while (t->ops) _pp_mpi_drop(t, t->ops);
     _pp_mpi_domain_release(t->dom);
-    MPI_Comm_free(&t->comm);
+    /* MPI keeps progressing an unfinished collective on its communicator (Open MPI's libnbc
+       crashes if that communicator is freed under it): leave such a communicator to MPI */
+    if (!t->abandoned) MPI_Comm_free(&t->comm);
     PP_FREE(t);
 }
 

@@ -354,6 +354,31 @@ static void fail_case(int mode) {
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* A rank that aborts instead of joining a data-parallel all-reduce: the others leave the
+   all-reduce with PP_ERR_ABORTED, quickly, instead of hanging in it. */
+static void allreduce_abort_case(void) {
+    pp_mpi* t = NULL;
+    pp_error err;
+    pp_transport tr;
+    float buf[64];
+    double t0 = MPI_Wtime(), dt;
+    pp_result rc;
+    memset(buf, 0, sizeof buf);
+    CHECK(pp_mpi_create(MPI_COMM_WORLD, MPI_COMM_NULL, &t, &err) == PP_OK, "create: %s", err.msg);
+    if (!t) return;
+    tr = pp_mpi_transport(t);
+    if (W_RANK == W_SIZE - 1) {
+        tr.abort(tr.self, PP_ERR_LAYER, "optimizer failed");
+    } else {
+        rc = pp_grad_allreduce(&tr, NULL, 0, buf, 64, PP_F32, 1.0, 30, &err);
+        dt = MPI_Wtime() - t0;
+        CHECK(rc == PP_ERR_ABORTED && strstr(err.msg, "all-reduce") && strstr(err.msg, "layer callback failed") && dt < 5.0,
+              "rank %d: all-reduce with a rank that aborted: %s after %.2f s (%s)", W_RANK, pp_result_str(rc), dt, err.msg);
+    }
+    pp_mpi_destroy(t);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 static void env_and_grid_checks(void) {
     pp_launch L;
     pp_grid g;
@@ -432,6 +457,7 @@ int main(int argc, char** argv) {
     if (W_SIZE >= 2 && W_SIZE <= 8) {
         fail_case(0);
         fail_case(1);
+        allreduce_abort_case();
     }
     mine[0] = _t_pass;
     mine[1] = _t_fail;
