@@ -83,8 +83,8 @@
    nccl    (pipeline_nccl.h)  one process per GPU
 
    SECTIONS  (search for ">>name")
-   >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>transport
-   >>threads >>batch >>stage >>impl
+   >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>flight
+   >>transport >>threads >>batch >>stage >>impl
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
@@ -135,6 +135,7 @@ extern "C" {
     X(PP_ERR_TRANSPORT, "transport error")                                      \
     X(PP_ERR_LAYER, "layer callback failed")                                    \
     X(PP_ERR_ABORTED, "aborted by another rank")                                \
+    X(PP_ERR_NONFINITE, "non-finite value (NaN or Inf)")                        \
     X(PP_ERR_UNSUPPORTED, "unsupported")
 
 #define _PP_RESULT_ENUM(name, str) name,
@@ -405,6 +406,45 @@ void pp_timeline_ascii(FILE* f, const pp_event* ev, size_t n, int p, int width);
    time_scale converts event times to microseconds (1e6 for seconds, e.g. 1000 for sim units). */
 void pp_timeline_chrome(FILE* f, const pp_event* ev, size_t n, double time_scale);
 
+/* >>flight ------------------------------------------------------------------------------------ */
+/* A flight record: the last PP_FLIGHT_LEN things one rank's executor did, with timestamps, so a
+   hang or a failure can say what every rank was doing. A stage always keeps its own record
+   (pp_stage_flight); a transport that sees every rank (threads) keeps all of them, and a timeout
+   message then names the last action each rank completed. A multi-process transport leaves
+   flight_note/flight_get NULL: the message names this rank's last action and what it last heard
+   from the peer (decoded from the last message that peer sent it). */
+#ifndef PP_FLIGHT_LEN
+#define PP_FLIGHT_LEN 32
+#endif
+
+typedef enum pp_flight_state {
+    PP_FLIGHT_START = 0,        /* the action began (its receives are awaited) */
+    PP_FLIGHT_DONE,             /* the action completed */
+    PP_FLIGHT_FAILED,           /* the action returned an error */
+    PP_FLIGHT_HEARD             /* a message arrived from `peer`: a is the peer's action that sent it */
+} pp_flight_state;
+
+typedef struct pp_flight_entry {
+    pp_action a;
+    int8_t state;               /* pp_flight_state */
+    int16_t peer;               /* HEARD: the sender; START: the rank awaited (-1 none) */
+    int32_t step;               /* this rank's step count (1 = first pp_stage_step) */
+    double t;                   /* seconds, monotonic clock */
+} pp_flight_entry;
+
+typedef struct pp_flight {
+    int rank;
+    uint64_t n;                 /* entries ever written; entry i is ring[i % PP_FLIGHT_LEN] */
+    pp_flight_entry ring[PP_FLIGHT_LEN];
+    pp_flight_entry heard[2];   /* last message from the previous [0] / next [1] stage's rank */
+    double now;                 /* when this copy was taken (ages are printed against it) */
+} pp_flight;
+
+/* The most recent entry in `state` (or any state when state < 0); NULL if none. */
+const pp_flight_entry* pp_flight_last(const pp_flight* f, int state);
+/* One line per entry, oldest first, with ages in seconds; then what was last heard. */
+void pp_flight_print(FILE* out, const pp_flight* f);
+
 /* >>transport --------------------------------------------------------------------------------- */
 /* An outstanding send or receive; its contents belong to the transport. */
 typedef struct pp_request {
@@ -431,6 +471,13 @@ typedef struct pp_transport {
                                const int* ranks, int n_ranks, double timeout_s, pp_error* err);
     /* Tell every rank to stop waiting: their waits return PP_ERR_ABORTED. May be NULL. */
     void (*abort)(void* self, pp_result why, const char* msg);
+    /* Withdraw a receive that will never be waited for (after a failed step), so no stale
+       posting can swallow a later message. May be NULL. */
+    pp_result (*cancel)(void* self, pp_request* req);
+    /* Flight record (>>flight). May be NULL. note: append one entry to this rank's record.
+       get: copy rank `peer`'s record into *out; returns 0 where the transport cannot see it. */
+    void (*flight_note)(void* self, const pp_flight_entry* e);
+    int (*flight_get)(void* self, int peer, pp_flight* out);
 } pp_transport;
 
 /* >>threads ----------------------------------------------------------------------------------- */
@@ -443,6 +490,11 @@ pp_transport pp_threads_transport(pp_threads* t, int rank);
 void pp_threads_reset(pp_threads* t);
 /* Bytes and messages rank has sent (cumulative). */
 void pp_threads_counters(pp_threads* t, int rank, uint64_t* bytes, uint64_t* msgs);
+/* Messages and posted receives still queued in every mailbox (0 between clean steps). */
+size_t pp_threads_pending(pp_threads* t);
+/* Rank's flight record, or every rank's printed (on demand: from a watchdog, a signal...). */
+pp_result pp_threads_flight(pp_threads* t, int rank, pp_flight* out);
+void pp_threads_flight_print(FILE* out, pp_threads* t);
 
 /* Runs fn(rank, user) on n threads and joins them; returns the first non-OK result. */
 typedef pp_result (*pp_rank_fn)(int rank, void* user);
@@ -526,6 +578,9 @@ typedef struct pp_stage_desc {
     int record_timeline;        /* keep per-action events of the last step */
     pp_shape_policy shapes;     /* default PP_SHAPES_LOCAL */
     int max_seqs;               /* BROADCAST: most sequences in one step (0 = 4096) */
+    int check_finite;           /* 1: after every F check this stage's outputs and loss, after
+                                   every B its input gradients, for NaN/Inf: PP_ERR_NONFINITE
+                                   here, PP_ERR_ABORTED on the other ranks */
 } pp_stage_desc;
 
 typedef struct pp_step_stats {
@@ -550,6 +605,9 @@ pp_result pp_stage_step(pp_stage* st, const pp_batch* b, pp_step_stats* stats);
 const char* pp_stage_error(const pp_stage* st);
 /* Events of the last step when record_timeline is set (times in seconds from step start). */
 const pp_event* pp_stage_timeline(const pp_stage* st, size_t* n);
+/* This rank's flight record (>>flight), and the same printed. */
+pp_result pp_stage_flight(const pp_stage* st, pp_flight* out);
+void pp_stage_flight_print(FILE* out, const pp_stage* st);
 
 #ifdef __cplusplus
 }
@@ -1926,6 +1984,69 @@ void pp_timeline_chrome(FILE* f, const pp_event* ev, size_t n, double time_scale
     }
     fprintf(f, "\n],\"displayTimeUnit\":\"ms\"}\n");
 }
+/* >>impl-flight
+   Entries go into a ring; HEARD entries go into heard[] instead (the ring keeps this rank's own
+   actions only), indexed by direction: an activation came from the previous stage's rank, a
+   gradient from the next one's. */
+static void _pp_flight_add(pp_flight* f, const pp_flight_entry* e) {
+    if (e->state == PP_FLIGHT_HEARD) {
+        f->heard[e->a.op == PP_OP_F ? 0 : 1] = *e;
+        return;
+    }
+    f->ring[f->n % PP_FLIGHT_LEN] = *e;
+    f->n++;
+}
+
+const pp_flight_entry* pp_flight_last(const pp_flight* f, int state) {
+    uint64_t i, lo;
+    if (!f || f->n == 0) return NULL;
+    lo = f->n > PP_FLIGHT_LEN ? f->n - PP_FLIGHT_LEN : 0;
+    for (i = f->n; i > lo; i--) {
+        const pp_flight_entry* e = &f->ring[(i - 1) % PP_FLIGHT_LEN];
+        if (state < 0 || e->state == state) return e;
+    }
+    return NULL;
+}
+
+static const char* _pp_flight_state_name(int st) {
+    switch (st) {
+    case PP_FLIGHT_START: return "start";
+    case PP_FLIGHT_DONE: return "done";
+    case PP_FLIGHT_FAILED: return "FAILED";
+    case PP_FLIGHT_HEARD: return "heard";
+    default: return "?";
+    }
+}
+
+/* "F3.0 (stage 1)" into buf. */
+static const char* _pp_flight_act(char* buf, size_t n, const pp_action* a) {
+    snprintf(buf, n, "%c%d.%d (stage %d)", "FBW"[a->op % 3], (int)a->mb, (int)a->chunk, (int)a->stage);
+    return buf;
+}
+
+void pp_flight_print(FILE* out, const pp_flight* f) {
+    uint64_t i, lo;
+    int k;
+    char act[48];
+    if (!out || !f) return;
+    lo = f->n > PP_FLIGHT_LEN ? f->n - PP_FLIGHT_LEN : 0;
+    fprintf(out, "rank %d: flight record, last %llu of %llu entries\n", f->rank, (unsigned long long)(f->n - lo),
+            (unsigned long long)f->n);
+    for (i = lo; i < f->n; i++) {
+        const pp_flight_entry* e = &f->ring[i % PP_FLIGHT_LEN];
+        fprintf(out, "  step %d  %-6s %s", (int)e->step, _pp_flight_state_name(e->state),
+                _pp_flight_act(act, sizeof act, &e->a));
+        if (e->state == PP_FLIGHT_START && e->peer >= 0) fprintf(out, " awaiting rank %d", (int)e->peer);
+        fprintf(out, "  %.6f s ago\n", f->now - e->t);
+    }
+    for (k = 0; k < 2; k++) {
+        const pp_flight_entry* e = &f->heard[k];
+        if (e->t <= 0) continue;
+        fprintf(out, "  last heard from rank %d (%s stage): its %s, step %d, %.6f s ago\n", (int)e->peer,
+                k == 0 ? "previous" : "next", _pp_flight_act(act, sizeof act, &e->a), (int)e->step, f->now - e->t);
+    }
+}
+
 /* >>impl-threads
    Each rank has a mailbox. A send first looks for a matching posted receive and copies straight
    into it; otherwise it copies the bytes into an unexpected message the receive will find later.
@@ -1961,10 +2082,16 @@ typedef struct _pp_tport {
     int rank;
 } _pp_tport;
 
+typedef struct _pp_fslot {
+    pthread_mutex_t mu;
+    pp_flight f;
+} _pp_fslot;
+
 struct pp_threads {
     int n;
     _pp_box* box;
     _pp_tport* ports;
+    _pp_fslot* flight;      /* [n] every rank's flight record, for timeout messages */
     pthread_mutex_t abort_mu;
     int aborted;
     pp_result abort_code;
@@ -1988,6 +2115,8 @@ static pp_result _pp_threads_isend(void* self, int peer, int tag, const void* bu
     pp_result rc = PP_OK;
     if (!req || peer < 0 || peer >= w->n || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
+    /* after an abort nothing new is queued: what a stopped step sends would be stale */
+    if (_pp_threads_aborted(w)) return PP_ERR_ABORTED;
     box = &w->box[peer];
     pthread_mutex_lock(&box->mu);
     for (p = box->posted; p; prev = p, p = p->next)
@@ -2155,6 +2284,71 @@ static pp_result _pp_threads_test(void* self, pp_request* req, int* done) {
     return PP_OK;
 }
 
+/* Withdraws a receive nobody will wait for; a message it already took is dropped with it. */
+static pp_result _pp_threads_cancel(void* self, pp_request* req) {
+    _pp_tport* tp = (_pp_tport*)self;
+    _pp_box* box = &tp->world->box[tp->rank];
+    _pp_post* p = (_pp_post*)req->impl;
+    if (!p) return PP_OK;
+    pthread_mutex_lock(&box->mu);
+    _pp_threads_unpost(box, p);
+    pthread_mutex_unlock(&box->mu);
+    PP_FREE(p);
+    req->impl = NULL;
+    req->done = 1;
+    return PP_OK;
+}
+
+static void _pp_threads_flight_note(void* self, const pp_flight_entry* e) {
+    _pp_tport* tp = (_pp_tport*)self;
+    _pp_fslot* fs = &tp->world->flight[tp->rank];
+    pthread_mutex_lock(&fs->mu);
+    fs->f.rank = tp->rank;
+    _pp_flight_add(&fs->f, e);
+    pthread_mutex_unlock(&fs->mu);
+}
+
+pp_result pp_threads_flight(pp_threads* w, int rank, pp_flight* out) {
+    if (!w || !out || rank < 0 || rank >= w->n) return PP_ERR_INVALID;
+    pthread_mutex_lock(&w->flight[rank].mu);
+    *out = w->flight[rank].f;
+    pthread_mutex_unlock(&w->flight[rank].mu);
+    out->rank = rank;
+    out->now = _pp_now();
+    return PP_OK;
+}
+
+static int _pp_threads_flight_get(void* self, int peer, pp_flight* out) {
+    _pp_tport* tp = (_pp_tport*)self;
+    return pp_threads_flight(tp->world, peer, out) == PP_OK;
+}
+
+void pp_threads_flight_print(FILE* out, pp_threads* w) {
+    pp_flight* f;
+    int r;
+    if (!out || !w) return;
+    f = (pp_flight*)PP_MALLOC(sizeof *f);
+    if (!f) return;
+    for (r = 0; r < w->n; r++)
+        if (pp_threads_flight(w, r, f) == PP_OK) pp_flight_print(out, f);
+    PP_FREE(f);
+}
+
+size_t pp_threads_pending(pp_threads* w) {
+    size_t n = 0;
+    int r;
+    if (!w) return 0;
+    for (r = 0; r < w->n; r++) {
+        _pp_msg* m;
+        _pp_post* p;
+        pthread_mutex_lock(&w->box[r].mu);
+        for (m = w->box[r].unexpected; m; m = m->next) n++;
+        for (p = w->box[r].posted; p; p = p->next) n++;
+        pthread_mutex_unlock(&w->box[r].mu);
+    }
+    return n;
+}
+
 static void _pp_threads_abort(void* self, pp_result why, const char* msg) {
     _pp_tport* tp = (_pp_tport*)self;
     pp_threads* w = tp->world;
@@ -2234,9 +2428,11 @@ pp_result pp_threads_create(int n_ranks, pp_threads** out, pp_error* err) {
     if (!w) return _pp_fail(err, PP_ERR_NOMEM, "threads transport");
     w->box = (_pp_box*)_pp_calloc((size_t)n_ranks, sizeof *w->box);
     w->ports = (_pp_tport*)_pp_calloc((size_t)n_ranks, sizeof *w->ports);
-    if (!w->box || !w->ports) {
+    w->flight = (_pp_fslot*)_pp_calloc((size_t)n_ranks, sizeof *w->flight);
+    if (!w->box || !w->ports || !w->flight) {
         PP_FREE(w->box);
         PP_FREE(w->ports);
+        PP_FREE(w->flight);
         PP_FREE(w);
         return _pp_fail(err, PP_ERR_NOMEM, "threads transport mailboxes");
     }
@@ -2247,17 +2443,22 @@ pp_result pp_threads_create(int n_ranks, pp_threads** out, pp_error* err) {
         pthread_cond_init(&w->box[r].cv, NULL);
         w->ports[r].world = w;
         w->ports[r].rank = r;
+        pthread_mutex_init(&w->flight[r].mu, NULL);
+        w->flight[r].f.rank = r;
     }
     *out = w;
     return PP_OK;
 }
 
-/* Drops every message and posted receive still queued (stale after an aborted step). */
+/* Drops every message and posted receive still queued (stale after an aborted step). A stage
+   cancels its own receives when a step fails; a posting left here belongs to a request nobody
+   will wait for (waiting for it after a reset is the caller's bug), so it is freed too. */
 static void _pp_threads_drain(pp_threads* w) {
     int r;
     for (r = 0; r < w->n; r++) {
         _pp_box* b = &w->box[r];
         _pp_msg* m;
+        _pp_post* p;
         pthread_mutex_lock(&b->mu);
         m = b->unexpected;
         while (m) {
@@ -2266,7 +2467,13 @@ static void _pp_threads_drain(pp_threads* w) {
             m = nx;
         }
         b->unexpected = b->unexpected_tail = NULL;
-        /* posted receives belong to their waiters, who free them; none should remain here */
+        p = b->posted;
+        while (p) {
+            _pp_post* nx = p->next;
+            PP_FREE(p);
+            p = nx;
+        }
+        b->posted = b->posted_tail = NULL;
         pthread_mutex_unlock(&b->mu);
     }
 }
@@ -2288,8 +2495,10 @@ void pp_threads_destroy(pp_threads* w) {
     for (r = 0; r < w->n; r++) {
         pthread_mutex_destroy(&w->box[r].mu);
         pthread_cond_destroy(&w->box[r].cv);
+        pthread_mutex_destroy(&w->flight[r].mu);
     }
     pthread_mutex_destroy(&w->abort_mu);
+    PP_FREE(w->flight);
     PP_FREE(w->box);
     PP_FREE(w->ports);
     PP_FREE(w);
@@ -2308,6 +2517,9 @@ pp_transport pp_threads_transport(pp_threads* w, int rank) {
     t.test = _pp_threads_test;
     t.allreduce_sum = _pp_threads_allreduce;
     t.abort = _pp_threads_abort;
+    t.cancel = _pp_threads_cancel;
+    t.flight_note = _pp_threads_flight_note;
+    t.flight_get = _pp_threads_flight_get;
     return t;
 }
 
@@ -2441,6 +2653,9 @@ struct pp_stage {
     int32_t* bc_cu;
     int64_t* bc_msg;
     size_t bc_bytes;
+    /* >>flight: this rank's record, and pp_stage_step calls so far */
+    pp_flight flight;
+    int32_t n_steps;
 };
 
 static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ...) _PP_PRINTF(3, 4);
@@ -2456,10 +2671,171 @@ static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ..
 /* Prefix an error someone else recorded in s->err with rank and action context. */
 static pp_result _pp_stage_wrap(pp_stage* s, pp_result code, const pp_action* a) {
     char tmp[sizeof s->err.msg];
+    const char* inner = tmp;
+    size_t k = strlen(pp_result_str(code));
     memcpy(tmp, s->err.msg, sizeof tmp);
     tmp[sizeof tmp - 1] = 0;
+    if (strncmp(tmp, pp_result_str(code), k) == 0 && tmp[k] == ':' && tmp[k + 1] == ' ') inner += k + 2; /* said once */
     return _pp_fail(&s->err, code, "rank %d at %c%d.%d (stage %d): %s", s->d.rank, "FBW"[a->op % 3], a->mb, a->chunk,
-                    a->stage, tmp);
+                    a->stage, inner);
+}
+
+/* >>impl-stage-flight: what the executor records, and what a timeout message says. */
+static void _pp_stage_note(pp_stage* s, const pp_action* a, int state, int peer) {
+    pp_flight_entry e;
+    memset(&e, 0, sizeof e);
+    e.a = *a;
+    e.state = (int8_t)state;
+    e.peer = (int16_t)peer;
+    e.step = s->n_steps;
+    e.t = _pp_now();
+    _pp_flight_add(&s->flight, &e);
+    if (s->d.transport.flight_note) s->d.transport.flight_note(s->d.transport.self, &e);
+}
+
+/* The rank an action waits for before it can compute (-1: none). */
+static int _pp_awaited(const pp_stage* s, const pp_action* a) {
+    if (a->op == PP_OP_F) return a->stage > 0 ? a->prev_rank : -1;
+    if (a->op == PP_OP_B) return a->stage < s->S - 1 ? a->next_rank : -1;
+    return -1;
+}
+
+/* The received data of action a came from the peer's action: note it as heard. */
+static void _pp_stage_heard(pp_stage* s, const pp_action* a) {
+    pp_action pa;
+    int r, c, peer = _pp_awaited(s, a);
+    if (peer < 0) return;
+    memset(&pa, 0, sizeof pa);
+    pa.op = a->op;
+    pa.mb = a->mb;
+    pa.stage = (int16_t)(a->op == PP_OP_F ? a->stage - 1 : a->stage + 1);
+    pp_schedule_stage_rank(s->d.schedule, pa.stage, &r, &c);
+    pa.chunk = (int8_t)c;
+    pa.prev_rank = pa.next_rank = -1;
+    _pp_stage_note(s, &pa, PP_FLIGHT_HEARD, peer);
+}
+
+/* One "rank r: <last done> <age> ago" item for the timeout message. */
+static void _pp_explain_rank(char* buf, size_t n, const pp_flight* f, int rank, int step, double now) {
+    const pp_flight_entry* e = pp_flight_last(f, PP_FLIGHT_DONE);
+    char act[48];
+    if (!e)
+        snprintf(buf, n, "rank %d: nothing yet", rank);
+    else if (e->step != step)
+        snprintf(buf, n, "rank %d: %s of step %d, %.3g s ago", rank, _pp_flight_act(act, sizeof act, &e->a),
+                 (int)e->step, now - e->t);
+    else
+        snprintf(buf, n, "rank %d: %s %.3g s ago", rank, _pp_flight_act(act, sizeof act, &e->a), now - e->t);
+}
+
+/* Appends to a timeout message the last action each rank completed, the awaited peer first.
+   Where the transport cannot show other ranks' records, says what this rank last did and last
+   heard from the peer. */
+static void _pp_stage_explain(pp_stage* s, int peer) {
+    pp_flight* f = (pp_flight*)PP_MALLOC(sizeof *f);
+    size_t len = strlen(s->err.msg), cap = sizeof s->err.msg;
+    double now = _pp_now();
+    char item[160], act[48];
+    int i, r;
+    if (!f) return;
+    if (s->d.transport.flight_get && peer >= 0 && s->d.transport.flight_get(s->d.transport.self, peer, f)) {
+        snprintf(s->err.msg + len, cap - len, "; last completed: ");
+        for (i = -1; i < s->p; i++) {
+            r = i < 0 ? peer : i;
+            if (i >= 0 && r == peer) continue;
+            if (i >= 0 && !s->d.transport.flight_get(s->d.transport.self, r, f)) continue;
+            _pp_explain_rank(item, sizeof item, f, r, s->n_steps, now);
+            len = strlen(s->err.msg);
+            snprintf(s->err.msg + len, cap - len, "%s%s", i < 0 ? "" : ", ", item);
+        }
+    } else {
+        const pp_flight_entry* h = NULL;
+        _pp_explain_rank(item, sizeof item, &s->flight, s->d.rank, s->n_steps, now);
+        len = strlen(s->err.msg);
+        snprintf(s->err.msg + len, cap - len, "; last completed: %s", item);
+        for (i = 0; i < 2; i++)
+            if (s->flight.heard[i].t > 0 && s->flight.heard[i].peer == peer) h = &s->flight.heard[i];
+        len = strlen(s->err.msg);
+        if (h)
+            snprintf(s->err.msg + len, cap - len, "; last heard from rank %d: its %s, step %d, %.3g s ago", peer,
+                     _pp_flight_act(act, sizeof act, &h->a), (int)h->step, now - h->t);
+        else if (peer >= 0)
+            snprintf(s->err.msg + len, cap - len, "; nothing heard from rank %d yet", peer);
+    }
+    PP_FREE(f);
+}
+
+pp_result pp_stage_flight(const pp_stage* s, pp_flight* out) {
+    if (!s || !out) return PP_ERR_INVALID;
+    *out = s->flight;
+    out->rank = s->d.rank;
+    out->now = _pp_now();
+    return PP_OK;
+}
+
+void pp_stage_flight_print(FILE* out, const pp_stage* s) {
+    pp_flight* f;
+    if (!out || !s) return;
+    f = (pp_flight*)PP_MALLOC(sizeof *f);
+    if (!f) return;
+    pp_stage_flight(s, f);
+    pp_flight_print(out, f);
+    PP_FREE(f);
+}
+
+/* >>impl-stage-finite: the optional NaN/Inf check (pp_stage_desc.check_finite). */
+static int _pp_nonfinite_at(const pp_tensor* t, int64_t* at) {
+    int64_t i, n = t->rows * t->cols;
+    if (!t->data) return 0;
+    switch (t->dtype) {
+    case PP_F32:
+        for (i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, (const unsigned char*)t->data + 4 * i, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u) { *at = i; return 1; }
+        }
+        return 0;
+    case PP_F64:
+        for (i = 0; i < n; i++) {
+            uint64_t u;
+            memcpy(&u, (const unsigned char*)t->data + 8 * i, 8);
+            if ((u & 0x7ff0000000000000ull) == 0x7ff0000000000000ull) { *at = i; return 1; }
+        }
+        return 0;
+    case PP_F16:
+    case PP_BF16: {
+        uint16_t mask = t->dtype == PP_F16 ? 0x7c00u : 0x7f80u;
+        for (i = 0; i < n; i++) {
+            uint16_t u;
+            memcpy(&u, (const unsigned char*)t->data + 2 * i, 2);
+            if ((u & mask) == mask) { *at = i; return 1; }
+        }
+        return 0;
+    }
+    default: return 0;
+    }
+}
+
+/* F: this stage's outputs (or the loss on the last stage); B: the input gradients it sends. */
+static pp_result _pp_check_finite(pp_stage* s, const pp_action* a, const pp_tensor* ts, int n, const float* loss) {
+    int k;
+    int64_t at = 0;
+    char act[48];
+    uint32_t u;
+    if (loss) {
+        memcpy(&u, loss, 4);
+        if ((u & 0x7f800000u) == 0x7f800000u)
+            return _pp_stage_fail(s, PP_ERR_NONFINITE, "at %s: the loss is %g", _pp_flight_act(act, sizeof act, a),
+                                  (double)*loss);
+    }
+    for (k = 0; k < n; k++)
+        if (_pp_nonfinite_at(&ts[k], &at))
+            return _pp_stage_fail(s, PP_ERR_NONFINITE, "at %s: %s %d [%lld x %lld] %s has a NaN or Inf at row %lld, col %lld",
+                                  _pp_flight_act(act, sizeof act, a), a->op == PP_OP_F ? "output" : "input gradient", k,
+                                  (long long)ts[k].rows, (long long)ts[k].cols, pp_dtype_name(ts[k].dtype),
+                                  (long long)(at / (ts[k].cols ? ts[k].cols : 1)),
+                                  (long long)(at % (ts[k].cols ? ts[k].cols : 1)));
+    return PP_OK;
 }
 
 /* Every message of a step has its own tag: (direction, micro-batch, boundary, tensor); the
@@ -2702,7 +3078,9 @@ static pp_result _pp_wait_prep(pp_stage* s, _pp_prep* pr, const pp_action* a) {
         pr->req[i].done = 1;
         if (rc != PP_OK) {
             s->st.t_wait += _pp_now() - t0;
-            return _pp_stage_wrap(s, rc, a);
+            rc = _pp_stage_wrap(s, rc, a);
+            if (rc == PP_ERR_TIMEOUT) _pp_stage_explain(s, _pp_awaited(s, a));
+            return rc;
         }
         s->st.bytes_recv += pr->req_bytes[i];
     }
@@ -2858,10 +3236,12 @@ static pp_result _pp_run(pp_stage* s, int idx) {
     pp_result rc;
     double t0;
     _pp_stage_layers(s, a->stage, &la, &lb);
+    _pp_stage_note(s, a, PP_FLIGHT_START, _pp_awaited(s, a));
     if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
     if (a->op == PP_OP_F && a->stage > 0 && (s->d.shapes == PP_SHAPES_PER_MESSAGE || s->d.shapes == PP_SHAPES_AUTO) &&
         (rc = _pp_receive_input(s, a, pr)) != PP_OK)
         return rc;
+    _pp_stage_heard(s, a);
     t0 = _pp_now();
     if (a->op == PP_OP_F) {
         _pp_block* blk = pr->blk;
@@ -2875,6 +3255,10 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         rc = _pp_forward_range(&s->d.model, s->d.weights, mb, la, lb, s->act, s->nact, s->saved, sb,
                                &s->mb_loss[a->mb], &s->err);
         if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+        if (s->d.check_finite &&
+            (rc = _pp_check_finite(s, a, &s->act[(lb - la) * PP_MAX_TENSORS], s->nact[lb - la],
+                                   a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL)) != PP_OK)
+            return rc;
         s->st.t_forward += _pp_now() - t0;
         if (a->stage < s->S - 1 && (rc = _pp_send_output(s, a, blk, la, lb)) != PP_OK) return rc;
     } else {
@@ -2892,6 +3276,10 @@ static pp_result _pp_run(pp_stage* s, int idx) {
             return _pp_stage_wrap(s, rc, a);
         }
         s->st.t_backward += _pp_now() - t0;
+        if (s->d.check_finite && a->stage > 0 && (rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL)) != PP_OK) {
+            _pp_block_put(s, gws);
+            return rc;
+        }
         if (a->stage > 0) {
             rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
             if (rc != PP_OK) {
@@ -2912,6 +3300,7 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         e->start = t0;
         e->end = _pp_now();
     }
+    _pp_stage_note(s, a, PP_FLIGHT_DONE, -1);
     pr->idx = -1;
     return PP_OK;
 }
@@ -2981,6 +3370,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     }
     s->prep[0].idx = s->prep[1].idx = -1;
     s->plan.pad = d->shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
+    s->flight.rank = d->rank;
     if (s->d.max_seqs <= 0) s->d.max_seqs = 4096;
     *out = s;
     return PP_OK;
@@ -3018,8 +3408,14 @@ const pp_event* pp_stage_timeline(const pp_stage* s, size_t* n) {
 
 /* After a failure: tell the other ranks, and put every block back so the stage can step again. */
 static void _pp_stage_recover(pp_stage* s) {
-    int i;
+    const pp_transport* t = &s->d.transport;
+    int i, j;
     for (i = 0; i < 2; i++) {
+        /* receives posted for an action that will not run: withdraw them, or a later step's
+           message with the same tag would land in a block that is back in the pool */
+        for (j = 0; j < s->prep[i].n_req && s->prep[i].idx >= 0; j++)
+            if (!s->prep[i].req[j].done && s->prep[i].req[j].impl && t->cancel) t->cancel(t->self, &s->prep[i].req[j]);
+        s->prep[i].n_req = 0;
         if (s->prep[i].blk) {
             s->prep[i].blk->n_req = 0;
             _pp_block_put(s, s->prep[i].blk);
@@ -3129,7 +3525,7 @@ static int _pp_can_prepare(const pp_stage* s, int idx) {
     return s->live[a->mb * s->v + a->chunk] != NULL;
 }
 
-pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
+static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     const pp_schedule* sc;
     pp_result rc = PP_OK;
     double t_start;
@@ -3139,6 +3535,7 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     memset(&s->st, 0, sizeof s->st);
     s->err.msg[0] = 0;
     s->n_events = 0;
+    s->n_steps++;
     if (!b) return _pp_stage_fail(s, PP_ERR_INVALID, "batch is NULL");
     if (s->d.shapes == PP_SHAPES_BROADCAST && sc->p > 1 && (rc = _pp_broadcast_meta(s, b, &b)) != PP_OK) {
         if (s->d.transport.abort) s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
@@ -3197,6 +3594,7 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     s->st.t_total = _pp_now() - t_start;
     s->st.n_actions = i;
     if (rc != PP_OK) {
+        if (i > 0) _pp_stage_note(s, &s->list[i - 1], PP_FLIGHT_FAILED, -1);
         if (s->d.transport.abort) s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
         _pp_stage_recover(s);
     } else {
@@ -3213,6 +3611,17 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     }
     s->batch = NULL;
     if (stats) *stats = s->st;
+    return rc;
+}
+
+/* Any failure, a rejected batch included, tells the other ranks: they stop waiting for this
+   one and return PP_ERR_ABORTED instead of running into their deadlines. */
+pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
+    pp_result rc;
+    if (!s) return PP_ERR_INVALID;
+    rc = _pp_stage_step_run(s, b, stats);
+    if (rc != PP_OK && rc != PP_ERR_ABORTED && s->d.transport.abort)
+        s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
     return rc;
 }
 
