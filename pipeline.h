@@ -2376,7 +2376,7 @@ static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t coun
     size_t es = pp_dtype_size(dtype), bytes = count * es, j;
     pp_request rq;
     pp_result rc = PP_OK;
-    unsigned char* tmp = NULL;
+    void* tmp = NULL;
     int i, me = -1;
     if (!buf || !ranks || n_ranks <= 0 || !pp_dtype_is_float(dtype) || dtype == PP_F16 || dtype == PP_BF16)
         return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a buffer, ranks and an f32/f64 dtype");
@@ -2392,15 +2392,15 @@ static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t coun
             return _pp_fail(err, rc, "rank %d: all-reduce receive from rank %d", t->rank, ranks[0]);
         return t->wait(t->self, &rq, timeout_s, err);
     }
-    tmp = (unsigned char*)PP_MALLOC(bytes);
+    tmp = PP_MALLOC(bytes);
     if (!tmp) return _pp_fail(err, PP_ERR_NOMEM, "all-reduce buffer of %zu bytes", bytes);
     for (i = 1; i < n_ranks && rc == PP_OK; i++) {
         if ((rc = t->irecv(t->self, ranks[i], _PP_TAG_ALLREDUCE, tmp, bytes, &rq)) != PP_OK) break;
         if ((rc = t->wait(t->self, &rq, timeout_s, err)) != PP_OK) break;
         if (dtype == PP_F32)
-            for (j = 0; j < count; j++) ((float*)buf)[j] += ((float*)tmp)[j];
+            for (j = 0; j < count; j++) ((float*)buf)[j] += ((const float*)tmp)[j];
         else
-            for (j = 0; j < count; j++) ((double*)buf)[j] += ((double*)tmp)[j];
+            for (j = 0; j < count; j++) ((double*)buf)[j] += ((const double*)tmp)[j];
     }
     for (i = 1; i < n_ranks && rc == PP_OK; i++) {
         if ((rc = t->isend(t->self, ranks[i], _PP_TAG_ALLREDUCE + 1, buf, bytes, &rq)) != PP_OK) break;
