@@ -718,6 +718,16 @@ size_t pp_tensor_bytes(const pp_tensor* t) {
     return (size_t)t->rows * (size_t)t->cols * pp_dtype_size(t->dtype);
 }
 
+/* A shape whose byte count can be computed and allocated: rows, cols >= 0, a known dtype, and
+   rows * cols * size below 2^48 bytes (no size_t overflow can turn a huge shape into a small
+   buffer that a layer then overruns). */
+#define _PP_MAX_TENSOR_BYTES ((double)(1ull << 48))
+static int _pp_shape_ok(int64_t rows, int64_t cols, pp_dtype dt) {
+    size_t es = pp_dtype_size(dt);
+    if (rows < 0 || cols < 0 || es == 0) return 0;
+    return (double)rows * (double)cols * (double)es < _PP_MAX_TENSOR_BYTES;
+}
+
 /* >>impl-model */
 pp_result pp_model_check(const pp_model* m, pp_error* err) {
     if (!m) return _pp_fail(err, PP_ERR_INVALID, "model is NULL");
@@ -759,7 +769,7 @@ static pp_result _pp_describe(const pp_model* m, const void* w, int l, const pp_
     out->n = d->n_out;
     for (k = 0; k < d->n_out; k++) {
         const pp_tensor* t = &d->out[k];
-        if (t->rows < 0 || t->cols < 0 || pp_dtype_size(t->dtype) == 0)
+        if (!_pp_shape_ok(t->rows, t->cols, t->dtype))
             return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): output %d has shape [%lld, %lld] dtype %d", l,
                             _pp_layer_name(m, l), k, (long long)t->rows, (long long)t->cols, (int)t->dtype);
         out->t[k] = *t;
@@ -776,6 +786,7 @@ pp_result pp_model_layer_costs(const pp_model* m, const void* weights, const pp_
     pp_result rc;
     int l;
     if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
+    if (!weights) return _pp_fail(err, PP_ERR_INVALID, "weights is NULL (describe reads the layers' parameters)");
     if (!input || input->rows <= 0 || input->cols <= 0 || pp_dtype_size(input->dtype) == 0)
         return _pp_fail(err, PP_ERR_INVALID, "sample input must have rows > 0, cols > 0 and a valid dtype");
     memset(&mb, 0, sizeof mb);
@@ -947,7 +958,7 @@ static pp_result _pp_batch_check(const pp_batch* b, pp_error* err) {
     int i;
     if (!b) return _pp_fail(err, PP_ERR_INVALID, "batch is NULL");
     if (b->m <= 0) return _pp_fail(err, PP_ERR_INVALID, "batch needs m > 0 micro-batches (got %d)", b->m);
-    if (b->input.rows <= 0 || b->input.cols <= 0 || pp_dtype_size(b->input.dtype) == 0)
+    if (b->input.rows <= 0 || b->input.cols <= 0 || !_pp_shape_ok(b->input.rows, b->input.cols, b->input.dtype))
         return _pp_fail(err, PP_ERR_INVALID, "batch input must be [rows > 0, cols > 0] of a valid dtype (got [%lld, %lld] dtype %d)",
                         (long long)b->input.rows, (long long)b->input.cols, (int)b->input.dtype);
     if (b->loss != PP_LOSS_MEAN_MICROBATCH && b->loss != PP_LOSS_MEAN_ROWS)
@@ -1252,7 +1263,7 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
     int i, L;
     memset(&plan, 0, sizeof plan);
     if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
-    if (!grads) return _pp_fail(err, PP_ERR_INVALID, "grads is NULL");
+    if (!grads || !weights) return _pp_fail(err, PP_ERR_INVALID, "%s is NULL", grads ? "weights" : "grads");
     if (!b || !b->input.data || !b->targets)
         return _pp_fail(err, PP_ERR_INVALID, "sequential step needs the batch input data and targets");
     L = m->n_layers;
@@ -2220,6 +2231,7 @@ static pp_result _pp_threads_wait(void* self, pp_request* req, double timeout_s,
     _pp_post* p = (_pp_post*)req->impl;
     struct timespec dl, now;
     double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S;
+    if (dt > 1e9) dt = 1e9; /* keeps the deadline inside time_t */
     pp_result rc = PP_OK;
     if (req->done == -1) {
         req->done = 1;
@@ -2954,7 +2966,7 @@ static pp_result _pp_hdr_to_bnd(pp_stage* s, const pp_action* a, const _pp_hdr* 
         out->t[k].rows = h->t[k][0];
         out->t[k].cols = h->t[k][1];
         out->t[k].dtype = (pp_dtype)h->t[k][2];
-        if (h->t[k][0] < 0 || h->t[k][1] < 0 || pp_dtype_size(out->t[k].dtype) == 0)
+        if (h->t[k][2] < 0 || h->t[k][2] >= PP_DTYPE_COUNT || !_pp_shape_ok(h->t[k][0], h->t[k][1], out->t[k].dtype))
             return _pp_stage_fail(s, PP_ERR_TRANSPORT, "F%d.%d: shape header from rank %d is corrupt (tensor %d)", a->mb,
                                   a->chunk, a->prev_rank, k);
     }
@@ -3316,6 +3328,12 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     if (!d) return _pp_fail(err, PP_ERR_INVALID, "stage desc is NULL");
     if ((rc = pp_model_check(&d->model, err)) != PP_OK) return rc;
     if (!d->grads) return _pp_fail(err, PP_ERR_INVALID, "grads is NULL");
+    if (!d->weights) return _pp_fail(err, PP_ERR_INVALID, "weights is NULL (describe reads the layers' parameters)");
+    if (!(d->timeout_s >= 0 && d->timeout_s <= 1e9))
+        return _pp_fail(err, PP_ERR_INVALID, "timeout_s = %g: must be 0 (the default, %g s) or a positive number of seconds up to 1e9",
+                        d->timeout_s, (double)PP_DEFAULT_TIMEOUT_S);
+    if (d->check_finite != 0 && d->check_finite != 1)
+        return _pp_fail(err, PP_ERR_INVALID, "check_finite = %d (0 or 1)", d->check_finite);
     if (!d->schedule || !d->schedule->actions)
         return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL (make one with pp_schedule_make)");
     if (d->rank < 0 || d->rank >= d->schedule->p)
