@@ -64,6 +64,7 @@
        PP_MAX_TENSORS               tensors crossing one layer boundary (default 4)
        PP_MAX_RANKS                 ranks in one pipeline (default 256)
        PP_DEFAULT_TIMEOUT_S         deadline of every wait when the desc says 0 (default 300)
+       PP_FLIGHT_LEN                entries in each rank's flight record (default 32)
 
    MEMORY
    Schedule generation writes into the caller's array (pp_schedule_size tells how large). The
@@ -76,6 +77,12 @@
    pp_error* that receives a message; a stage keeps its last message (pp_stage_error). Bad input
    never crashes, hangs or corrupts; every wait has a deadline and names who waited for whom.
    Library code never calls exit() or abort().
+   A step that fails on one rank (layer error, timeout, rejected batch, and with
+   pp_stage_desc.check_finite a NaN/Inf: PP_ERR_NONFINITE) aborts it on every rank: the others
+   return PP_ERR_ABORTED. pp_threads_reset drops what the broken step left queued; the next step
+   then runs as if nothing happened. A timeout message names this rank, the action (op,
+   micro-batch, chunk), the peer it waited for and the last action each rank completed, from
+   the ranks' flight records (>>flight; pp_threads_flight_print prints them on demand).
 
    TRANSPORTS
    threads (this header)      each rank a thread in one process: pp_threads_*
@@ -90,7 +97,10 @@
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
           pictures, executor, threads transport, packed variable-length micro-batches
           (cu_seqlens, split policies, LOCAL/BROADCAST/PER_MESSAGE/AUTO shape policies),
-          several tensors per stage boundary.
+          several tensors per stage boundary. Reliability: flight records and timeout
+          messages naming each rank's last action, abort on any failure with cancelled
+          receives (pp_transport.cancel), NaN/Inf check (PP_ERR_NONFINITE), shape-overflow and
+          desc validation.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
