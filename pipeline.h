@@ -3520,8 +3520,11 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
     }
     if ((rc = t->irecv(t->self, root, _PP_TAG_BROADCAST, w, bytes, &rq)) != PP_OK)
         return _pp_stage_fail(s, rc, "posting the metadata receive from rank %d", root);
-    if ((rc = t->wait(t->self, &rq, s->d.timeout_s, &s->err)) != PP_OK)
-        return _pp_stage_fail(s, rc, "waiting for the step metadata: %s", s->err.msg);
+    if ((rc = t->wait(t->self, &rq, s->d.timeout_s, &s->err)) != PP_OK) {
+        _pp_stage_fail(s, rc, "waiting for the step metadata: %s", s->err.msg);
+        if (rc == PP_ERR_TIMEOUT) _pp_stage_explain(s, root);
+        return rc;
+    }
     s->st.bytes_recv += bytes;
     if (w[4] < 0 || w[4] > s->d.max_seqs)
         return _pp_stage_fail(s, PP_ERR_TRANSPORT, "step metadata from rank %d is corrupt (%lld sequences)", root,

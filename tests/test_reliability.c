@@ -363,6 +363,36 @@ static void test_rejected_batch(void) {
     world_free(&W);
 }
 
+/* --- BROADCAST: the root never sends the step metadata ------------------------------------ */
+static void test_broadcast_timeout(void) {
+    world W;
+    pp_stage_desc d;
+    pp_stage* st;
+    pp_error err;
+    pp_result rc;
+    double t;
+    world_init(&W, 2, 4, 0.2, 1, 0);
+    memset(&d, 0, sizeof d);
+    d.model = mlp_model_desc();
+    d.weights = &W.w;
+    d.grads = &W.g[1];
+    d.schedule = &W.sched;
+    d.partition = W.first;
+    d.rank = 1;
+    d.transport = pp_threads_transport(W.threads, 1);
+    d.timeout_s = 0.2;
+    d.shapes = PP_SHAPES_BROADCAST;
+    CHECK(pp_stage_create(&d, &st, &err) == PP_OK, "%s", err.msg);
+    t = _pp_now();
+    rc = pp_stage_step(st, &W.b, NULL); /* rank 0 never steps */
+    t = _pp_now() - t;
+    CHECK(rc == PP_ERR_TIMEOUT && t < 0.4, "%s after %.3f s: %s", pp_result_str(rc), t, pp_stage_error(st));
+    CHECK(strstr(pp_stage_error(st), "step metadata") && strstr(pp_stage_error(st), "rank 0: nothing yet"),
+          "names what it waited for: %s", pp_stage_error(st));
+    pp_stage_destroy(st);
+    world_free(&W);
+}
+
 int main(void) {
     test_timeout_flight(1);
     test_timeout_flight(0);
@@ -370,5 +400,6 @@ int main(void) {
     test_no_stale(0);
     test_nonfinite();
     test_rejected_batch();
+    test_broadcast_timeout();
     return TEST_DONE("reliability");
 }
