@@ -278,6 +278,16 @@ static void test_no_stale(int cancel) {
     CHECK(W.rc[0] == PP_ERR_ABORTED && W.rc[1] == PP_ERR_ABORTED, "others told: %s / %s", W.msg[0], W.msg[1]);
     posted = posted_receives(W.threads);
     if (cancel) {
+        /* until the user resets, every step stops at once instead of mixing with the old one */
+        double t = _pp_now();
+        hooks_off();
+        world_step(&W);
+        t = _pp_now() - t;
+        CHECK(W.rc[0] == PP_ERR_ABORTED && W.rc[1] == PP_ERR_ABORTED && W.rc[2] == PP_ERR_ABORTED && t < 2,
+              "a step before the reset: %s / %s / %s in %.2f s", W.msg[0], W.msg[1], W.msg[2], t);
+        zero_grads(&W);
+    }
+    if (cancel) {
         CHECK(posted == 0, "a failed step leaves %d posted receives", posted);
     } else {
         CHECK(posted > 0, "negative control: without cancel a posting stays behind (%d)", posted);
