@@ -12,8 +12,8 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_reliability test_soak
-BENCHES  = $(B)/bench_overhead $(B)/bench_varlen
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb
 
 FUZZERS  = fuzz_split fuzz_sim
 FUZZ_RUNS ?= 20000
@@ -127,6 +127,7 @@ run-gpt: $(B)/gpt_cpu
 bench: $(BENCHES)
 	$(B)/bench_overhead
 	$(B)/bench_varlen
+	$(B)/bench_zb
 
 # CUDA: every header must compile under nvcc (host C++), even on machines without a GPU.
 check-cuda: | $(B)
