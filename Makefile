@@ -15,7 +15,7 @@ EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb
 
-FUZZERS  = fuzz_split fuzz_sim
+FUZZERS  = fuzz_split fuzz_sim fuzz_table
 FUZZ_RUNS ?= 20000
 VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
