@@ -39,13 +39,13 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fz f = {data, size, 0};
     static pp_action acts[MAX_ACTS];
     static pp_event ev[MAX_ACTS];
-    static double fst[64], bst[64];
+    static double fst[64], bst[64], wst[64];
     pp_schedule s;
     pp_sim_cost cost;
     pp_sim_result res;
     pp_error err;
     pp_result rc;
-    pp_schedule_kind kind = (pp_schedule_kind)(fz_u8(&f) % 4);
+    pp_schedule_kind kind = (pp_schedule_kind)(fz_u8(&f) % (PP_SCHED_KIND_COUNT + 1)); /* + one unknown */
     int p = 1 + (int)(fz_u8(&f) % 8), v = 1 + (int)(fz_u8(&f) % 4), m = 1 + (int)(fz_u8(&f) % 24), i, valid_cost = 1;
     size_t need = pp_schedule_size(kind, p, v, m);
     if (!g_null) g_null = fopen("/dev/null", "w");
@@ -59,11 +59,13 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (i = 0; i < p * v && i < 64; i++) {
             fst[i] = pick_cost(fz_u8(&f));
             bst[i] = pick_cost(fz_u8(&f));
+            wst[i] = pick_cost(fz_u8(&f));
         }
         cost.f_stage = fst;
         cost.b_stage = bst;
+        cost.w_stage = wst;
         for (i = 0; i < p * v && i < 64; i++)
-            if (fst[i] < 0 || bst[i] < 0) valid_cost = 0;
+            if (fst[i] < 0 || bst[i] < 0 || wst[i] < 0) valid_cost = 0;
     }
     if (cost.f < 0 || cost.b < 0 || cost.w < 0 || cost.comm < 0) valid_cost = 0;
     rc = pp_schedule_make(kind, p, v, m, acts, MAX_ACTS, &s, &err);
@@ -95,7 +97,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             *a = acts[r * (uint32_t)s.per_rank + i2];
             acts[r * (uint32_t)s.per_rank + i2] = tmp;
             break;
-        case 2: a->op = (int8_t)(val % 4); break;
+        case 2: a->op = (int8_t)(val % 4); break; /* 3: not an op */
         case 3: a->mb = (int32_t)(val % (uint32_t)(m + 2)) - 1; break;
         case 4: a->stage = (int16_t)((int)(val % (uint32_t)(p * v + 2)) - 1); break;
         default: a->chunk = (int8_t)(val % (uint32_t)(v + 1)); break;
