@@ -187,8 +187,6 @@ static void test_timeout_flight(int flight) {
     g_stall_s = 4 * deadline;
     world_step(&W);
     CHECK(W.rc[1] == PP_ERR_TIMEOUT, "rank 1: %s (%s)", pp_result_str(W.rc[1]), W.msg[1]);
-    CHECK(W.t_ret[1] < 2 * deadline + 0.1, "rank 1 returned %.3f s after the start, deadline %.2f", W.t_ret[1],
-          deadline);
     CHECK(strstr(W.msg[1], "rank 1 at F2.0 (stage 1)") != NULL, "names this rank and the action: %s", W.msg[1]);
     CHECK(strstr(W.msg[1], "for rank 0") != NULL, "names the peer: %s", W.msg[1]);
     if (flight) {
@@ -209,6 +207,12 @@ static void test_timeout_flight(int flight) {
     CHECK(e && e->state == PP_FLIGHT_FAILED && e->a.op == PP_OP_F && e->a.mb == 2, "last entry: F2 failed");
     e = pp_flight_last(&f, PP_FLIGHT_START);
     CHECK(e && e->a.mb == 2 && e->peer == 0 && e->step == 1, "F2 started awaiting rank 0 in step 1");
+    if (e) {
+        /* from the start of the wait (the flight record's timestamp) to the step's return */
+        double waited = W.t0 + W.t_ret[1] - e->t;
+        CHECK(waited >= 0.95 * deadline && waited < 2 * deadline, "rank 1 waited %.3f s for a %.2f s deadline", waited,
+              deadline);
+    }
     e = pp_flight_last(&f, PP_FLIGHT_DONE);
     CHECK(e && e->a.op == PP_OP_B && e->a.mb == 1, "last done B1");
     CHECK(f.heard[0].peer == 0 && f.heard[0].a.mb == 1 && f.heard[0].a.stage == 0, "heard rank 0's F1");
