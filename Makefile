@@ -14,7 +14,7 @@ EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen
 
-.PHONY: all test run run-gpt bench check-cuda check-cxx clean
+.PHONY: all test run run-gpt bench bench-peers check-cuda check-cxx clean
 
 all: $(EXAMPLES) $(BENCHES)
 
@@ -72,6 +72,23 @@ run-gpt: $(B)/gpt_cpu
 bench: $(BENCHES)
 	$(B)/bench_overhead
 	$(B)/bench_varlen
+
+# Side by side with torch.distributed.pipelining (bench/peers/README in the top README's
+# "Performance"). Ours links OpenBLAS's cblas when it is installed (libopenblas-dev), else it
+# uses the naive kernel; PEERS_KERNEL=naive forces the naive one.
+OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,1,1,1,1.0f,0,1,0,1,0.0f,0,1);return 0;}\n' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo yes)
+ifeq ($(PEERS_KERNEL),naive)
+OPENBLAS :=
+endif
+PEERS_BLAS = $(if $(OPENBLAS),-DPEERS_CBLAS,)
+PEERS_LIBS = $(if $(OPENBLAS),-lopenblas,)
+PYTHON ?= python3
+
+$(B)/peers_ours: bench/peers/ours.c $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $(PEERS_BLAS) $< -o $@ $(PEERS_LIBS) $(LDLIBS)
+
+bench-peers: $(B)/peers_ours
+	$(PYTHON) bench/peers/run_peers.py --ours $(B)/peers_ours $(PEERS_ARGS)
 
 # CUDA: every header must compile under nvcc (host C++), even on machines without a GPU.
 check-cuda: | $(B)
