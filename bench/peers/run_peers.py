@@ -134,7 +134,7 @@ def main():
     tmpdir = tempfile.mkdtemp(prefix="peers-")
     lpath = os.path.join(tmpdir, "lengths.txt")
     write_lengths(lpath, a.warmup + a.steps)
-    varlen = dict(setting="varlen", schedule="1f1b", p=2, m=8, layers=7, hidden=64, classes=8, rows=0,
+    varlen = dict(setting="varlen", schedule="1f1b", p=2, m=8, layers=7, hidden=64, classes=8, rows=64,
                   lengths=lpath, **{"in": 16})
     if not a.gpu:
         configs.append(varlen)
