@@ -64,6 +64,7 @@
        PP_MAX_TENSORS               tensors crossing one layer boundary (default 4)
        PP_MAX_RANKS                 ranks in one pipeline (default 256)
        PP_DEFAULT_TIMEOUT_S         deadline of every wait when the desc says 0 (default 300)
+       PP_THREADS_SPIN_US           threads transport: how long a wait spins before sleeping (50)
 
    MEMORY
    Schedule generation writes into the caller's array (pp_schedule_size tells how large). The
