@@ -12,7 +12,7 @@ B        = build
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt
-BENCHES  = $(B)/bench_overhead $(B)/bench_varlen
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/peers_ours
 
 .PHONY: all test run run-gpt bench bench-peers check-cuda check-cxx clean
 
