@@ -11,8 +11,8 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt
-BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/peers_ours
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours
 
 .PHONY: all test run run-gpt bench bench-peers check-cuda check-cxx clean
 
@@ -72,10 +72,10 @@ run-gpt: $(B)/gpt_cpu
 bench: $(BENCHES)
 	$(B)/bench_overhead
 	$(B)/bench_varlen
+	$(B)/bench_zb
 
-# Side by side with torch.distributed.pipelining (bench/peers/README in the top README's
-# "Performance"). Ours links OpenBLAS's cblas when it is installed (libopenblas-dev), else it
-# uses the naive kernel; PEERS_KERNEL=naive forces the naive one.
+# Side by side with torch.distributed.pipelining (README, "Performance"). Ours links OpenBLAS's
+# cblas when it is installed (libopenblas-dev), else the naive kernel; PEERS_KERNEL=naive forces it.
 OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,1,1,1,1.0f,0,1,0,1,0.0f,0,1);return 0;}\n' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo yes)
 ifeq ($(PEERS_KERNEL),naive)
 OPENBLAS :=
