@@ -13,7 +13,7 @@ B        = build
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak
-BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
 FUZZ_RUNS ?= 20000
@@ -21,7 +21,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test run run-gpt bench check-cuda check-cxx check-c lint fuzz soak valgrind clean
+.PHONY: all test run run-gpt bench bench-peers check-cuda check-cxx check-c lint fuzz soak valgrind clean
 
 all: $(EXAMPLES) $(BENCHES)
 
@@ -128,6 +128,22 @@ bench: $(BENCHES)
 	$(B)/bench_overhead
 	$(B)/bench_varlen
 	$(B)/bench_zb
+
+# Side by side with torch.distributed.pipelining (README, "Performance"). Ours links OpenBLAS's
+# cblas when it is installed (libopenblas-dev), else the naive kernel; PEERS_KERNEL=naive forces it.
+OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,1,1,1,1.0f,0,1,0,1,0.0f,0,1);return 0;}\n' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo yes)
+ifeq ($(PEERS_KERNEL),naive)
+OPENBLAS :=
+endif
+PEERS_BLAS = $(if $(OPENBLAS),-DPEERS_CBLAS,)
+PEERS_LIBS = $(if $(OPENBLAS),-lopenblas,)
+PYTHON ?= python3
+
+$(B)/peers_ours: bench/peers/ours.c $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $(PEERS_BLAS) $< -o $@ $(PEERS_LIBS) $(LDLIBS)
+
+bench-peers: $(B)/peers_ours
+	$(PYTHON) bench/peers/run_peers.py --ours $(B)/peers_ours $(PEERS_ARGS)
 
 # CUDA: every header must compile under nvcc (host C++), even on machines without a GPU.
 check-cuda: | $(B)
