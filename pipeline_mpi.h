@@ -354,6 +354,18 @@ static pp_result _pp_mpi_test(void* self, pp_request* req, int* done) {
     return PP_OK;
 }
 
+/* A receive (or send) nobody will wait for after a failed step: cancelled and freed, so it
+   cannot swallow a later message. */
+static pp_result _pp_mpi_cancel(void* self, pp_request* req) {
+    pp_mpi* t = (pp_mpi*)self;
+    _pp_mpi_op* op = req ? (_pp_mpi_op*)req->impl : NULL;
+    if (!op) return PP_OK;
+    _pp_mpi_drop(t, op);
+    req->impl = NULL;
+    req->done = 1;
+    return PP_OK;
+}
+
 static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
                                    double timeout_s, pp_error* err) {
     pp_mpi* t = (pp_mpi*)self;
@@ -437,6 +449,7 @@ pp_transport pp_mpi_transport(pp_mpi* t) {
     tr.test = _pp_mpi_test;
     tr.allreduce_sum = _pp_mpi_allreduce;
     tr.abort = _pp_mpi_abort;
+    tr.cancel = _pp_mpi_cancel;
     return tr;
 }
 

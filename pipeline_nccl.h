@@ -428,6 +428,19 @@ static pp_result _ppn_test(void* self, pp_request* req, int* done) {
     return PP_OK;
 }
 
+/* After a failed step: a receive still queued is withdrawn; one already issued to NCCL cannot
+   be (the communicator is aborted by then, which ends it). */
+static pp_result _ppn_cancel(void* self, pp_request* req) {
+    pp_nccl* t = (pp_nccl*)self;
+    _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
+    if (!op) return PP_OK;
+    if (op->batch && !t->aborted) return PP_ERR_UNSUPPORTED;
+    _ppn_op_free(t, op);
+    req->impl = NULL;
+    req->done = 1;
+    return PP_OK;
+}
+
 static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
                                 double timeout_s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
@@ -504,6 +517,7 @@ pp_transport pp_nccl_transport(pp_nccl* t) {
     tr.group_end = _ppn_group_end;
     tr.allreduce_sum = _ppn_allreduce;
     tr.abort = _ppn_abort;
+    tr.cancel = _ppn_cancel;
     return tr;
 }
 
