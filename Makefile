@@ -11,7 +11,7 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_devops
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen
 
 .PHONY: all test run run-gpt bench check-cuda check-cxx clean

@@ -194,6 +194,8 @@ typedef struct pp_layer_io {
     void* saved;                        /* saved_bytes of scratch kept from forward to backward */
     size_t saved_bytes;
     float loss;                         /* loss layer forward: this micro-batch's loss */
+    void* ctx;                          /* pp_stage_desc.layer_ctx (e.g. the rank's CUDA stream);
+                                           NULL under pp_sequential_step */
 } pp_layer_io;
 
 /* What describe() returns for one layer on one micro-batch. */
@@ -514,6 +516,25 @@ typedef enum pp_shape_policy {
     PP_SHAPES_AUTO
 } pp_shape_policy;
 
+/* Where a stage keeps its blocks (stashes, received activations, gradient workspaces).
+   All NULL, the default: host memory from PP_MALLOC, zeroed with memset. Set alloc, free and
+   zero (all three) to keep them elsewhere, e.g. in GPU memory (pipeline_cuda.h's
+   pp_cuda_device_ops): the library then never touches block bytes itself, it only hands
+   pointers to the layers and the transport. Blocks are pooled and reused across steps, so
+   alloc runs only while the pool grows (the first step, or a step with larger micro-batches).
+   Blocks outside host memory need PP_SHAPES_LOCAL or PP_SHAPES_BROADCAST: AUTO and PER_MESSAGE
+   write shape trailers into blocks on the host, and pp_stage_create refuses them with
+   PP_ERR_UNSUPPORTED. */
+typedef struct pp_device_ops {
+    void* (*alloc)(void* user, size_t bytes);               /* NULL when out of memory */
+    void (*free)(void* user, void* ptr);
+    pp_result (*zero)(void* user, void* ptr, size_t bytes); /* a gradient workspace, before its B */
+    /* Optional: called around the layer calls of every action, phase 0 before and 1 after;
+       idx is the action's index in this rank's list (pipeline_cuda.h records timing events). */
+    void (*mark)(void* user, const pp_action* a, int idx, int phase);
+    void* user;
+} pp_device_ops;
+
 typedef struct pp_stage_desc {
     pp_model model;
     const void* weights;
@@ -526,6 +547,8 @@ typedef struct pp_stage_desc {
     int record_timeline;        /* keep per-action events of the last step */
     pp_shape_policy shapes;     /* default PP_SHAPES_LOCAL */
     int max_seqs;               /* BROADCAST: most sequences in one step (0 = 4096) */
+    pp_device_ops device;       /* block memory; all NULL = host memory (see pp_device_ops) */
+    void* layer_ctx;            /* handed to every layer call as io->ctx */
 } pp_stage_desc;
 
 typedef struct pp_step_stats {
@@ -1129,7 +1152,7 @@ static pp_tensor _pp_input_view(const pp_batch* b, const pp_microbatch* mb) {
 
 static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_microbatch* mb, int a, int b,
                                    const pp_tensor* act, const int* nact, void* const* saved, const size_t* saved_bytes,
-                                   float* loss, pp_error* err) {
+                                   float* loss, void* ctx, pp_error* err) {
     pp_layer_io io;
     int l, rc;
     for (l = a; l < b; l++) {
@@ -1142,6 +1165,7 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
         memcpy(io.out, &act[(l - a + 1) * PP_MAX_TENSORS], sizeof io.out);
         io.saved = saved[l - a];
         io.saved_bytes = saved_bytes[l];
+        io.ctx = ctx;
         if ((rc = m->forward(w, l, &io)) != 0)
             return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) forward returned %d on micro-batch %d", l,
                             _pp_layer_name(m, l), rc, mb->index);
@@ -1152,7 +1176,7 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
 
 static pp_result _pp_backward_range(const pp_model* m, const void* w, void* g, const pp_microbatch* mb, int a, int b,
                                     const pp_tensor* act, const int* nact, const pp_tensor* dact, void* const* saved,
-                                    const size_t* saved_bytes, pp_error* err) {
+                                    const size_t* saved_bytes, void* ctx, pp_error* err) {
     pp_layer_io io;
     int l, rc;
     for (l = b - 1; l >= a; l--) {
@@ -1167,6 +1191,7 @@ static pp_result _pp_backward_range(const pp_model* m, const void* w, void* g, c
         memcpy(io.d_out, &dact[(l - a + 1) * PP_MAX_TENSORS], sizeof io.d_out);
         io.saved = saved[l - a];
         io.saved_bytes = saved_bytes[l];
+        io.ctx = ctx;
         if ((rc = m->backward(w, g, l, &io)) != 0)
             return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) backward returned %d on micro-batch %d", l,
                             _pp_layer_name(m, l), rc, mb->index);
@@ -1221,10 +1246,10 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
         act[0] = _pp_input_view(b, &plan.mbs[i]);
         _pp_grad_carve(&plan, i, 0, L, 0, gws, dact);
         if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, &plan.saved[(size_t)i * L],
-                                    &mb_loss[i], err)) != PP_OK)
+                                    &mb_loss[i], NULL, err)) != PP_OK)
             goto cleanup;
         if ((rc = _pp_backward_range(m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
-                                     &plan.saved[(size_t)i * L], err)) != PP_OK)
+                                     &plan.saved[(size_t)i * L], NULL, err)) != PP_OK)
             goto cleanup;
         PP_FREE(stash);
         PP_FREE(gws);
@@ -2469,6 +2494,25 @@ static int _pp_tag(const pp_stage* s, int dir, int mb, int boundary_stage, int k
 }
 #define _PP_TAG_BROADCAST 0x7ffffff4
 
+/* A block whose data lives where pp_stage_desc.device says (its header stays on the host). */
+static _pp_block* _pp_block_new_dev(pp_stage* s, size_t bytes) {
+    _pp_block* b = (_pp_block*)PP_MALLOC(sizeof(_pp_block));
+    if (!b) return NULL;
+    memset(b, 0, sizeof *b);
+    b->cap = bytes;
+    b->data = (unsigned char*)s->d.device.alloc(s->d.device.user, bytes ? bytes : 1);
+    if (!b->data) {
+        PP_FREE(b);
+        return NULL;
+    }
+    return b;
+}
+
+static void _pp_block_free(pp_stage* s, _pp_block* b) {
+    if (b && s->d.device.free && b->data) s->d.device.free(s->d.device.user, b->data);
+    PP_FREE(b);
+}
+
 static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
     _pp_block *b, *best = NULL, **bp, **bestp = NULL;
     for (bp = &s->pool; (b = *bp) != NULL; bp = &b->next)
@@ -2482,6 +2526,7 @@ static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
         best->n_req = 0;
         return best;
     }
+    if (s->d.device.alloc) return _pp_block_new_dev(s, bytes);
     b = (_pp_block*)PP_MALLOC(sizeof(_pp_block) + 64 + (bytes ? bytes : 1));
     if (!b) return NULL;
     memset(b, 0, sizeof *b);
@@ -2537,10 +2582,10 @@ static pp_result _pp_reap(pp_stage* s, int wait_all) {
     return rc;
 }
 
-static void _pp_free_blocks(_pp_block* b) {
+static void _pp_free_blocks(pp_stage* s, _pp_block* b) {
     while (b) {
         _pp_block* nx = b->next;
-        PP_FREE(b);
+        _pp_block_free(s, b);
         b = nx;
     }
 }
@@ -2673,7 +2718,12 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
         bytes = _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, NULL, NULL);
         if (!(pr->blk = _pp_block_get(s, bytes)))
             return _pp_stage_fail(s, PP_ERR_NOMEM, "gradient workspace of %zu bytes for B%d.%d", bytes, a->mb, a->chunk);
-        memset(pr->blk->data, 0, bytes);
+        if (!s->d.device.zero) {
+            memset(pr->blk->data, 0, bytes);
+        } else if (s->d.device.zero(s->d.device.user, pr->blk->data, bytes) != PP_OK) {
+            return _pp_stage_fail(s, PP_ERR_TRANSPORT, "zeroing the gradient workspace of B%d.%d (%zu bytes)", a->mb,
+                                  a->chunk, bytes);
+        }
         if (a->stage < s->S - 1) {
             const _pp_bnd* bd = _pp_plan_bnd(&s->plan, a->mb, lb);
             size_t off = 0;
@@ -2863,6 +2913,7 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         (rc = _pp_receive_input(s, a, pr)) != PP_OK)
         return rc;
     t0 = _pp_now();
+    if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 0);
     if (a->op == PP_OP_F) {
         _pp_block* blk = pr->blk;
         pr->blk = NULL;
@@ -2873,8 +2924,9 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         s->live_bytes += blk->cap;
         if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
         rc = _pp_forward_range(&s->d.model, s->d.weights, mb, la, lb, s->act, s->nact, s->saved, sb,
-                               &s->mb_loss[a->mb], &s->err);
+                               &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
         if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
         s->st.t_forward += _pp_now() - t0;
         if (a->stage < s->S - 1 && (rc = _pp_send_output(s, a, blk, la, lb)) != PP_OK) return rc;
     } else {
@@ -2886,11 +2938,12 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
         _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
         rc = _pp_backward_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact,
-                                s->saved, sb, &s->err);
+                                s->saved, sb, s->d.layer_ctx, &s->err);
         if (rc != PP_OK) {
             _pp_block_put(s, gws);
             return _pp_stage_wrap(s, rc, a);
         }
+        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
         s->st.t_backward += _pp_now() - t0;
         if (a->stage > 0) {
             rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
@@ -2934,6 +2987,12 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     if ((rc = pp_partition_check(d->partition, d->model.n_layers, d->schedule->n_stages, err)) != PP_OK) return rc;
     if (d->shapes < PP_SHAPES_LOCAL || d->shapes > PP_SHAPES_AUTO)
         return _pp_fail(err, PP_ERR_INVALID, "unknown shape policy %d", (int)d->shapes);
+    if ((d->device.alloc != NULL) != (d->device.free != NULL) || (d->device.alloc != NULL) != (d->device.zero != NULL))
+        return _pp_fail(err, PP_ERR_INVALID, "device ops: set alloc, free and zero together, or none of them");
+    if (d->device.alloc && (d->shapes == PP_SHAPES_AUTO || d->shapes == PP_SHAPES_PER_MESSAGE))
+        return _pp_fail(err, PP_ERR_UNSUPPORTED,
+                        "shape policy %s writes headers into blocks on the host; with device blocks use LOCAL or BROADCAST",
+                        d->shapes == PP_SHAPES_AUTO ? "AUTO" : "PER_MESSAGE");
     if (d->max_seqs < 0 || d->max_seqs > (1 << 28))
         return _pp_fail(err, PP_ERR_INVALID, "max_seqs = %d (0 for the default, at most 2^28)", d->max_seqs);
     if (d->schedule->p > 1) {
@@ -2989,11 +3048,11 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
 void pp_stage_destroy(pp_stage* s) {
     int i;
     if (!s) return;
-    for (i = 0; i < 2; i++) PP_FREE(s->prep[i].blk);
+    for (i = 0; i < 2; i++) _pp_block_free(s, s->prep[i].blk);
     if (s->live)
-        for (i = 0; i < s->live_cap; i++) PP_FREE(s->live[i]);
-    _pp_free_blocks(s->pool);
-    _pp_free_blocks(s->retiring);
+        for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->live[i]);
+    _pp_free_blocks(s, s->pool);
+    _pp_free_blocks(s, s->retiring);
     _pp_plan_free(&s->plan);
     PP_FREE(s->live);
     PP_FREE(s->mb_loss);
