@@ -14,7 +14,7 @@ EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_devops
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen
 
-.PHONY: all test run run-gpt bench check-cuda check-cxx clean
+.PHONY: all test run run-gpt bench check-cuda check-cxx clean cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
 
@@ -73,11 +73,23 @@ bench: $(BENCHES)
 	$(B)/bench_overhead
 	$(B)/bench_varlen
 
-# CUDA: every header must compile under nvcc (host C++), even on machines without a GPU.
+# CUDA: every header must compile under nvcc (host C++), even on machines without a GPU;
+# pipeline_cuda.h also as C99 (gcc, CUDA include path). `make cuda` builds every .cu.
+CUDA_HOME ?= /usr/local/cuda
+NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+            -Xcompiler -Wall,-Wextra,-Werror
+CUDA_BINS =
+
 check-cuda: | $(B)
 	@if command -v $(NVCC) >/dev/null 2>&1; then \
-	  $(NVCC) -std=c++17 -x cu -I. -c tests/cxx_check.cc -o $(B)/nvcc-check.o && echo "check-cuda: headers compile under nvcc"; \
+	  $(NVCC) -std=c++17 -x cu -I. -c tests/cxx_check.cc -o $(B)/nvcc-check.o && \
+	  $(NVCC) -std=c++17 -x cu -I. -DPIPELINE_IMPLEMENTATION -Xcompiler -Wall,-Wextra,-Werror -c pipeline_cuda.h -o $(B)/nvcc-cuda-check.o && \
+	  $(CC) $(BASE) -isystem $(CUDA_HOME)/include -DPIPELINE_IMPLEMENTATION -x c -c pipeline_cuda.h -o $(B)/cuda-c99-check.o && \
+	  $(CXX) -std=c++11 -Wall -Wextra -Werror -I. -isystem $(CUDA_HOME)/include -DPIPELINE_IMPLEMENTATION -x c++ -c pipeline_cuda.h -o $(B)/cuda-cxx-check.o && \
+	  $(MAKE) --no-print-directory cuda && echo "check-cuda: headers compile under nvcc and C99, all CUDA code builds"; \
 	else echo "check-cuda: nvcc not found, skipped"; fi
+
+cuda: $(CUDA_BINS)
 
 clean:
 	rm -rf $(B)
