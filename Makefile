@@ -78,7 +78,17 @@ bench: $(BENCHES)
 CUDA_HOME ?= /usr/local/cuda
 NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
             -Xcompiler -Wall,-Wextra,-Werror
-CUDA_BINS =
+CUDA_BINS = $(B)/test_cuda $(B)/gpt_cuda $(B)/bubble_cuda
+CUDA_HDRS = pipeline.h pipeline_cuda.h
+
+$(B)/test_cuda: tests/test_cuda.cu tests/test.h $(CUDA_HDRS) | $(B)
+	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
+
+$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_data.h $(CUDA_HDRS) | $(B)
+	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
+
+$(B)/bubble_cuda: bench/bubble_cuda.cu $(CUDA_HDRS) | $(B)
+	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
 
 check-cuda: | $(B)
 	@if command -v $(NVCC) >/dev/null 2>&1; then \
@@ -90,6 +100,23 @@ check-cuda: | $(B)
 	else echo "check-cuda: nvcc not found, skipped"; fi
 
 cuda: $(CUDA_BINS)
+
+# GPU tests: built with nvcc, run only where a GPU answers (the binary's --probe), else skipped.
+test-cuda: | $(B)
+	@if ! command -v $(NVCC) >/dev/null 2>&1; then echo "test-cuda: nvcc not found, skipped"; exit 0; fi; \
+	$(MAKE) --no-print-directory $(B)/test_cuda $(B)/gpt_cuda || exit 1; \
+	if $(B)/test_cuda --probe; then sh tests/run.sh $(B)/test_cuda && $(B)/gpt_cuda --check; \
+	else echo "test-cuda: no CUDA GPU here, GPU tests skipped (make cuda still builds them)"; fi
+
+# compute-sanitizer over the GPU tests (small configuration): memcheck, racecheck, initcheck, synccheck.
+sanitize-cuda: $(B)/test_cuda
+	@if ! $(B)/test_cuda --probe; then echo "sanitize-cuda: no CUDA GPU here, skipped"; exit 0; fi; \
+	for tool in memcheck racecheck initcheck synccheck; do \
+	  compute-sanitizer --tool $$tool --error-exitcode 1 $(B)/test_cuda --quick || exit 1; done
+
+bench-cuda: $(B)/bubble_cuda $(B)/gpt_cuda
+	@if ! $(B)/test_cuda --probe 2>/dev/null && ! nvidia-smi -L >/dev/null 2>&1; then echo "bench-cuda: no CUDA GPU here, skipped"; exit 0; fi; \
+	$(B)/bubble_cuda && $(B)/gpt_cuda --bench
 
 clean:
 	rm -rf $(B)
