@@ -151,6 +151,7 @@ typedef struct _ppc_msg {
     cudaEvent_t es;             /* sender's device: its data is ready */
     cudaEvent_t er;             /* receiver's device: its earlier work on rbuf is done */
     cudaEvent_t ec;             /* receiver's device: the copy finished */
+    char emsg[200];             /* what went wrong, for the side that reports it */
 } _ppc_msg;
 
 typedef struct _ppc_rank {
@@ -158,7 +159,7 @@ typedef struct _ppc_rank {
     int rank, dev;
     cudaStream_t stream;        /* the stage's compute stream */
     cudaStream_t copy;          /* incoming copies */
-    _ppc_msg* queue;            /* messages to this rank not yet matched on both sides */
+    _ppc_msg* queue;            /* messages to this rank posted by one side only */
     cudaEvent_t* ev;            /* free sync events of this device (world lock) */
     int n_ev, cap_ev;
     /* memory */
@@ -252,20 +253,124 @@ static void _ppc_msg_release_locked(pp_cuda* c, _ppc_msg* m) {
     c->free_msgs = m;
 }
 
-static void _ppc_unlink_locked(_ppc_rank* to, _ppc_msg* m) {
-    _ppc_msg** pp = &to->queue;
-    while (*pp && *pp != m) pp = &(*pp)->next;
-    if (*pp) *pp = m->next;
-    m->next = NULL;
+/* Moves a matched message's bytes. Runs on the thread that completed the match (the second of
+   sender and receiver to post), outside the world lock; the copy goes on the receiver's copy
+   stream after the sender's data-ready event and the receiver's buffer-free event, and ends with
+   the copy-done event ec. Sets m->copied. */
+static void _ppc_copy(pp_cuda* c, _ppc_msg* m) {
+    _ppc_rank* dst = &c->r[m->dst];
+    const _ppc_rank* src = &c->r[m->src];
+    cudaError_t e = cudaSuccess;
+    const char* what = "";
+    pp_result rc = PP_OK;
+    size_t n = m->rbytes;
+    int cur = -1;
+    if (m->sbytes != m->rbytes) {
+        rc = PP_ERR_SIZE;
+        snprintf(m->emsg, sizeof m->emsg, "rank %d sent %zu bytes with tag %d, rank %d posted a receive of %zu bytes",
+                 m->src, m->sbytes, m->tag, m->dst, m->rbytes);
+    } else if (n == 0) {
+        /* nothing to move */
+    } else if (m->s_host && m->r_host) {
+        memcpy(m->rbuf, m->sbuf, n);
+    } else {
+        if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
+        what = "cudaSetDevice";
+        e = cudaSetDevice(dst->dev);
+        if (e == cudaSuccess && !m->s_host) {
+            what = "cudaStreamWaitEvent(sender's data ready)";
+            e = cudaStreamWaitEvent(dst->copy, m->es, 0);
+        }
+        if (e == cudaSuccess && !m->r_host) {
+            what = "cudaStreamWaitEvent(receiver's buffer free)";
+            e = cudaStreamWaitEvent(dst->copy, m->er, 0);
+        }
+        if (e == cudaSuccess) {
+            if (!m->s_host && !m->r_host) {
+                what = "cudaMemcpyPeerAsync";
+                if (src->dev == dst->dev) e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDeviceToDevice, dst->copy);
+                else e = cudaMemcpyPeerAsync(m->rbuf, dst->dev, m->sbuf, src->dev, n, dst->copy);
+            } else {
+                /* one side in host memory: a copy the host waits for (not the steady-state path) */
+                what = "cudaMemcpyAsync (host <-> device)";
+                e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDefault, dst->copy);
+                if (e == cudaSuccess) e = cudaStreamSynchronize(dst->copy);
+            }
+        }
+        if (e == cudaSuccess && m->ec) {
+            what = "cudaEventRecord(copy done)";
+            e = cudaEventRecord(m->ec, dst->copy);
+        }
+        if (cur >= 0 && cur != dst->dev) (void)cudaSetDevice(cur);
+        if (e != cudaSuccess) {
+            rc = e == cudaErrorMemoryAllocation ? PP_ERR_NOMEM : PP_ERR_TRANSPORT;
+            snprintf(m->emsg, sizeof m->emsg, "CUDA error %d (%s) in %s, copying %zu bytes from rank %d to rank %d",
+                     (int)e, cudaGetErrorString(e), what, n, m->src, m->dst);
+            (void)cudaGetLastError();
+        }
+    }
+    pthread_mutex_lock(&c->mu);
+    m->rc = rc;
+    m->copied = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The sender's side is over once the copy is enqueued: later work on its stream (a reused
+   block) waits for the copy that reads the buffer. Sender's thread only. */
+static pp_result _ppc_send_finish(_ppc_rank* me, _ppc_msg* m) {
+    pp_cuda* c = me->c;
+    pp_result rc = m->rc;
+    if (rc == PP_OK && !m->s_host && m->ec && m->rbytes > 0) {
+        cudaError_t e = cudaStreamWaitEvent(me->stream, m->ec, 0);
+        if (e != cudaSuccess) {
+            _ppc_note(me, e, "cudaStreamWaitEvent(copy done, on the sender's stream)");
+            rc = PP_ERR_TRANSPORT;
+        }
+    } else if (rc != PP_OK) {
+        snprintf(me->err, sizeof me->err, "%s", m->emsg);
+    }
+    pthread_mutex_lock(&c->mu);
+    m->send_done = 1;
+    if (m->recv_done) _ppc_msg_release_locked(c, m);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* The receiver's stream waits for the copy. Receiver's thread only. */
+static pp_result _ppc_recv_finish(_ppc_rank* me, _ppc_msg* m) {
+    pp_cuda* c = me->c;
+    pp_result rc = m->rc;
+    if (rc == PP_OK && !m->r_host && m->ec && m->rbytes > 0) {
+        cudaError_t e = cudaStreamWaitEvent(me->stream, m->ec, 0);
+        if (e != cudaSuccess) {
+            _ppc_note(me, e, "cudaStreamWaitEvent(copy done, on the receiver's stream)");
+            rc = PP_ERR_TRANSPORT;
+        }
+    } else if (rc != PP_OK) {
+        snprintf(me->err, sizeof me->err, "%s", m->emsg);
+    }
+    pthread_mutex_lock(&c->mu);
+    m->recv_done = 1;
+    if (m->send_done) _ppc_msg_release_locked(c, m);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* A request that finished inside isend/irecv keeps its result in id (2 + rc). */
+static void _ppc_req_finished(pp_request* req, pp_result rc) {
+    req->done = 1;
+    req->impl = NULL;
+    req->id = 2 + (int64_t)rc;
 }
 
 static pp_result _ppc_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
-    _ppc_msg *m, *x;
+    _ppc_msg *m, *x, **pp;
     cudaEvent_t es = NULL;
     cudaError_t e;
-    int host;
+    int host, matched;
     if (!req || peer < 0 || peer >= c->n || peer == me->rank || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
     host = _ppc_is_host(buf);
@@ -277,9 +382,11 @@ static pp_result _ppc_isend(void* self, int peer, int tag, const void* buf, size
         }
     }
     pthread_mutex_lock(&c->mu);
-    for (m = NULL, x = c->r[peer].queue; x; x = x->next)
+    for (m = NULL, pp = &c->r[peer].queue; (x = *pp) != NULL; pp = &x->next)
         if (x->src == me->rank && x->tag == tag && !x->has_send) {
             m = x;
+            *pp = x->next; /* matched: leaves the queue */
+            m->next = NULL;
             break;
         }
     if (!m) {
@@ -291,81 +398,32 @@ static pp_result _ppc_isend(void* self, int peer, int tag, const void* buf, size
         m->src = me->rank;
         m->dst = peer;
         m->tag = tag;
-        /* append: equal (source, tag) pairs match first in first out */
-        {
-            _ppc_msg** pp = &c->r[peer].queue;
-            while (*pp) pp = &(*pp)->next;
-            *pp = m;
+        for (pp = &c->r[peer].queue; *pp; pp = &(*pp)->next) {
         }
+        *pp = m; /* appended: equal (source, tag) pairs match first in first out */
     }
     m->has_send = 1;
     m->sbuf = buf;
     m->sbytes = bytes;
     m->s_host = host;
     m->es = es;
+    matched = m->has_recv;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     req->impl = m;
     req->id = 0;
-    return PP_OK;
-}
-
-/* The receiver's half of a matched message: the copy, then the receiver's stream waits on it.
-   Runs on the receiver's thread only, so the order of everything enqueued on its streams is the
-   order of its own calls. */
-static pp_result _ppc_complete_recv(_ppc_rank* me, _ppc_msg* m) {
-    pp_cuda* c = me->c;
-    cudaError_t e = cudaSuccess;
-    size_t n = m->rbytes;
-    const char* what = "";
-    pp_result rc = PP_OK;
-    if (m->sbytes != m->rbytes) {
-        rc = PP_ERR_SIZE;
-        snprintf(me->err, sizeof me->err, "rank %d sent %zu bytes with tag %d, rank %d posted %zu", m->src, m->sbytes,
-                 m->tag, me->rank, m->rbytes);
-    } else if (n == 0) {
-        /* nothing to move */
-    } else if (m->s_host && m->r_host) {
-        memcpy(m->rbuf, m->sbuf, n);
-    } else {
-        const _ppc_rank* src = &c->r[m->src];
-        if (!m->s_host && (e = cudaStreamWaitEvent(me->copy, m->es, 0)) != cudaSuccess) what = "cudaStreamWaitEvent(sender)";
-        else if (!m->r_host && (e = cudaStreamWaitEvent(me->copy, m->er, 0)) != cudaSuccess) what = "cudaStreamWaitEvent(receiver)";
-        else if (!m->s_host && !m->r_host) {
-            if (src->dev == me->dev) e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDeviceToDevice, me->copy);
-            else e = cudaMemcpyPeerAsync(m->rbuf, me->dev, m->sbuf, src->dev, n, me->copy);
-            what = "cudaMemcpyPeerAsync";
-        } else {
-            /* one side in host memory: a copy the host waits for (not the steady-state path) */
-            if ((e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDefault, me->copy)) == cudaSuccess)
-                e = cudaStreamSynchronize(me->copy);
-            what = "cudaMemcpyAsync (host <-> device)";
-        }
-        if (e == cudaSuccess && (e = _ppc_ev_get(c, me, &m->ec)) != cudaSuccess) what = "cudaEventCreate";
-        if (e == cudaSuccess && (e = cudaEventRecord(m->ec, me->copy)) != cudaSuccess) what = "cudaEventRecord(copy)";
-        if (e == cudaSuccess && !m->r_host && (e = cudaStreamWaitEvent(me->stream, m->ec, 0)) != cudaSuccess)
-            what = "cudaStreamWaitEvent(copy)";
-        if (e != cudaSuccess) {
-            _ppc_note(me, e, what);
-            rc = e == cudaErrorMemoryAllocation ? PP_ERR_NOMEM : PP_ERR_TRANSPORT;
-        }
+    if (matched) {
+        _ppc_copy(c, m);
+        _ppc_req_finished(req, _ppc_send_finish(me, m));
     }
-    pthread_mutex_lock(&c->mu);
-    m->rc = rc;
-    m->copied = 1;
-    m->recv_done = 1;
-    _ppc_unlink_locked(me, m);
-    if (m->send_done) _ppc_msg_release_locked(c, m);
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
-    return rc;
+    return PP_OK;
 }
 
 static pp_result _ppc_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
-    _ppc_msg *m, *x;
-    cudaEvent_t er = NULL;
+    _ppc_msg *m, *x, **pp;
+    cudaEvent_t er = NULL, ec = NULL;
     cudaError_t e;
     int host, matched;
     if (!req || peer < 0 || peer >= c->n || peer == me->rank || (bytes && !buf)) return PP_ERR_INVALID;
@@ -374,46 +432,51 @@ static pp_result _ppc_irecv(void* self, int peer, int tag, void* buf, size_t byt
     if (!host) {
         /* the copy into buf must wait for everything this rank enqueued on buf so far */
         if ((e = cudaSetDevice(me->dev)) != cudaSuccess || (e = _ppc_ev_get(c, me, &er)) != cudaSuccess ||
-            (e = cudaEventRecord(er, me->stream)) != cudaSuccess) {
+            (e = _ppc_ev_get(c, me, &ec)) != cudaSuccess || (e = cudaEventRecord(er, me->stream)) != cudaSuccess) {
             _ppc_note(me, e, "irecv (recording the buffer-free event)");
+            pthread_mutex_lock(&c->mu);
+            _ppc_ev_put_locked(me, er);
+            _ppc_ev_put_locked(me, ec);
+            pthread_mutex_unlock(&c->mu);
             return PP_ERR_TRANSPORT;
         }
     }
     pthread_mutex_lock(&c->mu);
-    for (m = NULL, x = me->queue; x; x = x->next)
+    for (m = NULL, pp = &me->queue; (x = *pp) != NULL; pp = &x->next)
         if (x->src == peer && x->tag == tag && !x->has_recv) {
             m = x;
+            *pp = x->next;
+            m->next = NULL;
             break;
         }
     if (!m) {
         if (!(m = _ppc_msg_new_locked(c))) {
             _ppc_ev_put_locked(me, er);
+            _ppc_ev_put_locked(me, ec);
             pthread_mutex_unlock(&c->mu);
             return PP_ERR_NOMEM;
         }
         m->src = peer;
         m->dst = me->rank;
         m->tag = tag;
-        {
-            _ppc_msg** pp = &me->queue;
-            while (*pp) pp = &(*pp)->next;
-            *pp = m;
+        for (pp = &me->queue; *pp; pp = &(*pp)->next) {
         }
+        *pp = m;
     }
     m->has_recv = 1;
     m->rbuf = buf;
     m->rbytes = bytes;
     m->r_host = host;
     m->er = er;
+    m->ec = ec;
     matched = m->has_send;
+    pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     req->impl = m;
     req->id = 1;
     if (matched) {
-        pp_result rc = _ppc_complete_recv(me, m);
-        req->done = 1;
-        req->impl = NULL;
-        req->id = 2 + (int64_t)rc; /* completed early: wait reports rc */
+        _ppc_copy(c, m);
+        _ppc_req_finished(req, _ppc_recv_finish(me, m));
     }
     return PP_OK;
 }
@@ -439,28 +502,13 @@ static double _ppc_now_real(struct timespec* ts) {
         }                                                                                        \
     } while (0)
 
-static pp_result _ppc_finish_send_locked(_ppc_rank* me, _ppc_msg* m) {
-    pp_cuda* c = me->c;
-    pp_result rc = m->rc;
-    /* later work on the sender's stream (a reused block) waits for the copy that reads it */
-    if (rc == PP_OK && !m->s_host && m->ec) {
-        cudaError_t e = cudaStreamWaitEvent(me->stream, m->ec, 0);
-        if (e != cudaSuccess) {
-            _ppc_note(me, e, "cudaStreamWaitEvent(copy done, sender)");
-            rc = PP_ERR_TRANSPORT;
-        }
-    }
-    m->send_done = 1;
-    if (m->recv_done) _ppc_msg_release_locked(c, m);
-    return rc;
-}
-
 static pp_result _ppc_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
     _ppc_msg* m;
     struct timespec ts;
     double deadline = _ppc_now_real(&ts) + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
+    int is_send, peer, tag, copied, posted, aborted;
     pp_result rc;
     if (!req) return _pp_fail(err, PP_ERR_INVALID, "wait on a NULL request");
     if (req->done) {
@@ -470,34 +518,24 @@ static pp_result _ppc_wait(void* self, pp_request* req, double timeout_s, pp_err
     }
     m = (_ppc_msg*)req->impl;
     if (!m) return _pp_fail(err, PP_ERR_INVALID, "wait on a request that was never posted");
-    if ((cudaSetDevice(me->dev)) != cudaSuccess) (void)cudaGetLastError();
+    if (cudaSetDevice(me->dev) != cudaSuccess) (void)cudaGetLastError();
+    is_send = req->id == 0;
     pthread_mutex_lock(&c->mu);
-    if (req->id == 0) {
-        _PPC_WAIT_UNTIL(c, m->copied, deadline);
-        if (!m->copied) {
-            int to = m->dst, tag = m->tag;
-            pthread_mutex_unlock(&c->mu);
-            if (c->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: send to rank %d aborted: %s", me->rank, to, c->abort_msg);
-            return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank %d to receive tag %d", me->rank,
-                            timeout_s, to, tag);
-        }
-        rc = _ppc_finish_send_locked(me, m);
-        pthread_mutex_unlock(&c->mu);
-        req->done = 1;
-        req->impl = NULL;
-        if (rc != PP_OK) return _pp_fail(err, rc, "rank %d: send failed: %s", me->rank, me->err);
-        return PP_OK;
-    }
-    _PPC_WAIT_UNTIL(c, m->has_send, deadline);
-    if (!m->has_send) {
-        int from = m->src, tag = m->tag;
-        pthread_mutex_unlock(&c->mu);
-        if (c->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: receive from rank %d aborted: %s", me->rank, from, c->abort_msg);
-        return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank %d to send tag %d", me->rank, timeout_s, from,
-                        tag);
-    }
+    _PPC_WAIT_UNTIL(c, m->copied, deadline);
+    copied = m->copied;
+    posted = is_send ? m->has_recv : m->has_send;
+    peer = is_send ? m->dst : m->src;
+    tag = m->tag;
+    aborted = c->aborted;
     pthread_mutex_unlock(&c->mu);
-    rc = _ppc_complete_recv(me, m);
+    if (!copied) {
+        if (aborted)
+            return _pp_fail(err, PP_ERR_ABORTED, "rank %d: %s rank %d aborted: %s", me->rank,
+                            is_send ? "send to" : "receive from", peer, c->abort_msg);
+        return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank %d to %s tag %d%s", me->rank, timeout_s, peer,
+                        is_send ? "post the receive of" : "send", tag, posted ? " (matched, copy pending)" : "");
+    }
+    rc = is_send ? _ppc_send_finish(me, m) : _ppc_recv_finish(me, m);
     req->done = 1;
     req->impl = NULL;
     if (rc != PP_OK) return _pp_fail(err, rc, "rank %d: %s", me->rank, me->err);
@@ -508,7 +546,8 @@ static pp_result _ppc_test(void* self, pp_request* req, int* done) {
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
     _ppc_msg* m;
-    pp_result rc = PP_OK;
+    int copied;
+    pp_result rc;
     if (!req || !done) return PP_ERR_INVALID;
     *done = 0;
     if (req->done) {
@@ -517,26 +556,13 @@ static pp_result _ppc_test(void* self, pp_request* req, int* done) {
     }
     m = (_ppc_msg*)req->impl;
     if (!m) return PP_ERR_INVALID;
+    pthread_mutex_lock(&c->mu);
+    copied = m->copied;
+    pthread_mutex_unlock(&c->mu);
+    if (!copied) return PP_OK;
     if (cudaSetDevice(me->dev) != cudaSuccess) (void)cudaGetLastError();
-    if (req->id == 1) {
-        int ready;
-        pthread_mutex_lock(&c->mu);
-        ready = m->has_send;
-        pthread_mutex_unlock(&c->mu);
-        if (!ready) return PP_OK;
-        rc = _ppc_complete_recv(me, m);
-    } else {
-        pthread_mutex_lock(&c->mu);
-        if (!m->copied) {
-            pthread_mutex_unlock(&c->mu);
-            return PP_OK;
-        }
-        rc = _ppc_finish_send_locked(me, m);
-        pthread_mutex_unlock(&c->mu);
-    }
-    req->done = 1;
-    req->impl = NULL;
-    req->id = 2 + (int64_t)rc;
+    rc = req->id == 0 ? _ppc_send_finish(me, m) : _ppc_recv_finish(me, m);
+    _ppc_req_finished(req, rc);
     *done = 1;
     return rc;
 }
