@@ -11,7 +11,7 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_devops
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_devops test_cuda_host
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen
 
 .PHONY: all test run run-gpt bench check-cuda check-cxx clean cuda test-cuda sanitize-cuda bench-cuda
@@ -47,6 +47,11 @@ $(B)/asan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 
 $(B)/tsan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 	$(CLANG) $(BASE) -O1 -g -fsanitize=thread $< -o $@ $(LDLIBS)
+
+# pipeline_cuda.h on the host: tests/fakecuda imitates the CUDA runtime (streams as threads).
+FAKE_CUDA = $(B)/test_cuda_host $(B)/clang-test_cuda_host $(B)/asan-test_cuda_host $(B)/tsan-test_cuda_host
+$(FAKE_CUDA): BASE += -Itests/fakecuda
+$(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h
 
 $(B)/cxx-check.o: tests/cxx_check.cc $(HEADERS) | $(B)
 	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -c $< -o $@

@@ -2513,6 +2513,30 @@ static void _pp_block_free(pp_stage* s, _pp_block* b) {
     PP_FREE(b);
 }
 
+/* Device blocks: before growing the pool, wait briefly (5 ms each) for the best-fitting block
+   whose sends are only waiting to be matched by a receiver's host thread. Whether a receive is
+   posted before the matching send is a race between host threads; waiting for it keeps the pool
+   at the same size every step instead of growing it with the timing. A timeout only means the
+   pool grows (no deadlock: the wait is bounded). */
+static _pp_block* _pp_block_wait_retiring(pp_stage* s, size_t bytes) {
+    _pp_block **bp, **bestp = NULL, *b;
+    int i;
+    for (bp = &s->retiring; (b = *bp) != NULL; bp = &b->next)
+        if (b->cap >= bytes && (!bestp || b->cap < (*bestp)->cap)) bestp = bp;
+    if (!bestp) return NULL;
+    b = *bestp;
+    for (i = 0; i < b->n_req; i++)
+        if (!b->req[i].done) {
+            pp_error scratch;
+            if (s->d.transport.wait(s->d.transport.self, &b->req[i], 0.005, &scratch) != PP_OK) return NULL;
+            b->req[i].done = 1;
+        }
+    *bestp = b->next;
+    b->next = NULL;
+    b->n_req = 0;
+    return b;
+}
+
 static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
     _pp_block *b, *best = NULL, **bp, **bestp = NULL;
     for (bp = &s->pool; (b = *bp) != NULL; bp = &b->next)
@@ -2526,7 +2550,10 @@ static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
         best->n_req = 0;
         return best;
     }
-    if (s->d.device.alloc) return _pp_block_new_dev(s, bytes);
+    if (s->d.device.alloc) {
+        if ((b = _pp_block_wait_retiring(s, bytes)) != NULL) return b;
+        return _pp_block_new_dev(s, bytes);
+    }
     b = (_pp_block*)PP_MALLOC(sizeof(_pp_block) + 64 + (bytes ? bytes : 1));
     if (!b) return NULL;
     memset(b, 0, sizeof *b);

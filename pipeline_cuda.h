@@ -371,7 +371,7 @@ static pp_result _ppc_isend(void* self, int peer, int tag, const void* buf, size
     cudaEvent_t es = NULL;
     cudaError_t e;
     int host, matched;
-    if (!req || peer < 0 || peer >= c->n || peer == me->rank || (bytes && !buf)) return PP_ERR_INVALID;
+    if (!req || peer < 0 || peer >= c->n || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
     host = _ppc_is_host(buf);
     if (!host) {
@@ -426,7 +426,7 @@ static pp_result _ppc_irecv(void* self, int peer, int tag, void* buf, size_t byt
     cudaEvent_t er = NULL, ec = NULL;
     cudaError_t e;
     int host, matched;
-    if (!req || peer < 0 || peer >= c->n || peer == me->rank || (bytes && !buf)) return PP_ERR_INVALID;
+    if (!req || peer < 0 || peer >= c->n || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
     host = _ppc_is_host(buf);
     if (!host) {

@@ -224,12 +224,14 @@ typedef struct pz_port {
     int checked, unwritten, errors;
 } pz_port;
 
+static int pz_is_device(const void* buf);
 static pp_result pz_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
     pz_port* p = (pz_port*)self;
     return p->inner.isend(p->inner.self, peer, tag, buf, bytes, req);
 }
 static pp_result pz_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
     pz_port* p = (pz_port*)self;
+    if (!pz_is_device(buf)) return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
     /* on the rank's stream, so it is ordered before the incoming copy (which waits on the
        receiver's stream as of irecv) */
     if (cudaMemsetAsync(buf, 0xFF, bytes, p->stream) != cudaSuccess) p->errors++;
@@ -276,6 +278,20 @@ static pp_result pz_wait(void* self, pp_request* req, double timeout_s, pp_error
 static pp_result pz_test(void* self, pp_request* req, int* done) {
     pz_port* p = (pz_port*)self;
     return p->inner.test(p->inner.self, req, done);
+}
+static void pz_abort(void* self, pp_result why, const char* msg) {
+    pz_port* p = (pz_port*)self;
+    p->inner.abort(p->inner.self, why, msg);
+}
+/* device buffers are poisoned on the stream; host ones (BROADCAST metadata) are not checked */
+static int pz_is_device(const void* buf) {
+    struct cudaPointerAttributes at;
+    memset(&at, 0, sizeof at);
+    if (cudaPointerGetAttributes(&at, buf) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
 }
 
 /* ---- one configuration ------------------------------------------------------------------- */
@@ -380,6 +396,7 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
             d.transport.irecv = pz_irecv;
             d.transport.wait = pz_wait;
             d.transport.test = pz_test;
+            d.transport.abort = pz_abort;
         }
         d.device = pp_cuda_device_ops(R.cuda, r);
         d.layer_ctx = &ctx[r];

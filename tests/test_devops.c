@@ -108,6 +108,10 @@ static pp_result pz_test(void* self, pp_request* req, int* done) {
     poison_port* p = (poison_port*)self;
     return p->inner.test(p->inner.self, req, done);
 }
+static void pz_abort(void* self, pp_result why, const char* msg) {
+    poison_port* p = (poison_port*)self;
+    p->inner.abort(p->inner.self, why, msg);
+}
 static pp_transport poison_transport(poison_port* p, pp_transport inner) {
     pp_transport t = inner;
     memset(p, 0, sizeof *p);
@@ -117,6 +121,7 @@ static pp_transport poison_transport(poison_port* p, pp_transport inner) {
     t.irecv = pz_irecv;
     t.wait = pz_wait;
     t.test = inner.test ? pz_test : NULL;
+    t.abort = inner.abort ? pz_abort : NULL;
     return t;
 }
 
