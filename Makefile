@@ -123,7 +123,7 @@ sanitize-cuda: $(B)/test_cuda
 	for tool in memcheck racecheck initcheck synccheck; do \
 	  compute-sanitizer --tool $$tool --error-exitcode 1 $(B)/test_cuda --quick || exit 1; done
 
-bench-cuda: $(B)/bubble_cuda $(B)/gpt_cuda
+bench-cuda: $(B)/bubble_cuda $(B)/gpt_cuda $(B)/test_cuda
 	@if ! $(B)/test_cuda --probe 2>/dev/null && ! nvidia-smi -L >/dev/null 2>&1; then echo "bench-cuda: no CUDA GPU here, skipped"; exit 0; fi; \
 	$(B)/bubble_cuda && $(B)/gpt_cuda --bench
 

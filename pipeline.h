@@ -69,7 +69,8 @@
    Schedule generation writes into the caller's array (pp_schedule_size tells how large). The
    simulator and partitioner take scratch from PP_MALLOC and free it before returning. A stage
    allocates at create time and keeps a pool of stash blocks that grows to the schedule's peak
-   live activations and is reused, so the steady state does not allocate.
+   live activations and is reused, so the steady state does not allocate. pp_stage_desc.device
+   (pp_device_ops) moves the pool elsewhere, e.g. GPU memory (pipeline_cuda.h); NULL is host.
 
    ERRORS
    Every function that can fail returns pp_result (PP_OK == 0). Pure functions take an optional
