@@ -2514,24 +2514,31 @@ static void _pp_block_free(pp_stage* s, _pp_block* b) {
     PP_FREE(b);
 }
 
-/* Device blocks: before growing the pool, wait briefly (5 ms each) for the best-fitting block
-   whose sends are only waiting to be matched by a receiver's host thread. Whether a receive is
-   posted before the matching send is a race between host threads; waiting for it keeps the pool
-   at the same size every step instead of growing it with the timing. A timeout only means the
-   pool grows (no deadlock: the wait is bounded). */
-static _pp_block* _pp_block_wait_retiring(pp_stage* s, size_t bytes) {
+/* Device blocks: a transport whose sends complete only once the receiver posted (pipeline_cuda.h)
+   leaves blocks retiring for as long as the receiver's host thread takes to get there, a race
+   between host threads. So the best fit is chosen among free AND retiring blocks, as if every
+   send had completed at once (what the host path sees), and a retiring choice is waited for
+   (up to _PP_RETIRE_WAIT_S): the pool then grows the same way every step instead of with the
+   timing. A timeout only means the pool grows; the wait is bounded, so it cannot deadlock.
+   Returns the retiring block if it fits better than `limit` (the best free block's cap, 0 if
+   none), else NULL. */
+#ifndef _PP_RETIRE_WAIT_S
+#define _PP_RETIRE_WAIT_S 1.0
+#endif
+static _pp_block* _pp_block_wait_retiring(pp_stage* s, size_t bytes, size_t limit) {
     _pp_block **bp, **bestp = NULL, *b;
     int i;
     for (bp = &s->retiring; (b = *bp) != NULL; bp = &b->next)
-        if (b->cap >= bytes && (!bestp || b->cap < (*bestp)->cap)) bestp = bp;
+        if (b->cap >= bytes && (!limit || b->cap < limit) && (!bestp || b->cap < (*bestp)->cap)) bestp = bp;
     if (!bestp) return NULL;
     b = *bestp;
     for (i = 0; i < b->n_req; i++)
         if (!b->req[i].done) {
             pp_error scratch;
-            if (s->d.transport.wait(s->d.transport.self, &b->req[i], 0.005, &scratch) != PP_OK) return NULL;
+            if (s->d.transport.wait(s->d.transport.self, &b->req[i], _PP_RETIRE_WAIT_S, &scratch) != PP_OK) return NULL;
             b->req[i].done = 1;
         }
+    /* the wait may have unlinked nothing, but list order is unchanged: bestp is still valid */
     *bestp = b->next;
     b->next = NULL;
     b->n_req = 0;
@@ -2545,16 +2552,14 @@ static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
             best = b;
             bestp = bp;
         }
+    if (s->d.device.alloc && (b = _pp_block_wait_retiring(s, bytes, best ? best->cap : 0)) != NULL) return b;
     if (best) {
         *bestp = best->next;
         best->next = NULL;
         best->n_req = 0;
         return best;
     }
-    if (s->d.device.alloc) {
-        if ((b = _pp_block_wait_retiring(s, bytes)) != NULL) return b;
-        return _pp_block_new_dev(s, bytes);
-    }
+    if (s->d.device.alloc) return _pp_block_new_dev(s, bytes);
     b = (_pp_block*)PP_MALLOC(sizeof(_pp_block) + 64 + (bytes ? bytes : 1));
     if (!b) return NULL;
     memset(b, 0, sizeof *b);

@@ -139,6 +139,8 @@ pp_result pp_cuda_status(cudaError_t e, const char* what, const char* file, int 
 /* One message between two ranks, from the first post to the last release. */
 typedef struct _ppc_msg {
     struct _ppc_msg* next;      /* in the receiver's queue, or the free list */
+    struct _ppc_msg* all;       /* every message ever made, for pp_cuda_destroy */
+    int live;                   /* posted and not yet released by both sides */
     int src, dst, tag;
     const void* sbuf;
     void* rbuf;
@@ -179,6 +181,7 @@ struct pp_cuda {
     int timeline;
     _ppc_rank* r;
     _ppc_msg* free_msgs;
+    _ppc_msg* all_msgs;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int aborted;
@@ -238,9 +241,18 @@ static void _ppc_ev_put_locked(_ppc_rank* r, cudaEvent_t e) {
 
 static _ppc_msg* _ppc_msg_new_locked(pp_cuda* c) {
     _ppc_msg* m = c->free_msgs;
-    if (m) c->free_msgs = m->next;
-    else m = (_ppc_msg*)PP_MALLOC(sizeof *m);
-    if (m) memset(m, 0, sizeof *m);
+    _ppc_msg* all;
+    if (m) {
+        c->free_msgs = m->next;
+        all = m->all;
+    } else {
+        if (!(m = (_ppc_msg*)PP_MALLOC(sizeof *m))) return NULL;
+        all = c->all_msgs;
+        c->all_msgs = m;
+    }
+    memset(m, 0, sizeof *m);
+    m->all = all;
+    m->live = 1;
     return m;
 }
 
@@ -249,6 +261,8 @@ static void _ppc_msg_release_locked(pp_cuda* c, _ppc_msg* m) {
     _ppc_ev_put_locked(&c->r[m->dst], m->er);
     _ppc_ev_put_locked(&c->r[m->dst], m->ec);
     _ppc_ev_put_locked(&c->r[m->src], m->es);
+    m->er = m->ec = m->es = NULL;
+    m->live = 0;
     m->next = c->free_msgs;
     c->free_msgs = m;
 }
@@ -717,13 +731,10 @@ void pp_cuda_destroy(pp_cuda* c) {
         if (r->stream) (void)cudaStreamSynchronize(r->stream);
         if (r->copy) (void)cudaStreamSynchronize(r->copy);
     }
-    for (i = 0; i < c->n; i++) {
-        _ppc_rank* r = &c->r[i];
-        while ((m = r->queue) != NULL) { /* half-matched leftovers of an aborted step */
-            r->queue = m->next;
-            _ppc_msg_release_locked(c, m);
-        }
-    }
+    /* leftovers of an aborted step (posted by one side, or never waited for): their events
+       go back to the pools, which are destroyed below */
+    for (m = c->all_msgs; m; m = m->all)
+        if (m->live) _ppc_msg_release_locked(c, m);
     for (i = 0; i < c->n; i++) {
         _ppc_rank* r = &c->r[i];
         if (cudaSetDevice(r->dev) != cudaSuccess) (void)cudaGetLastError();
@@ -737,8 +748,8 @@ void pp_cuda_destroy(pp_cuda* c) {
         PP_FREE(r->tev);
         PP_FREE(r->tact);
     }
-    while ((m = c->free_msgs) != NULL) {
-        c->free_msgs = m->next;
+    while ((m = c->all_msgs) != NULL) {
+        c->all_msgs = m->all;
         PP_FREE(m);
     }
     pthread_mutex_destroy(&c->mu);
