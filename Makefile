@@ -103,7 +103,8 @@ check-cuda: | $(B)
 	  $(CXX) -std=c++11 -Wall -Wextra -Werror -I. -isystem $(CUDA_HOME)/include -DPIPELINE_IMPLEMENTATION -x c++ -c pipeline_cuda.h -o $(B)/cuda-cxx-check.o && \
 	  $(MAKE) --no-print-directory cuda && \
 	  $(B)/test_cuda && \
-	  $(B)/gpt_cuda --cpu --check -p 4 -m 4 --steps 3 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8 | tail -1 && \
+	  $(B)/gpt_cuda --cpu --check -p 4 -m 4 --steps 3 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8 > $(B)/gpt_cuda_cpu.log && \
+	  tail -1 $(B)/gpt_cuda_cpu.log && \
 	  $(B)/gpt_cuda --cpu --gradcheck -m 1 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 4 && \
 	  echo "check-cuda: headers compile under nvcc and C99, all CUDA code builds, its host paths pass"; \
 	else echo "check-cuda: nvcc not found, skipped"; fi
