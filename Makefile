@@ -11,8 +11,8 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_devops test_cuda_host
-BENCHES  = $(B)/bench_overhead $(B)/bench_varlen
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_devops test_cuda_host
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb
 
 .PHONY: all test run run-gpt bench check-cuda check-cxx clean cuda test-cuda sanitize-cuda bench-cuda
 
@@ -77,6 +77,7 @@ run-gpt: $(B)/gpt_cpu
 bench: $(BENCHES)
 	$(B)/bench_overhead
 	$(B)/bench_varlen
+	$(B)/bench_zb
 
 # CUDA: every header must compile under nvcc (host C++), even on machines without a GPU;
 # pipeline_cuda.h also as C99 (gcc, CUDA include path). `make cuda` builds every .cu.

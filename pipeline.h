@@ -9,7 +9,8 @@
 
    WHAT IT DOES
    You declare your model as a typed list of layers, write plain forward/backward functions over
-   flat buffers, and pick a schedule (GPipe, 1F1B, interleaved 1F1B). The library splits the layers
+   flat buffers, and pick a schedule (GPipe, 1F1B, interleaved 1F1B, zero-bubble ZB-H1 and ZB-V,
+   or your own as a text table). The library splits the layers
    into stages, generates each rank's ordered action list {op, micro-batch, chunk}, proves it free
    of deadlock with a simulator, and walks it: receiving activations, calling your functions,
    stashing what backward needs, sending results, accumulating gradients over micro-batches.
@@ -58,6 +59,23 @@
    pipelined run: results are bit-identical when the accumulation order is the same, which it is
    for every built-in schedule (each stage runs backward in ascending micro-batch order).
 
+   SPLIT BACKWARD (zero-bubble schedules)
+   PP_MODEL_SPLIT(name, LIST) takes X(layer, P, forward, backward, weight_grad, describe, count):
+   backward(w, g, io) then writes only io->d_in (B: the input gradient the previous stage waits
+   for) and weight_grad(w, g, io) adds the parameter gradient (W: nobody waits, a schedule may
+   defer it). It sees the io backward saw; the executor keeps stash and gradients alive until W.
+   A layer without the split names PP_NO_WGRAD there and does both in backward. Any model runs on
+   any schedule: without W actions W runs inside B; without weight_grad a W action is a no-op.
+
+   SCHEDULES AS TEXT
+       schedule p=2 v=1 m=2            # map=loop (default) or map=v
+       r0: F0 F1 B0 W0 B1 W1
+       r1: F0 B0 F1 B1 W0 W1
+   pp_schedule_parse(text, len, out, cap, &need, &sched, &err) checks it (errors name line and
+   column), proves it with the simulator and fills sched; pp_schedule_write prints one.
+   AUTO-PARTITION: pp_profile_layers measures each layer's F, B, W; pp_partition_balanced or
+   pp_partition_capped (under a memory cap per stage) splits on the measured times.
+
    CONFIGURATION (define before including, in the implementation file)
        PP_MALLOC(sz) / PP_FREE(p)   allocator (default malloc/free); define both or neither
        PP_ASSERT(c)                 internal invariants only, never user errors (default assert)
@@ -85,13 +103,15 @@
 
    SECTIONS  (search for ">>name")
    >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>transport
-   >>threads >>batch >>stage >>impl
+   >>threads >>batch >>stage >>impl (>>impl-profile: pp_profile_layers)
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
           pictures, executor, threads transport, packed variable-length micro-batches
           (cu_seqlens, split policies, LOCAL/BROADCAST/PER_MESSAGE/AUTO shape policies),
           several tensors per stage boundary.
+          Then: split backward (PP_MODEL_SPLIT, W actions), ZB-H1 and ZB-V (V stage map),
+          schedules as text tables, measured and memory-capped partitions.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -217,6 +237,10 @@ typedef struct pp_model {
     void (*describe)(const void* weights, int layer, const pp_microbatch* mb,
                      const pp_tensor* in, int n_in, pp_layer_desc* d);
     const char* (*layer_name)(int layer);
+    /* Optional (NULL: none). When set, backward computes only the input gradient (B) and
+       weight_grad adds the parameter gradient (W), possibly much later: zero-bubble schedules
+       defer W to fill the pipeline's idle time. PP_MODEL_SPLIT fills it. */
+    int (*weight_grad)(const void* weights, void* grads, int layer, pp_layer_io* io);
 } pp_model;
 
 /* PP_MODEL(name, LIST): LIST is an X-macro whose entries are
@@ -276,6 +300,79 @@ typedef struct pp_model {
         m.backward = mname##_backward;                                                           \
         m.describe = mname##_describe;                                                           \
         m.layer_name = mname##_layer_name;                                                       \
+        m.weight_grad = NULL;                                                                   \
+        return m;                                                                               \
+    }
+
+/* PP_MODEL_SPLIT(name, LIST): the same, for layers whose backward comes in two halves. Entries
+       X(layer, P, forward, backward, weight_grad, describe, count)
+   backward(w, g, io) then writes only io->d_in (the input gradient, on the critical path) and
+   weight_grad(w, g, io) adds the parameter gradient into g; it sees the same io as backward
+   (in, out, d_out, d_in, saved), and the library keeps all of it alive until weight_grad ran.
+   A layer without the split names PP_NO_WGRAD: its backward does both, as under PP_MODEL.
+   Generates everything PP_MODEL does plus name_weight_grad, and sets pp_model.weight_grad.
+   Every schedule runs either kind of model: without W actions (GPipe, 1F1B, interleaved) the
+   library calls weight_grad right after backward. */
+static inline int _pp_no_wgrad(const void* w, void* g, pp_layer_io* io) {
+    (void)w;
+    (void)g;
+    (void)io;
+    return 0;
+}
+#define PP_NO_WGRAD _pp_no_wgrad
+#define _PP_MODELW_FIELD(lname, P, fwd, bwd, wg, desc, count) P lname[count];
+#define _PP_MODELW_COUNT(lname, P, fwd, bwd, wg, desc, count) + (count)
+#define _PP_MODELW_ENUM(lname, P, fwd, bwd, wg, desc, count) \
+    _pp_first_##lname, _pp_last_##lname = _pp_first_##lname + (count) - 1,
+#define _PP_MODELW_FWD(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_FWD(lname, P, fwd, bwd, desc, count)
+#define _PP_MODELW_BWD(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_BWD(lname, P, fwd, bwd, desc, count)
+#define _PP_MODELW_WG(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_BWD(lname, P, fwd, wg, desc, count)
+#define _PP_MODELW_DESC(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_DESC(lname, P, fwd, bwd, desc, count)
+#define _PP_MODELW_NAME(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_NAME(lname, P, fwd, bwd, desc, count)
+
+#define PP_MODEL_SPLIT(mname, LIST)                                                              \
+    typedef struct mname##_model { LIST(_PP_MODELW_FIELD) } mname##_model;                        \
+    enum { mname##_N_LAYERS = 0 LIST(_PP_MODELW_COUNT) };                                        \
+    static inline int mname##_forward(const void* w_, int l, pp_layer_io* io) {                  \
+        enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
+        const mname##_model* w = (const mname##_model*)w_;                                        \
+        LIST(_PP_MODELW_FWD)                                                                    \
+        return -1;                                                                              \
+    }                                                                                           \
+    static inline int mname##_backward(const void* w_, void* g_, int l, pp_layer_io* io) {       \
+        enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
+        const mname##_model* w = (const mname##_model*)w_;                                        \
+        mname##_model* g = (mname##_model*)g_;                                                    \
+        LIST(_PP_MODELW_BWD)                                                                    \
+        return -1;                                                                              \
+    }                                                                                           \
+    static inline int mname##_weight_grad(const void* w_, void* g_, int l, pp_layer_io* io) {    \
+        enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
+        const mname##_model* w = (const mname##_model*)w_;                                        \
+        mname##_model* g = (mname##_model*)g_;                                                    \
+        LIST(_PP_MODELW_WG)                                                                     \
+        return -1;                                                                              \
+    }                                                                                           \
+    static inline void mname##_describe(const void* w_, int l, const pp_microbatch* mb,          \
+                                       const pp_tensor* in, int n_in, pp_layer_desc* d) {       \
+        enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
+        const mname##_model* w = (const mname##_model*)w_;                                        \
+        LIST(_PP_MODELW_DESC)                                                                   \
+    }                                                                                           \
+    static inline const char* mname##_layer_name(int l) {                                        \
+        enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
+        LIST(_PP_MODELW_NAME)                                                                   \
+        return "?";                                                                             \
+    }                                                                                           \
+    static inline pp_model mname##_model_desc(void) {                                            \
+        pp_model m;                                                                             \
+        m.name = #mname;                                                                         \
+        m.n_layers = mname##_N_LAYERS;                                                           \
+        m.forward = mname##_forward;                                                             \
+        m.backward = mname##_backward;                                                           \
+        m.describe = mname##_describe;                                                           \
+        m.layer_name = mname##_layer_name;                                                       \
+        m.weight_grad = mname##_weight_grad;                                                     \
         return m;                                                                               \
     }
 
@@ -317,6 +414,13 @@ typedef struct pp_partition_desc {
 pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_partition_desc* d,
                              int* first, double* imbalance, pp_error* err);
 
+/* Min-max split under a memory cap: minimise the largest stage weight among the contiguous
+   partitions whose every stage has sum(mem) <= mem_cap (mem: e.g. a layer's parameters plus the
+   activations the schedule keeps of it). Exact, O(S*L^2) time, O(S*L) scratch. PP_ERR_SIZE when
+   no partition fits (the message says which layer or stage count is the obstacle). */
+pp_result pp_partition_capped(const double* weight, const double* mem, double mem_cap, int n_layers, int n_stages,
+                              int* first, pp_error* err);
+
 /* Print the partition, one line per stage: layers, names, weight. */
 void pp_partition_print(FILE* f, const pp_model* m, const int* first, int n_stages,
                         const double* weight);
@@ -326,8 +430,16 @@ typedef enum pp_schedule_kind {
     PP_SCHED_GPIPE = 0,         /* all forwards, then all backwards */
     PP_SCHED_1F1B,              /* warm-up forwards, then one forward one backward */
     PP_SCHED_INTERLEAVED,       /* 1F1B over v chunks per rank, stage s on rank s % p */
-    PP_SCHED_KIND_COUNT
+    PP_SCHED_ZB_H1,             /* zero bubble H1: 1F1B's memory, W deferred into the bubble */
+    PP_SCHED_ZB_V,              /* zero bubble V: v = 2, rank r holds stages r and 2p-1-r */
+    PP_SCHED_KIND_COUNT,
+    PP_SCHED_CUSTOM = 100       /* parsed from a text table (pp_schedule_parse) */
 } pp_schedule_kind;
+
+/* Which rank holds which stage. LOOP: stage s is chunk s / p of rank s % p (GPipe, 1F1B,
+   interleaved, ZB-H1). V: rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
+   first and the last stage (embedding and loss) share rank 0 and the turn of the V is local. */
+typedef enum pp_stage_map { PP_MAP_LOOP = 0, PP_MAP_V = 1 } pp_stage_map;
 
 typedef enum pp_op { PP_OP_F = 0, PP_OP_B = 1, PP_OP_W = 2 } pp_op;
 
@@ -348,16 +460,19 @@ typedef struct pp_schedule {
     pp_schedule_kind kind;
     int p, v, m;
     int n_stages;               /* p*v */
-    int per_rank;               /* actions per rank */
+    int per_rank;               /* actions per rank: 2*m*v, or 3*m*v with W actions */
     pp_action* actions;         /* rank r's list is actions[r*per_rank .. (r+1)*per_rank) */
+    pp_stage_map map;           /* stage -> rank; zero (LOOP) for every kind but ZB-V */
 } pp_schedule;
 
 const char* pp_schedule_name(pp_schedule_kind k);                 /* "gpipe", "1f1b", ... */
 pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k);
 /* Number of pp_action the caller must provide for (kind, p, v, m); 0 if invalid. */
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
-/* Generate every rank's list into out[cap]. GPipe and 1F1B need v == 1; interleaved v >= 2
-   (any m >= 1). Fills *s, whose actions point into out. */
+/* Generate every rank's list into out[cap]. GPipe, 1F1B and ZB-H1 need v == 1; interleaved
+   v >= 2; ZB-V v == 2 (any m >= 1 for all). ZB-H1 and ZB-V have W actions (3*m*v per rank).
+   Every stage runs its B and W actions in ascending micro-batch order. Fills *s, whose actions
+   point into out. */
 pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* out, size_t cap,
                            pp_schedule* s, pp_error* err);
 /* Rank and chunk of a global stage under this schedule's mapping. */
@@ -366,15 +481,41 @@ void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chu
 int pp_schedule_stage(const pp_schedule* s, int rank, int chunk);
 /* Rank r's list. */
 const pp_action* pp_schedule_rank(const pp_schedule* s, int rank);
+/* 1 if the schedule has W actions (weight gradients deferred from B). */
+int pp_schedule_has_w(const pp_schedule* s);
+
+/* Schedules as text. A table is comment lines (# to the end of a line), a header line, and one
+   line per rank in rank order:
+       # my hand-tuned schedule
+       schedule p=2 v=1 m=2 map=loop
+       r0: F0 F1 B0 W0 B1 W1
+       r1: F0 B0 F1 B1 W0 W1
+   Keys: p, v, m (required), map = loop | v (default loop). An action is F, B or W, the
+   micro-batch, and optionally .chunk (default 0): F3.1 is the forward of micro-batch 3 on the
+   rank's chunk 1. W actions are optional, but all or none. The stage of (rank, chunk) comes from
+   the map, the send/receive peers from the stages.
+   pp_schedule_parse reads len bytes of text (no terminator needed), checks the syntax (errors
+   name line and column), every action's rank and range, then proves the whole table with
+   pp_simulate (coverage, order, deadlock; the message names rank and action). *need receives the
+   number of actions (may be NULL); with out NULL or cap < *need it returns PP_ERR_SIZE having
+   checked the syntax only, so: call once with out NULL, allocate, call again. On success *s
+   describes the table (kind PP_SCHED_CUSTOM) and points into out. Takes scratch from PP_MALLOC
+   (the simulator's), frees it before returning. */
+pp_result pp_schedule_parse(const char* text, size_t len, pp_action* out, size_t cap, size_t* need,
+                            pp_schedule* s, pp_error* err);
+/* Writes s as a table pp_schedule_parse reads back (header, then one line per rank). */
+void pp_schedule_write(FILE* f, const pp_schedule* s);
 
 /* >>sim --------------------------------------------------------------------------------------- */
 /* Cost model. Times in arbitrary units. f/b/w: per action of one chunk (0 counts as 1 for f,
    2 for b, 0 for w); per-stage arrays override them where non-NULL; comm is added to every
-   transfer between two ranks. */
+   transfer between two ranks. b is the input gradient and w the weight gradient: a schedule
+   without W actions does both in its B, which then costs b + w. */
 typedef struct pp_sim_cost {
     double f, b, w, comm;
     const double* f_stage;      /* n_stages entries or NULL */
     const double* b_stage;
+    const double* w_stage;
 } pp_sim_cost;
 
 /* One executed (or simulated) action on a timeline. */
@@ -388,7 +529,7 @@ typedef struct pp_sim_result {
     double makespan;
     double bubble;              /* 1 - busy / (p * makespan) */
     double busy[PP_MAX_RANKS];  /* compute time per rank */
-    int peak_live[PP_MAX_RANKS];/* peak stashed activations (F done, B not yet) per rank */
+    int peak_live[PP_MAX_RANKS];/* peak stashed activations (F done, B, or W if any, not yet) */
     int deadlock;               /* 1 if the lists cannot all complete */
     char report[1024];          /* deadlock: who waits for whom; else empty */
 } pp_sim_result;
@@ -493,6 +634,17 @@ double pp_batch_split_imbalance(const pp_batch* b, const pp_microbatch* mbs);
    thread, gradients accumulated into grads. *loss gets the step loss. */
 pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads,
                              const pp_batch* b, float* loss, pp_error* err);
+
+/* Measured per-layer times (auto-partition by measurement). Runs one untimed warm-up step and
+   `steps` timed steps of the sequential reference on this thread, and stores each layer's mean
+   wall time per step (all micro-batches of b together, seconds) of forward in t_f, backward in
+   t_b and weight_grad in t_w (t_w may be NULL; 0 without weight_grad, whose time is then in
+   t_b). grads receives steps+1 steps of gradients: pass scratch. CPU clock: layers that launch
+   asynchronous device work must synchronise in their callbacks for the times to mean anything
+   (CUDA events are for the CUDA transport). Feed t_f+t_b+t_w to pp_partition_balanced (or
+   _capped), and the per-stage sums to pp_simulate for a predicted step time. */
+pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads, const pp_batch* b, int steps,
+                            double* t_f, double* t_b, double* t_w, pp_error* err);
 
 /* >>stage ------------------------------------------------------------------------------------- */
 typedef struct pp_stage pp_stage;
@@ -896,6 +1048,69 @@ cleanup:
     return rc;
 }
 
+pp_result pp_partition_capped(const double* weight, const double* mem, double mem_cap, int n_layers, int n_stages,
+                              int* first, pp_error* err) {
+    /* best[s*(L+1)+l]: smallest maximum stage weight covering [0, l) with s stages that all fit */
+    double *pw = NULL, *pm = NULL, *best = NULL;
+    int *cut = NULL, s, l, j, L = n_layers;
+    const double inf = 1e308;
+    pp_result rc = PP_OK;
+    if (!weight || !mem || !first) return _pp_fail(err, PP_ERR_INVALID, "weights, memory and partition output must be non-NULL");
+    if (n_stages <= 0) return _pp_fail(err, PP_ERR_INVALID, "partition needs n_stages > 0 (got %d)", n_stages);
+    if (n_layers < n_stages)
+        return _pp_fail(err, PP_ERR_INVALID, "cannot split %d layers into %d stages (more stages than layers)", n_layers,
+                        n_stages);
+    if (!(mem_cap >= 0) || mem_cap > 1e300) return _pp_fail(err, PP_ERR_INVALID, "memory cap %g must be finite and >= 0", mem_cap);
+    for (l = 0; l < L; l++) {
+        if (!(weight[l] >= 0) || weight[l] > 1e300 || !(mem[l] >= 0) || mem[l] > 1e300)
+            return _pp_fail(err, PP_ERR_INVALID, "layer %d has weight %g, memory %g (must be finite and >= 0)", l, weight[l],
+                            mem[l]);
+        if (mem[l] > mem_cap)
+            return _pp_fail(err, PP_ERR_SIZE, "layer %d alone needs memory %g, over the cap %g", l, mem[l], mem_cap);
+    }
+    pw = (double*)_pp_calloc((size_t)L + 1, sizeof *pw);
+    pm = (double*)_pp_calloc((size_t)L + 1, sizeof *pm);
+    best = (double*)_pp_calloc((size_t)(n_stages + 1) * (size_t)(L + 1), sizeof *best);
+    cut = (int*)_pp_calloc((size_t)(n_stages + 1) * (size_t)(L + 1), sizeof *cut);
+    if (!pw || !pm || !best || !cut) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "capped partition scratch for %d layers x %d stages", L, n_stages);
+        goto cleanup;
+    }
+    for (l = 0; l < L; l++) {
+        pw[l + 1] = pw[l] + weight[l];
+        pm[l + 1] = pm[l] + mem[l];
+    }
+    for (s = 0; s <= n_stages; s++)
+        for (l = 0; l <= L; l++) best[s * (L + 1) + l] = inf;
+    best[0] = 0;
+    for (s = 1; s <= n_stages; s++)
+        for (l = s; l <= L - (n_stages - s); l++)
+            for (j = l - 1; j >= s - 1; j--) {
+                double prev = best[(s - 1) * (L + 1) + j], w = pw[l] - pw[j], c;
+                if (pm[l] - pm[j] > mem_cap) break; /* longer stages only need more */
+                if (prev >= inf) continue;
+                c = prev > w ? prev : w;
+                if (c < best[s * (L + 1) + l]) {
+                    best[s * (L + 1) + l] = c;
+                    cut[s * (L + 1) + l] = j;
+                }
+            }
+    if (best[n_stages * (L + 1) + L] >= inf) {
+        rc = _pp_fail(err, PP_ERR_SIZE, "no split of %d layers into %d stages keeps every stage's memory under %g "
+                      "(total %g: use more stages or raise the cap)", L, n_stages, mem_cap, pm[L]);
+        goto cleanup;
+    }
+    first[n_stages] = L;
+    for (s = n_stages; s >= 1; s--) first[s - 1] = cut[s * (L + 1) + first[s]];
+    rc = pp_partition_check(first, L, n_stages, err);
+cleanup:
+    PP_FREE(pw);
+    PP_FREE(pm);
+    PP_FREE(best);
+    PP_FREE(cut);
+    return rc;
+}
+
 void pp_partition_print(FILE* f, const pp_model* m, const int* first, int n_stages, const double* weight) {
     int s;
     for (s = 0; s < n_stages; s++) {
@@ -1200,6 +1415,32 @@ static pp_result _pp_backward_range(const pp_model* m, const void* w, void* g, c
     return PP_OK;
 }
 
+/* W: weight gradients of layers [a, b) from the same io backward saw (model->weight_grad set). */
+static pp_result _pp_wgrad_range(const pp_model* m, const void* w, void* g, const pp_microbatch* mb, int a, int b,
+                                 const pp_tensor* act, const int* nact, const pp_tensor* dact, void* const* saved,
+                                 const size_t* saved_bytes, void* ctx, pp_error* err) {
+    pp_layer_io io;
+    int l, rc;
+    for (l = b - 1; l >= a; l--) {
+        memset(&io, 0, sizeof io);
+        io.mb = mb;
+        io.layer = l;
+        io.n_in = nact[l - a];
+        io.n_out = nact[l - a + 1];
+        memcpy(io.in, &act[(l - a) * PP_MAX_TENSORS], sizeof io.in);
+        memcpy(io.out, &act[(l - a + 1) * PP_MAX_TENSORS], sizeof io.out);
+        memcpy(io.d_in, &dact[(l - a) * PP_MAX_TENSORS], sizeof io.d_in);
+        memcpy(io.d_out, &dact[(l - a + 1) * PP_MAX_TENSORS], sizeof io.d_out);
+        io.saved = saved[l - a];
+        io.saved_bytes = saved_bytes[l];
+        io.ctx = ctx;
+        if ((rc = m->weight_grad(w, g, l, &io)) != 0)
+            return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) weight_grad returned %d on micro-batch %d", l,
+                            _pp_layer_name(m, l), rc, mb->index);
+    }
+    return PP_OK;
+}
+
 /* Step loss from micro-batch losses, always in ascending micro-batch order. */
 static float _pp_step_loss(const _pp_plan* p, const float* mb_loss) {
     double acc = 0;
@@ -1252,6 +1493,10 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
         if ((rc = _pp_backward_range(m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
                                      &plan.saved[(size_t)i * L], NULL, err)) != PP_OK)
             goto cleanup;
+        /* split backward: the weight gradients of this micro-batch after all its input gradients */
+        if (m->weight_grad && (rc = _pp_wgrad_range(m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
+                                                    &plan.saved[(size_t)i * L], NULL, err)) != PP_OK)
+            goto cleanup;
         PP_FREE(stash);
         PP_FREE(gws);
         stash = gws = NULL;
@@ -1268,6 +1513,94 @@ cleanup:
     _pp_plan_free(&plan);
     return rc;
 }
+/* >>impl-profile: per-layer wall times for auto-partitioning (pp_profile_layers) */
+pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads, const pp_batch* b, int steps,
+                            double* t_f, double* t_b, double* t_w, pp_error* err) {
+    _pp_plan plan;
+    pp_tensor *act = NULL, *dact = NULL;
+    int* nact = NULL;
+    void** saved = NULL;
+    unsigned char *stash = NULL, *gws = NULL;
+    float loss = 0;
+    pp_result rc;
+    int i, l, L, step;
+    memset(&plan, 0, sizeof plan);
+    if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
+    if (!grads || !t_f || !t_b) return _pp_fail(err, PP_ERR_INVALID, "pp_profile_layers: grads, t_f and t_b must be non-NULL");
+    if (steps < 1 || steps > 1000000) return _pp_fail(err, PP_ERR_INVALID, "pp_profile_layers: steps = %d (1 .. 1e6)", steps);
+    if (!b || !b->input.data || !b->targets)
+        return _pp_fail(err, PP_ERR_INVALID, "pp_profile_layers needs the batch input data and targets");
+    L = m->n_layers;
+    for (l = 0; l < L; l++) {
+        t_f[l] = t_b[l] = 0;
+        if (t_w) t_w[l] = 0;
+    }
+    if ((rc = _pp_plan_build(&plan, m, weights, b, err)) != PP_OK) goto cleanup;
+    act = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *act);
+    dact = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *dact);
+    nact = (int*)_pp_calloc((size_t)L + 1, sizeof *nact);
+    saved = (void**)_pp_calloc((size_t)L, sizeof *saved);
+    if (!act || !dact || !nact || !saved) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "profile scratch");
+        goto cleanup;
+    }
+    for (step = 0; step <= steps; step++) {
+        for (i = 0; i < b->m; i++) {
+            const size_t* sb = &plan.saved[(size_t)i * L];
+            size_t nb = _pp_stash_carve(&plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
+            size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, NULL, NULL);
+            stash = (unsigned char*)PP_MALLOC(nb ? nb : 1);
+            gws = (unsigned char*)_pp_calloc(gb ? gb : 1, 1);
+            if (!stash || !gws) {
+                rc = _pp_fail(err, PP_ERR_NOMEM, "profile stash of micro-batch %d", i);
+                goto cleanup;
+            }
+            _pp_stash_carve(&plan, i, 0, L, 0, stash, act, nact, saved);
+            act[0] = _pp_input_view(b, &plan.mbs[i]);
+            _pp_grad_carve(&plan, i, 0, L, 0, gws, dact);
+            /* one layer at a time: the range helpers index act/nact/saved from their first layer */
+            for (l = 0; l < L; l++) {
+                double t0 = _pp_now();
+                rc = _pp_forward_range(m, weights, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
+                                       saved + l, sb, &loss, NULL, err);
+                if (rc != PP_OK) goto cleanup;
+                if (step > 0) t_f[l] += _pp_now() - t0;
+            }
+            for (l = L - 1; l >= 0; l--) {
+                double t0 = _pp_now();
+                rc = _pp_backward_range(m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
+                                        dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, NULL, err);
+                if (rc != PP_OK) goto cleanup;
+                if (step > 0) t_b[l] += _pp_now() - t0;
+            }
+            for (l = L - 1; m->weight_grad && l >= 0; l--) {
+                double t0 = _pp_now();
+                rc = _pp_wgrad_range(m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
+                                     dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, NULL, err);
+                if (rc != PP_OK) goto cleanup;
+                if (step > 0 && t_w) t_w[l] += _pp_now() - t0;
+            }
+            PP_FREE(stash);
+            PP_FREE(gws);
+            stash = gws = NULL;
+        }
+    }
+    for (l = 0; l < L; l++) {
+        t_f[l] /= steps;
+        t_b[l] /= steps;
+        if (t_w) t_w[l] /= steps;
+    }
+cleanup:
+    PP_FREE(stash);
+    PP_FREE(gws);
+    PP_FREE(act);
+    PP_FREE(dact);
+    PP_FREE(nact);
+    PP_FREE(saved);
+    _pp_plan_free(&plan);
+    return rc;
+}
+
 /* wip/schedule_impl.inc - schedules, simulator and timeline printers of pipeline.h.
    Included by pipeline.h inside its implementation section (after stdlib, string, math, stdio,
    inside extern "C"). Uses _pp_fail, _pp_calloc, PP_MALLOC and PP_FREE from there.
@@ -1276,9 +1609,10 @@ cleanup:
 
 /* >>impl-schedule ----------------------------------------------------------------------------- */
 
-static const char* const _pp_sched_names[PP_SCHED_KIND_COUNT] = {"gpipe", "1f1b", "interleaved"};
+static const char* const _pp_sched_names[PP_SCHED_KIND_COUNT] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"};
 
 const char* pp_schedule_name(pp_schedule_kind k) {
+    if (k == PP_SCHED_CUSTOM) return "custom";
     if ((int)k < 0 || (int)k >= PP_SCHED_KIND_COUNT) return "unknown";
     return _pp_sched_names[k];
 }
@@ -1311,7 +1645,7 @@ pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k) {
    simulator indexing all p*2*m*v actions with an int. */
 static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, pp_error* err) {
     if ((int)k < 0 || (int)k >= PP_SCHED_KIND_COUNT)
-        return _pp_fail(err, PP_ERR_INVALID, "schedule kind %d is not one of gpipe, 1f1b, interleaved",
+        return _pp_fail(err, PP_ERR_INVALID, "schedule kind %d is not one of gpipe, 1f1b, interleaved, zb-h1, zb-v",
                         (int)k);
     if (p < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: p (ranks) = %d, need p >= 1",
                                pp_schedule_name(k), p);
@@ -1322,7 +1656,9 @@ static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, p
     if (p > PP_MAX_RANKS || p > INT16_MAX)
         return _pp_fail(err, PP_ERR_INVALID, "%s: p = %d ranks exceeds PP_MAX_RANKS (%d)",
                         pp_schedule_name(k), p, (int)PP_MAX_RANKS);
-    if ((k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B) && v != 1)
+    if (k == PP_SCHED_ZB_V && v != 2)
+        return _pp_fail(err, PP_ERR_INVALID, "zb-v needs v = 2 chunks per rank (the two arms of the V), got v = %d", v);
+    if ((k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B || k == PP_SCHED_ZB_H1) && v != 1)
         return _pp_fail(err, PP_ERR_INVALID,
                         "%s needs v = 1 chunk per rank (got v = %d); use interleaved for v >= 2",
                         pp_schedule_name(k), v);
@@ -1332,15 +1668,18 @@ static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, p
     if (v > INT8_MAX || (long long)p * v > INT16_MAX)
         return _pp_fail(err, PP_ERR_INVALID, "%s: p*v = %d*%d stages do not fit a pp_action (max %d, v <= %d)",
                         pp_schedule_name(k), p, v, (int)INT16_MAX, (int)INT8_MAX);
-    if ((long long)p * 2 * v * m > INT32_MAX)
-        return _pp_fail(err, PP_ERR_INVALID, "%s: p*2*v*m = %d*2*%d*%d actions is too many",
+    if ((long long)p * 3 * v * m > INT32_MAX)
+        return _pp_fail(err, PP_ERR_INVALID, "%s: p*3*v*m = %d*3*%d*%d actions is too many",
                         pp_schedule_name(k), p, v, m);
     return PP_OK;
 }
 
+/* Actions per micro-batch and chunk: F and B, plus W for the zero-bubble kinds. */
+static int _pp_sched_ops(pp_schedule_kind k) { return k == PP_SCHED_ZB_H1 || k == PP_SCHED_ZB_V ? 3 : 2; }
+
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m) {
     if (_pp_sched_check_args(k, p, v, m, NULL) != PP_OK) return 0;
-    return (size_t)p * 2 * (size_t)v * (size_t)m;
+    return (size_t)p * (size_t)_pp_sched_ops(k) * (size_t)v * (size_t)m;
 }
 
 /* Work units. Every rank walks the same order of forward units k = 0 .. m*v-1 and the same
@@ -1453,14 +1792,119 @@ static int _pp_sched_b_ready(const _pp_sched_units* u, const int* n_f, const int
     return n_b[0] > _pp_sched_index(u, mb, chunk + 1, 1);
 }
 
-static void _pp_sched_set(pp_action* a, int op, int p, int n_stages, int r, int mb, int chunk) {
-    int stage = chunk * p + r;              /* Megatron's interleaved mapping: s = chunk*p + rank */
+/* The stage map, the one place that knows it: (rank, chunk) <-> stage. */
+static int _pp_sched_map_rank(pp_stage_map map, int p, int stage) {
+    if (map == PP_MAP_V) return stage < p ? stage : 2 * p - 1 - stage;
+    return stage % p;                       /* Megatron's interleaved mapping: s = chunk*p + rank */
+}
+
+static int _pp_sched_map_stage(pp_stage_map map, int p, int r, int chunk) {
+    if (map == PP_MAP_V) return chunk == 0 ? r : 2 * p - 1 - r;
+    return chunk * p + r;
+}
+
+static void _pp_sched_set_map(pp_action* a, int op, pp_stage_map map, int p, int n_stages, int r, int mb, int chunk) {
+    int stage = _pp_sched_map_stage(map, p, r, chunk);
     a->op = (int8_t)op;
     a->chunk = (int8_t)chunk;
     a->stage = (int16_t)stage;
     a->mb = (int32_t)mb;
-    a->prev_rank = (int16_t)(stage > 0 ? (stage - 1) % p : -1);
-    a->next_rank = (int16_t)(stage < n_stages - 1 ? (stage + 1) % p : -1);
+    a->prev_rank = (int16_t)(stage > 0 ? _pp_sched_map_rank(map, p, stage - 1) : -1);
+    a->next_rank = (int16_t)(stage < n_stages - 1 ? _pp_sched_map_rank(map, p, stage + 1) : -1);
+}
+
+static void _pp_sched_set(pp_action* a, int op, int p, int n_stages, int r, int mb, int chunk) {
+    _pp_sched_set_map(a, op, PP_MAP_LOOP, p, n_stages, r, mb, chunk);
+}
+
+/* ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023). 1F1B's lists with the backward
+   split: rank r runs min(p-r-1, m) warm-up forwards, then for j = 0 .. m-1 "F(next) B(j)" and
+   the weight gradient W(j - r), r of them deferred; the deferred ones run after the last B. The
+   input gradients travel up the pipe as soon as they can, and each rank fills the time it would
+   wait in 1F1B's cool-down with its deferred W's. Rank r holds at most p-r-1 + 1 + r = p
+   stashes (F done, W not yet): 1F1B's peak (rank 0's). With unit F = B = W the makespan is
+   3m + p - 1 against 1F1B's 3(m + p - 1): bubble (p-1)/(3m+p-1), a third of 1F1B's idle time
+   (checked by the simulator in tests/test_zb.c). Lists are deadlock-free for the same reason
+   1F1B's are: W's depend only on their own rank's B. */
+static void _pp_sched_build_zbh1(int p, int m, pp_action* out) {
+    int r, j, k, per = 3 * m;
+    for (r = 0; r < p; r++) {
+        pp_action* list = out + (size_t)r * (size_t)per;
+        int warm = p - r - 1 < m ? p - r - 1 : m, n = 0, nf = 0, nw = 0;
+        for (k = 0; k < warm; k++) _pp_sched_set(&list[n++], PP_OP_F, p, p, r, nf++, 0);
+        for (j = 0; j < m; j++) {
+            if (nf < m) _pp_sched_set(&list[n++], PP_OP_F, p, p, r, nf++, 0);
+            _pp_sched_set(&list[n++], PP_OP_B, p, p, r, j, 0);
+            if (j - r >= 0) _pp_sched_set(&list[n++], PP_OP_W, p, p, r, nw++, 0);
+        }
+        while (nw < m) _pp_sched_set(&list[n++], PP_OP_W, p, p, r, nw++, 0);
+        PP_ASSERT(n == per);
+    }
+}
+
+/* ZB-V (the V-shape of Qi et al., "Pipeline Parallelism with Controllable Memory", 2024, and
+   DeepSeek's DualPipeV): 2p stages, rank r holds stage r and stage 2p-1-r, so a micro-batch goes
+   down the ranks on chunk 0 and back up on chunk 1, and rank 0 holds both ends.
+   The lists come from a greedy list scheduler run with unit costs F = B = W: at every tick each
+   rank takes, in this order of preference,
+     1. the B that is ready (its output gradient arrived), the older micro-batch first;
+     2. the F of chunk 1 that is ready (its stash slot was reserved when chunk 0 ran);
+     3. the F of chunk 0 that is ready, if the rank's stashes (F done, W not yet) plus the slots
+        reserved for chunk 1 leave room for it and its reservation under a cap of 2p;
+     4. the oldest pending W.
+   Every stage takes its micro-batches in ascending order in F, B and W alike (one counter per
+   stage and op), which keeps pipelined gradients bit-identical to the sequential reference.
+   The peak is at most 2p stashes of a chunk, i.e. p stashes of a whole 1F1B stage (a chunk is
+   half a stage): 1F1B's memory. A chunk-1 F never waits for memory (its slot is reserved), so
+   the forwards always drain and the scheduler never sticks. The lists are an order in which a
+   real (unit-cost) run executed, every dependency finishing a tick before its consumer starts,
+   so the lists are deadlock-free under any costs. The state is a few counters per stage and
+   rank, on the stack: generation allocates nothing. */
+static pp_result _pp_sched_build_zbv(int p, int m, pp_action* out, pp_error* err) {
+    int f_done[2 * PP_MAX_RANKS], b_done[2 * PP_MAX_RANKS], w_done[2 * PP_MAX_RANKS];
+    int n_app[PP_MAX_RANKS], pick_op[PP_MAX_RANKS], pick_st[PP_MAX_RANKS];
+    int S = 2 * p, per = 6 * m, left = p * per, cap = 2 * p, r, st;
+    for (st = 0; st < S; st++) f_done[st] = b_done[st] = w_done[st] = 0;
+    for (r = 0; r < p; r++) n_app[r] = 0;
+    while (left > 0) {
+        int progress = 0;
+        for (r = 0; r < p; r++) {
+            int c0 = r, c1 = S - 1 - r, op = -1, at = -1, best = m;
+            int live = f_done[c0] - w_done[c0] + f_done[c1] - w_done[c1];
+            int reserved = f_done[c0] - f_done[c1];
+            /* 1. a ready B, older micro-batch first */
+            if (b_done[c1] < m && (c1 == S - 1 ? f_done[c1] : b_done[c1 + 1]) > b_done[c1]) {
+                op = PP_OP_B, at = c1, best = b_done[c1];
+            }
+            if (b_done[c0] < m && b_done[c0 + 1] > b_done[c0] && b_done[c0] < best) op = PP_OP_B, at = c0;
+            /* 2. F of chunk 1; 3. F of chunk 0 within the cap */
+            if (op < 0 && f_done[c1] < m && f_done[c1 - 1] > f_done[c1]) op = PP_OP_F, at = c1;
+            if (op < 0 && f_done[c0] < m && (c0 == 0 || f_done[c0 - 1] > f_done[c0]) && live + reserved + 2 <= cap)
+                op = PP_OP_F, at = c0;
+            /* 4. the oldest W */
+            if (op < 0) {
+                if (b_done[c1] > w_done[c1]) op = PP_OP_W, at = c1;
+                if (b_done[c0] > w_done[c0] && (op < 0 || w_done[c0] < w_done[c1])) op = PP_OP_W, at = c0;
+            }
+            pick_op[r] = op;
+            pick_st[r] = at;
+        }
+        /* commit the tick: what ran now is visible from the next tick on */
+        for (r = 0; r < p; r++) {
+            int* cnt;
+            if (pick_op[r] < 0) continue;
+            st = pick_st[r];
+            cnt = pick_op[r] == PP_OP_F ? &f_done[st] : pick_op[r] == PP_OP_B ? &b_done[st] : &w_done[st];
+            _pp_sched_set_map(&out[(size_t)r * (size_t)per + (size_t)n_app[r]++], pick_op[r], PP_MAP_V, p, S, r, *cnt,
+                              st == r ? 0 : 1);
+            (*cnt)++;
+            left--;
+            progress = 1;
+        }
+        if (!progress) /* cannot happen (see above); an error beats an endless loop */
+            return _pp_fail(err, PP_ERR_SCHEDULE, "zb-v p=%d m=%d: schedule builder stuck", p, m);
+    }
+    return PP_OK;
 }
 
 /* The builder. Rank r's pattern is: warm[r] forwards, then one forward one backward, then the
@@ -1543,26 +1987,293 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
     if (cap < need)
         return _pp_fail(err, PP_ERR_SIZE, "%s p=%d v=%d m=%d needs %lu actions, cap is %lu",
                         pp_schedule_name(k), p, v, m, (unsigned long)need, (unsigned long)cap);
-    rc = _pp_sched_build(k, p, v, m, out, err);
+    if (k == PP_SCHED_ZB_H1) _pp_sched_build_zbh1(p, m, out);
+    else if (k == PP_SCHED_ZB_V) rc = _pp_sched_build_zbv(p, m, out, err);
+    else rc = _pp_sched_build(k, p, v, m, out, err);
     if (rc != PP_OK) return rc;
     s->kind = k;
     s->p = p;
     s->v = v;
     s->m = m;
     s->n_stages = p * v;
-    s->per_rank = 2 * m * v;
+    s->per_rank = _pp_sched_ops(k) * m * v;
     s->actions = out;
+    s->map = k == PP_SCHED_ZB_V ? PP_MAP_V : PP_MAP_LOOP;
     return PP_OK;
 }
 
 void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chunk) {
     int r = -1, c = -1;
     if (s && s->p > 0 && stage >= 0 && stage < s->n_stages) {
-        r = stage % s->p;
-        c = stage / s->p;
+        r = _pp_sched_map_rank(s->map, s->p, stage);
+        c = s->map == PP_MAP_V ? (stage < s->p ? 0 : 1) : stage / s->p;
     }
     if (rank) *rank = r;
     if (chunk) *chunk = c;
+}
+
+int pp_schedule_has_w(const pp_schedule* s) {
+    return s && s->p > 0 && s->m > 0 && s->v > 0 && s->per_rank == 3 * s->m * s->v;
+}
+
+/* Text tables (pp_schedule_parse, pp_schedule_write). The parser reads its input once per pass
+   through a cursor that knows its line and column, so every message can say where. Pass one
+   (out NULL) checks the syntax and counts; pass two writes the actions. */
+typedef struct _pp_tab {
+    const char* t;
+    size_t n, i;
+    int line, col;                  /* of t[i], both from 1 */
+} _pp_tab;
+
+static int _pp_tab_peek(const _pp_tab* c) { return c->i < c->n ? (unsigned char)c->t[c->i] : -1; }
+
+static void _pp_tab_next(_pp_tab* c) {
+    if (c->i >= c->n) return;
+    if (c->t[c->i] == '\n') {
+        c->line++;
+        c->col = 1;
+    } else {
+        c->col++;
+    }
+    c->i++;
+}
+
+/* Skips blanks and a comment, stopping at the end of the line (or text). */
+static void _pp_tab_blank(_pp_tab* c) {
+    int ch;
+    while ((ch = _pp_tab_peek(c)) == ' ' || ch == '\t' || ch == '\r') _pp_tab_next(c);
+    if (ch == '#')
+        while ((ch = _pp_tab_peek(c)) >= 0 && ch != '\n') _pp_tab_next(c);
+}
+
+static int _pp_tab_eol(const _pp_tab* c) { return _pp_tab_peek(c) < 0 || _pp_tab_peek(c) == '\n'; }
+
+/* A decimal number < 2^31; 0 with a message when there is none or it is too large. */
+static int _pp_tab_int(_pp_tab* c, long* out, const char* what, pp_error* err) {
+    long v = 0;
+    int line = c->line, col = c->col, ch;
+    if ((ch = _pp_tab_peek(c)) < '0' || ch > '9') {
+        if (ch < 0 || ch == '\n' || ch == '\r')
+            _pp_fail(err, PP_ERR_INVALID, "schedule table line %d, column %d: expected %s (a number), got the end of the line",
+                     line, col, what);
+        else if (ch > 32 && ch < 127)
+            _pp_fail(err, PP_ERR_INVALID, "schedule table line %d, column %d: expected %s (a number), got '%c'", line, col,
+                     what, (char)ch);
+        else
+            _pp_fail(err, PP_ERR_INVALID, "schedule table line %d, column %d: expected %s (a number), got byte 0x%02x", line,
+                     col, what, ch);
+        return 0;
+    }
+    while ((ch = _pp_tab_peek(c)) >= '0' && ch <= '9') {
+        v = v * 10 + (ch - '0');
+        if (v > INT32_MAX) {
+            _pp_fail(err, PP_ERR_INVALID, "schedule table line %d, column %d: %s is too large", line, col, what);
+            return 0;
+        }
+        _pp_tab_next(c);
+    }
+    *out = v;
+    return 1;
+}
+
+/* Does the text at the cursor start with word, followed by a non-letter? */
+static int _pp_tab_word(const _pp_tab* c, const char* word) {
+    size_t k = 0;
+    while (word[k]) {
+        if (c->i + k >= c->n || c->t[c->i + k] != word[k]) return 0;
+        k++;
+    }
+    return 1;
+}
+
+static void _pp_tab_skip(_pp_tab* c, size_t k) {
+    while (k--) _pp_tab_next(c);
+}
+
+/* Goes to the next line that has something on it; 0 at the end of the text. */
+static int _pp_tab_content(_pp_tab* c) {
+    for (;;) {
+        _pp_tab_blank(c);
+        if (_pp_tab_peek(c) < 0) return 0;
+        if (_pp_tab_peek(c) != '\n') return 1;
+        _pp_tab_next(c);
+    }
+}
+
+#define _PP_TAB_FAIL(...) (_pp_fail(err, PP_ERR_INVALID, __VA_ARGS__), PP_ERR_INVALID)
+
+/* One pass. hdr receives p, v, m, map, per_rank. out NULL: check and count; else write, with the
+   per-rank count per_in that the counting pass found. */
+static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int per_in, pp_schedule* hdr,
+                              pp_error* err) {
+    _pp_tab c;
+    long p = -1, v = -1, m = -1, x;
+    int map = PP_MAP_LOOP, r, per = out ? per_in : -1, S;
+    c.t = text;
+    c.n = len;
+    c.i = 0;
+    c.line = c.col = 1;
+    /* header */
+    if (!_pp_tab_content(&c)) return _PP_TAB_FAIL("schedule table is empty (want a 'schedule p=.. v=.. m=..' line)");
+    if (!_pp_tab_word(&c, "schedule"))
+        return _PP_TAB_FAIL("schedule table line %d, column %d: expected the header 'schedule p=P v=V m=M [map=loop|v]'",
+                            c.line, c.col);
+    _pp_tab_skip(&c, 8);
+    for (;;) {
+        long* key = NULL;
+        int line = c.line, col = c.col;
+        _pp_tab_blank(&c);
+        if (_pp_tab_eol(&c)) break;
+        if (c.col == col) return _PP_TAB_FAIL("schedule table line %d, column %d: expected a space", line, col);
+        line = c.line, col = c.col;
+        if (_pp_tab_word(&c, "p=")) key = &p;
+        else if (_pp_tab_word(&c, "v=")) key = &v;
+        else if (_pp_tab_word(&c, "m=")) key = &m;
+        if (key) {
+            _pp_tab_skip(&c, 2);
+            if (!_pp_tab_int(&c, key, key == &p ? "p" : key == &v ? "v" : "m", err)) return PP_ERR_INVALID;
+        } else if (_pp_tab_word(&c, "map=loop")) {
+            _pp_tab_skip(&c, 8);
+            map = PP_MAP_LOOP;
+        } else if (_pp_tab_word(&c, "map=v")) {
+            _pp_tab_skip(&c, 5);
+            map = PP_MAP_V;
+        } else {
+            return _PP_TAB_FAIL("schedule table line %d, column %d: unknown header field (p=, v=, m=, map=loop or map=v)",
+                                line, col);
+        }
+    }
+    if (p < 0 || v < 0 || m < 0)
+        return _PP_TAB_FAIL("schedule table line %d: the header lacks %s", c.line, p < 0 ? "p=" : v < 0 ? "v=" : "m=");
+    if (p < 1 || p > PP_MAX_RANKS || v < 1 || v > INT8_MAX || m < 1 || p * v > INT16_MAX ||
+        (long long)p * 3 * v * m > INT32_MAX)
+        return _PP_TAB_FAIL("schedule table line %d: p=%ld v=%ld m=%ld out of range (1 <= p <= %d, 1 <= v <= %d, m >= 1)",
+                            c.line, p, v, m, (int)PP_MAX_RANKS, (int)INT8_MAX);
+    if (map == PP_MAP_V && v != 2) return _PP_TAB_FAIL("schedule table line %d: map=v needs v=2 (got v=%ld)", c.line, v);
+    S = (int)(p * v);
+    memset(hdr, 0, sizeof *hdr);
+    hdr->kind = PP_SCHED_CUSTOM;
+    hdr->p = (int)p;
+    hdr->v = (int)v;
+    hdr->m = (int)m;
+    hdr->n_stages = S;
+    hdr->map = (pp_stage_map)map;
+    /* rank lines */
+    for (r = 0; r < p; r++) {
+        int n = 0, line;
+        if (!_pp_tab_content(&c))
+            return _PP_TAB_FAIL("schedule table has %d rank line%s, the header says p=%ld", r, r == 1 ? "" : "s", p);
+        line = c.line;
+        if (_pp_tab_peek(&c) != 'r')
+            return _PP_TAB_FAIL("schedule table line %d, column %d: expected 'r%d:'", c.line, c.col, r);
+        _pp_tab_next(&c);
+        {
+            int col = c.col;
+            if (!_pp_tab_int(&c, &x, "a rank", err)) return PP_ERR_INVALID;
+            if (x != r)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: rank %ld where rank %d comes (one line per rank, in order)",
+                                    line, col, x, r);
+        }
+        if (_pp_tab_peek(&c) != ':') return _PP_TAB_FAIL("schedule table line %d, column %d: expected ':'", c.line, c.col);
+        _pp_tab_next(&c);
+        for (;;) {
+            int op, col, ch;
+            long mb, chunk = 0;
+            int before = c.col;
+            _pp_tab_blank(&c);
+            if (_pp_tab_eol(&c)) break;
+            if (n > 0 && c.col == before)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: expected a space between actions", c.line, c.col);
+            col = c.col;
+            ch = _pp_tab_peek(&c);
+            if (ch == 'F') op = PP_OP_F;
+            else if (ch == 'B') op = PP_OP_B;
+            else if (ch == 'W') op = PP_OP_W;
+            else if (ch > 32 && ch < 127)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: expected an action F, B or W, got '%c'", c.line, col,
+                                    (char)ch);
+            else
+                return _PP_TAB_FAIL("schedule table line %d, column %d: expected an action F, B or W, got byte 0x%02x", c.line,
+                                    col, ch);
+            _pp_tab_next(&c);
+            if (!_pp_tab_int(&c, &mb, "a micro-batch", err)) return PP_ERR_INVALID;
+            if (_pp_tab_peek(&c) == '.') {
+                _pp_tab_next(&c);
+                if (!_pp_tab_int(&c, &chunk, "a chunk", err)) return PP_ERR_INVALID;
+            }
+            if (mb >= m)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: micro-batch %ld, but m=%ld", c.line, col, mb, m);
+            if (chunk >= v)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: chunk %ld, but v=%ld", c.line, col, chunk, v);
+            if (per >= 0 && n >= per)
+                return _PP_TAB_FAIL("schedule table line %d, column %d: rank %d has more than the %d actions of rank 0", c.line,
+                                    col, r, per);
+            if (out) _pp_sched_set_map(&out[(size_t)r * (size_t)per + (size_t)n], op, (pp_stage_map)map, (int)p, S, r, (int)mb,
+                                       (int)chunk);
+            n++;
+        }
+        if (per < 0) {
+            if (n != 2 * m * v && n != 3 * m * v)
+                return _PP_TAB_FAIL("schedule table line %d: rank 0 has %d actions; m=%ld v=%ld needs %ld (F and B) or %ld "
+                                    "(F, B and W)", line, n, m, v, 2 * m * v, 3 * m * v);
+            per = n;
+        } else if (n != per) {
+            return _PP_TAB_FAIL("schedule table line %d: rank %d has %d actions, rank 0 has %d", line, r, n, per);
+        }
+    }
+    if (_pp_tab_content(&c))
+        return _PP_TAB_FAIL("schedule table line %d, column %d: more than p=%ld rank lines", c.line, c.col, p);
+    hdr->per_rank = per;
+    return PP_OK;
+}
+
+pp_result pp_schedule_parse(const char* text, size_t len, pp_action* out, size_t cap, size_t* need, pp_schedule* s,
+                            pp_error* err) {
+    pp_schedule hdr;
+    pp_sim_result* res;
+    pp_result rc;
+    size_t n;
+    if (need) *need = 0;
+    if (!text && len > 0) return _pp_fail(err, PP_ERR_INVALID, "pp_schedule_parse: text is NULL");
+    if (!s) return _pp_fail(err, PP_ERR_INVALID, "pp_schedule_parse: s (schedule) is NULL");
+    if ((rc = _pp_tab_pass(text, len, NULL, -1, &hdr, err)) != PP_OK) return rc;
+    n = (size_t)hdr.p * (size_t)hdr.per_rank;
+    if (need) *need = n;
+    if (!out || cap < n)
+        return _pp_fail(err, PP_ERR_SIZE, "schedule table has %lu actions, cap is %lu", (unsigned long)n,
+                        (unsigned long)(out ? cap : 0));
+    if ((rc = _pp_tab_pass(text, len, out, hdr.per_rank, &hdr, err)) != PP_OK) return rc;
+    hdr.actions = out;
+    /* coverage, order, peers and deadlock: the simulator's proof */
+    res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
+    if (!res) return _pp_fail(err, PP_ERR_NOMEM, "pp_schedule_parse: simulator result");
+    rc = pp_simulate(&hdr, NULL, res, NULL, err);
+    PP_FREE(res);
+    if (rc != PP_OK) {
+        char tmp[sizeof err->msg];
+        if (err) {
+            memcpy(tmp, err->msg, sizeof tmp);
+            tmp[sizeof tmp - 1] = 0;
+            _pp_fail(err, rc, "schedule table rejected (rank r is the line 'rN:'): %s", tmp);
+        }
+        return rc;
+    }
+    *s = hdr;
+    return PP_OK;
+}
+
+void pp_schedule_write(FILE* f, const pp_schedule* s) {
+    int r, i;
+    if (!f || !s || !s->actions) return;
+    fprintf(f, "# %s: %d stages, %d actions per rank\n", pp_schedule_name(s->kind), s->n_stages, s->per_rank);
+    fprintf(f, "schedule p=%d v=%d m=%d map=%s\n", s->p, s->v, s->m, s->map == PP_MAP_V ? "v" : "loop");
+    for (r = 0; r < s->p; r++) {
+        const pp_action* a = pp_schedule_rank(s, r);
+        fprintf(f, "r%d:", r);
+        for (i = 0; i < s->per_rank; i++)
+            fprintf(f, " %c%d.%d", a[i].op == PP_OP_F ? 'F' : a[i].op == PP_OP_B ? 'B' : 'W', (int)a[i].mb, (int)a[i].chunk);
+        fprintf(f, "\n");
+    }
 }
 
 const pp_action* pp_schedule_rank(const pp_schedule* s, int rank) {
@@ -1637,6 +2348,9 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
         return _pp_fail(err, PP_ERR_INVALID,
                         "pp_simulate: bad schedule header p=%d v=%d m=%d n_stages=%d per_rank=%d", p,
                         s->v, m, S, per);
+    if ((s->map != PP_MAP_LOOP && s->map != PP_MAP_V) || (s->map == PP_MAP_V && s->v != 2))
+        return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: stage map %d with v=%d (the V map needs v = 2)",
+                        (int)s->map, s->v);
     if ((long long)p * per > INT32_MAX - 1)
         return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: %d ranks x %d actions is too many", p, per);
     n_total = p * per;
@@ -1652,7 +2366,8 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                         c.f, c.b, c.w, c.comm);
     for (i = 0; i < S; i++) {
         if ((c.f_stage && (!_pp_sim_finite(c.f_stage[i]) || c.f_stage[i] < 0)) ||
-            (c.b_stage && (!_pp_sim_finite(c.b_stage[i]) || c.b_stage[i] < 0)))
+            (c.b_stage && (!_pp_sim_finite(c.b_stage[i]) || c.b_stage[i] < 0)) ||
+            (c.w_stage && (!_pp_sim_finite(c.w_stage[i]) || c.w_stage[i] < 0)))
             return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: stage %d cost must be finite and >= 0", i);
     }
 
@@ -1693,15 +2408,17 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                               want_chunk, want_rank);
                 goto cleanup;
             }
-            if (a->prev_rank != (a->stage > 0 ? (a->stage - 1) % p : -1) ||
-                a->next_rank != (a->stage < S - 1 ? (a->stage + 1) % p : -1)) {
-                rc = _pp_fail(err, PP_ERR_SCHEDULE,
-                              "rank %d action #%d: %c%d.%d has prev_rank %d next_rank %d, stage %d needs %d and %d",
-                              r, i, _pp_sched_op_char(a->op), (int)a->mb, (int)a->chunk,
-                              (int)a->prev_rank, (int)a->next_rank, (int)a->stage,
-                              a->stage > 0 ? (a->stage - 1) % p : -1,
-                              a->stage < S - 1 ? (a->stage + 1) % p : -1);
-                goto cleanup;
+            {
+                int want_prev = -1, want_next = -1;
+                if (a->stage > 0) pp_schedule_stage_rank(s, a->stage - 1, &want_prev, NULL);
+                if (a->stage < S - 1) pp_schedule_stage_rank(s, a->stage + 1, &want_next, NULL);
+                if (a->prev_rank != want_prev || a->next_rank != want_next) {
+                    rc = _pp_fail(err, PP_ERR_SCHEDULE,
+                                  "rank %d action #%d: %c%d.%d has prev_rank %d next_rank %d, stage %d needs %d and %d",
+                                  r, i, _pp_sched_op_char(a->op), (int)a->mb, (int)a->chunk, (int)a->prev_rank,
+                                  (int)a->next_rank, (int)a->stage, want_prev, want_next);
+                    goto cleanup;
+                }
             }
             sl = &slot[(size_t)a->op * n_slots + (size_t)a->mb * (size_t)S + (size_t)a->stage];
             if (*sl) {
@@ -1770,7 +2487,9 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                 }
                 if (a->op == PP_OP_F) dur = c.f_stage ? c.f_stage[a->stage] : f_def;
                 else if (a->op == PP_OP_B) dur = c.b_stage ? c.b_stage[a->stage] : b_def;
-                else dur = w_def;
+                else dur = c.w_stage ? c.w_stage[a->stage] : w_def;
+                /* no W actions: the B does the weight gradient too */
+                if (a->op == PP_OP_B && !has_w) dur += c.w_stage ? c.w_stage[a->stage] : w_def;
                 fin[gi] = start + dur;
                 t_free[r] = start + dur;
                 res->busy[r] += dur;
@@ -2401,7 +3120,8 @@ int pp_schedule_stage(const pp_schedule* sc, int rank, int chunk) {
 
 /* >>impl-stage
    The executor. Memory comes in blocks from a per-stage pool: a stash per (micro-batch, chunk)
-   from its F to its B, and a gradient workspace for the length of one B. A block whose sends
+   from its F to its B, and a gradient workspace for the length of one B; when W is deferred (the
+   schedule has W actions and the model a weight_grad) both live on until that W. A block whose sends
    are still in flight retires until the transport says they completed, then returns to the
    pool. Receives of the next action are posted before the current one computes. */
 /* A shape header: what PER_MESSAGE sends before every activation transfer, and AUTO when
@@ -2446,8 +3166,10 @@ struct pp_stage {
     pp_error err;
     _pp_plan plan;
     const pp_batch* batch;
-    _pp_block** live;               /* [m*v] stash of (mb, chunk) between F and B */
+    _pp_block** live;               /* [m*v] stash of (mb, chunk) between F and B (or W) */
+    _pp_block** wlive;              /* [m*v] B's gradient workspace, kept for a deferred W */
     int live_cap;
+    int defer_w;                    /* schedule has W actions and the model a weight_grad */
     float* mb_loss;
     _pp_block *pool, *retiring;
     pp_tensor *act, *dact;          /* [(max_layers+1)*PP_MAX_TENSORS] */
@@ -2726,6 +3448,7 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
     PP_ASSERT(pr->idx < 0);
     memset(pr, 0, sizeof *pr);
     pr->idx = idx;
+    if (a->op == PP_OP_W) return PP_OK; /* receives nothing, works in B's blocks */
     _pp_stage_layers(s, a->stage, &la, &lb);
     if (a->op == PP_OP_F) {
         int slot = a->mb * s->v + a->chunk;
@@ -2947,7 +3670,27 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         return rc;
     t0 = _pp_now();
     if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 0);
-    if (a->op == PP_OP_F) {
+    if (a->op == PP_OP_W) {
+        /* deferred weight gradients: B left its stash and workspace in place (a no-op when B did
+           them, because the schedule has no W or the model no weight_grad) */
+        _pp_block *stash = s->live[slot], *gws = s->wlive[slot];
+        if (s->defer_w) {
+            if (!stash || !gws) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "W%d.%d before its B", a->mb, a->chunk);
+            _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, stash->data, s->act, s->nact, s->saved);
+            if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
+            _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
+            rc = _pp_wgrad_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
+                                 sb, s->d.layer_ctx, &s->err);
+            if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+            s->live[slot] = s->wlive[slot] = NULL;
+            s->n_live--;
+            s->live_bytes -= stash->cap + gws->cap;
+            _pp_block_put(s, stash);
+            _pp_block_put(s, gws);
+        }
+        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
+        s->st.t_backward += _pp_now() - t0;
+    } else if (a->op == PP_OP_F) {
         _pp_block* blk = pr->blk;
         pr->blk = NULL;
         _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, blk->data, s->act, s->nact, s->saved);
@@ -2972,6 +3715,10 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
         rc = _pp_backward_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact,
                                 s->saved, sb, s->d.layer_ctx, &s->err);
+        /* a split model on a schedule without W: the weight gradients now */
+        if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
+            rc = _pp_wgrad_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
+                                 sb, s->d.layer_ctx, &s->err);
         if (rc != PP_OK) {
             _pp_block_put(s, gws);
             return _pp_stage_wrap(s, rc, a);
@@ -2985,11 +3732,18 @@ static pp_result _pp_run(pp_stage* s, int idx) {
                 return rc;
             }
         }
-        s->live[slot] = NULL;
-        s->n_live--;
-        s->live_bytes -= stash->cap;
-        _pp_block_put(s, stash);
-        _pp_block_put(s, gws);
+        if (s->defer_w) {
+            /* W still needs the stash (inputs) and the workspace (output gradients) */
+            s->wlive[slot] = gws;
+            s->live_bytes += gws->cap;
+            if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
+        } else {
+            s->live[slot] = NULL;
+            s->n_live--;
+            s->live_bytes -= stash->cap;
+            _pp_block_put(s, stash);
+            _pp_block_put(s, gws);
+        }
     }
     if (s->d.record_timeline && s->events) {
         pp_event* e = &s->events[s->n_events++];
@@ -3059,6 +3813,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     s->L = d->model.n_layers;
     s->list = pp_schedule_rank(d->schedule, d->rank);
     s->n_list = d->schedule->per_rank;
+    s->defer_w = pp_schedule_has_w(d->schedule) && d->model.weight_grad != NULL;
     for (st = 0; st < s->S; st++)
         if (d->partition[st + 1] - d->partition[st] > ml) ml = d->partition[st + 1] - d->partition[st];
     s->max_layers = ml;
@@ -3084,6 +3839,9 @@ void pp_stage_destroy(pp_stage* s) {
     for (i = 0; i < 2; i++) _pp_block_free(s, s->prep[i].blk);
     if (s->live)
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->live[i]);
+    if (s->wlive)
+        for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->wlive[i]);
+    PP_FREE(s->wlive);
     _pp_free_blocks(s, s->pool);
     _pp_free_blocks(s, s->retiring);
     _pp_plan_free(&s->plan);
@@ -3119,12 +3877,18 @@ static void _pp_stage_recover(pp_stage* s) {
         s->prep[i].blk = NULL;
         s->prep[i].idx = -1;
     }
-    for (i = 0; i < s->live_cap; i++)
+    for (i = 0; i < s->live_cap; i++) {
         if (s->live[i]) {
             s->live[i]->n_req = 0;
             _pp_block_put(s, s->live[i]);
             s->live[i] = NULL;
         }
+        if (s->wlive[i]) {
+            s->wlive[i]->n_req = 0;
+            _pp_block_put(s, s->wlive[i]);
+            s->wlive[i] = NULL;
+        }
+    }
     while (s->retiring) {
         _pp_block* b = s->retiring;
         s->retiring = b->next;
@@ -3217,7 +3981,11 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
    travel with the data (PER_MESSAGE, AUTO): its sizes are not final until that F received. */
 static int _pp_can_prepare(const pp_stage* s, int idx) {
     const pp_action* a = &s->list[idx];
-    if (a->op == PP_OP_F || s->d.shapes == PP_SHAPES_LOCAL || s->d.shapes == PP_SHAPES_BROADCAST) return 1;
+    /* AUTO, an F fed by this rank itself (the turn of the V map, interleaved at p = 1): posting
+       it early would apply its learned input shapes to the plan before this rank's own F that
+       produces them has run */
+    if (a->op == PP_OP_F && s->d.shapes == PP_SHAPES_AUTO && a->prev_rank == s->d.rank) return 0;
+    if (a->op != PP_OP_B || s->d.shapes == PP_SHAPES_LOCAL || s->d.shapes == PP_SHAPES_BROADCAST) return 1;
     return s->live[a->mb * s->v + a->chunk] != NULL;
 }
 
@@ -3265,15 +4033,19 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     }
     if (need > s->live_cap) {
         _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need, sizeof *nl);
+        _pp_block** nw = (_pp_block**)_pp_calloc((size_t)need, sizeof *nw);
         float* nloss = (float*)_pp_calloc((size_t)b->m, sizeof *nloss);
-        if (!nl || !nloss) {
+        if (!nl || !nw || !nloss) {
             PP_FREE(nl);
+            PP_FREE(nw);
             PP_FREE(nloss);
             return _pp_stage_fail(s, PP_ERR_NOMEM, "live table for %d stashes", need);
         }
         PP_FREE(s->live);
+        PP_FREE(s->wlive);
         PP_FREE(s->mb_loss);
         s->live = nl;
+        s->wlive = nw;
         s->mb_loss = nloss;
         s->live_cap = need;
     }

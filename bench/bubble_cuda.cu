@@ -321,10 +321,10 @@ int main(int argc, char** argv) {
     printf("# measured = step span on the CUDA event timeline, mean of %d steps after one warm-up\n", steps);
     printf("%-12s %3s %3s %4s %12s %12s %8s %10s %10s\n", "schedule", "p", "v", "m", "ideal (ms)", "measured", "ratio",
            "bubble sim", "measured");
-    for (int kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
+    for (int kind = 0; kind <= PP_SCHED_INTERLEAVED; kind++) /* GPipe, 1F1B, interleaved */
         for (int p = 4; p <= 8; p *= 2)
             for (int m = 8; m <= 32; m *= 4) {
-                int v = kind == PP_SCHED_INTERLEAVED ? 2 : 1;
+                int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
                 double meas = 0, ideal = 0, bm = 0, bs = 0;
                 if (quick && (p == 8 || m == 32)) continue;
                 if (run_spin((pp_schedule_kind)kind, p, v, m, f_us, steps, &meas, &ideal, &bm, &bs)) {

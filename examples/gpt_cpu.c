@@ -6,7 +6,7 @@
    whole sequences; every layer sees its micro-batch's rebased cu_seqlens in io->mb. Each rank is a
    thread that runs its stages and updates the layers it owns (Adam, or SGD with momentum).
 
-     build/gpt_cpu [--schedule gpipe|1f1b|interleaved] [-p 4] [-v 2] [-m 8] [--steps 60]
+     build/gpt_cpu [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [-p 4] [-v 2] [-m 8] [--steps 60]
                    [--text FILE | --generated] [--seqs-per-step 32] [--max-len 128]
                    [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--optim adam|sgd]
                    [--split seqs|tokens|cost] [--check]
@@ -70,7 +70,7 @@ typedef struct trainer {
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: gpt_cpu [--schedule gpipe|1f1b|interleaved] [-p P] [-v V] [-m M] [--steps N]\n"
+            "usage: gpt_cpu [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [-p P] [-v V] [-m M] [--steps N]\n"
             "               [--text FILE | --generated] [--seqs-per-step S] [--max-len L]\n"
             "               [--dim C] [--heads H] [--layers N] [--lr LR] [--optim adam|sgd]\n"
             "               [--split seqs|tokens|cost] [--check]\n");
@@ -121,7 +121,7 @@ static int parse(int argc, char** argv, cfg* c) {
         } else { usage(); return 1; }
         i++;
     }
-    if (c->v == 0) c->v = c->kind == PP_SCHED_INTERLEAVED ? 2 : 1;
+    if (c->v == 0) c->v = c->kind == PP_SCHED_INTERLEAVED || c->kind == PP_SCHED_ZB_V ? 2 : 1;
     if (c->layers == 0) c->layers = c->p * c->v - 2 > 4 ? c->p * c->v - 2 : 4;
     if (c->lr < 0) c->lr = c->sgd ? 0.1f : 3e-3f;
     if (c->p < 1 || c->v < 1 || c->p * c->v > PP_MAX_RANKS || c->m < 1 || c->steps < 1 || c->max_len < 12) {

@@ -1163,7 +1163,8 @@ int main(int argc, char** argv) {
         else return usage();
 #undef ARG
     }
-    if (c.kind != PP_SCHED_INTERLEAVED) c.v = 1;
+    if (c.kind == PP_SCHED_ZB_V) c.v = 2;
+    else if (c.kind != PP_SCHED_INTERLEAVED) c.v = 1;
     if (c.p < 1 || c.p > 64 || c.v < 1 || c.m < 1 || c.m > 1024 || c.steps < 1 || c.dim < 8 || c.heads < 1 ||
         c.dim % c.heads || c.dim / c.heads > MAXHS || c.seqs < c.m || c.max_len < 12 || c.gpus < 1 || c.gpus > MAXDEV)
         return usage();

@@ -474,6 +474,9 @@ static void check_case(pp_schedule_kind kind, int p, int v, int m, const int* de
     outcome o;
     int S = p * v, first[32], r, ok = 1;
     size_t n = pp_schedule_size(kind, p, v, m), np = n_params();
+    /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
+       the zero-bubble kinds the simulator's peak is an upper bound */
+    int zb = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
     char where[200];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s", pp_schedule_name(kind), p, v, m, tag);
     acts = (pp_action*)malloc(n * sizeof *acts);
@@ -518,7 +521,7 @@ static void check_case(pp_schedule_kind kind, int p, int v, int m, const int* de
         ok = 0;
     }
     for (r = 0; ok && r < p; r++) {
-        CHECK(o.peak_live[r] == sim->peak_live[r], "%s: rank %d peak stash %d, simulator %d", where, r, o.peak_live[r],
+        CHECK(zb ? o.peak_live[r] <= sim->peak_live[r] : o.peak_live[r] == sim->peak_live[r], "%s: rank %d peak stash %d, simulator %d", where, r, o.peak_live[r],
               sim->peak_live[r]);
         CHECK(steps < 2 || o.allocs2[r] == o.allocs1[r], "%s: rank %d: %d cudaMalloc calls after the first step", where, r,
               o.allocs2[r] - o.allocs1[r]);
@@ -646,7 +649,7 @@ int main(int argc, char** argv) {
         }
         for (int kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
             for (int p = 2; p <= 4; p *= 2) {
-                int v = kind == PP_SCHED_INTERLEAVED ? 2 : 1;
+                int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
                 if (quick && p == 4) continue;
                 check_case((pp_schedule_kind)kind, p, v, m, NULL, dd, &dd[0].b, &ref, steps, "one GPU");
                 if (nd >= 2) {

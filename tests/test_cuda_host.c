@@ -174,6 +174,9 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     int devs[PP_MAX_RANKS], first[32], r, l, s, ok = 1, S = p * v, m = batch->m;
     int allocs1[PP_MAX_RANKS];
     size_t n = pp_schedule_size(kind, p, v, m);
+    /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
+       the zero-bubble kinds the simulator's peak is an upper bound */
+    int zb = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
     char where[160];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s%s", pp_schedule_name(kind), p, v, m,
              spread ? "spread over 4 devices" : "one device", shapes == PP_SHAPES_BROADCAST ? " BROADCAST" : "");
@@ -266,7 +269,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
         }
     }
     for (r = 0; ok && r < p; r++) {
-        CHECK(W.stats[r].peak_live == sim->peak_live[r], "%s: rank %d peak stash %d, simulator %d", where, r,
+        CHECK(zb ? W.stats[r].peak_live <= sim->peak_live[r] : W.stats[r].peak_live == sim->peak_live[r], "%s: rank %d peak stash %d, simulator %d", where, r,
               W.stats[r].peak_live, sim->peak_live[r]);
         CHECK(pz[r].unwritten == 0, "%s: rank %d: %d of %d receives left poisoned bytes", where, r, pz[r].unwritten,
               pz[r].checked);
@@ -311,7 +314,7 @@ static void test_equal(void) {
     for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &w, &gref, &b, &loss, &err) == PP_OK, "%s", err.msg);
     for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
         for (p = 1; p <= 4; p *= 2) {
-            int v = kind == PP_SCHED_INTERLEAVED ? 2 : 1;
+            int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
             run_case((pp_schedule_kind)kind, p, v, 0, PP_SHAPES_LOCAL, &w, &gref, &b, steps);
             if (p > 1) run_case((pp_schedule_kind)kind, p, v, 1, PP_SHAPES_LOCAL, &w, &gref, &b, steps);
         }

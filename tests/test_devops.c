@@ -199,6 +199,9 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, int use_hooks, 
     pp_error err;
     size_t n = pp_schedule_size(kind, p, v, m);
     int r, l, S = p * v, first[32], ok = 1;
+    /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
+       the zero-bubble kinds the simulator's peak is an upper bound */
+    int zb = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
     char where[160];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s", pp_schedule_name(kind), p, v, m,
              use_hooks ? "host hooks" : "no hooks");
@@ -244,7 +247,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, int use_hooks, 
     }
     for (r = 0; ok && r < p; r++) {
         hooks* h = &W.h[r];
-        CHECK(W.stats[r].peak_live == sim->peak_live[r], "%s: rank %d peak stash %d, simulator says %d", where, r,
+        CHECK(zb ? W.stats[r].peak_live <= sim->peak_live[r] : W.stats[r].peak_live == sim->peak_live[r], "%s: rank %d peak stash %d, simulator says %d", where, r,
               W.stats[r].peak_live, sim->peak_live[r]);
         CHECK(W.pz[r].unwritten == 0, "%s: rank %d: %d of %d receives left poisoned bytes", where, r, W.pz[r].unwritten,
               W.pz[r].checked);
@@ -258,9 +261,9 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, int use_hooks, 
               where, r, h->allocs - W.allocs_after_first[r], W.allocs_after_first[r], h->allocs);
         CHECK(h->frees == h->allocs, "%s: rank %d freed %d of %d blocks", where, r, h->frees, h->allocs);
         CHECK(h->zeros == m * v * steps, "%s: rank %d zeroed %d workspaces, expected %d", where, r, h->zeros, m * v * steps);
-        CHECK(h->marks_open == 2 * m * v * steps && h->marks_close == h->marks_open && h->bad_marks == 0,
+        CHECK(h->marks_open == sched.per_rank * steps && h->marks_close == h->marks_open && h->bad_marks == 0,
               "%s: rank %d marks %d/%d (bad %d), expected %d", where, r, h->marks_open, h->marks_close, h->bad_marks,
-              2 * m * v * steps);
+              sched.per_rank * steps);
     }
     for (r = 0; r < p; r++) free(W.gbuf[r]);
     pp_threads_destroy(W.threads);
@@ -297,7 +300,7 @@ static void test_equal_and_pooled(void) {
         for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &w, &gref, &b, &loss, &err) == PP_OK, "%s", err.msg);
         for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
             for (p = 1; p <= 4; p *= 2) {
-                int v = kind == PP_SCHED_INTERLEAVED ? 2 : 1;
+                int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
                 run_case((pp_schedule_kind)kind, p, v, b.m, 1, &w, &gref, &b, steps);
                 if (p == 2) run_case((pp_schedule_kind)kind, p, v, b.m, 0, &w, &gref, &b, steps);
             }

@@ -1,13 +1,27 @@
-/* tools/pp_sched.c - pp-sched: print a pipeline schedule, simulate it, draw it.
+/* tools/pp_sched.c - pp-sched: print a pipeline schedule, simulate it, draw it; read a
+   hand-written schedule table; rank the schedules for a model.
 
-       pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--comm C] [--width W] [--trace FILE.json]
+       pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--width W]
+                [--trace FILE.json] [--table]
+       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]
+       pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]
+                [--comm C] [--mem-cap X]
 
-   KIND is gpipe, 1f1b or interleaved (v >= 2 chunks per rank). Prints the parameters, every
-   rank's action list, an ASCII timeline, the makespan, the simulated bubble next to the
-   closed-form one, and each rank's peak of stashed activations. --trace writes Chrome trace
-   JSON (ui.perfetto.dev, chrome://tracing). Costs are per action of one chunk, in arbitrary
-   units (defaults f=1, b=2, comm=0). Exit status: 0 ok, 1 the schedule failed (invalid
-   parameters, deadlock), 2 bad command line.
+   KIND is gpipe, 1f1b, interleaved (v >= 2 chunks per rank), zb-h1 or zb-v. Prints the
+   parameters, every rank's action list as a table, an ASCII timeline, the makespan, the
+   simulated bubble next to the closed form where there is one, and each rank's peak of stashed
+   activations. --table prints only the table, in the format `load` (and pp_schedule_parse)
+   reads back: edit it by hand and load it. --trace writes Chrome trace JSON (ui.perfetto.dev,
+   chrome://tracing).
+   Costs are per action of one chunk, in arbitrary units: f forward, b input gradient, w weight
+   gradient (defaults 1, 1, 1); a schedule without W actions runs b + w in its B.
+   `rank` answers "which schedule should I use?": per-layer costs (N equal layers of f/b/w, or a
+   list "f:b:w[:mem],..." or a file of lines "f b w [mem]"; mem is the layer's stashed
+   activation per micro-batch, default 1), p ranks and m micro-batches; every schedule is
+   partitioned (min-max over f+b+w), simulated, and ranked by step time among those whose peak
+   stash per rank fits --mem-cap, then by peak memory.
+   Exit status: 0 ok, 1 the schedule failed (invalid parameters, malformed table, deadlock),
+   2 bad command line.
 
    Build: cc -std=c99 -O2 -I. tools/pp_sched.c -o pp-sched -lpthread -lm */
 #define PIPELINE_IMPLEMENTATION
@@ -20,18 +34,27 @@
 
 static void usage(FILE* f) {
     fprintf(f,
-            "usage: pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--comm C] [--width W]\n"
-            "                [--trace FILE.json]\n"
-            "  KIND        gpipe | 1f1b | interleaved\n"
-            "  -p P        ranks (pipeline stages per chunk)\n"
+            "usage: pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--width W]\n"
+            "                [--trace FILE.json] [--table]\n"
+            "       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]\n"
+            "       pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]\n"
+            "                [--comm C] [--mem-cap X]\n"
+            "  KIND        gpipe | 1f1b | interleaved | zb-h1 | zb-v\n"
+            "  -p P        ranks\n"
             "  -m M        micro-batches\n"
-            "  -v V        chunks per rank (interleaved only, >= 2; default 1, or 2 for interleaved)\n"
+            "  -v V        chunks per rank (interleaved >= 2, default 2; zb-v 2; others 1)\n"
             "  --f F       forward time of one chunk (default 1)\n"
-            "  --b B       backward time of one chunk (default 2)\n"
+            "  --b B       input-gradient time of one chunk (default 1)\n"
+            "  --w W       weight-gradient time of one chunk (default 1; without W actions B costs b+w)\n"
             "  --comm C    time of one transfer between ranks (default 0)\n"
             "  --width W   timeline columns (default: wide enough to label the shortest action,\n"
             "              at most 240)\n"
-            "  --trace F   also write a Chrome trace (1 cost unit = 1 ms)\n");
+            "  --trace F   also write a Chrome trace (1 cost unit = 1 ms)\n"
+            "  --table     print only the schedule as a text table (what `load` reads)\n"
+            "  load FILE   read a schedule table (see pipeline.h, pp_schedule_parse), prove and draw it\n"
+            "  rank        rank every schedule for a model: --layers N equal layers (costs --f/--b/--w),\n"
+            "              or --costs \"f:b:w[:mem],...\" per layer, or --costs @FILE (lines \"f b w [mem]\");\n"
+            "              --mem-cap X: most stashed activation (sum of mem) a rank may hold\n");
 }
 
 static int parse_int(const char* s, int* out) {
@@ -54,24 +77,230 @@ static int parse_cost(const char* s, double* out) {
     return 1;
 }
 
-/* Prints rank r's list: "r0: F0 F1 B0 ..." with ".chunk" when there is more than one. */
-static void print_list(const pp_schedule* s, int r) {
-    const pp_action* a = pp_schedule_rank(s, r);
-    int i;
-    printf("  r%d:", r);
-    for (i = 0; i < s->per_rank; i++) {
-        char op = a[i].op == PP_OP_F ? 'F' : a[i].op == PP_OP_B ? 'B' : 'W';
-        if (s->v > 1) printf(" %c%d.%d", op, (int)a[i].mb, (int)a[i].chunk);
-        else printf(" %c%d", op, (int)a[i].mb);
+static char* read_file(const char* path, size_t* len) {
+    FILE* f = fopen(path, "rb");
+    char* buf = NULL;
+    size_t cap = 0, n = 0, got;
+    if (!f) return NULL;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            char* nb;
+            cap = (n + 4096 + 1) * 2;
+            nb = (char*)realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = nb;
+        }
+        got = fread(buf + n, 1, 4096, f);
+        n += got;
+        if (got < 4096) break;
     }
-    printf("\n");
+    fclose(f);
+    buf[n] = 0;
+    *len = n;
+    return buf;
 }
 
-int main(int argc, char** argv) {
+/* ---- rank: which schedule should I use? ------------------------------------------------------ */
+
+typedef struct layer_cost {
+    double f, b, w, mem;
+} layer_cost;
+
+/* "f:b:w[:mem],..." or the text of a file, "f b w [mem]" per line. Returns the layer count. */
+static int parse_layers(const char* s, layer_cost* out, int cap) {
+    int n = 0;
+    while (*s) {
+        double v[4] = {0, 0, 0, 1};
+        int k = 0;
+        char* end;
+        while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r' || *s == ',') s++;
+        if (!*s) break;
+        if (*s == '#') {
+            while (*s && *s != '\n') s++;
+            continue;
+        }
+        for (k = 0; k < 4; k++) {
+            double x = strtod(s, &end);
+            if (end == s) break;
+            if (!(x >= 0) || x > 1e300) return -1;
+            v[k] = x;
+            s = end;
+            if (*s == ':' || *s == ' ' || *s == '\t') s++;
+            else {
+                k++;
+                break;
+            }
+        }
+        if (k < 3 || n >= cap) return -1;
+        out[n].f = v[0];
+        out[n].b = v[1];
+        out[n].w = v[2];
+        out[n].mem = v[3];
+        n++;
+        while (*s == ' ' || *s == '\t' || *s == '\r') s++;
+        if (*s && *s != ',' && *s != '\n') return -1;
+    }
+    return n;
+}
+
+typedef struct candidate {
     pp_schedule_kind kind;
-    int p = 0, m = 0, v = 0, width = 0, i, r, rc = 1, have_p = 0, have_m = 0;
-    double f = 1, b = 2, comm = 0, theory, min_cost;
-    const char* trace = NULL;
+    int v, ok;
+    double makespan, bubble, peak_mem;
+    char why[sizeof(((pp_error*)0)->msg)];
+} candidate;
+
+/* Stash memory a rank holds at its worst: walk its list, + mem at F, - at B (W when the
+   schedule has W actions): the simulator's peak_live weighted by the stage's activation. */
+static double peak_memory(const pp_schedule* s, const double* stage_mem) {
+    int r, i, has_w = pp_schedule_has_w(s);
+    double worst = 0;
+    for (r = 0; r < s->p; r++) {
+        const pp_action* a = pp_schedule_rank(s, r);
+        double live = 0;
+        for (i = 0; i < s->per_rank; i++) {
+            if (a[i].op == PP_OP_F) live += stage_mem[a[i].stage];
+            else if (a[i].op == (has_w ? PP_OP_W : PP_OP_B)) live -= stage_mem[a[i].stage];
+            if (live > worst) worst = live;
+        }
+    }
+    return worst;
+}
+
+static void try_candidate(candidate* c, const layer_cost* lc, int L, int p, int m, double comm) {
+    int S = p * c->v, st, l, *first = NULL;
+    double *wt = NULL, *fs = NULL, *bs = NULL, *ws = NULL, *ms = NULL;
+    size_t n = pp_schedule_size(c->kind, p, c->v, m);
+    pp_action* acts = NULL;
+    pp_schedule s;
+    pp_sim_cost cost;
+    pp_sim_result res;
+    pp_error err;
+    c->ok = 0;
+    if (L < S) {
+        snprintf(c->why, sizeof c->why, "needs %d stages, the model has %d layers", S, L);
+        return;
+    }
+    first = (int*)calloc((size_t)S + 1, sizeof *first);
+    wt = (double*)calloc((size_t)L, sizeof *wt);
+    fs = (double*)calloc((size_t)S, sizeof *fs);
+    bs = (double*)calloc((size_t)S, sizeof *bs);
+    ws = (double*)calloc((size_t)S, sizeof *ws);
+    ms = (double*)calloc((size_t)S, sizeof *ms);
+    acts = (pp_action*)calloc(n ? n : 1, sizeof *acts);
+    if (!first || !wt || !fs || !bs || !ws || !ms || !acts || n == 0) {
+        snprintf(c->why, sizeof c->why, "out of memory or invalid parameters");
+        goto done;
+    }
+    for (l = 0; l < L; l++) wt[l] = lc[l].f + lc[l].b + lc[l].w;
+    if (pp_partition_balanced(wt, L, S, first, &err) != PP_OK ||
+        pp_schedule_make(c->kind, p, c->v, m, acts, n, &s, &err) != PP_OK) {
+        snprintf(c->why, sizeof c->why, "%s", err.msg);
+        goto done;
+    }
+    for (st = 0; st < S; st++)
+        for (l = first[st]; l < first[st + 1]; l++) {
+            fs[st] += lc[l].f;
+            bs[st] += lc[l].b;
+            ws[st] += lc[l].w;
+            ms[st] += lc[l].mem;
+        }
+    memset(&cost, 0, sizeof cost);
+    cost.f_stage = fs;
+    cost.b_stage = bs;
+    cost.w_stage = ws;
+    cost.comm = comm;
+    cost.f = cost.b = cost.w = 1; /* unused: the per-stage arrays win */
+    if (pp_simulate(&s, &cost, &res, NULL, &err) != PP_OK) {
+        snprintf(c->why, sizeof c->why, "%s", err.msg);
+        goto done;
+    }
+    c->makespan = res.makespan;
+    c->bubble = res.bubble;
+    c->peak_mem = peak_memory(&s, ms);
+    c->ok = 1;
+done:
+    free(first);
+    free(wt);
+    free(fs);
+    free(bs);
+    free(ws);
+    free(ms);
+    free(acts);
+}
+
+static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm, double mem_cap) {
+    candidate c[8];
+    int n = 0, i, j, order[8], best = -1;
+    double base = 0;
+    const struct { pp_schedule_kind k; int v; } list[] = {{PP_SCHED_GPIPE, 1}, {PP_SCHED_1F1B, 1},
+                                                          {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_INTERLEAVED, 4},
+                                                          {PP_SCHED_ZB_H1, 1}, {PP_SCHED_ZB_V, 2}};
+    for (i = 0; i < (int)(sizeof list / sizeof list[0]); i++) {
+        memset(&c[n], 0, sizeof c[n]);
+        c[n].kind = list[i].k;
+        c[n].v = list[i].v;
+        try_candidate(&c[n], lc, L, p, m, comm);
+        if (c[n].kind == PP_SCHED_1F1B && c[n].ok) base = c[n].makespan;
+        order[n] = n;
+        n++;
+    }
+    /* fits the cap first, then step time, then memory (insertion sort: 6 entries) */
+    for (i = 1; i < n; i++)
+        for (j = i; j > 0; j--) {
+            const candidate *a = &c[order[j - 1]], *b = &c[order[j]];
+            int fa = a->ok && (mem_cap <= 0 || a->peak_mem <= mem_cap), fb = b->ok && (mem_cap <= 0 || b->peak_mem <= mem_cap);
+            int swap = fb > fa || (fb == fa && fa &&
+                                   (b->makespan < a->makespan - 1e-12 ||
+                                    (fabs(b->makespan - a->makespan) <= 1e-12 && b->peak_mem < a->peak_mem)));
+            if (swap) {
+                int t = order[j];
+                order[j] = order[j - 1];
+                order[j - 1] = t;
+            }
+        }
+    {
+        double F = 0, B = 0, W = 0;
+        for (i = 0; i < L; i++) F += lc[i].f, B += lc[i].b, W += lc[i].w;
+        printf("model      %d layers, per micro-batch f=%g b=%g w=%g; p=%d m=%d comm=%g", L, F, B, W, p, m, comm);
+    }
+    if (mem_cap > 0) printf(" mem-cap=%g", mem_cap);
+    printf("\n\n  #  schedule        v  step time  vs 1f1b  bubble  peak stash  fits\n");
+    for (i = 0; i < n; i++) {
+        const candidate* x = &c[order[i]];
+        int fits = x->ok && (mem_cap <= 0 || x->peak_mem <= mem_cap);
+        if (!x->ok) {
+            printf("  -  %-14s %2d  (%s)\n", pp_schedule_name(x->kind), x->v, x->why);
+            continue;
+        }
+        printf("  %d  %-14s %2d  %9.4g  %6.3fx  %6.3f  %10.4g  %s\n", i + 1, pp_schedule_name(x->kind), x->v, x->makespan,
+               base > 0 ? x->makespan / base : 0.0, x->bubble, x->peak_mem, fits ? "yes" : "NO");
+        if (fits && best < 0) best = order[i];
+    }
+    if (best < 0) {
+        printf("\nanswer     no schedule fits mem-cap %g: raise it, use more ranks, or fewer micro-batches in flight\n",
+               mem_cap);
+        return 1;
+    }
+    printf("\nanswer     %s (v=%d): step time %.4g, %.3fx of 1f1b's, peak stash %.4g per rank\n",
+           pp_schedule_name(c[best].kind), c[best].v, c[best].makespan, base > 0 ? c[best].makespan / base : 0.0,
+           c[best].peak_mem);
+    return 0;
+}
+
+/* ---- main ------------------------------------------------------------------------------------ */
+
+int main(int argc, char** argv) {
+    pp_schedule_kind kind = PP_SCHED_1F1B;
+    int p = 0, m = 0, v = 0, width = 0, i, r, rc = 1, have_p = 0, have_m = 0, table_only = 0, n_layers = 0;
+    int mode_load = 0, mode_rank = 0, argi = 2;
+    double f = 1, b = 1, w = 1, comm = 0, theory = -1, min_cost, mem_cap = 0;
+    const char *trace = NULL, *load = NULL, *costs = NULL;
+    char* text = NULL;
     pp_action* acts = NULL;
     pp_event* ev = NULL;
     pp_schedule s;
@@ -79,17 +308,28 @@ int main(int argc, char** argv) {
     pp_sim_result res;
     pp_error err;
     pp_result pr;
-    size_t n;
+    size_t n = 0;
 
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
-    if (pp_schedule_kind_parse(argv[1], &kind) != PP_OK) {
-        fprintf(stderr, "pp-sched: unknown schedule kind '%s' (gpipe, 1f1b, interleaved)\n", argv[1]);
+    if (!strcmp(argv[1], "load")) {
+        mode_load = 1;
+        if (argc < 3) {
+            fprintf(stderr, "pp-sched: load needs a FILE\n");
+            return 2;
+        }
+        load = argv[2];
+        argi = 3;
+    } else if (!strcmp(argv[1], "rank")) {
+        mode_rank = 1;
+    } else if (pp_schedule_kind_parse(argv[1], &kind) != PP_OK) {
+        fprintf(stderr, "pp-sched: unknown schedule kind '%s' (gpipe, 1f1b, interleaved, zb-h1, zb-v, load, rank)\n",
+                argv[1]);
         return 2;
     }
-    for (i = 2; i < argc; i++) {
+    for (i = argi; i < argc; i++) {
         /* "--opt value" and "--opt=value" both work */
         const char* arg = argv[i];
         const char* opt = arg;
@@ -97,6 +337,10 @@ int main(int argc, char** argv) {
         char name[32];
         const char* eq = strncmp(opt, "--", 2) == 0 ? strchr(opt, '=') : NULL;
         int ok;
+        if (!strcmp(opt, "--table")) {
+            table_only = 1;
+            continue;
+        }
         if (eq) {
             size_t len = (size_t)(eq - opt);
             if (len >= sizeof name) len = sizeof name - 1;
@@ -114,7 +358,11 @@ int main(int argc, char** argv) {
         else if (!strcmp(opt, "--width")) ok = parse_int(val, &width) && width > 0;
         else if (!strcmp(opt, "--f")) ok = parse_cost(val, &f) && f > 0;
         else if (!strcmp(opt, "--b")) ok = parse_cost(val, &b) && b > 0;
+        else if (!strcmp(opt, "--w")) ok = parse_cost(val, &w);
         else if (!strcmp(opt, "--comm")) ok = parse_cost(val, &comm);
+        else if (!strcmp(opt, "--mem-cap")) ok = parse_cost(val, &mem_cap);
+        else if (!strcmp(opt, "--layers")) ok = parse_int(val, &n_layers) && n_layers > 0 && n_layers <= 100000;
+        else if (!strcmp(opt, "--costs")) ok = (costs = val) != NULL && *val;
         else if (!strcmp(opt, "--trace")) ok = (trace = val) != NULL && *val;
         else {
             fprintf(stderr, "pp-sched: unknown option '%s'\n", arg);
@@ -124,47 +372,113 @@ int main(int argc, char** argv) {
         if (!ok) {
             const char* want = "an integer";
             if (!strcmp(opt, "--trace")) want = "a file name";
-            else if (!strcmp(opt, "--width")) want = "a positive integer";
-            else if (!strcmp(opt, "--comm")) want = "a number >= 0";
+            else if (!strcmp(opt, "--costs")) want = "a list or @file";
+            else if (!strcmp(opt, "--width") || !strcmp(opt, "--layers")) want = "a positive integer";
+            else if (!strcmp(opt, "--comm") || !strcmp(opt, "--w") || !strcmp(opt, "--mem-cap")) want = "a number >= 0";
             else if (opt[1] == '-') want = "a number > 0";
-            fprintf(stderr, "pp-sched: option %s needs %s, got '%s'\n", opt, want,
-                    val ? val : "(nothing)");
+            fprintf(stderr, "pp-sched: option %s needs %s, got '%s'\n", opt, want, val ? val : "(nothing)");
             return 2;
         }
     }
-    if (!have_p || !have_m) {
-        fprintf(stderr, "pp-sched: -p and -m are required\n");
-        usage(stderr);
-        return 2;
-    }
-    if (v == 0) v = kind == PP_SCHED_INTERLEAVED ? 2 : 1;
-
     memset(&err, 0, sizeof err);
-    n = pp_schedule_size(kind, p, v, m);
-    acts = (pp_action*)malloc((n ? n : 1) * sizeof *acts);
-    ev = (pp_event*)malloc((n ? n : 1) * sizeof *ev);
-    if (!acts || !ev) {
-        fprintf(stderr, "pp-sched: out of memory\n");
+
+    if (mode_rank) {
+        layer_cost* lc;
+        int L;
+        if (!have_p || !have_m || (!n_layers && !costs) || (n_layers && costs)) {
+            fprintf(stderr, "pp-sched: rank needs -p, -m and one of --layers or --costs\n");
+            return 2;
+        }
+        if (p < 1 || p > PP_MAX_RANKS || m < 1) {
+            fprintf(stderr, "pp-sched: rank needs 1 <= p <= %d and m >= 1\n", (int)PP_MAX_RANKS);
+            return 2;
+        }
+        lc = (layer_cost*)calloc(100000, sizeof *lc);
+        if (!lc) return 1;
+        if (n_layers) {
+            for (L = 0; L < n_layers; L++) lc[L].f = f, lc[L].b = b, lc[L].w = w, lc[L].mem = 1;
+        } else {
+            size_t len;
+            char* src = costs[0] == '@' ? read_file(costs + 1, &len) : NULL;
+            if (costs[0] == '@' && !src) {
+                fprintf(stderr, "pp-sched: cannot read %s\n", costs + 1);
+                free(lc);
+                return 2;
+            }
+            L = parse_layers(src ? src : costs, lc, 100000);
+            free(src);
+            if (L <= 0) {
+                fprintf(stderr, "pp-sched: --costs wants \"f:b:w[:mem],...\" (numbers >= 0), or @FILE with lines \"f b w [mem]\"\n");
+                free(lc);
+                return 2;
+            }
+        }
+        rc = rank_schedules(p, m, lc, L, comm, mem_cap);
+        free(lc);
+        return rc;
+    }
+
+    if (mode_load) {
+        size_t len = 0;
+        text = read_file(load, &len);
+        if (!text) {
+            fprintf(stderr, "pp-sched: cannot read %s\n", load);
+            return 2;
+        }
+        pr = pp_schedule_parse(text, len, NULL, 0, &n, &s, &err);
+        if (pr == PP_ERR_SIZE) {
+            acts = (pp_action*)malloc((n ? n : 1) * sizeof *acts);
+            if (acts) pr = pp_schedule_parse(text, len, acts, n, &n, &s, &err);
+        }
+        if (pr != PP_OK || !acts) {
+            fprintf(stderr, "pp-sched: %s: %s\n", load, acts ? err.msg : "out of memory");
+            goto done;
+        }
+        p = s.p, v = s.v, m = s.m, kind = PP_SCHED_CUSTOM;
+    } else {
+        if (!have_p || !have_m) {
+            fprintf(stderr, "pp-sched: -p and -m are required\n");
+            usage(stderr);
+            return 2;
+        }
+        if (v == 0) v = kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V ? 2 : 1;
+        n = pp_schedule_size(kind, p, v, m);
+        acts = (pp_action*)malloc((n ? n : 1) * sizeof *acts);
+        if (!acts) {
+            fprintf(stderr, "pp-sched: out of memory\n");
+            goto done;
+        }
+        /* pp_schedule_make validates (n == 0 for bad parameters) and says why */
+        pr = pp_schedule_make(kind, p, v, m, acts, n, &s, &err);
+        if (pr != PP_OK) {
+            fprintf(stderr, "pp-sched: %s\n", err.msg);
+            goto done;
+        }
+    }
+    if (table_only) {
+        pp_schedule_write(stdout, &s);
+        rc = 0;
         goto done;
     }
-    /* pp_schedule_make validates (n == 0 for bad parameters) and says why */
-    pr = pp_schedule_make(kind, p, v, m, acts, n, &s, &err);
-    if (pr != PP_OK) {
-        fprintf(stderr, "pp-sched: %s\n", err.msg);
+    ev = (pp_event*)malloc((n ? n : 1) * sizeof *ev);
+    if (!ev) {
+        fprintf(stderr, "pp-sched: out of memory\n");
         goto done;
     }
 
     memset(&cost, 0, sizeof cost);
     cost.f = f;
     cost.b = b;
+    cost.w = w;
     cost.comm = comm;
     pr = pp_simulate(&s, &cost, &res, ev, &err);
 
-    printf("schedule   %s  p=%d v=%d m=%d  (%d stages, %d actions per rank)\n",
-           pp_schedule_name(kind), p, v, m, s.n_stages, s.per_rank);
-    printf("cost       f=%g b=%g comm=%g per chunk\n", f, b, comm);
-    printf("lists\n");
-    for (r = 0; r < p; r++) print_list(&s, r);
+    printf("schedule   %s  p=%d v=%d m=%d  (%d stages, %d actions per rank%s)\n", pp_schedule_name(kind), p, v, m,
+           s.n_stages, s.per_rank, s.map == PP_MAP_V ? ", V map: rank r holds stages r and 2p-1-r" : "");
+    printf("cost       f=%g b=%g w=%g comm=%g per chunk%s\n", f, b, w, comm,
+           pp_schedule_has_w(&s) ? "" : " (no W actions: B costs b+w)");
+    printf("table\n");
+    pp_schedule_write(stdout, &s);
     if (pr != PP_OK) {
         fprintf(stderr, "pp-sched: %s\n", err.msg);
         goto done;
@@ -176,6 +490,7 @@ int main(int argc, char** argv) {
         for (i = m - 1; i >= 10; i /= 10) digits++;
         label = 1 + digits + (v > 1 ? 2 : 0);
         min_cost = f < b ? f : b;
+        if (pp_schedule_has_w(&s) && w > 0 && w < min_cost) min_cost = w;
         width = (int)ceil(res.makespan / min_cost * label);
         if (width > 240) width = 240;
         if (width < 20) width = 20;
@@ -183,17 +498,25 @@ int main(int argc, char** argv) {
     printf("timeline\n");
     pp_timeline_ascii(stdout, ev, n, p, width);
 
-    theory = kind == PP_SCHED_INTERLEAVED ? (double)(p - 1) / (double)(v * m + p - 1)
-                                          : (double)(p - 1) / (double)(m + p - 1);
     printf("makespan   %g\n", res.makespan);
-    printf("bubble     %.4f simulated, %.4f theory %s%s\n", res.bubble, theory,
-           kind == PP_SCHED_INTERLEAVED ? "(p-1)/(v*m+p-1)" : "(p-1)/(m+p-1)",
-           comm > 0 ? " (theory assumes comm = 0)"
-           : kind == PP_SCHED_INTERLEAVED && m < p ? " (theory assumes m >= p)"
-                                                     : "");
+    if (kind == PP_SCHED_INTERLEAVED) theory = (double)(p - 1) / (double)(v * m + p - 1);
+    else if (kind == PP_SCHED_GPIPE || kind == PP_SCHED_1F1B) theory = (double)(p - 1) / (double)(m + p - 1);
+    else if (kind == PP_SCHED_ZB_H1) theory = (double)(p - 1) / (double)(3 * m + p - 1);
+    if (theory >= 0)
+        printf("bubble     %.4f simulated, %.4f theory %s%s\n", res.bubble, theory,
+               kind == PP_SCHED_INTERLEAVED ? "(p-1)/(v*m+p-1)"
+               : kind == PP_SCHED_ZB_H1     ? "(p-1)/(3m+p-1) with f = b = w"
+                                            : "(p-1)/(m+p-1)",
+               comm > 0                                               ? " (theory assumes comm = 0)"
+               : kind == PP_SCHED_ZB_H1 && !(f == b && b == w)        ? " (theory assumes f = b = w)"
+               : (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_H1) && m < p ? " (theory assumes m >= p)"
+                                                                      : "");
+    else
+        printf("bubble     %.4f simulated%s\n", res.bubble,
+               kind == PP_SCHED_ZB_V ? " (zb-v: no closed form; peak 2*min(p,m) chunk stashes = 1f1b's memory)" : "");
     printf("peak live ");
     for (r = 0; r < p; r++) printf(" r%d=%d", r, res.peak_live[r]);
-    printf("  (activations stashed at once)\n");
+    printf("  (activations stashed at once%s)\n", pp_schedule_has_w(&s) ? ", F to W" : "");
 
     if (trace) {
         FILE* tf = fopen(trace, "w");
@@ -210,6 +533,7 @@ int main(int argc, char** argv) {
     }
     rc = 0;
 done:
+    free(text);
     free(acts);
     free(ev);
     return rc;
