@@ -9,8 +9,8 @@
    One process, one host thread per pipeline rank (pp_threads_run), one CUDA stream per rank on
    the rank's GPU (several ranks may share a GPU: their streams run concurrently). Three pieces:
    - pp_cuda_transport(c, rank): isend/irecv/wait matched on the host like the threads transport,
-     but the bytes move on the GPU: the sender records an event after its producing work, the
-     receiver's copy stream waits on it (and on the receiver's own earlier work on the buffer),
+     but the bytes move on the GPU: the sender records an event after its producing work, a
+     copy stream of the receiver (one per sending rank) waits on it (and on the receiver's own earlier work on the buffer),
      copies with cudaMemcpyPeerAsync (a plain device copy within one GPU, a peer copy between
      GPUs, peer access enabled where the hardware has it), and records a second event that the
      receiver's stream waits on. A wait therefore returns when the transfer is enqueued and
@@ -160,7 +160,8 @@ typedef struct _ppc_rank {
     pp_cuda* c;
     int rank, dev;
     cudaStream_t stream;        /* the stage's compute stream */
-    cudaStream_t copy;          /* incoming copies */
+    cudaStream_t* copy_from;    /* [n] incoming copies, one stream per sender (made on first use):
+                                   a late sender never holds up another link's copies */
     _ppc_msg* queue;            /* messages to this rank posted by one side only */
     cudaEvent_t* ev;            /* free sync events of this device (world lock) */
     int n_ev, cap_ev;
@@ -267,6 +268,16 @@ static void _ppc_msg_release_locked(pp_cuda* c, _ppc_msg* m) {
     c->free_msgs = m;
 }
 
+/* The stream for copies from rank src into rank dst (dst's device current). */
+static cudaError_t _ppc_copy_stream(pp_cuda* c, _ppc_rank* dst, int src, cudaStream_t* out) {
+    cudaError_t e = cudaSuccess;
+    pthread_mutex_lock(&c->mu);
+    if (!dst->copy_from[src]) e = cudaStreamCreateWithFlags(&dst->copy_from[src], cudaStreamNonBlocking);
+    *out = dst->copy_from[src];
+    pthread_mutex_unlock(&c->mu);
+    return e;
+}
+
 /* Moves a matched message's bytes. Runs on the thread that completed the match (the second of
    sender and receiver to post), outside the world lock; the copy goes on the receiver's copy
    stream after the sender's data-ready event and the receiver's buffer-free event, and ends with
@@ -288,32 +299,37 @@ static void _ppc_copy(pp_cuda* c, _ppc_msg* m) {
     } else if (m->s_host && m->r_host) {
         memcpy(m->rbuf, m->sbuf, n);
     } else {
+        cudaStream_t cs = NULL;
         if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
         what = "cudaSetDevice";
         e = cudaSetDevice(dst->dev);
+        if (e == cudaSuccess) {
+            what = "cudaStreamCreate(copy)";
+            e = _ppc_copy_stream(c, dst, m->src, &cs);
+        }
         if (e == cudaSuccess && !m->s_host) {
             what = "cudaStreamWaitEvent(sender's data ready)";
-            e = cudaStreamWaitEvent(dst->copy, m->es, 0);
+            e = cudaStreamWaitEvent(cs, m->es, 0);
         }
         if (e == cudaSuccess && !m->r_host) {
             what = "cudaStreamWaitEvent(receiver's buffer free)";
-            e = cudaStreamWaitEvent(dst->copy, m->er, 0);
+            e = cudaStreamWaitEvent(cs, m->er, 0);
         }
         if (e == cudaSuccess) {
             if (!m->s_host && !m->r_host) {
                 what = "cudaMemcpyPeerAsync";
-                if (src->dev == dst->dev) e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDeviceToDevice, dst->copy);
-                else e = cudaMemcpyPeerAsync(m->rbuf, dst->dev, m->sbuf, src->dev, n, dst->copy);
+                if (src->dev == dst->dev) e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDeviceToDevice, cs);
+                else e = cudaMemcpyPeerAsync(m->rbuf, dst->dev, m->sbuf, src->dev, n, cs);
             } else {
                 /* one side in host memory: a copy the host waits for (not the steady-state path) */
                 what = "cudaMemcpyAsync (host <-> device)";
-                e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDefault, dst->copy);
-                if (e == cudaSuccess) e = cudaStreamSynchronize(dst->copy);
+                e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDefault, cs);
+                if (e == cudaSuccess) e = cudaStreamSynchronize(cs);
             }
         }
         if (e == cudaSuccess && m->ec) {
             what = "cudaEventRecord(copy done)";
-            e = cudaEventRecord(m->ec, dst->copy);
+            e = cudaEventRecord(m->ec, cs);
         }
         if (cur >= 0 && cur != dst->dev) (void)cudaSetDevice(cur);
         if (e != cudaSuccess) {
@@ -695,9 +711,13 @@ pp_result pp_cuda_create(const pp_cuda_desc* d, pp_cuda** out, pp_error* err) {
         r->c = c;
         r->rank = i;
         r->dev = d->devices ? d->devices[i] : 0;
+        if (!(r->copy_from = (cudaStream_t*)_pp_calloc((size_t)c->n, sizeof(cudaStream_t)))) {
+            pp_cuda_destroy(c);
+            *out = NULL;
+            return _pp_fail(err, PP_ERR_NOMEM, "copy streams of rank %d", i);
+        }
         if ((e = cudaSetDevice(r->dev)) != cudaSuccess ||
             (e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-            (e = cudaStreamCreateWithFlags(&r->copy, cudaStreamNonBlocking)) != cudaSuccess ||
             (e = cudaEventCreate(&r->origin)) != cudaSuccess) {
             pp_cuda_destroy(c);
             *out = NULL;
@@ -729,7 +749,8 @@ void pp_cuda_destroy(pp_cuda* c) {
         _ppc_rank* r = &c->r[i];
         if (cudaSetDevice(r->dev) != cudaSuccess) continue;
         if (r->stream) (void)cudaStreamSynchronize(r->stream);
-        if (r->copy) (void)cudaStreamSynchronize(r->copy);
+        for (k = 0; r->copy_from && k < c->n; k++)
+            if (r->copy_from[k]) (void)cudaStreamSynchronize(r->copy_from[k]);
     }
     /* leftovers of an aborted step (posted by one side, or never waited for): their events
        go back to the pools, which are destroyed below */
@@ -743,7 +764,9 @@ void pp_cuda_destroy(pp_cuda* c) {
             if (r->tev[k]) (void)cudaEventDestroy(r->tev[k]);
         if (r->origin) (void)cudaEventDestroy(r->origin);
         if (r->stream) (void)cudaStreamDestroy(r->stream);
-        if (r->copy) (void)cudaStreamDestroy(r->copy);
+        for (k = 0; r->copy_from && k < c->n; k++)
+            if (r->copy_from[k]) (void)cudaStreamDestroy(r->copy_from[k]);
+        PP_FREE(r->copy_from);
         PP_FREE(r->ev);
         PP_FREE(r->tev);
         PP_FREE(r->tact);
@@ -816,7 +839,9 @@ static pp_result _ppc_sync_all(pp_cuda* c, pp_error* err) {
     int i;
     for (i = 0; i < c->n; i++) {
         PP_CUDA_CHECK(cudaSetDevice(c->r[i].dev), err);
-        PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].copy), err);
+        int k;
+        for (k = 0; k < c->n; k++)
+            if (c->r[i].copy_from[k]) PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].copy_from[k]), err);
         PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].stream), err);
     }
     return PP_OK;
