@@ -685,6 +685,9 @@ typedef struct pp_device_ops {
     /* Optional: called around the layer calls of every action, phase 0 before and 1 after;
        idx is the action's index in this rank's list (pipeline_cuda.h records timing events). */
     void (*mark)(void* user, const pp_action* a, int idx, int phase);
+    /* Optional: a pooled block [ptr, ptr + bytes) is about to be used again, before anything is
+       enqueued on it (pipeline_cuda.h makes the stream wait for copies still reading it). */
+    void (*reuse)(void* user, void* ptr, size_t bytes);
     void* user;
 } pp_device_ops;
 
@@ -3274,11 +3277,15 @@ static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
             best = b;
             bestp = bp;
         }
-    if (s->d.device.alloc && (b = _pp_block_wait_retiring(s, bytes, best ? best->cap : 0)) != NULL) return b;
+    if (s->d.device.alloc && (b = _pp_block_wait_retiring(s, bytes, best ? best->cap : 0)) != NULL) {
+        if (s->d.device.reuse) s->d.device.reuse(s->d.device.user, b->data, b->cap);
+        return b;
+    }
     if (best) {
         *bestp = best->next;
         best->next = NULL;
         best->n_req = 0;
+        if (s->d.device.reuse) s->d.device.reuse(s->d.device.user, best->data, best->cap);
         return best;
     }
     if (s->d.device.alloc) return _pp_block_new_dev(s, bytes);

@@ -9,16 +9,18 @@
    One process, one host thread per pipeline rank (pp_threads_run), one CUDA stream per rank on
    the rank's GPU (several ranks may share a GPU: their streams run concurrently). Three pieces:
    - pp_cuda_transport(c, rank): isend/irecv/wait matched on the host like the threads transport,
-     but the bytes move on the GPU: the sender records an event after its producing work, a
-     copy stream of the receiver (one per sending rank) waits on it (and on the receiver's own earlier work on the buffer),
-     copies with cudaMemcpyPeerAsync (a plain device copy within one GPU, a peer copy between
-     GPUs, peer access enabled where the hardware has it), and records a second event that the
-     receiver's stream waits on. A wait therefore returns when the transfer is enqueued and
-     ordered, not when the GPU finished it: the host runs ahead and enqueues whole steps, and
-     nothing synchronises the device in the steady state. A send completes when its copy is
-     enqueued; the sender's stream then waits on the copy, so a block the executor reuses is
-     never overwritten while it is read. Buffers in host memory (BROADCAST's step metadata) are
-     copied on the host at match time: they must be ready when isend is called.
+     but the bytes move on the GPU: the sender records an event after its producing work; a copy
+     stream of the receiver (one per sending rank) waits on it and on the receiver's own earlier
+     work on the buffer, copies with cudaMemcpyPeerAsync (a plain device copy within one GPU, a
+     peer copy between GPUs, peer access enabled where the hardware has it), and records a
+     second event that the receiver's stream waits on. A wait therefore returns when the
+     transfer is enqueued and ordered, not when the GPU finished it: the host runs ahead and
+     enqueues whole steps, and nothing synchronises the device in the steady state. A send
+     completes when its copy is enqueued; the sender's stream waits on that copy only when the
+     block is taken from the pool again (the device ops' reuse hook), so the sender never idles
+     for its receiver. Buffers in host memory (BROADCAST's step metadata) are copied on the host
+     at match time: they must be ready when isend is called. Device blocks sent through this
+     transport must come from pp_cuda_device_ops (its reuse hook keeps them safe).
    - pp_cuda_device_ops(c, rank): pp_stage_desc.device hooks, so the stage's block pool (stashes,
      received activations, gradient workspaces) lives in GPU memory: cudaMalloc while the pool
      grows (the first step), never after; cudaMemsetAsync on the rank's stream for zeroing.
@@ -140,7 +142,9 @@ pp_result pp_cuda_status(cudaError_t e, const char* what, const char* file, int 
 typedef struct _ppc_msg {
     struct _ppc_msg* next;      /* in the receiver's queue, or the free list */
     struct _ppc_msg* all;       /* every message ever made, for pp_cuda_destroy */
+    struct _ppc_msg* pnext;     /* in the sender's list of copies that may still read its blocks */
     int live;                   /* posted and not yet released by both sides */
+    int held;                   /* on that list: not released before its block is reused */
     int src, dst, tag;
     const void* sbuf;
     void* rbuf;
@@ -163,6 +167,7 @@ typedef struct _ppc_rank {
     cudaStream_t* copy_from;    /* [n] incoming copies, one stream per sender (made on first use):
                                    a late sender never holds up another link's copies */
     _ppc_msg* queue;            /* messages to this rank posted by one side only */
+    _ppc_msg* reading;          /* sent from this rank's device blocks; the copy may still run */
     cudaEvent_t* ev;            /* free sync events of this device (world lock) */
     int n_ev, cap_ev;
     /* memory */
@@ -362,9 +367,60 @@ static pp_result _ppc_send_finish(_ppc_rank* me, _ppc_msg* m) {
     }
     pthread_mutex_lock(&c->mu);
     m->send_done = 1;
-    if (m->recv_done) _ppc_msg_release_locked(c, m);
+    if (rc == PP_OK && !m->s_host && m->ec && m->rbytes > 0) {
+        /* the copy may still read the block: the stream waits for it when the block is reused */
+        m->held = 1;
+        m->pnext = me->reading;
+        me->reading = m;
+    } else if (m->recv_done) {
+        _ppc_msg_release_locked(c, m);
+    }
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+/* Device ops reuse hook: a pooled block [ptr, ptr + bytes) is about to be written again. The
+   rank's stream waits for every copy that may still read it. Rank's thread. */
+static void _ppc_reuse(void* user, void* ptr, size_t bytes) {
+    _ppc_rank* r = (_ppc_rank*)user;
+    pp_cuda* c = r->c;
+    _ppc_msg **pp, *m;
+    const char *a = (const char*)ptr, *b = a + bytes;
+    pthread_mutex_lock(&c->mu);
+    for (pp = &r->reading; (m = *pp) != NULL;) {
+        const char* s0 = (const char*)m->sbuf;
+        if (s0 < b && s0 + m->sbytes > a) {
+            cudaError_t e = cudaStreamWaitEvent(r->stream, m->ec, 0);
+            if (e != cudaSuccess) _ppc_note(r, e, "cudaStreamWaitEvent(copy done, before a block is reused)");
+            *pp = m->pnext;
+            m->held = 0;
+            if (m->recv_done) _ppc_msg_release_locked(c, m);
+        } else if (cudaEventQuery(m->ec) == cudaSuccess) {
+            /* that copy is over: nothing to wait for, recycle the message (keeps the list short
+               even when nobody calls pp_cuda_step_end) */
+            *pp = m->pnext;
+            m->held = 0;
+            if (m->recv_done) _ppc_msg_release_locked(c, m);
+        } else {
+            pp = &m->pnext; /* still copying (cudaErrorNotReady, which is not a sticky error) */
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* After every stream drained (between steps): no copy reads a block any more. */
+static void _ppc_unhold_all(pp_cuda* c) {
+    int i;
+    pthread_mutex_lock(&c->mu);
+    for (i = 0; i < c->n; i++) {
+        _ppc_msg* m;
+        while ((m = c->r[i].reading) != NULL) {
+            c->r[i].reading = m->pnext;
+            m->held = 0;
+            if (m->recv_done) _ppc_msg_release_locked(c, m);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* The receiver's stream waits for the copy. Receiver's thread only. */
@@ -382,7 +438,7 @@ static pp_result _ppc_recv_finish(_ppc_rank* me, _ppc_msg* m) {
     }
     pthread_mutex_lock(&c->mu);
     m->recv_done = 1;
-    if (m->send_done) _ppc_msg_release_locked(c, m);
+    if (m->send_done && !m->held) _ppc_msg_release_locked(c, m);
     pthread_mutex_unlock(&c->mu);
     return rc;
 }
@@ -811,6 +867,7 @@ pp_device_ops pp_cuda_device_ops(pp_cuda* c, int rank) {
     o.free = _ppc_free;
     o.zero = _ppc_zero;
     o.mark = _ppc_mark;
+    o.reuse = _ppc_reuse;
     o.user = &c->r[rank];
     return o;
 }
@@ -835,15 +892,16 @@ void pp_cuda_reset(pp_cuda* c) {
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Waits for every stream; then no copy reads a block any more. Between steps only. */
 static pp_result _ppc_sync_all(pp_cuda* c, pp_error* err) {
-    int i;
+    int i, k;
     for (i = 0; i < c->n; i++) {
         PP_CUDA_CHECK(cudaSetDevice(c->r[i].dev), err);
-        int k;
         for (k = 0; k < c->n; k++)
             if (c->r[i].copy_from[k]) PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].copy_from[k]), err);
         PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].stream), err);
     }
+    _ppc_unhold_all(c);
     return PP_OK;
 }
 

@@ -29,6 +29,7 @@ typedef enum cudaError {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
     cudaErrorPeerAccessAlreadyEnabled = 704
 } cudaError_t;
 
@@ -333,6 +334,13 @@ static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, uns
     op->ev = e;
     op->gen = gen;
     return fk_push(s, op);
+}
+static inline cudaError_t cudaEventQuery(cudaEvent_t e) {
+    cudaError_t r;
+    pthread_mutex_lock(&fk_mu);
+    r = e->done >= e->recorded ? cudaSuccess : cudaErrorNotReady;
+    pthread_mutex_unlock(&fk_mu);
+    return r;
 }
 static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
     pthread_mutex_lock(&fk_mu);
