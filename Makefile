@@ -1,4 +1,5 @@
 # pipeline.h - build, test, run.   make | make test | make run | make bench | make check-cuda
+#   make lint | make fuzz | make soak | make valgrind
 CC      ?= cc
 CLANG   ?= clang
 CXX     ?= c++
@@ -11,10 +12,17 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_devops test_cuda_host
-BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours
 
-.PHONY: all test run run-gpt bench check-cuda check-cxx clean cuda test-cuda sanitize-cuda bench-cuda
+FUZZERS  = fuzz_split fuzz_sim fuzz_table
+FUZZ_RUNS ?= 20000
+VALGRIND ?= valgrind
+VG_TESTS = test_errors test_reliability
+SOAK_STEPS ?= 5000
+
+.PHONY: all test run run-gpt bench bench-peers check-cuda check-cxx check-c lint fuzz soak valgrind clean \
+        cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
 
@@ -58,15 +66,63 @@ $(B)/cxx-check.o: tests/cxx_check.cc $(HEADERS) | $(B)
 
 check-cxx: $(B)/cxx-check.o
 
+# every header as C (declarations alone, then with the implementation), gcc and clang
+$(B)/c-check.o: tests/c_check.c $(HEADERS) | $(B)
+	$(CC) $(BASE) -c $< -o $@
+	$(CLANG) $(BASE) -c $< -o $(B)/c-check-clang.o
+
+check-c: $(B)/c-check.o
+
+# Static analysis of the headers: cppcheck (declarations, and with the implementation) and
+# clang-tidy (checks in .clang-tidy, over tests/lint.c). A tool that is not installed is skipped.
+lint: | $(B)
+	@if command -v cppcheck >/dev/null 2>&1; then \
+	  cppcheck -q --std=c99 --enable=warning,portability,performance --error-exitcode=1 $(HEADERS) && \
+	  cppcheck -q --std=c99 --enable=warning,portability,performance --error-exitcode=1 -DPIPELINE_IMPLEMENTATION $(HEADERS) && \
+	  echo "lint: cppcheck clean on $(HEADERS)"; \
+	else echo "lint: cppcheck not found, skipped"; fi
+	@if command -v clang-tidy >/dev/null 2>&1; then \
+	  if out=$$(clang-tidy --quiet tests/lint.c -- -std=c99 -I. 2>&1); then echo "lint: clang-tidy clean on $(HEADERS)"; \
+	  else printf '%s\n' "$$out"; echo "lint: clang-tidy found problems"; exit 1; fi; \
+	else echo "lint: clang-tidy not found, skipped"; fi
+
+# Fuzz targets. fuzzrun-*: replay the seed corpus and fixed random inputs (any compiler, part of
+# make test, under ASan+UBSan). fuzz-*: libFuzzer (clang); make fuzz runs each FUZZ_RUNS times
+# from the seed corpus (new inputs go to build/fuzz-work, the repo's corpus is left alone).
+$(B)/fuzzrun-%: tests/fuzz/%.c tests/fuzz/fuzz.h $(HEADERS) | $(B)
+	$(CC) $(BASE) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DPP_FUZZ_STANDALONE $< -o $@ $(LDLIBS)
+
+$(B)/fuzz-%: tests/fuzz/%.c tests/fuzz/fuzz.h $(HEADERS) | $(B)
+	$(CLANG) $(BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ $(LDLIBS)
+
+fuzz: $(addprefix $(B)/fuzz-,$(FUZZERS))
+	@for f in $(FUZZERS); do \
+	  mkdir -p $(B)/fuzz-work/$$f; \
+	  if ! $(B)/fuzz-$$f -runs=$(FUZZ_RUNS) -seed=1 -artifact_prefix=$(B)/fuzz-work/$$f- $(B)/fuzz-work/$$f tests/fuzz/corpus/$$f \
+	       > $(B)/fuzz-work/$$f.log 2>&1; then \
+	    tail -40 $(B)/fuzz-work/$$f.log; echo "$$f: FINDING (input saved as $(B)/fuzz-work/$$f-crash-*)"; exit 1; fi; \
+	  n=$$(grep -o 'Done [0-9]* runs' $(B)/fuzz-work/$$f.log | grep -o '[0-9]*'); \
+	  echo "$$f: $$n runs, no finding"; \
+	done
+
+# The long soak: thousands of steps with changing shapes (make test runs a short one).
+soak: $(B)/test_soak
+	$(B)/test_soak --steps $(SOAK_STEPS)
+
+# memcheck on a small subset (make test runs it too when valgrind is installed)
+valgrind: $(addprefix $(B)/,$(VG_TESTS))
+	@sh tests/run.sh $(addprefix valgrind:$(B)/,$(VG_TESTS))
+
 # the examples under clang too (the tests already build with both)
 $(B)/clang-ex-%: examples/%.c $(EXH) $(HEADERS) | $(B)
 	$(CLANG) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 TEST_BINS = $(addprefix $(B)/,$(TESTS)) $(addprefix $(B)/clang-,$(TESTS)) \
-            $(addprefix $(B)/asan-,$(TESTS)) $(addprefix $(B)/tsan-,$(TESTS))
+            $(addprefix $(B)/asan-,$(TESTS)) $(addprefix $(B)/tsan-,$(TESTS)) \
+            $(addprefix $(B)/fuzzrun-,$(FUZZERS))
 
-test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx
-	@sh tests/run.sh $(TEST_BINS)
+test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx check-c lint
+	@sh tests/run.sh $(TEST_BINS) $(addprefix valgrind:$(B)/,$(VG_TESTS))
 
 run: $(B)/mlp_cpu
 	$(B)/mlp_cpu --check
@@ -78,6 +134,22 @@ bench: $(BENCHES)
 	$(B)/bench_overhead
 	$(B)/bench_varlen
 	$(B)/bench_zb
+
+# Side by side with torch.distributed.pipelining (README, "Performance"). Ours links OpenBLAS's
+# cblas when it is installed (libopenblas-dev), else the naive kernel; PEERS_KERNEL=naive forces it.
+OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,1,1,1,1.0f,0,1,0,1,0.0f,0,1);return 0;}\n' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo yes)
+ifeq ($(PEERS_KERNEL),naive)
+OPENBLAS :=
+endif
+PEERS_BLAS = $(if $(OPENBLAS),-DPEERS_CBLAS,)
+PEERS_LIBS = $(if $(OPENBLAS),-lopenblas,)
+PYTHON ?= python3
+
+$(B)/peers_ours: bench/peers/ours.c $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $(PEERS_BLAS) $< -o $@ $(PEERS_LIBS) $(LDLIBS)
+
+bench-peers: $(B)/peers_ours
+	$(PYTHON) bench/peers/run_peers.py --ours $(B)/peers_ours $(PEERS_ARGS)
 
 # CUDA: every header must compile under nvcc (host C++), even on machines without a GPU;
 # pipeline_cuda.h also as C99 (gcc, CUDA include path). `make cuda` builds every .cu.

@@ -82,6 +82,8 @@
        PP_MAX_TENSORS               tensors crossing one layer boundary (default 4)
        PP_MAX_RANKS                 ranks in one pipeline (default 256)
        PP_DEFAULT_TIMEOUT_S         deadline of every wait when the desc says 0 (default 300)
+       PP_FLIGHT_LEN                entries in each rank's flight record (default 32)
+       PP_THREADS_SPIN_US           threads transport: how long a wait spins before sleeping (50)
 
    MEMORY
    Schedule generation writes into the caller's array (pp_schedule_size tells how large). The
@@ -95,6 +97,12 @@
    pp_error* that receives a message; a stage keeps its last message (pp_stage_error). Bad input
    never crashes, hangs or corrupts; every wait has a deadline and names who waited for whom.
    Library code never calls exit() or abort().
+   A step that fails on one rank (layer error, timeout, rejected batch, and with
+   pp_stage_desc.check_finite a NaN/Inf: PP_ERR_NONFINITE) aborts it on every rank: the others
+   return PP_ERR_ABORTED. pp_threads_reset drops what the broken step left queued; the next step
+   then runs as if nothing happened. A timeout message names this rank, the action (op,
+   micro-batch, chunk), the peer it waited for and the last action each rank completed, from
+   the ranks' flight records (>>flight; pp_threads_flight_print prints them on demand).
 
    TRANSPORTS
    threads (this header)      each rank a thread in one process: pp_threads_*
@@ -102,8 +110,8 @@
    nccl    (pipeline_nccl.h)  one process per GPU
 
    SECTIONS  (search for ">>name")
-   >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>transport
-   >>threads >>batch >>stage >>impl (>>impl-profile: pp_profile_layers)
+   >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>flight
+   >>transport >>threads >>batch >>stage >>impl (>>impl-profile: pp_profile_layers)
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
@@ -112,6 +120,9 @@
           several tensors per stage boundary.
           Then: split backward (PP_MODEL_SPLIT, W actions), ZB-H1 and ZB-V (V stage map),
           schedules as text tables, measured and memory-capped partitions.
+          Reliability: flight records and timeout messages naming each rank's last action,
+          abort on any failure with cancelled receives (pp_transport.cancel), NaN/Inf check
+          (PP_ERR_NONFINITE), shape-overflow and desc validation.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -156,6 +167,7 @@ extern "C" {
     X(PP_ERR_TRANSPORT, "transport error")                                      \
     X(PP_ERR_LAYER, "layer callback failed")                                    \
     X(PP_ERR_ABORTED, "aborted by another rank")                                \
+    X(PP_ERR_NONFINITE, "non-finite value (NaN or Inf)")                        \
     X(PP_ERR_UNSUPPORTED, "unsupported")
 
 #define _PP_RESULT_ENUM(name, str) name,
@@ -549,6 +561,45 @@ void pp_timeline_ascii(FILE* f, const pp_event* ev, size_t n, int p, int width);
    time_scale converts event times to microseconds (1e6 for seconds, e.g. 1000 for sim units). */
 void pp_timeline_chrome(FILE* f, const pp_event* ev, size_t n, double time_scale);
 
+/* >>flight ------------------------------------------------------------------------------------ */
+/* A flight record: the last PP_FLIGHT_LEN things one rank's executor did, with timestamps, so a
+   hang or a failure can say what every rank was doing. A stage always keeps its own record
+   (pp_stage_flight); a transport that sees every rank (threads) keeps all of them, and a timeout
+   message then names the last action each rank completed. A multi-process transport leaves
+   flight_note/flight_get NULL: the message names this rank's last action and what it last heard
+   from the peer (decoded from the last message that peer sent it). */
+#ifndef PP_FLIGHT_LEN
+#define PP_FLIGHT_LEN 32
+#endif
+
+typedef enum pp_flight_state {
+    PP_FLIGHT_START = 0,        /* the action began (its receives are awaited) */
+    PP_FLIGHT_DONE,             /* the action completed */
+    PP_FLIGHT_FAILED,           /* the action returned an error */
+    PP_FLIGHT_HEARD             /* a message arrived from `peer`: a is the peer's action that sent it */
+} pp_flight_state;
+
+typedef struct pp_flight_entry {
+    pp_action a;
+    int8_t state;               /* pp_flight_state */
+    int16_t peer;               /* HEARD: the sender; START: the rank awaited (-1 none) */
+    int32_t step;               /* this rank's step count (1 = first pp_stage_step) */
+    double t;                   /* seconds, monotonic clock */
+} pp_flight_entry;
+
+typedef struct pp_flight {
+    int rank;
+    uint64_t n;                 /* entries ever written; entry i is ring[i % PP_FLIGHT_LEN] */
+    pp_flight_entry ring[PP_FLIGHT_LEN];
+    pp_flight_entry heard[2];   /* last message from the previous [0] / next [1] stage's rank */
+    double now;                 /* when this copy was taken (ages are printed against it) */
+} pp_flight;
+
+/* The most recent entry in `state` (or any state when state < 0); NULL if none. */
+const pp_flight_entry* pp_flight_last(const pp_flight* f, int state);
+/* One line per entry, oldest first, with ages in seconds; then what was last heard. */
+void pp_flight_print(FILE* out, const pp_flight* f);
+
 /* >>transport --------------------------------------------------------------------------------- */
 /* An outstanding send or receive; its contents belong to the transport. */
 typedef struct pp_request {
@@ -575,6 +626,13 @@ typedef struct pp_transport {
                                const int* ranks, int n_ranks, double timeout_s, pp_error* err);
     /* Tell every rank to stop waiting: their waits return PP_ERR_ABORTED. May be NULL. */
     void (*abort)(void* self, pp_result why, const char* msg);
+    /* Withdraw a receive that will never be waited for (after a failed step), so no stale
+       posting can swallow a later message. May be NULL. */
+    pp_result (*cancel)(void* self, pp_request* req);
+    /* Flight record (>>flight). May be NULL. note: append one entry to this rank's record.
+       get: copy rank `peer`'s record into *out; returns 0 where the transport cannot see it. */
+    void (*flight_note)(void* self, const pp_flight_entry* e);
+    int (*flight_get)(void* self, int peer, pp_flight* out);
 } pp_transport;
 
 /* >>threads ----------------------------------------------------------------------------------- */
@@ -587,6 +645,11 @@ pp_transport pp_threads_transport(pp_threads* t, int rank);
 void pp_threads_reset(pp_threads* t);
 /* Bytes and messages rank has sent (cumulative). */
 void pp_threads_counters(pp_threads* t, int rank, uint64_t* bytes, uint64_t* msgs);
+/* Messages and posted receives still queued in every mailbox (0 between clean steps). */
+size_t pp_threads_pending(pp_threads* t);
+/* Rank's flight record, or every rank's printed (on demand: from a watchdog, a signal...). */
+pp_result pp_threads_flight(pp_threads* t, int rank, pp_flight* out);
+void pp_threads_flight_print(FILE* out, pp_threads* t);
 
 /* Runs fn(rank, user) on n threads and joins them; returns the first non-OK result. */
 typedef pp_result (*pp_rank_fn)(int rank, void* user);
@@ -703,6 +766,9 @@ typedef struct pp_stage_desc {
     int record_timeline;        /* keep per-action events of the last step */
     pp_shape_policy shapes;     /* default PP_SHAPES_LOCAL */
     int max_seqs;               /* BROADCAST: most sequences in one step (0 = 4096) */
+    int check_finite;           /* 1: after every F check this stage's outputs and loss, after
+                                   every B its input gradients, for NaN/Inf: PP_ERR_NONFINITE
+                                   here, PP_ERR_ABORTED on the other ranks */
     pp_device_ops device;       /* block memory; all NULL = host memory (see pp_device_ops) */
     void* layer_ctx;            /* handed to every layer call as io->ctx */
 } pp_stage_desc;
@@ -729,6 +795,9 @@ pp_result pp_stage_step(pp_stage* st, const pp_batch* b, pp_step_stats* stats);
 const char* pp_stage_error(const pp_stage* st);
 /* Events of the last step when record_timeline is set (times in seconds from step start). */
 const pp_event* pp_stage_timeline(const pp_stage* st, size_t* n);
+/* This rank's flight record (>>flight), and the same printed. */
+pp_result pp_stage_flight(const pp_stage* st, pp_flight* out);
+void pp_stage_flight_print(FILE* out, const pp_stage* st);
 
 #ifdef __cplusplus
 }
@@ -839,6 +908,16 @@ size_t pp_tensor_bytes(const pp_tensor* t) {
     return (size_t)t->rows * (size_t)t->cols * pp_dtype_size(t->dtype);
 }
 
+/* A shape whose byte count can be computed and allocated: rows, cols >= 0, a known dtype, and
+   rows * cols * size below 2^48 bytes (no size_t overflow can turn a huge shape into a small
+   buffer that a layer then overruns). */
+#define _PP_MAX_TENSOR_BYTES ((double)(1ull << 48))
+static int _pp_shape_ok(int64_t rows, int64_t cols, pp_dtype dt) {
+    size_t es = pp_dtype_size(dt);
+    if (rows < 0 || cols < 0 || es == 0) return 0;
+    return (double)rows * (double)cols * (double)es < _PP_MAX_TENSOR_BYTES;
+}
+
 /* >>impl-model */
 pp_result pp_model_check(const pp_model* m, pp_error* err) {
     if (!m) return _pp_fail(err, PP_ERR_INVALID, "model is NULL");
@@ -880,7 +959,7 @@ static pp_result _pp_describe(const pp_model* m, const void* w, int l, const pp_
     out->n = d->n_out;
     for (k = 0; k < d->n_out; k++) {
         const pp_tensor* t = &d->out[k];
-        if (t->rows < 0 || t->cols < 0 || pp_dtype_size(t->dtype) == 0)
+        if (!_pp_shape_ok(t->rows, t->cols, t->dtype))
             return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): output %d has shape [%lld, %lld] dtype %d", l,
                             _pp_layer_name(m, l), k, (long long)t->rows, (long long)t->cols, (int)t->dtype);
         out->t[k] = *t;
@@ -897,6 +976,7 @@ pp_result pp_model_layer_costs(const pp_model* m, const void* weights, const pp_
     pp_result rc;
     int l;
     if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
+    if (!weights) return _pp_fail(err, PP_ERR_INVALID, "weights is NULL (describe reads the layers' parameters)");
     if (!input || input->rows <= 0 || input->cols <= 0 || pp_dtype_size(input->dtype) == 0)
         return _pp_fail(err, PP_ERR_INVALID, "sample input must have rows > 0, cols > 0 and a valid dtype");
     memset(&mb, 0, sizeof mb);
@@ -1131,7 +1211,7 @@ static pp_result _pp_batch_check(const pp_batch* b, pp_error* err) {
     int i;
     if (!b) return _pp_fail(err, PP_ERR_INVALID, "batch is NULL");
     if (b->m <= 0) return _pp_fail(err, PP_ERR_INVALID, "batch needs m > 0 micro-batches (got %d)", b->m);
-    if (b->input.rows <= 0 || b->input.cols <= 0 || pp_dtype_size(b->input.dtype) == 0)
+    if (b->input.rows <= 0 || b->input.cols <= 0 || !_pp_shape_ok(b->input.rows, b->input.cols, b->input.dtype))
         return _pp_fail(err, PP_ERR_INVALID, "batch input must be [rows > 0, cols > 0] of a valid dtype (got [%lld, %lld] dtype %d)",
                         (long long)b->input.rows, (long long)b->input.cols, (int)b->input.dtype);
     if (b->loss != PP_LOSS_MEAN_MICROBATCH && b->loss != PP_LOSS_MEAN_ROWS)
@@ -1464,7 +1544,7 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
     int i, L;
     memset(&plan, 0, sizeof plan);
     if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
-    if (!grads) return _pp_fail(err, PP_ERR_INVALID, "grads is NULL");
+    if (!grads || !weights) return _pp_fail(err, PP_ERR_INVALID, "%s is NULL", grads ? "weights" : "grads");
     if (!b || !b->input.data || !b->targets)
         return _pp_fail(err, PP_ERR_INVALID, "sequential step needs the batch input data and targets");
     L = m->n_layers;
@@ -1864,10 +1944,10 @@ static void _pp_sched_build_zbh1(int p, int m, pp_action* out) {
    so the lists are deadlock-free under any costs. The state is a few counters per stage and
    rank, on the stack: generation allocates nothing. */
 static pp_result _pp_sched_build_zbv(int p, int m, pp_action* out, pp_error* err) {
-    int f_done[2 * PP_MAX_RANKS], b_done[2 * PP_MAX_RANKS], w_done[2 * PP_MAX_RANKS];
+    /* zeroed whole (not only [0, S)): cppcheck cannot see that S = 2p >= 2 */
+    int f_done[2 * PP_MAX_RANKS] = {0}, b_done[2 * PP_MAX_RANKS] = {0}, w_done[2 * PP_MAX_RANKS] = {0};
     int n_app[PP_MAX_RANKS], pick_op[PP_MAX_RANKS], pick_st[PP_MAX_RANKS];
     int S = 2 * p, per = 6 * m, left = p * per, cap = 2 * p, r, st;
-    for (st = 0; st < S; st++) f_done[st] = b_done[st] = w_done[st] = 0;
     for (r = 0; r < p; r++) n_app[r] = 0;
     while (left > 0) {
         int progress = 0;
@@ -2674,6 +2754,69 @@ void pp_timeline_chrome(FILE* f, const pp_event* ev, size_t n, double time_scale
     }
     fprintf(f, "\n],\"displayTimeUnit\":\"ms\"}\n");
 }
+/* >>impl-flight
+   Entries go into a ring; HEARD entries go into heard[] instead (the ring keeps this rank's own
+   actions only), indexed by direction: an activation came from the previous stage's rank, a
+   gradient from the next one's. */
+static void _pp_flight_add(pp_flight* f, const pp_flight_entry* e) {
+    if (e->state == PP_FLIGHT_HEARD) {
+        f->heard[e->a.op == PP_OP_F ? 0 : 1] = *e;
+        return;
+    }
+    f->ring[f->n % PP_FLIGHT_LEN] = *e;
+    f->n++;
+}
+
+const pp_flight_entry* pp_flight_last(const pp_flight* f, int state) {
+    uint64_t i, lo;
+    if (!f || f->n == 0) return NULL;
+    lo = f->n > PP_FLIGHT_LEN ? f->n - PP_FLIGHT_LEN : 0;
+    for (i = f->n; i > lo; i--) {
+        const pp_flight_entry* e = &f->ring[(i - 1) % PP_FLIGHT_LEN];
+        if (state < 0 || e->state == state) return e;
+    }
+    return NULL;
+}
+
+static const char* _pp_flight_state_name(int st) {
+    switch (st) {
+    case PP_FLIGHT_START: return "start";
+    case PP_FLIGHT_DONE: return "done";
+    case PP_FLIGHT_FAILED: return "FAILED";
+    case PP_FLIGHT_HEARD: return "heard";
+    default: return "?";
+    }
+}
+
+/* "F3.0 (stage 1)" into buf. */
+static const char* _pp_flight_act(char* buf, size_t n, const pp_action* a) {
+    snprintf(buf, n, "%c%d.%d (stage %d)", "FBW"[a->op % 3], (int)a->mb, (int)a->chunk, (int)a->stage);
+    return buf;
+}
+
+void pp_flight_print(FILE* out, const pp_flight* f) {
+    uint64_t i, lo;
+    int k;
+    char act[48];
+    if (!out || !f) return;
+    lo = f->n > PP_FLIGHT_LEN ? f->n - PP_FLIGHT_LEN : 0;
+    fprintf(out, "rank %d: flight record, last %llu of %llu entries\n", f->rank, (unsigned long long)(f->n - lo),
+            (unsigned long long)f->n);
+    for (i = lo; i < f->n; i++) {
+        const pp_flight_entry* e = &f->ring[i % PP_FLIGHT_LEN];
+        fprintf(out, "  step %d  %-6s %s", (int)e->step, _pp_flight_state_name(e->state),
+                _pp_flight_act(act, sizeof act, &e->a));
+        if (e->state == PP_FLIGHT_START && e->peer >= 0) fprintf(out, " awaiting rank %d", (int)e->peer);
+        fprintf(out, "  %.6f s ago\n", f->now - e->t);
+    }
+    for (k = 0; k < 2; k++) {
+        const pp_flight_entry* e = &f->heard[k];
+        if (e->t <= 0) continue;
+        fprintf(out, "  last heard from rank %d (%s stage): its %s, step %d, %.6f s ago\n", (int)e->peer,
+                k == 0 ? "previous" : "next", _pp_flight_act(act, sizeof act, &e->a), (int)e->step, f->now - e->t);
+    }
+}
+
 /* >>impl-threads
    Each rank has a mailbox. A send first looks for a matching posted receive and copies straight
    into it; otherwise it copies the bytes into an unexpected message the receive will find later.
@@ -2709,15 +2852,60 @@ typedef struct _pp_tport {
     int rank;
 } _pp_tport;
 
+typedef struct _pp_fslot {
+    pthread_mutex_t mu;
+    pp_flight f;
+} _pp_fslot;
+
 struct pp_threads {
     int n;
     _pp_box* box;
     _pp_tport* ports;
+    _pp_fslot* flight;      /* [n] every rank's flight record, for timeout messages */
     pthread_mutex_t abort_mu;
     int aborted;
     pp_result abort_code;
     char abort_msg[256];
 };
+
+/* Waking a thread asleep on a condition variable costs a futex wake and a reschedule (~5 us
+   here), paid on nearly every hand-off in a busy pipeline. So a wait first watches its posted
+   receive for up to PP_THREADS_SPIN_US microseconds (0 disables it), yielding the core between
+   looks so that more ranks than cores still make progress, and only then sleeps. `done` is
+   written with a release store (under the box lock, as before) and read here with an acquire
+   load, so the received bytes are visible once it reads 1. Compilers without the __atomic
+   builtins skip the spin. */
+#ifndef PP_THREADS_SPIN_US
+#define PP_THREADS_SPIN_US 50
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#include <sched.h>
+#define _PP_POST_DONE_LOAD(p) __atomic_load_n(&(p)->done, __ATOMIC_ACQUIRE)
+#define _PP_POST_DONE_SET(p) __atomic_store_n(&(p)->done, 1, __ATOMIC_RELEASE)
+#define _PP_THREADS_CAN_SPIN 1
+#else
+#define _PP_POST_DONE_LOAD(p) 0
+#define _PP_POST_DONE_SET(p) ((p)->done = 1)
+#define _PP_THREADS_CAN_SPIN 0
+#endif
+
+/* 1 if the receive completed within the spin window, 0 if the caller must block. */
+static int _pp_threads_spin(_pp_post* p) {
+    double limit, t0;
+    int i;
+    if (!_PP_THREADS_CAN_SPIN || PP_THREADS_SPIN_US <= 0) return 0;
+    limit = (double)PP_THREADS_SPIN_US * 1e-6;
+    t0 = _pp_now();
+    for (i = 0;; i++) {
+        if (_PP_POST_DONE_LOAD(p)) return 1;
+        if ((i & 7) == 7) {
+            if (_pp_now() - t0 > limit) return 0;
+#if _PP_THREADS_CAN_SPIN
+            sched_yield();
+#endif
+        }
+    }
+}
 
 static int _pp_threads_aborted(pp_threads* w) {
     int a;
@@ -2736,6 +2924,8 @@ static pp_result _pp_threads_isend(void* self, int peer, int tag, const void* bu
     pp_result rc = PP_OK;
     if (!req || peer < 0 || peer >= w->n || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
+    /* after an abort nothing new is queued: what a stopped step sends would be stale */
+    if (_pp_threads_aborted(w)) return PP_ERR_ABORTED;
     box = &w->box[peer];
     pthread_mutex_lock(&box->mu);
     for (p = box->posted; p; prev = p, p = p->next)
@@ -2750,7 +2940,7 @@ static pp_result _pp_threads_isend(void* self, int peer, int tag, const void* bu
         } else if (bytes) {
             memcpy(p->buf, buf, bytes);
         }
-        p->done = 1;
+        _PP_POST_DONE_SET(p);
         pthread_cond_broadcast(&box->cv);
     } else {
         _pp_msg* msg = (_pp_msg*)PP_MALLOC(sizeof *msg + (bytes ? bytes : 1));
@@ -2839,6 +3029,7 @@ static pp_result _pp_threads_wait(void* self, pp_request* req, double timeout_s,
     _pp_post* p = (_pp_post*)req->impl;
     struct timespec dl, now;
     double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S;
+    if (dt > 1e9) dt = 1e9; /* keeps the deadline inside time_t */
     pp_result rc = PP_OK;
     if (req->done == -1) {
         req->done = 1;
@@ -2854,6 +3045,7 @@ static pp_result _pp_threads_wait(void* self, pp_request* req, double timeout_s,
         dl.tv_sec += 1;
         dl.tv_nsec -= 1000000000L;
     }
+    _pp_threads_spin(p); /* when it returns 1 the loop below does not sleep */
     pthread_mutex_lock(&box->mu);
     while (!p->done) {
         int e;
@@ -2903,6 +3095,71 @@ static pp_result _pp_threads_test(void* self, pp_request* req, int* done) {
     return PP_OK;
 }
 
+/* Withdraws a receive nobody will wait for; a message it already took is dropped with it. */
+static pp_result _pp_threads_cancel(void* self, pp_request* req) {
+    _pp_tport* tp = (_pp_tport*)self;
+    _pp_box* box = &tp->world->box[tp->rank];
+    _pp_post* p = (_pp_post*)req->impl;
+    if (!p) return PP_OK;
+    pthread_mutex_lock(&box->mu);
+    _pp_threads_unpost(box, p);
+    pthread_mutex_unlock(&box->mu);
+    PP_FREE(p);
+    req->impl = NULL;
+    req->done = 1;
+    return PP_OK;
+}
+
+static void _pp_threads_flight_note(void* self, const pp_flight_entry* e) {
+    _pp_tport* tp = (_pp_tport*)self;
+    _pp_fslot* fs = &tp->world->flight[tp->rank];
+    pthread_mutex_lock(&fs->mu);
+    fs->f.rank = tp->rank;
+    _pp_flight_add(&fs->f, e);
+    pthread_mutex_unlock(&fs->mu);
+}
+
+pp_result pp_threads_flight(pp_threads* w, int rank, pp_flight* out) {
+    if (!w || !out || rank < 0 || rank >= w->n) return PP_ERR_INVALID;
+    pthread_mutex_lock(&w->flight[rank].mu);
+    *out = w->flight[rank].f;
+    pthread_mutex_unlock(&w->flight[rank].mu);
+    out->rank = rank;
+    out->now = _pp_now();
+    return PP_OK;
+}
+
+static int _pp_threads_flight_get(void* self, int peer, pp_flight* out) {
+    _pp_tport* tp = (_pp_tport*)self;
+    return pp_threads_flight(tp->world, peer, out) == PP_OK;
+}
+
+void pp_threads_flight_print(FILE* out, pp_threads* w) {
+    pp_flight* f;
+    int r;
+    if (!out || !w) return;
+    f = (pp_flight*)PP_MALLOC(sizeof *f);
+    if (!f) return;
+    for (r = 0; r < w->n; r++)
+        if (pp_threads_flight(w, r, f) == PP_OK) pp_flight_print(out, f);
+    PP_FREE(f);
+}
+
+size_t pp_threads_pending(pp_threads* w) {
+    size_t n = 0;
+    int r;
+    if (!w) return 0;
+    for (r = 0; r < w->n; r++) {
+        _pp_msg* m;
+        _pp_post* p;
+        pthread_mutex_lock(&w->box[r].mu);
+        for (m = w->box[r].unexpected; m; m = m->next) n++;
+        for (p = w->box[r].posted; p; p = p->next) n++;
+        pthread_mutex_unlock(&w->box[r].mu);
+    }
+    return n;
+}
+
 static void _pp_threads_abort(void* self, pp_result why, const char* msg) {
     _pp_tport* tp = (_pp_tport*)self;
     pp_threads* w = tp->world;
@@ -2930,7 +3187,7 @@ static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t coun
     size_t es = pp_dtype_size(dtype), bytes = count * es, j;
     pp_request rq;
     pp_result rc = PP_OK;
-    unsigned char* tmp = NULL;
+    void* tmp = NULL;
     int i, me = -1;
     if (!buf || !ranks || n_ranks <= 0 || !pp_dtype_is_float(dtype) || dtype == PP_F16 || dtype == PP_BF16)
         return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a buffer, ranks and an f32/f64 dtype");
@@ -2946,15 +3203,15 @@ static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t coun
             return _pp_fail(err, rc, "rank %d: all-reduce receive from rank %d", t->rank, ranks[0]);
         return t->wait(t->self, &rq, timeout_s, err);
     }
-    tmp = (unsigned char*)PP_MALLOC(bytes);
+    tmp = PP_MALLOC(bytes);
     if (!tmp) return _pp_fail(err, PP_ERR_NOMEM, "all-reduce buffer of %zu bytes", bytes);
     for (i = 1; i < n_ranks && rc == PP_OK; i++) {
         if ((rc = t->irecv(t->self, ranks[i], _PP_TAG_ALLREDUCE, tmp, bytes, &rq)) != PP_OK) break;
         if ((rc = t->wait(t->self, &rq, timeout_s, err)) != PP_OK) break;
         if (dtype == PP_F32)
-            for (j = 0; j < count; j++) ((float*)buf)[j] += ((float*)tmp)[j];
+            for (j = 0; j < count; j++) ((float*)buf)[j] += ((const float*)tmp)[j];
         else
-            for (j = 0; j < count; j++) ((double*)buf)[j] += ((double*)tmp)[j];
+            for (j = 0; j < count; j++) ((double*)buf)[j] += ((const double*)tmp)[j];
     }
     for (i = 1; i < n_ranks && rc == PP_OK; i++) {
         if ((rc = t->isend(t->self, ranks[i], _PP_TAG_ALLREDUCE + 1, buf, bytes, &rq)) != PP_OK) break;
@@ -2982,9 +3239,11 @@ pp_result pp_threads_create(int n_ranks, pp_threads** out, pp_error* err) {
     if (!w) return _pp_fail(err, PP_ERR_NOMEM, "threads transport");
     w->box = (_pp_box*)_pp_calloc((size_t)n_ranks, sizeof *w->box);
     w->ports = (_pp_tport*)_pp_calloc((size_t)n_ranks, sizeof *w->ports);
-    if (!w->box || !w->ports) {
+    w->flight = (_pp_fslot*)_pp_calloc((size_t)n_ranks, sizeof *w->flight);
+    if (!w->box || !w->ports || !w->flight) {
         PP_FREE(w->box);
         PP_FREE(w->ports);
+        PP_FREE(w->flight);
         PP_FREE(w);
         return _pp_fail(err, PP_ERR_NOMEM, "threads transport mailboxes");
     }
@@ -2995,17 +3254,22 @@ pp_result pp_threads_create(int n_ranks, pp_threads** out, pp_error* err) {
         pthread_cond_init(&w->box[r].cv, NULL);
         w->ports[r].world = w;
         w->ports[r].rank = r;
+        pthread_mutex_init(&w->flight[r].mu, NULL);
+        w->flight[r].f.rank = r;
     }
     *out = w;
     return PP_OK;
 }
 
-/* Drops every message and posted receive still queued (stale after an aborted step). */
+/* Drops every message and posted receive still queued (stale after an aborted step). A stage
+   cancels its own receives when a step fails; a posting left here belongs to a request nobody
+   will wait for (waiting for it after a reset is the caller's bug), so it is freed too. */
 static void _pp_threads_drain(pp_threads* w) {
     int r;
     for (r = 0; r < w->n; r++) {
         _pp_box* b = &w->box[r];
         _pp_msg* m;
+        _pp_post* p;
         pthread_mutex_lock(&b->mu);
         m = b->unexpected;
         while (m) {
@@ -3014,7 +3278,13 @@ static void _pp_threads_drain(pp_threads* w) {
             m = nx;
         }
         b->unexpected = b->unexpected_tail = NULL;
-        /* posted receives belong to their waiters, who free them; none should remain here */
+        p = b->posted;
+        while (p) {
+            _pp_post* nx = p->next;
+            PP_FREE(p);
+            p = nx;
+        }
+        b->posted = b->posted_tail = NULL;
         pthread_mutex_unlock(&b->mu);
     }
 }
@@ -3036,8 +3306,10 @@ void pp_threads_destroy(pp_threads* w) {
     for (r = 0; r < w->n; r++) {
         pthread_mutex_destroy(&w->box[r].mu);
         pthread_cond_destroy(&w->box[r].cv);
+        pthread_mutex_destroy(&w->flight[r].mu);
     }
     pthread_mutex_destroy(&w->abort_mu);
+    PP_FREE(w->flight);
     PP_FREE(w->box);
     PP_FREE(w->ports);
     PP_FREE(w);
@@ -3056,6 +3328,9 @@ pp_transport pp_threads_transport(pp_threads* w, int rank) {
     t.test = _pp_threads_test;
     t.allreduce_sum = _pp_threads_allreduce;
     t.abort = _pp_threads_abort;
+    t.cancel = _pp_threads_cancel;
+    t.flight_note = _pp_threads_flight_note;
+    t.flight_get = _pp_threads_flight_get;
     return t;
 }
 
@@ -3192,6 +3467,9 @@ struct pp_stage {
     int32_t* bc_cu;
     int64_t* bc_msg;
     size_t bc_bytes;
+    /* >>flight: this rank's record, and pp_stage_step calls so far */
+    pp_flight flight;
+    int32_t n_steps;
 };
 
 static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ...) _PP_PRINTF(3, 4);
@@ -3207,10 +3485,171 @@ static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ..
 /* Prefix an error someone else recorded in s->err with rank and action context. */
 static pp_result _pp_stage_wrap(pp_stage* s, pp_result code, const pp_action* a) {
     char tmp[sizeof s->err.msg];
+    const char* inner = tmp;
+    size_t k = strlen(pp_result_str(code));
     memcpy(tmp, s->err.msg, sizeof tmp);
     tmp[sizeof tmp - 1] = 0;
+    if (strncmp(tmp, pp_result_str(code), k) == 0 && tmp[k] == ':' && tmp[k + 1] == ' ') inner += k + 2; /* said once */
     return _pp_fail(&s->err, code, "rank %d at %c%d.%d (stage %d): %s", s->d.rank, "FBW"[a->op % 3], a->mb, a->chunk,
-                    a->stage, tmp);
+                    a->stage, inner);
+}
+
+/* >>impl-stage-flight: what the executor records, and what a timeout message says. */
+static void _pp_stage_note(pp_stage* s, const pp_action* a, int state, int peer) {
+    pp_flight_entry e;
+    memset(&e, 0, sizeof e);
+    e.a = *a;
+    e.state = (int8_t)state;
+    e.peer = (int16_t)peer;
+    e.step = s->n_steps;
+    e.t = _pp_now();
+    _pp_flight_add(&s->flight, &e);
+    if (s->d.transport.flight_note) s->d.transport.flight_note(s->d.transport.self, &e);
+}
+
+/* The rank an action waits for before it can compute (-1: none). */
+static int _pp_awaited(const pp_stage* s, const pp_action* a) {
+    if (a->op == PP_OP_F) return a->stage > 0 ? a->prev_rank : -1;
+    if (a->op == PP_OP_B) return a->stage < s->S - 1 ? a->next_rank : -1;
+    return -1;
+}
+
+/* The received data of action a came from the peer's action: note it as heard. */
+static void _pp_stage_heard(pp_stage* s, const pp_action* a) {
+    pp_action pa;
+    int r, c, peer = _pp_awaited(s, a);
+    if (peer < 0) return;
+    memset(&pa, 0, sizeof pa);
+    pa.op = a->op;
+    pa.mb = a->mb;
+    pa.stage = (int16_t)(a->op == PP_OP_F ? a->stage - 1 : a->stage + 1);
+    pp_schedule_stage_rank(s->d.schedule, pa.stage, &r, &c);
+    pa.chunk = (int8_t)c;
+    pa.prev_rank = pa.next_rank = -1;
+    _pp_stage_note(s, &pa, PP_FLIGHT_HEARD, peer);
+}
+
+/* One "rank r: <last done> <age> ago" item for the timeout message. */
+static void _pp_explain_rank(char* buf, size_t n, const pp_flight* f, int rank, int step, double now) {
+    const pp_flight_entry* e = pp_flight_last(f, PP_FLIGHT_DONE);
+    char act[48];
+    if (!e)
+        snprintf(buf, n, "rank %d: nothing yet", rank);
+    else if (e->step != step)
+        snprintf(buf, n, "rank %d: %s of step %d, %.3g s ago", rank, _pp_flight_act(act, sizeof act, &e->a),
+                 (int)e->step, now - e->t);
+    else
+        snprintf(buf, n, "rank %d: %s %.3g s ago", rank, _pp_flight_act(act, sizeof act, &e->a), now - e->t);
+}
+
+/* Appends to a timeout message the last action each rank completed, the awaited peer first.
+   Where the transport cannot show other ranks' records, says what this rank last did and last
+   heard from the peer. */
+static void _pp_stage_explain(pp_stage* s, int peer) {
+    pp_flight* f = (pp_flight*)PP_MALLOC(sizeof *f);
+    size_t len = strlen(s->err.msg), cap = sizeof s->err.msg;
+    double now = _pp_now();
+    char item[160], act[48];
+    int i, r;
+    if (!f) return;
+    if (s->d.transport.flight_get && peer >= 0 && s->d.transport.flight_get(s->d.transport.self, peer, f)) {
+        snprintf(s->err.msg + len, cap - len, "; last completed: ");
+        for (i = -1; i < s->p; i++) {
+            r = i < 0 ? peer : i;
+            if (i >= 0 && r == peer) continue;
+            if (i >= 0 && !s->d.transport.flight_get(s->d.transport.self, r, f)) continue;
+            _pp_explain_rank(item, sizeof item, f, r, s->n_steps, now);
+            len = strlen(s->err.msg);
+            snprintf(s->err.msg + len, cap - len, "%s%s", i < 0 ? "" : ", ", item);
+        }
+    } else {
+        const pp_flight_entry* h = NULL;
+        _pp_explain_rank(item, sizeof item, &s->flight, s->d.rank, s->n_steps, now);
+        len = strlen(s->err.msg);
+        snprintf(s->err.msg + len, cap - len, "; last completed: %s", item);
+        for (i = 0; i < 2; i++)
+            if (s->flight.heard[i].t > 0 && s->flight.heard[i].peer == peer) h = &s->flight.heard[i];
+        len = strlen(s->err.msg);
+        if (h)
+            snprintf(s->err.msg + len, cap - len, "; last heard from rank %d: its %s, step %d, %.3g s ago", peer,
+                     _pp_flight_act(act, sizeof act, &h->a), (int)h->step, now - h->t);
+        else if (peer >= 0)
+            snprintf(s->err.msg + len, cap - len, "; nothing heard from rank %d yet", peer);
+    }
+    PP_FREE(f);
+}
+
+pp_result pp_stage_flight(const pp_stage* s, pp_flight* out) {
+    if (!s || !out) return PP_ERR_INVALID;
+    *out = s->flight;
+    out->rank = s->d.rank;
+    out->now = _pp_now();
+    return PP_OK;
+}
+
+void pp_stage_flight_print(FILE* out, const pp_stage* s) {
+    pp_flight* f;
+    if (!out || !s) return;
+    f = (pp_flight*)PP_MALLOC(sizeof *f);
+    if (!f) return;
+    pp_stage_flight(s, f);
+    pp_flight_print(out, f);
+    PP_FREE(f);
+}
+
+/* >>impl-stage-finite: the optional NaN/Inf check (pp_stage_desc.check_finite). */
+static int _pp_nonfinite_at(const pp_tensor* t, int64_t* at) {
+    int64_t i, n = t->rows * t->cols;
+    if (!t->data) return 0;
+    switch (t->dtype) {
+    case PP_F32:
+        for (i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, (const unsigned char*)t->data + 4 * i, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u) { *at = i; return 1; }
+        }
+        return 0;
+    case PP_F64:
+        for (i = 0; i < n; i++) {
+            uint64_t u;
+            memcpy(&u, (const unsigned char*)t->data + 8 * i, 8);
+            if ((u & 0x7ff0000000000000ull) == 0x7ff0000000000000ull) { *at = i; return 1; }
+        }
+        return 0;
+    case PP_F16:
+    case PP_BF16: {
+        uint16_t mask = t->dtype == PP_F16 ? 0x7c00u : 0x7f80u;
+        for (i = 0; i < n; i++) {
+            uint16_t u;
+            memcpy(&u, (const unsigned char*)t->data + 2 * i, 2);
+            if ((u & mask) == mask) { *at = i; return 1; }
+        }
+        return 0;
+    }
+    default: return 0;
+    }
+}
+
+/* F: this stage's outputs (or the loss on the last stage); B: the input gradients it sends. */
+static pp_result _pp_check_finite(pp_stage* s, const pp_action* a, const pp_tensor* ts, int n, const float* loss) {
+    int k;
+    int64_t at = 0;
+    char act[48];
+    uint32_t u;
+    if (loss) {
+        memcpy(&u, loss, 4);
+        if ((u & 0x7f800000u) == 0x7f800000u)
+            return _pp_stage_fail(s, PP_ERR_NONFINITE, "at %s: the loss is %g", _pp_flight_act(act, sizeof act, a),
+                                  (double)*loss);
+    }
+    for (k = 0; k < n; k++)
+        if (_pp_nonfinite_at(&ts[k], &at))
+            return _pp_stage_fail(s, PP_ERR_NONFINITE, "at %s: %s %d [%lld x %lld] %s has a NaN or Inf at row %lld, col %lld",
+                                  _pp_flight_act(act, sizeof act, a), a->op == PP_OP_F ? "output" : "input gradient", k,
+                                  (long long)ts[k].rows, (long long)ts[k].cols, pp_dtype_name(ts[k].dtype),
+                                  (long long)(at / (ts[k].cols ? ts[k].cols : 1)),
+                                  (long long)(at % (ts[k].cols ? ts[k].cols : 1)));
+    return PP_OK;
 }
 
 /* Every message of a step has its own tag: (direction, micro-batch, boundary, tensor); the
@@ -3385,7 +3824,7 @@ static pp_result _pp_hdr_to_bnd(pp_stage* s, const pp_action* a, const _pp_hdr* 
         out->t[k].rows = h->t[k][0];
         out->t[k].cols = h->t[k][1];
         out->t[k].dtype = (pp_dtype)h->t[k][2];
-        if (h->t[k][0] < 0 || h->t[k][1] < 0 || pp_dtype_size(out->t[k].dtype) == 0)
+        if (h->t[k][2] < 0 || h->t[k][2] >= PP_DTYPE_COUNT || !_pp_shape_ok(h->t[k][0], h->t[k][1], out->t[k].dtype))
             return _pp_stage_fail(s, PP_ERR_TRANSPORT, "F%d.%d: shape header from rank %d is corrupt (tensor %d)", a->mb,
                                   a->chunk, a->prev_rank, k);
     }
@@ -3515,7 +3954,9 @@ static pp_result _pp_wait_prep(pp_stage* s, _pp_prep* pr, const pp_action* a) {
         pr->req[i].done = 1;
         if (rc != PP_OK) {
             s->st.t_wait += _pp_now() - t0;
-            return _pp_stage_wrap(s, rc, a);
+            rc = _pp_stage_wrap(s, rc, a);
+            if (rc == PP_ERR_TIMEOUT) _pp_stage_explain(s, _pp_awaited(s, a));
+            return rc;
         }
         s->st.bytes_recv += pr->req_bytes[i];
     }
@@ -3671,10 +4112,12 @@ static pp_result _pp_run(pp_stage* s, int idx) {
     pp_result rc;
     double t0;
     _pp_stage_layers(s, a->stage, &la, &lb);
+    _pp_stage_note(s, a, PP_FLIGHT_START, _pp_awaited(s, a));
     if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
     if (a->op == PP_OP_F && a->stage > 0 && (s->d.shapes == PP_SHAPES_PER_MESSAGE || s->d.shapes == PP_SHAPES_AUTO) &&
         (rc = _pp_receive_input(s, a, pr)) != PP_OK)
         return rc;
+    _pp_stage_heard(s, a);
     t0 = _pp_now();
     if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 0);
     if (a->op == PP_OP_W) {
@@ -3710,6 +4153,10 @@ static pp_result _pp_run(pp_stage* s, int idx) {
                                &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
         if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
         if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
+        if (s->d.check_finite &&
+            (rc = _pp_check_finite(s, a, &s->act[(lb - la) * PP_MAX_TENSORS], s->nact[lb - la],
+                                   a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL)) != PP_OK)
+            return rc;
         s->st.t_forward += _pp_now() - t0;
         if (a->stage < s->S - 1 && (rc = _pp_send_output(s, a, blk, la, lb)) != PP_OK) return rc;
     } else {
@@ -3732,6 +4179,10 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         }
         if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
         s->st.t_backward += _pp_now() - t0;
+        if (s->d.check_finite && a->stage > 0 && (rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL)) != PP_OK) {
+            _pp_block_put(s, gws);
+            return rc;
+        }
         if (a->stage > 0) {
             rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
             if (rc != PP_OK) {
@@ -3759,6 +4210,7 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         e->start = t0;
         e->end = _pp_now();
     }
+    _pp_stage_note(s, a, PP_FLIGHT_DONE, -1);
     pr->idx = -1;
     return PP_OK;
 }
@@ -3774,6 +4226,12 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     if (!d) return _pp_fail(err, PP_ERR_INVALID, "stage desc is NULL");
     if ((rc = pp_model_check(&d->model, err)) != PP_OK) return rc;
     if (!d->grads) return _pp_fail(err, PP_ERR_INVALID, "grads is NULL");
+    if (!d->weights) return _pp_fail(err, PP_ERR_INVALID, "weights is NULL (describe reads the layers' parameters)");
+    if (!(d->timeout_s >= 0 && d->timeout_s <= 1e9))
+        return _pp_fail(err, PP_ERR_INVALID, "timeout_s = %g: must be 0 (the default, %g s) or a positive number of seconds up to 1e9",
+                        d->timeout_s, (double)PP_DEFAULT_TIMEOUT_S);
+    if (d->check_finite != 0 && d->check_finite != 1)
+        return _pp_fail(err, PP_ERR_INVALID, "check_finite = %d (0 or 1)", d->check_finite);
     if (!d->schedule || !d->schedule->actions)
         return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL (make one with pp_schedule_make)");
     if (d->rank < 0 || d->rank >= d->schedule->p)
@@ -3783,6 +4241,8 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
         return _pp_fail(err, PP_ERR_INVALID, "unknown shape policy %d", (int)d->shapes);
     if ((d->device.alloc != NULL) != (d->device.free != NULL) || (d->device.alloc != NULL) != (d->device.zero != NULL))
         return _pp_fail(err, PP_ERR_INVALID, "device ops: set alloc, free and zero together, or none of them");
+    if (d->device.alloc && d->check_finite)
+        return _pp_fail(err, PP_ERR_UNSUPPORTED, "check_finite reads activations on the host; device blocks cannot use it");
     if (d->device.alloc && (d->shapes == PP_SHAPES_AUTO || d->shapes == PP_SHAPES_PER_MESSAGE))
         return _pp_fail(err, PP_ERR_UNSUPPORTED,
                         "shape policy %s writes headers into blocks on the host; with device blocks use LOCAL or BROADCAST",
@@ -3835,6 +4295,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     }
     s->prep[0].idx = s->prep[1].idx = -1;
     s->plan.pad = d->shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
+    s->flight.rank = d->rank;
     if (s->d.max_seqs <= 0) s->d.max_seqs = 4096;
     *out = s;
     return PP_OK;
@@ -3875,8 +4336,14 @@ const pp_event* pp_stage_timeline(const pp_stage* s, size_t* n) {
 
 /* After a failure: tell the other ranks, and put every block back so the stage can step again. */
 static void _pp_stage_recover(pp_stage* s) {
-    int i;
+    const pp_transport* t = &s->d.transport;
+    int i, j;
     for (i = 0; i < 2; i++) {
+        /* receives posted for an action that will not run: withdraw them, or a later step's
+           message with the same tag would land in a block that is back in the pool */
+        for (j = 0; j < s->prep[i].n_req && s->prep[i].idx >= 0; j++)
+            if (!s->prep[i].req[j].done && s->prep[i].req[j].impl && t->cancel) t->cancel(t->self, &s->prep[i].req[j]);
+        s->prep[i].n_req = 0;
         if (s->prep[i].blk) {
             s->prep[i].blk->n_req = 0;
             _pp_block_put(s, s->prep[i].blk);
@@ -3959,8 +4426,11 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
     }
     if ((rc = t->irecv(t->self, root, _PP_TAG_BROADCAST, w, bytes, &rq)) != PP_OK)
         return _pp_stage_fail(s, rc, "posting the metadata receive from rank %d", root);
-    if ((rc = t->wait(t->self, &rq, s->d.timeout_s, &s->err)) != PP_OK)
-        return _pp_stage_fail(s, rc, "waiting for the step metadata: %s", s->err.msg);
+    if ((rc = t->wait(t->self, &rq, s->d.timeout_s, &s->err)) != PP_OK) {
+        _pp_stage_fail(s, rc, "waiting for the step metadata: %s", s->err.msg);
+        if (rc == PP_ERR_TIMEOUT) _pp_stage_explain(s, root);
+        return rc;
+    }
     s->st.bytes_recv += bytes;
     if (w[4] < 0 || w[4] > s->d.max_seqs)
         return _pp_stage_fail(s, PP_ERR_TRANSPORT, "step metadata from rank %d is corrupt (%lld sequences)", root,
@@ -3996,7 +4466,7 @@ static int _pp_can_prepare(const pp_stage* s, int idx) {
     return s->live[a->mb * s->v + a->chunk] != NULL;
 }
 
-pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
+static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     const pp_schedule* sc;
     pp_result rc = PP_OK;
     double t_start;
@@ -4006,6 +4476,7 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     memset(&s->st, 0, sizeof s->st);
     s->err.msg[0] = 0;
     s->n_events = 0;
+    s->n_steps++;
     if (!b) return _pp_stage_fail(s, PP_ERR_INVALID, "batch is NULL");
     if (s->d.shapes == PP_SHAPES_BROADCAST && sc->p > 1 && (rc = _pp_broadcast_meta(s, b, &b)) != PP_OK) {
         if (s->d.transport.abort) s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
@@ -4068,6 +4539,7 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     s->st.t_total = _pp_now() - t_start;
     s->st.n_actions = i;
     if (rc != PP_OK) {
+        if (i > 0) _pp_stage_note(s, &s->list[i - 1], PP_FLIGHT_FAILED, -1);
         if (s->d.transport.abort) s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
         _pp_stage_recover(s);
     } else {
@@ -4084,6 +4556,17 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     }
     s->batch = NULL;
     if (stats) *stats = s->st;
+    return rc;
+}
+
+/* Any failure, a rejected batch included, tells the other ranks: they stop waiting for this
+   one and return PP_ERR_ABORTED instead of running into their deadlines. */
+pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
+    pp_result rc;
+    if (!s) return PP_ERR_INVALID;
+    rc = _pp_stage_step_run(s, b, stats);
+    if (rc != PP_OK && rc != PP_ERR_ABORTED && s->d.transport.abort)
+        s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
     return rc;
 }
 

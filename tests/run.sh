@@ -1,10 +1,14 @@
 #!/bin/sh
-# Runs each test binary, echoes its output, and sums the "N passed, N failed" closing lines.
+# Runs each test binary (valgrind:PATH runs PATH under memcheck), echoes its output, and sums the "N passed, N failed" closing lines.
 # TSan needs a fixed address layout on kernels with high ASLR entropy: setarch -R gives it.
 pass=0; fail=0; status=0
 for t in "$@"; do
   case "$t" in
     */tsan-*) if setarch "$(uname -m)" -R true 2>/dev/null; then run="setarch $(uname -m) -R"; else run=""; fi ;;
+    valgrind:*)
+      t="${t#valgrind:}"
+      if ! command -v "${VALGRIND:-valgrind}" >/dev/null 2>&1; then echo "valgrind $t: valgrind not found, skipped"; continue; fi
+      run="${VALGRIND:-valgrind} -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite" ;;
     *) run="" ;;
   esac
   out=$($run "$t" 2>&1); rc=$?

@@ -112,6 +112,18 @@ static void pz_abort(void* self, pp_result why, const char* msg) {
     poison_port* p = (poison_port*)self;
     p->inner.abort(p->inner.self, why, msg);
 }
+static pp_result pz_cancel(void* self, pp_request* req) {
+    poison_port* p = (poison_port*)self;
+    return p->inner.cancel(p->inner.self, req);
+}
+static void pz_flight_note(void* self, const pp_flight_entry* e) {
+    poison_port* p = (poison_port*)self;
+    p->inner.flight_note(p->inner.self, e);
+}
+static int pz_flight_get(void* self, int peer, pp_flight* out) {
+    poison_port* p = (poison_port*)self;
+    return p->inner.flight_get(p->inner.self, peer, out);
+}
 static pp_transport poison_transport(poison_port* p, pp_transport inner) {
     pp_transport t = inner;
     memset(p, 0, sizeof *p);
@@ -122,6 +134,9 @@ static pp_transport poison_transport(poison_port* p, pp_transport inner) {
     t.wait = pz_wait;
     t.test = inner.test ? pz_test : NULL;
     t.abort = inner.abort ? pz_abort : NULL;
+    t.cancel = inner.cancel ? pz_cancel : NULL;
+    t.flight_note = inner.flight_note ? pz_flight_note : NULL;
+    t.flight_get = inner.flight_get ? pz_flight_get : NULL;
     return t;
 }
 

@@ -207,6 +207,76 @@ static void test_batches(void) {
     fixture_free(&f);
 }
 
+/* --- the validation audit: inputs the first version let through ---------------------------- */
+static int g_huge;
+static void huge_describe(const void* w, int l, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
+    mlp_describe(w, l, mb, in, n_in, d);
+    if (l == 2 && g_huge) {
+        d->out[0].rows = (int64_t)1 << 40; /* 2^40 x 2^20 f32: 2^62 bytes */
+        d->out[0].cols = (int64_t)1 << 20;
+    }
+}
+
+static void test_validation_audit(void) {
+    fixture f;
+    pp_stage_desc d;
+    pp_stage* st = NULL;
+    pp_batch b;
+    pp_error err;
+    float loss;
+    pp_model model = mlp_model_desc();
+    pp_tensor sample;
+    double cost[MLP_DEPTH + 1];
+    fixture_init(&f, 2);
+    d = desc_for(&f, 0);
+    d.timeout_s = -1;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "negative timeout");
+    d.timeout_s = NAN;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NaN timeout");
+    d.timeout_s = 1e300;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "timeout beyond time_t");
+    d = desc_for(&f, 0);
+    d.weights = NULL;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL weights");
+    d = desc_for(&f, 0);
+    d.check_finite = 2;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "check_finite out of range");
+    d = desc_for(&f, 0);
+    d.shapes = (pp_shape_policy)9;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "unknown shape policy");
+    d = desc_for(&f, 0);
+    d.max_seqs = -3;
+    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "negative max_seqs");
+    CHECK(st == NULL, "no stage on error");
+    EXPECT_ERR(pp_sequential_step(&model, NULL, &f.g, &f.b, &loss, ERR), PP_ERR_INVALID, "sequential: NULL weights");
+    sample.data = NULL;
+    sample.rows = 4;
+    sample.cols = IN;
+    sample.dtype = PP_F32;
+    EXPECT_ERR(pp_model_layer_costs(&model, NULL, &sample, cost, NULL, ERR), PP_ERR_INVALID, "layer costs: NULL weights");
+    /* a batch whose byte count would overflow */
+    b = f.b;
+    b.input.rows = (int64_t)1 << 40;
+    b.input.cols = (int64_t)1 << 30;
+    EXPECT_ERR(pp_sequential_step(&model, &f.w, &f.g, &b, &loss, ERR), PP_ERR_INVALID, "input of 2^70 elements");
+    b = f.b;
+    b.input.dtype = (pp_dtype)42;
+    EXPECT_ERR(pp_sequential_step(&model, &f.w, &f.g, &b, &loss, ERR), PP_ERR_INVALID, "input of an unknown dtype");
+    /* describe giving a shape of 2^62 bytes */
+    model.describe = huge_describe;
+    g_huge = 1;
+    EXPECT_ERR(pp_sequential_step(&model, &f.w, &f.g, &f.b, &loss, ERR), PP_ERR_INVALID, "describe: 2^62-byte output");
+    g_huge = 0;
+    /* split weights */
+    b = f.b;
+    b.split = PP_SPLIT_COST;
+    b.split_a = NAN;
+    model = mlp_model_desc();
+    EXPECT_ERR(pp_sequential_step(&model, &f.w, &f.g, &b, &loss, ERR), PP_ERR_INVALID, "NaN split weight");
+    memset(&err, 0, sizeof err);
+    fixture_free(&f);
+}
+
 /* --- the transport: size mismatches and a peer that never sends -------------------------- */
 static void test_transport(void) {
     pp_threads* w;
@@ -304,6 +374,7 @@ int main(void) {
     test_partition_args();
     test_stage_desc();
     test_batches();
+    test_validation_audit();
     test_transport();
     test_failing_layer();
     return TEST_DONE("errors");

@@ -1,0 +1,419 @@
+/* tests/test_reliability.c - what a hang or a failure tells you, and what it leaves behind.
+
+   Covers: the flight record (every rank's recent actions; a timeout names this rank, the action,
+   the awaited peer, and the last action each rank completed; the same with a transport that
+   cannot see other ranks, from what this rank last heard); the NaN/Inf check (PP_ERR_NONFINITE
+   on the checking rank, PP_ERR_ABORTED elsewhere, and a negative control without it); a failed
+   step leaves no posted receive and, after pp_threads_reset, no message behind, and the next step
+   equals the sequential reference bit for bit; a rejected batch on one rank stops the others. */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline.h"
+#include "../examples/mlp.h"
+#include "test.h"
+
+#include <time.h>
+
+#define ROWS 24
+#define IN 4
+#define CLASSES 3
+#define MAXP 3
+static const int DIMS[MLP_DEPTH + 1] = {IN, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, CLASSES};
+
+static void sleep_s(double s) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    nanosleep(&ts, NULL);
+}
+
+/* Layer hooks a test arms: stall (sleep) or fail or poison one (rank's layer, micro-batch). */
+static int g_stall_layer = -1, g_stall_mb = -1;
+static double g_stall_s = 0;
+static int g_fail_layer = -1, g_fail_mb = -1;
+static int g_nan_layer = -1, g_nan_mb = -1;
+
+static int hooked_forward(const void* w, int l, pp_layer_io* io) {
+    int rc;
+    if (l == g_stall_layer && io->mb->index == g_stall_mb) sleep_s(g_stall_s);
+    if (l == g_fail_layer && io->mb->index == g_fail_mb) return 7;
+    rc = mlp_forward(w, l, io);
+    if (rc == 0 && l == g_nan_layer && io->mb->index == g_nan_mb && io->n_out > 0)
+        ((float*)io->out[0].data)[io->out[0].cols + 1] = NAN; /* row 1, col 1 */
+    return rc;
+}
+
+static void hooks_off(void) {
+    g_stall_layer = g_stall_mb = g_fail_layer = g_fail_mb = g_nan_layer = g_nan_mb = -1;
+    g_stall_s = 0;
+}
+
+typedef struct world {
+    int p, m;
+    mlp_model w, g[MAXP];
+    float* wbuf;
+    float* gbuf[MAXP];
+    float x[ROWS * IN];
+    int32_t y[ROWS];
+    pp_batch b;
+    pp_action acts[256];
+    pp_schedule sched;
+    int first[MAXP + 1];
+    pp_threads* threads;
+    pp_stage* st[MAXP];
+    pp_result rc[MAXP];
+    char msg[MAXP][512];
+    double t_ret[MAXP]; /* seconds from the run's start to each rank's return */
+    double t0;
+} world;
+
+/* flight: 1 the threads transport's record hooks, 0 none (as a multi-process transport). */
+static void world_init(world* W, int p, int m, double timeout_s, int flight, int check_finite) {
+    pp_error err;
+    int r;
+    memset(W, 0, sizeof *W);
+    W->p = p;
+    W->m = m;
+    W->wbuf = mlp_init(&W->w, NULL, DIMS, 11, NULL);
+    for (r = 0; r < p; r++) {
+        mlp_model unused;
+        float* wb = mlp_init(&unused, &W->g[r], DIMS, 11, &W->gbuf[r]);
+        free(wb);
+    }
+    mlp_make_data(W->x, W->y, ROWS, IN, CLASSES, 3, 4);
+    W->b.m = m;
+    W->b.input.data = W->x;
+    W->b.input.rows = ROWS;
+    W->b.input.cols = IN;
+    W->b.input.dtype = PP_F32;
+    W->b.targets = W->y;
+    W->b.target_row_bytes = sizeof(int32_t);
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, p, 1, m, W->acts, 256, &W->sched, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_partition_uniform(MLP_DEPTH + 1, p, W->first, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_threads_create(p, &W->threads, &err) == PP_OK, "%s", err.msg);
+    for (r = 0; r < p; r++) {
+        pp_stage_desc d;
+        memset(&d, 0, sizeof d);
+        d.model = mlp_model_desc();
+        d.model.forward = hooked_forward;
+        d.weights = &W->w;
+        d.grads = &W->g[r];
+        d.schedule = &W->sched;
+        d.partition = W->first;
+        d.rank = r;
+        d.transport = pp_threads_transport(W->threads, r);
+        if (!flight) d.transport.flight_note = NULL, d.transport.flight_get = NULL;
+        d.timeout_s = timeout_s;
+        d.check_finite = (check_finite >> r) & 1;
+        CHECK(pp_stage_create(&d, &W->st[r], &err) == PP_OK, "%s", err.msg);
+    }
+}
+
+static void world_free(world* W) {
+    int r;
+    for (r = 0; r < W->p; r++) {
+        pp_stage_destroy(W->st[r]);
+        free(W->gbuf[r]);
+    }
+    free(W->wbuf);
+    pp_threads_destroy(W->threads);
+}
+
+static pp_result rank_step(int rank, void* user) {
+    world* W = (world*)user;
+    W->rc[rank] = pp_stage_step(W->st[rank], &W->b, NULL);
+    W->t_ret[rank] = _pp_now() - W->t0;
+    snprintf(W->msg[rank], sizeof W->msg[rank], "%s", pp_stage_error(W->st[rank]));
+    return W->rc[rank];
+}
+
+static void world_step(world* W) {
+    pp_error err;
+    W->t0 = _pp_now();
+    pp_threads_run(W->p, rank_step, W, &err);
+}
+
+/* Gradients summed over ranks (each rank writes only its own layers) against the reference. */
+static int world_grads_equal_reference(world* W) {
+    mlp_model wref, g;
+    float* gb = NULL;
+    float* wb = mlp_init(&wref, &g, DIMS, 11, &gb); /* g: the layout, over zeroed gb */
+    pp_model model = mlp_model_desc();
+    pp_error err;
+    float loss;
+    size_t n = mlp_param_count(DIMS), i;
+    int r, same;
+    float* sum = (float*)calloc(n, sizeof(float));
+    CHECK(pp_sequential_step(&model, &W->w, &g, &W->b, &loss, &err) == PP_OK, "%s", err.msg);
+    for (r = 0; r < W->p; r++)
+        for (i = 0; i < n; i++) sum[i] += W->gbuf[r][i];
+    same = memcmp(sum, gb, n * sizeof(float)) == 0;
+    free(sum);
+    free(gb);
+    free(wb);
+    return same;
+}
+
+static void zero_grads(world* W) {
+    int r;
+    for (r = 0; r < W->p; r++) memset(W->gbuf[r], 0, mlp_param_count(DIMS) * sizeof(float));
+}
+
+static int posted_receives(pp_threads* t) {
+    int r, n = 0;
+    for (r = 0; r < t->n; r++) {
+        _pp_post* p;
+        pthread_mutex_lock(&t->box[r].mu);
+        for (p = t->box[r].posted; p; p = p->next) n++;
+        pthread_mutex_unlock(&t->box[r].mu);
+    }
+    return n;
+}
+
+/* --- a peer that stalls: the timeout names everything --------------------------------------- */
+static void test_timeout_flight(int flight) {
+    world W;
+    pp_flight f;
+    const pp_flight_entry* e;
+    const double deadline = 0.25;
+    char buf[8192];
+    FILE* tmp;
+    size_t n;
+    world_init(&W, 2, 4, deadline, flight, 0);
+    /* rank 0 (F0 F1 B0 F2 ...) stalls in its first layer on micro-batch 2 for 4 deadlines:
+       rank 1 (F0 B0 F1 B1 F2 ...) times out waiting for F2.0's activation */
+    hooks_off();
+    g_stall_layer = 0;
+    g_stall_mb = 2;
+    g_stall_s = 4 * deadline;
+    world_step(&W);
+    CHECK(W.rc[1] == PP_ERR_TIMEOUT, "rank 1: %s (%s)", pp_result_str(W.rc[1]), W.msg[1]);
+    CHECK(strstr(W.msg[1], "rank 1 at F2.0 (stage 1)") != NULL, "names this rank and the action: %s", W.msg[1]);
+    CHECK(strstr(W.msg[1], "for rank 0") != NULL, "names the peer: %s", W.msg[1]);
+    if (flight) {
+        CHECK(strstr(W.msg[1], "last completed: rank 0: B0.0 (stage 0)") != NULL,
+              "names the peer's last completed action: %s", W.msg[1]);
+        CHECK(strstr(W.msg[1], "rank 1: B1.0 (stage 1)") != NULL, "and this rank's: %s", W.msg[1]);
+    } else {
+        CHECK(strstr(W.msg[1], "last completed: rank 1: B1.0 (stage 1)") != NULL, "this rank's last action: %s",
+              W.msg[1]);
+        CHECK(strstr(W.msg[1], "last heard from rank 0: its F1.0 (stage 0)") != NULL, "what it last heard: %s",
+              W.msg[1]);
+    }
+    CHECK(W.rc[0] == PP_ERR_ABORTED, "the stalled rank is told when it wakes: %s (%s)", pp_result_str(W.rc[0]),
+          W.msg[0]);
+    /* rank 1's own record: ... B1 done, F2 started awaiting rank 0, F2 failed */
+    CHECK(pp_stage_flight(W.st[1], &f) == PP_OK, "stage flight");
+    e = pp_flight_last(&f, -1);
+    CHECK(e && e->state == PP_FLIGHT_FAILED && e->a.op == PP_OP_F && e->a.mb == 2, "last entry: F2 failed");
+    e = pp_flight_last(&f, PP_FLIGHT_START);
+    CHECK(e && e->a.mb == 2 && e->peer == 0 && e->step == 1, "F2 started awaiting rank 0 in step 1");
+    if (e) {
+        /* from the start of the wait (the flight record's timestamp) to the step's return */
+        double waited = W.t0 + W.t_ret[1] - e->t;
+        CHECK(waited >= 0.95 * deadline && waited < 2 * deadline, "rank 1 waited %.3f s for a %.2f s deadline", waited,
+              deadline);
+    }
+    e = pp_flight_last(&f, PP_FLIGHT_DONE);
+    CHECK(e && e->a.op == PP_OP_B && e->a.mb == 1, "last done B1");
+    CHECK(f.heard[0].peer == 0 && f.heard[0].a.mb == 1 && f.heard[0].a.stage == 0, "heard rank 0's F1");
+    /* printed on demand */
+    tmp = tmpfile();
+    if (tmp) {
+        if (flight)
+            pp_threads_flight_print(tmp, W.threads);
+        else
+            pp_stage_flight_print(tmp, W.st[1]);
+        rewind(tmp);
+        n = fread(buf, 1, sizeof buf - 1, tmp);
+        buf[n] = 0;
+        fclose(tmp);
+        CHECK(strstr(buf, "rank 1: flight record") && strstr(buf, "FAILED F2.0 (stage 1)"), "printed record:\n%s", buf);
+        CHECK(!flight || strstr(buf, "rank 0: flight record"), "every rank printed:\n%s", buf);
+        CHECK(strstr(buf, "last heard from rank 0 (previous stage): its F1.0 (stage 0)") != NULL, "heard:\n%s", buf);
+    }
+    /* the next step, after reset, is clean and exact */
+    hooks_off();
+    pp_threads_reset(W.threads);
+    CHECK(pp_threads_pending(W.threads) == 0, "nothing pending after reset");
+    zero_grads(&W);
+    world_step(&W);
+    CHECK(W.rc[0] == PP_OK && W.rc[1] == PP_OK, "step after a timeout: %s / %s", W.msg[0], W.msg[1]);
+    CHECK(world_grads_equal_reference(&W), "gradients after a timed-out step equal the reference");
+    world_free(&W);
+}
+
+/* --- a failure mid-pipeline leaves no stale posting, and no message after reset ------------ */
+static void test_no_stale(int cancel) {
+    world W;
+    int r, posted;
+    world_init(&W, 3, 6, 5, 1, 0);
+    if (!cancel)
+        for (r = 0; r < 3; r++) pp_stage_destroy(W.st[r]), W.st[r] = NULL;
+    if (!cancel) {
+        /* negative control: a transport without cancel leaves the middle rank's posting */
+        pp_error err;
+        for (r = 0; r < 3; r++) {
+            pp_stage_desc d;
+            memset(&d, 0, sizeof d);
+            d.model = mlp_model_desc();
+            d.model.forward = hooked_forward;
+            d.weights = &W.w;
+            d.grads = &W.g[r];
+            d.schedule = &W.sched;
+            d.partition = W.first;
+            d.rank = r;
+            d.transport = pp_threads_transport(W.threads, r);
+            d.transport.cancel = NULL;
+            d.timeout_s = 5;
+            CHECK(pp_stage_create(&d, &W.st[r], &err) == PP_OK, "%s", err.msg);
+        }
+    }
+    /* rank 0 (F0 F1 F2 B0 ...) stalls in F2; the loss layer (rank 2) fails on micro-batch 0:
+       rank 1 (F0 F1 B0 F2 ...) is then waiting for B0's gradient with the receive of F2's
+       activation posted, and is aborted */
+    hooks_off();
+    g_stall_layer = 0;
+    g_stall_mb = 2;
+    g_stall_s = 0.2;
+    g_fail_layer = MLP_DEPTH;
+    g_fail_mb = 0;
+    world_step(&W);
+    CHECK(W.rc[2] == PP_ERR_LAYER, "failing rank: %s", W.msg[2]);
+    CHECK(W.rc[0] == PP_ERR_ABORTED && W.rc[1] == PP_ERR_ABORTED, "others told: %s / %s", W.msg[0], W.msg[1]);
+    posted = posted_receives(W.threads);
+    if (cancel) {
+        /* until the user resets, every step stops at once instead of mixing with the old one */
+        double t = _pp_now();
+        hooks_off();
+        world_step(&W);
+        t = _pp_now() - t;
+        CHECK(W.rc[0] == PP_ERR_ABORTED && W.rc[1] == PP_ERR_ABORTED && W.rc[2] == PP_ERR_ABORTED && t < 2,
+              "a step before the reset: %s / %s / %s in %.2f s", W.msg[0], W.msg[1], W.msg[2], t);
+        zero_grads(&W);
+    }
+    if (cancel) {
+        CHECK(posted == 0, "a failed step leaves %d posted receives", posted);
+    } else {
+        CHECK(posted > 0, "negative control: without cancel a posting stays behind (%d)", posted);
+    }
+    pp_threads_reset(W.threads);
+    CHECK(pp_threads_pending(W.threads) == 0, "reset leaves %zu messages", pp_threads_pending(W.threads));
+    hooks_off();
+    zero_grads(&W);
+    world_step(&W);
+    CHECK(W.rc[0] == PP_OK && W.rc[1] == PP_OK && W.rc[2] == PP_OK, "next step: %s / %s / %s", W.msg[0], W.msg[1],
+          W.msg[2]);
+    CHECK(world_grads_equal_reference(&W), "gradients of the step after an abort equal the reference");
+    CHECK(pp_threads_pending(W.threads) == 0, "a clean step leaves nothing queued");
+    world_free(&W);
+}
+
+/* --- NaN/Inf check ----------------------------------------------------------------------------- */
+static void test_nonfinite(void) {
+    world W;
+    /* rank 0 checks; its last layer writes a NaN on micro-batch 2 */
+    world_init(&W, 2, 4, 5, 1, 1);
+    hooks_off();
+    g_nan_layer = W.first[1] - 1;
+    g_nan_mb = 2;
+    world_step(&W);
+    CHECK(W.rc[0] == PP_ERR_NONFINITE, "checking rank: %s (%s)", pp_result_str(W.rc[0]), W.msg[0]);
+    CHECK(strstr(W.msg[0], "F2.0 (stage 0)") && strstr(W.msg[0], "row 1, col 1"), "names action and place: %s",
+          W.msg[0]);
+    CHECK(W.rc[1] == PP_ERR_ABORTED, "other rank: %s (%s)", pp_result_str(W.rc[1]), W.msg[1]);
+    hooks_off();
+    pp_threads_reset(W.threads);
+    zero_grads(&W);
+    world_step(&W);
+    CHECK(W.rc[0] == PP_OK && W.rc[1] == PP_OK, "next step: %s / %s", W.msg[0], W.msg[1]);
+    CHECK(world_grads_equal_reference(&W), "after a NaN step the next equals the reference");
+    world_free(&W);
+
+    /* rank 1 checks (the loss): the NaN from rank 0 reaches it */
+    world_init(&W, 2, 4, 5, 1, 2);
+    g_nan_layer = 0;
+    g_nan_mb = 3;
+    world_step(&W);
+    CHECK(W.rc[1] == PP_ERR_NONFINITE && strstr(W.msg[1], "F3.0"), "last stage: %s", W.msg[1]);
+    CHECK(W.rc[0] == PP_ERR_ABORTED, "first stage told: %s", W.msg[0]);
+    world_free(&W);
+
+    /* negative control: nobody checks, the step "succeeds" with a NaN loss */
+    world_init(&W, 2, 4, 5, 1, 0);
+    g_nan_layer = 0;
+    g_nan_mb = 3;
+    world_step(&W);
+    CHECK(W.rc[0] == PP_OK && W.rc[1] == PP_OK, "unchecked: the step runs (%s / %s)", W.msg[0], W.msg[1]);
+    hooks_off();
+    world_free(&W);
+}
+
+/* --- a batch one rank rejects stops the others at once ------------------------------------- */
+static pp_result rank_step_bad1(int rank, void* user) {
+    world* W = (world*)user;
+    pp_batch b = W->b;
+    if (rank == 1) b.targets = NULL; /* the last stage needs targets */
+    W->rc[rank] = pp_stage_step(W->st[rank], &b, NULL);
+    W->t_ret[rank] = _pp_now() - W->t0;
+    snprintf(W->msg[rank], sizeof W->msg[rank], "%s", pp_stage_error(W->st[rank]));
+    return W->rc[rank];
+}
+
+static void test_rejected_batch(void) {
+    world W;
+    pp_error err;
+    world_init(&W, 2, 4, 30, 1, 0);
+    hooks_off();
+    W.t0 = _pp_now();
+    pp_threads_run(2, rank_step_bad1, &W, &err);
+    CHECK(W.rc[1] == PP_ERR_INVALID, "rejecting rank: %s", W.msg[1]);
+    CHECK(W.rc[0] == PP_ERR_ABORTED && W.t_ret[0] < 5, "other rank told in %.2f s (deadline 30): %s", W.t_ret[0],
+          W.msg[0]);
+    pp_threads_reset(W.threads);
+    zero_grads(&W);
+    world_step(&W);
+    CHECK(W.rc[0] == PP_OK && W.rc[1] == PP_OK, "next step: %s / %s", W.msg[0], W.msg[1]);
+    CHECK(world_grads_equal_reference(&W), "equal to the reference");
+    world_free(&W);
+}
+
+/* --- BROADCAST: the root never sends the step metadata ------------------------------------ */
+static void test_broadcast_timeout(void) {
+    world W;
+    pp_stage_desc d;
+    pp_stage* st;
+    pp_error err;
+    pp_result rc;
+    double t;
+    world_init(&W, 2, 4, 0.2, 1, 0);
+    memset(&d, 0, sizeof d);
+    d.model = mlp_model_desc();
+    d.weights = &W.w;
+    d.grads = &W.g[1];
+    d.schedule = &W.sched;
+    d.partition = W.first;
+    d.rank = 1;
+    d.transport = pp_threads_transport(W.threads, 1);
+    d.timeout_s = 0.2;
+    d.shapes = PP_SHAPES_BROADCAST;
+    CHECK(pp_stage_create(&d, &st, &err) == PP_OK, "%s", err.msg);
+    t = _pp_now();
+    rc = pp_stage_step(st, &W.b, NULL); /* rank 0 never steps */
+    t = _pp_now() - t;
+    CHECK(rc == PP_ERR_TIMEOUT && t < 0.4, "%s after %.3f s: %s", pp_result_str(rc), t, pp_stage_error(st));
+    CHECK(strstr(pp_stage_error(st), "step metadata") && strstr(pp_stage_error(st), "rank 0: nothing yet"),
+          "names what it waited for: %s", pp_stage_error(st));
+    pp_stage_destroy(st);
+    world_free(&W);
+}
+
+int main(void) {
+    test_timeout_flight(1);
+    test_timeout_flight(0);
+    test_no_stale(1);
+    test_no_stale(0);
+    test_nonfinite();
+    test_rejected_batch();
+    test_broadcast_timeout();
+    return TEST_DONE("reliability");
+}
