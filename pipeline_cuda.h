@@ -351,20 +351,13 @@ static void _ppc_copy(pp_cuda* c, _ppc_msg* m) {
     pthread_mutex_unlock(&c->mu);
 }
 
-/* The sender's side is over once the copy is enqueued: later work on its stream (a reused
-   block) waits for the copy that reads the buffer. Sender's thread only. */
+/* The sender's side is over once the copy is enqueued. The copy may still read the block: the
+   message stays on the rank's `reading` list, and the stream waits for the copy only when the
+   block is reused (_ppc_reuse), so the sender never idles for its receiver. Sender's thread. */
 static pp_result _ppc_send_finish(_ppc_rank* me, _ppc_msg* m) {
     pp_cuda* c = me->c;
     pp_result rc = m->rc;
-    if (rc == PP_OK && !m->s_host && m->ec && m->rbytes > 0) {
-        cudaError_t e = cudaStreamWaitEvent(me->stream, m->ec, 0);
-        if (e != cudaSuccess) {
-            _ppc_note(me, e, "cudaStreamWaitEvent(copy done, on the sender's stream)");
-            rc = PP_ERR_TRANSPORT;
-        }
-    } else if (rc != PP_OK) {
-        snprintf(me->err, sizeof me->err, "%s", m->emsg);
-    }
+    if (rc != PP_OK) snprintf(me->err, sizeof me->err, "%s", m->emsg);
     pthread_mutex_lock(&c->mu);
     m->send_done = 1;
     if (rc == PP_OK && !m->s_host && m->ec && m->rbytes > 0) {

@@ -369,7 +369,55 @@ static void test_transport_errors(void) {
     }
 }
 
+/* A sent block reused while its copy still waits: the receiver's stream is busy, so the copy
+   (which waits for the receiver's earlier work) runs late; the sender completes its send,
+   reuses the block (the device ops' reuse hook) and overwrites it on its stream. The receiver
+   must still get the bytes as they were sent. */
+static void busy_50ms(void* u) {
+    struct timespec d = {0, 50000000};
+    (void)u;
+    nanosleep(&d, NULL);
+}
+static void test_reuse_waits_for_copy(void) {
+    pp_cuda* c = NULL;
+    pp_cuda_desc cd;
+    pp_error err;
+    pp_transport t0, t1;
+    pp_device_ops o0;
+    pp_request rs, rr;
+    unsigned char *x = NULL, *y = NULL;
+    int i, bad = 0;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 2;
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    t0 = pp_cuda_transport(c, 0);
+    t1 = pp_cuda_transport(c, 1);
+    o0 = pp_cuda_device_ops(c, 0);
+    cudaMalloc((void**)&x, 4096);
+    cudaMalloc((void**)&y, 4096);
+    memset(x, 7, 4096);
+    memset(y, 0, 4096);
+    cudaLaunchHostFunc(pp_cuda_stream(c, 1), busy_50ms, NULL);
+    CHECK(t1.irecv(t1.self, 0, 1, y, 4096, &rr) == PP_OK, "irecv");
+    CHECK(t0.isend(t0.self, 1, 1, x, 4096, &rs) == PP_OK, "isend");
+    CHECK(t0.wait(t0.self, &rs, 5, &err) == PP_OK, "%s", err.msg);
+    o0.reuse(o0.user, x, 4096);
+    cudaMemsetAsync(x, 9, 4096, pp_cuda_stream(c, 0));
+    CHECK(t1.wait(t1.self, &rr, 5, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
+    for (i = 0; i < 4096; i++) bad += y[i] != 7;
+    CHECK(bad == 0, "%d received bytes were overwritten by the sender's reuse before the copy", bad);
+    CHECK(x[0] == 9, "the reuse write did not happen");
+    cudaFree(x);
+    cudaFree(y);
+    pp_cuda_destroy(c);
+}
+
 int main(void) {
+    test_reuse_waits_for_copy();
     test_transport_errors();
     test_equal();
     return TEST_DONE("cuda-host");
