@@ -12,7 +12,7 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
@@ -21,7 +21,8 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test run run-gpt bench bench-peers check-cuda check-cxx check-c lint fuzz soak valgrind clean
+.PHONY: all test run run-gpt bench bench-peers check-cuda check-cxx check-c lint fuzz soak valgrind clean \
+        cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
 
@@ -54,6 +55,11 @@ $(B)/asan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 
 $(B)/tsan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 	$(CLANG) $(BASE) -O1 -g -fsanitize=thread $< -o $@ $(LDLIBS)
+
+# pipeline_cuda.h on the host: tests/fakecuda imitates the CUDA runtime (streams as threads).
+FAKE_CUDA = $(B)/test_cuda_host $(B)/clang-test_cuda_host $(B)/asan-test_cuda_host $(B)/tsan-test_cuda_host
+$(FAKE_CUDA): BASE += -Itests/fakecuda
+$(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h
 
 $(B)/cxx-check.o: tests/cxx_check.cc $(HEADERS) | $(B)
 	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -c $< -o $@
@@ -145,11 +151,55 @@ $(B)/peers_ours: bench/peers/ours.c $(HEADERS) | $(B)
 bench-peers: $(B)/peers_ours
 	$(PYTHON) bench/peers/run_peers.py --ours $(B)/peers_ours $(PEERS_ARGS)
 
-# CUDA: every header must compile under nvcc (host C++), even on machines without a GPU.
+# CUDA: every header must compile under nvcc (host C++), even on machines without a GPU;
+# pipeline_cuda.h also as C99 (gcc, CUDA include path). `make cuda` builds every .cu.
+CUDA_HOME ?= /usr/local/cuda
+NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+            -Xcompiler -Wall,-Wextra,-Werror
+CUDA_BINS = $(B)/test_cuda $(B)/gpt_cuda $(B)/bubble_cuda
+CUDA_HDRS = pipeline.h pipeline_cuda.h
+
+$(B)/test_cuda: tests/test_cuda.cu tests/test.h $(CUDA_HDRS) | $(B)
+	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
+
+$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_data.h $(CUDA_HDRS) | $(B)
+	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
+
+$(B)/bubble_cuda: bench/bubble_cuda.cu $(CUDA_HDRS) | $(B)
+	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
+
 check-cuda: | $(B)
 	@if command -v $(NVCC) >/dev/null 2>&1; then \
-	  $(NVCC) -std=c++17 -x cu -I. -c tests/cxx_check.cc -o $(B)/nvcc-check.o && echo "check-cuda: headers compile under nvcc"; \
+	  $(NVCC) -std=c++17 -x cu -I. -c tests/cxx_check.cc -o $(B)/nvcc-check.o && \
+	  $(NVCC) -std=c++17 -x cu -I. -DPIPELINE_IMPLEMENTATION -Xcompiler -Wall,-Wextra,-Werror -c pipeline_cuda.h -o $(B)/nvcc-cuda-check.o && \
+	  $(CC) $(BASE) -isystem $(CUDA_HOME)/include -DPIPELINE_IMPLEMENTATION -x c -c pipeline_cuda.h -o $(B)/cuda-c99-check.o && \
+	  $(CXX) -std=c++11 -Wall -Wextra -Werror -I. -isystem $(CUDA_HOME)/include -DPIPELINE_IMPLEMENTATION -x c++ -c pipeline_cuda.h -o $(B)/cuda-cxx-check.o && \
+	  $(MAKE) --no-print-directory cuda && \
+	  $(B)/test_cuda && \
+	  $(B)/gpt_cuda --cpu --check -p 4 -m 4 --steps 3 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8 > $(B)/gpt_cuda_cpu.log && \
+	  tail -1 $(B)/gpt_cuda_cpu.log && \
+	  $(B)/gpt_cuda --cpu --gradcheck -m 1 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 4 && \
+	  echo "check-cuda: headers compile under nvcc and C99, all CUDA code builds, its host paths pass"; \
 	else echo "check-cuda: nvcc not found, skipped"; fi
+
+cuda: $(CUDA_BINS)
+
+# GPU tests: built with nvcc, run only where a GPU answers (the binary's --probe), else skipped.
+test-cuda: | $(B)
+	@if ! command -v $(NVCC) >/dev/null 2>&1; then echo "test-cuda: nvcc not found, skipped"; exit 0; fi; \
+	$(MAKE) --no-print-directory $(B)/test_cuda $(B)/gpt_cuda || exit 1; \
+	if $(B)/test_cuda --probe; then sh tests/run.sh $(B)/test_cuda && $(B)/gpt_cuda --check; \
+	else echo "test-cuda: no CUDA GPU here, GPU tests skipped (make cuda still builds them)"; fi
+
+# compute-sanitizer over the GPU tests (small configuration): memcheck, racecheck, initcheck, synccheck.
+sanitize-cuda: $(B)/test_cuda
+	@if ! $(B)/test_cuda --probe; then echo "sanitize-cuda: no CUDA GPU here, skipped"; exit 0; fi; \
+	for tool in memcheck racecheck initcheck synccheck; do \
+	  compute-sanitizer --tool $$tool --error-exitcode 1 $(B)/test_cuda --quick || exit 1; done
+
+bench-cuda: $(B)/bubble_cuda $(B)/gpt_cuda $(B)/test_cuda
+	@if ! $(B)/test_cuda --probe 2>/dev/null && ! nvidia-smi -L >/dev/null 2>&1; then echo "bench-cuda: no CUDA GPU here, skipped"; exit 0; fi; \
+	$(B)/bubble_cuda && $(B)/gpt_cuda --bench
 
 clean:
 	rm -rf $(B)

@@ -89,7 +89,8 @@
    Schedule generation writes into the caller's array (pp_schedule_size tells how large). The
    simulator and partitioner take scratch from PP_MALLOC and free it before returning. A stage
    allocates at create time and keeps a pool of stash blocks that grows to the schedule's peak
-   live activations and is reused, so the steady state does not allocate.
+   live activations and is reused, so the steady state does not allocate. pp_stage_desc.device
+   (pp_device_ops) moves the pool elsewhere, e.g. GPU memory (pipeline_cuda.h); NULL is host.
 
    ERRORS
    Every function that can fail returns pp_result (PP_OK == 0). Pure functions take an optional
@@ -229,6 +230,8 @@ typedef struct pp_layer_io {
     void* saved;                        /* saved_bytes of scratch kept from forward to backward */
     size_t saved_bytes;
     float loss;                         /* loss layer forward: this micro-batch's loss */
+    void* ctx;                          /* pp_stage_desc.layer_ctx (e.g. the rank's CUDA stream);
+                                           NULL under pp_sequential_step */
 } pp_layer_io;
 
 /* What describe() returns for one layer on one micro-batch. */
@@ -732,6 +735,28 @@ typedef enum pp_shape_policy {
     PP_SHAPES_AUTO
 } pp_shape_policy;
 
+/* Where a stage keeps its blocks (stashes, received activations, gradient workspaces).
+   All NULL, the default: host memory from PP_MALLOC, zeroed with memset. Set alloc, free and
+   zero (all three) to keep them elsewhere, e.g. in GPU memory (pipeline_cuda.h's
+   pp_cuda_device_ops): the library then never touches block bytes itself, it only hands
+   pointers to the layers and the transport. Blocks are pooled and reused across steps, so
+   alloc runs only while the pool grows (the first step, or a step with larger micro-batches).
+   Blocks outside host memory need PP_SHAPES_LOCAL or PP_SHAPES_BROADCAST: AUTO and PER_MESSAGE
+   write shape trailers into blocks on the host, and pp_stage_create refuses them with
+   PP_ERR_UNSUPPORTED. */
+typedef struct pp_device_ops {
+    void* (*alloc)(void* user, size_t bytes);               /* NULL when out of memory */
+    void (*free)(void* user, void* ptr);
+    pp_result (*zero)(void* user, void* ptr, size_t bytes); /* a gradient workspace, before its B */
+    /* Optional: called around the layer calls of every action, phase 0 before and 1 after;
+       idx is the action's index in this rank's list (pipeline_cuda.h records timing events). */
+    void (*mark)(void* user, const pp_action* a, int idx, int phase);
+    /* Optional: a pooled block [ptr, ptr + bytes) is about to be used again, before anything is
+       enqueued on it (pipeline_cuda.h makes the stream wait for copies still reading it). */
+    void (*reuse)(void* user, void* ptr, size_t bytes);
+    void* user;
+} pp_device_ops;
+
 typedef struct pp_stage_desc {
     pp_model model;
     const void* weights;
@@ -747,6 +772,8 @@ typedef struct pp_stage_desc {
     int check_finite;           /* 1: after every F check this stage's outputs and loss, after
                                    every B its input gradients, for NaN/Inf: PP_ERR_NONFINITE
                                    here, PP_ERR_ABORTED on the other ranks */
+    pp_device_ops device;       /* block memory; all NULL = host memory (see pp_device_ops) */
+    void* layer_ctx;            /* handed to every layer call as io->ctx */
 } pp_stage_desc;
 
 typedef struct pp_step_stats {
@@ -1499,7 +1526,7 @@ static pp_tensor _pp_input_view(const pp_batch* b, const pp_microbatch* mb) {
 
 static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_microbatch* mb, int a, int b,
                                    const pp_tensor* act, const int* nact, void* const* saved, const size_t* saved_bytes,
-                                   float* loss, pp_error* err) {
+                                   float* loss, void* ctx, pp_error* err) {
     pp_layer_io io;
     int l, rc;
     for (l = a; l < b; l++) {
@@ -1512,6 +1539,7 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
         memcpy(io.out, &act[(l - a + 1) * PP_MAX_TENSORS], sizeof io.out);
         io.saved = saved[l - a];
         io.saved_bytes = saved_bytes[l];
+        io.ctx = ctx;
         if ((rc = m->forward(w, l, &io)) != 0)
             return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) forward returned %d on micro-batch %d", l,
                             _pp_layer_name(m, l), rc, mb->index);
@@ -1522,7 +1550,7 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
 
 static pp_result _pp_backward_range(const pp_model* m, const void* w, void* g, const pp_microbatch* mb, int a, int b,
                                     const pp_tensor* act, const int* nact, const pp_tensor* dact, void* const* saved,
-                                    const size_t* saved_bytes, pp_error* err) {
+                                    const size_t* saved_bytes, void* ctx, pp_error* err) {
     pp_layer_io io;
     int l, rc;
     for (l = b - 1; l >= a; l--) {
@@ -1537,6 +1565,7 @@ static pp_result _pp_backward_range(const pp_model* m, const void* w, void* g, c
         memcpy(io.d_out, &dact[(l - a + 1) * PP_MAX_TENSORS], sizeof io.d_out);
         io.saved = saved[l - a];
         io.saved_bytes = saved_bytes[l];
+        io.ctx = ctx;
         if ((rc = m->backward(w, g, l, &io)) != 0)
             return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) backward returned %d on micro-batch %d", l,
                             _pp_layer_name(m, l), rc, mb->index);
@@ -1547,7 +1576,7 @@ static pp_result _pp_backward_range(const pp_model* m, const void* w, void* g, c
 /* W: weight gradients of layers [a, b) from the same io backward saw (model->weight_grad set). */
 static pp_result _pp_wgrad_range(const pp_model* m, const void* w, void* g, const pp_microbatch* mb, int a, int b,
                                  const pp_tensor* act, const int* nact, const pp_tensor* dact, void* const* saved,
-                                 const size_t* saved_bytes, pp_error* err) {
+                                 const size_t* saved_bytes, void* ctx, pp_error* err) {
     pp_layer_io io;
     int l, rc;
     for (l = b - 1; l >= a; l--) {
@@ -1562,6 +1591,7 @@ static pp_result _pp_wgrad_range(const pp_model* m, const void* w, void* g, cons
         memcpy(io.d_out, &dact[(l - a + 1) * PP_MAX_TENSORS], sizeof io.d_out);
         io.saved = saved[l - a];
         io.saved_bytes = saved_bytes[l];
+        io.ctx = ctx;
         if ((rc = m->weight_grad(w, g, l, &io)) != 0)
             return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) weight_grad returned %d on micro-batch %d", l,
                             _pp_layer_name(m, l), rc, mb->index);
@@ -1616,14 +1646,14 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
         act[0] = _pp_input_view(b, &plan.mbs[i]);
         _pp_grad_carve(&plan, i, 0, L, 0, gws, dact);
         if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, &plan.saved[(size_t)i * L],
-                                    &mb_loss[i], err)) != PP_OK)
+                                    &mb_loss[i], NULL, err)) != PP_OK)
             goto cleanup;
         if ((rc = _pp_backward_range(m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
-                                     &plan.saved[(size_t)i * L], err)) != PP_OK)
+                                     &plan.saved[(size_t)i * L], NULL, err)) != PP_OK)
             goto cleanup;
         /* split backward: the weight gradients of this micro-batch after all its input gradients */
         if (m->weight_grad && (rc = _pp_wgrad_range(m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
-                                                    &plan.saved[(size_t)i * L], err)) != PP_OK)
+                                                    &plan.saved[(size_t)i * L], NULL, err)) != PP_OK)
             goto cleanup;
         PP_FREE(stash);
         PP_FREE(gws);
@@ -1690,21 +1720,21 @@ pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads,
             for (l = 0; l < L; l++) {
                 double t0 = _pp_now();
                 rc = _pp_forward_range(m, weights, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                       saved + l, sb, &loss, err);
+                                       saved + l, sb, &loss, NULL, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0) t_f[l] += _pp_now() - t0;
             }
             for (l = L - 1; l >= 0; l--) {
                 double t0 = _pp_now();
                 rc = _pp_backward_range(m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                        dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, err);
+                                        dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, NULL, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0) t_b[l] += _pp_now() - t0;
             }
             for (l = L - 1; m->weight_grad && l >= 0; l--) {
                 double t0 = _pp_now();
                 rc = _pp_wgrad_range(m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                     dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, err);
+                                     dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, NULL, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0 && t_w) t_w[l] += _pp_now() - t0;
             }
@@ -3899,6 +3929,56 @@ static int _pp_tag(const pp_stage* s, int dir, int mb, int boundary_stage, int k
 }
 #define _PP_TAG_BROADCAST 0x7ffffff4
 
+/* A block whose data lives where pp_stage_desc.device says (its header stays on the host). */
+static _pp_block* _pp_block_new_dev(pp_stage* s, size_t bytes) {
+    _pp_block* b = (_pp_block*)PP_MALLOC(sizeof(_pp_block));
+    if (!b) return NULL;
+    memset(b, 0, sizeof *b);
+    b->cap = bytes;
+    b->data = (unsigned char*)s->d.device.alloc(s->d.device.user, bytes ? bytes : 1);
+    if (!b->data) {
+        PP_FREE(b);
+        return NULL;
+    }
+    return b;
+}
+
+static void _pp_block_free(pp_stage* s, _pp_block* b) {
+    if (b && s->d.device.free && b->data) s->d.device.free(s->d.device.user, b->data);
+    PP_FREE(b);
+}
+
+/* Device blocks: a transport whose sends complete only once the receiver posted (pipeline_cuda.h)
+   leaves blocks retiring for as long as the receiver's host thread takes to get there, a race
+   between host threads. So the best fit is chosen among free AND retiring blocks, as if every
+   send had completed at once (what the host path sees), and a retiring choice is waited for
+   (up to _PP_RETIRE_WAIT_S): the pool then grows the same way every step instead of with the
+   timing. A timeout only means the pool grows; the wait is bounded, so it cannot deadlock.
+   Returns the retiring block if it fits better than `limit` (the best free block's cap, 0 if
+   none), else NULL. */
+#ifndef _PP_RETIRE_WAIT_S
+#define _PP_RETIRE_WAIT_S 1.0
+#endif
+static _pp_block* _pp_block_wait_retiring(pp_stage* s, size_t bytes, size_t limit) {
+    _pp_block **bp, **bestp = NULL, *b;
+    int i;
+    for (bp = &s->retiring; (b = *bp) != NULL; bp = &b->next)
+        if (b->cap >= bytes && (!limit || b->cap < limit) && (!bestp || b->cap < (*bestp)->cap)) bestp = bp;
+    if (!bestp) return NULL;
+    b = *bestp;
+    for (i = 0; i < b->n_req; i++)
+        if (!b->req[i].done) {
+            pp_error scratch;
+            if (s->d.transport.wait(s->d.transport.self, &b->req[i], _PP_RETIRE_WAIT_S, &scratch) != PP_OK) return NULL;
+            b->req[i].done = 1;
+        }
+    /* the wait may have unlinked nothing, but list order is unchanged: bestp is still valid */
+    *bestp = b->next;
+    b->next = NULL;
+    b->n_req = 0;
+    return b;
+}
+
 static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
     _pp_block *b, *best = NULL, **bp, **bestp = NULL;
     for (bp = &s->pool; (b = *bp) != NULL; bp = &b->next)
@@ -3906,12 +3986,18 @@ static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
             best = b;
             bestp = bp;
         }
+    if (s->d.device.alloc && (b = _pp_block_wait_retiring(s, bytes, best ? best->cap : 0)) != NULL) {
+        if (s->d.device.reuse) s->d.device.reuse(s->d.device.user, b->data, b->cap);
+        return b;
+    }
     if (best) {
         *bestp = best->next;
         best->next = NULL;
         best->n_req = 0;
+        if (s->d.device.reuse) s->d.device.reuse(s->d.device.user, best->data, best->cap);
         return best;
     }
+    if (s->d.device.alloc) return _pp_block_new_dev(s, bytes);
     b = (_pp_block*)PP_MALLOC(sizeof(_pp_block) + 64 + (bytes ? bytes : 1));
     if (!b) return NULL;
     memset(b, 0, sizeof *b);
@@ -3967,10 +4053,10 @@ static pp_result _pp_reap(pp_stage* s, int wait_all) {
     return rc;
 }
 
-static void _pp_free_blocks(_pp_block* b) {
+static void _pp_free_blocks(pp_stage* s, _pp_block* b) {
     while (b) {
         _pp_block* nx = b->next;
-        PP_FREE(b);
+        _pp_block_free(s, b);
         b = nx;
     }
 }
@@ -4104,7 +4190,12 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
         bytes = _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, NULL, NULL);
         if (!(pr->blk = _pp_block_get(s, bytes)))
             return _pp_stage_fail(s, PP_ERR_NOMEM, "gradient workspace of %zu bytes for B%d.%d", bytes, a->mb, a->chunk);
-        memset(pr->blk->data, 0, bytes);
+        if (!s->d.device.zero) {
+            memset(pr->blk->data, 0, bytes);
+        } else if (s->d.device.zero(s->d.device.user, pr->blk->data, bytes) != PP_OK) {
+            return _pp_stage_fail(s, PP_ERR_TRANSPORT, "zeroing the gradient workspace of B%d.%d (%zu bytes)", a->mb,
+                                  a->chunk, bytes);
+        }
         if (a->stage < s->S - 1) {
             const _pp_bnd* bd = _pp_plan_bnd(&s->plan, a->mb, lb);
             size_t off = 0;
@@ -4298,6 +4389,7 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         return rc;
     _pp_stage_heard(s, a);
     t0 = _pp_now();
+    if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 0);
     if (a->op == PP_OP_W) {
         /* deferred weight gradients: B left its stash and workspace in place (a no-op when B did
            them, because the schedule has no W or the model no weight_grad) */
@@ -4308,7 +4400,7 @@ static pp_result _pp_run(pp_stage* s, int idx) {
             if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
             _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
             rc = _pp_wgrad_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
-                                 sb, &s->err);
+                                 sb, s->d.layer_ctx, &s->err);
             if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
             s->live[slot] = s->wlive[slot] = NULL;
             s->n_live--;
@@ -4316,6 +4408,7 @@ static pp_result _pp_run(pp_stage* s, int idx) {
             _pp_block_put(s, stash);
             _pp_block_put(s, gws);
         }
+        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
         s->st.t_backward += _pp_now() - t0;
     } else if (a->op == PP_OP_F) {
         _pp_block* blk = pr->blk;
@@ -4327,8 +4420,9 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         s->live_bytes += blk->cap;
         if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
         rc = _pp_forward_range(&s->d.model, s->d.weights, mb, la, lb, s->act, s->nact, s->saved, sb,
-                               &s->mb_loss[a->mb], &s->err);
+                               &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
         if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
         if (s->d.check_finite &&
             (rc = _pp_check_finite(s, a, &s->act[(lb - la) * PP_MAX_TENSORS], s->nact[lb - la],
                                    a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL)) != PP_OK)
@@ -4344,15 +4438,16 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
         _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
         rc = _pp_backward_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact,
-                                s->saved, sb, &s->err);
+                                s->saved, sb, s->d.layer_ctx, &s->err);
         /* a split model on a schedule without W: the weight gradients now */
         if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
             rc = _pp_wgrad_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
-                                 sb, &s->err);
+                                 sb, s->d.layer_ctx, &s->err);
         if (rc != PP_OK) {
             _pp_block_put(s, gws);
             return _pp_stage_wrap(s, rc, a);
         }
+        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
         s->st.t_backward += _pp_now() - t0;
         if (s->d.check_finite && a->stage > 0 && (rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL)) != PP_OK) {
             _pp_block_put(s, gws);
@@ -4414,6 +4509,14 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     if ((rc = pp_partition_check(d->partition, d->model.n_layers, d->schedule->n_stages, err)) != PP_OK) return rc;
     if (d->shapes < PP_SHAPES_LOCAL || d->shapes > PP_SHAPES_AUTO)
         return _pp_fail(err, PP_ERR_INVALID, "unknown shape policy %d", (int)d->shapes);
+    if ((d->device.alloc != NULL) != (d->device.free != NULL) || (d->device.alloc != NULL) != (d->device.zero != NULL))
+        return _pp_fail(err, PP_ERR_INVALID, "device ops: set alloc, free and zero together, or none of them");
+    if (d->device.alloc && d->check_finite)
+        return _pp_fail(err, PP_ERR_UNSUPPORTED, "check_finite reads activations on the host; device blocks cannot use it");
+    if (d->device.alloc && (d->shapes == PP_SHAPES_AUTO || d->shapes == PP_SHAPES_PER_MESSAGE))
+        return _pp_fail(err, PP_ERR_UNSUPPORTED,
+                        "shape policy %s writes headers into blocks on the host; with device blocks use LOCAL or BROADCAST",
+                        d->shapes == PP_SHAPES_AUTO ? "AUTO" : "PER_MESSAGE");
     if (d->max_seqs < 0 || d->max_seqs > (1 << 28))
         return _pp_fail(err, PP_ERR_INVALID, "max_seqs = %d (0 for the default, at most 2^28)", d->max_seqs);
     if (d->schedule->p > 1) {
@@ -4471,14 +4574,14 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
 void pp_stage_destroy(pp_stage* s) {
     int i;
     if (!s) return;
-    for (i = 0; i < 2; i++) PP_FREE(s->prep[i].blk);
+    for (i = 0; i < 2; i++) _pp_block_free(s, s->prep[i].blk);
     if (s->live)
-        for (i = 0; i < s->live_cap; i++) PP_FREE(s->live[i]);
+        for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->live[i]);
     if (s->wlive)
-        for (i = 0; i < s->live_cap; i++) PP_FREE(s->wlive[i]);
+        for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->wlive[i]);
     PP_FREE(s->wlive);
-    _pp_free_blocks(s->pool);
-    _pp_free_blocks(s->retiring);
+    _pp_free_blocks(s, s->pool);
+    _pp_free_blocks(s, s->retiring);
     _pp_plan_free(&s->plan);
     PP_FREE(s->live);
     PP_FREE(s->mb_loss);

@@ -1,0 +1,343 @@
+/* bench/bubble_cuda.cu - how close the CUDA backend gets to the schedule's ideal, on one GPU.
+
+   Part 1: stages made of spin kernels. Each layer's forward spins one thread block (so it holds
+   one SM) for F microseconds of GPU time, its backward for 2F: the stages of all ranks really
+   run at the same time on one GPU, and the step can be compared with the simulator's ideal
+   makespan for the same schedule and the same F/B times (transfers cost 0 in the ideal).
+   Measured = the step's span on the CUDA event timeline (first action start to last action
+   end), averaged over steps after warm-up. GPipe, 1F1B and interleaved (v = 2, F/2 per chunk)
+   at p in {4, 8}, m in {8, 32}. Goal: measured / ideal <= 1.03.
+
+   Part 2: activation copy bandwidth through the library's transport (isend/irecv/wait between
+   two ranks, event-ordered device copies) against a raw cudaMemcpyAsync of the same bytes,
+   4 KiB .. 256 MiB, nccl-tests style, with a #wrong column from checking every byte moved. With
+   two GPUs the same again between GPU 0 and GPU 1 (peer copies).
+
+     build/bubble_cuda [--f-us 1000] [--steps 5] [--quick]
+
+   Exit code 1 only if data moved wrongly (#wrong) or a run failed; the ratios are reported. */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline_cuda.h"
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- spin stages ------------------------------------------------------------------------------ */
+__device__ static inline unsigned long long gtimer(void) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+/* one block, one thread: busy for ns nanoseconds of GPU time, then touches the output */
+__global__ void k_spin(long long ns, float* out) {
+    unsigned long long t0 = gtimer();
+    while ((long long)(gtimer() - t0) < ns) {
+    }
+    if (out) out[0] = 1.0f;
+}
+
+typedef struct spin_params {
+    int last;                   /* the loss layer: no output */
+} spin_params;
+
+typedef struct spin_ctx {
+    cudaStream_t st;
+    long long f_ns, b_ns;       /* per layer */
+} spin_ctx;
+
+#define ROWS 256
+#define COLS 256
+
+static int spin_fwd(const spin_params* p, pp_layer_io* io) {
+    const spin_ctx* cx = (const spin_ctx*)io->ctx;
+    k_spin<<<1, 1, 0, cx->st>>>(cx->f_ns, p->last ? (float*)NULL : (float*)io->out[0].data);
+    return cudaGetLastError() == cudaSuccess ? 0 : 9;
+}
+static int spin_bwd(const spin_params* p, spin_params* g, pp_layer_io* io) {
+    const spin_ctx* cx = (const spin_ctx*)io->ctx;
+    (void)p;
+    (void)g;
+    k_spin<<<1, 1, 0, cx->st>>>(cx->b_ns, (float*)io->d_in[0].data);
+    return cudaGetLastError() == cudaSuccess ? 0 : 9;
+}
+static void spin_desc(const spin_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
+    (void)mb;
+    (void)in;
+    (void)n_in;
+    d->n_out = p->last ? 0 : 1;
+    d->out[0].rows = ROWS;
+    d->out[0].cols = COLS;
+    d->out[0].dtype = PP_F32;
+    d->cost = 1;
+}
+#define MAX_STAGES 16
+#define SPIN_LAYERS(X) X(spin, spin_params, spin_fwd, spin_bwd, spin_desc, MAX_STAGES)
+PP_MODEL(spinm, SPIN_LAYERS)
+
+typedef struct srun {
+    pp_stage* st[PP_MAX_RANKS];
+    const pp_batch* b;
+    pp_cuda* c;
+    pp_result rc[PP_MAX_RANKS];
+} srun;
+
+static pp_result srank(int rank, void* user) {
+    srun* R = (srun*)user;
+    pp_error err;
+    pp_result rc = pp_cuda_bind(R->c, rank, &err);
+    if (rc == PP_OK) rc = pp_stage_step(R->st[rank], R->b, NULL);
+    return R->rc[rank] = rc;
+}
+
+/* One configuration: returns 0 and fills measured/ideal (seconds), or 1. */
+static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int steps, double* measured, double* ideal,
+                    double* bub_meas, double* bub_sim) {
+    static srun R;
+    static spinm_model w, g;
+    static spin_ctx cx[PP_MAX_RANKS];
+    pp_cuda_desc cd;
+    pp_cuda_step_info info;
+    pp_sim_result* sim = (pp_sim_result*)calloc(1, sizeof *sim);
+    pp_sim_cost cost;
+    pp_schedule sched;
+    pp_error err;
+    pp_batch b;
+    size_t n = pp_schedule_size(kind, p, v, m);
+    pp_action* acts = (pp_action*)malloc(sizeof(pp_action) * (n ? n : 1));
+    int S = p * v, first[MAX_STAGES + 1], r, rc = 1;
+    float* x = NULL;
+    double sum = 0;
+    int counted = 0;
+    long long f_ns = (long long)(f_us * 1000.0 / v), b_ns = 2 * f_ns;
+    memset(&R, 0, sizeof R);
+    if (!sim || !acts || S > MAX_STAGES || pp_schedule_make(kind, p, v, m, acts, n, &sched, &err) != PP_OK) goto done;
+    /* the model has exactly S layers, one per stage; the last one is the loss */
+    for (int l = 0; l < MAX_STAGES; l++) w.spin[l].last = l == S - 1;
+    for (int s = 0; s <= S; s++) first[s] = s;
+    memset(&cost, 0, sizeof cost);
+    cost.f = (double)f_ns * 1e-9;
+    cost.b = (double)b_ns * 1e-9;
+    if (pp_simulate(&sched, &cost, sim, NULL, &err) != PP_OK) goto done;
+    *ideal = sim->makespan;
+    *bub_sim = sim->bubble;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = p;
+    cd.timeline = 1;
+    if (pp_cuda_create(&cd, &R.c, &err) != PP_OK) {
+        fprintf(stderr, "pp_cuda_create: %s\n", err.msg);
+        goto done;
+    }
+    if (cudaMalloc(&x, sizeof(float) * ROWS * COLS * (size_t)m) != cudaSuccess) goto done;
+    memset(&b, 0, sizeof b);
+    b.m = m;
+    b.input.data = x;
+    b.input.rows = (int64_t)ROWS * m;
+    b.input.cols = COLS;
+    b.input.dtype = PP_F32;
+    b.targets = x; /* the loss layer reads nothing */
+    b.target_row_bytes = 4;
+    R.b = &b;
+    for (r = 0; r < p; r++) {
+        pp_stage_desc d;
+        pp_model model = spinm_model_desc();
+        model.n_layers = S;
+        cx[r].st = pp_cuda_stream(R.c, r);
+        cx[r].f_ns = f_ns;
+        cx[r].b_ns = b_ns;
+        memset(&d, 0, sizeof d);
+        d.model = model;
+        d.weights = &w;
+        d.grads = &g;
+        d.schedule = &sched;
+        d.partition = first;
+        d.rank = r;
+        d.transport = pp_cuda_transport(R.c, r);
+        d.device = pp_cuda_device_ops(R.c, r);
+        d.layer_ctx = &cx[r];
+        d.timeout_s = 60;
+        if (pp_stage_create(&d, &R.st[r], &err) != PP_OK) {
+            fprintf(stderr, "stage %d: %s\n", r, err.msg);
+            goto done;
+        }
+    }
+    for (int s = 0; s < steps + 1; s++) {
+        if (pp_cuda_step_begin(R.c, &err) != PP_OK) goto done;
+        if (pp_threads_run(p, srank, &R, &err) != PP_OK) {
+            for (r = 0; r < p; r++)
+                if (R.rc[r] != PP_OK) fprintf(stderr, "rank %d: %s\n", r, pp_stage_error(R.st[r]));
+            goto done;
+        }
+        if (pp_cuda_step_end(R.c, &info, &err) != PP_OK) {
+            fprintf(stderr, "step_end: %s\n", err.msg);
+            goto done;
+        }
+        if (s == 0) continue; /* warm-up: the pool grows, events are created */
+        sum += info.span;
+        *bub_meas = info.bubble;
+        counted++;
+    }
+    *measured = counted ? sum / counted : 0;
+    rc = 0;
+done:
+    for (r = 0; r < p; r++) pp_stage_destroy(R.st[r]);
+    if (R.c) pp_cuda_destroy(R.c);
+    if (x) cudaFree(x);
+    free(acts);
+    free(sim);
+    return rc;
+}
+
+/* ---- copy bandwidth ------------------------------------------------------------------------ */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+__global__ void k_fill(unsigned int* p, size_t n, unsigned int seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = (unsigned int)(i * 2654435761u) ^ seed;
+}
+__global__ void k_verify(const unsigned int* p, size_t n, unsigned int seed, unsigned long long* wrong) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long bad = 0;
+    for (; i < n; i += (size_t)gridDim.x * blockDim.x) bad += p[i] != ((unsigned int)(i * 2654435761u) ^ seed);
+    if (bad) atomicAdd(wrong, bad); /* a count, not a gradient: order does not matter */
+}
+
+/* Library vs raw copies of `bytes` from rank 0 (device d0) to rank 1 (device d1). */
+static int copy_row(pp_cuda* c, int d0, int d1, size_t bytes, int iters, double* t_lib, double* t_raw, unsigned long long* wrong) {
+    void *src = NULL, *dst = NULL;
+    unsigned long long* dw = NULL;
+    pp_transport t0 = pp_cuda_transport(c, 0), t1 = pp_cuda_transport(c, 1);
+    cudaStream_t s0 = pp_cuda_stream(c, 0), s1 = pp_cuda_stream(c, 1);
+    pp_error err;
+    size_t words = bytes / 4;
+    int rc = 1;
+    cudaSetDevice(d0);
+    if (cudaMalloc(&src, bytes) != cudaSuccess) goto out;
+    k_fill<<<256, 256, 0, s0>>>((unsigned int*)src, words, 77u);
+    if (cudaStreamSynchronize(s0) != cudaSuccess) goto out;
+    cudaSetDevice(d1);
+    if (cudaMalloc(&dst, bytes) != cudaSuccess || cudaMalloc(&dw, sizeof *dw) != cudaSuccess ||
+        cudaMemset(dst, 0, bytes) != cudaSuccess || cudaMemset(dw, 0, sizeof *dw) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess)
+        goto out;
+    for (int pass = 0; pass < 2; pass++) {
+        double t = 0;
+        for (int it = -1; it < iters; it++) { /* it = -1: warm-up */
+            double a = now_s();
+            if (pass == 0) {
+                pp_request rs, rr;
+                if (t0.isend(t0.self, 1, it & 1023, src, bytes, &rs) != PP_OK ||
+                    t1.irecv(t1.self, 0, it & 1023, dst, bytes, &rr) != PP_OK ||
+                    t1.wait(t1.self, &rr, 30, &err) != PP_OK || t0.wait(t0.self, &rs, 30, &err) != PP_OK)
+                    goto out;
+                cudaSetDevice(d1);
+                if (cudaStreamSynchronize(s1) != cudaSuccess) goto out;
+            } else {
+                cudaSetDevice(d1);
+                if ((d0 == d1 ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s1)
+                              : cudaMemcpyPeerAsync(dst, d1, src, d0, bytes, s1)) != cudaSuccess ||
+                    cudaStreamSynchronize(s1) != cudaSuccess)
+                    goto out;
+            }
+            if (it >= 0) t += now_s() - a;
+        }
+        if (pass == 0) {
+            /* check what the library moved */
+            cudaSetDevice(d1);
+            k_verify<<<256, 256, 0, s1>>>((const unsigned int*)dst, words, 77u, dw);
+            if (cudaMemcpy(wrong, dw, sizeof *wrong, cudaMemcpyDeviceToHost) != cudaSuccess) goto out;
+            *t_lib = t / iters;
+        } else {
+            *t_raw = t / iters;
+        }
+    }
+    rc = 0;
+out:
+    cudaSetDevice(d0);
+    if (src) cudaFree(src);
+    cudaSetDevice(d1);
+    if (dst) cudaFree(dst);
+    if (dw) cudaFree(dw);
+    return rc;
+}
+
+static int copy_table(int d0, int d1, int quick) {
+    pp_cuda* c = NULL;
+    pp_cuda_desc cd;
+    pp_error err;
+    int devs[2] = {d0, d1}, fails = 0;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 2;
+    cd.devices = devs;
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        fprintf(stderr, "pp_cuda_create: %s\n", err.msg);
+        return 1;
+    }
+    printf("\n# activation copies GPU %d -> GPU %d: library (isend/irecv/wait, event-ordered) vs raw %s\n", d0, d1,
+           d0 == d1 ? "cudaMemcpyAsync" : "cudaMemcpyPeerAsync");
+    printf("%12s %8s %12s %10s %12s %10s %8s %8s\n", "size (B)", "iters", "lib (us)", "lib GB/s", "raw (us)", "raw GB/s",
+           "lib/raw", "#wrong");
+    for (size_t bytes = 4096; bytes <= ((size_t)256 << 20); bytes *= quick ? 16 : 4) {
+        int iters = bytes <= (1 << 20) ? 200 : bytes <= (32 << 20) ? 40 : 10;
+        double tl = 0, tr = 0;
+        unsigned long long wrong = 0;
+        if (copy_row(c, d0, d1, bytes, iters, &tl, &tr, &wrong)) {
+            printf("%12zu  failed: %s\n", bytes, pp_cuda_error(c, 1));
+            fails++;
+            continue;
+        }
+        printf("%12zu %8d %12.2f %10.2f %12.2f %10.2f %8.3f %8llu\n", bytes, iters, 1e6 * tl, bytes / tl / 1e9, 1e6 * tr,
+               bytes / tr / 1e9, tl / tr, wrong);
+        if (wrong) fails++;
+    }
+    pp_cuda_destroy(c);
+    printf("# copies: %s\n", fails ? "FAILED" : "OK");
+    return fails;
+}
+
+int main(int argc, char** argv) {
+    double f_us = 1000;
+    int steps = 5, quick = 0, ndev = 0, fails = 0;
+    double worst = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--f-us") && i + 1 < argc) f_us = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else {
+            fprintf(stderr, "usage: bubble_cuda [--f-us 1000] [--steps 5] [--quick]\n");
+            return 2;
+        }
+    }
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("bubble_cuda: no CUDA device, skipped\n");
+        return 0;
+    }
+    printf("# bubble_cuda: spin stages on one GPU (one SM each), F = %.0f us per stage (F/v per chunk), B = 2F\n", f_us);
+    printf("# measured = step span on the CUDA event timeline, mean of %d steps after one warm-up\n", steps);
+    printf("%-12s %3s %3s %4s %12s %12s %8s %10s %10s\n", "schedule", "p", "v", "m", "ideal (ms)", "measured", "ratio",
+           "bubble sim", "measured");
+    for (int kind = 0; kind <= PP_SCHED_INTERLEAVED; kind++) /* GPipe, 1F1B, interleaved */
+        for (int p = 4; p <= 8; p *= 2)
+            for (int m = 8; m <= 32; m *= 4) {
+                int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
+                double meas = 0, ideal = 0, bm = 0, bs = 0;
+                if (quick && (p == 8 || m == 32)) continue;
+                if (run_spin((pp_schedule_kind)kind, p, v, m, f_us, steps, &meas, &ideal, &bm, &bs)) {
+                    printf("%-12s %3d %3d %4d  failed\n", pp_schedule_name((pp_schedule_kind)kind), p, v, m);
+                    fails++;
+                    continue;
+                }
+                printf("%-12s %3d %3d %4d %12.3f %12.3f %8.4f %9.1f%% %9.1f%%\n", pp_schedule_name((pp_schedule_kind)kind), p,
+                       v, m, 1e3 * ideal, 1e3 * meas, meas / ideal, 100 * bs, 100 * bm);
+                if (meas / ideal > worst) worst = meas / ideal;
+            }
+    printf("# worst measured / ideal: %.4f (goal <= 1.03: %s)\n", worst, worst <= 1.03 ? "met" : "NOT met");
+    fails += copy_table(0, 0, quick);
+    if (ndev >= 2) fails += copy_table(0, 1, quick);
+    return fails ? 1 : 0;
+}

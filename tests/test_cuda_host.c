@@ -1,0 +1,424 @@
+/* tests/test_cuda_host.c - pipeline_cuda.h against an imitation CUDA runtime, without a GPU.
+
+   Built with -I tests/fakecuda, so <cuda_runtime_api.h> is tests/fakecuda/cuda_runtime_api.h:
+   streams are worker threads that run their queues asynchronously (with random delays), events
+   and stream waits follow CUDA's rules. The MLP's layers are enqueued on the rank's stream with
+   cudaLaunchHostFunc, exactly as kernels would be: if the transport's event edges were wrong, a
+   copy would read an activation before its producer wrote it (wrong bits here; a data race
+   under ThreadSanitizer). Checked for every schedule, p in {1, 2, 4}, packed variable-length
+   micro-batches, ranks on one device and spread over four: gradients bit-identical to
+   pp_sequential_step, no device allocation after the first step, peak stash = simulator's,
+   every received byte written (receive buffers poisoned on the stream first), one timeline
+   event pair per action; BROADCAST shapes (host metadata through the same transport); error
+   paths (timeout naming the peer, size mismatch, abort). */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline_cuda.h"
+#include "../examples/mlp.h"
+#include "test.h"
+
+#define ROWS 57
+#define IN 6
+#define CLASSES 5
+#define NSEQ 12
+static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int32_t CU[NSEQ + 1] = {0, 3, 4, 11, 20, 22, 30, 31, 40, 41, 47, 50, 57};
+
+/* ---- the MLP's layers, enqueued on the rank's stream ------------------------------------- */
+typedef struct job {
+    const void* w;
+    void* g;
+    int layer, bwd;
+    pp_layer_io io;
+} job;
+
+static void run_job(void* u) {
+    job* j = (job*)u;
+    pp_model m = mlp_model_desc();
+    if (j->bwd) m.backward(j->w, j->g, j->layer, &j->io);
+    else m.forward(j->w, j->layer, &j->io);
+    free(j);
+}
+
+static int enqueue(const void* w, void* g, int l, int bwd, pp_layer_io* io) {
+    job* j = (job*)malloc(sizeof *j);
+    cudaStream_t st = *(cudaStream_t*)io->ctx;
+    if (!j) return 1;
+    j->w = w;
+    j->g = g;
+    j->layer = l;
+    j->bwd = bwd;
+    j->io = *io; /* the executor's io is on its stack: the job keeps a copy */
+    return cudaLaunchHostFunc(st, run_job, j) == cudaSuccess ? 0 : 1;
+}
+static int a_fwd(const void* w, int l, pp_layer_io* io) { return enqueue(w, NULL, l, 0, io); }
+static int a_bwd(const void* w, void* g, int l, pp_layer_io* io) { return enqueue(w, g, l, 1, io); }
+
+static pp_model async_model(void) {
+    pp_model m = mlp_model_desc();
+    m.forward = a_fwd;
+    m.backward = a_bwd;
+    return m;
+}
+
+/* ---- poisoned receives: filled with 0xFF on the stream before the receive is posted ---------- */
+#define PZ_MAX 64
+typedef struct pz_port {
+    pp_transport inner;
+    cudaStream_t stream;
+    const pp_request* req[PZ_MAX];
+    unsigned char* buf[PZ_MAX];
+    size_t bytes[PZ_MAX];
+    int checked, unwritten;
+} pz_port;
+
+static int pz_is_device(const void* buf);
+static pp_result pz_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
+    pz_port* p = (pz_port*)self;
+    return p->inner.isend(p->inner.self, peer, tag, buf, bytes, req);
+}
+static pp_result pz_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
+    pz_port* p = (pz_port*)self;
+    int i;
+    if (!pz_is_device(buf)) return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
+    cudaMemsetAsync(buf, 0xFF, bytes, p->stream);
+    for (i = 0; i < PZ_MAX; i++)
+        if (!p->req[i]) {
+            p->req[i] = req;
+            p->buf[i] = (unsigned char*)buf;
+            p->bytes[i] = bytes;
+            break;
+        }
+    return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
+}
+static pp_result pz_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
+    pz_port* p = (pz_port*)self;
+    pp_result rc = p->inner.wait(p->inner.self, req, timeout_s, err);
+    int i;
+    for (i = 0; i < PZ_MAX; i++)
+        if (p->req[i] == req) {
+            size_t k;
+            p->req[i] = NULL;
+            if (rc != PP_OK) break;
+            cudaStreamSynchronize(p->stream); /* the stream waits on the copy: now it is there */
+            p->checked++;
+            for (k = 0; k + 4 <= p->bytes[i]; k += 4) {
+                uint32_t w;
+                memcpy(&w, p->buf[i] + k, 4);
+                if (w == 0xFFFFFFFFu) {
+                    p->unwritten++;
+                    break;
+                }
+            }
+            break;
+        }
+    return rc;
+}
+static pp_result pz_test(void* self, pp_request* req, int* done) {
+    pz_port* p = (pz_port*)self;
+    return p->inner.test(p->inner.self, req, done);
+}
+static void pz_abort(void* self, pp_result why, const char* msg) {
+    pz_port* p = (pz_port*)self;
+    p->inner.abort(p->inner.self, why, msg);
+}
+/* device buffers are poisoned on the stream; host ones (BROADCAST metadata) are not checked */
+static int pz_is_device(const void* buf) {
+    struct cudaPointerAttributes at;
+    memset(&at, 0, sizeof at);
+    if (cudaPointerGetAttributes(&at, buf) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+/* ---- one configuration ---------------------------------------------------------------------- */
+typedef struct world {
+    int p;
+    pp_cuda* cuda;
+    pp_stage* st[PP_MAX_RANKS];
+    const pp_batch* b;
+    pp_result rc[PP_MAX_RANKS];
+    pp_step_stats stats[PP_MAX_RANKS];
+} world;
+
+static pp_result rank_step(int rank, void* user) {
+    world* W = (world*)user;
+    pp_error err;
+    pp_result rc = pp_cuda_bind(W->cuda, rank, &err);
+    if (rc == PP_OK) rc = pp_stage_step(W->st[rank], W->b, &W->stats[rank]);
+    return W->rc[rank] = rc;
+}
+
+static int owner_stage(const int* first, int S, int l) {
+    int s;
+    for (s = 0; s < S; s++)
+        if (l >= first[s] && l < first[s + 1]) return s;
+    return -1;
+}
+
+static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_policy shapes, const mlp_model* w,
+                     const mlp_model* gref, const pp_batch* batch, int steps) {
+    static world W;
+    static pz_port pz[PP_MAX_RANKS];
+    static mlp_model g[PP_MAX_RANKS];
+    static float* gbuf[PP_MAX_RANKS];
+    static cudaStream_t streams[PP_MAX_RANKS];
+    pp_action* acts;
+    pp_schedule sched;
+    pp_sim_result* sim = (pp_sim_result*)calloc(1, sizeof *sim);
+    pp_sim_cost cost;
+    pp_cuda_desc cd;
+    pp_cuda_step_info info;
+    pp_error err;
+    int devs[PP_MAX_RANKS], first[32], r, l, s, ok = 1, S = p * v, m = batch->m;
+    int allocs1[PP_MAX_RANKS];
+    size_t n = pp_schedule_size(kind, p, v, m);
+    /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
+       the zero-bubble kinds the simulator's peak is an upper bound */
+    int zb = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
+    char where[160];
+    snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s%s", pp_schedule_name(kind), p, v, m,
+             spread ? "spread over 4 devices" : "one device", shapes == PP_SHAPES_BROADCAST ? " BROADCAST" : "");
+    acts = (pp_action*)malloc(n * sizeof *acts);
+    memset(&W, 0, sizeof W);
+    memset(pz, 0, sizeof pz);
+    if (!sim || !acts || pp_schedule_make(kind, p, v, m, acts, n, &sched, &err) != PP_OK) {
+        CHECK(0, "%s: schedule", where);
+        free(acts);
+        free(sim);
+        return;
+    }
+    memset(&cost, 0, sizeof cost);
+    pp_simulate(&sched, &cost, sim, NULL, &err);
+    pp_partition_uniform(MLP_DEPTH + 1, S, first, &err);
+    for (r = 0; r < p; r++) devs[r] = spread ? r % 4 : 0;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = p;
+    cd.devices = devs;
+    cd.timeline = 1;
+    W.p = p;
+    W.b = batch;
+    if (pp_cuda_create(&cd, &W.cuda, &err) != PP_OK) {
+        CHECK(0, "%s: pp_cuda_create: %s", where, err.msg);
+        free(acts);
+        free(sim);
+        return;
+    }
+    for (r = 0; r < p; r++) {
+        pp_stage_desc d;
+        mlp_model tmp;
+        memset(&tmp, 0, sizeof tmp);
+        g[r] = *w;
+        free(mlp_init(&tmp, &g[r], DIMS, 1, &gbuf[r]));
+        streams[r] = pp_cuda_stream(W.cuda, r);
+        memset(&d, 0, sizeof d);
+        d.model = async_model();
+        d.weights = w;
+        d.grads = &g[r];
+        d.schedule = &sched;
+        d.partition = first;
+        d.rank = r;
+        d.transport = pp_cuda_transport(W.cuda, r);
+        d.shapes = shapes;
+        if (p > 1) {
+            pz[r].inner = d.transport;
+            pz[r].stream = streams[r];
+            d.transport.self = &pz[r];
+            d.transport.isend = pz_isend;
+            d.transport.irecv = pz_irecv;
+            d.transport.wait = pz_wait;
+            d.transport.test = pz_test;
+            d.transport.abort = pz_abort;
+        }
+        d.device = pp_cuda_device_ops(W.cuda, r);
+        d.layer_ctx = &streams[r];
+        d.timeout_s = 20;
+        if (pp_stage_create(&d, &W.st[r], &err) != PP_OK) {
+            CHECK(0, "%s: rank %d: %s", where, r, err.msg);
+            ok = 0;
+        }
+    }
+    for (s = 0; s < steps && ok; s++) {
+        if (pp_cuda_step_begin(W.cuda, &err) != PP_OK || pp_threads_run(p, rank_step, &W, &err) != PP_OK ||
+            pp_cuda_step_end(W.cuda, &info, &err) != PP_OK) {
+            for (r = 0; r < p; r++)
+                if (W.rc[r] != PP_OK) CHECK(0, "%s: step %d rank %d: %s (%s)", where, s, r, pp_stage_error(W.st[r]), pp_cuda_error(W.cuda, r));
+            CHECK(0, "%s: step %d failed: %s", where, s, err.msg);
+            ok = 0;
+            break;
+        }
+        for (r = 0; r < p; r++) {
+            int a;
+            pp_cuda_memory(W.cuda, r, NULL, &a);
+            if (s == 0) allocs1[r] = a;
+            else if (a != allocs1[r]) {
+                CHECK(0, "%s: rank %d allocated %d blocks in step %d", where, r, a - allocs1[r], s);
+                ok = 0;
+            }
+        }
+    }
+    for (l = 0; ok && l < MLP_DEPTH; l++) {
+        int st = owner_stage(first, S, l), rank, chunk;
+        size_t nw = (size_t)w->dense[l].in * w->dense[l].out, nb = (size_t)w->dense[l].out;
+        pp_schedule_stage_rank(&sched, st, &rank, &chunk);
+        if (memcmp(g[rank].dense[l].w, gref->dense[l].w, nw * sizeof(float)) != 0 ||
+            memcmp(g[rank].dense[l].b, gref->dense[l].b, nb * sizeof(float)) != 0) {
+            CHECK(0, "%s: layer %d (stage %d, rank %d) gradient differs from the reference", where, l, st, rank);
+            ok = 0;
+        }
+    }
+    for (r = 0; ok && r < p; r++) {
+        CHECK(zb ? W.stats[r].peak_live <= sim->peak_live[r] : W.stats[r].peak_live == sim->peak_live[r], "%s: rank %d peak stash %d, simulator %d", where, r,
+              W.stats[r].peak_live, sim->peak_live[r]);
+        CHECK(pz[r].unwritten == 0, "%s: rank %d: %d of %d receives left poisoned bytes", where, r, pz[r].unwritten,
+              pz[r].checked);
+        CHECK(p == 1 || pz[r].checked > 0, "%s: rank %d checked no receive", where, r);
+        CHECK(info.n_actions[r] == sched.per_rank, "%s: rank %d timeline %d actions of %d", where, r, info.n_actions[r],
+              sched.per_rank);
+    }
+    if (ok) {
+        CHECK(info.span > 0 && info.bubble >= 0 && info.bubble < 1, "%s: span %g bubble %g", where, info.span, info.bubble);
+        CHECK(pp_cuda_timeline(W.cuda, NULL, 0) == (size_t)p * sched.per_rank, "%s: timeline size", where);
+    }
+    for (r = 0; r < p; r++) pp_stage_destroy(W.st[r]);
+    pp_cuda_destroy(W.cuda);
+    for (r = 0; r < p; r++) free(gbuf[r]);
+    free(acts);
+    free(sim);
+    CHECK(ok, "%s", where);
+}
+
+static void test_equal(void) {
+    mlp_model w, gref;
+    float *wbuf, *gbuf, x[ROWS * IN], loss = 0;
+    int32_t y[ROWS];
+    pp_batch b;
+    pp_error err;
+    pp_model model = mlp_model_desc();
+    int kind, p, i, steps = 3;
+    memset(&w, 0, sizeof w);
+    wbuf = mlp_init(&w, &gref, DIMS, 21, &gbuf);
+    mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
+    memset(&b, 0, sizeof b);
+    b.m = 6;
+    b.input.data = x; /* host memory here: the layers run on the host */
+    b.input.rows = ROWS;
+    b.input.cols = IN;
+    b.input.dtype = PP_F32;
+    b.targets = y;
+    b.target_row_bytes = sizeof(int32_t);
+    b.cu_seqlens = CU;
+    b.n_seqs = NSEQ;
+    b.split = PP_SPLIT_TOKENS;
+    for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &w, &gref, &b, &loss, &err) == PP_OK, "%s", err.msg);
+    for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
+        for (p = 1; p <= 4; p *= 2) {
+            int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
+            run_case((pp_schedule_kind)kind, p, v, 0, PP_SHAPES_LOCAL, &w, &gref, &b, steps);
+            if (p > 1) run_case((pp_schedule_kind)kind, p, v, 1, PP_SHAPES_LOCAL, &w, &gref, &b, steps);
+        }
+    run_case(PP_SCHED_1F1B, 4, 1, 1, PP_SHAPES_BROADCAST, &w, &gref, &b, steps);
+    free(wbuf);
+    free(gbuf);
+}
+
+/* The transport alone: a size mismatch, a timeout that names the peer, an abort. */
+static void test_transport_errors(void) {
+    pp_cuda* c = NULL;
+    pp_cuda_desc cd;
+    pp_error err;
+    pp_transport t0, t1;
+    pp_request a, b;
+    void *x = NULL, *y = NULL;
+    pp_result rc;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 2;
+    CHECK(pp_cuda_create(&cd, &c, &err) == PP_OK, "%s", err.msg);
+    if (!c) return;
+    t0 = pp_cuda_transport(c, 0);
+    t1 = pp_cuda_transport(c, 1);
+    cudaMalloc(&x, 64);
+    cudaMalloc(&y, 64);
+    CHECK(t0.isend(t0.self, 1, 5, x, 64, &a) == PP_OK, "isend");
+    CHECK(t1.irecv(t1.self, 0, 5, y, 32, &b) == PP_OK, "irecv");
+    rc = t1.wait(t1.self, &b, 1, &err);
+    CHECK(rc == PP_ERR_SIZE && strstr(err.msg, "64 bytes"), "size mismatch: %d %s", (int)rc, err.msg);
+    rc = t0.wait(t0.self, &a, 1, &err);
+    CHECK(rc == PP_ERR_SIZE, "sender sees the mismatch: %d", (int)rc);
+    CHECK(t1.irecv(t1.self, 0, 6, y, 64, &b) == PP_OK, "irecv");
+    rc = t1.wait(t1.self, &b, 0.2, &err);
+    CHECK(rc == PP_ERR_TIMEOUT && strstr(err.msg, "rank 0"), "timeout: %d %s", (int)rc, err.msg);
+    t0.abort(t0.self, PP_ERR_LAYER, "layer failed");
+    rc = t1.wait(t1.self, &b, 5, &err);
+    CHECK(rc == PP_ERR_ABORTED && strstr(err.msg, "layer failed"), "abort: %d %s", (int)rc, err.msg);
+    pp_cuda_reset(c);
+    /* after the reset the late send still matches the waiting receive */
+    CHECK(t0.isend(t0.self, 1, 6, x, 64, &a) == PP_OK, "isend");
+    CHECK(t1.wait(t1.self, &b, 5, &err) == PP_OK, "%s", err.msg);
+    CHECK(t0.wait(t0.self, &a, 5, &err) == PP_OK, "%s", err.msg);
+    CHECK(t0.isend(t0.self, 5, 1, x, 8, &a) == PP_ERR_INVALID, "send to rank 5 of 2 accepted");
+    pp_cuda_step_end(c, NULL, &err); /* the streams drain (cudaFree would wait for them on a GPU) */
+    cudaFree(x);
+    cudaFree(y);
+    pp_cuda_destroy(c);
+    {
+        int bad[2] = {0, 9};
+        cd.devices = bad;
+        CHECK(pp_cuda_create(&cd, &c, &err) == PP_ERR_INVALID && c == NULL && strstr(err.msg, "device 9"), "%s", err.msg);
+    }
+}
+
+/* A sent block reused while its copy still waits: the receiver's stream is busy, so the copy
+   (which waits for the receiver's earlier work) runs late; the sender completes its send,
+   reuses the block (the device ops' reuse hook) and overwrites it on its stream. The receiver
+   must still get the bytes as they were sent. */
+static void busy_50ms(void* u) {
+    struct timespec d = {0, 50000000};
+    (void)u;
+    nanosleep(&d, NULL);
+}
+static void test_reuse_waits_for_copy(void) {
+    pp_cuda* c = NULL;
+    pp_cuda_desc cd;
+    pp_error err;
+    pp_transport t0, t1;
+    pp_device_ops o0;
+    pp_request rs, rr;
+    unsigned char *x = NULL, *y = NULL;
+    int i, bad = 0;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 2;
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    t0 = pp_cuda_transport(c, 0);
+    t1 = pp_cuda_transport(c, 1);
+    o0 = pp_cuda_device_ops(c, 0);
+    cudaMalloc((void**)&x, 4096);
+    cudaMalloc((void**)&y, 4096);
+    memset(x, 7, 4096);
+    memset(y, 0, 4096);
+    cudaLaunchHostFunc(pp_cuda_stream(c, 1), busy_50ms, NULL);
+    CHECK(t1.irecv(t1.self, 0, 1, y, 4096, &rr) == PP_OK, "irecv");
+    CHECK(t0.isend(t0.self, 1, 1, x, 4096, &rs) == PP_OK, "isend");
+    CHECK(t0.wait(t0.self, &rs, 5, &err) == PP_OK, "%s", err.msg);
+    o0.reuse(o0.user, x, 4096);
+    cudaMemsetAsync(x, 9, 4096, pp_cuda_stream(c, 0));
+    CHECK(t1.wait(t1.self, &rr, 5, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
+    for (i = 0; i < 4096; i++) bad += y[i] != 7;
+    CHECK(bad == 0, "%d received bytes were overwritten by the sender's reuse before the copy", bad);
+    CHECK(x[0] == 9, "the reuse write did not happen");
+    cudaFree(x);
+    cudaFree(y);
+    pp_cuda_destroy(c);
+}
+
+int main(void) {
+    test_reuse_waits_for_copy();
+    test_transport_errors();
+    test_equal();
+    return TEST_DONE("cuda-host");
+}
