@@ -54,11 +54,11 @@ else
 NCCL_TESTS =
 endif
 
-$(B)/test_nccl: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_nccl.h | $(B)
+$(B)/test_nccl: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) $(NCCL_FLAGS) $(CFLAGS) $< -o $@ $(NCCL_LIBS) $(LDLIBS)
 
 # the NCCL id by MPI_Bcast, under mpirun (ncclGetUniqueId needs no GPU)
-$(B)/test_nccl_mpi: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_nccl.h | $(B)
+$(B)/test_nccl_mpi: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(MPICC) $(BASE) $(NCCL_FLAGS) $(CFLAGS) -DPP_TEST_NCCL_MPI $< -o $@ $(NCCL_LIBS) $(LDLIBS)
 
 $(B)/mpi-nccl-np%: $(B)/test_nccl_mpi

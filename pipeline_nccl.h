@@ -1,9 +1,11 @@
 /* pipeline_nccl.h - pipeline.h's transport for one process per GPU, over NCCL.
    v0.1.0   public domain / MIT (see pipeline.h)
 
-   Include after pipeline.h (and after <mpi.h> if you want the MPI bootstrap); in the one file
-   that defines PIPELINE_IMPLEMENTATION its implementation comes along. C99 and C++; link with
-   -lnccl -lcudart. It launches no kernel of its own besides NCCL's.
+   Includes pipeline_cuda.h (and so pipeline.h); include <mpi.h> first if you want the MPI
+   bootstrap. In the one file that defines PIPELINE_IMPLEMENTATION the implementations come
+   along. C99 and C++; link with -lnccl -lcudart. It launches no kernel of its own besides
+   NCCL's. The executor's blocks belong in device memory: a one-rank pp_cuda per process gives
+   them (pp_cuda_device_ops(c, 0)) and the compute stream (pp_cuda_stream(c, 0)).
 
    WHAT IT DOES
    - pp_nccl: a pp_transport over one NCCL communicator. isend/irecv queue ncclSend/ncclRecv;
@@ -45,7 +47,9 @@
        ncclUniqueId id; pp_nccl_unique_id_mpi(MPI_COMM_WORLD, &id, &err);   // or _file
        ncclComm_t world; pp_nccl_comm_init(&L, &id, 60, &world, &err);
        pp_nccl_grid g; pp_nccl_grid_create(world, pp, PP_GRID_DP_INNER, stream, 60, &g, &err);
-       d.transport = pp_nccl_transport(g.pipe); d.rank = g.grid.pp_rank;   // + device hooks
+       pp_cuda* c; pp_cuda_desc cd = {0}; cd.n_ranks = 1; pp_cuda_create(&cd, &c, &err);
+       d.transport = pp_nccl_transport(g.pipe); d.rank = g.grid.pp_rank;
+       d.device = pp_cuda_device_ops(c, 0);   // stream: pp_cuda_stream(c, 0) as `compute` above
        ... pp_stage_step, pp_tied_sum_grads(&pipe, pair, ...), pp_grad_allreduce(&dp, ...)
 
    WHAT WAS RUN: this header compiles and links in CI (make check-nccl); it has not been run on
@@ -54,8 +58,7 @@
 #ifndef PIPELINE_NCCL_H
 #define PIPELINE_NCCL_H
 
-#include "pipeline.h"
-#include <cuda_runtime_api.h>
+#include "pipeline_cuda.h" /* pipeline.h, the CUDA runtime, the device block pool (pp_cuda_device_ops) */
 #include <nccl.h>
 
 #ifdef __cplusplus
