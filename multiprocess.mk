@@ -64,6 +64,36 @@ $(B)/test_nccl_mpi: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_cuda.h pi
 $(B)/mpi-nccl-np%: $(B)/test_nccl_mpi
 	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_nccl_mpi\n' > $@ && chmod +x $@
 
+# examples/gpt_nccl.cu: gpt_cuda's GPT with one process per GPU. Compiled by nvcc (with the
+# NCCL id by MPI_Bcast where MPI is here: PP_GPT_NCCL_MPI), linked by $(CXX). check-nccl also
+# builds it without MPI too (the id by --id-file) and runs a one-process step: where no
+# GPU is, it must stop with its "no CUDA device" message, not crash.
+GPT_NCCL_SRC = examples/gpt_nccl.cu examples/gpt_cuda.h examples/gpt_data.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h
+ifeq ($(HAVE_MPI),1)
+GPT_NCCL_MPI_CFLAGS = -DPP_GPT_NCCL_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
+  $(patsubst -I%,-isystem %,$(filter -I%,$(shell $(MPICC) -showme:compile 2>/dev/null || $(MPICC) -compile-info)))
+GPT_NCCL_MPI_LIBS = $(filter -L% -l% -Wl%,$(shell $(MPICC) -showme:link 2>/dev/null || $(MPICC) -link-info))
+endif
+
+$(B)/gpt_nccl.o: $(GPT_NCCL_SRC) | $(B)
+	$(NVCC) $(NVFLAGS) -I. $(GPT_NCCL_MPI_CFLAGS) -c $< -o $@
+
+$(B)/gpt_nccl: $(B)/gpt_nccl.o
+	$(CXX) $< -o $@ $(GPT_NCCL_MPI_LIBS) $(NCCL_LIBS) -lpthread
+
+$(B)/gpt_nccl-nompi.o: $(GPT_NCCL_SRC) | $(B)
+	$(NVCC) $(NVFLAGS) -I. -c $< -o $@
+
+$(B)/gpt_nccl-nompi: $(B)/gpt_nccl-nompi.o
+	$(CXX) $< -o $@ $(NCCL_LIBS) -lpthread
+
+# `make cuda` builds every .cu: this one too where NCCL is
+ifeq ($(HAVE_NCCL),1)
+cuda: $(B)/gpt_nccl
+endif
+
+GPT_NCCL_RUN1 = $(B)/gpt_nccl -p 1 -m 4 --steps 2 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8
+
 check-nccl: | $(B)
 	@if [ "$(HAVE_NCCL)" = 1 ]; then \
 	  $(MAKE) --no-print-directory $(B)/test_nccl && \
@@ -71,7 +101,12 @@ check-nccl: | $(B)
 	  $(CXX) -std=c++11 $(WARN) -I. $(NCCL_FLAGS) -x c++ -c tests/test_nccl.c -o $(B)/nccl-cxx.o && \
 	  { ! command -v $(NVCC) >/dev/null 2>&1 || $(NVCC) -std=c++17 -x cu -I. -c tests/test_nccl.c -o $(B)/nccl-nvcc.o; } && \
 	  { [ "$(HAVE_MPI)" != 1 ] || $(MPICC) $(BASE) $(NCCL_FLAGS) -include mpi.h -c tests/test_nccl.c -o $(B)/nccl-mpi.o; } && \
-	  echo "check-nccl: pipeline_nccl.h compiles (gcc, clang, C++, nvcc$(if $(filter 1,$(HAVE_MPI)), and with MPI)) and links"; \
+	  echo "check-nccl: pipeline_nccl.h compiles (gcc, clang, C++, nvcc$(if $(filter 1,$(HAVE_MPI)), and with MPI)) and links" && \
+	  { ! command -v $(NVCC) >/dev/null 2>&1 || { \
+	    $(MAKE) --no-print-directory $(B)/gpt_nccl $(B)/gpt_nccl-nompi && \
+	    if $(GPT_NCCL_RUN1) > $(B)/gpt_nccl_run1.log 2>&1; then tail -2 $(B)/gpt_nccl_run1.log; \
+	    else grep -q "no CUDA device" $(B)/gpt_nccl_run1.log || { cat $(B)/gpt_nccl_run1.log; exit 1; }; \
+	      echo "check-nccl: gpt_nccl builds$(if $(filter 1,$(HAVE_MPI)), with and without MPI,); no GPU here: it stops with: $$(grep -o 'no CUDA device.*' $(B)/gpt_nccl_run1.log | cut -c1-60)..."; fi; }; }; \
 	else echo "check-nccl: nccl.h/libcudart not found under $(CUDA_HOME), skipped"; fi
 
 # pipeline_mpi.h under clang and as C++ (without MPI's own C++ bindings, which are not -Wextra clean)

@@ -1,0 +1,514 @@
+/* examples/gpt_nccl.cu - the GPT of examples/gpt_cuda.cu with ONE PROCESS PER GPU over NCCL
+   (pipeline_nccl.h): a pp x dp grid, any schedule, the tied embedding/head across the first
+   and last pipeline ranks, the data-parallel gradient mean, Adam.
+
+     mpirun -np 4 build/gpt_nccl -p 4                      (pp 4 x dp 1; NCCL id by MPI_Bcast)
+     mpirun -np 8 build/gpt_nccl -p 4 --dp 2 --schedule interleaved -v 2 -m 8
+     srun -n 8 --gpus-per-task 1 build/gpt_nccl -p 4 --dp 2 --id-file /shared/nccl.$SLURM_JOB_ID
+                                                            (a build without MPI: id by file)
+
+   Options as gpt_cuda: --schedule gpipe|1f1b|interleaved|zb-h1|zb-v, -p N (pipeline ranks,
+   default world / dp), --dp N (default world / p), -v N, -m N, --steps N, --text FILE |
+   --generated, --seqs-per-step N, --max-len N, --dim N, --heads N, --layers N, --lr X; and
+   --id-file PATH (the ncclUniqueId through a shared file; needed for world > 1 without MPI),
+   --timeout S (every wait, default 120).
+
+   Rank, world and local rank come from the launcher (pp_launch_from_env: mpirun, mpiexec,
+   srun, torchrun); no launcher variables means one process (world 1). The GPU is the local
+   rank modulo the GPUs visible (pp_nccl_comm_init). Each process keeps the whole parameter
+   buffer (the same seed everywhere, so the replicas start identical) and updates it with
+   Adam; only the layers its stages own get gradients, and Adam leaves a zero-gradient
+   parameter unchanged. One step:
+     pp_stage_step                    (the pipeline transport, device blocks from a one-rank pp_cuda)
+     tied wte: pp_tied_sum_grads over the grid's tied pair (embedding share on the first stage's
+               rank, head share on the last's; both end with the sum), or locally when one rank
+               owns both (p = 1, ZB-V)
+     pp_grad_allreduce over the data-parallel group, then x 1/dp
+     Adam over the parameters
+   Printed by the last stage's rank of replica 0: loss, tokens/s (this replica), bubble (this
+   rank's idle share of the step's span, CUDA events); at the end every rank prints its GPU
+   memory (block pool, parameters, gradients).
+
+   WHAT WAS RUN: compiled and linked only (make check-nccl / make cuda); no GPU was lent. Without
+   a CUDA device it stops with a message (exit 1); gpt_cuda --cpu runs the same layers on the
+   host. */
+#define PIPELINE_IMPLEMENTATION
+#ifdef PP_GPT_NCCL_MPI
+#include <mpi.h>
+#endif
+#include "../pipeline_nccl.h"
+
+#include "gpt_cuda.h" /* the model of gpt_cuda.cu */
+
+struct ScaleOp {
+    HD void at(int i, float* g, float s) { g[i] *= s; }
+};
+
+typedef struct opts {
+    pp_schedule_kind kind;
+    int p, dp, v, m, steps, seqs, max_len, dim, heads, layers, generated;
+    float lr;
+    double timeout;
+    const char *text, *id_file;
+} opts;
+
+static int usage(void) {
+    fprintf(stderr, "usage: gpt_nccl [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [-p N] [--dp N] [-v N] [-m N]\n"
+                    "                [--steps N] [--text FILE | --generated] [--seqs-per-step N] [--max-len N]\n"
+                    "                [--dim N] [--heads N] [--layers N] [--lr X] [--id-file PATH] [--timeout S]\n");
+    return 2;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int owner_rank(const pp_schedule* sc, const int* first, int layer) {
+    for (int st = 0; st < sc->n_stages; st++)
+        if (layer >= first[st] && layer < first[st + 1]) {
+            int r, c;
+            pp_schedule_stage_rank(sc, st, &r, &c);
+            return r;
+        }
+    return -1;
+}
+
+/* Everything one process holds. */
+typedef struct proc {
+    pp_launch L;
+    int dev, pp_rank, dp_rank, dp, p, v, cap;
+    gpt shape, w, g;
+    float *wbuf, *gbuf, *m1, *m2;
+    size_t n_par, n_grad;
+    int32_t *tok, *tgt, *pos, *sst, *sen;       /* device */
+    int32_t *h_tok, *h_tgt, *h_cu, *h_pos, *h_sst, *h_sen;
+    ctx cx;
+    pp_cuda* cuda;
+    pp_nccl_grid grid;
+    int have_grid;
+    pp_stage* st;
+    pp_action* acts;
+    pp_schedule sched;
+    int first[PP_MAX_RANKS * 4 + 1];
+    pp_batch batch;
+} proc;
+
+static void proc_free(proc* P) {
+    pp_stage_destroy(P->st);
+    if (P->have_grid) pp_nccl_grid_destroy(&P->grid);
+    if (P->cuda) pp_cuda_destroy(P->cuda);
+    dfree(P->wbuf);
+    dfree(P->gbuf);
+    dfree(P->m1);
+    dfree(P->m2);
+    dfree(P->cx.mb_loss);
+    dfree(P->tok);
+    dfree(P->tgt);
+    dfree(P->pos);
+    dfree(P->sst);
+    dfree(P->sen);
+    free(P->h_tok);
+    free(P->h_tgt);
+    free(P->h_cu);
+    free(P->h_pos);
+    free(P->h_sst);
+    free(P->h_sen);
+    free(P->acts);
+}
+
+/* Packs this replica's documents for the step and uploads the per-row tables. */
+static int load_batch(proc* P, const opts* o, const gpt_corpus* corp, uint64_t* rng, int* T_out) {
+    int T;
+    size_t b;
+    T = gpt_pack(corp, rng, o->seqs, P->h_tok, P->h_tgt, P->h_cu);
+    for (int s = 0; s < o->seqs; s++)
+        for (int r = P->h_cu[s]; r < P->h_cu[s + 1]; r++) {
+            P->h_pos[r] = r - P->h_cu[s];
+            P->h_sst[r] = P->h_cu[s];
+            P->h_sen[r] = P->h_cu[s + 1];
+        }
+    b = sizeof(int32_t) * (size_t)T;
+    if (dput(P->tok, P->h_tok, b) || dput(P->tgt, P->h_tgt, b) || dput(P->pos, P->h_pos, b) || dput(P->sst, P->h_sst, b) ||
+        dput(P->sen, P->h_sen, b))
+        return 1;
+    memset(&P->batch, 0, sizeof P->batch);
+    P->batch.m = o->m;
+    P->batch.input.data = P->tok;
+    P->batch.input.rows = T;
+    P->batch.input.cols = 1;
+    P->batch.input.dtype = PP_I32;
+    P->batch.targets = P->tgt;
+    P->batch.target_row_bytes = sizeof(int32_t);
+    P->batch.cu_seqlens = P->h_cu;
+    P->batch.n_seqs = o->seqs;
+    P->batch.split = PP_SPLIT_TOKENS;
+    *T_out = T;
+    return 0;
+}
+
+#define FAIL(...)                                                              \
+    do {                                                                       \
+        fprintf(stderr, "gpt_nccl rank %d: ", P->L.rank);                      \
+        fprintf(stderr, __VA_ARGS__);                                          \
+        fprintf(stderr, "\n");                                                 \
+        return 1;                                                              \
+    } while (0)
+
+/* Bootstrap, grid, model, stage: everything before the first step. */
+static int setup(proc* P, const opts* o, int have_launch) {
+    pp_error err;
+    int ndev = 0, S;
+    size_t n;
+    cudaError_t ce;
+    ncclUniqueId id;
+    ncclComm_t world = NULL;
+    pp_cuda_desc cd;
+    pp_stage_desc d;
+    (void)have_launch;
+#ifndef PP_GPT_NCCL_MPI
+    if (P->L.world > 1 && !o->id_file)
+        FAIL("world %d: this build has no MPI; pass --id-file PATH on a filesystem every rank sees", P->L.world);
+#endif
+    if ((ce = cudaGetDeviceCount(&ndev)) != cudaSuccess || ndev < 1)
+        FAIL("no CUDA device (%s): gpt_nccl runs one process per GPU; examples/gpt_cuda --cpu runs the same layers on the host",
+             ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
+    /* the NCCL id: MPI_Bcast, a shared file, or made here for a single process */
+#ifdef PP_GPT_NCCL_MPI
+    if (!o->id_file) {
+        if (pp_nccl_unique_id_mpi(MPI_COMM_WORLD, &id, &err) != PP_OK) FAIL("NCCL id by MPI_Bcast: %s", err.msg);
+    } else
+#endif
+        if (o->id_file) {
+        if (pp_nccl_unique_id_file(o->id_file, P->L.rank, o->timeout, &id, &err) != PP_OK) FAIL("NCCL id file: %s", err.msg);
+    } else if (P->L.world == 1) {
+        ncclResult_t r = ncclGetUniqueId(&id);
+        if (r != ncclSuccess) FAIL("ncclGetUniqueId: %s", ncclGetErrorString(r));
+    } else
+        FAIL("world %d: this build has no MPI; pass --id-file PATH on a filesystem every rank sees", P->L.world);
+    if (pp_nccl_comm_init(&P->L, &id, o->timeout, &world, &err) != PP_OK) FAIL("NCCL communicator: %s", err.msg);
+    if (cudaGetDevice(&P->dev) != cudaSuccess) FAIL("cudaGetDevice failed");
+    /* the device block pool and compute stream: a one-rank pp_cuda on this process's GPU */
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 1;
+    cd.devices = &P->dev;
+    cd.timeline = 1;
+    if (pp_cuda_create(&cd, &P->cuda, &err) != PP_OK || pp_cuda_bind(P->cuda, 0, &err) != PP_OK) {
+        ncclCommDestroy(world);
+        FAIL("pp_cuda: %s", err.msg);
+    }
+    if (pp_nccl_grid_create(world, o->p, PP_GRID_DP_INNER, pp_cuda_stream(P->cuda, 0), o->timeout, &P->grid, &err) != PP_OK) {
+        ncclCommDestroy(world);
+        FAIL("grid p=%d over world %d: %s", o->p, P->L.world, err.msg);
+    }
+    ncclCommDestroy(world); /* the grid's split communicators live on */
+    P->have_grid = 1;
+    P->p = P->grid.grid.pp;
+    P->dp = P->grid.grid.dp;
+    P->pp_rank = P->grid.grid.pp_rank;
+    P->dp_rank = P->grid.grid.dp_rank;
+    P->v = o->v;
+    S = P->p * P->v;
+    /* schedule, NCCL's message order, partition */
+    n = pp_schedule_size(o->kind, P->p, P->v, o->m);
+    P->acts = (pp_action*)malloc(sizeof(pp_action) * (n ? n : 1));
+    if (!P->acts || pp_schedule_make(o->kind, P->p, P->v, o->m, P->acts, n, &P->sched, &err) != PP_OK) FAIL("schedule: %s", err.msg);
+    if (pp_nccl_check_order(&P->sched, &err) != PP_OK) FAIL("schedule over NCCL: %s", err.msg);
+    P->shape.V = GPT_DATA_VOCAB;
+    P->shape.maxT = o->max_len;
+    P->shape.C = o->dim;
+    P->shape.H = o->heads;
+    P->shape.nb = o->layers;
+    if (pp_partition_uniform(o->layers + 2, S, P->first, &err) != PP_OK) FAIL("partition: %s", err.msg);
+    /* weights: gpt_cuda's initialisation (same seed on every process) */
+    P->n_par = gpt_numel(&P->shape);
+    P->n_grad = P->n_par + (size_t)P->shape.V * P->shape.C;
+    {
+        float* h = (float*)malloc(sizeof(float) * P->n_par);
+        gpt hw = P->shape;
+        uint64_t rng = 1234;
+        if (!h) FAIL("out of host memory");
+        gpt_bind(&hw, h, 0);
+        for (size_t i = 0; i < P->n_par; i++) h[i] = (2.0f * gpt_rng_uniform(&rng) - 1.0f) * 0.035f;
+        for (int l = 0; l < hw.nb; l++)
+            for (int k = 0; k < hw.C; k++) {
+                hw.b[l].ln1_g[k] = hw.b[l].ln2_g[k] = 1.0f;
+                hw.b[l].ln1_b[k] = hw.b[l].ln2_b[k] = 0.0f;
+            }
+        for (int k = 0; k < hw.C; k++) {
+            hw.lnf_g[k] = 1.0f;
+            hw.lnf_b[k] = 0.0f;
+        }
+        P->wbuf = (float*)dalloc(sizeof(float) * P->n_par);
+        if (!P->wbuf || dput(P->wbuf, h, sizeof(float) * P->n_par)) {
+            free(h);
+            FAIL("weights: cudaMalloc/cudaMemcpy failed");
+        }
+        free(h);
+    }
+    P->cap = o->seqs * o->max_len;
+    P->gbuf = (float*)dalloc(sizeof(float) * P->n_grad);
+    P->m1 = (float*)dalloc(sizeof(float) * P->n_par);
+    P->m2 = (float*)dalloc(sizeof(float) * P->n_par);
+    P->cx.mb_loss = (float*)dalloc(sizeof(float) * 1024);
+    P->tok = (int32_t*)dalloc(sizeof(int32_t) * (size_t)P->cap);
+    P->tgt = (int32_t*)dalloc(sizeof(int32_t) * (size_t)P->cap);
+    P->pos = (int32_t*)dalloc(sizeof(int32_t) * (size_t)P->cap);
+    P->sst = (int32_t*)dalloc(sizeof(int32_t) * (size_t)P->cap);
+    P->sen = (int32_t*)dalloc(sizeof(int32_t) * (size_t)P->cap);
+    P->h_tok = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
+    P->h_tgt = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
+    P->h_pos = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
+    P->h_sst = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
+    P->h_sen = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
+    P->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(o->seqs + 1));
+    if (!P->gbuf || !P->m1 || !P->m2 || !P->cx.mb_loss || !P->tok || !P->tgt || !P->pos || !P->sst || !P->sen || !P->h_tok ||
+        !P->h_tgt || !P->h_pos || !P->h_sst || !P->h_sen || !P->h_cu)
+        FAIL("out of memory for the model (%zu parameters)", P->n_par);
+    P->w = P->shape;
+    gpt_bind(&P->w, P->wbuf, 0);
+    P->g = P->shape;
+    gpt_bind(&P->g, P->gbuf, 1);
+    P->cx.st = pp_cuda_stream(P->cuda, 0);
+    P->cx.pos = P->pos;
+    P->cx.sstart = P->sst;
+    P->cx.send = P->sen;
+    memset(&d, 0, sizeof d);
+    d.model.name = "gpt_nccl";
+    d.model.n_layers = o->layers + 2;
+    d.model.forward = m_forward;
+    d.model.backward = m_backward;
+    d.model.describe = m_describe;
+    d.model.layer_name = m_name;
+    d.weights = &P->w;
+    d.grads = &P->g;
+    d.schedule = &P->sched;
+    d.partition = P->first;
+    d.rank = P->pp_rank;
+    d.layer_ctx = &P->cx;
+    d.timeout_s = o->timeout;
+    d.transport = pp_nccl_transport(P->grid.pipe);
+    d.device = pp_cuda_device_ops(P->cuda, 0);
+    if (pp_stage_create(&d, &P->st, &err) != PP_OK) FAIL("stage: %s", err.msg);
+    return 0;
+}
+
+/* One step after the pipeline: tied wte, data-parallel mean, Adam; on the compute stream. */
+static int update(proc* P, const opts* o, int step, int e_rank, int h_rank) {
+    pp_error err;
+    cudaStream_t cs = pp_cuda_stream(P->cuda, 0);
+    int VC = P->shape.V * P->shape.C;
+    if (e_rank != h_rank) {
+        /* the grid's tied pair: {first stage's rank, last stage's rank} = tied ranks {0, 1} */
+        pp_transport tt = pp_nccl_transport(P->grid.tied);
+        int pair[2] = {0, 1};
+        if (P->grid.tied &&
+            pp_tied_sum_grads(&tt, pair, P->pp_rank == e_rank ? (void*)P->g.wte : NULL, P->pp_rank == h_rank ? (void*)P->g.wte_head : NULL,
+                              (size_t)VC, PP_F32, o->timeout, &err) != PP_OK)
+            FAIL("tied gradients: %s", err.msg);
+    }
+    /* wte's gradient = embedding share + head share (on the first rank the head share is 0,
+       on the last the embedding share is; after the tied sum either holds the whole) */
+    if (op<AccOp>(cs, VC, P->g.wte, (const float*)P->g.wte_head)) FAIL("kernel launch failed");
+    if (P->dp > 1) {
+        pp_transport dt = pp_nccl_transport(P->grid.dp);
+        /* scale 1: the library scales on the host; the buffer is on the GPU */
+        if (pp_grad_allreduce(&dt, NULL, 0, P->gbuf, P->n_par, PP_F32, 1.0, o->timeout, &err) != PP_OK)
+            FAIL("data-parallel all-reduce: %s", err.msg);
+        if (op<ScaleOp>(cs, (int)P->n_par, P->gbuf, 1.0f / (float)P->dp)) FAIL("kernel launch failed");
+    }
+    {
+        float bc1 = 1.0f - powf(0.9f, (float)(step + 1)), bc2 = 1.0f - powf(0.999f, (float)(step + 1));
+        if (op<AdamOp>(cs, (int)P->n_par, P->wbuf, (const float*)P->gbuf, P->m1, P->m2, o->lr, bc1, bc2)) FAIL("kernel launch failed");
+    }
+    if (cudaStreamSynchronize(cs) != cudaSuccess) FAIL("optimizer step failed: %s", cudaGetErrorString(cudaGetLastError()));
+    return 0;
+}
+
+static int train(proc* P, const opts* o) {
+    pp_error err;
+    gpt_corpus corp;
+    const char* path = o->text ? o->text : "README.md";
+    uint64_t rng = 777 + 1000003ull * (uint64_t)P->dp_rank; /* each replica its own documents */
+    int e_rank = owner_rank(&P->sched, P->first, 0), h_rank = owner_rank(&P->sched, P->first, o->layers + 1);
+    int last_rank, chunk, is_printer, rc = 0;
+    pp_schedule_stage_rank(&P->sched, P->p * P->v - 1, &last_rank, &chunk);
+    is_printer = P->pp_rank == last_rank && P->dp_rank == 0;
+    if (o->generated || gpt_corpus_load(&corp, path, o->max_len, 42) != 0) {
+        if (o->text) FAIL("cannot read %s", o->text);
+        if (gpt_corpus_generate(&corp, 4000, o->max_len, 42)) FAIL("cannot generate a corpus");
+    }
+    if (e_rank != h_rank && !(e_rank == 0 && h_rank == P->p - 1)) {
+        gpt_corpus_free(&corp);
+        FAIL("the tied embedding sits on rank %d and the head on rank %d: the grid's tied pair is ranks 0 and %d", e_rank,
+             h_rank, P->p - 1);
+    }
+    if (P->L.rank == 0)
+        printf("gpt_nccl: %d processes (%s) = pp %d x dp %d, %s v=%d m=%d, %d blocks, C=%d, %zu parameters, tied wte on pipeline "
+               "ranks %d and %d, text: %s\n",
+               P->L.world, P->L.source ? P->L.source : "no launcher", P->p, P->dp, pp_schedule_name(o->kind), P->v, o->m,
+               o->layers, o->dim, P->n_par, e_rank, h_rank, corp.source);
+    /* the copies of wte start identical (same seed); the library's sync makes it explicit */
+    if (e_rank != h_rank && P->grid.tied) {
+        pp_transport tt = pp_nccl_transport(P->grid.tied);
+        int pair[2] = {0, 1};
+        if (pp_tied_sync_weights(&tt, pair, P->pp_rank == e_rank ? (void*)P->w.wte : NULL,
+                                 P->pp_rank == h_rank ? (void*)P->w.wte : NULL, sizeof(float) * P->shape.V * P->shape.C,
+                                 o->timeout, &err) != PP_OK) {
+            fprintf(stderr, "gpt_nccl rank %d: tied weights: %s\n", P->L.rank, err.msg);
+            rc = 1;
+        }
+    }
+    fflush(stdout);
+    for (int s = 0; s < o->steps && rc == 0; s++) {
+        int T = 0;
+        double t0, dt;
+        pp_cuda_step_info info;
+        float mbl[1024];
+        double acc = 0;
+        memset(&info, 0, sizeof info);
+        if (load_batch(P, o, &corp, &rng, &T) || dzero(P->gbuf, sizeof(float) * P->n_grad) || cudaDeviceSynchronize() != cudaSuccess) {
+            fprintf(stderr, "gpt_nccl rank %d: uploading the batch failed\n", P->L.rank);
+            rc = 1;
+            break;
+        }
+        t0 = now_s();
+        if (pp_cuda_step_begin(P->cuda, &err) != PP_OK || pp_stage_step(P->st, &P->batch, NULL) != PP_OK) {
+            fprintf(stderr, "gpt_nccl rank %d: step %d: %s %s %s\n", P->L.rank, s, pp_stage_error(P->st),
+                    pp_cuda_error(P->cuda, 0), pp_nccl_error(P->grid.pipe));
+            rc = 1;
+            break;
+        }
+        if (pp_cuda_step_end(P->cuda, &info, &err) != PP_OK) {
+            fprintf(stderr, "gpt_nccl rank %d: step_end: %s\n", P->L.rank, err.msg);
+            rc = 1;
+            break;
+        }
+        if (update(P, o, s, e_rank, h_rank)) {
+            rc = 1;
+            break;
+        }
+        dt = now_s() - t0;
+        if (is_printer) {
+            if (cudaMemcpy(mbl, P->cx.mb_loss, sizeof(float) * (size_t)o->m, cudaMemcpyDeviceToHost) != cudaSuccess) {
+                rc = 1;
+                break;
+            }
+            for (int i = 0; i < o->m; i++) acc += (double)(float)(1.0 / o->m) * (double)mbl[i];
+            printf("step %3d  loss %.4f  %6d tokens  %9.0f tokens/s (replica)  bubble %5.1f%% (this rank)  span %.2f ms\n", s,
+                   (float)acc, T, T / dt, 100.0 * info.bubble, 1e3 * info.span);
+            fflush(stdout);
+        }
+    }
+    if (rc == 0) {
+        size_t pool = 0;
+        int allocs = 0;
+        pp_cuda_memory(P->cuda, 0, &pool, &allocs);
+        printf("memory: world rank %d (pp %d, dp %d, GPU %d, first stage %d): pool %.2f MiB in %d cudaMalloc, parameters %.2f MiB, "
+               "gradients %.2f MiB, Adam %.2f MiB\n",
+               P->L.rank, P->pp_rank, P->dp_rank, P->dev, pp_schedule_stage(&P->sched, P->pp_rank, 0), pool / 1048576.0, allocs,
+               sizeof(float) * P->n_par / 1048576.0, sizeof(float) * P->n_grad / 1048576.0, 2 * sizeof(float) * P->n_par / 1048576.0);
+        fflush(stdout);
+    }
+    gpt_corpus_free(&corp);
+    return rc;
+}
+
+int main(int argc, char** argv) {
+    static proc P0;
+    proc* P = &P0;
+    opts o;
+    pp_error err;
+    int rc, have_launch;
+    memset(&o, 0, sizeof o);
+    o.kind = PP_SCHED_1F1B;
+    o.v = 2;
+    o.m = 8;
+    o.steps = 40;
+    o.seqs = 64;
+    o.max_len = 128;
+    o.dim = 128;
+    o.heads = 4;
+    o.layers = 4;
+    o.lr = 1e-3f;
+    o.timeout = 120;
+#ifdef PP_GPT_NCCL_MPI
+    MPI_Init(&argc, &argv);
+#endif
+    for (int i = 1; i < argc; i++) {
+        const char* a = argv[i];
+        const char* n = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(s) (!strcmp(a, s) && n && ++i)
+        if (ARG("--schedule")) {
+            if (pp_schedule_kind_parse(n, &o.kind) != PP_OK) {
+                rc = usage();
+                goto done;
+            }
+        } else if (ARG("-p")) o.p = atoi(n);
+        else if (ARG("--dp")) o.dp = atoi(n);
+        else if (ARG("-v")) o.v = atoi(n);
+        else if (ARG("-m")) o.m = atoi(n);
+        else if (ARG("--steps")) o.steps = atoi(n);
+        else if (ARG("--text")) o.text = n;
+        else if (ARG("--seqs-per-step")) o.seqs = atoi(n);
+        else if (ARG("--max-len")) o.max_len = atoi(n);
+        else if (ARG("--dim")) o.dim = atoi(n);
+        else if (ARG("--heads")) o.heads = atoi(n);
+        else if (ARG("--layers")) o.layers = atoi(n);
+        else if (ARG("--lr")) o.lr = (float)atof(n);
+        else if (ARG("--id-file")) o.id_file = n;
+        else if (ARG("--timeout")) o.timeout = atof(n);
+        else if (!strcmp(a, "--generated")) o.generated = 1;
+        else {
+            rc = usage();
+            goto done;
+        }
+#undef ARG
+    }
+    /* who am I: the launcher's variables; none means a single process */
+    have_launch = pp_launch_from_env(&P->L, &err) == PP_OK;
+    if (!have_launch) {
+#ifdef PP_GPT_NCCL_MPI
+        MPI_Comm_rank(MPI_COMM_WORLD, &P->L.rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &P->L.world);
+        P->L.local_rank = P->L.rank;
+        P->L.source = "MPI_COMM_WORLD";
+#else
+        P->L.rank = 0;
+        P->L.world = 1;
+        P->L.local_rank = 0;
+        P->L.source = NULL;
+#endif
+    }
+    if (o.kind == PP_SCHED_ZB_V) o.v = 2;
+    else if (o.kind != PP_SCHED_INTERLEAVED) o.v = 1;
+    if (o.p <= 0) o.p = o.dp > 0 ? P->L.world / o.dp : P->L.world;
+    if (o.dp <= 0) o.dp = o.p > 0 ? P->L.world / o.p : 0;
+    if (o.p < 1 || o.p > PP_MAX_RANKS || o.dp < 1 || o.p * o.dp != P->L.world) {
+        if (P->L.rank == 0)
+            fprintf(stderr, "gpt_nccl: the world has %d processes; -p %d x --dp %d must equal it\n", P->L.world, o.p, o.dp);
+        rc = 2;
+        goto done;
+    }
+    if (o.v < 1 || o.m < 1 || o.m > 1024 || o.steps < 1 || o.dim < 8 || o.heads < 1 || o.dim % o.heads ||
+        o.dim / o.heads > MAXHS || o.seqs < o.m || o.max_len < 12 || o.timeout <= 0) {
+        rc = usage();
+        goto done;
+    }
+    if (o.layers < o.p * o.v - 2) o.layers = o.p * o.v - 2;
+    if (o.layers > MAXB) {
+        if (P->L.rank == 0) fprintf(stderr, "gpt_nccl: p*v = %d stages need %d blocks, at most %d\n", o.p * o.v, o.layers, MAXB);
+        rc = 2;
+        goto done;
+    }
+    rc = setup(P, &o, have_launch);
+    if (rc == 0) rc = train(P, &o);
+    proc_free(P);
+done:
+#ifdef PP_GPT_NCCL_MPI
+    if (rc && P->L.world > 1) MPI_Abort(MPI_COMM_WORLD, rc); /* the peers may wait in NCCL */
+    MPI_Finalize();
+#endif
+    return rc;
+}
