@@ -42,7 +42,7 @@
      or the pipeline transport with the pair of ranks that own them (pp_tied_sum_grads), data
      parallelism the dp transport (pp_grad_allreduce).
 
-   USAGE (one process per GPU; examples/gpt_nccl.cu where present)
+   USAGE (one process per GPU; examples/gpt_nccl.cu shows it whole)
        pp_launch L; pp_launch_from_env(&L, &err);
        ncclUniqueId id; pp_nccl_unique_id_mpi(MPI_COMM_WORLD, &id, &err);   // or _file
        ncclComm_t world; pp_nccl_comm_init(&L, &id, 60, &world, &err);
