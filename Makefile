@@ -124,8 +124,13 @@ TEST_BINS = $(addprefix $(B)/,$(TESTS)) $(addprefix $(B)/clang-,$(TESTS)) \
 test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx check-c lint
 	@sh tests/run.sh $(TEST_BINS) $(addprefix valgrind:$(B)/,$(VG_TESTS))
 
+# The main job: the GPU example where nvcc and a GPU are present (CPU=1 forces the CPU one).
 run: $(B)/mlp_cpu
-	$(B)/mlp_cpu --check
+	@if [ -z "$(CPU)" ] && command -v $(NVCC) >/dev/null 2>&1 && command -v nvidia-smi >/dev/null 2>&1 \
+	   && nvidia-smi -L 2>/dev/null | grep -q GPU; then \
+	  echo "make run: a GPU is here, running the GPU example (make run CPU=1 for the CPU one)"; \
+	  $(MAKE) --no-print-directory $(B)/gpt_cuda && $(B)/gpt_cuda -p 4 --check; \
+	else $(B)/mlp_cpu --check; fi
 
 run-gpt: $(B)/gpt_cpu
 	$(B)/gpt_cpu --check
