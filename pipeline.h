@@ -280,33 +280,36 @@ typedef struct pp_model {
 #define _PP_MODEL_NAME(lname, P, fwd, bwd, desc, count) \
     if (_PP_MODEL_IN(lname)) return #lname;
 
-#define PP_MODEL(mname, LIST)                                                                    \
-    typedef struct mname##_model { LIST(_PP_MODEL_FIELD) } mname##_model;                         \
-    enum { mname##_N_LAYERS = 0 LIST(_PP_MODEL_COUNT) };                                         \
+/* The parts PP_MODEL and PP_MODEL_SPLIT share, over the entry macros of their list arity. */
+#define _PP_MODEL_COMMON(mname, LIST, FIELD, COUNT, ENUM, FWD, BWD, DESC, NAME)                  \
+    typedef struct mname##_model { LIST(FIELD) } mname##_model;                                   \
+    enum { mname##_N_LAYERS = 0 LIST(COUNT) };                                                   \
     static inline int mname##_forward(const void* w_, int l, pp_layer_io* io) {                  \
-        enum { LIST(_PP_MODEL_ENUM) _pp_end };                                                  \
+        enum { LIST(ENUM) _pp_end };                                                            \
         const mname##_model* w = (const mname##_model*)w_;                                        \
-        LIST(_PP_MODEL_FWD)                                                                     \
+        LIST(FWD)                                                                               \
         return -1;                                                                              \
     }                                                                                           \
     static inline int mname##_backward(const void* w_, void* g_, int l, pp_layer_io* io) {       \
-        enum { LIST(_PP_MODEL_ENUM) _pp_end };                                                  \
+        enum { LIST(ENUM) _pp_end };                                                            \
         const mname##_model* w = (const mname##_model*)w_;                                        \
         mname##_model* g = (mname##_model*)g_;                                                    \
-        LIST(_PP_MODEL_BWD)                                                                     \
+        LIST(BWD)                                                                               \
         return -1;                                                                              \
     }                                                                                           \
     static inline void mname##_describe(const void* w_, int l, const pp_microbatch* mb,          \
                                        const pp_tensor* in, int n_in, pp_layer_desc* d) {       \
-        enum { LIST(_PP_MODEL_ENUM) _pp_end };                                                  \
+        enum { LIST(ENUM) _pp_end };                                                            \
         const mname##_model* w = (const mname##_model*)w_;                                        \
-        LIST(_PP_MODEL_DESC)                                                                    \
+        LIST(DESC)                                                                              \
     }                                                                                           \
     static inline const char* mname##_layer_name(int l) {                                        \
-        enum { LIST(_PP_MODEL_ENUM) _pp_end };                                                  \
-        LIST(_PP_MODEL_NAME)                                                                    \
+        enum { LIST(ENUM) _pp_end };                                                            \
+        LIST(NAME)                                                                              \
         return "?";                                                                             \
-    }                                                                                           \
+    }
+
+#define _PP_MODEL_DESC_FN(mname, wgrad)                                                          \
     static inline pp_model mname##_model_desc(void) {                                            \
         pp_model m;                                                                             \
         m.name = #mname;                                                                         \
@@ -315,9 +318,14 @@ typedef struct pp_model {
         m.backward = mname##_backward;                                                           \
         m.describe = mname##_describe;                                                           \
         m.layer_name = mname##_layer_name;                                                       \
-        m.weight_grad = NULL;                                                                   \
+        m.weight_grad = wgrad;                                                                  \
         return m;                                                                               \
     }
+
+#define PP_MODEL(mname, LIST)                                                                    \
+    _PP_MODEL_COMMON(mname, LIST, _PP_MODEL_FIELD, _PP_MODEL_COUNT, _PP_MODEL_ENUM,              \
+                     _PP_MODEL_FWD, _PP_MODEL_BWD, _PP_MODEL_DESC, _PP_MODEL_NAME)               \
+    _PP_MODEL_DESC_FN(mname, NULL)
 
 /* PP_MODEL_SPLIT(name, LIST): the same, for layers whose backward comes in two halves. Entries
        X(layer, P, forward, backward, weight_grad, describe, count)
@@ -346,21 +354,8 @@ static inline int _pp_no_wgrad(const void* w, void* g, pp_layer_io* io) {
 #define _PP_MODELW_NAME(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_NAME(lname, P, fwd, bwd, desc, count)
 
 #define PP_MODEL_SPLIT(mname, LIST)                                                              \
-    typedef struct mname##_model { LIST(_PP_MODELW_FIELD) } mname##_model;                        \
-    enum { mname##_N_LAYERS = 0 LIST(_PP_MODELW_COUNT) };                                        \
-    static inline int mname##_forward(const void* w_, int l, pp_layer_io* io) {                  \
-        enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
-        const mname##_model* w = (const mname##_model*)w_;                                        \
-        LIST(_PP_MODELW_FWD)                                                                    \
-        return -1;                                                                              \
-    }                                                                                           \
-    static inline int mname##_backward(const void* w_, void* g_, int l, pp_layer_io* io) {       \
-        enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
-        const mname##_model* w = (const mname##_model*)w_;                                        \
-        mname##_model* g = (mname##_model*)g_;                                                    \
-        LIST(_PP_MODELW_BWD)                                                                    \
-        return -1;                                                                              \
-    }                                                                                           \
+    _PP_MODEL_COMMON(mname, LIST, _PP_MODELW_FIELD, _PP_MODELW_COUNT, _PP_MODELW_ENUM,           \
+                     _PP_MODELW_FWD, _PP_MODELW_BWD, _PP_MODELW_DESC, _PP_MODELW_NAME)           \
     static inline int mname##_weight_grad(const void* w_, void* g_, int l, pp_layer_io* io) {    \
         enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
         const mname##_model* w = (const mname##_model*)w_;                                        \
@@ -368,28 +363,7 @@ static inline int _pp_no_wgrad(const void* w, void* g, pp_layer_io* io) {
         LIST(_PP_MODELW_WG)                                                                     \
         return -1;                                                                              \
     }                                                                                           \
-    static inline void mname##_describe(const void* w_, int l, const pp_microbatch* mb,          \
-                                       const pp_tensor* in, int n_in, pp_layer_desc* d) {       \
-        enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
-        const mname##_model* w = (const mname##_model*)w_;                                        \
-        LIST(_PP_MODELW_DESC)                                                                   \
-    }                                                                                           \
-    static inline const char* mname##_layer_name(int l) {                                        \
-        enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
-        LIST(_PP_MODELW_NAME)                                                                   \
-        return "?";                                                                             \
-    }                                                                                           \
-    static inline pp_model mname##_model_desc(void) {                                            \
-        pp_model m;                                                                             \
-        m.name = #mname;                                                                         \
-        m.n_layers = mname##_N_LAYERS;                                                           \
-        m.forward = mname##_forward;                                                             \
-        m.backward = mname##_backward;                                                           \
-        m.describe = mname##_describe;                                                           \
-        m.layer_name = mname##_layer_name;                                                       \
-        m.weight_grad = mname##_weight_grad;                                                     \
-        return m;                                                                               \
-    }
+    _PP_MODEL_DESC_FN(mname, mname##_weight_grad)
 
 /* Checks a pp_model (non-NULL callbacks, n_layers > 0). */
 pp_result pp_model_check(const pp_model* m, pp_error* err);
