@@ -1522,9 +1522,11 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
     return PP_OK;
 }
 
-static pp_result _pp_backward_range(const pp_model* m, const void* w, void* g, const pp_microbatch* mb, int a, int b,
-                                    const pp_tensor* act, const int* nact, const pp_tensor* dact, void* const* saved,
-                                    const size_t* saved_bytes, void* ctx, pp_error* err) {
+/* B (weight_half 0: backward) or W (weight_half 1: weight_grad, model->weight_grad set) of layers
+   [a, b), last layer first; W sees the same io that B saw. */
+static pp_result _pp_grad_range(int weight_half, const pp_model* m, const void* w, void* g, const pp_microbatch* mb,
+                                int a, int b, const pp_tensor* act, const int* nact, const pp_tensor* dact,
+                                void* const* saved, const size_t* saved_bytes, void* ctx, pp_error* err) {
     pp_layer_io io;
     int l, rc;
     for (l = b - 1; l >= a; l--) {
@@ -1540,35 +1542,10 @@ static pp_result _pp_backward_range(const pp_model* m, const void* w, void* g, c
         io.saved = saved[l - a];
         io.saved_bytes = saved_bytes[l];
         io.ctx = ctx;
-        if ((rc = m->backward(w, g, l, &io)) != 0)
-            return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) backward returned %d on micro-batch %d", l,
-                            _pp_layer_name(m, l), rc, mb->index);
-    }
-    return PP_OK;
-}
-
-/* W: weight gradients of layers [a, b) from the same io backward saw (model->weight_grad set). */
-static pp_result _pp_wgrad_range(const pp_model* m, const void* w, void* g, const pp_microbatch* mb, int a, int b,
-                                 const pp_tensor* act, const int* nact, const pp_tensor* dact, void* const* saved,
-                                 const size_t* saved_bytes, void* ctx, pp_error* err) {
-    pp_layer_io io;
-    int l, rc;
-    for (l = b - 1; l >= a; l--) {
-        memset(&io, 0, sizeof io);
-        io.mb = mb;
-        io.layer = l;
-        io.n_in = nact[l - a];
-        io.n_out = nact[l - a + 1];
-        memcpy(io.in, &act[(l - a) * PP_MAX_TENSORS], sizeof io.in);
-        memcpy(io.out, &act[(l - a + 1) * PP_MAX_TENSORS], sizeof io.out);
-        memcpy(io.d_in, &dact[(l - a) * PP_MAX_TENSORS], sizeof io.d_in);
-        memcpy(io.d_out, &dact[(l - a + 1) * PP_MAX_TENSORS], sizeof io.d_out);
-        io.saved = saved[l - a];
-        io.saved_bytes = saved_bytes[l];
-        io.ctx = ctx;
-        if ((rc = m->weight_grad(w, g, l, &io)) != 0)
-            return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) weight_grad returned %d on micro-batch %d", l,
-                            _pp_layer_name(m, l), rc, mb->index);
+        rc = weight_half ? m->weight_grad(w, g, l, &io) : m->backward(w, g, l, &io);
+        if (rc != 0)
+            return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) %s returned %d on micro-batch %d", l,
+                            _pp_layer_name(m, l), weight_half ? "weight_grad" : "backward", rc, mb->index);
     }
     return PP_OK;
 }
@@ -1622,11 +1599,11 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
         if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, &plan.saved[(size_t)i * L],
                                     &mb_loss[i], NULL, err)) != PP_OK)
             goto cleanup;
-        if ((rc = _pp_backward_range(m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
+        if ((rc = _pp_grad_range(0, m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
                                      &plan.saved[(size_t)i * L], NULL, err)) != PP_OK)
             goto cleanup;
         /* split backward: the weight gradients of this micro-batch after all its input gradients */
-        if (m->weight_grad && (rc = _pp_wgrad_range(m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
+        if (m->weight_grad && (rc = _pp_grad_range(1, m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
                                                     &plan.saved[(size_t)i * L], NULL, err)) != PP_OK)
             goto cleanup;
         PP_FREE(stash);
@@ -1700,14 +1677,14 @@ pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads,
             }
             for (l = L - 1; l >= 0; l--) {
                 double t0 = _pp_now();
-                rc = _pp_backward_range(m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
+                rc = _pp_grad_range(0, m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
                                         dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, NULL, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0) t_b[l] += _pp_now() - t0;
             }
             for (l = L - 1; m->weight_grad && l >= 0; l--) {
                 double t0 = _pp_now();
-                rc = _pp_wgrad_range(m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
+                rc = _pp_grad_range(1, m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
                                      dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, NULL, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0 && t_w) t_w[l] += _pp_now() - t0;
@@ -4373,7 +4350,7 @@ static pp_result _pp_run(pp_stage* s, int idx) {
             _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, stash->data, s->act, s->nact, s->saved);
             if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
             _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
-            rc = _pp_wgrad_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
+            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
                                  sb, s->d.layer_ctx, &s->err);
             if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
             s->live[slot] = s->wlive[slot] = NULL;
@@ -4411,11 +4388,11 @@ static pp_result _pp_run(pp_stage* s, int idx) {
         _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, stash->data, s->act, s->nact, s->saved);
         if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
         _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
-        rc = _pp_backward_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact,
+        rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact,
                                 s->saved, sb, s->d.layer_ctx, &s->err);
         /* a split model on a schedule without W: the weight gradients now */
         if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
-            rc = _pp_wgrad_range(&s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
+            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
                                  sb, s->d.layer_ctx, &s->err);
         if (rc != PP_OK) {
             _pp_block_put(s, gws);
