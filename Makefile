@@ -12,7 +12,8 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
+           test_model test_convenience test_cuda_pipeline
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
@@ -57,7 +58,7 @@ $(B)/tsan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 	$(CLANG) $(BASE) -O1 -g -fsanitize=thread $< -o $@ $(LDLIBS)
 
 # pipeline_cuda.h on the host: tests/fakecuda imitates the CUDA runtime (streams as threads).
-FAKE_CUDA = $(B)/test_cuda_host $(B)/clang-test_cuda_host $(B)/asan-test_cuda_host $(B)/tsan-test_cuda_host
+FAKE_CUDA = $(foreach t,test_cuda_host test_cuda_pipeline,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
 $(FAKE_CUDA): BASE += -Itests/fakecuda
 $(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h
 
