@@ -17,7 +17,7 @@
    Tensors move through a transport: threads in one process (here), CUDA streams
    (pipeline_cuda.h), NCCL processes (pipeline_nccl.h).
 
-   USAGE (20 lines; examples/mlp_cpu.c is the full version)
+   USAGE (examples/mlp_cpu.c is the full program)
 
        // X(layer name, parameter struct, forward, backward, describe, count)
        #define MLP_LAYERS(X)                                          \
@@ -30,17 +30,22 @@
        void dense_desc(const dense_params* w, const pp_microbatch* mb,
                        const pp_tensor* in, int n_in, pp_layer_desc* d);   // output shapes
 
-       pp_model model = mlp_model_desc();
-       int first[4 + 1];                       // stage s owns layers [first[s], first[s+1])
-       pp_partition_uniform(model.n_layers, 4, first, &err);
-       pp_action acts[4 * 2 * 8]; pp_schedule sched;
-       pp_schedule_make(PP_SCHED_1F1B, 4, 1, 8, acts, 4 * 2 * 8, &sched, &err);
-       // per rank (a thread here, a process with MPI/NCCL):
-       pp_stage_desc d = {0};
-       d.model = model; d.weights = &w; d.grads = &g; d.schedule = &sched;
-       d.partition = first; d.rank = rank; d.transport = pp_threads_transport(world, rank);
-       pp_stage* st; pp_stage_create(&d, &st, &err);
-       pp_stage_step(st, &batch, &stats);   // stats.loss on the rank owning the last stage
+       pp_pipeline_desc d = {0};               // zero is a default everywhere
+       d.model = mlp_model_desc();
+       d.weights = &w; d.grads = &g;           // mlp_model structs
+       d.schedule = PP_SCHED_1F1B; d.p = 4; d.m = 8;
+       pp_pipeline* pl; pp_pipeline_create(&d, &pl, &err);   // 4 threads, a stage each
+       for (;;) {
+           pp_batch b = {0};                   // one step: x a pp_tensor [rows, cols], y its targets
+           b.input = x; b.targets = y; b.target_row_bytes = 4;
+           pp_pipeline_step(pl, &b, &stats);   // stats.loss; gradients accumulate into g
+           // your optimizer on w; zero g
+       }
+       pp_pipeline_destroy(pl);
+   That is the one-process layer (>>pipeline; pipeline_cuda.h's pp_cuda_pipeline_create puts
+   every rank on a CUDA stream). It runs the per-rank API (>>stage) for you: one process per
+   rank (MPI, NCCL), or a program that drives every rank itself, fills a pp_stage_desc per rank
+   and calls pp_stage_step on each (examples/gpt_mpi.c).
 
    LAYERS
    A layer is a forward, a backward and a describe function, all typed on the layer's own
@@ -58,6 +63,13 @@
    One model implementation serves the sequential reference (pp_sequential_step) and every
    pipelined run: results are bit-identical when the accumulation order is the same, which it is
    for every built-in schedule (each stage runs backward in ascending micro-batch order).
+
+   RUNTIME COUNTS AND CONTEXT
+   A list entry's count is a capacity: mlp_counts n = {0}; n.dense = 5; mlp_model_desc_counts(n)
+   is the model with 5 dense layers in use (0 keeps an entry's count), numbered over the layers
+   in use. pp_model.ctx is yours: every layer call reaches it, as io->model->ctx in forward,
+   backward and weight_grad, and as d->model->ctx in describe (the library sets d->model before
+   the call). io->ctx is something else: the rank's pp_stage_desc.layer_ctx (its CUDA stream).
 
    SPLIT BACKWARD (zero-bubble schedules)
    PP_MODEL_SPLIT(name, LIST) takes X(layer, P, forward, backward, weight_grad, describe, count):
@@ -80,6 +92,7 @@
        PP_MALLOC(sz) / PP_FREE(p)   allocator (default malloc/free); define both or neither
        PP_ASSERT(c)                 internal invariants only, never user errors (default assert)
        PP_MAX_TENSORS               tensors crossing one layer boundary (default 4)
+       PP_MAX_LAYER_KINDS           PP_MODEL entries whose count can change at run time (16)
        PP_MAX_RANKS                 ranks in one pipeline (default 256)
        PP_DEFAULT_TIMEOUT_S         deadline of every wait when the desc says 0 (default 300)
        PP_FLIGHT_LEN                entries in each rank's flight record (default 32)
@@ -114,7 +127,8 @@
 
    SECTIONS  (search for ">>name")
    >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>flight
-   >>transport >>threads >>batch >>stage >>impl (>>impl-profile: pp_profile_layers)
+   >>transport >>threads >>batch >>stage >>pipeline >>impl (>>impl-profile: pp_profile_layers,
+   >>impl-pipeline)
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
@@ -126,6 +140,8 @@
           Reliability: flight records and timeout messages naming each rank's last action,
           abort on any failure with cancelled receives (pp_transport.cancel), NaN/Inf check
           (PP_ERR_NONFINITE), shape-overflow and desc validation.
+          Then: the one-process layer (pp_pipeline_*, pp_cuda_pipeline_create), PP_MODEL
+          counts chosen at run time (NAME_model_desc_counts), a model context (pp_model.ctx).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -946,7 +962,9 @@ typedef struct pp_pipeline_desc {
     pp_stage_desc stage;
     /* Optional: called at create for every rank in rank order, once its desc is filled, before
        its stage is made. Change what you like: wrap d->transport (fault injection), give the
-       rank its own layer_ctx or device ops. A result other than PP_OK fails the create. */
+       rank its own layer_ctx or device ops. A result other than PP_OK fails the create. A wrapper
+       replaces transport.self, so every function it keeps must be its own: forward abort and
+       cancel (a failed step needs them) and set the ones it does not forward to NULL. */
     pp_result (*rank_setup)(void* user, int rank, pp_stage_desc* d);
     void* user;
 } pp_pipeline_desc;

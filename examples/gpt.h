@@ -1,6 +1,9 @@
 /* examples/gpt.h - a tiny GPT (decoder-only transformer) as a pipeline.h layer list, trained on
    packed variable-length sequences: no padding; positions and attention restart at every sequence.
-   Used by examples/gpt_cpu.c and tests/test_gpt.c. Include after pipeline.h; everything is static.
+   Used by examples/gpt_cpu.c, examples/gpt_mpi.c and tests/test_gpt.c. Include after pipeline.h;
+   everything is static.
+   What to copy: layers over packed sequences (io->mb->cu_seqlens), a describe() that charges
+   attention's quadratic cost, a depth chosen at run time (gpt_model_desc_depth).
 
    LAYERS  (T = tokens of the micro-batch = io->mb->rows, C = channels, V = vocabulary)
      embed   token ids int32 (T, 1) -> x (T, C):  wte[token] + wpe[position inside its sequence]

@@ -158,20 +158,8 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
     /* identical initial weights on every device */
     {
         float* h = (float*)malloc(sizeof(float) * t->n_par);
-        gptc_model hw;
-        uint64_t rng = 1234;
         if (!h) return 1;
-        gptc_bind(&hw, &t->run.cfg, h, 0);
-        for (size_t i = 0; i < t->n_par; i++) h[i] = (2.0f * gpt_rng_uniform(&rng) - 1.0f) * 0.035f;
-        for (int l = 0; l < c->layers; l++)
-            for (int k = 0; k < c->dim; k++) {
-                hw.block[l].ln1_g[k] = hw.block[l].ln2_g[k] = 1.0f;
-                hw.block[l].ln1_b[k] = hw.block[l].ln2_b[k] = 0.0f;
-            }
-        for (int k = 0; k < c->dim; k++) {
-            hw.head[0].lnf_g[k] = 1.0f;
-            hw.head[0].lnf_b[k] = 0.0f;
-        }
+        gptc_init_weights(&t->run.cfg, h);
         for (int d = 0; d < n_dev; d++) {
             set_device(t, d);
             if (!(t->wbuf[d] = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_par)) ||

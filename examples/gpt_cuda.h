@@ -662,6 +662,25 @@ static void gptc_bind(gptc_model* m, const gptc_config* g, float* base, int grad
     m->head[0].wte = grads ? p : m->embed[0].wte;
 }
 
+/* The weights every process and device starts from (h: gptc_numel floats on the host): uniform
+   in +-0.035 from a fixed seed, LayerNorm gains 1 and biases 0. */
+static void gptc_init_weights(const gptc_config* g, float* h) {
+    gptc_model hw;
+    uint64_t rng = 1234;
+    size_t n = gptc_numel(g);
+    gptc_bind(&hw, g, h, 0);
+    for (size_t i = 0; i < n; i++) h[i] = (2.0f * gpt_rng_uniform(&rng) - 1.0f) * 0.035f;
+    for (int l = 0; l < g->nb; l++)
+        for (int k = 0; k < g->C; k++) {
+            hw.block[l].ln1_g[k] = hw.block[l].ln2_g[k] = 1.0f;
+            hw.block[l].ln1_b[k] = hw.block[l].ln2_b[k] = 0.0f;
+        }
+    for (int k = 0; k < g->C; k++) {
+        hw.head[0].lnf_g[k] = 1.0f;
+        hw.head[0].lnf_b[k] = 0.0f;
+    }
+}
+
 /* ---- memory: the GPU, or the host when cpu is set --------------------------------------------- */
 static void* gptc_alloc(int cpu, size_t bytes) {
     void* p = NULL;

@@ -25,19 +25,14 @@
 
 int main(int argc, char** argv) {
     gpt_opts c;
-    gpt_config gc;
-    gpt_corpus corpus;
-    gpt_model w, g, gref;
-    gpt_step* steps = NULL;
-    float *wbuf = NULL, *gbuf = NULL, *grefbuf = NULL, *m1 = NULL, *m2 = NULL, *loss = NULL, ref_loss = 0;
-    double mean_len = 0, attn_len = 0, t0, wall = 0;
-    size_t n_params, n_acts;
-    int rank = 0, size = 1, step, chunk, l, rc = 1, bad = 0, last = 0, ok;
+    gpt_trainer T;
+    double t0, wall = 0;
+    size_t n_acts;
+    int rank = 0, size = 1, step, chunk, l, rc = 1, bad = 0, last = 0, ok, have = 0;
     int* first = NULL;
     pp_action* acts = NULL;
     pp_schedule sched;
     pp_partition_desc pd;
-    pp_tensor sample;
     pp_mpi* mpi = NULL;
     pp_stage_desc d;
     pp_stage* st = NULL;
@@ -46,7 +41,6 @@ int main(int argc, char** argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    memset(&corpus, 0, sizeof corpus);
     if (gpt_opts_parse(argc, argv, &c)) {
         if (rank == 0) gpt_opts_usage("gpt_mpi");
         MPI_Finalize();
@@ -59,48 +53,35 @@ int main(int argc, char** argv) {
     }
     if (rank != size - 1 && !freopen("/dev/null", "w", stdout)) perror("freopen"); /* the last rank prints */
     /* every process builds the same data, model, schedule and partition */
-    if (gpt_opts_corpus(&c, &corpus)) goto cleanup;
-    gpt_corpus_lengths(&corpus, &mean_len, &attn_len);
-    gc.vocab = GPT_DATA_VOCAB;
-    gc.max_T = c.max_len;
-    gc.C = c.dim;
-    gc.n_head = c.heads;
-    gc.n_block = c.layers;
-    n_params = gpt_param_count(&gc);
-    wbuf = gpt_init(&w, &g, &gc, 1234, &gbuf);
-    m1 = (float*)calloc(n_params, sizeof(float));
-    m2 = (float*)calloc(n_params, sizeof(float));
-    loss = (float*)calloc((size_t)c.steps, sizeof(float));
+    if (gpt_trainer_init(&T, &c)) goto cleanup;
+    have = 1;
     first = (int*)calloc((size_t)(c.p * c.v + 1), sizeof(int));
     n_acts = pp_schedule_size(c.kind, c.p, c.v, c.m);
     acts = (pp_action*)malloc((n_acts ? n_acts : 1) * sizeof *acts);
-    if (!wbuf || !m1 || !m2 || !loss || !first || !acts || !(steps = gpt_steps_make(&c, &corpus))) {
+    if (!first || !acts) {
         fprintf(stderr, "rank %d: out of memory\n", rank);
         goto cleanup;
     }
     memset(&pd, 0, sizeof pd);
-    memset(&sample, 0, sizeof sample);
-    sample.rows = attn_len > 1 ? (int64_t)(attn_len + 0.5) : 1;
-    sample.cols = 1;
-    sample.dtype = PP_I32;
     pd.policy = PP_PARTITION_COST;
     pd.n_stages = c.p * c.v;
-    pd.sample = &sample;
+    pd.sample = &T.sample;
     memset(&d, 0, sizeof d);
     d.model = gpt_model_desc_depth(c.layers);
     if (pp_schedule_make(c.kind, c.p, c.v, c.m, acts, n_acts, &sched, &err) != PP_OK ||
-        pp_partition_model(&d.model, &w, &pd, first, NULL, &err) != PP_OK ||
+        pp_partition_model(&d.model, &T.w, &pd, first, NULL, &err) != PP_OK ||
         pp_mpi_create(MPI_COMM_WORLD, MPI_COMM_NULL, &mpi, &err) != PP_OK) {
         fprintf(stderr, "rank %d: %s\n", rank, err.msg);
         goto cleanup;
     }
     printf("gpt_mpi: %d processes, %s v=%d m=%d; %d layers (embed, %d blocks, head), C=%d, %zu parameters\n", size,
-           pp_schedule_name(c.kind), c.v, c.m, d.model.n_layers, c.layers, c.dim, n_params);
-    printf("text: %s, %d documents of mean length %.1f (max %d)\n", corpus.source, corpus.n_docs, mean_len, c.max_len);
+           pp_schedule_name(c.kind), c.v, c.m, d.model.n_layers, c.layers, c.dim, T.n_params);
+    printf("text: %s, %d documents of mean length %.1f (max %d)\n", T.corpus.source, T.corpus.n_docs, T.mean_len,
+           c.max_len);
     pp_partition_print(stdout, &d.model, first, c.p * c.v, NULL);
     /* this process's stage */
-    d.weights = &w;
-    d.grads = &g;
+    d.weights = &T.w;
+    d.grads = &T.g;
     d.schedule = &sched;
     d.partition = first;
     d.rank = rank;
@@ -112,36 +93,25 @@ int main(int argc, char** argv) {
     pp_schedule_stage_rank(&sched, c.p * c.v - 1, &last, &chunk);
     t0 = gpt_now();
     for (step = 0; step < c.steps; step++) {
-        pp_batch b = gpt_step_batch(&c, &steps[step]);
+        pp_batch b = gpt_step_batch(&c, &T.steps[step]);
         if (pp_stage_step(st, &b, &ss) != PP_OK) {
             fprintf(stderr, "step %d: %s\n", step, pp_stage_error(st));
             goto cleanup;
         }
-        if (c.check && step == 0) {
-            /* the sequential reference; this rank compares the layers it owns */
-            if (!(grefbuf = (float*)calloc(n_params, sizeof(float)))) goto cleanup;
-            gpt_bind(&gref, &gc, grefbuf);
-            if (pp_sequential_step(&d.model, &w, &gref, &b, &ref_loss, &err) != PP_OK) {
-                fprintf(stderr, "reference: %s\n", err.msg);
-                goto cleanup;
-            }
-        }
-        /* the optimizer on the layers this rank's stages own (it zeroes their gradients) */
+        if (c.check && step == 0 && gpt_trainer_reference(&T, &d.model, &b)) goto cleanup;
+        /* the optimizer on the layers this rank's stages own (it zeroes their gradients);
+           --check first compares their gradients with the reference's */
         for (chunk = 0; chunk < c.v; chunk++) {
             int s = pp_schedule_stage(&sched, rank, chunk);
             for (l = first[s]; l < first[s + 1]; l++) {
-                size_t n, off = (size_t)(gpt_layer_params(&w, &gc, l, &n) - wbuf);
-                if (grefbuf && step == 0 && memcmp(gbuf + off, grefbuf + off, n * sizeof(float)) != 0) {
-                    fprintf(stderr, "check: layer %d (%s, stage %d, rank %d): gradient differs from the reference\n", l,
-                            pp_model_layer_name(&d.model, l), s, rank);
-                    bad++;
-                }
-                gpt_optimize(&c, wbuf + off, gbuf + off, m1 + off, m2 + off, n, step);
+                size_t n, off = (size_t)(gpt_layer_params(&T.w, &T.gc, l, &n) - T.wbuf);
+                if (c.check && step == 0) bad += gpt_trainer_differs(&T, &d.model, l);
+                gpt_optimize(&c, T.wbuf + off, T.gbuf + off, T.m1 + off, T.m2 + off, n, step);
             }
         }
         if (ss.has_loss) {
-            loss[step] = ss.loss;
-            gpt_step_print(step, ss.loss, &steps[step], ss.t_total);
+            T.loss[step] = ss.loss;
+            gpt_step_print(step, ss.loss, &T.steps[step], ss.t_total);
         }
     }
     wall = gpt_now() - t0;
@@ -152,29 +122,17 @@ cleanup:
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (ok) {
         MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-        MPI_Bcast(loss, c.steps, MPI_FLOAT, last, MPI_COMM_WORLD);
-        gpt_report(&c, steps, loss, wall);
-        if (c.check) {
-            int same = memcmp(&ref_loss, &loss[0], sizeof(float)) == 0;
-            printf("check: step 0 loss  sequential %.9g  pipelined %.9g  %s; gradients: %d layers differ\n",
-                   (double)ref_loss, (double)loss[0], same ? "bit-identical" : "DIFFERENT", bad);
-            if (!same || bad) rc = 1;
-        }
+        MPI_Bcast(T.loss, c.steps, MPI_FLOAT, last, MPI_COMM_WORLD);
+        gpt_report(&c, T.steps, T.loss, wall);
+        if (c.check) rc = gpt_trainer_verdict(&T, bad);
     } else {
         rc = 1;
     }
     pp_stage_destroy(st);
     pp_mpi_destroy(mpi);
-    gpt_steps_free(steps, c.steps);
     free(acts);
     free(first);
-    free(wbuf);
-    free(gbuf);
-    free(grefbuf);
-    free(m1);
-    free(m2);
-    free(loss);
-    gpt_corpus_free(&corpus);
+    if (have) gpt_trainer_free(&T, &c);
     MPI_Finalize();
     return rc;
 }

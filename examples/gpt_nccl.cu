@@ -2,6 +2,10 @@
    (pipeline_nccl.h): a pp x dp grid, any schedule, the tied embedding/head across the first
    and last pipeline ranks, the data-parallel gradient mean, Adam.
 
+   What to copy: the per-rank API over NCCL (pp_nccl_grid_create, pp_nccl_transport) with a
+   one-rank pp_cuda for the device block pool, the tied and data-parallel gradient sums on the
+   GPU. Start from mlp_cpu.c and gpt_cuda.cu (the same model in one process).
+
      mpirun -np 4 build/gpt_nccl -p 4                      (pp 4 x dp 1; NCCL id by MPI_Bcast)
      mpirun -np 8 build/gpt_nccl -p 4 --dp 2 --schedule interleaved -v 2 -m 8
      srun -n 8 --gpus-per-task 1 build/gpt_nccl -p 4 --dp 2 --id-file /shared/nccl.$SLURM_JOB_ID
@@ -224,20 +228,8 @@ static int setup(proc* P, const opts* o, int have_launch) {
     P->n_grad = P->n_par + (size_t)P->run.cfg.V * P->run.cfg.C;
     {
         float* h = (float*)malloc(sizeof(float) * P->n_par);
-        gptc_model hw;
-        uint64_t rng = 1234;
         if (!h) FAIL("out of host memory");
-        gptc_bind(&hw, &P->run.cfg, h, 0);
-        for (size_t i = 0; i < P->n_par; i++) h[i] = (2.0f * gpt_rng_uniform(&rng) - 1.0f) * 0.035f;
-        for (int l = 0; l < o->layers; l++)
-            for (int k = 0; k < o->dim; k++) {
-                hw.block[l].ln1_g[k] = hw.block[l].ln2_g[k] = 1.0f;
-                hw.block[l].ln1_b[k] = hw.block[l].ln2_b[k] = 0.0f;
-            }
-        for (int k = 0; k < o->dim; k++) {
-            hw.head[0].lnf_g[k] = 1.0f;
-            hw.head[0].lnf_b[k] = 0.0f;
-        }
+        gptc_init_weights(&P->run.cfg, h);
         P->wbuf = (float*)gptc_alloc(0, sizeof(float) * P->n_par);
         if (!P->wbuf || gptc_copy(0, P->wbuf, h, sizeof(float) * P->n_par)) {
             free(h);

@@ -1,6 +1,8 @@
 /* examples/gpt_train.h - what the two CPU GPT programs share: their options, the packed batches
    of every step, and the optimizer. examples/gpt_cpu.c runs them through threads in one
    process (pp_pipeline), examples/gpt_mpi.c with one process per rank (pp_stage over MPI).
+   What to copy: an elementwise optimizer over one flat parameter buffer, applied whole (one
+   process) or to the layers a rank owns (one process per rank): the same bits either way.
    Include after gpt.h and gpt_data.h. Everything is static. */
 #ifndef PP_EXAMPLE_GPT_TRAIN_H
 #define PP_EXAMPLE_GPT_TRAIN_H
@@ -245,6 +247,87 @@ static void gpt_step_print(int step, float loss, const gpt_step* sd, double t_st
            step, loss, sd->T, t_step > 0 ? sd->T / t_step : 0.0, (long long)sd->pad_saved, (long long)sd->padded,
            sd->padded ? 100.0 * (double)sd->pad_saved / (double)sd->padded : 0.0, sd->imbalance);
     fflush(stdout);
+}
+
+/* What both programs set up the same way: the text, every step's batch, the model's weights,
+   gradients (gpt_init's layout), the optimizer's moments, and the partition's sample. */
+typedef struct gpt_trainer {
+    gpt_config gc;
+    gpt_corpus corpus;
+    gpt_step* steps;
+    gpt_model w, g, gref;
+    float *wbuf, *gbuf, *grefbuf, *m1, *m2;
+    float* loss;                /* (steps) */
+    float ref_loss;             /* --check: the sequential reference's step-0 loss */
+    size_t n_params;
+    double mean_len, attn_len;
+    pp_tensor sample;           /* one sequence of the corpus' attention length (the cost partition) */
+} gpt_trainer;
+
+static void gpt_trainer_free(gpt_trainer* T, const gpt_opts* c) {
+    gpt_steps_free(T->steps, c->steps);
+    free(T->wbuf);
+    free(T->gbuf);
+    free(T->grefbuf);
+    free(T->m1);
+    free(T->m2);
+    free(T->loss);
+    gpt_corpus_free(&T->corpus);
+    memset(T, 0, sizeof *T);
+}
+
+/* 0 on success; on failure a message is printed and T is freed. */
+static int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
+    memset(T, 0, sizeof *T);
+    if (gpt_opts_corpus(c, &T->corpus)) return 1;
+    gpt_corpus_lengths(&T->corpus, &T->mean_len, &T->attn_len);
+    T->gc.vocab = GPT_DATA_VOCAB;
+    T->gc.max_T = c->max_len;
+    T->gc.C = c->dim;
+    T->gc.n_head = c->heads;
+    T->gc.n_block = c->layers;
+    T->n_params = gpt_param_count(&T->gc);
+    T->wbuf = gpt_init(&T->w, &T->g, &T->gc, 1234, &T->gbuf);
+    T->m1 = (float*)calloc(T->n_params, sizeof(float));
+    T->m2 = (float*)calloc(T->n_params, sizeof(float));
+    T->loss = (float*)calloc((size_t)c->steps, sizeof(float));
+    if (!T->wbuf || !T->m1 || !T->m2 || !T->loss || !(T->steps = gpt_steps_make(c, &T->corpus))) {
+        fprintf(stderr, "out of memory\n");
+        gpt_trainer_free(T, c);
+        return 1;
+    }
+    T->sample.rows = T->attn_len > 1 ? (int64_t)(T->attn_len + 0.5) : 1;
+    T->sample.cols = 1;
+    T->sample.dtype = PP_I32;
+    return 0;
+}
+
+/* --check: the sequential reference of batch b (before any update) into T->gref; 0 on success. */
+static int gpt_trainer_reference(gpt_trainer* T, const pp_model* m, const pp_batch* b) {
+    pp_error err;
+    if (!(T->grefbuf = (float*)calloc(T->n_params, sizeof(float)))) return 1;
+    gpt_bind(&T->gref, &T->gc, T->grefbuf);
+    if (pp_sequential_step(m, &T->w, &T->gref, b, &T->ref_loss, &err) != PP_OK) {
+        fprintf(stderr, "reference: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+/* --check: layer l's gradient against the reference's; 1 (and a message) when they differ. */
+static int gpt_trainer_differs(const gpt_trainer* T, const pp_model* m, int l) {
+    size_t n, off = (size_t)(gpt_layer_params(&T->w, &T->gc, l, &n) - T->wbuf);
+    if (memcmp(T->gbuf + off, T->grefbuf + off, n * sizeof(float)) == 0) return 0;
+    fprintf(stderr, "check: layer %d (%s): gradient differs from the reference\n", l, pp_model_layer_name(m, l));
+    return 1;
+}
+
+/* --check's verdict on the first step: 0 when loss and gradients were bit-identical. */
+static int gpt_trainer_verdict(const gpt_trainer* T, int bad_layers) {
+    int same = memcmp(&T->ref_loss, &T->loss[0], sizeof(float)) == 0;
+    printf("check: step 0 loss  sequential %.9g  pipelined %.9g  %s; gradients: %d layers differ\n", (double)T->ref_loss,
+           (double)T->loss[0], same ? "bit-identical" : "DIFFERENT", bad_layers);
+    return !same || bad_layers;
 }
 
 static double gpt_now(void) {
