@@ -125,7 +125,7 @@ static void run_case(pp_schedule_kind kind, int p, int spread, int per_rank, int
     char where[128];
     snprintf(where, sizeof where, "%s p=%d %s, %s grads", pp_schedule_name(kind), p, spread ? "spread over 4 devices" : "one device",
              per_rank ? "per-rank" : "shared");
-    for (r = 0; r < p; r++) devs[r] = spread ? r % 4 : 0;
+    for (r = 0; r < p; r++) devs[r] = spread ? 3 - r % 4 : 0; /* rank 0 not on the default device */
     memset(&cd, 0, sizeof cd);
     cd.devices = devs;
     cd.timeline = 1;
