@@ -5086,6 +5086,16 @@ static const char* _pp_msg_body(const char* msg, pp_result rc) {
 /* The kind's v when the caller left it 0: 1 where the kind runs with one chunk, else 2. */
 static int _pp_kind_v(pp_schedule_kind k, int p, int m) { return pp_schedule_size(k, p, 1, m) ? 1 : 2; }
 
+/* The desc with its defaults: the one place where zero reads as "the default". */
+static pp_pipeline_desc _pp_pipeline_defaults(const pp_pipeline_desc* in) {
+    pp_pipeline_desc d = *in;
+    const pp_schedule* cs = in->custom;
+    d.p = cs ? cs->p : _PP_DEF(in->p, 1);
+    d.m = cs ? cs->m : _PP_DEF(in->m, 4 * d.p);
+    d.v = cs ? cs->v : _PP_DEF(in->v, _pp_kind_v(in->schedule, d.p, d.m));
+    return d;
+}
+
 /* Schedule, partition and parameter pointers; no stage yet (_pp_pipeline_start). */
 static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out, pp_error* err) {
     pp_pipeline* pl;
@@ -5110,16 +5120,12 @@ static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out,
     if (cs && ((in->p && in->p != cs->p) || (in->v && in->v != cs->v) || (in->m && in->m != cs->m)))
         return _pp_fail(err, PP_ERR_INVALID, "p, v, m = %d, %d, %d disagree with the custom schedule's %d, %d, %d (leave them 0)",
                         in->p, in->v, in->m, cs->p, cs->v, cs->m);
-    p = cs ? cs->p : _PP_DEF(in->p, 1);
+    p = _pp_pipeline_defaults(in).p;
     if (p < 1 || p > PP_MAX_RANKS) return _pp_fail(err, PP_ERR_INVALID, "p = %d ranks (1 .. %d)", p, PP_MAX_RANKS);
     if (!(pl = (pp_pipeline*)_pp_calloc(1, sizeof *pl))) return _pp_fail(err, PP_ERR_NOMEM, "pipeline");
     *out = pl; /* from here pp_pipeline_destroy cleans up */
-    /* defaults, once */
     d = &pl->d;
-    *d = *in;
-    d->p = p;
-    d->m = cs ? cs->m : _PP_DEF(in->m, 4 * p);
-    d->v = cs ? cs->v : _PP_DEF(in->v, _pp_kind_v(in->schedule, p, d->m));
+    *d = _pp_pipeline_defaults(in);
     pl->weights = (const void**)_pp_calloc((size_t)p, sizeof *pl->weights);
     pl->grads = (void**)_pp_calloc((size_t)p, sizeof *pl->grads);
     pl->st = (pp_stage**)_pp_calloc((size_t)p, sizeof *pl->st);
