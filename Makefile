@@ -1,4 +1,4 @@
-# pipeline.h - build, test, run.   make | make test | make run | make bench | make check-cuda
+# pipeline.h - build, test, run.   make | make test | make quick | make run | make bench | make check-cuda
 #   make lint | make fuzz | make soak | make valgrind
 CC      ?= cc
 CLANG   ?= clang
@@ -12,7 +12,8 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
+           test_model test_convenience test_cuda_pipeline
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
@@ -21,7 +22,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test run run-gpt bench bench-peers check-cuda check-cxx check-c lint fuzz soak valgrind clean \
+.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c lint fuzz soak valgrind clean \
         cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
@@ -57,7 +58,7 @@ $(B)/tsan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 	$(CLANG) $(BASE) -O1 -g -fsanitize=thread $< -o $@ $(LDLIBS)
 
 # pipeline_cuda.h on the host: tests/fakecuda imitates the CUDA runtime (streams as threads).
-FAKE_CUDA = $(B)/test_cuda_host $(B)/clang-test_cuda_host $(B)/asan-test_cuda_host $(B)/tsan-test_cuda_host
+FAKE_CUDA = $(foreach t,test_cuda_host test_cuda_pipeline,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
 $(FAKE_CUDA): BASE += -Itests/fakecuda
 $(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h
 
@@ -210,3 +211,29 @@ clean:
 	rm -rf $(B)
 
 include multiprocess.mk
+
+# The edit-test loop: gcc at -O0 without sanitizers (its own build/quick/, so it never mixes
+# with make test's -O2 objects), every test in its quick mode (PP_QUICK=1: fewer repetitions
+# where a test has many), the examples built and their --check run. make test stays the gate.
+Q = $(B)/quick
+QUICK_BINS = $(addprefix $(Q)/,$(TESTS)) $(Q)/mlp_cpu $(Q)/gpt_cpu $(Q)/pp-sched
+
+$(Q): | $(B)
+	@mkdir -p $(Q)
+
+$(Q)/%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(Q)
+	$(CC) $(BASE) -O0 $< -o $@ $(LDLIBS)
+
+$(Q)/%: examples/%.c $(EXH) $(HEADERS) | $(Q)
+	$(CC) $(BASE) -O0 $< -o $@ $(LDLIBS)
+
+$(Q)/pp-sched: tools/pp_sched.c $(HEADERS) | $(Q)
+	$(CC) $(BASE) -O0 $< -o $@ $(LDLIBS)
+
+$(Q)/test_cuda_host $(Q)/test_cuda_pipeline: BASE += -Itests/fakecuda
+$(Q)/test_cuda_host $(Q)/test_cuda_pipeline: tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h
+
+quick: $(QUICK_BINS)
+	@$(Q)/mlp_cpu --check --steps 2 > /dev/null && $(Q)/gpt_cpu --check --steps 2 --generated > /dev/null && \
+	  echo "quick: examples pass their --check"
+	@PP_QUICK=1 sh tests/run.sh $(addprefix $(Q)/,$(TESTS))

@@ -33,9 +33,9 @@ $(B)/test_mpi: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | 
 $(B)/tlm_mpi: examples/tlm_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-# the packed-sequence GPT with one process per rank (examples/gpt_cpu.c built with PP_GPT_MPI)
-$(B)/gpt_mpi: examples/gpt_cpu.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
-	$(MPICC) $(BASE) $(CFLAGS) -DPP_GPT_MPI $< -o $@ $(LDLIBS)
+# the packed-sequence GPT with one process per rank
+$(B)/gpt_mpi: examples/gpt_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 $(B)/bench_mpi: bench/bench_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)

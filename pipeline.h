@@ -17,7 +17,7 @@
    Tensors move through a transport: threads in one process (here), CUDA streams
    (pipeline_cuda.h), NCCL processes (pipeline_nccl.h).
 
-   USAGE (20 lines; examples/mlp_cpu.c is the full version)
+   USAGE (examples/mlp_cpu.c is the full program)
 
        // X(layer name, parameter struct, forward, backward, describe, count)
        #define MLP_LAYERS(X)                                          \
@@ -30,17 +30,22 @@
        void dense_desc(const dense_params* w, const pp_microbatch* mb,
                        const pp_tensor* in, int n_in, pp_layer_desc* d);   // output shapes
 
-       pp_model model = mlp_model_desc();
-       int first[4 + 1];                       // stage s owns layers [first[s], first[s+1])
-       pp_partition_uniform(model.n_layers, 4, first, &err);
-       pp_action acts[4 * 2 * 8]; pp_schedule sched;
-       pp_schedule_make(PP_SCHED_1F1B, 4, 1, 8, acts, 4 * 2 * 8, &sched, &err);
-       // per rank (a thread here, a process with MPI/NCCL):
-       pp_stage_desc d = {0};
-       d.model = model; d.weights = &w; d.grads = &g; d.schedule = &sched;
-       d.partition = first; d.rank = rank; d.transport = pp_threads_transport(world, rank);
-       pp_stage* st; pp_stage_create(&d, &st, &err);
-       pp_stage_step(st, &batch, &stats);   // stats.loss on the rank owning the last stage
+       pp_pipeline_desc d = {0};               // zero is a default everywhere
+       d.model = mlp_model_desc();
+       d.weights = &w; d.grads = &g;           // mlp_model structs
+       d.schedule = PP_SCHED_1F1B; d.p = 4; d.m = 8;
+       pp_pipeline* pl; pp_pipeline_create(&d, &pl, &err);   // 4 threads, a stage each
+       for (;;) {
+           pp_batch b = {0};                   // one step: x a pp_tensor [rows, cols], y its targets
+           b.input = x; b.targets = y; b.target_row_bytes = 4;
+           pp_pipeline_step(pl, &b, &stats);   // stats.loss; gradients accumulate into g
+           // your optimizer on w; zero g
+       }
+       pp_pipeline_destroy(pl);
+   That is the one-process layer (>>pipeline; pipeline_cuda.h's pp_cuda_pipeline_create puts
+   every rank on a CUDA stream). It runs the per-rank API (>>stage) for you: one process per
+   rank (MPI, NCCL), or a program that drives every rank itself, fills a pp_stage_desc per rank
+   and calls pp_stage_step on each (examples/gpt_mpi.c).
 
    LAYERS
    A layer is a forward, a backward and a describe function, all typed on the layer's own
@@ -58,6 +63,13 @@
    One model implementation serves the sequential reference (pp_sequential_step) and every
    pipelined run: results are bit-identical when the accumulation order is the same, which it is
    for every built-in schedule (each stage runs backward in ascending micro-batch order).
+
+   RUNTIME COUNTS AND CONTEXT
+   A list entry's count is a capacity: mlp_counts n = {0}; n.dense = 5; mlp_model_desc_counts(n)
+   is the model with 5 dense layers in use (0 keeps an entry's count), numbered over the layers
+   in use. pp_model.ctx is yours: every layer call reaches it, as io->model->ctx in forward,
+   backward and weight_grad, and as d->model->ctx in describe (the library sets d->model before
+   the call). io->ctx is something else: the rank's pp_stage_desc.layer_ctx (its CUDA stream).
 
    SPLIT BACKWARD (zero-bubble schedules)
    PP_MODEL_SPLIT(name, LIST) takes X(layer, P, forward, backward, weight_grad, describe, count):
@@ -80,6 +92,7 @@
        PP_MALLOC(sz) / PP_FREE(p)   allocator (default malloc/free); define both or neither
        PP_ASSERT(c)                 internal invariants only, never user errors (default assert)
        PP_MAX_TENSORS               tensors crossing one layer boundary (default 4)
+       PP_MAX_LAYER_KINDS           PP_MODEL entries whose count can change at run time (16)
        PP_MAX_RANKS                 ranks in one pipeline (default 256)
        PP_DEFAULT_TIMEOUT_S         deadline of every wait when the desc says 0 (default 300)
        PP_FLIGHT_LEN                entries in each rank's flight record (default 32)
@@ -114,7 +127,8 @@
 
    SECTIONS  (search for ">>name")
    >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>flight
-   >>transport >>threads >>batch >>stage >>impl (>>impl-profile: pp_profile_layers)
+   >>transport >>threads >>batch >>stage >>pipeline >>impl (>>impl-profile: pp_profile_layers,
+   >>impl-pipeline)
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
@@ -126,6 +140,8 @@
           Reliability: flight records and timeout messages naming each rank's last action,
           abort on any failure with cancelled receives (pp_transport.cancel), NaN/Inf check
           (PP_ERR_NONFINITE), shape-overflow and desc validation.
+          Then: the one-process layer (pp_pipeline_*, pp_cuda_pipeline_create), PP_MODEL
+          counts chosen at run time (NAME_model_desc_counts), a model context (pp_model.ctx).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -205,6 +221,8 @@ const char* pp_dtype_name(pp_dtype t);
 size_t pp_tensor_bytes(const pp_tensor* t);
 
 /* >>model ------------------------------------------------------------------------------------- */
+struct pp_model; /* below: what every layer call can reach through io->model and d->model */
+
 /* One micro-batch as the layers see it. */
 typedef struct pp_microbatch {
     int index;                  /* 0 .. count-1 */
@@ -232,6 +250,7 @@ typedef struct pp_layer_io {
     float loss;                         /* loss layer forward: this micro-batch's loss */
     void* ctx;                          /* pp_stage_desc.layer_ctx (e.g. the rank's CUDA stream);
                                            NULL under pp_sequential_step */
+    const struct pp_model* model;       /* the model being run: model->ctx is your context */
 } pp_layer_io;
 
 /* What describe() returns for one layer on one micro-batch. */
@@ -241,12 +260,24 @@ typedef struct pp_layer_desc {
     size_t saved_bytes;
     double cost;                        /* relative forward+backward time (0 counts as 1) */
     int64_t n_params;
+    const struct pp_model* model;       /* set before the call: the model (model->ctx is yours) */
 } pp_layer_desc;
+
+#ifndef PP_MAX_LAYER_KINDS
+#define PP_MAX_LAYER_KINDS 16       /* entries of a PP_MODEL list whose count can change at run time */
+#endif
+
+/* One entry of a PP_MODEL list: its name and its count, which is the most layers of that kind
+   the model can hold (the typed model struct has that many); fewer may be in use. */
+typedef struct pp_layer_kind {
+    const char* name;
+    int count;
+} pp_layer_kind;
 
 /* A model as the library sees it: PP_MODEL fills one for you (NAME_model_desc()). */
 typedef struct pp_model {
     const char* name;
-    int n_layers;
+    int n_layers;               /* layers in use */
     int (*forward)(const void* weights, int layer, pp_layer_io* io);
     int (*backward)(const void* weights, void* grads, int layer, pp_layer_io* io);
     void (*describe)(const void* weights, int layer, const pp_microbatch* mb,
@@ -256,76 +287,179 @@ typedef struct pp_model {
        weight_grad adds the parameter gradient (W), possibly much later: zero-bubble schedules
        defer W to fill the pipeline's idle time. PP_MODEL_SPLIT fills it. */
     int (*weight_grad)(const void* weights, void* grads, int layer, pp_layer_io* io);
+    /* Yours (NULL by default): every layer call can reach it, as io->model->ctx in forward,
+       backward and weight_grad, and as d->model->ctx in describe. The library never reads it. */
+    void* ctx;
+    /* PP_MODEL fills these (a model made by hand leaves them zero): the list's entries, and how
+       many layers of each are in use. NAME_model_desc_counts sets in_use and n_layers together;
+       pp_model_check refuses an in_use above the entry's count or a sum other than n_layers. */
+    int n_kinds;
+    const pp_layer_kind* kinds;
+    int in_use[PP_MAX_LAYER_KINDS];
 } pp_model;
 
 /* PP_MODEL(name, LIST): LIST is an X-macro whose entries are
        X(layer, P, forward, backward, describe, count)
    It generates, all static inline:
        struct name_model { P layer[count]; ... };   one typed field per layer kind
-       enum { name_N_LAYERS };                        total layer count
+       enum { name_N_LAYERS };                        total layer count of the full list
+       struct name_counts { int layer; ... };        layers in use per entry (0 = its count)
        name_forward / name_backward / name_describe   dispatch on a global layer index
-       name_layer_name(l), name_model_desc()          names and the pp_model for the library
-   Each callback is called with its own P, so the compiler checks every signature. */
+       name_layer_name(l)                             names, numbered as in the full list
+       name_model_desc()                              the pp_model of the full list
+       name_model_desc_counts(n)                      the pp_model using n.layer of each entry
+   Each callback is called with its own P, so the compiler checks every signature.
+
+   RUNTIME COUNTS. An entry's count is a capacity: name_model has that many P, and a model may
+   use fewer. name_counts n = {0}; n.block = 6; m = name_model_desc_counts(n) uses 6 blocks
+   (entries left 0 keep their count): layers are numbered over the layers in use, in list
+   order, and m.n_layers is their sum. The dispatchers find a layer's entry and index through
+   io->model (d->model in describe), which the library sets on every call; a caller that runs
+   name_forward itself sets io.model = &m (NULL numbers layers as the full list). A wrapper
+   model starts from a copy of m and replaces callbacks, so that it keeps m's counts. */
 #define _PP_MODEL_FIELD(lname, P, fwd, bwd, desc, count) P lname[count];
 #define _PP_MODEL_COUNT(lname, P, fwd, bwd, desc, count) + (count)
-#define _PP_MODEL_ENUM(lname, P, fwd, bwd, desc, count) \
-    _pp_first_##lname, _pp_last_##lname = _pp_first_##lname + (count) - 1,
-#define _PP_MODEL_IN(lname) (l >= _pp_first_##lname && l <= _pp_last_##lname)
+#define _PP_MODEL_KIND(lname, P, fwd, bwd, desc, count) _pp_kind_##lname,
+#define _PP_MODEL_KINIT(lname, P, fwd, bwd, desc, count) {#lname, (count)},
+#define _PP_MODEL_CNT(lname, P, fwd, bwd, desc, count) int lname;
+#define _PP_MODEL_USE(lname, P, fwd, bwd, desc, count) _pp_model_use(&m, _pp_kind_##lname, n.lname);
+#define _PP_MODEL_ZERO(lname, P, fwd, bwd, desc, count) n.lname = 0;
 #define _PP_MODEL_FWD(lname, P, fwd, bwd, desc, count) \
-    if (_PP_MODEL_IN(lname)) return fwd(&w->lname[l - _pp_first_##lname], io);
+    case _pp_kind_##lname: return fwd(&w->lname[i], io);
 #define _PP_MODEL_BWD(lname, P, fwd, bwd, desc, count) \
-    if (_PP_MODEL_IN(lname)) return bwd(&w->lname[l - _pp_first_##lname], &g->lname[l - _pp_first_##lname], io);
+    case _pp_kind_##lname: return bwd(&w->lname[i], &g->lname[i], io);
 #define _PP_MODEL_DESC(lname, P, fwd, bwd, desc, count) \
-    if (_PP_MODEL_IN(lname)) { desc(&w->lname[l - _pp_first_##lname], mb, in, n_in, d); return; }
-#define _PP_MODEL_NAME(lname, P, fwd, bwd, desc, count) \
-    if (_PP_MODEL_IN(lname)) return #lname;
+    case _pp_kind_##lname: desc(&w->lname[i], mb, in, n_in, d); return;
+
+#if defined(__GNUC__) || defined(__clang__)
+#define _PP_UNUSED __attribute__((unused)) /* a program may use only one of the two model_desc */
+#else
+#define _PP_UNUSED
+#endif
+
+/* The entry of layer l and its index inside the entry (*index), or -1. Counts come from m when
+   m is a model of this list (NULL, or another model: the list's full counts). */
+static inline int _pp_kinds_same(const pp_layer_kind* a, const pp_layer_kind* b, int n) {
+    int k;
+    if (a == b) return 1;
+    if (!a || !b) return 0;
+    for (k = 0; k < n; k++) {
+        const char *x = a[k].name, *y = b[k].name;
+        if (a[k].count != b[k].count || !x || !y) return 0;
+        while (*x && *x == *y) x++, y++;
+        if (*x != *y) return 0;
+    }
+    return 1;
+}
+static inline int _pp_model_locate(const struct pp_model* m, const pp_layer_kind* kinds, int n_kinds, int l, int* index) {
+    int k, own = m && m->n_kinds == n_kinds && _pp_kinds_same(m->kinds, kinds, n_kinds);
+    for (k = 0; k < n_kinds && l >= 0; k++) {
+        int n = own && k < PP_MAX_LAYER_KINDS ? m->in_use[k] : kinds[k].count;
+        if (n < 0 || n > kinds[k].count) return -1; /* pp_model_check names it */
+        if (l < n) {
+            *index = l;
+            return k;
+        }
+        l -= n;
+    }
+    return -1;
+}
+/* The pp_model of a list at its full counts. */
+static inline void _pp_model_init(pp_model* m, const char* name, const pp_layer_kind* kinds, int n_kinds) {
+    int k;
+    m->name = name;
+    m->n_layers = 0;
+    m->forward = NULL;
+    m->backward = NULL;
+    m->describe = NULL;
+    m->layer_name = NULL;
+    m->weight_grad = NULL;
+    m->ctx = NULL;
+    m->n_kinds = n_kinds;
+    m->kinds = kinds;
+    for (k = 0; k < PP_MAX_LAYER_KINDS; k++) m->in_use[k] = k < n_kinds ? kinds[k].count : 0;
+    for (k = 0; k < n_kinds; k++) m->n_layers += kinds[k].count;
+}
+/* Entry k uses n layers (0 keeps its count); n_layers follows. */
+static inline void _pp_model_use(pp_model* m, int k, int n) {
+    if (n == 0) return;
+    if (k >= PP_MAX_LAYER_KINDS) {
+        m->n_layers = -1; /* pp_model_check: "define PP_MAX_LAYER_KINDS larger" */
+        return;
+    }
+    m->n_layers += n - m->in_use[k];
+    m->in_use[k] = n;
+}
 
 /* The parts PP_MODEL and PP_MODEL_SPLIT share, over the entry macros of their list arity. */
-#define _PP_MODEL_COMMON(mname, LIST, FIELD, COUNT, ENUM, FWD, BWD, DESC, NAME)                  \
+#define _PP_MODEL_COMMON(mname, LIST, FIELD, COUNT, KIND, KINIT, CNT, FWD, BWD, DESC)             \
     typedef struct mname##_model { LIST(FIELD) } mname##_model;                                   \
+    typedef struct mname##_counts { LIST(CNT) } mname##_counts;                                   \
     enum { mname##_N_LAYERS = 0 LIST(COUNT) };                                                   \
+    static inline const pp_layer_kind* mname##_kinds(void) {                                     \
+        static const pp_layer_kind k[] = {LIST(KINIT)};                                          \
+        return k;                                                                               \
+    }                                                                                           \
     static inline int mname##_forward(const void* w_, int l, pp_layer_io* io) {                  \
-        enum { LIST(ENUM) _pp_end };                                                            \
+        enum { LIST(KIND) _pp_kinds };                                                          \
         const mname##_model* w = (const mname##_model*)w_;                                        \
-        LIST(FWD)                                                                               \
+        int i = 0;                                                                              \
+        switch (_pp_model_locate(io->model, mname##_kinds(), _pp_kinds, l, &i)) {                \
+            LIST(FWD)                                                                           \
+        default: break;                                                                         \
+        }                                                                                       \
         return -1;                                                                              \
     }                                                                                           \
     static inline int mname##_backward(const void* w_, void* g_, int l, pp_layer_io* io) {       \
-        enum { LIST(ENUM) _pp_end };                                                            \
+        enum { LIST(KIND) _pp_kinds };                                                          \
         const mname##_model* w = (const mname##_model*)w_;                                        \
         mname##_model* g = (mname##_model*)g_;                                                    \
-        LIST(BWD)                                                                               \
+        int i = 0;                                                                              \
+        switch (_pp_model_locate(io->model, mname##_kinds(), _pp_kinds, l, &i)) {                \
+            LIST(BWD)                                                                           \
+        default: break;                                                                         \
+        }                                                                                       \
         return -1;                                                                              \
     }                                                                                           \
     static inline void mname##_describe(const void* w_, int l, const pp_microbatch* mb,          \
                                        const pp_tensor* in, int n_in, pp_layer_desc* d) {       \
-        enum { LIST(ENUM) _pp_end };                                                            \
+        enum { LIST(KIND) _pp_kinds };                                                          \
         const mname##_model* w = (const mname##_model*)w_;                                        \
-        LIST(DESC)                                                                              \
+        int i = 0;                                                                              \
+        switch (_pp_model_locate(d->model, mname##_kinds(), _pp_kinds, l, &i)) {                 \
+            LIST(DESC)                                                                          \
+        default: break;                                                                         \
+        }                                                                                       \
     }                                                                                           \
     static inline const char* mname##_layer_name(int l) {                                        \
-        enum { LIST(ENUM) _pp_end };                                                            \
-        LIST(NAME)                                                                              \
-        return "?";                                                                             \
+        enum { LIST(KIND) _pp_kinds };                                                          \
+        int i = 0, k = _pp_model_locate(NULL, mname##_kinds(), _pp_kinds, l, &i);                \
+        return k >= 0 ? mname##_kinds()[k].name : "?";                                          \
     }
 
-#define _PP_MODEL_DESC_FN(mname, wgrad)                                                          \
-    static inline pp_model mname##_model_desc(void) {                                            \
+#define _PP_MODEL_DESC_FN(mname, LIST, KIND, USE, ZERO, wgrad)                                   \
+    static inline _PP_UNUSED pp_model mname##_model_desc_counts(mname##_counts n) {              \
+        enum { LIST(KIND) _pp_kinds };                                                          \
         pp_model m;                                                                             \
-        m.name = #mname;                                                                         \
-        m.n_layers = mname##_N_LAYERS;                                                           \
+        _pp_model_init(&m, #mname, mname##_kinds(), _pp_kinds);                                  \
         m.forward = mname##_forward;                                                             \
         m.backward = mname##_backward;                                                           \
         m.describe = mname##_describe;                                                           \
         m.layer_name = mname##_layer_name;                                                       \
         m.weight_grad = wgrad;                                                                  \
+        LIST(USE)                                                                               \
         return m;                                                                               \
+    }                                                                                           \
+    static inline _PP_UNUSED pp_model mname##_model_desc(void) {                                 \
+        mname##_counts n;                                                                       \
+        LIST(ZERO)                                                                              \
+        return mname##_model_desc_counts(n);                                                     \
     }
 
 #define PP_MODEL(mname, LIST)                                                                    \
-    _PP_MODEL_COMMON(mname, LIST, _PP_MODEL_FIELD, _PP_MODEL_COUNT, _PP_MODEL_ENUM,              \
-                     _PP_MODEL_FWD, _PP_MODEL_BWD, _PP_MODEL_DESC, _PP_MODEL_NAME)               \
-    _PP_MODEL_DESC_FN(mname, NULL)
+    _PP_MODEL_COMMON(mname, LIST, _PP_MODEL_FIELD, _PP_MODEL_COUNT, _PP_MODEL_KIND, _PP_MODEL_KINIT,  \
+                     _PP_MODEL_CNT, _PP_MODEL_FWD, _PP_MODEL_BWD, _PP_MODEL_DESC)                \
+    _PP_MODEL_DESC_FN(mname, LIST, _PP_MODEL_KIND, _PP_MODEL_USE, _PP_MODEL_ZERO, NULL)
 
 /* PP_MODEL_SPLIT(name, LIST): the same, for layers whose backward comes in two halves. Entries
        X(layer, P, forward, backward, weight_grad, describe, count)
@@ -345,28 +479,37 @@ static inline int _pp_no_wgrad(const void* w, void* g, pp_layer_io* io) {
 #define PP_NO_WGRAD _pp_no_wgrad
 #define _PP_MODELW_FIELD(lname, P, fwd, bwd, wg, desc, count) P lname[count];
 #define _PP_MODELW_COUNT(lname, P, fwd, bwd, wg, desc, count) + (count)
-#define _PP_MODELW_ENUM(lname, P, fwd, bwd, wg, desc, count) \
-    _pp_first_##lname, _pp_last_##lname = _pp_first_##lname + (count) - 1,
+#define _PP_MODELW_KIND(lname, P, fwd, bwd, wg, desc, count) _pp_kind_##lname,
+#define _PP_MODELW_KINIT(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_KINIT(lname, P, fwd, bwd, desc, count)
+#define _PP_MODELW_CNT(lname, P, fwd, bwd, wg, desc, count) int lname;
+#define _PP_MODELW_USE(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_USE(lname, P, fwd, bwd, desc, count)
+#define _PP_MODELW_ZERO(lname, P, fwd, bwd, wg, desc, count) n.lname = 0;
 #define _PP_MODELW_FWD(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_FWD(lname, P, fwd, bwd, desc, count)
 #define _PP_MODELW_BWD(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_BWD(lname, P, fwd, bwd, desc, count)
 #define _PP_MODELW_WG(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_BWD(lname, P, fwd, wg, desc, count)
 #define _PP_MODELW_DESC(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_DESC(lname, P, fwd, bwd, desc, count)
-#define _PP_MODELW_NAME(lname, P, fwd, bwd, wg, desc, count) _PP_MODEL_NAME(lname, P, fwd, bwd, desc, count)
 
 #define PP_MODEL_SPLIT(mname, LIST)                                                              \
-    _PP_MODEL_COMMON(mname, LIST, _PP_MODELW_FIELD, _PP_MODELW_COUNT, _PP_MODELW_ENUM,           \
-                     _PP_MODELW_FWD, _PP_MODELW_BWD, _PP_MODELW_DESC, _PP_MODELW_NAME)           \
+    _PP_MODEL_COMMON(mname, LIST, _PP_MODELW_FIELD, _PP_MODELW_COUNT, _PP_MODELW_KIND, _PP_MODELW_KINIT, \
+                     _PP_MODELW_CNT, _PP_MODELW_FWD, _PP_MODELW_BWD, _PP_MODELW_DESC)            \
     static inline int mname##_weight_grad(const void* w_, void* g_, int l, pp_layer_io* io) {    \
-        enum { LIST(_PP_MODELW_ENUM) _pp_end };                                                 \
+        enum { LIST(_PP_MODELW_KIND) _pp_kinds };                                               \
         const mname##_model* w = (const mname##_model*)w_;                                        \
         mname##_model* g = (mname##_model*)g_;                                                    \
-        LIST(_PP_MODELW_WG)                                                                     \
+        int i = 0;                                                                              \
+        switch (_pp_model_locate(io->model, mname##_kinds(), _pp_kinds, l, &i)) {                \
+            LIST(_PP_MODELW_WG)                                                                 \
+        default: break;                                                                         \
+        }                                                                                       \
         return -1;                                                                              \
     }                                                                                           \
-    _PP_MODEL_DESC_FN(mname, mname##_weight_grad)
+    _PP_MODEL_DESC_FN(mname, LIST, _PP_MODELW_KIND, _PP_MODELW_USE, _PP_MODELW_ZERO, mname##_weight_grad)
 
-/* Checks a pp_model (non-NULL callbacks, n_layers > 0). */
+/* Checks a pp_model: non-NULL callbacks, n_layers > 0, and with PP_MODEL's fields, every entry's
+   layers in use within its count and adding up to n_layers. */
 pp_result pp_model_check(const pp_model* m, pp_error* err);
+/* Name of layer l, numbered over the layers in use (pp_model.layer_name numbers the full list). */
+const char* pp_model_layer_name(const pp_model* m, int l);
 
 /* Per-layer cost and parameter count from describe(), for a sample micro-batch of `rows` rows
    whose input is `input` (data may be NULL). Either output array may be NULL. */
@@ -776,6 +919,84 @@ const pp_event* pp_stage_timeline(const pp_stage* st, size_t* n);
 pp_result pp_stage_flight(const pp_stage* st, pp_flight* out);
 void pp_stage_flight_print(FILE* out, const pp_stage* st);
 
+/* >>pipeline ---------------------------------------------------------------------------------- */
+/* A whole pipeline in one process: every rank a thread here (pp_pipeline_create), or a CUDA
+   stream (pipeline_cuda.h's pp_cuda_pipeline_create). It is the per-rank API above run for
+   you: it makes the schedule and the partition, one pp_stage per rank on one transport, and
+   runs every rank's pp_stage_step for each batch. MPI and NCCL (one process per rank) and
+   programs that drive every rank themselves use the per-rank API directly.
+       pp_pipeline_desc d = {0};                       // zero is a default everywhere
+       d.model = mlp_model_desc(); d.weights = &w; d.grads = &g;
+       d.schedule = PP_SCHED_1F1B; d.p = 4; d.m = 8;
+       pp_pipeline* pl; pp_pipeline_create(&d, &pl, &err);
+       pp_pipeline_step(pl, &batch, &stats);           // every rank, gradients accumulate
+       pp_pipeline_destroy(pl);
+   Defaults are resolved once, at create. Everything the desc points to is read at create only,
+   except weights, grads (and their per-rank arrays' targets), the model's ctx and what the stage
+   template's device and layer_ctx point to: those must live until pp_pipeline_destroy. */
+typedef struct pp_pipeline pp_pipeline;
+
+typedef struct pp_pipeline_desc {
+    pp_model model;
+    /* Parameters. Every rank reads weights, or rank_weights[r] (p entries: a copy per rank, e.g.
+       one per GPU). Gradients go to grads, one struct for all (each rank adds only into the
+       layers it owns, so they share it safely), or to rank_grads[r] (p entries, each rank its
+       own). Set exactly one of weights / rank_weights and one of grads / rank_grads. */
+    const void* weights;
+    void* grads;
+    const void* const* rank_weights;
+    void* const* rank_grads;
+    /* The schedule: its kind (zero: PP_SCHED_GPIPE), p ranks (0: 1), v chunks per rank (0: what
+       the kind needs: 1, or 2 for interleaved and ZB-V), m micro-batches per step (0: 4 * p).
+       Or custom: a schedule you made or parsed, copied at create; p, v and m are then its own
+       (set ones must agree) and schedule is ignored. */
+    pp_schedule_kind schedule;
+    int p, v, m;
+    const pp_schedule* custom;
+    /* Layers into p*v stages (n_stages is set for you). Zero: PP_PARTITION_UNIFORM; COST and
+       PARAMS need sample (one micro-batch's input shape), EXPLICIT explicit_first. */
+    pp_partition_desc partition;
+    /* What every rank's pp_stage_desc starts from: timeout_s, record_timeline, shapes, max_seqs,
+       check_finite, device, layer_ctx. Its model, weights, grads, schedule, partition, rank and
+       transport belong to the pipeline: leave them zero. */
+    pp_stage_desc stage;
+    /* Optional: called at create for every rank in rank order, once its desc is filled, before
+       its stage is made. Change what you like: wrap d->transport (fault injection), give the
+       rank its own layer_ctx or device ops. A result other than PP_OK fails the create. A wrapper
+       replaces transport.self, so every function it keeps must be its own: forward abort and
+       cancel (a failed step needs them) and set the ones it does not forward to NULL. */
+    pp_result (*rank_setup)(void* user, int rank, pp_stage_desc* d);
+    void* user;
+} pp_pipeline_desc;
+
+pp_result pp_pipeline_create(const pp_pipeline_desc* d, pp_pipeline** out, pp_error* err);
+void pp_pipeline_destroy(pp_pipeline* pl);
+/* One training step on every rank, one thread each; gradients accumulate across steps (zero
+   them yourself). b->m is 0 (the pipeline's m) or the pipeline's m. stats (may be NULL) covers
+   all ranks: loss from the rank that owns the last stage; t_total and peak_live the largest
+   rank's; the times, bytes, messages, stash bytes and actions summed over ranks. When a rank
+   fails, every rank stops, the result is the first failure's (never PP_ERR_ABORTED when a
+   cause is known), pp_pipeline_error names its rank, and the pipeline is ready for the next
+   step (the gradients then hold part of the step: zero them), provided every rank's transport
+   can withdraw the receives the step left posted (pp_transport.cancel); where one cannot, later
+   steps return PP_ERR_UNSUPPORTED, saying to create the pipeline again. One step at a time. */
+pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats);
+/* The last failure ("" if none): which rank failed first, and its message. */
+const char* pp_pipeline_error(const pp_pipeline* pl);
+/* Rank r's result of the last step (PP_ERR_ABORTED where another rank failed first), and its
+   stats (may be NULL). */
+pp_result pp_pipeline_rank_result(const pp_pipeline* pl, int rank, pp_step_stats* stats);
+/* Every rank's actions of the last step, rank-major, times in seconds from each rank's step
+   start (needs stage.record_timeline; else n = 0). Valid until the next step. */
+const pp_event* pp_pipeline_timeline(pp_pipeline* pl, size_t* n);
+/* What create resolved: the schedule, and the partition first[n_stages + 1]. */
+const pp_schedule* pp_pipeline_schedule(const pp_pipeline* pl);
+const int* pp_pipeline_partition(const pp_pipeline* pl);
+/* Rank r's stage (its error, flight record, timeline), and the threads world (pending
+   messages, flight records; NULL when the ranks are CUDA streams). */
+pp_stage* pp_pipeline_stage(pp_pipeline* pl, int rank);
+pp_threads* pp_pipeline_threads(pp_pipeline* pl);
+
 /* >>grid -------------------------------------------------------------------------------------- */
 /* Several processes: who am I, and which groups am I in. Shared by every multi-process transport
    (pipeline_mpi.h, pipeline_nccl.h); all of it is plain arithmetic over a pp_transport.
@@ -969,18 +1190,46 @@ static int _pp_shape_ok(int64_t rows, int64_t cols, pp_dtype dt) {
 
 /* >>impl-model */
 pp_result pp_model_check(const pp_model* m, pp_error* err) {
+    const char* name;
+    int k, sum = 0;
     if (!m) return _pp_fail(err, PP_ERR_INVALID, "model is NULL");
-    if (m->n_layers <= 0)
-        return _pp_fail(err, PP_ERR_INVALID, "model '%s' has %d layers", m->name ? m->name : "?", m->n_layers);
+    name = m->name ? m->name : "?";
+    if (m->n_kinds < 0 || (m->n_kinds > 0 && !m->kinds))
+        return _pp_fail(err, PP_ERR_INVALID, "model '%s': n_kinds = %d with kinds %s", name, m->n_kinds,
+                        m->kinds ? "set" : "NULL");
+    if (m->n_layers <= 0 && m->n_kinds > PP_MAX_LAYER_KINDS)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "model '%s': its list has %d entries and only the first PP_MAX_LAYER_KINDS = %d can change "
+                        "their count: define PP_MAX_LAYER_KINDS larger",
+                        name, m->n_kinds, PP_MAX_LAYER_KINDS);
+    for (k = 0; k < m->n_kinds; k++) {
+        int n = k < PP_MAX_LAYER_KINDS ? m->in_use[k] : m->kinds[k].count;
+        if (n < 0 || n > m->kinds[k].count)
+            return _pp_fail(err, PP_ERR_INVALID, "model '%s': %d '%s' layers in use, the list holds %d (0 .. %d allowed)",
+                            name, n, m->kinds[k].name ? m->kinds[k].name : "?", m->kinds[k].count, m->kinds[k].count);
+        sum += n;
+    }
+    if (m->n_kinds > 0 && sum != m->n_layers)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "model '%s': n_layers = %d but its entries use %d layers (change counts with %s_model_desc_counts)",
+                        name, m->n_layers, sum, name);
+    if (m->n_layers <= 0) return _pp_fail(err, PP_ERR_INVALID, "model '%s' has %d layers", name, m->n_layers);
     if (!m->forward || !m->backward || !m->describe)
-        return _pp_fail(err, PP_ERR_INVALID, "model '%s': forward, backward and describe must all be set",
-                        m->name ? m->name : "?");
+        return _pp_fail(err, PP_ERR_INVALID, "model '%s': forward, backward and describe must all be set", name);
     return PP_OK;
 }
 
-static const char* _pp_layer_name(const pp_model* m, int l) {
+const char* pp_model_layer_name(const pp_model* m, int l) {
+    int i = 0, k;
+    if (!m) return "?";
+    if (m->n_kinds > 0 && m->kinds) {
+        k = _pp_model_locate(m, m->kinds, m->n_kinds, l, &i);
+        return k >= 0 && m->kinds[k].name ? m->kinds[k].name : "?";
+    }
     return m->layer_name ? m->layer_name(l) : "layer";
 }
+
+static const char* _pp_layer_name(const pp_model* m, int l) { return pp_model_layer_name(m, l); }
 
 /* Shapes crossing one layer boundary (data NULL). */
 typedef struct _pp_bnd {
@@ -993,6 +1242,7 @@ static pp_result _pp_describe(const pp_model* m, const void* w, int l, const pp_
                               const _pp_bnd* in, _pp_bnd* out, pp_layer_desc* d, pp_error* err) {
     int k;
     memset(d, 0, sizeof *d);
+    d->model = m;
     m->describe(w, l, mb, in->t, in->n, d);
     if (d->n_out < 0 || d->n_out > PP_MAX_TENSORS)
         return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): describe gave n_out=%d (0..%d allowed)", l,
@@ -1250,8 +1500,7 @@ void pp_partition_print(FILE* f, const pp_model* m, const int* first, int n_stag
         int l;
         for (l = first[s]; l < first[s + 1]; l++) w += weight ? weight[l] : 1.0;
         fprintf(f, "stage %2d: layers [%3d, %3d) %-10s .. %-10s weight %.4g\n", s, first[s], first[s + 1],
-                m && m->layer_name ? m->layer_name(first[s]) : "", m && m->layer_name ? m->layer_name(first[s + 1] - 1) : "",
-                w);
+                m ? _pp_layer_name(m, first[s]) : "", m ? _pp_layer_name(m, first[s + 1] - 1) : "", w);
     }
 }
 
@@ -1514,6 +1763,7 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
         io.saved = saved[l - a];
         io.saved_bytes = saved_bytes[l];
         io.ctx = ctx;
+        io.model = m;
         if ((rc = m->forward(w, l, &io)) != 0)
             return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) forward returned %d on micro-batch %d", l,
                             _pp_layer_name(m, l), rc, mb->index);
@@ -1542,6 +1792,7 @@ static pp_result _pp_grad_range(int weight_half, const pp_model* m, const void* 
         io.saved = saved[l - a];
         io.saved_bytes = saved_bytes[l];
         io.ctx = ctx;
+        io.model = m;
         rc = weight_half ? m->weight_grad(w, g, l, &io) : m->backward(w, g, l, &io);
         if (rc != 0)
             return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) %s returned %d on micro-batch %d", l,
@@ -4789,6 +5040,340 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     if (rc != PP_OK && rc != PP_ERR_ABORTED && s->d.transport.abort)
         s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
     return rc;
+}
+
+/* >>impl-pipeline: one process, every rank a thread (or a CUDA stream), over the per-rank API. */
+#define _PP_DEF(val, def) ((val) == 0 ? (def) : (val))
+
+/* Where the ranks of a pipeline run: the transport of each rank, and what a step needs around
+   the ranks' pp_stage_step. The threads world here; pipeline_cuda.h adds the CUDA one. */
+typedef struct _pp_pl_world {
+    void* self;
+    void (*rank_desc)(void* self, int rank, pp_stage_desc* d);  /* transport (and device, layer_ctx) */
+    pp_result (*enter)(void* self, int rank, pp_error* err);    /* rank's thread, before its step; may be NULL */
+    pp_result (*begin)(void* self, pp_error* err);              /* before the ranks start; may be NULL */
+    pp_result (*end)(void* self, pp_error* err);                /* after they all returned; may be NULL */
+    void (*reset)(void* self);                                  /* after a failed step */
+    void (*destroy)(void* self);                                /* after the stages */
+} _pp_pl_world;
+
+struct pp_pipeline {
+    pp_pipeline_desc d;             /* defaults resolved; pointers below replace its arrays */
+    pp_schedule sched;
+    pp_action* acts;
+    int* first;                     /* [n_stages + 1] */
+    const void** weights;           /* [p] */
+    void** grads;                   /* [p] */
+    pp_stage** st;                  /* [p] */
+    pp_transport* tr;               /* [p] each rank's transport, to abort the step */
+    pp_result* rc;                  /* [p] last step */
+    pp_step_stats* stats;           /* [p] last step */
+    pp_error* rerr;                 /* [p] what the world's enter said */
+    _pp_pl_world world;
+    pp_batch b;                     /* the step's batch, m filled in */
+    pp_event* events;
+    size_t cap_events;
+    int stuck;                      /* a step failed and some rank's transport cannot cancel */
+    pp_error err;
+};
+
+/* A message without its "<result>: " prefix, to quote it inside another. */
+static const char* _pp_msg_body(const char* msg, pp_result rc) {
+    size_t k = strlen(pp_result_str(rc));
+    return strncmp(msg, pp_result_str(rc), k) == 0 && msg[k] == ':' && msg[k + 1] == ' ' ? msg + k + 2 : msg;
+}
+
+/* The kind's v when the caller left it 0: 1 where the kind runs with one chunk, else 2. */
+static int _pp_kind_v(pp_schedule_kind k, int p, int m) { return pp_schedule_size(k, p, 1, m) ? 1 : 2; }
+
+/* The desc with its defaults: the one place where zero reads as "the default". */
+static pp_pipeline_desc _pp_pipeline_defaults(const pp_pipeline_desc* in) {
+    pp_pipeline_desc d = *in;
+    const pp_schedule* cs = in->custom;
+    d.p = cs ? cs->p : _PP_DEF(in->p, 1);
+    d.m = cs ? cs->m : _PP_DEF(in->m, 4 * d.p);
+    d.v = cs ? cs->v : _PP_DEF(in->v, _pp_kind_v(in->schedule, d.p, d.m));
+    return d;
+}
+
+/* Schedule, partition and parameter pointers; no stage yet (_pp_pipeline_start). */
+static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out, pp_error* err) {
+    pp_pipeline* pl;
+    pp_pipeline_desc* d;
+    const pp_schedule* cs = in->custom;
+    pp_partition_desc pd;
+    size_t n_acts;
+    pp_result rc;
+    int r, p;
+    if ((rc = pp_model_check(&in->model, err)) != PP_OK) return rc;
+    if (!in->weights == !in->rank_weights)
+        return _pp_fail(err, PP_ERR_INVALID, "set one of weights and rank_weights (%s)", in->weights ? "both are set" : "neither is");
+    if (!in->grads == !in->rank_grads)
+        return _pp_fail(err, PP_ERR_INVALID, "set one of grads and rank_grads (%s)", in->grads ? "both are set" : "neither is");
+    if (in->stage.weights || in->stage.grads || in->stage.schedule || in->stage.partition || in->stage.rank ||
+        in->stage.transport.self || in->stage.transport.isend || in->stage.model.forward || in->stage.model.n_layers)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "stage.model, weights, grads, schedule, partition, rank and transport are the pipeline's: leave "
+                        "them zero in the template (rank_setup changes a rank's desc)");
+    if (cs && (!cs->actions || cs->p < 1 || cs->p > PP_MAX_RANKS || cs->v < 1 || cs->per_rank < 1))
+        return _pp_fail(err, PP_ERR_INVALID, "custom schedule is not one (make it with pp_schedule_make or pp_schedule_parse)");
+    if (cs && ((in->p && in->p != cs->p) || (in->v && in->v != cs->v) || (in->m && in->m != cs->m)))
+        return _pp_fail(err, PP_ERR_INVALID, "p, v, m = %d, %d, %d disagree with the custom schedule's %d, %d, %d (leave them 0)",
+                        in->p, in->v, in->m, cs->p, cs->v, cs->m);
+    p = _pp_pipeline_defaults(in).p;
+    if (p < 1 || p > PP_MAX_RANKS) return _pp_fail(err, PP_ERR_INVALID, "p = %d ranks (1 .. %d)", p, PP_MAX_RANKS);
+    if (!(pl = (pp_pipeline*)_pp_calloc(1, sizeof *pl))) return _pp_fail(err, PP_ERR_NOMEM, "pipeline");
+    *out = pl; /* from here pp_pipeline_destroy cleans up */
+    d = &pl->d;
+    *d = _pp_pipeline_defaults(in);
+    pl->weights = (const void**)_pp_calloc((size_t)p, sizeof *pl->weights);
+    pl->grads = (void**)_pp_calloc((size_t)p, sizeof *pl->grads);
+    pl->st = (pp_stage**)_pp_calloc((size_t)p, sizeof *pl->st);
+    pl->tr = (pp_transport*)_pp_calloc((size_t)p, sizeof *pl->tr);
+    pl->rc = (pp_result*)_pp_calloc((size_t)p, sizeof *pl->rc);
+    pl->stats = (pp_step_stats*)_pp_calloc((size_t)p, sizeof *pl->stats);
+    pl->rerr = (pp_error*)_pp_calloc((size_t)p, sizeof *pl->rerr);
+    if (!pl->weights || !pl->grads || !pl->st || !pl->tr || !pl->rc || !pl->stats || !pl->rerr)
+        return _pp_fail(err, PP_ERR_NOMEM, "pipeline of %d ranks", p);
+    for (r = 0; r < p; r++) {
+        pl->weights[r] = in->weights ? in->weights : in->rank_weights[r];
+        pl->grads[r] = in->grads ? in->grads : in->rank_grads[r];
+        if (!pl->weights[r] || !pl->grads[r])
+            return _pp_fail(err, PP_ERR_INVALID, "rank %d: rank_%s[%d] is NULL", r, pl->weights[r] ? "grads" : "weights", r);
+    }
+    /* the schedule: the caller's copied, or made here */
+    n_acts = cs ? (size_t)cs->p * (size_t)cs->per_rank : pp_schedule_size(d->schedule, p, d->v, d->m);
+    if (n_acts == 0)
+        return _pp_fail(err, PP_ERR_INVALID, "schedule %s cannot run p = %d, v = %d, m = %d", pp_schedule_name(d->schedule), p,
+                        d->v, d->m);
+    if (!(pl->acts = (pp_action*)_pp_calloc(n_acts, sizeof *pl->acts)))
+        return _pp_fail(err, PP_ERR_NOMEM, "schedule of %zu actions", n_acts);
+    if (cs) {
+        memcpy(pl->acts, cs->actions, n_acts * sizeof *pl->acts);
+        pl->sched = *cs;
+        pl->sched.actions = pl->acts;
+    } else if ((rc = pp_schedule_make(d->schedule, p, d->v, d->m, pl->acts, n_acts, &pl->sched, err)) != PP_OK) {
+        return rc;
+    }
+    d->custom = NULL;
+    /* the partition */
+    pd = d->partition;
+    if (pd.n_stages && pd.n_stages != pl->sched.n_stages)
+        return _pp_fail(err, PP_ERR_INVALID, "partition.n_stages = %d, the schedule has %d stages (leave it 0)", pd.n_stages,
+                        pl->sched.n_stages);
+    pd.n_stages = pl->sched.n_stages;
+    if (!(pl->first = (int*)_pp_calloc((size_t)pd.n_stages + 1, sizeof *pl->first)))
+        return _pp_fail(err, PP_ERR_NOMEM, "partition of %d stages", pd.n_stages);
+    if ((rc = pp_partition_model(&d->model, pl->weights[0], &pd, pl->first, NULL, err)) != PP_OK) return rc;
+    d->partition.n_stages = pd.n_stages;
+    d->partition.explicit_first = NULL;
+    d->partition.sample = NULL;
+    d->weights = d->grads = NULL;
+    d->rank_weights = NULL;
+    d->rank_grads = NULL;
+    return PP_OK;
+}
+
+/* Takes the world (pp_pipeline_destroy destroys it from here on, even on failure) and makes
+   every rank's stage. */
+static pp_result _pp_pipeline_start(pp_pipeline* pl, const _pp_pl_world* w, pp_error* err) {
+    pp_result rc;
+    int r;
+    pl->world = *w;
+    for (r = 0; r < pl->d.p; r++) {
+        pp_stage_desc sd = pl->d.stage;
+        sd.model = pl->d.model;
+        sd.weights = pl->weights[r];
+        sd.grads = pl->grads[r];
+        sd.schedule = &pl->sched;
+        sd.partition = pl->first;
+        sd.rank = r;
+        pl->world.rank_desc(pl->world.self, r, &sd);
+        if (pl->d.rank_setup && (rc = pl->d.rank_setup(pl->d.user, r, &sd)) != PP_OK)
+            return _pp_fail(err, rc, "rank %d: rank_setup returned %s", r, pp_result_str(rc));
+        pl->tr[r] = sd.transport;
+        if ((rc = pp_stage_create(&sd, &pl->st[r], err)) != PP_OK) {
+            char tmp[sizeof err->msg];
+            if (!err) return rc;
+            memcpy(tmp, err->msg, sizeof tmp);
+            return _pp_fail(err, rc, "rank %d: %s", r, _pp_msg_body(tmp, rc));
+        }
+    }
+    return PP_OK;
+}
+
+static void _pp_plw_threads_desc(void* self, int rank, pp_stage_desc* d) {
+    d->transport = pp_threads_transport((pp_threads*)self, rank);
+}
+static void _pp_plw_threads_reset(void* self) { pp_threads_reset((pp_threads*)self); }
+static void _pp_plw_threads_destroy(void* self) { pp_threads_destroy((pp_threads*)self); }
+
+pp_result pp_pipeline_create(const pp_pipeline_desc* d, pp_pipeline** out, pp_error* err) {
+    _pp_pl_world w;
+    pp_threads* t = NULL;
+    pp_result rc;
+    if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    *out = NULL;
+    if (!d) return _pp_fail(err, PP_ERR_INVALID, "pipeline desc is NULL");
+    if ((rc = _pp_pipeline_new(d, out, err)) == PP_OK && (rc = pp_threads_create((*out)->d.p, &t, err)) == PP_OK) {
+        memset(&w, 0, sizeof w);
+        w.self = t;
+        w.rank_desc = _pp_plw_threads_desc;
+        w.reset = _pp_plw_threads_reset;
+        w.destroy = _pp_plw_threads_destroy;
+        rc = _pp_pipeline_start(*out, &w, err);
+    }
+    if (rc != PP_OK) {
+        pp_pipeline_destroy(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+void pp_pipeline_destroy(pp_pipeline* pl) {
+    int r;
+    if (!pl) return;
+    for (r = 0; pl->st && r < pl->d.p; r++) pp_stage_destroy(pl->st[r]);
+    if (pl->world.destroy) pl->world.destroy(pl->world.self);
+    PP_FREE(pl->acts);
+    PP_FREE(pl->first);
+    PP_FREE((void*)pl->weights);
+    PP_FREE(pl->grads);
+    PP_FREE(pl->st);
+    PP_FREE(pl->tr);
+    PP_FREE(pl->rc);
+    PP_FREE(pl->stats);
+    PP_FREE(pl->rerr);
+    PP_FREE(pl->events);
+    PP_FREE(pl);
+}
+
+static pp_result _pp_pipeline_rank(int rank, void* user) {
+    pp_pipeline* pl = (pp_pipeline*)user;
+    pp_result rc = PP_OK;
+    if (pl->world.enter && (rc = pl->world.enter(pl->world.self, rank, &pl->rerr[rank])) != PP_OK) {
+        /* the others would wait for this rank until their deadline */
+        if (pl->tr[rank].abort) pl->tr[rank].abort(pl->tr[rank].self, rc, pl->rerr[rank].msg);
+    } else {
+        rc = pp_stage_step(pl->st[rank], &pl->b, &pl->stats[rank]);
+    }
+    return pl->rc[rank] = rc;
+}
+
+/* Sums the ranks' stats (see pp_pipeline_step). */
+static void _pp_stats_merge(const pp_step_stats* rs, int p, pp_step_stats* out) {
+    int r;
+    memset(out, 0, sizeof *out);
+    for (r = 0; r < p; r++) {
+        const pp_step_stats* a = &rs[r];
+        if (a->has_loss) {
+            out->loss = a->loss;
+            out->has_loss = 1;
+        }
+        if (a->t_total > out->t_total) out->t_total = a->t_total;
+        if (a->peak_live > out->peak_live) out->peak_live = a->peak_live;
+        out->t_forward += a->t_forward;
+        out->t_backward += a->t_backward;
+        out->t_wait += a->t_wait;
+        out->bytes_sent += a->bytes_sent;
+        out->bytes_recv += a->bytes_recv;
+        out->msgs_sent += a->msgs_sent;
+        out->meta_bytes_sent += a->meta_bytes_sent;
+        out->meta_msgs_sent += a->meta_msgs_sent;
+        out->peak_stash_bytes += a->peak_stash_bytes;
+        out->n_actions += a->n_actions;
+    }
+}
+
+pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats) {
+    pp_error e;
+    pp_result rc, end_rc = PP_OK;
+    int r, first = -1;
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (!pl) return PP_ERR_INVALID;
+    pl->err.code = PP_OK;
+    pl->err.msg[0] = 0;
+    if (!b) return _pp_fail(&pl->err, PP_ERR_INVALID, "batch is NULL");
+    if (pl->stuck)
+        return _pp_fail(&pl->err, PP_ERR_UNSUPPORTED,
+                        "a failed step may have left receives posted, and rank %d's transport cannot withdraw them "
+                        "(pp_transport.cancel is NULL): destroy the pipeline and create it again",
+                        pl->stuck - 1);
+    pl->b = *b;
+    if (pl->b.m == 0) pl->b.m = pl->sched.m;
+    if (pl->b.m != pl->sched.m)
+        return _pp_fail(&pl->err, PP_ERR_INVALID, "the batch has m = %d micro-batches, the pipeline's schedule %d (leave it 0)",
+                        b->m, pl->sched.m);
+    for (r = 0; r < pl->d.p; r++) {
+        pl->rc[r] = PP_OK;
+        pl->rerr[r].msg[0] = 0;
+        memset(&pl->stats[r], 0, sizeof pl->stats[r]);
+    }
+    if (pl->world.begin && (rc = pl->world.begin(pl->world.self, &pl->err)) != PP_OK) return rc;
+    e.msg[0] = 0;
+    rc = pp_threads_run(pl->d.p, _pp_pipeline_rank, pl, &e);
+    if (pl->world.end) end_rc = pl->world.end(pl->world.self, rc == PP_OK ? &e : NULL);
+    if (rc == PP_OK && end_rc != PP_OK) rc = end_rc;
+    if (rc != PP_OK) {
+        /* the first failure, not a rank that only heard of it */
+        for (r = 0; r < pl->d.p && first < 0; r++)
+            if (pl->rc[r] != PP_OK && pl->rc[r] != PP_ERR_ABORTED) first = r;
+        for (r = 0; r < pl->d.p && first < 0; r++)
+            if (pl->rc[r] != PP_OK) first = r;
+        if (first >= 0)
+            rc = _pp_fail(&pl->err, pl->rc[first], "rank %d of %d failed first: %s", first, pl->d.p,
+                          _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
+                                       pl->rc[first]));
+        else
+            rc = _pp_fail(&pl->err, rc, "%s", e.msg[0] ? e.msg : pp_result_str(rc));
+        pl->world.reset(pl->world.self);
+        for (r = 0; r < pl->d.p && !pl->stuck; r++)
+            if (!pl->tr[r].cancel) pl->stuck = r + 1;
+        return rc;
+    }
+    if (stats) _pp_stats_merge(pl->stats, pl->d.p, stats);
+    return PP_OK;
+}
+
+const char* pp_pipeline_error(const pp_pipeline* pl) { return pl ? pl->err.msg : "pipeline is NULL"; }
+
+pp_result pp_pipeline_rank_result(const pp_pipeline* pl, int rank, pp_step_stats* stats) {
+    if (stats) memset(stats, 0, sizeof *stats);
+    if (!pl || rank < 0 || rank >= pl->d.p) return PP_ERR_INVALID;
+    if (stats) *stats = pl->stats[rank];
+    return pl->rc[rank];
+}
+
+const pp_event* pp_pipeline_timeline(pp_pipeline* pl, size_t* n) {
+    size_t need = 0, k, got;
+    int r;
+    if (n) *n = 0;
+    if (!pl) return NULL;
+    for (r = 0; r < pl->d.p; r++) {
+        pp_stage_timeline(pl->st[r], &k);
+        need += k;
+    }
+    if (need > pl->cap_events) {
+        pp_event* ev = (pp_event*)_pp_calloc(need, sizeof *ev);
+        if (!ev) return NULL;
+        PP_FREE(pl->events);
+        pl->events = ev;
+        pl->cap_events = need;
+    }
+    for (got = 0, r = 0; r < pl->d.p; r++) {
+        const pp_event* ev = pp_stage_timeline(pl->st[r], &k);
+        if (ev && k) memcpy(pl->events + got, ev, k * sizeof *ev);
+        got += ev ? k : 0;
+    }
+    if (n) *n = got;
+    return pl->events;
+}
+
+const pp_schedule* pp_pipeline_schedule(const pp_pipeline* pl) { return pl ? &pl->sched : NULL; }
+const int* pp_pipeline_partition(const pp_pipeline* pl) { return pl ? pl->first : NULL; }
+pp_stage* pp_pipeline_stage(pp_pipeline* pl, int rank) { return pl && rank >= 0 && rank < pl->d.p ? pl->st[rank] : NULL; }
+pp_threads* pp_pipeline_threads(pp_pipeline* pl) {
+    return pl && pl->world.destroy == _pp_plw_threads_destroy ? (pp_threads*)pl->world.self : NULL;
 }
 
 #ifdef __cplusplus

@@ -118,6 +118,30 @@ pp_result pp_cuda_step_end(pp_cuda* c, pp_cuda_step_info* info, pp_error* err);
    many there are (writes at most cap). Needs desc.timeline and pp_cuda_step_end. */
 size_t pp_cuda_timeline(pp_cuda* c, pp_event* ev, size_t cap);
 
+/* >>cuda-pipeline: pipeline.h's one-process layer (pp_pipeline) with every rank a CUDA stream.
+       pp_pipeline_desc d = {0};  ... as for pp_pipeline_create ...
+       pp_cuda_desc cd = {0}; cd.devices = gpus; cd.timeline = 1;
+       pp_cuda_pipeline_create(&d, &cd, &pl, &err);
+       pp_pipeline_step(pl, &batch, &stats);   // returns when the GPUs finished the step
+   Each rank's stage gets the CUDA transport, device ops (its block pool in GPU memory) and a
+   pp_cuda_layer_ctx as layer_ctx: layers launch their work on io->ctx's stream. A step binds
+   every rank thread to its GPU and runs between pp_cuda_step_begin and pp_cuda_step_end. */
+typedef struct pp_cuda_layer_ctx {
+    cudaStream_t stream;        /* the rank's stream: enqueue the layer's work here, never synchronise it */
+    int rank, device;
+    void* user;                 /* the desc's stage.layer_ctx, the same for every rank */
+} pp_cuda_layer_ctx;
+
+/* cd may be NULL (every rank on device 0, no timeline); cd->n_ranks is 0 or the pipeline's p.
+   d->stage.device must be zero (the pipeline's device ops hold the blocks); rank_setup sees
+   each rank's filled desc and may wrap its transport. Shapes: LOCAL or BROADCAST. */
+pp_result pp_cuda_pipeline_create(const pp_pipeline_desc* d, const pp_cuda_desc* cd, pp_pipeline** out, pp_error* err);
+/* The pipeline's CUDA world (streams, pool memory, event timeline), or NULL for another pipeline. */
+pp_cuda* pp_cuda_pipeline_world(pp_pipeline* pl);
+/* What pp_cuda_step_end measured for the last step (zero without cd->timeline), or NULL for
+   another pipeline. */
+const pp_cuda_step_info* pp_cuda_pipeline_info(const pp_pipeline* pl);
+
 #ifdef __cplusplus
 }
 #endif
@@ -982,6 +1006,87 @@ size_t pp_cuda_timeline(pp_cuda* c, pp_event* ev, size_t cap) {
     if (!c) return 0;
     for (i = 0; ev && i < c->n_events && i < cap; i++) ev[i] = c->events[i];
     return c->n_events;
+}
+
+/* >>impl-cuda-pipeline: the CUDA world of pipeline.h's one-process layer (its _pp_pl_world). */
+typedef struct _ppc_pl {
+    pp_cuda* c;
+    pp_cuda_layer_ctx* lc;      /* [n_ranks] */
+    pp_cuda_step_info info;
+} _ppc_pl;
+
+static void _ppc_pl_desc(void* self, int rank, pp_stage_desc* d) {
+    _ppc_pl* w = (_ppc_pl*)self;
+    pp_cuda_layer_ctx* lc = &w->lc[rank];
+    lc->stream = pp_cuda_stream(w->c, rank);
+    lc->rank = rank;
+    lc->device = pp_cuda_device(w->c, rank);
+    lc->user = d->layer_ctx;
+    d->transport = pp_cuda_transport(w->c, rank);
+    d->device = pp_cuda_device_ops(w->c, rank);
+    d->layer_ctx = lc;
+}
+static pp_result _ppc_pl_enter(void* self, int rank, pp_error* err) { return pp_cuda_bind(((_ppc_pl*)self)->c, rank, err); }
+static pp_result _ppc_pl_begin(void* self, pp_error* err) { return pp_cuda_step_begin(((_ppc_pl*)self)->c, err); }
+static pp_result _ppc_pl_end(void* self, pp_error* err) {
+    _ppc_pl* w = (_ppc_pl*)self;
+    return pp_cuda_step_end(w->c, &w->info, err);
+}
+static void _ppc_pl_reset(void* self) { pp_cuda_reset(((_ppc_pl*)self)->c); }
+static void _ppc_pl_destroy(void* self) {
+    _ppc_pl* w = (_ppc_pl*)self;
+    if (!w) return;
+    pp_cuda_destroy(w->c);
+    PP_FREE(w->lc);
+    PP_FREE(w);
+}
+
+pp_result pp_cuda_pipeline_create(const pp_pipeline_desc* d, const pp_cuda_desc* cd, pp_pipeline** out, pp_error* err) {
+    _pp_pl_world world;
+    pp_cuda_desc c;
+    _ppc_pl* w = NULL;
+    pp_result rc;
+    if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    *out = NULL;
+    if (!d) return _pp_fail(err, PP_ERR_INVALID, "pipeline desc is NULL");
+    if (d->stage.device.alloc || d->stage.device.free || d->stage.device.zero || d->stage.device.mark || d->stage.device.reuse)
+        return _pp_fail(err, PP_ERR_INVALID, "stage.device is the CUDA pipeline's (its blocks live in GPU memory): leave it zero");
+    if ((rc = _pp_pipeline_new(d, out, err)) != PP_OK) goto fail;
+    memset(&c, 0, sizeof c);
+    if (cd) c = *cd;
+    if (c.n_ranks == 0) c.n_ranks = (*out)->d.p;
+    if (c.n_ranks != (*out)->d.p) {
+        rc = _pp_fail(err, PP_ERR_INVALID, "cuda desc has n_ranks = %d, the pipeline p = %d (leave it 0)", c.n_ranks, (*out)->d.p);
+        goto fail;
+    }
+    if (!(w = (_ppc_pl*)_pp_calloc(1, sizeof *w)) || !(w->lc = (pp_cuda_layer_ctx*)_pp_calloc((size_t)c.n_ranks, sizeof *w->lc))) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "CUDA pipeline of %d ranks", c.n_ranks);
+        goto fail;
+    }
+    if ((rc = pp_cuda_create(&c, &w->c, err)) != PP_OK) goto fail;
+    memset(&world, 0, sizeof world);
+    world.self = w;
+    world.rank_desc = _ppc_pl_desc;
+    world.enter = _ppc_pl_enter;
+    world.begin = _ppc_pl_begin;
+    world.end = _ppc_pl_end;
+    world.reset = _ppc_pl_reset;
+    world.destroy = _ppc_pl_destroy;
+    w = NULL; /* the pipeline's from here */
+    if ((rc = _pp_pipeline_start(*out, &world, err)) == PP_OK) return PP_OK;
+fail:
+    _ppc_pl_destroy(w);
+    pp_pipeline_destroy(*out);
+    *out = NULL;
+    return rc;
+}
+
+pp_cuda* pp_cuda_pipeline_world(pp_pipeline* pl) {
+    return pl && pl->world.destroy == _ppc_pl_destroy ? ((_ppc_pl*)pl->world.self)->c : NULL;
+}
+
+const pp_cuda_step_info* pp_cuda_pipeline_info(const pp_pipeline* pl) {
+    return pl && pl->world.destroy == _ppc_pl_destroy ? &((const _ppc_pl*)pl->world.self)->info : NULL;
 }
 
 #ifdef __cplusplus

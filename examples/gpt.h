@@ -1,6 +1,9 @@
 /* examples/gpt.h - a tiny GPT (decoder-only transformer) as a pipeline.h layer list, trained on
    packed variable-length sequences: no padding; positions and attention restart at every sequence.
-   Used by examples/gpt_cpu.c and tests/test_gpt.c. Include after pipeline.h; everything is static.
+   Used by examples/gpt_cpu.c, examples/gpt_mpi.c and tests/test_gpt.c. Include after pipeline.h;
+   everything is static.
+   What to copy: layers over packed sequences (io->mb->cu_seqlens), a describe() that charges
+   attention's quadratic cost, a depth chosen at run time (gpt_model_desc_depth).
 
    LAYERS  (T = tokens of the micro-batch = io->mb->rows, C = channels, V = vocabulary)
      embed   token ids int32 (T, 1) -> x (T, C):  wte[token] + wpe[position inside its sequence]
@@ -18,9 +21,9 @@
    Gradients use the same layout in a second buffer (gpt_bind on zeroed memory).
 
    DEPTH
-   PP_MODEL fixes counts at compile time: the list has GPT_MAX_BLOCK blocks, and
-   gpt_model_desc_depth(n) returns the pp_model that uses the first n of them (n + 2 layers:
-   layer 0 is embed, 1..n the blocks, n+1 the head). Only those n blocks need buffers.
+   The list holds up to GPT_MAX_BLOCK blocks; gpt_model_desc_depth(n) is the pp_model that uses
+   the first n of them (gpt_model_desc_counts with n blocks: n + 2 layers, layer 0 is embed,
+   1..n the blocks, n+1 the head). Only those n blocks need buffers.
 
    ERRORS  forward/backward return 0, or one of the GPT_E* codes below (the library reports it
    as PP_ERR_LAYER with the layer and micro-batch). */
@@ -31,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GPT_MAX_BLOCK 8
+#define GPT_MAX_BLOCK 32
 #define GPT_LN_EPS 1e-5f
 
 enum {
@@ -685,54 +688,12 @@ static inline void gpt_head_desc(const gpt_head_params* p, const pp_microbatch* 
     X(head, gpt_head_params, gpt_head_fwd, gpt_head_bwd, gpt_head_desc, 1)
 PP_MODEL(gpt, GPT_LAYERS)
 
-/* Layer l of a model with n_block blocks, as an index into the full list. */
-static inline int gpt_depth_layer(int n_block, int l) { return l <= n_block ? l : gpt_N_LAYERS - 1; }
-
-/* One set of dispatchers per depth: a pp_model carries no user pointer, so the depth is a
-   constant of the function rather than a global. */
-#define _GPT_DEPTH_FNS(n)                                                                                 \
-    static inline int _gpt_fwd_##n(const void* w, int l, pp_layer_io* io) {                               \
-        return gpt_forward(w, gpt_depth_layer(n, l), io);                                                 \
-    }                                                                                                     \
-    static inline int _gpt_bwd_##n(const void* w, void* g, int l, pp_layer_io* io) {                      \
-        return gpt_backward(w, g, gpt_depth_layer(n, l), io);                                             \
-    }                                                                                                     \
-    static inline void _gpt_desc_##n(const void* w, int l, const pp_microbatch* mb, const pp_tensor* in,  \
-                                     int n_in, pp_layer_desc* d) {                                        \
-        gpt_describe(w, gpt_depth_layer(n, l), mb, in, n_in, d);                                          \
-    }                                                                                                     \
-    static inline const char* _gpt_name_##n(int l) { return gpt_layer_name(gpt_depth_layer(n, l)); }
-_GPT_DEPTH_FNS(1)
-_GPT_DEPTH_FNS(2)
-_GPT_DEPTH_FNS(3)
-_GPT_DEPTH_FNS(4)
-_GPT_DEPTH_FNS(5)
-_GPT_DEPTH_FNS(6)
-_GPT_DEPTH_FNS(7)
-#define _GPT_DEPTH_CASE(n)         \
-    case n:                        \
-        m.forward = _gpt_fwd_##n;  \
-        m.backward = _gpt_bwd_##n; \
-        m.describe = _gpt_desc_##n; \
-        m.layer_name = _gpt_name_##n; \
-        break;
-
-/* The pp_model of a GPT with n_block blocks (1 .. GPT_MAX_BLOCK): n_block + 2 layers. Any other
-   n_block gives n_layers = 0, which pp_model_check rejects. */
+/* The pp_model of a GPT with n_block blocks (1 .. GPT_MAX_BLOCK): n_block + 2 layers, the
+   list's blocks beyond n_block unused. Any other n_block gives a model pp_model_check refuses. */
 static inline pp_model gpt_model_desc_depth(int n_block) {
-    pp_model m = gpt_model_desc();
-    m.n_layers = n_block >= 1 && n_block <= GPT_MAX_BLOCK ? n_block + 2 : 0;
-    switch (n_block) {
-        _GPT_DEPTH_CASE(1)
-        _GPT_DEPTH_CASE(2)
-        _GPT_DEPTH_CASE(3)
-        _GPT_DEPTH_CASE(4)
-        _GPT_DEPTH_CASE(5)
-        _GPT_DEPTH_CASE(6)
-        _GPT_DEPTH_CASE(7)
-    default: break; /* GPT_MAX_BLOCK: the list as generated */
-    }
-    return m;
+    gpt_counts n = {0};
+    n.block = n_block >= 1 ? n_block : -1; /* 0 would mean the list's count */
+    return gpt_model_desc_counts(n);
 }
 
 /* ---- parameters --------------------------------------------------------------------------------- */

@@ -1,5 +1,12 @@
 /* examples/gpt_cuda.cu - a small GPT trained through a pipeline of CUDA streams (pipeline_cuda.h).
 
+   What to copy: pp_cuda_pipeline_create (pipeline.h's one-process layer with every rank a
+   stream: the same desc as mlp_cpu.c's, plus the GPUs), weights per GPU and gradients per rank
+   (rank_weights, rank_grads), the step between host work on the legacy stream and the
+   optimizer, and the model in examples/gpt_cuda.h (layers on io->ctx's stream, the run's shared
+   state as the model's context). Start from mlp_cpu.c; gpt_nccl.cu is this model with one
+   process per GPU.
+
    The model of examples/gpt.h on the GPU: token + position embedding (the position restarts at
    every packed sequence), pre-LN transformer blocks (causal attention that never crosses a
    sequence boundary, MLP C -> 4C -> GELU -> C), a final LayerNorm and an LM head TIED to the
@@ -52,7 +59,7 @@ typedef struct cfg {
     float lr;
     const char* text;
     const char* trace;
-    int generated, check, bench, gradcheck;
+    int generated, check, bench, gradcheck, cpu;
 } cfg;
 
 typedef struct run_out {
@@ -67,40 +74,28 @@ typedef struct run_out {
 
 typedef struct trainer {
     cfg c;
-    int p, v, n_dev, S;
-    gpt shape;
+    int p, v, n_dev, cpu;
+    gptc_run run;               /* the model's context: sizes, per-device tables, cpu */
     pp_model model;
-    pp_action* acts;
-    pp_schedule sched;
-    int first[PP_MAX_RANKS * 4 + 1];
-    pp_cuda* cuda;
-    pp_threads* th;
+    pp_pipeline* pl;
     /* per device */
-    float* wbuf[MAXDEV];
-    gpt w[MAXDEV];
-    int32_t *tok[MAXDEV], *tgt[MAXDEV], *pos[MAXDEV], *sst[MAXDEV], *sen[MAXDEV];
+    float* wbuf[GPTC_MAX_DEV];
+    gptc_model w[GPTC_MAX_DEV];
+    int32_t *tok[GPTC_MAX_DEV], *tgt[GPTC_MAX_DEV], *pos[GPTC_MAX_DEV], *sst[GPTC_MAX_DEV], *sen[GPTC_MAX_DEV];
     /* per rank */
     int dev[PP_MAX_RANKS];
     float* gbuf[PP_MAX_RANKS];
-    gpt g[PP_MAX_RANKS];
-    ctx cx[PP_MAX_RANKS];
-    pp_stage* st[PP_MAX_RANKS];
-    pp_result rc[PP_MAX_RANKS];
+    gptc_model* g;              /* [p] */
+    const void* wptr[PP_MAX_RANKS];
+    void* gptr[PP_MAX_RANKS];
+    int last_rank;              /* owns the head: its device holds the losses */
     /* optimizer on device 0 */
     float *gsum, *gtmp, *m1, *m2;
     size_t n_par, n_grad;
-    pp_batch batch[MAXDEV];
+    pp_batch batch;
     int cap_rows;
     int32_t *h_tok, *h_tgt, *h_cu, *h_pos, *h_sst, *h_sen;
 } trainer;
-
-static pp_result rank_fn(int rank, void* user) {
-    trainer* t = (trainer*)user;
-    pp_error err;
-    if (!g_cpu && pp_cuda_bind(t->cuda, rank, &err) != PP_OK) return t->rc[rank] = PP_ERR_TRANSPORT;
-    t->rc[rank] = pp_stage_step(t->st[rank], &t->batch[t->dev[rank]], NULL);
-    return t->rc[rank];
-}
 
 static double now_s(void) {
     struct timespec ts;
@@ -108,30 +103,32 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static void set_device(const trainer* t, int d) {
+    if (!t->cpu) cudaSetDevice(d);
+}
+
 static void trainer_free(trainer* t) {
-    for (int r = 0; r < t->p; r++) pp_stage_destroy(t->st[r]);
-    if (t->cuda) pp_cuda_destroy(t->cuda);
-    if (t->th) pp_threads_destroy(t->th);
+    pp_pipeline_destroy(t->pl);
     for (int r = 0; r < t->p; r++) {
-        if (!g_cpu) cudaSetDevice(t->dev[r]);
-        dfree(t->gbuf[r]);
-        dfree(t->cx[r].mb_loss);
+        set_device(t, t->dev[r]);
+        gptc_free(t->cpu, t->gbuf[r]);
     }
     for (int d = 0; d < t->n_dev; d++) {
-        if (!g_cpu) cudaSetDevice(d);
-        dfree(t->wbuf[d]);
-        dfree(t->tok[d]);
-        dfree(t->tgt[d]);
-        dfree(t->pos[d]);
-        dfree(t->sst[d]);
-        dfree(t->sen[d]);
+        set_device(t, d);
+        gptc_free(t->cpu, t->wbuf[d]);
+        gptc_free(t->cpu, t->tok[d]);
+        gptc_free(t->cpu, t->tgt[d]);
+        gptc_free(t->cpu, t->pos[d]);
+        gptc_free(t->cpu, t->sst[d]);
+        gptc_free(t->cpu, t->sen[d]);
+        gptc_free(t->cpu, t->run.tab[d].mb_loss);
     }
-    if (!g_cpu) cudaSetDevice(0);
-    dfree(t->gsum);
-    dfree(t->gtmp);
-    dfree(t->m1);
-    dfree(t->m2);
-    free(t->acts);
+    set_device(t, 0);
+    gptc_free(t->cpu, t->gsum);
+    gptc_free(t->cpu, t->gtmp);
+    gptc_free(t->cpu, t->m1);
+    gptc_free(t->cpu, t->m2);
+    free(t->g);
     free(t->h_tok);
     free(t->h_tgt);
     free(t->h_cu);
@@ -142,113 +139,84 @@ static void trainer_free(trainer* t) {
 
 static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev) {
     pp_error err;
-    size_t n;
+    int chunk;
     memset(t, 0, sizeof *t);
     t->c = *c;
     t->p = p;
     t->v = v;
-    t->S = p * v;
     t->n_dev = n_dev;
-    t->shape.V = GPT_DATA_VOCAB;
-    t->shape.maxT = c->max_len;
-    t->shape.C = c->dim;
-    t->shape.H = c->heads;
-    t->shape.nb = c->layers;
-    t->model.name = "gpt_cuda";
-    t->model.n_layers = c->layers + 2;
-    t->model.forward = m_forward;
-    t->model.backward = m_backward;
-    t->model.describe = m_describe;
-    t->model.layer_name = m_name;
-    n = pp_schedule_size(kind, p, v, c->m);
-    t->acts = (pp_action*)malloc(sizeof(pp_action) * (n ? n : 1));
-    if (!t->acts || pp_schedule_make(kind, p, v, c->m, t->acts, n, &t->sched, &err) != PP_OK) {
-        fprintf(stderr, "schedule: %s\n", err.msg);
-        return 1;
-    }
-    if (pp_partition_uniform(t->model.n_layers, t->S, t->first, &err) != PP_OK) {
-        fprintf(stderr, "partition: %s\n", err.msg);
-        return 1;
-    }
-    t->n_par = gpt_numel(&t->shape);
-    t->n_grad = t->n_par + (size_t)t->shape.V * t->shape.C;
+    t->cpu = c->cpu;
+    t->run.cpu = c->cpu;
+    t->run.cfg.V = GPT_DATA_VOCAB;
+    t->run.cfg.maxT = c->max_len;
+    t->run.cfg.C = c->dim;
+    t->run.cfg.H = c->heads;
+    t->run.cfg.nb = c->layers;
+    t->model = gptc_model_desc_depth(&t->run);
+    t->n_par = gptc_numel(&t->run.cfg);
+    t->n_grad = t->n_par + (size_t)t->run.cfg.V * t->run.cfg.C;
     /* identical initial weights on every device */
     {
         float* h = (float*)malloc(sizeof(float) * t->n_par);
-        gpt hw = t->shape;
-        uint64_t rng = 1234;
         if (!h) return 1;
-        gpt_bind(&hw, h, 0);
-        for (size_t i = 0; i < t->n_par; i++) h[i] = (2.0f * gpt_rng_uniform(&rng) - 1.0f) * 0.035f;
-        for (int l = 0; l < hw.nb; l++)
-            for (int k = 0; k < hw.C; k++) {
-                hw.b[l].ln1_g[k] = hw.b[l].ln2_g[k] = 1.0f;
-                hw.b[l].ln1_b[k] = hw.b[l].ln2_b[k] = 0.0f;
-            }
-        for (int k = 0; k < hw.C; k++) {
-            hw.lnf_g[k] = 1.0f;
-            hw.lnf_b[k] = 0.0f;
-        }
+        gptc_init_weights(&t->run.cfg, h);
         for (int d = 0; d < n_dev; d++) {
-            if (!g_cpu) cudaSetDevice(d);
-            if (!(t->wbuf[d] = (float*)dalloc(sizeof(float) * t->n_par)) || dput(t->wbuf[d], h, sizeof(float) * t->n_par)) {
+            set_device(t, d);
+            if (!(t->wbuf[d] = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_par)) ||
+                gptc_copy(t->cpu, t->wbuf[d], h, sizeof(float) * t->n_par) ||
+                !(t->run.tab[d].mb_loss = (float*)gptc_alloc(t->cpu, sizeof(float) * 1024))) {
                 free(h);
                 fprintf(stderr, "device %d: weights\n", d);
                 return 1;
             }
-            t->w[d] = t->shape;
-            gpt_bind(&t->w[d], t->wbuf[d], 0);
+            gptc_bind(&t->w[d], &t->run.cfg, t->wbuf[d], 0);
         }
         free(h);
     }
-    if (!g_cpu) cudaSetDevice(0);
-    if (!(t->gsum = (float*)dalloc(sizeof(float) * t->n_grad)) || !(t->gtmp = (float*)dalloc(sizeof(float) * t->n_grad)) ||
-        !(t->m1 = (float*)dalloc(sizeof(float) * t->n_par)) || !(t->m2 = (float*)dalloc(sizeof(float) * t->n_par)))
+    set_device(t, 0);
+    if (!(t->gsum = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_grad)) ||
+        !(t->gtmp = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_grad)) ||
+        !(t->m1 = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_par)) ||
+        !(t->m2 = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_par)) || !(t->g = (gptc_model*)calloc((size_t)p, sizeof *t->g)))
         return 1;
-    if (g_cpu) {
-        if (pp_threads_create(p, &t->th, &err) != PP_OK) return 1;
-    } else {
-        pp_cuda_desc cd;
-        int devs[PP_MAX_RANKS];
-        memset(&cd, 0, sizeof cd);
-        for (int r = 0; r < p; r++) devs[r] = r % n_dev;
-        cd.n_ranks = p;
-        cd.devices = devs;
-        cd.timeline = 1;
-        if (pp_cuda_create(&cd, &t->cuda, &err) != PP_OK) {
-            fprintf(stderr, "pp_cuda_create: %s\n", err.msg);
-            return 1;
-        }
-    }
+    /* each rank its own gradients on its GPU; weights: its device's copy */
     for (int r = 0; r < p; r++) {
-        pp_stage_desc d;
         t->dev[r] = r % n_dev;
-        if (!g_cpu) cudaSetDevice(t->dev[r]);
-        if (!(t->gbuf[r] = (float*)dalloc(sizeof(float) * t->n_grad)) || !(t->cx[r].mb_loss = (float*)dalloc(sizeof(float) * 1024)))
-            return 1;
-        t->g[r] = t->shape;
-        gpt_bind(&t->g[r], t->gbuf[r], 1);
-        t->cx[r].st = g_cpu ? (cudaStream_t)0 : pp_cuda_stream(t->cuda, r);
+        set_device(t, t->dev[r]);
+        if (!(t->gbuf[r] = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_grad))) return 1;
+        gptc_bind(&t->g[r], &t->run.cfg, t->gbuf[r], 1);
+        t->wptr[r] = &t->w[t->dev[r]];
+        t->gptr[r] = &t->g[r];
+    }
+    /* the pipeline: host threads with --cpu, else CUDA streams on the ranks' GPUs */
+    {
+        pp_pipeline_desc d;
         memset(&d, 0, sizeof d);
         d.model = t->model;
-        d.weights = &t->w[t->dev[r]];
-        d.grads = &t->g[r];
-        d.schedule = &t->sched;
-        d.partition = t->first;
-        d.rank = r;
-        d.layer_ctx = &t->cx[r];
-        d.timeout_s = 120;
-        if (g_cpu) {
-            d.transport = pp_threads_transport(t->th, r);
+        d.rank_weights = t->wptr;
+        d.rank_grads = t->gptr;
+        d.schedule = kind;
+        d.p = p;
+        d.v = v;
+        d.m = c->m;
+        d.stage.timeout_s = 120;
+        if (t->cpu) {
+            if (pp_pipeline_create(&d, &t->pl, &err) != PP_OK) {
+                fprintf(stderr, "pipeline: %s\n", err.msg);
+                return 1;
+            }
         } else {
-            d.transport = pp_cuda_transport(t->cuda, r);
-            d.device = pp_cuda_device_ops(t->cuda, r);
-        }
-        if (pp_stage_create(&d, &t->st[r], &err) != PP_OK) {
-            fprintf(stderr, "rank %d: %s\n", r, err.msg);
-            return 1;
+            pp_cuda_desc cd;
+            memset(&cd, 0, sizeof cd);
+            cd.devices = t->dev;
+            cd.timeline = 1;
+            if (pp_cuda_pipeline_create(&d, &cd, &t->pl, &err) != PP_OK) {
+                fprintf(stderr, "pipeline: %s\n", err.msg);
+                return 1;
+            }
         }
     }
+    pp_schedule_stage_rank(pp_pipeline_schedule(t->pl), p * v - 1, &t->last_rank, &chunk);
     return 0;
 }
 
@@ -270,17 +238,17 @@ static int load_batch(trainer* t, const gpt_corpus* corp, uint64_t* rng, int* T_
         t->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(t->c.seqs + 1));
         if (!t->h_tok || !t->h_tgt || !t->h_pos || !t->h_sst || !t->h_sen || !t->h_cu) return 1;
         for (int d = 0; d < t->n_dev; d++) {
-            if (!g_cpu) cudaSetDevice(d);
-            dfree(t->tok[d]);
-            dfree(t->tgt[d]);
-            dfree(t->pos[d]);
-            dfree(t->sst[d]);
-            dfree(t->sen[d]);
-            t->tok[d] = (int32_t*)dalloc(sizeof(int32_t) * (size_t)cap);
-            t->tgt[d] = (int32_t*)dalloc(sizeof(int32_t) * (size_t)cap);
-            t->pos[d] = (int32_t*)dalloc(sizeof(int32_t) * (size_t)cap);
-            t->sst[d] = (int32_t*)dalloc(sizeof(int32_t) * (size_t)cap);
-            t->sen[d] = (int32_t*)dalloc(sizeof(int32_t) * (size_t)cap);
+            set_device(t, d);
+            gptc_free(t->cpu, t->tok[d]);
+            gptc_free(t->cpu, t->tgt[d]);
+            gptc_free(t->cpu, t->pos[d]);
+            gptc_free(t->cpu, t->sst[d]);
+            gptc_free(t->cpu, t->sen[d]);
+            t->tok[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
+            t->tgt[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
+            t->pos[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
+            t->sst[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
+            t->sen[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
             if (!t->tok[d] || !t->tgt[d] || !t->pos[d] || !t->sst[d] || !t->sen[d]) return 1;
         }
         t->cap_rows = cap;
@@ -294,90 +262,81 @@ static int load_batch(trainer* t, const gpt_corpus* corp, uint64_t* rng, int* T_
         }
     for (int d = 0; d < t->n_dev; d++) {
         size_t b = sizeof(int32_t) * (size_t)T;
-        pp_batch* pb = &t->batch[d];
-        if (!g_cpu) cudaSetDevice(d);
-        if (dput(t->tok[d], t->h_tok, b) || dput(t->tgt[d], t->h_tgt, b) || dput(t->pos[d], t->h_pos, b) ||
-            dput(t->sst[d], t->h_sst, b) || dput(t->sen[d], t->h_sen, b))
+        set_device(t, d);
+        if (gptc_copy(t->cpu, t->tok[d], t->h_tok, b) || gptc_copy(t->cpu, t->tgt[d], t->h_tgt, b) ||
+            gptc_copy(t->cpu, t->pos[d], t->h_pos, b) || gptc_copy(t->cpu, t->sst[d], t->h_sst, b) ||
+            gptc_copy(t->cpu, t->sen[d], t->h_sen, b))
             return 1;
-        memset(pb, 0, sizeof *pb);
-        pb->m = t->c.m;
-        pb->input.data = t->tok[d];
-        pb->input.rows = T;
-        pb->input.cols = 1;
-        pb->input.dtype = PP_I32;
-        pb->targets = t->tgt[d];
-        pb->target_row_bytes = sizeof(int32_t);
-        pb->cu_seqlens = t->h_cu;
-        pb->n_seqs = t->c.seqs;
-        pb->split = PP_SPLIT_TOKENS;
+        t->run.tab[d].pos = t->pos[d];
+        t->run.tab[d].sstart = t->sst[d];
+        t->run.tab[d].send = t->sen[d];
     }
-    for (int r = 0; r < t->p; r++) {
-        t->cx[r].pos = t->pos[t->dev[r]];
-        t->cx[r].sstart = t->sst[t->dev[r]];
-        t->cx[r].send = t->sen[t->dev[r]];
-    }
+    /* one batch for all ranks: the first stage's rank reads the tokens, the last's the targets,
+       each on its own device */
+    memset(&t->batch, 0, sizeof t->batch);
+    t->batch.input.data = t->tok[t->dev[0]];
+    t->batch.input.rows = T;
+    t->batch.input.cols = 1;
+    t->batch.input.dtype = PP_I32;
+    t->batch.targets = t->tgt[t->dev[t->last_rank]];
+    t->batch.target_row_bytes = sizeof(int32_t);
+    t->batch.cu_seqlens = t->h_cu;
+    t->batch.n_seqs = t->c.seqs;
+    t->batch.split = PP_SPLIT_TOKENS;
     *T_out = T;
     return 0;
 }
 
 /* One training step: pipeline, then the gradient sum in rank order, tied wte, Adam, replicas. */
 static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info) {
-    pp_error err;
-    int last_rank, chunk;
     float mbl[1024];
     double acc = 0;
+    int cpu = t->cpu;
     for (int r = 0; r < t->p; r++) {
-        if (!g_cpu) cudaSetDevice(t->dev[r]);
-        if (dzero(t->gbuf[r], sizeof(float) * t->n_grad)) return 1;
+        set_device(t, t->dev[r]);
+        if (gptc_zero(cpu, t->gbuf[r], sizeof(float) * t->n_grad)) return 1;
     }
     /* the zeroing and the batch upload ran on the legacy stream, which the stage streams
        (non-blocking) do not wait for: finish them before the step (between steps, not inside) */
-    for (int d = 0; d < t->n_dev && !g_cpu; d++)
+    for (int d = 0; d < t->n_dev && !cpu; d++)
         if (cudaSetDevice(d) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 1;
-    if (!g_cpu && pp_cuda_step_begin(t->cuda, &err) != PP_OK) {
-        fprintf(stderr, "step_begin: %s\n", err.msg);
+    if (pp_pipeline_step(t->pl, &t->batch, NULL) != PP_OK) {
+        fprintf(stderr, "%s\n", pp_pipeline_error(t->pl));
+        for (int r = 0; r < t->p && !cpu; r++)
+            if (pp_cuda_error(pp_cuda_pipeline_world(t->pl), r)[0])
+                fprintf(stderr, "rank %d: %s\n", r, pp_cuda_error(pp_cuda_pipeline_world(t->pl), r));
         return 1;
     }
-    if (pp_threads_run(t->p, rank_fn, t, &err) != PP_OK) {
-        for (int r = 0; r < t->p; r++)
-            if (t->rc[r] != PP_OK)
-                fprintf(stderr, "rank %d: %s %s\n", r, pp_stage_error(t->st[r]), g_cpu ? "" : pp_cuda_error(t->cuda, r));
-        return 1;
-    }
-    if (!g_cpu && pp_cuda_step_end(t->cuda, info, &err) != PP_OK) {
-        fprintf(stderr, "step_end: %s\n", err.msg);
-        return 1;
-    }
-    if (g_cpu && info) memset(info, 0, sizeof *info);
+    if (cpu) memset(info, 0, sizeof *info);
+    else *info = *pp_cuda_pipeline_info(t->pl);
     /* gradient of the step: sum over ranks in rank order (others' slots are zero) */
-    if (!g_cpu) cudaSetDevice(0);
-    if (dzero(t->gsum, sizeof(float) * t->n_grad)) return 1;
+    set_device(t, 0);
+    if (gptc_zero(cpu, t->gsum, sizeof(float) * t->n_grad)) return 1;
     for (int r = 0; r < t->p; r++) {
         const float* src = t->gbuf[r];
-        if (!g_cpu && t->dev[r] != 0) {
+        if (!cpu && t->dev[r] != 0) {
             if (cudaMemcpyPeer(t->gtmp, 0, t->gbuf[r], t->dev[r], sizeof(float) * t->n_grad) != cudaSuccess ||
                 cudaDeviceSynchronize() != cudaSuccess)
                 return 1;
             src = t->gtmp;
         }
-        if (op<AccOp>((cudaStream_t)0, (int)t->n_grad, t->gsum, src)) return 1;
+        if (gptc_op<gptc_acc_op>(cpu, (cudaStream_t)0, (int)t->n_grad, t->gsum, src)) return 1;
     }
     /* tied: wte's gradient = embedding share + head share */
-    if (op<AccOp>((cudaStream_t)0, t->shape.V * t->shape.C, t->gsum, (const float*)(t->gsum + t->n_par))) return 1;
+    if (gptc_op<gptc_acc_op>(cpu, (cudaStream_t)0, t->run.cfg.V * t->run.cfg.C, t->gsum, (const float*)(t->gsum + t->n_par))) return 1;
     {
         float bc1 = 1.0f - powf(0.9f, (float)(step + 1)), bc2 = 1.0f - powf(0.999f, (float)(step + 1));
-        if (op<AdamOp>((cudaStream_t)0, (int)t->n_par, t->wbuf[0], (const float*)t->gsum, t->m1, t->m2, t->c.lr, bc1, bc2)) return 1;
+        if (gptc_op<gptc_adam_op>(cpu, (cudaStream_t)0, (int)t->n_par, t->wbuf[0], (const float*)t->gsum, t->m1, t->m2, t->c.lr, bc1,
+                                  bc2))
+            return 1;
     }
-    if (!g_cpu && cudaStreamSynchronize(0) != cudaSuccess) return 1;
+    if (!cpu && cudaStreamSynchronize(0) != cudaSuccess) return 1;
     for (int d = 1; d < t->n_dev; d++)
         if (cudaMemcpyPeer(t->wbuf[d], d, t->wbuf[0], 0, sizeof(float) * t->n_par) != cudaSuccess ||
             cudaDeviceSynchronize() != cudaSuccess)
             return 1;
-    pp_schedule_stage_rank(&t->sched, t->S - 1, &last_rank, &chunk);
-    if (!g_cpu) cudaSetDevice(t->dev[last_rank]);
-    if (g_cpu) memcpy(mbl, t->cx[last_rank].mb_loss, sizeof(float) * (size_t)t->c.m);
-    else if (cudaMemcpy(mbl, t->cx[last_rank].mb_loss, sizeof(float) * (size_t)t->c.m, cudaMemcpyDeviceToHost) != cudaSuccess)
-        return 1;
+    set_device(t, t->dev[t->last_rank]);
+    if (gptc_copy(cpu, mbl, t->run.tab[t->dev[t->last_rank]].mb_loss, sizeof(float) * (size_t)t->c.m)) return 1;
     for (int i = 0; i < t->c.m; i++) acc += (double)(float)(1.0 / t->c.m) * (double)mbl[i];
     *loss = (float)acc;
     return 0;
@@ -409,7 +368,7 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
     }
     if (verbose)
         printf("gpt_cuda: %s p=%d v=%d m=%d on %d %s, %d blocks, C=%d, %zu parameters, text: %s\n", pp_schedule_name(kind), p, v,
-               c->m, g_cpu ? 0 : n_dev, g_cpu ? "GPUs (--cpu: host)" : "GPU(s)", c->layers, c->dim, t.n_par, corp.source);
+               c->m, c->cpu ? 0 : n_dev, c->cpu ? "GPUs (--cpu: host)" : "GPU(s)", c->layers, c->dim, t.n_par, corp.source);
     for (int s = 0; s < c->steps && s < 1024; s++) {
         int T = 0;
         float loss = 0;
@@ -430,42 +389,41 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
             out->tok_s = T / dt;
             out->bubble = info.bubble;
             if (s >= 2) {
-                t_sum += g_cpu ? dt : info.span;
+                t_sum += c->cpu ? dt : info.span;
                 n_t++;
             }
             if (verbose)
                 printf("step %3d  loss %.4f  %6d tokens  %9.0f tokens/s  bubble %5.1f%%  span %.2f ms\n", s, loss, T, T / dt,
                        100.0 * info.bubble, 1e3 * info.span);
         }
-        for (int r = 0; r < p && !g_cpu; r++)
-            pp_cuda_memory(t.cuda, r, &out->pool_bytes[r], s == 0 ? &out->pool_allocs_first[r] : &out->pool_allocs[r]);
+        for (int r = 0; r < p && !c->cpu; r++)
+            pp_cuda_memory(pp_cuda_pipeline_world(t.pl), r, &out->pool_bytes[r],
+                           s == 0 ? &out->pool_allocs_first[r] : &out->pool_allocs[r]);
     }
     out->step_time_mean = n_t ? t_sum / n_t : 0;
     if (rc == 0) {
         out->n_params = t.n_par;
         out->final_params = (float*)malloc(sizeof(float) * t.n_par);
-        if (!g_cpu) cudaSetDevice(0);
-        if (!out->final_params || (g_cpu ? (memcpy(out->final_params, t.wbuf[0], sizeof(float) * t.n_par), 0)
-                                         : cudaMemcpy(out->final_params, t.wbuf[0], sizeof(float) * t.n_par, cudaMemcpyDeviceToHost) != cudaSuccess))
-            rc = 1;
+        set_device(&t, 0);
+        if (!out->final_params || gptc_copy(c->cpu, out->final_params, t.wbuf[0], sizeof(float) * t.n_par)) rc = 1;
     }
-    if (rc == 0 && verbose && !g_cpu) {
+    if (rc == 0 && verbose && !c->cpu) {
         size_t pb = sizeof(float) * t.n_par;
         printf("memory per stage (GPU block pool: stashes, received activations, gradient workspaces):\n");
         for (int r = 0; r < p; r++) {
-            int stg = pp_schedule_stage(&t.sched, r, 0);
+            int stg = pp_schedule_stage(pp_pipeline_schedule(t.pl), r, 0);
             printf("  rank %d (GPU %d, first stage %d): pool %.2f MiB in %d cudaMalloc (%d after step 0), parameters %.2f MiB, gradients %.2f MiB\n",
                    r, t.dev[r], stg, out->pool_bytes[r] / 1048576.0, out->pool_allocs[r] ? out->pool_allocs[r] : out->pool_allocs_first[r],
                    (out->pool_allocs[r] ? out->pool_allocs[r] : out->pool_allocs_first[r]) - out->pool_allocs_first[r], pb / 1048576.0,
                    sizeof(float) * t.n_grad / 1048576.0);
         }
     }
-    if (rc == 0 && c->trace && !g_cpu && verbose) {
-        size_t n = pp_cuda_timeline(t.cuda, NULL, 0);
+    if (rc == 0 && c->trace && !c->cpu && verbose) {
+        size_t n = pp_cuda_timeline(pp_cuda_pipeline_world(t.pl), NULL, 0);
         pp_event* ev = (pp_event*)malloc(sizeof(pp_event) * (n ? n : 1));
         FILE* f = fopen(c->trace, "w");
         if (ev && f) {
-            pp_cuda_timeline(t.cuda, ev, n);
+            pp_cuda_timeline(pp_cuda_pipeline_world(t.pl), ev, n);
             pp_timeline_chrome(f, ev, n, 1e6);
             printf("timeline of the last step: %s (%zu actions)\n", c->trace, n);
         }
@@ -493,17 +451,16 @@ static int gradcheck(const cfg* c0) {
     }
     /* analytic: one step's gradient, without the update */
     memset(t.gbuf[0], 0, sizeof(float) * t.n_grad);
-    if (pp_stage_step(t.st[0], &t.batch[0], NULL) != PP_OK) {
-        printf("gradcheck: %s\n", pp_stage_error(t.st[0]));
+    if (pp_pipeline_step(t.pl, &t.batch, NULL) != PP_OK) {
+        printf("gradcheck: %s\n", pp_pipeline_error(t.pl));
         return 1;
     }
     {
         float* g = t.gbuf[0];
-        gpt gv = t.shape;
         float* w = t.wbuf[0];
+        const float* wte_head = g + t.n_par; /* the head's share of the tied wte gradient */
         uint64_t pick = 99;
-        gpt_bind(&gv, g, 1);
-        for (size_t i = 0; i < (size_t)t.shape.V * t.shape.C; i++) g[i] += gv.wte_head[i];
+        for (size_t i = 0; i < (size_t)t.run.cfg.V * t.run.cfg.C; i++) g[i] += wte_head[i];
         /* sample parameters from every region: wte, wpe, each block's tensors, lnf */
         for (int k = 0; k < 400; k++) {
             size_t i = (size_t)(gpt_rng_next(&pick) % t.n_par);
@@ -514,11 +471,11 @@ static int gradcheck(const cfg* c0) {
             if (!save) return 1;
             memcpy(save, g, sizeof(float) * t.n_grad);
             w[i] = keep + eps;
-            pp_stage_step(t.st[0], &t.batch[0], NULL);
-            lp = t.cx[0].mb_loss[0];
+            pp_pipeline_step(t.pl, &t.batch, NULL);
+            lp = t.run.tab[0].mb_loss[0];
             w[i] = keep - eps;
-            pp_stage_step(t.st[0], &t.batch[0], NULL);
-            lm = t.cx[0].mb_loss[0];
+            pp_pipeline_step(t.pl, &t.batch, NULL);
+            lm = t.run.tab[0].mb_loss[0];
             memcpy(g, save, sizeof(float) * t.n_grad);
             free(save);
             w[i] = keep;
@@ -583,7 +540,7 @@ int main(int argc, char** argv) {
         else if (!strcmp(a, "--generated")) c.generated = 1;
         else if (!strcmp(a, "--check")) c.check = 1;
         else if (!strcmp(a, "--bench")) c.bench = 1;
-        else if (!strcmp(a, "--cpu")) g_cpu = 1;
+        else if (!strcmp(a, "--cpu")) c.cpu = 1;
         else if (!strcmp(a, "--gradcheck")) c.gradcheck = 1;
         else return usage();
 #undef ARG
@@ -591,21 +548,21 @@ int main(int argc, char** argv) {
     if (c.kind == PP_SCHED_ZB_V) c.v = 2;
     else if (c.kind != PP_SCHED_INTERLEAVED) c.v = 1;
     if (c.p < 1 || c.p > 64 || c.v < 1 || c.m < 1 || c.m > 1024 || c.steps < 1 || c.dim < 8 || c.heads < 1 ||
-        c.dim % c.heads || c.dim / c.heads > MAXHS || c.seqs < c.m || c.max_len < 12 || c.gpus < 1 || c.gpus > MAXDEV)
+        c.dim % c.heads || c.dim / c.heads > GPTC_MAX_HS || c.seqs < c.m || c.max_len < 12 || c.gpus < 1 || c.gpus > GPTC_MAX_DEV)
         return usage();
     if (c.layers < c.p * c.v - 2) c.layers = c.p * c.v - 2;
-    if (c.layers > MAXB) {
-        fprintf(stderr, "gpt_cuda: p*v = %d stages need %d blocks, at most %d\n", c.p * c.v, c.layers, MAXB);
+    if (c.layers > GPTC_MAX_BLOCK) {
+        fprintf(stderr, "gpt_cuda: p*v = %d stages need %d blocks, at most %d\n", c.p * c.v, c.layers, GPTC_MAX_BLOCK);
         return 2;
     }
-    if (!g_cpu && (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1)) {
+    if (!c.cpu && (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1)) {
         printf("gpt_cuda: no CUDA device; run with --cpu to execute the same layers on the host\n");
         return 0;
     }
-    if (!g_cpu && c.gpus > ndev) c.gpus = ndev;
-    if (g_cpu) c.gpus = 1;
+    if (!c.cpu && c.gpus > ndev) c.gpus = ndev;
+    if (c.cpu) c.gpus = 1;
     if (c.gradcheck) {
-        if (!g_cpu) {
+        if (!c.cpu) {
             fprintf(stderr, "--gradcheck needs --cpu (it reads losses on the host)\n");
             return 2;
         }

@@ -1,5 +1,6 @@
 /* examples/gpt_data.h - a byte-level corpus for examples/gpt.h: text split into documents of
    variable length, and packing of a step's documents into one global batch without padding.
+   What to copy: gpt_pack, which turns documents into tokens, targets and cu_seqlens.
 
      gpt_corpus c;
      gpt_corpus_load(&c, "README.md", 128, seed)      any text file; or

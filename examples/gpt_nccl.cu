@@ -2,6 +2,10 @@
    (pipeline_nccl.h): a pp x dp grid, any schedule, the tied embedding/head across the first
    and last pipeline ranks, the data-parallel gradient mean, Adam.
 
+   What to copy: the per-rank API over NCCL (pp_nccl_grid_create, pp_nccl_transport) with a
+   one-rank pp_cuda for the device block pool, the tied and data-parallel gradient sums on the
+   GPU. Start from mlp_cpu.c and gpt_cuda.cu (the same model in one process).
+
      mpirun -np 4 build/gpt_nccl -p 4                      (pp 4 x dp 1; NCCL id by MPI_Bcast)
      mpirun -np 8 build/gpt_nccl -p 4 --dp 2 --schedule interleaved -v 2 -m 8
      srun -n 8 --gpus-per-task 1 build/gpt_nccl -p 4 --dp 2 --id-file /shared/nccl.$SLURM_JOB_ID
@@ -40,10 +44,6 @@
 
 #include "gpt_cuda.h" /* the model of gpt_cuda.cu */
 
-struct ScaleOp {
-    HD void at(int i, float* g, float s) { g[i] *= s; }
-};
-
 typedef struct opts {
     pp_schedule_kind kind;
     int p, dp, v, m, steps, seqs, max_len, dim, heads, layers, generated;
@@ -79,12 +79,13 @@ static int owner_rank(const pp_schedule* sc, const int* first, int layer) {
 typedef struct proc {
     pp_launch L;
     int dev, pp_rank, dp_rank, dp, p, v, cap;
-    gpt shape, w, g;
+    gptc_run run;               /* the model's context: sizes, this GPU's tables (tab[dev]) */
+    gptc_model w, g;
+    pp_cuda_layer_ctx lc;       /* the layers' io->ctx: the compute stream and the GPU */
     float *wbuf, *gbuf, *m1, *m2;
     size_t n_par, n_grad;
     int32_t *tok, *tgt, *pos, *sst, *sen;       /* device */
     int32_t *h_tok, *h_tgt, *h_cu, *h_pos, *h_sst, *h_sen;
-    ctx cx;
     pp_cuda* cuda;
     pp_nccl_grid grid;
     int have_grid;
@@ -99,16 +100,16 @@ static void proc_free(proc* P) {
     pp_stage_destroy(P->st);
     if (P->have_grid) pp_nccl_grid_destroy(&P->grid);
     if (P->cuda) pp_cuda_destroy(P->cuda);
-    dfree(P->wbuf);
-    dfree(P->gbuf);
-    dfree(P->m1);
-    dfree(P->m2);
-    dfree(P->cx.mb_loss);
-    dfree(P->tok);
-    dfree(P->tgt);
-    dfree(P->pos);
-    dfree(P->sst);
-    dfree(P->sen);
+    gptc_free(0, P->wbuf);
+    gptc_free(0, P->gbuf);
+    gptc_free(0, P->m1);
+    gptc_free(0, P->m2);
+    gptc_free(0, P->dev < GPTC_MAX_DEV ? P->run.tab[P->dev].mb_loss : NULL);
+    gptc_free(0, P->tok);
+    gptc_free(0, P->tgt);
+    gptc_free(0, P->pos);
+    gptc_free(0, P->sst);
+    gptc_free(0, P->sen);
     free(P->h_tok);
     free(P->h_tgt);
     free(P->h_cu);
@@ -130,8 +131,8 @@ static int load_batch(proc* P, const opts* o, const gpt_corpus* corp, uint64_t* 
             P->h_sen[r] = P->h_cu[s + 1];
         }
     b = sizeof(int32_t) * (size_t)T;
-    if (dput(P->tok, P->h_tok, b) || dput(P->tgt, P->h_tgt, b) || dput(P->pos, P->h_pos, b) || dput(P->sst, P->h_sst, b) ||
-        dput(P->sen, P->h_sen, b))
+    if (gptc_copy(0, P->tok, P->h_tok, b) || gptc_copy(0, P->tgt, P->h_tgt, b) || gptc_copy(0, P->pos, P->h_pos, b) || gptc_copy(0, P->sst, P->h_sst, b) ||
+        gptc_copy(0, P->sen, P->h_sen, b))
         return 1;
     memset(&P->batch, 0, sizeof P->batch);
     P->batch.m = o->m;
@@ -215,78 +216,61 @@ static int setup(proc* P, const opts* o, int have_launch) {
     P->acts = (pp_action*)malloc(sizeof(pp_action) * (n ? n : 1));
     if (!P->acts || pp_schedule_make(o->kind, P->p, P->v, o->m, P->acts, n, &P->sched, &err) != PP_OK) FAIL("schedule: %s", err.msg);
     if (pp_nccl_check_order(&P->sched, &err) != PP_OK) FAIL("schedule over NCCL: %s", err.msg);
-    P->shape.V = GPT_DATA_VOCAB;
-    P->shape.maxT = o->max_len;
-    P->shape.C = o->dim;
-    P->shape.H = o->heads;
-    P->shape.nb = o->layers;
+    if (P->dev >= GPTC_MAX_DEV) FAIL("GPU %d: the model keeps tables for GPUs 0 .. %d", P->dev, GPTC_MAX_DEV - 1);
+    P->run.cfg.V = GPT_DATA_VOCAB;
+    P->run.cfg.maxT = o->max_len;
+    P->run.cfg.C = o->dim;
+    P->run.cfg.H = o->heads;
+    P->run.cfg.nb = o->layers;
     if (pp_partition_uniform(o->layers + 2, S, P->first, &err) != PP_OK) FAIL("partition: %s", err.msg);
     /* weights: gpt_cuda's initialisation (same seed on every process) */
-    P->n_par = gpt_numel(&P->shape);
-    P->n_grad = P->n_par + (size_t)P->shape.V * P->shape.C;
+    P->n_par = gptc_numel(&P->run.cfg);
+    P->n_grad = P->n_par + (size_t)P->run.cfg.V * P->run.cfg.C;
     {
         float* h = (float*)malloc(sizeof(float) * P->n_par);
-        gpt hw = P->shape;
-        uint64_t rng = 1234;
         if (!h) FAIL("out of host memory");
-        gpt_bind(&hw, h, 0);
-        for (size_t i = 0; i < P->n_par; i++) h[i] = (2.0f * gpt_rng_uniform(&rng) - 1.0f) * 0.035f;
-        for (int l = 0; l < hw.nb; l++)
-            for (int k = 0; k < hw.C; k++) {
-                hw.b[l].ln1_g[k] = hw.b[l].ln2_g[k] = 1.0f;
-                hw.b[l].ln1_b[k] = hw.b[l].ln2_b[k] = 0.0f;
-            }
-        for (int k = 0; k < hw.C; k++) {
-            hw.lnf_g[k] = 1.0f;
-            hw.lnf_b[k] = 0.0f;
-        }
-        P->wbuf = (float*)dalloc(sizeof(float) * P->n_par);
-        if (!P->wbuf || dput(P->wbuf, h, sizeof(float) * P->n_par)) {
+        gptc_init_weights(&P->run.cfg, h);
+        P->wbuf = (float*)gptc_alloc(0, sizeof(float) * P->n_par);
+        if (!P->wbuf || gptc_copy(0, P->wbuf, h, sizeof(float) * P->n_par)) {
             free(h);
             FAIL("weights: cudaMalloc/cudaMemcpy failed");
         }
         free(h);
     }
     P->cap = o->seqs * o->max_len;
-    P->gbuf = (float*)dalloc(sizeof(float) * P->n_grad);
-    P->m1 = (float*)dalloc(sizeof(float) * P->n_par);
-    P->m2 = (float*)dalloc(sizeof(float) * P->n_par);
-    P->cx.mb_loss = (float*)dalloc(sizeof(float) * 1024);
-    P->tok = (int32_t*)dalloc(sizeof(int32_t) * (size_t)P->cap);
-    P->tgt = (int32_t*)dalloc(sizeof(int32_t) * (size_t)P->cap);
-    P->pos = (int32_t*)dalloc(sizeof(int32_t) * (size_t)P->cap);
-    P->sst = (int32_t*)dalloc(sizeof(int32_t) * (size_t)P->cap);
-    P->sen = (int32_t*)dalloc(sizeof(int32_t) * (size_t)P->cap);
+    P->gbuf = (float*)gptc_alloc(0, sizeof(float) * P->n_grad);
+    P->m1 = (float*)gptc_alloc(0, sizeof(float) * P->n_par);
+    P->m2 = (float*)gptc_alloc(0, sizeof(float) * P->n_par);
+    P->run.tab[P->dev].mb_loss = (float*)gptc_alloc(0, sizeof(float) * 1024);
+    P->tok = (int32_t*)gptc_alloc(0, sizeof(int32_t) * (size_t)P->cap);
+    P->tgt = (int32_t*)gptc_alloc(0, sizeof(int32_t) * (size_t)P->cap);
+    P->pos = (int32_t*)gptc_alloc(0, sizeof(int32_t) * (size_t)P->cap);
+    P->sst = (int32_t*)gptc_alloc(0, sizeof(int32_t) * (size_t)P->cap);
+    P->sen = (int32_t*)gptc_alloc(0, sizeof(int32_t) * (size_t)P->cap);
     P->h_tok = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
     P->h_tgt = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
     P->h_pos = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
     P->h_sst = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
     P->h_sen = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
     P->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(o->seqs + 1));
-    if (!P->gbuf || !P->m1 || !P->m2 || !P->cx.mb_loss || !P->tok || !P->tgt || !P->pos || !P->sst || !P->sen || !P->h_tok ||
+    if (!P->gbuf || !P->m1 || !P->m2 || !P->run.tab[P->dev].mb_loss || !P->tok || !P->tgt || !P->pos || !P->sst || !P->sen || !P->h_tok ||
         !P->h_tgt || !P->h_pos || !P->h_sst || !P->h_sen || !P->h_cu)
         FAIL("out of memory for the model (%zu parameters)", P->n_par);
-    P->w = P->shape;
-    gpt_bind(&P->w, P->wbuf, 0);
-    P->g = P->shape;
-    gpt_bind(&P->g, P->gbuf, 1);
-    P->cx.st = pp_cuda_stream(P->cuda, 0);
-    P->cx.pos = P->pos;
-    P->cx.sstart = P->sst;
-    P->cx.send = P->sen;
+    gptc_bind(&P->w, &P->run.cfg, P->wbuf, 0);
+    gptc_bind(&P->g, &P->run.cfg, P->gbuf, 1);
+    P->run.tab[P->dev].pos = P->pos;
+    P->run.tab[P->dev].sstart = P->sst;
+    P->run.tab[P->dev].send = P->sen;
+    P->lc.stream = pp_cuda_stream(P->cuda, 0);
+    P->lc.device = P->dev;
     memset(&d, 0, sizeof d);
-    d.model.name = "gpt_nccl";
-    d.model.n_layers = o->layers + 2;
-    d.model.forward = m_forward;
-    d.model.backward = m_backward;
-    d.model.describe = m_describe;
-    d.model.layer_name = m_name;
+    d.model = gptc_model_desc_depth(&P->run);
     d.weights = &P->w;
     d.grads = &P->g;
     d.schedule = &P->sched;
     d.partition = P->first;
     d.rank = P->pp_rank;
-    d.layer_ctx = &P->cx;
+    d.layer_ctx = &P->lc;
     d.timeout_s = o->timeout;
     d.transport = pp_nccl_transport(P->grid.pipe);
     d.device = pp_cuda_device_ops(P->cuda, 0);
@@ -298,29 +282,31 @@ static int setup(proc* P, const opts* o, int have_launch) {
 static int update(proc* P, const opts* o, int step, int e_rank, int h_rank) {
     pp_error err;
     cudaStream_t cs = pp_cuda_stream(P->cuda, 0);
-    int VC = P->shape.V * P->shape.C;
+    int VC = P->run.cfg.V * P->run.cfg.C;
     if (e_rank != h_rank) {
         /* the grid's tied pair: {first stage's rank, last stage's rank} = tied ranks {0, 1} */
         pp_transport tt = pp_nccl_transport(P->grid.tied);
         int pair[2] = {0, 1};
         if (P->grid.tied &&
-            pp_tied_sum_grads(&tt, pair, P->pp_rank == e_rank ? (void*)P->g.wte : NULL, P->pp_rank == h_rank ? (void*)P->g.wte_head : NULL,
+            pp_tied_sum_grads(&tt, pair, P->pp_rank == e_rank ? (void*)P->g.embed[0].wte : NULL,
+                              P->pp_rank == h_rank ? (void*)P->g.head[0].wte : NULL,
                               (size_t)VC, PP_F32, o->timeout, &err) != PP_OK)
             FAIL("tied gradients: %s", err.msg);
     }
     /* wte's gradient = embedding share + head share (on the first rank the head share is 0,
        on the last the embedding share is; after the tied sum either holds the whole) */
-    if (op<AccOp>(cs, VC, P->g.wte, (const float*)P->g.wte_head)) FAIL("kernel launch failed");
+    if (gptc_op<gptc_acc_op>(0, cs, VC, P->g.embed[0].wte, (const float*)P->g.head[0].wte)) FAIL("kernel launch failed");
     if (P->dp > 1) {
         pp_transport dt = pp_nccl_transport(P->grid.dp);
         /* scale 1: the library scales on the host; the buffer is on the GPU */
         if (pp_grad_allreduce(&dt, NULL, 0, P->gbuf, P->n_par, PP_F32, 1.0, o->timeout, &err) != PP_OK)
             FAIL("data-parallel all-reduce: %s", err.msg);
-        if (op<ScaleOp>(cs, (int)P->n_par, P->gbuf, 1.0f / (float)P->dp)) FAIL("kernel launch failed");
+        if (gptc_op<gptc_scale_op>(0, cs, (int)P->n_par, P->gbuf, 1.0f / (float)P->dp)) FAIL("kernel launch failed");
     }
     {
         float bc1 = 1.0f - powf(0.9f, (float)(step + 1)), bc2 = 1.0f - powf(0.999f, (float)(step + 1));
-        if (op<AdamOp>(cs, (int)P->n_par, P->wbuf, (const float*)P->gbuf, P->m1, P->m2, o->lr, bc1, bc2)) FAIL("kernel launch failed");
+        if (gptc_op<gptc_adam_op>(0, cs, (int)P->n_par, P->wbuf, (const float*)P->gbuf, P->m1, P->m2, o->lr, bc1, bc2))
+            FAIL("kernel launch failed");
     }
     if (cudaStreamSynchronize(cs) != cudaSuccess) FAIL("optimizer step failed: %s", cudaGetErrorString(cudaGetLastError()));
     return 0;
@@ -353,8 +339,8 @@ static int train(proc* P, const opts* o) {
     if (e_rank != h_rank && P->grid.tied) {
         pp_transport tt = pp_nccl_transport(P->grid.tied);
         int pair[2] = {0, 1};
-        if (pp_tied_sync_weights(&tt, pair, P->pp_rank == e_rank ? (void*)P->w.wte : NULL,
-                                 P->pp_rank == h_rank ? (void*)P->w.wte : NULL, sizeof(float) * P->shape.V * P->shape.C,
+        if (pp_tied_sync_weights(&tt, pair, P->pp_rank == e_rank ? (void*)P->w.embed[0].wte : NULL,
+                                 P->pp_rank == h_rank ? (void*)P->w.embed[0].wte : NULL, sizeof(float) * P->run.cfg.V * P->run.cfg.C,
                                  o->timeout, &err) != PP_OK) {
             fprintf(stderr, "gpt_nccl rank %d: tied weights: %s\n", P->L.rank, err.msg);
             rc = 1;
@@ -368,7 +354,7 @@ static int train(proc* P, const opts* o) {
         float mbl[1024];
         double acc = 0;
         memset(&info, 0, sizeof info);
-        if (load_batch(P, o, &corp, &rng, &T) || dzero(P->gbuf, sizeof(float) * P->n_grad) || cudaDeviceSynchronize() != cudaSuccess) {
+        if (load_batch(P, o, &corp, &rng, &T) || gptc_zero(0, P->gbuf, sizeof(float) * P->n_grad) || cudaDeviceSynchronize() != cudaSuccess) {
             fprintf(stderr, "gpt_nccl rank %d: uploading the batch failed\n", P->L.rank);
             rc = 1;
             break;
@@ -391,7 +377,7 @@ static int train(proc* P, const opts* o) {
         }
         dt = now_s() - t0;
         if (is_printer) {
-            if (cudaMemcpy(mbl, P->cx.mb_loss, sizeof(float) * (size_t)o->m, cudaMemcpyDeviceToHost) != cudaSuccess) {
+            if (gptc_copy(0, mbl, P->run.tab[P->dev].mb_loss, sizeof(float) * (size_t)o->m)) {
                 rc = 1;
                 break;
             }
@@ -492,13 +478,14 @@ int main(int argc, char** argv) {
         goto done;
     }
     if (o.v < 1 || o.m < 1 || o.m > 1024 || o.steps < 1 || o.dim < 8 || o.heads < 1 || o.dim % o.heads ||
-        o.dim / o.heads > MAXHS || o.seqs < o.m || o.max_len < 12 || o.timeout <= 0) {
+        o.dim / o.heads > GPTC_MAX_HS || o.seqs < o.m || o.max_len < 12 || o.timeout <= 0) {
         rc = usage();
         goto done;
     }
     if (o.layers < o.p * o.v - 2) o.layers = o.p * o.v - 2;
-    if (o.layers > MAXB) {
-        if (P->L.rank == 0) fprintf(stderr, "gpt_nccl: p*v = %d stages need %d blocks, at most %d\n", o.p * o.v, o.layers, MAXB);
+    if (o.layers > GPTC_MAX_BLOCK) {
+        if (P->L.rank == 0)
+            fprintf(stderr, "gpt_nccl: p*v = %d stages need %d blocks, at most %d\n", o.p * o.v, o.layers, GPTC_MAX_BLOCK);
         rc = 2;
         goto done;
     }

@@ -1,6 +1,8 @@
 /* examples/mlp.h - a small MLP as a pipeline.h layer list: dense layers (tanh between them) and a
    softmax cross-entropy loss. Used by examples/mlp_cpu.c, the tests and bench/.
-   Include after pipeline.h. All functions are static: include it from one file per program. */
+   Include after pipeline.h. All functions are static: include it from one file per program.
+   What to copy: the smallest complete layer list (PP_MODEL), and the same layers with their
+   backward split for the zero-bubble schedules (PP_MODEL_SPLIT). Its program is mlp_cpu.c. */
 #ifndef PP_EXAMPLE_MLP_H
 #define PP_EXAMPLE_MLP_H
 

@@ -2,6 +2,7 @@
    layer list: token embedding E (V, C), TLM_DEPTH tanh dense layers, a head whose logits are
    x E^T, and a cross-entropy loss. Used by tests/test_mpi.c, examples/tlm_mpi.c, bench/bench_mpi.c.
    Include after pipeline.h. All functions are static: include it from one file per program.
+   What to copy: a layer list whose weights are shared by two layers on different stages.
 
    Tying across a pipeline: the embedding sits on the first stage and the head on the last, so
    each keeps its own copy of E (tlm_embed.E and tlm_head.E point to different buffers); the

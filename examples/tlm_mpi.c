@@ -2,6 +2,10 @@
    process per rank over MPI: a pp x dp grid, packed variable-length sequences, the embedding on
    the first stage and its tied copy in the head on the last.
 
+   What to copy: a pp x dp grid over MPI (pp_mpi_grid_create), tied weights across the first and
+   last stage (pp_tied_sync_weights, pp_tied_sum_grads), the data-parallel mean
+   (pp_grad_allreduce). Start from mlp_cpu.c, then gpt_mpi.c (one process per rank, no grid).
+
        mpicc -std=c99 -O2 -I. examples/tlm_mpi.c -o build/tlm_mpi -lm
        mpirun -np 4 build/tlm_mpi --pp 2              (pp = 2 x dp = 2)
        srun -n 8 build/tlm_mpi --pp 4 --schedule interleaved

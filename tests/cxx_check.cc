@@ -3,10 +3,29 @@
 #include "../pipeline.h"
 #include "../pipeline.h"  // a second include is harmless
 
+// PP_MODEL and PP_MODEL_SPLIT expand to C++ without warnings, runtime counts included.
+struct cxx_p {
+    int n;
+};
+static int cxx_fwd(const cxx_p*, pp_layer_io*) { return 0; }
+static int cxx_bwd(const cxx_p*, cxx_p*, pp_layer_io*) { return 0; }
+static void cxx_desc(const cxx_p*, const pp_microbatch*, const pp_tensor*, int, pp_layer_desc*) {}
+#define CXX_LAYERS(X) X(a, cxx_p, cxx_fwd, cxx_bwd, cxx_desc, 1) X(b, cxx_p, cxx_fwd, cxx_bwd, cxx_desc, 4)
+#define CXXZ_LAYERS(X) X(a, cxx_p, cxx_fwd, cxx_bwd, cxx_bwd, cxx_desc, 1) X(b, cxx_p, cxx_fwd, cxx_bwd, PP_NO_WGRAD, cxx_desc, 4)
+PP_MODEL(cxx, CXX_LAYERS)
+PP_MODEL_SPLIT(cxxz, CXXZ_LAYERS)
+
 int pp_cxx_check(void);
 int pp_cxx_check(void) {
     pp_error err;
     pp_action acts[16];
     pp_schedule s;
-    return pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 16, &s, &err) == PP_OK ? 0 : 1;
+    cxx_counts n = cxx_counts();
+    n.b = 2;
+    pp_model m = cxx_model_desc_counts(n), z = cxxz_model_desc();
+    pp_pipeline_desc d = pp_pipeline_desc();
+    d.model = m;
+    pp_pipeline* pl = NULL;
+    return (pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 16, &s, &err) == PP_OK ? 0 : 1) + m.n_layers + z.n_layers +
+           (pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID ? 0 : 1);
 }

@@ -34,11 +34,13 @@ typedef struct layer_run {
 static void run_alloc(layer_run* r, const pp_model* m, const gpt_model* w, int l, const pp_microbatch* mb,
                       const pp_tensor* in) {
     memset(r, 0, sizeof *r);
+    r->d.model = m; /* the dispatchers number layers over the model's counts in use */
     m->describe(w, l, mb, in, 1, &r->d);
     r->out = r->d.n_out ? (float*)calloc((size_t)pp_tensor_bytes(&r->d.out[0]), 1) : NULL;
     r->din = pp_dtype_is_float(in->dtype) ? (float*)calloc((size_t)pp_tensor_bytes(in), 1) : NULL;
     r->saved = malloc(r->d.saved_bytes ? r->d.saved_bytes : 1);
     r->io.mb = mb;
+    r->io.model = m;
     r->io.layer = l;
     r->io.n_in = 1;
     r->io.n_out = r->d.n_out;
@@ -365,6 +367,7 @@ static void test_describe(void) {
           d1.cost, d2.cost, d1.saved_bytes, d2.saved_bytes);
     CHECK(d1.n_params == (int64_t)gpt_block_numel(&c), "block n_params %lld", (long long)d1.n_params);
     memset(&d1, 0, sizeof d1);
+    d1.model = &m; /* a depth-3 model: its last layer is the head, not the list's fourth block */
     m.describe(&bare, m.n_layers - 1, &a, &in, 1, &d1);
     CHECK(d1.n_out == 0 && d1.n_params == (int64_t)gpt_head_numel(&c), "head is the loss layer (n_out 0)");
     in.cols = 1;
@@ -372,8 +375,8 @@ static void test_describe(void) {
     memset(&d1, 0, sizeof d1);
     m.describe(&bare, 0, &a, &in, 1, &d1);
     CHECK(d1.n_out == 1 && d1.out[0].cols == c.C && d1.n_params == (int64_t)gpt_embed_numel(&c), "embed describe");
-    CHECK(m.n_layers == 5 && !strcmp(m.layer_name(0), "embed") && !strcmp(m.layer_name(3), "block") &&
-              !strcmp(m.layer_name(4), "head"),
+    CHECK(m.n_layers == 5 && !strcmp(pp_model_layer_name(&m, 0), "embed") && !strcmp(pp_model_layer_name(&m, 3), "block") &&
+              !strcmp(pp_model_layer_name(&m, 4), "head"),
           "depth 3: layers embed, block x3, head");
 }
 
@@ -513,7 +516,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, const int* first, cons
         pp_schedule_stage_rank(&sched, s, &owner, &chunk);
         if (memcmp(gbuf[owner] + off, gref + off, nl * sizeof(float)) != 0) {
             CHECK(0, "%s: layer %d (%s, stage %d, rank %d): gradient differs from pp_sequential_step", where, l,
-                  W.model.layer_name(l), s, owner);
+                  pp_model_layer_name(&W.model, l), s, owner);
             ok = 0;
         }
         for (r = 0; r < p; r++)

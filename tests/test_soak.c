@@ -9,7 +9,7 @@
    Two pipelines: 1F1B p = 3 with LOCAL shapes, interleaved p = 2, v = 2 with AUTO shapes (its
    shape tracker resizes whenever a micro-batch's size changes).
 
-   build/test_soak                 the short run make test does (--steps 400)
+   build/test_soak                 the short run make test does (--steps 400; 100 with PP_QUICK set)
    build/test_soak --steps 5000    the long run */
 #define _POSIX_C_SOURCE 200809L /* the allocator below comes before pipeline.h */
 #include <pthread.h>
@@ -207,7 +207,7 @@ static void run_soak(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
 }
 
 int main(int argc, char** argv) {
-    int steps = 400, i;
+    int steps = getenv("PP_QUICK") ? 100 : 400, i; /* make quick sets PP_QUICK */
     for (i = 1; i < argc; i++)
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
     if (steps < 2) steps = 2;

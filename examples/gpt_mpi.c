@@ -1,0 +1,138 @@
+/* examples/gpt_mpi.c - examples/gpt_cpu.c's GPT with one process per pipeline rank, over MPI
+   (pipeline_mpi.h).
+
+   What to copy: the per-rank API, which every multi-process transport uses. Each process
+   builds the same schedule and partition, makes its one pp_stage (pp_stage_desc: model,
+   weights, grads, schedule, partition, its rank and the transport), steps it, and updates only
+   the layers its stages own. Start from mlp_cpu.c and gpt_cpu.c (one process); tlm_mpi.c adds
+   data parallelism and a tied embedding; gpt_nccl.cu is the same on GPUs.
+
+     mpirun -np 4 build/gpt_mpi [--schedule ...] [-v 2] [-m 8] [--steps 60] ... [--check]
+
+   Options as gpt_cpu (-p is the number of processes). The last rank prints. --check runs
+   pp_sequential_step on the first batch in every process and requires the loss and the
+   gradients of every layer to equal the pipelined ones bit for bit (exit 1 if not). */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline.h"
+#include "../pipeline_mpi.h"
+#include "gpt.h"
+#include "gpt_data.h"
+#include "gpt_train.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int main(int argc, char** argv) {
+    gpt_opts c;
+    gpt_trainer T;
+    double t0, wall = 0;
+    size_t n_acts;
+    int rank = 0, size = 1, step, chunk, l, rc = 1, bad = 0, last = 0, ok, have = 0;
+    int* first = NULL;
+    pp_action* acts = NULL;
+    pp_schedule sched;
+    pp_partition_desc pd;
+    pp_mpi* mpi = NULL;
+    pp_stage_desc d;
+    pp_stage* st = NULL;
+    pp_step_stats ss;
+    pp_error err;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (gpt_opts_parse(argc, argv, &c)) {
+        if (rank == 0) gpt_opts_usage("gpt_mpi");
+        MPI_Finalize();
+        return 2;
+    }
+    c.p = size; /* every process is one pipeline rank */
+    if (gpt_opts_check(&c)) {
+        MPI_Finalize();
+        return 2;
+    }
+    if (rank != size - 1 && !freopen("/dev/null", "w", stdout)) perror("freopen"); /* the last rank prints */
+    /* every process builds the same data, model, schedule and partition */
+    if (gpt_trainer_init(&T, &c)) goto cleanup;
+    have = 1;
+    first = (int*)calloc((size_t)(c.p * c.v + 1), sizeof(int));
+    n_acts = pp_schedule_size(c.kind, c.p, c.v, c.m);
+    acts = (pp_action*)malloc((n_acts ? n_acts : 1) * sizeof *acts);
+    if (!first || !acts) {
+        fprintf(stderr, "rank %d: out of memory\n", rank);
+        goto cleanup;
+    }
+    memset(&pd, 0, sizeof pd);
+    pd.policy = PP_PARTITION_COST;
+    pd.n_stages = c.p * c.v;
+    pd.sample = &T.sample;
+    memset(&d, 0, sizeof d);
+    d.model = gpt_model_desc_depth(c.layers);
+    if (pp_schedule_make(c.kind, c.p, c.v, c.m, acts, n_acts, &sched, &err) != PP_OK ||
+        pp_partition_model(&d.model, &T.w, &pd, first, NULL, &err) != PP_OK ||
+        pp_mpi_create(MPI_COMM_WORLD, MPI_COMM_NULL, &mpi, &err) != PP_OK) {
+        fprintf(stderr, "rank %d: %s\n", rank, err.msg);
+        goto cleanup;
+    }
+    printf("gpt_mpi: %d processes, %s v=%d m=%d; %d layers (embed, %d blocks, head), C=%d, %zu parameters\n", size,
+           pp_schedule_name(c.kind), c.v, c.m, d.model.n_layers, c.layers, c.dim, T.n_params);
+    printf("text: %s, %d documents of mean length %.1f (max %d)\n", T.corpus.source, T.corpus.n_docs, T.mean_len,
+           c.max_len);
+    pp_partition_print(stdout, &d.model, first, c.p * c.v, NULL);
+    /* this process's stage */
+    d.weights = &T.w;
+    d.grads = &T.g;
+    d.schedule = &sched;
+    d.partition = first;
+    d.rank = rank;
+    d.transport = pp_mpi_transport(mpi);
+    if (pp_stage_create(&d, &st, &err) != PP_OK) {
+        fprintf(stderr, "rank %d: %s\n", rank, err.msg);
+        goto cleanup;
+    }
+    pp_schedule_stage_rank(&sched, c.p * c.v - 1, &last, &chunk);
+    t0 = gpt_now();
+    for (step = 0; step < c.steps; step++) {
+        pp_batch b = gpt_step_batch(&c, &T.steps[step]);
+        if (pp_stage_step(st, &b, &ss) != PP_OK) {
+            fprintf(stderr, "step %d: %s\n", step, pp_stage_error(st));
+            goto cleanup;
+        }
+        if (c.check && step == 0 && gpt_trainer_reference(&T, &d.model, &b)) goto cleanup;
+        /* the optimizer on the layers this rank's stages own (it zeroes their gradients);
+           --check first compares their gradients with the reference's */
+        for (chunk = 0; chunk < c.v; chunk++) {
+            int s = pp_schedule_stage(&sched, rank, chunk);
+            for (l = first[s]; l < first[s + 1]; l++) {
+                size_t n, off = (size_t)(gpt_layer_params(&T.w, &T.gc, l, &n) - T.wbuf);
+                if (c.check && step == 0) bad += gpt_trainer_differs(&T, &d.model, l);
+                gpt_optimize(&c, T.wbuf + off, T.gbuf + off, T.m1 + off, T.m2 + off, n, step);
+            }
+        }
+        if (ss.has_loss) {
+            T.loss[step] = ss.loss;
+            gpt_step_print(step, ss.loss, &T.steps[step], ss.t_total);
+        }
+    }
+    wall = gpt_now() - t0;
+    rc = 0;
+cleanup:
+    /* every rank agrees on the outcome; the last stage's losses go to every rank */
+    ok = rc == 0;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (ok) {
+        MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Bcast(T.loss, c.steps, MPI_FLOAT, last, MPI_COMM_WORLD);
+        gpt_report(&c, T.steps, T.loss, wall);
+        if (c.check) rc = gpt_trainer_verdict(&T, bad);
+    } else {
+        rc = 1;
+    }
+    pp_stage_destroy(st);
+    pp_mpi_destroy(mpi);
+    free(acts);
+    free(first);
+    if (have) gpt_trainer_free(&T, &c);
+    MPI_Finalize();
+    return rc;
+}

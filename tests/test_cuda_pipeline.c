@@ -1,0 +1,265 @@
+/* tests/test_cuda_pipeline.c - pipeline_cuda.h's one-process layer (pp_cuda_pipeline_create)
+   against the imitation CUDA runtime (tests/fakecuda), without a GPU.
+
+   The MLP's layers are enqueued on the rank's stream (io->ctx is a pp_cuda_layer_ctx) with
+   cudaLaunchHostFunc, as kernels would be, so they run asynchronously after the host returned.
+   Checked: every schedule, p in {1, 2, 4}, ranks on one device and spread over four, shared and
+   per-rank gradients: bit-identical to pp_sequential_step after steps that return only when the
+   streams are done; each layer saw its own rank's stream, device and the template's user
+   context; the world and the step's event timeline are reachable; a failing layer fails the
+   step naming its rank and the next step is right again; the descs the CUDA pipeline cannot
+   take are refused (device ops given, AUTO shapes, n_ranks other than p). */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline_cuda.h"
+#include "../examples/mlp.h"
+#include "test.h"
+
+#define ROWS 41
+#define IN 6
+#define CLASSES 5
+#define NSEQ 9
+static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int32_t CU[NSEQ + 1] = {0, 3, 4, 11, 20, 22, 30, 31, 40, 41};
+
+static float X[ROWS * IN];
+static int32_t Y[ROWS];
+static mlp_model W, GREF;
+static float *WBUF, *GREFBUF;
+static size_t NPAR;
+static int g_user; /* the template's layer_ctx: every layer must see its address as lc->user */
+static volatile int g_bad_ctx, g_fail_layer = -1;
+
+/* ---- the MLP's layers, enqueued on the rank's stream ---------------------------------------- */
+typedef struct job {
+    const void* w;
+    void* g;
+    int layer, bwd;
+    pp_layer_io io;
+} job;
+
+static void run_job(void* u) {
+    job* j = (job*)u;
+    pp_model m = mlp_model_desc();
+    if (j->bwd) m.backward(j->w, j->g, j->layer, &j->io);
+    else m.forward(j->w, j->layer, &j->io);
+    free(j);
+}
+
+static int enqueue(const void* w, void* g, int l, int bwd, pp_layer_io* io) {
+    const pp_cuda_layer_ctx* lc = (const pp_cuda_layer_ctx*)io->ctx;
+    int dev = -1;
+    job* j;
+    if (!lc || lc->user != &g_user || cudaGetDevice(&dev) != cudaSuccess || dev != lc->device) {
+        g_bad_ctx++;
+        return 1;
+    }
+    if (!bwd && l == g_fail_layer && io->mb->index == 1) return 42;
+    if (!(j = (job*)malloc(sizeof *j))) return 1;
+    j->w = w;
+    j->g = g;
+    j->layer = l;
+    j->bwd = bwd;
+    j->io = *io; /* the executor's io is on its stack: the job keeps a copy */
+    return cudaLaunchHostFunc(lc->stream, run_job, j) == cudaSuccess ? 0 : 1;
+}
+static int a_fwd(const void* w, int l, pp_layer_io* io) { return enqueue(w, NULL, l, 0, io); }
+static int a_bwd(const void* w, void* g, int l, pp_layer_io* io) { return enqueue(w, g, l, 1, io); }
+
+static pp_batch batch(void) {
+    pp_batch b;
+    memset(&b, 0, sizeof b);
+    b.input.data = X; /* host memory: the layers run on the host */
+    b.input.rows = ROWS;
+    b.input.cols = IN;
+    b.input.dtype = PP_F32;
+    b.targets = Y;
+    b.target_row_bytes = sizeof(int32_t);
+    b.cu_seqlens = CU;
+    b.n_seqs = NSEQ;
+    b.split = PP_SPLIT_TOKENS;
+    return b;
+}
+
+static pp_pipeline_desc desc(pp_schedule_kind kind, int p) {
+    pp_pipeline_desc d;
+    memset(&d, 0, sizeof d);
+    d.model = mlp_model_desc();
+    d.model.forward = a_fwd;
+    d.model.backward = a_bwd;
+    d.weights = &W;
+    d.schedule = kind;
+    d.p = p;
+    d.m = 6;
+    d.stage.timeout_s = 20;
+    d.stage.layer_ctx = &g_user;
+    return d;
+}
+
+/* Gradient buffers per rank (host memory: the host-function layers write them). */
+static mlp_model G[4];
+static float* GBUF[4];
+static void* GPTR[4];
+static void grads_zero(void) {
+    int r;
+    for (r = 0; r < 4; r++) memset(GBUF[r], 0, NPAR * sizeof(float));
+}
+static int grads_equal(int n) {
+    size_t i;
+    int r;
+    for (i = 0; i < NPAR; i++) {
+        float s = 0;
+        for (r = 0; r < n; r++) s += GBUF[r][i];
+        if (memcmp(&s, &GREFBUF[i], sizeof s) != 0) return 0;
+    }
+    return 1;
+}
+
+static void run_case(pp_schedule_kind kind, int p, int spread, int per_rank, int steps) {
+    pp_pipeline_desc d = desc(kind, p);
+    pp_cuda_desc cd;
+    pp_pipeline* pl = NULL;
+    pp_error err;
+    pp_batch b = batch();
+    const pp_cuda_step_info* info;
+    int devs[4], r, s, ok = 1;
+    char where[128];
+    snprintf(where, sizeof where, "%s p=%d %s, %s grads", pp_schedule_name(kind), p, spread ? "spread over 4 devices" : "one device",
+             per_rank ? "per-rank" : "shared");
+    for (r = 0; r < p; r++) devs[r] = spread ? 3 - r % 4 : 0; /* rank 0 not on the default device */
+    memset(&cd, 0, sizeof cd);
+    cd.devices = devs;
+    cd.timeline = 1;
+    if (per_rank) d.rank_grads = GPTR;
+    else d.grads = GPTR[0];
+    grads_zero();
+    if (pp_cuda_pipeline_create(&d, &cd, &pl, &err) != PP_OK) {
+        CHECK(0, "%s: %s", where, err.msg);
+        return;
+    }
+    for (s = 0; s < steps && ok; s++) {
+        ok = pp_pipeline_step(pl, &b, NULL) == PP_OK;
+        CHECK(ok, "%s: step %d: %s", where, s, pp_pipeline_error(pl));
+    }
+    info = pp_cuda_pipeline_info(pl);
+    if (ok) {
+        CHECK(grads_equal(per_rank ? p : 1), "%s: gradients differ from the reference", where);
+        CHECK(info && info->span > 0 && info->n_actions[p - 1] == pp_pipeline_schedule(pl)->per_rank, "%s: step info", where);
+        CHECK(pp_cuda_timeline(pp_cuda_pipeline_world(pl), NULL, 0) == (size_t)p * pp_pipeline_schedule(pl)->per_rank,
+              "%s: event timeline", where);
+        CHECK(pp_pipeline_threads(pl) == NULL, "%s: no threads world", where);
+    }
+    pp_pipeline_destroy(pl);
+}
+
+static void test_equal(void) {
+    pp_model model = mlp_model_desc();
+    pp_batch b = batch();
+    pp_error err;
+    float loss;
+    int kind, p, i, steps = 2;
+    b.m = 6;
+    for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &W, &GREF, &b, &loss, &err) == PP_OK, "%s", err.msg);
+    for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
+        for (p = 1; p <= 4; p *= 2) {
+            run_case((pp_schedule_kind)kind, p, 0, p > 1, steps);
+            if (p > 1) run_case((pp_schedule_kind)kind, p, 1, kind % 2, steps);
+        }
+    CHECK(g_bad_ctx == 0, "%d layer calls without their rank's context", g_bad_ctx);
+}
+
+static void test_failure(void) {
+    pp_pipeline_desc d = desc(PP_SCHED_1F1B, 4);
+    pp_pipeline* pl = NULL;
+    pp_error err;
+    pp_batch b = batch();
+    int r;
+    d.rank_grads = GPTR;
+    CHECK(pp_cuda_pipeline_create(&d, NULL, &pl, &err) == PP_OK, "%s", err.msg);
+    if (!pl) return;
+    CHECK(pp_cuda_pipeline_world(pl) != NULL && pp_cuda_device(pp_cuda_pipeline_world(pl), 3) == 0, "NULL cuda desc: device 0");
+    g_fail_layer = 6;
+    CHECK(pp_pipeline_step(pl, &b, NULL) == PP_ERR_LAYER && strstr(pp_pipeline_error(pl), "failed first") &&
+              strstr(pp_pipeline_error(pl), "returned 42"),
+          "%s", pp_pipeline_error(pl));
+    for (r = 0; r < 4; r++) {
+        pp_result rr = pp_pipeline_rank_result(pl, r, NULL);
+        CHECK(rr == PP_ERR_LAYER || rr == PP_ERR_ABORTED, "rank %d: %s", r, pp_result_str(rr));
+    }
+    g_fail_layer = -1;
+    grads_zero();
+    {
+        pp_model model = mlp_model_desc();
+        float loss;
+        memset(GREFBUF, 0, NPAR * sizeof(float));
+        b.m = 6;
+        CHECK(pp_sequential_step(&model, &W, &GREF, &b, &loss, &err) == PP_OK, "%s", err.msg);
+        b.m = 0;
+    }
+    /* The next step: where the CUDA transport can withdraw the receives the failed step left
+       posted (pp_transport.cancel), the same pipeline goes on; where it cannot, the pipeline
+       says so instead of letting a stale receive take the next step's message. */
+    if (pp_cuda_transport(pp_cuda_pipeline_world(pl), 0).cancel) {
+        CHECK(pp_pipeline_step(pl, &b, NULL) == PP_OK && grads_equal(4), "the step after a failure: %s", pp_pipeline_error(pl));
+    } else {
+        CHECK(pp_pipeline_step(pl, &b, NULL) == PP_ERR_UNSUPPORTED && strstr(pp_pipeline_error(pl), "create it again"), "%s",
+              pp_pipeline_error(pl));
+        pp_pipeline_destroy(pl);
+        pl = NULL;
+        CHECK(pp_cuda_pipeline_create(&d, NULL, &pl, &err) == PP_OK, "%s", err.msg);
+        CHECK(pl && pp_pipeline_step(pl, &b, NULL) == PP_OK && grads_equal(4), "a new pipeline after a failure: %s",
+              pp_pipeline_error(pl));
+    }
+    pp_pipeline_destroy(pl);
+}
+
+static void* host_alloc(void* user, size_t bytes) {
+    (void)user;
+    return malloc(bytes);
+}
+
+static void test_refused(void) {
+    pp_pipeline_desc d = desc(PP_SCHED_1F1B, 2);
+    pp_pipeline* pl = NULL;
+    pp_cuda_desc cd;
+    pp_error err;
+    d.grads = GPTR[0];
+    d.stage.device.alloc = host_alloc;
+    CHECK(pp_cuda_pipeline_create(&d, NULL, &pl, &err) == PP_ERR_INVALID && !pl && strstr(err.msg, "stage.device"), "%s", err.msg);
+    d.stage.device.alloc = NULL;
+    d.stage.shapes = PP_SHAPES_AUTO;
+    CHECK(pp_cuda_pipeline_create(&d, NULL, &pl, &err) == PP_ERR_UNSUPPORTED && !pl && strstr(err.msg, "rank 0: shape policy AUTO"),
+          "%s", err.msg);
+    d.stage.shapes = PP_SHAPES_BROADCAST;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 3;
+    CHECK(pp_cuda_pipeline_create(&d, &cd, &pl, &err) == PP_ERR_INVALID && !pl && strstr(err.msg, "n_ranks = 3"), "%s", err.msg);
+    cd.n_ranks = 2;
+    CHECK(pp_cuda_pipeline_create(&d, &cd, &pl, &err) == PP_OK, "BROADCAST: %s", err.msg);
+    pp_pipeline_destroy(pl);
+    /* a threads pipeline is not a CUDA one */
+    d.model = mlp_model_desc();
+    d.stage.layer_ctx = NULL;
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_OK && pp_cuda_pipeline_world(pl) == NULL && pp_cuda_pipeline_info(pl) == NULL,
+          "%s", err.msg);
+    pp_pipeline_destroy(pl);
+}
+
+int main(void) {
+    int r;
+    WBUF = mlp_init(&W, &GREF, DIMS, 21, &GREFBUF);
+    NPAR = mlp_param_count(DIMS);
+    mlp_make_data(X, Y, ROWS, IN, CLASSES, 8, 9);
+    for (r = 0; r < 4; r++) {
+        mlp_model tmp;
+        G[r] = W;
+        free(mlp_init(&tmp, &G[r], DIMS, 1, &GBUF[r]));
+        GPTR[r] = &G[r];
+    }
+    test_equal();
+    test_failure();
+    test_refused();
+    for (r = 0; r < 4; r++) free(GBUF[r]);
+    free(WBUF);
+    free(GREFBUF);
+    return TEST_DONE("cuda-pipeline");
+}
