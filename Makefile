@@ -12,7 +12,8 @@ B        = build
 
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
-TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host
+TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
+           test_imitation
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
@@ -61,10 +62,19 @@ FAKE_CUDA = $(B)/test_cuda_host $(B)/clang-test_cuda_host $(B)/asan-test_cuda_ho
 $(FAKE_CUDA): BASE += -Itests/fakecuda
 $(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h
 
+# The imitations themselves (tests/fakenccl over tests/fakecuda): each rule against a correct and
+# a known-bad client. Also compiled as C++ by check-cxx.
+FAKE_NCCL = $(B)/test_imitation $(B)/clang-test_imitation $(B)/asan-test_imitation $(B)/tsan-test_imitation
+$(FAKE_NCCL): BASE += -Itests/fakenccl -Itests/fakecuda
+$(FAKE_NCCL): tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h
+
+$(B)/cxx-imitation.o: tests/test_imitation.c tests/test.h tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)
+	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -Itests/fakenccl -Itests/fakecuda -x c++ -c $< -o $@
+
 $(B)/cxx-check.o: tests/cxx_check.cc $(HEADERS) | $(B)
 	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -c $< -o $@
 
-check-cxx: $(B)/cxx-check.o
+check-cxx: $(B)/cxx-check.o $(B)/cxx-imitation.o
 
 # every header as C (declarations alone, then with the implementation), gcc and clang
 $(B)/c-check.o: tests/c_check.c $(HEADERS) | $(B)

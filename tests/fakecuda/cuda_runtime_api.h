@@ -13,6 +13,10 @@
 #ifndef FAKECUDA_RUNTIME_API_H
 #define FAKECUDA_RUNTIME_API_H
 
+#if !defined(_POSIX_C_SOURCE) && !defined(__cplusplus)
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, nanosleep under -std=c99 */
+#endif
+
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,6 +34,7 @@ typedef enum cudaError {
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
     cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700,
     cudaErrorPeerAccessAlreadyEnabled = 704
 } cudaError_t;
 
@@ -68,7 +73,11 @@ typedef fk_event* cudaEvent_t;
 
 typedef void (*cudaHostFn_t)(void* user);
 
-enum { FK_COPY, FK_SET, FK_RECORD, FK_WAIT, FK_HOST, FK_STOP };
+/* A "kernel" of the tests and of tests/fakenccl: runs on the stream's worker thread; a nonzero
+   return is the CUDA error it raised. */
+typedef int (*fakecuda_kernel)(void* user);
+
+enum { FK_COPY, FK_SET, FK_RECORD, FK_WAIT, FK_HOST, FK_KERNEL, FK_STOP };
 typedef struct fk_op {
     struct fk_op* next;
     int kind;
@@ -79,6 +88,7 @@ typedef struct fk_op {
     fk_event* ev;
     uint64_t gen;
     cudaHostFn_t fn;
+    fakecuda_kernel kern;
     void* user;
 } fk_op;
 
@@ -214,6 +224,7 @@ static inline void* fk_worker(void* arg) {
         case FK_COPY: memmove(op->dst, op->src, op->n); break;
         case FK_SET: memset(op->dst, op->val, op->n); break;
         case FK_HOST: op->fn(op->user); break;
+        case FK_KERNEL: (void)op->kern(op->user); break;
         case FK_RECORD:
             pthread_mutex_lock(&fk_mu);
             if (op->gen > op->ev->done) {
@@ -379,6 +390,56 @@ static inline cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, vo
     op->fn = fn;
     op->user = user;
     return fk_push(s, op);
+}
+
+/* ---- the imitation's own API (tests and tests/fakenccl) ---- */
+
+/* Enqueues a "kernel" on s: fn(user) runs on the stream's worker in stream order. */
+static inline cudaError_t fakecuda_launch(cudaStream_t s, fakecuda_kernel fn, void* user) {
+    fk_op* op = fk_new(FK_KERNEL);
+    if (!op) return cudaErrorMemoryAllocation;
+    op->kern = fn;
+    op->user = user;
+    return fk_push(s, op);
+}
+
+/* Inside a kernel: the address through which [p, p + n) of device memory is read and written;
+   NULL when the range is not inside one allocation. */
+static inline void* fakecuda_dev_ptr(const void* p, size_t n) {
+    fk_alloc* a;
+    void* r = NULL;
+    pthread_mutex_lock(&fk_mu);
+    for (a = fk_allocs; a; a = a->next)
+        if ((const char*)p >= a->p && (const char*)p + n <= a->p + a->n) {
+            r = (void*)(uintptr_t)p;
+            break;
+        }
+    pthread_mutex_unlock(&fk_mu);
+    return r;
+}
+
+static inline cudaError_t cudaStreamQuery(cudaStream_t s) {
+    cudaError_t r;
+    if (!s) return cudaErrorInvalidResourceHandle;
+    pthread_mutex_lock(&s->mu);
+    r = s->finished < s->queued ? cudaErrorNotReady : cudaSuccess;
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (!e) return cudaErrorInvalidResourceHandle;
+    pthread_mutex_lock(&fk_mu);
+    while (e->done < e->recorded) pthread_cond_wait(&fk_ev_cv, &fk_mu);
+    pthread_mutex_unlock(&fk_mu);
+    return cudaSuccess;
+}
+
+/* Provisional synchronous copy (the caller has synchronised the streams involved). */
+static inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, enum cudaMemcpyKind k) {
+    (void)k;
+    memmove(dst, src, n);
+    return cudaSuccess;
 }
 
 #endif
