@@ -2,10 +2,10 @@
 
    Built with -I tests/fakecuda, so <cuda_runtime_api.h> is tests/fakecuda/cuda_runtime_api.h:
    streams are worker threads that run their queues asynchronously (with random delays), events
-   and stream waits follow CUDA's rules. The MLP's layers are enqueued on the rank's stream with
-   cudaLaunchHostFunc, exactly as kernels would be: if the transport's event edges were wrong, a
-   copy would read an activation before its producer wrote it (wrong bits here; a data race
-   under ThreadSanitizer). Checked for every schedule, p in {1, 2, 4}, packed variable-length
+   and stream waits follow CUDA's rules, and device memory cannot be touched from the host. The
+   MLP's layers are enqueued on the rank's stream as imitation kernels (fakecuda_launch), exactly
+   as kernels would be: if the transport's event edges were wrong, a copy would read an
+   activation before its producer wrote it (wrong bits here; a data race under ThreadSanitizer). Checked for every schedule, p in {1, 2, 4}, packed variable-length
    micro-batches, ranks on one device and spread over four: gradients bit-identical to
    pp_sequential_step, no device allocation after the first step, peak stash = simulator's,
    every received byte written (receive buffers poisoned on the stream first), one timeline
@@ -31,12 +31,23 @@ typedef struct job {
     pp_layer_io io;
 } job;
 
-static void run_job(void* u) {
+/* the kernel's view of a layer's tensors: device blocks through the imitation's mapping */
+static int kernel_view(pp_tensor* t, int n) {
+    int k, ok = 1;
+    for (k = 0; k < n; k++)
+        if (t[k].data && !(t[k].data = fakecuda_kernel_ptr(t[k].data, pp_tensor_bytes(&t[k])))) ok = 0;
+    return ok;
+}
+
+static int run_job(void* u) {
     job* j = (job*)u;
     pp_model m = mlp_model_desc();
-    if (j->bwd) m.backward(j->w, j->g, j->layer, &j->io);
-    else m.forward(j->w, j->layer, &j->io);
+    int rc = 0, ok = kernel_view(j->io.in, j->io.n_in) & kernel_view(j->io.out, j->io.n_out) &
+                     kernel_view(j->io.d_in, j->io.n_in) & kernel_view(j->io.d_out, j->io.n_out);
+    if (j->io.saved && !(j->io.saved = fakecuda_kernel_ptr(j->io.saved, j->io.saved_bytes))) ok = 0;
+    if (ok) rc = j->bwd ? m.backward(j->w, j->g, j->layer, &j->io) : m.forward(j->w, j->layer, &j->io);
     free(j);
+    return !ok ? (int)cudaErrorIllegalAddress : rc ? (int)cudaErrorLaunchFailure : 0;
 }
 
 static int enqueue(const void* w, void* g, int l, int bwd, pp_layer_io* io) {
@@ -48,7 +59,9 @@ static int enqueue(const void* w, void* g, int l, int bwd, pp_layer_io* io) {
     j->layer = l;
     j->bwd = bwd;
     j->io = *io; /* the executor's io is on its stack: the job keeps a copy */
-    return cudaLaunchHostFunc(st, run_job, j) == cudaSuccess ? 0 : 1;
+    if (fakecuda_launch(st, run_job, j) == cudaSuccess) return 0;
+    free(j);
+    return 1;
 }
 static int a_fwd(const void* w, int l, pp_layer_io* io) { return enqueue(w, NULL, l, 0, io); }
 static int a_bwd(const void* w, void* g, int l, pp_layer_io* io) { return enqueue(w, g, l, 1, io); }
@@ -97,18 +110,22 @@ static pp_result pz_wait(void* self, pp_request* req, double timeout_s, pp_error
     for (i = 0; i < PZ_MAX; i++)
         if (p->req[i] == req) {
             size_t k;
+            unsigned char* h;
             p->req[i] = NULL;
             if (rc != PP_OK) break;
             cudaStreamSynchronize(p->stream); /* the stream waits on the copy: now it is there */
+            if (!(h = (unsigned char*)malloc(p->bytes[i] + 1))) break;
+            cudaMemcpy(h, p->buf[i], p->bytes[i], cudaMemcpyDeviceToHost);
             p->checked++;
             for (k = 0; k + 4 <= p->bytes[i]; k += 4) {
                 uint32_t w;
-                memcpy(&w, p->buf[i] + k, 4);
+                memcpy(&w, h + k, 4);
                 if (w == 0xFFFFFFFFu) {
                     p->unwritten++;
                     break;
                 }
             }
+            free(h);
             break;
         }
     return rc;
@@ -385,7 +402,7 @@ static void test_reuse_waits_for_copy(void) {
     pp_transport t0, t1;
     pp_device_ops o0;
     pp_request rs, rr;
-    unsigned char *x = NULL, *y = NULL;
+    unsigned char *x = NULL, *y = NULL, hy[4096], hx = 0;
     int i, bad = 0;
     memset(&cd, 0, sizeof cd);
     cd.n_ranks = 2;
@@ -398,8 +415,9 @@ static void test_reuse_waits_for_copy(void) {
     o0 = pp_cuda_device_ops(c, 0);
     cudaMalloc((void**)&x, 4096);
     cudaMalloc((void**)&y, 4096);
-    memset(x, 7, 4096);
-    memset(y, 0, 4096);
+    cudaMemset(x, 7, 4096);
+    cudaMemset(y, 0, 4096);
+    cudaDeviceSynchronize(); /* the legacy stream's memsets, before the non-blocking streams */
     cudaLaunchHostFunc(pp_cuda_stream(c, 1), busy_50ms, NULL);
     CHECK(t1.irecv(t1.self, 0, 1, y, 4096, &rr) == PP_OK, "irecv");
     CHECK(t0.isend(t0.self, 1, 1, x, 4096, &rs) == PP_OK, "isend");
@@ -408,9 +426,11 @@ static void test_reuse_waits_for_copy(void) {
     cudaMemsetAsync(x, 9, 4096, pp_cuda_stream(c, 0));
     CHECK(t1.wait(t1.self, &rr, 5, &err) == PP_OK, "%s", err.msg);
     CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
-    for (i = 0; i < 4096; i++) bad += y[i] != 7;
+    cudaMemcpy(hy, y, 4096, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&hx, x, 1, cudaMemcpyDeviceToHost);
+    for (i = 0; i < 4096; i++) bad += hy[i] != 7;
     CHECK(bad == 0, "%d received bytes were overwritten by the sender's reuse before the copy", bad);
-    CHECK(x[0] == 9, "the reuse write did not happen");
+    CHECK(hx == 9, "the reuse write did not happen");
     cudaFree(x);
     cudaFree(y);
     pp_cuda_destroy(c);

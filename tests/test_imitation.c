@@ -9,7 +9,10 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,8 +54,7 @@ static int wait_stream(cudaStream_t s, double timeout_s) {
     int ok;
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) return 0;
     ok = cudaEventRecord(e, s) == cudaSuccess && wait_event(e, timeout_s);
-    if (ok) cudaEventDestroy(e);
-    /* else the event is leaked on purpose: its record may never complete */
+    cudaEventDestroy(e); /* released once its record completed, if ever */
     return ok;
 }
 
@@ -69,12 +71,15 @@ static float* dev_floats(int n) {
     return cudaMalloc(&p, sizeof(float) * (size_t)n) == cudaSuccess ? (float*)p : NULL;
 }
 
-/* device <- host, and host <- device after the caller synchronised the stream that wrote it */
+/* device <- host, fenced for the non-blocking streams (cudaMemcpy from pageable memory returns
+   before the bytes land, on the legacy stream, which non-blocking streams do not wait for); and
+   host <- device after the caller synchronised the stream that wrote it */
 static void put_floats(float* d, float v0, int n) {
     float h[4 * NF];
     int i;
     for (i = 0; i < n; i++) h[i] = v0 + (float)i;
     cudaMemcpy(d, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice);
+    cudaStreamSynchronize(0);
 }
 static int is_floats(const float* d, float v0, int n) {
     float h[4 * NF];
@@ -790,6 +795,7 @@ static void r_allreduce(world* w, int r) {
     }
     cudaMemcpy(w->a[r], hf, sizeof hf, cudaMemcpyHostToDevice);
     cudaMemcpy(dd, hd, sizeof hd, cudaMemcpyHostToDevice);
+    cudaStreamSynchronize(0);
     ncclGroupStart();
     ncclAllReduce(w->a[r], w->b[r], NF, ncclFloat, ncclSum, w->comm[r], w->s[r]); /* out of place */
     ncclAllReduce(dd, dd, NF, ncclDouble, ncclSum, w->comm[r], w->s[r]);          /* in place */
@@ -955,11 +961,299 @@ static void test_misc(void) {
         CHECK(w.flag[r] == ncclInvalidArgument && w.rc[r] == ncclInvalidArgument,
               "rank %d: mixing blocking and non-blocking in a group: call %d, end %d", r, w.flag[r], (int)w.rc[r]);
     CHECK(w.ok[0] && strstr(w.msg[0], "not device memory"), "a host buffer must fault the kernel: %s", w.msg[0]);
+    fakecuda_clear_error(0);
     CHECK(strcmp(ncclGetErrorString(ncclInProgress), "NCCL operation in progress") == 0, "error string");
     world_free(&w);
 }
 
+/* ---- the CUDA imitation -------------------------------------------------------------------------- */
+
+/* Device memory cannot be read by the host (in a child process: the read must fault). */
+static void test_device_memory_not_host(void) {
+    void* d = NULL;
+    int st = 0;
+    char h[64] = {0};
+    pid_t pid;
+    CHECK(cudaMalloc(&d, 64) == cudaSuccess, "cudaMalloc");
+    cudaMemcpy(d, "device", 7, cudaMemcpyHostToDevice);
+    cudaMemcpy(h, d, 7, cudaMemcpyDeviceToHost);
+    CHECK(strcmp(h, "device") == 0, "through cudaMemcpy: '%s'", h);
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        h[0] = *(volatile const char*)d; /* must fault */
+        _exit(h[0] == 'd' ? 0 : 3);
+    }
+    CHECK(pid > 0 && waitpid(pid, &st, 0) == pid && !(WIFEXITED(st) && WEXITSTATUS(st) == 0),
+          "the host dereferenced device memory (child status %d)", st);
+    cudaFree(d);
+}
+
+static int k_set_flag(void* u) {
+    int* f = (int*)u;
+    pthread_mutex_lock(&gate_mu);
+    *f = 1;
+    pthread_mutex_unlock(&gate_mu);
+    return 0;
+}
+
+static int get_flag(const int* f) {
+    int v;
+    pthread_mutex_lock(&gate_mu);
+    v = *f;
+    pthread_mutex_unlock(&gate_mu);
+    return v;
+}
+
+/* cudaEventDestroy of an event with work pending: the record and the waits on it still work,
+   and the event is released only once they ran [RT: cudaEventDestroy]. */
+static void test_event_destroy_deferred(void) {
+    cudaStream_t s1 = NULL, s2 = NULL;
+    cudaEvent_t e = NULL;
+    fakecuda_stats a, b, c;
+    int flag = 0;
+    set_gate(0);
+    cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+    fakecuda_launch(s1, k_gate, NULL);
+    fakecuda_stats_get(&a);
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    cudaEventRecord(e, s1);
+    cudaStreamWaitEvent(s2, e, 0);
+    fakecuda_launch(s2, k_set_flag, &flag);
+    CHECK(cudaEventDestroy(e) == cudaSuccess, "destroy");
+    fakecuda_stats_get(&b);
+    sleep_s(0.05);
+    CHECK(!get_flag(&flag), "a wait on a destroyed event did not wait");
+    CHECK(b.events_live == a.events_live + 1, "an event with a pending record was released at once (%llu live, %llu before)",
+          (unsigned long long)b.events_live, (unsigned long long)a.events_live);
+    set_gate(1);
+    cudaStreamSynchronize(s2);
+    fakecuda_stats_get(&c);
+    CHECK(get_flag(&flag) && c.events_live == a.events_live, "after the record: flag %d, %llu live", get_flag(&flag),
+          (unsigned long long)c.events_live);
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
+}
+
+typedef struct gate_later {
+    double after;
+    int opened;
+} gate_later;
+static void* open_gate_later(void* u) {
+    gate_later* g = (gate_later*)u;
+    sleep_s(g->after);
+    pthread_mutex_lock(&gate_mu);
+    g->opened = 1;
+    gate_open = 1;
+    pthread_cond_broadcast(&gate_cv);
+    pthread_mutex_unlock(&gate_mu);
+    return NULL;
+}
+
+/* Device to pageable host: cudaMemcpyAsync returns only once the copy is done; to pinned host
+   memory it returns at once [RT: API synchronization behavior]. */
+static void test_d2h_pageable_sync(void) {
+    cudaStream_t s = NULL;
+    float* d = dev_floats(NF);
+    float h[NF], *pinned = NULL;
+    pthread_t th;
+    gate_later g;
+    put_floats(d, 3, NF);
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaMallocHost((void**)&pinned, sizeof h);
+    set_gate(0);
+    fakecuda_launch(s, k_gate, NULL);
+    memset(pinned, 0, sizeof h);
+    CHECK(cudaMemcpyAsync(pinned, d, sizeof h, cudaMemcpyDeviceToHost, s) == cudaSuccess, "pinned copy");
+    CHECK(pinned[5] == 0, "a copy to pinned memory ran before its stream got there");
+    g.after = 0.05;
+    g.opened = 0;
+    pthread_create(&th, NULL, open_gate_later, &g);
+    memset(h, 0, sizeof h);
+    cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, s);
+    CHECK(get_flag(&g.opened) && h[5] == 8.0f, "cudaMemcpyAsync to pageable memory returned before the copy (gate %d, h[5] %g)",
+          get_flag(&g.opened), (double)h[5]);
+    pthread_join(th, NULL);
+    cudaStreamSynchronize(s);
+    CHECK(pinned[5] == 8.0f, "pinned copy after the sync");
+    cudaFreeHost(pinned);
+    cudaStreamDestroy(s);
+    cudaFree(d);
+}
+
+/* The legacy default stream [PG: Default Stream, Implicit Synchronization]. */
+static void test_legacy_stream(void) {
+    cudaStream_t blk = NULL, nb = NULL;
+    float* d = dev_floats(NF);
+    int flag_b = 0, flag_nb = 0;
+    cudaStreamCreate(&blk);
+    cudaStreamCreateWithFlags(&nb, cudaStreamNonBlocking);
+    /* work on the legacy stream waits for a blocking stream, not for a non-blocking one */
+    put_floats(d, 0, NF);
+    set_gate(0);
+    fakecuda_launch(blk, k_gate, NULL);
+    cudaMemset(d, 0, sizeof(float) * NF);
+    fakecuda_launch(0, k_set_flag, &flag_b);
+    sleep_s(0.05);
+    CHECK(!get_flag(&flag_b), "the legacy stream ran past a blocking stream's earlier work");
+    set_gate(1);
+    cudaDeviceSynchronize();
+    CHECK(get_flag(&flag_b), "the legacy stream's work after the blocking stream");
+    set_gate(0);
+    fakecuda_launch(nb, k_gate, NULL);
+    fakecuda_launch(0, k_set_flag, &flag_nb);
+    CHECK(cudaStreamSynchronize(0) == cudaSuccess && get_flag(&flag_nb), "the legacy stream waited for a non-blocking stream");
+    set_gate(1);
+    cudaStreamSynchronize(nb);
+    /* a blocking stream waits for the legacy stream; a non-blocking one does not */
+    flag_b = flag_nb = 0;
+    set_gate(0);
+    fakecuda_launch(0, k_gate, NULL);
+    fakecuda_launch(blk, k_set_flag, &flag_b);
+    fakecuda_launch(nb, k_set_flag, &flag_nb);
+    CHECK(cudaStreamSynchronize(nb) == cudaSuccess && get_flag(&flag_nb), "a non-blocking stream waited for the legacy stream");
+    sleep_s(0.05);
+    CHECK(!get_flag(&flag_b), "a blocking stream ran past the legacy stream's earlier work");
+    set_gate(1);
+    cudaStreamSynchronize(blk);
+    CHECK(get_flag(&flag_b), "the blocking stream's work after the legacy stream");
+    /* cudaMemcpy from pageable memory returns before the bytes land (issue 14 finding 9) */
+    set_gate(0);
+    put_floats(d, 0, NF);
+    fakecuda_launch(blk, k_gate, NULL);
+    {
+        float h[NF], got[NF];
+        int i;
+        for (i = 0; i < NF; i++) h[i] = 1;
+        cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice); /* queued behind blk's gate */
+        cudaMemcpyAsync(got, d, sizeof got, cudaMemcpyDeviceToHost, nb);
+        CHECK(got[0] == 0.0f, "a non-blocking stream saw a cudaMemcpy that could not have landed (%g)", (double)got[0]);
+        set_gate(1);
+        cudaDeviceSynchronize();
+        cudaMemcpyAsync(got, d, sizeof got, cudaMemcpyDeviceToHost, nb);
+        CHECK(got[0] == 1.0f, "after the fence: %g", (double)got[0]);
+    }
+    cudaStreamDestroy(blk);
+    cudaStreamDestroy(nb);
+    cudaFree(d);
+}
+
+/* cudaFree waits for the device's streams [PG: Stream-Ordered Memory Allocator]. */
+static void test_free_synchronizes(void) {
+    cudaStream_t s = NULL;
+    void* d = NULL;
+    pthread_t th;
+    gate_later g;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaMalloc(&d, 64);
+    set_gate(0);
+    fakecuda_launch(s, k_gate, NULL);
+    g.after = 0.05;
+    g.opened = 0;
+    pthread_create(&th, NULL, open_gate_later, &g);
+    cudaFree(d);
+    CHECK(get_flag(&g.opened), "cudaFree returned while a stream of its device was busy");
+    pthread_join(th, NULL);
+    cudaStreamDestroy(s);
+}
+
+static int k_fault(void* u) {
+    (void)u;
+    return (int)cudaErrorIllegalAddress;
+}
+static void host_fn_calls_cuda(void* u) {
+    int dev = -1;
+    *(cudaError_t*)u = cudaGetDevice(&dev);
+}
+
+/* A faulting kernel poisons its device; other devices go on. */
+static void test_sticky_errors(void) {
+    cudaStream_t s = NULL;
+    void* p = NULL;
+    cudaError_t inside = cudaSuccess;
+    cudaSetDevice(3);
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaLaunchHostFunc(s, host_fn_calls_cuda, &inside);
+    cudaStreamSynchronize(s);
+    CHECK(inside == cudaErrorNotPermitted, "a host function called CUDA: %d", (int)inside);
+    fakecuda_launch(s, k_fault, NULL);
+    CHECK(cudaStreamSynchronize(s) == cudaErrorIllegalAddress, "the fault is reported");
+    CHECK(cudaMalloc(&p, 16) == cudaErrorIllegalAddress && cudaGetLastError() == cudaErrorIllegalAddress &&
+              cudaGetLastError() == cudaErrorIllegalAddress,
+          "the error is sticky");
+    cudaSetDevice(0);
+    CHECK(cudaMalloc(&p, 16) == cudaSuccess, "another device goes on");
+    cudaGetLastError(); /* the thread's last error, from the refused cudaMalloc above */
+    cudaFree(p);
+    CHECK(cudaSetDevice(-1) == cudaErrorInvalidDevice && cudaGetLastError() == cudaErrorInvalidDevice &&
+              cudaGetLastError() == cudaSuccess,
+          "a non-sticky error is read once");
+    fakecuda_clear_error(3);
+    cudaStreamDestroy(s);
+}
+
+/* [PG: Stream and Event Behavior]: what works on another device's stream. */
+static void test_cross_device(void) {
+    cudaStream_t s1 = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float* d = dev_floats(NF);
+    float h[NF];
+    int flag = 0;
+    cudaSetDevice(1);
+    cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&e1, cudaEventDisableTiming);
+    cudaSetDevice(0);
+    cudaEventCreateWithFlags(&e0, cudaEventDisableTiming);
+    CHECK(fakecuda_launch(s1, k_set_flag, &flag) == cudaErrorInvalidResourceHandle, "a launch on another device's stream");
+    cudaGetLastError();
+    CHECK(cudaEventRecord(e0, s1) == cudaErrorInvalidResourceHandle, "a record of a device-0 event on a device-1 stream");
+    cudaGetLastError();
+    CHECK(cudaEventRecord(e1, s1) == cudaSuccess, "a record of a device-1 event on its stream, device 0 current");
+    CHECK(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, s1) == cudaSuccess, "a copy on another device's stream");
+    CHECK(cudaStreamWaitEvent(s1, e0, 0) == cudaSuccess && cudaStreamWaitEvent(0, e1, 0) == cudaSuccess, "cross-device waits");
+    CHECK(cudaEventSynchronize(e1) == cudaSuccess && cudaEventQuery(e1) == cudaSuccess, "query and sync across devices");
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaStreamDestroy(s1);
+    cudaFree(d);
+}
+
+/* The counters the benches read. */
+static void test_counters(void) {
+    cudaStream_t s = NULL;
+    cudaEvent_t e = NULL;
+    fakecuda_stats st;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    fakecuda_stats_reset();
+    cudaEventRecord(e, s);
+    cudaEventRecord(e, s);
+    cudaStreamWaitEvent(s, e, 0);
+    cudaStreamSynchronize(s);
+    fakecuda_stats_get(&st);
+    CHECK(st.calls[FAKECUDA_CALL_EVENT_RECORD] == 2 && st.calls[FAKECUDA_CALL_STREAM_WAIT_EVENT] == 1 &&
+              st.calls[FAKECUDA_CALL_STREAM_SYNC] == 1 && fakecuda_stats_calls(&st) == 4 && st.host_waits == 1,
+          "counters: %llu calls, %llu waits", (unsigned long long)fakecuda_stats_calls(&st), (unsigned long long)st.host_waits);
+    CHECK(strcmp(fakecuda_call_name(FAKECUDA_CALL_EVENT_RECORD), "cudaEventRecord") == 0, "call names");
+    cudaEventDestroy(e);
+    cudaStreamDestroy(s);
+}
+
 int main(void) {
+    test_device_memory_not_host(); /* first: it forks, and no other thread may exist yet */
+    test_event_destroy_deferred();
+    test_d2h_pageable_sync();
+    test_legacy_stream();
+    test_free_synchronizes();
+    test_sticky_errors();
+    test_cross_device();
+    test_counters();
     test_init_and_duplicate_gpu();
     test_nonblocking_init();
     test_split();
