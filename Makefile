@@ -14,7 +14,7 @@ HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_imitation
-BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
 FUZZ_RUNS ?= 20000
@@ -60,13 +60,24 @@ $(B)/tsan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 # pipeline_cuda.h on the host: tests/fakecuda imitates the CUDA runtime (streams as threads).
 FAKE_CUDA = $(B)/test_cuda_host $(B)/clang-test_cuda_host $(B)/asan-test_cuda_host $(B)/tsan-test_cuda_host
 $(FAKE_CUDA): BASE += -Itests/fakecuda
-$(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h
+$(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h
 
 # The imitations themselves (tests/fakenccl over tests/fakecuda): each rule against a correct and
 # a known-bad client. Also compiled as C++ by check-cxx.
 FAKE_NCCL = $(B)/test_imitation $(B)/clang-test_imitation $(B)/asan-test_imitation $(B)/tsan-test_imitation
 $(FAKE_NCCL): BASE += -Itests/fakenccl -Itests/fakecuda
 $(FAKE_NCCL): tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h
+
+# GPU transports' host work (runtime calls per transfer, host waits per action) on the imitation;
+# make test runs it once, shortly (bench-imitation-smoke)
+$(B)/bench_imitation: bench/bench_imitation.c tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
+                      tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/bench-imitation-smoke: $(B)/bench_imitation
+	@printf '#!/bin/sh\nexec $(B)/bench_imitation --smoke\n' > $@ && chmod +x $@
+
+TEST_BINS_EXTRA = $(B)/bench-imitation-smoke
 
 $(B)/cxx-imitation.o: tests/test_imitation.c tests/test.h tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)
 	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -Itests/fakenccl -Itests/fakecuda -x c++ -c $< -o $@
@@ -129,7 +140,7 @@ $(B)/clang-ex-%: examples/%.c $(EXH) $(HEADERS) | $(B)
 
 TEST_BINS = $(addprefix $(B)/,$(TESTS)) $(addprefix $(B)/clang-,$(TESTS)) \
             $(addprefix $(B)/asan-,$(TESTS)) $(addprefix $(B)/tsan-,$(TESTS)) \
-            $(addprefix $(B)/fuzzrun-,$(FUZZERS))
+            $(addprefix $(B)/fuzzrun-,$(FUZZERS)) $(TEST_BINS_EXTRA)
 
 test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx check-c lint
 	@sh tests/run.sh $(TEST_BINS) $(addprefix valgrind:$(B)/,$(VG_TESTS))
@@ -149,6 +160,7 @@ bench: $(BENCHES)
 	$(B)/bench_overhead
 	$(B)/bench_varlen
 	$(B)/bench_zb
+	$(B)/bench_imitation
 
 # Side by side with torch.distributed.pipelining (README, "Performance"). Ours links OpenBLAS's
 # cblas when it is installed (libopenblas-dev), else the naive kernel; PEERS_KERNEL=naive forces it.

@@ -14,6 +14,7 @@
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_cuda.h"
 #include "../examples/mlp.h"
+#include "fakecuda/layer_kernels.h"
 #include "test.h"
 
 #define ROWS 57
@@ -23,55 +24,8 @@
 static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
 static const int32_t CU[NSEQ + 1] = {0, 3, 4, 11, 20, 22, 30, 31, 40, 41, 47, 50, 57};
 
-/* ---- the MLP's layers, enqueued on the rank's stream ------------------------------------- */
-typedef struct job {
-    const void* w;
-    void* g;
-    int layer, bwd;
-    pp_layer_io io;
-} job;
-
-/* the kernel's view of a layer's tensors: device blocks through the imitation's mapping */
-static int kernel_view(pp_tensor* t, int n) {
-    int k, ok = 1;
-    for (k = 0; k < n; k++)
-        if (t[k].data && !(t[k].data = fakecuda_kernel_ptr(t[k].data, pp_tensor_bytes(&t[k])))) ok = 0;
-    return ok;
-}
-
-static int run_job(void* u) {
-    job* j = (job*)u;
-    pp_model m = mlp_model_desc();
-    int rc = 0, ok = kernel_view(j->io.in, j->io.n_in) & kernel_view(j->io.out, j->io.n_out) &
-                     kernel_view(j->io.d_in, j->io.n_in) & kernel_view(j->io.d_out, j->io.n_out);
-    if (j->io.saved && !(j->io.saved = fakecuda_kernel_ptr(j->io.saved, j->io.saved_bytes))) ok = 0;
-    if (ok) rc = j->bwd ? m.backward(j->w, j->g, j->layer, &j->io) : m.forward(j->w, j->layer, &j->io);
-    free(j);
-    return !ok ? (int)cudaErrorIllegalAddress : rc ? (int)cudaErrorLaunchFailure : 0;
-}
-
-static int enqueue(const void* w, void* g, int l, int bwd, pp_layer_io* io) {
-    job* j = (job*)malloc(sizeof *j);
-    cudaStream_t st = *(cudaStream_t*)io->ctx;
-    if (!j) return 1;
-    j->w = w;
-    j->g = g;
-    j->layer = l;
-    j->bwd = bwd;
-    j->io = *io; /* the executor's io is on its stack: the job keeps a copy */
-    if (fakecuda_launch(st, run_job, j) == cudaSuccess) return 0;
-    free(j);
-    return 1;
-}
-static int a_fwd(const void* w, int l, pp_layer_io* io) { return enqueue(w, NULL, l, 0, io); }
-static int a_bwd(const void* w, void* g, int l, pp_layer_io* io) { return enqueue(w, g, l, 1, io); }
-
-static pp_model async_model(void) {
-    pp_model m = mlp_model_desc();
-    m.forward = a_fwd;
-    m.backward = a_bwd;
-    return m;
-}
+/* ---- the MLP's layers, enqueued on the rank's stream as imitation kernels ---------------- */
+static pp_model async_model(void) { return layer_kernels_model(mlp_model_desc()); }
 
 /* ---- poisoned receives: filled with 0xFF on the stream before the receive is posted ---------- */
 #define PZ_MAX 64
