@@ -3,9 +3,11 @@
    Without a GPU the time a GPU step takes cannot be measured here, but what the host does for it
    can: every CUDA runtime call and every host wait on device work is counted by tests/fakecuda.
    For each transport and schedule this runs the example MLP for a few warm-up steps (the block
-   pool grows), then counts, over the measured steps and while the ranks step:
-     calls/transfer   CUDA runtime calls made by the library (transport and device hooks; the
-                      layers' own kernel launches are not counted), per message moved
+   pool grows), then counts, over the measured steps, inside pp_stage_step on every rank:
+     calls/transfer   CUDA runtime calls of the transport (its functions and the block-reuse hook,
+                      which exists for transfers), per message moved
+     hooks/action     calls of the other device hooks (gradient zeroing, timeline marks, pool
+                      growth), per action; the layers' own kernel launches are not counted
      waits/action     host waits on device work (stream/event/device synchronisation, copies
                       to host memory, cudaFree), per action
    The goal for a GPU transport on the steady path: at most 4 calls per transfer and no host
@@ -73,12 +75,62 @@ static const bench_transport transports[] = {
 
 /* ---- one configuration -------------------------------------------------------------------------- */
 
+/* the device hooks other than reuse, counted (calls of the calling thread) */
+typedef struct hook_count {
+    pp_device_ops inner;
+    uint64_t calls;
+} hook_count;
+static void* hc_alloc(void* u, size_t n) {
+    hook_count* h = (hook_count*)u;
+    uint64_t a = fakecuda_thread_calls();
+    void* p = h->inner.alloc(h->inner.user, n);
+    h->calls += fakecuda_thread_calls() - a;
+    return p;
+}
+static void hc_free(void* u, void* p) {
+    hook_count* h = (hook_count*)u;
+    uint64_t a = fakecuda_thread_calls();
+    h->inner.free(h->inner.user, p);
+    h->calls += fakecuda_thread_calls() - a;
+}
+static pp_result hc_zero(void* u, void* p, size_t n) {
+    hook_count* h = (hook_count*)u;
+    uint64_t a = fakecuda_thread_calls();
+    pp_result rc = h->inner.zero(h->inner.user, p, n);
+    h->calls += fakecuda_thread_calls() - a;
+    return rc;
+}
+static void hc_mark(void* u, const pp_action* x, int idx, int phase) {
+    hook_count* h = (hook_count*)u;
+    uint64_t a = fakecuda_thread_calls();
+    if (h->inner.mark) h->inner.mark(h->inner.user, x, idx, phase);
+    h->calls += fakecuda_thread_calls() - a;
+}
+static void hc_reuse(void* u, void* p, size_t n) { /* part of the transfers: not counted here */
+    hook_count* h = (hook_count*)u;
+    if (h->inner.reuse) h->inner.reuse(h->inner.user, p, n);
+}
+static pp_device_ops hook_counting(hook_count* h, pp_device_ops inner) {
+    pp_device_ops o = inner;
+    h->inner = inner;
+    h->calls = 0;
+    o.alloc = hc_alloc;
+    o.free = hc_free;
+    o.zero = hc_zero;
+    o.mark = hc_mark;
+    o.reuse = hc_reuse;
+    o.user = h;
+    return o;
+}
+
 typedef struct run {
     const bench_transport* tr;
     void* world;
     int p;
     pp_stage* st[PP_MAX_RANKS];
     bench_env env[PP_MAX_RANKS];
+    hook_count hooks[PP_MAX_RANKS];
+    uint64_t step_calls[PP_MAX_RANKS]; /* runtime calls of the rank's thread inside pp_stage_step */
     pp_stage_desc desc[PP_MAX_RANKS];
     mlp_model g[PP_MAX_RANKS];
     const pp_batch* b;
@@ -92,7 +144,7 @@ static pp_result rank_setup(int rank, void* user) {
     pp_result rc = R->tr->bind(R->world, rank, &R->env[rank], &R->err[rank]);
     if (rc != PP_OK) return R->rc[rank] = rc;
     R->desc[rank].transport = R->env[rank].transport;
-    R->desc[rank].device = R->env[rank].device;
+    R->desc[rank].device = hook_counting(&R->hooks[rank], R->env[rank].device);
     R->desc[rank].layer_ctx = &R->env[rank].stream;
     rc = pp_stage_create(&R->desc[rank], &R->st[rank], &R->err[rank]);
     return R->rc[rank] = rc;
@@ -101,12 +153,14 @@ static pp_result rank_setup(int rank, void* user) {
 static pp_result rank_step(int rank, void* user) {
     run* R = (run*)user;
     pp_result rc = R->tr->bind(R->world, rank, &R->env[rank], &R->err[rank]);
+    uint64_t a = fakecuda_thread_calls();
     if (rc == PP_OK) rc = pp_stage_step(R->st[rank], R->b, &R->stats[rank]);
+    R->step_calls[rank] += fakecuda_thread_calls() - a;
     return R->rc[rank] = rc;
 }
 
 typedef struct result {
-    double transfers, actions, calls, waits, blocked, polls;
+    double transfers, actions, calls, transport, hooks, waits, blocked, polls;
     double kinds[FAKECUDA_CALL_KINDS];
     int wrong, failed;
     char why[600];
@@ -162,12 +216,20 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
     }
     for (s = 0; s < warmup + steps && !out->failed; s++) {
         fakecuda_stats a, z;
-        uint64_t launched0, sent = 0;
+        uint64_t launched0, sent = 0, step0 = 0, hooks0 = 0, step1 = 0, hooks1 = 0;
         pp_result rc = tr->step_begin(R.world, &err);
         fakecuda_stats_get(&a);
         launched0 = layer_kernels_launched();
+        for (r = 0; r < p; r++) {
+            step0 += R.step_calls[r];
+            hooks0 += R.hooks[r].calls;
+        }
         if (rc == PP_OK) rc = pp_threads_run(p, rank_step, &R, &err);
         fakecuda_stats_get(&z);
+        for (r = 0; r < p; r++) {
+            step1 += R.step_calls[r];
+            hooks1 += R.hooks[r].calls;
+        }
         if (rc == PP_OK) rc = tr->step_end(R.world, &err);
         if (rc != PP_OK) {
             for (r = 0; r < p && R.rc[r] == PP_OK; r++) {
@@ -182,6 +244,8 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         out->actions += (double)p * sched.per_rank;
         for (k = 0; k < FAKECUDA_CALL_KINDS; k++) out->kinds[k] += (double)(z.calls[k] - a.calls[k]);
         out->kinds[FAKECUDA_CALL_LAUNCH] -= (double)(layer_kernels_launched() - launched0); /* the model's, not ours */
+        out->hooks += (double)(hooks1 - hooks0);
+        out->transport += (double)(step1 - step0) - (double)(hooks1 - hooks0) - (double)(layer_kernels_launched() - launched0);
         out->waits += (double)(z.host_waits - a.host_waits);
         out->blocked += (double)(z.host_blocked - a.host_blocked);
         out->polls += (double)(z.polls_not_ready - a.polls_not_ready);
@@ -242,8 +306,8 @@ int main(int argc, char** argv) {
             return 1;
         }
     printf("GPU transports' host work per step on the CUDA imitation (%d measured steps after %d warm-up)\n", steps, warmup);
-    printf("%-10s %-12s %2s %2s %2s %10s %8s %9s %14s %10s %12s %7s\n", "transport", "schedule", "p", "v", "m", "transfers",
-           "actions", "calls", "calls/transfer", "host waits", "waits/action", "#wrong");
+    printf("%-10s %-12s %2s %2s %2s %10s %8s %14s %13s %13s %7s\n", "transport", "schedule", "p", "v", "m", "transfers/step",
+           "actions", "calls/transfer", "hooks/action", "waits/action", "#wrong");
     for (t = 0; t < (int)(sizeof transports / sizeof transports[0]); t++)
         for (c = 0; c < (int)(sizeof configs / sizeof configs[0]); c++) {
             result res;
@@ -258,12 +322,12 @@ int main(int argc, char** argv) {
                 bad++;
                 continue;
             }
-            tr_per = res.transfers > 0 ? res.calls / res.transfers : 0;
-            printf("%-10s %-12s %2d %2d %2d %10.0f %8.0f %9.0f %14.2f %10.0f %12.3f %7d\n", transports[t].name,
+            tr_per = res.transfers > 0 ? res.transport / res.transfers : 0;
+            printf("%-10s %-12s %2d %2d %2d %14.0f %8.0f %14.2f %13.2f %13.3f %7d\n", transports[t].name,
                    pp_schedule_name(configs[c].kind), configs[c].p, configs[c].v, configs[c].m, res.transfers / steps,
-                   res.actions / steps, res.calls / steps, tr_per, res.waits / steps,
+                   res.actions / steps, tr_per, res.actions > 0 ? res.hooks / res.actions : 0,
                    res.actions > 0 ? res.waits / res.actions : 0, res.wrong);
-            printf("%-10s   per transfer:", "");
+            printf("%-10s   every call in the steps, per transfer (%.2f):", "", res.calls / (res.transfers > 0 ? res.transfers : 1));
             for (kk = 0; kk < FAKECUDA_CALL_KINDS; kk++)
                 if ((k = res.kinds[kk]) > 0) printf(" %s %.2f", fakecuda_call_name(kk), k / (res.transfers > 0 ? res.transfers : 1));
             printf("\n");

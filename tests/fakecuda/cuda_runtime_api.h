@@ -201,6 +201,7 @@ static pthread_cond_t fk_ev_cv = PTHREAD_COND_INITIALIZER; /* an event record co
 static __thread int fk_cur_dev;
 static __thread cudaError_t fk_last_err;
 static __thread int fk_in_host_fn;
+static __thread uint64_t fk_thread_calls;
 static cudaError_t fk_sticky[FAKECUDA_DEVICES];
 static fk_stream* fk_legacy[FAKECUDA_DEVICES];
 static fk_stream* fk_streams;
@@ -225,6 +226,7 @@ static inline double fk_now(void) {
 
 /* Every API entry: counted; refused inside a host function. */
 static inline cudaError_t fk_enter(int kind) {
+    fk_thread_calls++;
     pthread_mutex_lock(&fk_mu);
     fk_st.calls[kind]++;
     pthread_mutex_unlock(&fk_mu);
@@ -1185,6 +1187,9 @@ static inline void fakecuda_stats_reset(void) {
     fk_st.host_waits = fk_st.host_blocked = fk_st.polls_not_ready = 0;
     pthread_mutex_unlock(&fk_mu);
 }
+
+/* Runtime calls the calling thread made so far (every kind). */
+static inline uint64_t fakecuda_thread_calls(void) { return fk_thread_calls; }
 
 /* Runtime calls in a snapshot (every kind). */
 static inline uint64_t fakecuda_stats_calls(const fakecuda_stats* st) {
