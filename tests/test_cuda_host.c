@@ -110,6 +110,23 @@ static int pz_is_device(const void* buf) {
     return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
 }
 
+/* The tests' batch: ROWS rows packed in NSEQ sequences (CU), 6 micro-batches balanced by tokens;
+   inputs in host memory (the imitation's kernels read them directly). */
+static void packed_batch(pp_batch* b, float* x, int32_t* y) {
+    mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
+    memset(b, 0, sizeof *b);
+    b->m = 6;
+    b->input.data = x;
+    b->input.rows = ROWS;
+    b->input.cols = IN;
+    b->input.dtype = PP_F32;
+    b->targets = y;
+    b->target_row_bytes = sizeof(int32_t);
+    b->cu_seqlens = CU;
+    b->n_seqs = NSEQ;
+    b->split = PP_SPLIT_TOKENS;
+}
+
 /* ---- one configuration ---------------------------------------------------------------------- */
 typedef struct world {
     int p;
@@ -278,18 +295,7 @@ static void test_equal(void) {
     int kind, p, i, steps = 3;
     memset(&w, 0, sizeof w);
     wbuf = mlp_init(&w, &gref, DIMS, 21, &gbuf);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
-    memset(&b, 0, sizeof b);
-    b.m = 6;
-    b.input.data = x; /* host memory here: the layers run on the host */
-    b.input.rows = ROWS;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
-    b.targets = y;
-    b.target_row_bytes = sizeof(int32_t);
-    b.cu_seqlens = CU;
-    b.n_seqs = NSEQ;
-    b.split = PP_SPLIT_TOKENS;
+    packed_batch(&b, x, y);
     for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &w, &gref, &b, &loss, &err) == PP_OK, "%s", err.msg);
     for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
         for (p = 1; p <= 4; p *= 2) {
@@ -302,6 +308,23 @@ static void test_equal(void) {
     free(gbuf);
 }
 
+/* A two-rank world (devices NULL: both on device 0) and its transports; NULL on failure. */
+static pp_cuda* two_ranks(const int* devices, pp_transport* t0, pp_transport* t1) {
+    pp_cuda* c = NULL;
+    pp_cuda_desc cd;
+    pp_error err;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 2;
+    cd.devices = devices;
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        CHECK(0, "pp_cuda_create: %s", err.msg);
+        return NULL;
+    }
+    *t0 = pp_cuda_transport(c, 0);
+    *t1 = pp_cuda_transport(c, 1);
+    return c;
+}
+
 /* The transport alone: a size mismatch, a timeout that names the peer, an abort. */
 static void test_transport_errors(void) {
     pp_cuda* c = NULL;
@@ -311,12 +334,9 @@ static void test_transport_errors(void) {
     pp_request a, b;
     void *x = NULL, *y = NULL;
     pp_result rc;
+    if (!(c = two_ranks(NULL, &t0, &t1))) return;
     memset(&cd, 0, sizeof cd);
     cd.n_ranks = 2;
-    CHECK(pp_cuda_create(&cd, &c, &err) == PP_OK, "%s", err.msg);
-    if (!c) return;
-    t0 = pp_cuda_transport(c, 0);
-    t1 = pp_cuda_transport(c, 1);
     cudaMalloc(&x, 64);
     cudaMalloc(&y, 64);
     CHECK(t0.isend(t0.self, 1, 5, x, 64, &a) == PP_OK, "isend");
@@ -366,21 +386,13 @@ static void test_transport_errors(void) {
    later message; the next receive with the tag does. Before and after a match. */
 static void test_cancel(void) {
     pp_cuda* c = NULL;
-    pp_cuda_desc cd;
     pp_error err;
     pp_transport t0, t1;
     pp_request rs, rr, rz;
     unsigned char *x = NULL, *y = NULL, *z = NULL, hy[256], hz[256];
     size_t recvs = 9;
     int i, bad = 0;
-    memset(&cd, 0, sizeof cd);
-    cd.n_ranks = 2;
-    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
-        CHECK(0, "%s", err.msg);
-        return;
-    }
-    t0 = pp_cuda_transport(c, 0);
-    t1 = pp_cuda_transport(c, 1);
+    if (!(c = two_ranks(NULL, &t0, &t1))) return;
     CHECK(t1.cancel != NULL, "pp_cuda's transport has no cancel");
     cudaMalloc((void**)&x, 256);
     cudaMalloc((void**)&y, 256);
@@ -424,21 +436,13 @@ static void busy_50ms(void* u) {
 }
 static void test_reuse_waits_for_copy(void) {
     pp_cuda* c = NULL;
-    pp_cuda_desc cd;
     pp_error err;
     pp_transport t0, t1;
     pp_device_ops o0;
     pp_request rs, rr;
     unsigned char *x = NULL, *y = NULL, hy[4096], hx = 0;
     int i, bad = 0;
-    memset(&cd, 0, sizeof cd);
-    cd.n_ranks = 2;
-    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
-        CHECK(0, "%s", err.msg);
-        return;
-    }
-    t0 = pp_cuda_transport(c, 0);
-    t1 = pp_cuda_transport(c, 1);
+    if (!(c = two_ranks(NULL, &t0, &t1))) return;
     o0 = pp_cuda_device_ops(c, 0);
     cudaMalloc((void**)&x, 4096);
     cudaMalloc((void**)&y, 4096);
@@ -546,19 +550,8 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
     memset(&W, 0, sizeof W);
     memset(&w, 0, sizeof w);
     wbuf = mlp_init(&w, &gtmp, DIMS, 33, &gdummy);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
     mlp_make_data(x2, y2, 40, IN, CLASSES, 5, 9);
-    memset(&b, 0, sizeof b);
-    b.m = m;
-    b.input.data = x;
-    b.input.rows = ROWS;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
-    b.targets = y;
-    b.target_row_bytes = sizeof(int32_t);
-    b.cu_seqlens = CU;
-    b.n_seqs = NSEQ;
-    b.split = PP_SPLIT_TOKENS;
+    packed_batch(&b, x, y);
     b2 = b; /* other shapes: 40 rows of unpacked data, split in equal parts */
     b2.input.data = x2;
     b2.input.rows = 40;
@@ -663,7 +656,6 @@ static void* open_gate_later(void* u) {
 }
 static void test_free_waits_for_peer_copy(void) {
     pp_cuda* c = NULL;
-    pp_cuda_desc cd;
     pp_error err;
     pp_transport t0, t1;
     pp_device_ops o0;
@@ -671,15 +663,7 @@ static void test_free_waits_for_peer_copy(void) {
     int devs[2] = {0, 1}, i, bad = 0, opened;
     unsigned char *x, *y = NULL, hy[4096];
     pthread_t th;
-    memset(&cd, 0, sizeof cd);
-    cd.n_ranks = 2;
-    cd.devices = devs;
-    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
-        CHECK(0, "%s", err.msg);
-        return;
-    }
-    t0 = pp_cuda_transport(c, 0);
-    t1 = pp_cuda_transport(c, 1);
+    if (!(c = two_ranks(devs, &t0, &t1))) return;
     o0 = pp_cuda_device_ops(c, 0);
     pp_cuda_bind(c, 0, &err);
     x = (unsigned char*)o0.alloc(o0.user, 4096); /* a pool block of rank 0 */

@@ -165,6 +165,21 @@ static void world_free(world* w) {
     cudaSetDevice(0);
 }
 
+/* A rank's end: its communicators destroyed when its operations completed, else aborted (the
+   only way out of a stuck operation) and its streams drained; e destroyed. */
+static void rank_finish(world* w, int r, int done, cudaEvent_t e) {
+    if (done) {
+        ncclCommDestroy(w->comm[r]);
+        if (w->comm2[r]) ncclCommDestroy(w->comm2[r]);
+    } else {
+        ncclCommAbort(w->comm[r]);
+        if (w->comm2[r]) ncclCommAbort(w->comm2[r]);
+        cudaStreamSynchronize(w->s[r]);
+        cudaStreamSynchronize(w->s2[r]);
+    }
+    if (e) cudaEventDestroy(e);
+}
+
 static void set_options(size_t eager, int serialize, double delay) {
     fakenccl_options o;
     memset(&o, 0, sizeof o);
@@ -330,14 +345,7 @@ static void r_order(world* w, int r) {
     cudaEventRecord(e, w->s[r]);
     w->ok[r] = wait_event(e, oc->nb == NF ? LONG_S : HANG_S);
     if (r == 1 && w->ok[1]) w->ok2[1] = is_floats(w->a[1], 100, NF) && is_floats(w->b[1], 200, oc->nb);
-    if (w->ok[r]) {
-        cudaEventDestroy(e);
-        ncclCommDestroy(w->comm[r]);
-    } else {
-        ncclCommAbort(w->comm[r]); /* stuck: only an abort frees the stream */
-        cudaStreamSynchronize(w->s[r]);
-        cudaEventDestroy(e);
-    }
+    rank_finish(w, r, w->ok[r], e);
 }
 
 /* [UG: Point-to-point communication]: sends and receives of one pair match in issue order. */
@@ -390,14 +398,7 @@ static void r_swap(world* w, int r) {
     cudaEventRecord(e, w->s[r]);
     w->ok[r] = wait_event(e, sc->expect_done ? LONG_S : HANG_S);
     if (w->ok[r]) w->ok2[r] = is_floats(w->b[r], (float)(1000 * peer), sc->nf);
-    if (w->ok[r]) {
-        cudaEventDestroy(e);
-        ncclCommDestroy(w->comm[r]);
-    } else {
-        ncclCommAbort(w->comm[r]);
-        cudaStreamSynchronize(w->s[r]);
-        cudaEventDestroy(e);
-    }
+    rank_finish(w, r, w->ok[r], e);
 }
 
 static void swap_run(int grouped, int nf, size_t eager, int expect_done, const char* what) {
@@ -431,7 +432,7 @@ static void test_rendezvous(void) {
 static void r_send_at_next_wait(world* w, int r) {
     const int* good = (const int*)w->user;
     cudaEvent_t e = NULL;
-    int peer = 1 - r;
+    int peer = 1 - r, done;
     rank_setup(w, r);
     cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
     put_floats(w->a[r], (float)r, NF);
@@ -448,15 +449,9 @@ static void r_send_at_next_wait(world* w, int r) {
         w->ok[r] = wait_event(e, HANG_S); /* the queued send would go after this wait */
         if (w->ok[r]) ncclSend(w->a[r], NF, ncclFloat, peer, w->comm[r], w->s[r]);
     }
-    if (w->ok[r]) {
-        w->ok[r] = wait_stream(w->s[r], LONG_S) && is_floats(w->b[r], (float)peer, NF);
-        cudaEventDestroy(e);
-        ncclCommDestroy(w->comm[r]);
-    } else {
-        ncclCommAbort(w->comm[r]);
-        cudaStreamSynchronize(w->s[r]);
-        cudaEventDestroy(e);
-    }
+    done = w->ok[r];
+    if (done) w->ok[r] = wait_stream(w->s[r], LONG_S) && is_floats(w->b[r], (float)peer, NF);
+    rank_finish(w, r, done, e);
 }
 
 static void test_sends_at_next_wait(void) {
@@ -630,15 +625,7 @@ static void r_comm_order(world* w, int r) {
         cudaEventRecord(e, w->s[1]);
     }
     w->ok[r] = wait_event(e, *good ? LONG_S : HANG_S);
-    if (w->ok[r]) {
-        cudaEventDestroy(e);
-        ncclCommDestroy(w->comm[r]);
-    } else {
-        ncclCommAbort(w->comm[r]);
-        cudaStreamSynchronize(w->s[r]);
-        cudaStreamSynchronize(w->s2[r]);
-        cudaEventDestroy(e);
-    }
+    rank_finish(w, r, w->ok[r], e);
 }
 
 static void test_comm_order(void) {
@@ -892,15 +879,7 @@ static void r_two_comms(world* w, int r) {
     }
     cudaEventRecord(e, w->s[r]);
     w->ok[r] = wait_event(e, HANG_S * 3) && wait_stream(w->s2[r], HANG_S);
-    if (w->ok[r]) {
-        ncclCommDestroy(w->comm[r]);
-        ncclCommDestroy(w->comm2[r]);
-    } else {
-        ncclCommAbort(w->comm[r]);
-        ncclCommAbort(w->comm2[r]);
-        cudaStreamSynchronize(w->s[r]);
-        cudaStreamSynchronize(w->s2[r]);
-    }
+    rank_finish(w, r, w->ok[r], NULL);
     cudaEventDestroy(e);
 }
 
