@@ -13,8 +13,8 @@ B        = build
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
-           test_model test_convenience test_cuda_pipeline
-BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours
+           test_model test_convenience test_cuda_pipeline test_imitation
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
 FUZZ_RUNS ?= 20000
@@ -60,12 +60,32 @@ $(B)/tsan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
 # pipeline_cuda.h on the host: tests/fakecuda imitates the CUDA runtime (streams as threads).
 FAKE_CUDA = $(foreach t,test_cuda_host test_cuda_pipeline,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
 $(FAKE_CUDA): BASE += -Itests/fakecuda
-$(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h
+$(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h
+
+# The imitations themselves (tests/fakenccl over tests/fakecuda): each rule against a correct and
+# a known-bad client. Also compiled as C++ by check-cxx.
+FAKE_NCCL = $(B)/test_imitation $(B)/clang-test_imitation $(B)/asan-test_imitation $(B)/tsan-test_imitation
+$(FAKE_NCCL): BASE += -Itests/fakenccl -Itests/fakecuda
+$(FAKE_NCCL): tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h
+
+# GPU transports' host work (runtime calls per transfer, host waits per action) on the imitation;
+# make test runs it once, shortly (bench-imitation-smoke)
+$(B)/bench_imitation: bench/bench_imitation.c tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
+                      tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/bench-imitation-smoke: $(B)/bench_imitation
+	@printf '#!/bin/sh\nexec $(B)/bench_imitation --smoke\n' > $@ && chmod +x $@
+
+TEST_BINS_EXTRA = $(B)/bench-imitation-smoke
+
+$(B)/cxx-imitation.o: tests/test_imitation.c tests/test.h tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)
+	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -Itests/fakenccl -Itests/fakecuda -x c++ -c $< -o $@
 
 $(B)/cxx-check.o: tests/cxx_check.cc $(HEADERS) | $(B)
 	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -c $< -o $@
 
-check-cxx: $(B)/cxx-check.o
+check-cxx: $(B)/cxx-check.o $(B)/cxx-imitation.o
 
 # every header as C (declarations alone, then with the implementation), gcc and clang
 $(B)/c-check.o: tests/c_check.c $(HEADERS) | $(B)
@@ -120,7 +140,7 @@ $(B)/clang-ex-%: examples/%.c $(EXH) $(HEADERS) | $(B)
 
 TEST_BINS = $(addprefix $(B)/,$(TESTS)) $(addprefix $(B)/clang-,$(TESTS)) \
             $(addprefix $(B)/asan-,$(TESTS)) $(addprefix $(B)/tsan-,$(TESTS)) \
-            $(addprefix $(B)/fuzzrun-,$(FUZZERS))
+            $(addprefix $(B)/fuzzrun-,$(FUZZERS)) $(TEST_BINS_EXTRA)
 
 test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx check-c lint
 	@sh tests/run.sh $(TEST_BINS) $(addprefix valgrind:$(B)/,$(VG_TESTS))
@@ -140,6 +160,7 @@ bench: $(BENCHES)
 	$(B)/bench_overhead
 	$(B)/bench_varlen
 	$(B)/bench_zb
+	$(B)/bench_imitation
 
 # Side by side with torch.distributed.pipelining (README, "Performance"). Ours links OpenBLAS's
 # cblas when it is installed (libopenblas-dev), else the naive kernel; PEERS_KERNEL=naive forces it.
@@ -231,7 +252,9 @@ $(Q)/pp-sched: tools/pp_sched.c $(HEADERS) | $(Q)
 	$(CC) $(BASE) -O0 $< -o $@ $(LDLIBS)
 
 $(Q)/test_cuda_host $(Q)/test_cuda_pipeline: BASE += -Itests/fakecuda
-$(Q)/test_cuda_host $(Q)/test_cuda_pipeline: tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h
+$(Q)/test_cuda_host $(Q)/test_cuda_pipeline: tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h
+$(Q)/test_imitation: BASE += -Itests/fakenccl -Itests/fakecuda
+$(Q)/test_imitation: tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h
 
 quick: $(QUICK_BINS)
 	@$(Q)/mlp_cpu --check --steps 2 > /dev/null && $(Q)/gpt_cpu --check --steps 2 --generated > /dev/null && \

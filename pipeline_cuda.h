@@ -9,18 +9,22 @@
    One process, one host thread per pipeline rank (pp_threads_run), one CUDA stream per rank on
    the rank's GPU (several ranks may share a GPU: their streams run concurrently). Three pieces:
    - pp_cuda_transport(c, rank): isend/irecv/wait matched on the host like the threads transport,
-     but the bytes move on the GPU: the sender records an event after its producing work; a copy
-     stream of the receiver (one per sending rank) waits on it and on the receiver's own earlier
-     work on the buffer, copies with cudaMemcpyPeerAsync (a plain device copy within one GPU, a
-     peer copy between GPUs, peer access enabled where the hardware has it), and records a
-     second event that the receiver's stream waits on. A wait therefore returns when the
-     transfer is enqueued and ordered, not when the GPU finished it: the host runs ahead and
-     enqueues whole steps, and nothing synchronises the device in the steady state. A send
-     completes when its copy is enqueued; the sender's stream waits on that copy only when the
-     block is taken from the pool again (the device ops' reuse hook), so the sender never idles
-     for its receiver. Buffers in host memory (BROADCAST's step metadata) are copied on the host
-     at match time: they must be ready when isend is called. Device blocks sent through this
-     transport must come from pp_cuda_device_ops (its reuse hook keeps them safe).
+     but the bytes move on the GPU, pulled by the receiver's stream: the sender records an event
+     after its producing work (isend); when the receiver waits, its stream waits on that event,
+     copies with cudaMemcpyPeerAsync (a plain device copy within one GPU, a peer copy between
+     GPUs, peer access enabled where the hardware has it) and records a copy-done event. A wait
+     therefore returns when the transfer is enqueued and ordered, not when the GPU finished it:
+     the host runs ahead and enqueues whole steps, and nothing synchronises the device in the
+     steady state. A send completes once its receive is posted; the sender's stream waits for the
+     copy-done event only when the block is taken from the pool again (the device ops' reuse
+     hook), and not even then when it already waited for a later event of the receiver's stream.
+     A sender that reuses a block before its receiver got to the wait enqueues that copy on the
+     receiver's stream itself, so no host thread ever waits for another. Steady path: 4 CUDA
+     calls per transfer, a fifth on some reuses, no host waits (bench/bench_imitation).
+     Buffers in host memory (BROADCAST's step metadata) are copied at match time: they must be
+     ready when isend is called. Device blocks sent through this transport must come from
+     pp_cuda_device_ops (its reuse hook keeps them safe). A receive whose wait fails, or that the
+     stage cancels after a failed step, is withdrawn: no later message lands in its block.
    - pp_cuda_device_ops(c, rank): pp_stage_desc.device hooks, so the stage's block pool (stashes,
      received activations, gradient workspaces) lives in GPU memory: cudaMalloc while the pool
      grows (the first step), never after; cudaMemsetAsync on the rank's stream for zeroing.
@@ -43,6 +47,13 @@
        pp_cuda_step_begin(c, &err);   // between steps, from one thread
        ... every rank runs pp_stage_step ...
        pp_cuda_step_end(c, &info, &err);   // waits for the GPUs; span, busy, bubble
+       // a step failed on some rank: every rank returned an error; then pp_cuda_reset(c)
+
+   AFTER A FAILED STEP
+   Every rank returns an error (the failing one its own, the others PP_ERR_ABORTED). Once all
+   returned, pp_cuda_reset(c) waits for the GPUs, withdraws whatever the failed step left posted
+   and clears the abort: the next step is as if the failed one never ran (its gradients are
+   partial: zero them or start the step again). Shapes may change from step to step.
 
    RESTRICTIONS (each a clear error, never a crash)
    - Device blocks need PP_SHAPES_LOCAL or PP_SHAPES_BROADCAST (pp_stage_create answers
@@ -107,8 +118,14 @@ int pp_cuda_device(pp_cuda* c, int rank);
 void pp_cuda_memory(pp_cuda* c, int rank, size_t* bytes, int* allocs);
 /* The last CUDA error a hook or the transport met on this rank ("" if none). */
 const char* pp_cuda_error(pp_cuda* c, int rank);
-/* Clears an abort so the ranks can step again. */
-void pp_cuda_reset(pp_cuda* c);
+/* After a failed step, once every rank returned from pp_stage_step (one thread): waits for the
+   GPUs, withdraws every message still posted or matched but never waited for (a request of the
+   failed step is stale afterwards: waiting on it fails with PP_ERR_INVALID), and clears the
+   abort, so the next step starts clean. */
+pp_result pp_cuda_reset(pp_cuda* c);
+/* Messages posted by one side only, and how many of them are receives (0 between clean steps;
+   after a failed step the stages have withdrawn their receives, sends may remain). */
+size_t pp_cuda_pending(pp_cuda* c, size_t* recvs);
 /* Between steps, from one thread: waits for every rank's streams, then starts the timeline. */
 pp_result pp_cuda_step_begin(pp_cuda* c, pp_error* err);
 /* After every rank returned from pp_stage_step: waits for the GPUs and measures (info may be
@@ -166,7 +183,8 @@ pp_result pp_cuda_status(cudaError_t e, const char* what, const char* file, int 
 typedef struct _ppc_msg {
     struct _ppc_msg* next;      /* in the receiver's queue, or the free list */
     struct _ppc_msg* all;       /* every message ever made, for pp_cuda_destroy */
-    struct _ppc_msg* pnext;     /* in the sender's list of copies that may still read its blocks */
+    struct _ppc_msg* pnext;     /* in the sender's list of messages whose copy may read its block */
+    uint64_t gen;               /* bumped at every reuse of the record: older requests are stale */
     int live;                   /* posted and not yet released by both sides */
     int held;                   /* on that list: not released before its block is reused */
     int src, dst, tag;
@@ -175,26 +193,31 @@ typedef struct _ppc_msg {
     size_t sbytes, rbytes;
     int s_host, r_host;         /* buffer in host memory */
     int has_send, has_recv;
-    int copied;                 /* the receiver enqueued (device) or made (host) the copy */
+    int copying;                /* a thread is enqueueing the copy */
+    int copied;                 /* the copy is enqueued (device) or done (host), or will never be */
+    int dropped;                /* no copy: the receive was withdrawn, or the sizes differ */
     int send_done, recv_done;   /* each side released it */
     pp_result rc;
     cudaEvent_t es;             /* sender's device: its data is ready */
-    cudaEvent_t er;             /* receiver's device: its earlier work on rbuf is done */
-    cudaEvent_t ec;             /* receiver's device: the copy finished */
+    cudaEvent_t ec;             /* receiver's device: the copy is done */
+    uint64_t es_seq, ec_seq;    /* their places among the records on their streams */
     char emsg[200];             /* what went wrong, for the side that reports it */
 } _ppc_msg;
 
 typedef struct _ppc_rank {
     pp_cuda* c;
     int rank, dev;
-    cudaStream_t stream;        /* the stage's compute stream */
-    cudaStream_t* copy_from;    /* [n] incoming copies, one stream per sender (made on first use):
-                                   a late sender never holds up another link's copies */
+    cudaStream_t stream;        /* the stage's compute stream; incoming copies run on it too */
     _ppc_msg* queue;            /* messages to this rank posted by one side only */
-    _ppc_msg* reading;          /* sent from this rank's device blocks; the copy may still run */
+    _ppc_msg* reading;          /* sent from this rank's device blocks; the copy may still read */
+    uint64_t rec_seq;           /* transport events recorded on the stream so far (world lock) */
+    uint64_t* seen;             /* [n]: the last of rank q's records this stream waited for */
     cudaEvent_t* ev;            /* free sync events of this device (world lock) */
     int n_ev, cap_ev;
-    /* memory */
+    /* memory: the block pool, sorted by address (tells device blocks from host buffers) */
+    char** pool_p;
+    size_t* pool_n;
+    int n_pool, cap_pool;
     size_t pool_bytes;
     int pool_allocs;
     /* timeline */
@@ -227,9 +250,17 @@ static void _ppc_note(_ppc_rank* r, cudaError_t e, const char* what) {
              what, r->rank, r->dev);
 }
 
-static int _ppc_is_host(const void* p) {
+/* Where a buffer lives: one of the rank's pool blocks (no runtime call), else as CUDA says. */
+static int _ppc_is_host(const _ppc_rank* r, const void* p) {
     struct cudaPointerAttributes at;
+    int lo = 0, hi = r->n_pool - 1;
     if (!p) return 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if ((const char*)p < r->pool_p[mid]) hi = mid - 1;
+        else if ((const char*)p >= r->pool_p[mid] + r->pool_n[mid]) lo = mid + 1;
+        else return 0;
+    }
     memset(&at, 0, sizeof at);
     if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -238,9 +269,11 @@ static int _ppc_is_host(const void* p) {
     return at.type == cudaMemoryTypeUnregistered || at.type == cudaMemoryTypeHost;
 }
 
-/* A sync event of rank r's device; the caller runs on that device. NULL-event on failure. */
+/* A sync event of rank r's device, from its pool (made on r's device while the pool grows). */
 static cudaError_t _ppc_ev_get(pp_cuda* c, _ppc_rank* r, cudaEvent_t* out) {
     cudaEvent_t e = NULL;
+    cudaError_t err;
+    int cur = -1;
     pthread_mutex_lock(&c->mu);
     if (r->n_ev > 0) e = r->ev[--r->n_ev];
     pthread_mutex_unlock(&c->mu);
@@ -248,10 +281,14 @@ static cudaError_t _ppc_ev_get(pp_cuda* c, _ppc_rank* r, cudaEvent_t* out) {
         *out = e;
         return cudaSuccess;
     }
-    return cudaEventCreateWithFlags(out, cudaEventDisableTiming);
+    if (cudaGetDevice(&cur) != cudaSuccess || (cur != r->dev && cudaSetDevice(r->dev) != cudaSuccess)) cur = -1;
+    err = cudaEventCreateWithFlags(out, cudaEventDisableTiming);
+    if (cur >= 0 && cur != r->dev) (void)cudaSetDevice(cur);
+    return err;
 }
 
-/* Returns an event to its rank's pool; caller holds the world lock. */
+/* Returns an event to its rank's pool (no runtime call: any thread); world lock held. An event
+   goes back once every wait on it is enqueued: a wait keeps the record it was enqueued for. */
 static void _ppc_ev_put_locked(_ppc_rank* r, cudaEvent_t e) {
     if (!e) return;
     if (r->n_ev == r->cap_ev) {
@@ -272,9 +309,11 @@ static void _ppc_ev_put_locked(_ppc_rank* r, cudaEvent_t e) {
 static _ppc_msg* _ppc_msg_new_locked(pp_cuda* c) {
     _ppc_msg* m = c->free_msgs;
     _ppc_msg* all;
+    uint64_t gen = 0;
     if (m) {
         c->free_msgs = m->next;
         all = m->all;
+        gen = m->gen;
     } else {
         if (!(m = (_ppc_msg*)PP_MALLOC(sizeof *m))) return NULL;
         all = c->all_msgs;
@@ -282,85 +321,88 @@ static _ppc_msg* _ppc_msg_new_locked(pp_cuda* c) {
     }
     memset(m, 0, sizeof *m);
     m->all = all;
+    m->gen = gen + 1;
     m->live = 1;
     return m;
 }
 
-/* Both sides are done: give the events back and recycle the message. World lock held. */
+/* Both sides are done (or the world was reset): give the events back and recycle the message.
+   World lock held. */
 static void _ppc_msg_release_locked(pp_cuda* c, _ppc_msg* m) {
-    _ppc_ev_put_locked(&c->r[m->dst], m->er);
     _ppc_ev_put_locked(&c->r[m->dst], m->ec);
     _ppc_ev_put_locked(&c->r[m->src], m->es);
-    m->er = m->ec = m->es = NULL;
+    m->ec = m->es = NULL;
     m->live = 0;
+    m->held = 0;
+    m->gen++; /* requests of this use are stale from now on */
     m->next = c->free_msgs;
     c->free_msgs = m;
 }
 
-/* The stream for copies from rank src into rank dst (dst's device current). */
-static cudaError_t _ppc_copy_stream(pp_cuda* c, _ppc_rank* dst, int src, cudaStream_t* out) {
-    cudaError_t e = cudaSuccess;
-    pthread_mutex_lock(&c->mu);
-    if (!dst->copy_from[src]) e = cudaStreamCreateWithFlags(&dst->copy_from[src], cudaStreamNonBlocking);
-    *out = dst->copy_from[src];
-    pthread_mutex_unlock(&c->mu);
-    return e;
+/* A request carries its message and the message's generation; a request that finished keeps
+   its result (done, id = 2 + rc). */
+static void _ppc_req_post(pp_request* req, _ppc_msg* m, int is_recv) {
+    req->impl = m;
+    req->id = (int64_t)(m->gen << 1) | is_recv;
+    req->done = 0;
 }
 
-/* Moves a matched message's bytes. Runs on the thread that completed the match (the second of
-   sender and receiver to post), outside the world lock; the copy goes on the receiver's copy
-   stream after the sender's data-ready event and the receiver's buffer-free event, and ends with
-   the copy-done event ec. Sets m->copied. */
-static void _ppc_copy(pp_cuda* c, _ppc_msg* m) {
+static void _ppc_req_finished(pp_request* req, pp_result rc) {
+    req->done = 1;
+    req->impl = NULL;
+    req->id = 2 + (int64_t)rc;
+}
+
+/* The request's message, or NULL when pp_cuda_reset withdrew it (its record was reused). */
+static _ppc_msg* _ppc_req_msg(const pp_request* req) {
+    _ppc_msg* m = (_ppc_msg*)req->impl;
+    return m && (int64_t)(m->gen << 1) == (req->id & ~(int64_t)1) ? m : NULL;
+}
+
+/* Enqueues a matched message's copy on the receiver's stream, after the sender's data is ready,
+   and records ec after it. Any thread (CUDA allows copies, records of a stream's own device's
+   events and waits on any device's events whatever the current device); the caller claimed
+   m->copying. Host buffers: a host send is copied at match time (the sender may reuse its
+   buffer once matched); a host receive returns with the bytes there. */
+static void _ppc_do_copy(pp_cuda* c, _ppc_msg* m) {
     _ppc_rank* dst = &c->r[m->dst];
     const _ppc_rank* src = &c->r[m->src];
     cudaError_t e = cudaSuccess;
     const char* what = "";
     pp_result rc = PP_OK;
     size_t n = m->rbytes;
-    int cur = -1;
-    if (m->sbytes != m->rbytes) {
-        rc = PP_ERR_SIZE;
-        snprintf(m->emsg, sizeof m->emsg, "rank %d sent %zu bytes with tag %d, rank %d posted a receive of %zu bytes",
-                 m->src, m->sbytes, m->tag, m->dst, m->rbytes);
-    } else if (n == 0) {
+    if (n == 0) {
         /* nothing to move */
     } else if (m->s_host && m->r_host) {
         memcpy(m->rbuf, m->sbuf, n);
     } else {
-        cudaStream_t cs = NULL;
-        if (cudaGetDevice(&cur) != cudaSuccess) cur = -1;
-        what = "cudaSetDevice";
-        e = cudaSetDevice(dst->dev);
-        if (e == cudaSuccess) {
-            what = "cudaStreamCreate(copy)";
-            e = _ppc_copy_stream(c, dst, m->src, &cs);
-        }
-        if (e == cudaSuccess && !m->s_host) {
+        if (!m->s_host) {
             what = "cudaStreamWaitEvent(sender's data ready)";
-            e = cudaStreamWaitEvent(cs, m->es, 0);
-        }
-        if (e == cudaSuccess && !m->r_host) {
-            what = "cudaStreamWaitEvent(receiver's buffer free)";
-            e = cudaStreamWaitEvent(cs, m->er, 0);
+            e = cudaStreamWaitEvent(dst->stream, m->es, 0);
+            pthread_mutex_lock(&c->mu);
+            if (e == cudaSuccess && m->es_seq > dst->seen[m->src]) dst->seen[m->src] = m->es_seq;
+            pthread_mutex_unlock(&c->mu);
         }
         if (e == cudaSuccess) {
             if (!m->s_host && !m->r_host) {
                 what = "cudaMemcpyPeerAsync";
-                if (src->dev == dst->dev) e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDeviceToDevice, cs);
-                else e = cudaMemcpyPeerAsync(m->rbuf, dst->dev, m->sbuf, src->dev, n, cs);
+                if (src->dev == dst->dev) e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDeviceToDevice, dst->stream);
+                else e = cudaMemcpyPeerAsync(m->rbuf, dst->dev, m->sbuf, src->dev, n, dst->stream);
             } else {
-                /* one side in host memory: a copy the host waits for (not the steady-state path) */
+                /* one side in host memory (step metadata): not the steady-state path */
                 what = "cudaMemcpyAsync (host <-> device)";
-                e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDefault, cs);
-                if (e == cudaSuccess) e = cudaStreamSynchronize(cs);
+                e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDefault, dst->stream);
+                if (e == cudaSuccess && m->r_host) e = cudaStreamSynchronize(dst->stream);
             }
         }
         if (e == cudaSuccess && m->ec) {
+            /* numbered under the lock: the numbers follow the records' order on the stream */
             what = "cudaEventRecord(copy done)";
-            e = cudaEventRecord(m->ec, cs);
+            pthread_mutex_lock(&c->mu);
+            e = cudaEventRecord(m->ec, dst->stream);
+            m->ec_seq = ++dst->rec_seq;
+            pthread_mutex_unlock(&c->mu);
         }
-        if (cur >= 0 && cur != dst->dev) (void)cudaSetDevice(cur);
         if (e != cudaSuccess) {
             rc = e == cudaErrorMemoryAllocation ? PP_ERR_NOMEM : PP_ERR_TRANSPORT;
             snprintf(m->emsg, sizeof m->emsg, "CUDA error %d (%s) in %s, copying %zu bytes from rank %d to rank %d",
@@ -371,21 +413,51 @@ static void _ppc_copy(pp_cuda* c, _ppc_msg* m) {
     pthread_mutex_lock(&c->mu);
     m->rc = rc;
     m->copied = 1;
+    m->copying = 0;
+    if (rc != PP_OK) m->dropped = 1;
+    _ppc_ev_put_locked(&c->r[m->src], m->es); /* the wait on it is enqueued */
+    m->es = NULL;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
 }
 
-/* The sender's side is over once the copy is enqueued. The copy may still read the block: the
-   message stays on the rank's `reading` list, and the stream waits for the copy only when the
-   block is reused (_ppc_reuse), so the sender never idles for its receiver. Sender's thread. */
+/* World lock held, m matched: copies it now unless another thread does; returns with m copied. */
+static void _ppc_copy_now_locked(pp_cuda* c, _ppc_msg* m) {
+    if (!m->copied && !m->copying) {
+        m->copying = 1;
+        pthread_mutex_unlock(&c->mu);
+        _ppc_do_copy(c, m);
+        pthread_mutex_lock(&c->mu);
+    }
+    while (!m->copied) pthread_cond_wait(&c->cv, &c->mu); /* another thread is enqueueing it */
+}
+
+/* World lock held: both sides are posted. The sizes must agree; a host send is copied now. */
+static int _ppc_matched_locked(_ppc_msg* m) {
+    if (m->sbytes != m->rbytes) {
+        m->rc = PP_ERR_SIZE;
+        m->copied = m->dropped = 1;
+        snprintf(m->emsg, sizeof m->emsg, "rank %d sent %zu bytes with tag %d, rank %d posted a receive of %zu bytes",
+                 m->src, m->sbytes, m->tag, m->dst, m->rbytes);
+        return 0;
+    }
+    if (!m->s_host || m->copied || m->copying) return 0;
+    m->copying = 1; /* the caller copies it */
+    return 1;
+}
+
+/* The sender's side is over once the receive is posted. The copy may still read the block (it
+   runs on the receiver's stream, when the receiver waits for it): the message stays on the
+   rank's `reading` list, and the stream waits for the copy only when the block is reused
+   (_ppc_reuse), so the sender never idles for its receiver. Sender's thread. */
 static pp_result _ppc_send_finish(_ppc_rank* me, _ppc_msg* m) {
     pp_cuda* c = me->c;
-    pp_result rc = m->rc;
-    if (rc != PP_OK) snprintf(me->err, sizeof me->err, "%s", m->emsg);
+    pp_result rc;
     pthread_mutex_lock(&c->mu);
+    rc = m->rc;
+    if (rc != PP_OK) snprintf(me->err, sizeof me->err, "%s", m->emsg);
     m->send_done = 1;
-    if (rc == PP_OK && !m->s_host && m->ec && m->rbytes > 0) {
-        /* the copy may still read the block: the stream waits for it when the block is reused */
+    if (!m->s_host && !m->dropped && m->rbytes > 0) {
         m->held = 1;
         m->pnext = me->reading;
         me->reading = m;
@@ -396,30 +468,58 @@ static pp_result _ppc_send_finish(_ppc_rank* me, _ppc_msg* m) {
     return rc;
 }
 
+/* The receiver's side: the copy is enqueued on its own stream (nothing more to wait for on the
+   device), or was done on the host. Receiver's thread, m matched. */
+static pp_result _ppc_recv_finish(_ppc_rank* me, _ppc_msg* m) {
+    pp_cuda* c = me->c;
+    pp_result rc;
+    pthread_mutex_lock(&c->mu);
+    _ppc_copy_now_locked(c, m);
+    rc = m->rc;
+    if (rc != PP_OK) snprintf(me->err, sizeof me->err, "%s", m->emsg);
+    m->recv_done = 1;
+    if (m->send_done && !m->held) _ppc_msg_release_locked(c, m);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+/* World lock held: m leaves its sender's `reading` list. */
+static void _ppc_unhold_locked(pp_cuda* c, _ppc_msg* m) {
+    _ppc_msg** pp;
+    for (pp = &c->r[m->src].reading; *pp; pp = &(*pp)->pnext)
+        if (*pp == m) {
+            *pp = m->pnext;
+            break;
+        }
+    m->held = 0;
+    if (m->recv_done) _ppc_msg_release_locked(c, m);
+}
+
 /* Device ops reuse hook: a pooled block [ptr, ptr + bytes) is about to be written again. The
-   rank's stream waits for every copy that may still read it. Rank's thread. */
+   rank's stream waits for every copy that may still read it, unless it already waited for a
+   later event of the copy's stream; a copy its receiver has not yet enqueued is enqueued now
+   (on the receiver's stream), so no host waits for another. */
 static void _ppc_reuse(void* user, void* ptr, size_t bytes) {
     _ppc_rank* r = (_ppc_rank*)user;
     pp_cuda* c = r->c;
-    _ppc_msg **pp, *m;
+    _ppc_msg* m;
     const char *a = (const char*)ptr, *b = a + bytes;
+    int again = 1;
     pthread_mutex_lock(&c->mu);
-    for (pp = &r->reading; (m = *pp) != NULL;) {
-        const char* s0 = (const char*)m->sbuf;
-        if (s0 < b && s0 + m->sbytes > a) {
-            cudaError_t e = cudaStreamWaitEvent(r->stream, m->ec, 0);
-            if (e != cudaSuccess) _ppc_note(r, e, "cudaStreamWaitEvent(copy done, before a block is reused)");
-            *pp = m->pnext;
-            m->held = 0;
-            if (m->recv_done) _ppc_msg_release_locked(c, m);
-        } else if (cudaEventQuery(m->ec) == cudaSuccess) {
-            /* that copy is over: nothing to wait for, recycle the message (keeps the list short
-               even when nobody calls pp_cuda_step_end) */
-            *pp = m->pnext;
-            m->held = 0;
-            if (m->recv_done) _ppc_msg_release_locked(c, m);
-        } else {
-            pp = &m->pnext; /* still copying (cudaErrorNotReady, which is not a sticky error) */
+    while (again) {
+        again = 0;
+        for (m = r->reading; m; m = m->pnext) {
+            const char* s0 = (const char*)m->sbuf;
+            if (!(s0 < b && s0 + m->sbytes > a)) continue;
+            _ppc_copy_now_locked(c, m); /* may drop the lock: start over afterwards */
+            if (!m->dropped && m->ec && r->seen[m->dst] < m->ec_seq) {
+                cudaError_t e = cudaStreamWaitEvent(r->stream, m->ec, 0);
+                if (e != cudaSuccess) _ppc_note(r, e, "cudaStreamWaitEvent(copy done, before a block is reused)");
+                else r->seen[m->dst] = m->ec_seq;
+            }
+            _ppc_unhold_locked(c, m);
+            again = 1;
+            break;
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -429,158 +529,101 @@ static void _ppc_reuse(void* user, void* ptr, size_t bytes) {
 static void _ppc_unhold_all(pp_cuda* c) {
     int i;
     pthread_mutex_lock(&c->mu);
-    for (i = 0; i < c->n; i++) {
-        _ppc_msg* m;
-        while ((m = c->r[i].reading) != NULL) {
-            c->r[i].reading = m->pnext;
-            m->held = 0;
-            if (m->recv_done) _ppc_msg_release_locked(c, m);
-        }
-    }
+    for (i = 0; i < c->n; i++)
+        while (c->r[i].reading) _ppc_unhold_locked(c, c->r[i].reading);
     pthread_mutex_unlock(&c->mu);
 }
 
-/* The receiver's stream waits for the copy. Receiver's thread only. */
-static pp_result _ppc_recv_finish(_ppc_rank* me, _ppc_msg* m) {
-    pp_cuda* c = me->c;
-    pp_result rc = m->rc;
-    if (rc == PP_OK && !m->r_host && m->ec && m->rbytes > 0) {
-        cudaError_t e = cudaStreamWaitEvent(me->stream, m->ec, 0);
-        if (e != cudaSuccess) {
-            _ppc_note(me, e, "cudaStreamWaitEvent(copy done, on the receiver's stream)");
-            rc = PP_ERR_TRANSPORT;
+/* Finds the posting of the other side in `queue` (same source, tag, opposite kind: first in,
+   first out) and unlinks it, or appends a new message there. World lock held. */
+static _ppc_msg* _ppc_post_locked(pp_cuda* c, _ppc_msg** queue, int src, int dst, int tag, int is_recv) {
+    _ppc_msg *x, **pp;
+    for (pp = queue; (x = *pp) != NULL; pp = &x->next)
+        if (x->src == src && x->tag == tag && (is_recv ? !x->has_recv : !x->has_send)) {
+            *pp = x->next;
+            x->next = NULL;
+            return x;
         }
-    } else if (rc != PP_OK) {
-        snprintf(me->err, sizeof me->err, "%s", m->emsg);
-    }
-    pthread_mutex_lock(&c->mu);
-    m->recv_done = 1;
-    if (m->send_done && !m->held) _ppc_msg_release_locked(c, m);
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-}
-
-/* A request that finished inside isend/irecv keeps its result in id (2 + rc). */
-static void _ppc_req_finished(pp_request* req, pp_result rc) {
-    req->done = 1;
-    req->impl = NULL;
-    req->id = 2 + (int64_t)rc;
+    if (!(x = _ppc_msg_new_locked(c))) return NULL;
+    x->src = src;
+    x->dst = dst;
+    x->tag = tag;
+    *pp = x; /* appended: equal (source, tag) pairs match first in first out */
+    return x;
 }
 
 static pp_result _ppc_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
-    _ppc_msg *m, *x, **pp;
+    _ppc_msg* m;
     cudaEvent_t es = NULL;
     cudaError_t e;
-    int host, matched;
+    int host, copy_now, matched;
     if (!req || peer < 0 || peer >= c->n || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
-    host = _ppc_is_host(buf);
-    if (!host) {
-        if ((e = cudaSetDevice(me->dev)) != cudaSuccess || (e = _ppc_ev_get(c, me, &es)) != cudaSuccess ||
-            (e = cudaEventRecord(es, me->stream)) != cudaSuccess) {
-            _ppc_note(me, e, "isend (recording the data-ready event)");
-            return PP_ERR_TRANSPORT;
-        }
+    host = _ppc_is_host(me, buf);
+    if (!host && bytes && (e = _ppc_ev_get(c, me, &es)) != cudaSuccess) {
+        _ppc_note(me, e, "isend (an event for the data)");
+        return PP_ERR_TRANSPORT;
     }
     pthread_mutex_lock(&c->mu);
-    for (m = NULL, pp = &c->r[peer].queue; (x = *pp) != NULL; pp = &x->next)
-        if (x->src == me->rank && x->tag == tag && !x->has_send) {
-            m = x;
-            *pp = x->next; /* matched: leaves the queue */
-            m->next = NULL;
-            break;
-        }
-    if (!m) {
-        if (!(m = _ppc_msg_new_locked(c))) {
-            _ppc_ev_put_locked(me, es);
-            pthread_mutex_unlock(&c->mu);
-            return PP_ERR_NOMEM;
-        }
-        m->src = me->rank;
-        m->dst = peer;
-        m->tag = tag;
-        for (pp = &c->r[peer].queue; *pp; pp = &(*pp)->next) {
-        }
-        *pp = m; /* appended: equal (source, tag) pairs match first in first out */
+    if (es && (e = cudaEventRecord(es, me->stream)) != cudaSuccess) {
+        _ppc_note(me, e, "isend (recording the data-ready event)");
+        _ppc_ev_put_locked(me, es);
+        pthread_mutex_unlock(&c->mu);
+        return PP_ERR_TRANSPORT;
+    }
+    if (!(m = _ppc_post_locked(c, &c->r[peer].queue, me->rank, peer, tag, 0))) {
+        _ppc_ev_put_locked(me, es);
+        pthread_mutex_unlock(&c->mu);
+        return PP_ERR_NOMEM;
     }
     m->has_send = 1;
     m->sbuf = buf;
     m->sbytes = bytes;
     m->s_host = host;
     m->es = es;
+    m->es_seq = es ? ++me->rec_seq : 0;
     matched = m->has_recv;
+    copy_now = matched && _ppc_matched_locked(m);
+    _ppc_req_post(req, m, 0);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    req->impl = m;
-    req->id = 0;
-    if (matched) {
-        _ppc_copy(c, m);
-        _ppc_req_finished(req, _ppc_send_finish(me, m));
-    }
+    if (copy_now) _ppc_do_copy(c, m);
+    if (matched) _ppc_req_finished(req, _ppc_send_finish(me, m));
     return PP_OK;
 }
 
 static pp_result _ppc_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
-    _ppc_msg *m, *x, **pp;
-    cudaEvent_t er = NULL, ec = NULL;
+    _ppc_msg* m;
+    cudaEvent_t ec = NULL;
     cudaError_t e;
-    int host, matched;
+    int host, copy_now;
     if (!req || peer < 0 || peer >= c->n || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
-    host = _ppc_is_host(buf);
-    if (!host) {
-        /* the copy into buf must wait for everything this rank enqueued on buf so far */
-        if ((e = cudaSetDevice(me->dev)) != cudaSuccess || (e = _ppc_ev_get(c, me, &er)) != cudaSuccess ||
-            (e = _ppc_ev_get(c, me, &ec)) != cudaSuccess || (e = cudaEventRecord(er, me->stream)) != cudaSuccess) {
-            _ppc_note(me, e, "irecv (recording the buffer-free event)");
-            pthread_mutex_lock(&c->mu);
-            _ppc_ev_put_locked(me, er);
-            _ppc_ev_put_locked(me, ec);
-            pthread_mutex_unlock(&c->mu);
-            return PP_ERR_TRANSPORT;
-        }
+    host = _ppc_is_host(me, buf);
+    if (!host && bytes && (e = _ppc_ev_get(c, me, &ec)) != cudaSuccess) {
+        _ppc_note(me, e, "irecv (an event for the copy)");
+        return PP_ERR_TRANSPORT;
     }
     pthread_mutex_lock(&c->mu);
-    for (m = NULL, pp = &me->queue; (x = *pp) != NULL; pp = &x->next)
-        if (x->src == peer && x->tag == tag && !x->has_recv) {
-            m = x;
-            *pp = x->next;
-            m->next = NULL;
-            break;
-        }
-    if (!m) {
-        if (!(m = _ppc_msg_new_locked(c))) {
-            _ppc_ev_put_locked(me, er);
-            _ppc_ev_put_locked(me, ec);
-            pthread_mutex_unlock(&c->mu);
-            return PP_ERR_NOMEM;
-        }
-        m->src = peer;
-        m->dst = me->rank;
-        m->tag = tag;
-        for (pp = &me->queue; *pp; pp = &(*pp)->next) {
-        }
-        *pp = m;
+    if (!(m = _ppc_post_locked(c, &me->queue, peer, me->rank, tag, 1))) {
+        _ppc_ev_put_locked(me, ec);
+        pthread_mutex_unlock(&c->mu);
+        return PP_ERR_NOMEM;
     }
     m->has_recv = 1;
     m->rbuf = buf;
     m->rbytes = bytes;
     m->r_host = host;
-    m->er = er;
     m->ec = ec;
-    matched = m->has_send;
+    copy_now = m->has_send && _ppc_matched_locked(m);
+    _ppc_req_post(req, m, 1);
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
-    req->impl = m;
-    req->id = 1;
-    if (matched) {
-        _ppc_copy(c, m);
-        _ppc_req_finished(req, _ppc_recv_finish(me, m));
-    }
+    if (copy_now) _ppc_do_copy(c, m);
     return PP_OK;
 }
 
@@ -605,51 +648,64 @@ static double _ppc_now_real(struct timespec* ts) {
         }                                                                                        \
     } while (0)
 
+static pp_result _ppc_cancel(void* self, pp_request* req);
+
+/* A send is done once its receive is posted; a receive once its copy is enqueued on this
+   rank's stream (the host runs ahead: the stream, not the host, waits for the data). A send
+   whose wait times out stays posted (the executor probes sends with short waits); a receive
+   whose wait fails is withdrawn: its request is over, and no later message may land in its
+   buffer. */
 static pp_result _ppc_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
     _ppc_msg* m;
     struct timespec ts;
     double deadline = _ppc_now_real(&ts) + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
-    int is_send, peer, tag, copied, posted, aborted;
+    int is_send, peer, tag, matched, aborted;
     pp_result rc;
     if (!req) return _pp_fail(err, PP_ERR_INVALID, "wait on a NULL request");
     if (req->done) {
         rc = req->id >= 2 ? (pp_result)(req->id - 2) : PP_OK;
-        if (rc != PP_OK) return _pp_fail(err, rc, "rank %d: %s", me->rank, me->err);
+        if (rc != PP_OK) return _pp_fail(err, rc, "rank %d: this request already failed (%s)", me->rank, pp_result_str(rc));
         return PP_OK;
     }
-    m = (_ppc_msg*)req->impl;
-    if (!m) return _pp_fail(err, PP_ERR_INVALID, "wait on a request that was never posted");
-    if (cudaSetDevice(me->dev) != cudaSuccess) (void)cudaGetLastError();
-    is_send = req->id == 0;
     pthread_mutex_lock(&c->mu);
-    _PPC_WAIT_UNTIL(c, m->copied, deadline);
-    copied = m->copied;
-    posted = is_send ? m->has_recv : m->has_send;
+    if (!(m = _ppc_req_msg(req))) {
+        pthread_mutex_unlock(&c->mu);
+        return _pp_fail(err, PP_ERR_INVALID, "rank %d: wait on a request that was never posted or was withdrawn by pp_cuda_reset",
+                        me->rank);
+    }
+    is_send = !(req->id & 1);
+    _PPC_WAIT_UNTIL(c, is_send ? m->has_recv : m->has_send, deadline);
+    matched = m->has_send && m->has_recv;
     peer = is_send ? m->dst : m->src;
     tag = m->tag;
     aborted = c->aborted;
     pthread_mutex_unlock(&c->mu);
-    if (!copied) {
+    if (!matched) {
+        if (!is_send) {
+            _ppc_cancel(me, req);
+            _ppc_req_finished(req, aborted ? PP_ERR_ABORTED : PP_ERR_TIMEOUT);
+        }
         if (aborted)
             return _pp_fail(err, PP_ERR_ABORTED, "rank %d: %s rank %d aborted: %s", me->rank,
                             is_send ? "send to" : "receive from", peer, c->abort_msg);
-        return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank %d to %s tag %d%s", me->rank, timeout_s, peer,
-                        is_send ? "post the receive of" : "send", tag, posted ? " (matched, copy pending)" : "");
+        return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank %d to %s tag %d", me->rank, timeout_s, peer,
+                        is_send ? "post the receive of" : "send", tag);
     }
     rc = is_send ? _ppc_send_finish(me, m) : _ppc_recv_finish(me, m);
-    req->done = 1;
-    req->impl = NULL;
+    _ppc_req_finished(req, rc);
     if (rc != PP_OK) return _pp_fail(err, rc, "rank %d: %s", me->rank, me->err);
     return PP_OK;
 }
 
+/* Never enqueues anything: a receive is done only when a sender reusing its block enqueued the
+   copy already (the executor tests sends; receives it waits for). */
 static pp_result _ppc_test(void* self, pp_request* req, int* done) {
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
     _ppc_msg* m;
-    int copied;
+    int ready, is_send;
     pp_result rc;
     if (!req || !done) return PP_ERR_INVALID;
     *done = 0;
@@ -657,17 +713,60 @@ static pp_result _ppc_test(void* self, pp_request* req, int* done) {
         *done = 1;
         return req->id >= 2 ? (pp_result)(req->id - 2) : PP_OK;
     }
-    m = (_ppc_msg*)req->impl;
-    if (!m) return PP_ERR_INVALID;
     pthread_mutex_lock(&c->mu);
-    copied = m->copied;
+    m = _ppc_req_msg(req);
+    is_send = !(req->id & 1);
+    ready = m && m->has_send && m->has_recv && (is_send || m->copied);
     pthread_mutex_unlock(&c->mu);
-    if (!copied) return PP_OK;
-    if (cudaSetDevice(me->dev) != cudaSuccess) (void)cudaGetLastError();
-    rc = req->id == 0 ? _ppc_send_finish(me, m) : _ppc_recv_finish(me, m);
+    if (!m) return PP_ERR_INVALID;
+    if (!ready) return PP_OK;
+    rc = is_send ? _ppc_send_finish(me, m) : _ppc_recv_finish(me, m);
     _ppc_req_finished(req, rc);
     *done = 1;
     return rc;
+}
+
+/* Withdraws a request nobody will wait for (a failed step): a receive not yet matched leaves
+   the queue, so no later send can land in its block; a matched one is never copied unless its
+   copy is already enqueued (then on this rank's stream, before any later use of the block). A
+   send not yet matched leaves its receiver's queue. */
+static pp_result _ppc_cancel(void* self, pp_request* req) {
+    _ppc_rank* me = (_ppc_rank*)self;
+    pp_cuda* c = me->c;
+    _ppc_msg *m, **pp;
+    int is_recv;
+    if (!req || req->done) return PP_OK;
+    pthread_mutex_lock(&c->mu);
+    if (!(m = _ppc_req_msg(req))) {
+        pthread_mutex_unlock(&c->mu);
+        _ppc_req_finished(req, PP_ERR_ABORTED);
+        return PP_OK;
+    }
+    is_recv = (int)(req->id & 1);
+    if (!(is_recv ? m->has_send : m->has_recv)) {
+        for (pp = &c->r[m->dst].queue; *pp; pp = &(*pp)->next)
+            if (*pp == m) {
+                *pp = m->next;
+                break;
+            }
+        _ppc_msg_release_locked(c, m);
+    } else if (is_recv) {
+        if (!m->copied && !m->copying) {
+            m->copied = m->dropped = 1;
+            _ppc_ev_put_locked(&c->r[m->src], m->es);
+            m->es = NULL;
+        }
+        while (!m->copied) pthread_cond_wait(&c->cv, &c->mu);
+        m->recv_done = 1;
+        if (m->send_done && !m->held) _ppc_msg_release_locked(c, m);
+    } else {
+        pthread_mutex_unlock(&c->mu);
+        _ppc_req_finished(req, _ppc_send_finish(me, m)); /* matched: the receiver copies it */
+        return PP_OK;
+    }
+    pthread_mutex_unlock(&c->mu);
+    _ppc_req_finished(req, PP_ERR_ABORTED);
+    return PP_OK;
 }
 
 static void _ppc_abort(void* self, pp_result why, const char* msg) {
@@ -688,22 +787,81 @@ static void* _ppc_alloc(void* user, size_t bytes) {
     _ppc_rank* r = (_ppc_rank*)user;
     void* p = NULL;
     cudaError_t e = cudaSetDevice(r->dev);
+    int i;
+    if (e == cudaSuccess && r->n_pool == r->cap_pool) {
+        int cap = r->cap_pool ? 2 * r->cap_pool : 16;
+        char** np = (char**)PP_MALLOC(sizeof(char*) * (size_t)cap);
+        size_t* nn = (size_t*)PP_MALLOC(sizeof(size_t) * (size_t)cap);
+        if (!np || !nn) {
+            PP_FREE(np);
+            PP_FREE(nn);
+            return NULL;
+        }
+        if (r->n_pool) {
+            memcpy(np, r->pool_p, sizeof(char*) * (size_t)r->n_pool);
+            memcpy(nn, r->pool_n, sizeof(size_t) * (size_t)r->n_pool);
+        }
+        PP_FREE(r->pool_p);
+        PP_FREE(r->pool_n);
+        r->pool_p = np;
+        r->pool_n = nn;
+        r->cap_pool = cap;
+    }
     if (e == cudaSuccess) e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess) {
         _ppc_note(r, e, "cudaMalloc (block pool)");
         (void)cudaGetLastError();
         return NULL;
     }
+    for (i = r->n_pool; i > 0 && r->pool_p[i - 1] > (char*)p; i--) {
+        r->pool_p[i] = r->pool_p[i - 1];
+        r->pool_n[i] = r->pool_n[i - 1];
+    }
+    r->pool_p[i] = (char*)p;
+    r->pool_n[i] = bytes ? bytes : 1;
+    r->n_pool++;
     r->pool_bytes += bytes;
     r->pool_allocs++;
     return p;
 }
 
+/* A block leaves the pool: every copy that may read it (on a receiver's stream, possibly on
+   another GPU) and the rank's own work on it finish first. */
 static void _ppc_free(void* user, void* ptr) {
     _ppc_rank* r = (_ppc_rank*)user;
-    /* the pool is freed at destroy: let the rank's work on it finish first */
+    pp_cuda* c = r->c;
+    _ppc_msg* m;
+    int i, again = 1;
+    pthread_mutex_lock(&c->mu);
+    while (again) {
+        again = 0;
+        for (m = r->reading; m; m = m->pnext) {
+            const char* s0 = (const char*)m->sbuf;
+            if (s0 + m->sbytes <= (const char*)ptr || s0 > (const char*)ptr) continue; /* blocks are disjoint */
+            _ppc_copy_now_locked(c, m);
+            if (!m->dropped && m->ec) {
+                cudaEvent_t ec = m->ec; /* held: the event stays with the message */
+                pthread_mutex_unlock(&c->mu);
+                if (cudaEventSynchronize(ec) != cudaSuccess) (void)cudaGetLastError();
+                pthread_mutex_lock(&c->mu);
+            }
+            _ppc_unhold_locked(c, m);
+            again = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
     if (cudaSetDevice(r->dev) == cudaSuccess) (void)cudaStreamSynchronize(r->stream);
     if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+    for (i = 0; i < r->n_pool && r->pool_p[i] != (char*)ptr; i++) {
+    }
+    if (i < r->n_pool) {
+        for (; i + 1 < r->n_pool; i++) {
+            r->pool_p[i] = r->pool_p[i + 1];
+            r->pool_n[i] = r->pool_n[i + 1];
+        }
+        r->n_pool--;
+    }
 }
 
 static pp_result _ppc_zero(void* user, void* ptr, size_t bytes) {
@@ -784,10 +942,10 @@ pp_result pp_cuda_create(const pp_cuda_desc* d, pp_cuda** out, pp_error* err) {
         r->c = c;
         r->rank = i;
         r->dev = d->devices ? d->devices[i] : 0;
-        if (!(r->copy_from = (cudaStream_t*)_pp_calloc((size_t)c->n, sizeof(cudaStream_t)))) {
+        if (!(r->seen = (uint64_t*)_pp_calloc((size_t)c->n, sizeof(uint64_t)))) {
             pp_cuda_destroy(c);
             *out = NULL;
-            return _pp_fail(err, PP_ERR_NOMEM, "copy streams of rank %d", i);
+            return _pp_fail(err, PP_ERR_NOMEM, "rank %d", i);
         }
         if ((e = cudaSetDevice(r->dev)) != cudaSuccess ||
             (e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking)) != cudaSuccess ||
@@ -820,10 +978,7 @@ void pp_cuda_destroy(pp_cuda* c) {
     if (!c) return;
     for (i = 0; i < c->n; i++) {
         _ppc_rank* r = &c->r[i];
-        if (cudaSetDevice(r->dev) != cudaSuccess) continue;
-        if (r->stream) (void)cudaStreamSynchronize(r->stream);
-        for (k = 0; r->copy_from && k < c->n; k++)
-            if (r->copy_from[k]) (void)cudaStreamSynchronize(r->copy_from[k]);
+        if (cudaSetDevice(r->dev) == cudaSuccess && r->stream) (void)cudaStreamSynchronize(r->stream);
     }
     /* leftovers of an aborted step (posted by one side, or never waited for): their events
        go back to the pools, which are destroyed below */
@@ -837,12 +992,12 @@ void pp_cuda_destroy(pp_cuda* c) {
             if (r->tev[k]) (void)cudaEventDestroy(r->tev[k]);
         if (r->origin) (void)cudaEventDestroy(r->origin);
         if (r->stream) (void)cudaStreamDestroy(r->stream);
-        for (k = 0; r->copy_from && k < c->n; k++)
-            if (r->copy_from[k]) (void)cudaStreamDestroy(r->copy_from[k]);
-        PP_FREE(r->copy_from);
         PP_FREE(r->ev);
         PP_FREE(r->tev);
         PP_FREE(r->tact);
+        PP_FREE(r->pool_p);
+        PP_FREE(r->pool_n);
+        PP_FREE(r->seen);
     }
     while ((m = c->all_msgs) != NULL) {
         c->all_msgs = m->all;
@@ -873,6 +1028,7 @@ pp_transport pp_cuda_transport(pp_cuda* c, int rank) {
     t.wait = _ppc_wait;
     t.test = _ppc_test;
     t.abort = _ppc_abort;
+    t.cancel = _ppc_cancel;
     return t;
 }
 
@@ -900,26 +1056,56 @@ void pp_cuda_memory(pp_cuda* c, int rank, size_t* bytes, int* allocs) {
 
 const char* pp_cuda_error(pp_cuda* c, int rank) { return (c && rank >= 0 && rank < c->n) ? c->r[rank].err : "no such rank"; }
 
-void pp_cuda_reset(pp_cuda* c) {
-    if (!c) return;
-    pthread_mutex_lock(&c->mu);
-    c->aborted = 0;
-    c->abort_code = PP_OK;
-    c->abort_msg[0] = 0;
-    pthread_mutex_unlock(&c->mu);
-}
-
-/* Waits for every stream; then no copy reads a block any more. Between steps only. */
+/* Waits for every rank's stream (incoming copies run there too); then no copy reads a block
+   any more. Between steps only. */
 static pp_result _ppc_sync_all(pp_cuda* c, pp_error* err) {
-    int i, k;
+    int i;
     for (i = 0; i < c->n; i++) {
         PP_CUDA_CHECK(cudaSetDevice(c->r[i].dev), err);
-        for (k = 0; k < c->n; k++)
-            if (c->r[i].copy_from[k]) PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].copy_from[k]), err);
         PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].stream), err);
     }
     _ppc_unhold_all(c);
     return PP_OK;
+}
+
+pp_result pp_cuda_reset(pp_cuda* c) {
+    pp_error scratch;
+    pp_result rc;
+    _ppc_msg* m;
+    int i;
+    if (!c) return PP_ERR_INVALID;
+    rc = _ppc_sync_all(c, &scratch);
+    pthread_mutex_lock(&c->mu);
+    for (i = 0; i < c->n; i++) {
+        c->r[i].queue = NULL;
+        c->r[i].reading = NULL;
+        if (rc != PP_OK) snprintf(c->r[i].err, sizeof c->r[i].err, "reset: %.200s", scratch.msg);
+    }
+    for (m = c->all_msgs; m; m = m->all)
+        if (m->live) _ppc_msg_release_locked(c, m);
+    c->aborted = 0;
+    c->abort_code = PP_OK;
+    c->abort_msg[0] = 0;
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+size_t pp_cuda_pending(pp_cuda* c, size_t* recvs) {
+    size_t n = 0, nr = 0;
+    int i;
+    if (c) {
+        pthread_mutex_lock(&c->mu);
+        for (i = 0; i < c->n; i++) {
+            const _ppc_msg* m;
+            for (m = c->r[i].queue; m; m = m->next) {
+                n++;
+                nr += (size_t)(m->has_recv != 0);
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (recvs) *recvs = nr;
+    return n;
 }
 
 pp_result pp_cuda_step_begin(pp_cuda* c, pp_error* err) {

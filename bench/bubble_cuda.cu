@@ -250,7 +250,11 @@ static int copy_row(pp_cuda* c, int d0, int d1, size_t bytes, int iters, double*
             /* check what the library moved */
             cudaSetDevice(d1);
             k_verify<<<256, 256, 0, s1>>>((const unsigned int*)dst, words, 77u, dw);
-            if (cudaMemcpy(wrong, dw, sizeof *wrong, cudaMemcpyDeviceToHost) != cudaSuccess) goto out;
+            /* on s1, after the check (s1 is non-blocking: the legacy stream of a plain cudaMemcpy
+               would not wait for it); to pageable memory it returns once the count is here */
+            if (cudaMemcpyAsync(wrong, dw, sizeof *wrong, cudaMemcpyDeviceToHost, s1) != cudaSuccess ||
+                cudaStreamSynchronize(s1) != cudaSuccess)
+                goto out;
             *t_lib = t / iters;
         } else {
             *t_raw = t / iters;

@@ -335,8 +335,15 @@ static int train(proc* P, const opts* o) {
                "ranks %d and %d, text: %s\n",
                P->L.world, P->L.source ? P->L.source : "no launcher", P->p, P->dp, pp_schedule_name(o->kind), P->v, o->m,
                o->layers, o->dim, P->n_par, e_rank, h_rank, corp.source);
+    /* the weights were uploaded and the buffers zeroed on the legacy stream (cudaMemcpy from
+       pageable memory returns before the bytes land), which the non-blocking streams below do
+       not wait for: fence once here; the step loop fences each batch upload the same way */
+    if (!g_cpu && cudaDeviceSynchronize() != cudaSuccess) {
+        fprintf(stderr, "gpt_nccl rank %d: uploading the weights failed\n", P->L.rank);
+        rc = 1;
+    }
     /* the copies of wte start identical (same seed); the library's sync makes it explicit */
-    if (e_rank != h_rank && P->grid.tied) {
+    if (rc == 0 && e_rank != h_rank && P->grid.tied) {
         pp_transport tt = pp_nccl_transport(P->grid.tied);
         int pair[2] = {0, 1};
         if (pp_tied_sync_weights(&tt, pair, P->pp_rank == e_rank ? (void*)P->w.embed[0].wte : NULL,

@@ -283,6 +283,13 @@ static void pz_abort(void* self, pp_result why, const char* msg) {
     pz_port* p = (pz_port*)self;
     p->inner.abort(p->inner.self, why, msg);
 }
+static pp_result pz_cancel(void* self, pp_request* req) {
+    pz_port* p = (pz_port*)self;
+    int i;
+    for (i = 0; i < PZ_MAX; i++)
+        if (p->req[i] == req) p->req[i] = NULL; /* withdrawn: nothing to check */
+    return p->inner.cancel ? p->inner.cancel(p->inner.self, req) : PP_OK;
+}
 /* device buffers are poisoned on the stream; host ones (BROADCAST metadata) are not checked */
 static int pz_is_device(const void* buf) {
     struct cudaPointerAttributes at;
@@ -397,6 +404,7 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
             d.transport.wait = pz_wait;
             d.transport.test = pz_test;
             d.transport.abort = pz_abort;
+            d.transport.cancel = pz_cancel;
         }
         d.device = pp_cuda_device_ops(R.cuda, r);
         d.layer_ctx = &ctx[r];
@@ -407,6 +415,12 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
         }
     }
     (void)hb;
+    /* the gradient buffers were zeroed on the legacy stream, which pp_cuda's non-blocking
+       streams do not wait for: fence before the first step */
+    for (r = 0; r < p && o->ok; r++) {
+        cudaSetDevice(devs ? devs[r] : 0);
+        cudaDeviceSynchronize();
+    }
     for (int s = 0; s < steps && o->ok; s++) {
         if (pp_cuda_step_begin(R.cuda, &err) != PP_OK) {
             CHECK(0, "%s: step_begin: %s", where, err.msg);
@@ -617,6 +631,9 @@ int main(int argc, char** argv) {
         cudaMemcpy(dd[dv].w, hw, sizeof(float) * n_params(), cudaMemcpyHostToDevice);
         cudaMemcpy(dd[dv].x, hx, sizeof(float) * (size_t)rows * IN, cudaMemcpyHostToDevice);
         cudaMemcpy(dd[dv].y, hy, sizeof(int32_t) * (size_t)rows, cudaMemcpyHostToDevice);
+        /* copies from pageable memory return before the bytes land, on the legacy stream, which
+           pp_cuda's non-blocking streams do not wait for: fence before they read them */
+        cudaDeviceSynchronize();
         pp_batch* b = &dd[dv].b;
         memset(b, 0, sizeof *b);
         b->input.data = dd[dv].x; /* device pointer: the library only offsets it */

@@ -2,10 +2,10 @@
 
    Built with -I tests/fakecuda, so <cuda_runtime_api.h> is tests/fakecuda/cuda_runtime_api.h:
    streams are worker threads that run their queues asynchronously (with random delays), events
-   and stream waits follow CUDA's rules. The MLP's layers are enqueued on the rank's stream with
-   cudaLaunchHostFunc, exactly as kernels would be: if the transport's event edges were wrong, a
-   copy would read an activation before its producer wrote it (wrong bits here; a data race
-   under ThreadSanitizer). Checked for every schedule, p in {1, 2, 4}, packed variable-length
+   and stream waits follow CUDA's rules, and device memory cannot be touched from the host. The
+   MLP's layers are enqueued on the rank's stream as imitation kernels (fakecuda_launch), exactly
+   as kernels would be: if the transport's event edges were wrong, a copy would read an
+   activation before its producer wrote it (wrong bits here; a data race under ThreadSanitizer). Checked for every schedule, p in {1, 2, 4}, packed variable-length
    micro-batches, ranks on one device and spread over four: gradients bit-identical to
    pp_sequential_step, no device allocation after the first step, peak stash = simulator's,
    every received byte written (receive buffers poisoned on the stream first), one timeline
@@ -14,6 +14,7 @@
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_cuda.h"
 #include "../examples/mlp.h"
+#include "fakecuda/layer_kernels.h"
 #include "test.h"
 
 #define ROWS 57
@@ -23,42 +24,8 @@
 static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
 static const int32_t CU[NSEQ + 1] = {0, 3, 4, 11, 20, 22, 30, 31, 40, 41, 47, 50, 57};
 
-/* ---- the MLP's layers, enqueued on the rank's stream ------------------------------------- */
-typedef struct job {
-    const void* w;
-    void* g;
-    int layer, bwd;
-    pp_layer_io io;
-} job;
-
-static void run_job(void* u) {
-    job* j = (job*)u;
-    pp_model m = mlp_model_desc();
-    if (j->bwd) m.backward(j->w, j->g, j->layer, &j->io);
-    else m.forward(j->w, j->layer, &j->io);
-    free(j);
-}
-
-static int enqueue(const void* w, void* g, int l, int bwd, pp_layer_io* io) {
-    job* j = (job*)malloc(sizeof *j);
-    cudaStream_t st = *(cudaStream_t*)io->ctx;
-    if (!j) return 1;
-    j->w = w;
-    j->g = g;
-    j->layer = l;
-    j->bwd = bwd;
-    j->io = *io; /* the executor's io is on its stack: the job keeps a copy */
-    return cudaLaunchHostFunc(st, run_job, j) == cudaSuccess ? 0 : 1;
-}
-static int a_fwd(const void* w, int l, pp_layer_io* io) { return enqueue(w, NULL, l, 0, io); }
-static int a_bwd(const void* w, void* g, int l, pp_layer_io* io) { return enqueue(w, g, l, 1, io); }
-
-static pp_model async_model(void) {
-    pp_model m = mlp_model_desc();
-    m.forward = a_fwd;
-    m.backward = a_bwd;
-    return m;
-}
+/* ---- the MLP's layers, enqueued on the rank's stream as imitation kernels ---------------- */
+static pp_model async_model(void) { return layer_kernels_model(mlp_model_desc()); }
 
 /* ---- poisoned receives: filled with 0xFF on the stream before the receive is posted ---------- */
 #define PZ_MAX 64
@@ -97,18 +64,22 @@ static pp_result pz_wait(void* self, pp_request* req, double timeout_s, pp_error
     for (i = 0; i < PZ_MAX; i++)
         if (p->req[i] == req) {
             size_t k;
+            unsigned char* h;
             p->req[i] = NULL;
             if (rc != PP_OK) break;
             cudaStreamSynchronize(p->stream); /* the stream waits on the copy: now it is there */
+            if (!(h = (unsigned char*)malloc(p->bytes[i] + 1))) break;
+            cudaMemcpy(h, p->buf[i], p->bytes[i], cudaMemcpyDeviceToHost);
             p->checked++;
             for (k = 0; k + 4 <= p->bytes[i]; k += 4) {
                 uint32_t w;
-                memcpy(&w, p->buf[i] + k, 4);
+                memcpy(&w, h + k, 4);
                 if (w == 0xFFFFFFFFu) {
                     p->unwritten++;
                     break;
                 }
             }
+            free(h);
             break;
         }
     return rc;
@@ -121,6 +92,13 @@ static void pz_abort(void* self, pp_result why, const char* msg) {
     pz_port* p = (pz_port*)self;
     p->inner.abort(p->inner.self, why, msg);
 }
+static pp_result pz_cancel(void* self, pp_request* req) {
+    pz_port* p = (pz_port*)self;
+    int i;
+    for (i = 0; i < PZ_MAX; i++)
+        if (p->req[i] == req) p->req[i] = NULL; /* withdrawn: nothing to check */
+    return p->inner.cancel ? p->inner.cancel(p->inner.self, req) : PP_OK;
+}
 /* device buffers are poisoned on the stream; host ones (BROADCAST metadata) are not checked */
 static int pz_is_device(const void* buf) {
     struct cudaPointerAttributes at;
@@ -130,6 +108,23 @@ static int pz_is_device(const void* buf) {
         return 0;
     }
     return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+/* The tests' batch: ROWS rows packed in NSEQ sequences (CU), 6 micro-batches balanced by tokens;
+   inputs in host memory (the imitation's kernels read them directly). */
+static void packed_batch(pp_batch* b, float* x, int32_t* y) {
+    mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
+    memset(b, 0, sizeof *b);
+    b->m = 6;
+    b->input.data = x;
+    b->input.rows = ROWS;
+    b->input.cols = IN;
+    b->input.dtype = PP_F32;
+    b->targets = y;
+    b->target_row_bytes = sizeof(int32_t);
+    b->cu_seqlens = CU;
+    b->n_seqs = NSEQ;
+    b->split = PP_SPLIT_TOKENS;
 }
 
 /* ---- one configuration ---------------------------------------------------------------------- */
@@ -230,6 +225,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
             d.transport.wait = pz_wait;
             d.transport.test = pz_test;
             d.transport.abort = pz_abort;
+            d.transport.cancel = pz_cancel;
         }
         d.device = pp_cuda_device_ops(W.cuda, r);
         d.layer_ctx = &streams[r];
@@ -299,18 +295,7 @@ static void test_equal(void) {
     int kind, p, i, steps = 3;
     memset(&w, 0, sizeof w);
     wbuf = mlp_init(&w, &gref, DIMS, 21, &gbuf);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
-    memset(&b, 0, sizeof b);
-    b.m = 6;
-    b.input.data = x; /* host memory here: the layers run on the host */
-    b.input.rows = ROWS;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
-    b.targets = y;
-    b.target_row_bytes = sizeof(int32_t);
-    b.cu_seqlens = CU;
-    b.n_seqs = NSEQ;
-    b.split = PP_SPLIT_TOKENS;
+    packed_batch(&b, x, y);
     for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &w, &gref, &b, &loss, &err) == PP_OK, "%s", err.msg);
     for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
         for (p = 1; p <= 4; p *= 2) {
@@ -323,6 +308,23 @@ static void test_equal(void) {
     free(gbuf);
 }
 
+/* A two-rank world (devices NULL: both on device 0) and its transports; NULL on failure. */
+static pp_cuda* two_ranks(const int* devices, pp_transport* t0, pp_transport* t1) {
+    pp_cuda* c = NULL;
+    pp_cuda_desc cd;
+    pp_error err;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 2;
+    cd.devices = devices;
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        CHECK(0, "pp_cuda_create: %s", err.msg);
+        return NULL;
+    }
+    *t0 = pp_cuda_transport(c, 0);
+    *t1 = pp_cuda_transport(c, 1);
+    return c;
+}
+
 /* The transport alone: a size mismatch, a timeout that names the peer, an abort. */
 static void test_transport_errors(void) {
     pp_cuda* c = NULL;
@@ -332,12 +334,9 @@ static void test_transport_errors(void) {
     pp_request a, b;
     void *x = NULL, *y = NULL;
     pp_result rc;
+    if (!(c = two_ranks(NULL, &t0, &t1))) return;
     memset(&cd, 0, sizeof cd);
     cd.n_ranks = 2;
-    CHECK(pp_cuda_create(&cd, &c, &err) == PP_OK, "%s", err.msg);
-    if (!c) return;
-    t0 = pp_cuda_transport(c, 0);
-    t1 = pp_cuda_transport(c, 1);
     cudaMalloc(&x, 64);
     cudaMalloc(&y, 64);
     CHECK(t0.isend(t0.self, 1, 5, x, 64, &a) == PP_OK, "isend");
@@ -349,14 +348,28 @@ static void test_transport_errors(void) {
     CHECK(t1.irecv(t1.self, 0, 6, y, 64, &b) == PP_OK, "irecv");
     rc = t1.wait(t1.self, &b, 0.2, &err);
     CHECK(rc == PP_ERR_TIMEOUT && strstr(err.msg, "rank 0"), "timeout: %d %s", (int)rc, err.msg);
+    /* a receive whose wait failed is over: withdrawn, waiting again repeats the failure */
+    CHECK(pp_cuda_pending(c, NULL) == 0, "a timed-out receive is still posted");
+    rc = t1.wait(t1.self, &b, 5, &err);
+    CHECK(rc == PP_ERR_TIMEOUT && strstr(err.msg, "already failed"), "a second wait: %d %s", (int)rc, err.msg);
+    CHECK(t1.irecv(t1.self, 0, 7, y, 64, &b) == PP_OK, "irecv");
     t0.abort(t0.self, PP_ERR_LAYER, "layer failed");
     rc = t1.wait(t1.self, &b, 5, &err);
     CHECK(rc == PP_ERR_ABORTED && strstr(err.msg, "layer failed"), "abort: %d %s", (int)rc, err.msg);
-    pp_cuda_reset(c);
-    /* after the reset the late send still matches the waiting receive */
+    /* a receive and a send of the failed step nobody waited for */
+    CHECK(t1.irecv(t1.self, 0, 6, y, 64, &b) == PP_OK && t0.isend(t0.self, 1, 9, x, 64, &a) == PP_OK, "post");
+    CHECK(pp_cuda_reset(c) == PP_OK, "reset");
+    /* the reset withdrew them: a late send with their tags does not land in the stale block, a
+       receive does not take the stale send, and waiting on them is an error, not a hang */
+    CHECK(pp_cuda_pending(c, NULL) == 0, "the reset left %zu messages posted", pp_cuda_pending(c, NULL));
+    rc = t1.wait(t1.self, &b, 5, &err);
+    CHECK(rc == PP_ERR_INVALID && strstr(err.msg, "withdrawn"), "a request of the failed step after the reset: %d %s", (int)rc,
+          err.msg);
     CHECK(t0.isend(t0.self, 1, 6, x, 64, &a) == PP_OK, "isend");
+    CHECK(t1.irecv(t1.self, 0, 6, y, 64, &b) == PP_OK, "irecv");
     CHECK(t1.wait(t1.self, &b, 5, &err) == PP_OK, "%s", err.msg);
     CHECK(t0.wait(t0.self, &a, 5, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_cuda_pending(c, NULL) == 0, "tag 9's stale send survived the reset");
     CHECK(t0.isend(t0.self, 5, 1, x, 8, &a) == PP_ERR_INVALID, "send to rank 5 of 2 accepted");
     pp_cuda_step_end(c, NULL, &err); /* the streams drain (cudaFree would wait for them on a GPU) */
     cudaFree(x);
@@ -367,6 +380,49 @@ static void test_transport_errors(void) {
         cd.devices = bad;
         CHECK(pp_cuda_create(&cd, &c, &err) == PP_ERR_INVALID && c == NULL && strstr(err.msg, "device 9"), "%s", err.msg);
     }
+}
+
+/* cancel (what a stage does with the receives of a failed step): a withdrawn receive takes no
+   later message; the next receive with the tag does. Before and after a match. */
+static void test_cancel(void) {
+    pp_cuda* c = NULL;
+    pp_error err;
+    pp_transport t0, t1;
+    pp_request rs, rr, rz;
+    unsigned char *x = NULL, *y = NULL, *z = NULL, hy[256], hz[256];
+    size_t recvs = 9;
+    int i, bad = 0;
+    if (!(c = two_ranks(NULL, &t0, &t1))) return;
+    CHECK(t1.cancel != NULL, "pp_cuda's transport has no cancel");
+    cudaMalloc((void**)&x, 256);
+    cudaMalloc((void**)&y, 256);
+    cudaMalloc((void**)&z, 256);
+    cudaMemset(x, 7, 256);
+    cudaMemset(y, 1, 256);
+    cudaMemset(z, 1, 256);
+    cudaDeviceSynchronize();
+    /* not yet matched */
+    CHECK(t1.irecv(t1.self, 0, 3, y, 256, &rr) == PP_OK, "irecv");
+    if (t1.cancel) t1.cancel(t1.self, &rr);
+    pp_cuda_pending(c, &recvs);
+    CHECK(recvs == 0, "a cancelled receive is still posted");
+    CHECK(t0.isend(t0.self, 1, 3, x, 256, &rs) == PP_OK, "isend");
+    CHECK(t1.irecv(t1.self, 0, 3, z, 256, &rz) == PP_OK, "irecv");
+    CHECK(t1.wait(t1.self, &rz, 5, &err) == PP_OK && t0.wait(t0.self, &rs, 5, &err) == PP_OK, "%s", err.msg);
+    /* matched, the copy not yet enqueued: it never runs */
+    CHECK(t1.irecv(t1.self, 0, 4, y, 256, &rr) == PP_OK && t0.isend(t0.self, 1, 4, x, 256, &rs) == PP_OK, "post");
+    if (t1.cancel) t1.cancel(t1.self, &rr);
+    CHECK(t0.wait(t0.self, &rs, 5, &err) == PP_OK, "the sender of a withdrawn receive: %s", err.msg);
+    CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
+    cudaMemcpy(hy, y, 256, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hz, z, 256, cudaMemcpyDeviceToHost);
+    for (i = 0; i < 256; i++) bad += hy[i] != 1 || hz[i] != 7;
+    CHECK(bad == 0, "%d bytes: a cancelled receive was written, or the next one was not", bad);
+    CHECK(pp_cuda_pending(c, NULL) == 0, "messages left after clean transfers");
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(z);
+    pp_cuda_destroy(c);
 }
 
 /* A sent block reused while its copy still waits: the receiver's stream is busy, so the copy
@@ -380,26 +436,19 @@ static void busy_50ms(void* u) {
 }
 static void test_reuse_waits_for_copy(void) {
     pp_cuda* c = NULL;
-    pp_cuda_desc cd;
     pp_error err;
     pp_transport t0, t1;
     pp_device_ops o0;
     pp_request rs, rr;
-    unsigned char *x = NULL, *y = NULL;
+    unsigned char *x = NULL, *y = NULL, hy[4096], hx = 0;
     int i, bad = 0;
-    memset(&cd, 0, sizeof cd);
-    cd.n_ranks = 2;
-    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
-        CHECK(0, "%s", err.msg);
-        return;
-    }
-    t0 = pp_cuda_transport(c, 0);
-    t1 = pp_cuda_transport(c, 1);
+    if (!(c = two_ranks(NULL, &t0, &t1))) return;
     o0 = pp_cuda_device_ops(c, 0);
     cudaMalloc((void**)&x, 4096);
     cudaMalloc((void**)&y, 4096);
-    memset(x, 7, 4096);
-    memset(y, 0, 4096);
+    cudaMemset(x, 7, 4096);
+    cudaMemset(y, 0, 4096);
+    cudaDeviceSynchronize(); /* the legacy stream's memsets, before the non-blocking streams */
     cudaLaunchHostFunc(pp_cuda_stream(c, 1), busy_50ms, NULL);
     CHECK(t1.irecv(t1.self, 0, 1, y, 4096, &rr) == PP_OK, "irecv");
     CHECK(t0.isend(t0.self, 1, 1, x, 4096, &rs) == PP_OK, "isend");
@@ -408,16 +457,251 @@ static void test_reuse_waits_for_copy(void) {
     cudaMemsetAsync(x, 9, 4096, pp_cuda_stream(c, 0));
     CHECK(t1.wait(t1.self, &rr, 5, &err) == PP_OK, "%s", err.msg);
     CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
-    for (i = 0; i < 4096; i++) bad += y[i] != 7;
+    cudaMemcpy(hy, y, 4096, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&hx, x, 1, cudaMemcpyDeviceToHost);
+    for (i = 0; i < 4096; i++) bad += hy[i] != 7;
     CHECK(bad == 0, "%d received bytes were overwritten by the sender's reuse before the copy", bad);
-    CHECK(x[0] == 9, "the reuse write did not happen");
+    CHECK(hx == 9, "the reuse write did not happen");
     cudaFree(x);
     cudaFree(y);
     pp_cuda_destroy(c);
 }
 
+/* ---- a failed step, the reset, and steps whose shapes change (issue 14 finding 6) ------------ */
+static int fail_layer = -1, fail_mb = -1; /* set between steps only */
+static int fail_fwd(const void* w, int l, pp_layer_io* io) {
+    if (l == fail_layer && io->mb->index == fail_mb) return 7;
+    return lk_fwd(w, l, io);
+}
+
+typedef struct fr_world {
+    int p;
+    pp_cuda* cuda;
+    pp_stage* st[PP_MAX_RANKS];
+    const pp_batch* b;
+    pp_result rc[PP_MAX_RANKS];
+} fr_world;
+
+static pp_result fr_step(int rank, void* user) {
+    fr_world* W = (fr_world*)user;
+    pp_error err;
+    pp_result rc = pp_cuda_bind(W->cuda, rank, &err);
+    if (rc == PP_OK) rc = pp_stage_step(W->st[rank], W->b, NULL);
+    return W->rc[rank] = rc;
+}
+
+/* One step of batch b from zeroed gradients, compared with pp_sequential_step bit for bit. */
+static int fr_step_equal(fr_world* W, const pp_schedule* sched, const int* first, mlp_model* g, const mlp_model* w,
+                         const pp_batch* b, const char* what) {
+    mlp_model gref, tmp;
+    float *gbuf = NULL, loss = 0;
+    pp_error err;
+    pp_model model = mlp_model_desc();
+    int r, l, ok = 1;
+    memset(&tmp, 0, sizeof tmp);
+    gref = *w;
+    free(mlp_init(&tmp, &gref, DIMS, 1, &gbuf)); /* gref: zeroed gradients in gbuf */
+    for (r = 0; r < W->p; r++)
+        for (l = 0; l < MLP_DEPTH; l++) {
+            memset(g[r].dense[l].w, 0, sizeof(float) * (size_t)w->dense[l].in * (size_t)w->dense[l].out);
+            memset(g[r].dense[l].b, 0, sizeof(float) * (size_t)w->dense[l].out);
+        }
+    W->b = b;
+    if (pp_sequential_step(&model, w, &gref, b, &loss, &err) != PP_OK || pp_cuda_step_begin(W->cuda, &err) != PP_OK ||
+        pp_threads_run(W->p, fr_step, W, &err) != PP_OK || pp_cuda_step_end(W->cuda, NULL, &err) != PP_OK) {
+        for (r = 0; r < W->p; r++)
+            if (W->rc[r] != PP_OK) CHECK(0, "%s: rank %d: %s", what, r, pp_stage_error(W->st[r]));
+        CHECK(0, "%s: %s", what, err.msg);
+        free(gbuf);
+        return 0;
+    }
+    for (l = 0; l < MLP_DEPTH; l++) {
+        int st = owner_stage(first, sched->p * sched->v, l), rank, chunk;
+        pp_schedule_stage_rank(sched, st, &rank, &chunk);
+        if (memcmp(g[rank].dense[l].w, gref.dense[l].w, sizeof(float) * (size_t)w->dense[l].in * (size_t)w->dense[l].out) ||
+            memcmp(g[rank].dense[l].b, gref.dense[l].b, sizeof(float) * (size_t)w->dense[l].out)) {
+            CHECK(0, "%s: layer %d gradient differs from the reference", what, l);
+            ok = 0;
+        }
+    }
+    free(gbuf);
+    return ok;
+}
+
+static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
+    static fr_world W;
+    static mlp_model g[PP_MAX_RANKS];
+    static float* gbuf[PP_MAX_RANKS];
+    static cudaStream_t streams[PP_MAX_RANKS];
+    mlp_model w, gtmp;
+    float *wbuf, *gdummy, x[ROWS * IN], x2[40 * IN];
+    int32_t y[ROWS], y2[40];
+    pp_batch b, b2;
+    pp_schedule sched;
+    pp_action acts[512];
+    pp_cuda_desc cd;
+    pp_error err;
+    int p = 4, m = 6, r, first[32], devs[PP_MAX_RANKS], failed = 0, aborted = 0, ok = 1;
+    size_t recvs = 1;
+    char what[96];
+    pp_model fm = layer_kernels_model(mlp_model_desc());
+    fm.forward = fail_fwd;
+    snprintf(what, sizeof what, "failure and reset, %s p=%d v=%d %s", pp_schedule_name(kind), p, v, spread ? "4 devices" : "1 device");
+    memset(&W, 0, sizeof W);
+    memset(&w, 0, sizeof w);
+    wbuf = mlp_init(&w, &gtmp, DIMS, 33, &gdummy);
+    mlp_make_data(x2, y2, 40, IN, CLASSES, 5, 9);
+    packed_batch(&b, x, y);
+    b2 = b; /* other shapes: 40 rows of unpacked data, split in equal parts */
+    b2.input.data = x2;
+    b2.input.rows = 40;
+    b2.targets = y2;
+    b2.cu_seqlens = NULL;
+    b2.n_seqs = 0;
+    b2.split = PP_SPLIT_SEQS;
+    if (pp_schedule_make(kind, p, v, m, acts, sizeof acts / sizeof acts[0], &sched, &err) != PP_OK ||
+        pp_partition_uniform(MLP_DEPTH + 1, p * v, first, &err) != PP_OK) {
+        CHECK(0, "%s: %s", what, err.msg);
+        free(wbuf);
+        free(gdummy);
+        return;
+    }
+    for (r = 0; r < p; r++) devs[r] = spread ? r : 0;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = p;
+    cd.devices = devs;
+    W.p = p;
+    if (pp_cuda_create(&cd, &W.cuda, &err) != PP_OK) {
+        CHECK(0, "%s: %s", what, err.msg);
+        free(wbuf);
+        free(gdummy);
+        return;
+    }
+    for (r = 0; r < p && ok; r++) {
+        pp_stage_desc d;
+        mlp_model tmp;
+        memset(&tmp, 0, sizeof tmp);
+        g[r] = w;
+        free(mlp_init(&tmp, &g[r], DIMS, 1, &gbuf[r]));
+        streams[r] = pp_cuda_stream(W.cuda, r);
+        memset(&d, 0, sizeof d);
+        d.model = fm;
+        d.weights = &w;
+        d.grads = &g[r];
+        d.schedule = &sched;
+        d.partition = first;
+        d.rank = r;
+        d.transport = pp_cuda_transport(W.cuda, r);
+        d.device = pp_cuda_device_ops(W.cuda, r);
+        d.layer_ctx = &streams[r];
+        d.timeout_s = 10;
+        if (pp_stage_create(&d, &W.st[r], &err) != PP_OK) {
+            CHECK(0, "%s: rank %d: %s", what, r, err.msg);
+            ok = 0;
+        }
+    }
+    if (ok) ok = fr_step_equal(&W, &sched, first, g, &w, &b, "a clean first step");
+    if (ok) {
+        /* a layer on the middle of the pipeline fails on micro-batch 2 */
+        fail_layer = MLP_DEPTH / 2;
+        fail_mb = 2;
+        W.b = &b;
+        pp_cuda_step_begin(W.cuda, &err);
+        pp_threads_run(p, fr_step, &W, &err);
+        fail_layer = fail_mb = -1;
+        for (r = 0; r < p; r++) {
+            failed += W.rc[r] == PP_ERR_LAYER;
+            aborted += W.rc[r] == PP_ERR_ABORTED;
+        }
+        CHECK(failed == 1 && aborted == p - 1, "%s: one rank fails (%d), the others abort (%d)", what, failed, aborted);
+        pp_cuda_pending(W.cuda, &recvs);
+        CHECK(recvs == 0, "%s: %zu receives of the failed step are still posted (no cancel?)", what, recvs);
+        CHECK(pp_cuda_reset(W.cuda) == PP_OK && pp_cuda_pending(W.cuda, NULL) == 0, "%s: reset", what);
+        ok = fr_step_equal(&W, &sched, first, g, &w, &b, "the step after the reset") &&
+             fr_step_equal(&W, &sched, first, g, &w, &b2, "a step with other shapes") &&
+             fr_step_equal(&W, &sched, first, g, &w, &b, "back to the first shapes");
+    }
+    for (r = 0; r < p; r++) pp_stage_destroy(W.st[r]);
+    pp_cuda_destroy(W.cuda);
+    for (r = 0; r < p; r++) free(gbuf[r]);
+    free(wbuf);
+    free(gdummy);
+    CHECK(ok, "%s", what);
+}
+
+/* A block freed while a copy on another GPU's stream may still read it (issue 14 finding 10):
+   the free waits for that copy. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open, opened_before_free_returned;
+} gate;
+static gate g_gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+static int k_gate(void* u) {
+    (void)u;
+    pthread_mutex_lock(&g_gate.mu);
+    while (!g_gate.open) pthread_cond_wait(&g_gate.cv, &g_gate.mu);
+    pthread_mutex_unlock(&g_gate.mu);
+    return 0;
+}
+static void* open_gate_later(void* u) {
+    struct timespec d = {0, 50000000};
+    (void)u;
+    nanosleep(&d, NULL);
+    pthread_mutex_lock(&g_gate.mu);
+    g_gate.open = 1;
+    pthread_cond_broadcast(&g_gate.cv);
+    pthread_mutex_unlock(&g_gate.mu);
+    return NULL;
+}
+static void test_free_waits_for_peer_copy(void) {
+    pp_cuda* c = NULL;
+    pp_error err;
+    pp_transport t0, t1;
+    pp_device_ops o0;
+    pp_request rs, rr;
+    int devs[2] = {0, 1}, i, bad = 0, opened;
+    unsigned char *x, *y = NULL, hy[4096];
+    pthread_t th;
+    if (!(c = two_ranks(devs, &t0, &t1))) return;
+    o0 = pp_cuda_device_ops(c, 0);
+    pp_cuda_bind(c, 0, &err);
+    x = (unsigned char*)o0.alloc(o0.user, 4096); /* a pool block of rank 0 */
+    cudaMemset(x, 7, 4096);
+    cudaDeviceSynchronize();
+    pp_cuda_bind(c, 1, &err);
+    cudaMalloc((void**)&y, 4096);
+    g_gate.open = 0;
+    fakecuda_launch(pp_cuda_stream(c, 1), k_gate, NULL); /* rank 1's stream is busy */
+    CHECK(t1.irecv(t1.self, 0, 1, y, 4096, &rr) == PP_OK, "irecv");
+    pp_cuda_bind(c, 0, &err);
+    CHECK(t0.isend(t0.self, 1, 1, x, 4096, &rs) == PP_OK, "isend");
+    pp_cuda_bind(c, 1, &err);
+    CHECK(t1.wait(t1.self, &rr, 5, &err) == PP_OK, "%s", err.msg); /* the copy waits behind the gate */
+    pp_cuda_bind(c, 0, &err);
+    CHECK(t0.wait(t0.self, &rs, 5, &err) == PP_OK, "%s", err.msg);
+    pthread_create(&th, NULL, open_gate_later, NULL);
+    o0.free(o0.user, x);
+    pthread_mutex_lock(&g_gate.mu);
+    opened = g_gate.open;
+    pthread_mutex_unlock(&g_gate.mu);
+    CHECK(opened, "a block was freed while a copy on another device's stream had still to read it");
+    pthread_join(th, NULL);
+    CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
+    cudaMemcpy(hy, y, 4096, cudaMemcpyDeviceToHost);
+    for (i = 0; i < 4096; i++) bad += hy[i] != 7;
+    CHECK(bad == 0, "%d bytes of the freed block's copy are wrong", bad);
+    cudaFree(y);
+    pp_cuda_destroy(c);
+    cudaSetDevice(0);
+}
+
 int main(void) {
     test_reuse_waits_for_copy();
+    test_free_waits_for_peer_copy();
+    test_cancel();
+    test_failure_reset(PP_SCHED_1F1B, 1, 1);
+    test_failure_reset(PP_SCHED_INTERLEAVED, 2, 0);
     test_transport_errors();
     test_equal();
     return TEST_DONE("cuda-host");

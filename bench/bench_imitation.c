@@ -1,0 +1,341 @@
+/* bench/bench_imitation.c - a GPU transport's host overhead, measured on the CUDA imitation.
+
+   Without a GPU the time a GPU step takes cannot be measured here, but what the host does for it
+   can: every CUDA runtime call and every host wait on device work is counted by tests/fakecuda.
+   For each transport and schedule this runs the example MLP for a few warm-up steps (the block
+   pool grows), then counts, over the measured steps, inside pp_stage_step on every rank:
+     calls/transfer   CUDA runtime calls of the transport (its functions and the block-reuse hook,
+                      which exists for transfers), per message moved
+     hooks/action     calls of the other device hooks (gradient zeroing, timeline marks, pool
+                      growth), per action; the layers' own kernel launches are not counted
+     waits/action     host waits on device work (stream/event/device synchronisation, copies
+                      to host memory, cudaFree), per action
+   The goal for a GPU transport on the steady path: at most 4 calls per transfer and no host
+   wait. #wrong counts layers whose gradient is not bit-identical to pp_sequential_step's; the
+   footer says OK or FAILED and the exit code agrees.
+
+     build/bench_imitation [--steps N] [--warmup N] [--smoke]
+
+   A transport is one entry of the table `transports` below: create a world for p ranks, bind a
+   rank (in its own thread: transport, device hooks, compute stream), begin and end a step,
+   destroy. Built with -Itests/fakecuda (and -Itests/fakenccl for NCCL transports). */
+#define PIPELINE_IMPLEMENTATION
+#include "pipeline_cuda.h"
+#include "examples/mlp.h"
+#include "tests/fakecuda/layer_kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROWS 64
+#define IN 8
+#define CLASSES 5
+static const int DIMS[MLP_DEPTH + 1] = {IN, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16, CLASSES};
+
+/* ---- transports ------------------------------------------------------------------------------- */
+
+typedef struct bench_env {
+    pp_transport transport;
+    pp_device_ops device;
+    cudaStream_t stream;        /* the rank's compute stream: layers launch there */
+} bench_env;
+
+typedef struct bench_transport {
+    const char* name;
+    void* (*create)(int p, const int* devices, pp_error* err);
+    pp_result (*bind)(void* world, int rank, bench_env* env, pp_error* err); /* in the rank's thread */
+    pp_result (*step_begin)(void* world, pp_error* err);
+    pp_result (*step_end)(void* world, pp_error* err);
+    void (*destroy)(void* world);
+} bench_transport;
+
+static void* cuda_create(int p, const int* devices, pp_error* err) {
+    pp_cuda* c = NULL;
+    pp_cuda_desc d;
+    memset(&d, 0, sizeof d);
+    d.n_ranks = p;
+    d.devices = devices;
+    return pp_cuda_create(&d, &c, err) == PP_OK ? c : NULL;
+}
+static pp_result cuda_bind(void* w, int rank, bench_env* env, pp_error* err) {
+    pp_cuda* c = (pp_cuda*)w;
+    env->transport = pp_cuda_transport(c, rank);
+    env->device = pp_cuda_device_ops(c, rank);
+    env->stream = pp_cuda_stream(c, rank);
+    return pp_cuda_bind(c, rank, err);
+}
+static pp_result cuda_step_begin(void* w, pp_error* err) { return pp_cuda_step_begin((pp_cuda*)w, err); }
+static pp_result cuda_step_end(void* w, pp_error* err) { return pp_cuda_step_end((pp_cuda*)w, NULL, err); }
+static void cuda_destroy(void* w) { pp_cuda_destroy((pp_cuda*)w); }
+
+static const bench_transport transports[] = {
+    {"pp_cuda", cuda_create, cuda_bind, cuda_step_begin, cuda_step_end, cuda_destroy},
+};
+
+/* ---- one configuration -------------------------------------------------------------------------- */
+
+/* the device hooks other than reuse, counted (calls of the calling thread) */
+typedef struct hook_count {
+    pp_device_ops inner;
+    uint64_t calls;
+} hook_count;
+static void* hc_alloc(void* u, size_t n) {
+    hook_count* h = (hook_count*)u;
+    uint64_t a = fakecuda_thread_calls();
+    void* p = h->inner.alloc(h->inner.user, n);
+    h->calls += fakecuda_thread_calls() - a;
+    return p;
+}
+static void hc_free(void* u, void* p) {
+    hook_count* h = (hook_count*)u;
+    uint64_t a = fakecuda_thread_calls();
+    h->inner.free(h->inner.user, p);
+    h->calls += fakecuda_thread_calls() - a;
+}
+static pp_result hc_zero(void* u, void* p, size_t n) {
+    hook_count* h = (hook_count*)u;
+    uint64_t a = fakecuda_thread_calls();
+    pp_result rc = h->inner.zero(h->inner.user, p, n);
+    h->calls += fakecuda_thread_calls() - a;
+    return rc;
+}
+static void hc_mark(void* u, const pp_action* x, int idx, int phase) {
+    hook_count* h = (hook_count*)u;
+    uint64_t a = fakecuda_thread_calls();
+    if (h->inner.mark) h->inner.mark(h->inner.user, x, idx, phase);
+    h->calls += fakecuda_thread_calls() - a;
+}
+static void hc_reuse(void* u, void* p, size_t n) { /* part of the transfers: not counted here */
+    hook_count* h = (hook_count*)u;
+    if (h->inner.reuse) h->inner.reuse(h->inner.user, p, n);
+}
+static pp_device_ops hook_counting(hook_count* h, pp_device_ops inner) {
+    pp_device_ops o = inner;
+    h->inner = inner;
+    h->calls = 0;
+    o.alloc = hc_alloc;
+    o.free = hc_free;
+    o.zero = hc_zero;
+    o.mark = hc_mark;
+    o.reuse = hc_reuse;
+    o.user = h;
+    return o;
+}
+
+typedef struct run {
+    const bench_transport* tr;
+    void* world;
+    int p;
+    pp_stage* st[PP_MAX_RANKS];
+    bench_env env[PP_MAX_RANKS];
+    hook_count hooks[PP_MAX_RANKS];
+    uint64_t step_calls[PP_MAX_RANKS]; /* runtime calls of the rank's thread inside pp_stage_step */
+    pp_stage_desc desc[PP_MAX_RANKS];
+    mlp_model g[PP_MAX_RANKS];
+    const pp_batch* b;
+    pp_result rc[PP_MAX_RANKS];
+    pp_step_stats stats[PP_MAX_RANKS];
+    pp_error err[PP_MAX_RANKS];
+} run;
+
+static pp_result rank_setup(int rank, void* user) {
+    run* R = (run*)user;
+    pp_result rc = R->tr->bind(R->world, rank, &R->env[rank], &R->err[rank]);
+    if (rc != PP_OK) return R->rc[rank] = rc;
+    R->desc[rank].transport = R->env[rank].transport;
+    R->desc[rank].device = hook_counting(&R->hooks[rank], R->env[rank].device);
+    R->desc[rank].layer_ctx = &R->env[rank].stream;
+    rc = pp_stage_create(&R->desc[rank], &R->st[rank], &R->err[rank]);
+    return R->rc[rank] = rc;
+}
+
+static pp_result rank_step(int rank, void* user) {
+    run* R = (run*)user;
+    pp_result rc = R->tr->bind(R->world, rank, &R->env[rank], &R->err[rank]);
+    uint64_t a = fakecuda_thread_calls();
+    if (rc == PP_OK) rc = pp_stage_step(R->st[rank], R->b, &R->stats[rank]);
+    R->step_calls[rank] += fakecuda_thread_calls() - a;
+    return R->rc[rank] = rc;
+}
+
+typedef struct result {
+    double transfers, actions, calls, transport, hooks, waits, blocked, polls;
+    double kinds[FAKECUDA_CALL_KINDS];
+    int wrong, failed;
+    char why[600];
+} result;
+
+static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, int v, int m, int warmup, int steps,
+                       const mlp_model* w, const mlp_model* gref, const pp_batch* b, result* out) {
+    static run R;
+    static float* gbuf[PP_MAX_RANKS];
+    pp_schedule sched;
+    pp_action* acts;
+    pp_error err;
+    int devs[PP_MAX_RANKS], first[64], r, s, l, k;
+    size_t n = pp_schedule_size(kind, p, v, m);
+    memset(out, 0, sizeof *out);
+    memset(&R, 0, sizeof R);
+    acts = (pp_action*)malloc(n * sizeof *acts);
+    if (!acts || pp_schedule_make(kind, p, v, m, acts, n, &sched, &err) != PP_OK ||
+        pp_partition_uniform(MLP_DEPTH + 1, p * v, first, &err) != PP_OK) {
+        snprintf(out->why, sizeof out->why, "schedule: %s", err.msg);
+        out->failed = 1;
+        free(acts);
+        return;
+    }
+    for (r = 0; r < p; r++) devs[r] = r % FAKECUDA_DEVICES;
+    R.tr = tr;
+    R.p = p;
+    R.b = b;
+    if (!(R.world = tr->create(p, devs, &err))) {
+        snprintf(out->why, sizeof out->why, "%s: %s", tr->name, err.msg);
+        out->failed = 1;
+        free(acts);
+        return;
+    }
+    for (r = 0; r < p; r++) {
+        mlp_model tmp;
+        memset(&tmp, 0, sizeof tmp);
+        R.g[r] = *w;
+        free(mlp_init(&tmp, &R.g[r], DIMS, 1, &gbuf[r]));
+        R.desc[r].model = layer_kernels_model(mlp_model_desc());
+        R.desc[r].weights = w;
+        R.desc[r].grads = &R.g[r];
+        R.desc[r].schedule = &sched;
+        R.desc[r].partition = first;
+        R.desc[r].rank = r;
+        R.desc[r].timeout_s = 30;
+    }
+    if (pp_threads_run(p, rank_setup, &R, &err) != PP_OK) {
+        for (r = 0; r < p && R.rc[r] == PP_OK; r++) {
+        }
+        snprintf(out->why, sizeof out->why, "setup rank %d: %s", r < p ? r : 0, r < p ? R.err[r].msg : err.msg);
+        out->failed = 1;
+    }
+    for (s = 0; s < warmup + steps && !out->failed; s++) {
+        fakecuda_stats a, z;
+        uint64_t launched0, sent = 0, step0 = 0, hooks0 = 0, step1 = 0, hooks1 = 0;
+        pp_result rc = tr->step_begin(R.world, &err);
+        fakecuda_stats_get(&a);
+        launched0 = layer_kernels_launched();
+        for (r = 0; r < p; r++) {
+            step0 += R.step_calls[r];
+            hooks0 += R.hooks[r].calls;
+        }
+        if (rc == PP_OK) rc = pp_threads_run(p, rank_step, &R, &err);
+        fakecuda_stats_get(&z);
+        for (r = 0; r < p; r++) {
+            step1 += R.step_calls[r];
+            hooks1 += R.hooks[r].calls;
+        }
+        if (rc == PP_OK) rc = tr->step_end(R.world, &err);
+        if (rc != PP_OK) {
+            for (r = 0; r < p && R.rc[r] == PP_OK; r++) {
+            }
+            snprintf(out->why, sizeof out->why, "step %d: %s", s, r < p ? pp_stage_error(R.st[r]) : err.msg);
+            out->failed = 1;
+            break;
+        }
+        if (s < warmup) continue;
+        for (r = 0; r < p; r++) sent += R.stats[r].msgs_sent;
+        out->transfers += (double)sent;
+        out->actions += (double)p * sched.per_rank;
+        for (k = 0; k < FAKECUDA_CALL_KINDS; k++) out->kinds[k] += (double)(z.calls[k] - a.calls[k]);
+        out->kinds[FAKECUDA_CALL_LAUNCH] -= (double)(layer_kernels_launched() - launched0); /* the model's, not ours */
+        out->hooks += (double)(hooks1 - hooks0);
+        out->transport += (double)(step1 - step0) - (double)(hooks1 - hooks0) - (double)(layer_kernels_launched() - launched0);
+        out->waits += (double)(z.host_waits - a.host_waits);
+        out->blocked += (double)(z.host_blocked - a.host_blocked);
+        out->polls += (double)(z.polls_not_ready - a.polls_not_ready);
+    }
+    for (k = 0; k < FAKECUDA_CALL_KINDS; k++) out->calls += out->kinds[k];
+    for (l = 0; !out->failed && l < MLP_DEPTH; l++) {
+        int stg, rank = 0, chunk;
+        size_t nw = (size_t)w->dense[l].in * w->dense[l].out, nb = (size_t)w->dense[l].out;
+        for (stg = 0; stg < p * v && !(l >= first[stg] && l < first[stg + 1]); stg++) {
+        }
+        pp_schedule_stage_rank(&sched, stg, &rank, &chunk);
+        out->wrong += memcmp(R.g[rank].dense[l].w, gref->dense[l].w, nw * sizeof(float)) != 0 ||
+                      memcmp(R.g[rank].dense[l].b, gref->dense[l].b, nb * sizeof(float)) != 0;
+    }
+    for (r = 0; r < p; r++) pp_stage_destroy(R.st[r]);
+    tr->destroy(R.world);
+    for (r = 0; r < p; r++) free(gbuf[r]);
+    free(acts);
+}
+
+int main(int argc, char** argv) {
+    static const struct {
+        pp_schedule_kind kind;
+        int p, v, m;
+    } configs[] = {{PP_SCHED_1F1B, 4, 1, 8}, {PP_SCHED_INTERLEAVED, 4, 2, 8}};
+    mlp_model w, gref;
+    float *wbuf, *gbuf, x[ROWS * IN], loss = 0;
+    int32_t y[ROWS];
+    pp_batch b;
+    pp_error err;
+    pp_model model = mlp_model_desc();
+    int steps = 3, warmup = 2, i, t, c, ok = 0, bad = 0;
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--smoke")) steps = warmup = 1;
+        else {
+            fprintf(stderr, "usage: %s [--steps N] [--warmup N] [--smoke]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (steps < 1) steps = 1;
+    if (warmup < 1) warmup = 1; /* the first step grows the pool: never measured */
+    memset(&w, 0, sizeof w);
+    wbuf = mlp_init(&w, &gref, DIMS, 21, &gbuf);
+    mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
+    memset(&b, 0, sizeof b);
+    b.m = 8;
+    b.input.data = x; /* host memory: the imitation's kernels read it directly */
+    b.input.rows = ROWS;
+    b.input.cols = IN;
+    b.input.dtype = PP_F32;
+    b.targets = y;
+    b.target_row_bytes = sizeof(int32_t);
+    for (i = 0; i < warmup + steps; i++)
+        if (pp_sequential_step(&model, &w, &gref, &b, &loss, &err) != PP_OK) {
+            fprintf(stderr, "sequential reference: %s\n", err.msg);
+            return 1;
+        }
+    printf("GPU transports' host work per step on the CUDA imitation (%d measured steps after %d warm-up)\n", steps, warmup);
+    printf("%-10s %-12s %2s %2s %2s %10s %8s %14s %13s %13s %7s\n", "transport", "schedule", "p", "v", "m", "transfers/step",
+           "actions", "calls/transfer", "hooks/action", "waits/action", "#wrong");
+    for (t = 0; t < (int)(sizeof transports / sizeof transports[0]); t++)
+        for (c = 0; c < (int)(sizeof configs / sizeof configs[0]); c++) {
+            result res;
+            double tr_per, k;
+            int kk;
+            b.m = configs[c].m;
+            run_config(&transports[t], configs[c].kind, configs[c].p, configs[c].v, configs[c].m, warmup, steps, &w, &gref,
+                       &b, &res);
+            if (res.failed) {
+                printf("%-10s %-12s %2d %2d %2d  FAILED: %s\n", transports[t].name, pp_schedule_name(configs[c].kind),
+                       configs[c].p, configs[c].v, configs[c].m, res.why);
+                bad++;
+                continue;
+            }
+            tr_per = res.transfers > 0 ? res.transport / res.transfers : 0;
+            printf("%-10s %-12s %2d %2d %2d %14.0f %8.0f %14.2f %13.2f %13.3f %7d\n", transports[t].name,
+                   pp_schedule_name(configs[c].kind), configs[c].p, configs[c].v, configs[c].m, res.transfers / steps,
+                   res.actions / steps, tr_per, res.actions > 0 ? res.hooks / res.actions : 0,
+                   res.actions > 0 ? res.waits / res.actions : 0, res.wrong);
+            printf("%-10s   every call in the steps, per transfer (%.2f):", "", res.calls / (res.transfers > 0 ? res.transfers : 1));
+            for (kk = 0; kk < FAKECUDA_CALL_KINDS; kk++)
+                if ((k = res.kinds[kk]) > 0) printf(" %s %.2f", fakecuda_call_name(kk), k / (res.transfers > 0 ? res.transfers : 1));
+            printf("\n");
+            if (res.wrong) bad++;
+            else ok++;
+        }
+    printf("%s\nbench_imitation: %d passed, %d failed\n", bad ? "FAILED" : "OK", ok, bad);
+    free(wbuf);
+    free(gbuf);
+    return bad ? 1 : 0;
+}
