@@ -1,8 +1,8 @@
 /* tests/test_cuda_pipeline.c - pipeline_cuda.h's one-process layer (pp_cuda_pipeline_create)
    against the imitation CUDA runtime (tests/fakecuda), without a GPU.
 
-   The MLP's layers are enqueued on the rank's stream (io->ctx is a pp_cuda_layer_ctx) with
-   cudaLaunchHostFunc, as kernels would be, so they run asynchronously after the host returned.
+   The MLP's layers are imitation kernels on the rank's stream (io->ctx is a pp_cuda_layer_ctx),
+   so they run asynchronously after the host returned and see device memory only as kernels do.
    Checked: every schedule, p in {1, 2, 4}, ranks on one device and spread over four, shared and
    per-rank gradients: bit-identical to pp_sequential_step after steps that return only when the
    streams are done; each layer saw its own rank's stream, device and the template's user
@@ -13,6 +13,7 @@
 #include "../pipeline_cuda.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "fakecuda/layer_kernels.h"
 
 #define ROWS 41
 #define IN 6
@@ -30,37 +31,19 @@ static int g_user; /* the template's layer_ctx: every layer must see its address
 static volatile int g_bad_ctx, g_fail_layer = -1;
 
 /* ---- the MLP's layers, enqueued on the rank's stream ---------------------------------------- */
-typedef struct job {
-    const void* w;
-    void* g;
-    int layer, bwd;
-    pp_layer_io io;
-} job;
-
-static void run_job(void* u) {
-    job* j = (job*)u;
-    pp_model m = mlp_model_desc();
-    if (j->bwd) m.backward(j->w, j->g, j->layer, &j->io);
-    else m.forward(j->w, j->layer, &j->io);
-    free(j);
-}
-
+/* Each layer is an imitation kernel (tests/fakecuda/layer_kernels.h): it runs on the rank's
+   stream after the host returned, and reaches the device blocks only through the imitation's
+   kernel mapping, as a GPU kernel would (the host cannot read device memory). The layer context
+   is a pp_cuda_layer_ctx, whose first member is the stream layer_kernels.h launches on. */
 static int enqueue(const void* w, void* g, int l, int bwd, pp_layer_io* io) {
     const pp_cuda_layer_ctx* lc = (const pp_cuda_layer_ctx*)io->ctx;
     int dev = -1;
-    job* j;
     if (!lc || lc->user != &g_user || cudaGetDevice(&dev) != cudaSuccess || dev != lc->device) {
         g_bad_ctx++;
         return 1;
     }
     if (!bwd && l == g_fail_layer && io->mb->index == 1) return 42;
-    if (!(j = (job*)malloc(sizeof *j))) return 1;
-    j->w = w;
-    j->g = g;
-    j->layer = l;
-    j->bwd = bwd;
-    j->io = *io; /* the executor's io is on its stack: the job keeps a copy */
-    return cudaLaunchHostFunc(lc->stream, run_job, j) == cudaSuccess ? 0 : 1;
+    return bwd ? lk_bwd(w, g, l, io) : lk_fwd(w, l, io);
 }
 static int a_fwd(const void* w, int l, pp_layer_io* io) { return enqueue(w, NULL, l, 0, io); }
 static int a_bwd(const void* w, void* g, int l, pp_layer_io* io) { return enqueue(w, g, l, 1, io); }
@@ -83,7 +66,7 @@ static pp_batch batch(void) {
 static pp_pipeline_desc desc(pp_schedule_kind kind, int p) {
     pp_pipeline_desc d;
     memset(&d, 0, sizeof d);
-    d.model = mlp_model_desc();
+    d.model = layer_kernels_model(mlp_model_desc());
     d.model.forward = a_fwd;
     d.model.backward = a_bwd;
     d.weights = &W;
