@@ -338,7 +338,7 @@ static int train(proc* P, const opts* o) {
     /* the weights were uploaded and the buffers zeroed on the legacy stream (cudaMemcpy from
        pageable memory returns before the bytes land), which the non-blocking streams below do
        not wait for: fence once here; the step loop fences each batch upload the same way */
-    if (!g_cpu && cudaDeviceSynchronize() != cudaSuccess) {
+    if (cudaDeviceSynchronize() != cudaSuccess) {
         fprintf(stderr, "gpt_nccl rank %d: uploading the weights failed\n", P->L.rank);
         rc = 1;
     }
