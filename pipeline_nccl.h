@@ -52,8 +52,10 @@
        d.device = pp_cuda_device_ops(c, 0);   // stream: pp_cuda_stream(c, 0) as `compute` above
        ... pp_stage_step, pp_tied_sum_grads(&pipe, pair, ...), pp_grad_allreduce(&dp, ...)
 
-   WHAT WAS RUN: this header compiles and links in CI (make check-nccl); it has not been run on
-   several GPUs (NCCL refuses two ranks on one GPU). See README, "Multi-process".
+   WHAT WAS RUN: this header compiles and links in CI (make check-nccl); examples/gpt_nccl -p 1
+   trained on an H200 (2026-11-26, docs/gpu.md), with the world split by pp_nccl_grid_create. It
+   has not been run on several GPUs (NCCL refuses two ranks on one GPU). See README,
+   "Multi-process".
 */
 #ifndef PIPELINE_NCCL_H
 #define PIPELINE_NCCL_H
@@ -91,12 +93,17 @@ pp_result pp_nccl_comm_init(const pp_launch* L, const ncclUniqueId* id, double t
 
 /* The pp x dp grid over a world communicator: pipe (rank grid.pp_rank) and dp (rank
    grid.dp_rank), both on the compute stream given. Needs ncclCommSplit (NCCL >= 2.18); older
-   NCCL answers PP_ERR_UNSUPPORTED. */
+   NCCL answers PP_ERR_UNSUPPORTED. The world communicator is non-blocking (pp_nccl_comm_init):
+   NCCL writes a split's new communicator only once the parent's state leaves ncclInProgress, so
+   each split first waits for the world, then for the new communicator. If the world does not
+   settle before timeout_s (PP_ERR_TIMEOUT), NCCL may still write into g: abort the world
+   (ncclCommAbort) before g goes away. */
 typedef struct pp_nccl_grid {
     pp_grid grid;
     pp_nccl* pipe;
     pp_nccl* dp;
     pp_nccl* tied;              /* first and last stage rank of this pipeline; NULL between */
+    ncclComm_t split_out[3];    /* private: where NCCL writes the new communicators (pipe, dp, tied) */
 } pp_nccl_grid;
 
 pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cudaStream_t compute, double timeout_s,
@@ -619,6 +626,38 @@ static pp_result _ppn_settle(ncclComm_t c, double deadline, const char* what, pp
     }
 }
 
+#if NCCL_VERSION_CODE >= 21800
+/* One split of a non-blocking parent. NCCL fills *out only once the parent's state leaves
+   ncclInProgress [NCCL issue 1472; init.cc: the split runs as a job of the parent], so the
+   parent settles first, then the new communicator (absent for NCCL_SPLIT_NOCOLOR). */
+static pp_result _ppn_split(ncclComm_t parent, int color, int key, ncclComm_t* out, double deadline, const char* what,
+                            pp_error* err) {
+    ncclResult_t r, st = ncclInProgress;
+    pp_result r2;
+    *out = NULL;
+    r = ncclCommSplit(parent, color, key, out, NULL);
+    if (r != ncclSuccess && r != ncclInProgress) return _pp_fail(err, PP_ERR_TRANSPORT, "%s: %s", what, ncclGetErrorString(r));
+    while (st == ncclInProgress) {
+        if (ncclCommGetAsyncError(parent, &st) != ncclSuccess) st = ncclInternalError;
+        if (st == ncclInProgress) {
+            if (_pp_now() > deadline)
+                return _pp_fail(err, PP_ERR_TIMEOUT,
+                                "%s: the world communicator did not settle before the deadline (abort it)", what);
+            _ppn_sleep_us(1000);
+        }
+    }
+    if (st != ncclSuccess) {
+        if (*out) ncclCommAbort(*out);
+        *out = NULL;
+        return _pp_fail(err, PP_ERR_TRANSPORT, "%s: world communicator: %s", what, ncclGetErrorString(st));
+    }
+    if (!*out) return PP_OK; /* NCCL_SPLIT_NOCOLOR */
+    r2 = _ppn_settle(*out, deadline, what, err);
+    if (r2 != PP_OK) *out = NULL; /* _ppn_settle aborted it */
+    return r2;
+}
+#endif
+
 pp_result pp_nccl_comm_init(const pp_launch* L, const ncclUniqueId* id, double timeout_s, ncclComm_t* comm,
                             pp_error* err) {
     int ndev = 0;
@@ -648,38 +687,29 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
     double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
     pp_nccl_desc d;
     pp_result rc;
-    ncclResult_t r;
     if (!g) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
     memset(g, 0, sizeof *g);
     if (!world || ncclCommCount(world, &n) != ncclSuccess || ncclCommUserRank(world, &me) != ncclSuccess)
         return _pp_fail(err, PP_ERR_INVALID, "world communicator is not usable");
     if ((rc = pp_grid_make(n, me, pp, order, &g->grid, err)) != PP_OK) return rc;
-    /* every rank calls both splits, in the same order */
+    /* every rank calls the three splits, in the same order */
     pp_grid_pipe_split(&g->grid, &color, &key);
-    r = ncclCommSplit(world, color, key, &pipe, NULL);
-    if (r != ncclSuccess && r != ncclInProgress) return _pp_fail(err, PP_ERR_TRANSPORT, "ncclCommSplit (pipeline): %s", ncclGetErrorString(r));
-    if ((rc = _ppn_settle(pipe, deadline, "ncclCommSplit (pipeline)", err)) != PP_OK) return rc;
-    pp_grid_dp_split(&g->grid, &color, &key);
-    r = ncclCommSplit(world, color, key, &dp, NULL);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        ncclCommDestroy(pipe);
-        return _pp_fail(err, PP_ERR_TRANSPORT, "ncclCommSplit (data-parallel): %s", ncclGetErrorString(r));
+    rc = _ppn_split(world, color, key, &g->split_out[0], deadline, "ncclCommSplit (pipeline)", err);
+    if (rc == PP_OK) {
+        pp_grid_dp_split(&g->grid, &color, &key);
+        rc = _ppn_split(world, color, key, &g->split_out[1], deadline, "ncclCommSplit (data-parallel)", err);
     }
-    if ((rc = _ppn_settle(dp, deadline, "ncclCommSplit (data-parallel)", err)) != PP_OK) {
-        ncclCommDestroy(pipe);
-        return rc;
+    if (rc == PP_OK) { /* the tied pair: ranks in none pass NCCL_SPLIT_NOCOLOR and get no communicator */
+        pp_grid_tied_split(&g->grid, &color, &key);
+        rc = _ppn_split(world, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &g->split_out[2], deadline,
+                        "ncclCommSplit (tied pair)", err);
     }
-    /* the tied pair: ranks in none pass NCCL_SPLIT_NOCOLOR and get no communicator */
-    pp_grid_tied_split(&g->grid, &color, &key);
-    r = ncclCommSplit(world, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &tied, NULL);
-    if (r != ncclSuccess && r != ncclInProgress) {
-        ncclCommDestroy(pipe);
-        ncclCommDestroy(dp);
-        return _pp_fail(err, PP_ERR_TRANSPORT, "ncclCommSplit (tied pair): %s", ncclGetErrorString(r));
-    }
-    if (tied && (rc = _ppn_settle(tied, deadline, "ncclCommSplit (tied pair)", err)) != PP_OK) {
-        ncclCommDestroy(pipe);
-        ncclCommDestroy(dp);
+    pipe = g->split_out[0];
+    dp = g->split_out[1];
+    tied = g->split_out[2];
+    if (rc != PP_OK) { /* the finished splits go; a split the world still runs may yet write its slot */
+        for (int k = 0; k < 3; k++)
+            if (g->split_out[k]) ncclCommDestroy(g->split_out[k]);
         return rc;
     }
     memset(&d, 0, sizeof d);

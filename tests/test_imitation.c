@@ -294,6 +294,26 @@ static void r_split_nonblocking(world* w, int r) {
     cudaFree(x);
 }
 
+/* A non-blocking parent: the child pointer is written only once the parent is seen settled
+   [NCCL issue 1472]. The known-bad client polls the child straight after the split (as
+   pp_nccl_grid_create did: "internal error" on an H200, then a crash when NCCL wrote the
+   pointer into a returned stack frame); the good one polls the parent first. */
+static void r_split_child_first(world* w, int r) {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclComm_t child = NULL;
+    ncclResult_t st = ncclSuccess;
+    cfg.blocking = 0;
+    w->rc[r] = ncclCommInitRankConfig(&w->comm[r], w->n, w->id, r, &cfg);
+    poll_ready(w->comm[r]);
+    w->rc2[r] = ncclCommSplit(w->comm[r], 0, r, &child, NULL);
+    /* bad: the child straight away */
+    w->flag[r] = child == NULL && ncclCommGetAsyncError(child, &st) != ncclSuccess;
+    /* good: the parent, then the child */
+    w->ok[r] = poll_ready(w->comm[r]) == ncclSuccess && child != NULL && poll_ready(child) == ncclSuccess;
+    if (child) ncclCommDestroy(child);
+    ncclCommDestroy(w->comm[r]);
+}
+
 /* [UG: ncclCommSplit]: colour groups, order by key then parent rank, NOCOLOR -> NULL, a NULL
    config inherits the parent's. */
 static void test_split(void) {
@@ -310,6 +330,14 @@ static void test_split(void) {
     for (r = 0; r < 2; r++) {
         CHECK(w.rc2[r] == ncclInProgress && w.ok[r], "rank %d: non-blocking split %d, ready %d", r, (int)w.rc2[r], w.ok[r]);
         CHECK(w.flag[r] == ncclInProgress && w.ok2[r], "rank %d: the child is not non-blocking (%d) or its all-reduce hung", r, w.flag[r]);
+    }
+    for (int n = 1; n <= 2; n++) {
+        world_init(&w, n);
+        run_ranks(&w, r_split_child_first);
+        for (r = 0; r < n; r++) {
+            CHECK(w.flag[r], "world %d rank %d: the child was usable before its parent settled", n, r);
+            CHECK(w.ok[r], "world %d rank %d: polling the parent, then the child, did not give a child", n, r);
+        }
     }
 }
 

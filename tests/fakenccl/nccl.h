@@ -232,7 +232,8 @@ typedef struct fn_split {
     uint64_t seq;
     int arrived, done;
     int *color, *key, *blocking;
-    ncclComm_t** out;
+    ncclComm_t** out;           /* [n] each rank's newcomm argument */
+    ncclComm_t* child;          /* [n] made, not yet written (non-blocking parents) */
 } fn_split;
 
 typedef struct fn_clique {
@@ -362,6 +363,9 @@ static inline ncclResult_t fn_state(struct ncclComm* c) {
     if (c->state == ncclInProgress || c->jobs > 0 || fn_now() < c->ready_at) return ncclInProgress;
     if (c->split) {
         if (!c->split->done) return ncclInProgress;
+        /* "the ptr value of child comm will not be filled until the state of parent comm is
+           ncclSuccess" [NCCL issue 1472; init.cc: the split is a job of the parent]: written now */
+        if (c->split->child[c->rank]) *c->split->out[c->rank] = c->split->child[c->rank];
         c->split = NULL; /* the record stays with the clique */
     }
     if (c->finalizing)
@@ -1069,6 +1073,7 @@ static inline void fn_clique_free(fn_clique* cl) {
         free(s->key);
         free(s->blocking);
         free(s->out);
+        free(s->child);
         free(s);
     }
     free(cl->comms);
@@ -1270,7 +1275,10 @@ static inline void fn_split_done(fn_clique* parent, fn_split* s) {
         for (j = 0; j < m; j++) {
             int pr = order[j];
             struct ncclComm* c = fn_comm_new(cl, j, parent->comms[pr]->dev, s->blocking[pr]);
-            if (c) *s->out[pr] = c;
+            /* a blocking parent returns with *newcomm set; a non-blocking one gets it written
+               when its own state is next seen leaving ncclInProgress (fn_state) */
+            if (c && parent->comms[pr]->blocking) *s->out[pr] = c;
+            else s->child[pr] = c;
         }
         cl->joined = m;
         for (j = 0; j < m && cl->comms[j]; j++) {
@@ -1310,13 +1318,15 @@ static inline ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nc
             s->key = (int*)calloc((size_t)n, sizeof(int));
             s->blocking = (int*)calloc((size_t)n, sizeof(int));
             s->out = (ncclComm_t**)calloc((size_t)n, sizeof(ncclComm_t*));
+            s->child = (ncclComm_t*)calloc((size_t)n, sizeof(ncclComm_t));
         }
-        if (!s || !s->color || !s->key || !s->blocking || !s->out) {
+        if (!s || !s->color || !s->key || !s->blocking || !s->out || !s->child) {
             if (s) {
                 free(s->color);
                 free(s->key);
                 free(s->blocking);
                 free(s->out);
+        free(s->child);
             }
             free(s);
             pthread_mutex_unlock(&fn_mu);
