@@ -4157,7 +4157,9 @@ static void _pp_block_free(pp_stage* s, _pp_block* b) {
    (up to _PP_RETIRE_WAIT_S): the pool then grows the same way every step instead of with the
    timing. A timeout only means the pool grows; the wait is bounded, so it cannot deadlock.
    Returns the retiring block if it fits better than `limit` (the best free block's cap, 0 if
-   none), else NULL. */
+   none), else NULL. Among blocks of the same size the one freed longest ago wins (blocks are
+   pushed at the head, so the last match): its receiver has most likely taken the data already,
+   so a GPU transport need not copy it early (pipeline_cuda.h, _ppc_side_copy). */
 #ifndef _PP_RETIRE_WAIT_S
 #define _PP_RETIRE_WAIT_S 1.0
 #endif
@@ -4165,7 +4167,7 @@ static _pp_block* _pp_block_wait_retiring(pp_stage* s, size_t bytes, size_t limi
     _pp_block **bp, **bestp = NULL, *b;
     int i;
     for (bp = &s->retiring; (b = *bp) != NULL; bp = &b->next)
-        if (b->cap >= bytes && (!limit || b->cap < limit) && (!bestp || b->cap < (*bestp)->cap)) bestp = bp;
+        if (b->cap >= bytes && (!limit || b->cap < limit) && (!bestp || b->cap <= (*bestp)->cap)) bestp = bp;
     if (!bestp) return NULL;
     b = *bestp;
     for (i = 0; i < b->n_req; i++)
@@ -4184,7 +4186,7 @@ static _pp_block* _pp_block_wait_retiring(pp_stage* s, size_t bytes, size_t limi
 static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
     _pp_block *b, *best = NULL, **bp, **bestp = NULL;
     for (bp = &s->pool; (b = *bp) != NULL; bp = &b->next)
-        if (b->cap >= bytes && (!best || b->cap < best->cap)) {
+        if (b->cap >= bytes && (!best || b->cap <= best->cap)) {
             best = b;
             bestp = bp;
         }

@@ -197,10 +197,12 @@ typedef struct _ppc_msg {
     int copied;                 /* the copy is enqueued (device) or done (host), or will never be */
     int dropped;                /* no copy: the receive was withdrawn, or the sizes differ */
     int send_done, recv_done;   /* each side released it */
+    int side;                   /* copied early on the sender's stream (its block was reused) */
     pp_result rc;
-    cudaEvent_t es;             /* sender's device: its data is ready */
+    cudaEvent_t es;             /* sender's device: its data is ready (side: the copy is done) */
     cudaEvent_t ec;             /* receiver's device: the copy is done */
-    uint64_t es_seq, ec_seq;    /* their places among the records on their streams */
+    cudaEvent_t er;             /* receiver's device: the receive block's earlier uses are done */
+    uint64_t es_seq, ec_seq, er_seq; /* their places among the records on their streams */
     char emsg[200];             /* what went wrong, for the side that reports it */
 } _ppc_msg;
 
@@ -330,8 +332,9 @@ static _ppc_msg* _ppc_msg_new_locked(pp_cuda* c) {
    World lock held. */
 static void _ppc_msg_release_locked(pp_cuda* c, _ppc_msg* m) {
     _ppc_ev_put_locked(&c->r[m->dst], m->ec);
+    _ppc_ev_put_locked(&c->r[m->dst], m->er);
     _ppc_ev_put_locked(&c->r[m->src], m->es);
-    m->ec = m->es = NULL;
+    m->ec = m->er = m->es = NULL;
     m->live = 0;
     m->held = 0;
     m->gen++; /* requests of this use are stale from now on */
@@ -468,6 +471,22 @@ static pp_result _ppc_send_finish(_ppc_rank* me, _ppc_msg* m) {
     return rc;
 }
 
+/* World lock held, m copied: a copy the sender made early on its own stream (_ppc_reuse) is
+   ordered before this rank's later work by a wait on its completion event (skipped when the
+   stream already waited for a later record of the sender's stream). */
+static pp_result _ppc_side_wait_locked(_ppc_rank* me, _ppc_msg* m) {
+    cudaError_t e;
+    if (!m->side || m->dropped || !m->es || me->seen[m->src] >= m->es_seq) return PP_OK;
+    if ((e = cudaStreamWaitEvent(me->stream, m->es, 0)) != cudaSuccess) {
+        snprintf(m->emsg, sizeof m->emsg, "CUDA error %d (%s) in cudaStreamWaitEvent(copy made by rank %d done)", (int)e,
+                 cudaGetErrorString(e), m->src);
+        (void)cudaGetLastError();
+        return PP_ERR_TRANSPORT;
+    }
+    me->seen[m->src] = m->es_seq;
+    return PP_OK;
+}
+
 /* The receiver's side: the copy is enqueued on its own stream (nothing more to wait for on the
    device), or was done on the host. Receiver's thread, m matched. */
 static pp_result _ppc_recv_finish(_ppc_rank* me, _ppc_msg* m) {
@@ -476,6 +495,7 @@ static pp_result _ppc_recv_finish(_ppc_rank* me, _ppc_msg* m) {
     pthread_mutex_lock(&c->mu);
     _ppc_copy_now_locked(c, m);
     rc = m->rc;
+    if (rc == PP_OK) rc = _ppc_side_wait_locked(me, m);
     if (rc != PP_OK) snprintf(me->err, sizeof me->err, "%s", m->emsg);
     m->recv_done = 1;
     if (m->send_done && !m->held) _ppc_msg_release_locked(c, m);
@@ -495,6 +515,46 @@ static void _ppc_unhold_locked(pp_cuda* c, _ppc_msg* m) {
     if (m->recv_done) _ppc_msg_release_locked(c, m);
 }
 
+/* The sender's early copy (m->copying set by the caller, world lock not held): on the sender's
+   stream, after the receive block is free (er), then m->es is recorded again to mark the copy
+   done for the receiver (_ppc_side_wait_locked). Sender's thread. */
+static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
+    const _ppc_rank* dst = &c->r[m->dst];
+    cudaError_t e = cudaSuccess;
+    const char* what = "cudaStreamWaitEvent(receive block free)";
+    pp_result rc = PP_OK;
+    int skip;
+    pthread_mutex_lock(&c->mu);
+    skip = r->seen[m->dst] >= m->er_seq;
+    pthread_mutex_unlock(&c->mu);
+    if (!skip) e = cudaStreamWaitEvent(r->stream, m->er, 0);
+    if (e == cudaSuccess) {
+        what = "cudaMemcpyPeerAsync (early copy)";
+        if (r->dev == dst->dev) e = cudaMemcpyAsync(m->rbuf, m->sbuf, m->rbytes, cudaMemcpyDeviceToDevice, r->stream);
+        else e = cudaMemcpyPeerAsync(m->rbuf, dst->dev, m->sbuf, r->dev, m->rbytes, r->stream);
+    }
+    pthread_mutex_lock(&c->mu);
+    if (e == cudaSuccess && !skip && m->er_seq > r->seen[m->dst]) r->seen[m->dst] = m->er_seq;
+    if (e == cudaSuccess) {
+        what = "cudaEventRecord(early copy done)";
+        e = cudaEventRecord(m->es, r->stream);
+        m->es_seq = ++r->rec_seq;
+    }
+    if (e != cudaSuccess) {
+        rc = e == cudaErrorMemoryAllocation ? PP_ERR_NOMEM : PP_ERR_TRANSPORT;
+        snprintf(m->emsg, sizeof m->emsg, "CUDA error %d (%s) in %s, copying %zu bytes from rank %d to rank %d", (int)e,
+                 cudaGetErrorString(e), what, m->rbytes, m->src, m->dst);
+        (void)cudaGetLastError();
+        m->dropped = 1;
+    }
+    m->rc = rc;
+    m->side = 1;
+    m->copied = 1;
+    m->copying = 0;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* Device ops reuse hook: a pooled block [ptr, ptr + bytes) is about to be written again. The
    rank's stream waits for every copy that may still read it, unless it already waited for a
    later event of the copy's stream; a copy its receiver has not yet enqueued is enqueued now
@@ -511,8 +571,18 @@ static void _ppc_reuse(void* user, void* ptr, size_t bytes) {
         for (m = r->reading; m; m = m->pnext) {
             const char* s0 = (const char*)m->sbuf;
             if (!(s0 < b && s0 + m->sbytes > a)) continue;
-            _ppc_copy_now_locked(c, m); /* may drop the lock: start over afterwards */
-            if (!m->dropped && m->ec && r->seen[m->dst] < m->ec_seq) {
+            if (!m->copied && !m->copying && !m->dropped && m->er && m->es && !m->r_host) {
+                /* the receiver has not pulled it yet: copy now on this rank's stream, after
+                   the data (stream order) and after the receive block's earlier uses (er).
+                   On the receiver's stream the copy would wait there for this rank's data
+                   ahead of work that does not need it. */
+                m->copying = 1;
+                pthread_mutex_unlock(&c->mu);
+                _ppc_side_copy(c, r, m);
+                pthread_mutex_lock(&c->mu);
+            } else
+                _ppc_copy_now_locked(c, m); /* may drop the lock: start over afterwards */
+            if (!m->side && !m->dropped && m->ec && r->seen[m->dst] < m->ec_seq) {
                 cudaError_t e = cudaStreamWaitEvent(r->stream, m->ec, 0);
                 if (e != cudaSuccess) _ppc_note(r, e, "cudaStreamWaitEvent(copy done, before a block is reused)");
                 else r->seen[m->dst] = m->ec_seq;
@@ -598,22 +668,37 @@ static pp_result _ppc_irecv(void* self, int peer, int tag, void* buf, size_t byt
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
     _ppc_msg* m;
-    cudaEvent_t ec = NULL;
+    cudaEvent_t ec = NULL, er = NULL;
     cudaError_t e;
     int host, copy_now;
     if (!req || peer < 0 || peer >= c->n || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
     host = _ppc_is_host(me, buf);
-    if (!host && bytes && (e = _ppc_ev_get(c, me, &ec)) != cudaSuccess) {
-        _ppc_note(me, e, "irecv (an event for the copy)");
+    if (!host && bytes && ((e = _ppc_ev_get(c, me, &ec)) != cudaSuccess || (e = _ppc_ev_get(c, me, &er)) != cudaSuccess)) {
+        pthread_mutex_lock(&c->mu);
+        _ppc_ev_put_locked(me, ec);
+        pthread_mutex_unlock(&c->mu);
+        _ppc_note(me, e, "irecv (events for the copy)");
         return PP_ERR_TRANSPORT;
     }
     pthread_mutex_lock(&c->mu);
+    /* the block's earlier uses are all enqueued (the pool handed it out): mark them, so that a
+       sender copying early (_ppc_side_copy) writes the block only after them */
+    if (er && (e = cudaEventRecord(er, me->stream)) != cudaSuccess) {
+        _ppc_ev_put_locked(me, ec);
+        _ppc_ev_put_locked(me, er);
+        pthread_mutex_unlock(&c->mu);
+        _ppc_note(me, e, "irecv (recording the block-free event)");
+        return PP_ERR_TRANSPORT;
+    }
     if (!(m = _ppc_post_locked(c, &me->queue, peer, me->rank, tag, 1))) {
         _ppc_ev_put_locked(me, ec);
+        _ppc_ev_put_locked(me, er);
         pthread_mutex_unlock(&c->mu);
         return PP_ERR_NOMEM;
     }
+    m->er = er;
+    m->er_seq = er ? ++me->rec_seq : 0;
     m->has_recv = 1;
     m->rbuf = buf;
     m->rbytes = bytes;
@@ -757,6 +842,7 @@ static pp_result _ppc_cancel(void* self, pp_request* req) {
             m->es = NULL;
         }
         while (!m->copied) pthread_cond_wait(&c->cv, &c->mu);
+        (void)_ppc_side_wait_locked(me, m); /* a sender's early copy may still write the block */
         m->recv_done = 1;
         if (m->send_done && !m->held) _ppc_msg_release_locked(c, m);
     } else {
