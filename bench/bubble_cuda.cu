@@ -5,16 +5,19 @@
    run at the same time on one GPU, and the step can be compared with the simulator's ideal
    makespan for the same schedule and the same F/B times (transfers cost 0 in the ideal).
    Measured = the step's span on the CUDA event timeline (first action start to last action
-   end), averaged over steps after warm-up. GPipe, 1F1B and interleaved (v = 2, F/2 per chunk)
-   at p in {4, 8}, m in {8, 32}. Goal: measured / ideal <= 1.03.
+   end), averaged over steps after warm-up. GPipe, 1F1B, interleaved (v = 2, F/2 per chunk),
+   ZB-H1 and ZB-V (no weight_grad: W costs 0) at p in {4, 8}, m in {8, 32}. Goal: measured / ideal <= 1.03.
 
    Part 2: activation copy bandwidth through the library's transport (isend/irecv/wait between
    two ranks, event-ordered device copies) against a raw cudaMemcpyAsync of the same bytes,
    4 KiB .. 256 MiB, nccl-tests style, with a #wrong column from checking every byte moved. With
    two GPUs the same again between GPU 0 and GPU 1 (peer copies).
 
-     build/bubble_cuda [--f-us 1000] [--steps 5] [--quick]
+     build/bubble_cuda [--f-us 1000] [--steps 5] [--quick] [--detail KIND P M]
 
+   --detail runs one configuration and prints, per rank, how long the GPU sat idle and how much
+   of that it waited for the host (the action started within 30 us of being enqueued), then the
+   last step action by action. 
    Exit code 1 only if data moved wrongly (#wrong) or a run failed; the ratios are reported. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_cuda.h"
@@ -30,12 +33,39 @@ __device__ static inline unsigned long long gtimer(void) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-/* one block, one thread: busy for ns nanoseconds of GPU time, then touches the output */
-__global__ void k_spin(long long ns, float* out) {
+/* one block, one thread: busy for ns nanoseconds of GPU time, then touches the output; stamp
+   (when given) gets the GPU clock at the start */
+__global__ void k_spin(long long ns, float* out, unsigned long long* stamp) {
     unsigned long long t0 = gtimer();
+    if (stamp) *stamp = t0;
     while ((long long)(gtimer() - t0) < ns) {
     }
     if (out) out[0] = 1.0f;
+}
+
+/* --detail: per action, when the host enqueued it (CLOCK_REALTIME) and when the GPU started it
+   (%globaltimer, which the driver keeps close to the host's real-time clock) */
+#define DETAIL_MAX 1024
+typedef struct detail_log {
+    unsigned long long* d_stamp;        /* [PP_MAX_RANKS][DETAIL_MAX] on the device */
+    double host[PP_MAX_RANKS][DETAIL_MAX];
+    char what[PP_MAX_RANKS][DETAIL_MAX];
+    int n[PP_MAX_RANKS];
+} detail_log;
+static detail_log* g_detail;
+static double real_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static unsigned long long* detail_slot(int rank, char what) {
+    detail_log* D = g_detail;
+    int i;
+    if (!D || (i = D->n[rank]) >= DETAIL_MAX) return NULL;
+    D->n[rank]++;
+    D->host[rank][i] = real_s();
+    D->what[rank][i] = what;
+    return D->d_stamp + (size_t)rank * DETAIL_MAX + i;
 }
 
 typedef struct spin_params {
@@ -44,6 +74,7 @@ typedef struct spin_params {
 
 typedef struct spin_ctx {
     cudaStream_t st;
+    int rank;
     long long f_ns, b_ns;       /* per layer */
 } spin_ctx;
 
@@ -52,14 +83,14 @@ typedef struct spin_ctx {
 
 static int spin_fwd(const spin_params* p, pp_layer_io* io) {
     const spin_ctx* cx = (const spin_ctx*)io->ctx;
-    k_spin<<<1, 1, 0, cx->st>>>(cx->f_ns, p->last ? (float*)NULL : (float*)io->out[0].data);
+    k_spin<<<1, 1, 0, cx->st>>>(cx->f_ns, p->last ? (float*)NULL : (float*)io->out[0].data, detail_slot(cx->rank, 'F'));
     return cudaGetLastError() == cudaSuccess ? 0 : 9;
 }
 static int spin_bwd(const spin_params* p, spin_params* g, pp_layer_io* io) {
     const spin_ctx* cx = (const spin_ctx*)io->ctx;
     (void)p;
     (void)g;
-    k_spin<<<1, 1, 0, cx->st>>>(cx->b_ns, (float*)io->d_in[0].data);
+    k_spin<<<1, 1, 0, cx->st>>>(cx->b_ns, (float*)io->d_in[0].data, detail_slot(cx->rank, 'B'));
     return cudaGetLastError() == cudaSuccess ? 0 : 9;
 }
 static void spin_desc(const spin_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
@@ -141,11 +172,15 @@ static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int
     R.b = &b;
     for (r = 0; r < p; r++) {
         pp_stage_desc d;
-        pp_model model = spinm_model_desc();
-        model.n_layers = S;
+        spinm_counts cnt;
+        pp_model model;
+        memset(&cnt, 0, sizeof cnt);
+        cnt.spin = S; /* the list's count is a capacity: S spin layers in use */
+        model = spinm_model_desc_counts(cnt);
         cx[r].st = pp_cuda_stream(R.c, r);
         cx[r].f_ns = f_ns;
         cx[r].b_ns = b_ns;
+        cx[r].rank = r;
         memset(&d, 0, sizeof d);
         d.model = model;
         d.weights = &w;
@@ -163,6 +198,7 @@ static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int
         }
     }
     for (int s = 0; s < steps + 1; s++) {
+        if (g_detail) memset(g_detail->n, 0, sizeof g_detail->n); /* the last step's record stays */
         if (pp_cuda_step_begin(R.c, &err) != PP_OK) goto done;
         if (pp_threads_run(p, srank, &R, &err) != PP_OK) {
             for (r = 0; r < p; r++)
@@ -304,16 +340,90 @@ static int copy_table(int d0, int d1, int quick) {
     return fails;
 }
 
+/* One configuration's last step, action by action: where the GPU waited, and whether for the
+   host (enqueued less than 30 us before it started) or for another rank's data. */
+static int detail(pp_schedule_kind kind, int p, int m, double f_us) {
+    static detail_log D;
+    double meas = 0, ideal = 0, bm = 0, bs = 0, t0 = 1e300;
+    int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
+    unsigned long long* st = (unsigned long long*)malloc(sizeof(unsigned long long) * PP_MAX_RANKS * DETAIL_MAX);
+    memset(&D, 0, sizeof D);
+    if (!st || cudaMalloc(&D.d_stamp, sizeof(unsigned long long) * PP_MAX_RANKS * DETAIL_MAX) != cudaSuccess) return 1;
+    g_detail = &D;
+    if (run_spin(kind, p, v, m, f_us, 2, &meas, &ideal, &bm, &bs)) return 1;
+    g_detail = NULL;
+    if (cudaMemcpy(st, D.d_stamp, sizeof(unsigned long long) * PP_MAX_RANKS * DETAIL_MAX, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return 1;
+    for (int r = 0; r < p; r++)
+        for (int i = 0; i < D.n[r]; i++) {
+            double g = 1e-9 * (double)st[r * DETAIL_MAX + i];
+            if (g < t0) t0 = g;
+            if (D.host[r][i] < t0) t0 = D.host[r][i];
+        }
+    printf("# --detail %s p=%d v=%d m=%d: ideal %.3f ms, measured %.3f ms (last step); times in ms from the first event\n",
+           pp_schedule_name(kind), p, v, m, 1e3 * ideal, 1e3 * meas);
+    printf("# per rank: gap = GPU idle before an action; host-late = the action started < 30 us after the host\n"
+           "#   enqueued it (the GPU waited for the host); lag = GPU start - host enqueue\n");
+    printf("%4s %8s %12s %14s %12s %14s %12s\n", "rank", "actions", "idle (ms)", "host-late (ms)", "#host-late",
+           "median lag", "min lag (us)");
+    for (int r = 0; r < p; r++) {
+        double idle = 0, late = 0, prev_end = -1, minlag = 1e9;
+        int nlate = 0, n = D.n[r];
+        double lags[DETAIL_MAX];
+        for (int i = 0; i < n; i++) {
+            double g = 1e-9 * (double)st[r * DETAIL_MAX + i] - t0, h = D.host[r][i] - t0;
+            double dur = 1e-9 * (double)(D.what[r][i] == 'F' ? (long long)(f_us * 1000.0 / v) : (long long)(2 * f_us * 1000.0 / v));
+            double gap = prev_end >= 0 ? g - prev_end : 0, lag = g - h;
+            lags[i] = lag;
+            if (lag < minlag) minlag = lag;
+            if (gap > 0) idle += gap;
+            if (gap > 2e-6 && lag < 30e-6) {
+                late += gap;
+                nlate++;
+            }
+            prev_end = g + dur;
+        }
+        for (int i = 1; i < n; i++) /* insertion sort for the median */
+            for (int j = i; j > 0 && lags[j - 1] > lags[j]; j--) {
+                double x = lags[j];
+                lags[j] = lags[j - 1];
+                lags[j - 1] = x;
+            }
+        printf("%4d %8d %12.3f %14.3f %12d %11.1f us %12.1f\n", r, n, 1e3 * idle, 1e3 * late, nlate, n ? 1e6 * lags[n / 2] : 0,
+               1e6 * minlag);
+    }
+    printf("# rank 0..%d action by action: what host(ms) gpu(ms) gap(us)\n", p - 1);
+    for (int r = 0; r < p; r++) {
+        double prev_end = -1;
+        printf("r%d:", r);
+        for (int i = 0; i < D.n[r]; i++) {
+            double g = 1e-9 * (double)st[r * DETAIL_MAX + i] - t0, h = D.host[r][i] - t0;
+            double dur = 1e-9 * (double)(D.what[r][i] == 'F' ? (long long)(f_us * 1000.0 / v) : (long long)(2 * f_us * 1000.0 / v));
+            printf(" %c %.3f %.3f %.0f;", D.what[r][i], 1e3 * h, 1e3 * g, prev_end >= 0 ? 1e6 * (g - prev_end) : 0.0);
+            prev_end = g + dur;
+        }
+        printf("\n");
+    }
+    cudaFree(D.d_stamp);
+    free(st);
+    return 0;
+}
+
 int main(int argc, char** argv) {
     double f_us = 1000;
-    int steps = 5, quick = 0, ndev = 0, fails = 0;
+    int steps = 5, quick = 0, ndev = 0, fails = 0, dp = 0, dm = 0;
+    pp_schedule_kind dk = PP_SCHED_1F1B;
     double worst = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--f-us") && i + 1 < argc) f_us = atof(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = 1;
-        else {
-            fprintf(stderr, "usage: bubble_cuda [--f-us 1000] [--steps 5] [--quick]\n");
+        else if (!strcmp(argv[i], "--detail") && i + 3 < argc && pp_schedule_kind_parse(argv[i + 1], &dk) == PP_OK) {
+            dp = atoi(argv[i + 2]);
+            dm = atoi(argv[i + 3]);
+            i += 3;
+        } else {
+            fprintf(stderr, "usage: bubble_cuda [--f-us 1000] [--steps 5] [--quick] [--detail KIND P M]\n");
             return 2;
         }
     }
@@ -321,11 +431,12 @@ int main(int argc, char** argv) {
         printf("bubble_cuda: no CUDA device, skipped\n");
         return 0;
     }
+    if (dp > 0) return detail(dk, dp, dm, f_us);
     printf("# bubble_cuda: spin stages on one GPU (one SM each), F = %.0f us per stage (F/v per chunk), B = 2F\n", f_us);
     printf("# measured = step span on the CUDA event timeline, mean of %d steps after one warm-up\n", steps);
     printf("%-12s %3s %3s %4s %12s %12s %8s %10s %10s\n", "schedule", "p", "v", "m", "ideal (ms)", "measured", "ratio",
            "bubble sim", "measured");
-    for (int kind = 0; kind <= PP_SCHED_INTERLEAVED; kind++) /* GPipe, 1F1B, interleaved */
+    for (int kind = 0; kind <= PP_SCHED_ZB_V; kind++) /* GPipe, 1F1B, interleaved, ZB-H1, ZB-V (W = 0) */
         for (int p = 4; p <= 8; p *= 2)
             for (int m = 8; m <= 32; m *= 4) {
                 int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;

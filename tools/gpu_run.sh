@@ -1,0 +1,62 @@
+#!/bin/sh
+# The GPU checks in one call: build (unless build/ already holds sm_90 binaries), test_cuda,
+# gpt_cuda --check for every schedule, bubble_cuda, gpt_nccl -p 1, gpt_cuda --bench, then the
+# compute-sanitizer tools on test_cuda --quick, bubble_cuda --detail, gpt_cuda --bench (and with
+# PP_GPU_LONG=1 set, the same at C=512, 8 blocks), while time is left.
+#   sh tools/gpu_run.sh [OUTDIR] [SECONDS]      (defaults: ./gpu-out, 400)
+# Each section has its own timeout; sections are skipped once SECONDS have passed. Logs go to
+# OUTDIR (at most 8 files); the summary is printed last.
+out=${1:-gpu-out}
+budget=${2:-400}
+mkdir -p "$out"
+t0=$(date +%s)
+sum="$out/summary.txt"
+: > "$sum"
+left() { echo $((budget - ($(date +%s) - t0))); }
+# run NAME LOG TIMEOUT CMD...: runs CMD with a timeout, appends to LOG, records rc and seconds
+run() {
+    name=$1; log=$2; to=$3; shift 3
+    if [ "$(left)" -lt 5 ]; then echo "$name: skipped (out of time)" | tee -a "$sum"; return; fi
+    [ "$to" -gt "$(left)" ] && to=$(left)
+    s=$(date +%s)
+    echo "=== $name: $*" >> "$log"
+    timeout -k 5 "$to" "$@" >> "$log" 2>&1
+    rc=$?
+    echo "$name: rc=$rc ($(( $(date +%s) - s )) s)" | tee -a "$sum" >> "$log"
+}
+
+command -v compute-sanitizer >/dev/null || PATH="$PATH:/usr/local/cuda/bin:$(dirname "$(find /usr/local /opt -name compute-sanitizer -type f 2>/dev/null | head -1)")"
+{ date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv;
+  nvcc --version | tail -2; uname -r; nproc; } > "$out/env.log" 2>&1
+# NCCL: the toolkit's, else the one the Python packages carry
+nccl=$(ls /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null || find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
+[ -n "$nccl" ] && export LD_LIBRARY_PATH="$(dirname "$nccl"):${LD_LIBRARY_PATH}"
+cudart=$(find /usr/local/cuda*/ /opt -name 'libcudart.so.13' 2>/dev/null | head -1)
+[ -n "$cudart" ] && export LD_LIBRARY_PATH="$(dirname "$cudart"):${LD_LIBRARY_PATH}"
+echo "libnccl: ${nccl:-not found}; libcudart: ${cudart:-not found}" >> "$out/env.log"
+
+if ! build/test_cuda --probe >> "$out/env.log" 2>&1; then
+    echo "prebuilt test_cuda did not start: building here" >> "$out/env.log"
+    run build "$out/env.log" 120 make -j16 cuda
+fi
+run gpt_nccl_ldd "$out/env.log" 5 sh -c 'ldd build/gpt_nccl-nompi | grep -E "nccl|cudart"'
+
+run test_cuda "$out/test_cuda.log" 90 build/test_cuda
+for s in gpipe 1f1b interleaved zb-h1 zb-v; do
+    run "gpt_cuda --check $s" "$out/gpt_check.log" 30 build/gpt_cuda -p 4 --schedule "$s" --check --steps 5
+done
+run bubble_cuda "$out/bubble.log" 60 build/bubble_cuda
+run "bubble_cuda MAX_CONNECTIONS=32" "$out/bubble.log" 60 env CUDA_DEVICE_MAX_CONNECTIONS=32 build/bubble_cuda --quick
+rm -f /tmp/pp_nccl_id
+run "gpt_nccl -p 1 id-file" "$out/nccl.log" 40 build/gpt_nccl-nompi -p 1 -m 4 --steps 3 --id-file /tmp/pp_nccl_id --timeout 30
+run "gpt_nccl -p 1" "$out/nccl.log" 30 env NCCL_DEBUG=WARN build/gpt_nccl-nompi -p 1 -m 4 --steps 3
+[ "$rc" = 0 ] || run "gpt_nccl -p 1 under cuda-gdb" "$out/nccl.log" 60 cuda-gdb -batch -ex run -ex bt --args build/gpt_nccl-nompi -p 1 -m 4 --steps 3
+for tool in memcheck synccheck racecheck initcheck; do
+    run "sanitizer $tool" "$out/test_cuda.log" 60 compute-sanitizer --tool $tool --error-exitcode 1 build/test_cuda --quick
+done
+run "bubble_cuda --detail 1f1b 4 32" "$out/detail.log" 30 build/bubble_cuda --detail 1f1b 4 32
+run "gpt_cuda --bench" "$out/bench.log" 45 build/gpt_cuda --bench
+[ -n "$PP_GPU_LONG" ] && run "gpt_cuda --bench C=512 L=8" "$out/bench.log" 60 build/gpt_cuda --bench --dim 512 --heads 8 --layers 8
+echo "--- $(( $(date +%s) - t0 )) s"
+for f in "$out"/*.log; do echo "##### $f"; grep -E "passed|failed|FAIL|rror|ratio|OK|step|bench|ERROR|====|bubble|copies|MiB|loss" "$f" | tail -25; done
+cat "$sum"
