@@ -4154,8 +4154,11 @@ static void _pp_block_free(pp_stage* s, _pp_block* b) {
    leaves blocks retiring for as long as the receiver's host thread takes to get there, a race
    between host threads. So the best fit is chosen among free AND retiring blocks, as if every
    send had completed at once (what the host path sees), and a retiring choice is waited for
-   (up to _PP_RETIRE_WAIT_S): the pool then grows the same way every step instead of with the
-   timing. A timeout only means the pool grows; the wait is bounded, so it cannot deadlock.
+   (up to _PP_RETIRE_WAIT_S) when no free block fits: the pool then grows the same way every
+   step instead of with the timing. A timeout only means the pool grows; the wait is bounded, so
+   it cannot deadlock. When a free block fits (limit > 0), a retiring block whose sends are not
+   all done yet is passed over without waiting: two ranks can each wait here for the other to
+   post the receive of its send (interleaved on an H200: 1 s lost per such wait, every step).
    Returns the retiring block if it fits better than `limit` (the best free block's cap, 0 if
    none), else NULL. Among blocks of the same size the one freed longest ago wins (blocks are
    pushed at the head, so the last match): its receiver has most likely taken the data already,
@@ -4173,7 +4176,12 @@ static _pp_block* _pp_block_wait_retiring(pp_stage* s, size_t bytes, size_t limi
     for (i = 0; i < b->n_req; i++)
         if (!b->req[i].done) {
             pp_error scratch;
-            if (s->d.transport.wait(s->d.transport.self, &b->req[i], _PP_RETIRE_WAIT_S, &scratch) != PP_OK) return NULL;
+            int done = 0;
+            if (limit) { /* a free block fits: take this one only if it is ready now */
+                if (!s->d.transport.test || s->d.transport.test(s->d.transport.self, &b->req[i], &done) != PP_OK || !done)
+                    return NULL;
+            } else if (s->d.transport.wait(s->d.transport.self, &b->req[i], _PP_RETIRE_WAIT_S, &scratch) != PP_OK)
+                return NULL;
             b->req[i].done = 1;
         }
     /* the wait may have unlinked nothing, but list order is unchanged: bestp is still valid */
