@@ -79,13 +79,13 @@ $(B)/gpt_nccl.o: $(GPT_NCCL_SRC) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $(GPT_NCCL_MPI_CFLAGS) -c $< -o $@
 
 $(B)/gpt_nccl: $(B)/gpt_nccl.o
-	$(CXX) $< -o $@ $(GPT_NCCL_MPI_LIBS) $(NCCL_LIBS) -lpthread
+	$(CXX) $< -o $@ $(GPT_NCCL_MPI_LIBS) $(NCCL_LIBS) -lcublas -lpthread
 
 $(B)/gpt_nccl-nompi.o: $(GPT_NCCL_SRC) | $(B)
 	$(NVCC) $(NVFLAGS) -I. -c $< -o $@
 
 $(B)/gpt_nccl-nompi: $(B)/gpt_nccl-nompi.o
-	$(CXX) $< -o $@ $(NCCL_LIBS) -lpthread
+	$(CXX) $< -o $@ $(NCCL_LIBS) -lcublas -lpthread
 
 # `make cuda` builds every .cu: this one too where NCCL is
 ifeq ($(HAVE_NCCL),1)

@@ -17,7 +17,7 @@
      build/gpt_cuda [--schedule gpipe|1f1b|interleaved] [-p 4] [-v 2] [-m 8] [--steps 40]
                     [--gpus N] [--text FILE | --generated] [--seqs-per-step 64] [--max-len 128]
                     [--dim 128] [--heads 4] [--layers 4] [--lr 1e-3] [--trace FILE]
-                    [--check] [--bench] [--cpu] [--gradcheck]
+                    [--check] [--bench] [--cpu] [--gradcheck] [--gemm cublas|naive] [--vs-naive]
 
    Prints per step: loss, tokens/s, the measured bubble (CUDA event timeline) and, at the end,
    the GPU memory each stage's block pool holds next to the parameter and gradient bytes.
@@ -25,7 +25,13 @@
    --check        trains the same steps unpipelined (p = 1, one stream) from the same start and
                   requires the loss curve and final weights to be BIT-IDENTICAL (exit 1 if not):
                   the kernels are deterministic (one thread per output, fixed summation order, no
-                  atomics) and gradients accumulate in ascending micro-batch order on every schedule
+                  atomics; cuBLAS with atomics off computes the same bits for the same shapes, and
+                  a micro-batch has the same shapes pipelined or not) and gradients accumulate in
+                  ascending micro-batch order on every schedule
+   --gemm naive   the matrix products as plain kernels (one thread per output) instead of cuBLAS
+                  (cublasSgemm, full fp32: the default on a GPU)
+   --vs-naive     trains again with --gemm naive and compares the loss curves: the largest
+                  relative difference must stay under 1e-4 (exit 1 if not)
    --bench        times steps at the configured p against p = 1 on the same GPU and prints the ratio
    --trace FILE   Chrome trace JSON (ui.perfetto.dev) of the last step, one track per rank
    --cpu          runs the same layer code on the host (threads transport, host blocks): the
@@ -60,6 +66,8 @@ typedef struct cfg {
     const char* text;
     const char* trace;
     int generated, check, bench, gradcheck, cpu;
+    int naive;                  /* --gemm naive: the matrix products as plain kernels, not cuBLAS */
+    int vs_naive;               /* --vs-naive: the same run with the naive kernels, losses compared */
 } cfg;
 
 typedef struct run_out {
@@ -108,6 +116,9 @@ static void set_device(const trainer* t, int d) {
 }
 
 static void trainer_free(trainer* t) {
+    if (!t->cpu) cudaDeviceSynchronize();
+    gptc_blas_destroy(t->run.blas); /* before the streams its handles are bound to */
+    t->run.blas = NULL;
     pp_pipeline_destroy(t->pl);
     for (int r = 0; r < t->p; r++) {
         set_device(t, t->dev[r]);
@@ -147,6 +158,7 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
     t->n_dev = n_dev;
     t->cpu = c->cpu;
     t->run.cpu = c->cpu;
+    if (!c->cpu && !c->naive && !(t->run.blas = gptc_blas_create())) return 1;
     t->run.cfg.V = GPT_DATA_VOCAB;
     t->run.cfg.maxT = c->max_len;
     t->run.cfg.C = c->dim;
@@ -498,7 +510,8 @@ static int gradcheck(const cfg* c0) {
 static int usage(void) {
     fprintf(stderr, "usage: gpt_cuda [--schedule gpipe|1f1b|interleaved] [-p N] [-v N] [-m N] [--steps N] [--gpus N]\n"
                     "                [--text FILE | --generated] [--seqs-per-step N] [--max-len N] [--dim N] [--heads N]\n"
-                    "                [--layers N] [--lr X] [--trace FILE] [--check] [--bench] [--cpu] [--gradcheck]\n");
+                    "                [--layers N] [--lr X] [--trace FILE] [--check] [--bench] [--cpu] [--gradcheck]\n"
+                    "                [--gemm cublas|naive] [--vs-naive]\n");
     return 2;
 }
 
@@ -537,6 +550,10 @@ int main(int argc, char** argv) {
         else if (ARG("--layers")) c.layers = atoi(n);
         else if (ARG("--lr")) c.lr = (float)atof(n);
         else if (ARG("--trace")) c.trace = n;
+        else if (ARG("--gemm")) {
+            if (strcmp(n, "naive") && strcmp(n, "cublas")) return usage();
+            c.naive = !strcmp(n, "naive");
+        } else if (!strcmp(a, "--vs-naive")) c.vs_naive = 1;
         else if (!strcmp(a, "--generated")) c.generated = 1;
         else if (!strcmp(a, "--check")) c.check = 1;
         else if (!strcmp(a, "--bench")) c.bench = 1;
@@ -585,6 +602,26 @@ int main(int argc, char** argv) {
         free(a.final_params);
         free(b.final_params);
         return 0;
+    }
+    if (c.vs_naive && !c.cpu) {
+        run_out a, b;
+        cfg cn = c;
+        double worst = 0;
+        cn.naive = 1;
+        c.naive = 0;
+        if (train(&c, c.p, c.kind, c.v, c.gpus, 0, &a) || train(&cn, c.p, c.kind, c.v, c.gpus, 0, &b)) return 1;
+        for (int s = 0; s < c.steps && s < 1024; s++) {
+            double d = fabs((double)a.loss[s] - (double)b.loss[s]) / (fabs((double)b.loss[s]) + 1e-12);
+            if (d > worst) worst = d;
+        }
+        printf("vs-naive: %d steps, cuBLAS %.3f ms/step, naive %.3f ms/step (%.2fx), final loss %.6f vs %.6f, largest relative "
+               "loss difference %.2e -> %s\n",
+               c.steps, 1e3 * a.step_time_mean, 1e3 * b.step_time_mean,
+               a.step_time_mean > 0 ? b.step_time_mean / a.step_time_mean : 0.0, a.loss[c.steps - 1], b.loss[c.steps - 1], worst,
+               worst <= 1e-4 ? "OK" : "FAILED");
+        free(a.final_params);
+        free(b.final_params);
+        return worst <= 1e-4 ? 0 : 1;
     }
     {
         run_out a;

@@ -14,6 +14,7 @@
 #define GPT_CUDA_H
 
 #include <cuda_runtime.h>
+#include <cublas_v2.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,6 +152,18 @@ struct gptc_mm_bwd_w_op {
             for (int r = 0; r < T; r++) acc += dy[(size_t)r * out + o];
             gb[o] += acc;
         }
+    }
+};
+/* y (T, out) = b broadcast over rows (before a cuBLAS product adds x W) */
+struct gptc_bias_fill_op {
+    GPTC_HD void at(int i, const float* b, float* y, int out) { y[i] = b[i % out]; }
+};
+/* gb (out) += column sums of dy (T, out): one thread per column, rows in order */
+struct gptc_colsum_op {
+    GPTC_HD void at(int o, const float* dy, float* gb, int T, int out) {
+        float acc = 0;
+        for (int r = 0; r < T; r++) acc += dy[(size_t)r * out + o];
+        gb[o] += acc;
     }
 };
 /* tied head: logits (T, V) = xn (T, C) wte^T */
@@ -354,11 +367,54 @@ typedef struct gptc_tables {
 } gptc_tables;
 
 /* The model's context (pp_model.ctx): what every layer reads besides its parameters. */
+/* cuBLAS handles, one per stream (a handle is bound to one stream and used by one thread at a
+   time; each rank's layers run on the rank's thread and stream), made on first use. */
+#define GPTC_MAX_HANDLES 64
+typedef struct gptc_blas {
+    pthread_mutex_t mu;
+    int n;
+    cudaStream_t st[GPTC_MAX_HANDLES];
+    cublasHandle_t h[GPTC_MAX_HANDLES];
+} gptc_blas;
+
 typedef struct gptc_run {
     gptc_config cfg;
     int cpu;                        /* run every op as a host loop on host memory */
     gptc_tables tab[GPTC_MAX_DEV];  /* by the layer's device (pp_cuda_layer_ctx.device; 0 on the host) */
+    gptc_blas* blas;                /* matrix products through cuBLAS (gptc_blas_create); NULL: the naive kernels */
 } gptc_run;
+
+static gptc_blas* gptc_blas_create(void) {
+    gptc_blas* b = (gptc_blas*)calloc(1, sizeof *b);
+    if (b) pthread_mutex_init(&b->mu, NULL);
+    return b;
+}
+static void gptc_blas_destroy(gptc_blas* b) {
+    if (!b) return;
+    for (int i = 0; i < b->n; i++) cublasDestroy(b->h[i]);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}
+/* the handle for stream st, made on the calling thread's current device; NULL if none can be */
+static cublasHandle_t gptc_blas_handle(gptc_blas* b, cudaStream_t st) {
+    cublasHandle_t h = NULL;
+    pthread_mutex_lock(&b->mu);
+    for (int i = 0; i < b->n; i++)
+        if (b->st[i] == st) h = b->h[i];
+    if (!h && b->n < GPTC_MAX_HANDLES && cublasCreate(&h) == CUBLAS_STATUS_SUCCESS) {
+        /* full fp32 (no TF32), and no atomics: the same bits at every run */
+        if (cublasSetStream(h, st) != CUBLAS_STATUS_SUCCESS || cublasSetMathMode(h, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS ||
+            cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED) != CUBLAS_STATUS_SUCCESS) {
+            cublasDestroy(h);
+            h = NULL;
+        } else {
+            b->st[b->n] = st;
+            b->h[b->n++] = h;
+        }
+    }
+    pthread_mutex_unlock(&b->mu);
+    return h;
+}
 
 /* What one layer call works with: the run, its stream and its device's tables. */
 typedef struct gptc_env {
@@ -367,6 +423,7 @@ typedef struct gptc_env {
     cudaStream_t st;
     const gptc_tables* tab;
     int cpu;
+    cublasHandle_t blas;            /* NULL: the naive kernels (or host loops) */
 } gptc_env;
 
 static int gptc_env_of(const pp_layer_io* io, gptc_env* e) {
@@ -378,7 +435,61 @@ static int gptc_env_of(const pp_layer_io* io, gptc_env* e) {
     e->st = lc ? lc->stream : (cudaStream_t)0;
     e->tab = &e->run->tab[dev];
     e->cpu = e->run->cpu;
+    e->blas = NULL;
+    if (!e->cpu && e->run->blas && !(e->blas = gptc_blas_handle(e->run->blas, e->st))) return 1;
     return 0;
+}
+
+/* return the error of a launch */
+#define GPTC_TRY(x)             \
+    do {                        \
+        int e_ = (x);           \
+        if (e_) return e_;      \
+    } while (0)
+
+/* ---- matrix products: cuBLAS when e->blas, else the naive kernels (or host loops) ----------
+   Row-major A (r, c) is column-major (c, r) with leading dimension c: each product below is
+   the column-major form of the row-major one in its comment. */
+static const float gptc_one = 1.0f, gptc_fzero = 0.0f;
+#define GPTC_BLAS(call) ((call) == CUBLAS_STATUS_SUCCESS ? 0 : 8)
+
+/* y (T, out) = x (T, in) W (in, out) + b */
+static int gptc_mm_fwd(const gptc_env* e, const float* x, const float* W, const float* b, float* y, int T, int in, int out) {
+    if (!e->blas) return gptc_op<gptc_mm_fwd_op>(e->cpu, e->st, T * out, x, W, b, y, in, out);
+    if (T <= 0) return 0;
+    GPTC_TRY(gptc_op<gptc_bias_fill_op>(0, e->st, T * out, b, y, out));
+    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_N, out, T, in, &gptc_one, W, out, x, in, &gptc_one, y, out));
+}
+/* dx (T, in) = dy (T, out) W^T */
+static int gptc_mm_bwd_x(const gptc_env* e, const float* dy, const float* W, float* dx, int T, int in, int out) {
+    if (!e->blas) return gptc_op<gptc_mm_bwd_x_op>(e->cpu, e->st, T * in, dy, W, dx, in, out);
+    if (T <= 0) return 0;
+    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, in, T, out, &gptc_one, W, out, dy, out, &gptc_fzero, dx, in));
+}
+/* gW (in, out) += x^T dy, gb (out) += column sums of dy */
+static int gptc_mm_bwd_w(const gptc_env* e, const float* x, const float* dy, float* gW, float* gb, int T, int in, int out) {
+    if (!e->blas) return gptc_op<gptc_mm_bwd_w_op>(e->cpu, e->st, in * out + out, x, dy, gW, gb, T, in, out);
+    if (T <= 0) return 0;
+    GPTC_TRY(GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_T, out, in, T, &gptc_one, dy, out, x, in, &gptc_one, gW, out)));
+    return gptc_op<gptc_colsum_op>(0, e->st, out, dy, gb, T, out);
+}
+/* logits (T, V) = xn (T, C) wte^T */
+static int gptc_head_fwd(const gptc_env* e, const float* xn, const float* wte, float* logits, int T, int C, int V) {
+    if (!e->blas) return gptc_op<gptc_head_fwd_op>(e->cpu, e->st, T * V, xn, wte, logits, C, V);
+    if (T <= 0) return 0;
+    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, V, T, C, &gptc_one, wte, C, xn, C, &gptc_fzero, logits, V));
+}
+/* dxn (T, C) = dl (T, V) wte (V, C) */
+static int gptc_head_bwd_x(const gptc_env* e, const float* dl, const float* wte, float* dxn, int T, int C, int V) {
+    if (!e->blas) return gptc_op<gptc_head_bwd_x_op>(e->cpu, e->st, T * C, dl, wte, dxn, C, V);
+    if (T <= 0) return 0;
+    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, T, V, &gptc_one, wte, C, dl, V, &gptc_fzero, dxn, C));
+}
+/* g (V, C) += dl^T xn */
+static int gptc_head_bwd_w(const gptc_env* e, const float* xn, const float* dl, float* g, int T, int C, int V) {
+    if (!e->blas) return gptc_op<gptc_head_bwd_w_op>(e->cpu, e->st, V * C, xn, dl, g, T, C, V);
+    if (T <= 0) return 0;
+    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_T, C, V, T, &gptc_one, xn, C, dl, V, &gptc_one, g, C));
 }
 
 static size_t gptc_block_numel(const gptc_config* g) {
@@ -436,13 +547,6 @@ static size_t gptc_hsave_carve(gptc_hsave* s, float* p, size_t T, size_t C, size
     return (size_t)(p - b) * sizeof(float);
 }
 
-/* return the error of a launch */
-#define GPTC_TRY(x)             \
-    do {                        \
-        int e_ = (x);           \
-        if (e_) return e_;      \
-    } while (0)
-
 static int gptc_embed_fwd(const gptc_embed_p* w, pp_layer_io* io) {
     gptc_env e;
     if (gptc_env_of(io, &e)) return 1;
@@ -469,19 +573,15 @@ static int gptc_block_fwd(const gptc_block_p* b, pp_layer_io* io) {
     gptc_bsave s;
     if (gptc_bsave_carve(&s, (float*)io->saved, T, C, H) > io->saved_bytes) return 2;
     GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, x, (const float*)b->ln1_g, (const float*)b->ln1_b, s.ln1, s.mu1, s.rs1, C));
-    GPTC_TRY(gptc_op<gptc_mm_fwd_op>(cpu, st, T * 3 * C, (const float*)s.ln1, (const float*)b->qkv_w, (const float*)b->qkv_b, s.qkv, C,
-                                     3 * C));
+    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.ln1, (const float*)b->qkv_w, (const float*)b->qkv_b, s.qkv, T, C, 3 * C));
     GPTC_TRY(gptc_op<gptc_attn_fwd_op>(cpu, st, T * H, (const float*)s.qkv, e.tab->sstart, row0, s.att, s.lse, C, H));
-    GPTC_TRY(gptc_op<gptc_mm_fwd_op>(cpu, st, T * C, (const float*)s.att, (const float*)b->proj_w, (const float*)b->proj_b, s.dxmid, C,
-                                     C));
+    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.att, (const float*)b->proj_w, (const float*)b->proj_b, s.dxmid, T, C, C));
     GPTC_TRY(gptc_op<gptc_add_op>(cpu, st, T * C, x, (const float*)s.dxmid, s.xmid)); /* dxmid is free until backward */
     GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, (const float*)s.xmid, (const float*)b->ln2_g, (const float*)b->ln2_b, s.ln2, s.mu2,
                                      s.rs2, C));
-    GPTC_TRY(gptc_op<gptc_mm_fwd_op>(cpu, st, T * 4 * C, (const float*)s.ln2, (const float*)b->fc_w, (const float*)b->fc_b, s.fcpre, C,
-                                     4 * C));
+    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.ln2, (const float*)b->fc_w, (const float*)b->fc_b, s.fcpre, T, C, 4 * C));
     GPTC_TRY(gptc_op<gptc_gelu_fwd_op>(cpu, st, T * 4 * C, (const float*)s.fcpre, s.fcact));
-    GPTC_TRY(gptc_op<gptc_mm_fwd_op>(cpu, st, T * C, (const float*)s.fcact, (const float*)b->fcp_w, (const float*)b->fcp_b, s.dln,
-                                     4 * C, C));
+    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.fcact, (const float*)b->fcp_w, (const float*)b->fcp_b, s.dln, T, 4 * C, C));
     return gptc_op<gptc_add_op>(cpu, st, T * C, (const float*)s.xmid, (const float*)s.dln, y);
 }
 
@@ -495,28 +595,25 @@ static int gptc_block_bwd(const gptc_block_p* b, gptc_block_p* gb, pp_layer_io* 
     gptc_bsave s;
     if (gptc_bsave_carve(&s, (float*)io->saved, T, C, H) > io->saved_bytes) return 2;
     /* MLP: y = xmid + fcp(gelu(fc(ln2(xmid)))) */
-    GPTC_TRY(gptc_op<gptc_mm_bwd_w_op>(cpu, st, 4 * C * C + C, (const float*)s.fcact, dy, gb->fcp_w, gb->fcp_b, T, 4 * C, C));
-    GPTC_TRY(gptc_op<gptc_mm_bwd_x_op>(cpu, st, T * 4 * C, dy, (const float*)b->fcp_w, s.dfc, 4 * C, C));
+    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.fcact, dy, gb->fcp_w, gb->fcp_b, T, 4 * C, C));
+    GPTC_TRY(gptc_mm_bwd_x(&e, dy, (const float*)b->fcp_w, s.dfc, T, 4 * C, C));
     GPTC_TRY(gptc_op<gptc_gelu_bwd_op>(cpu, st, T * 4 * C, (const float*)s.fcpre, s.dfc));
-    GPTC_TRY(gptc_op<gptc_mm_bwd_w_op>(cpu, st, C * 4 * C + 4 * C, (const float*)s.ln2, (const float*)s.dfc, gb->fc_w, gb->fc_b, T, C,
-                                       4 * C));
-    GPTC_TRY(gptc_op<gptc_mm_bwd_x_op>(cpu, st, T * C, (const float*)s.dfc, (const float*)b->fc_w, s.dln, C, 4 * C));
+    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.ln2, (const float*)s.dfc, gb->fc_w, gb->fc_b, T, C, 4 * C));
+    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dfc, (const float*)b->fc_w, s.dln, T, C, 4 * C));
     GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dln, (const float*)s.xmid, (const float*)s.mu2, (const float*)s.rs2,
                                        gb->ln2_g, gb->ln2_b, T, C));
     GPTC_TRY(gptc_op<gptc_ln_bwd_x_op>(cpu, st, T, (const float*)s.dln, (const float*)s.xmid, (const float*)s.mu2, (const float*)s.rs2,
                                        (const float*)b->ln2_g, dy, s.dxmid, C));
     /* attention: xmid = x + proj(attn(qkv(ln1(x)))) */
-    GPTC_TRY(gptc_op<gptc_mm_bwd_w_op>(cpu, st, C * C + C, (const float*)s.att, (const float*)s.dxmid, gb->proj_w, gb->proj_b, T, C,
-                                       C));
-    GPTC_TRY(gptc_op<gptc_mm_bwd_x_op>(cpu, st, T * C, (const float*)s.dxmid, (const float*)b->proj_w, s.datt, C, C));
+    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.att, (const float*)s.dxmid, gb->proj_w, gb->proj_b, T, C, C));
+    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dxmid, (const float*)b->proj_w, s.datt, T, C, C));
     GPTC_TRY(gptc_op<gptc_attn_d_op>(cpu, st, T * H, (const float*)s.datt, (const float*)s.att, s.D, C, H));
     GPTC_TRY(gptc_op<gptc_attn_dq_op>(cpu, st, T * H, (const float*)s.qkv, (const float*)s.datt, (const float*)s.lse,
                                       (const float*)s.D, e.tab->sstart, row0, s.dqkv, C, H));
     GPTC_TRY(gptc_op<gptc_attn_dkv_op>(cpu, st, T * H, (const float*)s.qkv, (const float*)s.datt, (const float*)s.lse,
                                        (const float*)s.D, e.tab->send, row0, s.dqkv, C, H));
-    GPTC_TRY(gptc_op<gptc_mm_bwd_w_op>(cpu, st, C * 3 * C + 3 * C, (const float*)s.ln1, (const float*)s.dqkv, gb->qkv_w, gb->qkv_b, T,
-                                       C, 3 * C));
-    GPTC_TRY(gptc_op<gptc_mm_bwd_x_op>(cpu, st, T * C, (const float*)s.dqkv, (const float*)b->qkv_w, s.dln, C, 3 * C));
+    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.ln1, (const float*)s.dqkv, gb->qkv_w, gb->qkv_b, T, C, 3 * C));
+    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dqkv, (const float*)b->qkv_w, s.dln, T, C, 3 * C));
     GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dln, x, (const float*)s.mu1, (const float*)s.rs1, gb->ln1_g,
                                        gb->ln1_b, T, C));
     if (dx)
@@ -535,7 +632,7 @@ static int gptc_head_fwd(const gptc_head_p* w, pp_layer_io* io) {
     if (gptc_hsave_carve(&s, (float*)io->saved, T, C, V) > io->saved_bytes || !e.tab->mb_loss) return 2;
     GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, (const float*)io->in[0].data, (const float*)w->lnf_g, (const float*)w->lnf_b, s.xn,
                                      s.mu, s.rs, C));
-    GPTC_TRY(gptc_op<gptc_head_fwd_op>(cpu, st, T * V, (const float*)s.xn, (const float*)w->wte, s.logits, C, V));
+    GPTC_TRY(gptc_head_fwd(&e, (const float*)s.xn, (const float*)w->wte, s.logits, T, C, V));
     GPTC_TRY(gptc_op<gptc_xent_fwd_op>(cpu, st, T, (const float*)s.logits, tgt, s.lse, s.rowloss, V));
     io->loss = 0; /* on the GPU: the tables' mb_loss */
     return gptc_op<gptc_loss_sum_op>(cpu, st, 1, (const float*)s.rowloss, tgt, T, &e.tab->mb_loss[io->mb->index]);
@@ -553,8 +650,8 @@ static int gptc_head_bwd(const gptc_head_p* w, gptc_head_p* g, pp_layer_io* io) 
     if (n_tgt < 1) n_tgt = 1;
     GPTC_TRY(gptc_op<gptc_xent_bwd_op>(cpu, st, T * V, (const float*)s.logits, (const float*)s.lse, tgt, s.dl, V,
                                        io->mb->loss_scale / (float)n_tgt));
-    GPTC_TRY(gptc_op<gptc_head_bwd_w_op>(cpu, st, V * C, (const float*)s.xn, (const float*)s.dl, g->wte, T, C, V));
-    GPTC_TRY(gptc_op<gptc_head_bwd_x_op>(cpu, st, T * C, (const float*)s.dl, (const float*)w->wte, s.dxn, C, V));
+    GPTC_TRY(gptc_head_bwd_w(&e, (const float*)s.xn, (const float*)s.dl, g->wte, T, C, V));
+    GPTC_TRY(gptc_head_bwd_x(&e, (const float*)s.dl, (const float*)w->wte, s.dxn, T, C, V));
     GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dxn, (const float*)io->in[0].data, (const float*)s.mu,
                                        (const float*)s.rs, g->lnf_g, g->lnf_b, T, C));
     if (io->d_in[0].data)

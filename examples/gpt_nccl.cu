@@ -97,6 +97,9 @@ typedef struct proc {
 } proc;
 
 static void proc_free(proc* P) {
+    if (P->run.blas) cudaDeviceSynchronize();
+    gptc_blas_destroy(P->run.blas); /* before pp_cuda_destroy ends the stream its handle uses */
+    P->run.blas = NULL;
     pp_stage_destroy(P->st);
     if (P->have_grid) pp_nccl_grid_destroy(&P->grid);
     if (P->cuda) pp_cuda_destroy(P->cuda);
@@ -217,6 +220,7 @@ static int setup(proc* P, const opts* o, int have_launch) {
     if (!P->acts || pp_schedule_make(o->kind, P->p, P->v, o->m, P->acts, n, &P->sched, &err) != PP_OK) FAIL("schedule: %s", err.msg);
     if (pp_nccl_check_order(&P->sched, &err) != PP_OK) FAIL("schedule over NCCL: %s", err.msg);
     if (P->dev >= GPTC_MAX_DEV) FAIL("GPU %d: the model keeps tables for GPUs 0 .. %d", P->dev, GPTC_MAX_DEV - 1);
+    if (!(P->run.blas = gptc_blas_create())) FAIL("out of memory");  /* matrix products through cuBLAS */
     P->run.cfg.V = GPT_DATA_VOCAB;
     P->run.cfg.maxT = o->max_len;
     P->run.cfg.C = o->dim;
