@@ -183,7 +183,7 @@ bench-peers: $(B)/peers_ours
 CUDA_HOME ?= /usr/local/cuda
 NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
             -Xcompiler -Wall,-Wextra,-Werror
-CUDA_BINS = $(B)/test_cuda $(B)/gpt_cuda $(B)/bubble_cuda
+CUDA_BINS = $(B)/test_cuda $(B)/gpt_cuda $(B)/bubble_cuda $(B)/peers_ours_cuda
 CUDA_HDRS = pipeline.h pipeline_cuda.h
 
 $(B)/test_cuda: tests/test_cuda.cu tests/test.h $(CUDA_HDRS) | $(B)
@@ -194,6 +194,9 @@ $(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_data.h $(CU
 
 $(B)/bubble_cuda: bench/bubble_cuda.cu $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
+
+$(B)/peers_ours_cuda: bench/peers/ours_cuda.cu $(CUDA_HDRS) | $(B)
+	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
 
 check-cuda: | $(B)
 	@if command -v $(NVCC) >/dev/null 2>&1; then \

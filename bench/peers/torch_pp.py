@@ -294,7 +294,8 @@ def worker(rank, a, port, q):
 def main():
     a = parse()
     torch.set_num_threads(1)
-    dev = torch.device(a.device)
+    # an index: torch.cuda.set_device refuses a bare "cuda" (torch 2.11, seen on an H200)
+    dev = torch.device("cuda", 0) if a.device == "cuda" else torch.device(a.device)
     single = a.single_process or a.device == "cuda"
     n_total = a.warmup + a.steps
     batches, real, lmax = make_batches(a, n_total, a.inp, a.classes, a.rows)
