@@ -8,16 +8,25 @@
    them (pp_cuda_device_ops(c, 0)) and the compute stream (pp_cuda_stream(c, 0)).
 
    WHAT IT DOES
-   - pp_nccl: a pp_transport over one NCCL communicator. isend/irecv queue ncclSend/ncclRecv;
-     the queue is issued as one ncclGroupStart/ncclGroupEnd batch on the transport's own
-     communication stream whenever a send is posted (outside an executor group) or anything is
-     waited for, so the paired sends and receives of a step cannot deadlock on each other (the
-     same pairing Megatron's batched p2p uses). A send first makes the communication stream wait
-     on an event recorded on the compute stream at isend time (the producing kernels), and a
-     completed receive makes the compute stream wait on the batch's completion event: transfers
-     overlap the compute already queued. Byte counts are exact (the step plan's, varlen
-     included). Buffers are normally device memory (the device block pool of pipeline_cuda.h);
-     a host buffer (BROADCAST's step metadata) is staged through a device bounce buffer.
+   - pp_nccl: a pp_transport over an NCCL communicator and a second one split from it (a
+     collective call at pp_nccl_create): messages to higher ranks go on one, to lower ranks on
+     the other, each with its own stream. NCCL runs a communicator's kernels in issue order, so
+     on one communicator a send queued behind a receive waits for it, and two neighbours that
+     each send before they receive (interleaved does) would wait for each other at the GPU;
+     split by direction they cannot (tests/test_nccl_pipeline.c fails interleaved with one).
+     isend/irecv queue ncclSend/ncclRecv; the end of an executor group that posted a send
+     issues everything queued as one NCCL group per channel (an action's sends together with
+     the next action's receives, Megatron's send-forward/receive-backward pairing); a wait on a
+     queued receive issues the queue up to it. Each group's stream first waits for the compute
+     stream's work so far (the producers, and earlier readers of a receive block); a receive's
+     wait makes the compute stream wait for its group and returns: the host runs ahead, the
+     stream waits for data. Sends are done when their group is (polled, never blocking a
+     probe). Byte counts are exact (the step plan's, varlen included). Buffers are normally
+     device memory (the device block pool of pipeline_cuda.h); a host buffer (BROADCAST's step
+     metadata) goes through a pooled device bounce buffer. A message to this rank itself (the
+     turn of a V map) is a device copy on the compute stream.
+   - pp_nccl_step_end after every pp_stage_step: waits, with the deadline, for the step's
+     groups, so a peer that never sent is an error here, not a GPU that never finishes.
    - NCCL has no tags: messages between two ranks match in the order they are posted. The
      executor posts in schedule order, so the order agrees on both sides when every rank's list
      implies the same per-pair sequence; pp_nccl_check_order proves that for a schedule. It holds
@@ -26,11 +35,12 @@
      order than they are sent (found by the check, tests/test_nccl.c): such a schedule, or a
      user's list that breaks the order, is refused with the first mismatching message named.
      Use the MPI transport (tags) or another m there.
-   - Waits poll (cudaEventQuery and ncclCommGetAsyncError) against the deadline; on a timeout
-     or an NCCL error the communicator is aborted (ncclCommAbort), so this rank returns
-     PP_ERR_TIMEOUT / PP_ERR_TRANSPORT instead of hanging, and its peers' waits fail the same way
-     within their own timeouts. transport.abort also calls ncclCommAbort. An aborted transport
-     stays aborted: destroy it and build a new communicator.
+   - Waits that poll (sends, host receives, pp_nccl_step_end) use cudaEventQuery and
+     ncclCommGetAsyncError against the deadline; on a timeout (other than the executor's short
+     probes of retiring blocks) or an NCCL error the communicators are aborted (ncclCommAbort),
+     so this rank returns PP_ERR_TIMEOUT / PP_ERR_TRANSPORT instead of hanging, and its peers
+     fail the same way within their own timeouts. transport.abort also aborts them. An aborted
+     transport stays aborted: destroy it and build a new communicator (a new unique id).
    - Bootstrap: pp_launch_from_env (pipeline.h) gives rank, world and local rank from mpirun,
      srun or torchrun; the ncclUniqueId travels by MPI_Bcast (pp_nccl_unique_id_mpi, when
      <mpi.h> was included first) or through a file on a shared filesystem
@@ -52,10 +62,11 @@
        d.device = pp_cuda_device_ops(c, 0);   // stream: pp_cuda_stream(c, 0) as `compute` above
        ... pp_stage_step, pp_tied_sum_grads(&pipe, pair, ...), pp_grad_allreduce(&dp, ...)
 
-   WHAT WAS RUN: this header compiles and links in CI (make check-nccl); examples/gpt_nccl -p 1
-   trained on an H200 (2026-11-26, docs/gpu.md), with the world split by pp_nccl_grid_create. It
-   has not been run on several GPUs (NCCL refuses two ranks on one GPU). See README,
-   "Multi-process".
+   WHAT WAS RUN: make test runs it with the real executor over tests/fakenccl (every built-in
+   schedule, p up to 8, rendezvous and eager, blocking and non-blocking communicators:
+   tests/test_nccl_pipeline.c); it compiles and links in CI (make check-nccl);
+   examples/gpt_nccl -p 1 trained on an H200 (2026-11-26, docs/gpu.md) before the two-channel
+   transport. It has not been run on several GPUs (NCCL refuses two ranks on one GPU).
 */
 #ifndef PIPELINE_NCCL_H
 #define PIPELINE_NCCL_H
@@ -78,6 +89,11 @@ typedef struct pp_nccl_desc {
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err);
 void pp_nccl_destroy(pp_nccl* t);
 pp_transport pp_nccl_transport(pp_nccl* t);
+/* After pp_stage_step on this rank: waits (until timeout_s) for the step's NCCL transfers, so a
+   peer that never sent surfaces here as an error instead of a GPU that never finishes. The
+   compute stream already waits for every receive; this is the host's check. After an error
+   the communicator is aborted: destroy this transport and make a new communicator. */
+pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err);
 cudaStream_t pp_nccl_comm_stream(const pp_nccl* t);
 void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs);
 const char* pp_nccl_error(const pp_nccl* t);
@@ -137,32 +153,58 @@ pp_result pp_nccl_unique_id_mpi(MPI_Comm comm, ncclUniqueId* id, pp_error* err);
 extern "C" {
 #endif
 
-/* One batch of operations issued in one NCCL group; its ops complete together. */
+/* One NCCL group on the communication stream; its operations complete together. */
 typedef struct _ppn_batch {
+    struct _ppn_batch* next;    /* on the transport's list of batches not yet seen complete */
     cudaEvent_t done;
-    int refs;                   /* ops not yet waited for */
+    int refs;                   /* live ops, and 1 while on that list */
     int complete;
+    int ch;                     /* the channel (communicator and stream) it went on */
+    uint64_t seq;               /* issue order on its channel, from 1 */
+    uint64_t not_ready_at;      /* 1 + the transport's flush count when last seen running */
 } _ppn_batch;
 
 typedef struct _ppn_op {
-    struct _ppn_op *next, *prev;   /* the transport's list of every live op */
+    struct _ppn_op *next, *prev; /* the transport's live ops, oldest first */
     int is_recv, peer, tag;
     void* buf;                  /* the caller's buffer */
     void* dev;                  /* what NCCL reads or writes: buf, or a bounce buffer */
+    size_t dev_cap;
     int host;                   /* buf is host memory: staged through dev */
     size_t bytes;
-    cudaEvent_t ready;          /* the compute stream's work so far: what produces a send's
-                                   buffer, and what may still read a receive's (a pooled block) */
     _ppn_batch* batch;          /* NULL while queued */
-    int queued;
+    int ch;                     /* 0: the message goes to a higher rank, 1: to a lower one */
+    int self_done;              /* a message to this rank itself: copied (or failed) */
+    pp_result self_rc;
 } _ppn_op;
 
+typedef struct _ppn_bounce {
+    struct _ppn_bounce* next;
+    void* p;
+    size_t cap;
+} _ppn_bounce;
+
+/* Two channels, each a communicator with its own stream: messages to higher ranks on one,
+   to lower ranks on the other. NCCL runs a communicator's kernels one after another, so on a
+   single communicator a send queued behind a receive waits for it: two neighbours that each
+   send before they receive (interleaved schedules do) would wait for each other. Split by
+   direction, a pair's two directions never queue behind each other, and on each channel a
+   pair's messages go one way in the order both sides post them (pp_nccl_check_order). */
 struct pp_nccl {
-    ncclComm_t comm;
-    int own_comm, rank, size, aborted, in_group;
-    cudaStream_t compute, stream;
-    _ppn_op* ops;               /* every live op; the queued ones are those with !batch */
-    int n_queued;
+    ncclComm_t comm, comm2;     /* channel 0 (also the all-reduce), channel 1 (a split of comm) */
+    int own_comm, rank, size, aborted, in_group, group_sends, two;
+    cudaStream_t compute, stream, stream2;
+    _ppn_op *head, *tail;       /* live ops in posting order; the queued ones have no batch */
+    int n_queued[2];
+    _ppn_batch* outstanding;    /* issued batches not yet seen complete */
+    uint64_t batch_seq[2];      /* batches issued so far, per channel */
+    uint64_t waited_seq[2];     /* the last batch of each channel the compute stream waited for */
+    uint64_t done_seq[2];       /* every batch of the channel up to this one is complete */
+    uint64_t flushes;
+    cudaEvent_t ready;          /* recorded on the compute stream at every flush (a wait keeps its record) */
+    cudaEvent_t* free_ev;       /* completion events of released batches, for reuse */
+    int n_free_ev, cap_free_ev;
+    _ppn_bounce* bounce;        /* free device bounce buffers (host-memory messages) */
     uint64_t bytes_sent, msgs_sent;
     char err[256];
 };
@@ -174,6 +216,7 @@ static void _ppn_note(pp_nccl* t, const char* what, const char* detail) {
 static pp_result _ppn_cuda(pp_nccl* t, cudaError_t e, const char* what) {
     if (e == cudaSuccess) return PP_OK;
     _ppn_note(t, what, cudaGetErrorString(e));
+    (void)cudaGetLastError();
     return e == cudaErrorMemoryAllocation ? PP_ERR_NOMEM : PP_ERR_TRANSPORT;
 }
 
@@ -187,8 +230,11 @@ static void _ppn_abort_comm(pp_nccl* t) {
     if (!t->aborted) {
         t->aborted = 1;
         ncclCommAbort(t->comm);
+        if (t->two) ncclCommAbort(t->comm2);
     }
 }
+#define _PPN_COMM(t, ch) ((ch) ? (t)->comm2 : (t)->comm)
+#define _PPN_STREAM(t, ch) ((ch) ? (t)->stream2 : (t)->stream)
 
 static void _ppn_sleep_us(long us) {
     struct timespec ts;
@@ -207,77 +253,213 @@ static int _ppn_is_host(const void* p) {
     return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
 }
 
-static void _ppn_batch_release(_ppn_batch* b) {
+/* A released batch's event goes back to the pool: recording it again is safe once the waits
+   enqueued on it are (each keeps the record it was enqueued for). */
+static void _ppn_batch_release(pp_nccl* t, _ppn_batch* b) {
     if (b && --b->refs == 0) {
-        cudaEventDestroy(b->done);
+        if (t->n_free_ev == t->cap_free_ev) {
+            int cap = t->cap_free_ev ? 2 * t->cap_free_ev : 16;
+            cudaEvent_t* nv = (cudaEvent_t*)PP_MALLOC(sizeof(cudaEvent_t) * (size_t)cap);
+            if (nv) {
+                if (t->n_free_ev) memcpy(nv, t->free_ev, sizeof(cudaEvent_t) * (size_t)t->n_free_ev);
+                PP_FREE(t->free_ev);
+                t->free_ev = nv;
+                t->cap_free_ev = cap;
+            }
+        }
+        if (t->n_free_ev < t->cap_free_ev) t->free_ev[t->n_free_ev++] = b->done;
+        else cudaEventDestroy(b->done); /* CUDA releases it once its record completed */
         PP_FREE(b);
     }
+}
+
+/* A device bounce buffer of at least n bytes, reused across messages (cudaMalloc can
+   synchronise the device: only while the pool grows). */
+static pp_result _ppn_bounce_get(pp_nccl* t, size_t n, void** p, size_t* cap) {
+    _ppn_bounce **bp, *b;
+    for (bp = &t->bounce; (b = *bp) != NULL; bp = &b->next)
+        if (b->cap >= n) {
+            *bp = b->next;
+            *p = b->p;
+            *cap = b->cap;
+            PP_FREE(b);
+            return PP_OK;
+        }
+    *cap = n < 256 ? 256 : n;
+    return _ppn_cuda(t, cudaMalloc(p, *cap), "cudaMalloc (bounce buffer)");
+}
+
+static void _ppn_bounce_put(pp_nccl* t, void* p, size_t cap) {
+    _ppn_bounce* b = (_ppn_bounce*)_pp_calloc(1, sizeof *b);
+    if (!b) {
+        cudaFree(p);
+        return;
+    }
+    b->p = p;
+    b->cap = cap;
+    b->next = t->bounce;
+    t->bounce = b;
 }
 
 static void _ppn_op_free(pp_nccl* t, _ppn_op* op) {
-    if (op->prev) op->prev->next = op->next; else t->ops = op->next;
+    if (op->prev) op->prev->next = op->next;
+    else t->head = op->next;
     if (op->next) op->next->prev = op->prev;
-    if (!op->batch && op->queued) t->n_queued--;
-    if (op->ready) cudaEventDestroy(op->ready);
-    if (op->host && op->dev) cudaFree(op->dev);
-    _ppn_batch_release(op->batch);
+    else t->tail = op->prev;
+    if (!op->batch && op->peer != t->rank) t->n_queued[op->ch]--;
+    if (op->host && op->dev) _ppn_bounce_put(t, op->dev, op->dev_cap);
+    _ppn_batch_release(t, op->batch);
     PP_FREE(op);
 }
 
-/* Issues every queued op as one NCCL group on the communication stream. */
-static pp_result _ppn_flush(pp_nccl* t) {
+/* A non-blocking communicator enqueues a group's kernels in the background: wait until it
+   has (ncclCommGetAsyncError leaves ncclInProgress) before recording anything after them. */
+static pp_result _ppn_settle_comm(pp_nccl* t, ncclComm_t comm, const char* what) {
+    double deadline = _pp_now() + PP_DEFAULT_TIMEOUT_S;
+    for (;;) {
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) st = ncclInternalError;
+        if (st == ncclSuccess) return PP_OK;
+        if (st != ncclInProgress) {
+            _ppn_note(t, what, ncclGetErrorString(st));
+            return PP_ERR_TRANSPORT;
+        }
+        if (_pp_now() > deadline) {
+            _ppn_note(t, what, "the communicator did not finish enqueueing");
+            return PP_ERR_TIMEOUT;
+        }
+        _ppn_sleep_us(20);
+    }
+}
+
+/* Issues channel ch's queued ops from the oldest up to `last` (NULL: all) as one NCCL group on
+   the channel's stream, after the compute stream's work so far (a send's producer, a receive
+   block's earlier readers), and records the group's completion event. */
+static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
     _ppn_batch* b;
-    _ppn_op* op;
+    _ppn_op *op, *end;
+    cudaEvent_t ready = NULL;
     pp_result rc = PP_OK;
-    if (!t->n_queued) return PP_OK;
+    ncclResult_t ge;
+    ncclComm_t comm = _PPN_COMM(t, ch);
+    cudaStream_t stream = _PPN_STREAM(t, ch);
+    if (!t->n_queued[ch]) return PP_OK;
+    t->flushes++;
     if (t->aborted) return PP_ERR_ABORTED;
     b = (_ppn_batch*)_pp_calloc(1, sizeof *b);
     if (!b) return PP_ERR_NOMEM;
-    if ((rc = _ppn_cuda(t, cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming), "cudaEventCreate")) != PP_OK) {
-        PP_FREE(b);
-        return rc;
-    }
-    /* the communication stream waits for the compute each op depends on: a send's producer,
-       and whatever still reads a receive's buffer (a block the pool handed out again) */
-    for (op = t->ops; op && rc == PP_OK; op = op->next)
-        if (op->queued && !op->batch) {
-            if (op->ready) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->stream, op->ready, 0), "cudaStreamWaitEvent");
-            if (rc == PP_OK && op->host && !op->is_recv)
-                rc = _ppn_cuda(t, cudaMemcpyAsync(op->dev, op->buf, op->bytes, cudaMemcpyHostToDevice, t->stream),
-                               "staging a host send");
-        }
+    if (t->n_free_ev) b->done = t->free_ev[--t->n_free_ev];
+    else rc = _ppn_cuda(t, cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming), "cudaEventCreate");
+    if (rc == PP_OK && !t->ready) rc = _ppn_cuda(t, cudaEventCreateWithFlags(&t->ready, cudaEventDisableTiming), "cudaEventCreate");
+    ready = t->ready;
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ready, t->compute), "cudaEventRecord (compute)");
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent (compute)");
+    end = last ? last->next : NULL;
+    for (op = t->head; op != end && rc == PP_OK; op = op->next)
+        if (!op->batch && op->ch == ch && op->peer != t->rank && op->host && !op->is_recv && op->bytes)
+            rc = _ppn_cuda(t, cudaMemcpyAsync(op->dev, op->buf, op->bytes, cudaMemcpyHostToDevice, stream), "staging a host send");
     if (rc == PP_OK) rc = _ppn_nccl(t, ncclGroupStart(), "ncclGroupStart");
-    /* issue in posting order (the list is newest first: walk it from the tail) */
     if (rc == PP_OK) {
-        _ppn_op* tail = t->ops;
-        while (tail && tail->next) tail = tail->next;
-        for (op = tail; op && rc == PP_OK; op = op->prev) {
-            if (!op->queued || op->batch) continue;
-            if (op->is_recv)
-                rc = _ppn_nccl(t, ncclRecv(op->dev, op->bytes, ncclUint8, op->peer, t->comm, t->stream), "ncclRecv");
-            else
-                rc = _ppn_nccl(t, ncclSend(op->dev, op->bytes, ncclUint8, op->peer, t->comm, t->stream), "ncclSend");
+        for (op = t->head; op != end && rc == PP_OK; op = op->next) {
+            if (op->batch || op->ch != ch || op->peer == t->rank) continue;
+            if (op->is_recv) rc = _ppn_nccl(t, ncclRecv(op->dev, op->bytes, ncclUint8, op->peer, comm, stream), "ncclRecv");
+            else rc = _ppn_nccl(t, ncclSend(op->dev, op->bytes, ncclUint8, op->peer, comm, stream), "ncclSend");
             if (rc == PP_OK) {
                 op->batch = b;
                 b->refs++;
-                t->n_queued--;
+                t->n_queued[ch]--;
             }
         }
-        if (rc == PP_OK) rc = _ppn_nccl(t, ncclGroupEnd(), "ncclGroupEnd");
-        else ncclGroupEnd();
+        ge = ncclGroupEnd();
+        if (rc == PP_OK) rc = _ppn_nccl(t, ge, "ncclGroupEnd");
+        if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, comm, "ncclGroupEnd (non-blocking)");
     }
-    /* host receives come back to the host once the group is done */
-    for (op = t->ops; op && rc == PP_OK; op = op->next)
-        if (op->batch == b && op->is_recv && op->host)
-            rc = _ppn_cuda(t, cudaMemcpyAsync(op->buf, op->dev, op->bytes, cudaMemcpyDeviceToHost, t->stream),
-                           "unstaging a host receive");
-    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(b->done, t->stream), "cudaEventRecord");
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(b->done, stream), "cudaEventRecord (group done)");
     if (b->refs == 0) {
-        cudaEventDestroy(b->done);
-        PP_FREE(b);
+        b->refs = 1;
+        _ppn_batch_release(t, b); /* nothing went out: the event goes back to the pool */
+    } else {
+        b->ch = ch;
+        b->seq = ++t->batch_seq[ch];
+        b->refs++; /* the outstanding list's */
+        b->next = t->outstanding;
+        t->outstanding = b;
     }
     if (rc != PP_OK) _ppn_abort_comm(t);
     return rc;
+}
+
+/* 1 when the batch is done, 0 while it runs; an error otherwise (NCCL's asynchronous error).
+   A channel's batches complete in issue order, and one seen running is not asked again before
+   the next flush (the executor tests every retiring send at every action). */
+static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
+    cudaError_t e;
+    ncclResult_t ar = ncclSuccess;
+    *done = 0;
+    if (!b->complete && b->seq && b->seq <= t->done_seq[b->ch]) b->complete = 1;
+    if (b->complete) {
+        *done = 1;
+        return PP_OK;
+    }
+    if (b->not_ready_at == t->flushes + 1) return PP_OK;
+    e = cudaEventQuery(b->done);
+    if (e == cudaSuccess) {
+        b->complete = 1;
+        if (b->seq > t->done_seq[b->ch]) t->done_seq[b->ch] = b->seq;
+        *done = 1;
+        return PP_OK;
+    }
+    b->not_ready_at = t->flushes + 1;
+    if (e != cudaErrorNotReady) return _ppn_cuda(t, e, "cudaEventQuery");
+    if (ncclCommGetAsyncError(_PPN_COMM(t, b->ch), &ar) != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress)) {
+        _ppn_note(t, "NCCL reported an asynchronous error", ncclGetErrorString(ar));
+        return PP_ERR_TRANSPORT;
+    }
+    return PP_OK;
+}
+
+/* Polls b until it completes or the deadline passes. No abort here: a short wait is a probe. */
+static pp_result _ppn_poll(pp_nccl* t, _ppn_batch* b, double deadline) {
+    int done = 0, round = 0;
+    pp_result rc;
+    for (;; round++) {
+        b->not_ready_at = 0; /* polling: ask every time */
+        if ((rc = _ppn_query(t, b, &done)) != PP_OK || done) return rc;
+        if (t->aborted) return PP_ERR_ABORTED;
+        if (_pp_now() > deadline) return PP_ERR_TIMEOUT;
+        if (round > 2) _ppn_sleep_us(round > 1000 ? 500 : 20);
+    }
+}
+
+/* A message to this rank itself (the turn of a V map): the two sides meet in the op list, in
+   posting order per tag, and the bytes move by a copy on the compute stream, where the
+   producer ran before and the consumer runs after. */
+static void _ppn_self_match(pp_nccl* t, _ppn_op* op) {
+    _ppn_op* x;
+    cudaError_t e;
+    for (x = t->head; x; x = x->next)
+        if (x != op && x->peer == t->rank && !x->self_done && x->is_recv != op->is_recv && x->tag == op->tag) break;
+    if (!x) return;
+    {
+        _ppn_op *s = op->is_recv ? x : op, *r = op->is_recv ? op : x;
+        pp_result rc = PP_OK;
+        if (s->bytes != r->bytes) {
+            snprintf(t->err, sizeof t->err, "rank %d sent itself %zu bytes with tag %d and posted a receive of %zu", t->rank,
+                     s->bytes, s->tag, r->bytes);
+            rc = PP_ERR_SIZE;
+        } else if (s->bytes) {
+            e = cudaMemcpyAsync(r->buf, s->buf, s->bytes, cudaMemcpyDefault, t->compute);
+            if (e == cudaSuccess && (s->host || r->host)) e = cudaStreamSynchronize(t->compute); /* metadata */
+            rc = _ppn_cuda(t, e, "copying a message to this rank itself");
+        }
+        s->self_done = r->self_done = 1;
+        s->self_rc = r->self_rc = rc;
+    }
+}
+
+static pp_result _ppn_flush_all(pp_nccl* t) {
+    pp_result rc = _ppn_flush(t, 0, NULL);
+    return rc == PP_OK ? _ppn_flush(t, 1, NULL) : rc;
 }
 
 static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
@@ -285,11 +467,6 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     pp_result rc = PP_OK;
     if (!req || peer < 0 || peer >= t->size || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
-    if (peer == t->rank) {
-        /* a chunk boundary inside one rank (p = 1 with v > 1) has nothing to move over NCCL */
-        _ppn_note(t, "invalid", "a message to this rank itself: run p = 1 without the NCCL transport");
-        return PP_ERR_INVALID;
-    }
     if (t->aborted) return PP_ERR_ABORTED;
     if (!(op = (_ppn_op*)_pp_calloc(1, sizeof *op))) return PP_ERR_NOMEM;
     op->is_recv = is_recv;
@@ -299,33 +476,35 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     op->dev = buf;
     op->bytes = bytes;
     op->host = bytes ? _ppn_is_host(buf) : 0;
-    /* host memory (small metadata) goes through a device bounce buffer; cudaMalloc may
-       synchronise the device, which is why the executor's tensors should live in device blocks */
-    if (op->host) {
+    op->ch = t->two && (is_recv ? peer > t->rank : peer < t->rank); /* 1: the message goes to a lower rank */
+    if (op->host && peer != t->rank) {
         op->dev = NULL;
-        rc = _ppn_cuda(t, cudaMalloc(&op->dev, bytes), "cudaMalloc (bounce buffer)");
-    }
-    if (rc == PP_OK) {
-        rc = _ppn_cuda(t, cudaEventCreateWithFlags(&op->ready, cudaEventDisableTiming), "cudaEventCreate");
-        if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(op->ready, t->compute), "cudaEventRecord");
+        rc = _ppn_bounce_get(t, bytes, &op->dev, &op->dev_cap);
     }
     if (rc != PP_OK) {
-        if (op->ready) cudaEventDestroy(op->ready);
-        if (op->host && op->dev) cudaFree(op->dev);
         PP_FREE(op);
         return rc;
     }
-    op->queued = 1;
-    op->next = t->ops;
-    if (t->ops) t->ops->prev = op;
-    t->ops = op;
-    t->n_queued++;
+    op->prev = t->tail;
+    if (t->tail) t->tail->next = op;
+    else t->head = op;
+    t->tail = op;
     req->impl = op;
     req->id = tag;
     if (!is_recv) {
         t->bytes_sent += bytes;
         t->msgs_sent++;
-        if (!t->in_group) rc = _ppn_flush(t);
+    }
+    if (peer == t->rank) {
+        _ppn_self_match(t, op);
+        return PP_OK;
+    }
+    t->n_queued[op->ch]++;
+    if (!is_recv) {
+        if (t->in_group) t->group_sends = 1;
+#ifndef PP_NCCL_TEST_LATE_SENDS
+        else rc = _ppn_flush_all(t);
+#endif
     }
     return rc;
 }
@@ -343,111 +522,115 @@ static pp_result _ppn_group_start(void* self) {
     return PP_OK;
 }
 
-/* The executor brackets the receives it posts ahead; they stay queued until the next send or
-   wait, so they travel in one group with the sends that pair with them. */
+/* The end of an outermost group that posted a send issues everything queued, the receives
+   posted ahead included: an action's sends travel in one NCCL group with the receives of the
+   next action (Megatron's send-forward/receive-backward pairing), so two neighbours that each
+   send and then receive meet inside one group on both sides instead of waiting for each other.
+   A group of receives alone stays queued until the next send or wait. */
 static pp_result _ppn_group_end(void* self) {
     pp_nccl* t = (pp_nccl*)self;
     if (t->in_group > 0) t->in_group--;
-    return PP_OK;
-}
-
-/* 1 when the batch is done, 0 while it runs; an error otherwise. */
-static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
-    cudaError_t e;
-    ncclResult_t ar = ncclSuccess;
-    *done = 0;
-    if (b->complete) {
-        *done = 1;
-        return PP_OK;
-    }
-    e = cudaEventQuery(b->done);
-    if (e == cudaSuccess) {
-        b->complete = 1;
-        *done = 1;
-        return PP_OK;
-    }
-    if (e != cudaErrorNotReady) return _ppn_cuda(t, e, "cudaEventQuery");
-    if (ncclCommGetAsyncError(t->comm, &ar) != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress)) {
-        _ppn_note(t, "NCCL reported an asynchronous error", ncclGetErrorString(ar));
-        return PP_ERR_TRANSPORT;
+    if (t->in_group == 0 && t->group_sends) {
+        t->group_sends = 0;
+#ifndef PP_NCCL_TEST_LATE_SENDS
+        return _ppn_flush_all(t);
+#endif
     }
     return PP_OK;
 }
 
-static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
-    pp_nccl* t = (pp_nccl*)self;
-    _ppn_op* op = (_ppn_op*)req->impl;
-    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, deadline = _pp_now() + dt;
-    pp_result rc;
-    int done = 0, round = 0, peer;
-    if (req->done || !op) return PP_OK;
-    peer = op->peer;
-    if (t->aborted) {
-        _ppn_op_free(t, op);
-        req->impl = NULL;
-        req->done = 1;
-        return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted (%s)", t->rank, t->err);
-    }
-    if (!op->batch && (rc = _ppn_flush(t)) != PP_OK) {
-        _ppn_op_free(t, op);
-        req->impl = NULL;
-        req->done = 1;
-        return _pp_fail(err, rc, "%s", t->err);
-    }
-    for (;; round++) {
-        if ((rc = _ppn_query(t, op->batch, &done)) != PP_OK) break;
-        if (done) break;
-        if (_pp_now() > deadline) {
-            _ppn_note(t, "timeout", "a transfer did not complete; communicator aborted");
-            rc = PP_ERR_TIMEOUT;
-            break;
-        }
-        if (round > 100) _ppn_sleep_us(round > 1000 ? 500 : 20);
-    }
-    if (rc == PP_OK && op->is_recv && !op->host)
-        rc = _ppn_cuda(t, cudaStreamWaitEvent(t->compute, op->batch->done, 0), "cudaStreamWaitEvent");
+static pp_result _ppn_done(pp_nccl* t, pp_request* req, _ppn_op* op, pp_result rc) {
     _ppn_op_free(t, op);
     req->impl = NULL;
     req->done = 1;
+    return rc;
+}
+
+/* A device receive: the compute stream waits for its group, the host goes on (no host wait on
+   data). A host receive (metadata) and a send: the host polls the group until the deadline; a
+   send's timeout leaves it posted and the communicator alive (the executor probes sends with
+   short waits), a receive's timeout aborts the communicator. */
+static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
+    pp_nccl* t = (pp_nccl*)self;
+    _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
+    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S;
+    pp_result rc;
+    int peer;
+    if (!req) return _pp_fail(err, PP_ERR_INVALID, "wait on a NULL request");
+    if (req->done || !op) return PP_OK;
+    peer = op->peer;
+    if (t->aborted)
+        return _pp_fail(err, _ppn_done(t, req, op, PP_ERR_ABORTED), "rank %d: the NCCL communicator was aborted (%s)", t->rank,
+                        t->err);
+    if (peer == t->rank) {
+        if (!op->self_done) /* only this thread could post the other side: it never will now */
+            return _pp_fail(err, op->is_recv ? _ppn_done(t, req, op, PP_ERR_TIMEOUT) : PP_ERR_TIMEOUT,
+                            "rank %d: a message to itself (tag %d) has no %s yet", t->rank, op->tag,
+                            op->is_recv ? "send" : "receive");
+        rc = op->self_rc;
+        _ppn_done(t, req, op, rc);
+        return rc == PP_OK ? PP_OK : _pp_fail(err, rc, "%s", t->err);
+    }
+    if (!op->batch && (rc = _ppn_flush(t, op->ch, op)) != PP_OK)
+        return _pp_fail(err, _ppn_done(t, req, op, rc), "%s", t->err);
+    if (op->is_recv && !op->host) {
+        rc = PP_OK;
+        if (t->waited_seq[op->ch] < op->batch->seq) { /* a channel's batches complete in issue order */
+            rc = _ppn_cuda(t, cudaStreamWaitEvent(t->compute, op->batch->done, 0), "cudaStreamWaitEvent");
+            if (rc == PP_OK) t->waited_seq[op->ch] = op->batch->seq;
+        }
+        _ppn_done(t, req, op, rc);
+        if (rc != PP_OK) _ppn_abort_comm(t);
+        return rc == PP_OK ? PP_OK : _pp_fail(err, rc, "%s", t->err);
+    }
+    rc = _ppn_poll(t, op->batch, _pp_now() + dt);
+    if (rc == PP_ERR_TIMEOUT && !op->is_recv && dt <= _PP_RETIRE_WAIT_S) /* the executor's probe: no harm done */
+        return _pp_fail(err, rc, "rank %d: a send to rank %d is not done after %.3g s", t->rank, peer, dt);
+    if (rc == PP_OK && op->is_recv && op->bytes)
+        rc = _ppn_cuda(t, cudaMemcpy(op->buf, op->dev, op->bytes, cudaMemcpyDeviceToHost), "unstaging a host receive");
+    _ppn_done(t, req, op, rc);
     if (rc == PP_OK) return PP_OK;
     _ppn_abort_comm(t);
     if (rc == PP_ERR_TIMEOUT)
-        return _pp_fail(err, rc, "rank %d waited %.3g s for rank %d over NCCL and got nothing (communicator aborted)",
-                        t->rank, dt, peer);
+        return _pp_fail(err, rc, "rank %d waited %.3g s for rank %d over NCCL and got nothing (communicator aborted)", t->rank, dt,
+                        peer);
     return _pp_fail(err, rc, "%s", t->err);
 }
 
+/* Never issues or waits: a queued op is not done; a send is done when its group is. A device
+   receive is reported by its wait (which orders the compute stream after it). */
 static pp_result _ppn_test(void* self, pp_request* req, int* done) {
     pp_nccl* t = (pp_nccl*)self;
-    _ppn_op* op = (_ppn_op*)req->impl;
+    _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
     pp_result rc;
     *done = 0;
-    if (req->done || !op) {
+    if (!req || req->done || !op) {
         *done = 1;
         return PP_OK;
     }
-    if (!op->batch) return PP_OK; /* still queued: it goes out with the next send or wait */
-    if ((rc = _ppn_query(t, op->batch, done)) != PP_OK) return rc;
-    if (*done && !op->is_recv) {
-        _ppn_op_free(t, op);
-        req->impl = NULL;
-        req->done = 1;
-    } else if (*done) {
-        *done = 0; /* a receive's completion is reported by its wait, which orders the compute stream */
+    if (op->peer == t->rank) {
+        if (op->self_done && !op->is_recv) {
+            rc = op->self_rc;
+            *done = 1;
+            _ppn_done(t, req, op, rc);
+            return rc;
+        }
+        return PP_OK;
     }
+    if (!op->batch || op->is_recv) return PP_OK;
+    if ((rc = _ppn_query(t, op->batch, done)) != PP_OK) return rc;
+    if (*done) _ppn_done(t, req, op, PP_OK);
     return PP_OK;
 }
 
-/* After a failed step: a receive still queued is withdrawn; one already issued to NCCL cannot
-   be (the communicator is aborted by then, which ends it). */
+/* After a failed step: a queued receive is withdrawn; one already issued to NCCL cannot be
+   (the communicator is aborted by then, which ends it). */
 static pp_result _ppn_cancel(void* self, pp_request* req) {
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
     if (!op) return PP_OK;
     if (op->batch && !t->aborted) return PP_ERR_UNSUPPORTED;
-    _ppn_op_free(t, op);
-    req->impl = NULL;
-    req->done = 1;
+    _ppn_done(t, req, op, PP_OK);
     return PP_OK;
 }
 
@@ -470,7 +653,7 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
         return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a buffer and an f32/f64 dtype");
     if (n_ranks == 1 || count == 0) return PP_OK;
     if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted", t->rank);
-    if ((rc = _ppn_flush(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
+    if ((rc = _ppn_flush_all(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
     host = _ppn_is_host(buf);
     dev = buf;
     if (host) rc = _ppn_cuda(t, cudaMalloc(&dev, bytes), "cudaMalloc (all-reduce bounce)");
@@ -531,6 +714,11 @@ pp_transport pp_nccl_transport(pp_nccl* t) {
     return tr;
 }
 
+#if NCCL_VERSION_CODE >= 21800
+static pp_result _ppn_split(ncclComm_t parent, int color, int key, ncclComm_t* out, double deadline, const char* what,
+                            pp_error* err);
+#endif
+
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
     pp_nccl* t;
     cudaError_t e;
@@ -550,19 +738,77 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
         PP_FREE(t);
         return _pp_fail(err, PP_ERR_INVALID, "communicator has %d ranks, PP_MAX_RANKS is %d", n, PP_MAX_RANKS);
     }
-    if ((e = cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+    if ((e = cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&t->stream2, cudaStreamNonBlocking)) != cudaSuccess) {
+        if (t->stream) cudaStreamDestroy(t->stream);
         PP_FREE(t);
         return _pp_fail(err, PP_ERR_TRANSPORT, "cudaStreamCreate: %s", cudaGetErrorString(e));
     }
+#if NCCL_VERSION_CODE >= 21800
+    if (t->size > 1) { /* channel 1: the same ranks in a communicator of their own (collective) */
+        pp_result rc = _ppn_split(t->comm, 0, t->rank, &t->comm2, _pp_now() + PP_DEFAULT_TIMEOUT_S, "ncclCommSplit (channel 1)", err);
+        if (rc != PP_OK) {
+            cudaStreamDestroy(t->stream);
+            cudaStreamDestroy(t->stream2);
+            PP_FREE(t);
+            return rc;
+        }
+        t->two = 1;
+    }
+#endif
     *out = t;
     return PP_OK;
 }
 
+pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err) {
+    double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
+    pp_result rc = PP_OK;
+    if (!t) return _pp_fail(err, PP_ERR_INVALID, "transport is NULL");
+    if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted (%s)", t->rank, t->err);
+    if (t->n_queued[0] || t->n_queued[1]) {
+        /* posted and never waited for: issue them, so the peers' matching ops are not left hanging */
+        if ((rc = _ppn_flush_all(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
+    }
+    while (t->outstanding && rc == PP_OK) {
+        _ppn_batch* b = t->outstanding;
+        rc = _ppn_poll(t, b, deadline);
+        if (rc == PP_OK) {
+            t->outstanding = b->next;
+            _ppn_batch_release(t, b);
+        }
+    }
+    if (rc == PP_OK) return PP_OK;
+    _ppn_abort_comm(t);
+    if (rc == PP_ERR_TIMEOUT)
+        return _pp_fail(err, rc, "rank %d: the step's NCCL transfers did not finish in %.3g s (communicator aborted)", t->rank,
+                        timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
+    return _pp_fail(err, rc, "%s", t->err);
+}
+
 void pp_nccl_destroy(pp_nccl* t) {
     if (!t) return;
-    if (!t->aborted) cudaStreamSynchronize(t->stream);
-    while (t->ops) _ppn_op_free(t, t->ops);
+    if (!t->aborted) {
+        cudaStreamSynchronize(t->stream);
+        cudaStreamSynchronize(t->stream2);
+    }
+    while (t->head) _ppn_op_free(t, t->head);
+    while (t->outstanding) {
+        _ppn_batch* b = t->outstanding;
+        t->outstanding = b->next;
+        _ppn_batch_release(t, b);
+    }
+    while (t->n_free_ev) cudaEventDestroy(t->free_ev[--t->n_free_ev]);
+    PP_FREE(t->free_ev);
+    if (t->ready) cudaEventDestroy(t->ready);
+    while (t->bounce) {
+        _ppn_bounce* b = t->bounce;
+        t->bounce = b->next;
+        cudaFree(b->p);
+        PP_FREE(b);
+    }
     cudaStreamDestroy(t->stream);
+    cudaStreamDestroy(t->stream2);
+    if (t->two && !t->aborted) ncclCommDestroy(t->comm2);
     if (t->own_comm && !t->aborted) ncclCommDestroy(t->comm);
     PP_FREE(t);
 }
@@ -804,19 +1050,24 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err) {
 #if defined(MPI_VERSION)
 pp_result pp_nccl_unique_id_mpi(MPI_Comm comm, ncclUniqueId* id, pp_error* err) {
     int me = 0;
+    /* rank 0's status travels with the id: when it could not make one, every rank says so at
+       once instead of starting a communicator from zeros and waiting for its deadline */
+    unsigned char msg[1 + sizeof(ncclUniqueId)];
+    ncclResult_t r = ncclSuccess;
     if (!id) return _pp_fail(err, PP_ERR_INVALID, "output is NULL");
     MPI_Comm_rank(comm, &me);
+    memset(msg, 0, sizeof msg);
     if (me == 0) {
-        ncclResult_t r = ncclGetUniqueId(id);
-        if (r != ncclSuccess) {
-            /* everyone must still leave the broadcast: send zeros, then report */
-            memset(id, 0, sizeof *id);
-            MPI_Bcast(id, (int)sizeof *id, MPI_BYTE, 0, comm);
-            return _pp_fail(err, PP_ERR_TRANSPORT, "ncclGetUniqueId: %s", ncclGetErrorString(r));
-        }
+        r = ncclGetUniqueId(id);
+        msg[0] = r == ncclSuccess;
+        if (r == ncclSuccess) memcpy(msg + 1, id, sizeof *id);
     }
-    if (MPI_Bcast(id, (int)sizeof *id, MPI_BYTE, 0, comm) != MPI_SUCCESS)
+    if (MPI_Bcast(msg, (int)sizeof msg, MPI_BYTE, 0, comm) != MPI_SUCCESS)
         return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Bcast of the NCCL unique id");
+    if (!msg[0])
+        return _pp_fail(err, PP_ERR_TRANSPORT, me == 0 ? "ncclGetUniqueId: %s" : "rank 0 could not make the NCCL unique id%s",
+                        me == 0 ? ncclGetErrorString(r) : "");
+    memcpy(id, msg + 1, sizeof *id);
     return PP_OK;
 }
 #endif

@@ -20,7 +20,7 @@
    rank (in its own thread: transport, device hooks, compute stream), begin and end a step,
    destroy. Built with -Itests/fakecuda (and -Itests/fakenccl for NCCL transports). */
 #define PIPELINE_IMPLEMENTATION
-#include "pipeline_cuda.h"
+#include "pipeline_nccl.h" /* and pipeline_cuda.h: built with -Itests/fakenccl -Itests/fakecuda */
 #include "examples/mlp.h"
 #include "tests/fakecuda/layer_kernels.h"
 
@@ -69,8 +69,84 @@ static pp_result cuda_step_begin(void* w, pp_error* err) { return pp_cuda_step_b
 static pp_result cuda_step_end(void* w, pp_error* err) { return pp_cuda_step_end((pp_cuda*)w, NULL, err); }
 static void cuda_destroy(void* w) { pp_cuda_destroy((pp_cuda*)w); }
 
+/* pp_nccl: every rank its own device, communicator (made at the first bind, in the rank threads
+   together) and one-rank pp_cuda for the block pool and the compute stream */
+typedef struct nccl_world {
+    int p, devs[PP_MAX_RANKS];
+    ncclUniqueId id;
+    pp_cuda* c[PP_MAX_RANKS];
+    pp_nccl* t[PP_MAX_RANKS];
+} nccl_world;
+static void* nccl_create(int p, const int* devices, pp_error* err) {
+    nccl_world* w = (nccl_world*)calloc(1, sizeof *w);
+    int r;
+    if (!w) return NULL;
+    w->p = p;
+    for (r = 0; r < p; r++) w->devs[r] = devices[r];
+    if (ncclGetUniqueId(&w->id) != ncclSuccess) {
+        free(w);
+        snprintf(err->msg, sizeof err->msg, "ncclGetUniqueId failed");
+        return NULL;
+    }
+    return w;
+}
+static pp_result nccl_bind(void* wv, int rank, bench_env* env, pp_error* err) {
+    nccl_world* w = (nccl_world*)wv;
+    pp_result rc = PP_OK;
+    if (!w->t[rank]) {
+        ncclComm_t comm = NULL;
+        pp_cuda_desc cd;
+        pp_nccl_desc nd;
+        memset(&cd, 0, sizeof cd);
+        cd.n_ranks = 1;
+        cd.devices = &w->devs[rank];
+        cudaSetDevice(w->devs[rank]);
+        if (ncclCommInitRank(&comm, w->p, w->id, rank) != ncclSuccess) return _pp_fail(err, PP_ERR_TRANSPORT, "ncclCommInitRank");
+        rc = pp_cuda_create(&cd, &w->c[rank], err);
+        memset(&nd, 0, sizeof nd);
+        nd.comm = comm;
+        nd.compute = w->c[rank] ? pp_cuda_stream(w->c[rank], 0) : NULL;
+        nd.own_comm = 1;
+        if (rc == PP_OK) rc = pp_nccl_create(&nd, &w->t[rank], err);
+        if (rc != PP_OK) return rc;
+    }
+    env->transport = pp_nccl_transport(w->t[rank]);
+    env->device = pp_cuda_device_ops(w->c[rank], 0);
+    env->stream = pp_cuda_stream(w->c[rank], 0);
+    return pp_cuda_bind(w->c[rank], 0, err);
+}
+static pp_result nccl_step_begin(void* wv, pp_error* err) {
+    nccl_world* w = (nccl_world*)wv;
+    pp_result rc = PP_OK;
+    int r;
+    for (r = 0; r < w->p && rc == PP_OK; r++) rc = pp_cuda_step_begin(w->c[r], err);
+    return rc;
+}
+static pp_result nccl_step_end(void* wv, pp_error* err) {
+    nccl_world* w = (nccl_world*)wv;
+    pp_result rc = PP_OK;
+    int r;
+    for (r = 0; r < w->p && rc == PP_OK; r++) {
+        cudaSetDevice(w->devs[r]);
+        rc = pp_nccl_step_end(w->t[r], 30, err);
+        if (rc == PP_OK) rc = pp_cuda_step_end(w->c[r], NULL, err);
+    }
+    return rc;
+}
+static void nccl_destroy(void* wv) {
+    nccl_world* w = (nccl_world*)wv;
+    int r;
+    for (r = 0; r < w->p; r++) {
+        cudaSetDevice(w->devs[r]);
+        pp_nccl_destroy(w->t[r]);
+        pp_cuda_destroy(w->c[r]);
+    }
+    free(w);
+}
+
 static const bench_transport transports[] = {
     {"pp_cuda", cuda_create, cuda_bind, cuda_step_begin, cuda_step_end, cuda_destroy},
+    {"pp_nccl", nccl_create, nccl_bind, nccl_step_begin, nccl_step_end, nccl_destroy},
 };
 
 /* ---- one configuration -------------------------------------------------------------------------- */

@@ -377,7 +377,8 @@ static int train(proc* P, const opts* o) {
             rc = 1;
             break;
         }
-        if (pp_cuda_step_end(P->cuda, &info, &err) != PP_OK) {
+        /* the step's transfers, with a deadline (a peer that never sends shows up here), then the GPU */
+        if (pp_nccl_step_end(P->grid.pipe, o->timeout, &err) != PP_OK || pp_cuda_step_end(P->cuda, &info, &err) != PP_OK) {
             fprintf(stderr, "gpt_nccl rank %d: step_end: %s\n", P->L.rank, err.msg);
             rc = 1;
             break;

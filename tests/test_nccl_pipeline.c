@@ -1,0 +1,435 @@
+/* tests/test_nccl_pipeline.c - pipeline_nccl.h with the real executor, through the NCCL
+   imitation (tests/fakenccl over tests/fakecuda), without a GPU.
+
+   Every rank is a thread on its own imitation device with its own communicator (NCCL refuses
+   two ranks of one communicator on one device), a one-rank pp_cuda for the device block pool
+   and the compute stream, and a pp_nccl transport. The MLP (split backward) runs as imitation
+   kernels on the compute stream. Checked, bit for bit against pp_sequential_step:
+   - every built-in schedule (GPipe, 1F1B, interleaved v = 2 and 3, ZB-H1, ZB-V, and the 1F1B
+     table written out by hand) x p in {2, 3, 4} x m in {1, p - 1, p, 2p + 1} x LOCAL and
+     BROADCAST shapes, in rendezvous mode (a send completes only when its receive runs) and
+     with eager small messages, with blocking and non-blocking communicators, and p = 8 once;
+     a schedule pp_nccl_check_order refuses is skipped (counted);
+   - a failing layer: every rank returns an error (the communicators are aborted), and a new
+     communicator, transport and stage give a bit-exact next step;
+   - a layer slower than the executor's block probes (1.2 s against 1 s) under a 5 s timeout: no
+     probe aborts the communicator.
+   Negative controls: built with -DPP_NCCL_TEST_LATE_SENDS the transport issues sends only at its
+   next wait (the deadlock the imitation found in the first NCCL transport), and with one channel
+   instead of two (op->ch = 0 in pipeline_nccl.h) interleaved's neighbours wait for each other:
+   the matrix fails either way (46 and 9 failures on 2026-11-26). PP_TEST_NCCL_ONE="KIND P V M"
+   runs one case; PP_TEST_NCCL_TIMEOUT sets the stage timeout (default 5 s). */
+#define _POSIX_C_SOURCE 200809L
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline_nccl.h"
+#define MLP_DEPTH 11
+#include "../examples/mlp.h"
+#include "test.h"
+#include "fakecuda/layer_kernels.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROWS 37
+#define IN 6
+#define CLASSES 5
+#define MAXP 8
+static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+
+static float X[ROWS * IN];
+static int32_t Y[ROWS];
+static mlp_model W0;
+static mlpz_model W;
+static float* WBUF;
+static size_t NPAR;
+static mlpz_model G[MAXP];
+static float* GBUF[MAXP];
+static float* GREF;
+static int g_fail_rank = -1, g_fail_armed, g_slow_ms; /* set before the rank threads start */
+static pp_model g_model; /* made once: layer_kernels_model keeps its base in a global */
+static int g_skipped, g_eager;
+static double g_timeout = 5;
+
+typedef struct world {
+    int p, m, v, blocking, steps;
+    pp_schedule_kind kind;
+    pp_shape_policy shapes;
+    const pp_schedule* sched;
+    ncclUniqueId id, id2;
+    pp_result rc[MAXP][4];
+    char msg[MAXP][800];
+    int after_fail;             /* run a failing step, reset, then a clean one */
+} world;
+
+typedef struct rank_arg {
+    world* w;
+    int r;
+} rank_arg;
+
+static int slow_fwd(const void* w, int l, pp_layer_io* io) {
+    const pp_cuda_layer_ctx* lc = (const pp_cuda_layer_ctx*)io->ctx;
+    if (lc->rank == g_fail_rank && io->mb->index == 0 && g_fail_armed) { /* that rank's thread alone */
+        g_fail_armed = 0;
+        return 7;
+    }
+    if (g_slow_ms && l == 0 && io->mb->index == 0) { /* longer than the executor's 1 s probe */
+        struct timespec ts;
+        ts.tv_sec = g_slow_ms / 1000;
+        ts.tv_nsec = (long)(g_slow_ms % 1000) * 1000000L;
+        nanosleep(&ts, NULL);
+    }
+    return lk_fwd(w, l, io);
+}
+
+static pp_batch batch(int m) {
+    pp_batch b;
+    memset(&b, 0, sizeof b);
+    b.m = m;
+    b.input.data = X;
+    b.input.rows = ROWS;
+    b.input.cols = IN;
+    b.input.dtype = PP_F32;
+    b.targets = Y;
+    b.target_row_bytes = sizeof(int32_t);
+    return b;
+}
+
+static void* rank_main(void* arg) {
+    rank_arg* a = (rank_arg*)arg;
+    world* w = a->w;
+    int r = a->r, dev = r, first[64], s;
+    ncclComm_t comm = NULL;
+    pp_cuda* c = NULL;
+    pp_nccl* t = NULL;
+    pp_stage* st = NULL;
+    pp_error err;
+    pp_cuda_desc cd;
+    pp_nccl_desc nd;
+    pp_stage_desc d;
+    pp_cuda_layer_ctx lc;
+    pp_batch b = batch(w->m);
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    pp_result rc;
+    err.msg[0] = 0;
+    cudaSetDevice(dev);
+    cfg.blocking = w->blocking;
+    if (ncclCommInitRankConfig(&comm, w->p, w->id, r, &cfg) != ncclSuccess && !comm) {
+        w->rc[r][0] = PP_ERR_TRANSPORT;
+        snprintf(w->msg[r], sizeof w->msg[r], "ncclCommInitRankConfig failed");
+        return NULL;
+    }
+    if (!w->blocking) {
+        ncclResult_t as = ncclInProgress;
+        while (ncclCommGetAsyncError(comm, &as) == ncclSuccess && as == ncclInProgress) {
+        }
+    }
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 1;
+    cd.devices = &dev;
+    rc = pp_cuda_create(&cd, &c, &err);
+    if (rc == PP_OK) rc = pp_cuda_bind(c, 0, &err);
+    memset(&nd, 0, sizeof nd);
+    nd.comm = comm;
+    nd.compute = c ? pp_cuda_stream(c, 0) : NULL;
+    nd.own_comm = 1;
+    if (rc == PP_OK) rc = pp_nccl_create(&nd, &t, &err);
+    else ncclCommDestroy(comm);
+    memset(&lc, 0, sizeof lc);
+    lc.stream = nd.compute;
+    lc.rank = r;
+    lc.device = dev;
+    memset(&d, 0, sizeof d);
+    d.model = g_model;
+    d.weights = &W;
+    d.grads = &G[r];
+    d.schedule = w->sched;
+    d.rank = r;
+    d.transport = pp_nccl_transport(t);
+    d.device = pp_cuda_device_ops(c, 0);
+    d.layer_ctx = &lc;
+    d.shapes = w->shapes;
+    d.timeout_s = g_timeout;
+    {
+        int S = w->sched->n_stages, n = d.model.n_layers;
+        for (s = 0; s <= S; s++) first[s] = (int)((long)s * n / S);
+        d.partition = first;
+    }
+    if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
+    if (rc != PP_OK) {
+        w->rc[r][0] = rc;
+        snprintf(w->msg[r], sizeof w->msg[r], "setup: %s", err.msg);
+    } else {
+        for (s = 0; s < w->steps; s++) {
+            rc = pp_stage_step(st, &b, NULL);
+            if (rc == PP_OK) rc = pp_nccl_step_end(t, g_timeout, &err);
+            else (void)pp_nccl_step_end(t, g_timeout, NULL);
+            w->rc[r][s] = rc;
+            if (rc != PP_OK) snprintf(w->msg[r], sizeof w->msg[r], "step %d: %s [transport: %.100s]", s, pp_stage_error(st), pp_nccl_error(t));
+            if (w->after_fail && s == 0) {
+                /* every rank comes here (the step failed everywhere, the communicators are
+                   aborted): a new communicator from a new id, a new transport and stage */
+                pp_result rr;
+                ncclComm_t c2 = NULL;
+                pp_stage_destroy(st);
+                st = NULL;
+                pp_nccl_destroy(t);
+                t = NULL;
+                memset(GBUF[r], 0, NPAR * sizeof(float));
+                rr = ncclCommInitRank(&c2, w->p, w->id2, r) == ncclSuccess ? PP_OK : PP_ERR_TRANSPORT;
+                nd.comm = c2;
+                if (rr == PP_OK) rr = pp_nccl_create(&nd, &t, &err);
+                d.transport = pp_nccl_transport(t);
+                if (rr == PP_OK) rr = pp_stage_create(&d, &st, &err);
+                if (rr != PP_OK) {
+                    w->rc[r][1] = rr;
+                    snprintf(w->msg[r], sizeof w->msg[r], "recreate: %s", err.msg);
+                    break;
+                }
+            }
+        }
+    }
+    pp_stage_destroy(st);
+    pp_nccl_destroy(t);
+    pp_cuda_destroy(c);
+    return NULL;
+}
+
+/* runs the world; 1 when every rank's every step returned PP_OK */
+static int run_world(world* w) {
+    pthread_t th[MAXP];
+    rank_arg arg[MAXP];
+    int r, s, ok = 1;
+    memset(w->rc, 0, sizeof w->rc);
+    for (r = 0; r < w->p; r++) memset(GBUF[r], 0, NPAR * sizeof(float));
+    ncclGetUniqueId(&w->id);
+    ncclGetUniqueId(&w->id2);
+    for (r = 0; r < w->p; r++) {
+        arg[r].w = w;
+        arg[r].r = r;
+        pthread_create(&th[r], NULL, rank_main, &arg[r]);
+    }
+    for (r = 0; r < w->p; r++) pthread_join(th[r], NULL);
+    for (r = 0; r < w->p; r++)
+        for (s = 0; s < w->steps; s++)
+            if (w->rc[r][s] != PP_OK) ok = 0;
+    return ok;
+}
+
+static int grads_equal(int p) {
+    size_t i;
+    for (i = 0; i < NPAR; i++) {
+        float s = 0;
+        int r;
+        for (r = 0; r < p; r++) s += GBUF[r][i];
+        if (memcmp(&s, &GREF[i], sizeof s) != 0) return 0;
+    }
+    return 1;
+}
+
+/* the reference: `steps` sequential steps of m micro-batches */
+static void reference(int m, int steps) {
+    pp_model model = mlpz_model_desc();
+    mlpz_model g;
+    pp_batch b = batch(m);
+    pp_error err;
+    float loss;
+    int s;
+    g = G[MAXP - 1];
+    memset(GBUF[MAXP - 1], 0, NPAR * sizeof(float));
+    for (s = 0; s < steps; s++) pp_sequential_step(&model, &W, &g, &b, &loss, &err);
+    memcpy(GREF, GBUF[MAXP - 1], NPAR * sizeof(float));
+}
+
+static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy shapes, int blocking, const pp_schedule* custom) {
+    world w;
+    pp_action* acts = NULL;
+    pp_schedule sc;
+    pp_error err;
+    char where[160];
+    size_t n;
+    int r, ok;
+    memset(&w, 0, sizeof w);
+    snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s %s%s", custom ? "table" : pp_schedule_name(kind), p, v, m,
+             shapes == PP_SHAPES_LOCAL ? "LOCAL" : "BROADCAST", blocking ? "blocking" : "non-blocking",
+             g_eager ? " eager" : "");
+    if (custom) {
+        sc = *custom;
+    } else {
+        n = pp_schedule_size(kind, p, v, m);
+        acts = (pp_action*)malloc(sizeof(pp_action) * (n ? n : 1));
+        if (!acts || pp_schedule_make(kind, p, v, m, acts, n, &sc, &err) != PP_OK) {
+            free(acts);
+            return; /* not a schedule (m too small for the kind): nothing to run */
+        }
+    }
+    if (pp_nccl_check_order(&sc, &err) != PP_OK) {
+        g_skipped++;
+        free(acts);
+        return;
+    }
+    w.p = p;
+    w.m = m;
+    w.v = v;
+    w.kind = kind;
+    w.shapes = shapes;
+    w.blocking = blocking;
+    w.sched = &sc;
+    w.steps = 2;
+    reference(m, w.steps);
+    ok = run_world(&w);
+    for (r = 0; r < p && !ok; r++)
+        if (w.rc[r][0] != PP_OK || w.rc[r][1] != PP_OK) {
+            CHECK(0, "%s: rank %d: %s", where, r, w.msg[r]);
+            break;
+        }
+    if (ok) CHECK(grads_equal(p), "%s: gradients differ from the sequential run", where);
+    free(acts);
+}
+
+static void test_matrix(void) {
+    static const pp_schedule_kind kinds[] = {PP_SCHED_GPIPE, PP_SCHED_1F1B, PP_SCHED_INTERLEAVED, PP_SCHED_ZB_H1, PP_SCHED_ZB_V};
+    int p, k, mi, sh, eager;
+    for (eager = 0; eager <= 1; eager++) {
+        fakenccl_options o;
+        memset(&o, 0, sizeof o);
+        o.eager_bytes = eager ? 256 : 0;
+        g_eager = eager;
+        o.launch_delay_s = 0.001;
+        fakenccl_set_options(&o);
+        for (p = 2; p <= 4; p++)
+            for (k = 0; k < 5; k++)
+                for (mi = 0; mi < 4; mi++) {
+                    int ms[4] = {1, p - 1, p, 2 * p + 1}, m = ms[mi];
+                    int v = kinds[k] == PP_SCHED_INTERLEAVED || kinds[k] == PP_SCHED_ZB_V ? 2 : 1;
+                    if (m < 1 || (mi == 1 && p - 1 == 1)) continue;
+                    for (sh = 0; sh < 2; sh++)
+                        run_case(kinds[k], p, v, m, sh ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL, (p + mi + sh) % 2, NULL);
+                    if (kinds[k] == PP_SCHED_INTERLEAVED && p * 3 <= MLP_DEPTH + 1)
+                        run_case(kinds[k], p, 3, m, PP_SHAPES_LOCAL, 1, NULL);
+                    if (kinds[k] == PP_SCHED_INTERLEAVED && mi == 3) /* and an even m: 2p */
+                        run_case(kinds[k], p, 2, 2 * p, PP_SHAPES_LOCAL, 1, NULL);
+                }
+    }
+    {
+        fakenccl_options o;
+        memset(&o, 0, sizeof o);
+        fakenccl_set_options(&o);
+    }
+    run_case(PP_SCHED_1F1B, 8, 1, 9, PP_SHAPES_LOCAL, 1, NULL);
+    /* a table written out by hand: 1F1B p=2 m=3 */
+    {
+        const char* text = "schedule p=2 v=1 m=3 map=loop\n"
+                           "r0: F0.0 F1.0 B0.0 F2.0 B1.0 B2.0\n"
+                           "r1: F0.0 B0.0 F1.0 B1.0 F2.0 B2.0\n";
+        pp_action acts[64];
+        pp_schedule sc;
+        pp_error err;
+        pp_result rc = pp_schedule_parse(text, strlen(text), acts, 64, NULL, &sc, &err);
+        CHECK(rc == PP_OK, "table: %s", err.msg);
+        if (rc == PP_OK) run_case(PP_SCHED_1F1B, 2, 1, 3, PP_SHAPES_LOCAL, 1, &sc);
+    }
+    printf("nccl-pipeline: %d schedules refused by pp_nccl_check_order were skipped\n", g_skipped);
+}
+
+/* A failing layer on the last rank: every rank's step fails; with new communicators the next
+   step is bit-exact. */
+static void test_failure(void) {
+    world w;
+    pp_action acts[256];
+    pp_schedule sc;
+    pp_error err;
+    int r;
+    memset(&w, 0, sizeof w);
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 4, 1, 6, acts, 256, &sc, &err) == PP_OK, "%s", err.msg);
+    w.p = 4;
+    w.m = 6;
+    w.v = 1;
+    w.sched = &sc;
+    w.shapes = PP_SHAPES_LOCAL;
+    w.blocking = 1;
+    w.steps = 2;
+    w.after_fail = 1;
+    reference(6, 1);
+    g_fail_rank = 3; /* its first layer call fails, once */
+    g_fail_armed = 1;
+    g_timeout = 2;   /* over NCCL the peers learn of the failure by their own timeout */
+    run_world(&w);
+    g_timeout = 5;
+    g_fail_rank = -1;
+    for (r = 0; r < 4; r++) {
+        CHECK(w.rc[r][0] != PP_OK, "rank %d returned OK for the failed step", r);
+        CHECK(w.rc[r][1] == PP_OK, "rank %d after the reset: %s", r, w.msg[r]);
+    }
+    CHECK(grads_equal(4), "the step after a failure and a reset differs from the sequential run");
+}
+
+/* A layer of 1.2 s, longer than the executor's probes of retiring blocks (1 s), under a 5 s
+   timeout: no probe aborts the communicator. */
+static void test_slow(void) {
+    world w;
+    pp_action acts[256];
+    pp_schedule sc;
+    pp_error err;
+    int r;
+    memset(&w, 0, sizeof w);
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 3, acts, 256, &sc, &err) == PP_OK, "%s", err.msg);
+    w.p = 2;
+    w.m = 3;
+    w.v = 1;
+    w.sched = &sc;
+    w.shapes = PP_SHAPES_LOCAL;
+    w.blocking = 1;
+    w.steps = 1;
+    reference(3, 1);
+    g_slow_ms = 1200; /* the first layer of the first micro-batch: 1.2 s, host side */
+    run_world(&w);
+    g_slow_ms = 0;
+    for (r = 0; r < 2; r++) CHECK(w.rc[r][0] == PP_OK, "rank %d with slow layers: %s", r, w.msg[r]);
+    CHECK(grads_equal(2), "slow layers: gradients differ");
+}
+
+int main(void) {
+    uint64_t seed = 99;
+    size_t i;
+    int r;
+    WBUF = mlp_init(&W0, NULL, DIMS, 7, NULL);
+    mlpz_from_mlp(&W, &W0);
+    for (i = 0, NPAR = 0; i < MLP_DEPTH; i++) NPAR += (size_t)DIMS[i] * DIMS[i + 1] + DIMS[i + 1];
+    for (r = 0; r < MAXP; r++) {
+        mlp_model g;
+        size_t off = 0;
+        int l;
+        GBUF[r] = (float*)calloc(NPAR, sizeof(float));
+        for (l = 0; l < MLP_DEPTH; l++) {
+            g.dense[l] = W0.dense[l];
+            g.dense[l].w = GBUF[r] + off;
+            g.dense[l].b = GBUF[r] + off + (size_t)DIMS[l] * DIMS[l + 1];
+            off += (size_t)DIMS[l] * DIMS[l + 1] + DIMS[l + 1];
+        }
+        g.xent[0] = W0.xent[0];
+        mlpz_from_mlp(&G[r], &g);
+    }
+    GREF = (float*)calloc(NPAR, sizeof(float));
+    g_model = layer_kernels_model(mlpz_model_desc());
+    g_model.forward = slow_fwd;
+    for (i = 0; i < ROWS * IN; i++) X[i] = 2.0f * mlp_rng_uniform(&seed) - 1.0f;
+    for (i = 0; i < ROWS; i++) Y[i] = (int32_t)(mlp_rng_next(&seed) % CLASSES);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (getenv("PP_TEST_NCCL_TIMEOUT")) g_timeout = atof(getenv("PP_TEST_NCCL_TIMEOUT"));
+    if (getenv("PP_TEST_NCCL_ONE")) { /* one case while debugging: KIND P V M */
+        char k[32];
+        int p = 2, v = 1, m = 3;
+        pp_schedule_kind kind = PP_SCHED_1F1B;
+        if (sscanf(getenv("PP_TEST_NCCL_ONE"), "%31s %d %d %d", k, &p, &v, &m) == 4) pp_schedule_kind_parse(k, &kind);
+        run_case(kind, p, v, m, PP_SHAPES_LOCAL, 1, NULL);
+    } else {
+        test_matrix();
+        test_failure();
+        test_slow();
+    }
+    for (r = 0; r < MAXP; r++) free(GBUF[r]);
+    free(GREF);
+    free(WBUF);
+    return TEST_DONE("nccl-pipeline");
+}
