@@ -315,6 +315,9 @@ static pp_result _pp_mpi_wait(void* self, pp_request* req, double timeout_s, pp_
         }
         if (_pp_now() > deadline) {
             int peer = op->peer, is_recv = op->is_recv;
+            if (!is_recv && dt <= _PP_RETIRE_WAIT_S) /* the executor's probe of a retiring block: the */
+                return _pp_fail(err, PP_ERR_TIMEOUT, /* send stays posted, its block stays unused */
+                                "rank %d: a send to rank %d is not done after %.3g s", t->rank, peer, dt);
             _pp_mpi_drop(t, op);
             req->impl = NULL;
             req->done = 1;
