@@ -13,7 +13,8 @@ B        = build
 HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
-           test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline
+           test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
+           test_nccl_grid
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
@@ -64,7 +65,7 @@ $(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h p
 
 # The imitations themselves (tests/fakenccl over tests/fakecuda): each rule against a correct and
 # a known-bad client. Also compiled as C++ by check-cxx.
-FAKE_NCCL = $(foreach t,test_imitation test_nccl_pipeline,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
+FAKE_NCCL = $(foreach t,test_imitation test_nccl_pipeline test_nccl_grid,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
 $(FAKE_NCCL): BASE += -Itests/fakenccl -Itests/fakecuda
 $(FAKE_NCCL): tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
 
@@ -260,9 +261,9 @@ $(Q)/pp-sched: tools/pp_sched.c $(HEADERS) | $(Q)
 
 $(Q)/test_cuda_host $(Q)/test_cuda_pipeline: BASE += -Itests/fakecuda
 $(Q)/test_cuda_host $(Q)/test_cuda_pipeline: tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h
-$(Q)/test_imitation $(Q)/test_nccl_pipeline: BASE += -Itests/fakenccl -Itests/fakecuda
+$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid: BASE += -Itests/fakenccl -Itests/fakecuda
 $(Q)/test_nccl_pipeline: BASE += -DFAKECUDA_DEVICES=8
-$(Q)/test_imitation $(Q)/test_nccl_pipeline: tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
+$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid: tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
 
 quick: $(QUICK_BINS)
 	@$(Q)/mlp_cpu --check --steps 2 > /dev/null && $(Q)/gpt_cpu --check --steps 2 --generated > /dev/null && \

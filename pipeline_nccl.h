@@ -662,9 +662,12 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ev, t->compute), "cudaEventRecord");
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->stream, ev, 0), "cudaStreamWaitEvent");
     if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaMemcpyAsync(dev, buf, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
-    if (rc == PP_OK)
-        rc = _ppn_nccl(t, ncclAllReduce(dev, dev, count, dtype == PP_F32 ? ncclFloat32 : ncclFloat64, ncclSum, t->comm, t->stream),
-                       "ncclAllReduce");
+    if (rc == PP_OK) {
+        ncclResult_t ar = ncclAllReduce(dev, dev, count, dtype == PP_F32 ? ncclFloat32 : ncclFloat64, ncclSum, t->comm, t->stream);
+        rc = _ppn_nccl(t, ar, "ncclAllReduce");
+        /* a non-blocking communicator enqueues the kernel later: what follows must come after it */
+        if (rc == PP_OK && ar == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, "ncclAllReduce (non-blocking)");
+    }
     if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaMemcpyAsync(buf, dev, bytes, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ev, t->stream), "cudaEventRecord");
     while (rc == PP_OK) {

@@ -1,0 +1,279 @@
+/* tests/test_nccl_grid.c - a pp = 2 x dp = 2 grid over pipeline_nccl.h and the NCCL imitation
+   (tests/fakenccl over tests/fakecuda), without a GPU: what examples/gpt_nccl.cu does on four GPUs.
+
+   Four rank threads, each on its own imitation device, make a world communicator from one id
+   (pp_nccl_comm_init: non-blocking, polled), split it with pp_nccl_grid_create into the pipeline,
+   data-parallel and tied-pair transports, and train the tied-embedding LM (examples/tlm.h, its
+   layers as imitation kernels on the rank's compute stream, device blocks from a one-rank
+   pp_cuda): the head's copy of the embedding starts wrong and pp_tied_sync_weights fixes it, then
+   every step pp_stage_step, pp_nccl_step_end, pp_tied_sum_grads over the tied pair and
+   pp_grad_allreduce (mean) over the data-parallel group. Each rank's gradients of the layers it
+   owns equal the sequential reference (every replica, tied sums, mean) bit for bit, and after
+   SGD steps the tied copies and the replicas stay bit-identical. GPipe, 1F1B and ZB-H1; p = 2
+   carries both directions between one pair of ranks. */
+#define _POSIX_C_SOURCE 200809L
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline_nccl.h"
+#include "../examples/tlm.h"
+#include "test.h"
+#include "fakecuda/layer_kernels.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define VOCAB 11
+#define DIM 6
+#define NSEQ 9
+#define MAXLEN 6
+#define MAXROWS (NSEQ * MAXLEN)
+#define PP 2
+#define DP 2
+#define NR (PP * DP)
+#define STEPS 3
+#define LR 0.25f
+
+typedef struct shard {
+    int32_t tok[MAXROWS], tgt[MAXROWS], cu[NSEQ + 1];
+    pp_batch b;
+} shard;
+
+static void make_shard(shard* s, int dp_rank, int step, int m) {
+    int rows = tlm_make_batch(s->tok, s->tgt, s->cu, NSEQ, MAXLEN, VOCAB, 500u + 13u * (uint64_t)step + (uint64_t)dp_rank);
+    memset(&s->b, 0, sizeof s->b);
+    s->b.m = m;
+    s->b.input.data = s->tok;
+    s->b.input.rows = rows;
+    s->b.input.cols = 1;
+    s->b.input.dtype = PP_I32;
+    s->b.targets = s->tgt;
+    s->b.target_row_bytes = sizeof(int32_t);
+    s->b.cu_seqlens = s->cu;
+    s->b.n_seqs = NSEQ;
+    s->b.split = PP_SPLIT_TOKENS;
+}
+
+typedef struct world {
+    ncclUniqueId id;
+    pp_model model;             /* the LM's layers as imitation kernels (made once) */
+    pp_schedule sc;
+    int first[PP * 2 + 1];
+    int m;
+    float* w[NR];               /* each rank's weights and gradients, host memory */
+    float* g[NR];
+    float* wref;
+    int bad[NR];
+    pp_result rc[NR];
+    char msg[NR][700];
+} world;
+
+typedef struct rank_arg {
+    world* W;
+    int r;
+} rank_arg;
+
+static int owner(const world* W, int layer) {
+    int st, r, c;
+    for (st = 0; st < W->sc.n_stages; st++)
+        if (layer >= W->first[st] && layer < W->first[st + 1]) {
+            pp_schedule_stage_rank(&W->sc, st, &r, &c);
+            return r;
+        }
+    return -1;
+}
+
+static void layer_range(int l, size_t* off, size_t* n) {
+    size_t nE = (size_t)VOCAB * DIM, nd = (size_t)DIM * DIM + DIM;
+    *off = *n = 0;
+    if (l == TLM_EMBED_LAYER) *n = nE;
+    else if (l <= TLM_DEPTH) {
+        *off = nE + (size_t)(l - 1) * nd;
+        *n = nd;
+    } else if (l == TLM_HEAD_LAYER) {
+        *off = nE + (size_t)TLM_DEPTH * nd;
+        *n = nE;
+    }
+}
+
+/* reference gradients of one step: every replica, tied sums, mean over replicas */
+static void reference(const float* wa, float* gref, int step, int m) {
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, i, hoff, hn;
+    float* g = (float*)calloc(n, sizeof(float));
+    pp_model model = tlm_model_desc();
+    tlm_model w, gw;
+    shard s;
+    float loss;
+    int d;
+    layer_range(TLM_HEAD_LAYER, &hoff, &hn);
+    tlm_layout(&w, (float*)(uintptr_t)wa, VOCAB, DIM, 0);
+    for (d = 0; d < DP; d++) {
+        memset(g, 0, n * sizeof(float));
+        tlm_layout(&gw, g, VOCAB, DIM, 0);
+        make_shard(&s, d, step, m);
+        pp_sequential_step(&model, &w, &gw, &s.b, &loss, NULL);
+        for (i = 0; i < nE; i++) g[i] = g[hoff + i] = g[i] + g[hoff + i];
+        for (i = 0; i < n; i++) gref[i] = d == 0 ? g[i] : gref[i] + g[i];
+    }
+    for (i = 0; i < n; i++) gref[i] *= 1.0f / DP;
+    free(g);
+}
+
+static void* rank_main(void* arg) {
+    rank_arg* a = (rank_arg*)arg;
+    world* W = a->W;
+    int wr = a->r, dev = wr, step, l;
+    pp_launch L;
+    pp_error err;
+    ncclComm_t comm = NULL;
+    pp_nccl_grid g;
+    pp_cuda* c = NULL;
+    pp_cuda_desc cd;
+    pp_stage* st = NULL;
+    pp_stage_desc d;
+    pp_transport pipe, tied, dpt;
+    memset(&pipe, 0, sizeof pipe);
+    memset(&tied, 0, sizeof tied);
+    memset(&dpt, 0, sizeof dpt);
+    tlm_model w, gw;
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, i;
+    float* gref = (float*)malloc(n * sizeof(float));
+    float* wref = (float*)malloc(n * sizeof(float));
+    int pair[2] = {0, 1}, have_grid = 0;
+    shard s;
+    pp_result rc;
+    err.msg[0] = 0;
+    memset(&L, 0, sizeof L);
+    L.rank = wr;
+    L.world = NR;
+    L.local_rank = dev;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 1;
+    cd.devices = &dev;
+    rc = pp_nccl_comm_init(&L, &W->id, 20, &comm, &err);
+    if (rc == PP_OK) rc = pp_cuda_create(&cd, &c, &err);
+    if (rc == PP_OK) rc = pp_cuda_bind(c, 0, &err);
+    if (rc == PP_OK) rc = pp_nccl_grid_create(comm, PP, PP_GRID_DP_INNER, pp_cuda_stream(c, 0), 20, &g, &err);
+    have_grid = rc == PP_OK;
+    if (have_grid) {
+        pipe = pp_nccl_transport(g.pipe);
+        tied = pp_nccl_transport(g.tied);
+        dpt = pp_nccl_transport(g.dp);
+    }
+    tlm_layout(&w, W->w[wr], VOCAB, DIM, 0);
+    tlm_layout(&gw, W->g[wr], VOCAB, DIM, 0);
+    memcpy(wref, W->wref, n * sizeof(float));
+    if (rc == PP_OK && g.tied) /* the head's copy of E starts wrong: the first stage's replaces it */
+        rc = pp_tied_sync_weights(&tied, pair, g.grid.pp_rank == 0 ? w.embed[0].E : NULL,
+                                  g.grid.pp_rank == PP - 1 ? w.head[0].E : NULL, nE * sizeof(float), 20, &err);
+    memset(&d, 0, sizeof d);
+    d.model = W->model;
+    d.weights = &w;
+    d.grads = &gw;
+    d.schedule = &W->sc;
+    d.partition = W->first;
+    d.rank = have_grid ? g.grid.pp_rank : 0;
+    d.transport = pipe;
+    d.device = pp_cuda_device_ops(c, 0);
+    {
+        static cudaStream_t streams[NR];
+        streams[wr] = pp_cuda_stream(c, 0);
+        d.layer_ctx = &streams[wr];
+    }
+    d.timeout_s = 20;
+    if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
+    for (step = 0; step < STEPS && rc == PP_OK; step++) {
+        memset(W->g[wr], 0, n * sizeof(float));
+        make_shard(&s, g.grid.dp_rank, step, W->m);
+        if ((rc = pp_stage_step(st, &s.b, NULL)) != PP_OK) {
+            snprintf(err.msg, sizeof err.msg, "%s", pp_stage_error(st));
+            break;
+        }
+        if ((rc = pp_nccl_step_end(g.pipe, 20, &err)) != PP_OK) break;
+        if ((rc = pp_cuda_step_end(c, NULL, &err)) != PP_OK) break; /* the kernels wrote the host gradients */
+        if (g.tied)
+            rc = pp_tied_sum_grads(&tied, pair, g.grid.pp_rank == 0 ? gw.embed[0].E : NULL,
+                                   g.grid.pp_rank == PP - 1 ? gw.head[0].E : NULL, nE, PP_F32, 20, &err);
+        if (rc == PP_OK) rc = pp_grad_allreduce(&dpt, NULL, 0, W->g[wr], n, PP_F32, 1.0 / DP, 20, &err);
+        if (rc != PP_OK) break;
+        reference(wref, gref, step, W->m);
+        for (l = 0; l < W->model.n_layers; l++) {
+            size_t off, cnt;
+            layer_range(l, &off, &cnt);
+            if (cnt && owner(W, l) == g.grid.pp_rank && memcmp(W->g[wr] + off, gref + off, cnt * sizeof(float))) {
+                W->bad[wr]++;
+                snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: layer %d's gradient differs", step, l);
+            }
+        }
+        for (i = 0; i < n; i++) {
+            W->w[wr][i] -= LR * W->g[wr][i];
+            wref[i] -= LR * gref[i];
+        }
+    }
+    if (rc != PP_OK) snprintf(W->msg[wr], sizeof W->msg[wr], "%s", err.msg);
+    W->rc[wr] = rc;
+    pp_stage_destroy(st);
+    if (have_grid) pp_nccl_grid_destroy(&g);
+    if (comm) ncclCommDestroy(comm);
+    pp_cuda_destroy(c);
+    free(gref);
+    free(wref);
+    return NULL;
+}
+
+static void grid_run(pp_schedule_kind kind, int m) {
+    static pp_action acts[PP * 2 * 2 * 16];
+    world W;
+    pthread_t th[NR];
+    rank_arg arg[NR];
+    pp_error err;
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, hoff, hn;
+    int r, d;
+    pp_result rc;
+    memset(&W, 0, sizeof W);
+    W.m = m;
+    W.model = layer_kernels_model(tlm_model_desc());
+    rc = pp_schedule_make(kind, PP, 1, m, acts, sizeof acts / sizeof acts[0], &W.sc, &err);
+    if (rc == PP_OK) rc = pp_partition_uniform(W.model.n_layers, PP, W.first, &err);
+    CHECK(rc == PP_OK, "setup: %s", err.msg);
+    if (rc != PP_OK) return;
+    CHECK(owner(&W, TLM_EMBED_LAYER) == 0 && owner(&W, TLM_HEAD_LAYER) == PP - 1, "the tied pair is {0, %d}", PP - 1);
+    ncclGetUniqueId(&W.id);
+    W.wref = (float*)malloc(n * sizeof(float));
+    tlm_fill(W.wref, VOCAB, DIM, 3);
+    layer_range(TLM_HEAD_LAYER, &hoff, &hn);
+    for (r = 0; r < NR; r++) {
+        W.w[r] = (float*)malloc(n * sizeof(float));
+        W.g[r] = (float*)calloc(n, sizeof(float));
+        memcpy(W.w[r], W.wref, n * sizeof(float));
+        for (d = 0; d < (int)nE; d++) W.w[r][hoff + d] = -5.0f;
+    }
+    for (r = 0; r < NR; r++) {
+        arg[r].W = &W;
+        arg[r].r = r;
+        pthread_create(&th[r], NULL, rank_main, &arg[r]);
+    }
+    for (r = 0; r < NR; r++) pthread_join(th[r], NULL);
+    for (r = 0; r < NR; r++) {
+        CHECK(W.rc[r] == PP_OK, "%s: world rank %d: %s", pp_schedule_name(kind), r, W.msg[r]);
+        CHECK(W.bad[r] == 0, "%s: world rank %d: %s", pp_schedule_name(kind), r, W.msg[r]);
+    }
+    for (d = 0; d < DP; d++) { /* DP_INNER: world rank = pp_rank * DP + dp_rank */
+        int ra = 0 * DP + d, rb = (PP - 1) * DP + d;
+        CHECK(memcmp(W.w[ra], W.w[rb] + hoff, nE * sizeof(float)) == 0, "%s: replica %d: tied copies differ after %d steps",
+              pp_schedule_name(kind), d, STEPS);
+        CHECK(memcmp(W.w[ra], W.w[0], nE * sizeof(float)) == 0, "%s: replicas differ", pp_schedule_name(kind));
+    }
+    for (r = 0; r < NR; r++) {
+        free(W.w[r]);
+        free(W.g[r]);
+    }
+    free(W.wref);
+}
+
+int main(void) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    grid_run(PP_SCHED_GPIPE, 4);
+    grid_run(PP_SCHED_1F1B, 5);
+    grid_run(PP_SCHED_ZB_H1, 4);
+    return TEST_DONE("nccl-grid");
+}
