@@ -167,7 +167,7 @@ bench: $(BENCHES)
 	$(B)/bench_zb
 	$(B)/bench_imitation
 
-# Side by side with torch.distributed.pipelining (README, "Performance"). Ours links OpenBLAS's
+# Side by side with torch.distributed.pipelining (docs/PERFORMANCE.md). Ours links OpenBLAS's
 # cblas when it is installed (libopenblas-dev), else the naive kernel; PEERS_KERNEL=naive forces it.
 OPENBLAS := $(shell printf '\043include <cblas.h>\nint main(void){cblas_sgemm(CblasRowMajor,CblasNoTrans,CblasNoTrans,1,1,1,1.0f,0,1,0,1,0.0f,0,1);return 0;}\n' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo yes)
 ifeq ($(PEERS_KERNEL),naive)

@@ -106,7 +106,7 @@ static void test_zb_schedules(void) {
     CHECK(runs == 8 * 32 * 2, "ran %d", runs);
 }
 
-/* The bubble table of the README, checked: unit costs per chunk, same model (a V chunk is
+/* The bubble table of docs/schedules.md, checked: unit costs per chunk, same model (a V chunk is
    half a stage, so F = B = W = 1 per stage is 0.5 per V chunk). */
 static void test_bubble_order(void) {
     int p = 4, m = 8, k;
