@@ -97,7 +97,12 @@ $(B)/c-check.o: tests/c_check.c $(HEADERS) | $(B)
 	$(CC) $(BASE) -c $< -o $@
 	$(CLANG) $(BASE) -c $< -o $(B)/c-check-clang.o
 
-check-c: $(B)/c-check.o
+# the implementation after the C library's headers (they fix the feature set first)
+$(B)/c-impl-order.o: tests/c_impl_order.c $(HEADERS) | $(B)
+	$(CC) $(BASE) -c $< -o $@
+	$(CLANG) $(BASE) -c $< -o $(B)/c-impl-order-clang.o
+
+check-c: $(B)/c-check.o $(B)/c-impl-order.o
 
 # Static analysis of the headers: cppcheck (declarations, and with the implementation) and
 # clang-tidy (checks in .clang-tidy, over tests/lint.c). A tool that is not installed is skipped.

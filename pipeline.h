@@ -1087,6 +1087,16 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
 #include <errno.h>
 #include <pthread.h>
 
+/* A header included before this one under -std=c99 (<stdio.h>, say) fixed the library's feature
+   set without POSIX, so <time.h> declared no clock_gettime: declare the two clocks used here
+   (glibc: pthread.h brought struct timespec, bits/types.h __clockid_t; the Linux clock ids). */
+#if defined(__linux__) && defined(__GLIBC__) && !defined(CLOCK_MONOTONIC) && !defined(__cplusplus)
+extern int clock_gettime(__clockid_t clock, struct timespec* ts);
+extern int nanosleep(const struct timespec* req, struct timespec* rem); /* pipeline_mpi.h, _nccl.h */
+#define CLOCK_REALTIME 0
+#define CLOCK_MONOTONIC 1
+#endif
+
 #if defined(PP_MALLOC) != defined(PP_FREE)
 #error "pipeline.h: define both PP_MALLOC and PP_FREE, or neither"
 #endif
