@@ -82,7 +82,11 @@ $(B)/bench_imitation: bench/bench_imitation.c tests/fakecuda/cuda_runtime_api.h 
 $(B)/bench-imitation-smoke: $(B)/bench_imitation
 	@printf '#!/bin/sh\nexec $(B)/bench_imitation --smoke\n' > $@ && chmod +x $@
 
-TEST_BINS_EXTRA = $(B)/bench-imitation-smoke
+# the pp-sched command line (tests/test_pp_sched.sh)
+$(B)/pp-sched-cli: tests/test_pp_sched.sh $(B)/pp-sched
+	@printf '#!/bin/sh\nexec sh tests/test_pp_sched.sh $(B)/pp-sched\n' > $@ && chmod +x $@
+
+TEST_BINS_EXTRA = $(B)/bench-imitation-smoke $(B)/pp-sched-cli
 
 $(B)/cxx-imitation.o: tests/test_imitation.c tests/test.h tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)
 	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -Itests/fakenccl -Itests/fakecuda -x c++ -c $< -o $@

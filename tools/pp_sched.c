@@ -426,12 +426,16 @@ int main(int argc, char** argv) {
             return 2;
         }
         pr = pp_schedule_parse(text, len, NULL, 0, &n, &s, &err);
-        if (pr == PP_ERR_SIZE) {
+        if (pr == PP_ERR_SIZE) { /* the syntax is right: room for the actions, then the whole check */
             acts = (pp_action*)malloc((n ? n : 1) * sizeof *acts);
-            if (acts) pr = pp_schedule_parse(text, len, acts, n, &n, &s, &err);
+            if (!acts) {
+                fprintf(stderr, "pp-sched: %s: out of memory for %zu actions\n", load, n);
+                goto done;
+            }
+            pr = pp_schedule_parse(text, len, acts, n, &n, &s, &err);
         }
-        if (pr != PP_OK || !acts) {
-            fprintf(stderr, "pp-sched: %s: %s\n", load, acts ? err.msg : "out of memory");
+        if (pr != PP_OK) {
+            fprintf(stderr, "pp-sched: %s: %s\n", load, err.msg);
             goto done;
         }
         p = s.p, v = s.v, m = s.m, kind = PP_SCHED_CUSTOM;
