@@ -1539,6 +1539,9 @@ static pp_result _pp_batch_check(const pp_batch* b, pp_error* err) {
         return PP_OK;
     }
     if (b->n_seqs <= 0) return _pp_fail(err, PP_ERR_INVALID, "cu_seqlens given with n_seqs = %d", b->n_seqs);
+    if ((int64_t)b->n_seqs > b->input.rows) /* every sequence has a row: bounds the scan below */
+        return _pp_fail(err, PP_ERR_INVALID, "n_seqs = %d sequences cannot fit %lld rows", b->n_seqs,
+                        (long long)b->input.rows);
     if (b->cu_seqlens[0] != 0) return _pp_fail(err, PP_ERR_INVALID, "cu_seqlens[0] = %d, must be 0", b->cu_seqlens[0]);
     for (i = 0; i < b->n_seqs; i++)
         if (b->cu_seqlens[i + 1] <= b->cu_seqlens[i])
@@ -1658,9 +1661,11 @@ static void _pp_plan_free(_pp_plan* p) {
 
 static pp_result _pp_plan_build(_pp_plan* p, const pp_model* model, const void* w, const pp_batch* b, pp_error* err) {
     pp_result rc;
-    int i, l, L = model->n_layers;
-    int cu_need = b->cu_seqlens ? b->n_seqs + b->m : 1;
+    int i, l, L = model->n_layers, cu_need;
     if ((rc = _pp_batch_check(b, err)) != PP_OK) return rc;
+    if (b->cu_seqlens && (long long)b->n_seqs + b->m > INT32_MAX)
+        return _pp_fail(err, PP_ERR_INVALID, "%d sequences in %d micro-batches is too many", b->n_seqs, b->m);
+    cu_need = b->cu_seqlens ? b->n_seqs + b->m : 1;
     if (b->m > p->m_cap || L != p->L) {
         PP_FREE(p->mbs);
         PP_FREE(p->bnd);

@@ -8,6 +8,7 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include <limits.h>
 
 #define ROWS 16
 #define IN 4
@@ -185,6 +186,10 @@ static void test_batches(void) {
     CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID, "negative cu_seqlens: %s", pp_stage_error(st));
     b.cu_seqlens = cu_end;
     CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID, "cu_seqlens ending before the rows: %s", pp_stage_error(st));
+    b.cu_seqlens = cu_ok; /* n_seqs + m overflowed before the check (UB: the ASan+UBSan build aborts) */
+    b.n_seqs = INT_MAX;
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID && strstr(pp_stage_error(st), "cannot fit"),
+          "n_seqs = INT_MAX: %s", pp_stage_error(st));
     b.cu_seqlens = cu_ok;
     b.n_seqs = 2;
     b.m = 2;
