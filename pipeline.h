@@ -2749,6 +2749,11 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     /* (mb, stage) pairs are indexed with an int, like pp_schedule_make's limit on actions */
     if ((long long)m * S > INT32_MAX / 3)
         return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: m*stages = %d*%d is too many", m, S);
+    /* every (micro-batch, stage) needs its F and its B: a header that promises more than the
+       lists hold is refused before its tables are allocated (m = 700M with 2 actions took 8 GB) */
+    if ((long long)n_total < 2LL * m * S)
+        return _pp_fail(err, PP_ERR_SCHEDULE, "pp_simulate: %d actions cannot cover m=%d micro-batches x %d stages (F and B each)",
+                        n_total, m, S);
     n_slots = (size_t)m * (size_t)S;
     slot = (int*)_pp_calloc(3 * n_slots, sizeof(int));
     fin = (double*)_pp_calloc((size_t)n_total, sizeof(double));

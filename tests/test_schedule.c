@@ -613,7 +613,24 @@ static void test_printers(void) {
     free(sb.acts);
 }
 
+/* A header promising far more micro-batches than its lists hold is refused before the
+   simulator sizes its tables by it (m = 700M with two actions a rank took 8 GB and 23 s). */
+static void test_huge_header(void) {
+    pp_action a[4];
+    pp_schedule s;
+    pp_error err;
+    double t0;
+    pp_result rc;
+    CHECK(pp_schedule_make(PP_SCHED_GPIPE, 1, 1, 1, a, 4, &s, &err) == PP_OK, "%s", err.msg);
+    s.m = 700000000;
+    t0 = _pp_now();
+    rc = pp_simulate(&s, NULL, NULL, NULL, &err);
+    CHECK(rc == PP_ERR_SCHEDULE && strstr(err.msg, "cannot cover") && _pp_now() - t0 < 0.5,
+          "m = 700M with 2 actions: %s (%s, %.2f s)", pp_result_str(rc), err.msg, _pp_now() - t0);
+}
+
 int main(void) {
+    test_huge_header();
     test_grid();
     test_exhaustive();
     test_golden();
