@@ -23,7 +23,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c lint fuzz soak valgrind clean \
+.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c check-abi lint fuzz soak valgrind clean \
         cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
@@ -106,7 +106,17 @@ $(B)/c-impl-order.o: tests/c_impl_order.c $(HEADERS) | $(B)
 	$(CC) $(BASE) -c $< -o $@
 	$(CLANG) $(BASE) -c $< -o $(B)/c-impl-order-clang.o
 
-check-c: $(B)/c-check.o $(B)/c-impl-order.o
+check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi
+
+# a configuration that sizes public structs must agree across files: a mismatch fails to link
+check-abi: | $(B)
+	@$(CC) $(BASE) -c tests/abi_impl.c -o $(B)/abi-impl.o && $(CC) $(BASE) -c tests/abi_user.c -o $(B)/abi-user.o && \
+	  $(CC) $(BASE) -DPP_MAX_TENSORS=8 -c tests/abi_impl.c -o $(B)/abi-impl8.o && \
+	  $(CC) $(B)/abi-user.o $(B)/abi-impl.o -o $(B)/abi-same $(LDLIBS) && $(B)/abi-same && \
+	  if $(CC) $(B)/abi-user.o $(B)/abi-impl8.o -o $(B)/abi-mismatch $(LDLIBS) 2>$(B)/abi-mismatch.log; then \
+	    echo "check-abi: FAILED, a file with PP_MAX_TENSORS=4 linked against an implementation with 8"; exit 1; \
+	  else grep -q "pp_stage_create_abi_t4_r256_f32_k16" $(B)/abi-mismatch.log && \
+	    echo "check-abi: the same configuration links and runs; a different PP_MAX_TENSORS fails to link"; fi
 
 # Static analysis of the headers: cppcheck (declarations, and with the implementation) and
 # clang-tidy (checks in .clang-tidy, over tests/lint.c). A tool that is not installed is skipped.

@@ -88,7 +88,10 @@
    AUTO-PARTITION: pp_profile_layers measures each layer's F, B, W; pp_partition_balanced or
    pp_partition_capped (under a memory cap per stage) splits on the measured times.
 
-   CONFIGURATION (define before including, in the implementation file)
+   CONFIGURATION (define before every include of this header, the same in every file; the four
+   that size public structs - PP_MAX_TENSORS, PP_MAX_LAYER_KINDS, PP_MAX_RANKS, PP_FLIGHT_LEN -
+   are part of the link names of pp_stage_create and pp_pipeline_create, so files that disagree
+   fail to link)
        PP_MALLOC(sz) / PP_FREE(p)   allocator (default malloc/free); define both or neither
        PP_ASSERT(c)                 internal invariants only, never user errors (default assert)
        PP_MAX_TENSORS               tensors crossing one layer boundary (default 4)
@@ -173,6 +176,22 @@ extern "C" {
 #ifndef PP_DEFAULT_TIMEOUT_S
 #define PP_DEFAULT_TIMEOUT_S 300.0
 #endif
+#ifndef PP_FLIGHT_LEN
+#define PP_FLIGHT_LEN 32
+#endif
+#ifndef PP_MAX_LAYER_KINDS
+#define PP_MAX_LAYER_KINDS 16       /* entries of a PP_MODEL list whose count can change at run time */
+#endif
+/* PP_MAX_TENSORS, PP_MAX_RANKS, PP_FLIGHT_LEN and PP_MAX_LAYER_KINDS size public structs, so
+   they are part of the link: pp_stage_create and pp_pipeline_create are linked under names that
+   carry them. A file that includes this header with other values than the implementation file
+   fails to link (undefined pp_stage_create_abi_t8_r256_f32_k16, say) instead of corrupting
+   memory. Give them as plain integers. */
+#define _PP_ABI_CAT2(name, t, r, f, k) pp_##name##_abi_t##t##_r##r##_f##f##_k##k
+#define _PP_ABI_CAT(name, t, r, f, k) _PP_ABI_CAT2(name, t, r, f, k)
+#define _PP_ABI(name) _PP_ABI_CAT(name, PP_MAX_TENSORS, PP_MAX_RANKS, PP_FLIGHT_LEN, PP_MAX_LAYER_KINDS)
+#define pp_stage_create _PP_ABI(stage_create)
+#define pp_pipeline_create _PP_ABI(pipeline_create)
 
 /* >>result ------------------------------------------------------------------------------------ */
 #define PP_RESULT_LIST(X)                                                       \
