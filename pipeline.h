@@ -3810,10 +3810,29 @@ void pp_grid_tied_split(const pp_grid* g, int* color, int* key) {
     *key = first ? 0 : 1;
 }
 
+/* The ranks of a collective: n of them, distinct, inside the transport, this rank among them. */
+static pp_result _pp_check_group(const pp_transport* t, const int* ranks, int n, pp_error* err) {
+    int i, j, me = 0;
+    if (!ranks || n < 1)
+        return _pp_fail(err, PP_ERR_INVALID, "a group of %d ranks (ranks %s)", n, ranks ? "given" : "NULL");
+    for (i = 0; i < n; i++) { /* distinct and inside: n <= t->size follows */
+        if (ranks[i] < 0 || ranks[i] >= t->size)
+            return _pp_fail(err, PP_ERR_INVALID, "group rank %d (entry %d) is outside the transport's %d ranks", ranks[i], i,
+                            t->size);
+        for (j = 0; j < i; j++)
+            if (ranks[j] == ranks[i]) return _pp_fail(err, PP_ERR_INVALID, "group rank %d appears twice", ranks[i]);
+        me |= ranks[i] == t->rank;
+    }
+    if (!me) return _pp_fail(err, PP_ERR_INVALID, "rank %d is not in the group it reduces over", t->rank);
+    return PP_OK;
+}
+
 pp_result pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dtype dtype, const int* ranks,
                            int n_ranks, double timeout_s, pp_error* err) {
+    pp_result rc;
     if (!t || !t->isend || !t->irecv || !t->wait)
         return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a transport with isend/irecv/wait");
+    if ((rc = _pp_check_group(t, ranks, n_ranks, err)) != PP_OK) return rc;
     return _pp_allreduce_p2p(t, buf, count, dtype, ranks, n_ranks, timeout_s, err);
 }
 
@@ -3840,6 +3859,7 @@ pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks
         ranks = all;
         n_ranks = t->size;
     }
+    if ((rc = _pp_check_group(t, ranks, n_ranks, err)) != PP_OK) return rc;
     if (n_ranks > 1 && count) {
         rc = t->allreduce_sum(t->self, buf, count, dtype, ranks, n_ranks, timeout_s, err);
         if (rc != PP_OK) return rc;

@@ -297,6 +297,17 @@ static void tied_local_checks(void) {
           "a pair outside the transport: %s", err.msg);
     CHECK(pp_tied_sum_grads(&t, pair, a, b, 3, PP_I32, 1, &err) == PP_ERR_INVALID, "integer gradients refused");
     CHECK(pp_grad_allreduce(&t, NULL, 0, a, 3, PP_F32, 0.5, 1, &err) == PP_OK && a[0] == 1.0f, "one-rank mean: %s", err.msg);
+    { /* a group rank outside the transport: a clear message, not an empty or stale one */
+        int outside[2] = {0, 5}, twice[2] = {0, 0};
+        strcpy(err.msg, "stale");
+        CHECK(pp_grad_allreduce(&t, outside, 2, a, 3, PP_F32, 1.0, 1, &err) == PP_ERR_INVALID && strstr(err.msg, "outside"),
+              "all-reduce over rank 5 of 1: %s", err.msg);
+        strcpy(err.msg, "stale");
+        CHECK(pp_allreduce_p2p(&t, a, 3, PP_F32, outside, 2, 1, &err) == PP_ERR_INVALID && strstr(err.msg, "outside"),
+              "p2p all-reduce over rank 5 of 1: %s", err.msg);
+        CHECK(pp_grad_allreduce(&t, twice, 2, a, 3, PP_F32, 1.0, 1, &err) == PP_ERR_INVALID && strstr(err.msg, "group"),
+              "a rank twice: %s", err.msg);
+    }
     pp_threads_destroy(one);
 }
 
