@@ -25,56 +25,14 @@
 #define MAXROWS (NSEQ * MAXLEN)
 #define STEPS 3
 #define LR 0.25f
+#include "tlm_grid.h"
 
 static int W_RANK, W_SIZE;
 
 /* This process's shard of step `step`: replica dp_rank's packed sequences. */
-typedef struct shard {
-    int32_t tok[MAXROWS], tgt[MAXROWS], cu[NSEQ + 1];
-    pp_batch b;
-} shard;
-
-static void make_shard(shard* s, int dp_rank, int step, int m) {
-    int rows = tlm_make_batch(s->tok, s->tgt, s->cu, NSEQ, MAXLEN, VOCAB, 1000u + 77u * (uint64_t)step + (uint64_t)dp_rank);
-    memset(&s->b, 0, sizeof s->b);
-    s->b.m = m;
-    s->b.input.data = s->tok;
-    s->b.input.rows = rows;
-    s->b.input.cols = 1;
-    s->b.input.dtype = PP_I32;
-    s->b.targets = s->tgt;
-    s->b.target_row_bytes = sizeof(int32_t);
-    s->b.cu_seqlens = s->cu;
-    s->b.n_seqs = NSEQ;
-    s->b.split = PP_SPLIT_TOKENS; /* unequal micro-batches: every transfer has its own size */
-}
-
-/* Floats of layer l's parameters in the arena: [*off, *off + *n). */
-static void layer_range(int l, size_t* off, size_t* n) {
-    size_t nE = (size_t)VOCAB * DIM, nd = (size_t)DIM * DIM + DIM;
-    if (l == TLM_EMBED_LAYER) {
-        *off = 0;
-        *n = nE;
-    } else if (l <= TLM_DEPTH) {
-        *off = nE + (size_t)(l - 1) * nd;
-        *n = nd;
-    } else if (l == TLM_HEAD_LAYER) {
-        *off = nE + (size_t)TLM_DEPTH * nd;
-        *n = nE;
-    } else {
-        *off = *n = 0;
-    }
-}
-
-static int owner_rank(const pp_schedule* sc, const int* first, int layer) {
-    int st, r, c;
-    for (st = 0; st < sc->n_stages; st++)
-        if (layer >= first[st] && layer < first[st + 1]) {
-            pp_schedule_stage_rank(sc, st, &r, &c);
-            return r;
-        }
-    return -1;
-}
+static void make_shard(shard* s, int dp_rank, int step, int m) { tlm_grid_shard(s, 1000u + 77u * (uint64_t)step + (uint64_t)dp_rank, m); }
+#define layer_range tlm_grid_layer_range
+#define owner_rank tlm_grid_owner
 
 /* The reference for one step of the whole grid, on one process: each replica's sequential step
    of the untied model, its tied sum, the replicas summed in order and scaled; likewise for the

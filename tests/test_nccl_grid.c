@@ -32,26 +32,10 @@
 #define NR (PP * DP)
 #define STEPS 3
 #define LR 0.25f
+#include "tlm_grid.h"
 
-typedef struct shard {
-    int32_t tok[MAXROWS], tgt[MAXROWS], cu[NSEQ + 1];
-    pp_batch b;
-} shard;
-
-static void make_shard(shard* s, int dp_rank, int step, int m) {
-    int rows = tlm_make_batch(s->tok, s->tgt, s->cu, NSEQ, MAXLEN, VOCAB, 500u + 13u * (uint64_t)step + (uint64_t)dp_rank);
-    memset(&s->b, 0, sizeof s->b);
-    s->b.m = m;
-    s->b.input.data = s->tok;
-    s->b.input.rows = rows;
-    s->b.input.cols = 1;
-    s->b.input.dtype = PP_I32;
-    s->b.targets = s->tgt;
-    s->b.target_row_bytes = sizeof(int32_t);
-    s->b.cu_seqlens = s->cu;
-    s->b.n_seqs = NSEQ;
-    s->b.split = PP_SPLIT_TOKENS;
-}
+static uint64_t shard_seed(int step, int replica);
+static void make_shard(shard* s, int dp_rank, int step, int m) { tlm_grid_shard(s, shard_seed(step, dp_rank), m); }
 
 typedef struct world {
     ncclUniqueId id;
@@ -72,51 +56,11 @@ typedef struct rank_arg {
     int r;
 } rank_arg;
 
-static int owner(const world* W, int layer) {
-    int st, r, c;
-    for (st = 0; st < W->sc.n_stages; st++)
-        if (layer >= W->first[st] && layer < W->first[st + 1]) {
-            pp_schedule_stage_rank(&W->sc, st, &r, &c);
-            return r;
-        }
-    return -1;
-}
+static int owner(const world* W, int layer) { return tlm_grid_owner(&W->sc, W->first, layer); }
+#define layer_range tlm_grid_layer_range
 
-static void layer_range(int l, size_t* off, size_t* n) {
-    size_t nE = (size_t)VOCAB * DIM, nd = (size_t)DIM * DIM + DIM;
-    *off = *n = 0;
-    if (l == TLM_EMBED_LAYER) *n = nE;
-    else if (l <= TLM_DEPTH) {
-        *off = nE + (size_t)(l - 1) * nd;
-        *n = nd;
-    } else if (l == TLM_HEAD_LAYER) {
-        *off = nE + (size_t)TLM_DEPTH * nd;
-        *n = nE;
-    }
-}
-
-/* reference gradients of one step: every replica, tied sums, mean over replicas */
-static void reference(const float* wa, float* gref, int step, int m) {
-    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, i, hoff, hn;
-    float* g = (float*)calloc(n, sizeof(float));
-    pp_model model = tlm_model_desc();
-    tlm_model w, gw;
-    shard s;
-    float loss;
-    int d;
-    layer_range(TLM_HEAD_LAYER, &hoff, &hn);
-    tlm_layout(&w, (float*)(uintptr_t)wa, VOCAB, DIM, 0);
-    for (d = 0; d < DP; d++) {
-        memset(g, 0, n * sizeof(float));
-        tlm_layout(&gw, g, VOCAB, DIM, 0);
-        make_shard(&s, d, step, m);
-        pp_sequential_step(&model, &w, &gw, &s.b, &loss, NULL);
-        for (i = 0; i < nE; i++) g[i] = g[hoff + i] = g[i] + g[hoff + i];
-        for (i = 0; i < n; i++) gref[i] = d == 0 ? g[i] : gref[i] + g[i];
-    }
-    for (i = 0; i < n; i++) gref[i] *= 1.0f / DP;
-    free(g);
-}
+static uint64_t shard_seed(int step, int replica) { return 500u + 13u * (uint64_t)step + (uint64_t)replica; }
+static void reference(const float* wa, float* gref, int step, int m) { tlm_grid_reference(wa, gref, step, m, DP, shard_seed); }
 
 static void* rank_main(void* arg) {
     rank_arg* a = (rank_arg*)arg;

@@ -8,21 +8,7 @@
 # Needs python3 with torch where the torch columns are wanted. Logs in OUTDIR, summary last.
 out=${1:-gpu-out}
 budget=${2:-400}
-mkdir -p "$out"
-t0=$(date +%s)
-sum="$out/summary.txt"
-: > "$sum"
-left() { echo $((budget - ($(date +%s) - t0))); }
-run() {
-    name=$1; log=$2; to=$3; shift 3
-    if [ "$(left)" -lt 5 ]; then echo "$name: skipped (out of time)" | tee -a "$sum"; return; fi
-    [ "$to" -gt "$(left)" ] && to=$(left)
-    s=$(date +%s)
-    echo "=== $name: $*" >> "$log"
-    timeout -k 5 "$to" "$@" >> "$log" 2>&1
-    rc=$?
-    echo "$name: rc=$rc ($(( $(date +%s) - s )) s)" | tee -a "$sum" >> "$log"
-}
+. "$(dirname "$0")/gpu_lib.sh"
 for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/targets/x86_64-linux/lib; do
     [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH}"
 done

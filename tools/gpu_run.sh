@@ -8,22 +8,7 @@
 # OUTDIR (at most 8 files); the summary is printed last.
 out=${1:-gpu-out}
 budget=${2:-400}
-mkdir -p "$out"
-t0=$(date +%s)
-sum="$out/summary.txt"
-: > "$sum"
-left() { echo $((budget - ($(date +%s) - t0))); }
-# run NAME LOG TIMEOUT CMD...: runs CMD with a timeout, appends to LOG, records rc and seconds
-run() {
-    name=$1; log=$2; to=$3; shift 3
-    if [ "$(left)" -lt 5 ]; then echo "$name: skipped (out of time)" | tee -a "$sum"; return; fi
-    [ "$to" -gt "$(left)" ] && to=$(left)
-    s=$(date +%s)
-    echo "=== $name: $*" >> "$log"
-    timeout -k 5 "$to" "$@" >> "$log" 2>&1
-    rc=$?
-    echo "$name: rc=$rc ($(( $(date +%s) - s )) s)" | tee -a "$sum" >> "$log"
-}
+. "$(dirname "$0")/gpu_lib.sh"
 
 command -v compute-sanitizer >/dev/null || PATH="$PATH:/usr/local/cuda/bin:$(dirname "$(find /usr/local /opt -name compute-sanitizer -type f 2>/dev/null | head -1)")"
 { date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv;

@@ -1,0 +1,85 @@
+/* tests/tlm_grid.h - what the pp x dp grid tests share (test_grid.c over threads, test_mpi.c
+   over MPI, test_nccl_grid.c over the NCCL imitation): a replica's packed shard of the
+   tied-embedding LM (examples/tlm.h), where each layer's parameters sit in the arena, and which
+   rank owns a layer. Include after examples/tlm.h, with VOCAB, DIM, NSEQ and MAXLEN defined. */
+#ifndef PP_TESTS_TLM_GRID_H
+#define PP_TESTS_TLM_GRID_H
+
+#include <stdlib.h>
+#include <string.h>
+
+/* A replica's shard of one step: its packed sequences. */
+typedef struct shard {
+    int32_t tok[NSEQ * MAXLEN], tgt[NSEQ * MAXLEN], cu[NSEQ + 1];
+    pp_batch b;
+} shard;
+
+/* The shard drawn from `seed` (each test derives it from the step and the replica), split into
+   m micro-batches by tokens: unequal micro-batches, so every transfer has its own size. */
+static inline void tlm_grid_shard(shard* s, uint64_t seed, int m) {
+    int rows = tlm_make_batch(s->tok, s->tgt, s->cu, NSEQ, MAXLEN, VOCAB, seed);
+    memset(&s->b, 0, sizeof s->b);
+    s->b.m = m;
+    s->b.input.data = s->tok;
+    s->b.input.rows = rows;
+    s->b.input.cols = 1;
+    s->b.input.dtype = PP_I32;
+    s->b.targets = s->tgt;
+    s->b.target_row_bytes = sizeof(int32_t);
+    s->b.cu_seqlens = s->cu;
+    s->b.n_seqs = NSEQ;
+    s->b.split = PP_SPLIT_TOKENS;
+}
+
+/* Floats of layer l's parameters in the arena (tlm_layout, untied): [*off, *off + *n). */
+static inline void tlm_grid_layer_range(int l, size_t* off, size_t* n) {
+    size_t nE = (size_t)VOCAB * DIM, nd = (size_t)DIM * DIM + DIM;
+    *off = *n = 0;
+    if (l == TLM_EMBED_LAYER) {
+        *n = nE;
+    } else if (l <= TLM_DEPTH) {
+        *off = nE + (size_t)(l - 1) * nd;
+        *n = nd;
+    } else if (l == TLM_HEAD_LAYER) {
+        *off = nE + (size_t)TLM_DEPTH * nd;
+        *n = nE;
+    }
+}
+
+/* The rank that owns layer `layer` under schedule sc and partition first, or -1. */
+static inline int tlm_grid_owner(const pp_schedule* sc, const int* first, int layer) {
+    int st, r, c;
+    for (st = 0; st < sc->n_stages; st++)
+        if (layer >= first[st] && layer < first[st + 1]) {
+            pp_schedule_stage_rank(sc, st, &r, &c);
+            return r;
+        }
+    return -1;
+}
+
+/* Reference gradients of one grid step: every replica's sequential step of the untied model
+   (its shard from seed(step, replica)), the tied copies' sum, the replicas summed in order and
+   scaled by 1/dp: what every rank's gradients must equal bit for bit. */
+static inline void tlm_grid_reference(const float* wa, float* gref, int step, int m, int dp, uint64_t (*seed)(int step, int replica)) {
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, i, hoff, hn;
+    float* g = (float*)calloc(n, sizeof(float));
+    pp_model model = tlm_model_desc();
+    tlm_model w, gw;
+    shard s;
+    float loss;
+    int d;
+    tlm_grid_layer_range(TLM_HEAD_LAYER, &hoff, &hn);
+    tlm_layout(&w, (float*)(uintptr_t)wa, VOCAB, DIM, 0);
+    for (d = 0; d < dp && g; d++) {
+        memset(g, 0, n * sizeof(float));
+        tlm_layout(&gw, g, VOCAB, DIM, 0);
+        tlm_grid_shard(&s, seed(step, d), m);
+        pp_sequential_step(&model, &w, &gw, &s.b, &loss, NULL);
+        for (i = 0; i < nE; i++) g[i] = g[hoff + i] = g[i] + g[hoff + i];
+        for (i = 0; i < n; i++) gref[i] = d == 0 ? g[i] : gref[i] + g[i];
+    }
+    for (i = 0; i < n; i++) gref[i] *= 1.0f / (float)dp;
+    free(g);
+}
+
+#endif
