@@ -367,9 +367,24 @@ static _ppc_msg* _ppc_req_msg(const pp_request* req) {
    events and waits on any device's events whatever the current device); the caller claimed
    m->copying. Host buffers: a host send is copied at match time (the sender may reuse its
    buffer once matched); a host receive returns with the bytes there. */
+/* A device-to-device copy of m's bytes on `stream`: a plain copy within one GPU, a peer copy
+   between two. */
+static cudaError_t _ppc_dev_copy(const pp_cuda* c, const _ppc_msg* m, cudaStream_t stream) {
+    int sdev = c->r[m->src].dev, ddev = c->r[m->dst].dev;
+    if (sdev == ddev) return cudaMemcpyAsync(m->rbuf, m->sbuf, m->rbytes, cudaMemcpyDeviceToDevice, stream);
+    return cudaMemcpyPeerAsync(m->rbuf, ddev, m->sbuf, sdev, m->rbytes, stream);
+}
+
+/* A copy step `what` failed with e: its message in m->emsg, the CUDA error cleared. */
+static pp_result _ppc_copy_failed(_ppc_msg* m, cudaError_t e, const char* what) {
+    snprintf(m->emsg, sizeof m->emsg, "CUDA error %d (%s) in %s, copying %zu bytes from rank %d to rank %d", (int)e,
+             cudaGetErrorString(e), what, m->rbytes, m->src, m->dst);
+    (void)cudaGetLastError();
+    return e == cudaErrorMemoryAllocation ? PP_ERR_NOMEM : PP_ERR_TRANSPORT;
+}
+
 static void _ppc_do_copy(pp_cuda* c, _ppc_msg* m) {
     _ppc_rank* dst = &c->r[m->dst];
-    const _ppc_rank* src = &c->r[m->src];
     cudaError_t e = cudaSuccess;
     const char* what = "";
     pp_result rc = PP_OK;
@@ -389,8 +404,7 @@ static void _ppc_do_copy(pp_cuda* c, _ppc_msg* m) {
         if (e == cudaSuccess) {
             if (!m->s_host && !m->r_host) {
                 what = "cudaMemcpyPeerAsync";
-                if (src->dev == dst->dev) e = cudaMemcpyAsync(m->rbuf, m->sbuf, n, cudaMemcpyDeviceToDevice, dst->stream);
-                else e = cudaMemcpyPeerAsync(m->rbuf, dst->dev, m->sbuf, src->dev, n, dst->stream);
+                e = _ppc_dev_copy(c, m, dst->stream);
             } else {
                 /* one side in host memory (step metadata): not the steady-state path */
                 what = "cudaMemcpyAsync (host <-> device)";
@@ -406,12 +420,7 @@ static void _ppc_do_copy(pp_cuda* c, _ppc_msg* m) {
             m->ec_seq = ++dst->rec_seq;
             pthread_mutex_unlock(&c->mu);
         }
-        if (e != cudaSuccess) {
-            rc = e == cudaErrorMemoryAllocation ? PP_ERR_NOMEM : PP_ERR_TRANSPORT;
-            snprintf(m->emsg, sizeof m->emsg, "CUDA error %d (%s) in %s, copying %zu bytes from rank %d to rank %d",
-                     (int)e, cudaGetErrorString(e), what, n, m->src, m->dst);
-            (void)cudaGetLastError();
-        }
+        if (e != cudaSuccess) rc = _ppc_copy_failed(m, e, what);
     }
     pthread_mutex_lock(&c->mu);
     m->rc = rc;
@@ -519,7 +528,6 @@ static void _ppc_unhold_locked(pp_cuda* c, _ppc_msg* m) {
    stream, after the receive block is free (er), then m->es is recorded again to mark the copy
    done for the receiver (_ppc_side_wait_locked). Sender's thread. */
 static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
-    const _ppc_rank* dst = &c->r[m->dst];
     cudaError_t e = cudaSuccess;
     const char* what = "cudaStreamWaitEvent(receive block free)";
     pp_result rc = PP_OK;
@@ -530,8 +538,7 @@ static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
     if (!skip) e = cudaStreamWaitEvent(r->stream, m->er, 0);
     if (e == cudaSuccess) {
         what = "cudaMemcpyPeerAsync (early copy)";
-        if (r->dev == dst->dev) e = cudaMemcpyAsync(m->rbuf, m->sbuf, m->rbytes, cudaMemcpyDeviceToDevice, r->stream);
-        else e = cudaMemcpyPeerAsync(m->rbuf, dst->dev, m->sbuf, r->dev, m->rbytes, r->stream);
+        e = _ppc_dev_copy(c, m, r->stream);
     }
     pthread_mutex_lock(&c->mu);
     if (e == cudaSuccess && !skip && m->er_seq > r->seen[m->dst]) r->seen[m->dst] = m->er_seq;
@@ -541,10 +548,7 @@ static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
         m->es_seq = ++r->rec_seq;
     }
     if (e != cudaSuccess) {
-        rc = e == cudaErrorMemoryAllocation ? PP_ERR_NOMEM : PP_ERR_TRANSPORT;
-        snprintf(m->emsg, sizeof m->emsg, "CUDA error %d (%s) in %s, copying %zu bytes from rank %d to rank %d", (int)e,
-                 cudaGetErrorString(e), what, m->rbytes, m->src, m->dst);
-        (void)cudaGetLastError();
+        rc = _ppc_copy_failed(m, e, what);
         m->dropped = 1;
     }
     m->rc = rc;

@@ -243,6 +243,18 @@ static void _ppn_sleep_us(long us) {
     nanosleep(&ts, NULL);
 }
 
+/* Polls a communicator's state (ncclCommGetAsyncError) every sleep_us until it leaves
+   ncclInProgress or the deadline passes: ncclSuccess, its error, or ncclInProgress at the
+   deadline. Non-blocking init, splits and group launches all end this way. */
+static ncclResult_t _ppn_comm_wait(ncclComm_t c, double deadline, long sleep_us) {
+    for (;;) {
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(c, &st) != ncclSuccess) st = ncclInternalError;
+        if (st != ncclInProgress || _pp_now() > deadline) return st;
+        _ppn_sleep_us(sleep_us);
+    }
+}
+
 static int _ppn_is_host(const void* p) {
     struct cudaPointerAttributes a;
     memset(&a, 0, sizeof a);
@@ -315,21 +327,10 @@ static void _ppn_op_free(pp_nccl* t, _ppn_op* op) {
 /* A non-blocking communicator enqueues a group's kernels in the background: wait until it
    has (ncclCommGetAsyncError leaves ncclInProgress) before recording anything after them. */
 static pp_result _ppn_settle_comm(pp_nccl* t, ncclComm_t comm, const char* what) {
-    double deadline = _pp_now() + PP_DEFAULT_TIMEOUT_S;
-    for (;;) {
-        ncclResult_t st = ncclSuccess;
-        if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) st = ncclInternalError;
-        if (st == ncclSuccess) return PP_OK;
-        if (st != ncclInProgress) {
-            _ppn_note(t, what, ncclGetErrorString(st));
-            return PP_ERR_TRANSPORT;
-        }
-        if (_pp_now() > deadline) {
-            _ppn_note(t, what, "the communicator did not finish enqueueing");
-            return PP_ERR_TIMEOUT;
-        }
-        _ppn_sleep_us(20);
-    }
+    ncclResult_t st = _ppn_comm_wait(comm, _pp_now() + PP_DEFAULT_TIMEOUT_S, 20);
+    if (st == ncclSuccess) return PP_OK;
+    _ppn_note(t, what, st == ncclInProgress ? "the communicator did not finish enqueueing" : ncclGetErrorString(st));
+    return st == ncclInProgress ? PP_ERR_TIMEOUT : PP_ERR_TRANSPORT;
 }
 
 /* Issues channel ch's queued ops from the oldest up to `last` (NULL: all) as one NCCL group on
@@ -859,20 +860,12 @@ pp_result pp_nccl_unique_id_file(const char* path, int rank, double timeout_s, n
 
 /* Polls a non-blocking communicator until it is ready, failed, or the deadline passed. */
 static pp_result _ppn_settle(ncclComm_t c, double deadline, const char* what, pp_error* err) {
-    for (;;) {
-        ncclResult_t st = ncclSuccess;
-        if (ncclCommGetAsyncError(c, &st) != ncclSuccess) st = ncclInternalError;
-        if (st == ncclSuccess) return PP_OK;
-        if (st != ncclInProgress) {
-            ncclCommAbort(c);
-            return _pp_fail(err, PP_ERR_TRANSPORT, "%s: %s", what, ncclGetErrorString(st));
-        }
-        if (_pp_now() > deadline) {
-            ncclCommAbort(c);
-            return _pp_fail(err, PP_ERR_TIMEOUT, "%s did not finish before the deadline (communicator aborted)", what);
-        }
-        _ppn_sleep_us(1000);
-    }
+    ncclResult_t st = _ppn_comm_wait(c, deadline, 1000);
+    if (st == ncclSuccess) return PP_OK;
+    ncclCommAbort(c);
+    if (st == ncclInProgress)
+        return _pp_fail(err, PP_ERR_TIMEOUT, "%s did not finish before the deadline (communicator aborted)", what);
+    return _pp_fail(err, PP_ERR_TRANSPORT, "%s: %s", what, ncclGetErrorString(st));
 }
 
 #if NCCL_VERSION_CODE >= 21800
@@ -881,20 +874,13 @@ static pp_result _ppn_settle(ncclComm_t c, double deadline, const char* what, pp
    parent settles first, then the new communicator (absent for NCCL_SPLIT_NOCOLOR). */
 static pp_result _ppn_split(ncclComm_t parent, int color, int key, ncclComm_t* out, double deadline, const char* what,
                             pp_error* err) {
-    ncclResult_t r, st = ncclInProgress;
+    ncclResult_t r, st;
     pp_result r2;
     *out = NULL;
     r = ncclCommSplit(parent, color, key, out, NULL);
     if (r != ncclSuccess && r != ncclInProgress) return _pp_fail(err, PP_ERR_TRANSPORT, "%s: %s", what, ncclGetErrorString(r));
-    while (st == ncclInProgress) {
-        if (ncclCommGetAsyncError(parent, &st) != ncclSuccess) st = ncclInternalError;
-        if (st == ncclInProgress) {
-            if (_pp_now() > deadline)
-                return _pp_fail(err, PP_ERR_TIMEOUT,
-                                "%s: the world communicator did not settle before the deadline (abort it)", what);
-            _ppn_sleep_us(1000);
-        }
-    }
+    if ((st = _ppn_comm_wait(parent, deadline, 1000)) == ncclInProgress)
+        return _pp_fail(err, PP_ERR_TIMEOUT, "%s: the world communicator did not settle before the deadline (abort it)", what);
     if (st != ncclSuccess) {
         if (*out) ncclCommAbort(*out);
         *out = NULL;
