@@ -630,6 +630,9 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
 void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chunk);
 /* Global stage of (rank, chunk), or -1. */
 int pp_schedule_stage(const pp_schedule* s, int rank, int chunk);
+/* The rank that owns `layer` when the layers are split into stages by `first` (a partition of
+   s->n_stages stages), or -1: e.g. the two ranks of a tied embedding and head. */
+int pp_schedule_layer_rank(const pp_schedule* s, const int* first, int layer);
 /* Rank r's list. */
 const pp_action* pp_schedule_rank(const pp_schedule* s, int rank);
 /* 1 if the schedule has W actions (weight gradients deferred from B). */
@@ -2404,6 +2407,17 @@ void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chu
     }
     if (rank) *rank = r;
     if (chunk) *chunk = c;
+}
+
+int pp_schedule_layer_rank(const pp_schedule* s, const int* first, int layer) {
+    int st, r;
+    if (!s || !first) return -1;
+    for (st = 0; st < s->n_stages; st++)
+        if (layer >= first[st] && layer < first[st + 1]) {
+            pp_schedule_stage_rank(s, st, &r, NULL);
+            return r;
+        }
+    return -1;
 }
 
 int pp_schedule_has_w(const pp_schedule* s) {

@@ -65,16 +65,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int owner_rank(const pp_schedule* sc, const int* first, int layer) {
-    for (int st = 0; st < sc->n_stages; st++)
-        if (layer >= first[st] && layer < first[st + 1]) {
-            int r, c;
-            pp_schedule_stage_rank(sc, st, &r, &c);
-            return r;
-        }
-    return -1;
-}
-
 /* Everything one process holds. */
 typedef struct proc {
     pp_launch L;
@@ -321,7 +311,7 @@ static int train(proc* P, const opts* o) {
     gpt_corpus corp;
     const char* path = o->text ? o->text : "README.md";
     uint64_t rng = 777 + 1000003ull * (uint64_t)P->dp_rank; /* each replica its own documents */
-    int e_rank = owner_rank(&P->sched, P->first, 0), h_rank = owner_rank(&P->sched, P->first, o->layers + 1);
+    int e_rank = pp_schedule_layer_rank(&P->sched, P->first, 0), h_rank = pp_schedule_layer_rank(&P->sched, P->first, o->layers + 1);
     int last_rank, chunk, is_printer, rc = 0;
     pp_schedule_stage_rank(&P->sched, P->p * P->v - 1, &last_rank, &chunk);
     is_printer = P->pp_rank == last_rank && P->dp_rank == 0;

@@ -182,4 +182,24 @@ static inline int tlm_make_batch(int32_t* tok, int32_t* tgt, int32_t* cu, int n_
     return rows;
 }
 
+/* The same batch drawn into tok/tgt/cu and described in *b: n_seqs packed sequences (int32
+   tokens, one column), int32 targets, m micro-batches balanced by tokens (unequal sizes, so
+   every transfer has its own). Returns rows. */
+static inline int tlm_batch(pp_batch* b, int32_t* tok, int32_t* tgt, int32_t* cu, int n_seqs, int max_len, int vocab,
+                            uint64_t seed, int m) {
+    int rows = tlm_make_batch(tok, tgt, cu, n_seqs, max_len, vocab, seed);
+    memset(b, 0, sizeof *b);
+    b->m = m;
+    b->input.data = tok;
+    b->input.rows = rows;
+    b->input.cols = 1;
+    b->input.dtype = PP_I32;
+    b->targets = tgt;
+    b->target_row_bytes = sizeof(int32_t);
+    b->cu_seqlens = cu;
+    b->n_seqs = n_seqs;
+    b->split = PP_SPLIT_TOKENS;
+    return rows;
+}
+
 #endif

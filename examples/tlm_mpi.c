@@ -27,29 +27,8 @@
 #define NSEQ 16
 #define MAXLEN 12
 
-static int owner_rank(const pp_schedule* sc, const int* first, int layer) {
-    int st, r, c;
-    for (st = 0; st < sc->n_stages; st++)
-        if (layer >= first[st] && layer < first[st + 1]) {
-            pp_schedule_stage_rank(sc, st, &r, &c);
-            return r;
-        }
-    return -1;
-}
-
 static void make_batch(pp_batch* b, int32_t* tok, int32_t* tgt, int32_t* cu, int m, int step, int dp_rank) {
-    int rows = tlm_make_batch(tok, tgt, cu, NSEQ, MAXLEN, VOCAB, 7u + 1000003u * (uint64_t)step + 31u * (uint64_t)dp_rank);
-    memset(b, 0, sizeof *b);
-    b->m = m;
-    b->input.data = tok;
-    b->input.rows = rows;
-    b->input.cols = 1;
-    b->input.dtype = PP_I32;
-    b->targets = tgt;
-    b->target_row_bytes = sizeof(int32_t);
-    b->cu_seqlens = cu;
-    b->n_seqs = NSEQ;
-    b->split = PP_SPLIT_TOKENS;
+    tlm_batch(b, tok, tgt, cu, NSEQ, MAXLEN, VOCAB, 7u + 1000003u * (uint64_t)step + 31u * (uint64_t)dp_rank, m);
 }
 
 int main(int argc, char** argv) {
@@ -119,9 +98,9 @@ int main(int argc, char** argv) {
     tlm_fill(warena, VOCAB, DIM, 1234);
     tlm_layout(&w, warena, VOCAB, DIM, 0);
     tlm_layout(&gw, garena, VOCAB, DIM, 0);
-    pair[0] = owner_rank(&sc, first, TLM_EMBED_LAYER);
-    pair[1] = owner_rank(&sc, first, TLM_HEAD_LAYER);
-    for (l = 0; l < model.n_layers; l++) owns[l] = owner_rank(&sc, first, l) == g.grid.pp_rank;
+    pair[0] = pp_schedule_layer_rank(&sc, first, TLM_EMBED_LAYER);
+    pair[1] = pp_schedule_layer_rank(&sc, first, TLM_HEAD_LAYER);
+    for (l = 0; l < model.n_layers; l++) owns[l] = pp_schedule_layer_rank(&sc, first, l) == g.grid.pp_rank;
     if (!rank) {
         printf("tlm_mpi: %d processes = pp %d x dp %d, %s, m = %d, %d layers, tied embedding on ranks %d and %d\n", world,
                pp, g.grid.dp, pp_schedule_name(kind), m, model.n_layers, pair[0], pair[1]);

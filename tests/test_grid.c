@@ -99,7 +99,7 @@ typedef struct world {
     char msg[PP * DP][600];
 } world;
 
-static int owner(const world* W, int layer) { return tlm_grid_owner(&W->sc, W->first, layer); }
+static int owner(const world* W, int layer) { return pp_schedule_layer_rank(&W->sc, W->first, layer); }
 #define layer_range tlm_grid_layer_range
 
 static uint64_t shard_seed(int step, int replica) { return 500u + 13u * (uint64_t)step + (uint64_t)replica; }

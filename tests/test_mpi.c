@@ -32,7 +32,6 @@ static int W_RANK, W_SIZE;
 /* This process's shard of step `step`: replica dp_rank's packed sequences. */
 static void make_shard(shard* s, int dp_rank, int step, int m) { tlm_grid_shard(s, 1000u + 77u * (uint64_t)step + (uint64_t)dp_rank, m); }
 #define layer_range tlm_grid_layer_range
-#define owner_rank tlm_grid_owner
 
 /* The reference for one step of the whole grid, on one process: each replica's sequential step
    of the untied model, its tied sum, the replicas summed in order and scaled; likewise for the
@@ -133,9 +132,9 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
     tlm_layout(&w, warena, VOCAB, DIM, 0);
     tlm_layout(&gw, garena, VOCAB, DIM, 0);
     layer_range(TLM_HEAD_LAYER, &hoff, &hn);
-    pair[0] = owner_rank(&sc, first, TLM_EMBED_LAYER);
-    pair[1] = owner_rank(&sc, first, TLM_HEAD_LAYER);
-    for (l = 0; l < model.n_layers; l++) owns[l] = owner_rank(&sc, first, l) == g.grid.pp_rank;
+    pair[0] = pp_schedule_layer_rank(&sc, first, TLM_EMBED_LAYER);
+    pair[1] = pp_schedule_layer_rank(&sc, first, TLM_HEAD_LAYER);
+    for (l = 0; l < model.n_layers; l++) owns[l] = pp_schedule_layer_rank(&sc, first, l) == g.grid.pp_rank;
     /* The head's copy starts wrong on purpose; the sync must make it the embedding's. */
     if (owns[TLM_HEAD_LAYER])
         for (i = 0; i < nE; i++) warena[hoff + i] = 99.0f;
@@ -272,7 +271,7 @@ static void fail_case(int mode) {
     if (rc == PP_OK) rc = pp_schedule_make(PP_SCHED_1F1B, pp, 1, m, acts, sizeof acts / sizeof acts[0], &sc, &err);
     if (rc == PP_OK) rc = pp_partition_uniform(model.n_layers, pp, first, &err);
     CHECK(rc == PP_OK, "fail case %d: setup: %s", mode, err.msg);
-    if (mode == 0) bad_rank = owner_rank(&sc, first, TLM_HEAD_LAYER); /* its head fails */
+    if (mode == 0) bad_rank = pp_schedule_layer_rank(&sc, first, TLM_HEAD_LAYER); /* its head fails */
     tlm_fill(warena, VOCAB, DIM, 42);
     tlm_layout(&w, warena, VOCAB, DIM, 0);
     tlm_layout(&gw, garena, VOCAB, DIM, 0);

@@ -52,8 +52,7 @@ static int g_skipped, g_eager;
 static double g_timeout = 5;
 
 typedef struct world {
-    int p, m, v, blocking, steps;
-    pp_schedule_kind kind;
+    int p, m, blocking, steps;
     pp_shape_policy shapes;
     const pp_schedule* sched;
     ncclUniqueId id, id2;
@@ -150,11 +149,8 @@ static void* rank_main(void* arg) {
     d.layer_ctx = &lc;
     d.shapes = w->shapes;
     d.timeout_s = g_timeout;
-    {
-        int S = w->sched->n_stages, n = d.model.n_layers;
-        for (s = 0; s <= S; s++) first[s] = (int)((long)s * n / S);
-        d.partition = first;
-    }
+    d.partition = first;
+    if (rc == PP_OK) rc = pp_partition_uniform(d.model.n_layers, w->sched->n_stages, first, &err);
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     if (rc != PP_OK) {
         w->rc[r][0] = rc;
@@ -270,8 +266,6 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
     }
     w.p = p;
     w.m = m;
-    w.v = v;
-    w.kind = kind;
     w.shapes = shapes;
     w.blocking = blocking;
     w.sched = &sc;
@@ -332,25 +326,30 @@ static void test_matrix(void) {
     printf("nccl-pipeline: %d schedules refused by pp_nccl_check_order were skipped\n", g_skipped);
 }
 
+/* A 1F1B world of p ranks, m micro-batches, `steps` steps, LOCAL shapes, blocking
+   communicators, with the reference of `ref_steps` sequential steps. */
+static void world_1f1b(world* w, pp_schedule* sc, pp_action* acts, size_t cap, int p, int m, int steps, int ref_steps) {
+    pp_error err;
+    memset(w, 0, sizeof *w);
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, p, 1, m, acts, cap, sc, &err) == PP_OK, "%s", err.msg);
+    w->p = p;
+    w->m = m;
+    w->sched = sc;
+    w->shapes = PP_SHAPES_LOCAL;
+    w->blocking = 1;
+    w->steps = steps;
+    reference(m, ref_steps);
+}
+
 /* A failing layer on the last rank: every rank's step fails; with new communicators the next
    step is bit-exact. */
 static void test_failure(void) {
     world w;
     pp_action acts[256];
     pp_schedule sc;
-    pp_error err;
     int r;
-    memset(&w, 0, sizeof w);
-    CHECK(pp_schedule_make(PP_SCHED_1F1B, 4, 1, 6, acts, 256, &sc, &err) == PP_OK, "%s", err.msg);
-    w.p = 4;
-    w.m = 6;
-    w.v = 1;
-    w.sched = &sc;
-    w.shapes = PP_SHAPES_LOCAL;
-    w.blocking = 1;
-    w.steps = 2;
+    world_1f1b(&w, &sc, acts, 256, 4, 6, 2, 1);
     w.after_fail = 1;
-    reference(6, 1);
     g_fail_rank = 3; /* its first layer call fails, once */
     g_fail_armed = 1;
     g_timeout = 2;   /* over NCCL the peers learn of the failure by their own timeout */
@@ -370,18 +369,8 @@ static void test_slow(void) {
     world w;
     pp_action acts[256];
     pp_schedule sc;
-    pp_error err;
     int r;
-    memset(&w, 0, sizeof w);
-    CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 3, acts, 256, &sc, &err) == PP_OK, "%s", err.msg);
-    w.p = 2;
-    w.m = 3;
-    w.v = 1;
-    w.sched = &sc;
-    w.shapes = PP_SHAPES_LOCAL;
-    w.blocking = 1;
-    w.steps = 1;
-    reference(3, 1);
+    world_1f1b(&w, &sc, acts, 256, 2, 3, 1, 1);
     g_slow_ms = 2000; /* the first layer of the first micro-batch: 2 s, host side */
     run_world(&w);
     g_slow_ms = 0;

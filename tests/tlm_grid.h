@@ -1,7 +1,7 @@
 /* tests/tlm_grid.h - what the pp x dp grid tests share (test_grid.c over threads, test_mpi.c
    over MPI, test_nccl_grid.c over the NCCL imitation): a replica's packed shard of the
-   tied-embedding LM (examples/tlm.h), where each layer's parameters sit in the arena, and which
-   rank owns a layer. Include after examples/tlm.h, with VOCAB, DIM, NSEQ and MAXLEN defined. */
+   tied-embedding LM (examples/tlm.h), where each layer's parameters sit in the arena, and the
+   reference gradients of a grid step. Include after examples/tlm.h, with VOCAB, DIM, NSEQ and MAXLEN defined. */
 #ifndef PP_TESTS_TLM_GRID_H
 #define PP_TESTS_TLM_GRID_H
 
@@ -14,21 +14,10 @@ typedef struct shard {
     pp_batch b;
 } shard;
 
-/* The shard drawn from `seed` (each test derives it from the step and the replica), split into
-   m micro-batches by tokens: unequal micro-batches, so every transfer has its own size. */
+/* The shard drawn from `seed` (each test derives it from the step and the replica), in m
+   micro-batches (examples/tlm.h's tlm_batch). */
 static inline void tlm_grid_shard(shard* s, uint64_t seed, int m) {
-    int rows = tlm_make_batch(s->tok, s->tgt, s->cu, NSEQ, MAXLEN, VOCAB, seed);
-    memset(&s->b, 0, sizeof s->b);
-    s->b.m = m;
-    s->b.input.data = s->tok;
-    s->b.input.rows = rows;
-    s->b.input.cols = 1;
-    s->b.input.dtype = PP_I32;
-    s->b.targets = s->tgt;
-    s->b.target_row_bytes = sizeof(int32_t);
-    s->b.cu_seqlens = s->cu;
-    s->b.n_seqs = NSEQ;
-    s->b.split = PP_SPLIT_TOKENS;
+    (void)tlm_batch(&s->b, s->tok, s->tgt, s->cu, NSEQ, MAXLEN, VOCAB, seed, m);
 }
 
 /* Floats of layer l's parameters in the arena (tlm_layout, untied): [*off, *off + *n). */
@@ -44,17 +33,6 @@ static inline void tlm_grid_layer_range(int l, size_t* off, size_t* n) {
         *off = nE + (size_t)TLM_DEPTH * nd;
         *n = nE;
     }
-}
-
-/* The rank that owns layer `layer` under schedule sc and partition first, or -1. */
-static inline int tlm_grid_owner(const pp_schedule* sc, const int* first, int layer) {
-    int st, r, c;
-    for (st = 0; st < sc->n_stages; st++)
-        if (layer >= first[st] && layer < first[st + 1]) {
-            pp_schedule_stage_rank(sc, st, &r, &c);
-            return r;
-        }
-    return -1;
 }
 
 /* Reference gradients of one grid step: every replica's sequential step of the untied model
