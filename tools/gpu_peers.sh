@@ -9,10 +9,7 @@
 out=${1:-gpu-out}
 budget=${2:-400}
 . "$(dirname "$0")/gpu_lib.sh"
-for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/targets/x86_64-linux/lib; do
-    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH}"
-done
-export LD_LIBRARY_PATH
+gpu_libs > "$out/libs.log"
 
 run "gpt_cuda --vs-naive" "$out/gpt.log" 90 build/gpt_cuda -p 4 --steps 10 --vs-naive
 run "gpt_cuda --vs-naive C=512 L=8" "$out/gpt.log" 120 build/gpt_cuda -p 4 --steps 6 --dim 512 --heads 8 --layers 8 --vs-naive

@@ -13,12 +13,7 @@ budget=${2:-400}
 command -v compute-sanitizer >/dev/null || PATH="$PATH:/usr/local/cuda/bin:$(dirname "$(find /usr/local /opt -name compute-sanitizer -type f 2>/dev/null | head -1)")"
 { date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv;
   nvcc --version | tail -2; uname -r; nproc; } > "$out/env.log" 2>&1
-# NCCL: the toolkit's, else the one the Python packages carry
-nccl=$(ls /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null || find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
-[ -n "$nccl" ] && export LD_LIBRARY_PATH="$(dirname "$nccl"):${LD_LIBRARY_PATH}"
-cudart=$(find /usr/local/cuda*/ /opt -name 'libcudart.so.13' 2>/dev/null | head -1)
-[ -n "$cudart" ] && export LD_LIBRARY_PATH="$(dirname "$cudart"):${LD_LIBRARY_PATH}"
-echo "libnccl: ${nccl:-not found}; libcudart: ${cudart:-not found}" >> "$out/env.log"
+gpu_libs >> "$out/env.log"
 
 if ! build/test_cuda --probe >> "$out/env.log" 2>&1; then
     echo "prebuilt test_cuda did not start: building here" >> "$out/env.log"
