@@ -122,6 +122,12 @@ static pp_result srank(int rank, void* user) {
     return R->rc[rank] = rc;
 }
 
+/* A spin layer's time in ns: F/v per chunk forward, twice that backward. */
+static long long spin_ns(double f_us, int v, char what) {
+    long long f = (long long)(f_us * 1000.0 / v);
+    return what == 'F' ? f : 2 * f;
+}
+
 /* One configuration: returns 0 and fills measured/ideal (seconds), or 1. */
 static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int steps, double* measured, double* ideal,
                     double* bub_meas, double* bub_sim) {
@@ -141,7 +147,7 @@ static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int
     float* x = NULL;
     double sum = 0;
     int counted = 0;
-    long long f_ns = (long long)(f_us * 1000.0 / v), b_ns = 2 * f_ns;
+    long long f_ns = spin_ns(f_us, v, 'F'), b_ns = spin_ns(f_us, v, 'B');
     memset(&R, 0, sizeof R);
     if (!sim || !acts || S > MAX_STAGES || pp_schedule_make(kind, p, v, m, acts, n, &sched, &err) != PP_OK) goto done;
     /* the model has exactly S layers, one per stage; the last one is the loss */
@@ -372,7 +378,7 @@ static int detail(pp_schedule_kind kind, int p, int m, double f_us) {
         double lags[DETAIL_MAX];
         for (int i = 0; i < n; i++) {
             double g = 1e-9 * (double)st[r * DETAIL_MAX + i] - t0, h = D.host[r][i] - t0;
-            double dur = 1e-9 * (double)(D.what[r][i] == 'F' ? (long long)(f_us * 1000.0 / v) : (long long)(2 * f_us * 1000.0 / v));
+            double dur = 1e-9 * (double)spin_ns(f_us, v, D.what[r][i]);
             double gap = prev_end >= 0 ? g - prev_end : 0, lag = g - h;
             lags[i] = lag;
             if (lag < minlag) minlag = lag;
@@ -398,7 +404,7 @@ static int detail(pp_schedule_kind kind, int p, int m, double f_us) {
         printf("r%d:", r);
         for (int i = 0; i < D.n[r]; i++) {
             double g = 1e-9 * (double)st[r * DETAIL_MAX + i] - t0, h = D.host[r][i] - t0;
-            double dur = 1e-9 * (double)(D.what[r][i] == 'F' ? (long long)(f_us * 1000.0 / v) : (long long)(2 * f_us * 1000.0 / v));
+            double dur = 1e-9 * (double)spin_ns(f_us, v, D.what[r][i]);
             printf(" %c %.3f %.3f %.0f;", D.what[r][i], 1e3 * h, 1e3 * g, prev_end >= 0 ? 1e6 * (g - prev_end) : 0.0);
             prev_end = g + dur;
         }
