@@ -14,7 +14,7 @@ HEADERS  = pipeline.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
-           test_nccl_grid
+           test_nccl_grid test_agree
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
@@ -86,7 +86,17 @@ $(B)/bench-imitation-smoke: $(B)/bench_imitation
 $(B)/pp-sched-cli: tests/test_pp_sched.sh $(B)/pp-sched
 	@printf '#!/bin/sh\nexec sh tests/test_pp_sched.sh $(B)/pp-sched\n' > $@ && chmod +x $@
 
-TEST_BINS_EXTRA = $(B)/bench-imitation-smoke $(B)/pp-sched-cli
+TEST_BINS_EXTRA = $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls
+
+# Negative controls of tests/test_agree.c: without the tags' generation, or without the step
+# agreement (each without the plan check, which would hide them), it must fail.
+$(B)/agree-ctl-nogen: BASE += -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN
+$(B)/agree-ctl-noagree: BASE += -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_AGREE
+$(B)/agree-ctl-%: tests/test_agree.c tests/test.h $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/agree-controls: tests/controls.sh $(B)/agree-ctl-nogen $(B)/agree-ctl-noagree
+	printf '#!/bin/sh\nexec sh tests/controls.sh agree-controls "$(B)/agree-ctl-nogen controls" "$(B)/agree-ctl-noagree controls"\n' > $@
+	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c tests/test.h tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)
 	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -Itests/fakenccl -Itests/fakecuda -x c++ -c $< -o $@

@@ -4227,8 +4227,12 @@ static pp_result _pp_check_finite(pp_stage* s, const pp_action* a, const pp_tens
    header. pp_stage_create checks that the largest tag stays below the reserved ones. */
 #define _PP_GEN_BITS 3
 static int _pp_tag(const pp_stage* s, int dir, int mb, int boundary_stage, int k) {
+#ifdef PP_TEST_NO_GEN /* negative control (tests/test_agree.c): a failed step's leftovers match */
+    return (((mb * s->S + boundary_stage) * (PP_MAX_TENSORS + 1) + k) * 2 + dir) << _PP_GEN_BITS;
+#else
     return ((((mb * s->S + boundary_stage) * (PP_MAX_TENSORS + 1) + k) * 2 + dir) << _PP_GEN_BITS) |
            (int)(s->gen & ((1 << _PP_GEN_BITS) - 1));
+#endif
 }
 #define _PP_TAG_RESERVED 0x7ffffff0 /* the library's own tags (all-reduce, tied, ...) from here */
 #define _PP_TAG_BROADCAST 0x7ffffff4
@@ -4543,6 +4547,9 @@ static pp_result _pp_fp_post(pp_stage* s) {
     int i, b, mb, m = s->plan.m;
     pp_result rc = PP_OK;
     if (!s->fp_mine || (s->d.shapes != PP_SHAPES_LOCAL && s->d.shapes != PP_SHAPES_BROADCAST)) return PP_OK;
+#ifdef PP_TEST_NO_PLAN_CHECK /* negative control (tests/test_agree.c) */
+    return PP_OK;
+#endif
     if (t->group_start) t->group_start(t->self);
     for (i = 0; i < s->n_nb && rc == PP_OK; i++) {
         _pp_nb* nb = &s->nb[i];
@@ -4701,6 +4708,10 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
     char vmsg[_PP_AG_MSG];
     int r, who = -1;
     if (s->p < 2 || !s->ag_buf) return rc;
+#ifdef PP_TEST_NO_AGREE /* negative control (tests/test_agree.c) */
+    (void)t, (void)t0, (void)v, (void)w, (void)e, (void)vmsg, (void)r, (void)who;
+    return rc;
+#endif
     vmsg[0] = 0;
     _pp_ag_write(s, s->ag_buf, rc, s->d.rank, s->err.msg);
     if (s->d.rank != 0) {

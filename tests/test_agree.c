@@ -1,0 +1,386 @@
+/* tests/test_agree.c - every rank agrees on every step (pipeline.h >>impl-stage-agree).
+
+   Each rank gets its own copy of the weights struct (the same parameter buffers), so a layer
+   hook can tell the ranks apart and misbehave on one of them:
+   - describe disagrees between the two sides of a boundary (a dtype, a tensor count): both
+     ranks fail at once (no deadline), the message names both views, and the next consistent
+     step is bit-exact (nothing the broken step left queued is consumed);
+   - a layer fails on one rank after the others finished their lists: no rank returns PP_OK;
+   - ranks that call pp_stage_step a different number of times are told so.
+   Negative controls (build/agree-controls, part of make test): the library built with
+   -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN (a failed step's leftovers are taken by the next) or
+   -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_AGREE (ranks return PP_OK for a step another rank failed)
+   fails `test_agree controls`. */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline.h"
+#include "../examples/mlp.h"
+#include "test.h"
+
+#include <time.h>
+
+#define ROWS 24
+#define IN 4
+#define CLASSES 3
+#define MAXP 4
+static const int DIMS[MLP_DEPTH + 1] = {IN, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, CLASSES};
+
+/* --- hooks ---------------------------------------------------------------------------------- */
+enum { ODD_NONE, ODD_DTYPE, ODD_COUNT };
+static const void* g_odd_w;       /* the weights pointer of the rank that misbehaves */
+static int g_odd_layer = -1, g_odd_mode = ODD_NONE;
+static const void* g_fail_w;
+static int g_fail_layer = -1, g_fail_mb = -1, g_fail_op = -1; /* op: 0 F, 1 B, 2 W */
+static pp_model g_base;
+
+static void hook_describe(const void* w, int l, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
+    g_base.describe(w, l, mb, in, n_in, d);
+    if (w != g_odd_w || l != g_odd_layer) return;
+    if (g_odd_mode == ODD_DTYPE) d->out[0].dtype = PP_I32; /* same bytes, another type */
+    if (g_odd_mode == ODD_COUNT) {
+        d->out[1] = d->out[0];
+        d->n_out = 2;
+    }
+}
+
+static int hook_forward(const void* w, int l, pp_layer_io* io) {
+    if (w == g_fail_w && l == g_fail_layer && io->mb->index == g_fail_mb && g_fail_op == 0) return 7;
+    return g_base.forward(w, l, io);
+}
+
+static int hook_backward(const void* w, void* g, int l, pp_layer_io* io) {
+    if (w == g_fail_w && l == g_fail_layer && io->mb->index == g_fail_mb && g_fail_op == 1) return 8;
+    if (io->n_out > 0 && !io->d_out[0].data) return 0; /* an integer output: no gradient comes */
+    return g_base.backward(w, g, l, io);
+}
+
+static int hook_wgrad(const void* w, void* g, int l, pp_layer_io* io) {
+    if (w == g_fail_w && l == g_fail_layer && io->mb->index == g_fail_mb && g_fail_op == 2) return 9;
+    if (io->n_out > 0 && !io->d_out[0].data) return 0;
+    return g_base.weight_grad(w, g, l, io);
+}
+
+static void hooks_off(void) {
+    g_odd_w = g_fail_w = NULL;
+    g_odd_layer = g_fail_layer = g_fail_mb = g_fail_op = -1;
+    g_odd_mode = ODD_NONE;
+}
+
+/* --- a world of p ranks on threads ---------------------------------------------------------- */
+typedef struct world {
+    int p, m;
+    mlp_model w, wr[MAXP], g[MAXP];
+    mlpz_model wz[MAXP], gz[MAXP];
+    float* wbuf;
+    float* gbuf[MAXP];
+    float x[ROWS * IN];
+    int32_t y[ROWS];
+    pp_batch b;
+    pp_action acts[512];
+    pp_schedule sched;
+    int first[MAXP * 2 + 1];
+    pp_threads* threads;
+    pp_stage* st[MAXP];
+    pp_result rc[MAXP];
+    pp_step_stats stats[MAXP];
+    char msg[MAXP][512];
+    double t_ret[MAXP];
+    double t0;
+    int steps[MAXP];  /* steps a rank runs per world_step (1 normally) */
+} world;
+
+static void world_init(world* W, pp_schedule_kind kind, int p, int v, int m, pp_shape_policy shapes, double timeout_s) {
+    pp_error err;
+    int r, split = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
+    memset(W, 0, sizeof *W);
+    W->p = p;
+    W->m = m;
+    W->wbuf = mlp_init(&W->w, NULL, DIMS, 11, NULL);
+    for (r = 0; r < p; r++) {
+        mlp_model unused;
+        free(mlp_init(&unused, &W->g[r], DIMS, 11, &W->gbuf[r]));
+        W->wr[r] = W->w; /* the same parameters, a pointer of its own */
+        mlpz_from_mlp(&W->wz[r], &W->wr[r]);
+        mlpz_from_mlp(&W->gz[r], &W->g[r]);
+        W->steps[r] = 1;
+    }
+    mlp_make_data(W->x, W->y, ROWS, IN, CLASSES, 3, 4);
+    W->b.m = m;
+    W->b.input.data = W->x;
+    W->b.input.rows = ROWS;
+    W->b.input.cols = IN;
+    W->b.input.dtype = PP_F32;
+    W->b.targets = W->y;
+    W->b.target_row_bytes = sizeof(int32_t);
+    CHECK(pp_schedule_make(kind, p, v, m, W->acts, 512, &W->sched, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_partition_uniform(MLP_DEPTH + 1, W->sched.n_stages, W->first, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_threads_create(p, &W->threads, &err) == PP_OK, "%s", err.msg);
+    g_base = split ? mlpz_model_desc() : mlp_model_desc();
+    for (r = 0; r < p; r++) {
+        pp_stage_desc d;
+        memset(&d, 0, sizeof d);
+        d.model = g_base;
+        d.model.describe = hook_describe;
+        d.model.forward = hook_forward;
+        d.model.backward = hook_backward;
+        if (split) d.model.weight_grad = hook_wgrad;
+        d.weights = split ? (const void*)&W->wz[r] : (const void*)&W->wr[r];
+        d.grads = split ? (void*)&W->gz[r] : (void*)&W->g[r];
+        d.schedule = &W->sched;
+        d.partition = W->first;
+        d.rank = r;
+        d.shapes = shapes;
+        d.transport = pp_threads_transport(W->threads, r);
+        d.timeout_s = timeout_s;
+        CHECK(pp_stage_create(&d, &W->st[r], &err) == PP_OK, "%s", err.msg);
+    }
+}
+
+static const void* world_weights(world* W, int r) {
+    return W->sched.kind == PP_SCHED_ZB_H1 || W->sched.kind == PP_SCHED_ZB_V ? (const void*)&W->wz[r]
+                                                                             : (const void*)&W->wr[r];
+}
+
+static void world_free(world* W) {
+    int r;
+    for (r = 0; r < W->p; r++) {
+        pp_stage_destroy(W->st[r]);
+        free(W->gbuf[r]);
+    }
+    free(W->wbuf);
+    pp_threads_destroy(W->threads);
+}
+
+static pp_result rank_step(int rank, void* user) {
+    world* W = (world*)user;
+    int i;
+    for (i = 0; i < W->steps[rank]; i++) W->rc[rank] = pp_stage_step(W->st[rank], &W->b, &W->stats[rank]);
+    W->t_ret[rank] = _pp_now() - W->t0;
+    snprintf(W->msg[rank], sizeof W->msg[rank], "%s", pp_stage_error(W->st[rank]));
+    return W->rc[rank];
+}
+
+static void world_step(world* W) {
+    pp_error err;
+    W->t0 = _pp_now();
+    pp_threads_run(W->p, rank_step, W, &err);
+}
+
+static void zero_grads(world* W) {
+    int r;
+    for (r = 0; r < W->p; r++) memset(W->gbuf[r], 0, mlp_param_count(DIMS) * sizeof(float));
+}
+
+/* Gradients summed over ranks against the sequential reference of one step. */
+static int world_grads_exact(world* W) {
+    mlp_model wref, g;
+    float* gb = NULL;
+    float* wb = mlp_init(&wref, &g, DIMS, 11, &gb);
+    pp_model model = mlp_model_desc();
+    pp_error err;
+    float loss;
+    size_t n = mlp_param_count(DIMS), i;
+    int r, same;
+    float* sum = (float*)calloc(n, sizeof(float));
+    CHECK(pp_sequential_step(&model, &W->w, &g, &W->b, &loss, &err) == PP_OK, "%s", err.msg);
+    for (r = 0; r < W->p; r++)
+        for (i = 0; i < n; i++) sum[i] += W->gbuf[r][i];
+    same = memcmp(sum, gb, n * sizeof(float)) == 0;
+    free(sum);
+    free(gb);
+    free(wb);
+    return same;
+}
+
+static int all_failed(const world* W) {
+    int r;
+    for (r = 0; r < W->p; r++)
+        if (W->rc[r] == PP_OK) return 0;
+    return 1;
+}
+
+static int all_ok(const world* W) {
+    int r;
+    for (r = 0; r < W->p; r++)
+        if (W->rc[r] != PP_OK) return 0;
+    return 1;
+}
+
+static double latest_return(const world* W) {
+    double t = 0;
+    int r;
+    for (r = 0; r < W->p; r++)
+        if (W->t_ret[r] > t) t = W->t_ret[r];
+    return t;
+}
+
+static const char* first_msg(const world* W, const char* needle) {
+    int r;
+    for (r = 0; r < W->p; r++)
+        if (strstr(W->msg[r], needle)) return W->msg[r];
+    return NULL;
+}
+
+/* --- 1, 3: the two sides of a boundary disagree ---------------------------------------------- */
+/* rank `odd` describes the boundary between stage 0 and 1 its own way (mode); every rank must
+   fail within a second (the deadline is 20 s), and the next step, consistent again, must be
+   bit-exact: nothing left queued by the broken step may be taken for its messages. */
+static void test_disagree(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy shapes, int odd, int mode) {
+    world W;
+    int r, step;
+    char where[96];
+    snprintf(where, sizeof where, "%s p=%d m=%d shapes=%d, rank %d %s", pp_schedule_name(kind), p, m, (int)shapes, odd,
+             mode == ODD_DTYPE ? "says i32" : "says 2 tensors");
+    world_init(&W, kind, p, v, m, shapes, 20.0);
+    for (step = 0; step < 3; step++) {
+        hooks_off();
+        if (step == 0) {
+            g_odd_w = world_weights(&W, odd);
+            g_odd_layer = W.first[1] - 1; /* the last layer of stage 0: its output crosses */
+            g_odd_mode = mode;
+        }
+        zero_grads(&W);
+        world_step(&W);
+        if (step == 0) {
+            const char* both = first_msg(&W, "describe the tensors from stage 0 to stage 1");
+            CHECK(all_failed(&W), "%s: the disagreeing step returned PP_OK on a rank: %s | %s", where, W.msg[0], W.msg[1]);
+            CHECK(latest_return(&W) < 1.0, "%s: the last rank returned after %.2f s", where, latest_return(&W));
+#ifndef PP_TEST_NO_PLAN_CHECK
+            CHECK(both && strstr(both, mode == ODD_DTYPE ? "i32" : "2 tensors") && strstr(both, "1 tensor f32"),
+                  "%s: no message names both views: %s | %s", where, W.msg[0], W.msg[1]);
+            for (r = 0; r < p; r++)
+                if (W.rc[r] != PP_ERR_ABORTED)
+                    CHECK(W.rc[r] == PP_ERR_SIZE, "%s: rank %d: %s", where, r, W.msg[r]);
+#else
+            (void)both, (void)r;
+#endif
+            pp_threads_reset(W.threads);
+        } else {
+            CHECK(all_ok(&W), "%s: step %d after it: %s | %s", where, step, W.msg[0], W.msg[1]);
+            CHECK(world_grads_exact(&W), "%s: step %d after it: gradients differ from the reference", where, step);
+        }
+    }
+    world_free(&W);
+}
+
+/* A disagreement the plan check does not see (the library built without it), or a message left
+   over for any reason: the agreement's message counts catch it at step end, on every rank, and
+   the tags' generation keeps the leftovers out of the next step. Here without a reset between
+   the steps: what the broken step left stays queued in the transport. */
+static void test_leftover_kept(void) {
+    world W;
+    int step;
+    world_init(&W, PP_SCHED_1F1B, 2, 1, 2, PP_SHAPES_LOCAL, 20.0);
+    for (step = 0; step < 3; step++) {
+        hooks_off();
+        if (step == 0) {
+            g_odd_w = world_weights(&W, 0); /* the sender says i32: it takes no gradient back */
+            g_odd_layer = W.first[1] - 1;
+            g_odd_mode = ODD_DTYPE;
+        }
+        mlp_make_data(W.x, W.y, ROWS, IN, CLASSES, 3 + step, 4); /* a stale gradient is a wrong one */
+        zero_grads(&W);
+        world_step(&W);
+        if (step == 0) {
+            CHECK(all_failed(&W), "leftover: the disagreeing step returned PP_OK: %s | %s", W.msg[0], W.msg[1]);
+            CHECK(latest_return(&W) < 1.0, "leftover: returned after %.2f s", latest_return(&W));
+            if (W.rc[0] != PP_ERR_ABORTED && W.rc[1] != PP_ERR_ABORTED) /* no abort: rank 0's verdict */
+                CHECK(W.rc[0] == PP_ERR_SIZE && W.rc[1] == PP_ERR_SIZE, "leftover: %s | %s", W.msg[0], W.msg[1]);
+        } else {
+            CHECK(all_ok(&W), "leftover: step %d: %s | %s", step, W.msg[0], W.msg[1]);
+            CHECK(world_grads_exact(&W), "leftover: step %d: gradients differ from the reference (a stale message "
+                  "was taken)", step);
+        }
+#ifndef PP_TEST_NO_PLAN_CHECK
+        if (step == 0) pp_threads_reset(W.threads); /* the plan check aborted the world */
+#endif
+    }
+    world_free(&W);
+}
+
+/* --- 2: a failure after the other ranks finished their lists --------------------------------- */
+static void test_late_failure(pp_schedule_kind kind, int p, int m, int fail_rank, int op, int layer, int mb, int runs) {
+    world W;
+    int run, bad = 0, slow = 0;
+    char where[96];
+    snprintf(where, sizeof where, "%s p=%d m=%d: %c%d fails on rank %d (layer %d)", pp_schedule_name(kind), p, m,
+             "FBW"[op], mb, fail_rank, layer);
+    world_init(&W, kind, p, 1, m, PP_SHAPES_LOCAL, 20.0);
+    for (run = 0; run < runs; run++) {
+        hooks_off();
+        g_fail_w = world_weights(&W, fail_rank);
+        g_fail_layer = layer;
+        g_fail_mb = mb;
+        g_fail_op = op;
+        zero_grads(&W);
+        world_step(&W);
+        if (!all_failed(&W)) {
+            if (!bad) CHECK(0, "%s: run %d: a rank returned PP_OK: %s | %s", where, run, W.msg[0], W.msg[p - 1]);
+            bad++;
+        }
+        if (latest_return(&W) > 1.0) slow++;
+        pp_threads_reset(W.threads);
+    }
+    CHECK(bad == 0, "%s: %d of %d runs had a rank return PP_OK", where, bad, runs);
+    CHECK(slow == 0, "%s: %d of %d runs took more than a second", where, slow, runs);
+    hooks_off();
+    zero_grads(&W);
+    world_step(&W);
+    CHECK(all_ok(&W) && world_grads_exact(&W), "%s: the step after: %s", where, W.msg[0]);
+    world_free(&W);
+}
+
+/* --- ranks at different steps --------------------------------------------------------------- */
+static void test_step_skew(void) {
+    world W;
+    world_init(&W, PP_SCHED_GPIPE, 2, 1, 2, PP_SHAPES_LOCAL, 0.5);
+    W.steps[1] = 0; /* rank 1 skips a step: rank 0 runs into its deadline */
+    world_step(&W);
+    CHECK(W.rc[0] == PP_ERR_TIMEOUT, "skew: rank 0 alone: %s", W.msg[0]);
+    pp_threads_reset(W.threads);
+    W.steps[1] = 1; /* from now on rank 0 is one step ahead: told at once */
+    world_step(&W);
+    CHECK(all_failed(&W) && latest_return(&W) < 0.4, "skew: %s | %s (%.2f s)", W.msg[0], W.msg[1], latest_return(&W));
+#ifndef PP_TEST_NO_PLAN_CHECK
+    CHECK(first_msg(&W, "at its step") != NULL, "skew: the message does not name the steps: %s | %s", W.msg[0], W.msg[1]);
+#endif
+    world_free(&W);
+}
+
+/* --- the cost: messages per step ------------------------------------------------------------- */
+static void test_cost(void) {
+    world W;
+    int r;
+    uint64_t msgs = 0;
+    world_init(&W, PP_SCHED_1F1B, 4, 1, 8, PP_SHAPES_LOCAL, 20.0);
+    world_step(&W);
+    for (r = 0; r < 4; r++) msgs += W.stats[r].agree_msgs;
+    /* plan check: one per neighbour pair and direction, 2 (p - 1); agreement: 2 (p - 1) */
+    CHECK(all_ok(&W) && msgs == 12, "cost: %llu agreement messages per step at p = 4, want 12",
+          (unsigned long long)msgs);
+    world_free(&W);
+}
+
+int main(int argc, char** argv) {
+    int odd;
+    if (argc > 1 && !strcmp(argv[1], "controls")) { /* the quick part the negative controls run */
+        test_leftover_kept();
+        test_late_failure(PP_SCHED_ZB_H1, 4, 4, 0, 2, 0, 3, 30);
+        return TEST_DONE("agree (controls part)");
+    }
+    for (odd = 0; odd < 2; odd++) {
+        test_disagree(PP_SCHED_1F1B, 2, 1, 2, PP_SHAPES_LOCAL, odd, ODD_DTYPE);
+        test_disagree(PP_SCHED_1F1B, 2, 1, 2, PP_SHAPES_LOCAL, odd, ODD_COUNT);
+        test_disagree(PP_SCHED_GPIPE, 3, 1, 4, PP_SHAPES_BROADCAST, odd, ODD_DTYPE);
+        test_disagree(PP_SCHED_ZB_H1, 4, 1, 4, PP_SHAPES_LOCAL, odd, ODD_COUNT);
+        test_disagree(PP_SCHED_INTERLEAVED, 2, 2, 4, PP_SHAPES_LOCAL, odd, ODD_DTYPE);
+    }
+    test_leftover_kept();
+    /* ZB-H1: rank 0's last W (layer 0, the last micro-batch) fails after ranks 1..3 are done */
+    test_late_failure(PP_SCHED_ZB_H1, 4, 4, 0, 2, 0, 3, 30);
+    /* 1F1B p=3: B of micro-batch 2 fails on rank 0 (layer 1) */
+    test_late_failure(PP_SCHED_1F1B, 3, 4, 0, 1, 1, 2, 90);
+    test_late_failure(PP_SCHED_GPIPE, 2, 2, 1, 0, MLP_DEPTH, 1, 30);
+    test_step_skew();
+    test_cost();
+    return TEST_DONE("agree");
+}
