@@ -739,8 +739,11 @@ typedef struct pp_flight {
 
 /* The most recent entry in `state` (or any state when state < 0); NULL if none. */
 const pp_flight_entry* pp_flight_last(const pp_flight* f, int state);
-/* One line per entry, oldest first, with ages in seconds; then what was last heard. */
+/* One line per entry, oldest first, with ages in seconds; then what was last heard.
+   pp_flight_print_fd writes the same to a file descriptor with write(2), taking no lock and
+   allocating nothing: it is async-signal-safe. pp_flight_print goes through stdio, which is not. */
 void pp_flight_print(FILE* out, const pp_flight* f);
+void pp_flight_print_fd(int fd, const pp_flight* f);
 
 /* >>transport --------------------------------------------------------------------------------- */
 /* An outstanding send or receive; its contents belong to the transport. */
@@ -789,9 +792,14 @@ void pp_threads_reset(pp_threads* t);
 void pp_threads_counters(pp_threads* t, int rank, uint64_t* bytes, uint64_t* msgs);
 /* Messages and posted receives still queued in every mailbox (0 between clean steps). */
 size_t pp_threads_pending(pp_threads* t);
-/* Rank's flight record, or every rank's printed (on demand: from a watchdog, a signal...). */
+/* Rank's flight record, or every rank's printed, on demand: from a watchdog thread, or from a
+   signal handler with pp_threads_flight_print_fd (async-signal-safe: no lock, no allocation, no
+   stdio, write(2) only; it may run while the interrupted thread is writing its record, and then
+   skips the entry being written). pp_threads_flight and pp_threads_flight_print take no lock
+   either, but stdio makes the _print one unsafe in a handler. */
 pp_result pp_threads_flight(pp_threads* t, int rank, pp_flight* out);
 void pp_threads_flight_print(FILE* out, pp_threads* t);
+void pp_threads_flight_print_fd(int fd, pp_threads* t);
 
 /* Runs fn(rank, user) on n threads and joins them; returns the first non-OK result. */
 typedef pp_result (*pp_rank_fn)(int rank, void* user);
@@ -3124,27 +3132,184 @@ static const char* _pp_flight_act(char* buf, size_t n, const pp_action* a) {
     return buf;
 }
 
-void pp_flight_print(FILE* out, const pp_flight* f) {
-    uint64_t i, lo;
+#include <unistd.h> /* write(2) */
+
+/* Printing a flight record is meant for signal handlers and watchdogs, so it is
+   async-signal-safe: each line is formatted here, without stdio, locale or allocation, into a
+   buffer on the stack, then goes out whole with write(2) (or fputs for the FILE* versions, which
+   stdio's locks make unsafe in a handler). */
+typedef struct _pp_line {
+    char b[200];
+    size_t n;
+} _pp_line;
+
+static void _pp_line_str(_pp_line* l, const char* s) {
+    while (*s && l->n < sizeof l->b - 1) l->b[l->n++] = *s++;
+}
+
+/* s, left-justified in `width` columns (printf's %-6s) */
+static void _pp_line_pad(_pp_line* l, const char* s, size_t width) {
+    size_t start = l->n;
+    _pp_line_str(l, s);
+    while (l->n - start < width && l->n < sizeof l->b - 1) l->b[l->n++] = ' ';
+}
+
+static void _pp_line_u64(_pp_line* l, uint64_t v) {
+    char d[24];
+    int k = 0;
+    do d[k++] = (char)('0' + (int)(v % 10)); while ((v /= 10) > 0);
+    while (k > 0 && l->n < sizeof l->b - 1) l->b[l->n++] = d[--k];
+}
+
+static void _pp_line_int(_pp_line* l, long long v) {
+    if (v < 0) _pp_line_str(l, "-");
+    _pp_line_u64(l, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
+}
+
+/* seconds with six decimals (%.6f), "?" beyond a million years or for NaN */
+static void _pp_line_sec(_pp_line* l, double s) {
+    uint64_t us, frac;
     int k;
-    char act[48];
-    if (!out || !f) return;
-    lo = f->n > PP_FLIGHT_LEN ? f->n - PP_FLIGHT_LEN : 0;
-    fprintf(out, "rank %d: flight record, last %llu of %llu entries\n", f->rank, (unsigned long long)(f->n - lo),
-            (unsigned long long)f->n);
-    for (i = lo; i < f->n; i++) {
-        const pp_flight_entry* e = &f->ring[i % PP_FLIGHT_LEN];
-        fprintf(out, "  step %d  %-6s %s", (int)e->step, _pp_flight_state_name(e->state),
-                _pp_flight_act(act, sizeof act, &e->a));
-        if (e->state == PP_FLIGHT_START && e->peer >= 0) fprintf(out, " awaiting rank %d", (int)e->peer);
-        fprintf(out, "  %.6f s ago\n", f->now - e->t);
+    if (s < 0) _pp_line_str(l, "-"), s = -s;
+    if (!(s < 3e13)) {
+        _pp_line_str(l, "?");
+        return;
+    }
+    us = (uint64_t)(s * 1e6 + 0.5);
+    _pp_line_u64(l, us / 1000000);
+    _pp_line_str(l, ".");
+    frac = us % 1000000;
+    for (k = 100000; k > 0; k /= 10) {
+        char c[2];
+        c[0] = (char)('0' + (int)(frac / (uint64_t)k % 10));
+        c[1] = 0;
+        _pp_line_str(l, c);
+    }
+}
+
+static void _pp_line_act(_pp_line* l, const pp_action* a) {
+    char op[2];
+    op[0] = "FBW"[a->op % 3];
+    op[1] = 0;
+    _pp_line_str(l, op);
+    _pp_line_int(l, a->mb);
+    _pp_line_str(l, ".");
+    _pp_line_int(l, a->chunk);
+    _pp_line_str(l, " (stage ");
+    _pp_line_int(l, a->stage);
+    _pp_line_str(l, ")");
+}
+
+/* Where the lines go: a FILE (fd < 0) or a file descriptor. */
+typedef struct _pp_sink {
+    FILE* f;
+    int fd;
+} _pp_sink;
+
+static void _pp_line_put(const _pp_sink* o, _pp_line* l) {
+    size_t off = 0;
+    l->b[l->n] = 0;
+    if (o->fd < 0) {
+        fputs(l->b, o->f);
+        return;
+    }
+    while (off < l->n) {
+        ssize_t k = write(o->fd, l->b + off, l->n - off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return;
+        off += (size_t)k;
+    }
+}
+
+/* Reads entry i (0-based, of all ever written) of a record into *e; 0 when it is gone. */
+typedef int (*_pp_flight_get_fn)(const void* src, uint64_t i, pp_flight_entry* e);
+/* Reads heard[k] into *e; 0 when there is none. */
+typedef int (*_pp_flight_heard_fn)(const void* src, int k, pp_flight_entry* e);
+
+/* The record of `rank` with n entries ever written, one line each, oldest first, ages against
+   now; then what was last heard. Entries are fetched one at a time, so a reader needs no copy of
+   the whole record (a signal handler's stack may be small). */
+static void _pp_flight_emit(const _pp_sink* o, int rank, uint64_t n, double now, _pp_flight_get_fn get,
+                            _pp_flight_heard_fn heard, const void* src) {
+    uint64_t i, lo = n > PP_FLIGHT_LEN ? n - PP_FLIGHT_LEN : 0;
+    pp_flight_entry e;
+    _pp_line l;
+    int k;
+    l.n = 0;
+    _pp_line_str(&l, "rank ");
+    _pp_line_int(&l, rank);
+    _pp_line_str(&l, ": flight record, last ");
+    _pp_line_u64(&l, n - lo);
+    _pp_line_str(&l, " of ");
+    _pp_line_u64(&l, n);
+    _pp_line_str(&l, " entries\n");
+    _pp_line_put(o, &l);
+    for (i = lo; i < n; i++) {
+        l.n = 0;
+        if (!get(src, i, &e)) {
+            _pp_line_str(&l, "  (entry overwritten while read)\n");
+            _pp_line_put(o, &l);
+            continue;
+        }
+        _pp_line_str(&l, "  step ");
+        _pp_line_int(&l, e.step);
+        _pp_line_str(&l, "  ");
+        _pp_line_pad(&l, _pp_flight_state_name(e.state), 6);
+        _pp_line_str(&l, " ");
+        _pp_line_act(&l, &e.a);
+        if (e.state == PP_FLIGHT_START && e.peer >= 0) {
+            _pp_line_str(&l, " awaiting rank ");
+            _pp_line_int(&l, e.peer);
+        }
+        _pp_line_str(&l, "  ");
+        _pp_line_sec(&l, now - e.t);
+        _pp_line_str(&l, " s ago\n");
+        _pp_line_put(o, &l);
     }
     for (k = 0; k < 2; k++) {
-        const pp_flight_entry* e = &f->heard[k];
-        if (e->t <= 0) continue;
-        fprintf(out, "  last heard from rank %d (%s stage): its %s, step %d, %.6f s ago\n", (int)e->peer,
-                k == 0 ? "previous" : "next", _pp_flight_act(act, sizeof act, &e->a), (int)e->step, f->now - e->t);
+        if (!heard(src, k, &e) || e.t <= 0) continue;
+        l.n = 0;
+        _pp_line_str(&l, "  last heard from rank ");
+        _pp_line_int(&l, e.peer);
+        _pp_line_str(&l, k == 0 ? " (previous stage): its " : " (next stage): its ");
+        _pp_line_act(&l, &e.a);
+        _pp_line_str(&l, ", step ");
+        _pp_line_int(&l, e.step);
+        _pp_line_str(&l, ", ");
+        _pp_line_sec(&l, now - e.t);
+        _pp_line_str(&l, " s ago\n");
+        _pp_line_put(o, &l);
     }
+}
+
+static int _pp_flight_copy_get(const void* src, uint64_t i, pp_flight_entry* e) {
+    *e = ((const pp_flight*)src)->ring[i % PP_FLIGHT_LEN];
+    return 1;
+}
+
+static int _pp_flight_copy_heard(const void* src, int k, pp_flight_entry* e) {
+    *e = ((const pp_flight*)src)->heard[k];
+    return 1;
+}
+
+static void _pp_flight_print_to(const _pp_sink* o, const pp_flight* f) {
+    if (f) _pp_flight_emit(o, f->rank, f->n, f->now, _pp_flight_copy_get, _pp_flight_copy_heard, f);
+}
+
+void pp_flight_print(FILE* out, const pp_flight* f) {
+    _pp_sink o;
+    if (!out) return;
+    o.f = out;
+    o.fd = -1;
+    _pp_flight_print_to(&o, f);
+}
+
+void pp_flight_print_fd(int fd, const pp_flight* f) {
+    _pp_sink o;
+    if (fd < 0) return;
+    o.f = NULL;
+    o.fd = fd;
+    _pp_flight_print_to(&o, f);
 }
 
 /* >>impl-threads
@@ -3182,9 +3347,26 @@ typedef struct _pp_tport {
     int rank;
 } _pp_tport;
 
+/* One rank's flight record in the threads world, readable without a lock: a timeout message
+   reads every rank's, and pp_threads_flight_print_fd may run in a signal handler that interrupted
+   the very thread writing it. Each entry is a cell with a sequence word (a seqlock per entry):
+   ring entry i is written with seq = 2i+1, then its words, then seq = 2i+2; a reader that finds
+   2i+2 before and after copying the words has entry i whole, and anything else means the entry
+   is being written or was overwritten by a newer one, so the reader skips it and never waits.
+   heard[] cells count up by 2 per write the same way. n (entries completed) is stored last. The
+   words are copied with relaxed atomic loads and stores, so there is no data race for a
+   sanitizer to see. Writers of one rank take mu among themselves; readers never do. */
+#define _PP_FWORDS ((sizeof(pp_flight_entry) + 7) / 8)
+typedef struct _pp_fcell {
+    uint64_t seq;
+    uint64_t w[_PP_FWORDS];
+} _pp_fcell;
+
 typedef struct _pp_fslot {
     pthread_mutex_t mu;
-    pp_flight f;
+    uint64_t n;
+    _pp_fcell ring[PP_FLIGHT_LEN];
+    _pp_fcell heard[2];
 } _pp_fslot;
 
 struct pp_threads {
@@ -3440,20 +3622,97 @@ static pp_result _pp_threads_cancel(void* self, pp_request* req) {
     return PP_OK;
 }
 
+#if defined(__GNUC__) || defined(__clang__)
+#define _PP_LOAD_ACQ(p) __atomic_load_n(p, __ATOMIC_ACQUIRE)
+#define _PP_LOAD_RLX(p) __atomic_load_n(p, __ATOMIC_RELAXED)
+#define _PP_STORE_REL(p, v) __atomic_store_n(p, v, __ATOMIC_RELEASE)
+#define _PP_STORE_RLX(p, v) __atomic_store_n(p, v, __ATOMIC_RELAXED)
+#define _PP_FENCE_ACQ() __atomic_thread_fence(__ATOMIC_ACQUIRE)
+#define _PP_FENCE_REL() __atomic_thread_fence(__ATOMIC_RELEASE)
+#else /* no ordering guarantees: a reader may see a torn entry, never a lock */
+#define _PP_LOAD_ACQ(p) (*(volatile uint64_t*)(p))
+#define _PP_LOAD_RLX(p) (*(volatile uint64_t*)(p))
+#define _PP_STORE_REL(p, v) (*(volatile uint64_t*)(p) = (v))
+#define _PP_STORE_RLX(p, v) (*(volatile uint64_t*)(p) = (v))
+#define _PP_FENCE_ACQ() ((void)0)
+#define _PP_FENCE_REL() ((void)0)
+#endif
+
+/* Writes e into cell c under sequence numbers seq (odd, while writing) and seq + 1 (whole). */
+static void _pp_fcell_write(_pp_fcell* c, uint64_t seq, const pp_flight_entry* e) {
+    uint64_t w[_PP_FWORDS];
+    size_t k;
+    memset(w, 0, sizeof w);
+    memcpy(w, e, sizeof *e);
+    _PP_STORE_RLX(&c->seq, seq);
+    _PP_FENCE_REL();
+    for (k = 0; k < _PP_FWORDS; k++) _PP_STORE_RLX(&c->w[k], w[k]);
+    _PP_STORE_REL(&c->seq, seq + 1);
+}
+
+/* Copies cell c into *e; returns its sequence number, or 0 when it changed while copied (or
+   was being written: odd). */
+static uint64_t _pp_fcell_read(const _pp_fcell* c, pp_flight_entry* e) {
+    uint64_t w[_PP_FWORDS], s1, s2;
+    size_t k;
+    s1 = _PP_LOAD_ACQ(&c->seq);
+    if (s1 & 1) return 0;
+    for (k = 0; k < _PP_FWORDS; k++) w[k] = _PP_LOAD_RLX(&c->w[k]);
+    _PP_FENCE_ACQ();
+    s2 = _PP_LOAD_RLX(&c->seq);
+    if (s1 != s2) return 0;
+    memcpy(e, w, sizeof *e);
+    return s1;
+}
+
 static void _pp_threads_flight_note(void* self, const pp_flight_entry* e) {
     _pp_tport* tp = (_pp_tport*)self;
     _pp_fslot* fs = &tp->world->flight[tp->rank];
     pthread_mutex_lock(&fs->mu);
-    fs->f.rank = tp->rank;
-    _pp_flight_add(&fs->f, e);
+    if (e->state == PP_FLIGHT_HEARD) {
+        _pp_fcell* c = &fs->heard[e->a.op == PP_OP_F ? 0 : 1];
+        _pp_fcell_write(c, _PP_LOAD_RLX(&c->seq) + 1, e);
+    } else {
+        uint64_t i = _PP_LOAD_RLX(&fs->n);
+        _pp_fcell_write(&fs->ring[i % PP_FLIGHT_LEN], 2 * i + 1, e);
+        _PP_STORE_REL(&fs->n, i + 1);
+    }
     pthread_mutex_unlock(&fs->mu);
 }
 
+static int _pp_fslot_get(const void* src, uint64_t i, pp_flight_entry* e) {
+    const _pp_fslot* fs = (const _pp_fslot*)src;
+    return _pp_fcell_read(&fs->ring[i % PP_FLIGHT_LEN], e) == 2 * i + 2;
+}
+
+/* heard[k], retried a few times while its writer is busy; 0 if never written */
+static int _pp_fslot_heard(const void* src, int k, pp_flight_entry* e) {
+    const _pp_fslot* fs = (const _pp_fslot*)src;
+    int tries;
+    for (tries = 0; tries < 4; tries++)
+        if (_pp_fcell_read(&fs->heard[k], e) != 0) return 1;
+    return 0;
+}
+
 pp_result pp_threads_flight(pp_threads* w, int rank, pp_flight* out) {
+    const _pp_fslot* fs;
+    uint64_t i, lo;
+    int k;
     if (!w || !out || rank < 0 || rank >= w->n) return PP_ERR_INVALID;
-    pthread_mutex_lock(&w->flight[rank].mu);
-    *out = w->flight[rank].f;
-    pthread_mutex_unlock(&w->flight[rank].mu);
+    fs = &w->flight[rank];
+    memset(out, 0, sizeof *out);
+    out->n = _PP_LOAD_ACQ(&fs->n);
+    lo = out->n > PP_FLIGHT_LEN ? out->n - PP_FLIGHT_LEN : 0;
+    for (i = lo; i < out->n; i++) {
+        pp_flight_entry* e = &out->ring[i % PP_FLIGHT_LEN];
+        if (!_pp_fslot_get(fs, i, e)) { /* overwritten since n was read: the oldest ones */
+            memset(e, 0, sizeof *e);
+            e->state = -1;
+            e->peer = -1;
+        }
+    }
+    for (k = 0; k < 2; k++)
+        if (!_pp_fslot_heard(fs, k, &out->heard[k])) memset(&out->heard[k], 0, sizeof out->heard[k]);
     out->rank = rank;
     out->now = _pp_now();
     return PP_OK;
@@ -3464,15 +3723,29 @@ static int _pp_threads_flight_get(void* self, int peer, pp_flight* out) {
     return pp_threads_flight(tp->world, peer, out) == PP_OK;
 }
 
-void pp_threads_flight_print(FILE* out, pp_threads* w) {
-    pp_flight* f;
+static void _pp_threads_flight_print_to(const _pp_sink* o, pp_threads* w) {
+    double now = _pp_now();
     int r;
+    for (r = 0; r < w->n; r++) {
+        const _pp_fslot* fs = &w->flight[r];
+        _pp_flight_emit(o, r, _PP_LOAD_ACQ(&fs->n), now, _pp_fslot_get, _pp_fslot_heard, fs);
+    }
+}
+
+void pp_threads_flight_print(FILE* out, pp_threads* w) {
+    _pp_sink o;
     if (!out || !w) return;
-    f = (pp_flight*)PP_MALLOC(sizeof *f);
-    if (!f) return;
-    for (r = 0; r < w->n; r++)
-        if (pp_threads_flight(w, r, f) == PP_OK) pp_flight_print(out, f);
-    PP_FREE(f);
+    o.f = out;
+    o.fd = -1;
+    _pp_threads_flight_print_to(&o, w);
+}
+
+void pp_threads_flight_print_fd(int fd, pp_threads* w) {
+    _pp_sink o;
+    if (fd < 0 || !w) return;
+    o.f = NULL;
+    o.fd = fd;
+    _pp_threads_flight_print_to(&o, w);
 }
 
 size_t pp_threads_pending(pp_threads* w) {
@@ -3585,7 +3858,6 @@ pp_result pp_threads_create(int n_ranks, pp_threads** out, pp_error* err) {
         w->ports[r].world = w;
         w->ports[r].rank = r;
         pthread_mutex_init(&w->flight[r].mu, NULL);
-        w->flight[r].f.rank = r;
     }
     *out = w;
     return PP_OK;
