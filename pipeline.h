@@ -52,8 +52,9 @@
    parameter struct P (a wrong signature is a compile error: PP_MODEL calls them directly).
    - describe(w, mb, in, n_in, d): from the micro-batch and the input tensor shapes (data NULL),
      fill d->n_out and d->out[i] (rows, cols, dtype), d->saved_bytes (private scratch kept from
-     forward to backward), d->cost (relative time, for partitioning) and d->n_params. It must not
-     read weight data: every rank describes every layer to learn the shapes it will receive.
+     forward to backward), d->cost (relative time, for partitioning) and d->n_params. It may read
+     the sizes in its parameter struct w, never the data w points to: every rank describes every
+     layer to learn the shapes it will receive, and a rank may hold only its own layers' arrays.
    - forward(w, io): read io->in[], write io->out[] (and io->saved). The last layer is the loss:
      it has no outputs, reads its targets from io->mb->targets and sets io->loss.
    - backward(w, g, io): read io->in[], io->out[], io->d_out[] and io->saved; ADD parameter
@@ -531,7 +532,8 @@ pp_result pp_model_check(const pp_model* m, pp_error* err);
 const char* pp_model_layer_name(const pp_model* m, int l);
 
 /* Per-layer cost and parameter count from describe(), for a sample micro-batch of `rows` rows
-   whose input is `input` (data may be NULL). Either output array may be NULL. */
+   whose input is `input` (data may be NULL). Either output array may be NULL. weights is the
+   model struct (describe reads its sizes); the arrays it points to may be unallocated. */
 pp_result pp_model_layer_costs(const pp_model* m, const void* weights, const pp_tensor* input,
                                double* cost, int64_t* n_params, pp_error* err);
 
@@ -561,7 +563,9 @@ typedef struct pp_partition_desc {
     const pp_tensor* sample;    /* COST/PARAMS: sample input of one micro-batch (shape only) */
 } pp_partition_desc;
 
-/* Partition a model by a policy; *imbalance (may be NULL) is reported on the policy's weight. */
+/* Partition a model by a policy; *imbalance (may be NULL) is reported on the policy's weight.
+   UNIFORM and EXPLICIT ignore weights (NULL is fine); COST and PARAMS call describe, so they need
+   the model struct, though not its arrays: partition before allocating them. */
 pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_partition_desc* d,
                              int* first, double* imbalance, pp_error* err);
 
@@ -1315,7 +1319,10 @@ pp_result pp_model_layer_costs(const pp_model* m, const void* weights, const pp_
     pp_result rc;
     int l;
     if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
-    if (!weights) return _pp_fail(err, PP_ERR_INVALID, "weights is NULL (describe reads the layers' parameters)");
+    if (!weights)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "weights is NULL: describe reads each layer's parameter struct (its sizes, not its data); "
+                        "pass the model struct, its arrays may be unallocated");
     if (!input || input->rows <= 0 || input->cols <= 0 || pp_dtype_size(input->dtype) == 0)
         return _pp_fail(err, PP_ERR_INVALID, "sample input must have rows > 0, cols > 0 and a valid dtype");
     memset(&mb, 0, sizeof mb);

@@ -60,6 +60,44 @@ static void test_partition_args(void) {
           "imbalance 6/5");
 }
 
+/* pp_partition_model's weights: UNIFORM and EXPLICIT never call describe, so NULL is fine;
+   COST and PARAMS do, and describe reads the parameter struct's sizes (mlp's dense_desc reads
+   p->out), so NULL is refused with a message instead of a crash. Weight arrays are not needed:
+   a model struct with its sizes set and no arrays partitions by cost. */
+static void test_partition_weights(void) {
+    pp_model m = mlp_model_desc();
+    pp_partition_desc pd;
+    pp_tensor sample;
+    mlp_model w;
+    int first[4], l, e = 0;
+    memset(&pd, 0, sizeof pd);
+    memset(&sample, 0, sizeof sample);
+    memset(&w, 0, sizeof w);
+    sample.rows = ROWS;
+    sample.cols = IN;
+    sample.dtype = PP_F32;
+    pd.n_stages = 3;
+    pd.policy = PP_PARTITION_UNIFORM;
+    EXPECT_ERR(pp_partition_model(&m, NULL, &pd, first, NULL, ERR), PP_OK, "uniform, weights NULL");
+    pd.policy = PP_PARTITION_COST;
+    pd.sample = &sample;
+    {
+        pp_error e_;
+        memset(&e_, 0, sizeof e_);
+        CHECK(pp_partition_model(&m, NULL, &pd, first, NULL, &e_) == PP_ERR_INVALID &&
+                  strcmp(e_.msg, "invalid argument: weights is NULL: describe reads each layer's parameter struct "
+                                 "(its sizes, not its data); pass the model struct, its arrays may be unallocated") == 0,
+              "cost, weights NULL: %s", e_.msg);
+    }
+    for (l = 0; l < MLP_DEPTH; l++) { /* sizes only: w.dense[l].w and .b stay NULL */
+        w.dense[l].in = DIMS[l];
+        w.dense[l].out = DIMS[l + 1];
+    }
+    EXPECT_ERR(pp_partition_model(&m, &w, &pd, first, NULL, ERR), PP_OK, "cost, sizes without arrays");
+    for (l = 0; l < MLP_DEPTH; l++) e += w.dense[l].w != NULL || w.dense[l].b != NULL;
+    CHECK(e == 0 && first[0] == 0 && first[3] == MLP_DEPTH + 1, "a partition of every layer");
+}
+
 /* --- stage and batch validation on a 2-rank pipeline ------------------------------------- */
 typedef struct fixture {
     mlp_model w, g;
@@ -377,6 +415,7 @@ static void test_failing_layer(void) {
 int main(void) {
     test_schedule_args();
     test_partition_args();
+    test_partition_weights();
     test_stage_desc();
     test_batches();
     test_validation_audit();
