@@ -782,6 +782,10 @@ typedef struct pp_transport {
        get: copy rank `peer`'s record into *out; returns 0 where the transport cannot see it. */
     void (*flight_note)(void* self, const pp_flight_entry* e);
     int (*flight_get)(void* self, int peer, pp_flight* out);
+    /* After an abort: why (the failing rank's message) into buf; 0 when not aborted or not
+       known. Lets a rank that learns of the abort from a send, which carries no message, say
+       the root cause. May be NULL. */
+    int (*abort_reason)(void* self, char* buf, size_t n);
 } pp_transport;
 
 /* >>threads ----------------------------------------------------------------------------------- */
@@ -1176,6 +1180,31 @@ static pp_result _pp_fail(pp_error* err, pp_result code, const char* fmt, ...) {
         err->code = code;
     }
     return code;
+}
+
+/* msg without a leading "<code's string>: ": a message quoted inside another of the same code
+   says its code once. */
+static const char* _pp_strip_code(const char* msg, pp_result code) {
+    size_t k = strlen(pp_result_str(code));
+    return strncmp(msg, pp_result_str(code), k) == 0 && msg[k] == ':' && msg[k + 1] == ' ' ? msg + k + 2 : msg;
+}
+
+/* Length of a leading "rank R" in msg (followed by ':' or ' '), else 0. */
+static size_t _pp_names_rank(const char* msg, int rank) {
+    char head[24];
+    size_t k = (size_t)snprintf(head, sizeof head, "rank %d", rank);
+    return strncmp(msg, head, k) == 0 && (msg[k] == ':' || msg[k] == ' ') ? k : 0;
+}
+
+/* What a transport keeps and passes on when rank `rank` aborts a step: the rank's own message,
+   which names it already ("layer callback failed: rank 2 at F0.0 (stage 2): ..."), with one
+   code prefix; a message that does not name the rank gets "rank R: " after the code. */
+static void _pp_abort_text(char* out, size_t n, int rank, pp_result why, const char* msg) {
+    const char* body = msg && msg[0] ? _pp_strip_code(msg, why) : "gave no message";
+    if (_pp_names_rank(body, rank))
+        snprintf(out, n, "%s: %s", pp_result_str(why), body);
+    else
+        snprintf(out, n, "%s: rank %d: %s", pp_result_str(why), rank, body);
 }
 
 static void* _pp_calloc(size_t n, size_t size) {
@@ -3384,7 +3413,7 @@ struct pp_threads {
     pthread_mutex_t abort_mu;
     int aborted;
     pp_result abort_code;
-    char abort_msg[256];
+    char abort_msg[512];
 };
 
 /* Waking a thread asleep on a condition variable costs a futex wake and a reschedule (~5 us
@@ -3778,7 +3807,7 @@ static void _pp_threads_abort(void* self, pp_result why, const char* msg) {
     if (!w->aborted) {
         w->aborted = 1;
         w->abort_code = why;
-        snprintf(w->abort_msg, sizeof w->abort_msg, "rank %d aborted: %s", tp->rank, msg ? msg : pp_result_str(why));
+        _pp_abort_text(w->abort_msg, sizeof w->abort_msg, tp->rank, why, msg);
     }
     pthread_mutex_unlock(&w->abort_mu);
     for (r = 0; r < w->n; r++) {
@@ -3786,6 +3815,17 @@ static void _pp_threads_abort(void* self, pp_result why, const char* msg) {
         pthread_cond_broadcast(&w->box[r].cv);
         pthread_mutex_unlock(&w->box[r].mu);
     }
+}
+
+static int _pp_threads_abort_reason(void* self, char* buf, size_t n) {
+    pp_threads* w = ((_pp_tport*)self)->world;
+    int a;
+    if (!buf || n == 0) return 0;
+    pthread_mutex_lock(&w->abort_mu);
+    a = w->aborted;
+    if (a) snprintf(buf, n, "%s", w->abort_msg);
+    pthread_mutex_unlock(&w->abort_mu);
+    return a;
 }
 
 /* All-reduce built from point-to-point messages: everyone sends to ranks[0], which sums in the
@@ -3940,6 +3980,7 @@ pp_transport pp_threads_transport(pp_threads* w, int rank) {
     t.cancel = _pp_threads_cancel;
     t.flight_note = _pp_threads_flight_note;
     t.flight_get = _pp_threads_flight_get;
+    t.abort_reason = _pp_threads_abort_reason;
     return t;
 }
 
@@ -4296,6 +4337,33 @@ struct pp_stage {
     int32_t n_steps;
 };
 
+/* A stage's message: "<code>: rank R[ at F0.0 (stage 2)] <what>", one prefix each. `text` may
+   be a message recorded before (its own code prefix and "rank R" are dropped, not repeated);
+   "rank R at ..." and "rank R stopped waiting ..." read as one phrase. An abort learnt without
+   a message (a send refused) gets the failing rank's message from the transport. */
+static pp_result _pp_stage_say(pp_stage* s, pp_result code, const pp_action* a, const char* text) {
+    char where[64], why[sizeof s->err.msg];
+    const char* body = _pp_strip_code(text, code);
+    const char* sep = ": ";
+    size_t k = _pp_names_rank(body, s->d.rank);
+    if (k) {
+        body += k;
+        if (*body == ':') body++;
+        else sep = " ";
+        if (*body == ' ') body++;
+    } else if (!a && strncmp(body, "at ", 3) == 0) {
+        sep = " ";
+    }
+    where[0] = 0;
+    if (a) snprintf(where, sizeof where, " at %c%d.%d (stage %d)", "FBW"[a->op % 3], a->mb, a->chunk, a->stage);
+    why[0] = 0;
+    if (code == PP_ERR_ABORTED && s->d.transport.abort_reason &&
+        !s->d.transport.abort_reason(s->d.transport.self, why, sizeof why))
+        why[0] = 0;
+    if (why[0] && strstr(body, why)) why[0] = 0; /* said already */
+    return _pp_fail(&s->err, code, "rank %d%s%s%s%s%s", s->d.rank, where, sep, body, why[0] ? ": " : "", why);
+}
+
 static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ...) _PP_PRINTF(3, 4);
 static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ...) {
     char tmp[sizeof s->err.msg];
@@ -4303,19 +4371,15 @@ static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ..
     va_start(ap, fmt);
     vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    return _pp_fail(&s->err, code, "rank %d: %s", s->d.rank, tmp);
+    return _pp_stage_say(s, code, NULL, tmp);
 }
 
 /* Prefix an error someone else recorded in s->err with rank and action context. */
 static pp_result _pp_stage_wrap(pp_stage* s, pp_result code, const pp_action* a) {
     char tmp[sizeof s->err.msg];
-    const char* inner = tmp;
-    size_t k = strlen(pp_result_str(code));
     memcpy(tmp, s->err.msg, sizeof tmp);
     tmp[sizeof tmp - 1] = 0;
-    if (strncmp(tmp, pp_result_str(code), k) == 0 && tmp[k] == ':' && tmp[k + 1] == ' ') inner += k + 2; /* said once */
-    return _pp_fail(&s->err, code, "rank %d at %c%d.%d (stage %d): %s", s->d.rank, "FBW"[a->op % 3], a->mb, a->chunk,
-                    a->stage, inner);
+    return _pp_stage_say(s, code, a, tmp);
 }
 
 /* >>impl-stage-flight: what the executor records, and what a timeout message says. */

@@ -412,6 +412,79 @@ static void test_failing_layer(void) {
     fixture_free(&f);
 }
 
+/* --- message shapes: one code prefix, "rank R" once, the root cause kept ------------------- */
+static int count_of(const char* s, const char* what) {
+    int n = 0;
+    for (; (s = strstr(s, what)) != NULL; s++) n++;
+    return n;
+}
+
+static int ends_with(const char* s, const char* tail) {
+    size_t a = strlen(s), b = strlen(tail);
+    return a >= b && strcmp(s + a - b, tail) == 0;
+}
+
+static void test_message_shapes(void) {
+    fixture f;
+    fail_run R;
+    pp_error err;
+    pp_stage* st;
+    pp_transport t1;
+    pp_batch b;
+    int r;
+    char tail[600];
+    fixture_init(&f, 4);
+    memset(&R, 0, sizeof R);
+    R.f = &f;
+    for (r = 0; r < 2; r++) {
+        pp_stage_desc d = desc_for(&f, r);
+        d.model.forward = failing_forward;
+        d.timeout_s = 30;
+        CHECK(pp_stage_create(&d, &R.st[r], &err) == PP_OK, "%s", err.msg);
+    }
+    /* a failing layer: its rank says what failed; the other quotes that whole, after its own
+       context, with one "aborted by another rank" and no "rank 0" twice */
+    g_fail_layer = MLP_DEPTH;
+    pp_threads_run(2, fail_rank, &R, &err);
+    g_fail_layer = -1;
+    CHECK(strcmp(R.msg[1], "layer callback failed: rank 1 at F1.0 (stage 1): layer 11 (xent) forward returned 42 on "
+                           "micro-batch 1") == 0,
+          "failing rank: %s", R.msg[1]);
+    snprintf(tail, sizeof tail, ": %s", R.msg[1]);
+    CHECK(strncmp(R.msg[0], "aborted by another rank: rank 0 at ", 35) == 0 && ends_with(R.msg[0], tail) &&
+              count_of(R.msg[0], "aborted by another rank") == 1 && count_of(R.msg[0], "rank 0") == 1,
+          "aborted rank: %s", R.msg[0]);
+    pp_threads_reset(f.threads);
+    /* aborted while sending: a send carries no message, the transport's abort reason does */
+    t1 = pp_threads_transport(f.threads, 1);
+    t1.abort(t1.self, PP_ERR_LAYER, "layer callback failed: rank 1 at F0.0 (stage 1): boom");
+    CHECK(pp_stage_step(R.st[0], &f.b, NULL) == PP_ERR_ABORTED, "rank 0 after rank 1 aborted");
+    CHECK(strcmp(pp_stage_error(R.st[0]), "aborted by another rank: rank 0 at F0.0 sending 80 bytes to rank 1: "
+                                          "layer callback failed: rank 1 at F0.0 (stage 1): boom") == 0,
+          "aborted while sending: %s", pp_stage_error(R.st[0]));
+    pp_threads_reset(f.threads);
+    /* a message that does not name the rank gets it once; no message at all says so */
+    t1.abort(t1.self, PP_ERR_LAYER, "optimizer failed");
+    pp_stage_step(R.st[0], &f.b, NULL);
+    CHECK(ends_with(pp_stage_error(R.st[0]), ": layer callback failed: rank 1: optimizer failed"), "%s",
+          pp_stage_error(R.st[0]));
+    pp_threads_reset(f.threads);
+    t1.abort(t1.self, PP_ERR_NOMEM, NULL);
+    pp_stage_step(R.st[0], &f.b, NULL);
+    CHECK(ends_with(pp_stage_error(R.st[0]), ": out of memory: rank 1: gave no message"), "%s", pp_stage_error(R.st[0]));
+    pp_threads_reset(f.threads);
+    /* a rejected batch: the check's message with the rank, its code said once */
+    b = f.b;
+    b.n_seqs = 4;
+    st = R.st[0];
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID &&
+              strcmp(pp_stage_error(st), "invalid argument: rank 0: n_seqs = 4 without cu_seqlens") == 0,
+          "rejected batch: %s", pp_stage_error(st));
+    pp_threads_reset(f.threads);
+    for (r = 0; r < 2; r++) pp_stage_destroy(R.st[r]);
+    fixture_free(&f);
+}
+
 int main(void) {
     test_schedule_args();
     test_partition_args();
@@ -421,5 +494,6 @@ int main(void) {
     test_validation_audit();
     test_transport();
     test_failing_layer();
+    test_message_shapes();
     return TEST_DONE("errors");
 }
