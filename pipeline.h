@@ -91,8 +91,8 @@
 
    CONFIGURATION (define before every include of this header, the same in every file; the four
    that size public structs - PP_MAX_TENSORS, PP_MAX_LAYER_KINDS, PP_MAX_RANKS, PP_FLIGHT_LEN -
-   are part of the link names of pp_stage_create and pp_pipeline_create, so files that disagree
-   fail to link)
+   are part of the link names of every function that takes such a struct (>>config), so files
+   that disagree fail to link)
        PP_MALLOC(sz) / PP_FREE(p)   allocator (default malloc/free); define both or neither
        PP_ASSERT(c)                 internal invariants only, never user errors (default assert)
        PP_MAX_TENSORS               tensors crossing one layer boundary (default 4)
@@ -184,15 +184,36 @@ extern "C" {
 #define PP_MAX_LAYER_KINDS 16       /* entries of a PP_MODEL list whose count can change at run time */
 #endif
 /* PP_MAX_TENSORS, PP_MAX_RANKS, PP_FLIGHT_LEN and PP_MAX_LAYER_KINDS size public structs, so
-   they are part of the link: pp_stage_create and pp_pipeline_create are linked under names that
-   carry them. A file that includes this header with other values than the implementation file
-   fails to link (undefined pp_stage_create_abi_t8_r256_f32_k16, say) instead of corrupting
-   memory. Give them as plain integers. */
+   they are part of the link: every function that takes or fills such a struct, or calls your
+   layers with one (pp_layer_io, pp_layer_desc, pp_model, pp_sim_result, pp_flight, pp_grid, the
+   descs that hold a pp_model), is linked under a name that carries them. A file that includes
+   this header with other values than the implementation file fails to link (undefined
+   pp_stage_create_abi_t8_r256_f32_k16, say) instead of corrupting memory. Give them as plain
+   integers. */
 #define _PP_ABI_CAT2(name, t, r, f, k) pp_##name##_abi_t##t##_r##r##_f##f##_k##k
 #define _PP_ABI_CAT(name, t, r, f, k) _PP_ABI_CAT2(name, t, r, f, k)
 #define _PP_ABI(name) _PP_ABI_CAT(name, PP_MAX_TENSORS, PP_MAX_RANKS, PP_FLIGHT_LEN, PP_MAX_LAYER_KINDS)
-#define pp_stage_create _PP_ABI(stage_create)
-#define pp_pipeline_create _PP_ABI(pipeline_create)
+#define pp_stage_create _PP_ABI(stage_create)             /* pp_stage_desc: pp_model, layers */
+#define pp_pipeline_create _PP_ABI(pipeline_create)       /* pp_pipeline_desc: pp_model, layers */
+#define pp_model_check _PP_ABI(model_check)               /* pp_model */
+#define pp_model_layer_name _PP_ABI(model_layer_name)
+#define pp_model_layer_costs _PP_ABI(model_layer_costs)   /* pp_model, pp_layer_desc via describe */
+#define pp_partition_model _PP_ABI(partition_model)
+#define pp_partition_print _PP_ABI(partition_print)
+#define pp_sequential_step _PP_ABI(sequential_step)       /* pp_model, pp_layer_io via the layers */
+#define pp_profile_layers _PP_ABI(profile_layers)
+#define pp_simulate _PP_ABI(simulate)                     /* pp_sim_result */
+#define pp_flight_last _PP_ABI(flight_last)               /* pp_flight */
+#define pp_flight_print _PP_ABI(flight_print)
+#define pp_flight_print_fd _PP_ABI(flight_print_fd)
+#define pp_threads_flight _PP_ABI(threads_flight)
+#define pp_threads_transport _PP_ABI(threads_transport)   /* its flight_get fills a pp_flight */
+#define pp_stage_flight _PP_ABI(stage_flight)
+#define pp_grid_make _PP_ABI(grid_make)                   /* pp_grid */
+#define pp_grid_rank _PP_ABI(grid_rank)
+#define pp_grid_pipe_split _PP_ABI(grid_pipe_split)
+#define pp_grid_dp_split _PP_ABI(grid_dp_split)
+#define pp_grid_tied_split _PP_ABI(grid_tied_split)
 
 /* >>result ------------------------------------------------------------------------------------ */
 #define PP_RESULT_LIST(X)                                                       \

@@ -79,6 +79,9 @@ typedef struct pp_mpi_grid {
     pp_mpi* tied;
 } pp_mpi_grid;
 
+/* pp_grid is sized by PP_MAX_RANKS: linked under names carrying the configuration (pipeline.h) */
+#define pp_mpi_grid_create _PP_ABI(mpi_grid_create)
+#define pp_mpi_grid_destroy _PP_ABI(mpi_grid_destroy)
 pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* out, pp_error* err);
 void pp_mpi_grid_destroy(pp_mpi_grid* g);
 
