@@ -119,7 +119,8 @@
    return PP_ERR_ABORTED. pp_threads_reset drops what the broken step left queued; the next step
    then runs as if nothing happened. A timeout message names this rank, the action (op,
    micro-batch, chunk), the peer it waited for and the last action each rank completed, from
-   the ranks' flight records (>>flight; pp_threads_flight_print prints them on demand).
+   the ranks' flight records (>>flight; pp_threads_flight_print prints them on demand, and
+   pp_threads_flight_print_fd from a signal handler: it takes no lock).
 
    TRANSPORTS
    threads (this header)      each rank a thread in one process: pp_threads_*

@@ -381,21 +381,28 @@ static pp_result fail_rank(int rank, void* user) {
     return R->rc[rank];
 }
 
+/* Two ranks over f (m = 4) whose forward fails where g_fail_layer says. */
+static void fail_run_init(fixture* f, fail_run* R) {
+    pp_error err;
+    int r;
+    fixture_init(f, 4);
+    memset(R, 0, sizeof *R);
+    R->f = f;
+    for (r = 0; r < 2; r++) {
+        pp_stage_desc d = desc_for(f, r);
+        d.model.forward = failing_forward;
+        d.timeout_s = 30; /* the abort, not the deadline, must end the other rank's wait */
+        CHECK(pp_stage_create(&d, &R->st[r], &err) == PP_OK, "%s", err.msg);
+    }
+}
+
 static void test_failing_layer(void) {
     fixture f;
     fail_run R;
     pp_error err;
     double t;
     int r;
-    fixture_init(&f, 4);
-    memset(&R, 0, sizeof R);
-    R.f = &f;
-    for (r = 0; r < 2; r++) {
-        pp_stage_desc d = desc_for(&f, r);
-        d.model.forward = failing_forward;
-        d.timeout_s = 30; /* the abort, not the deadline, must end the other rank's wait */
-        CHECK(pp_stage_create(&d, &R.st[r], &err) == PP_OK, "%s", err.msg);
-    }
+    fail_run_init(&f, &R);
     g_fail_layer = MLP_DEPTH; /* the loss layer, on rank 1 */
     t = _pp_now();
     pp_threads_run(2, fail_rank, &R, &err);
@@ -433,15 +440,7 @@ static void test_message_shapes(void) {
     pp_batch b;
     int r;
     char tail[600];
-    fixture_init(&f, 4);
-    memset(&R, 0, sizeof R);
-    R.f = &f;
-    for (r = 0; r < 2; r++) {
-        pp_stage_desc d = desc_for(&f, r);
-        d.model.forward = failing_forward;
-        d.timeout_s = 30;
-        CHECK(pp_stage_create(&d, &R.st[r], &err) == PP_OK, "%s", err.msg);
-    }
+    fail_run_init(&f, &R);
     /* a failing layer: its rank says what failed; the other quotes that whole, after its own
        context, with one "aborted by another rank" and no "rank 0" twice */
     g_fail_layer = MLP_DEPTH;
