@@ -130,8 +130,8 @@ check-abi: | $(B)
 # clang-tidy (checks in .clang-tidy, over tests/lint.c). A tool that is not installed is skipped.
 lint: | $(B)
 	@if command -v cppcheck >/dev/null 2>&1; then \
-	  cppcheck -q --std=c99 --enable=warning,portability,performance --error-exitcode=1 $(HEADERS) && \
-	  cppcheck -q --std=c99 --enable=warning,portability,performance --error-exitcode=1 -DPIPELINE_IMPLEMENTATION $(HEADERS) && \
+	  cppcheck -q --std=c99 --enable=warning,portability,performance --error-exitcode=1 -D__CPPCHECK__ $(HEADERS) && \
+	  cppcheck -q --std=c99 --enable=warning,portability,performance --error-exitcode=1 -D__CPPCHECK__ -DPIPELINE_IMPLEMENTATION $(HEADERS) && \
 	  echo "lint: cppcheck clean on $(HEADERS)"; \
 	else echo "lint: cppcheck not found, skipped"; fi
 	@if command -v clang-tidy >/dev/null 2>&1; then \
