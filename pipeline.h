@@ -5772,11 +5772,13 @@ pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* st
             if (pl->rc[r] != PP_OK && pl->rc[r] != PP_ERR_ABORTED) first = r;
         for (r = 0; r < pl->d.p && first < 0; r++)
             if (pl->rc[r] != PP_OK) first = r;
-        if (first >= 0)
-            rc = _pp_fail(&pl->err, pl->rc[first], "rank %d of %d failed first: %s", first, pl->d.p,
-                          _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
-                                       pl->rc[first]));
-        else
+        if (first >= 0) { /* "rank 2 of 4 failed first at F0.0 (stage 2): ...", the rank said once */
+            const char* body = _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
+                                            pl->rc[first]);
+            size_t k = _pp_names_rank(body, first);
+            rc = _pp_fail(&pl->err, pl->rc[first], "rank %d of %d failed first%s%s", first, pl->d.p, k ? "" : ": ",
+                          body + k);
+        } else
             rc = _pp_fail(&pl->err, rc, "%s", e.msg[0] ? e.msg : pp_result_str(rc));
         pl->world.reset(pl->world.self);
         for (r = 0; r < pl->d.p && !pl->stuck; r++)
