@@ -4368,10 +4368,26 @@ struct pp_stage {
    "rank R at ..." and "rank R stopped waiting ..." read as one phrase. An abort learnt without
    a message (a send refused) gets the failing rank's message from the transport. */
 static pp_result _pp_stage_say(pp_stage* s, pp_result code, const pp_action* a, const char* text) {
-    char where[64], why[sizeof s->err.msg];
+    char where[64], why[sizeof s->err.msg], own[sizeof s->err.msg];
     const char* body = _pp_strip_code(text, code);
     const char* sep = ": ";
-    size_t k = _pp_names_rank(body, s->d.rank);
+    const char* c = pp_result_str(code);
+    char* q;
+    size_t k;
+    /* a message of this code quoted inside ("...: wait timed out: rank 1 waited ..."): its code
+       and this rank go, the rest stays */
+    snprintf(own, sizeof own, "%s", body);
+    body = own;
+    for (q = own; (q = strstr(q, c)) != NULL;) {
+        char* rest = q + strlen(c) + 2;
+        if (q - own < 2 || q[-2] != ':' || q[-1] != ' ' || rest[-2] != ':' || rest[-1] != ' ') {
+            q++;
+            continue;
+        }
+        if ((k = _pp_names_rank(rest, s->d.rank)) != 0) rest += k + (rest[k] == ':' ? 2 : 1);
+        memmove(q, rest, strlen(rest) + 1);
+    }
+    k = _pp_names_rank(body, s->d.rank);
     if (k) {
         body += k;
         if (*body == ':') body++;
