@@ -52,8 +52,9 @@
    parameter struct P (a wrong signature is a compile error: PP_MODEL calls them directly).
    - describe(w, mb, in, n_in, d): from the micro-batch and the input tensor shapes (data NULL),
      fill d->n_out and d->out[i] (rows, cols, dtype), d->saved_bytes (private scratch kept from
-     forward to backward), d->cost (relative time, for partitioning) and d->n_params. It must not
-     read weight data: every rank describes every layer to learn the shapes it will receive.
+     forward to backward), d->cost (relative time, for partitioning) and d->n_params. It may read
+     the sizes in its parameter struct w, never the data w points to: every rank describes every
+     layer to learn the shapes it will receive, and a rank may hold only its own layers' arrays.
    - forward(w, io): read io->in[], write io->out[] (and io->saved). The last layer is the loss:
      it has no outputs, reads its targets from io->mb->targets and sets io->loss.
    - backward(w, g, io): read io->in[], io->out[], io->d_out[] and io->saved; ADD parameter
@@ -90,8 +91,8 @@
 
    CONFIGURATION (define before every include of this header, the same in every file; the four
    that size public structs - PP_MAX_TENSORS, PP_MAX_LAYER_KINDS, PP_MAX_RANKS, PP_FLIGHT_LEN -
-   are part of the link names of pp_stage_create and pp_pipeline_create, so files that disagree
-   fail to link)
+   are part of the link names of every function that takes such a struct (>>config), so files
+   that disagree fail to link)
        PP_MALLOC(sz) / PP_FREE(p)   allocator (default malloc/free); define both or neither
        PP_ASSERT(c)                 internal invariants only, never user errors (default assert)
        PP_MAX_TENSORS               tensors crossing one layer boundary (default 4)
@@ -118,7 +119,8 @@
    return PP_ERR_ABORTED. pp_threads_reset drops what the broken step left queued; the next step
    then runs as if nothing happened. A timeout message names this rank, the action (op,
    micro-batch, chunk), the peer it waited for and the last action each rank completed, from
-   the ranks' flight records (>>flight; pp_threads_flight_print prints them on demand).
+   the ranks' flight records (>>flight; pp_threads_flight_print prints them on demand, and
+   pp_threads_flight_print_fd from a signal handler: it takes no lock).
 
    TRANSPORTS
    threads (this header)      each rank a thread in one process: pp_threads_*
@@ -183,15 +185,40 @@ extern "C" {
 #define PP_MAX_LAYER_KINDS 16       /* entries of a PP_MODEL list whose count can change at run time */
 #endif
 /* PP_MAX_TENSORS, PP_MAX_RANKS, PP_FLIGHT_LEN and PP_MAX_LAYER_KINDS size public structs, so
-   they are part of the link: pp_stage_create and pp_pipeline_create are linked under names that
-   carry them. A file that includes this header with other values than the implementation file
-   fails to link (undefined pp_stage_create_abi_t8_r256_f32_k16, say) instead of corrupting
-   memory. Give them as plain integers. */
+   they are part of the link: every function that takes or fills such a struct, or calls your
+   layers with one (pp_layer_io, pp_layer_desc, pp_model, pp_sim_result, pp_flight, pp_grid, the
+   descs that hold a pp_model), is linked under a name that carries them. A file that includes
+   this header with other values than the implementation file fails to link (undefined
+   pp_stage_create_abi_t8_r256_f32_k16, say) instead of corrupting memory. Give them as plain
+   integers. */
 #define _PP_ABI_CAT2(name, t, r, f, k) pp_##name##_abi_t##t##_r##r##_f##f##_k##k
 #define _PP_ABI_CAT(name, t, r, f, k) _PP_ABI_CAT2(name, t, r, f, k)
+#ifdef __CPPCHECK__ /* make lint: its whole-program checks took the renamed functions for one another */
+#define _PP_ABI(name) pp_##name
+#else
 #define _PP_ABI(name) _PP_ABI_CAT(name, PP_MAX_TENSORS, PP_MAX_RANKS, PP_FLIGHT_LEN, PP_MAX_LAYER_KINDS)
-#define pp_stage_create _PP_ABI(stage_create)
-#define pp_pipeline_create _PP_ABI(pipeline_create)
+#endif
+#define pp_stage_create _PP_ABI(stage_create)             /* pp_stage_desc: pp_model, layers */
+#define pp_pipeline_create _PP_ABI(pipeline_create)       /* pp_pipeline_desc: pp_model, layers */
+#define pp_model_check _PP_ABI(model_check)               /* pp_model */
+#define pp_model_layer_name _PP_ABI(model_layer_name)
+#define pp_model_layer_costs _PP_ABI(model_layer_costs)   /* pp_model, pp_layer_desc via describe */
+#define pp_partition_model _PP_ABI(partition_model)
+#define pp_partition_print _PP_ABI(partition_print)
+#define pp_sequential_step _PP_ABI(sequential_step)       /* pp_model, pp_layer_io via the layers */
+#define pp_profile_layers _PP_ABI(profile_layers)
+#define pp_simulate _PP_ABI(simulate)                     /* pp_sim_result */
+#define pp_flight_last _PP_ABI(flight_last)               /* pp_flight */
+#define pp_flight_print _PP_ABI(flight_print)
+#define pp_flight_print_fd _PP_ABI(flight_print_fd)
+#define pp_threads_flight _PP_ABI(threads_flight)
+#define pp_threads_transport _PP_ABI(threads_transport)   /* its flight_get fills a pp_flight */
+#define pp_stage_flight _PP_ABI(stage_flight)
+#define pp_grid_make _PP_ABI(grid_make)                   /* pp_grid */
+#define pp_grid_rank _PP_ABI(grid_rank)
+#define pp_grid_pipe_split _PP_ABI(grid_pipe_split)
+#define pp_grid_dp_split _PP_ABI(grid_dp_split)
+#define pp_grid_tied_split _PP_ABI(grid_tied_split)
 
 /* >>result ------------------------------------------------------------------------------------ */
 #define PP_RESULT_LIST(X)                                                       \
@@ -531,7 +558,8 @@ pp_result pp_model_check(const pp_model* m, pp_error* err);
 const char* pp_model_layer_name(const pp_model* m, int l);
 
 /* Per-layer cost and parameter count from describe(), for a sample micro-batch of `rows` rows
-   whose input is `input` (data may be NULL). Either output array may be NULL. */
+   whose input is `input` (data may be NULL). Either output array may be NULL. weights is the
+   model struct (describe reads its sizes); the arrays it points to may be unallocated. */
 pp_result pp_model_layer_costs(const pp_model* m, const void* weights, const pp_tensor* input,
                                double* cost, int64_t* n_params, pp_error* err);
 
@@ -561,7 +589,9 @@ typedef struct pp_partition_desc {
     const pp_tensor* sample;    /* COST/PARAMS: sample input of one micro-batch (shape only) */
 } pp_partition_desc;
 
-/* Partition a model by a policy; *imbalance (may be NULL) is reported on the policy's weight. */
+/* Partition a model by a policy; *imbalance (may be NULL) is reported on the policy's weight.
+   UNIFORM and EXPLICIT ignore weights (NULL is fine); COST and PARAMS call describe, so they need
+   the model struct, though not its arrays: partition before allocating them. */
 pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_partition_desc* d,
                              int* first, double* imbalance, pp_error* err);
 
@@ -739,8 +769,11 @@ typedef struct pp_flight {
 
 /* The most recent entry in `state` (or any state when state < 0); NULL if none. */
 const pp_flight_entry* pp_flight_last(const pp_flight* f, int state);
-/* One line per entry, oldest first, with ages in seconds; then what was last heard. */
+/* One line per entry, oldest first, with ages in seconds; then what was last heard.
+   pp_flight_print_fd writes the same to a file descriptor with write(2), taking no lock and
+   allocating nothing: it is async-signal-safe. pp_flight_print goes through stdio, which is not. */
 void pp_flight_print(FILE* out, const pp_flight* f);
+void pp_flight_print_fd(int fd, const pp_flight* f);
 
 /* >>transport --------------------------------------------------------------------------------- */
 /* An outstanding send or receive; its contents belong to the transport. */
@@ -775,6 +808,10 @@ typedef struct pp_transport {
        get: copy rank `peer`'s record into *out; returns 0 where the transport cannot see it. */
     void (*flight_note)(void* self, const pp_flight_entry* e);
     int (*flight_get)(void* self, int peer, pp_flight* out);
+    /* After an abort: why (the failing rank's message) into buf; 0 when not aborted or not
+       known. Lets a rank that learns of the abort from a send, which carries no message, say
+       the root cause. May be NULL. */
+    int (*abort_reason)(void* self, char* buf, size_t n);
 } pp_transport;
 
 /* >>threads ----------------------------------------------------------------------------------- */
@@ -789,9 +826,14 @@ void pp_threads_reset(pp_threads* t);
 void pp_threads_counters(pp_threads* t, int rank, uint64_t* bytes, uint64_t* msgs);
 /* Messages and posted receives still queued in every mailbox (0 between clean steps). */
 size_t pp_threads_pending(pp_threads* t);
-/* Rank's flight record, or every rank's printed (on demand: from a watchdog, a signal...). */
+/* Rank's flight record, or every rank's printed, on demand: from a watchdog thread, or from a
+   signal handler with pp_threads_flight_print_fd (async-signal-safe: no lock, no allocation, no
+   stdio, write(2) only; it may run while the interrupted thread is writing its record, and then
+   skips the entry being written). pp_threads_flight and pp_threads_flight_print take no lock
+   either, but stdio makes the _print one unsafe in a handler. */
 pp_result pp_threads_flight(pp_threads* t, int rank, pp_flight* out);
 void pp_threads_flight_print(FILE* out, pp_threads* t);
+void pp_threads_flight_print_fd(int fd, pp_threads* t);
 
 /* Runs fn(rank, user) on n threads and joins them; returns the first non-OK result. */
 typedef pp_result (*pp_rank_fn)(int rank, void* user);
@@ -1171,6 +1213,31 @@ static pp_result _pp_fail(pp_error* err, pp_result code, const char* fmt, ...) {
     return code;
 }
 
+/* msg without a leading "<code's string>: ": a message quoted inside another of the same code
+   says its code once. */
+static const char* _pp_strip_code(const char* msg, pp_result code) {
+    size_t k = strlen(pp_result_str(code));
+    return strncmp(msg, pp_result_str(code), k) == 0 && msg[k] == ':' && msg[k + 1] == ' ' ? msg + k + 2 : msg;
+}
+
+/* Length of a leading "rank R" in msg (followed by ':' or ' '), else 0. */
+static size_t _pp_names_rank(const char* msg, int rank) {
+    char head[24];
+    size_t k = (size_t)snprintf(head, sizeof head, "rank %d", rank);
+    return strncmp(msg, head, k) == 0 && (msg[k] == ':' || msg[k] == ' ') ? k : 0;
+}
+
+/* What a transport keeps and passes on when rank `rank` aborts a step: the rank's own message,
+   which names it already ("layer callback failed: rank 2 at F0.0 (stage 2): ..."), with one
+   code prefix; a message that does not name the rank gets "rank R: " after the code. */
+static void _pp_abort_text(char* out, size_t n, int rank, pp_result why, const char* msg) {
+    const char* body = msg && msg[0] ? _pp_strip_code(msg, why) : "gave no message";
+    if (_pp_names_rank(body, rank))
+        snprintf(out, n, "%s: %s", pp_result_str(why), body);
+    else
+        snprintf(out, n, "%s: rank %d: %s", pp_result_str(why), rank, body);
+}
+
 static void* _pp_calloc(size_t n, size_t size) {
     void* p;
     size_t bytes;
@@ -1312,7 +1379,10 @@ pp_result pp_model_layer_costs(const pp_model* m, const void* weights, const pp_
     pp_result rc;
     int l;
     if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
-    if (!weights) return _pp_fail(err, PP_ERR_INVALID, "weights is NULL (describe reads the layers' parameters)");
+    if (!weights)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "weights is NULL: describe reads each layer's parameter struct (its sizes, not its data); "
+                        "pass the model struct, its arrays may be unallocated");
     if (!input || input->rows <= 0 || input->cols <= 0 || pp_dtype_size(input->dtype) == 0)
         return _pp_fail(err, PP_ERR_INVALID, "sample input must have rows > 0, cols > 0 and a valid dtype");
     memset(&mb, 0, sizeof mb);
@@ -3129,27 +3199,184 @@ static const char* _pp_flight_act(char* buf, size_t n, const pp_action* a) {
     return buf;
 }
 
-void pp_flight_print(FILE* out, const pp_flight* f) {
-    uint64_t i, lo;
+#include <unistd.h> /* write(2) */
+
+/* Printing a flight record is meant for signal handlers and watchdogs, so it is
+   async-signal-safe: each line is formatted here, without stdio, locale or allocation, into a
+   buffer on the stack, then goes out whole with write(2) (or fputs for the FILE* versions, which
+   stdio's locks make unsafe in a handler). */
+typedef struct _pp_line {
+    char b[200];
+    size_t n;
+} _pp_line;
+
+static void _pp_line_str(_pp_line* l, const char* s) {
+    while (*s && l->n < sizeof l->b - 1) l->b[l->n++] = *s++;
+}
+
+/* s, left-justified in `width` columns (printf's %-6s) */
+static void _pp_line_pad(_pp_line* l, const char* s, size_t width) {
+    size_t start = l->n;
+    _pp_line_str(l, s);
+    while (l->n - start < width && l->n < sizeof l->b - 1) l->b[l->n++] = ' ';
+}
+
+static void _pp_line_u64(_pp_line* l, uint64_t v) {
+    char d[24];
+    int k = 0;
+    do d[k++] = (char)('0' + (int)(v % 10)); while ((v /= 10) > 0);
+    while (k > 0 && l->n < sizeof l->b - 1) l->b[l->n++] = d[--k];
+}
+
+static void _pp_line_int(_pp_line* l, long long v) {
+    if (v < 0) _pp_line_str(l, "-");
+    _pp_line_u64(l, v < 0 ? 0 - (uint64_t)v : (uint64_t)v);
+}
+
+/* seconds with six decimals (%.6f), "?" beyond a million years or for NaN */
+static void _pp_line_sec(_pp_line* l, double s) {
+    uint64_t us, frac;
     int k;
-    char act[48];
-    if (!out || !f) return;
-    lo = f->n > PP_FLIGHT_LEN ? f->n - PP_FLIGHT_LEN : 0;
-    fprintf(out, "rank %d: flight record, last %llu of %llu entries\n", f->rank, (unsigned long long)(f->n - lo),
-            (unsigned long long)f->n);
-    for (i = lo; i < f->n; i++) {
-        const pp_flight_entry* e = &f->ring[i % PP_FLIGHT_LEN];
-        fprintf(out, "  step %d  %-6s %s", (int)e->step, _pp_flight_state_name(e->state),
-                _pp_flight_act(act, sizeof act, &e->a));
-        if (e->state == PP_FLIGHT_START && e->peer >= 0) fprintf(out, " awaiting rank %d", (int)e->peer);
-        fprintf(out, "  %.6f s ago\n", f->now - e->t);
+    if (s < 0) _pp_line_str(l, "-"), s = -s;
+    if (!(s < 3e13)) {
+        _pp_line_str(l, "?");
+        return;
+    }
+    us = (uint64_t)(s * 1e6 + 0.5);
+    _pp_line_u64(l, us / 1000000);
+    _pp_line_str(l, ".");
+    frac = us % 1000000;
+    for (k = 100000; k > 0; k /= 10) {
+        char c[2];
+        c[0] = (char)('0' + (int)(frac / (uint64_t)k % 10));
+        c[1] = 0;
+        _pp_line_str(l, c);
+    }
+}
+
+static void _pp_line_act(_pp_line* l, const pp_action* a) {
+    char op[2];
+    op[0] = "FBW"[a->op % 3];
+    op[1] = 0;
+    _pp_line_str(l, op);
+    _pp_line_int(l, a->mb);
+    _pp_line_str(l, ".");
+    _pp_line_int(l, a->chunk);
+    _pp_line_str(l, " (stage ");
+    _pp_line_int(l, a->stage);
+    _pp_line_str(l, ")");
+}
+
+/* Where the lines go: a FILE (fd < 0) or a file descriptor. */
+typedef struct _pp_sink {
+    FILE* f;
+    int fd;
+} _pp_sink;
+
+static void _pp_line_put(const _pp_sink* o, _pp_line* l) {
+    size_t off = 0;
+    l->b[l->n] = 0;
+    if (o->fd < 0) {
+        fputs(l->b, o->f);
+        return;
+    }
+    while (off < l->n) {
+        ssize_t k = write(o->fd, l->b + off, l->n - off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return;
+        off += (size_t)k;
+    }
+}
+
+/* Reads entry i (0-based, of all ever written) of a record into *e; 0 when it is gone. */
+typedef int (*_pp_flight_get_fn)(const void* src, uint64_t i, pp_flight_entry* e);
+/* Reads heard[k] into *e; 0 when there is none. */
+typedef int (*_pp_flight_heard_fn)(const void* src, int k, pp_flight_entry* e);
+
+/* The record of `rank` with n entries ever written, one line each, oldest first, ages against
+   now; then what was last heard. Entries are fetched one at a time, so a reader needs no copy of
+   the whole record (a signal handler's stack may be small). */
+static void _pp_flight_emit(const _pp_sink* o, int rank, uint64_t n, double now, _pp_flight_get_fn get,
+                            _pp_flight_heard_fn heard, const void* src) {
+    uint64_t i, lo = n > PP_FLIGHT_LEN ? n - PP_FLIGHT_LEN : 0;
+    pp_flight_entry e;
+    _pp_line l;
+    int k;
+    l.n = 0;
+    _pp_line_str(&l, "rank ");
+    _pp_line_int(&l, rank);
+    _pp_line_str(&l, ": flight record, last ");
+    _pp_line_u64(&l, n - lo);
+    _pp_line_str(&l, " of ");
+    _pp_line_u64(&l, n);
+    _pp_line_str(&l, " entries\n");
+    _pp_line_put(o, &l);
+    for (i = lo; i < n; i++) {
+        l.n = 0;
+        if (!get(src, i, &e)) {
+            _pp_line_str(&l, "  (entry overwritten while read)\n");
+            _pp_line_put(o, &l);
+            continue;
+        }
+        _pp_line_str(&l, "  step ");
+        _pp_line_int(&l, e.step);
+        _pp_line_str(&l, "  ");
+        _pp_line_pad(&l, _pp_flight_state_name(e.state), 6);
+        _pp_line_str(&l, " ");
+        _pp_line_act(&l, &e.a);
+        if (e.state == PP_FLIGHT_START && e.peer >= 0) {
+            _pp_line_str(&l, " awaiting rank ");
+            _pp_line_int(&l, e.peer);
+        }
+        _pp_line_str(&l, "  ");
+        _pp_line_sec(&l, now - e.t);
+        _pp_line_str(&l, " s ago\n");
+        _pp_line_put(o, &l);
     }
     for (k = 0; k < 2; k++) {
-        const pp_flight_entry* e = &f->heard[k];
-        if (e->t <= 0) continue;
-        fprintf(out, "  last heard from rank %d (%s stage): its %s, step %d, %.6f s ago\n", (int)e->peer,
-                k == 0 ? "previous" : "next", _pp_flight_act(act, sizeof act, &e->a), (int)e->step, f->now - e->t);
+        if (!heard(src, k, &e) || e.t <= 0) continue;
+        l.n = 0;
+        _pp_line_str(&l, "  last heard from rank ");
+        _pp_line_int(&l, e.peer);
+        _pp_line_str(&l, k == 0 ? " (previous stage): its " : " (next stage): its ");
+        _pp_line_act(&l, &e.a);
+        _pp_line_str(&l, ", step ");
+        _pp_line_int(&l, e.step);
+        _pp_line_str(&l, ", ");
+        _pp_line_sec(&l, now - e.t);
+        _pp_line_str(&l, " s ago\n");
+        _pp_line_put(o, &l);
     }
+}
+
+static int _pp_flight_copy_get(const void* src, uint64_t i, pp_flight_entry* e) {
+    *e = ((const pp_flight*)src)->ring[i % PP_FLIGHT_LEN];
+    return 1;
+}
+
+static int _pp_flight_copy_heard(const void* src, int k, pp_flight_entry* e) {
+    *e = ((const pp_flight*)src)->heard[k];
+    return 1;
+}
+
+static void _pp_flight_print_to(const _pp_sink* o, const pp_flight* f) {
+    if (f) _pp_flight_emit(o, f->rank, f->n, f->now, _pp_flight_copy_get, _pp_flight_copy_heard, f);
+}
+
+void pp_flight_print(FILE* out, const pp_flight* f) {
+    _pp_sink o;
+    if (!out) return;
+    o.f = out;
+    o.fd = -1;
+    _pp_flight_print_to(&o, f);
+}
+
+void pp_flight_print_fd(int fd, const pp_flight* f) {
+    _pp_sink o;
+    if (fd < 0) return;
+    o.f = NULL;
+    o.fd = fd;
+    _pp_flight_print_to(&o, f);
 }
 
 /* >>impl-threads
@@ -3187,9 +3414,26 @@ typedef struct _pp_tport {
     int rank;
 } _pp_tport;
 
+/* One rank's flight record in the threads world, readable without a lock: a timeout message
+   reads every rank's, and pp_threads_flight_print_fd may run in a signal handler that interrupted
+   the very thread writing it. Each entry is a cell with a sequence word (a seqlock per entry):
+   ring entry i is written with seq = 2i+1, then its words, then seq = 2i+2; a reader that finds
+   2i+2 before and after copying the words has entry i whole, and anything else means the entry
+   is being written or was overwritten by a newer one, so the reader skips it and never waits.
+   heard[] cells count up by 2 per write the same way. n (entries completed) is stored last. The
+   words are copied with relaxed atomic loads and stores, so there is no data race for a
+   sanitizer to see. Writers of one rank take mu among themselves; readers never do. */
+#define _PP_FWORDS ((sizeof(pp_flight_entry) + 7) / 8)
+typedef struct _pp_fcell {
+    uint64_t seq;
+    uint64_t w[_PP_FWORDS];
+} _pp_fcell;
+
 typedef struct _pp_fslot {
     pthread_mutex_t mu;
-    pp_flight f;
+    uint64_t n;
+    _pp_fcell ring[PP_FLIGHT_LEN];
+    _pp_fcell heard[2];
 } _pp_fslot;
 
 struct pp_threads {
@@ -3200,7 +3444,7 @@ struct pp_threads {
     pthread_mutex_t abort_mu;
     int aborted;
     pp_result abort_code;
-    char abort_msg[256];
+    char abort_msg[512];
 };
 
 /* Waking a thread asleep on a condition variable costs a futex wake and a reschedule (~5 us
@@ -3445,20 +3689,97 @@ static pp_result _pp_threads_cancel(void* self, pp_request* req) {
     return PP_OK;
 }
 
+#if defined(__GNUC__) || defined(__clang__)
+#define _PP_LOAD_ACQ(p) __atomic_load_n(p, __ATOMIC_ACQUIRE)
+#define _PP_LOAD_RLX(p) __atomic_load_n(p, __ATOMIC_RELAXED)
+#define _PP_STORE_REL(p, v) __atomic_store_n(p, v, __ATOMIC_RELEASE)
+#define _PP_STORE_RLX(p, v) __atomic_store_n(p, v, __ATOMIC_RELAXED)
+#define _PP_FENCE_ACQ() __atomic_thread_fence(__ATOMIC_ACQUIRE)
+#define _PP_FENCE_REL() __atomic_thread_fence(__ATOMIC_RELEASE)
+#else /* no ordering guarantees: a reader may see a torn entry, never a lock */
+#define _PP_LOAD_ACQ(p) (*(volatile uint64_t*)(p))
+#define _PP_LOAD_RLX(p) (*(volatile uint64_t*)(p))
+#define _PP_STORE_REL(p, v) (*(volatile uint64_t*)(p) = (v))
+#define _PP_STORE_RLX(p, v) (*(volatile uint64_t*)(p) = (v))
+#define _PP_FENCE_ACQ() ((void)0)
+#define _PP_FENCE_REL() ((void)0)
+#endif
+
+/* Writes e into cell c under sequence numbers seq (odd, while writing) and seq + 1 (whole). */
+static void _pp_fcell_write(_pp_fcell* c, uint64_t seq, const pp_flight_entry* e) {
+    uint64_t w[_PP_FWORDS];
+    size_t k;
+    memset(w, 0, sizeof w);
+    memcpy(w, e, sizeof *e);
+    _PP_STORE_RLX(&c->seq, seq);
+    _PP_FENCE_REL();
+    for (k = 0; k < _PP_FWORDS; k++) _PP_STORE_RLX(&c->w[k], w[k]);
+    _PP_STORE_REL(&c->seq, seq + 1);
+}
+
+/* Copies cell c into *e; returns its sequence number, or 0 when it changed while copied (or
+   was being written: odd). */
+static uint64_t _pp_fcell_read(const _pp_fcell* c, pp_flight_entry* e) {
+    uint64_t w[_PP_FWORDS], s1, s2;
+    size_t k;
+    s1 = _PP_LOAD_ACQ(&c->seq);
+    if (s1 & 1) return 0;
+    for (k = 0; k < _PP_FWORDS; k++) w[k] = _PP_LOAD_RLX(&c->w[k]);
+    _PP_FENCE_ACQ();
+    s2 = _PP_LOAD_RLX(&c->seq);
+    if (s1 != s2) return 0;
+    memcpy(e, w, sizeof *e);
+    return s1;
+}
+
 static void _pp_threads_flight_note(void* self, const pp_flight_entry* e) {
     _pp_tport* tp = (_pp_tport*)self;
     _pp_fslot* fs = &tp->world->flight[tp->rank];
     pthread_mutex_lock(&fs->mu);
-    fs->f.rank = tp->rank;
-    _pp_flight_add(&fs->f, e);
+    if (e->state == PP_FLIGHT_HEARD) {
+        _pp_fcell* c = &fs->heard[e->a.op == PP_OP_F ? 0 : 1];
+        _pp_fcell_write(c, _PP_LOAD_RLX(&c->seq) + 1, e);
+    } else {
+        uint64_t i = _PP_LOAD_RLX(&fs->n);
+        _pp_fcell_write(&fs->ring[i % PP_FLIGHT_LEN], 2 * i + 1, e);
+        _PP_STORE_REL(&fs->n, i + 1);
+    }
     pthread_mutex_unlock(&fs->mu);
 }
 
+static int _pp_fslot_get(const void* src, uint64_t i, pp_flight_entry* e) {
+    const _pp_fslot* fs = (const _pp_fslot*)src;
+    return _pp_fcell_read(&fs->ring[i % PP_FLIGHT_LEN], e) == 2 * i + 2;
+}
+
+/* heard[k], retried a few times while its writer is busy; 0 if never written */
+static int _pp_fslot_heard(const void* src, int k, pp_flight_entry* e) {
+    const _pp_fslot* fs = (const _pp_fslot*)src;
+    int tries;
+    for (tries = 0; tries < 4; tries++)
+        if (_pp_fcell_read(&fs->heard[k], e) != 0) return 1;
+    return 0;
+}
+
 pp_result pp_threads_flight(pp_threads* w, int rank, pp_flight* out) {
+    const _pp_fslot* fs;
+    uint64_t i, lo;
+    int k;
     if (!w || !out || rank < 0 || rank >= w->n) return PP_ERR_INVALID;
-    pthread_mutex_lock(&w->flight[rank].mu);
-    *out = w->flight[rank].f;
-    pthread_mutex_unlock(&w->flight[rank].mu);
+    fs = &w->flight[rank];
+    memset(out, 0, sizeof *out);
+    out->n = _PP_LOAD_ACQ(&fs->n);
+    lo = out->n > PP_FLIGHT_LEN ? out->n - PP_FLIGHT_LEN : 0;
+    for (i = lo; i < out->n; i++) {
+        pp_flight_entry* e = &out->ring[i % PP_FLIGHT_LEN];
+        if (!_pp_fslot_get(fs, i, e)) { /* overwritten since n was read: the oldest ones */
+            memset(e, 0, sizeof *e);
+            e->state = -1;
+            e->peer = -1;
+        }
+    }
+    for (k = 0; k < 2; k++)
+        if (!_pp_fslot_heard(fs, k, &out->heard[k])) memset(&out->heard[k], 0, sizeof out->heard[k]);
     out->rank = rank;
     out->now = _pp_now();
     return PP_OK;
@@ -3469,15 +3790,29 @@ static int _pp_threads_flight_get(void* self, int peer, pp_flight* out) {
     return pp_threads_flight(tp->world, peer, out) == PP_OK;
 }
 
-void pp_threads_flight_print(FILE* out, pp_threads* w) {
-    pp_flight* f;
+static void _pp_threads_flight_print_to(const _pp_sink* o, pp_threads* w) {
+    double now = _pp_now();
     int r;
+    for (r = 0; r < w->n; r++) {
+        const _pp_fslot* fs = &w->flight[r];
+        _pp_flight_emit(o, r, _PP_LOAD_ACQ(&fs->n), now, _pp_fslot_get, _pp_fslot_heard, fs);
+    }
+}
+
+void pp_threads_flight_print(FILE* out, pp_threads* w) {
+    _pp_sink o;
     if (!out || !w) return;
-    f = (pp_flight*)PP_MALLOC(sizeof *f);
-    if (!f) return;
-    for (r = 0; r < w->n; r++)
-        if (pp_threads_flight(w, r, f) == PP_OK) pp_flight_print(out, f);
-    PP_FREE(f);
+    o.f = out;
+    o.fd = -1;
+    _pp_threads_flight_print_to(&o, w);
+}
+
+void pp_threads_flight_print_fd(int fd, pp_threads* w) {
+    _pp_sink o;
+    if (fd < 0 || !w) return;
+    o.f = NULL;
+    o.fd = fd;
+    _pp_threads_flight_print_to(&o, w);
 }
 
 size_t pp_threads_pending(pp_threads* w) {
@@ -3503,7 +3838,7 @@ static void _pp_threads_abort(void* self, pp_result why, const char* msg) {
     if (!w->aborted) {
         w->aborted = 1;
         w->abort_code = why;
-        snprintf(w->abort_msg, sizeof w->abort_msg, "rank %d aborted: %s", tp->rank, msg ? msg : pp_result_str(why));
+        _pp_abort_text(w->abort_msg, sizeof w->abort_msg, tp->rank, why, msg);
     }
     pthread_mutex_unlock(&w->abort_mu);
     for (r = 0; r < w->n; r++) {
@@ -3511,6 +3846,17 @@ static void _pp_threads_abort(void* self, pp_result why, const char* msg) {
         pthread_cond_broadcast(&w->box[r].cv);
         pthread_mutex_unlock(&w->box[r].mu);
     }
+}
+
+static int _pp_threads_abort_reason(void* self, char* buf, size_t n) {
+    pp_threads* w = ((_pp_tport*)self)->world;
+    int a;
+    if (!buf || n == 0) return 0;
+    pthread_mutex_lock(&w->abort_mu);
+    a = w->aborted;
+    if (a) snprintf(buf, n, "%s", w->abort_msg);
+    pthread_mutex_unlock(&w->abort_mu);
+    return a;
 }
 
 /* All-reduce built from point-to-point messages: everyone sends to ranks[0], which sums in the
@@ -3590,7 +3936,6 @@ pp_result pp_threads_create(int n_ranks, pp_threads** out, pp_error* err) {
         w->ports[r].world = w;
         w->ports[r].rank = r;
         pthread_mutex_init(&w->flight[r].mu, NULL);
-        w->flight[r].f.rank = r;
     }
     *out = w;
     return PP_OK;
@@ -3666,6 +4011,7 @@ pp_transport pp_threads_transport(pp_threads* w, int rank) {
     t.cancel = _pp_threads_cancel;
     t.flight_note = _pp_threads_flight_note;
     t.flight_get = _pp_threads_flight_get;
+    t.abort_reason = _pp_threads_abort_reason;
     return t;
 }
 
@@ -4041,6 +4387,49 @@ struct pp_stage {
     pp_request* ag_req;             /* [p] */
 };
 
+/* A stage's message: "<code>: rank R[ at F0.0 (stage 2)] <what>", one prefix each. `text` may
+   be a message recorded before (its own code prefix and "rank R" are dropped, not repeated);
+   "rank R at ..." and "rank R stopped waiting ..." read as one phrase. An abort learnt without
+   a message (a send refused) gets the failing rank's message from the transport. */
+static pp_result _pp_stage_say(pp_stage* s, pp_result code, const pp_action* a, const char* text) {
+    char where[64], why[sizeof s->err.msg], own[sizeof s->err.msg];
+    const char* body = _pp_strip_code(text, code);
+    const char* sep = ": ";
+    const char* c = pp_result_str(code);
+    char* q;
+    size_t k;
+    /* a message of this code quoted inside ("...: wait timed out: rank 1 waited ..."): its code
+       and this rank go, the rest stays */
+    snprintf(own, sizeof own, "%s", body);
+    body = own;
+    for (q = own; (q = strstr(q, c)) != NULL;) {
+        char* rest = q + strlen(c) + 2;
+        if (q - own < 2 || q[-2] != ':' || q[-1] != ' ' || rest[-2] != ':' || rest[-1] != ' ') {
+            q++;
+            continue;
+        }
+        if ((k = _pp_names_rank(rest, s->d.rank)) != 0) rest += k + (rest[k] == ':' ? 2 : 1);
+        memmove(q, rest, strlen(rest) + 1);
+    }
+    k = _pp_names_rank(body, s->d.rank);
+    if (k) {
+        body += k;
+        if (*body == ':') body++;
+        else sep = " ";
+        if (*body == ' ') body++;
+    } else if (!a && strncmp(body, "at ", 3) == 0) {
+        sep = " ";
+    }
+    where[0] = 0;
+    if (a) snprintf(where, sizeof where, " at %c%d.%d (stage %d)", "FBW"[a->op % 3], a->mb, a->chunk, a->stage);
+    why[0] = 0;
+    if (code == PP_ERR_ABORTED && s->d.transport.abort_reason &&
+        !s->d.transport.abort_reason(s->d.transport.self, why, sizeof why))
+        why[0] = 0;
+    if (why[0] && strstr(body, why)) why[0] = 0; /* said already */
+    return _pp_fail(&s->err, code, "rank %d%s%s%s%s%s", s->d.rank, where, sep, body, why[0] ? ": " : "", why);
+}
+
 static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ...) _PP_PRINTF(3, 4);
 static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ...) {
     char tmp[sizeof s->err.msg];
@@ -4048,19 +4437,15 @@ static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ..
     va_start(ap, fmt);
     vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    return _pp_fail(&s->err, code, "rank %d: %s", s->d.rank, tmp);
+    return _pp_stage_say(s, code, NULL, tmp);
 }
 
 /* Prefix an error someone else recorded in s->err with rank and action context. */
 static pp_result _pp_stage_wrap(pp_stage* s, pp_result code, const pp_action* a) {
     char tmp[sizeof s->err.msg];
-    const char* inner = tmp;
-    size_t k = strlen(pp_result_str(code));
     memcpy(tmp, s->err.msg, sizeof tmp);
     tmp[sizeof tmp - 1] = 0;
-    if (strncmp(tmp, pp_result_str(code), k) == 0 && tmp[k] == ':' && tmp[k + 1] == ' ') inner += k + 2; /* said once */
-    return _pp_fail(&s->err, code, "rank %d at %c%d.%d (stage %d): %s", s->d.rank, "FBW"[a->op % 3], a->mb, a->chunk,
-                    a->stage, inner);
+    return _pp_stage_say(s, code, a, tmp);
 }
 
 /* >>impl-stage-flight: what the executor records, and what a timeout message says. */
@@ -5819,11 +6204,13 @@ pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* st
             if (pl->rc[r] != PP_OK && pl->rc[r] != PP_ERR_ABORTED) first = r;
         for (r = 0; r < pl->d.p && first < 0; r++)
             if (pl->rc[r] != PP_OK) first = r;
-        if (first >= 0)
-            rc = _pp_fail(&pl->err, pl->rc[first], "rank %d of %d failed first: %s", first, pl->d.p,
-                          _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
-                                       pl->rc[first]));
-        else
+        if (first >= 0) { /* "rank 2 of 4 failed first at F0.0 (stage 2): ...", the rank said once */
+            const char* body = _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
+                                            pl->rc[first]);
+            size_t k = _pp_names_rank(body, first);
+            rc = _pp_fail(&pl->err, pl->rc[first], "rank %d of %d failed first%s%s", first, pl->d.p, k ? "" : ": ",
+                          body + k);
+        } else
             rc = _pp_fail(&pl->err, rc, "%s", e.msg[0] ? e.msg : pp_result_str(rc));
         pl->world.reset(pl->world.self);
         for (r = 0; r < pl->d.p && !pl->stuck; r++)

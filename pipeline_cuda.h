@@ -151,7 +151,9 @@ typedef struct pp_cuda_layer_ctx {
 
 /* cd may be NULL (every rank on device 0, no timeline); cd->n_ranks is 0 or the pipeline's p.
    d->stage.device must be zero (the pipeline's device ops hold the blocks); rank_setup sees
-   each rank's filled desc and may wrap its transport. Shapes: LOCAL or BROADCAST. */
+   each rank's filled desc and may wrap its transport. Shapes: LOCAL or BROADCAST. Linked under a
+   name carrying pipeline.h's struct-sizing configuration, like pp_pipeline_create. */
+#define pp_cuda_pipeline_create _PP_ABI(cuda_pipeline_create)
 pp_result pp_cuda_pipeline_create(const pp_pipeline_desc* d, const pp_cuda_desc* cd, pp_pipeline** out, pp_error* err);
 /* The pipeline's CUDA world (streams, pool memory, event timeline), or NULL for another pipeline. */
 pp_cuda* pp_cuda_pipeline_world(pp_pipeline* pl);

@@ -79,6 +79,9 @@ typedef struct pp_mpi_grid {
     pp_mpi* tied;
 } pp_mpi_grid;
 
+/* pp_grid is sized by PP_MAX_RANKS: linked under names carrying the configuration (pipeline.h) */
+#define pp_mpi_grid_create _PP_ABI(mpi_grid_create)
+#define pp_mpi_grid_destroy _PP_ABI(mpi_grid_destroy)
 pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* out, pp_error* err);
 void pp_mpi_grid_destroy(pp_mpi_grid* g);
 
@@ -98,6 +101,9 @@ extern "C" {
 #endif
 
 #define _PP_MPI_TAG_ABORT 1
+/* An abort notice: the sender's rank in the domain and the code (two ints), then the failing
+   rank's message, so that every rank can say the root cause. */
+#define _PP_MPI_ABORT_BYTES 512
 #define _PP_MPI_RESERVED 0x7ffffff0 /* pipeline.h's own tags live at and above this */
 
 /* What a domain's members share: one communicator for abort notices, and what was heard. */
@@ -106,10 +112,10 @@ typedef struct _pp_mpi_domain {
     int refs;
     int aborted;
     pp_result code;
-    char msg[256];
+    char msg[_PP_MPI_ABORT_BYTES];
     MPI_Request* sends;             /* outstanding abort notices, freed at destroy */
     int n_sends;
-    int abort_buf[2];
+    char abort_buf[_PP_MPI_ABORT_BYTES];
 } _pp_mpi_domain;
 
 /* One outstanding operation; every live one is on the transport's list, so destroy can
@@ -163,13 +169,21 @@ static int _pp_mpi_poll_abort(pp_mpi* t) {
     int flag = 0;
     MPI_Status st;
     while (!d->aborted) {
+        int head[2];
         if (MPI_Iprobe(MPI_ANY_SOURCE, _PP_MPI_TAG_ABORT, d->comm, &flag, &st) != MPI_SUCCESS || !flag) break;
-        if (MPI_Recv(d->abort_buf, 2, MPI_INT, st.MPI_SOURCE, _PP_MPI_TAG_ABORT, d->comm, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        memset(d->abort_buf, 0, sizeof d->abort_buf);
+        if (MPI_Recv(d->abort_buf, (int)sizeof d->abort_buf, MPI_BYTE, st.MPI_SOURCE, _PP_MPI_TAG_ABORT, d->comm,
+                     MPI_STATUS_IGNORE) != MPI_SUCCESS)
             break;
+        d->abort_buf[sizeof d->abort_buf - 1] = 0;
+        memcpy(head, d->abort_buf, sizeof head);
         d->aborted = 1;
-        d->code = (pp_result)d->abort_buf[1];
-        snprintf(d->msg, sizeof d->msg, "rank %d (of the abort domain) aborted: %s", d->abort_buf[0],
-                 pp_result_str(d->code));
+        d->code = head[1] > PP_OK && head[1] < PP_RESULT_COUNT ? (pp_result)head[1] : PP_ERR_TRANSPORT;
+        if (d->abort_buf[sizeof head])
+            snprintf(d->msg, sizeof d->msg, "%s", d->abort_buf + sizeof head);
+        else
+            snprintf(d->msg, sizeof d->msg, "%s: rank %d (of the abort domain) gave no message", pp_result_str(d->code),
+                     head[0]);
     }
     return d->aborted;
 }
@@ -421,22 +435,37 @@ static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype
 static void _pp_mpi_abort(void* self, pp_result why, const char* msg) {
     pp_mpi* t = (pp_mpi*)self;
     _pp_mpi_domain* d = t->dom;
-    int n = 0, me = 0, r;
+    int n = 0, me = 0, r, head[2];
+    size_t len;
     if (d->aborted) return;
     d->aborted = 1;
     d->code = why;
-    snprintf(d->msg, sizeof d->msg, "this rank aborted: %s", msg ? msg : pp_result_str(why));
+    _pp_abort_text(d->msg, sizeof d->msg, t->rank, why, msg);
     MPI_Comm_size(d->comm, &n);
     MPI_Comm_rank(d->comm, &me);
-    d->abort_buf[0] = me;
-    d->abort_buf[1] = (int)why;
+    head[0] = me;
+    head[1] = (int)why;
+    memset(d->abort_buf, 0, sizeof d->abort_buf);
+    memcpy(d->abort_buf, head, sizeof head);
+    len = strlen(d->msg);
+    if (len > sizeof d->abort_buf - sizeof head - 1) len = sizeof d->abort_buf - sizeof head - 1;
+    memcpy(d->abort_buf + sizeof head, d->msg, len); /* the rest is zero */
+    len += sizeof head + 1;
     d->sends = (MPI_Request*)_pp_calloc((size_t)n, sizeof *d->sends);
     if (!d->sends) return;
     for (r = 0; r < n; r++) {
         if (r == me) continue;
-        if (MPI_Isend(d->abort_buf, 2, MPI_INT, r, _PP_MPI_TAG_ABORT, d->comm, &d->sends[d->n_sends]) == MPI_SUCCESS)
+        if (MPI_Isend(d->abort_buf, (int)len, MPI_BYTE, r, _PP_MPI_TAG_ABORT, d->comm, &d->sends[d->n_sends]) ==
+            MPI_SUCCESS)
             d->n_sends++;
     }
+}
+
+static int _pp_mpi_abort_reason(void* self, char* buf, size_t n) {
+    pp_mpi* t = (pp_mpi*)self;
+    if (!buf || n == 0 || !_pp_mpi_poll_abort(t)) return 0;
+    snprintf(buf, n, "%s", t->dom->msg);
+    return 1;
 }
 
 pp_transport pp_mpi_transport(pp_mpi* t) {
@@ -453,6 +482,7 @@ pp_transport pp_mpi_transport(pp_mpi* t) {
     tr.allreduce_sum = _pp_mpi_allreduce;
     tr.abort = _pp_mpi_abort;
     tr.cancel = _pp_mpi_cancel;
+    tr.abort_reason = _pp_mpi_abort_reason;
     return tr;
 }
 

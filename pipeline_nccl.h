@@ -122,6 +122,9 @@ typedef struct pp_nccl_grid {
     ncclComm_t split_out[3];    /* private: where NCCL writes the new communicators (pipe, dp, tied) */
 } pp_nccl_grid;
 
+/* pp_grid is sized by PP_MAX_RANKS: linked under names carrying the configuration (pipeline.h) */
+#define pp_nccl_grid_create _PP_ABI(nccl_grid_create)
+#define pp_nccl_grid_destroy _PP_ABI(nccl_grid_destroy)
 pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cudaStream_t compute, double timeout_s,
                               pp_nccl_grid* out, pp_error* err);
 void pp_nccl_grid_destroy(pp_nccl_grid* g);

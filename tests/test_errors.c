@@ -60,6 +60,44 @@ static void test_partition_args(void) {
           "imbalance 6/5");
 }
 
+/* pp_partition_model's weights: UNIFORM and EXPLICIT never call describe, so NULL is fine;
+   COST and PARAMS do, and describe reads the parameter struct's sizes (mlp's dense_desc reads
+   p->out), so NULL is refused with a message instead of a crash. Weight arrays are not needed:
+   a model struct with its sizes set and no arrays partitions by cost. */
+static void test_partition_weights(void) {
+    pp_model m = mlp_model_desc();
+    pp_partition_desc pd;
+    pp_tensor sample;
+    mlp_model w;
+    int first[4], l, e = 0;
+    memset(&pd, 0, sizeof pd);
+    memset(&sample, 0, sizeof sample);
+    memset(&w, 0, sizeof w);
+    sample.rows = ROWS;
+    sample.cols = IN;
+    sample.dtype = PP_F32;
+    pd.n_stages = 3;
+    pd.policy = PP_PARTITION_UNIFORM;
+    EXPECT_ERR(pp_partition_model(&m, NULL, &pd, first, NULL, ERR), PP_OK, "uniform, weights NULL");
+    pd.policy = PP_PARTITION_COST;
+    pd.sample = &sample;
+    {
+        pp_error e_;
+        memset(&e_, 0, sizeof e_);
+        CHECK(pp_partition_model(&m, NULL, &pd, first, NULL, &e_) == PP_ERR_INVALID &&
+                  strcmp(e_.msg, "invalid argument: weights is NULL: describe reads each layer's parameter struct "
+                                 "(its sizes, not its data); pass the model struct, its arrays may be unallocated") == 0,
+              "cost, weights NULL: %s", e_.msg);
+    }
+    for (l = 0; l < MLP_DEPTH; l++) { /* sizes only: w.dense[l].w and .b stay NULL */
+        w.dense[l].in = DIMS[l];
+        w.dense[l].out = DIMS[l + 1];
+    }
+    EXPECT_ERR(pp_partition_model(&m, &w, &pd, first, NULL, ERR), PP_OK, "cost, sizes without arrays");
+    for (l = 0; l < MLP_DEPTH; l++) e += w.dense[l].w != NULL || w.dense[l].b != NULL;
+    CHECK(e == 0 && first[0] == 0 && first[3] == MLP_DEPTH + 1, "a partition of every layer");
+}
+
 /* --- stage and batch validation on a 2-rank pipeline ------------------------------------- */
 typedef struct fixture {
     mlp_model w, g;
@@ -346,21 +384,28 @@ static pp_result fail_rank(int rank, void* user) {
     return R->rc[rank];
 }
 
+/* Two ranks over f (m = 4) whose forward fails where g_fail_layer says. */
+static void fail_run_init(fixture* f, fail_run* R) {
+    pp_error err;
+    int r;
+    fixture_init(f, 4);
+    memset(R, 0, sizeof *R);
+    R->f = f;
+    for (r = 0; r < 2; r++) {
+        pp_stage_desc d = desc_for(f, r);
+        d.model.forward = failing_forward;
+        d.timeout_s = 30; /* the abort, not the deadline, must end the other rank's wait */
+        CHECK(pp_stage_create(&d, &R->st[r], &err) == PP_OK, "%s", err.msg);
+    }
+}
+
 static void test_failing_layer(void) {
     fixture f;
     fail_run R;
     pp_error err;
     double t;
     int r;
-    fixture_init(&f, 4);
-    memset(&R, 0, sizeof R);
-    R.f = &f;
-    for (r = 0; r < 2; r++) {
-        pp_stage_desc d = desc_for(&f, r);
-        d.model.forward = failing_forward;
-        d.timeout_s = 30; /* the abort, not the deadline, must end the other rank's wait */
-        CHECK(pp_stage_create(&d, &R.st[r], &err) == PP_OK, "%s", err.msg);
-    }
+    fail_run_init(&f, &R);
     g_fail_layer = MLP_DEPTH; /* the loss layer, on rank 1 */
     t = _pp_now();
     pp_threads_run(2, fail_rank, &R, &err);
@@ -377,13 +422,80 @@ static void test_failing_layer(void) {
     fixture_free(&f);
 }
 
+/* --- message shapes: one code prefix, "rank R" once, the root cause kept ------------------- */
+static int count_of(const char* s, const char* what) {
+    int n = 0;
+    for (; (s = strstr(s, what)) != NULL; s++) n++;
+    return n;
+}
+
+static int ends_with(const char* s, const char* tail) {
+    size_t a = strlen(s), b = strlen(tail);
+    return a >= b && strcmp(s + a - b, tail) == 0;
+}
+
+static void test_message_shapes(void) {
+    fixture f;
+    fail_run R;
+    pp_error err;
+    pp_stage* st;
+    pp_transport t1;
+    pp_batch b;
+    int r;
+    char tail[600];
+    fail_run_init(&f, &R);
+    /* a failing layer: its rank says what failed; the other quotes that whole, after its own
+       context, with one "aborted by another rank" and no "rank 0" twice */
+    g_fail_layer = MLP_DEPTH;
+    pp_threads_run(2, fail_rank, &R, &err);
+    g_fail_layer = -1;
+    CHECK(strcmp(R.msg[1], "layer callback failed: rank 1 at F1.0 (stage 1): layer 11 (xent) forward returned 42 on "
+                           "micro-batch 1") == 0,
+          "failing rank: %s", R.msg[1]);
+    snprintf(tail, sizeof tail, ": %s", R.msg[1]);
+    CHECK(strncmp(R.msg[0], "aborted by another rank: rank 0 at ", 35) == 0 && ends_with(R.msg[0], tail) &&
+              count_of(R.msg[0], "aborted by another rank") == 1 && count_of(R.msg[0], "rank 0") == 1,
+          "aborted rank: %s", R.msg[0]);
+    pp_threads_reset(f.threads);
+    /* aborted while sending: a send carries no message, the transport's abort reason does */
+    t1 = pp_threads_transport(f.threads, 1);
+    t1.abort(t1.self, PP_ERR_LAYER, "layer callback failed: rank 1 at F0.0 (stage 1): boom");
+    CHECK(pp_stage_step(R.st[0], &f.b, NULL) == PP_ERR_ABORTED, "rank 0 after rank 1 aborted");
+    CHECK(strcmp(pp_stage_error(R.st[0]), "aborted by another rank: rank 0 at F0.0 sending 80 bytes to rank 1: "
+                                          "layer callback failed: rank 1 at F0.0 (stage 1): boom") == 0,
+          "aborted while sending: %s", pp_stage_error(R.st[0]));
+    pp_threads_reset(f.threads);
+    /* a message that does not name the rank gets it once; no message at all says so */
+    t1.abort(t1.self, PP_ERR_LAYER, "optimizer failed");
+    pp_stage_step(R.st[0], &f.b, NULL);
+    CHECK(ends_with(pp_stage_error(R.st[0]), ": layer callback failed: rank 1: optimizer failed"), "%s",
+          pp_stage_error(R.st[0]));
+    pp_threads_reset(f.threads);
+    t1.abort(t1.self, PP_ERR_NOMEM, NULL);
+    pp_stage_step(R.st[0], &f.b, NULL);
+    CHECK(ends_with(pp_stage_error(R.st[0]), ": out of memory: rank 1: gave no message"), "%s", pp_stage_error(R.st[0]));
+    pp_threads_reset(f.threads);
+    /* a rejected batch: the check's message with the rank, its code said once */
+    b = f.b;
+    b.n_seqs = 4;
+    st = R.st[0];
+    CHECK(pp_stage_step(st, &b, NULL) == PP_ERR_INVALID &&
+              strcmp(pp_stage_error(st), "invalid argument: rank 0: n_seqs = 4 without cu_seqlens") == 0,
+          "rejected batch: %s", pp_stage_error(st));
+    pp_threads_reset(f.threads);
+    for (r = 0; r < 2; r++) pp_stage_destroy(R.st[r]);
+    fixture_free(&f);
+}
+
 int main(void) {
     test_schedule_args();
     test_partition_args();
+    test_partition_weights();
     test_stage_desc();
     test_batches();
     test_validation_audit();
     test_transport();
     test_failing_layer();
+    test_message_shapes();
     return TEST_DONE("errors");
 }

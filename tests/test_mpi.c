@@ -297,8 +297,15 @@ static void fail_case(int mode) {
         } else {
             CHECK(rc == PP_ERR_ABORTED || rc == PP_ERR_TIMEOUT, "fail case %d: rank %d returned %s (%s)", mode, W_RANK,
                   pp_result_str(rc), pp_stage_error(st));
-            if (mode == 0)
+            if (mode == 0) {
+                const char* msg = pp_stage_error(st);
+                const char* again = strstr(msg, "aborted by another rank");
                 CHECK(rc == PP_ERR_ABORTED, "fail case 0: rank %d should hear the abort, got %s", W_RANK, pp_result_str(rc));
+                /* the notice carries the failing rank's message, and each code is said once */
+                CHECK(strstr(msg, "layer callback failed: rank ") && strstr(msg, "(head)") && again == msg &&
+                          !strstr(again + 1, "aborted by another rank") && !strstr(msg, "(of the abort domain)"),
+                      "fail case 0: rank %d names the root cause once: %s", W_RANK, msg);
+            }
             CHECK(dt < timeout * 2 + 3.0, "fail case %d: rank %d took %.2f s (timeout %.1f s)", mode, W_RANK, dt, timeout);
             if (mode == 0) CHECK(dt < 5.0, "fail case 0: rank %d took %.2f s to hear the abort", W_RANK, dt);
         }

@@ -12,6 +12,9 @@
 #include "test.h"
 
 #include <time.h>
+#include <signal.h>
+#include <unistd.h>
+#include <sys/wait.h>
 
 #define ROWS 24
 #define IN 4
@@ -66,7 +69,10 @@ typedef struct world {
     double t0;
 } world;
 
-/* flight: 1 the threads transport's record hooks, 0 none (as a multi-process transport). */
+static void note_and_signal(void* self, const pp_flight_entry* e); /* test_flight_signal */
+
+/* flight: 1 the threads transport's record hooks, 0 none (as a multi-process transport), 2 the
+   threads hooks with a signal raised while a rank writes its record (test_flight_signal). */
 static void world_init(world* W, int p, int m, double timeout_s, int flight, int check_finite) {
     pp_error err;
     int r;
@@ -102,6 +108,7 @@ static void world_init(world* W, int p, int m, double timeout_s, int flight, int
         d.rank = r;
         d.transport = pp_threads_transport(W->threads, r);
         if (!flight) d.transport.flight_note = NULL, d.transport.flight_get = NULL;
+        if (flight == 2) d.transport.flight_note = note_and_signal;
         d.timeout_s = timeout_s;
         d.check_finite = (check_finite >> r) & 1;
         CHECK(pp_stage_create(&d, &W->st[r], &err) == PP_OK, "%s", err.msg);
@@ -403,7 +410,183 @@ static void test_broadcast_timeout(void) {
     CHECK(rc == PP_ERR_TIMEOUT && t < 0.4, "%s after %.3f s: %s", pp_result_str(rc), t, pp_stage_error(st));
     CHECK(strstr(pp_stage_error(st), "step metadata") && strstr(pp_stage_error(st), "rank 0: nothing yet"),
           "names what it waited for: %s", pp_stage_error(st));
+    /* the transport's timeout message, quoted, loses its code and this rank: each said once */
+    CHECK(strncmp(pp_stage_error(st), "wait timed out: rank 1: waiting for the step metadata: waited 0.2 s for rank 0",
+                  78) == 0 && !strstr(pp_stage_error(st) + 1, "wait timed out"),
+          "one prefix: %s", pp_stage_error(st));
     pp_stage_destroy(st);
+    world_free(&W);
+}
+
+/* --- the flight record printed from a signal handler, while the steps run ------------------ */
+/* The handler prints every rank's record with pp_threads_flight_print_fd. Signals come from a
+   thread (to whichever rank thread runs) and from the ranks themselves, raised in the middle of
+   writing their record. locked = 1 is the negative control: the record's writer holds a lock
+   that the handler takes too, as pp_threads_flight_print did before it was lock-free; the first
+   raised signal then deadlocks. Everything runs in a child under alarm(), so a deadlock is a
+   failure here, not a hang. */
+static pp_threads* volatile g_sig_world;
+static int g_sig_fd = -1, g_sig_locked;
+static int g_sig_handled;
+static pthread_mutex_t g_old_mu = PTHREAD_MUTEX_INITIALIZER;
+static long g_notes;
+static int g_sig_stop;
+
+static void on_usr1(int sig) {
+    int saved = errno;
+    (void)sig;
+    if (g_sig_locked) pthread_mutex_lock(&g_old_mu);
+    pp_threads_flight_print_fd(g_sig_fd, g_sig_world);
+    if (g_sig_locked) pthread_mutex_unlock(&g_old_mu);
+    __atomic_add_fetch(&g_sig_handled, 1, __ATOMIC_RELAXED);
+    errno = saved;
+}
+
+static void note_and_signal(void* self, const pp_flight_entry* e) {
+    if (g_sig_locked) pthread_mutex_lock(&g_old_mu);
+    _pp_threads_flight_note(self, e);
+    if (__atomic_add_fetch(&g_notes, 1, __ATOMIC_RELAXED) % 16 == 0) raise(SIGUSR1);
+    if (g_sig_locked) pthread_mutex_unlock(&g_old_mu);
+}
+
+static void* signaller(void* arg) {
+    int n = 0;
+    (void)arg;
+    while (!__atomic_load_n(&g_sig_stop, __ATOMIC_ACQUIRE)) {
+        if (n++ < 500) kill(getpid(), SIGUSR1); /* at most 500, however slow the steps (valgrind) */
+        sleep_s(300e-6);
+    }
+    return NULL;
+}
+
+/* Rank threads take SIGUSR1; the main and signalling threads block it (the ranks inherit the
+   block from main and lift it here). */
+static pp_result rank_step_sig(int rank, void* user) {
+    sigset_t s;
+    pp_result rc;
+    sigemptyset(&s);
+    sigaddset(&s, SIGUSR1);
+    pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+    rc = rank_step(rank, user);
+    pthread_sigmask(SIG_BLOCK, &s, NULL);
+    return rc;
+}
+
+static int flight_signal_child(int locked, int fd) {
+    world W;
+    pthread_t th;
+    struct sigaction sa;
+    sigset_t s;
+    pp_error err;
+    int step, bad = 0;
+    g_sig_locked = locked;
+    g_sig_fd = fd;
+    world_init(&W, 3, 6, 10, 2, 0);
+    g_sig_world = W.threads;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_usr1;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR1, &sa, NULL);
+    sigemptyset(&s);
+    sigaddset(&s, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &s, NULL);
+    pthread_create(&th, NULL, signaller, NULL);
+    hooks_off();
+    for (step = 0; step < 60; step++) {
+        W.t0 = _pp_now();
+        pp_threads_run(W.p, rank_step_sig, &W, &err);
+        if (W.rc[0] != PP_OK || W.rc[1] != PP_OK || W.rc[2] != PP_OK) bad++;
+    }
+    __atomic_store_n(&g_sig_stop, 1, __ATOMIC_RELEASE);
+    pthread_join(th, NULL);
+    zero_grads(&W);
+    world_step(&W);
+    if (!world_grads_equal_reference(&W)) bad++;
+    world_free(&W);
+    return bad ? 1 : __atomic_load_n(&g_sig_handled, __ATOMIC_RELAXED) > 0 ? 0 : 2;
+}
+
+static void test_flight_signal(int locked) {
+    FILE* out = tmpfile();
+    pid_t pid;
+    int status = 0, prints = 0, lines = 0, odd = 0;
+    char line[256];
+    CHECK(out != NULL, "tmpfile");
+    if (!out) return;
+    fflush(stdout);
+    pid = fork();
+    if (pid == 0) {
+        alarm(locked ? 3 : 60);
+        _exit(flight_signal_child(locked, fileno(out)));
+    }
+    CHECK(pid > 0, "fork");
+    waitpid(pid, &status, 0);
+    if (locked) {
+        CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM,
+              "negative control: a handler that takes the writer's lock deadlocks (status %#x)", status);
+        fclose(out);
+        return;
+    }
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "60 steps under SIGUSR1 finish, OK and exact, and the handler ran (%s %d)",
+          WIFSIGNALED(status) ? "signal" : "exit", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    rewind(out);
+    while (fgets(line, sizeof line, out)) {
+        lines++;
+        if (strncmp(line, "rank 0: flight record, last ", 28) == 0) prints++;
+        else if (!(strncmp(line, "rank ", 5) == 0 || strncmp(line, "  step ", 7) == 0 ||
+                   strncmp(line, "  last heard from rank ", 23) == 0 ||
+                   strcmp(line, "  (entry overwritten while read)\n") == 0))
+            if (odd++ == 0) printf("first odd line: %s", line);
+    }
+    fclose(out);
+    printf("flight record printed %d times from SIGUSR1 during 60 steps (%d lines)\n", prints, lines);
+    CHECK(prints >= 20, "the handler printed the record %d times", prints);
+    CHECK(odd == 0, "every printed line is a header, an entry or a heard line");
+}
+
+/* The exact case of a signal that interrupts a rank while it writes its record: its lock held,
+   the entry half written. The print skips that entry and returns; taking the lock would hang. */
+static void test_flight_print_interrupted(void) {
+    world W;
+    FILE* out = tmpfile();
+    char buf[16384];
+    size_t n;
+    _pp_fslot* fs;
+    uint64_t i;
+    world_init(&W, 2, 4, 10, 1, 0);
+    hooks_off();
+    world_step(&W);
+    world_step(&W);
+    world_step(&W);
+    fs = &W.threads->flight[1];
+    i = fs->n;
+    CHECK(i > PP_FLIGHT_LEN, "the ring wrapped (%llu entries)", (unsigned long long)i);
+    pthread_mutex_lock(&fs->mu);                  /* the interrupted writer holds it ... */
+    fs->ring[i % PP_FLIGHT_LEN].seq = 2 * i + 1; /* ... and is writing entry i over entry i - LEN */
+    if (out) {
+        pid_t pid;
+        int status = 0;
+        fflush(stdout);
+        pid = fork();
+        if (pid == 0) {
+            alarm(5);
+            pp_threads_flight_print_fd(fileno(out), W.threads);
+            _exit(0);
+        }
+        waitpid(pid, &status, 0);
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the print returns while the writer holds its lock (%#x)",
+              status);
+        rewind(out);
+        n = fread(buf, 1, sizeof buf - 1, out);
+        buf[n] = 0;
+        fclose(out);
+        CHECK(strstr(buf, "rank 0: flight record") && strstr(buf, "rank 1: flight record"), "both ranks:\n%s", buf);
+        CHECK(strstr(buf, "rank 1: flight record, last 32 of ") && strstr(buf, "  (entry overwritten while read)\n"),
+              "the entry being written is skipped:\n%s", buf);
+    }
+    fs->ring[i % PP_FLIGHT_LEN].seq = 2 * (i - PP_FLIGHT_LEN) + 2;
+    pthread_mutex_unlock(&fs->mu);
     world_free(&W);
 }
 
@@ -415,5 +598,8 @@ int main(void) {
     test_nonfinite();
     test_rejected_batch();
     test_broadcast_timeout();
+    test_flight_print_interrupted();
+    test_flight_signal(0);
+    test_flight_signal(1);
     return TEST_DONE("reliability");
 }
