@@ -4,7 +4,7 @@
 name=$1; shift
 pass=0; fail=0
 for cmd in "$@"; do
-  if $cmd > /dev/null 2>&1; then echo "FAIL control passed (it must fail): $cmd"; fail=$((fail + 1))
+  if timeout 300 $cmd > /dev/null 2>&1; then echo "FAIL control passed (it must fail): $cmd"; fail=$((fail + 1))
   else pass=$((pass + 1)); fi
 done
 echo "$name: $pass passed, $fail failed"

@@ -31,6 +31,7 @@ static int g_odd_layer = -1, g_odd_mode = ODD_NONE;
 static const void* g_fail_w;
 static int g_fail_layer = -1, g_fail_mb = -1, g_fail_op = -1; /* op: 0 F, 1 B, 2 W */
 static pp_model g_base;
+static double g_deadline = 20.0; /* every world's timeout_s */
 
 static void hook_describe(const void* w, int l, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
     g_base.describe(w, l, mb, in, n_in, d);
@@ -230,7 +231,7 @@ static void test_disagree(pp_schedule_kind kind, int p, int v, int m, pp_shape_p
     char where[96];
     snprintf(where, sizeof where, "%s p=%d m=%d shapes=%d, rank %d %s", pp_schedule_name(kind), p, m, (int)shapes, odd,
              mode == ODD_DTYPE ? "says i32" : "says 2 tensors");
-    world_init(&W, kind, p, v, m, shapes, 20.0);
+    world_init(&W, kind, p, v, m, shapes, g_deadline);
     for (step = 0; step < 3; step++) {
         hooks_off();
         if (step == 0) {
@@ -269,7 +270,7 @@ static void test_disagree(pp_schedule_kind kind, int p, int v, int m, pp_shape_p
 static void test_leftover_kept(void) {
     world W;
     int step;
-    world_init(&W, PP_SCHED_1F1B, 2, 1, 2, PP_SHAPES_LOCAL, 20.0);
+    world_init(&W, PP_SCHED_1F1B, 2, 1, 2, PP_SHAPES_LOCAL, g_deadline);
     for (step = 0; step < 3; step++) {
         hooks_off();
         if (step == 0) {
@@ -304,7 +305,7 @@ static void test_late_failure(pp_schedule_kind kind, int p, int m, int fail_rank
     char where[96];
     snprintf(where, sizeof where, "%s p=%d m=%d: %c%d fails on rank %d (layer %d)", pp_schedule_name(kind), p, m,
              "FBW"[op], mb, fail_rank, layer);
-    world_init(&W, kind, p, 1, m, PP_SHAPES_LOCAL, 20.0);
+    world_init(&W, kind, p, 1, m, PP_SHAPES_LOCAL, g_deadline);
     for (run = 0; run < runs; run++) {
         hooks_off();
         g_fail_w = world_weights(&W, fail_rank);
@@ -363,8 +364,9 @@ static void test_cost(void) {
 int main(int argc, char** argv) {
     int odd;
     if (argc > 1 && !strcmp(argv[1], "controls")) { /* the quick part the negative controls run */
+        g_deadline = 1.0; /* a broken library runs into deadlines: keep them short */
         test_leftover_kept();
-        test_late_failure(PP_SCHED_ZB_H1, 4, 4, 0, 2, 0, 3, 30);
+        test_late_failure(PP_SCHED_ZB_H1, 4, 4, 0, 2, 0, 3, 3);
         return TEST_DONE("agree (controls part)");
     }
     for (odd = 0; odd < 2; odd++) {
