@@ -128,10 +128,13 @@
    Several processes share >>grid (and >>impl-grid): launcher environment, pp x dp grid,
    data-parallel and tied-layer gradient sums, written once over pp_transport.
 
-   SECTIONS  (search for ">>name")
-   >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>flight
-   >>transport >>threads >>batch >>stage >>pipeline >>impl (>>impl-profile: pp_profile_layers,
-   >>impl-pipeline)
+   SECTIONS  (search for ">>name"; every marker in the file, in file order)
+   declarations: >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace
+                 >>flight >>transport >>threads >>batch >>stage >>pipeline >>grid
+   definitions:  >>impl >>impl-result >>impl-tensor >>impl-model >>impl-partition >>impl-batch
+                 >>impl-profile (pp_profile_layers) >>impl-schedule >>impl-sim >>impl-trace
+                 >>impl-flight >>impl-threads >>impl-grid >>impl-stage >>impl-stage-flight
+                 >>impl-stage-finite >>impl-pipeline
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
@@ -896,6 +899,10 @@ typedef struct pp_device_ops {
     void* user;
 } pp_device_ops;
 
+/* A rank's stage. pp_stage_create copies the desc itself but borrows what it points to: the
+   schedule, the partition (first[]), the weights and grads, the model's ctx, the transport's
+   world (a pp_threads, a pp_cuda, a communicator) and what device and layer_ctx point to must
+   all outlive the stage (until pp_stage_destroy returns). */
 typedef struct pp_stage_desc {
     pp_model model;
     const void* weights;
@@ -953,9 +960,10 @@ void pp_stage_flight_print(FILE* out, const pp_stage* st);
        pp_pipeline* pl; pp_pipeline_create(&d, &pl, &err);
        pp_pipeline_step(pl, &batch, &stats);           // every rank, gradients accumulate
        pp_pipeline_destroy(pl);
-   Defaults are resolved once, at create. Everything the desc points to is read at create only,
-   except weights, grads (and their per-rank arrays' targets), the model's ctx and what the stage
-   template's device and layer_ctx point to: those must live until pp_pipeline_destroy. */
+   Defaults are resolved once, at create. Everything the desc points to is read at create only
+   (custom and the partition's arrays are copied: the pipeline owns its schedule, partition and
+   world), except weights, grads (and their per-rank arrays' targets), the model's ctx and what
+   the stage template's device and layer_ctx point to: those must live until pp_pipeline_destroy. */
 typedef struct pp_pipeline pp_pipeline;
 
 typedef struct pp_pipeline_desc {
