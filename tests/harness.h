@@ -1,0 +1,393 @@
+/* tests/harness.h - what the tests and the benches share, so that each says only what it checks.
+
+   - hx_world: the per-rank world over the threads transport. Fill it (model, weights, one
+     gradient struct or one per rank, schedule, partition, batch, a pp_stage_desc template) and
+     hx_run(W, p) runs p threads; each fills its pp_stage_desc from the world, creates its stage,
+     steps it W->steps times and records its result, message and stats. Optional hooks change a
+     rank's desc (a transport wrapper, device ops), its batch per step, or record per-step figures.
+   - hx_sched: a schedule made into memory of its own.
+   - hx_stages: stages made beforehand (one per rank), stepped together on p threads.
+   - hx_dense_batch: a dense batch of rows x cols floats with int32 targets.
+   - hx_poison: a transport wrapper that poisons every receive buffer before the receive is
+     posted and counts, when the wait returns, the receives that left a byte unwritten.
+   - With tests/test.h: hx_report (a CHECK per failed rank). With examples/mlp.h: per-rank MLP
+     gradient buffers and their comparison with the sequential reference.
+   - Benches: hx_median, hx_arg_int.
+
+   Include after pipeline.h (with PIPELINE_IMPLEMENTATION in the same file: the helpers are all
+   static) and after whichever of tests/test.h and examples/mlp.h the file uses. */
+#ifndef PP_TESTS_HARNESS_H
+#define PP_TESTS_HARNESS_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a schedule in its own memory ------------------------------------------------------------ */
+typedef struct hx_sched {
+    pp_schedule s;
+    pp_action* acts;
+} hx_sched;
+
+static inline pp_result hx_sched_make(hx_sched* h, pp_schedule_kind k, int p, int v, int m, pp_error* err) {
+    size_t n = pp_schedule_size(k, p, v, m);
+    pp_result rc;
+    memset(h, 0, sizeof *h);
+    if (!(h->acts = (pp_action*)malloc((n ? n : 1) * sizeof *h->acts))) {
+        if (err) snprintf(err->msg, sizeof err->msg, "out of memory for %lu actions", (unsigned long)n);
+        return PP_ERR_NOMEM;
+    }
+    if ((rc = pp_schedule_make(k, p, v, m, h->acts, n, &h->s, err)) != PP_OK) {
+        free(h->acts);
+        h->acts = NULL;
+    }
+    return rc;
+}
+
+static inline void hx_sched_free(hx_sched* h) {
+    free(h->acts);
+    h->acts = NULL;
+}
+
+/* ---- a dense batch: x (rows, cols) floats, y (rows) int32 targets, m micro-batches ----------- */
+static inline void hx_dense_batch(pp_batch* b, const float* x, const int32_t* y, int rows, int cols, int m) {
+    memset(b, 0, sizeof *b);
+    b->m = m;
+    b->input.data = (void*)(uintptr_t)x;
+    b->input.rows = rows;
+    b->input.cols = cols;
+    b->input.dtype = PP_F32;
+    b->targets = y;
+    b->target_row_bytes = sizeof(int32_t);
+}
+
+/* The batch a rank without the first stage sees under PP_SHAPES_BROADCAST: no input rows, no
+   cu_seqlens (it learns them from the first stage's rank). */
+static inline void hx_hide_meta(pp_batch* b) {
+    b->input.data = NULL;
+    b->input.rows = 0;
+    b->cu_seqlens = NULL;
+    b->n_seqs = 0;
+}
+
+/* ---- the per-rank world ---------------------------------------------------------------------- */
+typedef struct hx_world hx_world;
+struct hx_world {
+    pp_model model;
+    const void* w;              /* the weights every rank reads */
+    void* grads;                /* the gradients every rank adds into, or NULL: g[rank] */
+    void* g[PP_MAX_RANKS];
+    const pp_schedule* sched;
+    const int* first;           /* partition, first[n_stages + 1] */
+    pp_threads* threads;        /* NULL: hx_run makes one for the run */
+    pp_stage_desc stage;        /* what every rank's desc starts from (timeout_s, shapes, ...) */
+    const pp_batch* batch;      /* every step's batch, unless batch_of says otherwise */
+    int steps;                  /* pp_stage_step calls per rank (0: 1) */
+    /* Optional, called on the rank's thread: change the rank's desc before its stage is made;
+       the batch of step i (tmp is the rank's scratch); after every step that returned PP_OK. */
+    void (*setup)(hx_world* W, int rank, pp_stage_desc* d);
+    const pp_batch* (*batch_of)(hx_world* W, int rank, int step, pp_batch* tmp);
+    void (*after_step)(hx_world* W, int rank, int step, const pp_step_stats* s);
+    void* user;
+    /* what each rank returned: its result, its message ("" when PP_OK), the last step's stats */
+    pp_result rc[PP_MAX_RANKS];
+    char msg[PP_MAX_RANKS][640];
+    pp_step_stats stats[PP_MAX_RANKS];
+};
+
+static inline pp_result hx_rank_main(int rank, void* user) {
+    hx_world* W = (hx_world*)user;
+    pp_stage_desc d = W->stage;
+    pp_stage* st = NULL;
+    pp_error err;
+    pp_result rc;
+    int i, steps = W->steps > 0 ? W->steps : 1;
+    d.model = W->model;
+    d.weights = W->w;
+    d.grads = W->grads ? W->grads : W->g[rank];
+    d.schedule = W->sched;
+    d.partition = W->first;
+    d.rank = rank;
+    d.transport = pp_threads_transport(W->threads, rank);
+    if (W->setup) W->setup(W, rank, &d);
+    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
+        snprintf(W->msg[rank], sizeof W->msg[rank], "%s", err.msg);
+        return W->rc[rank] = rc;
+    }
+    for (i = 0; i < steps && rc == PP_OK; i++) {
+        pp_batch tmp;
+        const pp_batch* b = W->batch_of ? W->batch_of(W, rank, i, &tmp) : W->batch;
+        if ((rc = pp_stage_step(st, b, &W->stats[rank])) != PP_OK)
+            snprintf(W->msg[rank], sizeof W->msg[rank], "step %d: %s", i, pp_stage_error(st));
+        else if (W->after_step)
+            W->after_step(W, rank, i, &W->stats[rank]);
+    }
+    pp_stage_destroy(st);
+    return W->rc[rank] = rc;
+}
+
+/* Runs every rank of the world on p threads: PP_OK when every rank returned PP_OK. */
+static inline pp_result hx_run(hx_world* W, int p, pp_error* err) {
+    int own = W->threads == NULL;
+    pp_result rc;
+    if (own && (rc = pp_threads_create(p, &W->threads, err)) != PP_OK) return rc;
+    rc = pp_threads_run(p, hx_rank_main, W, err);
+    if (own) {
+        pp_threads_destroy(W->threads);
+        W->threads = NULL;
+    }
+    return rc;
+}
+
+/* ---- stages made beforehand, stepped together ------------------------------------------------ */
+typedef struct hx_stages hx_stages;
+struct hx_stages {
+    pp_stage* st[PP_MAX_RANKS];
+    const pp_batch* batch;                  /* every rank's batch, or batch_of[rank] */
+    const pp_batch* batch_of[PP_MAX_RANKS];
+    pp_result (*before)(hx_stages* S, int rank); /* optional: e.g. bind the rank's device */
+    void* user;
+    int keep_stats;                         /* 1: stats[rank] gets each step's stats */
+    pp_result rc[PP_MAX_RANKS];
+    char msg[PP_MAX_RANKS][640];
+    pp_step_stats stats[PP_MAX_RANKS];
+    double t0, t_ret[PP_MAX_RANKS];         /* seconds from hx_stages_step's start to each return */
+};
+
+static inline pp_result hx_stages_rank(int rank, void* user) {
+    hx_stages* S = (hx_stages*)user;
+    const pp_batch* b = S->batch_of[rank] ? S->batch_of[rank] : S->batch;
+    pp_result rc = S->before ? S->before(S, rank) : PP_OK;
+    if (rc == PP_OK) rc = pp_stage_step(S->st[rank], b, S->keep_stats ? &S->stats[rank] : NULL);
+    S->t_ret[rank] = _pp_now() - S->t0;
+    snprintf(S->msg[rank], sizeof S->msg[rank], "%s", pp_stage_error(S->st[rank]));
+    return S->rc[rank] = rc;
+}
+
+/* One step of every rank's stage on p threads: PP_OK when every rank returned PP_OK. */
+static inline pp_result hx_stages_step(hx_stages* S, int p, pp_error* err) {
+    S->t0 = _pp_now();
+    return pp_threads_run(p, hx_stages_rank, S, err);
+}
+
+/* ---- a poisoning transport wrapper ----------------------------------------------------------- */
+/* Every receive buffer is filled with 0xFF bytes before the receive is posted (a NaN pattern no
+   layer writes); when its wait returns PP_OK, a 32-bit word still 0xFFFFFFFF counts the receive
+   as unwritten. Host buffers by default; fill and read (both or neither) reach other memory:
+   fill returns 0 for a buffer it does not poison, read copies the bytes to the host. */
+#define HX_POISON_MAX 64
+typedef struct hx_poison {
+    pp_transport inner;
+    int (*fill)(void* ctx, void* buf, size_t bytes);
+    void (*read)(void* ctx, void* host, const void* buf, size_t bytes);
+    void* ctx;
+    const pp_request* req[HX_POISON_MAX];
+    unsigned char* buf[HX_POISON_MAX];
+    size_t bytes[HX_POISON_MAX];
+    int unwritten;      /* receives that completed with a byte still poisoned */
+    int checked;
+} hx_poison;
+
+/* 1 if any aligned 32-bit word of buf still holds the poison. */
+static inline int hx_still_poisoned(const unsigned char* buf, size_t bytes) {
+    size_t i;
+    for (i = 0; i + 4 <= bytes; i += 4) {
+        uint32_t w;
+        memcpy(&w, buf + i, 4);
+        if (w == 0xFFFFFFFFu) return 1;
+    }
+    return 0;
+}
+
+static inline pp_result hx_pz_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
+    hx_poison* p = (hx_poison*)self;
+    return p->inner.isend(p->inner.self, peer, tag, buf, bytes, req);
+}
+static inline pp_result hx_pz_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
+    hx_poison* p = (hx_poison*)self;
+    int i;
+    if (p->fill) {
+        if (!p->fill(p->ctx, buf, bytes)) return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
+    } else {
+        memset(buf, 0xFF, bytes);
+    }
+    for (i = 0; i < HX_POISON_MAX; i++)
+        if (!p->req[i]) {
+            p->req[i] = req;
+            p->buf[i] = (unsigned char*)buf;
+            p->bytes[i] = bytes;
+            break;
+        }
+    return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
+}
+static inline pp_result hx_pz_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
+    hx_poison* p = (hx_poison*)self;
+    pp_result rc = p->inner.wait(p->inner.self, req, timeout_s, err);
+    int i;
+    for (i = 0; i < HX_POISON_MAX; i++)
+        if (p->req[i] == req) {
+            p->req[i] = NULL;
+            if (rc != PP_OK) break;
+            if (p->read) {
+                unsigned char* h = (unsigned char*)malloc(p->bytes[i] + 1);
+                if (!h) break;
+                p->read(p->ctx, h, p->buf[i], p->bytes[i]);
+                p->unwritten += hx_still_poisoned(h, p->bytes[i]);
+                free(h);
+            } else {
+                p->unwritten += hx_still_poisoned(p->buf[i], p->bytes[i]);
+            }
+            p->checked++;
+            break;
+        }
+    return rc;
+}
+static inline pp_result hx_pz_test(void* self, pp_request* req, int* done) {
+    hx_poison* p = (hx_poison*)self;
+    return p->inner.test(p->inner.self, req, done);
+}
+static inline void hx_pz_abort(void* self, pp_result why, const char* msg) {
+    hx_poison* p = (hx_poison*)self;
+    p->inner.abort(p->inner.self, why, msg);
+}
+static inline pp_result hx_pz_cancel(void* self, pp_request* req) {
+    hx_poison* p = (hx_poison*)self;
+    int i;
+    for (i = 0; i < HX_POISON_MAX; i++)
+        if (p->req[i] == req) p->req[i] = NULL; /* withdrawn: nothing to check */
+    return p->inner.cancel(p->inner.self, req);
+}
+static inline void hx_pz_flight_note(void* self, const pp_flight_entry* e) {
+    hx_poison* p = (hx_poison*)self;
+    p->inner.flight_note(p->inner.self, e);
+}
+static inline int hx_pz_flight_get(void* self, int peer, pp_flight* out) {
+    hx_poison* p = (hx_poison*)self;
+    return p->inner.flight_get(p->inner.self, peer, out);
+}
+
+/* inner wrapped by p (zeroed first; set fill, read and ctx afterwards, before the first receive). */
+static inline pp_transport hx_poison_transport(hx_poison* p, pp_transport inner) {
+    pp_transport t = inner;
+    memset(p, 0, sizeof *p);
+    p->inner = inner;
+    t.self = p;
+    t.isend = hx_pz_isend;
+    t.irecv = hx_pz_irecv;
+    t.wait = hx_pz_wait;
+    t.test = inner.test ? hx_pz_test : NULL;
+    t.abort = inner.abort ? hx_pz_abort : NULL;
+    t.cancel = inner.cancel ? hx_pz_cancel : NULL;
+    t.flight_note = inner.flight_note ? hx_pz_flight_note : NULL;
+    t.flight_get = inner.flight_get ? hx_pz_flight_get : NULL;
+    return t;
+}
+
+/* ---- benches --------------------------------------------------------------------------------- */
+static inline int hx_cmp_double(const void* a, const void* b) {
+    double x = *(const double*)a, y = *(const double*)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n) (sorts v). */
+static inline double hx_median(double* v, int n) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, hx_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The integer after the argument `name`, or def. */
+static inline int hx_arg_int(int argc, char** argv, const char* name, int def) {
+    int i;
+    for (i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], name)) return atoi(argv[i + 1]);
+    return def;
+}
+
+/* ---- with tests/test.h ----------------------------------------------------------------------- */
+#ifdef PP_TEST_H
+/* A failed CHECK naming `where` for every rank of the world that did not return PP_OK. */
+static inline void hx_report(const hx_world* W, int p, const char* where) {
+    int r;
+    for (r = 0; r < p; r++)
+        if (W->rc[r] != PP_OK) CHECK(0, "%s: rank %d: %s (%s)", where, r, W->msg[r], pp_result_str(W->rc[r]));
+}
+#endif
+
+/* ---- with examples/mlp.h --------------------------------------------------------------------- */
+#ifdef PP_EXAMPLE_MLP_H
+/* p gradient structs of the MLP with dims, each with its own zeroed buffer gbuf[r] (free them). */
+static inline void hx_mlp_rank_grads(mlp_model* g, float** gbuf, int p, const int* dims) {
+    int r;
+    for (r = 0; r < p; r++) {
+        mlp_model unused;
+        memset(&g[r], 0, sizeof g[r]);
+        free(mlp_init(&unused, &g[r], dims, 1, &gbuf[r]));
+    }
+}
+
+static inline void hx_mlp_free_grads(float** gbuf, int p) {
+    int r;
+    for (r = 0; r < p; r++) free(gbuf[r]);
+}
+
+/* Which rank owns dense layer l, and which stage; -1 when no stage does. */
+static inline int hx_layer_owner(const pp_schedule* s, const int* first, int l, int* stage) {
+    int st, rank = -1, chunk;
+    for (st = 0; st < s->n_stages; st++)
+        if (l >= first[st] && l < first[st + 1]) break;
+    *stage = st;
+    if (st < s->n_stages) pp_schedule_stage_rank(s, st, &rank, &chunk);
+    return rank;
+}
+
+#ifdef PP_TEST_H
+/* Every dense layer's gradient on the rank that owns it (g[rank], one struct per rank) equals the
+   reference's bit for bit; with others_zero, every other rank left that layer untouched (zero).
+   A failed CHECK names the layer, its stage and rank; returns 1 when all hold. */
+static inline int hx_mlp_grads_match(const mlp_model* g, int p, const pp_schedule* s, const int* first, const mlp_model* ref,
+                              int others_zero, const char* where) {
+    int l, r, ok = 1;
+    for (l = 0; l < MLP_DEPTH; l++) {
+        int st, rank = hx_layer_owner(s, first, l, &st);
+        size_t nw = (size_t)ref->dense[l].in * ref->dense[l].out * sizeof(float);
+        size_t nb = (size_t)ref->dense[l].out * sizeof(float);
+        if (rank < 0 || memcmp(g[rank].dense[l].w, ref->dense[l].w, nw) != 0 ||
+            memcmp(g[rank].dense[l].b, ref->dense[l].b, nb) != 0) {
+            CHECK(0, "%s: layer %d (stage %d, rank %d) gradient differs from the reference", where, l, st, rank);
+            ok = 0;
+            continue;
+        }
+        for (r = 0; others_zero && r < p; r++) {
+            size_t i, bad = 0;
+            if (r == rank) continue;
+            for (i = 0; i < nw / sizeof(float); i++) bad += g[r].dense[l].w[i] != 0.0f;
+            for (i = 0; i < nb / sizeof(float); i++) bad += g[r].dense[l].b[i] != 0.0f;
+            if (bad) {
+                CHECK(0, "%s: rank %d wrote gradients of layer %d, which rank %d owns", where, r, l, rank);
+                ok = 0;
+            }
+        }
+    }
+    return ok;
+}
+
+/* The loss: only the rank of the last stage has one, and it equals ref bit for bit. */
+static inline int hx_loss_matches(const pp_step_stats* stats, int p, const pp_schedule* s, float ref, const char* where) {
+    int last, chunk, r, ok = 1;
+    pp_schedule_stage_rank(s, s->n_stages - 1, &last, &chunk);
+    if (!stats[last].has_loss || memcmp(&stats[last].loss, &ref, sizeof(float)) != 0) {
+        CHECK(0, "%s: loss %.9g != reference %.9g", where, stats[last].loss, ref);
+        ok = 0;
+    }
+    for (r = 0; r < p; r++)
+        if (r != last && stats[r].has_loss) {
+            CHECK(0, "%s: rank %d claims a loss", where, r);
+            ok = 0;
+        }
+    return ok;
+}
+#endif
+#endif
+
+#endif
