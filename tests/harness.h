@@ -61,6 +61,14 @@ static inline void hx_dense_batch(pp_batch* b, const float* x, const int32_t* y,
     b->target_row_bytes = sizeof(int32_t);
 }
 
+/* 1 when a[0..n) are all zero. */
+static inline int hx_all_zero(const float* a, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++)
+        if (a[i] != 0.0f) return 0;
+    return 1;
+}
+
 /* The batch a rank without the first stage sees under PP_SHAPES_BROADCAST: no input rows, no
    cu_seqlens (it learns them from the first stage's rank). */
 static inline void hx_hide_meta(pp_batch* b) {
@@ -312,6 +320,22 @@ static inline void hx_report(const hx_world* W, int p, const char* where) {
     for (r = 0; r < p; r++)
         if (W->rc[r] != PP_OK) CHECK(0, "%s: rank %d: %s (%s)", where, r, W->msg[r], pp_result_str(W->rc[r]));
 }
+
+/* The loss: only the rank of the last stage has one, and it equals ref bit for bit. */
+static inline int hx_loss_matches(const pp_step_stats* stats, int p, const pp_schedule* s, float ref, const char* where) {
+    int last, chunk, r, ok = 1;
+    pp_schedule_stage_rank(s, s->n_stages - 1, &last, &chunk);
+    if (!stats[last].has_loss || memcmp(&stats[last].loss, &ref, sizeof(float)) != 0) {
+        CHECK(0, "%s: loss %.9g != reference %.9g", where, stats[last].loss, ref);
+        ok = 0;
+    }
+    for (r = 0; r < p; r++)
+        if (r != last && stats[r].has_loss) {
+            CHECK(0, "%s: rank %d claims a loss", where, r);
+            ok = 0;
+        }
+    return ok;
+}
 #endif
 
 /* ---- with examples/mlp.h --------------------------------------------------------------------- */
@@ -358,35 +382,15 @@ static inline int hx_mlp_grads_match(const mlp_model* g, int p, const pp_schedul
             ok = 0;
             continue;
         }
-        for (r = 0; others_zero && r < p; r++) {
-            size_t i, bad = 0;
-            if (r == rank) continue;
-            for (i = 0; i < nw / sizeof(float); i++) bad += g[r].dense[l].w[i] != 0.0f;
-            for (i = 0; i < nb / sizeof(float); i++) bad += g[r].dense[l].b[i] != 0.0f;
-            if (bad) {
+        for (r = 0; others_zero && r < p; r++)
+            if (r != rank && (!hx_all_zero(g[r].dense[l].w, nw / sizeof(float)) || !hx_all_zero(g[r].dense[l].b, nb / sizeof(float)))) {
                 CHECK(0, "%s: rank %d wrote gradients of layer %d, which rank %d owns", where, r, l, rank);
                 ok = 0;
             }
-        }
     }
     return ok;
 }
 
-/* The loss: only the rank of the last stage has one, and it equals ref bit for bit. */
-static inline int hx_loss_matches(const pp_step_stats* stats, int p, const pp_schedule* s, float ref, const char* where) {
-    int last, chunk, r, ok = 1;
-    pp_schedule_stage_rank(s, s->n_stages - 1, &last, &chunk);
-    if (!stats[last].has_loss || memcmp(&stats[last].loss, &ref, sizeof(float)) != 0) {
-        CHECK(0, "%s: loss %.9g != reference %.9g", where, stats[last].loss, ref);
-        ok = 0;
-    }
-    for (r = 0; r < p; r++)
-        if (r != last && stats[r].has_loss) {
-            CHECK(0, "%s: rank %d claims a loss", where, r);
-            ok = 0;
-        }
-    return ok;
-}
 #endif
 #endif
 
