@@ -292,6 +292,45 @@ static inline pp_transport hx_poison_transport(hx_poison* p, pp_transport inner)
 }
 
 /* ---- benches --------------------------------------------------------------------------------- */
+/* Per-step figures of a timed run: W->after_step = hx_time_step, W->user = the hx_timing. */
+typedef struct hx_timing {
+    int steps;
+    double* t;                          /* [rank][steps]: each rank's step time (s) */
+    float* loss;                        /* [steps]: the loss of each step */
+    int peak_live[PP_MAX_RANKS];        /* the last step's */
+    size_t peak_stash[PP_MAX_RANKS];
+} hx_timing;
+
+static inline pp_result hx_timing_init(hx_timing* T, int p, int steps) {
+    memset(T, 0, sizeof *T);
+    T->steps = steps;
+    T->t = (double*)calloc((size_t)p * (size_t)steps, sizeof(double));
+    T->loss = (float*)calloc((size_t)steps, sizeof(float));
+    return T->t && T->loss ? PP_OK : PP_ERR_NOMEM;
+}
+
+static inline void hx_timing_free(hx_timing* T) {
+    free(T->t);
+    free(T->loss);
+    T->t = NULL;
+    T->loss = NULL;
+}
+
+static inline void hx_time_step(hx_world* W, int rank, int step, const pp_step_stats* s) {
+    hx_timing* T = (hx_timing*)W->user;
+    T->t[rank * T->steps + step] = s->t_total;
+    if (s->has_loss) T->loss[step] = s->loss;
+    T->peak_live[rank] = s->peak_live;
+    T->peak_stash[rank] = s->peak_stash_bytes;
+}
+
+/* Every failed rank's message, on stderr. */
+static inline void hx_print_errors(const hx_world* W, int p) {
+    int r;
+    for (r = 0; r < p; r++)
+        if (W->rc[r] != PP_OK) fprintf(stderr, "rank %d: %s\n", r, W->msg[r]);
+}
+
 static inline int hx_cmp_double(const void* a, const void* b) {
     double x = *(const double*)a, y = *(const double*)b;
     return x < y ? -1 : x > y;
@@ -302,6 +341,19 @@ static inline double hx_median(double* v, int n) {
     if (n <= 0) return 0;
     qsort(v, (size_t)n, sizeof *v, hx_cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The median over steps [warm, T->steps) of the slowest of p ranks' step time. */
+static inline double hx_worst_median(const hx_timing* T, int p, int warm) {
+    int n = T->steps - warm, i, r;
+    double* worst = (double*)calloc(n > 0 ? (size_t)n : 1, sizeof(double)), t;
+    if (!worst) return 0;
+    for (i = 0; i < n; i++)
+        for (r = 0; r < p; r++)
+            if (T->t[r * T->steps + warm + i] > worst[i]) worst[i] = T->t[r * T->steps + warm + i];
+    t = hx_median(worst, n);
+    free(worst);
+    return t;
 }
 
 /* The integer after the argument `name`, or def. */
