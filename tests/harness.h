@@ -134,6 +134,33 @@ static inline pp_result hx_rank_main(int rank, void* user) {
     return W->rc[rank] = rc;
 }
 
+/* A different batch each step, and each step's stats: hx_world_steps(W, S) sets W's hooks. */
+typedef struct hx_steps {
+    const pp_batch* first;      /* step i's batch is at (const char*)first + i * stride */
+    size_t stride;
+    int hide_meta;              /* ranks without stage 0 see no rows, no cu_seqlens (BROADCAST) */
+    pp_step_stats* stats;       /* [rank * W->steps + step], or NULL */
+} hx_steps;
+
+static inline const pp_batch* hx_steps_batch(hx_world* W, int rank, int step, pp_batch* tmp) {
+    hx_steps* S = (hx_steps*)W->user;
+    *tmp = *(const pp_batch*)(const void*)((const char*)S->first + (size_t)step * S->stride);
+    if (S->hide_meta && pp_schedule_stage(W->sched, rank, 0) != 0) hx_hide_meta(tmp);
+    return tmp;
+}
+
+static inline void hx_steps_stats(hx_world* W, int rank, int step, const pp_step_stats* s) {
+    hx_steps* S = (hx_steps*)W->user;
+    if (S->stats) S->stats[rank * W->steps + step] = *s;
+}
+
+static inline void hx_world_steps(hx_world* W, hx_steps* S, int n_steps) {
+    W->steps = n_steps;
+    W->batch_of = hx_steps_batch;
+    W->after_step = hx_steps_stats;
+    W->user = S;
+}
+
 /* Runs every rank of the world on p threads: PP_OK when every rank returned PP_OK. */
 static inline pp_result hx_run(hx_world* W, int p, pp_error* err) {
     int own = W->threads == NULL;

@@ -109,23 +109,11 @@ typedef struct step_data {
 
 /* A run of n steps: each rank's batch of step i, and its stats. */
 typedef struct vl_run {
-    step_data* steps;
-    int hide_meta;          /* ranks without stage 0 get no rows/cu_seqlens (BROADCAST) */
-    pp_step_stats stats[8][4];
+    hx_steps S;
+    pp_step_stats stats[8 * 4];   /* [rank * n_steps + step] */
 } vl_run;
 
-static const pp_batch* vl_batch_of(hx_world* W, int rank, int step, pp_batch* tmp) {
-    vl_run* V = (vl_run*)W->user;
-    *tmp = V->steps[step].b;
-    if (V->hide_meta && pp_schedule_stage(W->sched, rank, 0) != 0) hx_hide_meta(tmp);
-    return tmp;
-}
-
-static void vl_after_step(hx_world* W, int rank, int step, const pp_step_stats* s) {
-    ((vl_run*)W->user)->stats[rank][step] = *s;
-}
-
-/* The world of n_steps steps of `steps` on p ranks (the caller makes W->threads). */
+/* The world of n_steps steps of `steps` on p ranks. */
 static void vl_world(hx_world* W, vl_run* V, pp_model model, const void* w, const pp_schedule* sched, const int* first,
                      pp_shape_policy pol, step_data* steps, int n_steps) {
     memset(W, 0, sizeof *W);
@@ -137,12 +125,11 @@ static void vl_world(hx_world* W, vl_run* V, pp_model model, const void* w, cons
     W->stage.timeout_s = 20;
     W->stage.shapes = pol;
     W->stage.max_seqs = MAXSEQ;
-    W->steps = n_steps;
-    W->batch_of = vl_batch_of;
-    W->after_step = vl_after_step;
-    W->user = V;
-    V->steps = steps;
-    V->hide_meta = pol == PP_SHAPES_BROADCAST;
+    V->S.first = &steps[0].b;
+    V->S.stride = sizeof *steps;
+    V->S.hide_meta = pol == PP_SHAPES_BROADCAST;
+    V->S.stats = V->stats;
+    hx_world_steps(W, &V->S, n_steps);
 }
 
 static void make_step(step_data* s, int n_seqs, int m, uint64_t seed) {
@@ -229,9 +216,9 @@ static int run_policy_case(pp_model model, const void* w, void* gref_flat_w, siz
             }
         }
         for (i = 0; i < n_steps && ok; i++)
-            if (memcmp(&V.stats[last_rank][i].loss, &loss_ref[i], sizeof(float)) != 0) {
+            if (memcmp(&V.stats[last_rank * W.steps + i].loss, &loss_ref[i], sizeof(float)) != 0) {
                 CHECK(0, "%s p=%d v=%d m=%d policy %d: step %d loss %.9g != %.9g", pp_schedule_name(kind), p, v, m, pol, i,
-                      V.stats[last_rank][i].loss, loss_ref[i]);
+                      V.stats[last_rank * W.steps + i].loss, loss_ref[i]);
                 ok = 0;
             }
     }
@@ -239,9 +226,9 @@ static int run_policy_case(pp_model model, const void* w, void* gref_flat_w, siz
     for (i = 0; i < n_steps && ok; i++) {
         uint64_t data = wire_bytes(&model, w, &steps[i].b, first, S), sent = 0, meta = 0, meta_msgs = 0, expect_msgs = 0;
         for (r = 0; r < p; r++) {
-            sent += V.stats[r][i].bytes_sent;
-            meta += V.stats[r][i].meta_bytes_sent;
-            meta_msgs += V.stats[r][i].meta_msgs_sent;
+            sent += V.stats[r * W.steps + i].bytes_sent;
+            meta += V.stats[r * W.steps + i].meta_bytes_sent;
+            meta_msgs += V.stats[r * W.steps + i].meta_msgs_sent;
         }
         sent_total += sent;
         if (sent - meta != data) {
@@ -363,7 +350,7 @@ static void test_auto_messages(void) {
     vl_world(&W, &V, mlp_model_desc(), &g_w, &sched, first, PP_SHAPES_AUTO, steps, 4);
     for (r = 0; r < 2; r++) W.g[r] = mlp_grads(&keep[r]);
     CHECK(hx_run(&W, 2, &err) == PP_OK, "auto run: %s / %s", W.msg[0], W.msg[1]);
-    for (i = 0; i < 4; i++) msgs[i] = V.stats[0][i].meta_msgs_sent + V.stats[1][i].meta_msgs_sent;
+    for (i = 0; i < 4; i++) msgs[i] = V.stats[0 * W.steps + i].meta_msgs_sent + V.stats[1 * W.steps + i].meta_msgs_sent;
     CHECK(msgs[0] == 3, "first step: one header per micro-batch, got %llu", (unsigned long long)msgs[0]);
     CHECK(msgs[1] == 0, "same shapes: no metadata message, got %llu", (unsigned long long)msgs[1]);
     CHECK(msgs[2] == 2, "one micro-batch shorter: a resize notice and a header, got %llu", (unsigned long long)msgs[2]);
