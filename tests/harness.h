@@ -134,12 +134,48 @@ static inline pp_result hx_rank_main(int rank, void* user) {
     return W->rc[rank] = rc;
 }
 
+/* Per-step figures of a timed run: W->after_step = hx_time_step, W->user = the hx_timing. */
+typedef struct hx_timing {
+    int steps;
+    double* t;                          /* [rank][steps]: each rank's step time (s) */
+    float* loss;                        /* [steps]: the loss of each step */
+    int peak_live[PP_MAX_RANKS];        /* the most over the steps */
+    size_t peak_stash[PP_MAX_RANKS];
+} hx_timing;
+
+static inline pp_result hx_timing_init(hx_timing* T, int p, int steps) {
+    memset(T, 0, sizeof *T);
+    T->steps = steps;
+    T->t = (double*)calloc((size_t)p * (size_t)steps, sizeof(double));
+    T->loss = (float*)calloc((size_t)steps, sizeof(float));
+    return T->t && T->loss ? PP_OK : PP_ERR_NOMEM;
+}
+
+static inline void hx_timing_free(hx_timing* T) {
+    free(T->t);
+    free(T->loss);
+    T->t = NULL;
+    T->loss = NULL;
+}
+
+static inline void hx_timing_record(hx_timing* T, int rank, int step, const pp_step_stats* s) {
+    T->t[rank * T->steps + step] = s->t_total;
+    if (s->has_loss) T->loss[step] = s->loss;
+    if (s->peak_live > T->peak_live[rank]) T->peak_live[rank] = s->peak_live;
+    if (s->peak_stash_bytes > T->peak_stash[rank]) T->peak_stash[rank] = s->peak_stash_bytes;
+}
+
+static inline void hx_time_step(hx_world* W, int rank, int step, const pp_step_stats* s) {
+    hx_timing_record((hx_timing*)W->user, rank, step, s);
+}
+
 /* A different batch each step, and each step's stats: hx_world_steps(W, S) sets W's hooks. */
 typedef struct hx_steps {
     const pp_batch* first;      /* step i's batch is at (const char*)first + i * stride */
     size_t stride;
     int hide_meta;              /* ranks without stage 0 see no rows, no cu_seqlens (BROADCAST) */
     pp_step_stats* stats;       /* [rank * W->steps + step], or NULL */
+    hx_timing* timing;          /* or NULL */
 } hx_steps;
 
 static inline const pp_batch* hx_steps_batch(hx_world* W, int rank, int step, pp_batch* tmp) {
@@ -152,6 +188,7 @@ static inline const pp_batch* hx_steps_batch(hx_world* W, int rank, int step, pp
 static inline void hx_steps_stats(hx_world* W, int rank, int step, const pp_step_stats* s) {
     hx_steps* S = (hx_steps*)W->user;
     if (S->stats) S->stats[rank * W->steps + step] = *s;
+    if (S->timing) hx_timing_record(S->timing, rank, step, s);
 }
 
 static inline void hx_world_steps(hx_world* W, hx_steps* S, int n_steps) {
@@ -319,38 +356,6 @@ static inline pp_transport hx_poison_transport(hx_poison* p, pp_transport inner)
 }
 
 /* ---- benches --------------------------------------------------------------------------------- */
-/* Per-step figures of a timed run: W->after_step = hx_time_step, W->user = the hx_timing. */
-typedef struct hx_timing {
-    int steps;
-    double* t;                          /* [rank][steps]: each rank's step time (s) */
-    float* loss;                        /* [steps]: the loss of each step */
-    int peak_live[PP_MAX_RANKS];        /* the last step's */
-    size_t peak_stash[PP_MAX_RANKS];
-} hx_timing;
-
-static inline pp_result hx_timing_init(hx_timing* T, int p, int steps) {
-    memset(T, 0, sizeof *T);
-    T->steps = steps;
-    T->t = (double*)calloc((size_t)p * (size_t)steps, sizeof(double));
-    T->loss = (float*)calloc((size_t)steps, sizeof(float));
-    return T->t && T->loss ? PP_OK : PP_ERR_NOMEM;
-}
-
-static inline void hx_timing_free(hx_timing* T) {
-    free(T->t);
-    free(T->loss);
-    T->t = NULL;
-    T->loss = NULL;
-}
-
-static inline void hx_time_step(hx_world* W, int rank, int step, const pp_step_stats* s) {
-    hx_timing* T = (hx_timing*)W->user;
-    T->t[rank * T->steps + step] = s->t_total;
-    if (s->has_loss) T->loss[step] = s->loss;
-    T->peak_live[rank] = s->peak_live;
-    T->peak_stash[rank] = s->peak_stash_bytes;
-}
-
 /* Every failed rank's message, on stderr. */
 static inline void hx_print_errors(const hx_world* W, int p) {
     int r;

@@ -34,6 +34,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../../tests/harness.h"
+
 #ifdef PEERS_CBLAS
 #include <cblas.h>
 #define PEERS_KERNEL "openblas"
@@ -263,62 +265,35 @@ typedef struct cfg {
     const char* lengths;
 } cfg;
 
+/* A pipeline run over one batch per step (warm-up steps included). */
 typedef struct run {
-    pp_model model;
-    const pnet* w;
-    pnet* g;
-    pp_schedule sched;
+    hx_world W;
+    hx_steps S;
+    hx_timing T;
+    hx_sched sc;
     int first[PP_MAX_RANKS + 1];
-    pp_threads* threads;
-    pp_batch* batches;          /* one per step (warm-up steps included) */
-    int n_steps;
-    double* t;                  /* [rank][n_steps] */
-    float* loss;                /* [n_steps] */
-    size_t peak_stash[PP_MAX_RANKS];
-    int peak_live[PP_MAX_RANKS];
 } run;
 
-static pp_result run_rank(int rank, void* user) {
-    run* R = (run*)user;
-    pp_stage_desc d;
-    pp_stage* st;
-    pp_step_stats ss;
-    pp_error err;
-    pp_result rc;
-    int i;
-    memset(&d, 0, sizeof d);
-    d.model = R->model;
-    d.weights = R->w;
-    d.grads = R->g;
-    d.schedule = &R->sched;
-    d.partition = R->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(R->threads, rank);
-    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
-        fprintf(stderr, "rank %d: %s\n", rank, err.msg);
-        return rc;
-    }
-    for (i = 0; i < R->n_steps; i++) {
-        if ((rc = pp_stage_step(st, &R->batches[i], &ss)) != PP_OK) {
-            fprintf(stderr, "rank %d step %d: %s\n", rank, i, pp_stage_error(st));
-            break;
-        }
-        R->t[rank * R->n_steps + i] = ss.t_total;
-        if (ss.has_loss) R->loss[i] = ss.loss;
-        if (ss.peak_stash_bytes > R->peak_stash[rank]) R->peak_stash[rank] = ss.peak_stash_bytes;
-        if (ss.peak_live > R->peak_live[rank]) R->peak_live[rank] = ss.peak_live;
-    }
-    pp_stage_destroy(st);
-    return rc;
+/* The run of the model over n_steps batches bs[], weights w, gradients g. */
+static void run_init(run* R, pnet* w, pnet* g, const pp_batch* bs, int n_steps) {
+    memset(R, 0, sizeof *R);
+    R->W.model.name = "pnet";
+    R->W.model.n_layers = w->L + 1;
+    R->W.model.forward = pnet_forward;
+    R->W.model.backward = pnet_backward;
+    R->W.model.describe = pnet_describe;
+    R->W.model.layer_name = pnet_layer_name;
+    R->W.w = w;
+    R->W.grads = g;
+    R->S.first = bs;
+    R->S.stride = sizeof *bs;
+    R->S.timing = &R->T;
+    hx_world_steps(&R->W, &R->S, n_steps);
 }
 
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double* v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+static void run_free(run* R) {
+    hx_timing_free(&R->T);
+    hx_sched_free(&R->sc);
 }
 
 /* The partition torch's side uses: dense layers split evenly, the loss on the last stage. */
@@ -328,37 +303,23 @@ static void peer_partition(int L, int S, int* first) {
     first[S] = L + 1;
 }
 
-/* Runs the pipeline over R->batches; *t_pipe = median of the slowest rank's step. */
+/* Runs the pipeline over the run's batches; *t_pipe = median of the slowest rank's step. */
 static pp_result run_pipeline(run* R, const cfg* c, double* t_pipe) {
-    pp_action* acts;
     pp_error err;
     pp_result rc;
-    size_t n = pp_schedule_size(c->kind, c->p, c->v, c->m);
-    double* worst;
-    int i, r, timed = R->n_steps - c->warmup;
-    acts = (pp_action*)malloc((n ? n : 1) * sizeof *acts);
-    if (!acts) return PP_ERR_NOMEM;
-    if ((rc = pp_schedule_make(c->kind, c->p, c->v, c->m, acts, n, &R->sched, &err)) != PP_OK ||
-        (rc = pp_threads_create(c->p, &R->threads, &err)) != PP_OK) {
+    if ((rc = hx_sched_make(&R->sc, c->kind, c->p, c->v, c->m, &err)) != PP_OK) {
         fprintf(stderr, "%s\n", err.msg);
-        free(acts);
         return rc;
     }
-    peer_partition(R->w->L, c->p * c->v, R->first);
-    R->t = (double*)calloc((size_t)c->p * R->n_steps, sizeof(double));
-    R->loss = (float*)calloc((size_t)R->n_steps, sizeof(float));
-    worst = (double*)calloc((size_t)timed, sizeof(double));
-    if (!R->t || !R->loss || !worst) return PP_ERR_NOMEM;
-    rc = pp_threads_run(c->p, run_rank, R, &err);
-    if (rc != PP_OK) fprintf(stderr, "%s\n", err.msg);
-    for (i = 0; i < timed; i++)
-        for (r = 0; r < c->p; r++)
-            if (R->t[r * R->n_steps + c->warmup + i] > worst[i]) worst[i] = R->t[r * R->n_steps + c->warmup + i];
-    *t_pipe = median(worst, timed);
-    pp_threads_destroy(R->threads);
-    free(worst);
-    free(R->t);
-    free(acts);
+    if ((rc = hx_timing_init(&R->T, c->p, R->W.steps)) != PP_OK) return rc;
+    peer_partition(((const pnet*)R->W.w)->L, c->p * c->v, R->first);
+    R->W.sched = &R->sc.s;
+    R->W.first = R->first;
+    if ((rc = hx_run(&R->W, c->p, &err)) != PP_OK) {
+        hx_print_errors(&R->W, c->p);
+        fprintf(stderr, "%s\n", err.msg);
+    }
+    *t_pipe = hx_worst_median(&R->T, c->p, c->warmup);
     return rc;
 }
 
@@ -447,7 +408,8 @@ static double overhead_per_action(const cfg* c0) {
     float *wbuf, *gbuf, x[4096];
     int32_t y[4096];
     pp_batch* bs;
-    run R;
+    static run R0;
+    run* R = &R0;
     double t = 0;
     int i;
     c.in = c.hidden = 1;
@@ -465,29 +427,11 @@ static double overhead_per_action(const cfg* c0) {
         x[i] = (float)(i % 7) * 0.1f;
         y[i] = i % 2;
     }
-    for (i = 0; i < c.steps + c.warmup; i++) {
-        bs[i].m = c.m;
-        bs[i].input.data = x;
-        bs[i].input.rows = c.rows;
-        bs[i].input.cols = 1;
-        bs[i].input.dtype = PP_F32;
-        bs[i].targets = y;
-        bs[i].target_row_bytes = sizeof(int32_t);
-    }
-    memset(&R, 0, sizeof R);
-    R.model.name = "pnet";
-    R.model.n_layers = c.L + 1;
-    R.model.forward = pnet_forward;
-    R.model.backward = pnet_backward;
-    R.model.describe = pnet_describe;
-    R.model.layer_name = pnet_layer_name;
-    R.w = w;
-    R.g = g;
-    R.batches = bs;
-    R.n_steps = c.steps + c.warmup;
-    if (run_pipeline(&R, &c, &t) != PP_OK) t = -1;
-    else t /= R.sched.per_rank;
-    free(R.loss);
+    for (i = 0; i < c.steps + c.warmup; i++) hx_dense_batch(&bs[i], x, y, c.rows, 1, c.m);
+    run_init(R, w, g, bs, c.steps + c.warmup);
+    if (run_pipeline(R, &c, &t) != PP_OK) t = -1;
+    else t /= R->sc.s.per_rank;
+    run_free(R);
     free(bs);
     free(wbuf);
     free(gbuf);
@@ -504,7 +448,7 @@ int main(int argc, char** argv) {
     float* seq_loss;
     double *ts, t_seq, t_pipe = 0, host = -1, tokens = 0, eff, theory;
     int n_total, i, r, wrong = 0, varlen;
-    run R;
+    static run R;
     pp_error err;
     pp_result rc;
     if (parse(argc, argv, &c)) return 2;
@@ -559,35 +503,24 @@ int main(int argc, char** argv) {
         bs[i].targets = y;
         bs[i].target_row_bytes = sizeof(int32_t);
     }
-
-    memset(&R, 0, sizeof R);
-    R.model.name = "pnet";
-    R.model.n_layers = c.L + 1;
-    R.model.forward = pnet_forward;
-    R.model.backward = pnet_backward;
-    R.model.describe = pnet_describe;
-    R.model.layer_name = pnet_layer_name;
-    R.w = w;
-    R.g = g;
-    R.batches = bs;
-    R.n_steps = n_total;
+    run_init(&R, w, g, bs, n_total);
 
     /* sequential reference: every step, losses kept for the bit-exact check */
     for (i = 0; i < n_total; i++) {
         double t0 = now_s();
-        if ((rc = pp_sequential_step(&R.model, w, g, &bs[i], &seq_loss[i], &err)) != PP_OK) {
+        if ((rc = pp_sequential_step(&R.W.model, w, g, &bs[i], &seq_loss[i], &err)) != PP_OK) {
             fprintf(stderr, "sequential: %s\n", err.msg);
             return 2;
         }
         ts[i] = now_s() - t0;
     }
-    t_seq = median(ts + c.warmup, c.steps);
+    t_seq = hx_median(ts + c.warmup, c.steps);
     for (i = c.warmup; i < n_total; i++) tokens += (double)bs[i].input.rows;
     tokens /= c.steps;
 
     if ((rc = run_pipeline(&R, &c, &t_pipe)) != PP_OK) return 2;
     for (i = 0; i < n_total; i++)
-        if (memcmp(&R.loss[i], &seq_loss[i], sizeof(float)) != 0) wrong++;
+        if (memcmp(&R.T.loss[i], &seq_loss[i], sizeof(float)) != 0) wrong++;
     if (c.overhead && !varlen) host = overhead_per_action(&c);
     eff = t_seq / (c.p * t_pipe);
     theory = (double)(c.v * c.m) / (c.v * c.m + c.p - 1);
@@ -598,10 +531,10 @@ int main(int argc, char** argv) {
            "\"efficiency\": %.4f, \"theory\": %.4f, \"tokens_per_s\": %.1f, \"host_us_per_action\": %.3f, "
            "\"actions_per_rank\": %d, \"peak_stash_bytes\": [",
            PEERS_KERNEL, pp_schedule_name(c.kind), c.p, c.v, c.m, c.L, c.in, c.hidden, c.classes, varlen, tokens,
-           1e3 * t_seq, 1e3 * t_pipe, eff, theory, tokens / t_pipe, host > 0 ? 1e6 * host : -1.0, R.sched.per_rank);
-    for (r = 0; r < c.p; r++) printf("%s%zu", r ? ", " : "", R.peak_stash[r]);
+           1e3 * t_seq, 1e3 * t_pipe, eff, theory, tokens / t_pipe, host > 0 ? 1e6 * host : -1.0, R.sc.s.per_rank);
+    for (r = 0; r < c.p; r++) printf("%s%zu", r ? ", " : "", R.T.peak_stash[r]);
     printf("], \"peak_live\": [");
-    for (r = 0; r < c.p; r++) printf("%s%d", r ? ", " : "", R.peak_live[r]);
+    for (r = 0; r < c.p; r++) printf("%s%d", r ? ", " : "", R.T.peak_live[r]);
     printf("], \"wrong\": %d, \"cores\": %ld}\n", wrong, sysconf(_SC_NPROCESSORS_ONLN));
 
     for (i = 0; i < n_total; i++) {
@@ -609,7 +542,7 @@ int main(int argc, char** argv) {
         free((void*)bs[i].targets);
         free((void*)bs[i].cu_seqlens);
     }
-    free(R.loss);
+    run_free(&R);
     free(bs);
     free(seq_loss);
     free(ts);
