@@ -61,6 +61,15 @@ static inline void hx_dense_batch(pp_batch* b, const float* x, const int32_t* y,
     b->target_row_bytes = sizeof(int32_t);
 }
 
+/* A packed batch: n_seqs sequences, sequence i the rows [cu[i], cu[i+1]) of x and y. */
+static inline void hx_packed_batch(pp_batch* b, const float* x, const int32_t* y, const int32_t* cu, int n_seqs, int cols,
+                                   int m, pp_split_policy split) {
+    hx_dense_batch(b, x, y, cu[n_seqs], cols, m);
+    b->cu_seqlens = cu;
+    b->n_seqs = n_seqs;
+    b->split = split;
+}
+
 /* 1 when a[0..n) are all zero. */
 static inline int hx_all_zero(const float* a, size_t n) {
     size_t i;
@@ -246,18 +255,20 @@ static inline pp_result hx_stages_step(hx_stages* S, int p, pp_error* err) {
 /* Every receive buffer is filled with 0xFF bytes before the receive is posted (a NaN pattern no
    layer writes); when its wait returns PP_OK, a 32-bit word still 0xFFFFFFFF counts the receive
    as unwritten. Host buffers by default; fill and read (both or neither) reach other memory:
-   fill returns 0 for a buffer it does not poison, read copies the bytes to the host. */
+   fill returns 1 when it poisoned buf, 0 for a buffer it leaves alone, -1 on an error; read
+   copies the bytes to the host (0 on an error). */
 #define HX_POISON_MAX 64
 typedef struct hx_poison {
     pp_transport inner;
     int (*fill)(void* ctx, void* buf, size_t bytes);
-    void (*read)(void* ctx, void* host, const void* buf, size_t bytes);
+    int (*read)(void* ctx, void* host, const void* buf, size_t bytes);
     void* ctx;
     const pp_request* req[HX_POISON_MAX];
     unsigned char* buf[HX_POISON_MAX];
     size_t bytes[HX_POISON_MAX];
     int unwritten;      /* receives that completed with a byte still poisoned */
     int checked;
+    int errors;         /* fill or read failed */
 } hx_poison;
 
 /* 1 if any aligned 32-bit word of buf still holds the poison. */
@@ -279,7 +290,9 @@ static inline pp_result hx_pz_irecv(void* self, int peer, int tag, void* buf, si
     hx_poison* p = (hx_poison*)self;
     int i;
     if (p->fill) {
-        if (!p->fill(p->ctx, buf, bytes)) return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
+        int f = p->fill(p->ctx, buf, bytes);
+        if (f == 0) return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
+        p->errors += f < 0;
     } else {
         memset(buf, 0xFF, bytes);
     }
@@ -302,8 +315,11 @@ static inline pp_result hx_pz_wait(void* self, pp_request* req, double timeout_s
             if (rc != PP_OK) break;
             if (p->read) {
                 unsigned char* h = (unsigned char*)malloc(p->bytes[i] + 1);
-                if (!h) break;
-                p->read(p->ctx, h, p->buf[i], p->bytes[i]);
+                if (!h || !p->read(p->ctx, h, p->buf[i], p->bytes[i])) {
+                    p->errors++;
+                    free(h);
+                    break;
+                }
                 p->unwritten += hx_still_poisoned(h, p->bytes[i]);
                 free(h);
             } else {
@@ -354,6 +370,36 @@ static inline pp_transport hx_poison_transport(hx_poison* p, pp_transport inner)
     t.flight_get = inner.flight_get ? hx_pz_flight_get : NULL;
     return t;
 }
+
+#ifdef PIPELINE_CUDA_H
+/* Device buffers are poisoned on the rank's stream (ctx: its cudaStream_t), so the fill is
+   ordered before the incoming copy; host ones (BROADCAST metadata) are not checked. */
+static inline int hx_cuda_poison_fill(void* ctx, void* buf, size_t bytes) {
+    struct cudaPointerAttributes at;
+    memset(&at, 0, sizeof at);
+    if (cudaPointerGetAttributes(&at, buf) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (at.type != cudaMemoryTypeDevice && at.type != cudaMemoryTypeManaged) return 0;
+    return cudaMemsetAsync(buf, 0xFF, bytes, *(cudaStream_t*)ctx) == cudaSuccess ? 1 : -1;
+}
+
+/* The rank's stream waits on the copy: synchronising it shows what arrived. */
+static inline int hx_cuda_poison_read(void* ctx, void* host, const void* buf, size_t bytes) {
+    return cudaStreamSynchronize(*(cudaStream_t*)ctx) == cudaSuccess &&
+           cudaMemcpy(host, buf, bytes, cudaMemcpyDeviceToHost) == cudaSuccess;
+}
+
+/* inner wrapped by p, poisoning device receive buffers on *stream (which must outlive p). */
+static inline pp_transport hx_cuda_poison_transport(hx_poison* p, pp_transport inner, cudaStream_t* stream) {
+    pp_transport t = hx_poison_transport(p, inner);
+    p->fill = hx_cuda_poison_fill;
+    p->read = hx_cuda_poison_read;
+    p->ctx = stream;
+    return t;
+}
+#endif
 
 /* ---- benches --------------------------------------------------------------------------------- */
 /* Every failed rank's message, on stderr. */

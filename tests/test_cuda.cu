@@ -18,6 +18,7 @@
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_cuda.h"
 #include "test.h"
+#include "harness.h"
 #include <cuda_runtime.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,96 +212,6 @@ static uint64_t rng_next(uint64_t* s) {
 }
 static float rng_unif(uint64_t* s) { return (float)((rng_next(s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
 
-/* ---- the poisoning transport wrapper (device buffers) ------------------------------------ */
-#define PZ_MAX 64
-typedef struct pz_port {
-    pp_transport inner;
-    cudaStream_t stream;
-    const pp_request* req[PZ_MAX];
-    void* buf[PZ_MAX];
-    size_t bytes[PZ_MAX];
-    unsigned char* host;
-    size_t host_cap;
-    int checked, unwritten, errors;
-} pz_port;
-
-static int pz_is_device(const void* buf);
-static pp_result pz_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    return p->inner.isend(p->inner.self, peer, tag, buf, bytes, req);
-}
-static pp_result pz_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    if (!pz_is_device(buf)) return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
-    /* on the rank's stream, so it is ordered before the incoming copy (which waits on the
-       receiver's stream as of irecv) */
-    if (cudaMemsetAsync(buf, 0xFF, bytes, p->stream) != cudaSuccess) p->errors++;
-    for (int i = 0; i < PZ_MAX; i++)
-        if (!p->req[i]) {
-            p->req[i] = req;
-            p->buf[i] = buf;
-            p->bytes[i] = bytes;
-            break;
-        }
-    return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
-}
-static pp_result pz_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
-    pz_port* p = (pz_port*)self;
-    pp_result rc = p->inner.wait(p->inner.self, req, timeout_s, err);
-    for (int i = 0; i < PZ_MAX; i++) {
-        if (p->req[i] != req) continue;
-        p->req[i] = NULL;
-        if (rc != PP_OK) break;
-        if (p->bytes[i] > p->host_cap) {
-            free(p->host);
-            p->host = (unsigned char*)malloc(p->bytes[i]);
-            p->host_cap = p->host ? p->bytes[i] : 0;
-        }
-        /* the rank's stream now waits on the copy: synchronising it shows what arrived */
-        if (!p->host || cudaStreamSynchronize(p->stream) != cudaSuccess ||
-            cudaMemcpy(p->host, p->buf[i], p->bytes[i], cudaMemcpyDeviceToHost) != cudaSuccess) {
-            p->errors++;
-            break;
-        }
-        p->checked++;
-        for (size_t k = 0; k + 4 <= p->bytes[i]; k += 4) {
-            uint32_t w;
-            memcpy(&w, p->host + k, 4);
-            if (w == 0xFFFFFFFFu) {
-                p->unwritten++;
-                break;
-            }
-        }
-        break;
-    }
-    return rc;
-}
-static pp_result pz_test(void* self, pp_request* req, int* done) {
-    pz_port* p = (pz_port*)self;
-    return p->inner.test(p->inner.self, req, done);
-}
-static void pz_abort(void* self, pp_result why, const char* msg) {
-    pz_port* p = (pz_port*)self;
-    p->inner.abort(p->inner.self, why, msg);
-}
-static pp_result pz_cancel(void* self, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    int i;
-    for (i = 0; i < PZ_MAX; i++)
-        if (p->req[i] == req) p->req[i] = NULL; /* withdrawn: nothing to check */
-    return p->inner.cancel ? p->inner.cancel(p->inner.self, req) : PP_OK;
-}
-/* device buffers are poisoned on the stream; host ones (BROADCAST metadata) are not checked */
-static int pz_is_device(const void* buf) {
-    struct cudaPointerAttributes at;
-    memset(&at, 0, sizeof at);
-    if (cudaPointerGetAttributes(&at, buf) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
-}
-
 /* ---- one configuration ------------------------------------------------------------------- */
 typedef struct run {
     int p, steps, poison, timeline;
@@ -310,7 +221,7 @@ typedef struct run {
     const pp_batch* batch_dev[PP_MAX_RANKS]; /* per rank: its device's copy */
     pp_cuda* cuda;
     pp_stage* st[PP_MAX_RANKS];
-    pz_port pz[PP_MAX_RANKS];
+    hx_poison pz[PP_MAX_RANKS];
     pp_result rc[PP_MAX_RANKS];
     pp_step_stats stats[PP_MAX_RANKS];
 } run;
@@ -394,18 +305,7 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
         d.partition = first;
         d.rank = r;
         d.transport = pp_cuda_transport(R.cuda, r);
-        if (poison && p > 1) {
-            pz_port* z = &R.pz[r];
-            z->inner = d.transport;
-            z->stream = ctx[r].stream;
-            d.transport.self = z;
-            d.transport.isend = pz_isend;
-            d.transport.irecv = pz_irecv;
-            d.transport.wait = pz_wait;
-            d.transport.test = pz_test;
-            d.transport.abort = pz_abort;
-            d.transport.cancel = pz_cancel;
-        }
+        if (poison && p > 1) d.transport = hx_cuda_poison_transport(&R.pz[r], d.transport, &ctx[r].stream);
         d.device = pp_cuda_device_ops(R.cuda, r);
         d.layer_ctx = &ctx[r];
         d.timeout_s = 60;
@@ -464,7 +364,6 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
         cudaSetDevice(devs ? devs[r] : 0);
         if (gdev[r]) cudaFree(gdev[r]);
         if (ctx[r].mb_loss) cudaFree(ctx[r].mb_loss);
-        free(R.pz[r].host);
     }
     pp_cuda_destroy(R.cuda);
 }

@@ -16,6 +16,7 @@
 #include "../examples/mlp.h"
 #include "fakecuda/layer_kernels.h"
 #include "test.h"
+#include "harness.h"
 
 #define ROWS 57
 #define IN 6
@@ -27,104 +28,11 @@ static const int32_t CU[NSEQ + 1] = {0, 3, 4, 11, 20, 22, 30, 31, 40, 41, 47, 50
 /* ---- the MLP's layers, enqueued on the rank's stream as imitation kernels ---------------- */
 static pp_model async_model(void) { return layer_kernels_model(mlp_model_desc()); }
 
-/* ---- poisoned receives: filled with 0xFF on the stream before the receive is posted ---------- */
-#define PZ_MAX 64
-typedef struct pz_port {
-    pp_transport inner;
-    cudaStream_t stream;
-    const pp_request* req[PZ_MAX];
-    unsigned char* buf[PZ_MAX];
-    size_t bytes[PZ_MAX];
-    int checked, unwritten;
-} pz_port;
-
-static int pz_is_device(const void* buf);
-static pp_result pz_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    return p->inner.isend(p->inner.self, peer, tag, buf, bytes, req);
-}
-static pp_result pz_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    int i;
-    if (!pz_is_device(buf)) return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
-    cudaMemsetAsync(buf, 0xFF, bytes, p->stream);
-    for (i = 0; i < PZ_MAX; i++)
-        if (!p->req[i]) {
-            p->req[i] = req;
-            p->buf[i] = (unsigned char*)buf;
-            p->bytes[i] = bytes;
-            break;
-        }
-    return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
-}
-static pp_result pz_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
-    pz_port* p = (pz_port*)self;
-    pp_result rc = p->inner.wait(p->inner.self, req, timeout_s, err);
-    int i;
-    for (i = 0; i < PZ_MAX; i++)
-        if (p->req[i] == req) {
-            size_t k;
-            unsigned char* h;
-            p->req[i] = NULL;
-            if (rc != PP_OK) break;
-            cudaStreamSynchronize(p->stream); /* the stream waits on the copy: now it is there */
-            if (!(h = (unsigned char*)malloc(p->bytes[i] + 1))) break;
-            cudaMemcpy(h, p->buf[i], p->bytes[i], cudaMemcpyDeviceToHost);
-            p->checked++;
-            for (k = 0; k + 4 <= p->bytes[i]; k += 4) {
-                uint32_t w;
-                memcpy(&w, h + k, 4);
-                if (w == 0xFFFFFFFFu) {
-                    p->unwritten++;
-                    break;
-                }
-            }
-            free(h);
-            break;
-        }
-    return rc;
-}
-static pp_result pz_test(void* self, pp_request* req, int* done) {
-    pz_port* p = (pz_port*)self;
-    return p->inner.test(p->inner.self, req, done);
-}
-static void pz_abort(void* self, pp_result why, const char* msg) {
-    pz_port* p = (pz_port*)self;
-    p->inner.abort(p->inner.self, why, msg);
-}
-static pp_result pz_cancel(void* self, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    int i;
-    for (i = 0; i < PZ_MAX; i++)
-        if (p->req[i] == req) p->req[i] = NULL; /* withdrawn: nothing to check */
-    return p->inner.cancel ? p->inner.cancel(p->inner.self, req) : PP_OK;
-}
-/* device buffers are poisoned on the stream; host ones (BROADCAST metadata) are not checked */
-static int pz_is_device(const void* buf) {
-    struct cudaPointerAttributes at;
-    memset(&at, 0, sizeof at);
-    if (cudaPointerGetAttributes(&at, buf) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
-}
-
 /* The tests' batch: ROWS rows packed in NSEQ sequences (CU), 6 micro-batches balanced by tokens;
    inputs in host memory (the imitation's kernels read them directly). */
 static void packed_batch(pp_batch* b, float* x, int32_t* y) {
     mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
-    memset(b, 0, sizeof *b);
-    b->m = 6;
-    b->input.data = x;
-    b->input.rows = ROWS;
-    b->input.cols = IN;
-    b->input.dtype = PP_F32;
-    b->targets = y;
-    b->target_row_bytes = sizeof(int32_t);
-    b->cu_seqlens = CU;
-    b->n_seqs = NSEQ;
-    b->split = PP_SPLIT_TOKENS;
+    hx_packed_batch(b, x, y, CU, NSEQ, IN, 6, PP_SPLIT_TOKENS);
 }
 
 /* ---- one configuration ---------------------------------------------------------------------- */
@@ -155,7 +63,7 @@ static int owner_stage(const int* first, int S, int l) {
 static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_policy shapes, const mlp_model* w,
                      const mlp_model* gref, const pp_batch* batch, int steps) {
     static world W;
-    static pz_port pz[PP_MAX_RANKS];
+    static hx_poison pz[PP_MAX_RANKS];
     static mlp_model g[PP_MAX_RANKS];
     static float* gbuf[PP_MAX_RANKS];
     static cudaStream_t streams[PP_MAX_RANKS];
@@ -216,17 +124,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
         d.rank = r;
         d.transport = pp_cuda_transport(W.cuda, r);
         d.shapes = shapes;
-        if (p > 1) {
-            pz[r].inner = d.transport;
-            pz[r].stream = streams[r];
-            d.transport.self = &pz[r];
-            d.transport.isend = pz_isend;
-            d.transport.irecv = pz_irecv;
-            d.transport.wait = pz_wait;
-            d.transport.test = pz_test;
-            d.transport.abort = pz_abort;
-            d.transport.cancel = pz_cancel;
-        }
+        if (p > 1) d.transport = hx_cuda_poison_transport(&pz[r], d.transport, &streams[r]);
         d.device = pp_cuda_device_ops(W.cuda, r);
         d.layer_ctx = &streams[r];
         d.timeout_s = 20;
@@ -267,8 +165,8 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     for (r = 0; ok && r < p; r++) {
         CHECK(zb ? W.stats[r].peak_live <= sim->peak_live[r] : W.stats[r].peak_live == sim->peak_live[r], "%s: rank %d peak stash %d, simulator %d", where, r,
               W.stats[r].peak_live, sim->peak_live[r]);
-        CHECK(pz[r].unwritten == 0, "%s: rank %d: %d of %d receives left poisoned bytes", where, r, pz[r].unwritten,
-              pz[r].checked);
+        CHECK(pz[r].unwritten == 0 && pz[r].errors == 0, "%s: rank %d: %d of %d receives left poisoned bytes (%d errors)",
+              where, r, pz[r].unwritten, pz[r].checked, pz[r].errors);
         CHECK(p == 1 || pz[r].checked > 0, "%s: rank %d checked no receive", where, r);
         CHECK(info.n_actions[r] == sched.per_rank, "%s: rank %d timeline %d actions of %d", where, r, info.n_actions[r],
               sched.per_rank);

@@ -162,10 +162,7 @@ static void test_equal_and_pooled(void) {
     wbuf = mlp_init(&w, &gref, DIMS, 11, &gbuf);
     mlp_make_data(x, y, ROWS, IN, CLASSES, 3, 4);
     for (mi = 0; mi < 2; mi++) {
-        hx_dense_batch(&b, x, y, ROWS, IN, ms[mi]);
-        b.cu_seqlens = CU;
-        b.n_seqs = NSEQ;
-        b.split = PP_SPLIT_TOKENS;
+        hx_packed_batch(&b, x, y, CU, NSEQ, IN, ms[mi], PP_SPLIT_TOKENS);
         memset(gbuf, 0, mlp_param_count(DIMS) * sizeof(float));
         for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &w, &gref, &b, &loss, &err) == PP_OK, "%s", err.msg);
         for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
