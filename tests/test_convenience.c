@@ -11,6 +11,7 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 
 #include <string.h>
 
@@ -27,14 +28,7 @@ static size_t NPAR;
 
 static pp_batch batch(int m) {
     pp_batch b;
-    memset(&b, 0, sizeof b);
-    b.m = m;
-    b.input.data = X;
-    b.input.rows = ROWS;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
-    b.targets = Y;
-    b.target_row_bytes = sizeof(int32_t);
+    hx_dense_batch(&b, X, Y, ROWS, IN, m);
     return b;
 }
 

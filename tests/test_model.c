@@ -13,6 +13,7 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -228,12 +229,7 @@ static pp_batch make_batch(int m) {
         X[i] = 2.0f * mlp_rng_uniform(&s) - 1.0f;
         T[i] = mlp_rng_uniform(&s);
     }
-    memset(&b, 0, sizeof b);
-    b.m = m;
-    b.input.data = X;
-    b.input.rows = ROWS;
-    b.input.cols = CH;
-    b.input.dtype = PP_F32;
+    hx_dense_batch(&b, X, NULL, ROWS, CH, m);
     b.targets = T;
     b.target_row_bytes = CH * sizeof(float);
     return b;

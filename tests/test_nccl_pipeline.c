@@ -25,6 +25,7 @@
 #define MLP_DEPTH 11
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 #include "fakecuda/layer_kernels.h"
 
 #include <pthread.h>
@@ -83,14 +84,7 @@ static int slow_fwd(const void* w, int l, pp_layer_io* io) {
 
 static pp_batch batch(int m) {
     pp_batch b;
-    memset(&b, 0, sizeof b);
-    b.m = m;
-    b.input.data = X;
-    b.input.rows = ROWS;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
-    b.targets = Y;
-    b.target_row_bytes = sizeof(int32_t);
+    hx_dense_batch(&b, X, Y, ROWS, IN, m);
     return b;
 }
 
