@@ -223,6 +223,7 @@ static inline pp_result hx_run(hx_world* W, int p, pp_error* err) {
 /* ---- stages made beforehand, stepped together ------------------------------------------------ */
 typedef struct hx_stages hx_stages;
 struct hx_stages {
+    int p;
     pp_stage* st[PP_MAX_RANKS];
     const pp_batch* batch;                  /* every rank's batch, or batch_of[rank] */
     const pp_batch* batch_of[PP_MAX_RANKS];
@@ -245,10 +246,18 @@ static inline pp_result hx_stages_rank(int rank, void* user) {
     return S->rc[rank] = rc;
 }
 
-/* One step of every rank's stage on p threads: PP_OK when every rank returned PP_OK. */
-static inline pp_result hx_stages_step(hx_stages* S, int p, pp_error* err) {
+/* One step of every rank's stage on S->p threads: PP_OK when every rank returned PP_OK. */
+static inline pp_result hx_stages_step(hx_stages* S, pp_error* err) {
     S->t0 = _pp_now();
-    return pp_threads_run(p, hx_stages_rank, S, err);
+    return pp_threads_run(S->p, hx_stages_rank, S, err);
+}
+
+static inline void hx_stages_destroy(hx_stages* S) {
+    int r;
+    for (r = 0; r < S->p; r++) {
+        pp_stage_destroy(S->st[r]);
+        S->st[r] = NULL;
+    }
 }
 
 /* ---- a poisoning transport wrapper ----------------------------------------------------------- */
@@ -391,6 +400,22 @@ static inline int hx_cuda_poison_read(void* ctx, void* host, const void* buf, si
            cudaMemcpy(host, buf, bytes, cudaMemcpyDeviceToHost) == cudaSuccess;
 }
 
+/* Stages on a pp_cuda world (S->user): each rank binds its device before its step. */
+static inline pp_result hx_cuda_bind(hx_stages* S, int rank) {
+    pp_error err;
+    return pp_cuda_bind((pp_cuda*)S->user, rank, &err);
+}
+
+/* One step of the stages on the pp_cuda world S->user, between pp_cuda_step_begin and _end
+   (info may be NULL). */
+static inline pp_result hx_cuda_step(hx_stages* S, pp_cuda_step_info* info, pp_error* err) {
+    pp_cuda* c = (pp_cuda*)S->user;
+    pp_result rc;
+    S->before = hx_cuda_bind;
+    if ((rc = pp_cuda_step_begin(c, err)) != PP_OK || (rc = hx_stages_step(S, err)) != PP_OK) return rc;
+    return pp_cuda_step_end(c, info, err);
+}
+
 /* inner wrapped by p, poisoning device receive buffers on *stream (which must outlive p). */
 static inline pp_transport hx_cuda_poison_transport(hx_poison* p, pp_transport inner, cudaStream_t* stream) {
     pp_transport t = hx_poison_transport(p, inner);
@@ -478,6 +503,45 @@ static inline void hx_mlp_rank_grads(mlp_model* g, float** gbuf, int p, const in
         memset(&g[r], 0, sizeof g[r]);
         free(mlp_init(&unused, &g[r], dims, 1, &gbuf[r]));
     }
+}
+
+/* The MLP with dims, its reference gradient, and rows of data: what most tests start from. */
+typedef struct hx_mlp {
+    pp_model model;
+    mlp_model w, gref;      /* the weights; the reference gradient (hx_mlp_reference) */
+    float *wbuf, *gbuf;     /* their buffers, n_params floats each */
+    size_t n_params;
+    float* x;               /* (rows, dims[0]) */
+    int32_t* y;             /* (rows): classes in [0, dims[MLP_DEPTH]) */
+} hx_mlp;
+
+/* Weights drawn from wseed; x and y from mlp_make_data(dseed, teacher). 0 when out of memory. */
+static inline int hx_mlp_init(hx_mlp* f, const int* dims, uint64_t wseed, int rows, uint64_t dseed, uint64_t teacher) {
+    memset(f, 0, sizeof *f);
+    f->model = mlp_model_desc();
+    f->wbuf = mlp_init(&f->w, &f->gref, dims, wseed, &f->gbuf);
+    f->n_params = mlp_param_count(dims);
+    f->x = (float*)malloc(sizeof(float) * (size_t)rows * (size_t)dims[0]);
+    f->y = (int32_t*)malloc(sizeof(int32_t) * (size_t)rows);
+    if (!f->wbuf || !f->x || !f->y) return 0;
+    mlp_make_data(f->x, f->y, rows, dims[0], dims[MLP_DEPTH], dseed, teacher);
+    return 1;
+}
+
+/* gref = the gradient of `steps` sequential steps of b from zero; *loss the last step's. */
+static inline pp_result hx_mlp_reference(hx_mlp* f, const pp_batch* b, int steps, float* loss, pp_error* err) {
+    pp_result rc = PP_OK;
+    int i;
+    memset(f->gbuf, 0, f->n_params * sizeof(float));
+    for (i = 0; i < steps && rc == PP_OK; i++) rc = pp_sequential_step(&f->model, &f->w, &f->gref, b, loss, err);
+    return rc;
+}
+
+static inline void hx_mlp_free(hx_mlp* f) {
+    free(f->wbuf);
+    free(f->gbuf);
+    free(f->x);
+    free(f->y);
 }
 
 static inline void hx_mlp_free_grads(float** gbuf, int p) {

@@ -36,33 +36,10 @@ static void packed_batch(pp_batch* b, float* x, int32_t* y) {
 }
 
 /* ---- one configuration ---------------------------------------------------------------------- */
-typedef struct world {
-    int p;
-    pp_cuda* cuda;
-    pp_stage* st[PP_MAX_RANKS];
-    const pp_batch* b;
-    pp_result rc[PP_MAX_RANKS];
-    pp_step_stats stats[PP_MAX_RANKS];
-} world;
-
-static pp_result rank_step(int rank, void* user) {
-    world* W = (world*)user;
-    pp_error err;
-    pp_result rc = pp_cuda_bind(W->cuda, rank, &err);
-    if (rc == PP_OK) rc = pp_stage_step(W->st[rank], W->b, &W->stats[rank]);
-    return W->rc[rank] = rc;
-}
-
-static int owner_stage(const int* first, int S, int l) {
-    int s;
-    for (s = 0; s < S; s++)
-        if (l >= first[s] && l < first[s + 1]) return s;
-    return -1;
-}
-
 static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_policy shapes, const mlp_model* w,
                      const mlp_model* gref, const pp_batch* batch, int steps) {
-    static world W;
+    static hx_stages W;
+    pp_cuda* cuda = NULL;
     static hx_poison pz[PP_MAX_RANKS];
     static mlp_model g[PP_MAX_RANKS];
     static float* gbuf[PP_MAX_RANKS];
@@ -74,7 +51,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     pp_cuda_desc cd;
     pp_cuda_step_info info;
     pp_error err;
-    int devs[PP_MAX_RANKS], first[32], r, l, s, ok = 1, S = p * v, m = batch->m;
+    int devs[PP_MAX_RANKS], first[32], r, s, ok = 1, S = p * v, m = batch->m;
     int allocs1[PP_MAX_RANKS];
     size_t n = pp_schedule_size(kind, p, v, m);
     /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
@@ -101,20 +78,19 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     cd.devices = devs;
     cd.timeline = 1;
     W.p = p;
-    W.b = batch;
-    if (pp_cuda_create(&cd, &W.cuda, &err) != PP_OK) {
+    W.batch = batch;
+    W.keep_stats = 1;
+    if (pp_cuda_create(&cd, &cuda, &err) != PP_OK) {
         CHECK(0, "%s: pp_cuda_create: %s", where, err.msg);
         free(acts);
         free(sim);
         return;
     }
+    W.user = cuda;
+    hx_mlp_rank_grads(g, gbuf, p, DIMS);
     for (r = 0; r < p; r++) {
         pp_stage_desc d;
-        mlp_model tmp;
-        memset(&tmp, 0, sizeof tmp);
-        g[r] = *w;
-        free(mlp_init(&tmp, &g[r], DIMS, 1, &gbuf[r]));
-        streams[r] = pp_cuda_stream(W.cuda, r);
+        streams[r] = pp_cuda_stream(cuda, r);
         memset(&d, 0, sizeof d);
         d.model = async_model();
         d.weights = w;
@@ -122,10 +98,10 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
         d.schedule = &sched;
         d.partition = first;
         d.rank = r;
-        d.transport = pp_cuda_transport(W.cuda, r);
+        d.transport = pp_cuda_transport(cuda, r);
         d.shapes = shapes;
         if (p > 1) d.transport = hx_cuda_poison_transport(&pz[r], d.transport, &streams[r]);
-        d.device = pp_cuda_device_ops(W.cuda, r);
+        d.device = pp_cuda_device_ops(cuda, r);
         d.layer_ctx = &streams[r];
         d.timeout_s = 20;
         if (pp_stage_create(&d, &W.st[r], &err) != PP_OK) {
@@ -134,17 +110,16 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
         }
     }
     for (s = 0; s < steps && ok; s++) {
-        if (pp_cuda_step_begin(W.cuda, &err) != PP_OK || pp_threads_run(p, rank_step, &W, &err) != PP_OK ||
-            pp_cuda_step_end(W.cuda, &info, &err) != PP_OK) {
+        if (hx_cuda_step(&W, &info, &err) != PP_OK) {
             for (r = 0; r < p; r++)
-                if (W.rc[r] != PP_OK) CHECK(0, "%s: step %d rank %d: %s (%s)", where, s, r, pp_stage_error(W.st[r]), pp_cuda_error(W.cuda, r));
+                if (W.rc[r] != PP_OK) CHECK(0, "%s: step %d rank %d: %s (%s)", where, s, r, pp_stage_error(W.st[r]), pp_cuda_error(cuda, r));
             CHECK(0, "%s: step %d failed: %s", where, s, err.msg);
             ok = 0;
             break;
         }
         for (r = 0; r < p; r++) {
             int a;
-            pp_cuda_memory(W.cuda, r, NULL, &a);
+            pp_cuda_memory(cuda, r, NULL, &a);
             if (s == 0) allocs1[r] = a;
             else if (a != allocs1[r]) {
                 CHECK(0, "%s: rank %d allocated %d blocks in step %d", where, r, a - allocs1[r], s);
@@ -152,16 +127,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
             }
         }
     }
-    for (l = 0; ok && l < MLP_DEPTH; l++) {
-        int st = owner_stage(first, S, l), rank, chunk;
-        size_t nw = (size_t)w->dense[l].in * w->dense[l].out, nb = (size_t)w->dense[l].out;
-        pp_schedule_stage_rank(&sched, st, &rank, &chunk);
-        if (memcmp(g[rank].dense[l].w, gref->dense[l].w, nw * sizeof(float)) != 0 ||
-            memcmp(g[rank].dense[l].b, gref->dense[l].b, nb * sizeof(float)) != 0) {
-            CHECK(0, "%s: layer %d (stage %d, rank %d) gradient differs from the reference", where, l, st, rank);
-            ok = 0;
-        }
-    }
+    ok = ok && hx_mlp_grads_match(g, p, &sched, first, gref, 0, where);
     for (r = 0; ok && r < p; r++) {
         CHECK(zb ? W.stats[r].peak_live <= sim->peak_live[r] : W.stats[r].peak_live == sim->peak_live[r], "%s: rank %d peak stash %d, simulator %d", where, r,
               W.stats[r].peak_live, sim->peak_live[r]);
@@ -173,37 +139,33 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     }
     if (ok) {
         CHECK(info.span > 0 && info.bubble >= 0 && info.bubble < 1, "%s: span %g bubble %g", where, info.span, info.bubble);
-        CHECK(pp_cuda_timeline(W.cuda, NULL, 0) == (size_t)p * sched.per_rank, "%s: timeline size", where);
+        CHECK(pp_cuda_timeline(cuda, NULL, 0) == (size_t)p * sched.per_rank, "%s: timeline size", where);
     }
-    for (r = 0; r < p; r++) pp_stage_destroy(W.st[r]);
-    pp_cuda_destroy(W.cuda);
-    for (r = 0; r < p; r++) free(gbuf[r]);
+    hx_stages_destroy(&W);
+    pp_cuda_destroy(cuda);
+    hx_mlp_free_grads(gbuf, p);
     free(acts);
     free(sim);
     CHECK(ok, "%s", where);
 }
 
 static void test_equal(void) {
-    mlp_model w, gref;
-    float *wbuf, *gbuf, x[ROWS * IN], loss = 0;
-    int32_t y[ROWS];
+    hx_mlp f;
+    float loss = 0;
     pp_batch b;
     pp_error err;
-    pp_model model = mlp_model_desc();
-    int kind, p, i, steps = 3;
-    memset(&w, 0, sizeof w);
-    wbuf = mlp_init(&w, &gref, DIMS, 21, &gbuf);
-    packed_batch(&b, x, y);
-    for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &w, &gref, &b, &loss, &err) == PP_OK, "%s", err.msg);
+    int kind, p, steps = 3;
+    hx_mlp_init(&f, DIMS, 21, ROWS, 8, 9);
+    hx_packed_batch(&b, f.x, f.y, CU, NSEQ, IN, 6, PP_SPLIT_TOKENS);
+    CHECK(hx_mlp_reference(&f, &b, steps, &loss, &err) == PP_OK, "%s", err.msg);
     for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
         for (p = 1; p <= 4; p *= 2) {
             int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
-            run_case((pp_schedule_kind)kind, p, v, 0, PP_SHAPES_LOCAL, &w, &gref, &b, steps);
-            if (p > 1) run_case((pp_schedule_kind)kind, p, v, 1, PP_SHAPES_LOCAL, &w, &gref, &b, steps);
+            run_case((pp_schedule_kind)kind, p, v, 0, PP_SHAPES_LOCAL, &f.w, &f.gref, &b, steps);
+            if (p > 1) run_case((pp_schedule_kind)kind, p, v, 1, PP_SHAPES_LOCAL, &f.w, &f.gref, &b, steps);
         }
-    run_case(PP_SCHED_1F1B, 4, 1, 1, PP_SHAPES_BROADCAST, &w, &gref, &b, steps);
-    free(wbuf);
-    free(gbuf);
+    run_case(PP_SCHED_1F1B, 4, 1, 1, PP_SHAPES_BROADCAST, &f.w, &f.gref, &b, steps);
+    hx_mlp_free(&f);
 }
 
 /* A two-rank world (devices NULL: both on device 0) and its transports; NULL on failure. */
@@ -372,30 +334,14 @@ static int fail_fwd(const void* w, int l, pp_layer_io* io) {
     return lk_fwd(w, l, io);
 }
 
-typedef struct fr_world {
-    int p;
-    pp_cuda* cuda;
-    pp_stage* st[PP_MAX_RANKS];
-    const pp_batch* b;
-    pp_result rc[PP_MAX_RANKS];
-} fr_world;
-
-static pp_result fr_step(int rank, void* user) {
-    fr_world* W = (fr_world*)user;
-    pp_error err;
-    pp_result rc = pp_cuda_bind(W->cuda, rank, &err);
-    if (rc == PP_OK) rc = pp_stage_step(W->st[rank], W->b, NULL);
-    return W->rc[rank] = rc;
-}
-
 /* One step of batch b from zeroed gradients, compared with pp_sequential_step bit for bit. */
-static int fr_step_equal(fr_world* W, const pp_schedule* sched, const int* first, mlp_model* g, const mlp_model* w,
+static int fr_step_equal(hx_stages* W, const pp_schedule* sched, const int* first, mlp_model* g, const mlp_model* w,
                          const pp_batch* b, const char* what) {
     mlp_model gref, tmp;
     float *gbuf = NULL, loss = 0;
     pp_error err;
     pp_model model = mlp_model_desc();
-    int r, l, ok = 1;
+    int r, l, ok;
     memset(&tmp, 0, sizeof tmp);
     gref = *w;
     free(mlp_init(&tmp, &gref, DIMS, 1, &gbuf)); /* gref: zeroed gradients in gbuf */
@@ -404,30 +350,22 @@ static int fr_step_equal(fr_world* W, const pp_schedule* sched, const int* first
             memset(g[r].dense[l].w, 0, sizeof(float) * (size_t)w->dense[l].in * (size_t)w->dense[l].out);
             memset(g[r].dense[l].b, 0, sizeof(float) * (size_t)w->dense[l].out);
         }
-    W->b = b;
-    if (pp_sequential_step(&model, w, &gref, b, &loss, &err) != PP_OK || pp_cuda_step_begin(W->cuda, &err) != PP_OK ||
-        pp_threads_run(W->p, fr_step, W, &err) != PP_OK || pp_cuda_step_end(W->cuda, NULL, &err) != PP_OK) {
+    W->batch = b;
+    if (pp_sequential_step(&model, w, &gref, b, &loss, &err) != PP_OK || hx_cuda_step(W, NULL, &err) != PP_OK) {
         for (r = 0; r < W->p; r++)
             if (W->rc[r] != PP_OK) CHECK(0, "%s: rank %d: %s", what, r, pp_stage_error(W->st[r]));
         CHECK(0, "%s: %s", what, err.msg);
         free(gbuf);
         return 0;
     }
-    for (l = 0; l < MLP_DEPTH; l++) {
-        int st = owner_stage(first, sched->p * sched->v, l), rank, chunk;
-        pp_schedule_stage_rank(sched, st, &rank, &chunk);
-        if (memcmp(g[rank].dense[l].w, gref.dense[l].w, sizeof(float) * (size_t)w->dense[l].in * (size_t)w->dense[l].out) ||
-            memcmp(g[rank].dense[l].b, gref.dense[l].b, sizeof(float) * (size_t)w->dense[l].out)) {
-            CHECK(0, "%s: layer %d gradient differs from the reference", what, l);
-            ok = 0;
-        }
-    }
+    ok = hx_mlp_grads_match(g, W->p, sched, first, &gref, 0, what);
     free(gbuf);
     return ok;
 }
 
 static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
-    static fr_world W;
+    static hx_stages W;
+    pp_cuda* cuda = NULL;
     static mlp_model g[PP_MAX_RANKS];
     static float* gbuf[PP_MAX_RANKS];
     static cudaStream_t streams[PP_MAX_RANKS];
@@ -469,19 +407,17 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
     cd.n_ranks = p;
     cd.devices = devs;
     W.p = p;
-    if (pp_cuda_create(&cd, &W.cuda, &err) != PP_OK) {
+    if (pp_cuda_create(&cd, &cuda, &err) != PP_OK) {
         CHECK(0, "%s: %s", what, err.msg);
         free(wbuf);
         free(gdummy);
         return;
     }
+    W.user = cuda;
+    hx_mlp_rank_grads(g, gbuf, p, DIMS);
     for (r = 0; r < p && ok; r++) {
         pp_stage_desc d;
-        mlp_model tmp;
-        memset(&tmp, 0, sizeof tmp);
-        g[r] = w;
-        free(mlp_init(&tmp, &g[r], DIMS, 1, &gbuf[r]));
-        streams[r] = pp_cuda_stream(W.cuda, r);
+        streams[r] = pp_cuda_stream(cuda, r);
         memset(&d, 0, sizeof d);
         d.model = fm;
         d.weights = &w;
@@ -489,8 +425,8 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
         d.schedule = &sched;
         d.partition = first;
         d.rank = r;
-        d.transport = pp_cuda_transport(W.cuda, r);
-        d.device = pp_cuda_device_ops(W.cuda, r);
+        d.transport = pp_cuda_transport(cuda, r);
+        d.device = pp_cuda_device_ops(cuda, r);
         d.layer_ctx = &streams[r];
         d.timeout_s = 10;
         if (pp_stage_create(&d, &W.st[r], &err) != PP_OK) {
@@ -503,25 +439,26 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
         /* a layer on the middle of the pipeline fails on micro-batch 2 */
         fail_layer = MLP_DEPTH / 2;
         fail_mb = 2;
-        W.b = &b;
-        pp_cuda_step_begin(W.cuda, &err);
-        pp_threads_run(p, fr_step, &W, &err);
+        W.batch = &b;
+        W.before = hx_cuda_bind;
+        pp_cuda_step_begin(cuda, &err);
+        hx_stages_step(&W, &err);
         fail_layer = fail_mb = -1;
         for (r = 0; r < p; r++) {
             failed += W.rc[r] == PP_ERR_LAYER;
             aborted += W.rc[r] == PP_ERR_ABORTED;
         }
         CHECK(failed == 1 && aborted == p - 1, "%s: one rank fails (%d), the others abort (%d)", what, failed, aborted);
-        pp_cuda_pending(W.cuda, &recvs);
+        pp_cuda_pending(cuda, &recvs);
         CHECK(recvs == 0, "%s: %zu receives of the failed step are still posted (no cancel?)", what, recvs);
-        CHECK(pp_cuda_reset(W.cuda) == PP_OK && pp_cuda_pending(W.cuda, NULL) == 0, "%s: reset", what);
+        CHECK(pp_cuda_reset(cuda) == PP_OK && pp_cuda_pending(cuda, NULL) == 0, "%s: reset", what);
         ok = fr_step_equal(&W, &sched, first, g, &w, &b, "the step after the reset") &&
              fr_step_equal(&W, &sched, first, g, &w, &b2, "a step with other shapes") &&
              fr_step_equal(&W, &sched, first, g, &w, &b, "back to the first shapes");
     }
-    for (r = 0; r < p; r++) pp_stage_destroy(W.st[r]);
-    pp_cuda_destroy(W.cuda);
-    for (r = 0; r < p; r++) free(gbuf[r]);
+    hx_stages_destroy(&W);
+    pp_cuda_destroy(cuda);
+    hx_mlp_free_grads(gbuf, p);
     free(wbuf);
     free(gdummy);
     CHECK(ok, "%s", what);

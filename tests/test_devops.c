@@ -150,30 +150,24 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, int use_hooks, 
 }
 
 static void test_equal_and_pooled(void) {
-    mlp_model w, gref;
-    float *wbuf, *gbuf, x[ROWS * IN], loss = 0;
-    int32_t y[ROWS];
+    hx_mlp f;
+    float loss = 0;
     pp_batch b;
     pp_error err;
-    pp_model model = mlp_model_desc();
     static const int ms[] = {4, 8};
-    int mi, kind, p, steps = 3, i;
-    memset(&w, 0, sizeof w);
-    wbuf = mlp_init(&w, &gref, DIMS, 11, &gbuf);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 3, 4);
+    int mi, kind, p, steps = 3;
+    hx_mlp_init(&f, DIMS, 11, ROWS, 3, 4);
     for (mi = 0; mi < 2; mi++) {
-        hx_packed_batch(&b, x, y, CU, NSEQ, IN, ms[mi], PP_SPLIT_TOKENS);
-        memset(gbuf, 0, mlp_param_count(DIMS) * sizeof(float));
-        for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &w, &gref, &b, &loss, &err) == PP_OK, "%s", err.msg);
+        hx_packed_batch(&b, f.x, f.y, CU, NSEQ, IN, ms[mi], PP_SPLIT_TOKENS);
+        CHECK(hx_mlp_reference(&f, &b, steps, &loss, &err) == PP_OK, "%s", err.msg);
         for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
             for (p = 1; p <= 4; p *= 2) {
                 int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
-                run_case((pp_schedule_kind)kind, p, v, b.m, 1, &w, &gref, &b, steps);
-                if (p == 2) run_case((pp_schedule_kind)kind, p, v, b.m, 0, &w, &gref, &b, steps);
+                run_case((pp_schedule_kind)kind, p, v, b.m, 1, &f.w, &f.gref, &b, steps);
+                if (p == 2) run_case((pp_schedule_kind)kind, p, v, b.m, 0, &f.w, &f.gref, &b, steps);
             }
     }
-    free(wbuf);
-    free(gbuf);
+    hx_mlp_free(&f);
 }
 
 static void test_validation(void) {

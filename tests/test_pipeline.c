@@ -54,29 +54,24 @@ static int run_case(pp_schedule_kind kind, int p, int v, int m, const int* first
 
 static void test_grid(void) {
     static const int ms[] = {1, 2, 3, 4, 7, 8, 16};
-    mlp_model w, gref;
-    float *wbuf, *gbuf, x[ROWS * IN], loss_ref = 0;
-    int32_t y[ROWS];
+    hx_mlp f;
+    float loss_ref = 0;
     pp_batch b;
     pp_error err;
     pp_model model = mlp_model_desc();
     double cost[MLP_DEPTH + 1];
     pp_tensor sample;
     int kind, p, v, mi, part, cases = 0, good = 0;
-    memset(&w, 0, sizeof w);
-    memset(&gref, 0, sizeof gref);
-    wbuf = mlp_init(&w, &gref, DIMS, 42, &gbuf);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 7, 99);
+    hx_mlp_init(&f, DIMS, 42, ROWS, 7, 99);
     memset(&sample, 0, sizeof sample);
     sample.rows = ROWS;
     sample.cols = IN;
     sample.dtype = PP_F32;
-    CHECK(pp_model_layer_costs(&model, &w, &sample, cost, NULL, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_model_layer_costs(&model, &f.w, &sample, cost, NULL, &err) == PP_OK, "%s", err.msg);
     for (mi = 0; mi < (int)(sizeof ms / sizeof ms[0]); mi++) {
         int m = ms[mi];
-        hx_dense_batch(&b, x, y, ROWS, IN, m);
-        memset(gbuf, 0, mlp_param_count(DIMS) * sizeof(float));
-        if (pp_sequential_step(&model, &w, &gref, &b, &loss_ref, &err) != PP_OK) {
+        hx_dense_batch(&b, f.x, f.y, ROWS, IN, m);
+        if (hx_mlp_reference(&f, &b, 1, &loss_ref, &err) != PP_OK) {
             CHECK(0, "reference m=%d: %s", m, err.msg);
             continue;
         }
@@ -97,35 +92,28 @@ static void test_grid(void) {
                         }
                         if (S == 1 && part > 0) continue;
                         cases++;
-                        good += run_case((pp_schedule_kind)kind, p, v, m, first, pname, &w, &gref, loss_ref, &b, 1);
+                        good += run_case((pp_schedule_kind)kind, p, v, m, first, pname, &f.w, &f.gref, loss_ref, &b, 1);
                     }
                 }
     }
     printf("gradient equality: %d of %d configurations bit-exact\n", good, cases);
-    free(wbuf);
-    free(gbuf);
+    hx_mlp_free(&f);
 }
 
 /* Two steps accumulate: the gradient after two pipelined steps equals two reference steps. */
 static void test_accumulate_two_steps(void) {
-    mlp_model w, gref;
-    float *wbuf, *gbuf, x[ROWS * IN], loss_ref = 0;
-    int32_t y[ROWS];
+    hx_mlp f;
+    float loss_ref = 0;
     pp_batch b;
     pp_error err;
-    pp_model model = mlp_model_desc();
     int first[5];
-    memset(&w, 0, sizeof w);
-    wbuf = mlp_init(&w, &gref, DIMS, 3, &gbuf);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 5, 6);
-    hx_dense_batch(&b, x, y, ROWS, IN, 4);
+    hx_mlp_init(&f, DIMS, 3, ROWS, 5, 6);
+    hx_dense_batch(&b, f.x, f.y, ROWS, IN, 4);
     b.loss = PP_LOSS_MEAN_ROWS;
-    pp_sequential_step(&model, &w, &gref, &b, &loss_ref, &err);
-    pp_sequential_step(&model, &w, &gref, &b, &loss_ref, &err);
-    pp_partition_uniform(model.n_layers, 4, first, &err);
-    run_case(PP_SCHED_1F1B, 4, 1, 4, first, "uniform, 2 steps, rows-weighted loss", &w, &gref, loss_ref, &b, 2);
-    free(wbuf);
-    free(gbuf);
+    hx_mlp_reference(&f, &b, 2, &loss_ref, &err);
+    pp_partition_uniform(f.model.n_layers, 4, first, &err);
+    run_case(PP_SCHED_1F1B, 4, 1, 4, first, "uniform, 2 steps, rows-weighted loss", &f.w, &f.gref, loss_ref, &b, 2);
+    hx_mlp_free(&f);
 }
 
 int main(void) {
