@@ -559,6 +559,12 @@ static inline int hx_layer_owner(const pp_schedule* s, const int* first, int l, 
     return rank;
 }
 
+/* 1 when dense layer l of a and b holds the same bits. */
+static inline int hx_mlp_layer_equal(const mlp_model* a, const mlp_model* b, int l) {
+    size_t nw = (size_t)b->dense[l].in * b->dense[l].out * sizeof(float), nb = (size_t)b->dense[l].out * sizeof(float);
+    return memcmp(a->dense[l].w, b->dense[l].w, nw) == 0 && memcmp(a->dense[l].b, b->dense[l].b, nb) == 0;
+}
+
 #ifdef PP_TEST_H
 /* Every dense layer's gradient on the rank that owns it (g[rank], one struct per rank) equals the
    reference's bit for bit; with others_zero, every other rank left that layer untouched (zero).
@@ -568,16 +574,14 @@ static inline int hx_mlp_grads_match(const mlp_model* g, int p, const pp_schedul
     int l, r, ok = 1;
     for (l = 0; l < MLP_DEPTH; l++) {
         int st, rank = hx_layer_owner(s, first, l, &st);
-        size_t nw = (size_t)ref->dense[l].in * ref->dense[l].out * sizeof(float);
-        size_t nb = (size_t)ref->dense[l].out * sizeof(float);
-        if (rank < 0 || memcmp(g[rank].dense[l].w, ref->dense[l].w, nw) != 0 ||
-            memcmp(g[rank].dense[l].b, ref->dense[l].b, nb) != 0) {
+        size_t nw = (size_t)ref->dense[l].in * ref->dense[l].out, nb = (size_t)ref->dense[l].out;
+        if (rank < 0 || !hx_mlp_layer_equal(&g[rank], ref, l)) {
             CHECK(0, "%s: layer %d (stage %d, rank %d) gradient differs from the reference", where, l, st, rank);
             ok = 0;
             continue;
         }
         for (r = 0; others_zero && r < p; r++)
-            if (r != rank && (!hx_all_zero(g[r].dense[l].w, nw / sizeof(float)) || !hx_all_zero(g[r].dense[l].b, nb / sizeof(float)))) {
+            if (r != rank && (!hx_all_zero(g[r].dense[l].w, nw) || !hx_all_zero(g[r].dense[l].b, nb))) {
                 CHECK(0, "%s: rank %d wrote gradients of layer %d, which rank %d owns", where, r, l, rank);
                 ok = 0;
             }
