@@ -3653,23 +3653,27 @@ void pp_threads_destroy(pp_threads* w) {
     PP_FREE(w);
 }
 
-pp_transport pp_threads_transport(pp_threads* w, int rank) {
+/* Every transport constructor's last step (threads here, CUDA, MPI, NCCL): ops's functions with
+   self, rank and size set; all NULL where self is NULL (pp_stage_create rejects it). */
+static pp_transport _pp_transport_of(const pp_transport* ops, void* self, int rank, int size) {
     pp_transport t;
     memset(&t, 0, sizeof t);
-    if (!w || rank < 0 || rank >= w->n) return t; /* all NULL: rejected by pp_stage_create */
-    t.self = &w->ports[rank];
+    if (!self) return t;
+    t = *ops;
+    t.self = self;
     t.rank = rank;
-    t.size = w->n;
-    t.isend = _pp_threads_isend;
-    t.irecv = _pp_threads_irecv;
-    t.wait = _pp_threads_wait;
-    t.test = _pp_threads_test;
-    t.allreduce_sum = _pp_threads_allreduce;
-    t.abort = _pp_threads_abort;
-    t.cancel = _pp_threads_cancel;
-    t.flight_note = _pp_threads_flight_note;
-    t.flight_get = _pp_threads_flight_get;
+    t.size = size;
     return t;
+}
+
+pp_transport pp_threads_transport(pp_threads* w, int rank) {
+    /* self, rank, size; isend, irecv, wait, test; group_start, group_end; allreduce_sum, abort,
+       cancel; flight_note, flight_get */
+    static const pp_transport ops = {NULL, 0, 0, _pp_threads_isend, _pp_threads_irecv, _pp_threads_wait, _pp_threads_test,
+                                     NULL, NULL, _pp_threads_allreduce, _pp_threads_abort, _pp_threads_cancel,
+                                     _pp_threads_flight_note, _pp_threads_flight_get};
+    int ok = w && rank >= 0 && rank < w->n;
+    return _pp_transport_of(&ops, ok ? &w->ports[rank] : NULL, rank, ok ? w->n : 0);
 }
 
 void pp_threads_counters(pp_threads* w, int rank, uint64_t* bytes, uint64_t* msgs) {

@@ -440,20 +440,10 @@ static void _pp_mpi_abort(void* self, pp_result why, const char* msg) {
 }
 
 pp_transport pp_mpi_transport(pp_mpi* t) {
-    pp_transport tr;
-    memset(&tr, 0, sizeof tr);
-    if (!t) return tr;
-    tr.self = t;
-    tr.rank = t->rank;
-    tr.size = t->size;
-    tr.isend = _pp_mpi_isend;
-    tr.irecv = _pp_mpi_irecv;
-    tr.wait = _pp_mpi_wait;
-    tr.test = _pp_mpi_test;
-    tr.allreduce_sum = _pp_mpi_allreduce;
-    tr.abort = _pp_mpi_abort;
-    tr.cancel = _pp_mpi_cancel;
-    return tr;
+    /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
+    static const pp_transport ops = {NULL, 0, 0, _pp_mpi_isend, _pp_mpi_irecv, _pp_mpi_wait, _pp_mpi_test, NULL, NULL,
+                                     _pp_mpi_allreduce, _pp_mpi_abort, _pp_mpi_cancel, NULL, NULL};
+    return _pp_transport_of(&ops, t, t ? t->rank : 0, t ? t->size : 0);
 }
 
 static pp_result _pp_mpi_dup(MPI_Comm in, MPI_Comm* out, pp_error* err) {
