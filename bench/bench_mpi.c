@@ -22,6 +22,7 @@
 #include "../pipeline.h"
 #include "../pipeline_mpi.h"
 #include "../examples/tlm.h"
+#include "../tests/harness.h"
 
 #define VOCAB 256
 #define DIM 64
@@ -224,14 +225,7 @@ int main(int argc, char** argv) {
         pd.n_stages = pp * rows_cfg[i].v;
         pd.sample = &sample;
         if (rc == PP_OK) rc = pp_partition_model(&model, &w, &pd, first, NULL, &err);
-        memset(&d, 0, sizeof d);
-        d.model = model;
-        d.weights = &w;
-        d.grads = &gw;
-        d.schedule = &sc;
-        d.partition = first;
-        d.rank = g.grid.pp_rank;
-        d.transport = pp_mpi_transport(g.pipe);
+        hx_stage_desc(&d, NULL, model, &w, &gw, &sc, first, g.grid.pp_rank, pp_mpi_transport(g.pipe));
         d.timeout_s = 120;
         d.shapes = rows_cfg[i].shapes;
         d.max_seqs = NSEQ;

@@ -21,6 +21,7 @@
    Exit code 1 only if data moved wrongly (#wrong) or a run failed; the ratios are reported. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_cuda.h"
+#include "../tests/harness.h"
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,14 +188,7 @@ static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int
         cx[r].f_ns = f_ns;
         cx[r].b_ns = b_ns;
         cx[r].rank = r;
-        memset(&d, 0, sizeof d);
-        d.model = model;
-        d.weights = &w;
-        d.grads = &g;
-        d.schedule = &sched;
-        d.partition = first;
-        d.rank = r;
-        d.transport = pp_cuda_transport(R.c, r);
+        hx_stage_desc(&d, NULL, model, &w, &g, &sched, first, r, pp_cuda_transport(R.c, r));
         d.device = pp_cuda_device_ops(R.c, r);
         d.layer_ctx = &cx[r];
         d.timeout_s = 60;

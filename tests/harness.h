@@ -87,6 +87,22 @@ static inline void hx_hide_meta(pp_batch* b) {
     b->n_seqs = 0;
 }
 
+/* ---- a rank's desc ---------------------------------------------------------------------------- */
+/* d from tmpl (or zeroed where tmpl is NULL: the caller adds timeouts, shapes, device ops), then
+   what every stage needs. */
+static inline void hx_stage_desc(pp_stage_desc* d, const pp_stage_desc* tmpl, pp_model model, const void* w, void* g,
+                                 const pp_schedule* s, const int* first, int rank, pp_transport t) {
+    if (tmpl) *d = *tmpl;
+    else memset(d, 0, sizeof *d);
+    d->model = model;
+    d->weights = w;
+    d->grads = g;
+    d->schedule = s;
+    d->partition = first;
+    d->rank = rank;
+    d->transport = t;
+}
+
 /* ---- the per-rank world ---------------------------------------------------------------------- */
 typedef struct hx_world hx_world;
 struct hx_world {
@@ -114,18 +130,13 @@ struct hx_world {
 
 static inline pp_result hx_rank_main(int rank, void* user) {
     hx_world* W = (hx_world*)user;
-    pp_stage_desc d = W->stage;
+    pp_stage_desc d;
     pp_stage* st = NULL;
     pp_error err;
     pp_result rc;
     int i, steps = W->steps > 0 ? W->steps : 1;
-    d.model = W->model;
-    d.weights = W->w;
-    d.grads = W->grads ? W->grads : W->g[rank];
-    d.schedule = W->sched;
-    d.partition = W->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(W->threads, rank);
+    hx_stage_desc(&d, &W->stage, W->model, W->w, W->grads ? W->grads : W->g[rank], W->sched, W->first, rank,
+                  pp_threads_transport(W->threads, rank));
     if (W->setup) W->setup(W, rank, &d);
     if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
         snprintf(W->msg[rank], sizeof W->msg[rank], "%s", err.msg);

@@ -297,14 +297,7 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
         carve(&g[r], gdev[r]);
         ctx[r].stream = pp_cuda_stream(R.cuda, r);
         R.batch_dev[r] = &dd[dev].b;
-        memset(&d, 0, sizeof d);
-        d.model = gm_model_desc();
-        d.weights = &w[r];
-        d.grads = &g[r];
-        d.schedule = sched;
-        d.partition = first;
-        d.rank = r;
-        d.transport = pp_cuda_transport(R.cuda, r);
+        hx_stage_desc(&d, NULL, gm_model_desc(), &w[r], &g[r], sched, first, r, pp_cuda_transport(R.cuda, r));
         if (poison && p > 1) d.transport = hx_cuda_poison_transport(&R.pz[r], d.transport, &ctx[r].stream);
         d.device = pp_cuda_device_ops(R.cuda, r);
         d.layer_ctx = &ctx[r];

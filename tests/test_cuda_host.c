@@ -91,14 +91,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     for (r = 0; r < p; r++) {
         pp_stage_desc d;
         streams[r] = pp_cuda_stream(cuda, r);
-        memset(&d, 0, sizeof d);
-        d.model = async_model();
-        d.weights = w;
-        d.grads = &g[r];
-        d.schedule = &sched;
-        d.partition = first;
-        d.rank = r;
-        d.transport = pp_cuda_transport(cuda, r);
+        hx_stage_desc(&d, NULL, async_model(), w, &g[r], &sched, first, r, pp_cuda_transport(cuda, r));
         d.shapes = shapes;
         if (p > 1) d.transport = hx_cuda_poison_transport(&pz[r], d.transport, &streams[r]);
         d.device = pp_cuda_device_ops(cuda, r);
@@ -418,14 +411,7 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
     for (r = 0; r < p && ok; r++) {
         pp_stage_desc d;
         streams[r] = pp_cuda_stream(cuda, r);
-        memset(&d, 0, sizeof d);
-        d.model = fm;
-        d.weights = &w;
-        d.grads = &g[r];
-        d.schedule = &sched;
-        d.partition = first;
-        d.rank = r;
-        d.transport = pp_cuda_transport(cuda, r);
+        hx_stage_desc(&d, NULL, fm, &w, &g[r], &sched, first, r, pp_cuda_transport(cuda, r));
         d.device = pp_cuda_device_ops(cuda, r);
         d.layer_ctx = &streams[r];
         d.timeout_s = 10;

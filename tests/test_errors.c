@@ -8,6 +8,7 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 #include <limits.h>
 
 #define ROWS 16
@@ -98,14 +99,8 @@ static void fixture_free(fixture* f) {
 
 static pp_stage_desc desc_for(fixture* f, int rank) {
     pp_stage_desc d;
-    memset(&d, 0, sizeof d);
-    d.model = mlp_model_desc();
-    d.weights = &f->w;
-    d.grads = &f->g;
-    d.schedule = &f->sched;
-    d.partition = f->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(f->threads, rank);
+    hx_stage_desc(&d, NULL, mlp_model_desc(), &f->w, &f->g, &f->sched,
+                  f->first, rank, pp_threads_transport(f->threads, rank));
     d.timeout_s = 2;
     return d;
 }

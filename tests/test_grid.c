@@ -8,6 +8,7 @@
 #include "../pipeline.h"
 #include "../examples/tlm.h"
 #include "test.h"
+#include "harness.h"
 
 #include <stdlib.h>
 
@@ -128,14 +129,7 @@ static pp_result rank_main(int wr, void* user) {
     memcpy(wref, W->wref, n * sizeof(float));
     rc = pp_tied_sync_weights(&pipe, W->pair, g.pp_rank == W->pair[0] ? w.embed[0].E : NULL,
                               g.pp_rank == W->pair[1] ? w.head[0].E : NULL, nE * sizeof(float), 20, &err);
-    memset(&d, 0, sizeof d);
-    d.model = model;
-    d.weights = &w;
-    d.grads = &gw;
-    d.schedule = &W->sc;
-    d.partition = W->first;
-    d.rank = g.pp_rank;
-    d.transport = pipe;
+    hx_stage_desc(&d, NULL, model, &w, &gw, &W->sc, W->first, g.pp_rank, pipe);
     d.timeout_s = 20;
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     for (step = 0; step < STEPS && rc == PP_OK; step++) {

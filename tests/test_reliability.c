@@ -10,6 +10,7 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 
 #include <time.h>
 
@@ -386,14 +387,7 @@ static void test_broadcast_timeout(void) {
     pp_result rc;
     double t;
     world_init(&W, 2, 4, 0.2, 1, 0);
-    memset(&d, 0, sizeof d);
-    d.model = mlp_model_desc();
-    d.weights = &W.w;
-    d.grads = &W.g[1];
-    d.schedule = &W.sched;
-    d.partition = W.first;
-    d.rank = 1;
-    d.transport = pp_threads_transport(W.threads, 1);
+    hx_stage_desc(&d, NULL, mlp_model_desc(), &W.w, &W.g[1], &W.sched, W.first, 1, pp_threads_transport(W.threads, 1));
     d.timeout_s = 0.2;
     d.shapes = PP_SHAPES_BROADCAST;
     CHECK(pp_stage_create(&d, &st, &err) == PP_OK, "%s", err.msg);
