@@ -27,6 +27,7 @@
 typedef struct hx_sched {
     pp_schedule s;
     pp_action* acts;
+    pp_sim_result* sim;         /* hx_sched_simulate's, or NULL */
 } hx_sched;
 
 static inline pp_result hx_sched_make(hx_sched* h, pp_schedule_kind k, int p, int v, int m, pp_error* err) {
@@ -44,9 +45,27 @@ static inline pp_result hx_sched_make(hx_sched* h, pp_schedule_kind k, int p, in
     return rc;
 }
 
+/* hx_sched_make, then the simulator with zero costs (its per-rank peak stash is in h->sim). */
+static inline pp_result hx_sched_simulate(hx_sched* h, pp_schedule_kind k, int p, int v, int m, pp_error* err) {
+    pp_sim_cost cost;
+    pp_result rc = hx_sched_make(h, k, p, v, m, err);
+    if (rc != PP_OK) return rc;
+    memset(&cost, 0, sizeof cost);
+    if (!(h->sim = (pp_sim_result*)calloc(1, sizeof *h->sim))) return PP_ERR_NOMEM;
+    return pp_simulate(&h->s, &cost, h->sim, NULL, err);
+}
+
 static inline void hx_sched_free(hx_sched* h) {
     free(h->acts);
+    free(h->sim);
     h->acts = NULL;
+    h->sim = NULL;
+}
+
+/* The simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on the
+   zero-bubble kinds the simulator's peak is an upper bound of the executor's, else its value. */
+static inline int hx_peak_agrees(pp_schedule_kind k, int executor, int simulator) {
+    return k == PP_SCHED_ZB_H1 || k == PP_SCHED_ZB_V ? executor <= simulator : executor == simulator;
 }
 
 /* ---- a dense batch: x (rows, cols) floats, y (rows) int32 targets, m micro-batches ----------- */
@@ -485,6 +504,17 @@ static inline void hx_report(const hx_world* W, int p, const char* where) {
     int r;
     for (r = 0; r < p; r++)
         if (W->rc[r] != PP_OK) CHECK(0, "%s: rank %d: %s (%s)", where, r, W->msg[r], pp_result_str(W->rc[r]));
+}
+
+/* Rank r's peak stash agrees with the simulator's, and its poisoned receives were all written
+   (and some checked, with more than one rank). */
+static inline void hx_check_peak_poison(const hx_sched* sc, pp_schedule_kind k, int r, int peak, const hx_poison* pz,
+                                        const char* where) {
+    CHECK(hx_peak_agrees(k, peak, sc->sim->peak_live[r]), "%s: rank %d peak stash %d, simulator says %d", where, r, peak,
+          sc->sim->peak_live[r]);
+    CHECK(pz->unwritten == 0 && pz->errors == 0, "%s: rank %d: %d of %d receives left poisoned bytes (%d errors)", where,
+          r, pz->unwritten, pz->checked, pz->errors);
+    CHECK(sc->s.p == 1 || pz->checked > 0, "%s: rank %d checked no receive", where, r);
 }
 
 /* The loss: only the rank of the last stage has one, and it equals ref bit for bit. */

@@ -44,33 +44,22 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     static mlp_model g[PP_MAX_RANKS];
     static float* gbuf[PP_MAX_RANKS];
     static cudaStream_t streams[PP_MAX_RANKS];
-    pp_action* acts;
-    pp_schedule sched;
-    pp_sim_result* sim = (pp_sim_result*)calloc(1, sizeof *sim);
-    pp_sim_cost cost;
+    hx_sched sc;
     pp_cuda_desc cd;
     pp_cuda_step_info info;
     pp_error err;
     int devs[PP_MAX_RANKS], first[32], r, s, ok = 1, S = p * v, m = batch->m;
     int allocs1[PP_MAX_RANKS];
-    size_t n = pp_schedule_size(kind, p, v, m);
-    /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
-       the zero-bubble kinds the simulator's peak is an upper bound */
-    int zb = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
     char where[160];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s%s", pp_schedule_name(kind), p, v, m,
              spread ? "spread over 4 devices" : "one device", shapes == PP_SHAPES_BROADCAST ? " BROADCAST" : "");
-    acts = (pp_action*)malloc(n * sizeof *acts);
     memset(&W, 0, sizeof W);
     memset(pz, 0, sizeof pz);
-    if (!sim || !acts || pp_schedule_make(kind, p, v, m, acts, n, &sched, &err) != PP_OK) {
+    if (hx_sched_simulate(&sc, kind, p, v, m, &err) != PP_OK) {
         CHECK(0, "%s: schedule", where);
-        free(acts);
-        free(sim);
+        hx_sched_free(&sc);
         return;
     }
-    memset(&cost, 0, sizeof cost);
-    pp_simulate(&sched, &cost, sim, NULL, &err);
     pp_partition_uniform(MLP_DEPTH + 1, S, first, &err);
     for (r = 0; r < p; r++) devs[r] = spread ? r % 4 : 0;
     memset(&cd, 0, sizeof cd);
@@ -82,8 +71,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     W.keep_stats = 1;
     if (pp_cuda_create(&cd, &cuda, &err) != PP_OK) {
         CHECK(0, "%s: pp_cuda_create: %s", where, err.msg);
-        free(acts);
-        free(sim);
+        hx_sched_free(&sc);
         return;
     }
     W.user = cuda;
@@ -91,7 +79,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     for (r = 0; r < p; r++) {
         pp_stage_desc d;
         streams[r] = pp_cuda_stream(cuda, r);
-        hx_stage_desc(&d, NULL, async_model(), w, &g[r], &sched, first, r, pp_cuda_transport(cuda, r));
+        hx_stage_desc(&d, NULL, async_model(), w, &g[r], &sc.s, first, r, pp_cuda_transport(cuda, r));
         d.shapes = shapes;
         if (p > 1) d.transport = hx_cuda_poison_transport(&pz[r], d.transport, &streams[r]);
         d.device = pp_cuda_device_ops(cuda, r);
@@ -120,25 +108,20 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
             }
         }
     }
-    ok = ok && hx_mlp_grads_match(g, p, &sched, first, gref, 0, where);
+    ok = ok && hx_mlp_grads_match(g, p, &sc.s, first, gref, 0, where);
     for (r = 0; ok && r < p; r++) {
-        CHECK(zb ? W.stats[r].peak_live <= sim->peak_live[r] : W.stats[r].peak_live == sim->peak_live[r], "%s: rank %d peak stash %d, simulator %d", where, r,
-              W.stats[r].peak_live, sim->peak_live[r]);
-        CHECK(pz[r].unwritten == 0 && pz[r].errors == 0, "%s: rank %d: %d of %d receives left poisoned bytes (%d errors)",
-              where, r, pz[r].unwritten, pz[r].checked, pz[r].errors);
-        CHECK(p == 1 || pz[r].checked > 0, "%s: rank %d checked no receive", where, r);
-        CHECK(info.n_actions[r] == sched.per_rank, "%s: rank %d timeline %d actions of %d", where, r, info.n_actions[r],
-              sched.per_rank);
+        hx_check_peak_poison(&sc, kind, r, W.stats[r].peak_live, &pz[r], where);
+        CHECK(info.n_actions[r] == sc.s.per_rank, "%s: rank %d timeline %d actions of %d", where, r, info.n_actions[r],
+              sc.s.per_rank);
     }
     if (ok) {
         CHECK(info.span > 0 && info.bubble >= 0 && info.bubble < 1, "%s: span %g bubble %g", where, info.span, info.bubble);
-        CHECK(pp_cuda_timeline(cuda, NULL, 0) == (size_t)p * sched.per_rank, "%s: timeline size", where);
+        CHECK(pp_cuda_timeline(cuda, NULL, 0) == (size_t)p * sc.s.per_rank, "%s: timeline size", where);
     }
     hx_stages_destroy(&W);
     pp_cuda_destroy(cuda);
     hx_mlp_free_grads(gbuf, p);
-    free(acts);
-    free(sim);
+    hx_sched_free(&sc);
     CHECK(ok, "%s", where);
 }
 

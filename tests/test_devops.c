@@ -85,23 +85,16 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, int use_hooks, 
     mlp_model g[PP_MAX_RANKS];
     float* gbuf[PP_MAX_RANKS];
     hx_sched sc;
-    pp_sim_result* sim = (pp_sim_result*)calloc(1, sizeof *sim);
-    pp_sim_cost cost;
     pp_error err;
     int r, first[32], ok = 1;
-    /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
-       the zero-bubble kinds the simulator's peak is an upper bound */
-    int zb = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
     char where[160];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s", pp_schedule_name(kind), p, v, m,
              use_hooks ? "host hooks" : "no hooks");
-    if (!sim || hx_sched_make(&sc, kind, p, v, m, &err) != PP_OK) {
+    if (hx_sched_simulate(&sc, kind, p, v, m, &err) != PP_OK) {
         CHECK(0, "%s: schedule", where);
-        free(sim);
+        hx_sched_free(&sc);
         return;
     }
-    memset(&cost, 0, sizeof cost);
-    pp_simulate(&sc.s, &cost, sim, NULL, &err);
     memset(&W, 0, sizeof W);
     memset(&D, 0, sizeof D);
     D.use_hooks = use_hooks;
@@ -125,11 +118,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, int use_hooks, 
     ok = ok && hx_mlp_grads_match(g, p, &sc.s, first, gref, 0, where);
     for (r = 0; ok && r < p; r++) {
         hooks* h = &D.h[r];
-        CHECK(zb ? W.stats[r].peak_live <= sim->peak_live[r] : W.stats[r].peak_live == sim->peak_live[r], "%s: rank %d peak stash %d, simulator says %d", where, r,
-              W.stats[r].peak_live, sim->peak_live[r]);
-        CHECK(D.pz[r].unwritten == 0, "%s: rank %d: %d of %d receives left poisoned bytes", where, r, D.pz[r].unwritten,
-              D.pz[r].checked);
-        CHECK(p == 1 || D.pz[r].checked > 0, "%s: rank %d checked no receive", where, r);
+        hx_check_peak_poison(&sc, kind, r, W.stats[r].peak_live, &D.pz[r], where);
         if (!use_hooks) {
             CHECK(h->allocs == 0 && h->marks_open == 0, "%s: hooks called though none were set", where);
             continue;
@@ -145,7 +134,6 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, int use_hooks, 
     }
     hx_mlp_free_grads(gbuf, p);
     hx_sched_free(&sc);
-    free(sim);
     CHECK(ok, "%s", where);
 }
 
