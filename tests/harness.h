@@ -590,6 +590,24 @@ static inline void hx_mlp_free_grads(float** gbuf, int p) {
     for (r = 0; r < p; r++) free(gbuf[r]);
 }
 
+/* W zeroed, then: the MLP with weights w on schedule s (its p ranks) and partition first, `steps`
+   steps of b, 20 s deadlines, and each rank its own zeroed gradients g[r] (buffers gbuf[r]:
+   hx_mlp_free_grads them). */
+static inline void hx_mlp_world(hx_world* W, const mlp_model* w, const pp_schedule* s, const int* first, const pp_batch* b,
+                                int steps, mlp_model* g, float** gbuf, const int* dims) {
+    int r;
+    memset(W, 0, sizeof *W);
+    W->model = mlp_model_desc();
+    W->w = w;
+    W->sched = s;
+    W->first = first;
+    W->batch = b;
+    W->steps = steps;
+    W->stage.timeout_s = 20;
+    hx_mlp_rank_grads(g, gbuf, s->p, dims);
+    for (r = 0; r < s->p; r++) W->g[r] = &g[r];
+}
+
 /* Which rank owns dense layer l, and which stage; -1 when no stage does. */
 static inline int hx_layer_owner(const pp_schedule* s, const int* first, int l, int* stage) {
     int st, rank = -1, chunk;

@@ -95,22 +95,13 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, int use_hooks, 
         hx_sched_free(&sc);
         return;
     }
-    memset(&W, 0, sizeof W);
+    pp_partition_uniform(MLP_DEPTH + 1, p * v, first, &err);
+    hx_mlp_world(&W, w, &sc.s, first, batch, steps, g, gbuf, DIMS);
     memset(&D, 0, sizeof D);
     D.use_hooks = use_hooks;
-    W.model = mlp_model_desc();
-    W.w = w;
-    W.sched = &sc.s;
-    W.first = first;
-    W.batch = batch;
-    W.steps = steps;
-    W.stage.timeout_s = 20;
     W.setup = devops_setup;
     W.after_step = devops_after_step;
     W.user = &D;
-    pp_partition_uniform(W.model.n_layers, p * v, first, &err);
-    hx_mlp_rank_grads(g, gbuf, p, DIMS);
-    for (r = 0; r < p; r++) W.g[r] = &g[r];
     if (hx_run(&W, p, &err) != PP_OK) {
         hx_report(&W, p, where);
         ok = 0;

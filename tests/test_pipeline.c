@@ -23,23 +23,14 @@ static int run_case(pp_schedule_kind kind, int p, int v, int m, const int* first
     float* gbuf[PP_MAX_RANKS];
     hx_sched sc;
     pp_error err;
-    int r, ok = 1;
+    int ok = 1;
     char where[160];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d partition=%s", pp_schedule_name(kind), p, v, m, part_name);
     if (hx_sched_make(&sc, kind, p, v, m, &err) != PP_OK) {
         CHECK(0, "%s: schedule: %s", where, err.msg);
         return 0;
     }
-    memset(&W, 0, sizeof W);
-    W.model = mlp_model_desc();
-    W.w = w;
-    W.sched = &sc.s;
-    W.first = first;
-    W.batch = batch;
-    W.steps = steps;
-    W.stage.timeout_s = 20;
-    hx_mlp_rank_grads(g, gbuf, p, DIMS);
-    for (r = 0; r < p; r++) W.g[r] = &g[r];
+    hx_mlp_world(&W, w, &sc.s, first, batch, steps, g, gbuf, DIMS);
     if (hx_run(&W, p, &err) != PP_OK) {
         hx_report(&W, p, where);
         ok = 0;
