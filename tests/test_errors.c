@@ -79,13 +79,7 @@ static void fixture_init(fixture* f, int m) {
     memset(f, 0, sizeof *f);
     f->wbuf = mlp_init(&f->w, &f->g, DIMS, 5, &f->gbuf);
     mlp_make_data(f->x, f->y, ROWS, IN, CLASSES, 1, 2);
-    f->b.m = m;
-    f->b.input.data = f->x;
-    f->b.input.rows = ROWS;
-    f->b.input.cols = IN;
-    f->b.input.dtype = PP_F32;
-    f->b.targets = f->y;
-    f->b.target_row_bytes = sizeof(int32_t);
+    hx_dense_batch(&f->b, f->x, f->y, ROWS, IN, m);
     pp_schedule_make(PP_SCHED_1F1B, 2, 1, m, f->acts, 64, &f->sched, &err);
     pp_partition_uniform(MLP_DEPTH + 1, 2, f->first, &err);
     pp_threads_create(2, &f->threads, &err);
