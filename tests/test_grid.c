@@ -12,15 +12,8 @@
 
 #include <stdlib.h>
 
-#define VOCAB 11
-#define DIM 6
-#define NSEQ 9
-#define MAXLEN 6
-#define MAXROWS (NSEQ * MAXLEN)
 #define PP 2
 #define DP 2
-#define STEPS 3
-#define LR 0.25f
 #include "tlm_grid.h"
 
 static const char* const ENV_VARS[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",

@@ -23,9 +23,6 @@
 #define DIM 8
 #define NSEQ 12
 #define MAXLEN 7
-#define MAXROWS (NSEQ * MAXLEN)
-#define STEPS 3
-#define LR 0.25f
 #include "tlm_grid.h"
 
 static int W_RANK, W_SIZE;

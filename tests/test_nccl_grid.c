@@ -23,16 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define VOCAB 11
-#define DIM 6
-#define NSEQ 9
-#define MAXLEN 6
-#define MAXROWS (NSEQ * MAXLEN)
 #define PP 2
 #define DP 2
 #define NR (PP * DP)
-#define STEPS 3
-#define LR 0.25f
 #include "tlm_grid.h"
 
 static uint64_t shard_seed(int step, int replica);
