@@ -170,17 +170,7 @@ int main(int argc, char** argv) {
     tlm_fill(warena, VOCAB, DIM, 9);
     tlm_layout(&w, warena, VOCAB, DIM, 0);
     tlm_layout(&gw, garena, VOCAB, DIM, 0);
-    memset(&b, 0, sizeof b);
-    b.m = M;
-    b.input.rows = tlm_make_batch(tok, tgt, cu, NSEQ, MAXLEN, VOCAB, 5);
-    b.input.data = tok;
-    b.input.cols = 1;
-    b.input.dtype = PP_I32;
-    b.targets = tgt;
-    b.target_row_bytes = sizeof(int32_t);
-    b.cu_seqlens = cu;
-    b.n_seqs = NSEQ;
-    b.split = PP_SPLIT_TOKENS;
+    tlm_batch(&b, tok, tgt, cu, NSEQ, MAXLEN, VOCAB, 5, M);
     if (pp_batch_split(&b, mbs, mcu, &err) != PP_OK) {
         fprintf(stderr, "split: %s\n", err.msg);
         MPI_Abort(MPI_COMM_WORLD, 1);

@@ -89,6 +89,14 @@ static inline void hx_packed_batch(pp_batch* b, const float* x, const int32_t* y
     b->split = split;
 }
 
+/* A packed batch of tokens: int32 ids tok and targets tgt, one per row. */
+static inline void hx_token_batch(pp_batch* b, const int32_t* tok, const int32_t* tgt, const int32_t* cu, int n_seqs, int m,
+                                  pp_split_policy split) {
+    hx_packed_batch(b, NULL, tgt, cu, n_seqs, 1, m, split);
+    b->input.data = (void*)(uintptr_t)tok;
+    b->input.dtype = PP_I32;
+}
+
 /* 1 when a[0..n) are all zero. */
 static inline int hx_all_zero(const float* a, size_t n) {
     size_t i;

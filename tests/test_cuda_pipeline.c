@@ -13,6 +13,7 @@
 #include "../pipeline_cuda.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 #include "fakecuda/layer_kernels.h"
 
 #define ROWS 41
@@ -50,16 +51,7 @@ static int a_bwd(const void* w, void* g, int l, pp_layer_io* io) { return enqueu
 
 static pp_batch batch(void) {
     pp_batch b;
-    memset(&b, 0, sizeof b);
-    b.input.data = X; /* host memory: the layers run on the host */
-    b.input.rows = ROWS;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
-    b.targets = Y;
-    b.target_row_bytes = sizeof(int32_t);
-    b.cu_seqlens = CU;
-    b.n_seqs = NSEQ;
-    b.split = PP_SPLIT_TOKENS;
+    hx_packed_batch(&b, X, Y, CU, NSEQ, IN, 0, PP_SPLIT_TOKENS); /* host memory: the layers run on the host */
     return b;
 }
 

@@ -515,18 +515,8 @@ static void test_pipelined_equals_sequential(void) {
        counts, loss weighted by rows; then one configuration for each other split policy, loss
        reduction and shape policy */
     for (var = 0; var < 6; var++) {
-        memset(&b, 0, sizeof b);
-        b.m = 4;
-        b.input.data = tok;
-        b.input.rows = T;
-        b.input.cols = 1;
-        b.input.dtype = PP_I32;
-        b.targets = tgt;
-        b.target_row_bytes = sizeof(int32_t);
-        b.cu_seqlens = cu;
-        b.n_seqs = NSEQ;
+        hx_token_batch(&b, tok, tgt, cu, NSEQ, 4, var == 1 ? PP_SPLIT_TOKENS : var == 2 ? PP_SPLIT_COST : PP_SPLIT_SEQS);
         b.loss = var == 3 ? PP_LOSS_MEAN_MICROBATCH : PP_LOSS_MEAN_ROWS;
-        b.split = var == 1 ? PP_SPLIT_TOKENS : var == 2 ? PP_SPLIT_COST : PP_SPLIT_SEQS;
         memset(gbuf, 0, gpt_param_count(&c) * sizeof(float));
         if (pp_sequential_step(&m, &w, &gref, &b, &loss_ref, &err) != PP_OK) {
             CHECK(0, "reference: %s", err.msg);
