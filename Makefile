@@ -214,7 +214,7 @@ CUDA_HDRS = pipeline.h pipeline_cuda.h
 $(B)/test_cuda: tests/test_cuda.cu $(TEST_HDRS) $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
 
-$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_data.h $(CUDA_HDRS) | $(B)
+$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_data.h examples/splitmix.h $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
 
 $(B)/bubble_cuda: bench/bubble_cuda.cu tests/harness.h $(CUDA_HDRS) | $(B)

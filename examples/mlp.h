@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "splitmix.h"
+
 typedef struct dense_params {
     int in, out;            /* x (rows, in) -> y (rows, out) */
     int tanh_act;           /* 1: y = tanh(x W + b); 0: y = x W + b */
@@ -213,14 +215,9 @@ static inline void mlpz_from_mlp(mlpz_model* z, const mlp_model* w) {
     z->xent[0] = w->xent[0];
 }
 
-/* Deterministic generator (splitmix64), so every run and rank sees the same numbers. */
-static inline uint64_t mlp_rng_next(uint64_t* s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static inline float mlp_rng_uniform(uint64_t* s) { return (float)((mlp_rng_next(s) >> 40) * (1.0 / 16777216.0)); }
+/* Deterministic generator (examples/splitmix.h), so every run and rank sees the same numbers. */
+static inline uint64_t mlp_rng_next(uint64_t* s) { return splitmix_next(s); }
+static inline float mlp_rng_uniform(uint64_t* s) { return splitmix_uniform(s); }
 
 /* Layer widths: dims[0] = input, dims[MLP_DEPTH] = classes. One flat buffer for weights (and
    one for gradients when grads is non-NULL: same layout, zeroed). Returns the buffer, which
