@@ -438,6 +438,16 @@ static inline int hx_cuda_poison_read(void* ctx, void* host, const void* buf, si
            cudaMemcpy(host, buf, bytes, cudaMemcpyDeviceToHost) == cudaSuccess;
 }
 
+/* Rank r's desc on the pp_cuda world c: its transport and device ops, and its stream (*stream,
+   which must outlive the stage) as the layers' context. */
+static inline void hx_cuda_stage_desc(pp_stage_desc* d, pp_cuda* c, int r, pp_model model, const void* w, void* g,
+                                      const pp_schedule* s, const int* first, cudaStream_t* stream) {
+    *stream = pp_cuda_stream(c, r);
+    hx_stage_desc(d, NULL, model, w, g, s, first, r, pp_cuda_transport(c, r));
+    d->device = pp_cuda_device_ops(c, r);
+    d->layer_ctx = stream;
+}
+
 /* Stages on a pp_cuda world (S->user): each rank binds its device before its step. */
 static inline pp_result hx_cuda_bind(hx_stages* S, int rank) {
     pp_error err;

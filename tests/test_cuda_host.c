@@ -78,12 +78,9 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     hx_mlp_rank_grads(g, gbuf, p, DIMS);
     for (r = 0; r < p; r++) {
         pp_stage_desc d;
-        streams[r] = pp_cuda_stream(cuda, r);
-        hx_stage_desc(&d, NULL, async_model(), w, &g[r], &sc.s, first, r, pp_cuda_transport(cuda, r));
+        hx_cuda_stage_desc(&d, cuda, r, async_model(), w, &g[r], &sc.s, first, &streams[r]);
         d.shapes = shapes;
         if (p > 1) d.transport = hx_cuda_poison_transport(&pz[r], d.transport, &streams[r]);
-        d.device = pp_cuda_device_ops(cuda, r);
-        d.layer_ctx = &streams[r];
         d.timeout_s = 20;
         if (pp_stage_create(&d, &W.st[r], &err) != PP_OK) {
             CHECK(0, "%s: rank %d: %s", where, r, err.msg);
@@ -393,10 +390,7 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
     hx_mlp_rank_grads(g, gbuf, p, DIMS);
     for (r = 0; r < p && ok; r++) {
         pp_stage_desc d;
-        streams[r] = pp_cuda_stream(cuda, r);
-        hx_stage_desc(&d, NULL, fm, &w, &g[r], &sched, first, r, pp_cuda_transport(cuda, r));
-        d.device = pp_cuda_device_ops(cuda, r);
-        d.layer_ctx = &streams[r];
+        hx_cuda_stage_desc(&d, cuda, r, fm, &w, &g[r], &sched, first, &streams[r]);
         d.timeout_s = 10;
         if (pp_stage_create(&d, &W.st[r], &err) != PP_OK) {
             CHECK(0, "%s: rank %d: %s", what, r, err.msg);
