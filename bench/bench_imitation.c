@@ -341,7 +341,6 @@ int main(int argc, char** argv) {
         int p, v, m;
     } configs[] = {{PP_SCHED_1F1B, 4, 1, 8}, {PP_SCHED_INTERLEAVED, 4, 2, 8}};
     hx_mlp f;
-    float loss = 0;
     pp_batch b;
     pp_error err;
     int steps = 3, warmup = 2, i, t, c, ok = 0, bad = 0;
@@ -358,7 +357,7 @@ int main(int argc, char** argv) {
     if (warmup < 1) warmup = 1; /* the first step grows the pool: never measured */
     hx_mlp_init(&f, DIMS, 21, ROWS, 8, 9);
     hx_dense_batch(&b, f.x, f.y, ROWS, IN, 8); /* host memory: the imitation's kernels read it directly */
-    if (hx_mlp_reference(&f, &b, warmup + steps, &loss, &err) != PP_OK) {
+    if (hx_mlp_reference(&f, &b, warmup + steps, &err) != PP_OK) {
         fprintf(stderr, "sequential reference: %s\n", err.msg);
         return 1;
     }

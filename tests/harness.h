@@ -554,6 +554,12 @@ static inline int hx_loss_matches(const pp_step_stats* stats, int p, const pp_sc
 
 /* ---- with examples/mlp.h --------------------------------------------------------------------- */
 #ifdef PP_EXAMPLE_MLP_H
+/* The tests' MLP (examples/mlp.h's default depth): HX_IN inputs, ten dense layers of 6 to 9
+   units, HX_CLASSES classes. static const int DIMS[MLP_DEPTH + 1] = HX_DIMS; */
+#define HX_IN 6
+#define HX_CLASSES 5
+#define HX_DIMS {HX_IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, HX_CLASSES}
+
 /* p gradient structs of the MLP with dims, each with its own zeroed buffer gbuf[r] (free them). */
 static inline void hx_mlp_rank_grads(mlp_model* g, float** gbuf, int p, const int* dims) {
     int r;
@@ -572,6 +578,7 @@ typedef struct hx_mlp {
     size_t n_params;
     float* x;               /* (rows, dims[0]) */
     int32_t* y;             /* (rows): classes in [0, dims[MLP_DEPTH]) */
+    float loss;             /* the reference's last step */
 } hx_mlp;
 
 /* Weights drawn from wseed; x and y from mlp_make_data(dseed, teacher). 0 when out of memory. */
@@ -587,12 +594,12 @@ static inline int hx_mlp_init(hx_mlp* f, const int* dims, uint64_t wseed, int ro
     return 1;
 }
 
-/* gref = the gradient of `steps` sequential steps of b from zero; *loss the last step's. */
-static inline pp_result hx_mlp_reference(hx_mlp* f, const pp_batch* b, int steps, float* loss, pp_error* err) {
+/* gref = the gradient of `steps` sequential steps of b from zero; f->loss the last step's. */
+static inline pp_result hx_mlp_reference(hx_mlp* f, const pp_batch* b, int steps, pp_error* err) {
     pp_result rc = PP_OK;
     int i;
     memset(f->gbuf, 0, f->n_params * sizeof(float));
-    for (i = 0; i < steps && rc == PP_OK; i++) rc = pp_sequential_step(&f->model, &f->w, &f->gref, b, loss, err);
+    for (i = 0; i < steps && rc == PP_OK; i++) rc = pp_sequential_step(&f->model, &f->w, &f->gref, b, &f->loss, err);
     return rc;
 }
 

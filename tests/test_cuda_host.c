@@ -19,10 +19,8 @@
 #include "harness.h"
 
 #define ROWS 57
-#define IN 6
-#define CLASSES 5
 #define NSEQ 12
-static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 static const int32_t CU[NSEQ + 1] = {0, 3, 4, 11, 20, 22, 30, 31, 40, 41, 47, 50, 57};
 
 /* ---- the MLP's layers, enqueued on the rank's stream as imitation kernels ---------------- */
@@ -31,8 +29,8 @@ static pp_model async_model(void) { return layer_kernels_model(mlp_model_desc())
 /* The tests' batch: ROWS rows packed in NSEQ sequences (CU), 6 micro-batches balanced by tokens;
    inputs in host memory (the imitation's kernels read them directly). */
 static void packed_batch(pp_batch* b, float* x, int32_t* y) {
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
-    hx_packed_batch(b, x, y, CU, NSEQ, IN, 6, PP_SPLIT_TOKENS);
+    mlp_make_data(x, y, ROWS, HX_IN, HX_CLASSES, 8, 9);
+    hx_packed_batch(b, x, y, CU, NSEQ, HX_IN, 6, PP_SPLIT_TOKENS);
 }
 
 /* ---- one configuration ---------------------------------------------------------------------- */
@@ -124,13 +122,12 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
 
 static void test_equal(void) {
     hx_mlp f;
-    float loss = 0;
     pp_batch b;
     pp_error err;
     int kind, p, steps = 3;
     hx_mlp_init(&f, DIMS, 21, ROWS, 8, 9);
-    hx_packed_batch(&b, f.x, f.y, CU, NSEQ, IN, 6, PP_SPLIT_TOKENS);
-    CHECK(hx_mlp_reference(&f, &b, steps, &loss, &err) == PP_OK, "%s", err.msg);
+    hx_packed_batch(&b, f.x, f.y, CU, NSEQ, HX_IN, 6, PP_SPLIT_TOKENS);
+    CHECK(hx_mlp_reference(&f, &b, steps, &err) == PP_OK, "%s", err.msg);
     for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
         for (p = 1; p <= 4; p *= 2) {
             int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
@@ -343,7 +340,7 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
     static float* gbuf[PP_MAX_RANKS];
     static cudaStream_t streams[PP_MAX_RANKS];
     mlp_model w, gtmp;
-    float *wbuf, *gdummy, x[ROWS * IN], x2[40 * IN];
+    float *wbuf, *gdummy, x[ROWS * HX_IN], x2[40 * HX_IN];
     int32_t y[ROWS], y2[40];
     pp_batch b, b2;
     pp_schedule sched;
@@ -359,7 +356,7 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
     memset(&W, 0, sizeof W);
     memset(&w, 0, sizeof w);
     wbuf = mlp_init(&w, &gtmp, DIMS, 33, &gdummy);
-    mlp_make_data(x2, y2, 40, IN, CLASSES, 5, 9);
+    mlp_make_data(x2, y2, 40, HX_IN, HX_CLASSES, 5, 9);
     packed_batch(&b, x, y);
     b2 = b; /* other shapes: 40 rows of unpacked data, split in equal parts */
     b2.input.data = x2;

@@ -17,13 +17,11 @@
 #include "fakecuda/layer_kernels.h"
 
 #define ROWS 41
-#define IN 6
-#define CLASSES 5
 #define NSEQ 9
-static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 static const int32_t CU[NSEQ + 1] = {0, 3, 4, 11, 20, 22, 30, 31, 40, 41};
 
-static float X[ROWS * IN];
+static float X[ROWS * HX_IN];
 static int32_t Y[ROWS];
 static mlp_model W, GREF;
 static float *WBUF, *GREFBUF;
@@ -51,7 +49,7 @@ static int a_bwd(const void* w, void* g, int l, pp_layer_io* io) { return enqueu
 
 static pp_batch batch(void) {
     pp_batch b;
-    hx_packed_batch(&b, X, Y, CU, NSEQ, IN, 0, PP_SPLIT_TOKENS); /* host memory: the layers run on the host */
+    hx_packed_batch(&b, X, Y, CU, NSEQ, HX_IN, 0, PP_SPLIT_TOKENS); /* host memory: the layers run on the host */
     return b;
 }
 
@@ -223,7 +221,7 @@ int main(void) {
     int r;
     WBUF = mlp_init(&W, &GREF, DIMS, 21, &GREFBUF);
     NPAR = mlp_param_count(DIMS);
-    mlp_make_data(X, Y, ROWS, IN, CLASSES, 8, 9);
+    mlp_make_data(X, Y, ROWS, HX_IN, HX_CLASSES, 8, 9);
     for (r = 0; r < 4; r++) {
         mlp_model tmp;
         G[r] = W;

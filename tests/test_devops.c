@@ -13,10 +13,8 @@
 #include "harness.h"
 
 #define ROWS 41
-#define IN 6
-#define CLASSES 5
 #define NSEQ 9
-static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 static const int32_t CU[NSEQ + 1] = {0, 2, 9, 10, 17, 19, 27, 28, 36, 41}; /* packed, uneven lengths */
 
 /* Host hooks with counters. Fresh blocks are filled with 0xFF bytes (a NaN pattern) so that a
@@ -130,15 +128,14 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, int use_hooks, 
 
 static void test_equal_and_pooled(void) {
     hx_mlp f;
-    float loss = 0;
     pp_batch b;
     pp_error err;
     static const int ms[] = {4, 8};
     int mi, kind, p, steps = 3;
     hx_mlp_init(&f, DIMS, 11, ROWS, 3, 4);
     for (mi = 0; mi < 2; mi++) {
-        hx_packed_batch(&b, f.x, f.y, CU, NSEQ, IN, ms[mi], PP_SPLIT_TOKENS);
-        CHECK(hx_mlp_reference(&f, &b, steps, &loss, &err) == PP_OK, "%s", err.msg);
+        hx_packed_batch(&b, f.x, f.y, CU, NSEQ, HX_IN, ms[mi], PP_SPLIT_TOKENS);
+        CHECK(hx_mlp_reference(&f, &b, steps, &err) == PP_OK, "%s", err.msg);
         for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
             for (p = 1; p <= 4; p *= 2) {
                 int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;

@@ -11,9 +11,7 @@
 #include "harness.h"
 
 #define ROWS 33
-#define IN 6
-#define CLASSES 5
-static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 
 /* One configuration: pipelined step(s) vs reference step(s). Returns 1 when equal. */
 static int run_case(pp_schedule_kind kind, int p, int v, int m, const int* first, const char* part_name,
@@ -46,7 +44,6 @@ static int run_case(pp_schedule_kind kind, int p, int v, int m, const int* first
 static void test_grid(void) {
     static const int ms[] = {1, 2, 3, 4, 7, 8, 16};
     hx_mlp f;
-    float loss_ref = 0;
     pp_batch b;
     pp_error err;
     pp_model model = mlp_model_desc();
@@ -56,13 +53,13 @@ static void test_grid(void) {
     hx_mlp_init(&f, DIMS, 42, ROWS, 7, 99);
     memset(&sample, 0, sizeof sample);
     sample.rows = ROWS;
-    sample.cols = IN;
+    sample.cols = HX_IN;
     sample.dtype = PP_F32;
     CHECK(pp_model_layer_costs(&model, &f.w, &sample, cost, NULL, &err) == PP_OK, "%s", err.msg);
     for (mi = 0; mi < (int)(sizeof ms / sizeof ms[0]); mi++) {
         int m = ms[mi];
-        hx_dense_batch(&b, f.x, f.y, ROWS, IN, m);
-        if (hx_mlp_reference(&f, &b, 1, &loss_ref, &err) != PP_OK) {
+        hx_dense_batch(&b, f.x, f.y, ROWS, HX_IN, m);
+        if (hx_mlp_reference(&f, &b, 1, &err) != PP_OK) {
             CHECK(0, "reference m=%d: %s", m, err.msg);
             continue;
         }
@@ -83,7 +80,7 @@ static void test_grid(void) {
                         }
                         if (S == 1 && part > 0) continue;
                         cases++;
-                        good += run_case((pp_schedule_kind)kind, p, v, m, first, pname, &f.w, &f.gref, loss_ref, &b, 1);
+                        good += run_case((pp_schedule_kind)kind, p, v, m, first, pname, &f.w, &f.gref, f.loss, &b, 1);
                     }
                 }
     }
@@ -94,16 +91,15 @@ static void test_grid(void) {
 /* Two steps accumulate: the gradient after two pipelined steps equals two reference steps. */
 static void test_accumulate_two_steps(void) {
     hx_mlp f;
-    float loss_ref = 0;
     pp_batch b;
     pp_error err;
     int first[5];
     hx_mlp_init(&f, DIMS, 3, ROWS, 5, 6);
-    hx_dense_batch(&b, f.x, f.y, ROWS, IN, 4);
+    hx_dense_batch(&b, f.x, f.y, ROWS, HX_IN, 4);
     b.loss = PP_LOSS_MEAN_ROWS;
-    hx_mlp_reference(&f, &b, 2, &loss_ref, &err);
+    hx_mlp_reference(&f, &b, 2, &err);
     pp_partition_uniform(f.model.n_layers, 4, first, &err);
-    run_case(PP_SCHED_1F1B, 4, 1, 4, first, "uniform, 2 steps, rows-weighted loss", &f.w, &f.gref, loss_ref, &b, 2);
+    run_case(PP_SCHED_1F1B, 4, 1, 4, first, "uniform, 2 steps, rows-weighted loss", &f.w, &f.gref, f.loss, &b, 2);
     hx_mlp_free(&f);
 }
 

@@ -19,9 +19,7 @@
 #include <math.h>
 
 #define ROWS 29
-#define IN 6
-#define CLASSES 5
-static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 
 /* ---- schedules alone -------------------------------------------------------------------------- */
 
@@ -318,12 +316,12 @@ static int run_kind(pp_schedule_kind k, int p, int v, int m, const int* first, i
     return ok;
 }
 
-static void make_batch(pp_batch* b, float* x, int32_t* y, int m) { hx_dense_batch(b, x, y, ROWS, IN, m); }
+static void make_batch(pp_batch* b, float* x, int32_t* y, int m) { hx_dense_batch(b, x, y, ROWS, HX_IN, m); }
 
 static void test_gradients(void) {
     static const int ms[] = {1, 2, 3, 5, 8};
     static ref R;
-    float *wbuf, *gbuf, x[ROWS * IN];
+    float *wbuf, *gbuf, x[ROWS * HX_IN];
     int32_t y[ROWS];
     pp_batch b;
     pp_error err;
@@ -332,7 +330,7 @@ static void test_gradients(void) {
     memset(&R, 0, sizeof R);
     wbuf = mlp_init(&R.w, &R.g, DIMS, 17, &gbuf);
     mlpz_from_mlp(&R.wz, &R.w);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 11, 12);
+    mlp_make_data(x, y, ROWS, HX_IN, HX_CLASSES, 11, 12);
     CHECK(split.weight_grad != NULL && fused.weight_grad == NULL, "PP_MODEL_SPLIT sets weight_grad, PP_MODEL does not");
     for (mi = 0; mi < (int)(sizeof ms / sizeof ms[0]); mi++) {
         int m = ms[mi];
@@ -520,7 +518,7 @@ static void test_partition_capped(void) {
 static void test_profile(void) {
     mlp_model w, g, gref, tmp;
     mlpz_model wz, gz, gzref;
-    float *wbuf, *gbuf, *gbuf2, x[ROWS * IN], loss;
+    float *wbuf, *gbuf, *gbuf2, x[ROWS * HX_IN], loss;
     int32_t y[ROWS];
     double tf[MLP_DEPTH + 1], tb[MLP_DEPTH + 1], tw[MLP_DEPTH + 1];
     pp_model split = mlpz_model_desc();
@@ -533,7 +531,7 @@ static void test_profile(void) {
     mlpz_from_mlp(&wz, &w);
     mlpz_from_mlp(&gz, &g);
     mlpz_from_mlp(&gzref, &gref);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 4, 5);
+    mlp_make_data(x, y, ROWS, HX_IN, HX_CLASSES, 4, 5);
     make_batch(&b, x, y, 3);
     CHECK(pp_profile_layers(&split, &wz, &gz, &b, 2, tf, tb, tw, &err) == PP_OK, "%s", err.msg);
     for (l = 0; l <= MLP_DEPTH; l++) ok = ok && tf[l] >= 0 && tb[l] >= 0 && tw[l] >= 0;
