@@ -28,6 +28,13 @@ static const int DIMS[MLP_DEPTH + 1] = {IN, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, CLASSE
     } while (0)
 /* EXPECT_ERR's call writes its message into e_. */
 #define ERR (&e_)
+/* Rank 0's desc of fixture f with one change (a statement on d): pp_stage_create refuses it. */
+#define EXPECT_DESC_INVALID(f, change, what)                             \
+    do {                                                                 \
+        d = desc_for(&(f), 0);                                           \
+        change;                                                          \
+        EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, what); \
+    } while (0)
 
 static void test_schedule_args(void) {
     pp_action acts[64];
@@ -105,30 +112,14 @@ static void test_stage_desc(void) {
     pp_stage* st = NULL;
     int bad_first[3] = {0, 12, 12};
     fixture_init(&f, 4);
-    d = desc_for(&f, 0);
-    d.model.forward = NULL;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL forward callback");
-    d = desc_for(&f, 0);
-    d.model.describe = NULL;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL describe callback");
-    d = desc_for(&f, 0);
-    d.schedule = NULL;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL schedule");
-    d = desc_for(&f, 0);
-    d.rank = 2;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "rank outside the schedule");
-    d = desc_for(&f, 0);
-    d.partition = bad_first;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "partition with an empty stage");
-    d = desc_for(&f, 0);
-    memset(&d.transport, 0, sizeof d.transport);
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "no transport for p = 2");
-    d = desc_for(&f, 0);
-    d.transport = pp_threads_transport(f.threads, 1);
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "transport of another rank");
-    d = desc_for(&f, 0);
-    d.grads = NULL;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL grads");
+    EXPECT_DESC_INVALID(f, d.model.forward = NULL, "NULL forward callback");
+    EXPECT_DESC_INVALID(f, d.model.describe = NULL, "NULL describe callback");
+    EXPECT_DESC_INVALID(f, d.schedule = NULL, "NULL schedule");
+    EXPECT_DESC_INVALID(f, d.rank = 2, "rank outside the schedule");
+    EXPECT_DESC_INVALID(f, d.partition = bad_first, "partition with an empty stage");
+    EXPECT_DESC_INVALID(f, memset(&d.transport, 0, sizeof d.transport), "no transport for p = 2");
+    EXPECT_DESC_INVALID(f, d.transport = pp_threads_transport(f.threads, 1), "transport of another rank");
+    EXPECT_DESC_INVALID(f, d.grads = NULL, "NULL grads");
     CHECK(st == NULL, "no stage is returned on error");
     EXPECT_ERR(pp_stage_create(NULL, &st, ERR), PP_ERR_INVALID, "NULL desc");
     fixture_free(&f);
@@ -222,25 +213,13 @@ static void test_validation_audit(void) {
     pp_tensor sample;
     double cost[MLP_DEPTH + 1];
     fixture_init(&f, 2);
-    d = desc_for(&f, 0);
-    d.timeout_s = -1;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "negative timeout");
-    d.timeout_s = NAN;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NaN timeout");
-    d.timeout_s = 1e300;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "timeout beyond time_t");
-    d = desc_for(&f, 0);
-    d.weights = NULL;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL weights");
-    d = desc_for(&f, 0);
-    d.check_finite = 2;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "check_finite out of range");
-    d = desc_for(&f, 0);
-    d.shapes = (pp_shape_policy)9;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "unknown shape policy");
-    d = desc_for(&f, 0);
-    d.max_seqs = -3;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "negative max_seqs");
+    EXPECT_DESC_INVALID(f, d.timeout_s = -1, "negative timeout");
+    EXPECT_DESC_INVALID(f, d.timeout_s = NAN, "NaN timeout");
+    EXPECT_DESC_INVALID(f, d.timeout_s = 1e300, "timeout beyond time_t");
+    EXPECT_DESC_INVALID(f, d.weights = NULL, "NULL weights");
+    EXPECT_DESC_INVALID(f, d.check_finite = 2, "check_finite out of range");
+    EXPECT_DESC_INVALID(f, d.shapes = (pp_shape_policy)9, "unknown shape policy");
+    EXPECT_DESC_INVALID(f, d.max_seqs = -3, "negative max_seqs");
     CHECK(st == NULL, "no stage on error");
     EXPECT_ERR(pp_sequential_step(&model, NULL, &f.g, &f.b, &loss, ERR), PP_ERR_INVALID, "sequential: NULL weights");
     sample.data = NULL;
