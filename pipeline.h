@@ -413,6 +413,20 @@ static inline void _pp_model_use(pp_model* m, int k, int n) {
     m->in_use[k] = n;
 }
 
+/* A (w, g, l, io) dispatcher over the list, name_fname: backward, and PP_MODEL_SPLIT's weight_grad. */
+#define _PP_MODEL_GRAD_FN(mname, fname, LIST, KIND, ENTRY)                                       \
+    static inline int mname##_##fname(const void* w_, void* g_, int l, pp_layer_io* io) {       \
+        enum { LIST(KIND) _pp_kinds };                                                          \
+        const mname##_model* w = (const mname##_model*)w_;                                        \
+        mname##_model* g = (mname##_model*)g_;                                                    \
+        int i = 0;                                                                              \
+        switch (_pp_model_locate(io->model, mname##_kinds(), _pp_kinds, l, &i)) {                \
+            LIST(ENTRY)                                                                         \
+        default: break;                                                                         \
+        }                                                                                       \
+        return -1;                                                                              \
+    }
+
 /* The parts PP_MODEL and PP_MODEL_SPLIT share, over the entry macros of their list arity. */
 #define _PP_MODEL_COMMON(mname, LIST, FIELD, COUNT, KIND, KINIT, CNT, FWD, BWD, DESC)             \
     typedef struct mname##_model { LIST(FIELD) } mname##_model;                                   \
@@ -432,17 +446,7 @@ static inline void _pp_model_use(pp_model* m, int k, int n) {
         }                                                                                       \
         return -1;                                                                              \
     }                                                                                           \
-    static inline int mname##_backward(const void* w_, void* g_, int l, pp_layer_io* io) {       \
-        enum { LIST(KIND) _pp_kinds };                                                          \
-        const mname##_model* w = (const mname##_model*)w_;                                        \
-        mname##_model* g = (mname##_model*)g_;                                                    \
-        int i = 0;                                                                              \
-        switch (_pp_model_locate(io->model, mname##_kinds(), _pp_kinds, l, &i)) {                \
-            LIST(BWD)                                                                           \
-        default: break;                                                                         \
-        }                                                                                       \
-        return -1;                                                                              \
-    }                                                                                           \
+    _PP_MODEL_GRAD_FN(mname, backward, LIST, KIND, BWD)                                          \
     static inline void mname##_describe(const void* w_, int l, const pp_microbatch* mb,          \
                                        const pp_tensor* in, int n_in, pp_layer_desc* d) {       \
         enum { LIST(KIND) _pp_kinds };                                                          \
@@ -514,17 +518,7 @@ static inline int _pp_no_wgrad(const void* w, void* g, pp_layer_io* io) {
 #define PP_MODEL_SPLIT(mname, LIST)                                                              \
     _PP_MODEL_COMMON(mname, LIST, _PP_MODELW_FIELD, _PP_MODELW_COUNT, _PP_MODELW_KIND, _PP_MODELW_KINIT, \
                      _PP_MODELW_CNT, _PP_MODELW_FWD, _PP_MODELW_BWD, _PP_MODELW_DESC)            \
-    static inline int mname##_weight_grad(const void* w_, void* g_, int l, pp_layer_io* io) {    \
-        enum { LIST(_PP_MODELW_KIND) _pp_kinds };                                               \
-        const mname##_model* w = (const mname##_model*)w_;                                        \
-        mname##_model* g = (mname##_model*)g_;                                                    \
-        int i = 0;                                                                              \
-        switch (_pp_model_locate(io->model, mname##_kinds(), _pp_kinds, l, &i)) {                \
-            LIST(_PP_MODELW_WG)                                                                 \
-        default: break;                                                                         \
-        }                                                                                       \
-        return -1;                                                                              \
-    }                                                                                           \
+    _PP_MODEL_GRAD_FN(mname, weight_grad, LIST, _PP_MODELW_KIND, _PP_MODELW_WG)                  \
     _PP_MODEL_DESC_FN(mname, LIST, _PP_MODELW_KIND, _PP_MODELW_USE, _PP_MODELW_ZERO, mname##_weight_grad)
 
 /* Checks a pp_model: non-NULL callbacks, n_layers > 0, and with PP_MODEL's fields, every entry's
