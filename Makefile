@@ -197,7 +197,7 @@ PEERS_BLAS = $(if $(OPENBLAS),-DPEERS_CBLAS,)
 PEERS_LIBS = $(if $(OPENBLAS),-lopenblas,)
 PYTHON ?= python3
 
-$(B)/peers_ours: bench/peers/ours.c tests/harness.h $(HEADERS) | $(B)
+$(B)/peers_ours: bench/peers/ours.c tests/harness.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $(PEERS_BLAS) $< -o $@ $(PEERS_LIBS) $(LDLIBS)
 
 bench-peers: $(B)/peers_ours

@@ -27,6 +27,7 @@
                       [--warmup 3] [--lengths FILE] [--no-overhead] */
 #define PIPELINE_IMPLEMENTATION
 #include "../../pipeline.h"
+#include "../../examples/mlp.h" /* its loss layer (xent) and generator (splitmix) */
 
 #include <math.h>
 #include <stdio.h>
@@ -106,7 +107,7 @@ static void mm_nt(int M, int N, int K, const float* dz, const float* W, float* d
 }
 
 /* ---- layers -------------------------------------------------------------------------------- */
-static int dense_fwd(const pdense* p, pp_layer_io* io) {
+static int pdense_fwd(const pdense* p, pp_layer_io* io) {
     const float* x = (const float*)io->in[0].data;     /* (rows, in) */
     float* y = (float*)io->out[0].data;                /* (rows, out) */
     int rows = (int)io->in[0].rows, r, o;
@@ -119,7 +120,7 @@ static int dense_fwd(const pdense* p, pp_layer_io* io) {
     return 0;
 }
 
-static int dense_bwd(const pdense* p, pdense* g, pp_layer_io* io) {
+static int pdense_bwd(const pdense* p, pdense* g, pp_layer_io* io) {
     const float* x = (const float*)io->in[0].data;     /* (rows, in) */
     const float* y = (const float*)io->out[0].data;    /* (rows, out) */
     const float* dy = (const float*)io->d_out[0].data; /* (rows, out) */
@@ -141,52 +142,20 @@ static int dense_bwd(const pdense* p, pdense* g, pp_layer_io* io) {
     return 0;
 }
 
-static int xent_fwd(int classes, pp_layer_io* io) {
-    const float* z = (const float*)io->in[0].data;     /* (rows, classes) */
-    const int32_t* t = (const int32_t*)io->mb->targets;/* (rows) */
-    int64_t r, rows = io->in[0].rows;
-    double loss = 0;
-    int c;
-    for (r = 0; r < rows; r++) {
-        const float* zr = z + r * classes;
-        float mx = zr[0], sum = 0;
-        if (t[r] < 0 || t[r] >= classes) return 3;
-        for (c = 1; c < classes; c++) mx = zr[c] > mx ? zr[c] : mx;
-        for (c = 0; c < classes; c++) sum += expf(zr[c] - mx);
-        loss += (double)(logf(sum) + mx - zr[t[r]]);
-    }
-    io->loss = (float)(loss / (double)rows);
-    return 0;
-}
-
-static int xent_bwd(int classes, pp_layer_io* io) {
-    const float* z = (const float*)io->in[0].data;     /* (rows, classes) */
-    const int32_t* t = (const int32_t*)io->mb->targets;
-    float* dz = (float*)io->d_in[0].data;              /* (rows, classes) */
-    int64_t r, rows = io->in[0].rows;
-    float scale = io->mb->loss_scale / (float)rows;
-    int c;
-    for (r = 0; r < rows; r++) {
-        const float* zr = z + r * classes;
-        float mx = zr[0], sum = 0;
-        for (c = 1; c < classes; c++) mx = zr[c] > mx ? zr[c] : mx;
-        for (c = 0; c < classes; c++) sum += expf(zr[c] - mx);
-        for (c = 0; c < classes; c++)
-            dz[r * classes + c] = scale * (expf(zr[c] - mx) / sum - (c == t[r] ? 1.0f : 0.0f));
-    }
-    return 0;
-}
-
-/* The model for the library, written out by hand because the layer count is a run-time value
-   (PP_MODEL fixes counts at compile time). */
+/* The model for the library, written out by hand: its dense layers call the kernels above
+   (BLAS or naive), and the loss is examples/mlp.h's. */
 static int pnet_forward(const void* w_, int l, pp_layer_io* io) {
     const pnet* w = (const pnet*)w_;
-    return l < w->L ? dense_fwd(&w->dense[l], io) : xent_fwd(w->classes, io);
+    xent_params xp;
+    xp.classes = w->classes;
+    return l < w->L ? pdense_fwd(&w->dense[l], io) : xent_fwd(&xp, io);
 }
 static int pnet_backward(const void* w_, void* g_, int l, pp_layer_io* io) {
     const pnet* w = (const pnet*)w_;
     pnet* g = (pnet*)g_;
-    return l < w->L ? dense_bwd(&w->dense[l], &g->dense[l], io) : xent_bwd(w->classes, io);
+    xent_params xp;
+    xp.classes = w->classes;
+    return l < w->L ? pdense_bwd(&w->dense[l], &g->dense[l], io) : xent_bwd(&xp, NULL, io);
 }
 static void pnet_describe(const void* w_, int l, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                           pp_layer_desc* d) {
@@ -208,14 +177,6 @@ static const char* pnet_layer_name(int l) {
     (void)l;
     return "layer";
 }
-
-static uint64_t rng_next(uint64_t* s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float rng_uniform(uint64_t* s) { return (float)((rng_next(s) >> 40) * (1.0 / 16777216.0)); }
 
 /* Weights (and zeroed gradients, same layout) for L dense layers in -> hidden ... -> classes. */
 static float* pnet_init(pnet* w, pnet* g, int L, int in, int hidden, int classes, float** gbuf) {
@@ -247,7 +208,7 @@ static float* pnet_init(pnet* w, pnet* g, int L, int in, int hidden, int classes
         sc = 1.0f / sqrtf((float)d->in);
         d->w = buf + off;
         d->b = buf + off + nw;
-        for (i = 0; i < nw; i++) d->w[i] = (2.0f * rng_uniform(&seed) - 1.0f) * sc;
+        for (i = 0; i < nw; i++) d->w[i] = (2.0f * splitmix_uniform(&seed) - 1.0f) * sc;
         for (i = 0; i < (size_t)d->out; i++) d->b[i] = 0;
         g->dense[l] = *d;
         g->dense[l].w = gb + off;
@@ -494,8 +455,8 @@ int main(int argc, char** argv) {
         x = (float*)malloc(sizeof(float) * (size_t)rows * c.in);
         y = (int32_t*)malloc(sizeof(int32_t) * (size_t)rows);
         if (!x || !y) return 3;
-        for (j = 0; j < rows * c.in; j++) x[j] = 2.0f * rng_uniform(&seed) - 1.0f;
-        for (j = 0; j < rows; j++) y[j] = (int32_t)(rng_next(&seed) % (uint64_t)c.classes);
+        for (j = 0; j < rows * c.in; j++) x[j] = 2.0f * splitmix_uniform(&seed) - 1.0f;
+        for (j = 0; j < rows; j++) y[j] = (int32_t)(splitmix_next(&seed) % (uint64_t)c.classes);
         bs[i].input.data = x;
         bs[i].input.rows = rows;
         bs[i].input.cols = c.in;
