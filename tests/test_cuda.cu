@@ -218,22 +218,10 @@ typedef struct run {
     const pp_schedule* sched;
     const int* first;
     const pp_batch* batch;      /* device input and targets of device 0 */
-    const pp_batch* batch_dev[PP_MAX_RANKS]; /* per rank: its device's copy */
-    pp_cuda* cuda;
-    pp_stage* st[PP_MAX_RANKS];
+    hx_stages S;                /* the ranks' stages on the pp_cuda world (S.user), batch_of[r]:
+                                   rank r's device's copy of the batch */
     hx_poison pz[PP_MAX_RANKS];
-    pp_result rc[PP_MAX_RANKS];
-    pp_step_stats stats[PP_MAX_RANKS];
 } run;
-
-static pp_result rank_step(int rank, void* user) {
-    run* R = (run*)user;
-    pp_error err;
-    pp_result rc = pp_cuda_bind(R->cuda, rank, &err);
-    if (rc == PP_OK) rc = pp_stage_step(R->st[rank], R->batch_dev[rank], &R->stats[rank]);
-    R->rc[rank] = rc;
-    return rc;
-}
 
 /* Per device: a copy of the weights, the batch input/targets. */
 typedef struct devdata {
@@ -260,6 +248,7 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
                          int steps, int poison, outcome* o, const char* where) {
     static run R;
     pp_cuda_desc cd;
+    pp_cuda* cuda = NULL;
     pp_error err;
     int p = sched->p, r;
     size_t np = n_params();
@@ -275,10 +264,14 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
     cd.n_ranks = p;
     cd.devices = devs;
     cd.timeline = 1;
-    if (pp_cuda_create(&cd, &R.cuda, &err) != PP_OK) {
+    if (pp_cuda_create(&cd, &cuda, &err) != PP_OK) {
         CHECK(0, "%s: pp_cuda_create: %s", where, err.msg);
         return;
     }
+    R.S.p = p;
+    R.S.user = cuda;
+    R.S.before = hx_cuda_bind;
+    R.S.keep_stats = 1;
     o->grads = (float*)calloc((size_t)p * np, sizeof(float));
     o->ok = 1;
     for (r = 0; r < p && o->ok; r++) {
@@ -295,14 +288,14 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
             break;
         }
         carve(&g[r], gdev[r]);
-        ctx[r].stream = pp_cuda_stream(R.cuda, r);
-        R.batch_dev[r] = &dd[dev].b;
-        hx_stage_desc(&d, NULL, gm_model_desc(), &w[r], &g[r], sched, first, r, pp_cuda_transport(R.cuda, r));
+        ctx[r].stream = pp_cuda_stream(cuda, r);
+        R.S.batch_of[r] = &dd[dev].b;
+        hx_stage_desc(&d, NULL, gm_model_desc(), &w[r], &g[r], sched, first, r, pp_cuda_transport(cuda, r));
         if (poison && p > 1) d.transport = hx_cuda_poison_transport(&R.pz[r], d.transport, &ctx[r].stream);
-        d.device = pp_cuda_device_ops(R.cuda, r);
+        d.device = pp_cuda_device_ops(cuda, r);
         d.layer_ctx = &ctx[r];
         d.timeout_s = 60;
-        if (pp_stage_create(&d, &R.st[r], &err) != PP_OK) {
+        if (pp_stage_create(&d, &R.S.st[r], &err) != PP_OK) {
             CHECK(0, "%s: rank %d pp_stage_create: %s", where, r, err.msg);
             o->ok = 0;
         }
@@ -315,28 +308,28 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
         cudaDeviceSynchronize();
     }
     for (int s = 0; s < steps && o->ok; s++) {
-        if (pp_cuda_step_begin(R.cuda, &err) != PP_OK) {
+        if (pp_cuda_step_begin(cuda, &err) != PP_OK) {
             CHECK(0, "%s: step_begin: %s", where, err.msg);
             o->ok = 0;
             break;
         }
-        if (pp_threads_run(p, rank_step, &R, &err) != PP_OK) {
+        if (hx_stages_step(&R.S, &err) != PP_OK) {
             for (r = 0; r < p; r++)
-                if (R.rc[r] != PP_OK)
-                    CHECK(0, "%s: step %d rank %d: %s (cuda: %s)", where, s, r, pp_stage_error(R.st[r]), pp_cuda_error(R.cuda, r));
+                if (R.S.rc[r] != PP_OK)
+                    CHECK(0, "%s: step %d rank %d: %s (cuda: %s)", where, s, r, pp_stage_error(R.S.st[r]), pp_cuda_error(cuda, r));
             o->ok = 0;
             break;
         }
-        if (pp_cuda_step_end(R.cuda, &o->info, &err) != PP_OK) {
+        if (pp_cuda_step_end(cuda, &o->info, &err) != PP_OK) {
             CHECK(0, "%s: step_end: %s", where, err.msg);
             o->ok = 0;
             break;
         }
-        for (r = 0; r < p; r++) pp_cuda_memory(R.cuda, r, &o->pool_bytes[r], s == 0 ? &o->allocs1[r] : &o->allocs2[r]);
+        for (r = 0; r < p; r++) pp_cuda_memory(cuda, r, &o->pool_bytes[r], s == 0 ? &o->allocs1[r] : &o->allocs2[r]);
     }
     if (o->ok) {
         int last_rank, chunk;
-        o->n_events = pp_cuda_timeline(R.cuda, NULL, 0);
+        o->n_events = pp_cuda_timeline(cuda, NULL, 0);
         pp_schedule_stage_rank(sched, sched->n_stages - 1, &last_rank, &chunk);
         cudaSetDevice(devs ? devs[last_rank] : 0);
         if (cudaMemcpy(o->mb_loss, ctx[last_rank].mb_loss, sizeof(float) * (size_t)sched->m, cudaMemcpyDeviceToHost) != cudaSuccess)
@@ -345,7 +338,7 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
             cudaSetDevice(devs ? devs[r] : 0);
             if (cudaMemcpy(o->grads + (size_t)r * np, gdev[r], np * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess)
                 o->ok = 0;
-            o->peak_live[r] = R.stats[r].peak_live;
+            o->peak_live[r] = R.S.stats[r].peak_live;
             o->unwritten += R.pz[r].unwritten;
             o->checked += R.pz[r].checked;
             o->pz_errors += R.pz[r].errors;
@@ -353,12 +346,12 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
         CHECK(o->ok, "%s: reading results back", where);
     }
     for (r = 0; r < p; r++) {
-        pp_stage_destroy(R.st[r]);
+        pp_stage_destroy(R.S.st[r]);
         cudaSetDevice(devs ? devs[r] : 0);
         if (gdev[r]) cudaFree(gdev[r]);
         if (ctx[r].mb_loss) cudaFree(ctx[r].mb_loss);
     }
-    pp_cuda_destroy(R.cuda);
+    pp_cuda_destroy(cuda);
 }
 
 /* Index of the first parameter of layer l in the flat buffer. */
