@@ -1,21 +1,26 @@
-/* tests/harness.h - what the tests and the benches share, so that each says only what it checks.
+/* tests/harness.h - what the tests and the benches share, so that each says only what it checks
+   (docs/testing.md). All static; include after pipeline.h (and pipeline_cuda.h for the CUDA
+   helpers), tests/test.h and examples/mlp.h where the file uses them.
 
-   - hx_world: the per-rank world over the threads transport. Fill it (model, weights, one
-     gradient struct or one per rank, schedule, partition, batch, a pp_stage_desc template) and
-     hx_run(W, p) runs p threads; each fills its pp_stage_desc from the world, creates its stage,
-     steps it W->steps times and records its result, message and stats. Optional hooks change a
-     rank's desc (a transport wrapper, device ops), its batch per step, or record per-step figures.
-   - hx_sched: a schedule made into memory of its own.
-   - hx_stages: stages made beforehand (one per rank), stepped together on p threads.
-   - hx_dense_batch: a dense batch of rows x cols floats with int32 targets.
-   - hx_poison: a transport wrapper that poisons every receive buffer before the receive is
-     posted and counts, when the wait returns, the receives that left a byte unwritten.
-   - With tests/test.h: hx_report (a CHECK per failed rank). With examples/mlp.h: per-rank MLP
-     gradient buffers and their comparison with the sequential reference.
-   - Benches: hx_median, hx_arg_int.
-
-   Include after pipeline.h (with PIPELINE_IMPLEMENTATION in the same file: the helpers are all
-   static) and after whichever of tests/test.h and examples/mlp.h the file uses. */
+   - hx_world, hx_run: the per-rank world over the threads transport. Fill it (model, weights,
+     one gradient struct or one per rank, schedule, partition, batch, a pp_stage_desc template)
+     and hx_run(W, p, err) runs p threads; each makes its stage from the world, steps it
+     W->steps times and records its result, message and last stats. Hooks change a rank's desc
+     (a transport wrapper, device ops), its batch per step (hx_steps: one batch per step) or
+     record each step (hx_timing: benches' step times and losses).
+   - hx_stages: stages made beforehand, one per rank, stepped together (hx_cuda_step on a
+     pp_cuda world).
+   - hx_sched (hx_sched_make, hx_sched_simulate), hx_stage_desc, the batches (hx_dense_batch,
+     hx_packed_batch, hx_token_batch, hx_hide_meta).
+   - hx_poison_transport: poisons every receive buffer before the receive is posted and counts,
+     when the wait returns, the receives that left a byte unwritten (hx_cuda_poison_transport:
+     device buffers, on the rank's stream).
+   - With tests/test.h: hx_report, hx_loss_matches, hx_check_peak_poison. With examples/mlp.h:
+     the tests' MLP (HX_DIMS), hx_mlp (weights, data, the sequential reference), per-rank
+     gradients (hx_mlp_world) and hx_mlp_grads_match.
+   - Benches: hx_median, hx_worst_median, hx_arg_int.
+   Negative control: -DHX_NEGATIVE_CONTROL makes every rank of an hx_world leave out its last
+   step; the tests that compare with the reference then fail. */
 #ifndef PP_TESTS_HARNESS_H
 #define PP_TESTS_HARNESS_H
 
