@@ -11,6 +11,7 @@ LDLIBS   = -lpthread -lm
 B        = build
 
 HEADERS  = pipeline.h
+TEST_HDRS = tests/test.h tests/harness.h tests/tlm_grid.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
@@ -42,20 +43,20 @@ $(B)/gpt_cpu: examples/gpt_cpu.c $(EXH) $(HEADERS) | $(B)
 $(B)/pp-sched: tools/pp_sched.c $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/bench_%: bench/bench_%.c $(EXH) $(HEADERS) | $(B)
+$(B)/bench_%: bench/bench_%.c tests/harness.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # Tests: gcc build, clang build, ASan+UBSan, TSan (threaded), and every header as C++.
-$(B)/%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
+$(B)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/clang-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
+$(B)/clang-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CLANG) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/asan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
+$(B)/asan-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $< -o $@ $(LDLIBS)
 
-$(B)/tsan-%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(B)
+$(B)/tsan-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CLANG) $(BASE) -O1 -g -fsanitize=thread $< -o $@ $(LDLIBS)
 
 # pipeline_cuda.h on the host: tests/fakecuda imitates the CUDA runtime (streams as threads).
@@ -75,7 +76,7 @@ $(NCCL_PIPE): BASE += -DFAKECUDA_DEVICES=8
 
 # GPU transports' host work (runtime calls per transfer, host waits per action) on the imitation;
 # make test runs it once, shortly (bench-imitation-smoke)
-$(B)/bench_imitation: bench/bench_imitation.c tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
+$(B)/bench_imitation: bench/bench_imitation.c tests/harness.h tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
                       tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda $(CFLAGS) $< -o $@ $(LDLIBS)
 
@@ -98,7 +99,7 @@ $(B)/agree-controls: tests/controls.sh $(B)/agree-ctl-nogen $(B)/agree-ctl-noagr
 	printf '#!/bin/sh\nexec sh tests/controls.sh agree-controls "$(B)/agree-ctl-nogen controls" "$(B)/agree-ctl-noagree controls"\n' > $@
 	chmod +x $@
 
-$(B)/cxx-imitation.o: tests/test_imitation.c tests/test.h tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)
+$(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)
 	$(CXX) -std=c++11 -Wall -Wextra -Werror -I. -Itests/fakenccl -Itests/fakecuda -x c++ -c $< -o $@
 
 $(B)/cxx-check.o: tests/cxx_check.cc $(HEADERS) | $(B)
@@ -214,7 +215,7 @@ PEERS_BLAS = $(if $(OPENBLAS),-DPEERS_CBLAS,)
 PEERS_LIBS = $(if $(OPENBLAS),-lopenblas,)
 PYTHON ?= python3
 
-$(B)/peers_ours: bench/peers/ours.c $(HEADERS) | $(B)
+$(B)/peers_ours: bench/peers/ours.c tests/harness.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $(PEERS_BLAS) $< -o $@ $(PEERS_LIBS) $(LDLIBS)
 
 bench-peers: $(B)/peers_ours
@@ -228,16 +229,16 @@ NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=com
 CUDA_BINS = $(B)/test_cuda $(B)/gpt_cuda $(B)/bubble_cuda $(B)/peers_ours_cuda
 CUDA_HDRS = pipeline.h pipeline_cuda.h
 
-$(B)/test_cuda: tests/test_cuda.cu tests/test.h $(CUDA_HDRS) | $(B)
+$(B)/test_cuda: tests/test_cuda.cu $(TEST_HDRS) $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
 
-$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_data.h $(CUDA_HDRS) | $(B)
+$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_data.h examples/splitmix.h $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
 
-$(B)/bubble_cuda: bench/bubble_cuda.cu $(CUDA_HDRS) | $(B)
+$(B)/bubble_cuda: bench/bubble_cuda.cu tests/harness.h $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
 
-$(B)/peers_ours_cuda: bench/peers/ours_cuda.cu $(CUDA_HDRS) | $(B)
+$(B)/peers_ours_cuda: bench/peers/ours_cuda.cu tests/harness.h $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
 
 check-cuda: | $(B)
@@ -287,7 +288,7 @@ QUICK_BINS = $(addprefix $(Q)/,$(TESTS)) $(Q)/mlp_cpu $(Q)/gpt_cpu $(Q)/pp-sched
 $(Q): | $(B)
 	@mkdir -p $(Q)
 
-$(Q)/%: tests/%.c tests/test.h $(EXH) $(HEADERS) | $(Q)
+$(Q)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(Q)
 	$(CC) $(BASE) -O0 $< -o $@ $(LDLIBS)
 
 $(Q)/%: examples/%.c $(EXH) $(HEADERS) | $(Q)

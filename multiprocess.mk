@@ -27,7 +27,7 @@ MPI_TESTS =
 MPI_BINS  =
 endif
 
-$(B)/test_mpi: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+$(B)/test_mpi: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 $(B)/tlm_mpi: examples/tlm_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
@@ -37,7 +37,7 @@ $(B)/tlm_mpi: examples/tlm_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 $(B)/gpt_mpi: examples/gpt_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-$(B)/bench_mpi: bench/bench_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+$(B)/bench_mpi: bench/bench_mpi.c tests/harness.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # NCCL (optional): pipeline_nccl.h compiles and links against NCCL and the CUDA runtime, as C99
@@ -54,11 +54,11 @@ else
 NCCL_TESTS =
 endif
 
-$(B)/test_nccl: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
+$(B)/test_nccl: tests/test_nccl.c $(TEST_HDRS) $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) $(NCCL_FLAGS) $(CFLAGS) $< -o $@ $(NCCL_LIBS) $(LDLIBS)
 
 # the NCCL id by MPI_Bcast, under mpirun (ncclGetUniqueId needs no GPU)
-$(B)/test_nccl_mpi: tests/test_nccl.c tests/test.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
+$(B)/test_nccl_mpi: tests/test_nccl.c $(TEST_HDRS) $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(MPICC) $(BASE) $(NCCL_FLAGS) $(CFLAGS) -DPP_TEST_NCCL_MPI $< -o $@ $(NCCL_LIBS) $(LDLIBS)
 
 $(B)/mpi-nccl-np%: $(B)/test_nccl_mpi
@@ -68,7 +68,7 @@ $(B)/mpi-nccl-np%: $(B)/test_nccl_mpi
 # NCCL id by MPI_Bcast where MPI is here: PP_GPT_NCCL_MPI), linked by $(CXX). check-nccl also
 # builds it without MPI too (the id by --id-file) and runs a one-process step: where no
 # GPU is, it must stop with its "no CUDA device" message, not crash.
-GPT_NCCL_SRC = examples/gpt_nccl.cu examples/gpt_cuda.h examples/gpt_data.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h
+GPT_NCCL_SRC = examples/gpt_nccl.cu examples/gpt_cuda.h examples/gpt_data.h examples/splitmix.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h
 ifeq ($(HAVE_MPI),1)
 GPT_NCCL_MPI_CFLAGS = -DPP_GPT_NCCL_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
   $(patsubst -I%,-isystem %,$(filter -I%,$(shell $(MPICC) -showme:compile 2>/dev/null || $(MPICC) -compile-info)))
@@ -110,10 +110,10 @@ check-nccl: | $(B)
 	else echo "check-nccl: nccl.h/libcudart not found under $(CUDA_HOME), skipped"; fi
 
 # pipeline_mpi.h under clang and as C++ (without MPI's own C++ bindings, which are not -Wextra clean)
-$(B)/clang-test_mpi.o: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+$(B)/clang-test_mpi.o: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(CLANG) $(BASE) $(CFLAGS) $$($(MPICC) -showme:compile 2>/dev/null || $(MPICC) -compile-info | cut -d' ' -f2-) -c $< -o $@
 
-$(B)/mpi-cxx.o: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+$(B)/mpi-cxx.o: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	OMPI_CC=$(CXX) MPICH_CC=$(CXX) $(MPICC) -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX -std=c++11 $(WARN) -I. -x c++ -c $< -o $@
 
 # A test "binary" per world size: a script tests/run.sh runs like any other test.
@@ -121,7 +121,7 @@ $(B)/mpi-np%: $(B)/test_mpi
 	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_mpi\n' > $@ && chmod +x $@
 
 # ASan+UBSan across 4 processes; leak checks off (MPI keeps its own allocations to the end)
-$(B)/asan-test_mpi: tests/test_mpi.c tests/test.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+$(B)/asan-test_mpi: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $< -o $@ $(LDLIBS)
 
 $(B)/mpi-asan-np%: $(B)/asan-test_mpi

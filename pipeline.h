@@ -130,10 +130,13 @@
    Several processes share >>grid (and >>impl-grid): launcher environment, pp x dp grid,
    data-parallel and tied-layer gradient sums, written once over pp_transport.
 
-   SECTIONS  (search for ">>name")
-   >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace >>flight
-   >>transport >>threads >>batch >>stage >>pipeline >>impl (>>impl-profile: pp_profile_layers,
-   >>impl-pipeline)
+   SECTIONS  (search for ">>name"; every marker in the file, in file order)
+   declarations: >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace
+                 >>flight >>transport >>threads >>batch >>stage >>pipeline >>grid
+   definitions:  >>impl >>impl-result >>impl-tensor >>impl-model >>impl-partition >>impl-batch
+                 >>impl-profile (pp_profile_layers) >>impl-schedule >>impl-sim >>impl-trace
+                 >>impl-flight >>impl-threads >>impl-grid >>impl-stage >>impl-stage-flight
+                 >>impl-stage-finite >>impl-pipeline
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
@@ -437,6 +440,20 @@ static inline void _pp_model_use(pp_model* m, int k, int n) {
     m->in_use[k] = n;
 }
 
+/* A (w, g, l, io) dispatcher over the list, name_fname: backward, and PP_MODEL_SPLIT's weight_grad. */
+#define _PP_MODEL_GRAD_FN(mname, fname, LIST, KIND, ENTRY)                                       \
+    static inline int mname##_##fname(const void* w_, void* g_, int l, pp_layer_io* io) {       \
+        enum { LIST(KIND) _pp_kinds };                                                          \
+        const mname##_model* w = (const mname##_model*)w_;                                        \
+        mname##_model* g = (mname##_model*)g_;                                                    \
+        int i = 0;                                                                              \
+        switch (_pp_model_locate(io->model, mname##_kinds(), _pp_kinds, l, &i)) {                \
+            LIST(ENTRY)                                                                         \
+        default: break;                                                                         \
+        }                                                                                       \
+        return -1;                                                                              \
+    }
+
 /* The parts PP_MODEL and PP_MODEL_SPLIT share, over the entry macros of their list arity. */
 #define _PP_MODEL_COMMON(mname, LIST, FIELD, COUNT, KIND, KINIT, CNT, FWD, BWD, DESC)             \
     typedef struct mname##_model { LIST(FIELD) } mname##_model;                                   \
@@ -456,17 +473,7 @@ static inline void _pp_model_use(pp_model* m, int k, int n) {
         }                                                                                       \
         return -1;                                                                              \
     }                                                                                           \
-    static inline int mname##_backward(const void* w_, void* g_, int l, pp_layer_io* io) {       \
-        enum { LIST(KIND) _pp_kinds };                                                          \
-        const mname##_model* w = (const mname##_model*)w_;                                        \
-        mname##_model* g = (mname##_model*)g_;                                                    \
-        int i = 0;                                                                              \
-        switch (_pp_model_locate(io->model, mname##_kinds(), _pp_kinds, l, &i)) {                \
-            LIST(BWD)                                                                           \
-        default: break;                                                                         \
-        }                                                                                       \
-        return -1;                                                                              \
-    }                                                                                           \
+    _PP_MODEL_GRAD_FN(mname, backward, LIST, KIND, BWD)                                          \
     static inline void mname##_describe(const void* w_, int l, const pp_microbatch* mb,          \
                                        const pp_tensor* in, int n_in, pp_layer_desc* d) {       \
         enum { LIST(KIND) _pp_kinds };                                                          \
@@ -538,17 +545,7 @@ static inline int _pp_no_wgrad(const void* w, void* g, pp_layer_io* io) {
 #define PP_MODEL_SPLIT(mname, LIST)                                                              \
     _PP_MODEL_COMMON(mname, LIST, _PP_MODELW_FIELD, _PP_MODELW_COUNT, _PP_MODELW_KIND, _PP_MODELW_KINIT, \
                      _PP_MODELW_CNT, _PP_MODELW_FWD, _PP_MODELW_BWD, _PP_MODELW_DESC)            \
-    static inline int mname##_weight_grad(const void* w_, void* g_, int l, pp_layer_io* io) {    \
-        enum { LIST(_PP_MODELW_KIND) _pp_kinds };                                               \
-        const mname##_model* w = (const mname##_model*)w_;                                        \
-        mname##_model* g = (mname##_model*)g_;                                                    \
-        int i = 0;                                                                              \
-        switch (_pp_model_locate(io->model, mname##_kinds(), _pp_kinds, l, &i)) {                \
-            LIST(_PP_MODELW_WG)                                                                 \
-        default: break;                                                                         \
-        }                                                                                       \
-        return -1;                                                                              \
-    }                                                                                           \
+    _PP_MODEL_GRAD_FN(mname, weight_grad, LIST, _PP_MODELW_KIND, _PP_MODELW_WG)                  \
     _PP_MODEL_DESC_FN(mname, LIST, _PP_MODELW_KIND, _PP_MODELW_USE, _PP_MODELW_ZERO, mname##_weight_grad)
 
 /* Checks a pp_model: non-NULL callbacks, n_layers > 0, and with PP_MODEL's fields, every entry's
@@ -938,6 +935,10 @@ typedef struct pp_device_ops {
     void* user;
 } pp_device_ops;
 
+/* A rank's stage. pp_stage_create copies the desc itself but borrows what it points to: the
+   schedule, the partition (first[]), the weights and grads, the model's ctx, the transport's
+   world (a pp_threads, a pp_cuda, a communicator) and what device and layer_ctx point to must
+   all outlive the stage (until pp_stage_destroy returns). */
 typedef struct pp_stage_desc {
     pp_model model;
     const void* weights;
@@ -1000,9 +1001,10 @@ void pp_stage_flight_print(FILE* out, const pp_stage* st);
        pp_pipeline* pl; pp_pipeline_create(&d, &pl, &err);
        pp_pipeline_step(pl, &batch, &stats);           // every rank, gradients accumulate
        pp_pipeline_destroy(pl);
-   Defaults are resolved once, at create. Everything the desc points to is read at create only,
-   except weights, grads (and their per-rank arrays' targets), the model's ctx and what the stage
-   template's device and layer_ctx point to: those must live until pp_pipeline_destroy. */
+   Defaults are resolved once, at create. Everything the desc points to is read at create only
+   (custom and the partition's arrays are copied: the pipeline owns its schedule, partition and
+   world), except weights, grads (and their per-rank arrays' targets), the model's ctx and what
+   the stage template's device and layer_ctx point to: those must live until pp_pipeline_destroy. */
 typedef struct pp_pipeline pp_pipeline;
 
 typedef struct pp_pipeline_desc {
@@ -3995,24 +3997,27 @@ void pp_threads_destroy(pp_threads* w) {
     PP_FREE(w);
 }
 
-pp_transport pp_threads_transport(pp_threads* w, int rank) {
+/* Every transport constructor's last step (threads here, CUDA, MPI, NCCL): ops's functions with
+   self, rank and size set; all NULL where self is NULL (pp_stage_create rejects it). */
+static pp_transport _pp_transport_of(const pp_transport* ops, void* self, int rank, int size) {
     pp_transport t;
     memset(&t, 0, sizeof t);
-    if (!w || rank < 0 || rank >= w->n) return t; /* all NULL: rejected by pp_stage_create */
-    t.self = &w->ports[rank];
+    if (!self) return t;
+    t = *ops;
+    t.self = self;
     t.rank = rank;
-    t.size = w->n;
-    t.isend = _pp_threads_isend;
-    t.irecv = _pp_threads_irecv;
-    t.wait = _pp_threads_wait;
-    t.test = _pp_threads_test;
-    t.allreduce_sum = _pp_threads_allreduce;
-    t.abort = _pp_threads_abort;
-    t.cancel = _pp_threads_cancel;
-    t.flight_note = _pp_threads_flight_note;
-    t.flight_get = _pp_threads_flight_get;
-    t.abort_reason = _pp_threads_abort_reason;
+    t.size = size;
     return t;
+}
+
+pp_transport pp_threads_transport(pp_threads* w, int rank) {
+    /* self, rank, size; isend, irecv, wait, test; group_start, group_end; allreduce_sum, abort,
+       cancel; flight_note, flight_get; abort_reason */
+    static const pp_transport ops = {NULL, 0, 0, _pp_threads_isend, _pp_threads_irecv, _pp_threads_wait, _pp_threads_test,
+                                     NULL, NULL, _pp_threads_allreduce, _pp_threads_abort, _pp_threads_cancel,
+                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason};
+    int ok = w && rank >= 0 && rank < w->n;
+    return _pp_transport_of(&ops, ok ? &w->ports[rank] : NULL, rank, ok ? w->n : 0);
 }
 
 void pp_threads_counters(pp_threads* w, int rank, uint64_t* bytes, uint64_t* msgs) {

@@ -1109,19 +1109,11 @@ pp_result pp_cuda_bind(pp_cuda* c, int rank, pp_error* err) {
 }
 
 pp_transport pp_cuda_transport(pp_cuda* c, int rank) {
-    pp_transport t;
-    memset(&t, 0, sizeof t);
-    if (!c || rank < 0 || rank >= c->n) return t;
-    t.self = &c->r[rank];
-    t.rank = rank;
-    t.size = c->n;
-    t.isend = _ppc_isend;
-    t.irecv = _ppc_irecv;
-    t.wait = _ppc_wait;
-    t.test = _ppc_test;
-    t.abort = _ppc_abort;
-    t.cancel = _ppc_cancel;
-    return t;
+    /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
+    static const pp_transport ops = {NULL, 0, 0, _ppc_isend, _ppc_irecv, _ppc_wait, _ppc_test, NULL, NULL, NULL,
+                                     _ppc_abort, _ppc_cancel, NULL, NULL, NULL};
+    int ok = c && rank >= 0 && rank < c->n;
+    return _pp_transport_of(&ops, ok ? &c->r[rank] : NULL, rank, ok ? c->n : 0);
 }
 
 pp_device_ops pp_cuda_device_ops(pp_cuda* c, int rank) {

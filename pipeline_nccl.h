@@ -703,22 +703,10 @@ static void _ppn_abort(void* self, pp_result why, const char* msg) {
 }
 
 pp_transport pp_nccl_transport(pp_nccl* t) {
-    pp_transport tr;
-    memset(&tr, 0, sizeof tr);
-    if (!t) return tr;
-    tr.self = t;
-    tr.rank = t->rank;
-    tr.size = t->size;
-    tr.isend = _ppn_isend;
-    tr.irecv = _ppn_irecv;
-    tr.wait = _ppn_wait;
-    tr.test = _ppn_test;
-    tr.group_start = _ppn_group_start;
-    tr.group_end = _ppn_group_end;
-    tr.allreduce_sum = _ppn_allreduce;
-    tr.abort = _ppn_abort;
-    tr.cancel = _ppn_cancel;
-    return tr;
+    /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
+    static const pp_transport ops = {NULL, 0, 0, _ppn_isend, _ppn_irecv, _ppn_wait, _ppn_test, _ppn_group_start,
+                                     _ppn_group_end, _ppn_allreduce, _ppn_abort, _ppn_cancel, NULL, NULL, NULL};
+    return _pp_transport_of(&ops, t, t ? t->rank : 0, t ? t->size : 0);
 }
 
 #if NCCL_VERSION_CODE >= 21800

@@ -23,6 +23,7 @@
 #include "pipeline_nccl.h" /* and pipeline_cuda.h: built with -Itests/fakenccl -Itests/fakecuda */
 #include "examples/mlp.h"
 #include "tests/fakecuda/layer_kernels.h"
+#include "tests/harness.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,11 +272,8 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         free(acts);
         return;
     }
+    hx_mlp_rank_grads(R.g, gbuf, p, DIMS);
     for (r = 0; r < p; r++) {
-        mlp_model tmp;
-        memset(&tmp, 0, sizeof tmp);
-        R.g[r] = *w;
-        free(mlp_init(&tmp, &R.g[r], DIMS, 1, &gbuf[r]));
         R.desc[r].model = layer_kernels_model(mlp_model_desc());
         R.desc[r].weights = w;
         R.desc[r].grads = &R.g[r];
@@ -328,17 +326,12 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
     }
     for (k = 0; k < FAKECUDA_CALL_KINDS; k++) out->calls += out->kinds[k];
     for (l = 0; !out->failed && l < MLP_DEPTH; l++) {
-        int stg, rank = 0, chunk;
-        size_t nw = (size_t)w->dense[l].in * w->dense[l].out, nb = (size_t)w->dense[l].out;
-        for (stg = 0; stg < p * v && !(l >= first[stg] && l < first[stg + 1]); stg++) {
-        }
-        pp_schedule_stage_rank(&sched, stg, &rank, &chunk);
-        out->wrong += memcmp(R.g[rank].dense[l].w, gref->dense[l].w, nw * sizeof(float)) != 0 ||
-                      memcmp(R.g[rank].dense[l].b, gref->dense[l].b, nb * sizeof(float)) != 0;
+        int stg, rank = hx_layer_owner(&sched, first, l, &stg);
+        out->wrong += rank < 0 || !hx_mlp_layer_equal(&R.g[rank], gref, l);
     }
     for (r = 0; r < p; r++) pp_stage_destroy(R.st[r]);
     tr->destroy(R.world);
-    for (r = 0; r < p; r++) free(gbuf[r]);
+    hx_mlp_free_grads(gbuf, p);
     free(acts);
 }
 
@@ -347,12 +340,9 @@ int main(int argc, char** argv) {
         pp_schedule_kind kind;
         int p, v, m;
     } configs[] = {{PP_SCHED_1F1B, 4, 1, 8}, {PP_SCHED_INTERLEAVED, 4, 2, 8}};
-    mlp_model w, gref;
-    float *wbuf, *gbuf, x[ROWS * IN], loss = 0;
-    int32_t y[ROWS];
+    hx_mlp f;
     pp_batch b;
     pp_error err;
-    pp_model model = mlp_model_desc();
     int steps = 3, warmup = 2, i, t, c, ok = 0, bad = 0;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
@@ -365,22 +355,12 @@ int main(int argc, char** argv) {
     }
     if (steps < 1) steps = 1;
     if (warmup < 1) warmup = 1; /* the first step grows the pool: never measured */
-    memset(&w, 0, sizeof w);
-    wbuf = mlp_init(&w, &gref, DIMS, 21, &gbuf);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
-    memset(&b, 0, sizeof b);
-    b.m = 8;
-    b.input.data = x; /* host memory: the imitation's kernels read it directly */
-    b.input.rows = ROWS;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
-    b.targets = y;
-    b.target_row_bytes = sizeof(int32_t);
-    for (i = 0; i < warmup + steps; i++)
-        if (pp_sequential_step(&model, &w, &gref, &b, &loss, &err) != PP_OK) {
-            fprintf(stderr, "sequential reference: %s\n", err.msg);
-            return 1;
-        }
+    hx_mlp_init(&f, DIMS, 21, ROWS, 8, 9);
+    hx_dense_batch(&b, f.x, f.y, ROWS, IN, 8); /* host memory: the imitation's kernels read it directly */
+    if (hx_mlp_reference(&f, &b, warmup + steps, &err) != PP_OK) {
+        fprintf(stderr, "sequential reference: %s\n", err.msg);
+        return 1;
+    }
     printf("GPU transports' host work per step on the CUDA imitation (%d measured steps after %d warm-up)\n", steps, warmup);
     printf("%-10s %-12s %2s %2s %2s %10s %8s %14s %13s %13s %7s\n", "transport", "schedule", "p", "v", "m", "transfers/step",
            "actions", "calls/transfer", "hooks/action", "waits/action", "#wrong");
@@ -390,8 +370,8 @@ int main(int argc, char** argv) {
             double tr_per, k;
             int kk;
             b.m = configs[c].m;
-            run_config(&transports[t], configs[c].kind, configs[c].p, configs[c].v, configs[c].m, warmup, steps, &w, &gref,
-                       &b, &res);
+            run_config(&transports[t], configs[c].kind, configs[c].p, configs[c].v, configs[c].m, warmup, steps, &f.w,
+                       &f.gref, &b, &res);
             if (res.failed) {
                 printf("%-10s %-12s %2d %2d %2d  FAILED: %s\n", transports[t].name, pp_schedule_name(configs[c].kind),
                        configs[c].p, configs[c].v, configs[c].m, res.why);
@@ -411,7 +391,6 @@ int main(int argc, char** argv) {
             else ok++;
         }
     printf("%s\nbench_imitation: %d passed, %d failed\n", bad ? "FAILED" : "OK", ok, bad);
-    free(wbuf);
-    free(gbuf);
+    hx_mlp_free(&f);
     return bad ? 1 : 0;
 }

@@ -22,6 +22,7 @@
 #include "../pipeline.h"
 #include "../pipeline_mpi.h"
 #include "../examples/tlm.h"
+#include "../tests/harness.h"
 
 #define VOCAB 256
 #define DIM 64
@@ -169,17 +170,7 @@ int main(int argc, char** argv) {
     tlm_fill(warena, VOCAB, DIM, 9);
     tlm_layout(&w, warena, VOCAB, DIM, 0);
     tlm_layout(&gw, garena, VOCAB, DIM, 0);
-    memset(&b, 0, sizeof b);
-    b.m = M;
-    b.input.rows = tlm_make_batch(tok, tgt, cu, NSEQ, MAXLEN, VOCAB, 5);
-    b.input.data = tok;
-    b.input.cols = 1;
-    b.input.dtype = PP_I32;
-    b.targets = tgt;
-    b.target_row_bytes = sizeof(int32_t);
-    b.cu_seqlens = cu;
-    b.n_seqs = NSEQ;
-    b.split = PP_SPLIT_TOKENS;
+    tlm_batch(&b, tok, tgt, cu, NSEQ, MAXLEN, VOCAB, 5, M);
     if (pp_batch_split(&b, mbs, mcu, &err) != PP_OK) {
         fprintf(stderr, "split: %s\n", err.msg);
         MPI_Abort(MPI_COMM_WORLD, 1);
@@ -224,14 +215,7 @@ int main(int argc, char** argv) {
         pd.n_stages = pp * rows_cfg[i].v;
         pd.sample = &sample;
         if (rc == PP_OK) rc = pp_partition_model(&model, &w, &pd, first, NULL, &err);
-        memset(&d, 0, sizeof d);
-        d.model = model;
-        d.weights = &w;
-        d.grads = &gw;
-        d.schedule = &sc;
-        d.partition = first;
-        d.rank = g.grid.pp_rank;
-        d.transport = pp_mpi_transport(g.pipe);
+        hx_stage_desc(&d, NULL, model, &w, &gw, &sc, first, g.grid.pp_rank, pp_mpi_transport(g.pipe));
         d.timeout_s = 120;
         d.shapes = rows_cfg[i].shapes;
         d.max_seqs = NSEQ;

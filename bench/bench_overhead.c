@@ -23,6 +23,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../tests/harness.h"
+
 /* --- an empty model: 16 layers that move one float ---------------------------------------- */
 typedef struct nop_params {
     int unused;
@@ -58,94 +60,29 @@ static void nop_loss_desc(const nop_params* p, const pp_microbatch* mb, const pp
 PP_MODEL(nopnet, NOP_LAYERS)
 
 /* --- running p ranks for a number of steps ---------------------------------------------- */
-typedef struct run {
-    pp_model model;
-    const void* w;
-    void* g;
-    pp_schedule sched;
-    int first[PP_MAX_RANKS + 1];
-    pp_threads* threads;
-    const pp_batch* batch;
-    int steps;
-    double* t_step;            /* [rank][steps] */
-    float* loss;               /* [steps] */
-    int last_rank;
-    pp_result rc;
-} run;
-
-static pp_result run_rank(int rank, void* user) {
-    run* R = (run*)user;
-    pp_stage_desc d;
-    pp_stage* st;
-    pp_step_stats ss;
+/* Runs warm-up + steps of R (model, weights, grads, batch set); *t gets the median over steps of
+   the slowest rank's step time, T each step's times and losses (hx_timing_free it). */
+static pp_result run_pipeline(hx_world* R, hx_timing* T, pp_schedule_kind k, int p, int v, int m, int warm, int steps,
+                              double* t) {
+    static hx_sched sc;
+    static int first[PP_MAX_RANKS + 1];
     pp_error err;
     pp_result rc;
-    int i;
-    memset(&d, 0, sizeof d);
-    d.model = R->model;
-    d.weights = R->w;
-    d.grads = R->g;
-    d.schedule = &R->sched;
-    d.partition = R->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(R->threads, rank);
-    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
+    if ((rc = hx_sched_make(&sc, k, p, v, m, &err)) != PP_OK ||
+        (rc = pp_partition_uniform(R->model.n_layers, p * v, first, &err)) != PP_OK ||
+        (rc = hx_timing_init(T, p, warm + steps)) != PP_OK) {
         fprintf(stderr, "%s\n", err.msg);
+        hx_sched_free(&sc);
         return rc;
     }
-    for (i = 0; i < R->steps; i++) {
-        if ((rc = pp_stage_step(st, R->batch, &ss)) != PP_OK) {
-            fprintf(stderr, "%s\n", pp_stage_error(st));
-            break;
-        }
-        R->t_step[rank * R->steps + i] = ss.t_total;
-        if (ss.has_loss) R->loss[i] = ss.loss;
-    }
-    pp_stage_destroy(st);
-    return rc;
-}
-
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double* v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* Runs warm-up + steps; *t gets the median over steps of the slowest rank's step time. */
-static pp_result run_pipeline(run* R, pp_schedule_kind k, int p, int v, int m, int warm, int steps, double* t) {
-    pp_action* acts;
-    pp_error err;
-    pp_result rc;
-    size_t n = pp_schedule_size(k, p, v, m);
-    double* worst;
-    int i, r, chunk;
-    acts = (pp_action*)malloc(n * sizeof *acts);
-    if (!acts) return PP_ERR_NOMEM;
-    if ((rc = pp_schedule_make(k, p, v, m, acts, n, &R->sched, &err)) != PP_OK ||
-        (rc = pp_partition_uniform(R->model.n_layers, p * v, R->first, &err)) != PP_OK ||
-        (rc = pp_threads_create(p, &R->threads, &err)) != PP_OK) {
-        fprintf(stderr, "%s\n", err.msg);
-        free(acts);
-        return rc;
-    }
+    R->sched = &sc.s;
+    R->first = first;
     R->steps = warm + steps;
-    R->t_step = (double*)calloc((size_t)p * R->steps, sizeof(double));
-    R->loss = (float*)calloc((size_t)R->steps, sizeof(float));
-    worst = (double*)calloc((size_t)steps, sizeof(double));
-    pp_schedule_stage_rank(&R->sched, p * v - 1, &R->last_rank, &chunk);
-    rc = pp_threads_run(p, run_rank, R, &err);
-    for (i = 0; i < steps; i++)
-        for (r = 0; r < p; r++)
-            if (R->t_step[r * R->steps + warm + i] > worst[i]) worst[i] = R->t_step[r * R->steps + warm + i];
-    *t = median(worst, steps);
-    pp_threads_destroy(R->threads);
-    free(worst);
-    free(R->t_step);
-    free(acts);
+    R->after_step = hx_time_step;
+    R->user = T;
+    if ((rc = hx_run(R, p, &err)) != PP_OK) hx_print_errors(R, p);
+    *t = hx_worst_median(T, p, warm);
+    hx_sched_free(&sc);
     return rc;
 }
 
@@ -175,30 +112,27 @@ int main(int argc, char** argv) {
         memset(&g, 0, sizeof g);
         memset(x, 0, sizeof x);
         memset(y, 0, sizeof y);
-        memset(&b, 0, sizeof b);
-        b.m = 32;
-        b.input.data = x;
-        b.input.rows = 32;
-        b.input.cols = 1;
-        b.input.dtype = PP_F32;
+        hx_dense_batch(&b, x, NULL, 32, 1, 32);
         b.targets = y;
         b.target_row_bytes = sizeof(float);
         printf("\n# host overhead per action: 16 empty layers, [1 x 1] f32 activations, 1f1b, m=32\n");
         printf("%4s %4s %12s %12s %14s\n", "p", "m", "step_us", "actions/rk", "ns/action");
         for (i = 0; i < 3; i++) {
-            run R;
+            static hx_world R;
+            hx_timing T;
             double t = 0;
             memset(&R, 0, sizeof R);
             R.model = nopnet_model_desc();
             R.w = &w;
-            R.g = &g;
+            R.grads = &g;
             R.batch = &b;
-            if (run_pipeline(&R, PP_SCHED_1F1B, ps[i], 1, 32, 3, steps * 10, &t) != PP_OK) {
+            if (run_pipeline(&R, &T, PP_SCHED_1F1B, ps[i], 1, 32, 3, steps * 10, &t) != PP_OK) {
+                hx_timing_free(&T);
                 wrong_total++;
                 continue;
             }
-            printf("%4d %4d %12.1f %12d %14.0f\n", ps[i], 32, 1e6 * t, R.sched.per_rank, 1e9 * t / R.sched.per_rank);
-            free(R.loss);
+            printf("%4d %4d %12.1f %12d %14.0f\n", ps[i], 32, 1e6 * t, R.sched->per_rank, 1e9 * t / R.sched->per_rank);
+            hx_timing_free(&T);
         }
     }
 
@@ -223,14 +157,7 @@ int main(int argc, char** argv) {
         y = (int32_t*)malloc((size_t)rows * sizeof(int32_t));
         if (!wbuf || !x || !y) return 3;
         mlp_make_data(x, y, rows, 64, 16, 3, 4);
-        memset(&b, 0, sizeof b);
-        b.m = 32;
-        b.input.data = x;
-        b.input.rows = rows;
-        b.input.cols = 64;
-        b.input.dtype = PP_F32;
-        b.targets = y;
-        b.target_row_bytes = sizeof(int32_t);
+        hx_dense_batch(&b, x, y, rows, 64, 32);
         {
             double* ts = (double*)calloc((size_t)steps, sizeof(double));
             for (i = 0; i < steps + 3; i++) {
@@ -238,7 +165,7 @@ int main(int argc, char** argv) {
                 pp_sequential_step(&model, &w, &g, &b, &loss_seq, &err);
                 if (i >= 3) ts[i - 3] = _pp_now() - t0;
             }
-            t_seq = median(ts, steps);
+            t_seq = hx_median(ts, steps);
             free(ts);
         }
         printf("\n# pipeline efficiency: MLP %d layers x %d hidden, %d rows, m=32, T_seq = %.2f ms\n",
@@ -247,27 +174,29 @@ int main(int argc, char** argv) {
                "theory", "ratio", "#wrong", "");
         for (ki = 0; ki < 3; ki++)
             for (pi = 0; pi < 2; pi++) {
-                run R;
+                static hx_world R;
+                hx_timing T;
                 double t = 0, eff, theory;
                 int p = ps[pi], v = kinds[ki] == PP_SCHED_INTERLEAVED ? 2 : 1, wrong = 0, s;
                 memset(&R, 0, sizeof R);
                 R.model = model;
                 R.w = &w;
-                R.g = &g;
+                R.grads = &g;
                 R.batch = &b;
-                if (run_pipeline(&R, kinds[ki], p, v, 32, 3, steps, &t) != PP_OK) {
+                if (run_pipeline(&R, &T, kinds[ki], p, v, 32, 3, steps, &t) != PP_OK) {
+                    hx_timing_free(&T);
                     wrong_total++;
                     continue;
                 }
                 /* gradients keep accumulating across steps, the loss does not depend on them */
                 for (s = 0; s < R.steps; s++)
-                    if (memcmp(&R.loss[s], &loss_seq, sizeof(float)) != 0) wrong++;
+                    if (memcmp(&T.loss[s], &loss_seq, sizeof(float)) != 0) wrong++;
                 wrong_total += wrong;
                 eff = t_seq / (p * t);
                 theory = (double)(v * 32) / (v * 32 + p - 1);
                 printf("%-12s %3d %3d %4d %10.2f %10.3f %10.3f %7.3f %6d %s\n", pp_schedule_name(kinds[ki]), p, v, 32,
                        1e3 * t, eff, theory, eff / theory, wrong, p > cores ? "(p > cores)" : "");
-                free(R.loss);
+                hx_timing_free(&T);
             }
         free(wbuf);
         free(gbuf);

@@ -16,6 +16,7 @@
 #include "../pipeline.h"
 #define MLP_DEPTH 7
 #include "../examples/mlp.h"
+#include "../tests/harness.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,78 +39,41 @@ typedef struct bstep {
 } bstep;
 
 typedef struct brun {
-    pp_model model;
-    const mlp_model* w;
-    mlp_model* g;
-    pp_schedule* sched;
-    int* first;
-    pp_threads* threads;
-    pp_shape_policy policy;
-    bstep* steps;
-    int n;
-    double t[P][64];
-    pp_step_stats st[P][64];
+    hx_world W;
+    hx_steps S;
+    pp_step_stats st[P * 64];   /* [rank * n + step] */
 } brun;
 
-static pp_result brank(int rank, void* user) {
-    brun* R = (brun*)user;
-    pp_stage_desc d;
-    pp_stage* st;
-    pp_error err;
-    pp_result rc;
-    int i;
-    memset(&d, 0, sizeof d);
-    d.model = R->model;
-    d.weights = R->w;
-    d.grads = R->g;
-    d.schedule = R->sched;
-    d.partition = R->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(R->threads, rank);
-    d.shapes = R->policy;
-    d.max_seqs = SEQS;
-    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) return rc;
-    for (i = 0; i < R->n && rc == PP_OK; i++) {
-        pp_batch b = R->steps[i].b;
-        if (R->policy == PP_SHAPES_BROADCAST && rank != 0) { /* only the first stage has the metadata */
-            b.input.data = NULL;
-            b.input.rows = 0;
-            b.cu_seqlens = NULL;
-            b.n_seqs = 0;
-        }
-        rc = pp_stage_step(st, &b, &R->st[rank][i]);
-        R->t[rank][i] = R->st[rank][i].t_total;
-    }
-    pp_stage_destroy(st);
-    return rc;
-}
-
-static int cmpd(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Runs all steps; returns the median slowest-rank step time, and sums bytes and metadata. */
-static double run_steps(brun* R, uint64_t* bytes, uint64_t* meta_msgs, uint64_t* meta_bytes, float* losses) {
+/* Runs n steps of `steps` under policy; returns the median slowest-rank step time, and sums bytes
+   and metadata. */
+static double run_steps(brun* R, bstep* steps, int n, pp_shape_policy policy, uint64_t* bytes, uint64_t* meta_msgs,
+                        uint64_t* meta_bytes, float* losses) {
     double worst[64];
     pp_error err;
     int i, r;
-    pp_threads_create(P, &R->threads, &err);
-    pp_threads_run(P, brank, R, &err);
-    pp_threads_destroy(R->threads);
+    memset(R->st, 0, sizeof R->st);
+    R->W.stage.shapes = policy;
+    R->W.stage.max_seqs = SEQS;
+    R->S.first = &steps[0].b;
+    R->S.stride = sizeof *steps;
+    R->S.hide_meta = policy == PP_SHAPES_BROADCAST; /* only the first stage has the metadata */
+    R->S.stats = R->st;
+    hx_world_steps(&R->W, &R->S, n);
+    if (hx_run(&R->W, P, &err) != PP_OK) hx_print_errors(&R->W, P);
     *bytes = *meta_msgs = *meta_bytes = 0;
-    for (i = 0; i < R->n; i++) {
+    for (i = 0; i < n; i++) {
         worst[i] = 0;
         for (r = 0; r < P; r++) {
-            if (R->t[r][i] > worst[i]) worst[i] = R->t[r][i];
-            *bytes += R->st[r][i].bytes_sent;
-            *meta_msgs += R->st[r][i].meta_msgs_sent;
-            *meta_bytes += R->st[r][i].meta_bytes_sent;
-            if (R->st[r][i].has_loss && losses) losses[i] = R->st[r][i].loss;
+            const pp_step_stats* s = &R->st[r * n + i];
+            if (s->t_total > worst[i]) worst[i] = s->t_total;
+            *bytes += s->bytes_sent;
+            *meta_msgs += s->meta_msgs_sent;
+            *meta_bytes += s->meta_bytes_sent;
+            if (s->has_loss && losses) losses[i] = s->loss;
         }
     }
-    qsort(worst, (size_t)R->n, sizeof(double), cmpd);
-    return worst[R->n / 2];
+    qsort(worst, (size_t)n, sizeof(double), hx_cmp_double);
+    return worst[n / 2];
 }
 
 static double normal(uint64_t* s) {
@@ -167,14 +131,7 @@ int main(int argc, char** argv) {
         }
         for (j = 0; j < 2; j++) {
             bstep* s = j ? pd : pk;
-            memset(&s->b, 0, sizeof s->b);
-            s->b.m = M;
-            s->b.input.data = s->x;
-            s->b.input.rows = s->cu[SEQS];
-            s->b.input.cols = IN;
-            s->b.input.dtype = PP_F32;
-            s->b.targets = s->y;
-            s->b.target_row_bytes = sizeof(int32_t);
+            hx_dense_batch(&s->b, s->x, s->y, s->cu[SEQS], IN, M);
             s->b.cu_seqlens = s->cu;
             s->b.n_seqs = SEQS;
             s->b.split = j ? PP_SPLIT_SEQS : PP_SPLIT_TOKENS;
@@ -183,23 +140,19 @@ int main(int argc, char** argv) {
     }
     pp_schedule_make(PP_SCHED_1F1B, P, 1, M, acts, sizeof acts / sizeof acts[0], &sched, &err);
     pp_partition_uniform(model.n_layers, P, first, &err);
-    R->model = model;
-    R->w = &w;
-    R->g = &g;
-    R->sched = &sched;
-    R->first = first;
-    R->n = steps;
+    R->W.model = model;
+    R->W.w = &w;
+    R->W.grads = &g;
+    R->W.sched = &sched;
+    R->W.first = first;
 
     printf("# pipeline.h bench_varlen: %d sequences/step, lognormal lengths (median 96, sigma 1, cap %d),"
            " m=%d, p=%d threads, 1f1b, MLP %dx%d per token, %d steps\n",
            SEQS, CAP, M, P, MLP_DEPTH, HID, steps);
     printf("\n%-8s %12s %12s %12s %14s %9s %7s\n", "layout", "step_ms", "tokens/s", "rows/step", "MB sent/step",
            "padding", "#wrong");
-    R->policy = PP_SHAPES_LOCAL;
-    R->steps = padded;
-    t_padded = run_steps(R, &by_padded, &mm, &mb, NULL);
-    R->steps = packed;
-    t_packed = run_steps(R, &by_packed, &mm, &mb, loss_pipe);
+    t_padded = run_steps(R, padded, steps, PP_SHAPES_LOCAL, &by_padded, &mm, &mb, NULL);
+    t_packed = run_steps(R, packed, steps, PP_SHAPES_LOCAL, &by_packed, &mm, &mb, loss_pipe);
     for (i = 0; i < steps; i++) wrong += memcmp(&loss_pipe[i], &loss_seq[i], sizeof(float)) != 0;
     printf("%-8s %12.2f %12.0f %12.0f %14.3f %8.1f%% %7s\n", "padded", 1e3 * t_padded, (double)real / steps / t_padded,
            (double)pad_rows / steps, by_padded / 1e6 / steps, 100.0 * (double)(pad_rows - real) / (double)pad_rows, "-");
@@ -212,9 +165,7 @@ int main(int argc, char** argv) {
         static const char* names[4] = {"local", "broadcast", "per_message", "auto"};
         int bad = 0;
         double t;
-        R->policy = (pp_shape_policy)j;
-        R->steps = packed;
-        t = run_steps(R, &by_packed, &mm, &mb, loss_pipe);
+        t = run_steps(R, packed, steps, (pp_shape_policy)j, &by_packed, &mm, &mb, loss_pipe);
         for (i = 0; i < steps; i++) bad += memcmp(&loss_pipe[i], &loss_seq[i], sizeof(float)) != 0;
         wrong += bad;
         printf("%-12s %10.2f %12.1f %14.0f %7d\n", names[j], 1e3 * t, (double)mm / steps, (double)mb / steps, bad);

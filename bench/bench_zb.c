@@ -26,69 +26,12 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef struct run {
-    pp_model model;
-    const void* w;
-    void* g;
-    const pp_schedule* sched;
-    const int* first;
-    pp_threads* threads;
-    const pp_batch* batch;
-    int steps;
-    double* t_step;     /* [rank][steps] */
-    float* loss;        /* [steps] */
-    int peak_live[PP_MAX_RANKS];
-} run;
-
-static pp_result run_rank(int rank, void* user) {
-    run* R = (run*)user;
-    pp_stage_desc d;
-    pp_stage* st;
-    pp_step_stats ss;
-    pp_error err;
-    pp_result rc;
-    int i;
-    memset(&d, 0, sizeof d);
-    d.model = R->model;
-    d.weights = R->w;
-    d.grads = R->g;
-    d.schedule = R->sched;
-    d.partition = R->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(R->threads, rank);
-    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
-        fprintf(stderr, "%s\n", err.msg);
-        return rc;
-    }
-    for (i = 0; i < R->steps; i++) {
-        if ((rc = pp_stage_step(st, R->batch, &ss)) != PP_OK) {
-            fprintf(stderr, "%s\n", pp_stage_error(st));
-            break;
-        }
-        R->t_step[rank * R->steps + i] = ss.t_total;
-        if (ss.has_loss) R->loss[i] = ss.loss;
-        R->peak_live[rank] = ss.peak_live;
-    }
-    pp_stage_destroy(st);
-    return rc;
-}
-
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
-
-static int arg_int(int argc, char** argv, const char* name, int def) {
-    int i;
-    for (i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], name)) return atoi(argv[i + 1]);
-    return def;
-}
+#include "../tests/harness.h"
 
 int main(int argc, char** argv) {
-    int p = arg_int(argc, argv, "--p", 2), m = arg_int(argc, argv, "--m", 8);
-    int H = arg_int(argc, argv, "--hidden", 128), rows = arg_int(argc, argv, "--rows", 512);
-    int steps = arg_int(argc, argv, "--steps", 9), warm = 1, L = MLP_DEPTH + 1, cls = 10, in = 64, l, ki, i, r;
+    int p = hx_arg_int(argc, argv, "--p", 2), m = hx_arg_int(argc, argv, "--m", 8);
+    int H = hx_arg_int(argc, argv, "--hidden", 128), rows = hx_arg_int(argc, argv, "--rows", 512);
+    int steps = hx_arg_int(argc, argv, "--steps", 9), warm = 1, L = MLP_DEPTH + 1, cls = 10, in = 64, l, ki, i, r;
     int dims[MLP_DEPTH + 1], total_wrong = 0;
     mlp_model w, g;
     mlpz_model wz, gz;
@@ -120,14 +63,7 @@ int main(int argc, char** argv) {
     gref = (float*)malloc(sizeof(float) * np);
     if (!wbuf || !x || !y || !gref) return 1;
     mlp_make_data(x, y, rows, in, cls, 3, 4);
-    memset(&b, 0, sizeof b);
-    b.m = m;
-    b.input.data = x;
-    b.input.rows = rows;
-    b.input.cols = in;
-    b.input.dtype = PP_F32;
-    b.targets = y;
-    b.target_row_bytes = sizeof(int32_t);
+    hx_dense_batch(&b, x, y, rows, in, m);
 
     /* the reference: loss, and the gradient of one run's warm + steps/3 steps */
     memset(gbuf, 0, np * sizeof(float));
@@ -210,44 +146,41 @@ int main(int argc, char** argv) {
         }
         for (rd = 0; rd < ROUNDS; rd++)
             for (ki = 0; ki < NK; ki++) {
-                run R;
+                static hx_world R;
+                hx_timing T;
                 memset(&R, 0, sizeof R);
                 memset(gbuf, 0, np * sizeof(float));
                 R.model = model;
                 R.w = &wz;
-                R.g = &gz;
+                R.grads = &gz;
                 R.sched = &sch[ki];
                 R.first = first[ki];
                 R.batch = &b;
                 R.steps = warm + per;
-                R.t_step = (double*)calloc((size_t)p * (size_t)R.steps, sizeof(double));
-                R.loss = (float*)calloc((size_t)R.steps, sizeof(float));
-                pp_threads_create(p, &R.threads, &err);
-                if (!R.t_step || !R.loss || pp_threads_run(p, run_rank, &R, &err) != PP_OK) {
+                R.after_step = hx_time_step;
+                R.user = &T;
+                if (hx_timing_init(&T, p, R.steps) != PP_OK || hx_run(&R, p, &err) != PP_OK) {
+                    hx_print_errors(&R, p);
                     fprintf(stderr, "%s: %s\n", pp_schedule_name(kinds[ki].k), err.msg);
                     return 1;
                 }
                 for (i = 0; i < R.steps; i++) {
                     double worst = 0;
                     for (r = 0; r < p; r++)
-                        if (R.t_step[r * R.steps + i] > worst) worst = R.t_step[r * R.steps + i];
+                        if (T.t[r * R.steps + i] > worst) worst = T.t[r * R.steps + i];
                     if (i >= warm) ts[ki][nts[ki]++] = worst;
-                    if (memcmp(&R.loss[i], &loss_ref, sizeof(float)) != 0) wrong[ki]++;
+                    if (memcmp(&T.loss[i], &loss_ref, sizeof(float)) != 0) wrong[ki]++;
                 }
                 /* warm + per steps accumulated: compare with as many reference steps */
                 if (memcmp(gbuf, gref, np * sizeof(float)) != 0) wrong[ki]++;
                 for (r = 0; r < p; r++)
-                    if (R.peak_live[r] > peak[ki]) peak[ki] = R.peak_live[r];
-                pp_threads_destroy(R.threads);
-                free(R.t_step);
-                free(R.loss);
+                    if (T.peak_live[r] > peak[ki]) peak[ki] = T.peak_live[r];
+                hx_timing_free(&T);
             }
         printf("\n%-12s %2s  %-24s %9s %9s %8s %8s %7s %5s %6s\n", "schedule", "v", "partition (stage starts)", "pred ms",
                "meas ms", "pred/1f1b", "meas/1f1b", "bubble", "peak", "#wrong");
         for (ki = 0; ki < NK; ki++) {
-            double med;
-            qsort(ts[ki], (size_t)nts[ki], sizeof(double), cmp_double);
-            med = nts[ki] % 2 ? ts[ki][nts[ki] / 2] : 0.5 * (ts[ki][nts[ki] / 2 - 1] + ts[ki][nts[ki] / 2]);
+            double med = hx_median(ts[ki], nts[ki]);
             if (ki == 0) t1f1b = med;
             printf("%-12s %2d  %-24s %9.2f %9.2f %8.3fx %8.3fx %7.3f %5d %6d\n", pp_schedule_name(kinds[ki].k), kinds[ki].v,
                    part[ki], pred[ki] * 1e3, med * 1e3, pred[ki] / pred[0], med / t1f1b, bub[ki], peak[ki], wrong[ki]);

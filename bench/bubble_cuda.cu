@@ -21,6 +21,7 @@
    Exit code 1 only if data moved wrongly (#wrong) or a run failed; the ratios are reported. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_cuda.h"
+#include "../tests/harness.h"
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,21 +108,6 @@ static void spin_desc(const spin_params* p, const pp_microbatch* mb, const pp_te
 #define SPIN_LAYERS(X) X(spin, spin_params, spin_fwd, spin_bwd, spin_desc, MAX_STAGES)
 PP_MODEL(spinm, SPIN_LAYERS)
 
-typedef struct srun {
-    pp_stage* st[PP_MAX_RANKS];
-    const pp_batch* b;
-    pp_cuda* c;
-    pp_result rc[PP_MAX_RANKS];
-} srun;
-
-static pp_result srank(int rank, void* user) {
-    srun* R = (srun*)user;
-    pp_error err;
-    pp_result rc = pp_cuda_bind(R->c, rank, &err);
-    if (rc == PP_OK) rc = pp_stage_step(R->st[rank], R->b, NULL);
-    return R->rc[rank] = rc;
-}
-
 /* A spin layer's time in ns: F/v per chunk forward, twice that backward. */
 static long long spin_ns(double f_us, int v, char what) {
     long long f = (long long)(f_us * 1000.0 / v);
@@ -131,10 +117,11 @@ static long long spin_ns(double f_us, int v, char what) {
 /* One configuration: returns 0 and fills measured/ideal (seconds), or 1. */
 static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int steps, double* measured, double* ideal,
                     double* bub_meas, double* bub_sim) {
-    static srun R;
+    static hx_stages R;
     static spinm_model w, g;
     static spin_ctx cx[PP_MAX_RANKS];
     pp_cuda_desc cd;
+    pp_cuda* c = NULL;
     pp_cuda_step_info info;
     pp_sim_result* sim = (pp_sim_result*)calloc(1, sizeof *sim);
     pp_sim_cost cost;
@@ -162,20 +149,18 @@ static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int
     memset(&cd, 0, sizeof cd);
     cd.n_ranks = p;
     cd.timeline = 1;
-    if (pp_cuda_create(&cd, &R.c, &err) != PP_OK) {
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
         fprintf(stderr, "pp_cuda_create: %s\n", err.msg);
         goto done;
     }
+    R.p = p;
+    R.user = c;
+    R.before = hx_cuda_bind;
     if (cudaMalloc(&x, sizeof(float) * ROWS * COLS * (size_t)m) != cudaSuccess) goto done;
-    memset(&b, 0, sizeof b);
-    b.m = m;
-    b.input.data = x;
-    b.input.rows = (int64_t)ROWS * m;
-    b.input.cols = COLS;
-    b.input.dtype = PP_F32;
+    hx_dense_batch(&b, x, NULL, ROWS * m, COLS, m);
     b.targets = x; /* the loss layer reads nothing */
     b.target_row_bytes = 4;
-    R.b = &b;
+    R.batch = &b;
     for (r = 0; r < p; r++) {
         pp_stage_desc d;
         spinm_counts cnt;
@@ -183,19 +168,12 @@ static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int
         memset(&cnt, 0, sizeof cnt);
         cnt.spin = S; /* the list's count is a capacity: S spin layers in use */
         model = spinm_model_desc_counts(cnt);
-        cx[r].st = pp_cuda_stream(R.c, r);
+        cx[r].st = pp_cuda_stream(c, r);
         cx[r].f_ns = f_ns;
         cx[r].b_ns = b_ns;
         cx[r].rank = r;
-        memset(&d, 0, sizeof d);
-        d.model = model;
-        d.weights = &w;
-        d.grads = &g;
-        d.schedule = &sched;
-        d.partition = first;
-        d.rank = r;
-        d.transport = pp_cuda_transport(R.c, r);
-        d.device = pp_cuda_device_ops(R.c, r);
+        hx_stage_desc(&d, NULL, model, &w, &g, &sched, first, r, pp_cuda_transport(c, r));
+        d.device = pp_cuda_device_ops(c, r);
         d.layer_ctx = &cx[r];
         d.timeout_s = 60;
         if (pp_stage_create(&d, &R.st[r], &err) != PP_OK) {
@@ -205,13 +183,13 @@ static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int
     }
     for (int s = 0; s < steps + 1; s++) {
         if (g_detail) memset(g_detail->n, 0, sizeof g_detail->n); /* the last step's record stays */
-        if (pp_cuda_step_begin(R.c, &err) != PP_OK) goto done;
-        if (pp_threads_run(p, srank, &R, &err) != PP_OK) {
+        if (pp_cuda_step_begin(c, &err) != PP_OK) goto done;
+        if (hx_stages_step(&R, &err) != PP_OK) {
             for (r = 0; r < p; r++)
                 if (R.rc[r] != PP_OK) fprintf(stderr, "rank %d: %s\n", r, pp_stage_error(R.st[r]));
             goto done;
         }
-        if (pp_cuda_step_end(R.c, &info, &err) != PP_OK) {
+        if (pp_cuda_step_end(c, &info, &err) != PP_OK) {
             fprintf(stderr, "step_end: %s\n", err.msg);
             goto done;
         }
@@ -224,7 +202,7 @@ static int run_spin(pp_schedule_kind kind, int p, int v, int m, double f_us, int
     rc = 0;
 done:
     for (r = 0; r < p; r++) pp_stage_destroy(R.st[r]);
-    if (R.c) pp_cuda_destroy(R.c);
+    if (c) pp_cuda_destroy(c);
     if (x) cudaFree(x);
     free(acts);
     free(sim);

@@ -34,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "splitmix.h"
+
 #define GPT_MAX_BLOCK 32
 #define GPT_LN_EPS 1e-5f
 
@@ -770,15 +772,10 @@ static inline float* gpt_layer_params(const gpt_model* m, const gpt_config* c, i
     return NULL;
 }
 
-/* Deterministic generator (splitmix64), so every run and rank sees the same numbers. */
-static inline uint64_t gpt_rng_next(uint64_t* s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+/* Deterministic generator (examples/splitmix.h), so every run and rank sees the same numbers. */
+static inline uint64_t gpt_rng_next(uint64_t* s) { return splitmix_next(s); }
 /* Uniform in [0, 1). */
-static inline float gpt_rng_uniform(uint64_t* s) { return (float)((gpt_rng_next(s) >> 40) * (1.0 / 16777216.0)); }
+static inline float gpt_rng_uniform(uint64_t* s) { return splitmix_uniform(s); }
 /* Uniform with mean 0 and standard deviation sd. */
 static inline float gpt_rng_sym(uint64_t* s, float sd) { return (2.0f * gpt_rng_uniform(s) - 1.0f) * sd * 1.7320508f; }
 

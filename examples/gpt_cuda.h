@@ -21,14 +21,10 @@
 #include <string.h>
 #include <time.h>
 
-/* gpt_data.h's generator (the same splitmix64 as examples/gpt.h, which is C-only) */
-static inline uint64_t gpt_rng_next(uint64_t* s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static inline float gpt_rng_uniform(uint64_t* s) { return (float)((gpt_rng_next(s) >> 40) * (1.0 / 16777216.0)); }
+/* gpt_data.h's generator (examples/gpt.h's, which is C-only: the same splitmix64) */
+#include "splitmix.h"
+static inline uint64_t gpt_rng_next(uint64_t* s) { return splitmix_next(s); }
+static inline float gpt_rng_uniform(uint64_t* s) { return splitmix_uniform(s); }
 #include "gpt_data.h"
 
 #define GPTC_MAX_BLOCK 32   /* the list's blocks: the most a model can use */

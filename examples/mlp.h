@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "splitmix.h"
+
 typedef struct dense_params {
     int in, out;            /* x (rows, in) -> y (rows, out) */
     int tanh_act;           /* 1: y = tanh(x W + b); 0: y = x W + b */
@@ -42,38 +44,67 @@ static int dense_fwd(const dense_params* p, pp_layer_io* io) {
     return 0;
 }
 
-static int dense_bwd(const dense_params* p, dense_params* g, pp_layer_io* io) {
-    const float* x = (const float*)io->in[0].data;     /* (rows, in) */
+/* The layer's gradient at its pre-activation, row r: dz (out) = dy, through tanh where the
+   layer has it (from y: an elementwise product). */
+static void dense_dz(const dense_params* p, const pp_layer_io* io, int64_t r, float* dz) {
     const float* y = (const float*)io->out[0].data;    /* (rows, out) */
     const float* dy = (const float*)io->d_out[0].data; /* (rows, out) */
+    int o;
+    for (o = 0; o < p->out; o++) {
+        float d = dy[r * p->out + o];
+        if (p->tanh_act) {
+            float t = y[r * p->out + o];
+            d *= 1.0f - t * t;
+        }
+        dz[o] = d;
+    }
+}
+
+/* B: only the input gradient dx = dz W^T (the split model's backward, see mlpz below). */
+static int dense_bwd_in(const dense_params* p, dense_params* g, pp_layer_io* io) {
     float* dx = (float*)io->d_in[0].data;              /* (rows, in), NULL on the first layer */
+    int64_t r, rows = io->in[0].rows;
+    int i, o;
+    float dz[512];
+    (void)g;
+    if (p->out > 512) return 2;
+    if (!dx) return 0;
+    for (r = 0; r < rows; r++) {
+        dense_dz(p, io, r, dz);
+        for (i = 0; i < p->in; i++) {
+            const float* wi = p->w + (size_t)i * p->out;
+            float acc = 0;
+            for (o = 0; o < p->out; o++) acc += wi[o] * dz[o];
+            dx[r * p->in + i] = acc;
+        }
+    }
+    return 0;
+}
+
+/* W: the bias and weight gradients, added: g->b += dz, g->w += x^T dz. */
+static int dense_bwd_w(const dense_params* p, dense_params* g, pp_layer_io* io) {
+    const float* x = (const float*)io->in[0].data;     /* (rows, in) */
     int64_t r, rows = io->in[0].rows;
     int i, o;
     float dz[512];
     if (p->out > 512) return 2;
     for (r = 0; r < rows; r++) {
         const float* xr = x + r * p->in;
-        for (o = 0; o < p->out; o++) {
-            float d = dy[r * p->out + o];
-            if (p->tanh_act) {
-                float t = y[r * p->out + o];
-                d *= 1.0f - t * t;
-            }
-            dz[o] = d;
-            g->b[o] += d;
-        }
+        dense_dz(p, io, r, dz);
+        for (o = 0; o < p->out; o++) g->b[o] += dz[o];
         for (i = 0; i < p->in; i++) {
             float* gw = g->w + (size_t)i * p->out;
-            const float* wi = p->w + (size_t)i * p->out;
-            float acc = 0;
-            for (o = 0; o < p->out; o++) {
-                gw[o] += xr[i] * dz[o];
-                acc += wi[o] * dz[o];
-            }
-            if (dx) dx[r * p->in + i] = acc;
+            for (o = 0; o < p->out; o++) gw[o] += xr[i] * dz[o];
         }
     }
     return 0;
+}
+
+/* Both: each sum in the same order as the split pair, so the fused and split models agree bit
+   for bit. */
+static int dense_bwd(const dense_params* p, dense_params* g, pp_layer_io* io) {
+    int rc = dense_bwd_w(p, g, io);
+    return rc ? rc : dense_bwd_in(p, g, io);
 }
 
 static void dense_desc(const dense_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
@@ -143,65 +174,9 @@ PP_MODEL(mlp, MLP_LAYERS)
 
 /* The same MLP with the dense backward split in two (PP_MODEL_SPLIT), for the zero-bubble
    schedules: dense_bwd_in writes only the input gradient, dense_bwd_w adds the weight and bias
-   gradients later (it recomputes dz from y and dy: an elementwise product). The loss layer has
+   gradients later (both recompute dz from y and dy: an elementwise product). The loss layer has
    no parameters and names PP_NO_WGRAD. mlpz_model has mlp_model's layout, so mlp_init's
    weights serve both: mlpz_from_mlp copies the parameter views. */
-static int dense_bwd_in(const dense_params* p, dense_params* g, pp_layer_io* io) {
-    const float* y = (const float*)io->out[0].data;    /* (rows, out) */
-    const float* dy = (const float*)io->d_out[0].data; /* (rows, out) */
-    float* dx = (float*)io->d_in[0].data;              /* (rows, in), NULL on the first layer */
-    int64_t r, rows = io->in[0].rows;
-    int i, o;
-    float dz[512];
-    (void)g;
-    if (p->out > 512) return 2;
-    if (!dx) return 0;
-    for (r = 0; r < rows; r++) {
-        for (o = 0; o < p->out; o++) {
-            float d = dy[r * p->out + o];
-            if (p->tanh_act) {
-                float t = y[r * p->out + o];
-                d *= 1.0f - t * t;
-            }
-            dz[o] = d;
-        }
-        for (i = 0; i < p->in; i++) {
-            const float* wi = p->w + (size_t)i * p->out;
-            float acc = 0;
-            for (o = 0; o < p->out; o++) acc += wi[o] * dz[o];
-            dx[r * p->in + i] = acc;
-        }
-    }
-    return 0;
-}
-
-static int dense_bwd_w(const dense_params* p, dense_params* g, pp_layer_io* io) {
-    const float* x = (const float*)io->in[0].data;     /* (rows, in) */
-    const float* y = (const float*)io->out[0].data;    /* (rows, out) */
-    const float* dy = (const float*)io->d_out[0].data; /* (rows, out) */
-    int64_t r, rows = io->in[0].rows;
-    int i, o;
-    float dz[512];
-    if (p->out > 512) return 2;
-    for (r = 0; r < rows; r++) {
-        const float* xr = x + r * p->in;
-        for (o = 0; o < p->out; o++) {
-            float d = dy[r * p->out + o];
-            if (p->tanh_act) {
-                float t = y[r * p->out + o];
-                d *= 1.0f - t * t;
-            }
-            dz[o] = d;
-            g->b[o] += d;
-        }
-        for (i = 0; i < p->in; i++) {
-            float* gw = g->w + (size_t)i * p->out;
-            for (o = 0; o < p->out; o++) gw[o] += xr[i] * dz[o];
-        }
-    }
-    return 0;
-}
-
 #define MLPZ_LAYERS(X)                                                                    \
     X(dense, dense_params, dense_fwd, dense_bwd_in, dense_bwd_w, dense_desc, MLP_DEPTH)   \
     X(xent, xent_params, xent_fwd, xent_bwd, PP_NO_WGRAD, xent_desc, 1)
@@ -213,14 +188,9 @@ static inline void mlpz_from_mlp(mlpz_model* z, const mlp_model* w) {
     z->xent[0] = w->xent[0];
 }
 
-/* Deterministic generator (splitmix64), so every run and rank sees the same numbers. */
-static inline uint64_t mlp_rng_next(uint64_t* s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static inline float mlp_rng_uniform(uint64_t* s) { return (float)((mlp_rng_next(s) >> 40) * (1.0 / 16777216.0)); }
+/* Deterministic generator (examples/splitmix.h), so every run and rank sees the same numbers. */
+static inline uint64_t mlp_rng_next(uint64_t* s) { return splitmix_next(s); }
+static inline float mlp_rng_uniform(uint64_t* s) { return splitmix_uniform(s); }
 
 /* Layer widths: dims[0] = input, dims[MLP_DEPTH] = classes. One flat buffer for weights (and
    one for gradients when grads is non-NULL: same layout, zeroed). Returns the buffer, which

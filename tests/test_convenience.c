@@ -11,15 +11,14 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 
 #include <string.h>
 
 #define ROWS 37
-#define IN 6
-#define CLASSES 5
-static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 
-static float X[ROWS * IN];
+static float X[ROWS * HX_IN];
 static int32_t Y[ROWS];
 static mlp_model W, GREF;
 static float *WBUF, *GREFBUF;
@@ -27,14 +26,7 @@ static size_t NPAR;
 
 static pp_batch batch(int m) {
     pp_batch b;
-    memset(&b, 0, sizeof b);
-    b.m = m;
-    b.input.data = X;
-    b.input.rows = ROWS;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
-    b.targets = Y;
-    b.target_row_bytes = sizeof(int32_t);
+    hx_dense_batch(&b, X, Y, ROWS, HX_IN, m);
     return b;
 }
 
@@ -151,7 +143,7 @@ static void test_equal(void) {
         pp_pipeline_desc d = desc(PP_SCHED_1F1B, 4, m);
         memset(&sample, 0, sizeof sample);
         sample.rows = ROWS / m;
-        sample.cols = IN;
+        sample.cols = HX_IN;
         sample.dtype = PP_F32;
         d.partition.policy = (pp_partition_policy)policy;
         d.partition.sample = &sample;
@@ -442,8 +434,8 @@ int main(void) {
     int i;
     WBUF = mlp_init(&W, &GREF, DIMS, 21, &GREFBUF);
     NPAR = mlp_param_count(DIMS);
-    mlp_make_data(X, Y, ROWS, IN, CLASSES, 8, 9);
-    for (i = 0; i < ROWS * IN; i++) X[i] += 0.01f * mlp_rng_uniform(&seed);
+    mlp_make_data(X, Y, ROWS, HX_IN, HX_CLASSES, 8, 9);
+    for (i = 0; i < ROWS * HX_IN; i++) X[i] += 0.01f * mlp_rng_uniform(&seed);
     test_equal();
     test_defaults();
     test_custom();

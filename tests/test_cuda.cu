@@ -18,6 +18,7 @@
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_cuda.h"
 #include "test.h"
+#include "harness.h"
 #include <cuda_runtime.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,118 +212,16 @@ static uint64_t rng_next(uint64_t* s) {
 }
 static float rng_unif(uint64_t* s) { return (float)((rng_next(s) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
 
-/* ---- the poisoning transport wrapper (device buffers) ------------------------------------ */
-#define PZ_MAX 64
-typedef struct pz_port {
-    pp_transport inner;
-    cudaStream_t stream;
-    const pp_request* req[PZ_MAX];
-    void* buf[PZ_MAX];
-    size_t bytes[PZ_MAX];
-    unsigned char* host;
-    size_t host_cap;
-    int checked, unwritten, errors;
-} pz_port;
-
-static int pz_is_device(const void* buf);
-static pp_result pz_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    return p->inner.isend(p->inner.self, peer, tag, buf, bytes, req);
-}
-static pp_result pz_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    if (!pz_is_device(buf)) return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
-    /* on the rank's stream, so it is ordered before the incoming copy (which waits on the
-       receiver's stream as of irecv) */
-    if (cudaMemsetAsync(buf, 0xFF, bytes, p->stream) != cudaSuccess) p->errors++;
-    for (int i = 0; i < PZ_MAX; i++)
-        if (!p->req[i]) {
-            p->req[i] = req;
-            p->buf[i] = buf;
-            p->bytes[i] = bytes;
-            break;
-        }
-    return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
-}
-static pp_result pz_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
-    pz_port* p = (pz_port*)self;
-    pp_result rc = p->inner.wait(p->inner.self, req, timeout_s, err);
-    for (int i = 0; i < PZ_MAX; i++) {
-        if (p->req[i] != req) continue;
-        p->req[i] = NULL;
-        if (rc != PP_OK) break;
-        if (p->bytes[i] > p->host_cap) {
-            free(p->host);
-            p->host = (unsigned char*)malloc(p->bytes[i]);
-            p->host_cap = p->host ? p->bytes[i] : 0;
-        }
-        /* the rank's stream now waits on the copy: synchronising it shows what arrived */
-        if (!p->host || cudaStreamSynchronize(p->stream) != cudaSuccess ||
-            cudaMemcpy(p->host, p->buf[i], p->bytes[i], cudaMemcpyDeviceToHost) != cudaSuccess) {
-            p->errors++;
-            break;
-        }
-        p->checked++;
-        for (size_t k = 0; k + 4 <= p->bytes[i]; k += 4) {
-            uint32_t w;
-            memcpy(&w, p->host + k, 4);
-            if (w == 0xFFFFFFFFu) {
-                p->unwritten++;
-                break;
-            }
-        }
-        break;
-    }
-    return rc;
-}
-static pp_result pz_test(void* self, pp_request* req, int* done) {
-    pz_port* p = (pz_port*)self;
-    return p->inner.test(p->inner.self, req, done);
-}
-static void pz_abort(void* self, pp_result why, const char* msg) {
-    pz_port* p = (pz_port*)self;
-    p->inner.abort(p->inner.self, why, msg);
-}
-static pp_result pz_cancel(void* self, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    int i;
-    for (i = 0; i < PZ_MAX; i++)
-        if (p->req[i] == req) p->req[i] = NULL; /* withdrawn: nothing to check */
-    return p->inner.cancel ? p->inner.cancel(p->inner.self, req) : PP_OK;
-}
-/* device buffers are poisoned on the stream; host ones (BROADCAST metadata) are not checked */
-static int pz_is_device(const void* buf) {
-    struct cudaPointerAttributes at;
-    memset(&at, 0, sizeof at);
-    if (cudaPointerGetAttributes(&at, buf) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
-}
-
 /* ---- one configuration ------------------------------------------------------------------- */
 typedef struct run {
     int p, steps, poison, timeline;
     const pp_schedule* sched;
     const int* first;
     const pp_batch* batch;      /* device input and targets of device 0 */
-    const pp_batch* batch_dev[PP_MAX_RANKS]; /* per rank: its device's copy */
-    pp_cuda* cuda;
-    pp_stage* st[PP_MAX_RANKS];
-    pz_port pz[PP_MAX_RANKS];
-    pp_result rc[PP_MAX_RANKS];
-    pp_step_stats stats[PP_MAX_RANKS];
+    hx_stages S;                /* the ranks' stages on the pp_cuda world (S.user), batch_of[r]:
+                                   rank r's device's copy of the batch */
+    hx_poison pz[PP_MAX_RANKS];
 } run;
-
-static pp_result rank_step(int rank, void* user) {
-    run* R = (run*)user;
-    pp_error err;
-    pp_result rc = pp_cuda_bind(R->cuda, rank, &err);
-    if (rc == PP_OK) rc = pp_stage_step(R->st[rank], R->batch_dev[rank], &R->stats[rank]);
-    R->rc[rank] = rc;
-    return rc;
-}
 
 /* Per device: a copy of the weights, the batch input/targets. */
 typedef struct devdata {
@@ -349,6 +248,7 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
                          int steps, int poison, outcome* o, const char* where) {
     static run R;
     pp_cuda_desc cd;
+    pp_cuda* cuda = NULL;
     pp_error err;
     int p = sched->p, r;
     size_t np = n_params();
@@ -364,10 +264,14 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
     cd.n_ranks = p;
     cd.devices = devs;
     cd.timeline = 1;
-    if (pp_cuda_create(&cd, &R.cuda, &err) != PP_OK) {
+    if (pp_cuda_create(&cd, &cuda, &err) != PP_OK) {
         CHECK(0, "%s: pp_cuda_create: %s", where, err.msg);
         return;
     }
+    R.S.p = p;
+    R.S.user = cuda;
+    R.S.before = hx_cuda_bind;
+    R.S.keep_stats = 1;
     o->grads = (float*)calloc((size_t)p * np, sizeof(float));
     o->ok = 1;
     for (r = 0; r < p && o->ok; r++) {
@@ -384,32 +288,14 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
             break;
         }
         carve(&g[r], gdev[r]);
-        ctx[r].stream = pp_cuda_stream(R.cuda, r);
-        R.batch_dev[r] = &dd[dev].b;
-        memset(&d, 0, sizeof d);
-        d.model = gm_model_desc();
-        d.weights = &w[r];
-        d.grads = &g[r];
-        d.schedule = sched;
-        d.partition = first;
-        d.rank = r;
-        d.transport = pp_cuda_transport(R.cuda, r);
-        if (poison && p > 1) {
-            pz_port* z = &R.pz[r];
-            z->inner = d.transport;
-            z->stream = ctx[r].stream;
-            d.transport.self = z;
-            d.transport.isend = pz_isend;
-            d.transport.irecv = pz_irecv;
-            d.transport.wait = pz_wait;
-            d.transport.test = pz_test;
-            d.transport.abort = pz_abort;
-            d.transport.cancel = pz_cancel;
-        }
-        d.device = pp_cuda_device_ops(R.cuda, r);
+        ctx[r].stream = pp_cuda_stream(cuda, r);
+        R.S.batch_of[r] = &dd[dev].b;
+        hx_stage_desc(&d, NULL, gm_model_desc(), &w[r], &g[r], sched, first, r, pp_cuda_transport(cuda, r));
+        if (poison && p > 1) d.transport = hx_cuda_poison_transport(&R.pz[r], d.transport, &ctx[r].stream);
+        d.device = pp_cuda_device_ops(cuda, r);
         d.layer_ctx = &ctx[r];
         d.timeout_s = 60;
-        if (pp_stage_create(&d, &R.st[r], &err) != PP_OK) {
+        if (pp_stage_create(&d, &R.S.st[r], &err) != PP_OK) {
             CHECK(0, "%s: rank %d pp_stage_create: %s", where, r, err.msg);
             o->ok = 0;
         }
@@ -422,28 +308,28 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
         cudaDeviceSynchronize();
     }
     for (int s = 0; s < steps && o->ok; s++) {
-        if (pp_cuda_step_begin(R.cuda, &err) != PP_OK) {
+        if (pp_cuda_step_begin(cuda, &err) != PP_OK) {
             CHECK(0, "%s: step_begin: %s", where, err.msg);
             o->ok = 0;
             break;
         }
-        if (pp_threads_run(p, rank_step, &R, &err) != PP_OK) {
+        if (hx_stages_step(&R.S, &err) != PP_OK) {
             for (r = 0; r < p; r++)
-                if (R.rc[r] != PP_OK)
-                    CHECK(0, "%s: step %d rank %d: %s (cuda: %s)", where, s, r, pp_stage_error(R.st[r]), pp_cuda_error(R.cuda, r));
+                if (R.S.rc[r] != PP_OK)
+                    CHECK(0, "%s: step %d rank %d: %s (cuda: %s)", where, s, r, pp_stage_error(R.S.st[r]), pp_cuda_error(cuda, r));
             o->ok = 0;
             break;
         }
-        if (pp_cuda_step_end(R.cuda, &o->info, &err) != PP_OK) {
+        if (pp_cuda_step_end(cuda, &o->info, &err) != PP_OK) {
             CHECK(0, "%s: step_end: %s", where, err.msg);
             o->ok = 0;
             break;
         }
-        for (r = 0; r < p; r++) pp_cuda_memory(R.cuda, r, &o->pool_bytes[r], s == 0 ? &o->allocs1[r] : &o->allocs2[r]);
+        for (r = 0; r < p; r++) pp_cuda_memory(cuda, r, &o->pool_bytes[r], s == 0 ? &o->allocs1[r] : &o->allocs2[r]);
     }
     if (o->ok) {
         int last_rank, chunk;
-        o->n_events = pp_cuda_timeline(R.cuda, NULL, 0);
+        o->n_events = pp_cuda_timeline(cuda, NULL, 0);
         pp_schedule_stage_rank(sched, sched->n_stages - 1, &last_rank, &chunk);
         cudaSetDevice(devs ? devs[last_rank] : 0);
         if (cudaMemcpy(o->mb_loss, ctx[last_rank].mb_loss, sizeof(float) * (size_t)sched->m, cudaMemcpyDeviceToHost) != cudaSuccess)
@@ -452,7 +338,7 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
             cudaSetDevice(devs ? devs[r] : 0);
             if (cudaMemcpy(o->grads + (size_t)r * np, gdev[r], np * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess)
                 o->ok = 0;
-            o->peak_live[r] = R.stats[r].peak_live;
+            o->peak_live[r] = R.S.stats[r].peak_live;
             o->unwritten += R.pz[r].unwritten;
             o->checked += R.pz[r].checked;
             o->pz_errors += R.pz[r].errors;
@@ -460,13 +346,12 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
         CHECK(o->ok, "%s: reading results back", where);
     }
     for (r = 0; r < p; r++) {
-        pp_stage_destroy(R.st[r]);
+        pp_stage_destroy(R.S.st[r]);
         cudaSetDevice(devs ? devs[r] : 0);
         if (gdev[r]) cudaFree(gdev[r]);
         if (ctx[r].mb_loss) cudaFree(ctx[r].mb_loss);
-        free(R.pz[r].host);
     }
-    pp_cuda_destroy(R.cuda);
+    pp_cuda_destroy(cuda);
 }
 
 /* Index of the first parameter of layer l in the flat buffer. */
@@ -480,38 +365,28 @@ static int g_cases, g_exact;
 
 static void check_case(pp_schedule_kind kind, int p, int v, int m, const int* devs, devdata* dd, const pp_batch* hb,
                        const outcome* ref, int steps, const char* tag) {
-    pp_action* acts;
-    pp_schedule sched;
-    pp_sim_result* sim = (pp_sim_result*)calloc(1, sizeof *sim);
-    pp_sim_cost cost;
+    hx_sched sc;
     pp_error err;
     outcome o;
     int S = p * v, first[32], r, ok = 1;
-    size_t n = pp_schedule_size(kind, p, v, m), np = n_params();
-    /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
-       the zero-bubble kinds the simulator's peak is an upper bound */
-    int zb = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
+    size_t np = n_params();
     char where[200];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s", pp_schedule_name(kind), p, v, m, tag);
-    acts = (pp_action*)malloc(n * sizeof *acts);
-    if (!sim || !acts || pp_schedule_make(kind, p, v, m, acts, n, &sched, &err) != PP_OK) {
+    if (hx_sched_simulate(&sc, kind, p, v, m, &err) != PP_OK) {
         CHECK(0, "%s: schedule", where);
-        free(acts);
-        free(sim);
+        hx_sched_free(&sc);
         return;
     }
-    memset(&cost, 0, sizeof cost);
-    pp_simulate(&sched, &cost, sim, NULL, &err);
     pp_partition_uniform(DEPTH + 1, S, first, &err);
     g_cases++;
-    run_pipeline(&sched, first, devs, dd, hb, steps, 1, &o, where);
+    run_pipeline(&sc.s, first, devs, dd, hb, steps, 1, &o, where);
     if (!o.ok) ok = 0;
     /* gradients: layer l's owner has exactly the reference bits, every other rank zeros */
     for (int l = 0; ok && l < DEPTH; l++) {
         int s = 0, owner, chunk;
         size_t off = layer_off(l), len = (size_t)DIMS[l] * DIMS[l + 1] + DIMS[l + 1];
         while (!(l >= first[s] && l < first[s + 1])) s++;
-        pp_schedule_stage_rank(&sched, s, &owner, &chunk);
+        pp_schedule_stage_rank(&sc.s, s, &owner, &chunk);
         if (memcmp(o.grads + (size_t)owner * np + off, ref->grads + off, len * sizeof(float)) != 0) {
             size_t k;
             for (k = 0; k < len; k++)
@@ -535,12 +410,12 @@ static void check_case(pp_schedule_kind kind, int p, int v, int m, const int* de
         ok = 0;
     }
     for (r = 0; ok && r < p; r++) {
-        CHECK(zb ? o.peak_live[r] <= sim->peak_live[r] : o.peak_live[r] == sim->peak_live[r], "%s: rank %d peak stash %d, simulator %d", where, r, o.peak_live[r],
-              sim->peak_live[r]);
+        CHECK(hx_peak_agrees(kind, o.peak_live[r], sc.sim->peak_live[r]), "%s: rank %d peak stash %d, simulator %d", where, r,
+              o.peak_live[r], sc.sim->peak_live[r]);
         CHECK(steps < 2 || o.allocs2[r] == o.allocs1[r], "%s: rank %d: %d cudaMalloc calls after the first step", where, r,
               o.allocs2[r] - o.allocs1[r]);
-        CHECK(o.info.n_actions[r] == sched.per_rank, "%s: rank %d timeline has %d actions, list has %d", where, r,
-              o.info.n_actions[r], sched.per_rank);
+        CHECK(o.info.n_actions[r] == sc.s.per_rank, "%s: rank %d timeline has %d actions, list has %d", where, r,
+              o.info.n_actions[r], sc.s.per_rank);
     }
     if (ok) {
         CHECK(o.unwritten == 0 && o.pz_errors == 0, "%s: %d of %d receives left poisoned bytes (%d errors)", where,
@@ -548,13 +423,12 @@ static void check_case(pp_schedule_kind kind, int p, int v, int m, const int* de
         CHECK(o.checked > 0, "%s: no receive was checked", where);
         CHECK(o.info.span > 0 && o.info.bubble >= 0 && o.info.bubble < 1, "%s: span %g bubble %g", where, o.info.span,
               o.info.bubble);
-        CHECK(o.n_events == (size_t)p * sched.per_rank, "%s: %zu timeline events", where, o.n_events);
+        CHECK(o.n_events == (size_t)p * sc.s.per_rank, "%s: %zu timeline events", where, o.n_events);
     }
     if (ok) g_exact++;
     CHECK(ok, "%s", where);
     free(o.grads);
-    free(acts);
-    free(sim);
+    hx_sched_free(&sc);
 }
 
 /* Error paths that need no GPU. */

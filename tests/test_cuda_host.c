@@ -16,176 +16,48 @@
 #include "../examples/mlp.h"
 #include "fakecuda/layer_kernels.h"
 #include "test.h"
+#include "harness.h"
 
 #define ROWS 57
-#define IN 6
-#define CLASSES 5
 #define NSEQ 12
-static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 static const int32_t CU[NSEQ + 1] = {0, 3, 4, 11, 20, 22, 30, 31, 40, 41, 47, 50, 57};
 
 /* ---- the MLP's layers, enqueued on the rank's stream as imitation kernels ---------------- */
 static pp_model async_model(void) { return layer_kernels_model(mlp_model_desc()); }
 
-/* ---- poisoned receives: filled with 0xFF on the stream before the receive is posted ---------- */
-#define PZ_MAX 64
-typedef struct pz_port {
-    pp_transport inner;
-    cudaStream_t stream;
-    const pp_request* req[PZ_MAX];
-    unsigned char* buf[PZ_MAX];
-    size_t bytes[PZ_MAX];
-    int checked, unwritten;
-} pz_port;
-
-static int pz_is_device(const void* buf);
-static pp_result pz_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    return p->inner.isend(p->inner.self, peer, tag, buf, bytes, req);
-}
-static pp_result pz_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    int i;
-    if (!pz_is_device(buf)) return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
-    cudaMemsetAsync(buf, 0xFF, bytes, p->stream);
-    for (i = 0; i < PZ_MAX; i++)
-        if (!p->req[i]) {
-            p->req[i] = req;
-            p->buf[i] = (unsigned char*)buf;
-            p->bytes[i] = bytes;
-            break;
-        }
-    return p->inner.irecv(p->inner.self, peer, tag, buf, bytes, req);
-}
-static pp_result pz_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
-    pz_port* p = (pz_port*)self;
-    pp_result rc = p->inner.wait(p->inner.self, req, timeout_s, err);
-    int i;
-    for (i = 0; i < PZ_MAX; i++)
-        if (p->req[i] == req) {
-            size_t k;
-            unsigned char* h;
-            p->req[i] = NULL;
-            if (rc != PP_OK) break;
-            cudaStreamSynchronize(p->stream); /* the stream waits on the copy: now it is there */
-            if (!(h = (unsigned char*)malloc(p->bytes[i] + 1))) break;
-            cudaMemcpy(h, p->buf[i], p->bytes[i], cudaMemcpyDeviceToHost);
-            p->checked++;
-            for (k = 0; k + 4 <= p->bytes[i]; k += 4) {
-                uint32_t w;
-                memcpy(&w, h + k, 4);
-                if (w == 0xFFFFFFFFu) {
-                    p->unwritten++;
-                    break;
-                }
-            }
-            free(h);
-            break;
-        }
-    return rc;
-}
-static pp_result pz_test(void* self, pp_request* req, int* done) {
-    pz_port* p = (pz_port*)self;
-    return p->inner.test(p->inner.self, req, done);
-}
-static void pz_abort(void* self, pp_result why, const char* msg) {
-    pz_port* p = (pz_port*)self;
-    p->inner.abort(p->inner.self, why, msg);
-}
-static pp_result pz_cancel(void* self, pp_request* req) {
-    pz_port* p = (pz_port*)self;
-    int i;
-    for (i = 0; i < PZ_MAX; i++)
-        if (p->req[i] == req) p->req[i] = NULL; /* withdrawn: nothing to check */
-    return p->inner.cancel ? p->inner.cancel(p->inner.self, req) : PP_OK;
-}
-/* device buffers are poisoned on the stream; host ones (BROADCAST metadata) are not checked */
-static int pz_is_device(const void* buf) {
-    struct cudaPointerAttributes at;
-    memset(&at, 0, sizeof at);
-    if (cudaPointerGetAttributes(&at, buf) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-    }
-    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
-}
-
 /* The tests' batch: ROWS rows packed in NSEQ sequences (CU), 6 micro-batches balanced by tokens;
    inputs in host memory (the imitation's kernels read them directly). */
 static void packed_batch(pp_batch* b, float* x, int32_t* y) {
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 8, 9);
-    memset(b, 0, sizeof *b);
-    b->m = 6;
-    b->input.data = x;
-    b->input.rows = ROWS;
-    b->input.cols = IN;
-    b->input.dtype = PP_F32;
-    b->targets = y;
-    b->target_row_bytes = sizeof(int32_t);
-    b->cu_seqlens = CU;
-    b->n_seqs = NSEQ;
-    b->split = PP_SPLIT_TOKENS;
+    mlp_make_data(x, y, ROWS, HX_IN, HX_CLASSES, 8, 9);
+    hx_packed_batch(b, x, y, CU, NSEQ, HX_IN, 6, PP_SPLIT_TOKENS);
 }
 
 /* ---- one configuration ---------------------------------------------------------------------- */
-typedef struct world {
-    int p;
-    pp_cuda* cuda;
-    pp_stage* st[PP_MAX_RANKS];
-    const pp_batch* b;
-    pp_result rc[PP_MAX_RANKS];
-    pp_step_stats stats[PP_MAX_RANKS];
-} world;
-
-static pp_result rank_step(int rank, void* user) {
-    world* W = (world*)user;
-    pp_error err;
-    pp_result rc = pp_cuda_bind(W->cuda, rank, &err);
-    if (rc == PP_OK) rc = pp_stage_step(W->st[rank], W->b, &W->stats[rank]);
-    return W->rc[rank] = rc;
-}
-
-static int owner_stage(const int* first, int S, int l) {
-    int s;
-    for (s = 0; s < S; s++)
-        if (l >= first[s] && l < first[s + 1]) return s;
-    return -1;
-}
-
 static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_policy shapes, const mlp_model* w,
                      const mlp_model* gref, const pp_batch* batch, int steps) {
-    static world W;
-    static pz_port pz[PP_MAX_RANKS];
+    static hx_stages W;
+    pp_cuda* cuda = NULL;
+    static hx_poison pz[PP_MAX_RANKS];
     static mlp_model g[PP_MAX_RANKS];
     static float* gbuf[PP_MAX_RANKS];
     static cudaStream_t streams[PP_MAX_RANKS];
-    pp_action* acts;
-    pp_schedule sched;
-    pp_sim_result* sim = (pp_sim_result*)calloc(1, sizeof *sim);
-    pp_sim_cost cost;
+    hx_sched sc;
     pp_cuda_desc cd;
     pp_cuda_step_info info;
     pp_error err;
-    int devs[PP_MAX_RANKS], first[32], r, l, s, ok = 1, S = p * v, m = batch->m;
+    int devs[PP_MAX_RANKS], first[32], r, s, ok = 1, S = p * v, m = batch->m;
     int allocs1[PP_MAX_RANKS];
-    size_t n = pp_schedule_size(kind, p, v, m);
-    /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
-       the zero-bubble kinds the simulator's peak is an upper bound */
-    int zb = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
     char where[160];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s%s", pp_schedule_name(kind), p, v, m,
              spread ? "spread over 4 devices" : "one device", shapes == PP_SHAPES_BROADCAST ? " BROADCAST" : "");
-    acts = (pp_action*)malloc(n * sizeof *acts);
     memset(&W, 0, sizeof W);
     memset(pz, 0, sizeof pz);
-    if (!sim || !acts || pp_schedule_make(kind, p, v, m, acts, n, &sched, &err) != PP_OK) {
+    if (hx_sched_simulate(&sc, kind, p, v, m, &err) != PP_OK) {
         CHECK(0, "%s: schedule", where);
-        free(acts);
-        free(sim);
+        hx_sched_free(&sc);
         return;
     }
-    memset(&cost, 0, sizeof cost);
-    pp_simulate(&sched, &cost, sim, NULL, &err);
     pp_partition_uniform(MLP_DEPTH + 1, S, first, &err);
     for (r = 0; r < p; r++) devs[r] = spread ? r % 4 : 0;
     memset(&cd, 0, sizeof cd);
@@ -193,42 +65,20 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
     cd.devices = devs;
     cd.timeline = 1;
     W.p = p;
-    W.b = batch;
-    if (pp_cuda_create(&cd, &W.cuda, &err) != PP_OK) {
+    W.batch = batch;
+    W.keep_stats = 1;
+    if (pp_cuda_create(&cd, &cuda, &err) != PP_OK) {
         CHECK(0, "%s: pp_cuda_create: %s", where, err.msg);
-        free(acts);
-        free(sim);
+        hx_sched_free(&sc);
         return;
     }
+    W.user = cuda;
+    hx_mlp_rank_grads(g, gbuf, p, DIMS);
     for (r = 0; r < p; r++) {
         pp_stage_desc d;
-        mlp_model tmp;
-        memset(&tmp, 0, sizeof tmp);
-        g[r] = *w;
-        free(mlp_init(&tmp, &g[r], DIMS, 1, &gbuf[r]));
-        streams[r] = pp_cuda_stream(W.cuda, r);
-        memset(&d, 0, sizeof d);
-        d.model = async_model();
-        d.weights = w;
-        d.grads = &g[r];
-        d.schedule = &sched;
-        d.partition = first;
-        d.rank = r;
-        d.transport = pp_cuda_transport(W.cuda, r);
+        hx_cuda_stage_desc(&d, cuda, r, async_model(), w, &g[r], &sc.s, first, &streams[r]);
         d.shapes = shapes;
-        if (p > 1) {
-            pz[r].inner = d.transport;
-            pz[r].stream = streams[r];
-            d.transport.self = &pz[r];
-            d.transport.isend = pz_isend;
-            d.transport.irecv = pz_irecv;
-            d.transport.wait = pz_wait;
-            d.transport.test = pz_test;
-            d.transport.abort = pz_abort;
-            d.transport.cancel = pz_cancel;
-        }
-        d.device = pp_cuda_device_ops(W.cuda, r);
-        d.layer_ctx = &streams[r];
+        if (p > 1) d.transport = hx_cuda_poison_transport(&pz[r], d.transport, &streams[r]);
         d.timeout_s = 20;
         if (pp_stage_create(&d, &W.st[r], &err) != PP_OK) {
             CHECK(0, "%s: rank %d: %s", where, r, err.msg);
@@ -236,17 +86,16 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
         }
     }
     for (s = 0; s < steps && ok; s++) {
-        if (pp_cuda_step_begin(W.cuda, &err) != PP_OK || pp_threads_run(p, rank_step, &W, &err) != PP_OK ||
-            pp_cuda_step_end(W.cuda, &info, &err) != PP_OK) {
+        if (hx_cuda_step(&W, &info, &err) != PP_OK) {
             for (r = 0; r < p; r++)
-                if (W.rc[r] != PP_OK) CHECK(0, "%s: step %d rank %d: %s (%s)", where, s, r, pp_stage_error(W.st[r]), pp_cuda_error(W.cuda, r));
+                if (W.rc[r] != PP_OK) CHECK(0, "%s: step %d rank %d: %s (%s)", where, s, r, pp_stage_error(W.st[r]), pp_cuda_error(cuda, r));
             CHECK(0, "%s: step %d failed: %s", where, s, err.msg);
             ok = 0;
             break;
         }
         for (r = 0; r < p; r++) {
             int a;
-            pp_cuda_memory(W.cuda, r, NULL, &a);
+            pp_cuda_memory(cuda, r, NULL, &a);
             if (s == 0) allocs1[r] = a;
             else if (a != allocs1[r]) {
                 CHECK(0, "%s: rank %d allocated %d blocks in step %d", where, r, a - allocs1[r], s);
@@ -254,58 +103,39 @@ static void run_case(pp_schedule_kind kind, int p, int v, int spread, pp_shape_p
             }
         }
     }
-    for (l = 0; ok && l < MLP_DEPTH; l++) {
-        int st = owner_stage(first, S, l), rank, chunk;
-        size_t nw = (size_t)w->dense[l].in * w->dense[l].out, nb = (size_t)w->dense[l].out;
-        pp_schedule_stage_rank(&sched, st, &rank, &chunk);
-        if (memcmp(g[rank].dense[l].w, gref->dense[l].w, nw * sizeof(float)) != 0 ||
-            memcmp(g[rank].dense[l].b, gref->dense[l].b, nb * sizeof(float)) != 0) {
-            CHECK(0, "%s: layer %d (stage %d, rank %d) gradient differs from the reference", where, l, st, rank);
-            ok = 0;
-        }
-    }
+    ok = ok && hx_mlp_grads_match(g, p, &sc.s, first, gref, 0, where);
     for (r = 0; ok && r < p; r++) {
-        CHECK(zb ? W.stats[r].peak_live <= sim->peak_live[r] : W.stats[r].peak_live == sim->peak_live[r], "%s: rank %d peak stash %d, simulator %d", where, r,
-              W.stats[r].peak_live, sim->peak_live[r]);
-        CHECK(pz[r].unwritten == 0, "%s: rank %d: %d of %d receives left poisoned bytes", where, r, pz[r].unwritten,
-              pz[r].checked);
-        CHECK(p == 1 || pz[r].checked > 0, "%s: rank %d checked no receive", where, r);
-        CHECK(info.n_actions[r] == sched.per_rank, "%s: rank %d timeline %d actions of %d", where, r, info.n_actions[r],
-              sched.per_rank);
+        hx_check_peak_poison(&sc, kind, r, W.stats[r].peak_live, &pz[r], where);
+        CHECK(info.n_actions[r] == sc.s.per_rank, "%s: rank %d timeline %d actions of %d", where, r, info.n_actions[r],
+              sc.s.per_rank);
     }
     if (ok) {
         CHECK(info.span > 0 && info.bubble >= 0 && info.bubble < 1, "%s: span %g bubble %g", where, info.span, info.bubble);
-        CHECK(pp_cuda_timeline(W.cuda, NULL, 0) == (size_t)p * sched.per_rank, "%s: timeline size", where);
+        CHECK(pp_cuda_timeline(cuda, NULL, 0) == (size_t)p * sc.s.per_rank, "%s: timeline size", where);
     }
-    for (r = 0; r < p; r++) pp_stage_destroy(W.st[r]);
-    pp_cuda_destroy(W.cuda);
-    for (r = 0; r < p; r++) free(gbuf[r]);
-    free(acts);
-    free(sim);
+    hx_stages_destroy(&W);
+    pp_cuda_destroy(cuda);
+    hx_mlp_free_grads(gbuf, p);
+    hx_sched_free(&sc);
     CHECK(ok, "%s", where);
 }
 
 static void test_equal(void) {
-    mlp_model w, gref;
-    float *wbuf, *gbuf, x[ROWS * IN], loss = 0;
-    int32_t y[ROWS];
+    hx_mlp f;
     pp_batch b;
     pp_error err;
-    pp_model model = mlp_model_desc();
-    int kind, p, i, steps = 3;
-    memset(&w, 0, sizeof w);
-    wbuf = mlp_init(&w, &gref, DIMS, 21, &gbuf);
-    packed_batch(&b, x, y);
-    for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &w, &gref, &b, &loss, &err) == PP_OK, "%s", err.msg);
+    int kind, p, steps = 3;
+    hx_mlp_init(&f, DIMS, 21, ROWS, 8, 9);
+    hx_packed_batch(&b, f.x, f.y, CU, NSEQ, HX_IN, 6, PP_SPLIT_TOKENS);
+    CHECK(hx_mlp_reference(&f, &b, steps, &err) == PP_OK, "%s", err.msg);
     for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
         for (p = 1; p <= 4; p *= 2) {
             int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
-            run_case((pp_schedule_kind)kind, p, v, 0, PP_SHAPES_LOCAL, &w, &gref, &b, steps);
-            if (p > 1) run_case((pp_schedule_kind)kind, p, v, 1, PP_SHAPES_LOCAL, &w, &gref, &b, steps);
+            run_case((pp_schedule_kind)kind, p, v, 0, PP_SHAPES_LOCAL, &f.w, &f.gref, &b, steps);
+            if (p > 1) run_case((pp_schedule_kind)kind, p, v, 1, PP_SHAPES_LOCAL, &f.w, &f.gref, &b, steps);
         }
-    run_case(PP_SCHED_1F1B, 4, 1, 1, PP_SHAPES_BROADCAST, &w, &gref, &b, steps);
-    free(wbuf);
-    free(gbuf);
+    run_case(PP_SCHED_1F1B, 4, 1, 1, PP_SHAPES_BROADCAST, &f.w, &f.gref, &b, steps);
+    hx_mlp_free(&f);
 }
 
 /* A two-rank world (devices NULL: both on device 0) and its transports; NULL on failure. */
@@ -474,30 +304,14 @@ static int fail_fwd(const void* w, int l, pp_layer_io* io) {
     return lk_fwd(w, l, io);
 }
 
-typedef struct fr_world {
-    int p;
-    pp_cuda* cuda;
-    pp_stage* st[PP_MAX_RANKS];
-    const pp_batch* b;
-    pp_result rc[PP_MAX_RANKS];
-} fr_world;
-
-static pp_result fr_step(int rank, void* user) {
-    fr_world* W = (fr_world*)user;
-    pp_error err;
-    pp_result rc = pp_cuda_bind(W->cuda, rank, &err);
-    if (rc == PP_OK) rc = pp_stage_step(W->st[rank], W->b, NULL);
-    return W->rc[rank] = rc;
-}
-
 /* One step of batch b from zeroed gradients, compared with pp_sequential_step bit for bit. */
-static int fr_step_equal(fr_world* W, const pp_schedule* sched, const int* first, mlp_model* g, const mlp_model* w,
+static int fr_step_equal(hx_stages* W, const pp_schedule* sched, const int* first, mlp_model* g, const mlp_model* w,
                          const pp_batch* b, const char* what) {
     mlp_model gref, tmp;
     float *gbuf = NULL, loss = 0;
     pp_error err;
     pp_model model = mlp_model_desc();
-    int r, l, ok = 1;
+    int r, l, ok;
     memset(&tmp, 0, sizeof tmp);
     gref = *w;
     free(mlp_init(&tmp, &gref, DIMS, 1, &gbuf)); /* gref: zeroed gradients in gbuf */
@@ -506,35 +320,27 @@ static int fr_step_equal(fr_world* W, const pp_schedule* sched, const int* first
             memset(g[r].dense[l].w, 0, sizeof(float) * (size_t)w->dense[l].in * (size_t)w->dense[l].out);
             memset(g[r].dense[l].b, 0, sizeof(float) * (size_t)w->dense[l].out);
         }
-    W->b = b;
-    if (pp_sequential_step(&model, w, &gref, b, &loss, &err) != PP_OK || pp_cuda_step_begin(W->cuda, &err) != PP_OK ||
-        pp_threads_run(W->p, fr_step, W, &err) != PP_OK || pp_cuda_step_end(W->cuda, NULL, &err) != PP_OK) {
+    W->batch = b;
+    if (pp_sequential_step(&model, w, &gref, b, &loss, &err) != PP_OK || hx_cuda_step(W, NULL, &err) != PP_OK) {
         for (r = 0; r < W->p; r++)
             if (W->rc[r] != PP_OK) CHECK(0, "%s: rank %d: %s", what, r, pp_stage_error(W->st[r]));
         CHECK(0, "%s: %s", what, err.msg);
         free(gbuf);
         return 0;
     }
-    for (l = 0; l < MLP_DEPTH; l++) {
-        int st = owner_stage(first, sched->p * sched->v, l), rank, chunk;
-        pp_schedule_stage_rank(sched, st, &rank, &chunk);
-        if (memcmp(g[rank].dense[l].w, gref.dense[l].w, sizeof(float) * (size_t)w->dense[l].in * (size_t)w->dense[l].out) ||
-            memcmp(g[rank].dense[l].b, gref.dense[l].b, sizeof(float) * (size_t)w->dense[l].out)) {
-            CHECK(0, "%s: layer %d gradient differs from the reference", what, l);
-            ok = 0;
-        }
-    }
+    ok = hx_mlp_grads_match(g, W->p, sched, first, &gref, 0, what);
     free(gbuf);
     return ok;
 }
 
 static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
-    static fr_world W;
+    static hx_stages W;
+    pp_cuda* cuda = NULL;
     static mlp_model g[PP_MAX_RANKS];
     static float* gbuf[PP_MAX_RANKS];
     static cudaStream_t streams[PP_MAX_RANKS];
     mlp_model w, gtmp;
-    float *wbuf, *gdummy, x[ROWS * IN], x2[40 * IN];
+    float *wbuf, *gdummy, x[ROWS * HX_IN], x2[40 * HX_IN];
     int32_t y[ROWS], y2[40];
     pp_batch b, b2;
     pp_schedule sched;
@@ -550,7 +356,7 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
     memset(&W, 0, sizeof W);
     memset(&w, 0, sizeof w);
     wbuf = mlp_init(&w, &gtmp, DIMS, 33, &gdummy);
-    mlp_make_data(x2, y2, 40, IN, CLASSES, 5, 9);
+    mlp_make_data(x2, y2, 40, HX_IN, HX_CLASSES, 5, 9);
     packed_batch(&b, x, y);
     b2 = b; /* other shapes: 40 rows of unpacked data, split in equal parts */
     b2.input.data = x2;
@@ -571,29 +377,17 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
     cd.n_ranks = p;
     cd.devices = devs;
     W.p = p;
-    if (pp_cuda_create(&cd, &W.cuda, &err) != PP_OK) {
+    if (pp_cuda_create(&cd, &cuda, &err) != PP_OK) {
         CHECK(0, "%s: %s", what, err.msg);
         free(wbuf);
         free(gdummy);
         return;
     }
+    W.user = cuda;
+    hx_mlp_rank_grads(g, gbuf, p, DIMS);
     for (r = 0; r < p && ok; r++) {
         pp_stage_desc d;
-        mlp_model tmp;
-        memset(&tmp, 0, sizeof tmp);
-        g[r] = w;
-        free(mlp_init(&tmp, &g[r], DIMS, 1, &gbuf[r]));
-        streams[r] = pp_cuda_stream(W.cuda, r);
-        memset(&d, 0, sizeof d);
-        d.model = fm;
-        d.weights = &w;
-        d.grads = &g[r];
-        d.schedule = &sched;
-        d.partition = first;
-        d.rank = r;
-        d.transport = pp_cuda_transport(W.cuda, r);
-        d.device = pp_cuda_device_ops(W.cuda, r);
-        d.layer_ctx = &streams[r];
+        hx_cuda_stage_desc(&d, cuda, r, fm, &w, &g[r], &sched, first, &streams[r]);
         d.timeout_s = 10;
         if (pp_stage_create(&d, &W.st[r], &err) != PP_OK) {
             CHECK(0, "%s: rank %d: %s", what, r, err.msg);
@@ -605,25 +399,26 @@ static void test_failure_reset(pp_schedule_kind kind, int v, int spread) {
         /* a layer on the middle of the pipeline fails on micro-batch 2 */
         fail_layer = MLP_DEPTH / 2;
         fail_mb = 2;
-        W.b = &b;
-        pp_cuda_step_begin(W.cuda, &err);
-        pp_threads_run(p, fr_step, &W, &err);
+        W.batch = &b;
+        W.before = hx_cuda_bind;
+        pp_cuda_step_begin(cuda, &err);
+        hx_stages_step(&W, &err);
         fail_layer = fail_mb = -1;
         for (r = 0; r < p; r++) {
             failed += W.rc[r] == PP_ERR_LAYER;
             aborted += W.rc[r] == PP_ERR_ABORTED;
         }
         CHECK(failed == 1 && aborted == p - 1, "%s: one rank fails (%d), the others abort (%d)", what, failed, aborted);
-        pp_cuda_pending(W.cuda, &recvs);
+        pp_cuda_pending(cuda, &recvs);
         CHECK(recvs == 0, "%s: %zu receives of the failed step are still posted (no cancel?)", what, recvs);
-        CHECK(pp_cuda_reset(W.cuda) == PP_OK && pp_cuda_pending(W.cuda, NULL) == 0, "%s: reset", what);
+        CHECK(pp_cuda_reset(cuda) == PP_OK && pp_cuda_pending(cuda, NULL) == 0, "%s: reset", what);
         ok = fr_step_equal(&W, &sched, first, g, &w, &b, "the step after the reset") &&
              fr_step_equal(&W, &sched, first, g, &w, &b2, "a step with other shapes") &&
              fr_step_equal(&W, &sched, first, g, &w, &b, "back to the first shapes");
     }
-    for (r = 0; r < p; r++) pp_stage_destroy(W.st[r]);
-    pp_cuda_destroy(W.cuda);
-    for (r = 0; r < p; r++) free(gbuf[r]);
+    hx_stages_destroy(&W);
+    pp_cuda_destroy(cuda);
+    hx_mlp_free_grads(gbuf, p);
     free(wbuf);
     free(gdummy);
     CHECK(ok, "%s", what);

@@ -13,16 +13,15 @@
 #include "../pipeline_cuda.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 #include "fakecuda/layer_kernels.h"
 
 #define ROWS 41
-#define IN 6
-#define CLASSES 5
 #define NSEQ 9
-static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 static const int32_t CU[NSEQ + 1] = {0, 3, 4, 11, 20, 22, 30, 31, 40, 41};
 
-static float X[ROWS * IN];
+static float X[ROWS * HX_IN];
 static int32_t Y[ROWS];
 static mlp_model W, GREF;
 static float *WBUF, *GREFBUF;
@@ -50,16 +49,7 @@ static int a_bwd(const void* w, void* g, int l, pp_layer_io* io) { return enqueu
 
 static pp_batch batch(void) {
     pp_batch b;
-    memset(&b, 0, sizeof b);
-    b.input.data = X; /* host memory: the layers run on the host */
-    b.input.rows = ROWS;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
-    b.targets = Y;
-    b.target_row_bytes = sizeof(int32_t);
-    b.cu_seqlens = CU;
-    b.n_seqs = NSEQ;
-    b.split = PP_SPLIT_TOKENS;
+    hx_packed_batch(&b, X, Y, CU, NSEQ, HX_IN, 0, PP_SPLIT_TOKENS); /* host memory: the layers run on the host */
     return b;
 }
 
@@ -231,7 +221,7 @@ int main(void) {
     int r;
     WBUF = mlp_init(&W, &GREF, DIMS, 21, &GREFBUF);
     NPAR = mlp_param_count(DIMS);
-    mlp_make_data(X, Y, ROWS, IN, CLASSES, 8, 9);
+    mlp_make_data(X, Y, ROWS, HX_IN, HX_CLASSES, 8, 9);
     for (r = 0; r < 4; r++) {
         mlp_model tmp;
         G[r] = W;

@@ -8,6 +8,7 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 #include <limits.h>
 
 #define ROWS 16
@@ -27,6 +28,13 @@ static const int DIMS[MLP_DEPTH + 1] = {IN, 5, 5, 5, 5, 5, 5, 5, 5, 5, 5, CLASSE
     } while (0)
 /* EXPECT_ERR's call writes its message into e_. */
 #define ERR (&e_)
+/* Rank 0's desc of fixture f with one change (a statement on d): pp_stage_create refuses it. */
+#define EXPECT_DESC_INVALID(f, change, what)                             \
+    do {                                                                 \
+        d = desc_for(&(f), 0);                                           \
+        change;                                                          \
+        EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, what); \
+    } while (0)
 
 static void test_schedule_args(void) {
     pp_action acts[64];
@@ -116,13 +124,7 @@ static void fixture_init(fixture* f, int m) {
     memset(f, 0, sizeof *f);
     f->wbuf = mlp_init(&f->w, &f->g, DIMS, 5, &f->gbuf);
     mlp_make_data(f->x, f->y, ROWS, IN, CLASSES, 1, 2);
-    f->b.m = m;
-    f->b.input.data = f->x;
-    f->b.input.rows = ROWS;
-    f->b.input.cols = IN;
-    f->b.input.dtype = PP_F32;
-    f->b.targets = f->y;
-    f->b.target_row_bytes = sizeof(int32_t);
+    hx_dense_batch(&f->b, f->x, f->y, ROWS, IN, m);
     pp_schedule_make(PP_SCHED_1F1B, 2, 1, m, f->acts, 64, &f->sched, &err);
     pp_partition_uniform(MLP_DEPTH + 1, 2, f->first, &err);
     pp_threads_create(2, &f->threads, &err);
@@ -136,14 +138,8 @@ static void fixture_free(fixture* f) {
 
 static pp_stage_desc desc_for(fixture* f, int rank) {
     pp_stage_desc d;
-    memset(&d, 0, sizeof d);
-    d.model = mlp_model_desc();
-    d.weights = &f->w;
-    d.grads = &f->g;
-    d.schedule = &f->sched;
-    d.partition = f->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(f->threads, rank);
+    hx_stage_desc(&d, NULL, mlp_model_desc(), &f->w, &f->g, &f->sched,
+                  f->first, rank, pp_threads_transport(f->threads, rank));
     d.timeout_s = 2;
     return d;
 }
@@ -154,30 +150,14 @@ static void test_stage_desc(void) {
     pp_stage* st = NULL;
     int bad_first[3] = {0, 12, 12};
     fixture_init(&f, 4);
-    d = desc_for(&f, 0);
-    d.model.forward = NULL;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL forward callback");
-    d = desc_for(&f, 0);
-    d.model.describe = NULL;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL describe callback");
-    d = desc_for(&f, 0);
-    d.schedule = NULL;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL schedule");
-    d = desc_for(&f, 0);
-    d.rank = 2;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "rank outside the schedule");
-    d = desc_for(&f, 0);
-    d.partition = bad_first;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "partition with an empty stage");
-    d = desc_for(&f, 0);
-    memset(&d.transport, 0, sizeof d.transport);
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "no transport for p = 2");
-    d = desc_for(&f, 0);
-    d.transport = pp_threads_transport(f.threads, 1);
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "transport of another rank");
-    d = desc_for(&f, 0);
-    d.grads = NULL;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL grads");
+    EXPECT_DESC_INVALID(f, d.model.forward = NULL, "NULL forward callback");
+    EXPECT_DESC_INVALID(f, d.model.describe = NULL, "NULL describe callback");
+    EXPECT_DESC_INVALID(f, d.schedule = NULL, "NULL schedule");
+    EXPECT_DESC_INVALID(f, d.rank = 2, "rank outside the schedule");
+    EXPECT_DESC_INVALID(f, d.partition = bad_first, "partition with an empty stage");
+    EXPECT_DESC_INVALID(f, memset(&d.transport, 0, sizeof d.transport), "no transport for p = 2");
+    EXPECT_DESC_INVALID(f, d.transport = pp_threads_transport(f.threads, 1), "transport of another rank");
+    EXPECT_DESC_INVALID(f, d.grads = NULL, "NULL grads");
     CHECK(st == NULL, "no stage is returned on error");
     EXPECT_ERR(pp_stage_create(NULL, &st, ERR), PP_ERR_INVALID, "NULL desc");
     fixture_free(&f);
@@ -274,25 +254,13 @@ static void test_validation_audit(void) {
     pp_tensor sample;
     double cost[MLP_DEPTH + 1];
     fixture_init(&f, 2);
-    d = desc_for(&f, 0);
-    d.timeout_s = -1;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "negative timeout");
-    d.timeout_s = NAN;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NaN timeout");
-    d.timeout_s = 1e300;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "timeout beyond time_t");
-    d = desc_for(&f, 0);
-    d.weights = NULL;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "NULL weights");
-    d = desc_for(&f, 0);
-    d.check_finite = 2;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "check_finite out of range");
-    d = desc_for(&f, 0);
-    d.shapes = (pp_shape_policy)9;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "unknown shape policy");
-    d = desc_for(&f, 0);
-    d.max_seqs = -3;
-    EXPECT_ERR(pp_stage_create(&d, &st, ERR), PP_ERR_INVALID, "negative max_seqs");
+    EXPECT_DESC_INVALID(f, d.timeout_s = -1, "negative timeout");
+    EXPECT_DESC_INVALID(f, d.timeout_s = NAN, "NaN timeout");
+    EXPECT_DESC_INVALID(f, d.timeout_s = 1e300, "timeout beyond time_t");
+    EXPECT_DESC_INVALID(f, d.weights = NULL, "NULL weights");
+    EXPECT_DESC_INVALID(f, d.check_finite = 2, "check_finite out of range");
+    EXPECT_DESC_INVALID(f, d.shapes = (pp_shape_policy)9, "unknown shape policy");
+    EXPECT_DESC_INVALID(f, d.max_seqs = -3, "negative max_seqs");
     CHECK(st == NULL, "no stage on error");
     EXPECT_ERR(pp_sequential_step(&model, NULL, &f.g, &f.b, &loss, ERR), PP_ERR_INVALID, "sequential: NULL weights");
     sample.data = NULL;

@@ -14,6 +14,7 @@
 #include "../examples/gpt.h"
 #include "../examples/gpt_data.h"
 #include "test.h"
+#include "harness.h"
 
 /* Random values for every parameter of a model (weights are small at init; the checks want
    every path, LayerNorm gains and biases included, to carry signal). */
@@ -426,85 +427,37 @@ static void test_data(void) {
 #define NSEQ 13
 #define MAXLEN 24
 
-typedef struct world {
-    pp_model model;
-    const gpt_model* w;
-    gpt_model g[4];
-    const pp_schedule* sched;
-    const int* first;
-    pp_threads* threads;
-    const pp_batch* batch;
-    pp_shape_policy shapes;
-    pp_step_stats stats[4];
-    char msg[4][512];
-} world;
-
-static pp_result rank_main(int rank, void* user) {
-    world* W = (world*)user;
-    pp_stage_desc d;
-    pp_stage* st = NULL;
-    pp_error err;
-    pp_result rc;
-    memset(&d, 0, sizeof d);
-    d.model = W->model;
-    d.weights = W->w;
-    d.grads = &W->g[rank];
-    d.schedule = W->sched;
-    d.partition = W->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(W->threads, rank);
-    d.timeout_s = 20;
-    d.shapes = W->shapes;
-    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
-        snprintf(W->msg[rank], sizeof W->msg[rank], "%s", err.msg);
-        return rc;
-    }
-    rc = pp_stage_step(st, W->batch, &W->stats[rank]);
-    if (rc != PP_OK) snprintf(W->msg[rank], sizeof W->msg[rank], "%s", pp_stage_error(st));
-    pp_stage_destroy(st);
-    return rc;
-}
-
-static int all_zero(const float* a, size_t n) {
-    size_t i;
-    for (i = 0; i < n; i++)
-        if (a[i] != 0.0f) return 0;
-    return 1;
-}
-
 static void run_case(pp_schedule_kind kind, int p, int v, const int* first, const char* part, pp_shape_policy shapes,
                      const gpt_config* c, const gpt_model* w, const float* wbuf, const float* gref, float loss_ref,
                      const pp_batch* b) {
-    static world W;
+    static hx_world W;
+    gpt_model g[4];
     float* gbuf[4];
-    pp_action* acts;
-    pp_schedule sched;
+    hx_sched sc;
     pp_error err;
-    size_t n = pp_schedule_size(kind, p, v, b->m), np = gpt_param_count(c);
-    int r, l, ok = 1, last_rank, chunk;
+    size_t np = gpt_param_count(c);
+    int r, l, ok = 1, chunk;
     char where[160];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d, %s", pp_schedule_name(kind), p, v, b->m, part);
-    acts = (pp_action*)malloc(n * sizeof *acts);
-    if (pp_schedule_make(kind, p, v, b->m, acts, n, &sched, &err) != PP_OK) {
+    if (hx_sched_make(&sc, kind, p, v, b->m, &err) != PP_OK) {
         CHECK(0, "%s: schedule: %s", where, err.msg);
-        free(acts);
         return;
     }
     memset(&W, 0, sizeof W);
     W.model = gpt_model_desc_depth(NB);
     W.w = w;
-    W.sched = &sched;
+    W.sched = &sc.s;
     W.first = first;
     W.batch = b;
-    W.shapes = shapes;
+    W.stage.timeout_s = 20;
+    W.stage.shapes = shapes;
     for (r = 0; r < p; r++) {
         gbuf[r] = (float*)calloc(np, sizeof(float));
-        gpt_bind(&W.g[r], c, gbuf[r]);
+        gpt_bind(&g[r], c, gbuf[r]);
+        W.g[r] = &g[r];
     }
-    pp_threads_create(p, &W.threads, &err);
-    if (pp_threads_run(p, rank_main, &W, &err) != PP_OK) {
-        for (r = 0; r < p; r++)
-            if (W.msg[r][0]) CHECK(0, "%s: rank %d: %s", where, r, W.msg[r]);
+    if (hx_run(&W, p, &err) != PP_OK) {
+        hx_report(&W, p, where);
         ok = 0;
     }
     for (l = 0; ok && l < W.model.n_layers; l++) {
@@ -513,29 +466,23 @@ static void run_case(pp_schedule_kind kind, int p, int v, const int* first, cons
         const float* wl = gpt_layer_params(w, c, l, &nl);
         off = (size_t)(wl - wbuf);
         while (l >= first[s + 1]) s++;
-        pp_schedule_stage_rank(&sched, s, &owner, &chunk);
+        pp_schedule_stage_rank(&sc.s, s, &owner, &chunk);
         if (memcmp(gbuf[owner] + off, gref + off, nl * sizeof(float)) != 0) {
             CHECK(0, "%s: layer %d (%s, stage %d, rank %d): gradient differs from pp_sequential_step", where, l,
                   pp_model_layer_name(&W.model, l), s, owner);
             ok = 0;
         }
         for (r = 0; r < p; r++)
-            if (r != owner && !all_zero(gbuf[r] + off, nl)) {
+            if (r != owner && !hx_all_zero(gbuf[r] + off, nl)) {
                 CHECK(0, "%s: rank %d wrote gradients of layer %d, owned by rank %d", where, r, l, owner);
                 ok = 0;
             }
     }
-    pp_schedule_stage_rank(&sched, sched.n_stages - 1, &last_rank, &chunk);
-    if (ok && (!W.stats[last_rank].has_loss || memcmp(&W.stats[last_rank].loss, &loss_ref, sizeof(float)) != 0)) {
-        CHECK(0, "%s: loss %.9g differs from pp_sequential_step's %.9g", where, (double)W.stats[last_rank].loss,
-              (double)loss_ref);
-        ok = 0;
-    }
+    ok = ok && hx_loss_matches(W.stats, p, &sc.s, loss_ref, where);
     if (ok) CHECK(1, "%s", where);
     printf("pipelined = sequential, bit for bit: %-58s %s\n", where, ok ? "yes" : "NO");
     for (r = 0; r < p; r++) free(gbuf[r]);
-    pp_threads_destroy(W.threads);
-    free(acts);
+    hx_sched_free(&sc);
 }
 
 static void test_pipelined_equals_sequential(void) {
@@ -568,18 +515,8 @@ static void test_pipelined_equals_sequential(void) {
        counts, loss weighted by rows; then one configuration for each other split policy, loss
        reduction and shape policy */
     for (var = 0; var < 6; var++) {
-        memset(&b, 0, sizeof b);
-        b.m = 4;
-        b.input.data = tok;
-        b.input.rows = T;
-        b.input.cols = 1;
-        b.input.dtype = PP_I32;
-        b.targets = tgt;
-        b.target_row_bytes = sizeof(int32_t);
-        b.cu_seqlens = cu;
-        b.n_seqs = NSEQ;
+        hx_token_batch(&b, tok, tgt, cu, NSEQ, 4, var == 1 ? PP_SPLIT_TOKENS : var == 2 ? PP_SPLIT_COST : PP_SPLIT_SEQS);
         b.loss = var == 3 ? PP_LOSS_MEAN_MICROBATCH : PP_LOSS_MEAN_ROWS;
-        b.split = var == 1 ? PP_SPLIT_TOKENS : var == 2 ? PP_SPLIT_COST : PP_SPLIT_SEQS;
         memset(gbuf, 0, gpt_param_count(&c) * sizeof(float));
         if (pp_sequential_step(&m, &w, &gref, &b, &loss_ref, &err) != PP_OK) {
             CHECK(0, "reference: %s", err.msg);

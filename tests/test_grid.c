@@ -8,18 +8,12 @@
 #include "../pipeline.h"
 #include "../examples/tlm.h"
 #include "test.h"
+#include "harness.h"
 
 #include <stdlib.h>
 
-#define VOCAB 11
-#define DIM 6
-#define NSEQ 9
-#define MAXLEN 6
-#define MAXROWS (NSEQ * MAXLEN)
 #define PP 2
 #define DP 2
-#define STEPS 3
-#define LR 0.25f
 #include "tlm_grid.h"
 
 static const char* const ENV_VARS[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -128,14 +122,7 @@ static pp_result rank_main(int wr, void* user) {
     memcpy(wref, W->wref, n * sizeof(float));
     rc = pp_tied_sync_weights(&pipe, W->pair, g.pp_rank == W->pair[0] ? w.embed[0].E : NULL,
                               g.pp_rank == W->pair[1] ? w.head[0].E : NULL, nE * sizeof(float), 20, &err);
-    memset(&d, 0, sizeof d);
-    d.model = model;
-    d.weights = &w;
-    d.grads = &gw;
-    d.schedule = &W->sc;
-    d.partition = W->first;
-    d.rank = g.pp_rank;
-    d.transport = pipe;
+    hx_stage_desc(&d, NULL, model, &w, &gw, &W->sc, W->first, g.pp_rank, pipe);
     d.timeout_s = 20;
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     for (step = 0; step < STEPS && rc == PP_OK; step++) {

@@ -13,6 +13,7 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -205,6 +206,15 @@ static void bind_chain(chain_model* m, const params* P, int n_mid) {
     for (i = 0; i < n_mid; i++) m->mid[i] = P->p[1 + i];
     m->loss[0] = P->p[MIDS + 1];
 }
+/* Weights W from seed and zeroed gradients G, bound to w and g with n_mid mids. */
+static void chain_pair(chain_model* w, chain_model* g, params* W, params* G, int n_mid, uint64_t seed) {
+    params_init(W, seed, 0);
+    params_init(G, 0, 1);
+    memset(w, 0, sizeof *w);
+    memset(g, 0, sizeof *g);
+    bind_chain(w, W, n_mid);
+    bind_chain(g, G, n_mid);
+}
 static void bind_chain3(chain3_model* m, const params* P) {
     int i;
     m->in[0] = P->p[0];
@@ -228,12 +238,7 @@ static pp_batch make_batch(int m) {
         X[i] = 2.0f * mlp_rng_uniform(&s) - 1.0f;
         T[i] = mlp_rng_uniform(&s);
     }
-    memset(&b, 0, sizeof b);
-    b.m = m;
-    b.input.data = X;
-    b.input.rows = ROWS;
-    b.input.cols = CH;
-    b.input.dtype = PP_F32;
+    hx_dense_batch(&b, X, NULL, ROWS, CH, m);
     b.targets = T;
     b.target_row_bytes = CH * sizeof(float);
     return b;
@@ -294,13 +299,8 @@ static void test_runtime_equals_compiled(void) {
     pp_batch b = make_batch(4);
     pp_error err;
     float l6 = 0, l3 = 1;
-    params_init(&W, 5, 0);
-    params_init(&G6, 0, 1);
+    chain_pair(&w6, &g6, &W, &G6, 3, 5);
     params_init(&G3, 0, 1);
-    memset(&w6, 0, sizeof w6);
-    memset(&g6, 0, sizeof g6);
-    bind_chain(&w6, &W, 3);
-    bind_chain(&g6, &G6, 3);
     bind_chain3(&w3, &W);
     bind_chain3(&g3, &G3);
     m6.ctx = m3.ctx = &cx;
@@ -382,12 +382,7 @@ static void test_ctx_required(void) {
     pp_error err;
     chain_ctx wrong = {1, 1.0f};
     float loss;
-    params_init(&W, 3, 0);
-    params_init(&G, 0, 1);
-    memset(&w, 0, sizeof w);
-    memset(&g, 0, sizeof g);
-    bind_chain(&w, &W, 2);
-    bind_chain(&g, &G, 2);
+    chain_pair(&w, &g, &W, &G, 2, 3);
     CHECK(pp_sequential_step(&m, &w, &g, &b, &loss, &err) == PP_ERR_INVALID && strstr(err.msg, "describe gave n_out=5"),
           "describe without the context: %s", err.msg);
     m.ctx = &wrong;

@@ -17,14 +17,12 @@
 #include "../pipeline_mpi.h"
 #include "../examples/tlm.h"
 #include "test.h"
+#include "harness.h"
 
 #define VOCAB 13
 #define DIM 8
 #define NSEQ 12
 #define MAXLEN 7
-#define MAXROWS (NSEQ * MAXLEN)
-#define STEPS 3
-#define LR 0.25f
 #include "tlm_grid.h"
 
 static int W_RANK, W_SIZE;
@@ -145,14 +143,7 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
         CHECK(memcmp(warena + hoff, wref + hoff, nE * sizeof(float)) == 0, "%s: head copy after sync", name);
     if (rc == PP_OK) {
         pp_stage_desc d;
-        memset(&d, 0, sizeof d);
-        d.model = model;
-        d.weights = &w;
-        d.grads = &gw;
-        d.schedule = &sc;
-        d.partition = first;
-        d.rank = g.grid.pp_rank;
-        d.transport = pipe;
+        hx_stage_desc(&d, NULL, model, &w, &gw, &sc, first, g.grid.pp_rank, pipe);
         d.timeout_s = 60;
         d.shapes = shapes;
         d.max_seqs = NSEQ;
@@ -276,14 +267,7 @@ static void fail_case(int mode) {
     tlm_layout(&w, warena, VOCAB, DIM, 0);
     tlm_layout(&gw, garena, VOCAB, DIM, 0);
     if (mode == 0 && W_RANK == bad_rank) w.head[0].fail_mb = 1;
-    memset(&d, 0, sizeof d);
-    d.model = model;
-    d.weights = &w;
-    d.grads = &gw;
-    d.schedule = &sc;
-    d.partition = first;
-    d.rank = g.grid.pp_rank;
-    d.transport = pp_mpi_transport(g.pipe);
+    hx_stage_desc(&d, NULL, model, &w, &gw, &sc, first, g.grid.pp_rank, pp_mpi_transport(g.pipe));
     d.timeout_s = timeout;
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     CHECK(rc == PP_OK, "fail case %d: stage: %s", mode, err.msg);

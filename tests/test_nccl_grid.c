@@ -16,22 +16,16 @@
 #include "../pipeline_nccl.h"
 #include "../examples/tlm.h"
 #include "test.h"
+#include "harness.h"
 #include "fakecuda/layer_kernels.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define VOCAB 11
-#define DIM 6
-#define NSEQ 9
-#define MAXLEN 6
-#define MAXROWS (NSEQ * MAXLEN)
 #define PP 2
 #define DP 2
 #define NR (PP * DP)
-#define STEPS 3
-#define LR 0.25f
 #include "tlm_grid.h"
 
 static uint64_t shard_seed(int step, int replica);
@@ -109,14 +103,7 @@ static void* rank_main(void* arg) {
     if (rc == PP_OK && g.tied) /* the head's copy of E starts wrong: the first stage's replaces it */
         rc = pp_tied_sync_weights(&tied, pair, g.grid.pp_rank == 0 ? w.embed[0].E : NULL,
                                   g.grid.pp_rank == PP - 1 ? w.head[0].E : NULL, nE * sizeof(float), 20, &err);
-    memset(&d, 0, sizeof d);
-    d.model = W->model;
-    d.weights = &w;
-    d.grads = &gw;
-    d.schedule = &W->sc;
-    d.partition = W->first;
-    d.rank = have_grid ? g.grid.pp_rank : 0;
-    d.transport = pipe;
+    hx_stage_desc(&d, NULL, W->model, &w, &gw, &W->sc, W->first, have_grid ? g.grid.pp_rank : 0, pipe);
     d.device = pp_cuda_device_ops(c, 0);
     {
         static cudaStream_t streams[NR];

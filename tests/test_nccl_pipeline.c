@@ -25,6 +25,7 @@
 #define MLP_DEPTH 11
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 #include "fakecuda/layer_kernels.h"
 
 #include <pthread.h>
@@ -32,12 +33,10 @@
 #include <string.h>
 
 #define ROWS 37
-#define IN 6
-#define CLASSES 5
 #define MAXP 8
-static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 
-static float X[ROWS * IN];
+static float X[ROWS * HX_IN];
 static int32_t Y[ROWS];
 static mlp_model W0;
 static mlpz_model W;
@@ -83,14 +82,7 @@ static int slow_fwd(const void* w, int l, pp_layer_io* io) {
 
 static pp_batch batch(int m) {
     pp_batch b;
-    memset(&b, 0, sizeof b);
-    b.m = m;
-    b.input.data = X;
-    b.input.rows = ROWS;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
-    b.targets = Y;
-    b.target_row_bytes = sizeof(int32_t);
+    hx_dense_batch(&b, X, Y, ROWS, HX_IN, m);
     return b;
 }
 
@@ -402,8 +394,8 @@ int main(void) {
     GREF = (float*)calloc(NPAR, sizeof(float));
     g_model = layer_kernels_model(mlpz_model_desc());
     g_model.forward = slow_fwd;
-    for (i = 0; i < ROWS * IN; i++) X[i] = 2.0f * mlp_rng_uniform(&seed) - 1.0f;
-    for (i = 0; i < ROWS; i++) Y[i] = (int32_t)(mlp_rng_next(&seed) % CLASSES);
+    for (i = 0; i < ROWS * HX_IN; i++) X[i] = 2.0f * mlp_rng_uniform(&seed) - 1.0f;
+    for (i = 0; i < ROWS; i++) Y[i] = (int32_t)(mlp_rng_next(&seed) % HX_CLASSES);
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (getenv("PP_TEST_NCCL_TIMEOUT")) g_timeout = atof(getenv("PP_TEST_NCCL_TIMEOUT"));
     if (getenv("PP_TEST_NCCL_ONE")) { /* one case while debugging: KIND P V M */

@@ -10,6 +10,7 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 
 #include <time.h>
 #include <signal.h>
@@ -62,11 +63,7 @@ typedef struct world {
     pp_schedule sched;
     int first[MAXP + 1];
     pp_threads* threads;
-    pp_stage* st[MAXP];
-    pp_result rc[MAXP];
-    char msg[MAXP][512];
-    double t_ret[MAXP]; /* seconds from the run's start to each rank's return */
-    double t0;
+    hx_stages S;        /* the ranks' stages, results, messages, return times */
 } world;
 
 static void note_and_signal(void* self, const pp_flight_entry* e); /* test_flight_signal */
@@ -86,13 +83,9 @@ static void world_init(world* W, int p, int m, double timeout_s, int flight, int
         free(wb);
     }
     mlp_make_data(W->x, W->y, ROWS, IN, CLASSES, 3, 4);
-    W->b.m = m;
-    W->b.input.data = W->x;
-    W->b.input.rows = ROWS;
-    W->b.input.cols = IN;
-    W->b.input.dtype = PP_F32;
-    W->b.targets = W->y;
-    W->b.target_row_bytes = sizeof(int32_t);
+    hx_dense_batch(&W->b, W->x, W->y, ROWS, IN, m);
+    W->S.p = p;
+    W->S.batch = &W->b;
     CHECK(pp_schedule_make(PP_SCHED_1F1B, p, 1, m, W->acts, 256, &W->sched, &err) == PP_OK, "%s", err.msg);
     CHECK(pp_partition_uniform(MLP_DEPTH + 1, p, W->first, &err) == PP_OK, "%s", err.msg);
     CHECK(pp_threads_create(p, &W->threads, &err) == PP_OK, "%s", err.msg);
@@ -111,32 +104,23 @@ static void world_init(world* W, int p, int m, double timeout_s, int flight, int
         if (flight == 2) d.transport.flight_note = note_and_signal;
         d.timeout_s = timeout_s;
         d.check_finite = (check_finite >> r) & 1;
-        CHECK(pp_stage_create(&d, &W->st[r], &err) == PP_OK, "%s", err.msg);
+        CHECK(pp_stage_create(&d, &W->S.st[r], &err) == PP_OK, "%s", err.msg);
     }
 }
 
 static void world_free(world* W) {
     int r;
     for (r = 0; r < W->p; r++) {
-        pp_stage_destroy(W->st[r]);
+        pp_stage_destroy(W->S.st[r]);
         free(W->gbuf[r]);
     }
     free(W->wbuf);
     pp_threads_destroy(W->threads);
 }
 
-static pp_result rank_step(int rank, void* user) {
-    world* W = (world*)user;
-    W->rc[rank] = pp_stage_step(W->st[rank], &W->b, NULL);
-    W->t_ret[rank] = _pp_now() - W->t0;
-    snprintf(W->msg[rank], sizeof W->msg[rank], "%s", pp_stage_error(W->st[rank]));
-    return W->rc[rank];
-}
-
 static void world_step(world* W) {
     pp_error err;
-    W->t0 = _pp_now();
-    pp_threads_run(W->p, rank_step, W, &err);
+    hx_stages_step(&W->S, &err);
 }
 
 /* Gradients summed over ranks (each rank writes only its own layers) against the reference. */
@@ -163,6 +147,18 @@ static int world_grads_equal_reference(world* W) {
 static void zero_grads(world* W) {
     int r;
     for (r = 0; r < W->p; r++) memset(W->gbuf[r], 0, mlp_param_count(DIMS) * sizeof(float));
+}
+
+/* The step after a failed one (and pp_threads_reset): clean on every rank, and its gradients
+   equal the reference. */
+static void world_step_clean(world* W, const char* what) {
+    int r, bad = -1;
+    zero_grads(W);
+    world_step(W);
+    for (r = W->p - 1; r >= 0; r--)
+        if (W->S.rc[r] != PP_OK) bad = r;
+    CHECK(bad < 0, "%s: rank %d: %s", what, bad, bad < 0 ? "" : W->S.msg[bad]);
+    CHECK(world_grads_equal_reference(W), "%s: gradients differ from the reference", what);
 }
 
 static int posted_receives(pp_threads* t) {
@@ -193,30 +189,30 @@ static void test_timeout_flight(int flight) {
     g_stall_mb = 2;
     g_stall_s = 4 * deadline;
     world_step(&W);
-    CHECK(W.rc[1] == PP_ERR_TIMEOUT, "rank 1: %s (%s)", pp_result_str(W.rc[1]), W.msg[1]);
-    CHECK(strstr(W.msg[1], "rank 1 at F2.0 (stage 1)") != NULL, "names this rank and the action: %s", W.msg[1]);
-    CHECK(strstr(W.msg[1], "for rank 0") != NULL, "names the peer: %s", W.msg[1]);
+    CHECK(W.S.rc[1] == PP_ERR_TIMEOUT, "rank 1: %s (%s)", pp_result_str(W.S.rc[1]), W.S.msg[1]);
+    CHECK(strstr(W.S.msg[1], "rank 1 at F2.0 (stage 1)") != NULL, "names this rank and the action: %s", W.S.msg[1]);
+    CHECK(strstr(W.S.msg[1], "for rank 0") != NULL, "names the peer: %s", W.S.msg[1]);
     if (flight) {
-        CHECK(strstr(W.msg[1], "last completed: rank 0: B0.0 (stage 0)") != NULL,
-              "names the peer's last completed action: %s", W.msg[1]);
-        CHECK(strstr(W.msg[1], "rank 1: B1.0 (stage 1)") != NULL, "and this rank's: %s", W.msg[1]);
+        CHECK(strstr(W.S.msg[1], "last completed: rank 0: B0.0 (stage 0)") != NULL,
+              "names the peer's last completed action: %s", W.S.msg[1]);
+        CHECK(strstr(W.S.msg[1], "rank 1: B1.0 (stage 1)") != NULL, "and this rank's: %s", W.S.msg[1]);
     } else {
-        CHECK(strstr(W.msg[1], "last completed: rank 1: B1.0 (stage 1)") != NULL, "this rank's last action: %s",
-              W.msg[1]);
-        CHECK(strstr(W.msg[1], "last heard from rank 0: its F1.0 (stage 0)") != NULL, "what it last heard: %s",
-              W.msg[1]);
+        CHECK(strstr(W.S.msg[1], "last completed: rank 1: B1.0 (stage 1)") != NULL, "this rank's last action: %s",
+              W.S.msg[1]);
+        CHECK(strstr(W.S.msg[1], "last heard from rank 0: its F1.0 (stage 0)") != NULL, "what it last heard: %s",
+              W.S.msg[1]);
     }
-    CHECK(W.rc[0] == PP_ERR_ABORTED, "the stalled rank is told when it wakes: %s (%s)", pp_result_str(W.rc[0]),
-          W.msg[0]);
+    CHECK(W.S.rc[0] == PP_ERR_ABORTED, "the stalled rank is told when it wakes: %s (%s)", pp_result_str(W.S.rc[0]),
+          W.S.msg[0]);
     /* rank 1's own record: ... B1 done, F2 started awaiting rank 0, F2 failed */
-    CHECK(pp_stage_flight(W.st[1], &f) == PP_OK, "stage flight");
+    CHECK(pp_stage_flight(W.S.st[1], &f) == PP_OK, "stage flight");
     e = pp_flight_last(&f, -1);
     CHECK(e && e->state == PP_FLIGHT_FAILED && e->a.op == PP_OP_F && e->a.mb == 2, "last entry: F2 failed");
     e = pp_flight_last(&f, PP_FLIGHT_START);
     CHECK(e && e->a.mb == 2 && e->peer == 0 && e->step == 1, "F2 started awaiting rank 0 in step 1");
     if (e) {
         /* from the start of the wait (the flight record's timestamp) to the step's return */
-        double waited = W.t0 + W.t_ret[1] - e->t;
+        double waited = W.S.t0 + W.S.t_ret[1] - e->t;
         CHECK(waited >= 0.95 * deadline && waited < 2 * deadline, "rank 1 waited %.3f s for a %.2f s deadline", waited,
               deadline);
     }
@@ -229,7 +225,7 @@ static void test_timeout_flight(int flight) {
         if (flight)
             pp_threads_flight_print(tmp, W.threads);
         else
-            pp_stage_flight_print(tmp, W.st[1]);
+            pp_stage_flight_print(tmp, W.S.st[1]);
         rewind(tmp);
         n = fread(buf, 1, sizeof buf - 1, tmp);
         buf[n] = 0;
@@ -242,10 +238,7 @@ static void test_timeout_flight(int flight) {
     hooks_off();
     pp_threads_reset(W.threads);
     CHECK(pp_threads_pending(W.threads) == 0, "nothing pending after reset");
-    zero_grads(&W);
-    world_step(&W);
-    CHECK(W.rc[0] == PP_OK && W.rc[1] == PP_OK, "step after a timeout: %s / %s", W.msg[0], W.msg[1]);
-    CHECK(world_grads_equal_reference(&W), "gradients after a timed-out step equal the reference");
+    world_step_clean(&W, "the step after a timeout");
     world_free(&W);
 }
 
@@ -255,7 +248,7 @@ static void test_no_stale(int cancel) {
     int r, posted;
     world_init(&W, 3, 6, 5, 1, 0);
     if (!cancel)
-        for (r = 0; r < 3; r++) pp_stage_destroy(W.st[r]), W.st[r] = NULL;
+        for (r = 0; r < 3; r++) pp_stage_destroy(W.S.st[r]), W.S.st[r] = NULL;
     if (!cancel) {
         /* negative control: a transport without cancel leaves the middle rank's posting */
         pp_error err;
@@ -272,7 +265,7 @@ static void test_no_stale(int cancel) {
             d.transport = pp_threads_transport(W.threads, r);
             d.transport.cancel = NULL;
             d.timeout_s = 5;
-            CHECK(pp_stage_create(&d, &W.st[r], &err) == PP_OK, "%s", err.msg);
+            CHECK(pp_stage_create(&d, &W.S.st[r], &err) == PP_OK, "%s", err.msg);
         }
     }
     /* rank 0 (F0 F1 F2 B0 ...) stalls in F2; the loss layer (rank 2) fails on micro-batch 0:
@@ -285,8 +278,8 @@ static void test_no_stale(int cancel) {
     g_fail_layer = MLP_DEPTH;
     g_fail_mb = 0;
     world_step(&W);
-    CHECK(W.rc[2] == PP_ERR_LAYER, "failing rank: %s", W.msg[2]);
-    CHECK(W.rc[0] == PP_ERR_ABORTED && W.rc[1] == PP_ERR_ABORTED, "others told: %s / %s", W.msg[0], W.msg[1]);
+    CHECK(W.S.rc[2] == PP_ERR_LAYER, "failing rank: %s", W.S.msg[2]);
+    CHECK(W.S.rc[0] == PP_ERR_ABORTED && W.S.rc[1] == PP_ERR_ABORTED, "others told: %s / %s", W.S.msg[0], W.S.msg[1]);
     posted = posted_receives(W.threads);
     if (cancel) {
         /* until the user resets, every step stops at once instead of mixing with the old one */
@@ -294,8 +287,8 @@ static void test_no_stale(int cancel) {
         hooks_off();
         world_step(&W);
         t = _pp_now() - t;
-        CHECK(W.rc[0] == PP_ERR_ABORTED && W.rc[1] == PP_ERR_ABORTED && W.rc[2] == PP_ERR_ABORTED && t < 2,
-              "a step before the reset: %s / %s / %s in %.2f s", W.msg[0], W.msg[1], W.msg[2], t);
+        CHECK(W.S.rc[0] == PP_ERR_ABORTED && W.S.rc[1] == PP_ERR_ABORTED && W.S.rc[2] == PP_ERR_ABORTED && t < 2,
+              "a step before the reset: %s / %s / %s in %.2f s", W.S.msg[0], W.S.msg[1], W.S.msg[2], t);
         zero_grads(&W);
     }
     if (cancel) {
@@ -306,11 +299,7 @@ static void test_no_stale(int cancel) {
     pp_threads_reset(W.threads);
     CHECK(pp_threads_pending(W.threads) == 0, "reset leaves %zu messages", pp_threads_pending(W.threads));
     hooks_off();
-    zero_grads(&W);
-    world_step(&W);
-    CHECK(W.rc[0] == PP_OK && W.rc[1] == PP_OK && W.rc[2] == PP_OK, "next step: %s / %s / %s", W.msg[0], W.msg[1],
-          W.msg[2]);
-    CHECK(world_grads_equal_reference(&W), "gradients of the step after an abort equal the reference");
+    world_step_clean(&W, "the step after an abort");
     CHECK(pp_threads_pending(W.threads) == 0, "a clean step leaves nothing queued");
     world_free(&W);
 }
@@ -324,16 +313,13 @@ static void test_nonfinite(void) {
     g_nan_layer = W.first[1] - 1;
     g_nan_mb = 2;
     world_step(&W);
-    CHECK(W.rc[0] == PP_ERR_NONFINITE, "checking rank: %s (%s)", pp_result_str(W.rc[0]), W.msg[0]);
-    CHECK(strstr(W.msg[0], "F2.0 (stage 0)") && strstr(W.msg[0], "row 1, col 1"), "names action and place: %s",
-          W.msg[0]);
-    CHECK(W.rc[1] == PP_ERR_ABORTED, "other rank: %s (%s)", pp_result_str(W.rc[1]), W.msg[1]);
+    CHECK(W.S.rc[0] == PP_ERR_NONFINITE, "checking rank: %s (%s)", pp_result_str(W.S.rc[0]), W.S.msg[0]);
+    CHECK(strstr(W.S.msg[0], "F2.0 (stage 0)") && strstr(W.S.msg[0], "row 1, col 1"), "names action and place: %s",
+          W.S.msg[0]);
+    CHECK(W.S.rc[1] == PP_ERR_ABORTED, "other rank: %s (%s)", pp_result_str(W.S.rc[1]), W.S.msg[1]);
     hooks_off();
     pp_threads_reset(W.threads);
-    zero_grads(&W);
-    world_step(&W);
-    CHECK(W.rc[0] == PP_OK && W.rc[1] == PP_OK, "next step: %s / %s", W.msg[0], W.msg[1]);
-    CHECK(world_grads_equal_reference(&W), "after a NaN step the next equals the reference");
+    world_step_clean(&W, "the step after a NaN step");
     world_free(&W);
 
     /* rank 1 checks (the loss): the NaN from rank 0 reaches it */
@@ -341,8 +327,8 @@ static void test_nonfinite(void) {
     g_nan_layer = 0;
     g_nan_mb = 3;
     world_step(&W);
-    CHECK(W.rc[1] == PP_ERR_NONFINITE && strstr(W.msg[1], "F3.0"), "last stage: %s", W.msg[1]);
-    CHECK(W.rc[0] == PP_ERR_ABORTED, "first stage told: %s", W.msg[0]);
+    CHECK(W.S.rc[1] == PP_ERR_NONFINITE && strstr(W.S.msg[1], "F3.0"), "last stage: %s", W.S.msg[1]);
+    CHECK(W.S.rc[0] == PP_ERR_ABORTED, "first stage told: %s", W.S.msg[0]);
     world_free(&W);
 
     /* negative control: nobody checks, the step "succeeds" with a NaN loss */
@@ -350,37 +336,27 @@ static void test_nonfinite(void) {
     g_nan_layer = 0;
     g_nan_mb = 3;
     world_step(&W);
-    CHECK(W.rc[0] == PP_OK && W.rc[1] == PP_OK, "unchecked: the step runs (%s / %s)", W.msg[0], W.msg[1]);
+    CHECK(W.S.rc[0] == PP_OK && W.S.rc[1] == PP_OK, "unchecked: the step runs (%s / %s)", W.S.msg[0], W.S.msg[1]);
     hooks_off();
     world_free(&W);
 }
 
 /* --- a batch one rank rejects stops the others at once ------------------------------------- */
-static pp_result rank_step_bad1(int rank, void* user) {
-    world* W = (world*)user;
-    pp_batch b = W->b;
-    if (rank == 1) b.targets = NULL; /* the last stage needs targets */
-    W->rc[rank] = pp_stage_step(W->st[rank], &b, NULL);
-    W->t_ret[rank] = _pp_now() - W->t0;
-    snprintf(W->msg[rank], sizeof W->msg[rank], "%s", pp_stage_error(W->st[rank]));
-    return W->rc[rank];
-}
-
 static void test_rejected_batch(void) {
     world W;
-    pp_error err;
+    pp_batch bad;
     world_init(&W, 2, 4, 30, 1, 0);
     hooks_off();
-    W.t0 = _pp_now();
-    pp_threads_run(2, rank_step_bad1, &W, &err);
-    CHECK(W.rc[1] == PP_ERR_INVALID, "rejecting rank: %s", W.msg[1]);
-    CHECK(W.rc[0] == PP_ERR_ABORTED && W.t_ret[0] < 5, "other rank told in %.2f s (deadline 30): %s", W.t_ret[0],
-          W.msg[0]);
-    pp_threads_reset(W.threads);
-    zero_grads(&W);
+    bad = W.b;
+    bad.targets = NULL; /* the last stage needs targets */
+    W.S.batch_of[1] = &bad;
     world_step(&W);
-    CHECK(W.rc[0] == PP_OK && W.rc[1] == PP_OK, "next step: %s / %s", W.msg[0], W.msg[1]);
-    CHECK(world_grads_equal_reference(&W), "equal to the reference");
+    W.S.batch_of[1] = NULL;
+    CHECK(W.S.rc[1] == PP_ERR_INVALID, "rejecting rank: %s", W.S.msg[1]);
+    CHECK(W.S.rc[0] == PP_ERR_ABORTED && W.S.t_ret[0] < 5, "other rank told in %.2f s (deadline 30): %s", W.S.t_ret[0],
+          W.S.msg[0]);
+    pp_threads_reset(W.threads);
+    world_step_clean(&W, "the step after a rejected batch");
     world_free(&W);
 }
 
@@ -393,14 +369,7 @@ static void test_broadcast_timeout(void) {
     pp_result rc;
     double t;
     world_init(&W, 2, 4, 0.2, 1, 0);
-    memset(&d, 0, sizeof d);
-    d.model = mlp_model_desc();
-    d.weights = &W.w;
-    d.grads = &W.g[1];
-    d.schedule = &W.sched;
-    d.partition = W.first;
-    d.rank = 1;
-    d.transport = pp_threads_transport(W.threads, 1);
+    hx_stage_desc(&d, NULL, mlp_model_desc(), &W.w, &W.g[1], &W.sched, W.first, 1, pp_threads_transport(W.threads, 1));
     d.timeout_s = 0.2;
     d.shapes = PP_SHAPES_BROADCAST;
     CHECK(pp_stage_create(&d, &st, &err) == PP_OK, "%s", err.msg);
@@ -467,7 +436,7 @@ static pp_result rank_step_sig(int rank, void* user) {
     sigemptyset(&s);
     sigaddset(&s, SIGUSR1);
     pthread_sigmask(SIG_UNBLOCK, &s, NULL);
-    rc = rank_step(rank, user);
+    rc = hx_stages_rank(rank, &((world*)user)->S);
     pthread_sigmask(SIG_BLOCK, &s, NULL);
     return rc;
 }
@@ -493,9 +462,9 @@ static int flight_signal_child(int locked, int fd) {
     pthread_create(&th, NULL, signaller, NULL);
     hooks_off();
     for (step = 0; step < 60; step++) {
-        W.t0 = _pp_now();
+        W.S.t0 = _pp_now();
         pp_threads_run(W.p, rank_step_sig, &W, &err);
-        if (W.rc[0] != PP_OK || W.rc[1] != PP_OK || W.rc[2] != PP_OK) bad++;
+        if (W.S.rc[0] != PP_OK || W.S.rc[1] != PP_OK || W.S.rc[2] != PP_OK) bad++;
     }
     __atomic_store_n(&g_sig_stop, 1, __ATOMIC_RELEASE);
     pthread_join(th, NULL);

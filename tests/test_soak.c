@@ -50,6 +50,7 @@ static void soak_free(void* q) {
 #define MLP_DEPTH 7
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 
 #define IN 6
 #define CLASSES 5
@@ -123,14 +124,7 @@ static void run_soak(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
     CHECK(pp_threads_create(p, &S->threads, &err) == PP_OK, "%s", err.msg);
     for (r = 0; r < p; r++) {
         pp_stage_desc d;
-        memset(&d, 0, sizeof d);
-        d.model = model;
-        d.weights = &S->w;
-        d.grads = &S->g[r];
-        d.schedule = &S->sched;
-        d.partition = S->first;
-        d.rank = r;
-        d.transport = pp_threads_transport(S->threads, r);
+        hx_stage_desc(&d, NULL, model, &S->w, &S->g[r], &S->sched, S->first, r, pp_threads_transport(S->threads, r));
         d.shapes = shapes;
         d.timeout_s = 60;
         d.check_finite = 1;

@@ -15,6 +15,7 @@
 #define MLP_DEPTH 7
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 
 #define IN 6
 #define CLASSES 5
@@ -106,58 +107,29 @@ typedef struct step_data {
     pp_batch b;
 } step_data;
 
-typedef struct world {
-    pp_model model;
-    const void* w;
-    void* g[8];
-    const pp_schedule* sched;
-    const int* first;
-    pp_threads* threads;
-    pp_shape_policy policy;
-    step_data* steps;
-    int n_steps;
-    int hide_meta;          /* ranks without stage 0 get no rows/cu_seqlens (BROADCAST) */
-    pp_step_stats stats[8][4];
-    char msg[8][600];
-} world;
+/* A run of n steps: each rank's batch of step i, and its stats. */
+typedef struct vl_run {
+    hx_steps S;
+    pp_step_stats stats[8 * 4];   /* [rank * n_steps + step] */
+} vl_run;
 
-static pp_result rank_main(int rank, void* user) {
-    world* W = (world*)user;
-    pp_stage_desc d;
-    pp_stage* st = NULL;
-    pp_error err;
-    pp_result rc;
-    int i;
-    memset(&d, 0, sizeof d);
-    d.model = W->model;
-    d.weights = W->w;
-    d.grads = W->g[rank];
-    d.schedule = W->sched;
-    d.partition = W->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(W->threads, rank);
-    d.timeout_s = 20;
-    d.shapes = W->policy;
-    d.max_seqs = MAXSEQ;
-    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
-        snprintf(W->msg[rank], sizeof W->msg[rank], "%s", err.msg);
-        return rc;
-    }
-    for (i = 0; i < W->n_steps; i++) {
-        pp_batch b = W->steps[i].b;
-        if (W->hide_meta && pp_schedule_stage(W->sched, rank, 0) != 0) {
-            b.input.data = NULL;
-            b.input.rows = 0;
-            b.cu_seqlens = NULL;
-            b.n_seqs = 0;
-        }
-        if ((rc = pp_stage_step(st, &b, &W->stats[rank][i])) != PP_OK) {
-            snprintf(W->msg[rank], sizeof W->msg[rank], "step %d: %s", i, pp_stage_error(st));
-            break;
-        }
-    }
-    pp_stage_destroy(st);
-    return rc;
+/* The world of n_steps steps of `steps` on p ranks. */
+static void vl_world(hx_world* W, vl_run* V, pp_model model, const void* w, const pp_schedule* sched, const int* first,
+                     pp_shape_policy pol, step_data* steps, int n_steps) {
+    memset(W, 0, sizeof *W);
+    memset(V, 0, sizeof *V);
+    W->model = model;
+    W->w = w;
+    W->sched = sched;
+    W->first = first;
+    W->stage.timeout_s = 20;
+    W->stage.shapes = pol;
+    W->stage.max_seqs = MAXSEQ;
+    V->S.first = &steps[0].b;
+    V->S.stride = sizeof *steps;
+    V->S.hide_meta = pol == PP_SHAPES_BROADCAST;
+    V->S.stats = V->stats;
+    hx_world_steps(W, &V->S, n_steps);
 }
 
 static void make_step(step_data* s, int n_seqs, int m, uint64_t seed) {
@@ -165,14 +137,7 @@ static void make_step(step_data* s, int n_seqs, int m, uint64_t seed) {
     s->cu[0] = 0;
     for (i = 0; i < n_seqs; i++) s->cu[i + 1] = s->cu[i] + 1 + rnd(rnd(3) == 0 ? 24 : 6);
     mlp_make_data(s->x, s->y, s->cu[n_seqs], IN, CLASSES, seed, 77);
-    memset(&s->b, 0, sizeof s->b);
-    s->b.m = m;
-    s->b.input.data = s->x;
-    s->b.input.rows = s->cu[n_seqs];
-    s->b.input.cols = IN;
-    s->b.input.dtype = PP_F32;
-    s->b.targets = s->y;
-    s->b.target_row_bytes = sizeof(int32_t);
+    hx_dense_batch(&s->b, s->x, s->y, s->cu[n_seqs], IN, m);
     s->b.cu_seqlens = s->cu;
     s->b.n_seqs = n_seqs;
     s->b.split = (pp_split_policy)rnd(3);
@@ -211,7 +176,8 @@ static uint64_t wire_bytes(const pp_model* m, const void* w, const pp_batch* b, 
 static int run_policy_case(pp_model model, const void* w, void* gref_flat_w, size_t nparams,
                            void* (*make_grads)(void** keep), pp_schedule_kind kind, int p, int v, int m,
                            pp_shape_policy pol, step_data* steps, int n_steps, const float* gref, const float* loss_ref) {
-    static world W;
+    static hx_world W;
+    static vl_run V;
     pp_action acts[2 * 64 * 8];
     pp_schedule sched;
     pp_error err;
@@ -222,20 +188,13 @@ static int run_policy_case(pp_model model, const void* w, void* gref_flat_w, siz
     pp_schedule_make(kind, p, v, m, acts, sizeof acts / sizeof acts[0], &sched, &err);
     if (getenv("VERBOSE")) fprintf(stderr, "case %s p=%d v=%d m=%d policy %d\n", pp_schedule_name(kind), p, v, m, pol);
     pp_partition_uniform(model.n_layers, S, first, &err);
-    memset(&W, 0, sizeof W);
-    W.model = model;
-    W.w = w;
-    W.sched = &sched;
-    W.first = first;
-    W.policy = pol;
-    W.steps = steps;
-    W.n_steps = n_steps;
-    W.hide_meta = pol == PP_SHAPES_BROADCAST;
+    vl_world(&W, &V, model, w, &sched, first, pol, steps, n_steps);
     for (r = 0; r < p; r++) W.g[r] = make_grads(&keep[r]);
     pp_threads_create(p, &W.threads, &err);
-    if (pp_threads_run(p, rank_main, &W, &err) != PP_OK) {
-        for (r = 0; r < p; r++)
-            if (W.msg[r][0]) CHECK(0, "%s p=%d v=%d m=%d policy %d: rank %d: %s", pp_schedule_name(kind), p, v, m, pol, r, W.msg[r]);
+    if (hx_run(&W, p, &err) != PP_OK) {
+        char where[120];
+        snprintf(where, sizeof where, "%s p=%d v=%d m=%d policy %d", pp_schedule_name(kind), p, v, m, pol);
+        hx_report(&W, p, where);
         ok = 0;
     }
     pp_schedule_stage_rank(&sched, S - 1, &last_rank, &chunk);
@@ -257,9 +216,9 @@ static int run_policy_case(pp_model model, const void* w, void* gref_flat_w, siz
             }
         }
         for (i = 0; i < n_steps && ok; i++)
-            if (memcmp(&W.stats[last_rank][i].loss, &loss_ref[i], sizeof(float)) != 0) {
+            if (memcmp(&V.stats[last_rank * W.steps + i].loss, &loss_ref[i], sizeof(float)) != 0) {
                 CHECK(0, "%s p=%d v=%d m=%d policy %d: step %d loss %.9g != %.9g", pp_schedule_name(kind), p, v, m, pol, i,
-                      W.stats[last_rank][i].loss, loss_ref[i]);
+                      V.stats[last_rank * W.steps + i].loss, loss_ref[i]);
                 ok = 0;
             }
     }
@@ -267,10 +226,10 @@ static int run_policy_case(pp_model model, const void* w, void* gref_flat_w, siz
     for (i = 0; i < n_steps && ok; i++) {
         uint64_t data = wire_bytes(&model, w, &steps[i].b, first, S), sent = 0, meta = 0, agree = 0, meta_msgs = 0, expect_msgs = 0;
         for (r = 0; r < p; r++) {
-            sent += W.stats[r][i].bytes_sent;
-            meta += W.stats[r][i].meta_bytes_sent;
-            agree += W.stats[r][i].agree_bytes;
-            meta_msgs += W.stats[r][i].meta_msgs_sent;
+            sent += V.stats[r * W.steps + i].bytes_sent;
+            meta += V.stats[r * W.steps + i].meta_bytes_sent;
+            agree += V.stats[r * W.steps + i].agree_bytes;
+            meta_msgs += V.stats[r * W.steps + i].meta_msgs_sent;
         }
         sent_total += sent;
         if (sent - meta - agree != data) {
@@ -360,7 +319,8 @@ static void test_policies(void) {
 /* AUTO sends metadata only when a shape is new or changed. */
 static void test_auto_messages(void) {
     static step_data steps[4];
-    static world W;
+    static hx_world W;
+    static vl_run V;
     pp_action acts[64];
     pp_schedule sched;
     pp_error err;
@@ -388,23 +348,14 @@ static void test_auto_messages(void) {
     for (i = 0; i < 4; i++) steps[i].b.split = PP_SPLIT_SEQS;
     pp_schedule_make(PP_SCHED_1F1B, 2, 1, m, acts, 64, &sched, &err);
     pp_partition_uniform(MLP_DEPTH + 1, 2, first, &err);
-    memset(&W, 0, sizeof W);
-    W.model = mlp_model_desc();
-    W.w = &g_w;
-    W.sched = &sched;
-    W.first = first;
-    W.policy = PP_SHAPES_AUTO;
-    W.steps = steps;
-    W.n_steps = 4;
+    vl_world(&W, &V, mlp_model_desc(), &g_w, &sched, first, PP_SHAPES_AUTO, steps, 4);
     for (r = 0; r < 2; r++) W.g[r] = mlp_grads(&keep[r]);
-    pp_threads_create(2, &W.threads, &err);
-    CHECK(pp_threads_run(2, rank_main, &W, &err) == PP_OK, "auto run: %s / %s", W.msg[0], W.msg[1]);
-    for (i = 0; i < 4; i++) msgs[i] = W.stats[0][i].meta_msgs_sent + W.stats[1][i].meta_msgs_sent;
+    CHECK(hx_run(&W, 2, &err) == PP_OK, "auto run: %s / %s", W.msg[0], W.msg[1]);
+    for (i = 0; i < 4; i++) msgs[i] = V.stats[0 * W.steps + i].meta_msgs_sent + V.stats[1 * W.steps + i].meta_msgs_sent;
     CHECK(msgs[0] == 3, "first step: one header per micro-batch, got %llu", (unsigned long long)msgs[0]);
     CHECK(msgs[1] == 0, "same shapes: no metadata message, got %llu", (unsigned long long)msgs[1]);
     CHECK(msgs[2] == 2, "one micro-batch shorter: a resize notice and a header, got %llu", (unsigned long long)msgs[2]);
     CHECK(msgs[3] == 0, "the new shape is learned, got %llu", (unsigned long long)msgs[3]);
-    pp_threads_destroy(W.threads);
     for (r = 0; r < 2; r++) free(keep[r]);
     free(wbuf);
     free(gbuf);

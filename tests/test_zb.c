@@ -14,13 +14,12 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 
 #include <math.h>
 
 #define ROWS 29
-#define IN 6
-#define CLASSES 5
-static const int DIMS[MLP_DEPTH + 1] = {IN, 8, 7, 8, 9, 8, 6, 8, 8, 7, 8, CLASSES};
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 
 /* ---- schedules alone -------------------------------------------------------------------------- */
 
@@ -235,55 +234,11 @@ static void test_bad_tables(void) {
 
 /* ---- gradients on the threads transport ------------------------------------------------------- */
 
-typedef struct world {
-    pp_model model;
-    const void* w;
-    void* g[PP_MAX_RANKS];
-    const pp_schedule* sched;
-    const int* first;
-    pp_threads* threads;
-    const pp_batch* batch;
-    const pp_batch* batch2;         /* a second step, or NULL */
-    pp_shape_policy shapes;
-    pp_step_stats stats[PP_MAX_RANKS];
-    pp_result rc[PP_MAX_RANKS];
-    char msg[PP_MAX_RANKS][512];
-} world;
-
-static pp_result rank_main(int rank, void* user) {
-    world* W = (world*)user;
-    pp_stage_desc d;
-    pp_stage* st = NULL;
-    pp_error err;
-    pp_result rc;
-    memset(&d, 0, sizeof d);
-    d.model = W->model;
-    d.weights = W->w;
-    d.grads = W->g[rank];
-    d.schedule = W->sched;
-    d.partition = W->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(W->threads, rank);
-    d.timeout_s = 20;
-    d.shapes = W->shapes;
-    rc = pp_stage_create(&d, &st, &err);
-    if (rc != PP_OK) {
-        snprintf(W->msg[rank], sizeof W->msg[rank], "%s", err.msg);
-        return W->rc[rank] = rc;
-    }
-    rc = pp_stage_step(st, W->batch, &W->stats[rank]);
-    if (rc == PP_OK && W->batch2) rc = pp_stage_step(st, W->batch2, &W->stats[rank]);
-    if (rc != PP_OK) snprintf(W->msg[rank], sizeof W->msg[rank], "%s", pp_stage_error(st));
-    W->rc[rank] = rc;
-    pp_stage_destroy(st);
-    return rc;
-}
-
-static int owner_stage(const int* first, int S, int l) {
-    int s;
-    for (s = 0; s < S; s++)
-        if (l >= first[s] && l < first[s + 1]) return s;
-    return -1;
+/* The second step's batch, when there is one. */
+static const pp_batch* zb_batch_of(hx_world* W, int rank, int step, pp_batch* tmp) {
+    (void)rank;
+    (void)tmp;
+    return step == 0 ? W->batch : (const pp_batch*)W->user;
 }
 
 typedef struct ref {
@@ -299,51 +254,38 @@ static const pp_batch* g_batch2 = NULL;
 
 static int run_sched(const pp_schedule* sched, const int* first, int split, const ref* R, const pp_batch* b,
                      const char* what) {
-    static world W;
+    static hx_world W;
     mlp_model g[PP_MAX_RANKS];
     mlpz_model gz[PP_MAX_RANKS];
     float* gbuf[PP_MAX_RANKS];
     pp_error err;
     pp_sim_result sim;
-    int r, l, ok = 1, p = sched->p, S = sched->n_stages;
+    int r, ok = 1, p = sched->p;
     memset(&W, 0, sizeof W);
     W.model = split ? mlpz_model_desc() : mlp_model_desc();
     W.w = split ? (const void*)&R->wz : (const void*)&R->w;
     W.sched = sched;
     W.first = first;
     W.batch = b;
-    W.shapes = g_shapes;
-    W.batch2 = g_batch2;
-    pp_threads_create(p, &W.threads, &err);
+    W.stage.timeout_s = 20;
+    W.stage.shapes = g_shapes;
+    if (g_batch2) {
+        W.steps = 2;
+        W.batch_of = zb_batch_of;
+        W.user = (void*)(uintptr_t)g_batch2;
+    }
+    hx_mlp_rank_grads(g, gbuf, p, DIMS);
     for (r = 0; r < p; r++) {
-        mlp_model tmp;
-        memset(&g[r], 0, sizeof g[r]);
-        free(mlp_init(&tmp, &g[r], DIMS, 1, &gbuf[r]));
         mlpz_from_mlp(&gz[r], &g[r]);
         W.g[r] = split ? (void*)&gz[r] : (void*)&g[r];
     }
-    if (pp_threads_run(p, rank_main, &W, &err) != PP_OK) {
-        for (r = 0; r < p; r++)
-            if (W.rc[r] != PP_OK) CHECK(0, "%s: rank %d: %s", what, r, W.msg[r]);
+    if (hx_run(&W, p, &err) != PP_OK) {
+        hx_report(&W, p, what);
         ok = 0;
     }
-    for (l = 0; ok && l < MLP_DEPTH; l++) {
-        int s = owner_stage(first, S, l), rank, chunk;
-        size_t nw = (size_t)R->w.dense[l].in * R->w.dense[l].out, nb = (size_t)R->w.dense[l].out;
-        pp_schedule_stage_rank(sched, s, &rank, &chunk);
-        if (memcmp(g[rank].dense[l].w, R->g.dense[l].w, nw * sizeof(float)) != 0 ||
-            memcmp(g[rank].dense[l].b, R->g.dense[l].b, nb * sizeof(float)) != 0) {
-            CHECK(0, "%s: layer %d (stage %d, rank %d) gradient differs from the reference", what, l, s, rank);
-            ok = 0;
-        }
-    }
+    ok = ok && hx_mlp_grads_match(g, p, sched, first, &R->g, 0, what);
     if (ok) {
-        int last, chunk;
-        pp_schedule_stage_rank(sched, S - 1, &last, &chunk);
-        if (!W.stats[last].has_loss || memcmp(&W.stats[last].loss, &R->loss, sizeof(float)) != 0) {
-            CHECK(0, "%s: loss %.9g != reference %.9g", what, W.stats[last].loss, R->loss);
-            ok = 0;
-        }
+        ok = hx_loss_matches(W.stats, p, sched, R->loss, what);
         /* the executor's stash peak is the simulator's: stashes live until W when W is deferred */
         if (split && pp_simulate(sched, NULL, &sim, NULL, &err) == PP_OK)
             for (r = 0; r < p; r++)
@@ -352,47 +294,34 @@ static int run_sched(const pp_schedule* sched, const int* first, int split, cons
                     ok = 0;
                 }
     }
-    for (r = 0; r < p; r++) free(gbuf[r]);
-    pp_threads_destroy(W.threads);
+    hx_mlp_free_grads(gbuf, p);
     CHECK(ok, "%s", what);
     return ok;
 }
 
 static int run_kind(pp_schedule_kind k, int p, int v, int m, const int* first, int split, const ref* R, const pp_batch* b,
                     const char* part) {
-    size_t n = pp_schedule_size(k, p, v, m);
-    pp_action* acts = (pp_action*)malloc(n * sizeof *acts);
-    pp_schedule s;
+    hx_sched s;
     pp_error err;
     char what[160];
     int ok;
     snprintf(what, sizeof what, "%s p=%d v=%d m=%d %s model, %s partition", pp_schedule_name(k), p, v, m,
              split ? "split" : "fused", part);
-    if (pp_schedule_make(k, p, v, m, acts, n, &s, &err) != PP_OK) {
+    if (hx_sched_make(&s, k, p, v, m, &err) != PP_OK) {
         CHECK(0, "%s: %s", what, err.msg);
-        free(acts);
         return 0;
     }
-    ok = run_sched(&s, first, split, R, b, what);
-    free(acts);
+    ok = run_sched(&s.s, first, split, R, b, what);
+    hx_sched_free(&s);
     return ok;
 }
 
-static void make_batch(pp_batch* b, float* x, int32_t* y, int m) {
-    memset(b, 0, sizeof *b);
-    b->m = m;
-    b->input.data = x;
-    b->input.rows = ROWS;
-    b->input.cols = IN;
-    b->input.dtype = PP_F32;
-    b->targets = y;
-    b->target_row_bytes = sizeof(int32_t);
-}
+static void make_batch(pp_batch* b, float* x, int32_t* y, int m) { hx_dense_batch(b, x, y, ROWS, HX_IN, m); }
 
 static void test_gradients(void) {
     static const int ms[] = {1, 2, 3, 5, 8};
     static ref R;
-    float *wbuf, *gbuf, x[ROWS * IN];
+    float *wbuf, *gbuf, x[ROWS * HX_IN];
     int32_t y[ROWS];
     pp_batch b;
     pp_error err;
@@ -401,7 +330,7 @@ static void test_gradients(void) {
     memset(&R, 0, sizeof R);
     wbuf = mlp_init(&R.w, &R.g, DIMS, 17, &gbuf);
     mlpz_from_mlp(&R.wz, &R.w);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 11, 12);
+    mlp_make_data(x, y, ROWS, HX_IN, HX_CLASSES, 11, 12);
     CHECK(split.weight_grad != NULL && fused.weight_grad == NULL, "PP_MODEL_SPLIT sets weight_grad, PP_MODEL does not");
     for (mi = 0; mi < (int)(sizeof ms / sizeof ms[0]); mi++) {
         int m = ms[mi];
@@ -589,7 +518,7 @@ static void test_partition_capped(void) {
 static void test_profile(void) {
     mlp_model w, g, gref, tmp;
     mlpz_model wz, gz, gzref;
-    float *wbuf, *gbuf, *gbuf2, x[ROWS * IN], loss;
+    float *wbuf, *gbuf, *gbuf2, x[ROWS * HX_IN], loss;
     int32_t y[ROWS];
     double tf[MLP_DEPTH + 1], tb[MLP_DEPTH + 1], tw[MLP_DEPTH + 1];
     pp_model split = mlpz_model_desc();
@@ -602,7 +531,7 @@ static void test_profile(void) {
     mlpz_from_mlp(&wz, &w);
     mlpz_from_mlp(&gz, &g);
     mlpz_from_mlp(&gzref, &gref);
-    mlp_make_data(x, y, ROWS, IN, CLASSES, 4, 5);
+    mlp_make_data(x, y, ROWS, HX_IN, HX_CLASSES, 4, 5);
     make_batch(&b, x, y, 3);
     CHECK(pp_profile_layers(&split, &wz, &gz, &b, 2, tf, tb, tw, &err) == PP_OK, "%s", err.msg);
     for (l = 0; l <= MLP_DEPTH; l++) ok = ok && tf[l] >= 0 && tb[l] >= 0 && tw[l] >= 0;

@@ -1,9 +1,25 @@
 /* tests/tlm_grid.h - what the pp x dp grid tests share (test_grid.c over threads, test_mpi.c
    over MPI, test_nccl_grid.c over the NCCL imitation): a replica's packed shard of the
    tied-embedding LM (examples/tlm.h), where each layer's parameters sit in the arena, and the
-   reference gradients of a grid step. Include after examples/tlm.h, with VOCAB, DIM, NSEQ and MAXLEN defined. */
+   reference gradients of a grid step. Include after examples/tlm.h. The model and batch sizes
+   (VOCAB, DIM, NSEQ, MAXLEN), the steps (STEPS) and the SGD rate (LR) default to the threads and
+   NCCL-imitation grids' below; test_mpi.c defines its own before the include. */
 #ifndef PP_TESTS_TLM_GRID_H
 #define PP_TESTS_TLM_GRID_H
+
+#ifndef VOCAB
+#define VOCAB 11
+#define DIM 6
+#define NSEQ 9
+#define MAXLEN 6
+#endif
+#define MAXROWS (NSEQ * MAXLEN)
+#ifndef STEPS
+#define STEPS 3
+#endif
+#ifndef LR
+#define LR 0.25f
+#endif
 
 #include <stdlib.h>
 #include <string.h>

@@ -27,12 +27,15 @@
                       [--warmup 3] [--lengths FILE] [--no-overhead] */
 #define PIPELINE_IMPLEMENTATION
 #include "../../pipeline.h"
+#include "../../examples/mlp.h" /* its loss layer (xent) and generator (splitmix) */
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "../../tests/harness.h"
 
 #ifdef PEERS_CBLAS
 #include <cblas.h>
@@ -104,7 +107,7 @@ static void mm_nt(int M, int N, int K, const float* dz, const float* W, float* d
 }
 
 /* ---- layers -------------------------------------------------------------------------------- */
-static int dense_fwd(const pdense* p, pp_layer_io* io) {
+static int pdense_fwd(const pdense* p, pp_layer_io* io) {
     const float* x = (const float*)io->in[0].data;     /* (rows, in) */
     float* y = (float*)io->out[0].data;                /* (rows, out) */
     int rows = (int)io->in[0].rows, r, o;
@@ -117,7 +120,7 @@ static int dense_fwd(const pdense* p, pp_layer_io* io) {
     return 0;
 }
 
-static int dense_bwd(const pdense* p, pdense* g, pp_layer_io* io) {
+static int pdense_bwd(const pdense* p, pdense* g, pp_layer_io* io) {
     const float* x = (const float*)io->in[0].data;     /* (rows, in) */
     const float* y = (const float*)io->out[0].data;    /* (rows, out) */
     const float* dy = (const float*)io->d_out[0].data; /* (rows, out) */
@@ -139,52 +142,20 @@ static int dense_bwd(const pdense* p, pdense* g, pp_layer_io* io) {
     return 0;
 }
 
-static int xent_fwd(int classes, pp_layer_io* io) {
-    const float* z = (const float*)io->in[0].data;     /* (rows, classes) */
-    const int32_t* t = (const int32_t*)io->mb->targets;/* (rows) */
-    int64_t r, rows = io->in[0].rows;
-    double loss = 0;
-    int c;
-    for (r = 0; r < rows; r++) {
-        const float* zr = z + r * classes;
-        float mx = zr[0], sum = 0;
-        if (t[r] < 0 || t[r] >= classes) return 3;
-        for (c = 1; c < classes; c++) mx = zr[c] > mx ? zr[c] : mx;
-        for (c = 0; c < classes; c++) sum += expf(zr[c] - mx);
-        loss += (double)(logf(sum) + mx - zr[t[r]]);
-    }
-    io->loss = (float)(loss / (double)rows);
-    return 0;
-}
-
-static int xent_bwd(int classes, pp_layer_io* io) {
-    const float* z = (const float*)io->in[0].data;     /* (rows, classes) */
-    const int32_t* t = (const int32_t*)io->mb->targets;
-    float* dz = (float*)io->d_in[0].data;              /* (rows, classes) */
-    int64_t r, rows = io->in[0].rows;
-    float scale = io->mb->loss_scale / (float)rows;
-    int c;
-    for (r = 0; r < rows; r++) {
-        const float* zr = z + r * classes;
-        float mx = zr[0], sum = 0;
-        for (c = 1; c < classes; c++) mx = zr[c] > mx ? zr[c] : mx;
-        for (c = 0; c < classes; c++) sum += expf(zr[c] - mx);
-        for (c = 0; c < classes; c++)
-            dz[r * classes + c] = scale * (expf(zr[c] - mx) / sum - (c == t[r] ? 1.0f : 0.0f));
-    }
-    return 0;
-}
-
-/* The model for the library, written out by hand because the layer count is a run-time value
-   (PP_MODEL fixes counts at compile time). */
+/* The model for the library, written out by hand: its dense layers call the kernels above
+   (BLAS or naive), and the loss is examples/mlp.h's. */
 static int pnet_forward(const void* w_, int l, pp_layer_io* io) {
     const pnet* w = (const pnet*)w_;
-    return l < w->L ? dense_fwd(&w->dense[l], io) : xent_fwd(w->classes, io);
+    xent_params xp;
+    xp.classes = w->classes;
+    return l < w->L ? pdense_fwd(&w->dense[l], io) : xent_fwd(&xp, io);
 }
 static int pnet_backward(const void* w_, void* g_, int l, pp_layer_io* io) {
     const pnet* w = (const pnet*)w_;
     pnet* g = (pnet*)g_;
-    return l < w->L ? dense_bwd(&w->dense[l], &g->dense[l], io) : xent_bwd(w->classes, io);
+    xent_params xp;
+    xp.classes = w->classes;
+    return l < w->L ? pdense_bwd(&w->dense[l], &g->dense[l], io) : xent_bwd(&xp, NULL, io);
 }
 static void pnet_describe(const void* w_, int l, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                           pp_layer_desc* d) {
@@ -206,14 +177,6 @@ static const char* pnet_layer_name(int l) {
     (void)l;
     return "layer";
 }
-
-static uint64_t rng_next(uint64_t* s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float rng_uniform(uint64_t* s) { return (float)((rng_next(s) >> 40) * (1.0 / 16777216.0)); }
 
 /* Weights (and zeroed gradients, same layout) for L dense layers in -> hidden ... -> classes. */
 static float* pnet_init(pnet* w, pnet* g, int L, int in, int hidden, int classes, float** gbuf) {
@@ -245,7 +208,7 @@ static float* pnet_init(pnet* w, pnet* g, int L, int in, int hidden, int classes
         sc = 1.0f / sqrtf((float)d->in);
         d->w = buf + off;
         d->b = buf + off + nw;
-        for (i = 0; i < nw; i++) d->w[i] = (2.0f * rng_uniform(&seed) - 1.0f) * sc;
+        for (i = 0; i < nw; i++) d->w[i] = (2.0f * splitmix_uniform(&seed) - 1.0f) * sc;
         for (i = 0; i < (size_t)d->out; i++) d->b[i] = 0;
         g->dense[l] = *d;
         g->dense[l].w = gb + off;
@@ -263,62 +226,35 @@ typedef struct cfg {
     const char* lengths;
 } cfg;
 
+/* A pipeline run over one batch per step (warm-up steps included). */
 typedef struct run {
-    pp_model model;
-    const pnet* w;
-    pnet* g;
-    pp_schedule sched;
+    hx_world W;
+    hx_steps S;
+    hx_timing T;
+    hx_sched sc;
     int first[PP_MAX_RANKS + 1];
-    pp_threads* threads;
-    pp_batch* batches;          /* one per step (warm-up steps included) */
-    int n_steps;
-    double* t;                  /* [rank][n_steps] */
-    float* loss;                /* [n_steps] */
-    size_t peak_stash[PP_MAX_RANKS];
-    int peak_live[PP_MAX_RANKS];
 } run;
 
-static pp_result run_rank(int rank, void* user) {
-    run* R = (run*)user;
-    pp_stage_desc d;
-    pp_stage* st;
-    pp_step_stats ss;
-    pp_error err;
-    pp_result rc;
-    int i;
-    memset(&d, 0, sizeof d);
-    d.model = R->model;
-    d.weights = R->w;
-    d.grads = R->g;
-    d.schedule = &R->sched;
-    d.partition = R->first;
-    d.rank = rank;
-    d.transport = pp_threads_transport(R->threads, rank);
-    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
-        fprintf(stderr, "rank %d: %s\n", rank, err.msg);
-        return rc;
-    }
-    for (i = 0; i < R->n_steps; i++) {
-        if ((rc = pp_stage_step(st, &R->batches[i], &ss)) != PP_OK) {
-            fprintf(stderr, "rank %d step %d: %s\n", rank, i, pp_stage_error(st));
-            break;
-        }
-        R->t[rank * R->n_steps + i] = ss.t_total;
-        if (ss.has_loss) R->loss[i] = ss.loss;
-        if (ss.peak_stash_bytes > R->peak_stash[rank]) R->peak_stash[rank] = ss.peak_stash_bytes;
-        if (ss.peak_live > R->peak_live[rank]) R->peak_live[rank] = ss.peak_live;
-    }
-    pp_stage_destroy(st);
-    return rc;
+/* The run of the model over n_steps batches bs[], weights w, gradients g. */
+static void run_init(run* R, pnet* w, pnet* g, const pp_batch* bs, int n_steps) {
+    memset(R, 0, sizeof *R);
+    R->W.model.name = "pnet";
+    R->W.model.n_layers = w->L + 1;
+    R->W.model.forward = pnet_forward;
+    R->W.model.backward = pnet_backward;
+    R->W.model.describe = pnet_describe;
+    R->W.model.layer_name = pnet_layer_name;
+    R->W.w = w;
+    R->W.grads = g;
+    R->S.first = bs;
+    R->S.stride = sizeof *bs;
+    R->S.timing = &R->T;
+    hx_world_steps(&R->W, &R->S, n_steps);
 }
 
-static int cmp_double(const void* a, const void* b) {
-    double x = *(const double*)a, y = *(const double*)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double* v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+static void run_free(run* R) {
+    hx_timing_free(&R->T);
+    hx_sched_free(&R->sc);
 }
 
 /* The partition torch's side uses: dense layers split evenly, the loss on the last stage. */
@@ -328,37 +264,23 @@ static void peer_partition(int L, int S, int* first) {
     first[S] = L + 1;
 }
 
-/* Runs the pipeline over R->batches; *t_pipe = median of the slowest rank's step. */
+/* Runs the pipeline over the run's batches; *t_pipe = median of the slowest rank's step. */
 static pp_result run_pipeline(run* R, const cfg* c, double* t_pipe) {
-    pp_action* acts;
     pp_error err;
     pp_result rc;
-    size_t n = pp_schedule_size(c->kind, c->p, c->v, c->m);
-    double* worst;
-    int i, r, timed = R->n_steps - c->warmup;
-    acts = (pp_action*)malloc((n ? n : 1) * sizeof *acts);
-    if (!acts) return PP_ERR_NOMEM;
-    if ((rc = pp_schedule_make(c->kind, c->p, c->v, c->m, acts, n, &R->sched, &err)) != PP_OK ||
-        (rc = pp_threads_create(c->p, &R->threads, &err)) != PP_OK) {
+    if ((rc = hx_sched_make(&R->sc, c->kind, c->p, c->v, c->m, &err)) != PP_OK) {
         fprintf(stderr, "%s\n", err.msg);
-        free(acts);
         return rc;
     }
-    peer_partition(R->w->L, c->p * c->v, R->first);
-    R->t = (double*)calloc((size_t)c->p * R->n_steps, sizeof(double));
-    R->loss = (float*)calloc((size_t)R->n_steps, sizeof(float));
-    worst = (double*)calloc((size_t)timed, sizeof(double));
-    if (!R->t || !R->loss || !worst) return PP_ERR_NOMEM;
-    rc = pp_threads_run(c->p, run_rank, R, &err);
-    if (rc != PP_OK) fprintf(stderr, "%s\n", err.msg);
-    for (i = 0; i < timed; i++)
-        for (r = 0; r < c->p; r++)
-            if (R->t[r * R->n_steps + c->warmup + i] > worst[i]) worst[i] = R->t[r * R->n_steps + c->warmup + i];
-    *t_pipe = median(worst, timed);
-    pp_threads_destroy(R->threads);
-    free(worst);
-    free(R->t);
-    free(acts);
+    if ((rc = hx_timing_init(&R->T, c->p, R->W.steps)) != PP_OK) return rc;
+    peer_partition(((const pnet*)R->W.w)->L, c->p * c->v, R->first);
+    R->W.sched = &R->sc.s;
+    R->W.first = R->first;
+    if ((rc = hx_run(&R->W, c->p, &err)) != PP_OK) {
+        hx_print_errors(&R->W, c->p);
+        fprintf(stderr, "%s\n", err.msg);
+    }
+    *t_pipe = hx_worst_median(&R->T, c->p, c->warmup);
     return rc;
 }
 
@@ -447,7 +369,8 @@ static double overhead_per_action(const cfg* c0) {
     float *wbuf, *gbuf, x[4096];
     int32_t y[4096];
     pp_batch* bs;
-    run R;
+    static run R0;
+    run* R = &R0;
     double t = 0;
     int i;
     c.in = c.hidden = 1;
@@ -465,29 +388,11 @@ static double overhead_per_action(const cfg* c0) {
         x[i] = (float)(i % 7) * 0.1f;
         y[i] = i % 2;
     }
-    for (i = 0; i < c.steps + c.warmup; i++) {
-        bs[i].m = c.m;
-        bs[i].input.data = x;
-        bs[i].input.rows = c.rows;
-        bs[i].input.cols = 1;
-        bs[i].input.dtype = PP_F32;
-        bs[i].targets = y;
-        bs[i].target_row_bytes = sizeof(int32_t);
-    }
-    memset(&R, 0, sizeof R);
-    R.model.name = "pnet";
-    R.model.n_layers = c.L + 1;
-    R.model.forward = pnet_forward;
-    R.model.backward = pnet_backward;
-    R.model.describe = pnet_describe;
-    R.model.layer_name = pnet_layer_name;
-    R.w = w;
-    R.g = g;
-    R.batches = bs;
-    R.n_steps = c.steps + c.warmup;
-    if (run_pipeline(&R, &c, &t) != PP_OK) t = -1;
-    else t /= R.sched.per_rank;
-    free(R.loss);
+    for (i = 0; i < c.steps + c.warmup; i++) hx_dense_batch(&bs[i], x, y, c.rows, 1, c.m);
+    run_init(R, w, g, bs, c.steps + c.warmup);
+    if (run_pipeline(R, &c, &t) != PP_OK) t = -1;
+    else t /= R->sc.s.per_rank;
+    run_free(R);
     free(bs);
     free(wbuf);
     free(gbuf);
@@ -504,7 +409,7 @@ int main(int argc, char** argv) {
     float* seq_loss;
     double *ts, t_seq, t_pipe = 0, host = -1, tokens = 0, eff, theory;
     int n_total, i, r, wrong = 0, varlen;
-    run R;
+    static run R;
     pp_error err;
     pp_result rc;
     if (parse(argc, argv, &c)) return 2;
@@ -550,8 +455,8 @@ int main(int argc, char** argv) {
         x = (float*)malloc(sizeof(float) * (size_t)rows * c.in);
         y = (int32_t*)malloc(sizeof(int32_t) * (size_t)rows);
         if (!x || !y) return 3;
-        for (j = 0; j < rows * c.in; j++) x[j] = 2.0f * rng_uniform(&seed) - 1.0f;
-        for (j = 0; j < rows; j++) y[j] = (int32_t)(rng_next(&seed) % (uint64_t)c.classes);
+        for (j = 0; j < rows * c.in; j++) x[j] = 2.0f * splitmix_uniform(&seed) - 1.0f;
+        for (j = 0; j < rows; j++) y[j] = (int32_t)(splitmix_next(&seed) % (uint64_t)c.classes);
         bs[i].input.data = x;
         bs[i].input.rows = rows;
         bs[i].input.cols = c.in;
@@ -559,35 +464,24 @@ int main(int argc, char** argv) {
         bs[i].targets = y;
         bs[i].target_row_bytes = sizeof(int32_t);
     }
-
-    memset(&R, 0, sizeof R);
-    R.model.name = "pnet";
-    R.model.n_layers = c.L + 1;
-    R.model.forward = pnet_forward;
-    R.model.backward = pnet_backward;
-    R.model.describe = pnet_describe;
-    R.model.layer_name = pnet_layer_name;
-    R.w = w;
-    R.g = g;
-    R.batches = bs;
-    R.n_steps = n_total;
+    run_init(&R, w, g, bs, n_total);
 
     /* sequential reference: every step, losses kept for the bit-exact check */
     for (i = 0; i < n_total; i++) {
         double t0 = now_s();
-        if ((rc = pp_sequential_step(&R.model, w, g, &bs[i], &seq_loss[i], &err)) != PP_OK) {
+        if ((rc = pp_sequential_step(&R.W.model, w, g, &bs[i], &seq_loss[i], &err)) != PP_OK) {
             fprintf(stderr, "sequential: %s\n", err.msg);
             return 2;
         }
         ts[i] = now_s() - t0;
     }
-    t_seq = median(ts + c.warmup, c.steps);
+    t_seq = hx_median(ts + c.warmup, c.steps);
     for (i = c.warmup; i < n_total; i++) tokens += (double)bs[i].input.rows;
     tokens /= c.steps;
 
     if ((rc = run_pipeline(&R, &c, &t_pipe)) != PP_OK) return 2;
     for (i = 0; i < n_total; i++)
-        if (memcmp(&R.loss[i], &seq_loss[i], sizeof(float)) != 0) wrong++;
+        if (memcmp(&R.T.loss[i], &seq_loss[i], sizeof(float)) != 0) wrong++;
     if (c.overhead && !varlen) host = overhead_per_action(&c);
     eff = t_seq / (c.p * t_pipe);
     theory = (double)(c.v * c.m) / (c.v * c.m + c.p - 1);
@@ -598,10 +492,10 @@ int main(int argc, char** argv) {
            "\"efficiency\": %.4f, \"theory\": %.4f, \"tokens_per_s\": %.1f, \"host_us_per_action\": %.3f, "
            "\"actions_per_rank\": %d, \"peak_stash_bytes\": [",
            PEERS_KERNEL, pp_schedule_name(c.kind), c.p, c.v, c.m, c.L, c.in, c.hidden, c.classes, varlen, tokens,
-           1e3 * t_seq, 1e3 * t_pipe, eff, theory, tokens / t_pipe, host > 0 ? 1e6 * host : -1.0, R.sched.per_rank);
-    for (r = 0; r < c.p; r++) printf("%s%zu", r ? ", " : "", R.peak_stash[r]);
+           1e3 * t_seq, 1e3 * t_pipe, eff, theory, tokens / t_pipe, host > 0 ? 1e6 * host : -1.0, R.sc.s.per_rank);
+    for (r = 0; r < c.p; r++) printf("%s%zu", r ? ", " : "", R.T.peak_stash[r]);
     printf("], \"peak_live\": [");
-    for (r = 0; r < c.p; r++) printf("%s%d", r ? ", " : "", R.peak_live[r]);
+    for (r = 0; r < c.p; r++) printf("%s%d", r ? ", " : "", R.T.peak_live[r]);
     printf("], \"wrong\": %d, \"cores\": %ld}\n", wrong, sysconf(_SC_NPROCESSORS_ONLN));
 
     for (i = 0; i < n_total; i++) {
@@ -609,7 +503,7 @@ int main(int argc, char** argv) {
         free((void*)bs[i].targets);
         free((void*)bs[i].cu_seqlens);
     }
-    free(R.loss);
+    run_free(&R);
     free(bs);
     free(seq_loss);
     free(ts);
