@@ -7,7 +7,9 @@
        pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]
                 [--comm C] [--mem-cap X]
 
-   KIND is gpipe, 1f1b, interleaved (v >= 2 chunks per rank), zb-h1 or zb-v. Prints the
+   KIND is gpipe, 1f1b, interleaved (v >= 2 chunks per rank), zb-h1, zb-h2, zb-v, v-half or
+   v-min. The zero-bubble kinds but zb-h1 are generated for the costs given (--f --b --w --comm,
+   pp_schedule_make_cost); the others are fixed patterns. Prints the
    parameters, every rank's action list as a table, an ASCII timeline, the makespan, the
    simulated bubble next to the closed form where there is one, and each rank's peak of stashed
    activations. --table prints only the table, in the format `load` (and pp_schedule_parse)
@@ -39,10 +41,10 @@ static void usage(FILE* f) {
             "       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]\n"
             "       pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]\n"
             "                [--comm C] [--mem-cap X]\n"
-            "  KIND        gpipe | 1f1b | interleaved | zb-h1 | zb-v\n"
+            "  KIND        gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | v-min\n"
             "  -p P        ranks\n"
             "  -m M        micro-batches\n"
-            "  -v V        chunks per rank (interleaved >= 2, default 2; zb-v 2; others 1)\n"
+            "  -v V        chunks per rank (interleaved >= 2, default 2; zb-v, v-half, v-min 2; others 1)\n"
             "  --f F       forward time of one chunk (default 1)\n"
             "  --b B       input-gradient time of one chunk (default 1)\n"
             "  --w W       weight-gradient time of one chunk (default 1; without W actions B costs b+w)\n"
@@ -325,7 +327,8 @@ int main(int argc, char** argv) {
     } else if (!strcmp(argv[1], "rank")) {
         mode_rank = 1;
     } else if (pp_schedule_kind_parse(argv[1], &kind) != PP_OK) {
-        fprintf(stderr, "pp-sched: unknown schedule kind '%s' (gpipe, 1f1b, interleaved, zb-h1, zb-v, load, rank)\n",
+        fprintf(stderr, "pp-sched: unknown schedule kind '%s' (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, v-min, load, "
+                "rank)\n",
                 argv[1]);
         return 2;
     }
@@ -445,15 +448,21 @@ int main(int argc, char** argv) {
             usage(stderr);
             return 2;
         }
-        if (v == 0) v = kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V ? 2 : 1;
+        if (v == 0) v = pp_schedule_size(kind, p, 1, m) ? 1 : 2;
         n = pp_schedule_size(kind, p, v, m);
         acts = (pp_action*)malloc((n ? n : 1) * sizeof *acts);
         if (!acts) {
             fprintf(stderr, "pp-sched: out of memory\n");
             goto done;
         }
-        /* pp_schedule_make validates (n == 0 for bad parameters) and says why */
-        pr = pp_schedule_make(kind, p, v, m, acts, n, &s, &err);
+        /* generated for the costs given (the zero-bubble kinds); pp_schedule_make_cost validates
+           (n == 0 for bad parameters) and says why */
+        memset(&cost, 0, sizeof cost);
+        cost.f = f;
+        cost.b = b;
+        cost.w = w;
+        cost.comm = comm;
+        pr = pp_schedule_make_cost(kind, p, v, m, &cost, acts, n, &s, &err);
         if (pr != PP_OK) {
             fprintf(stderr, "pp-sched: %s\n", err.msg);
             goto done;
