@@ -199,8 +199,7 @@ static void try_candidate(candidate* c, const layer_cost* lc, int L, int p, int 
         goto done;
     }
     for (l = 0; l < L; l++) wt[l] = lc[l].f + lc[l].b + lc[l].w;
-    if (pp_partition_balanced(wt, L, S, first, &err) != PP_OK ||
-        pp_schedule_make(c->kind, p, c->v, m, acts, n, &s, &err) != PP_OK) {
+    if (pp_partition_balanced(wt, L, S, first, &err) != PP_OK) {
         snprintf(c->why, sizeof c->why, "%s", err.msg);
         goto done;
     }
@@ -217,7 +216,9 @@ static void try_candidate(candidate* c, const layer_cost* lc, int L, int p, int 
     cost.w_stage = ws;
     cost.comm = comm;
     cost.f = cost.b = cost.w = 1; /* unused: the per-stage arrays win */
-    if (pp_simulate(&s, &cost, &res, NULL, &err) != PP_OK) {
+    /* generated for these stage costs (the cost-aware kinds), then simulated with them */
+    if (pp_schedule_make_cost(c->kind, p, c->v, m, &cost, acts, n, &s, &err) != PP_OK ||
+        pp_simulate(&s, &cost, &res, NULL, &err) != PP_OK) {
         snprintf(c->why, sizeof c->why, "%s", err.msg);
         goto done;
     }
@@ -236,12 +237,13 @@ done:
 }
 
 static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm, double mem_cap) {
-    candidate c[8];
-    int n = 0, i, j, order[8], best = -1;
+    candidate c[12];
+    int n = 0, i, j, order[12], best = -1;
     double base = 0;
-    const struct { pp_schedule_kind k; int v; } list[] = {{PP_SCHED_GPIPE, 1}, {PP_SCHED_1F1B, 1},
-                                                          {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_INTERLEAVED, 4},
-                                                          {PP_SCHED_ZB_H1, 1}, {PP_SCHED_ZB_V, 2}};
+    /* every kind (interleaved at two depths) */
+    const struct { pp_schedule_kind k; int v; } list[] = {
+        {PP_SCHED_GPIPE, 1}, {PP_SCHED_1F1B, 1},  {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_INTERLEAVED, 4}, {PP_SCHED_ZB_H1, 1},
+        {PP_SCHED_ZB_H2, 1}, {PP_SCHED_ZB_V, 2},  {PP_SCHED_V_HALF, 2},      {PP_SCHED_V_MIN, 2}};
     for (i = 0; i < (int)(sizeof list / sizeof list[0]); i++) {
         memset(&c[n], 0, sizeof c[n]);
         c[n].kind = list[i].k;
@@ -251,7 +253,7 @@ static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm
         order[n] = n;
         n++;
     }
-    /* fits the cap first, then step time, then memory (insertion sort: 6 entries) */
+    /* fits the cap first, then step time, then memory (insertion sort: 9 entries) */
     for (i = 1; i < n; i++)
         for (j = i; j > 0; j--) {
             const candidate *a = &c[order[j - 1]], *b = &c[order[j]];
@@ -524,9 +526,16 @@ int main(int argc, char** argv) {
                : kind == PP_SCHED_ZB_H1 && !(f == b && b == w)        ? " (theory assumes f = b = w)"
                : (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_H1) && m < p ? " (theory assumes m >= p)"
                                                                       : "");
+    else if (kind == PP_SCHED_CUSTOM)
+        printf("bubble     %.4f simulated\n", res.bubble);
     else
-        printf("bubble     %.4f simulated%s\n", res.bubble,
-               kind == PP_SCHED_ZB_V ? " (zb-v: no closed form; peak 2*min(p,m) chunk stashes = 1f1b's memory)" : "");
+        printf("bubble     %.4f simulated (%s: generated for these costs, no closed form; stash cap %d %s)\n",
+               res.bubble, pp_schedule_name(kind), pp_schedule_stash_cap(kind, p, v, m),
+               kind == PP_SCHED_ZB_V     ? "chunks = 2*min(p,m), 1f1b's memory"
+               : kind == PP_SCHED_ZB_H2  ? "stages = 2*min(p,m), twice 1f1b's"
+               : kind == PP_SCHED_V_HALF ? "chunks = min(p,m)+2, half of 1f1b's + 2 chunks"
+               : kind == PP_SCHED_V_MIN  ? "chunks = ceil(2*min(p,m)/3)+2, a third of 1f1b's + 2 chunks"
+                                         : "");
     printf("peak live ");
     for (r = 0; r < p; r++) printf(" r%d=%d", r, res.peak_live[r]);
     printf("  (activations stashed at once%s)\n", pp_schedule_has_w(&s) ? ", F to W" : "");
