@@ -688,6 +688,13 @@ struct pp_sim_cost {
     const double* f_stage;      /* n_stages entries or NULL */
     const double* b_stage;
     const double* w_stage;
+    /* Memory with a W share: the fraction of a stash its B frees (0 .. 1; 0, the default, keeps
+       it whole until W). W needs only what the weight gradient reads (the layer's input and its
+       output gradient); the rest of a layer's saved bytes can go at B. Per stage where non-NULL.
+       Only pp_simulate's peak_mem and the cost-aware generators read it: the executor still
+       frees a stash whole at W (its peak_live and peak_stash_bytes count that way). */
+    double b_free;
+    const double* b_free_stage;
 };
 
 /* One executed (or simulated) action on a timeline. */
@@ -704,6 +711,8 @@ typedef struct pp_sim_result {
     int peak_live[PP_MAX_RANKS];/* peak stashed activations (F done, B, or W if any, not yet) */
     int deadlock;               /* 1 if the lists cannot all complete */
     char report[1024];          /* deadlock: who waits for whom; else empty */
+    double peak_mem[PP_MAX_RANKS]; /* peak stash memory, in stashes, with the W share (cost b_free):
+                                  peak_live when b_free is 0 */
 } pp_sim_result;
 
 /* Run all ranks' lists against the cost model. Also checks that every (micro-batch, stage)
@@ -2416,6 +2425,7 @@ typedef struct _pp_ls {
     pp_stage_map map;
     double comm;
     const double *df, *db, *dw;   /* per stage durations, S each */
+    const double* bf;             /* per stage share of a stash B frees (pp_sim_cost.b_free) */
     double *f_end, *b_end;        /* (stage, mb) -> end time, S*m each */
     int *nf, *nb, *nw;            /* per stage: actions appended so far */
 } _pp_ls;
@@ -2459,8 +2469,9 @@ static int _pp_ls_run(_pp_ls* g, const _pp_ls_policy* pol, pp_action* out) {
     for (c = 0; c < S; c++) g->nf[c] = g->nb[c] = g->nw[c] = 0;
     for (r = 0; r < p; r++) t[r] = 0, n_app[r] = 0, wait[r] = 0, last[r] = PP_OP_B, last_b[r] = 0;
     while (left > 0) {
-        int op = -1, at = -1, b_at = -1, f_at = -1, w_at = -1, f_held = 0, only_w = 1, live = 0, resv = 0, known, want_b, wm, f_left = 0, jit = -1;
-        double now, next = inf, guess = inf, end;
+        int op = -1, at = -1, b_at = -1, f_at = -1, w_at = -1, f_held = 0, only_w = 1, resv = 0, known, want_b, wm, f_left = 0,
+            jit = -1;
+        double now, next = inf, guess = inf, end, live = 0;
         r = -1;
         for (c = 0; c < p; c++)
             if (n_app[c] < per && (r < 0 || t[c] < t[r])) r = c;
@@ -2472,7 +2483,7 @@ static int _pp_ls_run(_pp_ls* g, const _pp_ls_policy* pol, pp_action* out) {
         }
         for (c = 0; c < v; c++) {
             int st = _pp_ls_stage(g, r, c);
-            live += g->nf[st] - g->nw[st];
+            live += g->nf[st] - g->bf[st] * g->nb[st] - (1 - g->bf[st]) * g->nw[st]; /* the W share */
             if (c + 1 < v) resv += g->nf[st] - g->nf[_pp_ls_stage(g, r, c + 1)];
         }
         /* ready B's and F's: the oldest micro-batch first (B's: the later stage first with
@@ -2495,7 +2506,7 @@ static int _pp_ls_run(_pp_ls* g, const _pp_ls_policy* pol, pp_action* out) {
                 a = _pp_ls_arrival(g, t, r, PP_OP_F, st, now, &known);
                 if (known && a <= now) {
                     int first = _pp_ls_stage(g, r, 0) == st;
-                    if (pol->reserve ? first && live + resv + v > pol->cap : live + (first ? v : 1) > pol->cap)
+                    if (pol->reserve ? first && live + resv + v > pol->cap + 1e-9 : live + (first ? v : 1) > pol->cap + 1e-9)
                         f_held = 1;
                     else if (f_at < 0 || (pol->new_first != (jit == 3) ? g->nf[st] > g->nf[f_at] : g->nf[st] < g->nf[f_at])) f_at = st;
                 } else {
@@ -2623,6 +2634,7 @@ int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m) {
 }
 
 static double _pp_sim_def(double x, double def);
+static double _pp_sim_bfree(const pp_sim_cost* c, int st);
 
 /* Sum over the ranks of the time each finishes (its last action's end). */
 static double _pp_sched_finish_sum(const pp_schedule* s, const pp_event* ev) {
@@ -2645,10 +2657,12 @@ static double _pp_sched_finish_sum(const pp_schedule* s, const pp_event* ev) {
 #define _PP_LS_REACH 1
 #endif
 
-/* How far a simulated schedule is over the stash cap: the sum over ranks of the excess. */
-static int _pp_sched_excess(const pp_sim_result* res, int p, int cap) {
-    int r, x = 0;
-    for (r = 0; r < p; r++) x += res->peak_live[r] > cap ? res->peak_live[r] - cap : 0;
+/* How far a simulated schedule is over the stash cap (peak_mem: with the W share): the sum over
+   ranks of the excess. */
+static double _pp_sched_excess(const pp_sim_result* res, int p, int cap) {
+    int r;
+    double x = 0;
+    for (r = 0; r < p; r++) x += res->peak_mem[r] > cap + 1e-9 ? res->peak_mem[r] - cap : 0;
     return x;
 }
 
@@ -2657,10 +2671,10 @@ static int _pp_sched_excess(const pp_sim_result* res, int p, int cap) {
    sum (slack for later swaps); the lists must still run. A swap of two actions of one stage and op
    would break the ascending order, and a B cannot pass its own F (nor a W its B): those are not
    tried. At most `budget` simulations. Returns the excess left (0: under the cap). */
-static int _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp_sim_result* res, pp_event* ev,
-                            long budget) {
-    int p = s->p, per = s->per_rank, r, i, improved = 1, best_x;
-    double best, best_sum;
+static double _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp_sim_result* res, pp_event* ev,
+                               long budget) {
+    int p = s->p, per = s->per_rank, r, i, improved = 1;
+    double best, best_sum, best_x;
     if (pp_simulate(s, c, res, ev, NULL) != PP_OK) return 1;
     best = res->makespan;
     best_sum = _pp_sched_finish_sum(s, ev);
@@ -2677,9 +2691,9 @@ static int _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp_si
                 t = a[i], a[i] = a[j], a[j] = t;
                 budget--;
                 if (pp_simulate(s, c, res, ev, NULL) == PP_OK) {
-                    int x = _pp_sched_excess(res, p, cap);
+                    double x = _pp_sched_excess(res, p, cap);
                     double sum = _pp_sched_finish_sum(s, ev);
-                    ok = x < best_x || (x == best_x && (res->makespan < best - 1e-9 ||
+                    ok = x < best_x - 1e-9 || (x <= best_x + 1e-9 && (res->makespan < best - 1e-9 ||
                                                         (res->makespan <= best + 1e-9 && sum < best_sum - 1e-9)));
                     if (ok) best = res->makespan, best_sum = sum, best_x = x, improved = 1;
                 }
@@ -2704,8 +2718,8 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     pp_sim_result* res = NULL;
     pp_action* acts = NULL;
     pp_event* ev = NULL;
-    double *dur = NULL, *ends = NULL, best = -1;
-    int *cnt = NULL, S = p * v, per = 3 * m * v, cap = pp_schedule_stash_cap(k, p, v, m), lo, i, best_peak = 0, n_det, n_jit;
+    double *dur = NULL, *ends = NULL, best = -1, best_peak = 0;
+    int *cnt = NULL, S = p * v, per = 3 * m * v, cap = pp_schedule_stash_cap(k, p, v, m), lo, i, n_det, n_jit;
     size_t n = (size_t)p * (size_t)per;
     long units, ls_cost, polish;
     pp_result rc = PP_OK;
@@ -2715,7 +2729,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     g.p = p, g.v = v, g.m = m, g.S = S, g.map = _pp_sched_kind_map(k);
     g.comm = _pp_sim_def(c.comm, 0.0);
     if (!cost) c.f = c.b = c.w = 1.0; /* unit costs */
-    dur = (double*)_pp_calloc(3 * (size_t)S, sizeof *dur);
+    dur = (double*)_pp_calloc(4 * (size_t)S, sizeof *dur);
     ends = (double*)_pp_calloc(2 * (size_t)S * (size_t)m, sizeof *ends);
     cnt = (int*)_pp_calloc(3 * (size_t)S, sizeof *cnt);
     acts = (pp_action*)_pp_calloc(n, sizeof *acts);
@@ -2729,14 +2743,15 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
         dur[i] = c.f_stage ? c.f_stage[i] : _pp_sim_def(c.f, 1.0);
         dur[S + i] = c.b_stage ? c.b_stage[i] : _pp_sim_def(c.b, 2.0);
         dur[2 * S + i] = c.w_stage ? c.w_stage[i] : _pp_sim_def(c.w, 0.0);
+        dur[3 * S + i] = _pp_sim_bfree(&c, i);
         if (!(dur[i] >= 0 && dur[S + i] >= 0 && dur[2 * S + i] >= 0 && dur[i] + dur[S + i] + dur[2 * S + i] < 1e300) ||
-            g.comm < 0) {
+            g.comm < 0 || dur[3 * S + i] < 0) {
             rc = _pp_fail(err, PP_ERR_INVALID, "%s: costs must be finite and >= 0 (stage %d: f=%g b=%g w=%g, comm=%g)",
                           pp_schedule_name(k), i, dur[i], dur[S + i], dur[2 * S + i], c.comm);
             goto cleanup;
         }
     }
-    g.df = dur, g.db = dur + S, g.dw = dur + 2 * S;
+    g.df = dur, g.db = dur + S, g.dw = dur + 2 * S, g.bf = dur + 3 * S;
     g.f_end = ends, g.b_end = ends + (size_t)S * (size_t)m;
     g.nf = cnt, g.nb = cnt + S, g.nw = cnt + 2 * S;
     memset(&cand, 0, sizeof cand);
@@ -2787,11 +2802,12 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             (_pp_sched_polish(&cand, &c, cap, res, ev, polish) > 0 || pp_simulate(&cand, &c, res, NULL, NULL) != PP_OK))
             continue;
         if (sr == PP_OK) {
-            int r, peak = 0;
+            int r;
+            double peak = 0;
             for (r = 0; r < p; r++)
-                if (res->peak_live[r] > peak) peak = res->peak_live[r];
-            if (peak <= cap &&
-                (best < 0 || res->makespan < best - 1e-9 || (res->makespan <= best + 1e-9 && peak < best_peak))) {
+                if (res->peak_mem[r] > peak) peak = res->peak_mem[r];
+            if (peak <= cap + 1e-9 &&
+                (best < 0 || res->makespan < best - 1e-9 || (res->makespan <= best + 1e-9 && peak < best_peak - 1e-9))) {
                 best = res->makespan;
                 best_peak = peak;
                 if (i >= 0 && i < n_det) best_pol = pol;
@@ -3151,6 +3167,12 @@ static double _pp_sim_def(double x, double def) {
     return x == 0 ? def : x;
 }
 
+/* The share of stage st's stash that its B frees (cost b_free), or -1 if out of 0 .. 1. */
+static double _pp_sim_bfree(const pp_sim_cost* c, int st) {
+    double x = c->b_free_stage ? c->b_free_stage[st] : c->b_free;
+    return x >= 0 && x <= 1 ? x : -1;
+}
+
 /* Appends to a fixed report buffer; once full, later text is dropped and "..." marks the cut. */
 static void _pp_sim_append(char* buf, size_t cap, const char* fmt, ...) _PP_PRINTF(3, 4);
 static void _pp_sim_append(char* buf, size_t cap, const char* fmt, ...) {
@@ -3190,6 +3212,7 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     int pos[PP_MAX_RANKS];  /* next action of each rank */
     double t_free[PP_MAX_RANKS];
     int live[PP_MAX_RANKS];
+    double mem[PP_MAX_RANKS];
     double f_def, b_def, w_def, comm;
 
     if (!res) res = &local;
@@ -3225,6 +3248,9 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
             (c.b_stage && (!_pp_sim_finite(c.b_stage[i]) || c.b_stage[i] < 0)) ||
             (c.w_stage && (!_pp_sim_finite(c.w_stage[i]) || c.w_stage[i] < 0)))
             return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: stage %d cost must be finite and >= 0", i);
+        if (_pp_sim_bfree(&c, i) < 0)
+            return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: b_free%s = %g, want 0 .. 1 (the share of a stash B frees)",
+                            c.b_free_stage ? " of a stage" : "", c.b_free_stage ? c.b_free_stage[i] : c.b_free);
     }
 
     /* (mb, stage) pairs are indexed with an int, like pp_schedule_make's limit on actions */
@@ -3324,6 +3350,7 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
         pos[r] = 0;
         t_free[r] = 0;
         live[r] = 0;
+        mem[r] = 0;
     }
     for (;;) {
         int progress = 0, all_done = 1;
@@ -3357,6 +3384,11 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                 if (a->op == PP_OP_F) live[r]++;
                 else if (a->op == (has_w ? PP_OP_W : PP_OP_B)) live[r]--;
                 if (live[r] > res->peak_live[r]) res->peak_live[r] = live[r];
+                /* the W share: B frees b_free of the stash, W the rest (no W actions: B all) */
+                if (a->op == PP_OP_F) mem[r] += 1;
+                else if (a->op == PP_OP_B) mem[r] -= has_w ? _pp_sim_bfree(&c, a->stage) : 1;
+                else mem[r] -= 1 - _pp_sim_bfree(&c, a->stage);
+                if (mem[r] > res->peak_mem[r]) res->peak_mem[r] = mem[r];
                 if (t_free[r] > res->makespan) res->makespan = t_free[r];
                 if (events) {
                     events[gi].rank = r;

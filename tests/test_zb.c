@@ -397,6 +397,51 @@ static void test_bad_tables(void) {
     }
 }
 
+/* ---- memory with a W share ------------------------------------------------------------------- */
+
+/* B frees b_free of a stash, W the rest: peak_mem counts it, peak_live (the executor's count)
+   does not. */
+static void test_w_share(void) {
+    /* one rank, two micro-batches: W0 after F1 (live 2 at once) or before it */
+    const char* late = "schedule p=1 v=1 m=2\nr0: F0 B0 F1 W0 B1 W1\n";
+    const char* both = "schedule p=1 v=1 m=2\nr0: F0 F1 B0 W0 B1 W1\n";
+    pp_action* acts;
+    pp_schedule s;
+    pp_sim_result res;
+    pp_sim_cost c = unit3();
+    pp_error err;
+    int k;
+    CHECK(parse_str(late, &acts, &s, &err) == PP_OK, "%s", err.msg);
+    c.b_free = 0.25;
+    CHECK(pp_simulate(&s, &c, &res, NULL, &err) == PP_OK, "%s", err.msg);
+    CHECK(res.peak_live[0] == 2 && fabs(res.peak_mem[0] - 1.75) < 1e-12, "late W: peak_live %d peak_mem %g, want 2 and 1.75",
+          res.peak_live[0], res.peak_mem[0]);
+    c.b_free = 0; /* negative control: no share, no saving */
+    CHECK(pp_simulate(&s, &c, &res, NULL, &err) == PP_OK && res.peak_mem[0] == 2, "b_free 0: peak_mem %g", res.peak_mem[0]);
+    c.b_free = 1.5;
+    CHECK(pp_simulate(&s, &c, &res, NULL, &err) == PP_ERR_INVALID && strstr(err.msg, "b_free"), "b_free 1.5: %s", err.msg);
+    free(acts);
+    CHECK(parse_str(both, &acts, &s, &err) == PP_OK, "%s", err.msg);
+    c.b_free = 0.25;
+    CHECK(pp_simulate(&s, &c, &res, NULL, &err) == PP_OK && fabs(res.peak_mem[0] - 2) < 1e-12, "both stashed: peak_mem %g",
+          res.peak_mem[0]);
+    free(acts);
+    /* the generators count the share against the cap */
+    for (k = 1; k < N_ZB_KINDS; k++) {
+        int p = 4, m = 13, v = kind_v(ZB_KINDS[k]), r, cap = pp_schedule_stash_cap(ZB_KINDS[k], p, v, m);
+        pp_action a[3 * 2 * 4 * 13];
+        c = unit3();
+        c.b = 2;
+        c.b_free = 0.5;
+        CHECK(pp_schedule_make_cost(ZB_KINDS[k], p, v, m, &c, a, sizeof a / sizeof a[0], &s, &err) == PP_OK &&
+                  pp_simulate(&s, &c, &res, NULL, &err) == PP_OK,
+              "%s b_free 0.5: %s", pp_schedule_name(ZB_KINDS[k]), err.msg);
+        for (r = 0; r < p; r++)
+            CHECK(res.peak_mem[r] <= cap + 1e-9, "%s b_free 0.5 rank %d: peak_mem %g over the cap %d",
+                  pp_schedule_name(ZB_KINDS[k]), r, res.peak_mem[r], cap);
+    }
+}
+
 /* ---- gradients on the threads transport ------------------------------------------------------- */
 
 typedef struct world {
@@ -793,6 +838,7 @@ int main(void) {
     test_cost_aware();
     test_round_trip();
     test_bad_tables();
+    test_w_share();
     test_gradients();
     test_partition_capped();
     test_profile();

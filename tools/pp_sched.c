@@ -1,7 +1,7 @@
 /* tools/pp_sched.c - pp-sched: print a pipeline schedule, simulate it, draw it; read a
    hand-written schedule table; rank the schedules for a model.
 
-       pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--width W]
+       pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--b-free X] [--width W]
                 [--trace FILE.json] [--table]
        pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]
        pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]
@@ -36,7 +36,7 @@
 
 static void usage(FILE* f) {
     fprintf(f,
-            "usage: pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--width W]\n"
+            "usage: pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--b-free X] [--width W]\n"
             "                [--trace FILE.json] [--table]\n"
             "       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]\n"
             "       pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]\n"
@@ -49,6 +49,8 @@ static void usage(FILE* f) {
             "  --b B       input-gradient time of one chunk (default 1)\n"
             "  --w W       weight-gradient time of one chunk (default 1; without W actions B costs b+w)\n"
             "  --comm C    time of one transfer between ranks (default 0)\n"
+            "  --b-free X  share of a stash its B frees, W needs the rest (0 .. 1, default 0: W needs it all);\n"
+            "              the simulator's peak mem and the zero-bubble generators count with it\n"
             "  --width W   timeline columns (default: wide enough to label the shortest action,\n"
             "              at most 240)\n"
             "  --trace F   also write a Chrome trace (1 cost unit = 1 ms)\n"
@@ -302,7 +304,7 @@ int main(int argc, char** argv) {
     pp_schedule_kind kind = PP_SCHED_1F1B;
     int p = 0, m = 0, v = 0, width = 0, i, r, rc = 1, have_p = 0, have_m = 0, table_only = 0, n_layers = 0;
     int mode_load = 0, mode_rank = 0, argi = 2;
-    double f = 1, b = 1, w = 1, comm = 0, theory = -1, min_cost, mem_cap = 0;
+    double f = 1, b = 1, w = 1, comm = 0, theory = -1, min_cost, mem_cap = 0, b_free = 0;
     const char *trace = NULL, *load = NULL, *costs = NULL;
     char* text = NULL;
     pp_action* acts = NULL;
@@ -366,6 +368,7 @@ int main(int argc, char** argv) {
         else if (!strcmp(opt, "--w")) ok = parse_cost(val, &w);
         else if (!strcmp(opt, "--comm")) ok = parse_cost(val, &comm);
         else if (!strcmp(opt, "--mem-cap")) ok = parse_cost(val, &mem_cap);
+        else if (!strcmp(opt, "--b-free")) ok = parse_cost(val, &b_free) && b_free <= 1;
         else if (!strcmp(opt, "--layers")) ok = parse_int(val, &n_layers) && n_layers > 0 && n_layers <= 100000;
         else if (!strcmp(opt, "--costs")) ok = (costs = val) != NULL && *val;
         else if (!strcmp(opt, "--trace")) ok = (trace = val) != NULL && *val;
@@ -380,6 +383,7 @@ int main(int argc, char** argv) {
             else if (!strcmp(opt, "--costs")) want = "a list or @file";
             else if (!strcmp(opt, "--width") || !strcmp(opt, "--layers")) want = "a positive integer";
             else if (!strcmp(opt, "--comm") || !strcmp(opt, "--w") || !strcmp(opt, "--mem-cap")) want = "a number >= 0";
+            else if (!strcmp(opt, "--b-free")) want = "a number from 0 to 1";
             else if (opt[1] == '-') want = "a number > 0";
             fprintf(stderr, "pp-sched: option %s needs %s, got '%s'\n", opt, want, val ? val : "(nothing)");
             return 2;
@@ -464,6 +468,7 @@ int main(int argc, char** argv) {
         cost.b = b;
         cost.w = w;
         cost.comm = comm;
+        cost.b_free = b_free;
         pr = pp_schedule_make_cost(kind, p, v, m, &cost, acts, n, &s, &err);
         if (pr != PP_OK) {
             fprintf(stderr, "pp-sched: %s\n", err.msg);
@@ -486,6 +491,7 @@ int main(int argc, char** argv) {
     cost.b = b;
     cost.w = w;
     cost.comm = comm;
+    cost.b_free = b_free;
     pr = pp_simulate(&s, &cost, &res, ev, &err);
 
     printf("schedule   %s  p=%d v=%d m=%d  (%d stages, %d actions per rank%s)\n", pp_schedule_name(kind), p, v, m,
@@ -539,6 +545,11 @@ int main(int argc, char** argv) {
     printf("peak live ");
     for (r = 0; r < p; r++) printf(" r%d=%d", r, res.peak_live[r]);
     printf("  (activations stashed at once%s)\n", pp_schedule_has_w(&s) ? ", F to W" : "");
+    if (b_free > 0) {
+        printf("peak mem  ");
+        for (r = 0; r < p; r++) printf(" r%d=%.3g", r, res.peak_mem[r]);
+        printf("  (stashes, B frees %g of each, W the rest)\n", b_free);
+    }
 
     if (trace) {
         FILE* tf = fopen(trace, "w");
