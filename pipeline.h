@@ -629,14 +629,16 @@ size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
    interleaved v >= 2; ZB-V, V-Half and V-Min v == 2 (any m >= 1 for all). The zero-bubble kinds
    (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min) have W actions (3*m*v per rank). Every stage runs its F, B
    and W actions in ascending micro-batch order. Fills *s, whose actions point into out.
-   pp_schedule_make generates for unit costs (F = B = W = 1 per chunk, comm 0). */
+   pp_schedule_make generates for unit costs (F = B = W = 1 per chunk, comm 0); its ZB-V is the
+   greedy unit-cost list of earlier versions (pp_schedule_make_cost makes the cost-aware one). */
 pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* out, size_t cap,
                            pp_schedule* s, pp_error* err);
 /* The same for a cost model (pp_sim_cost: per-chunk f, b, w and comm, or per-stage arrays, as
    pp_simulate reads them; NULL is unit costs). ZB-H2, ZB-V, V-Half and V-Min are generated for
    these costs: several list-scheduling variants are played out in time and pp_simulate picks the
    shortest under the kind's stash cap (pp_schedule_stash_cap); the other kinds are fixed
-   patterns and ignore the costs. Takes scratch from PP_MALLOC and frees it before returning. */
+   patterns and ignore the costs. With cost NULL, ZB-V is the earlier unit-cost greedy list
+   (what pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
 pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                 size_t cap, pp_schedule* s, pp_error* err);
 /* The most activations (F done, B or W not yet; in chunks) a rank of kind k stashes at once:
@@ -2396,24 +2398,31 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
     }
 }
 
-/* Cost-aware list scheduling (ZB-V, V-Half, V-Min, ZB-H2). One run plays the whole step forward
+/* Cost-aware list scheduling (ZB-H2, ZB-V, V-Half, V-Min). One run plays the whole step forward
    in time with the given costs: whenever a rank falls idle, it picks one of the actions that are
    ready on it at that moment (their input or output gradient has arrived, + comm from another
    rank) by a policy, and the order in which the ranks picked is their list. A list is thus the
    order of a run that happened, every dependency finished before its consumer started, so it
    cannot deadlock under any costs. Each stage runs F, B and W in ascending micro-batch order (one
    counter per stage and op): pipelined gradients stay bit-identical to the sequential reference.
-   Memory. A rank holds a stash from the F of a (micro-batch, chunk) to its W. A new micro-batch
-   enters a rank only while its stashes, plus one slot reserved for every micro-batch that entered
-   and still has later chunks to come on this rank, leave room for it and its reservations under
-   the cap: later chunks never wait for memory, so the oldest micro-batch in flight can always
-   move, and with cap >= v the run never sticks (its W's free the memory the next one needs).
+   Memory. A rank holds a stash from the F of a (micro-batch, chunk) to its W (with a W share,
+   pp_sim_cost.b_free of it only to its B). A new micro-batch enters a rank (its chunk-0 F) only
+   while its stashes leave room for all v of its chunks under the cap, and a later chunk's F only
+   while one slot is free; with `reserve`, instead, every micro-batch that entered keeps slots for
+   its later chunks, which then never wait. Either way a rank's stashes belong to micro-batches no
+   older than the oldest one in flight once the older ones drained (their B's and W's need no
+   memory), so the oldest can always move and, with cap >= v, a run never sticks.
    Policy (the knobs the variants turn):
    - cap: the stash cap used for admitting (<= the kind's cap; a smaller one is a shorter warm-up);
-   - w_mode: 0 runs a W whenever no F or B is ready; 1 only when it ends before the next F or B
-     could arrive; 2 only when memory holds back an F, or nothing but W's is left;
-   - f_first: a ready F goes before a ready B (else B first, 1F1B's steady state);
-   - late_first: among ready F's (and B's of one micro-batch), the later stage first.
+   - w_mode: when a W runs if no F or B is ready: 0 always; 1 only if it ends before the next F or
+     B could arrive; 2 only when memory holds back an F or nothing but W's is left; 3 like 0, and
+     right after every B; 4 and 5 like 0 and 1 until the rank's last F, then like 2. A W whose
+     cost is 0 runs at once, and one runs when memory holds back the F the policy wants next;
+   - fb: B before F when both are ready (0, 1F1B's steady state), F first (1), or alternate (2);
+   - late_first: among ready B's the later stage first (else the older micro-batch);
+   - new_first: among ready F's the newer micro-batch first (else the older);
+   - seed: a jitter that turns one decision in 32 of each kind (F/B order, W or wait, B order,
+     F order) the other way, deterministic for a seed.
    pp_simulate judges the candidates; the best makespan wins (then the lower peak). */
 typedef struct _pp_ls_policy {
     int cap, w_mode, fb, late_first, reserve, new_first;
@@ -2776,6 +2785,10 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
         if (i < 0) {
             if (k == PP_SCHED_ZB_V && i == -1) {
                 if ((rc = _pp_sched_build_zbv(p, m, acts, err)) != PP_OK) goto cleanup;
+                if (!cost) { /* pp_schedule_make: the unit-cost lists of before, unchanged */
+                    memcpy(out, acts, n * sizeof *acts);
+                    goto cleanup;
+                }
             } else if (k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN) {
                 _pp_sched_build_vblock(k, p, m, i == -1, acts);
             } else {

@@ -490,7 +490,7 @@ static void check_case(pp_schedule_kind kind, int p, int v, int m, const int* de
     size_t n = pp_schedule_size(kind, p, v, m), np = n_params();
     /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
        the zero-bubble kinds the simulator's peak is an upper bound */
-    int zb = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
+    int zb = pp_schedule_size(kind, p, v, m) == (size_t)p * 3 * v * m; /* has W actions */
     char where[200];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s", pp_schedule_name(kind), p, v, m, tag);
     acts = (pp_action*)malloc(n * sizeof *acts);
@@ -666,7 +666,7 @@ int main(int argc, char** argv) {
         }
         for (int kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
             for (int p = 2; p <= 4; p *= 2) {
-                int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
+                int v = pp_schedule_size((pp_schedule_kind)kind, p, 1, m) ? 1 : 2; /* the kind's own v */
                 if (quick && p == 4) continue;
                 check_case((pp_schedule_kind)kind, p, v, m, NULL, dd, &dd[0].b, &ref, steps, "one GPU");
                 if (nd >= 2) {

@@ -216,7 +216,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, int use_hooks, 
     int r, l, S = p * v, first[32], ok = 1;
     /* the simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on
        the zero-bubble kinds the simulator's peak is an upper bound */
-    int zb = kind == PP_SCHED_ZB_H1 || kind == PP_SCHED_ZB_V;
+    int zb = pp_schedule_size(kind, p, v, m) == (size_t)p * 3 * v * m; /* has W actions */
     char where[160];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s", pp_schedule_name(kind), p, v, m,
              use_hooks ? "host hooks" : "no hooks");
@@ -315,7 +315,7 @@ static void test_equal_and_pooled(void) {
         for (i = 0; i < steps; i++) CHECK(pp_sequential_step(&model, &w, &gref, &b, &loss, &err) == PP_OK, "%s", err.msg);
         for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
             for (p = 1; p <= 4; p *= 2) {
-                int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
+                int v = pp_schedule_size((pp_schedule_kind)kind, p, 1, b.m) ? 1 : 2; /* the kind's own v */
                 run_case((pp_schedule_kind)kind, p, v, b.m, 1, &w, &gref, &b, steps);
                 if (p == 2) run_case((pp_schedule_kind)kind, p, v, b.m, 0, &w, &gref, &b, steps);
             }

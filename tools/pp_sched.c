@@ -427,6 +427,13 @@ int main(int argc, char** argv) {
         return rc;
     }
 
+    /* the cost model: what the cost-aware kinds are generated for, and what the simulator runs */
+    memset(&cost, 0, sizeof cost);
+    cost.f = f;
+    cost.b = b;
+    cost.w = w;
+    cost.comm = comm;
+    cost.b_free = b_free;
     if (mode_load) {
         size_t len = 0;
         text = read_file(load, &len);
@@ -463,12 +470,6 @@ int main(int argc, char** argv) {
         }
         /* generated for the costs given (the zero-bubble kinds); pp_schedule_make_cost validates
            (n == 0 for bad parameters) and says why */
-        memset(&cost, 0, sizeof cost);
-        cost.f = f;
-        cost.b = b;
-        cost.w = w;
-        cost.comm = comm;
-        cost.b_free = b_free;
         pr = pp_schedule_make_cost(kind, p, v, m, &cost, acts, n, &s, &err);
         if (pr != PP_OK) {
             fprintf(stderr, "pp-sched: %s\n", err.msg);
@@ -486,12 +487,6 @@ int main(int argc, char** argv) {
         goto done;
     }
 
-    memset(&cost, 0, sizeof cost);
-    cost.f = f;
-    cost.b = b;
-    cost.w = w;
-    cost.comm = comm;
-    cost.b_free = b_free;
     pr = pp_simulate(&s, &cost, &res, ev, &err);
 
     printf("schedule   %s  p=%d v=%d m=%d  (%d stages, %d actions per rank%s)\n", pp_schedule_name(kind), p, v, m,
