@@ -2342,25 +2342,48 @@ static pp_result _pp_sched_build_zbv(int p, int m, pp_action* out, pp_error* err
     return PP_OK;
 }
 
+/* Rank r's stash count at its busiest slot, the W's taking the free slots oldest B first as
+   below (F: +1, W: -1): what the compaction may not raise. diff: scratch of L ints (+1 for an F
+   in the slot, -1 for a B, 0 free; a slot holds at most one pass here). */
+static int _pp_vblock_peak(const int* slot, int m, int L, int* diff) {
+    int t, j, s, live = 0, pending = 0, peak = 0;
+    for (s = 0; s < L; s++) diff[s] = 0;
+    for (t = 0; t < 4; t++)
+        for (j = 0; j < m; j++) diff[slot[t * m + j]] = t < 2 ? 1 : -1;
+    for (s = 0; s < L; s++) {
+        if (diff[s] > 0) live++;
+        else if (diff[s] < 0) pending++;
+        else if (pending > 0) pending--, live--;
+        if (live > peak) peak = live;
+    }
+    return peak;
+}
+
 /* V-Half and V-Min as repeating building blocks (Qi et al., "Pipeline Parallelism with
    Controllable Memory", 2024). Time is cut into unit slots; micro-batch j's four passes on rank r
-   (F of chunk 0, F of chunk 1, B of chunk 1, B of chunk 0) sit at slot base + 6j, so every
-   rank repeats the same 6-slot block: four F/B slots and two free ones, which the W's take, oldest
-   B first. The bases follow the V with each hop one slot after the pass it waits for, except that
-   the slow arms take two slots per hop; which arms are slow sets the memory:
+   (F of chunk 0, F of chunk 1, B of chunk 1, B of chunk 0: t = 0 .. 3) sit at slot base + 6j, so
+   every rank repeats the same 6-slot block: four F/B slots and two free ones, which the W's take,
+   oldest B first. The bases follow the V with each hop one slot after the pass it waits for,
+   except that the slow arms take two slots per hop; which arms are slow sets the memory:
      V-Min:  F0 at r, F1 at 2p-1-r, B1 at 2p+r, B0 at 4p-1-r (every hop one slot): chunk 0 of
              rank 0 lives about 4p slots, 4p/6 micro-batches in flight: a third of 1F1B's 2p chunks;
      V-Half: F0 at 2r, F1 at 3p-2-r, B1 at 3p-1+2r, B0 at 6p-2-r (F0 and B1 two slots a hop):
              about 6p slots, p chunks: half of 1F1B's.
    Where two bases of one rank coincide modulo 6 (V-Min with p % 3 == 0, V-Half with p even), the B
-   bases move later by 2 (V-Min) or 3 (V-Half) slots, which parts them. The order of the slots is the
-   list; the real times come from the costs (pp_simulate squeezes out the empty slots). */
-static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager, pp_action* out) {
-    int per = 6 * m, r;
+   bases move later by 2 (V-Min) or 3 (V-Half) slots, which parts them.
+   With `w_chunk1` a free slot takes the oldest chunk-1 W first (else the oldest W of either).
+   With `compact`, every pass then moves to the first free slot after what it waits for (the pass
+   before it on the V, and its own stage's previous micro-batch), if that does not raise its rank's
+   peak count: the warm-up and the cool-down fill their empty slots. With `w_eager` each W follows
+   its B at once. The order of the slots is the list; the real times come from the costs
+   (pp_simulate squeezes out the empty slots). Scratch: slot (4*p*m ints), occ (p*L bytes), diff
+   (L ints), L = 6m + 6p + 8. */
+static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager, int w_chunk1, int compact, int* slot_all,
+                                   unsigned char* occ_all, int* diff, pp_action* out) {
+    int per = 6 * m, L = 6 * m + 6 * p + 8, r, t, j, s;
     for (r = 0; r < p; r++) {
-        pp_action* list = out + (size_t)r * (size_t)per;
-        long base[4], slot, last;
-        int n = 0, next[4] = {0, 0, 0, 0}, wi = 0, nw = 0, t;
+        int base[4], *slot = slot_all + (size_t)r * 4 * (size_t)m;
+        unsigned char* occ = occ_all + (size_t)r * (size_t)L;
         if (k == PP_SCHED_V_MIN) {
             int gap = p % 3 == 0 ? 2 : 0;
             base[0] = r, base[1] = 2 * p - 1 - r, base[2] = 2 * p + gap + r, base[3] = 4 * p + gap - 1 - r;
@@ -2368,28 +2391,75 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
             int gap = p % 2 == 0 ? 3 : 0;
             base[0] = 2 * r, base[1] = 3 * p - 2 - r, base[2] = 3 * p - 1 + gap + 2 * r, base[3] = 6 * p + gap - 2 - r;
         }
-        last = base[3] + 6L * (m - 1);
-        for (slot = 0; slot <= last; slot++) {
+        memset(occ, 0, (size_t)L);
+        for (t = 0; t < 4; t++)
+            for (j = 0; j < m; j++) slot[t * m + j] = base[t] + 6 * j, occ[base[t] + 6 * j] = 1;
+    }
+    if (compact) {
+        int peak = 0;
+        for (r = 0; r < p; r++) {
+            int x = _pp_vblock_peak(slot_all + (size_t)r * 4 * (size_t)m, m, L, diff);
+            if (x > peak) peak = x;
+        }
+        /* in slot order, so that what a pass waits for has moved already; the steady state (from
+           rank 0's first chunk-0 B to its last F) keeps its block */
+        int warm_end = slot_all[3 * m], cool = slot_all[m - 1];
+        for (s = 0; s < L; s++)
+            for (r = 0; r < p; r++)
+                for (t = 0; t < 4; t++)
+                    for (j = 0; j < m; j++) {
+                        int* slot = slot_all + (size_t)r * 4 * (size_t)m, dep = -1, f;
+                        unsigned char* occ = occ_all + (size_t)r * (size_t)L;
+                        if (slot[t * m + j] != s || (s >= warm_end && s <= cool)) continue;
+                        /* the pass before it on the V (+ 1 slot), and its stage's previous one */
+                        if (t == 0 && r > 0) dep = slot_all[(size_t)(r - 1) * 4 * m + 0 * m + j];
+                        if (t == 1) dep = r < p - 1 ? slot_all[(size_t)(r + 1) * 4 * m + 1 * m + j] : slot[0 * m + j];
+                        if (t == 2) dep = r > 0 ? slot_all[(size_t)(r - 1) * 4 * m + 2 * m + j] : slot[1 * m + j];
+                        if (t == 3) dep = r < p - 1 ? slot_all[(size_t)(r + 1) * 4 * m + 3 * m + j] : slot[2 * m + j];
+                        if (j > 0 && slot[t * m + j - 1] > dep) dep = slot[t * m + j - 1];
+                        for (f = dep + 1; f < s && occ[f]; f++) {}
+                        if (f >= s) continue;
+                        slot[t * m + j] = f;
+                        if (_pp_vblock_peak(slot, m, L, diff) > peak) {
+                            slot[t * m + j] = s;
+                            continue;
+                        }
+                        occ[s] = 0, occ[f] = 1;
+                    }
+    }
+    for (r = 0; r < p; r++) {
+        pp_action* list = out + (size_t)r * (size_t)per;
+        const int* slot = slot_all + (size_t)r * 4 * (size_t)m;
+        int n = 0, next[4] = {0, 0, 0, 0}, wi = 0, nw = 0, wc[2] = {0, 0};
+        for (s = 0; s < L; s++) {
             int used = 0;
             for (t = 0; t < 4; t++) /* the passes due in this slot (more than one only at a collision) */
-                if (next[t] < m && base[t] + 6L * next[t] == slot) {
+                if (next[t] < m && slot[t * m + next[t]] == s) {
                     _pp_sched_set_map(&list[n++], t < 2 ? PP_OP_F : PP_OP_B, PP_MAP_V, p, 2 * p, r, next[t],
                                       t == 0 || t == 3 ? 0 : 1);
                     if (t >= 2 && w_eager) { /* the W right behind its B: the stash goes at once */
                         _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, next[t], t == 3 ? 0 : 1);
-                        nw++;
+                        nw++, wc[t == 3 ? 0 : 1]++;
                     }
                     next[t]++;
                     used = 1;
                 }
             if (used || w_eager || nw == 2 * m) continue;
+            if (w_chunk1) { /* a free slot: the oldest chunk-1 W, else the oldest chunk-0 W */
+                int c = wc[1] < next[2] ? 1 : wc[0] < next[3] ? 0 : -1;
+                if (c >= 0) _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, wc[c]++, c), nw++;
+                continue;
+            }
             while (wi < n && list[wi].op != PP_OP_B) wi++;
             if (wi < n) { /* a free slot: the W of the oldest B not yet W'd */
                 _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, list[wi].mb, list[wi].chunk);
                 wi++, nw++;
             }
         }
-        for (; nw < 2 * m; wi++) /* the W's left after the last B */
+        if (w_chunk1) /* the W's left after the last B */
+            for (t = 1; t >= 0; t--)
+                while (wc[t] < m) _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, wc[t]++, t), nw++;
+        for (; nw < 2 * m; wi++)
             if (list[wi].op == PP_OP_B) {
                 _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, list[wi].mb, list[wi].chunk);
                 nw++;
@@ -2727,6 +2797,8 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     pp_sim_result* res = NULL;
     pp_action* acts = NULL;
     pp_event* ev = NULL;
+    int *vb_slot = NULL, *vb_diff = NULL;
+    unsigned char* vb_occ = NULL;
     double *dur = NULL, *ends = NULL, best = -1, best_peak = 0;
     int *cnt = NULL, S = p * v, per = 3 * m * v, cap = pp_schedule_stash_cap(k, p, v, m), lo, i, n_det, n_jit;
     size_t n = (size_t)p * (size_t)per;
@@ -2744,6 +2816,16 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     acts = (pp_action*)_pp_calloc(n, sizeof *acts);
     res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
     ev = (pp_event*)_pp_calloc(n, sizeof *ev);
+    if (k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN) { /* the blocks' scratch; without it they sit out */
+        size_t L = 6 * (size_t)m + 6 * (size_t)p + 8;
+        vb_slot = (int*)_pp_calloc(4 * (size_t)p * (size_t)m, sizeof *vb_slot);
+        vb_occ = (unsigned char*)_pp_calloc((size_t)p * L, 1);
+        vb_diff = (int*)_pp_calloc(L, sizeof *vb_diff);
+        if (vb_slot && (!vb_occ || !vb_diff)) {
+            PP_FREE(vb_slot);
+            vb_slot = NULL;
+        }
+    }
     if (!dur || !ends || !cnt || !acts || !res || !ev) {
         rc = _pp_fail(err, PP_ERR_NOMEM, "%s p=%d m=%d: no memory for the schedule builder", pp_schedule_name(k), p, m);
         goto cleanup;
@@ -2780,7 +2862,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     if ((long)n_det * ls_cost > units) n_det = units / ls_cost > 1 ? (int)(units / ls_cost) : 1;
     n_jit = units / 4 / ls_cost < _PP_LS_JITTER ? (int)(units / 4 / ls_cost) : _PP_LS_JITTER;
     polish = units / 4 < _PP_LS_POLISH ? units / 4 : _PP_LS_POLISH;
-    for (i = -2; i < n_det + n_jit; i++) {
+    for (i = -8; i < n_det + n_jit; i++) {
         pp_result sr;
         if (i < 0) {
             if (k == PP_SCHED_ZB_V && i == -1) {
@@ -2789,8 +2871,9 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
                     memcpy(out, acts, n * sizeof *acts);
                     goto cleanup;
                 }
-            } else if (k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN) {
-                _pp_sched_build_vblock(k, p, m, i == -1, acts);
+            } else if ((k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN) && vb_slot) {
+                int x = -1 - i; /* 0 .. 7: W right behind its B, chunk-1 W's first, compacted */
+                _pp_sched_build_vblock(k, p, m, x & 1, x >> 1 & 1, x >> 2 & 1, vb_slot, vb_occ, vb_diff, acts);
             } else {
                 continue;
             }
@@ -2835,12 +2918,15 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
         _pp_sched_polish(&cand, &c, cap, res, ev, polish);
     }
 cleanup:
-    PP_FREE(dur);
-    PP_FREE(ends);
-    PP_FREE(cnt);
-    PP_FREE(acts);
-    PP_FREE(res);
-    PP_FREE(ev);
+    if (dur) PP_FREE(dur);
+    if (ends) PP_FREE(ends);
+    if (cnt) PP_FREE(cnt);
+    if (acts) PP_FREE(acts);
+    if (res) PP_FREE(res);
+    if (ev) PP_FREE(ev);
+    if (vb_slot) PP_FREE(vb_slot);
+    if (vb_occ) PP_FREE(vb_occ);
+    if (vb_diff) PP_FREE(vb_diff);
     return rc;
 }
 

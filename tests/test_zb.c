@@ -17,13 +17,14 @@
 
 #include <math.h>
 
-/* How much slower than the authors' V-Half and V-Min the built-in ones may be on the grid (they
-   keep a tighter stash cap at p = 4 for V-Min; see docs/schedules.md). */
+/* How much slower than the authors' V-Half and V-Min the built-in ones may be on the grid
+   (docs/schedules.md; V-Min's cap at p = 4 is 5 chunks, the authors' list peaks at 4).
+   -DV_MIN_WORST=0.99 is the negative control: the test must then fail. */
 #ifndef V_HALF_WORST
-#define V_HALF_WORST 1.08
+#define V_HALF_WORST 1.05
 #endif
 #ifndef V_MIN_WORST
-#define V_MIN_WORST 1.02
+#define V_MIN_WORST 1.0
 #endif
 
 #define ROWS 29
@@ -272,11 +273,11 @@ static void test_cost_aware(void) {
     grid_kind(PP_SCHED_V_HALF, VHALF_REF, &win, &tie, &slow, &worst, &fails);
     printf("v-half grid: %d wins, %d ties of %d against the authors' generator, worst ratio %.4f, %d slower than 1f1b\n",
            win, tie, GRID_PM * GRID_COSTS, worst, slow);
-    CHECK(fails == 0 && worst <= V_HALF_WORST, "v-half: %d failed, worst ratio %.4f", fails, worst);
+    CHECK(fails == 0 && worst <= V_HALF_WORST + 1e-9, "v-half: %d failed, worst ratio %.4f", fails, worst);
     grid_kind(PP_SCHED_V_MIN, VMIN_REF, &win, &tie, &slow, &worst, &fails);
     printf("v-min grid: %d wins, %d ties of %d against the authors' generator, worst ratio %.4f, %d slower than 1f1b\n",
            win, tie, GRID_PM * GRID_COSTS, worst, slow);
-    CHECK(fails == 0 && worst <= V_MIN_WORST, "v-min: %d failed, worst ratio %.4f", fails, worst);
+    CHECK(fails == 0 && worst <= V_MIN_WORST + 1e-9, "v-min: %d failed, worst ratio %.4f", fails, worst);
     /* Negative control: the unit-cost ZB-V (pp_schedule_make, the only ZB-V before cost-aware
        generation) at the issue's example, per-stage F=1 B=2 W=1 (per chunk 0.5, 1, 0.5), p=4,
        m=16: makespan 89.5 against 1F1B's 76. The check above must reject it. */
