@@ -2377,7 +2377,7 @@ static int _pp_vblock_peak(const int* slot, int m, int L, int* diff) {
    peak count: the warm-up and the cool-down fill their empty slots. With `w_eager` each W follows
    its B at once. The order of the slots is the list; the real times come from the costs
    (pp_simulate squeezes out the empty slots). Scratch: slot (4*p*m ints), occ (p*L bytes), diff
-   (L ints), L = 6m + 6p + 8. */
+   (L + 4p ints), L = 6m + 6p + 8. */
 static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager, int w_chunk1, int compact, int* slot_all,
                                    unsigned char* occ_all, int* diff, pp_action* out) {
     int per = 6 * m, L = 6 * m + 6 * p + 8, r, t, j, s;
@@ -2403,29 +2403,33 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
         }
         /* in slot order, so that what a pass waits for has moved already; the steady state (from
            rank 0's first chunk-0 B to its last F) keeps its block */
-        int warm_end = slot_all[3 * m], cool = slot_all[m - 1];
+        int warm_end = slot_all[3 * m], cool = slot_all[m - 1], *at = diff + L; /* at: next j per (r, t) */
+        for (r = 0; r < 4 * p; r++) at[r] = 0;
         for (s = 0; s < L; s++)
             for (r = 0; r < p; r++)
-                for (t = 0; t < 4; t++)
-                    for (j = 0; j < m; j++) {
-                        int* slot = slot_all + (size_t)r * 4 * (size_t)m, dep = -1, f;
-                        unsigned char* occ = occ_all + (size_t)r * (size_t)L;
-                        if (slot[t * m + j] != s || (s >= warm_end && s <= cool)) continue;
-                        /* the pass before it on the V (+ 1 slot), and its stage's previous one */
-                        if (t == 0 && r > 0) dep = slot_all[(size_t)(r - 1) * 4 * m + 0 * m + j];
-                        if (t == 1) dep = r < p - 1 ? slot_all[(size_t)(r + 1) * 4 * m + 1 * m + j] : slot[0 * m + j];
-                        if (t == 2) dep = r > 0 ? slot_all[(size_t)(r - 1) * 4 * m + 2 * m + j] : slot[1 * m + j];
-                        if (t == 3) dep = r < p - 1 ? slot_all[(size_t)(r + 1) * 4 * m + 3 * m + j] : slot[2 * m + j];
-                        if (j > 0 && slot[t * m + j - 1] > dep) dep = slot[t * m + j - 1];
-                        for (f = dep + 1; f < s && occ[f]; f++) {}
-                        if (f >= s) continue;
-                        slot[t * m + j] = f;
-                        if (_pp_vblock_peak(slot, m, L, diff) > peak) {
-                            slot[t * m + j] = s;
-                            continue;
-                        }
-                        occ[s] = 0, occ[f] = 1;
+                for (t = 0; t < 4; t++) {
+                    /* each (rank, pass) sequence ascends, and only its unvisited part still sits at
+                       its first slot: the next one is the only one that can be due at s */
+                    int* slot = slot_all + (size_t)r * 4 * (size_t)m, dep = -1, f, j = at[r * 4 + t];
+                    unsigned char* occ = occ_all + (size_t)r * (size_t)L;
+                    if (j >= m || slot[t * m + j] != s) continue;
+                    at[r * 4 + t]++;
+                    if (s >= warm_end && s <= cool) continue;
+                    /* the pass before it on the V (+ 1 slot), and its stage's previous one */
+                    if (t == 0 && r > 0) dep = slot_all[(size_t)(r - 1) * 4 * m + 0 * m + j];
+                    if (t == 1) dep = r < p - 1 ? slot_all[(size_t)(r + 1) * 4 * m + 1 * m + j] : slot[0 * m + j];
+                    if (t == 2) dep = r > 0 ? slot_all[(size_t)(r - 1) * 4 * m + 2 * m + j] : slot[1 * m + j];
+                    if (t == 3) dep = r < p - 1 ? slot_all[(size_t)(r + 1) * 4 * m + 3 * m + j] : slot[2 * m + j];
+                    if (j > 0 && slot[t * m + j - 1] > dep) dep = slot[t * m + j - 1];
+                    for (f = dep + 1; f < s && occ[f]; f++) {}
+                    if (f >= s) continue;
+                    slot[t * m + j] = f;
+                    if (_pp_vblock_peak(slot, m, L, diff) > peak) {
+                        slot[t * m + j] = s;
+                        continue;
                     }
+                    occ[s] = 0, occ[f] = 1;
+                }
     }
     for (r = 0; r < p; r++) {
         pp_action* list = out + (size_t)r * (size_t)per;
@@ -2820,7 +2824,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
         size_t L = 6 * (size_t)m + 6 * (size_t)p + 8;
         vb_slot = (int*)_pp_calloc(4 * (size_t)p * (size_t)m, sizeof *vb_slot);
         vb_occ = (unsigned char*)_pp_calloc((size_t)p * L, 1);
-        vb_diff = (int*)_pp_calloc(L, sizeof *vb_diff);
+        vb_diff = (int*)_pp_calloc(L + 4 * (size_t)p, sizeof *vb_diff);
         if (vb_slot && (!vb_occ || !vb_diff)) {
             PP_FREE(vb_slot);
             vb_slot = NULL;
@@ -2873,6 +2877,8 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
                 }
             } else if ((k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN) && vb_slot) {
                 int x = -1 - i; /* 0 .. 7: W right behind its B, chunk-1 W's first, compacted */
+                /* compaction costs up to 4pm stash counts of O(m + p) each: big inputs skip it */
+                if ((x >> 2 & 1) && (double)p * m * (m + p) > 5e6) continue;
                 _pp_sched_build_vblock(k, p, m, x & 1, x >> 1 & 1, x >> 2 & 1, vb_slot, vb_occ, vb_diff, acts);
             } else {
                 continue;
