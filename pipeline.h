@@ -2343,16 +2343,17 @@ static pp_result _pp_sched_build_zbv(int p, int m, pp_action* out, pp_error* err
 }
 
 /* Rank r's stash count at its busiest slot, the W's taking the free slots oldest B first as
-   below (F: +1, W: -1): what the compaction may not raise. diff: scratch of L ints (+1 for an F
+   below, or each right behind its B with w_eager (F: +1, W: -1): what the compaction may not
+   raise. diff: scratch of L ints (+1 for an F
    in the slot, -1 for a B, 0 free; a slot holds at most one pass here). */
-static int _pp_vblock_peak(const int* slot, int m, int L, int* diff) {
+static int _pp_vblock_peak(const int* slot, int m, int L, int w_eager, int* diff) {
     int t, j, s, live = 0, pending = 0, peak = 0;
     for (s = 0; s < L; s++) diff[s] = 0;
     for (t = 0; t < 4; t++)
         for (j = 0; j < m; j++) diff[slot[t * m + j]] = t < 2 ? 1 : -1;
     for (s = 0; s < L; s++) {
         if (diff[s] > 0) live++;
-        else if (diff[s] < 0) pending++;
+        else if (diff[s] < 0) pending++, live -= w_eager, pending -= w_eager;
         else if (pending > 0) pending--, live--;
         if (live > peak) peak = live;
     }
@@ -2398,7 +2399,7 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
     if (compact) {
         int peak = 0;
         for (r = 0; r < p; r++) {
-            int x = _pp_vblock_peak(slot_all + (size_t)r * 4 * (size_t)m, m, L, diff);
+            int x = _pp_vblock_peak(slot_all + (size_t)r * 4 * (size_t)m, m, L, w_eager, diff);
             if (x > peak) peak = x;
         }
         /* in slot order, so that what a pass waits for has moved already; the steady state (from
@@ -2421,10 +2422,12 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
                     if (t == 2) dep = r > 0 ? slot_all[(size_t)(r - 1) * 4 * m + 2 * m + j] : slot[1 * m + j];
                     if (t == 3) dep = r < p - 1 ? slot_all[(size_t)(r + 1) * 4 * m + 3 * m + j] : slot[2 * m + j];
                     if (j > 0 && slot[t * m + j - 1] > dep) dep = slot[t * m + j - 1];
-                    for (f = dep + 1; f < s && occ[f]; f++) {}
-                    if (f >= s) continue;
-                    slot[t * m + j] = f;
-                    if (_pp_vblock_peak(slot, m, L, diff) > peak) {
+                    for (f = dep + 1; f < s; f++) { /* the first free slot where the count holds */
+                        if (occ[f]) continue;
+                        slot[t * m + j] = f;
+                        if (_pp_vblock_peak(slot, m, L, w_eager, diff) <= peak) break;
+                    }
+                    if (f >= s) {
                         slot[t * m + j] = s;
                         continue;
                     }
