@@ -2739,9 +2739,6 @@ static double _pp_sched_finish_sum(const pp_schedule* s, const pp_event* ev) {
 #ifndef _PP_LS_JITTER
 #define _PP_LS_JITTER 128 /* jittered runs around the best policy */
 #endif
-#ifndef _PP_LS_REACH
-#define _PP_LS_REACH 1
-#endif
 
 /* How far a simulated schedule is over the stash cap (peak_mem: with the W share): the sum over
    ranks of the excess. */
@@ -2771,8 +2768,7 @@ static double _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp
             pp_action* a = s->actions + (size_t)r * (size_t)per;
             for (i = 0; i + 1 < per && budget > 0; i++) {
                 pp_action t;
-                int ok = 0, j = i + 1 + (int)(budget % _PP_LS_REACH);
-                if (j >= per) j = i + 1;
+                int ok = 0, j = i + 1;
                 if (a[i].stage == a[j].stage && (a[i].op == a[j].op || a[i].mb == a[j].mb)) continue;
                 t = a[i], a[i] = a[j], a[j] = t;
                 budget--;
