@@ -610,12 +610,15 @@ typedef enum pp_schedule_kind {
     PP_SCHED_INTERLEAVED,       /* 1F1B over v chunks per rank, stage s on rank s % p */
     PP_SCHED_ZB_H1,             /* zero bubble H1: 1F1B's memory, W deferred into the bubble */
     PP_SCHED_ZB_V,              /* zero bubble V: v = 2, rank r holds stages r and 2p-1-r */
+    PP_SCHED_ZB_H2,             /* zero bubble H2: v = 1, twice 1F1B's memory, W fills the bubble */
+    PP_SCHED_V_HALF,            /* V map, v = 2, half of 1F1B's activation memory (+ one chunk) */
+    PP_SCHED_V_MIN,             /* V map, v = 2, a third of 1F1B's activation memory (+ one chunk) */
     PP_SCHED_KIND_COUNT,
     PP_SCHED_CUSTOM = 100       /* parsed from a text table (pp_schedule_parse) */
 } pp_schedule_kind;
 
 /* Which rank holds which stage. LOOP: stage s is chunk s / p of rank s % p (GPipe, 1F1B,
-   interleaved, ZB-H1). V: rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
+   interleaved, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min): rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
    first and the last stage (embedding and loss) share rank 0 and the turn of the V is local. */
 typedef enum pp_stage_map { PP_MAP_LOOP = 0, PP_MAP_V = 1 } pp_stage_map;
 
@@ -643,16 +646,33 @@ typedef struct pp_schedule {
     pp_stage_map map;           /* stage -> rank; zero (LOOP) for every kind but ZB-V */
 } pp_schedule;
 
+typedef struct pp_sim_cost pp_sim_cost; /* the cost model (>>sim) */
+
 const char* pp_schedule_name(pp_schedule_kind k);                 /* "gpipe", "1f1b", ... */
 pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k);
 /* Number of pp_action the caller must provide for (kind, p, v, m); 0 if invalid. */
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
-/* Generate every rank's list into out[cap]. GPipe, 1F1B and ZB-H1 need v == 1; interleaved
-   v >= 2; ZB-V v == 2 (any m >= 1 for all). ZB-H1 and ZB-V have W actions (3*m*v per rank).
-   Every stage runs its B and W actions in ascending micro-batch order. Fills *s, whose actions
-   point into out. */
+/* Generate every rank's list into out[cap]. GPipe, 1F1B, ZB-H1 and ZB-H2 need v == 1;
+   interleaved v >= 2; ZB-V, V-Half and V-Min v == 2 (any m >= 1 for all). The zero-bubble kinds
+   (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min) have W actions (3*m*v per rank). Every stage runs its F, B
+   and W actions in ascending micro-batch order. Fills *s, whose actions point into out.
+   pp_schedule_make generates for unit costs (F = B = W = 1 per chunk, comm 0); its ZB-V is the
+   greedy unit-cost list of earlier versions (pp_schedule_make_cost makes the cost-aware one). */
 pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* out, size_t cap,
                            pp_schedule* s, pp_error* err);
+/* The same for a cost model (pp_sim_cost: per-chunk f, b, w and comm, or per-stage arrays, as
+   pp_simulate reads them; NULL is unit costs). ZB-H2, ZB-V, V-Half and V-Min are generated for
+   these costs: several list-scheduling variants are played out in time and pp_simulate picks the
+   shortest under the kind's stash cap (pp_schedule_stash_cap); the other kinds are fixed
+   patterns and ignore the costs. With cost NULL, ZB-V is the earlier unit-cost greedy list
+   (what pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
+pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
+                                size_t cap, pp_schedule* s, pp_error* err);
+/* The most activations (F done, B or W not yet; in chunks) a rank of kind k stashes at once:
+   GPipe m; 1F1B and ZB-H1 min(p, m); ZB-H2 2 min(p, m); ZB-V 2 min(p, m) chunks (a chunk is half
+   a stage: 1F1B's memory); V-Half min(p, m) + 1 chunks (half of it); V-Min 2 min(p, m) / 3 + 1
+   (a third). 0 for interleaved (no fixed cap: see pp_simulate's peak_live) and invalid input. */
+int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m);
 /* Rank and chunk of a global stage under this schedule's mapping. */
 void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chunk);
 /* Global stage of (rank, chunk), or -1. */
@@ -692,12 +712,19 @@ void pp_schedule_write(FILE* f, const pp_schedule* s);
    2 for b, 0 for w); per-stage arrays override them where non-NULL; comm is added to every
    transfer between two ranks. b is the input gradient and w the weight gradient: a schedule
    without W actions does both in its B, which then costs b + w. */
-typedef struct pp_sim_cost {
+struct pp_sim_cost {
     double f, b, w, comm;
     const double* f_stage;      /* n_stages entries or NULL */
     const double* b_stage;
     const double* w_stage;
-} pp_sim_cost;
+    /* Memory with a W share: the fraction of a stash its B frees (0 .. 1; 0, the default, keeps
+       it whole until W). W needs only what the weight gradient reads (the layer's input and its
+       output gradient); the rest of a layer's saved bytes can go at B. Per stage where non-NULL.
+       Only pp_simulate's peak_mem and the cost-aware generators read it: the executor still
+       frees a stash whole at W (its peak_live and peak_stash_bytes count that way). */
+    double b_free;
+    const double* b_free_stage;
+};
 
 /* One executed (or simulated) action on a timeline. */
 typedef struct pp_event {
@@ -713,6 +740,8 @@ typedef struct pp_sim_result {
     int peak_live[PP_MAX_RANKS];/* peak stashed activations (F done, B, or W if any, not yet) */
     int deadlock;               /* 1 if the lists cannot all complete */
     char report[1024];          /* deadlock: who waits for whom; else empty */
+    double peak_mem[PP_MAX_RANKS]; /* peak stash memory, in stashes, with the W share (cost b_free):
+                                  peak_live when b_free is 0 */
 } pp_sim_result;
 
 /* Run all ranks' lists against the cost model. Also checks that every (micro-batch, stage)
@@ -2083,7 +2112,8 @@ cleanup:
 
 /* >>impl-schedule ----------------------------------------------------------------------------- */
 
-static const char* const _pp_sched_names[PP_SCHED_KIND_COUNT] = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"};
+static const char* const _pp_sched_names[PP_SCHED_KIND_COUNT] = {"gpipe", "1f1b",  "interleaved", "zb-h1",
+                                                                  "zb-v",  "zb-h2", "v-half",      "v-min"};
 
 const char* pp_schedule_name(pp_schedule_kind k) {
     if (k == PP_SCHED_CUSTOM) return "custom";
@@ -2114,13 +2144,18 @@ pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k) {
     return PP_ERR_INVALID;
 }
 
+/* The stage map of a kind: V for the V-shaped kinds, else LOOP. */
+static pp_stage_map _pp_sched_kind_map(pp_schedule_kind k) {
+    return k == PP_SCHED_ZB_V || k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN ? PP_MAP_V : PP_MAP_LOOP;
+}
+
 /* One place that decides whether (kind, p, v, m) describes a schedule we can build. The limits
    come from pp_action's field widths (chunk int8, stage and ranks int16, mb int32) and from the
    simulator indexing all p*2*m*v actions with an int. */
 static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, pp_error* err) {
     if ((int)k < 0 || (int)k >= PP_SCHED_KIND_COUNT)
-        return _pp_fail(err, PP_ERR_INVALID, "schedule kind %d is not one of gpipe, 1f1b, interleaved, zb-h1, zb-v",
-                        (int)k);
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "schedule kind %d is not one of gpipe, 1f1b, interleaved, zb-h1, zb-v, zb-h2, v-half, v-min", (int)k);
     if (p < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: p (ranks) = %d, need p >= 1",
                                pp_schedule_name(k), p);
     if (v < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: v (chunks per rank) = %d, need v >= 1",
@@ -2130,9 +2165,10 @@ static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, p
     if (p > PP_MAX_RANKS || p > INT16_MAX)
         return _pp_fail(err, PP_ERR_INVALID, "%s: p = %d ranks exceeds PP_MAX_RANKS (%d)",
                         pp_schedule_name(k), p, (int)PP_MAX_RANKS);
-    if (k == PP_SCHED_ZB_V && v != 2)
-        return _pp_fail(err, PP_ERR_INVALID, "zb-v needs v = 2 chunks per rank (the two arms of the V), got v = %d", v);
-    if ((k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B || k == PP_SCHED_ZB_H1) && v != 1)
+    if (_pp_sched_kind_map(k) == PP_MAP_V && v != 2)
+        return _pp_fail(err, PP_ERR_INVALID, "%s needs v = 2 chunks per rank (the two arms of the V), got v = %d",
+                        pp_schedule_name(k), v);
+    if ((k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B || k == PP_SCHED_ZB_H1 || k == PP_SCHED_ZB_H2) && v != 1)
         return _pp_fail(err, PP_ERR_INVALID,
                         "%s needs v = 1 chunk per rank (got v = %d); use interleaved for v >= 2",
                         pp_schedule_name(k), v);
@@ -2149,7 +2185,9 @@ static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, p
 }
 
 /* Actions per micro-batch and chunk: F and B, plus W for the zero-bubble kinds. */
-static int _pp_sched_ops(pp_schedule_kind k) { return k == PP_SCHED_ZB_H1 || k == PP_SCHED_ZB_V ? 3 : 2; }
+static int _pp_sched_ops(pp_schedule_kind k) {
+    return k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B || k == PP_SCHED_INTERLEAVED ? 2 : 3;
+}
 
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m) {
     if (_pp_sched_check_args(k, p, v, m, NULL) != PP_OK) return 0;
@@ -2381,6 +2419,302 @@ static pp_result _pp_sched_build_zbv(int p, int m, pp_action* out, pp_error* err
     return PP_OK;
 }
 
+/* Rank r's stash count at its busiest slot, the W's taking the free slots oldest B first as
+   below, or each right behind its B with w_eager (F: +1, W: -1): what the compaction may not
+   raise. diff: scratch of L ints (+1 for an F
+   in the slot, -1 for a B, 0 free; a slot holds at most one pass here). */
+static int _pp_vblock_peak(const int* slot, int m, int L, int w_eager, int* diff) {
+    int t, j, s, live = 0, pending = 0, peak = 0;
+    for (s = 0; s < L; s++) diff[s] = 0;
+    for (t = 0; t < 4; t++)
+        for (j = 0; j < m; j++) diff[slot[t * m + j]] = t < 2 ? 1 : -1;
+    for (s = 0; s < L; s++) {
+        if (diff[s] > 0) live++;
+        else if (diff[s] < 0) pending++, live -= w_eager, pending -= w_eager;
+        else if (pending > 0) pending--, live--;
+        if (live > peak) peak = live;
+    }
+    return peak;
+}
+
+/* V-Half and V-Min as repeating building blocks (Qi et al., "Pipeline Parallelism with
+   Controllable Memory", 2024). Time is cut into unit slots; micro-batch j's four passes on rank r
+   (F of chunk 0, F of chunk 1, B of chunk 1, B of chunk 0: t = 0 .. 3) sit at slot base + 6j, so
+   every rank repeats the same 6-slot block: four F/B slots and two free ones, which the W's take,
+   oldest B first. The bases follow the V with each hop one slot after the pass it waits for,
+   except that the slow arms take two slots per hop; which arms are slow sets the memory:
+     V-Min:  F0 at r, F1 at 2p-1-r, B1 at 2p+r, B0 at 4p-1-r (every hop one slot): chunk 0 of
+             rank 0 lives about 4p slots, 4p/6 micro-batches in flight: a third of 1F1B's 2p chunks;
+     V-Half: F0 at 2r, F1 at 3p-2-r, B1 at 3p-1+2r, B0 at 6p-2-r (F0 and B1 two slots a hop):
+             about 6p slots, p chunks: half of 1F1B's.
+   Where two bases of one rank coincide modulo 6 (V-Min with p % 3 == 0, V-Half with p even), the B
+   bases move later by 2 (V-Min) or 3 (V-Half) slots, which parts them.
+   With `w_chunk1` a free slot takes the oldest chunk-1 W first (else the oldest W of either).
+   With `compact`, every pass then moves to the first free slot after what it waits for (the pass
+   before it on the V, and its own stage's previous micro-batch), if that does not raise its rank's
+   peak count: the warm-up and the cool-down fill their empty slots. With `w_eager` each W follows
+   its B at once. The order of the slots is the list; the real times come from the costs
+   (pp_simulate squeezes out the empty slots). Scratch: slot (4*p*m ints), occ (p*L bytes), diff
+   (L + 4p ints), L = 6m + 6p + 8. */
+static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager, int w_chunk1, int compact, int* slot_all,
+                                   unsigned char* occ_all, int* diff, pp_action* out) {
+    int per = 6 * m, L = 6 * m + 6 * p + 8, r, t, j, s;
+    for (r = 0; r < p; r++) {
+        int base[4], *slot = slot_all + (size_t)r * 4 * (size_t)m;
+        unsigned char* occ = occ_all + (size_t)r * (size_t)L;
+        if (k == PP_SCHED_V_MIN) {
+            int gap = p % 3 == 0 ? 2 : 0;
+            base[0] = r, base[1] = 2 * p - 1 - r, base[2] = 2 * p + gap + r, base[3] = 4 * p + gap - 1 - r;
+        } else {
+            int gap = p % 2 == 0 ? 3 : 0;
+            base[0] = 2 * r, base[1] = 3 * p - 2 - r, base[2] = 3 * p - 1 + gap + 2 * r, base[3] = 6 * p + gap - 2 - r;
+        }
+        memset(occ, 0, (size_t)L);
+        for (t = 0; t < 4; t++)
+            for (j = 0; j < m; j++) slot[t * m + j] = base[t] + 6 * j, occ[base[t] + 6 * j] = 1;
+    }
+    if (compact) {
+        int peak = 0;
+        for (r = 0; r < p; r++) {
+            int x = _pp_vblock_peak(slot_all + (size_t)r * 4 * (size_t)m, m, L, w_eager, diff);
+            if (x > peak) peak = x;
+        }
+        /* in slot order, so that what a pass waits for has moved already; the steady state (from
+           rank 0's first chunk-0 B to its last F) keeps its block */
+        int warm_end = slot_all[3 * m], cool = slot_all[m - 1], *at = diff + L; /* at: next j per (r, t) */
+        for (r = 0; r < 4 * p; r++) at[r] = 0;
+        for (s = 0; s < L; s++)
+            for (r = 0; r < p; r++)
+                for (t = 0; t < 4; t++) {
+                    /* each (rank, pass) sequence ascends, and only its unvisited part still sits at
+                       its first slot: the next one is the only one that can be due at s */
+                    int* slot = slot_all + (size_t)r * 4 * (size_t)m, dep = -1, f, j = at[r * 4 + t];
+                    unsigned char* occ = occ_all + (size_t)r * (size_t)L;
+                    if (j >= m || slot[t * m + j] != s) continue;
+                    at[r * 4 + t]++;
+                    if (s >= warm_end && s <= cool) continue;
+                    /* the pass before it on the V (+ 1 slot), and its stage's previous one */
+                    if (t == 0 && r > 0) dep = slot_all[(size_t)(r - 1) * 4 * m + 0 * m + j];
+                    if (t == 1) dep = r < p - 1 ? slot_all[(size_t)(r + 1) * 4 * m + 1 * m + j] : slot[0 * m + j];
+                    if (t == 2) dep = r > 0 ? slot_all[(size_t)(r - 1) * 4 * m + 2 * m + j] : slot[1 * m + j];
+                    if (t == 3) dep = r < p - 1 ? slot_all[(size_t)(r + 1) * 4 * m + 3 * m + j] : slot[2 * m + j];
+                    if (j > 0 && slot[t * m + j - 1] > dep) dep = slot[t * m + j - 1];
+                    for (f = dep + 1; f < s; f++) { /* the first free slot where the count holds */
+                        if (occ[f]) continue;
+                        slot[t * m + j] = f;
+                        if (_pp_vblock_peak(slot, m, L, w_eager, diff) <= peak) break;
+                    }
+                    if (f >= s) {
+                        slot[t * m + j] = s;
+                        continue;
+                    }
+                    occ[s] = 0, occ[f] = 1;
+                }
+    }
+    for (r = 0; r < p; r++) {
+        pp_action* list = out + (size_t)r * (size_t)per;
+        const int* slot = slot_all + (size_t)r * 4 * (size_t)m;
+        int n = 0, next[4] = {0, 0, 0, 0}, wi = 0, nw = 0, wc[2] = {0, 0};
+        for (s = 0; s < L; s++) {
+            int used = 0;
+            for (t = 0; t < 4; t++) /* the passes due in this slot (more than one only at a collision) */
+                if (next[t] < m && slot[t * m + next[t]] == s) {
+                    _pp_sched_set_map(&list[n++], t < 2 ? PP_OP_F : PP_OP_B, PP_MAP_V, p, 2 * p, r, next[t],
+                                      t == 0 || t == 3 ? 0 : 1);
+                    if (t >= 2 && w_eager) { /* the W right behind its B: the stash goes at once */
+                        _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, next[t], t == 3 ? 0 : 1);
+                        nw++, wc[t == 3 ? 0 : 1]++;
+                    }
+                    next[t]++;
+                    used = 1;
+                }
+            if (used || w_eager || nw == 2 * m) continue;
+            if (w_chunk1) { /* a free slot: the oldest chunk-1 W, else the oldest chunk-0 W */
+                int c = wc[1] < next[2] ? 1 : wc[0] < next[3] ? 0 : -1;
+                if (c >= 0) _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, wc[c]++, c), nw++;
+                continue;
+            }
+            while (wi < n && list[wi].op != PP_OP_B) wi++;
+            if (wi < n) { /* a free slot: the W of the oldest B not yet W'd */
+                _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, list[wi].mb, list[wi].chunk);
+                wi++, nw++;
+            }
+        }
+        if (w_chunk1) /* the W's left after the last B */
+            for (t = 1; t >= 0; t--)
+                while (wc[t] < m) _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, wc[t]++, t), nw++;
+        for (; nw < 2 * m; wi++)
+            if (list[wi].op == PP_OP_B) {
+                _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, list[wi].mb, list[wi].chunk);
+                nw++;
+            }
+        PP_ASSERT(n == per);
+    }
+}
+
+/* Cost-aware list scheduling (ZB-H2, ZB-V, V-Half, V-Min). One run plays the whole step forward
+   in time with the given costs: whenever a rank falls idle, it picks one of the actions that are
+   ready on it at that moment (their input or output gradient has arrived, + comm from another
+   rank) by a policy, and the order in which the ranks picked is their list. A list is thus the
+   order of a run that happened, every dependency finished before its consumer started, so it
+   cannot deadlock under any costs. Each stage runs F, B and W in ascending micro-batch order (one
+   counter per stage and op): pipelined gradients stay bit-identical to the sequential reference.
+   Memory. A rank holds a stash from the F of a (micro-batch, chunk) to its W (with a W share,
+   pp_sim_cost.b_free of it only to its B). A new micro-batch enters a rank (its chunk-0 F) only
+   while its stashes leave room for all v of its chunks under the cap, and a later chunk's F only
+   while one slot is free; with `reserve`, instead, every micro-batch that entered keeps slots for
+   its later chunks, which then never wait. Either way a rank's stashes belong to micro-batches no
+   older than the oldest one in flight once the older ones drained (their B's and W's need no
+   memory), so the oldest can always move and, with cap >= v, a run never sticks.
+   Policy (the knobs the variants turn):
+   - cap: the stash cap used for admitting (<= the kind's cap; a smaller one is a shorter warm-up);
+   - w_mode: when a W runs if no F or B is ready: 0 always; 1 only if it ends before the next F or
+     B could arrive; 2 only when memory holds back an F or nothing but W's is left; 3 like 0, and
+     right after every B; 4 and 5 like 0 and 1 until the rank's last F, then like 2. A W whose
+     cost is 0 runs at once, and one runs when memory holds back the F the policy wants next;
+   - fb: B before F when both are ready (0, 1F1B's steady state), F first (1), or alternate (2);
+   - late_first: among ready B's the later stage first (else the older micro-batch);
+   - new_first: among ready F's the newer micro-batch first (else the older);
+   - seed: a jitter that turns one decision in 32 of each kind (F/B order, W or wait, B order,
+     F order) the other way, deterministic for a seed.
+   pp_simulate judges the candidates; the best makespan wins (then the lower peak). */
+typedef struct _pp_ls_policy {
+    int cap, w_mode, fb, late_first, reserve, new_first;
+    unsigned long long seed;    /* 0: none; else the seed of the jitter */
+} _pp_ls_policy;
+
+typedef struct _pp_ls {
+    int p, v, m, S;
+    pp_stage_map map;
+    double comm;
+    const double *df, *db, *dw;   /* per stage durations, S each */
+    const double* bf;             /* per stage share of a stash B frees (pp_sim_cost.b_free) */
+    double *f_end, *b_end;        /* (stage, mb) -> end time, S*m each */
+    int *nf, *nb, *nw;            /* per stage: actions appended so far */
+} _pp_ls;
+
+static int _pp_ls_stage(const _pp_ls* g, int r, int c) { return _pp_sched_map_stage(g->map, g->p, r, c); }
+static int _pp_ls_rank(const _pp_ls* g, int st) { return _pp_sched_map_rank(g->map, g->p, st); }
+
+/* When the input of rank r's next action of (op, stage st) arrives: a finished dependency's end
+   (+ comm from another rank), or, not yet scheduled, an optimistic guess (its rank starts it next).
+   *known says which. */
+static double _pp_ls_arrival(const _pp_ls* g, const double* t, int r, int op, int st, double now, int* known) {
+    int mb = op == PP_OP_F ? g->nf[st] : g->nb[st], dst, x;
+    double d;
+    *known = 1;
+    if (op == PP_OP_F) {
+        if (st == 0) return now;
+        dst = st - 1;
+        if (g->nf[dst] > mb) return g->f_end[(size_t)dst * (size_t)g->m + (size_t)mb] + (_pp_ls_rank(g, dst) != r ? g->comm : 0);
+        d = g->df[dst];
+    } else if (st == g->S - 1) {
+        if (g->nf[st] > mb) return g->f_end[(size_t)st * (size_t)g->m + (size_t)mb];
+        *known = 0;
+        return now + g->df[st];
+    } else {
+        dst = st + 1;
+        if (g->nb[dst] > mb) return g->b_end[(size_t)dst * (size_t)g->m + (size_t)mb] + (_pp_ls_rank(g, dst) != r ? g->comm : 0);
+        d = g->db[dst];
+    }
+    *known = 0;
+    x = _pp_ls_rank(g, dst);
+    return (t[x] > now ? t[x] : now) + d + (x != r ? g->comm : 0);
+}
+
+/* One run under policy pol into out (p lists of 3*m*v). Returns 0, or -1 if it stuck (cannot
+   happen with cap >= v; checked rather than trusted). */
+static int _pp_ls_run(_pp_ls* g, const _pp_ls_policy* pol, pp_action* out) {
+    int p = g->p, v = g->v, m = g->m, S = g->S, per = 3 * m * v, r, c, left = p * per;
+    int n_app[PP_MAX_RANKS], wait[PP_MAX_RANKS], last[PP_MAX_RANKS], last_b[PP_MAX_RANKS];
+    double t[PP_MAX_RANKS], inf = 1e300;
+    unsigned long long rng = pol->seed;
+    for (c = 0; c < S; c++) g->nf[c] = g->nb[c] = g->nw[c] = 0;
+    for (r = 0; r < p; r++) t[r] = 0, n_app[r] = 0, wait[r] = 0, last[r] = PP_OP_B, last_b[r] = 0;
+    while (left > 0) {
+        int op = -1, at = -1, b_at = -1, f_at = -1, w_at = -1, f_held = 0, only_w = 1, resv = 0, known, want_b, wm, f_left = 0,
+            jit = -1;
+        double now, next = inf, guess = inf, end, live = 0;
+        r = -1;
+        for (c = 0; c < p; c++)
+            if (n_app[c] < per && (r < 0 || t[c] < t[r])) r = c;
+        if (r < 0 || t[r] >= inf) return -1;
+        now = t[r];
+        if (pol->seed) { /* jitter: one decision in 32 of each kind goes the other way */
+            rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+            jit = (int)(rng >> 59);
+        }
+        for (c = 0; c < v; c++) {
+            int st = _pp_ls_stage(g, r, c);
+            live += g->nf[st] - g->bf[st] * g->nb[st] - (1 - g->bf[st]) * g->nw[st]; /* the W share */
+            if (c + 1 < v) resv += g->nf[st] - g->nf[_pp_ls_stage(g, r, c + 1)];
+        }
+        /* ready B's and F's: the oldest micro-batch first (B's: the later stage first with
+           late_first), B before F unless f_first */
+        for (c = 0; c < v; c++) {
+            int st = _pp_ls_stage(g, r, c);
+            double a;
+            if (g->nb[st] < m) only_w = 0;
+            if (g->nf[st] < m) f_left = 1;
+            if (g->nb[st] < g->nf[st]) {
+                a = _pp_ls_arrival(g, t, r, PP_OP_B, st, now, &known);
+                if (known && a <= now) {
+                    if (b_at < 0 || (pol->late_first != (jit == 2) ? st > b_at : g->nb[st] < g->nb[b_at])) b_at = st;
+                } else {
+                    if (known && a < next) next = a;
+                    if (a < guess) guess = a;
+                }
+            }
+            if (g->nf[st] < m) {
+                a = _pp_ls_arrival(g, t, r, PP_OP_F, st, now, &known);
+                if (known && a <= now) {
+                    int first = _pp_ls_stage(g, r, 0) == st;
+                    if (pol->reserve ? first && live + resv + v > pol->cap + 1e-9 : live + (first ? v : 1) > pol->cap + 1e-9)
+                        f_held = 1;
+                    else if (f_at < 0 || (pol->new_first != (jit == 3) ? g->nf[st] > g->nf[f_at] : g->nf[st] < g->nf[f_at])) f_at = st;
+                } else {
+                    if (known && a < next) next = a;
+                    if (a < guess) guess = a;
+                }
+            }
+            if (g->nw[st] < g->nb[st] && (w_at < 0 || g->nw[st] < g->nw[w_at])) w_at = st;
+        }
+        want_b = (pol->fb == 0 || (pol->fb == 2 && last[r] != PP_OP_B)) != (jit == 0);
+        /* modes 4 and 5 are 0 and 1 until the rank's last F, then 2 (the cool-down's W's wait) */
+        wm = pol->w_mode < 4 ? pol->w_mode : f_left ? pol->w_mode - 4 : 2;
+        if (w_at >= 0 && (g->dw[w_at] <= 0 || (f_held && (b_at < 0 || !want_b)) || (pol->w_mode == 3 && last_b[r])))
+            op = PP_OP_W, at = w_at;
+        else if (b_at >= 0 && (f_at < 0 || want_b)) op = PP_OP_B, at = b_at;
+        else if (f_at >= 0) op = PP_OP_F, at = f_at;
+        else if (w_at >= 0 && (only_w || ((wm == 0 || (wm == 1 && now + g->dw[w_at] <= guess)) != (jit == 1 && next < inf))))
+            op = PP_OP_W, at = w_at;
+        if (op < 0) { /* idle until something arrives (or another rank schedules) */
+            t[r] = next;
+            wait[r] = 1;
+            continue;
+        }
+        {
+            int* cnt = op == PP_OP_F ? &g->nf[at] : op == PP_OP_B ? &g->nb[at] : &g->nw[at];
+            double dur = op == PP_OP_F ? g->df[at] : op == PP_OP_B ? g->db[at] : g->dw[at];
+            int chunk = g->map == PP_MAP_V ? (at < p ? 0 : 1) : at / p;
+            _pp_sched_set_map(&out[(size_t)r * (size_t)per + (size_t)n_app[r]++], op, g->map, p, S, r, *cnt, chunk);
+            end = now + dur;
+            if (op == PP_OP_F) g->f_end[(size_t)at * (size_t)m + (size_t)*cnt] = end;
+            if (op == PP_OP_B) g->b_end[(size_t)at * (size_t)m + (size_t)*cnt] = end;
+            (*cnt)++;
+            t[r] = end;
+            wait[r] = 0;
+            if (op != PP_OP_W) last[r] = op;
+            last_b[r] = op == PP_OP_B;
+            left--;
+            /* a waiting rank looks again when this action ends */
+            for (c = 0; c < p; c++)
+                if (wait[c] && t[c] > end) t[c] = end;
+        }
+    }
+    return 0;
+}
+
 /* The builder. Rank r's pattern is: warm[r] forwards, then one forward one backward, then the
    remaining backwards (so backward j is preceded by min(warm[r] + j + 1, total) forwards).
    Instead of writing each pattern out blindly, we append actions to the ranks' lists in sweeps,
@@ -2449,8 +2783,242 @@ static pp_result _pp_sched_build(pp_schedule_kind k, int p, int v, int m, pp_act
     return PP_OK;
 }
 
+int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m) {
+    int mm = p < m ? p : m;
+    if (_pp_sched_check_args(k, p, v, m, NULL) != PP_OK) return 0;
+    switch (k) {
+    case PP_SCHED_GPIPE: return m;
+    case PP_SCHED_1F1B: case PP_SCHED_ZB_H1: return mm;
+    case PP_SCHED_ZB_H2: case PP_SCHED_ZB_V: return 2 * mm;
+    case PP_SCHED_V_HALF: return mm + 2;
+    case PP_SCHED_V_MIN: return (2 * mm + 2) / 3 + 2;
+    default: return 0;
+    }
+}
+
+static double _pp_sim_def(double x, double def);
+static double _pp_sim_bfree(const pp_sim_cost* c, int st);
+
+/* Sum over the ranks of the time each finishes (its last action's end). */
+static double _pp_sched_finish_sum(const pp_schedule* s, const pp_event* ev) {
+    int r;
+    double sum = 0;
+    for (r = 0; r < s->p; r++) sum += ev[(size_t)r * (size_t)s->per_rank + (size_t)s->per_rank - 1].end;
+    return sum;
+}
+
+#ifndef _PP_LS_POLISH
+#define _PP_LS_POLISH 1000 /* simulations the polish may spend */
+#endif
+#ifndef _PP_LS_WORK
+#define _PP_LS_WORK 3e7 /* action-steps one generation may spend (about 0.2 s) */
+#endif
+#ifndef _PP_LS_JITTER
+#define _PP_LS_JITTER 128 /* jittered runs around the best policy */
+#endif
+
+/* How far a simulated schedule is over the stash cap (peak_mem: with the W share): the sum over
+   ranks of the excess. */
+static double _pp_sched_excess(const pp_sim_result* res, int p, int cap) {
+    int r;
+    double x = 0;
+    for (r = 0; r < p; r++) x += res->peak_mem[r] > cap + 1e-9 ? res->peak_mem[r] - cap : 0;
+    return x;
+}
+
+/* Polish: adjacent swaps on one rank's list, kept when pp_simulate says the schedule got better:
+   less over the stash cap, else a shorter step, else as short with the ranks finishing earlier in
+   sum (slack for later swaps); the lists must still run. A swap of two actions of one stage and op
+   would break the ascending order, and a B cannot pass its own F (nor a W its B): those are not
+   tried. At most `budget` simulations. Returns the excess left (0: under the cap). */
+static double _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp_sim_result* res, pp_event* ev,
+                               long budget) {
+    int p = s->p, per = s->per_rank, r, i, improved = 1;
+    double best, best_sum, best_x;
+    if (pp_simulate(s, c, res, ev, NULL) != PP_OK) return 1;
+    best = res->makespan;
+    best_sum = _pp_sched_finish_sum(s, ev);
+    best_x = _pp_sched_excess(res, p, cap);
+    while (improved && budget > 0) {
+        improved = 0;
+        for (r = 0; r < p && budget > 0; r++) {
+            pp_action* a = s->actions + (size_t)r * (size_t)per;
+            for (i = 0; i + 1 < per && budget > 0; i++) {
+                pp_action t;
+                int ok = 0, j = i + 1;
+                if (a[i].stage == a[j].stage && (a[i].op == a[j].op || a[i].mb == a[j].mb)) continue;
+                t = a[i], a[i] = a[j], a[j] = t;
+                budget--;
+                if (pp_simulate(s, c, res, ev, NULL) == PP_OK) {
+                    double x = _pp_sched_excess(res, p, cap);
+                    double sum = _pp_sched_finish_sum(s, ev);
+                    ok = x < best_x - 1e-9 || (x <= best_x + 1e-9 && (res->makespan < best - 1e-9 ||
+                                                        (res->makespan <= best + 1e-9 && sum < best_sum - 1e-9)));
+                    if (ok) best = res->makespan, best_sum = sum, best_x = x, improved = 1;
+                }
+                if (!ok) t = a[i], a[i] = a[j], a[j] = t;
+            }
+        }
+    }
+    return best_x;
+}
+
+#define _PP_LS_VARIANTS 36 /* policies per cap: w_mode x fb x late_first x reserve x new_first */
+
+/* The cost-aware kinds: every policy variant is played out, pp_simulate judges, the best list
+   (shortest makespan, then lowest peak) goes to out. For ZB-V the unit-cost greedy lists above
+   compete too. Scratch: the variant's lists, the end times and the simulator's. */
+static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
+                                    pp_error* err) {
+    _pp_ls g;
+    _pp_ls_policy pol, best_pol;
+    pp_sim_cost c;
+    pp_schedule cand;
+    pp_sim_result* res = NULL;
+    pp_action* acts = NULL;
+    pp_event* ev = NULL;
+    int *vb_slot = NULL, *vb_diff = NULL;
+    unsigned char* vb_occ = NULL;
+    double *dur = NULL, *ends = NULL, best = -1, best_peak = 0;
+    int *cnt = NULL, S = p * v, per = 3 * m * v, cap = pp_schedule_stash_cap(k, p, v, m), lo, i, n_det, n_jit;
+    size_t n = (size_t)p * (size_t)per;
+    long units, ls_cost, polish;
+    pp_result rc = PP_OK;
+    memset(&c, 0, sizeof c);
+    if (cost) c = *cost;
+    memset(&g, 0, sizeof g);
+    g.p = p, g.v = v, g.m = m, g.S = S, g.map = _pp_sched_kind_map(k);
+    g.comm = _pp_sim_def(c.comm, 0.0);
+    if (!cost) c.f = c.b = c.w = 1.0; /* unit costs */
+    dur = (double*)_pp_calloc(4 * (size_t)S, sizeof *dur);
+    ends = (double*)_pp_calloc(2 * (size_t)S * (size_t)m, sizeof *ends);
+    cnt = (int*)_pp_calloc(3 * (size_t)S, sizeof *cnt);
+    acts = (pp_action*)_pp_calloc(n, sizeof *acts);
+    res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
+    ev = (pp_event*)_pp_calloc(n, sizeof *ev);
+    if (k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN) { /* the blocks' scratch; without it they sit out */
+        size_t L = 6 * (size_t)m + 6 * (size_t)p + 8;
+        vb_slot = (int*)_pp_calloc(4 * (size_t)p * (size_t)m, sizeof *vb_slot);
+        vb_occ = (unsigned char*)_pp_calloc((size_t)p * L, 1);
+        vb_diff = (int*)_pp_calloc(L + 4 * (size_t)p, sizeof *vb_diff);
+        if (vb_slot && (!vb_occ || !vb_diff)) {
+            PP_FREE(vb_slot);
+            vb_slot = NULL;
+        }
+    }
+    if (!dur || !ends || !cnt || !acts || !res || !ev) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "%s p=%d m=%d: no memory for the schedule builder", pp_schedule_name(k), p, m);
+        goto cleanup;
+    }
+    for (i = 0; i < S; i++) {
+        dur[i] = c.f_stage ? c.f_stage[i] : _pp_sim_def(c.f, 1.0);
+        dur[S + i] = c.b_stage ? c.b_stage[i] : _pp_sim_def(c.b, 2.0);
+        dur[2 * S + i] = c.w_stage ? c.w_stage[i] : _pp_sim_def(c.w, 0.0);
+        dur[3 * S + i] = _pp_sim_bfree(&c, i);
+        if (!(dur[i] >= 0 && dur[S + i] >= 0 && dur[2 * S + i] >= 0 && dur[i] + dur[S + i] + dur[2 * S + i] < 1e300) ||
+            g.comm < 0 || dur[3 * S + i] < 0) {
+            rc = _pp_fail(err, PP_ERR_INVALID, "%s: costs must be finite and >= 0 (stage %d: f=%g b=%g w=%g, comm=%g)",
+                          pp_schedule_name(k), i, dur[i], dur[S + i], dur[2 * S + i], c.comm);
+            goto cleanup;
+        }
+    }
+    g.df = dur, g.db = dur + S, g.dw = dur + 2 * S, g.bf = dur + 3 * S;
+    g.f_end = ends, g.b_end = ends + (size_t)S * (size_t)m;
+    g.nf = cnt, g.nb = cnt + S, g.nw = cnt + 2 * S;
+    memset(&cand, 0, sizeof cand);
+    cand.kind = k, cand.p = p, cand.v = v, cand.m = m, cand.n_stages = S, cand.per_rank = per;
+    cand.actions = acts, cand.map = g.map;
+    /* the variants: every cap from the kind's down to v (a shorter warm-up), fewer on big inputs */
+    /* The effort, in runs over all n actions (a list-scheduling run costs about 1 + p/8 of them, a
+       simulation one): the caps cap, cap-1, cap-2 with every policy, then jittered runs, then the
+       polish, each within its share of _PP_LS_WORK / n runs, so big inputs take about as long as
+       small ones (p=8, m=32: all of it; p=32, m=128: the caps and a short polish). */
+    units = (long)(_PP_LS_WORK / (double)n) + 1;
+    ls_cost = 1 + p / 8;
+    lo = cap - 2;
+    while (lo < cap && (long)_PP_LS_VARIANTS * (cap - lo + 1) * ls_cost > units / 2) lo++;
+    if (lo < v) lo = v;
+    n_det = _PP_LS_VARIANTS * (cap - lo + 1);
+    if ((long)n_det * ls_cost > units) n_det = units / ls_cost > 1 ? (int)(units / ls_cost) : 1;
+    n_jit = units / 4 / ls_cost < _PP_LS_JITTER ? (int)(units / 4 / ls_cost) : _PP_LS_JITTER;
+    polish = units / 4 < _PP_LS_POLISH ? units / 4 : _PP_LS_POLISH;
+    for (i = -8; i < n_det + n_jit; i++) {
+        pp_result sr;
+        if (i < 0) {
+            if (k == PP_SCHED_ZB_V && i == -1) {
+                if ((rc = _pp_sched_build_zbv(p, m, acts, err)) != PP_OK) goto cleanup;
+                if (!cost) { /* pp_schedule_make: the unit-cost lists of before, unchanged */
+                    memcpy(out, acts, n * sizeof *acts);
+                    goto cleanup;
+                }
+            } else if ((k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN) && vb_slot) {
+                int x = -1 - i; /* 0 .. 7: W right behind its B, chunk-1 W's first, compacted */
+                /* compaction costs up to 4pm stash counts of O(m + p) each: big inputs skip it */
+                if ((x >> 2 & 1) && (double)p * m * (m + p) > 5e6) continue;
+                _pp_sched_build_vblock(k, p, m, x & 1, x >> 1 & 1, x >> 2 & 1, vb_slot, vb_occ, vb_diff, acts);
+            } else {
+                continue;
+            }
+        } else if (i >= n_det) { /* around the best policy, with jitter */
+            pol = best_pol;
+            pol.seed = (unsigned long long)i;
+            if (_pp_ls_run(&g, &pol, acts) != 0) continue; /* a jittered run may stick: it just loses */
+        } else {
+            pol.seed = 0;
+            pol.cap = cap - i / _PP_LS_VARIANTS;
+            pol.w_mode = i % 6;
+            pol.fb = i / 6 % 3;
+            pol.late_first = i / 18 % 2;
+            pol.reserve = i / 36 % 2;
+            pol.new_first = i / 72 % 2;
+            if (_pp_ls_run(&g, &pol, acts) != 0) continue; /* cannot happen; a stuck variant just loses */
+        }
+        if (i == 0) best_pol = pol;
+        sr = pp_simulate(&cand, &c, res, NULL, NULL);
+        /* a block over the cap: the polish may swap it under */
+        if (sr == PP_OK && i < 0 && _pp_sched_excess(res, p, cap) > 0 &&
+            (_pp_sched_polish(&cand, &c, cap, res, ev, polish) > 0 || pp_simulate(&cand, &c, res, NULL, NULL) != PP_OK))
+            continue;
+        if (sr == PP_OK) {
+            int r;
+            double peak = 0;
+            for (r = 0; r < p; r++)
+                if (res->peak_mem[r] > peak) peak = res->peak_mem[r];
+            if (peak <= cap + 1e-9 &&
+                (best < 0 || res->makespan < best - 1e-9 || (res->makespan <= best + 1e-9 && peak < best_peak - 1e-9))) {
+                best = res->makespan;
+                best_peak = peak;
+                if (i >= 0 && i < n_det) best_pol = pol;
+                memcpy(out, acts, n * sizeof *acts);
+            }
+        }
+    }
+    if (best < 0) {
+        rc = _pp_fail(err, PP_ERR_SCHEDULE, "%s p=%d m=%d: schedule builder stuck", pp_schedule_name(k), p, m);
+    } else {
+        cand.actions = out;
+        _pp_sched_polish(&cand, &c, cap, res, ev, polish);
+    }
+cleanup:
+    if (dur) PP_FREE(dur);
+    if (ends) PP_FREE(ends);
+    if (cnt) PP_FREE(cnt);
+    if (acts) PP_FREE(acts);
+    if (res) PP_FREE(res);
+    if (ev) PP_FREE(ev);
+    if (vb_slot) PP_FREE(vb_slot);
+    if (vb_occ) PP_FREE(vb_occ);
+    if (vb_diff) PP_FREE(vb_diff);
+    return rc;
+}
+
 pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* out, size_t cap,
                            pp_schedule* s, pp_error* err) {
+    return pp_schedule_make_cost(k, p, v, m, NULL, out, cap, s, err);
+}
+
+pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
+                                size_t cap, pp_schedule* s, pp_error* err) {
     pp_result rc;
     size_t need;
     if (!out || !s) return _pp_fail(err, PP_ERR_INVALID, "pp_schedule_make: %s is NULL",
@@ -2462,7 +3030,7 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
         return _pp_fail(err, PP_ERR_SIZE, "%s p=%d v=%d m=%d needs %lu actions, cap is %lu",
                         pp_schedule_name(k), p, v, m, (unsigned long)need, (unsigned long)cap);
     if (k == PP_SCHED_ZB_H1) _pp_sched_build_zbh1(p, m, out);
-    else if (k == PP_SCHED_ZB_V) rc = _pp_sched_build_zbv(p, m, out, err);
+    else if (_pp_sched_ops(k) == 3) rc = _pp_sched_build_ls(k, p, v, m, cost, out, err);
     else rc = _pp_sched_build(k, p, v, m, out, err);
     if (rc != PP_OK) return rc;
     s->kind = k;
@@ -2472,7 +3040,7 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
     s->n_stages = p * v;
     s->per_rank = _pp_sched_ops(k) * m * v;
     s->actions = out;
-    s->map = k == PP_SCHED_ZB_V ? PP_MAP_V : PP_MAP_LOOP;
+    s->map = _pp_sched_kind_map(k);
     return PP_OK;
 }
 
@@ -2780,6 +3348,12 @@ static double _pp_sim_def(double x, double def) {
     return x == 0 ? def : x;
 }
 
+/* The share of stage st's stash that its B frees (cost b_free), or -1 if out of 0 .. 1. */
+static double _pp_sim_bfree(const pp_sim_cost* c, int st) {
+    double x = c->b_free_stage ? c->b_free_stage[st] : c->b_free;
+    return x >= 0 && x <= 1 ? x : -1;
+}
+
 /* Appends to a fixed report buffer; once full, later text is dropped and "..." marks the cut. */
 static void _pp_sim_append(char* buf, size_t cap, const char* fmt, ...) _PP_PRINTF(3, 4);
 static void _pp_sim_append(char* buf, size_t cap, const char* fmt, ...) {
@@ -2819,6 +3393,7 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     int pos[PP_MAX_RANKS];  /* next action of each rank */
     double t_free[PP_MAX_RANKS];
     int live[PP_MAX_RANKS];
+    double mem[PP_MAX_RANKS];
     double f_def, b_def, w_def, comm;
 
     if (!res) res = &local;
@@ -2854,6 +3429,9 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
             (c.b_stage && (!_pp_sim_finite(c.b_stage[i]) || c.b_stage[i] < 0)) ||
             (c.w_stage && (!_pp_sim_finite(c.w_stage[i]) || c.w_stage[i] < 0)))
             return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: stage %d cost must be finite and >= 0", i);
+        if (_pp_sim_bfree(&c, i) < 0)
+            return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: b_free%s = %g, want 0 .. 1 (the share of a stash B frees)",
+                            c.b_free_stage ? " of a stage" : "", c.b_free_stage ? c.b_free_stage[i] : c.b_free);
     }
 
     /* (mb, stage) pairs are indexed with an int, like pp_schedule_make's limit on actions */
@@ -2953,6 +3531,7 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
         pos[r] = 0;
         t_free[r] = 0;
         live[r] = 0;
+        mem[r] = 0;
     }
     for (;;) {
         int progress = 0, all_done = 1;
@@ -2986,6 +3565,11 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                 if (a->op == PP_OP_F) live[r]++;
                 else if (a->op == (has_w ? PP_OP_W : PP_OP_B)) live[r]--;
                 if (live[r] > res->peak_live[r]) res->peak_live[r] = live[r];
+                /* the W share: B frees b_free of the stash, W the rest (no W actions: B all) */
+                if (a->op == PP_OP_F) mem[r] += 1;
+                else if (a->op == PP_OP_B) mem[r] -= has_w ? _pp_sim_bfree(&c, a->stage) : 1;
+                else mem[r] -= 1 - _pp_sim_bfree(&c, a->stage);
+                if (mem[r] > res->peak_mem[r]) res->peak_mem[r] = mem[r];
                 if (t_free[r] > res->makespan) res->makespan = t_free[r];
                 if (events) {
                     events[gi].rank = r;

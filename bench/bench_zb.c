@@ -1,10 +1,12 @@
-/* bench/bench_zb.c - zero-bubble schedules against 1F1B and interleaved, measured, same model,
-   same run; and auto-partition by measurement with its predicted step time.
+/* bench/bench_zb.c - zero-bubble schedules (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min) against 1F1B and
+   interleaved, measured, same model, same run; and auto-partition by measurement with its
+   predicted step time.
 
    1. Profile: pp_profile_layers times each layer's forward, input gradient (B) and weight
       gradient (W) of the split MLP (examples/mlp.h, PP_MODEL_SPLIT) on this thread.
    2. For each schedule: stages = p*v, boundaries by pp_partition_balanced over the measured
-      f+b+w; predicted step = pp_simulate with the per-stage measured times (comm = 0); measured
+      f+b+w; the cost-aware kinds generated for the measured stage times
+      (pp_schedule_make_cost); predicted step = pp_simulate with the per-stage measured times (comm = 0); measured
       step = median over the timed steps of the slowest rank's step on the threads transport
       (warm-up steps excluded). #wrong counts steps whose loss is not bit-identical to the
       sequential reference's, plus 1 if the accumulated gradients are not.
@@ -42,8 +44,9 @@ int main(int argc, char** argv) {
     pp_batch b;
     pp_error err;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const struct { pp_schedule_kind k; int v; } kinds[4] = {
-        {PP_SCHED_1F1B, 1}, {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_ZB_H1, 1}, {PP_SCHED_ZB_V, 2}};
+    const struct { pp_schedule_kind k; int v; } kinds[7] = {
+        {PP_SCHED_1F1B, 1},  {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_ZB_H1, 1}, {PP_SCHED_ZB_H2, 1},
+        {PP_SCHED_ZB_V, 2},  {PP_SCHED_V_HALF, 2},      {PP_SCHED_V_MIN, 2}};
     size_t np;
 
     if (p < 1 || p > 8 || m < 1 || H < 8 || H > 512 || rows < m || steps < 1 || L < 2 * p) {
@@ -105,7 +108,7 @@ int main(int argc, char** argv) {
        (rounds of steps / ROUNDS timed steps each) so that a change in the machine's load hits
        them alike; the measured figure is the median over all of a schedule's timed steps. */
     {
-        enum { NK = 4, ROUNDS = 3 };
+        enum { NK = 7, ROUNDS = 3 };
         pp_schedule sch[NK];
         pp_action* acts[NK];
         int first[NK][2 * 8 + 1], wrong[NK], peak[NK], nts[NK], per = (steps + ROUNDS - 1) / ROUNDS, rd;
@@ -121,8 +124,7 @@ int main(int argc, char** argv) {
             acts[ki] = (pp_action*)malloc(n * sizeof *acts[ki]);
             ts[ki] = (double*)calloc((size_t)(per * ROUNDS), sizeof(double));
             nts[ki] = wrong[ki] = peak[ki] = 0;
-            if (!acts[ki] || !ts[ki] || pp_schedule_make(k, p, v, m, acts[ki], n, &sch[ki], &err) != PP_OK ||
-                pp_partition_balanced(wt, L, S, first[ki], &err) != PP_OK) {
+            if (!acts[ki] || !ts[ki] || pp_partition_balanced(wt, L, S, first[ki], &err) != PP_OK) {
                 fprintf(stderr, "%s\n", err.msg);
                 return 1;
             }
@@ -140,6 +142,11 @@ int main(int argc, char** argv) {
             c.f_stage = fs;
             c.b_stage = bs;
             c.w_stage = ws;
+            /* the cost-aware kinds are generated for the measured stage times */
+            if (pp_schedule_make_cost(k, p, v, m, &c, acts[ki], n, &sch[ki], &err) != PP_OK) {
+                fprintf(stderr, "%s\n", err.msg);
+                return 1;
+            }
             pp_simulate(&sch[ki], &c, &res, NULL, &err);
             pred[ki] = res.makespan;
             bub[ki] = res.bubble;

@@ -329,7 +329,7 @@ static int copy_table(int d0, int d1, int quick) {
 static int detail(pp_schedule_kind kind, int p, int m, double f_us) {
     static detail_log D;
     double meas = 0, ideal = 0, bm = 0, bs = 0, t0 = 1e300;
-    int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
+    int v = pp_schedule_size((pp_schedule_kind)kind, p, 1, m) ? 1 : 2; /* the kind's own v */
     unsigned long long* st = (unsigned long long*)malloc(sizeof(unsigned long long) * PP_MAX_RANKS * DETAIL_MAX);
     memset(&D, 0, sizeof D);
     if (!st || cudaMalloc(&D.d_stamp, sizeof(unsigned long long) * PP_MAX_RANKS * DETAIL_MAX) != cudaSuccess) return 1;
@@ -423,7 +423,7 @@ int main(int argc, char** argv) {
     for (int kind = 0; kind <= PP_SCHED_ZB_V; kind++) /* GPipe, 1F1B, interleaved, ZB-H1, ZB-V (W = 0) */
         for (int p = 4; p <= 8; p *= 2)
             for (int m = 8; m <= 32; m *= 4) {
-                int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
+                int v = pp_schedule_size((pp_schedule_kind)kind, p, 1, m) ? 1 : 2; /* the kind's own v */
                 double meas = 0, ideal = 0, bm = 0, bs = 0;
                 if (quick && (p == 8 || m == 32)) continue;
                 if (run_spin((pp_schedule_kind)kind, p, v, m, f_us, steps, &meas, &ideal, &bm, &bs)) {

@@ -35,7 +35,8 @@ typedef struct hx_sched {
     pp_sim_result* sim;         /* hx_sched_simulate's, or NULL */
 } hx_sched;
 
-static inline pp_result hx_sched_make(hx_sched* h, pp_schedule_kind k, int p, int v, int m, pp_error* err) {
+static inline pp_result hx_sched_make_cost(hx_sched* h, pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost,
+                                           pp_error* err) {
     size_t n = pp_schedule_size(k, p, v, m);
     pp_result rc;
     memset(h, 0, sizeof *h);
@@ -43,11 +44,15 @@ static inline pp_result hx_sched_make(hx_sched* h, pp_schedule_kind k, int p, in
         if (err) snprintf(err->msg, sizeof err->msg, "out of memory for %lu actions", (unsigned long)n);
         return PP_ERR_NOMEM;
     }
-    if ((rc = pp_schedule_make(k, p, v, m, h->acts, n, &h->s, err)) != PP_OK) {
+    if ((rc = pp_schedule_make_cost(k, p, v, m, cost, h->acts, n, &h->s, err)) != PP_OK) {
         free(h->acts);
         h->acts = NULL;
     }
     return rc;
+}
+
+static inline pp_result hx_sched_make(hx_sched* h, pp_schedule_kind k, int p, int v, int m, pp_error* err) {
+    return hx_sched_make_cost(h, k, p, v, m, NULL, err);
 }
 
 /* hx_sched_make, then the simulator with zero costs (its per-rank peak stash is in h->sim). */
@@ -70,7 +75,9 @@ static inline void hx_sched_free(hx_sched* h) {
 /* The simulator keeps a stash until W; a fused model (no weight_grad) frees it at B, so on the
    zero-bubble kinds the simulator's peak is an upper bound of the executor's, else its value. */
 static inline int hx_peak_agrees(pp_schedule_kind k, int executor, int simulator) {
-    return k == PP_SCHED_ZB_H1 || k == PP_SCHED_ZB_V ? executor <= simulator : executor == simulator;
+    int w_kinds = k == PP_SCHED_ZB_H1 || k == PP_SCHED_ZB_V || k == PP_SCHED_ZB_H2 || k == PP_SCHED_V_HALF ||
+                  k == PP_SCHED_V_MIN; /* W actions: a fused model frees the stash at B */
+    return w_kinds ? executor <= simulator : executor == simulator;
 }
 
 /* ---- a dense batch: x (rows, cols) floats, y (rows) int32 targets, m micro-batches ----------- */

@@ -540,7 +540,7 @@ int main(int argc, char** argv) {
         }
         for (int kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
             for (int p = 2; p <= 4; p *= 2) {
-                int v = (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V) ? 2 : 1;
+                int v = pp_schedule_size((pp_schedule_kind)kind, p, 1, m) ? 1 : 2; /* the kind's own v */
                 if (quick && p == 4) continue;
                 check_case((pp_schedule_kind)kind, p, v, m, NULL, dd, &dd[0].b, &ref, steps, "one GPU");
                 if (nd >= 2) {

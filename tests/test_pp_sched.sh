@@ -21,6 +21,18 @@ check "a syntax error names its line, not memory" "grep -q 'line 2' '$tmp.out' &
 check "a missing file is named" "grep -q 'cannot read' '$tmp.out'"
 "$bin" nosuch -p 2 -m 3 > "$tmp.out" 2>&1
 check "an unknown kind is named" "grep -q 'unknown schedule kind' '$tmp.out'"
+# cost-aware generation: the issue's example (per-stage F,B,W = 1,2,1, p=4, m=16) beats 1F1B's 76
+"$bin" zb-v -p 4 -m 16 --f 0.5 --b 1 --w 0.5 > "$tmp.out" 2>&1
+mk=$(sed -n 's/^makespan *//p' "$tmp.out")
+check "zb-v generated for the costs beats 1f1b (makespan $mk < 76)" "awk 'BEGIN { exit !($mk < 76) }'"
+for k in zb-h2 v-half v-min; do
+    "$bin" $k -p 4 -m 8 --f 1 --b 2 --w 1 > "$tmp.out" 2>&1
+    check "$k runs and reports its bubble and cap" "[ \$? -eq 0 ] && grep -q 'bubble .*stash cap' '$tmp.out'"
+done
+"$bin" rank -p 4 -m 8 --layers 16 > "$tmp.out" 2>&1
+check "rank covers every kind" "[ \$(grep -c '^  [0-9]  ' '$tmp.out') -eq 9 ]"
+"$bin" rank -p 4 -m 8 --layers 16 --mem-cap 12 > "$tmp.out" 2>&1
+check "rank with --mem-cap answers a schedule that fits" "grep -q '^answer *v-' '$tmp.out'"
 rm -f "$tmp.out" "$tmp.tab" "$tmp.bad"
 echo "pp-sched-cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

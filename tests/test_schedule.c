@@ -510,7 +510,10 @@ static void test_bad_input(void) {
     CHECK(pp_schedule_kind_parse("GPipe", &k) == PP_OK && k == PP_SCHED_GPIPE, "parse gpipe");
     CHECK(pp_schedule_kind_parse("1f1b", &k) == PP_OK && k == PP_SCHED_1F1B, "parse 1f1b");
     CHECK(pp_schedule_kind_parse("Interleaved", &k) == PP_OK && k == PP_SCHED_INTERLEAVED, "parse");
-    CHECK(pp_schedule_kind_parse("zb-h2", &k) == PP_ERR_INVALID, "parse unknown");
+    CHECK(pp_schedule_kind_parse("zb-h3", &k) == PP_ERR_INVALID, "parse unknown");
+    CHECK(pp_schedule_kind_parse("ZB-H2", &k) == PP_OK && k == PP_SCHED_ZB_H2, "parse zb-h2");
+    CHECK(pp_schedule_kind_parse("v-half", &k) == PP_OK && k == PP_SCHED_V_HALF, "parse v-half");
+    CHECK(pp_schedule_kind_parse("V-Min", &k) == PP_OK && k == PP_SCHED_V_MIN, "parse v-min");
     CHECK(pp_schedule_kind_parse(NULL, &k) == PP_ERR_INVALID, "parse NULL");
     CHECK(strcmp(pp_schedule_name(PP_SCHED_INTERLEAVED), "interleaved") == 0, "name");
     CHECK(strcmp(pp_schedule_name((pp_schedule_kind)99), "unknown") == 0, "name of bad kind");

@@ -1,13 +1,15 @@
 /* tools/pp_sched.c - pp-sched: print a pipeline schedule, simulate it, draw it; read a
    hand-written schedule table; rank the schedules for a model.
 
-       pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--width W]
+       pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--b-free X] [--width W]
                 [--trace FILE.json] [--table]
        pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]
        pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]
                 [--comm C] [--mem-cap X]
 
-   KIND is gpipe, 1f1b, interleaved (v >= 2 chunks per rank), zb-h1 or zb-v. Prints the
+   KIND is gpipe, 1f1b, interleaved (v >= 2 chunks per rank), zb-h1, zb-h2, zb-v, v-half or
+   v-min. The zero-bubble kinds but zb-h1 are generated for the costs given (--f --b --w --comm,
+   pp_schedule_make_cost); the others are fixed patterns. Prints the
    parameters, every rank's action list as a table, an ASCII timeline, the makespan, the
    simulated bubble next to the closed form where there is one, and each rank's peak of stashed
    activations. --table prints only the table, in the format `load` (and pp_schedule_parse)
@@ -34,19 +36,21 @@
 
 static void usage(FILE* f) {
     fprintf(f,
-            "usage: pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--width W]\n"
+            "usage: pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--b-free X] [--width W]\n"
             "                [--trace FILE.json] [--table]\n"
             "       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]\n"
             "       pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]\n"
             "                [--comm C] [--mem-cap X]\n"
-            "  KIND        gpipe | 1f1b | interleaved | zb-h1 | zb-v\n"
+            "  KIND        gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | v-min\n"
             "  -p P        ranks\n"
             "  -m M        micro-batches\n"
-            "  -v V        chunks per rank (interleaved >= 2, default 2; zb-v 2; others 1)\n"
+            "  -v V        chunks per rank (interleaved >= 2, default 2; zb-v, v-half, v-min 2; others 1)\n"
             "  --f F       forward time of one chunk (default 1)\n"
             "  --b B       input-gradient time of one chunk (default 1)\n"
             "  --w W       weight-gradient time of one chunk (default 1; without W actions B costs b+w)\n"
             "  --comm C    time of one transfer between ranks (default 0)\n"
+            "  --b-free X  share of a stash its B frees, W needs the rest (0 .. 1, default 0: W needs it all);\n"
+            "              the simulator's peak mem and the zero-bubble generators count with it\n"
             "  --width W   timeline columns (default: wide enough to label the shortest action,\n"
             "              at most 240)\n"
             "  --trace F   also write a Chrome trace (1 cost unit = 1 ms)\n"
@@ -197,8 +201,7 @@ static void try_candidate(candidate* c, const layer_cost* lc, int L, int p, int 
         goto done;
     }
     for (l = 0; l < L; l++) wt[l] = lc[l].f + lc[l].b + lc[l].w;
-    if (pp_partition_balanced(wt, L, S, first, &err) != PP_OK ||
-        pp_schedule_make(c->kind, p, c->v, m, acts, n, &s, &err) != PP_OK) {
+    if (pp_partition_balanced(wt, L, S, first, &err) != PP_OK) {
         snprintf(c->why, sizeof c->why, "%s", err.msg);
         goto done;
     }
@@ -215,7 +218,9 @@ static void try_candidate(candidate* c, const layer_cost* lc, int L, int p, int 
     cost.w_stage = ws;
     cost.comm = comm;
     cost.f = cost.b = cost.w = 1; /* unused: the per-stage arrays win */
-    if (pp_simulate(&s, &cost, &res, NULL, &err) != PP_OK) {
+    /* generated for these stage costs (the cost-aware kinds), then simulated with them */
+    if (pp_schedule_make_cost(c->kind, p, c->v, m, &cost, acts, n, &s, &err) != PP_OK ||
+        pp_simulate(&s, &cost, &res, NULL, &err) != PP_OK) {
         snprintf(c->why, sizeof c->why, "%s", err.msg);
         goto done;
     }
@@ -234,12 +239,13 @@ done:
 }
 
 static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm, double mem_cap) {
-    candidate c[8];
-    int n = 0, i, j, order[8], best = -1;
+    candidate c[12];
+    int n = 0, i, j, order[12], best = -1;
     double base = 0;
-    const struct { pp_schedule_kind k; int v; } list[] = {{PP_SCHED_GPIPE, 1}, {PP_SCHED_1F1B, 1},
-                                                          {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_INTERLEAVED, 4},
-                                                          {PP_SCHED_ZB_H1, 1}, {PP_SCHED_ZB_V, 2}};
+    /* every kind (interleaved at two depths) */
+    const struct { pp_schedule_kind k; int v; } list[] = {
+        {PP_SCHED_GPIPE, 1}, {PP_SCHED_1F1B, 1},  {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_INTERLEAVED, 4}, {PP_SCHED_ZB_H1, 1},
+        {PP_SCHED_ZB_H2, 1}, {PP_SCHED_ZB_V, 2},  {PP_SCHED_V_HALF, 2},      {PP_SCHED_V_MIN, 2}};
     for (i = 0; i < (int)(sizeof list / sizeof list[0]); i++) {
         memset(&c[n], 0, sizeof c[n]);
         c[n].kind = list[i].k;
@@ -249,7 +255,7 @@ static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm
         order[n] = n;
         n++;
     }
-    /* fits the cap first, then step time, then memory (insertion sort: 6 entries) */
+    /* fits the cap first, then step time, then memory (insertion sort: 9 entries) */
     for (i = 1; i < n; i++)
         for (j = i; j > 0; j--) {
             const candidate *a = &c[order[j - 1]], *b = &c[order[j]];
@@ -298,7 +304,7 @@ int main(int argc, char** argv) {
     pp_schedule_kind kind = PP_SCHED_1F1B;
     int p = 0, m = 0, v = 0, width = 0, i, r, rc = 1, have_p = 0, have_m = 0, table_only = 0, n_layers = 0;
     int mode_load = 0, mode_rank = 0, argi = 2;
-    double f = 1, b = 1, w = 1, comm = 0, theory = -1, min_cost, mem_cap = 0;
+    double f = 1, b = 1, w = 1, comm = 0, theory = -1, min_cost, mem_cap = 0, b_free = 0;
     const char *trace = NULL, *load = NULL, *costs = NULL;
     char* text = NULL;
     pp_action* acts = NULL;
@@ -325,7 +331,8 @@ int main(int argc, char** argv) {
     } else if (!strcmp(argv[1], "rank")) {
         mode_rank = 1;
     } else if (pp_schedule_kind_parse(argv[1], &kind) != PP_OK) {
-        fprintf(stderr, "pp-sched: unknown schedule kind '%s' (gpipe, 1f1b, interleaved, zb-h1, zb-v, load, rank)\n",
+        fprintf(stderr, "pp-sched: unknown schedule kind '%s' (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, v-min, load, "
+                "rank)\n",
                 argv[1]);
         return 2;
     }
@@ -361,6 +368,7 @@ int main(int argc, char** argv) {
         else if (!strcmp(opt, "--w")) ok = parse_cost(val, &w);
         else if (!strcmp(opt, "--comm")) ok = parse_cost(val, &comm);
         else if (!strcmp(opt, "--mem-cap")) ok = parse_cost(val, &mem_cap);
+        else if (!strcmp(opt, "--b-free")) ok = parse_cost(val, &b_free) && b_free <= 1;
         else if (!strcmp(opt, "--layers")) ok = parse_int(val, &n_layers) && n_layers > 0 && n_layers <= 100000;
         else if (!strcmp(opt, "--costs")) ok = (costs = val) != NULL && *val;
         else if (!strcmp(opt, "--trace")) ok = (trace = val) != NULL && *val;
@@ -375,6 +383,7 @@ int main(int argc, char** argv) {
             else if (!strcmp(opt, "--costs")) want = "a list or @file";
             else if (!strcmp(opt, "--width") || !strcmp(opt, "--layers")) want = "a positive integer";
             else if (!strcmp(opt, "--comm") || !strcmp(opt, "--w") || !strcmp(opt, "--mem-cap")) want = "a number >= 0";
+            else if (!strcmp(opt, "--b-free")) want = "a number from 0 to 1";
             else if (opt[1] == '-') want = "a number > 0";
             fprintf(stderr, "pp-sched: option %s needs %s, got '%s'\n", opt, want, val ? val : "(nothing)");
             return 2;
@@ -418,6 +427,13 @@ int main(int argc, char** argv) {
         return rc;
     }
 
+    /* the cost model: what the cost-aware kinds are generated for, and what the simulator runs */
+    memset(&cost, 0, sizeof cost);
+    cost.f = f;
+    cost.b = b;
+    cost.w = w;
+    cost.comm = comm;
+    cost.b_free = b_free;
     if (mode_load) {
         size_t len = 0;
         text = read_file(load, &len);
@@ -445,15 +461,16 @@ int main(int argc, char** argv) {
             usage(stderr);
             return 2;
         }
-        if (v == 0) v = kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V ? 2 : 1;
+        if (v == 0) v = pp_schedule_size(kind, p, 1, m) ? 1 : 2;
         n = pp_schedule_size(kind, p, v, m);
         acts = (pp_action*)malloc((n ? n : 1) * sizeof *acts);
         if (!acts) {
             fprintf(stderr, "pp-sched: out of memory\n");
             goto done;
         }
-        /* pp_schedule_make validates (n == 0 for bad parameters) and says why */
-        pr = pp_schedule_make(kind, p, v, m, acts, n, &s, &err);
+        /* generated for the costs given (the zero-bubble kinds); pp_schedule_make_cost validates
+           (n == 0 for bad parameters) and says why */
+        pr = pp_schedule_make_cost(kind, p, v, m, &cost, acts, n, &s, &err);
         if (pr != PP_OK) {
             fprintf(stderr, "pp-sched: %s\n", err.msg);
             goto done;
@@ -470,11 +487,6 @@ int main(int argc, char** argv) {
         goto done;
     }
 
-    memset(&cost, 0, sizeof cost);
-    cost.f = f;
-    cost.b = b;
-    cost.w = w;
-    cost.comm = comm;
     pr = pp_simulate(&s, &cost, &res, ev, &err);
 
     printf("schedule   %s  p=%d v=%d m=%d  (%d stages, %d actions per rank%s)\n", pp_schedule_name(kind), p, v, m,
@@ -515,12 +527,24 @@ int main(int argc, char** argv) {
                : kind == PP_SCHED_ZB_H1 && !(f == b && b == w)        ? " (theory assumes f = b = w)"
                : (kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_H1) && m < p ? " (theory assumes m >= p)"
                                                                       : "");
+    else if (kind == PP_SCHED_CUSTOM)
+        printf("bubble     %.4f simulated\n", res.bubble);
     else
-        printf("bubble     %.4f simulated%s\n", res.bubble,
-               kind == PP_SCHED_ZB_V ? " (zb-v: no closed form; peak 2*min(p,m) chunk stashes = 1f1b's memory)" : "");
+        printf("bubble     %.4f simulated (%s: generated for these costs, no closed form; stash cap %d %s)\n",
+               res.bubble, pp_schedule_name(kind), pp_schedule_stash_cap(kind, p, v, m),
+               kind == PP_SCHED_ZB_V     ? "chunks = 2*min(p,m), 1f1b's memory"
+               : kind == PP_SCHED_ZB_H2  ? "stages = 2*min(p,m), twice 1f1b's"
+               : kind == PP_SCHED_V_HALF ? "chunks = min(p,m)+2, half of 1f1b's + 2 chunks"
+               : kind == PP_SCHED_V_MIN  ? "chunks = ceil(2*min(p,m)/3)+2, a third of 1f1b's + 2 chunks"
+                                         : "");
     printf("peak live ");
     for (r = 0; r < p; r++) printf(" r%d=%d", r, res.peak_live[r]);
     printf("  (activations stashed at once%s)\n", pp_schedule_has_w(&s) ? ", F to W" : "");
+    if (b_free > 0) {
+        printf("peak mem  ");
+        for (r = 0; r < p; r++) printf(" r%d=%.3g", r, res.peak_mem[r]);
+        printf("  (stashes, B frees %g of each, W the rest)\n", b_free);
+    }
 
     if (trace) {
         FILE* tf = fopen(trace, "w");
