@@ -775,6 +775,10 @@ typedef struct pp_transport {
        get: copy rank `peer`'s record into *out; returns 0 where the transport cannot see it. */
     void (*flight_note)(void* self, const pp_flight_entry* e);
     int (*flight_get)(void* self, int peer, pp_flight* out);
+    /* Proves the schedule can run over this transport (pp_stage_create calls it after
+       pp_simulate): pipeline_nccl.h refuses a message order NCCL cannot match and a call order
+       that would wait in a cycle under rendezvous sends. May be NULL. */
+    pp_result (*check_schedule)(void* self, const pp_schedule* s, pp_error* err);
 } pp_transport;
 
 /* >>threads ----------------------------------------------------------------------------------- */
@@ -4817,6 +4821,8 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     if (!sim) return _pp_fail(err, PP_ERR_NOMEM, "simulator result");
     memset(&cost, 0, sizeof cost);
     rc = pp_simulate(d->schedule, &cost, sim, NULL, err);
+    if (rc == PP_OK && d->schedule->p > 1 && d->transport.check_schedule)
+        rc = d->transport.check_schedule(d->transport.self, d->schedule, err);
     if (rc != PP_OK) {
         PP_FREE(sim);
         return rc;
