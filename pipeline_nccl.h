@@ -103,9 +103,13 @@ cudaStream_t pp_nccl_comm_stream(const pp_nccl* t);
 void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs);
 const char* pp_nccl_error(const pp_nccl* t);
 
-/* Bootstrap. The file variant: rank 0 creates the id and writes it to path atomically (write,
-   then rename); the others poll for the file until timeout_s. Use a path unique to the job
-   (e.g. with $SLURM_JOB_ID): a stale file from an earlier run would be read. */
+/* Bootstrap. The file variant: rank 0 removes what is at path, creates the id and writes it
+   there atomically (write, then rename) with its wall-clock time and the launcher's job id
+   ($SLURM_JOB_ID, $TORCHELASTIC_RUN_ID, ... where one is set); the others poll for the file until
+   timeout_s and take only a file of this job written at most timeout_s before they started: a
+   file an earlier run left is passed over (rank 0 replaces it), and a timeout says it was
+   stale. The ranks' clocks must agree to well within timeout_s. Use a path unique to the job
+   where you can (e.g. with $SLURM_JOB_ID). */
 pp_result pp_nccl_unique_id_file(const char* path, int rank, double timeout_s, ncclUniqueId* id, pp_error* err);
 /* cudaSetDevice(local_rank % devices), then ncclCommInitRankConfig (non-blocking) polled until
    timeout_s; on a timeout the half-made communicator is aborted. */
@@ -847,34 +851,96 @@ void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs) {
 
 const char* pp_nccl_error(const pp_nccl* t) { return t ? t->err : "transport is NULL"; }
 
+/* The id file: what rank 0 writes, so that a reader can tell this run's file from one an
+   earlier run left at the same path. */
+typedef struct _ppn_idfile {
+    char magic[8];              /* "ppncclid" */
+    uint32_t version;           /* 1 */
+    int64_t written;            /* the writer's wall clock (time(NULL)) */
+    char job[96];               /* the launcher's job identity, "" when none is set */
+    ncclUniqueId id;
+} _ppn_idfile;
+
+/* The launcher's identity of this job (the same on every rank), or "". */
+static void _ppn_job_token(char* out, size_t cap) {
+    static const char* const vars[] = {"SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
+                                       "LSB_JOBID", "PBS_JOBID", "FLUX_JOB_ID"};
+    size_t i;
+    out[0] = 0;
+    for (i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char* v = getenv(vars[i]);
+        if (v && *v) {
+            snprintf(out, cap, "%s=%s", vars[i], v);
+            return;
+        }
+    }
+}
+
+/* Why the file read is not this run's ("" if it is). */
+static void _ppn_idfile_stale(const _ppn_idfile* f, size_t got, const char* job, int64_t start, double window, char* why,
+                              size_t cap) {
+    why[0] = 0;
+    if (got != sizeof *f || memcmp(f->magic, "ppncclid", 8) != 0 || f->version != 1)
+        snprintf(why, cap, "it is not an id file of this version (%zu bytes)", got);
+    else if (strncmp(f->job, job, sizeof f->job) != 0)
+        snprintf(why, cap, "it was written by job '%.40s', this is '%.40s'", f->job, job);
+    else if ((double)(start - f->written) > window)
+        snprintf(why, cap, "it was written %lld s before this rank started, more than the %.3g s timeout",
+                 (long long)(start - f->written), window);
+}
+
 pp_result pp_nccl_unique_id_file(const char* path, int rank, double timeout_s, ncclUniqueId* id, pp_error* err) {
-    char tmp[1024];
-    double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
-    FILE* f;
+    char tmp[1100], job[96], why[200] = "";
+    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, deadline = _pp_now() + dt;
+    int64_t start = (int64_t)time(NULL);
+    _ppn_idfile f;
+    FILE* fp;
     if (!path || !id) return _pp_fail(err, PP_ERR_INVALID, "unique id file needs a path and an output");
-    if (strlen(path) + 16 > sizeof tmp) return _pp_fail(err, PP_ERR_INVALID, "path is too long");
+    if (strlen(path) + 32 > sizeof tmp) return _pp_fail(err, PP_ERR_INVALID, "path is too long");
+    _ppn_job_token(job, sizeof job);
     if (rank == 0) {
-        ncclResult_t r = ncclGetUniqueId(id);
+        ncclResult_t r;
+        remove(path); /* an earlier run's file goes before this one exists */
+        r = ncclGetUniqueId(id);
         if (r != ncclSuccess) return _pp_fail(err, PP_ERR_TRANSPORT, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+        memset(&f, 0, sizeof f);
+        memcpy(f.magic, "ppncclid", 8);
+        f.version = 1;
+        f.written = (int64_t)time(NULL);
+        memcpy(f.job, job, sizeof f.job);
+        f.id = *id;
         snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        if (!(f = fopen(tmp, "wb"))) return _pp_fail(err, PP_ERR_TRANSPORT, "cannot write %s", tmp);
-        if (fwrite(id, sizeof *id, 1, f) != 1) {
-            fclose(f);
+        if (!(fp = fopen(tmp, "wb"))) return _pp_fail(err, PP_ERR_TRANSPORT, "cannot write %s", tmp);
+        if (fwrite(&f, sizeof f, 1, fp) != 1) {
+            fclose(fp);
+            remove(tmp);
             return _pp_fail(err, PP_ERR_TRANSPORT, "cannot write %s", tmp);
         }
-        if (fclose(f) != 0 || rename(tmp, path) != 0)
+        if (fclose(fp) != 0 || rename(tmp, path) != 0) {
+            remove(tmp);
             return _pp_fail(err, PP_ERR_TRANSPORT, "cannot publish %s", path);
+        }
         return PP_OK;
     }
     for (;;) {
-        if ((f = fopen(path, "rb")) != NULL) {
-            size_t got = fread(id, sizeof *id, 1, f);
-            fclose(f);
-            if (got == 1) return PP_OK;
+        if ((fp = fopen(path, "rb")) != NULL) {
+            unsigned char buf[sizeof f + 1];
+            size_t got = fread(buf, 1, sizeof buf, fp); /* sizeof f + 1: a longer file is no id file */
+            fclose(fp);
+            memset(&f, 0, sizeof f);
+            memcpy(&f, buf, got < sizeof f ? got : sizeof f);
+            _ppn_idfile_stale(&f, got, job, start, dt, why, sizeof why);
+            if (!why[0]) {
+                *id = f.id;
+                return PP_OK;
+            }
         }
-        if (_pp_now() > deadline)
-            return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank 0 to write %s", rank,
-                            timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, path);
+        if (_pp_now() > deadline) {
+            if (why[0])
+                return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank 0 to write %s and found only a stale file: %s "
+                                "(use a path unique to the job)", rank, dt, path, why);
+            return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank 0 to write %s", rank, dt, path);
+        }
         _ppn_sleep_us(10000);
     }
 }
