@@ -171,6 +171,8 @@ pp_result pp_nccl_unique_id_mpi(MPI_Comm comm, ncclUniqueId* id, pp_error* err);
 extern "C" {
 #endif
 
+#define _PPN_DEV_CACHE 256
+
 /* One NCCL group on the communication stream; its operations complete together. */
 typedef struct _ppn_batch {
     struct _ppn_batch* next;    /* on the transport's list of batches not yet seen complete */
@@ -218,11 +220,14 @@ struct pp_nccl {
     uint64_t batch_seq[2];      /* batches issued so far, per channel */
     uint64_t waited_seq[2];     /* the last batch of each channel the compute stream waited for */
     uint64_t done_seq[2];       /* every batch of the channel up to this one is complete */
+    uint64_t busy_seq[2], busy_at[2]; /* a batch of the channel seen running, and 1 + the flush count then */
     uint64_t flushes;
     cudaEvent_t ready;          /* recorded on the compute stream at every flush (a wait keeps its record) */
+    int in_flush_all, ready_fresh; /* within _ppn_flush_all: ready is recorded for both channels' groups */
     cudaEvent_t* free_ev;       /* completion events of released batches, for reuse */
     int n_free_ev, cap_free_ev;
     _ppn_bounce* bounce;        /* free device bounce buffers (host-memory messages) */
+    const void* dev_cache[_PPN_DEV_CACHE]; /* pointers known to be device memory (_ppn_is_host) */
     uint64_t bytes_sent, msgs_sent;
     char err[256];
 };
@@ -273,14 +278,22 @@ static ncclResult_t _ppn_comm_wait(ncclComm_t c, double deadline, long sleep_us)
     }
 }
 
-static int _ppn_is_host(const void* p) {
+/* 1 for host memory. The executor sends from and receives into the same pooled device blocks
+   step after step, so device answers are remembered (a direct-mapped cache of pointers): under
+   unified addressing the driver reserves device addresses, so one never becomes host memory
+   while the process lives (tests/fakecuda reserves an arena the same way). */
+static int _ppn_is_host(pp_nccl* t, const void* p) {
     struct cudaPointerAttributes a;
+    size_t h = (size_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull) >> 56) % _PPN_DEV_CACHE; /* blocks are aligned: mix */
+    if (t->dev_cache[h] == p) return 0;
     memset(&a, 0, sizeof a);
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
         cudaGetLastError(); /* clear: an unregistered host pointer is not an error */
         return 1;
     }
-    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) return 1;
+    t->dev_cache[h] = p;
+    return 0;
 }
 
 /* A released batch's event goes back to the pool: recording it again is safe once the waits
@@ -371,7 +384,8 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
     else rc = _ppn_cuda(t, cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming), "cudaEventCreate");
     if (rc == PP_OK && !t->ready) rc = _ppn_cuda(t, cudaEventCreateWithFlags(&t->ready, cudaEventDisableTiming), "cudaEventCreate");
     ready = t->ready;
-    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ready, t->compute), "cudaEventRecord (compute)");
+    if (rc == PP_OK && !t->ready_fresh) rc = _ppn_cuda(t, cudaEventRecord(ready, t->compute), "cudaEventRecord (compute)");
+    t->ready_fresh = t->in_flush_all; /* the other channel's group of this flush waits for the same record */
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent (compute)");
     end = last ? last->next : NULL;
     for (op = t->head; op != end && rc == PP_OK; op = op->next)
@@ -409,8 +423,9 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
 }
 
 /* 1 when the batch is done, 0 while it runs; an error otherwise (NCCL's asynchronous error).
-   A channel's batches complete in issue order, and one seen running is not asked again before
-   the next flush (the executor tests every retiring send at every action). */
+   A channel's batches complete in issue order, so neither a batch seen running nor a later one
+   of its channel is asked again before the next flush (the executor tests every retiring send
+   at every action). */
 static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
     cudaError_t e;
     ncclResult_t ar = ncclSuccess;
@@ -421,6 +436,8 @@ static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
         return PP_OK;
     }
     if (b->not_ready_at == t->flushes + 1) return PP_OK;
+    /* a later batch than one seen running since the last flush is running too (issue order) */
+    if (b->seq && t->busy_at[b->ch] == t->flushes + 1 && b->seq >= t->busy_seq[b->ch]) return PP_OK;
     e = cudaEventQuery(b->done);
     if (e == cudaSuccess) {
         b->complete = 1;
@@ -429,6 +446,10 @@ static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
         return PP_OK;
     }
     b->not_ready_at = t->flushes + 1;
+    if (b->seq && (t->busy_at[b->ch] != t->flushes + 1 || b->seq < t->busy_seq[b->ch])) {
+        t->busy_seq[b->ch] = b->seq;
+        t->busy_at[b->ch] = t->flushes + 1;
+    }
     if (e != cudaErrorNotReady) return _ppn_cuda(t, e, "cudaEventQuery");
     if (ncclCommGetAsyncError(_PPN_COMM(t, b->ch), &ar) != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress)) {
         _ppn_note(t, "NCCL reported an asynchronous error", ncclGetErrorString(ar));
@@ -442,11 +463,11 @@ static pp_result _ppn_poll(pp_nccl* t, _ppn_batch* b, double deadline) {
     int done = 0, round = 0;
     pp_result rc;
     for (;; round++) {
-        b->not_ready_at = 0; /* polling: ask every time */
+        b->not_ready_at = t->busy_at[b->ch] = 0; /* polling: ask every time */
         if ((rc = _ppn_query(t, b, &done)) != PP_OK || done) return rc;
         if (t->aborted) return PP_ERR_ABORTED;
         if (_pp_now() > deadline) return PP_ERR_TIMEOUT;
-        if (round > 2) _ppn_sleep_us(round > 1000 ? 500 : 20);
+        _ppn_sleep_us(round > 6 ? 500 : 8L << round); /* backing off: 8 us doubling to 500 */
     }
 }
 
@@ -477,8 +498,12 @@ static void _ppn_self_match(pp_nccl* t, _ppn_op* op) {
 }
 
 static pp_result _ppn_flush_all(pp_nccl* t) {
-    pp_result rc = _ppn_flush(t, 0, NULL);
-    return rc == PP_OK ? _ppn_flush(t, 1, NULL) : rc;
+    pp_result rc;
+    t->in_flush_all = 1;
+    rc = _ppn_flush(t, 0, NULL);
+    if (rc == PP_OK) rc = _ppn_flush(t, 1, NULL);
+    t->in_flush_all = t->ready_fresh = 0;
+    return rc;
 }
 
 static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
@@ -494,7 +519,7 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     op->buf = buf;
     op->dev = buf;
     op->bytes = bytes;
-    op->host = bytes ? _ppn_is_host(buf) : 0;
+    op->host = bytes ? _ppn_is_host(t, buf) : 0;
     op->ch = t->two && (is_recv ? peer > t->rank : peer < t->rank); /* 1: the message goes to a lower rank */
     if (op->host && peer != t->rank) {
         op->dev = NULL;
@@ -673,7 +698,7 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
     if (n_ranks == 1 || count == 0) return PP_OK;
     if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted", t->rank);
     if ((rc = _ppn_flush_all(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
-    host = _ppn_is_host(buf);
+    host = _ppn_is_host(t, buf);
     dev = buf;
     if (host) rc = _ppn_cuda(t, cudaMalloc(&dev, bytes), "cudaMalloc (all-reduce bounce)");
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
