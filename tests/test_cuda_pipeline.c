@@ -257,13 +257,10 @@ static void test_varlen_pool(void) {
     d.m = 4;
     CHECK(pp_cuda_pipeline_create(&d, NULL, &pl, &err) == PP_OK, "%s", err.msg);
     if (!pl) return;
-    memset(&b, 0, sizeof b);
+    b = batch(); /* the same layout, over these buffers */
     b.m = 4;
     b.input.data = vx;
-    b.input.cols = IN;
-    b.input.dtype = PP_F32;
     b.targets = vy;
-    b.target_row_bytes = sizeof(int32_t);
     b.cu_seqlens = cu;
     b.n_seqs = VL_NSEQ;
     b.split = PP_SPLIT_SEQS;
