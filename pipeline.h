@@ -4006,6 +4006,7 @@ struct pp_stage {
     _pp_block *pool, *retiring;
     size_t pool_held, pool_used, pool_need_max; /* bytes allocated, asked for now, most asked for in a step */
     size_t pool_want_max;           /* the largest block asked for */
+    uint64_t pool_sig, pool_sig_last; /* the sizes asked for this step and last step, hashed */
     pp_tensor *act, *dact;          /* [(max_layers+1)*PP_MAX_TENSORS] */
     int* nact;
     void** saved;
@@ -4247,10 +4248,12 @@ static void _pp_block_unuse(pp_stage* s, _pp_block* b) {
    block allocates again at any step. So a new device block is made for the largest request the
    stage has seen, plus _PP_POOL_HEADROOM percent, rounded up to one of _PP_POOL_CLASSES sizes
    per power of two; a block too small for that largest request leaves the pool (the largest
-   such free block when a request misses, every one at the end of a step), so the pool converges
+   such free block when a request misses; at the end of a step, every one when the sizes asked
+   for differ from the last step's, else those the step did not take), so the pool converges
    on as many blocks as the stage holds at once, each large enough for any request like those
-   seen. It allocates again only when a request exceeds the largest so far by more than the
-   headroom, or the stage holds more blocks at once than ever. And at the end of a step, while
+   seen (with shapes that stay the same, blocks made for the first step stay: no allocation
+   after it). It allocates again only when a request exceeds the largest so far by more than
+   the headroom, or the stage holds more blocks at once than ever. And at the end of a step, while
    the pool holds more than _PP_POOL_SLACK times the most the stage's blocks (sending ones
    included) asked for at once in any step, blocks not taken for _PP_POOL_IDLE_STEPS steps go
    back to the device allocator. tests/test_cuda_pipeline.c: 1000 steps of random lengths. */
@@ -4377,6 +4380,7 @@ static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
     if (!b) return NULL;
     b->want = bytes ? bytes : 1;
     b->idle = 0;
+    s->pool_sig = s->pool_sig * 1099511628211ull + b->want;
     if (b->want > s->pool_want_max) s->pool_want_max = b->want;
     s->pool_used += b->want;
     if (s->pool_used > s->st.pool_need) s->st.pool_need = s->pool_used;
@@ -4410,11 +4414,14 @@ static void _pp_block_put(pp_stage* s, _pp_block* b) {
    for the largest request go, and idle ones while the pool is over its slack. */
 static void _pp_pool_trim(pp_stage* s) {
     _pp_block *b, **bp, **worst;
+    int changed = s->n_steps > 1 && s->pool_sig != s->pool_sig_last; /* the shapes change from step to step */
+    s->pool_sig_last = s->pool_sig;
+    s->pool_sig = 0;
     if (s->st.pool_need > s->pool_need_max) s->pool_need_max = s->st.pool_need;
     for (b = s->pool; b; b = b->next) b->idle++;
     for (bp = &s->pool; s->d.device.alloc && (b = *bp) != NULL;) {
 #ifndef PP_TEST_POOL_EXACT
-        if (b->cap < s->pool_want_max) {
+        if (b->cap < s->pool_want_max && (b->idle > 1 || changed)) {
             _pp_pool_release(s, bp);
             continue;
         }
