@@ -1166,7 +1166,9 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err) {
    order is the whole story. The simulation starts every group whose dependencies completed and
    completes every started group whose operations' peers are started; what is left waits in a
    cycle, named by following "waits for" from one stuck channel. The multi-tensor messages of a
-   boundary travel together in the same groups on both sides, so one operation stands for them. */
+   boundary travel together in the same groups on both sides, so one operation stands for them;
+   the model assumes every boundary carries a gradient back (a boundary of integer tensors only
+   sends none, and its sender's groups then issue later than modelled). */
 typedef struct _ppn_rop {   /* one operation in a rank's channel queue */
     int32_t grp;            /* index of its group among the rank's groups on this channel */
     int32_t mb;
