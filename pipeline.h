@@ -932,6 +932,11 @@ typedef struct pp_step_stats {
     int peak_live;              /* most stashes alive at once */
     size_t peak_stash_bytes;
     int n_actions;
+    /* The plan check and the agreement on the step's outcome (every rank returns the same):
+       messages and bytes this rank sent for them (also in msgs_sent and bytes_sent, not in
+       meta_*), and the time they took (s). */
+    uint64_t agree_msgs, agree_bytes;
+    double t_agree;
     size_t pool_bytes;          /* the block pool's memory at the end of the step (device or host) */
     size_t pool_need;           /* the most bytes the step's blocks asked for at once */
     int pool_allocs, pool_frees;/* blocks the pool allocated and gave back during the step */
@@ -3980,6 +3985,15 @@ typedef struct _pp_block {
 } _pp_block;
 
 /* An action whose block is taken and whose receives are posted. */
+/* A neighbour for the plan check: a rank this one exchanges boundary tensors with. */
+typedef struct _pp_nb {
+    int rank;
+    int n_rec;                      /* records: shared boundaries x micro-batches */
+    size_t off;                     /* into fp_mine / fp_theirs, in int64 words */
+    int state;                      /* 0: nothing posted, 1: posted, 2: checked */
+    pp_request sreq, rreq;
+} _pp_nb;
+
 typedef struct _pp_prep {
     int idx;                        /* action index, -1 when empty */
     _pp_block* blk;
@@ -4027,6 +4041,16 @@ struct pp_stage {
     /* >>flight: this rank's record, and pp_stage_step calls so far */
     pp_flight flight;
     int32_t n_steps;
+    /* >>impl-stage-agree: failed steps so far (the same on every rank; part of every tag), data
+       messages this step per peer, the plan check's neighbours and buffers, the agreement's */
+    int32_t gen;
+    int32_t *n_sent, *n_recv;       /* [p] */
+    int n_nb;
+    _pp_nb* nb;                     /* [n_nb] */
+    int64_t *fp_mine, *fp_theirs;
+    unsigned char* ag_buf;          /* rank 0: [p] records, others: [2] (status, verdict) */
+    size_t ag_rec;
+    pp_request* ag_req;             /* [p] */
 };
 
 static pp_result _pp_stage_fail(pp_stage* s, pp_result code, const char* fmt, ...) _PP_PRINTF(3, 4);
@@ -4209,12 +4233,20 @@ static pp_result _pp_check_finite(pp_stage* s, const pp_action* a, const pp_tens
     return PP_OK;
 }
 
-/* Every message of a step has its own tag: (direction, micro-batch, boundary, tensor); the
-   tensor slot PP_MAX_TENSORS is the boundary's shape header. */
+/* Every message of a step has its own tag: (direction, micro-batch, boundary, tensor) and the
+   step's generation (failed steps so far, mod 8), so nothing a failed step left in a transport
+   matches a later step's receive. The tensor slot PP_MAX_TENSORS is the boundary's shape
+   header. pp_stage_create checks that the largest tag stays below the reserved ones. */
+#define _PP_GEN_BITS 3
 static int _pp_tag(const pp_stage* s, int dir, int mb, int boundary_stage, int k) {
-    return ((mb * s->S + boundary_stage) * (PP_MAX_TENSORS + 1) + k) * 2 + dir;
+    return ((((mb * s->S + boundary_stage) * (PP_MAX_TENSORS + 1) + k) * 2 + dir) << _PP_GEN_BITS) |
+           (int)(s->gen & ((1 << _PP_GEN_BITS) - 1));
 }
+#define _PP_TAG_RESERVED 0x7ffffff0 /* the library's own tags (all-reduce, tied, ...) from here */
 #define _PP_TAG_BROADCAST 0x7ffffff4
+#define _PP_TAG_PLAN 0x7ffffffa     /* the plan check between neighbours */
+#define _PP_TAG_AGREE 0x7ffffffb    /* a rank's outcome, to rank 0 */
+#define _PP_TAG_VERDICT 0x7ffffffc  /* rank 0's verdict, to every rank */
 
 /* A block whose data lives where pp_stage_desc.device says (its header stays on the host). */
 static _pp_block* _pp_block_new_dev(pp_stage* s, size_t bytes) {
@@ -4537,6 +4569,341 @@ static int _pp_same_shapes(const _pp_bnd* x, const pp_tensor* ts, int n) {
     return 1;
 }
 
+/* >>impl-stage-agree: every rank agrees on every step.
+   - The plan check (LOCAL and BROADCAST, where each rank describes every boundary itself): at
+     step start each rank sends each neighbour its view of the boundaries they share, one record
+     per (boundary, micro-batch), and checks the neighbour's before it first waits for data from
+     it. Views that differ are PP_ERR_SIZE at once, on both sides, naming both. PER_MESSAGE and
+     AUTO need no check: the receiver takes the sender's shapes (and checks its micro-batch).
+   - The agreement: at step end every rank sends rank 0 its outcome and how many data messages
+     it sent to and received from each rank; rank 0 answers everyone with one verdict. A failure
+     anywhere, ranks at different steps, or a message sent and never received (the two sides of a
+     boundary disagree) make every rank's step fail: no rank returns PP_OK for a step another
+     rank failed. Costs 2 (p - 1) small messages per step (pp_step_stats.agree_msgs, t_agree). */
+#define _PP_FP_MAGIC 0x50504650 /* "PPFP" */
+#define _PP_AG_MAGIC 0x50504147 /* "PPAG" */
+#define _PP_FP_WORDS 5          /* per record: n, dtypes, rows and cols of tensor 0, hash of all */
+#define _PP_FP_HDR 4            /* magic, step, generation, records */
+#define _PP_AG_WORDS 5          /* magic, step, generation, result, 1 + the rank that failed (0: none) */
+#define _PP_AG_MSG 200
+
+/* Calls fn for each boundary (stage b-1 -> b) between this rank and nb, in stage order. */
+static int _pp_nb_boundary(const pp_stage* s, int b, int nb) {
+    int ra, rb, c;
+    pp_schedule_stage_rank(s->d.schedule, b - 1, &ra, &c);
+    pp_schedule_stage_rank(s->d.schedule, b, &rb, &c);
+    return ra != rb && ((ra == s->d.rank && rb == nb) || (rb == s->d.rank && ra == nb));
+}
+
+/* The neighbours and the buffers of the plan check and the agreement (pp_stage_create). */
+static pp_result _pp_agree_init(pp_stage* s, pp_error* err) {
+    int b, r, m = s->d.schedule->m;
+    size_t words = 0;
+    if (s->p < 2) return PP_OK;
+    s->n_sent = (int32_t*)_pp_calloc((size_t)s->p, sizeof *s->n_sent);
+    s->n_recv = (int32_t*)_pp_calloc((size_t)s->p, sizeof *s->n_recv);
+    s->nb = (_pp_nb*)_pp_calloc((size_t)s->p, sizeof *s->nb);
+    s->ag_rec = sizeof(int64_t) * (_PP_AG_WORDS + 2 * (size_t)s->p) + _PP_AG_MSG;
+    s->ag_buf = (unsigned char*)_pp_calloc(s->d.rank == 0 ? (size_t)s->p : 2, s->ag_rec);
+    s->ag_req = (pp_request*)_pp_calloc((size_t)s->p, sizeof *s->ag_req);
+    if (!s->n_sent || !s->n_recv || !s->nb || !s->ag_buf || !s->ag_req)
+        return _pp_fail(err, PP_ERR_NOMEM, "step agreement buffers for %d ranks", s->p);
+    for (r = 0; r < s->p; r++) {
+        int n = 0;
+        if (r == s->d.rank) continue;
+        for (b = 1; b < s->S; b++) n += _pp_nb_boundary(s, b, r);
+        if (!n) continue;
+        s->nb[s->n_nb].rank = r;
+        s->nb[s->n_nb].n_rec = n * m;
+        s->nb[s->n_nb].off = words;
+        words += _PP_FP_HDR + (size_t)n * (size_t)m * _PP_FP_WORDS;
+        s->n_nb++;
+    }
+    if (!words) return PP_OK;
+    s->fp_mine = (int64_t*)_pp_calloc(words, sizeof(int64_t));
+    s->fp_theirs = (int64_t*)_pp_calloc(words, sizeof(int64_t));
+    if (!s->fp_mine || !s->fp_theirs) return _pp_fail(err, PP_ERR_NOMEM, "plan check buffers (%zu words)", words);
+    return PP_OK;
+}
+
+static void _pp_agree_free(pp_stage* s) {
+    PP_FREE(s->n_sent);
+    PP_FREE(s->n_recv);
+    PP_FREE(s->nb);
+    PP_FREE(s->ag_buf);
+    PP_FREE(s->ag_req);
+    PP_FREE(s->fp_mine);
+    PP_FREE(s->fp_theirs);
+}
+
+/* One boundary view as a record: what both sides must agree on. */
+static void _pp_fp_record(const _pp_bnd* bd, int64_t* w) {
+    uint64_t h = 14695981039346656037ull, dt = 0;
+    int k;
+    for (k = 0; k < bd->n; k++) {
+        int64_t v[3];
+        int i;
+        v[0] = bd->t[k].rows;
+        v[1] = bd->t[k].cols;
+        v[2] = (int64_t)bd->t[k].dtype;
+        for (i = 0; i < 3; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
+        if (k < 16) dt |= ((uint64_t)bd->t[k].dtype & 15u) << (4 * k);
+    }
+    w[0] = bd->n;
+    w[1] = (int64_t)dt;
+    w[2] = bd->n > 0 ? bd->t[0].rows : 0;
+    w[3] = bd->n > 0 ? bd->t[0].cols : 0;
+    w[4] = (int64_t)h;
+}
+
+/* "2 tensors f32[3 x 8] i32 ..." from a record. */
+static void _pp_fp_describe(char* buf, size_t n, const int64_t* w) {
+    int k, len;
+    len = snprintf(buf, n, "%lld tensor%s", (long long)w[0], w[0] == 1 ? "" : "s");
+    for (k = 0; k < w[0] && k < 4 && len > 0 && (size_t)len < n; k++) {
+        const char* dn = pp_dtype_name((pp_dtype)(((uint64_t)w[1] >> (4 * k)) & 15u));
+        if (k == 0)
+            len += snprintf(buf + len, n - (size_t)len, " %s[%lld x %lld]", dn, (long long)w[2], (long long)w[3]);
+        else
+            len += snprintf(buf + len, n - (size_t)len, " %s", dn);
+    }
+}
+
+/* Step start: send each neighbour this rank's view, post the receive of theirs. */
+static pp_result _pp_fp_post(pp_stage* s) {
+    const pp_transport* t = &s->d.transport;
+    int i, b, mb, m = s->plan.m;
+    pp_result rc = PP_OK;
+    if (!s->fp_mine || (s->d.shapes != PP_SHAPES_LOCAL && s->d.shapes != PP_SHAPES_BROADCAST)) return PP_OK;
+    if (t->group_start) t->group_start(t->self);
+    for (i = 0; i < s->n_nb && rc == PP_OK; i++) {
+        _pp_nb* nb = &s->nb[i];
+        int64_t* w = s->fp_mine + nb->off;
+        size_t bytes = sizeof(int64_t) * (_PP_FP_HDR + (size_t)nb->n_rec * _PP_FP_WORDS);
+        int j = 0;
+        w[0] = _PP_FP_MAGIC;
+        w[1] = s->n_steps;
+        w[2] = s->gen;
+        w[3] = nb->n_rec;
+        for (b = 1; b < s->S; b++)
+            if (_pp_nb_boundary(s, b, nb->rank))
+                for (mb = 0; mb < m; mb++, j++)
+                    _pp_fp_record(_pp_plan_bnd(&s->plan, mb, s->d.partition[b]), w + _PP_FP_HDR + (size_t)j * _PP_FP_WORDS);
+        if ((rc = t->irecv(t->self, nb->rank, _PP_TAG_PLAN, s->fp_theirs + nb->off, bytes, &nb->rreq)) != PP_OK) {
+            _pp_stage_fail(s, rc, "posting the plan check's receive from rank %d", nb->rank);
+            break;
+        }
+        nb->state = 1;
+        if ((rc = t->isend(t->self, nb->rank, _PP_TAG_PLAN, w, bytes, &nb->sreq)) != PP_OK) {
+            nb->sreq.done = 1;
+            _pp_stage_fail(s, rc, "sending the plan check to rank %d", nb->rank);
+            break;
+        }
+        s->st.bytes_sent += bytes;
+        s->st.msgs_sent++;
+        s->st.agree_bytes += bytes;
+        s->st.agree_msgs++;
+    }
+    if (t->group_end) t->group_end(t->self);
+    return rc;
+}
+
+/* Before this rank first waits for data from `peer` (and at step end): its view must be ours. */
+static pp_result _pp_fp_check(pp_stage* s, int peer) {
+    const pp_transport* t = &s->d.transport;
+    double t0 = _pp_now();
+    int i, b, mb, j = 0, m = s->plan.m;
+    _pp_nb* nb = NULL;
+    const int64_t *mine, *theirs;
+    pp_result rc;
+    for (i = 0; i < s->n_nb; i++)
+        if (s->nb[i].rank == peer) nb = &s->nb[i];
+    if (!nb || nb->state != 1) return PP_OK;
+    nb->state = 2;
+    rc = t->wait(t->self, &nb->rreq, s->d.timeout_s, &s->err);
+    nb->rreq.done = 1;
+    if (rc == PP_OK && !nb->sreq.done) rc = t->wait(t->self, &nb->sreq, s->d.timeout_s, &s->err);
+    nb->sreq.done = 1;
+    s->st.t_agree += _pp_now() - t0;
+    if (rc != PP_OK) return _pp_stage_fail(s, rc, "plan check with rank %d: %s", peer, s->err.msg);
+    mine = s->fp_mine + nb->off;
+    theirs = s->fp_theirs + nb->off;
+    s->st.bytes_recv += sizeof(int64_t) * (_PP_FP_HDR + (size_t)nb->n_rec * _PP_FP_WORDS);
+    if (theirs[0] != _PP_FP_MAGIC || theirs[3] != nb->n_rec)
+        return _pp_stage_fail(s, PP_ERR_TRANSPORT, "the plan check from rank %d is corrupt", peer);
+    if (theirs[1] != mine[1] || theirs[2] != mine[2])
+        return _pp_stage_fail(s, PP_ERR_TRANSPORT,
+                              "rank %d is at its step %lld (after %lld failed), this rank at step %lld (after %lld failed): "
+                              "every rank must call pp_stage_step for every step",
+                              peer, (long long)theirs[1], (long long)theirs[2], (long long)mine[1], (long long)mine[2]);
+    for (b = 1; b < s->S; b++) {
+        if (!_pp_nb_boundary(s, b, peer)) continue;
+        for (mb = 0; mb < m; mb++, j++) {
+            const int64_t* x = mine + _PP_FP_HDR + (size_t)j * _PP_FP_WORDS;
+            const int64_t* y = theirs + _PP_FP_HDR + (size_t)j * _PP_FP_WORDS;
+            char vx[96], vy[96];
+            if (!memcmp(x, y, sizeof(int64_t) * _PP_FP_WORDS)) continue;
+            _pp_fp_describe(vx, sizeof vx, x);
+            _pp_fp_describe(vy, sizeof vy, y);
+            return _pp_stage_fail(s, PP_ERR_SIZE,
+                                  "ranks %d and %d describe the tensors from stage %d to stage %d (layer %d's input) of "
+                                  "micro-batch %d differently: here %s%s, on rank %d %s%s; every rank's describe must "
+                                  "give the same shapes (or use PP_SHAPES_PER_MESSAGE)",
+                                  s->d.rank, peer, b - 1, b, s->d.partition[b], mb, vx,
+                                  !strcmp(vx, vy) ? " (other shapes)" : "", peer, vy, !strcmp(vx, vy) ? " (other shapes)" : "");
+        }
+    }
+    return PP_OK;
+}
+
+/* A rank's outcome record: result, step, generation, messages per peer, message. */
+static void _pp_ag_write(const pp_stage* s, unsigned char* rec, pp_result rc, int who, const char* msg) {
+    int64_t* w = (int64_t*)(void*)rec;
+    int r;
+    memset(rec, 0, s->ag_rec);
+    w[0] = _PP_AG_MAGIC;
+    w[1] = s->n_steps;
+    w[2] = s->gen;
+    w[3] = rc;
+    w[4] = who + 1; /* 0: no rank */
+    for (r = 0; r < s->p; r++) {
+        w[_PP_AG_WORDS + r] = s->n_sent[r];
+        w[_PP_AG_WORDS + s->p + r] = s->n_recv[r];
+    }
+    if (msg) snprintf((char*)(rec + s->ag_rec - _PP_AG_MSG), _PP_AG_MSG, "%s", msg);
+}
+
+/* Rank 0: the verdict from every rank's record (slot r holds rank r's). */
+static pp_result _pp_ag_judge(pp_stage* s, char* msg, size_t n, int* who) {
+    int r, q;
+    const int64_t* w0 = (const int64_t*)(void*)s->ag_buf;
+    for (r = 0; r < s->p; r++) {
+        const int64_t* w = (const int64_t*)(void*)(s->ag_buf + (size_t)r * s->ag_rec);
+        if (w[3] != PP_OK) {
+            *who = r;
+            snprintf(msg, n, "%s", (const char*)(s->ag_buf + (size_t)(r + 1) * s->ag_rec - _PP_AG_MSG));
+            return (pp_result)w[3];
+        }
+    }
+    *who = -1; /* from here on the verdict is rank 0's finding, the same for every rank */
+    for (r = 1; r < s->p; r++) {
+        const int64_t* w = (const int64_t*)(void*)(s->ag_buf + (size_t)r * s->ag_rec);
+        if (w[1] != w0[1] || w[2] != w0[2]) {
+            snprintf(msg, n, "rank %d is at its step %lld (after %lld failed), rank 0 at step %lld (after %lld failed): "
+                     "every rank must call pp_stage_step for every step",
+                     r, (long long)w[1], (long long)w[2], (long long)w0[1], (long long)w0[2]);
+            return PP_ERR_TRANSPORT;
+        }
+    }
+    for (r = 0; r < s->p; r++)
+        for (q = 0; q < s->p; q++) {
+            const int64_t* wr = (const int64_t*)(void*)(s->ag_buf + (size_t)r * s->ag_rec);
+            const int64_t* wq = (const int64_t*)(void*)(s->ag_buf + (size_t)q * s->ag_rec);
+            if (wr[_PP_AG_WORDS + q] == wq[_PP_AG_WORDS + s->p + r]) continue;
+            snprintf(msg, n, "rank %d sent rank %d %lld messages this step, rank %d received %lld: the two sides of a "
+                     "boundary disagree on its tensors (count or types); the rest stay queued and are dropped",
+                     r, q, (long long)wr[_PP_AG_WORDS + q], q, (long long)wq[_PP_AG_WORDS + s->p + r]);
+            return PP_ERR_SIZE;
+        }
+    msg[0] = 0;
+    return PP_OK;
+}
+
+static void _pp_agree_count(pp_stage* s, int msgs) {
+    s->st.agree_msgs += (uint64_t)msgs;
+    s->st.agree_bytes += (uint64_t)msgs * s->ag_rec;
+    s->st.msgs_sent += (uint64_t)msgs;
+    s->st.bytes_sent += (uint64_t)msgs * s->ag_rec;
+}
+
+/* A failed verdict on a rank whose own step went well: a rank's failure (who >= 0) is
+   PP_ERR_ABORTED here with that rank's message; rank 0's finding (who < 0) is its own code. */
+static pp_result _pp_agree_fail(pp_stage* s, pp_result v, int who, const char* msg) {
+    if (who >= 0)
+        return _pp_fail(&s->err, PP_ERR_ABORTED, "rank %d: the step failed elsewhere: %.*s", s->d.rank, _PP_AG_MSG - 1, msg);
+    return _pp_fail(&s->err, v, "rank %d: %.*s", s->d.rank, _PP_AG_MSG - 1, msg);
+}
+
+/* The end of every step on every rank: returns rc, or, where rc is PP_OK, the verdict. */
+static pp_result _pp_agree(pp_stage* s, pp_result rc) {
+    const pp_transport* t = &s->d.transport;
+    double t0 = _pp_now();
+    pp_result v = PP_OK, w;
+    pp_error e; /* the agreement's own waits: s->err keeps this rank's failure */
+    char vmsg[_PP_AG_MSG];
+    int r, who = -1;
+    if (s->p < 2 || !s->ag_buf) return rc;
+    vmsg[0] = 0;
+    _pp_ag_write(s, s->ag_buf, rc, s->d.rank, s->err.msg);
+    if (s->d.rank != 0) {
+        unsigned char* vrec = s->ag_buf + s->ag_rec;
+        const int64_t* vw = (const int64_t*)(void*)vrec;
+        pp_request rq[2];
+        memset(rq, 0, sizeof rq);
+        if (t->group_start) t->group_start(t->self);
+        w = t->isend(t->self, 0, _PP_TAG_AGREE, s->ag_buf, s->ag_rec, &rq[0]);
+        if (w == PP_OK) w = t->irecv(t->self, 0, _PP_TAG_VERDICT, vrec, s->ag_rec, &rq[1]);
+        else rq[0].done = 1;
+        if (t->group_end) t->group_end(t->self);
+        if (w == PP_OK) {
+            _pp_agree_count(s, 1);
+            w = t->wait(t->self, &rq[0], s->d.timeout_s, &e);
+            if (w == PP_OK) w = t->wait(t->self, &rq[1], s->d.timeout_s, &e);
+            else if (rq[1].impl && t->cancel) t->cancel(t->self, &rq[1]);
+            if (w == PP_OK) s->st.bytes_recv += s->ag_rec;
+        }
+        s->st.t_agree += _pp_now() - t0;
+        if (rc != PP_OK) return rc;
+        if (w != PP_OK) return _pp_stage_fail(s, w, "waiting for the step's outcome: %s", e.msg);
+        if (vw[0] != _PP_AG_MAGIC || vw[1] != s->n_steps || vw[2] != s->gen)
+            return _pp_stage_fail(s, PP_ERR_TRANSPORT, "rank 0's verdict is for its step %lld (after %lld failed), this "
+                                  "rank is at step %lld (after %lld failed)", (long long)vw[1], (long long)vw[2],
+                                  (long long)s->n_steps, (long long)s->gen);
+        if (vw[3] == PP_OK) return PP_OK;
+        return _pp_agree_fail(s, (pp_result)vw[3], (int)vw[4] - 1, (const char*)(vrec + s->ag_rec - _PP_AG_MSG));
+    }
+    /* rank 0: every record, then the verdict to everyone */
+    if (t->group_start) t->group_start(t->self);
+    for (r = 1; r < s->p; r++) {
+        memset(&s->ag_req[r], 0, sizeof s->ag_req[r]);
+        if ((w = t->irecv(t->self, r, _PP_TAG_AGREE, s->ag_buf + (size_t)r * s->ag_rec, s->ag_rec, &s->ag_req[r])) != PP_OK) {
+            memset(&s->ag_req[r], 0, sizeof s->ag_req[r]);
+            _pp_ag_write(s, s->ag_buf + (size_t)r * s->ag_rec, w, r, "rank 0 could not post the receive of its outcome");
+        }
+    }
+    if (t->group_end) t->group_end(t->self);
+    for (r = 1; r < s->p; r++) {
+        if (!s->ag_req[r].impl && !s->ag_req[r].done) continue; /* its post failed: recorded above */
+        if ((w = t->wait(t->self, &s->ag_req[r], s->d.timeout_s, &e)) != PP_OK) {
+            if (s->ag_req[r].impl && t->cancel) t->cancel(t->self, &s->ag_req[r]);
+            _pp_ag_write(s, s->ag_buf + (size_t)r * s->ag_rec, w, r, e.msg);
+        } else if (((const int64_t*)(void*)(s->ag_buf + (size_t)r * s->ag_rec))[0] != _PP_AG_MAGIC) {
+            _pp_ag_write(s, s->ag_buf + (size_t)r * s->ag_rec, PP_ERR_TRANSPORT, r, "its outcome record is corrupt");
+        } else {
+            s->st.bytes_recv += s->ag_rec;
+        }
+        s->ag_req[r].done = 1;
+    }
+    v = _pp_ag_judge(s, vmsg, sizeof vmsg, &who);
+    /* the verdict goes out in slot 0 (rank 0's own record is no longer needed) */
+    _pp_ag_write(s, s->ag_buf, v, who, vmsg);
+    if (t->group_start) t->group_start(t->self);
+    for (r = 1; r < s->p; r++) {
+        memset(&s->ag_req[r], 0, sizeof s->ag_req[r]);
+        if (t->isend(t->self, r, _PP_TAG_VERDICT, s->ag_buf, s->ag_rec, &s->ag_req[r]) != PP_OK) {
+            s->ag_req[r].done = 1;
+            continue;
+        }
+        _pp_agree_count(s, 1);
+    }
+    if (t->group_end) t->group_end(t->self);
+    for (r = 1; r < s->p; r++)
+        if (!s->ag_req[r].done) t->wait(t->self, &s->ag_req[r], s->d.timeout_s, NULL);
+    s->st.t_agree += _pp_now() - t0;
+    if (rc != PP_OK || v == PP_OK) return rc;
+    return _pp_agree_fail(s, v, who, vmsg);
+}
+
 /* Posts the receives of the stage input's tensors [from, upto) into the prepared block. */
 static pp_result _pp_post_range(pp_stage* s, const pp_action* a, _pp_prep* pr, int from, int upto) {
     const pp_transport* t = &s->d.transport;
@@ -4634,8 +5001,11 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
 }
 
 static pp_result _pp_wait_prep(pp_stage* s, _pp_prep* pr, const pp_action* a) {
-    int i;
-    double t0 = _pp_now();
+    int i, peer = _pp_awaited(s, a);
+    double t0;
+    pp_result rc0;
+    if (pr->n_req > 0 && peer >= 0 && (rc0 = _pp_fp_check(s, peer)) != PP_OK) return rc0;
+    t0 = _pp_now();
     for (i = 0; i < pr->n_req; i++) {
         pp_result rc = s->d.transport.wait(s->d.transport.self, &pr->req[i], s->d.timeout_s, &s->err);
         pr->req[i].done = 1;
@@ -4646,6 +5016,7 @@ static pp_result _pp_wait_prep(pp_stage* s, _pp_prep* pr, const pp_action* a) {
             return rc;
         }
         s->st.bytes_recv += pr->req_bytes[i];
+        if (peer >= 0 && s->n_recv) s->n_recv[peer]++;
     }
     pr->n_req = 0;
     s->st.t_wait += _pp_now() - t0;
@@ -4734,6 +5105,7 @@ static pp_result _pp_send_bnd(pp_stage* s, const pp_action* a, _pp_block* blk, c
         blk->n_req++;
         s->st.bytes_sent += bytes;
         s->st.msgs_sent++;
+        if (s->n_sent) s->n_sent[peer]++;
     }
     if (t->group_end) t->group_end(t->self);
     return PP_OK;
@@ -4751,6 +5123,7 @@ static pp_result _pp_send_meta(pp_stage* s, const pp_action* a, _pp_block* blk, 
     s->st.msgs_sent++;
     s->st.meta_bytes_sent += bytes;
     s->st.meta_msgs_sent++;
+    if (s->n_sent) s->n_sent[a->next_rank]++;
     return PP_OK;
 }
 
@@ -4982,6 +5355,16 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
         pp_stage_destroy(s);
         return _pp_fail(err, PP_ERR_NOMEM, "stage scratch");
     }
+    if ((((int64_t)s->d.schedule->m * s->S * (PP_MAX_TENSORS + 1) * 2) << _PP_GEN_BITS) > _PP_TAG_RESERVED) {
+        pp_stage_destroy(s);
+        return _pp_fail(err, PP_ERR_UNSUPPORTED, "%d micro-batches x %d stages do not fit the message tags (at most %lld)",
+                        d->schedule->m, d->schedule->n_stages,
+                        (long long)(_PP_TAG_RESERVED >> _PP_GEN_BITS) / (2 * (PP_MAX_TENSORS + 1)));
+    }
+    if ((rc = _pp_agree_init(s, err)) != PP_OK) {
+        pp_stage_destroy(s);
+        return rc;
+    }
     s->prep[0].idx = s->prep[1].idx = -1;
     s->plan.pad = d->shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
     s->flight.rank = d->rank;
@@ -5013,6 +5396,7 @@ void pp_stage_destroy(pp_stage* s) {
     PP_FREE(s->learned_out);
     PP_FREE(s->bc_cu);
     PP_FREE(s->bc_msg);
+    _pp_agree_free(s);
     PP_FREE(s);
 }
 
@@ -5060,6 +5444,12 @@ static void _pp_stage_recover(pp_stage* s) {
         b->next = s->pool;
         s->pool = b;
     }
+    /* the plan check's receives, where the step stopped before checking */
+    for (i = 0; i < s->n_nb; i++)
+        if (s->nb[i].state == 1) {
+            if (!s->nb[i].rreq.done && s->nb[i].rreq.impl && t->cancel) t->cancel(t->self, &s->nb[i].rreq);
+            s->nb[i].state = 2;
+        }
     s->n_live = 0;
     s->live_bytes = 0;
     /* what a peer learned is unknown after a broken step: learn every shape again */
@@ -5156,22 +5546,14 @@ static int _pp_can_prepare(const pp_stage* s, int idx) {
     return s->live[a->mb * s->v + a->chunk] != NULL;
 }
 
-static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
-    const pp_schedule* sc;
+static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done) {
+    const pp_schedule* sc = s->d.schedule;
     pp_result rc = PP_OK;
     double t_start;
     int i, need;
-    if (!s) return PP_ERR_INVALID;
-    sc = s->d.schedule;
-    memset(&s->st, 0, sizeof s->st);
-    s->err.msg[0] = 0;
-    s->n_events = 0;
-    s->n_steps++;
+    *n_done = 0;
     if (!b) return _pp_stage_fail(s, PP_ERR_INVALID, "batch is NULL");
-    if (s->d.shapes == PP_SHAPES_BROADCAST && sc->p > 1 && (rc = _pp_broadcast_meta(s, b, &b)) != PP_OK) {
-        if (s->d.transport.abort) s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
-        return rc;
-    }
+    if (s->d.shapes == PP_SHAPES_BROADCAST && sc->p > 1 && (rc = _pp_broadcast_meta(s, b, &b)) != PP_OK) return rc;
     if (b->m != sc->m)
         return _pp_stage_fail(s, PP_ERR_INVALID, "batch has m = %d micro-batches, the schedule was made for %d", b->m, sc->m);
     if ((rc = _pp_plan_build(&s->plan, &s->d.model, s->d.weights, b, &s->err)) != PP_OK)
@@ -5219,6 +5601,7 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, pp_step_stat
     }
     s->batch = b;
     t_start = _pp_now();
+    rc = _pp_fp_post(s);
     for (i = 0; i < s->n_list && rc == PP_OK; i++) {
         rc = _pp_reap(s, 0);
         if (rc == PP_OK) rc = _pp_prepare(s, i);
@@ -5226,37 +5609,56 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, pp_step_stat
         if (rc == PP_OK) rc = _pp_run(s, i);
     }
     if (rc == PP_OK) rc = _pp_reap(s, 1);
+    for (need = 0; need < s->n_nb && rc == PP_OK; need++) rc = _pp_fp_check(s, s->nb[need].rank);
     s->st.t_total = _pp_now() - t_start;
     s->st.n_actions = i;
-    if (rc != PP_OK) {
-        if (i > 0) _pp_stage_note(s, &s->list[i - 1], PP_FLIGHT_FAILED, -1);
-        if (s->d.transport.abort) s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
-        _pp_stage_recover(s);
-    } else {
-        int last_rank, last_chunk;
-        pp_schedule_stage_rank(sc, s->S - 1, &last_rank, &last_chunk);
-        if (last_rank == s->d.rank) {
-            s->st.loss = _pp_step_loss(&s->plan, s->mb_loss);
-            s->st.has_loss = 1;
-        }
+    *n_done = i;
+    if (rc == PP_OK)
         for (i = 0; i < (int)s->n_events; i++) {
             s->events[i].start -= t_start;
             s->events[i].end -= t_start;
         }
-    }
-    s->batch = NULL;
-    if (stats) *stats = s->st;
     return rc;
 }
 
-/* Any failure, a rejected batch included, tells the other ranks: they stop waiting for this
-   one and return PP_ERR_ABORTED instead of running into their deadlines. */
+/* Any failure, a rejected batch included, tells the other ranks (transport.abort): they stop
+   waiting for this one and return PP_ERR_ABORTED instead of running into their deadlines. Then
+   every rank takes part in the agreement (>>impl-stage-agree), so a step is PP_OK on every rank
+   or on none; a failed step moves every rank to the next generation of tags. */
 pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
-    pp_result rc;
+    pp_result rc, own;
+    int i, n_done;
     if (!s) return PP_ERR_INVALID;
-    rc = _pp_stage_step_run(s, b, stats);
-    if (rc != PP_OK && rc != PP_ERR_ABORTED && s->d.transport.abort)
-        s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
+    memset(&s->st, 0, sizeof s->st);
+    s->err.msg[0] = 0;
+    s->n_events = 0;
+    s->n_steps++;
+    if (s->n_sent) {
+        memset(s->n_sent, 0, sizeof *s->n_sent * (size_t)s->p);
+        memset(s->n_recv, 0, sizeof *s->n_recv * (size_t)s->p);
+    }
+    for (i = 0; i < s->n_nb; i++) s->nb[i].state = 0;
+    rc = own = _pp_stage_step_run(s, b, &n_done);
+    if (rc != PP_OK) {
+        if (n_done > 0) _pp_stage_note(s, &s->list[n_done - 1], PP_FLIGHT_FAILED, -1);
+        if (rc != PP_ERR_ABORTED && s->d.transport.abort) s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
+        _pp_stage_recover(s);
+    }
+    rc = _pp_agree(s, rc);
+    if (rc == PP_OK) {
+        int last_rank, last_chunk;
+        pp_schedule_stage_rank(s->d.schedule, s->S - 1, &last_rank, &last_chunk);
+        if (last_rank == s->d.rank) {
+            s->st.loss = _pp_step_loss(&s->plan, s->mb_loss);
+            s->st.has_loss = 1;
+        }
+    } else {
+        if (own == PP_OK) _pp_stage_recover(s); /* what peers learned (AUTO) is reset on both sides */
+        s->gen++;
+        s->n_events = 0;
+    }
+    s->batch = NULL;
+    if (stats) *stats = s->st;
     return rc;
 }
 
@@ -5498,6 +5900,9 @@ static void _pp_stats_merge(const pp_step_stats* rs, int p, pp_step_stats* out) 
         out->msgs_sent += a->msgs_sent;
         out->meta_bytes_sent += a->meta_bytes_sent;
         out->meta_msgs_sent += a->meta_msgs_sent;
+        out->agree_msgs += a->agree_msgs;
+        out->agree_bytes += a->agree_bytes;
+        if (a->t_agree > out->t_agree) out->t_agree = a->t_agree;
         out->peak_stash_bytes += a->peak_stash_bytes;
         out->n_actions += a->n_actions;
         out->pool_bytes += a->pool_bytes;

@@ -401,7 +401,7 @@ static void test_rank_setup(void) {
         CHECK(rs.t_total <= st.t_total, "t_total is the slowest rank's");
         bytes += rs.bytes_sent;
     }
-    CHECK(bytes == st.bytes_sent && st.bytes_sent == st.bytes_recv && st.bytes_sent > 0, "bytes summed over ranks");
+    CHECK(bytes == st.bytes_sent && st.bytes_sent == st.bytes_recv && st.bytes_sent > 0, "bytes summed over ranks: %llu, %llu sent, %llu received", (unsigned long long)bytes, (unsigned long long)st.bytes_sent, (unsigned long long)st.bytes_recv);
     CHECK(pp_pipeline_rank_result(pl, 4, NULL) == PP_ERR_INVALID, "rank 4 of 4");
     ev = pp_pipeline_timeline(pl, &n);
     CHECK(ev && n == (size_t)4 * pp_pipeline_schedule(pl)->per_rank && ev[0].rank == 0 && ev[n - 1].rank == 3,

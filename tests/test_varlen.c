@@ -265,14 +265,15 @@ static int run_policy_case(pp_model model, const void* w, void* gref_flat_w, siz
     }
     /* byte and message accounting, step by step */
     for (i = 0; i < n_steps && ok; i++) {
-        uint64_t data = wire_bytes(&model, w, &steps[i].b, first, S), sent = 0, meta = 0, meta_msgs = 0, expect_msgs = 0;
+        uint64_t data = wire_bytes(&model, w, &steps[i].b, first, S), sent = 0, meta = 0, agree = 0, meta_msgs = 0, expect_msgs = 0;
         for (r = 0; r < p; r++) {
             sent += W.stats[r][i].bytes_sent;
             meta += W.stats[r][i].meta_bytes_sent;
+            agree += W.stats[r][i].agree_bytes;
             meta_msgs += W.stats[r][i].meta_msgs_sent;
         }
         sent_total += sent;
-        if (sent - meta != data) {
+        if (sent - meta - agree != data) {
             CHECK(0, "policy %d step %d: %llu data bytes sent, the activations and gradients are %llu", pol, i,
                   (unsigned long long)(sent - meta), (unsigned long long)data);
             ok = 0;
