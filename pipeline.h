@@ -838,6 +838,10 @@ typedef struct pp_transport {
        known. Lets a rank that learns of the abort from a send, which carries no message, say
        the root cause. May be NULL. */
     int (*abort_reason)(void* self, char* buf, size_t n);
+    /* Proves the schedule can run over this transport (pp_stage_create calls it after
+       pp_simulate): pipeline_nccl.h refuses a message order NCCL cannot match and a call order
+       that would wait in a cycle under rendezvous sends. May be NULL. */
+    pp_result (*check_schedule)(void* self, const pp_schedule* s, pp_error* err);
 } pp_transport;
 
 /* >>threads ----------------------------------------------------------------------------------- */
@@ -1005,6 +1009,9 @@ typedef struct pp_step_stats {
        meta_*), and the time they took (s). */
     uint64_t agree_msgs, agree_bytes;
     double t_agree;
+    size_t pool_bytes;          /* the block pool's memory at the end of the step (device or host) */
+    size_t pool_need;           /* the most bytes the step's blocks asked for at once */
+    int pool_allocs, pool_frees;/* blocks the pool allocated and gave back during the step */
 } pp_step_stats;
 
 pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err);
@@ -4596,10 +4603,10 @@ static pp_transport _pp_transport_of(const pp_transport* ops, void* self, int ra
 
 pp_transport pp_threads_transport(pp_threads* w, int rank) {
     /* self, rank, size; isend, irecv, wait, test; group_start, group_end; allreduce_sum, abort,
-       cancel; flight_note, flight_get; abort_reason */
+       cancel; flight_note, flight_get; abort_reason, check_schedule */
     static const pp_transport ops = {NULL, 0, 0, _pp_threads_isend, _pp_threads_irecv, _pp_threads_wait, _pp_threads_test,
                                      NULL, NULL, _pp_threads_allreduce, _pp_threads_abort, _pp_threads_cancel,
-                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason};
+                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason, NULL};
     int ok = w && rank >= 0 && rank < w->n;
     return _pp_transport_of(&ops, ok ? &w->ports[rank] : NULL, rank, ok ? w->n : 0);
 }
@@ -4904,6 +4911,8 @@ enum { _PP_TRAILER_OK = 1, _PP_TRAILER_RESIZE = 2 };
 typedef struct _pp_block {
     struct _pp_block* next;
     size_t cap;
+    size_t want;                    /* bytes its user asked for; 0 while in the pool */
+    int idle;                       /* steps ended in the pool without being taken */
     int n_req;
     pp_request req[_PP_MAX_REQ];
     _pp_hdr hdr;                    /* a header this block's sends carry */
@@ -4944,6 +4953,9 @@ struct pp_stage {
     int defer_w;                    /* schedule has W actions and the model a weight_grad */
     float* mb_loss;
     _pp_block *pool, *retiring;
+    size_t pool_held, pool_used, pool_need_max; /* bytes allocated, asked for now, most asked for in a step */
+    size_t pool_want_max;           /* the largest block asked for */
+    uint64_t pool_sig, pool_sig_last; /* the sizes asked for this step and last step, hashed */
     pp_tensor *act, *dact;          /* [(max_layers+1)*PP_MAX_TENSORS] */
     int* nact;
     void** saved;
@@ -5229,8 +5241,71 @@ static _pp_block* _pp_block_new_dev(pp_stage* s, size_t bytes) {
 }
 
 static void _pp_block_free(pp_stage* s, _pp_block* b) {
-    if (b && s->d.device.free && b->data) s->d.device.free(s->d.device.user, b->data);
+    if (!b) return;
+    if (s->d.device.free && b->data) s->d.device.free(s->d.device.user, b->data);
+    s->pool_held -= b->cap;
     PP_FREE(b);
+}
+
+/* A block that is in the pool no longer counts as asked for; one still sending does. */
+static void _pp_block_unuse(pp_stage* s, _pp_block* b) {
+    s->pool_used -= b->want;
+    b->want = 0;
+}
+
+/* The device pool under shapes that change every step (varlen batches repacked): blocks of
+   the exact size asked for pile up, one for each new size, and a request larger than every free
+   block allocates again at any step. So a new device block is made for the largest request the
+   stage has seen, plus _PP_POOL_HEADROOM percent, rounded up to one of _PP_POOL_CLASSES sizes
+   per power of two; a block too small for that largest request leaves the pool (the largest
+   such free block when a request misses; at the end of a step, every one when the sizes asked
+   for differ from the last step's, else those the step did not take), so the pool converges
+   on as many blocks as the stage holds at once, each large enough for any request like those
+   seen (with shapes that stay the same, blocks made for the first step stay: no allocation
+   after it). It allocates again only when a request exceeds the largest so far by more than
+   the headroom, or the stage holds more blocks at once than ever. And at the end of a step, while
+   the pool holds more than _PP_POOL_SLACK times the most the stage's blocks (sending ones
+   included) asked for at once in any step, blocks not taken for _PP_POOL_IDLE_STEPS steps go
+   back to the device allocator. tests/test_cuda_pipeline.c: 1000 steps of random lengths. */
+#ifndef _PP_POOL_CLASSES
+#define _PP_POOL_CLASSES 8
+#endif
+#ifndef _PP_POOL_HEADROOM
+#define _PP_POOL_HEADROOM 40
+#endif
+#ifndef _PP_POOL_SLACK
+#define _PP_POOL_SLACK 2
+#endif
+#ifndef _PP_POOL_IDLE_STEPS
+#define _PP_POOL_IDLE_STEPS 50
+#endif
+static size_t _pp_block_class(size_t bytes) {
+    size_t top = 256, q;
+    if (bytes <= top) return top;
+    while (top <= bytes / 2) top *= 2; /* top <= bytes < 2 top */
+    q = top / _PP_POOL_CLASSES;
+    return (bytes + q - 1) / q * q;
+}
+
+/* Unlinks *bp from its list and gives the block back to the device allocator. */
+static void _pp_pool_release(pp_stage* s, _pp_block** bp) {
+    _pp_block* b = *bp;
+    *bp = b->next;
+    _pp_block_free(s, b);
+    s->st.pool_frees++;
+}
+
+/* The size of a new device block for a request of `bytes`; a free block too small for it goes. */
+static size_t _pp_pool_grow(pp_stage* s, size_t bytes) {
+    _pp_block *b, **bp, **small = NULL;
+#ifdef PP_TEST_POOL_EXACT /* the negative control of the varlen pool test: exact sizes, nothing freed */
+    return bytes;
+#endif
+    for (bp = &s->pool; (b = *bp) != NULL; bp = &b->next)
+        if (b->cap < bytes && (!small || b->cap > (*small)->cap)) small = bp;
+    if (small) _pp_pool_release(s, small);
+    if (bytes < s->pool_want_max) bytes = s->pool_want_max;
+    return _pp_block_class(bytes + bytes / 100 * _PP_POOL_HEADROOM);
 }
 
 /* Device blocks: a transport whose sends complete only once the receiver posted (pipeline_cuda.h)
@@ -5268,13 +5343,14 @@ static _pp_block* _pp_block_wait_retiring(pp_stage* s, size_t bytes, size_t limi
             b->req[i].done = 1;
         }
     /* the wait may have unlinked nothing, but list order is unchanged: bestp is still valid */
+    _pp_block_unuse(s, b);
     *bestp = b->next;
     b->next = NULL;
     b->n_req = 0;
     return b;
 }
 
-static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
+static _pp_block* _pp_block_take(pp_stage* s, size_t bytes) {
     _pp_block *b, *best = NULL, **bp, **bestp = NULL;
     for (bp = &s->pool; (b = *bp) != NULL; bp = &b->next)
         if (b->cap >= bytes && (!best || b->cap <= best->cap)) {
@@ -5292,12 +5368,32 @@ static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
         if (s->d.device.reuse) s->d.device.reuse(s->d.device.user, best->data, best->cap);
         return best;
     }
-    if (s->d.device.alloc) return _pp_block_new_dev(s, bytes);
-    b = (_pp_block*)PP_MALLOC(sizeof(_pp_block) + 64 + (bytes ? bytes : 1));
+    if (s->d.device.alloc) {
+        b = _pp_block_new_dev(s, _pp_pool_grow(s, bytes));
+    } else {
+        b = (_pp_block*)PP_MALLOC(sizeof(_pp_block) + 64 + (bytes ? bytes : 1));
+        if (!b) return NULL;
+        memset(b, 0, sizeof *b);
+        b->cap = bytes;
+        b->data = (unsigned char*)(((uintptr_t)(b + 1) + 63) & ~(uintptr_t)63);
+    }
+    if (b) {
+        s->pool_held += b->cap;
+        s->st.pool_allocs++;
+    }
+    return b;
+}
+
+/* A block of at least `bytes` for the step (pool accounting around _pp_block_take). */
+static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
+    _pp_block* b = _pp_block_take(s, bytes);
     if (!b) return NULL;
-    memset(b, 0, sizeof *b);
-    b->cap = bytes;
-    b->data = (unsigned char*)(((uintptr_t)(b + 1) + 63) & ~(uintptr_t)63);
+    b->want = bytes ? bytes : 1;
+    b->idle = 0;
+    s->pool_sig = s->pool_sig * 1099511628211ull + b->want;
+    if (b->want > s->pool_want_max) s->pool_want_max = b->want;
+    s->pool_used += b->want;
+    if (s->pool_used > s->st.pool_need) s->st.pool_need = s->pool_used;
     return b;
 }
 
@@ -5318,9 +5414,43 @@ static void _pp_block_put(pp_stage* s, _pp_block* b) {
         b->next = s->retiring;
         s->retiring = b;
     } else {
+        _pp_block_unuse(s, b);
         b->next = s->pool;
         s->pool = b;
     }
+}
+
+/* The end of a step's pool work (see _pp_pool_grow): statistics, then device blocks too small
+   for the largest request go, and idle ones while the pool is over its slack. */
+static void _pp_pool_trim(pp_stage* s) {
+    _pp_block *b, **bp, **worst;
+    int changed = s->n_steps > 1 && s->pool_sig != s->pool_sig_last; /* the shapes change from step to step */
+    s->pool_sig_last = s->pool_sig;
+    s->pool_sig = 0;
+    if (s->st.pool_need > s->pool_need_max) s->pool_need_max = s->st.pool_need;
+    for (b = s->pool; b; b = b->next) b->idle++;
+    for (bp = &s->pool; s->d.device.alloc && (b = *bp) != NULL;) {
+#ifndef PP_TEST_POOL_EXACT
+        if (b->cap < s->pool_want_max && (b->idle > 1 || changed)) {
+            _pp_pool_release(s, bp);
+            continue;
+        }
+#endif
+        bp = &b->next;
+    }
+    while (s->d.device.alloc && s->pool_held > _PP_POOL_SLACK * s->pool_need_max) {
+        worst = NULL;
+        for (bp = &s->pool; (b = *bp) != NULL; bp = &b->next)
+            if (b->idle > _PP_POOL_IDLE_STEPS &&
+                (!worst || b->idle > (*worst)->idle || (b->idle == (*worst)->idle && b->cap > (*worst)->cap)))
+                worst = bp;
+#ifdef PP_TEST_POOL_EXACT
+        worst = NULL;
+#endif
+        if (!worst) break;
+        _pp_pool_release(s, worst);
+    }
+    s->st.pool_bytes = s->pool_held;
 }
 
 /* Moves retired blocks whose sends completed back to the pool; with wait_all, waits for them. */
@@ -5339,12 +5469,14 @@ static pp_result _pp_reap(pp_stage* s, int wait_all) {
         }
         if (wait_all || !_pp_block_busy(s, b)) {
             *bp = b->next;
+            _pp_block_unuse(s, b);
             b->next = s->pool;
             s->pool = b;
         } else {
             bp = &b->next;
         }
     }
+    if (wait_all) _pp_pool_trim(s);
     return rc;
 }
 
@@ -6175,6 +6307,8 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     if (!sim) return _pp_fail(err, PP_ERR_NOMEM, "simulator result");
     memset(&cost, 0, sizeof cost);
     rc = pp_simulate(d->schedule, &cost, sim, NULL, err);
+    if (rc == PP_OK && d->schedule->p > 1 && d->transport.check_schedule)
+        rc = d->transport.check_schedule(d->transport.self, d->schedule, err);
     if (rc != PP_OK) {
         PP_FREE(sim);
         return rc;
@@ -6290,6 +6424,7 @@ static void _pp_stage_recover(pp_stage* s) {
     while (s->retiring) {
         _pp_block* b = s->retiring;
         s->retiring = b->next;
+        _pp_block_unuse(s, b);
         b->n_req = 0;
         b->next = s->pool;
         s->pool = b;
@@ -6755,6 +6890,10 @@ static void _pp_stats_merge(const pp_step_stats* rs, int p, pp_step_stats* out) 
         if (a->t_agree > out->t_agree) out->t_agree = a->t_agree;
         out->peak_stash_bytes += a->peak_stash_bytes;
         out->n_actions += a->n_actions;
+        out->pool_bytes += a->pool_bytes;
+        out->pool_need += a->pool_need;
+        out->pool_allocs += a->pool_allocs;
+        out->pool_frees += a->pool_frees;
     }
 }
 

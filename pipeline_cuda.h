@@ -924,12 +924,15 @@ static void _ppc_free(void* user, void* ptr) {
     pp_cuda* c = r->c;
     _ppc_msg* m;
     int i, again = 1;
+    size_t n = 1;
+    for (i = 0; i < r->n_pool; i++) /* the block's extent: a message may come from any offset in it */
+        if (r->pool_p[i] == (char*)ptr) n = r->pool_n[i];
     pthread_mutex_lock(&c->mu);
     while (again) {
         again = 0;
         for (m = r->reading; m; m = m->pnext) {
             const char* s0 = (const char*)m->sbuf;
-            if (s0 + m->sbytes <= (const char*)ptr || s0 > (const char*)ptr) continue; /* blocks are disjoint */
+            if (s0 + m->sbytes <= (const char*)ptr || s0 >= (const char*)ptr + n) continue;
             _ppc_copy_now_locked(c, m);
             if (!m->dropped && m->ec) {
                 cudaEvent_t ec = m->ec; /* held: the event stays with the message */
@@ -948,6 +951,7 @@ static void _ppc_free(void* user, void* ptr) {
     for (i = 0; i < r->n_pool && r->pool_p[i] != (char*)ptr; i++) {
     }
     if (i < r->n_pool) {
+        r->pool_bytes -= r->pool_n[i] <= r->pool_bytes ? r->pool_n[i] : r->pool_bytes;
         for (; i + 1 < r->n_pool; i++) {
             r->pool_p[i] = r->pool_p[i + 1];
             r->pool_n[i] = r->pool_n[i + 1];
@@ -1111,7 +1115,7 @@ pp_result pp_cuda_bind(pp_cuda* c, int rank, pp_error* err) {
 pp_transport pp_cuda_transport(pp_cuda* c, int rank) {
     /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
     static const pp_transport ops = {NULL, 0, 0, _ppc_isend, _ppc_irecv, _ppc_wait, _ppc_test, NULL, NULL, NULL,
-                                     _ppc_abort, _ppc_cancel, NULL, NULL, NULL};
+                                     _ppc_abort, _ppc_cancel, NULL, NULL, NULL, NULL};
     int ok = c && rank >= 0 && rank < c->n;
     return _pp_transport_of(&ops, ok ? &c->r[rank] : NULL, rank, ok ? c->n : 0);
 }

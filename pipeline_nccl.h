@@ -35,6 +35,11 @@
      order than they are sent (found by the check, tests/test_nccl.c): such a schedule, or a
      user's list that breaks the order, is refused with the first mismatching message named.
      Use the MPI transport (tags) or another m there.
+   - Sends complete only when their receive runs (rendezvous), and a group completes with all
+     its operations: pp_nccl_check_rendezvous runs every rank's groups, in issue order, against
+     each other and refuses a schedule whose groups would wait in a cycle (every built-in one
+     passes; a hand-written table may not). pp_stage_create runs both checks through the
+     transport (pp_transport.check_schedule): such a schedule fails there, not at a step.
    - Waits that poll (sends, host receives, pp_nccl_step_end) use cudaEventQuery and
      ncclCommGetAsyncError against the deadline; on a timeout (other than the executor's short
      probes of retiring blocks) or an NCCL error the communicators are aborted (ncclCommAbort),
@@ -98,9 +103,13 @@ cudaStream_t pp_nccl_comm_stream(const pp_nccl* t);
 void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs);
 const char* pp_nccl_error(const pp_nccl* t);
 
-/* Bootstrap. The file variant: rank 0 creates the id and writes it to path atomically (write,
-   then rename); the others poll for the file until timeout_s. Use a path unique to the job
-   (e.g. with $SLURM_JOB_ID): a stale file from an earlier run would be read. */
+/* Bootstrap. The file variant: rank 0 removes what is at path, creates the id and writes it
+   there atomically (write, then rename) with its wall-clock time and the launcher's job id
+   ($SLURM_JOB_ID, $TORCHELASTIC_RUN_ID, ... where one is set); the others poll for the file until
+   timeout_s and take only a file of this job written at most timeout_s before they started: a
+   file an earlier run left is passed over (rank 0 replaces it), and a timeout says it was
+   stale. The ranks' clocks must agree to well within timeout_s. Use a path unique to the job
+   where you can (e.g. with $SLURM_JOB_ID). */
 pp_result pp_nccl_unique_id_file(const char* path, int rank, double timeout_s, ncclUniqueId* id, pp_error* err);
 /* cudaSetDevice(local_rank % devices), then ncclCommInitRankConfig (non-blocking) polled until
    timeout_s; on a timeout the half-made communicator is aborted. */
@@ -133,6 +142,15 @@ void pp_nccl_grid_destroy(pp_nccl_grid* g);
    the sender sends (NCCL matches by order, not by tag). PP_ERR_UNSUPPORTED names the first
    pair and message where they differ. Pure: no GPU needed. */
 pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err);
+/* Proves that the NCCL calls this transport makes under schedule s (with LOCAL or BROADCAST
+   shapes) cannot wait in a cycle when sends complete only once their receive runs (NCCL's
+   rendezvous for large messages): it derives every rank's groups in the order the executor and
+   the transport issue them and runs them against each other. PP_ERR_DEADLOCK names the ranks,
+   messages and groups that would wait for each other. channels: 2 (the transport's two
+   communicators, NCCL >= 2.18) or 1. Pure: no GPU needed. The transport runs this check and
+   pp_nccl_check_order on every schedule pp_stage_create gives it (pp_transport.check_schedule),
+   so a user's table that would hang is refused before the first step. */
+pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err);
 
 #if defined(MPI_VERSION)
 /* Rank 0 of comm creates the id; MPI_Bcast gives it to everyone. */
@@ -155,6 +173,8 @@ pp_result pp_nccl_unique_id_mpi(MPI_Comm comm, ncclUniqueId* id, pp_error* err);
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#define _PPN_DEV_CACHE 256
 
 /* One NCCL group on the communication stream; its operations complete together. */
 typedef struct _ppn_batch {
@@ -203,11 +223,14 @@ struct pp_nccl {
     uint64_t batch_seq[2];      /* batches issued so far, per channel */
     uint64_t waited_seq[2];     /* the last batch of each channel the compute stream waited for */
     uint64_t done_seq[2];       /* every batch of the channel up to this one is complete */
+    uint64_t busy_seq[2], busy_at[2]; /* a batch of the channel seen running, and 1 + the flush count then */
     uint64_t flushes;
     cudaEvent_t ready;          /* recorded on the compute stream at every flush (a wait keeps its record) */
+    int in_flush_all, ready_fresh; /* within _ppn_flush_all: ready is recorded for both channels' groups */
     cudaEvent_t* free_ev;       /* completion events of released batches, for reuse */
     int n_free_ev, cap_free_ev;
     _ppn_bounce* bounce;        /* free device bounce buffers (host-memory messages) */
+    const void* dev_cache[_PPN_DEV_CACHE]; /* pointers known to be device memory (_ppn_is_host) */
     uint64_t bytes_sent, msgs_sent;
     char err[256];
 };
@@ -258,14 +281,22 @@ static ncclResult_t _ppn_comm_wait(ncclComm_t c, double deadline, long sleep_us)
     }
 }
 
-static int _ppn_is_host(const void* p) {
+/* 1 for host memory. The executor sends from and receives into the same pooled device blocks
+   step after step, so device answers are remembered (a direct-mapped cache of pointers): under
+   unified addressing the driver reserves device addresses, so one never becomes host memory
+   while the process lives (tests/fakecuda reserves an arena the same way). */
+static int _ppn_is_host(pp_nccl* t, const void* p) {
     struct cudaPointerAttributes a;
+    size_t h = (size_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull) >> 56) % _PPN_DEV_CACHE; /* blocks are aligned: mix */
+    if (t->dev_cache[h] == p) return 0;
     memset(&a, 0, sizeof a);
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
         cudaGetLastError(); /* clear: an unregistered host pointer is not an error */
         return 1;
     }
-    return a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged;
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) return 1;
+    t->dev_cache[h] = p;
+    return 0;
 }
 
 /* A released batch's event goes back to the pool: recording it again is safe once the waits
@@ -356,7 +387,8 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
     else rc = _ppn_cuda(t, cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming), "cudaEventCreate");
     if (rc == PP_OK && !t->ready) rc = _ppn_cuda(t, cudaEventCreateWithFlags(&t->ready, cudaEventDisableTiming), "cudaEventCreate");
     ready = t->ready;
-    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ready, t->compute), "cudaEventRecord (compute)");
+    if (rc == PP_OK && !t->ready_fresh) rc = _ppn_cuda(t, cudaEventRecord(ready, t->compute), "cudaEventRecord (compute)");
+    t->ready_fresh = t->in_flush_all; /* the other channel's group of this flush waits for the same record */
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent (compute)");
     end = last ? last->next : NULL;
     for (op = t->head; op != end && rc == PP_OK; op = op->next)
@@ -394,8 +426,9 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
 }
 
 /* 1 when the batch is done, 0 while it runs; an error otherwise (NCCL's asynchronous error).
-   A channel's batches complete in issue order, and one seen running is not asked again before
-   the next flush (the executor tests every retiring send at every action). */
+   A channel's batches complete in issue order, so neither a batch seen running nor a later one
+   of its channel is asked again before the next flush (the executor tests every retiring send
+   at every action). */
 static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
     cudaError_t e;
     ncclResult_t ar = ncclSuccess;
@@ -406,6 +439,8 @@ static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
         return PP_OK;
     }
     if (b->not_ready_at == t->flushes + 1) return PP_OK;
+    /* a later batch than one seen running since the last flush is running too (issue order) */
+    if (b->seq && t->busy_at[b->ch] == t->flushes + 1 && b->seq >= t->busy_seq[b->ch]) return PP_OK;
     e = cudaEventQuery(b->done);
     if (e == cudaSuccess) {
         b->complete = 1;
@@ -414,6 +449,10 @@ static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
         return PP_OK;
     }
     b->not_ready_at = t->flushes + 1;
+    if (b->seq && (t->busy_at[b->ch] != t->flushes + 1 || b->seq < t->busy_seq[b->ch])) {
+        t->busy_seq[b->ch] = b->seq;
+        t->busy_at[b->ch] = t->flushes + 1;
+    }
     if (e != cudaErrorNotReady) return _ppn_cuda(t, e, "cudaEventQuery");
     if (ncclCommGetAsyncError(_PPN_COMM(t, b->ch), &ar) != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress)) {
         _ppn_note(t, "NCCL reported an asynchronous error", ncclGetErrorString(ar));
@@ -427,11 +466,11 @@ static pp_result _ppn_poll(pp_nccl* t, _ppn_batch* b, double deadline) {
     int done = 0, round = 0;
     pp_result rc;
     for (;; round++) {
-        b->not_ready_at = 0; /* polling: ask every time */
+        b->not_ready_at = t->busy_at[b->ch] = 0; /* polling: ask every time */
         if ((rc = _ppn_query(t, b, &done)) != PP_OK || done) return rc;
         if (t->aborted) return PP_ERR_ABORTED;
         if (_pp_now() > deadline) return PP_ERR_TIMEOUT;
-        if (round > 2) _ppn_sleep_us(round > 1000 ? 500 : 20);
+        _ppn_sleep_us(round > 6 ? 500 : 8L << round); /* backing off: 8 us doubling to 500 */
     }
 }
 
@@ -462,8 +501,12 @@ static void _ppn_self_match(pp_nccl* t, _ppn_op* op) {
 }
 
 static pp_result _ppn_flush_all(pp_nccl* t) {
-    pp_result rc = _ppn_flush(t, 0, NULL);
-    return rc == PP_OK ? _ppn_flush(t, 1, NULL) : rc;
+    pp_result rc;
+    t->in_flush_all = 1;
+    rc = _ppn_flush(t, 0, NULL);
+    if (rc == PP_OK) rc = _ppn_flush(t, 1, NULL);
+    t->in_flush_all = t->ready_fresh = 0;
+    return rc;
 }
 
 static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
@@ -479,7 +522,7 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     op->buf = buf;
     op->dev = buf;
     op->bytes = bytes;
-    op->host = bytes ? _ppn_is_host(buf) : 0;
+    op->host = bytes ? _ppn_is_host(t, buf) : 0;
     op->ch = t->two && (is_recv ? peer > t->rank : peer < t->rank); /* 1: the message goes to a lower rank */
     if (op->host && peer != t->rank) {
         op->dev = NULL;
@@ -658,7 +701,7 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
     if (n_ranks == 1 || count == 0) return PP_OK;
     if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted", t->rank);
     if ((rc = _ppn_flush_all(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
-    host = _ppn_is_host(buf);
+    host = _ppn_is_host(t, buf);
     dev = buf;
     if (host) rc = _ppn_cuda(t, cudaMalloc(&dev, bytes), "cudaMalloc (all-reduce bounce)");
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
@@ -702,10 +745,17 @@ static void _ppn_abort(void* self, pp_result why, const char* msg) {
     _ppn_abort_comm(t);
 }
 
+/* pp_stage_create's check: NCCL matches by order, and its sends wait for their receives. */
+static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error* err) {
+    pp_result rc = pp_nccl_check_order(s, err);
+    return rc == PP_OK ? pp_nccl_check_rendezvous(s, ((pp_nccl*)self)->two ? 2 : 1, err) : rc;
+}
+
 pp_transport pp_nccl_transport(pp_nccl* t) {
     /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
     static const pp_transport ops = {NULL, 0, 0, _ppn_isend, _ppn_irecv, _ppn_wait, _ppn_test, _ppn_group_start,
-                                     _ppn_group_end, _ppn_allreduce, _ppn_abort, _ppn_cancel, NULL, NULL, NULL};
+                                     _ppn_group_end, _ppn_allreduce, _ppn_abort, _ppn_cancel, NULL, NULL, NULL,
+                                     _ppn_check_schedule};
     return _pp_transport_of(&ops, t, t ? t->rank : 0, t ? t->size : 0);
 }
 
@@ -817,34 +867,96 @@ void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs) {
 
 const char* pp_nccl_error(const pp_nccl* t) { return t ? t->err : "transport is NULL"; }
 
+/* The id file: what rank 0 writes, so that a reader can tell this run's file from one an
+   earlier run left at the same path. */
+typedef struct _ppn_idfile {
+    char magic[8];              /* "ppncclid" */
+    uint32_t version;           /* 1 */
+    int64_t written;            /* the writer's wall clock (time(NULL)) */
+    char job[96];               /* the launcher's job identity, "" when none is set */
+    ncclUniqueId id;
+} _ppn_idfile;
+
+/* The launcher's identity of this job (the same on every rank), or "". */
+static void _ppn_job_token(char* out, size_t cap) {
+    static const char* const vars[] = {"SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid",
+                                       "LSB_JOBID", "PBS_JOBID", "FLUX_JOB_ID"};
+    size_t i;
+    out[0] = 0;
+    for (i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char* v = getenv(vars[i]);
+        if (v && *v) {
+            snprintf(out, cap, "%s=%s", vars[i], v);
+            return;
+        }
+    }
+}
+
+/* Why the file read is not this run's ("" if it is). */
+static void _ppn_idfile_stale(const _ppn_idfile* f, size_t got, const char* job, int64_t start, double window, char* why,
+                              size_t cap) {
+    why[0] = 0;
+    if (got != sizeof *f || memcmp(f->magic, "ppncclid", 8) != 0 || f->version != 1)
+        snprintf(why, cap, "it is not an id file of this version (%zu bytes)", got);
+    else if (strncmp(f->job, job, sizeof f->job) != 0)
+        snprintf(why, cap, "it was written by job '%.40s', this is '%.40s'", f->job, job);
+    else if ((double)(start - f->written) > window)
+        snprintf(why, cap, "it was written %lld s before this rank started, more than the %.3g s timeout",
+                 (long long)(start - f->written), window);
+}
+
 pp_result pp_nccl_unique_id_file(const char* path, int rank, double timeout_s, ncclUniqueId* id, pp_error* err) {
-    char tmp[1024];
-    double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
-    FILE* f;
+    char tmp[1100], job[96], why[200] = "";
+    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, deadline = _pp_now() + dt;
+    int64_t start = (int64_t)time(NULL);
+    _ppn_idfile f;
+    FILE* fp;
     if (!path || !id) return _pp_fail(err, PP_ERR_INVALID, "unique id file needs a path and an output");
-    if (strlen(path) + 16 > sizeof tmp) return _pp_fail(err, PP_ERR_INVALID, "path is too long");
+    if (strlen(path) + 32 > sizeof tmp) return _pp_fail(err, PP_ERR_INVALID, "path is too long");
+    _ppn_job_token(job, sizeof job);
     if (rank == 0) {
-        ncclResult_t r = ncclGetUniqueId(id);
+        ncclResult_t r;
+        remove(path); /* an earlier run's file goes before this one exists */
+        r = ncclGetUniqueId(id);
         if (r != ncclSuccess) return _pp_fail(err, PP_ERR_TRANSPORT, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+        memset(&f, 0, sizeof f);
+        memcpy(f.magic, "ppncclid", 8);
+        f.version = 1;
+        f.written = (int64_t)time(NULL);
+        memcpy(f.job, job, sizeof f.job);
+        f.id = *id;
         snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        if (!(f = fopen(tmp, "wb"))) return _pp_fail(err, PP_ERR_TRANSPORT, "cannot write %s", tmp);
-        if (fwrite(id, sizeof *id, 1, f) != 1) {
-            fclose(f);
+        if (!(fp = fopen(tmp, "wb"))) return _pp_fail(err, PP_ERR_TRANSPORT, "cannot write %s", tmp);
+        if (fwrite(&f, sizeof f, 1, fp) != 1) {
+            fclose(fp);
+            remove(tmp);
             return _pp_fail(err, PP_ERR_TRANSPORT, "cannot write %s", tmp);
         }
-        if (fclose(f) != 0 || rename(tmp, path) != 0)
+        if (fclose(fp) != 0 || rename(tmp, path) != 0) {
+            remove(tmp);
             return _pp_fail(err, PP_ERR_TRANSPORT, "cannot publish %s", path);
+        }
         return PP_OK;
     }
     for (;;) {
-        if ((f = fopen(path, "rb")) != NULL) {
-            size_t got = fread(id, sizeof *id, 1, f);
-            fclose(f);
-            if (got == 1) return PP_OK;
+        if ((fp = fopen(path, "rb")) != NULL) {
+            unsigned char buf[sizeof f + 1];
+            size_t got = fread(buf, 1, sizeof buf, fp); /* sizeof f + 1: a longer file is no id file */
+            fclose(fp);
+            memset(&f, 0, sizeof f);
+            memcpy(&f, buf, got < sizeof f ? got : sizeof f);
+            _ppn_idfile_stale(&f, got, job, start, dt, why, sizeof why);
+            if (!why[0]) {
+                *id = f.id;
+                return PP_OK;
+            }
         }
-        if (_pp_now() > deadline)
-            return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank 0 to write %s", rank,
-                            timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, path);
+        if (_pp_now() > deadline) {
+            if (why[0])
+                return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank 0 to write %s and found only a stale file: %s "
+                                "(use a path unique to the job)", rank, dt, path, why);
+            return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank 0 to write %s", rank, dt, path);
+        }
         _ppn_sleep_us(10000);
     }
 }
@@ -1025,6 +1137,275 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err) {
     PP_FREE(snd);
     PP_FREE(rcv);
     return rc;
+}
+
+/* >>impl-nccl-rendezvous: can the NCCL calls the executor makes under s wait in a cycle?
+   The issuing order, as _ppn_post/_ppn_group_end/_ppn_wait and the executor (pipeline.h,
+   _pp_stage_step_run) produce it with LOCAL or BROADCAST shapes, per rank:
+       for each action i: the receives of actions i (if not yet) and i + 1 are posted, queued
+       (a group of receives alone issues nothing); the wait for action i's receive issues its
+       channel's queue up to it as one group (unless a send issued it already) and the
+       compute stream waits for that group; action i's send issues both channels' queues
+       whole (channel 0, then 1): the receive of action i + 1 goes in the send's group.
+   Each issued group runs on its channel's stream after the channel's earlier groups and after
+   every group the compute stream waited for before it was issued (the flush's `ready` event).
+   Rendezvous: a send completes only when its receive is running, and a group completes when
+   all its operations have met their peers' (NCCL matches in order per communicator and pair).
+   A host that blocks on a host-memory receive instead of the stream adds no dependency that
+   the stream's wait did not already (later groups wait for the compute stream either way), and
+   the executor's waits on sends are bounded probes or come after the last issue: so the GPU
+   order is the whole story. The simulation starts every group whose dependencies completed and
+   completes every started group whose operations' peers are started; what is left waits in a
+   cycle, named by following "waits for" from one stuck channel. The multi-tensor messages of a
+   boundary travel together in the same groups on both sides, so one operation stands for them;
+   the model assumes every boundary carries a gradient back (a boundary of integer tensors only
+   sends none, and its sender's groups then issue later than modelled). */
+typedef struct _ppn_rop {   /* one operation in a rank's channel queue */
+    int32_t grp;            /* index of its group among the rank's groups on this channel */
+    int32_t mb;
+    int16_t peer, bnd;      /* bnd: the stage boundary (receiving stage) */
+    int8_t recv, grad;
+} _ppn_rop;
+
+typedef struct _ppn_rgrp { int32_t lo, hi, need[2]; } _ppn_rgrp; /* ops [lo, hi); completed groups it waits for */
+
+typedef struct _ppn_rdv {
+    const pp_schedule* s;
+    int p, two, cap;
+    _ppn_rop* ops;          /* [(r*2 + ch) * cap + k] */
+    _ppn_rgrp* grps;        /* same layout */
+    int32_t* n_ops;         /* [r*2 + ch] */
+    int32_t* n_grps;
+    int32_t* flushed;       /* ops already in a group */
+    int32_t* done;          /* completed groups */
+    int32_t* bypair;        /* [((r*2 + ch)*p + peer)*2 + recv] -> first index in `order` */
+    int32_t* order;         /* op positions of one (rank, channel, peer, kind), in posting order */
+    int32_t* kth;           /* [(r*2 + ch) * cap + k]: k-th op of its (peer, kind) */
+} _ppn_rdv;
+
+#define _PPN_RC(r, ch) ((size_t)((r) * 2 + (ch)))
+
+static void _ppn_rdv_flush(_ppn_rdv* z, int r, int ch, int upto, const int* cw) {
+    size_t rc = _PPN_RC(r, ch);
+    int k;
+    _ppn_rgrp* g;
+    if (z->flushed[rc] >= upto) return;
+    g = &z->grps[rc * (size_t)z->cap + (size_t)z->n_grps[rc]];
+    g->lo = z->flushed[rc];
+    g->hi = upto;
+    g->need[0] = cw[0];
+    g->need[1] = cw[1];
+    for (k = g->lo; k < g->hi; k++) z->ops[rc * (size_t)z->cap + (size_t)k].grp = z->n_grps[rc];
+    z->n_grps[rc]++;
+    z->flushed[rc] = upto;
+}
+
+static void _ppn_rdv_flush_all(_ppn_rdv* z, int r, const int* cw) {
+    _ppn_rdv_flush(z, r, 0, z->n_ops[_PPN_RC(r, 0)], cw);
+    _ppn_rdv_flush(z, r, 1, z->n_ops[_PPN_RC(r, 1)], cw);
+}
+
+/* Appends one operation of rank r to its channel's queue; returns (channel << 30) | position. */
+static int _ppn_rdv_post(_ppn_rdv* z, int r, int recv, int peer, int grad, int mb, int bnd) {
+    int ch = z->two && (recv ? peer > r : peer < r);
+    size_t rc = _PPN_RC(r, ch);
+    _ppn_rop* o = &z->ops[rc * (size_t)z->cap + (size_t)z->n_ops[rc]];
+    o->grp = -1;
+    o->recv = (int8_t)recv;
+    o->peer = (int16_t)peer;
+    o->grad = (int8_t)grad;
+    o->mb = mb;
+    o->bnd = (int16_t)bnd;
+    return (ch << 30) | z->n_ops[rc]++;
+}
+
+/* The receive an action posts (-1: none over NCCL), as _ppn_rdv_post's handle. */
+static int _ppn_rdv_post_recv(_ppn_rdv* z, int r, const pp_action* a) {
+    if (a->op == PP_OP_F && a->stage > 0 && a->prev_rank != r) return _ppn_rdv_post(z, r, 1, a->prev_rank, 0, a->mb, a->stage);
+    if (a->op == PP_OP_B && a->stage < z->s->n_stages - 1 && a->next_rank != r)
+        return _ppn_rdv_post(z, r, 1, a->next_rank, 1, a->mb, a->stage + 1);
+    return -1;
+}
+
+static void _ppn_rdv_issue(_ppn_rdv* z, int r) {
+    const pp_action* l = pp_schedule_rank(z->s, r);
+    int n = z->s->per_rank, i, cw[2] = {0, 0};
+    int* posted = (int*)z->kth; /* scratch for this rank, the k-th indices come later */
+    for (i = 0; i < n; i++) posted[i] = -2;
+    for (i = 0; i < n; i++) {
+        const pp_action* a = &l[i];
+        int h, ch;
+        if (posted[i] == -2) posted[i] = _ppn_rdv_post_recv(z, r, a);
+        if (i + 1 < n && posted[i + 1] == -2) posted[i + 1] = _ppn_rdv_post_recv(z, r, &l[i + 1]);
+        if ((h = posted[i]) >= 0) {
+            size_t rc;
+            ch = h >> 30;
+            rc = _PPN_RC(r, ch);
+            _ppn_rdv_flush(z, r, ch, (h & 0x3fffffff) + 1, cw);
+            if (z->ops[rc * (size_t)z->cap + (size_t)(h & 0x3fffffff)].grp + 1 > cw[ch])
+                cw[ch] = z->ops[rc * (size_t)z->cap + (size_t)(h & 0x3fffffff)].grp + 1;
+        }
+        h = -1;
+        if (a->op == PP_OP_F && a->stage < z->s->n_stages - 1 && a->next_rank != r)
+            h = _ppn_rdv_post(z, r, 0, a->next_rank, 0, a->mb, a->stage + 1);
+        if (a->op == PP_OP_B && a->stage > 0 && a->prev_rank != r) h = _ppn_rdv_post(z, r, 0, a->prev_rank, 1, a->mb, a->stage);
+        if (h >= 0) _ppn_rdv_flush_all(z, r, cw);
+    }
+    _ppn_rdv_flush_all(z, r, cw); /* pp_nccl_step_end: nothing is left by then */
+}
+
+#define _PPN_OP(z, rc, k) (&(z)->ops[(rc) * (size_t)(z)->cap + (size_t)(k)])
+#define _PPN_GRP(z, rc, k) (&(z)->grps[(rc) * (size_t)(z)->cap + (size_t)(k)])
+
+static int _ppn_rdv_started(const _ppn_rdv* z, int r, int ch, int g) {
+    size_t rc = _PPN_RC(r, ch);
+    const _ppn_rgrp* x;
+    if (g < z->done[rc]) return 1;
+    if (g > z->done[rc]) return 0;
+    x = _PPN_GRP(z, rc, g);
+    return z->done[_PPN_RC(r, 0)] >= x->need[0] && z->done[_PPN_RC(r, 1)] >= x->need[1];
+}
+
+/* The peer's operation that o (the k-th of its rank, channel, peer and kind) meets. */
+static const _ppn_rop* _ppn_rdv_peer(const _ppn_rdv* z, int r, int ch, int k) {
+    const _ppn_rop* o = _PPN_OP(z, _PPN_RC(r, ch), k);
+    size_t qc = _PPN_RC(o->peer, ch), at = (qc * (size_t)z->p + (size_t)r) * 2 + (size_t)!o->recv;
+    return _PPN_OP(z, qc, z->order[z->bypair[at] + z->kth[_PPN_RC(r, ch) * (size_t)z->cap + (size_t)k]]);
+}
+
+static void _ppn_rdv_opname(char* buf, size_t cap, const _ppn_rop* o) {
+    _pp_sim_append(buf, cap, "%s %s mb%d s%d->%d %s r%d", o->recv ? "receives" : "sends", o->grad ? "grad" : "act", o->mb,
+                   o->grad ? o->bnd : o->bnd - 1, o->grad ? o->bnd - 1 : o->bnd, o->recv ? "from" : "to", o->peer);
+}
+
+/* Why the stuck channel `cur` (rank * 2 + channel) waits, appended to buf; returns the channel it
+   waits for. */
+static int _ppn_rdv_why(const _ppn_rdv* z, int cur, char* buf, size_t cap) {
+    int r = cur / 2, ch = cur % 2, g = z->done[cur], k;
+    const _ppn_rgrp* x = _PPN_GRP(z, (size_t)cur, g);
+    if (!_ppn_rdv_started(z, r, ch, g)) {
+        int c2 = z->done[_PPN_RC(r, 0)] < x->need[0] ? 0 : 1;
+        _pp_sim_append(buf, cap, "r%d ch%d#%d waits for its compute stream, which waits for r%d ch%d#%d", r, ch, g, r, c2,
+                       x->need[c2] - 1);
+        return (int)_PPN_RC(r, c2);
+    }
+    for (k = x->lo; k < x->hi; k++) {
+        const _ppn_rop* o = _PPN_OP(z, (size_t)cur, k);
+        const _ppn_rop* q = _ppn_rdv_peer(z, r, ch, k);
+        if (_ppn_rdv_started(z, o->peer, ch, q->grp)) continue;
+        _pp_sim_append(buf, cap, "r%d ch%d#%d ", r, ch, g);
+        _ppn_rdv_opname(buf, cap, o);
+        _pp_sim_append(buf, cap, ", waits for r%d ch%d#%d", o->peer, ch, q->grp);
+        return (int)_PPN_RC(o->peer, ch);
+    }
+    return -1; /* not stuck */
+}
+
+/* Follows "waits for" from a stuck channel until it comes round, and writes that cycle. */
+static void _ppn_rdv_report(const _ppn_rdv* z, char* buf, size_t cap) {
+    char scratch[8] = {0};
+    int cur = -1, i, steps;
+    for (i = 0; i < 2 * z->p && cur < 0; i++)
+        if (z->done[i] < z->n_grps[i]) cur = i;
+    /* 2p steps from anywhere end inside the cycle */
+    for (steps = 0; steps < 2 * z->p && cur >= 0; steps++) cur = _ppn_rdv_why(z, cur, scratch, 0);
+    _pp_sim_append(buf, cap, "its NCCL calls would wait in a cycle (sends wait for their receive; rK chC#N: rank K's N-th "
+                   "group on channel C, 0 to higher ranks, 1 to lower): ");
+    for (i = cur, steps = 0; i >= 0 && (steps == 0 || i != cur) && steps < 2 * z->p; steps++) {
+        if (steps) _pp_sim_append(buf, cap, "; ");
+        i = _ppn_rdv_why(z, i, buf, cap);
+    }
+}
+
+/* Builds every rank's groups, then runs them under rendezvous semantics. */
+static pp_result _ppn_rdv_run(const pp_schedule* s, int two, pp_error* err) {
+    _ppn_rdv z;
+    size_t n_rc, n_pair, i;
+    int r, ch, k, progress = 1;
+    pp_result rc = PP_OK;
+    memset(&z, 0, sizeof z);
+    z.s = s;
+    z.p = s->p;
+    z.two = two;
+    z.cap = 2 * s->per_rank + 1;
+    n_rc = (size_t)2 * (size_t)z.p;
+    n_pair = n_rc * (size_t)z.p * 2;
+    z.ops = (_ppn_rop*)_pp_calloc(n_rc * (size_t)z.cap, sizeof *z.ops);
+    z.grps = (_ppn_rgrp*)_pp_calloc(n_rc * (size_t)z.cap, sizeof *z.grps);
+    z.kth = (int32_t*)_pp_calloc(n_rc * (size_t)z.cap, sizeof *z.kth);
+    z.order = (int32_t*)_pp_calloc(n_rc * (size_t)z.cap, sizeof *z.order);
+    z.n_ops = (int32_t*)_pp_calloc(n_rc * 4, sizeof *z.n_ops);
+    z.bypair = (int32_t*)_pp_calloc(n_pair + 1, sizeof *z.bypair);
+    if (!z.ops || !z.grps || !z.kth || !z.order || !z.n_ops || !z.bypair) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "NCCL rendezvous check of %d x %d actions", z.p, s->per_rank);
+        goto cleanup;
+    }
+    z.n_grps = z.n_ops + n_rc;
+    z.flushed = z.n_grps + n_rc;
+    z.done = z.flushed + n_rc;
+    for (r = 0; r < z.p; r++) _ppn_rdv_issue(&z, r);
+    /* index every (rank, channel, peer, kind) sequence: the k-th send meets the k-th receive */
+    for (i = 0; i < n_rc; i++)
+        for (k = 0; k < z.n_ops[i]; k++) {
+            const _ppn_rop* o = _PPN_OP(&z, i, k);
+            z.kth[i * (size_t)z.cap + (size_t)k] = z.bypair[(i * (size_t)z.p + (size_t)o->peer) * 2 + (size_t)o->recv + 1]++;
+        }
+    for (i = 0; i < n_pair; i++) z.bypair[i + 1] += z.bypair[i];
+    for (i = 0; i < n_rc; i++)
+        for (k = 0; k < z.n_ops[i]; k++) {
+            const _ppn_rop* o = _PPN_OP(&z, i, k);
+            z.order[z.bypair[(i * (size_t)z.p + (size_t)o->peer) * 2 + (size_t)o->recv] + z.kth[i * (size_t)z.cap + (size_t)k]] = k;
+        }
+    for (r = 0; r < z.p; r++)
+        for (ch = 0; ch < 2; ch++)
+            for (k = 0; k < z.p; k++) {
+                size_t mine = (_PPN_RC(r, ch) * (size_t)z.p + (size_t)k) * 2, theirs = (_PPN_RC(k, ch) * (size_t)z.p + (size_t)r) * 2;
+                int sends = z.bypair[mine + 1] - z.bypair[mine], recvs = z.bypair[theirs + 2] - z.bypair[theirs + 1];
+                if (sends != recvs) {
+                    rc = _pp_fail(err, PP_ERR_SCHEDULE, "rank %d sends %d messages to rank %d over NCCL, which receives %d", r,
+                                  sends, k, recvs);
+                    goto cleanup;
+                }
+            }
+    while (progress) {
+        progress = 0;
+        for (r = 0; r < z.p; r++)
+            for (ch = 0; ch < 2; ch++) {
+                size_t c = _PPN_RC(r, ch);
+                while (z.done[c] < z.n_grps[c] && _ppn_rdv_started(&z, r, ch, z.done[c])) {
+                    const _ppn_rgrp* x = _PPN_GRP(&z, c, z.done[c]);
+                    for (k = x->lo; k < x->hi; k++)
+                        if (!_ppn_rdv_started(&z, _PPN_OP(&z, c, k)->peer, ch, _ppn_rdv_peer(&z, r, ch, k)->grp)) break;
+                    if (k < x->hi) break;
+                    z.done[c]++;
+                    progress = 1;
+                }
+            }
+    }
+    for (i = 0; i < n_rc; i++)
+        if (z.done[i] < z.n_grps[i]) {
+            char msg[sizeof err->msg];
+            msg[0] = 0;
+            _ppn_rdv_report(&z, msg, sizeof msg);
+            rc = _pp_fail(err, PP_ERR_DEADLOCK, "%s p=%d v=%d m=%d: %s", pp_schedule_name(s->kind), s->p, s->v, s->m, msg);
+            break;
+        }
+cleanup:
+    PP_FREE(z.ops);
+    PP_FREE(z.grps);
+    PP_FREE(z.kth);
+    PP_FREE(z.order);
+    PP_FREE(z.n_ops);
+    PP_FREE(z.bypair);
+    return rc;
+}
+
+pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err) {
+    if (!s || !s->actions) return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL");
+    if (channels != 1 && channels != 2) return _pp_fail(err, PP_ERR_INVALID, "channels = %d (1 or 2)", channels);
+    if (s->p < 1 || s->p > PP_MAX_RANKS || s->per_rank < 0 || s->per_rank > (1 << 28))
+        return _pp_fail(err, PP_ERR_INVALID, "schedule header p=%d per_rank=%d", s->p, s->per_rank);
+    return _ppn_rdv_run(s, channels == 2, err);
 }
 
 #if defined(MPI_VERSION)

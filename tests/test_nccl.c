@@ -60,6 +60,46 @@ static void order_checks(void) {
     }
 }
 
+/* A file an earlier run left at the id path is never taken: the old format (the bare id), one
+   written long before this rank started, one written by another job; each times out saying it
+   was stale. Rank 0 replaces it, and then a reader gets the new id. Negative control: with the
+   staleness check off (_ppn_idfile_stale returning "" at once) the three refusals fail. */
+static void write_file(const char* path, const void* p, size_t n) {
+    FILE* f = fopen(path, "wb");
+    CHECK(f && fwrite(p, n, 1, f) == 1, "writing %s", path);
+    if (f) fclose(f);
+}
+
+static void stale_id_checks(const char* path) {
+    ncclUniqueId id, id2, old;
+    _ppn_idfile f;
+    pp_error err;
+    FILE* fp;
+    memset(&old, 7, sizeof old);
+    write_file(path, &old, sizeof old);
+    err.msg[0] = 0;
+    CHECK(pp_nccl_unique_id_file(path, 1, 0.3, &id2, &err) == PP_ERR_TIMEOUT && strstr(err.msg, "stale") &&
+              strstr(err.msg, "not an id file"),
+          "an earlier version's id file must be refused: %s", err.msg);
+    CHECK(pp_nccl_unique_id_file(path, 0, 5, &id, &err) == PP_OK, "rank 0 replaces a stale file: %s", err.msg);
+    CHECK(pp_nccl_unique_id_file(path, 1, 5, &id2, &err) == PP_OK && !memcmp(&id, &id2, sizeof id), "then it is read: %s",
+          err.msg);
+    fp = fopen(path, "rb");
+    CHECK(fp && fread(&f, sizeof f, 1, fp) == 1, "reading back %s", path);
+    if (fp) fclose(fp);
+    f.written -= 3600; /* an hour before: an earlier run's */
+    write_file(path, &f, sizeof f);
+    CHECK(pp_nccl_unique_id_file(path, 1, 0.3, &id2, &err) == PP_ERR_TIMEOUT && strstr(err.msg, "stale") &&
+              strstr(err.msg, "before this rank started"),
+          "an old id file must be refused: %s", err.msg);
+    f.written += 3600;
+    snprintf(f.job, sizeof f.job, "SLURM_JOB_ID=pp-test-another-job");
+    write_file(path, &f, sizeof f);
+    CHECK(pp_nccl_unique_id_file(path, 1, 0.3, &id2, &err) == PP_ERR_TIMEOUT && strstr(err.msg, "another-job"),
+          "another job's id file must be refused: %s", err.msg);
+    remove(path);
+}
+
 /* The id through a file: rank 0 publishes it atomically, a reader gets the same bytes, a reader
    with no writer times out instead of polling forever. Without a device, comm init says so. */
 static void bootstrap_checks(void) {
@@ -77,6 +117,7 @@ static void bootstrap_checks(void) {
     CHECK(pp_nccl_unique_id_file(path, 1, 0.05, &id2, &err) == PP_ERR_TIMEOUT && strstr(err.msg, path),
           "a missing id file times out, naming it: %s", err.msg);
     CHECK(pp_nccl_unique_id_file(NULL, 0, 1, &id, &err) == PP_ERR_INVALID, "no path");
+    stale_id_checks(path);
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         cudaGetLastError();
         memset(&L, 0, sizeof L);

@@ -18,7 +18,8 @@
    next wait (the deadlock the imitation found in the first NCCL transport), and with one channel
    instead of two (op->ch = 0 in pipeline_nccl.h) interleaved's neighbours wait for each other:
    the matrix fails either way (46 and 9 failures on 2026-11-26). PP_TEST_NCCL_ONE="KIND P V M"
-   runs one case; PP_TEST_NCCL_TIMEOUT sets the stage timeout (default 5 s). */
+   runs one case, PP_TEST_NCCL_RENDEZVOUS=1 the rendezvous check's tests alone;
+   PP_TEST_NCCL_TIMEOUT sets the stage timeout (default 5 s). */
 #define _POSIX_C_SOURCE 200809L
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_nccl.h"
@@ -47,7 +48,7 @@ static float* GBUF[MAXP];
 static float* GREF;
 static int g_fail_rank = -1, g_fail_armed, g_slow_ms; /* set before the rank threads start */
 static pp_model g_model; /* made once: layer_kernels_model keeps its base in a global */
-static int g_skipped, g_eager;
+static int g_skipped, g_eager, g_no_check; /* g_no_check: the stage skips the transport's schedule check */
 static double g_timeout = 5;
 
 typedef struct world {
@@ -137,6 +138,7 @@ static void* rank_main(void* arg) {
     d.schedule = w->sched;
     d.rank = r;
     d.transport = pp_nccl_transport(t);
+    if (g_no_check) d.transport.check_schedule = NULL;
     d.device = pp_cuda_device_ops(c, 0);
     d.layer_ctx = &lc;
     d.shapes = w->shapes;
@@ -370,6 +372,194 @@ static void test_slow(void) {
     CHECK(grads_equal(2), "slow layers: gradients differ");
 }
 
+/* >>rendezvous: pp_nccl_check_rendezvous, and the imitation agreeing with it. */
+
+/* A random valid table: a random execution of every (op, micro-batch, stage) under the
+   simulator's dependencies, each rank's list in that order, where a receiving action may run
+   only when its message is the oldest unreceived one of its pair (pp_nccl_check_order holds).
+   Each stage's B and W go in micro-batch order, as in the built-in schedules, so that the
+   gradients add up in the reference's order (bit-exact). */
+#define RT_MAXS 10
+#define RT_MAXM 6
+static int random_table(uint64_t* seed, int p, int v, int m, int vmap, int with_w, char* txt, size_t cap) {
+    pp_schedule map;
+    int S = p * v, n, no = 0, total = m * S * (with_w ? 3 : 2), r, op, mb, s, rk, ch, peer, c2;
+    int done[3][RT_MAXM][RT_MAXS], head[MAXP][MAXP], tail[MAXP][MAXP];
+    int q[MAXP][MAXP][2 * RT_MAXM * RT_MAXS], cand[3 * RT_MAXM * RT_MAXS], order[3 * RT_MAXM * RT_MAXS][3];
+    size_t len;
+    memset(&map, 0, sizeof map);
+    map.p = p;
+    map.v = v;
+    map.n_stages = S;
+    map.map = vmap ? PP_MAP_V : PP_MAP_LOOP;
+    memset(done, 0, sizeof done);
+    memset(head, 0, sizeof head);
+    memset(tail, 0, sizeof tail);
+    for (n = 0; n < total; n++) {
+        int nc = 0, k;
+        for (op = 0; op < (with_w ? 3 : 2); op++)
+            for (mb = 0; mb < m; mb++)
+                for (s = 0; s < S; s++) {
+                    int ok, rs = op == PP_OP_F ? s - 1 : s + 1, msg = op == PP_OP_F ? (mb * S + s) * 2 : (mb * S + s + 1) * 2 + 1;
+                    if (done[op][mb][s]) continue;
+                    if (op == PP_OP_F) ok = s == 0 || done[0][mb][s - 1];
+                    else if (op == PP_OP_B) ok = done[0][mb][s] && (s == S - 1 || done[1][mb][s + 1]);
+                    else ok = done[1][mb][s];
+                    if (op != PP_OP_F && mb > 0 && !done[op][mb - 1][s]) ok = 0; /* gradients add up in order: bit-exact */
+                    pp_schedule_stage_rank(&map, s, &rk, &ch);
+                    if (ok && op != PP_OP_W && rs >= 0 && rs < S) {
+                        pp_schedule_stage_rank(&map, rs, &peer, &c2);
+                        if (peer != rk && (head[peer][rk] == tail[peer][rk] || q[peer][rk][head[peer][rk]] != msg)) ok = 0;
+                    }
+                    if (ok) cand[nc++] = (op * RT_MAXM + mb) * RT_MAXS + s;
+                }
+        if (!nc) return -1;
+        k = cand[mlp_rng_next(seed) % (uint64_t)nc];
+        op = k / (RT_MAXM * RT_MAXS);
+        mb = k / RT_MAXS % RT_MAXM;
+        s = k % RT_MAXS;
+        done[op][mb][s] = 1;
+        pp_schedule_stage_rank(&map, s, &rk, &ch);
+        order[no][0] = rk;
+        order[no][1] = k;
+        order[no++][2] = ch;
+        if (op != PP_OP_W) { /* what it received leaves its pair's queue, what it sends joins one */
+            int rs = op == PP_OP_F ? s - 1 : s + 1, ss = op == PP_OP_F ? s + 1 : s - 1;
+            if (rs >= 0 && rs < S) {
+                pp_schedule_stage_rank(&map, rs, &peer, &c2);
+                if (peer != rk) head[peer][rk]++;
+            }
+            if (ss >= 0 && ss < S) {
+                pp_schedule_stage_rank(&map, ss, &peer, &c2);
+                if (peer != rk) q[rk][peer][tail[rk][peer]++] = op == PP_OP_F ? (mb * S + s + 1) * 2 : (mb * S + s) * 2 + 1;
+            }
+        }
+    }
+    len = (size_t)snprintf(txt, cap, "schedule p=%d v=%d m=%d map=%s\n", p, v, m, vmap ? "v" : "loop");
+    for (r = 0; r < p && len < cap; r++) {
+        len += (size_t)snprintf(txt + len, cap - len, "r%d:", r);
+        for (n = 0; n < no && len < cap; n++)
+            if (order[n][0] == r)
+                len += (size_t)snprintf(txt + len, cap - len, " %c%d.%d", "FBW"[order[n][1] / (RT_MAXM * RT_MAXS)],
+                                        order[n][1] / RT_MAXS % RT_MAXM, order[n][2]);
+        if (len < cap) len += (size_t)snprintf(txt + len, cap - len, "\n");
+    }
+    return len < cap ? 0 : -1;
+}
+
+/* Runs sc over the imitation (2 steps; 1 without the check); 1 when every rank's every step
+   returned PP_OK and the gradients are the reference's. */
+static int run_table(const pp_schedule* sc, int check, double timeout_s, world* w) {
+    int ok;
+    memset(w, 0, sizeof *w);
+    w->p = sc->p;
+    w->m = sc->m;
+    w->sched = sc;
+    w->shapes = PP_SHAPES_LOCAL;
+    w->blocking = 1;
+    w->steps = check ? 2 : 1;
+    reference(sc->m, w->steps);
+    g_no_check = !check;
+    g_timeout = timeout_s;
+    ok = run_world(w);
+    g_no_check = 0;
+    g_timeout = 5;
+    return ok && grads_equal(sc->p);
+}
+
+/* 1 when some rank's first step timed out: the ranks waited for each other. */
+static int timed_out(const world* w) {
+    int r;
+    for (r = 0; r < w->p; r++)
+        if (w->rc[r][0] == PP_ERR_TIMEOUT) return 1;
+    return 0;
+}
+
+/* 1. Every built-in schedule passes (two channels). One channel fails interleaved p = 2 as the
+   imitation does (the negative control in the header comment).
+   2. A 1F1B-like table (p = 4, m = 4) that pp_simulate and pp_nccl_check_order accept, but
+   whose NCCL groups wait in a cycle: rank 1's compute stream waits for the group holding its
+   send of activation 1 (paired with the receive of activation 2), which rank 2 receives only
+   after the gradient of micro-batch 0 left it, which rank 1 receives only after that wait.
+   Refused at pp_stage_create (PP_ERR_DEADLOCK on every rank), and without the check the
+   imitation hangs on it until the timeout: the model and the transport agree.
+   3. Random valid tables: the check's verdicts on a sample, run through the imitation, agree
+   (those it passes run bit-exact, those it refuses hang); p = 2 never cycles (each channel
+   then carries one direction of the only pair). */
+static void test_rendezvous(void) {
+    static const char* crafted = "schedule p=4 v=1 m=4 map=loop\n"
+                                 "r0: F0 F3 F1 F2 B0 B3 B1 B2\n"
+                                 "r1: F0 F3 F1 F2 B0 B3 B1 B2\n"
+                                 "r2: F0 F3 B0 B3 F1 F2 B1 B2\n"
+                                 "r3: F0 B0 F3 B3 F1 B1 F2 B2\n";
+    static pp_action acts[4096];
+    static char txt[8192];
+    pp_schedule sc;
+    pp_error err;
+    world w;
+    uint64_t seed = 2026;
+    int k, p, v, m, r, n_ok = 0, n_cycle = 0, ran_ok = 0, ran_cycle = 0, i, quick = getenv("PP_QUICK") != NULL;
+    int n_rand = quick ? 400 : 3000;
+    for (k = 0; k < PP_SCHED_KIND_COUNT; k++)
+        for (p = 2; p <= MAXP; p++)
+            for (v = 1; v <= 3; v++)
+                for (m = 1; m <= 2 * p + 3; m++) {
+                    if (pp_schedule_make((pp_schedule_kind)k, p, v, m, acts, 4096, &sc, &err) != PP_OK ||
+                        pp_nccl_check_order(&sc, &err) != PP_OK)
+                        continue;
+                    CHECK(pp_nccl_check_rendezvous(&sc, 2, &err) == PP_OK, "%s", err.msg);
+                }
+    CHECK(pp_schedule_make(PP_SCHED_INTERLEAVED, 2, 2, 4, acts, 4096, &sc, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_nccl_check_rendezvous(&sc, 1, &err) == PP_ERR_DEADLOCK, "interleaved p=2 on one channel must cycle");
+
+    CHECK(pp_schedule_parse(crafted, strlen(crafted), acts, 4096, NULL, &sc, &err) == PP_OK, "crafted table: %s", err.msg);
+    CHECK(pp_simulate(&sc, NULL, NULL, NULL, &err) == PP_OK && pp_nccl_check_order(&sc, &err) == PP_OK,
+          "the crafted table is valid for the simulator and NCCL's order: %s", err.msg);
+    err.msg[0] = 0;
+    CHECK(pp_nccl_check_rendezvous(&sc, 2, &err) == PP_ERR_DEADLOCK && strstr(err.msg, "cycle") &&
+              strstr(err.msg, "r1 ch0#3 sends act mb1"),
+          "the crafted table must be refused, naming the cycle: %s", err.msg);
+    CHECK(!run_table(&sc, 1, 5, &w), "the crafted table must not run");
+    for (r = 0; r < 4; r++)
+        CHECK(w.rc[r][0] == PP_ERR_DEADLOCK && strstr(w.msg[r], "setup") && strstr(w.msg[r], "cycle"),
+              "rank %d must refuse the crafted table at pp_stage_create: %s", r, w.msg[r]);
+    CHECK(!run_table(&sc, 0, 1.5, &w) && timed_out(&w), "without the check the crafted table must hang in the imitation: %s",
+          w.msg[0]);
+
+    for (i = 0; i < n_rand; i++) {
+        int vmap, with_w, rc, cyc;
+        p = 2 + (int)(mlp_rng_next(&seed) % 4);
+        vmap = mlp_rng_next(&seed) % 3 == 0;
+        v = vmap ? 2 : 1 + (int)(mlp_rng_next(&seed) % 2);
+        m = 1 + (int)(mlp_rng_next(&seed) % RT_MAXM);
+        with_w = (int)(mlp_rng_next(&seed) % 2);
+        if (p * v > RT_MAXS || p * v > MLP_DEPTH + 1) continue;
+        CHECK(random_table(&seed, p, v, m, vmap, with_w, txt, sizeof txt) == 0, "random table %d", i);
+        rc = pp_schedule_parse(txt, strlen(txt), acts, 4096, NULL, &sc, &err);
+        CHECK(rc == PP_OK, "random table %d does not parse: %s\n%s", i, err.msg, txt);
+        if (rc != PP_OK) continue;
+        CHECK(pp_nccl_check_order(&sc, &err) == PP_OK, "random table %d: %s", i, err.msg);
+        rc = pp_nccl_check_rendezvous(&sc, 2, &err);
+        CHECK(rc == PP_OK || rc == PP_ERR_DEADLOCK, "random table %d: %s", i, err.msg);
+        cyc = rc == PP_ERR_DEADLOCK;
+        n_cycle += cyc;
+        n_ok += !cyc;
+        if (p == 2) CHECK(!cyc, "p = 2 cannot cycle over two channels: %s\n%s", err.msg, txt);
+        if (!cyc && p >= 3 && ran_ok < (quick ? 3 : 12)) {
+            ran_ok++;
+            CHECK(run_table(&sc, 1, 5, &w), "random table %d passes the check but fails in the imitation: %s | %s\n%s", i,
+                  w.msg[0], w.msg[sc.p - 1], txt);
+        }
+        if (cyc && ran_cycle < (quick ? 1 : 4)) {
+            ran_cycle++;
+            CHECK(!run_table(&sc, 0, 1.5, &w) && timed_out(&w), "random table %d fails the check but does not hang in the "
+                  "imitation: %s\n%s", i, w.msg[0], txt);
+        }
+    }
+    CHECK(n_cycle > 0 && n_ok > 0, "random tables: %d pass, %d cycle", n_ok, n_cycle);
+    printf("nccl-pipeline: rendezvous check: %d random valid tables pass, %d would cycle over NCCL\n", n_ok, n_cycle);
+}
+
 int main(void) {
     uint64_t seed = 99;
     size_t i;
@@ -404,7 +594,10 @@ int main(void) {
         pp_schedule_kind kind = PP_SCHED_1F1B;
         if (sscanf(getenv("PP_TEST_NCCL_ONE"), "%31s %d %d %d", k, &p, &v, &m) == 4) pp_schedule_kind_parse(k, &kind);
         run_case(kind, p, v, m, PP_SHAPES_LOCAL, 1, NULL);
+    } else if (getenv("PP_TEST_NCCL_RENDEZVOUS")) { /* the rendezvous check alone */
+        test_rendezvous();
     } else {
+        test_rendezvous();
         test_matrix();
         test_failure();
         test_slow();
