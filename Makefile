@@ -24,7 +24,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c check-abi lint fuzz soak valgrind clean \
+.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c check-abi old-names lint fuzz soak valgrind clean \
         cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
@@ -117,7 +117,20 @@ $(B)/c-impl-order.o: tests/c_impl_order.c $(HEADERS) | $(B)
 	$(CC) $(BASE) -c $< -o $@
 	$(CLANG) $(BASE) -c $< -o $(B)/c-impl-order-clang.o
 
-check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi
+# every public name of the earlier API still compiles, links and works (tests/old_names.c), gcc
+# and clang; without the deprecated aliases (its negative control) the file must not compile.
+OLD_NAMES_FLAGS = $(BASE) -Itests/fakenccl -Itests/fakecuda
+$(B)/old-names: tests/old_names.c tests/test.h examples/mlp.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(OLD_NAMES_FLAGS) -O0 $< -o $@ $(LDLIBS)
+	$(CLANG) $(OLD_NAMES_FLAGS) -O0 $< -o $@-clang $(LDLIBS)
+
+old-names: $(B)/old-names
+	@$(B)/old-names && $(B)/old-names-clang && \
+	  if $(CC) $(OLD_NAMES_FLAGS) -DOLD_NAMES_CONTROL -c tests/old_names.c -o $(B)/old-names-ctl.o 2>/dev/null; then \
+	    echo "old-names: FAILED, the control without the aliases compiled"; exit 1; \
+	  else echo "old-names: the control without the aliases fails to compile, as it must"; fi
+
+check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names
 
 # a configuration that sizes public structs must agree across files: a mismatch fails to link.
 # tests/abi_user.c refers to every function linked under the configuration's name (ABI_FNS);

@@ -132,7 +132,7 @@
 
    SECTIONS  (search for ">>name"; every marker in the file, in file order)
    declarations: >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace
-                 >>flight >>transport >>threads >>batch >>stage >>pipeline >>grid
+                 >>flight >>transport >>threads >>batch >>stage >>pipeline >>grid >>deprecated
    definitions:  >>impl >>impl-result >>impl-tensor >>impl-model >>impl-partition >>impl-batch
                  >>impl-profile (pp_profile_layers) >>impl-schedule >>impl-sim >>impl-trace
                  >>impl-flight >>impl-threads >>impl-grid >>impl-stage >>impl-stage-flight
@@ -673,10 +673,11 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
    a stage: 1F1B's memory); V-Half min(p, m) + 1 chunks (half of it); V-Min 2 min(p, m) / 3 + 1
    (a third). 0 for interleaved (no fixed cap: see pp_simulate's peak_live) and invalid input. */
 int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m);
-/* Rank and chunk of a global stage under this schedule's mapping. */
-void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chunk);
-/* Global stage of (rank, chunk), or -1. */
-int pp_schedule_stage(const pp_schedule* s, int rank, int chunk);
+/* stage -> (rank, chunk): the rank that runs a global stage under this schedule's mapping, and
+   which of its chunks it is (rank or chunk may be NULL). Was pp_schedule_stage_rank. */
+void pp_schedule_stage_to_rank(const pp_schedule* s, int stage, int* rank, int* chunk);
+/* (rank, chunk) -> global stage, or -1 when the rank has no such chunk. Was pp_schedule_stage. */
+int pp_schedule_rank_to_stage(const pp_schedule* s, int rank, int chunk);
 /* The rank that owns `layer` when the layers are split into stages by `first` (a partition of
    s->n_stages stages), or -1: e.g. the two ranks of a tied embedding and head. */
 int pp_schedule_layer_rank(const pp_schedule* s, const int* first, int layer);
@@ -852,8 +853,6 @@ void pp_threads_destroy(pp_threads* t);
 pp_transport pp_threads_transport(pp_threads* t, int rank);
 /* Clears an abort so the world can be used for another step. */
 void pp_threads_reset(pp_threads* t);
-/* Bytes and messages rank has sent (cumulative). */
-void pp_threads_counters(pp_threads* t, int rank, uint64_t* bytes, uint64_t* msgs);
 /* Messages and posted receives still queued in every mailbox (0 between clean steps). */
 size_t pp_threads_pending(pp_threads* t);
 /* Rank's flight record, or every rank's printed, on demand: from a watchdog thread, or from a
@@ -865,7 +864,9 @@ pp_result pp_threads_flight(pp_threads* t, int rank, pp_flight* out);
 void pp_threads_flight_print(FILE* out, pp_threads* t);
 void pp_threads_flight_print_fd(int fd, pp_threads* t);
 
-/* Runs fn(rank, user) on n threads and joins them; returns the first non-OK result. */
+/* Runs fn(rank, user) on n threads and joins them; returns the first non-OK result. A plain
+   thread runner: it knows no pp_threads world (pass yours through user); pp_pipeline_create
+   does all of this for you. */
 typedef pp_result (*pp_rank_fn)(int rank, void* user);
 pp_result pp_threads_run(int n, pp_rank_fn fn, void* user, pp_error* err);
 
@@ -1021,9 +1022,8 @@ pp_result pp_stage_step(pp_stage* st, const pp_batch* b, pp_step_stats* stats);
 const char* pp_stage_error(const pp_stage* st);
 /* Events of the last step when record_timeline is set (times in seconds from step start). */
 const pp_event* pp_stage_timeline(const pp_stage* st, size_t* n);
-/* This rank's flight record (>>flight), and the same printed. */
+/* This rank's flight record (>>flight); pp_flight_print / pp_flight_print_fd print it. */
 pp_result pp_stage_flight(const pp_stage* st, pp_flight* out);
-void pp_stage_flight_print(FILE* out, const pp_stage* st);
 
 /* >>pipeline ---------------------------------------------------------------------------------- */
 /* A whole pipeline in one process: every rank a thread here (pp_pipeline_create), or a CUDA
@@ -1149,7 +1149,8 @@ void pp_grid_pipe_split(const pp_grid* g, int* color, int* key);
 void pp_grid_dp_split(const pp_grid* g, int* color, int* key);
 void pp_grid_tied_split(const pp_grid* g, int* color, int* key);
 
-/* All-reduce over any transport built from its own isend/irecv/wait: ranks[0] sums the others'
+/* Users sum gradients with pp_grad_allreduce (below); this is for transport writers: an
+   allreduce_sum over any transport built from its own isend/irecv/wait: ranks[0] sums the others'
    buffers into its own in the order of ranks[] and sends the result back, so every member ends
    with the same bits, and the same bits every run. f32 or f64. */
 pp_result pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dtype dtype, const int* ranks,
@@ -1175,6 +1176,18 @@ pp_result pp_tied_sync_weights(const pp_transport* t, const int pair[2], void* w
                                double timeout_s, pp_error* err);
 pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad_a, void* grad_b, size_t count,
                             pp_dtype dtype, double timeout_s, pp_error* err);
+
+/* >>deprecated -------------------------------------------------------------------------------- */
+/* Names of earlier versions that keep working (docs/api.md lists the current API by task; the
+   CHANGELOG says when each was replaced). Renamed functions are macros for their new names;
+   the others keep their definitions, and each says what replaces it. */
+#define pp_schedule_stage_rank pp_schedule_stage_to_rank   /* deprecated: the name hid the direction */
+#define pp_schedule_stage pp_schedule_rank_to_stage        /* deprecated: the name hid the direction */
+/* Deprecated: pp_stage_flight, then pp_flight_print (what this does). */
+void pp_stage_flight_print(FILE* out, const pp_stage* st);
+/* Deprecated: the bytes and messages rank has sent (cumulative) repeat pp_step_stats'
+   bytes_sent and msgs_sent, which every transport fills per step: add those up. */
+void pp_threads_counters(pp_threads* t, int rank, uint64_t* bytes, uint64_t* msgs);
 
 #ifdef __cplusplus
 }
@@ -3051,7 +3064,7 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
     return PP_OK;
 }
 
-void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chunk) {
+void pp_schedule_stage_to_rank(const pp_schedule* s, int stage, int* rank, int* chunk) {
     int r = -1, c = -1;
     if (s && s->p > 0 && stage >= 0 && stage < s->n_stages) {
         r = _pp_sched_map_rank(s->map, s->p, stage);
@@ -3066,7 +3079,7 @@ int pp_schedule_layer_rank(const pp_schedule* s, const int* first, int layer) {
     if (!s || !first) return -1;
     for (st = 0; st < s->n_stages; st++)
         if (layer >= first[st] && layer < first[st + 1]) {
-            pp_schedule_stage_rank(s, st, &r, NULL);
+            pp_schedule_stage_to_rank(s, st, &r, NULL);
             return r;
         }
     return -1;
@@ -3475,7 +3488,7 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                               _pp_sched_op_char(a->op), (int)a->mb, (int)a->stage, m, S);
                 goto cleanup;
             }
-            pp_schedule_stage_rank(s, a->stage, &want_rank, &want_chunk);
+            pp_schedule_stage_to_rank(s, a->stage, &want_rank, &want_chunk);
             if (want_rank != r || want_chunk != a->chunk) {
                 rc = _pp_fail(err, PP_ERR_SCHEDULE,
                               "rank %d action #%d: %c%d.%d names stage %d, which is chunk %d of rank %d",
@@ -3485,8 +3498,8 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
             }
             {
                 int want_prev = -1, want_next = -1;
-                if (a->stage > 0) pp_schedule_stage_rank(s, a->stage - 1, &want_prev, NULL);
-                if (a->stage < S - 1) pp_schedule_stage_rank(s, a->stage + 1, &want_next, NULL);
+                if (a->stage > 0) pp_schedule_stage_to_rank(s, a->stage - 1, &want_prev, NULL);
+                if (a->stage < S - 1) pp_schedule_stage_to_rank(s, a->stage + 1, &want_next, NULL);
                 if (a->prev_rank != want_prev || a->next_rank != want_next) {
                     rc = _pp_fail(err, PP_ERR_SCHEDULE,
                                   "rank %d action #%d: %c%d.%d has prev_rank %d next_rank %d, stage %d needs %d and %d",
@@ -3513,7 +3526,7 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     for (i = 0; i < (int)n_slots; i++) {
         int fi = slot[i] - 1, bi = slot[n_slots + i] - 1, wi = slot[2 * n_slots + i] - 1;
         int mb = i / S, st = i % S, want_rank, want_chunk;
-        pp_schedule_stage_rank(s, st, &want_rank, &want_chunk);
+        pp_schedule_stage_to_rank(s, st, &want_rank, &want_chunk);
         if (fi < 0 || bi < 0 || (has_w && wi < 0)) {
             rc = _pp_fail(err, PP_ERR_SCHEDULE, "rank %d has no %c%d.%d (mb %d, stage %d)", want_rank,
                           fi < 0 ? 'F' : bi < 0 ? 'B' : 'W', mb, want_chunk, mb, st);

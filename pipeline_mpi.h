@@ -32,7 +32,8 @@
        pp_mpi_create(comm, abort_comm, &t, &err)   comm is duplicated; abort_comm may be
                                                    MPI_COMM_NULL (= comm)
        pp_mpi_transport(t)                         the pp_transport for pp_stage_desc
-       pp_mpi_counters(t, &bytes, &msgs)           sent so far by this rank
+       pp_mpi_counters(t, &bytes, &msgs)           deprecated: sum pp_step_stats.bytes_sent
+                                                   and msgs_sent over steps
        pp_mpi_error(t)                             the last error the transport recorded
        pp_mpi_set_spin(t, 1)                       busy-poll waits (one rank per core)
        pp_mpi_set_ordered_sum(t, 1)                all-reduce in rank order (bit-reproducible)
@@ -55,6 +56,7 @@ typedef struct pp_mpi pp_mpi;
 pp_result pp_mpi_create(MPI_Comm comm, MPI_Comm abort_comm, pp_mpi** out, pp_error* err);
 void pp_mpi_destroy(pp_mpi* t);
 pp_transport pp_mpi_transport(pp_mpi* t);
+/* Deprecated (sent so far by this rank): pp_step_stats' bytes_sent and msgs_sent count it per step. */
 void pp_mpi_counters(const pp_mpi* t, uint64_t* bytes, uint64_t* msgs);
 const char* pp_mpi_error(const pp_mpi* t);
 /* How waits poll. 0 (the default): spin 64 rounds, then sleep 20 then 100 us between polls,

@@ -100,6 +100,7 @@ pp_transport pp_nccl_transport(pp_nccl* t);
    the communicator is aborted: destroy this transport and make a new communicator. */
 pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err);
 cudaStream_t pp_nccl_comm_stream(const pp_nccl* t);
+/* Deprecated (sent so far by this rank): pp_step_stats' bytes_sent and msgs_sent count it per step. */
 void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs);
 const char* pp_nccl_error(const pp_nccl* t);
 

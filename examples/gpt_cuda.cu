@@ -228,7 +228,7 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
             }
         }
     }
-    pp_schedule_stage_rank(pp_pipeline_schedule(t->pl), p * v - 1, &t->last_rank, &chunk);
+    pp_schedule_stage_to_rank(pp_pipeline_schedule(t->pl), p * v - 1, &t->last_rank, &chunk);
     return 0;
 }
 
@@ -423,7 +423,7 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
         size_t pb = sizeof(float) * t.n_par;
         printf("memory per stage (GPU block pool: stashes, received activations, gradient workspaces):\n");
         for (int r = 0; r < p; r++) {
-            int stg = pp_schedule_stage(pp_pipeline_schedule(t.pl), r, 0);
+            int stg = pp_schedule_rank_to_stage(pp_pipeline_schedule(t.pl), r, 0);
             printf("  rank %d (GPU %d, first stage %d): pool %.2f MiB in %d cudaMalloc (%d after step 0), parameters %.2f MiB, gradients %.2f MiB\n",
                    r, t.dev[r], stg, out->pool_bytes[r] / 1048576.0, out->pool_allocs[r] ? out->pool_allocs[r] : out->pool_allocs_first[r],
                    (out->pool_allocs[r] ? out->pool_allocs[r] : out->pool_allocs_first[r]) - out->pool_allocs_first[r], pb / 1048576.0,

@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
         fprintf(stderr, "rank %d: %s\n", rank, err.msg);
         goto cleanup;
     }
-    pp_schedule_stage_rank(&sched, c.p * c.v - 1, &last, &chunk);
+    pp_schedule_stage_to_rank(&sched, c.p * c.v - 1, &last, &chunk);
     t0 = gpt_now();
     for (step = 0; step < c.steps; step++) {
         pp_batch b = gpt_step_batch(&c, &T.steps[step]);
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
         /* the optimizer on the layers this rank's stages own (it zeroes their gradients);
            --check first compares their gradients with the reference's */
         for (chunk = 0; chunk < c.v; chunk++) {
-            int s = pp_schedule_stage(&sched, rank, chunk);
+            int s = pp_schedule_rank_to_stage(&sched, rank, chunk);
             for (l = first[s]; l < first[s + 1]; l++) {
                 size_t n, off = (size_t)(gpt_layer_params(&T.w, &T.gc, l, &n) - T.wbuf);
                 if (c.check && step == 0) bad += gpt_trainer_differs(&T, &d.model, l);

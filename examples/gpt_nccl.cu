@@ -313,7 +313,7 @@ static int train(proc* P, const opts* o) {
     uint64_t rng = 777 + 1000003ull * (uint64_t)P->dp_rank; /* each replica its own documents */
     int e_rank = pp_schedule_layer_rank(&P->sched, P->first, 0), h_rank = pp_schedule_layer_rank(&P->sched, P->first, o->layers + 1);
     int last_rank, chunk, is_printer, rc = 0;
-    pp_schedule_stage_rank(&P->sched, P->p * P->v - 1, &last_rank, &chunk);
+    pp_schedule_stage_to_rank(&P->sched, P->p * P->v - 1, &last_rank, &chunk);
     is_printer = P->pp_rank == last_rank && P->dp_rank == 0;
     if (o->generated || gpt_corpus_load(&corp, path, o->max_len, 42) != 0) {
         if (o->text) FAIL("cannot read %s", o->text);
@@ -395,7 +395,7 @@ static int train(proc* P, const opts* o) {
         pp_cuda_memory(P->cuda, 0, &pool, &allocs);
         printf("memory: world rank %d (pp %d, dp %d, GPU %d, first stage %d): pool %.2f MiB in %d cudaMalloc, parameters %.2f MiB, "
                "gradients %.2f MiB, Adam %.2f MiB\n",
-               P->L.rank, P->pp_rank, P->dp_rank, P->dev, pp_schedule_stage(&P->sched, P->pp_rank, 0), pool / 1048576.0, allocs,
+               P->L.rank, P->pp_rank, P->dp_rank, P->dev, pp_schedule_rank_to_stage(&P->sched, P->pp_rank, 0), pool / 1048576.0, allocs,
                sizeof(float) * P->n_par / 1048576.0, sizeof(float) * P->n_grad / 1048576.0, 2 * sizeof(float) * P->n_par / 1048576.0);
         fflush(stdout);
     }
