@@ -1,6 +1,7 @@
 /* examples/splitmix.h - the examples' deterministic generator (splitmix64), so every run and
    rank sees the same numbers: examples/mlp.h, examples/gpt.h and examples/gpt_cuda.h name it
-   after themselves (mlp_rng_next, gpt_rng_next). C and C++ (nvcc). */
+   after themselves (mlp_rng_next, gpt_rng_next). C and C++ (nvcc).
+   What to copy: nothing pipeline-specific; any generator that every rank seeds alike will do. */
 #ifndef PP_EXAMPLE_SPLITMIX_H
 #define PP_EXAMPLE_SPLITMIX_H
 
