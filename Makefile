@@ -316,7 +316,13 @@ $(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid: BASE += -Itests
 $(Q)/test_nccl_pipeline: BASE += -DFAKECUDA_DEVICES=8
 $(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid: tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
 
-quick: $(QUICK_BINS)
+# Two at a time by default (make -jN quick: N builds); the slowest tests first, so that the
+# two runners finish together.
+QUICK_SLOW = test_nccl_pipeline test_cuda_pipeline test_reliability test_imitation
+QUICK_RUN = $(addprefix $(Q)/,$(filter $(TESTS),$(QUICK_SLOW)) $(filter-out $(QUICK_SLOW),$(TESTS)))
+
+quick:
+	@$(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j2) $(QUICK_BINS)
 	@$(Q)/mlp_cpu --check --steps 2 > /dev/null && $(Q)/gpt_cpu --check --steps 2 --generated > /dev/null && \
 	  echo "quick: examples pass their --check"
-	@PP_QUICK=1 sh tests/run.sh $(addprefix $(Q)/,$(TESTS))
+	@PP_QUICK=1 PP_TEST_JOBS=2 sh tests/run.sh $(QUICK_RUN)
