@@ -568,7 +568,9 @@ typedef enum pp_partition_policy {
     PP_PARTITION_UNIFORM = 0,   /* equal layer counts (the first L%S stages get one more) */
     PP_PARTITION_COST,          /* minimise the most expensive stage, by describe()'s cost */
     PP_PARTITION_PARAMS,        /* minimise the largest stage, by parameter count */
-    PP_PARTITION_EXPLICIT       /* the caller's boundaries, checked */
+    PP_PARTITION_EXPLICIT,      /* the caller's boundaries, checked */
+    PP_PARTITION_WEIGHTS        /* minimise the heaviest stage by the caller's per-layer weight[]
+                                   (measured: pp_profile_layers), as pp_partition_balanced */
 } pp_partition_policy;
 
 pp_result pp_partition_uniform(int n_layers, int n_stages, int* first, pp_error* err);
@@ -584,11 +586,18 @@ typedef struct pp_partition_desc {
     int n_stages;
     const int* explicit_first;  /* PP_PARTITION_EXPLICIT: n_stages+1 entries */
     const pp_tensor* sample;    /* COST/PARAMS: sample input of one micro-batch (shape only) */
+    const double* weight;       /* PP_PARTITION_WEIGHTS: one weight per layer */
+    /* Optional with COST, PARAMS and WEIGHTS: mem (one entry per layer) and mem_cap > 0 keep
+       every stage's sum(mem) <= mem_cap, as pp_partition_capped (PP_ERR_SIZE if none fits). */
+    const double* mem;
+    double mem_cap;
 } pp_partition_desc;
 
-/* Partition a model by a policy; *imbalance (may be NULL) is reported on the policy's weight.
-   UNIFORM and EXPLICIT ignore weights (NULL is fine); COST and PARAMS call describe, so they need
-   the model struct, though not its arrays: partition before allocating them. */
+/* Partition a model by a policy: the one entry point for a model (pp_pipeline_desc.partition runs
+   it); the array functions above are what it calls. *imbalance (may be NULL) is reported on the
+   policy's weight. UNIFORM, EXPLICIT and WEIGHTS ignore weights (NULL is fine); COST and PARAMS
+   call describe, so they need the model struct, though not its arrays: partition before
+   allocating them. Every array the desc points to is read during the call only. */
 pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_partition_desc* d,
                              int* first, double* imbalance, pp_error* err);
 
@@ -1552,6 +1561,8 @@ pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_pa
     int l;
     if (!d) return _pp_fail(err, PP_ERR_INVALID, "partition desc is NULL");
     if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
+    if ((d->mem || d->mem_cap > 0) && (d->policy == PP_PARTITION_UNIFORM || d->policy == PP_PARTITION_EXPLICIT))
+        return _pp_fail(err, PP_ERR_INVALID, "a memory cap applies to the COST, PARAMS and WEIGHTS policies");
     switch (d->policy) {
     case PP_PARTITION_UNIFORM:
         rc = pp_partition_uniform(m->n_layers, d->n_stages, first, err);
@@ -1566,21 +1577,31 @@ pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_pa
         return PP_OK;
     case PP_PARTITION_COST:
     case PP_PARTITION_PARAMS:
+    case PP_PARTITION_WEIGHTS:
         break;
     default:
         return _pp_fail(err, PP_ERR_INVALID, "unknown partition policy %d", (int)d->policy);
     }
-    if (!d->sample) return _pp_fail(err, PP_ERR_INVALID, "cost/params partition needs a sample input shape");
+    if (d->policy == PP_PARTITION_WEIGHTS && !d->weight)
+        return _pp_fail(err, PP_ERR_INVALID, "weights partition without weight[] (one per layer)");
+    if (d->policy != PP_PARTITION_WEIGHTS && !d->sample)
+        return _pp_fail(err, PP_ERR_INVALID, "cost/params partition needs a sample input shape");
     w = (double*)_pp_calloc((size_t)m->n_layers, sizeof *w);
     np = (int64_t*)_pp_calloc((size_t)m->n_layers, sizeof *np);
     if (!w || !np) {
         rc = _pp_fail(err, PP_ERR_NOMEM, "partition weights");
         goto cleanup;
     }
-    if ((rc = pp_model_layer_costs(m, weights, d->sample, w, np, err)) != PP_OK) goto cleanup;
+    if (d->policy == PP_PARTITION_WEIGHTS) memcpy(w, d->weight, sizeof *w * (size_t)m->n_layers);
+    else if ((rc = pp_model_layer_costs(m, weights, d->sample, w, np, err)) != PP_OK) goto cleanup;
     if (d->policy == PP_PARTITION_PARAMS)
         for (l = 0; l < m->n_layers; l++) w[l] = (double)np[l];
-    rc = pp_partition_balanced(w, m->n_layers, d->n_stages, first, err);
+    if (d->mem_cap > 0 || d->mem) {
+        if (!d->mem || !(d->mem_cap > 0)) rc = _pp_fail(err, PP_ERR_INVALID, "a memory cap needs both mem[] and mem_cap > 0");
+        else rc = pp_partition_capped(w, d->mem, d->mem_cap, m->n_layers, d->n_stages, first, err);
+    } else {
+        rc = pp_partition_balanced(w, m->n_layers, d->n_stages, first, err);
+    }
     if (rc == PP_OK && imbalance) *imbalance = pp_partition_imbalance(w, m->n_layers, first, d->n_stages);
 cleanup:
     PP_FREE(w);

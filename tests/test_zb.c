@@ -749,6 +749,44 @@ static void test_partition_capped(void) {
     CHECK(fails == 0, "%d capped partitions differ from brute force", fails);
 }
 
+/* pp_partition_model covers the array functions: WEIGHTS is pp_partition_balanced on the
+   caller's weights, and mem + mem_cap make COST, PARAMS and WEIGHTS pp_partition_capped. The
+   weights put the split where the cap forbids it, so a desc path that ignored the cap fails. */
+static void test_partition_desc(void) {
+    pp_model m = mlp_model_desc();
+    int L = m.n_layers, a[9], b[9], l, s;
+    double w[16], mem[16], imb = 0;
+    pp_partition_desc d;
+    pp_error err;
+    for (l = 0; l < L; l++) w[l] = l == L - 1 ? 10 : 1, mem[l] = 1;
+    memset(&d, 0, sizeof d);
+    d.policy = PP_PARTITION_WEIGHTS;
+    d.n_stages = 2;
+    d.weight = w;
+    CHECK(pp_partition_model(&m, NULL, &d, a, &imb, &err) == PP_OK && pp_partition_balanced(w, L, 2, b, &err) == PP_OK,
+          "%s", err.msg);
+    for (s = 0; s <= 2; s++) CHECK(a[s] == b[s], "weights: boundary %d at %d, balanced %d", s, a[s], b[s]);
+    CHECK(a[1] == L - 1 && imb > 1, "weights: the heavy last layer alone (split at %d, imbalance %g)", a[1], imb);
+    d.mem = mem;
+    d.mem_cap = (L + 1) / 2;
+    CHECK(pp_partition_model(&m, NULL, &d, a, NULL, &err) == PP_OK &&
+              pp_partition_capped(w, mem, d.mem_cap, L, 2, b, &err) == PP_OK,
+          "%s", err.msg);
+    for (s = 0; s <= 2; s++) CHECK(a[s] == b[s], "capped: boundary %d at %d, pp_partition_capped %d", s, a[s], b[s]);
+    CHECK(a[1] == (int)d.mem_cap, "capped: split at %d, the cap allows at most %d", a[1], (int)d.mem_cap);
+    d.mem_cap = 0.5;
+    CHECK(pp_partition_model(&m, NULL, &d, a, NULL, &err) == PP_ERR_SIZE, "a cap below one layer must fail");
+    d.mem_cap = 0;
+    CHECK(pp_partition_model(&m, NULL, &d, a, NULL, &err) == PP_ERR_INVALID && strstr(err.msg, "mem_cap"), "%s", err.msg);
+    d.mem_cap = 4;
+    d.policy = PP_PARTITION_UNIFORM;
+    CHECK(pp_partition_model(&m, NULL, &d, a, NULL, &err) == PP_ERR_INVALID && strstr(err.msg, "memory cap"), "%s", err.msg);
+    memset(&d, 0, sizeof d);
+    d.policy = PP_PARTITION_WEIGHTS;
+    d.n_stages = 2;
+    CHECK(pp_partition_model(&m, NULL, &d, a, NULL, &err) == PP_ERR_INVALID && strstr(err.msg, "weight"), "%s", err.msg);
+}
+
 static void test_profile(void) {
     mlp_model w, g, gref, tmp;
     mlpz_model wz, gz, gzref;
@@ -788,6 +826,7 @@ int main(void) {
     test_w_share();
     test_gradients();
     test_partition_capped();
+    test_partition_desc();
     test_profile();
     return TEST_DONE("zb");
 }
