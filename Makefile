@@ -24,7 +24,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c check-abi old-names lint fuzz soak valgrind clean \
+.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c check-abi old-names api-doc lint fuzz soak valgrind clean \
         cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
@@ -130,7 +130,13 @@ old-names: $(B)/old-names
 	    echo "old-names: FAILED, the control without the aliases compiled"; exit 1; \
 	  else echo "old-names: the control without the aliases fails to compile, as it must"; fi
 
-check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names
+# docs/api.md names every public function and type; its control drops one name and must fail.
+api-doc: | $(B)
+	@sh tests/api_doc.sh && sed 's/`pp_grid_rank`//' docs/api.md > $(B)/api-doc-control.md && \
+	  if sh tests/api_doc.sh $(B)/api-doc-control.md > /dev/null; then \
+	    echo "api-doc: FAILED, the control without pp_grid_rank passed"; exit 1; fi
+
+check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc
 
 # a configuration that sizes public structs must agree across files: a mismatch fails to link.
 # tests/abi_user.c refers to every function linked under the configuration's name (ABI_FNS);
