@@ -4899,6 +4899,8 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
 typedef struct _pp_hdr {
     int64_t n;
     int64_t t[PP_MAX_TENSORS][3];   /* rows, cols, dtype */
+    int64_t mb_rows, mb_seqs;       /* the sender's micro-batch: the receiver's must be the same */
+    uint64_t mb_sig;
 } _pp_hdr;
 
 /* AUTO's trailer, after the first tensor of every activation message. */
@@ -5528,6 +5530,45 @@ static pp_result _pp_hdr_to_bnd(pp_stage* s, const pp_action* a, const _pp_hdr* 
     return PP_OK;
 }
 
+/* A micro-batch's layout (rows, sequences, offsets) as one number: the two sides of a boundary
+   must see the same micro-batch (PER_MESSAGE and AUTO carry it; LOCAL and BROADCAST check it
+   with the plan). */
+static uint64_t _pp_mb_sig(const pp_microbatch* mb) {
+    uint64_t h = 14695981039346656037ull;
+    int i;
+    h = (h ^ (uint64_t)mb->rows) * 1099511628211ull;
+    h = (h ^ (uint64_t)(mb->cu_seqlens ? mb->n_seqs : -1)) * 1099511628211ull;
+    for (i = 0; mb->cu_seqlens && i <= mb->n_seqs; i++) h = (h ^ (uint64_t)(uint32_t)mb->cu_seqlens[i]) * 1099511628211ull;
+    return h;
+}
+
+/* PER_MESSAGE / AUTO: the sender's view of micro-batch a->mb against this rank's (a layer must
+   never see an io->mb that disagrees with its inputs). */
+static pp_result _pp_mb_check(pp_stage* s, const pp_action* a, uint64_t sig, int64_t rows, int64_t seqs) {
+    const pp_microbatch* mb = &s->plan.mbs[a->mb];
+#ifdef PP_TEST_NO_MB_CHECK /* negative control (tests/test_agree.c) */
+    return PP_OK;
+#endif
+    char theirs[64];
+    if (sig == _pp_mb_sig(mb)) return PP_OK;
+    if (rows >= 0)
+        snprintf(theirs, sizeof theirs, "%lld rows, %lld sequences", (long long)rows, (long long)seqs);
+    else
+        snprintf(theirs, sizeof theirs, "another layout");
+    return _pp_stage_fail(s, PP_ERR_INVALID,
+                          "micro-batch %d is %lld rows, %d sequences here%s, rank %d sent it as %s: under PER_MESSAGE and "
+                          "AUTO every rank's batch must carry the step's rows and cu_seqlens (only the first stage needs "
+                          "the tokens); a rank without them needs PP_SHAPES_BROADCAST",
+                          a->mb, (long long)mb->rows, mb->cu_seqlens ? mb->n_seqs : 0, mb->cu_seqlens ? "" : " (no cu_seqlens)",
+                          a->prev_rank, theirs);
+}
+
+static void _pp_hdr_mb(const pp_microbatch* mb, _pp_hdr* h) {
+    h->mb_rows = mb->rows;
+    h->mb_seqs = mb->cu_seqlens ? mb->n_seqs : 0;
+    h->mb_sig = _pp_mb_sig(mb);
+}
+
 static void _pp_bnd_to_hdr(const pp_tensor* ts, int n, _pp_hdr* h) {
     int k;
     memset(h, 0, sizeof *h);
@@ -6009,18 +6050,21 @@ static pp_result _pp_wait_prep(pp_stage* s, _pp_prep* pr, const pp_action* a) {
 }
 
 /* Reads the AUTO trailer after tensor 0 of the stage input; 0 if it is missing or corrupt. */
-static int _pp_trailer_read(const pp_stage* s) {
+static int _pp_trailer_read(const pp_stage* s, uint64_t* mb_sig) {
     const unsigned char* p = (const unsigned char*)s->act[0].data + pp_tensor_bytes(&s->act[0]);
-    uint32_t w[2];
+    uint32_t w[4];
     memcpy(w, p, sizeof w);
+    if (mb_sig) *mb_sig = (uint64_t)w[2] | ((uint64_t)w[3] << 32);
     return w[0] == _PP_TRAILER_MAGIC ? (int)w[1] : 0;
 }
 
-static void _pp_trailer_write(unsigned char* p, int status) {
+/* magic, status, the sender's micro-batch signature (_pp_mb_sig) */
+static void _pp_trailer_write(unsigned char* p, int status, uint64_t mb_sig) {
     uint32_t w[4];
     w[0] = _PP_TRAILER_MAGIC;
     w[1] = (uint32_t)status;
-    w[2] = w[3] = 0;
+    w[2] = (uint32_t)mb_sig;
+    w[3] = (uint32_t)(mb_sig >> 32);
     memcpy(p, w, sizeof w);
 }
 
@@ -6033,6 +6077,7 @@ static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr
     for (;;) {
         if (pr->want_hdr) {
             if ((rc = _pp_hdr_to_bnd(s, a, &pr->hdr, &in)) != PP_OK) return rc;
+            if ((rc = _pp_mb_check(s, a, pr->hdr.mb_sig, pr->hdr.mb_rows, pr->hdr.mb_seqs)) != PP_OK) return rc;
             if ((rc = _pp_apply_shapes(s, a, &in)) != PP_OK) return rc;
             {
                 size_t bytes = _pp_stash_carve(&s->plan, a->mb, la, lb, 1, NULL, NULL, NULL, NULL);
@@ -6051,7 +6096,7 @@ static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr
             /* tensor 0 arrived with its trailer: the rest may follow, or a resize notice */
             pr->auto_first = 0;
             _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
-            if (_pp_trailer_read(s) == _PP_TRAILER_RESIZE) {
+            if (_pp_trailer_read(s, NULL) == _PP_TRAILER_RESIZE) {
                 if ((rc = _pp_post_hdr(s, a, pr)) != PP_OK) return rc;
                 if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
                 continue; /* want_hdr is set: apply the header, then receive the data */
@@ -6063,10 +6108,12 @@ static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr
     }
     if (s->d.shapes == PP_SHAPES_AUTO) {
         _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
-        status = _pp_trailer_read(s);
+        uint64_t sig;
+        status = _pp_trailer_read(s, &sig);
         if (status != _PP_TRAILER_OK)
             return _pp_stage_fail(s, PP_ERR_TRANSPORT, "F%d.%d: activation from rank %d lacks its trailer (%d)", a->mb,
                                   a->chunk, a->prev_rank, status);
+        if ((rc = _pp_mb_check(s, a, sig, -1, -1)) != PP_OK) return rc;
         s->learned_in[slot] = *_pp_plan_bnd(&s->plan, a->mb, la);
     }
     return PP_OK;
@@ -6120,6 +6167,7 @@ static pp_result _pp_send_output(pp_stage* s, const pp_action* a, _pp_block* blk
     size_t extra = 0;
     if (s->d.shapes == PP_SHAPES_PER_MESSAGE) {
         _pp_bnd_to_hdr(out, n, &blk->hdr);
+        _pp_hdr_mb(&s->plan.mbs[a->mb], &blk->hdr);
         if ((rc = _pp_send_meta(s, a, blk, &blk->hdr, sizeof blk->hdr, PP_MAX_TENSORS)) != PP_OK) return rc;
     } else if (s->d.shapes == PP_SHAPES_AUTO) {
         _pp_bnd* known = &s->learned_out[slot];
@@ -6131,18 +6179,20 @@ static pp_result _pp_send_output(pp_stage* s, const pp_action* a, _pp_block* blk
             _pp_block* note = _pp_block_get(s, old);
             if (!note) return _pp_stage_fail(s, PP_ERR_NOMEM, "resize notice of %zu bytes", old);
             memset(note->data, 0, old);
-            _pp_trailer_write(note->data + old - _PP_TRAILER, _PP_TRAILER_RESIZE);
+            _pp_trailer_write(note->data + old - _PP_TRAILER, _PP_TRAILER_RESIZE, 0);
             rc = _pp_send_meta(s, a, note, note->data, old, 0);
             _pp_block_put(s, note);
             if (rc != PP_OK) return rc;
         }
         if (known->n < 1 || !_pp_same_shapes(known, out, n)) {
             _pp_bnd_to_hdr(out, n, &blk->hdr);
+            _pp_hdr_mb(&s->plan.mbs[a->mb], &blk->hdr);
             if ((rc = _pp_send_meta(s, a, blk, &blk->hdr, sizeof blk->hdr, PP_MAX_TENSORS)) != PP_OK) return rc;
             known->n = n;
             memcpy(known->t, out, sizeof(pp_tensor) * (size_t)n);
         }
-        _pp_trailer_write((unsigned char*)out[0].data + pp_tensor_bytes(&out[0]), _PP_TRAILER_OK);
+        _pp_trailer_write((unsigned char*)out[0].data + pp_tensor_bytes(&out[0]), _PP_TRAILER_OK,
+                          _pp_mb_sig(&s->plan.mbs[a->mb]));
         s->st.meta_bytes_sent += _PP_TRAILER;
     }
     return _pp_send_bnd(s, a, blk, out, n, a->next_rank, 0, a->stage + 1, extra);
@@ -6475,6 +6525,7 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
         w[6] = (int64_t)b->split;
         memcpy(&w[7], &b->split_a, sizeof(double));
         memcpy(&w[8], &b->split_b, sizeof(double));
+        w[9] = ((int64_t)s->n_steps << 32) | (uint32_t)s->gen; /* which step: a stale one is refused */
         if (b->cu_seqlens) memcpy(&w[_PP_BC_WORDS], b->cu_seqlens, sizeof(int32_t) * ((size_t)b->n_seqs + 1));
         for (r = 0; r < s->p; r++) {
             if (r == root) continue;
@@ -6497,6 +6548,10 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
         return rc;
     }
     s->st.bytes_recv += bytes;
+    if (w[9] != (((int64_t)s->n_steps << 32) | (uint32_t)s->gen))
+        return _pp_stage_fail(s, PP_ERR_TRANSPORT, "the step metadata from rank %d is for its step %lld (after %lld failed), "
+                              "this rank is at step %d (after %d failed): every rank must call pp_stage_step for every step",
+                              root, (long long)(w[9] >> 32), (long long)(uint32_t)w[9], (int)s->n_steps, (int)s->gen);
     if (w[4] < 0 || w[4] > s->d.max_seqs)
         return _pp_stage_fail(s, PP_ERR_TRANSPORT, "step metadata from rank %d is corrupt (%lld sequences)", root,
                               (long long)w[4]);
