@@ -619,7 +619,8 @@ typedef enum pp_schedule_kind {
 
 /* Which rank holds which stage. LOOP: stage s is chunk s / p of rank s % p (GPipe, 1F1B,
    interleaved, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min): rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
-   first and the last stage (embedding and loss) share rank 0 and the turn of the V is local. */
+   first and the last stage (embedding and loss) share rank 0 and the turn of the V crosses no
+   link (a message from rank p-1 to itself: a copy in memory). */
 typedef enum pp_stage_map { PP_MAP_LOOP = 0, PP_MAP_V = 1 } pp_stage_map;
 
 typedef enum pp_op { PP_OP_F = 0, PP_OP_B = 1, PP_OP_W = 2 } pp_op;
@@ -6198,111 +6199,146 @@ static pp_result _pp_send_output(pp_stage* s, const pp_action* a, _pp_block* blk
     return _pp_send_bnd(s, a, blk, out, n, a->next_rank, 0, a->stage + 1, extra);
 }
 
+/* One action being run: its layers [la, lb), micro-batch, (micro-batch, chunk) slot, start. */
+typedef struct _pp_act {
+    const pp_action* a;
+    const pp_microbatch* mb;
+    const size_t* sb;               /* the micro-batch's saved bytes per layer */
+    int idx, la, lb, slot;
+    double t0;
+} _pp_act;
+
+/* Lays out the action's stash (and gws, the gradient workspace, where given) in s->act, s->nact,
+   s->saved and s->dact: the scratch holds one action's views at a time. */
+static void _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash, const _pp_block* gws) {
+    _pp_stash_carve(&s->plan, c->a->mb, c->la, c->lb, c->a->stage > 0, stash->data, s->act, s->nact, s->saved);
+    if (c->a->stage == 0) s->act[0] = _pp_input_view(s->batch, c->mb);
+    if (gws) _pp_grad_carve(&s->plan, c->a->mb, c->la, c->lb, c->a->stage > 0, gws->data, s->dact);
+}
+
+static void _pp_mark(pp_stage* s, const _pp_act* c, int done) {
+    if (s->d.device.mark) s->d.device.mark(s->d.device.user, c->a, c->idx, done);
+}
+
+/* F: the stash (with the received input) stays live until B (or W); the output goes on. */
+static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
+    const pp_action* a = c->a;
+    _pp_block* blk = pr->blk;
+    pp_result rc;
+    pr->blk = NULL;
+    _pp_views(s, c, blk, NULL);
+    s->live[c->slot] = blk;
+    if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
+    s->live_bytes += blk->cap;
+    if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
+    rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, s->act, s->nact, s->saved, c->sb,
+                           &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
+    if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+    _pp_mark(s, c, 1);
+    if (s->d.check_finite &&
+        (rc = _pp_check_finite(s, a, &s->act[(c->lb - c->la) * PP_MAX_TENSORS], s->nact[c->lb - c->la],
+                               a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL)) != PP_OK)
+        return rc;
+    s->st.t_forward += _pp_now() - c->t0;
+    if (a->stage < s->S - 1) return _pp_send_output(s, a, blk, c->la, c->lb);
+    return PP_OK;
+}
+
+/* B: the input gradient (and the weight gradients unless W is deferred) into the workspace; the
+   input gradient goes back; stash and workspace are freed, or kept for W. */
+static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
+    const pp_action* a = c->a;
+    _pp_block* stash = s->live[c->slot];
+    _pp_block* gws = pr->blk;
+    pp_result rc;
+    pr->blk = NULL;
+    if (!stash) {
+        _pp_block_put(s, gws);
+        return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its F", a->mb, a->chunk);
+    }
+    _pp_views(s, c, stash, gws);
+    rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
+                        s->saved, c->sb, s->d.layer_ctx, &s->err);
+    /* a split model on a schedule without W: the weight gradients now */
+    if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
+        rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
+                            s->saved, c->sb, s->d.layer_ctx, &s->err);
+    if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
+    if (rc == PP_OK) {
+        _pp_mark(s, c, 1);
+        s->st.t_backward += _pp_now() - c->t0;
+        if (s->d.check_finite && a->stage > 0) rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL);
+    }
+    if (rc == PP_OK && a->stage > 0) rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
+    if (rc != PP_OK) {
+        _pp_block_put(s, gws);
+        return rc;
+    }
+    if (s->defer_w) {
+        /* W still needs the stash (inputs) and the workspace (output gradients) */
+        s->wlive[c->slot] = gws;
+        s->live_bytes += gws->cap;
+        if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
+    } else {
+        s->live[c->slot] = NULL;
+        s->n_live--;
+        s->live_bytes -= stash->cap;
+        _pp_block_put(s, stash);
+        _pp_block_put(s, gws);
+    }
+    return PP_OK;
+}
+
+/* W: the deferred weight gradients, in the stash and workspace B left in place (a no-op when B
+   did them: the schedule has no W or the model no weight_grad). */
+static pp_result _pp_run_w(pp_stage* s, const _pp_act* c) {
+    const pp_action* a = c->a;
+    _pp_block *stash = s->live[c->slot], *gws = s->wlive[c->slot];
+    pp_result rc;
+    if (s->defer_w) {
+        if (!stash || !gws) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "W%d.%d before its B", a->mb, a->chunk);
+        _pp_views(s, c, stash, gws);
+        rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
+                            s->saved, c->sb, s->d.layer_ctx, &s->err);
+        if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+        s->live[c->slot] = s->wlive[c->slot] = NULL;
+        s->n_live--;
+        s->live_bytes -= stash->cap + gws->cap;
+        _pp_block_put(s, stash);
+        _pp_block_put(s, gws);
+    }
+    _pp_mark(s, c, 1);
+    s->st.t_backward += _pp_now() - c->t0;
+    return PP_OK;
+}
+
+/* Action idx: wait for its receives (prepared one action ahead), run it, record it. */
 static pp_result _pp_run(pp_stage* s, int idx) {
     _pp_prep* pr = &s->prep[idx & 1];
     const pp_action* a = &s->list[idx];
-    const pp_microbatch* mb = &s->plan.mbs[a->mb];
-    int la, lb, slot = a->mb * s->v + a->chunk;
-    const size_t* sb = &s->plan.saved[(size_t)a->mb * s->L];
+    _pp_act c;
     pp_result rc;
-    double t0;
-    _pp_stage_layers(s, a->stage, &la, &lb);
+    c.a = a;
+    c.idx = idx;
+    c.mb = &s->plan.mbs[a->mb];
+    c.sb = &s->plan.saved[(size_t)a->mb * s->L];
+    c.slot = a->mb * s->v + a->chunk;
+    _pp_stage_layers(s, a->stage, &c.la, &c.lb);
     _pp_stage_note(s, a, PP_FLIGHT_START, _pp_awaited(s, a));
     if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
     if (a->op == PP_OP_F && a->stage > 0 && (s->d.shapes == PP_SHAPES_PER_MESSAGE || s->d.shapes == PP_SHAPES_AUTO) &&
         (rc = _pp_receive_input(s, a, pr)) != PP_OK)
         return rc;
     _pp_stage_heard(s, a);
-    t0 = _pp_now();
-    if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 0);
-    if (a->op == PP_OP_W) {
-        /* deferred weight gradients: B left its stash and workspace in place (a no-op when B did
-           them, because the schedule has no W or the model no weight_grad) */
-        _pp_block *stash = s->live[slot], *gws = s->wlive[slot];
-        if (s->defer_w) {
-            if (!stash || !gws) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "W%d.%d before its B", a->mb, a->chunk);
-            _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, stash->data, s->act, s->nact, s->saved);
-            if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
-            _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
-            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
-                                 sb, s->d.layer_ctx, &s->err);
-            if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
-            s->live[slot] = s->wlive[slot] = NULL;
-            s->n_live--;
-            s->live_bytes -= stash->cap + gws->cap;
-            _pp_block_put(s, stash);
-            _pp_block_put(s, gws);
-        }
-        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
-        s->st.t_backward += _pp_now() - t0;
-    } else if (a->op == PP_OP_F) {
-        _pp_block* blk = pr->blk;
-        pr->blk = NULL;
-        _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, blk->data, s->act, s->nact, s->saved);
-        if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
-        s->live[slot] = blk;
-        if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
-        s->live_bytes += blk->cap;
-        if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
-        rc = _pp_forward_range(&s->d.model, s->d.weights, mb, la, lb, s->act, s->nact, s->saved, sb,
-                               &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
-        if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
-        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
-        if (s->d.check_finite &&
-            (rc = _pp_check_finite(s, a, &s->act[(lb - la) * PP_MAX_TENSORS], s->nact[lb - la],
-                                   a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL)) != PP_OK)
-            return rc;
-        s->st.t_forward += _pp_now() - t0;
-        if (a->stage < s->S - 1 && (rc = _pp_send_output(s, a, blk, la, lb)) != PP_OK) return rc;
-    } else {
-        _pp_block* stash = s->live[slot];
-        _pp_block* gws = pr->blk;
-        pr->blk = NULL;
-        if (!stash) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its F", a->mb, a->chunk);
-        _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, stash->data, s->act, s->nact, s->saved);
-        if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
-        _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
-        rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact,
-                                s->saved, sb, s->d.layer_ctx, &s->err);
-        /* a split model on a schedule without W: the weight gradients now */
-        if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
-            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
-                                 sb, s->d.layer_ctx, &s->err);
-        if (rc != PP_OK) {
-            _pp_block_put(s, gws);
-            return _pp_stage_wrap(s, rc, a);
-        }
-        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
-        s->st.t_backward += _pp_now() - t0;
-        if (s->d.check_finite && a->stage > 0 && (rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL)) != PP_OK) {
-            _pp_block_put(s, gws);
-            return rc;
-        }
-        if (a->stage > 0) {
-            rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
-            if (rc != PP_OK) {
-                _pp_block_put(s, gws);
-                return rc;
-            }
-        }
-        if (s->defer_w) {
-            /* W still needs the stash (inputs) and the workspace (output gradients) */
-            s->wlive[slot] = gws;
-            s->live_bytes += gws->cap;
-            if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
-        } else {
-            s->live[slot] = NULL;
-            s->n_live--;
-            s->live_bytes -= stash->cap;
-            _pp_block_put(s, stash);
-            _pp_block_put(s, gws);
-        }
-    }
+    c.t0 = _pp_now();
+    _pp_mark(s, &c, 0);
+    rc = a->op == PP_OP_F ? _pp_run_f(s, &c, pr) : a->op == PP_OP_B ? _pp_run_b(s, &c, pr) : _pp_run_w(s, &c);
+    if (rc != PP_OK) return rc;
     if (s->d.record_timeline && s->events) {
         pp_event* e = &s->events[s->n_events++];
         e->rank = s->d.rank;
         e->a = *a;
-        e->start = t0;
+        e->start = c.t0;
         e->end = _pp_now();
     }
     _pp_stage_note(s, a, PP_FLIGHT_DONE, -1);
