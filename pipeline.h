@@ -5656,6 +5656,20 @@ static void _pp_agree_free(pp_stage* s) {
     PP_FREE(s->fp_theirs);
 }
 
+/* A receive nobody will wait for any more: finished (its message came) it is waited for, which
+   frees it; else it is withdrawn (transport.cancel) or, without cancel, left to the reset. */
+static void _pp_retire_recv(pp_stage* s, pp_request* req) {
+    const pp_transport* t = &s->d.transport;
+    int done = 0;
+    if (!req->impl || req->done) return;
+    if (t->test) t->test(t->self, req, &done);
+    if (done)
+        t->wait(t->self, req, s->d.timeout_s, NULL);
+    else if (t->cancel)
+        t->cancel(t->self, req);
+    req->done = 1;
+}
+
 /* One boundary view as a record: what both sides must agree on. */
 static void _pp_fp_record(const _pp_bnd* bd, int64_t* w) {
     uint64_t h = 14695981039346656037ull, dt = 0;
@@ -5876,7 +5890,7 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
             _pp_agree_count(s, 1);
             w = t->wait(t->self, &rq[0], s->d.timeout_s, &e);
             if (w == PP_OK) w = t->wait(t->self, &rq[1], s->d.timeout_s, &e);
-            else if (rq[1].impl && t->cancel) t->cancel(t->self, &rq[1]);
+            else _pp_retire_recv(s, &rq[1]);
             if (w == PP_OK) s->st.bytes_recv += s->ag_rec;
         }
         s->st.t_agree += _pp_now() - t0;
@@ -5902,7 +5916,7 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
     for (r = 1; r < s->p; r++) {
         if (!s->ag_req[r].impl && !s->ag_req[r].done) continue; /* its post failed: recorded above */
         if ((w = t->wait(t->self, &s->ag_req[r], s->d.timeout_s, &e)) != PP_OK) {
-            if (s->ag_req[r].impl && t->cancel) t->cancel(t->self, &s->ag_req[r]);
+            _pp_retire_recv(s, &s->ag_req[r]);
             _pp_ag_write(s, s->ag_buf + (size_t)r * s->ag_rec, w, r, e.msg);
         } else if (((const int64_t*)(void*)(s->ag_buf + (size_t)r * s->ag_rec))[0] != _PP_AG_MAGIC) {
             _pp_ag_write(s, s->ag_buf + (size_t)r * s->ag_rec, PP_ERR_TRANSPORT, r, "its outcome record is corrupt");
@@ -6518,7 +6532,7 @@ static void _pp_stage_recover(pp_stage* s) {
     /* the plan check's receives, where the step stopped before checking */
     for (i = 0; i < s->n_nb; i++)
         if (s->nb[i].state == 1) {
-            if (!s->nb[i].rreq.done && s->nb[i].rreq.impl && t->cancel) t->cancel(t->self, &s->nb[i].rreq);
+            _pp_retire_recv(s, &s->nb[i].rreq);
             s->nb[i].state = 2;
         }
     s->n_live = 0;
