@@ -628,7 +628,8 @@ typedef enum pp_schedule_kind {
 
 /* Which rank holds which stage. LOOP: stage s is chunk s / p of rank s % p (GPipe, 1F1B,
    interleaved, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min): rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
-   first and the last stage (embedding and loss) share rank 0 and the turn of the V is local. */
+   first and the last stage (embedding and loss) share rank 0 and the turn of the V crosses no
+   link (a message from rank p-1 to itself: a copy in memory). */
 typedef enum pp_stage_map { PP_MAP_LOOP = 0, PP_MAP_V = 1 } pp_stage_map;
 
 typedef enum pp_op { PP_OP_F = 0, PP_OP_B = 1, PP_OP_W = 2 } pp_op;
@@ -4933,6 +4934,8 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
 typedef struct _pp_hdr {
     int64_t n;
     int64_t t[PP_MAX_TENSORS][3];   /* rows, cols, dtype */
+    int64_t mb_rows, mb_seqs;       /* the sender's micro-batch: the receiver's must be the same */
+    uint64_t mb_sig;
 } _pp_hdr;
 
 /* AUTO's trailer, after the first tensor of every activation message. */
@@ -5562,6 +5565,45 @@ static pp_result _pp_hdr_to_bnd(pp_stage* s, const pp_action* a, const _pp_hdr* 
     return PP_OK;
 }
 
+/* A micro-batch's layout (rows, sequences, offsets) as one number: the two sides of a boundary
+   must see the same micro-batch (PER_MESSAGE and AUTO carry it; LOCAL and BROADCAST check it
+   with the plan). */
+static uint64_t _pp_mb_sig(const pp_microbatch* mb) {
+    uint64_t h = 14695981039346656037ull;
+    int i;
+    h = (h ^ (uint64_t)mb->rows) * 1099511628211ull;
+    h = (h ^ (uint64_t)(mb->cu_seqlens ? mb->n_seqs : -1)) * 1099511628211ull;
+    for (i = 0; mb->cu_seqlens && i <= mb->n_seqs; i++) h = (h ^ (uint64_t)(uint32_t)mb->cu_seqlens[i]) * 1099511628211ull;
+    return h;
+}
+
+/* PER_MESSAGE / AUTO: the sender's view of micro-batch a->mb against this rank's (a layer must
+   never see an io->mb that disagrees with its inputs). */
+static pp_result _pp_mb_check(pp_stage* s, const pp_action* a, uint64_t sig, int64_t rows, int64_t seqs) {
+    const pp_microbatch* mb = &s->plan.mbs[a->mb];
+#ifdef PP_TEST_NO_MB_CHECK /* negative control (tests/test_agree.c) */
+    return PP_OK;
+#endif
+    char theirs[64];
+    if (sig == _pp_mb_sig(mb)) return PP_OK;
+    if (rows >= 0)
+        snprintf(theirs, sizeof theirs, "%lld rows, %lld sequences", (long long)rows, (long long)seqs);
+    else
+        snprintf(theirs, sizeof theirs, "another layout");
+    return _pp_stage_fail(s, PP_ERR_INVALID,
+                          "micro-batch %d is %lld rows, %d sequences here%s, rank %d sent it as %s: under PER_MESSAGE and "
+                          "AUTO every rank's batch must carry the step's rows and cu_seqlens (only the first stage needs "
+                          "the tokens); a rank without them needs PP_SHAPES_BROADCAST",
+                          a->mb, (long long)mb->rows, mb->cu_seqlens ? mb->n_seqs : 0, mb->cu_seqlens ? "" : " (no cu_seqlens)",
+                          a->prev_rank, theirs);
+}
+
+static void _pp_hdr_mb(const pp_microbatch* mb, _pp_hdr* h) {
+    h->mb_rows = mb->rows;
+    h->mb_seqs = mb->cu_seqlens ? mb->n_seqs : 0;
+    h->mb_sig = _pp_mb_sig(mb);
+}
+
 static void _pp_bnd_to_hdr(const pp_tensor* ts, int n, _pp_hdr* h) {
     int k;
     memset(h, 0, sizeof *h);
@@ -5646,6 +5688,20 @@ static void _pp_agree_free(pp_stage* s) {
     PP_FREE(s->ag_req);
     PP_FREE(s->fp_mine);
     PP_FREE(s->fp_theirs);
+}
+
+/* A receive nobody will wait for any more: finished (its message came) it is waited for, which
+   frees it; else it is withdrawn (transport.cancel) or, without cancel, left to the reset. */
+static void _pp_retire_recv(pp_stage* s, pp_request* req) {
+    const pp_transport* t = &s->d.transport;
+    int done = 0;
+    if (!req->impl || req->done) return;
+    if (t->test) t->test(t->self, req, &done);
+    if (done)
+        t->wait(t->self, req, s->d.timeout_s, NULL);
+    else if (t->cancel)
+        t->cancel(t->self, req);
+    req->done = 1;
 }
 
 /* One boundary view as a record: what both sides must agree on. */
@@ -5868,7 +5924,7 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
             _pp_agree_count(s, 1);
             w = t->wait(t->self, &rq[0], s->d.timeout_s, &e);
             if (w == PP_OK) w = t->wait(t->self, &rq[1], s->d.timeout_s, &e);
-            else if (rq[1].impl && t->cancel) t->cancel(t->self, &rq[1]);
+            else _pp_retire_recv(s, &rq[1]);
             if (w == PP_OK) s->st.bytes_recv += s->ag_rec;
         }
         s->st.t_agree += _pp_now() - t0;
@@ -5894,7 +5950,7 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
     for (r = 1; r < s->p; r++) {
         if (!s->ag_req[r].impl && !s->ag_req[r].done) continue; /* its post failed: recorded above */
         if ((w = t->wait(t->self, &s->ag_req[r], s->d.timeout_s, &e)) != PP_OK) {
-            if (s->ag_req[r].impl && t->cancel) t->cancel(t->self, &s->ag_req[r]);
+            _pp_retire_recv(s, &s->ag_req[r]);
             _pp_ag_write(s, s->ag_buf + (size_t)r * s->ag_rec, w, r, e.msg);
         } else if (((const int64_t*)(void*)(s->ag_buf + (size_t)r * s->ag_rec))[0] != _PP_AG_MAGIC) {
             _pp_ag_write(s, s->ag_buf + (size_t)r * s->ag_rec, PP_ERR_TRANSPORT, r, "its outcome record is corrupt");
@@ -6043,18 +6099,21 @@ static pp_result _pp_wait_prep(pp_stage* s, _pp_prep* pr, const pp_action* a) {
 }
 
 /* Reads the AUTO trailer after tensor 0 of the stage input; 0 if it is missing or corrupt. */
-static int _pp_trailer_read(const pp_stage* s) {
+static int _pp_trailer_read(const pp_stage* s, uint64_t* mb_sig) {
     const unsigned char* p = (const unsigned char*)s->act[0].data + pp_tensor_bytes(&s->act[0]);
-    uint32_t w[2];
+    uint32_t w[4];
     memcpy(w, p, sizeof w);
+    if (mb_sig) *mb_sig = (uint64_t)w[2] | ((uint64_t)w[3] << 32);
     return w[0] == _PP_TRAILER_MAGIC ? (int)w[1] : 0;
 }
 
-static void _pp_trailer_write(unsigned char* p, int status) {
+/* magic, status, the sender's micro-batch signature (_pp_mb_sig) */
+static void _pp_trailer_write(unsigned char* p, int status, uint64_t mb_sig) {
     uint32_t w[4];
     w[0] = _PP_TRAILER_MAGIC;
     w[1] = (uint32_t)status;
-    w[2] = w[3] = 0;
+    w[2] = (uint32_t)mb_sig;
+    w[3] = (uint32_t)(mb_sig >> 32);
     memcpy(p, w, sizeof w);
 }
 
@@ -6067,6 +6126,7 @@ static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr
     for (;;) {
         if (pr->want_hdr) {
             if ((rc = _pp_hdr_to_bnd(s, a, &pr->hdr, &in)) != PP_OK) return rc;
+            if ((rc = _pp_mb_check(s, a, pr->hdr.mb_sig, pr->hdr.mb_rows, pr->hdr.mb_seqs)) != PP_OK) return rc;
             if ((rc = _pp_apply_shapes(s, a, &in)) != PP_OK) return rc;
             {
                 size_t bytes = _pp_stash_carve(&s->plan, a->mb, la, lb, 1, NULL, NULL, NULL, NULL);
@@ -6085,7 +6145,7 @@ static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr
             /* tensor 0 arrived with its trailer: the rest may follow, or a resize notice */
             pr->auto_first = 0;
             _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
-            if (_pp_trailer_read(s) == _PP_TRAILER_RESIZE) {
+            if (_pp_trailer_read(s, NULL) == _PP_TRAILER_RESIZE) {
                 if ((rc = _pp_post_hdr(s, a, pr)) != PP_OK) return rc;
                 if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
                 continue; /* want_hdr is set: apply the header, then receive the data */
@@ -6097,10 +6157,12 @@ static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr
     }
     if (s->d.shapes == PP_SHAPES_AUTO) {
         _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
-        status = _pp_trailer_read(s);
+        uint64_t sig;
+        status = _pp_trailer_read(s, &sig);
         if (status != _PP_TRAILER_OK)
             return _pp_stage_fail(s, PP_ERR_TRANSPORT, "F%d.%d: activation from rank %d lacks its trailer (%d)", a->mb,
                                   a->chunk, a->prev_rank, status);
+        if ((rc = _pp_mb_check(s, a, sig, -1, -1)) != PP_OK) return rc;
         s->learned_in[slot] = *_pp_plan_bnd(&s->plan, a->mb, la);
     }
     return PP_OK;
@@ -6154,6 +6216,7 @@ static pp_result _pp_send_output(pp_stage* s, const pp_action* a, _pp_block* blk
     size_t extra = 0;
     if (s->d.shapes == PP_SHAPES_PER_MESSAGE) {
         _pp_bnd_to_hdr(out, n, &blk->hdr);
+        _pp_hdr_mb(&s->plan.mbs[a->mb], &blk->hdr);
         if ((rc = _pp_send_meta(s, a, blk, &blk->hdr, sizeof blk->hdr, PP_MAX_TENSORS)) != PP_OK) return rc;
     } else if (s->d.shapes == PP_SHAPES_AUTO) {
         _pp_bnd* known = &s->learned_out[slot];
@@ -6165,128 +6228,165 @@ static pp_result _pp_send_output(pp_stage* s, const pp_action* a, _pp_block* blk
             _pp_block* note = _pp_block_get(s, old);
             if (!note) return _pp_stage_fail(s, PP_ERR_NOMEM, "resize notice of %zu bytes", old);
             memset(note->data, 0, old);
-            _pp_trailer_write(note->data + old - _PP_TRAILER, _PP_TRAILER_RESIZE);
+            _pp_trailer_write(note->data + old - _PP_TRAILER, _PP_TRAILER_RESIZE, 0);
             rc = _pp_send_meta(s, a, note, note->data, old, 0);
             _pp_block_put(s, note);
             if (rc != PP_OK) return rc;
         }
         if (known->n < 1 || !_pp_same_shapes(known, out, n)) {
             _pp_bnd_to_hdr(out, n, &blk->hdr);
+            _pp_hdr_mb(&s->plan.mbs[a->mb], &blk->hdr);
             if ((rc = _pp_send_meta(s, a, blk, &blk->hdr, sizeof blk->hdr, PP_MAX_TENSORS)) != PP_OK) return rc;
             known->n = n;
             memcpy(known->t, out, sizeof(pp_tensor) * (size_t)n);
         }
-        _pp_trailer_write((unsigned char*)out[0].data + pp_tensor_bytes(&out[0]), _PP_TRAILER_OK);
+        _pp_trailer_write((unsigned char*)out[0].data + pp_tensor_bytes(&out[0]), _PP_TRAILER_OK,
+                          _pp_mb_sig(&s->plan.mbs[a->mb]));
         s->st.meta_bytes_sent += _PP_TRAILER;
     }
     return _pp_send_bnd(s, a, blk, out, n, a->next_rank, 0, a->stage + 1, extra);
 }
 
+/* One action being run: its layers [la, lb), micro-batch, (micro-batch, chunk) slot, start. */
+typedef struct _pp_act {
+    const pp_action* a;
+    const pp_microbatch* mb;
+    const size_t* sb;               /* the micro-batch's saved bytes per layer */
+    int idx, la, lb, slot;
+    double t0;
+} _pp_act;
+
+/* Lays out the action's stash (and gws, the gradient workspace, where given) in s->act, s->nact,
+   s->saved and s->dact: the scratch holds one action's views at a time. */
+static void _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash, const _pp_block* gws) {
+    _pp_stash_carve(&s->plan, c->a->mb, c->la, c->lb, c->a->stage > 0, stash->data, s->act, s->nact, s->saved);
+    if (c->a->stage == 0) s->act[0] = _pp_input_view(s->batch, c->mb);
+    if (gws) _pp_grad_carve(&s->plan, c->a->mb, c->la, c->lb, c->a->stage > 0, gws->data, s->dact);
+}
+
+static void _pp_mark(pp_stage* s, const _pp_act* c, int done) {
+    if (s->d.device.mark) s->d.device.mark(s->d.device.user, c->a, c->idx, done);
+}
+
+/* F: the stash (with the received input) stays live until B (or W); the output goes on. */
+static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
+    const pp_action* a = c->a;
+    _pp_block* blk = pr->blk;
+    pp_result rc;
+    pr->blk = NULL;
+    _pp_views(s, c, blk, NULL);
+    s->live[c->slot] = blk;
+    if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
+    s->live_bytes += blk->cap;
+    if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
+    rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, s->act, s->nact, s->saved, c->sb,
+                           &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
+    if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+    _pp_mark(s, c, 1);
+    if (s->d.check_finite &&
+        (rc = _pp_check_finite(s, a, &s->act[(c->lb - c->la) * PP_MAX_TENSORS], s->nact[c->lb - c->la],
+                               a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL)) != PP_OK)
+        return rc;
+    s->st.t_forward += _pp_now() - c->t0;
+    if (a->stage < s->S - 1) return _pp_send_output(s, a, blk, c->la, c->lb);
+    return PP_OK;
+}
+
+/* B: the input gradient (and the weight gradients unless W is deferred) into the workspace; the
+   input gradient goes back; stash and workspace are freed, or kept for W. */
+static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
+    const pp_action* a = c->a;
+    _pp_block* stash = s->live[c->slot];
+    _pp_block* gws = pr->blk;
+    pp_result rc;
+    pr->blk = NULL;
+    if (!stash) {
+        _pp_block_put(s, gws);
+        return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its F", a->mb, a->chunk);
+    }
+    _pp_views(s, c, stash, gws);
+    rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
+                        s->saved, c->sb, s->d.layer_ctx, &s->err);
+    /* a split model on a schedule without W: the weight gradients now */
+    if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
+        rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
+                            s->saved, c->sb, s->d.layer_ctx, &s->err);
+    if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
+    if (rc == PP_OK) {
+        _pp_mark(s, c, 1);
+        s->st.t_backward += _pp_now() - c->t0;
+        if (s->d.check_finite && a->stage > 0) rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL);
+    }
+    if (rc == PP_OK && a->stage > 0) rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
+    if (rc != PP_OK) {
+        _pp_block_put(s, gws);
+        return rc;
+    }
+    if (s->defer_w) {
+        /* W still needs the stash (inputs) and the workspace (output gradients) */
+        s->wlive[c->slot] = gws;
+        s->live_bytes += gws->cap;
+        if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
+    } else {
+        s->live[c->slot] = NULL;
+        s->n_live--;
+        s->live_bytes -= stash->cap;
+        _pp_block_put(s, stash);
+        _pp_block_put(s, gws);
+    }
+    return PP_OK;
+}
+
+/* W: the deferred weight gradients, in the stash and workspace B left in place (a no-op when B
+   did them: the schedule has no W or the model no weight_grad). */
+static pp_result _pp_run_w(pp_stage* s, const _pp_act* c) {
+    const pp_action* a = c->a;
+    _pp_block *stash = s->live[c->slot], *gws = s->wlive[c->slot];
+    pp_result rc;
+    if (s->defer_w) {
+        if (!stash || !gws) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "W%d.%d before its B", a->mb, a->chunk);
+        _pp_views(s, c, stash, gws);
+        rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
+                            s->saved, c->sb, s->d.layer_ctx, &s->err);
+        if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+        s->live[c->slot] = s->wlive[c->slot] = NULL;
+        s->n_live--;
+        s->live_bytes -= stash->cap + gws->cap;
+        _pp_block_put(s, stash);
+        _pp_block_put(s, gws);
+    }
+    _pp_mark(s, c, 1);
+    s->st.t_backward += _pp_now() - c->t0;
+    return PP_OK;
+}
+
+/* Action idx: wait for its receives (prepared one action ahead), run it, record it. */
 static pp_result _pp_run(pp_stage* s, int idx) {
     _pp_prep* pr = &s->prep[idx & 1];
     const pp_action* a = &s->list[idx];
-    const pp_microbatch* mb = &s->plan.mbs[a->mb];
-    int la, lb, slot = a->mb * s->v + a->chunk;
-    const size_t* sb = &s->plan.saved[(size_t)a->mb * s->L];
+    _pp_act c;
     pp_result rc;
-    double t0;
-    _pp_stage_layers(s, a->stage, &la, &lb);
+    c.a = a;
+    c.idx = idx;
+    c.mb = &s->plan.mbs[a->mb];
+    c.sb = &s->plan.saved[(size_t)a->mb * s->L];
+    c.slot = a->mb * s->v + a->chunk;
+    _pp_stage_layers(s, a->stage, &c.la, &c.lb);
     _pp_stage_note(s, a, PP_FLIGHT_START, _pp_awaited(s, a));
     if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
     if (a->op == PP_OP_F && a->stage > 0 && (s->d.shapes == PP_SHAPES_PER_MESSAGE || s->d.shapes == PP_SHAPES_AUTO) &&
         (rc = _pp_receive_input(s, a, pr)) != PP_OK)
         return rc;
     _pp_stage_heard(s, a);
-    t0 = _pp_now();
-    if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 0);
-    if (a->op == PP_OP_W) {
-        /* deferred weight gradients: B left its stash and workspace in place (a no-op when B did
-           them, because the schedule has no W or the model no weight_grad) */
-        _pp_block *stash = s->live[slot], *gws = s->wlive[slot];
-        if (s->defer_w) {
-            if (!stash || !gws) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "W%d.%d before its B", a->mb, a->chunk);
-            _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, stash->data, s->act, s->nact, s->saved);
-            if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
-            _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
-            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
-                                 sb, s->d.layer_ctx, &s->err);
-            if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
-            s->live[slot] = s->wlive[slot] = NULL;
-            s->n_live--;
-            s->live_bytes -= stash->cap + gws->cap;
-            _pp_block_put(s, stash);
-            _pp_block_put(s, gws);
-        }
-        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
-        s->st.t_backward += _pp_now() - t0;
-    } else if (a->op == PP_OP_F) {
-        _pp_block* blk = pr->blk;
-        pr->blk = NULL;
-        _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, blk->data, s->act, s->nact, s->saved);
-        if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
-        s->live[slot] = blk;
-        if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
-        s->live_bytes += blk->cap;
-        if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
-        rc = _pp_forward_range(&s->d.model, s->d.weights, mb, la, lb, s->act, s->nact, s->saved, sb,
-                               &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
-        if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
-        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
-        if (s->d.check_finite &&
-            (rc = _pp_check_finite(s, a, &s->act[(lb - la) * PP_MAX_TENSORS], s->nact[lb - la],
-                                   a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL)) != PP_OK)
-            return rc;
-        s->st.t_forward += _pp_now() - t0;
-        if (a->stage < s->S - 1 && (rc = _pp_send_output(s, a, blk, la, lb)) != PP_OK) return rc;
-    } else {
-        _pp_block* stash = s->live[slot];
-        _pp_block* gws = pr->blk;
-        pr->blk = NULL;
-        if (!stash) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its F", a->mb, a->chunk);
-        _pp_stash_carve(&s->plan, a->mb, la, lb, a->stage > 0, stash->data, s->act, s->nact, s->saved);
-        if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, mb);
-        _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, gws->data, s->dact);
-        rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact,
-                                s->saved, sb, s->d.layer_ctx, &s->err);
-        /* a split model on a schedule without W: the weight gradients now */
-        if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
-            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, mb, la, lb, s->act, s->nact, s->dact, s->saved,
-                                 sb, s->d.layer_ctx, &s->err);
-        if (rc != PP_OK) {
-            _pp_block_put(s, gws);
-            return _pp_stage_wrap(s, rc, a);
-        }
-        if (s->d.device.mark) s->d.device.mark(s->d.device.user, a, idx, 1);
-        s->st.t_backward += _pp_now() - t0;
-        if (s->d.check_finite && a->stage > 0 && (rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL)) != PP_OK) {
-            _pp_block_put(s, gws);
-            return rc;
-        }
-        if (a->stage > 0) {
-            rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
-            if (rc != PP_OK) {
-                _pp_block_put(s, gws);
-                return rc;
-            }
-        }
-        if (s->defer_w) {
-            /* W still needs the stash (inputs) and the workspace (output gradients) */
-            s->wlive[slot] = gws;
-            s->live_bytes += gws->cap;
-            if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
-        } else {
-            s->live[slot] = NULL;
-            s->n_live--;
-            s->live_bytes -= stash->cap;
-            _pp_block_put(s, stash);
-            _pp_block_put(s, gws);
-        }
-    }
+    c.t0 = _pp_now();
+    _pp_mark(s, &c, 0);
+    rc = a->op == PP_OP_F ? _pp_run_f(s, &c, pr) : a->op == PP_OP_B ? _pp_run_b(s, &c, pr) : _pp_run_w(s, &c);
+    if (rc != PP_OK) return rc;
     if (s->d.record_timeline && s->events) {
         pp_event* e = &s->events[s->n_events++];
         e->rank = s->d.rank;
         e->a = *a;
-        e->start = t0;
+        e->start = c.t0;
         e->end = _pp_now();
     }
     _pp_stage_note(s, a, PP_FLIGHT_DONE, -1);
@@ -6466,7 +6566,7 @@ static void _pp_stage_recover(pp_stage* s) {
     /* the plan check's receives, where the step stopped before checking */
     for (i = 0; i < s->n_nb; i++)
         if (s->nb[i].state == 1) {
-            if (!s->nb[i].rreq.done && s->nb[i].rreq.impl && t->cancel) t->cancel(t->self, &s->nb[i].rreq);
+            _pp_retire_recv(s, &s->nb[i].rreq);
             s->nb[i].state = 2;
         }
     s->n_live = 0;
@@ -6509,6 +6609,7 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
         w[6] = (int64_t)b->split;
         memcpy(&w[7], &b->split_a, sizeof(double));
         memcpy(&w[8], &b->split_b, sizeof(double));
+        w[9] = ((int64_t)s->n_steps << 32) | (uint32_t)s->gen; /* which step: a stale one is refused */
         if (b->cu_seqlens) memcpy(&w[_PP_BC_WORDS], b->cu_seqlens, sizeof(int32_t) * ((size_t)b->n_seqs + 1));
         for (r = 0; r < s->p; r++) {
             if (r == root) continue;
@@ -6531,6 +6632,10 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
         return rc;
     }
     s->st.bytes_recv += bytes;
+    if (w[9] != (((int64_t)s->n_steps << 32) | (uint32_t)s->gen))
+        return _pp_stage_fail(s, PP_ERR_TRANSPORT, "the step metadata from rank %d is for its step %lld (after %lld failed), "
+                              "this rank is at step %d (after %d failed): every rank must call pp_stage_step for every step",
+                              root, (long long)(w[9] >> 32), (long long)(uint32_t)w[9], (int)s->n_steps, (int)s->gen);
     if (w[4] < 0 || w[4] > s->d.max_seqs)
         return _pp_stage_fail(s, PP_ERR_TRANSPORT, "step metadata from rank %d is corrupt (%lld sequences)", root,
                               (long long)w[4]);

@@ -116,7 +116,10 @@ int main(int argc, char** argv) {
         b.targets = y;
         b.target_row_bytes = sizeof(float);
         printf("\n# host overhead per action: 16 empty layers, [1 x 1] f32 activations, 1f1b, m=32\n");
-        printf("%4s %4s %12s %12s %14s\n", "p", "m", "step_us", "actions/rk", "ns/action");
+        /* agree: the plan check and the step agreement (pp_step_stats.t_agree, agree_msgs): rank 0,
+           last to finish under 1F1B, says what they add to the step; msgs over all ranks */
+        printf("%4s %4s %12s %12s %14s %12s %11s\n", "p", "m", "step_us", "actions/rk", "ns/action", "agree_us_r0",
+               "agree_msgs");
         for (i = 0; i < 3; i++) {
             static hx_world R;
             hx_timing T;
@@ -131,7 +134,13 @@ int main(int argc, char** argv) {
                 wrong_total++;
                 continue;
             }
-            printf("%4d %4d %12.1f %12d %14.0f\n", ps[i], 32, 1e6 * t, R.sched->per_rank, 1e9 * t / R.sched->per_rank);
+            {
+                uint64_t am = 0;
+                int r;
+                for (r = 0; r < ps[i]; r++) am += R.stats[r].agree_msgs;
+                printf("%4d %4d %12.1f %12d %14.0f %12.1f %11llu\n", ps[i], 32, 1e6 * t, R.sched->per_rank,
+                       1e9 * t / R.sched->per_rank, 1e6 * R.stats[0].t_agree, (unsigned long long)am);
+            }
             hx_timing_free(&T);
         }
     }

@@ -10,7 +10,8 @@
    Negative controls (build/agree-controls, part of make test): the library built with
    -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN (a failed step's leftovers are taken by the next) or
    -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_AGREE (ranks return PP_OK for a step another rank failed)
-   fails `test_agree controls`. */
+   or -DPP_TEST_NO_MB_CHECK (a layer sees a micro-batch that is not its input's) fails
+   `test_agree controls`. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/mlp.h"
@@ -87,6 +88,7 @@ typedef struct world {
     double t_ret[MAXP];
     double t0;
     int steps[MAXP];  /* steps a rank runs per world_step (1 normally) */
+    const pp_batch* b_of[MAXP]; /* a rank's own batch, where set */
 } world;
 
 static void world_init(world* W, pp_schedule_kind kind, int p, int v, int m, pp_shape_policy shapes, double timeout_s) {
@@ -154,7 +156,8 @@ static void world_free(world* W) {
 static pp_result rank_step(int rank, void* user) {
     world* W = (world*)user;
     int i;
-    for (i = 0; i < W->steps[rank]; i++) W->rc[rank] = pp_stage_step(W->st[rank], &W->b, &W->stats[rank]);
+    for (i = 0; i < W->steps[rank]; i++)
+        W->rc[rank] = pp_stage_step(W->st[rank], W->b_of[rank] ? W->b_of[rank] : &W->b, &W->stats[rank]);
     W->t_ret[rank] = _pp_now() - W->t0;
     snprintf(W->msg[rank], sizeof W->msg[rank], "%s", pp_stage_error(W->st[rank]));
     return W->rc[rank];
@@ -331,9 +334,9 @@ static void test_late_failure(pp_schedule_kind kind, int p, int m, int fail_rank
 }
 
 /* --- ranks at different steps --------------------------------------------------------------- */
-static void test_step_skew(void) {
+static void test_step_skew(pp_shape_policy shapes) {
     world W;
-    world_init(&W, PP_SCHED_GPIPE, 2, 1, 2, PP_SHAPES_LOCAL, 0.5);
+    world_init(&W, PP_SCHED_GPIPE, 2, 1, 2, shapes, 0.5);
     W.steps[1] = 0; /* rank 1 skips a step: rank 0 runs into its deadline */
     world_step(&W);
     CHECK(W.rc[0] == PP_ERR_TIMEOUT, "skew: rank 0 alone: %s", W.msg[0]);
@@ -342,8 +345,35 @@ static void test_step_skew(void) {
     world_step(&W);
     CHECK(all_failed(&W) && latest_return(&W) < 0.4, "skew: %s | %s (%.2f s)", W.msg[0], W.msg[1], latest_return(&W));
 #ifndef PP_TEST_NO_PLAN_CHECK
-    CHECK(first_msg(&W, "at its step") != NULL, "skew: the message does not name the steps: %s | %s", W.msg[0], W.msg[1]);
+    CHECK(first_msg(&W, "at its step") || first_msg(&W, "is for its step"), "skew: the message does not name the steps: %s | %s",
+          W.msg[0], W.msg[1]);
 #endif
+    world_free(&W);
+}
+
+/* --- 4: PER_MESSAGE / AUTO: the receiver's micro-batch must be the sender's ---------------- */
+/* Rank 1 gets the batch without cu_seqlens (its micro-batches split by rows, not sequences):
+   its layers would see an io->mb that disagrees with the activations. Every rank must fail,
+   naming the two layouts; with the same batch on both ranks the step is exact. */
+static void test_mb_view(pp_shape_policy shapes) {
+    static const int32_t cu[4] = {0, 5, 13, ROWS};
+    world W;
+    pp_batch flat;
+    world_init(&W, PP_SCHED_1F1B, 2, 1, 2, shapes, g_deadline);
+    W.b.cu_seqlens = cu;
+    W.b.n_seqs = 3;
+    flat = W.b;
+    flat.cu_seqlens = NULL;
+    flat.n_seqs = 0;
+    W.b_of[1] = &flat;
+    world_step(&W);
+    CHECK(all_failed(&W) && first_msg(&W, "sent it as") && first_msg(&W, "(no cu_seqlens)"),
+          "shapes=%d: a micro-batch other than the sender's: %s | %s", (int)shapes, W.msg[0], W.msg[1]);
+    pp_threads_reset(W.threads);
+    W.b_of[1] = NULL;
+    zero_grads(&W);
+    world_step(&W);
+    CHECK(all_ok(&W) && world_grads_exact(&W), "shapes=%d: the same batch: %s | %s", (int)shapes, W.msg[0], W.msg[1]);
     world_free(&W);
 }
 
@@ -367,6 +397,7 @@ int main(int argc, char** argv) {
         g_deadline = 1.0; /* a broken library runs into deadlines: keep them short */
         test_leftover_kept();
         test_late_failure(PP_SCHED_ZB_H1, 4, 4, 0, 2, 0, 3, 3);
+        test_mb_view(PP_SHAPES_PER_MESSAGE);
         return TEST_DONE("agree (controls part)");
     }
     for (odd = 0; odd < 2; odd++) {
@@ -382,7 +413,10 @@ int main(int argc, char** argv) {
     /* 1F1B p=3: B of micro-batch 2 fails on rank 0 (layer 1) */
     test_late_failure(PP_SCHED_1F1B, 3, 4, 0, 1, 1, 2, 90);
     test_late_failure(PP_SCHED_GPIPE, 2, 2, 1, 0, MLP_DEPTH, 1, 30);
-    test_step_skew();
+    test_step_skew(PP_SHAPES_LOCAL);
+    test_step_skew(PP_SHAPES_BROADCAST);
+    test_mb_view(PP_SHAPES_PER_MESSAGE);
+    test_mb_view(PP_SHAPES_AUTO);
     test_cost();
     return TEST_DONE("agree");
 }
