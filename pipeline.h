@@ -613,12 +613,13 @@ typedef enum pp_schedule_kind {
     PP_SCHED_ZB_H2,             /* zero bubble H2: v = 1, twice 1F1B's memory, W fills the bubble */
     PP_SCHED_V_HALF,            /* V map, v = 2, half of 1F1B's activation memory (+ one chunk) */
     PP_SCHED_V_MIN,             /* V map, v = 2, a third of 1F1B's activation memory (+ one chunk) */
+    PP_SCHED_INTERLEAVED_MEM,   /* interleaved whose peak for any m is at most the next multiple of p's */
     PP_SCHED_KIND_COUNT,
     PP_SCHED_CUSTOM = 100       /* parsed from a text table (pp_schedule_parse) */
 } pp_schedule_kind;
 
 /* Which rank holds which stage. LOOP: stage s is chunk s / p of rank s % p (GPipe, 1F1B,
-   interleaved, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min): rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
+   interleaved, interleaved-mem, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min): rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
    first and the last stage (embedding and loss) share rank 0 and the turn of the V is local. */
 typedef enum pp_stage_map { PP_MAP_LOOP = 0, PP_MAP_V = 1 } pp_stage_map;
 
@@ -653,9 +654,13 @@ pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k);
 /* Number of pp_action the caller must provide for (kind, p, v, m); 0 if invalid. */
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
 /* Generate every rank's list into out[cap]. GPipe, 1F1B, ZB-H1 and ZB-H2 need v == 1;
-   interleaved v >= 2; ZB-V, V-Half and V-Min v == 2 (any m >= 1 for all). The zero-bubble kinds
+   interleaved and interleaved-mem v >= 2; ZB-V, V-Half and V-Min v == 2 (any m >= 1 for all). The zero-bubble kinds
    (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min) have W actions (3*m*v per rank). Every stage runs its F, B
    and W actions in ascending micro-batch order. Fills *s, whose actions point into out.
+   Interleaved keeps its bubble formula (p-1)/(v m + p-1) for every m >= p, but when p does not
+   divide m it stashes more than at the next multiple of p (p=8, v=4: 60 chunks at m=15, 39 at
+   m=16). Interleaved-mem never does: the same lists where their peak fits, else the lists of the
+   next multiple m' with m'-m micro-batches left out (spread over the groups), for some bubble.
    pp_schedule_make generates for unit costs (F = B = W = 1 per chunk, comm 0); its ZB-V is the
    greedy unit-cost list of earlier versions (pp_schedule_make_cost makes the cost-aware one). */
 pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* out, size_t cap,
@@ -671,7 +676,9 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
 /* The most activations (F done, B or W not yet; in chunks) a rank of kind k stashes at once:
    GPipe m; 1F1B and ZB-H1 min(p, m); ZB-H2 2 min(p, m); ZB-V 2 min(p, m) chunks (a chunk is half
    a stage: 1F1B's memory); V-Half min(p, m) + 1 chunks (half of it); V-Min 2 min(p, m) / 3 + 1
-   (a third). 0 for interleaved (no fixed cap: see pp_simulate's peak_live) and invalid input. */
+   (a third); interleaved-mem min(2(p-1) + (v-1)p + 1, v m'), m' the next multiple of p >= m
+   (interleaved's peak at m'). 0 for interleaved (no fixed cap: see pp_simulate's peak_live) and
+   invalid input. */
 int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m);
 /* Rank and chunk of a global stage under this schedule's mapping. */
 void pp_schedule_stage_rank(const pp_schedule* s, int stage, int* rank, int* chunk);
@@ -2120,7 +2127,8 @@ cleanup:
 /* >>impl-schedule ----------------------------------------------------------------------------- */
 
 static const char* const _pp_sched_names[PP_SCHED_KIND_COUNT] = {"gpipe", "1f1b",  "interleaved", "zb-h1",
-                                                                  "zb-v",  "zb-h2", "v-half",      "v-min"};
+                                                                  "zb-v",  "zb-h2", "v-half",      "v-min",
+                                                                  "interleaved-mem"};
 
 const char* pp_schedule_name(pp_schedule_kind k) {
     if (k == PP_SCHED_CUSTOM) return "custom";
@@ -2162,7 +2170,8 @@ static pp_stage_map _pp_sched_kind_map(pp_schedule_kind k) {
 static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, pp_error* err) {
     if ((int)k < 0 || (int)k >= PP_SCHED_KIND_COUNT)
         return _pp_fail(err, PP_ERR_INVALID,
-                        "schedule kind %d is not one of gpipe, 1f1b, interleaved, zb-h1, zb-v, zb-h2, v-half, v-min", (int)k);
+                        "schedule kind %d is not one of gpipe, 1f1b, interleaved, zb-h1, zb-v, zb-h2, v-half, v-min, "
+                        "interleaved-mem", (int)k);
     if (p < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: p (ranks) = %d, need p >= 1",
                                pp_schedule_name(k), p);
     if (v < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: v (chunks per rank) = %d, need v >= 1",
@@ -2179,9 +2188,9 @@ static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, p
         return _pp_fail(err, PP_ERR_INVALID,
                         "%s needs v = 1 chunk per rank (got v = %d); use interleaved for v >= 2",
                         pp_schedule_name(k), v);
-    if (k == PP_SCHED_INTERLEAVED && v < 2)
-        return _pp_fail(err, PP_ERR_INVALID,
-                        "interleaved needs v >= 2 chunks per rank (got v = %d); use 1f1b for v = 1", v);
+    if ((k == PP_SCHED_INTERLEAVED || k == PP_SCHED_INTERLEAVED_MEM) && v < 2)
+        return _pp_fail(err, PP_ERR_INVALID, "%s needs v >= 2 chunks per rank (got v = %d); use 1f1b for v = 1",
+                        pp_schedule_name(k), v);
     if (v > INT8_MAX || (long long)p * v > INT16_MAX)
         return _pp_fail(err, PP_ERR_INVALID, "%s: p*v = %d*%d stages do not fit a pp_action (max %d, v <= %d)",
                         pp_schedule_name(k), p, v, (int)INT16_MAX, (int)INT8_MAX);
@@ -2193,7 +2202,7 @@ static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, p
 
 /* Actions per micro-batch and chunk: F and B, plus W for the zero-bubble kinds. */
 static int _pp_sched_ops(pp_schedule_kind k) {
-    return k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B || k == PP_SCHED_INTERLEAVED ? 2 : 3;
+    return k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B || k == PP_SCHED_INTERLEAVED || k == PP_SCHED_INTERLEAVED_MEM ? 2 : 3;
 }
 
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m) {
@@ -2223,9 +2232,30 @@ typedef struct _pp_sched_units {
     int p, v;
     int n_a, s_a;   /* first n_a groups of s_a micro-batches */
     int n_b, s_b;   /* then n_b groups of s_b = s_a + 1 (n_b may be 0) */
+    int skip;       /* interleaved-mem: micro-batches of the padded layout left out (0: none) */
 } _pp_sched_units;
 
-static void _pp_sched_layout(_pp_sched_units* u, int p, int v, int m) {
+/* The largest group. */
+static int _pp_sched_gmax(const _pp_sched_units* u) { return u->n_b > 0 ? u->s_b : u->s_a; }
+
+/* Interleaved-mem. Groups of more than p micro-batches cost (v-1) stashes per extra one on rank
+   0 (the warm-up below), so where that would exceed the next multiple m' of p's peak, the units
+   are those of m' (ceil(m/p) groups of p) and skip = m'-m of the padded micro-batches are left
+   out: each group leaves out skip / groups of them (the first groups one more), spaced evenly
+   inside it. A left-out unit is walked like any other (it waits for what it would wait for) but
+   appends nothing, so the lists are m''s lists without those micro-batches: every rank's stash
+   count is at most m''s at every point of its list, and the lists keep their order, so they
+   cannot deadlock. Simulated against the other places to leave them out (the first or the last
+   micro-batches, one per group at its start or end), spaced evenly had the lowest bubble or tied
+   in nearly every case (p = 4, 8; v = 2, 4; m < 4p). Where the spread groups fit m''s peak (always
+   for m < p, and when v m is small), they are kept: their bubble is lower. */
+static int _pp_sched_skipped(const _pp_sched_units* u, int mb, int* real) {
+    int g = mb / u->p, i = mb % u->p, q = u->skip / u->n_a, e = u->skip % u->n_a, k = q + (g < e);
+    *real = mb - g * q - (g < e ? g : e) - i * k / u->p;
+    return k > 0 && i * k / u->p != (i + 1) * k / u->p;
+}
+
+static void _pp_sched_layout(_pp_sched_units* u, pp_schedule_kind k, int p, int v, int m) {
     int groups = m / p > 0 ? m / p : 1;
     u->p = p;
     u->v = v;
@@ -2233,10 +2263,19 @@ static void _pp_sched_layout(_pp_sched_units* u, int p, int v, int m) {
     u->n_a = groups - u->n_b;
     u->s_a = m / groups;
     u->s_b = u->s_a + 1;
+    u->skip = 0;
+    if (k == PP_SCHED_INTERLEAVED_MEM && m % p != 0) {
+        /* rank 0's peak, the largest: warm-up + 1 (see _pp_sched_warmup), at most all units */
+        int mp = (m + p - 1) / p * p, spread = 2 * (p - 1) + (v - 1) * _pp_sched_gmax(u) + 1,
+            cap = 2 * (p - 1) + (v - 1) * p + 1;
+        if (spread > m * v) spread = m * v;
+        if (cap > mp * v) cap = mp * v;
+        if (spread > cap) {
+            u->n_a = mp / p, u->s_a = p, u->n_b = 0, u->s_b = p + 1;
+            u->skip = mp - m;
+        }
+    }
 }
-
-/* The largest group. */
-static int _pp_sched_gmax(const _pp_sched_units* u) { return u->n_b > 0 ? u->s_b : u->s_a; }
 
 /* k-th unit -> (mb, chunk); backward units visit the chunks of a group in reverse. */
 static void _pp_sched_unit(const _pp_sched_units* u, int k, int backward, int* mb, int* chunk) {
@@ -2279,8 +2318,8 @@ static int _pp_sched_index(const _pp_sched_units* u, int mb, int chunk, int back
    Capped at the total. The builder below adds warm-up where a count would deadlock (never needed
    by these counts over p <= 32, v <= 6, m <= 200, but it makes the lists correct by
    construction for every input). */
-static int _pp_sched_warmup(pp_schedule_kind k, const _pp_sched_units* u, int m, int r) {
-    int p = u->p, v = u->v, total = m * v, w;
+static int _pp_sched_warmup(pp_schedule_kind k, const _pp_sched_units* u, int r) {
+    int p = u->p, v = u->v, total = (u->n_a * u->s_a + u->n_b * u->s_b) * v, w;
     switch (k) {
     case PP_SCHED_GPIPE: w = total; break;
     case PP_SCHED_1F1B: w = p - r - 1; break;
@@ -2741,36 +2780,40 @@ static int _pp_ls_run(_pp_ls* g, const _pp_ls_policy* pol, pp_action* out) {
    is followed by at least one append, so the builder finishes. Once all forwards are appended,
    the same argument on backward unit indices (smallest index, highest rank on ties) shows the
    sweep never gets stuck.
-   State is two counters per rank (on the stack): generation allocates nothing. */
+   Interleaved-mem's left-out units (u.skip) take part in all of this but append nothing.
+   State is three counters per rank (on the stack): generation allocates nothing. */
 static pp_result _pp_sched_build(pp_schedule_kind k, int p, int v, int m, pp_action* out,
                                  pp_error* err) {
-    int n_f[PP_MAX_RANKS], n_b[PP_MAX_RANKS], warm[PP_MAX_RANKS];
-    int total = m * v, per_rank = 2 * total, n_stages = p * v, r, left = p * per_rank;
+    int n_f[PP_MAX_RANKS], n_b[PP_MAX_RANKS], warm[PP_MAX_RANKS], n_app[PP_MAX_RANKS];
+    int total, per_rank = 2 * m * v, n_stages = p * v, r, left;
     _pp_sched_units u;
-    _pp_sched_layout(&u, p, v, m);
+    _pp_sched_layout(&u, k, p, v, m);
+    total = (u.n_a * u.s_a + u.n_b * u.s_b) * v; /* units: m * v, or m' * v with skipped ones */
+    left = 2 * p * total;
     for (r = 0; r < p; r++) {
-        n_f[r] = n_b[r] = 0;
-        warm[r] = _pp_sched_warmup(k, &u, m, r);
+        n_f[r] = n_b[r] = n_app[r] = 0;
+        warm[r] = _pp_sched_warmup(k, &u, r);
     }
     while (left > 0) {
         int progress = 0, pick = -1;
         for (r = 0; r < p; r++) {
             pp_action* list = out + (size_t)r * (size_t)per_rank;
             for (;;) {
-                int mb, chunk;
+                int mb, chunk, real;
                 int want_f = n_f[r] < total && n_f[r] < warm[r] + n_b[r] + 1;
                 if (n_b[r] == total) break;
                 if (want_f) {
                     if (!_pp_sched_f_ready(&u, n_f, r, n_f[r])) break;
                     _pp_sched_unit(&u, n_f[r], 0, &mb, &chunk);
-                    _pp_sched_set(&list[n_f[r] + n_b[r]], PP_OP_F, p, n_stages, r, mb, chunk);
                     n_f[r]++;
                 } else {
                     if (!_pp_sched_b_ready(&u, n_f, n_b, r, n_b[r])) break;
                     _pp_sched_unit(&u, n_b[r], 1, &mb, &chunk);
-                    _pp_sched_set(&list[n_f[r] + n_b[r]], PP_OP_B, p, n_stages, r, mb, chunk);
                     n_b[r]++;
                 }
+                real = mb;
+                if (!u.skip || !_pp_sched_skipped(&u, mb, &real))
+                    _pp_sched_set(&list[n_app[r]++], want_f ? PP_OP_F : PP_OP_B, p, n_stages, r, real, chunk);
                 left--;
                 progress = 1;
             }
@@ -2799,6 +2842,10 @@ int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m) {
     case PP_SCHED_ZB_H2: case PP_SCHED_ZB_V: return 2 * mm;
     case PP_SCHED_V_HALF: return mm + 2;
     case PP_SCHED_V_MIN: return (2 * mm + 2) / 3 + 2;
+    case PP_SCHED_INTERLEAVED_MEM: {
+        int mp = (m + p - 1) / p * p, c = 2 * (p - 1) + (v - 1) * p + 1;
+        return c < mp * v ? c : mp * v;
+    }
     default: return 0;
     }
 }
