@@ -614,12 +614,13 @@ typedef enum pp_schedule_kind {
     PP_SCHED_V_HALF,            /* V map, v = 2, half of 1F1B's activation memory (+ one chunk) */
     PP_SCHED_V_MIN,             /* V map, v = 2, a third of 1F1B's activation memory (+ one chunk) */
     PP_SCHED_INTERLEAVED_MEM,   /* interleaved whose peak for any m is at most the next multiple of p's */
+    PP_SCHED_DUALPIPE_V,        /* DeepSeek's DualPipeV: V map, F&B pairs back to back, 2p + 1 chunks */
     PP_SCHED_KIND_COUNT,
     PP_SCHED_CUSTOM = 100       /* parsed from a text table (pp_schedule_parse) */
 } pp_schedule_kind;
 
 /* Which rank holds which stage. LOOP: stage s is chunk s / p of rank s % p (GPipe, 1F1B,
-   interleaved, interleaved-mem, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min): rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
+   interleaved, interleaved-mem, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min, DualPipeV): rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
    first and the last stage (embedding and loss) share rank 0 and the turn of the V is local. */
 typedef enum pp_stage_map { PP_MAP_LOOP = 0, PP_MAP_V = 1 } pp_stage_map;
 
@@ -654,13 +655,17 @@ pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k);
 /* Number of pp_action the caller must provide for (kind, p, v, m); 0 if invalid. */
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
 /* Generate every rank's list into out[cap]. GPipe, 1F1B, ZB-H1 and ZB-H2 need v == 1;
-   interleaved and interleaved-mem v >= 2; ZB-V, V-Half and V-Min v == 2 (any m >= 1 for all). The zero-bubble kinds
-   (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min) have W actions (3*m*v per rank). Every stage runs its F, B
-   and W actions in ascending micro-batch order. Fills *s, whose actions point into out.
+   interleaved and interleaved-mem v >= 2; ZB-V, V-Half, V-Min and DualPipeV v == 2 (any m >= 1 for
+   all). The zero-bubble kinds (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min, DualPipeV) have W actions
+   (3*m*v per rank). Every stage runs its F, B and W actions in ascending micro-batch order. Fills *s, whose actions point into out.
    Interleaved keeps its bubble formula (p-1)/(v m + p-1) for every m >= p, but when p does not
    divide m it stashes more than at the next multiple of p (p=8, v=4: 60 chunks at m=15, 39 at
    m=16). Interleaved-mem never does: the same lists where their peak fits, else the lists of the
    next multiple m' with m'-m micro-batches left out (spread over the groups), for some bubble.
+   DualPipeV (DeepSeek-V3's DualPipe cut in half onto the V map) is its reference order for
+   m >= 2p: each overlapped F&B pair runs as an F and a B back to back (the B's W right behind
+   it, as DualPipe does outside its zero-bubble phases); below m = 2p, where DualPipe has no
+   order, it is list-scheduled under the same memory.
    pp_schedule_make generates for unit costs (F = B = W = 1 per chunk, comm 0); its ZB-V is the
    greedy unit-cost list of earlier versions (pp_schedule_make_cost makes the cost-aware one). */
 pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* out, size_t cap,
@@ -668,15 +673,17 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
 /* The same for a cost model (pp_sim_cost: per-chunk f, b, w and comm, or per-stage arrays, as
    pp_simulate reads them; NULL is unit costs). ZB-H2, ZB-V, V-Half and V-Min are generated for
    these costs: several list-scheduling variants are played out in time and pp_simulate picks the
-   shortest under the kind's stash cap (pp_schedule_stash_cap); the other kinds are fixed
-   patterns and ignore the costs. With cost NULL, ZB-V is the earlier unit-cost greedy list
-   (what pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
+   shortest under the kind's stash cap (pp_schedule_stash_cap); DualPipeV's reference order is
+   polished for them (adjacent swaps pp_simulate accepts, under its cap); the other kinds are
+   fixed patterns and ignore the costs. With cost NULL, ZB-V is the earlier unit-cost greedy list
+   and DualPipeV (m >= 2p) the reference order itself (what pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
 pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                 size_t cap, pp_schedule* s, pp_error* err);
 /* The most activations (F done, B or W not yet; in chunks) a rank of kind k stashes at once:
    GPipe m; 1F1B and ZB-H1 min(p, m); ZB-H2 2 min(p, m); ZB-V 2 min(p, m) chunks (a chunk is half
    a stage: 1F1B's memory); V-Half min(p, m) + 1 chunks (half of it); V-Min 2 min(p, m) / 3 + 1
-   (a third); interleaved-mem min(2(p-1) + (v-1)p + 1, v m'), m' the next multiple of p >= m
+   (a third); DualPipeV min(2p + 1, 2m) (1F1B's and one chunk: DualPipe's PP + 1);
+   interleaved-mem min(2(p-1) + (v-1)p + 1, v m'), m' the next multiple of p >= m
    (interleaved's peak at m'). 0 for interleaved (no fixed cap: see pp_simulate's peak_live) and
    invalid input. */
 int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m);
@@ -2128,7 +2135,7 @@ cleanup:
 
 static const char* const _pp_sched_names[PP_SCHED_KIND_COUNT] = {"gpipe", "1f1b",  "interleaved", "zb-h1",
                                                                   "zb-v",  "zb-h2", "v-half",      "v-min",
-                                                                  "interleaved-mem"};
+                                                                  "interleaved-mem", "dualpipev"};
 
 const char* pp_schedule_name(pp_schedule_kind k) {
     if (k == PP_SCHED_CUSTOM) return "custom";
@@ -2161,7 +2168,8 @@ pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k) {
 
 /* The stage map of a kind: V for the V-shaped kinds, else LOOP. */
 static pp_stage_map _pp_sched_kind_map(pp_schedule_kind k) {
-    return k == PP_SCHED_ZB_V || k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN ? PP_MAP_V : PP_MAP_LOOP;
+    return k == PP_SCHED_ZB_V || k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN || k == PP_SCHED_DUALPIPE_V ? PP_MAP_V
+                                                                                                          : PP_MAP_LOOP;
 }
 
 /* One place that decides whether (kind, p, v, m) describes a schedule we can build. The limits
@@ -2171,7 +2179,7 @@ static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, p
     if ((int)k < 0 || (int)k >= PP_SCHED_KIND_COUNT)
         return _pp_fail(err, PP_ERR_INVALID,
                         "schedule kind %d is not one of gpipe, 1f1b, interleaved, zb-h1, zb-v, zb-h2, v-half, v-min, "
-                        "interleaved-mem", (int)k);
+                        "interleaved-mem, dualpipev", (int)k);
     if (p < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: p (ranks) = %d, need p >= 1",
                                pp_schedule_name(k), p);
     if (v < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: v (chunks per rank) = %d, need v >= 1",
@@ -2465,6 +2473,74 @@ static pp_result _pp_sched_build_zbv(int p, int m, pp_action* out, pp_error* err
     return PP_OK;
 }
 
+/* DualPipeV (DeepSeek-AI, DeepSeek-V3 Technical Report, 2024; the V form is Sea AI Lab's
+   "cut-in-half" of DualPipe, as in github deepseek-ai/DualPipe), for m >= 2p. Phase c of rank r is
+   chunk c (stage r going down, 2p-1-r coming back up). F(c): the next forward of chunk c; B(c):
+   the next backward with its W right behind, or with `zb` its W queued; W: the oldest queued W.
+   Rank r runs, in eight steps:
+     1. 2(p-r-1) x F(0)                         warm-up, chunk 0 only
+     2. (r+1) x F(0) F(1)
+     3. (p-r-1) x B(1, zb) W F(1)               the zero-bubble step: the W fills the wait for F(1)
+     4. (m-2p+r+1) x F(0) B(1) F(1) B(0)        the main step: two overlapped F&B pairs
+     5. (p-r-1) x B(1) F(1) B(0)
+     6. (r+1) x B(1) B(0), their W's queued from the middle on (rank parity decides which B first)
+     7. (p-r-1) x W B(0, zb)
+     8. (r+1) x W
+   Every stage sees its F's, B's and W's in ascending micro-batch order (the queue is FIFO and
+   holds only B's later than every W already run). A rank holds 2p chunk stashes after step 2 and
+   2p + 1 inside each pair of step 4: DualPipe's "PP + 1" (PP = 2p stages). The queue never holds
+   more than 2p + 2 W's (at most r + 1 B's of each chunk in step 6). */
+static void _pp_sched_build_dualpipev(int p, int m, pp_action* out) {
+    int r, i, per = 6 * m;
+    for (r = 0; r < p; r++) {
+        pp_action* list = out + (size_t)r * (size_t)per;
+        int n = 0, nf[2] = {0, 0}, nb[2] = {0, 0}, qmb[2 * PP_MAX_RANKS + 4], qc[2 * PP_MAX_RANKS + 4], qh = 0, qt = 0, zb = 0;
+        const int Q = 2 * PP_MAX_RANKS + 4, s6 = r + 1;
+#define _PP_DPV_F(c) _pp_sched_set_map(&list[n++], PP_OP_F, PP_MAP_V, p, 2 * p, r, nf[c]++, c)
+#define _PP_DPV_B(c, q)                                                                                             \
+    do {                                                                                                             \
+        _pp_sched_set_map(&list[n++], PP_OP_B, PP_MAP_V, p, 2 * p, r, nb[c], c);                                     \
+        if (q) qmb[qt % Q] = nb[c], qc[qt % Q] = c, qt++;                                                            \
+        else _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, nb[c], c);                                \
+        nb[c]++;                                                                                                     \
+    } while (0)
+#define _PP_DPV_W() (_pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, qmb[qh % Q], qc[qh % Q]), qh++)
+        for (i = 0; i < 2 * (p - r - 1); i++) _PP_DPV_F(0);
+        for (i = 0; i < r + 1; i++) _PP_DPV_F(0), _PP_DPV_F(1);
+        for (i = 0; i < p - r - 1; i++) {
+            _PP_DPV_B(1, 1);
+            _PP_DPV_W();
+            _PP_DPV_F(1);
+        }
+        for (i = 0; i < m - 2 * p + r + 1; i++) {
+            _PP_DPV_F(0);
+            _PP_DPV_B(1, 0);
+            _PP_DPV_F(1);
+            _PP_DPV_B(0, 0);
+        }
+        for (i = 0; i < p - r - 1; i++) {
+            _PP_DPV_B(1, 0);
+            _PP_DPV_F(1);
+            _PP_DPV_B(0, 0);
+        }
+        for (i = 0; i < s6; i++) {
+            if (i == s6 / 2 && r % 2 == 1) zb = 1;
+            _PP_DPV_B(1, zb);
+            if (i == s6 / 2 && r % 2 == 0) zb = 1;
+            _PP_DPV_B(0, zb);
+        }
+        for (i = 0; i < p - r - 1; i++) {
+            _PP_DPV_W();
+            _PP_DPV_B(0, 1);
+        }
+        while (qh < qt) _PP_DPV_W();
+#undef _PP_DPV_F
+#undef _PP_DPV_B
+#undef _PP_DPV_W
+        PP_ASSERT(n == per && qh == qt);
+    }
+}
+
 /* Rank r's stash count at its busiest slot, the W's taking the free slots oldest B first as
    below, or each right behind its B with w_eager (F: +1, W: -1): what the compaction may not
    raise. diff: scratch of L ints (+1 for an F
@@ -2598,7 +2674,7 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
     }
 }
 
-/* Cost-aware list scheduling (ZB-H2, ZB-V, V-Half, V-Min). One run plays the whole step forward
+/* Cost-aware list scheduling (ZB-H2, ZB-V, V-Half, V-Min; DualPipeV below m = 2p). One run plays the whole step forward
    in time with the given costs: whenever a rank falls idle, it picks one of the actions that are
    ready on it at that moment (their input or output gradient has arrived, + comm from another
    rank) by a policy, and the order in which the ranks picked is their list. A list is thus the
@@ -2842,6 +2918,7 @@ int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m) {
     case PP_SCHED_ZB_H2: case PP_SCHED_ZB_V: return 2 * mm;
     case PP_SCHED_V_HALF: return mm + 2;
     case PP_SCHED_V_MIN: return (2 * mm + 2) / 3 + 2;
+    case PP_SCHED_DUALPIPE_V: return 2 * p + 1 < 2 * m ? 2 * p + 1 : 2 * m;
     case PP_SCHED_INTERLEAVED_MEM: {
         int mp = (m + p - 1) / p * p, c = 2 * (p - 1) + (v - 1) * p + 1;
         return c < mp * v ? c : mp * v;
@@ -2921,7 +2998,7 @@ static double _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp
 
 /* The cost-aware kinds: every policy variant is played out, pp_simulate judges, the best list
    (shortest makespan, then lowest peak) goes to out. For ZB-V the unit-cost greedy lists above
-   compete too. Scratch: the variant's lists, the end times and the simulator's. */
+   compete too; DualPipeV (m >= 2p) is its own order alone, polished. Scratch: the variant's lists, the end times and the simulator's. */
 static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                     pp_error* err) {
     _pp_ls g;
@@ -2996,12 +3073,19 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     if ((long)n_det * ls_cost > units) n_det = units / ls_cost > 1 ? (int)(units / ls_cost) : 1;
     n_jit = units / 4 / ls_cost < _PP_LS_JITTER ? (int)(units / 4 / ls_cost) : _PP_LS_JITTER;
     polish = units / 4 < _PP_LS_POLISH ? units / 4 : _PP_LS_POLISH;
+    if (k == PP_SCHED_DUALPIPE_V && m >= 2 * p) n_det = n_jit = 0; /* its own order, polished */
     for (i = -8; i < n_det + n_jit; i++) {
         pp_result sr;
         if (i < 0) {
             if (k == PP_SCHED_ZB_V && i == -1) {
                 if ((rc = _pp_sched_build_zbv(p, m, acts, err)) != PP_OK) goto cleanup;
                 if (!cost) { /* pp_schedule_make: the unit-cost lists of before, unchanged */
+                    memcpy(out, acts, n * sizeof *acts);
+                    goto cleanup;
+                }
+            } else if (k == PP_SCHED_DUALPIPE_V && i == -1 && m >= 2 * p) {
+                _pp_sched_build_dualpipev(p, m, acts);
+                if (!cost) { /* pp_schedule_make: DualPipeV's order as it is */
                     memcpy(out, acts, n * sizeof *acts);
                     goto cleanup;
                 }

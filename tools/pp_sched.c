@@ -8,9 +8,9 @@
                 [--comm C] [--mem-cap X]
 
    KIND is gpipe, 1f1b, interleaved or interleaved-mem (v >= 2 chunks per rank), zb-h1, zb-h2,
-   zb-v, v-half or v-min. The zero-bubble kinds but zb-h1 are generated for the costs given (--f --b --w --comm,
-   pp_schedule_make_cost); the others are fixed patterns. Prints the
-   parameters, every rank's action list as a table, an ASCII timeline, the makespan, the
+   zb-v, v-half, v-min or dualpipev. The zero-bubble kinds but zb-h1 are generated for the costs
+   given (--f --b --w --comm, pp_schedule_make_cost; dualpipev: its own order, polished for them);
+   the others are fixed patterns. Prints the parameters, every rank's action list as a table, an ASCII timeline, the makespan, the
    simulated bubble next to the closed form where there is one, and each rank's peak of stashed
    activations. --table prints only the table, in the format `load` (and pp_schedule_parse)
    reads back: edit it by hand and load it. --trace writes Chrome trace JSON (ui.perfetto.dev,
@@ -41,11 +41,12 @@ static void usage(FILE* f) {
             "       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]\n"
             "       pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]\n"
             "                [--comm C] [--mem-cap X]\n"
-            "  KIND        gpipe | 1f1b | interleaved | interleaved-mem | zb-h1 | zb-h2 | zb-v | v-half | v-min\n"
+            "  KIND        gpipe | 1f1b | interleaved | interleaved-mem | zb-h1 | zb-h2 | zb-v | v-half | v-min |\n"
+            "              dualpipev\n"
             "  -p P        ranks\n"
             "  -m M        micro-batches\n"
-            "  -v V        chunks per rank (interleaved, interleaved-mem >= 2, default 2; zb-v, v-half, v-min 2;\n"
-            "              others 1)\n"
+            "  -v V        chunks per rank (interleaved, interleaved-mem >= 2, default 2; zb-v, v-half, v-min,\n"
+            "              dualpipev 2; others 1)\n"
             "  --f F       forward time of one chunk (default 1)\n"
             "  --b B       input-gradient time of one chunk (default 1)\n"
             "  --w W       weight-gradient time of one chunk (default 1; without W actions B costs b+w)\n"
@@ -247,7 +248,7 @@ static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm
     const struct { pp_schedule_kind k; int v; } list[] = {
         {PP_SCHED_GPIPE, 1},           {PP_SCHED_1F1B, 1},           {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_INTERLEAVED, 4},
         {PP_SCHED_INTERLEAVED_MEM, 2}, {PP_SCHED_INTERLEAVED_MEM, 4}, {PP_SCHED_ZB_H1, 1},       {PP_SCHED_ZB_H2, 1},
-        {PP_SCHED_ZB_V, 2},            {PP_SCHED_V_HALF, 2},          {PP_SCHED_V_MIN, 2}};
+        {PP_SCHED_ZB_V, 2},            {PP_SCHED_V_HALF, 2},          {PP_SCHED_V_MIN, 2},       {PP_SCHED_DUALPIPE_V, 2}};
     for (i = 0; i < (int)(sizeof list / sizeof list[0]); i++) {
         memset(&c[n], 0, sizeof c[n]);
         c[n].kind = list[i].k;
@@ -335,7 +336,7 @@ int main(int argc, char** argv) {
     } else if (pp_schedule_kind_parse(argv[1], &kind) != PP_OK) {
         fprintf(stderr,
                 "pp-sched: unknown schedule kind '%s' (gpipe, 1f1b, interleaved, interleaved-mem, zb-h1, zb-h2, zb-v, "
-                "v-half, v-min, load, rank)\n",
+                "v-half, v-min, dualpipev, load, rank)\n",
                 argv[1]);
         return 2;
     }
@@ -542,6 +543,7 @@ int main(int argc, char** argv) {
                : kind == PP_SCHED_ZB_H2  ? "stages = 2*min(p,m), twice 1f1b's"
                : kind == PP_SCHED_V_HALF ? "chunks = min(p,m)+2, half of 1f1b's + 2 chunks"
                : kind == PP_SCHED_V_MIN  ? "chunks = ceil(2*min(p,m)/3)+2, a third of 1f1b's + 2 chunks"
+               : kind == PP_SCHED_DUALPIPE_V ? "chunks = min(2p+1, 2m), 1f1b's + 1 chunk"
                                          : "");
     printf("peak live ");
     for (r = 0; r < p; r++) printf(" r%d=%d", r, res.peak_live[r]);
