@@ -660,8 +660,10 @@ size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
    (3*m*v per rank). Every stage runs its F, B and W actions in ascending micro-batch order. Fills *s, whose actions point into out.
    Interleaved keeps its bubble formula (p-1)/(v m + p-1) for every m >= p, but when p does not
    divide m it stashes more than at the next multiple of p (p=8, v=4: 60 chunks at m=15, 39 at
-   m=16). Interleaved-mem never does: the same lists where their peak fits, else the lists of the
-   next multiple m' with m'-m micro-batches left out (spread over the groups), for some bubble.
+   m=16). Interleaved-mem never does (on its busiest rank): the same lists where their peak fits,
+   else the shorter of two under that cap: the lists of the next multiple m' with m'-m
+   micro-batches left out (spread over the groups), and lists played out in time as the
+   zero-bubble kinds' are (for the costs with pp_schedule_make_cost; scratch from PP_MALLOC).
    DualPipeV (DeepSeek-V3's DualPipe cut in half onto the V map) is its reference order for
    m >= 2p: each overlapped F&B pair runs as an F and a B back to back (the B's W right behind
    it, as DualPipe does outside its zero-bubble phases); below m = 2p, where DualPipe has no
@@ -673,7 +675,8 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
 /* The same for a cost model (pp_sim_cost: per-chunk f, b, w and comm, or per-stage arrays, as
    pp_simulate reads them; NULL is unit costs). ZB-H2, ZB-V, V-Half and V-Min are generated for
    these costs: several list-scheduling variants are played out in time and pp_simulate picks the
-   shortest under the kind's stash cap (pp_schedule_stash_cap); DualPipeV's reference order is
+   shortest under the kind's stash cap (pp_schedule_stash_cap); so is interleaved-mem where p does
+   not divide m and interleaved's lists do not fit its cap; DualPipeV's reference order is
    polished for them (adjacent swaps pp_simulate accepts, under its cap); the other kinds are
    fixed patterns and ignore the costs. With cost NULL, ZB-V is the earlier unit-cost greedy list
    and DualPipeV (m >= 2p) the reference order itself (what pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
@@ -2256,7 +2259,9 @@ static int _pp_sched_gmax(const _pp_sched_units* u) { return u->n_b > 0 ? u->s_b
    cannot deadlock. Simulated against the other places to leave them out (the first or the last
    micro-batches, one per group at its start or end), spaced evenly had the lowest bubble or tied
    in nearly every case (p = 4, 8; v = 2, 4; m < 4p). Where the spread groups fit m''s peak (always
-   for m < p, and when v m is small), they are kept: their bubble is lower. */
+   for m < p, and when v m is small), they are kept: their bubble is lower. Else these lists
+   compete with list-scheduled ones under the same cap (_pp_sched_build_ls), which reach
+   interleaved's own bubble in most cases the holes of left-out micro-batches cost more. */
 static int _pp_sched_skipped(const _pp_sched_units* u, int mb, int* real) {
     int g = mb / u->p, i = mb % u->p, q = u->skip / u->n_a, e = u->skip % u->n_a, k = q + (g < e);
     *real = mb - g * q - (g < e ? g : e) - i * k / u->p;
@@ -3006,12 +3011,13 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     pp_sim_cost c;
     pp_schedule cand;
     pp_sim_result* res = NULL;
-    pp_action* acts = NULL;
+    pp_action *acts = NULL, *dst = out, *best3 = NULL;
     pp_event* ev = NULL;
     int *vb_slot = NULL, *vb_diff = NULL;
     unsigned char* vb_occ = NULL;
-    double *dur = NULL, *ends = NULL, best = -1, best_peak = 0;
+    double *dur = NULL, *ends = NULL, best = -1, best_peak = 0, best_det = -1;
     int *cnt = NULL, S = p * v, per = 3 * m * v, cap = pp_schedule_stash_cap(k, p, v, m), lo, i, n_det, n_jit;
+    int two = _pp_sched_ops(k) == 2; /* interleaved-mem: no W actions in out (see below) */
     size_t n = (size_t)p * (size_t)per;
     long units, ls_cost, polish;
     pp_result rc = PP_OK;
@@ -3027,6 +3033,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     acts = (pp_action*)_pp_calloc(n, sizeof *acts);
     res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
     ev = (pp_event*)_pp_calloc(n, sizeof *ev);
+    if (two) dst = best3 = (pp_action*)_pp_calloc(n, sizeof *best3);
     if (k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN) { /* the blocks' scratch; without it they sit out */
         size_t L = 6 * (size_t)m + 6 * (size_t)p + 8;
         vb_slot = (int*)_pp_calloc(4 * (size_t)p * (size_t)m, sizeof *vb_slot);
@@ -3037,7 +3044,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             vb_slot = NULL;
         }
     }
-    if (!dur || !ends || !cnt || !acts || !res || !ev) {
+    if (!dur || !ends || !cnt || !acts || !res || !ev || (two && !best3)) {
         rc = _pp_fail(err, PP_ERR_NOMEM, "%s p=%d m=%d: no memory for the schedule builder", pp_schedule_name(k), p, m);
         goto cleanup;
     }
@@ -3052,6 +3059,11 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
                           pp_schedule_name(k), i, dur[i], dur[S + i], dur[2 * S + i], c.comm);
             goto cleanup;
         }
+    }
+    if (two) { /* a kind without W runs b + w in its B: the candidates get W's of cost 0 right behind
+                  their B's (so a stash counts until B), which the end strips */
+        for (i = 0; i < S; i++) dur[S + i] += dur[2 * S + i], dur[2 * S + i] = 0, dur[3 * S + i] = 0;
+        c.f_stage = dur, c.b_stage = dur + S, c.w_stage = dur + 2 * S, c.b_free = 0, c.b_free_stage = NULL;
     }
     g.df = dur, g.db = dur + S, g.dw = dur + 2 * S, g.bf = dur + 3 * S;
     g.f_end = ends, g.b_end = ends + (size_t)S * (size_t)m;
@@ -3083,6 +3095,16 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
                     memcpy(out, acts, n * sizeof *acts);
                     goto cleanup;
                 }
+            } else if (two && i == -1) { /* interleaved-mem's left-out layout, a W behind each B */
+                int r, j, d, per2 = 2 * m * v;
+                if ((rc = _pp_sched_build(k, p, v, m, acts, err)) != PP_OK) goto cleanup;
+                for (r = p - 1; r >= 0; r--) /* in place, from the end: a write never passes a read */
+                    for (j = per2 - 1, d = per - 1; j >= 0; j--) {
+                        pp_action a = acts[(size_t)r * (size_t)per2 + (size_t)j], w = a;
+                        w.op = PP_OP_W;
+                        if (a.op == PP_OP_B) acts[(size_t)r * (size_t)per + (size_t)d--] = w;
+                        acts[(size_t)r * (size_t)per + (size_t)d--] = a;
+                    }
             } else if (k == PP_SCHED_DUALPIPE_V && i == -1 && m >= 2 * p) {
                 _pp_sched_build_dualpipev(p, m, acts);
                 if (!cost) { /* pp_schedule_make: DualPipeV's order as it is */
@@ -3122,22 +3144,30 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             double peak = 0;
             for (r = 0; r < p; r++)
                 if (res->peak_mem[r] > peak) peak = res->peak_mem[r];
+            /* the jitter goes around the best policy, even where a block or layout beat it */
+            if (peak <= cap + 1e-9 && i >= 0 && i < n_det && (best_det < 0 || res->makespan < best_det - 1e-9))
+                best_det = res->makespan, best_pol = pol;
             if (peak <= cap + 1e-9 &&
                 (best < 0 || res->makespan < best - 1e-9 || (res->makespan <= best + 1e-9 && peak < best_peak - 1e-9))) {
                 best = res->makespan;
                 best_peak = peak;
-                if (i >= 0 && i < n_det) best_pol = pol;
-                memcpy(out, acts, n * sizeof *acts);
+                memcpy(dst, acts, n * sizeof *acts);
             }
         }
     }
     if (best < 0) {
         rc = _pp_fail(err, PP_ERR_SCHEDULE, "%s p=%d m=%d: schedule builder stuck", pp_schedule_name(k), p, m);
     } else {
-        cand.actions = out;
+        int r, j, q;
+        cand.actions = dst;
         _pp_sched_polish(&cand, &c, cap, res, ev, polish);
+        for (r = 0; two && r < p; r++) /* interleaved-mem: out gets the lists without their W's */
+            for (j = q = 0; j < per; j++)
+                if (dst[(size_t)r * (size_t)per + (size_t)j].op != PP_OP_W)
+                    out[(size_t)r * 2 * (size_t)m * (size_t)v + (size_t)q++] = dst[(size_t)r * (size_t)per + (size_t)j];
     }
 cleanup:
+    if (best3) PP_FREE(best3);
     if (dur) PP_FREE(dur);
     if (ends) PP_FREE(ends);
     if (cnt) PP_FREE(cnt);
@@ -3159,6 +3189,8 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
                                 size_t cap, pp_schedule* s, pp_error* err) {
     pp_result rc;
     size_t need;
+    _pp_sched_units u;
+    u.skip = 0;
     if (!out || !s) return _pp_fail(err, PP_ERR_INVALID, "pp_schedule_make: %s is NULL",
                                     !out ? "out (action array)" : "s (schedule)");
     rc = _pp_sched_check_args(k, p, v, m, err);
@@ -3167,8 +3199,10 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
     if (cap < need)
         return _pp_fail(err, PP_ERR_SIZE, "%s p=%d v=%d m=%d needs %lu actions, cap is %lu",
                         pp_schedule_name(k), p, v, m, (unsigned long)need, (unsigned long)cap);
+    if (k == PP_SCHED_INTERLEAVED_MEM) _pp_sched_layout(&u, k, p, v, m);
     if (k == PP_SCHED_ZB_H1) _pp_sched_build_zbh1(p, m, out);
-    else if (_pp_sched_ops(k) == 3) rc = _pp_sched_build_ls(k, p, v, m, cost, out, err);
+    else if (_pp_sched_ops(k) == 3 || (k == PP_SCHED_INTERLEAVED_MEM && u.skip))
+        rc = _pp_sched_build_ls(k, p, v, m, cost, out, err);
     else rc = _pp_sched_build(k, p, v, m, out, err);
     if (rc != PP_OK) return rc;
     s->kind = k;
