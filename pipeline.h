@@ -661,9 +661,11 @@ size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
    Interleaved keeps its bubble formula (p-1)/(v m + p-1) for every m >= p, but when p does not
    divide m it stashes more than at the next multiple of p (p=8, v=4: 60 chunks at m=15, 39 at
    m=16). Interleaved-mem never does (on its busiest rank): the same lists where their peak fits,
-   else the shorter of two under that cap: the lists of the next multiple m' with m'-m
-   micro-batches left out (spread over the groups), and lists played out in time as the
-   zero-bubble kinds' are (for the costs with pp_schedule_make_cost; scratch from PP_MALLOC).
+   else the lists of the next multiple m' with m'-m micro-batches left out (spread over the
+   groups; no scratch), and with pp_schedule_make_cost the shorter of those and lists played out
+   in time for the costs as the zero-bubble kinds' are (usually interleaved's bubble; scratch from
+   PP_MALLOC; like theirs, such lists are not proven against NCCL's rendezvous here, which
+   pp_stage_create on NCCL checks).
    DualPipeV (DeepSeek-V3's DualPipe cut in half onto the V map) is its reference order for
    m >= 2p: each overlapped F&B pair runs as an F and a B back to back (the B's W right behind
    it, as DualPipe does outside its zero-bubble phases); below m = 2p, where DualPipe has no
@@ -675,8 +677,8 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
 /* The same for a cost model (pp_sim_cost: per-chunk f, b, w and comm, or per-stage arrays, as
    pp_simulate reads them; NULL is unit costs). ZB-H2, ZB-V, V-Half and V-Min are generated for
    these costs: several list-scheduling variants are played out in time and pp_simulate picks the
-   shortest under the kind's stash cap (pp_schedule_stash_cap); so is interleaved-mem where p does
-   not divide m and interleaved's lists do not fit its cap; DualPipeV's reference order is
+   shortest under the kind's stash cap (pp_schedule_stash_cap); so is interleaved-mem (cost not
+   NULL) where p does not divide m and interleaved's lists do not fit its cap; DualPipeV's reference order is
    polished for them (adjacent swaps pp_simulate accepts, under its cap); the other kinds are
    fixed patterns and ignore the costs. With cost NULL, ZB-V is the earlier unit-cost greedy list
    and DualPipeV (m >= 2p) the reference order itself (what pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
@@ -2259,9 +2261,12 @@ static int _pp_sched_gmax(const _pp_sched_units* u) { return u->n_b > 0 ? u->s_b
    cannot deadlock. Simulated against the other places to leave them out (the first or the last
    micro-batches, one per group at its start or end), spaced evenly had the lowest bubble or tied
    in nearly every case (p = 4, 8; v = 2, 4; m < 4p). Where the spread groups fit m''s peak (always
-   for m < p, and when v m is small), they are kept: their bubble is lower. Else these lists
-   compete with list-scheduled ones under the same cap (_pp_sched_build_ls), which reach
-   interleaved's own bubble in most cases the holes of left-out micro-batches cost more. */
+   for m < p, and when v m is small), they are kept: their bubble is lower. Generated for costs
+   (pp_schedule_make_cost), these lists compete with list-scheduled ones under the same cap
+   (_pp_sched_build_ls), which reach interleaved's own bubble in most cases where the holes of
+   left-out micro-batches cost more; pp_schedule_make keeps these: as parts of interleaved's m'
+   lists they pass NCCL's rendezvous check as those do (tests/test_nccl_pipeline.c), which the
+   list-scheduled ones do not always. */
 static int _pp_sched_skipped(const _pp_sched_units* u, int mb, int* real) {
     int g = mb / u->p, i = mb % u->p, q = u->skip / u->n_a, e = u->skip % u->n_a, k = q + (g < e);
     *real = mb - g * q - (g < e ? g : e) - i * k / u->p;
@@ -3201,7 +3206,7 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
                         pp_schedule_name(k), p, v, m, (unsigned long)need, (unsigned long)cap);
     if (k == PP_SCHED_INTERLEAVED_MEM) _pp_sched_layout(&u, k, p, v, m);
     if (k == PP_SCHED_ZB_H1) _pp_sched_build_zbh1(p, m, out);
-    else if (_pp_sched_ops(k) == 3 || (k == PP_SCHED_INTERLEAVED_MEM && u.skip))
+    else if (_pp_sched_ops(k) == 3 || (k == PP_SCHED_INTERLEAVED_MEM && u.skip && cost))
         rc = _pp_sched_build_ls(k, p, v, m, cost, out, err);
     else rc = _pp_sched_build(k, p, v, m, out, err);
     if (rc != PP_OK) return rc;

@@ -7,9 +7,10 @@
    - bubble and peak stash match the closed forms from the papers;
    and the simulator must catch broken lists: deadlocks with a report naming the ranks,
    coverage errors naming the rank and action index.
-   Interleaved-mem: for every m in 1..4p (p in {2, 3, 4, 8}, v in {2, 3, 4}) its peak stash is at
-   most interleaved's at the next multiple of p, the simulator proves it, and the executor's
-   gradients equal the sequential reference bit for bit; interleaved itself fails the peak test
+   Interleaved-mem: for every m in 1..4p (p in {2, 3, 4, 8}, v in {2, 3, 4}), from
+   pp_schedule_make and generated for costs, its peak stash is at most interleaved's at the next
+   multiple of p, the simulator proves it, and the executor's gradients equal the sequential
+   reference bit for bit; interleaved itself fails the peak test
    (the negative control, run every time). */
 #define PIPELINE_IMPLEMENTATION
 #define MLP_DEPTH 32 /* 33 layers: p = 8, v = 4 has 32 stages */
@@ -665,32 +666,45 @@ static void interleaved_mem_exec(const pp_schedule* s, int m, hx_mlp* f, int row
 static int interleaved_mem_case(int p, int v, hx_mlp* f, int rows, int* runs) {
     int m, old_fails = 0;
     for (m = 1; m <= 4 * p; m++) {
-        int mp = (m + p - 1) / p * p, k, peak[3];
-        sched_buf sb[3];
+        int mp = (m + p - 1) / p * p, k, peak[4];
+        sched_buf sb[4];
         pp_sim_result res;
-        pp_sim_cost cc;
+        pp_sim_cost cc, c12;
         pp_error err;
         char why[256];
         const char* bad;
         memset(&cc, 0, sizeof cc);
         cc.comm = 0.25;
-        for (k = 0; k < 3; k++) { /* interleaved-mem at m, interleaved at m, interleaved at m' */
-            pp_result rc = make(&sb[k], k == 0 ? PP_SCHED_INTERLEAVED_MEM : PP_SCHED_INTERLEAVED, p, v, k == 2 ? mp : m, &err);
+        memset(&c12, 0, sizeof c12);
+        c12.f = 1, c12.b = 2;
+        /* interleaved-mem at m, interleaved at m, interleaved at m', interleaved-mem for f=1 b=2 */
+        for (k = 0; k < 4; k++) {
+            pp_schedule_kind kind = k == 0 || k == 3 ? PP_SCHED_INTERLEAVED_MEM : PP_SCHED_INTERLEAVED;
+            pp_result rc;
+            if (k < 3) {
+                rc = make(&sb[k], kind, p, v, k == 2 ? mp : m, &err);
+            } else {
+                sb[k].n = pp_schedule_size(kind, p, v, m);
+                sb[k].acts = (pp_action*)malloc(sb[k].n * sizeof(pp_action));
+                rc = pp_schedule_make_cost(kind, p, v, m, &c12, sb[k].acts, sb[k].n, &sb[k].s, &err);
+            }
             if (rc == PP_OK) rc = pp_simulate(&sb[k].s, &cc, &res, NULL, &err);
-            CHECK(rc == PP_OK && !res.deadlock, "interleaved%s p=%d v=%d m=%d: %s", k ? "" : "-mem", p, v, k == 2 ? mp : m,
-                  err.msg);
+            CHECK(rc == PP_OK && !res.deadlock, "%s p=%d v=%d m=%d%s: %s", pp_schedule_name(kind), p, v, k == 2 ? mp : m,
+                  k == 3 ? " for costs" : "", err.msg);
             peak[k] = rc == PP_OK ? max_peak(&res, p) : 1 << 30;
         }
-        bad = check_lists(&sb[0].s, why, sizeof why);
-        CHECK(bad == NULL, "interleaved-mem p=%d v=%d m=%d: %s", p, v, m, bad);
-        CHECK(peak[0] <= peak[2] && peak[0] <= pp_schedule_stash_cap(PP_SCHED_INTERLEAVED_MEM, p, v, m),
-              "interleaved-mem p=%d v=%d m=%d: peak %d stashes, interleaved at m'=%d: %d (cap %d)", p, v, m, peak[0], mp,
-              peak[2], pp_schedule_stash_cap(PP_SCHED_INTERLEAVED_MEM, p, v, m));
+        for (k = 0; k < 4; k += 3) {
+            bad = check_lists(&sb[k].s, why, sizeof why);
+            CHECK(bad == NULL, "interleaved-mem p=%d v=%d m=%d%s: %s", p, v, m, k ? " for costs" : "", bad);
+            CHECK(peak[k] <= peak[2] && peak[k] <= pp_schedule_stash_cap(PP_SCHED_INTERLEAVED_MEM, p, v, m),
+                  "interleaved-mem p=%d v=%d m=%d%s: peak %d stashes, interleaved at m'=%d: %d (cap %d)", p, v, m,
+                  k ? " for costs" : "", peak[k], mp, peak[2], pp_schedule_stash_cap(PP_SCHED_INTERLEAVED_MEM, p, v, m));
+            interleaved_mem_exec(&sb[k].s, m, f, rows);
+        }
         CHECK(m % p != 0 || memcmp(sb[0].acts, sb[1].acts, sb[0].n * sizeof *sb[0].acts) == 0,
               "interleaved-mem p=%d v=%d m=%d: not interleaved's lists", p, v, m);
         old_fails += peak[1] > peak[2];
-        interleaved_mem_exec(&sb[0].s, m, f, rows);
-        for (k = 0; k < 3; k++) free(sb[k].acts);
+        for (k = 0; k < 4; k++) free(sb[k].acts);
         (*runs)++;
     }
     return old_fails;
