@@ -1,4 +1,4 @@
-/* tests/test_zb.c - zero-bubble schedules (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min), the split
+/* tests/test_zb.c - zero-bubble schedules (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min, DualPipeV), the split
    backward (B and W), cost-aware generation, memory with a W share and schedules as text tables.
 
    - Every zero-bubble kind: deadlock-free over a grid, every stage's F, B and W in ascending
@@ -7,6 +7,8 @@
    - Cost-aware generation on the issue-17 grid against the authors' generators' makespans
      (stored as data): ZB-V never slower than 1F1B nor than theirs; V-Min never slower than
      theirs, V-Half within 2%; the unit-cost ZB-V fails the same check at the issue's example.
+   - DualPipeV: DualPipe's own order at p = 4, m = 10; on the grid proven, under its 2p + 1 cap,
+     never slower than 1F1B (-DDPV_VS_1F1B=0.9 must fail), reported against ZB-V.
    - The W share: peak_mem of hand tables, and the generators under their cap with b_free.
    - Pipelined gradients of the split MLP (examples/mlp.h, PP_MODEL_SPLIT) on the threads
      transport equal the sequential reference bit for bit (memcmp) for ZB-H1, ZB-V, a parsed
