@@ -620,8 +620,9 @@ typedef enum pp_schedule_kind {
 } pp_schedule_kind;
 
 /* Which rank holds which stage. LOOP: stage s is chunk s / p of rank s % p (GPipe, 1F1B,
-   interleaved, interleaved-mem, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min, DualPipeV): rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
-   first and the last stage (embedding and loss) share rank 0 and the turn of the V is local. */
+   interleaved, interleaved-mem, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min, DualPipeV): rank r holds
+   stage r as chunk 0 and stage 2p-1-r as chunk 1, so the first and the last stage (embedding and
+   loss) share rank 0 and the turn of the V is local. */
 typedef enum pp_stage_map { PP_MAP_LOOP = 0, PP_MAP_V = 1 } pp_stage_map;
 
 typedef enum pp_op { PP_OP_F = 0, PP_OP_B = 1, PP_OP_W = 2 } pp_op;
@@ -657,7 +658,8 @@ size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
 /* Generate every rank's list into out[cap]. GPipe, 1F1B, ZB-H1 and ZB-H2 need v == 1;
    interleaved and interleaved-mem v >= 2; ZB-V, V-Half, V-Min and DualPipeV v == 2 (any m >= 1 for
    all). The zero-bubble kinds (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min, DualPipeV) have W actions
-   (3*m*v per rank). Every stage runs its F, B and W actions in ascending micro-batch order. Fills *s, whose actions point into out.
+   (3*m*v per rank). Every stage runs its F, B and W actions in ascending micro-batch order.
+   Fills *s, whose actions point into out.
    Interleaved keeps its bubble formula (p-1)/(v m + p-1) for every m >= p, but when p does not
    divide m it stashes more than at the next multiple of p (p=8, v=4: 60 chunks at m=15, 39 at
    m=16). Interleaved-mem never does (on its busiest rank): the same lists where their peak fits,
@@ -678,10 +680,11 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
    pp_simulate reads them; NULL is unit costs). ZB-H2, ZB-V, V-Half and V-Min are generated for
    these costs: several list-scheduling variants are played out in time and pp_simulate picks the
    shortest under the kind's stash cap (pp_schedule_stash_cap); so is interleaved-mem (cost not
-   NULL) where p does not divide m and interleaved's lists do not fit its cap; DualPipeV's reference order is
-   polished for them (adjacent swaps pp_simulate accepts, under its cap); the other kinds are
-   fixed patterns and ignore the costs. With cost NULL, ZB-V is the earlier unit-cost greedy list
-   and DualPipeV (m >= 2p) the reference order itself (what pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
+   NULL) where p does not divide m and interleaved's lists do not fit its cap; DualPipeV's
+   reference order is polished for them (adjacent swaps pp_simulate accepts, under its cap); the
+   other kinds are fixed patterns and ignore the costs. With cost NULL, ZB-V is the earlier
+   unit-cost greedy list and DualPipeV (m >= 2p) the reference order itself (what
+   pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
 pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                 size_t cap, pp_schedule* s, pp_error* err);
 /* The most activations (F done, B or W not yet; in chunks) a rank of kind k stashes at once:
@@ -2215,7 +2218,8 @@ static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, p
 
 /* Actions per micro-batch and chunk: F and B, plus W for the zero-bubble kinds. */
 static int _pp_sched_ops(pp_schedule_kind k) {
-    return k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B || k == PP_SCHED_INTERLEAVED || k == PP_SCHED_INTERLEAVED_MEM ? 2 : 3;
+    return k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B || k == PP_SCHED_INTERLEAVED || k == PP_SCHED_INTERLEAVED_MEM ? 2
+                                                                                                              : 3;
 }
 
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m) {
@@ -2419,8 +2423,8 @@ static void _pp_sched_build_zbh1(int p, int m, pp_action* out) {
 }
 
 /* ZB-V (the V-shape of Qi et al., "Pipeline Parallelism with Controllable Memory", 2024, and
-   DeepSeek's DualPipeV): 2p stages, rank r holds stage r and stage 2p-1-r, so a micro-batch goes
-   down the ranks on chunk 0 and back up on chunk 1, and rank 0 holds both ends.
+   the map of DeepSeek's DualPipeV): 2p stages, rank r holds stage r and stage 2p-1-r, so a
+   micro-batch goes down the ranks on chunk 0 and back up on chunk 1, and rank 0 holds both ends.
    The lists come from a greedy list scheduler run with unit costs F = B = W: at every tick each
    rank takes, in this order of preference,
      1. the B that is ready (its output gradient arrived), the older micro-batch first;
@@ -2504,7 +2508,8 @@ static void _pp_sched_build_dualpipev(int p, int m, pp_action* out) {
     int r, i, per = 6 * m;
     for (r = 0; r < p; r++) {
         pp_action* list = out + (size_t)r * (size_t)per;
-        int n = 0, nf[2] = {0, 0}, nb[2] = {0, 0}, qmb[2 * PP_MAX_RANKS + 4], qc[2 * PP_MAX_RANKS + 4], qh = 0, qt = 0, zb = 0;
+        int n = 0, nf[2] = {0, 0}, nb[2] = {0, 0}, qh = 0, qt = 0, zb = 0;
+        int qmb[2 * PP_MAX_RANKS + 4], qc[2 * PP_MAX_RANKS + 4]; /* the W queue: (mb, chunk) */
         const int Q = 2 * PP_MAX_RANKS + 4, s6 = r + 1;
 #define _PP_DPV_F(c) _pp_sched_set_map(&list[n++], PP_OP_F, PP_MAP_V, p, 2 * p, r, nf[c]++, c)
 #define _PP_DPV_B(c, q)                                                                                             \
@@ -2684,10 +2689,10 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
     }
 }
 
-/* Cost-aware list scheduling (ZB-H2, ZB-V, V-Half, V-Min; DualPipeV below m = 2p). One run plays the whole step forward
-   in time with the given costs: whenever a rank falls idle, it picks one of the actions that are
-   ready on it at that moment (their input or output gradient has arrived, + comm from another
-   rank) by a policy, and the order in which the ranks picked is their list. A list is thus the
+/* Cost-aware list scheduling (ZB-H2, ZB-V, V-Half, V-Min; DualPipeV below m = 2p; interleaved-mem
+   for costs). One run plays the whole step forward in time with the given costs: whenever a
+   rank falls idle, it picks one of the actions that are ready on it at that moment (their input
+   or output gradient has arrived, + comm from another rank) by a policy, and the order in which the ranks picked is their list. A list is thus the
    order of a run that happened, every dependency finished before its consumer started, so it
    cannot deadlock under any costs. Each stage runs F, B and W in ascending micro-batch order (one
    counter per stage and op): pipelined gradients stay bit-identical to the sequential reference.
@@ -3008,7 +3013,8 @@ static double _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp
 
 /* The cost-aware kinds: every policy variant is played out, pp_simulate judges, the best list
    (shortest makespan, then lowest peak) goes to out. For ZB-V the unit-cost greedy lists above
-   compete too; DualPipeV (m >= 2p) is its own order alone, polished. Scratch: the variant's lists, the end times and the simulator's. */
+   compete too; DualPipeV (m >= 2p) is its own order alone, polished. Scratch: the variant's lists,
+   the end times and the simulator's. */
 static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                     pp_error* err) {
     _pp_ls g;
