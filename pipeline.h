@@ -2690,12 +2690,13 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
 }
 
 /* Cost-aware list scheduling (ZB-H2, ZB-V, V-Half, V-Min; DualPipeV below m = 2p; interleaved-mem
-   for costs). One run plays the whole step forward in time with the given costs: whenever a
-   rank falls idle, it picks one of the actions that are ready on it at that moment (their input
-   or output gradient has arrived, + comm from another rank) by a policy, and the order in which the ranks picked is their list. A list is thus the
-   order of a run that happened, every dependency finished before its consumer started, so it
-   cannot deadlock under any costs. Each stage runs F, B and W in ascending micro-batch order (one
-   counter per stage and op): pipelined gradients stay bit-identical to the sequential reference.
+   for costs). One run plays the whole step forward in time with the given costs: whenever a rank
+   falls idle, it picks one of the actions that are ready on it at that moment (their input or
+   output gradient has arrived, + comm from another rank) by a policy, and the order in which the
+   ranks picked is their list. A list is thus the order of a run that happened, every dependency
+   finished before its consumer started, so it cannot deadlock under any costs. Each stage runs F, B
+   and W in ascending micro-batch order (one counter per stage and op): pipelined gradients stay
+   bit-identical to the sequential reference.
    Memory. A rank holds a stash from the F of a (micro-batch, chunk) to its W (with a W share,
    pp_sim_cost.b_free of it only to its B). A new micro-batch enters a rank (its chunk-0 F) only
    while its stashes leave room for all v of its chunks under the cap, and a later chunk's F only
