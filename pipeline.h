@@ -622,14 +622,17 @@ typedef enum pp_schedule_kind {
     PP_SCHED_ZB_H2,             /* zero bubble H2: v = 1, twice 1F1B's memory, W fills the bubble */
     PP_SCHED_V_HALF,            /* V map, v = 2, half of 1F1B's activation memory (+ one chunk) */
     PP_SCHED_V_MIN,             /* V map, v = 2, a third of 1F1B's activation memory (+ one chunk) */
+    PP_SCHED_INTERLEAVED_MEM,   /* interleaved whose peak for any m is at most the next multiple of p's */
+    PP_SCHED_DUALPIPE_V,        /* DeepSeek's DualPipeV: V map, F&B pairs back to back, 2p + 1 chunks */
     PP_SCHED_KIND_COUNT,
     PP_SCHED_CUSTOM = 100       /* parsed from a text table (pp_schedule_parse) */
 } pp_schedule_kind;
 
 /* Which rank holds which stage. LOOP: stage s is chunk s / p of rank s % p (GPipe, 1F1B,
-   interleaved, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min): rank r holds stage r as chunk 0 and stage 2p-1-r as chunk 1, so the
-   first and the last stage (embedding and loss) share rank 0 and the turn of the V crosses no
-   link (a message from rank p-1 to itself: a copy in memory). */
+   interleaved, interleaved-mem, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min, DualPipeV): rank r holds
+   stage r as chunk 0 and stage 2p-1-r as chunk 1, so the first and the last stage (embedding and
+   loss) share rank 0 and the turn of the V crosses no link (a message from rank p-1 to itself:
+   a copy in memory). */
 typedef enum pp_stage_map { PP_MAP_LOOP = 0, PP_MAP_V = 1 } pp_stage_map;
 
 typedef enum pp_op { PP_OP_F = 0, PP_OP_B = 1, PP_OP_W = 2 } pp_op;
@@ -663,9 +666,22 @@ pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k);
 /* Number of pp_action the caller must provide for (kind, p, v, m); 0 if invalid. */
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
 /* Generate every rank's list into out[cap]. GPipe, 1F1B, ZB-H1 and ZB-H2 need v == 1;
-   interleaved v >= 2; ZB-V, V-Half and V-Min v == 2 (any m >= 1 for all). The zero-bubble kinds
-   (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min) have W actions (3*m*v per rank). Every stage runs its F, B
-   and W actions in ascending micro-batch order. Fills *s, whose actions point into out.
+   interleaved and interleaved-mem v >= 2; ZB-V, V-Half, V-Min and DualPipeV v == 2 (any m >= 1 for
+   all). The zero-bubble kinds (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min, DualPipeV) have W actions
+   (3*m*v per rank). Every stage runs its F, B and W actions in ascending micro-batch order.
+   Fills *s, whose actions point into out.
+   Interleaved keeps its bubble formula (p-1)/(v m + p-1) for every m >= p, but when p does not
+   divide m it stashes more than at the next multiple of p (p=8, v=4: 60 chunks at m=15, 39 at
+   m=16). Interleaved-mem never does (on its busiest rank): the same lists where their peak fits,
+   else the lists of the next multiple m' with m'-m micro-batches left out (spread over the
+   groups; no scratch), and with pp_schedule_make_cost the shorter of those and lists played out
+   in time for the costs as the zero-bubble kinds' are (usually interleaved's bubble; scratch from
+   PP_MALLOC; like theirs, such lists are not proven against NCCL's rendezvous here, which
+   pp_stage_create on NCCL checks).
+   DualPipeV (DeepSeek-V3's DualPipe cut in half onto the V map) is its reference order for
+   m >= 2p: each overlapped F&B pair runs as an F and a B back to back (the B's W right behind
+   it, as DualPipe does outside its zero-bubble phases); below m = 2p, where DualPipe has no
+   order, it is list-scheduled under the same memory.
    pp_schedule_make generates for unit costs (F = B = W = 1 per chunk, comm 0); its ZB-V is the
    greedy unit-cost list of earlier versions (pp_schedule_make_cost makes the cost-aware one). */
 pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* out, size_t cap,
@@ -673,15 +689,21 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
 /* The same for a cost model (pp_sim_cost: per-chunk f, b, w and comm, or per-stage arrays, as
    pp_simulate reads them; NULL is unit costs). ZB-H2, ZB-V, V-Half and V-Min are generated for
    these costs: several list-scheduling variants are played out in time and pp_simulate picks the
-   shortest under the kind's stash cap (pp_schedule_stash_cap); the other kinds are fixed
-   patterns and ignore the costs. With cost NULL, ZB-V is the earlier unit-cost greedy list
-   (what pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
+   shortest under the kind's stash cap (pp_schedule_stash_cap); so is interleaved-mem (cost not
+   NULL) where p does not divide m and interleaved's lists do not fit its cap; DualPipeV's
+   reference order is polished for them (adjacent swaps pp_simulate accepts, under its cap); the
+   other kinds are fixed patterns and ignore the costs. With cost NULL, ZB-V is the earlier
+   unit-cost greedy list and DualPipeV (m >= 2p) the reference order itself (what
+   pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
 pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                 size_t cap, pp_schedule* s, pp_error* err);
 /* The most activations (F done, B or W not yet; in chunks) a rank of kind k stashes at once:
    GPipe m; 1F1B and ZB-H1 min(p, m); ZB-H2 2 min(p, m); ZB-V 2 min(p, m) chunks (a chunk is half
    a stage: 1F1B's memory); V-Half min(p, m) + 1 chunks (half of it); V-Min 2 min(p, m) / 3 + 1
-   (a third). 0 for interleaved (no fixed cap: see pp_simulate's peak_live) and invalid input. */
+   (a third); DualPipeV min(2p + 1, 2m) (1F1B's and one chunk: DualPipe's PP + 1);
+   interleaved-mem min(2(p-1) + (v-1)p + 1, v m'), m' the next multiple of p >= m
+   (interleaved's peak at m'). 0 for interleaved (no fixed cap: see pp_simulate's peak_live) and
+   invalid input. */
 int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m);
 /* stage -> (rank, chunk): the rank that runs a global stage under this schedule's mapping, and
    which of its chunks it is (rank or chunk may be NULL). Was pp_schedule_stage_rank. */
@@ -2155,7 +2177,8 @@ cleanup:
 /* >>impl-schedule ----------------------------------------------------------------------------- */
 
 static const char* const _pp_sched_names[PP_SCHED_KIND_COUNT] = {"gpipe", "1f1b",  "interleaved", "zb-h1",
-                                                                  "zb-v",  "zb-h2", "v-half",      "v-min"};
+                                                                  "zb-v",  "zb-h2", "v-half",      "v-min",
+                                                                  "interleaved-mem", "dualpipev"};
 
 const char* pp_schedule_name(pp_schedule_kind k) {
     if (k == PP_SCHED_CUSTOM) return "custom";
@@ -2188,7 +2211,8 @@ pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k) {
 
 /* The stage map of a kind: V for the V-shaped kinds, else LOOP. */
 static pp_stage_map _pp_sched_kind_map(pp_schedule_kind k) {
-    return k == PP_SCHED_ZB_V || k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN ? PP_MAP_V : PP_MAP_LOOP;
+    return k == PP_SCHED_ZB_V || k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN || k == PP_SCHED_DUALPIPE_V ? PP_MAP_V
+                                                                                                          : PP_MAP_LOOP;
 }
 
 /* One place that decides whether (kind, p, v, m) describes a schedule we can build. The limits
@@ -2197,7 +2221,8 @@ static pp_stage_map _pp_sched_kind_map(pp_schedule_kind k) {
 static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, pp_error* err) {
     if ((int)k < 0 || (int)k >= PP_SCHED_KIND_COUNT)
         return _pp_fail(err, PP_ERR_INVALID,
-                        "schedule kind %d is not one of gpipe, 1f1b, interleaved, zb-h1, zb-v, zb-h2, v-half, v-min", (int)k);
+                        "schedule kind %d is not one of gpipe, 1f1b, interleaved, zb-h1, zb-v, zb-h2, v-half, v-min, "
+                        "interleaved-mem, dualpipev", (int)k);
     if (p < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: p (ranks) = %d, need p >= 1",
                                pp_schedule_name(k), p);
     if (v < 1) return _pp_fail(err, PP_ERR_INVALID, "%s: v (chunks per rank) = %d, need v >= 1",
@@ -2214,9 +2239,9 @@ static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, p
         return _pp_fail(err, PP_ERR_INVALID,
                         "%s needs v = 1 chunk per rank (got v = %d); use interleaved for v >= 2",
                         pp_schedule_name(k), v);
-    if (k == PP_SCHED_INTERLEAVED && v < 2)
-        return _pp_fail(err, PP_ERR_INVALID,
-                        "interleaved needs v >= 2 chunks per rank (got v = %d); use 1f1b for v = 1", v);
+    if ((k == PP_SCHED_INTERLEAVED || k == PP_SCHED_INTERLEAVED_MEM) && v < 2)
+        return _pp_fail(err, PP_ERR_INVALID, "%s needs v >= 2 chunks per rank (got v = %d); use 1f1b for v = 1",
+                        pp_schedule_name(k), v);
     if (v > INT8_MAX || (long long)p * v > INT16_MAX)
         return _pp_fail(err, PP_ERR_INVALID, "%s: p*v = %d*%d stages do not fit a pp_action (max %d, v <= %d)",
                         pp_schedule_name(k), p, v, (int)INT16_MAX, (int)INT8_MAX);
@@ -2228,7 +2253,8 @@ static pp_result _pp_sched_check_args(pp_schedule_kind k, int p, int v, int m, p
 
 /* Actions per micro-batch and chunk: F and B, plus W for the zero-bubble kinds. */
 static int _pp_sched_ops(pp_schedule_kind k) {
-    return k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B || k == PP_SCHED_INTERLEAVED ? 2 : 3;
+    return k == PP_SCHED_GPIPE || k == PP_SCHED_1F1B || k == PP_SCHED_INTERLEAVED || k == PP_SCHED_INTERLEAVED_MEM ? 2
+                                                                                                              : 3;
 }
 
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m) {
@@ -2258,9 +2284,35 @@ typedef struct _pp_sched_units {
     int p, v;
     int n_a, s_a;   /* first n_a groups of s_a micro-batches */
     int n_b, s_b;   /* then n_b groups of s_b = s_a + 1 (n_b may be 0) */
+    int skip;       /* interleaved-mem: micro-batches of the padded layout left out (0: none) */
 } _pp_sched_units;
 
-static void _pp_sched_layout(_pp_sched_units* u, int p, int v, int m) {
+/* The largest group. */
+static int _pp_sched_gmax(const _pp_sched_units* u) { return u->n_b > 0 ? u->s_b : u->s_a; }
+
+/* Interleaved-mem. Groups of more than p micro-batches cost (v-1) stashes per extra one on rank
+   0 (the warm-up below), so where that would exceed the next multiple m' of p's peak, the units
+   are those of m' (ceil(m/p) groups of p) and skip = m'-m of the padded micro-batches are left
+   out: each group leaves out skip / groups of them (the first groups one more), spaced evenly
+   inside it. A left-out unit is walked like any other (it waits for what it would wait for) but
+   appends nothing, so the lists are m''s lists without those micro-batches: every rank's stash
+   count is at most m''s at every point of its list, and the lists keep their order, so they
+   cannot deadlock. Simulated against the other places to leave them out (the first or the last
+   micro-batches, one per group at its start or end), spaced evenly had the lowest bubble or tied
+   in nearly every case (p = 4, 8; v = 2, 4; m < 4p). Where the spread groups fit m''s peak (always
+   for m < p, and when v m is small), they are kept: their bubble is lower. Generated for costs
+   (pp_schedule_make_cost), these lists compete with list-scheduled ones under the same cap
+   (_pp_sched_build_ls), which reach interleaved's own bubble in most cases where the holes of
+   left-out micro-batches cost more; pp_schedule_make keeps these: as parts of interleaved's m'
+   lists they pass NCCL's rendezvous check as those do (tests/test_nccl_pipeline.c), which the
+   list-scheduled ones do not always. */
+static int _pp_sched_skipped(const _pp_sched_units* u, int mb, int* real) {
+    int g = mb / u->p, i = mb % u->p, q = u->skip / u->n_a, e = u->skip % u->n_a, k = q + (g < e);
+    *real = mb - g * q - (g < e ? g : e) - i * k / u->p;
+    return k > 0 && i * k / u->p != (i + 1) * k / u->p;
+}
+
+static void _pp_sched_layout(_pp_sched_units* u, pp_schedule_kind k, int p, int v, int m) {
     int groups = m / p > 0 ? m / p : 1;
     u->p = p;
     u->v = v;
@@ -2268,10 +2320,19 @@ static void _pp_sched_layout(_pp_sched_units* u, int p, int v, int m) {
     u->n_a = groups - u->n_b;
     u->s_a = m / groups;
     u->s_b = u->s_a + 1;
+    u->skip = 0;
+    if (k == PP_SCHED_INTERLEAVED_MEM && m % p != 0) {
+        /* rank 0's peak, the largest: warm-up + 1 (see _pp_sched_warmup), at most all units */
+        int mp = (m + p - 1) / p * p, spread = 2 * (p - 1) + (v - 1) * _pp_sched_gmax(u) + 1,
+            cap = 2 * (p - 1) + (v - 1) * p + 1;
+        if (spread > m * v) spread = m * v;
+        if (cap > mp * v) cap = mp * v;
+        if (spread > cap) {
+            u->n_a = mp / p, u->s_a = p, u->n_b = 0, u->s_b = p + 1;
+            u->skip = mp - m;
+        }
+    }
 }
-
-/* The largest group. */
-static int _pp_sched_gmax(const _pp_sched_units* u) { return u->n_b > 0 ? u->s_b : u->s_a; }
 
 /* k-th unit -> (mb, chunk); backward units visit the chunks of a group in reverse. */
 static void _pp_sched_unit(const _pp_sched_units* u, int k, int backward, int* mb, int* chunk) {
@@ -2314,8 +2375,8 @@ static int _pp_sched_index(const _pp_sched_units* u, int mb, int chunk, int back
    Capped at the total. The builder below adds warm-up where a count would deadlock (never needed
    by these counts over p <= 32, v <= 6, m <= 200, but it makes the lists correct by
    construction for every input). */
-static int _pp_sched_warmup(pp_schedule_kind k, const _pp_sched_units* u, int m, int r) {
-    int p = u->p, v = u->v, total = m * v, w;
+static int _pp_sched_warmup(pp_schedule_kind k, const _pp_sched_units* u, int r) {
+    int p = u->p, v = u->v, total = (u->n_a * u->s_a + u->n_b * u->s_b) * v, w;
     switch (k) {
     case PP_SCHED_GPIPE: w = total; break;
     case PP_SCHED_1F1B: w = p - r - 1; break;
@@ -2397,8 +2458,8 @@ static void _pp_sched_build_zbh1(int p, int m, pp_action* out) {
 }
 
 /* ZB-V (the V-shape of Qi et al., "Pipeline Parallelism with Controllable Memory", 2024, and
-   DeepSeek's DualPipeV): 2p stages, rank r holds stage r and stage 2p-1-r, so a micro-batch goes
-   down the ranks on chunk 0 and back up on chunk 1, and rank 0 holds both ends.
+   the map of DeepSeek's DualPipeV): 2p stages, rank r holds stage r and stage 2p-1-r, so a
+   micro-batch goes down the ranks on chunk 0 and back up on chunk 1, and rank 0 holds both ends.
    The lists come from a greedy list scheduler run with unit costs F = B = W: at every tick each
    rank takes, in this order of preference,
      1. the B that is ready (its output gradient arrived), the older micro-batch first;
@@ -2459,6 +2520,75 @@ static pp_result _pp_sched_build_zbv(int p, int m, pp_action* out, pp_error* err
             return _pp_fail(err, PP_ERR_SCHEDULE, "zb-v p=%d m=%d: schedule builder stuck", p, m);
     }
     return PP_OK;
+}
+
+/* DualPipeV (DeepSeek-AI, DeepSeek-V3 Technical Report, 2024; the V form is Sea AI Lab's
+   "cut-in-half" of DualPipe, as in github deepseek-ai/DualPipe), for m >= 2p. Phase c of rank r is
+   chunk c (stage r going down, 2p-1-r coming back up). F(c): the next forward of chunk c; B(c):
+   the next backward with its W right behind, or with `zb` its W queued; W: the oldest queued W.
+   Rank r runs, in eight steps:
+     1. 2(p-r-1) x F(0)                         warm-up, chunk 0 only
+     2. (r+1) x F(0) F(1)
+     3. (p-r-1) x B(1, zb) W F(1)               the zero-bubble step: the W fills the wait for F(1)
+     4. (m-2p+r+1) x F(0) B(1) F(1) B(0)        the main step: two overlapped F&B pairs
+     5. (p-r-1) x B(1) F(1) B(0)
+     6. (r+1) x B(1) B(0), their W's queued from the middle on (rank parity decides which B first)
+     7. (p-r-1) x W B(0, zb)
+     8. (r+1) x W
+   Every stage sees its F's, B's and W's in ascending micro-batch order (the queue is FIFO and
+   holds only B's later than every W already run). A rank holds 2p chunk stashes after step 2 and
+   2p + 1 inside each pair of step 4: DualPipe's "PP + 1" (PP = 2p stages). The queue never holds
+   more than 2p + 2 W's (at most r + 1 B's of each chunk in step 6). */
+static void _pp_sched_build_dualpipev(int p, int m, pp_action* out) {
+    int r, i, per = 6 * m;
+    for (r = 0; r < p; r++) {
+        pp_action* list = out + (size_t)r * (size_t)per;
+        int n = 0, nf[2] = {0, 0}, nb[2] = {0, 0}, qh = 0, qt = 0, zb = 0;
+        int qmb[2 * PP_MAX_RANKS + 4], qc[2 * PP_MAX_RANKS + 4]; /* the W queue: (mb, chunk) */
+        const int Q = 2 * PP_MAX_RANKS + 4, s6 = r + 1;
+#define _PP_DPV_F(c) _pp_sched_set_map(&list[n++], PP_OP_F, PP_MAP_V, p, 2 * p, r, nf[c]++, c)
+#define _PP_DPV_B(c, q)                                                                                             \
+    do {                                                                                                             \
+        _pp_sched_set_map(&list[n++], PP_OP_B, PP_MAP_V, p, 2 * p, r, nb[c], c);                                     \
+        if (q) qmb[qt % Q] = nb[c], qc[qt % Q] = c, qt++;                                                            \
+        else _pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, nb[c], c);                                \
+        nb[c]++;                                                                                                     \
+    } while (0)
+#define _PP_DPV_W() (_pp_sched_set_map(&list[n++], PP_OP_W, PP_MAP_V, p, 2 * p, r, qmb[qh % Q], qc[qh % Q]), qh++)
+        for (i = 0; i < 2 * (p - r - 1); i++) _PP_DPV_F(0);
+        for (i = 0; i < r + 1; i++) _PP_DPV_F(0), _PP_DPV_F(1);
+        for (i = 0; i < p - r - 1; i++) {
+            _PP_DPV_B(1, 1);
+            _PP_DPV_W();
+            _PP_DPV_F(1);
+        }
+        for (i = 0; i < m - 2 * p + r + 1; i++) {
+            _PP_DPV_F(0);
+            _PP_DPV_B(1, 0);
+            _PP_DPV_F(1);
+            _PP_DPV_B(0, 0);
+        }
+        for (i = 0; i < p - r - 1; i++) {
+            _PP_DPV_B(1, 0);
+            _PP_DPV_F(1);
+            _PP_DPV_B(0, 0);
+        }
+        for (i = 0; i < s6; i++) {
+            if (i == s6 / 2 && r % 2 == 1) zb = 1;
+            _PP_DPV_B(1, zb);
+            if (i == s6 / 2 && r % 2 == 0) zb = 1;
+            _PP_DPV_B(0, zb);
+        }
+        for (i = 0; i < p - r - 1; i++) {
+            _PP_DPV_W();
+            _PP_DPV_B(0, 1);
+        }
+        while (qh < qt) _PP_DPV_W();
+#undef _PP_DPV_F
+#undef _PP_DPV_B
+#undef _PP_DPV_W
+        PP_ASSERT(n == per && qh == qt);
+    }
 }
 
 /* Rank r's stash count at its busiest slot, the W's taking the free slots oldest B first as
@@ -2594,13 +2724,14 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
     }
 }
 
-/* Cost-aware list scheduling (ZB-H2, ZB-V, V-Half, V-Min). One run plays the whole step forward
-   in time with the given costs: whenever a rank falls idle, it picks one of the actions that are
-   ready on it at that moment (their input or output gradient has arrived, + comm from another
-   rank) by a policy, and the order in which the ranks picked is their list. A list is thus the
-   order of a run that happened, every dependency finished before its consumer started, so it
-   cannot deadlock under any costs. Each stage runs F, B and W in ascending micro-batch order (one
-   counter per stage and op): pipelined gradients stay bit-identical to the sequential reference.
+/* Cost-aware list scheduling (ZB-H2, ZB-V, V-Half, V-Min; DualPipeV below m = 2p; interleaved-mem
+   for costs). One run plays the whole step forward in time with the given costs: whenever a rank
+   falls idle, it picks one of the actions that are ready on it at that moment (their input or
+   output gradient has arrived, + comm from another rank) by a policy, and the order in which the
+   ranks picked is their list. A list is thus the order of a run that happened, every dependency
+   finished before its consumer started, so it cannot deadlock under any costs. Each stage runs F, B
+   and W in ascending micro-batch order (one counter per stage and op): pipelined gradients stay
+   bit-identical to the sequential reference.
    Memory. A rank holds a stash from the F of a (micro-batch, chunk) to its W (with a W share,
    pp_sim_cost.b_free of it only to its B). A new micro-batch enters a rank (its chunk-0 F) only
    while its stashes leave room for all v of its chunks under the cap, and a later chunk's F only
@@ -2776,36 +2907,40 @@ static int _pp_ls_run(_pp_ls* g, const _pp_ls_policy* pol, pp_action* out) {
    is followed by at least one append, so the builder finishes. Once all forwards are appended,
    the same argument on backward unit indices (smallest index, highest rank on ties) shows the
    sweep never gets stuck.
-   State is two counters per rank (on the stack): generation allocates nothing. */
+   Interleaved-mem's left-out units (u.skip) take part in all of this but append nothing.
+   State is three counters per rank (on the stack): generation allocates nothing. */
 static pp_result _pp_sched_build(pp_schedule_kind k, int p, int v, int m, pp_action* out,
                                  pp_error* err) {
-    int n_f[PP_MAX_RANKS], n_b[PP_MAX_RANKS], warm[PP_MAX_RANKS];
-    int total = m * v, per_rank = 2 * total, n_stages = p * v, r, left = p * per_rank;
+    int n_f[PP_MAX_RANKS], n_b[PP_MAX_RANKS], warm[PP_MAX_RANKS], n_app[PP_MAX_RANKS];
+    int total, per_rank = 2 * m * v, n_stages = p * v, r, left;
     _pp_sched_units u;
-    _pp_sched_layout(&u, p, v, m);
+    _pp_sched_layout(&u, k, p, v, m);
+    total = (u.n_a * u.s_a + u.n_b * u.s_b) * v; /* units: m * v, or m' * v with skipped ones */
+    left = 2 * p * total;
     for (r = 0; r < p; r++) {
-        n_f[r] = n_b[r] = 0;
-        warm[r] = _pp_sched_warmup(k, &u, m, r);
+        n_f[r] = n_b[r] = n_app[r] = 0;
+        warm[r] = _pp_sched_warmup(k, &u, r);
     }
     while (left > 0) {
         int progress = 0, pick = -1;
         for (r = 0; r < p; r++) {
             pp_action* list = out + (size_t)r * (size_t)per_rank;
             for (;;) {
-                int mb, chunk;
+                int mb, chunk, real;
                 int want_f = n_f[r] < total && n_f[r] < warm[r] + n_b[r] + 1;
                 if (n_b[r] == total) break;
                 if (want_f) {
                     if (!_pp_sched_f_ready(&u, n_f, r, n_f[r])) break;
                     _pp_sched_unit(&u, n_f[r], 0, &mb, &chunk);
-                    _pp_sched_set(&list[n_f[r] + n_b[r]], PP_OP_F, p, n_stages, r, mb, chunk);
                     n_f[r]++;
                 } else {
                     if (!_pp_sched_b_ready(&u, n_f, n_b, r, n_b[r])) break;
                     _pp_sched_unit(&u, n_b[r], 1, &mb, &chunk);
-                    _pp_sched_set(&list[n_f[r] + n_b[r]], PP_OP_B, p, n_stages, r, mb, chunk);
                     n_b[r]++;
                 }
+                real = mb;
+                if (!u.skip || !_pp_sched_skipped(&u, mb, &real))
+                    _pp_sched_set(&list[n_app[r]++], want_f ? PP_OP_F : PP_OP_B, p, n_stages, r, real, chunk);
                 left--;
                 progress = 1;
             }
@@ -2834,6 +2969,11 @@ int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m) {
     case PP_SCHED_ZB_H2: case PP_SCHED_ZB_V: return 2 * mm;
     case PP_SCHED_V_HALF: return mm + 2;
     case PP_SCHED_V_MIN: return (2 * mm + 2) / 3 + 2;
+    case PP_SCHED_DUALPIPE_V: return 2 * p + 1 < 2 * m ? 2 * p + 1 : 2 * m;
+    case PP_SCHED_INTERLEAVED_MEM: {
+        int mp = (m + p - 1) / p * p, c = 2 * (p - 1) + (v - 1) * p + 1;
+        return c < mp * v ? c : mp * v;
+    }
     default: return 0;
     }
 }
@@ -2909,7 +3049,8 @@ static double _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp
 
 /* The cost-aware kinds: every policy variant is played out, pp_simulate judges, the best list
    (shortest makespan, then lowest peak) goes to out. For ZB-V the unit-cost greedy lists above
-   compete too. Scratch: the variant's lists, the end times and the simulator's. */
+   compete too; DualPipeV (m >= 2p) is its own order alone, polished. Scratch: the variant's lists,
+   the end times and the simulator's. */
 static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                     pp_error* err) {
     _pp_ls g;
@@ -2917,12 +3058,13 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     pp_sim_cost c;
     pp_schedule cand;
     pp_sim_result* res = NULL;
-    pp_action* acts = NULL;
+    pp_action *acts = NULL, *dst = out, *best3 = NULL;
     pp_event* ev = NULL;
     int *vb_slot = NULL, *vb_diff = NULL;
     unsigned char* vb_occ = NULL;
-    double *dur = NULL, *ends = NULL, best = -1, best_peak = 0;
+    double *dur = NULL, *ends = NULL, best = -1, best_peak = 0, best_det = -1;
     int *cnt = NULL, S = p * v, per = 3 * m * v, cap = pp_schedule_stash_cap(k, p, v, m), lo, i, n_det, n_jit;
+    int two = _pp_sched_ops(k) == 2; /* interleaved-mem: no W actions in out (see below) */
     size_t n = (size_t)p * (size_t)per;
     long units, ls_cost, polish;
     pp_result rc = PP_OK;
@@ -2938,6 +3080,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     acts = (pp_action*)_pp_calloc(n, sizeof *acts);
     res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
     ev = (pp_event*)_pp_calloc(n, sizeof *ev);
+    if (two) dst = best3 = (pp_action*)_pp_calloc(n, sizeof *best3);
     if (k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN) { /* the blocks' scratch; without it they sit out */
         size_t L = 6 * (size_t)m + 6 * (size_t)p + 8;
         vb_slot = (int*)_pp_calloc(4 * (size_t)p * (size_t)m, sizeof *vb_slot);
@@ -2948,7 +3091,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             vb_slot = NULL;
         }
     }
-    if (!dur || !ends || !cnt || !acts || !res || !ev) {
+    if (!dur || !ends || !cnt || !acts || !res || !ev || (two && !best3)) {
         rc = _pp_fail(err, PP_ERR_NOMEM, "%s p=%d m=%d: no memory for the schedule builder", pp_schedule_name(k), p, m);
         goto cleanup;
     }
@@ -2963,6 +3106,11 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
                           pp_schedule_name(k), i, dur[i], dur[S + i], dur[2 * S + i], c.comm);
             goto cleanup;
         }
+    }
+    if (two) { /* a kind without W runs b + w in its B: the candidates get W's of cost 0 right behind
+                  their B's (so a stash counts until B), which the end strips */
+        for (i = 0; i < S; i++) dur[S + i] += dur[2 * S + i], dur[2 * S + i] = 0, dur[3 * S + i] = 0;
+        c.f_stage = dur, c.b_stage = dur + S, c.w_stage = dur + 2 * S, c.b_free = 0, c.b_free_stage = NULL;
     }
     g.df = dur, g.db = dur + S, g.dw = dur + 2 * S, g.bf = dur + 3 * S;
     g.f_end = ends, g.b_end = ends + (size_t)S * (size_t)m;
@@ -2984,12 +3132,29 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     if ((long)n_det * ls_cost > units) n_det = units / ls_cost > 1 ? (int)(units / ls_cost) : 1;
     n_jit = units / 4 / ls_cost < _PP_LS_JITTER ? (int)(units / 4 / ls_cost) : _PP_LS_JITTER;
     polish = units / 4 < _PP_LS_POLISH ? units / 4 : _PP_LS_POLISH;
+    if (k == PP_SCHED_DUALPIPE_V && m >= 2 * p) n_det = n_jit = 0; /* its own order, polished */
     for (i = -8; i < n_det + n_jit; i++) {
         pp_result sr;
         if (i < 0) {
             if (k == PP_SCHED_ZB_V && i == -1) {
                 if ((rc = _pp_sched_build_zbv(p, m, acts, err)) != PP_OK) goto cleanup;
                 if (!cost) { /* pp_schedule_make: the unit-cost lists of before, unchanged */
+                    memcpy(out, acts, n * sizeof *acts);
+                    goto cleanup;
+                }
+            } else if (two && i == -1) { /* interleaved-mem's left-out layout, a W behind each B */
+                int r, j, d, per2 = 2 * m * v;
+                if ((rc = _pp_sched_build(k, p, v, m, acts, err)) != PP_OK) goto cleanup;
+                for (r = p - 1; r >= 0; r--) /* in place, from the end: a write never passes a read */
+                    for (j = per2 - 1, d = per - 1; j >= 0; j--) {
+                        pp_action a = acts[(size_t)r * (size_t)per2 + (size_t)j], w = a;
+                        w.op = PP_OP_W;
+                        if (a.op == PP_OP_B) acts[(size_t)r * (size_t)per + (size_t)d--] = w;
+                        acts[(size_t)r * (size_t)per + (size_t)d--] = a;
+                    }
+            } else if (k == PP_SCHED_DUALPIPE_V && i == -1 && m >= 2 * p) {
+                _pp_sched_build_dualpipev(p, m, acts);
+                if (!cost) { /* pp_schedule_make: DualPipeV's order as it is */
                     memcpy(out, acts, n * sizeof *acts);
                     goto cleanup;
                 }
@@ -3026,22 +3191,30 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             double peak = 0;
             for (r = 0; r < p; r++)
                 if (res->peak_mem[r] > peak) peak = res->peak_mem[r];
+            /* the jitter goes around the best policy, even where a block or layout beat it */
+            if (peak <= cap + 1e-9 && i >= 0 && i < n_det && (best_det < 0 || res->makespan < best_det - 1e-9))
+                best_det = res->makespan, best_pol = pol;
             if (peak <= cap + 1e-9 &&
                 (best < 0 || res->makespan < best - 1e-9 || (res->makespan <= best + 1e-9 && peak < best_peak - 1e-9))) {
                 best = res->makespan;
                 best_peak = peak;
-                if (i >= 0 && i < n_det) best_pol = pol;
-                memcpy(out, acts, n * sizeof *acts);
+                memcpy(dst, acts, n * sizeof *acts);
             }
         }
     }
     if (best < 0) {
         rc = _pp_fail(err, PP_ERR_SCHEDULE, "%s p=%d m=%d: schedule builder stuck", pp_schedule_name(k), p, m);
     } else {
-        cand.actions = out;
+        int r, j, q;
+        cand.actions = dst;
         _pp_sched_polish(&cand, &c, cap, res, ev, polish);
+        for (r = 0; two && r < p; r++) /* interleaved-mem: out gets the lists without their W's */
+            for (j = q = 0; j < per; j++)
+                if (dst[(size_t)r * (size_t)per + (size_t)j].op != PP_OP_W)
+                    out[(size_t)r * 2 * (size_t)m * (size_t)v + (size_t)q++] = dst[(size_t)r * (size_t)per + (size_t)j];
     }
 cleanup:
+    if (best3) PP_FREE(best3);
     if (dur) PP_FREE(dur);
     if (ends) PP_FREE(ends);
     if (cnt) PP_FREE(cnt);
@@ -3063,6 +3236,8 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
                                 size_t cap, pp_schedule* s, pp_error* err) {
     pp_result rc;
     size_t need;
+    _pp_sched_units u;
+    u.skip = 0;
     if (!out || !s) return _pp_fail(err, PP_ERR_INVALID, "pp_schedule_make: %s is NULL",
                                     !out ? "out (action array)" : "s (schedule)");
     rc = _pp_sched_check_args(k, p, v, m, err);
@@ -3071,8 +3246,10 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
     if (cap < need)
         return _pp_fail(err, PP_ERR_SIZE, "%s p=%d v=%d m=%d needs %lu actions, cap is %lu",
                         pp_schedule_name(k), p, v, m, (unsigned long)need, (unsigned long)cap);
+    if (k == PP_SCHED_INTERLEAVED_MEM) _pp_sched_layout(&u, k, p, v, m);
     if (k == PP_SCHED_ZB_H1) _pp_sched_build_zbh1(p, m, out);
-    else if (_pp_sched_ops(k) == 3) rc = _pp_sched_build_ls(k, p, v, m, cost, out, err);
+    else if (_pp_sched_ops(k) == 3 || (k == PP_SCHED_INTERLEAVED_MEM && u.skip && cost))
+        rc = _pp_sched_build_ls(k, p, v, m, cost, out, err);
     else rc = _pp_sched_build(k, p, v, m, out, err);
     if (rc != PP_OK) return rc;
     s->kind = k;

@@ -1,6 +1,6 @@
-/* bench/bench_zb.c - zero-bubble schedules (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min) against 1F1B and
-   interleaved, measured, same model, same run; and auto-partition by measurement with its
-   predicted step time.
+/* bench/bench_zb.c - zero-bubble schedules (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min, DualPipeV) against
+   1F1B and interleaved, measured, same model, same run; and auto-partition by measurement with
+   its predicted step time.
 
    1. Profile: pp_profile_layers times each layer's forward, input gradient (B) and weight
       gradient (W) of the split MLP (examples/mlp.h, PP_MODEL_SPLIT) on this thread.
@@ -44,9 +44,9 @@ int main(int argc, char** argv) {
     pp_batch b;
     pp_error err;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    const struct { pp_schedule_kind k; int v; } kinds[7] = {
-        {PP_SCHED_1F1B, 1},  {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_ZB_H1, 1}, {PP_SCHED_ZB_H2, 1},
-        {PP_SCHED_ZB_V, 2},  {PP_SCHED_V_HALF, 2},      {PP_SCHED_V_MIN, 2}};
+    const struct { pp_schedule_kind k; int v; } kinds[8] = {
+        {PP_SCHED_1F1B, 1}, {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_ZB_H1, 1}, {PP_SCHED_ZB_H2, 1},
+        {PP_SCHED_ZB_V, 2}, {PP_SCHED_V_HALF, 2},      {PP_SCHED_V_MIN, 2}, {PP_SCHED_DUALPIPE_V, 2}};
     size_t np;
 
     if (p < 1 || p > 8 || m < 1 || H < 8 || H > 512 || rows < m || steps < 1 || L < 2 * p) {
@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
        (rounds of steps / ROUNDS timed steps each) so that a change in the machine's load hits
        them alike; the measured figure is the median over all of a schedule's timed steps. */
     {
-        enum { NK = 7, ROUNDS = 3 };
+        enum { NK = 8, ROUNDS = 3 };
         pp_schedule sch[NK];
         pp_action* acts[NK];
         int first[NK][2 * 8 + 1], wrong[NK], peak[NK], nts[NK], per = (steps + ROUNDS - 1) / ROUNDS, rd;

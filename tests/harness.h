@@ -76,7 +76,7 @@ static inline void hx_sched_free(hx_sched* h) {
    zero-bubble kinds the simulator's peak is an upper bound of the executor's, else its value. */
 static inline int hx_peak_agrees(pp_schedule_kind k, int executor, int simulator) {
     int w_kinds = k == PP_SCHED_ZB_H1 || k == PP_SCHED_ZB_V || k == PP_SCHED_ZB_H2 || k == PP_SCHED_V_HALF ||
-                  k == PP_SCHED_V_MIN; /* W actions: a fused model frees the stash at B */
+                  k == PP_SCHED_V_MIN || k == PP_SCHED_DUALPIPE_V; /* W actions: a fused model frees the stash at B */
     return w_kinds ? executor <= simulator : executor == simulator;
 }
 

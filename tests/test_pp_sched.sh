@@ -25,12 +25,14 @@ check "an unknown kind is named" "grep -q 'unknown schedule kind' '$tmp.out'"
 "$bin" zb-v -p 4 -m 16 --f 0.5 --b 1 --w 0.5 > "$tmp.out" 2>&1
 mk=$(sed -n 's/^makespan *//p' "$tmp.out")
 check "zb-v generated for the costs beats 1f1b (makespan $mk < 76)" "awk 'BEGIN { exit !($mk < 76) }'"
-for k in zb-h2 v-half v-min; do
+for k in zb-h2 v-half v-min dualpipev; do
     "$bin" $k -p 4 -m 8 --f 1 --b 2 --w 1 > "$tmp.out" 2>&1
     check "$k runs and reports its bubble and cap" "[ \$? -eq 0 ] && grep -q 'bubble .*stash cap' '$tmp.out'"
 done
 "$bin" rank -p 4 -m 8 --layers 16 > "$tmp.out" 2>&1
-check "rank covers every kind" "[ \$(grep -c '^  [0-9]  ' '$tmp.out') -eq 9 ]"
+check "rank covers every kind" "[ \$(grep -c '^ *[0-9][0-9]*  [0-9a-z]' '$tmp.out') -eq 12 ]"
+"$bin" interleaved-mem -p 8 -v 4 -m 15 > "$tmp.out" 2>&1
+check "interleaved-mem p=8 v=4 m=15 peaks at m=16's 39 chunks, not 60" "grep -q 'peak live  r0=38 ' '$tmp.out'"
 "$bin" rank -p 4 -m 8 --layers 16 --mem-cap 12 > "$tmp.out" 2>&1
 check "rank with --mem-cap answers a schedule that fits" "grep -q '^answer *v-' '$tmp.out'"
 rm -f "$tmp.out" "$tmp.tab" "$tmp.bad"

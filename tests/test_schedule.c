@@ -6,10 +6,18 @@
    - each stage runs its backwards in ascending micro-batch order (bit-exact gradients);
    - bubble and peak stash match the closed forms from the papers;
    and the simulator must catch broken lists: deadlocks with a report naming the ranks,
-   coverage errors naming the rank and action index. */
+   coverage errors naming the rank and action index.
+   Interleaved-mem: for every m in 1..4p (p in {2, 3, 4, 8}, v in {2, 3, 4}), from
+   pp_schedule_make and generated for costs, its peak stash is at most interleaved's at the next
+   multiple of p, the simulator proves it, and the executor's gradients equal the sequential
+   reference bit for bit; interleaved itself fails the peak test
+   (the negative control, run every time). */
 #define PIPELINE_IMPLEMENTATION
+#define MLP_DEPTH 32 /* 33 layers: p = 8, v = 4 has 32 stages */
 #include "pipeline.h"
+#include "examples/mlp.h"
 #include "tests/test.h"
+#include "tests/harness.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -514,6 +522,7 @@ static void test_bad_input(void) {
     CHECK(pp_schedule_kind_parse("ZB-H2", &k) == PP_OK && k == PP_SCHED_ZB_H2, "parse zb-h2");
     CHECK(pp_schedule_kind_parse("v-half", &k) == PP_OK && k == PP_SCHED_V_HALF, "parse v-half");
     CHECK(pp_schedule_kind_parse("V-Min", &k) == PP_OK && k == PP_SCHED_V_MIN, "parse v-min");
+    CHECK(pp_schedule_kind_parse("interleaved-mem", &k) == PP_OK && k == PP_SCHED_INTERLEAVED_MEM, "parse interleaved-mem");
     CHECK(pp_schedule_kind_parse(NULL, &k) == PP_ERR_INVALID, "parse NULL");
     CHECK(strcmp(pp_schedule_name(PP_SCHED_INTERLEAVED), "interleaved") == 0, "name");
     CHECK(strcmp(pp_schedule_name((pp_schedule_kind)99), "unknown") == 0, "name of bad kind");
@@ -618,6 +627,105 @@ static void test_printers(void) {
 
 /* A header promising far more micro-batches than its lists hold is refused before the
    simulator sizes its tables by it (m = 700M with two actions a rank took 8 GB and 23 s). */
+/* The most a rank of a simulated schedule stashes. */
+static int max_peak(const pp_sim_result* res, int p) {
+    int r, x = 0;
+    for (r = 0; r < p; r++) x = res->peak_live[r] > x ? res->peak_live[r] : x;
+    return x;
+}
+
+/* The executor runs schedule s of m micro-batches bit-exact: uniform partition of the 33 layers. */
+static void interleaved_mem_exec(const pp_schedule* s, int m, hx_mlp* f, int rows) {
+    static hx_world W;
+    int first[MLP_DEPTH + 2], dims[MLP_DEPTH + 1], l, ok;
+    mlp_model g[PP_MAX_RANKS];
+    float* gbuf[PP_MAX_RANKS];
+    pp_batch b;
+    pp_error err;
+    char where[96];
+    for (l = 0; l <= MLP_DEPTH; l++) dims[l] = l == 0 ? HX_IN : l == MLP_DEPTH ? HX_CLASSES : 6 + l % 3;
+    snprintf(where, sizeof where, "interleaved-mem p=%d v=%d m=%d", s->p, s->v, m);
+    hx_dense_batch(&b, f->x, f->y, rows, HX_IN, m);
+    if (hx_mlp_reference(f, &b, 1, &err) != PP_OK) {
+        CHECK(0, "%s: %s", where, err.msg);
+        return;
+    }
+    pp_partition_uniform(MLP_DEPTH + 1, s->n_stages, first, &err);
+    hx_mlp_world(&W, &f->w, s, first, &b, 1, g, gbuf, dims);
+    ok = hx_run(&W, s->p, &err) == PP_OK;
+    if (!ok) hx_report(&W, s->p, where);
+    ok = ok && hx_mlp_grads_match(g, s->p, s, first, &f->gref, 1, where);
+    ok = ok && hx_loss_matches(W.stats, s->p, s, f->loss, where);
+    CHECK(ok, "%s: bit-exact", where);
+    hx_mlp_free_grads(gbuf, s->p);
+}
+
+/* Interleaved-mem against interleaved at the next multiple of p: the peak (the largest rank's),
+   the proof, the lists' structure, the executor; for m a multiple of p the lists are interleaved's. Returns
+   how many m of 1..4p interleaved (the old generator) fails the same peak test. */
+static int interleaved_mem_case(int p, int v, hx_mlp* f, int rows, int* runs) {
+    int m, old_fails = 0;
+    for (m = 1; m <= 4 * p; m++) {
+        int mp = (m + p - 1) / p * p, k, peak[4];
+        sched_buf sb[4];
+        pp_sim_result res;
+        pp_sim_cost cc, c12;
+        pp_error err;
+        char why[256];
+        const char* bad;
+        memset(&cc, 0, sizeof cc);
+        cc.comm = 0.25;
+        memset(&c12, 0, sizeof c12);
+        c12.f = 1, c12.b = 2;
+        /* interleaved-mem at m, interleaved at m, interleaved at m', interleaved-mem for f=1 b=2 */
+        for (k = 0; k < 4; k++) {
+            pp_schedule_kind kind = k == 0 || k == 3 ? PP_SCHED_INTERLEAVED_MEM : PP_SCHED_INTERLEAVED;
+            pp_result rc;
+            if (k < 3) {
+                rc = make(&sb[k], kind, p, v, k == 2 ? mp : m, &err);
+            } else {
+                sb[k].n = pp_schedule_size(kind, p, v, m);
+                sb[k].acts = (pp_action*)malloc(sb[k].n * sizeof(pp_action));
+                rc = pp_schedule_make_cost(kind, p, v, m, &c12, sb[k].acts, sb[k].n, &sb[k].s, &err);
+            }
+            if (rc == PP_OK) rc = pp_simulate(&sb[k].s, &cc, &res, NULL, &err);
+            CHECK(rc == PP_OK && !res.deadlock, "%s p=%d v=%d m=%d%s: %s", pp_schedule_name(kind), p, v, k == 2 ? mp : m,
+                  k == 3 ? " for costs" : "", err.msg);
+            peak[k] = rc == PP_OK ? max_peak(&res, p) : 1 << 30;
+        }
+        for (k = 0; k < 4; k += 3) {
+            bad = check_lists(&sb[k].s, why, sizeof why);
+            CHECK(bad == NULL, "interleaved-mem p=%d v=%d m=%d%s: %s", p, v, m, k ? " for costs" : "", bad);
+            CHECK(peak[k] <= peak[2] && peak[k] <= pp_schedule_stash_cap(PP_SCHED_INTERLEAVED_MEM, p, v, m),
+                  "interleaved-mem p=%d v=%d m=%d%s: peak %d stashes, interleaved at m'=%d: %d (cap %d)", p, v, m,
+                  k ? " for costs" : "", peak[k], mp, peak[2], pp_schedule_stash_cap(PP_SCHED_INTERLEAVED_MEM, p, v, m));
+            interleaved_mem_exec(&sb[k].s, m, f, rows);
+        }
+        CHECK(m % p != 0 || memcmp(sb[0].acts, sb[1].acts, sb[0].n * sizeof *sb[0].acts) == 0,
+              "interleaved-mem p=%d v=%d m=%d: not interleaved's lists", p, v, m);
+        old_fails += peak[1] > peak[2];
+        for (k = 0; k < 4; k++) free(sb[k].acts);
+        (*runs)++;
+    }
+    return old_fails;
+}
+
+static void test_interleaved_mem(void) {
+    static const int ps[] = {2, 3, 4, 8};
+    int pi, v, runs = 0, old_fails = 0, dims[MLP_DEPTH + 1], l;
+    hx_mlp f;
+    for (l = 0; l <= MLP_DEPTH; l++) dims[l] = l == 0 ? HX_IN : l == MLP_DEPTH ? HX_CLASSES : 6 + l % 3;
+    CHECK(hx_mlp_init(&f, dims, 17, 40, 5, 23), "mlp");
+    for (pi = 0; pi < N_OF(ps); pi++)
+        for (v = 2; v <= 4; v++) {
+            old_fails += interleaved_mem_case(ps[pi], v, &f, 40, &runs);
+        }
+    /* the negative control: the old generator breaks the same bound (p=8, v=4, m=15: 60 > 39) */
+    CHECK(old_fails > 0, "interleaved passes the peak test in all %d cases: the test cannot fail", runs);
+    printf("interleaved-mem: %d cases under the next multiple's peak; interleaved over it in %d\n", runs, old_fails);
+    hx_mlp_free(&f);
+}
+
 static void test_huge_header(void) {
     pp_action a[4];
     pp_schedule s;
@@ -642,5 +750,6 @@ int main(void) {
     test_w();
     test_bad_input();
     test_printers();
+    test_interleaved_mem();
     return TEST_DONE("schedule");
 }

@@ -1,4 +1,4 @@
-/* tests/test_zb.c - zero-bubble schedules (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min), the split
+/* tests/test_zb.c - zero-bubble schedules (ZB-H1, ZB-H2, ZB-V, V-Half, V-Min, DualPipeV), the split
    backward (B and W), cost-aware generation, memory with a W share and schedules as text tables.
 
    - Every zero-bubble kind: deadlock-free over a grid, every stage's F, B and W in ascending
@@ -7,6 +7,8 @@
    - Cost-aware generation on the issue-17 grid against the authors' generators' makespans
      (stored as data): ZB-V never slower than 1F1B nor than theirs; V-Min never slower than
      theirs, V-Half within 2%; the unit-cost ZB-V fails the same check at the issue's example.
+   - DualPipeV: DualPipe's own order at p = 4, m = 10; on the grid proven, under its 2p + 1 cap,
+     never slower than 1F1B (-DDPV_VS_1F1B=0.9 must fail), reported against ZB-V.
    - The W share: peak_mem of hand tables, and the generators under their cap with b_free.
    - Pipelined gradients of the split MLP (examples/mlp.h, PP_MODEL_SPLIT) on the threads
      transport equal the sequential reference bit for bit (memcmp) for ZB-H1, ZB-V, a parsed
@@ -30,6 +32,11 @@
 #endif
 #ifndef V_MIN_WORST
 #define V_MIN_WORST 1.0
+#endif
+/* DualPipeV's makespan over 1F1B's at the same costs that the grid allows (never slower);
+   -DDPV_VS_1F1B=0.9 is the negative control. */
+#ifndef DPV_VS_1F1B
+#define DPV_VS_1F1B 1.0
 #endif
 
 #define ROWS 29
@@ -60,8 +67,9 @@ static int ascending(const pp_schedule* s) {
 }
 
 /* The zero-bubble kinds, in the order the tests walk them. */
-static const pp_schedule_kind ZB_KINDS[] = {PP_SCHED_ZB_H1, PP_SCHED_ZB_V, PP_SCHED_ZB_H2, PP_SCHED_V_HALF, PP_SCHED_V_MIN};
-#define N_ZB_KINDS 5
+static const pp_schedule_kind ZB_KINDS[] = {PP_SCHED_ZB_H1,  PP_SCHED_ZB_V,  PP_SCHED_ZB_H2,
+                                            PP_SCHED_V_HALF, PP_SCHED_V_MIN, PP_SCHED_DUALPIPE_V};
+#define N_ZB_KINDS 6
 
 /* The v a kind runs with: 1 where it can, else 2. */
 static int kind_v(int k) { return pp_schedule_size((pp_schedule_kind)k, 1, 1, 1) ? 1 : 2; }
@@ -112,10 +120,12 @@ static void test_zb_schedules(void) {
                             printf("  zb-h1 p=%d m=%d rank %d: peak %d want %d\n", p, m, r, res.peak_live[r], p < m ? p : m);
                 } else {
                     /* within the kind's cap: ZB-V 2 min(p, m) chunk stashes = 1F1B's min(p, m) whole
-                       stages, ZB-H2 twice that, V-Half and V-Min a half and a third (+ 2 chunks) */
+                       stages, ZB-H2 twice that, V-Half and V-Min a half and a third (+ 2 chunks),
+                       DualPipeV 1F1B's + 1 chunk (2 m below m = p + 1: every chunk of every mb) */
                     int mm = p < m ? p : m, want = k == PP_SCHED_ZB_V || k == PP_SCHED_ZB_H2 ? 2 * mm
                                                  : k == PP_SCHED_V_HALF                      ? mm + 2
-                                                                                             : (2 * mm + 2) / 3 + 2;
+                                                 : k == PP_SCHED_DUALPIPE_V ? (2 * p + 1 < 2 * m ? 2 * p + 1 : 2 * m)
+                                                                            : (2 * mm + 2) / 3 + 2;
                     if (cap != want && fails++ < 5) printf("  %s p=%d m=%d: cap %d want %d\n", pp_schedule_name(s.kind), p, m, cap, want);
                     for (r = 0; r < p; r++)
                         if (res.peak_live[r] > cap && fails++ < 5)
@@ -135,7 +145,7 @@ static void test_zb_schedules(void) {
             }
         }
     CHECK(fails == 0, "%d of %d zero-bubble schedules failed", fails, runs);
-    CHECK(runs == 8 * 32 + 4 * (q ? 5 * 9 : 8 * 11), "ran %d", runs);
+    CHECK(runs == 8 * 32 + 5 * (q ? 5 * 9 : 8 * 11), "ran %d", runs);
 }
 
 /* The bubble table of docs/schedules.md, checked: unit costs per chunk, same model (a V chunk is
@@ -312,6 +322,63 @@ static void test_cost_aware(void) {
         CHECK(zbv_holds(&s, ex, one, 1e300, &mk), "cost-aware zb-v at the example: %g, 1f1b %g", mk, one);
         printf("issue example p=4 m=16 F,B,W=1,2,1 per stage: unit-cost zb-v rejected, cost-aware %g, 1f1b %g\n", mk, one);
     }
+}
+
+/* DualPipeV. pp_schedule_make gives DualPipe's own order (github deepseek-ai/DualPipe,
+   dualpipev.py's eight steps, written out by hand here for p = 4, m = 10: the README's picture);
+   on the grid, generated for the costs, it is proven, at its cap of 2p + 1 chunks (2 min(p, m)
+   for m <= p) and never slower than 1F1B; ZB-V is reported beside it. */
+static void test_dualpipev(void) {
+    static const char* const want[4] = {
+        "F0.0 F1.0 F2.0 F3.0 F4.0 F5.0 F6.0 F0.1 B0.1 W0.1 F1.1 B1.1 W1.1 F2.1 B2.1 W2.1 F3.1 F7.0 B3.1 W3.1 F4.1 B0.0 "
+        "W0.0 F8.0 B4.1 W4.1 F5.1 B1.0 W1.0 F9.0 B5.1 W5.1 F6.1 B2.0 W2.0 B6.1 W6.1 F7.1 B3.0 W3.0 B7.1 W7.1 F8.1 B4.0 "
+        "W4.0 B8.1 W8.1 F9.1 B5.0 W5.0 B9.1 W9.1 B6.0 W6.0 B7.0 W7.0 B8.0 W8.0 B9.0 W9.0",
+        NULL, NULL,
+        "F0.0 F0.1 F1.0 F1.1 F2.0 F2.1 F3.0 F3.1 F4.0 B0.1 W0.1 F4.1 B0.0 W0.0 F5.0 B1.1 W1.1 F5.1 B1.0 W1.0 F6.0 B2.1 "
+        "W2.1 F6.1 B2.0 W2.0 F7.0 B3.1 W3.1 F7.1 B3.0 W3.0 F8.0 B4.1 W4.1 F8.1 B4.0 W4.0 F9.0 B5.1 W5.1 F9.1 B5.0 W5.0 "
+        "B6.1 W6.1 B6.0 W6.0 B7.1 W7.1 B7.0 W7.0 B8.1 B8.0 B9.1 B9.0 W8.1 W8.0 W9.1 W9.0"};
+    pp_action acts[3 * 2 * 8 * 32];
+    pp_schedule s;
+    pp_error err;
+    pp_sim_result res;
+    int r, i, j, fails = 0, slow_zbv = 0, cases = 0;
+    double worst = 0, worst_zbv = 0;
+    CHECK(pp_schedule_make(PP_SCHED_DUALPIPE_V, 4, 2, 10, acts, sizeof acts / sizeof acts[0], &s, &err) == PP_OK, "%s",
+          err.msg);
+    for (r = 0; r < 4; r++) {
+        char buf[1024];
+        size_t len = 0;
+        const pp_action* a = pp_schedule_rank(&s, r);
+        for (i = 0; i < s.per_rank && len < sizeof buf; i++)
+            len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%c%d.%d", i ? " " : "", "FBW"[a[i].op], (int)a[i].mb,
+                                    (int)a[i].chunk);
+        CHECK(!want[r] || strcmp(buf, want[r]) == 0, "dualpipev p=4 m=10 rank %d:\n  %s\nwant\n  %s", r, buf, want[r]);
+    }
+    CHECK(pp_simulate(&s, NULL, &res, NULL, &err) == PP_OK, "%s", err.msg);
+    for (r = 0; r < 4; r++) CHECK(res.peak_live[r] == 9, "dualpipev p=4 m=10 rank %d peak %d, want 2p+1 = 9", r, res.peak_live[r]);
+    for (i = 0; i < GRID_PM; i++)
+        for (j = 0; j < GRID_COSTS; j++) {
+            int p = GRID_P_M[i][0], m = GRID_P_M[i][1], peak = 0, cap = pp_schedule_stash_cap(PP_SCHED_DUALPIPE_V, p, 2, m);
+            pp_sim_cost c = chunk_cost(GRID_FBW[j], 1);
+            double mk = 0, mz = 0, one = makespan_1f1b(p, m, GRID_FBW[j]);
+            cases++;
+            if (pp_schedule_make_cost(PP_SCHED_DUALPIPE_V, p, 2, m, &c, acts, sizeof acts / sizeof acts[0], &s, &err) != PP_OK ||
+                !ascending(&s) || !judge(&s, GRID_FBW[j], &mk, &peak) || peak > cap || mk > one * DPV_VS_1F1B + 1e-9) {
+                if (fails++ < 5)
+                    printf("  dualpipev p=%d m=%d F,B,W=%g,%g,%g: %s (peak %d, cap %d, makespan %g, 1f1b %g)\n", p, m,
+                           GRID_FBW[j][0], GRID_FBW[j][1], GRID_FBW[j][2], err.msg, peak, cap, mk, one);
+                continue;
+            }
+            if (mk / one > worst) worst = mk / one;
+            if (pp_schedule_make_cost(PP_SCHED_ZB_V, p, 2, m, &c, acts, sizeof acts / sizeof acts[0], &s, &err) == PP_OK &&
+                judge(&s, GRID_FBW[j], &mz, &peak)) {
+                slow_zbv += mk > mz + 1e-9;
+                if (mk / mz > worst_zbv) worst_zbv = mk / mz;
+            }
+        }
+    printf("dualpipev grid: %d cases, worst %.3fx of 1f1b's makespan; slower than zb-v in %d (worst %.3fx)\n", cases, worst,
+           slow_zbv, worst_zbv);
+    CHECK(fails == 0, "dualpipev: %d of %d grid cases failed", fails, cases);
 }
 
 /* ---- text tables ------------------------------------------------------------------------------ */
@@ -609,6 +676,9 @@ static void test_gradients(void) {
                 good += run_kind(PP_SCHED_ZB_V, p, 2, m, first, 1, &R, &b, pname);
                 good += run_kind(PP_SCHED_ZB_V, p, 2, m, first, 0, &R, &b, pname);
                 good += run_kind(PP_SCHED_INTERLEAVED, p, 2, m, first, 1, &R, &b, pname);
+                cases += 2; /* DualPipeV: list-scheduled below m = 2p, its own order polished above */
+                good += run_kind(PP_SCHED_DUALPIPE_V, p, 2, m, first, 1, &R, &b, pname);
+                good += run_kind(PP_SCHED_DUALPIPE_V, p, 2, m, first, 0, &R, &b, pname);
             }
         }
     }
@@ -821,6 +891,7 @@ int main(void) {
     test_zb_schedules();
     test_bubble_order();
     test_cost_aware();
+    test_dualpipev();
     test_round_trip();
     test_bad_tables();
     test_w_share();

@@ -7,10 +7,10 @@
        pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]
                 [--comm C] [--mem-cap X]
 
-   KIND is gpipe, 1f1b, interleaved (v >= 2 chunks per rank), zb-h1, zb-h2, zb-v, v-half or
-   v-min. The zero-bubble kinds but zb-h1 are generated for the costs given (--f --b --w --comm,
-   pp_schedule_make_cost); the others are fixed patterns. Prints the
-   parameters, every rank's action list as a table, an ASCII timeline, the makespan, the
+   KIND is gpipe, 1f1b, interleaved or interleaved-mem (v >= 2 chunks per rank), zb-h1, zb-h2,
+   zb-v, v-half, v-min or dualpipev. The zero-bubble kinds but zb-h1 are generated for the costs
+   given (--f --b --w --comm, pp_schedule_make_cost; dualpipev: its own order, polished for them);
+   the others are fixed patterns. Prints the parameters, every rank's action list as a table, an ASCII timeline, the makespan, the
    simulated bubble next to the closed form where there is one, and each rank's peak of stashed
    activations. --table prints only the table, in the format `load` (and pp_schedule_parse)
    reads back: edit it by hand and load it. --trace writes Chrome trace JSON (ui.perfetto.dev,
@@ -41,10 +41,12 @@ static void usage(FILE* f) {
             "       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]\n"
             "       pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]\n"
             "                [--comm C] [--mem-cap X]\n"
-            "  KIND        gpipe | 1f1b | interleaved | zb-h1 | zb-h2 | zb-v | v-half | v-min\n"
+            "  KIND        gpipe | 1f1b | interleaved | interleaved-mem | zb-h1 | zb-h2 | zb-v | v-half | v-min |\n"
+            "              dualpipev\n"
             "  -p P        ranks\n"
             "  -m M        micro-batches\n"
-            "  -v V        chunks per rank (interleaved >= 2, default 2; zb-v, v-half, v-min 2; others 1)\n"
+            "  -v V        chunks per rank (interleaved, interleaved-mem >= 2, default 2; zb-v, v-half, v-min,\n"
+            "              dualpipev 2; others 1)\n"
             "  --f F       forward time of one chunk (default 1)\n"
             "  --b B       input-gradient time of one chunk (default 1)\n"
             "  --w W       weight-gradient time of one chunk (default 1; without W actions B costs b+w)\n"
@@ -239,13 +241,14 @@ done:
 }
 
 static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm, double mem_cap) {
-    candidate c[12];
-    int n = 0, i, j, order[12], best = -1;
+    candidate c[16];
+    int n = 0, i, j, order[16], best = -1;
     double base = 0;
-    /* every kind (interleaved at two depths) */
+    /* every kind (the interleaved ones at two depths) */
     const struct { pp_schedule_kind k; int v; } list[] = {
-        {PP_SCHED_GPIPE, 1}, {PP_SCHED_1F1B, 1},  {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_INTERLEAVED, 4}, {PP_SCHED_ZB_H1, 1},
-        {PP_SCHED_ZB_H2, 1}, {PP_SCHED_ZB_V, 2},  {PP_SCHED_V_HALF, 2},      {PP_SCHED_V_MIN, 2}};
+        {PP_SCHED_GPIPE, 1},           {PP_SCHED_1F1B, 1},           {PP_SCHED_INTERLEAVED, 2}, {PP_SCHED_INTERLEAVED, 4},
+        {PP_SCHED_INTERLEAVED_MEM, 2}, {PP_SCHED_INTERLEAVED_MEM, 4}, {PP_SCHED_ZB_H1, 1},       {PP_SCHED_ZB_H2, 1},
+        {PP_SCHED_ZB_V, 2},            {PP_SCHED_V_HALF, 2},          {PP_SCHED_V_MIN, 2},       {PP_SCHED_DUALPIPE_V, 2}};
     for (i = 0; i < (int)(sizeof list / sizeof list[0]); i++) {
         memset(&c[n], 0, sizeof c[n]);
         c[n].kind = list[i].k;
@@ -255,7 +258,7 @@ static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm
         order[n] = n;
         n++;
     }
-    /* fits the cap first, then step time, then memory (insertion sort: 9 entries) */
+    /* fits the cap first, then step time, then memory (insertion sort: a dozen entries) */
     for (i = 1; i < n; i++)
         for (j = i; j > 0; j--) {
             const candidate *a = &c[order[j - 1]], *b = &c[order[j]];
@@ -275,15 +278,15 @@ static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm
         printf("model      %d layers, per micro-batch f=%g b=%g w=%g; p=%d m=%d comm=%g", L, F, B, W, p, m, comm);
     }
     if (mem_cap > 0) printf(" mem-cap=%g", mem_cap);
-    printf("\n\n  #  schedule        v  step time  vs 1f1b  bubble  peak stash  fits\n");
+    printf("\n\n  #  schedule         v  step time  vs 1f1b  bubble  peak stash  fits\n");
     for (i = 0; i < n; i++) {
         const candidate* x = &c[order[i]];
         int fits = x->ok && (mem_cap <= 0 || x->peak_mem <= mem_cap);
         if (!x->ok) {
-            printf("  -  %-14s %2d  (%s)\n", pp_schedule_name(x->kind), x->v, x->why);
+            printf("  -  %-15s %2d  (%s)\n", pp_schedule_name(x->kind), x->v, x->why);
             continue;
         }
-        printf("  %d  %-14s %2d  %9.4g  %6.3fx  %6.3f  %10.4g  %s\n", i + 1, pp_schedule_name(x->kind), x->v, x->makespan,
+        printf(" %2d  %-15s %2d  %9.4g  %6.3fx  %6.3f  %10.4g  %s\n", i + 1, pp_schedule_name(x->kind), x->v, x->makespan,
                base > 0 ? x->makespan / base : 0.0, x->bubble, x->peak_mem, fits ? "yes" : "NO");
         if (fits && best < 0) best = order[i];
     }
@@ -331,8 +334,9 @@ int main(int argc, char** argv) {
     } else if (!strcmp(argv[1], "rank")) {
         mode_rank = 1;
     } else if (pp_schedule_kind_parse(argv[1], &kind) != PP_OK) {
-        fprintf(stderr, "pp-sched: unknown schedule kind '%s' (gpipe, 1f1b, interleaved, zb-h1, zb-h2, zb-v, v-half, v-min, load, "
-                "rank)\n",
+        fprintf(stderr,
+                "pp-sched: unknown schedule kind '%s' (gpipe, 1f1b, interleaved, interleaved-mem, zb-h1, zb-h2, zb-v, "
+                "v-half, v-min, dualpipev, load, rank)\n",
                 argv[1]);
         return 2;
     }
@@ -515,12 +519,12 @@ int main(int argc, char** argv) {
     pp_timeline_ascii(stdout, ev, n, p, width);
 
     printf("makespan   %g\n", res.makespan);
-    if (kind == PP_SCHED_INTERLEAVED) theory = (double)(p - 1) / (double)(v * m + p - 1);
+    if (kind == PP_SCHED_INTERLEAVED || (kind == PP_SCHED_INTERLEAVED_MEM && m % p == 0)) theory = (double)(p - 1) / (double)(v * m + p - 1);
     else if (kind == PP_SCHED_GPIPE || kind == PP_SCHED_1F1B) theory = (double)(p - 1) / (double)(m + p - 1);
     else if (kind == PP_SCHED_ZB_H1) theory = (double)(p - 1) / (double)(3 * m + p - 1);
     if (theory >= 0)
         printf("bubble     %.4f simulated, %.4f theory %s%s\n", res.bubble, theory,
-               kind == PP_SCHED_INTERLEAVED ? "(p-1)/(v*m+p-1)"
+               kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_INTERLEAVED_MEM ? "(p-1)/(v*m+p-1)"
                : kind == PP_SCHED_ZB_H1     ? "(p-1)/(3m+p-1) with f = b = w"
                                             : "(p-1)/(m+p-1)",
                comm > 0                                               ? " (theory assumes comm = 0)"
@@ -529,6 +533,9 @@ int main(int argc, char** argv) {
                                                                       : "");
     else if (kind == PP_SCHED_CUSTOM)
         printf("bubble     %.4f simulated\n", res.bubble);
+    else if (kind == PP_SCHED_INTERLEAVED_MEM)
+        printf("bubble     %.4f simulated (p does not divide m: no closed form; stash cap %d chunks, interleaved's at "
+               "m = %d)\n", res.bubble, pp_schedule_stash_cap(kind, p, v, m), (m + p - 1) / p * p);
     else
         printf("bubble     %.4f simulated (%s: generated for these costs, no closed form; stash cap %d %s)\n",
                res.bubble, pp_schedule_name(kind), pp_schedule_stash_cap(kind, p, v, m),
@@ -536,6 +543,7 @@ int main(int argc, char** argv) {
                : kind == PP_SCHED_ZB_H2  ? "stages = 2*min(p,m), twice 1f1b's"
                : kind == PP_SCHED_V_HALF ? "chunks = min(p,m)+2, half of 1f1b's + 2 chunks"
                : kind == PP_SCHED_V_MIN  ? "chunks = ceil(2*min(p,m)/3)+2, a third of 1f1b's + 2 chunks"
+               : kind == PP_SCHED_DUALPIPE_V ? "chunks = min(2p+1, 2m), 1f1b's + 1 chunk"
                                          : "");
     printf("peak live ");
     for (r = 0; r < p; r++) printf(" r%d=%d", r, res.peak_live[r]);
