@@ -731,7 +731,7 @@ static void test_gradients(void) {
         good += run_sched(&s, first, 1, &R, &b, "parsed V table p=2 m=2, split model");
         free(acts);
     }
-    /* the shape policies that send metadata, with deferred W (the V's turn is a send to self) */
+    /* the shape policies that send metadata, with deferred W (the V's turn handed over in place) */
     {
         static const char* const pol_name[] = {"local", "broadcast", "per_message", "auto"};
         int pol, k;
