@@ -839,10 +839,11 @@ static void test_turn(void) {
                 if (k == PP_SCHED_ZB_V && p == 2 && shapes == PP_SHAPES_LOCAL) {
                     uint64_t d0 = g_stats[0].bytes_sent - g_stats[0].agree_bytes, d1 = g_stats[1].bytes_sent - g_stats[1].agree_bytes;
                     printf("turn of the V, zb-v p=2 m=%d: bytes sent rank 0 %llu, rank 1 %llu (data %llu, %llu: %.2fx); "
-                           "messages %llu, %llu\n", m, (unsigned long long)g_stats[0].bytes_sent,
-                           (unsigned long long)g_stats[1].bytes_sent, (unsigned long long)d0, (unsigned long long)d1,
-                           (double)d1 / (double)(d0 ? d0 : 1), (unsigned long long)g_stats[0].msgs_sent,
-                           (unsigned long long)g_stats[1].msgs_sent);
+                           "messages %llu, %llu; rank 1's stash peak %llu bytes\n", m,
+                           (unsigned long long)g_stats[0].bytes_sent, (unsigned long long)g_stats[1].bytes_sent,
+                           (unsigned long long)d0, (unsigned long long)d1, (double)d1 / (double)(d0 ? d0 : 1),
+                           (unsigned long long)g_stats[0].msgs_sent, (unsigned long long)g_stats[1].msgs_sent,
+                           (unsigned long long)g_stats[1].peak_stash_bytes);
                     CHECK(ok && g_stats[0].bytes_sent > 0 && g_stats[1].bytes_sent == g_stats[0].bytes_sent &&
                               g_stats[1].msgs_sent == g_stats[0].msgs_sent,
                           "%s: rank 1 sent %llu bytes, rank 0 %llu: the turn of the V must not be sent", what,
