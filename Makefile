@@ -87,7 +87,7 @@ $(B)/bench-imitation-smoke: $(B)/bench_imitation
 $(B)/pp-sched-cli: tests/test_pp_sched.sh $(B)/pp-sched
 	@printf '#!/bin/sh\nexec sh tests/test_pp_sched.sh $(B)/pp-sched\n' > $@ && chmod +x $@
 
-TEST_BINS_EXTRA = $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls
+TEST_BINS_EXTRA = $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls
 
 # Negative controls of tests/test_agree.c: without the tags' generation, or without the step
 # agreement (each without the plan check, which would hide them), it must fail.
@@ -98,6 +98,13 @@ $(B)/agree-ctl-%: tests/test_agree.c tests/test.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/agree-controls: tests/controls.sh $(B)/agree-ctl-nogen $(B)/agree-ctl-noagree $(B)/agree-ctl-nombcheck
 	printf '#!/bin/sh\nexec sh tests/controls.sh agree-controls "$(B)/agree-ctl-nogen controls" "$(B)/agree-ctl-noagree controls" "$(B)/agree-ctl-nombcheck controls"\n' > $@
+	chmod +x $@
+
+# Negative control of tests/test_zb.c's turn of the V: sent to itself again, it must fail.
+$(B)/zb-ctl-nohandover: tests/test_zb.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_HANDOVER $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/zb-controls: tests/controls.sh $(B)/zb-ctl-nohandover
+	printf '#!/bin/sh\nexec sh tests/controls.sh zb-controls "$(B)/zb-ctl-nohandover turn"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

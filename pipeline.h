@@ -631,8 +631,8 @@ typedef enum pp_schedule_kind {
 /* Which rank holds which stage. LOOP: stage s is chunk s / p of rank s % p (GPipe, 1F1B,
    interleaved, interleaved-mem, ZB-H1, ZB-H2). V (ZB-V, V-Half, V-Min, DualPipeV): rank r holds
    stage r as chunk 0 and stage 2p-1-r as chunk 1, so the first and the last stage (embedding and
-   loss) share rank 0 and the turn of the V crosses no link (a message from rank p-1 to itself:
-   a copy in memory). */
+   loss) share rank 0 and the turn of the V crosses no link: rank p-1 hands stage p-1's output to
+   stage p (and the gradient back) in its own blocks, no message and no copy (>>impl-stage). */
 typedef enum pp_stage_map { PP_MAP_LOOP = 0, PP_MAP_V = 1 } pp_stage_map;
 
 typedef enum pp_op { PP_OP_F = 0, PP_OP_B = 1, PP_OP_W = 2 } pp_op;
@@ -1924,16 +1924,18 @@ static size_t _pp_stash_carve(const _pp_plan* p, int mb, int a, int b, int own_i
     return off;
 }
 
-/* Carves the gradient workspace of layers [a, b): boundary b first (it is received), then
-   b-1 down to a+1, then a if need_in. Integer tensors get no gradient (data NULL). */
-static size_t _pp_grad_carve(const _pp_plan* p, int mb, int a, int b, int need_in, unsigned char* base, pp_tensor* dact) {
+/* Carves the gradient workspace of layers [a, b): boundary b first (it is received; only if
+   own_out), then b-1 down to a+1, then a if need_in. Integer tensors get no gradient (data NULL),
+   nor does boundary b without own_out (its caller points it elsewhere). */
+static size_t _pp_grad_carve(const _pp_plan* p, int mb, int a, int b, int need_in, int own_out, unsigned char* base,
+                             pp_tensor* dact) {
     size_t off = 0;
     int l, k;
     for (l = b; l >= a; l--) {
         const _pp_bnd* bd = _pp_plan_bnd(p, mb, l);
         for (k = 0; k < bd->n; k++) {
             pp_tensor* t = dact ? &dact[(l - a) * PP_MAX_TENSORS + k] : NULL;
-            int has = pp_dtype_is_float(bd->t[k].dtype) && (l > a || need_in);
+            int has = pp_dtype_is_float(bd->t[k].dtype) && (l > a || need_in) && (l < b || own_out);
             if (t) {
                 *t = bd->t[k];
                 t->data = (has && base) ? base + off : NULL;
@@ -2044,7 +2046,7 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
     }
     for (i = 0; i < b->m; i++) {
         size_t sb = _pp_stash_carve(&plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
-        size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, NULL, NULL);
+        size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, 1, NULL, NULL);
         stash = (unsigned char*)PP_MALLOC(sb ? sb : 1);
         gws = (unsigned char*)_pp_calloc(gb ? gb : 1, 1);
         if (!stash || !gws) {
@@ -2053,7 +2055,7 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
         }
         _pp_stash_carve(&plan, i, 0, L, 0, stash, act, nact, saved);
         act[0] = _pp_input_view(b, &plan.mbs[i]);
-        _pp_grad_carve(&plan, i, 0, L, 0, gws, dact);
+        _pp_grad_carve(&plan, i, 0, L, 0, 1, gws, dact);
         if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, &plan.saved[(size_t)i * L],
                                     &mb_loss[i], NULL, err)) != PP_OK)
             goto cleanup;
@@ -2115,7 +2117,7 @@ pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads,
         for (i = 0; i < b->m; i++) {
             const size_t* sb = &plan.saved[(size_t)i * L];
             size_t nb = _pp_stash_carve(&plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
-            size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, NULL, NULL);
+            size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, 1, NULL, NULL);
             stash = (unsigned char*)PP_MALLOC(nb ? nb : 1);
             gws = (unsigned char*)_pp_calloc(gb ? gb : 1, 1);
             if (!stash || !gws) {
@@ -2124,7 +2126,7 @@ pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads,
             }
             _pp_stash_carve(&plan, i, 0, L, 0, stash, act, nact, saved);
             act[0] = _pp_input_view(b, &plan.mbs[i]);
-            _pp_grad_carve(&plan, i, 0, L, 0, gws, dact);
+            _pp_grad_carve(&plan, i, 0, L, 0, 1, gws, dact);
             /* one layer at a time: the range helpers index act/nact/saved from their first layer */
             for (l = 0; l < L; l++) {
                 double t0 = _pp_now();
@@ -5105,7 +5107,10 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
    from its F to its B, and a gradient workspace for the length of one B; when W is deferred (the
    schedule has W actions and the model a weight_grad) both live on until that W. A block whose sends
    are still in flight retires until the transport says they completed, then returns to the
-   pool. Receives of the next action are posted before the current one computes. */
+   pool. Receives of the next action are posted before the current one computes. Where two
+   consecutive stages share a rank (the turn of the V map) nothing is sent: the later stage reads
+   its input in the earlier one's stash and the earlier one its output gradient in the later
+   one's workspace, each block referenced (refs) until the reader lets go (_pp_turn). */
 /* A shape header: what PER_MESSAGE sends before every activation transfer, and AUTO when
    a shape is new or changed. Fixed size, so it can always be received. */
 typedef struct _pp_hdr {
@@ -5127,6 +5132,8 @@ typedef struct _pp_block {
     size_t cap;
     size_t want;                    /* bytes its user asked for; 0 while in the pool */
     int idle;                       /* steps ended in the pool without being taken */
+    int refs;                       /* hand-overs at the turn of the V that still read it */
+    int put;                        /* its holder let go while refs > 0: the last release pools it */
     int n_req;
     pp_request req[_PP_MAX_REQ];
     _pp_hdr hdr;                    /* a header this block's sends carry */
@@ -5161,8 +5168,12 @@ struct pp_stage {
     pp_error err;
     _pp_plan plan;
     const pp_batch* batch;
-    _pp_block** live;               /* [m*v] stash of (mb, chunk) between F and B (or W) */
+    _pp_block** live;               /* [m*v] stash of (mb, chunk) between F and B (or W); with the
+                                       three below, one allocation */
     _pp_block** wlive;              /* [m*v] B's gradient workspace, kept for a deferred W */
+    _pp_block** src;                /* [m*v] a stage fed by this rank: the stash holding its input */
+    _pp_block** gin;                /* [m*v] a stage feeding this rank: the workspace holding its
+                                       output gradient (the next stage's input gradient) */
     int live_cap;
     int defer_w;                    /* schedule has W actions and the model a weight_grad */
     float* mb_loss;
@@ -5622,8 +5633,15 @@ static int _pp_block_busy(pp_stage* s, _pp_block* b) {
     return 0;
 }
 
+/* A block goes back when its holder puts it, unless a hand-over still reads it (refs > 0): then
+   it is only marked, and the last _pp_block_unref puts it (nothing else frees or trims it: it is
+   on neither the pool's nor the retiring list until then). */
 static void _pp_block_put(pp_stage* s, _pp_block* b) {
     if (!b) return;
+    if (b->refs > 0) {
+        b->put = 1;
+        return;
+    }
     if (_pp_block_busy(s, b)) {
         b->next = s->retiring;
         s->retiring = b;
@@ -5632,6 +5650,21 @@ static void _pp_block_put(pp_stage* s, _pp_block* b) {
         b->next = s->pool;
         s->pool = b;
     }
+}
+
+/* The turn of the V: a stage reads a block that another stage of this rank holds. */
+static _pp_block* _pp_block_ref(_pp_block* b) {
+    b->refs++;
+    return b;
+}
+
+/* Drops the reference *bp (if any) and clears it; the last one puts a block its holder let go. */
+static void _pp_block_unref(pp_stage* s, _pp_block** bp) {
+    _pp_block* b = *bp;
+    *bp = NULL;
+    if (!b || --b->refs > 0 || !b->put) return;
+    b->put = 0;
+    _pp_block_put(s, b);
 }
 
 /* The end of a step's pool work (see _pp_pool_grow): statistics, then device blocks too small
@@ -5705,6 +5738,28 @@ static void _pp_free_blocks(pp_stage* s, _pp_block* b) {
 static void _pp_stage_layers(const pp_stage* s, int stage, int* a, int* b) {
     *a = s->d.partition[stage];
     *b = s->d.partition[stage + 1];
+}
+
+/* Boundary b (stage b-1 to stage b) has both stages on this rank: the turn of the V map, every
+   boundary of a one-rank schedule. Nothing travels: stage b's F reads stage b-1's output in
+   place, in that F's stash, and stage b-1's B its output gradient in stage b's workspace (each
+   block referenced, _pp_block_ref, until the stage that borrowed it lets go). */
+static int _pp_turn(const pp_stage* s, int b) {
+    int ra, rb;
+#ifdef PP_TEST_NO_HANDOVER /* negative control (tests/test_zb.c): the turn is a message to self */
+    return 0;
+#endif
+    if (b <= 0 || b >= s->S) return 0;
+    pp_schedule_stage_to_rank(s->d.schedule, b - 1, &ra, NULL);
+    pp_schedule_stage_to_rank(s->d.schedule, b, &rb, NULL);
+    return ra == s->d.rank && rb == s->d.rank;
+}
+
+/* The (micro-batch, chunk) slot of micro-batch mb in stage `stage` of this rank. */
+static int _pp_slot(const pp_stage* s, int mb, int stage) {
+    int c;
+    pp_schedule_stage_to_rank(s->d.schedule, stage, NULL, &c);
+    return mb * s->v + c;
 }
 
 /* Sets boundary `stage`'s input shapes of this micro-batch to `in` and describes this stage's
@@ -6201,6 +6256,9 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
     memset(pr, 0, sizeof *pr);
     pr->idx = idx;
     if (a->op == PP_OP_W) return PP_OK; /* receives nothing, works in B's blocks */
+    /* an F fed by this rank receives nothing; its stash is taken once the F before it ran (under
+       PER_MESSAGE and AUTO that F may change the shapes it hands over) */
+    if (a->op == PP_OP_F && _pp_turn(s, a->stage)) return PP_OK;
     _pp_stage_layers(s, a->stage, &la, &lb);
     if (a->op == PP_OP_F) {
         int slot = a->mb * s->v + a->chunk;
@@ -6223,7 +6281,8 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
             if ((rc = _pp_post_range(s, a, pr, 0, pr->auto_first ? 1 : PP_MAX_TENSORS)) != PP_OK) return rc;
         }
     } else {
-        bytes = _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, NULL, NULL);
+        int out_turn = _pp_turn(s, a->stage + 1); /* the output gradient is read in place */
+        bytes = _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, !out_turn, NULL, NULL);
         if (!(pr->blk = _pp_block_get(s, bytes)))
             return _pp_stage_fail(s, PP_ERR_NOMEM, "gradient workspace of %zu bytes for B%d.%d", bytes, a->mb, a->chunk);
         if (!s->d.device.zero) {
@@ -6232,7 +6291,7 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
             return _pp_stage_fail(s, PP_ERR_TRANSPORT, "zeroing the gradient workspace of B%d.%d (%zu bytes)", a->mb,
                                   a->chunk, bytes);
         }
-        if (a->stage < s->S - 1) {
+        if (a->stage < s->S - 1 && !out_turn) {
             const _pp_bnd* bd = _pp_plan_bnd(&s->plan, a->mb, lb);
             size_t off = 0;
             if (t->group_start) t->group_start(t->self);
@@ -6434,22 +6493,77 @@ typedef struct _pp_act {
 } _pp_act;
 
 /* Lays out the action's stash (and gws, the gradient workspace, where given) in s->act, s->nact,
-   s->saved and s->dact: the scratch holds one action's views at a time. */
+   s->saved and s->dact: the scratch holds one action's views at a time. At the turn of the V the
+   input views point into the previous stage's stash (s->src) and the output gradient's into the
+   next stage's workspace (s->gin): the scratch lays those out first, for their addresses. */
 static void _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash, const _pp_block* gws) {
-    _pp_stash_carve(&s->plan, c->a->mb, c->la, c->lb, c->a->stage > 0, stash->data, s->act, s->nact, s->saved);
-    if (c->a->stage == 0) s->act[0] = _pp_input_view(s->batch, c->mb);
-    if (gws) _pp_grad_carve(&s->plan, c->a->mb, c->la, c->lb, c->a->stage > 0, gws->data, s->dact);
+    const pp_action* a = c->a;
+    int in_turn = _pp_turn(s, a->stage), out_turn = gws && _pp_turn(s, a->stage + 1), k, x, y;
+    void* hand[PP_MAX_TENSORS];
+    if (in_turn) {
+        _pp_stage_layers(s, a->stage - 1, &x, &y);
+        _pp_stash_carve(&s->plan, a->mb, x, y, a->stage > 1 && !_pp_turn(s, a->stage - 1), s->src[c->slot]->data, s->act,
+                        s->nact, s->saved);
+        for (k = 0; k < s->nact[y - x]; k++) hand[k] = s->act[(y - x) * PP_MAX_TENSORS + k].data;
+    }
+    _pp_stash_carve(&s->plan, a->mb, c->la, c->lb, a->stage > 0 && !in_turn, stash->data, s->act, s->nact, s->saved);
+    if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, c->mb);
+    for (k = 0; in_turn && k < s->nact[0]; k++) s->act[k].data = hand[k];
+    if (!gws) return;
+    if (out_turn) {
+        _pp_stage_layers(s, a->stage + 1, &x, &y);
+        _pp_grad_carve(&s->plan, a->mb, x, y, 1, !_pp_turn(s, a->stage + 2), s->gin[c->slot]->data, s->dact);
+        for (k = 0; k < s->nact[c->lb - c->la]; k++) hand[k] = s->dact[k].data;
+    }
+    _pp_grad_carve(&s->plan, a->mb, c->la, c->lb, a->stage > 0, !out_turn, gws->data, s->dact);
+    for (k = 0; out_turn && k < s->nact[c->lb - c->la]; k++) s->dact[(c->lb - c->la) * PP_MAX_TENSORS + k].data = hand[k];
+}
+
+/* The end of slot's stash and workspace (after B, or after W when W is deferred), and of the
+   blocks it borrowed at the turn of the V. */
+static void _pp_slot_release(pp_stage* s, int slot) {
+    _pp_block *stash = s->live[slot], *gws = s->wlive[slot];
+    s->live_bytes -= stash->cap + (gws ? gws->cap : 0);
+    s->live[slot] = s->wlive[slot] = NULL;
+    s->n_live--;
+    _pp_block_put(s, stash);
+    _pp_block_put(s, gws);
+    _pp_block_unref(s, &s->src[slot]);
+    _pp_block_unref(s, &s->gin[slot]);
 }
 
 static void _pp_mark(pp_stage* s, const _pp_act* c, int done) {
     if (s->d.device.mark) s->d.device.mark(s->d.device.user, c->a, c->idx, done);
 }
 
-/* F: the stash (with the received input) stays live until B (or W); the output goes on. */
+/* F fed by this rank (the turn of the V): its input is the previous stage's output, read in that
+   stage's stash, which it references until its own stash goes; its stash is taken now. */
+static pp_result _pp_turn_in(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
+    const pp_action* a = c->a;
+    int from = _pp_slot(s, a->mb, a->stage - 1);
+    size_t bytes;
+    pp_result rc;
+    if (!s->live[from]) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "F%d.%d before stage %d's F", a->mb, a->chunk, a->stage - 1);
+    if (s->d.shapes == PP_SHAPES_PER_MESSAGE || s->d.shapes == PP_SHAPES_AUTO) {
+        /* that F may have taken shapes from its sender: describe this stage's layers from them */
+        _pp_bnd in = *_pp_plan_bnd(&s->plan, a->mb, c->la);
+        if ((rc = _pp_apply_shapes(s, a, &in)) != PP_OK) return rc;
+    }
+    bytes = _pp_stash_carve(&s->plan, a->mb, c->la, c->lb, 0, NULL, NULL, NULL, NULL);
+    if (!(pr->blk = _pp_block_get(s, bytes)))
+        return _pp_stage_fail(s, PP_ERR_NOMEM, "stash of %zu bytes for F%d.%d", bytes, a->mb, a->chunk);
+    s->src[c->slot] = _pp_block_ref(s->live[from]);
+    return PP_OK;
+}
+
+/* F: the stash (with the received input) stays live until B (or W); the output goes on (at the
+   turn of the V it stays: the next stage reads it in this stash). */
 static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     const pp_action* a = c->a;
-    _pp_block* blk = pr->blk;
+    _pp_block* blk;
     pp_result rc;
+    if (_pp_turn(s, a->stage) && (rc = _pp_turn_in(s, c, pr)) != PP_OK) return rc;
+    blk = pr->blk;
     pr->blk = NULL;
     _pp_views(s, c, blk, NULL);
     s->live[c->slot] = blk;
@@ -6465,21 +6579,23 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
                                a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL)) != PP_OK)
         return rc;
     s->st.t_forward += _pp_now() - c->t0;
-    if (a->stage < s->S - 1) return _pp_send_output(s, a, blk, c->la, c->lb);
+    if (a->stage < s->S - 1 && !_pp_turn(s, a->stage + 1)) return _pp_send_output(s, a, blk, c->la, c->lb);
     return PP_OK;
 }
 
 /* B: the input gradient (and the weight gradients unless W is deferred) into the workspace; the
-   input gradient goes back; stash and workspace are freed, or kept for W. */
+   input gradient goes back (at the turn of the V it stays: the previous stage's B reads it in this
+   workspace, through s->gin); stash and workspace are freed, or kept for W. */
 static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     const pp_action* a = c->a;
     _pp_block* stash = s->live[c->slot];
     _pp_block* gws = pr->blk;
+    int in_turn = _pp_turn(s, a->stage);
     pp_result rc;
     pr->blk = NULL;
-    if (!stash) {
+    if (!stash || (_pp_turn(s, a->stage + 1) && !s->gin[c->slot])) {
         _pp_block_put(s, gws);
-        return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its F", a->mb, a->chunk);
+        return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its %s", a->mb, a->chunk, stash ? "next stage's B" : "F");
     }
     _pp_views(s, c, stash, gws);
     rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
@@ -6494,21 +6610,20 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         s->st.t_backward += _pp_now() - c->t0;
         if (s->d.check_finite && a->stage > 0) rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL);
     }
-    if (rc == PP_OK && a->stage > 0) rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
+    if (rc == PP_OK && a->stage > 0 && !in_turn)
+        rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
     if (rc != PP_OK) {
         _pp_block_put(s, gws);
         return rc;
     }
+    if (in_turn) s->gin[_pp_slot(s, a->mb, a->stage - 1)] = _pp_block_ref(gws);
     if (s->defer_w) {
         /* W still needs the stash (inputs) and the workspace (output gradients) */
         s->wlive[c->slot] = gws;
         s->live_bytes += gws->cap;
         if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
     } else {
-        s->live[c->slot] = NULL;
-        s->n_live--;
-        s->live_bytes -= stash->cap;
-        _pp_block_put(s, stash);
+        _pp_slot_release(s, c->slot);
         _pp_block_put(s, gws);
     }
     return PP_OK;
@@ -6526,11 +6641,7 @@ static pp_result _pp_run_w(pp_stage* s, const _pp_act* c) {
         rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
                             s->saved, c->sb, s->d.layer_ctx, &s->err);
         if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
-        s->live[c->slot] = s->wlive[c->slot] = NULL;
-        s->n_live--;
-        s->live_bytes -= stash->cap + gws->cap;
-        _pp_block_put(s, stash);
-        _pp_block_put(s, gws);
+        _pp_slot_release(s, c->slot);
     }
     _pp_mark(s, c, 1);
     s->st.t_backward += _pp_now() - c->t0;
@@ -6552,7 +6663,7 @@ static pp_result _pp_run(pp_stage* s, int idx) {
     _pp_stage_note(s, a, PP_FLIGHT_START, _pp_awaited(s, a));
     if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
     if (a->op == PP_OP_F && a->stage > 0 && (s->d.shapes == PP_SHAPES_PER_MESSAGE || s->d.shapes == PP_SHAPES_AUTO) &&
-        (rc = _pp_receive_input(s, a, pr)) != PP_OK)
+        !_pp_turn(s, a->stage) && (rc = _pp_receive_input(s, a, pr)) != PP_OK)
         return rc;
     _pp_stage_heard(s, a);
     c.t0 = _pp_now();
@@ -6677,7 +6788,6 @@ void pp_stage_destroy(pp_stage* s) {
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->live[i]);
     if (s->wlive)
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->wlive[i]);
-    PP_FREE(s->wlive);
     _pp_free_blocks(s, s->pool);
     _pp_free_blocks(s, s->retiring);
     _pp_plan_free(&s->plan);
@@ -6707,6 +6817,11 @@ const pp_event* pp_stage_timeline(const pp_stage* s, size_t* n) {
 static void _pp_stage_recover(pp_stage* s) {
     const pp_transport* t = &s->d.transport;
     int i, j;
+    /* the hand-overs first: a block let go while referenced goes back here */
+    for (i = 0; i < s->live_cap; i++) {
+        _pp_block_unref(s, &s->src[i]);
+        _pp_block_unref(s, &s->gin[i]);
+    }
     for (i = 0; i < 2; i++) {
         /* receives posted for an action that will not run: withdraw them, or a later step's
            message with the same tag would land in a block that is back in the pool */
@@ -6839,10 +6954,10 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
    travel with the data (PER_MESSAGE, AUTO): its sizes are not final until that F received. */
 static int _pp_can_prepare(const pp_stage* s, int idx) {
     const pp_action* a = &s->list[idx];
-    /* AUTO, an F fed by this rank itself (the turn of the V map, interleaved at p = 1): posting
-       it early would apply its learned input shapes to the plan before this rank's own F that
-       produces them has run */
-    if (a->op == PP_OP_F && s->d.shapes == PP_SHAPES_AUTO && a->prev_rank == s->d.rank) return 0;
+    /* AUTO, an F fed by this rank itself through the transport (the turn of the V map with the
+       hand-over compiled out, PP_TEST_NO_HANDOVER): posting it early would apply its learned
+       input shapes to the plan before this rank's own F that produces them has run */
+    if (a->op == PP_OP_F && s->d.shapes == PP_SHAPES_AUTO && a->prev_rank == s->d.rank && !_pp_turn(s, a->stage)) return 0;
     if (a->op != PP_OP_B || s->d.shapes == PP_SHAPES_LOCAL || s->d.shapes == PP_SHAPES_BROADCAST) return 1;
     return s->live[a->mb * s->v + a->chunk] != NULL;
 }
@@ -6883,20 +6998,19 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
         s->learned_cap = need;
     }
     if (need > s->live_cap) {
-        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need, sizeof *nl);
-        _pp_block** nw = (_pp_block**)_pp_calloc((size_t)need, sizeof *nw);
+        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 4, sizeof *nl);
         float* nloss = (float*)_pp_calloc((size_t)b->m, sizeof *nloss);
-        if (!nl || !nw || !nloss) {
+        if (!nl || !nloss) {
             PP_FREE(nl);
-            PP_FREE(nw);
             PP_FREE(nloss);
             return _pp_stage_fail(s, PP_ERR_NOMEM, "live table for %d stashes", need);
         }
         PP_FREE(s->live);
-        PP_FREE(s->wlive);
         PP_FREE(s->mb_loss);
-        s->live = nl;
-        s->wlive = nw;
+        s->live = nl; /* one allocation: live, wlive, src, gin */
+        s->wlive = nl + need;
+        s->src = nl + 2 * need;
+        s->gin = nl + 3 * need;
         s->mb_loss = nloss;
         s->live_cap = need;
     }

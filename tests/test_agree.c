@@ -5,7 +5,8 @@
    - describe disagrees between the two sides of a boundary (a dtype, a tensor count): both
      ranks fail at once (no deadline), the message names both views, and the next consistent
      step is bit-exact (nothing the broken step left queued is consumed);
-   - a layer fails on one rank after the others finished their lists: no rank returns PP_OK;
+   - a layer fails on one rank after the others finished their lists: no rank returns PP_OK (and
+     on ZB-V, where the turn of the V hands blocks over, the next step is exact again);
    - ranks that call pp_stage_step a different number of times are told so.
    Negative controls (build/agree-controls, part of make test): the library built with
    -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN (a failed step's leftovers are taken by the next) or
@@ -309,7 +310,7 @@ static void test_late_failure(pp_schedule_kind kind, int p, int m, int fail_rank
     char where[96];
     snprintf(where, sizeof where, "%s p=%d m=%d: %c%d fails on rank %d (layer %d)", pp_schedule_name(kind), p, m,
              "FBW"[op], mb, fail_rank, layer);
-    world_init(&W, kind, p, 1, m, PP_SHAPES_LOCAL, g_deadline);
+    world_init(&W, kind, p, pp_schedule_size(kind, p, 1, m) ? 1 : 2, m, PP_SHAPES_LOCAL, g_deadline);
     for (run = 0; run < runs; run++) {
         hooks_off();
         g_fail_w = world_weights(&W, fail_rank);
@@ -414,6 +415,10 @@ int main(int argc, char** argv) {
     /* 1F1B p=3: B of micro-batch 2 fails on rank 0 (layer 1) */
     test_late_failure(PP_SCHED_1F1B, 3, 4, 0, 1, 1, 2, 90);
     test_late_failure(PP_SCHED_GPIPE, 2, 2, 1, 0, MLP_DEPTH, 1, 30);
+    /* ZB-V p=2: on rank 1, which holds the turn of the V (stages 1 and 2), while blocks are
+       handed over between them: stage 1's B (layer 4) and stage 2's W (layer 7) */
+    test_late_failure(PP_SCHED_ZB_V, 2, 4, 1, 1, 4, 2, 10);
+    test_late_failure(PP_SCHED_ZB_V, 2, 4, 1, 2, 7, 3, 10);
     test_step_skew(PP_SHAPES_LOCAL);
     test_step_skew(PP_SHAPES_BROADCAST);
     test_mb_view(PP_SHAPES_PER_MESSAGE);

@@ -5,9 +5,10 @@
    - pipelined gradients and loss equal the sequential reference bit for bit for packed
      batches of random lengths, every schedule x every shape policy, over three steps whose
      shapes change (the last one a partial batch with fewer sequences);
-   - the bytes on the wire are exactly the activations and gradients, plus the policy's
-     metadata, and the number of metadata messages is 0 (LOCAL), p-1 per step (BROADCAST), one
-     per activation transfer (PER_MESSAGE), and only on new or changed shapes (AUTO);
+   - the bytes on the wire are exactly the activations and gradients between ranks (none at
+     the turn of the V), plus the policy's metadata, and the number of metadata messages is 0
+     (LOCAL), p-1 per step (BROADCAST), one per activation transfer (PER_MESSAGE), and only on
+     new or changed shapes (AUTO);
    - a model whose stages pass three tensors of different shapes and dtypes (two float paths,
      one per-sequence tensor, an int32 tensor that only the last layer reads). */
 #define PIPELINE_IMPLEMENTATION
@@ -144,9 +145,25 @@ static void make_step(step_data* s, int n_seqs, int m, uint64_t seed) {
     s->b.loss = PP_LOSS_MEAN_ROWS;
 }
 
+/* Boundary s (stage s-1 to s) joins two ranks: the executor hands a boundary within one rank
+   over in place (the turn of the V map, every boundary at p = 1), nothing is sent there. */
+static int crosses(const pp_schedule* sc, int s) {
+    int ra, rb;
+    pp_schedule_stage_to_rank(sc, s - 1, &ra, NULL);
+    pp_schedule_stage_to_rank(sc, s, &rb, NULL);
+    return ra != rb;
+}
+
+static int n_crossing(const pp_schedule* sc) {
+    int s, n = 0;
+    for (s = 1; s < sc->n_stages; s++) n += crosses(sc, s);
+    return n;
+}
+
 /* Bytes every rank together must send in one step: activations forward (float and integer)
-   and gradients back (float only), at every stage boundary, for every micro-batch. */
-static uint64_t wire_bytes(const pp_model* m, const void* w, const pp_batch* b, const int* first, int S) {
+   and gradients back (float only), at every boundary between two ranks, for every micro-batch. */
+static uint64_t wire_bytes(const pp_model* m, const void* w, const pp_batch* b, const int* first, const pp_schedule* sc) {
+    int S = sc->n_stages;
     pp_microbatch mbs[64];
     int32_t cu[MAXSEQ + 64];
     uint64_t total = 0;
@@ -161,7 +178,7 @@ static uint64_t wire_bytes(const pp_model* m, const void* w, const pp_batch* b, 
         for (l = 0; l < m->n_layers; l++) {
             pp_layer_desc d;
             for (s = 1; s < S; s++)
-                if (l == first[s]) /* the input of a stage's first layer crosses a boundary */
+                if (l == first[s] && crosses(sc, s)) /* the input of a stage's first layer crosses */
                     for (k = 0; k < n_in; k++)
                         total += pp_tensor_bytes(&in[k]) * (pp_dtype_is_float(in[k].dtype) ? 2u : 1u);
             memset(&d, 0, sizeof d);
@@ -224,7 +241,7 @@ static int run_policy_case(pp_model model, const void* w, void* gref_flat_w, siz
     }
     /* byte and message accounting, step by step */
     for (i = 0; i < n_steps && ok; i++) {
-        uint64_t data = wire_bytes(&model, w, &steps[i].b, first, S), sent = 0, meta = 0, agree = 0, meta_msgs = 0, expect_msgs = 0;
+        uint64_t data = wire_bytes(&model, w, &steps[i].b, first, &sched), sent = 0, meta = 0, agree = 0, meta_msgs = 0, expect_msgs = 0;
         for (r = 0; r < p; r++) {
             sent += V.stats[r * W.steps + i].bytes_sent;
             meta += V.stats[r * W.steps + i].meta_bytes_sent;
@@ -240,12 +257,12 @@ static int run_policy_case(pp_model model, const void* w, void* gref_flat_w, siz
         switch (pol) {
         case PP_SHAPES_LOCAL: expect_msgs = 0; break;
         case PP_SHAPES_BROADCAST: expect_msgs = (uint64_t)(p - 1); break;
-        case PP_SHAPES_PER_MESSAGE: expect_msgs = (uint64_t)(S - 1) * m; break;
+        case PP_SHAPES_PER_MESSAGE: expect_msgs = (uint64_t)n_crossing(&sched) * m; break;
         case PP_SHAPES_AUTO: expect_msgs = meta_msgs; break; /* checked below */
         }
         if (pol == PP_SHAPES_AUTO) {
             /* step 0 learns every boundary: one header per transfer; the trailers ride along */
-            if (i == 0) expect_msgs = (uint64_t)(S - 1) * m;
+            if (i == 0) expect_msgs = (uint64_t)n_crossing(&sched) * m;
         }
         if (meta_msgs != expect_msgs) {
             CHECK(0, "policy %d step %d: %llu metadata messages, want %llu", pol, i, (unsigned long long)meta_msgs,

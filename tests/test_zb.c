@@ -14,6 +14,10 @@
      transport equal the sequential reference bit for bit (memcmp) for ZB-H1, ZB-V, a parsed
      table and the classic schedules (which run W inside B); the executor's stash peak matches
      the simulator's (stashes live until W).
+   - The turn of the V (stage p-1 to p, both on rank p-1) is handed over in place: no message
+     from a rank to itself on any V-map kind (nor interleaved at p = 1), under every shape
+     policy, and on ZB-V p = 2 rank 1 sends exactly what rank 0 sends; one rank runs without a
+     transport.
    - Text tables: round trip, and malformed or deadlocking tables rejected with a message that
      names the line and column, or the rank and action. */
 #define PIPELINE_IMPLEMENTATION
@@ -545,6 +549,11 @@ typedef struct ref {
 /* Runs sched on the threads transport with the split (or fused) model; compares with ref. */
 static pp_shape_policy g_shapes = PP_SHAPES_LOCAL;
 static const pp_batch* g_batch2 = NULL;
+/* test_turn: the threads world to run on (NULL: one per run), a hook on each rank's desc, and
+   each rank's stats of the last run */
+static pp_threads* g_threads = NULL;
+static void (*g_setup)(hx_world* W, int rank, pp_stage_desc* d) = NULL;
+static pp_step_stats g_stats[PP_MAX_RANKS];
 
 static int run_sched(const pp_schedule* sched, const int* first, int split, const ref* R, const pp_batch* b,
                      const char* what) {
@@ -563,6 +572,8 @@ static int run_sched(const pp_schedule* sched, const int* first, int split, cons
     W.batch = b;
     W.stage.timeout_s = 20;
     W.stage.shapes = g_shapes;
+    W.threads = g_threads;
+    W.setup = g_setup;
     if (g_batch2) {
         W.steps = 2;
         W.batch_of = zb_batch_of;
@@ -577,6 +588,7 @@ static int run_sched(const pp_schedule* sched, const int* first, int split, cons
         hx_report(&W, p, what);
         ok = 0;
     }
+    memcpy(g_stats, W.stats, sizeof g_stats);
     ok = ok && hx_mlp_grads_match(g, p, sched, first, &R->g, 0, what);
     if (ok) {
         ok = hx_loss_matches(W.stats, p, sched, R->loss, what);
@@ -719,7 +731,7 @@ static void test_gradients(void) {
         good += run_sched(&s, first, 1, &R, &b, "parsed V table p=2 m=2, split model");
         free(acts);
     }
-    /* the shape policies that send metadata, with deferred W (the V's turn is a send to self) */
+    /* the shape policies that send metadata, with deferred W (the V's turn handed over in place) */
     {
         static const char* const pol_name[] = {"local", "broadcast", "per_message", "auto"};
         int pol, k;
@@ -747,6 +759,111 @@ static void test_gradients(void) {
         g_batch2 = NULL;
     }
     printf("gradient equality: %d of %d configurations bit-exact\n", good, cases);
+    free(wbuf);
+    free(gbuf);
+}
+
+/* ---- the turn of the V: a hand-over, not a message ------------------------------------------ */
+
+/* Counts the data each rank sends to itself: the threads transport with isend wrapped. The
+   inner transports are taken before the ranks start (nothing written while they run). */
+static pp_transport g_inner[PP_MAX_RANKS];
+static int g_self_sends[PP_MAX_RANKS], g_np;
+
+static pp_result count_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
+    int r;
+    for (r = 0; r < g_np && g_inner[r].self != self; r++) {}
+    if (r == g_np) return PP_ERR_INVALID;
+    if (peer == r) g_self_sends[r]++;
+    return g_inner[r].isend(self, peer, tag, buf, bytes, req);
+}
+
+static void count_setup(hx_world* W, int rank, pp_stage_desc* d) {
+    (void)W, (void)rank;
+    d->transport.isend = count_isend;
+}
+
+#ifndef PP_TEST_NO_HANDOVER
+/* One rank needs no transport: every boundary is handed over. */
+static void no_transport(hx_world* W, int rank, pp_stage_desc* d) {
+    (void)W, (void)rank;
+    memset(&d->transport, 0, sizeof d->transport);
+}
+#endif
+
+/* On the V map rank r holds stages r and 2p-1-r: stage p-1 feeds stage p on rank p-1 itself.
+   Its activation and the gradient back are handed over in the rank's blocks, not sent: no
+   message from a rank to itself, and on ZB-V p = 2 rank 1 sends what rank 0 sends (it sent
+   twice as much through itself before). Gradients stay bit-exact. -DPP_TEST_NO_HANDOVER (the
+   turn a message to self again) must fail: build/zb-controls, part of make test. */
+static void test_turn(void) {
+    static const pp_schedule_kind kinds[] = {PP_SCHED_ZB_V, PP_SCHED_V_HALF, PP_SCHED_V_MIN, PP_SCHED_DUALPIPE_V,
+                                             PP_SCHED_INTERLEAVED};
+    static ref R;
+    float *wbuf, *gbuf, x[ROWS * HX_IN];
+    int32_t y[ROWS];
+    pp_batch b;
+    pp_error err;
+    pp_model fused = mlp_model_desc();
+    int ki, p, r, m = 4;
+    memset(&R, 0, sizeof R);
+    wbuf = mlp_init(&R.w, &R.g, DIMS, 17, &gbuf);
+    mlpz_from_mlp(&R.wz, &R.w);
+    mlp_make_data(x, y, ROWS, HX_IN, HX_CLASSES, 11, 12);
+    make_batch(&b, x, y, m);
+    memset(gbuf, 0, mlp_param_count(DIMS) * sizeof(float));
+    CHECK(pp_sequential_step(&fused, &R.w, &R.g, &b, &R.loss, &err) == PP_OK, "%s", err.msg);
+    for (ki = 0; ki < (int)(sizeof kinds / sizeof kinds[0]); ki++)
+        for (p = kinds[ki] == PP_SCHED_INTERLEAVED ? 1 : 2; p <= (kinds[ki] == PP_SCHED_INTERLEAVED ? 1 : 3); p++) {
+            pp_schedule_kind k = kinds[ki];
+            int first[9], shapes, ok;
+            pp_partition_uniform(MLP_DEPTH + 1, 2 * p, first, &err);
+            for (shapes = PP_SHAPES_LOCAL; shapes <= PP_SHAPES_AUTO; shapes++) {
+                char what[96];
+                int self_sends = 0;
+                if (pp_threads_create(p, &g_threads, &err) != PP_OK) {
+                    CHECK(0, "pp_threads_create: %s", err.msg);
+                    continue;
+                }
+                g_np = p;
+                for (r = 0; r < p; r++) {
+                    g_inner[r] = pp_threads_transport(g_threads, r);
+                    g_self_sends[r] = 0;
+                }
+                g_setup = count_setup;
+                g_shapes = (pp_shape_policy)shapes;
+                snprintf(what, sizeof what, "turn: %s p=%d m=%d shapes %d", pp_schedule_name(k), p, m, shapes);
+                ok = run_kind(k, p, 2, m, first, 1, &R, &b, what);
+                for (r = 0; r < p; r++) self_sends += g_self_sends[r];
+                CHECK(ok && self_sends == 0, "%s: %d messages from a rank to itself (want 0)", what, self_sends);
+                if (k == PP_SCHED_ZB_V && p == 2 && shapes == PP_SHAPES_LOCAL) {
+                    uint64_t d0 = g_stats[0].bytes_sent - g_stats[0].agree_bytes, d1 = g_stats[1].bytes_sent - g_stats[1].agree_bytes;
+                    printf("turn of the V, zb-v p=2 m=%d: bytes sent rank 0 %llu, rank 1 %llu (data %llu, %llu: %.2fx); "
+                           "messages %llu, %llu; rank 1's stash peak %llu bytes\n", m,
+                           (unsigned long long)g_stats[0].bytes_sent, (unsigned long long)g_stats[1].bytes_sent,
+                           (unsigned long long)d0, (unsigned long long)d1, (double)d1 / (double)(d0 ? d0 : 1),
+                           (unsigned long long)g_stats[0].msgs_sent, (unsigned long long)g_stats[1].msgs_sent,
+                           (unsigned long long)g_stats[1].peak_stash_bytes);
+                    CHECK(ok && g_stats[0].bytes_sent > 0 && g_stats[1].bytes_sent == g_stats[0].bytes_sent &&
+                              g_stats[1].msgs_sent == g_stats[0].msgs_sent,
+                          "%s: rank 1 sent %llu bytes, rank 0 %llu: the turn of the V must not be sent", what,
+                          (unsigned long long)g_stats[1].bytes_sent, (unsigned long long)g_stats[0].bytes_sent);
+                }
+                g_setup = NULL;
+                g_shapes = PP_SHAPES_LOCAL;
+                pp_threads_destroy(g_threads);
+                g_threads = NULL;
+            }
+        }
+#ifndef PP_TEST_NO_HANDOVER /* (the control would send through the missing transport) */
+    {
+        int first[3];
+        pp_partition_uniform(MLP_DEPTH + 1, 2, first, &err);
+        g_setup = no_transport;
+        run_kind(PP_SCHED_INTERLEAVED, 1, 2, m, first, 1, &R, &b, "turn: interleaved p=1 without a transport");
+        g_setup = NULL;
+    }
+#endif
     free(wbuf);
     free(gbuf);
 }
@@ -887,7 +1004,11 @@ static void test_profile(void) {
     free(gbuf2);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
+    if (argc > 1 && !strcmp(argv[1], "turn")) { /* what the negative control runs (build/zb-controls) */
+        test_turn();
+        return TEST_DONE("zb (turn)");
+    }
     test_zb_schedules();
     test_bubble_order();
     test_cost_aware();
@@ -896,6 +1017,7 @@ int main(void) {
     test_bad_tables();
     test_w_share();
     test_gradients();
+    test_turn();
     test_partition_capped();
     test_partition_desc();
     test_profile();
