@@ -94,7 +94,7 @@ TEST_BINS_EXTRA = $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-contro
 $(B)/agree-ctl-nogen: BASE += -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN
 $(B)/agree-ctl-noagree: BASE += -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_AGREE
 $(B)/agree-ctl-nombcheck: BASE += -DPP_TEST_NO_MB_CHECK
-$(B)/agree-ctl-%: tests/test_agree.c tests/test.h $(EXH) $(HEADERS) | $(B)
+$(B)/agree-ctl-%: tests/test_agree.c tests/test.h tests/harness.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/agree-controls: tests/controls.sh $(B)/agree-ctl-nogen $(B)/agree-ctl-noagree $(B)/agree-ctl-nombcheck
 	printf '#!/bin/sh\nexec sh tests/controls.sh agree-controls "$(B)/agree-ctl-nogen controls" "$(B)/agree-ctl-noagree controls" "$(B)/agree-ctl-nombcheck controls"\n' > $@

@@ -5936,6 +5936,14 @@ static void _pp_retire_recv(pp_stage* s, pp_request* req) {
     req->done = 1;
 }
 
+/* One message of the plan check or the agreement sent: in the totals and in agree_*. */
+static void _pp_agree_count(pp_stage* s, size_t bytes) {
+    s->st.agree_msgs++;
+    s->st.agree_bytes += bytes;
+    s->st.msgs_sent++;
+    s->st.bytes_sent += bytes;
+}
+
 /* One boundary view as a record: what both sides must agree on. */
 static void _pp_fp_record(const _pp_bnd* bd, int64_t* w) {
     uint64_t h = 14695981039346656037ull, dt = 0;
@@ -6002,10 +6010,7 @@ static pp_result _pp_fp_post(pp_stage* s) {
             _pp_stage_fail(s, rc, "sending the plan check to rank %d", nb->rank);
             break;
         }
-        s->st.bytes_sent += bytes;
-        s->st.msgs_sent++;
-        s->st.agree_bytes += bytes;
-        s->st.agree_msgs++;
+        _pp_agree_count(s, bytes);
     }
     if (t->group_end) t->group_end(t->self);
     return rc;
@@ -6059,6 +6064,12 @@ static pp_result _pp_fp_check(pp_stage* s, int peer) {
     return PP_OK;
 }
 
+/* Slot r of the agreement's buffer (rank 0: rank r's record; others: 0 status, 1 verdict), its
+   words and its message. */
+static unsigned char* _pp_ag_slot(const pp_stage* s, int r) { return s->ag_buf + (size_t)r * s->ag_rec; }
+static const int64_t* _pp_ag_words(const pp_stage* s, int r) { return (const int64_t*)(void*)_pp_ag_slot(s, r); }
+static const char* _pp_ag_msg(const pp_stage* s, int r) { return (const char*)(_pp_ag_slot(s, r) + s->ag_rec - _PP_AG_MSG); }
+
 /* A rank's outcome record: result, step, generation, messages per peer, message. */
 static void _pp_ag_write(const pp_stage* s, unsigned char* rec, pp_result rc, int who, const char* msg) {
     int64_t* w = (int64_t*)(void*)rec;
@@ -6079,18 +6090,18 @@ static void _pp_ag_write(const pp_stage* s, unsigned char* rec, pp_result rc, in
 /* Rank 0: the verdict from every rank's record (slot r holds rank r's). */
 static pp_result _pp_ag_judge(pp_stage* s, char* msg, size_t n, int* who) {
     int r, q;
-    const int64_t* w0 = (const int64_t*)(void*)s->ag_buf;
+    const int64_t* w0 = _pp_ag_words(s, 0);
     for (r = 0; r < s->p; r++) {
-        const int64_t* w = (const int64_t*)(void*)(s->ag_buf + (size_t)r * s->ag_rec);
+        const int64_t* w = _pp_ag_words(s, r);
         if (w[3] != PP_OK) {
             *who = r;
-            snprintf(msg, n, "%s", (const char*)(s->ag_buf + (size_t)(r + 1) * s->ag_rec - _PP_AG_MSG));
+            snprintf(msg, n, "%s", _pp_ag_msg(s, r));
             return (pp_result)w[3];
         }
     }
     *who = -1; /* from here on the verdict is rank 0's finding, the same for every rank */
     for (r = 1; r < s->p; r++) {
-        const int64_t* w = (const int64_t*)(void*)(s->ag_buf + (size_t)r * s->ag_rec);
+        const int64_t* w = _pp_ag_words(s, r);
         if (w[1] != w0[1] || w[2] != w0[2]) {
             snprintf(msg, n, "rank %d is at its step %lld (after %lld failed), rank 0 at step %lld (after %lld failed): "
                      "every rank must call pp_stage_step for every step",
@@ -6100,8 +6111,7 @@ static pp_result _pp_ag_judge(pp_stage* s, char* msg, size_t n, int* who) {
     }
     for (r = 0; r < s->p; r++)
         for (q = 0; q < s->p; q++) {
-            const int64_t* wr = (const int64_t*)(void*)(s->ag_buf + (size_t)r * s->ag_rec);
-            const int64_t* wq = (const int64_t*)(void*)(s->ag_buf + (size_t)q * s->ag_rec);
+            const int64_t *wr = _pp_ag_words(s, r), *wq = _pp_ag_words(s, q);
             if (wr[_PP_AG_WORDS + q] == wq[_PP_AG_WORDS + s->p + r]) continue;
             snprintf(msg, n, "rank %d sent rank %d %lld messages this step, rank %d received %lld: the two sides of a "
                      "boundary disagree on its tensors (count or types); the rest stay queued and are dropped",
@@ -6112,12 +6122,6 @@ static pp_result _pp_ag_judge(pp_stage* s, char* msg, size_t n, int* who) {
     return PP_OK;
 }
 
-static void _pp_agree_count(pp_stage* s, int msgs) {
-    s->st.agree_msgs += (uint64_t)msgs;
-    s->st.agree_bytes += (uint64_t)msgs * s->ag_rec;
-    s->st.msgs_sent += (uint64_t)msgs;
-    s->st.bytes_sent += (uint64_t)msgs * s->ag_rec;
-}
 
 /* A failed verdict on a rank whose own step went well: a rank's failure (who >= 0) is
    PP_ERR_ABORTED here with that rank's message; rank 0's finding (who < 0) is its own code. */
@@ -6143,8 +6147,8 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
     vmsg[0] = 0;
     _pp_ag_write(s, s->ag_buf, rc, s->d.rank, s->err.msg);
     if (s->d.rank != 0) {
-        unsigned char* vrec = s->ag_buf + s->ag_rec;
-        const int64_t* vw = (const int64_t*)(void*)vrec;
+        unsigned char* vrec = _pp_ag_slot(s, 1);
+        const int64_t* vw = _pp_ag_words(s, 1);
         pp_request rq[2];
         memset(rq, 0, sizeof rq);
         if (t->group_start) t->group_start(t->self);
@@ -6153,7 +6157,7 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
         else rq[0].done = 1;
         if (t->group_end) t->group_end(t->self);
         if (w == PP_OK) {
-            _pp_agree_count(s, 1);
+            _pp_agree_count(s, s->ag_rec);
             w = t->wait(t->self, &rq[0], s->d.timeout_s, &e);
             if (w == PP_OK) w = t->wait(t->self, &rq[1], s->d.timeout_s, &e);
             else _pp_retire_recv(s, &rq[1]);
@@ -6167,15 +6171,15 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
                                   "rank is at step %lld (after %lld failed)", (long long)vw[1], (long long)vw[2],
                                   (long long)s->n_steps, (long long)s->gen);
         if (vw[3] == PP_OK) return PP_OK;
-        return _pp_agree_fail(s, (pp_result)vw[3], (int)vw[4] - 1, (const char*)(vrec + s->ag_rec - _PP_AG_MSG));
+        return _pp_agree_fail(s, (pp_result)vw[3], (int)vw[4] - 1, _pp_ag_msg(s, 1));
     }
     /* rank 0: every record, then the verdict to everyone */
     if (t->group_start) t->group_start(t->self);
     for (r = 1; r < s->p; r++) {
         memset(&s->ag_req[r], 0, sizeof s->ag_req[r]);
-        if ((w = t->irecv(t->self, r, _PP_TAG_AGREE, s->ag_buf + (size_t)r * s->ag_rec, s->ag_rec, &s->ag_req[r])) != PP_OK) {
+        if ((w = t->irecv(t->self, r, _PP_TAG_AGREE, _pp_ag_slot(s, r), s->ag_rec, &s->ag_req[r])) != PP_OK) {
             memset(&s->ag_req[r], 0, sizeof s->ag_req[r]);
-            _pp_ag_write(s, s->ag_buf + (size_t)r * s->ag_rec, w, r, "rank 0 could not post the receive of its outcome");
+            _pp_ag_write(s, _pp_ag_slot(s, r), w, r, "rank 0 could not post the receive of its outcome");
         }
     }
     if (t->group_end) t->group_end(t->self);
@@ -6183,9 +6187,9 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
         if (!s->ag_req[r].impl && !s->ag_req[r].done) continue; /* its post failed: recorded above */
         if ((w = t->wait(t->self, &s->ag_req[r], s->d.timeout_s, &e)) != PP_OK) {
             _pp_retire_recv(s, &s->ag_req[r]);
-            _pp_ag_write(s, s->ag_buf + (size_t)r * s->ag_rec, w, r, e.msg);
-        } else if (((const int64_t*)(void*)(s->ag_buf + (size_t)r * s->ag_rec))[0] != _PP_AG_MAGIC) {
-            _pp_ag_write(s, s->ag_buf + (size_t)r * s->ag_rec, PP_ERR_TRANSPORT, r, "its outcome record is corrupt");
+            _pp_ag_write(s, _pp_ag_slot(s, r), w, r, e.msg);
+        } else if (_pp_ag_words(s, r)[0] != _PP_AG_MAGIC) {
+            _pp_ag_write(s, _pp_ag_slot(s, r), PP_ERR_TRANSPORT, r, "its outcome record is corrupt");
         } else {
             s->st.bytes_recv += s->ag_rec;
         }
@@ -6201,7 +6205,7 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
             s->ag_req[r].done = 1;
             continue;
         }
-        _pp_agree_count(s, 1);
+        _pp_agree_count(s, s->ag_rec);
     }
     if (t->group_end) t->group_end(t->self);
     for (r = 1; r < s->p; r++)

@@ -17,6 +17,7 @@
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
+#include "harness.h"
 
 #include <time.h>
 
@@ -177,23 +178,7 @@ static void zero_grads(world* W) {
 
 /* Gradients summed over ranks against the sequential reference of one step. */
 static int world_grads_exact(world* W) {
-    mlp_model wref, g;
-    float* gb = NULL;
-    float* wb = mlp_init(&wref, &g, DIMS, 11, &gb);
-    pp_model model = mlp_model_desc();
-    pp_error err;
-    float loss;
-    size_t n = mlp_param_count(DIMS), i;
-    int r, same;
-    float* sum = (float*)calloc(n, sizeof(float));
-    CHECK(pp_sequential_step(&model, &W->w, &g, &W->b, &loss, &err) == PP_OK, "%s", err.msg);
-    for (r = 0; r < W->p; r++)
-        for (i = 0; i < n; i++) sum[i] += W->gbuf[r][i];
-    same = memcmp(sum, gb, n * sizeof(float)) == 0;
-    free(sum);
-    free(gb);
-    free(wb);
-    return same;
+    return hx_mlp_sum_is_reference(&W->w, DIMS, 11, &W->b, W->gbuf, W->p);
 }
 
 static int all_failed(const world* W) {

@@ -125,23 +125,7 @@ static void world_step(world* W) {
 
 /* Gradients summed over ranks (each rank writes only its own layers) against the reference. */
 static int world_grads_equal_reference(world* W) {
-    mlp_model wref, g;
-    float* gb = NULL;
-    float* wb = mlp_init(&wref, &g, DIMS, 11, &gb); /* g: the layout, over zeroed gb */
-    pp_model model = mlp_model_desc();
-    pp_error err;
-    float loss;
-    size_t n = mlp_param_count(DIMS), i;
-    int r, same;
-    float* sum = (float*)calloc(n, sizeof(float));
-    CHECK(pp_sequential_step(&model, &W->w, &g, &W->b, &loss, &err) == PP_OK, "%s", err.msg);
-    for (r = 0; r < W->p; r++)
-        for (i = 0; i < n; i++) sum[i] += W->gbuf[r][i];
-    same = memcmp(sum, gb, n * sizeof(float)) == 0;
-    free(sum);
-    free(gb);
-    free(wb);
-    return same;
+    return hx_mlp_sum_is_reference(&W->w, DIMS, 11, &W->b, W->gbuf, W->p);
 }
 
 static void zero_grads(world* W) {
