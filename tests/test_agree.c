@@ -178,7 +178,10 @@ static void zero_grads(world* W) {
 
 /* Gradients summed over ranks against the sequential reference of one step. */
 static int world_grads_exact(world* W) {
-    return hx_mlp_sum_is_reference(&W->w, DIMS, 11, &W->b, W->gbuf, W->p);
+    pp_error err;
+    int same = hx_mlp_sum_is_reference(&W->w, DIMS, 11, &W->b, W->gbuf, W->p, &err);
+    CHECK(same >= 0, "%s", err.msg);
+    return same == 1;
 }
 
 static int all_failed(const world* W) {

@@ -125,7 +125,10 @@ static void world_step(world* W) {
 
 /* Gradients summed over ranks (each rank writes only its own layers) against the reference. */
 static int world_grads_equal_reference(world* W) {
-    return hx_mlp_sum_is_reference(&W->w, DIMS, 11, &W->b, W->gbuf, W->p);
+    pp_error err;
+    int same = hx_mlp_sum_is_reference(&W->w, DIMS, 11, &W->b, W->gbuf, W->p, &err);
+    CHECK(same >= 0, "%s", err.msg);
+    return same == 1;
 }
 
 static void zero_grads(world* W) {
