@@ -5923,7 +5923,8 @@ static void _pp_agree_free(pp_stage* s) {
 }
 
 /* A receive nobody will wait for any more: finished (its message came) it is waited for, which
-   frees it; else it is withdrawn (transport.cancel) or, without cancel, left to the reset. */
+   frees it; else it is withdrawn (transport.cancel), or, with neither test nor cancel, waited for
+   briefly (which retires it whether or not its message came); else it is left to the reset. */
 static void _pp_retire_recv(pp_stage* s, pp_request* req) {
     const pp_transport* t = &s->d.transport;
     int done = 0;
@@ -5933,6 +5934,8 @@ static void _pp_retire_recv(pp_stage* s, pp_request* req) {
         t->wait(t->self, req, s->d.timeout_s, NULL);
     else if (t->cancel)
         t->cancel(t->self, req);
+    else if (!t->test)
+        t->wait(t->self, req, 1e-3, NULL); /* neither test nor cancel: a short wait retires it either way */
     req->done = 1;
 }
 
