@@ -663,6 +663,9 @@ typedef struct pp_sim_cost pp_sim_cost; /* the cost model (>>sim) */
 
 const char* pp_schedule_name(pp_schedule_kind k);                 /* "gpipe", "1f1b", ... */
 pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k);
+/* The chunks per rank (v) a kind runs with: 2 for the V-shaped kinds (zb-v, v-half, v-min,
+   dualpipev), `v` (at least 1) for interleaved and interleaved-mem, 1 for the rest. */
+int pp_schedule_kind_v(pp_schedule_kind k, int v);
 /* Number of pp_action the caller must provide for (kind, p, v, m); 0 if invalid. */
 size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
 /* Generate every rank's list into out[cap]. GPipe, 1F1B, ZB-H1 and ZB-H2 need v == 1;
@@ -2215,6 +2218,12 @@ pp_result pp_schedule_kind_parse(const char* s, pp_schedule_kind* k) {
 static pp_stage_map _pp_sched_kind_map(pp_schedule_kind k) {
     return k == PP_SCHED_ZB_V || k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN || k == PP_SCHED_DUALPIPE_V ? PP_MAP_V
                                                                                                           : PP_MAP_LOOP;
+}
+
+int pp_schedule_kind_v(pp_schedule_kind k, int v) {
+    if (_pp_sched_kind_map(k) == PP_MAP_V) return 2;
+    if (k == PP_SCHED_INTERLEAVED || k == PP_SCHED_INTERLEAVED_MEM) return v < 1 ? 1 : v;
+    return 1;
 }
 
 /* One place that decides whether (kind, p, v, m) describes a schedule we can build. The limits

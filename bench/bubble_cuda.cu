@@ -5,15 +5,18 @@
    run at the same time on one GPU, and the step can be compared with the simulator's ideal
    makespan for the same schedule and the same F/B times (transfers cost 0 in the ideal).
    Measured = the step's span on the CUDA event timeline (first action start to last action
-   end), averaged over steps after warm-up. GPipe, 1F1B, interleaved (v = 2, F/2 per chunk),
-   ZB-H1 and ZB-V (no weight_grad: W costs 0) at p in {4, 8}, m in {8, 32}. Goal: measured / ideal <= 1.03.
+   end), averaged over steps after warm-up. Every schedule kind (interleaved and the V kinds with
+   v = 2, F/2 per chunk; no weight_grad: W costs 0) at p in {4, 8}, m in {8, 32}. Goal: measured /
+   ideal <= 1.03.
 
    Part 2: activation copy bandwidth through the library's transport (isend/irecv/wait between
    two ranks, event-ordered device copies) against a raw cudaMemcpyAsync of the same bytes,
-   4 KiB .. 256 MiB, nccl-tests style, with a #wrong column from checking every byte moved. With
-   two GPUs the same again between GPU 0 and GPU 1 (peer copies).
+   4 KiB .. 256 MiB, nccl-tests style, with a #wrong column from checking every byte moved: one
+   copy at a time (latency; also against a raw copy behind the event hand-off every two-stream
+   transport needs) and queued back to back (throughput). With two GPUs the same again between
+   GPU 0 and GPU 1 (peer copies). --copies runs part 2 alone.
 
-     build/bubble_cuda [--f-us 1000] [--steps 5] [--quick] [--detail KIND P M]
+     build/bubble_cuda [--f-us 1000] [--steps 5] [--quick] [--copies] [--detail KIND P M]
 
    --detail runs one configuration and prints, per rank, how long the GPU sat idle and how much
    of that it waited for the host (the action started within 30 us of being enqueued), then the
@@ -227,17 +230,27 @@ __global__ void k_verify(const unsigned int* p, size_t n, unsigned int seed, uns
     if (bad) atomicAdd(wrong, bad); /* a count, not a gradient: order does not matter */
 }
 
-/* Library vs raw copies of `bytes` from rank 0 (device d0) to rank 1 (device d1). */
-static int copy_row(pp_cuda* c, int d0, int d1, size_t bytes, int iters, double* t_lib, double* t_raw, unsigned long long* wrong) {
+/* Library vs raw copies of `bytes` from rank 0 (device d0) to rank 1 (device d1), per copy:
+   t[0] library, one at a time (isend, irecv, wait, then the receiver's stream synchronised);
+   t[1] raw cudaMemcpyAsync on the receiver's stream, one at a time; t[2] the same raw copy after
+   the least hand-off any two-stream transport needs (an event recorded on the sender's stream,
+   waited on by the receiver's); t[3] library and t[4] raw with `iters` copies queued back to back
+   and one synchronisation at the end (throughput, host cost hidden behind the GPU's). */
+#define COPY_PASSES 5
+static int copy_row(pp_cuda* c, int d0, int d1, size_t bytes, int iters, double t[COPY_PASSES], unsigned long long* wrong) {
     void *src = NULL, *dst = NULL;
     unsigned long long* dw = NULL;
     pp_transport t0 = pp_cuda_transport(c, 0), t1 = pp_cuda_transport(c, 1);
     cudaStream_t s0 = pp_cuda_stream(c, 0), s1 = pp_cuda_stream(c, 1);
+    cudaEvent_t ev = NULL;
+    static pp_request rs[1024], rr[1024];
     pp_error err;
     size_t words = bytes / 4;
     int rc = 1;
+    if (iters > 1024) iters = 1024;
     cudaSetDevice(d0);
-    if (cudaMalloc(&src, bytes) != cudaSuccess) goto out;
+    if (cudaMalloc(&src, bytes) != cudaSuccess || cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess)
+        goto out;
     k_fill<<<256, 256, 0, s0>>>((unsigned int*)src, words, 77u);
     if (cudaStreamSynchronize(s0) != cudaSuccess) goto out;
     cudaSetDevice(d1);
@@ -245,45 +258,56 @@ static int copy_row(pp_cuda* c, int d0, int d1, size_t bytes, int iters, double*
         cudaMemset(dst, 0, bytes) != cudaSuccess || cudaMemset(dw, 0, sizeof *dw) != cudaSuccess ||
         cudaDeviceSynchronize() != cudaSuccess)
         goto out;
-    for (int pass = 0; pass < 2; pass++) {
-        double t = 0;
-        for (int it = -1; it < iters; it++) { /* it = -1: warm-up */
+    for (int pass = 0; pass < COPY_PASSES; pass++) {
+        double sum = 0;
+        int queued = pass >= 3;
+        for (int it = -1; it < (queued ? 1 : iters); it++) { /* it = -1: warm-up */
             double a = now_s();
-            if (pass == 0) {
-                pp_request rs, rr;
-                if (t0.isend(t0.self, 1, it & 1023, src, bytes, &rs) != PP_OK ||
-                    t1.irecv(t1.self, 0, it & 1023, dst, bytes, &rr) != PP_OK ||
-                    t1.wait(t1.self, &rr, 30, &err) != PP_OK || t0.wait(t0.self, &rs, 30, &err) != PP_OK)
-                    goto out;
-                cudaSetDevice(d1);
-                if (cudaStreamSynchronize(s1) != cudaSuccess) goto out;
-            } else {
-                cudaSetDevice(d1);
-                if ((d0 == d1 ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s1)
-                              : cudaMemcpyPeerAsync(dst, d1, src, d0, bytes, s1)) != cudaSuccess ||
-                    cudaStreamSynchronize(s1) != cudaSuccess)
-                    goto out;
+            int n = queued ? iters : 1;
+            for (int k = 0; k < n; k++) {
+                int tag = queued ? k : it & 1023;
+                if (pass == 0 || pass == 3) {
+                    if (t0.isend(t0.self, 1, tag, src, bytes, &rs[k]) != PP_OK ||
+                        t1.irecv(t1.self, 0, tag, dst, bytes, &rr[k]) != PP_OK)
+                        goto out;
+                    if (pass == 0 && (t1.wait(t1.self, &rr[k], 30, &err) != PP_OK || t0.wait(t0.self, &rs[k], 30, &err) != PP_OK))
+                        goto out;
+                } else {
+                    if (pass == 2) {
+                        cudaSetDevice(d0);
+                        if (cudaEventRecord(ev, s0) != cudaSuccess) goto out;
+                        cudaSetDevice(d1);
+                        if (cudaStreamWaitEvent(s1, ev, 0) != cudaSuccess) goto out;
+                    }
+                    cudaSetDevice(d1);
+                    if ((d0 == d1 ? cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s1)
+                                  : cudaMemcpyPeerAsync(dst, d1, src, d0, bytes, s1)) != cudaSuccess)
+                        goto out;
+                }
             }
-            if (it >= 0) t += now_s() - a;
+            if (pass == 3)
+                for (int k = 0; k < n; k++)
+                    if (t1.wait(t1.self, &rr[k], 30, &err) != PP_OK || t0.wait(t0.self, &rs[k], 30, &err) != PP_OK) goto out;
+            cudaSetDevice(d1);
+            if (cudaStreamSynchronize(s1) != cudaSuccess) goto out;
+            if (it >= 0) sum += now_s() - a;
         }
-        if (pass == 0) {
-            /* check what the library moved */
+        t[pass] = sum / iters;
+        if (pass == 0 || pass == 3) {
+            /* check what the library moved; the count comes back on s1, after the check (a plain
+               cudaMemcpy on the legacy stream would not wait for the non-blocking s1) */
             cudaSetDevice(d1);
             k_verify<<<256, 256, 0, s1>>>((const unsigned int*)dst, words, 77u, dw);
-            /* on s1, after the check (s1 is non-blocking: the legacy stream of a plain cudaMemcpy
-               would not wait for it); to pageable memory it returns once the count is here */
             if (cudaMemcpyAsync(wrong, dw, sizeof *wrong, cudaMemcpyDeviceToHost, s1) != cudaSuccess ||
                 cudaStreamSynchronize(s1) != cudaSuccess)
                 goto out;
-            *t_lib = t / iters;
-        } else {
-            *t_raw = t / iters;
         }
     }
     rc = 0;
 out:
     cudaSetDevice(d0);
     if (src) cudaFree(src);
+    if (ev) cudaEventDestroy(ev);
     cudaSetDevice(d1);
     if (dst) cudaFree(dst);
     if (dw) cudaFree(dw);
@@ -304,19 +328,21 @@ static int copy_table(int d0, int d1, int quick) {
     }
     printf("\n# activation copies GPU %d -> GPU %d: library (isend/irecv/wait, event-ordered) vs raw %s\n", d0, d1,
            d0 == d1 ? "cudaMemcpyAsync" : "cudaMemcpyPeerAsync");
-    printf("%12s %8s %12s %10s %12s %10s %8s %8s\n", "size (B)", "iters", "lib (us)", "lib GB/s", "raw (us)", "raw GB/s",
-           "lib/raw", "#wrong");
+    printf("# one at a time: lib, raw, raw+ev (raw after an event hand-off between the two streams); queued: %s\n",
+           "iters copies back to back, one synchronisation (per copy)");
+    printf("%10s %6s %9s %9s %9s %8s %8s | %9s %9s %8s %9s %8s\n", "size (B)", "iters", "lib (us)", "raw (us)", "raw+ev",
+           "lib/raw", "lib/r+ev", "q lib", "q raw", "q l/r", "q GB/s", "#wrong");
     for (size_t bytes = 4096; bytes <= ((size_t)256 << 20); bytes *= quick ? 16 : 4) {
         int iters = bytes <= (1 << 20) ? 200 : bytes <= (32 << 20) ? 40 : 10;
-        double tl = 0, tr = 0;
+        double t[COPY_PASSES] = {0};
         unsigned long long wrong = 0;
-        if (copy_row(c, d0, d1, bytes, iters, &tl, &tr, &wrong)) {
+        if (copy_row(c, d0, d1, bytes, iters, t, &wrong)) {
             printf("%12zu  failed: %s\n", bytes, pp_cuda_error(c, 1));
             fails++;
             continue;
         }
-        printf("%12zu %8d %12.2f %10.2f %12.2f %10.2f %8.3f %8llu\n", bytes, iters, 1e6 * tl, bytes / tl / 1e9, 1e6 * tr,
-               bytes / tr / 1e9, tl / tr, wrong);
+        printf("%10zu %6d %9.2f %9.2f %9.2f %8.3f %8.3f | %9.2f %9.2f %8.3f %9.1f %8llu\n", bytes, iters, 1e6 * t[0],
+               1e6 * t[1], 1e6 * t[2], t[0] / t[1], t[0] / t[2], 1e6 * t[3], 1e6 * t[4], t[3] / t[4], bytes / t[3] / 1e9, wrong);
         if (wrong) fails++;
     }
     pp_cuda_destroy(c);
@@ -395,19 +421,20 @@ static int detail(pp_schedule_kind kind, int p, int m, double f_us) {
 
 int main(int argc, char** argv) {
     double f_us = 1000;
-    int steps = 5, quick = 0, ndev = 0, fails = 0, dp = 0, dm = 0;
+    int steps = 5, quick = 0, ndev = 0, fails = 0, dp = 0, dm = 0, copies_only = 0;
     pp_schedule_kind dk = PP_SCHED_1F1B;
     double worst = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--f-us") && i + 1 < argc) f_us = atof(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--copies")) copies_only = 1;
         else if (!strcmp(argv[i], "--detail") && i + 3 < argc && pp_schedule_kind_parse(argv[i + 1], &dk) == PP_OK) {
             dp = atoi(argv[i + 2]);
             dm = atoi(argv[i + 3]);
             i += 3;
         } else {
-            fprintf(stderr, "usage: bubble_cuda [--f-us 1000] [--steps 5] [--quick] [--detail KIND P M]\n");
+            fprintf(stderr, "usage: bubble_cuda [--f-us 1000] [--steps 5] [--quick] [--copies] [--detail KIND P M]\n");
             return 2;
         }
     }
@@ -416,14 +443,15 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (dp > 0) return detail(dk, dp, dm, f_us);
+    if (copies_only) goto copies;
     printf("# bubble_cuda: spin stages on one GPU (one SM each), F = %.0f us per stage (F/v per chunk), B = 2F\n", f_us);
     printf("# measured = step span on the CUDA event timeline, mean of %d steps after one warm-up\n", steps);
     printf("%-12s %3s %3s %4s %12s %12s %8s %10s %10s\n", "schedule", "p", "v", "m", "ideal (ms)", "measured", "ratio",
            "bubble sim", "measured");
-    for (int kind = 0; kind <= PP_SCHED_ZB_V; kind++) /* GPipe, 1F1B, interleaved, ZB-H1, ZB-V (W = 0) */
+    for (int kind = 0; kind < PP_SCHED_KIND_COUNT; kind++) /* every kind; ZB kinds with W = 0 */
         for (int p = 4; p <= 8; p *= 2)
             for (int m = 8; m <= 32; m *= 4) {
-                int v = pp_schedule_size((pp_schedule_kind)kind, p, 1, m) ? 1 : 2; /* the kind's own v */
+                int v = pp_schedule_kind_v((pp_schedule_kind)kind, 2);
                 double meas = 0, ideal = 0, bm = 0, bs = 0;
                 if (quick && (p == 8 || m == 32)) continue;
                 if (run_spin((pp_schedule_kind)kind, p, v, m, f_us, steps, &meas, &ideal, &bm, &bs)) {
@@ -436,6 +464,7 @@ int main(int argc, char** argv) {
                 if (meas / ideal > worst) worst = meas / ideal;
             }
     printf("# worst measured / ideal: %.4f (goal <= 1.03: %s)\n", worst, worst <= 1.03 ? "met" : "NOT met");
+copies:
     fails += copy_table(0, 0, quick);
     if (ndev >= 2) fails += copy_table(0, 1, quick);
     return fails ? 1 : 0;

@@ -562,8 +562,7 @@ int main(int argc, char** argv) {
         else return usage();
 #undef ARG
     }
-    if (c.kind == PP_SCHED_ZB_V) c.v = 2;
-    else if (c.kind != PP_SCHED_INTERLEAVED) c.v = 1;
+    c.v = pp_schedule_kind_v(c.kind, c.v);
     if (c.p < 1 || c.p > 64 || c.v < 1 || c.m < 1 || c.m > 1024 || c.steps < 1 || c.dim < 8 || c.heads < 1 ||
         c.dim % c.heads || c.dim / c.heads > GPTC_MAX_HS || c.seqs < c.m || c.max_len < 12 || c.gpus < 1 || c.gpus > GPTC_MAX_DEV)
         return usage();

@@ -469,8 +469,7 @@ int main(int argc, char** argv) {
         P->L.source = NULL;
 #endif
     }
-    if (o.kind == PP_SCHED_ZB_V) o.v = 2;
-    else if (o.kind != PP_SCHED_INTERLEAVED) o.v = 1;
+    o.v = pp_schedule_kind_v(o.kind, o.v);
     if (o.p <= 0) o.p = o.dp > 0 ? P->L.world / o.dp : P->L.world;
     if (o.dp <= 0) o.dp = o.p > 0 ? P->L.world / o.p : 0;
     if (o.p < 1 || o.p > PP_MAX_RANKS || o.dp < 1 || o.p * o.dp != P->L.world) {

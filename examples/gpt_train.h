@@ -86,7 +86,7 @@ static int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
 
 /* v from the schedule, the depth (4 blocks, or enough for p*v stages), and the ranges. */
 static int gpt_opts_check(gpt_opts* c) {
-    if (c->v == 0) c->v = c->kind == PP_SCHED_INTERLEAVED || c->kind == PP_SCHED_ZB_V ? 2 : 1;
+    c->v = pp_schedule_kind_v(c->kind, c->v == 0 ? 2 : c->v);
     if (c->layers == 0) c->layers = c->p * c->v - 2 > 4 ? c->p * c->v - 2 : 4;
     if (c->p < 1 || c->v < 1 || c->p * c->v > PP_MAX_RANKS || c->m < 1 || c->steps < 1 || c->max_len < 12) {
         fprintf(stderr, "need p, v, m, steps >= 1 (p*v <= %d) and max-len >= 12\n", PP_MAX_RANKS);

@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     }
     pipe = pp_mpi_transport(g.pipe);
     dpt = pp_mpi_transport(g.dp);
-    v = kind == PP_SCHED_INTERLEAVED || kind == PP_SCHED_ZB_V ? 2 : 1;
+    v = pp_schedule_kind_v(kind, 2);
     acts = (pp_action*)malloc(pp_schedule_size(kind, pp, v, m) * sizeof *acts);
     rc = acts ? pp_schedule_make(kind, pp, v, m, acts, pp_schedule_size(kind, pp, v, m), &sc, &err) : PP_ERR_NOMEM;
     if (rc == PP_OK && pp * v > 64) rc = _pp_fail(&err, PP_ERR_INVALID, "at most 64 stages here");

@@ -526,6 +526,13 @@ static void test_bad_input(void) {
     CHECK(pp_schedule_kind_parse(NULL, &k) == PP_ERR_INVALID, "parse NULL");
     CHECK(strcmp(pp_schedule_name(PP_SCHED_INTERLEAVED), "interleaved") == 0, "name");
     CHECK(strcmp(pp_schedule_name((pp_schedule_kind)99), "unknown") == 0, "name of bad kind");
+    /* pp_schedule_kind_v gives every kind a v it runs with; a v other than it fails to size */
+    for (k = (pp_schedule_kind)0; k < PP_SCHED_KIND_COUNT; k = (pp_schedule_kind)(k + 1)) {
+        int v = pp_schedule_kind_v(k, 3);
+        CHECK(pp_schedule_size(k, 4, v, 8) > 0, "%s runs with pp_schedule_kind_v's v = %d", pp_schedule_name(k), v);
+        CHECK(v == 3 || pp_schedule_size(k, 4, 3, 8) == 0, "%s: v = 3 refused when kind_v says %d", pp_schedule_name(k), v);
+    }
+    CHECK(pp_schedule_kind_v(PP_SCHED_INTERLEAVED, 0) == 1 && pp_schedule_kind_v(PP_SCHED_DUALPIPE_V, 4) == 2, "kind_v bounds");
 }
 
 static long read_all(FILE* f, char* buf, size_t cap) {

@@ -300,6 +300,10 @@ def main():
     n_total = a.warmup + a.steps
     batches, real, lmax = make_batches(a, n_total, a.inp, a.classes, a.rows)
     if dev.type == "cuda":
+        # the memory statistics refuse a device before its context exists ("Invalid device
+        # argument", torch 2.11 on an H200): select it and allocate once first
+        torch.cuda.set_device(dev)
+        torch.zeros(1, device=dev)
         torch.cuda.reset_peak_memory_stats(dev)
     t_seq_all, seq_losses = sequential(a, dev, batches)
     t_seq = statistics.median(t_seq_all[a.warmup:])
