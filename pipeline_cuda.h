@@ -18,9 +18,10 @@
      steady state. A send completes once its receive is posted; the sender's stream waits for the
      copy-done event only when the block is taken from the pool again (the device ops' reuse
      hook), and not even then when it already waited for a later event of the receiver's stream.
-     A sender that reuses a block before its receiver got to the wait enqueues that copy on the
-     receiver's stream itself, so no host thread ever waits for another. Steady path: 4 CUDA
-     calls per transfer, a fifth on some reuses, no host waits (bench/bench_imitation).
+     A sender that reuses a block before its receiver got to the wait copies it early on a side
+     stream of its own (after the data, ahead of its later work), so no host thread ever waits
+     for another and neither rank's later work delays the copy. Steady path: 4 CUDA calls per
+     transfer, a fifth on some reuses, no host waits (bench/bench_imitation).
      Buffers in host memory (BROADCAST's step metadata) are copied at match time: they must be
      ready when isend is called. Device blocks sent through this transport must come from
      pp_cuda_device_ops (its reuse hook keeps them safe). A receive whose wait fails, or that the
@@ -212,10 +213,14 @@ typedef struct _ppc_rank {
     pp_cuda* c;
     int rank, dev;
     cudaStream_t stream;        /* the stage's compute stream; incoming copies run on it too */
+    cudaStream_t side;          /* early copies of this rank's sends (_ppc_side_copy); NULL: on
+                                   `stream` (more streams than the device has work queues) */
     _ppc_msg* queue;            /* messages to this rank posted by one side only */
     _ppc_msg* reading;          /* sent from this rank's device blocks; the copy may still read */
     uint64_t rec_seq;           /* transport events recorded on the stream so far (world lock) */
     uint64_t* seen;             /* [n]: the last of rank q's records this stream waited for */
+    uint64_t side_seq;          /* early-copy events recorded on `side` so far (world lock) */
+    uint64_t* seen_side;        /* [n]: the last of rank q's side records this stream waited for */
     cudaEvent_t* ev;            /* free sync events of this device (world lock) */
     int n_ev, cap_ev;
     /* memory: the block pool, sorted by address (tells device blocks from host buffers) */
@@ -487,14 +492,14 @@ static pp_result _ppc_send_finish(_ppc_rank* me, _ppc_msg* m) {
    stream already waited for a later record of the sender's stream). */
 static pp_result _ppc_side_wait_locked(_ppc_rank* me, _ppc_msg* m) {
     cudaError_t e;
-    if (!m->side || m->dropped || !m->es || me->seen[m->src] >= m->es_seq) return PP_OK;
+    if (!m->side || m->dropped || !m->es || me->seen_side[m->src] >= m->es_seq) return PP_OK;
     if ((e = cudaStreamWaitEvent(me->stream, m->es, 0)) != cudaSuccess) {
         snprintf(m->emsg, sizeof m->emsg, "CUDA error %d (%s) in cudaStreamWaitEvent(copy made by rank %d done)", (int)e,
                  cudaGetErrorString(e), m->src);
         (void)cudaGetLastError();
         return PP_ERR_TRANSPORT;
     }
-    me->seen[m->src] = m->es_seq;
+    me->seen_side[m->src] = m->es_seq;
     return PP_OK;
 }
 
@@ -526,28 +531,40 @@ static void _ppc_unhold_locked(pp_cuda* c, _ppc_msg* m) {
     if (m->recv_done) _ppc_msg_release_locked(c, m);
 }
 
-/* The sender's early copy (m->copying set by the caller, world lock not held): on the sender's
-   stream, after the receive block is free (er), then m->es is recorded again to mark the copy
-   done for the receiver (_ppc_side_wait_locked). Sender's thread. */
+/* The sender's early copy (m->copying set by the caller, world lock not held): on the rank's
+   side stream, after the data (m->es, recorded after the producing work) and after the receive
+   block's earlier uses (m->er); then m->es is recorded again there to mark the copy done for the
+   receiver (_ppc_side_wait_locked), and the rank's stream waits for it before the block is
+   written again. On the rank's own stream the copy would queue behind everything enqueued since
+   the data was made, and the receiver with it (DualPipeV on an H200: a whole action per early
+   copy, 1.12x its ideal step). Sender's thread. */
 static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
-    cudaError_t e = cudaSuccess;
-    const char* what = "cudaStreamWaitEvent(receive block free)";
+#ifdef PP_TEST_EARLY_COPY_ON_STREAM /* the negative control of test_cuda_host's early copy test */
+    cudaStream_t side = r->stream;
+#else
+    cudaStream_t side = r->side ? r->side : r->stream;
+#endif
+    cudaError_t e;
+    const char* what = "cudaStreamWaitEvent(sender's data ready, early copy)";
     pp_result rc = PP_OK;
-    int skip;
-    pthread_mutex_lock(&c->mu);
-    skip = r->seen[m->dst] >= m->er_seq;
-    pthread_mutex_unlock(&c->mu);
-    if (!skip) e = cudaStreamWaitEvent(r->stream, m->er, 0);
+    e = cudaStreamWaitEvent(side, m->es, 0);
+    if (e == cudaSuccess) {
+        what = "cudaStreamWaitEvent(receive block free)";
+        e = cudaStreamWaitEvent(side, m->er, 0);
+    }
     if (e == cudaSuccess) {
         what = "cudaMemcpyPeerAsync (early copy)";
-        e = _ppc_dev_copy(c, m, r->stream);
+        e = _ppc_dev_copy(c, m, side);
     }
     pthread_mutex_lock(&c->mu);
-    if (e == cudaSuccess && !skip && m->er_seq > r->seen[m->dst]) r->seen[m->dst] = m->er_seq;
     if (e == cudaSuccess) {
         what = "cudaEventRecord(early copy done)";
-        e = cudaEventRecord(m->es, r->stream);
-        m->es_seq = ++r->rec_seq;
+        e = cudaEventRecord(m->es, side);
+        m->es_seq = ++r->side_seq;
+    }
+    if (e == cudaSuccess) {
+        what = "cudaStreamWaitEvent(early copy done, before the block is reused)";
+        e = cudaStreamWaitEvent(r->stream, m->es, 0);
     }
     if (e != cudaSuccess) {
         rc = _ppc_copy_failed(m, e, what);
@@ -563,8 +580,8 @@ static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
 
 /* Device ops reuse hook: a pooled block [ptr, ptr + bytes) is about to be written again. The
    rank's stream waits for every copy that may still read it, unless it already waited for a
-   later event of the copy's stream; a copy its receiver has not yet enqueued is enqueued now
-   (on the receiver's stream), so no host waits for another. */
+   later event of the copy's stream; a copy its receiver has not yet enqueued is made now, on
+   this rank's side stream (_ppc_side_copy), so no host waits for another. */
 static void _ppc_reuse(void* user, void* ptr, size_t bytes) {
     _ppc_rank* r = (_ppc_rank*)user;
     pp_cuda* c = r->c;
@@ -578,10 +595,10 @@ static void _ppc_reuse(void* user, void* ptr, size_t bytes) {
             const char* s0 = (const char*)m->sbuf;
             if (!(s0 < b && s0 + m->sbytes > a)) continue;
             if (!m->copied && !m->copying && !m->dropped && m->er && m->es && !m->r_host) {
-                /* the receiver has not pulled it yet: copy now on this rank's stream, after
-                   the data (stream order) and after the receive block's earlier uses (er).
+                /* the receiver has not pulled it yet: copy now on this rank's side stream.
                    On the receiver's stream the copy would wait there for this rank's data
-                   ahead of work that does not need it. */
+                   ahead of work that does not need it; on this rank's own stream, behind this
+                   rank's later work. */
                 m->copying = 1;
                 pthread_mutex_unlock(&c->mu);
                 _ppc_side_copy(c, r, m);
@@ -946,7 +963,10 @@ static void _ppc_free(void* user, void* ptr) {
         }
     }
     pthread_mutex_unlock(&c->mu);
-    if (cudaSetDevice(r->dev) == cudaSuccess) (void)cudaStreamSynchronize(r->stream);
+    if (cudaSetDevice(r->dev) == cudaSuccess) {
+        (void)cudaStreamSynchronize(r->stream);
+        if (r->side) (void)cudaStreamSynchronize(r->side);
+    }
     if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
     for (i = 0; i < r->n_pool && r->pool_p[i] != (char*)ptr; i++) {
     }
@@ -1003,6 +1023,18 @@ static void _ppc_mark(void* user, const pp_action* a, int idx, int phase) {
     if (idx + 1 > r->n_marked) r->n_marked = idx + 1;
 }
 
+/* Whether the ranks on device `dev` get a side stream each for early copies: only while their
+   streams (two per rank) fit the device's hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS,
+   8 by default). Streams beyond that share queues, and work waiting on one stream then holds up
+   unrelated work on another: on an H200, side streams for 8 ranks on one GPU made interleaved
+   p=8 m=32 1.25x its ideal step instead of 1.03x. */
+static int _ppc_side_streams(const pp_cuda* c, const pp_cuda_desc* d, int dev) {
+    const char* env = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    int i, on_dev = 0, queues = env && atoi(env) > 0 ? atoi(env) : 8;
+    for (i = 0; i < c->n; i++) on_dev += (d->devices ? d->devices[i] : 0) == dev;
+    return 2 * on_dev <= queues;
+}
+
 pp_result pp_cuda_create(const pp_cuda_desc* d, pp_cuda** out, pp_error* err) {
     pp_cuda* c;
     int ndev = 0, i, j;
@@ -1038,13 +1070,15 @@ pp_result pp_cuda_create(const pp_cuda_desc* d, pp_cuda** out, pp_error* err) {
         r->c = c;
         r->rank = i;
         r->dev = d->devices ? d->devices[i] : 0;
-        if (!(r->seen = (uint64_t*)_pp_calloc((size_t)c->n, sizeof(uint64_t)))) {
+        if (!(r->seen = (uint64_t*)_pp_calloc((size_t)c->n, sizeof(uint64_t))) ||
+            !(r->seen_side = (uint64_t*)_pp_calloc((size_t)c->n, sizeof(uint64_t)))) {
             pp_cuda_destroy(c);
             *out = NULL;
             return _pp_fail(err, PP_ERR_NOMEM, "rank %d", i);
         }
         if ((e = cudaSetDevice(r->dev)) != cudaSuccess ||
             (e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+            (_ppc_side_streams(c, d, r->dev) && (e = cudaStreamCreateWithFlags(&r->side, cudaStreamNonBlocking)) != cudaSuccess) ||
             (e = cudaEventCreate(&r->origin)) != cudaSuccess) {
             pp_cuda_destroy(c);
             *out = NULL;
@@ -1075,6 +1109,7 @@ void pp_cuda_destroy(pp_cuda* c) {
     for (i = 0; i < c->n; i++) {
         _ppc_rank* r = &c->r[i];
         if (cudaSetDevice(r->dev) == cudaSuccess && r->stream) (void)cudaStreamSynchronize(r->stream);
+        if (r->side) (void)cudaStreamSynchronize(r->side);
     }
     /* leftovers of an aborted step (posted by one side, or never waited for): their events
        go back to the pools, which are destroyed below */
@@ -1088,12 +1123,14 @@ void pp_cuda_destroy(pp_cuda* c) {
             if (r->tev[k]) (void)cudaEventDestroy(r->tev[k]);
         if (r->origin) (void)cudaEventDestroy(r->origin);
         if (r->stream) (void)cudaStreamDestroy(r->stream);
+        if (r->side) (void)cudaStreamDestroy(r->side);
         PP_FREE(r->ev);
         PP_FREE(r->tev);
         PP_FREE(r->tact);
         PP_FREE(r->pool_p);
         PP_FREE(r->pool_n);
         PP_FREE(r->seen);
+        PP_FREE(r->seen_side);
     }
     while ((m = c->all_msgs) != NULL) {
         c->all_msgs = m->all;
@@ -1151,6 +1188,7 @@ static pp_result _ppc_sync_all(pp_cuda* c, pp_error* err) {
     for (i = 0; i < c->n; i++) {
         PP_CUDA_CHECK(cudaSetDevice(c->r[i].dev), err);
         PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].stream), err);
+        if (c->r[i].side) PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].side), err);
     }
     _ppc_unhold_all(c);
     return PP_OK;

@@ -297,6 +297,96 @@ static void test_reuse_waits_for_copy(void) {
     pp_cuda_destroy(c);
 }
 
+/* A sent block reused before its receiver pulled it is copied early; that copy must not wait for
+   the sender's later work (on an H200, DualPipeV lost a whole action per early copy when it ran
+   on the sender's stream: 1.12x its ideal step). Here the sender's later work is a kernel that
+   runs until the receiver's stream, after the data, opens a gate: behind that kernel the copy,
+   and the receiver with it, would wait for the gate, which only opens at its 3 s timeout. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open, timed_out;
+} g_late = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+static int k_later_work(void* u) {
+    struct timespec dl;
+    (void)u;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 3;
+    pthread_mutex_lock(&g_late.mu);
+    while (!g_late.open && !g_late.timed_out)
+        if (pthread_cond_timedwait(&g_late.cv, &g_late.mu, &dl) != 0) g_late.timed_out = 1;
+    pthread_mutex_unlock(&g_late.mu);
+    return 0;
+}
+static int k_open_late_gate(void* u) {
+    (void)u;
+    pthread_mutex_lock(&g_late.mu);
+    g_late.open = 1;
+    pthread_cond_broadcast(&g_late.cv);
+    pthread_mutex_unlock(&g_late.mu);
+    return 0;
+}
+static void test_early_copy_not_behind_later_work(void) {
+    pp_cuda* c = NULL;
+    pp_error err;
+    pp_transport t0, t1;
+    pp_device_ops o0;
+    pp_request rs, rr;
+    unsigned char *x = NULL, *y = NULL, hy[4096];
+    int i, bad = 0;
+    if (!(c = two_ranks(NULL, &t0, &t1))) return;
+    o0 = pp_cuda_device_ops(c, 0);
+    cudaMalloc((void**)&x, 4096);
+    cudaMalloc((void**)&y, 4096);
+    cudaMemset(x, 7, 4096);
+    cudaMemset(y, 0, 4096);
+    cudaDeviceSynchronize();
+    g_late.open = g_late.timed_out = 0;
+    CHECK(t1.irecv(t1.self, 0, 1, y, 4096, &rr) == PP_OK, "irecv");
+    CHECK(t0.isend(t0.self, 1, 1, x, 4096, &rs) == PP_OK, "isend");
+    CHECK(t0.wait(t0.self, &rs, 5, &err) == PP_OK, "%s", err.msg);
+    fakecuda_launch(pp_cuda_stream(c, 0), k_later_work, NULL); /* the sender's later work */
+    o0.reuse(o0.user, x, 4096);                                /* the receiver has not pulled: early copy */
+    cudaMemsetAsync(x, 9, 4096, pp_cuda_stream(c, 0));         /* the block written again */
+    CHECK(t1.wait(t1.self, &rr, 5, &err) == PP_OK, "%s", err.msg);
+    fakecuda_launch(pp_cuda_stream(c, 1), k_open_late_gate, NULL); /* the receiver's next work */
+    CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
+    CHECK(!g_late.timed_out, "the early copy waited behind the sender's later work (the receiver with it)");
+    cudaMemcpy(hy, y, 4096, cudaMemcpyDeviceToHost);
+    for (i = 0; i < 4096; i++) bad += hy[i] != 7;
+    CHECK(bad == 0, "%d bytes of the early copy are wrong", bad);
+    cudaFree(x);
+    cudaFree(y);
+    pp_cuda_destroy(c);
+}
+
+/* Side streams only while a device's streams fit its work queues (CUDA_DEVICE_MAX_CONNECTIONS,
+   8 by default): n ranks on one device make 2n streams up to 4 ranks, n beyond. Without side
+   streams early copies run on the sender's stream, and still deliver the bytes as sent. */
+static int streams_made(int n) {
+    pp_cuda* c = NULL;
+    pp_cuda_desc cd;
+    pp_error err;
+    fakecuda_stats st;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = n;
+    fakecuda_stats_reset();
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) return -1;
+    fakecuda_stats_get(&st);
+    pp_cuda_destroy(c);
+    return (int)st.calls[FAKECUDA_CALL_STREAM_CREATE];
+}
+static void test_side_streams(void) {
+    CHECK(streams_made(4) == 8, "4 ranks on one device: %d streams, want 8", streams_made(4));
+    CHECK(streams_made(5) == 5, "5 ranks on one device: %d streams, want 5 (no side streams)", streams_made(5));
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+    CHECK(streams_made(5) == 10, "5 ranks, 32 queues: %d streams, want 10", streams_made(5));
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "2", 1);
+    CHECK(streams_made(2) == 2, "2 ranks, 2 queues: %d streams, want 2", streams_made(2));
+    test_reuse_waits_for_copy(); /* the early copy on the sender's stream */
+    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+}
+
 /* ---- a failed step, the reset, and steps whose shapes change (issue 14 finding 6) ------------ */
 static int fail_layer = -1, fail_mb = -1; /* set between steps only */
 static int fail_fwd(const void* w, int l, pp_layer_io* io) {
@@ -491,8 +581,15 @@ static void test_free_waits_for_peer_copy(void) {
     cudaSetDevice(0);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
+    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS"); /* the side-stream tests count on the default, 8 queues */
+    if (argc > 1 && !strcmp(argv[1], "early")) { /* what the negative control runs (build/cuda-controls) */
+        test_early_copy_not_behind_later_work();
+        return TEST_DONE("cuda-host early");
+    }
     test_reuse_waits_for_copy();
+    test_early_copy_not_behind_later_work();
+    test_side_streams();
     test_free_waits_for_peer_copy();
     test_cancel();
     test_failure_reset(PP_SCHED_1F1B, 1, 1);
