@@ -166,8 +166,10 @@ def main():
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print("# pipeline.h vs torch.distributed.pipelining  (%s)" % date)
     print("# machine: %s" % machine())
-    print("# torch: %s   ours: %s kernel, threads transport   reps: %d (alternating ours, torch), %d timed steps"
-          " after %d warm-up, medians" % (torch_ver or ("n/a: " + why_no_torch), kernel_of(rows), a.reps, a.steps,
+    ours = ("pipeline_cuda.h, cuBLAS, every stage a stream of one GPU" if a.gpu
+            else "%s kernel, threads transport" % kernel_of(rows))
+    print("# torch: %s   ours: %s   reps: %d (alternating ours, torch), %d timed steps"
+          " after %d warm-up, medians" % (torch_ver or ("n/a: " + why_no_torch), ours, a.reps, a.steps,
                                           a.warmup))
     print("# MLP %d x %d (in %d, %d classes), %d rows per step, 1 thread per stage; torch: gloo, one process per stage"
           % (mlp["layers"], mlp["hidden"], mlp["in"], mlp["classes"], mlp["rows"]) if not a.gpu else
