@@ -8,12 +8,16 @@
    them (pp_cuda_device_ops(c, 0)) and the compute stream (pp_cuda_stream(c, 0)).
 
    WHAT IT DOES
-   - pp_nccl: a pp_transport over an NCCL communicator and a second one split from it (a
-     collective call at pp_nccl_create): messages to higher ranks go on one, to lower ranks on
-     the other, each with its own stream. NCCL runs a communicator's kernels in issue order, so
-     on one communicator a send queued behind a receive waits for it, and two neighbours that
-     each send before they receive (interleaved does) would wait for each other at the GPU;
-     split by direction they cannot (tests/test_nccl_pipeline.c fails interleaved with one).
+   - pp_nccl: a pp_transport over an NCCL communicator and three split from it (collective
+     calls at pp_nccl_create), four channels, each with its own stream: activations to higher
+     ranks, to lower ranks, then gradients to higher and to lower ranks. NCCL runs a
+     communicator's kernels in issue order, so on one communicator a send queued behind a
+     receive waits for it, and two neighbours that each send before they receive (interleaved
+     does) would wait for each other at the GPU; split by direction they cannot
+     (tests/test_nccl_pipeline.c fails interleaved with one channel). Split by kind, the
+     V-shaped schedules (ZB-V, V-Half, V-Min, DualPipeV), whose neighbours exchange activations
+     of one chunk and gradients of the other in orders that differ between the two sides, match
+     in order on every channel.
      isend/irecv queue ncclSend/ncclRecv; the end of an executor group that posted a send
      issues everything queued as one NCCL group per channel (an action's sends together with
      the next action's receives, Megatron's send-forward/receive-backward pairing); a wait on a
@@ -29,12 +33,12 @@
      groups, so a peer that never sent is an error here, not a GPU that never finishes.
    - NCCL has no tags: messages between two ranks match in the order they are posted. The
      executor posts in schedule order, so the order agrees on both sides when every rank's list
-     implies the same per-pair sequence; pp_nccl_check_order proves that for a schedule. It holds
-     for GPipe, 1F1B, ZB-H1, ZB-V and interleaved with p >= 3; with p = 2 one pair carries both
-     activations and gradients, and interleaved p = 2 with an odd m >= 5 posts them in another
-     order than they are sent (found by the check, tests/test_nccl.c): such a schedule, or a
-     user's list that breaks the order, is refused with the first mismatching message named.
-     Use the MPI transport (tags) or another m there.
+     implies the same per-pair sequence of each kind; pp_nccl_check_order proves that for a
+     schedule. It holds for every built-in kind except interleaved (and interleaved-mem) where
+     a pair carries activations of several chunks in orders that differ between the two sides
+     (some m not a multiple of p, found by the check): such a schedule, or a user's list that
+     breaks the order, is refused with the first mismatching message named. Use the MPI
+     transport (tags) or another m there.
    - Sends complete only when their receive runs (rendezvous), and a group completes with all
      its operations: pp_nccl_check_rendezvous runs every rank's groups, in issue order, against
      each other and refuses a schedule whose groups would wait in a cycle (every built-in one
@@ -140,15 +144,17 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
 void pp_nccl_grid_destroy(pp_nccl_grid* g);
 
 /* Proves that, under schedule s, each ordered pair of ranks posts its receives in the order
-   the sender sends (NCCL matches by order, not by tag). PP_ERR_UNSUPPORTED names the first
-   pair and message where they differ. Pure: no GPU needed. */
+   the sender sends, per kind of message (NCCL matches by order, not by tag; the transport sends
+   activations and gradients on channels of their own). PP_ERR_UNSUPPORTED names the first pair
+   and message where they differ. Pure: no GPU needed. */
 pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err);
 /* Proves that the NCCL calls this transport makes under schedule s (with LOCAL or BROADCAST
    shapes) cannot wait in a cycle when sends complete only once their receive runs (NCCL's
    rendezvous for large messages): it derives every rank's groups in the order the executor and
    the transport issue them and runs them against each other. PP_ERR_DEADLOCK names the ranks,
-   messages and groups that would wait for each other. channels: 2 (the transport's two
-   communicators, NCCL >= 2.18) or 1. Pure: no GPU needed. The transport runs this check and
+   messages and groups that would wait for each other. channels: 4 (the transport's four
+   communicators, NCCL >= 2.18: by direction, then by kind), 2 (by direction) or 1. Pure: no GPU
+   needed. The transport runs this check and
    pp_nccl_check_order on every schedule pp_stage_create gives it (pp_transport.check_schedule),
    so a user's table that would hang is refused before the first step. */
 pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err);
@@ -197,7 +203,7 @@ typedef struct _ppn_op {
     int host;                   /* buf is host memory: staged through dev */
     size_t bytes;
     _ppn_batch* batch;          /* NULL while queued */
-    int ch;                     /* 0: the message goes to a higher rank, 1: to a lower one */
+    int ch;                     /* direction (0: to a higher rank, 1: to a lower one) + 2 * gradient */
     int self_done;              /* a message to this rank itself: copied (or failed) */
     pp_result self_rc;
 } _ppn_op;
@@ -208,23 +214,29 @@ typedef struct _ppn_bounce {
     size_t cap;
 } _ppn_bounce;
 
-/* Two channels, each a communicator with its own stream: messages to higher ranks on one,
-   to lower ranks on the other. NCCL runs a communicator's kernels one after another, so on a
-   single communicator a send queued behind a receive waits for it: two neighbours that each
-   send before they receive (interleaved schedules do) would wait for each other. Split by
-   direction, a pair's two directions never queue behind each other, and on each channel a
-   pair's messages go one way in the order both sides post them (pp_nccl_check_order). */
+/* Four channels, each a communicator with its own stream: messages to higher ranks and to
+   lower ranks, each split again into activations and gradients (channel = direction + 2 *
+   gradient). NCCL runs a communicator's kernels one after another, so on a single communicator a
+   send queued behind a receive waits for it: two neighbours that each send before they receive
+   (interleaved schedules do) would wait for each other. Split by direction, a pair's two
+   directions never queue behind each other. Split by kind, a pair's messages on one channel are
+   those of one kind, which every stage sends and receives in ascending micro-batch order: the
+   V-shaped schedules, whose two chunks send each neighbour activations and gradients in orders
+   that differ between the two sides, match in order per channel (pp_nccl_check_order). */
+#define _PPN_MAXCH 4
 struct pp_nccl {
-    ncclComm_t comm, comm2;     /* channel 0 (also the all-reduce), channel 1 (a split of comm) */
-    int own_comm, rank, size, aborted, in_group, group_sends, two;
-    cudaStream_t compute, stream, stream2;
+    ncclComm_t comm;            /* the caller's: channel 0 and the all-reduce */
+    ncclComm_t ch_comm[_PPN_MAXCH]; /* [0] = comm, the others splits of it */
+    int own_comm, rank, size, aborted, in_group, group_sends, nch; /* nch: 1, 2 (direction) or 4 */
+    cudaStream_t compute, stream;   /* stream: channel 0's (and the all-reduce's) */
+    cudaStream_t ch_stream[_PPN_MAXCH];
     _ppn_op *head, *tail;       /* live ops in posting order; the queued ones have no batch */
-    int n_queued[2];
+    int n_queued[_PPN_MAXCH];
     _ppn_batch* outstanding;    /* issued batches not yet seen complete */
-    uint64_t batch_seq[2];      /* batches issued so far, per channel */
-    uint64_t waited_seq[2];     /* the last batch of each channel the compute stream waited for */
-    uint64_t done_seq[2];       /* every batch of the channel up to this one is complete */
-    uint64_t busy_seq[2], busy_at[2]; /* a batch of the channel seen running, and 1 + the flush count then */
+    uint64_t batch_seq[_PPN_MAXCH];  /* batches issued so far, per channel */
+    uint64_t waited_seq[_PPN_MAXCH]; /* the last batch of each channel the compute stream waited for */
+    uint64_t done_seq[_PPN_MAXCH];   /* every batch of the channel up to this one is complete */
+    uint64_t busy_seq[_PPN_MAXCH], busy_at[_PPN_MAXCH]; /* a batch of the channel seen running, and 1 + the flush count then */
     uint64_t flushes;
     cudaEvent_t ready;          /* recorded on the compute stream at every flush (a wait keeps its record) */
     int in_flush_all, ready_fresh; /* within _ppn_flush_all: ready is recorded for both channels' groups */
@@ -256,12 +268,22 @@ static pp_result _ppn_nccl(pp_nccl* t, ncclResult_t r, const char* what) {
 static void _ppn_abort_comm(pp_nccl* t) {
     if (!t->aborted) {
         t->aborted = 1;
+        int ch;
         ncclCommAbort(t->comm);
-        if (t->two) ncclCommAbort(t->comm2);
+        for (ch = 1; ch < t->nch; ch++) ncclCommAbort(t->ch_comm[ch]);
     }
 }
-#define _PPN_COMM(t, ch) ((ch) ? (t)->comm2 : (t)->comm)
-#define _PPN_STREAM(t, ch) ((ch) ? (t)->stream2 : (t)->stream)
+#define _PPN_COMM(t, ch) ((t)->ch_comm[ch])
+#define _PPN_STREAM(t, ch) ((t)->ch_stream[ch])
+
+/* The channel of a message: its direction, and with four channels its kind (the executor's data
+   tags carry it in their direction bit; the library's own tags count as activations). A pure
+   function of (rank, peer, tag): both sides pick the same channel. */
+static int _ppn_channel(int nch, int me, int is_recv, int peer, int tag) {
+    int ch = nch >= 2 && (is_recv ? peer > me : peer < me);
+    if (nch == 4 && tag >= 0 && tag < _PP_TAG_RESERVED && (tag >> _PP_GEN_BITS & 1)) ch += 2;
+    return ch;
+}
 
 static void _ppn_sleep_us(long us) {
     struct timespec ts;
@@ -503,9 +525,9 @@ static void _ppn_self_match(pp_nccl* t, _ppn_op* op) {
 
 static pp_result _ppn_flush_all(pp_nccl* t) {
     pp_result rc;
+    int ch;
     t->in_flush_all = 1;
-    rc = _ppn_flush(t, 0, NULL);
-    if (rc == PP_OK) rc = _ppn_flush(t, 1, NULL);
+    for (ch = 0, rc = PP_OK; ch < t->nch && rc == PP_OK; ch++) rc = _ppn_flush(t, ch, NULL);
     t->in_flush_all = t->ready_fresh = 0;
     return rc;
 }
@@ -524,7 +546,7 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     op->dev = buf;
     op->bytes = bytes;
     op->host = bytes ? _ppn_is_host(t, buf) : 0;
-    op->ch = t->two && (is_recv ? peer > t->rank : peer < t->rank); /* 1: the message goes to a lower rank */
+    op->ch = _ppn_channel(t->nch, t->rank, is_recv, peer, tag);
     if (op->host && peer != t->rank) {
         op->dev = NULL;
         rc = _ppn_bounce_get(t, bytes, &op->dev, &op->dev_cap);
@@ -746,10 +768,13 @@ static void _ppn_abort(void* self, pp_result why, const char* msg) {
     _ppn_abort_comm(t);
 }
 
+static pp_result _ppn_check_order(const pp_schedule* s, int by_kind, pp_error* err);
+
 /* pp_stage_create's check: NCCL matches by order, and its sends wait for their receives. */
 static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error* err) {
-    pp_result rc = pp_nccl_check_order(s, err);
-    return rc == PP_OK ? pp_nccl_check_rendezvous(s, ((pp_nccl*)self)->two ? 2 : 1, err) : rc;
+    pp_nccl* t = (pp_nccl*)self;
+    pp_result rc = _ppn_check_order(s, t->nch == 4, err);
+    return rc == PP_OK ? pp_nccl_check_rendezvous(s, t->nch, err) : rc;
 }
 
 pp_transport pp_nccl_transport(pp_nccl* t) {
@@ -784,24 +809,37 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
         PP_FREE(t);
         return _pp_fail(err, PP_ERR_INVALID, "communicator has %d ranks, PP_MAX_RANKS is %d", n, PP_MAX_RANKS);
     }
-    if ((e = cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-        (e = cudaStreamCreateWithFlags(&t->stream2, cudaStreamNonBlocking)) != cudaSuccess) {
-        if (t->stream) cudaStreamDestroy(t->stream);
-        PP_FREE(t);
-        return _pp_fail(err, PP_ERR_TRANSPORT, "cudaStreamCreate: %s", cudaGetErrorString(e));
-    }
+    t->nch = 1;
+    t->ch_comm[0] = t->comm;
 #if NCCL_VERSION_CODE >= 21800
-    if (t->size > 1) { /* channel 1: the same ranks in a communicator of their own (collective) */
-        pp_result rc = _ppn_split(t->comm, 0, t->rank, &t->comm2, _pp_now() + PP_DEFAULT_TIMEOUT_S, "ncclCommSplit (channel 1)", err);
-        if (rc != PP_OK) {
-            cudaStreamDestroy(t->stream);
-            cudaStreamDestroy(t->stream2);
-            PP_FREE(t);
-            return rc;
-        }
-        t->two = 1;
-    }
+    if (t->size > 1) t->nch = _PPN_MAXCH;
 #endif
+    {
+        int ch;
+        for (ch = 0; ch < t->nch; ch++) {
+            pp_result rc = PP_OK;
+            char what[48];
+            if ((e = cudaStreamCreateWithFlags(&t->ch_stream[ch], cudaStreamNonBlocking)) != cudaSuccess) {
+                t->ch_stream[ch] = NULL;
+                rc = _pp_fail(err, PP_ERR_TRANSPORT, "cudaStreamCreate: %s", cudaGetErrorString(e));
+            }
+#if NCCL_VERSION_CODE >= 21800
+            /* channels 1..3: the same ranks in communicators of their own (collective) */
+            snprintf(what, sizeof what, "ncclCommSplit (channel %d)", ch);
+            if (rc == PP_OK && ch > 0) rc = _ppn_split(t->comm, 0, t->rank, &t->ch_comm[ch], _pp_now() + PP_DEFAULT_TIMEOUT_S, what, err);
+#else
+            (void)what;
+#endif
+            if (rc != PP_OK) {
+                t->nch = ch + 1; /* what exists: destroy takes it down (not the caller's communicator) */
+                t->own_comm = 0;
+                if (ch > 0) t->ch_comm[ch] = NULL;
+                pp_nccl_destroy(t);
+                return rc;
+            }
+        }
+        t->stream = t->ch_stream[0];
+    }
     *out = t;
     return PP_OK;
 }
@@ -811,7 +849,7 @@ pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err) {
     pp_result rc = PP_OK;
     if (!t) return _pp_fail(err, PP_ERR_INVALID, "transport is NULL");
     if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted (%s)", t->rank, t->err);
-    if (t->n_queued[0] || t->n_queued[1]) {
+    if (t->n_queued[0] || t->n_queued[1] || t->n_queued[2] || t->n_queued[3]) {
         /* posted and never waited for: issue them, so the peers' matching ops are not left hanging */
         if ((rc = _ppn_flush_all(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
     }
@@ -832,11 +870,11 @@ pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err) {
 }
 
 void pp_nccl_destroy(pp_nccl* t) {
+    int ch;
     if (!t) return;
-    if (!t->aborted) {
-        cudaStreamSynchronize(t->stream);
-        cudaStreamSynchronize(t->stream2);
-    }
+    if (!t->aborted)
+        for (ch = 0; ch < t->nch; ch++)
+            if (t->ch_stream[ch]) cudaStreamSynchronize(t->ch_stream[ch]);
     while (t->head) _ppn_op_free(t, t->head);
     while (t->outstanding) {
         _ppn_batch* b = t->outstanding;
@@ -852,9 +890,10 @@ void pp_nccl_destroy(pp_nccl* t) {
         cudaFree(b->p);
         PP_FREE(b);
     }
-    cudaStreamDestroy(t->stream);
-    cudaStreamDestroy(t->stream2);
-    if (t->two && !t->aborted) ncclCommDestroy(t->comm2);
+    for (ch = 0; ch < t->nch; ch++) {
+        if (t->ch_stream[ch]) cudaStreamDestroy(t->ch_stream[ch]);
+        if (ch > 0 && t->ch_comm[ch] && !t->aborted) ncclCommDestroy(t->ch_comm[ch]);
+    }
     if (t->own_comm && !t->aborted) ncclCommDestroy(t->comm);
     PP_FREE(t);
 }
@@ -1086,8 +1125,10 @@ void pp_nccl_grid_destroy(pp_nccl_grid* g) {
 /* One message in a pair's sequence: (micro-batch, boundary stage, direction). */
 typedef struct _ppn_msg { int mb, boundary, dir; } _ppn_msg;
 
-pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err) {
-    int p, a, b, i;
+/* by_kind: activations and gradients travel on channels of their own (four channels), so only
+   each kind's order must agree; else every message of a pair shares one order. */
+static pp_result _ppn_check_order(const pp_schedule* s, int by_kind, pp_error* err) {
+    int p, a, b, i, kind;
     _ppn_msg *snd = NULL, *rcv = NULL;
     size_t cap, ns, nr;
     pp_result rc = PP_OK;
@@ -1101,6 +1142,7 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err) {
         PP_FREE(rcv);
         return _pp_fail(err, PP_ERR_NOMEM, "order check");
     }
+    for (kind = 0; kind <= by_kind && rc == PP_OK; kind++)
     for (a = 0; a < p && rc == PP_OK; a++)
         for (b = 0; b < p && rc == PP_OK; b++) {
             const pp_action* la = pp_schedule_rank(s, a);
@@ -1110,12 +1152,14 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err) {
             /* what a sends to b, in a's order: F outputs forward, B input gradients backward */
             for (i = 0; i < s->per_rank; i++) {
                 const pp_action* x = &la[i];
+                if (by_kind && (x->op == PP_OP_B) != kind) continue;
                 if (x->op == PP_OP_F && x->next_rank == b) { snd[ns].mb = x->mb; snd[ns].boundary = x->stage + 1; snd[ns++].dir = 0; }
                 if (x->op == PP_OP_B && x->prev_rank == b) { snd[ns].mb = x->mb; snd[ns].boundary = x->stage; snd[ns++].dir = 1; }
             }
             /* what b receives from a, in b's posting order (its action order) */
             for (i = 0; i < s->per_rank; i++) {
                 const pp_action* x = &lb[i];
+                if (by_kind && (x->op == PP_OP_B) != kind) continue;
                 if (x->op == PP_OP_F && x->prev_rank == a) { rcv[nr].mb = x->mb; rcv[nr].boundary = x->stage; rcv[nr++].dir = 0; }
                 if (x->op == PP_OP_B && x->next_rank == a) { rcv[nr].mb = x->mb; rcv[nr].boundary = x->stage + 1; rcv[nr++].dir = 1; }
             }
@@ -1138,6 +1182,14 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err) {
     PP_FREE(snd);
     PP_FREE(rcv);
     return rc;
+}
+
+pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err) {
+#if NCCL_VERSION_CODE >= 21800
+    return _ppn_check_order(s, 1, err); /* pp_nccl_create makes four channels */
+#else
+    return _ppn_check_order(s, 0, err);
+#endif
 }
 
 /* >>impl-nccl-rendezvous: can the NCCL calls the executor makes under s wait in a cycle?
@@ -1168,11 +1220,11 @@ typedef struct _ppn_rop {   /* one operation in a rank's channel queue */
     int8_t recv, grad;
 } _ppn_rop;
 
-typedef struct _ppn_rgrp { int32_t lo, hi, need[2]; } _ppn_rgrp; /* ops [lo, hi); completed groups it waits for */
+typedef struct _ppn_rgrp { int32_t lo, hi, need[_PPN_MAXCH]; } _ppn_rgrp; /* ops [lo, hi); completed groups it waits for */
 
 typedef struct _ppn_rdv {
     const pp_schedule* s;
-    int p, two, cap;
+    int p, nch, cap;
     _ppn_rop* ops;          /* [(r*2 + ch) * cap + k] */
     _ppn_rgrp* grps;        /* same layout */
     int32_t* n_ops;         /* [r*2 + ch] */
@@ -1184,7 +1236,7 @@ typedef struct _ppn_rdv {
     int32_t* kth;           /* [(r*2 + ch) * cap + k]: k-th op of its (peer, kind) */
 } _ppn_rdv;
 
-#define _PPN_RC(r, ch) ((size_t)((r) * 2 + (ch)))
+#define _PPN_RC(r, ch) ((size_t)((r) * _PPN_MAXCH + (ch)))
 
 static void _ppn_rdv_flush(_ppn_rdv* z, int r, int ch, int upto, const int* cw) {
     size_t rc = _PPN_RC(r, ch);
@@ -1194,21 +1246,20 @@ static void _ppn_rdv_flush(_ppn_rdv* z, int r, int ch, int upto, const int* cw) 
     g = &z->grps[rc * (size_t)z->cap + (size_t)z->n_grps[rc]];
     g->lo = z->flushed[rc];
     g->hi = upto;
-    g->need[0] = cw[0];
-    g->need[1] = cw[1];
+    memcpy(g->need, cw, sizeof g->need);
     for (k = g->lo; k < g->hi; k++) z->ops[rc * (size_t)z->cap + (size_t)k].grp = z->n_grps[rc];
     z->n_grps[rc]++;
     z->flushed[rc] = upto;
 }
 
 static void _ppn_rdv_flush_all(_ppn_rdv* z, int r, const int* cw) {
-    _ppn_rdv_flush(z, r, 0, z->n_ops[_PPN_RC(r, 0)], cw);
-    _ppn_rdv_flush(z, r, 1, z->n_ops[_PPN_RC(r, 1)], cw);
+    int ch;
+    for (ch = 0; ch < z->nch; ch++) _ppn_rdv_flush(z, r, ch, z->n_ops[_PPN_RC(r, ch)], cw);
 }
 
-/* Appends one operation of rank r to its channel's queue; returns (channel << 30) | position. */
+/* Appends one operation of rank r to its channel's queue; returns (channel << 28) | position. */
 static int _ppn_rdv_post(_ppn_rdv* z, int r, int recv, int peer, int grad, int mb, int bnd) {
-    int ch = z->two && (recv ? peer > r : peer < r);
+    int ch = (z->nch >= 2 && (recv ? peer > r : peer < r)) + (z->nch == 4 && grad ? 2 : 0); /* as _ppn_channel */
     size_t rc = _PPN_RC(r, ch);
     _ppn_rop* o = &z->ops[rc * (size_t)z->cap + (size_t)z->n_ops[rc]];
     o->grp = -1;
@@ -1217,7 +1268,7 @@ static int _ppn_rdv_post(_ppn_rdv* z, int r, int recv, int peer, int grad, int m
     o->grad = (int8_t)grad;
     o->mb = mb;
     o->bnd = (int16_t)bnd;
-    return (ch << 30) | z->n_ops[rc]++;
+    return (ch << 28) | z->n_ops[rc]++;
 }
 
 /* The receive an action posts (-1: none over NCCL), as _ppn_rdv_post's handle. */
@@ -1230,7 +1281,7 @@ static int _ppn_rdv_post_recv(_ppn_rdv* z, int r, const pp_action* a) {
 
 static void _ppn_rdv_issue(_ppn_rdv* z, int r) {
     const pp_action* l = pp_schedule_rank(z->s, r);
-    int n = z->s->per_rank, i, cw[2] = {0, 0};
+    int n = z->s->per_rank, i, cw[_PPN_MAXCH] = {0, 0, 0, 0};
     int* posted = (int*)z->kth; /* scratch for this rank, the k-th indices come later */
     for (i = 0; i < n; i++) posted[i] = -2;
     for (i = 0; i < n; i++) {
@@ -1240,11 +1291,11 @@ static void _ppn_rdv_issue(_ppn_rdv* z, int r) {
         if (i + 1 < n && posted[i + 1] == -2) posted[i + 1] = _ppn_rdv_post_recv(z, r, &l[i + 1]);
         if ((h = posted[i]) >= 0) {
             size_t rc;
-            ch = h >> 30;
+            ch = h >> 28;
             rc = _PPN_RC(r, ch);
-            _ppn_rdv_flush(z, r, ch, (h & 0x3fffffff) + 1, cw);
-            if (z->ops[rc * (size_t)z->cap + (size_t)(h & 0x3fffffff)].grp + 1 > cw[ch])
-                cw[ch] = z->ops[rc * (size_t)z->cap + (size_t)(h & 0x3fffffff)].grp + 1;
+            _ppn_rdv_flush(z, r, ch, (h & 0x0fffffff) + 1, cw);
+            if (z->ops[rc * (size_t)z->cap + (size_t)(h & 0x0fffffff)].grp + 1 > cw[ch])
+                cw[ch] = z->ops[rc * (size_t)z->cap + (size_t)(h & 0x0fffffff)].grp + 1;
         }
         h = -1;
         if (a->op == PP_OP_F && a->stage < z->s->n_stages - 1 && a->next_rank != r)
@@ -1260,11 +1311,14 @@ static void _ppn_rdv_issue(_ppn_rdv* z, int r) {
 
 static int _ppn_rdv_started(const _ppn_rdv* z, int r, int ch, int g) {
     size_t rc = _PPN_RC(r, ch);
+    int c;
     const _ppn_rgrp* x;
     if (g < z->done[rc]) return 1;
     if (g > z->done[rc]) return 0;
     x = _PPN_GRP(z, rc, g);
-    return z->done[_PPN_RC(r, 0)] >= x->need[0] && z->done[_PPN_RC(r, 1)] >= x->need[1];
+    for (c = 0; c < z->nch; c++)
+        if (z->done[_PPN_RC(r, c)] < x->need[c]) return 0;
+    return 1;
 }
 
 /* The peer's operation that o (the k-th of its rank, channel, peer and kind) meets. */
@@ -1279,13 +1333,14 @@ static void _ppn_rdv_opname(char* buf, size_t cap, const _ppn_rop* o) {
                    o->grad ? o->bnd : o->bnd - 1, o->grad ? o->bnd - 1 : o->bnd, o->recv ? "from" : "to", o->peer);
 }
 
-/* Why the stuck channel `cur` (rank * 2 + channel) waits, appended to buf; returns the channel it
-   waits for. */
+/* Why the stuck channel `cur` (rank * _PPN_MAXCH + channel) waits, appended to buf; returns the
+   channel it waits for. */
 static int _ppn_rdv_why(const _ppn_rdv* z, int cur, char* buf, size_t cap) {
-    int r = cur / 2, ch = cur % 2, g = z->done[cur], k;
+    int r = cur / _PPN_MAXCH, ch = cur % _PPN_MAXCH, g = z->done[cur], k;
     const _ppn_rgrp* x = _PPN_GRP(z, (size_t)cur, g);
     if (!_ppn_rdv_started(z, r, ch, g)) {
-        int c2 = z->done[_PPN_RC(r, 0)] < x->need[0] ? 0 : 1;
+        int c2 = 0;
+        while (c2 < z->nch - 1 && z->done[_PPN_RC(r, c2)] >= x->need[c2]) c2++;
         _pp_sim_append(buf, cap, "r%d ch%d#%d waits for its compute stream, which waits for r%d ch%d#%d", r, ch, g, r, c2,
                        x->need[c2] - 1);
         return (int)_PPN_RC(r, c2);
@@ -1306,20 +1361,20 @@ static int _ppn_rdv_why(const _ppn_rdv* z, int cur, char* buf, size_t cap) {
 static void _ppn_rdv_report(const _ppn_rdv* z, char* buf, size_t cap) {
     char scratch[8] = {0};
     int cur = -1, i, steps;
-    for (i = 0; i < 2 * z->p && cur < 0; i++)
+    for (i = 0; i < _PPN_MAXCH * z->p && cur < 0; i++)
         if (z->done[i] < z->n_grps[i]) cur = i;
-    /* 2p steps from anywhere end inside the cycle */
-    for (steps = 0; steps < 2 * z->p && cur >= 0; steps++) cur = _ppn_rdv_why(z, cur, scratch, 0);
+    /* as many steps as channels from anywhere end inside the cycle */
+    for (steps = 0; steps < _PPN_MAXCH * z->p && cur >= 0; steps++) cur = _ppn_rdv_why(z, cur, scratch, 0);
     _pp_sim_append(buf, cap, "its NCCL calls would wait in a cycle (sends wait for their receive; rK chC#N: rank K's N-th "
-                   "group on channel C, 0 to higher ranks, 1 to lower): ");
-    for (i = cur, steps = 0; i >= 0 && (steps == 0 || i != cur) && steps < 2 * z->p; steps++) {
+                   "group on channel C, 0 to higher ranks, 1 to lower, 2 and 3 the same for gradients): ");
+    for (i = cur, steps = 0; i >= 0 && (steps == 0 || i != cur) && steps < _PPN_MAXCH * z->p; steps++) {
         if (steps) _pp_sim_append(buf, cap, "; ");
         i = _ppn_rdv_why(z, i, buf, cap);
     }
 }
 
 /* Builds every rank's groups, then runs them under rendezvous semantics. */
-static pp_result _ppn_rdv_run(const pp_schedule* s, int two, pp_error* err) {
+static pp_result _ppn_rdv_run(const pp_schedule* s, int nch, pp_error* err) {
     _ppn_rdv z;
     size_t n_rc, n_pair, i;
     int r, ch, k, progress = 1;
@@ -1327,9 +1382,9 @@ static pp_result _ppn_rdv_run(const pp_schedule* s, int two, pp_error* err) {
     memset(&z, 0, sizeof z);
     z.s = s;
     z.p = s->p;
-    z.two = two;
+    z.nch = nch;
     z.cap = 2 * s->per_rank + 1;
-    n_rc = (size_t)2 * (size_t)z.p;
+    n_rc = (size_t)_PPN_MAXCH * (size_t)z.p;
     n_pair = n_rc * (size_t)z.p * 2;
     z.ops = (_ppn_rop*)_pp_calloc(n_rc * (size_t)z.cap, sizeof *z.ops);
     z.grps = (_ppn_rgrp*)_pp_calloc(n_rc * (size_t)z.cap, sizeof *z.grps);
@@ -1358,7 +1413,7 @@ static pp_result _ppn_rdv_run(const pp_schedule* s, int two, pp_error* err) {
             z.order[z.bypair[(i * (size_t)z.p + (size_t)o->peer) * 2 + (size_t)o->recv] + z.kth[i * (size_t)z.cap + (size_t)k]] = k;
         }
     for (r = 0; r < z.p; r++)
-        for (ch = 0; ch < 2; ch++)
+        for (ch = 0; ch < nch; ch++)
             for (k = 0; k < z.p; k++) {
                 size_t mine = (_PPN_RC(r, ch) * (size_t)z.p + (size_t)k) * 2, theirs = (_PPN_RC(k, ch) * (size_t)z.p + (size_t)r) * 2;
                 int sends = z.bypair[mine + 1] - z.bypair[mine], recvs = z.bypair[theirs + 2] - z.bypair[theirs + 1];
@@ -1371,7 +1426,7 @@ static pp_result _ppn_rdv_run(const pp_schedule* s, int two, pp_error* err) {
     while (progress) {
         progress = 0;
         for (r = 0; r < z.p; r++)
-            for (ch = 0; ch < 2; ch++) {
+            for (ch = 0; ch < nch; ch++) {
                 size_t c = _PPN_RC(r, ch);
                 while (z.done[c] < z.n_grps[c] && _ppn_rdv_started(&z, r, ch, z.done[c])) {
                     const _ppn_rgrp* x = _PPN_GRP(&z, c, z.done[c]);
@@ -1403,10 +1458,11 @@ cleanup:
 
 pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err) {
     if (!s || !s->actions) return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL");
-    if (channels != 1 && channels != 2) return _pp_fail(err, PP_ERR_INVALID, "channels = %d (1 or 2)", channels);
-    if (s->p < 1 || s->p > PP_MAX_RANKS || s->per_rank < 0 || s->per_rank > (1 << 28))
+    if (channels != 1 && channels != 2 && channels != 4)
+        return _pp_fail(err, PP_ERR_INVALID, "channels = %d (1, 2 or 4)", channels);
+    if (s->p < 1 || s->p > PP_MAX_RANKS || s->per_rank < 0 || s->per_rank > (1 << 26))
         return _pp_fail(err, PP_ERR_INVALID, "schedule header p=%d per_rank=%d", s->p, s->per_rank);
-    return _ppn_rdv_run(s, channels == 2, err);
+    return _ppn_rdv_run(s, channels, err);
 }
 
 #if defined(MPI_VERSION)
