@@ -87,7 +87,7 @@ $(B)/bench-imitation-smoke: $(B)/bench_imitation
 $(B)/pp-sched-cli: tests/test_pp_sched.sh $(B)/pp-sched
 	@printf '#!/bin/sh\nexec sh tests/test_pp_sched.sh $(B)/pp-sched\n' > $@ && chmod +x $@
 
-TEST_BINS_EXTRA = $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls
+TEST_BINS_EXTRA = $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls
 
 # Negative controls of tests/test_agree.c: without the tags' generation, or without the step
 # agreement (each without the plan check, which would hide them), it must fail.
@@ -113,6 +113,14 @@ $(B)/cuda-ctl-early-on-stream: tests/test_cuda_host.c $(TEST_HDRS) $(EXH) $(HEAD
 	$(CC) $(BASE) -Itests/fakecuda -DPP_TEST_EARLY_COPY_ON_STREAM $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream
 	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early"\n' > $@
+	chmod +x $@
+
+# Negative control of tests/test_nccl_pipeline.c's drained failure: with the stage aborting as
+# before, the peers wait for their deadline (3 s here) and the test fails.
+$(B)/nccl-ctl-nodrain: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_NO_DRAIN $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain
+	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

@@ -878,6 +878,12 @@ typedef struct pp_transport {
        pp_simulate): pipeline_nccl.h refuses a message order NCCL cannot match and a call order
        that would wait in a cycle under rendezvous sends. May be NULL. */
     pp_result (*check_schedule)(void* self, const pp_schedule* s, pp_error* err);
+    /* 1 when abort reaches only this process (pipeline_nccl.h: ncclCommAbort), so a peer waiting
+       for this rank would wait until its deadline. A stage whose layer fails then drains the
+       step instead of aborting: it runs the rest of its list without computing, sends zeros
+       where it would have sent results, and every rank learns of the failure at the step's
+       end, with the transport intact (docs/errors.md). */
+    int abort_local;
 } pp_transport;
 
 /* >>threads ----------------------------------------------------------------------------------- */
@@ -4826,10 +4832,10 @@ static pp_transport _pp_transport_of(const pp_transport* ops, void* self, int ra
 
 pp_transport pp_threads_transport(pp_threads* w, int rank) {
     /* self, rank, size; isend, irecv, wait, test; group_start, group_end; allreduce_sum, abort,
-       cancel; flight_note, flight_get; abort_reason, check_schedule */
+       cancel; flight_note, flight_get; abort_reason, check_schedule; abort_local */
     static const pp_transport ops = {NULL, 0, 0, _pp_threads_isend, _pp_threads_irecv, _pp_threads_wait, _pp_threads_test,
                                      NULL, NULL, _pp_threads_allreduce, _pp_threads_abort, _pp_threads_cancel,
-                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason, NULL};
+                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason, NULL, 0};
     int ok = w && rank >= 0 && rank < w->n;
     return _pp_transport_of(&ops, ok ? &w->ports[rank] : NULL, rank, ok ? w->n : 0);
 }
@@ -5185,6 +5191,9 @@ struct pp_stage {
                                        output gradient (the next stage's input gradient) */
     int live_cap;
     int defer_w;                    /* schedule has W actions and the model a weight_grad */
+    int draining;                   /* a layer failed this step: the rest runs without computing */
+    int drained;                    /* the step's failure was drained: no abort */
+    pp_result drain_rc;             /* that failure */
     float* mb_loss;
     _pp_block *pool, *retiring;
     size_t pool_held, pool_used, pool_need_max; /* bytes allocated, asked for now, most asked for in a step */
@@ -6552,6 +6561,38 @@ static void _pp_mark(pp_stage* s, const _pp_act* c, int done) {
     if (s->d.device.mark) s->d.device.mark(s->d.device.user, c->a, c->idx, done);
 }
 
+/* A layer (or the finite check) failed with rc, its message in s->err. Over a transport whose
+   abort is local, the step goes on without computing (the peers get zeros and finish), and rc
+   is the step's result at its end: 1. Otherwise 0: the caller returns rc, and the stage aborts. */
+static int _pp_drain(pp_stage* s, pp_result rc) {
+#ifdef PP_TEST_NO_DRAIN /* negative control (tests/test_nccl_pipeline.c): abort instead */
+    (void)s;
+    (void)rc;
+    return 0;
+#else
+    if (!s->d.transport.abort_local) return 0;
+    if (!s->draining) {
+        s->draining = 1;
+        s->drain_rc = rc;
+    }
+    return 1;
+#endif
+}
+
+/* Zeros in place of what a draining rank would have computed, so its peers compute on finite
+   numbers. */
+static pp_result _pp_drain_zero(pp_stage* s, const pp_tensor* ts, int n) {
+    int k;
+    for (k = 0; k < n; k++) {
+        size_t bytes = pp_tensor_bytes(&ts[k]);
+        if (!ts[k].data || !bytes) continue;
+        if (!s->d.device.zero) memset(ts[k].data, 0, bytes);
+        else if (s->d.device.zero(s->d.device.user, ts[k].data, bytes) != PP_OK)
+            return _pp_stage_fail(s, PP_ERR_TRANSPORT, "zeroing %zu bytes of a drained step's output", bytes);
+    }
+    return PP_OK;
+}
+
 /* F fed by this rank (the turn of the V): its input is the previous stage's output, read in that
    stage's stash, which it references until its own stash goes; its stash is taken now. */
 static pp_result _pp_turn_in(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
@@ -6586,13 +6627,18 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
     s->live_bytes += blk->cap;
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
-    rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, s->act, s->nact, s->saved, c->sb,
-                           &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
-    if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+    rc = PP_OK;
+    if (!s->draining) {
+        rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, s->act, s->nact, s->saved, c->sb,
+                               &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
+        if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
+        else if (s->d.check_finite)
+            rc = _pp_check_finite(s, a, &s->act[(c->lb - c->la) * PP_MAX_TENSORS], s->nact[c->lb - c->la],
+                                  a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL);
+        if (rc != PP_OK && !_pp_drain(s, rc)) return rc;
+    }
     _pp_mark(s, c, 1);
-    if (s->d.check_finite &&
-        (rc = _pp_check_finite(s, a, &s->act[(c->lb - c->la) * PP_MAX_TENSORS], s->nact[c->lb - c->la],
-                               a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL)) != PP_OK)
+    if (s->draining && (rc = _pp_drain_zero(s, &s->act[(c->lb - c->la) * PP_MAX_TENSORS], s->nact[c->lb - c->la])) != PP_OK)
         return rc;
     s->st.t_forward += _pp_now() - c->t0;
     if (a->stage < s->S - 1 && !_pp_turn(s, a->stage + 1)) return _pp_send_output(s, a, blk, c->la, c->lb);
@@ -6614,17 +6660,24 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its %s", a->mb, a->chunk, stash ? "next stage's B" : "F");
     }
     _pp_views(s, c, stash, gws);
-    rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
-                        s->saved, c->sb, s->d.layer_ctx, &s->err);
-    /* a split model on a schedule without W: the weight gradients now */
-    if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
-        rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
+    rc = PP_OK;
+    if (!s->draining) {
+        rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
                             s->saved, c->sb, s->d.layer_ctx, &s->err);
-    if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
+        /* a split model on a schedule without W: the weight gradients now */
+        if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
+            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
+                                s->saved, c->sb, s->d.layer_ctx, &s->err);
+        if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
+        else if (s->d.check_finite && a->stage > 0)
+            rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL);
+        if (rc != PP_OK && _pp_drain(s, rc)) rc = PP_OK;
+    }
     if (rc == PP_OK) {
         _pp_mark(s, c, 1);
         s->st.t_backward += _pp_now() - c->t0;
-        if (s->d.check_finite && a->stage > 0) rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL);
+        /* the workspace was zeroed when it was taken, but a layer may have written before it failed */
+        if (s->draining && a->stage > 0) rc = _pp_drain_zero(s, s->dact, s->nact[0]);
     }
     if (rc == PP_OK && a->stage > 0 && !in_turn)
         rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
@@ -6654,9 +6707,11 @@ static pp_result _pp_run_w(pp_stage* s, const _pp_act* c) {
     if (s->defer_w) {
         if (!stash || !gws) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "W%d.%d before its B", a->mb, a->chunk);
         _pp_views(s, c, stash, gws);
-        rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
-                            s->saved, c->sb, s->d.layer_ctx, &s->err);
-        if (rc != PP_OK) return _pp_stage_wrap(s, rc, a);
+        if (!s->draining) {
+            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
+                                s->saved, c->sb, s->d.layer_ctx, &s->err);
+            if (rc != PP_OK && !_pp_drain(s, rc = _pp_stage_wrap(s, rc, a))) return rc;
+        }
         _pp_slot_release(s, c->slot);
     }
     _pp_mark(s, c, 1);
@@ -7041,6 +7096,10 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
     }
     if (rc == PP_OK) rc = _pp_reap(s, 1);
     for (need = 0; need < s->n_nb && rc == PP_OK; need++) rc = _pp_fp_check(s, s->nb[need].rank);
+    if (rc == PP_OK && s->draining) { /* every message went: the failure is the step's result */
+        rc = s->drain_rc;
+        s->drained = 1;
+    }
     s->st.t_total = _pp_now() - t_start;
     s->st.n_actions = i;
     *n_done = i;
@@ -7069,10 +7128,12 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
         memset(s->n_recv, 0, sizeof *s->n_recv * (size_t)s->p);
     }
     for (i = 0; i < s->n_nb; i++) s->nb[i].state = 0;
+    s->draining = s->drained = 0;
     rc = own = _pp_stage_step_run(s, b, &n_done);
     if (rc != PP_OK) {
         if (n_done > 0) _pp_stage_note(s, &s->list[n_done - 1], PP_FLIGHT_FAILED, -1);
-        if (rc != PP_ERR_ABORTED && s->d.transport.abort) s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
+        if (rc != PP_ERR_ABORTED && s->d.transport.abort && !s->drained)
+            s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
         _pp_stage_recover(s);
     }
     rc = _pp_agree(s, rc);

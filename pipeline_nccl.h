@@ -49,7 +49,9 @@
      probes of retiring blocks) or an NCCL error the communicators are aborted (ncclCommAbort),
      so this rank returns PP_ERR_TIMEOUT / PP_ERR_TRANSPORT instead of hanging, and its peers
      fail the same way within their own timeouts. transport.abort also aborts them. An aborted
-     transport stays aborted: destroy it and build a new communicator (a new unique id).
+     transport stays aborted: destroy it and build a new communicator (a new unique id). A
+     layer's failure does not abort: the transport's abort_local makes the stage drain the step
+     (no compute, zeros sent) and report the failure at its end, on every rank at once.
    - Bootstrap: pp_launch_from_env (pipeline.h) gives rank, world and local rank from mpirun,
      srun or torchrun; the ncclUniqueId travels by MPI_Bcast (pp_nccl_unique_id_mpi, when
      <mpi.h> was included first) or through a file on a shared filesystem
@@ -781,7 +783,7 @@ pp_transport pp_nccl_transport(pp_nccl* t) {
     /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
     static const pp_transport ops = {NULL, 0, 0, _ppn_isend, _ppn_irecv, _ppn_wait, _ppn_test, _ppn_group_start,
                                      _ppn_group_end, _ppn_allreduce, _ppn_abort, _ppn_cancel, NULL, NULL, NULL,
-                                     _ppn_check_schedule};
+                                     _ppn_check_schedule, 1};
     return _pp_transport_of(&ops, t, t ? t->rank : 0, t ? t->size : 0);
 }
 

@@ -60,6 +60,8 @@ typedef struct world {
     pp_result rc[MAXP][4];
     char msg[MAXP][800];
     int after_fail;             /* run a failing step, reset, then a clean one */
+    int zero_after_fail;        /* after a failed step, zero the gradients and go on (drained) */
+    double t_step[MAXP][4];     /* seconds each rank's step took */
 } world;
 
 typedef struct rank_arg {
@@ -152,10 +154,13 @@ static void* rank_main(void* arg) {
         snprintf(w->msg[r], sizeof w->msg[r], "setup: %s", err.msg);
     } else {
         for (s = 0; s < w->steps; s++) {
+            double t0 = _pp_now();
             rc = pp_stage_step(st, &b, NULL);
             if (rc == PP_OK) rc = pp_nccl_step_end(t, g_timeout, &err);
             else (void)pp_nccl_step_end(t, g_timeout, NULL);
+            w->t_step[r][s] = _pp_now() - t0;
             w->rc[r][s] = rc;
+            if (rc != PP_OK && w->zero_after_fail) memset(GBUF[r], 0, NPAR * sizeof(float));
             if (rc != PP_OK) snprintf(w->msg[r], sizeof w->msg[r], "step %d: %s [transport: %.100s]", s, pp_stage_error(st), pp_nccl_error(t));
             if (w->after_fail && s == 0) {
                 /* every rank comes here (the step failed everywhere, the communicators are
@@ -341,9 +346,10 @@ static void world_1f1b(world* w, pp_schedule* sc, pp_action* acts, size_t cap, i
     reference(m, ref_steps);
 }
 
-/* A failing layer on the last rank: every rank's step fails; with new communicators the next
-   step is bit-exact. p = 4 (make quick: p = 2, as each rank further from the failure learns of
-   it seconds later, by a timeout). */
+/* A failing layer on the last rank: every rank's step fails; with new communicators, a new
+   transport and new stages the next step is bit-exact (the way back after a failure that aborts
+   the communicators: a timeout or an NCCL error; a layer's failure is drained, below). p = 4
+   (make quick: p = 2). */
 static void test_failure(void) {
     world w;
     pp_action acts[256];
@@ -353,7 +359,7 @@ static void test_failure(void) {
     w.after_fail = 1;
     g_fail_rank = p - 1; /* its first layer call fails, once */
     g_fail_armed = 1;
-    g_timeout = 2;   /* over NCCL the peers learn of the failure by their own timeout */
+    g_timeout = 2;
     run_world(&w);
     g_timeout = 5;
     g_fail_rank = -1;
@@ -362,6 +368,42 @@ static void test_failure(void) {
         CHECK(w.rc[r][1] == PP_OK, "rank %d after the reset: %s", r, w.msg[r]);
     }
     CHECK(grads_equal(p), "the step after a failure and a reset differs from the sequential run");
+}
+
+/* A failing layer, drained (pp_transport.abort_local): the failing rank runs the rest of its
+   list without computing and sends zeros, so no rank waits for its deadline (20 s here): every
+   rank returns non-OK for the step within 2 s, the failing one its layer's error, the others
+   PP_ERR_ABORTED; the communicators stay up, and the next step on the same stages is bit-exact.
+   Once on the last rank's first layer, once on a middle rank's (p = 4; make quick: p = 3).
+   Negative control: built with -DPP_TEST_NO_DRAIN the stage aborts as before and the peers
+   wait for their deadline (build/nccl-controls, with PP_TEST_DRAIN_DEADLINE=3). */
+static void test_failure_drain(void) {
+    world w;
+    pp_action acts[256];
+    pp_schedule sc;
+    int r, p = getenv("PP_QUICK") ? 3 : 4, which;
+    for (which = 0; which < 2; which++) {
+        int fail_rank = which ? 1 : p - 1;
+        world_1f1b(&w, &sc, acts, 256, p, 6, 2, 1);
+        w.zero_after_fail = 1;
+        g_fail_rank = fail_rank;
+        g_fail_armed = 1;
+        g_timeout = getenv("PP_TEST_DRAIN_DEADLINE") ? atof(getenv("PP_TEST_DRAIN_DEADLINE")) : 20;
+        run_world(&w);
+        if (getenv("PP_TEST_DRAIN_SAY"))
+            for (r = 0; r < p; r++) printf("drain: rank %d: %.3f s: %s\n", r, w.t_step[r][0], w.msg[r]);
+        g_timeout = 5;
+        g_fail_rank = -1;
+        for (r = 0; r < p; r++) {
+            CHECK(w.rc[r][0] != PP_OK, "drain: rank %d returned OK for the failed step", r);
+            CHECK(r == fail_rank ? w.rc[r][0] != PP_ERR_ABORTED : w.rc[r][0] == PP_ERR_ABORTED,
+                  "drain: rank %d returned %s (rank %d failed)", r, pp_result_str(w.rc[r][0]), fail_rank);
+            CHECK(w.t_step[r][0] < 2.0, "drain: rank %d took %.2f s to learn of rank %d's failure (deadline 20 s)", r,
+                  w.t_step[r][0], fail_rank);
+            CHECK(w.rc[r][1] == PP_OK, "drain: rank %d's next step on the same communicators: %s", r, w.msg[r]);
+        }
+        CHECK(grads_equal(p), "drain: the step after a drained failure differs from the sequential run");
+    }
 }
 
 /* A layer of 2 s, longer than the executor's probes of retiring blocks (1 s), under a 5 s
@@ -576,7 +618,7 @@ static void test_rendezvous(void) {
     printf("nccl-pipeline: rendezvous check: %d random valid tables pass, %d would cycle over NCCL\n", n_ok, n_cycle);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
     uint64_t seed = 99;
     size_t i;
     int r;
@@ -612,10 +654,13 @@ int main(void) {
         run_case(kind, p, v, m, PP_SHAPES_LOCAL, 1, NULL);
     } else if (getenv("PP_TEST_NCCL_RENDEZVOUS")) { /* the rendezvous check alone */
         test_rendezvous();
+    } else if (argc > 1 && !strcmp(argv[1], "drain")) { /* what the negative control runs */
+        test_failure_drain();
     } else {
         test_rendezvous();
         test_matrix();
         test_failure();
+        test_failure_drain();
         test_slow();
     }
     for (r = 0; r < MAXP; r++) free(GBUF[r]);
