@@ -4892,11 +4892,11 @@ pp_result pp_threads_run(int n, pp_rank_fn fn, void* user, pp_error* err) {
     return rc;
 }
 
-int pp_schedule_stage(const pp_schedule* sc, int rank, int chunk) {
+int pp_schedule_rank_to_stage(const pp_schedule* sc, int rank, int chunk) {
     int st, r, c;
     if (!sc) return -1;
     for (st = 0; st < sc->n_stages; st++) {
-        pp_schedule_stage_rank(sc, st, &r, &c);
+        pp_schedule_stage_to_rank(sc, st, &r, &c);
         if (r == rank && c == chunk) return st;
     }
     return -1;
@@ -5321,7 +5321,7 @@ static void _pp_stage_heard(pp_stage* s, const pp_action* a) {
     pa.op = a->op;
     pa.mb = a->mb;
     pa.stage = (int16_t)(a->op == PP_OP_F ? a->stage - 1 : a->stage + 1);
-    pp_schedule_stage_rank(s->d.schedule, pa.stage, &r, &c);
+    pp_schedule_stage_to_rank(s->d.schedule, pa.stage, &r, &c);
     pa.chunk = (int8_t)c;
     pa.prev_rank = pa.next_rank = -1;
     _pp_stage_note(s, &pa, PP_FLIGHT_HEARD, peer);
@@ -5894,8 +5894,8 @@ static int _pp_same_shapes(const _pp_bnd* x, const pp_tensor* ts, int n) {
 /* Calls fn for each boundary (stage b-1 -> b) between this rank and nb, in stage order. */
 static int _pp_nb_boundary(const pp_stage* s, int b, int nb) {
     int ra, rb, c;
-    pp_schedule_stage_rank(s->d.schedule, b - 1, &ra, &c);
-    pp_schedule_stage_rank(s->d.schedule, b, &rb, &c);
+    pp_schedule_stage_to_rank(s->d.schedule, b - 1, &ra, &c);
+    pp_schedule_stage_to_rank(s->d.schedule, b, &rb, &c);
     return ra != rb && ((ra == s->d.rank && rb == nb) || (rb == s->d.rank && ra == nb));
 }
 
@@ -6948,7 +6948,7 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
     int root, chunk, r;
     pp_request rq;
     pp_result rc;
-    pp_schedule_stage_rank(s->d.schedule, 0, &root, &chunk);
+    pp_schedule_stage_to_rank(s->d.schedule, 0, &root, &chunk);
     if (!s->bc_msg) {
         s->bc_msg = (int64_t*)_pp_calloc(bytes / sizeof(int64_t) + 1, sizeof(int64_t));
         s->bc_cu = (int32_t*)_pp_calloc((size_t)s->d.max_seqs + 1, sizeof(int32_t));
@@ -7046,7 +7046,7 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
     if ((rc = _pp_plan_build(&s->plan, &s->d.model, s->d.weights, b, &s->err)) != PP_OK)
         return _pp_stage_fail(s, rc, "%s", s->err.msg);
     for (i = 0; i < s->v; i++) {
-        int stage = pp_schedule_stage(sc, s->d.rank, i);
+        int stage = pp_schedule_rank_to_stage(sc, s->d.rank, i);
         if (stage == 0 && !b->input.data)
             return _pp_stage_fail(s, PP_ERR_INVALID, "this rank owns the first stage but the batch has no input data");
         if (stage == s->S - 1 && !b->targets)
@@ -7139,7 +7139,7 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     rc = _pp_agree(s, rc);
     if (rc == PP_OK) {
         int last_rank, last_chunk;
-        pp_schedule_stage_rank(s->d.schedule, s->S - 1, &last_rank, &last_chunk);
+        pp_schedule_stage_to_rank(s->d.schedule, s->S - 1, &last_rank, &last_chunk);
         if (last_rank == s->d.rank) {
             s->st.loss = _pp_step_loss(&s->plan, s->mb_loss);
             s->st.has_loss = 1;
@@ -7195,16 +7195,13 @@ static const char* _pp_msg_body(const char* msg, pp_result rc) {
     return strncmp(msg, pp_result_str(rc), k) == 0 && msg[k] == ':' && msg[k + 1] == ' ' ? msg + k + 2 : msg;
 }
 
-/* The kind's v when the caller left it 0: 1 where the kind runs with one chunk, else 2. */
-static int _pp_kind_v(pp_schedule_kind k, int p, int m) { return pp_schedule_size(k, p, 1, m) ? 1 : 2; }
-
 /* The desc with its defaults: the one place where zero reads as "the default". */
 static pp_pipeline_desc _pp_pipeline_defaults(const pp_pipeline_desc* in) {
     pp_pipeline_desc d = *in;
     const pp_schedule* cs = in->custom;
     d.p = cs ? cs->p : _PP_DEF(in->p, 1);
     d.m = cs ? cs->m : _PP_DEF(in->m, 4 * d.p);
-    d.v = cs ? cs->v : _PP_DEF(in->v, _pp_kind_v(in->schedule, d.p, d.m));
+    d.v = cs ? cs->v : _PP_DEF(in->v, pp_schedule_kind_v(in->schedule, 2)); /* the kind's own v */
     return d;
 }
 

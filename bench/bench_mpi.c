@@ -105,7 +105,7 @@ static void min_bytes(const pp_schedule* sc, const int* first, int rank, int64_t
     int st, r, c;
     *exact = *padded = 0;
     for (st = 0; st < sc->n_stages; st++) {
-        pp_schedule_stage_rank(sc, st, &r, &c);
+        pp_schedule_stage_to_rank(sc, st, &r, &c);
         if (r != rank) continue;
         if (st < sc->n_stages - 1) {
             int last = first[st + 1] - 1;

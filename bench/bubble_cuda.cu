@@ -355,7 +355,7 @@ static int copy_table(int d0, int d1, int quick) {
 static int detail(pp_schedule_kind kind, int p, int m, double f_us) {
     static detail_log D;
     double meas = 0, ideal = 0, bm = 0, bs = 0, t0 = 1e300;
-    int v = pp_schedule_size((pp_schedule_kind)kind, p, 1, m) ? 1 : 2; /* the kind's own v */
+    int v = pp_schedule_kind_v(kind, 2);
     unsigned long long* st = (unsigned long long*)malloc(sizeof(unsigned long long) * PP_MAX_RANKS * DETAIL_MAX);
     memset(&D, 0, sizeof D);
     if (!st || cudaMalloc(&D.d_stamp, sizeof(unsigned long long) * PP_MAX_RANKS * DETAIL_MAX) != cudaSuccess) return 1;

@@ -243,7 +243,7 @@ typedef struct hx_steps {
 static inline const pp_batch* hx_steps_batch(hx_world* W, int rank, int step, pp_batch* tmp) {
     hx_steps* S = (hx_steps*)W->user;
     *tmp = *(const pp_batch*)(const void*)((const char*)S->first + (size_t)step * S->stride);
-    if (S->hide_meta && pp_schedule_stage(W->sched, rank, 0) != 0) hx_hide_meta(tmp);
+    if (S->hide_meta && pp_schedule_rank_to_stage(W->sched, rank, 0) != 0) hx_hide_meta(tmp);
     return tmp;
 }
 
@@ -553,7 +553,7 @@ static inline void hx_check_peak_poison(const hx_sched* sc, pp_schedule_kind k, 
 /* The loss: only the rank of the last stage has one, and it equals ref bit for bit. */
 static inline int hx_loss_matches(const pp_step_stats* stats, int p, const pp_schedule* s, float ref, const char* where) {
     int last, chunk, r, ok = 1;
-    pp_schedule_stage_rank(s, s->n_stages - 1, &last, &chunk);
+    pp_schedule_stage_to_rank(s, s->n_stages - 1, &last, &chunk);
     if (!stats[last].has_loss || memcmp(&stats[last].loss, &ref, sizeof(float)) != 0) {
         CHECK(0, "%s: loss %.9g != reference %.9g", where, stats[last].loss, ref);
         ok = 0;
@@ -678,7 +678,7 @@ static inline int hx_layer_owner(const pp_schedule* s, const int* first, int l, 
     for (st = 0; st < s->n_stages; st++)
         if (l >= first[st] && l < first[st + 1]) break;
     *stage = st;
-    if (st < s->n_stages) pp_schedule_stage_rank(s, st, &rank, &chunk);
+    if (st < s->n_stages) pp_schedule_stage_to_rank(s, st, &rank, &chunk);
     return rank;
 }
 

@@ -295,7 +295,7 @@ static void test_failure(void) {
     for (s = 0; s < pp_pipeline_schedule(pl)->n_stages; s++)
         if (7 >= pp_pipeline_partition(pl)[s] && 7 < pp_pipeline_partition(pl)[s + 1]) {
             int c;
-            pp_schedule_stage_rank(pp_pipeline_schedule(pl), s, &owner, &c);
+            pp_schedule_stage_to_rank(pp_pipeline_schedule(pl), s, &owner, &c);
         }
     CHECK(pp_pipeline_step(pl, &b, &st) == PP_ERR_LAYER, "a failing layer: %s", pp_pipeline_error(pl));
     {

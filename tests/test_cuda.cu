@@ -330,7 +330,7 @@ static void run_pipeline(const pp_schedule* sched, const int* first, const int* 
     if (o->ok) {
         int last_rank, chunk;
         o->n_events = pp_cuda_timeline(cuda, NULL, 0);
-        pp_schedule_stage_rank(sched, sched->n_stages - 1, &last_rank, &chunk);
+        pp_schedule_stage_to_rank(sched, sched->n_stages - 1, &last_rank, &chunk);
         cudaSetDevice(devs ? devs[last_rank] : 0);
         if (cudaMemcpy(o->mb_loss, ctx[last_rank].mb_loss, sizeof(float) * (size_t)sched->m, cudaMemcpyDeviceToHost) != cudaSuccess)
             o->ok = 0;
@@ -386,7 +386,7 @@ static void check_case(pp_schedule_kind kind, int p, int v, int m, const int* de
         int s = 0, owner, chunk;
         size_t off = layer_off(l), len = (size_t)DIMS[l] * DIMS[l + 1] + DIMS[l + 1];
         while (!(l >= first[s] && l < first[s + 1])) s++;
-        pp_schedule_stage_rank(&sc.s, s, &owner, &chunk);
+        pp_schedule_stage_to_rank(&sc.s, s, &owner, &chunk);
         if (memcmp(o.grads + (size_t)owner * np + off, ref->grads + off, len * sizeof(float)) != 0) {
             size_t k;
             for (k = 0; k < len; k++)

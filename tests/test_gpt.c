@@ -466,7 +466,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, const int* first, cons
         const float* wl = gpt_layer_params(w, c, l, &nl);
         off = (size_t)(wl - wbuf);
         while (l >= first[s + 1]) s++;
-        pp_schedule_stage_rank(&sc.s, s, &owner, &chunk);
+        pp_schedule_stage_to_rank(&sc.s, s, &owner, &chunk);
         if (memcmp(gbuf[owner] + off, gref + off, nl * sizeof(float)) != 0) {
             CHECK(0, "%s: layer %d (%s, stage %d, rank %d): gradient differs from pp_sequential_step", where, l,
                   pp_model_layer_name(&W.model, l), s, owner);

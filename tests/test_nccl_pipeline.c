@@ -455,9 +455,9 @@ static int random_table(uint64_t* seed, int p, int v, int m, int vmap, int with_
                     else if (op == PP_OP_B) ok = done[0][mb][s] && (s == S - 1 || done[1][mb][s + 1]);
                     else ok = done[1][mb][s];
                     if (op != PP_OP_F && mb > 0 && !done[op][mb - 1][s]) ok = 0; /* gradients add up in order: bit-exact */
-                    pp_schedule_stage_rank(&map, s, &rk, &ch);
+                    pp_schedule_stage_to_rank(&map, s, &rk, &ch);
                     if (ok && op != PP_OP_W && rs >= 0 && rs < S) {
-                        pp_schedule_stage_rank(&map, rs, &peer, &c2);
+                        pp_schedule_stage_to_rank(&map, rs, &peer, &c2);
                         if (peer != rk && (head[peer][rk] == tail[peer][rk] || q[peer][rk][head[peer][rk]] != msg)) ok = 0;
                     }
                     if (ok) cand[nc++] = (op * RT_MAXM + mb) * RT_MAXS + s;
@@ -468,18 +468,18 @@ static int random_table(uint64_t* seed, int p, int v, int m, int vmap, int with_
         mb = k / RT_MAXS % RT_MAXM;
         s = k % RT_MAXS;
         done[op][mb][s] = 1;
-        pp_schedule_stage_rank(&map, s, &rk, &ch);
+        pp_schedule_stage_to_rank(&map, s, &rk, &ch);
         order[no][0] = rk;
         order[no][1] = k;
         order[no++][2] = ch;
         if (op != PP_OP_W) { /* what it received leaves its pair's queue, what it sends joins one */
             int rs = op == PP_OP_F ? s - 1 : s + 1, ss = op == PP_OP_F ? s + 1 : s - 1;
             if (rs >= 0 && rs < S) {
-                pp_schedule_stage_rank(&map, rs, &peer, &c2);
+                pp_schedule_stage_to_rank(&map, rs, &peer, &c2);
                 if (peer != rk) head[peer][rk]++;
             }
             if (ss >= 0 && ss < S) {
-                pp_schedule_stage_rank(&map, ss, &peer, &c2);
+                pp_schedule_stage_to_rank(&map, ss, &peer, &c2);
                 if (peer != rk) q[rk][peer][tail[rk][peer]++] = op == PP_OP_F ? (mb * S + s + 1) * 2 : (mb * S + s) * 2 + 1;
             }
         }

@@ -211,8 +211,8 @@ static void test_timeout_flight(int flight) {
     if (tmp) {
         if (flight)
             pp_threads_flight_print(tmp, W.threads);
-        else
-            pp_stage_flight_print(tmp, W.S.st[1]);
+        else if (pp_stage_flight(W.S.st[1], &f) == PP_OK)
+            pp_flight_print(tmp, &f);
         rewind(tmp);
         n = fread(buf, 1, sizeof buf - 1, tmp);
         buf[n] = 0;

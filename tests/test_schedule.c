@@ -80,7 +80,7 @@ static const char* check_lists(const pp_schedule* s, char* why, size_t cap) {
             for (i = 0; i < s->per_rank; i++) {
                 int stage = a[i].stage, want_r, want_c;
                 if (a[i].chunk != c) continue;
-                pp_schedule_stage_rank(s, stage, &want_r, &want_c);
+                pp_schedule_stage_to_rank(s, stage, &want_r, &want_c);
                 if (stage != c * s->p + r || want_r != r || want_c != c) {
                     snprintf(why, cap, "rank %d #%d: stage %d is not chunk %d of rank %d", r, i,
                              stage, c, r);
@@ -511,7 +511,7 @@ static void test_bad_input(void) {
     CHECK(pp_schedule_rank(&s, 2) == NULL && pp_schedule_rank(&s, -1) == NULL, "rank range");
     {
         int r = 5, ch = 5;
-        pp_schedule_stage_rank(&s, 2, &r, &ch);
+        pp_schedule_stage_to_rank(&s, 2, &r, &ch);
         CHECK(r == -1 && ch == -1, "stage out of range -> %d %d", r, ch);
     }
 

@@ -130,7 +130,7 @@ static void run_soak(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
         d.check_finite = 1;
         CHECK(pp_stage_create(&d, &S->st[r], &err) == PP_OK, "%s", err.msg);
     }
-    pp_schedule_stage_rank(&S->sched, p * v - 1, &last_rank, &last_chunk);
+    pp_schedule_stage_to_rank(&S->sched, p * v - 1, &last_rank, &last_chunk);
     for (k = 0; k < steps; k++) {
         float loss_ref = 0;
         int ok;

@@ -214,7 +214,7 @@ static int run_policy_case(pp_model model, const void* w, void* gref_flat_w, siz
         hx_report(&W, p, where);
         ok = 0;
     }
-    pp_schedule_stage_rank(&sched, S - 1, &last_rank, &chunk);
+    pp_schedule_stage_to_rank(&sched, S - 1, &last_rank, &chunk);
     if (ok) {
         /* gradients: sum of every rank's buffer (disjoint layers) equals the reference */
         size_t j;
