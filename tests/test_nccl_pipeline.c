@@ -48,6 +48,7 @@ static mlpz_model G[MAXP];
 static float* GBUF[MAXP];
 static float* GREF;
 static int g_fail_rank = -1, g_fail_armed, g_slow_ms; /* set before the rank threads start */
+static int g_fail_op;      /* where g_fail_rank's layer fails: 0 forward, 1 backward, 2 weight_grad */
 static pp_model g_model; /* made once: layer_kernels_model keeps its base in a global */
 static int g_skipped, g_eager, g_no_check; /* g_no_check: the stage skips the transport's schedule check */
 static double g_timeout = 5;
@@ -69,10 +70,18 @@ typedef struct rank_arg {
     int r;
 } rank_arg;
 
-static int slow_fwd(const void* w, int l, pp_layer_io* io) {
+/* 1 once: g_fail_rank's first call of operation op on micro-batch 0 (that rank's thread alone) */
+static int fail_now(const pp_layer_io* io, int op) {
     const pp_cuda_layer_ctx* lc = (const pp_cuda_layer_ctx*)io->ctx;
-    if (lc->rank == g_fail_rank && io->mb->index == 0 && g_fail_armed) { /* that rank's thread alone */
-        g_fail_armed = 0;
+    if (lc->rank != g_fail_rank || io->mb->index != 0 || !g_fail_armed || g_fail_op != op) return 0;
+    g_fail_armed = 0;
+    return 1;
+}
+static int fail_bwd(const void* w, void* g, int l, pp_layer_io* io) { return fail_now(io, 1) ? 7 : lk_bwd(w, g, l, io); }
+static int fail_wgrad(const void* w, void* g, int l, pp_layer_io* io) { return fail_now(io, 2) ? 7 : lk_wgrad(w, g, l, io); }
+
+static int slow_fwd(const void* w, int l, pp_layer_io* io) {
+    if (fail_now(io, 0)) {
         return 7;
     }
     if (g_slow_ms && l == 0 && io->mb->index == 0) { /* longer than the executor's 1 s probe */
@@ -374,7 +383,9 @@ static void test_failure(void) {
    list without computing and sends zeros, so no rank waits for its deadline (20 s here): every
    rank returns non-OK for the step within 2 s, the failing one its layer's error, the others
    PP_ERR_ABORTED; the communicators stay up, and the next step on the same stages is bit-exact.
-   Once on the last rank's first layer, once on a middle rank's (p = 4; make quick: p = 3).
+   Cases (p = 4; make quick: p = 3): 1F1B with the last rank's forward failing; with a middle
+   rank's forward failing, BROADCAST shapes; with a middle rank's backward failing; ZB-H1 with
+   the first rank's deferred weight gradient failing.
    Negative control: built with -DPP_TEST_NO_DRAIN the stage aborts as before and the peers
    wait for their deadline (build/nccl-controls, with PP_TEST_DRAIN_DEADLINE=3). */
 static void test_failure_drain(void) {
@@ -382,11 +393,14 @@ static void test_failure_drain(void) {
     pp_action acts[256];
     pp_schedule sc;
     int r, p = getenv("PP_QUICK") ? 3 : 4, which;
-    for (which = 0; which < 2; which++) {
-        int fail_rank = which ? 1 : p - 1;
+    for (which = 0; which < 4; which++) {
+        int fail_rank = which == 0 ? p - 1 : which == 3 ? 0 : 1;
         world_1f1b(&w, &sc, acts, 256, p, 6, 2, 1);
+        if (which == 3) CHECK(pp_schedule_make(PP_SCHED_ZB_H1, p, 1, 6, acts, 256, &sc, NULL) == PP_OK, "zb-h1");
+        if (which == 1) w.shapes = PP_SHAPES_BROADCAST;
         w.zero_after_fail = 1;
         g_fail_rank = fail_rank;
+        g_fail_op = which == 2 ? 1 : which == 3 ? 2 : 0;
         g_fail_armed = 1;
         g_timeout = getenv("PP_TEST_DRAIN_DEADLINE") ? atof(getenv("PP_TEST_DRAIN_DEADLINE")) : 20;
         run_world(&w);
@@ -394,6 +408,8 @@ static void test_failure_drain(void) {
             for (r = 0; r < p; r++) printf("drain: rank %d: %.3f s: %s\n", r, w.t_step[r][0], w.msg[r]);
         g_timeout = 5;
         g_fail_rank = -1;
+        g_fail_op = 0;
+        CHECK(!g_fail_armed, "drain case %d: the failure was not injected", which);
         for (r = 0; r < p; r++) {
             CHECK(w.rc[r][0] != PP_OK, "drain: rank %d returned OK for the failed step", r);
             CHECK(r == fail_rank ? w.rc[r][0] != PP_ERR_ABORTED : w.rc[r][0] == PP_ERR_ABORTED,
@@ -642,6 +658,8 @@ int main(int argc, char** argv) {
     GREF = (float*)calloc(NPAR, sizeof(float));
     g_model = layer_kernels_model(mlpz_model_desc());
     g_model.forward = slow_fwd;
+    g_model.backward = fail_bwd;
+    if (g_model.weight_grad) g_model.weight_grad = fail_wgrad;
     for (i = 0; i < ROWS * HX_IN; i++) X[i] = 2.0f * mlp_rng_uniform(&seed) - 1.0f;
     for (i = 0; i < ROWS; i++) Y[i] = (int32_t)(mlp_rng_next(&seed) % HX_CLASSES);
     setvbuf(stdout, NULL, _IOLBF, 0);
