@@ -6627,7 +6627,6 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
     s->live_bytes += blk->cap;
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
-    rc = PP_OK;
     if (!s->draining) {
         rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, s->act, s->nact, s->saved, c->sb,
                                &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
