@@ -255,53 +255,20 @@ static void test_cancel(void) {
     pp_cuda_destroy(c);
 }
 
-/* A sent block reused while its copy still waits: the receiver's stream is busy, so the copy
-   (which waits for the receiver's earlier work) runs late; the sender completes its send,
-   reuses the block (the device ops' reuse hook) and overwrites it on its stream. The receiver
-   must still get the bytes as they were sent. */
+/* A sent block reused while its copy still waits (the device ops' reuse hook), then overwritten
+   on the sender's stream; the receiver must still get the bytes as they were sent. Two ways:
+   - the receiver's stream is busy (busy_50ms), so the copy, which waits for the receiver's
+     earlier work, would run late;
+   - the block is copied early, and that copy must not wait for the sender's later work (on an
+     H200, DualPipeV lost a whole action per early copy when it ran on the sender's stream: 1.12x
+     its ideal step). The sender's later work is a kernel that runs until the receiver's stream,
+     after the data, opens a gate: behind that kernel the copy, and the receiver with it, would
+     wait for the gate, which only opens at its 3 s timeout. */
 static void busy_50ms(void* u) {
     struct timespec d = {0, 50000000};
     (void)u;
     nanosleep(&d, NULL);
 }
-static void test_reuse_waits_for_copy(void) {
-    pp_cuda* c = NULL;
-    pp_error err;
-    pp_transport t0, t1;
-    pp_device_ops o0;
-    pp_request rs, rr;
-    unsigned char *x = NULL, *y = NULL, hy[4096], hx = 0;
-    int i, bad = 0;
-    if (!(c = two_ranks(NULL, &t0, &t1))) return;
-    o0 = pp_cuda_device_ops(c, 0);
-    cudaMalloc((void**)&x, 4096);
-    cudaMalloc((void**)&y, 4096);
-    cudaMemset(x, 7, 4096);
-    cudaMemset(y, 0, 4096);
-    cudaDeviceSynchronize(); /* the legacy stream's memsets, before the non-blocking streams */
-    cudaLaunchHostFunc(pp_cuda_stream(c, 1), busy_50ms, NULL);
-    CHECK(t1.irecv(t1.self, 0, 1, y, 4096, &rr) == PP_OK, "irecv");
-    CHECK(t0.isend(t0.self, 1, 1, x, 4096, &rs) == PP_OK, "isend");
-    CHECK(t0.wait(t0.self, &rs, 5, &err) == PP_OK, "%s", err.msg);
-    o0.reuse(o0.user, x, 4096);
-    cudaMemsetAsync(x, 9, 4096, pp_cuda_stream(c, 0));
-    CHECK(t1.wait(t1.self, &rr, 5, &err) == PP_OK, "%s", err.msg);
-    CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
-    cudaMemcpy(hy, y, 4096, cudaMemcpyDeviceToHost);
-    cudaMemcpy(&hx, x, 1, cudaMemcpyDeviceToHost);
-    for (i = 0; i < 4096; i++) bad += hy[i] != 7;
-    CHECK(bad == 0, "%d received bytes were overwritten by the sender's reuse before the copy", bad);
-    CHECK(hx == 9, "the reuse write did not happen");
-    cudaFree(x);
-    cudaFree(y);
-    pp_cuda_destroy(c);
-}
-
-/* A sent block reused before its receiver pulled it is copied early; that copy must not wait for
-   the sender's later work (on an H200, DualPipeV lost a whole action per early copy when it ran
-   on the sender's stream: 1.12x its ideal step). Here the sender's later work is a kernel that
-   runs until the receiver's stream, after the data, opens a gate: behind that kernel the copy,
-   and the receiver with it, would wait for the gate, which only opens at its 3 s timeout. */
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -326,13 +293,14 @@ static int k_open_late_gate(void* u) {
     pthread_mutex_unlock(&g_late.mu);
     return 0;
 }
-static void test_early_copy_not_behind_later_work(void) {
+/* behind = 0: the receiver busy; 1: the sender's later work waits for the receiver. */
+static void reuse_case(int behind) {
     pp_cuda* c = NULL;
     pp_error err;
     pp_transport t0, t1;
     pp_device_ops o0;
     pp_request rs, rr;
-    unsigned char *x = NULL, *y = NULL, hy[4096];
+    unsigned char *x = NULL, *y = NULL, hy[4096], hx = 0;
     int i, bad = 0;
     if (!(c = two_ranks(NULL, &t0, &t1))) return;
     o0 = pp_cuda_device_ops(c, 0);
@@ -340,25 +308,31 @@ static void test_early_copy_not_behind_later_work(void) {
     cudaMalloc((void**)&y, 4096);
     cudaMemset(x, 7, 4096);
     cudaMemset(y, 0, 4096);
-    cudaDeviceSynchronize();
+    cudaDeviceSynchronize(); /* the legacy stream's memsets, before the non-blocking streams */
     g_late.open = g_late.timed_out = 0;
+    if (!behind) cudaLaunchHostFunc(pp_cuda_stream(c, 1), busy_50ms, NULL);
     CHECK(t1.irecv(t1.self, 0, 1, y, 4096, &rr) == PP_OK, "irecv");
     CHECK(t0.isend(t0.self, 1, 1, x, 4096, &rs) == PP_OK, "isend");
     CHECK(t0.wait(t0.self, &rs, 5, &err) == PP_OK, "%s", err.msg);
-    fakecuda_launch(pp_cuda_stream(c, 0), k_later_work, NULL); /* the sender's later work */
-    o0.reuse(o0.user, x, 4096);                                /* the receiver has not pulled: early copy */
-    cudaMemsetAsync(x, 9, 4096, pp_cuda_stream(c, 0));         /* the block written again */
+    if (behind) fakecuda_launch(pp_cuda_stream(c, 0), k_later_work, NULL); /* the sender's later work */
+    o0.reuse(o0.user, x, 4096);                        /* the receiver has not pulled: early copy */
+    cudaMemsetAsync(x, 9, 4096, pp_cuda_stream(c, 0)); /* the block written again */
     CHECK(t1.wait(t1.self, &rr, 5, &err) == PP_OK, "%s", err.msg);
-    fakecuda_launch(pp_cuda_stream(c, 1), k_open_late_gate, NULL); /* the receiver's next work */
+    if (behind) fakecuda_launch(pp_cuda_stream(c, 1), k_open_late_gate, NULL); /* the receiver's next work */
     CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
     CHECK(!g_late.timed_out, "the early copy waited behind the sender's later work (the receiver with it)");
     cudaMemcpy(hy, y, 4096, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&hx, x, 1, cudaMemcpyDeviceToHost);
     for (i = 0; i < 4096; i++) bad += hy[i] != 7;
-    CHECK(bad == 0, "%d bytes of the early copy are wrong", bad);
+    CHECK(bad == 0, "%d received bytes were overwritten by the sender's reuse before the copy", bad);
+    CHECK(hx == 9, "the reuse write did not happen");
     cudaFree(x);
     cudaFree(y);
     pp_cuda_destroy(c);
 }
+static void test_reuse_waits_for_copy(void) { reuse_case(0); }
+
+static void test_early_copy_not_behind_later_work(void) { reuse_case(1); }
 
 /* Side streams only while a device's streams fit its work queues (CUDA_DEVICE_MAX_CONNECTIONS,
    8 by default): n ranks on one device make 2n streams up to 4 ranks, n beyond. Without side
