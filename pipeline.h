@@ -5818,12 +5818,15 @@ static pp_result _pp_hdr_to_bnd(pp_stage* s, const pp_action* a, const _pp_hdr* 
 /* A micro-batch's layout (rows, sequences, offsets) as one number: the two sides of a boundary
    must see the same micro-batch (PER_MESSAGE and AUTO carry it; LOCAL and BROADCAST check it
    with the plan). */
+#define _PP_FNV_BASIS 14695981039346656037ull
+/* One FNV-1a step: h with the 64-bit word x mixed in. */
+static uint64_t _pp_fnv(uint64_t h, uint64_t x) { return (h ^ x) * 1099511628211ull; }
+
 static uint64_t _pp_mb_sig(const pp_microbatch* mb) {
-    uint64_t h = 14695981039346656037ull;
+    uint64_t h = _pp_fnv(_PP_FNV_BASIS, (uint64_t)mb->rows);
     int i;
-    h = (h ^ (uint64_t)mb->rows) * 1099511628211ull;
-    h = (h ^ (uint64_t)(mb->cu_seqlens ? mb->n_seqs : -1)) * 1099511628211ull;
-    for (i = 0; mb->cu_seqlens && i <= mb->n_seqs; i++) h = (h ^ (uint64_t)(uint32_t)mb->cu_seqlens[i]) * 1099511628211ull;
+    h = _pp_fnv(h, (uint64_t)(mb->cu_seqlens ? mb->n_seqs : -1));
+    for (i = 0; mb->cu_seqlens && i <= mb->n_seqs; i++) h = _pp_fnv(h, (uint64_t)(uint32_t)mb->cu_seqlens[i]);
     return h;
 }
 
@@ -5967,15 +5970,12 @@ static void _pp_agree_count(pp_stage* s, size_t bytes) {
 
 /* One boundary view as a record: what both sides must agree on. */
 static void _pp_fp_record(const _pp_bnd* bd, int64_t* w) {
-    uint64_t h = 14695981039346656037ull, dt = 0;
+    uint64_t h = _PP_FNV_BASIS, dt = 0;
     int k;
     for (k = 0; k < bd->n; k++) {
-        int64_t v[3];
-        int i;
-        v[0] = bd->t[k].rows;
-        v[1] = bd->t[k].cols;
-        v[2] = (int64_t)bd->t[k].dtype;
-        for (i = 0; i < 3; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
+        h = _pp_fnv(h, (uint64_t)bd->t[k].rows);
+        h = _pp_fnv(h, (uint64_t)bd->t[k].cols);
+        h = _pp_fnv(h, (uint64_t)bd->t[k].dtype);
         if (k < 16) dt |= ((uint64_t)bd->t[k].dtype & 15u) << (4 * k);
     }
     w[0] = bd->n;
