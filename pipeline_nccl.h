@@ -8,16 +8,19 @@
    them (pp_cuda_device_ops(c, 0)) and the compute stream (pp_cuda_stream(c, 0)).
 
    WHAT IT DOES
-   - pp_nccl: a pp_transport over an NCCL communicator and three split from it (collective
-     calls at pp_nccl_create), four channels, each with its own stream: activations to higher
-     ranks, to lower ranks, then gradients to higher and to lower ranks. NCCL runs a
+   - pp_nccl: a pp_transport over an NCCL communicator and seven split from it (collective
+     calls at pp_nccl_create), eight channels, each with its own stream: activations to higher
+     ranks, to lower ranks, then gradients to higher and to lower ranks, each once for the
+     neighbour pairs whose lower rank is even and once for the odd ones. NCCL runs a
      communicator's kernels in issue order, so on one communicator a send queued behind a
      receive waits for it, and two neighbours that each send before they receive (interleaved
      does) would wait for each other at the GPU; split by direction they cannot
      (tests/test_nccl_pipeline.c fails interleaved with one channel). Split by kind, the
      V-shaped schedules (ZB-V, V-Half, V-Min, DualPipeV), whose neighbours exchange activations
      of one chunk and gradients of the other in orders that differ between the two sides, match
-     in order on every channel.
+     in order on every channel. Split by pair parity, a rank's sends to one neighbour and its
+     receives from the other never share a group, so no built-in schedule's groups wait in a
+     cycle (with four channels some did: pp_nccl_desc.channels chooses fewer).
      isend/irecv queue ncclSend/ncclRecv; the end of an executor group that posted a send
      issues everything queued as one NCCL group per channel (an action's sends together with
      the next action's receives, Megatron's send-forward/receive-backward pairing); a wait on a
@@ -95,6 +98,10 @@ typedef struct pp_nccl_desc {
     ncclComm_t comm;            /* an initialised communicator */
     cudaStream_t compute;       /* the stream the layers run on (0: the legacy default stream) */
     int own_comm;               /* 1: pp_nccl_destroy destroys comm */
+    /* Communicators the transport runs (the given one and splits of it): 0, the default, is 8
+       (4 with two ranks); 4, 2 or 1 use fewer at the price of refusing some schedules
+       (pp_nccl_check_rendezvous). Every rank must pass the same. NCCL < 2.18: always 1. */
+    int channels;
 } pp_nccl_desc;
 
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err);
@@ -154,9 +161,9 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err);
    shapes) cannot wait in a cycle when sends complete only once their receive runs (NCCL's
    rendezvous for large messages): it derives every rank's groups in the order the executor and
    the transport issue them and runs them against each other. PP_ERR_DEADLOCK names the ranks,
-   messages and groups that would wait for each other. channels: 4 (the transport's four
-   communicators, NCCL >= 2.18: by direction, then by kind), 2 (by direction) or 1. Pure: no GPU
-   needed. The transport runs this check and
+   messages and groups that would wait for each other. channels: 8 (the transport's default,
+   NCCL >= 2.18: by direction, by kind and by the parity of the pair's lower rank), 4 (by direction
+   and kind), 2 (by direction) or 1, as pp_nccl_desc.channels. Pure: no GPU needed. The transport runs this check and
    pp_nccl_check_order on every schedule pp_stage_create gives it (pp_transport.check_schedule),
    so a user's table that would hang is refused before the first step. */
 pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err);
@@ -205,7 +212,7 @@ typedef struct _ppn_op {
     int host;                   /* buf is host memory: staged through dev */
     size_t bytes;
     _ppn_batch* batch;          /* NULL while queued */
-    int ch;                     /* direction (0: to a higher rank, 1: to a lower one) + 2 * gradient */
+    int ch;                     /* _ppn_channel_of: direction + 2 * gradient + 4 * odd pair */
     int self_done;              /* a message to this rank itself: copied (or failed) */
     pp_result self_rc;
 } _ppn_op;
@@ -216,20 +223,24 @@ typedef struct _ppn_bounce {
     size_t cap;
 } _ppn_bounce;
 
-/* Four channels, each a communicator with its own stream: messages to higher ranks and to
-   lower ranks, each split again into activations and gradients (channel = direction + 2 *
-   gradient). NCCL runs a communicator's kernels one after another, so on a single communicator a
-   send queued behind a receive waits for it: two neighbours that each send before they receive
-   (interleaved schedules do) would wait for each other. Split by direction, a pair's two
-   directions never queue behind each other. Split by kind, a pair's messages on one channel are
-   those of one kind, which every stage sends and receives in ascending micro-batch order: the
-   V-shaped schedules, whose two chunks send each neighbour activations and gradients in orders
-   that differ between the two sides, match in order per channel (pp_nccl_check_order). */
-#define _PPN_MAXCH 4
+/* Eight channels, each a communicator with its own stream: messages to higher ranks and to
+   lower ranks, each split again into activations and gradients, and again by the parity of the
+   pair's lower rank (channel = direction + 2 * gradient + 4 * odd pair). NCCL runs a
+   communicator's kernels one after another, so on a single communicator a send queued behind a
+   receive waits for it: two neighbours that each send before they receive (interleaved
+   schedules do) would wait for each other. Split by direction, a pair's two directions never
+   queue behind each other. Split by kind, a pair's messages on one channel are those of one
+   kind, which every stage sends and receives in ascending micro-batch order: the V-shaped
+   schedules, whose two chunks send each neighbour activations and gradients in orders that
+   differ between the two sides, match in order per channel (pp_nccl_check_order). Split by pair,
+   a rank's sends to one neighbour and its receives from the other (both activations going up,
+   say) are not in one group, which NCCL completes as a whole: with four channels ZB-H2 generated
+   for F, B, W = 1, 2, 1 waited in a cycle in 90 of 168 cases (pp_nccl_check_rendezvous). */
+#define _PPN_MAXCH 8
 struct pp_nccl {
     ncclComm_t comm;            /* the caller's: channel 0 and the all-reduce */
     ncclComm_t ch_comm[_PPN_MAXCH]; /* [0] = comm, the others splits of it */
-    int own_comm, rank, size, aborted, in_group, group_sends, nch; /* nch: 1, 2 (direction) or 4 */
+    int own_comm, rank, size, aborted, in_group, group_sends, nch; /* nch: 1, 2, 4 or 8 (pp_nccl_desc.channels) */
     cudaStream_t compute, stream;   /* stream: channel 0's (and the all-reduce's) */
     cudaStream_t ch_stream[_PPN_MAXCH];
     _ppn_op *head, *tail;       /* live ops in posting order; the queued ones have no batch */
@@ -278,13 +289,18 @@ static void _ppn_abort_comm(pp_nccl* t) {
 #define _PPN_COMM(t, ch) ((t)->ch_comm[ch])
 #define _PPN_STREAM(t, ch) ((t)->ch_stream[ch])
 
-/* The channel of a message: its direction, and with four channels its kind (the executor's data
-   tags carry it in their direction bit; the library's own tags count as activations). A pure
-   function of (rank, peer, tag): both sides pick the same channel. */
+/* The channel of a message between this rank (me) and peer: its direction (0: to the higher
+   rank), with four channels or more its kind (grad: a gradient), with eight the parity of the
+   pair's lower rank. A pure function of the pair and the message: both sides pick the same one,
+   and the rendezvous check (_ppn_rdv_post) the same as the transport. */
+static int _ppn_channel_of(int nch, int me, int is_recv, int peer, int grad) {
+    int lo = peer < me ? peer : me;
+    return (nch >= 2 && (is_recv ? peer > me : peer < me)) + (nch >= 4 && grad ? 2 : 0) + (nch == 8 && (lo & 1) ? 4 : 0);
+}
+/* The executor's data tags carry the kind in their direction bit; the library's own tags count
+   as activations. */
 static int _ppn_channel(int nch, int me, int is_recv, int peer, int tag) {
-    int ch = nch >= 2 && (is_recv ? peer > me : peer < me);
-    if (nch == 4 && tag >= 0 && tag < _PP_TAG_RESERVED && (tag >> _PP_GEN_BITS & 1)) ch += 2;
-    return ch;
+    return _ppn_channel_of(nch, me, is_recv, peer, tag >= 0 && tag < _PP_TAG_RESERVED && (tag >> _PP_GEN_BITS & 1));
 }
 
 static void _ppn_sleep_us(long us) {
@@ -775,7 +791,7 @@ static pp_result _ppn_check_order(const pp_schedule* s, int by_kind, pp_error* e
 /* pp_stage_create's check: NCCL matches by order, and its sends wait for their receives. */
 static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
-    pp_result rc = _ppn_check_order(s, t->nch == 4, err);
+    pp_result rc = _ppn_check_order(s, t->nch >= 4, err);
     return rc == PP_OK ? pp_nccl_check_rendezvous(s, t->nch, err) : rc;
 }
 
@@ -813,8 +829,12 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
     }
     t->nch = 1;
     t->ch_comm[0] = t->comm;
+    if (d->channels != 0 && d->channels != 1 && d->channels != 2 && d->channels != 4 && d->channels != 8) {
+        PP_FREE(t);
+        return _pp_fail(err, PP_ERR_INVALID, "channels = %d (0 for the default, 1, 2, 4 or 8)", d->channels);
+    }
 #if NCCL_VERSION_CODE >= 21800
-    if (t->size > 1) t->nch = _PPN_MAXCH;
+    if (t->size > 1) t->nch = d->channels ? d->channels : t->size > 2 ? 8 : 4; /* two ranks: one pair, one parity */
 #endif
     {
         int ch;
@@ -826,7 +846,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
                 rc = _pp_fail(err, PP_ERR_TRANSPORT, "cudaStreamCreate: %s", cudaGetErrorString(e));
             }
 #if NCCL_VERSION_CODE >= 21800
-            /* channels 1..3: the same ranks in communicators of their own (collective) */
+            /* channels 1 ..: the same ranks in communicators of their own (collective) */
             snprintf(what, sizeof what, "ncclCommSplit (channel %d)", ch);
             if (rc == PP_OK && ch > 0) rc = _ppn_split(t->comm, 0, t->rank, &t->ch_comm[ch], _pp_now() + PP_DEFAULT_TIMEOUT_S, what, err);
 #else
@@ -849,9 +869,11 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
 pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err) {
     double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
     pp_result rc = PP_OK;
+    int ch, queued = 0;
     if (!t) return _pp_fail(err, PP_ERR_INVALID, "transport is NULL");
     if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted (%s)", t->rank, t->err);
-    if (t->n_queued[0] || t->n_queued[1] || t->n_queued[2] || t->n_queued[3]) {
+    for (ch = 0; ch < t->nch; ch++) queued += t->n_queued[ch];
+    if (queued) {
         /* posted and never waited for: issue them, so the peers' matching ops are not left hanging */
         if ((rc = _ppn_flush_all(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
     }
@@ -1127,7 +1149,7 @@ void pp_nccl_grid_destroy(pp_nccl_grid* g) {
 /* One message in a pair's sequence: (micro-batch, boundary stage, direction). */
 typedef struct _ppn_msg { int mb, boundary, dir; } _ppn_msg;
 
-/* by_kind: activations and gradients travel on channels of their own (four channels), so only
+/* by_kind: activations and gradients travel on channels of their own (four channels or more), so only
    each kind's order must agree; else every message of a pair shares one order. */
 static pp_result _ppn_check_order(const pp_schedule* s, int by_kind, pp_error* err) {
     int p, a, b, i, kind;
@@ -1188,7 +1210,7 @@ static pp_result _ppn_check_order(const pp_schedule* s, int by_kind, pp_error* e
 
 pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err) {
 #if NCCL_VERSION_CODE >= 21800
-    return _ppn_check_order(s, 1, err); /* pp_nccl_create makes four channels */
+    return _ppn_check_order(s, 1, err); /* pp_nccl_create makes eight channels (four or more) */
 #else
     return _ppn_check_order(s, 0, err);
 #endif
@@ -1261,7 +1283,7 @@ static void _ppn_rdv_flush_all(_ppn_rdv* z, int r, const int* cw) {
 
 /* Appends one operation of rank r to its channel's queue; returns (channel << 28) | position. */
 static int _ppn_rdv_post(_ppn_rdv* z, int r, int recv, int peer, int grad, int mb, int bnd) {
-    int ch = (z->nch >= 2 && (recv ? peer > r : peer < r)) + (z->nch == 4 && grad ? 2 : 0); /* as _ppn_channel */
+    int ch = _ppn_channel_of(z->nch, r, recv, peer, grad);
     size_t rc = _PPN_RC(r, ch);
     _ppn_rop* o = &z->ops[rc * (size_t)z->cap + (size_t)z->n_ops[rc]];
     o->grp = -1;
@@ -1283,7 +1305,7 @@ static int _ppn_rdv_post_recv(_ppn_rdv* z, int r, const pp_action* a) {
 
 static void _ppn_rdv_issue(_ppn_rdv* z, int r) {
     const pp_action* l = pp_schedule_rank(z->s, r);
-    int n = z->s->per_rank, i, cw[_PPN_MAXCH] = {0, 0, 0, 0};
+    int n = z->s->per_rank, i, cw[_PPN_MAXCH] = {0};
     int* posted = (int*)z->kth; /* scratch for this rank, the k-th indices come later */
     for (i = 0; i < n; i++) posted[i] = -2;
     for (i = 0; i < n; i++) {
@@ -1368,7 +1390,8 @@ static void _ppn_rdv_report(const _ppn_rdv* z, char* buf, size_t cap) {
     /* as many steps as channels from anywhere end inside the cycle */
     for (steps = 0; steps < _PPN_MAXCH * z->p && cur >= 0; steps++) cur = _ppn_rdv_why(z, cur, scratch, 0);
     _pp_sim_append(buf, cap, "its NCCL calls would wait in a cycle (sends wait for their receive; rK chC#N: rank K's N-th "
-                   "group on channel C, 0 to higher ranks, 1 to lower, 2 and 3 the same for gradients): ");
+                   "group on channel C: 0 activations to higher ranks, 1 to lower, 2 and 3 the same for gradients, "
+                   "4 to 7 the same between a rank and a neighbour whose lower rank is odd): ");
     for (i = cur, steps = 0; i >= 0 && (steps == 0 || i != cur) && steps < _PPN_MAXCH * z->p; steps++) {
         if (steps) _pp_sim_append(buf, cap, "; ");
         i = _ppn_rdv_why(z, i, buf, cap);
@@ -1460,8 +1483,8 @@ cleanup:
 
 pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err) {
     if (!s || !s->actions) return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL");
-    if (channels != 1 && channels != 2 && channels != 4)
-        return _pp_fail(err, PP_ERR_INVALID, "channels = %d (1, 2 or 4)", channels);
+    if (channels != 1 && channels != 2 && channels != 4 && channels != 8)
+        return _pp_fail(err, PP_ERR_INVALID, "channels = %d (1, 2, 4 or 8)", channels);
     if (s->p < 1 || s->p > PP_MAX_RANKS || s->per_rank < 0 || s->per_rank > (1 << 26))
         return _pp_fail(err, PP_ERR_INVALID, "schedule header p=%d per_rank=%d", s->p, s->per_rank);
     return _ppn_rdv_run(s, channels, err);

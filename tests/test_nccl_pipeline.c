@@ -49,6 +49,7 @@ static float* GBUF[MAXP];
 static float* GREF;
 static int g_fail_rank = -1, g_fail_armed, g_slow_ms; /* set before the rank threads start */
 static int g_fail_op;      /* where g_fail_rank's layer fails: 0 forward, 1 backward, 2 weight_grad */
+static int g_channels;     /* pp_nccl_desc.channels (0: the transport's default, 8) */
 static pp_model g_model; /* made once: layer_kernels_model keeps its base in a global */
 static int g_skipped, g_eager, g_no_check; /* g_no_check: the stage skips the transport's schedule check */
 static double g_timeout = 5;
@@ -137,6 +138,7 @@ static void* rank_main(void* arg) {
     nd.comm = comm;
     nd.compute = c ? pp_cuda_stream(c, 0) : NULL;
     nd.own_comm = 1;
+    nd.channels = g_channels;
     if (rc == PP_OK) rc = pp_nccl_create(&nd, &t, &err);
     else ncclCommDestroy(comm);
     memset(&lc, 0, sizeof lc);
@@ -540,19 +542,19 @@ static int timed_out(const world* w) {
     return 0;
 }
 
-/* 1. Every list of GPipe, 1F1B, interleaved, ZB-H1 and ZB-V passes (four channels); of the later
-   kinds some lists would cycle (counted: DualPipeV below m = 2p at p >= 6, for one) and are
-   refused at pp_stage_create. One channel fails interleaved p = 2 as the imitation does (the
-   negative control in the header comment).
+/* 1. Every built-in list passes over the transport's eight channels (over four, some lists of the
+   later kinds would cycle: DualPipeV below m = 2p at p >= 6, for one; counted). One channel fails
+   interleaved p = 2 as the imitation does (the negative control in the header comment).
    2. A 1F1B-like table (p = 4, m = 4) that pp_simulate and pp_nccl_check_order accept, but
-   whose NCCL groups wait in a cycle: rank 1's compute stream waits for the group holding its
-   send of activation 1 (paired with the receive of activation 2), which rank 2 receives only
-   after the gradient of micro-batch 0 left it, which rank 1 receives only after that wait.
-   Refused at pp_stage_create (PP_ERR_DEADLOCK on every rank), and without the check the
-   imitation hangs on it until the timeout: the model and the transport agree.
-   3. Random valid tables: the check's verdicts on a sample, run through the imitation, agree
-   (those it passes run bit-exact, those it refuses hang); p = 2 never cycles (each channel
-   then carries one direction of the only pair). */
+   whose NCCL groups wait in a cycle over four channels: rank 1's compute stream waits for the
+   group holding its send of activation 1 (paired with the receive of activation 2), which rank 2
+   receives only after the gradient of micro-batch 0 left it, which rank 1 receives only after
+   that wait. Refused at pp_stage_create (PP_ERR_DEADLOCK on every rank), and without the check
+   the imitation hangs on it until the timeout: the model and the transport agree. Over eight
+   channels (the send and the receive then go on channels of their own) it runs.
+   3. Random valid tables over four channels: the check's verdicts on a sample, run through the
+   imitation, agree (those it passes run bit-exact, those it refuses hang; over eight channels
+   they run); p = 2 never cycles (each channel then carries one direction of the only pair). */
 static void test_rendezvous(void) {
     static const char* crafted = "schedule p=4 v=1 m=4 map=loop\n"
                                  "r0: F0 F3 F1 F2 B0 B3 B1 B2\n"
@@ -566,7 +568,7 @@ static void test_rendezvous(void) {
     world w;
     uint64_t seed = 2026;
     int k, p, v, m, r, n_ok = 0, n_cycle = 0, ran_ok = 0, ran_cycle = 0, i, quick = getenv("PP_QUICK") != NULL;
-    int n_rand = quick ? 400 : 3000, n_kind_cycle = 0;
+    int n_rand = quick ? 400 : 3000, n_kind_cycle = 0, n_ok8 = 0, ran8 = 0;
     for (k = 0; k < PP_SCHED_KIND_COUNT; k++)
         for (p = 2; p <= MAXP; p++)
             for (v = 1; v <= 3; v++)
@@ -575,17 +577,14 @@ static void test_rendezvous(void) {
                     if (pp_schedule_make((pp_schedule_kind)k, p, v, m, acts, 4096, &sc, &err) != PP_OK ||
                         pp_nccl_check_order(&sc, &err) != PP_OK)
                         continue;
-                    if (k > PP_SCHED_ZB_V) { /* the later kinds: some lists cycle, and are refused */
-                        n_kind_cycle += pp_nccl_check_rendezvous(&sc, 4, &err) != PP_OK;
-                        continue;
-                    }
-                    CHECK(pp_nccl_check_rendezvous(&sc, 4, &err) == PP_OK, "%s", err.msg);
+                    CHECK(pp_nccl_check_rendezvous(&sc, 8, &err) == PP_OK, "%s", err.msg);
+                    n_kind_cycle += pp_nccl_check_rendezvous(&sc, 4, &err) != PP_OK;
                 }
-    printf("nccl-pipeline: %d lists of zb-h2, v-half, v-min, dualpipev or interleaved-mem would cycle over NCCL "
-           "(refused at pp_stage_create)\n", n_kind_cycle);
+    printf("nccl-pipeline: every built-in list passes over eight channels; %d would cycle over four\n", n_kind_cycle);
     CHECK(pp_schedule_make(PP_SCHED_INTERLEAVED, 2, 2, 4, acts, 4096, &sc, &err) == PP_OK, "%s", err.msg);
     CHECK(pp_nccl_check_rendezvous(&sc, 1, &err) == PP_ERR_DEADLOCK, "interleaved p=2 on one channel must cycle");
 
+    g_channels = 4; /* the model and the imitation agree on cycles: over four channels some tables have them */
     CHECK(pp_schedule_parse(crafted, strlen(crafted), acts, 4096, NULL, &sc, &err) == PP_OK, "crafted table: %s", err.msg);
     CHECK(pp_simulate(&sc, NULL, NULL, NULL, &err) == PP_OK && pp_nccl_check_order(&sc, &err) == PP_OK,
           "the crafted table is valid for the simulator and NCCL's order: %s", err.msg);
@@ -599,6 +598,13 @@ static void test_rendezvous(void) {
               "rank %d must refuse the crafted table at pp_stage_create: %s", r, w.msg[r]);
     CHECK(!run_table(&sc, 0, 1.5, &w) && timed_out(&w), "without the check the crafted table must hang in the imitation: %s",
           w.msg[0]);
+    g_channels = 0; /* the default, eight: the pairs of its cycle no longer share a channel */
+    CHECK(pp_nccl_check_rendezvous(&sc, 8, &err) == PP_OK, "the crafted table over eight channels: %s", err.msg);
+    (void)run_table(&sc, 1, 5, &w); /* its micro-batches out of order: the sums round otherwise than the reference's */
+    for (r = 0; r < 4; r++)
+        CHECK(w.rc[r][0] == PP_OK && w.rc[r][1] == PP_OK, "the crafted table over eight channels must run: rank %d: %s", r,
+              w.msg[r]);
+    g_channels = 4;
 
     for (i = 0; i < n_rand; i++) {
         int vmap, with_w, rc, cyc;
@@ -629,9 +635,20 @@ static void test_rendezvous(void) {
             CHECK(!run_table(&sc, 0, 1.5, &w) && timed_out(&w), "random table %d fails the check but does not hang in the "
                   "imitation: %s\n%s", i, w.msg[0], txt);
         }
+        rc = pp_nccl_check_rendezvous(&sc, 8, &err);
+        n_ok8 += rc == PP_OK;
+        if (cyc && rc == PP_OK && ran8 < (quick ? 1 : 4)) { /* over the default eight channels it runs */
+            ran8++;
+            g_channels = 0;
+            CHECK(run_table(&sc, 1, 5, &w), "random table %d cycles over four channels, not over eight, but fails in the "
+                  "imitation: %s\n%s", i, w.msg[0], txt);
+            g_channels = 4;
+        }
     }
+    g_channels = 0;
     CHECK(n_cycle > 0 && n_ok > 0, "random tables: %d pass, %d cycle", n_ok, n_cycle);
-    printf("nccl-pipeline: rendezvous check: %d random valid tables pass, %d would cycle over NCCL\n", n_ok, n_cycle);
+    printf("nccl-pipeline: rendezvous check: of %d random valid tables %d would cycle over four NCCL channels, %d over "
+           "eight (the default)\n", n_ok + n_cycle, n_cycle, n_ok + n_cycle - n_ok8);
 }
 
 int main(int argc, char** argv) {
