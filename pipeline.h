@@ -685,8 +685,8 @@ size_t pp_schedule_size(pp_schedule_kind k, int p, int v, int m);
    m >= 2p: each overlapped F&B pair runs as an F and a B back to back (the B's W right behind
    it, as DualPipe does outside its zero-bubble phases); below m = 2p, where DualPipe has no
    order, it is list-scheduled under the same memory.
-   pp_schedule_make generates for unit costs (F = B = W = 1 per chunk, comm 0); its ZB-V is the
-   greedy unit-cost list of earlier versions (pp_schedule_make_cost makes the cost-aware one). */
+   pp_schedule_make generates for unit costs (F = B = W = 1 per chunk, comm 0); its ZB-V is
+   generated for them (the greedy unit-cost list of earlier versions is one candidate). */
 pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* out, size_t cap,
                            pp_schedule* s, pp_error* err);
 /* The same for a cost model (pp_sim_cost: per-chunk f, b, w and comm, or per-stage arrays, as
@@ -695,9 +695,8 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
    shortest under the kind's stash cap (pp_schedule_stash_cap); so is interleaved-mem (cost not
    NULL) where p does not divide m and interleaved's lists do not fit its cap; DualPipeV's
    reference order is polished for them (adjacent swaps pp_simulate accepts, under its cap); the
-   other kinds are fixed patterns and ignore the costs. With cost NULL, ZB-V is the earlier
-   unit-cost greedy list and DualPipeV (m >= 2p) the reference order itself (what
-   pp_schedule_make returns). Takes scratch from PP_MALLOC and frees it before returning. */
+   other kinds are fixed patterns and ignore the costs. With cost NULL (what pp_schedule_make
+   does) the costs are F = B = W = 1, and DualPipeV (m >= 2p) is the reference order itself. Takes scratch from PP_MALLOC and frees it before returning. */
 pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                 size_t cap, pp_schedule* s, pp_error* err);
 /* The most activations (F done, B or W not yet; in chunks) a rank of kind k stashes at once:
@@ -3154,11 +3153,8 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
         pp_result sr;
         if (i < 0) {
             if (k == PP_SCHED_ZB_V && i == -1) {
+                /* the unit-cost greedy list of earlier versions: one candidate among the rest */
                 if ((rc = _pp_sched_build_zbv(p, m, acts, err)) != PP_OK) goto cleanup;
-                if (!cost) { /* pp_schedule_make: the unit-cost lists of before, unchanged */
-                    memcpy(out, acts, n * sizeof *acts);
-                    goto cleanup;
-                }
             } else if (two && i == -1) { /* interleaved-mem's left-out layout, a W behind each B */
                 int r, j, d, per2 = 2 * m * v;
                 if ((rc = _pp_sched_build(k, p, v, m, acts, err)) != PP_OK) goto cleanup;
