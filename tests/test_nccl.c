@@ -22,8 +22,10 @@ static void order_checks(void) {
         {PP_SCHED_INTERLEAVED, 4, 2, 8, 1}, {PP_SCHED_INTERLEAVED, 4, 3, 5, 1}, {PP_SCHED_INTERLEAVED, 2, 2, 4, 1},
         {PP_SCHED_INTERLEAVED, 2, 2, 3, 1}, {PP_SCHED_INTERLEAVED, 2, 2, 1, 1}, {PP_SCHED_INTERLEAVED, 2, 2, 6, 1},
         {PP_SCHED_ZB_H1, 4, 1, 8, 1}, {PP_SCHED_ZB_H1, 2, 1, 5, 1}, {PP_SCHED_ZB_V, 2, 2, 5, 1}, {PP_SCHED_ZB_V, 4, 2, 7, 1},
-        /* p = 2, odd m >= 5: one pair carries activations and gradients in different orders */
-        {PP_SCHED_INTERLEAVED, 2, 2, 5, 0}, {PP_SCHED_INTERLEAVED, 2, 3, 7, 0}, {PP_SCHED_INTERLEAVED, 2, 4, 9, 0},
+        /* p = 2, odd m >= 5: one pair carries activations and gradients in different orders, each
+           kind in order: refused while both shared a channel, matched since they travel apart */
+        {PP_SCHED_INTERLEAVED, 2, 2, 5, 1}, {PP_SCHED_INTERLEAVED, 2, 3, 7, 1}, {PP_SCHED_INTERLEAVED, 2, 4, 9, 1},
+        {PP_SCHED_V_HALF, 4, 2, 8, 1}, {PP_SCHED_V_MIN, 4, 2, 8, 1}, {PP_SCHED_DUALPIPE_V, 4, 2, 8, 1},
     };
     int i;
     for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
@@ -43,8 +45,8 @@ static void order_checks(void) {
                   "%s p=%d v=%d m=%d should be refused with a reason: %s", pp_schedule_name(cases[i].k), cases[i].p,
                   cases[i].v, cases[i].m, err.msg);
     }
-    /* A list whose receives are out of the sender's order (rank 1 of GPipe runs F1 before F0)
-       is refused, naming the message. */
+    /* A list whose receives of one kind are out of the sender's order (rank 1 of GPipe runs F1
+       before F0) is refused, naming the message. */
     {
         pp_action acts[2 * 2 * 2], x;
         pp_schedule s;
