@@ -6235,12 +6235,15 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
 /* Posts the receives of the stage input's tensors [from, upto) into the prepared block. */
 static pp_result _pp_post_range(pp_stage* s, const pp_action* a, _pp_prep* pr, int from, int upto) {
     const pp_transport* t = &s->d.transport;
-    int la = s->d.partition[a->stage], lb = s->d.partition[a->stage + 1], k;
+    int la = s->d.partition[a->stage], k, n_in;
     size_t extra = s->d.shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
-    _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
+    pp_tensor in[PP_MAX_TENSORS];
+    /* the input boundary alone, where the stash layout puts it (first): the shared views (s->act)
+       belong to the action running now */
+    _pp_stash_carve(&s->plan, a->mb, la, la, 1, pr->blk->data, in, &n_in, NULL);
     if (t->group_start) t->group_start(t->self);
-    for (k = from; k < s->nact[0] && k < upto; k++) {
-        pp_tensor* x = &s->act[k];
+    for (k = from; k < n_in && k < upto; k++) {
+        pp_tensor* x = &in[k];
         size_t n = pp_tensor_bytes(x) + (k == 0 ? extra : 0);
         pp_result rc;
         if (pr->n_req >= _PP_MAX_REQ) return _pp_stage_fail(s, PP_ERR_INVALID, "too many receives for one action");
