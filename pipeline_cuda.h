@@ -544,10 +544,11 @@ static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
 #else
     cudaStream_t side = r->side ? r->side : r->stream;
 #endif
-    cudaError_t e;
+    int own = side == r->stream; /* no side stream: stream order already puts it after the data */
+    cudaError_t e = cudaSuccess;
     const char* what = "cudaStreamWaitEvent(sender's data ready, early copy)";
     pp_result rc = PP_OK;
-    e = cudaStreamWaitEvent(side, m->es, 0);
+    if (!own) e = cudaStreamWaitEvent(side, m->es, 0);
     if (e == cudaSuccess) {
         what = "cudaStreamWaitEvent(receive block free)";
         e = cudaStreamWaitEvent(side, m->er, 0);
@@ -562,7 +563,7 @@ static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
         e = cudaEventRecord(m->es, side);
         m->es_seq = ++r->side_seq;
     }
-    if (e == cudaSuccess) {
+    if (e == cudaSuccess && !own) {
         what = "cudaStreamWaitEvent(early copy done, before the block is reused)";
         e = cudaStreamWaitEvent(r->stream, m->es, 0);
     }
