@@ -696,7 +696,8 @@ pp_result pp_schedule_make(pp_schedule_kind k, int p, int v, int m, pp_action* o
    NULL) where p does not divide m and interleaved's lists do not fit its cap; DualPipeV's
    reference order is polished for them (adjacent swaps pp_simulate accepts, under its cap); the
    other kinds are fixed patterns and ignore the costs. With cost NULL (what pp_schedule_make
-   does) the costs are F = B = W = 1, and DualPipeV (m >= 2p) is the reference order itself. Takes scratch from PP_MALLOC and frees it before returning. */
+   does) the costs are F = B = W = 1, and DualPipeV (m >= 2p) is the reference order itself.
+   Takes scratch from PP_MALLOC and frees it before returning. */
 pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                 size_t cap, pp_schedule* s, pp_error* err);
 /* The most activations (F done, B or W not yet; in chunks) a rank of kind k stashes at once:

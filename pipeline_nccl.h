@@ -37,11 +37,11 @@
    - NCCL has no tags: messages between two ranks match in the order they are posted. The
      executor posts in schedule order, so the order agrees on both sides when every rank's list
      implies the same per-pair sequence of each kind; pp_nccl_check_order proves that for a
-     schedule. It holds for every built-in kind except interleaved (and interleaved-mem) where
-     a pair carries activations of several chunks in orders that differ between the two sides
-     (some m not a multiple of p, found by the check): such a schedule, or a user's list that
-     breaks the order, is refused with the first mismatching message named. Use the MPI
-     transport (tags) or another m there.
+     schedule. It holds for every list pp_schedule_make builds (p 2 to 8, m 1 to 24); lists
+     generated for costs can break it where a pair carries activations of several chunks in
+     orders that differ between the two sides (interleaved-mem for F, B, W = 1, 2, 1: 31 of 168):
+     such a schedule, or a user's list that breaks the order, is refused with the first
+     mismatching message named. Use the MPI transport (tags) there.
    - Sends complete only when their receive runs (rendezvous), and a group completes with all
      its operations: pp_nccl_check_rendezvous runs every rank's groups, in issue order, against
      each other and refuses a schedule whose groups would wait in a cycle (every built-in one
@@ -162,9 +162,9 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err);
    rendezvous for large messages): it derives every rank's groups in the order the executor and
    the transport issue them and runs them against each other. PP_ERR_DEADLOCK names the ranks,
    messages and groups that would wait for each other. channels: 8 (the transport's default,
-   NCCL >= 2.18: by direction, by kind and by the parity of the pair's lower rank), 4 (by direction
-   and kind), 2 (by direction) or 1, as pp_nccl_desc.channels. Pure: no GPU needed. The transport runs this check and
-   pp_nccl_check_order on every schedule pp_stage_create gives it (pp_transport.check_schedule),
+   NCCL >= 2.18: by direction, by kind and by the parity of the pair's lower rank), 4 (by
+   direction and kind), 2 (by direction) or 1, as pp_nccl_desc.channels. Pure: no GPU needed. The
+   transport runs this check and pp_nccl_check_order on every schedule pp_stage_create gives it (pp_transport.check_schedule),
    so a user's table that would hang is refused before the first step. */
 pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err);
 
@@ -252,7 +252,7 @@ struct pp_nccl {
     uint64_t busy_seq[_PPN_MAXCH], busy_at[_PPN_MAXCH]; /* a batch of the channel seen running, and 1 + the flush count then */
     uint64_t flushes;
     cudaEvent_t ready;          /* recorded on the compute stream at every flush (a wait keeps its record) */
-    int in_flush_all, ready_fresh; /* within _ppn_flush_all: ready is recorded for both channels' groups */
+    int in_flush_all, ready_fresh; /* within _ppn_flush_all: ready is recorded once for every channel's group */
     cudaEvent_t* free_ev;       /* completion events of released batches, for reuse */
     int n_free_ev, cap_free_ev;
     _ppn_bounce* bounce;        /* free device bounce buffers (host-memory messages) */
@@ -279,14 +279,16 @@ static pp_result _ppn_nccl(pp_nccl* t, ncclResult_t r, const char* what) {
 }
 
 static void _ppn_abort_comm(pp_nccl* t) {
+    int ch;
     if (!t->aborted) {
         t->aborted = 1;
-        int ch;
         ncclCommAbort(t->comm);
         for (ch = 1; ch < t->nch; ch++) ncclCommAbort(t->ch_comm[ch]);
     }
 }
 #define _PPN_COMM(t, ch) ((t)->ch_comm[ch])
+/* The channel counts pp_nccl_desc.channels and pp_nccl_check_rendezvous take. */
+#define _PPN_CHANNELS_OK(n) ((n) == 1 || (n) == 2 || (n) == 4 || (n) == 8)
 #define _PPN_STREAM(t, ch) ((t)->ch_stream[ch])
 
 /* The channel of a message between this rank (me) and peer: its direction (0: to the higher
@@ -829,7 +831,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
     }
     t->nch = 1;
     t->ch_comm[0] = t->comm;
-    if (d->channels != 0 && d->channels != 1 && d->channels != 2 && d->channels != 4 && d->channels != 8) {
+    if (d->channels != 0 && !_PPN_CHANNELS_OK(d->channels)) {
         PP_FREE(t);
         return _pp_fail(err, PP_ERR_INVALID, "channels = %d (0 for the default, 1, 2, 4 or 8)", d->channels);
     }
@@ -1149,8 +1151,8 @@ void pp_nccl_grid_destroy(pp_nccl_grid* g) {
 /* One message in a pair's sequence: (micro-batch, boundary stage, direction). */
 typedef struct _ppn_msg { int mb, boundary, dir; } _ppn_msg;
 
-/* by_kind: activations and gradients travel on channels of their own (four channels or more), so only
-   each kind's order must agree; else every message of a pair shares one order. */
+/* by_kind: activations and gradients travel on channels of their own (four channels or more),
+   so only each kind's order must agree; else every message of a pair shares one order. */
 static pp_result _ppn_check_order(const pp_schedule* s, int by_kind, pp_error* err) {
     int p, a, b, i, kind;
     _ppn_msg *snd = NULL, *rcv = NULL;
@@ -1249,15 +1251,15 @@ typedef struct _ppn_rgrp { int32_t lo, hi, need[_PPN_MAXCH]; } _ppn_rgrp; /* ops
 typedef struct _ppn_rdv {
     const pp_schedule* s;
     int p, nch, cap;
-    _ppn_rop* ops;          /* [(r*2 + ch) * cap + k] */
+    _ppn_rop* ops;          /* [_PPN_RC(r, ch) * cap + k] */
     _ppn_rgrp* grps;        /* same layout */
-    int32_t* n_ops;         /* [r*2 + ch] */
+    int32_t* n_ops;         /* [_PPN_RC(r, ch)] */
     int32_t* n_grps;
     int32_t* flushed;       /* ops already in a group */
     int32_t* done;          /* completed groups */
-    int32_t* bypair;        /* [((r*2 + ch)*p + peer)*2 + recv] -> first index in `order` */
+    int32_t* bypair;        /* [(_PPN_RC(r, ch)*p + peer)*2 + recv] -> first index in `order` */
     int32_t* order;         /* op positions of one (rank, channel, peer, kind), in posting order */
-    int32_t* kth;           /* [(r*2 + ch) * cap + k]: k-th op of its (peer, kind) */
+    int32_t* kth;           /* [_PPN_RC(r, ch) * cap + k]: k-th op of its (peer, kind) */
 } _ppn_rdv;
 
 #define _PPN_RC(r, ch) ((size_t)((r) * _PPN_MAXCH + (ch)))
@@ -1483,7 +1485,7 @@ cleanup:
 
 pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err) {
     if (!s || !s->actions) return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL");
-    if (channels != 1 && channels != 2 && channels != 4 && channels != 8)
+    if (!_PPN_CHANNELS_OK(channels))
         return _pp_fail(err, PP_ERR_INVALID, "channels = %d (1, 2, 4 or 8)", channels);
     if (s->p < 1 || s->p > PP_MAX_RANKS || s->per_rank < 0 || s->per_rank > (1 << 26))
         return _pp_fail(err, PP_ERR_INVALID, "schedule header p=%d per_rank=%d", s->p, s->per_rank);
