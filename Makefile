@@ -100,11 +100,14 @@ $(B)/agree-controls: tests/controls.sh $(B)/agree-ctl-nogen $(B)/agree-ctl-noagr
 	printf '#!/bin/sh\nexec sh tests/controls.sh agree-controls "$(B)/agree-ctl-nogen controls" "$(B)/agree-ctl-noagree controls" "$(B)/agree-ctl-nombcheck controls"\n' > $@
 	chmod +x $@
 
-# Negative control of tests/test_zb.c's turn of the V: sent to itself again, it must fail.
+# Negative controls of tests/test_zb.c: the turn of the V sent to itself again, and the B-only
+# scratch kept until W (the W share's peak_mem then differs from the simulator's); each must fail.
 $(B)/zb-ctl-nohandover: tests/test_zb.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_HANDOVER $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/zb-controls: tests/controls.sh $(B)/zb-ctl-nohandover
-	printf '#!/bin/sh\nexec sh tests/controls.sh zb-controls "$(B)/zb-ctl-nohandover turn"\n' > $@
+$(B)/zb-ctl-nobfree: tests/test_zb.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_B_FREE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/zb-controls: tests/controls.sh $(B)/zb-ctl-nohandover $(B)/zb-ctl-nobfree
+	printf '#!/bin/sh\nexec sh tests/controls.sh zb-controls "$(B)/zb-ctl-nohandover turn" "$(B)/zb-ctl-nobfree wshare"\n' > $@
 	chmod +x $@
 
 # Negative control of tests/test_cuda_host.c's early copy: made on the sender's own stream (behind

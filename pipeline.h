@@ -79,6 +79,9 @@
    defer it). It sees the io backward saw; the executor keeps stash and gradients alive until W.
    A layer without the split names PP_NO_WGRAD there and does both in backward. Any model runs on
    any schedule: without W actions W runs inside B; without weight_grad a W action is a no-op.
+   The W share: scratch that backward needs and weight_grad does not goes in d->b_saved_bytes
+   (io->b_saved in forward and backward, NULL in weight_grad); B frees it while the stash waits
+   for W. pp_step_stats.peak_mem counts it as the simulator's pp_sim_cost.b_free does.
 
    SCHEDULES AS TEXT
        schedule p=2 v=1 m=2            # map=loop (default) or map=v
@@ -300,6 +303,9 @@ typedef struct pp_layer_io {
     void* ctx;                          /* pp_stage_desc.layer_ctx (e.g. the rank's CUDA stream);
                                            NULL under pp_sequential_step */
     const struct pp_model* model;       /* the model being run: model->ctx is your context */
+    void* b_saved;                      /* b_saved_bytes of scratch kept from forward to backward
+                                           only: NULL in weight_grad (freed at B, before W) */
+    size_t b_saved_bytes;
 } pp_layer_io;
 
 /* What describe() returns for one layer on one micro-batch. */
@@ -310,6 +316,11 @@ typedef struct pp_layer_desc {
     double cost;                        /* relative forward+backward time (0 counts as 1) */
     int64_t n_params;
     const struct pp_model* model;       /* set before the call: the model (model->ctx is yours) */
+    /* The W share: scratch that backward reads and weight_grad does not (a split model's
+       intermediates the input gradient needs and the weight gradient does not). Kept from forward
+       to backward only: a schedule with W actions frees it at B, while the stash (activations and
+       saved_bytes) waits for W. 0: none. */
+    size_t b_saved_bytes;
 } pp_layer_desc;
 
 #ifndef PP_MAX_LAYER_KINDS
@@ -756,8 +767,9 @@ struct pp_sim_cost {
     /* Memory with a W share: the fraction of a stash its B frees (0 .. 1; 0, the default, keeps
        it whole until W). W needs only what the weight gradient reads (the layer's input and its
        output gradient); the rest of a layer's saved bytes can go at B. Per stage where non-NULL.
-       Only pp_simulate's peak_mem and the cost-aware generators read it: the executor still
-       frees a stash whole at W (its peak_live and peak_stash_bytes count that way). */
+       The executor frees the same way what a layer declares as B-only scratch
+       (pp_layer_desc.b_saved_bytes): with b_free per stage set to that scratch's share of the
+       stash's bytes, pp_step_stats.peak_mem equals peak_mem here. */
     double b_free;
     const double* b_free_stage;
 };
@@ -1054,6 +1066,10 @@ typedef struct pp_step_stats {
     size_t pool_bytes;          /* the block pool's memory at the end of the step (device or host) */
     size_t pool_need;           /* the most bytes the step's blocks asked for at once */
     int pool_allocs, pool_frees;/* blocks the pool allocated and gave back during the step */
+    /* Peak stash memory in stashes, as pp_sim_result.peak_mem counts it: a stash counts 1 from its
+       F; with W deferred, its B frees the B-only scratch (pp_layer_desc.b_saved_bytes), that
+       scratch's share of the stash's bytes, and its W the rest. peak_live without B-only scratch. */
+    double peak_mem;
 } pp_step_stats;
 
 pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err);
@@ -1850,6 +1866,7 @@ typedef struct _pp_plan {
     int32_t* cu;                /* rebased cu_seqlens of all micro-batches */
     _pp_bnd* bnd;               /* [m][L+1]: boundary l is the input of layer l */
     size_t* saved;              /* [m][L] */
+    size_t* bsaved;             /* [m][L]: the B-only scratch (pp_layer_desc.b_saved_bytes) */
 } _pp_plan;
 
 static void _pp_plan_free(_pp_plan* p) {
@@ -1857,6 +1874,7 @@ static void _pp_plan_free(_pp_plan* p) {
     PP_FREE(p->cu);
     PP_FREE(p->bnd);
     PP_FREE(p->saved);
+    PP_FREE(p->bsaved);
     memset(p, 0, sizeof *p);
 }
 
@@ -1871,12 +1889,14 @@ static pp_result _pp_plan_build(_pp_plan* p, const pp_model* model, const void* 
         PP_FREE(p->mbs);
         PP_FREE(p->bnd);
         PP_FREE(p->saved);
+        PP_FREE(p->bsaved);
         p->mbs = (pp_microbatch*)_pp_calloc((size_t)b->m, sizeof *p->mbs);
         p->bnd = (_pp_bnd*)_pp_calloc((size_t)b->m * (size_t)(L + 1), sizeof *p->bnd);
         p->saved = (size_t*)_pp_calloc((size_t)b->m * (size_t)L, sizeof *p->saved);
+        p->bsaved = (size_t*)_pp_calloc((size_t)b->m * (size_t)L, sizeof *p->bsaved);
         p->m_cap = b->m;
         p->L = L;
-        if (!p->mbs || !p->bnd || !p->saved) {
+        if (!p->mbs || !p->bnd || !p->saved || !p->bsaved) {
             p->m_cap = 0;
             return _pp_fail(err, PP_ERR_NOMEM, "step plan for %d micro-batches x %d layers", b->m, L);
         }
@@ -1899,6 +1919,7 @@ static pp_result _pp_plan_build(_pp_plan* p, const pp_model* model, const void* 
         for (l = 0; l < L; l++) {
             if ((rc = _pp_describe(model, w, l, &p->mbs[i], &bd[l], &bd[l + 1], &d, err)) != PP_OK) return rc;
             p->saved[(size_t)i * L + l] = d.saved_bytes;
+            p->bsaved[(size_t)i * L + l] = d.b_saved_bytes;
         }
     }
     return PP_OK;
@@ -1929,6 +1950,20 @@ static size_t _pp_stash_carve(const _pp_plan* p, int mb, int a, int b, int own_i
         size_t sb = p->saved[(size_t)mb * p->L + l];
         if (saved) saved[l - a] = (base && sb) ? base + off : NULL;
         off += _PP_ALIGN(sb);
+    }
+    return off;
+}
+
+/* Carves the B-only scratch of layers [a, b) (pp_layer_desc.b_saved_bytes) out of base (NULL:
+   only measure): bsaved[l-a], NULL where a layer has none. Apart from the stash, so that B can
+   give it back while the stash waits for W. */
+static size_t _pp_bsaved_carve(const _pp_plan* p, int mb, int a, int b, unsigned char* base, void** bsaved) {
+    size_t off = 0;
+    int l;
+    for (l = a; l < b; l++) {
+        size_t n = p->bsaved[(size_t)mb * p->L + l];
+        if (bsaved) bsaved[l - a] = (base && n) ? base + off : NULL;
+        off += _PP_ALIGN(n);
     }
     return off;
 }
@@ -1967,7 +2002,8 @@ static pp_tensor _pp_input_view(const pp_batch* b, const pp_microbatch* mb) {
 
 static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_microbatch* mb, int a, int b,
                                    const pp_tensor* act, const int* nact, void* const* saved, const size_t* saved_bytes,
-                                   float* loss, void* ctx, pp_error* err) {
+                                   void* const* bsaved, const size_t* bsaved_bytes, float* loss, void* ctx,
+                                   pp_error* err) {
     pp_layer_io io;
     int l, rc;
     for (l = a; l < b; l++) {
@@ -1980,6 +2016,8 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
         memcpy(io.out, &act[(l - a + 1) * PP_MAX_TENSORS], sizeof io.out);
         io.saved = saved[l - a];
         io.saved_bytes = saved_bytes[l];
+        io.b_saved = bsaved[l - a];
+        io.b_saved_bytes = io.b_saved ? bsaved_bytes[l] : 0;
         io.ctx = ctx;
         io.model = m;
         if ((rc = m->forward(w, l, &io)) != 0)
@@ -1991,10 +2029,12 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
 }
 
 /* B (weight_half 0: backward) or W (weight_half 1: weight_grad, model->weight_grad set) of layers
-   [a, b), last layer first; W sees the same io that B saw. */
+   [a, b), last layer first; W sees the same io that B saw but the B-only scratch (b_saved NULL,
+   whether or not W is deferred: a layer that reads it in W fails on every schedule alike). */
 static pp_result _pp_grad_range(int weight_half, const pp_model* m, const void* w, void* g, const pp_microbatch* mb,
                                 int a, int b, const pp_tensor* act, const int* nact, const pp_tensor* dact,
-                                void* const* saved, const size_t* saved_bytes, void* ctx, pp_error* err) {
+                                void* const* saved, const size_t* saved_bytes, void* const* bsaved,
+                                const size_t* bsaved_bytes, void* ctx, pp_error* err) {
     pp_layer_io io;
     int l, rc;
     for (l = b - 1; l >= a; l--) {
@@ -2009,6 +2049,10 @@ static pp_result _pp_grad_range(int weight_half, const pp_model* m, const void* 
         memcpy(io.d_out, &dact[(l - a + 1) * PP_MAX_TENSORS], sizeof io.d_out);
         io.saved = saved[l - a];
         io.saved_bytes = saved_bytes[l];
+        if (!weight_half) {
+            io.b_saved = bsaved[l - a];
+            io.b_saved_bytes = io.b_saved ? bsaved_bytes[l] : 0;
+        }
         io.ctx = ctx;
         io.model = m;
         rc = weight_half ? m->weight_grad(w, g, l, &io) : m->backward(w, g, l, &io);
@@ -2032,7 +2076,7 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
     _pp_plan plan;
     pp_tensor *act = NULL, *dact = NULL;
     int* nact = NULL;
-    void** saved = NULL;
+    void **saved = NULL, **bsaved = NULL;
     unsigned char *stash = NULL, *gws = NULL;
     float* mb_loss = NULL;
     pp_result rc;
@@ -2047,33 +2091,37 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
     act = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *act);
     dact = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *dact);
     nact = (int*)_pp_calloc((size_t)L + 1, sizeof *nact);
-    saved = (void**)_pp_calloc((size_t)L, sizeof *saved);
+    saved = (void**)_pp_calloc((size_t)L * 2, sizeof *saved);
+    bsaved = saved ? saved + L : NULL;
     mb_loss = (float*)_pp_calloc((size_t)b->m, sizeof *mb_loss);
     if (!act || !dact || !nact || !saved || !mb_loss) {
         rc = _pp_fail(err, PP_ERR_NOMEM, "sequential step scratch");
         goto cleanup;
     }
     for (i = 0; i < b->m; i++) {
+        const size_t *sb_l = &plan.saved[(size_t)i * L], *bb_l = &plan.bsaved[(size_t)i * L];
         size_t sb = _pp_stash_carve(&plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
+        size_t bb = _pp_bsaved_carve(&plan, i, 0, L, NULL, NULL);
         size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, 1, NULL, NULL);
-        stash = (unsigned char*)PP_MALLOC(sb ? sb : 1);
+        stash = (unsigned char*)PP_MALLOC(sb + bb ? sb + bb : 1);
         gws = (unsigned char*)_pp_calloc(gb ? gb : 1, 1);
         if (!stash || !gws) {
             rc = _pp_fail(err, PP_ERR_NOMEM, "sequential stash of micro-batch %d (%zu + %zu bytes)", i, sb, gb);
             goto cleanup;
         }
         _pp_stash_carve(&plan, i, 0, L, 0, stash, act, nact, saved);
+        _pp_bsaved_carve(&plan, i, 0, L, stash + sb, bsaved);
         act[0] = _pp_input_view(b, &plan.mbs[i]);
         _pp_grad_carve(&plan, i, 0, L, 0, 1, gws, dact);
-        if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, &plan.saved[(size_t)i * L],
-                                    &mb_loss[i], NULL, err)) != PP_OK)
+        if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, sb_l, bsaved, bb_l, &mb_loss[i],
+                                    NULL, err)) != PP_OK)
             goto cleanup;
-        if ((rc = _pp_grad_range(0, m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
-                                     &plan.saved[(size_t)i * L], NULL, err)) != PP_OK)
+        if ((rc = _pp_grad_range(0, m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved, sb_l, bsaved, bb_l,
+                                 NULL, err)) != PP_OK)
             goto cleanup;
         /* split backward: the weight gradients of this micro-batch after all its input gradients */
         if (m->weight_grad && (rc = _pp_grad_range(1, m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
-                                                    &plan.saved[(size_t)i * L], NULL, err)) != PP_OK)
+                                                    sb_l, bsaved, bb_l, NULL, err)) != PP_OK)
             goto cleanup;
         PP_FREE(stash);
         PP_FREE(gws);
@@ -2097,7 +2145,7 @@ pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads,
     _pp_plan plan;
     pp_tensor *act = NULL, *dact = NULL;
     int* nact = NULL;
-    void** saved = NULL;
+    void **saved = NULL, **bsaved = NULL;
     unsigned char *stash = NULL, *gws = NULL;
     float loss = 0;
     pp_result rc;
@@ -2117,44 +2165,47 @@ pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads,
     act = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *act);
     dact = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *dact);
     nact = (int*)_pp_calloc((size_t)L + 1, sizeof *nact);
-    saved = (void**)_pp_calloc((size_t)L, sizeof *saved);
+    saved = (void**)_pp_calloc((size_t)L * 2, sizeof *saved);
+    bsaved = saved ? saved + L : NULL;
     if (!act || !dact || !nact || !saved) {
         rc = _pp_fail(err, PP_ERR_NOMEM, "profile scratch");
         goto cleanup;
     }
     for (step = 0; step <= steps; step++) {
         for (i = 0; i < b->m; i++) {
-            const size_t* sb = &plan.saved[(size_t)i * L];
+            const size_t *sb = &plan.saved[(size_t)i * L], *bb = &plan.bsaved[(size_t)i * L];
             size_t nb = _pp_stash_carve(&plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
+            size_t nbb = _pp_bsaved_carve(&plan, i, 0, L, NULL, NULL);
             size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, 1, NULL, NULL);
-            stash = (unsigned char*)PP_MALLOC(nb ? nb : 1);
+            stash = (unsigned char*)PP_MALLOC(nb + nbb ? nb + nbb : 1);
             gws = (unsigned char*)_pp_calloc(gb ? gb : 1, 1);
             if (!stash || !gws) {
                 rc = _pp_fail(err, PP_ERR_NOMEM, "profile stash of micro-batch %d", i);
                 goto cleanup;
             }
             _pp_stash_carve(&plan, i, 0, L, 0, stash, act, nact, saved);
+            _pp_bsaved_carve(&plan, i, 0, L, stash + nb, bsaved);
             act[0] = _pp_input_view(b, &plan.mbs[i]);
             _pp_grad_carve(&plan, i, 0, L, 0, 1, gws, dact);
             /* one layer at a time: the range helpers index act/nact/saved from their first layer */
             for (l = 0; l < L; l++) {
                 double t0 = _pp_now();
                 rc = _pp_forward_range(m, weights, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                       saved + l, sb, &loss, NULL, err);
+                                       saved + l, sb, bsaved + l, bb, &loss, NULL, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0) t_f[l] += _pp_now() - t0;
             }
             for (l = L - 1; l >= 0; l--) {
                 double t0 = _pp_now();
                 rc = _pp_grad_range(0, m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                        dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, NULL, err);
+                                        dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, bsaved + l, bb, NULL, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0) t_b[l] += _pp_now() - t0;
             }
             for (l = L - 1; m->weight_grad && l >= 0; l--) {
                 double t0 = _pp_now();
                 rc = _pp_grad_range(1, m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                     dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, NULL, err);
+                                     dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, bsaved + l, bb, NULL, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0 && t_w) t_w[l] += _pp_now() - t0;
             }
@@ -5181,7 +5232,8 @@ struct pp_stage {
     _pp_plan plan;
     const pp_batch* batch;
     _pp_block** live;               /* [m*v] stash of (mb, chunk) between F and B (or W); with the
-                                       three below, one allocation */
+                                       four below, one allocation */
+    _pp_block** blive;              /* [m*v] its B-only scratch, between F and B */
     _pp_block** wlive;              /* [m*v] B's gradient workspace, kept for a deferred W */
     _pp_block** src;                /* [m*v] a stage fed by this rank: the stash holding its input */
     _pp_block** gin;                /* [m*v] a stage feeding this rank: the workspace holding its
@@ -5205,6 +5257,8 @@ struct pp_stage {
     pp_step_stats st;
     int n_live;
     size_t live_bytes;
+    double live_mem;                /* stashes alive, the W share counted (pp_step_stats.peak_mem) */
+    void** bsaved;                  /* [max_layers] the B-only scratch of one action */
     /* AUTO: shapes last received / sent per (micro-batch, chunk); n < 0 until learned */
     _pp_bnd *learned_in, *learned_out;
     int learned_cap;
@@ -5790,6 +5844,7 @@ static pp_result _pp_apply_shapes(pp_stage* s, const pp_action* a, const _pp_bnd
         if ((rc = _pp_describe(&s->d.model, s->d.weights, l, &p->mbs[a->mb], &bd[l], &bd[l + 1], &d, &s->err)) != PP_OK)
             return _pp_stage_wrap(s, rc, a);
         p->saved[(size_t)a->mb * p->L + l] = d.saved_bytes;
+        p->bsaved[(size_t)a->mb * p->L + l] = d.b_saved_bytes;
     }
     return PP_OK;
 }
@@ -6513,6 +6568,7 @@ typedef struct _pp_act {
     const pp_action* a;
     const pp_microbatch* mb;
     const size_t* sb;               /* the micro-batch's saved bytes per layer */
+    const size_t* bsb;              /* and its B-only scratch bytes per layer */
     int idx, la, lb, slot;
     double t0;
 } _pp_act;
@@ -6532,6 +6588,7 @@ static void _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash, con
         for (k = 0; k < s->nact[y - x]; k++) hand[k] = s->act[(y - x) * PP_MAX_TENSORS + k].data;
     }
     _pp_stash_carve(&s->plan, a->mb, c->la, c->lb, a->stage > 0 && !in_turn, stash->data, s->act, s->nact, s->saved);
+    _pp_bsaved_carve(&s->plan, a->mb, c->la, c->lb, s->blive[c->slot] ? s->blive[c->slot]->data : NULL, s->bsaved);
     if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, c->mb);
     for (k = 0; in_turn && k < s->nact[0]; k++) s->act[k].data = hand[k];
     if (!gws) return;
@@ -6544,10 +6601,30 @@ static void _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash, con
     for (k = 0; out_turn && k < s->nact[c->lb - c->la]; k++) s->dact[(c->lb - c->la) * PP_MAX_TENSORS + k].data = hand[k];
 }
 
-/* The end of slot's stash and workspace (after B, or after W when W is deferred), and of the
-   blocks it borrowed at the turn of the V. */
-static void _pp_slot_release(pp_stage* s, int slot) {
+/* The W share of c's stash: its B-only scratch's part of the stash's bytes (as the simulator's
+   pp_sim_cost.b_free: the rest of the stash waits for W). */
+static double _pp_bshare(const pp_stage* s, const _pp_act* c) {
+    size_t bb = _pp_bsaved_carve(&s->plan, c->a->mb, c->la, c->lb, NULL, NULL), sb;
+    if (!bb) return 0;
+    sb = _pp_stash_carve(&s->plan, c->a->mb, c->la, c->lb, c->a->stage > 0 && !_pp_turn(s, c->a->stage), NULL, NULL,
+                         NULL, NULL);
+    return (double)bb / (double)(sb + bb);
+}
+
+static void _pp_bsaved_release(pp_stage* s, int slot) {
+    if (!s->blive[slot]) return;
+    s->live_bytes -= s->blive[slot]->cap;
+    _pp_block_put(s, s->blive[slot]);
+    s->blive[slot] = NULL;
+}
+
+/* The end of slot's stash and workspace (after B, or after W when W is deferred), with its B-only
+   scratch if B did not free it, and of the blocks it borrowed at the turn of the V. */
+static void _pp_slot_release(pp_stage* s, const _pp_act* c) {
+    int slot = c->slot;
     _pp_block *stash = s->live[slot], *gws = s->wlive[slot];
+    s->live_mem -= s->blive[slot] ? 1 : 1 - _pp_bshare(s, c);
+    _pp_bsaved_release(s, slot);
     s->live_bytes -= stash->cap + (gws ? gws->cap : 0);
     s->live[slot] = s->wlive[slot] = NULL;
     s->n_live--;
@@ -6619,17 +6696,23 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     const pp_action* a = c->a;
     _pp_block* blk;
     pp_result rc;
+    size_t bb = _pp_bsaved_carve(&s->plan, a->mb, c->la, c->lb, NULL, NULL);
     if (_pp_turn(s, a->stage) && (rc = _pp_turn_in(s, c, pr)) != PP_OK) return rc;
     blk = pr->blk;
     pr->blk = NULL;
+    if (bb && !(s->blive[c->slot] = _pp_block_get(s, bb))) {
+        _pp_block_put(s, blk);
+        return _pp_stage_fail(s, PP_ERR_NOMEM, "B-only scratch of %zu bytes for F%d.%d", bb, a->mb, a->chunk);
+    }
     _pp_views(s, c, blk, NULL);
     s->live[c->slot] = blk;
     if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
-    s->live_bytes += blk->cap;
+    if ((s->live_mem += 1) > s->st.peak_mem) s->st.peak_mem = s->live_mem;
+    s->live_bytes += blk->cap + (bb ? s->blive[c->slot]->cap : 0);
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
     if (!s->draining) {
         rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, s->act, s->nact, s->saved, c->sb,
-                               &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
+                               s->bsaved, c->bsb, &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
         else if (s->d.check_finite)
             rc = _pp_check_finite(s, a, &s->act[(c->lb - c->la) * PP_MAX_TENSORS], s->nact[c->lb - c->la],
@@ -6662,11 +6745,11 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     rc = PP_OK;
     if (!s->draining) {
         rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
-                            s->saved, c->sb, s->d.layer_ctx, &s->err);
+                            s->saved, c->sb, s->bsaved, c->bsb, s->d.layer_ctx, &s->err);
         /* a split model on a schedule without W: the weight gradients now */
         if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
             rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
-                                s->saved, c->sb, s->d.layer_ctx, &s->err);
+                                s->saved, c->sb, s->bsaved, c->bsb, s->d.layer_ctx, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
         else if (s->d.check_finite && a->stage > 0)
             rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL);
@@ -6686,12 +6769,19 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     }
     if (in_turn) s->gin[_pp_slot(s, a->mb, a->stage - 1)] = _pp_block_ref(gws);
     if (s->defer_w) {
-        /* W still needs the stash (inputs) and the workspace (output gradients) */
+        /* W still needs the stash (inputs) and the workspace (output gradients), not the B-only
+           scratch */
         s->wlive[c->slot] = gws;
         s->live_bytes += gws->cap;
         if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
+#ifndef PP_TEST_NO_B_FREE /* negative control (tests/test_zb.c): the B-only scratch waits for W */
+        if (s->blive[c->slot]) {
+            s->live_mem -= _pp_bshare(s, c);
+            _pp_bsaved_release(s, c->slot);
+        }
+#endif
     } else {
-        _pp_slot_release(s, c->slot);
+        _pp_slot_release(s, c);
         _pp_block_put(s, gws);
     }
     return PP_OK;
@@ -6708,10 +6798,10 @@ static pp_result _pp_run_w(pp_stage* s, const _pp_act* c) {
         _pp_views(s, c, stash, gws);
         if (!s->draining) {
             rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
-                                s->saved, c->sb, s->d.layer_ctx, &s->err);
+                                s->saved, c->sb, s->bsaved, c->bsb, s->d.layer_ctx, &s->err);
             if (rc != PP_OK && !_pp_drain(s, rc = _pp_stage_wrap(s, rc, a))) return rc;
         }
-        _pp_slot_release(s, c->slot);
+        _pp_slot_release(s, c);
     }
     _pp_mark(s, c, 1);
     s->st.t_backward += _pp_now() - c->t0;
@@ -6728,6 +6818,7 @@ static pp_result _pp_run(pp_stage* s, int idx) {
     c.idx = idx;
     c.mb = &s->plan.mbs[a->mb];
     c.sb = &s->plan.saved[(size_t)a->mb * s->L];
+    c.bsb = &s->plan.bsaved[(size_t)a->mb * s->L];
     c.slot = a->mb * s->v + a->chunk;
     _pp_stage_layers(s, a->stage, &c.la, &c.lb);
     _pp_stage_note(s, a, PP_FLIGHT_START, _pp_awaited(s, a));
@@ -6827,8 +6918,9 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     s->dact = (pp_tensor*)_pp_calloc((size_t)(ml + 1) * PP_MAX_TENSORS, sizeof *s->dact);
     s->nact = (int*)_pp_calloc((size_t)ml + 1, sizeof *s->nact);
     s->saved = (void**)_pp_calloc((size_t)ml, sizeof *s->saved);
+    s->bsaved = (void**)_pp_calloc((size_t)ml, sizeof *s->bsaved);
     s->events = d->record_timeline ? (pp_event*)_pp_calloc((size_t)s->n_list, sizeof *s->events) : NULL;
-    if (!s->act || !s->dact || !s->nact || !s->saved || (d->record_timeline && !s->events)) {
+    if (!s->act || !s->dact || !s->nact || !s->saved || !s->bsaved || (d->record_timeline && !s->events)) {
         pp_stage_destroy(s);
         return _pp_fail(err, PP_ERR_NOMEM, "stage scratch");
     }
@@ -6858,6 +6950,8 @@ void pp_stage_destroy(pp_stage* s) {
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->live[i]);
     if (s->wlive)
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->wlive[i]);
+    if (s->blive)
+        for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->blive[i]);
     _pp_free_blocks(s, s->pool);
     _pp_free_blocks(s, s->retiring);
     _pp_plan_free(&s->plan);
@@ -6867,6 +6961,7 @@ void pp_stage_destroy(pp_stage* s) {
     PP_FREE(s->dact);
     PP_FREE(s->nact);
     PP_FREE(s->saved);
+    PP_FREE(s->bsaved);
     PP_FREE(s->events);
     PP_FREE(s->learned_in);
     PP_FREE(s->learned_out);
@@ -6916,6 +7011,10 @@ static void _pp_stage_recover(pp_stage* s) {
             _pp_block_put(s, s->wlive[i]);
             s->wlive[i] = NULL;
         }
+        if (s->blive[i]) {
+            _pp_block_put(s, s->blive[i]);
+            s->blive[i] = NULL;
+        }
     }
     while (s->retiring) {
         _pp_block* b = s->retiring;
@@ -6933,6 +7032,7 @@ static void _pp_stage_recover(pp_stage* s) {
         }
     s->n_live = 0;
     s->live_bytes = 0;
+    s->live_mem = 0;
     /* what a peer learned is unknown after a broken step: learn every shape again */
     for (i = 0; i < s->learned_cap; i++) s->learned_in[i].n = s->learned_out[i].n = -1;
 }
@@ -7068,7 +7168,7 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
         s->learned_cap = need;
     }
     if (need > s->live_cap) {
-        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 4, sizeof *nl);
+        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 5, sizeof *nl);
         float* nloss = (float*)_pp_calloc((size_t)b->m, sizeof *nloss);
         if (!nl || !nloss) {
             PP_FREE(nl);
@@ -7077,10 +7177,11 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
         }
         PP_FREE(s->live);
         PP_FREE(s->mb_loss);
-        s->live = nl; /* one allocation: live, wlive, src, gin */
+        s->live = nl; /* one allocation: live, wlive, src, gin, blive */
         s->wlive = nl + need;
         s->src = nl + 2 * need;
         s->gin = nl + 3 * need;
+        s->blive = nl + 4 * need;
         s->mb_loss = nloss;
         s->live_cap = need;
     }
@@ -7119,6 +7220,7 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     int i, n_done;
     if (!s) return PP_ERR_INVALID;
     memset(&s->st, 0, sizeof s->st);
+    s->live_mem = 0; /* no stash outlives a step: no rounding carried over */
     s->err.msg[0] = 0;
     s->n_events = 0;
     s->n_steps++;
@@ -7380,6 +7482,7 @@ static void _pp_stats_merge(const pp_step_stats* rs, int p, pp_step_stats* out) 
         }
         if (a->t_total > out->t_total) out->t_total = a->t_total;
         if (a->peak_live > out->peak_live) out->peak_live = a->peak_live;
+        if (a->peak_mem > out->peak_mem) out->peak_mem = a->peak_mem;
         out->t_forward += a->t_forward;
         out->t_backward += a->t_backward;
         out->t_wait += a->t_wait;

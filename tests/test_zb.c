@@ -539,6 +539,43 @@ static const pp_batch* zb_batch_of(hx_world* W, int rank, int step, pp_batch* tm
     return step == 0 ? W->batch : (const pp_batch*)W->user;
 }
 
+/* The split MLP with B-only scratch (pp_layer_desc.b_saved_bytes): forward keeps tanh's
+   derivative (1 - y^2) there, backward checks it is intact, weight_grad must get none (io->b_saved
+   NULL) and recomputes it from y. With g_b_kept the same bytes are ordinary saved scratch (kept
+   until W): what the W share saves is the difference. */
+static int g_b_kept = 0;
+static int densb_fwd(const dense_params* p, pp_layer_io* io) {
+    float* sc = (float*)(g_b_kept ? io->saved : io->b_saved);
+    const float* y = (const float*)io->out[0].data;
+    int64_t i, n = io->out[0].rows * p->out;
+    int rc = dense_fwd(p, io);
+    if (rc || !sc) return rc ? rc : 5;
+    for (i = 0; i < n; i++) sc[i] = p->tanh_act ? 1.0f - y[i] * y[i] : 1.0f;
+    return 0;
+}
+static int densb_bwd_in(const dense_params* p, dense_params* g, pp_layer_io* io) {
+    const float* sc = (const float*)(g_b_kept ? io->saved : io->b_saved);
+    const float* y = (const float*)io->out[0].data;
+    int64_t i, n = io->out[0].rows * p->out;
+    if (!sc) return 5;
+    for (i = 0; i < n; i++)
+        if (sc[i] != (p->tanh_act ? 1.0f - y[i] * y[i] : 1.0f)) return 7; /* overwritten before B */
+    return dense_bwd_in(p, g, io);
+}
+static int densb_bwd_w(const dense_params* p, dense_params* g, pp_layer_io* io) {
+    return io->b_saved ? 6 : dense_bwd_w(p, g, io);
+}
+static void densb_desc(const dense_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
+    size_t n = (size_t)in[0].rows * (size_t)p->out * sizeof(float);
+    dense_desc(p, mb, in, n_in, d);
+    if (g_b_kept) d->saved_bytes = n;
+    else d->b_saved_bytes = n;
+}
+#define MLPB_LAYERS(X)                                                                    \
+    X(dense, dense_params, densb_fwd, densb_bwd_in, densb_bwd_w, densb_desc, MLP_DEPTH)   \
+    X(xent, xent_params, xent_fwd, xent_bwd, PP_NO_WGRAD, xent_desc, 1)
+PP_MODEL_SPLIT(mlpb, MLPB_LAYERS)
+
 typedef struct ref {
     mlp_model w;            /* weights */
     mlpz_model wz;          /* the same weights, split model's view */
@@ -554,7 +591,10 @@ static const pp_batch* g_batch2 = NULL;
 static pp_threads* g_threads = NULL;
 static void (*g_setup)(hx_world* W, int rank, pp_stage_desc* d) = NULL;
 static pp_step_stats g_stats[PP_MAX_RANKS];
+/* split 2 (the MLP with B-only scratch): each stage's W share, for the simulator's peak_mem */
+static const double* g_bshare = NULL;
 
+/* split: 0 the fused MLP, 1 the split one, 2 the split one with B-only scratch (mlpb) */
 static int run_sched(const pp_schedule* sched, const int* first, int split, const ref* R, const pp_batch* b,
                      const char* what) {
     static hx_world W;
@@ -565,7 +605,7 @@ static int run_sched(const pp_schedule* sched, const int* first, int split, cons
     pp_sim_result sim;
     int r, ok = 1, p = sched->p;
     memset(&W, 0, sizeof W);
-    W.model = split ? mlpz_model_desc() : mlp_model_desc();
+    W.model = split == 2 ? mlpb_model_desc() : split ? mlpz_model_desc() : mlp_model_desc();
     W.w = split ? (const void*)&R->wz : (const void*)&R->w;
     W.sched = sched;
     W.first = first;
@@ -592,13 +632,23 @@ static int run_sched(const pp_schedule* sched, const int* first, int split, cons
     ok = ok && hx_mlp_grads_match(g, p, sched, first, &R->g, 0, what);
     if (ok) {
         ok = hx_loss_matches(W.stats, p, sched, R->loss, what);
-        /* the executor's stash peak is the simulator's: stashes live until W when W is deferred */
-        if (split && pp_simulate(sched, NULL, &sim, NULL, &err) == PP_OK)
-            for (r = 0; r < p; r++)
+        /* the executor's stash peak is the simulator's: stashes live until W when W is deferred
+           (with B-only scratch, its share until B: peak_mem) */
+        pp_sim_cost sc;
+        memset(&sc, 0, sizeof sc);
+        sc.b_free_stage = split == 2 && !g_b_kept ? g_bshare : NULL;
+        if (split && pp_simulate(sched, &sc, &sim, NULL, &err) == PP_OK)
+            for (r = 0; r < p; r++) {
                 if (W.stats[r].peak_live != sim.peak_live[r]) {
                     CHECK(0, "%s: rank %d executor peak %d, simulator %d", what, r, W.stats[r].peak_live, sim.peak_live[r]);
                     ok = 0;
                 }
+                if (split == 2 && fabs(W.stats[r].peak_mem - sim.peak_mem[r]) > 1e-9) {
+                    CHECK(0, "%s: rank %d executor peak_mem %.6f, simulator %.6f", what, r, W.stats[r].peak_mem,
+                          sim.peak_mem[r]);
+                    ok = 0;
+                }
+            }
     }
     hx_mlp_free_grads(gbuf, p);
     CHECK(ok, "%s", what);
@@ -613,7 +663,7 @@ static int run_kind(pp_schedule_kind k, int p, int v, int m, const int* first, i
     int ok;
     pp_sim_cost c121;
     snprintf(what, sizeof what, "%s p=%d v=%d m=%d %s model, %s partition", pp_schedule_name(k), p, v, m,
-             split ? "split" : "fused", part);
+             split == 2 ? "split (B-only scratch)" : split ? "split" : "fused", part);
     /* the cost-aware kinds made for F:B:W = 1:2:1, so the lists differ from the unit-cost ones */
     memset(&c121, 0, sizeof c121);
     c121.f = 1, c121.b = 2, c121.w = 1;
@@ -796,6 +846,105 @@ static void no_transport(hx_world* W, int rank, pp_stage_desc* d) {
    message from a rank to itself, and on ZB-V p = 2 rank 1 sends what rank 0 sends (it sent
    twice as much through itself before). Gradients stay bit-exact. -DPP_TEST_NO_HANDOVER (the
    turn a message to self again) must fail: build/zb-controls, part of make test. */
+/* Stage st's W share for mlpb on micro-batches of `rows` rows (LOCAL shapes): its B-only bytes over
+   stash + B-only bytes, the stash laid out as the executor does (64-byte aligned; the input only
+   where the previous stage is on another rank). */
+static double mlpb_share(const pp_schedule* sched, const int* first, int st, int64_t rows) {
+    size_t sb = 0, bb = 0;
+    int l, ra = -1, rb;
+    if (st > 0) pp_schedule_stage_to_rank(sched, st - 1, &ra, NULL);
+    pp_schedule_stage_to_rank(sched, st, &rb, NULL);
+#define ALIGN64(x) (((x) + 63) & ~(size_t)63)
+    if (st > 0 && ra != rb) sb += ALIGN64((size_t)rows * DIMS[first[st]] * 4);
+    for (l = first[st]; l < first[st + 1] && l < MLP_DEPTH; l++) {
+        sb += ALIGN64((size_t)rows * DIMS[l + 1] * 4);
+        bb += ALIGN64((size_t)rows * DIMS[l + 1] * 4);
+    }
+#undef ALIGN64
+    return bb ? (double)bb / (double)(sb + bb) : 0;
+}
+
+/* The W share in the executor: B frees the B-only scratch, W the rest of the stash. Every
+   zero-bubble kind and 1F1B (no W: B frees all) at p 2..4: gradients bit-exact, the scratch
+   intact until B and absent in W, peak_mem equal to the simulator's with each stage's share, and
+   fewer stash bytes than with the same scratch kept until W. Negative control: build/zb-controls'
+   -DPP_TEST_NO_B_FREE (the scratch waits for W) fails the peak_mem check. */
+static void test_w_share_run(void) {
+    static const pp_schedule_kind kinds[] = {PP_SCHED_1F1B, PP_SCHED_ZB_H1, PP_SCHED_ZB_H2, PP_SCHED_ZB_V,
+                                             PP_SCHED_V_HALF, PP_SCHED_V_MIN, PP_SCHED_DUALPIPE_V};
+    enum { RB = 24 };
+    static ref R;
+    float *wbuf, *gbuf, x[RB * HX_IN];
+    int32_t y[RB];
+    pp_batch b;
+    pp_error err;
+    pp_model mb = mlpb_model_desc();
+    int p, mi, k, saved_less = 0, h2_runs = 0;
+    size_t kept_max = 0, share_max = 0;
+    CHECK(sizeof(mlpb_model) == sizeof(mlpz_model), "mlpb and mlpz differ in layout");
+    memset(&R, 0, sizeof R);
+    wbuf = mlp_init(&R.w, &R.g, DIMS, 23, &gbuf);
+    mlpz_from_mlp(&R.wz, &R.w);
+    mlp_make_data(x, y, RB, HX_IN, HX_CLASSES, 5, 6);
+    for (p = 2; p <= 4; p++)
+        for (mi = 0; mi < 2; mi++) {
+            int m = mi ? 2 * p : p;
+            float loss_b;
+            mlpz_model gz;
+            hx_dense_batch(&b, x, y, RB, HX_IN, m);
+            memset(gbuf, 0, mlp_param_count(DIMS) * sizeof(float));
+            {   /* the reference (fused model); the sequential run of mlpb equals it */
+                pp_model fused = mlp_model_desc();
+                float* copy = (float*)malloc(mlp_param_count(DIMS) * sizeof(float));
+                CHECK(pp_sequential_step(&fused, &R.w, &R.g, &b, &R.loss, &err) == PP_OK, "%s", err.msg);
+                memcpy(copy, gbuf, mlp_param_count(DIMS) * sizeof(float));
+                memset(gbuf, 0, mlp_param_count(DIMS) * sizeof(float));
+                mlpz_from_mlp(&gz, &R.g);
+                CHECK(pp_sequential_step(&mb, &R.wz, &gz, &b, &loss_b, &err) == PP_OK, "mlpb sequential: %s", err.msg);
+                CHECK(memcmp(copy, gbuf, mlp_param_count(DIMS) * sizeof(float)) == 0 && loss_b == R.loss,
+                      "p=%d m=%d: mlpb's sequential run differs from the reference", p, m);
+                memcpy(gbuf, copy, mlp_param_count(DIMS) * sizeof(float));
+                free(copy);
+            }
+            for (k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
+                int v = kind_v(kinds[k]), first[2 * 4 + 1], st, S = p * v;
+                double share[2 * 4];
+                hx_sched hs;
+                char what[96];
+                CHECK(pp_partition_uniform(MLP_DEPTH + 1, S, first, &err) == PP_OK, "%s", err.msg);
+                CHECK(hx_sched_make_cost(&hs, kinds[k], p, v, m, NULL, &err) == PP_OK, "%s", err.msg);
+                for (st = 0; st < S; st++) share[st] = mlpb_share(&hs.s, first, st, RB / m);
+                hx_sched_free(&hs);
+                g_bshare = share;
+                snprintf(what, sizeof what, "W share %s p=%d m=%d", pp_schedule_name(kinds[k]), p, m);
+                run_kind(kinds[k], p, v, m, first, 2, &R, &b, what);
+                if (kinds[k] == PP_SCHED_ZB_H2) { /* the bytes it saves against the scratch kept until W */
+                    size_t with = 0, kept = 0;
+                    int r;
+                    for (r = 0; r < p; r++) with = g_stats[r].peak_stash_bytes > with ? g_stats[r].peak_stash_bytes : with;
+                    g_b_kept = 1;
+                    run_kind(kinds[k], p, v, m, first, 2, &R, &b, what);
+                    g_b_kept = 0;
+                    for (r = 0; r < p; r++) kept = g_stats[r].peak_stash_bytes > kept ? g_stats[r].peak_stash_bytes : kept;
+                    /* at m = p every rank's peak is its warm-up, all stashes before any B: no saving */
+                    h2_runs += m > p;
+                    saved_less += m > p && with < kept;
+                    if (m > p && kept > kept_max) {
+                        kept_max = kept;
+                        share_max = with;
+                    }
+                }
+                g_bshare = NULL;
+            }
+        }
+    CHECK(saved_less == h2_runs, "zb-h2 m = 2p: the W share saved stash bytes in %d of %d runs", saved_less, h2_runs);
+    printf("W share in the executor: zb-h2 (m = 2p) largest stash peak %zu bytes with the B-only scratch freed at B, %zu "
+           "kept until W\n",
+           share_max, kept_max);
+    free(wbuf);
+    free(gbuf);
+}
+
 static void test_turn(void) {
     static const pp_schedule_kind kinds[] = {PP_SCHED_ZB_V, PP_SCHED_V_HALF, PP_SCHED_V_MIN, PP_SCHED_DUALPIPE_V,
                                              PP_SCHED_INTERLEAVED};
@@ -1009,6 +1158,10 @@ int main(int argc, char** argv) {
         test_turn();
         return TEST_DONE("zb (turn)");
     }
+    if (argc > 1 && !strcmp(argv[1], "wshare")) {
+        test_w_share_run();
+        return TEST_DONE("zb (W share)");
+    }
     test_zb_schedules();
     test_bubble_order();
     test_cost_aware();
@@ -1017,6 +1170,7 @@ int main(int argc, char** argv) {
     test_bad_tables();
     test_w_share();
     test_gradients();
+    test_w_share_run();
     test_turn();
     test_partition_capped();
     test_partition_desc();
