@@ -5213,6 +5213,16 @@ typedef struct _pp_nb {
     pp_request sreq, rreq;
 } _pp_nb;
 
+/* Where one action's layers find their tensors: boundaries la..lb (PP_MAX_TENSORS slots each) and
+   their gradients, each layer's scratch. A view is a handle on arrays the stage keeps per prepared
+   action (pp_stage.pv[idx & 1]): the action being run and the next one being prepared never share
+   them. */
+typedef struct _pp_view {
+    pp_tensor *act, *dact;          /* [(max_layers+1)*PP_MAX_TENSORS] */
+    int* nact;                      /* [max_layers+1] */
+    void **saved, **bsaved;         /* [max_layers] the scratch kept to W (or B), the B-only one */
+} _pp_view;
+
 typedef struct _pp_prep {
     int idx;                        /* action index, -1 when empty */
     _pp_block* blk;
@@ -5248,9 +5258,7 @@ struct pp_stage {
     size_t pool_held, pool_used, pool_need_max; /* bytes allocated, asked for now, most asked for in a step */
     size_t pool_want_max;           /* the largest block asked for */
     uint64_t pool_sig, pool_sig_last; /* the sizes asked for this step and last step, hashed */
-    pp_tensor *act, *dact;          /* [(max_layers+1)*PP_MAX_TENSORS] */
-    int* nact;
-    void** saved;
+    _pp_view pv[2];                 /* the views' arrays of prep[0] and prep[1]'s actions */
     _pp_prep prep[2];
     pp_event* events;
     size_t n_events;
@@ -5258,7 +5266,6 @@ struct pp_stage {
     int n_live;
     size_t live_bytes;
     double live_mem;                /* stashes alive, the W share counted (pp_step_stats.peak_mem) */
-    void** bsaved;                  /* [max_layers] the B-only scratch of one action */
     /* AUTO: shapes last received / sent per (micro-batch, chunk); n < 0 until learned */
     _pp_bnd *learned_in, *learned_out;
     int learned_cap;
@@ -6294,8 +6301,7 @@ static pp_result _pp_post_range(pp_stage* s, const pp_action* a, _pp_prep* pr, i
     int la = s->d.partition[a->stage], k, n_in;
     size_t extra = s->d.shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
     pp_tensor in[PP_MAX_TENSORS];
-    /* the input boundary alone, where the stash layout puts it (first): the shared views (s->act)
-       belong to the action running now */
+    /* the input boundary alone, where the stash layout puts it (first) */
     _pp_stash_carve(&s->plan, a->mb, la, la, 1, pr->blk->data, in, &n_in, NULL);
     if (t->group_start) t->group_start(t->self);
     for (k = from; k < n_in && k < upto; k++) {
@@ -6415,8 +6421,8 @@ static pp_result _pp_wait_prep(pp_stage* s, _pp_prep* pr, const pp_action* a) {
 }
 
 /* Reads the AUTO trailer after tensor 0 of the stage input; 0 if it is missing or corrupt. */
-static int _pp_trailer_read(const pp_stage* s, uint64_t* mb_sig) {
-    const unsigned char* p = (const unsigned char*)s->act[0].data + pp_tensor_bytes(&s->act[0]);
+static int _pp_trailer_read(const pp_tensor* t0, uint64_t* mb_sig) {
+    const unsigned char* p = (const unsigned char*)t0->data + pp_tensor_bytes(t0);
     uint32_t w[4];
     memcpy(w, p, sizeof w);
     if (mb_sig) *mb_sig = (uint64_t)w[2] | ((uint64_t)w[3] << 32);
@@ -6436,6 +6442,8 @@ static void _pp_trailer_write(unsigned char* p, int status, uint64_t mb_sig) {
 /* F of a stage > 0 under PER_MESSAGE/AUTO: completes the receive of the stage input once
    its shape is known, resizing the stash when the sender says the shape changed. */
 static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr) {
+    pp_tensor t_in[PP_MAX_TENSORS]; /* the input boundary, for the AUTO trailer */
+    int n_in;
     int la = s->d.partition[a->stage], lb = s->d.partition[a->stage + 1], slot = a->mb * s->v + a->chunk, status;
     pp_result rc;
     _pp_bnd in;
@@ -6460,8 +6468,8 @@ static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr
         } else if (pr->auto_first) {
             /* tensor 0 arrived with its trailer: the rest may follow, or a resize notice */
             pr->auto_first = 0;
-            _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
-            if (_pp_trailer_read(s, NULL) == _PP_TRAILER_RESIZE) {
+            _pp_stash_carve(&s->plan, a->mb, la, la, 1, pr->blk->data, t_in, &n_in, NULL);
+            if (_pp_trailer_read(&t_in[0], NULL) == _PP_TRAILER_RESIZE) {
                 if ((rc = _pp_post_hdr(s, a, pr)) != PP_OK) return rc;
                 if ((rc = _pp_wait_prep(s, pr, a)) != PP_OK) return rc;
                 continue; /* want_hdr is set: apply the header, then receive the data */
@@ -6472,9 +6480,9 @@ static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr
         break;
     }
     if (s->d.shapes == PP_SHAPES_AUTO) {
-        _pp_stash_carve(&s->plan, a->mb, la, lb, 1, pr->blk->data, s->act, s->nact, s->saved);
         uint64_t sig;
-        status = _pp_trailer_read(s, &sig);
+        _pp_stash_carve(&s->plan, a->mb, la, la, 1, pr->blk->data, t_in, &n_in, NULL);
+        status = _pp_trailer_read(&t_in[0], &sig);
         if (status != _PP_TRAILER_OK)
             return _pp_stage_fail(s, PP_ERR_TRANSPORT, "F%d.%d: activation from rank %d lacks its trailer (%d)", a->mb,
                                   a->chunk, a->prev_rank, status);
@@ -6525,9 +6533,10 @@ static pp_result _pp_send_meta(pp_stage* s, const pp_action* a, _pp_block* blk, 
 }
 
 /* Sends this stage's output (boundary lb) of an F, with the metadata the policy asks for. */
-static pp_result _pp_send_output(pp_stage* s, const pp_action* a, _pp_block* blk, int la, int lb) {
-    const pp_tensor* out = &s->act[(lb - la) * PP_MAX_TENSORS];
-    int n = s->nact[lb - la], slot = a->mb * s->v + a->chunk;
+static pp_result _pp_send_output(pp_stage* s, const pp_action* a, _pp_block* blk, const _pp_view* vw, int la,
+                                 int lb) {
+    const pp_tensor* out = &vw->act[(lb - la) * PP_MAX_TENSORS];
+    int n = vw->nact[lb - la], slot = a->mb * s->v + a->chunk;
     pp_result rc;
     size_t extra = 0;
     if (s->d.shapes == PP_SHAPES_PER_MESSAGE) {
@@ -6573,32 +6582,34 @@ typedef struct _pp_act {
     double t0;
 } _pp_act;
 
-/* Lays out the action's stash (and gws, the gradient workspace, where given) in s->act, s->nact,
-   s->saved and s->dact: the scratch holds one action's views at a time. At the turn of the V the
-   input views point into the previous stage's stash (s->src) and the output gradient's into the
-   next stage's workspace (s->gin): the scratch lays those out first, for their addresses. */
-static void _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash, const _pp_block* gws) {
+/* The action's views of its stash, B-only scratch and (where given) gws, the gradient workspace,
+   laid out in the arrays of its prep slot. At the turn of the V the input views point into the
+   previous stage's stash (s->src) and the output gradient's into the next stage's workspace
+   (s->gin): the arrays lay those out first, for their addresses. */
+static _pp_view _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash, const _pp_block* gws) {
+    _pp_view vw = s->pv[c->idx & 1];
     const pp_action* a = c->a;
     int in_turn = _pp_turn(s, a->stage), out_turn = gws && _pp_turn(s, a->stage + 1), k, x, y;
     void* hand[PP_MAX_TENSORS];
     if (in_turn) {
         _pp_stage_layers(s, a->stage - 1, &x, &y);
-        _pp_stash_carve(&s->plan, a->mb, x, y, a->stage > 1 && !_pp_turn(s, a->stage - 1), s->src[c->slot]->data, s->act,
-                        s->nact, s->saved);
-        for (k = 0; k < s->nact[y - x]; k++) hand[k] = s->act[(y - x) * PP_MAX_TENSORS + k].data;
+        _pp_stash_carve(&s->plan, a->mb, x, y, a->stage > 1 && !_pp_turn(s, a->stage - 1), s->src[c->slot]->data, vw.act,
+                        vw.nact, vw.saved);
+        for (k = 0; k < vw.nact[y - x]; k++) hand[k] = vw.act[(y - x) * PP_MAX_TENSORS + k].data;
     }
-    _pp_stash_carve(&s->plan, a->mb, c->la, c->lb, a->stage > 0 && !in_turn, stash->data, s->act, s->nact, s->saved);
-    _pp_bsaved_carve(&s->plan, a->mb, c->la, c->lb, s->blive[c->slot] ? s->blive[c->slot]->data : NULL, s->bsaved);
-    if (a->stage == 0) s->act[0] = _pp_input_view(s->batch, c->mb);
-    for (k = 0; in_turn && k < s->nact[0]; k++) s->act[k].data = hand[k];
-    if (!gws) return;
+    _pp_stash_carve(&s->plan, a->mb, c->la, c->lb, a->stage > 0 && !in_turn, stash->data, vw.act, vw.nact, vw.saved);
+    _pp_bsaved_carve(&s->plan, a->mb, c->la, c->lb, s->blive[c->slot] ? s->blive[c->slot]->data : NULL, vw.bsaved);
+    if (a->stage == 0) vw.act[0] = _pp_input_view(s->batch, c->mb);
+    for (k = 0; in_turn && k < vw.nact[0]; k++) vw.act[k].data = hand[k];
+    if (!gws) return vw;
     if (out_turn) {
         _pp_stage_layers(s, a->stage + 1, &x, &y);
-        _pp_grad_carve(&s->plan, a->mb, x, y, 1, !_pp_turn(s, a->stage + 2), s->gin[c->slot]->data, s->dact);
-        for (k = 0; k < s->nact[c->lb - c->la]; k++) hand[k] = s->dact[k].data;
+        _pp_grad_carve(&s->plan, a->mb, x, y, 1, !_pp_turn(s, a->stage + 2), s->gin[c->slot]->data, vw.dact);
+        for (k = 0; k < vw.nact[c->lb - c->la]; k++) hand[k] = vw.dact[k].data;
     }
-    _pp_grad_carve(&s->plan, a->mb, c->la, c->lb, a->stage > 0, !out_turn, gws->data, s->dact);
-    for (k = 0; out_turn && k < s->nact[c->lb - c->la]; k++) s->dact[(c->lb - c->la) * PP_MAX_TENSORS + k].data = hand[k];
+    _pp_grad_carve(&s->plan, a->mb, c->la, c->lb, a->stage > 0, !out_turn, gws->data, vw.dact);
+    for (k = 0; out_turn && k < vw.nact[c->lb - c->la]; k++) vw.dact[(c->lb - c->la) * PP_MAX_TENSORS + k].data = hand[k];
+    return vw;
 }
 
 /* The W share of c's stash: its B-only scratch's part of the stash's bytes (as the simulator's
@@ -6693,6 +6704,7 @@ static pp_result _pp_turn_in(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
 /* F: the stash (with the received input) stays live until B (or W); the output goes on (at the
    turn of the V it stays: the next stage reads it in this stash). */
 static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
+    _pp_view vw;
     const pp_action* a = c->a;
     _pp_block* blk;
     pp_result rc;
@@ -6704,26 +6716,26 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         _pp_block_put(s, blk);
         return _pp_stage_fail(s, PP_ERR_NOMEM, "B-only scratch of %zu bytes for F%d.%d", bb, a->mb, a->chunk);
     }
-    _pp_views(s, c, blk, NULL);
+    vw = _pp_views(s, c, blk, NULL);
     s->live[c->slot] = blk;
     if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
     if ((s->live_mem += 1) > s->st.peak_mem) s->st.peak_mem = s->live_mem;
     s->live_bytes += blk->cap + (bb ? s->blive[c->slot]->cap : 0);
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
     if (!s->draining) {
-        rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, s->act, s->nact, s->saved, c->sb,
-                               s->bsaved, c->bsb, &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
+        rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, vw.act, vw.nact, vw.saved, c->sb,
+                               vw.bsaved, c->bsb, &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
         else if (s->d.check_finite)
-            rc = _pp_check_finite(s, a, &s->act[(c->lb - c->la) * PP_MAX_TENSORS], s->nact[c->lb - c->la],
+            rc = _pp_check_finite(s, a, &vw.act[(c->lb - c->la) * PP_MAX_TENSORS], vw.nact[c->lb - c->la],
                                   a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL);
         if (rc != PP_OK && !_pp_drain(s, rc)) return rc;
     }
     _pp_mark(s, c, 1);
-    if (s->draining && (rc = _pp_drain_zero(s, &s->act[(c->lb - c->la) * PP_MAX_TENSORS], s->nact[c->lb - c->la])) != PP_OK)
+    if (s->draining && (rc = _pp_drain_zero(s, &vw.act[(c->lb - c->la) * PP_MAX_TENSORS], vw.nact[c->lb - c->la])) != PP_OK)
         return rc;
     s->st.t_forward += _pp_now() - c->t0;
-    if (a->stage < s->S - 1 && !_pp_turn(s, a->stage + 1)) return _pp_send_output(s, a, blk, c->la, c->lb);
+    if (a->stage < s->S - 1 && !_pp_turn(s, a->stage + 1)) return _pp_send_output(s, a, blk, &vw, c->la, c->lb);
     return PP_OK;
 }
 
@@ -6731,6 +6743,7 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
    input gradient goes back (at the turn of the V it stays: the previous stage's B reads it in this
    workspace, through s->gin); stash and workspace are freed, or kept for W. */
 static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
+    _pp_view vw;
     const pp_action* a = c->a;
     _pp_block* stash = s->live[c->slot];
     _pp_block* gws = pr->blk;
@@ -6741,28 +6754,28 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         _pp_block_put(s, gws);
         return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its %s", a->mb, a->chunk, stash ? "next stage's B" : "F");
     }
-    _pp_views(s, c, stash, gws);
+    vw = _pp_views(s, c, stash, gws);
     rc = PP_OK;
     if (!s->draining) {
-        rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
-                            s->saved, c->sb, s->bsaved, c->bsb, s->d.layer_ctx, &s->err);
+        rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
+                            vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->err);
         /* a split model on a schedule without W: the weight gradients now */
         if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
-            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
-                                s->saved, c->sb, s->bsaved, c->bsb, s->d.layer_ctx, &s->err);
+            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
+                                vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
         else if (s->d.check_finite && a->stage > 0)
-            rc = _pp_check_finite(s, a, s->dact, s->nact[0], NULL);
+            rc = _pp_check_finite(s, a, vw.dact, vw.nact[0], NULL);
         if (rc != PP_OK && _pp_drain(s, rc)) rc = PP_OK;
     }
     if (rc == PP_OK) {
         _pp_mark(s, c, 1);
         s->st.t_backward += _pp_now() - c->t0;
         /* the workspace was zeroed when it was taken, but a layer may have written before it failed */
-        if (s->draining && a->stage > 0) rc = _pp_drain_zero(s, s->dact, s->nact[0]);
+        if (s->draining && a->stage > 0) rc = _pp_drain_zero(s, vw.dact, vw.nact[0]);
     }
     if (rc == PP_OK && a->stage > 0 && !in_turn)
-        rc = _pp_send_bnd(s, a, gws, s->dact, s->nact[0], a->prev_rank, 1, a->stage, 0);
+        rc = _pp_send_bnd(s, a, gws, vw.dact, vw.nact[0], a->prev_rank, 1, a->stage, 0);
     if (rc != PP_OK) {
         _pp_block_put(s, gws);
         return rc;
@@ -6790,15 +6803,16 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
 /* W: the deferred weight gradients, in the stash and workspace B left in place (a no-op when B
    did them: the schedule has no W or the model no weight_grad). */
 static pp_result _pp_run_w(pp_stage* s, const _pp_act* c) {
+    _pp_view vw;
     const pp_action* a = c->a;
     _pp_block *stash = s->live[c->slot], *gws = s->wlive[c->slot];
     pp_result rc;
     if (s->defer_w) {
         if (!stash || !gws) return _pp_stage_fail(s, PP_ERR_SCHEDULE, "W%d.%d before its B", a->mb, a->chunk);
-        _pp_views(s, c, stash, gws);
+        vw = _pp_views(s, c, stash, gws);
         if (!s->draining) {
-            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, s->act, s->nact, s->dact,
-                                s->saved, c->sb, s->bsaved, c->bsb, s->d.layer_ctx, &s->err);
+            rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
+                                vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->err);
             if (rc != PP_OK && !_pp_drain(s, rc = _pp_stage_wrap(s, rc, a))) return rc;
         }
         _pp_slot_release(s, c);
@@ -6848,7 +6862,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     pp_sim_result* sim = NULL;
     pp_sim_cost cost;
     pp_result rc;
-    int st, ml = 0;
+    int st, ml = 0, i, views_ok = 1;
     if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
     *out = NULL;
     if (!d) return _pp_fail(err, PP_ERR_INVALID, "stage desc is NULL");
@@ -6914,13 +6928,17 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     for (st = 0; st < s->S; st++)
         if (d->partition[st + 1] - d->partition[st] > ml) ml = d->partition[st + 1] - d->partition[st];
     s->max_layers = ml;
-    s->act = (pp_tensor*)_pp_calloc((size_t)(ml + 1) * PP_MAX_TENSORS, sizeof *s->act);
-    s->dact = (pp_tensor*)_pp_calloc((size_t)(ml + 1) * PP_MAX_TENSORS, sizeof *s->dact);
-    s->nact = (int*)_pp_calloc((size_t)ml + 1, sizeof *s->nact);
-    s->saved = (void**)_pp_calloc((size_t)ml, sizeof *s->saved);
-    s->bsaved = (void**)_pp_calloc((size_t)ml, sizeof *s->bsaved);
+    for (i = 0; i < 2; i++) {
+        _pp_view* vw = &s->pv[i];
+        vw->act = (pp_tensor*)_pp_calloc((size_t)(ml + 1) * PP_MAX_TENSORS, sizeof *vw->act);
+        vw->dact = (pp_tensor*)_pp_calloc((size_t)(ml + 1) * PP_MAX_TENSORS, sizeof *vw->dact);
+        vw->nact = (int*)_pp_calloc((size_t)ml + 1, sizeof *vw->nact);
+        vw->saved = (void**)_pp_calloc((size_t)ml * 2, sizeof *vw->saved);
+        vw->bsaved = vw->saved ? vw->saved + ml : NULL;
+        if (!vw->act || !vw->dact || !vw->nact || !vw->saved) views_ok = 0;
+    }
     s->events = d->record_timeline ? (pp_event*)_pp_calloc((size_t)s->n_list, sizeof *s->events) : NULL;
-    if (!s->act || !s->dact || !s->nact || !s->saved || !s->bsaved || (d->record_timeline && !s->events)) {
+    if (!views_ok || (d->record_timeline && !s->events)) {
         pp_stage_destroy(s);
         return _pp_fail(err, PP_ERR_NOMEM, "stage scratch");
     }
@@ -6957,11 +6975,12 @@ void pp_stage_destroy(pp_stage* s) {
     _pp_plan_free(&s->plan);
     PP_FREE(s->live);
     PP_FREE(s->mb_loss);
-    PP_FREE(s->act);
-    PP_FREE(s->dact);
-    PP_FREE(s->nact);
-    PP_FREE(s->saved);
-    PP_FREE(s->bsaved);
+    for (i = 0; i < 2; i++) {
+        PP_FREE(s->pv[i].act);
+        PP_FREE(s->pv[i].dact);
+        PP_FREE(s->pv[i].nact);
+        PP_FREE(s->pv[i].saved);
+    }
     PP_FREE(s->events);
     PP_FREE(s->learned_in);
     PP_FREE(s->learned_out);
