@@ -122,8 +122,13 @@ $(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream
 # before, the peers wait for their deadline (3 s here) and the test fails.
 $(B)/nccl-ctl-nodrain: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_NO_DRAIN $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain
-	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain"\n' > $@
+# Negative control of the block pool over pp_nccl: a send counted done once issued lets the
+# stage write a block NCCL still reads, and bench_imitation's gradients come out wrong.
+$(B)/nccl-ctl-early-reuse: bench/bench_imitation.c tests/harness.h tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
+                           tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_NCCL_TEST_EARLY_REUSE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-reuse
+	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

@@ -5619,30 +5619,47 @@ static size_t _pp_pool_grow(pp_stage* s, size_t bytes) {
    all done yet is passed over without waiting: two ranks can each wait here for the other to
    post the receive of its send (interleaved on an H200: 1 s lost per such wait, every step).
    Returns the retiring block if it fits better than `limit` (the best free block's cap, 0 if
-   none), else NULL. Among blocks of the same size the one freed longest ago wins (blocks are
-   pushed at the head, so the last match): its receiver has most likely taken the data already,
-   so a GPU transport need not copy it early (pipeline_cuda.h, _ppc_side_copy). */
+   none), else NULL. Among blocks of the same size the one freed longest ago whose sends are
+   done now wins (the list runs oldest first), else the one freed longest ago is waited for: its
+   receiver has most likely taken the data already, so a GPU transport need not copy it early
+   (pipeline_cuda.h, _ppc_side_copy). */
 #ifndef _PP_RETIRE_WAIT_S
 #define _PP_RETIRE_WAIT_S 1.0
 #endif
+/* 1 while a send of the block may still read it (the transport is asked, never waited for). */
+static int _pp_block_busy(pp_stage* s, _pp_block* b) {
+    int i;
+    for (i = 0; i < b->n_req; i++) {
+        int done = b->req[i].done;
+        if (!done && s->d.transport.test) s->d.transport.test(s->d.transport.self, &b->req[i], &done);
+        if (!done) return 1;
+        b->req[i].done = 1;
+    }
+    return 0;
+}
+
 static _pp_block* _pp_block_wait_retiring(pp_stage* s, size_t bytes, size_t limit) {
     _pp_block **bp, **bestp = NULL, *b;
     int i;
     for (bp = &s->retiring; (b = *bp) != NULL; bp = &b->next)
-        if (b->cap >= bytes && (!limit || b->cap < limit) && (!bestp || b->cap <= (*bestp)->cap)) bestp = bp;
+        if (b->cap >= bytes && (!limit || b->cap < limit) && (!bestp || b->cap < (*bestp)->cap)) bestp = bp;
     if (!bestp) return NULL;
-    b = *bestp;
-    for (i = 0; i < b->n_req; i++)
-        if (!b->req[i].done) {
-            pp_error scratch;
-            int done = 0;
-            if (limit) { /* a free block fits: take this one only if it is ready now */
-                if (!s->d.transport.test || s->d.transport.test(s->d.transport.self, &b->req[i], &done) != PP_OK || !done)
-                    return NULL;
-            } else if (s->d.transport.wait(s->d.transport.self, &b->req[i], _PP_RETIRE_WAIT_S, &scratch) != PP_OK)
-                return NULL;
-            b->req[i].done = 1;
-        }
+    /* the oldest block of that size whose sends are done now; else the oldest one, waited for */
+    for (bp = bestp; (b = *bp) != NULL; bp = &b->next)
+        if (b->cap == (*bestp)->cap && !_pp_block_busy(s, b)) break;
+    if (b) {
+        bestp = bp;
+    } else if (limit) { /* a free block fits: take a retiring one only if it is ready now */
+        return NULL;
+    } else {
+        b = *bestp;
+        for (i = 0; i < b->n_req; i++)
+            if (!b->req[i].done) {
+                pp_error scratch;
+                if (s->d.transport.wait(s->d.transport.self, &b->req[i], _PP_RETIRE_WAIT_S, &scratch) != PP_OK) return NULL;
+                b->req[i].done = 1;
+            }
+    }
     /* the wait may have unlinked nothing, but list order is unchanged: bestp is still valid */
     _pp_block_unuse(s, b);
     *bestp = b->next;
@@ -5698,17 +5715,6 @@ static _pp_block* _pp_block_get(pp_stage* s, size_t bytes) {
     return b;
 }
 
-static int _pp_block_busy(pp_stage* s, _pp_block* b) {
-    int i;
-    for (i = 0; i < b->n_req; i++) {
-        int done = b->req[i].done;
-        if (!done && s->d.transport.test) s->d.transport.test(s->d.transport.self, &b->req[i], &done);
-        if (!done) return 1;
-        b->req[i].done = 1;
-    }
-    return 0;
-}
-
 /* A block goes back when its holder puts it, unless a hand-over still reads it (refs > 0): then
    it is only marked, and the last _pp_block_unref puts it (nothing else frees or trims it: it is
    on neither the pool's nor the retiring list until then). */
@@ -5718,9 +5724,11 @@ static void _pp_block_put(pp_stage* s, _pp_block* b) {
         b->put = 1;
         return;
     }
-    if (_pp_block_busy(s, b)) {
-        b->next = s->retiring;
-        s->retiring = b;
+    if (_pp_block_busy(s, b)) { /* at the end: the retiring list runs oldest first */
+        _pp_block** bp = &s->retiring;
+        while (*bp) bp = &(*bp)->next;
+        b->next = NULL;
+        *bp = b;
     } else {
         _pp_block_unuse(s, b);
         b->next = s->pool;
@@ -5776,10 +5784,22 @@ static void _pp_pool_trim(pp_stage* s) {
     s->st.pool_bytes = s->pool_held;
 }
 
-/* Moves retired blocks whose sends completed back to the pool; with wait_all, waits for them. */
+/* Moves retired blocks whose sends completed back to the pool, oldest first (a transport that
+   knows its sends complete in order answers the later ones from the first one still running);
+   with wait_all, waits for them, newest first (a transport that knows that answers the older
+   ones from the newest without asking the device again). */
 static pp_result _pp_reap(pp_stage* s, int wait_all) {
     _pp_block **bp = &s->retiring, *b;
     pp_result rc = PP_OK;
+    if (wait_all) { /* the list runs oldest first: turn it around */
+        _pp_block* rev = NULL;
+        while ((b = s->retiring) != NULL) {
+            s->retiring = b->next;
+            b->next = rev;
+            rev = b;
+        }
+        s->retiring = rev;
+    }
     while ((b = *bp) != NULL) {
         if (wait_all) {
             int i;

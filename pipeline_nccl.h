@@ -200,7 +200,7 @@ typedef struct _ppn_batch {
     int complete;
     int ch;                     /* the channel (communicator and stream) it went on */
     uint64_t seq;               /* issue order on its channel, from 1 */
-    uint64_t not_ready_at;      /* 1 + the transport's flush count when last seen running */
+    uint64_t not_ready_at;      /* 1 + the transport's epoch when last seen running (or issued) */
 } _ppn_batch;
 
 typedef struct _ppn_op {
@@ -249,14 +249,15 @@ struct pp_nccl {
     uint64_t batch_seq[_PPN_MAXCH];  /* batches issued so far, per channel */
     uint64_t waited_seq[_PPN_MAXCH]; /* the last batch of each channel the compute stream waited for */
     uint64_t done_seq[_PPN_MAXCH];   /* every batch of the channel up to this one is complete */
-    uint64_t busy_seq[_PPN_MAXCH], busy_at[_PPN_MAXCH]; /* a batch of the channel seen running, and 1 + the flush count then */
-    uint64_t flushes;
+    uint64_t busy_seq[_PPN_MAXCH], busy_at[_PPN_MAXCH]; /* a batch of the channel seen running, and 1 + the epoch then */
+    uint64_t epoch;             /* issues so far: one per _ppn_flush_all, one per flush outside it */
     cudaEvent_t ready;          /* recorded on the compute stream at every flush (a wait keeps its record) */
     int in_flush_all, ready_fresh; /* within _ppn_flush_all: ready is recorded once for every channel's group */
     cudaEvent_t* free_ev;       /* completion events of released batches, for reuse */
     int n_free_ev, cap_free_ev;
     _ppn_bounce* bounce;        /* free device bounce buffers (host-memory messages) */
-    const void* dev_cache[_PPN_DEV_CACHE]; /* pointers known to be device memory (_ppn_is_host) */
+    const void* dev_cache[_PPN_DEV_CACHE];  /* pointers known to be device memory (_ppn_is_host) */
+    const void* host_cache[_PPN_DEV_CACHE]; /* and known to be host memory */
     uint64_t bytes_sent, msgs_sent;
     char err[256];
 };
@@ -325,19 +326,26 @@ static ncclResult_t _ppn_comm_wait(ncclComm_t c, double deadline, long sleep_us)
 }
 
 /* 1 for host memory. The executor sends from and receives into the same pooled device blocks
-   step after step, so device answers are remembered (a direct-mapped cache of pointers): under
-   unified addressing the driver reserves device addresses, so one never becomes host memory
-   while the process lives (tests/fakecuda reserves an arena the same way). */
+   step after step, and its step metadata (the plan check) lives in the same host buffers step
+   after step, so answers are remembered (direct-mapped caches of pointers, one per answer):
+   under unified addressing the driver reserves device addresses, so one never becomes host
+   memory while the process lives, nor a host address device memory (tests/fakecuda reserves an
+   arena the same way). */
 static int _ppn_is_host(pp_nccl* t, const void* p) {
     struct cudaPointerAttributes a;
     size_t h = (size_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull) >> 56) % _PPN_DEV_CACHE; /* blocks are aligned: mix */
     if (t->dev_cache[h] == p) return 0;
+    if (t->host_cache[h] == p) return 1;
     memset(&a, 0, sizeof a);
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
         cudaGetLastError(); /* clear: an unregistered host pointer is not an error */
+        t->host_cache[h] = p;
         return 1;
     }
-    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) return 1;
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+        t->host_cache[h] = p;
+        return 1;
+    }
     t->dev_cache[h] = p;
     return 0;
 }
@@ -422,7 +430,7 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
     ncclComm_t comm = _PPN_COMM(t, ch);
     cudaStream_t stream = _PPN_STREAM(t, ch);
     if (!t->n_queued[ch]) return PP_OK;
-    t->flushes++;
+    if (!t->in_flush_all) t->epoch++; /* _ppn_flush_all counts its channels' groups as one */
     if (t->aborted) return PP_ERR_ABORTED;
     b = (_ppn_batch*)_pp_calloc(1, sizeof *b);
     if (!b) return PP_ERR_NOMEM;
@@ -460,6 +468,7 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
     } else {
         b->ch = ch;
         b->seq = ++t->batch_seq[ch];
+        b->not_ready_at = t->epoch + 1; /* just issued: it runs (a send waits for its receive) until the next issue */
         b->refs++; /* the outstanding list's */
         b->next = t->outstanding;
         t->outstanding = b;
@@ -470,8 +479,9 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
 
 /* 1 when the batch is done, 0 while it runs; an error otherwise (NCCL's asynchronous error).
    A channel's batches complete in issue order, so neither a batch seen running nor a later one
-   of its channel is asked again before the next flush (the executor tests every retiring send
-   at every action). */
+   of its channel is asked again before the next issue (the executor tests every retiring send
+   at every action); a batch issued since then is not asked at all (its send waits for a
+   receive the peer runs later, and "not yet" is always a safe answer). */
 static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
     cudaError_t e;
     ncclResult_t ar = ncclSuccess;
@@ -481,9 +491,9 @@ static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
         *done = 1;
         return PP_OK;
     }
-    if (b->not_ready_at == t->flushes + 1) return PP_OK;
+    if (b->not_ready_at == t->epoch + 1) return PP_OK;
     /* a later batch than one seen running since the last flush is running too (issue order) */
-    if (b->seq && t->busy_at[b->ch] == t->flushes + 1 && b->seq >= t->busy_seq[b->ch]) return PP_OK;
+    if (b->seq && t->busy_at[b->ch] == t->epoch + 1 && b->seq >= t->busy_seq[b->ch]) return PP_OK;
     e = cudaEventQuery(b->done);
     if (e == cudaSuccess) {
         b->complete = 1;
@@ -491,10 +501,10 @@ static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
         *done = 1;
         return PP_OK;
     }
-    b->not_ready_at = t->flushes + 1;
-    if (b->seq && (t->busy_at[b->ch] != t->flushes + 1 || b->seq < t->busy_seq[b->ch])) {
+    b->not_ready_at = t->epoch + 1;
+    if (b->seq && (t->busy_at[b->ch] != t->epoch + 1 || b->seq < t->busy_seq[b->ch])) {
         t->busy_seq[b->ch] = b->seq;
-        t->busy_at[b->ch] = t->flushes + 1;
+        t->busy_at[b->ch] = t->epoch + 1;
     }
     if (e != cudaErrorNotReady) return _ppn_cuda(t, e, "cudaEventQuery");
     if (ncclCommGetAsyncError(_PPN_COMM(t, b->ch), &ar) != ncclSuccess || (ar != ncclSuccess && ar != ncclInProgress)) {
@@ -508,9 +518,13 @@ static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
 static pp_result _ppn_poll(pp_nccl* t, _ppn_batch* b, double deadline) {
     int done = 0, round = 0;
     pp_result rc;
+    /* seen running (or issued) since the last issue: sleep before the first question */
+    int known_busy = !b->complete && !(b->seq && b->seq <= t->done_seq[b->ch]) && b->not_ready_at == t->epoch + 1;
     for (;; round++) {
-        b->not_ready_at = t->busy_at[b->ch] = 0; /* polling: ask every time */
-        if ((rc = _ppn_query(t, b, &done)) != PP_OK || done) return rc;
+        if (!known_busy || round > 0) {
+            b->not_ready_at = t->busy_at[b->ch] = 0; /* polling: ask every time */
+            if ((rc = _ppn_query(t, b, &done)) != PP_OK || done) return rc;
+        }
         if (t->aborted) return PP_ERR_ABORTED;
         if (_pp_now() > deadline) return PP_ERR_TIMEOUT;
         _ppn_sleep_us(round > 6 ? 500 : 8L << round); /* backing off: 8 us doubling to 500 */
@@ -547,6 +561,7 @@ static pp_result _ppn_flush_all(pp_nccl* t) {
     pp_result rc;
     int ch;
     t->in_flush_all = 1;
+    t->epoch++;
     for (ch = 0, rc = PP_OK; ch < t->nch && rc == PP_OK; ch++) rc = _ppn_flush(t, ch, NULL);
     t->in_flush_all = t->ready_fresh = 0;
     return rc;
@@ -708,7 +723,11 @@ static pp_result _ppn_test(void* self, pp_request* req, int* done) {
         return PP_OK;
     }
     if (!op->batch || op->is_recv) return PP_OK;
+#ifdef PP_NCCL_TEST_EARLY_REUSE /* negative control (build/nccl-controls): a send is done once issued */
+    *done = 1;
+#else
     if ((rc = _ppn_query(t, op->batch, done)) != PP_OK) return rc;
+#endif
     if (*done) _ppn_done(t, req, op, PP_OK);
     return PP_OK;
 }
