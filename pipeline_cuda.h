@@ -229,6 +229,10 @@ typedef struct _ppc_rank {
     int n_pool, cap_pool;
     size_t pool_bytes;
     int pool_allocs;
+    const void* host_seen[32];  /* buffers CUDA called host memory (the stage's plan-check and
+                                   agreement buffers, step after step), the oldest replaced first;
+                                   owner thread only */
+    int n_host_seen;
     /* timeline */
     cudaEvent_t origin;
     cudaEvent_t* tev;           /* [2 * tcap]: start, end of action idx */
@@ -259,11 +263,15 @@ static void _ppc_note(_ppc_rank* r, cudaError_t e, const char* what) {
              what, r->rank, r->dev);
 }
 
-/* Where a buffer lives: one of the rank's pool blocks (no runtime call), else as CUDA says. */
-static int _ppc_is_host(const _ppc_rank* r, const void* p) {
+/* Where a buffer lives: one of the rank's pool blocks (no runtime call), one CUDA called host
+   memory before (no call either: under unified addressing the driver reserves the device
+   addresses, so a host address never becomes device memory), else as CUDA says. */
+static int _ppc_is_host(_ppc_rank* r, const void* p) {
     struct cudaPointerAttributes at;
-    int lo = 0, hi = r->n_pool - 1;
+    int lo = 0, hi = r->n_pool - 1, i;
     if (!p) return 1;
+    for (i = 0; i < 32; i++)
+        if (r->host_seen[i] == p) return 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
         if ((const char*)p < r->pool_p[mid]) hi = mid - 1;
@@ -273,9 +281,11 @@ static int _ppc_is_host(const _ppc_rank* r, const void* p) {
     memset(&at, 0, sizeof at);
     if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
         (void)cudaGetLastError();
-        return 1;
+        at.type = cudaMemoryTypeUnregistered;
     }
-    return at.type == cudaMemoryTypeUnregistered || at.type == cudaMemoryTypeHost;
+    if (at.type != cudaMemoryTypeUnregistered && at.type != cudaMemoryTypeHost) return 0;
+    r->host_seen[r->n_host_seen++ % 32] = p;
+    return 1;
 }
 
 /* A sync event of rank r's device, from its pool (made on r's device while the pool grows). */

@@ -10,7 +10,7 @@
                       growth), per action; the layers' own kernel launches are not counted
      waits/action     host waits on device work (stream/event/device synchronisation, copies
                       to host memory, cudaFree), per action
-   The goal for a GPU transport on the steady path: at most 5 calls per transfer and no host
+   The goal for a GPU transport on the steady path: at most 4 calls per transfer and no host
    wait. #wrong counts layers whose gradient is not bit-identical to pp_sequential_step's; the
    footer says OK or FAILED and the exit code agrees.
 
