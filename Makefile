@@ -339,8 +339,12 @@ QUICK_BINS = $(addprefix $(Q)/,$(TESTS)) $(Q)/mlp_cpu $(Q)/gpt_cpu $(Q)/pp-sched
 $(Q): | $(B)
 	@mkdir -p $(Q)
 
+# The tests that spend their time generating schedules build at -O1 (2 s more to build, 7 s
+# less to run for test_schedule); the rest at -O0.
+QOPT = -O0
+$(Q)/test_schedule $(Q)/test_zb: QOPT = -O1
 $(Q)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(Q)
-	$(CC) $(BASE) -O0 $< -o $@ $(LDLIBS)
+	$(CC) $(BASE) $(QOPT) $< -o $@ $(LDLIBS)
 
 $(Q)/%: examples/%.c $(EXH) $(HEADERS) | $(Q)
 	$(CC) $(BASE) -O0 $< -o $@ $(LDLIBS)
