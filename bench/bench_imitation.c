@@ -238,6 +238,7 @@ static pp_result rank_step(int rank, void* user) {
 
 typedef struct result {
     double transfers, actions, calls, transport, hooks, waits, blocked, polls;
+    double nccl_own;                /* of transport: the imitated NCCL's own calls inside its group ends */
     double kinds[FAKECUDA_CALL_KINDS];
     int wrong, failed;
     char why[600];
@@ -290,9 +291,11 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
     }
     for (s = 0; s < warmup + steps && !out->failed; s++) {
         fakecuda_stats a, z;
+        fakenccl_stats na, nz;
         uint64_t launched0, sent = 0, step0 = 0, hooks0 = 0, step1 = 0, hooks1 = 0;
         pp_result rc = tr->step_begin(R.world, &err);
         fakecuda_stats_get(&a);
+        fakenccl_stats_get(&na);
         launched0 = layer_kernels_launched();
         for (r = 0; r < p; r++) {
             step0 += R.step_calls[r];
@@ -300,6 +303,7 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         }
         if (rc == PP_OK) rc = pp_threads_run(p, rank_step, &R, &err);
         fakecuda_stats_get(&z);
+        fakenccl_stats_get(&nz);
         for (r = 0; r < p; r++) {
             step1 += R.step_calls[r];
             hooks1 += R.hooks[r].calls;
@@ -320,6 +324,7 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         out->kinds[FAKECUDA_CALL_LAUNCH] -= (double)(layer_kernels_launched() - launched0); /* the model's, not ours */
         out->hooks += (double)(hooks1 - hooks0);
         out->transport += (double)(step1 - step0) - (double)(hooks1 - hooks0) - (double)(layer_kernels_launched() - launched0);
+        out->nccl_own += (double)(nz.cuda_calls - na.cuda_calls);
         out->waits += (double)(z.host_waits - a.host_waits);
         out->blocked += (double)(z.host_blocked - a.host_blocked);
         out->polls += (double)(z.polls_not_ready - a.polls_not_ready);
@@ -387,6 +392,10 @@ int main(int argc, char** argv) {
             for (kk = 0; kk < FAKECUDA_CALL_KINDS; kk++)
                 if ((k = res.kinds[kk]) > 0) printf(" %s %.2f", fakecuda_call_name(kk), k / (res.transfers > 0 ? res.transfers : 1));
             printf("\n");
+            if (res.nccl_own > 0)
+                printf("%-10s   of the calls/transfer, NCCL's own (device switches and launches in ncclGroupEnd) %.2f, "
+                       "the transport's %.2f\n",
+                       "", res.nccl_own / res.transfers, (res.transport - res.nccl_own) / res.transfers);
             if (res.wrong) bad++;
             else ok++;
         }

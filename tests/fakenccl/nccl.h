@@ -179,6 +179,8 @@ enum {
 typedef struct fakenccl_stats {
     uint64_t calls[FAKENCCL_CALL_KINDS];  /* API calls by kind (fakenccl_call_name) */
     uint64_t kernels;           /* launches: one per communicator per issued group */
+    uint64_t cuda_calls;        /* CUDA runtime calls NCCL made itself: the device switches around
+                                   a group's launch, and the launches */
     uint64_t sends, recvs, colls; /* operations completed */
     uint64_t eager;             /* sends that completed before their receive ran */
     uint64_t mismatches;        /* send/receive pairs whose sizes differ (stuck for good) */
@@ -832,6 +834,7 @@ static inline ncclResult_t fn_launch(fn_task* tasks) {
         }
         (void)cudaSetDevice(old_dev);
         pthread_mutex_lock(&fn_mu);
+        fn_st.cuda_calls += 3 + (uint64_t)u->launched + (e != cudaSuccess); /* get, set, launches, restore */
         u->launching = 0;
         if (e != cudaSuccess) {
             u->n_streams = u->launched;
