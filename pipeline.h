@@ -5259,6 +5259,7 @@ struct pp_stage {
     size_t pool_want_max;           /* the largest block asked for */
     uint64_t pool_sig, pool_sig_last; /* the sizes asked for this step and last step, hashed */
     _pp_view pv[2];                 /* the views' arrays of prep[0] and prep[1]'s actions */
+    unsigned char* turn;            /* [S+1] 1 where stages b-1 and b are both this rank's (_pp_turn) */
     _pp_prep prep[2];
     pp_event* events;
     size_t n_events;
@@ -5840,15 +5841,20 @@ static void _pp_stage_layers(const pp_stage* s, int stage, int* a, int* b) {
    boundary of a one-rank schedule. Nothing travels: stage b's F reads stage b-1's output in
    place, in that F's stash, and stage b-1's B its output gradient in stage b's workspace (each
    block referenced, _pp_block_ref, until the stage that borrowed it lets go). */
-static int _pp_turn(const pp_stage* s, int b) {
-    int ra, rb;
+static int _pp_turn(const pp_stage* s, int b) { return b > 0 && b < s->S && s->turn[b]; }
+
+/* The table _pp_turn reads, made once at pp_stage_create (the executor asks several times an
+   action). */
+static void _pp_turn_table(pp_stage* s) {
+    int b, ra, rb;
+    for (b = 1; b < s->S; b++) {
+        pp_schedule_stage_to_rank(s->d.schedule, b - 1, &ra, NULL);
+        pp_schedule_stage_to_rank(s->d.schedule, b, &rb, NULL);
+        s->turn[b] = ra == s->d.rank && rb == s->d.rank;
 #ifdef PP_TEST_NO_HANDOVER /* negative control (tests/test_zb.c): the turn is a message to self */
-    return 0;
+        s->turn[b] = 0;
 #endif
-    if (b <= 0 || b >= s->S) return 0;
-    pp_schedule_stage_to_rank(s->d.schedule, b - 1, &ra, NULL);
-    pp_schedule_stage_to_rank(s->d.schedule, b, &rb, NULL);
-    return ra == s->d.rank && rb == s->d.rank;
+    }
 }
 
 /* The (micro-batch, chunk) slot of micro-batch mb in stage `stage` of this rank. */
@@ -6948,6 +6954,8 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     for (st = 0; st < s->S; st++)
         if (d->partition[st + 1] - d->partition[st] > ml) ml = d->partition[st + 1] - d->partition[st];
     s->max_layers = ml;
+    if (!(s->turn = (unsigned char*)_pp_calloc((size_t)s->S + 1, 1))) views_ok = 0;
+    else _pp_turn_table(s);
     for (i = 0; i < 2; i++) {
         _pp_view* vw = &s->pv[i];
         vw->act = (pp_tensor*)_pp_calloc((size_t)(ml + 1) * PP_MAX_TENSORS, sizeof *vw->act);
@@ -6995,6 +7003,7 @@ void pp_stage_destroy(pp_stage* s) {
     _pp_plan_free(&s->plan);
     PP_FREE(s->live);
     PP_FREE(s->mb_loss);
+    PP_FREE(s->turn);
     for (i = 0; i < 2; i++) {
         PP_FREE(s->pv[i].act);
         PP_FREE(s->pv[i].dact);
