@@ -6773,7 +6773,7 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     const pp_action* a = c->a;
     _pp_block* stash = s->live[c->slot];
     _pp_block* gws = pr->blk;
-    int in_turn = _pp_turn(s, a->stage);
+    int in_turn = _pp_turn(s, a->stage), computed;
     pp_result rc;
     pr->blk = NULL;
     if (!stash || (_pp_turn(s, a->stage + 1) && !s->gin[c->slot])) {
@@ -6782,7 +6782,8 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     }
     vw = _pp_views(s, c, stash, gws);
     rc = PP_OK;
-    if (!s->draining) {
+    computed = !s->draining;
+    if (computed) {
         rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
                             vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->err);
         /* a split model on a schedule without W: the weight gradients now */
@@ -6797,8 +6798,9 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     if (rc == PP_OK) {
         _pp_mark(s, c, 1);
         s->st.t_backward += _pp_now() - c->t0;
-        /* the workspace was zeroed when it was taken, but a layer may have written before it failed */
-        if (s->draining && a->stage > 0) rc = _pp_drain_zero(s, vw.dact, vw.nact[0]);
+        /* the workspace was zeroed when it was taken, but a layer may have written before it failed
+           (this action's: a later one computes nothing) */
+        if (s->draining && computed && a->stage > 0) rc = _pp_drain_zero(s, vw.dact, vw.nact[0]);
     }
     if (rc == PP_OK && a->stage > 0 && !in_turn)
         rc = _pp_send_bnd(s, a, gws, vw.dact, vw.nact[0], a->prev_rank, 1, a->stage, 0);
