@@ -6734,8 +6734,9 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     const pp_action* a = c->a;
     _pp_block* blk;
     pp_result rc;
-    size_t bb = _pp_bsaved_carve(&s->plan, a->mb, c->la, c->lb, NULL, NULL);
+    size_t bb;
     if (_pp_turn(s, a->stage) && (rc = _pp_turn_in(s, c, pr)) != PP_OK) return rc;
+    bb = _pp_bsaved_carve(&s->plan, a->mb, c->la, c->lb, NULL, NULL); /* the shapes _pp_turn_in applied */
     blk = pr->blk;
     pr->blk = NULL;
     if (bb && !(s->blive[c->slot] = _pp_block_get(s, bb))) {
