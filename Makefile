@@ -24,7 +24,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c check-abi old-names api-doc lint fuzz soak valgrind clean \
+.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c check-abi old-names api-doc sections lint fuzz soak valgrind clean \
         cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
@@ -168,7 +168,13 @@ api-doc: | $(B)
 	  if sh tests/api_doc.sh $(B)/api-doc-control.md > /dev/null; then \
 	    echo "api-doc: FAILED, the control without pp_grid_rank passed"; exit 1; fi
 
-check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc
+# pipeline.h's SECTIONS map matches its >>markers; the control renames one marker and must fail.
+sections: | $(B)
+	@sh tests/sections.sh && sed 's|^/\* >>impl-stage-exec|/* >>impl-stage-run|' pipeline.h > $(B)/sections-control.h && \
+	  if sh tests/sections.sh $(B)/sections-control.h > /dev/null; then \
+	    echo "sections: FAILED, the control with a renamed marker passed"; exit 1; fi
+
+check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc sections
 
 # a configuration that sizes public structs must agree across files: a mismatch fails to link.
 # tests/abi_user.c refers to every function linked under the configuration's name (ABI_FNS);

@@ -139,7 +139,8 @@
    definitions:  >>impl >>impl-result >>impl-tensor >>impl-model >>impl-partition >>impl-batch
                  >>impl-profile (pp_profile_layers) >>impl-schedule >>impl-sim >>impl-trace
                  >>impl-flight >>impl-threads >>impl-grid >>impl-stage >>impl-stage-flight
-                 >>impl-stage-finite >>impl-pipeline
+                 >>impl-stage-finite >>impl-stage-map >>impl-stage-agree >>impl-stage-exec
+                 >>impl-pipeline
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
@@ -5509,6 +5510,9 @@ static pp_result _pp_check_finite(pp_stage* s, const pp_action* a, const pp_tens
     return PP_OK;
 }
 
+/* >>impl-stage-map: message tags, the stage's blocks (stashes, workspaces, receive buffers)
+   pooled across steps, stages and slots, the turn of the V, shapes from headers. */
+
 /* Every message of a step has its own tag: (direction, micro-batch, boundary, tensor) and the
    step's generation (failed steps so far, mod 8), so nothing a failed step left in a transport
    matches a later step's receive. The tensor slot PP_MAX_TENSORS is the boundary's shape
@@ -6320,6 +6324,9 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
     if (rc != PP_OK || v == PP_OK) return rc;
     return _pp_agree_fail(s, v, who, vmsg);
 }
+
+/* >>impl-stage-exec: the executor: receives posted one action ahead, F, B and W, the step, the
+   stage's life (create, reset, destroy). */
 
 /* Posts the receives of the stage input's tensors [from, upto) into the prepared block. */
 static pp_result _pp_post_range(pp_stage* s, const pp_action* a, _pp_prep* pr, int from, int upto) {
