@@ -412,8 +412,12 @@ static void _ppc_do_copy(pp_cuda* c, _ppc_msg* m) {
         memcpy(m->rbuf, m->sbuf, n);
     } else {
         if (!m->s_host) {
+            int waited;
+            pthread_mutex_lock(&c->mu);
+            waited = dst->seen[m->src] >= m->es_seq; /* a later record of the sender's stream: its data is ready */
+            pthread_mutex_unlock(&c->mu);
             what = "cudaStreamWaitEvent(sender's data ready)";
-            e = cudaStreamWaitEvent(dst->stream, m->es, 0);
+            if (!waited) e = cudaStreamWaitEvent(dst->stream, m->es, 0);
             pthread_mutex_lock(&c->mu);
             if (e == cudaSuccess && m->es_seq > dst->seen[m->src]) dst->seen[m->src] = m->es_seq;
             pthread_mutex_unlock(&c->mu);
