@@ -3,7 +3,9 @@
    Used by examples/gpt_cpu.c, examples/gpt_mpi.c and tests/test_gpt.c. Include after pipeline.h;
    everything is static.
    What to copy: layers over packed sequences (io->mb->cu_seqlens), a describe() that charges
-   attention's quadratic cost, a depth chosen at run time (gpt_model_desc_depth).
+   attention's quadratic cost, a depth chosen at run time (gpt_model_desc_depth), and a block
+   whose backward is split into B and W for the zero-bubble schedules, with the scratch only B
+   reads declared B-only so that it goes at B (gptz_model_desc_depth, gpt_blockz_*).
 
    LAYERS  (T = tokens of the micro-batch = io->mb->rows, C = channels, V = vocabulary)
      embed   token ids int32 (T, 1) -> x (T, C):  wte[token] + wpe[position inside its sequence]
@@ -24,6 +26,11 @@
    The list holds up to GPT_MAX_BLOCK blocks; gpt_model_desc_depth(n) is the pp_model that uses
    the first n of them (gpt_model_desc_counts with n blocks: n + 2 layers, layer 0 is embed,
    1..n the blocks, n+1 the head). Only those n blocks need buffers.
+
+   SPLIT BACKWARD  gptz (PP_MODEL_SPLIT) is the same model, layout and results with each block's
+   backward in two: B the input gradient, W the parameter gradients from the output gradients B
+   kept in io->saved; qkv, the attention probabilities and the pre-GELU activations are B-only
+   scratch (b_saved_bytes). Embedding and head do both in B.
 
    ERRORS  forward/backward return 0, or one of the GPT_E* codes below (the library reports it
    as PP_ERR_LAYER with the layer and micro-batch). */
@@ -199,8 +206,9 @@ static inline void gpt_matmul_fwd(float* restrict out, const float* restrict inp
 }
 
 /* dinp (T, IC) += dout w^T (skipped when dinp is NULL; wt is scratch of IC*OC floats for w
-   transposed, NULL then too); dw (IC, OC) += inp^T dout; db (OC) += sum of dout rows. Rows are
-   added in ascending order, so the sums are the same on every run. */
+   transposed, NULL then too); dw (IC, OC) += inp^T dout and db (OC) += sum of dout rows (skipped
+   when dw is NULL: the split block's B). Rows are added in ascending order, so the sums are the
+   same on every run, and the same whether or not the two halves run in one call. */
 static inline void gpt_matmul_bwd(float* restrict dinp, float* restrict dw, float* restrict db, float* restrict wt,
                                   const float* restrict dout, const float* restrict inp, const float* restrict w,
                                   int64_t T, int IC, int OC) {
@@ -213,9 +221,9 @@ static inline void gpt_matmul_bwd(float* restrict dinp, float* restrict dw, floa
         const int nr = T - t < 4 ? (int)(T - t) : 4;
         const float* dy = dout + t * OC;    /* (nr, OC) */
         const float* x = inp + t * IC;      /* (nr, IC) */
-        for (r = 0; r < nr; r++)
+        for (r = 0; dw && r < nr; r++)
             for (o = 0; o < OC; o++) db[o] += dy[(size_t)r * OC + o];
-        for (i = 0; i < IC; i++) {
+        for (i = 0; dw && i < IC; i++) {
             float* dwi = dw + (size_t)i * OC;       /* (OC) */
             if (nr == 4) {
                 const float a[4] = {x[i], x[IC + i], x[2 * IC + i], x[3 * IC + i]};
@@ -259,7 +267,7 @@ static inline void gpt_layernorm_fwd(float* out, float* mean, float* rstd, const
     }
 }
 
-/* dinp (T, C) += d(LN)/d(inp) dout (skipped when NULL); dg, db (C) +=. */
+/* dinp (T, C) += d(LN)/d(inp) dout (skipped when NULL); dg, db (C) += (skipped when dg is NULL). */
 static inline void gpt_layernorm_bwd(float* dinp, float* dg, float* db, const float* dout, const float* inp,
                                      const float* mean, const float* rstd, const float* g, int64_t T, int C) {
     int64_t t;
@@ -278,8 +286,10 @@ static inline void gpt_layernorm_bwd(float* dinp, float* dg, float* db, const fl
         dnorm_dot /= (float)C;
         for (i = 0; i < C; i++) {
             const float norm = (x[i] - m) * s, dnorm = g[i] * dy[i];
-            db[i] += dy[i];
-            dg[i] += norm * dy[i];
+            if (dg) {
+                db[i] += dy[i];
+                dg[i] += norm * dy[i];
+            }
             if (dinp) dinp[t * C + i] += (dnorm - dmean - norm * dnorm_dot) * s;
         }
     }
@@ -497,15 +507,13 @@ static inline int gpt_block_prepare(const gpt_block_params* p, const pp_layer_io
     return 0;
 }
 
-static inline int gpt_block_fwd(const gpt_block_params* p, pp_layer_io* io) {
+/* The block's forward, keeping its activations where s points. */
+static inline void gpt_block_fwd_into(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved s) {
     const int C = p->C;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;  /* (T, C) */
     float* y = (float*)io->out[0].data;             /* (T, C) */
-    gpt_block_saved s;
     int64_t i;
-    int rc = gpt_block_prepare(p, io, &s);
-    if (rc) return rc;
     gpt_layernorm_fwd(s.ln1, s.ln1_mean, s.ln1_rstd, x, p->ln1_g, p->ln1_b, T, C);
     gpt_matmul_fwd(s.qkv, s.ln1, p->qkv_w, p->qkv_b, T, C, 3 * C);
     gpt_attention_fwd(s.atty, s.att, s.qkv, io->mb, C, p->n_head);
@@ -516,6 +524,13 @@ static inline int gpt_block_fwd(const gpt_block_params* p, pp_layer_io* io) {
     for (i = 0; i < T * 4 * C; i++) s.fcg[i] = gpt_gelu(s.fch[i]);
     gpt_matmul_fwd(y, s.fcg, p->fcproj_w, p->fcproj_b, T, 4 * C, C);
     for (i = 0; i < T * C; i++) y[i] += s.x2[i];
+}
+
+static inline int gpt_block_fwd(const gpt_block_params* p, pp_layer_io* io) {
+    gpt_block_saved s;
+    int rc = gpt_block_prepare(p, io, &s);
+    if (rc) return rc;
+    gpt_block_fwd_into(p, io, s);
     return 0;
 }
 
@@ -576,6 +591,137 @@ static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch
        quadratic attention term: q.k and p.v over the causal half of every sequence's L^2. */
     d->cost = 3.0 * (12.0 * T * C * C + C * (double)sq);
     d->n_params = 12 * (int64_t)p->C * p->C + 13 * (int64_t)p->C;
+}
+
+/* ---- block, backward split in two (PP_MODEL_SPLIT: gptz below) -----------------------------------
+   B (gpt_blockz_bwd_in) computes the input gradient and keeps the output gradients of the four
+   matmuls and two LayerNorms in io->saved; W (gpt_blockz_bwd_w) adds the parameter gradients from
+   them and the activations. qkv, the attention probabilities and the pre-GELU activations only B
+   reads: they are B-only scratch (pp_layer_desc.b_saved_bytes), which a schedule with W actions
+   frees at B while the rest waits for W. Every sum runs in the fused block's order: the gradients
+   equal gpt_block_bwd's bit for bit. */
+typedef struct gpt_blockz_grads {
+    float* dfc;         /* (T, 4C) fc's output gradient (after GELU's) */
+    float* dln2;        /* (T, C) ln2's output gradient */
+    float* dx2;         /* (T, C) proj's output gradient (the residual stream's) */
+    float* dqkv;        /* (T, 3C) */
+    float* dln1;        /* (T, C) */
+} gpt_blockz_grads;
+
+static inline size_t gpt_blockz_kept_floats(int64_t T, int C) { return (size_t)T * (size_t)(18 * C + 4); }
+static inline size_t gpt_blockz_bonly_floats(int64_t T, int C, int NH, int64_t sq_sum) {
+    return (size_t)T * (size_t)(7 * C) + (size_t)NH * (size_t)sq_sum;
+}
+
+/* Checks shapes and carves io->saved (activations W reads, then the gradients B keeps for it) and
+   io->b_saved (NULL in W: qkv, att and fch stay NULL). */
+static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved* s,
+                                     gpt_blockz_grads* gr) {
+    const int64_t T = io->mb->rows, TC = T * p->C;
+    float *k, *b;
+    if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !gpt_tensor_is(&io->out[0], T, p->C, PP_F32))
+        return GPT_ESHAPE;
+    if (!gpt_seqs_ok(io->mb)) return GPT_ESEQS;
+    if (!io->saved || io->saved_bytes < gpt_blockz_kept_floats(T, p->C) * sizeof(float)) return GPT_ESAVED;
+    k = (float*)io->saved;
+    s->ln1 = k;
+    s->ln1_mean = s->ln1 + TC;
+    s->ln1_rstd = s->ln1_mean + T;
+    s->atty = s->ln1_rstd + T;
+    s->x2 = s->atty + TC;
+    s->ln2 = s->x2 + TC;
+    s->ln2_mean = s->ln2 + TC;
+    s->ln2_rstd = s->ln2_mean + T;
+    s->fcg = s->ln2_rstd + T;
+    gr->dfc = s->fcg + 4 * TC;
+    gr->dln2 = gr->dfc + 4 * TC;
+    gr->dx2 = gr->dln2 + TC;
+    gr->dqkv = gr->dx2 + TC;
+    gr->dln1 = gr->dqkv + 3 * TC;
+    s->qkv = s->att = s->fch = NULL;
+    if (!io->b_saved) return 0;
+    if (io->b_saved_bytes < gpt_blockz_bonly_floats(T, p->C, p->n_head, gpt_seq_sq_sum(io->mb)) * sizeof(float))
+        return GPT_ESAVED;
+    b = (float*)io->b_saved;
+    s->qkv = b;
+    s->fch = s->qkv + 3 * TC;
+    s->att = s->fch + 4 * TC;
+    return 0;
+}
+
+static inline int gpt_blockz_fwd(const gpt_block_params* p, pp_layer_io* io) {
+    gpt_block_saved s;
+    gpt_blockz_grads gr;
+    int rc = gpt_blockz_prepare(p, io, &s, &gr);
+    if (rc) return rc;
+    if (!s.qkv) return GPT_ESAVED;
+    gpt_block_fwd_into(p, io, s);
+    return 0;
+}
+
+/* B: gpt_block_bwd's input-gradient half; the output gradients W needs go to io->saved. */
+static inline int gpt_blockz_bwd_in(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+    const int C = p->C;
+    const int64_t T = io->mb->rows;
+    const float* x = (const float*)io->in[0].data;      /* (T, C) */
+    const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
+    float* dx = (float*)io->d_in[0].data;               /* (T, C) zeroed by the library, or NULL */
+    float *ws, *datty, *dp, *wt;
+    gpt_block_saved s;
+    gpt_blockz_grads gr;
+    int64_t i;
+    int rc = gpt_blockz_prepare(p, io, &s, &gr);
+    (void)g;
+    if (rc) return rc;
+    if (!s.qkv) return GPT_ESAVED;
+    if (!gpt_tensor_is(&io->d_out[0], T, C, PP_F32)) return GPT_ESHAPE;
+    ws = (float*)calloc((size_t)T * (size_t)C + (size_t)gpt_seq_max(io->mb) + (size_t)(4 * C * C), sizeof(float));
+    if (!ws) return GPT_ENOMEM;
+    datty = ws;                 /* (T, C) */
+    dp = datty + T * C;         /* (max_seqlen) */
+    wt = dp + gpt_seq_max(io->mb); /* (4C * C) a weight matrix transposed */
+    /* the gradients kept for W are sums (+=) from zero, as in gpt_block_bwd's fresh workspace */
+    memset(gr.dfc, 0, sizeof(float) * (size_t)(T * 10 * C));
+    memcpy(gr.dx2, dy, sizeof(float) * (size_t)(T * C));
+    gpt_matmul_bwd(gr.dfc, NULL, NULL, wt, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
+    for (i = 0; i < T * 4 * C; i++) gr.dfc[i] *= gpt_gelu_grad(s.fch[i]);
+    gpt_matmul_bwd(gr.dln2, NULL, NULL, wt, gr.dfc, s.ln2, p->fc_w, T, C, 4 * C);
+    gpt_layernorm_bwd(gr.dx2, NULL, NULL, gr.dln2, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
+    gpt_matmul_bwd(datty, NULL, NULL, wt, gr.dx2, s.atty, p->proj_w, T, C, C);
+    gpt_attention_bwd(gr.dqkv, dp, datty, s.qkv, s.att, io->mb, C, p->n_head);
+    gpt_matmul_bwd(gr.dln1, NULL, NULL, wt, gr.dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
+    if (dx)
+        for (i = 0; i < T * C; i++) dx[i] += gr.dx2[i];
+    gpt_layernorm_bwd(dx, NULL, NULL, gr.dln1, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
+    free(ws);
+    return 0;
+}
+
+/* W: the parameter gradients, from the activations and the output gradients B kept. */
+static inline int gpt_blockz_bwd_w(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+    const int C = p->C;
+    const int64_t T = io->mb->rows;
+    const float* x = (const float*)io->in[0].data;      /* (T, C) */
+    const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
+    gpt_block_saved s;
+    gpt_blockz_grads gr;
+    int rc = gpt_blockz_prepare(p, io, &s, &gr);
+    if (rc) return rc;
+    if (!gpt_tensor_is(&io->d_out[0], T, C, PP_F32)) return GPT_ESHAPE;
+    gpt_matmul_bwd(NULL, g->fcproj_w, g->fcproj_b, NULL, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
+    gpt_matmul_bwd(NULL, g->fc_w, g->fc_b, NULL, gr.dfc, s.ln2, p->fc_w, T, C, 4 * C);
+    gpt_layernorm_bwd(NULL, g->ln2_g, g->ln2_b, gr.dln2, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
+    gpt_matmul_bwd(NULL, g->proj_w, g->proj_b, NULL, gr.dx2, s.atty, p->proj_w, T, C, C);
+    gpt_matmul_bwd(NULL, g->qkv_w, g->qkv_b, NULL, gr.dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
+    gpt_layernorm_bwd(NULL, g->ln1_g, g->ln1_b, gr.dln1, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
+    return 0;
+}
+
+static inline void gpt_blockz_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
+                                   pp_layer_desc* d) {
+    gpt_block_desc(p, mb, in, n_in, d);
+    d->saved_bytes = gpt_blockz_kept_floats(mb->rows, p->C) * sizeof(float);
+    d->b_saved_bytes = gpt_blockz_bonly_floats(mb->rows, p->C, p->n_head, gpt_seq_sq_sum(mb)) * sizeof(float);
 }
 
 /* ---- head: final LayerNorm, LM head, softmax cross-entropy -------------------------------------- */
@@ -696,6 +842,21 @@ static inline pp_model gpt_model_desc_depth(int n_block) {
     gpt_counts n = {0};
     n.block = n_block >= 1 ? n_block : -1; /* 0 would mean the list's count */
     return gpt_model_desc_counts(n);
+}
+
+/* The same GPT with each block's backward split into B and W (gpt_blockz_*) for the zero-bubble
+   schedules; embedding and head do both in B (PP_NO_WGRAD). gptz_model has gpt_model's layout:
+   gpt_bind's weights and gradients serve both. */
+#define GPTZ_LAYERS(X)                                                                                          \
+    X(embed, gpt_embed_params, gpt_embed_fwd, gpt_embed_bwd, PP_NO_WGRAD, gpt_embed_desc, 1)                     \
+    X(block, gpt_block_params, gpt_blockz_fwd, gpt_blockz_bwd_in, gpt_blockz_bwd_w, gpt_blockz_desc, GPT_MAX_BLOCK) \
+    X(head, gpt_head_params, gpt_head_fwd, gpt_head_bwd, PP_NO_WGRAD, gpt_head_desc, 1)
+PP_MODEL_SPLIT(gptz, GPTZ_LAYERS)
+
+static inline pp_model gptz_model_desc_depth(int n_block) {
+    gptz_counts n = {0};
+    n.block = n_block >= 1 ? n_block : -1;
+    return gptz_model_desc_counts(n);
 }
 
 /* ---- parameters --------------------------------------------------------------------------------- */

@@ -4,7 +4,8 @@
    What to copy: a batch of packed sequences (cu_seqlens, pp_batch.loss = PP_LOSS_MEAN_ROWS so
    that micro-batches weigh by tokens), a model whose depth is chosen at run time
    (gpt_model_desc_depth: PP_MODEL counts), a partition by describe()'s cost on a sample, the
-   step's Chrome trace (pp_pipeline_timeline), and a check of every layer's gradient against
+   step's Chrome trace (pp_pipeline_timeline), a model with the backward split where the schedule
+   has W actions (gpt_model_for), and a check of every layer's gradient against
    pp_sequential_step. Start from mlp_cpu.c if you have not; gpt_mpi.c is this program with one
    process per rank.
 
@@ -12,7 +13,8 @@
    targets, cu_seqlens) and hands the batch to the pipeline, which splits it into m micro-batches
    of whole sequences; every layer sees its micro-batch's rebased cu_seqlens in io->mb.
 
-     build/gpt_cpu [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [-p 4] [-v 2] [-m 8] [--steps 60]
+     build/gpt_cpu [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v|zb-h2|v-half|v-min|dualpipev] [-p 4]
+                   [-v 2] [-m 8] [--steps 60]
                    [--text FILE | --generated] [--seqs-per-step 32] [--max-len 128]
                    [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--optim adam|sgd]
                    [--split seqs|tokens|cost] [--trace FILE.json] [--check]
@@ -52,7 +54,7 @@ int main(int argc, char** argv) {
     if (gpt_trainer_init(&T, &c)) return 2;
     /* the pipeline; stages partitioned by describe()'s cost on one sequence of the corpus'
        attention length */
-    d.model = gpt_model_desc_depth(c.layers);
+    d.model = gpt_model_for(c.kind, c.layers); /* split blocks where the schedule has W */
     d.weights = &T.w;
     d.grads = &T.g;
     d.schedule = c.kind;

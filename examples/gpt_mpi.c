@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
     pd.n_stages = c.p * c.v;
     pd.sample = &T.sample;
     memset(&d, 0, sizeof d);
-    d.model = gpt_model_desc_depth(c.layers);
+    d.model = gpt_model_for(c.kind, c.layers); /* split blocks where the schedule has W */
     if (pp_schedule_make(c.kind, c.p, c.v, c.m, acts, n_acts, &sched, &err) != PP_OK ||
         pp_partition_model(&d.model, &T.w, &pd, first, NULL, &err) != PP_OK ||
         pp_mpi_create(MPI_COMM_WORLD, MPI_COMM_NULL, &mpi, &err) != PP_OK) {

@@ -25,9 +25,19 @@ typedef struct gpt_opts {
     pp_split_policy split;
 } gpt_opts;
 
+/* The GPT for a schedule: blocks with their backward split into B and W (gptz, examples/gpt.h)
+   where the schedule has W actions (the zero-bubble and controllable-memory kinds), so that W
+   can fill the bubbles and the attention probabilities go at B; else the fused blocks. */
+static pp_model gpt_model_for(pp_schedule_kind kind, int layers) {
+    int v = pp_schedule_kind_v(kind, 2);
+    int has_w = v > 0 && pp_schedule_size(kind, 2, v, 2) == (size_t)(3 * 2 * v * 2);
+    return has_w ? gptz_model_desc_depth(layers) : gpt_model_desc_depth(layers);
+}
+
 static void gpt_opts_usage(const char* prog) {
     fprintf(stderr,
-            "usage: %s [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [-p P] [-v V] [-m M] [--steps N]\n"
+            "usage: %s [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v|zb-h2|v-half|v-min|dualpipev] [-p P] [-v V]\n"
+            "       [-m M] [--steps N]\n"
             "       [--text FILE | --generated] [--seqs-per-step S] [--max-len L] [--dim C] [--heads H]\n"
             "       [--layers N] [--lr LR] [--optim adam|sgd] [--split seqs|tokens|cost] [--trace FILE] [--check]\n",
             prog);

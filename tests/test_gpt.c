@@ -6,7 +6,8 @@
        shows the comparison does catch mixing;
    (c) pipelined steps on threads (GPipe and 1F1B at p = 2 and 4, interleaved v = 2 at p = 2 and
        4) give the loss and gradients of pp_sequential_step bit for bit, on a packed batch of
-       random lengths split into micro-batches of whole sequences;
+       random lengths split into micro-batches of whole sequences; so does the GPT whose blocks
+       split their backward (gptz) on every schedule with W actions, its B-only scratch freed at B;
    and describe() reads only config fields and charges the quadratic attention term; the corpus
    splits at blank lines and packs documents without padding. */
 #define PIPELINE_IMPLEMENTATION
@@ -427,6 +428,9 @@ static void test_data(void) {
 #define NSEQ 13
 #define MAXLEN 24
 
+static int g_split = 0; /* run_case: the GPT with its blocks' backward split (gptz) */
+static pp_step_stats g_stats[4];
+
 static void run_case(pp_schedule_kind kind, int p, int v, const int* first, const char* part, pp_shape_policy shapes,
                      const gpt_config* c, const gpt_model* w, const float* wbuf, const float* gref, float loss_ref,
                      const pp_batch* b) {
@@ -438,13 +442,14 @@ static void run_case(pp_schedule_kind kind, int p, int v, const int* first, cons
     size_t np = gpt_param_count(c);
     int r, l, ok = 1, chunk;
     char where[160];
-    snprintf(where, sizeof where, "%s p=%d v=%d m=%d, %s", pp_schedule_name(kind), p, v, b->m, part);
+    snprintf(where, sizeof where, "%s p=%d v=%d m=%d, %s%s", pp_schedule_name(kind), p, v, b->m, part,
+             g_split ? ", split blocks" : "");
     if (hx_sched_make(&sc, kind, p, v, b->m, &err) != PP_OK) {
         CHECK(0, "%s: schedule: %s", where, err.msg);
         return;
     }
     memset(&W, 0, sizeof W);
-    W.model = gpt_model_desc_depth(NB);
+    W.model = g_split ? gptz_model_desc_depth(NB) : gpt_model_desc_depth(NB);
     W.w = w;
     W.sched = &sc.s;
     W.first = first;
@@ -460,6 +465,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, const int* first, cons
         hx_report(&W, p, where);
         ok = 0;
     }
+    memcpy(g_stats, W.stats, sizeof g_stats);
     for (l = 0; ok && l < W.model.n_layers; l++) {
         int s = 0, owner;
         size_t nl, off;
@@ -551,6 +557,46 @@ static void test_pipelined_equals_sequential(void) {
                     run_case(cases[k].k, cases[k].p, cases[k].v, first_c, "cost", PP_SHAPES_LOCAL, &c, &w, wbuf,
                              gbuf, loss_ref, &b);
             }
+        }
+        {   /* the blocks' backward split (gptz): every schedule with W actions, and 1F1B (W inside B),
+               against the fused reference; the B-only scratch (attention probabilities, qkv, pre-GELU)
+               freed at B shows in the stash peak */
+            static const struct { pp_schedule_kind k; int p, v; } zcases[] = {
+                {PP_SCHED_1F1B, 2, 1}, {PP_SCHED_ZB_H1, 2, 1}, {PP_SCHED_ZB_H1, 4, 1}, {PP_SCHED_ZB_H2, 4, 1},
+                {PP_SCHED_ZB_V, 2, 2}, {PP_SCHED_V_HALF, 2, 2}, {PP_SCHED_V_MIN, 2, 2}, {PP_SCHED_DUALPIPE_V, 2, 2}};
+            pp_model mz = gptz_model_desc_depth(NB);
+            int k, less = 0;
+            char peaks[160] = "";
+            CHECK(mz.weight_grad != NULL && mz.n_layers == m.n_layers && sizeof(gptz_model) == sizeof(gpt_model),
+                  "gptz: split, same layers and layout as gpt");
+            {   /* its sequential run equals the fused one bit for bit */
+                float* g2 = (float*)calloc(gpt_param_count(&c), sizeof(float));
+                gpt_model gz;
+                float lz = 0;
+                gpt_bind(&gz, &c, g2);
+                CHECK(pp_sequential_step(&mz, &w, &gz, &b, &lz, &err) == PP_OK, "gptz reference: %s", err.msg);
+                CHECK(lz == loss_ref && memcmp(g2, gbuf, gpt_param_count(&c) * sizeof(float)) == 0,
+                      "gptz's sequential step differs from gpt's");
+                free(g2);
+            }
+            g_split = 1;
+            for (k = 0; k < (int)(sizeof zcases / sizeof zcases[0]); k++) {
+                pp_partition_uniform(m.n_layers, zcases[k].p * zcases[k].v, first_u, &err);
+                run_case(zcases[k].k, zcases[k].p, zcases[k].v, first_u, "uniform", PP_SHAPES_LOCAL, &c, &w, wbuf, gbuf,
+                         loss_ref, &b);
+                if (zcases[k].k == PP_SCHED_ZB_H2) { /* W waits: the B-only share is freed early */
+                    int r;
+                    for (r = 0; r < 4; r++) {
+                        size_t n = strlen(peaks);
+                        less += g_stats[r].peak_mem < g_stats[r].peak_live - 1e-9;
+                        snprintf(peaks + n, sizeof peaks - n, " r%d %d/%.2f", r, g_stats[r].peak_live, g_stats[r].peak_mem);
+                    }
+                }
+            }
+            g_split = 0;
+            CHECK(less > 0, "gptz zb-h2: no rank's stash peak gained from the B-only scratch");
+            printf("gpt, blocks split, zb-h2 p=4 m=4: stashes alive / their memory in stashes at the peak (B-only "
+                   "scratch freed at B):%s\n", peaks);
         }
     }
     free(wbuf);
