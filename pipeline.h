@@ -603,6 +603,12 @@ typedef struct pp_partition_desc {
        every stage's sum(mem) <= mem_cap, as pp_partition_capped (PP_ERR_SIZE if none fits). */
     const double* mem;
     double mem_cap;
+    /* Optional with COST, PARAMS and WEIGHTS: the schedule the stages run on. Where it gives a
+       rank several stages (interleaved, the V kinds), the split then balances the ranks' sums
+       first (each rank runs all its stages' work every step), then the largest stage: boundaries
+       move one layer at a time from the min-max split while that lowers the largest rank's sum
+       (never above the min-max split's). pp_pipeline_create sets it. */
+    const struct pp_schedule* schedule;
 } pp_partition_desc;
 
 /* Partition a model by a policy: the one entry point for a model (pp_pipeline_desc.partition runs
@@ -1602,6 +1608,107 @@ double pp_partition_imbalance(const double* weight, int n_layers, const int* fir
     return total > 0 ? worst / (total / n_stages) : 1.0;
 }
 
+/* The ranks' loads of a split: sums of their stages' weights (prefix sums pw), largest rank's and
+   largest stage's; 0 if a stage is empty or over the memory cap (mem, cap > 0). */
+static int _pp_partition_loads(const double* pw, const double* pm, double cap, const pp_schedule* s, const int* first,
+                               double* rank_max, double* stage_max) {
+    double load[PP_MAX_RANKS];
+    int st, r;
+    for (r = 0; r < s->p; r++) load[r] = 0;
+    *stage_max = 0;
+    for (st = 0; st < s->n_stages; st++)
+        if (first[st + 1] <= first[st]) return 0; /* first[0] = 0 and first[S] = L: all within [0, L] */
+    for (st = 0; st < s->n_stages; st++) {
+        double x = pw[first[st + 1]] - pw[first[st]];
+        if (pm && cap > 0 && pm[first[st + 1]] - pm[first[st]] > cap) return 0;
+        pp_schedule_stage_to_rank(s, st, &r, NULL);
+        load[r] += x;
+        if (x > *stage_max) *stage_max = x;
+    }
+    *rank_max = 0;
+    for (r = 0; r < s->p; r++)
+        if (load[r] > *rank_max) *rank_max = load[r];
+    return 1;
+}
+
+/* How many contiguous splits of L layers into S non-empty stages there are: C(L-1, S-1). */
+static double _pp_partition_splits(int L, int S) {
+    double c = 1;
+    int i;
+    for (i = 1; i < S; i++) c = c * (double)(L - S + i) / (double)i;
+    return c;
+}
+
+/* 1 if (r, st) beats (best_r, best_s): a smaller largest rank, then a smaller largest stage. */
+static int _pp_partition_better(double r, double st, double best_r, double best_s) {
+    return r < best_r * (1 - 1e-12) || (r <= best_r * (1 + 1e-12) && st < best_s * (1 - 1e-12));
+}
+
+/* pp_partition_desc.schedule: the split with the smallest largest rank's sum (then the smallest
+   largest stage's) under the memory cap, starting from the min-max split in first. Every split
+   where there are at most 1e5 of them; else moves from the min-max split (one boundary, or a run
+   of them together, by any number of layers) while one improves. */
+static void _pp_partition_ranks(const double* w, const double* mem, double cap, int L, const pp_schedule* s, int* first) {
+    double *pw = (double*)_pp_calloc((size_t)L + 1, sizeof *pw), *pm = mem ? (double*)_pp_calloc((size_t)L + 1, sizeof *pm) : NULL;
+    double best_r, best_s;
+    int l, b, d, e, improved = 1, rounds = 0;
+    if (!pw || (mem && !pm) || s->p > PP_MAX_RANKS) { /* no memory: the min-max split stays */
+        PP_FREE(pw);
+        PP_FREE(pm);
+        return;
+    }
+    for (l = 0; l < L; l++) {
+        pw[l + 1] = pw[l] + w[l];
+        if (pm) pm[l + 1] = pm[l] + mem[l];
+    }
+    if (!_pp_partition_loads(pw, pm, cap, s, first, &best_r, &best_s)) improved = 0;
+    if (improved && _pp_partition_splits(L, s->n_stages) <= 1e5) {
+        int S = s->n_stages, k, *c = (int*)_pp_calloc((size_t)S + 1, sizeof *c);
+        if (c) {
+            for (c[0] = 0, c[S] = L, k = 1; k < S; k++) c[k] = k;
+            for (;;) {
+                double r_max, s_max;
+                if (_pp_partition_loads(pw, pm, cap, s, c, &r_max, &s_max) &&
+                    _pp_partition_better(r_max, s_max, best_r, best_s)) {
+                    best_r = r_max;
+                    best_s = s_max;
+                    memcpy(first, c, sizeof *c * (size_t)(S + 1));
+                }
+                for (k = S - 1; k >= 1 && c[k] == L - (S - k); k--) {
+                }
+                if (k < 1) break;
+                c[k]++;
+                for (k = k + 1; k < S; k++) c[k] = c[k - 1] + 1;
+            }
+            PP_FREE(c);
+            improved = 0; /* every split was tried */
+        }
+    }
+    /* moves: one boundary, or a run of them together (a block of stages shifted), by any number
+       of layers that keeps every stage non-empty */
+    while (improved && rounds++ < 4 * L * s->n_stages) {
+        improved = 0;
+        for (b = 1; b < s->n_stages; b++)
+            for (e = b; e < s->n_stages; e++)
+                for (d = -L; d <= L; d++) {
+                    double r_max, s_max;
+                    int k;
+                    if (!d) continue;
+                    for (k = b; k <= e; k++) first[k] += d;
+                    if (_pp_partition_loads(pw, pm, cap, s, first, &r_max, &s_max) &&
+                        _pp_partition_better(r_max, s_max, best_r, best_s)) {
+                        best_r = r_max;
+                        best_s = s_max;
+                        improved = 1;
+                    } else {
+                        for (k = b; k <= e; k++) first[k] -= d;
+                    }
+                }
+    }
+    PP_FREE(pw);
+    PP_FREE(pm);
+}
+
 pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_partition_desc* d, int* first,
                              double* imbalance, pp_error* err) {
     double* w = NULL;
@@ -1650,6 +1757,13 @@ pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_pa
         else rc = pp_partition_capped(w, d->mem, d->mem_cap, m->n_layers, d->n_stages, first, err);
     } else {
         rc = pp_partition_balanced(w, m->n_layers, d->n_stages, first, err);
+    }
+    if (rc == PP_OK && d->schedule && d->schedule->v > 1) {
+        if (d->schedule->n_stages != d->n_stages)
+            rc = _pp_fail(err, PP_ERR_INVALID, "partition of %d stages for a schedule of %d", d->n_stages,
+                          d->schedule->n_stages);
+        else
+            _pp_partition_ranks(w, d->mem, d->mem_cap, m->n_layers, d->schedule, first);
     }
     if (rc == PP_OK && imbalance) *imbalance = pp_partition_imbalance(w, m->n_layers, first, d->n_stages);
 cleanup:
@@ -7430,6 +7544,7 @@ static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out,
         return _pp_fail(err, PP_ERR_INVALID, "partition.n_stages = %d, the schedule has %d stages (leave it 0)", pd.n_stages,
                         pl->sched.n_stages);
     pd.n_stages = pl->sched.n_stages;
+    if (!pd.schedule) pd.schedule = &pl->sched; /* balance the ranks, where one holds several stages */
     if (!(pl->first = (int*)_pp_calloc((size_t)pd.n_stages + 1, sizeof *pl->first)))
         return _pp_fail(err, PP_ERR_NOMEM, "partition of %d stages", pd.n_stages);
     if ((rc = pp_partition_model(&d->model, pl->weights[0], &pd, pl->first, NULL, err)) != PP_OK) return rc;

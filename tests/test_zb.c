@@ -1123,6 +1123,137 @@ static void test_partition_desc(void) {
     CHECK(pp_partition_model(&m, NULL, &d, a, NULL, &err) == PP_ERR_INVALID && strstr(err.msg, "weight"), "%s", err.msg);
 }
 
+/* The largest rank's sum of a split under a schedule's stage map. */
+static double rank_max(const double* w, const int* first, const pp_schedule* sc) {
+    double load[PP_MAX_RANKS] = {0}, mx = 0;
+    int st, l, r;
+    for (st = 0; st < sc->n_stages; st++) {
+        pp_schedule_stage_to_rank(sc, st, &r, NULL);
+        for (l = first[st]; l < first[st + 1]; l++) load[r] += w[l];
+    }
+    for (r = 0; r < sc->p; r++) mx = load[r] > mx ? load[r] : mx;
+    return mx;
+}
+
+/* pp_partition_desc.schedule balances the ranks where one holds several stages: never a larger
+   rank sum than the min-max split, and the brute-force optimum in most small cases; on a
+   GPT-like model (light embedding and head around equal blocks) on ZB-V it moves a block and
+   the generated schedule's makespan drops. */
+static void test_partition_ranks(void) {
+    pp_model m = mlp_model_desc();
+    int L = m.n_layers, a[17], b[17], c[17], i, l, k, worse = 0, optimal = 0, strict = 0, cases = 0;
+    double w[16];
+    pp_partition_desc d;
+    pp_error err;
+    hx_sched hs;
+    uint64_t rng = 5;
+    for (l = 0; l < L; l++) w[l] = l == 0 ? 0.2 : l == L - 1 ? 0.3 : 1;
+    CHECK(hx_sched_make(&hs, PP_SCHED_ZB_V, 2, 2, 8, &err) == PP_OK, "%s", err.msg);
+    memset(&d, 0, sizeof d);
+    d.policy = PP_PARTITION_WEIGHTS;
+    d.n_stages = 4;
+    d.weight = w;
+    CHECK(pp_partition_model(&m, NULL, &d, a, NULL, &err) == PP_OK, "%s", err.msg);
+    d.schedule = &hs.s;
+    CHECK(pp_partition_model(&m, NULL, &d, b, NULL, &err) == PP_OK, "%s", err.msg);
+    CHECK(rank_max(w, b, &hs.s) < rank_max(w, a, &hs.s) - 1e-9, "zb-v, GPT-like weights: ranks %g, min-max split %g",
+          rank_max(w, b, &hs.s), rank_max(w, a, &hs.s));
+    {   /* the schedule generated for each split's stage costs (F = load, B = W = load) */
+        double f[2][4], mk[2];
+        int x, st;
+        for (x = 0; x < 2; x++) {
+            const int* fi = x ? b : a;
+            pp_sim_cost cost;
+            pp_sim_result res;
+            hx_sched g;
+            for (st = 0; st < 4; st++)
+                for (f[x][st] = 0, l = fi[st]; l < fi[st + 1]; l++) f[x][st] += w[l];
+            memset(&cost, 0, sizeof cost);
+            cost.f_stage = cost.b_stage = cost.w_stage = f[x];
+            CHECK(hx_sched_make_cost(&g, PP_SCHED_ZB_V, 2, 2, 8, &cost, &err) == PP_OK &&
+                      pp_simulate(&g.s, &cost, &res, NULL, &err) == PP_OK,
+                  "%s", err.msg);
+            mk[x] = res.makespan;
+            hx_sched_free(&g);
+        }
+        CHECK(mk[1] < mk[0], "zb-v p=2 m=8: makespan %g with the ranks balanced, %g with the min-max split", mk[1], mk[0]);
+        printf("partition for the ranks: zb-v p=2 m=8, GPT-like weights: largest rank %g (min-max split %g), makespan "
+               "%g (%g)\n", rank_max(w, b, &hs.s), rank_max(w, a, &hs.s), mk[1], mk[0]);
+    }
+    hx_sched_free(&hs);
+    /* random weights: interleaved and ZB-V at p = 2, 3 over 8 to 12 layers, against brute force */
+    for (i = 0; i < 200; i++) {
+        pp_schedule_kind kind = i % 2 ? PP_SCHED_ZB_V : PP_SCHED_INTERLEAVED;
+        int p = 2 + i % 3 / 2, S = 2 * p, nL = 8 + (int)(mlp_rng_next(&rng) % 5), best_set = 0;
+        double best = 0, got, minmax;
+        mlp_counts cn = {0};
+        pp_model mm;
+        cn.dense = nL - 1; /* and the loss layer */
+        mm = mlp_model_desc_counts(cn);
+        for (l = 0; l < nL; l++) w[l] = 0.1 + (double)(mlp_rng_next(&rng) % 1000) / 250.0;
+        if (hx_sched_make(&hs, kind, p, 2, 2 * p, &err) != PP_OK) continue;
+        memset(&d, 0, sizeof d);
+        d.policy = PP_PARTITION_WEIGHTS;
+        d.n_stages = S;
+        d.weight = w;
+        d.schedule = &hs.s;
+        if (pp_partition_balanced(w, nL, S, a, &err) != PP_OK || pp_partition_model(&mm, NULL, &d, b, NULL, &err) != PP_OK) {
+            CHECK(0, "random case %d: %s", i, err.msg);
+            hx_sched_free(&hs);
+            continue;
+        }
+        got = rank_max(w, b, &hs.s);
+        minmax = rank_max(w, a, &hs.s);
+        /* every contiguous split into S non-empty stages (S - 1 cuts among nL - 1 places) */
+        for (c[0] = 0, c[S] = nL, k = 1; k < S; k++) c[k] = k;
+        for (;;) {
+            double r = rank_max(w, c, &hs.s);
+            if (!best_set || r < best) best = r, best_set = 1;
+            for (k = S - 1; k >= 1 && c[k] == nL - (S - k); k--) {
+            }
+            if (k < 1) break;
+            c[k]++;
+            for (k = k + 1; k < S; k++) c[k] = c[k - 1] + 1;
+        }
+        cases++;
+        worse += got > minmax + 1e-9;
+        strict += got < minmax - 1e-9;
+        optimal += got <= best + 1e-9;
+        hx_sched_free(&hs);
+    }
+    {   /* too many splits to try them all (p = 4, v = 2, 24 to 40 layers): the moves, never worse */
+        int big = 0, big_better = 0;
+        double t0 = _pp_now(), t_max = 0;
+        static double wb[64];
+        for (i = 0; i < 30; i++) {
+            int nL = 24 + (int)(mlp_rng_next(&rng) % 17), p = 4, S = 8;
+            int fa[9], fb[9];
+            double t1;
+            if (hx_sched_make(&hs, i % 2 ? PP_SCHED_ZB_V : PP_SCHED_INTERLEAVED, p, 2, 8, &err) != PP_OK) continue;
+            for (l = 0; l < nL; l++) wb[l] = 0.1 + (double)(mlp_rng_next(&rng) % 1000) / 250.0;
+            t1 = _pp_now();
+            if (pp_partition_balanced(wb, nL, S, fa, &err) == PP_OK) {
+                memcpy(fb, fa, sizeof fa);
+                _pp_partition_ranks(wb, NULL, 0, nL, &hs.s, fb);
+                t1 = _pp_now() - t1;
+                t_max = t1 > t_max ? t1 : t_max;
+                big++;
+                worse += rank_max(wb, fb, &hs.s) > rank_max(wb, fa, &hs.s) + 1e-9;
+                big_better += rank_max(wb, fb, &hs.s) < rank_max(wb, fa, &hs.s) - 1e-9;
+                CHECK(pp_partition_check(fb, nL, S, &err) == PP_OK, "moved split: %s", err.msg);
+            }
+            hx_sched_free(&hs);
+        }
+        printf("partition for the ranks, %d cases of 24-40 layers in 8 stages (moves): below the min-max split's largest "
+               "rank in %d; %.1f ms in all (with the schedules), the longest split %.2f ms\n", big, big_better,
+               1e3 * (_pp_now() - t0), 1e3 * t_max);
+    }
+    CHECK(worse == 0, "partition for the ranks: larger than the min-max split's in %d of %d cases", worse, cases);
+    CHECK(optimal * 4 >= cases * 3, "partition for the ranks: optimal in only %d of %d cases", optimal, cases);
+    printf("partition for the ranks, %d random cases (interleaved and zb-v, p 2-3, 8-12 layers): below the min-max "
+           "split's largest rank in %d, at the brute-force optimum in %d\n", cases, strict, optimal);
+}
+
 static void test_profile(void) {
     mlp_model w, g, gref, tmp;
     mlpz_model wz, gz, gzref;
@@ -1174,6 +1305,7 @@ int main(int argc, char** argv) {
     test_turn();
     test_partition_capped();
     test_partition_desc();
+    test_partition_ranks();
     test_profile();
     return TEST_DONE("zb");
 }
