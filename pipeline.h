@@ -2186,6 +2186,27 @@ static float _pp_step_loss(const _pp_plan* p, const float* mb_loss) {
     return (float)acc;
 }
 
+/* Micro-batch i's buffers for a run of all L layers on one thread (pp_sequential_step,
+   pp_profile_layers): the stash with its B-only scratch after it, and a zeroed gradient
+   workspace, carved into act, nact, saved (saved[0..L) the stash's scratch, saved[L..2L) the
+   B-only one) and dact. 0 when memory ran out (*stash and *gws, set either way, are the
+   caller's to free); need gets the two sizes. */
+static int _pp_seq_buffers(const _pp_plan* plan, const pp_batch* b, int i, unsigned char** stash, unsigned char** gws,
+                           size_t need[2], pp_tensor* act, int* nact, void** saved, pp_tensor* dact) {
+    int L = plan->L;
+    size_t sb = _pp_stash_carve(plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
+    need[0] = sb + _pp_bsaved_carve(plan, i, 0, L, NULL, NULL);
+    need[1] = _pp_grad_carve(plan, i, 0, L, 0, 1, NULL, NULL);
+    *stash = (unsigned char*)PP_MALLOC(need[0] ? need[0] : 1);
+    *gws = (unsigned char*)_pp_calloc(need[1] ? need[1] : 1, 1);
+    if (!*stash || !*gws) return 0;
+    _pp_stash_carve(plan, i, 0, L, 0, *stash, act, nact, saved);
+    _pp_bsaved_carve(plan, i, 0, L, *stash + sb, saved + L);
+    act[0] = _pp_input_view(b, &plan->mbs[i]);
+    _pp_grad_carve(plan, i, 0, L, 0, 1, *gws, dact);
+    return 1;
+}
+
 pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads, const pp_batch* b, float* loss,
                              pp_error* err) {
     _pp_plan plan;
@@ -2215,19 +2236,11 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
     }
     for (i = 0; i < b->m; i++) {
         const size_t *sb_l = &plan.saved[(size_t)i * L], *bb_l = &plan.bsaved[(size_t)i * L];
-        size_t sb = _pp_stash_carve(&plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
-        size_t bb = _pp_bsaved_carve(&plan, i, 0, L, NULL, NULL);
-        size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, 1, NULL, NULL);
-        stash = (unsigned char*)PP_MALLOC(sb + bb ? sb + bb : 1);
-        gws = (unsigned char*)_pp_calloc(gb ? gb : 1, 1);
-        if (!stash || !gws) {
-            rc = _pp_fail(err, PP_ERR_NOMEM, "sequential stash of micro-batch %d (%zu + %zu bytes)", i, sb, gb);
+        size_t need[2];
+        if (!_pp_seq_buffers(&plan, b, i, &stash, &gws, need, act, nact, saved, dact)) {
+            rc = _pp_fail(err, PP_ERR_NOMEM, "sequential stash of micro-batch %d (%zu + %zu bytes)", i, need[0], need[1]);
             goto cleanup;
         }
-        _pp_stash_carve(&plan, i, 0, L, 0, stash, act, nact, saved);
-        _pp_bsaved_carve(&plan, i, 0, L, stash + sb, bsaved);
-        act[0] = _pp_input_view(b, &plan.mbs[i]);
-        _pp_grad_carve(&plan, i, 0, L, 0, 1, gws, dact);
         if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, sb_l, bsaved, bb_l, &mb_loss[i],
                                     NULL, err)) != PP_OK)
             goto cleanup;
@@ -2289,19 +2302,11 @@ pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads,
     for (step = 0; step <= steps; step++) {
         for (i = 0; i < b->m; i++) {
             const size_t *sb = &plan.saved[(size_t)i * L], *bb = &plan.bsaved[(size_t)i * L];
-            size_t nb = _pp_stash_carve(&plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
-            size_t nbb = _pp_bsaved_carve(&plan, i, 0, L, NULL, NULL);
-            size_t gb = _pp_grad_carve(&plan, i, 0, L, 0, 1, NULL, NULL);
-            stash = (unsigned char*)PP_MALLOC(nb + nbb ? nb + nbb : 1);
-            gws = (unsigned char*)_pp_calloc(gb ? gb : 1, 1);
-            if (!stash || !gws) {
+            size_t need[2];
+            if (!_pp_seq_buffers(&plan, b, i, &stash, &gws, need, act, nact, saved, dact)) {
                 rc = _pp_fail(err, PP_ERR_NOMEM, "profile stash of micro-batch %d", i);
                 goto cleanup;
             }
-            _pp_stash_carve(&plan, i, 0, L, 0, stash, act, nact, saved);
-            _pp_bsaved_carve(&plan, i, 0, L, stash + nb, bsaved);
-            act[0] = _pp_input_view(b, &plan.mbs[i]);
-            _pp_grad_carve(&plan, i, 0, L, 0, 1, gws, dact);
             /* one layer at a time: the range helpers index act/nact/saved from their first layer */
             for (l = 0; l < L; l++) {
                 double t0 = _pp_now();
