@@ -605,9 +605,9 @@ typedef struct pp_partition_desc {
     double mem_cap;
     /* Optional with COST, PARAMS and WEIGHTS: the schedule the stages run on. Where it gives a
        rank several stages (interleaved, the V kinds), the split then balances the ranks' sums
-       first (each rank runs all its stages' work every step), then the largest stage: boundaries
-       move one layer at a time from the min-max split while that lowers the largest rank's sum
-       (never above the min-max split's). pp_pipeline_create sets it. */
+       first (each rank runs all its stages' work every step), then the largest stage: every split
+       where there are at most 1e5, else boundaries moved from the min-max split while that lowers
+       the largest rank's sum (never above the min-max split's). pp_pipeline_create sets it. */
     const struct pp_schedule* schedule;
 } pp_partition_desc;
 
@@ -7017,7 +7017,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     pp_sim_result* sim = NULL;
     pp_sim_cost cost;
     pp_result rc;
-    int st, ml = 0, i, views_ok = 1;
+    int st, ml = 0, i, ok = 1;
     if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
     *out = NULL;
     if (!d) return _pp_fail(err, PP_ERR_INVALID, "stage desc is NULL");
@@ -7083,7 +7083,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     for (st = 0; st < s->S; st++)
         if (d->partition[st + 1] - d->partition[st] > ml) ml = d->partition[st + 1] - d->partition[st];
     s->max_layers = ml;
-    if (!(s->turn = (unsigned char*)_pp_calloc((size_t)s->S + 1, 1))) views_ok = 0;
+    if (!(s->turn = (unsigned char*)_pp_calloc((size_t)s->S + 1, 1))) ok = 0;
     else _pp_turn_table(s);
     for (i = 0; i < 2; i++) {
         _pp_view* vw = &s->pv[i];
@@ -7092,10 +7092,10 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
         vw->nact = (int*)_pp_calloc((size_t)ml + 1, sizeof *vw->nact);
         vw->saved = (void**)_pp_calloc((size_t)ml * 2, sizeof *vw->saved);
         vw->bsaved = vw->saved ? vw->saved + ml : NULL;
-        if (!vw->act || !vw->dact || !vw->nact || !vw->saved) views_ok = 0;
+        if (!vw->act || !vw->dact || !vw->nact || !vw->saved) ok = 0;
     }
     s->events = d->record_timeline ? (pp_event*)_pp_calloc((size_t)s->n_list, sizeof *s->events) : NULL;
-    if (!views_ok || (d->record_timeline && !s->events)) {
+    if (!ok || (d->record_timeline && !s->events)) {
         pp_stage_destroy(s);
         return _pp_fail(err, PP_ERR_NOMEM, "stage scratch");
     }

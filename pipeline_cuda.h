@@ -209,6 +209,8 @@ typedef struct _ppc_msg {
     char emsg[200];             /* what went wrong, for the side that reports it */
 } _ppc_msg;
 
+#define _PPC_HOST_SEEN 32 /* host buffers a rank remembers (_ppc_is_host) */
+
 typedef struct _ppc_rank {
     pp_cuda* c;
     int rank, dev;
@@ -229,7 +231,7 @@ typedef struct _ppc_rank {
     int n_pool, cap_pool;
     size_t pool_bytes;
     int pool_allocs;
-    const void* host_seen[32];  /* buffers CUDA called host memory (the stage's plan-check and
+    const void* host_seen[_PPC_HOST_SEEN]; /* buffers CUDA called host memory (the stage's plan-check and
                                    agreement buffers, step after step), the oldest replaced first;
                                    owner thread only */
     int n_host_seen;
@@ -270,7 +272,7 @@ static int _ppc_is_host(_ppc_rank* r, const void* p) {
     struct cudaPointerAttributes at;
     int lo = 0, hi = r->n_pool - 1, i;
     if (!p) return 1;
-    for (i = 0; i < 32; i++)
+    for (i = 0; i < _PPC_HOST_SEEN; i++)
         if (r->host_seen[i] == p) return 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
@@ -284,7 +286,7 @@ static int _ppc_is_host(_ppc_rank* r, const void* p) {
         at.type = cudaMemoryTypeUnregistered;
     }
     if (at.type != cudaMemoryTypeUnregistered && at.type != cudaMemoryTypeHost) return 0;
-    r->host_seen[r->n_host_seen++ % 32] = p;
+    r->host_seen[r->n_host_seen++ % _PPC_HOST_SEEN] = p;
     return 1;
 }
 

@@ -164,8 +164,9 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err);
    messages and groups that would wait for each other. channels: 8 (the transport's default,
    NCCL >= 2.18: by direction, by kind and by the parity of the pair's lower rank), 4 (by
    direction and kind), 2 (by direction) or 1, as pp_nccl_desc.channels. Pure: no GPU needed. The
-   transport runs this check and pp_nccl_check_order on every schedule pp_stage_create gives it (pp_transport.check_schedule),
-   so a user's table that would hang is refused before the first step. */
+   transport runs this check and pp_nccl_check_order on every schedule pp_stage_create gives it
+   (pp_transport.check_schedule), so a user's table that would hang is refused before the first
+   step. */
 pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err);
 
 #if defined(MPI_VERSION)
