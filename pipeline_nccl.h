@@ -20,7 +20,10 @@
      of one chunk and gradients of the other in orders that differ between the two sides, match
      in order on every channel. Split by pair parity, a rank's sends to one neighbour and its
      receives from the other never share a group, so no built-in schedule's groups wait in a
-     cycle (with four channels some did: pp_nccl_desc.channels chooses fewer).
+     cycle (with four channels some did: pp_nccl_desc.channels chooses fewer). By default the
+     transport runs on the fewest of 1, 2, 4 and 8 channels that the schedules pp_stage_create
+     checks pass over (1F1B, GPipe, ZB-H1 and ZB-H2 on one: an action's messages then make one
+     NCCL group, not one per channel); pp_nccl_channels says how many.
      isend/irecv queue ncclSend/ncclRecv; the end of an executor group that posted a send
      issues everything queued as one NCCL group per channel (an action's sends together with
      the next action's receives, Megatron's send-forward/receive-backward pairing); a wait on a
@@ -98,9 +101,11 @@ typedef struct pp_nccl_desc {
     ncclComm_t comm;            /* an initialised communicator */
     cudaStream_t compute;       /* the stream the layers run on (0: the legacy default stream) */
     int own_comm;               /* 1: pp_nccl_destroy destroys comm */
-    /* Communicators the transport runs (the given one and splits of it): 0, the default, is 8
-       (4 with two ranks); 4, 2 or 1 use fewer at the price of refusing some schedules
-       (pp_nccl_check_rendezvous). Every rank must pass the same. NCCL < 2.18: always 1. */
+    /* Communicators the transport runs (the given one and splits of it): 0, the default, makes
+       8 (4 with two ranks) and uses the fewest of 1, 2, 4, 8 that every schedule checked at
+       pp_stage_create passes over (pp_nccl_check_order, pp_nccl_check_rendezvous); 4, 2 or 1
+       make and use that many, at the price of refusing some schedules. Every rank must pass
+       the same. NCCL < 2.18: always 1. */
     int channels;
 } pp_nccl_desc;
 
@@ -113,6 +118,9 @@ pp_transport pp_nccl_transport(pp_nccl* t);
    the communicator is aborted: destroy this transport and make a new communicator. */
 pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err);
 cudaStream_t pp_nccl_comm_stream(const pp_nccl* t);
+/* The channels in use: pp_nccl_desc.channels where given; with the default, the fewest that
+   every schedule checked so far (pp_stage_create) passes over, 1 before the first. */
+int pp_nccl_channels(const pp_nccl* t);
 /* Deprecated (sent so far by this rank): pp_step_stats' bytes_sent and msgs_sent count it per step. */
 void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs);
 const char* pp_nccl_error(const pp_nccl* t);
@@ -241,7 +249,8 @@ typedef struct _ppn_bounce {
 struct pp_nccl {
     ncclComm_t comm;            /* the caller's: channel 0 and the all-reduce */
     ncclComm_t ch_comm[_PPN_MAXCH]; /* [0] = comm, the others splits of it */
-    int own_comm, rank, size, aborted, in_group, group_sends, nch; /* nch: 1, 2, 4 or 8 (pp_nccl_desc.channels) */
+    int own_comm, rank, size, aborted, in_group, group_sends;
+    int nch, nch_made, nch_auto; /* channels in use (1, 2, 4 or 8) and made; auto: the fewest the schedules pass */
     cudaStream_t compute, stream;   /* stream: channel 0's (and the all-reduce's) */
     cudaStream_t ch_stream[_PPN_MAXCH];
     _ppn_op *head, *tail;       /* live ops in posting order; the queued ones have no batch */
@@ -285,7 +294,7 @@ static void _ppn_abort_comm(pp_nccl* t) {
     if (!t->aborted) {
         t->aborted = 1;
         ncclCommAbort(t->comm);
-        for (ch = 1; ch < t->nch; ch++) ncclCommAbort(t->ch_comm[ch]);
+        for (ch = 1; ch < t->nch_made; ch++) ncclCommAbort(t->ch_comm[ch]);
     }
 }
 #define _PPN_COMM(t, ch) ((t)->ch_comm[ch])
@@ -563,7 +572,7 @@ static pp_result _ppn_flush_all(pp_nccl* t) {
     int ch;
     t->in_flush_all = 1;
     t->epoch++;
-    for (ch = 0, rc = PP_OK; ch < t->nch && rc == PP_OK; ch++) rc = _ppn_flush(t, ch, NULL);
+    for (ch = 0, rc = PP_OK; ch < t->nch_made && rc == PP_OK; ch++) rc = _ppn_flush(t, ch, NULL);
     t->in_flush_all = t->ready_fresh = 0;
     return rc;
 }
@@ -810,11 +819,34 @@ static void _ppn_abort(void* self, pp_result why, const char* msg) {
 
 static pp_result _ppn_check_order(const pp_schedule* s, int by_kind, pp_error* err);
 
-/* pp_stage_create's check: NCCL matches by order, and its sends wait for their receives. */
+static pp_result _ppn_check_channels(const pp_schedule* s, int nch, pp_error* err) {
+    pp_result rc = _ppn_check_order(s, nch >= 4, err);
+    return rc == PP_OK ? pp_nccl_check_rendezvous(s, nch, err) : rc;
+}
+
+/* pp_stage_create's check: NCCL matches by order, and its sends wait for their receives. With
+   the default channels the transport then runs on the fewest channels every schedule checked
+   so far passes over (1F1B, GPipe, ZB-H1 and ZB-H2 pass over one: each action's messages then
+   go in one NCCL group instead of one per channel). Every rank checks the same schedules in
+   the same order (pp_stage_create, collective), so all pick the same count; it only grows, so
+   a stage made earlier on the same transport keeps what it passed. */
 static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
-    pp_result rc = _ppn_check_order(s, t->nch >= 4, err);
-    return rc == PP_OK ? pp_nccl_check_rendezvous(s, t->nch, err) : rc;
+    int n;
+    if (!t->nch_auto) return _ppn_check_channels(s, t->nch, err);
+#ifdef PP_NCCL_TEST_ONE_CHANNEL /* negative control (build/nccl-controls): one channel, unchecked */
+    (void)n;
+    return PP_OK;
+#endif
+    for (n = t->nch; n < t->nch_made; n *= 2)
+        if (_ppn_check_channels(s, n, NULL) == PP_OK) break;
+    if (n >= t->nch_made) {
+        pp_result rc = _ppn_check_channels(s, t->nch_made, err);
+        if (rc != PP_OK) return rc;
+        n = t->nch_made;
+    }
+    t->nch = n;
+    return PP_OK;
 }
 
 pp_transport pp_nccl_transport(pp_nccl* t) {
@@ -858,6 +890,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
 #if NCCL_VERSION_CODE >= 21800
     if (t->size > 1) t->nch = d->channels ? d->channels : t->size > 2 ? 8 : 4; /* two ranks: one pair, one parity */
 #endif
+    t->nch_made = t->nch;
     {
         int ch;
         for (ch = 0; ch < t->nch; ch++) {
@@ -875,7 +908,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
             (void)what;
 #endif
             if (rc != PP_OK) {
-                t->nch = ch + 1; /* what exists: destroy takes it down (not the caller's communicator) */
+                t->nch = t->nch_made = ch + 1; /* what exists: destroy takes it down (not the caller's communicator) */
                 t->own_comm = 0;
                 if (ch > 0) t->ch_comm[ch] = NULL;
                 pp_nccl_destroy(t);
@@ -883,6 +916,10 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
             }
         }
         t->stream = t->ch_stream[0];
+    }
+    if (!d->channels && t->nch > 1) { /* the default: in use, one until a schedule needs more */
+        t->nch_auto = 1;
+        t->nch = 1;
     }
     *out = t;
     return PP_OK;
@@ -894,7 +931,7 @@ pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err) {
     int ch, queued = 0;
     if (!t) return _pp_fail(err, PP_ERR_INVALID, "transport is NULL");
     if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted (%s)", t->rank, t->err);
-    for (ch = 0; ch < t->nch; ch++) queued += t->n_queued[ch];
+    for (ch = 0; ch < t->nch_made; ch++) queued += t->n_queued[ch];
     if (queued) {
         /* posted and never waited for: issue them, so the peers' matching ops are not left hanging */
         if ((rc = _ppn_flush_all(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
@@ -919,7 +956,7 @@ void pp_nccl_destroy(pp_nccl* t) {
     int ch;
     if (!t) return;
     if (!t->aborted)
-        for (ch = 0; ch < t->nch; ch++)
+        for (ch = 0; ch < t->nch_made; ch++)
             if (t->ch_stream[ch]) cudaStreamSynchronize(t->ch_stream[ch]);
     while (t->head) _ppn_op_free(t, t->head);
     while (t->outstanding) {
@@ -936,7 +973,7 @@ void pp_nccl_destroy(pp_nccl* t) {
         cudaFree(b->p);
         PP_FREE(b);
     }
-    for (ch = 0; ch < t->nch; ch++) {
+    for (ch = 0; ch < t->nch_made; ch++) {
         if (t->ch_stream[ch]) cudaStreamDestroy(t->ch_stream[ch]);
         if (ch > 0 && t->ch_comm[ch] && !t->aborted) ncclCommDestroy(t->ch_comm[ch]);
     }
@@ -945,6 +982,8 @@ void pp_nccl_destroy(pp_nccl* t) {
 }
 
 cudaStream_t pp_nccl_comm_stream(const pp_nccl* t) { return t ? t->stream : NULL; }
+
+int pp_nccl_channels(const pp_nccl* t) { return t ? t->nch : 0; }
 
 void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs) {
     if (bytes) *bytes = t ? t->bytes_sent : 0;

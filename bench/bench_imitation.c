@@ -396,6 +396,11 @@ int main(int argc, char** argv) {
                 printf("%-10s   of the calls/transfer, NCCL's own (device switches and launches in ncclGroupEnd) %.2f, "
                        "the transport's %.2f\n",
                        "", res.nccl_own / res.transfers, (res.transport - res.nccl_own) / res.transfers);
+            if (res.transfers > 0 && res.actions > 0)
+                printf("%-10s   of the transport's, queries that found the work not done yet (probes and polling waits) %.2f; the "
+                       "rest, %.2f, moved the transfers; %.2f such queries per action\n",
+                       "", res.polls / res.transfers, (res.transport - res.nccl_own - res.polls) / res.transfers,
+                       res.polls / res.actions);
             if (res.wrong) bad++;
             else ok++;
         }

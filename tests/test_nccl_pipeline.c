@@ -64,6 +64,7 @@ typedef struct world {
     int after_fail;             /* run a failing step, reset, then a clean one */
     int zero_after_fail;        /* after a failed step, zero the gradients and go on (drained) */
     double t_step[MAXP][4];     /* seconds each rank's step took */
+    int chans[MAXP];            /* pp_nccl_channels after pp_stage_create */
 } world;
 
 typedef struct rank_arg {
@@ -160,6 +161,7 @@ static void* rank_main(void* arg) {
     d.partition = first;
     if (rc == PP_OK) rc = pp_partition_uniform(d.model.n_layers, w->sched->n_stages, first, &err);
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
+    w->chans[r] = pp_nccl_channels(t);
     if (rc != PP_OK) {
         w->rc[r][0] = rc;
         snprintf(w->msg[r], sizeof w->msg[r], "setup: %s", err.msg);
@@ -248,6 +250,16 @@ static void reference(int m, int steps) {
     memcpy(GREF, GBUF[MAXP - 1], NPAR * sizeof(float));
 }
 
+/* The fewest channels (1, 2, 4, 8; at most 4 with two ranks) whose order and rendezvous checks
+   the schedule passes: what the transport's default picks. */
+static int g_chans_used[9];
+static int fewest_channels(const pp_schedule* sc, int p) {
+    int n, most = p > 2 ? 8 : 4;
+    for (n = 1; n < most; n *= 2)
+        if (_ppn_check_order(sc, n >= 4, NULL) == PP_OK && pp_nccl_check_rendezvous(sc, n, NULL) == PP_OK) break;
+    return n;
+}
+
 static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy shapes, int blocking, const pp_schedule* custom) {
     world w;
     pp_action* acts = NULL;
@@ -289,6 +301,11 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
             break;
         }
     if (ok) CHECK(grads_equal(p), "%s: gradients differ from the sequential run", where);
+    if (!g_channels) { /* the default: the fewest channels the schedule passes over, on every rank */
+        int want = fewest_channels(&sc, p);
+        for (r = 0; r < p; r++) CHECK(w.chans[r] == want, "%s: rank %d runs %d channels, want %d", where, r, w.chans[r], want);
+        g_chans_used[want]++;
+    }
     free(acts);
 }
 
@@ -340,6 +357,9 @@ static void test_matrix(void) {
         if (rc == PP_OK) run_case(PP_SCHED_1F1B, 2, 1, 3, PP_SHAPES_LOCAL, 1, &sc);
     }
     printf("nccl-pipeline: %d schedules refused by pp_nccl_check_order were skipped\n", g_skipped);
+    printf("nccl-pipeline: runs on the default channels used 1: %d, 2: %d, 4: %d, 8: %d\n", g_chans_used[1],
+           g_chans_used[2], g_chans_used[4], g_chans_used[8]);
+    CHECK(g_chans_used[1] > 0 && g_chans_used[2] + g_chans_used[4] > 0, "the default must pick one channel for some lists, more for others");
 }
 
 /* A 1F1B world of p ranks, m micro-batches, `steps` steps, LOCAL shapes, blocking
@@ -602,7 +622,8 @@ static void test_rendezvous(void) {
     CHECK(pp_nccl_check_rendezvous(&sc, 8, &err) == PP_OK, "the crafted table over eight channels: %s", err.msg);
     (void)run_table(&sc, 1, 5, &w); /* its micro-batches out of order: the sums round otherwise than the reference's */
     for (r = 0; r < 4; r++)
-        CHECK(w.rc[r][0] == PP_OK && w.rc[r][1] == PP_OK, "the crafted table over eight channels must run: rank %d: %s", r,
+        CHECK(w.rc[r][0] == PP_OK && w.rc[r][1] == PP_OK && w.chans[r] == 8,
+              "the crafted table over eight channels (the default picks them) must run: rank %d (%d channels): %s", r, w.chans[r],
               w.msg[r]);
     g_channels = 4;
 
@@ -689,6 +710,10 @@ int main(int argc, char** argv) {
         run_case(kind, p, v, m, PP_SHAPES_LOCAL, 1, NULL);
     } else if (getenv("PP_TEST_NCCL_RENDEZVOUS")) { /* the rendezvous check alone */
         test_rendezvous();
+    } else if (argc == 6 && !strcmp(argv[1], "one")) { /* one KIND P V M (what a negative control runs) */
+        pp_schedule_kind kind = PP_SCHED_1F1B;
+        pp_schedule_kind_parse(argv[2], &kind);
+        run_case(kind, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), PP_SHAPES_LOCAL, 1, NULL);
     } else if (argc > 1 && !strcmp(argv[1], "drain")) { /* what the negative control runs */
         test_failure_drain();
     } else {
