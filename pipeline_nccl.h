@@ -119,7 +119,8 @@ pp_transport pp_nccl_transport(pp_nccl* t);
 pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err);
 cudaStream_t pp_nccl_comm_stream(const pp_nccl* t);
 /* The channels in use: pp_nccl_desc.channels where given; with the default, the fewest that
-   every schedule checked so far (pp_stage_create) passes over, 1 before the first. */
+   every schedule checked so far (pp_stage_create) passes over, all it made before the first (a
+   stage whose transport.check_schedule was cleared runs on all). */
 int pp_nccl_channels(const pp_nccl* t);
 /* Deprecated (sent so far by this rank): pp_step_stats' bytes_sent and msgs_sent count it per step. */
 void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs);
@@ -251,6 +252,7 @@ struct pp_nccl {
     ncclComm_t ch_comm[_PPN_MAXCH]; /* [0] = comm, the others splits of it */
     int own_comm, rank, size, aborted, in_group, group_sends;
     int nch, nch_made, nch_auto; /* channels in use (1, 2, 4 or 8) and made; auto: the fewest the schedules pass */
+    int nch_checked;            /* auto: a schedule was checked (before, all made are in use) */
     cudaStream_t compute, stream;   /* stream: channel 0's (and the all-reduce's) */
     cudaStream_t ch_stream[_PPN_MAXCH];
     _ppn_op *head, *tail;       /* live ops in posting order; the queued ones have no batch */
@@ -836,9 +838,10 @@ static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error*
     if (!t->nch_auto) return _ppn_check_channels(s, t->nch, err);
 #ifdef PP_NCCL_TEST_ONE_CHANNEL /* negative control (build/nccl-controls): one channel, unchecked */
     (void)n;
+    t->nch = t->nch_checked = 1;
     return PP_OK;
 #endif
-    for (n = t->nch; n < t->nch_made; n *= 2)
+    for (n = t->nch_checked ? t->nch : 1; n < t->nch_made; n *= 2)
         if (_ppn_check_channels(s, n, NULL) == PP_OK) break;
     if (n >= t->nch_made) {
         pp_result rc = _ppn_check_channels(s, t->nch_made, err);
@@ -846,6 +849,7 @@ static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error*
         n = t->nch_made;
     }
     t->nch = n;
+    t->nch_checked = 1;
     return PP_OK;
 }
 
@@ -917,10 +921,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
         }
         t->stream = t->ch_stream[0];
     }
-    if (!d->channels && t->nch > 1) { /* the default: in use, one until a schedule needs more */
-        t->nch_auto = 1;
-        t->nch = 1;
-    }
+    t->nch_auto = !d->channels && t->nch > 1; /* the default: all until the first check, then the fewest */
     *out = t;
     return PP_OK;
 }

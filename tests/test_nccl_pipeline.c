@@ -64,7 +64,7 @@ typedef struct world {
     int after_fail;             /* run a failing step, reset, then a clean one */
     int zero_after_fail;        /* after a failed step, zero the gradients and go on (drained) */
     double t_step[MAXP][4];     /* seconds each rank's step took */
-    int chans[MAXP];            /* pp_nccl_channels after pp_stage_create */
+    int chans[MAXP], chans0[MAXP]; /* pp_nccl_channels after pp_stage_create, and before it */
 } world;
 
 typedef struct rank_arg {
@@ -160,6 +160,7 @@ static void* rank_main(void* arg) {
     d.timeout_s = g_timeout;
     d.partition = first;
     if (rc == PP_OK) rc = pp_partition_uniform(d.model.n_layers, w->sched->n_stages, first, &err);
+    w->chans0[r] = pp_nccl_channels(t);
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     w->chans[r] = pp_nccl_channels(t);
     if (rc != PP_OK) {
@@ -303,7 +304,9 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
     if (ok) CHECK(grads_equal(p), "%s: gradients differ from the sequential run", where);
     if (!g_channels) { /* the default: the fewest channels the schedule passes over, on every rank */
         int want = fewest_channels(&sc, p);
-        for (r = 0; r < p; r++) CHECK(w.chans[r] == want, "%s: rank %d runs %d channels, want %d", where, r, w.chans[r], want);
+        for (r = 0; r < p; r++)
+            CHECK(w.chans[r] == want && w.chans0[r] == (p > 2 ? 8 : 4), "%s: rank %d runs %d channels (%d before the check), want %d",
+                  where, r, w.chans[r], w.chans0[r], want);
         g_chans_used[want]++;
     }
     free(acts);
@@ -625,6 +628,10 @@ static void test_rendezvous(void) {
         CHECK(w.rc[r][0] == PP_OK && w.rc[r][1] == PP_OK && w.chans[r] == 8,
               "the crafted table over eight channels (the default picks them) must run: rank %d (%d channels): %s", r, w.chans[r],
               w.msg[r]);
+    (void)run_table(&sc, 0, 5, &w); /* the default without the check: all eight channels, so it runs */
+    for (r = 0; r < 4; r++)
+        CHECK(w.rc[r][0] == PP_OK && w.chans[r] == 8, "the crafted table without the check must run on eight channels: rank %d "
+              "(%d channels): %s", r, w.chans[r], w.msg[r]);
     g_channels = 4;
 
     for (i = 0; i < n_rand; i++) {
