@@ -10,8 +10,14 @@
                       growth), per action; the layers' own kernel launches are not counted
      waits/action     host waits on device work (stream/event/device synchronisation, copies
                       to host memory, cudaFree), per action
+   Below each row: NCCL's own calls (inside ncclGroupEnd) apart from the transport's; of the
+   transport's, the queries that found the work not done yet (probes, polling waits); and the
+   transport waits that waited for the device (blocking or polling), per action, split by where
+   (during the actions, from before the first action's layers to the last's; or at the step's
+   end) and by the message (the executor's data, or the library's own step messages: the plan
+   check before the first receive from each neighbour, the agreement).
    The goal for a GPU transport on the steady path: at most 4 calls per transfer and no host
-   wait. #wrong counts layers whose gradient is not bit-identical to pp_sequential_step's; the
+   wait on data in the actions. #wrong counts layers whose gradient is not bit-identical to pp_sequential_step's; the
    footer says OK or FAILED and the exit code agrees.
 
      build/bench_imitation [--steps N] [--warmup N] [--smoke]
@@ -152,10 +158,13 @@ static const bench_transport transports[] = {
 
 /* ---- one configuration -------------------------------------------------------------------------- */
 
-/* the device hooks other than reuse, counted (calls of the calling thread) */
+/* the device hooks other than reuse, counted (calls of the calling thread); the mark hook also
+   tells the actions from the step's start and end for the host waits of the transport */
 typedef struct hook_count {
     pp_device_ops inner;
     uint64_t calls;
+    uint64_t pend[2];           /* transport waits that waited, since the last action began: data, the step's own */
+    uint64_t in_actions[2];     /* ... moved here when an action begins */
 } hook_count;
 static void* hc_alloc(void* u, size_t n) {
     hook_count* h = (hook_count*)u;
@@ -180,6 +189,11 @@ static pp_result hc_zero(void* u, void* p, size_t n) {
 static void hc_mark(void* u, const pp_action* x, int idx, int phase) {
     hook_count* h = (hook_count*)u;
     uint64_t a = fakecuda_thread_calls();
+    if (phase == 0) { /* what waited before this action's layers ran was on the actions' path */
+        h->in_actions[0] += h->pend[0];
+        h->in_actions[1] += h->pend[1];
+        h->pend[0] = h->pend[1] = 0;
+    }
     if (h->inner.mark) h->inner.mark(h->inner.user, x, idx, phase);
     h->calls += fakecuda_thread_calls() - a;
 }
@@ -187,10 +201,60 @@ static void hc_reuse(void* u, void* p, size_t n) { /* part of the transfers: not
     hook_count* h = (hook_count*)u;
     if (h->inner.reuse) h->inner.reuse(h->inner.user, p, n);
 }
+/* The transport's isend, irecv and wait, wrapped in the rank's thread: a wait that waited for
+   the device (a host wait or a not-ready query inside it, fakecuda_thread_waits) counts for the
+   message's kind, the executor's data or the library's own step messages (reserved tags: the
+   plan check and the agreement). The request's kind is remembered at its post. */
+#define WC_SLOTS 4096
+typedef struct wait_count {
+    pp_transport inner;
+    hook_count* h;
+    const pp_request* req[WC_SLOTS];
+    unsigned char own[WC_SLOTS];
+} wait_count;
+static __thread wait_count* t_wc; /* the rank's, set in its thread before the stage runs */
+static int wc_slot(wait_count* w, const pp_request* r) {
+    size_t h = (size_t)(((uint64_t)(uintptr_t)r * 0x9E3779B97F4A7C15ull) >> 40) % WC_SLOTS, i;
+    for (i = 0; i < WC_SLOTS; i++, h = (h + 1) % WC_SLOTS)
+        if (w->req[h] == r || !w->req[h]) return (int)h;
+    return -1;
+}
+static void wc_note(pp_request* req, int tag) {
+    int k = t_wc ? wc_slot(t_wc, req) : -1;
+    if (k < 0) return;
+    t_wc->req[k] = req;
+    t_wc->own[k] = tag >= _PP_TAG_RESERVED;
+}
+static pp_result wc_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
+    wc_note(req, tag);
+    return t_wc->inner.isend(self, peer, tag, buf, bytes, req);
+}
+static pp_result wc_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
+    wc_note(req, tag);
+    return t_wc->inner.irecv(self, peer, tag, buf, bytes, req);
+}
+static pp_result wc_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
+    int k = wc_slot(t_wc, req), own = k >= 0 && t_wc->req[k] == req && t_wc->own[k];
+    uint64_t a = fakecuda_thread_waits();
+    pp_result rc = t_wc->inner.wait(self, req, timeout_s, err);
+    if (fakecuda_thread_waits() > a) t_wc->h->pend[own]++;
+    return rc;
+}
+static pp_transport wait_counting(wait_count* w, hook_count* h, pp_transport inner) {
+    pp_transport o = inner;
+    memset(w, 0, sizeof *w);
+    w->inner = inner;
+    w->h = h;
+    o.isend = wc_isend;
+    o.irecv = wc_irecv;
+    o.wait = wc_wait;
+    return o;
+}
+
 static pp_device_ops hook_counting(hook_count* h, pp_device_ops inner) {
     pp_device_ops o = inner;
+    memset(h, 0, sizeof *h);
     h->inner = inner;
-    h->calls = 0;
     o.alloc = hc_alloc;
     o.free = hc_free;
     o.zero = hc_zero;
@@ -207,6 +271,8 @@ typedef struct run {
     pp_stage* st[PP_MAX_RANKS];
     bench_env env[PP_MAX_RANKS];
     hook_count hooks[PP_MAX_RANKS];
+    wait_count waits[PP_MAX_RANKS];
+    uint64_t at_end[PP_MAX_RANKS][2]; /* transport waits that waited after the step's last action began */
     uint64_t step_calls[PP_MAX_RANKS]; /* runtime calls of the rank's thread inside pp_stage_step */
     pp_stage_desc desc[PP_MAX_RANKS];
     mlp_model g[PP_MAX_RANKS];
@@ -220,8 +286,9 @@ static pp_result rank_setup(int rank, void* user) {
     run* R = (run*)user;
     pp_result rc = R->tr->bind(R->world, rank, &R->env[rank], &R->err[rank]);
     if (rc != PP_OK) return R->rc[rank] = rc;
-    R->desc[rank].transport = R->env[rank].transport;
     R->desc[rank].device = hook_counting(&R->hooks[rank], R->env[rank].device);
+    R->desc[rank].transport = wait_counting(&R->waits[rank], &R->hooks[rank], R->env[rank].transport);
+    t_wc = &R->waits[rank];
     R->desc[rank].layer_ctx = &R->env[rank].stream;
     rc = pp_stage_create(&R->desc[rank], &R->st[rank], &R->err[rank]);
     return R->rc[rank] = rc;
@@ -231,13 +298,19 @@ static pp_result rank_step(int rank, void* user) {
     run* R = (run*)user;
     pp_result rc = R->tr->bind(R->world, rank, &R->env[rank], &R->err[rank]);
     uint64_t a = fakecuda_thread_calls();
+    hook_count* h = &R->hooks[rank];
+    t_wc = &R->waits[rank];
     if (rc == PP_OK) rc = pp_stage_step(R->st[rank], R->b, &R->stats[rank]);
     R->step_calls[rank] += fakecuda_thread_calls() - a;
+    R->at_end[rank][0] += h->pend[0]; /* after the last action's layers: the step's end */
+    R->at_end[rank][1] += h->pend[1];
+    h->pend[0] = h->pend[1] = 0;
     return R->rc[rank] = rc;
 }
 
 typedef struct result {
     double transfers, actions, calls, transport, hooks, waits, blocked, polls;
+    double tw_act[2], tw_end[2]; /* transport waits that waited: in the actions, at the step's end; data, own */
     double nccl_own;                /* of transport: the imitated NCCL's own calls inside its group ends */
     double kinds[FAKECUDA_CALL_KINDS];
     int wrong, failed;
@@ -292,7 +365,7 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
     for (s = 0; s < warmup + steps && !out->failed; s++) {
         fakecuda_stats a, z;
         fakenccl_stats na, nz;
-        uint64_t launched0, sent = 0, step0 = 0, hooks0 = 0, step1 = 0, hooks1 = 0;
+        uint64_t launched0, sent = 0, step0 = 0, hooks0 = 0, step1 = 0, hooks1 = 0, tw0[4] = {0, 0, 0, 0}, tw1[4] = {0, 0, 0, 0};
         pp_result rc = tr->step_begin(R.world, &err);
         fakecuda_stats_get(&a);
         fakenccl_stats_get(&na);
@@ -300,6 +373,10 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         for (r = 0; r < p; r++) {
             step0 += R.step_calls[r];
             hooks0 += R.hooks[r].calls;
+            for (k = 0; k < 2; k++) {
+                tw0[k] += R.hooks[r].in_actions[k];
+                tw0[2 + k] += R.at_end[r][k];
+            }
         }
         if (rc == PP_OK) rc = pp_threads_run(p, rank_step, &R, &err);
         fakecuda_stats_get(&z);
@@ -307,6 +384,10 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         for (r = 0; r < p; r++) {
             step1 += R.step_calls[r];
             hooks1 += R.hooks[r].calls;
+            for (k = 0; k < 2; k++) {
+                tw1[k] += R.hooks[r].in_actions[k];
+                tw1[2 + k] += R.at_end[r][k];
+            }
         }
         if (rc == PP_OK) rc = tr->step_end(R.world, &err);
         if (rc != PP_OK) {
@@ -323,6 +404,10 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         for (k = 0; k < FAKECUDA_CALL_KINDS; k++) out->kinds[k] += (double)(z.calls[k] - a.calls[k]);
         out->kinds[FAKECUDA_CALL_LAUNCH] -= (double)(layer_kernels_launched() - launched0); /* the model's, not ours */
         out->hooks += (double)(hooks1 - hooks0);
+        for (k = 0; k < 2; k++) {
+            out->tw_act[k] += (double)(tw1[k] - tw0[k]);
+            out->tw_end[k] += (double)(tw1[2 + k] - tw0[2 + k]);
+        }
         out->transport += (double)(step1 - step0) - (double)(hooks1 - hooks0) - (double)(layer_kernels_launched() - launched0);
         out->nccl_own += (double)(nz.cuda_calls - na.cuda_calls);
         out->waits += (double)(z.host_waits - a.host_waits);
@@ -401,6 +486,11 @@ int main(int argc, char** argv) {
                        "rest, %.2f, moved the transfers; %.2f such queries per action\n",
                        "", res.polls / res.transfers, (res.transport - res.nccl_own - res.polls) / res.transfers,
                        res.polls / res.actions);
+            if (res.actions > 0)
+                printf("%-10s   transport waits that waited for the device, per action: in the actions %.3f on data, %.3f "
+                       "on the step's own messages; at the step's end %.3f on data, %.3f on its own\n",
+                       "", res.tw_act[0] / res.actions, res.tw_act[1] / res.actions, res.tw_end[0] / res.actions,
+                       res.tw_end[1] / res.actions);
             if (res.wrong) bad++;
             else ok++;
         }

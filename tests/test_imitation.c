@@ -1248,6 +1248,16 @@ static void test_counters(void) {
               st.calls[FAKECUDA_CALL_STREAM_SYNC] == 1 && fakecuda_stats_calls(&st) == 4 && st.host_waits == 1,
           "counters: %llu calls, %llu waits", (unsigned long long)fakecuda_stats_calls(&st), (unsigned long long)st.host_waits);
     CHECK(strcmp(fakecuda_call_name(FAKECUDA_CALL_EVENT_RECORD), "cudaEventRecord") == 0, "call names");
+    { /* the thread's waits: a query that finds work pending counts, one that finds it done does not */
+        uint64_t w0 = fakecuda_thread_waits();
+        set_gate(0);
+        fakecuda_launch(s, k_gate, NULL);
+        cudaEventRecord(e, s);
+        CHECK(cudaEventQuery(e) == cudaErrorNotReady && fakecuda_thread_waits() == w0 + 1, "a pending query is a wait");
+        set_gate(1);
+        CHECK(cudaEventSynchronize(e) == cudaSuccess && fakecuda_thread_waits() == w0 + 2, "a sync is a wait");
+        CHECK(cudaEventQuery(e) == cudaSuccess && fakecuda_thread_waits() == w0 + 2, "a query of done work is not");
+    }
     cudaEventDestroy(e);
     cudaStreamDestroy(s);
 }

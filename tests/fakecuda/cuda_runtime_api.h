@@ -202,6 +202,7 @@ static __thread int fk_cur_dev;
 static __thread cudaError_t fk_last_err;
 static __thread int fk_in_host_fn;
 static __thread uint64_t fk_thread_calls;
+static __thread uint64_t fk_thread_waits; /* host waits and not-ready polls of the calling thread */
 static cudaError_t fk_sticky[FAKECUDA_DEVICES];
 static fk_stream* fk_legacy[FAKECUDA_DEVICES];
 static fk_stream* fk_streams;
@@ -498,6 +499,7 @@ static inline void fk_host_wait(fk_stream* s, uint64_t pos) {
     pthread_mutex_unlock(&s->mu);
     pthread_mutex_lock(&fk_mu);
     fk_st.host_waits++;
+    fk_thread_waits++;
     fk_st.host_blocked += (uint64_t)blocked;
     pthread_mutex_unlock(&fk_mu);
 }
@@ -527,6 +529,7 @@ static inline void fk_device_wait(int dev) {
     pthread_mutex_lock(&fk_mu);
     for (i = 0; i < n; i++) fk_stream_unref(list[i]);
     fk_st.host_waits++;
+    fk_thread_waits++;
     fk_st.host_blocked += (uint64_t)blocked;
     pthread_mutex_unlock(&fk_mu);
 }
@@ -863,6 +866,7 @@ static inline cudaError_t cudaStreamQuery(cudaStream_t s0) {
     if (!busy) return cudaSuccess;
     pthread_mutex_lock(&fk_mu);
     fk_st.polls_not_ready++;
+    fk_thread_waits++;
     pthread_mutex_unlock(&fk_mu);
     return cudaErrorNotReady;
 }
@@ -949,7 +953,10 @@ static inline cudaError_t cudaEventQuery(cudaEvent_t ev) {
     if ((e = fk_sticky_of(ev->dev)) != cudaSuccess) return fk_ret(e);
     pthread_mutex_lock(&fk_mu);
     ready = ev->done >= ev->recorded;
-    if (!ready) fk_st.polls_not_ready++;
+    if (!ready) {
+        fk_st.polls_not_ready++;
+        fk_thread_waits++;
+    }
     pthread_mutex_unlock(&fk_mu);
     return ready ? cudaSuccess : cudaErrorNotReady;
 }
@@ -965,6 +972,7 @@ static inline cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     blocked = ev->done < gen;
     while (ev->done < gen) pthread_cond_wait(&fk_ev_cv, &fk_mu);
     fk_st.host_waits++;
+    fk_thread_waits++;
     fk_st.host_blocked += (uint64_t)blocked;
     pthread_mutex_unlock(&fk_mu);
     return fk_ret(fk_sticky_of(ev->dev));
@@ -1190,6 +1198,12 @@ static inline void fakecuda_stats_reset(void) {
 
 /* Runtime calls the calling thread made so far (every kind). */
 static inline uint64_t fakecuda_thread_calls(void) { return fk_thread_calls; }
+
+/* Host waits on device work (as fakecuda_stats.host_waits counts them) plus event and stream
+   queries that answered cudaErrorNotReady, made by the calling thread so far: a caller that
+   saw this grow across a call of its own knows the call waited for the device, by blocking or
+   by polling. */
+static inline uint64_t fakecuda_thread_waits(void) { return fk_thread_waits; }
 
 /* Runtime calls in a snapshot (every kind). */
 static inline uint64_t fakecuda_stats_calls(const fakecuda_stats* st) {
