@@ -114,8 +114,12 @@ $(B)/zb-controls: tests/controls.sh $(B)/zb-ctl-nohandover $(B)/zb-ctl-nobfree
 # its later work), it must fail.
 $(B)/cuda-ctl-early-on-stream: tests/test_cuda_host.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h | $(B)
 	$(CC) $(BASE) -Itests/fakecuda -DPP_TEST_EARLY_COPY_ON_STREAM $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream
-	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early"\n' > $@
+# And of tests/test_cuda_pipeline.c's rare early copies: a send done once its receive is posted
+# puts its block back before the receiver pulled it, and a sixth of the transfers are copied early.
+$(B)/cuda-ctl-done-at-post: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
+	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_SEND_DONE_AT_POST $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ctl-done-at-post
+	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early"\n' > $@
 	chmod +x $@
 
 # Negative control of tests/test_nccl_pipeline.c's drained failure: with the stage aborting as

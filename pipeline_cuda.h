@@ -15,13 +15,16 @@
      GPUs, peer access enabled where the hardware has it) and records a copy-done event. A wait
      therefore returns when the transfer is enqueued and ordered, not when the GPU finished it:
      the host runs ahead and enqueues whole steps, and nothing synchronises the device in the
-     steady state. A send completes once its receive is posted; the sender's stream waits for the
-     copy-done event only when the block is taken from the pool again (the device ops' reuse
-     hook), and not even then when it already waited for a later event of the receiver's stream.
-     A sender that reuses a block before its receiver got to the wait copies it early on a side
-     stream of its own (after the data, ahead of its later work), so no host thread ever waits
-     for another and neither rank's later work delays the copy. Steady path: 4 CUDA calls per
-     transfer, a fifth on some reuses, no host waits (bench/bench_imitation).
+     steady state. A send tests done once its copy is enqueued (its receiver waited for it), so
+     the block pool, which grows instead of waiting in its first steps, comes to hold blocks for
+     the sends in flight; a wait on a send returns once its receive is posted. The sender's
+     stream waits for the copy-done event only when the block is taken from the pool again (the
+     device ops' reuse hook), and not even then when it already waited for a later event of the
+     receiver's stream. A sender that reuses a block before its receiver got to the wait (a pool
+     still short of blocks) copies it early on a side stream of its own (after the data, ahead of
+     its later work), so no host thread ever waits for another and neither rank's later work
+     delays the copy. Steady path: 5 CUDA calls per device transfer, a sixth on some reuses, no
+     host waits (bench/bench_imitation).
      Buffers in host memory (BROADCAST's step metadata) are copied at match time: they must be
      ready when isend is called. Device blocks sent through this transport must come from
      pp_cuda_device_ops (its reuse hook keeps them safe). A receive whose wait fails, or that the
@@ -481,8 +484,8 @@ static int _ppc_matched_locked(_ppc_msg* m) {
     return 1;
 }
 
-/* The sender's side is over once the receive is posted. The copy may still read the block (it
-   runs on the receiver's stream, when the receiver waits for it): the message stays on the
+/* The sender's side is over (its wait, or its test once copied). The copy may still read the
+   block (it runs on the receiver's stream, when the receiver waits for it): the message stays on the
    rank's `reading` list, and the stream waits for the copy only when the block is reused
    (_ppc_reuse), so the sender never idles for its receiver. Sender's thread. */
 static pp_result _ppc_send_finish(_ppc_rank* me, _ppc_msg* m) {
@@ -700,7 +703,10 @@ static pp_result _ppc_isend(void* self, int peer, int tag, const void* buf, size
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (copy_now) _ppc_do_copy(c, m);
-    if (matched) _ppc_req_finished(req, _ppc_send_finish(me, m));
+#ifdef PP_CUDA_TEST_SEND_DONE_AT_POST /* negative control (build/cuda-controls): done at the receive's post */
+    copy_now = 1;
+#endif
+    if (matched && copy_now) _ppc_req_finished(req, _ppc_send_finish(me, m));
     return PP_OK;
 }
 
@@ -775,7 +781,7 @@ static double _ppc_now_real(struct timespec* ts) {
 
 static pp_result _ppc_cancel(void* self, pp_request* req);
 
-/* A send is done once its receive is posted; a receive once its copy is enqueued on this
+/* A send's wait returns once its receive is posted; a receive's once its copy is enqueued on this
    rank's stream (the host runs ahead: the stream, not the host, waits for the data). A send
    whose wait times out stays posted (the executor probes sends with short waits); a receive
    whose wait fails is withdrawn: its request is over, and no later message may land in its
@@ -824,8 +830,11 @@ static pp_result _ppc_wait(void* self, pp_request* req, double timeout_s, pp_err
     return PP_OK;
 }
 
-/* Never enqueues anything: a receive is done only when a sender reusing its block enqueued the
-   copy already (the executor tests sends; receives it waits for). */
+/* Never enqueues anything: a message tests done only once its copy is enqueued, by the receiver's
+   wait or a sender reusing its block (the executor tests sends: a block whose receiver has not
+   pulled it stays out of the pool, which grows past it in its first steps instead of copying
+   early later; receives it waits for). An isend whose receive was posted ahead is not done at
+   once either, unless it copied at once (host memory). */
 static pp_result _ppc_test(void* self, pp_request* req, int* done) {
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
@@ -841,7 +850,10 @@ static pp_result _ppc_test(void* self, pp_request* req, int* done) {
     pthread_mutex_lock(&c->mu);
     m = _ppc_req_msg(req);
     is_send = !(req->id & 1);
+    ready = m && m->has_send && m->has_recv && m->copied;
+#ifdef PP_CUDA_TEST_SEND_DONE_AT_POST
     ready = m && m->has_send && m->has_recv && (is_send || m->copied);
+#endif
     pthread_mutex_unlock(&c->mu);
     if (!m) return PP_ERR_INVALID;
     if (!ready) return PP_OK;
