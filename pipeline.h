@@ -2601,6 +2601,11 @@ static int _pp_sched_map_rank(pp_stage_map map, int p, int stage) {
     return stage % p;                       /* Megatron's interleaved mapping: s = chunk*p + rank */
 }
 
+static int _pp_sched_map_chunk(pp_stage_map map, int p, int stage) {
+    if (map == PP_MAP_V) return stage < p ? 0 : 1;
+    return stage / p;
+}
+
 static int _pp_sched_map_stage(pp_stage_map map, int p, int r, int chunk) {
     if (map == PP_MAP_V) return chunk == 0 ? r : 2 * p - 1 - r;
     return chunk * p + r;
@@ -3057,7 +3062,7 @@ static int _pp_ls_run(_pp_ls* g, const _pp_ls_policy* pol, pp_action* out) {
         {
             int* cnt = op == PP_OP_F ? &g->nf[at] : op == PP_OP_B ? &g->nb[at] : &g->nw[at];
             double dur = op == PP_OP_F ? g->df[at] : op == PP_OP_B ? g->db[at] : g->dw[at];
-            int chunk = g->map == PP_MAP_V ? (at < p ? 0 : 1) : at / p;
+            int chunk = _pp_sched_map_chunk(g->map, p, at);
             _pp_sched_set_map(&out[(size_t)r * (size_t)per + (size_t)n_app[r]++], op, g->map, p, S, r, *cnt, chunk);
             end = now + dur;
             if (op == PP_OP_F) g->f_end[(size_t)at * (size_t)m + (size_t)*cnt] = end;
@@ -3452,7 +3457,7 @@ void pp_schedule_stage_to_rank(const pp_schedule* s, int stage, int* rank, int* 
     int r = -1, c = -1;
     if (s && s->p > 0 && stage >= 0 && stage < s->n_stages) {
         r = _pp_sched_map_rank(s->map, s->p, stage);
-        c = s->map == PP_MAP_V ? (stage < s->p ? 0 : 1) : stage / s->p;
+        c = _pp_sched_map_chunk(s->map, s->p, stage);
     }
     if (rank) *rank = r;
     if (chunk) *chunk = c;
@@ -3872,7 +3877,10 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                               _pp_sched_op_char(a->op), (int)a->mb, (int)a->stage, m, S);
                 goto cleanup;
             }
-            pp_schedule_stage_to_rank(s, a->stage, &want_rank, &want_chunk);
+            /* the map's helpers, not pp_schedule_stage_to_rank: the header is checked, and this
+               runs for every action of every candidate the generators judge */
+            want_rank = _pp_sched_map_rank(s->map, p, a->stage);
+            want_chunk = _pp_sched_map_chunk(s->map, p, a->stage);
             if (want_rank != r || want_chunk != a->chunk) {
                 rc = _pp_fail(err, PP_ERR_SCHEDULE,
                               "rank %d action #%d: %c%d.%d names stage %d, which is chunk %d of rank %d",
@@ -3882,8 +3890,8 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
             }
             {
                 int want_prev = -1, want_next = -1;
-                if (a->stage > 0) pp_schedule_stage_to_rank(s, a->stage - 1, &want_prev, NULL);
-                if (a->stage < S - 1) pp_schedule_stage_to_rank(s, a->stage + 1, &want_next, NULL);
+                if (a->stage > 0) want_prev = _pp_sched_map_rank(s->map, p, a->stage - 1);
+                if (a->stage < S - 1) want_next = _pp_sched_map_rank(s->map, p, a->stage + 1);
                 if (a->prev_rank != want_prev || a->next_rank != want_next) {
                     rc = _pp_fail(err, PP_ERR_SCHEDULE,
                                   "rank %d action #%d: %c%d.%d has prev_rank %d next_rank %d, stage %d needs %d and %d",
@@ -3909,8 +3917,8 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     /* 2. Nothing missing, and on each rank B after its F (W after its B). */
     for (i = 0; i < (int)n_slots; i++) {
         int fi = slot[i] - 1, bi = slot[n_slots + i] - 1, wi = slot[2 * n_slots + i] - 1;
-        int mb = i / S, st = i % S, want_rank, want_chunk;
-        pp_schedule_stage_to_rank(s, st, &want_rank, &want_chunk);
+        int mb = i / S, st = i % S, want_rank = _pp_sched_map_rank(s->map, p, st),
+            want_chunk = _pp_sched_map_chunk(s->map, p, st);
         if (fi < 0 || bi < 0 || (has_w && wi < 0)) {
             rc = _pp_fail(err, PP_ERR_SCHEDULE, "rank %d has no %c%d.%d (mb %d, stage %d)", want_rank,
                           fi < 0 ? 'F' : bi < 0 ? 'B' : 'W', mb, want_chunk, mb, st);
