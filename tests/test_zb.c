@@ -5,9 +5,9 @@
      micro-batch order, ZB-H1's bubble equal to its closed form with unit F = B = W, peak stashes
      under each kind's cap (ZB-H1 min(p, m), ZB-V 2 min(p, m) chunk stashes: 1F1B's memory).
    - Cost-aware generation on the issue-17 grid against the authors' generators' makespans
-     (stored as data): ZB-V never slower than 1F1B nor than theirs; V-Min never slower than
-     theirs, V-Half within 2%; the unit-cost ZB-V fails the same check at the issue's example.
-     `test_zb grid` runs this part alone and says how long generating each kind's grid took.
+     (stored as data): ZB-V never slower than 1F1B nor than theirs; V-Half and V-Min never slower
+     than theirs; the unit-cost ZB-V fails the same check at the issue's example. `test_zb grid`
+     runs this part alone and says how long generating each kind's grid took.
    - DualPipeV: DualPipe's own order at p = 4, m = 10; on the grid proven, under its 2p + 1 cap,
      never slower than 1F1B (-DDPV_VS_1F1B=0.9 must fail), reported against ZB-V.
    - The W share: peak_mem of hand tables, and the generators under their cap with b_free.
@@ -30,11 +30,11 @@
 #include <math.h>
 #include <time.h>
 
-/* How much slower than the authors' V-Half and V-Min the built-in ones may be on the grid
-   (docs/schedules.md; V-Min's cap at p = 4 is 5 chunks, the authors' list peaks at 4).
-   -DV_MIN_WORST=0.99 is the negative control: the test must then fail. */
+/* How much slower than the authors' V-Half and V-Min the built-in ones may be on the grid: not at
+   all (docs/schedules.md; V-Min's cap at p = 4 is 5 chunks, the authors' list peaks at 4).
+   -DV_MIN_WORST=0.99 or -DV_HALF_WORST=0.99 is the negative control: the test must then fail. */
 #ifndef V_HALF_WORST
-#define V_HALF_WORST 1.02
+#define V_HALF_WORST 1.0
 #endif
 #ifndef V_MIN_WORST
 #define V_MIN_WORST 1.0
