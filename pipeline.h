@@ -2601,6 +2601,11 @@ static int _pp_sched_map_rank(pp_stage_map map, int p, int stage) {
     return stage % p;                       /* Megatron's interleaved mapping: s = chunk*p + rank */
 }
 
+static int _pp_sched_map_chunk(pp_stage_map map, int p, int stage) {
+    if (map == PP_MAP_V) return stage < p ? 0 : 1;
+    return stage / p;
+}
+
 static int _pp_sched_map_stage(pp_stage_map map, int p, int r, int chunk) {
     if (map == PP_MAP_V) return chunk == 0 ? r : 2 * p - 1 - r;
     return chunk * p + r;
@@ -2926,7 +2931,14 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
    while one slot is free; with `reserve`, instead, every micro-batch that entered keeps slots for
    its later chunks, which then never wait. Either way a rank's stashes belong to micro-batches no
    older than the oldest one in flight once the older ones drained (their B's and W's need no
-   memory), so the oldest can always move and, with cap >= v, a run never sticks.
+   memory), so the oldest can always move and, with cap >= v, a run never sticks. With `tight` a
+   new micro-batch needs one free slot, and one more only while a micro-batch on the rank still
+   waits for a later chunk's F: the rank fills its last slot with a new micro-batch's chunk 0 when
+   no chunk 1 is due, and a W makes room for that micro-batch's chunk 1 later (room for both at
+   once held the last micro-batches back on V-Half's lower ranks: p = 8, m = 8, F,B,W =
+   0.5,0.6,0.4 took 37, 35.8 with it). For v = 2 the oldest waiting chunk-1 F takes the slot kept
+   (a stage's F's run in micro-batch order), so the argument above holds; for v > 2 a run may
+   stick, and then just loses.
    Policy (the knobs the variants turn):
    - cap: the stash cap used for admitting (<= the kind's cap; a smaller one is a shorter warm-up);
    - w_mode: when a W runs if no F or B is ready: 0 always; 1 only if it ends before the next F or
@@ -2936,11 +2948,12 @@ static void _pp_sched_build_vblock(pp_schedule_kind k, int p, int m, int w_eager
    - fb: B before F when both are ready (0, 1F1B's steady state), F first (1), or alternate (2);
    - late_first: among ready B's the later stage first (else the older micro-batch);
    - new_first: among ready F's the newer micro-batch first (else the older);
+   - tight: the admission above (else room for all v chunks, or `reserve`);
    - seed: a jitter that turns one decision in 32 of each kind (F/B order, W or wait, B order,
      F order) the other way, deterministic for a seed.
    pp_simulate judges the candidates; the best makespan wins (then the lower peak). */
 typedef struct _pp_ls_policy {
-    int cap, w_mode, fb, late_first, reserve, new_first;
+    int cap, w_mode, fb, late_first, reserve, new_first, tight;
     unsigned long long seed;    /* 0: none; else the seed of the jitter */
 } _pp_ls_policy;
 
@@ -3030,7 +3043,9 @@ static int _pp_ls_run(_pp_ls* g, const _pp_ls_policy* pol, pp_action* out) {
                 a = _pp_ls_arrival(g, t, r, PP_OP_F, st, now, &known);
                 if (known && a <= now) {
                     int first = _pp_ls_stage(g, r, 0) == st;
-                    if (pol->reserve ? first && live + resv + v > pol->cap + 1e-9 : live + (first ? v : 1) > pol->cap + 1e-9)
+                    if (pol->tight     ? live + 1 + (first && resv > 0) > pol->cap + 1e-9
+                        : pol->reserve ? first && live + resv + v > pol->cap + 1e-9
+                                       : live + (first ? v : 1) > pol->cap + 1e-9)
                         f_held = 1;
                     else if (f_at < 0 || (pol->new_first != (jit == 3) ? g->nf[st] > g->nf[f_at] : g->nf[st] < g->nf[f_at])) f_at = st;
                 } else {
@@ -3057,7 +3072,7 @@ static int _pp_ls_run(_pp_ls* g, const _pp_ls_policy* pol, pp_action* out) {
         {
             int* cnt = op == PP_OP_F ? &g->nf[at] : op == PP_OP_B ? &g->nb[at] : &g->nw[at];
             double dur = op == PP_OP_F ? g->df[at] : op == PP_OP_B ? g->db[at] : g->dw[at];
-            int chunk = g->map == PP_MAP_V ? (at < p ? 0 : 1) : at / p;
+            int chunk = _pp_sched_map_chunk(g->map, p, at);
             _pp_sched_set_map(&out[(size_t)r * (size_t)per + (size_t)n_app[r]++], op, g->map, p, S, r, *cnt, chunk);
             end = now + dur;
             if (op == PP_OP_F) g->f_end[(size_t)at * (size_t)m + (size_t)*cnt] = end;
@@ -3186,6 +3201,9 @@ static double _pp_sched_finish_sum(const pp_schedule* s, const pp_event* ev) {
 #ifndef _PP_LS_JITTER
 #define _PP_LS_JITTER 128 /* jittered runs around the best policy */
 #endif
+#ifndef _PP_LS_TIGHT_JITTER
+#define _PP_LS_TIGHT_JITTER 64 /* jittered runs around the best tight policy (V-Half, V-Min) */
+#endif
 
 /* How far a simulated schedule is over the stash cap (peak_mem: with the W share): the sum over
    ranks of the excess. */
@@ -3237,21 +3255,26 @@ static double _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp
 
 /* The cost-aware kinds: every policy variant is played out, pp_simulate judges, the best list
    (shortest makespan, then lowest peak) goes to out. For ZB-V the unit-cost greedy lists above
-   compete too; DualPipeV (m >= 2p) is its own order alone, polished. Scratch: the variant's lists,
-   the end times and the simulator's. */
+   compete too; DualPipeV (m >= 2p) is its own order alone, polished. V-Half and V-Min, whose caps
+   hold the warm-up back, also play the policies at their cap with the tight admission and jittered
+   runs around the best of those, after all the rest; the best of these is kept apart and, where it
+   beats the rest, polished too: the shorter polished list wins (a polish from another start can end
+   longer, so the rest's is never lost). Scratch: the variant's lists, the end times and the
+   simulator's. */
 static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                     pp_error* err) {
     _pp_ls g;
-    _pp_ls_policy pol, best_pol;
+    _pp_ls_policy pol, best_pol, tight_pol;
     pp_sim_cost c;
     pp_schedule cand;
     pp_sim_result* res = NULL;
-    pp_action *acts = NULL, *dst = out, *best3 = NULL;
+    pp_action *acts = NULL, *dst = out, *best3 = NULL, *tbest = NULL;
     pp_event* ev = NULL;
     int *vb_slot = NULL, *vb_diff = NULL;
     unsigned char* vb_occ = NULL;
-    double *dur = NULL, *ends = NULL, best = -1, best_peak = 0, best_det = -1;
-    int *cnt = NULL, S = p * v, per = 3 * m * v, cap = pp_schedule_stash_cap(k, p, v, m), lo, i, n_det, n_jit;
+    double *dur = NULL, *ends = NULL, best = -1, best_peak = 0, best_det = -1, tb = -1, tb_peak = 0, tb_det = -1;
+    int *cnt = NULL, S = p * v, per = 3 * m * v, cap = pp_schedule_stash_cap(k, p, v, m), lo, i, n_det, n_jit, n_tdet, n_tjit,
+        n_rest;
     int two = _pp_sched_ops(k) == 2; /* interleaved-mem: no W actions in out (see below) */
     size_t n = (size_t)p * (size_t)per;
     long units, ls_cost, polish;
@@ -3321,7 +3344,15 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     n_jit = units / 4 / ls_cost < _PP_LS_JITTER ? (int)(units / 4 / ls_cost) : _PP_LS_JITTER;
     polish = units / 4 < _PP_LS_POLISH ? units / 4 : _PP_LS_POLISH;
     if (k == PP_SCHED_DUALPIPE_V && m >= 2 * p) n_det = n_jit = 0; /* its own order, polished */
-    for (i = -8; i < n_det + n_jit; i++) {
+    /* the tight admission (V-Half, V-Min): its policies at the cap, its jitter and a second polish,
+       where what the rest left of the effort covers them (p=8, m=32: yes; p=32, m=128: no) */
+    n_rest = n_det + n_jit;
+    n_tdet = n_tjit = 0;
+    if ((k == PP_SCHED_V_HALF || k == PP_SCHED_V_MIN) &&
+        (long)(n_rest + _PP_LS_VARIANTS + _PP_LS_TIGHT_JITTER) * ls_cost + 2 * polish <= units)
+        n_tdet = _PP_LS_VARIANTS, n_tjit = _PP_LS_TIGHT_JITTER;
+    if (n_tdet && !(tbest = (pp_action*)_pp_calloc(n, sizeof *tbest))) n_tdet = n_tjit = 0; /* it just sits out */
+    for (i = -8; i < n_rest + n_tdet + n_tjit; i++) {
         pp_result sr;
         if (i < 0) {
             if (k == PP_SCHED_ZB_V && i == -1) {
@@ -3351,6 +3382,20 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             } else {
                 continue;
             }
+        } else if (i >= n_rest + n_tdet) { /* around the best tight policy, with jitter */
+            if (tb_det < 0) break;
+            pol = tight_pol;
+            pol.seed = (unsigned long long)(i - n_rest - n_tdet) + 1;
+            if (_pp_ls_run(&g, &pol, acts) != 0) continue;
+        } else if (i >= n_rest) { /* the tight admission at the kind's cap */
+            int x = i - n_rest;
+            memset(&pol, 0, sizeof pol);
+            pol.cap = cap;
+            pol.tight = 1;
+            pol.w_mode = x % 6;
+            pol.fb = x / 6 % 3;
+            pol.late_first = x / 18 % 2;
+            if (_pp_ls_run(&g, &pol, acts) != 0) continue; /* cannot happen for v = 2; it just loses */
         } else if (i >= n_det) { /* around the best policy, with jitter */
             pol = best_pol;
             pol.seed = (unsigned long long)i;
@@ -3363,6 +3408,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             pol.late_first = i / 18 % 2;
             pol.reserve = i / 36 % 2;
             pol.new_first = i / 72 % 2;
+            pol.tight = 0;
             if (_pp_ls_run(&g, &pol, acts) != 0) continue; /* cannot happen; a stuck variant just loses */
         }
         if (i == 0) best_pol = pol;
@@ -3379,7 +3425,16 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             /* the jitter goes around the best policy, even where a block or layout beat it */
             if (peak <= cap + 1e-9 && i >= 0 && i < n_det && (best_det < 0 || res->makespan < best_det - 1e-9))
                 best_det = res->makespan, best_pol = pol;
-            if (peak <= cap + 1e-9 &&
+            if (i >= n_rest) { /* the tight ones, kept apart */
+                if (peak <= cap + 1e-9 && i < n_rest + n_tdet && (tb_det < 0 || res->makespan < tb_det - 1e-9))
+                    tb_det = res->makespan, tight_pol = pol;
+                if (peak <= cap + 1e-9 &&
+                    (tb < 0 || res->makespan < tb - 1e-9 || (res->makespan <= tb + 1e-9 && peak < tb_peak - 1e-9))) {
+                    tb = res->makespan;
+                    tb_peak = peak;
+                    memcpy(tbest, acts, n * sizeof *acts);
+                }
+            } else if (peak <= cap + 1e-9 &&
                 (best < 0 || res->makespan < best - 1e-9 || (res->makespan <= best + 1e-9 && peak < best_peak - 1e-9))) {
                 best = res->makespan;
                 best_peak = peak;
@@ -3393,6 +3448,14 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
         int r, j, q;
         cand.actions = dst;
         _pp_sched_polish(&cand, &c, cap, res, ev, polish);
+        if (tb >= 0 && tb < best - 1e-9) { /* the tight one beat the rest: polished too, the shorter wins */
+            double rest_mk = pp_simulate(&cand, &c, res, NULL, NULL) == PP_OK ? res->makespan : -1;
+            cand.actions = tbest;
+            if (_pp_sched_polish(&cand, &c, cap, res, ev, polish) <= 0 && pp_simulate(&cand, &c, res, NULL, NULL) == PP_OK &&
+                (rest_mk < 0 || res->makespan < rest_mk - 1e-9))
+                memcpy(dst, tbest, n * sizeof *dst);
+            cand.actions = dst;
+        }
         for (r = 0; two && r < p; r++) /* interleaved-mem: out gets the lists without their W's */
             for (j = q = 0; j < per; j++)
                 if (dst[(size_t)r * (size_t)per + (size_t)j].op != PP_OP_W)
@@ -3400,6 +3463,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     }
 cleanup:
     if (best3) PP_FREE(best3);
+    if (tbest) PP_FREE(tbest);
     if (dur) PP_FREE(dur);
     if (ends) PP_FREE(ends);
     if (cnt) PP_FREE(cnt);
@@ -3452,7 +3516,7 @@ void pp_schedule_stage_to_rank(const pp_schedule* s, int stage, int* rank, int* 
     int r = -1, c = -1;
     if (s && s->p > 0 && stage >= 0 && stage < s->n_stages) {
         r = _pp_sched_map_rank(s->map, s->p, stage);
-        c = s->map == PP_MAP_V ? (stage < s->p ? 0 : 1) : stage / s->p;
+        c = _pp_sched_map_chunk(s->map, s->p, stage);
     }
     if (rank) *rank = r;
     if (chunk) *chunk = c;
@@ -3872,7 +3936,10 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                               _pp_sched_op_char(a->op), (int)a->mb, (int)a->stage, m, S);
                 goto cleanup;
             }
-            pp_schedule_stage_to_rank(s, a->stage, &want_rank, &want_chunk);
+            /* the map's helpers, not pp_schedule_stage_to_rank: the header is checked, and this
+               runs for every action of every candidate the generators judge */
+            want_rank = _pp_sched_map_rank(s->map, p, a->stage);
+            want_chunk = _pp_sched_map_chunk(s->map, p, a->stage);
             if (want_rank != r || want_chunk != a->chunk) {
                 rc = _pp_fail(err, PP_ERR_SCHEDULE,
                               "rank %d action #%d: %c%d.%d names stage %d, which is chunk %d of rank %d",
@@ -3882,8 +3949,8 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
             }
             {
                 int want_prev = -1, want_next = -1;
-                if (a->stage > 0) pp_schedule_stage_to_rank(s, a->stage - 1, &want_prev, NULL);
-                if (a->stage < S - 1) pp_schedule_stage_to_rank(s, a->stage + 1, &want_next, NULL);
+                if (a->stage > 0) want_prev = _pp_sched_map_rank(s->map, p, a->stage - 1);
+                if (a->stage < S - 1) want_next = _pp_sched_map_rank(s->map, p, a->stage + 1);
                 if (a->prev_rank != want_prev || a->next_rank != want_next) {
                     rc = _pp_fail(err, PP_ERR_SCHEDULE,
                                   "rank %d action #%d: %c%d.%d has prev_rank %d next_rank %d, stage %d needs %d and %d",
@@ -3909,8 +3976,8 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     /* 2. Nothing missing, and on each rank B after its F (W after its B). */
     for (i = 0; i < (int)n_slots; i++) {
         int fi = slot[i] - 1, bi = slot[n_slots + i] - 1, wi = slot[2 * n_slots + i] - 1;
-        int mb = i / S, st = i % S, want_rank, want_chunk;
-        pp_schedule_stage_to_rank(s, st, &want_rank, &want_chunk);
+        int mb = i / S, st = i % S, want_rank = _pp_sched_map_rank(s->map, p, st),
+            want_chunk = _pp_sched_map_chunk(s->map, p, st);
         if (fi < 0 || bi < 0 || (has_w && wi < 0)) {
             rc = _pp_fail(err, PP_ERR_SCHEDULE, "rank %d has no %c%d.%d (mb %d, stage %d)", want_rank,
                           fi < 0 ? 'F' : bi < 0 ? 'B' : 'W', mb, want_chunk, mb, st);
