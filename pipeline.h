@@ -3251,7 +3251,10 @@ static double _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp
     return best_x;
 }
 
-#define _PP_LS_VARIANTS 36 /* policies per cap: w_mode x fb x late_first x reserve x new_first */
+/* Policies per cap level: w_mode x fb x late_first. reserve and new_first are not crossed with
+   them: they follow the level (i / 36: reserve at odd levels below the cap, new_first at levels
+   2 and 3 mod 4), so each level below the cap tries one of their four pairings. */
+#define _PP_LS_VARIANTS 36
 
 /* The cost-aware kinds: every policy variant is played out, pp_simulate judges, the best list
    (shortest makespan, then lowest peak) goes to out. For ZB-V the unit-cost greedy lists above
