@@ -5772,7 +5772,7 @@ static void _pp_block_unuse(pp_stage* s, _pp_block* b) {
 #define _PP_POOL_SLACK 2
 #endif
 #ifndef _PP_POOL_WARM_STEPS
-#define _PP_POOL_WARM_STEPS 2
+#define _PP_POOL_WARM_STEPS 4
 #endif
 #ifndef _PP_POOL_IDLE_STEPS
 #define _PP_POOL_IDLE_STEPS 50

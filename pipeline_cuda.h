@@ -31,7 +31,9 @@
      stage cancels after a failed step, is withdrawn: no later message lands in its block.
    - pp_cuda_device_ops(c, rank): pp_stage_desc.device hooks, so the stage's block pool (stashes,
      received activations, gradient workspaces) lives in GPU memory: cudaMalloc while the pool
-     grows (the first step), never after; cudaMemsetAsync on the rank's stream for zeroing.
+     grows (its first four steps at most, _PP_POOL_WARM_STEPS, where it also makes room for the
+     sends still in flight), never after with shapes that stay the same; cudaMemsetAsync on the
+     rank's stream for zeroing.
      Sizes come from the step plan (exact bytes of every micro-batch, variable lengths included)
      and the pool holds exactly the schedule's peak of live stashes (pp_step_stats.peak_live
      equals the simulator's peak_live). pp_cuda_memory reports the bytes each rank holds.

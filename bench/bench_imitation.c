@@ -433,7 +433,7 @@ int main(int argc, char** argv) {
     hx_mlp f;
     pp_batch b;
     pp_error err;
-    int steps = 3, warmup = 2, i, t, c, ok = 0, bad = 0;
+    int steps = 3, warmup = 4, i, t, c, ok = 0, bad = 0;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
