@@ -5806,23 +5806,23 @@ static size_t _pp_pool_grow(pp_stage* s, size_t bytes) {
     return _pp_block_class(bytes + bytes / 100 * _PP_POOL_HEADROOM);
 }
 
-/* Device blocks: a transport whose sends complete only once the receiver posted (pipeline_cuda.h)
-   leaves blocks retiring for as long as the receiver's host thread takes to get there, a race
-   between host threads. So the best fit is chosen among free AND retiring blocks, as if every
-   send had completed at once (what the host path sees), and a retiring choice is waited for
-   (up to _PP_RETIRE_WAIT_S) when no free block fits: the pool then grows the same way every
-   step instead of with the timing. A timeout only means the pool grows; the wait is bounded, so
-   it cannot deadlock. In the first _PP_POOL_WARM_STEPS steps the pool grows instead of waiting:
-   it then also holds the blocks the machine's timing keeps in flight, and the later steps'
-   hosts rarely wait for a send (over NCCL in the imitation, queries that poll such waits went
-   from 1.8 to 0.4 per transfer). When a free block fits (limit > 0), a retiring block whose sends are not
-   all done yet is passed over without waiting: two ranks can each wait here for the other to
-   post the receive of its send (interleaved on an H200: 1 s lost per such wait, every step).
-   Returns the retiring block if it fits better than `limit` (the best free block's cap, 0 if
-   none), else NULL. Among blocks of the same size the one freed longest ago whose sends are
-   done now wins (the list runs oldest first), else the one freed longest ago is waited for: its
-   receiver has most likely taken the data already, so a GPU transport need not copy it early
-   (pipeline_cuda.h, _ppc_side_copy). */
+/* Device blocks: a transport whose sends complete only once the receiver took the data
+   (pipeline_cuda.h, pipeline_nccl.h) leaves blocks retiring for as long as the receiver takes to
+   get there, a race between host threads. So the best fit is chosen among free AND retiring
+   blocks, as if every send had completed at once (what the host path sees), and a retiring choice
+   is waited for (up to _PP_RETIRE_WAIT_S) when no free block fits: after its warm-up (below) the
+   pool then grows the same way every step instead of with the timing. A timeout only means the
+   pool grows; the wait is bounded, so it cannot deadlock. In the first _PP_POOL_WARM_STEPS steps
+   the pool grows instead of waiting: it then also holds the blocks the machine's timing keeps in
+   flight, and the later steps' hosts rarely wait for a send (over NCCL in the imitation, queries
+   that poll such waits went from 1.8 to 0.4 per transfer). When a free block fits (limit > 0), a
+   retiring block whose sends are not all done yet is passed over without waiting: two ranks can
+   each wait here for the other to post the receive of its send (interleaved on an H200: 1 s lost
+   per such wait, every step). Returns the retiring block if it fits better than `limit` (the best
+   free block's cap, 0 if none), else NULL. Among blocks of the same size the one freed longest ago
+   whose sends are done now wins (the list runs oldest first), else the one freed longest ago is
+   waited for: its receiver has most likely taken the data already, so a GPU transport need not
+   copy it early (pipeline_cuda.h, _ppc_side_copy). */
 #ifndef _PP_RETIRE_WAIT_S
 #define _PP_RETIRE_WAIT_S 1.0
 #endif
