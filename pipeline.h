@@ -1608,6 +1608,8 @@ double pp_partition_imbalance(const double* weight, int n_layers, const int* fir
     return total > 0 ? worst / (total / n_stages) : 1.0;
 }
 
+static int _pp_sched_map_rank(pp_stage_map map, int p, int stage);
+
 /* The ranks' loads of a split: sums of their stages' weights (prefix sums pw), largest rank's and
    largest stage's; 0 if a stage is empty or over the memory cap (mem, cap > 0). */
 static int _pp_partition_loads(const double* pw, const double* pm, double cap, const pp_schedule* s, const int* first,
@@ -1621,7 +1623,7 @@ static int _pp_partition_loads(const double* pw, const double* pm, double cap, c
     for (st = 0; st < s->n_stages; st++) {
         double x = pw[first[st + 1]] - pw[first[st]];
         if (pm && cap > 0 && pm[first[st + 1]] - pm[first[st]] > cap) return 0;
-        pp_schedule_stage_to_rank(s, st, &r, NULL);
+        r = _pp_sched_map_rank(s->map, s->p, st); /* the map's helper: this runs for every split tried */
         load[r] += x;
         if (x > *stage_max) *stage_max = x;
     }
@@ -3251,6 +3253,26 @@ static double _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp
     return best_x;
 }
 
+/* The best list of one family of candidates (_pp_sched_build_ls): the shortest within the cap
+   (then the lowest peak) in out, and the policy of the shortest deterministic one (the jitter's
+   base). mk and det are -1 while there is none. */
+typedef struct _pp_ls_best {
+    double mk, peak, det;
+    _pp_ls_policy pol;
+    pp_action* out;
+} _pp_ls_best;
+
+/* A candidate within the cap: kept where it beats b (det: a deterministic policy's run). */
+static void _pp_ls_keep(_pp_ls_best* b, int det, const _pp_ls_policy* pol, double mk, double peak, const pp_action* acts,
+                        size_t n) {
+    if (det && (b->det < 0 || mk < b->det - 1e-9)) b->det = mk, b->pol = *pol;
+    if (b->mk < 0 || mk < b->mk - 1e-9 || (mk <= b->mk + 1e-9 && peak < b->peak - 1e-9)) {
+        b->mk = mk;
+        b->peak = peak;
+        memcpy(b->out, acts, n * sizeof *acts);
+    }
+}
+
 /* Policies per cap level: w_mode x fb x late_first. reserve and new_first are not crossed with
    them: they follow the level (i / 36: reserve at odd levels below the cap, new_first at levels
    2 and 3 mod 4), so each level below the cap tries one of their four pairings. */
@@ -3267,7 +3289,8 @@ static double _pp_sched_polish(pp_schedule* s, const pp_sim_cost* c, int cap, pp
 static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, const pp_sim_cost* cost, pp_action* out,
                                     pp_error* err) {
     _pp_ls g;
-    _pp_ls_policy pol, best_pol, tight_pol;
+    _pp_ls_policy pol;
+    _pp_ls_best rest, tight; /* the policies and lists before the tight admission, and with it */
     pp_sim_cost c;
     pp_schedule cand;
     pp_sim_result* res = NULL;
@@ -3275,7 +3298,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     pp_event* ev = NULL;
     int *vb_slot = NULL, *vb_diff = NULL;
     unsigned char* vb_occ = NULL;
-    double *dur = NULL, *ends = NULL, best = -1, best_peak = 0, best_det = -1, tb = -1, tb_peak = 0, tb_det = -1;
+    double *dur = NULL, *ends = NULL;
     int *cnt = NULL, S = p * v, per = 3 * m * v, cap = pp_schedule_stash_cap(k, p, v, m), lo, i, n_det, n_jit, n_tdet, n_tjit,
         n_rest;
     int two = _pp_sched_ops(k) == 2; /* interleaved-mem: no W actions in out (see below) */
@@ -3355,6 +3378,11 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
         (long)(n_rest + _PP_LS_VARIANTS + _PP_LS_TIGHT_JITTER) * ls_cost + 2 * polish <= units)
         n_tdet = _PP_LS_VARIANTS, n_tjit = _PP_LS_TIGHT_JITTER;
     if (n_tdet && !(tbest = (pp_action*)_pp_calloc(n, sizeof *tbest))) n_tdet = n_tjit = 0; /* it just sits out */
+    memset(&rest, 0, sizeof rest);
+    rest.mk = rest.det = -1;
+    tight = rest;
+    rest.out = dst;
+    tight.out = tbest;
     for (i = -8; i < n_rest + n_tdet + n_tjit; i++) {
         pp_result sr;
         if (i < 0) {
@@ -3386,8 +3414,8 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
                 continue;
             }
         } else if (i >= n_rest + n_tdet) { /* around the best tight policy, with jitter */
-            if (tb_det < 0) break;
-            pol = tight_pol;
+            if (tight.det < 0) break;
+            pol = tight.pol;
             pol.seed = (unsigned long long)(i - n_rest - n_tdet) + 1;
             if (_pp_ls_run(&g, &pol, acts) != 0) continue;
         } else if (i >= n_rest) { /* the tight admission at the kind's cap */
@@ -3400,7 +3428,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             pol.late_first = x / 18 % 2;
             if (_pp_ls_run(&g, &pol, acts) != 0) continue; /* cannot happen for v = 2; it just loses */
         } else if (i >= n_det) { /* around the best policy, with jitter */
-            pol = best_pol;
+            pol = rest.pol;
             pol.seed = (unsigned long long)i;
             if (_pp_ls_run(&g, &pol, acts) != 0) continue; /* a jittered run may stick: it just loses */
         } else {
@@ -3414,7 +3442,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             pol.tight = 0;
             if (_pp_ls_run(&g, &pol, acts) != 0) continue; /* cannot happen; a stuck variant just loses */
         }
-        if (i == 0) best_pol = pol;
+        if (i == 0) rest.pol = pol;
         sr = pp_simulate(&cand, &c, res, NULL, NULL);
         /* a block over the cap: the polish may swap it under */
         if (sr == PP_OK && i < 0 && _pp_sched_excess(res, p, cap) > 0 &&
@@ -3425,33 +3453,21 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
             double peak = 0;
             for (r = 0; r < p; r++)
                 if (res->peak_mem[r] > peak) peak = res->peak_mem[r];
-            /* the jitter goes around the best policy, even where a block or layout beat it */
-            if (peak <= cap + 1e-9 && i >= 0 && i < n_det && (best_det < 0 || res->makespan < best_det - 1e-9))
-                best_det = res->makespan, best_pol = pol;
-            if (i >= n_rest) { /* the tight ones, kept apart */
-                if (peak <= cap + 1e-9 && i < n_rest + n_tdet && (tb_det < 0 || res->makespan < tb_det - 1e-9))
-                    tb_det = res->makespan, tight_pol = pol;
-                if (peak <= cap + 1e-9 &&
-                    (tb < 0 || res->makespan < tb - 1e-9 || (res->makespan <= tb + 1e-9 && peak < tb_peak - 1e-9))) {
-                    tb = res->makespan;
-                    tb_peak = peak;
-                    memcpy(tbest, acts, n * sizeof *acts);
-                }
-            } else if (peak <= cap + 1e-9 &&
-                (best < 0 || res->makespan < best - 1e-9 || (res->makespan <= best + 1e-9 && peak < best_peak - 1e-9))) {
-                best = res->makespan;
-                best_peak = peak;
-                memcpy(dst, acts, n * sizeof *acts);
-            }
+            /* the jitter goes around the best policy, even where a block or layout beat it; the
+               tight ones are kept apart */
+            if (peak <= cap + 1e-9 && i >= n_rest)
+                _pp_ls_keep(&tight, i < n_rest + n_tdet, &pol, res->makespan, peak, acts, n);
+            else if (peak <= cap + 1e-9)
+                _pp_ls_keep(&rest, i >= 0 && i < n_det, &pol, res->makespan, peak, acts, n);
         }
     }
-    if (best < 0) {
+    if (rest.mk < 0) {
         rc = _pp_fail(err, PP_ERR_SCHEDULE, "%s p=%d m=%d: schedule builder stuck", pp_schedule_name(k), p, m);
     } else {
         int r, j, q;
         cand.actions = dst;
         _pp_sched_polish(&cand, &c, cap, res, ev, polish);
-        if (tb >= 0 && tb < best - 1e-9) { /* the tight one beat the rest: polished too, the shorter wins */
+        if (tight.mk >= 0 && tight.mk < rest.mk - 1e-9) { /* the tight one beat the rest: polished too, the shorter wins */
             double rest_mk = pp_simulate(&cand, &c, res, NULL, NULL) == PP_OK ? res->makespan : -1;
             cand.actions = tbest;
             if (_pp_sched_polish(&cand, &c, cap, res, ev, polish) <= 0 && pp_simulate(&cand, &c, res, NULL, NULL) == PP_OK &&

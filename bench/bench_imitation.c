@@ -17,8 +17,8 @@
    end) and by the message (the executor's data, or the library's own step messages: the plan
    check before the first receive from each neighbour, the agreement).
    The goal for a GPU transport on the steady path: at most 4 calls per transfer and no host
-   wait on data in the actions. #wrong counts layers whose gradient is not bit-identical to pp_sequential_step's; the
-   footer says OK or FAILED and the exit code agrees.
+   wait on data in the actions. #wrong counts layers whose gradient is not bit-identical to
+   pp_sequential_step's; the footer says OK or FAILED and the exit code agrees.
 
      build/bench_imitation [--steps N] [--warmup N] [--smoke]
 

@@ -257,7 +257,7 @@ static int g_chans_used[9];
 static int fewest_channels(const pp_schedule* sc, int p) {
     int n, most = p > 2 ? 8 : 4;
     for (n = 1; n < most; n *= 2)
-        if (_ppn_check_order(sc, n >= 4, NULL) == PP_OK && pp_nccl_check_rendezvous(sc, n, NULL) == PP_OK) break;
+        if (_ppn_check_channels(sc, n, NULL) == PP_OK) break;
     return n;
 }
 
