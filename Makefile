@@ -118,8 +118,12 @@ $(B)/cuda-ctl-early-on-stream: tests/test_cuda_host.c $(TEST_HDRS) $(EXH) $(HEAD
 # puts its block back before the receiver pulled it, and a sixth of the transfers are copied early.
 $(B)/cuda-ctl-done-at-post: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
 	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_SEND_DONE_AT_POST $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ctl-done-at-post
-	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early"\n' > $@
+# And of the spares of early copies: one taken again without waiting for its last reader hands
+# that reader the next message's bytes.
+$(B)/cuda-ctl-spare-no-wait: tests/test_cuda_host.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h | $(B)
+	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_SPARE_NO_WAIT $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ctl-done-at-post $(B)/cuda-ctl-spare-no-wait
+	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare"\n' > $@
 	chmod +x $@
 
 # Negative control of tests/test_nccl_pipeline.c's drained failure: with the stage aborting as

@@ -21,10 +21,14 @@
      stream waits for the copy-done event only when the block is taken from the pool again (the
      device ops' reuse hook), and not even then when it already waited for a later event of the
      receiver's stream. A sender that reuses a block before its receiver got to the wait (a pool
-     still short of blocks) copies it early on a side stream of its own (after the data, ahead of
-     its later work), so no host thread ever waits for another and neither rank's later work
-     delays the copy. Steady path: 5 CUDA calls per device transfer, a sixth on some reuses, no
-     host waits (bench/bench_imitation).
+     still short of blocks, or shapes that change) first copies it into a spare on its own GPU,
+     on a side stream of its own (after the data, ahead of its later work), and the receiver
+     copies from the spare: no host thread ever waits for another, neither rank's later work
+     delays the copy, and a receive enqueues nothing until its wait. Each rank's spare is made
+     in pp_cuda_step_end of the pool's warm-up (the rank's largest device send plus an eighth);
+     without a free one large enough the copy goes onto the receiver's stream at once. Steady path: 4 CUDA calls
+     per device transfer (data-ready record, stream wait, copy, copy-done record), a fifth on
+     some reuses, no host waits (bench/bench_imitation).
      Buffers in host memory (BROADCAST's step metadata) are copied at match time: they must be
      ready when isend is called. Device blocks sent through this transport must come from
      pp_cuda_device_ops (its reuse hook keeps them safe). A receive whose wait fails, or that the
@@ -120,7 +124,8 @@ pp_transport pp_cuda_transport(pp_cuda* c, int rank);
 pp_device_ops pp_cuda_device_ops(pp_cuda* c, int rank);
 cudaStream_t pp_cuda_stream(pp_cuda* c, int rank);
 int pp_cuda_device(pp_cuda* c, int rank);
-/* Bytes of GPU memory the rank's block pool holds, and cudaMalloc calls it made (cumulative). */
+/* Bytes of GPU memory the rank's block pool holds (with the spares of its early copies), and
+   cudaMalloc calls it made for them (cumulative). */
 void pp_cuda_memory(pp_cuda* c, int rank, size_t* bytes, int* allocs);
 /* The last CUDA error a hook or the transport met on this rank ("" if none). */
 const char* pp_cuda_error(pp_cuda* c, int rank);
@@ -205,14 +210,24 @@ typedef struct _ppc_msg {
     int copied;                 /* the copy is enqueued (device) or done (host), or will never be */
     int dropped;                /* no copy: the receive was withdrawn, or the sizes differ */
     int send_done, recv_done;   /* each side released it */
-    int side;                   /* copied early on the sender's stream (its block was reused) */
+    int side;                   /* staged early in a spare on the sender's side stream (its block was reused) */
+    struct _ppc_spare* spare;   /* side: the spare holding the bytes (sbuf points into it) */
     pp_result rc;
-    cudaEvent_t es;             /* sender's device: its data is ready (side: the copy is done) */
+    cudaEvent_t es;             /* sender's device: its data is ready (side: the spare is filled) */
     cudaEvent_t ec;             /* receiver's device: the copy is done */
-    cudaEvent_t er;             /* receiver's device: the receive block's earlier uses are done */
-    uint64_t es_seq, ec_seq, er_seq; /* their places among the records on their streams */
+    uint64_t es_seq, ec_seq;    /* their places among the records on their streams (side: on `side`) */
     char emsg[200];             /* what went wrong, for the side that reports it */
 } _ppc_msg;
+
+/* Device memory of a sender's GPU holding a sent block's bytes from its early copy until the
+   receiver's copy has read them (_ppc_side_copy), reused after that. */
+typedef struct _ppc_spare {
+    struct _ppc_spare* next;
+    void* p;
+    size_t cap;
+    cudaEvent_t done;           /* the last receiver's copy out of it (an event of rank done_rank), or NULL */
+    int done_rank;
+} _ppc_spare;
 
 #define _PPC_HOST_SEEN 32 /* host buffers a rank remembers (_ppc_is_host) */
 
@@ -227,6 +242,9 @@ typedef struct _ppc_rank {
     uint64_t rec_seq;           /* transport events recorded on the stream so far (world lock) */
     uint64_t* seen;             /* [n]: the last of rank q's records this stream waited for */
     uint64_t side_seq;          /* early-copy events recorded on `side` so far (world lock) */
+    _ppc_spare* spares;         /* free spares of this rank's early copies (world lock) */
+    size_t spare_bytes;
+    size_t send_max;            /* the largest device send so far (owner thread) */
     uint64_t* seen_side;        /* [n]: the last of rank q's side records this stream waited for */
     cudaEvent_t* ev;            /* free sync events of this device (world lock) */
     int n_ev, cap_ev;
@@ -252,6 +270,7 @@ typedef struct _ppc_rank {
 struct pp_cuda {
     int n;
     int timeline;
+    int steps_ended;            /* pp_cuda_step_end calls (spares are made in the pool's warm-up) */
     _ppc_rank* r;
     _ppc_msg* free_msgs;
     _ppc_msg* all_msgs;
@@ -355,10 +374,20 @@ static _ppc_msg* _ppc_msg_new_locked(pp_cuda* c) {
 /* Both sides are done (or the world was reset): give the events back and recycle the message.
    World lock held. */
 static void _ppc_msg_release_locked(pp_cuda* c, _ppc_msg* m) {
+    if (m->spare) { /* free again once the receiver's copy out of it is done: the spare keeps ec */
+        _ppc_spare* sp = m->spare;
+        if (m->ec && m->copied && !m->dropped) {
+            sp->done = m->ec;
+            sp->done_rank = m->dst;
+            m->ec = NULL;
+        }
+        sp->next = c->r[m->src].spares;
+        c->r[m->src].spares = sp;
+        m->spare = NULL;
+    }
     _ppc_ev_put_locked(&c->r[m->dst], m->ec);
-    _ppc_ev_put_locked(&c->r[m->dst], m->er);
     _ppc_ev_put_locked(&c->r[m->src], m->es);
-    m->ec = m->er = m->es = NULL;
+    m->ec = m->es = NULL;
     m->live = 0;
     m->held = 0;
     m->gen++; /* requests of this use are stale from now on */
@@ -420,13 +449,14 @@ static void _ppc_do_copy(pp_cuda* c, _ppc_msg* m) {
     } else {
         if (!m->s_host) {
             int waited;
+            uint64_t* seen = m->side ? dst->seen_side : dst->seen; /* es on the sender's side stream, or its stream */
             pthread_mutex_lock(&c->mu);
-            waited = dst->seen[m->src] >= m->es_seq; /* a later record of the sender's stream: its data is ready */
+            waited = seen[m->src] >= m->es_seq; /* a later record of that stream: the bytes are ready */
             pthread_mutex_unlock(&c->mu);
-            what = "cudaStreamWaitEvent(sender's data ready)";
+            what = m->side ? "cudaStreamWaitEvent(sender's early copy done)" : "cudaStreamWaitEvent(sender's data ready)";
             if (!waited) e = cudaStreamWaitEvent(dst->stream, m->es, 0);
             pthread_mutex_lock(&c->mu);
-            if (e == cudaSuccess && m->es_seq > dst->seen[m->src]) dst->seen[m->src] = m->es_seq;
+            if (e == cudaSuccess && m->es_seq > seen[m->src]) seen[m->src] = m->es_seq;
             pthread_mutex_unlock(&c->mu);
         }
         if (e == cudaSuccess) {
@@ -461,15 +491,19 @@ static void _ppc_do_copy(pp_cuda* c, _ppc_msg* m) {
     pthread_mutex_unlock(&c->mu);
 }
 
-/* World lock held, m matched: copies it now unless another thread does; returns with m copied. */
+/* World lock held, m matched: copies it now unless another thread does; returns with m copied
+   (a sender's early copy into a spare leaves it to copy after that). */
 static void _ppc_copy_now_locked(pp_cuda* c, _ppc_msg* m) {
-    if (!m->copied && !m->copying) {
+    while (!m->copied) {
+        if (m->copying) { /* another thread is enqueueing it */
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
         m->copying = 1;
         pthread_mutex_unlock(&c->mu);
         _ppc_do_copy(c, m);
         pthread_mutex_lock(&c->mu);
     }
-    while (!m->copied) pthread_cond_wait(&c->cv, &c->mu); /* another thread is enqueueing it */
 }
 
 /* World lock held: both sides are posted. The sizes must agree; a host send is copied now. */
@@ -508,22 +542,6 @@ static pp_result _ppc_send_finish(_ppc_rank* me, _ppc_msg* m) {
     return rc;
 }
 
-/* World lock held, m copied: a copy the sender made early on its own stream (_ppc_reuse) is
-   ordered before this rank's later work by a wait on its completion event (skipped when the
-   stream already waited for a later record of the sender's stream). */
-static pp_result _ppc_side_wait_locked(_ppc_rank* me, _ppc_msg* m) {
-    cudaError_t e;
-    if (!m->side || m->dropped || !m->es || me->seen_side[m->src] >= m->es_seq) return PP_OK;
-    if ((e = cudaStreamWaitEvent(me->stream, m->es, 0)) != cudaSuccess) {
-        snprintf(m->emsg, sizeof m->emsg, "CUDA error %d (%s) in cudaStreamWaitEvent(copy made by rank %d done)", (int)e,
-                 cudaGetErrorString(e), m->src);
-        (void)cudaGetLastError();
-        return PP_ERR_TRANSPORT;
-    }
-    me->seen_side[m->src] = m->es_seq;
-    return PP_OK;
-}
-
 /* The receiver's side: the copy is enqueued on its own stream (nothing more to wait for on the
    device), or was done on the host. Receiver's thread, m matched. */
 static pp_result _ppc_recv_finish(_ppc_rank* me, _ppc_msg* m) {
@@ -532,7 +550,6 @@ static pp_result _ppc_recv_finish(_ppc_rank* me, _ppc_msg* m) {
     pthread_mutex_lock(&c->mu);
     _ppc_copy_now_locked(c, m);
     rc = m->rc;
-    if (rc == PP_OK) rc = _ppc_side_wait_locked(me, m);
     if (rc != PP_OK) snprintf(me->err, sizeof me->err, "%s", m->emsg);
     m->recv_done = 1;
     if (m->send_done && !m->held) _ppc_msg_release_locked(c, m);
@@ -552,14 +569,29 @@ static void _ppc_unhold_locked(pp_cuda* c, _ppc_msg* m) {
     if (m->recv_done) _ppc_msg_release_locked(c, m);
 }
 
-/* The sender's early copy (m->copying set by the caller, world lock not held): on the rank's
-   side stream, after the data (m->es, recorded after the producing work) and after the receive
-   block's earlier uses (m->er); then m->es is recorded again there to mark the copy done for the
-   receiver (_ppc_side_wait_locked), and the rank's stream waits for it before the block is
-   written again. On the rank's own stream the copy would queue behind everything enqueued since
-   the data was made, and the receiver with it (DualPipeV on an H200: a whole action per early
-   copy, 1.12x its ideal step). Sender's thread. */
-static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
+/* Takes rank r's smallest free spare of at least n bytes, or NULL. World lock held. */
+static _ppc_spare* _ppc_spare_take_locked(_ppc_rank* r, size_t n) {
+    _ppc_spare *sp, **pp, **best = NULL;
+    for (pp = &r->spares; (sp = *pp) != NULL; pp = &sp->next)
+        if (sp->cap >= n && (!best || sp->cap < (*best)->cap)) best = pp;
+    if (!best) return NULL;
+    sp = *best;
+    *best = sp->next;
+    sp->next = NULL;
+    return sp;
+}
+
+/* The sender's early copy (m->copying set by the caller, world lock not held), when it reuses a
+   block its receiver has not pulled yet: the bytes go into sp, a spare on this GPU, on the rank's
+   side stream after the data (m->es, recorded after the producing work) and after the spare's
+   last reader (the receiver of its previous use); then m->es is recorded again there (the spare
+   is filled) and the rank's stream waits for it before the block is written again. The message
+   now sends from the spare: its receiver copies it as usual, after that record. The receiver's
+   block is not touched, so nothing waits for the receiver's work; on the rank's own stream the
+   copy would queue behind everything enqueued since the data was made, and the receiver with
+   it (DualPipeV on an H200: a whole action per early copy, 1.12x its ideal step). Sender's
+   thread. */
+static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m, _ppc_spare* sp) {
 #ifdef PP_TEST_EARLY_COPY_ON_STREAM /* the negative control of test_cuda_host's early copy test */
     cudaStream_t side = r->stream;
 #else
@@ -567,18 +599,27 @@ static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
 #endif
     int own = side == r->stream; /* no side stream: stream order already puts it after the data */
     cudaError_t e = cudaSuccess;
-    const char* what = "cudaStreamWaitEvent(sender's data ready, early copy)";
+    const char* what = "";
     pp_result rc = PP_OK;
-    if (!own) e = cudaStreamWaitEvent(side, m->es, 0);
-    if (e == cudaSuccess) {
-        what = "cudaStreamWaitEvent(receive block free)";
-        e = cudaStreamWaitEvent(side, m->er, 0);
+    if (sp->done) {
+        what = "cudaStreamWaitEvent(spare free)";
+#ifndef PP_CUDA_TEST_SPARE_NO_WAIT /* negative control (build/cuda-controls): the spare reused at once */
+        e = cudaStreamWaitEvent(side, sp->done, 0);
+#endif
+    }
+    if (e == cudaSuccess && !own) {
+        what = "cudaStreamWaitEvent(sender's data ready, early copy)";
+        e = cudaStreamWaitEvent(side, m->es, 0);
     }
     if (e == cudaSuccess) {
-        what = "cudaMemcpyPeerAsync (early copy)";
-        e = _ppc_dev_copy(c, m, side);
+        what = "cudaMemcpyAsync (early copy into a spare)";
+        e = cudaMemcpyAsync(sp->p, m->sbuf, m->sbytes, cudaMemcpyDeviceToDevice, side);
     }
     pthread_mutex_lock(&c->mu);
+    if (sp->done) { /* its wait is enqueued */
+        _ppc_ev_put_locked(&c->r[sp->done_rank], sp->done);
+        sp->done = NULL;
+    }
     if (e == cudaSuccess) {
         what = "cudaEventRecord(early copy done)";
         e = cudaEventRecord(m->es, side);
@@ -588,13 +629,17 @@ static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m) {
         what = "cudaStreamWaitEvent(early copy done, before the block is reused)";
         e = cudaStreamWaitEvent(r->stream, m->es, 0);
     }
-    if (e != cudaSuccess) {
+    if (e != cudaSuccess) { /* no copy will be made: the receiver gets the error */
         rc = _ppc_copy_failed(m, e, what);
-        m->dropped = 1;
+        m->copied = m->dropped = 1;
+        sp->next = r->spares;
+        r->spares = sp;
+    } else {
+        m->sbuf = sp->p;
+        m->spare = sp;
+        m->side = 1;
     }
     m->rc = rc;
-    m->side = 1;
-    m->copied = 1;
     m->copying = 0;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -608,6 +653,7 @@ static void _ppc_reuse(void* user, void* ptr, size_t bytes) {
     _ppc_rank* r = (_ppc_rank*)user;
     pp_cuda* c = r->c;
     _ppc_msg* m;
+    _ppc_spare* sp;
     const char *a = (const char*)ptr, *b = a + bytes;
     int again = 1;
     pthread_mutex_lock(&c->mu);
@@ -616,16 +662,17 @@ static void _ppc_reuse(void* user, void* ptr, size_t bytes) {
         for (m = r->reading; m; m = m->pnext) {
             const char* s0 = (const char*)m->sbuf;
             if (!(s0 < b && s0 + m->sbytes > a)) continue;
-            if (!m->copied && !m->copying && !m->dropped && m->er && m->es && !m->r_host) {
-                /* the receiver has not pulled it yet: copy now on this rank's side stream.
-                   On the receiver's stream the copy would wait there for this rank's data
-                   ahead of work that does not need it; on this rank's own stream, behind this
-                   rank's later work. */
+            if (!m->copied && !m->copying && !m->dropped && m->es && !m->side &&
+                (sp = _ppc_spare_take_locked(r, m->sbytes)) != NULL) {
+                /* the receiver has not pulled it yet: into a spare now, on this rank's side
+                   stream. On the receiver's stream the copy would wait there for this rank's
+                   data ahead of work that does not need it; on this rank's own stream, behind
+                   this rank's later work. */
                 m->copying = 1;
                 pthread_mutex_unlock(&c->mu);
-                _ppc_side_copy(c, r, m);
+                _ppc_side_copy(c, r, m, sp);
                 pthread_mutex_lock(&c->mu);
-            } else
+            } else /* pulled, or no spare free: the copy goes onto the receiver's stream now */
                 _ppc_copy_now_locked(c, m); /* may drop the lock: start over afterwards */
             if (!m->side && !m->dropped && m->ec && r->seen[m->dst] < m->ec_seq) {
                 cudaError_t e = cudaStreamWaitEvent(r->stream, m->ec, 0);
@@ -699,6 +746,7 @@ static pp_result _ppc_isend(void* self, int peer, int tag, const void* buf, size
     m->s_host = host;
     m->es = es;
     m->es_seq = es ? ++me->rec_seq : 0;
+    if (es && bytes > me->send_max) me->send_max = bytes;
     matched = m->has_recv;
     copy_now = matched && _ppc_matched_locked(m);
     _ppc_req_post(req, m, 0);
@@ -716,37 +764,24 @@ static pp_result _ppc_irecv(void* self, int peer, int tag, void* buf, size_t byt
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
     _ppc_msg* m;
-    cudaEvent_t ec = NULL, er = NULL;
+    cudaEvent_t ec = NULL;
     cudaError_t e;
     int host, copy_now;
     if (!req || peer < 0 || peer >= c->n || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
     host = _ppc_is_host(me, buf);
-    if (!host && bytes && ((e = _ppc_ev_get(c, me, &ec)) != cudaSuccess || (e = _ppc_ev_get(c, me, &er)) != cudaSuccess)) {
-        pthread_mutex_lock(&c->mu);
-        _ppc_ev_put_locked(me, ec);
-        pthread_mutex_unlock(&c->mu);
-        _ppc_note(me, e, "irecv (events for the copy)");
+    if (!host && bytes && (e = _ppc_ev_get(c, me, &ec)) != cudaSuccess) {
+        _ppc_note(me, e, "irecv (an event for the copy)");
         return PP_ERR_TRANSPORT;
     }
+    /* nothing is enqueued: only this rank's stream writes the block (the copy runs there, after
+       the block's earlier uses; a sender's early copy goes into a spare) */
     pthread_mutex_lock(&c->mu);
-    /* the block's earlier uses are all enqueued (the pool handed it out): mark them, so that a
-       sender copying early (_ppc_side_copy) writes the block only after them */
-    if (er && (e = cudaEventRecord(er, me->stream)) != cudaSuccess) {
-        _ppc_ev_put_locked(me, ec);
-        _ppc_ev_put_locked(me, er);
-        pthread_mutex_unlock(&c->mu);
-        _ppc_note(me, e, "irecv (recording the block-free event)");
-        return PP_ERR_TRANSPORT;
-    }
     if (!(m = _ppc_post_locked(c, &me->queue, peer, me->rank, tag, 1))) {
         _ppc_ev_put_locked(me, ec);
-        _ppc_ev_put_locked(me, er);
         pthread_mutex_unlock(&c->mu);
         return PP_ERR_NOMEM;
     }
-    m->er = er;
-    m->er_seq = er ? ++me->rec_seq : 0;
     m->has_recv = 1;
     m->rbuf = buf;
     m->rbytes = bytes;
@@ -890,13 +925,12 @@ static pp_result _ppc_cancel(void* self, pp_request* req) {
             }
         _ppc_msg_release_locked(c, m);
     } else if (is_recv) {
-        if (!m->copied && !m->copying) {
+        while (m->copying) pthread_cond_wait(&c->cv, &c->mu); /* a copy or a sender's early copy being enqueued */
+        if (!m->copied) {
             m->copied = m->dropped = 1;
             _ppc_ev_put_locked(&c->r[m->src], m->es);
             m->es = NULL;
         }
-        while (!m->copied) pthread_cond_wait(&c->cv, &c->mu);
-        (void)_ppc_side_wait_locked(me, m); /* a sender's early copy may still write the block */
         m->recv_done = 1;
         if (m->send_done && !m->held) _ppc_msg_release_locked(c, m);
     } else {
@@ -1146,6 +1180,17 @@ void pp_cuda_destroy(pp_cuda* c) {
        go back to the pools, which are destroyed below */
     for (m = c->all_msgs; m; m = m->all)
         if (m->live) _ppc_msg_release_locked(c, m);
+    for (i = 0; i < c->n; i++) { /* the spares, their events back to the pools first */
+        _ppc_rank* r = &c->r[i];
+        _ppc_spare* sp;
+        if (cudaSetDevice(r->dev) != cudaSuccess) (void)cudaGetLastError();
+        while ((sp = r->spares) != NULL) {
+            r->spares = sp->next;
+            _ppc_ev_put_locked(&c->r[sp->done_rank], sp->done);
+            if (cudaFree(sp->p) != cudaSuccess) (void)cudaGetLastError();
+            PP_FREE(sp);
+        }
+    }
     for (i = 0; i < c->n; i++) {
         _ppc_rank* r = &c->r[i];
         if (cudaSetDevice(r->dev) != cudaSuccess) (void)cudaGetLastError();
@@ -1206,7 +1251,7 @@ int pp_cuda_device(pp_cuda* c, int rank) { return (c && rank >= 0 && rank < c->n
 
 void pp_cuda_memory(pp_cuda* c, int rank, size_t* bytes, int* allocs) {
     int ok = c && rank >= 0 && rank < c->n;
-    if (bytes) *bytes = ok ? c->r[rank].pool_bytes : 0;
+    if (bytes) *bytes = ok ? c->r[rank].pool_bytes + c->r[rank].spare_bytes : 0;
     if (allocs) *allocs = ok ? c->r[rank].pool_allocs : 0;
 }
 
@@ -1265,6 +1310,42 @@ size_t pp_cuda_pending(pp_cuda* c, size_t* recvs) {
     return n;
 }
 
+/* Between steps, in the block pool's warm-up (_PP_POOL_WARM_STEPS): each rank gets a spare for
+   its early copies as large as its largest device send so far (plus headroom, in the pool's
+   size classes), replacing smaller free ones, so that cudaMalloc stays in the warm-up. Later an
+   early copy that finds no free spare large enough copies onto the receiver's stream instead.
+   A failed cudaMalloc only leaves the rank without a spare. */
+static void _ppc_spares_warm(pp_cuda* c) {
+    int i;
+    if (c->steps_ended++ >= _PP_POOL_WARM_STEPS) return;
+    for (i = 0; i < c->n; i++) {
+        _ppc_rank* r = &c->r[i];
+        _ppc_spare *sp, **pp;
+        size_t want = r->send_max ? _pp_block_class(r->send_max + r->send_max / 8) : 0, have = 0;
+        for (sp = r->spares; sp; sp = sp->next)
+            if (sp->cap > have) have = sp->cap;
+        if (want <= have || cudaSetDevice(r->dev) != cudaSuccess) continue;
+        for (pp = &r->spares; (sp = *pp) != NULL;) { /* streams drained: a free spare is unread */
+            *pp = sp->next;
+            _ppc_ev_put_locked(&c->r[sp->done_rank], sp->done);
+            if (cudaFree(sp->p) != cudaSuccess) (void)cudaGetLastError();
+            r->spare_bytes -= sp->cap;
+            PP_FREE(sp);
+        }
+        if (!(sp = (_ppc_spare*)_pp_calloc(1, sizeof *sp))) continue;
+        if (cudaMalloc(&sp->p, want) != cudaSuccess) {
+            (void)cudaGetLastError();
+            PP_FREE(sp);
+            continue;
+        }
+        sp->cap = want;
+        sp->next = r->spares;
+        r->spares = sp;
+        r->spare_bytes += want;
+        r->pool_allocs++;
+    }
+}
+
 pp_result pp_cuda_step_begin(pp_cuda* c, pp_error* err) {
     pp_result rc;
     int i;
@@ -1290,6 +1371,9 @@ pp_result pp_cuda_step_end(pp_cuda* c, pp_cuda_step_info* info, pp_error* err) {
     if (!c) return _pp_fail(err, PP_ERR_INVALID, "cuda world is NULL");
     if (info) memset(info, 0, sizeof *info);
     if ((rc = _ppc_sync_all(c, err)) != PP_OK) return rc;
+    pthread_mutex_lock(&c->mu);
+    _ppc_spares_warm(c);
+    pthread_mutex_unlock(&c->mu);
     if (!c->timeline) return PP_OK;
     for (i = 0; i < c->n; i++) need += (size_t)c->r[i].n_marked;
     if (need > c->cap_events) {

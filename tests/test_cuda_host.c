@@ -293,8 +293,27 @@ static int k_open_late_gate(void* u) {
     pthread_mutex_unlock(&g_late.mu);
     return 0;
 }
-/* behind = 0: the receiver busy; 1: the sender's later work waits for the receiver. */
-static void reuse_case(int behind) {
+/* One message of n bytes from rank 0 to rank 1 and a step's end, which in the pool's warm-up
+   gives rank 0 a spare for early copies; returns the bytes of spares rank 0 holds. */
+static size_t warm_spare(pp_cuda* c, pp_transport* t0, pp_transport* t1, size_t n) {
+    pp_request rs, rr;
+    pp_error err;
+    void *x = NULL, *y = NULL;
+    size_t held = 0;
+    cudaMalloc(&x, n);
+    cudaMalloc(&y, n);
+    CHECK(t1->irecv(t1->self, 0, 99, y, n, &rr) == PP_OK && t0->isend(t0->self, 1, 99, x, n, &rs) == PP_OK, "warm-up message");
+    CHECK(t1->wait(t1->self, &rr, 5, &err) == PP_OK && t0->wait(t0->self, &rs, 5, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
+    pp_cuda_memory(c, 0, &held, NULL);
+    cudaFree(x);
+    cudaFree(y);
+    return held;
+}
+
+/* behind = 0: the receiver busy; 1: the sender's later work waits for the receiver. spare: the
+   sender has a spare (warm_spare), else the copy goes onto the receiver's stream at the reuse. */
+static void reuse_case(int behind, int spare) {
     pp_cuda* c = NULL;
     pp_error err;
     pp_transport t0, t1;
@@ -304,6 +323,7 @@ static void reuse_case(int behind) {
     int i, bad = 0;
     if (!(c = two_ranks(NULL, &t0, &t1))) return;
     o0 = pp_cuda_device_ops(c, 0);
+    if (spare) CHECK(warm_spare(c, &t0, &t1, 4096) >= 4096, "no spare after a step of the warm-up");
     cudaMalloc((void**)&x, 4096);
     cudaMalloc((void**)&y, 4096);
     cudaMemset(x, 7, 4096);
@@ -321,6 +341,7 @@ static void reuse_case(int behind) {
     if (behind) fakecuda_launch(pp_cuda_stream(c, 1), k_open_late_gate, NULL); /* the receiver's next work */
     CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
     CHECK(!g_late.timed_out, "the early copy waited behind the sender's later work (the receiver with it)");
+    CHECK((c->r[0].side_seq > 0) == spare, "the reuse %s a spare", spare ? "did not copy into" : "copied into");
     cudaMemcpy(hy, y, 4096, cudaMemcpyDeviceToHost);
     cudaMemcpy(&hx, x, 1, cudaMemcpyDeviceToHost);
     for (i = 0; i < 4096; i++) bad += hy[i] != 7;
@@ -330,9 +351,69 @@ static void reuse_case(int behind) {
     cudaFree(y);
     pp_cuda_destroy(c);
 }
-static void test_reuse_waits_for_copy(void) { reuse_case(0); }
+static void test_reuse_waits_for_copy(void) {
+    reuse_case(0, 1);
+    reuse_case(0, 0);
+}
 
-static void test_early_copy_not_behind_later_work(void) { reuse_case(1); }
+static void test_early_copy_not_behind_later_work(void) {
+    reuse_case(1, 1);
+    reuse_case(1, 0);
+}
+
+/* Early copies go into spares, reused once the previous receiver's copy out of them is done:
+   the first receiver's copy waits behind busy work on its stream, the spare is taken again by a
+   second early copy meanwhile, and each receiver must still get its own bytes. The spare comes
+   from the pool's warm-up (a step's end) and is the only one made. */
+static void test_spare_reused_after_copy(void) {
+    pp_cuda* c = NULL;
+    pp_error err;
+    pp_transport t0, t1;
+    pp_device_ops o0;
+    pp_request rs, rr1, rr2;
+    unsigned char *x1 = NULL, *x2 = NULL, *y1 = NULL, *y2 = NULL, h1[4096], h2[4096];
+    int i, bad1 = 0, bad2 = 0;
+    size_t spare0, spare_bytes = 0;
+    if (!(c = two_ranks(NULL, &t0, &t1))) return;
+    o0 = pp_cuda_device_ops(c, 0);
+    spare0 = warm_spare(c, &t0, &t1, 4096);
+    CHECK(spare0 >= 4096 && spare0 < 8192, "rank 0 holds %zu bytes of spares after a step, want one of 4096 or a little more",
+          spare0);
+    cudaMalloc((void**)&x1, 4096);
+    cudaMalloc((void**)&x2, 4096);
+    cudaMalloc((void**)&y1, 4096);
+    cudaMalloc((void**)&y2, 4096);
+    cudaMemset(x1, 7, 4096);
+    cudaMemset(x2, 5, 4096);
+    cudaDeviceSynchronize();
+    cudaLaunchHostFunc(pp_cuda_stream(c, 1), busy_50ms, NULL); /* the first copy runs late */
+    CHECK(t1.irecv(t1.self, 0, 1, y1, 4096, &rr1) == PP_OK, "irecv 1");
+    CHECK(t0.isend(t0.self, 1, 1, x1, 4096, &rs) == PP_OK, "isend 1");
+    CHECK(t0.wait(t0.self, &rs, 5, &err) == PP_OK, "%s", err.msg);
+    o0.reuse(o0.user, x1, 4096); /* early copy 1: into a new spare */
+    CHECK(t1.wait(t1.self, &rr1, 5, &err) == PP_OK, "%s", err.msg); /* its copy out of the spare: enqueued, not run */
+    CHECK(t1.irecv(t1.self, 0, 2, y2, 4096, &rr2) == PP_OK, "irecv 2");
+    CHECK(t0.isend(t0.self, 1, 2, x2, 4096, &rs) == PP_OK, "isend 2");
+    CHECK(t0.wait(t0.self, &rs, 5, &err) == PP_OK, "%s", err.msg);
+    o0.reuse(o0.user, x2, 4096); /* early copy 2: the same spare, after copy 1 read it */
+    CHECK(t1.wait(t1.self, &rr2, 5, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_cuda_step_end(c, NULL, &err) == PP_OK, "%s", err.msg);
+    pp_cuda_memory(c, 0, &spare_bytes, NULL);
+    CHECK(spare_bytes == spare0, "rank 0 holds %zu bytes of spares, want the one spare of %zu (reused)", spare_bytes, spare0);
+    cudaMemcpy(h1, y1, 4096, cudaMemcpyDeviceToHost);
+    cudaMemcpy(h2, y2, 4096, cudaMemcpyDeviceToHost);
+    for (i = 0; i < 4096; i++) {
+        bad1 += h1[i] != 7;
+        bad2 += h2[i] != 5;
+    }
+    CHECK(bad1 == 0, "%d bytes of the first message were overwritten in the spare before its receiver read them", bad1);
+    CHECK(bad2 == 0, "%d bytes of the second message are wrong", bad2);
+    cudaFree(x1);
+    cudaFree(x2);
+    cudaFree(y1);
+    cudaFree(y2);
+    pp_cuda_destroy(c);
+}
 
 /* Side streams only while a device's streams fit its work queues (CUDA_DEVICE_MAX_CONNECTIONS,
    8 by default): n ranks on one device make 2n streams up to 4 ranks, n beyond. Without side
@@ -561,8 +642,13 @@ int main(int argc, char** argv) {
         test_early_copy_not_behind_later_work();
         return TEST_DONE("cuda-host early");
     }
+    if (argc > 1 && !strcmp(argv[1], "spare")) {
+        test_spare_reused_after_copy();
+        return TEST_DONE("cuda-host spare");
+    }
     test_reuse_waits_for_copy();
     test_early_copy_not_behind_later_work();
+    test_spare_reused_after_copy();
     test_side_streams();
     test_free_waits_for_peer_copy();
     test_cancel();
