@@ -139,8 +139,12 @@ $(B)/nccl-ctl-early-reuse: bench/bench_imitation.c tests/harness.h tests/fakecud
 # hangs interleaved p = 2 in the imitation (the check picks two or more for it).
 $(B)/nccl-ctl-one-channel: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_ONE_CHANNEL $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-reuse $(B)/nccl-ctl-one-channel
-	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4"\n' > $@
+# And of a send counted done once the compute stream waited for a later group of its channel:
+# counted on another channel's waits, interleaved p = 2 (two channels) loses bit-exactness.
+$(B)/nccl-ctl-wrong-channel: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_WRONG_CHANNEL $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-reuse $(B)/nccl-ctl-one-channel $(B)/nccl-ctl-wrong-channel
+	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

@@ -268,7 +268,7 @@ struct pp_nccl {
     cudaEvent_t* free_ev;       /* completion events of released batches, for reuse */
     int n_free_ev, cap_free_ev;
     _ppn_bounce* bounce;        /* free device bounce buffers (host-memory messages) */
-    const void* dev_cache[_PPN_DEV_CACHE];  /* pointers known to be device memory (_ppn_is_host) */
+    const void* dev_cache[_PPN_DEV_CACHE];  /* 1 + page numbers known to be device memory (_ppn_is_host) */
     const void* host_cache[_PPN_DEV_CACHE]; /* and known to be host memory */
     uint64_t bytes_sent, msgs_sent;
     char err[256];
@@ -339,14 +339,18 @@ static ncclResult_t _ppn_comm_wait(ncclComm_t c, double deadline, long sleep_us)
 
 /* 1 for host memory. The executor sends from and receives into the same pooled device blocks
    step after step, and its step metadata (the plan check) lives in the same host buffers step
-   after step, so answers are remembered (direct-mapped caches of pointers, one per answer):
-   under unified addressing the driver reserves device addresses, so one never becomes host
-   memory while the process lives, nor a host address device memory (tests/fakecuda reserves an
-   arena the same way). */
+   after step, so answers are remembered (direct-mapped caches: of the 4 KiB pages known to be
+   device memory, so a block's offsets share one answer, and of host pointers): under unified
+   addressing the driver reserves device addresses, so one never becomes host memory while the
+   process lives, nor a host address device memory, and a page is one or the other
+   (tests/fakecuda reserves an arena the same way). */
 static int _ppn_is_host(pp_nccl* t, const void* p) {
     struct cudaPointerAttributes a;
+    uintptr_t page = (uintptr_t)p >> 12;
+    const void* pg = (const void*)(page + 1); /* dev_cache holds pages: a block's offsets share its pages */
     size_t h = (size_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull) >> 56) % _PPN_DEV_CACHE; /* blocks are aligned: mix */
-    if (t->dev_cache[h] == p) return 0;
+    size_t hp = (size_t)(((uint64_t)page * 0x9E3779B97F4A7C15ull) >> 56) % _PPN_DEV_CACHE;
+    if (t->dev_cache[hp] == pg) return 0;
     if (t->host_cache[h] == p) return 1;
     memset(&a, 0, sizeof a);
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -358,7 +362,7 @@ static int _ppn_is_host(pp_nccl* t, const void* p) {
         t->host_cache[h] = p;
         return 1;
     }
-    t->dev_cache[h] = p;
+    t->dev_cache[hp] = pg;
     return 0;
 }
 
@@ -656,6 +660,13 @@ static pp_result _ppn_group_end(void* self) {
     return PP_OK;
 }
 
+/* The channel whose waits order the compute stream after a send of channel ch: ch itself. */
+#ifdef PP_NCCL_TEST_WRONG_CHANNEL /* negative control (build/nccl-controls): another channel's waits */
+#define _PPN_ORDER_CH(t, ch) (((ch) + 1) % (t)->nch)
+#else
+#define _PPN_ORDER_CH(t, ch) (ch)
+#endif
+
 static pp_result _ppn_done(pp_nccl* t, pp_request* req, _ppn_op* op, pp_result rc) {
     _ppn_op_free(t, op);
     req->impl = NULL;
@@ -664,9 +675,11 @@ static pp_result _ppn_done(pp_nccl* t, pp_request* req, _ppn_op* op, pp_result r
 }
 
 /* A device receive: the compute stream waits for its group, the host goes on (no host wait on
-   data). A host receive (metadata) and a send: the host polls the group until the deadline; a
-   send's timeout leaves it posted and the communicator alive (the executor probes sends with
-   short waits), a receive's timeout aborts the communicator. */
+   data). A send the compute stream is already ordered after (_ppn_test) returns at once. A host
+   receive (metadata) and another send: the host polls the group until the deadline; a send's
+   timeout leaves it posted and the communicator alive (the executor probes sends with short
+   waits), a receive's timeout aborts the communicator. pp_nccl_step_end waits for every group
+   on the host. */
 static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
@@ -700,6 +713,8 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
         if (rc != PP_OK) _ppn_abort_comm(t);
         return rc == PP_OK ? PP_OK : _pp_fail(err, rc, "%s", t->err);
     }
+    if (!op->is_recv && op->batch->seq <= t->waited_seq[_PPN_ORDER_CH(t, op->ch)]) /* ordered on the device (_ppn_test) */
+        return _ppn_done(t, req, op, PP_OK);
     rc = _ppn_poll(t, op->batch, _pp_now() + dt);
     if (rc == PP_ERR_TIMEOUT && !op->is_recv && dt <= _PP_RETIRE_WAIT_S) /* the executor's probe: no harm done */
         return _pp_fail(err, rc, "rank %d: a send to rank %d is not done after %.3g s", t->rank, peer, dt);
@@ -714,8 +729,12 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
     return _pp_fail(err, rc, "%s", t->err);
 }
 
-/* Never issues or waits: a queued op is not done; a send is done when its group is. A device
-   receive is reported by its wait (which orders the compute stream after it). */
+/* Never issues or waits: a queued op is not done; a send is done when its group is, or as soon
+   as the compute stream waited for that group or a later one of its channel (a receive's wait):
+   every later write of the block is then ordered after the send on the device (the compute
+   stream's own work, and every group issued later waits for a record of it), so the host may
+   hand the block out again without asking (no runtime call). A device receive is reported by
+   its wait (which orders the compute stream after it). */
 static pp_result _ppn_test(void* self, pp_request* req, int* done) {
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
@@ -738,7 +757,8 @@ static pp_result _ppn_test(void* self, pp_request* req, int* done) {
 #ifdef PP_NCCL_TEST_EARLY_REUSE /* negative control (build/nccl-controls): a send is done once issued */
     *done = 1;
 #else
-    if ((rc = _ppn_query(t, op->batch, done)) != PP_OK) return rc;
+    if (op->batch->seq && op->batch->seq <= t->waited_seq[_PPN_ORDER_CH(t, op->ch)]) *done = 1; /* ordered on the device */
+    else if ((rc = _ppn_query(t, op->batch, done)) != PP_OK) return rc;
 #endif
     if (*done) _ppn_done(t, req, op, PP_OK);
     return PP_OK;
