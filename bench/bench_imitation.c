@@ -10,7 +10,9 @@
                       growth), per action; the layers' own kernel launches are not counted
      waits/action     host waits on device work (stream/event/device synchronisation, copies
                       to host memory, cudaFree), per action
-   Below each row: NCCL's own calls (inside ncclGroupEnd) apart from the transport's; of the
+   Below each row: NCCL's own calls (inside ncclGroupEnd) apart from the transport's; how many
+   transfers carry data (the others are the library's own host-memory messages) and the
+   transport's calls per data transfer, all of them counted against the data; of the
    transport's, the queries that found the work not done yet (probes, polling waits); and the
    transport waits that waited for the device (blocking or polling), per action, split by where
    (during the actions, from before the first action's layers to the last's; or at the step's
@@ -165,6 +167,7 @@ typedef struct hook_count {
     uint64_t calls;
     uint64_t pend[2];           /* transport waits that waited, since the last action began: data, the step's own */
     uint64_t in_actions[2];     /* ... moved here when an action begins */
+    uint64_t own_sent;          /* the library's own messages sent (plan check, agreement) */
 } hook_count;
 static void* hc_alloc(void* u, size_t n) {
     hook_count* h = (hook_count*)u;
@@ -227,6 +230,7 @@ static void wc_note(pp_request* req, int tag) {
 }
 static pp_result wc_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
     wc_note(req, tag);
+    if (tag >= _PP_TAG_RESERVED) t_wc->h->own_sent++;
     return t_wc->inner.isend(self, peer, tag, buf, bytes, req);
 }
 static pp_result wc_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
@@ -312,6 +316,7 @@ typedef struct result {
     double transfers, actions, calls, transport, hooks, waits, blocked, polls;
     double tw_act[2], tw_end[2]; /* transport waits that waited: in the actions, at the step's end; data, own */
     double nccl_own;                /* of transport: the imitated NCCL's own calls inside its group ends */
+    double own_msgs;                /* of transfers: the library's own messages */
     double kinds[FAKECUDA_CALL_KINDS];
     int wrong, failed;
     char why[600];
@@ -365,7 +370,8 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
     for (s = 0; s < warmup + steps && !out->failed; s++) {
         fakecuda_stats a, z;
         fakenccl_stats na, nz;
-        uint64_t launched0, sent = 0, step0 = 0, hooks0 = 0, step1 = 0, hooks1 = 0, tw0[4] = {0, 0, 0, 0}, tw1[4] = {0, 0, 0, 0};
+        uint64_t launched0, sent = 0, step0 = 0, hooks0 = 0, step1 = 0, hooks1 = 0, own0 = 0, own1 = 0;
+        uint64_t tw0[4] = {0, 0, 0, 0}, tw1[4] = {0, 0, 0, 0};
         pp_result rc = tr->step_begin(R.world, &err);
         fakecuda_stats_get(&a);
         fakenccl_stats_get(&na);
@@ -373,6 +379,7 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         for (r = 0; r < p; r++) {
             step0 += R.step_calls[r];
             hooks0 += R.hooks[r].calls;
+            own0 += R.hooks[r].own_sent;
             for (k = 0; k < 2; k++) {
                 tw0[k] += R.hooks[r].in_actions[k];
                 tw0[2 + k] += R.at_end[r][k];
@@ -384,6 +391,7 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         for (r = 0; r < p; r++) {
             step1 += R.step_calls[r];
             hooks1 += R.hooks[r].calls;
+            own1 += R.hooks[r].own_sent;
             for (k = 0; k < 2; k++) {
                 tw1[k] += R.hooks[r].in_actions[k];
                 tw1[2 + k] += R.at_end[r][k];
@@ -404,6 +412,7 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         for (k = 0; k < FAKECUDA_CALL_KINDS; k++) out->kinds[k] += (double)(z.calls[k] - a.calls[k]);
         out->kinds[FAKECUDA_CALL_LAUNCH] -= (double)(layer_kernels_launched() - launched0); /* the model's, not ours */
         out->hooks += (double)(hooks1 - hooks0);
+        out->own_msgs += (double)(own1 - own0);
         for (k = 0; k < 2; k++) {
             out->tw_act[k] += (double)(tw1[k] - tw0[k]);
             out->tw_end[k] += (double)(tw1[2 + k] - tw0[2 + k]);
@@ -481,6 +490,12 @@ int main(int argc, char** argv) {
                 printf("%-10s   of the calls/transfer, NCCL's own (device switches and launches in ncclGroupEnd) %.2f, "
                        "the transport's %.2f\n",
                        "", res.nccl_own / res.transfers, (res.transport - res.nccl_own) / res.transfers);
+            if (res.transfers > res.own_msgs)
+                printf("%-10s   %.0f of the %.0f transfers a step carry data, the rest are the library's own host-memory "
+                       "messages (plan check, agreement); the transport's calls per data transfer, all counted against "
+                       "the data: %.2f\n",
+                       "", (res.transfers - res.own_msgs) / steps, res.transfers / steps,
+                       (res.transport - res.nccl_own) / (res.transfers - res.own_msgs));
             if (res.transfers > 0 && res.actions > 0)
                 printf("%-10s   of the transport's, queries that found the work not done yet (probes and polling waits) %.2f; the "
                        "rest, %.2f, moved the transfers; %.2f such queries per action\n",
