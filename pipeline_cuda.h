@@ -26,9 +26,9 @@
      copies from the spare: no host thread ever waits for another, neither rank's later work
      delays the copy, and a receive enqueues nothing until its wait. Each rank's spare is made
      in pp_cuda_step_end of the pool's warm-up (the rank's largest device send plus an eighth);
-     without a free one large enough the copy goes onto the receiver's stream at once. Steady path: 4 CUDA calls
-     per device transfer (data-ready record, stream wait, copy, copy-done record), a fifth on
-     some reuses, no host waits (bench/bench_imitation).
+     without a free one large enough the copy goes onto the receiver's stream at once. Steady
+     path: 4 CUDA calls per device transfer (data-ready record, stream wait, copy, copy-done
+     record), a fifth on some reuses, no host waits (bench/bench_imitation).
      Buffers in host memory (BROADCAST's step metadata) are copied at match time: they must be
      ready when isend is called. Device blocks sent through this transport must come from
      pp_cuda_device_ops (its reuse hook keeps them safe). A receive whose wait fails, or that the

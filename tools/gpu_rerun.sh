@@ -1,9 +1,11 @@
 #!/bin/sh
 # What changed since the last GPU run, rerun in one call, most wanted first:
-#   test_cuda (step agreement, bounded pool), gpt_cuda --check for every schedule kind (the
-#   interleaved retiring-block stall first, then the kinds added since), the peer MLP of the
-#   anchor (ours, then torch's interleaved, 1F1B and GPipe on the same GPU), gpt_nccl -p 1,
-#   memcheck on test_cuda --quick, bubble_cuda, the other sanitizers, while time is left.
+#   test_cuda (step agreement, bounded pool, the pool's four-step warm-up), gpt_cuda --check for
+#   every schedule kind (the interleaved retiring-block stall first, then the kinds added since),
+#   bubble_cuda (pp_cuda's sends done only once pulled, early copies into spares: p=8 m=32 is
+#   where early copies cost 1.21x once), the peer MLP of the anchor (ours, then torch's
+#   interleaved, 1F1B and GPipe on the same GPU), gpt_nccl -p 1 (one channel, sends done by the
+#   device's order), memcheck on test_cuda --quick, the other sanitizers, while time is left.
 #   sh tools/gpu_rerun.sh [OUTDIR] [SECONDS] [BINDIR]     (defaults: ./gpu-out, 400, build)
 # Binaries come from `make cuda` (and build/gpt_nccl-nompi) built elsewhere for sm_90, or are
 # built here when they do not start. Logs in OUTDIR, summary last.
@@ -25,6 +27,7 @@ run test_cuda "$out/test_cuda.log" 90 "$bin/test_cuda"
 for s in interleaved gpipe 1f1b zb-h1 zb-v zb-h2 v-half v-min interleaved-mem dualpipev; do
     run "gpt_cuda --check $s" "$out/gpt.log" 30 "$bin/gpt_cuda" -p 4 --schedule "$s" --check --steps 5
 done
+run bubble_cuda "$out/bubble.log" 60 "$bin/bubble_cuda"
 A="-p 4 -m 32 --layers 8 --in 1024 --hidden 1024 --classes 1024 --rows 256 --steps 20 --warmup 3"
 run "ours anchor" "$out/peers.log" 60 "$bin/peers_ours_cuda" $A
 for s in interleaved 1f1b gpipe; do
@@ -35,7 +38,6 @@ done
 rm -f /tmp/pp_nccl_id
 run "gpt_nccl -p 1 id-file" "$out/gpt.log" 40 "$bin/gpt_nccl-nompi" -p 1 -m 4 --steps 3 --id-file /tmp/pp_nccl_id --timeout 30
 run "sanitizer memcheck" "$out/sanitize.log" 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$bin/test_cuda" --quick
-run bubble_cuda "$out/bubble.log" 60 "$bin/bubble_cuda"
 run "ours anchor rep 2" "$out/peers.log" 60 "$bin/peers_ours_cuda" $A
 run "torch anchor interleaved rep 2" "$out/peers.log" 90 env PYTHONUNBUFFERED=1 python3 bench/peers/torch_pp.py --device cuda \
     --schedule interleaved -v 2 $A --no-overhead
