@@ -122,8 +122,11 @@ $(B)/cuda-ctl-done-at-post: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEA
 # that reader the next message's bytes.
 $(B)/cuda-ctl-spare-no-wait: tests/test_cuda_host.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h | $(B)
 	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_SPARE_NO_WAIT $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ctl-done-at-post $(B)/cuda-ctl-spare-no-wait
-	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare"\n' > $@
+# And of the spares' sizes: with none made, every early copy of the varlen run falls back.
+$(B)/cuda-ctl-no-spares: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
+	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_NO_SPARES $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ctl-done-at-post $(B)/cuda-ctl-spare-no-wait $(B)/cuda-ctl-no-spares
+	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare" "env PP_TEST_POOL_STEPS=200 $(B)/cuda-ctl-no-spares varlen"\n' > $@
 	chmod +x $@
 
 # Negative control of tests/test_nccl_pipeline.c's drained failure: with the stage aborting as

@@ -244,6 +244,7 @@ typedef struct _ppc_rank {
     uint64_t side_seq;          /* early-copy events recorded on `side` so far (world lock) */
     _ppc_spare* spares;         /* free spares of this rank's early copies (world lock) */
     size_t spare_bytes;
+    uint64_t early_fallbacks;   /* early copies that found no free spare (world lock) */
     size_t send_max;            /* the largest device send so far (owner thread) */
     uint64_t* seen_side;        /* [n]: the last of rank q's side records this stream waited for */
     cudaEvent_t* ev;            /* free sync events of this device (world lock) */
@@ -655,15 +656,15 @@ static void _ppc_reuse(void* user, void* ptr, size_t bytes) {
     _ppc_msg* m;
     _ppc_spare* sp;
     const char *a = (const char*)ptr, *b = a + bytes;
-    int again = 1;
+    int again = 1, early;
     pthread_mutex_lock(&c->mu);
     while (again) {
         again = 0;
         for (m = r->reading; m; m = m->pnext) {
             const char* s0 = (const char*)m->sbuf;
             if (!(s0 < b && s0 + m->sbytes > a)) continue;
-            if (!m->copied && !m->copying && !m->dropped && m->es && !m->side &&
-                (sp = _ppc_spare_take_locked(r, m->sbytes)) != NULL) {
+            early = !m->copied && !m->copying && !m->dropped && m->es && !m->side;
+            if (early && (sp = _ppc_spare_take_locked(r, m->sbytes)) != NULL) {
                 /* the receiver has not pulled it yet: into a spare now, on this rank's side
                    stream. On the receiver's stream the copy would wait there for this rank's
                    data ahead of work that does not need it; on this rank's own stream, behind
@@ -672,8 +673,10 @@ static void _ppc_reuse(void* user, void* ptr, size_t bytes) {
                 pthread_mutex_unlock(&c->mu);
                 _ppc_side_copy(c, r, m, sp);
                 pthread_mutex_lock(&c->mu);
-            } else /* pulled, or no spare free: the copy goes onto the receiver's stream now */
+            } else { /* pulled, or no spare free: the copy goes onto the receiver's stream now */
+                if (early) r->early_fallbacks++;
                 _ppc_copy_now_locked(c, m); /* may drop the lock: start over afterwards */
+            }
             if (!m->side && !m->dropped && m->ec && r->seen[m->dst] < m->ec_seq) {
                 cudaError_t e = cudaStreamWaitEvent(r->stream, m->ec, 0);
                 if (e != cudaSuccess) _ppc_note(r, e, "cudaStreamWaitEvent(copy done, before a block is reused)");
@@ -1318,6 +1321,9 @@ size_t pp_cuda_pending(pp_cuda* c, size_t* recvs) {
 static void _ppc_spares_warm(pp_cuda* c) {
     int i;
     if (c->steps_ended++ >= _PP_POOL_WARM_STEPS) return;
+#ifdef PP_CUDA_TEST_NO_SPARES /* negative control (build/cuda-controls): every early copy falls back */
+    return;
+#endif
     for (i = 0; i < c->n; i++) {
         _ppc_rank* r = &c->r[i];
         _ppc_spare *sp, **pp;

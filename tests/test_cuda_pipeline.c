@@ -226,6 +226,10 @@ static void test_refused(void) {
    seeds 1 to 11 and 77 the last allocation came at steps 31, 42, 54, 5, 77, 1, 0, 12, 2, 0, 320,
    119 (2026-11-26). Negative control: built with -DPP_TEST_POOL_EXACT (blocks of the size
    asked, nothing given back) the pools end at 3.4 times the need and 4 checks fail.
+   Changing shapes make early copies common (a sender reusing a block its receiver has not
+   pulled): they must go through the rank's spare, made in the pool's warm-up (at most one in a
+   hundred onto the receiver's stream; 0 to 3 of about 3,000 in four runs here). Negative control: built with
+   -DPP_CUDA_TEST_NO_SPARES every one does (build/cuda-controls, "varlen" with 200 steps).
    PP_TEST_POOL_STEPS sets the number of steps (default 1000), PP_TEST_POOL_SEED the lengths'
    seed (default 1), PP_TEST_POOL_TRACE=1 prints the steps that allocated. */
 #define VL_NSEQ 12
@@ -241,6 +245,7 @@ static void test_varlen_pool(void) {
     fakecuda_stats st;
     uint64_t seed = getenv("PP_TEST_POOL_SEED") ? (uint64_t)atoi(getenv("PP_TEST_POOL_SEED")) : 1, mallocs0 = 0, frees0 = 0;
     size_t need_max[4] = {0, 0, 0, 0}, held_max[4] = {0, 0, 0, 0}, held_all = 0, need_all = 0;
+    uint64_t spared = 0, fell_back = 0;
     int steps = getenv("PP_TEST_POOL_STEPS") ? atoi(getenv("PP_TEST_POOL_STEPS")) : 1000, s, i, last_alloc = -1, ok = 1;
     mlp_make_data(vx, vy, VL_NSEQ * VL_MAXLEN, HX_IN, HX_CLASSES, 5, 9);
     d.rank_grads = GPTR;
@@ -283,12 +288,20 @@ static void test_varlen_pool(void) {
            "%zu (%.2fx, all ranks)\n", s, last_alloc, held_all, need_all, need_all ? (double)held_all / (double)need_all : 0.0);
     CHECK(last_alloc < VL_WARMUP, "the device pool still allocated or freed at step %d of %d (warm-up: %d steps)", last_alloc,
           s, VL_WARMUP);
+    for (i = 0; i < 4; i++) {
+        spared += pp_cuda_pipeline_world(pl)->r[i].side_seq;
+        fell_back += pp_cuda_pipeline_world(pl)->r[i].early_fallbacks;
+    }
+    printf("cuda-pipeline: %llu early copies through a spare, %llu onto the receiver's stream\n", (unsigned long long)spared,
+           (unsigned long long)fell_back);
+    CHECK(fell_back * 100 <= spared + fell_back, "%llu of %llu early copies found no spare", (unsigned long long)fell_back,
+          (unsigned long long)(spared + fell_back));
     pp_pipeline_destroy(pl);
 }
 
 /* Once the pool warmed up, a sender finds a block its receiver already pulled from: early
-   copies (a sender reusing a block before its receiver got to it copies it on its side stream,
-   five runtime calls more) are rare. 1F1B p = 4, m = 8 on four devices, 4 steps (the pool's
+   copies (a sender reusing a block before its receiver got to it copies it into a spare on its
+   side stream, four runtime calls more) are rare. 1F1B p = 4, m = 8 on four devices, 4 steps (the pool's
    warm-up), then 12 steps counted: at most a tenth copied early (0 of 576 in 6 of 6 runs here;
    with a warm-up of 2 steps, 0 in 11 of 12 and 12 in the other).
    Negative control: built with PP_CUDA_TEST_SEND_DONE_AT_POST (a send done, and its block back
@@ -337,6 +350,13 @@ int main(int argc, char** argv) {
         G[r] = W;
         free(mlp_init(&tmp, &G[r], DIMS, 1, &GBUF[r]));
         GPTR[r] = &G[r];
+    }
+    if (argc > 1 && !strcmp(argv[1], "varlen")) { /* what a negative control runs */
+        test_varlen_pool();
+        for (r = 0; r < 4; r++) free(GBUF[r]);
+        free(WBUF);
+        free(GREFBUF);
+        return TEST_DONE("cuda-pipeline varlen");
     }
     if (argc > 1 && !strcmp(argv[1], "early")) { /* what the negative control runs */
         test_early_copies_rare();
