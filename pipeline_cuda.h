@@ -582,6 +582,19 @@ static _ppc_spare* _ppc_spare_take_locked(_ppc_rank* r, size_t n) {
     return sp;
 }
 
+/* Frees rank r's free spares (none may still be read: streams drained), their events back to
+   their pools. World lock held (or no other thread). */
+static void _ppc_spares_free_locked(pp_cuda* c, _ppc_rank* r) {
+    _ppc_spare* sp;
+    while ((sp = r->spares) != NULL) {
+        r->spares = sp->next;
+        _ppc_ev_put_locked(&c->r[sp->done_rank], sp->done);
+        if (cudaFree(sp->p) != cudaSuccess) (void)cudaGetLastError();
+        r->spare_bytes -= sp->cap;
+        PP_FREE(sp);
+    }
+}
+
 /* The sender's early copy (m->copying set by the caller, world lock not held), when it reuses a
    block its receiver has not pulled yet: the bytes go into sp, a spare on this GPU, on the rank's
    side stream after the data (m->es, recorded after the producing work) and after the spare's
@@ -1184,15 +1197,8 @@ void pp_cuda_destroy(pp_cuda* c) {
     for (m = c->all_msgs; m; m = m->all)
         if (m->live) _ppc_msg_release_locked(c, m);
     for (i = 0; i < c->n; i++) { /* the spares, their events back to the pools first */
-        _ppc_rank* r = &c->r[i];
-        _ppc_spare* sp;
-        if (cudaSetDevice(r->dev) != cudaSuccess) (void)cudaGetLastError();
-        while ((sp = r->spares) != NULL) {
-            r->spares = sp->next;
-            _ppc_ev_put_locked(&c->r[sp->done_rank], sp->done);
-            if (cudaFree(sp->p) != cudaSuccess) (void)cudaGetLastError();
-            PP_FREE(sp);
-        }
+        if (cudaSetDevice(c->r[i].dev) != cudaSuccess) (void)cudaGetLastError();
+        _ppc_spares_free_locked(c, &c->r[i]);
     }
     for (i = 0; i < c->n; i++) {
         _ppc_rank* r = &c->r[i];
@@ -1326,18 +1332,12 @@ static void _ppc_spares_warm(pp_cuda* c) {
 #endif
     for (i = 0; i < c->n; i++) {
         _ppc_rank* r = &c->r[i];
-        _ppc_spare *sp, **pp;
+        _ppc_spare* sp;
         size_t want = r->send_max ? _pp_block_class(r->send_max + r->send_max / 8) : 0, have = 0;
         for (sp = r->spares; sp; sp = sp->next)
             if (sp->cap > have) have = sp->cap;
         if (want <= have || cudaSetDevice(r->dev) != cudaSuccess) continue;
-        for (pp = &r->spares; (sp = *pp) != NULL;) { /* streams drained: a free spare is unread */
-            *pp = sp->next;
-            _ppc_ev_put_locked(&c->r[sp->done_rank], sp->done);
-            if (cudaFree(sp->p) != cudaSuccess) (void)cudaGetLastError();
-            r->spare_bytes -= sp->cap;
-            PP_FREE(sp);
-        }
+        _ppc_spares_free_locked(c, r); /* streams drained: a free spare is unread */
         if (!(sp = (_ppc_spare*)_pp_calloc(1, sizeof *sp))) continue;
         if (cudaMalloc(&sp->p, want) != cudaSuccess) {
             (void)cudaGetLastError();

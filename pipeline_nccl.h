@@ -667,6 +667,12 @@ static pp_result _ppn_group_end(void* self) {
 #define _PPN_ORDER_CH(t, ch) (ch)
 #endif
 
+/* 1 when the compute stream is ordered after issued send op: it waited for a group of the
+   send's channel at least as late as the send's (_ppn_test). */
+static int _ppn_send_ordered(const pp_nccl* t, const _ppn_op* op) {
+    return op->batch && op->batch->seq && op->batch->seq <= t->waited_seq[_PPN_ORDER_CH(t, op->ch)];
+}
+
 static pp_result _ppn_done(pp_nccl* t, pp_request* req, _ppn_op* op, pp_result rc) {
     _ppn_op_free(t, op);
     req->impl = NULL;
@@ -713,8 +719,7 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
         if (rc != PP_OK) _ppn_abort_comm(t);
         return rc == PP_OK ? PP_OK : _pp_fail(err, rc, "%s", t->err);
     }
-    if (!op->is_recv && op->batch->seq <= t->waited_seq[_PPN_ORDER_CH(t, op->ch)]) /* ordered on the device (_ppn_test) */
-        return _ppn_done(t, req, op, PP_OK);
+    if (!op->is_recv && _ppn_send_ordered(t, op)) return _ppn_done(t, req, op, PP_OK);
     rc = _ppn_poll(t, op->batch, _pp_now() + dt);
     if (rc == PP_ERR_TIMEOUT && !op->is_recv && dt <= _PP_RETIRE_WAIT_S) /* the executor's probe: no harm done */
         return _pp_fail(err, rc, "rank %d: a send to rank %d is not done after %.3g s", t->rank, peer, dt);
@@ -757,7 +762,7 @@ static pp_result _ppn_test(void* self, pp_request* req, int* done) {
 #ifdef PP_NCCL_TEST_EARLY_REUSE /* negative control (build/nccl-controls): a send is done once issued */
     *done = 1;
 #else
-    if (op->batch->seq && op->batch->seq <= t->waited_seq[_PPN_ORDER_CH(t, op->ch)]) *done = 1; /* ordered on the device */
+    if (_ppn_send_ordered(t, op)) *done = 1;
     else if ((rc = _ppn_query(t, op->batch, done)) != PP_OK) return rc;
 #endif
     if (*done) _ppn_done(t, req, op, PP_OK);
