@@ -18,6 +18,12 @@
    (during the actions, from before the first action's layers to the last's; or at the step's
    end) and by the message (the executor's data, or the library's own step messages: the plan
    check before the first receive from each neighbour, the agreement).
+   The last line of a row is the steady path: each configuration runs again with 4m
+   micro-batches, and the difference between the two runs, divided by the difference in data
+   transfers, is what one more micro-batch's transfers cost, with the per-step costs (the plan
+   check, the agreement, warm-up and cool-down groups, the host's wait at the step's end) left
+   out: the transport's calls per data transfer, of them the queries that found the work not
+   done yet, and host waits on data in the actions per added action.
    The goal for a GPU transport on the steady path: at most 4 calls per transfer and no host
    wait on data in the actions. #wrong counts layers whose gradient is not bit-identical to
    pp_sequential_step's; the footer says OK or FAILED and the exit code agrees.
@@ -168,6 +174,12 @@ typedef struct hook_count {
     uint64_t pend[2];           /* transport waits that waited, since the last action began: data, the step's own */
     uint64_t in_actions[2];     /* ... moved here when an action begins */
     uint64_t own_sent;          /* the library's own messages sent (plan check, agreement) */
+    /* between actions (after one action's layers, before the next one's): the transport's calls
+       (hooks' and NCCL's own left out) and its not-ready queries; gap: the thread's counters
+       when the last action's layers ended, or gap_open 0 before the step's first action */
+    int gap_open;
+    uint64_t gap_at[4];         /* thread calls, hooks' calls, NCCL's own calls, not-ready queries */
+    uint64_t between_calls, between_polls;
 } hook_count;
 static void* hc_alloc(void* u, size_t n) {
     hook_count* h = (hook_count*)u;
@@ -196,9 +208,19 @@ static void hc_mark(void* u, const pp_action* x, int idx, int phase) {
         h->in_actions[0] += h->pend[0];
         h->in_actions[1] += h->pend[1];
         h->pend[0] = h->pend[1] = 0;
+        if (h->gap_open)
+            h->between_calls += (a - h->gap_at[0]) - (h->calls - h->gap_at[1]) - (fakenccl_thread_cuda_calls() - h->gap_at[2]);
+        if (h->gap_open) h->between_polls += fakecuda_thread_polls() - h->gap_at[3];
     }
     if (h->inner.mark) h->inner.mark(h->inner.user, x, idx, phase);
     h->calls += fakecuda_thread_calls() - a;
+    if (phase == 1) {
+        h->gap_open = 1;
+        h->gap_at[0] = fakecuda_thread_calls();
+        h->gap_at[1] = h->calls;
+        h->gap_at[2] = fakenccl_thread_cuda_calls();
+        h->gap_at[3] = fakecuda_thread_polls();
+    }
 }
 static void hc_reuse(void* u, void* p, size_t n) { /* part of the transfers: not counted here */
     hook_count* h = (hook_count*)u;
@@ -304,6 +326,7 @@ static pp_result rank_step(int rank, void* user) {
     uint64_t a = fakecuda_thread_calls();
     hook_count* h = &R->hooks[rank];
     t_wc = &R->waits[rank];
+    h->gap_open = 0;
     if (rc == PP_OK) rc = pp_stage_step(R->st[rank], R->b, &R->stats[rank]);
     R->step_calls[rank] += fakecuda_thread_calls() - a;
     R->at_end[rank][0] += h->pend[0]; /* after the last action's layers: the step's end */
@@ -316,6 +339,7 @@ typedef struct result {
     double transfers, actions, calls, transport, hooks, waits, blocked, polls;
     double tw_act[2], tw_end[2]; /* transport waits that waited: in the actions, at the step's end; data, own */
     double nccl_own;                /* of transport: the imitated NCCL's own calls inside its group ends */
+    double between, between_polls;  /* the transport's calls between actions (hook_count), not-ready among them */
     double own_msgs;                /* of transfers: the library's own messages */
     double kinds[FAKECUDA_CALL_KINDS];
     int wrong, failed;
@@ -371,7 +395,7 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         fakecuda_stats a, z;
         fakenccl_stats na, nz;
         uint64_t launched0, sent = 0, step0 = 0, hooks0 = 0, step1 = 0, hooks1 = 0, own0 = 0, own1 = 0;
-        uint64_t tw0[4] = {0, 0, 0, 0}, tw1[4] = {0, 0, 0, 0};
+        uint64_t tw0[4] = {0, 0, 0, 0}, tw1[4] = {0, 0, 0, 0}, bw0[2] = {0, 0}, bw1[2] = {0, 0};
         pp_result rc = tr->step_begin(R.world, &err);
         fakecuda_stats_get(&a);
         fakenccl_stats_get(&na);
@@ -380,6 +404,8 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
             step0 += R.step_calls[r];
             hooks0 += R.hooks[r].calls;
             own0 += R.hooks[r].own_sent;
+            bw0[0] += R.hooks[r].between_calls;
+            bw0[1] += R.hooks[r].between_polls;
             for (k = 0; k < 2; k++) {
                 tw0[k] += R.hooks[r].in_actions[k];
                 tw0[2 + k] += R.at_end[r][k];
@@ -392,6 +418,8 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
             step1 += R.step_calls[r];
             hooks1 += R.hooks[r].calls;
             own1 += R.hooks[r].own_sent;
+            bw1[0] += R.hooks[r].between_calls;
+            bw1[1] += R.hooks[r].between_polls;
             for (k = 0; k < 2; k++) {
                 tw1[k] += R.hooks[r].in_actions[k];
                 tw1[2 + k] += R.at_end[r][k];
@@ -413,6 +441,8 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         out->kinds[FAKECUDA_CALL_LAUNCH] -= (double)(layer_kernels_launched() - launched0); /* the model's, not ours */
         out->hooks += (double)(hooks1 - hooks0);
         out->own_msgs += (double)(own1 - own0);
+        out->between += (double)(bw1[0] - bw0[0]);
+        out->between_polls += (double)(bw1[1] - bw0[1]);
         for (k = 0; k < 2; k++) {
             out->tw_act[k] += (double)(tw1[k] - tw0[k]);
             out->tw_end[k] += (double)(tw1[2 + k] - tw0[2 + k]);
@@ -506,6 +536,30 @@ int main(int argc, char** argv) {
                        "on the step's own messages; at the step's end %.3f on data, %.3f on its own\n",
                        "", res.tw_act[0] / res.actions, res.tw_act[1] / res.actions, res.tw_end[0] / res.actions,
                        res.tw_end[1] / res.actions);
+            {   /* the steady path: the same again with 4m micro-batches, the difference */
+                result big;
+                double dd, dtr, dpoll;
+                b.m = 4 * configs[c].m;
+                run_config(&transports[t], configs[c].kind, configs[c].p, configs[c].v, b.m, warmup, steps, &f.w, &f.gref, &b,
+                           &big);
+                dd = (big.transfers - big.own_msgs) - (res.transfers - res.own_msgs);
+                dtr = big.between - res.between;
+                dpoll = big.between_polls - res.between_polls;
+                if (big.failed || big.wrong || dd <= 0) {
+                    printf("%-10s   steady path, m %d -> %d: FAILED: %s\n", "", configs[c].m, b.m,
+                           big.failed ? big.why : big.wrong ? "gradients differ" : "no more transfers");
+                    bad++;
+                    continue;
+                }
+                printf("%-10s   steady path, m %d -> %d (what each added data transfer costs between actions): the "
+                       "transport's calls %.2f, of them not-ready queries %.2f; all its calls in the step %.2f; host waits "
+                       "on data in the actions %.3f per added action\n",
+                       "", configs[c].m, b.m, dtr / dd, dpoll / dd < 0.005 ? 0.0 : dpoll / dd, /* timing: no -0.00 */
+                       ((big.transport - big.nccl_own) - (res.transport - res.nccl_own)) / dd,
+                       big.actions > res.actions && big.tw_act[0] > res.tw_act[0]
+                           ? (big.tw_act[0] - res.tw_act[0]) / (big.actions - res.actions)
+                           : 0.0);
+            }
             if (res.wrong) bad++;
             else ok++;
         }

@@ -203,6 +203,7 @@ static __thread cudaError_t fk_last_err;
 static __thread int fk_in_host_fn;
 static __thread uint64_t fk_thread_calls;
 static __thread uint64_t fk_thread_waits; /* host waits and not-ready polls of the calling thread */
+static __thread uint64_t fk_thread_polls; /* not-ready polls of the calling thread */
 static cudaError_t fk_sticky[FAKECUDA_DEVICES];
 static fk_stream* fk_legacy[FAKECUDA_DEVICES];
 static fk_stream* fk_streams;
@@ -867,6 +868,7 @@ static inline cudaError_t cudaStreamQuery(cudaStream_t s0) {
     pthread_mutex_lock(&fk_mu);
     fk_st.polls_not_ready++;
     fk_thread_waits++;
+    fk_thread_polls++;
     pthread_mutex_unlock(&fk_mu);
     return cudaErrorNotReady;
 }
@@ -956,6 +958,7 @@ static inline cudaError_t cudaEventQuery(cudaEvent_t ev) {
     if (!ready) {
         fk_st.polls_not_ready++;
         fk_thread_waits++;
+        fk_thread_polls++;
     }
     pthread_mutex_unlock(&fk_mu);
     return ready ? cudaSuccess : cudaErrorNotReady;
@@ -1204,6 +1207,9 @@ static inline uint64_t fakecuda_thread_calls(void) { return fk_thread_calls; }
    saw this grow across a call of its own knows the call waited for the device, by blocking or
    by polling. */
 static inline uint64_t fakecuda_thread_waits(void) { return fk_thread_waits; }
+
+/* Of those, the queries that answered cudaErrorNotReady (fakecuda_stats.polls_not_ready). */
+static inline uint64_t fakecuda_thread_polls(void) { return fk_thread_polls; }
 
 /* Runtime calls in a snapshot (every kind). */
 static inline uint64_t fakecuda_stats_calls(const fakecuda_stats* st) {

@@ -306,6 +306,7 @@ static __thread ncclResult_t fn_group_err;
 static __thread int fn_group_blocking = -1;
 static __thread struct ncclComm* fn_group_inits[64];
 static __thread int fn_n_group_inits;
+static __thread uint64_t fn_thread_cuda_calls; /* fakenccl_thread_cuda_calls */
 
 static inline double fn_now(void) {
     struct timespec ts;
@@ -835,6 +836,7 @@ static inline ncclResult_t fn_launch(fn_task* tasks) {
         (void)cudaSetDevice(old_dev);
         pthread_mutex_lock(&fn_mu);
         fn_st.cuda_calls += 3 + (uint64_t)u->launched + (e != cudaSuccess); /* get, set, launches, restore */
+        fn_thread_cuda_calls += 3 + (uint64_t)u->launched + (e != cudaSuccess);
         u->launching = 0;
         if (e != cudaSuccess) {
             u->n_streams = u->launched;
@@ -1503,6 +1505,9 @@ static inline void fakenccl_stats_get(fakenccl_stats* out) {
     *out = fn_st;
     pthread_mutex_unlock(&fn_mu);
 }
+
+/* fakenccl_stats.cuda_calls made in the calling thread so far (its group ends). */
+static inline uint64_t fakenccl_thread_cuda_calls(void) { return fn_thread_cuda_calls; }
 
 /* Zeroes the counters (not pending, which is a state). */
 static inline void fakenccl_stats_reset(void) {
