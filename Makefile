@@ -146,8 +146,21 @@ $(B)/nccl-ctl-one-channel: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEAD
 # counted on another channel's waits, interleaved p = 2 (two channels) loses bit-exactness.
 $(B)/nccl-ctl-wrong-channel: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_WRONG_CHANNEL $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-reuse $(B)/nccl-ctl-one-channel $(B)/nccl-ctl-wrong-channel
-	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5"\n' > $@
+# And of a group of sends without a completion event: counted done when a host wait asks, a
+# wait for its send returns before the receive was even posted (test_nccl_pipeline's "sends").
+$(B)/nccl-ctl-eventless-done: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_EVENTLESS_DONE $(CFLAGS) $< -o $@ $(LDLIBS)
+# And of a released block taking a receive too early: counted free from the compute stream's
+# last record before its release, the receive overwrites it under a slow reader ("sends").
+$(B)/nccl-ctl-released-now: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_RELEASED_NOW $(CFLAGS) $< -o $@ $(LDLIBS)
+# And of the executor zeroing a gradient workspace's received bytes before its receive: a
+# receive that no longer waits for the compute stream lands first, and the zeros win.
+$(B)/nccl-ctl-zero-received: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_ZERO_RECEIVED $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-reuse $(B)/nccl-ctl-one-channel $(B)/nccl-ctl-wrong-channel \
+                    $(B)/nccl-ctl-eventless-done $(B)/nccl-ctl-released-now $(B)/nccl-ctl-zero-received
+	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "$(B)/nccl-ctl-zero-received one interleaved 2 2 4"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

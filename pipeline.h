@@ -903,6 +903,14 @@ typedef struct pp_transport {
        where it would have sent results, and every rank learns of the failure at the step's
        end, with the transport intact (docs/errors.md). */
     int abort_local;
+    /* A block of the stage's pool, [ptr, ptr + bytes), is free again: every use of it the stage
+       made (its layers' reads and writes, enqueued on their stream, and its sends, done) came
+       before this call; bytes 0: the block left the pool or its sends may not be done (the
+       transport forgets it); ptr NULL: forget every block (after a failed step). A receive
+       later posted into a free block needs nothing ordered after those uses but what the
+       transport already ordered: until then the stage enqueues nothing on the bytes it receives
+       into (pipeline_nccl.h then skips a stream wait). May be NULL. */
+    void (*released)(void* self, const void* ptr, size_t bytes);
 } pp_transport;
 
 /* >>threads ----------------------------------------------------------------------------------- */
@@ -5086,10 +5094,10 @@ static pp_transport _pp_transport_of(const pp_transport* ops, void* self, int ra
 
 pp_transport pp_threads_transport(pp_threads* w, int rank) {
     /* self, rank, size; isend, irecv, wait, test; group_start, group_end; allreduce_sum, abort,
-       cancel; flight_note, flight_get; abort_reason, check_schedule; abort_local */
+       cancel; flight_note, flight_get; abort_reason, check_schedule; abort_local; released */
     static const pp_transport ops = {NULL, 0, 0, _pp_threads_isend, _pp_threads_irecv, _pp_threads_wait, _pp_threads_test,
                                      NULL, NULL, _pp_threads_allreduce, _pp_threads_abort, _pp_threads_cancel,
-                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason, NULL, 0};
+                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason, NULL, 0, NULL};
     int ok = w && rank >= 0 && rank < w->n;
     return _pp_transport_of(&ops, ok ? &w->ports[rank] : NULL, rank, ok ? w->n : 0);
 }
@@ -5753,6 +5761,7 @@ static _pp_block* _pp_block_new_dev(pp_stage* s, size_t bytes) {
 
 static void _pp_block_free(pp_stage* s, _pp_block* b) {
     if (!b) return;
+    if (s->d.transport.released && b->data) s->d.transport.released(s->d.transport.self, b->data, 0);
     if (s->d.device.free && b->data) s->d.device.free(s->d.device.user, b->data);
     s->pool_held -= b->cap;
     PP_FREE(b);
@@ -5762,6 +5771,12 @@ static void _pp_block_free(pp_stage* s, _pp_block* b) {
 static void _pp_block_unuse(pp_stage* s, _pp_block* b) {
     s->pool_used -= b->want;
     b->want = 0;
+}
+/* ... and a block whose uses are all enqueued and whose sends are done is free: the transport
+   hears of it (pp_transport.released). */
+static void _pp_block_freed(pp_stage* s, _pp_block* b) {
+    _pp_block_unuse(s, b);
+    if (s->d.transport.released) s->d.transport.released(s->d.transport.self, b->data, b->cap);
 }
 
 /* The device pool under shapes that change every step (varlen batches repacked): blocks of
@@ -5877,7 +5892,7 @@ static _pp_block* _pp_block_wait_retiring(pp_stage* s, size_t bytes, size_t limi
             }
     }
     /* the wait may have unlinked nothing, but list order is unchanged: bestp is still valid */
-    _pp_block_unuse(s, b);
+    _pp_block_freed(s, b);
     *bestp = b->next;
     b->next = NULL;
     b->n_req = 0;
@@ -5946,7 +5961,7 @@ static void _pp_block_put(pp_stage* s, _pp_block* b) {
         b->next = NULL;
         *bp = b;
     } else {
-        _pp_block_unuse(s, b);
+        _pp_block_freed(s, b);
         b->next = s->pool;
         s->pool = b;
     }
@@ -6017,18 +6032,25 @@ static pp_result _pp_reap(pp_stage* s, int wait_all) {
         s->retiring = rev;
     }
     while ((b = *bp) != NULL) {
+        int failed = 0;
         if (wait_all) {
             int i;
             for (i = 0; i < b->n_req; i++)
                 if (!b->req[i].done) {
                     pp_result r = s->d.transport.wait(s->d.transport.self, &b->req[i], s->d.timeout_s, &s->err);
                     if (r != PP_OK && rc == PP_OK) rc = r;
+                    failed |= r != PP_OK;
                     b->req[i].done = 1;
                 }
         }
         if (wait_all || !_pp_block_busy(s, b)) {
             *bp = b->next;
-            _pp_block_unuse(s, b);
+            if (!failed) {
+                _pp_block_freed(s, b);
+            } else { /* its send may still read it: the transport forgets the block */
+                _pp_block_unuse(s, b);
+                if (s->d.transport.released) s->d.transport.released(s->d.transport.self, b->data, 0);
+            }
             b->next = s->pool;
             s->pool = b;
         } else {
@@ -6612,16 +6634,29 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
         }
     } else {
         int out_turn = _pp_turn(s, a->stage + 1); /* the output gradient is read in place */
+        int recv = a->stage < s->S - 1 && !out_turn;
+        size_t zfrom = 0;
         bytes = _pp_grad_carve(&s->plan, a->mb, la, lb, a->stage > 0, !out_turn, NULL, NULL);
         if (!(pr->blk = _pp_block_get(s, bytes)))
             return _pp_stage_fail(s, PP_ERR_NOMEM, "gradient workspace of %zu bytes for B%d.%d", bytes, a->mb, a->chunk);
+        if (recv) { /* the receives below overwrite the output gradient, first in the workspace: the
+                       zeros go after it, so nothing is enqueued on the received bytes between the
+                       block's release and the receives (pp_transport.released) */
+            const _pp_bnd* bd = _pp_plan_bnd(&s->plan, a->mb, lb);
+            for (k = 0; k < bd->n; k++)
+                if (pp_dtype_is_float(bd->t[k].dtype)) zfrom += _PP_ALIGN(pp_tensor_bytes(&bd->t[k]));
+            if (zfrom > bytes) zfrom = bytes;
+#ifdef PP_TEST_ZERO_RECEIVED /* negative control (build/nccl-controls): the received bytes zeroed too */
+            zfrom = 0;
+#endif
+        }
         if (!s->d.device.zero) {
-            memset(pr->blk->data, 0, bytes);
-        } else if (s->d.device.zero(s->d.device.user, pr->blk->data, bytes) != PP_OK) {
+            memset(pr->blk->data + zfrom, 0, bytes - zfrom);
+        } else if (bytes > zfrom && s->d.device.zero(s->d.device.user, pr->blk->data + zfrom, bytes - zfrom) != PP_OK) {
             return _pp_stage_fail(s, PP_ERR_TRANSPORT, "zeroing the gradient workspace of B%d.%d (%zu bytes)", a->mb,
                                   a->chunk, bytes);
         }
-        if (a->stage < s->S - 1 && !out_turn) {
+        if (recv) {
             const _pp_bnd* bd = _pp_plan_bnd(&s->plan, a->mb, lb);
             size_t off = 0;
             if (t->group_start) t->group_start(t->self);
@@ -7293,6 +7328,8 @@ static void _pp_stage_recover(pp_stage* s) {
         b->next = s->pool;
         s->pool = b;
     }
+    /* a broken step's receives and sends may still touch any block: the transport forgets them all */
+    if (s->d.transport.released) s->d.transport.released(s->d.transport.self, NULL, 0);
     /* the plan check's receives, where the step stopped before checking */
     for (i = 0; i < s->n_nb; i++)
         if (s->nb[i].state == 1) {

@@ -205,7 +205,7 @@ extern "C" {
 /* One NCCL group on the communication stream; its operations complete together. */
 typedef struct _ppn_batch {
     struct _ppn_batch* next;    /* on the transport's list of batches not yet seen complete */
-    cudaEvent_t done;
+    cudaEvent_t done;           /* NULL for a group of device sends until a host wait asks (_ppn_event) */
     int refs;                   /* live ops, and 1 while on that list */
     int complete;
     int ch;                     /* the channel (communicator and stream) it went on */
@@ -222,10 +222,17 @@ typedef struct _ppn_op {
     int host;                   /* buf is host memory: staged through dev */
     size_t bytes;
     _ppn_batch* batch;          /* NULL while queued */
+    uint64_t rel_at;            /* a device receive: the `ready` record after its block's last use (_ppn_released) */
     int ch;                     /* _ppn_channel_of: direction + 2 * gradient + 4 * odd pair */
     int self_done;              /* a message to this rank itself: copied (or failed) */
     pp_result self_rc;
 } _ppn_op;
+
+typedef struct _ppn_rel { /* a free block of the stage's pool (pp_transport.released) */
+    const char* p;
+    size_t n;
+    uint64_t at;            /* the first record of `ready` after its last use */
+} _ppn_rel;
 
 typedef struct _ppn_bounce {
     struct _ppn_bounce* next;
@@ -264,6 +271,10 @@ struct pp_nccl {
     uint64_t busy_seq[_PPN_MAXCH], busy_at[_PPN_MAXCH]; /* a batch of the channel seen running, and 1 + the epoch then */
     uint64_t epoch;             /* issues so far: one per _ppn_flush_all, one per flush outside it */
     cudaEvent_t ready;          /* recorded on the compute stream at every flush (a wait keeps its record) */
+    uint64_t ready_n;           /* records of it so far */
+    uint64_t ch_ready[_PPN_MAXCH]; /* the last of them channel ch's stream waited for */
+    _ppn_rel* rel;              /* free blocks of the stage's pool, by base */
+    int n_rel, cap_rel;
     int in_flush_all, ready_fresh; /* within _ppn_flush_all: ready is recorded once for every channel's group */
     cudaEvent_t* free_ev;       /* completion events of released batches, for reuse */
     int n_free_ev, cap_free_ev;
@@ -366,22 +377,27 @@ static int _ppn_is_host(pp_nccl* t, const void* p) {
     return 0;
 }
 
-/* A released batch's event goes back to the pool: recording it again is safe once the waits
-   enqueued on it are (each keeps the record it was enqueued for). */
+/* An event goes back to the pool: recording it again is safe once the waits enqueued on it
+   are (each keeps the record it was enqueued for). */
+static void _ppn_ev_put(pp_nccl* t, cudaEvent_t ev) {
+    if (!ev) return;
+    if (t->n_free_ev == t->cap_free_ev) {
+        int cap = t->cap_free_ev ? 2 * t->cap_free_ev : 16;
+        cudaEvent_t* nv = (cudaEvent_t*)PP_MALLOC(sizeof(cudaEvent_t) * (size_t)cap);
+        if (nv) {
+            if (t->n_free_ev) memcpy(nv, t->free_ev, sizeof(cudaEvent_t) * (size_t)t->n_free_ev);
+            PP_FREE(t->free_ev);
+            t->free_ev = nv;
+            t->cap_free_ev = cap;
+        }
+    }
+    if (t->n_free_ev < t->cap_free_ev) t->free_ev[t->n_free_ev++] = ev;
+    else cudaEventDestroy(ev); /* CUDA releases it once its record completed */
+}
+
 static void _ppn_batch_release(pp_nccl* t, _ppn_batch* b) {
     if (b && --b->refs == 0) {
-        if (t->n_free_ev == t->cap_free_ev) {
-            int cap = t->cap_free_ev ? 2 * t->cap_free_ev : 16;
-            cudaEvent_t* nv = (cudaEvent_t*)PP_MALLOC(sizeof(cudaEvent_t) * (size_t)cap);
-            if (nv) {
-                if (t->n_free_ev) memcpy(nv, t->free_ev, sizeof(cudaEvent_t) * (size_t)t->n_free_ev);
-                PP_FREE(t->free_ev);
-                t->free_ev = nv;
-                t->cap_free_ev = cap;
-            }
-        }
-        if (t->n_free_ev < t->cap_free_ev) t->free_ev[t->n_free_ev++] = b->done;
-        else cudaEventDestroy(b->done); /* CUDA releases it once its record completed */
+        _ppn_ev_put(t, b->done);
         PP_FREE(b);
     }
 }
@@ -434,9 +450,23 @@ static pp_result _ppn_settle_comm(pp_nccl* t, ncclComm_t comm, const char* what)
     return st == ncclInProgress ? PP_ERR_TIMEOUT : PP_ERR_TRANSPORT;
 }
 
+/* An event for a batch's completion: from the pool, or a new one. */
+static pp_result _ppn_ev_get(pp_nccl* t, cudaEvent_t* ev) {
+    if (t->n_free_ev) {
+        *ev = t->free_ev[--t->n_free_ev];
+        return PP_OK;
+    }
+    return _ppn_cuda(t, cudaEventCreateWithFlags(ev, cudaEventDisableTiming), "cudaEventCreate");
+}
+
 /* Issues channel ch's queued ops from the oldest up to `last` (NULL: all) as one NCCL group on
    the channel's stream, after the compute stream's work so far (a send's producer, a receive
-   block's earlier readers), and records the group's completion event. */
+   block's earlier readers), and records the group's completion event. A group of device sends
+   alone records none: the compute stream never waits for it (a send is done for the executor
+   once the compute stream waited for a later group of its channel, _ppn_test), and a host wait
+   that asks for it gets one then (_ppn_event): one call fewer per such group, the sends of
+   warm-up and cool-down and, with two channels, every action's send (interleaved schedules:
+   6 calls per transfer to 5, bench/bench_imitation). */
 static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
     _ppn_batch* b;
     _ppn_op *op, *end;
@@ -445,19 +475,28 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
     ncclResult_t ge;
     ncclComm_t comm = _PPN_COMM(t, ch);
     cudaStream_t stream = _PPN_STREAM(t, ch);
+    int need_ev = 0, need_wait = 0;
     if (!t->n_queued[ch]) return PP_OK;
     if (!t->in_flush_all) t->epoch++; /* _ppn_flush_all counts its channels' groups as one */
     if (t->aborted) return PP_ERR_ABORTED;
+    end = last ? last->next : NULL;
+    for (op = t->head; op != end; op = op->next)
+        if (!op->batch && op->ch == ch && op->peer != t->rank) {
+            if (op->is_recv || op->host) need_ev = 1;
+            if (!op->is_recv || op->host || op->rel_at > t->ch_ready[ch]) need_wait = 1;
+        }
     b = (_ppn_batch*)_pp_calloc(1, sizeof *b);
     if (!b) return PP_ERR_NOMEM;
-    if (t->n_free_ev) b->done = t->free_ev[--t->n_free_ev];
-    else rc = _ppn_cuda(t, cudaEventCreateWithFlags(&b->done, cudaEventDisableTiming), "cudaEventCreate");
+    if (need_ev) rc = _ppn_ev_get(t, &b->done);
     if (rc == PP_OK && !t->ready) rc = _ppn_cuda(t, cudaEventCreateWithFlags(&t->ready, cudaEventDisableTiming), "cudaEventCreate");
     ready = t->ready;
-    if (rc == PP_OK && !t->ready_fresh) rc = _ppn_cuda(t, cudaEventRecord(ready, t->compute), "cudaEventRecord (compute)");
-    t->ready_fresh = t->in_flush_all; /* the other channel's group of this flush waits for the same record */
-    if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent (compute)");
-    end = last ? last->next : NULL;
+    if (rc == PP_OK && need_wait) {
+        if (!t->ready_fresh && (rc = _ppn_cuda(t, cudaEventRecord(ready, t->compute), "cudaEventRecord (compute)")) == PP_OK)
+            t->ready_n++;
+        t->ready_fresh = t->in_flush_all; /* the other channel's group of this flush waits for the same record */
+        if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent (compute)");
+        if (rc == PP_OK) t->ch_ready[ch] = t->ready_n;
+    }
     for (op = t->head; op != end && rc == PP_OK; op = op->next)
         if (!op->batch && op->ch == ch && op->peer != t->rank && op->host && !op->is_recv && op->bytes)
             rc = _ppn_cuda(t, cudaMemcpyAsync(op->dev, op->buf, op->bytes, cudaMemcpyHostToDevice, stream), "staging a host send");
@@ -477,7 +516,7 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
         if (rc == PP_OK) rc = _ppn_nccl(t, ge, "ncclGroupEnd");
         if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, comm, "ncclGroupEnd (non-blocking)");
     }
-    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(b->done, stream), "cudaEventRecord (group done)");
+    if (rc == PP_OK && b->done) rc = _ppn_cuda(t, cudaEventRecord(b->done, stream), "cudaEventRecord (group done)");
     if (b->refs == 0) {
         b->refs = 1;
         _ppn_batch_release(t, b); /* nothing went out: the event goes back to the pool */
@@ -493,19 +532,55 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
     return rc;
 }
 
+/* What tells a host wait that batch b, a group of device sends without an event, is done: the
+   nearest later group of its channel that has one (*cover; a channel's groups complete in issue
+   order), else an event recorded now on the channel's stream (after b and any later group of
+   sends: exact when b is the channel's newest group). Either may answer later than b's own
+   record would have; _ppn_wait's probes therefore give up at once where it is not exact. */
+static _ppn_batch* _ppn_cover(const pp_nccl* t, const _ppn_batch* b) {
+    _ppn_batch *x, *c = NULL;
+    for (x = t->outstanding; x; x = x->next) /* newest first */
+        if (x->ch == b->ch && x->seq > b->seq && x->done) c = x;
+    return c;
+}
+static pp_result _ppn_event(pp_nccl* t, _ppn_batch* b, _ppn_batch** cover) {
+    pp_result rc;
+    if ((*cover = _ppn_cover(t, b)) != NULL) return PP_OK;
+    if ((rc = _ppn_ev_get(t, &b->done)) != PP_OK) return rc;
+    rc = _ppn_cuda(t, cudaEventRecord(b->done, _PPN_STREAM(t, b->ch)), "cudaEventRecord (sends done)");
+    if (rc != PP_OK) {
+        _ppn_ev_put(t, b->done);
+        b->done = NULL;
+    }
+    return rc;
+}
+
 /* 1 when the batch is done, 0 while it runs; an error otherwise (NCCL's asynchronous error).
    A channel's batches complete in issue order, so neither a batch seen running nor a later one
-   of its channel is asked again before the next issue (the executor tests every retiring send
-   at every action); a batch issued since then is not asked at all (its send waits for a
-   receive the peer runs later, and "not yet" is always a safe answer). */
+   of its channel is asked again before the next issue (the step's end polls every batch left);
+   a batch issued since then is not asked at all (its send waits for a receive the peer runs
+   later, and "not yet" is always a safe answer). Only waits ask: _ppn_test never does. */
 static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
     cudaError_t e;
     ncclResult_t ar = ncclSuccess;
+    _ppn_batch* cover = NULL;
+    pp_result rc;
     *done = 0;
     if (!b->complete && b->seq && b->seq <= t->done_seq[b->ch]) b->complete = 1;
     if (b->complete) {
         *done = 1;
         return PP_OK;
+    }
+#ifdef PP_NCCL_TEST_EVENTLESS_DONE /* negative control (build/nccl-controls): a group of sends is done when asked */
+    if (!b->done) {
+        b->complete = *done = 1;
+        return PP_OK;
+    }
+#endif
+    if (!b->done && (rc = _ppn_event(t, b, &cover)) != PP_OK) return rc;
+    if (cover) { /* a later group of the channel: its completion is b's too */
+        if ((rc = _ppn_query(t, cover, done)) == PP_OK && *done) b->complete = 1;
+        return rc;
     }
     if (b->not_ready_at == t->epoch + 1) return PP_OK;
     /* a later batch than one seen running since the last flush is running too (issue order) */
@@ -538,7 +613,9 @@ static pp_result _ppn_poll(pp_nccl* t, _ppn_batch* b, double deadline) {
     int known_busy = !b->complete && !(b->seq && b->seq <= t->done_seq[b->ch]) && b->not_ready_at == t->epoch + 1;
     for (;; round++) {
         if (!known_busy || round > 0) {
+            _ppn_batch* c = b->done ? NULL : _ppn_cover(t, b);
             b->not_ready_at = t->busy_at[b->ch] = 0; /* polling: ask every time */
+            if (c) c->not_ready_at = 0;
             if ((rc = _ppn_query(t, b, &done)) != PP_OK || done) return rc;
         }
         if (t->aborted) return PP_ERR_ABORTED;
@@ -598,6 +675,15 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     op->bytes = bytes;
     op->host = bytes ? _ppn_is_host(t, buf) : 0;
     op->ch = _ppn_channel(t->nch, t->rank, is_recv, peer, tag);
+    op->rel_at = UINT64_MAX; /* not known to be free: the group waits for the compute stream */
+    if (is_recv && !op->host) {
+        int i;
+        for (i = 0; i < t->n_rel; i++)
+            if ((const char*)buf >= t->rel[i].p && (const char*)buf + bytes <= t->rel[i].p + t->rel[i].n) {
+                op->rel_at = t->rel[i].at;
+                break;
+            }
+    }
     if (op->host && peer != t->rank) {
         op->dev = NULL;
         rc = _ppn_bounce_get(t, bytes, &op->dev, &op->dev_cap);
@@ -628,6 +714,48 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
 #endif
     }
     return rc;
+}
+
+/* pp_transport.released: a free block of the stage's pool, whose uses all came before the next
+   record of `ready` (bytes 0: forgotten; ptr NULL: all forgotten). A receive posted into it later needs no stream wait
+   on its channel once that channel's stream waited for that record or a later one: a group of
+   such receives alone then enqueues no record and no wait (_ppn_flush). With two channels
+   (interleaved schedules) every action's receive goes in a group of its own on the other
+   channel than its send: 5 calls per transfer to 4 (bench/bench_imitation). At most
+   _PPN_MAX_REL blocks are remembered; one not remembered is waited for, as before. */
+#define _PPN_MAX_REL 4096
+static void _ppn_released(void* self, const void* ptr, size_t bytes) {
+    pp_nccl* t = (pp_nccl*)self;
+    int i;
+    if (!ptr) { /* after a failed step */
+        t->n_rel = 0;
+        return;
+    }
+    for (i = 0; i < t->n_rel; i++)
+        if (t->rel[i].p == (const char*)ptr) break;
+    if (!bytes) {
+        if (i < t->n_rel) t->rel[i] = t->rel[--t->n_rel];
+        return;
+    }
+    if (i == t->n_rel) {
+        if (t->n_rel == t->cap_rel) {
+            int cap = t->cap_rel ? 2 * t->cap_rel : 64;
+            _ppn_rel* nr = cap <= _PPN_MAX_REL ? (_ppn_rel*)PP_MALLOC(sizeof(_ppn_rel) * (size_t)cap) : NULL;
+            if (!nr) return;
+            if (t->n_rel) memcpy(nr, t->rel, sizeof(_ppn_rel) * (size_t)t->n_rel);
+            PP_FREE(t->rel);
+            t->rel = nr;
+            t->cap_rel = cap;
+        }
+        t->n_rel++;
+    }
+    t->rel[i].p = (const char*)ptr;
+    t->rel[i].n = bytes;
+#ifdef PP_NCCL_TEST_RELEASED_NOW /* negative control (build/nccl-controls): free as of the last record */
+    t->rel[i].at = t->ready_n;
+#else
+    t->rel[i].at = t->ready_n + 1;
+#endif
 }
 
 static pp_result _ppn_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
@@ -720,6 +848,10 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
         return rc == PP_OK ? PP_OK : _pp_fail(err, rc, "%s", t->err);
     }
     if (!op->is_recv && _ppn_send_ordered(t, op)) return _ppn_done(t, req, op, PP_OK);
+    if (!op->is_recv && dt <= _PP_RETIRE_WAIT_S && !op->batch->done && op->batch->seq < t->batch_seq[op->ch] &&
+        op->batch->seq > t->done_seq[op->ch]) /* a probe, and only later groups could answer (_ppn_event) */
+        return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d: a send to rank %d is not known to be done (a later group of its channel "
+                        "would have to finish first)", t->rank, peer);
     rc = _ppn_poll(t, op->batch, _pp_now() + dt);
     if (rc == PP_ERR_TIMEOUT && !op->is_recv && dt <= _PP_RETIRE_WAIT_S) /* the executor's probe: no harm done */
         return _pp_fail(err, rc, "rank %d: a send to rank %d is not done after %.3g s", t->rank, peer, dt);
@@ -734,12 +866,17 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
     return _pp_fail(err, rc, "%s", t->err);
 }
 
-/* Never issues or waits: a queued op is not done; a send is done when its group is, or as soon
-   as the compute stream waited for that group or a later one of its channel (a receive's wait):
+/* Never issues, waits or asks the device: a queued op is not done; a send is done as soon as
+   the compute stream waited for its group or a later one of its channel (a receive's wait):
    every later write of the block is then ordered after the send on the device (the compute
    stream's own work, and every group issued later waits for a record of it), so the host may
-   hand the block out again without asking (no runtime call). A device receive is reported by
-   its wait (which orders the compute stream after it). */
+   hand the block out again; or once a wait saw its group or a later one of its channel
+   complete. Asking the device instead (cudaEventQuery) mostly heard "not yet" while the host
+   runs ahead of the device, at one query per channel and action: 1.2 calls per transfer for
+   interleaved schedules, whose sends to one side are ordered only two actions later, with the
+   next receive from the other (bench/bench_imitation); the pool holds such a block a little
+   longer instead. A device receive is reported by its wait (which orders the compute stream
+   after it). NCCL's asynchronous errors surface at the next host wait (the step's end). */
 static pp_result _ppn_test(void* self, pp_request* req, int* done) {
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
@@ -762,8 +899,7 @@ static pp_result _ppn_test(void* self, pp_request* req, int* done) {
 #ifdef PP_NCCL_TEST_EARLY_REUSE /* negative control (build/nccl-controls): a send is done once issued */
     *done = 1;
 #else
-    if (_ppn_send_ordered(t, op)) *done = 1;
-    else if ((rc = _ppn_query(t, op->batch, done)) != PP_OK) return rc;
+    if (_ppn_send_ordered(t, op) || (op->batch->seq && op->batch->seq <= t->done_seq[op->ch])) *done = 1;
 #endif
     if (*done) _ppn_done(t, req, op, PP_OK);
     return PP_OK;
@@ -882,7 +1018,7 @@ pp_transport pp_nccl_transport(pp_nccl* t) {
     /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
     static const pp_transport ops = {NULL, 0, 0, _ppn_isend, _ppn_irecv, _ppn_wait, _ppn_test, _ppn_group_start,
                                      _ppn_group_end, _ppn_allreduce, _ppn_abort, _ppn_cancel, NULL, NULL, NULL,
-                                     _ppn_check_schedule, 1};
+                                     _ppn_check_schedule, 1, _ppn_released};
     return _pp_transport_of(&ops, t, t ? t->rank : 0, t ? t->size : 0);
 }
 
@@ -992,6 +1128,7 @@ void pp_nccl_destroy(pp_nccl* t) {
     }
     while (t->n_free_ev) cudaEventDestroy(t->free_ev[--t->n_free_ev]);
     PP_FREE(t->free_ev);
+    PP_FREE(t->rel);
     if (t->ready) cudaEventDestroy(t->ready);
     while (t->bounce) {
         _ppn_bounce* b = t->bounce;

@@ -14,7 +14,13 @@
    - a failing layer: every rank returns an error (the communicators are aborted), and a new
      communicator, transport and stage give a bit-exact next step;
    - a layer slower than the executor's block probes (2 s against 1 s) under a 5 s timeout: no
-     probe aborts the communicator.
+     probe aborts the communicator;
+   - the transport alone: a host wait for a send whose group recorded no completion event
+     returns only once the send is done, and a probe of it gives up at once where only a later
+     group could answer; a receive into a block the stage released waits for the block's last
+     reader on the compute stream (`sends`; negative controls build/nccl-ctl-eventless-done and
+     build/nccl-ctl-released-now; build/nccl-ctl-zero-received, the executor zeroing received
+     bytes before the receive, fails the matrix's interleaved p = 2).
    Negative controls: built with -DPP_NCCL_TEST_LATE_SENDS the transport issues sends only at its
    next wait (the deadlock the imitation found in the first NCCL transport), and with one channel
    instead of two (op->ch = 0 in pipeline_nccl.h) interleaved's neighbours wait for each other:
@@ -462,6 +468,222 @@ static void test_slow(void) {
     CHECK(grads_equal(2), "slow layers: gradients differ");
 }
 
+/* >>sends: a group of device sends alone records no completion event (pipeline_nccl.h,
+   _ppn_flush); a host wait for one of its sends must still return only once the send is done.
+   Rank 0 sends a message in a group of its own, then another with a receive in one group (which
+   records an event); rank 1 posts its receives and its send only after 0.3 s (in rendezvous
+   mode a send is done when its receive has run). Rank 0's probe of the first send (a wait of
+   0.5 s, what the executor's block pool does) gives up at once: only the later group could
+   answer. Its full wait (answered by the later group's event) must not return before rank 1
+   posted the receives, and all data must arrive. Negative control:
+   build/nccl-ctl-eventless-done (such a group is done as soon as it is asked). */
+/* Rank r of two (its own device): a communicator from id and a pp_nccl on it over `channels`
+   channels, with the compute stream; NULL and a message on failure. */
+static pp_nccl* two_rank_nccl(int r, const ncclUniqueId* id, int channels, cudaStream_t compute, char* msg, size_t cap) {
+    ncclComm_t comm = NULL;
+    pp_nccl* t = NULL;
+    pp_nccl_desc nd;
+    pp_error err;
+    if (ncclCommInitRank(&comm, 2, *id, r) != ncclSuccess) {
+        snprintf(msg, cap, "ncclCommInitRank failed");
+        return NULL;
+    }
+    memset(&nd, 0, sizeof nd);
+    nd.comm = comm;
+    nd.compute = compute;
+    nd.own_comm = 1;
+    nd.channels = channels;
+    if (pp_nccl_create(&nd, &t, &err) != PP_OK) {
+        snprintf(msg, cap, "pp_nccl_create: %.150s", err.msg);
+        ncclCommDestroy(comm);
+        return NULL;
+    }
+    return t;
+}
+
+/* Runs fn(&args[r]) for r = 0, 1 in two threads, in rendezvous mode; args[r] start with their
+   rank and a shared id (two_rank_arg). */
+typedef struct two_rank_arg {
+    int r;
+    ncclUniqueId id;
+} two_rank_arg;
+static void two_ranks(void* (*fn)(void*), void* args, size_t size) {
+    pthread_t th[2];
+    fakenccl_options o;
+    ncclUniqueId id;
+    int r;
+    memset(&o, 0, sizeof o); /* rendezvous: every send waits for its receive */
+    fakenccl_set_options(&o);
+    ncclGetUniqueId(&id);
+    for (r = 0; r < 2; r++) {
+        two_rank_arg* a = (two_rank_arg*)((char*)args + (size_t)r * size);
+        a->r = r;
+        a->id = id;
+        pthread_create(&th[r], NULL, fn, a);
+    }
+    for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+}
+
+typedef struct send_arg {
+    two_rank_arg h;
+    double t_posted, t_returned, probe_s;
+    pp_result probe_rc, wait_rc, end_rc;
+    int data_ok;
+    char msg[200];
+} send_arg;
+
+static void* send_rank(void* arg) {
+    send_arg* a = (send_arg*)arg;
+    cudaStream_t compute = NULL;
+    pp_nccl* t;
+    pp_transport tr;
+    pp_request q[3];
+    pp_error err;
+    float host[3][64], *dev[3] = {NULL, NULL, NULL};
+    int k, i;
+    cudaSetDevice(a->h.r);
+    memset(q, 0, sizeof q);
+    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+    for (k = 0; k < 3; k++) {
+        for (i = 0; i < 64; i++) host[k][i] = (a->h.r == 0) == (k < 2) ? (float)(100 * k + i) : -1.0f;
+        cudaMalloc((void**)&dev[k], sizeof host[k]);
+        cudaMemcpy(dev[k], host[k], sizeof host[k], cudaMemcpyHostToDevice);
+    }
+    cudaDeviceSynchronize(); /* the legacy stream's copies, before the non-blocking streams use the buffers */
+    if (!(t = two_rank_nccl(a->h.r, &a->h.id, 1, compute, a->msg, sizeof a->msg))) return NULL;
+    tr = pp_nccl_transport(t);
+    if (a->h.r == 0) {
+        double t0;
+        for (k = 0; k < 2; k++) { /* a group of one send; a group of a send and a receive */
+            tr.group_start(tr.self);
+            if (k == 1) tr.irecv(tr.self, 1, 7, dev[2], sizeof host[2], &q[2]);
+            tr.isend(tr.self, 1, 5 + k, dev[k], sizeof host[k], &q[k]);
+            tr.group_end(tr.self);
+        }
+        t0 = _pp_now();
+        a->probe_rc = tr.wait(tr.self, &q[0], 0.5, &err);
+        a->probe_s = _pp_now() - t0;
+        a->wait_rc = tr.wait(tr.self, &q[0], 10, &err);
+        a->t_returned = _pp_now();
+        if (a->wait_rc != PP_OK) snprintf(a->msg, sizeof a->msg, "wait: %.150s", err.msg);
+        for (k = 1; k < 3; k++)
+            if (tr.wait(tr.self, &q[k], 10, &err) != PP_OK) a->wait_rc = PP_ERR_TRANSPORT;
+    } else {
+        struct timespec ts = {0, 300000000L};
+        nanosleep(&ts, NULL);
+        a->t_posted = _pp_now();
+        for (k = 0; k < 2; k++) tr.irecv(tr.self, 0, 5 + k, dev[k], sizeof host[k], &q[k]);
+        tr.isend(tr.self, 0, 7, dev[2], sizeof host[2], &q[2]);
+        for (k = 0; k < 3; k++)
+            if ((a->wait_rc = tr.wait(tr.self, &q[k], 10, &err)) != PP_OK) break;
+    }
+    cudaStreamSynchronize(compute); /* the receives' waits are the compute stream's */
+    a->data_ok = 1;
+    for (k = 0; k < 3; k++) {
+        cudaMemcpy(host[k], dev[k], sizeof host[k], cudaMemcpyDeviceToHost);
+        for (i = 0; i < 64; i++)
+            if (host[k][i] != (float)(100 * k + i)) a->data_ok = 0;
+    }
+    a->end_rc = pp_nccl_step_end(t, 10, &err);
+    pp_nccl_destroy(t);
+    for (k = 0; k < 3; k++) cudaFree(dev[k]);
+    cudaStreamDestroy(compute);
+    return NULL;
+}
+
+static void test_send_completion(void) {
+    send_arg a[2];
+    memset(a, 0, sizeof a);
+    two_ranks(send_rank, a, sizeof a[0]);
+    CHECK(!a[0].msg[0] && !a[1].msg[0], "send completion: %s %s", a[0].msg, a[1].msg);
+    CHECK(a[0].probe_rc == PP_ERR_TIMEOUT && a[0].probe_s < 0.25, "a probe of a send only a later group could answer: %s after %.3f s",
+          pp_result_str(a[0].probe_rc), a[0].probe_s);
+    CHECK(a[0].wait_rc == PP_OK && a[1].wait_rc == PP_OK, "send completion: waits %s %s", pp_result_str(a[0].wait_rc),
+          pp_result_str(a[1].wait_rc));
+    CHECK(a[0].t_returned >= a[1].t_posted, "the wait for a send returned %.3f s before its receive was posted",
+          a[1].t_posted - a[0].t_returned);
+    CHECK(a[0].data_ok && a[1].data_ok, "the messages' data did not arrive (rank 0 %d, rank 1 %d)", a[0].data_ok, a[1].data_ok);
+    CHECK(a[0].end_rc == PP_OK && a[1].end_rc == PP_OK, "step end: %s %s", pp_result_str(a[0].end_rc), pp_result_str(a[1].end_rc));
+}
+
+/* A block the stage released (pp_transport.released) may take a receive without its channel
+   waiting for the compute stream again, but only once the channel waited for a record of the
+   compute stream made after the release: before it, the block's last reader may still run.
+   Rank 0's channel from rank 1 first waits for the compute stream (a receive into a fresh
+   buffer); then the compute stream reads block X slowly (a host function of 0.2 s, then a copy
+   of X), X is released, and a receive into X is posted and waited for. Rank 1 sends at once.
+   The slow copy must still see X's old bytes. Negative control: build/nccl-ctl-released-now
+   (a released block counts as free from the compute stream's last record before the release:
+   the receive overwrites X under its reader). */
+static void sleep_host(void* u) {
+    struct timespec ts = {0, 200000000L};
+    (void)u;
+    nanosleep(&ts, NULL);
+}
+
+typedef struct rel_arg {
+    two_rank_arg h;
+    int ok;
+    char msg[200];
+} rel_arg;
+
+static void* released_rank(void* arg) {
+    rel_arg* a = (rel_arg*)arg;
+    cudaStream_t compute = NULL;
+    pp_nccl* t;
+    pp_transport tr;
+    pp_request q[2];
+    pp_error err;
+    float host[64], *x = NULL, *y = NULL, *check = NULL;
+    int i, k;
+    cudaSetDevice(a->h.r);
+    memset(q, 0, sizeof q);
+    cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking);
+    cudaMalloc((void**)&x, sizeof host);
+    cudaMalloc((void**)&y, sizeof host);
+    cudaMalloc((void**)&check, sizeof host);
+    for (i = 0; i < 64; i++) host[i] = a->h.r == 0 ? 1.0f : 2.0f; /* rank 0's old bytes, rank 1's new ones */
+    cudaMemcpy(x, host, sizeof host, cudaMemcpyHostToDevice);
+    cudaMemcpy(y, host, sizeof host, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
+    if (!(t = two_rank_nccl(a->h.r, &a->h.id, 2, compute, a->msg, sizeof a->msg))) return NULL;
+    tr = pp_nccl_transport(t);
+    a->ok = 1;
+    if (a->h.r == 0) {
+        tr.irecv(tr.self, 1, 1, y, sizeof host, &q[0]); /* a fresh buffer: the channel waits for the compute stream */
+        if (tr.wait(tr.self, &q[0], 10, &err) != PP_OK) a->ok = 0;
+        cudaLaunchHostFunc(compute, sleep_host, NULL); /* X's last reader: slow */
+        cudaMemcpyAsync(check, x, sizeof host, cudaMemcpyDeviceToDevice, compute);
+        tr.released(tr.self, x, sizeof host);
+        tr.irecv(tr.self, 1, 2, x, sizeof host, &q[1]);
+        if (tr.wait(tr.self, &q[1], 10, &err) != PP_OK) a->ok = 0;
+        cudaStreamSynchronize(compute);
+        cudaMemcpy(host, check, sizeof host, cudaMemcpyDeviceToHost);
+        for (i = 0; i < 64; i++)
+            if (host[i] != 1.0f) a->ok = 0;
+        if (!a->ok) snprintf(a->msg, sizeof a->msg, "the reader of a released block saw %g, not its old 1", (double)host[0]);
+    } else {
+        for (k = 0; k < 2; k++) tr.isend(tr.self, 0, 1 + k, k ? x : y, sizeof host, &q[k]);
+        for (k = 0; k < 2; k++)
+            if (tr.wait(tr.self, &q[k], 10, &err) != PP_OK) a->ok = 0;
+    }
+    if (pp_nccl_step_end(t, 10, &err) != PP_OK) a->ok = 0;
+    pp_nccl_destroy(t);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(check);
+    cudaStreamDestroy(compute);
+    return NULL;
+}
+
+static void test_released(void) {
+    rel_arg a[2];
+    int r;
+    memset(a, 0, sizeof a);
+    two_ranks(released_rank, a, sizeof a[0]);
+    for (r = 0; r < 2; r++) CHECK(a[r].ok, "released block, rank %d: %s", r, a[r].msg);
+}
+
 /* >>rendezvous: pp_nccl_check_rendezvous, and the imitation agreeing with it. */
 
 /* A random valid table: a random execution of every (op, micro-batch, stage) under the
@@ -723,7 +945,12 @@ int main(int argc, char** argv) {
         run_case(kind, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), PP_SHAPES_LOCAL, 1, NULL);
     } else if (argc > 1 && !strcmp(argv[1], "drain")) { /* what the negative control runs */
         test_failure_drain();
+    } else if (argc > 1 && !strcmp(argv[1], "sends")) { /* what the negative controls run */
+        test_send_completion();
+        test_released();
     } else {
+        test_send_completion();
+        test_released();
         test_rendezvous();
         test_matrix();
         test_failure();
