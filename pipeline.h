@@ -7056,6 +7056,9 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
            (this action's: a later one computes nothing) */
         if (s->draining && computed && a->stage > 0) rc = _pp_drain_zero(s, vw.dact, vw.nact[0]);
     }
+    /* without W the stash is done with: back to the pool before the send's group, whose record
+       of the compute stream then comes after its last use (pp_transport.released) */
+    if (rc == PP_OK && !s->defer_w) _pp_slot_release(s, c);
     if (rc == PP_OK && a->stage > 0 && !in_turn)
         rc = _pp_send_bnd(s, a, gws, vw.dact, vw.nact[0], a->prev_rank, 1, a->stage, 0);
     if (rc != PP_OK) {
@@ -7076,7 +7079,6 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         }
 #endif
     } else {
-        _pp_slot_release(s, c);
         _pp_block_put(s, gws);
     }
     return PP_OK;

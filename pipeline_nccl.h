@@ -223,6 +223,8 @@ typedef struct _ppn_op {
     size_t bytes;
     _ppn_batch* batch;          /* NULL while queued */
     uint64_t rel_at;            /* a device receive: the `ready` record after its block's last use (_ppn_released) */
+    int order;                  /* a device data message: its peer's action that receives (a send) or
+                                   sends it (a receive), the index in the peer's list; -1 unknown */
     int ch;                     /* _ppn_channel_of: direction + 2 * gradient + 4 * odd pair */
     int self_done;              /* a message to this rank itself: copied (or failed) */
     pp_result self_rc;
@@ -275,6 +277,9 @@ struct pp_nccl {
     uint64_t ch_ready[_PPN_MAXCH]; /* the last of them channel ch's stream waited for */
     _ppn_rel* rel;              /* free blocks of the stage's pool, by base */
     int n_rel, cap_rel;
+    int sched_s, sched_m;       /* the checked schedule's stages and micro-batches (0: none, -1: several differ) */
+    int* order;                 /* [key]: what _ppn_op.order says, by message (_ppn_key) */
+    int* proven;                /* [peer]: the latest action of the peer whose message the compute stream waited for */
     int in_flush_all, ready_fresh; /* within _ppn_flush_all: ready is recorded once for every channel's group */
     cudaEvent_t* free_ev;       /* completion events of released batches, for reuse */
     int n_free_ev, cap_free_ev;
@@ -327,6 +332,18 @@ static int _ppn_channel_of(int nch, int me, int is_recv, int peer, int grad) {
    as activations. */
 static int _ppn_channel(int nch, int me, int is_recv, int peer, int tag) {
     return _ppn_channel_of(nch, me, is_recv, peer, tag >= 0 && tag < _PP_TAG_RESERVED && (tag >> _PP_GEN_BITS & 1));
+}
+
+/* An executor's data message (pipeline.h's _pp_tag: direction, micro-batch, boundary, tensor)
+   as an index into order[]: (micro-batch * stages + boundary) * 2 + direction, the tensor left
+   out (a boundary's tensors travel together); -1 for the library's own tags or another step
+   shape than the checked schedule's. */
+static int _ppn_key(const pp_nccl* t, int tag) {
+    int v;
+    if (tag < 0 || tag >= _PP_TAG_RESERVED || t->sched_s < 1) return -1;
+    v = tag >> _PP_GEN_BITS;
+    v = (v >> 1) / (PP_MAX_TENSORS + 1) * 2 + (v & 1);
+    return v < 2 * t->sched_s * t->sched_m ? v : -1;
 }
 
 static void _ppn_sleep_us(long us) {
@@ -676,6 +693,11 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     op->host = bytes ? _ppn_is_host(t, buf) : 0;
     op->ch = _ppn_channel(t->nch, t->rank, is_recv, peer, tag);
     op->rel_at = UINT64_MAX; /* not known to be free: the group waits for the compute stream */
+    op->order = -1;
+    if (!op->host && t->order) {
+        int key = _ppn_key(t, tag);
+        op->order = key >= 0 ? t->order[key] : -1;
+    }
     if (is_recv && !op->host) {
         int i;
         for (i = 0; i < t->n_rel; i++)
@@ -796,9 +818,32 @@ static pp_result _ppn_group_end(void* self) {
 #endif
 
 /* 1 when the compute stream is ordered after issued send op: it waited for a group of the
-   send's channel at least as late as the send's (_ppn_test). */
+   send's channel at least as late as the send's (_ppn_test); or, for a device send of the
+   executor's data, for a message the peer sent at or after the action that receives this one
+   (_ppn_proven). */
 static int _ppn_send_ordered(const pp_nccl* t, const _ppn_op* op) {
-    return op->batch && op->batch->seq && op->batch->seq <= t->waited_seq[_PPN_ORDER_CH(t, op->ch)];
+    if (!op->batch || !op->batch->seq) return 0;
+    if (op->batch->seq <= t->waited_seq[_PPN_ORDER_CH(t, op->ch)]) return 1;
+#if defined(PP_NCCL_TEST_PROOF_ANY) /* negative control (build/nccl-controls): any message of the peer proves */
+    if (op->order >= 0 && t->proven && t->proven[op->peer] >= 0) return 1;
+#elif !defined(PP_NCCL_TEST_NO_PROOF) /* negative control (build/nccl-controls): the first and last ranks' pools grow */
+    if (op->order >= 0 && t->proven && op->order <= t->proven[op->peer]) return 1;
+#endif
+    return 0;
+}
+
+/* The compute stream waited for device receive op, which its peer sent from action
+   op->order of its list: every message this rank sent the peer that an action up to that one
+   received has arrived by then, on the device. The peer's compute stream runs its actions in
+   list order and waited for each such message at its receiving action; the group that sends
+   op waited for a record of that stream after the sending action; and op's arrival completes
+   the group this rank waited for. So those sends' blocks may be written again after this
+   wait. This is what brings back, during the step, the blocks of the first and the last rank
+   whose sends to one side travel on a channel that carries no receive for the compute stream
+   to wait for (interleaved schedules; before, they came back at the step's end, and the pool
+   held them all). Reset at every step's end (pp_nccl_step_end). */
+static void _ppn_proven(pp_nccl* t, const _ppn_op* op) {
+    if (op->order >= 0 && t->proven && op->order > t->proven[op->peer]) t->proven[op->peer] = op->order;
 }
 
 static pp_result _ppn_done(pp_nccl* t, pp_request* req, _ppn_op* op, pp_result rc) {
@@ -843,6 +888,7 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
             rc = _ppn_cuda(t, cudaStreamWaitEvent(t->compute, op->batch->done, 0), "cudaStreamWaitEvent");
             if (rc == PP_OK) t->waited_seq[op->ch] = op->batch->seq;
         }
+        if (rc == PP_OK) _ppn_proven(t, op);
         _ppn_done(t, req, op, rc);
         if (rc != PP_OK) _ppn_abort_comm(t);
         return rc == PP_OK ? PP_OK : _pp_fail(err, rc, "%s", t->err);
@@ -987,6 +1033,53 @@ static pp_result _ppn_check_channels(const pp_schedule* s, int nch, pp_error* er
     return rc == PP_OK ? pp_nccl_check_rendezvous(s, nch, err) : rc;
 }
 
+/* order[] for this rank from schedule s (_ppn_op.order): for each message it sends, the index
+   of the receiving action in the receiver's list; for each it receives, the sending action's
+   in the sender's. A second schedule that differs (several stages on one transport) turns it
+   off for good: sends are then done only by their channel's waits, as before. */
+static void _ppn_order_build(pp_nccl* t, const pp_schedule* s) {
+    int q, i, S = s->n_stages, *ord;
+    size_t n = 2 * (size_t)(S > 0 ? S : 0) * (size_t)(s->m > 0 ? s->m : 0);
+    if (t->sched_s < 0) return;
+    if (!n || n > (1u << 24) || !(ord = (int*)PP_MALLOC(sizeof(int) * n))) {
+        t->sched_s = t->sched_m = -1; /* off: no table */
+        PP_FREE(t->order);
+        return;
+    }
+    for (i = 0; i < (int)n; i++) ord[i] = -1;
+    for (q = 0; q < s->p && q < t->size; q++) {
+        const pp_action* l = pp_schedule_rank(s, q);
+        for (i = 0; l && i < s->per_rank; i++) {
+            const pp_action* a = &l[i];
+            int in = -1, out = -1, from = -1, to = -1; /* messages (keys) a receives and sends */
+            if (a->op == PP_OP_F) {
+                if (a->stage > 0 && a->prev_rank != q) in = (a->mb * S + a->stage) * 2, from = a->prev_rank;
+                if (a->stage < S - 1 && a->next_rank != q) out = (a->mb * S + a->stage + 1) * 2, to = a->next_rank;
+            } else if (a->op == PP_OP_B) {
+                if (a->stage < S - 1 && a->next_rank != q) in = (a->mb * S + a->stage + 1) * 2 + 1, from = a->next_rank;
+                if (a->stage > 0 && a->prev_rank != q) out = (a->mb * S + a->stage) * 2 + 1, to = a->prev_rank;
+            }
+            if (in >= 0 && from == t->rank) ord[in] = i;  /* this rank's send: received at q's action i */
+            if (out >= 0 && to == t->rank) ord[out] = i;  /* this rank's receive: sent at q's action i */
+        }
+    }
+    if (t->order && (t->sched_s != S || t->sched_m != s->m || memcmp(t->order, ord, sizeof(int) * n) != 0)) {
+        t->sched_s = t->sched_m = -1; /* two schedules that differ: off */
+        PP_FREE(t->order);
+        PP_FREE(ord);
+        return;
+    }
+    if (!t->proven && !(t->proven = (int*)PP_MALLOC(sizeof(int) * (size_t)t->size))) {
+        PP_FREE(ord);
+        return;
+    }
+    for (q = 0; q < t->size; q++) t->proven[q] = -1;
+    PP_FREE(t->order);
+    t->order = ord;
+    t->sched_s = S;
+    t->sched_m = s->m;
+}
+
 /* pp_stage_create's check: NCCL matches by order, and its sends wait for their receives. With
    the default channels the transport then runs on the fewest channels every schedule checked
    so far passes over (1F1B, GPipe, ZB-H1 and ZB-H2 pass over one: each action's messages then
@@ -996,6 +1089,7 @@ static pp_result _ppn_check_channels(const pp_schedule* s, int nch, pp_error* er
 static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
     int n;
+    if (s) _ppn_order_build(t, s);
     if (!t->nch_auto) return _ppn_check_channels(s, t->nch, err);
 #ifdef PP_NCCL_TEST_ONE_CHANNEL /* negative control (build/nccl-controls): one channel, unchecked */
     (void)n;
@@ -1092,6 +1186,7 @@ pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err) {
     pp_result rc = PP_OK;
     int ch, queued = 0;
     if (!t) return _pp_fail(err, PP_ERR_INVALID, "transport is NULL");
+    for (ch = 0; t->proven && ch < t->size; ch++) t->proven[ch] = -1; /* _ppn_proven holds within a step */
     if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: the NCCL communicator was aborted (%s)", t->rank, t->err);
     for (ch = 0; ch < t->nch_made; ch++) queued += t->n_queued[ch];
     if (queued) {
@@ -1129,6 +1224,8 @@ void pp_nccl_destroy(pp_nccl* t) {
     while (t->n_free_ev) cudaEventDestroy(t->free_ev[--t->n_free_ev]);
     PP_FREE(t->free_ev);
     PP_FREE(t->rel);
+    PP_FREE(t->order);
+    PP_FREE(t->proven);
     if (t->ready) cudaEventDestroy(t->ready);
     while (t->bounce) {
         _ppn_bounce* b = t->bounce;

@@ -25,7 +25,7 @@
    next wait (the deadlock the imitation found in the first NCCL transport), and with one channel
    instead of two (op->ch = 0 in pipeline_nccl.h) interleaved's neighbours wait for each other:
    the matrix fails either way (46 and 9 failures on 2026-11-26). PP_TEST_NCCL_ONE="KIND P V M"
-   runs one case, PP_TEST_NCCL_RENDEZVOUS=1 the rendezvous check's tests alone;
+   runs one case (as does `one KIND P V M [RUNS]`, RUNS times), PP_TEST_NCCL_RENDEZVOUS=1 the rendezvous check's tests alone;
    PP_TEST_NCCL_TIMEOUT sets the stage timeout (default 5 s). */
 #define _POSIX_C_SOURCE 200809L
 #define PIPELINE_IMPLEMENTATION
@@ -65,11 +65,12 @@ typedef struct world {
     pp_shape_policy shapes;
     const pp_schedule* sched;
     ncclUniqueId id, id2;
-    pp_result rc[MAXP][4];
+    pp_result rc[MAXP][8];
     char msg[MAXP][800];
     int after_fail;             /* run a failing step, reset, then a clean one */
     int zero_after_fail;        /* after a failed step, zero the gradients and go on (drained) */
-    double t_step[MAXP][4];     /* seconds each rank's step took */
+    double t_step[MAXP][8];     /* seconds each rank's step took */
+    size_t pool_need[MAXP];     /* the last step's pp_step_stats.pool_need */
     int chans[MAXP], chans0[MAXP]; /* pp_nccl_channels after pp_stage_create, and before it */
 } world;
 
@@ -175,7 +176,10 @@ static void* rank_main(void* arg) {
     } else {
         for (s = 0; s < w->steps; s++) {
             double t0 = _pp_now();
-            rc = pp_stage_step(st, &b, NULL);
+            pp_step_stats stats;
+            memset(&stats, 0, sizeof stats);
+            rc = pp_stage_step(st, &b, &stats);
+            w->pool_need[r] = stats.pool_need;
             if (rc == PP_OK) rc = pp_nccl_step_end(t, g_timeout, &err);
             else (void)pp_nccl_step_end(t, g_timeout, NULL);
             w->t_step[r][s] = _pp_now() - t0;
@@ -466,6 +470,39 @@ static void test_slow(void) {
     g_slow_ms = 0;
     for (r = 0; r < 2; r++) CHECK(w.rc[r][0] == PP_OK, "rank %d with slow layers: %s", r, w.msg[r]);
     CHECK(grads_equal(2), "slow layers: gradients differ");
+}
+
+/* Interleaved over NCCL (two channels): the first and the last rank send to one side on a
+   channel that carries no receive of theirs, so no wait of their compute stream orders those
+   sends; they are done once the compute stream waited for a later message of the same peer
+   (pipeline_nccl.h, _ppn_proven). Without that their blocks came back only at the step's end
+   and the pool held them all: p = 4, v = 2, m = 16, the most bytes the last step's blocks held
+   at once on ranks 0 and 3 must stay within twice the middle ranks'. Negative control:
+   build/nccl-ctl-no-proof. */
+static void test_pool_ends(void) {
+    world w;
+    pp_action acts[512];
+    pp_schedule sc;
+    pp_error err;
+    int r, s;
+    size_t ends, mid;
+    memset(&w, 0, sizeof w);
+    CHECK(pp_schedule_make(PP_SCHED_INTERLEAVED, 4, 2, 16, acts, 512, &sc, &err) == PP_OK, "%s", err.msg);
+    w.p = 4;
+    w.m = 16;
+    w.sched = &sc;
+    w.shapes = PP_SHAPES_LOCAL;
+    w.blocking = 1;
+    w.steps = 6; /* the pool grows in its first four */
+    reference(w.m, w.steps);
+    run_world(&w);
+    for (r = 0; r < w.p; r++)
+        for (s = 0; s < w.steps; s++) CHECK(w.rc[r][s] == PP_OK, "pool test, rank %d step %d: %s", r, s, w.msg[r]);
+    CHECK(grads_equal(w.p), "pool test: gradients differ");
+    ends = w.pool_need[0] > w.pool_need[3] ? w.pool_need[0] : w.pool_need[3];
+    mid = w.pool_need[1] > w.pool_need[2] ? w.pool_need[1] : w.pool_need[2];
+    CHECK(ends <= 2 * mid, "interleaved p=4 m=16 over NCCL: the first and last ranks' blocks held %zu and %zu bytes at once, the "
+          "middle ranks' %zu and %zu", w.pool_need[0], w.pool_need[3], w.pool_need[1], w.pool_need[2]);
 }
 
 /* >>sends: a group of device sends alone records no completion event (pipeline_nccl.h,
@@ -939,18 +976,21 @@ int main(int argc, char** argv) {
         run_case(kind, p, v, m, PP_SHAPES_LOCAL, 1, NULL);
     } else if (getenv("PP_TEST_NCCL_RENDEZVOUS")) { /* the rendezvous check alone */
         test_rendezvous();
-    } else if (argc == 6 && !strcmp(argv[1], "one")) { /* one KIND P V M (what a negative control runs) */
+    } else if ((argc == 6 || argc == 7) && !strcmp(argv[1], "one")) { /* one KIND P V M [RUNS] (what a negative control runs) */
         pp_schedule_kind kind = PP_SCHED_1F1B;
+        int n = argc == 7 ? atoi(argv[6]) : 1;
         pp_schedule_kind_parse(argv[2], &kind);
-        run_case(kind, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), PP_SHAPES_LOCAL, 1, NULL);
+        while (n-- > 0) run_case(kind, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), PP_SHAPES_LOCAL, 1, NULL);
     } else if (argc > 1 && !strcmp(argv[1], "drain")) { /* what the negative control runs */
         test_failure_drain();
     } else if (argc > 1 && !strcmp(argv[1], "sends")) { /* what the negative controls run */
         test_send_completion();
         test_released();
+        test_pool_ends();
     } else {
         test_send_completion();
         test_released();
+        test_pool_ends();
         test_rendezvous();
         test_matrix();
         test_failure();
