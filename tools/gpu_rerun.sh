@@ -1,11 +1,14 @@
 #!/bin/sh
 # What changed since the last GPU run, rerun in one call, most wanted first:
 #   test_cuda (step agreement, bounded pool, the pool's four-step warm-up), gpt_cuda --check for
-#   every schedule kind (the interleaved retiring-block stall first, then the kinds added since),
+#   every schedule kind (the interleaved retiring-block stall first, then the kinds added since;
+#   a backward's workspace is now zeroed after its received bytes only),
 #   bubble_cuda (pp_cuda's sends done only once pulled, early copies into spares: p=8 m=32 is
 #   where early copies cost 1.21x once), the peer MLP of the anchor (ours, then torch's
 #   interleaved, 1F1B and GPipe on the same GPU), gpt_nccl -p 1 (one channel, sends done by the
-#   device's order), memcheck on test_cuda --quick, the other sanitizers, while time is left.
+#   device's order or a later message of their peer, groups of sends without completion
+#   events, receives into released blocks without a stream wait: one rank sends nothing, so
+#   only two GPUs exercise these), memcheck on test_cuda --quick, the other sanitizers, while time is left.
 #   sh tools/gpu_rerun.sh [OUTDIR] [SECONDS] [BINDIR]     (defaults: ./gpu-out, 400, build)
 # Binaries come from `make cuda` (and build/gpt_nccl-nompi) built elsewhere for sm_90, or are
 # built here when they do not start. Logs in OUTDIR, summary last.
