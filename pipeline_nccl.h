@@ -739,12 +739,14 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
 }
 
 /* pp_transport.released: a free block of the stage's pool, whose uses all came before the next
-   record of `ready` (bytes 0: forgotten; ptr NULL: all forgotten). A receive posted into it later needs no stream wait
-   on its channel once that channel's stream waited for that record or a later one: a group of
-   such receives alone then enqueues no record and no wait (_ppn_flush). With two channels
-   (interleaved schedules) every action's receive goes in a group of its own on the other
-   channel than its send: 5 calls per transfer to 4 (bench/bench_imitation). At most
-   _PPN_MAX_REL blocks are remembered; one not remembered is waited for, as before. */
+   record of `ready` (bytes 0: forgotten; ptr NULL: all forgotten). A receive posted into it
+   later needs no stream wait on its channel once that channel's stream waited for that record
+   or a later one: a group of such receives alone then enqueues no record and no wait
+   (_ppn_flush). With two channels (interleaved schedules) every action's receive goes in a
+   group of its own on the other channel than its send: 5 calls per transfer to about 4.3
+   (bench/bench_imitation; on the first and last ranks, whose receive channel carries no sends,
+   the block is often newer than that channel's last wait). At most _PPN_MAX_REL blocks are
+   remembered; one not remembered is waited for, as before. */
 #define _PPN_MAX_REL 4096
 static void _ppn_released(void* self, const void* ptr, size_t bytes) {
     pp_nccl* t = (pp_nccl*)self;
