@@ -129,42 +129,37 @@ $(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ct
 	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare" "env PP_TEST_POOL_STEPS=200 $(B)/cuda-ctl-no-spares varlen"\n' > $@
 	chmod +x $@
 
-# Negative control of tests/test_nccl_pipeline.c's drained failure: with the stage aborting as
-# before, the peers wait for their deadline (3 s here) and the test fails.
-$(B)/nccl-ctl-nodrain: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
-	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_NO_DRAIN $(CFLAGS) $< -o $@ $(LDLIBS)
-# Negative control of the block pool over pp_nccl: a send counted done once issued lets the
+# Negative controls built from tests/test_nccl_pipeline.c, each with one -D (rule below). The
+# drained failure: with the stage aborting as before, the peers wait for their deadline (3 s
+# here) and the test fails.
+$(B)/nccl-ctl-nodrain: BASE += -DPP_TEST_NO_DRAIN
+# The default channel count: one channel for every schedule, unchecked, hangs interleaved p = 2
+# in the imitation (the check picks two or more for it).
+$(B)/nccl-ctl-one-channel: BASE += -DPP_NCCL_TEST_ONE_CHANNEL
+# A send counted done once the compute stream waited for a later group of its channel: counted
+# on another channel's waits, interleaved p = 2 (two channels) loses bit-exactness.
+$(B)/nccl-ctl-wrong-channel: BASE += -DPP_NCCL_TEST_WRONG_CHANNEL
+# A group of sends without a completion event: counted done when a host wait asks, a wait for
+# its send returns before the receive was even posted (test_nccl_pipeline's "sends").
+$(B)/nccl-ctl-eventless-done: BASE += -DPP_NCCL_TEST_EVENTLESS_DONE
+# A released block taking a receive too early: counted free from the compute stream's last
+# record before its release, the receive overwrites it under a slow reader ("sends").
+$(B)/nccl-ctl-released-now: BASE += -DPP_NCCL_TEST_RELEASED_NOW
+# The executor zeroing a gradient workspace's received bytes before its receive: a receive that
+# no longer waits for the compute stream lands first, and the zeros win.
+$(B)/nccl-ctl-zero-received: BASE += -DPP_TEST_ZERO_RECEIVED
+# Sends proven done by a later message of their peer (_ppn_proven): without the rule the first
+# and last ranks' pools hold their sends to the step's end ("sends"); with any message of the
+# peer counted as proof, blocks are rewritten under NCCL and interleaved p = 2 goes wrong.
+$(B)/nccl-ctl-no-proof: BASE += -DPP_NCCL_TEST_NO_PROOF
+$(B)/nccl-ctl-proof-any: BASE += -DPP_NCCL_TEST_PROOF_ANY
+$(B)/nccl-ctl-%: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 $(CFLAGS) $< -o $@ $(LDLIBS)
+# The block pool over pp_nccl (built from the bench): a send counted done once issued lets the
 # stage write a block NCCL still reads, and bench_imitation's gradients come out wrong.
 $(B)/nccl-ctl-early-reuse: bench/bench_imitation.c tests/harness.h tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
                            tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_NCCL_TEST_EARLY_REUSE $(CFLAGS) $< -o $@ $(LDLIBS)
-# Negative control of the default channel count: one channel for every schedule, unchecked,
-# hangs interleaved p = 2 in the imitation (the check picks two or more for it).
-$(B)/nccl-ctl-one-channel: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
-	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_ONE_CHANNEL $(CFLAGS) $< -o $@ $(LDLIBS)
-# And of a send counted done once the compute stream waited for a later group of its channel:
-# counted on another channel's waits, interleaved p = 2 (two channels) loses bit-exactness.
-$(B)/nccl-ctl-wrong-channel: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
-	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_WRONG_CHANNEL $(CFLAGS) $< -o $@ $(LDLIBS)
-# And of a group of sends without a completion event: counted done when a host wait asks, a
-# wait for its send returns before the receive was even posted (test_nccl_pipeline's "sends").
-$(B)/nccl-ctl-eventless-done: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
-	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_EVENTLESS_DONE $(CFLAGS) $< -o $@ $(LDLIBS)
-# And of a released block taking a receive too early: counted free from the compute stream's
-# last record before its release, the receive overwrites it under a slow reader ("sends").
-$(B)/nccl-ctl-released-now: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
-	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_RELEASED_NOW $(CFLAGS) $< -o $@ $(LDLIBS)
-# And of the executor zeroing a gradient workspace's received bytes before its receive: a
-# receive that no longer waits for the compute stream lands first, and the zeros win.
-$(B)/nccl-ctl-zero-received: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
-	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_ZERO_RECEIVED $(CFLAGS) $< -o $@ $(LDLIBS)
-# And of sends proven done by a later message of their peer (_ppn_proven): without the rule the
-# first and last ranks' pools hold their sends to the step's end ("sends"); with any message of
-# the peer counted as proof, blocks are rewritten under NCCL and interleaved p = 2 goes wrong.
-$(B)/nccl-ctl-no-proof: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
-	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_NO_PROOF $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/nccl-ctl-proof-any: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
-	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_NCCL_TEST_PROOF_ANY $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-reuse $(B)/nccl-ctl-one-channel $(B)/nccl-ctl-wrong-channel \
                     $(B)/nccl-ctl-eventless-done $(B)/nccl-ctl-released-now $(B)/nccl-ctl-zero-received $(B)/nccl-ctl-no-proof \
                     $(B)/nccl-ctl-proof-any
