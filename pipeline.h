@@ -5759,9 +5759,14 @@ static _pp_block* _pp_block_new_dev(pp_stage* s, size_t bytes) {
     return b;
 }
 
+/* pp_transport.released, where the transport has it */
+static void _pp_released(pp_stage* s, const void* ptr, size_t bytes) {
+    if (s->d.transport.released) s->d.transport.released(s->d.transport.self, ptr, bytes);
+}
+
 static void _pp_block_free(pp_stage* s, _pp_block* b) {
     if (!b) return;
-    if (s->d.transport.released && b->data) s->d.transport.released(s->d.transport.self, b->data, 0);
+    if (b->data) _pp_released(s, b->data, 0);
     if (s->d.device.free && b->data) s->d.device.free(s->d.device.user, b->data);
     s->pool_held -= b->cap;
     PP_FREE(b);
@@ -5776,7 +5781,7 @@ static void _pp_block_unuse(pp_stage* s, _pp_block* b) {
    hears of it (pp_transport.released). */
 static void _pp_block_freed(pp_stage* s, _pp_block* b) {
     _pp_block_unuse(s, b);
-    if (s->d.transport.released) s->d.transport.released(s->d.transport.self, b->data, b->cap);
+    _pp_released(s, b->data, b->cap);
 }
 
 /* The device pool under shapes that change every step (varlen batches repacked): blocks of
@@ -6049,7 +6054,7 @@ static pp_result _pp_reap(pp_stage* s, int wait_all) {
                 _pp_block_freed(s, b);
             } else { /* its send may still read it: the transport forgets the block */
                 _pp_block_unuse(s, b);
-                if (s->d.transport.released) s->d.transport.released(s->d.transport.self, b->data, 0);
+                _pp_released(s, b->data, 0);
             }
             b->next = s->pool;
             s->pool = b;
@@ -7331,7 +7336,7 @@ static void _pp_stage_recover(pp_stage* s) {
         s->pool = b;
     }
     /* a broken step's receives and sends may still touch any block: the transport forgets them all */
-    if (s->d.transport.released) s->d.transport.released(s->d.transport.self, NULL, 0);
+    _pp_released(s, NULL, 0);
     /* the plan check's receives, where the step stopped before checking */
     for (i = 0; i < s->n_nb; i++)
         if (s->nb[i].state == 1) {

@@ -208,9 +208,10 @@ static void hc_mark(void* u, const pp_action* x, int idx, int phase) {
         h->in_actions[0] += h->pend[0];
         h->in_actions[1] += h->pend[1];
         h->pend[0] = h->pend[1] = 0;
-        if (h->gap_open)
+        if (h->gap_open) {
             h->between_calls += (a - h->gap_at[0]) - (h->calls - h->gap_at[1]) - (fakenccl_thread_cuda_calls() - h->gap_at[2]);
-        if (h->gap_open) h->between_polls += fakecuda_thread_polls() - h->gap_at[3];
+            h->between_polls += fakecuda_thread_polls() - h->gap_at[3];
+        }
     }
     if (h->inner.mark) h->inner.mark(h->inner.user, x, idx, phase);
     h->calls += fakecuda_thread_calls() - a;
