@@ -86,6 +86,18 @@ static int fail_now(const pp_layer_io* io, int op) {
     g_fail_armed = 0;
     return 1;
 }
+/* PP_TEST_DEVICE_DELAY_US: every forward layer of rank 0 first holds its compute stream that
+   long (a host function on the stream), so rank 0's compute stream runs behind the gradients
+   rank 1 sends it: what nccl-ctl-zero-received needs to fail every time rather than by chance
+   (its zeros, enqueued behind the forwards, then land after the gradient they must not wipe). */
+static long g_dev_delay_us;
+static void dev_delay(void* u) {
+    struct timespec ts;
+    (void)u;
+    ts.tv_sec = g_dev_delay_us / 1000000L;
+    ts.tv_nsec = (g_dev_delay_us % 1000000L) * 1000L;
+    nanosleep(&ts, NULL);
+}
 static int fail_bwd(const void* w, void* g, int l, pp_layer_io* io) { return fail_now(io, 1) ? 7 : lk_bwd(w, g, l, io); }
 static int fail_wgrad(const void* w, void* g, int l, pp_layer_io* io) { return fail_now(io, 2) ? 7 : lk_wgrad(w, g, l, io); }
 
@@ -93,6 +105,8 @@ static int slow_fwd(const void* w, int l, pp_layer_io* io) {
     if (fail_now(io, 0)) {
         return 7;
     }
+    if (g_dev_delay_us && ((const pp_cuda_layer_ctx*)io->ctx)->rank == 0)
+        cudaLaunchHostFunc(((const pp_cuda_layer_ctx*)io->ctx)->stream, dev_delay, NULL);
     if (g_slow_ms && l == 0 && io->mb->index == 0) { /* longer than the executor's 1 s probe */
         struct timespec ts;
         ts.tv_sec = g_slow_ms / 1000;
@@ -479,6 +493,16 @@ static void test_slow(void) {
    and the pool held them all: p = 4, v = 2, m = 16, the most bytes the last step's blocks held
    at once on ranks 0 and 3 must stay within twice the middle ranks'. Negative control:
    build/nccl-ctl-no-proof. */
+/* Interleaved p = 2 with rank 0's compute stream behind (PP_TEST_DEVICE_DELAY_US, 5 ms per
+   forward layer): the gradients rank 1 sends land in workspaces rank 0 has not zeroed yet, and
+   must survive the zeros (the executor zeroes only after the received bytes). Bit-exact.
+   Negative control: build/nccl-ctl-zero-received (the received bytes zeroed too). */
+static void test_late_zeros(void) {
+    g_dev_delay_us = 5000;
+    run_case(PP_SCHED_INTERLEAVED, 2, 2, 4, PP_SHAPES_LOCAL, 1, NULL);
+    g_dev_delay_us = 0;
+}
+
 static void test_pool_ends(void) {
     world w;
     pp_action acts[512];
@@ -968,6 +992,7 @@ int main(int argc, char** argv) {
     for (i = 0; i < ROWS; i++) Y[i] = (int32_t)(mlp_rng_next(&seed) % HX_CLASSES);
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (getenv("PP_TEST_NCCL_TIMEOUT")) g_timeout = atof(getenv("PP_TEST_NCCL_TIMEOUT"));
+    if (getenv("PP_TEST_DEVICE_DELAY_US")) g_dev_delay_us = atol(getenv("PP_TEST_DEVICE_DELAY_US"));
     if (getenv("PP_TEST_NCCL_ONE")) { /* one case while debugging: KIND P V M */
         char k[32];
         int p = 2, v = 1, m = 3;
@@ -991,6 +1016,7 @@ int main(int argc, char** argv) {
         test_send_completion();
         test_released();
         test_pool_ends();
+        test_late_zeros();
         test_rendezvous();
         test_matrix();
         test_failure();
