@@ -107,6 +107,10 @@ typedef struct pp_nccl_desc {
        make and use that many, at the price of refusing some schedules. Every rank must pass
        the same. NCCL < 2.18: always 1. */
     int channels;
+    /* 1: comm was made with config.splitShare = 1 (or inherits it): ncclCommSplit children then
+       share its launch queue, one kernel after another, and the transport refuses more than one
+       channel (as it does under NCCL_COMM_SPLIT_SHARE_RESOURCES=1). NCCL offers no way to ask. */
+    int comm_shares_resources;
 } pp_nccl_desc;
 
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err);
@@ -193,6 +197,7 @@ pp_result pp_nccl_unique_id_mpi(MPI_Comm comm, ncclUniqueId* id, pp_error* err);
 #define PIPELINE_NCCL_IMPLEMENTATION_DONE
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -287,6 +292,7 @@ struct pp_nccl {
     const void* dev_cache[_PPN_DEV_CACHE];  /* 1 + page numbers known to be device memory (_ppn_is_host) */
     const void* host_cache[_PPN_DEV_CACHE]; /* and known to be host memory */
     uint64_t bytes_sent, msgs_sent;
+    unsigned char conn[_PPN_MAXCH][PP_MAX_RANKS]; /* set up: 1 a send to the rank, 2 a receive from it (_ppn_connect) */
     char err[256];
 };
 
@@ -1082,6 +1088,64 @@ static void _ppn_order_build(pp_nccl* t, const pp_schedule* s) {
     t->sched_m = s->m;
 }
 
+/* NCCL sets a pair up for point-to-point the first time it talks on a communicator, inside the
+   outermost ncclGroupEnd, and the host stays there until the peer's host sets up the mirror
+   connection (src/enqueue.cc p2pTaskAppend marks connectSend/connectRecv; src/group.cc
+   groupLaunch runs src/transport.cc ncclTransportP2pSetup, which blocks in bootstrapRecv;
+   NVIDIA/nccl#415). Left to first use, two ranks whose first messages go on different channels
+   in opposite orders wait for each other there forever: the step agreement did at p >= 3 (rank
+   r >= 2 first received rank 0's verdict on one channel while rank 0 first waited for r's
+   outcome on another). So every connection a step can use is set up here, on every rank in the
+   same order: channel by channel, each in one group of empty sends and receives, every other
+   rank both ways on each channel a message of either kind between the two takes under nch
+   channels (the library's own messages, the agreement's star around rank 0, tied layers and
+   all-reduce among any ranks, go between any two). Each channel's group waits for every rank's,
+   so no set-up can wait in a cycle. Called at create (for the channels made) and when a schedule
+   check lowers the count (pp_stage_create, collective); a connection made stays. */
+static pp_result _ppn_connect(pp_nccl* t, int nch, pp_error* err) {
+    int ch, q, d, k;
+    pp_result rc = PP_OK;
+    double deadline = _pp_now() + PP_DEFAULT_TIMEOUT_S;
+#ifdef PP_NCCL_TEST_NO_PRECONNECT /* negative control (build/nccl-controls): NCCL's lazy set-up, at first use */
+    (void)t, (void)nch, (void)err, (void)deadline, (void)ch, (void)q, (void)d, (void)k;
+    return PP_OK;
+#endif
+    for (ch = 0; ch < nch && rc == PP_OK; ch++) {
+        unsigned char need[PP_MAX_RANKS];
+        int any = 0;
+        ncclResult_t ge;
+        memset(need, 0, sizeof need);
+        for (q = 0; q < t->size; q++)
+            for (d = 0; d < 2 && q != t->rank; d++)
+                for (k = 0; k < 2; k++)
+                    if (_ppn_channel_of(nch, t->rank, d, q, k) == ch && !(t->conn[ch][q] & (1 << d))) need[q] |= (unsigned char)(1 << d);
+        for (q = 0; q < t->size; q++) any |= need[q];
+        if (!any) continue;
+        rc = _ppn_nccl(t, ncclGroupStart(), "ncclGroupStart (connection set-up)");
+        for (q = 0; q < t->size && rc == PP_OK; q++) {
+            if (need[q] & 1) rc = _ppn_nccl(t, ncclSend(NULL, 0, ncclUint8, q, _PPN_COMM(t, ch), _PPN_STREAM(t, ch)), "ncclSend (connection set-up)");
+            if (rc == PP_OK && (need[q] & 2))
+                rc = _ppn_nccl(t, ncclRecv(NULL, 0, ncclUint8, q, _PPN_COMM(t, ch), _PPN_STREAM(t, ch)), "ncclRecv (connection set-up)");
+        }
+        ge = ncclGroupEnd();
+        if (rc == PP_OK) rc = _ppn_nccl(t, ge, "ncclGroupEnd (connection set-up)");
+        if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, _PPN_COMM(t, ch), "connection set-up (non-blocking)");
+        while (rc == PP_OK) { /* the empty messages: done once every peer's group ran */
+            cudaError_t e = cudaStreamQuery(_PPN_STREAM(t, ch));
+            if (e == cudaSuccess) break;
+            if (e != cudaErrorNotReady) rc = _ppn_cuda(t, e, "connection set-up");
+            else if (_pp_now() > deadline) {
+                _ppn_note(t, "timeout", "connection set-up: a peer did not set up its side");
+                rc = PP_ERR_TIMEOUT;
+            } else _ppn_sleep_us(200);
+        }
+        for (q = 0; q < t->size && rc == PP_OK; q++) t->conn[ch][q] |= need[q];
+    }
+    if (rc == PP_OK) return PP_OK;
+    _ppn_abort_comm(t);
+    return _pp_fail(err, rc, "%s", t->err);
+}
+
 /* pp_stage_create's check: NCCL matches by order, and its sends wait for their receives. With
    the default channels the transport then runs on the fewest channels every schedule checked
    so far passes over (1F1B, GPipe, ZB-H1 and ZB-H2 pass over one: each action's messages then
@@ -1096,7 +1160,7 @@ static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error*
 #ifdef PP_NCCL_TEST_ONE_CHANNEL /* negative control (build/nccl-controls): one channel, unchecked */
     (void)n;
     t->nch = t->nch_checked = 1;
-    return PP_OK;
+    return _ppn_connect(t, 1, err);
 #endif
     for (n = t->nch_checked ? t->nch : 1; n < t->nch_made; n *= 2)
         if (_ppn_check_channels(s, n, NULL) == PP_OK) break;
@@ -1107,7 +1171,7 @@ static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error*
     }
     t->nch = n;
     t->nch_checked = 1;
-    return PP_OK;
+    return _ppn_connect(t, n, err); /* the pairs the fewer channels put on other communicators */
 }
 
 pp_transport pp_nccl_transport(pp_nccl* t) {
@@ -1120,8 +1184,19 @@ pp_transport pp_nccl_transport(pp_nccl* t) {
 
 #if NCCL_VERSION_CODE >= 21800
 static pp_result _ppn_split(ncclComm_t parent, int color, int key, ncclComm_t* out, double deadline, const char* what,
-                            pp_error* err);
+                            int grid, pp_error* err);
 #endif
+
+/* 1 unless the channels' splits would share their parent's launch queue (pp_nccl_desc.comm_shares_resources,
+   or NCCL_COMM_SPLIT_SHARE_RESOURCES set to a non-zero number, as NCCL reads it). */
+static int _ppn_share_ok(const pp_nccl_desc* d) {
+    const char* e = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+#ifdef PP_NCCL_TEST_SHARE_UNCHECKED /* negative control (build/nccl-controls): shared queues accepted */
+    (void)d, (void)e;
+    return 1;
+#endif
+    return !d->comm_shares_resources && !(e && *e && strtol(e, NULL, 10) != 0);
+}
 
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
     pp_nccl* t;
@@ -1151,6 +1226,21 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
 #if NCCL_VERSION_CODE >= 21800
     if (t->size > 1) t->nch = d->channels ? d->channels : t->size > 2 ? 8 : 4; /* two ranks: one pair, one parity */
 #endif
+    /* Split children of a parent that shares resources take its sharedRes, and every launch on
+       it waits for the previous kernel to finish (src/init.cc ncclCommSplit, commAlloc;
+       src/enqueue.cc ncclLaunchPrepare): the channels would run one after another, and the
+       schedules that need them at once (interleaved, the V shapes) would hang at the GPU. The
+       variable overrides every config (src/init.cc envConfigOverride). One channel needs no split. */
+    if (t->nch > 1 && !_ppn_share_ok(d)) {
+        const char* e = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+        PP_FREE(t);
+        return _pp_fail(err, PP_ERR_UNSUPPORTED,
+                        "%s: split communicators would share one launch queue and the transport's channels would run one "
+                        "after another (interleaved and V schedules hang); %s, or set pp_nccl_desc.channels = 1 (GPipe, "
+                        "1F1B, ZB-H1, ZB-H2)",
+                        d->comm_shares_resources ? "pp_nccl_desc.comm_shares_resources = 1" : "NCCL_COMM_SPLIT_SHARE_RESOURCES is set",
+                        d->comm_shares_resources ? "give a communicator made with splitShare = 0" : e ? "unset it" : "");
+    }
     t->nch_made = t->nch;
     {
         int ch;
@@ -1164,7 +1254,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
 #if NCCL_VERSION_CODE >= 21800
             /* channels 1 ..: the same ranks in communicators of their own (collective) */
             snprintf(what, sizeof what, "ncclCommSplit (channel %d)", ch);
-            if (rc == PP_OK && ch > 0) rc = _ppn_split(t->comm, 0, t->rank, &t->ch_comm[ch], _pp_now() + PP_DEFAULT_TIMEOUT_S, what, err);
+            if (rc == PP_OK && ch > 0) rc = _ppn_split(t->comm, 0, t->rank, &t->ch_comm[ch], _pp_now() + PP_DEFAULT_TIMEOUT_S, what, 0, err);
 #else
             (void)what;
 #endif
@@ -1179,6 +1269,13 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
         t->stream = t->ch_stream[0];
     }
     t->nch_auto = !d->channels && t->nch > 1; /* the default: all until the first check, then the fewest */
+    if (t->size > 1) {
+        pp_result rc = _ppn_connect(t, t->nch, err);
+        if (rc != PP_OK) {
+            pp_nccl_destroy(t);
+            return rc;
+        }
+    }
     *out = t;
     return PP_OK;
 }
@@ -1362,12 +1459,18 @@ static pp_result _ppn_settle(ncclComm_t c, double deadline, const char* what, pp
 /* One split of a non-blocking parent. NCCL fills *out only once the parent's state leaves
    ncclInProgress [NCCL issue 1472; init.cc: the split runs as a job of the parent], so the
    parent settles first, then the new communicator (absent for NCCL_SPLIT_NOCOLOR). */
+/* grid: 1 for the grid's splits of the world, made non-blocking (what pp_nccl_comm_init gives) and with
+   splitShare = 0 stated, so that the transports' own splits of them (the channels) never share a
+   launch queue, whatever the world's config; 0 inherits the parent's config (NULL). */
 static pp_result _ppn_split(ncclComm_t parent, int color, int key, ncclComm_t* out, double deadline, const char* what,
-                            pp_error* err) {
+                            int grid, pp_error* err) {
     ncclResult_t r, st;
     pp_result r2;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    cfg.splitShare = 0;
     *out = NULL;
-    r = ncclCommSplit(parent, color, key, out, NULL);
+    r = ncclCommSplit(parent, color, key, out, grid ? &cfg : NULL);
     if (r != ncclSuccess && r != ncclInProgress) return _pp_fail(err, PP_ERR_TRANSPORT, "%s: %s", what, ncclGetErrorString(r));
     if ((st = _ppn_comm_wait(parent, deadline, 1000)) == ncclInProgress)
         return _pp_fail(err, PP_ERR_TIMEOUT, "%s: the world communicator did not settle before the deadline (abort it)", what);
@@ -1419,15 +1522,15 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
     if ((rc = pp_grid_make(n, me, pp, order, &g->grid, err)) != PP_OK) return rc;
     /* every rank calls the three splits, in the same order */
     pp_grid_pipe_split(&g->grid, &color, &key);
-    rc = _ppn_split(world, color, key, &g->split_out[0], deadline, "ncclCommSplit (pipeline)", err);
+    rc = _ppn_split(world, color, key, &g->split_out[0], deadline, "ncclCommSplit (pipeline)", 1, err);
     if (rc == PP_OK) {
         pp_grid_dp_split(&g->grid, &color, &key);
-        rc = _ppn_split(world, color, key, &g->split_out[1], deadline, "ncclCommSplit (data-parallel)", err);
+        rc = _ppn_split(world, color, key, &g->split_out[1], deadline, "ncclCommSplit (data-parallel)", 1, err);
     }
     if (rc == PP_OK) { /* the tied pair: ranks in none pass NCCL_SPLIT_NOCOLOR and get no communicator */
         pp_grid_tied_split(&g->grid, &color, &key);
         rc = _ppn_split(world, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &g->split_out[2], deadline,
-                        "ncclCommSplit (tied pair)", err);
+                        "ncclCommSplit (tied pair)", 1, err);
     }
     pipe = g->split_out[0];
     dp = g->split_out[1];

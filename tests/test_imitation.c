@@ -141,9 +141,39 @@ static void world_init(world* w, int n) {
     ncclGetUniqueId(&w->id2);
 }
 
-/* comm, streams and three message buffers for each rank (in its own thread) */
+/* Sets up every pair of c both ways before a test (what pipeline_nccl.h does at create): NCCL
+   connects a pair on its first exchange, holding the host in ncclGroupEnd until the peer's host
+   gets there (tests/fakenccl, lazy connection set-up), which the tests of other rules do not
+   look at; and a first collective the same way. Every rank calls it, in the same place. */
+static ncclResult_t connect_all(ncclComm_t c, int n, int r) {
+    cudaStream_t s = NULL;
+    ncclResult_t rc;
+    float* one = dev_floats(1);
+    int q;
+    if (!one || cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaFree(one);
+        return ncclUnhandledCudaError;
+    }
+    ncclGroupStart();
+    for (q = 0; q < n; q++)
+        if (q != r) {
+            ncclSend(NULL, 0, ncclUint8, q, c, s);
+            ncclRecv(NULL, 0, ncclUint8, q, c, s);
+        }
+    rc = ncclGroupEnd();
+    if (rc == ncclInProgress) rc = poll_ready(c);
+    if (rc == ncclSuccess) rc = ncclAllReduce(one, one, 1, ncclFloat, ncclSum, c, s);
+    if (rc == ncclInProgress) rc = poll_ready(c);
+    if (rc == ncclSuccess && !wait_stream(s, LONG_S)) rc = ncclSystemError;
+    cudaStreamDestroy(s);
+    cudaFree(one);
+    return rc;
+}
+
+/* comm, streams and three message buffers for each rank (in its own thread), every pair connected */
 static void rank_setup(world* w, int r) {
     w->rc[r] = ncclCommInitRank(&w->comm[r], w->n, w->id, r);
+    if (w->rc[r] == ncclSuccess) w->rc[r] = connect_all(w->comm[r], w->n, r);
     cudaStreamCreateWithFlags(&w->s[r], cudaStreamNonBlocking);
     cudaStreamCreateWithFlags(&w->s2[r], cudaStreamNonBlocking);
     w->a[r] = dev_floats(4 * NF);
@@ -892,6 +922,7 @@ static void r_two_comms(world* w, int r) {
     cudaEvent_t e = NULL;
     rank_setup(w, r);
     w->rc2[r] = ncclCommInitRank(&w->comm2[r], w->n, w->id2, r);
+    if (w->rc2[r] == ncclSuccess) w->rc2[r] = connect_all(w->comm2[r], w->n, r);
     cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
     if (!*opposite) {
         ncclAllReduce(w->a[r], w->a[r], NF, ncclFloat, ncclSum, w->comm[r], w->s[r]);
@@ -926,6 +957,200 @@ static void test_two_comms(void) {
     two_comms(0, 1, 1, "same order on both ranks through one stream, one kernel per device");
     two_comms(1, 0, 1, "opposite orders, kernels concurrent");
     two_comms(1, 1, 0, "known-bad: opposite orders must deadlock with one kernel per device");
+}
+
+/* ---- lazy connection set-up [src: enqueue.cc p2pTaskAppend, group.cc groupLaunch,
+   transport.cc ncclTransportP2pSetup] ------------------------------------------------------------ */
+
+enum { LZ_CONNECTED, LZ_TWO_COMMS, LZ_TWO_COMMS_NB, LZ_RING3, LZ_HALVES };
+typedef struct lazy_case {
+    int mode;
+    double t_end[8];            /* how long each rank's host stayed in its first group end */
+} lazy_case;
+
+/* Two communicators (channels) of the same ranks, streams, buffers; nothing connected unless
+   the case says so. */
+static void lazy_setup(world* w, int r, int blocking, int connect) {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = blocking;
+    w->rc[r] = ncclCommInitRankConfig(&w->comm[r], w->n, w->id, r, &cfg);
+    w->rc2[r] = ncclCommInitRankConfig(&w->comm2[r], w->n, w->id2, r, &cfg);
+    poll_ready(w->comm[r]);
+    poll_ready(w->comm2[r]);
+    if (connect) {
+        connect_all(w->comm[r], w->n, r);
+        connect_all(w->comm2[r], w->n, r);
+    }
+    cudaStreamCreateWithFlags(&w->s[r], cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&w->s2[r], cudaStreamNonBlocking);
+    w->a[r] = dev_floats(4 * NF);
+    w->b[r] = dev_floats(4 * NF);
+    w->c[r] = dev_floats(4 * NF);
+    put_floats(w->a[r], (float)(100 * r), NF);
+}
+
+static void r_lazy(world* w, int r) {
+    lazy_case* lc = (lazy_case*)w->user;
+    int n = w->n, blocking = lc->mode != LZ_TWO_COMMS_NB;
+    ncclResult_t e1, e2 = ncclSuccess;
+    double t0;
+    lazy_setup(w, r, blocking, lc->mode == LZ_CONNECTED);
+    t0 = now_s();
+    if (lc->mode == LZ_RING3) {
+        /* one communicator, three ranks: each first receives from its right, then sends left */
+        e1 = ncclRecv(w->b[r], NF, ncclFloat, (r + 1) % n, w->comm[r], w->s[r]);
+        lc->t_end[r] = now_s() - t0;
+        if (e1 == ncclSuccess) e2 = ncclSend(w->a[r], NF, ncclFloat, (r + n - 1) % n, w->comm[r], w->s[r]);
+    } else if (lc->mode == LZ_HALVES) {
+        /* two ranks whose first exchange is a send each, the receives after */
+        e1 = ncclSend(w->a[r], NF, ncclFloat, 1 - r, w->comm[r], w->s[r]);
+        lc->t_end[r] = now_s() - t0;
+        if (e1 == ncclSuccess) e2 = ncclRecv(w->b[r], NF, ncclFloat, 1 - r, w->comm[r], w->s[r]);
+    } else {
+        /* the agreement's shape: rank 0 first receives on channel 1 (comm2), then sends on channel 0;
+           rank 1 first receives on channel 0, then sends on channel 1 */
+        if (r == 0) e1 = ncclRecv(w->b[r], NF, ncclFloat, 1, w->comm2[r], w->s[r]);
+        else e1 = ncclRecv(w->b[r], NF, ncclFloat, 0, w->comm[r], w->s[r]);
+        if (e1 == ncclInProgress) { /* non-blocking: the state says when the set-up is done */
+            e1 = poll_ready(r == 0 ? w->comm2[r] : w->comm[r]) == ncclSuccess ? ncclSuccess : ncclInProgress;
+            if (now_s() - t0 < HANG_S) e1 = ncclSuccess; /* it finished early */
+        }
+        lc->t_end[r] = now_s() - t0;
+        if (e1 == ncclSuccess) {
+            if (r == 0) e2 = ncclSend(w->a[r], NF, ncclFloat, 1, w->comm[r], w->s2[r]);
+            else e2 = ncclSend(w->a[r], NF, ncclFloat, 0, w->comm2[r], w->s2[r]);
+            if (e2 == ncclInProgress) e2 = poll_ready(r == 0 ? w->comm[r] : w->comm2[r]);
+        }
+    }
+    w->rc[r] = e1;
+    w->rc2[r] = e2;
+    w->ok[r] = e1 == ncclSuccess && e2 == ncclSuccess && wait_stream(w->s[r], LONG_S) && wait_stream(w->s2[r], LONG_S) &&
+               is_floats(w->b[r], (float)(100 * (lc->mode == LZ_RING3 ? (r + 1) % n : 1 - r)), NF);
+    snprintf(w->msg[r], sizeof w->msg[r], "%s", ncclGetLastError(w->comm[r]));
+    rank_finish(w, r, w->ok[r], NULL);
+}
+
+static int g_lz_ok[8];
+static ncclResult_t g_lz_rc[8];
+static void lazy_run(int mode, int n, lazy_case* lc) {
+    world w;
+    memset(lc, 0, sizeof *lc);
+    lc->mode = mode;
+    world_init(&w, n);
+    w.user = lc;
+    run_ranks(&w, r_lazy);
+    memcpy(g_lz_ok, w.ok, sizeof w.ok);
+    memcpy(g_lz_rc, w.rc, sizeof w.rc);
+    world_free(&w);
+}
+
+/* NCCL sets a pair up on its first exchange, with the host held in the outermost group end until
+   the peer's host sets up the mirror connection. Correct: every pair set up first, in the same
+   place on every rank (what pipeline_nccl.h does at create), then the cross pattern runs.
+   Known-bad (pipeline_nccl.h's agreement before the fix, reduced): two ranks whose first
+   exchanges are on two channels in opposite orders; blocking, each host waits in ncclGroupEnd
+   for the other (here until the imitation's connect timeout, 0.5 s: the call fails and
+   fakenccl_problem names it); non-blocking, the state stays ncclInProgress. Known-bad on one
+   communicator: three ranks that each first receive, then send (a cycle through the set-up);
+   two ranks whose first exchanges are both sends: the halves exchanged do not mirror. */
+static void test_lazy_connect(void) {
+    lazy_case lc;
+    fakenccl_stats st0, st1;
+    fakenccl_options o = fakenccl_get_options();
+    char why[256];
+    o.connect_timeout_s = 0.5;
+    fakenccl_set_options(&o);
+    fakenccl_problem(why, sizeof why); /* clear */
+    fakenccl_stats_get(&st0);
+    lazy_run(LZ_CONNECTED, 2, &lc);
+    fakenccl_stats_get(&st1);
+    CHECK(g_lz_ok[0] && g_lz_ok[1], "set up first: the cross pattern must run: %d %d", g_lz_ok[0], g_lz_ok[1]);
+    CHECK(st1.connects - st0.connects == 8, "eight set-ups (point-to-point and collective, two communicators, two ranks), then none: %llu",
+          (unsigned long long)(st1.connects - st0.connects));
+    lazy_run(LZ_TWO_COMMS, 2, &lc);
+    fakenccl_problem(why, sizeof why);
+    CHECK(!g_lz_ok[0] && !g_lz_ok[1] && g_lz_rc[0] == ncclSystemError && g_lz_rc[1] == ncclSystemError &&
+              lc.t_end[0] >= 0.5 && lc.t_end[1] >= 0.5 && strstr(why, "lazy-connection"),
+          "known-bad: first exchanges on two channels in opposite orders must hold both hosts: %d %d %s", g_lz_rc[0], g_lz_rc[1], why);
+    lazy_run(LZ_TWO_COMMS_NB, 2, &lc);
+    CHECK(!g_lz_ok[0] && !g_lz_ok[1] && lc.t_end[0] >= HANG_S && lc.t_end[1] >= HANG_S,
+          "known-bad, non-blocking: the state must stay ncclInProgress: %d %d %.2f %.2f", g_lz_ok[0], g_lz_ok[1], lc.t_end[0],
+          lc.t_end[1]);
+    lazy_run(LZ_RING3, 3, &lc);
+    fakenccl_problem(why, sizeof why);
+    CHECK(!g_lz_ok[0] && !g_lz_ok[1] && !g_lz_ok[2] && strstr(why, "lazy-connection"),
+          "known-bad: three ranks that first receive from the right must wait in a cycle: %s", why);
+    lazy_run(LZ_HALVES, 2, &lc);
+    fakenccl_problem(why, sizeof why);
+    CHECK(!g_lz_ok[0] && !g_lz_ok[1] && g_lz_rc[0] == ncclInternalError && strstr(why, "do not match"),
+          "known-bad: two first sends exchange halves that do not mirror: %d %s", g_lz_rc[0], why);
+    o.connect_timeout_s = 0;
+    fakenccl_set_options(&o);
+}
+
+/* ---- shared resources [src: init.cc ncclCommSplit, commAlloc, envConfigOverride; enqueue.cc
+   ncclLaunchPrepare] --------------------------------------------------------------------------------- */
+
+/* Two splits X and Y of a parent, two ranks, each split's kernels on streams of their own: rank 0
+   receives on X, then sends on Y; rank 1 receives on Y, then sends on X. That runs only while the
+   splits' kernels may run at the same time: with their own resources they may; sharing the
+   parent's (its config.splitShare = 1, or NCCL_COMM_SPLIT_SHARE_RESOURCES=1 over any config) each
+   launch waits for the previous kernel of the parent's queue, and the two ranks wait for each
+   other. `how`: 0 splitShare unset, 1 the parent's config 1, 2 the variable 1, 3 the parent's
+   config 1 and the variable 0, 4 the parent's 0 and the children's 1 (the parent's decides). */
+static void r_share(world* w, int r) {
+    int how = *(const int*)w->user;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER, ccfg = NCCL_CONFIG_INITIALIZER;
+    ncclComm_t parent = NULL, x = NULL, y = NULL;
+    cfg.splitShare = how == 1 || how == 3 ? 1 : how == 4 ? 0 : NCCL_CONFIG_UNDEF_INT;
+    ccfg.splitShare = how == 4 ? 1 : NCCL_CONFIG_UNDEF_INT;
+    w->rc[r] = ncclCommInitRankConfig(&parent, w->n, w->id, r, &cfg);
+    if (w->rc[r] == ncclSuccess) w->rc[r] = ncclCommSplit(parent, 0, r, &x, how == 4 ? &ccfg : NULL);
+    if (w->rc[r] == ncclSuccess) w->rc[r] = ncclCommSplit(parent, 0, r, &y, how == 4 ? &ccfg : NULL);
+    if (w->rc[r] == ncclSuccess) w->rc[r] = connect_all(x, w->n, r);
+    if (w->rc[r] == ncclSuccess) w->rc[r] = connect_all(y, w->n, r);
+    cudaStreamCreateWithFlags(&w->s[r], cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&w->s2[r], cudaStreamNonBlocking);
+    w->a[r] = dev_floats(NF);
+    w->b[r] = dev_floats(NF);
+    put_floats(w->a[r], (float)(10 * r), NF);
+    if (w->rc[r] == ncclSuccess) {
+        ncclRecv(w->b[r], NF, ncclFloat, 1 - r, r == 0 ? x : y, w->s[r]);
+        sleep_s(0.02);
+        ncclSend(w->a[r], NF, ncclFloat, 1 - r, r == 0 ? y : x, w->s2[r]);
+        w->ok[r] = wait_stream(w->s[r], HANG_S * 3) && wait_stream(w->s2[r], HANG_S) && is_floats(w->b[r], (float)(10 * (1 - r)), NF);
+    }
+    if (w->ok[r]) {
+        ncclCommDestroy(y);
+        ncclCommDestroy(x);
+        ncclCommDestroy(parent);
+    } else {
+        ncclCommAbort(y);
+        ncclCommAbort(x);
+        ncclCommAbort(parent);
+        cudaStreamSynchronize(w->s[r]);
+        cudaStreamSynchronize(w->s2[r]);
+    }
+}
+
+static void share_case(int how, int expect, const char* env, const char* what) {
+    world w;
+    if (env) setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", env, 1);
+    world_init(&w, 2);
+    w.user = &how;
+    run_ranks(&w, r_share);
+    CHECK(w.rc[0] == ncclSuccess && w.rc[1] == ncclSuccess, "%s: set-up failed", what);
+    CHECK((w.ok[0] && w.ok[1]) == expect, "%s: %d %d", what, w.ok[0], w.ok[1]);
+    world_free(&w);
+    unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+}
+
+static void test_split_share(void) {
+    share_case(0, 1, NULL, "splits with resources of their own run at the same time");
+    share_case(4, 1, NULL, "the children's splitShare = 1 does not make them share (the parent's decides)");
+    share_case(3, 1, "0", "NCCL_COMM_SPLIT_SHARE_RESOURCES=0 over a parent's splitShare = 1");
+    share_case(1, 0, NULL, "known-bad: splits of a parent with splitShare = 1 must queue behind each other");
+    share_case(0, 0, "1", "known-bad: NCCL_COMM_SPLIT_SHARE_RESOURCES=1 must make the splits queue behind each other");
 }
 
 /* ---- misc ----------------------------------------------------------------------------------------- */
@@ -1285,6 +1510,8 @@ int main(void) {
     test_allreduce();
     test_abort();
     test_two_comms();
+    test_lazy_connect();
+    test_split_share();
     test_misc();
     return TEST_DONE("imitation");
 }

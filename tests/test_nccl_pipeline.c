@@ -72,6 +72,7 @@ typedef struct world {
     double t_step[MAXP][8];     /* seconds each rank's step took */
     size_t pool_need[MAXP];     /* the last step's pp_step_stats.pool_need */
     int chans[MAXP], chans0[MAXP]; /* pp_nccl_channels after pp_stage_create, and before it */
+    uint64_t late_connects[MAXP]; /* connection set-ups after pp_stage_create (fakenccl_thread_connects) */
 } world;
 
 typedef struct rank_arg {
@@ -188,6 +189,7 @@ static void* rank_main(void* arg) {
         w->rc[r][0] = rc;
         snprintf(w->msg[r], sizeof w->msg[r], "setup: %s", err.msg);
     } else {
+        uint64_t connects0 = fakenccl_thread_connects();
         for (s = 0; s < w->steps; s++) {
             double t0 = _pp_now();
             pp_step_stats stats;
@@ -200,6 +202,7 @@ static void* rank_main(void* arg) {
             w->rc[r][s] = rc;
             if (rc != PP_OK && w->zero_after_fail) memset(GBUF[r], 0, NPAR * sizeof(float));
             if (rc != PP_OK) snprintf(w->msg[r], sizeof w->msg[r], "step %d: %s [transport: %.100s]", s, pp_stage_error(st), pp_nccl_error(t));
+            if (!w->after_fail) w->late_connects[r] = fakenccl_thread_connects() - connects0;
             if (w->after_fail && s == 0) {
                 /* every rank comes here (the step failed everywhere, the communicators are
                    aborted): a new communicator from a new id, a new transport and stage */
@@ -326,6 +329,9 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
             break;
         }
     if (ok) CHECK(grads_equal(p), "%s: gradients differ from the sequential run", where);
+    for (r = 0; r < p; r++) /* NCCL's lazy set-up: every pair was connected at create (pipeline_nccl.h, _ppn_connect) */
+        CHECK(w.late_connects[r] == 0, "%s: rank %d set up %llu connections during its steps", where, r,
+              (unsigned long long)w.late_connects[r]);
     if (!g_channels) { /* the default: the fewest channels the schedule passes over, on every rank */
         int want = fewest_channels(&sc, p);
         for (r = 0; r < p; r++)
@@ -371,6 +377,11 @@ static void test_matrix(void) {
         fakenccl_set_options(&o);
     }
     run_case(PP_SCHED_1F1B, 8, 1, 9, PP_SHAPES_LOCAL, 1, NULL);
+    /* p = 8, the kinds with one chunk per rank (twelve layers: two per rank do not fit), both
+       kinds of communicator: every pair was set up at create, so no lazy set-up can cycle */
+    run_case(PP_SCHED_GPIPE, 8, 1, 8, PP_SHAPES_LOCAL, 0, NULL);
+    run_case(PP_SCHED_ZB_H1, 8, 1, 8, PP_SHAPES_BROADCAST, 1, NULL);
+    run_case(PP_SCHED_ZB_H2, 8, 1, 8, PP_SHAPES_LOCAL, 0, NULL);
     /* a table written out by hand: 1F1B p=2 m=3 */
     {
         const char* text = "schedule p=2 v=1 m=3 map=loop\n"
@@ -501,6 +512,42 @@ static void test_late_zeros(void) {
     g_dev_delay_us = 5000;
     run_case(PP_SCHED_INTERLEAVED, 2, 2, 4, PP_SHAPES_LOCAL, 1, NULL);
     g_dev_delay_us = 0;
+}
+
+/* NCCL_COMM_SPLIT_SHARE_RESOURCES=1 makes every ncclCommSplit child share its parent's launch
+   queue (tests/fakenccl, shared resources): the transport's channels would run one after another
+   and interleaved p = 2 would hang. With the default channels every rank's pp_nccl_create refuses
+   within 1 s, naming the variable; with pp_nccl_desc.channels = 1 (no split) 1F1B p = 3 runs
+   bit-exact. Negative control: build/nccl-ctl-share-unchecked (the check off: interleaved p = 2
+   runs on the shared queue and every rank times out). */
+static void test_share(void) {
+    world w;
+    pp_action acts[256];
+    pp_schedule sc;
+    pp_error err;
+    double t0;
+    int r;
+    setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1", 1);
+    memset(&w, 0, sizeof w);
+    CHECK(pp_schedule_make(PP_SCHED_INTERLEAVED, 2, 2, 4, acts, 256, &sc, &err) == PP_OK, "%s", err.msg);
+    w.p = 2;
+    w.m = 4;
+    w.sched = &sc;
+    w.shapes = PP_SHAPES_LOCAL;
+    w.blocking = 1;
+    w.steps = 1;
+    reference(w.m, w.steps);
+    t0 = _pp_now();
+    run_world(&w);
+    t0 = _pp_now() - t0;
+    for (r = 0; r < 2; r++)
+        CHECK(w.rc[r][0] == PP_ERR_UNSUPPORTED && strstr(w.msg[r], "NCCL_COMM_SPLIT_SHARE_RESOURCES"),
+              "shared resources: rank %d must refuse at create: %s: %s", r, pp_result_str(w.rc[r][0]), w.msg[r]);
+    CHECK(t0 < 1.0, "shared resources: refused after %.2f s", t0);
+    g_channels = 1;
+    run_case(PP_SCHED_1F1B, 3, 1, 5, PP_SHAPES_LOCAL, 1, NULL);
+    g_channels = 0;
+    unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
 }
 
 static void test_pool_ends(void) {
@@ -1006,6 +1053,8 @@ int main(int argc, char** argv) {
         int n = argc == 7 ? atoi(argv[6]) : 1;
         pp_schedule_kind_parse(argv[2], &kind);
         while (n-- > 0) run_case(kind, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), PP_SHAPES_LOCAL, 1, NULL);
+    } else if (argc > 1 && !strcmp(argv[1], "share")) { /* what the negative control runs */
+        test_share();
     } else if (argc > 1 && !strcmp(argv[1], "drain")) { /* what the negative control runs */
         test_failure_drain();
     } else if (argc > 1 && !strcmp(argv[1], "sends")) { /* what the negative controls run */
@@ -1017,6 +1066,7 @@ int main(int argc, char** argv) {
         test_released();
         test_pool_ends();
         test_late_zeros();
+        test_share();
         test_rendezvous();
         test_matrix();
         test_failure();

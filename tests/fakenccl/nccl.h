@@ -168,6 +168,9 @@ typedef struct fakenccl_options {
     int serialize_kernels;      /* 1: at most one NCCL kernel runs per device at a time */
     double launch_delay_s;      /* non-blocking init/split/launch finish this long (half to all of
                                    it, at random) after they could; default 4 ms */
+    int eager_connect;          /* 1: connections exist from init (no lazy set-up; not NCCL's way) */
+    double connect_timeout_s;   /* a set-up that waited this long for a peer's host fails (NCCL waits
+                                   forever); 0: 30 s, or FAKENCCL_CONNECT_TIMEOUT */
 } fakenccl_options;
 
 enum {
@@ -185,6 +188,7 @@ typedef struct fakenccl_stats {
     uint64_t eager;             /* sends that completed before their receive ran */
     uint64_t mismatches;        /* send/receive pairs whose sizes differ (stuck for good) */
     uint64_t pending;           /* operations issued and neither complete nor aborted, now */
+    uint64_t connects;          /* connection set-ups run (a communicator's, in a group end) */
 } fakenccl_stats;
 
 #ifdef __cplusplus
@@ -233,10 +237,27 @@ typedef struct fn_split {
     struct fn_split* next;
     uint64_t seq;
     int arrived, done;
-    int *color, *key, *blocking;
+    int *color, *key, *blocking, *share; /* share: each child's own config.splitShare */
     ncclComm_t** out;           /* [n] each rank's newcomm argument */
     ncclComm_t* child;          /* [n] made, not yet written (non-blocking parents) */
 } fn_split;
+
+/* A launch order: NCCL's sharedRes->deviceStream. Every launch waits for the previous kernel on
+   it to finish [src: enqueue.cc, ncclLaunchPrepare: the launch stream waits on deviceStream;
+   ncclLaunchFinish: deviceStream advances to the kernel's finished event]. A communicator has
+   its own, unless it is a split of a parent that shares resources (below). */
+typedef struct fn_queue {
+    struct fn_unit *head, *tail; /* units not yet done, in issue order */
+    int refs;                   /* communicators and units that use it */
+} fn_queue;
+
+/* A bootstrap message of the connection set-up [src: bootstrap.cc, bootstrapSend: returns once
+   the bytes are on the socket; bootstrapRecv: blocks until the message of that peer and tag]. */
+typedef struct fn_boot {
+    struct fn_boot* next;
+    int src, dst, tag;
+    int ns, nr;                 /* the sender's connections to set up with dst: sends, receives */
+} fn_boot;
 
 typedef struct fn_clique {
     struct fn_clique* next;     /* cliques still gathering ranks */
@@ -246,6 +267,7 @@ typedef struct fn_clique {
     fn_conn* conn;              /* [n * n]: conn[src * n + dst] */
     fn_coll* colls;
     fn_split* splits;
+    fn_boot *boot, *boot_tail;  /* set-up messages posted and not yet received, oldest first */
 } fn_clique;
 
 struct ncclComm {
@@ -256,7 +278,12 @@ struct ncclComm {
     int jobs;                   /* background launches holding this communicator */
     int finalizing;
     fn_split* split;            /* a non-blocking split this rank takes part in */
-    uint64_t n_launched, n_done, coll_seq, split_seq;
+    uint64_t coll_seq, split_seq;
+    fn_queue* q;                /* its launch order, shared with its parent under splitShare */
+    int split_share;            /* config.splitShare after NCCL_COMM_SPLIT_SHARE_RESOURCES */
+    unsigned char* seen;        /* [2n]: a send to peer (2 peer) or a receive from it (2 peer + 1)
+                                   was issued once: its connection is set up or being set up */
+    int coll_seen;              /* a collective was issued once: its connections too */
     struct fn_unit* units;      /* launched and not yet freed */
     char err[256];
 };
@@ -266,7 +293,8 @@ typedef struct fn_unit {
     struct ncclComm* comm;      /* NULL once the communicator is freed */
     fn_clique* cl;
     int rank, dev;
-    uint64_t index;             /* starts once the communicator's earlier kernels are done */
+    fn_queue* q;                /* starts once it heads its launch order */
+    struct fn_unit* qnext;
     fn_op** ops;
     int n_ops, n_open;
     cudaStream_t* streams;
@@ -307,6 +335,7 @@ static __thread int fn_group_blocking = -1;
 static __thread struct ncclComm* fn_group_inits[64];
 static __thread int fn_n_group_inits;
 static __thread uint64_t fn_thread_cuda_calls; /* fakenccl_thread_cuda_calls */
+static __thread uint64_t fn_thread_connects;   /* fakenccl_thread_connects */
 
 static inline double fn_now(void) {
     struct timespec ts;
@@ -330,6 +359,7 @@ static inline const fakenccl_options* fn_options(void) {
         fn_opt.eager_bytes = e ? (size_t)strtoull(e, NULL, 10) : 0;
         fn_opt.serialize_kernels = z && atoi(z) != 0;
         fn_opt.launch_delay_s = 0.004;
+        fn_opt.connect_timeout_s = getenv("FAKENCCL_CONNECT_TIMEOUT") ? atof(getenv("FAKENCCL_CONNECT_TIMEOUT")) : 0;
         fn_opt_set = 1;
     }
     return &fn_opt;
@@ -412,8 +442,28 @@ static inline void fn_queue_remove(fn_op** head, fn_op** tail, fn_op* op) {
         }
 }
 
+/* lock held: a communicator or unit lets go of its launch order */
+static inline void fn_queue_put(fn_queue* q) {
+    if (q && --q->refs == 0) free(q);
+}
+
+/* lock held: a unit leaves its launch order once done, so the next one may start */
+static inline void fn_queue_leave(fn_unit* u) {
+    fn_unit **pp, *prev = NULL;
+    if (!u->q) return;
+    for (pp = &u->q->head; *pp; prev = *pp, pp = &(*pp)->qnext)
+        if (*pp == u) {
+            *pp = u->qnext;
+            if (u->q->tail == u) u->q->tail = prev;
+            u->qnext = NULL;
+            return;
+        }
+}
+
 static inline void fn_unit_free(fn_unit* u) {
     int i;
+    fn_queue_leave(u);
+    fn_queue_put(u->q);
     if (u->comm) {
         fn_unit** pp;
         for (pp = &u->comm->units; *pp; pp = &(*pp)->cnext)
@@ -440,7 +490,7 @@ static inline void fn_unit_finish(fn_unit* u) {
     u->done = 1;
     if (u->holds_dev) fn_dev_busy[u->dev] = 0;
     u->holds_dev = 0;
-    if (u->comm) u->comm->n_done++;
+    fn_queue_leave(u);
     pthread_cond_broadcast(&fn_cv);
 }
 
@@ -667,7 +717,7 @@ static inline void fn_op_extent(const fn_op* op, int n, size_t* sb, size_t* rb) 
 
 static inline int fn_can_start(const fn_unit* u) {
     return !u->started && !u->done && u->launched == u->n_streams && u->arrived == u->n_streams && u->comm &&
-           u->index == u->comm->n_done && !(fn_options()->serialize_kernels && fn_dev_busy[u->dev]);
+           u->q && u->q->head == u && !(fn_options()->serialize_kernels && fn_dev_busy[u->dev]);
 }
 
 static inline void fn_start(fn_unit* u) {
@@ -779,7 +829,11 @@ static inline ncclResult_t fn_launch(fn_task* tasks) {
         u->cl = c->cl;
         u->rank = c->rank;
         u->dev = c->dev;
-        u->index = c->n_launched++;
+        u->q = c->q; /* joins the end of its communicator's launch order */
+        c->q->refs++;
+        if (c->q->tail) c->q->tail->qnext = u;
+        else c->q->head = u;
+        c->q->tail = u;
         for (x = t; x; x = x->next) {
             fn_op* op;
             int k;
@@ -853,6 +907,226 @@ static inline ncclResult_t fn_launch(fn_task* tasks) {
     return res;
 }
 
+/* ---- lazy connection set-up (lock held unless said) ----
+   NCCL connects a pair the first time it talks, not at init [src: enqueue.cc, p2pTaskAppend:
+   the first send to a peer (receive from it) on a communicator sets connectSend[peer]
+   (connectRecv[peer]) and queues the communicator for pre-connection]. The outermost
+   ncclGroupEnd runs the set-up of every such communicator, at once, before it launches
+   anything [src: group.cc, groupLaunch: ncclP2PPreconnectFunc jobs, asyncJobLaunch waits for
+   all]: transport.cc, ncclTransportP2pSetup, for i = 1 .. n-1 with recvPeer = rank - i and
+   sendPeer = rank + i: post this rank's halves to recvPeer and sendPeer, then block receiving
+   the peers' halves (bootstrapRecv, same tag i << 8); one exchange where the two are the same
+   rank. Then a second round, the same peers, empty messages (tag (i << 8) + 128): no rank
+   leaves before its peers connected. So the host is held in ncclGroupEnd (a non-blocking
+   communicator: its state stays ncclInProgress) until each new peer's host reaches its own
+   set-up of the mirror connection; two ranks whose first exchanges are in different orders wait
+   for each other forever. The masks are cleared after: each direction is set up once.
+   Collectives connect the same way on first use of an algorithm [src: init.cc: runtimeConn =
+   cuMemSupport && NCCL_RUNTIME_CONNECT (default 1); enqueue.cc, ncclPrepareTasks: algoNeedConnect;
+   group.cc, ncclCollPreconnect: ncclTransportRingConnect, ...]; the imitation makes the first
+   collective of a communicator wait for every rank's (a ring or a tree waits for its
+   neighbours, and they for theirs). */
+#define FN_TAG_COLL (-1)
+
+typedef struct fn_step { int post, peer, tag, ns, nr; } fn_step;
+typedef struct fn_setup {
+    struct ncclComm* c;
+    fn_step* st;
+    int n, pc;
+    ncclResult_t rc;
+} fn_setup;
+
+static inline void fn_setup_add(fn_setup* u, int post, int peer, int tag, int ns, int nr) {
+    fn_step* x = &u->st[u->n++];
+    x->post = post;
+    x->peer = peer;
+    x->tag = tag;
+    x->ns = ns;
+    x->nr = nr;
+}
+
+/* The program of ncclTransportP2pSetup for masks snd/rcv ([n], 1 where new), and of the first
+   collective's connection. st holds 8n + 2n steps. */
+static inline void fn_setup_build(fn_setup* u, const unsigned char* snd, const unsigned char* rcv, int coll) {
+    int n = u->c->n, r = u->c->rank, i, round;
+    for (round = 0; round < 2; round++)
+        for (i = 1; i < n; i++) {
+            int rp = (r - i + n) % n, sp = (r + i) % n, tag = (i << 8) + (round ? 128 : 0);
+            int rm = rcv[rp], sm = snd[sp];
+            if (sp == rp) {
+                /* one peer both ways: one exchange of both halves [sendPeer == recvPeer] */
+                if (rm || sm) {
+                    fn_setup_add(u, 1, sp, tag, sm, rm);
+                    fn_setup_add(u, 0, sp, tag, sm, rm);
+                }
+            } else {
+                if (rm) fn_setup_add(u, 1, rp, tag, 0, 1);
+                if (sm) fn_setup_add(u, 1, sp, tag, 1, 0);
+                if (sm) fn_setup_add(u, 0, sp, tag, 1, 0);
+                if (rm) fn_setup_add(u, 0, rp, tag, 0, 1);
+            }
+        }
+    if (coll) {
+        for (i = 0; i < n; i++)
+            if (i != r) fn_setup_add(u, 1, i, FN_TAG_COLL, 0, 0);
+        for (i = 0; i < n; i++)
+            if (i != r) fn_setup_add(u, 0, i, FN_TAG_COLL, 0, 0);
+    }
+}
+
+/* Runs one step if it can: 1 when it ran (or failed), 0 when it waits for a peer. */
+static inline int fn_setup_step(fn_setup* u) {
+    fn_step* x = &u->st[u->pc];
+    fn_clique* cl = u->c->cl;
+    fn_boot *m, *prev = NULL;
+    if (x->post) {
+        if (!(m = (fn_boot*)calloc(1, sizeof *m))) {
+            u->rc = ncclSystemError;
+            return 1;
+        }
+        m->src = u->c->rank;
+        m->dst = x->peer;
+        m->tag = x->tag;
+        m->ns = x->ns;
+        m->nr = x->nr;
+        if (cl->boot_tail) cl->boot_tail->next = m;
+        else cl->boot = m;
+        cl->boot_tail = m;
+        pthread_cond_broadcast(&fn_cv);
+        u->pc++;
+        return 1;
+    }
+    /* the oldest message of that peer and tag [src: bootstrap.cc, unexpectedDequeue] */
+    for (m = cl->boot; m && !(m->dst == u->c->rank && m->src == x->peer && m->tag == x->tag); prev = m, m = m->next) {
+    }
+    if (!m) return 0;
+    if (prev) prev->next = m->next;
+    else cl->boot = m->next;
+    if (cl->boot_tail == m) cl->boot_tail = prev;
+    if (x->tag != FN_TAG_COLL && (x->tag & 128) == 0 &&
+        (u->c->rank + (x->tag >> 8)) % u->c->n == (u->c->rank - (x->tag >> 8) + u->c->n) % u->c->n) {
+        /* one peer both ways, data round: "Message truncated" if it sent more halves than this
+           rank expects [src: bootstrap.cc, socketRecv]; halves that do not mirror this rank's
+           would be read as the other direction's (sendData[p] = data[p]), which NCCL does not
+           check: refused here */
+        if (m->ns + m->nr > x->ns + x->nr || m->ns != x->nr || m->nr != x->ns) {
+            char msg[240];
+            snprintf(msg, sizeof msg,
+                     "connection set-up: rank %d sets up %s rank %d while rank %d sets up %s it: the exchanged halves do not match",
+                     u->c->rank, x->ns && x->nr ? "both ways with" : x->ns ? "a send to" : "a receive from", x->peer, x->peer,
+                     m->ns && m->nr ? "both ways with" : m->ns ? "a send to" : "a receive from");
+            fn_problem(msg);
+            snprintf(u->c->err, sizeof u->c->err, "%s", msg);
+            u->rc = ncclInternalError;
+        }
+    }
+    free(m);
+    u->pc++;
+    return 1;
+}
+
+/* The connection set-up an outermost group end runs before it launches anything: every
+   communicator of the group with a pair (or a collective) it has not used before, at once.
+   Lock not held. ncclSuccess when all connected. */
+static inline ncclResult_t fn_connect(fn_task* tasks, uint64_t* thread_count) {
+    fn_setup su[64];
+    int k = 0, i, left;
+    fn_task* t;
+    ncclResult_t res = ncclSuccess;
+    double deadline, limit;
+    pthread_mutex_lock(&fn_mu);
+    if (fn_options()->eager_connect) {
+        pthread_mutex_unlock(&fn_mu);
+        return ncclSuccess;
+    }
+    limit = fn_options()->connect_timeout_s > 0 ? fn_options()->connect_timeout_s : 30.0;
+    for (t = tasks; t && res == ncclSuccess; t = t->next) {
+        struct ncclComm* c = t->comm;
+        int n, found = 0, any = 0;
+        unsigned char* mask;
+        fn_task* x;
+        if (!c || c->n < 2) continue;
+        for (i = 0; i < k; i++) found |= su[i].c == c;
+        if (found || k == 64) continue;
+        n = c->n;
+        if (!(mask = (unsigned char*)calloc(2 * (size_t)n, 1))) {
+            res = ncclSystemError;
+            break;
+        }
+        memset(&su[k], 0, sizeof su[k]);
+        su[k].c = c;
+        for (x = t; x; x = x->next) {
+            if (x->comm != c) continue;
+            if (x->kind == FN_SEND || x->kind == FN_RECV) {
+                int d = x->kind == FN_RECV;
+                if (x->peer != c->rank && !c->seen[2 * x->peer + d]) {
+                    c->seen[2 * x->peer + d] = 1;
+                    mask[d * n + x->peer] = 1;
+                    any = 1;
+                }
+            } else if (!c->coll_seen) {
+                c->coll_seen = 2; /* 2: this group's */
+                any = 1;
+            }
+        }
+        if (any && !(su[k].st = (fn_step*)calloc(10 * (size_t)n, sizeof(fn_step)))) res = ncclSystemError;
+        if (any && su[k].st) {
+            fn_setup_build(&su[k], mask, mask + n, c->coll_seen == 2);
+            c->coll_seen = c->coll_seen ? 1 : 0;
+            fn_st.connects++;
+            (*thread_count)++;
+            k++;
+        }
+        free(mask);
+    }
+    deadline = fn_now() + limit;
+    for (;;) {
+        int moved = 0;
+        left = 0;
+        for (i = 0; i < k; i++) {
+            fn_setup* u = &su[i];
+            while (u->pc < u->n && u->rc == ncclSuccess) {
+                if (u->c->state == ncclRemoteError) u->rc = ncclRemoteError; /* aborted meanwhile */
+                else if (fn_setup_step(u)) moved = 1;
+                else break;
+            }
+            if (u->pc < u->n && u->rc == ncclSuccess) left++;
+        }
+        if (!left) break;
+        if (moved) continue;
+        if (fn_now() > deadline) {
+            char msg[240];
+            for (i = 0; i < k; i++)
+                if (su[i].pc < su[i].n && su[i].rc == ncclSuccess) {
+                    snprintf(msg, sizeof msg,
+                             "connection set-up: rank %d's host waited %.3g s in ncclGroupEnd for rank %d to set up its side "
+                             "(NCCL waits forever: a lazy-connection deadlock)",
+                             su[i].c->rank, limit, su[i].st[su[i].pc].peer);
+                    fn_problem(msg);
+                    snprintf(su[i].c->err, sizeof su[i].c->err, "%s", msg);
+                    su[i].rc = ncclSystemError;
+                }
+            continue;
+        }
+        {
+            struct timespec ts; /* woken by any post; at the latest in 20 ms, for the deadline */
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&fn_cv, &fn_mu, &ts);
+        }
+    }
+    for (i = 0; i < k; i++) {
+        if (su[i].rc != ncclSuccess && res == ncclSuccess) res = su[i].rc;
+        free(su[i].st);
+    }
+    pthread_mutex_unlock(&fn_mu);
+    return res;
+}
+
 static inline void fn_tasks_free(fn_task* t) {
     while (t) {
         fn_task* nx = t->next;
@@ -863,6 +1137,7 @@ static inline void fn_tasks_free(fn_task* t) {
 
 typedef struct fn_job {
     fn_task* tasks;
+    uint64_t* connects;         /* the issuing thread's fn_thread_connects */
     struct ncclComm* comms[64];
     int n;
     double delay;
@@ -873,10 +1148,14 @@ static inline void* fn_job_main(void* arg) {
     fn_job* j = (fn_job*)arg;
     fn_task* t;
     int i;
+    ncclResult_t cr;
     fn_sleep(j->delay);
+    cr = fn_connect(j->tasks, j->connects); /* the host side of the set-up runs in the background too */
     pthread_mutex_lock(&fn_mu);
-    for (t = j->tasks; t; t = t->next)
-        if (t->comm && t->comm->state != ncclSuccess) t->comm = NULL; /* aborted meanwhile */
+    for (t = j->tasks; t; t = t->next) {
+        if (t->comm && cr != ncclSuccess && t->comm->state == ncclSuccess) t->comm->state = cr;
+        if (t->comm && t->comm->state != ncclSuccess) t->comm = NULL; /* aborted meanwhile, or failed */
+    }
     pthread_mutex_unlock(&fn_mu);
     (void)fn_launch(j->tasks);
     pthread_mutex_lock(&fn_mu);
@@ -916,7 +1195,8 @@ static inline ncclResult_t fn_group_run(void) {
     pthread_mutex_unlock(&fn_mu);
     if (!tasks) return res;
     if (blocking != 0) {
-        ncclResult_t r = fn_launch(tasks);
+        ncclResult_t r = fn_connect(tasks, &fn_thread_connects); /* the host is held here until the peers set up theirs */
+        if (r == ncclSuccess) r = fn_launch(tasks);
         fn_tasks_free(tasks);
         return r;
     } else {
@@ -928,6 +1208,7 @@ static inline ncclResult_t fn_group_run(void) {
             return ncclSystemError;
         }
         j->tasks = tasks;
+        j->connects = &fn_thread_connects;
         pthread_mutex_lock(&fn_mu);
         for (t = tasks; t; t = t->next) {
             int k;
@@ -1077,9 +1358,15 @@ static inline void fn_clique_free(fn_clique* cl) {
         free(s->color);
         free(s->key);
         free(s->blocking);
+        free(s->share);
         free(s->out);
         free(s->child);
         free(s);
+    }
+    while (cl->boot) {
+        fn_boot* m = cl->boot;
+        cl->boot = m->next;
+        free(m);
     }
     free(cl->comms);
     free(cl->conn);
@@ -1096,6 +1383,8 @@ static inline void fn_comm_free(struct ncclComm* c) {
         fn_unit_try_free(u);
     }
     c->split = NULL;
+    fn_queue_put(c->q);
+    free(c->seen);
     if (cl) {
         cl->comms[c->rank] = NULL;
         if (!cl->complete) cl->joined--;
@@ -1104,9 +1393,21 @@ static inline void fn_comm_free(struct ncclComm* c) {
     free(c);
 }
 
-static inline struct ncclComm* fn_comm_new(fn_clique* cl, int rank, int dev, int blocking) {
+/* lock held: share, a launch order to share (a split of a parent that shares resources), or NULL
+   for a new one */
+static inline struct ncclComm* fn_comm_new(fn_clique* cl, int rank, int dev, int blocking, int split_share, fn_queue* share) {
     struct ncclComm* c = (struct ncclComm*)calloc(1, sizeof *c);
     if (!c) return NULL;
+    c->seen = (unsigned char*)calloc(2 * (size_t)cl->n, 1);
+    c->q = share ? share : (fn_queue*)calloc(1, sizeof(fn_queue));
+    if (!c->seen || !c->q) {
+        free(c->seen);
+        if (!share) free(c->q);
+        free(c);
+        return NULL;
+    }
+    c->q->refs++;
+    c->split_share = split_share;
     c->cl = cl;
     c->rank = rank;
     c->n = cl->n;
@@ -1126,6 +1427,17 @@ static inline int fn_config_blocking(const ncclConfig_t* cfg, int inherit, ncclR
         return 1;
     }
     return cfg->blocking == NCCL_CONFIG_UNDEF_INT ? 1 : cfg->blocking != 0;
+}
+
+/* config.splitShare as NCCL settles it: the config's (0 when unset), a NULL config the parent's
+   (inherit), and NCCL_COMM_SPLIT_SHARE_RESOURCES over either [src: init.cc, envConfigOverride,
+   run for every new communicator, splits included]. NCCL reads the variable once per process;
+   the imitation at every init and split, so that a test can set it. */
+static inline int fn_config_split_share(const ncclConfig_t* cfg, int inherit) {
+    const char* e = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+    int v = cfg ? (cfg->splitShare == NCCL_CONFIG_UNDEF_INT ? 0 : cfg->splitShare != 0) : inherit;
+    if (e && *e) v = atoi(e) != 0;
+    return v;
 }
 
 /* ---- the API ---------------------------------------------------------------------------------- */
@@ -1194,7 +1506,7 @@ static inline ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, 
         cl->next = fn_joining;
         fn_joining = cl;
     }
-    if (!(c = fn_comm_new(cl, rank, dev, blocking))) {
+    if (!(c = fn_comm_new(cl, rank, dev, blocking, fn_config_split_share(config, 0), NULL))) {
         if (cl->live == 0) fn_clique_free(cl);
         pthread_mutex_unlock(&fn_mu);
         return ncclSystemError;
@@ -1279,7 +1591,11 @@ static inline void fn_split_done(fn_clique* parent, fn_split* s) {
         if (!(cl = fn_clique_new(m))) continue;
         for (j = 0; j < m; j++) {
             int pr = order[j];
-            struct ncclComm* c = fn_comm_new(cl, j, parent->comms[pr]->dev, s->blocking[pr]);
+            /* "comm->shareResources = ... comm->config.splitShare": the parent's setting decides
+               whether the child takes the parent's sharedRes, and so its deviceStream [src:
+               init.cc, ncclCommSplit and commAlloc] */
+            struct ncclComm* pc = parent->comms[pr];
+            struct ncclComm* c = fn_comm_new(cl, j, pc->dev, s->blocking[pr], s->share[pr], pc->split_share ? pc->q : NULL);
             /* a blocking parent returns with *newcomm set; a non-blocking one gets it written
                when its own state is next seen leaving ncclInProgress (fn_state) */
             if (c && parent->comms[pr]->blocking) *s->out[pr] = c;
@@ -1322,14 +1638,16 @@ static inline ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nc
             s->color = (int*)calloc((size_t)n, sizeof(int));
             s->key = (int*)calloc((size_t)n, sizeof(int));
             s->blocking = (int*)calloc((size_t)n, sizeof(int));
+            s->share = (int*)calloc((size_t)n, sizeof(int));
             s->out = (ncclComm_t**)calloc((size_t)n, sizeof(ncclComm_t*));
             s->child = (ncclComm_t*)calloc((size_t)n, sizeof(ncclComm_t));
         }
-        if (!s || !s->color || !s->key || !s->blocking || !s->out || !s->child) {
+        if (!s || !s->color || !s->key || !s->blocking || !s->share || !s->out || !s->child) {
             if (s) {
                 free(s->color);
                 free(s->key);
                 free(s->blocking);
+                free(s->share);
                 free(s->out);
         free(s->child);
             }
@@ -1345,6 +1663,7 @@ static inline ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nc
     s->color[comm->rank] = color < 0 ? NCCL_SPLIT_NOCOLOR : color;
     s->key[comm->rank] = key;
     s->blocking[comm->rank] = child_blocking;
+    s->share[comm->rank] = fn_config_split_share(config, comm->split_share);
     s->out[comm->rank] = newcomm;
     if (++s->arrived == n) fn_split_done(cl, s);
     if (!comm->blocking) {
@@ -1508,6 +1827,15 @@ static inline void fakenccl_stats_get(fakenccl_stats* out) {
 
 /* fakenccl_stats.cuda_calls made in the calling thread so far (its group ends). */
 static inline uint64_t fakenccl_thread_cuda_calls(void) { return fn_thread_cuda_calls; }
+
+/* Connection set-ups of groups the calling thread issued (fakenccl_stats.connects), so far. */
+static inline uint64_t fakenccl_thread_connects(void) {
+    uint64_t n;
+    pthread_mutex_lock(&fn_mu);
+    n = fn_thread_connects;
+    pthread_mutex_unlock(&fn_mu);
+    return n;
+}
 
 /* Zeroes the counters (not pending, which is a state). */
 static inline void fakenccl_stats_reset(void) {
