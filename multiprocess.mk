@@ -2,7 +2,7 @@
 # NCCL header's compile-and-link check, and the grid test. Everything here hooks into `make test`
 # through TEST_BINS and extra prerequisites of `test`, so the main Makefile only includes it.
 
-.PHONY: test-mpi run-mpi bench-mpi check-nccl mp-note
+.PHONY: test-mpi run-mpi bench-mpi check-nccl mp-note gpu-nccl test-nccl-gpu
 
 # the grid section of pipeline.h over the threads transport: built four ways like every test
 TESTS += test_grid
@@ -44,10 +44,18 @@ $(B)/bench_mpi: bench/bench_mpi.c tests/harness.h $(EXH) $(HEADERS) pipeline_mpi
 # (gcc, clang), C++ and under nvcc; test_nccl runs its CPU part (schedule order proofs) in make
 # test, and its one-rank GPU part where a GPU exists. CUDA headers are not -pedantic clean:
 # they come in as system headers.
+# NCCL_HOME: an NCCL of your own (include/ and lib/, e.g. one built by tools/build_nccl.sh); by
+# default the toolkit's under CUDA_HOME. Its headers come before the toolkit's, which may carry an
+# older nccl.h.
 CUDA_HOME ?= /usr/local/cuda
-HAVE_NCCL := $(shell test -f $(CUDA_HOME)/include/nccl.h && test -f $(CUDA_HOME)/lib64/libcudart.so && echo 1)
-NCCL_FLAGS = -isystem $(CUDA_HOME)/include
-NCCL_LIBS  = -L$(CUDA_HOME)/lib64 -lnccl -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL_LIBDIR := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib64/libnccl.so))
+NCCL_LIBDIR := $(if $(NCCL_LIBDIR),$(patsubst %/,%,$(dir $(NCCL_LIBDIR))),$(NCCL_HOME)/lib64)
+HAVE_NCCL := $(shell test -f $(NCCL_HOME)/include/nccl.h && test -f $(CUDA_HOME)/lib64/libcudart.so && echo 1)
+NCCL_FLAGS = -isystem $(NCCL_HOME)/include $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)),-isystem $(CUDA_HOME)/include)
+NCCL_LIBS  = -L$(NCCL_LIBDIR) $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)),-L$(CUDA_HOME)/lib64) -lnccl -lcudart \
+             -Wl,-rpath,$(NCCL_LIBDIR) -Wl,-rpath,$(CUDA_HOME)/lib64
+NVCC_NCCL  = $(if $(filter-out $(CUDA_HOME),$(NCCL_HOME)),-I$(NCCL_HOME)/include)
 ifeq ($(HAVE_NCCL),1)
 NCCL_TESTS = $(B)/test_nccl $(if $(filter 1,$(HAVE_MPI)),$(B)/mpi-nccl-np3)
 else
@@ -76,13 +84,13 @@ GPT_NCCL_MPI_LIBS = $(filter -L% -l% -Wl%,$(shell $(MPICC) -showme:link 2>/dev/n
 endif
 
 $(B)/gpt_nccl.o: $(GPT_NCCL_SRC) | $(B)
-	$(NVCC) $(NVFLAGS) -I. $(GPT_NCCL_MPI_CFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -I. $(NVCC_NCCL) $(GPT_NCCL_MPI_CFLAGS) -c $< -o $@
 
 $(B)/gpt_nccl: $(B)/gpt_nccl.o
 	$(CXX) $< -o $@ $(GPT_NCCL_MPI_LIBS) $(NCCL_LIBS) -lcublas -lpthread
 
 $(B)/gpt_nccl-nompi.o: $(GPT_NCCL_SRC) | $(B)
-	$(NVCC) $(NVFLAGS) -I. -c $< -o $@
+	$(NVCC) $(NVFLAGS) -I. $(NVCC_NCCL) -c $< -o $@
 
 $(B)/gpt_nccl-nompi: $(B)/gpt_nccl-nompi.o
 	$(CXX) $< -o $@ $(NCCL_LIBS) -lcublas -lpthread
@@ -91,6 +99,18 @@ $(B)/gpt_nccl-nompi: $(B)/gpt_nccl-nompi.o
 ifeq ($(HAVE_NCCL),1)
 cuda: $(B)/gpt_nccl
 endif
+
+# Several ranks of real NCCL on one GPU (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1; the
+# toolkit's 2.28 refuses). `make gpu-nccl NCCL_HOME=DIR B=gpubuild` builds what tools/gpu_nccl.sh
+# runs, on a machine without a GPU: gpt_nccl-nompi and gpt_cuda for sm_90, and NCCL's library
+# (stripped) in $(B)/lib, to carry to the GPU machine. `make test-nccl-gpu` runs it: where no
+# GPU answers it says so and exits 0. tools/build_nccl.sh builds a small NCCL from its source.
+gpu-nccl: $(B)/gpt_nccl-nompi $(B)/gpt_cuda
+	@mkdir -p $(B)/lib && cp -L $(NCCL_LIBDIR)/libnccl.so.2 $(B)/lib/libnccl.so.2 && strip --strip-unneeded $(B)/lib/libnccl.so.2 && \
+	  echo "gpu-nccl: $(B)/gpt_nccl-nompi and $(B)/lib/libnccl.so.2 ($$(du -h $(B)/lib/libnccl.so.2 | cut -f1), from $(NCCL_LIBDIR))"
+
+test-nccl-gpu: gpu-nccl
+	@sh tools/gpu_nccl.sh $(B)/gpu-nccl-out 330 $(B)
 
 GPT_NCCL_RUN1 = $(B)/gpt_nccl -p 1 -m 4 --steps 2 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8
 
@@ -107,7 +127,7 @@ check-nccl: | $(B)
 	    if $(GPT_NCCL_RUN1) > $(B)/gpt_nccl_run1.log 2>&1; then tail -2 $(B)/gpt_nccl_run1.log; \
 	    else grep -q "no CUDA device" $(B)/gpt_nccl_run1.log || { cat $(B)/gpt_nccl_run1.log; exit 1; }; \
 	      echo "check-nccl: gpt_nccl builds$(if $(filter 1,$(HAVE_MPI)), with and without MPI,); no GPU here: it stops with: $$(grep -o 'no CUDA device.*' $(B)/gpt_nccl_run1.log | cut -c1-60)..."; fi; }; }; \
-	else echo "check-nccl: nccl.h/libcudart not found under $(CUDA_HOME), skipped"; fi
+	else echo "check-nccl: nccl.h/libcudart not found under $(NCCL_HOME) and $(CUDA_HOME), skipped"; fi
 
 # pipeline_mpi.h under clang and as C++ (without MPI's own C++ bindings, which are not -Wextra clean)
 $(B)/clang-test_mpi.o: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)

@@ -700,6 +700,15 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     op->ch = _ppn_channel(t->nch, t->rank, is_recv, peer, tag);
     op->rel_at = UINT64_MAX; /* not known to be free: the group waits for the compute stream */
     op->order = -1;
+    if (tag == _PP_TAG_VERDICT) {
+        /* the step agreement's verdict (rank 0 sends it to every rank at the end of every step,
+           pipeline.h _pp_agree): the proofs of this step's actions (_ppn_proven) would be stale
+           in the next, whose action indices start again. The transport resets them here itself,
+           so a caller that skips pp_nccl_step_end cannot get stale ones; a proof forgotten early
+           only leaves a send to the channel waits. */
+        int q;
+        for (q = 0; t->proven && q < t->size; q++) t->proven[q] = -1;
+    }
     if (!op->host && t->order) {
         int key = _ppn_key(t, tag);
         op->order = key >= 0 ? t->order[key] : -1;
@@ -849,7 +858,8 @@ static int _ppn_send_ordered(const pp_nccl* t, const _ppn_op* op) {
    wait. This is what brings back, during the step, the blocks of the first and the last rank
    whose sends to one side travel on a channel that carries no receive for the compute stream
    to wait for (interleaved schedules; before, they came back at the step's end, and the pool
-   held them all). Reset at every step's end (pp_nccl_step_end). */
+   held them all). Reset at every step's end (the agreement's verdict, _ppn_post; and
+   pp_nccl_step_end). */
 static void _ppn_proven(pp_nccl* t, const _ppn_op* op) {
     if (op->order >= 0 && t->proven && op->order > t->proven[op->peer]) t->proven[op->peer] = op->order;
 }

@@ -15,7 +15,9 @@
    default world / dp), --dp N (default world / p), -v N, -m N, --steps N, --text FILE |
    --generated, --seqs-per-step N, --max-len N, --dim N, --heads N, --layers N, --lr X; and
    --id-file PATH (the ncclUniqueId through a shared file; needed for world > 1 without MPI),
-   --timeout S (every wait, default 120).
+   --timeout S (every wait, default 120); --loss-log FILE (the printing rank writes every
+   micro-batch's loss of every step there in hex: runs on other grids must match it bit for bit,
+   tools/gpu_nccl.sh compares p = 2 and 4 with p = 1).
 
    Rank, world and local rank come from the launcher (pp_launch_from_env: mpirun, mpiexec,
    srun, torchrun); no launcher variables means one process (world 1). The GPU is the local
@@ -49,13 +51,14 @@ typedef struct opts {
     int p, dp, v, m, steps, seqs, max_len, dim, heads, layers, generated;
     float lr;
     double timeout;
-    const char *text, *id_file;
+    const char *text, *id_file, *loss_log;
 } opts;
 
 static int usage(void) {
     fprintf(stderr, "usage: gpt_nccl [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [-p N] [--dp N] [-v N] [-m N]\n"
                     "                [--steps N] [--text FILE | --generated] [--seqs-per-step N] [--max-len N]\n"
-                    "                [--dim N] [--heads N] [--layers N] [--lr X] [--id-file PATH] [--timeout S]\n");
+                    "                [--dim N] [--heads N] [--layers N] [--lr X] [--id-file PATH] [--timeout S]\n"
+                    "                [--loss-log FILE]\n");
     return 2;
 }
 
@@ -387,6 +390,18 @@ static int train(proc* P, const opts* o) {
             printf("step %3d  loss %.4f  %6d tokens  %9.0f tokens/s (replica)  bubble %5.1f%% (this rank)  span %.2f ms\n", s,
                    (float)acc, T, T / dt, 100.0 * info.bubble, 1e3 * info.span);
             fflush(stdout);
+            if (o->loss_log) { /* every micro-batch's loss, exact (hex), to compare runs of other grids bit for bit */
+                FILE* f = fopen(o->loss_log, s == 0 ? "w" : "a");
+                if (!f) {
+                    fprintf(stderr, "gpt_nccl: cannot write %s\n", o->loss_log);
+                    rc = 1;
+                    break;
+                }
+                fprintf(f, "step %d", s);
+                for (int i = 0; i < o->m; i++) fprintf(f, " %a", (double)mbl[i]);
+                fprintf(f, "\n");
+                fclose(f);
+            }
         }
     }
     if (rc == 0) {
@@ -446,6 +461,7 @@ int main(int argc, char** argv) {
         else if (ARG("--layers")) o.layers = atoi(n);
         else if (ARG("--lr")) o.lr = (float)atof(n);
         else if (ARG("--id-file")) o.id_file = n;
+        else if (ARG("--loss-log")) o.loss_log = n;
         else if (ARG("--timeout")) o.timeout = atof(n);
         else if (!strcmp(a, "--generated")) o.generated = 1;
         else {

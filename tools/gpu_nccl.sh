@@ -1,0 +1,53 @@
+#!/bin/sh
+# tools/gpu_nccl.sh [OUTDIR] [SECONDS] [BINDIR]: pipeline_nccl.h over real NCCL, several ranks on one
+# GPU (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1), each rank a process (tools/nccl_local.sh, the
+# NCCL id through a file). Binaries and BINDIR/lib/libnccl.so.2 from `make gpu-nccl` built elsewhere
+# (defaults: ./gpu-out, 330, build). Where no GPU answers it says so and exits 0. In order:
+#   1. gpt_nccl-old (a build from before the connections were set up at create, if BINDIR has it)
+#      at p = 3: NCCL's lazy set-up stalls its first step (the deadline: --timeout 20);
+#   2. gpt_nccl p = 1 (the reference), then 1F1B p = 2, 3, 4, interleaved p = 2, ZB-V p = 2, GPipe
+#      p = 4, each 50 steps writing every micro-batch's loss in hex (--loss-log): every log must be
+#      byte for byte p = 1's (the pipelined gradients equal the sequential ones, so the training
+#      does, step after step);
+#   3. step time of gpt_nccl -p 4 against gpt_cuda -p 4 (one process, four streams) on the same GPU.
+# Logs in OUTDIR, the summary last; exit 1 when a run that must pass did not, or a log differs.
+out=${1:-gpu-out}
+budget=${2:-330}
+bin=${3:-build}
+here=$(dirname "$0")
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu_nccl: no GPU here (nvidia-smi), nothing run"
+    exit 0
+fi
+. "$here/gpu_lib.sh"
+gpu_libs > "$out/env.log"
+[ -f "$bin/lib/libnccl.so.2" ] && LD_LIBRARY_PATH="$(cd "$bin/lib" && pwd):$LD_LIBRARY_PATH" && export LD_LIBRARY_PATH
+export NCCL_MULTI_RANK_GPU_ENABLE=1
+{ date -u; nvidia-smi -L; echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; ldd "$bin/gpt_nccl-nompi" | grep -E "nccl|cudart"; } >> "$out/env.log" 2>&1
+M="--generated --dim 64 --heads 4 --layers 8 --max-len 64 --seqs-per-step 16 -m 8 --lr 0.001"
+bad=0
+gpt() { # NAME WORLD TIMEOUT ARGS...
+    name=$1; n=$2; to=$3; shift 3
+    rm -f "/tmp/pp_nccl_id.$$"
+    run "$name" "$out/gpt_nccl.log" "$to" sh "$here/nccl_local.sh" "$n" "$bin/gpt_nccl-nompi" --id-file "/tmp/pp_nccl_id.$$" "$@"
+}
+if [ -x "$bin/gpt_nccl-old" ]; then
+    rm -f "/tmp/pp_nccl_id.$$"
+    run "old build, 1f1b p=3 (expected to stall)" "$out/old.log" 45 sh "$here/nccl_local.sh" 3 "$bin/gpt_nccl-old" \
+        --id-file "/tmp/pp_nccl_id.$$" -p 3 --steps 2 --timeout 20 $M
+fi
+gpt "p=1 reference" 1 60 -p 1 --steps 50 --timeout 60 --loss-log "$out/loss-p1.txt" $M
+for c in "1f1b 2 1" "1f1b 3 1" "1f1b 4 1" "interleaved 2 2" "zb-v 2 2" "gpipe 4 1"; do
+    set -- $c
+    gpt "$1 p=$2" "$2" 60 -p "$2" -v "$3" --schedule "$1" --steps 50 --timeout 60 --loss-log "$out/loss-$1-p$2.txt" $M
+    if cmp -s "$out/loss-p1.txt" "$out/loss-$1-p$2.txt"; then echo "$1 p=$2: 50 steps, every loss bit-identical to p=1" | tee -a "$sum"
+    else echo "$1 p=$2: losses DIFFER from p=1 (or missing)" | tee -a "$sum"; bad=1; fi
+done
+T="--generated --dim 256 --heads 8 --layers 8 --max-len 128 --seqs-per-step 64 -m 16 --steps 12"
+gpt "timing gpt_nccl 1f1b p=4" 4 60 -p 4 --timeout 60 $T
+run "timing gpt_cuda 1f1b p=4" "$out/gpt_cuda.log" 60 "$bin/gpt_cuda" -p 4 $T
+echo "--- $(( $(date +%s) - t0 )) s"
+for f in "$out"/*.log; do echo "##### $f"; grep -E "step +(0|1|10|11|49) |rror|stall|timed out|did not|memory|NCCL INFO NCCL version" "$f" | cut -c1-300 | tail -30; done
+cat "$sum"
+grep -q "rc=[^0]" "$sum" && grep "rc=[^0]" "$sum" | grep -qv "expected to stall" && bad=1
+exit $bad
