@@ -87,7 +87,13 @@ $(B)/bench-imitation-smoke: $(B)/bench_imitation
 $(B)/pp-sched-cli: tests/test_pp_sched.sh $(B)/pp-sched
 	@printf '#!/bin/sh\nexec sh tests/test_pp_sched.sh $(B)/pp-sched\n' > $@ && chmod +x $@
 
-TEST_BINS_EXTRA = $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls
+# test_nccl_pipeline's `gpu` mode (what runs on real NCCL) with tests/layer_staged.h's layers,
+# over the imitation: the layers a GPU run uses, checked here first.
+$(B)/staged-test_nccl_pipeline: tests/test_nccl_pipeline.c tests/layer_staged.h $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_STAGED_LAYERS $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/nccl-staged-gpu-mode: $(B)/staged-test_nccl_pipeline
+	@printf '#!/bin/sh\nexec $(B)/staged-test_nccl_pipeline gpu\n' > $@ && chmod +x $@
+TEST_BINS_EXTRA = $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls
 
 # Negative controls of tests/test_agree.c: without the tags' generation, or without the step
 # agreement (each without the plan check, which would hide them), it must fail.

@@ -105,7 +105,13 @@ endif
 # runs, on a machine without a GPU: gpt_nccl-nompi and gpt_cuda for sm_90, and NCCL's library
 # (stripped) in $(B)/lib, to carry to the GPU machine. `make test-nccl-gpu` runs it: where no
 # GPU answers it says so and exits 0. tools/build_nccl.sh builds a small NCCL from its source.
-gpu-nccl: $(B)/gpt_nccl-nompi $(B)/gpt_cuda
+# test_nccl_pipeline and test_nccl_grid against real NCCL and the CUDA runtime (gcc: the layers are
+# host functions on the streams, tests/layer_staged.h); and over the imitation with those layers,
+# which make test runs.
+$(B)/test_nccl_pipeline-gpu $(B)/test_nccl_grid-gpu: $(B)/%-gpu: tests/%.c tests/layer_staged.h $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) $(NCCL_FLAGS) -DPP_TEST_REAL_CUDA $(CFLAGS) $< -o $@ $(NCCL_LIBS) $(LDLIBS)
+
+gpu-nccl: $(B)/gpt_nccl-nompi $(B)/gpt_cuda $(B)/test_nccl_pipeline-gpu $(B)/test_nccl_grid-gpu
 	@mkdir -p $(B)/lib && cp -L $(NCCL_LIBDIR)/libnccl.so.2 $(B)/lib/libnccl.so.2 && strip --strip-unneeded $(B)/lib/libnccl.so.2 && \
 	  echo "gpu-nccl: $(B)/gpt_nccl-nompi and $(B)/lib/libnccl.so.2 ($$(du -h $(B)/lib/libnccl.so.2 | cut -f1), from $(NCCL_LIBDIR))"
 

@@ -17,7 +17,11 @@
 #include "../examples/tlm.h"
 #include "test.h"
 #include "harness.h"
+#ifdef PP_TEST_REAL_CUDA /* real NCCL and CUDA (make gpu-nccl: test_nccl_grid-gpu), ranks on the devices there are */
+#include "layer_staged.h"
+#else
 #include "fakecuda/layer_kernels.h"
+#endif
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -59,7 +63,7 @@ static void reference(const float* wa, float* gref, int step, int m) { tlm_grid_
 static void* rank_main(void* arg) {
     rank_arg* a = (rank_arg*)arg;
     world* W = a->W;
-    int wr = a->r, dev = wr, step, l;
+    int wr = a->r, dev = wr, step, l, ndev = 1;
     pp_launch L;
     pp_error err;
     ncclComm_t comm = NULL;
@@ -80,6 +84,8 @@ static void* rank_main(void* arg) {
     shard s;
     pp_result rc;
     err.msg[0] = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) ndev = 1;
+    dev = wr % ndev; /* several ranks on one GPU: NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 */
     memset(&L, 0, sizeof L);
     L.rank = wr;
     L.world = NR;
@@ -206,5 +212,8 @@ int main(void) {
     grid_run(PP_SCHED_GPIPE, 4);
     grid_run(PP_SCHED_1F1B, 5);
     grid_run(PP_SCHED_ZB_H1, 4);
+#ifdef PP_TEST_REAL_CUDA
+    layer_staged_free();
+#endif
     return TEST_DONE("nccl-grid");
 }

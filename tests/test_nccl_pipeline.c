@@ -34,7 +34,24 @@
 #include "../examples/mlp.h"
 #include "test.h"
 #include "harness.h"
+#if defined(PP_TEST_REAL_CUDA) || defined(PP_TEST_STAGED_LAYERS)
+#include "layer_staged.h" /* the layers as copies and host functions on the stream: runs on a GPU */
+#else
 #include "fakecuda/layer_kernels.h"
+#endif
+#ifndef FAKENCCL
+/* Built against real NCCL and the CUDA runtime (make gpu-nccl: test_nccl_pipeline-gpu): the ranks
+   are threads on the devices there are (several on one GPU: NCCL >= 2.30 with
+   NCCL_MULTI_RANK_GPU_ENABLE=1), NCCL's own protocols (small sends complete eagerly) and lazy
+   set-up; the imitation's switches and counters are not there. */
+typedef struct fakenccl_options {
+    size_t eager_bytes;
+    int serialize_kernels;
+    double launch_delay_s;
+} fakenccl_options;
+static void fakenccl_set_options(const fakenccl_options* o) { (void)o; }
+static uint64_t fakenccl_thread_connects(void) { return 0; }
+#endif
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -127,7 +144,7 @@ static pp_batch batch(int m) {
 static void* rank_main(void* arg) {
     rank_arg* a = (rank_arg*)arg;
     world* w = a->w;
-    int r = a->r, dev = r, first[64], s;
+    int r = a->r, dev = r, first[64], s, ndev = 1;
     ncclComm_t comm = NULL;
     pp_cuda* c = NULL;
     pp_nccl* t = NULL;
@@ -141,6 +158,8 @@ static void* rank_main(void* arg) {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     pp_result rc;
     err.msg[0] = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) ndev = 1;
+    dev = r % ndev; /* the imitation has eight; a GPU machine may have one */
     cudaSetDevice(dev);
     cfg.blocking = w->blocking;
     if (ncclCommInitRankConfig(&comm, w->p, w->id, r, &cfg) != ncclSuccess && !comm) {
@@ -399,6 +418,24 @@ static void test_matrix(void) {
     printf("nccl-pipeline: runs on the default channels used 1: %d, 2: %d, 4: %d, 8: %d\n", g_chans_used[1],
            g_chans_used[2], g_chans_used[4], g_chans_used[8]);
     CHECK(g_chans_used[1] > 0 && g_chans_used[2] + g_chans_used[4] > 0, "the default must pick one channel for some lists, more for others");
+}
+
+/* The matrix for a real GPU (`gpu`): every kind at p = 2, 3, 4 with m = 2p + 1, blocking and
+   non-blocking communicators in turn, BROADCAST shapes for the first five kinds at p = 3,
+   interleaved v = 3 at p = 3, 1F1B at p = 8: each world makes its communicators anew (on a GPU
+   tens of milliseconds each), so fewer cases than over the imitation. */
+static void test_matrix_gpu(void) {
+    static const pp_schedule_kind kinds[] = {PP_SCHED_GPIPE,  PP_SCHED_1F1B,  PP_SCHED_INTERLEAVED, PP_SCHED_ZB_H1,
+                                             PP_SCHED_ZB_V,   PP_SCHED_ZB_H2, PP_SCHED_V_HALF,      PP_SCHED_V_MIN,
+                                             PP_SCHED_DUALPIPE_V, PP_SCHED_INTERLEAVED_MEM};
+    int p, k, n = 0;
+    for (p = 2; p <= 4; p++)
+        for (k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
+            int v = pp_schedule_kind_v(kinds[k], 2);
+            run_case(kinds[k], p, v, 2 * p + 1, p == 3 && k < 5 ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL, n++ % 2, NULL);
+        }
+    run_case(PP_SCHED_INTERLEAVED, 3, 3, 7, PP_SHAPES_LOCAL, 1, NULL);
+    run_case(PP_SCHED_1F1B, 8, 1, 9, PP_SHAPES_LOCAL, 1, NULL);
 }
 
 /* A 1F1B world of p ranks, m micro-batches, `steps` steps, LOCAL shapes, blocking
@@ -1096,6 +1133,14 @@ int main(int argc, char** argv) {
         test_send_completion();
         test_released();
         test_pool_ends();
+    } else if (argc > 1 && !strcmp(argv[1], "gpu")) { /* real NCCL: what does not lean on the imitation's rendezvous
+                                                        (over the imitation with staged layers in make test) */
+        test_late_zeros();
+        test_share();
+        test_no_step_end();
+        test_matrix_gpu();
+        test_failure();
+        test_failure_drain();
     } else {
         test_send_completion();
         test_released();
@@ -1112,5 +1157,8 @@ int main(int argc, char** argv) {
     for (r = 0; r < MAXP; r++) free(GBUF[r]);
     free(GREF);
     free(WBUF);
+#if defined(PP_TEST_REAL_CUDA) || defined(PP_TEST_STAGED_LAYERS)
+    layer_staged_free();
+#endif
     return TEST_DONE("nccl-pipeline");
 }

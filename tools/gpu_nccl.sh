@@ -3,13 +3,18 @@
 # GPU (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1), each rank a process (tools/nccl_local.sh, the
 # NCCL id through a file). Binaries and BINDIR/lib/libnccl.so.2 from `make gpu-nccl` built elsewhere
 # (defaults: ./gpu-out, 330, build). Where no GPU answers it says so and exits 0. In order:
-#   1. gpt_nccl-old (a build from before the connections were set up at create, if BINDIR has it)
+#   1. test_nccl_pipeline-gpu gpu: ranks as threads of one process, every schedule kind at p = 2, 3,
+#      4 (and 1F1B at p = 8), dense, LOCAL and BROADCAST shapes, blocking and non-blocking
+#      communicators, bit-exact against the sequential run; a failure drained and the next step
+#      bit-exact; shared split resources refused; no pp_nccl_step_end between steps;
+#      test_nccl_grid-gpu: pp 2 x dp 2 with tied layers;
+#   2. gpt_nccl-old (a build from before the connections were set up at create, if BINDIR has it)
 #      at p = 3: NCCL's lazy set-up stalls its first step (the deadline: --timeout 20);
-#   2. gpt_nccl p = 1 (the reference), then 1F1B p = 2, 3, 4, interleaved p = 2, ZB-V p = 2, GPipe
-#      p = 4, each 50 steps writing every micro-batch's loss in hex (--loss-log): every log must be
-#      byte for byte p = 1's (the pipelined gradients equal the sequential ones, so the training
-#      does, step after step);
-#   3. step time of gpt_nccl -p 4 against gpt_cuda -p 4 (one process, four streams) on the same GPU.
+#   3. gpt_nccl (packed variable-length sequences) p = 1, the reference, then 1F1B p = 2, 3, 4,
+#      interleaved p = 2, ZB-V p = 2, GPipe p = 4, each 50 steps writing every micro-batch's loss
+#      in hex (--loss-log): every log must be byte for byte p = 1's (the pipelined gradients equal
+#      the sequential ones, so the training does, step after step);
+#   4. step time of gpt_nccl -p 4 against gpt_cuda -p 4 (one process, four streams) on the same GPU.
 # Logs in OUTDIR, the summary last; exit 1 when a run that must pass did not, or a log differs.
 out=${1:-gpu-out}
 budget=${2:-330}
@@ -31,6 +36,8 @@ gpt() { # NAME WORLD TIMEOUT ARGS...
     rm -f "/tmp/pp_nccl_id.$$"
     run "$name" "$out/gpt_nccl.log" "$to" sh "$here/nccl_local.sh" "$n" "$bin/gpt_nccl-nompi" --id-file "/tmp/pp_nccl_id.$$" "$@"
 }
+run "test_nccl_pipeline (real NCCL, threads)" "$out/test_nccl_pipeline.log" 150 "$bin/test_nccl_pipeline-gpu" gpu
+run "test_nccl_grid (real NCCL, threads)" "$out/test_nccl_grid.log" 60 "$bin/test_nccl_grid-gpu"
 if [ -x "$bin/gpt_nccl-old" ]; then
     rm -f "/tmp/pp_nccl_id.$$"
     run "old build, 1f1b p=3 (expected to stall)" "$out/old.log" 45 sh "$here/nccl_local.sh" 3 "$bin/gpt_nccl-old" \
@@ -47,7 +54,7 @@ T="--generated --dim 256 --heads 8 --layers 8 --max-len 128 --seqs-per-step 64 -
 gpt "timing gpt_nccl 1f1b p=4" 4 60 -p 4 --timeout 60 $T
 run "timing gpt_cuda 1f1b p=4" "$out/gpt_cuda.log" 60 "$bin/gpt_cuda" -p 4 $T
 echo "--- $(( $(date +%s) - t0 )) s"
-for f in "$out"/*.log; do echo "##### $f"; grep -E "step +(0|1|10|11|49) |rror|stall|timed out|did not|memory|NCCL INFO NCCL version" "$f" | cut -c1-300 | tail -30; done
+for f in "$out"/*.log; do echo "##### $f"; grep -E "passed|FAIL|step +(0|1|10|11|49) |rror|stall|timed out|did not|memory" "$f" | cut -c1-300 | tail -30; done
 cat "$sum"
 grep -q "rc=[^0]" "$sum" && grep "rc=[^0]" "$sum" | grep -qv "expected to stall" && bad=1
 exit $bad
