@@ -111,7 +111,10 @@ endif
 $(B)/test_nccl_pipeline-gpu $(B)/test_nccl_grid-gpu: $(B)/%-gpu: tests/%.c tests/layer_staged.h $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) $(NCCL_FLAGS) -DPP_TEST_REAL_CUDA $(CFLAGS) $< -o $@ $(NCCL_LIBS) $(LDLIBS)
 
-gpu-nccl: $(B)/gpt_nccl-nompi $(B)/gpt_cuda $(B)/test_nccl_pipeline-gpu $(B)/test_nccl_grid-gpu
+$(B)/conn_probe: tools/conn_probe.cu | $(B)
+	$(NVCC) $(NVFLAGS) $< -o $@
+
+gpu-nccl: $(B)/gpt_nccl-nompi $(B)/gpt_cuda $(B)/test_nccl_pipeline-gpu $(B)/test_nccl_grid-gpu $(B)/conn_probe
 	@mkdir -p $(B)/lib && cp -L $(NCCL_LIBDIR)/libnccl.so.2 $(B)/lib/libnccl.so.2 && strip --strip-unneeded $(B)/lib/libnccl.so.2 && \
 	  echo "gpu-nccl: $(B)/gpt_nccl-nompi and $(B)/lib/libnccl.so.2 ($$(du -h $(B)/lib/libnccl.so.2 | cut -f1), from $(NCCL_LIBDIR))"
 

@@ -113,6 +113,11 @@ typedef struct pp_nccl_desc {
     int comm_shares_resources;
 } pp_nccl_desc;
 
+/* Collective over d->comm: splits the channels and sets up every pair's connections (NCCL makes
+   them at first use otherwise, holding the host until the peer's host gets there; done here, in
+   one order on every rank, no step waits for it). On failure the communicator stays the
+   caller's, except after a failed set-up (PP_ERR_TIMEOUT, PP_ERR_TRANSPORT): NCCL's abort freed
+   it (the message says so). */
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err);
 void pp_nccl_destroy(pp_nccl* t);
 pp_transport pp_nccl_transport(pp_nccl* t);
@@ -497,9 +502,15 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
     pp_result rc = PP_OK;
     ncclResult_t ge;
     ncclComm_t comm = _PPN_COMM(t, ch);
-    cudaStream_t stream = _PPN_STREAM(t, ch);
+    cudaStream_t stream;
     int need_ev = 0, need_wait = 0;
     if (!t->n_queued[ch]) return PP_OK;
+    if (!_PPN_STREAM(t, ch) && (rc = _ppn_cuda(t, cudaStreamCreateWithFlags(&t->ch_stream[ch], cudaStreamNonBlocking),
+                                               "cudaStreamCreate (channel)")) != PP_OK) {
+        t->ch_stream[ch] = NULL;
+        return rc;
+    }
+    stream = _PPN_STREAM(t, ch);
     if (!t->in_flush_all) t->epoch++; /* _ppn_flush_all counts its channels' groups as one */
     if (t->aborted) return PP_ERR_ABORTED;
     end = last ? last->next : NULL;
@@ -1133,15 +1144,15 @@ static pp_result _ppn_connect(pp_nccl* t, int nch, pp_error* err) {
         if (!any) continue;
         rc = _ppn_nccl(t, ncclGroupStart(), "ncclGroupStart (connection set-up)");
         for (q = 0; q < t->size && rc == PP_OK; q++) {
-            if (need[q] & 1) rc = _ppn_nccl(t, ncclSend(NULL, 0, ncclUint8, q, _PPN_COMM(t, ch), _PPN_STREAM(t, ch)), "ncclSend (connection set-up)");
+            if (need[q] & 1) rc = _ppn_nccl(t, ncclSend(NULL, 0, ncclUint8, q, _PPN_COMM(t, ch), t->stream), "ncclSend (connection set-up)");
             if (rc == PP_OK && (need[q] & 2))
-                rc = _ppn_nccl(t, ncclRecv(NULL, 0, ncclUint8, q, _PPN_COMM(t, ch), _PPN_STREAM(t, ch)), "ncclRecv (connection set-up)");
+                rc = _ppn_nccl(t, ncclRecv(NULL, 0, ncclUint8, q, _PPN_COMM(t, ch), t->stream), "ncclRecv (connection set-up)");
         }
         ge = ncclGroupEnd();
         if (rc == PP_OK) rc = _ppn_nccl(t, ge, "ncclGroupEnd (connection set-up)");
         if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, _PPN_COMM(t, ch), "connection set-up (non-blocking)");
         while (rc == PP_OK) { /* the empty messages: done once every peer's group ran */
-            cudaError_t e = cudaStreamQuery(_PPN_STREAM(t, ch));
+            cudaError_t e = cudaStreamQuery(t->stream);
             if (e == cudaSuccess) break;
             if (e != cudaErrorNotReady) rc = _ppn_cuda(t, e, "connection set-up");
             else if (_pp_now() > deadline) {
@@ -1153,7 +1164,27 @@ static pp_result _ppn_connect(pp_nccl* t, int nch, pp_error* err) {
     }
     if (rc == PP_OK) return PP_OK;
     _ppn_abort_comm(t);
-    return _pp_fail(err, rc, "%s", t->err);
+    return _pp_fail(err, rc, "%s (connection set-up; communicators aborted)", t->err);
+}
+
+/* n channels, each on its own stream, and the compute stream: more streams than the device has
+   hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) share a queue, which runs its
+   work in enqueue order whatever the stream (the CUDA guide's false dependencies): a channel's
+   group could wait behind the compute stream's wait for another channel, and two ranks for
+   each other. Over tests/fakecuda's queues (FAKECUDA_MAX_CONNECTIONS) a table needing eight
+   channels hung at 8 queues. One channel is one in-order queue anyway. */
+static pp_result _ppn_queues_ok(int n, pp_error* err) {
+    const char* e = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    int q = e && *e ? atoi(e) : 8;
+#ifdef PP_NCCL_TEST_QUEUES_UNCHECKED /* negative control (build/nccl-controls): any count accepted */
+    q = 64;
+#endif
+    if (n <= 1 || n + 1 <= q) return PP_OK;
+    return _pp_fail(err, PP_ERR_UNSUPPORTED,
+                    "%d channels and the compute stream need %d hardware work queues; CUDA_DEVICE_MAX_CONNECTIONS is %d%s: "
+                    "streams beyond share a queue and wait for each other's work, which can hang this schedule. Set "
+                    "CUDA_DEVICE_MAX_CONNECTIONS=32 before the process first uses CUDA",
+                    n, n + 1, q, e && *e ? "" : " (CUDA's default)");
 }
 
 /* pp_stage_create's check: NCCL matches by order, and its sends wait for their receives. With
@@ -1165,6 +1196,7 @@ static pp_result _ppn_connect(pp_nccl* t, int nch, pp_error* err) {
 static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
     int n;
+    pp_result rc0;
     if (s) _ppn_order_build(t, s);
     if (!t->nch_auto) return _ppn_check_channels(s, t->nch, err);
 #ifdef PP_NCCL_TEST_ONE_CHANNEL /* negative control (build/nccl-controls): one channel, unchecked */
@@ -1179,6 +1211,7 @@ static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error*
         if (rc != PP_OK) return rc;
         n = t->nch_made;
     }
+    if ((rc0 = _ppn_queues_ok(n, err)) != PP_OK) return rc0;
     t->nch = n;
     t->nch_checked = 1;
     return _ppn_connect(t, n, err); /* the pairs the fewer channels put on other communicators */
@@ -1251,13 +1284,22 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
                         d->comm_shares_resources ? "pp_nccl_desc.comm_shares_resources = 1" : "NCCL_COMM_SPLIT_SHARE_RESOURCES is set",
                         d->comm_shares_resources ? "give a communicator made with splitShare = 0" : e ? "unset it" : "");
     }
+    if (d->channels > 1 && t->nch > 1) { /* a count given: it is the one in use (the default waits for the check) */
+        pp_result rq = _ppn_queues_ok(t->nch, err);
+        if (rq != PP_OK) {
+            PP_FREE(t);
+            return rq;
+        }
+    }
     t->nch_made = t->nch;
     {
         int ch;
         for (ch = 0; ch < t->nch; ch++) {
             pp_result rc = PP_OK;
             char what[48];
-            if ((e = cudaStreamCreateWithFlags(&t->ch_stream[ch], cudaStreamNonBlocking)) != cudaSuccess) {
+            /* channel 0's stream now, the others' at their first group (_ppn_flush): a stream
+               that is never used still takes a hardware work queue (below) */
+            if (ch == 0 && (e = cudaStreamCreateWithFlags(&t->ch_stream[ch], cudaStreamNonBlocking)) != cudaSuccess) {
                 t->ch_stream[ch] = NULL;
                 rc = _pp_fail(err, PP_ERR_TRANSPORT, "cudaStreamCreate: %s", cudaGetErrorString(e));
             }

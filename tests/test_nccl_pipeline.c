@@ -182,8 +182,13 @@ static void* rank_main(void* arg) {
     nd.compute = c ? pp_cuda_stream(c, 0) : NULL;
     nd.own_comm = 1;
     nd.channels = g_channels;
-    if (rc == PP_OK) rc = pp_nccl_create(&nd, &t, &err);
-    else ncclCommDestroy(comm);
+    if (rc == PP_OK) {
+        rc = pp_nccl_create(&nd, &t, &err);
+        /* refused: the communicator is still ours (after a failed set-up it was aborted) */
+        if (rc != PP_OK && rc != PP_ERR_TIMEOUT && rc != PP_ERR_TRANSPORT) ncclCommDestroy(comm);
+    } else {
+        ncclCommDestroy(comm);
+    }
     memset(&lc, 0, sizeof lc);
     lc.stream = nd.compute;
     lc.rank = r;
@@ -335,6 +340,7 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
         free(acts);
         return;
     }
+    if (getenv("PP_TEST_NCCL_SAY")) printf("case %s\n", where);
     w.p = p;
     w.m = m;
     w.shapes = shapes;
@@ -978,6 +984,22 @@ static int timed_out(const world* w) {
    3. Random valid tables over four channels: the check's verdicts on a sample, run through the
    imitation, agree (those it passes run bit-exact, those it refuses hang; over eight channels
    they run); p = 2 never cycles (each channel then carries one direction of the only pair). */
+/* Eight channels' streams and the compute stream need nine hardware work queues: at CUDA's default
+   eight (CUDA_DEVICE_MAX_CONNECTIONS unset; tests/fakecuda shares queues the same way) every rank
+   refuses the crafted table over eight channels at pp_stage_create, naming the variable; with 16
+   it runs. Negative control: build/nccl-ctl-queues-unchecked (the check off: it runs on shared
+   queues). */
+static void test_queues(const pp_schedule* sc) {
+    world w;
+    int r;
+    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    (void)run_table(sc, 1, 5, &w);
+    for (r = 0; r < sc->p; r++)
+        CHECK(w.rc[r][0] == PP_ERR_UNSUPPORTED && strstr(w.msg[r], "CUDA_DEVICE_MAX_CONNECTIONS"),
+              "eight channels at the default eight queues: rank %d must refuse at pp_stage_create: %s: %s", r,
+              pp_result_str(w.rc[r][0]), w.msg[r]);
+}
+
 static void test_rendezvous(void) {
     static const char* crafted = "schedule p=4 v=1 m=4 map=loop\n"
                                  "r0: F0 F3 F1 F2 B0 B3 B1 B2\n"
@@ -1023,6 +1045,8 @@ static void test_rendezvous(void) {
           w.msg[0]);
     g_channels = 0; /* the default, eight: the pairs of its cycle no longer share a channel */
     CHECK(pp_nccl_check_rendezvous(&sc, 8, &err) == PP_OK, "the crafted table over eight channels: %s", err.msg);
+    test_queues(&sc);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "16", 1); /* eight channels' streams need more than CUDA's default 8 queues */
     (void)run_table(&sc, 1, 5, &w); /* its micro-batches out of order: the sums round otherwise than the reference's */
     for (r = 0; r < 4; r++)
         CHECK(w.rc[r][0] == PP_OK && w.rc[r][1] == PP_OK && w.chans[r] == 8,
@@ -1033,6 +1057,7 @@ static void test_rendezvous(void) {
         CHECK(w.rc[r][0] == PP_OK && w.chans[r] == 8, "the crafted table without the check must run on eight channels: rank %d "
               "(%d channels): %s", r, w.chans[r], w.msg[r]);
     g_channels = 4;
+    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
 
     for (i = 0; i < n_rand; i++) {
         int vmap, with_w, rc, cyc;
@@ -1068,8 +1093,10 @@ static void test_rendezvous(void) {
         if (cyc && rc == PP_OK && ran8 < (quick ? 1 : 4)) { /* over the default eight channels it runs */
             ran8++;
             g_channels = 0;
+            setenv("CUDA_DEVICE_MAX_CONNECTIONS", "16", 1);
             CHECK(run_table(&sc, 1, 5, &w), "random table %d cycles over four channels, not over eight, but fails in the "
                   "imitation: %s\n%s", i, w.msg[0], txt);
+            unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
             g_channels = 4;
         }
     }

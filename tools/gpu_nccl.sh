@@ -3,6 +3,9 @@
 # GPU (NCCL >= 2.30, NCCL_MULTI_RANK_GPU_ENABLE=1), each rank a process (tools/nccl_local.sh, the
 # NCCL id through a file). Binaries and BINDIR/lib/libnccl.so.2 from `make gpu-nccl` built elsewhere
 # (defaults: ./gpu-out, 330, build). Where no GPU answers it says so and exits 0. In order:
+#   0. conn_probe: do streams beyond CUDA_DEVICE_MAX_CONNECTIONS wait behind each other (default
+#      and 32)? The ranks below are threads of one process on one GPU: their streams add up, so
+#      the thread tests run with CUDA_DEVICE_MAX_CONNECTIONS=32;
 #   1. test_nccl_pipeline-gpu gpu: ranks as threads of one process, every schedule kind at p = 2, 3,
 #      4 (and 1F1B at p = 8), dense, LOCAL and BROADCAST shapes, blocking and non-blocking
 #      communicators, bit-exact against the sequential run; a failure drained and the next step
@@ -36,8 +39,10 @@ gpt() { # NAME WORLD TIMEOUT ARGS...
     rm -f "/tmp/pp_nccl_id.$$"
     run "$name" "$out/gpt_nccl.log" "$to" sh "$here/nccl_local.sh" "$n" "$bin/gpt_nccl-nompi" --id-file "/tmp/pp_nccl_id.$$" "$@"
 }
-run "test_nccl_pipeline (real NCCL, threads)" "$out/test_nccl_pipeline.log" 150 "$bin/test_nccl_pipeline-gpu" gpu
-run "test_nccl_grid (real NCCL, threads)" "$out/test_nccl_grid.log" 60 "$bin/test_nccl_grid-gpu"
+run "conn_probe (default connections)" "$out/conn_probe.log" 30 "$bin/conn_probe" 16
+run "conn_probe (32 connections)" "$out/conn_probe.log" 30 env CUDA_DEVICE_MAX_CONNECTIONS=32 "$bin/conn_probe" 16
+run "test_nccl_pipeline (real NCCL, threads)" "$out/test_nccl_pipeline.log" 150 env CUDA_DEVICE_MAX_CONNECTIONS=32 "$bin/test_nccl_pipeline-gpu" gpu
+run "test_nccl_grid (real NCCL, threads)" "$out/test_nccl_grid.log" 60 env CUDA_DEVICE_MAX_CONNECTIONS=32 "$bin/test_nccl_grid-gpu"
 if [ -x "$bin/gpt_nccl-old" ]; then
     rm -f "/tmp/pp_nccl_id.$$"
     run "old build, 1f1b p=3 (expected to stall)" "$out/old.log" 45 sh "$here/nccl_local.sh" 3 "$bin/gpt_nccl-old" \
@@ -54,7 +59,7 @@ T="--generated --dim 256 --heads 8 --layers 8 --max-len 128 --seqs-per-step 64 -
 gpt "timing gpt_nccl 1f1b p=4" 4 60 -p 4 --timeout 60 $T
 run "timing gpt_cuda 1f1b p=4" "$out/gpt_cuda.log" 60 "$bin/gpt_cuda" -p 4 $T
 echo "--- $(( $(date +%s) - t0 )) s"
-for f in "$out"/*.log; do echo "##### $f"; grep -E "passed|FAIL|step +(0|1|10|11|49) |rror|stall|timed out|did not|memory" "$f" | cut -c1-300 | tail -30; done
+for f in "$out"/*.log; do echo "##### $f"; grep -E "passed|FAIL|step +(0|1|10|11|49) |rror|stall|timed out|did not|memory|conn_probe|shares" "$f" | cut -c1-300 | tail -30; done
 cat "$sum"
 grep -q "rc=[^0]" "$sum" && grep "rc=[^0]" "$sum" | grep -qv "expected to stall" && bad=1
 exit $bad

@@ -172,11 +172,29 @@ typedef struct fk_op {
     cudaHostFn_t fn;
     fakecuda_kernel kern;
     void* user;
+    struct fk_hwq* q;           /* the hardware queue it holds (FAKECUDA_MAX_CONNECTIONS), or NULL */
+    uint64_t ticket;            /* its place in that queue */
 } fk_op;
+
+/* A hardware work queue (a "connection"): with FAKECUDA_MAX_CONNECTIONS=N, a device's streams
+   share N queues (a new stream takes the one with the fewest live streams: up to N streams each
+   have their own, beyond that they share), and a queue runs its operations one
+   after another in the order they were enqueued, whatever their stream: an operation waits
+   behind another stream's earlier one (an event wait, a kernel that waits for a peer) on its
+   queue [PG: Implicit Synchronization, Overlapping Behavior; CUDA_DEVICE_MAX_CONNECTIONS: the
+   number of work queues from the host to the device, 8 by default, streams beyond share them:
+   "false dependencies"]. N is FAKECUDA_MAX_CONNECTIONS, else CUDA_DEVICE_MAX_CONNECTIONS, else
+   8 (CUDA's default), read when a stream is made; FAKECUDA_MAX_CONNECTIONS=0: every stream its
+   own queue. tools/conn_probe.cu asks a GPU whether it behaves so. */
+typedef struct fk_hwq {
+    uint64_t next, serving;
+    int streams;                /* live streams on it */
+} fk_hwq;
 
 struct fk_stream {
     struct fk_stream* next;     /* every live stream */
     int dev, flags, legacy;
+    fk_hwq* q;                  /* its hardware queue (FAKECUDA_MAX_CONNECTIONS), or NULL */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     fk_op *head, *tail;
@@ -208,6 +226,9 @@ static cudaError_t fk_sticky[FAKECUDA_DEVICES];
 static fk_stream* fk_legacy[FAKECUDA_DEVICES];
 static fk_stream* fk_streams;
 static fakecuda_stats fk_st;
+static pthread_cond_t fk_hw_cv = PTHREAD_COND_INITIALIZER; /* a hardware queue moved on */
+static fk_hwq fk_hw[FAKECUDA_DEVICES][64];
+
 /* device memory: addresses in [fk_dev, fk_dev + FAKECUDA_ARENA_BYTES), bytes at the same
    offset from fk_rw */
 static char *fk_dev, *fk_rw;
@@ -314,6 +335,7 @@ static inline void fk_stream_unref(fk_stream* s) { /* fk_mu held */
             break;
         }
     fk_st.streams_live--;
+    if (s->q) s->q->streams--;
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);
@@ -333,6 +355,11 @@ static inline void* fk_worker(void* arg) {
             struct timespec d = {0, 0};
             d.tv_nsec = (long)((s->rng >> 8) % 40000);
             nanosleep(&d, NULL);
+        }
+        if (op->q) { /* behind the earlier operations of other streams on its hardware queue */
+            pthread_mutex_lock(&fk_mu);
+            while (op->q->serving != op->ticket) pthread_cond_wait(&fk_hw_cv, &fk_mu);
+            pthread_mutex_unlock(&fk_mu);
         }
         dead = fk_sticky_of(s->dev) != cudaSuccess; /* a faulted device runs nothing more */
         switch (op->kind) {
@@ -387,6 +414,12 @@ static inline void* fk_worker(void* arg) {
         default: break;
         }
         stop = op->kind == FK_STOP;
+        if (op->q) {
+            pthread_mutex_lock(&fk_mu);
+            op->q->serving++;
+            pthread_cond_broadcast(&fk_hw_cv);
+            pthread_mutex_unlock(&fk_mu);
+        }
         pthread_mutex_lock(&s->mu);
         s->head = op->next;
         if (!s->head) s->tail = NULL;
@@ -404,12 +437,26 @@ static inline void* fk_worker(void* arg) {
 
 /* fk_mu held */
 static inline fk_stream* fk_stream_new(int dev, unsigned flags, int legacy) {
+    int fk_max_conn;
     pthread_t th;
     fk_stream* s = (fk_stream*)calloc(1, sizeof *s);
     if (!s) return NULL;
     s->dev = dev;
     s->flags = (int)flags;
     s->legacy = legacy;
+    {
+        const char* e = getenv("FAKECUDA_MAX_CONNECTIONS");
+        if (!e || !*e) e = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+        fk_max_conn = e && *e ? atoi(e) : 8;
+        if (fk_max_conn < 0 || fk_max_conn > 64) fk_max_conn = fk_max_conn < 0 ? 0 : 64;
+    }
+    if (fk_max_conn > 0 && dev >= 0 && dev < FAKECUDA_DEVICES) {
+        int i, best = 0;
+        for (i = 1; i < fk_max_conn; i++)
+            if (fk_hw[dev][i].streams < fk_hw[dev][best].streams) best = i;
+        s->q = &fk_hw[dev][best];
+        s->q->streams++;
+    }
     s->rng = (unsigned)(uintptr_t)s;
     s->refs = 1;
     pthread_mutex_init(&s->mu, NULL);
@@ -443,6 +490,10 @@ static inline fk_stream* fk_resolve(cudaStream_t s) {
 static inline uint64_t fk_append(fk_stream* s, fk_op* op) {
     uint64_t pos;
     op->next = NULL;
+    if (s->q) { /* its place on the stream's hardware queue: enqueue order (fk_mu held) */
+        op->q = s->q;
+        op->ticket = s->q->next++;
+    }
     pthread_mutex_lock(&s->mu);
     if (s->tail) s->tail->next = op;
     else s->head = op;
