@@ -35,6 +35,16 @@
      device memory (the device block pool of pipeline_cuda.h); a host buffer (BROADCAST's step
      metadata) goes through a pooled device bounce buffer. A message to this rank itself (the
      turn of a V map) is a device copy on the compute stream.
+   - Connections: NCCL sets a pair up on its first exchange, inside the outermost ncclGroupEnd,
+     with the host held until the peer's host sets up its side; first exchanges in different
+     orders on two ranks wait there forever (the step agreement did at p >= 3). pp_nccl_create
+     sets up every pair, both ways, on every channel, in one order on every rank; a step sets up
+     nothing. Split children of a parent made with splitShare = 1 (or under
+     NCCL_COMM_SPLIT_SHARE_RESOURCES=1) share its launch queue: the transport then refuses more
+     than one channel (pp_nccl_desc.comm_shares_resources declares such a parent). A channel's
+     stream is made at its first group; a channel count whose streams and the compute stream
+     exceed CUDA_DEVICE_MAX_CONNECTIONS (8 by default) is refused, since streams that share a
+     hardware queue wait for each other (docs/gpu.md).
    - pp_nccl_step_end after every pp_stage_step: waits, with the deadline, for the step's
      groups, so a peer that never sent is an error here, not a GPU that never finishes.
    - NCCL has no tags: messages between two ranks match in the order they are posted. The
@@ -80,10 +90,11 @@
        ... pp_stage_step, pp_tied_sum_grads(&pipe, pair, ...), pp_grad_allreduce(&dp, ...)
 
    WHAT WAS RUN: make test runs it with the real executor over tests/fakenccl (every built-in
-   schedule, p up to 8, rendezvous and eager, blocking and non-blocking communicators:
-   tests/test_nccl_pipeline.c); it compiles and links in CI (make check-nccl);
+   schedule, p up to 8, rendezvous and eager, blocking and non-blocking communicators, NCCL's
+   lazy set-up and shared queues, CUDA's shared hardware queues: tests/test_nccl_pipeline.c); it
+   compiles and links in CI (make check-nccl) and against NCCL 2.30.7 (make gpu-nccl);
    examples/gpt_nccl -p 1 trained on an H200 (2026-11-26, docs/gpu.md) before the two-channel
-   transport. It has not been run on several GPUs (NCCL refuses two ranks on one GPU).
+   transport. Several ranks of real NCCL on one GPU (NCCL >= 2.30): tools/gpu_nccl.sh, not yet run.
 */
 #ifndef PIPELINE_NCCL_H
 #define PIPELINE_NCCL_H

@@ -35,9 +35,9 @@
    rank's idle share of the step's span, CUDA events); at the end every rank prints its GPU
    memory (block pool, parameters, gradients).
 
-   WHAT WAS RUN: compiled and linked only (make check-nccl / make cuda); no GPU was lent. Without
-   a CUDA device it stops with a message (exit 1); gpt_cuda --cpu runs the same layers on the
-   host. */
+   WHAT WAS RUN: -p 1 trained on an H200 (2026-11-26, docs/gpu.md); several ranks on one GPU
+   over NCCL 2.30 wait for tools/gpu_nccl.sh on a GPU. Without a CUDA device it stops with a
+   message (exit 1); gpt_cuda --cpu runs the same layers on the host. */
 #define PIPELINE_IMPLEMENTATION
 #ifdef PP_GPT_NCCL_MPI
 #include <mpi.h>

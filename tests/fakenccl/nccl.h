@@ -22,8 +22,13 @@
      device multiple times as different ranks of the same NCCL communicator is not supported"].
    - ncclCommSplit: collective over the parent; ranks of one colour form a communicator ordered
      by key, then by parent rank; NCCL_SPLIT_NOCOLOR gives NULL; a NULL config inherits the
-     parent's (blocking included) [UG: ncclCommSplit; src: init.cc commGetSplitInfo]. A
-     non-blocking parent returns ncclInProgress; *newcomm is written when the split completes.
+     parent's (blocking and splitShare included) [UG: ncclCommSplit; src: init.cc commGetSplitInfo,
+     copyCommConfig]. A non-blocking parent returns ncclInProgress; *newcomm is written when the
+     split completes. Shared resources [src: init.cc ncclCommSplit: shareResources = the
+     parent's config.splitShare; commAlloc: the child takes the parent's sharedRes, its launch
+     queue among them; envConfigOverride: NCCL_COMM_SPLIT_SHARE_RESOURCES replaces every
+     communicator's splitShare]: the children of a parent whose splitShare is 1 launch on the
+     parent's queue (below), one kernel after another with the parent's and each other's.
    - ncclCommFinalize / ncclCommDestroy wait for the communicator's operations to complete
      [UG: Finalizing a communicator; Destroying a communicator]: a stuck operation makes them hang.
    - ncclCommAbort [UG: Error handling and communicator abort]: the communicator's pending
@@ -39,7 +44,18 @@
      all of them until it completes) [UG: CUDA Stream Semantics, Mixing Multiple Streams within
      the same ncclGroupStart/End() group]. Its operations progress together and it completes as
      a whole. A communicator's kernels run one after another, in issue order, whatever streams
-     they are on [src: enqueue.cc, the communicator's launch order].
+     they are on [src: enqueue.cc, ncclLaunchPrepare: the launch stream waits for
+     sharedRes->deviceStream; ncclLaunchFinish: deviceStream advances to the kernel's end]: one
+     launch queue per sharedRes, which split children may share (above).
+   - Lazy connection set-up [src: enqueue.cc p2pTaskAppend; group.cc groupLaunch;
+     transport.cc ncclTransportP2pSetup; bootstrap.cc]: the first send to a peer (receive from
+     it) on a communicator is connected in the outermost ncclGroupEnd, before any kernel, with
+     the host held until the peer's host sets up the mirror side (non-blocking: the state stays
+     ncclInProgress); each direction once. Two ranks whose first exchanges are in different
+     orders wait for each other at the host. fakenccl_options.connect_timeout_s (30 s; real NCCL
+     waits forever) turns that into ncclSystemError and fakenccl_problem() says why. A
+     communicator's first collective waits the same way for every rank. The code below (fn_connect)
+     cites the details.
    - ncclSend/ncclRecv [UG: Point-to-point communication]: the k-th send from rank a to rank b
      on a communicator matches the k-th receive of b from a. A send completes only when its
      receive is running (its kernel started on the receiver's stream): rendezvous, the strictest
