@@ -154,7 +154,9 @@ $(B)/nccl-ctl-released-now: BASE += -DPP_NCCL_TEST_RELEASED_NOW
 # The executor zeroing a gradient workspace's received bytes before its receive: a receive that
 # no longer waits for the compute stream lands first, and the zeros win (rank 0's compute stream
 # held back 5 ms per forward layer, PP_TEST_DEVICE_DELAY_US, so that it does every time).
-$(B)/nccl-ctl-zero-received: BASE += -DPP_TEST_ZERO_RECEIVED
+$(B)/nccl-ctl-zero-received: BASE += -DPP_TEST_ZERO_RECEIVED -DPP_NO_VALIDATE
+# The same with the executor's debug check on: it names the write between take and receive.
+$(B)/nccl-ctl-zero-caught: BASE += -DPP_TEST_ZERO_RECEIVED
 # Sends proven done by a later message of their peer (_ppn_proven): without the rule the first
 # and last ranks' pools hold their sends to the step's end ("sends"); with any message of the
 # peer counted as proof, blocks are rewritten under NCCL and interleaved p = 2 goes wrong.
@@ -177,8 +179,8 @@ $(B)/nccl-ctl-early-reuse: bench/bench_imitation.c tests/harness.h tests/fakecud
 $(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-reuse $(B)/nccl-ctl-one-channel $(B)/nccl-ctl-wrong-channel \
                     $(B)/nccl-ctl-eventless-done $(B)/nccl-ctl-released-now $(B)/nccl-ctl-zero-received $(B)/nccl-ctl-no-proof \
                     $(B)/nccl-ctl-proof-any $(B)/nccl-ctl-no-preconnect $(B)/nccl-ctl-share-unchecked \
-                    $(B)/nccl-ctl-queues-unchecked
-	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked"\n' > $@
+                    $(B)/nccl-ctl-queues-unchecked $(B)/nccl-ctl-zero-caught
+	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

@@ -104,6 +104,8 @@
        PP_DEFAULT_TIMEOUT_S         deadline of every wait when the desc says 0 (default 300)
        PP_FLIGHT_LEN                entries in each rank's flight record (default 32)
        PP_THREADS_SPIN_US           threads transport: how long a wait spins before sleeping (50)
+       PP_NO_VALIDATE               leave out the executor's debug checks of its own ordering
+                                    (also left out under NDEBUG)
 
    MEMORY
    Schedule generation writes into the caller's array (pp_schedule_size tells how large). The
@@ -6669,6 +6671,14 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
                 size_t n = pp_tensor_bytes(&bd->t[k]);
                 pp_result rc;
                 if (!pp_dtype_is_float(bd->t[k].dtype)) continue;
+#if !defined(NDEBUG) && !defined(PP_NO_VALIDATE)
+                /* nothing may write a block between its take and its receive: a transport may let
+                   the receive skip its wait for the compute stream (pp_transport.released) */
+                if (bytes > zfrom && off < bytes && off + n > zfrom)
+                    return _pp_stage_fail(s, PP_ERR_INVALID, "B%d.%d: bytes %zu to %zu of the gradient workspace were zeroed "
+                                          "after the block was taken and before the receive that fills them (an ordering bug)",
+                                          a->mb, a->chunk, off > zfrom ? off : zfrom, off + n);
+#endif
                 rc = t->irecv(t->self, a->next_rank, _pp_tag(s, 1, a->mb, a->stage + 1, k), pr->blk->data + off, n,
                               &pr->req[pr->n_req]);
                 if (rc != PP_OK) return _pp_stage_fail(s, rc, "posting receive B%d.%d from rank %d", a->mb, a->chunk, a->next_rank);

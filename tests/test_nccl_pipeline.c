@@ -551,7 +551,9 @@ static void test_slow(void) {
 /* Interleaved p = 2 with rank 0's compute stream behind (PP_TEST_DEVICE_DELAY_US, 5 ms per
    forward layer): the gradients rank 1 sends land in workspaces rank 0 has not zeroed yet, and
    must survive the zeros (the executor zeroes only after the received bytes). Bit-exact.
-   Negative control: build/nccl-ctl-zero-received (the received bytes zeroed too). */
+   Negative controls: build/nccl-ctl-zero-received (the received bytes zeroed too, the executor's
+   debug check compiled out: wrong gradients) and build/nccl-ctl-zero-caught (the same with the
+   check: the step fails naming the bytes zeroed between the block's take and its receive). */
 static void test_late_zeros(void) {
     g_dev_delay_us = 5000;
     run_case(PP_SCHED_INTERLEAVED, 2, 2, 4, PP_SHAPES_LOCAL, 1, NULL);
