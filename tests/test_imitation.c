@@ -231,11 +231,28 @@ static void r_init(world* w, int r) {
     ncclCommDestroy(w->comm[r]);
 }
 
-/* [UG: Creating a Communicator]: one rank per device; the same device twice is refused. */
+/* [UG: Creating a Communicator]: one rank per device; the same device twice is refused, unless
+   NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL 2.30, src/init.cc), when three ranks on one device init and
+   run an all-reduce. */
+static void r_init_allreduce(world* w, int r) {
+    float h[NF];
+    int i;
+    rank_setup(w, r);
+    put_floats(w->a[r], (float)r, NF);
+    w->ok[r] = w->rc[r] == ncclSuccess && ncclAllReduce(w->a[r], w->a[r], NF, ncclFloat, ncclSum, w->comm[r], w->s[r]) == ncclSuccess &&
+               wait_stream(w->s[r], LONG_S);
+    if (w->ok[r]) {
+        cudaMemcpy(h, w->a[r], sizeof h, cudaMemcpyDeviceToHost);
+        for (i = 0; i < NF; i++)
+            if (h[i] != (float)(3 * i + 3)) w->ok[r] = 0; /* (0 + i) + (1 + i) + (2 + i) */
+    }
+    rank_finish(w, r, w->ok[r], NULL);
+}
+
 static void test_init_and_duplicate_gpu(void) {
     world w;
     int r, v = 0;
-    CHECK(ncclGetVersion(&v) == ncclSuccess && v == NCCL_VERSION_CODE && v == 22809, "version %d", v);
+    CHECK(ncclGetVersion(&v) == ncclSuccess && v == NCCL_VERSION_CODE && v == 23007, "version %d", v);
     world_init(&w, 4);
     run_ranks(&w, r_init);
     for (r = 0; r < 4; r++) CHECK(w.rc[r] == ncclSuccess && w.ok[r], "rank %d: init %d, count/rank/device ok %d", r, (int)w.rc[r], w.ok[r]);
@@ -246,11 +263,18 @@ static void test_init_and_duplicate_gpu(void) {
     for (r = 0; r < 3; r++) {
         CHECK(w.rc[r] == ncclInvalidUsage, "duplicate GPU: rank %d got %d (%s)", r, (int)w.rc[r], ncclGetErrorString(w.rc[r]));
         if (w.comm[r]) {
-            CHECK(strstr(ncclGetLastError(w.comm[r]), "Duplicate GPU detected") != NULL, "rank %d: %s", r,
+            CHECK(strstr(ncclGetLastError(w.comm[r]), "NCCL_MULTI_RANK_GPU_ENABLE=1") != NULL, "rank %d: %s", r,
                   ncclGetLastError(w.comm[r]));
             ncclCommDestroy(w.comm[r]);
         }
     }
+    setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1", 1);
+    world_init(&w, 3);
+    w.dev[1] = w.dev[2] = 0;
+    run_ranks(&w, r_init_allreduce);
+    for (r = 0; r < 3; r++) CHECK(w.ok[r], "NCCL_MULTI_RANK_GPU_ENABLE=1: rank %d on device %d: %s", r, w.dev[r], w.msg[r]);
+    world_free(&w);
+    unsetenv("NCCL_MULTI_RANK_GPU_ENABLE");
     {
         ncclComm_t c = NULL;
         ncclConfig_t cfg;

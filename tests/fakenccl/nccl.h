@@ -17,9 +17,12 @@
      a communicator whose state is ncclInProgress fails with ncclInvalidArgument ("Attempt to use
      communicator before the previous operation returned ncclSuccess") [src: init.cc,
      ncclCommEnsureReady]. A config not made with NCCL_CONFIG_INITIALIZER is refused.
-   - Two ranks of one communicator on one device: every rank's init fails with ncclInvalidUsage,
-     "Duplicate GPU detected" [UG: Troubleshooting; Creating a Communicator: "Using the same CUDA
-     device multiple times as different ranks of the same NCCL communicator is not supported"].
+   - Two ranks of one communicator on one device: every rank's init fails with ncclInvalidUsage
+     [UG: Creating a Communicator: "Using the same CUDA device multiple times as different ranks of
+     the same NCCL communicator is not supported"], unless NCCL_MULTI_RANK_GPU_ENABLE is set to a
+     non-zero number, which NCCL 2.30 allows [src: init.cc: "Multiple Ranks are using the same
+     GPU/Partition. Set NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration."; 2.28 says
+     "Duplicate GPU detected" and has no such variable].
    - ncclCommSplit: collective over the parent; ranks of one colour form a communicator ordered
      by key, then by parent rank; NCCL_SPLIT_NOCOLOR gives NULL; a NULL config inherits the
      parent's (blocking and splitShare included) [UG: ncclCommSplit; src: init.cc commGetSplitInfo,
@@ -99,8 +102,8 @@
 
 #define FAKENCCL 1
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 9
+#define NCCL_MINOR 30
+#define NCCL_PATCH 7
 #define NCCL_SUFFIX ""
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 #define NCCL_VERSION_CODE NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)
@@ -128,7 +131,8 @@ typedef enum {
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_SPLIT_NOCOLOR -1
 
-/* The fields of NCCL 2.28's config, in its order; only blocking changes behaviour here. */
+/* The fields of NCCL's config (2.28's, which 2.30 keeps in front), in its order; blocking and
+   splitShare change behaviour here. */
 typedef struct ncclConfig_v22800 {
     size_t size;
     unsigned int magic;
@@ -1299,7 +1303,7 @@ static inline void fn_clique_done(fn_clique* cl) {
         }
     cl->next = NULL;
     cl->complete = 1;
-    for (i = 0; i < cl->n && di < 0; i++)
+    for (i = 0; i < cl->n && di < 0 && !(getenv("NCCL_MULTI_RANK_GPU_ENABLE") && atoi(getenv("NCCL_MULTI_RANK_GPU_ENABLE")) != 0); i++)
         for (j = i + 1; j < cl->n; j++)
             if (cl->comms[i]->dev == cl->comms[j]->dev) {
                 di = i;
@@ -1310,8 +1314,10 @@ static inline void fn_clique_done(fn_clique* cl) {
         struct ncclComm* c = cl->comms[i];
         if (di >= 0) {
             c->state = ncclInvalidUsage;
-            snprintf(c->err, sizeof c->err, "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", di, dj,
-                     cl->comms[di]->dev);
+            snprintf(c->err, sizeof c->err,
+                     "Multiple Ranks are using the same GPU/Partition (ranks %d and %d on CUDA device %d). Set "
+                     "NCCL_MULTI_RANK_GPU_ENABLE=1 to enable this configuration.",
+                     di, dj, cl->comms[di]->dev);
         } else {
             c->state = ncclSuccess;
         }
@@ -1568,7 +1574,8 @@ static inline ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const in
     if (!comms || ndev < 1) return ncclInvalidArgument;
     for (i = 0; devlist && i < ndev; i++)
         for (j = 0; j < i; j++)
-            if (devlist[i] == devlist[j]) return fn_fail(NULL, ncclInvalidUsage, "Duplicate GPU detected in devlist");
+            if (devlist[i] == devlist[j] && !(getenv("NCCL_MULTI_RANK_GPU_ENABLE") && atoi(getenv("NCCL_MULTI_RANK_GPU_ENABLE")) != 0))
+                return fn_fail(NULL, ncclInvalidUsage, "duplicate device in devlist (NCCL_MULTI_RANK_GPU_ENABLE=1 allows it)");
     if ((r = ncclGetUniqueId(&id)) != ncclSuccess) return r;
     (void)cudaGetDevice(&old);
     ncclGroupStart();
