@@ -118,6 +118,9 @@ typedef struct pp_nccl_desc {
        make and use that many, at the price of refusing some schedules. Every rank must pass
        the same. NCCL < 2.18: always 1. */
     int channels;
+    double timeout_s;           /* create's splits and connection set-up, and a later set-up at
+                                   pp_stage_create: each waits this long for the peers (0: the
+                                   default, PP_DEFAULT_TIMEOUT_S) */
     /* 1: comm was made with config.splitShare = 1 (or inherits it): ncclCommSplit children then
        share its launch queue, one kernel after another, and the transport refuses more than one
        channel (as it does under NCCL_COMM_SPLIT_SHARE_RESOURCES=1). NCCL offers no way to ask. */
@@ -309,6 +312,7 @@ struct pp_nccl {
     const void* host_cache[_PPN_DEV_CACHE]; /* and known to be host memory */
     uint64_t bytes_sent, msgs_sent;
     unsigned char conn[_PPN_MAXCH][PP_MAX_RANKS]; /* set up: 1 a send to the rank, 2 a receive from it (_ppn_connect) */
+    double timeout_s;           /* pp_nccl_desc.timeout_s, resolved */
     char err[256];
 };
 
@@ -482,8 +486,8 @@ static void _ppn_op_free(pp_nccl* t, _ppn_op* op) {
 
 /* A non-blocking communicator enqueues a group's kernels in the background: wait until it
    has (ncclCommGetAsyncError leaves ncclInProgress) before recording anything after them. */
-static pp_result _ppn_settle_comm(pp_nccl* t, ncclComm_t comm, const char* what) {
-    ncclResult_t st = _ppn_comm_wait(comm, _pp_now() + PP_DEFAULT_TIMEOUT_S, 20);
+static pp_result _ppn_settle_comm(pp_nccl* t, ncclComm_t comm, const char* what, double deadline) {
+    ncclResult_t st = _ppn_comm_wait(comm, deadline, 20);
     if (st == ncclSuccess) return PP_OK;
     _ppn_note(t, what, st == ncclInProgress ? "the communicator did not finish enqueueing" : ncclGetErrorString(st));
     return st == ncclInProgress ? PP_ERR_TIMEOUT : PP_ERR_TRANSPORT;
@@ -559,7 +563,7 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
         }
         ge = ncclGroupEnd();
         if (rc == PP_OK) rc = _ppn_nccl(t, ge, "ncclGroupEnd");
-        if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, comm, "ncclGroupEnd (non-blocking)");
+        if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, comm, "ncclGroupEnd (non-blocking)", _pp_now() + PP_DEFAULT_TIMEOUT_S);
     }
     if (rc == PP_OK && b->done) rc = _ppn_cuda(t, cudaEventRecord(b->done, stream), "cudaEventRecord (group done)");
     if (b->refs == 0) {
@@ -1034,7 +1038,7 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
         ncclResult_t ar = ncclAllReduce(dev, dev, count, dtype == PP_F32 ? ncclFloat32 : ncclFloat64, ncclSum, t->comm, t->stream);
         rc = _ppn_nccl(t, ar, "ncclAllReduce");
         /* a non-blocking communicator enqueues the kernel later: what follows must come after it */
-        if (rc == PP_OK && ar == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, "ncclAllReduce (non-blocking)");
+        if (rc == PP_OK && ar == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, "ncclAllReduce (non-blocking)", deadline);
     }
     if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaMemcpyAsync(buf, dev, bytes, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ev, t->stream), "cudaEventRecord");
@@ -1137,7 +1141,7 @@ static void _ppn_order_build(pp_nccl* t, const pp_schedule* s) {
 static pp_result _ppn_connect(pp_nccl* t, int nch, pp_error* err) {
     int ch, q, d, k;
     pp_result rc = PP_OK;
-    double deadline = _pp_now() + PP_DEFAULT_TIMEOUT_S;
+    double deadline = _pp_now() + t->timeout_s;
 #ifdef PP_NCCL_TEST_NO_PRECONNECT /* negative control (build/nccl-controls): NCCL's lazy set-up, at first use */
     (void)t, (void)nch, (void)err, (void)deadline, (void)ch, (void)q, (void)d, (void)k;
     return PP_OK;
@@ -1161,7 +1165,7 @@ static pp_result _ppn_connect(pp_nccl* t, int nch, pp_error* err) {
         }
         ge = ncclGroupEnd();
         if (rc == PP_OK) rc = _ppn_nccl(t, ge, "ncclGroupEnd (connection set-up)");
-        if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, _PPN_COMM(t, ch), "connection set-up (non-blocking)");
+        if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, _PPN_COMM(t, ch), "connection set-up (non-blocking)", deadline);
         while (rc == PP_OK) { /* the empty messages: done once every peer's group ran */
             cudaError_t e = cudaStreamQuery(t->stream);
             if (e == cudaSuccess) break;
@@ -1262,6 +1266,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
     t->comm = d->comm;
     t->own_comm = d->own_comm;
     t->compute = d->compute;
+    t->timeout_s = d->timeout_s > 0 ? d->timeout_s : PP_DEFAULT_TIMEOUT_S;
     if (ncclCommUserRank(t->comm, &t->rank) != ncclSuccess || ncclCommCount(t->comm, &t->size) != ncclSuccess) {
         PP_FREE(t);
         return _pp_fail(err, PP_ERR_TRANSPORT, "cannot read the communicator's rank and size");
@@ -1317,7 +1322,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
 #if NCCL_VERSION_CODE >= 21800
             /* channels 1 ..: the same ranks in communicators of their own (collective) */
             snprintf(what, sizeof what, "ncclCommSplit (channel %d)", ch);
-            if (rc == PP_OK && ch > 0) rc = _ppn_split(t->comm, 0, t->rank, &t->ch_comm[ch], _pp_now() + PP_DEFAULT_TIMEOUT_S, what, 0, err);
+            if (rc == PP_OK && ch > 0) rc = _ppn_split(t->comm, 0, t->rank, &t->ch_comm[ch], _pp_now() + t->timeout_s, what, 0, err);
 #else
             (void)what;
 #endif
@@ -1606,6 +1611,7 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
     memset(&d, 0, sizeof d);
     d.compute = compute;
     d.own_comm = 1;
+    d.timeout_s = timeout_s;
     d.comm = pipe;
     rc = pp_nccl_create(&d, &g->pipe, err);
     d.comm = dp;

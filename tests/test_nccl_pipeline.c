@@ -628,6 +628,83 @@ static void test_no_step_end(void) {
     CHECK(grads_equal(w.p), "no step_end between steps: gradients differ from the sequential run");
 }
 
+/* A rank that never makes its transport: the others' connection set-up at pp_nccl_create waits for
+   it until pp_nccl_desc.timeout_s (1 s here) and fails with PP_ERR_TIMEOUT, saying so, its
+   communicator aborted (one channel: no split to wait for first; non-blocking communicators:
+   with a blocking one NCCL holds the host inside ncclGroupEnd). */
+typedef struct connect_arg {
+    int r, n;
+    ncclUniqueId id;
+    pp_result rc;
+    double took;
+    char msg[sizeof(((pp_error*)0)->msg) + 8];
+    volatile int* done;
+} connect_arg;
+static void* connect_rank(void* arg) {
+    connect_arg* a = (connect_arg*)arg;
+    ncclComm_t comm = NULL;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclResult_t st = ncclInProgress;
+    pp_nccl* t = NULL;
+    pp_nccl_desc nd;
+    pp_error err;
+    cudaStream_t s = NULL;
+    double t0;
+    int ndev = 1;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) ndev = 1;
+    cudaSetDevice(a->r % ndev);
+    cfg.blocking = 0;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (ncclCommInitRankConfig(&comm, a->n, a->id, a->r, &cfg) != ncclSuccess && !comm) {
+        a->rc = PP_ERR_TRANSPORT;
+        return NULL;
+    }
+    while (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress) {
+    }
+    if (a->r == a->n - 1) { /* never makes a transport: waits for the others, then goes */
+        while (!*a->done) _ppn_sleep_us(1000);
+        ncclCommAbort(comm);
+        a->rc = PP_OK;
+    } else {
+        memset(&nd, 0, sizeof nd);
+        nd.comm = comm;
+        nd.compute = s;
+        nd.own_comm = 1;
+        nd.channels = 1;
+        nd.timeout_s = 1;
+        t0 = _pp_now();
+        a->rc = pp_nccl_create(&nd, &t, &err);
+        a->took = _pp_now() - t0;
+        snprintf(a->msg, sizeof a->msg, "%s", a->rc == PP_OK ? "" : err.msg);
+        if (t) pp_nccl_destroy(t);
+    }
+    cudaStreamDestroy(s);
+    return NULL;
+}
+static void test_connect_fail(void) {
+    pthread_t th[3];
+    connect_arg a[3];
+    volatile int done = 0;
+    ncclUniqueId id;
+    int r;
+    ncclGetUniqueId(&id);
+    for (r = 0; r < 3; r++) {
+        memset(&a[r], 0, sizeof a[r]);
+        a[r].r = r;
+        a[r].n = 3;
+        a[r].id = id;
+        a[r].done = &done;
+        pthread_create(&th[r], NULL, connect_rank, &a[r]);
+    }
+    for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    done = 1;
+    pthread_join(th[2], NULL);
+    for (r = 0; r < 2; r++)
+        CHECK(a[r].rc == PP_ERR_TIMEOUT && a[r].took < 3.0 && strstr(a[r].msg, "connection set-up"),
+              "rank %d of 3 with rank 2 missing: pp_nccl_create must time out in about 1 s: %s after %.2f s: %s", r,
+              pp_result_str(a[r].rc), a[r].took, a[r].msg);
+}
+
 static void test_pool_ends(void) {
     world w;
     pp_action acts[512];
@@ -1154,6 +1231,8 @@ int main(int argc, char** argv) {
         while (n-- > 0) run_case(kind, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), PP_SHAPES_LOCAL, 1, NULL);
     } else if (argc > 1 && !strcmp(argv[1], "no-step-end")) { /* what the negative control runs */
         test_no_step_end();
+    } else if (argc > 1 && !strcmp(argv[1], "connect-fail")) {
+        test_connect_fail();
     } else if (argc > 1 && !strcmp(argv[1], "share")) { /* what the negative control runs */
         test_share();
     } else if (argc > 1 && !strcmp(argv[1], "drain")) { /* what the negative control runs */
@@ -1167,6 +1246,7 @@ int main(int argc, char** argv) {
         test_late_zeros();
         test_share();
         test_no_step_end();
+        test_connect_fail();
         test_matrix_gpu();
         test_failure();
         test_failure_drain();
@@ -1177,6 +1257,7 @@ int main(int argc, char** argv) {
         test_late_zeros();
         test_share();
         test_no_step_end();
+        test_connect_fail();
         test_rendezvous();
         test_matrix();
         test_failure();
