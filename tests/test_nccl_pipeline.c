@@ -446,10 +446,11 @@ static void test_matrix_gpu(void) {
 
 /* A 1F1B world of p ranks, m micro-batches, `steps` steps, LOCAL shapes, blocking
    communicators, with the reference of `ref_steps` sequential steps. */
-static void world_1f1b(world* w, pp_schedule* sc, pp_action* acts, size_t cap, int p, int m, int steps, int ref_steps) {
+static void world_of(world* w, pp_schedule* sc, pp_action* acts, size_t cap, pp_schedule_kind kind, int p, int v, int m,
+                     int steps, int ref_steps) {
     pp_error err;
     memset(w, 0, sizeof *w);
-    CHECK(pp_schedule_make(PP_SCHED_1F1B, p, 1, m, acts, cap, sc, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_schedule_make(kind, p, v, m, acts, cap, sc, &err) == PP_OK, "%s", err.msg);
     w->p = p;
     w->m = m;
     w->sched = sc;
@@ -457,6 +458,9 @@ static void world_1f1b(world* w, pp_schedule* sc, pp_action* acts, size_t cap, i
     w->blocking = 1;
     w->steps = steps;
     reference(m, ref_steps);
+}
+static void world_1f1b(world* w, pp_schedule* sc, pp_action* acts, size_t cap, int p, int m, int steps, int ref_steps) {
+    world_of(w, sc, acts, cap, PP_SCHED_1F1B, p, 1, m, steps, ref_steps);
 }
 
 /* A failing layer on the last rank: every rank's step fails; with new communicators, a new
@@ -570,19 +574,10 @@ static void test_share(void) {
     world w;
     pp_action acts[256];
     pp_schedule sc;
-    pp_error err;
     double t0;
     int r;
     setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1", 1);
-    memset(&w, 0, sizeof w);
-    CHECK(pp_schedule_make(PP_SCHED_INTERLEAVED, 2, 2, 4, acts, 256, &sc, &err) == PP_OK, "%s", err.msg);
-    w.p = 2;
-    w.m = 4;
-    w.sched = &sc;
-    w.shapes = PP_SHAPES_LOCAL;
-    w.blocking = 1;
-    w.steps = 1;
-    reference(w.m, w.steps);
+    world_of(&w, &sc, acts, 256, PP_SCHED_INTERLEAVED, 2, 2, 4, 1, 1);
     t0 = _pp_now();
     run_world(&w);
     t0 = _pp_now() - t0;
@@ -606,20 +601,11 @@ static void test_no_step_end(void) {
     world w;
     pp_action acts[512];
     pp_schedule sc;
-    pp_error err;
     int r, s;
     int p = 4, m = 8;
     if (getenv("PP_TEST_NO_STEP_END")) sscanf(getenv("PP_TEST_NO_STEP_END"), "%d %d", &p, &m);
-    memset(&w, 0, sizeof w);
-    CHECK(pp_schedule_make(PP_SCHED_INTERLEAVED, p, 2, m, acts, 512, &sc, &err) == PP_OK, "%s", err.msg);
-    w.p = p;
-    w.m = m;
-    w.sched = &sc;
-    w.shapes = PP_SHAPES_LOCAL;
-    w.blocking = 1;
-    w.steps = 8; /* past the block pool's four-step warm-up */
+    world_of(&w, &sc, acts, 512, PP_SCHED_INTERLEAVED, p, 2, m, 8, 8); /* past the block pool's four-step warm-up */
     w.skip_step_end = 1;
-    reference(w.m, w.steps);
     g_dev_delay_us = getenv("PP_TEST_DEVICE_DELAY_US") ? g_dev_delay_us : 5000;
     run_world(&w);
     g_dev_delay_us = 0;
@@ -709,18 +695,9 @@ static void test_pool_ends(void) {
     world w;
     pp_action acts[512];
     pp_schedule sc;
-    pp_error err;
     int r, s;
     size_t ends, mid;
-    memset(&w, 0, sizeof w);
-    CHECK(pp_schedule_make(PP_SCHED_INTERLEAVED, 4, 2, 16, acts, 512, &sc, &err) == PP_OK, "%s", err.msg);
-    w.p = 4;
-    w.m = 16;
-    w.sched = &sc;
-    w.shapes = PP_SHAPES_LOCAL;
-    w.blocking = 1;
-    w.steps = 6; /* the pool grows in its first four */
-    reference(w.m, w.steps);
+    world_of(&w, &sc, acts, 512, PP_SCHED_INTERLEAVED, 4, 2, 16, 6, 6); /* the pool grows in its first four steps */
     run_world(&w);
     for (r = 0; r < w.p; r++)
         for (s = 0; s < w.steps; s++) CHECK(w.rc[r][s] == PP_OK, "pool test, rank %d step %d: %s", r, s, w.msg[r]);

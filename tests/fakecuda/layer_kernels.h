@@ -62,25 +62,6 @@ static inline int lk_enqueue(const void* w, void* g, int l, int kind, pp_layer_i
     return 1;
 }
 
-static inline int lk_fwd(const void* w, int l, pp_layer_io* io) { return lk_enqueue(w, NULL, l, 0, io); }
-static inline int lk_bwd(const void* w, void* g, int l, pp_layer_io* io) { return lk_enqueue(w, g, l, 1, io); }
-static inline int lk_wgrad(const void* w, void* g, int l, pp_layer_io* io) { return lk_enqueue(w, g, l, 2, io); }
-
-static inline pp_model layer_kernels_model(pp_model base) {
-    pp_model m = base;
-    lk_base = base;
-    m.forward = lk_fwd;
-    m.backward = lk_bwd;
-    m.weight_grad = base.weight_grad ? lk_wgrad : NULL;
-    return m;
-}
-
-static inline uint64_t layer_kernels_launched(void) {
-    uint64_t n;
-    pthread_mutex_lock(&lk_mu);
-    n = lk_launched;
-    pthread_mutex_unlock(&lk_mu);
-    return n;
-}
+#include "../layer_calls.h"
 
 #endif
