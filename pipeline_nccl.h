@@ -1320,7 +1320,10 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
                 rc = _pp_fail(err, PP_ERR_TRANSPORT, "cudaStreamCreate: %s", cudaGetErrorString(e));
             }
 #if NCCL_VERSION_CODE >= 21800
-            /* channels 1 ..: the same ranks in communicators of their own (collective) */
+            /* channels 1 ..: the same ranks in communicators of their own (collective). NULL config:
+               they inherit the parent's, blocking included, which NCCL cannot report; whether they
+               share the parent's launch queue is the parent's splitShare (refused above), their own
+               would matter only for splits of them, which are never made. */
             snprintf(what, sizeof what, "ncclCommSplit (channel %d)", ch);
             if (rc == PP_OK && ch > 0) rc = _ppn_split(t->comm, 0, t->rank, &t->ch_comm[ch], _pp_now() + t->timeout_s, what, 0, err);
 #else

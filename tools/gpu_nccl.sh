@@ -19,6 +19,13 @@
 #      the sequential ones, so the training does, step after step);
 #   4. step time of gpt_nccl -p 4 against gpt_cuda -p 4 (one process, four streams) on the same GPU.
 # Logs in OUTDIR, the summary last; exit 1 when a run that must pass did not, or a log differs.
+# Preparing it on a machine without a GPU (about 10 minutes on two cores):
+#   sh tools/build_nccl.sh NCCL_CHECKOUT /tmp/nccl            (NVIDIA/nccl >= 2.30)
+#   make gpu-nccl NCCL_HOME=/tmp/nccl B=gpubuild              (11 MB with the library)
+#   the old build, optional: git worktree add /tmp/old 7b371f8 && (cd /tmp/old &&
+#     nvcc -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -I. -I/tmp/nccl/include -c examples/gpt_nccl.cu -o g.o &&
+#     g++ g.o -o "$OLDPWD/gpubuild/gpt_nccl-old" -L/tmp/nccl/lib -L/usr/local/cuda/lib64 -lnccl -lcudart -lcublas -lpthread)
+# then carry gpubuild to the GPU machine and run: sh tools/gpu_nccl.sh OUT 330 gpubuild
 out=${1:-gpu-out}
 budget=${2:-330}
 bin=${3:-build}
