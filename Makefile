@@ -95,7 +95,14 @@ $(B)/staged-test_nccl_pipeline: tests/test_nccl_pipeline.c tests/layer_staged.h 
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=1 -DPP_TEST_STAGED_LAYERS $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/nccl-staged-gpu-mode: $(B)/staged-test_nccl_pipeline
 	@printf '#!/bin/sh\nNCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=32 exec $(B)/staged-test_nccl_pipeline gpu\n' > $@ && chmod +x $@
-TEST_BINS_EXTRA = $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls
+# A second pp_pipeline_step while one runs, without the guard that refuses it: the process crashes
+# (test_convenience's concurrent step).
+$(B)/conv-ctl-no-step-guard: tests/test_convenience.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_STEP_GUARD $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/errors-controls: tests/controls.sh $(B)/conv-ctl-no-step-guard
+	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard"\n' > $@
+	chmod +x $@
+TEST_BINS_EXTRA = $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls
 
 # Negative controls of tests/test_agree.c: without the tags' generation, or without the step
 # agreement (each without the plan check, which would hide them), it must fail.

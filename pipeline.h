@@ -1162,6 +1162,8 @@ void pp_pipeline_destroy(pp_pipeline* pl);
    can withdraw the receives the step left posted (pp_transport.cancel); where one cannot, later
    steps return PP_ERR_UNSUPPORTED, saying to create the pipeline again. One step at a time. */
 pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats);
+/* (One step at a time: a call from another thread while a step runs returns PP_ERR_INVALID at
+   once, without a message, and leaves that step alone.) */
 /* The last failure ("" if none): which rank failed first, and its message. */
 const char* pp_pipeline_error(const pp_pipeline* pl);
 /* Rank r's result of the last step (PP_ERR_ABORTED where another rank failed first), and its
@@ -7611,6 +7613,8 @@ struct pp_pipeline {
     size_t cap_events;
     int stuck;                      /* a step failed and some rank's transport cannot cancel */
     pp_error err;
+    pthread_mutex_t step_mu;        /* held by the step under way: a second caller is refused */
+    int step_mu_ok;
 };
 
 /* A message without its "<result>: " prefix, to quote it inside another. */
@@ -7656,6 +7660,7 @@ static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out,
     p = _pp_pipeline_defaults(in).p;
     if (p < 1 || p > PP_MAX_RANKS) return _pp_fail(err, PP_ERR_INVALID, "p = %d ranks (1 .. %d)", p, PP_MAX_RANKS);
     if (!(pl = (pp_pipeline*)_pp_calloc(1, sizeof *pl))) return _pp_fail(err, PP_ERR_NOMEM, "pipeline");
+    pl->step_mu_ok = pthread_mutex_init(&pl->step_mu, NULL) == 0;
     *out = pl; /* from here pp_pipeline_destroy cleans up */
     d = &pl->d;
     *d = _pp_pipeline_defaults(in);
@@ -7779,6 +7784,7 @@ void pp_pipeline_destroy(pp_pipeline* pl) {
     PP_FREE(pl->stats);
     PP_FREE(pl->rerr);
     PP_FREE(pl->events);
+    if (pl->step_mu_ok) pthread_mutex_destroy(&pl->step_mu);
     PP_FREE(pl);
 }
 
@@ -7827,12 +7833,34 @@ static void _pp_stats_merge(const pp_step_stats* rs, int p, pp_step_stats* out) 
     }
 }
 
+static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats);
+
+/* One step at a time: a second thread's call while a step is under way returns PP_ERR_INVALID at
+   once and touches nothing (not even pp_pipeline_error, which the running step owns). */
 pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats) {
+    pp_result rc;
+    if (!pl) {
+        if (stats) memset(stats, 0, sizeof *stats);
+        return PP_ERR_INVALID;
+    }
+#ifndef PP_TEST_NO_STEP_GUARD /* negative control (build/errors-controls): two steps at once */
+    if (!pl->step_mu_ok || pthread_mutex_trylock(&pl->step_mu) != 0) {
+        if (stats) memset(stats, 0, sizeof *stats);
+        return PP_ERR_INVALID;
+    }
+#endif
+    rc = _pp_pipeline_step(pl, b, stats);
+#ifndef PP_TEST_NO_STEP_GUARD
+    pthread_mutex_unlock(&pl->step_mu);
+#endif
+    return rc;
+}
+
+static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats) {
     pp_error e;
     pp_result rc, end_rc = PP_OK;
     int r, first = -1;
     if (stats) memset(stats, 0, sizeof *stats);
-    if (!pl) return PP_ERR_INVALID;
     pl->err.code = PP_OK;
     pl->err.msg[0] = 0;
     if (!b) return _pp_fail(&pl->err, PP_ERR_INVALID, "batch is NULL");

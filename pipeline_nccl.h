@@ -198,7 +198,8 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err);
    direction and kind), 2 (by direction) or 1, as pp_nccl_desc.channels. Pure: no GPU needed. The
    transport runs this check and pp_nccl_check_order on every schedule pp_stage_create gives it
    (pp_transport.check_schedule), so a user's table that would hang is refused before the first
-   step. */
+   step. It takes every connection as made: NCCL's lazy set-up, which holds the host in
+   ncclGroupEnd, happens at pp_nccl_create, never in a step. */
 pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err);
 
 #if defined(MPI_VERSION)

@@ -270,6 +270,66 @@ static void test_bad_desc(void) {
     grads_free(&G);
 }
 
+/* Two threads step one pipeline: the second call, made while the first step runs (its first
+   forward held 0.3 s), returns PP_ERR_INVALID at once; the first step is bit-exact; no abort.
+   Negative control: build/errors-controls (-DPP_TEST_NO_STEP_GUARD: the second step runs into
+   the first, and an internal assertion aborts the process). */
+static volatile int g_hold_ms;
+static int held_forward(const void* w, int l, pp_layer_io* io) {
+    if (g_hold_ms && l == 0 && io->mb->index == 0) {
+        struct timespec ts;
+        ts.tv_sec = 0;
+        ts.tv_nsec = (long)g_hold_ms * 1000000L;
+        nanosleep(&ts, NULL);
+    }
+    return mlp_forward(w, l, io);
+}
+typedef struct step_arg {
+    pp_pipeline* pl;
+    pp_batch b;
+    pp_result rc;
+    float loss;
+} step_arg;
+static void* step_thread(void* u) {
+    step_arg* a = (step_arg*)u;
+    pp_step_stats st;
+    a->rc = pp_pipeline_step(a->pl, &a->b, &st);
+    a->loss = st.loss;
+    return NULL;
+}
+static void test_concurrent_step(void) {
+    pp_pipeline_desc d = desc(PP_SCHED_1F1B, 2, 4);
+    pp_pipeline* pl = NULL;
+    pp_error err;
+    pp_step_stats st;
+    step_arg a;
+    pthread_t th;
+    float lref = reference(4, 1);
+    double t0;
+    pp_result rc2;
+    grads G;
+    grads_make(&G, 2);
+    d.model.forward = held_forward;
+    d.rank_grads = G.ptr;
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_OK, "%s", err.msg);
+    if (!pl) return;
+    a.pl = pl;
+    a.b = batch(0);
+    g_hold_ms = 300;
+    pthread_create(&th, NULL, step_thread, &a);
+    nanosleep(&(struct timespec){0, 50000000L}, NULL);
+    t0 = _pp_now();
+    rc2 = pp_pipeline_step(pl, &a.b, &st);
+    t0 = _pp_now() - t0;
+    pthread_join(th, NULL);
+    g_hold_ms = 0;
+    CHECK(rc2 == PP_ERR_INVALID && t0 < 0.1, "a second step while one runs: %s after %.3f s", pp_result_str(rc2), t0);
+    CHECK(a.rc == PP_OK && memcmp(&a.loss, &lref, sizeof lref) == 0 && grads_equal(&G), "the running step: %s, loss %g (%g)",
+          pp_result_str(a.rc), a.loss, lref);
+    pp_pipeline_destroy(pl);
+    grads_free(&G);
+}
+
 /* A layer fails on one rank: every rank stops, the step names that rank, the next step is right. */
 static volatile int g_fail_layer = -1;
 static int failing_forward(const void* w, int l, pp_layer_io* io) {
@@ -441,6 +501,7 @@ int main(void) {
     test_custom();
     test_bad_desc();
     test_failure();
+    test_concurrent_step();
     test_rank_setup();
     free(WBUF);
     free(GREFBUF);
