@@ -624,8 +624,16 @@ typedef struct connect_arg {
     pp_result rc;
     double took;
     char msg[sizeof(((pp_error*)0)->msg) + 8];
-    volatile int* done;
 } connect_arg;
+static pthread_mutex_t g_connect_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_connect_done; /* the other ranks returned from pp_nccl_create */
+static int connect_done(void) {
+    int d;
+    pthread_mutex_lock(&g_connect_mu);
+    d = g_connect_done;
+    pthread_mutex_unlock(&g_connect_mu);
+    return d;
+}
 static void* connect_rank(void* arg) {
     connect_arg* a = (connect_arg*)arg;
     ncclComm_t comm = NULL;
@@ -648,7 +656,7 @@ static void* connect_rank(void* arg) {
     while (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress) {
     }
     if (a->r == a->n - 1) { /* never makes a transport: waits for the others, then goes */
-        while (!*a->done) _ppn_sleep_us(1000);
+        while (!connect_done()) _ppn_sleep_us(1000);
         ncclCommAbort(comm);
         a->rc = PP_OK;
     } else {
@@ -670,20 +678,21 @@ static void* connect_rank(void* arg) {
 static void test_connect_fail(void) {
     pthread_t th[3];
     connect_arg a[3];
-    volatile int done = 0;
     ncclUniqueId id;
     int r;
     ncclGetUniqueId(&id);
+    g_connect_done = 0;
     for (r = 0; r < 3; r++) {
         memset(&a[r], 0, sizeof a[r]);
         a[r].r = r;
         a[r].n = 3;
         a[r].id = id;
-        a[r].done = &done;
         pthread_create(&th[r], NULL, connect_rank, &a[r]);
     }
     for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
-    done = 1;
+    pthread_mutex_lock(&g_connect_mu);
+    g_connect_done = 1;
+    pthread_mutex_unlock(&g_connect_mu);
     pthread_join(th[2], NULL);
     for (r = 0; r < 2; r++)
         CHECK(a[r].rc == PP_ERR_TIMEOUT && a[r].took < 3.0 && strstr(a[r].msg, "connection set-up"),
