@@ -102,7 +102,12 @@ $(B)/conv-ctl-no-step-guard: tests/test_convenience.c $(TEST_HDRS) $(EXH) $(HEAD
 $(B)/errors-controls: tests/controls.sh $(B)/conv-ctl-no-step-guard
 	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard"\n' > $@
 	chmod +x $@
-TEST_BINS_EXTRA = $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls
+# Every schedule kind at p = 8 over the NCCL imitation: eighteen layers (two chunks a rank).
+$(B)/deep-test_nccl_pipeline: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_DEEP $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/nccl-p8: $(B)/deep-test_nccl_pipeline
+	@printf '#!/bin/sh\nexec $(B)/deep-test_nccl_pipeline p8\n' > $@ && chmod +x $@
+TEST_BINS_EXTRA = $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls
 
 # Negative controls of tests/test_agree.c: without the tags' generation, or without the step
 # agreement (each without the plan check, which would hide them), it must fail.
