@@ -1292,14 +1292,14 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
        schedules that need them at once (interleaved, the V shapes) would hang at the GPU. The
        variable overrides every config (src/init.cc envConfigOverride). One channel needs no split. */
     if (t->nch > 1 && !_ppn_share_ok(d)) {
-        const char* e = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+        const char* var = getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
         PP_FREE(t);
         return _pp_fail(err, PP_ERR_UNSUPPORTED,
                         "%s: split communicators would share one launch queue and the transport's channels would run one "
                         "after another (interleaved and V schedules hang); %s, or set pp_nccl_desc.channels = 1 (GPipe, "
                         "1F1B, ZB-H1, ZB-H2)",
                         d->comm_shares_resources ? "pp_nccl_desc.comm_shares_resources = 1" : "NCCL_COMM_SPLIT_SHARE_RESOURCES is set",
-                        d->comm_shares_resources ? "give a communicator made with splitShare = 0" : e ? "unset it" : "");
+                        d->comm_shares_resources ? "give a communicator made with splitShare = 0" : var ? "unset it" : "");
     }
     if (d->channels > 1 && t->nch > 1) { /* a count given: it is the one in use (the default waits for the check) */
         pp_result rq = _ppn_queues_ok(t->nch, err);

@@ -1062,7 +1062,7 @@ static inline ncclResult_t fn_connect(fn_task* tasks, uint64_t* thread_count) {
     limit = fn_options()->connect_timeout_s > 0 ? fn_options()->connect_timeout_s : 30.0;
     for (t = tasks; t && res == ncclSuccess; t = t->next) {
         struct ncclComm* c = t->comm;
-        int n, found = 0, any = 0;
+        int n, found = 0, any = 0, coll = 0;
         unsigned char* mask;
         fn_task* x;
         if (!c || c->n < 2) continue;
@@ -1085,14 +1085,13 @@ static inline ncclResult_t fn_connect(fn_task* tasks, uint64_t* thread_count) {
                     any = 1;
                 }
             } else if (!c->coll_seen) {
-                c->coll_seen = 2; /* 2: this group's */
-                any = 1;
+                c->coll_seen = 1;
+                coll = any = 1;
             }
         }
         if (any && !(su[k].st = (fn_step*)calloc(10 * (size_t)n, sizeof(fn_step)))) res = ncclSystemError;
         if (any && su[k].st) {
-            fn_setup_build(&su[k], mask, mask + n, c->coll_seen == 2);
-            c->coll_seen = c->coll_seen ? 1 : 0;
+            fn_setup_build(&su[k], mask, mask + n, coll);
             fn_st.connects++;
             (*thread_count)++;
             k++;
@@ -1291,6 +1290,12 @@ static inline ncclResult_t fn_enqueue(int kind, const void* sbuf, void* rbuf, si
     return fn_group_run();
 }
 
+/* NCCL_MULTI_RANK_GPU_ENABLE set to a non-zero number: several ranks may share a device (2.30) */
+static inline int fn_multi_rank_gpu(void) {
+    const char* e = getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+    return e && atoi(e) != 0;
+}
+
 /* lock held: every rank joined; the duplicate-GPU check, then the states */
 static inline void fn_clique_done(fn_clique* cl) {
     int i, j, di = -1, dj = -1;
@@ -1303,7 +1308,7 @@ static inline void fn_clique_done(fn_clique* cl) {
         }
     cl->next = NULL;
     cl->complete = 1;
-    for (i = 0; i < cl->n && di < 0 && !(getenv("NCCL_MULTI_RANK_GPU_ENABLE") && atoi(getenv("NCCL_MULTI_RANK_GPU_ENABLE")) != 0); i++)
+    for (i = 0; i < cl->n && di < 0 && !fn_multi_rank_gpu(); i++)
         for (j = i + 1; j < cl->n; j++)
             if (cl->comms[i]->dev == cl->comms[j]->dev) {
                 di = i;
@@ -1574,7 +1579,7 @@ static inline ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const in
     if (!comms || ndev < 1) return ncclInvalidArgument;
     for (i = 0; devlist && i < ndev; i++)
         for (j = 0; j < i; j++)
-            if (devlist[i] == devlist[j] && !(getenv("NCCL_MULTI_RANK_GPU_ENABLE") && atoi(getenv("NCCL_MULTI_RANK_GPU_ENABLE")) != 0))
+            if (devlist[i] == devlist[j] && !fn_multi_rank_gpu())
                 return fn_fail(NULL, ncclInvalidUsage, "duplicate device in devlist (NCCL_MULTI_RANK_GPU_ENABLE=1 allows it)");
     if ((r = ncclGetUniqueId(&id)) != ncclSuccess) return r;
     (void)cudaGetDevice(&old);
