@@ -5506,6 +5506,9 @@ struct pp_stage {
     unsigned char* ag_buf;          /* rank 0: [p] records, others: [2] (status, verdict) */
     size_t ag_rec;
     pp_request* ag_req;             /* [p] */
+    /* the step's identity from rank 0 (_pp_go): magic, step, generation; rank 0's sends of it */
+    int64_t go[3];
+    int go_sent;
 };
 
 /* A stage's message: "<code>: rank R[ at F0.0 (stage 2)] <what>", one prefix each. `text` may
@@ -5748,6 +5751,7 @@ static int _pp_tag(const pp_stage* s, int dir, int mb, int boundary_stage, int k
 #define _PP_TAG_PLAN 0x7ffffffa     /* the plan check between neighbours */
 #define _PP_TAG_AGREE 0x7ffffffb    /* a rank's outcome, to rank 0 */
 #define _PP_TAG_VERDICT 0x7ffffffc  /* rank 0's verdict, to every rank */
+#define _PP_TAG_GO 0x7ffffffd       /* rank 0's step identity, to every rank at step start */
 
 /* A block whose data lives where pp_stage_desc.device says (its header stays on the host). */
 static _pp_block* _pp_block_new_dev(pp_stage* s, size_t bytes) {
@@ -6483,41 +6487,122 @@ static pp_result _pp_agree_fail(pp_stage* s, pp_result v, int who, const char* m
     return _pp_fail(&s->err, v, "rank %d: %.*s", s->d.rank, _PP_AG_MSG - 1, msg);
 }
 
-/* The end of every step on every rank: returns rc, or, where rc is PP_OK, the verdict. */
+/* A failure inside the agreement itself (a post, a send, a wait): the other ranks must not wait
+   for this rank's part into their deadlines. Where abort reaches them (threads, MPI) it stops
+   them; where it is local (NCCL) they learn it from the verdict or their own waits. */
+static void _pp_agree_abort(pp_stage* s, pp_result why, const char* msg) {
+    const pp_transport* t = &s->d.transport;
+#ifdef PP_TEST_NO_AGREE_ABORT /* negative control (tests/test_agree.c fault): the others wait it out */
+    return;
+#endif
+    if (t->abort && !t->abort_local) t->abort(t->self, why, msg);
+}
+
+/* Step start: rank 0 sends every rank the step's identity (its count of steps and of failed
+   ones), the others take it as theirs. So the ranks resynchronise at every step: one that missed
+   a step (its caller skipped it), or that took another outcome of a failed step than rank 0 (its
+   verdict lost, or its own wait failed), runs the next step with the same identity and tags as
+   every other rank. Never stale: rank 0 sends one per call, every other rank takes one per call
+   before anything else of its step; what a failed step left queued (the identity for a rank that
+   did not call) goes with the transport's reset (pp_threads_reset; an aborted MPI or NCCL
+   transport is made again). Rank 0 waits for its sends at the agreement. */
+#define _PP_GO_MAGIC 0x5050474f /* "PPGO" */
+static pp_result _pp_go(pp_stage* s) {
+    const pp_transport* t = &s->d.transport;
+    pp_request rq;
+    pp_error e;
+    pp_result rc = PP_OK;
+    int r, bad = -1;
+    s->go_sent = 0;
+    if (s->p < 2 || !s->ag_req) return PP_OK;
+#ifdef PP_TEST_NO_GO /* negative control (tests/test_agree.c): every rank keeps its own count */
+    return PP_OK;
+#endif
+    if (s->d.rank == 0) {
+        s->go[0] = _PP_GO_MAGIC;
+        s->go[1] = s->n_steps;
+        s->go[2] = s->gen;
+        if (t->group_start) t->group_start(t->self);
+        for (r = 1; r < s->p; r++) {
+            memset(&s->ag_req[r], 0, sizeof s->ag_req[r]);
+            if (bad < 0 && (rc = t->isend(t->self, r, _PP_TAG_GO, s->go, sizeof s->go, &s->ag_req[r])) != PP_OK) bad = r;
+            if (bad >= 0) s->ag_req[r].done = 1;
+            else _pp_agree_count(s, sizeof s->go);
+        }
+        if (t->group_end) t->group_end(t->self);
+        s->go_sent = 1;
+        if (bad >= 0) return _pp_stage_fail(s, rc, "sending the step's identity to rank %d", bad);
+        return PP_OK;
+    }
+    memset(&rq, 0, sizeof rq);
+    e.msg[0] = 0;
+    if ((rc = t->irecv(t->self, 0, _PP_TAG_GO, s->go, sizeof s->go, &rq)) != PP_OK)
+        return _pp_stage_fail(s, rc, "posting the receive of the step's identity from rank 0");
+    if ((rc = t->wait(t->self, &rq, s->d.timeout_s, &e)) != PP_OK) {
+        _pp_retire_recv(s, &rq);
+        _pp_stage_fail(s, rc, "waiting for the step's identity from rank 0: %s", e.msg);
+        if (rc == PP_ERR_TIMEOUT) _pp_stage_explain(s, 0);
+        return rc;
+    }
+    s->st.bytes_recv += sizeof s->go;
+    if (s->go[0] != _PP_GO_MAGIC || s->go[1] < 0 || s->go[1] > INT32_MAX || s->go[2] < 0 || s->go[2] > INT32_MAX)
+        return _pp_stage_fail(s, PP_ERR_TRANSPORT, "the step identity from rank 0 is corrupt");
+    s->n_steps = (int32_t)s->go[1];
+    s->gen = (int32_t)s->go[2];
+    return PP_OK;
+}
+
+/* The end of every step on every rank: returns rc, or, where rc is PP_OK, the verdict. Needs no
+   memory of its own (the records live in ag_buf since create), and each rank posts the receive of
+   its verdict before it sends its record, so rank 0's verdict meets a posted receive: with the
+   threads transport, whose sends allocate only where nothing is posted, the verdict cannot fail
+   for want of memory once rank 0 has every record. Any failure of the agreement's own messages
+   fails this rank's step with what failed, and aborts the transport (_pp_agree_abort), so no
+   rank waits into its deadline for a part that will not come. */
 static pp_result _pp_agree(pp_stage* s, pp_result rc) {
     const pp_transport* t = &s->d.transport;
     double t0 = _pp_now();
     pp_result v = PP_OK, w;
     pp_error e; /* the agreement's own waits: s->err keeps this rank's failure */
     char vmsg[_PP_AG_MSG];
-    int r, who = -1;
+    int r, who = -1, unsent = 0;
     if (s->p < 2 || !s->ag_buf) return rc;
 #ifdef PP_TEST_NO_AGREE /* negative control (tests/test_agree.c) */
-    (void)t, (void)t0, (void)v, (void)w, (void)e, (void)vmsg, (void)r, (void)who;
+    (void)t, (void)t0, (void)v, (void)w, (void)e, (void)vmsg, (void)r, (void)who, (void)unsent;
     return rc;
 #endif
     vmsg[0] = 0;
+    e.msg[0] = 0;
     _pp_ag_write(s, s->ag_buf, rc, s->d.rank, s->err.msg);
     if (s->d.rank != 0) {
         unsigned char* vrec = _pp_ag_slot(s, 1);
         const int64_t* vw = _pp_ag_words(s, 1);
+        const char* what = "posting the receive of the verdict";
         pp_request rq[2];
         memset(rq, 0, sizeof rq);
         if (t->group_start) t->group_start(t->self);
-        w = t->isend(t->self, 0, _PP_TAG_AGREE, s->ag_buf, s->ag_rec, &rq[0]);
-        if (w == PP_OK) w = t->irecv(t->self, 0, _PP_TAG_VERDICT, vrec, s->ag_rec, &rq[1]);
-        else rq[0].done = 1;
+        w = t->irecv(t->self, 0, _PP_TAG_VERDICT, vrec, s->ag_rec, &rq[1]);
+        if (w == PP_OK) {
+            what = "sending this rank's outcome";
+            if ((w = t->isend(t->self, 0, _PP_TAG_AGREE, s->ag_buf, s->ag_rec, &rq[0])) != PP_OK) rq[0].done = 1;
+        }
         if (t->group_end) t->group_end(t->self);
         if (w == PP_OK) {
             _pp_agree_count(s, s->ag_rec);
+            what = "waiting for the step's outcome";
             w = t->wait(t->self, &rq[0], s->d.timeout_s, &e);
             if (w == PP_OK) w = t->wait(t->self, &rq[1], s->d.timeout_s, &e);
-            else _pp_retire_recv(s, &rq[1]);
             if (w == PP_OK) s->st.bytes_recv += s->ag_rec;
+        }
+        if (w != PP_OK) {
+            _pp_retire_recv(s, &rq[1]);
+            if (!e.msg[0] && w == PP_ERR_ABORTED && t->abort_reason) t->abort_reason(t->self, e.msg, sizeof e.msg);
+            if (!e.msg[0]) snprintf(e.msg, sizeof e.msg, "%s", pp_result_str(w));
+            if (w != PP_ERR_ABORTED) _pp_agree_abort(s, w, "a rank could not take part in the step's agreement");
         }
         s->st.t_agree += _pp_now() - t0;
         if (rc != PP_OK) return rc;
-        if (w != PP_OK) return _pp_stage_fail(s, w, "waiting for the step's outcome: %s", e.msg);
+        if (w != PP_OK) return _pp_stage_fail(s, w, "%s (rank 0): %s", what, e.msg);
         if (vw[0] != _PP_AG_MAGIC || vw[1] != s->n_steps || vw[2] != s->gen)
             return _pp_stage_fail(s, PP_ERR_TRANSPORT, "rank 0's verdict is for its step %lld (after %lld failed), this "
                                   "rank is at step %lld (after %lld failed)", (long long)vw[1], (long long)vw[2],
@@ -6525,13 +6610,21 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
         if (vw[3] == PP_OK) return PP_OK;
         return _pp_agree_fail(s, (pp_result)vw[3], (int)vw[4] - 1, _pp_ag_msg(s, 1));
     }
-    /* rank 0: every record, then the verdict to everyone */
+    /* rank 0: its sends of the step's identity (_pp_go) are done by now on any rank that is here */
+    for (r = 1; r < s->p && s->go_sent; r++)
+        if (!s->ag_req[r].done && (w = t->wait(t->self, &s->ag_req[r], s->d.timeout_s, &e)) != PP_OK) {
+            snprintf(vmsg, sizeof vmsg, "rank %d did not take the step's identity: %.120s", r, e.msg);
+            if (rc == PP_OK) rc = _pp_stage_fail(s, w, "%s", vmsg);
+        }
+    s->go_sent = 0;
+    /* every record, then the verdict to everyone */
     if (t->group_start) t->group_start(t->self);
     for (r = 1; r < s->p; r++) {
         memset(&s->ag_req[r], 0, sizeof s->ag_req[r]);
         if ((w = t->irecv(t->self, r, _PP_TAG_AGREE, _pp_ag_slot(s, r), s->ag_rec, &s->ag_req[r])) != PP_OK) {
             memset(&s->ag_req[r], 0, sizeof s->ag_req[r]);
             _pp_ag_write(s, _pp_ag_slot(s, r), w, r, "rank 0 could not post the receive of its outcome");
+            _pp_agree_abort(s, w, "rank 0 could not post the receive of a rank's outcome");
         }
     }
     if (t->group_end) t->group_end(t->self);
@@ -6539,7 +6632,9 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
         if (!s->ag_req[r].impl && !s->ag_req[r].done) continue; /* its post failed: recorded above */
         if ((w = t->wait(t->self, &s->ag_req[r], s->d.timeout_s, &e)) != PP_OK) {
             _pp_retire_recv(s, &s->ag_req[r]);
+            if (w == PP_ERR_ABORTED && t->abort_reason) t->abort_reason(t->self, e.msg, sizeof e.msg);
             _pp_ag_write(s, _pp_ag_slot(s, r), w, r, e.msg);
+            if (w != PP_ERR_ABORTED) _pp_agree_abort(s, w, "rank 0 did not get a rank's outcome");
         } else if (_pp_ag_words(s, r)[0] != _PP_AG_MAGIC) {
             _pp_ag_write(s, _pp_ag_slot(s, r), PP_ERR_TRANSPORT, r, "its outcome record is corrupt");
         } else {
@@ -6547,14 +6642,30 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
         }
         s->ag_req[r].done = 1;
     }
+    /* rank 0's own record last: a failure of its own sends above is in rc */
+    _pp_ag_write(s, s->ag_buf, rc, 0, s->err.msg);
     v = _pp_ag_judge(s, vmsg, sizeof vmsg, &who);
     /* the verdict goes out in slot 0 (rank 0's own record is no longer needed) */
     _pp_ag_write(s, s->ag_buf, v, who, vmsg);
+    /* A verdict that cannot be sent (a post failing; the verdict meets a posted receive, so the
+       threads transport cannot fail here for memory): that rank and the ones after it get none
+       and fail by the abort, and so does rank 0; ranks told before keep their verdict (the step
+       was right where it was PP_OK: an error too many, never a wrong result), and the next
+       step's identity brings every rank together again. */
     if (t->group_start) t->group_start(t->self);
     for (r = 1; r < s->p; r++) {
         memset(&s->ag_req[r], 0, sizeof s->ag_req[r]);
-        if (t->isend(t->self, r, _PP_TAG_VERDICT, s->ag_buf, s->ag_rec, &s->ag_req[r]) != PP_OK) {
+        if (unsent) {
             s->ag_req[r].done = 1;
+            continue;
+        }
+        if ((w = t->isend(t->self, r, _PP_TAG_VERDICT, s->ag_buf, s->ag_rec, &s->ag_req[r])) != PP_OK) {
+            s->ag_req[r].done = 1;
+            unsent = 1;
+            v = w;
+            who = 0;
+            snprintf(vmsg, sizeof vmsg, "rank 0 could not send rank %d the step's outcome (%s)", r, pp_result_str(w));
+            _pp_agree_abort(s, w, vmsg);
             continue;
         }
         _pp_agree_count(s, s->ag_rec);
@@ -6564,6 +6675,7 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
         if (!s->ag_req[r].done) t->wait(t->self, &s->ag_req[r], s->d.timeout_s, NULL);
     s->st.t_agree += _pp_now() - t0;
     if (rc != PP_OK || v == PP_OK) return rc;
+    if (who == 0) return _pp_stage_fail(s, v, "%s", vmsg);
     return _pp_agree_fail(s, v, who, vmsg);
 }
 
@@ -7464,7 +7576,11 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
     int i, need;
     *n_done = 0;
     if (!b) return _pp_stage_fail(s, PP_ERR_INVALID, "batch is NULL");
-    if (s->d.shapes == PP_SHAPES_BROADCAST && sc->p > 1 && (rc = _pp_broadcast_meta(s, b, &b)) != PP_OK) return rc;
+    /* the step's identity before the first message of the step, after what this rank can check
+       alone (a bad batch is refused as such, whatever the transport's state) */
+    if (s->d.shapes == PP_SHAPES_BROADCAST && sc->p > 1 &&
+        ((rc = _pp_go(s)) != PP_OK || (rc = _pp_broadcast_meta(s, b, &b)) != PP_OK))
+        return rc;
     if (b->m != sc->m)
         return _pp_stage_fail(s, PP_ERR_INVALID, "batch has m = %d micro-batches, the schedule was made for %d", b->m, sc->m);
     if ((rc = _pp_plan_build(&s->plan, &s->d.model, s->d.weights, b, &s->err)) != PP_OK)
@@ -7510,6 +7626,7 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
         s->mb_loss = nloss;
         s->live_cap = need;
     }
+    if (s->d.shapes != PP_SHAPES_BROADCAST && (rc = _pp_go(s)) != PP_OK) return rc;
     s->batch = b;
     t_start = _pp_now();
     rc = _pp_fp_post(s);

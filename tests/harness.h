@@ -415,6 +415,10 @@ static inline int hx_pz_flight_get(void* self, int peer, pp_flight* out) {
     hx_poison* p = (hx_poison*)self;
     return p->inner.flight_get(p->inner.self, peer, out);
 }
+static inline int hx_pz_abort_reason(void* self, char* buf, size_t n) {
+    hx_poison* p = (hx_poison*)self;
+    return p->inner.abort_reason(p->inner.self, buf, n);
+}
 
 /* inner wrapped by p (zeroed first; set fill, read and ctx afterwards, before the first receive). */
 static inline pp_transport hx_poison_transport(hx_poison* p, pp_transport inner) {
@@ -430,6 +434,7 @@ static inline pp_transport hx_poison_transport(hx_poison* p, pp_transport inner)
     t.cancel = inner.cancel ? hx_pz_cancel : NULL;
     t.flight_note = inner.flight_note ? hx_pz_flight_note : NULL;
     t.flight_get = inner.flight_get ? hx_pz_flight_get : NULL;
+    t.abort_reason = inner.abort_reason ? hx_pz_abort_reason : NULL;
     return t;
 }
 

@@ -7,12 +7,17 @@
      step is bit-exact (nothing the broken step left queued is consumed);
    - a layer fails on one rank after the others finished their lists: no rank returns PP_OK (and
      on ZB-V, where the turn of the V hands blocks over, the next step is exact again);
-   - ranks that call pp_stage_step a different number of times are told so.
+   - a rank that skips a step: the others fail it (their deadline), and from the next step that
+     every rank calls on, the ranks run together again, bit-exact;
+   - a message of the agreement itself that cannot be posted or sent (on any rank, in any of its
+     phases): every rank fails at once, says why, and the next step is exact.
    Negative controls (build/agree-controls, part of make test): the library built with
    -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN (a failed step's leftovers are taken by the next) or
    -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_AGREE (ranks return PP_OK for a step another rank failed)
    or -DPP_TEST_NO_MB_CHECK (a layer sees a micro-batch that is not its input's) fails
-   `test_agree controls`. */
+   `test_agree controls`; -DPP_TEST_NO_GO (each rank keeps its own count of steps: after a
+   skipped step they never agree again) fails `test_agree skew`; -DPP_TEST_NO_AGREE_ABORT (a
+   rank whose agreement message failed does not stop the others) fails `test_agree fault`. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/mlp.h"
@@ -323,21 +328,135 @@ static void test_late_failure(pp_schedule_kind kind, int p, int m, int fail_rank
     world_free(&W);
 }
 
-/* --- ranks at different steps --------------------------------------------------------------- */
-static void test_step_skew(pp_shape_policy shapes) {
+/* --- ranks at different steps: they resynchronise ------------------------------------------ */
+/* A rank skips a step (its caller did not call): the others run into their deadline, as they
+   must. From then on the ranks' own counts differ, but the step's identity comes from rank 0
+   at every step start (_pp_go): the next step that every rank calls runs, bit-exact, and so do
+   the ones after it. Whichever rank skipped (rank 0 too), on every shape policy. */
+static void test_step_skew(pp_schedule_kind kind, int p, pp_shape_policy shapes, int skipper) {
     world W;
-    world_init(&W, PP_SCHED_GPIPE, 2, 1, 2, shapes, 0.5);
-    W.steps[1] = 0; /* rank 1 skips a step: rank 0 runs into its deadline */
+    int step, r;
+    char where[96];
+    snprintf(where, sizeof where, "skew: %s p=%d shapes=%d, rank %d skips step 0", pp_schedule_name(kind), p, (int)shapes,
+             skipper);
+    world_init(&W, kind, p, pp_schedule_size(kind, p, 1, 4) ? 1 : 2, 4, shapes, 0.3);
+    W.steps[skipper] = 0;
     world_step(&W);
-    CHECK(W.rc[0] == PP_ERR_TIMEOUT, "skew: rank 0 alone: %s", W.msg[0]);
+    for (r = 0; r < p; r++)
+        if (r != skipper) CHECK(W.rc[r] != PP_OK, "%s: rank %d returned PP_OK", where, r);
     pp_threads_reset(W.threads);
-    W.steps[1] = 1; /* from now on rank 0 is one step ahead: told at once */
-    world_step(&W);
-    CHECK(all_failed(&W) && latest_return(&W) < 0.4, "skew: %s | %s (%.2f s)", W.msg[0], W.msg[1], latest_return(&W));
-#ifndef PP_TEST_NO_PLAN_CHECK
-    CHECK(first_msg(&W, "at its step") || first_msg(&W, "is for its step"), "skew: the message does not name the steps: %s | %s",
-          W.msg[0], W.msg[1]);
-#endif
+    W.steps[skipper] = 1;
+    for (step = 1; step < 4; step++) {
+        mlp_make_data(W.x, W.y, ROWS, IN, CLASSES, 3 + step, 4);
+        zero_grads(&W);
+        world_step(&W);
+        CHECK(all_ok(&W), "%s: step %d: %s | %s", where, step, W.msg[0], W.msg[p - 1]);
+        if (all_ok(&W)) CHECK(world_grads_exact(&W), "%s: step %d: gradients differ from the reference", where, step);
+        if (!all_ok(&W)) pp_threads_reset(W.threads);
+    }
+    world_free(&W);
+}
+
+/* --- the agreement's own messages fail --------------------------------------------------------- */
+/* A transport that fails one operation once: on rank g_fl_rank, a send (op 0) or a receive post
+   (op 1) of tag g_fl_tag. Every rank must fail the step within a second (none waits into the
+   deadline of 20 s), the message must say what failed, and the next step must be exact. */
+typedef struct flaky {
+    pp_transport inner;
+} flaky;
+static int g_fl_rank = -1, g_fl_tag, g_fl_op;
+static pthread_mutex_t g_fl_mu = PTHREAD_MUTEX_INITIALIZER;
+static int fl_fire(int rank, int tag, int op) {
+    int hit;
+    pthread_mutex_lock(&g_fl_mu);
+    hit = rank == g_fl_rank && tag == g_fl_tag && op == g_fl_op;
+    if (hit) g_fl_rank = -1;
+    pthread_mutex_unlock(&g_fl_mu);
+    return hit;
+}
+static pp_result fl_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
+    flaky* f = (flaky*)self;
+    if (fl_fire(f->inner.rank, tag, 0)) {
+        memset(req, 0, sizeof *req);
+        return PP_ERR_NOMEM;
+    }
+    return f->inner.isend(f->inner.self, peer, tag, buf, bytes, req);
+}
+static pp_result fl_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
+    flaky* f = (flaky*)self;
+    if (fl_fire(f->inner.rank, tag, 1)) {
+        memset(req, 0, sizeof *req);
+        return PP_ERR_NOMEM;
+    }
+    return f->inner.irecv(f->inner.self, peer, tag, buf, bytes, req);
+}
+static pp_result fl_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
+    flaky* f = (flaky*)self;
+    return f->inner.wait(f->inner.self, req, timeout_s, err);
+}
+static pp_result fl_test(void* self, pp_request* req, int* done) {
+    flaky* f = (flaky*)self;
+    return f->inner.test(f->inner.self, req, done);
+}
+static void fl_abort(void* self, pp_result why, const char* msg) {
+    flaky* f = (flaky*)self;
+    f->inner.abort(f->inner.self, why, msg);
+}
+static pp_result fl_cancel(void* self, pp_request* req) {
+    flaky* f = (flaky*)self;
+    return f->inner.cancel(f->inner.self, req);
+}
+static int fl_abort_reason(void* self, char* buf, size_t n) {
+    flaky* f = (flaky*)self;
+    return f->inner.abort_reason(f->inner.self, buf, n);
+}
+
+static void test_agree_fault(int rank, int tag, int op, const char* needle) {
+    world W;
+    flaky fl[MAXP];
+    int r, step;
+    char where[96];
+    snprintf(where, sizeof where, "fault: rank %d %s tag %#x", rank, op ? "posts the receive of" : "sends", tag);
+    world_init(&W, PP_SCHED_1F1B, 4, 1, 8, PP_SHAPES_PER_MESSAGE, g_deadline);
+    for (r = 0; r < W.p; r++) { /* the stages' transports, wrapped */
+        pp_transport* t = &W.st[r]->d.transport;
+        fl[r].inner = *t;
+        t->self = &fl[r];
+        t->isend = fl_isend;
+        t->irecv = fl_irecv;
+        t->wait = fl_wait;
+        t->test = fl_test;
+        t->abort = fl_abort;
+        t->cancel = fl_cancel;
+        t->abort_reason = fl_abort_reason;
+        t->flight_note = NULL;
+        t->flight_get = NULL;
+    }
+    for (step = 0; step < 3; step++) {
+        if (step == 0) {
+            pthread_mutex_lock(&g_fl_mu);
+            g_fl_rank = rank;
+            g_fl_tag = tag;
+            g_fl_op = op;
+            pthread_mutex_unlock(&g_fl_mu);
+        }
+        zero_grads(&W);
+        world_step(&W);
+        if (step == 0) {
+            CHECK(all_failed(&W), "%s: a rank returned PP_OK: %s | %s | %s | %s", where, W.msg[0], W.msg[1], W.msg[2], W.msg[3]);
+            CHECK(latest_return(&W) < 1.0, "%s: the last rank returned after %.2f s", where, latest_return(&W));
+            CHECK(first_msg(&W, needle) != NULL, "%s: no message says \"%s\": %s | %s | %s | %s", where, needle, W.msg[0],
+                  W.msg[1], W.msg[2], W.msg[3]);
+            for (r = 0; r < W.p; r++) {
+                const char* c = strrchr(W.msg[r], ':');
+                CHECK(c && c[1] == ' ' && c[2], "%s: rank %d's message ends empty: %s", where, r, W.msg[r]);
+            }
+        } else {
+            CHECK(all_ok(&W), "%s: step %d after it: %s | %s", where, step, W.msg[0], W.msg[1]);
+            if (all_ok(&W)) CHECK(world_grads_exact(&W), "%s: step %d after it: gradients differ", where, step);
+        }
+        pp_threads_reset(W.threads);
+    }
     world_free(&W);
 }
 
@@ -375,8 +494,9 @@ static void test_cost(void) {
     world_init(&W, PP_SCHED_1F1B, 4, 1, 8, PP_SHAPES_LOCAL, 20.0);
     world_step(&W);
     for (r = 0; r < 4; r++) msgs += W.stats[r].agree_msgs;
-    /* plan check: one per neighbour pair and direction, 2 (p - 1); agreement: 2 (p - 1) */
-    CHECK(all_ok(&W) && msgs == 12, "cost: %llu agreement messages per step at p = 4, want 12",
+    /* plan check: one per neighbour pair and direction, 2 (p - 1); the step identity from rank 0,
+       p - 1; agreement: 2 (p - 1) */
+    CHECK(all_ok(&W) && msgs == 15, "cost: %llu agreement messages per step at p = 4, want 15",
           (unsigned long long)msgs);
     world_free(&W);
 }
@@ -389,6 +509,17 @@ int main(int argc, char** argv) {
         test_late_failure(PP_SCHED_ZB_H1, 4, 4, 0, 2, 0, 3, 3);
         test_mb_view(PP_SHAPES_PER_MESSAGE);
         return TEST_DONE("agree (controls part)");
+    }
+    if (argc > 1 && !strcmp(argv[1], "skew")) { /* the control without the step identity (PP_TEST_NO_GO) */
+        test_step_skew(PP_SCHED_1F1B, 3, PP_SHAPES_PER_MESSAGE, 2);
+        test_step_skew(PP_SCHED_1F1B, 3, PP_SHAPES_LOCAL, 0);
+        return TEST_DONE("agree (skew)");
+    }
+    if (argc > 1 && !strcmp(argv[1], "fault")) { /* the control without the agreement's abort */
+        g_deadline = 2.0;
+        test_agree_fault(2, _PP_TAG_AGREE, 0, "sending this rank's outcome");
+        test_agree_fault(0, _PP_TAG_AGREE, 1, "could not post the receive of");
+        return TEST_DONE("agree (fault)");
     }
     for (odd = 0; odd < 2; odd++) {
         test_disagree(PP_SCHED_1F1B, 2, 1, 2, PP_SHAPES_LOCAL, odd, ODD_DTYPE);
@@ -407,8 +538,24 @@ int main(int argc, char** argv) {
        handed over between them: stage 1's B (layer 4) and stage 2's W (layer 7) */
     test_late_failure(PP_SCHED_ZB_V, 2, 4, 1, 1, 4, 2, 10);
     test_late_failure(PP_SCHED_ZB_V, 2, 4, 1, 2, 7, 3, 10);
-    test_step_skew(PP_SHAPES_LOCAL);
-    test_step_skew(PP_SHAPES_BROADCAST);
+    {
+        static const pp_shape_policy pols[] = {PP_SHAPES_LOCAL, PP_SHAPES_BROADCAST, PP_SHAPES_PER_MESSAGE, PP_SHAPES_AUTO};
+        int i;
+        for (i = 0; i < 4; i++) {
+            test_step_skew(PP_SCHED_GPIPE, 2, pols[i], 1);
+            test_step_skew(PP_SCHED_1F1B, 3, pols[i], 2);
+            test_step_skew(PP_SCHED_1F1B, 3, pols[i], 0);
+        }
+        test_step_skew(PP_SCHED_ZB_V, 2, PP_SHAPES_AUTO, 1);
+    }
+    /* the agreement's own messages: a record not sent, a verdict receive not posted, a verdict
+       not sent, a record receive not posted on rank 0, the step identity not sent or taken */
+    test_agree_fault(2, _PP_TAG_AGREE, 0, "sending this rank's outcome");
+    test_agree_fault(1, _PP_TAG_VERDICT, 1, "posting the receive of the verdict");
+    test_agree_fault(0, _PP_TAG_VERDICT, 0, "could not send rank 1 the step's outcome");
+    test_agree_fault(0, _PP_TAG_AGREE, 1, "could not post the receive of");
+    test_agree_fault(0, _PP_TAG_GO, 0, "sending the step's identity");
+    test_agree_fault(3, _PP_TAG_GO, 1, "posting the receive of the step's identity");
     test_mb_view(PP_SHAPES_PER_MESSAGE);
     test_mb_view(PP_SHAPES_AUTO);
     test_cost();

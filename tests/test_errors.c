@@ -429,7 +429,7 @@ static void test_message_shapes(void) {
     t1 = pp_threads_transport(f.threads, 1);
     t1.abort(t1.self, PP_ERR_LAYER, "layer callback failed: rank 1 at F0.0 (stage 1): boom");
     CHECK(pp_stage_step(R.st[0], &f.b, NULL) == PP_ERR_ABORTED, "rank 0 after rank 1 aborted");
-    CHECK(strcmp(pp_stage_error(R.st[0]), "aborted by another rank: rank 0: sending the plan check to rank 1: "
+    CHECK(strcmp(pp_stage_error(R.st[0]), "aborted by another rank: rank 0: sending the step's identity to rank 1: "
                                           "layer callback failed: rank 1 at F0.0 (stage 1): boom") == 0,
           "aborted while sending: %s", pp_stage_error(R.st[0]));
     pp_threads_reset(f.threads);

@@ -364,11 +364,11 @@ static void test_broadcast_timeout(void) {
     rc = pp_stage_step(st, &W.b, NULL); /* rank 0 never steps */
     t = _pp_now() - t;
     CHECK(rc == PP_ERR_TIMEOUT && t < 0.4, "%s after %.3f s: %s", pp_result_str(rc), t, pp_stage_error(st));
-    CHECK(strstr(pp_stage_error(st), "step metadata") && strstr(pp_stage_error(st), "rank 0: nothing yet"),
+    CHECK(strstr(pp_stage_error(st), "step's identity") && strstr(pp_stage_error(st), "rank 0: nothing yet"),
           "names what it waited for: %s", pp_stage_error(st));
     /* the transport's timeout message, quoted, loses its code and this rank: each said once */
-    CHECK(strncmp(pp_stage_error(st), "wait timed out: rank 1: waiting for the step metadata: waited 0.2 s for rank 0",
-                  78) == 0 && !strstr(pp_stage_error(st) + 1, "wait timed out"),
+    CHECK(strncmp(pp_stage_error(st), "wait timed out: rank 1: waiting for the step's identity from rank 0: waited 0.2 s "
+                  "for rank 0", 92) == 0 && !strstr(pp_stage_error(st) + 1, "wait timed out"),
           "one prefix: %s", pp_stage_error(st));
     pp_stage_destroy(st);
     world_free(&W);
