@@ -99,8 +99,12 @@ $(B)/nccl-staged-gpu-mode: $(B)/staged-test_nccl_pipeline
 # (test_convenience's concurrent step).
 $(B)/conv-ctl-no-step-guard: tests/test_convenience.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_STEP_GUARD $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/errors-controls: tests/controls.sh $(B)/conv-ctl-no-step-guard
-	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard"\n' > $@
+# A schedule table whose stage runs B1 before B0 (or W2 before W1), without the ordering rule's
+# check: parsed and created as if exact (test_convenience's table order).
+$(B)/conv-ctl-no-order-check: tests/test_convenience.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_ORDER_CHECK $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/errors-controls: tests/controls.sh $(B)/conv-ctl-no-step-guard $(B)/conv-ctl-no-order-check
+	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard" "$(B)/conv-ctl-no-order-check order"\n' > $@
 	chmod +x $@
 # Every schedule kind at p = 8 over the NCCL imitation: eighteen layers (two chunks a rank).
 $(B)/deep-test_nccl_pipeline: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)

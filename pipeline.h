@@ -88,7 +88,9 @@
        r0: F0 F1 B0 W0 B1 W1
        r1: F0 B0 F1 B1 W0 W1
    pp_schedule_parse(text, len, out, cap, &need, &sched, &err) checks it (errors name line and
-   column), proves it with the simulator and fills sched; pp_schedule_write prints one.
+   column), proves it with the simulator and fills sched; pp_schedule_write prints one. Each
+   stage's B's and W's must go in ascending micro-batch order (bit-identical gradients); a table
+   that breaks that is refused unless its header says order=any.
    AUTO-PARTITION: pp_profile_layers measures each layer's F, B, W; pp_partition_balanced or
    pp_partition_capped (under a memory cap per stage) splits on the measured times.
 
@@ -677,6 +679,12 @@ typedef struct pp_schedule {
     int per_rank;               /* actions per rank: 2*m*v, or 3*m*v with W actions */
     pp_action* actions;         /* rank r's list is actions[r*per_rank .. (r+1)*per_rank) */
     pp_stage_map map;           /* stage -> rank; zero (LOOP) for every kind but ZB-V */
+    /* 0 (what pp_schedule_make and a table without order= give): every stage runs its B's, and
+       its W's, in ascending micro-batch order, so its weight gradients add up in the order of
+       pp_sequential_step (bit-identical); pp_schedule_parse and pp_stage_create refuse a list
+       that does not (PP_ERR_SCHEDULE naming the stage and the two micro-batches). 1 (a table's
+       order=any): such a list runs, its gradients equal the reference's only to rounding. */
+    int any_order;
 } pp_schedule;
 
 typedef struct pp_sim_cost pp_sim_cost; /* the cost model (>>sim) */
@@ -747,13 +755,19 @@ int pp_schedule_has_w(const pp_schedule* s);
        schedule p=2 v=1 m=2 map=loop
        r0: F0 F1 B0 W0 B1 W1
        r1: F0 B0 F1 B1 W0 W1
-   Keys: p, v, m (required), map = loop | v (default loop). An action is F, B or W, the
-   micro-batch, and optionally .chunk (default 0): F3.1 is the forward of micro-batch 3 on the
-   rank's chunk 1. W actions are optional, but all or none. The stage of (rank, chunk) comes from
-   the map, the send/receive peers from the stages.
+   Keys: p, v, m (required), map = loop | v (default loop), order = mb | any (default mb). An
+   action is F, B or W, the micro-batch, and optionally .chunk (default 0): F3.1 is the forward
+   of micro-batch 3 on the rank's chunk 1. W actions are optional, but all or none. The stage of
+   (rank, chunk) comes from the map, the send/receive peers from the stages.
+   The ordering rule: a layer adds its weight gradients into grads in its B (or W), so each
+   stage must run its B's, and its W's, in ascending micro-batch order (F's may go in any order)
+   for the gradients to be bit-identical to pp_sequential_step's, which adds micro-batch 0, 1,
+   ... m-1. A table that breaks it (r0: F0 F1 B1 B0) is refused with PP_ERR_SCHEDULE naming the
+   stage and the two micro-batches, unless its header says order=any (pp_schedule.any_order).
    pp_schedule_parse reads len bytes of text (no terminator needed), checks the syntax (errors
    name line and column), every action's rank and range, then proves the whole table with
-   pp_simulate (coverage, order, deadlock; the message names rank and action). *need receives the
+   pp_simulate (coverage, order, deadlock; the message names rank and action) and checks the
+   ordering rule. *need receives the
    number of actions (may be NULL); with out NULL or cap < *need it returns PP_ERR_SIZE having
    checked the syntax only, so: call once with out NULL, allocate, call again. On success *s
    describes the table (kind PP_SCHED_CUSTOM) and points into out. Takes scratch from PP_MALLOC
@@ -3540,6 +3554,7 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
     s->per_rank = _pp_sched_ops(k) * m * v;
     s->actions = out;
     s->map = _pp_sched_kind_map(k);
+    s->any_order = 0;
     return PP_OK;
 }
 
@@ -3660,7 +3675,7 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
                               pp_error* err) {
     _pp_tab c;
     long p = -1, v = -1, m = -1, x;
-    int map = PP_MAP_LOOP, r, per = out ? per_in : -1, S;
+    int map = PP_MAP_LOOP, any_order = 0, r, per = out ? per_in : -1, S;
     c.t = text;
     c.n = len;
     c.i = 0;
@@ -3690,9 +3705,15 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
         } else if (_pp_tab_word(&c, "map=v")) {
             _pp_tab_skip(&c, 5);
             map = PP_MAP_V;
+        } else if (_pp_tab_word(&c, "order=mb")) {
+            _pp_tab_skip(&c, 8);
+            any_order = 0;
+        } else if (_pp_tab_word(&c, "order=any")) {
+            _pp_tab_skip(&c, 9);
+            any_order = 1;
         } else {
-            return _PP_TAB_FAIL("schedule table line %d, column %d: unknown header field (p=, v=, m=, map=loop or map=v)",
-                                line, col);
+            return _PP_TAB_FAIL("schedule table line %d, column %d: unknown header field (p=, v=, m=, map=loop or map=v, "
+                                "order=mb or order=any)", line, col);
         }
     }
     if (p < 0 || v < 0 || m < 0)
@@ -3710,6 +3731,7 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
     hdr->m = (int)m;
     hdr->n_stages = S;
     hdr->map = (pp_stage_map)map;
+    hdr->any_order = any_order;
     /* rank lines */
     for (r = 0; r < p; r++) {
         int n = 0, line;
@@ -3779,6 +3801,38 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
     return PP_OK;
 }
 
+/* The ordering rule (pp_schedule.any_order): a layer adds its weight gradients into grads in
+   its B, or in its W on a schedule with W actions (a layer without the split: in B there too), so
+   each stage's B's and W's must each go in ascending micro-batch order for the sum to be
+   pp_sequential_step's, bit for bit. F's may go in any order (a micro-batch's forward adds into
+   nothing shared). Run after pp_simulate (actions in range, each once). */
+static pp_result _pp_sched_order_check(const pp_schedule* s, pp_error* err) {
+    int last[2][INT8_MAX + 1]; /* per chunk: the last B's and the last W's micro-batch */
+    int r, i, c;
+#ifdef PP_TEST_NO_ORDER_CHECK /* negative control (tests/test_convenience.c): out-of-order tables run */
+    return PP_OK;
+#endif
+    if (s->any_order) return PP_OK;
+    for (r = 0; r < s->p; r++) {
+        const pp_action* a = pp_schedule_rank(s, r);
+        for (c = 0; c < s->v && c <= INT8_MAX; c++) last[0][c] = last[1][c] = -1;
+        for (i = 0; i < s->per_rank; i++) {
+            int k = a[i].op == PP_OP_B ? 0 : a[i].op == PP_OP_W ? 1 : -1;
+            if (k < 0 || a[i].chunk < 0 || a[i].chunk >= s->v) continue;
+            if (a[i].mb < last[k][a[i].chunk])
+                return _pp_fail(err, PP_ERR_SCHEDULE,
+                                "stage %d (rank %d, chunk %d) runs %c%d after %c%d: its weight gradients would add up in "
+                                "another order than the sequential run's (micro-batch 0, 1, ...), not bit-identical; run "
+                                "each stage's %c's in ascending micro-batch order, or accept it with order=any in the "
+                                "table (pp_schedule.any_order = 1)",
+                                (int)a[i].stage, r, (int)a[i].chunk, k ? 'W' : 'B', (int)a[i].mb, k ? 'W' : 'B',
+                                last[k][a[i].chunk], k ? 'W' : 'B');
+            last[k][a[i].chunk] = a[i].mb;
+        }
+    }
+    return PP_OK;
+}
+
 pp_result pp_schedule_parse(const char* text, size_t len, pp_action* out, size_t cap, size_t* need, pp_schedule* s,
                             pp_error* err) {
     pp_schedule hdr;
@@ -3801,12 +3855,13 @@ pp_result pp_schedule_parse(const char* text, size_t len, pp_action* out, size_t
     if (!res) return _pp_fail(err, PP_ERR_NOMEM, "pp_schedule_parse: simulator result");
     rc = pp_simulate(&hdr, NULL, res, NULL, err);
     PP_FREE(res);
+    if (rc == PP_OK) rc = _pp_sched_order_check(&hdr, err);
     if (rc != PP_OK) {
         char tmp[sizeof err->msg];
         if (err) {
             memcpy(tmp, err->msg, sizeof tmp);
             tmp[sizeof tmp - 1] = 0;
-            _pp_fail(err, rc, "schedule table rejected (rank r is the line 'rN:'): %s", tmp);
+            _pp_fail(err, rc, "schedule table rejected (rank r is the line 'rN:'): %s", _pp_strip_code(tmp, rc));
         }
         return rc;
     }
@@ -3818,7 +3873,8 @@ void pp_schedule_write(FILE* f, const pp_schedule* s) {
     int r, i;
     if (!f || !s || !s->actions) return;
     fprintf(f, "# %s: %d stages, %d actions per rank\n", pp_schedule_name(s->kind), s->n_stages, s->per_rank);
-    fprintf(f, "schedule p=%d v=%d m=%d map=%s\n", s->p, s->v, s->m, s->map == PP_MAP_V ? "v" : "loop");
+    fprintf(f, "schedule p=%d v=%d m=%d map=%s%s\n", s->p, s->v, s->m, s->map == PP_MAP_V ? "v" : "loop",
+            s->any_order ? " order=any" : "");
     for (r = 0; r < s->p; r++) {
         const pp_action* a = pp_schedule_rank(s, r);
         fprintf(f, "r%d:", r);
@@ -7177,6 +7233,9 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
         return _pp_fail(err, PP_ERR_INVALID, "check_finite = %d (0 or 1)", d->check_finite);
     if (!d->schedule || !d->schedule->actions)
         return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL (make one with pp_schedule_make)");
+    if (d->schedule->any_order != 0 && d->schedule->any_order != 1)
+        return _pp_fail(err, PP_ERR_INVALID, "schedule's any_order = %d (0 or 1; zero the struct before filling it by hand)",
+                        d->schedule->any_order);
     if (d->rank < 0 || d->rank >= d->schedule->p)
         return _pp_fail(err, PP_ERR_INVALID, "rank %d is outside the schedule's %d ranks", d->rank, d->schedule->p);
     if ((rc = pp_partition_check(d->partition, d->model.n_layers, d->schedule->n_stages, err)) != PP_OK) return rc;
@@ -7205,6 +7264,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     if (!sim) return _pp_fail(err, PP_ERR_NOMEM, "simulator result");
     memset(&cost, 0, sizeof cost);
     rc = pp_simulate(d->schedule, &cost, sim, NULL, err);
+    if (rc == PP_OK) rc = _pp_sched_order_check(d->schedule, err);
     if (rc == PP_OK && d->schedule->p > 1 && d->transport.check_schedule)
         rc = d->transport.check_schedule(d->transport.self, d->schedule, err);
     if (rc != PP_OK) {
