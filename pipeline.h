@@ -121,13 +121,15 @@
    pp_error* that receives a message; a stage keeps its last message (pp_stage_error). Bad input
    never crashes, hangs or corrupts; every wait has a deadline and names who waited for whom.
    Library code never calls exit() or abort().
-   A step that fails on one rank (layer error, timeout, rejected batch, and with
-   pp_stage_desc.check_finite a NaN/Inf: PP_ERR_NONFINITE) aborts it on every rank: the others
-   return PP_ERR_ABORTED. pp_threads_reset drops what the broken step left queued; the next step
-   then runs as if nothing happened. A timeout message names this rank, the action (op,
-   micro-batch, chunk), the peer it waited for and the last action each rank completed, from
-   the ranks' flight records (>>flight; pp_threads_flight_print prints them on demand, and
-   pp_threads_flight_print_fd from a signal handler: it takes no lock).
+   A step that fails on one rank (layer error, timeout, rejected batch, a NaN/Inf loss, and with
+   pp_stage_desc.check_finite a NaN/Inf anywhere: PP_ERR_NONFINITE) aborts it on every rank: the
+   others return PP_ERR_ABORTED. The loss check is on by default (allow_nonfinite_loss = 1 turns
+   it off); check_finite = 1 names the layer that first wrote the NaN/Inf. pp_threads_reset
+   drops what the broken step left queued; the next step then runs as if nothing happened. A
+   timeout message names this rank, the action (op, micro-batch, chunk), the peer it waited for
+   and the last action each rank completed, from the ranks' flight records (>>flight;
+   pp_threads_flight_print prints them on demand, and pp_threads_flight_print_fd from a signal
+   handler: it takes no lock).
 
    TRANSPORTS
    threads (this header)      each rank a thread in one process: pp_threads_*
@@ -1069,9 +1071,15 @@ typedef struct pp_stage_desc {
     int record_timeline;        /* keep per-action events of the last step */
     pp_shape_policy shapes;     /* default PP_SHAPES_LOCAL */
     int max_seqs;               /* BROADCAST: most sequences in one step (0 = 4096) */
-    int check_finite;           /* 1: after every F check this stage's outputs and loss, after
-                                   every B its input gradients, for NaN/Inf: PP_ERR_NONFINITE
+    int check_finite;           /* 1: after every F check the input and each layer's outputs
+                                   (naming the first layer that wrote a NaN/Inf) and the loss,
+                                   after every B each layer's input gradients: PP_ERR_NONFINITE
                                    here, PP_ERR_ABORTED on the other ranks */
+    int allow_nonfinite_loss;   /* 0 (default): the last stage checks every micro-batch's loss
+                                   (one float: io->loss, on the host) and fails the step with
+                                   PP_ERR_NONFINITE naming the micro-batch when it is NaN or Inf;
+                                   1: let it pass (check_finite = 1 checks it anyway, so the two
+                                   together are refused) */
     pp_device_ops device;       /* block memory; all NULL = host memory (see pp_device_ops) */
     void* layer_ctx;            /* handed to every layer call as io->ctx */
 } pp_stage_desc;
@@ -1152,8 +1160,8 @@ typedef struct pp_pipeline_desc {
        PARAMS need sample (one micro-batch's input shape), EXPLICIT explicit_first. */
     pp_partition_desc partition;
     /* What every rank's pp_stage_desc starts from: timeout_s, record_timeline, shapes, max_seqs,
-       check_finite, device, layer_ctx. Its model, weights, grads, schedule, partition, rank and
-       transport belong to the pipeline: leave them zero. */
+       check_finite, allow_nonfinite_loss, device, layer_ctx. Its model, weights, grads,
+       schedule, partition, rank and transport belong to the pipeline: leave them zero. */
     pp_stage_desc stage;
     /* Optional: called at create for every rank in rank order, once its desc is filled, before
        its stage is made. Change what you like: wrap d->transport (fault injection), give the
@@ -5728,7 +5736,8 @@ void pp_stage_flight_print(FILE* out, const pp_stage* s) {
     PP_FREE(f);
 }
 
-/* >>impl-stage-finite: the optional NaN/Inf check (pp_stage_desc.check_finite). */
+/* >>impl-stage-finite: the NaN/Inf checks: every micro-batch's loss, on by default
+   (pp_stage_desc.allow_nonfinite_loss), and with check_finite every tensor a layer wrote. */
 static int _pp_nonfinite_at(const pp_tensor* t, int64_t* at) {
     int64_t i, n = t->rows * t->cols;
     if (!t->data) return 0;
@@ -5761,25 +5770,92 @@ static int _pp_nonfinite_at(const pp_tensor* t, int64_t* at) {
     }
 }
 
-/* F: this stage's outputs (or the loss on the last stage); B: the input gradients it sends. */
-static pp_result _pp_check_finite(pp_stage* s, const pp_action* a, const pp_tensor* ts, int n, const float* loss) {
+/* The first of n tensors with a NaN or Inf: its index (the element's in *at), or -1. */
+static int _pp_nonfinite_first(const pp_tensor* ts, int n, int64_t* at) {
     int k;
-    int64_t at = 0;
+    for (k = 0; k < n; k++)
+        if (_pp_nonfinite_at(&ts[k], at)) return k;
+    return -1;
+}
+
+/* what: "input", "output", ...; head says whose tensor it is and ends with ':'. */
+static pp_result _pp_nonfinite_fail(pp_stage* s, const pp_action* a, const char* head, const char* what, int k,
+                                    const pp_tensor* t, int64_t at) {
+    char act[48];
+    int64_t cols = t->cols ? t->cols : 1;
+    return _pp_stage_fail(s, PP_ERR_NONFINITE, "at %s: %s %s %d [%lld x %lld] %s, row %lld, col %lld, micro-batch %d",
+                          _pp_flight_act(act, sizeof act, a), head, what, k, (long long)t->rows, (long long)t->cols,
+                          pp_dtype_name(t->dtype), (long long)(at / cols), (long long)(at % cols), (int)a->mb);
+}
+
+/* The loss of the action's micro-batch (the last stage's F). scanned: check_finite found every
+   tensor of the stage finite, so the loss layer made the NaN/Inf itself. */
+static pp_result _pp_check_loss(pp_stage* s, const pp_action* a, const float* loss, int scanned) {
     char act[48];
     uint32_t u;
-    if (loss) {
-        memcpy(&u, loss, 4);
-        if ((u & 0x7f800000u) == 0x7f800000u)
-            return _pp_stage_fail(s, PP_ERR_NONFINITE, "at %s: the loss is %g", _pp_flight_act(act, sizeof act, a),
-                                  (double)*loss);
+#ifdef PP_TEST_NO_LOSS_CHECK /* negative control (tests/test_reliability.c): a NaN loss passes by default */
+    if (!scanned) return PP_OK;
+#endif
+    memcpy(&u, loss, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) return PP_OK;
+    if (scanned)
+        return _pp_stage_fail(s, PP_ERR_NONFINITE,
+                              "at %s: the loss of micro-batch %d is %g: layer %d (%s) made it from finite inputs",
+                              _pp_flight_act(act, sizeof act, a), (int)a->mb, (double)*loss, s->L - 1,
+                              _pp_layer_name(&s->d.model, s->L - 1));
+    return _pp_stage_fail(s, PP_ERR_NONFINITE,
+                          "at %s: the loss of micro-batch %d is %g (pp_stage_desc.check_finite = 1 names the layer that "
+                          "made it; allow_nonfinite_loss = 1 lets it pass)",
+                          _pp_flight_act(act, sizeof act, a), (int)a->mb, (double)*loss);
+}
+
+/* check_finite after F: the stage's input, then each layer's outputs in layer order (the first
+   layer that wrote a NaN/Inf is named, not the stage's last), then the loss on the last stage. */
+static pp_result _pp_check_finite_f(pp_stage* s, const pp_action* a, int la, int lb, const pp_tensor* act,
+                                    const int* nact) {
+    char head[160];
+    int64_t at = 0;
+    int l = la, k;
+    if ((k = _pp_nonfinite_first(act, nact[0], &at)) >= 0) {
+        if (a->stage == 0) snprintf(head, sizeof head, "the batch's input has a NaN or Inf:");
+        else snprintf(head, sizeof head, "the input from stage %d (layer %d's output) has a NaN or Inf:", a->stage - 1, l - 1);
+        return _pp_nonfinite_fail(s, a, head, "input", k, &act[k], at);
     }
-    for (k = 0; k < n; k++)
-        if (_pp_nonfinite_at(&ts[k], &at))
-            return _pp_stage_fail(s, PP_ERR_NONFINITE, "at %s: %s %d [%lld x %lld] %s has a NaN or Inf at row %lld, col %lld",
-                                  _pp_flight_act(act, sizeof act, a), a->op == PP_OP_F ? "output" : "input gradient", k,
-                                  (long long)ts[k].rows, (long long)ts[k].cols, pp_dtype_name(ts[k].dtype),
-                                  (long long)(at / (ts[k].cols ? ts[k].cols : 1)),
-                                  (long long)(at % (ts[k].cols ? ts[k].cols : 1)));
+#ifdef PP_TEST_NO_LAYER_SCAN /* negative control (tests/test_reliability.c): only the stage's output */
+    l = lb - 1;
+#endif
+    for (; l < lb; l++) {
+        const pp_tensor* out = &act[(l + 1 - la) * PP_MAX_TENSORS];
+        if ((k = _pp_nonfinite_first(out, nact[l + 1 - la], &at)) >= 0) {
+            snprintf(head, sizeof head, "layer %d (%s) forward wrote a NaN or Inf:", l, _pp_layer_name(&s->d.model, l));
+            return _pp_nonfinite_fail(s, a, head, "output", k, &out[k], at);
+        }
+    }
+    return a->stage == s->S - 1 ? _pp_check_loss(s, a, &s->mb_loss[a->mb], 1) : PP_OK;
+}
+
+/* check_finite after B: the output gradient it received, then each layer's input gradients from
+   the last layer down (the order backward wrote them). */
+static pp_result _pp_check_finite_b(pp_stage* s, const pp_action* a, int la, int lb, const pp_tensor* dact,
+                                    const int* nact) {
+    char head[160];
+    int64_t at = 0;
+    int l = lb - 1, k;
+    const pp_tensor* d = &dact[(lb - la) * PP_MAX_TENSORS];
+    if ((k = _pp_nonfinite_first(d, nact[lb - la], &at)) >= 0) {
+        snprintf(head, sizeof head, "the output gradient from stage %d has a NaN or Inf:", a->stage + 1);
+        return _pp_nonfinite_fail(s, a, head, "output gradient", k, &d[k], at);
+    }
+#ifdef PP_TEST_NO_LAYER_SCAN /* only the input gradient the stage sends */
+    l = la;
+#endif
+    for (; l >= la; l--) {
+        d = &dact[(l - la) * PP_MAX_TENSORS];
+        if ((k = _pp_nonfinite_first(d, nact[l - la], &at)) >= 0) {
+            snprintf(head, sizeof head, "layer %d (%s) backward wrote a NaN or Inf:", l, _pp_layer_name(&s->d.model, l));
+            return _pp_nonfinite_fail(s, a, head, "input gradient", k, &d[k], at);
+        }
+    }
     return PP_OK;
 }
 
@@ -7080,8 +7156,9 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
                                vw.bsaved, c->bsb, &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
         else if (s->d.check_finite)
-            rc = _pp_check_finite(s, a, &vw.act[(c->lb - c->la) * PP_MAX_TENSORS], vw.nact[c->lb - c->la],
-                                  a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL);
+            rc = _pp_check_finite_f(s, a, c->la, c->lb, vw.act, vw.nact);
+        else if (a->stage == s->S - 1 && !s->d.allow_nonfinite_loss)
+            rc = _pp_check_loss(s, a, &s->mb_loss[a->mb], 0);
         if (rc != PP_OK && !_pp_drain(s, rc)) return rc;
     }
     _pp_mark(s, c, 1);
@@ -7118,8 +7195,8 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
             rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
                                 vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
-        else if (s->d.check_finite && a->stage > 0)
-            rc = _pp_check_finite(s, a, vw.dact, vw.nact[0], NULL);
+        else if (s->d.check_finite)
+            rc = _pp_check_finite_b(s, a, c->la, c->lb, vw.dact, vw.nact);
         if (rc != PP_OK && _pp_drain(s, rc)) rc = PP_OK;
     }
     if (rc == PP_OK) {
@@ -7231,6 +7308,11 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
                         d->timeout_s, (double)PP_DEFAULT_TIMEOUT_S);
     if (d->check_finite != 0 && d->check_finite != 1)
         return _pp_fail(err, PP_ERR_INVALID, "check_finite = %d (0 or 1)", d->check_finite);
+    if (d->allow_nonfinite_loss != 0 && d->allow_nonfinite_loss != 1)
+        return _pp_fail(err, PP_ERR_INVALID, "allow_nonfinite_loss = %d (0 or 1)", d->allow_nonfinite_loss);
+    if (d->check_finite && d->allow_nonfinite_loss)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "check_finite = 1 checks the loss too, allow_nonfinite_loss = 1 lets it pass: set one of them");
     if (!d->schedule || !d->schedule->actions)
         return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL (make one with pp_schedule_make)");
     if (d->schedule->any_order != 0 && d->schedule->any_order != 1)
