@@ -99,8 +99,23 @@ $(B)/nccl-staged-gpu-mode: $(B)/staged-test_nccl_pipeline
 # (test_convenience's concurrent step).
 $(B)/conv-ctl-no-step-guard: tests/test_convenience.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_STEP_GUARD $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/errors-controls: tests/controls.sh $(B)/conv-ctl-no-step-guard
-	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard"\n' > $@
+# A schedule table whose stage runs B1 before B0 (or W2 before W1), without the ordering rule's
+# check: parsed and created as if exact (test_convenience's table order).
+$(B)/conv-ctl-no-order-check: tests/test_convenience.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_ORDER_CHECK $(CFLAGS) $< -o $@ $(LDLIBS)
+# The NaN/Inf checks (test_reliability's nonfinite, test_cuda_pipeline's nan): without the default
+# loss check a NaN loss passes, on threads and on CUDA stages; with only the stage's output
+# scanned the message names the stage's last layer, not the layer that wrote the NaN.
+$(B)/rel-ctl-no-loss-check: tests/test_reliability.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_LOSS_CHECK $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/rel-ctl-no-layer-scan: tests/test_reliability.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_LAYER_SCAN $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/cudap-ctl-no-loss-check: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
+	$(CC) $(BASE) -Itests/fakecuda -DPP_TEST_NO_LOSS_CHECK $(CFLAGS) $< -o $@ $(LDLIBS)
+ERRORS_CTL = $(B)/conv-ctl-no-step-guard $(B)/conv-ctl-no-order-check $(B)/rel-ctl-no-loss-check $(B)/rel-ctl-no-layer-scan \
+             $(B)/cudap-ctl-no-loss-check
+$(B)/errors-controls: tests/controls.sh $(ERRORS_CTL)
+	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard" "$(B)/conv-ctl-no-order-check order" "$(B)/rel-ctl-no-loss-check nonfinite" "$(B)/rel-ctl-no-layer-scan nonfinite" "$(B)/cudap-ctl-no-loss-check nan"\n' > $@
 	chmod +x $@
 # Every schedule kind at p = 8 over the NCCL imitation: eighteen layers (two chunks a rank).
 $(B)/deep-test_nccl_pipeline: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)

@@ -88,7 +88,9 @@
        r0: F0 F1 B0 W0 B1 W1
        r1: F0 B0 F1 B1 W0 W1
    pp_schedule_parse(text, len, out, cap, &need, &sched, &err) checks it (errors name line and
-   column), proves it with the simulator and fills sched; pp_schedule_write prints one.
+   column), proves it with the simulator and fills sched; pp_schedule_write prints one. Each
+   stage's B's and W's must go in ascending micro-batch order (bit-identical gradients); a table
+   that breaks that is refused unless its header says order=any.
    AUTO-PARTITION: pp_profile_layers measures each layer's F, B, W; pp_partition_balanced or
    pp_partition_capped (under a memory cap per stage) splits on the measured times.
 
@@ -119,13 +121,15 @@
    pp_error* that receives a message; a stage keeps its last message (pp_stage_error). Bad input
    never crashes, hangs or corrupts; every wait has a deadline and names who waited for whom.
    Library code never calls exit() or abort().
-   A step that fails on one rank (layer error, timeout, rejected batch, and with
-   pp_stage_desc.check_finite a NaN/Inf: PP_ERR_NONFINITE) aborts it on every rank: the others
-   return PP_ERR_ABORTED. pp_threads_reset drops what the broken step left queued; the next step
-   then runs as if nothing happened. A timeout message names this rank, the action (op,
-   micro-batch, chunk), the peer it waited for and the last action each rank completed, from
-   the ranks' flight records (>>flight; pp_threads_flight_print prints them on demand, and
-   pp_threads_flight_print_fd from a signal handler: it takes no lock).
+   A step that fails on one rank (layer error, timeout, rejected batch, a NaN/Inf loss, and with
+   pp_stage_desc.check_finite a NaN/Inf anywhere: PP_ERR_NONFINITE) aborts it on every rank: the
+   others return PP_ERR_ABORTED. The loss check is on by default (allow_nonfinite_loss = 1 turns
+   it off); check_finite = 1 names the layer that first wrote the NaN/Inf. pp_threads_reset
+   drops what the broken step left queued; the next step then runs as if nothing happened. A
+   timeout message names this rank, the action (op, micro-batch, chunk), the peer it waited for
+   and the last action each rank completed, from the ranks' flight records (>>flight;
+   pp_threads_flight_print prints them on demand, and pp_threads_flight_print_fd from a signal
+   handler: it takes no lock).
 
    TRANSPORTS
    threads (this header)      each rank a thread in one process: pp_threads_*
@@ -677,6 +681,12 @@ typedef struct pp_schedule {
     int per_rank;               /* actions per rank: 2*m*v, or 3*m*v with W actions */
     pp_action* actions;         /* rank r's list is actions[r*per_rank .. (r+1)*per_rank) */
     pp_stage_map map;           /* stage -> rank; zero (LOOP) for every kind but ZB-V */
+    /* 0 (what pp_schedule_make and a table without order= give): every stage runs its B's, and
+       its W's, in ascending micro-batch order, so its weight gradients add up in the order of
+       pp_sequential_step (bit-identical); pp_schedule_parse and pp_stage_create refuse a list
+       that does not (PP_ERR_SCHEDULE naming the stage and the two micro-batches). 1 (a table's
+       order=any): such a list runs, its gradients equal the reference's only to rounding. */
+    int any_order;
 } pp_schedule;
 
 typedef struct pp_sim_cost pp_sim_cost; /* the cost model (>>sim) */
@@ -747,13 +757,19 @@ int pp_schedule_has_w(const pp_schedule* s);
        schedule p=2 v=1 m=2 map=loop
        r0: F0 F1 B0 W0 B1 W1
        r1: F0 B0 F1 B1 W0 W1
-   Keys: p, v, m (required), map = loop | v (default loop). An action is F, B or W, the
-   micro-batch, and optionally .chunk (default 0): F3.1 is the forward of micro-batch 3 on the
-   rank's chunk 1. W actions are optional, but all or none. The stage of (rank, chunk) comes from
-   the map, the send/receive peers from the stages.
+   Keys: p, v, m (required), map = loop | v (default loop), order = mb | any (default mb). An
+   action is F, B or W, the micro-batch, and optionally .chunk (default 0): F3.1 is the forward
+   of micro-batch 3 on the rank's chunk 1. W actions are optional, but all or none. The stage of
+   (rank, chunk) comes from the map, the send/receive peers from the stages.
+   The ordering rule: a layer adds its weight gradients into grads in its B (or W), so each
+   stage must run its B's, and its W's, in ascending micro-batch order (F's may go in any order)
+   for the gradients to be bit-identical to pp_sequential_step's, which adds micro-batch 0, 1,
+   ... m-1. A table that breaks it (r0: F0 F1 B1 B0) is refused with PP_ERR_SCHEDULE naming the
+   stage and the two micro-batches, unless its header says order=any (pp_schedule.any_order).
    pp_schedule_parse reads len bytes of text (no terminator needed), checks the syntax (errors
    name line and column), every action's rank and range, then proves the whole table with
-   pp_simulate (coverage, order, deadlock; the message names rank and action). *need receives the
+   pp_simulate (coverage, order, deadlock; the message names rank and action) and checks the
+   ordering rule. *need receives the
    number of actions (may be NULL); with out NULL or cap < *need it returns PP_ERR_SIZE having
    checked the syntax only, so: call once with out NULL, allocate, call again. On success *s
    describes the table (kind PP_SCHED_CUSTOM) and points into out. Takes scratch from PP_MALLOC
@@ -1055,9 +1071,15 @@ typedef struct pp_stage_desc {
     int record_timeline;        /* keep per-action events of the last step */
     pp_shape_policy shapes;     /* default PP_SHAPES_LOCAL */
     int max_seqs;               /* BROADCAST: most sequences in one step (0 = 4096) */
-    int check_finite;           /* 1: after every F check this stage's outputs and loss, after
-                                   every B its input gradients, for NaN/Inf: PP_ERR_NONFINITE
+    int check_finite;           /* 1: after every F check the input and each layer's outputs
+                                   (naming the first layer that wrote a NaN/Inf) and the loss,
+                                   after every B each layer's input gradients: PP_ERR_NONFINITE
                                    here, PP_ERR_ABORTED on the other ranks */
+    int allow_nonfinite_loss;   /* 0 (default): the last stage checks every micro-batch's loss
+                                   (one float: io->loss, on the host) and fails the step with
+                                   PP_ERR_NONFINITE naming the micro-batch when it is NaN or Inf;
+                                   1: let it pass (check_finite = 1 checks it anyway, so the two
+                                   together are refused) */
     pp_device_ops device;       /* block memory; all NULL = host memory (see pp_device_ops) */
     void* layer_ctx;            /* handed to every layer call as io->ctx */
 } pp_stage_desc;
@@ -1138,8 +1160,8 @@ typedef struct pp_pipeline_desc {
        PARAMS need sample (one micro-batch's input shape), EXPLICIT explicit_first. */
     pp_partition_desc partition;
     /* What every rank's pp_stage_desc starts from: timeout_s, record_timeline, shapes, max_seqs,
-       check_finite, device, layer_ctx. Its model, weights, grads, schedule, partition, rank and
-       transport belong to the pipeline: leave them zero. */
+       check_finite, allow_nonfinite_loss, device, layer_ctx. Its model, weights, grads,
+       schedule, partition, rank and transport belong to the pipeline: leave them zero. */
     pp_stage_desc stage;
     /* Optional: called at create for every rank in rank order, once its desc is filled, before
        its stage is made. Change what you like: wrap d->transport (fault injection), give the
@@ -3540,6 +3562,7 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
     s->per_rank = _pp_sched_ops(k) * m * v;
     s->actions = out;
     s->map = _pp_sched_kind_map(k);
+    s->any_order = 0;
     return PP_OK;
 }
 
@@ -3660,7 +3683,7 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
                               pp_error* err) {
     _pp_tab c;
     long p = -1, v = -1, m = -1, x;
-    int map = PP_MAP_LOOP, r, per = out ? per_in : -1, S;
+    int map = PP_MAP_LOOP, any_order = 0, r, per = out ? per_in : -1, S;
     c.t = text;
     c.n = len;
     c.i = 0;
@@ -3690,9 +3713,15 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
         } else if (_pp_tab_word(&c, "map=v")) {
             _pp_tab_skip(&c, 5);
             map = PP_MAP_V;
+        } else if (_pp_tab_word(&c, "order=mb")) {
+            _pp_tab_skip(&c, 8);
+            any_order = 0;
+        } else if (_pp_tab_word(&c, "order=any")) {
+            _pp_tab_skip(&c, 9);
+            any_order = 1;
         } else {
-            return _PP_TAB_FAIL("schedule table line %d, column %d: unknown header field (p=, v=, m=, map=loop or map=v)",
-                                line, col);
+            return _PP_TAB_FAIL("schedule table line %d, column %d: unknown header field (p=, v=, m=, map=loop or map=v, "
+                                "order=mb or order=any)", line, col);
         }
     }
     if (p < 0 || v < 0 || m < 0)
@@ -3710,6 +3739,7 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
     hdr->m = (int)m;
     hdr->n_stages = S;
     hdr->map = (pp_stage_map)map;
+    hdr->any_order = any_order;
     /* rank lines */
     for (r = 0; r < p; r++) {
         int n = 0, line;
@@ -3779,6 +3809,38 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
     return PP_OK;
 }
 
+/* The ordering rule (pp_schedule.any_order): a layer adds its weight gradients into grads in
+   its B, or in its W on a schedule with W actions (a layer without the split: in B there too), so
+   each stage's B's and W's must each go in ascending micro-batch order for the sum to be
+   pp_sequential_step's, bit for bit. F's may go in any order (a micro-batch's forward adds into
+   nothing shared). Run after pp_simulate (actions in range, each once). */
+static pp_result _pp_sched_order_check(const pp_schedule* s, pp_error* err) {
+    int last[2][INT8_MAX + 1]; /* per chunk: the last B's and the last W's micro-batch */
+    int r, i, c;
+#ifdef PP_TEST_NO_ORDER_CHECK /* negative control (tests/test_convenience.c): out-of-order tables run */
+    return PP_OK;
+#endif
+    if (s->any_order) return PP_OK;
+    for (r = 0; r < s->p; r++) {
+        const pp_action* a = pp_schedule_rank(s, r);
+        for (c = 0; c < s->v && c <= INT8_MAX; c++) last[0][c] = last[1][c] = -1;
+        for (i = 0; i < s->per_rank; i++) {
+            int k = a[i].op == PP_OP_B ? 0 : a[i].op == PP_OP_W ? 1 : -1;
+            if (k < 0 || a[i].chunk < 0 || a[i].chunk >= s->v) continue;
+            if (a[i].mb < last[k][a[i].chunk])
+                return _pp_fail(err, PP_ERR_SCHEDULE,
+                                "stage %d (rank %d, chunk %d) runs %c%d after %c%d: its weight gradients would add up in "
+                                "another order than the sequential run's (micro-batch 0, 1, ...), not bit-identical; run "
+                                "each stage's %c's in ascending micro-batch order, or accept it with order=any in the "
+                                "table (pp_schedule.any_order = 1)",
+                                (int)a[i].stage, r, (int)a[i].chunk, k ? 'W' : 'B', (int)a[i].mb, k ? 'W' : 'B',
+                                last[k][a[i].chunk], k ? 'W' : 'B');
+            last[k][a[i].chunk] = a[i].mb;
+        }
+    }
+    return PP_OK;
+}
+
 pp_result pp_schedule_parse(const char* text, size_t len, pp_action* out, size_t cap, size_t* need, pp_schedule* s,
                             pp_error* err) {
     pp_schedule hdr;
@@ -3801,12 +3863,13 @@ pp_result pp_schedule_parse(const char* text, size_t len, pp_action* out, size_t
     if (!res) return _pp_fail(err, PP_ERR_NOMEM, "pp_schedule_parse: simulator result");
     rc = pp_simulate(&hdr, NULL, res, NULL, err);
     PP_FREE(res);
+    if (rc == PP_OK) rc = _pp_sched_order_check(&hdr, err);
     if (rc != PP_OK) {
         char tmp[sizeof err->msg];
         if (err) {
             memcpy(tmp, err->msg, sizeof tmp);
             tmp[sizeof tmp - 1] = 0;
-            _pp_fail(err, rc, "schedule table rejected (rank r is the line 'rN:'): %s", tmp);
+            _pp_fail(err, rc, "schedule table rejected (rank r is the line 'rN:'): %s", _pp_strip_code(tmp, rc));
         }
         return rc;
     }
@@ -3818,7 +3881,8 @@ void pp_schedule_write(FILE* f, const pp_schedule* s) {
     int r, i;
     if (!f || !s || !s->actions) return;
     fprintf(f, "# %s: %d stages, %d actions per rank\n", pp_schedule_name(s->kind), s->n_stages, s->per_rank);
-    fprintf(f, "schedule p=%d v=%d m=%d map=%s\n", s->p, s->v, s->m, s->map == PP_MAP_V ? "v" : "loop");
+    fprintf(f, "schedule p=%d v=%d m=%d map=%s%s\n", s->p, s->v, s->m, s->map == PP_MAP_V ? "v" : "loop",
+            s->any_order ? " order=any" : "");
     for (r = 0; r < s->p; r++) {
         const pp_action* a = pp_schedule_rank(s, r);
         fprintf(f, "r%d:", r);
@@ -5675,7 +5739,8 @@ void pp_stage_flight_print(FILE* out, const pp_stage* s) {
     PP_FREE(f);
 }
 
-/* >>impl-stage-finite: the optional NaN/Inf check (pp_stage_desc.check_finite). */
+/* >>impl-stage-finite: the NaN/Inf checks: every micro-batch's loss, on by default
+   (pp_stage_desc.allow_nonfinite_loss), and with check_finite every tensor a layer wrote. */
 static int _pp_nonfinite_at(const pp_tensor* t, int64_t* at) {
     int64_t i, n = t->rows * t->cols;
     if (!t->data) return 0;
@@ -5708,25 +5773,92 @@ static int _pp_nonfinite_at(const pp_tensor* t, int64_t* at) {
     }
 }
 
-/* F: this stage's outputs (or the loss on the last stage); B: the input gradients it sends. */
-static pp_result _pp_check_finite(pp_stage* s, const pp_action* a, const pp_tensor* ts, int n, const float* loss) {
+/* The first of n tensors with a NaN or Inf: its index (the element's in *at), or -1. */
+static int _pp_nonfinite_first(const pp_tensor* ts, int n, int64_t* at) {
     int k;
-    int64_t at = 0;
+    for (k = 0; k < n; k++)
+        if (_pp_nonfinite_at(&ts[k], at)) return k;
+    return -1;
+}
+
+/* what: "input", "output", ...; head says whose tensor it is and ends with ':'. */
+static pp_result _pp_nonfinite_fail(pp_stage* s, const pp_action* a, const char* head, const char* what, int k,
+                                    const pp_tensor* t, int64_t at) {
+    char act[48];
+    int64_t cols = t->cols ? t->cols : 1;
+    return _pp_stage_fail(s, PP_ERR_NONFINITE, "at %s: %s %s %d [%lld x %lld] %s, row %lld, col %lld, micro-batch %d",
+                          _pp_flight_act(act, sizeof act, a), head, what, k, (long long)t->rows, (long long)t->cols,
+                          pp_dtype_name(t->dtype), (long long)(at / cols), (long long)(at % cols), (int)a->mb);
+}
+
+/* The loss of the action's micro-batch (the last stage's F). scanned: check_finite found every
+   tensor of the stage finite, so the loss layer made the NaN/Inf itself. */
+static pp_result _pp_check_loss(pp_stage* s, const pp_action* a, const float* loss, int scanned) {
     char act[48];
     uint32_t u;
-    if (loss) {
-        memcpy(&u, loss, 4);
-        if ((u & 0x7f800000u) == 0x7f800000u)
-            return _pp_stage_fail(s, PP_ERR_NONFINITE, "at %s: the loss is %g", _pp_flight_act(act, sizeof act, a),
-                                  (double)*loss);
+#ifdef PP_TEST_NO_LOSS_CHECK /* negative control (tests/test_reliability.c): a NaN loss passes by default */
+    if (!scanned) return PP_OK;
+#endif
+    memcpy(&u, loss, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) return PP_OK;
+    if (scanned)
+        return _pp_stage_fail(s, PP_ERR_NONFINITE,
+                              "at %s: the loss of micro-batch %d is %g: layer %d (%s) made it from finite inputs",
+                              _pp_flight_act(act, sizeof act, a), (int)a->mb, (double)*loss, s->L - 1,
+                              _pp_layer_name(&s->d.model, s->L - 1));
+    return _pp_stage_fail(s, PP_ERR_NONFINITE,
+                          "at %s: the loss of micro-batch %d is %g (pp_stage_desc.check_finite = 1 names the layer that "
+                          "made it; allow_nonfinite_loss = 1 lets it pass)",
+                          _pp_flight_act(act, sizeof act, a), (int)a->mb, (double)*loss);
+}
+
+/* check_finite after F: the stage's input, then each layer's outputs in layer order (the first
+   layer that wrote a NaN/Inf is named, not the stage's last), then the loss on the last stage. */
+static pp_result _pp_check_finite_f(pp_stage* s, const pp_action* a, int la, int lb, const pp_tensor* act,
+                                    const int* nact) {
+    char head[160];
+    int64_t at = 0;
+    int l = la, k;
+    if ((k = _pp_nonfinite_first(act, nact[0], &at)) >= 0) {
+        if (a->stage == 0) snprintf(head, sizeof head, "the batch's input has a NaN or Inf:");
+        else snprintf(head, sizeof head, "the input from stage %d (layer %d's output) has a NaN or Inf:", a->stage - 1, l - 1);
+        return _pp_nonfinite_fail(s, a, head, "input", k, &act[k], at);
     }
-    for (k = 0; k < n; k++)
-        if (_pp_nonfinite_at(&ts[k], &at))
-            return _pp_stage_fail(s, PP_ERR_NONFINITE, "at %s: %s %d [%lld x %lld] %s has a NaN or Inf at row %lld, col %lld",
-                                  _pp_flight_act(act, sizeof act, a), a->op == PP_OP_F ? "output" : "input gradient", k,
-                                  (long long)ts[k].rows, (long long)ts[k].cols, pp_dtype_name(ts[k].dtype),
-                                  (long long)(at / (ts[k].cols ? ts[k].cols : 1)),
-                                  (long long)(at % (ts[k].cols ? ts[k].cols : 1)));
+#ifdef PP_TEST_NO_LAYER_SCAN /* negative control (tests/test_reliability.c): only the stage's output */
+    l = lb - 1;
+#endif
+    for (; l < lb; l++) {
+        const pp_tensor* out = &act[(l + 1 - la) * PP_MAX_TENSORS];
+        if ((k = _pp_nonfinite_first(out, nact[l + 1 - la], &at)) >= 0) {
+            snprintf(head, sizeof head, "layer %d (%s) forward wrote a NaN or Inf:", l, _pp_layer_name(&s->d.model, l));
+            return _pp_nonfinite_fail(s, a, head, "output", k, &out[k], at);
+        }
+    }
+    return a->stage == s->S - 1 ? _pp_check_loss(s, a, &s->mb_loss[a->mb], 1) : PP_OK;
+}
+
+/* check_finite after B: the output gradient it received, then each layer's input gradients from
+   the last layer down (the order backward wrote them). */
+static pp_result _pp_check_finite_b(pp_stage* s, const pp_action* a, int la, int lb, const pp_tensor* dact,
+                                    const int* nact) {
+    char head[160];
+    int64_t at = 0;
+    int l = lb - 1, k;
+    const pp_tensor* d = &dact[(lb - la) * PP_MAX_TENSORS];
+    if ((k = _pp_nonfinite_first(d, nact[lb - la], &at)) >= 0) {
+        snprintf(head, sizeof head, "the output gradient from stage %d has a NaN or Inf:", a->stage + 1);
+        return _pp_nonfinite_fail(s, a, head, "output gradient", k, &d[k], at);
+    }
+#ifdef PP_TEST_NO_LAYER_SCAN /* only the input gradient the stage sends */
+    l = la;
+#endif
+    for (; l >= la; l--) {
+        d = &dact[(l - la) * PP_MAX_TENSORS];
+        if ((k = _pp_nonfinite_first(d, nact[l - la], &at)) >= 0) {
+            snprintf(head, sizeof head, "layer %d (%s) backward wrote a NaN or Inf:", l, _pp_layer_name(&s->d.model, l));
+            return _pp_nonfinite_fail(s, a, head, "input gradient", k, &d[k], at);
+        }
+    }
     return PP_OK;
 }
 
@@ -7136,8 +7268,9 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
                                vw.bsaved, c->bsb, &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
         else if (s->d.check_finite)
-            rc = _pp_check_finite(s, a, &vw.act[(c->lb - c->la) * PP_MAX_TENSORS], vw.nact[c->lb - c->la],
-                                  a->stage == s->S - 1 ? &s->mb_loss[a->mb] : NULL);
+            rc = _pp_check_finite_f(s, a, c->la, c->lb, vw.act, vw.nact);
+        else if (a->stage == s->S - 1 && !s->d.allow_nonfinite_loss)
+            rc = _pp_check_loss(s, a, &s->mb_loss[a->mb], 0);
         if (rc != PP_OK && !_pp_drain(s, rc)) return rc;
     }
     _pp_mark(s, c, 1);
@@ -7174,8 +7307,8 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
             rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
                                 vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
-        else if (s->d.check_finite && a->stage > 0)
-            rc = _pp_check_finite(s, a, vw.dact, vw.nact[0], NULL);
+        else if (s->d.check_finite)
+            rc = _pp_check_finite_b(s, a, c->la, c->lb, vw.dact, vw.nact);
         if (rc != PP_OK && _pp_drain(s, rc)) rc = PP_OK;
     }
     if (rc == PP_OK) {
@@ -7287,8 +7420,16 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
                         d->timeout_s, (double)PP_DEFAULT_TIMEOUT_S);
     if (d->check_finite != 0 && d->check_finite != 1)
         return _pp_fail(err, PP_ERR_INVALID, "check_finite = %d (0 or 1)", d->check_finite);
+    if (d->allow_nonfinite_loss != 0 && d->allow_nonfinite_loss != 1)
+        return _pp_fail(err, PP_ERR_INVALID, "allow_nonfinite_loss = %d (0 or 1)", d->allow_nonfinite_loss);
+    if (d->check_finite && d->allow_nonfinite_loss)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "check_finite = 1 checks the loss too, allow_nonfinite_loss = 1 lets it pass: set one of them");
     if (!d->schedule || !d->schedule->actions)
         return _pp_fail(err, PP_ERR_INVALID, "schedule is NULL (make one with pp_schedule_make)");
+    if (d->schedule->any_order != 0 && d->schedule->any_order != 1)
+        return _pp_fail(err, PP_ERR_INVALID, "schedule's any_order = %d (0 or 1; zero the struct before filling it by hand)",
+                        d->schedule->any_order);
     if (d->rank < 0 || d->rank >= d->schedule->p)
         return _pp_fail(err, PP_ERR_INVALID, "rank %d is outside the schedule's %d ranks", d->rank, d->schedule->p);
     if ((rc = pp_partition_check(d->partition, d->model.n_layers, d->schedule->n_stages, err)) != PP_OK) return rc;
@@ -7317,6 +7458,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     if (!sim) return _pp_fail(err, PP_ERR_NOMEM, "simulator result");
     memset(&cost, 0, sizeof cost);
     rc = pp_simulate(d->schedule, &cost, sim, NULL, err);
+    if (rc == PP_OK) rc = _pp_sched_order_check(d->schedule, err);
     if (rc == PP_OK && d->schedule->p > 1 && d->transport.check_schedule)
         rc = d->transport.check_schedule(d->transport.self, d->schedule, err);
     if (rc != PP_OK) {

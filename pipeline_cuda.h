@@ -71,7 +71,11 @@
    - The transport has no allreduce_sum (NULL): tied layers in one process are summed by the
      caller after the step (examples/gpt_cuda.cu does).
    - The loss layer's io->loss is a host float: a GPU loss layer should write its micro-batch
-     loss to device memory and let the caller read it after pp_cuda_step_end.
+     loss to device memory and let the caller read it after pp_cuda_step_end. The default NaN/Inf
+     loss check (pp_stage_desc.allow_nonfinite_loss) reads io->loss when the loss layer returns:
+     it catches a loss the layer hands over on the host, not one left on the device (io->loss
+     stays 0); check that one after pp_cuda_step_end. check_finite (every tensor) reads blocks
+     on the host and is refused with device blocks.
    - Events of different GPUs are aligned through per-rank origin events recorded at
      pp_cuda_step_begin on idle streams: the timeline is exact within a GPU, within a few
      microseconds across GPUs.

@@ -27,7 +27,7 @@ static mlp_model W, GREF;
 static float *WBUF, *GREFBUF;
 static size_t NPAR;
 static int g_user; /* the template's layer_ctx: every layer must see its address as lc->user */
-static volatile int g_bad_ctx, g_fail_layer = -1;
+static volatile int g_bad_ctx, g_fail_layer = -1, g_nan_loss_mb = -1;
 
 /* ---- the MLP's layers, enqueued on the rank's stream ---------------------------------------- */
 /* Each layer is an imitation kernel (tests/fakecuda/layer_kernels.h): it runs on the rank's
@@ -42,6 +42,8 @@ static int enqueue(const void* w, void* g, int l, int bwd, pp_layer_io* io) {
         return 1;
     }
     if (!bwd && l == g_fail_layer && io->mb->index == 1) return 42;
+    /* a loss layer that hands its loss over on the host (it would read it from the device) */
+    if (!bwd && io->n_out == 0 && io->mb->index == g_nan_loss_mb) io->loss = NAN;
     return bwd ? lk_bwd(w, g, l, io) : lk_fwd(w, l, io);
 }
 static int a_fwd(const void* w, int l, pp_layer_io* io) { return enqueue(w, NULL, l, 0, io); }
@@ -182,6 +184,51 @@ static void test_failure(void) {
         CHECK(pl && pp_pipeline_step(pl, &b, NULL) == PP_OK && grads_equal(4), "a new pipeline after a failure: %s",
               pp_pipeline_error(pl));
     }
+    pp_pipeline_destroy(pl);
+}
+
+/* The default loss check on CUDA stages: a NaN the loss layer hands over in io->loss fails the
+   step on every rank, naming the micro-batch; the next step is exact; allow_nonfinite_loss lets
+   it pass. Negative control: build/errors-controls (-DPP_TEST_NO_LOSS_CHECK). */
+static void test_nan_loss(void) {
+    pp_pipeline_desc d = desc(PP_SCHED_ZB_V, 2);
+    pp_pipeline* pl = NULL;
+    pp_error err;
+    pp_batch b = batch();
+    pp_step_stats st;
+    int r;
+    d.rank_grads = GPTR;
+    grads_zero();
+    CHECK(pp_cuda_pipeline_create(&d, NULL, &pl, &err) == PP_OK, "%s", err.msg);
+    if (!pl) return;
+    g_nan_loss_mb = 4;
+    CHECK(pp_pipeline_step(pl, &b, NULL) == PP_ERR_NONFINITE && strstr(pp_pipeline_error(pl), "the loss of micro-batch 4 is nan"),
+          "cuda, NaN loss: %s", pp_pipeline_error(pl));
+    for (r = 0; r < 2; r++) {
+        pp_result rr = pp_pipeline_rank_result(pl, r, NULL);
+        CHECK(rr == PP_ERR_NONFINITE || rr == PP_ERR_ABORTED, "rank %d: %s", r, pp_result_str(rr));
+    }
+    g_nan_loss_mb = -1;
+    grads_zero();
+    {
+        pp_model model = mlp_model_desc();
+        float loss;
+        memset(GREFBUF, 0, NPAR * sizeof(float));
+        b.m = 6;
+        CHECK(pp_sequential_step(&model, &W, &GREF, &b, &loss, &err) == PP_OK, "%s", err.msg);
+        b.m = 0;
+    }
+    if (pp_cuda_transport(pp_cuda_pipeline_world(pl), 0).cancel)
+        CHECK(pp_pipeline_step(pl, &b, NULL) == PP_OK && grads_equal(2), "the step after a NaN loss: %s", pp_pipeline_error(pl));
+    pp_pipeline_destroy(pl);
+    pl = NULL;
+    d.stage.allow_nonfinite_loss = 1;
+    CHECK(pp_cuda_pipeline_create(&d, NULL, &pl, &err) == PP_OK, "%s", err.msg);
+    if (!pl) return;
+    g_nan_loss_mb = 4;
+    CHECK(pp_pipeline_step(pl, &b, &st) == PP_OK && st.has_loss && st.loss != st.loss, "allowed: %s (loss %g)",
+          pp_pipeline_error(pl), (double)st.loss);
+    g_nan_loss_mb = -1;
     pp_pipeline_destroy(pl);
 }
 
@@ -352,17 +399,19 @@ int main(int argc, char** argv) {
         GPTR[r] = &G[r];
     }
     /* "varlen" or "early" alone: what the negative controls run */
-    all = argc < 2 || (strcmp(argv[1], "varlen") && strcmp(argv[1], "early"));
+    all = argc < 2 || (strcmp(argv[1], "varlen") && strcmp(argv[1], "early") && strcmp(argv[1], "nan"));
     if (all) {
         test_equal();
         test_failure();
         test_refused();
     }
+    if (all || !strcmp(argv[1], "nan")) test_nan_loss();
     if (all || !strcmp(argv[1], "varlen")) test_varlen_pool();
     if (all || !strcmp(argv[1], "early")) test_early_copies_rare();
     for (r = 0; r < 4; r++) free(GBUF[r]);
     free(WBUF);
     free(GREFBUF);
     if (all) return TEST_DONE("cuda-pipeline");
+    if (!strcmp(argv[1], "nan")) return TEST_DONE("cuda-pipeline nan");
     return !strcmp(argv[1], "varlen") ? TEST_DONE("cuda-pipeline varlen") : TEST_DONE("cuda-pipeline early");
 }

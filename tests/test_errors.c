@@ -259,6 +259,8 @@ static void test_validation_audit(void) {
     EXPECT_DESC_INVALID(f, d.timeout_s = 1e300, "timeout beyond time_t");
     EXPECT_DESC_INVALID(f, d.weights = NULL, "NULL weights");
     EXPECT_DESC_INVALID(f, d.check_finite = 2, "check_finite out of range");
+    EXPECT_DESC_INVALID(f, d.allow_nonfinite_loss = -1, "allow_nonfinite_loss out of range");
+    EXPECT_DESC_INVALID(f, (d.check_finite = 1, d.allow_nonfinite_loss = 1), "check_finite with allow_nonfinite_loss");
     EXPECT_DESC_INVALID(f, d.shapes = (pp_shape_policy)9, "unknown shape policy");
     EXPECT_DESC_INVALID(f, d.max_seqs = -3, "negative max_seqs");
     CHECK(st == NULL, "no stage on error");

@@ -1095,7 +1095,8 @@ static void test_queues(const pp_schedule* sc) {
 }
 
 static void test_rendezvous(void) {
-    static const char* crafted = "schedule p=4 v=1 m=4 map=loop\n"
+    /* its backwards out of micro-batch order (the cycle needs them so): order=any */
+    static const char* crafted = "schedule p=4 v=1 m=4 map=loop order=any\n"
                                  "r0: F0 F3 F1 F2 B0 B3 B1 B2\n"
                                  "r1: F0 F3 F1 F2 B0 B3 B1 B2\n"
                                  "r2: F0 F3 B0 B3 F1 F2 B1 B2\n"

@@ -34,20 +34,31 @@ static void sleep_s(double s) {
 static int g_stall_layer = -1, g_stall_mb = -1;
 static double g_stall_s = 0;
 static int g_fail_layer = -1, g_fail_mb = -1;
-static int g_nan_layer = -1, g_nan_mb = -1;
+static int g_nan_layer = -1, g_nan_mb = -1;     /* forward: a NaN at row 1, col 1 of its output, or its loss */
+static int g_nan_b_layer = -1, g_nan_b_mb = -1; /* backward: a NaN at row 1, col 1 of its input gradient */
+static int g_allow_nan_loss;                    /* world_init: pp_stage_desc.allow_nonfinite_loss per rank (bits) */
 
 static int hooked_forward(const void* w, int l, pp_layer_io* io) {
     int rc;
     if (l == g_stall_layer && io->mb->index == g_stall_mb) sleep_s(g_stall_s);
     if (l == g_fail_layer && io->mb->index == g_fail_mb) return 7;
     rc = mlp_forward(w, l, io);
-    if (rc == 0 && l == g_nan_layer && io->mb->index == g_nan_mb && io->n_out > 0)
-        ((float*)io->out[0].data)[io->out[0].cols + 1] = NAN; /* row 1, col 1 */
+    if (rc == 0 && l == g_nan_layer && io->mb->index == g_nan_mb) {
+        if (io->n_out > 0) ((float*)io->out[0].data)[io->out[0].cols + 1] = NAN; /* row 1, col 1 */
+        else io->loss = NAN;
+    }
+    return rc;
+}
+
+static int hooked_backward(const void* w, void* g, int l, pp_layer_io* io) {
+    int rc = mlp_backward(w, g, l, io);
+    if (rc == 0 && l == g_nan_b_layer && io->mb->index == g_nan_b_mb && io->d_in[0].data)
+        ((float*)io->d_in[0].data)[io->d_in[0].cols + 1] = NAN;
     return rc;
 }
 
 static void hooks_off(void) {
-    g_stall_layer = g_stall_mb = g_fail_layer = g_fail_mb = g_nan_layer = g_nan_mb = -1;
+    g_stall_layer = g_stall_mb = g_fail_layer = g_fail_mb = g_nan_layer = g_nan_mb = g_nan_b_layer = g_nan_b_mb = -1;
     g_stall_s = 0;
 }
 
@@ -94,6 +105,7 @@ static void world_init(world* W, int p, int m, double timeout_s, int flight, int
         memset(&d, 0, sizeof d);
         d.model = mlp_model_desc();
         d.model.forward = hooked_forward;
+        d.model.backward = hooked_backward;
         d.weights = &W->w;
         d.grads = &W->g[r];
         d.schedule = &W->sched;
@@ -104,6 +116,7 @@ static void world_init(world* W, int p, int m, double timeout_s, int flight, int
         if (flight == 2) d.transport.flight_note = note_and_signal;
         d.timeout_s = timeout_s;
         d.check_finite = (check_finite >> r) & 1;
+        d.allow_nonfinite_loss = (g_allow_nan_loss >> r) & 1;
         CHECK(pp_stage_create(&d, &W->S.st[r], &err) == PP_OK, "%s", err.msg);
     }
 }
@@ -244,6 +257,7 @@ static void test_no_stale(int cancel) {
             memset(&d, 0, sizeof d);
             d.model = mlp_model_desc();
             d.model.forward = hooked_forward;
+        d.model.backward = hooked_backward;
             d.weights = &W.w;
             d.grads = &W.g[r];
             d.schedule = &W.sched;
@@ -291,9 +305,15 @@ static void test_no_stale(int cancel) {
     world_free(&W);
 }
 
-/* --- NaN/Inf check ----------------------------------------------------------------------------- */
+/* --- NaN/Inf checks ---------------------------------------------------------------------------- */
+/* A NaN loss fails the step by default, on every rank, naming the micro-batch; allow_nonfinite_loss
+   lets it pass. check_finite names the layer that first wrote a NaN (forward or backward), not
+   the stage's output. Negative controls: build/errors-controls (-DPP_TEST_NO_LOSS_CHECK: the
+   default loss check off; -DPP_TEST_NO_LAYER_SCAN: only the stage's output and the input
+   gradient it sends are scanned). */
 static void test_nonfinite(void) {
     world W;
+    float loss;
     /* rank 0 checks; its last layer writes a NaN on micro-batch 2 */
     world_init(&W, 2, 4, 5, 1, 1);
     hooks_off();
@@ -301,29 +321,81 @@ static void test_nonfinite(void) {
     g_nan_mb = 2;
     world_step(&W);
     CHECK(W.S.rc[0] == PP_ERR_NONFINITE, "checking rank: %s (%s)", pp_result_str(W.S.rc[0]), W.S.msg[0]);
-    CHECK(strstr(W.S.msg[0], "F2.0 (stage 0)") && strstr(W.S.msg[0], "row 1, col 1"), "names action and place: %s",
-          W.S.msg[0]);
+    CHECK(strstr(W.S.msg[0], "F2.0 (stage 0)") && strstr(W.S.msg[0], "row 1, col 1") && strstr(W.S.msg[0], "micro-batch 2"),
+          "names action and place: %s", W.S.msg[0]);
     CHECK(W.S.rc[1] == PP_ERR_ABORTED, "other rank: %s (%s)", pp_result_str(W.S.rc[1]), W.S.msg[1]);
     hooks_off();
     pp_threads_reset(W.threads);
     world_step_clean(&W, "the step after a NaN step");
+
+    /* the NaN comes from layer 1, inside the stage: the message names layer 1, not the stage's
+       output (layers 2 .. 5 carried the NaN on) */
+    g_nan_layer = 1;
+    g_nan_mb = 0;
+    world_step(&W);
+    CHECK(W.S.rc[0] == PP_ERR_NONFINITE && strstr(W.S.msg[0], "layer 1 (dense) forward wrote a NaN or Inf: output 0 [6 x 6] f32, "
+                                                              "row 1, col 1, micro-batch 0"),
+          "the layer that made it: %s", W.S.msg[0]);
+    hooks_off();
+    pp_threads_reset(W.threads);
+    world_step_clean(&W, "the step after a NaN step");
+
+    /* backward: layer 2's input gradient (layers 1 and 0 carry it to the stage's input) */
+    g_nan_b_layer = 2;
+    g_nan_b_mb = 3;
+    world_step(&W);
+    CHECK(W.S.rc[0] == PP_ERR_NONFINITE && strstr(W.S.msg[0], "B3.0 (stage 0)") &&
+              strstr(W.S.msg[0], "layer 2 (dense) backward wrote a NaN or Inf: input gradient 0 [6 x 6] f32, row 1, col 1"),
+          "backward: the layer that made it: %s", W.S.msg[0]);
+    hooks_off();
+    pp_threads_reset(W.threads);
     world_free(&W);
 
-    /* rank 1 checks (the loss): the NaN from rank 0 reaches it */
+    /* rank 1 checks everything: the NaN from rank 0 reaches it in its input */
     world_init(&W, 2, 4, 5, 1, 2);
     g_nan_layer = 0;
     g_nan_mb = 3;
     world_step(&W);
-    CHECK(W.S.rc[1] == PP_ERR_NONFINITE && strstr(W.S.msg[1], "F3.0"), "last stage: %s", W.S.msg[1]);
+    CHECK(W.S.rc[1] == PP_ERR_NONFINITE && strstr(W.S.msg[1], "F3.0") && strstr(W.S.msg[1], "the input from stage 0"),
+          "last stage: %s", W.S.msg[1]);
     CHECK(W.S.rc[0] == PP_ERR_ABORTED, "first stage told: %s", W.S.msg[0]);
+    hooks_off();
+    pp_threads_reset(W.threads);
+    /* the loss layer itself makes the NaN from finite logits */
+    g_nan_layer = MLP_DEPTH;
+    g_nan_mb = 1;
+    world_step(&W);
+    CHECK(W.S.rc[1] == PP_ERR_NONFINITE && strstr(W.S.msg[1], "the loss of micro-batch 1 is nan: layer 11 (xent) made it"),
+          "the loss layer: %s", W.S.msg[1]);
+    hooks_off();
     world_free(&W);
 
-    /* negative control: nobody checks, the step "succeeds" with a NaN loss */
+    /* by default (no check_finite) the loss is checked: every rank fails, naming the micro-batch */
     world_init(&W, 2, 4, 5, 1, 0);
     g_nan_layer = 0;
     g_nan_mb = 3;
     world_step(&W);
-    CHECK(W.S.rc[0] == PP_OK && W.S.rc[1] == PP_OK, "unchecked: the step runs (%s / %s)", W.S.msg[0], W.S.msg[1]);
+    CHECK(W.S.rc[1] == PP_ERR_NONFINITE && strstr(W.S.msg[1], "F3.0 (stage 1): the loss of micro-batch 3 is nan") &&
+              strstr(W.S.msg[1], "allow_nonfinite_loss"),
+          "default loss check, last stage: %s: %s", pp_result_str(W.S.rc[1]), W.S.msg[1]);
+    CHECK(W.S.rc[0] == PP_ERR_ABORTED && strstr(W.S.msg[0], "the loss of micro-batch 3"), "default loss check, rank 0: %s: %s",
+          pp_result_str(W.S.rc[0]), W.S.msg[0]);
+    hooks_off();
+    pp_threads_reset(W.threads);
+    world_step_clean(&W, "the step after a NaN loss");
+    world_free(&W);
+
+    /* allow_nonfinite_loss: the step runs and its loss is NaN */
+    g_allow_nan_loss = 3;
+    world_init(&W, 2, 4, 5, 1, 0);
+    g_allow_nan_loss = 0;
+    g_nan_layer = 0;
+    g_nan_mb = 3;
+    W.S.keep_stats = 1;
+    world_step(&W);
+    loss = W.S.stats[1].loss;
+    CHECK(W.S.rc[0] == PP_OK && W.S.rc[1] == PP_OK && W.S.stats[1].has_loss && loss != loss,
+          "allowed: the step runs with a NaN loss (%s / %s, loss %g)", W.S.msg[0], W.S.msg[1], (double)loss);
     hooks_off();
     world_free(&W);
 }
@@ -546,7 +618,11 @@ static void test_flight_print_interrupted(void) {
     world_free(&W);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
+    if (argc > 1 && !strcmp(argv[1], "nonfinite")) { /* what the negative controls run */
+        test_nonfinite();
+        return TEST_DONE("reliability nonfinite");
+    }
     test_timeout_flight(1);
     test_timeout_flight(0);
     test_no_stale(1);

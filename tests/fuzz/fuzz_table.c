@@ -1,7 +1,7 @@
 /* tests/fuzz/fuzz_table.c - libFuzzer target: the schedule-table parser (pp_schedule_parse) on
    arbitrary text. Any input: an error with a message, or a table the simulator proves
    (pp_simulate says OK) that pp_schedule_write prints back into text that parses to the same
-   actions. The size protocol holds: out NULL answers PP_ERR_SIZE with the count, then a buffer
+   actions (and order=any). The size protocol holds: out NULL answers PP_ERR_SIZE with the count, then a buffer
    of exactly that many actions is enough. */
 #define PIPELINE_IMPLEMENTATION
 #include "../../pipeline.h"
@@ -48,7 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (n >= sizeof text - 1) return 0;
     rc = pp_schedule_parse(text, n, again, MAX_ACTS, &need2, &s2, &err);
     FZ_CHECK(rc == PP_OK, "written table does not parse back: %s\n%.*s", err.msg, (int)n, text);
-    FZ_CHECK(s2.p == s.p && s2.v == s.v && s2.m == s.m && s2.per_rank == s.per_rank &&
+    FZ_CHECK(s2.p == s.p && s2.v == s.v && s2.m == s.m && s2.per_rank == s.per_rank && s2.any_order == s.any_order &&
                  memcmp(again, acts, need * sizeof *acts) == 0,
              "round trip changed the table");
     return 0;
