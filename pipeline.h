@@ -1113,7 +1113,9 @@ typedef struct pp_step_stats {
 
 pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err);
 void pp_stage_destroy(pp_stage* st);
-/* Run one training step (forward and backward of all micro-batches); grads accumulate. */
+/* Run one training step (forward and backward of all micro-batches); grads accumulate. One
+   step at a time per stage: a call from another thread while a step runs returns
+   PP_ERR_INVALID at once and touches nothing (not even pp_stage_error). */
 pp_result pp_stage_step(pp_stage* st, const pp_batch* b, pp_step_stats* stats);
 const char* pp_stage_error(const pp_stage* st);
 /* Events of the last step when record_timeline is set (times in seconds from step start). */
@@ -5573,6 +5575,8 @@ struct pp_stage {
     /* the step's identity from rank 0 (_pp_go): magic, step, generation; rank 0's sends of it */
     int64_t go[3];
     int go_sent;
+    pthread_mutex_t step_mu;        /* held by the step under way: a second caller is refused */
+    int step_mu_ok;
 };
 
 /* A stage's message: "<code>: rank R[ at F0.0 (stage 2)] <what>", one prefix each. `text` may
@@ -7471,6 +7475,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
         return _pp_fail(err, PP_ERR_NOMEM, "stage");
     }
     PP_FREE(sim);
+    s->step_mu_ok = pthread_mutex_init(&s->step_mu, NULL) == 0;
     s->d = *d;
     if (s->d.timeout_s <= 0) s->d.timeout_s = PP_DEFAULT_TIMEOUT_S;
     s->p = d->schedule->p;
@@ -7520,6 +7525,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
 void pp_stage_destroy(pp_stage* s) {
     int i;
     if (!s) return;
+    if (s->step_mu_ok) pthread_mutex_destroy(&s->step_mu);
     for (i = 0; i < 2; i++) _pp_block_free(s, s->prep[i].blk);
     if (s->live)
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->live[i]);
@@ -7799,7 +7805,7 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
    waiting for this one and return PP_ERR_ABORTED instead of running into their deadlines. Then
    every rank takes part in the agreement (>>impl-stage-agree), so a step is PP_OK on every rank
    or on none; a failed step moves every rank to the next generation of tags. */
-pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
+static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     pp_result rc, own;
     int i, n_done;
     if (!s) return PP_ERR_INVALID;
@@ -7836,6 +7842,22 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     }
     s->batch = NULL;
     if (stats) *stats = s->st;
+    return rc;
+}
+
+pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
+    pp_result rc;
+    if (!s) return PP_ERR_INVALID;
+#ifndef PP_TEST_NO_STEP_GUARD /* negative control (build/errors-controls): two steps at once */
+    if (!s->step_mu_ok || pthread_mutex_trylock(&s->step_mu) != 0) {
+        if (stats) memset(stats, 0, sizeof *stats);
+        return PP_ERR_INVALID;
+    }
+#endif
+    rc = _pp_stage_step(s, b, stats);
+#ifndef PP_TEST_NO_STEP_GUARD
+    pthread_mutex_unlock(&s->step_mu);
+#endif
     return rc;
 }
 

@@ -370,7 +370,8 @@ static void test_bad_desc(void) {
 }
 
 /* Two threads step one pipeline: the second call, made while the first step runs (its first
-   forward held 0.3 s), returns PP_ERR_INVALID at once; the first step is bit-exact; no abort.
+   forward held 0.3 s), returns PP_ERR_INVALID at once, and so does pp_stage_step on one of its
+   stages; the first step is bit-exact; no abort.
    Negative control: build/errors-controls (-DPP_TEST_NO_STEP_GUARD: the second step runs into
    the first, and an internal assertion aborts the process). */
 static volatile int g_hold_ms;
@@ -404,8 +405,8 @@ static void test_concurrent_step(void) {
     step_arg a;
     pthread_t th;
     float lref = reference(4, 1);
-    double t0;
-    pp_result rc2;
+    double t0, t1;
+    pp_result rc2, rc3;
     grads G;
     grads_make(&G, 2);
     d.model.forward = held_forward;
@@ -420,9 +421,14 @@ static void test_concurrent_step(void) {
     t0 = _pp_now();
     rc2 = pp_pipeline_step(pl, &a.b, &st);
     t0 = _pp_now() - t0;
+    t1 = _pp_now();
+    rc3 = pp_stage_step(pl->st[1], &a.b, &st); /* the per-rank API, on a stage whose step runs */
+    t1 = _pp_now() - t1;
     pthread_join(th, NULL);
     g_hold_ms = 0;
     CHECK(rc2 == PP_ERR_INVALID && t0 < 0.1, "a second step while one runs: %s after %.3f s", pp_result_str(rc2), t0);
+    CHECK(rc3 == PP_ERR_INVALID && t1 < 0.1, "pp_stage_step on a stage whose step runs: %s after %.3f s", pp_result_str(rc3),
+          t1);
     CHECK(a.rc == PP_OK && memcmp(&a.loss, &lref, sizeof lref) == 0 && grads_equal(&G), "the running step: %s, loss %g (%g)",
           pp_result_str(a.rc), a.loss, lref);
     pp_pipeline_destroy(pl);
