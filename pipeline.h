@@ -6357,7 +6357,9 @@ static int _pp_same_shapes(const _pp_bnd* x, const pp_tensor* ts, int n) {
      it sent to and received from each rank; rank 0 answers everyone with one verdict. A failure
      anywhere, ranks at different steps, or a message sent and never received (the two sides of a
      boundary disagree) make every rank's step fail: no rank returns PP_OK for a step another
-     rank failed. Costs 2 (p - 1) small messages per step (pp_step_stats.agree_msgs, t_agree). */
+     rank failed. Costs 2 (p - 1) small messages per step (pp_step_stats.agree_msgs, t_agree).
+   - The step's identity (_pp_go): at step start rank 0 sends every rank its counts of steps and
+     failed steps, which they take: the ranks resynchronise at every step (p - 1 messages). */
 #define _PP_FP_MAGIC 0x50504650 /* "PPFP" */
 #define _PP_AG_MAGIC 0x50504147 /* "PPAG" */
 #define _PP_FP_WORDS 5          /* per record: n, dtypes, rows and cols of tensor 0, hash of all */
