@@ -24,7 +24,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c check-abi old-names api-doc sections lint fuzz soak valgrind clean \
+.PHONY: all test quick run run-gpt bench bench-validate bench-peers check-cuda check-cxx check-c check-abi old-names api-doc sections lint fuzz soak valgrind clean \
         cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
@@ -45,6 +45,13 @@ $(B)/pp-sched: tools/pp_sched.c $(HEADERS) | $(B)
 
 $(B)/bench_%: bench/bench_%.c tests/harness.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# The validation layer's cost: bench_overhead with it and without it (-DPP_NO_VALIDATE), side
+# by side (bench/validate_cost.sh prints each figure's medians and their ratio).
+$(B)/bench_overhead-novalidate: bench/bench_overhead.c tests/harness.h $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_NO_VALIDATE $(CFLAGS) $< -o $@ $(LDLIBS)
+bench-validate: $(B)/bench_overhead $(B)/bench_overhead-novalidate
+	sh bench/validate_cost.sh 5 --steps 5 --hidden 64 --rows 256
 
 # Tests: gcc build, clang build, ASan+UBSan, TSan (threaded), and every header as C++.
 $(B)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
