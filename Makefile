@@ -15,7 +15,7 @@ TEST_HDRS = tests/test.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
-           test_nccl_grid test_agree
+           test_nccl_grid test_agree test_validate
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
@@ -24,7 +24,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test quick run run-gpt bench bench-peers check-cuda check-cxx check-c check-abi old-names api-doc sections lint fuzz soak valgrind clean \
+.PHONY: all test quick run run-gpt bench bench-validate bench-peers check-cuda check-cxx check-c check-abi old-names api-doc sections lint fuzz soak valgrind clean \
         cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
@@ -45,6 +45,13 @@ $(B)/pp-sched: tools/pp_sched.c $(HEADERS) | $(B)
 
 $(B)/bench_%: bench/bench_%.c tests/harness.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# The validation layer's cost: bench_overhead with it and without it (-DPP_NO_VALIDATE), side
+# by side (bench/validate_cost.sh prints each figure's medians and their ratio).
+$(B)/bench_overhead-novalidate: bench/bench_overhead.c tests/harness.h $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_NO_VALIDATE $(CFLAGS) $< -o $@ $(LDLIBS)
+bench-validate: $(B)/bench_overhead $(B)/bench_overhead-novalidate
+	sh bench/validate_cost.sh 5 --steps 5 --hidden 64 --rows 256
 
 # Tests: gcc build, clang build, ASan+UBSan, TSan (threaded), and every header as C++.
 $(B)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
@@ -122,7 +129,16 @@ $(B)/deep-test_nccl_pipeline: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(H
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_DEEP $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/nccl-p8: $(B)/deep-test_nccl_pipeline
 	@printf '#!/bin/sh\nexec $(B)/deep-test_nccl_pipeline p8\n' > $@ && chmod +x $@
-TEST_BINS_EXTRA = $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls
+# The validation layer's negative control (tests/test_validate.c): without the guards
+# (-DPP_NO_VALIDATE) the layers' writes past their buffers go unnamed: the steps return PP_OK or
+# the process crashes, and the test must fail.
+$(B)/validate-ctl-novalidate: tests/test_validate.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_NO_VALIDATE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
+	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
+	chmod +x $@
+TEST_BINS_EXTRA = $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
+                  $(B)/validate-controls
 
 # Negative controls of tests/test_agree.c: without the tags' generation, or without the step
 # agreement (each without the plan check, which would hide them), it must fail.

@@ -106,8 +106,9 @@
        PP_DEFAULT_TIMEOUT_S         deadline of every wait when the desc says 0 (default 300)
        PP_FLIGHT_LEN                entries in each rank's flight record (default 32)
        PP_THREADS_SPIN_US           threads transport: how long a wait spins before sleeping (50)
-       PP_NO_VALIDATE               leave out the executor's debug checks of its own ordering
-                                    (also left out under NDEBUG)
+       PP_NO_VALIDATE               leave out the validation layer (guards after the buffers a layer
+                                    writes, see ERRORS) and the executor's debug checks of its own
+                                    ordering (both also left out under NDEBUG)
 
    MEMORY
    Schedule generation writes into the caller's array (pp_schedule_size tells how large). The
@@ -115,12 +116,21 @@
    allocates at create time and keeps a pool of stash blocks that grows to the schedule's peak
    live activations and is reused, so the steady state does not allocate. pp_stage_desc.device
    (pp_device_ops) moves the pool elsewhere, e.g. GPU memory (pipeline_cuda.h); NULL is host.
+   The validation layer adds 64 to 127 bytes after each buffer in a host block (none on a device).
 
    ERRORS
    Every function that can fail returns pp_result (PP_OK == 0). Pure functions take an optional
    pp_error* that receives a message; a stage keeps its last message (pp_stage_error). Bad input
    never crashes, hangs or corrupts; every wait has a deadline and names who waited for whom.
    Library code never calls exit() or abort().
+   The validation layer (on unless NDEBUG or PP_NO_VALIDATE; >>impl-validate): every buffer a layer
+   call may write in host memory - outputs, saved, b_saved, input gradients - has a guard after
+   its declared end, filled before each forward, backward and weight_grad call and read after it.
+   A layer that wrote past what its describe declared fails the call with PP_ERR_LAYER: "layer 4
+   (dense) backward (B) on micro-batch 1 wrote 64 bytes past its input gradient d_in[0] [6 x 9
+   f32, 216 bytes] as describe declared it" (pp_sequential_step and pp_profile_layers check too).
+   Under AddressSanitizer the guards are poisoned during the call: the sanitizer stops at the
+   writing line. Blocks in device memory (pp_stage_desc.device) have no guards.
    A step that fails on one rank (layer error, timeout, rejected batch, a NaN/Inf loss, and with
    pp_stage_desc.check_finite a NaN/Inf anywhere: PP_ERR_NONFINITE) aborts it on every rank: the
    others return PP_ERR_ABORTED. The loss check is on by default (allow_nonfinite_loss = 1 turns
@@ -143,10 +153,10 @@
    declarations: >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace
                  >>flight >>transport >>threads >>batch >>stage >>pipeline >>grid >>deprecated
    definitions:  >>impl >>impl-result >>impl-tensor >>impl-model >>impl-partition >>impl-batch
-                 >>impl-profile (pp_profile_layers) >>impl-schedule >>impl-sim >>impl-trace
-                 >>impl-flight >>impl-threads >>impl-grid >>impl-stage >>impl-stage-flight
-                 >>impl-stage-finite >>impl-stage-map >>impl-stage-agree >>impl-stage-exec
-                 >>impl-pipeline
+                 >>impl-validate (the guards) >>impl-profile (pp_profile_layers) >>impl-schedule
+                 >>impl-sim >>impl-trace >>impl-flight >>impl-threads >>impl-grid >>impl-stage
+                 >>impl-stage-flight >>impl-stage-finite >>impl-stage-map >>impl-stage-agree
+                 >>impl-stage-exec >>impl-pipeline
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
@@ -1329,6 +1339,29 @@ extern int nanosleep(const struct timespec* req, struct timespec* rem); /* pipel
 #define PP_ASSERT(c) assert(c)
 #endif
 
+/* The validation layer (>>impl-validate) and the executor's debug checks: on unless NDEBUG or
+   PP_NO_VALIDATE. Under AddressSanitizer the guards are also poisoned during each layer call. */
+#if !defined(NDEBUG) && !defined(PP_NO_VALIDATE)
+#define _PP_VALIDATE 1
+#else
+#define _PP_VALIDATE 0
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define _PP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define _PP_ASAN 1
+#endif
+#endif
+#if defined(_PP_ASAN) && _PP_VALIDATE
+#include <sanitizer/asan_interface.h>
+#define _PP_POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define _PP_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define _PP_POISON(p, n) ((void)(p), (void)(n))
+#define _PP_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -2015,6 +2048,8 @@ double pp_batch_split_imbalance(const pp_batch* b, const pp_microbatch* mbs) {
 typedef struct _pp_plan {
     int m, L, m_cap, cu_cap;
     size_t pad;                 /* bytes kept free after every activation (AUTO's trailer) */
+    size_t guard;               /* the validation layer's guard after every buffer a layer writes
+                                   (_PP_GUARD, 0 when compiled out or the blocks are on a device) */
     pp_microbatch* mbs;         /* [m] */
     int32_t* cu;                /* rebased cu_seqlens of all micro-batches */
     _pp_bnd* bnd;               /* [m][L+1]: boundary l is the input of layer l */
@@ -2082,6 +2117,12 @@ static const _pp_bnd* _pp_plan_bnd(const _pp_plan* p, int mb, int l) { return &p
 
 #define _PP_ALIGN(x) (((x) + 63) & ~(size_t)63)
 
+/* The bytes a buffer of n bytes takes in a block: n, then `pad` kept free (an activation's AUTO
+   trailer), then the guard (>>impl-validate), up to the next 64-byte boundary. A scratch of 0
+   bytes takes none (its pointer is NULL). */
+static size_t _pp_slice(const _pp_plan* p, size_t n, size_t pad) { return _PP_ALIGN(n + pad + p->guard); }
+static size_t _pp_scratch_slice(const _pp_plan* p, size_t n) { return n ? _pp_slice(p, n, 0) : 0; }
+
 /* Carves one micro-batch's stash for layers [a, b) out of base (NULL: only measure).
    Layout: boundary a (only if own_input), boundaries a+1..b, then each layer's saved scratch.
    act[(l-a)*PP_MAX_TENSORS + k] and nact[l-a] describe boundary l; saved[l-a] the scratch. */
@@ -2096,13 +2137,13 @@ static size_t _pp_stash_carve(const _pp_plan* p, int mb, int a, int b, int own_i
             if (act) act[(l - a) * PP_MAX_TENSORS + k] = bd->t[k];
             if (l == a && !own_input) continue;
             if (act) act[(l - a) * PP_MAX_TENSORS + k].data = base ? base + off : NULL;
-            off += _PP_ALIGN(pp_tensor_bytes(&bd->t[k]) + p->pad);
+            off += _pp_slice(p, pp_tensor_bytes(&bd->t[k]), p->pad);
         }
     }
     for (l = a; l < b; l++) {
         size_t sb = p->saved[(size_t)mb * p->L + l];
         if (saved) saved[l - a] = (base && sb) ? base + off : NULL;
-        off += _PP_ALIGN(sb);
+        off += _pp_scratch_slice(p, sb);
     }
     return off;
 }
@@ -2116,7 +2157,7 @@ static size_t _pp_bsaved_carve(const _pp_plan* p, int mb, int a, int b, unsigned
     for (l = a; l < b; l++) {
         size_t n = p->bsaved[(size_t)mb * p->L + l];
         if (bsaved) bsaved[l - a] = (base && n) ? base + off : NULL;
-        off += _PP_ALIGN(n);
+        off += _pp_scratch_slice(p, n);
     }
     return off;
 }
@@ -2137,10 +2178,117 @@ static size_t _pp_grad_carve(const _pp_plan* p, int mb, int a, int b, int need_i
                 *t = bd->t[k];
                 t->data = (has && base) ? base + off : NULL;
             }
-            if (has) off += _PP_ALIGN(pp_tensor_bytes(&bd->t[k]));
+            if (has) off += _pp_slice(p, pp_tensor_bytes(&bd->t[k]), 0);
         }
     }
     return off;
+}
+
+/* >>impl-validate: the validation layer. Every buffer a layer call may write - forward: its
+   outputs, saved and b_saved; backward: its input gradients, saved and b_saved; weight_grad: its
+   input gradients and saved - is followed in its block by a guard of _PP_GUARD bytes or more (to
+   the next 64-byte boundary; an activation's AUTO trailer room included). Before each call the
+   guards are filled with _PP_GUARD_BYTE, after it they are read: a changed byte fails the call with
+   PP_ERR_LAYER naming the layer, the call, the micro-batch, the buffer, its declared shape and how
+   far past its end it was written. Under AddressSanitizer they are poisoned during the call, so the
+   sanitizer stops at the writing line itself. Only where the blocks are host memory
+   (_pp_plan.guard is 0 with pp_stage_desc.device). A write past the guard may have reached the
+   next buffer (or, from a block's last one, the heap): it is reported all the same, "at least". */
+#if _PP_VALIDATE
+#define _PP_GUARD 64
+#else
+#define _PP_GUARD 0
+#endif
+#define _PP_GUARD_BYTE 0xA5
+
+typedef struct _pp_guard {
+    unsigned char* end;             /* the declared end of the buffer: the guard starts here */
+    size_t len;                     /* guard bytes */
+    size_t bytes;                   /* the buffer's declared bytes */
+    int kind, k;                    /* 0 output k, 1 input gradient k, 2 saved, 3 b_saved */
+    const pp_tensor* t;             /* kinds 0 and 1: the declared shape */
+} _pp_guard;
+#define _PP_MAX_GUARDS (PP_MAX_TENSORS + 2)
+
+static void _pp_guard_add(_pp_guard* g, int* n, void* data, size_t bytes, size_t slice, int kind, int k, const pp_tensor* t) {
+    _pp_guard* x;
+    if (!data) return;
+    x = &g[(*n)++];
+    x->end = (unsigned char*)data + bytes;
+    x->len = slice - bytes;
+    x->bytes = bytes;
+    x->kind = kind;
+    x->k = k;
+    x->t = t;
+    memset(x->end, _PP_GUARD_BYTE, x->len);
+    _PP_POISON(x->end, x->len);
+}
+
+/* Fills (and poisons) the guards of what call op (0 forward, 1 backward, 2 weight_grad) may write
+   through io; returns how many. */
+static int _pp_guards_set(const _pp_plan* p, int op, const pp_layer_io* io, _pp_guard* g) {
+    int n = 0, k;
+    if (!p->guard) return 0;
+    for (k = 0; op == 0 && k < io->n_out; k++) {
+        size_t b = pp_tensor_bytes(&io->out[k]);
+        _pp_guard_add(g, &n, io->out[k].data, b, _pp_slice(p, b, p->pad), 0, k, &io->out[k]);
+    }
+    for (k = 0; op > 0 && k < io->n_in; k++) {
+        size_t b = pp_tensor_bytes(&io->d_in[k]);
+        _pp_guard_add(g, &n, io->d_in[k].data, b, _pp_slice(p, b, 0), 1, k, &io->d_in[k]);
+    }
+    _pp_guard_add(g, &n, io->saved, io->saved_bytes, _pp_scratch_slice(p, io->saved_bytes), 2, 0, NULL);
+    _pp_guard_add(g, &n, io->b_saved, io->b_saved_bytes, _pp_scratch_slice(p, io->b_saved_bytes), 3, 0, NULL);
+    return n;
+}
+
+/* How far past its end a guard's buffer was written: the last changed byte's distance, 0 if none. */
+static size_t _pp_guard_past(const _pp_guard* g) {
+    const uint64_t pat = 0x0101010101010101ull * _PP_GUARD_BYTE;
+    uint64_t diff = 0, w;
+    size_t i, n = g->len;
+    _PP_UNPOISON(g->end, g->len);
+    for (i = 0; i + 8 <= n; i += 8) { /* intact: one pass, 8 bytes a word, no branch */
+        memcpy(&w, g->end + i, 8);
+        diff |= w ^ pat;
+    }
+    for (; i < n; i++) diff |= (uint64_t)(g->end[i] ^ _PP_GUARD_BYTE);
+    if (!diff) return 0;
+    while (n > 0 && g->end[n - 1] == _PP_GUARD_BYTE) n--;
+    return n;
+}
+
+/* Unpoisons and reads the n guards of a call; a breach fails it (rc: what the layer returned). */
+static pp_result _pp_guards_check(const pp_model* m, int l, int op, const pp_microbatch* mb, _pp_guard* g, int n, int rc,
+                                  pp_error* err) {
+    static const char* const call[3] = {"forward (F)", "backward (B)", "weight_grad (W)"};
+    size_t past = 0, p;
+    int i, hit = -1, more = 0;
+    char what[160], also[64];
+    for (i = 0; i < n; i++)
+        if ((p = _pp_guard_past(&g[i])) != 0) {
+            if (hit < 0) {
+                hit = i;
+                past = p;
+            } else {
+                more++;
+            }
+        }
+    if (hit < 0) return PP_OK;
+    if (g[hit].kind < 2) {
+        const pp_tensor* t = g[hit].t;
+        snprintf(what, sizeof what, "%s[%d] [%lld x %lld %s, %zu bytes]", g[hit].kind ? "input gradient d_in" : "output out",
+                 g[hit].k, (long long)t->rows, (long long)t->cols, pp_dtype_name(t->dtype), g[hit].bytes);
+    } else {
+        snprintf(what, sizeof what, "%s scratch [%zu bytes]", g[hit].kind == 2 ? "saved" : "b_saved", g[hit].bytes);
+    }
+    also[0] = 0;
+    if (more) snprintf(also, sizeof also, "; past %d more buffer%s too", more, more > 1 ? "s" : "");
+    if (rc) snprintf(also + strlen(also), sizeof also - strlen(also), "; it returned %d", rc);
+    return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) %s on micro-batch %d wrote %s%zu bytes past its %s as describe "
+                    "declared it%s%s", l, _pp_layer_name(m, l), call[op], mb->index, past == g[hit].len ? "at least " : "",
+                    past, what, past == g[hit].len ? " (the whole guard: what follows it may be overwritten too)" : "",
+                    also);
 }
 
 /* Input tensor of micro-batch mb: a view into the batch's rows. */
@@ -2156,9 +2304,11 @@ static pp_tensor _pp_input_view(const pp_batch* b, const pp_microbatch* mb) {
 static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_microbatch* mb, int a, int b,
                                    const pp_tensor* act, const int* nact, void* const* saved, const size_t* saved_bytes,
                                    void* const* bsaved, const size_t* bsaved_bytes, float* loss, void* ctx,
-                                   pp_error* err) {
+                                   const _pp_plan* plan, pp_error* err) {
     pp_layer_io io;
-    int l, rc;
+    _pp_guard g[_PP_MAX_GUARDS];
+    int l, rc, ng;
+    pp_result v;
     for (l = a; l < b; l++) {
         memset(&io, 0, sizeof io);
         io.mb = mb;
@@ -2173,7 +2323,10 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
         io.b_saved_bytes = io.b_saved ? bsaved_bytes[l] : 0;
         io.ctx = ctx;
         io.model = m;
-        if ((rc = m->forward(w, l, &io)) != 0)
+        ng = _pp_guards_set(plan, 0, &io, g);
+        rc = m->forward(w, l, &io);
+        if (ng && (v = _pp_guards_check(m, l, 0, mb, g, ng, rc, err)) != PP_OK) return v;
+        if (rc != 0)
             return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) forward returned %d on micro-batch %d", l,
                             _pp_layer_name(m, l), rc, mb->index);
         if (l == m->n_layers - 1 && loss) *loss = io.loss;
@@ -2187,9 +2340,11 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
 static pp_result _pp_grad_range(int weight_half, const pp_model* m, const void* w, void* g, const pp_microbatch* mb,
                                 int a, int b, const pp_tensor* act, const int* nact, const pp_tensor* dact,
                                 void* const* saved, const size_t* saved_bytes, void* const* bsaved,
-                                const size_t* bsaved_bytes, void* ctx, pp_error* err) {
+                                const size_t* bsaved_bytes, void* ctx, const _pp_plan* plan, pp_error* err) {
     pp_layer_io io;
-    int l, rc;
+    _pp_guard gd[_PP_MAX_GUARDS];
+    int l, rc, ng;
+    pp_result v;
     for (l = b - 1; l >= a; l--) {
         memset(&io, 0, sizeof io);
         io.mb = mb;
@@ -2208,7 +2363,9 @@ static pp_result _pp_grad_range(int weight_half, const pp_model* m, const void* 
         }
         io.ctx = ctx;
         io.model = m;
+        ng = _pp_guards_set(plan, weight_half ? 2 : 1, &io, gd);
         rc = weight_half ? m->weight_grad(w, g, l, &io) : m->backward(w, g, l, &io);
+        if (ng && (v = _pp_guards_check(m, l, weight_half ? 2 : 1, mb, gd, ng, rc, err)) != PP_OK) return v;
         if (rc != 0)
             return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) %s returned %d on micro-batch %d", l,
                             _pp_layer_name(m, l), weight_half ? "weight_grad" : "backward", rc, mb->index);
@@ -2256,6 +2413,7 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
     pp_result rc;
     int i, L;
     memset(&plan, 0, sizeof plan);
+    plan.guard = _PP_GUARD;
     if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
     if (!grads || !weights) return _pp_fail(err, PP_ERR_INVALID, "%s is NULL", grads ? "weights" : "grads");
     if (!b || !b->input.data || !b->targets)
@@ -2280,14 +2438,14 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
             goto cleanup;
         }
         if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, sb_l, bsaved, bb_l, &mb_loss[i],
-                                    NULL, err)) != PP_OK)
+                                    NULL, &plan, err)) != PP_OK)
             goto cleanup;
         if ((rc = _pp_grad_range(0, m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved, sb_l, bsaved, bb_l,
-                                 NULL, err)) != PP_OK)
+                                 NULL, &plan, err)) != PP_OK)
             goto cleanup;
         /* split backward: the weight gradients of this micro-batch after all its input gradients */
         if (m->weight_grad && (rc = _pp_grad_range(1, m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
-                                                    sb_l, bsaved, bb_l, NULL, err)) != PP_OK)
+                                                    sb_l, bsaved, bb_l, NULL, &plan, err)) != PP_OK)
             goto cleanup;
         PP_FREE(stash);
         PP_FREE(gws);
@@ -2317,6 +2475,7 @@ pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads,
     pp_result rc;
     int i, l, L, step;
     memset(&plan, 0, sizeof plan);
+    plan.guard = _PP_GUARD;
     if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
     if (!grads || !t_f || !t_b) return _pp_fail(err, PP_ERR_INVALID, "pp_profile_layers: grads, t_f and t_b must be non-NULL");
     if (steps < 1 || steps > 1000000) return _pp_fail(err, PP_ERR_INVALID, "pp_profile_layers: steps = %d (1 .. 1e6)", steps);
@@ -2349,21 +2508,21 @@ pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads,
             for (l = 0; l < L; l++) {
                 double t0 = _pp_now();
                 rc = _pp_forward_range(m, weights, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                       saved + l, sb, bsaved + l, bb, &loss, NULL, err);
+                                       saved + l, sb, bsaved + l, bb, &loss, NULL, &plan, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0) t_f[l] += _pp_now() - t0;
             }
             for (l = L - 1; l >= 0; l--) {
                 double t0 = _pp_now();
                 rc = _pp_grad_range(0, m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                        dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, bsaved + l, bb, NULL, err);
+                                        dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, bsaved + l, bb, NULL, &plan, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0) t_b[l] += _pp_now() - t0;
             }
             for (l = L - 1; m->weight_grad && l >= 0; l--) {
                 double t0 = _pp_now();
                 rc = _pp_grad_range(1, m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                     dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, bsaved + l, bb, NULL, err);
+                                     dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, bsaved + l, bb, NULL, &plan, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0 && t_w) t_w[l] += _pp_now() - t0;
             }
@@ -6903,7 +7062,7 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
                        block's release and the receives (pp_transport.released) */
             const _pp_bnd* bd = _pp_plan_bnd(&s->plan, a->mb, lb);
             for (k = 0; k < bd->n; k++)
-                if (pp_dtype_is_float(bd->t[k].dtype)) zfrom += _PP_ALIGN(pp_tensor_bytes(&bd->t[k]));
+                if (pp_dtype_is_float(bd->t[k].dtype)) zfrom += _pp_slice(&s->plan, pp_tensor_bytes(&bd->t[k]), 0);
             if (zfrom > bytes) zfrom = bytes;
 #ifdef PP_TEST_ZERO_RECEIVED /* negative control (build/nccl-controls): the received bytes zeroed too */
             zfrom = 0;
@@ -6923,7 +7082,7 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
                 size_t n = pp_tensor_bytes(&bd->t[k]);
                 pp_result rc;
                 if (!pp_dtype_is_float(bd->t[k].dtype)) continue;
-#if !defined(NDEBUG) && !defined(PP_NO_VALIDATE)
+#if _PP_VALIDATE
                 /* nothing may write a block between its take and its receive: a transport may let
                    the receive skip its wait for the compute stream (pp_transport.released) */
                 if (bytes > zfrom && off < bytes && off + n > zfrom)
@@ -6935,7 +7094,7 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
                               &pr->req[pr->n_req]);
                 if (rc != PP_OK) return _pp_stage_fail(s, rc, "posting receive B%d.%d from rank %d", a->mb, a->chunk, a->next_rank);
                 pr->req_bytes[pr->n_req++] = n;
-                off += _PP_ALIGN(n);
+                off += _pp_slice(&s->plan, n, 0);
             }
             if (t->group_end) t->group_end(t->self);
         }
@@ -7159,12 +7318,14 @@ static _pp_view _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash,
 }
 
 /* The W share of c's stash: its B-only scratch's part of the stash's bytes (as the simulator's
-   pp_sim_cost.b_free: the rest of the stash waits for W). */
+   pp_sim_cost.b_free: the rest of the stash waits for W), the validation layer's guards left out. */
 static double _pp_bshare(const pp_stage* s, const _pp_act* c) {
-    size_t bb = _pp_bsaved_carve(&s->plan, c->a->mb, c->la, c->lb, NULL, NULL), sb;
+    _pp_plan q = s->plan;
+    size_t bb, sb;
+    q.guard = 0;
+    bb = _pp_bsaved_carve(&q, c->a->mb, c->la, c->lb, NULL, NULL);
     if (!bb) return 0;
-    sb = _pp_stash_carve(&s->plan, c->a->mb, c->la, c->lb, c->a->stage > 0 && !_pp_turn(s, c->a->stage), NULL, NULL,
-                         NULL, NULL);
+    sb = _pp_stash_carve(&q, c->a->mb, c->la, c->lb, c->a->stage > 0 && !_pp_turn(s, c->a->stage), NULL, NULL, NULL, NULL);
     return (double)bb / (double)(sb + bb);
 }
 
@@ -7271,7 +7432,7 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
     if (!s->draining) {
         rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, vw.act, vw.nact, vw.saved, c->sb,
-                               vw.bsaved, c->bsb, &s->mb_loss[a->mb], s->d.layer_ctx, &s->err);
+                               vw.bsaved, c->bsb, &s->mb_loss[a->mb], s->d.layer_ctx, &s->plan, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
         else if (s->d.check_finite)
             rc = _pp_check_finite_f(s, a, c->la, c->lb, vw.act, vw.nact);
@@ -7307,11 +7468,11 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     computed = !s->draining;
     if (computed) {
         rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
-                            vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->err);
+                            vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->plan, &s->err);
         /* a split model on a schedule without W: the weight gradients now */
         if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
             rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
-                                vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->err);
+                                vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->plan, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
         else if (s->d.check_finite)
             rc = _pp_check_finite_b(s, a, c->la, c->lb, vw.dact, vw.nact);
@@ -7364,7 +7525,7 @@ static pp_result _pp_run_w(pp_stage* s, const _pp_act* c) {
         vw = _pp_views(s, c, stash, gws);
         if (!s->draining) {
             rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
-                                vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->err);
+                                vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->plan, &s->err);
             if (rc != PP_OK && !_pp_drain(s, rc = _pp_stage_wrap(s, rc, a))) return rc;
         }
         _pp_slot_release(s, c);
@@ -7518,6 +7679,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     }
     s->prep[0].idx = s->prep[1].idx = -1;
     s->plan.pad = d->shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
+    s->plan.guard = d->device.alloc ? 0 : _PP_GUARD; /* read on the host: not in device memory */
     s->flight.rank = d->rank;
     if (s->d.max_seqs <= 0) s->d.max_seqs = 4096;
     *out = s;
