@@ -8009,19 +8009,32 @@ static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* s
     return rc;
 }
 
+/* One step at a time on a stage or pipeline: 1 when this caller holds it (release with
+   _pp_step_leave), 0 when a step runs (or the mutex could not be made). */
+static int _pp_step_enter(pthread_mutex_t* mu, int mu_ok) {
+#ifdef PP_TEST_NO_STEP_GUARD /* negative control (build/errors-controls): two steps at once */
+    (void)mu, (void)mu_ok;
+    return 1;
+#else
+    return mu_ok && pthread_mutex_trylock(mu) == 0;
+#endif
+}
+static void _pp_step_leave(pthread_mutex_t* mu) {
+#ifdef PP_TEST_NO_STEP_GUARD
+    (void)mu;
+#else
+    pthread_mutex_unlock(mu);
+#endif
+}
+
 pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     pp_result rc;
-    if (!s) return PP_ERR_INVALID;
-#ifndef PP_TEST_NO_STEP_GUARD /* negative control (build/errors-controls): two steps at once */
-    if (!s->step_mu_ok || pthread_mutex_trylock(&s->step_mu) != 0) {
+    if (!s || !_pp_step_enter(&s->step_mu, s->step_mu_ok)) {
         if (stats) memset(stats, 0, sizeof *stats);
         return PP_ERR_INVALID;
     }
-#endif
     rc = _pp_stage_step(s, b, stats);
-#ifndef PP_TEST_NO_STEP_GUARD
-    pthread_mutex_unlock(&s->step_mu);
-#endif
+    _pp_step_leave(&s->step_mu);
     return rc;
 }
 
@@ -8284,20 +8297,12 @@ static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_s
    once and touches nothing (not even pp_pipeline_error, which the running step owns). */
 pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats) {
     pp_result rc;
-    if (!pl) {
+    if (!pl || !_pp_step_enter(&pl->step_mu, pl->step_mu_ok)) {
         if (stats) memset(stats, 0, sizeof *stats);
         return PP_ERR_INVALID;
     }
-#ifndef PP_TEST_NO_STEP_GUARD /* negative control (build/errors-controls): two steps at once */
-    if (!pl->step_mu_ok || pthread_mutex_trylock(&pl->step_mu) != 0) {
-        if (stats) memset(stats, 0, sizeof *stats);
-        return PP_ERR_INVALID;
-    }
-#endif
     rc = _pp_pipeline_step(pl, b, stats);
-#ifndef PP_TEST_NO_STEP_GUARD
-    pthread_mutex_unlock(&pl->step_mu);
-#endif
+    _pp_step_leave(&pl->step_mu);
     return rc;
 }
 
