@@ -1088,8 +1088,12 @@ static pp_result _ppc_copy(void* user, void* dst, const void* src, size_t bytes,
     (void)to_host; /* the pointers say where the bytes are (unified addressing) */
     if (bytes == 0) return PP_OK;
     if ((e = cudaGetDevice(&cur)) == cudaSuccess && cur != r->dev) e = cudaSetDevice(r->dev);
+#ifndef PP_CUDA_TEST_COPY_UNORDERED
     if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, r->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+#else /* negative control (build/cuda-controls): a copy not ordered after the rank's stream */
+    if (e == cudaSuccess) e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+#endif
     if (cur >= 0 && cur != r->dev) (void)cudaSetDevice(cur);
     if (e != cudaSuccess) {
         _ppc_note(r, e, to_host ? "cudaMemcpyAsync (gradients to the host)" : "cudaMemcpyAsync (gradients to the device)");
