@@ -47,38 +47,7 @@
 static int g_quick;
 
 /* ---- the model's gradient buffers ------------------------------------------------------------ */
-/* Layer l's gradient buffers in g (the arena layout of tlm_layout): the embedding's E, each dense
-   layer's w then b, the head's E (tied: the embedding's second copy). Only the layers `rank`
-   owns under (sc, first), or all of them for rank < 0. */
-static int grad_list(const tlm_model* g, const pp_schedule* sc, const int* first, int rank, int tied, pp_grad_buf* out) {
-    int l, n = 0;
-    size_t nE = (size_t)VOCAB * DIM;
-    for (l = 0; l < NL; l++) {
-        pp_grad_buf b;
-        if (rank >= 0 && pp_schedule_layer_rank(sc, first, l) != rank) continue;
-        memset(&b, 0, sizeof b);
-        b.layer = l;
-        b.dtype = PP_F32;
-        if (l == TLM_EMBED_LAYER) {
-            b.data = g->embed[0].E;
-            b.count = nE;
-            out[n++] = b;
-        } else if (l <= TLM_DEPTH) {
-            b.data = g->dense[l - 1].w;
-            b.count = (size_t)DIM * DIM;
-            out[n++] = b;
-            b.data = g->dense[l - 1].b;
-            b.count = DIM;
-            out[n++] = b;
-        } else if (l == TLM_HEAD_LAYER) {
-            b.data = g->head[0].E;
-            b.count = nE;
-            b.tied_copy = tied;
-            out[n++] = b;
-        }
-    }
-    return n;
-}
+#define grad_list tlm_grid_grad_bufs
 
 /* Floats of the arena that layer l's gradients occupy (tlm_grid_layer_range). */
 static int layer_equal(const float* a, const float* b, int l) {
