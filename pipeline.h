@@ -94,6 +94,15 @@
    AUTO-PARTITION: pp_profile_layers measures each layer's F, B, W; pp_partition_balanced or
    pp_partition_capped (under a memory cap per stage) splits on the measured times.
 
+   THE LOOP AROUND THE STEP (>>grad)
+   pp_stage_grad_norm (per rank), pp_pipeline_grad_norm (one process) and pp_grad_norm (any group
+   of ranks): the L2 norm of all the model's gradients, tied parameters once, from the arrays each
+   rank lists (pp_grad_buf); the same bits on every rank and for every p, v, schedule and
+   partition as the sequential model's. The _clip variants and pp_grad_clip scale by
+   min(1, max_norm / (norm + 1e-6)). pp_loss_scaler: dynamic loss scaling for f16 through
+   pp_batch.loss_scale; an Inf on any rank skips the step on every rank. pp_grad_allreduce and
+   pp_tied_sum_grads take f16/bf16 gradients (summed in f32).
+
    CONFIGURATION (define before every include of this header, the same in every file; the four
    that size public structs - PP_MAX_TENSORS, PP_MAX_LAYER_KINDS, PP_MAX_RANKS, PP_FLIGHT_LEN -
    are part of the link names of every function that takes such a struct (>>config), so files
@@ -170,6 +179,8 @@
           (PP_ERR_NONFINITE), shape-overflow and desc validation.
           Then: the one-process layer (pp_pipeline_*, pp_cuda_pipeline_create), PP_MODEL
           counts chosen at run time (NAME_model_desc_counts), a model context (pp_model.ctx).
+          Then: the global gradient norm and clipping, f16/bf16 gradient sums, a dynamic loss
+          scaler (>>grad), pp_batch.loss_scale, pp_device_ops.copy.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -1364,9 +1375,9 @@ pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs,
 /* Clipping as torch.nn.utils.clip_grad_norm_ does it: every listed gradient (tied copies
    included, shared buffers once) is multiplied by coef = max_norm / (norm + 1e-6) when that is
    below 1, else left alone; *coef (may be NULL) gets min(1, coef). norm is the global norm from
-   pp_grad_norm: every rank passes the same and scales by the same factor (f32 and half
-   buffers by (float)coef, f16/bf16 via f32 with one rounding). A NaN or Inf norm leaves the
-   gradients untouched and returns PP_ERR_NONFINITE; max_norm must be finite and > 0. */
+   pp_grad_norm: every rank passes the same and scales by the same factor (f32 by (float)coef,
+   f64 by coef, f16/bf16 through f32 with one rounding). A NaN or Inf norm leaves the gradients
+   untouched and returns PP_ERR_NONFINITE; max_norm must be finite and > 0. */
 pp_result pp_grad_clip(const pp_grad_buf* bufs, int n_bufs, double max_norm, double norm, double* coef,
                        pp_error* err);
 /* The same for one rank of a pipeline: over the stage's transport (every rank of it), the model's
@@ -8757,7 +8768,7 @@ static pp_result _pp_gbuf_run(const pp_grad_buf* b, int op, double c, double* ac
     return PP_OK;
 }
 
-/* op over every listed buffer (shared ones once); with skip_copies, tied copies left out. */
+/* op over every listed buffer (shared ones once), tied copies included. */
 static pp_result _pp_gbufs_run(const pp_grad_buf* bufs, int n_bufs, int op, double c, int* found, pp_error* err) {
     unsigned char* scratch = NULL;
     pp_result rc = PP_OK;

@@ -740,6 +740,15 @@ static void test_pipeline(void) {
     CHECK(pp_grad_clip(bufs, nb, R.norm * 2, R.norm, &coef, &err) == PP_OK && coef == 1 &&
               memcmp(g, R.g, npar() * sizeof(float)) == 0,
           "below max_norm nothing changes");
+    { /* a loss scale that is not one */
+        pp_batch b = g_shard.b;
+        float loss;
+        b.loss_scale = -1;
+        CHECK(pp_pipeline_step(pl, &b, NULL) == PP_ERR_INVALID && strstr(pp_pipeline_error(pl), "loss_scale"),
+              "a negative loss_scale: %s", pp_pipeline_error(pl));
+        b.loss_scale = NAN;
+        CHECK(pp_sequential_step(&d.model, &w, &gw, &b, &loss, &err) == PP_ERR_INVALID, "a NaN loss_scale: %s", err.msg);
+    }
     pp_pipeline_destroy(pl);
     { /* a layer listed by two ranks of the group: every rank refuses; a layer another rank owns */
         hx_sched sc;
