@@ -15,7 +15,7 @@ TEST_HDRS = tests/test.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
-           test_nccl_grid test_agree test_validate
+           test_nccl_grid test_agree test_validate test_gradnorm
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table
@@ -138,7 +138,18 @@ $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA = $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
-                  $(B)/validate-controls
+                  $(B)/validate-controls $(B)/gradnorm-controls
+
+# Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
+# rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
+# flag not shared (each rank skips or keeps its step alone); each must fail.
+$(B)/gradnorm-ctl-no-norm-order: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_NORM_ORDER $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/gradnorm-ctl-no-scaler-agree: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_SCALER_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/gradnorm-controls: tests/controls.sh $(B)/gradnorm-ctl-no-norm-order $(B)/gradnorm-ctl-no-scaler-agree
+	printf '#!/bin/sh\nexec sh tests/controls.sh gradnorm-controls "$(B)/gradnorm-ctl-no-norm-order order" "$(B)/gradnorm-ctl-no-norm-order norm" "$(B)/gradnorm-ctl-no-scaler-agree scaler"\n' > $@
+	chmod +x $@
 
 # Negative controls of tests/test_agree.c: without the tags' generation, or without the step
 # agreement (each without the plan check, which would hide them), it must fail.
@@ -178,8 +189,13 @@ $(B)/cuda-ctl-spare-no-wait: tests/test_cuda_host.c $(TEST_HDRS) $(EXH) $(HEADER
 # And of the spares' sizes: with none made, every early copy of the varlen run falls back.
 $(B)/cuda-ctl-no-spares: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
 	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_NO_SPARES $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ctl-done-at-post $(B)/cuda-ctl-spare-no-wait $(B)/cuda-ctl-no-spares
-	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare" "env PP_TEST_POOL_STEPS=200 $(B)/cuda-ctl-no-spares varlen"\n' > $@
+# And of the device ops' copy (the gradient norm on device gradients): a copy not ordered after
+# the rank's stream reads a gradient before the kernel writing it ran.
+$(B)/cuda-ctl-copy-unordered: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
+	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_COPY_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ctl-done-at-post $(B)/cuda-ctl-spare-no-wait $(B)/cuda-ctl-no-spares \
+                    $(B)/cuda-ctl-copy-unordered
+	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare" "env PP_TEST_POOL_STEPS=200 $(B)/cuda-ctl-no-spares varlen" "$(B)/cuda-ctl-copy-unordered graddev"\n' > $@
 	chmod +x $@
 
 # Negative controls built from tests/test_nccl_pipeline.c, each with one -D (rule below). The

@@ -94,6 +94,15 @@
    AUTO-PARTITION: pp_profile_layers measures each layer's F, B, W; pp_partition_balanced or
    pp_partition_capped (under a memory cap per stage) splits on the measured times.
 
+   THE LOOP AROUND THE STEP (>>grad)
+   pp_stage_grad_norm (per rank), pp_pipeline_grad_norm (one process) and pp_grad_norm (any group
+   of ranks): the L2 norm of all the model's gradients, tied parameters once, from the arrays each
+   rank lists (pp_grad_buf); the same bits on every rank and for every p, v, schedule and
+   partition as the sequential model's. The _clip variants and pp_grad_clip scale by
+   min(1, max_norm / (norm + 1e-6)). pp_loss_scaler: dynamic loss scaling for f16 through
+   pp_batch.loss_scale; an Inf on any rank skips the step on every rank. pp_grad_allreduce and
+   pp_tied_sum_grads take f16/bf16 gradients (summed in f32).
+
    CONFIGURATION (define before every include of this header, the same in every file; the four
    that size public structs - PP_MAX_TENSORS, PP_MAX_LAYER_KINDS, PP_MAX_RANKS, PP_FLIGHT_LEN -
    are part of the link names of every function that takes such a struct (>>config), so files
@@ -151,12 +160,12 @@
 
    SECTIONS  (search for ">>name"; every marker in the file, in file order)
    declarations: >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace
-                 >>flight >>transport >>threads >>batch >>stage >>pipeline >>grid >>deprecated
+                 >>flight >>transport >>threads >>batch >>stage >>pipeline >>grid >>grad >>deprecated
    definitions:  >>impl >>impl-result >>impl-tensor >>impl-model >>impl-partition >>impl-batch
                  >>impl-validate (the guards) >>impl-profile (pp_profile_layers) >>impl-schedule
                  >>impl-sim >>impl-trace >>impl-flight >>impl-threads >>impl-grid >>impl-stage
                  >>impl-stage-flight >>impl-stage-finite >>impl-stage-map >>impl-stage-agree
-                 >>impl-stage-exec >>impl-pipeline
+                 >>impl-stage-exec >>impl-pipeline >>impl-grad
 
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
@@ -170,6 +179,8 @@
           (PP_ERR_NONFINITE), shape-overflow and desc validation.
           Then: the one-process layer (pp_pipeline_*, pp_cuda_pipeline_create), PP_MODEL
           counts chosen at run time (NAME_model_desc_counts), a model context (pp_model.ctx).
+          Then: the global gradient norm and clipping, f16/bf16 gradient sums, a dynamic loss
+          scaler (>>grad), pp_batch.loss_scale, pp_device_ops.copy.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -288,6 +299,12 @@ size_t pp_dtype_size(pp_dtype t);      /* 0 for an unknown dtype */
 int pp_dtype_is_float(pp_dtype t);     /* float tensors carry gradients; integer ones do not */
 const char* pp_dtype_name(pp_dtype t);
 size_t pp_tensor_bytes(const pp_tensor* t);
+/* IEEE half (f16) and bfloat16 to and from f32, as stored (uint16_t bits). Widening is exact;
+   narrowing rounds to nearest, ties to even, overflows to Inf and keeps a NaN a NaN. */
+float pp_f16_to_f32(uint16_t h);
+uint16_t pp_f32_to_f16(float f);
+float pp_bf16_to_f32(uint16_t h);
+uint16_t pp_f32_to_bf16(float f);
 
 /* >>model ------------------------------------------------------------------------------------- */
 struct pp_model; /* below: what every layer call can reach through io->model and d->model */
@@ -995,6 +1012,10 @@ typedef struct pp_batch {
     pp_loss_reduction loss;
     pp_split_policy split;
     double split_a, split_b;        /* PP_SPLIT_COST weights; both 0 means a = 1, b = 1/64 */
+    /* Multiplies every micro-batch's loss_scale, the factor the loss layer scales its gradient
+       by, and not the step loss reported: a loss scaler's scale (pp_loss_scaler.scale) goes
+       here. 0 means 1. The rank of the last stage reads its own batch's. */
+    float loss_scale;
 } pp_batch;
 
 /* Split a batch into micro-batches (contiguous rows; whole sequences when packed). mbs[m] and
@@ -1063,6 +1084,12 @@ typedef struct pp_device_ops {
        enqueued on it (pipeline_cuda.h makes the stream wait for copies still reading it). */
     void (*reuse)(void* user, void* ptr, size_t bytes);
     void* user;
+    /* Optional: copies bytes between this memory and the host, after the work already enqueued
+       on it, and returns when the copy is done: to_host 1 reads src (this memory) into dst
+       (host), 0 writes src (host) to dst. The stage never calls it; the gradient norm, clipping
+       and the loss scaler (>>grad) read and write gradients in this memory through it
+       (pp_grad_buf.device). pipeline_cuda.h's copies on the rank's stream and waits for it. */
+    pp_result (*copy)(void* user, void* dst, const void* src, size_t bytes, int to_host);
 } pp_device_ops;
 
 /* A rank's stage. pp_stage_create copies the desc itself but borrows what it points to: the
@@ -1269,7 +1296,11 @@ pp_result pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dt
 /* Data-parallel gradients: buf (count elements) summed over the transport's ranks 0..size-1
    (or over ranks[0..n_ranks) when ranks is non-NULL) with the transport's allreduce_sum, then
    multiplied by scale (1/dp gives the mean; a power of two keeps it exact). Call it after the
-   tied sum below, on every parameter buffer this rank owns, in the same order on every rank. */
+   tied sum below, on every parameter buffer this rank owns, in the same order on every rank.
+   f32, f64, f16 or bf16: f16 and bf16 (host memory) are widened to f32, summed in f32 by the
+   transport (256Ki elements at a time), scaled in f32 and rounded back once, so every rank
+   ends with the same bits (deterministic where the transport's f32 sum is: pp_allreduce_p2p,
+   the threads transport, pp_mpi_set_ordered_sum). */
 pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
                             pp_dtype dtype, double scale, double timeout_s, pp_error* err);
 
@@ -1281,11 +1312,120 @@ pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks
    passes both pointers and the sum is local; a rank owning one passes NULL for the other; a
    rank in neither returns at once. pair[] are ranks of transport t (normally the pipeline's:
    {rank of the first stage, rank of the last stage}). Sum tied gradients before the
-   data-parallel all-reduce. */
+   data-parallel all-reduce. f16 and bf16 gradients (host memory) are added in f32 and rounded
+   back once, the same bits on both ranks. */
 pp_result pp_tied_sync_weights(const pp_transport* t, const int pair[2], void* w_a, void* w_b, size_t bytes,
                                double timeout_s, pp_error* err);
 pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad_a, void* grad_b, size_t count,
                             pp_dtype dtype, double timeout_s, pp_error* err);
+
+/* >>grad ------------------------------------------------------------------------------------- */
+/* The global gradient norm, clipping by it, and a dynamic loss scaler for f16 training: the loop
+   around the step (docs/api.md, "Gradient norm, clipping and mixed precision").
+
+   The library does not know where a layer keeps its parameters, so you list them: one pp_grad_buf
+   per gradient array, tagged with its global layer index. Each rank lists the layers it owns.
+
+   THE NORM IS THE SAME BITS EVERYWHERE. sqrt(sum of squares) over every element of the model,
+   computed as: per layer, the squares of its buffers' elements added in f64 (each element
+   widened to f64, so the square of an f32 is exact), buffer by buffer in the order you list them
+   and element by element; then the per-layer sums added in layer index order, in f64; then the
+   square root. Every rank contributes the sums of its own layers to a vector of one slot per
+   layer, zeros elsewhere; an all-reduce of that vector is exact (each slot has one non-zero
+   term), so every rank adds the same list in the same order. Whatever p, v, schedule or
+   partition, the norm is the bits of the sequential model's, given its gradients' bits (which
+   the library keeps): a pipelined run clips exactly as the sequential one.
+   - Tied parameters count once: after pp_tied_sum_grads both copies hold the sum; list the
+     second copy (the head's) with tied_copy = 1: the norm skips it, clipping and unscaling
+     scale it, so the copies stay equal. An entry whose data is that of an earlier entry is
+     skipped for everything (a truly tied, shared buffer, pp = 1).
+   - Data parallelism: call it after pp_grad_allreduce, over one pipeline's ranks (the stage's
+     transport, or pp_grid.pipe): every replica then holds the same gradients and computes the
+     same norm, without a message between replicas. A layer listed by two ranks of the group
+     (the group spans replicas) is refused on every rank, PP_ERR_INVALID.
+   - Where the gradients live: host memory (device NULL), or memory whose pp_device_ops have a
+     copy (pipeline_cuda.h: pp_cuda_device_ops(c, rank)): read and written back 64Ki elements at
+     a time through a host buffer, without a kernel (a device-to-host copy of the gradients per
+     call: fine for a norm per step, not free).
+   - dtypes: f32, f64, f16, bf16 (f16 and bf16 widened exactly). */
+typedef struct pp_grad_buf {
+    int layer;                      /* global layer index the parameter belongs to */
+    void* data;                     /* count elements of dtype */
+    size_t count;
+    pp_dtype dtype;                 /* PP_F32, PP_F64, PP_F16 or PP_BF16 */
+    int tied_copy;                  /* 1: a tied parameter's second copy: not counted, but scaled */
+    const pp_device_ops* device;    /* NULL: host memory; else its copy reaches data */
+} pp_grad_buf;
+
+/* The ranks that take part in a collective: transport t's ranks[0..n_ranks) (ranks NULL: all of
+   t's ranks), with a deadline for each wait (0: PP_DEFAULT_TIMEOUT_S). A NULL group, or t NULL:
+   this process alone, no message. */
+typedef struct pp_group {
+    const pp_transport* t;
+    const int* ranks;
+    int n_ranks;
+    double timeout_s;
+} pp_group;
+
+/* The norm (above) of the model's n_layers layers over group g; *norm is the same on every rank
+   of g. Every rank of g must call it (one all-reduce of 2 * n_layers doubles, over
+   allreduce_sum or, where the transport has none, pp_allreduce_p2p). */
+pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs, int n_bufs, double* norm,
+                       pp_error* err);
+/* Clipping as torch.nn.utils.clip_grad_norm_ does it: every listed gradient (tied copies
+   included, shared buffers once) is multiplied by coef = max_norm / (norm + 1e-6) when that is
+   below 1, else left alone; *coef (may be NULL) gets min(1, coef). norm is the global norm from
+   pp_grad_norm: every rank passes the same and scales by the same factor (f32 by (float)coef,
+   f64 by coef, f16/bf16 through f32 with one rounding). A NaN or Inf norm leaves the gradients
+   untouched and returns PP_ERR_NONFINITE; max_norm must be finite and > 0. */
+pp_result pp_grad_clip(const pp_grad_buf* bufs, int n_bufs, double max_norm, double norm, double* coef,
+                       pp_error* err);
+/* The same for one rank of a pipeline: over the stage's transport (every rank of it), the model's
+   layers and the stage's timeout; every buffer must belong to a layer this rank owns. Every
+   rank of the pipeline calls it, between steps (a call while a step runs on the stage returns
+   PP_ERR_INVALID). _clip: the norm, then pp_grad_clip with it (*norm gets the norm before). */
+pp_result pp_stage_grad_norm(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err);
+pp_result pp_stage_grad_clip(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double max_norm, double* norm,
+                             pp_error* err);
+/* The same for a one-process pipeline (threads or CUDA streams): every layer's buffers, from
+   whichever rank's gradients hold them; no message. Between steps. */
+pp_result pp_pipeline_grad_norm(pp_pipeline* pl, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err);
+pp_result pp_pipeline_grad_clip(pp_pipeline* pl, const pp_grad_buf* bufs, int n_bufs, double max_norm, double* norm,
+                                pp_error* err);
+
+/* Dynamic loss scaling for f16 (torch.cuda.amp.GradScaler's rule). Each step: set
+   pp_batch.loss_scale = s.scale (the loss layer's gradient, and so every gradient, is scaled
+   by it; the reported loss is not); after the tied sum and the data-parallel all-reduce,
+   pp_loss_scaler_check(&s, ...). It looks for a NaN or Inf in this rank's listed gradients and
+   agrees on the answer with every other rank through an all-reduce of the found flag over each
+   group in turn, so that a NaN anywhere, on any pipe or data-parallel rank, gives the same
+   verdict everywhere: *skip = 1, the gradients are left as they are (zero them, and skip the
+   optimizer step), scale *= backoff_factor (not below min_scale). Otherwise *skip = 0, every
+   listed gradient is multiplied by 1 / scale (exact for the default powers of two), and after
+   growth_interval such steps in a row scale *= growth_factor. Then clip and step. */
+typedef struct pp_loss_scaler_desc {
+    float init_scale;               /* 0: 65536 (2^16) */
+    float growth_factor;            /* 0: 2 */
+    float backoff_factor;           /* 0: 0.5 */
+    int growth_interval;            /* 0: 2000 clean steps in a row before the scale grows */
+    float min_scale;                /* 0: 1; the scale never backs off below it */
+} pp_loss_scaler_desc;
+
+typedef struct pp_loss_scaler {
+    pp_loss_scaler_desc d;          /* defaults resolved at init */
+    float scale;                    /* this step's loss scale: pp_batch.loss_scale */
+    int good_steps;                 /* clean steps since the scale last changed */
+    int64_t steps, skipped;         /* checks so far, and how many skipped the step */
+} pp_loss_scaler;
+
+/* d may be NULL (every default). Refuses factors that would not move the scale the right way. */
+pp_result pp_loss_scaler_init(pp_loss_scaler* s, const pp_loss_scaler_desc* d, pp_error* err);
+/* groups[0..n_groups): the ranks to agree with, one all-reduce each, in order, the same on every
+   rank: the whole world in one group (an MPI world, a threads world), or the pipeline then the
+   data-parallel group (pp_nccl_grid's pipe and dp: together they reach every rank). n_groups 0:
+   this process alone (pp_pipeline, pp_sequential_step). On an error the scaler is unchanged. */
+pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_groups, const pp_grad_buf* bufs,
+                               int n_bufs, int* skip, pp_error* err);
 
 /* >>deprecated -------------------------------------------------------------------------------- */
 /* Names of earlier versions that keep working (docs/api.md lists the current API by task; the
@@ -1464,6 +1604,59 @@ const char* pp_dtype_name(pp_dtype t) {
 size_t pp_tensor_bytes(const pp_tensor* t) {
     if (!t || t->rows < 0 || t->cols < 0) return 0;
     return (size_t)t->rows * (size_t)t->cols * pp_dtype_size(t->dtype);
+}
+
+float pp_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (uint32_t)(h >> 10) & 0x1fu, m = (uint32_t)h & 0x3ffu, u;
+    float f;
+    if (e == 0x1fu) {
+        u = sign | 0x7f800000u | (m << 13); /* Inf, or a NaN with its payload */
+    } else if (e) {
+        u = sign | ((e + 112u) << 23) | (m << 13); /* exponent bias 15 -> 127 */
+    } else {
+        f = (float)m * 5.9604644775390625e-8f; /* zero or subnormal: m * 2^-24, exact */
+        memcpy(&u, &f, 4);
+        u |= sign;
+    }
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t pp_f32_to_f16(float f) {
+    uint32_t u, a, sign, shift, mant, q, rem, half;
+    memcpy(&u, &f, 4);
+    sign = (u >> 16) & 0x8000u;
+    a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((a >> 13) & 0x1ffu)); /* a quiet NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 (and Inf): Inf */
+    if (a >= 0x38800000u) { /* a normal half (>= 2^-14): rebias, round the 13 bits dropped */
+        a -= 0x38000000u;
+        a += 0xfffu + ((a >> 13) & 1u);
+        return (uint16_t)(sign | (a >> 13));
+    }
+    if (a < 0x33000000u) return (uint16_t)sign; /* below 2^-25 (or exactly it: the tie goes to 0) */
+    shift = 126u - (a >> 23); /* a subnormal half: m = round(value * 2^24) */
+    mant = (a & 0x7fffffu) | 0x800000u;
+    q = mant >> shift;
+    rem = mant & ((1u << shift) - 1u);
+    half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++; /* 0x400 when it rounds up to the smallest normal */
+    return (uint16_t)(sign | q);
+}
+
+float pp_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t pp_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* a quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
 }
 
 /* A shape whose byte count can be computed and allocated: rows, cols >= 0, a known dtype, and
@@ -1934,6 +2127,8 @@ static pp_result _pp_batch_check(const pp_batch* b, pp_error* err) {
                         b->split_b);
     if (b->targets && b->target_row_bytes == 0)
         return _pp_fail(err, PP_ERR_INVALID, "targets given with target_row_bytes = 0");
+    if (!(b->loss_scale >= 0 && b->loss_scale <= 3.4e38f))
+        return _pp_fail(err, PP_ERR_INVALID, "loss_scale must be finite and >= 0 (0 means 1; got %g)", (double)b->loss_scale);
     if (!b->cu_seqlens) {
         if (b->n_seqs != 0) return _pp_fail(err, PP_ERR_INVALID, "n_seqs = %d without cu_seqlens", b->n_seqs);
         if (b->input.rows < b->m)
@@ -2021,6 +2216,7 @@ pp_result pp_batch_split(const pp_batch* b, pp_microbatch* mbs, int32_t* cu, pp_
                                  : NULL;
         mb->loss_scale = b->loss == PP_LOSS_MEAN_ROWS ? (float)((double)mb->rows / (double)b->input.rows)
                                                       : (float)(1.0 / b->m);
+        if (b->loss_scale != 0) mb->loss_scale *= b->loss_scale; /* a loss scaler's (exact for powers of two) */
     }
     PP_FREE(first);
     return PP_OK;
@@ -2051,6 +2247,7 @@ typedef struct _pp_plan {
     size_t guard;               /* the validation layer's guard after every buffer a layer writes
                                    (_PP_GUARD, 0 when compiled out or the blocks are on a device) */
     pp_microbatch* mbs;         /* [m] */
+    double loss_mult;           /* the batch's loss_scale (1 for 0): mbs' loss_scale include it, the step loss not */
     int32_t* cu;                /* rebased cu_seqlens of all micro-batches */
     _pp_bnd* bnd;               /* [m][L+1]: boundary l is the input of layer l */
     size_t* saved;              /* [m][L] */
@@ -2096,6 +2293,7 @@ static pp_result _pp_plan_build(_pp_plan* p, const pp_model* model, const void* 
         if (!p->cu) return _pp_fail(err, PP_ERR_NOMEM, "step plan cu_seqlens (%d entries)", cu_need);
     }
     p->m = b->m;
+    p->loss_mult = b->loss_scale != 0 ? (double)b->loss_scale : 1.0;
     if ((rc = pp_batch_split(b, p->mbs, p->cu, err)) != PP_OK) return rc;
     for (i = 0; i < b->m; i++) {
         _pp_bnd* bd = &p->bnd[(size_t)i * (L + 1)];
@@ -2377,7 +2575,7 @@ static pp_result _pp_grad_range(int weight_half, const pp_model* m, const void* 
 static float _pp_step_loss(const _pp_plan* p, const float* mb_loss) {
     double acc = 0;
     int i;
-    for (i = 0; i < p->m; i++) acc += (double)p->mbs[i].loss_scale * (double)mb_loss[i];
+    for (i = 0; i < p->m; i++) acc += (double)p->mbs[i].loss_scale / p->loss_mult * (double)mb_loss[i];
     return (float)acc;
 }
 
@@ -5517,6 +5715,46 @@ pp_result pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dt
     return _pp_allreduce_p2p(t, buf, count, dtype, ranks, n_ranks, timeout_s, err);
 }
 
+/* f16/bf16 (uint16_t bits) to f32 and back, n elements. */
+static void _pp_half_widen(float* dst, const uint16_t* src, size_t n, pp_dtype t) {
+    size_t i;
+    if (t == PP_F16)
+        for (i = 0; i < n; i++) dst[i] = pp_f16_to_f32(src[i]);
+    else
+        for (i = 0; i < n; i++) dst[i] = pp_bf16_to_f32(src[i]);
+}
+static void _pp_half_narrow(uint16_t* dst, const float* src, size_t n, pp_dtype t) {
+    size_t i;
+    if (t == PP_F16)
+        for (i = 0; i < n; i++) dst[i] = pp_f32_to_f16(src[i]);
+    else
+        for (i = 0; i < n; i++) dst[i] = pp_f32_to_bf16(src[i]);
+}
+
+/* f16/bf16 gradients summed over ranks[0..n_ranks) in f32 (the transport's f32 sum), scaled
+   in f32, rounded back once: _PP_HALF_CHUNK elements at a time, the same chunks on every rank. */
+#define _PP_HALF_CHUNK ((size_t)1 << 18)
+static pp_result _pp_half_sum(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
+                              pp_dtype dtype, double scale, double timeout_s, pp_error* err) {
+    size_t chunk = count < _PP_HALF_CHUNK ? count : _PP_HALF_CHUNK, off, n, i;
+    uint16_t* h = (uint16_t*)buf;
+    pp_result rc = PP_OK;
+    float* tmp;
+    if (count == 0 || (n_ranks <= 1 && scale == 1.0)) return PP_OK;
+    if (!(tmp = (float*)PP_MALLOC(chunk * sizeof(float))))
+        return _pp_fail(err, PP_ERR_NOMEM, "f32 buffer of %zu elements for %s gradients", chunk, pp_dtype_name(dtype));
+    for (off = 0; off < count; off += n) {
+        n = count - off < chunk ? count - off : chunk;
+        _pp_half_widen(tmp, h + off, n, dtype);
+        if (n_ranks > 1 && (rc = t->allreduce_sum(t->self, tmp, n, PP_F32, ranks, n_ranks, timeout_s, err)) != PP_OK) break;
+        if (scale != 1.0)
+            for (i = 0; i < n; i++) tmp[i] *= (float)scale;
+        _pp_half_narrow(h + off, tmp, n, dtype);
+    }
+    PP_FREE(tmp);
+    return rc;
+}
+
 static void _pp_scale(void* buf, size_t count, pp_dtype dtype, double scale) {
     size_t i;
     if (scale == 1.0) return;
@@ -5531,7 +5769,8 @@ pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks
     int all[PP_MAX_RANKS], i;
     pp_result rc;
     if (!t || !t->allreduce_sum) return _pp_fail(err, PP_ERR_INVALID, "transport has no allreduce_sum");
-    if (dtype != PP_F32 && dtype != PP_F64) return _pp_fail(err, PP_ERR_INVALID, "gradients must be f32 or f64");
+    if (dtype != PP_F32 && dtype != PP_F64 && dtype != PP_F16 && dtype != PP_BF16)
+        return _pp_fail(err, PP_ERR_INVALID, "gradients must be f32, f64, f16 or bf16 (got %s)", pp_dtype_name(dtype));
     if (count && !buf) return _pp_fail(err, PP_ERR_INVALID, "gradient buffer is NULL");
     if (!ranks) {
         if (t->size < 1 || t->size > PP_MAX_RANKS)
@@ -5541,6 +5780,7 @@ pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks
         n_ranks = t->size;
     }
     if ((rc = _pp_check_group(t, ranks, n_ranks, err)) != PP_OK) return rc;
+    if (dtype == PP_F16 || dtype == PP_BF16) return _pp_half_sum(t, ranks, n_ranks, buf, count, dtype, scale, timeout_s, err);
     if (n_ranks > 1 && count) {
         rc = t->allreduce_sum(t->self, buf, count, dtype, ranks, n_ranks, timeout_s, err);
         if (rc != PP_OK) return rc;
@@ -5591,11 +5831,26 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
     int role;
     size_t i;
     if ((rc = _pp_tied_check(t, pair, &role, err)) != PP_OK) return rc;
-    if (dtype != PP_F32 && dtype != PP_F64) return _pp_fail(err, PP_ERR_INVALID, "tied gradients must be f32 or f64");
+    if (dtype != PP_F32 && dtype != PP_F64 && dtype != PP_F16 && dtype != PP_BF16)
+        return _pp_fail(err, PP_ERR_INVALID, "tied gradients must be f32, f64, f16 or bf16 (got %s)", pp_dtype_name(dtype));
     if (role == 0 || count == 0) return PP_OK;
     if (role == 3) {
         if (!grad_a || !grad_b) return _pp_fail(err, PP_ERR_INVALID, "rank %d holds both tied copies: pass both", t->rank);
         if (grad_a == grad_b) return PP_OK; /* one shared buffer already holds the sum */
+        if (dtype == PP_F16 || dtype == PP_BF16) { /* added in f32, rounded once */
+            uint16_t *ha = (uint16_t*)grad_a, *hb = (uint16_t*)grad_b;
+            for (i = 0; i < count; i++) {
+                float x[2];
+                uint16_t y[2];
+                y[0] = ha[i];
+                y[1] = hb[i];
+                _pp_half_widen(x, y, 2, dtype);
+                x[0] += x[1];
+                _pp_half_narrow(&ha[i], x, 1, dtype);
+                hb[i] = ha[i];
+            }
+            return PP_OK;
+        }
         if (dtype == PP_F32)
             for (i = 0; i < count; i++) ((float*)grad_b)[i] = ((float*)grad_a)[i] += ((float*)grad_b)[i];
         else
@@ -5605,6 +5860,8 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
     if (!t->allreduce_sum) return _pp_fail(err, PP_ERR_INVALID, "transport has no allreduce_sum");
     if (!(role == 1 ? grad_a : grad_b))
         return _pp_fail(err, PP_ERR_INVALID, "rank %d: its tied gradient copy is NULL", t->rank);
+    if (dtype == PP_F16 || dtype == PP_BF16)
+        return _pp_half_sum(t, pair, 2, role == 1 ? grad_a : grad_b, count, dtype, 1.0, timeout_s, err);
     return t->allreduce_sum(t->self, role == 1 ? grad_a : grad_b, count, dtype, pair, 2, timeout_s, err);
 }
 
@@ -8396,6 +8653,354 @@ const int* pp_pipeline_partition(const pp_pipeline* pl) { return pl ? pl->first 
 pp_stage* pp_pipeline_stage(pp_pipeline* pl, int rank) { return pl && rank >= 0 && rank < pl->d.p ? pl->st[rank] : NULL; }
 pp_threads* pp_pipeline_threads(pp_pipeline* pl) {
     return pl && pl->world.destroy == _pp_plw_threads_destroy ? (pp_threads*)pl->world.self : NULL;
+}
+
+/* >>impl-grad: the global gradient norm, clipping and the loss scaler (>>grad). */
+#define _PP_GRAD_CHUNK ((size_t)1 << 16) /* elements staged at a time from device memory */
+
+/* The listed buffers: layers inside [0, n_layers) (n_layers 0: any), a gradient dtype, data
+   where count > 0, a copy where device memory is named. */
+static pp_result _pp_gbufs_check(const pp_grad_buf* bufs, int n_bufs, int n_layers, pp_error* err) {
+    int i;
+    if (n_bufs < 0 || (n_bufs > 0 && !bufs))
+        return _pp_fail(err, PP_ERR_INVALID, "%d gradient buffers (bufs %s)", n_bufs, bufs ? "given" : "NULL");
+    for (i = 0; i < n_bufs; i++) {
+        const pp_grad_buf* b = &bufs[i];
+        pp_dtype t = b->dtype;
+        if (b->layer < 0 || (n_layers > 0 && b->layer >= n_layers))
+            return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d: layer %d is outside the model's %d layers", i, b->layer,
+                            n_layers);
+        if (t != PP_F32 && t != PP_F64 && t != PP_F16 && t != PP_BF16)
+            return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d (layer %d): dtype %s (f32, f64, f16 or bf16)", i,
+                            b->layer, pp_dtype_name(t));
+        if (b->count && !b->data)
+            return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d (layer %d): data is NULL", i, b->layer);
+        if (b->count > ((size_t)1 << 60) / pp_dtype_size(t))
+            return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d (layer %d): %zu elements", i, b->layer, b->count);
+        if (b->device && !b->device->copy)
+            return _pp_fail(err, PP_ERR_INVALID,
+                            "gradient buffer %d (layer %d): its device ops have no copy (pp_cuda_device_ops has one)", i,
+                            b->layer);
+    }
+    return PP_OK;
+}
+
+/* 1 when bufs[i]'s data is an earlier entry's: that buffer was counted and scaled already. */
+static int _pp_gbuf_dup(const pp_grad_buf* bufs, int i) {
+    int j;
+    if (!bufs[i].count) return 1;
+    for (j = 0; j < i; j++)
+        if (bufs[j].count && bufs[j].data == bufs[i].data) return 1;
+    return 0;
+}
+
+/* What _pp_gbuf_run does over a buffer's elements. */
+enum { _PP_G_SUMSQ = 0, _PP_G_NONFINITE = 1, _PP_G_SCALE = 2 };
+
+/* op over p[0..n) of dtype t, in element order: SUMSQ adds x*x (in f64) to *acc, NONFINITE
+   sets *found on a NaN or Inf, SCALE multiplies by c (f32 by (float)c; f16/bf16 through f32,
+   one rounding; f64 by c). */
+static void _pp_gbuf_op(void* p, pp_dtype t, size_t n, int op, double c, double* acc, int* found) {
+    size_t i;
+    double a = acc ? *acc : 0;
+    float fc = (float)c;
+    switch (t) {
+    case PP_F32: {
+        float* x = (float*)p;
+        if (op == _PP_G_SUMSQ)
+            for (i = 0; i < n; i++) a += (double)x[i] * (double)x[i];
+        else if (op == _PP_G_NONFINITE)
+            for (i = 0; i < n && !*found; i++) *found = !(x[i] - x[i] == 0.0f);
+        else
+            for (i = 0; i < n; i++) x[i] *= fc;
+        break;
+    }
+    case PP_F64: {
+        double* x = (double*)p;
+        if (op == _PP_G_SUMSQ)
+            for (i = 0; i < n; i++) a += x[i] * x[i];
+        else if (op == _PP_G_NONFINITE)
+            for (i = 0; i < n && !*found; i++) *found = !(x[i] - x[i] == 0.0);
+        else
+            for (i = 0; i < n; i++) x[i] *= c;
+        break;
+    }
+    default: { /* f16, bf16 */
+        uint16_t* x = (uint16_t*)p;
+        uint16_t mask = t == PP_F16 ? 0x7c00u : 0x7f80u;
+        for (i = 0; i < n; i++) {
+            float f;
+            if (op == _PP_G_NONFINITE) {
+                if ((x[i] & mask) == mask) {
+                    *found = 1;
+                    break;
+                }
+                continue;
+            }
+            f = t == PP_F16 ? pp_f16_to_f32(x[i]) : pp_bf16_to_f32(x[i]);
+            if (op == _PP_G_SUMSQ) a += (double)f * (double)f;
+            else x[i] = t == PP_F16 ? pp_f32_to_f16(f * fc) : pp_f32_to_bf16(f * fc);
+        }
+        break;
+    }
+    }
+    if (acc) *acc = a;
+}
+
+/* op over one buffer: in place in host memory; through a host staging buffer (*scratch,
+   _PP_GRAD_CHUNK elements of 8 bytes, allocated at first use, the caller frees it) and the
+   device's copy in device memory, SCALE copying each chunk back. */
+static pp_result _pp_gbuf_run(const pp_grad_buf* b, int op, double c, double* acc, int* found, unsigned char** scratch,
+                              pp_error* err) {
+    size_t es = pp_dtype_size(b->dtype), off, n;
+    pp_result rc;
+    if (!b->device) {
+        _pp_gbuf_op(b->data, b->dtype, b->count, op, c, acc, found);
+        return PP_OK;
+    }
+    if (!*scratch && !(*scratch = (unsigned char*)PP_MALLOC(_PP_GRAD_CHUNK * 8)))
+        return _pp_fail(err, PP_ERR_NOMEM, "host buffer of %zu bytes for device gradients", _PP_GRAD_CHUNK * 8);
+    for (off = 0; off < b->count; off += n) {
+        unsigned char* src = (unsigned char*)b->data + off * es;
+        n = b->count - off < _PP_GRAD_CHUNK ? b->count - off : _PP_GRAD_CHUNK;
+        if ((rc = b->device->copy(b->device->user, *scratch, src, n * es, 1)) != PP_OK)
+            return _pp_fail(err, rc, "layer %d: copying %zu bytes of gradients to the host", b->layer, n * es);
+        _pp_gbuf_op(*scratch, b->dtype, n, op, c, acc, found);
+        if (op == _PP_G_NONFINITE && *found) break;
+        if (op == _PP_G_SCALE && (rc = b->device->copy(b->device->user, src, *scratch, n * es, 0)) != PP_OK)
+            return _pp_fail(err, rc, "layer %d: copying %zu bytes of gradients back to the device", b->layer, n * es);
+    }
+    return PP_OK;
+}
+
+/* op over every listed buffer (shared ones once), tied copies included. */
+static pp_result _pp_gbufs_run(const pp_grad_buf* bufs, int n_bufs, int op, double c, int* found, pp_error* err) {
+    unsigned char* scratch = NULL;
+    pp_result rc = PP_OK;
+    int i;
+    for (i = 0; i < n_bufs && rc == PP_OK; i++) {
+        if (_pp_gbuf_dup(bufs, i)) continue;
+        rc = _pp_gbuf_run(&bufs[i], op, c, NULL, found, &scratch, err);
+        if (op == _PP_G_NONFINITE && *found) break;
+    }
+    PP_FREE(scratch);
+    return rc;
+}
+
+/* The group's ranks (all of t's when g->ranks is NULL) into *ranks / *n, checked; *n = 1 for a
+   process alone. */
+static pp_result _pp_group_resolve(const pp_group* g, int* all, const int** ranks, int* n, pp_error* err) {
+    const pp_transport* t = g ? g->t : NULL;
+    int i;
+    *ranks = NULL;
+    *n = 1;
+    if (!t) return PP_OK;
+    if (!g->ranks) {
+        if (t->size < 1 || t->size > PP_MAX_RANKS) return _pp_fail(err, PP_ERR_INVALID, "transport has %d ranks", t->size);
+        for (i = 0; i < t->size; i++) all[i] = i;
+        *ranks = all;
+        *n = t->size;
+    } else {
+        *ranks = g->ranks;
+        *n = g->n_ranks;
+    }
+    if (*n > 1 && !t->allreduce_sum && (!t->isend || !t->irecv || !t->wait))
+        return _pp_fail(err, PP_ERR_INVALID, "the group's transport has neither allreduce_sum nor isend/irecv/wait");
+    return _pp_check_group(t, *ranks, *n, err);
+}
+
+/* buf (count doubles) summed over the group, in place. */
+static pp_result _pp_group_sum(const pp_group* g, double* buf, size_t count, pp_error* err) {
+    int all[PP_MAX_RANKS], n;
+    const int* ranks;
+    pp_result rc = _pp_group_resolve(g, all, &ranks, &n, err);
+    if (rc != PP_OK || n <= 1) return rc;
+    if (g->t->allreduce_sum) return g->t->allreduce_sum(g->t->self, buf, count, PP_F64, ranks, n, g->timeout_s, err);
+    return _pp_allreduce_p2p(g->t, buf, count, PP_F64, ranks, n, g->timeout_s, err);
+}
+
+pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs, int n_bufs, double* norm,
+                       pp_error* err) {
+    unsigned char* scratch = NULL;
+    double *v, total = 0;
+    pp_result rc;
+    int i, l;
+    if (!norm) return _pp_fail(err, PP_ERR_INVALID, "norm is NULL");
+    *norm = 0;
+    if (n_layers < 1) return _pp_fail(err, PP_ERR_INVALID, "a model of %d layers", n_layers);
+    if ((rc = _pp_gbufs_check(bufs, n_bufs, n_layers, err)) != PP_OK) return rc;
+    /* v[l]: layer l's sum of squares; v[n_layers + l]: 1 where this rank listed layer l */
+    if (!(v = (double*)_pp_calloc(2 * (size_t)n_layers, sizeof *v)))
+        return _pp_fail(err, PP_ERR_NOMEM, "norm vector of %d layers", n_layers);
+    for (i = 0; i < n_bufs && rc == PP_OK; i++) {
+        if (bufs[i].tied_copy || _pp_gbuf_dup(bufs, i)) continue;
+        rc = _pp_gbuf_run(&bufs[i], _PP_G_SUMSQ, 0, &v[bufs[i].layer], NULL, &scratch, err);
+        v[n_layers + bufs[i].layer] = 1;
+    }
+    PP_FREE(scratch);
+#ifdef PP_TEST_NO_NORM_ORDER /* negative control (test_gradnorm): this rank's layers first, then the ranks' totals */
+    for (l = 0; l < n_layers; l++) total += v[l];
+    if (rc == PP_OK) rc = _pp_group_sum(g, &total, 1, err);
+    (void)i;
+#else
+    if (rc == PP_OK) rc = _pp_group_sum(g, v, 2 * (size_t)n_layers, err);
+    for (l = 0; l < n_layers && rc == PP_OK; l++) {
+        if (v[n_layers + l] > 1)
+            rc = _pp_fail(err, PP_ERR_INVALID,
+                          "layer %d's gradients were listed by %.0f ranks of the group: a layer belongs to one rank "
+                          "(over data-parallel replicas, pass one pipeline's ranks, after pp_grad_allreduce)",
+                          l, v[n_layers + l]);
+        total += v[l]; /* in layer order, the same list on every rank */
+    }
+#endif
+    PP_FREE(v);
+    if (rc == PP_OK) *norm = sqrt(total);
+    return rc;
+}
+
+pp_result pp_grad_clip(const pp_grad_buf* bufs, int n_bufs, double max_norm, double norm, double* coef,
+                       pp_error* err) {
+    double c;
+    pp_result rc;
+    int found = 0;
+    if (coef) *coef = 1;
+    if (!(max_norm > 0 && max_norm < 1e308))
+        return _pp_fail(err, PP_ERR_INVALID, "max_norm must be finite and > 0 (got %g)", max_norm);
+    if (!(norm >= 0 && norm < 1e308)) /* NaN, Inf or negative */
+        return _pp_fail(err, norm < 0 ? PP_ERR_INVALID : PP_ERR_NONFINITE,
+                        "the gradient norm is %g: the gradients are left as they are", norm);
+    if ((rc = _pp_gbufs_check(bufs, n_bufs, 0, err)) != PP_OK) return rc;
+    c = max_norm / (norm + 1e-6);
+    if (c >= 1) return PP_OK;
+    if (coef) *coef = c;
+    return _pp_gbufs_run(bufs, n_bufs, _PP_G_SCALE, c, &found, err);
+}
+
+/* This rank owns every listed layer. */
+static pp_result _pp_stage_owns(const pp_stage* s, const pp_grad_buf* bufs, int n_bufs, pp_error* err) {
+    int i, r;
+    for (i = 0; i < n_bufs; i++) {
+        if (bufs[i].layer < 0 || bufs[i].layer >= s->L) continue; /* _pp_gbufs_check names it */
+        r = pp_schedule_layer_rank(s->d.schedule, s->d.partition, bufs[i].layer);
+        if (r != s->d.rank)
+            return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d: layer %d (%s) belongs to rank %d, not to this rank (%d)",
+                            i, bufs[i].layer, _pp_layer_name(&s->d.model, bufs[i].layer), r, s->d.rank);
+    }
+    return PP_OK;
+}
+
+static pp_result _pp_stage_grad(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, int clip, double max_norm,
+                                double* norm, pp_error* err) {
+    pp_group g;
+    pp_result rc;
+    if (norm) *norm = 0;
+    if (!st) return _pp_fail(err, PP_ERR_INVALID, "stage is NULL");
+    if (!st->step_mu_ok || pthread_mutex_trylock(&st->step_mu) != 0)
+        return _pp_fail(err, PP_ERR_INVALID, "rank %d: a step is running on this stage", st->d.rank);
+    memset(&g, 0, sizeof g);
+    g.t = &st->d.transport;
+    g.timeout_s = st->d.timeout_s;
+    rc = _pp_stage_owns(st, bufs, n_bufs, err);
+    if (rc == PP_OK) rc = pp_grad_norm(&g, st->L, bufs, n_bufs, norm, err);
+    if (rc == PP_OK && clip) rc = pp_grad_clip(bufs, n_bufs, max_norm, *norm, NULL, err);
+    pthread_mutex_unlock(&st->step_mu);
+    return rc;
+}
+
+pp_result pp_stage_grad_norm(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err) {
+    return _pp_stage_grad(st, bufs, n_bufs, 0, 0, norm, err);
+}
+
+pp_result pp_stage_grad_clip(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double max_norm, double* norm,
+                             pp_error* err) {
+    double n;
+    pp_result rc = _pp_stage_grad(st, bufs, n_bufs, 1, max_norm, norm ? norm : &n, err);
+    return rc;
+}
+
+static pp_result _pp_pipeline_grad(pp_pipeline* pl, const pp_grad_buf* bufs, int n_bufs, int clip, double max_norm,
+                                   double* norm, pp_error* err) {
+    pp_result rc;
+    if (norm) *norm = 0;
+    if (!pl) return _pp_fail(err, PP_ERR_INVALID, "pipeline is NULL");
+    if (!pl->step_mu_ok || pthread_mutex_trylock(&pl->step_mu) != 0)
+        return _pp_fail(err, PP_ERR_INVALID, "a step is running on this pipeline");
+    rc = pp_grad_norm(NULL, pl->d.model.n_layers, bufs, n_bufs, norm, err);
+    if (rc == PP_OK && clip) rc = pp_grad_clip(bufs, n_bufs, max_norm, *norm, NULL, err);
+    pthread_mutex_unlock(&pl->step_mu);
+    return rc;
+}
+
+pp_result pp_pipeline_grad_norm(pp_pipeline* pl, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err) {
+    return _pp_pipeline_grad(pl, bufs, n_bufs, 0, 0, norm, err);
+}
+
+pp_result pp_pipeline_grad_clip(pp_pipeline* pl, const pp_grad_buf* bufs, int n_bufs, double max_norm, double* norm,
+                                pp_error* err) {
+    double n;
+    return _pp_pipeline_grad(pl, bufs, n_bufs, 1, max_norm, norm ? norm : &n, err);
+}
+
+pp_result pp_loss_scaler_init(pp_loss_scaler* s, const pp_loss_scaler_desc* d, pp_error* err) {
+    pp_loss_scaler_desc r;
+    if (!s) return _pp_fail(err, PP_ERR_INVALID, "scaler is NULL");
+    memset(&r, 0, sizeof r);
+    if (d) r = *d;
+    r.init_scale = _PP_DEF(r.init_scale, 65536.0f);
+    r.growth_factor = _PP_DEF(r.growth_factor, 2.0f);
+    r.backoff_factor = _PP_DEF(r.backoff_factor, 0.5f);
+    r.growth_interval = _PP_DEF(r.growth_interval, 2000);
+    r.min_scale = _PP_DEF(r.min_scale, 1.0f);
+    if (!(r.init_scale > 0 && r.init_scale < 3.4e38f) || !(r.min_scale > 0 && r.min_scale <= r.init_scale))
+        return _pp_fail(err, PP_ERR_INVALID, "loss scale %g with a minimum of %g (want 0 < min_scale <= init_scale, finite)",
+                        (double)r.init_scale, (double)r.min_scale);
+    if (!(r.growth_factor >= 1 && r.growth_factor < 3.4e38f) || !(r.backoff_factor > 0 && r.backoff_factor < 1) ||
+        r.growth_interval < 1)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "growth_factor %g (>= 1), backoff_factor %g (in (0, 1)), growth_interval %d (>= 1)",
+                        (double)r.growth_factor, (double)r.backoff_factor, r.growth_interval);
+    memset(s, 0, sizeof *s);
+    s->d = r;
+    s->scale = r.init_scale;
+    return PP_OK;
+}
+
+pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_groups, const pp_grad_buf* bufs,
+                               int n_bufs, int* skip, pp_error* err) {
+    double flag;
+    pp_result rc;
+    int found = 0, k;
+    if (skip) *skip = 1;
+    if (!s || !skip) return _pp_fail(err, PP_ERR_INVALID, "scaler or skip is NULL");
+    if (!(s->scale > 0) || s->d.growth_interval < 1)
+        return _pp_fail(err, PP_ERR_INVALID, "the scaler is not initialised (pp_loss_scaler_init)");
+    if (n_groups < 0 || (n_groups > 0 && !groups))
+        return _pp_fail(err, PP_ERR_INVALID, "%d groups (groups %s)", n_groups, groups ? "given" : "NULL");
+    if ((rc = _pp_gbufs_check(bufs, n_bufs, 0, err)) != PP_OK) return rc;
+    if ((rc = _pp_gbufs_run(bufs, n_bufs, _PP_G_NONFINITE, 0, &found, err)) != PP_OK) return rc;
+    /* agree: the flags summed over each group in turn reach every rank, the same total */
+    flag = found ? 1.0 : 0.0;
+#ifndef PP_TEST_NO_SCALER_AGREE /* negative control (test_gradnorm): each rank decides alone */
+    for (k = 0; k < n_groups; k++)
+        if ((rc = _pp_group_sum(&groups[k], &flag, 1, err)) != PP_OK) return rc;
+#else
+    (void)k;
+#endif
+    *skip = flag > 0;
+    if (!*skip && (rc = _pp_gbufs_run(bufs, n_bufs, _PP_G_SCALE, 1.0 / (double)s->scale, &found, err)) != PP_OK) {
+        *skip = 1; /* what was unscaled is lost: the step cannot be taken */
+        return rc;
+    }
+    s->steps++;
+    if (*skip) {
+        s->skipped++;
+        s->good_steps = 0;
+        s->scale = s->scale * s->d.backoff_factor < s->d.min_scale ? s->d.min_scale : s->scale * s->d.backoff_factor;
+    } else if (++s->good_steps >= s->d.growth_interval) {
+        s->good_steps = 0;
+        if (s->scale * s->d.growth_factor < 3.4e38f) s->scale *= s->d.growth_factor;
+    }
+    return PP_OK;
 }
 
 #ifdef __cplusplus

@@ -41,6 +41,10 @@
      Sizes come from the step plan (exact bytes of every micro-batch, variable lengths included)
      and the pool holds exactly the schedule's peak of live stashes (pp_step_stats.peak_live
      equals the simulator's peak_live). pp_cuda_memory reports the bytes each rank holds.
+     Their copy hook (a copy on the rank's stream, waited for) lets pipeline.h's gradient norm,
+     clipping and loss scaler (>>grad) reach gradients in GPU memory: name the rank's ops in
+     pp_grad_buf.device. No kernel: each call copies the gradients to the host and, to scale
+     them, back, 64Ki elements at a time.
    - a timeline: with desc.timeline set, a timed event pair brackets every action on the rank's
      stream; pp_cuda_step_end turns them into per-rank busy time, the step's span and its measured
      bubble fraction, and pp_cuda_timeline into pp_event records for pp_timeline_chrome (one
@@ -1075,6 +1079,29 @@ static pp_result _ppc_zero(void* user, void* ptr, size_t bytes) {
     return PP_OK;
 }
 
+/* pp_device_ops.copy: after the work enqueued on the rank's stream, on that stream, waited for
+   (the gradient norm, clipping and the loss scaler read gradients through it: pipeline.h >>grad). */
+static pp_result _ppc_copy(void* user, void* dst, const void* src, size_t bytes, int to_host) {
+    _ppc_rank* r = (_ppc_rank*)user;
+    cudaError_t e;
+    int cur = -1;
+    (void)to_host; /* the pointers say where the bytes are (unified addressing) */
+    if (bytes == 0) return PP_OK;
+    if ((e = cudaGetDevice(&cur)) == cudaSuccess && cur != r->dev) e = cudaSetDevice(r->dev);
+#ifndef PP_CUDA_TEST_COPY_UNORDERED
+    if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, r->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+#else /* negative control (build/cuda-controls): a copy not ordered after the rank's stream */
+    if (e == cudaSuccess) e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+#endif
+    if (cur >= 0 && cur != r->dev) (void)cudaSetDevice(cur);
+    if (e != cudaSuccess) {
+        _ppc_note(r, e, to_host ? "cudaMemcpyAsync (gradients to the host)" : "cudaMemcpyAsync (gradients to the device)");
+        return e == cudaErrorMemoryAllocation ? PP_ERR_NOMEM : PP_ERR_TRANSPORT;
+    }
+    return PP_OK;
+}
+
 static void _ppc_mark(void* user, const pp_action* a, int idx, int phase) {
     _ppc_rank* r = (_ppc_rank*)user;
     cudaError_t e;
@@ -1255,6 +1282,7 @@ pp_device_ops pp_cuda_device_ops(pp_cuda* c, int rank) {
     o.zero = _ppc_zero;
     o.mark = _ppc_mark;
     o.reuse = _ppc_reuse;
+    o.copy = _ppc_copy;
     o.user = &c->r[rank];
     return o;
 }
@@ -1486,7 +1514,8 @@ pp_result pp_cuda_pipeline_create(const pp_pipeline_desc* d, const pp_cuda_desc*
     if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
     *out = NULL;
     if (!d) return _pp_fail(err, PP_ERR_INVALID, "pipeline desc is NULL");
-    if (d->stage.device.alloc || d->stage.device.free || d->stage.device.zero || d->stage.device.mark || d->stage.device.reuse)
+    if (d->stage.device.alloc || d->stage.device.free || d->stage.device.zero || d->stage.device.mark || d->stage.device.reuse ||
+        d->stage.device.copy)
         return _pp_fail(err, PP_ERR_INVALID, "stage.device is the CUDA pipeline's (its blocks live in GPU memory): leave it zero");
     if ((rc = _pp_pipeline_new(d, out, err)) != PP_OK) goto fail;
     memset(&c, 0, sizeof c);

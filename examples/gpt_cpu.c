@@ -16,7 +16,7 @@
      build/gpt_cpu [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v|zb-h2|v-half|v-min|dualpipev] [-p 4]
                    [-v 2] [-m 8] [--steps 60]
                    [--text FILE | --generated] [--seqs-per-step 32] [--max-len 128]
-                   [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--optim adam|sgd]
+                   [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--optim adam|sgd] [--clip 1.0]
                    [--split seqs|tokens|cost] [--trace FILE.json] [--check]
 
    --layers counts transformer blocks (default 4, or p*v - 2 when the stages need more layers).
@@ -26,7 +26,9 @@
    split spread tokens over micro-batches (max / mean; --split seqs, equal sequence counts, shows
    how uneven a count-based split of long-tailed lengths is; the default balances tokens).
    --check runs pp_sequential_step on the first batch and requires the pipelined loss and
-   every layer's gradient to equal it bit for bit (exit 1 if not). */
+   every layer's gradient to equal it bit for bit (exit 1 if not). --clip X clips the global
+   gradient norm at X before each update (pp_pipeline_grad_clip: the sequential model's norm, bit
+   for bit, whatever the schedule) and prints the norm. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "gpt.h"
@@ -42,7 +44,9 @@ int main(int argc, char** argv) {
     gpt_opts c;
     gpt_trainer T;
     double t0, wall;
-    int step, l, rc = 1, bad = 0;
+    int step, l, rc = 1, bad = 0, nb = 0;
+    double norm = -1;
+    pp_grad_buf bufs[GPT_MAX_BLOCK + 2];
     pp_pipeline_desc d = {0};
     pp_pipeline* pl = NULL;
     pp_step_stats st;
@@ -76,6 +80,7 @@ int main(int argc, char** argv) {
            c.seqs, c.split == PP_SPLIT_SEQS ? "count" : c.split == PP_SPLIT_TOKENS ? "tokens" : "cost",
            c.sgd ? "sgd+momentum" : "adam", (double)c.lr);
     pp_partition_print(stdout, &d.model, pp_pipeline_partition(pl), pp_pipeline_schedule(pl)->n_stages, NULL);
+    gpt_grad_bufs(&T, 0, d.model.n_layers, bufs, &nb); /* every layer: one process holds them all */
 
     t0 = gpt_now();
     for (step = 0; step < c.steps; step++) {
@@ -88,9 +93,13 @@ int main(int argc, char** argv) {
             if (gpt_trainer_reference(&T, &d.model, &b)) goto cleanup;
             for (l = 0; l < d.model.n_layers; l++) bad += gpt_trainer_differs(&T, &d.model, l);
         }
+        if (c.clip > 0 && pp_pipeline_grad_clip(pl, bufs, nb, c.clip, &norm, &err) != PP_OK) {
+            fprintf(stderr, "step %d: %s\n", step, err.msg);
+            goto cleanup;
+        }
         gpt_optimize(&c, T.wbuf, T.gbuf, T.m1, T.m2, T.n_params, step); /* zeroes the gradients */
         T.loss[step] = st.loss;
-        gpt_step_print(step, st.loss, &T.steps[step], st.t_total);
+        gpt_step_print(step, st.loss, &T.steps[step], st.t_total, norm);
     }
     wall = gpt_now() - t0;
     gpt_report(&c, T.steps, T.loss, wall);

@@ -28,7 +28,9 @@ int main(int argc, char** argv) {
     gpt_trainer T;
     double t0, wall = 0;
     size_t n_acts;
-    int rank = 0, size = 1, step, chunk, l, rc = 1, bad = 0, last = 0, ok, have = 0;
+    int rank = 0, size = 1, step, chunk, l, rc = 1, bad = 0, last = 0, ok, have = 0, nb = 0;
+    double norm = -1;
+    pp_grad_buf bufs[GPT_MAX_BLOCK + 2];
     int* first = NULL;
     pp_action* acts = NULL;
     pp_schedule sched;
@@ -91,6 +93,10 @@ int main(int argc, char** argv) {
         goto cleanup;
     }
     pp_schedule_stage_to_rank(&sched, c.p * c.v - 1, &last, &chunk);
+    for (chunk = 0; chunk < c.v; chunk++) { /* --clip: this rank's layers' gradients */
+        int s = pp_schedule_rank_to_stage(&sched, rank, chunk);
+        gpt_grad_bufs(&T, first[s], first[s + 1], bufs, &nb);
+    }
     t0 = gpt_now();
     for (step = 0; step < c.steps; step++) {
         pp_batch b = gpt_step_batch(&c, &T.steps[step]);
@@ -99,19 +105,27 @@ int main(int argc, char** argv) {
             goto cleanup;
         }
         if (c.check && step == 0 && gpt_trainer_reference(&T, &d.model, &b)) goto cleanup;
-        /* the optimizer on the layers this rank's stages own (it zeroes their gradients);
-           --check first compares their gradients with the reference's */
+        /* --check compares the gradients of the layers this rank's stages own with the
+           reference's; --clip clips them all by the global norm (every rank calls it, each
+           with its own layers); then the optimizer on them (it zeroes their gradients) */
+        for (chunk = 0; chunk < c.v && c.check && step == 0; chunk++) {
+            int s = pp_schedule_rank_to_stage(&sched, rank, chunk);
+            for (l = first[s]; l < first[s + 1]; l++) bad += gpt_trainer_differs(&T, &d.model, l);
+        }
+        if (c.clip > 0 && pp_stage_grad_clip(st, bufs, nb, c.clip, &norm, &err) != PP_OK) {
+            fprintf(stderr, "rank %d: step %d: %s\n", rank, step, err.msg);
+            goto cleanup;
+        }
         for (chunk = 0; chunk < c.v; chunk++) {
             int s = pp_schedule_rank_to_stage(&sched, rank, chunk);
             for (l = first[s]; l < first[s + 1]; l++) {
                 size_t n, off = (size_t)(gpt_layer_params(&T.w, &T.gc, l, &n) - T.wbuf);
-                if (c.check && step == 0) bad += gpt_trainer_differs(&T, &d.model, l);
                 gpt_optimize(&c, T.wbuf + off, T.gbuf + off, T.m1 + off, T.m2 + off, n, step);
             }
         }
         if (ss.has_loss) {
             T.loss[step] = ss.loss;
-            gpt_step_print(step, ss.loss, &T.steps[step], ss.t_total);
+            gpt_step_print(step, ss.loss, &T.steps[step], ss.t_total, norm);
         }
     }
     wall = gpt_now() - t0;

@@ -19,6 +19,7 @@ typedef struct gpt_opts {
     int p, v, m, steps, seqs, max_len, dim, heads, layers;
     float lr;
     int sgd;                /* 0: Adam, 1: SGD with momentum 0.9 */
+    float clip;             /* --clip X: clip the global gradient norm at X before the update (0: off) */
     const char* text;
     const char* trace;      /* gpt_cpu: Chrome trace of the last step */
     int generated, check;
@@ -39,7 +40,8 @@ static void gpt_opts_usage(const char* prog) {
             "usage: %s [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v|zb-h2|v-half|v-min|dualpipev] [-p P] [-v V]\n"
             "       [-m M] [--steps N]\n"
             "       [--text FILE | --generated] [--seqs-per-step S] [--max-len L] [--dim C] [--heads H]\n"
-            "       [--layers N] [--lr LR] [--optim adam|sgd] [--split seqs|tokens|cost] [--trace FILE] [--check]\n",
+            "       [--layers N] [--lr LR] [--optim adam|sgd] [--clip X] [--split seqs|tokens|cost] [--trace FILE]\n"
+            "       [--check]\n",
             prog);
 }
 
@@ -78,6 +80,7 @@ static int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
         else if (!strcmp(a, "--heads")) c->heads = atoi(val);
         else if (!strcmp(a, "--layers")) c->layers = atoi(val);
         else if (!strcmp(a, "--lr")) c->lr = (float)atof(val);
+        else if (!strcmp(a, "--clip")) c->clip = (float)atof(val);
         else if (!strcmp(a, "--optim")) {
             if (!strcmp(val, "adam")) c->sgd = 0;
             else if (!strcmp(val, "sgd")) c->sgd = 1;
@@ -91,6 +94,10 @@ static int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
         i++;
     }
     if (c->lr < 0) c->lr = c->sgd ? 0.1f : 3e-3f;
+    if (!(c->clip >= 0)) {
+        fprintf(stderr, "--clip wants a norm >= 0 (0: off)\n");
+        return 1;
+    }
     return 0;
 }
 
@@ -251,13 +258,17 @@ static void gpt_report(const gpt_opts* c, const gpt_step* steps, const float* lo
            padded ? 100.0 * (double)saved / (double)padded : 0.0, imb);
 }
 
-/* One step's line (printed by whoever holds the loss). */
-static void gpt_step_print(int step, float loss, const gpt_step* sd, double t_step) {
-    printf("step %3d  loss %.4f  %5d tokens  %7.0f tok/s  padding saved %5lld of %5lld (%4.1f%%)  mb tokens max/mean %.2f\n",
+/* One step's line (printed by whoever holds the loss), with the gradient norm before clipping
+   where norm >= 0 (--clip). */
+static void gpt_step_print(int step, float loss, const gpt_step* sd, double t_step, double norm) {
+    printf("step %3d  loss %.4f  %5d tokens  %7.0f tok/s  padding saved %5lld of %5lld (%4.1f%%)  mb tokens max/mean %.2f",
            step, loss, sd->T, t_step > 0 ? sd->T / t_step : 0.0, (long long)sd->pad_saved, (long long)sd->padded,
            sd->padded ? 100.0 * (double)sd->pad_saved / (double)sd->padded : 0.0, sd->imbalance);
+    if (norm >= 0) printf("  grad norm %.4f", norm);
+    printf("\n");
     fflush(stdout);
 }
+
 
 /* What both programs set up the same way: the text, every step's batch, the model's weights,
    gradients (gpt_init's layout), the optimizer's moments, and the partition's sample. */
@@ -310,6 +321,21 @@ static int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
     T->sample.cols = 1;
     T->sample.dtype = PP_I32;
     return 0;
+}
+
+/* --clip: the gradient buffers (pipeline.h >>grad) of layers [l0, l1), one per layer (its span
+   of gpt_init's layout in T->gbuf), appended to out[*n]. */
+static void gpt_grad_bufs(const gpt_trainer* T, int l0, int l1, pp_grad_buf* out, int* n) {
+    int l;
+    for (l = l0; l < l1; l++) {
+        pp_grad_buf* b = &out[(*n)++];
+        size_t cnt, off = (size_t)(gpt_layer_params(&T->w, &T->gc, l, &cnt) - T->wbuf);
+        memset(b, 0, sizeof *b);
+        b->layer = l;
+        b->data = T->gbuf + off;
+        b->count = cnt;
+        b->dtype = PP_F32;
+    }
 }
 
 /* --check: the sequential reference of batch b (before any update) into T->gref; 0 on success. */

@@ -387,6 +387,132 @@ static void test_early_copies_rare(void) {
     pp_pipeline_destroy(pl);
 }
 
+/* ---- pipeline.h's gradient norm, clipping and loss scaler on gradients in device memory ------ */
+/* A kernel that writes late: 20 ms on the stream, then it fills its device buffer. */
+typedef struct late_fill {
+    float* dev;
+    size_t n;
+    float v;
+} late_fill;
+static int late_kernel(void* user) {
+    late_fill* j = (late_fill*)user;
+    float* p = (float*)fakecuda_dev_ptr(j->dev, j->n * sizeof(float));
+    struct timespec ts = {0, 20 * 1000000L};
+    size_t i;
+    if (!p) return 1;
+    nanosleep(&ts, NULL);
+    for (i = 0; i < j->n; i++) p[i] = j->v;
+    return 0;
+}
+
+/* The MLP's gradients (host: a copy of the reference's; device: the same bytes, each layer on
+   rank l % 2's GPU) plus an f16 copy of layer 0's weights: norm, clip and scaler through the
+   device ops' copy give the host's bits. */
+static void test_grad_device(void) {
+    pp_cuda* c = NULL;
+    pp_cuda_desc cd;
+    pp_device_ops ops[2], nocopy;
+    pp_grad_buf hb[MLP_DEPTH + 1], db[MLP_DEPTH + 1];
+    void* dptr[MLP_DEPTH + 1];
+    float* host = (float*)malloc(NPAR * sizeof(float));
+    float* back = (float*)malloc(NPAR * sizeof(float));
+    uint16_t h16[64];
+    int devs[2] = {3, 1}, l, n = MLP_DEPTH + 1, skip = -1, dskip = -1;
+    double nh = 0, nd = 0;
+    pp_loss_scaler hs, ds;
+    pp_error err;
+    late_fill job;
+    float nan = NAN;
+    size_t i;
+    err.msg[0] = 0;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 2;
+    cd.devices = devs;
+    if (!host || !back || pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        CHECK(0, "device gradients: set-up");
+        free(host);
+        free(back);
+        return;
+    }
+    memcpy(host, GREFBUF, NPAR * sizeof(float));
+    for (l = 0; l < 2; l++) ops[l] = pp_cuda_device_ops(c, l);
+    for (l = 0; l < MLP_DEPTH; l++) { /* a dense layer's w and b are contiguous: one buffer each */
+        size_t off = (size_t)(GREF.dense[l].w - GREFBUF), cnt = (size_t)GREF.dense[l].in * GREF.dense[l].out + GREF.dense[l].out;
+        memset(&hb[l], 0, sizeof hb[l]);
+        hb[l].layer = l;
+        hb[l].data = host + off;
+        hb[l].count = cnt;
+        hb[l].dtype = PP_F32;
+        db[l] = hb[l];
+        db[l].device = &ops[l % 2];
+        dptr[l] = NULL;
+        CHECK(cudaSetDevice(devs[l % 2]) == cudaSuccess && cudaMalloc(&dptr[l], cnt * sizeof(float)) == cudaSuccess &&
+                  cudaMemcpy(dptr[l], host + off, cnt * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess,
+              "device gradients: layer %d's upload", l);
+        db[l].data = dptr[l];
+    }
+    for (i = 0; i < 64; i++) h16[i] = pp_f32_to_f16(host[i] * 64.0f);
+    memset(&hb[MLP_DEPTH], 0, sizeof hb[0]);
+    hb[MLP_DEPTH].layer = 0;
+    hb[MLP_DEPTH].data = h16;
+    hb[MLP_DEPTH].count = 64;
+    hb[MLP_DEPTH].dtype = PP_F16;
+    db[MLP_DEPTH] = hb[MLP_DEPTH];
+    db[MLP_DEPTH].device = &ops[1];
+    dptr[MLP_DEPTH] = NULL;
+    CHECK(cudaSetDevice(devs[1]) == cudaSuccess && cudaMalloc(&dptr[MLP_DEPTH], sizeof h16) == cudaSuccess &&
+              cudaMemcpy(dptr[MLP_DEPTH], h16, sizeof h16, cudaMemcpyHostToDevice) == cudaSuccess,
+          "device gradients: the f16 upload");
+    db[MLP_DEPTH].data = dptr[MLP_DEPTH];
+    /* layer 1's weights rewritten by a late kernel on its rank's stream: the norm must wait for it */
+    job.dev = (float*)dptr[1];
+    job.n = (size_t)GREF.dense[1].in * GREF.dense[1].out;
+    job.v = 0.25f;
+    for (i = 0; i < job.n; i++) ((float*)hb[1].data)[i] = 0.25f;
+    CHECK(cudaSetDevice(devs[1]) == cudaSuccess && fakecuda_launch(pp_cuda_stream(c, 1), late_kernel, &job) == cudaSuccess,
+          "late kernel");
+    CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+    CHECK(pp_grad_norm(NULL, MLP_DEPTH + 1, hb, n, &nh, &err) == PP_OK, "host norm: %s", err.msg);
+    CHECK(pp_grad_norm(NULL, MLP_DEPTH + 1, db, n, &nd, &err) == PP_OK && memcmp(&nh, &nd, sizeof nh) == 0,
+          "device gradients: norm %.17g, on the host %.17g (after the late kernel): %s", nd, nh, err.msg);
+    /* clip both by the same factor: the same bits */
+    CHECK(pp_grad_clip(hb, n, nh * 0.5, nh, NULL, &err) == PP_OK && pp_grad_clip(db, n, nh * 0.5, nh, NULL, &err) == PP_OK,
+          "clip: %s", err.msg);
+    for (l = 0; l < n; l++) {
+        size_t bytes = hb[l].count * pp_dtype_size(hb[l].dtype);
+        CHECK(cudaMemcpy(back, dptr[l], bytes, cudaMemcpyDeviceToHost) == cudaSuccess && memcmp(back, hb[l].data, bytes) == 0,
+              "device gradients: buffer %d clipped as on the host", l);
+    }
+    /* the scaler: a NaN on the device skips; then a clean check unscales as on the host */
+    CHECK(pp_loss_scaler_init(&hs, NULL, &err) == PP_OK && pp_loss_scaler_init(&ds, NULL, &err) == PP_OK, "scalers");
+    CHECK(cudaMemcpy((float*)dptr[3] + 2, &nan, sizeof nan, cudaMemcpyHostToDevice) == cudaSuccess, "a NaN");
+    CHECK(pp_loss_scaler_check(&ds, NULL, 0, db, n, &dskip, &err) == PP_OK && dskip == 1 && ds.scale == 32768.0f,
+          "device gradients: a NaN skips the step: %s", err.msg);
+    CHECK(cudaMemcpy((float*)dptr[3] + 2, (float*)hb[3].data + 2, sizeof nan, cudaMemcpyHostToDevice) == cudaSuccess, "undo");
+    hs.scale = ds.scale;
+    CHECK(pp_loss_scaler_check(&hs, NULL, 0, hb, n, &skip, &err) == PP_OK && pp_loss_scaler_check(&ds, NULL, 0, db, n, &dskip, &err) == PP_OK &&
+              skip == 0 && dskip == 0,
+          "clean: %s", err.msg);
+    for (l = 0; l < n; l++) {
+        size_t bytes = hb[l].count * pp_dtype_size(hb[l].dtype);
+        CHECK(cudaMemcpy(back, dptr[l], bytes, cudaMemcpyDeviceToHost) == cudaSuccess && memcmp(back, hb[l].data, bytes) == 0,
+              "device gradients: buffer %d unscaled as on the host", l);
+    }
+    nocopy = ops[0];
+    nocopy.copy = NULL;
+    db[0].device = &nocopy;
+    CHECK(pp_grad_norm(NULL, MLP_DEPTH + 1, db, n, &nd, &err) == PP_ERR_INVALID && strstr(err.msg, "no copy"),
+          "device ops without a copy: %s", err.msg);
+    for (l = 0; l < n; l++) {
+        cudaSetDevice(devs[l == MLP_DEPTH ? 1 : l % 2]);
+        cudaFree(dptr[l]);
+    }
+    cudaSetDevice(0);
+    pp_cuda_destroy(c);
+    free(host);
+    free(back);
+}
+
 int main(int argc, char** argv) {
     int r, all;
     WBUF = mlp_init(&W, &GREF, DIMS, 21, &GREFBUF);
@@ -398,13 +524,14 @@ int main(int argc, char** argv) {
         free(mlp_init(&tmp, &G[r], DIMS, 1, &GBUF[r]));
         GPTR[r] = &G[r];
     }
-    /* "varlen" or "early" alone: what the negative controls run */
-    all = argc < 2 || (strcmp(argv[1], "varlen") && strcmp(argv[1], "early") && strcmp(argv[1], "nan"));
+    /* "varlen", "early", "nan" or "graddev" alone: what the negative controls run */
+    all = argc < 2 || (strcmp(argv[1], "varlen") && strcmp(argv[1], "early") && strcmp(argv[1], "nan") && strcmp(argv[1], "graddev"));
     if (all) {
         test_equal();
         test_failure();
         test_refused();
     }
+    if (all || !strcmp(argv[1], "graddev")) test_grad_device();
     if (all || !strcmp(argv[1], "nan")) test_nan_loss();
     if (all || !strcmp(argv[1], "varlen")) test_varlen_pool();
     if (all || !strcmp(argv[1], "early")) test_early_copies_rare();
@@ -413,5 +540,6 @@ int main(int argc, char** argv) {
     free(GREFBUF);
     if (all) return TEST_DONE("cuda-pipeline");
     if (!strcmp(argv[1], "nan")) return TEST_DONE("cuda-pipeline nan");
+    if (!strcmp(argv[1], "graddev")) return TEST_DONE("cuda-pipeline graddev");
     return !strcmp(argv[1], "varlen") ? TEST_DONE("cuda-pipeline varlen") : TEST_DONE("cuda-pipeline early");
 }

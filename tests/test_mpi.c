@@ -10,7 +10,9 @@
    is one addition, which commutes; * 0.5 is exact). So every gradient, and the weights after
    several SGD steps, are compared with memcmp. The truly tied single-process model (head and
    embedding share one matrix and one gradient) adds the two contributions in another order
-   (micro-batch by micro-batch), so it is compared within a relative 1e-5.
+   (micro-batch by micro-batch), so it is compared within a relative 1e-5. Every step, each rank's
+   global gradient norm (pp_stage_grad_norm) has the reference's bits, and a loss scaler that
+   finds an Inf on the last world rank skips the step on every rank.
    Each rank counts its own checks; rank 0 prints the world's totals. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
@@ -199,6 +201,39 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
             }
         }
         if (stats.has_loss) CHECK(stats.loss == loss_ref, "%s step %d: loss %g, reference %g", name, step, stats.loss, loss_ref);
+        { /* the global norm over this pipeline's ranks has the reference gradients' bits on every rank; the
+             loss scaler, on a copy with an Inf on the last world rank, skips everywhere (pipe, then dp) */
+            pp_grad_buf bufs[2 * TLM_DEPTH + 2], rbufs[2 * TLM_DEPTH + 2];
+            pp_group groups[2];
+            pp_loss_scaler ls;
+            tlm_model rg, cg;
+            float* gcopy = (float*)malloc(n * sizeof(float));
+            double norm = -1, want = -2;
+            int nb = tlm_grid_grad_bufs(&gw, &sc, first, g.grid.pp_rank, 1, bufs), skip = 0, k;
+            int nr;
+            tlm_layout(&rg, gref, VOCAB, DIM, 0);
+            nr = tlm_grid_grad_bufs(&rg, NULL, NULL, -1, 1, rbufs);
+            CHECK(pp_grad_norm(NULL, model.n_layers, rbufs, nr, &want, &err) == PP_OK, "%s: reference norm: %s", name, err.msg);
+            CHECK(pp_stage_grad_norm(st, bufs, nb, &norm, &err) == PP_OK && memcmp(&norm, &want, sizeof norm) == 0,
+                  "%s step %d: rank %d: norm %.17g, the reference's %.17g: %s", name, step, W_RANK, norm, want, err.msg);
+            memcpy(gcopy, garena, n * sizeof(float));
+            tlm_layout(&cg, gcopy, VOCAB, DIM, 0);
+            nb = tlm_grid_grad_bufs(&cg, &sc, first, g.grid.pp_rank, 1, bufs);
+            for (k = 0; k < nb && W_RANK == W_SIZE - 1; k++)
+                if (bufs[k].count) {
+                    ((float*)bufs[k].data)[0] = INFINITY;
+                    break;
+                }
+            memset(groups, 0, sizeof groups);
+            groups[0].t = &pipe;
+            groups[1].t = &dpt;
+            groups[0].timeout_s = groups[1].timeout_s = 30;
+            CHECK(pp_loss_scaler_init(&ls, NULL, &err) == PP_OK &&
+                      pp_loss_scaler_check(&ls, groups, 2, bufs, nb, &skip, &err) == PP_OK && skip == 1 && ls.scale == 32768.0f,
+                  "%s step %d: rank %d: an Inf on world rank %d: skip %d, scale %g: %s", name, step, W_RANK, W_SIZE - 1, skip,
+                  (double)ls.scale, err.msg);
+            free(gcopy);
+        }
         /* SGD on both sides, identically */
         for (i = 0; i < n; i++) {
             warena[i] -= LR * garena[i];
