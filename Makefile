@@ -144,7 +144,11 @@ $(B)/ckpt-ctl-no-checksum: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(
 $(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum
 	printf '#!/bin/sh\nexec sh tests/controls.sh ckpt-controls "$(B)/ckpt-ctl-no-checksum corrupt"\n' > $@
 	chmod +x $@
-TEST_BINS_EXTRA = $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
+# Checkpoints through examples/gpt_cpu.c (tests/test_resume.sh): --check-resume, and files saved
+# at p = 4 interleaved and resumed at p = 2 1F1B equal to an uninterrupted run's, byte for byte.
+$(B)/gpt-resume: tests/test_resume.sh $(B)/gpt_cpu
+	@printf '#!/bin/sh\nexec sh tests/test_resume.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
+TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
                   $(B)/validate-controls $(B)/ckpt-controls
 
 # Negative controls of tests/test_agree.c: without the tags' generation, or without the step

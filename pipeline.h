@@ -8605,6 +8605,7 @@ pp_threads* pp_pipeline_threads(pp_pipeline* pl) {
 #define _PP_CKPT_REC_MAGIC 0x31434552u
 #define _PP_CKPT_MAX_STATE 63
 #define _PP_CKPT_MAX_COUNT (1 << 22) /* layers, and buffers of one slot */
+#define _PP_CKPT_MAX_BYTES ((uint64_t)1 << 56) /* payload of one slot, and user bytes: no sum overflows */
 #define _PP_FNV1A_BASIS 0xcbf29ce484222325ull
 
 static void _pp_put32(unsigned char* p, uint32_t v) {
@@ -8687,9 +8688,9 @@ static pp_result _pp_ckpt_prepare(_pp_ckpt* c, const pp_ckpt_desc* d, int need_d
                         d->n_state, d->state ? "set" : "NULL", _PP_CKPT_MAX_STATE);
     if (d->records_only != 0 && d->records_only != 1)
         return _pp_fail(err, PP_ERR_INVALID, "checkpoint of '%s': records_only = %d (0 or 1)", mname, d->records_only);
-    if (d->user_bytes > 0 && !d->user)
-        return _pp_fail(err, PP_ERR_INVALID, "checkpoint of '%s': user_bytes = %zu with user NULL", mname,
-                        d->user_bytes);
+    if ((d->user_bytes > 0 && !d->user) || (uint64_t)d->user_bytes > _PP_CKPT_MAX_BYTES)
+        return _pp_fail(err, PP_ERR_INVALID, "checkpoint of '%s': user_bytes = %zu with user %s", mname, d->user_bytes,
+                        d->user ? "set" : "NULL");
     if (m->n_layers > _PP_CKPT_MAX_COUNT)
         return _pp_fail(err, PP_ERR_INVALID, "checkpoint of '%s': %d layers (at most %d)", mname, m->n_layers,
                         _PP_CKPT_MAX_COUNT);
@@ -8735,7 +8736,16 @@ static pp_result _pp_ckpt_prepare(_pp_ckpt* c, const pp_ckpt_desc* d, int need_d
     c->rec = c->bytes + c->L;
     c->buf = (pp_param*)((char*)c->mem + off_buf);
     c->first = (int*)(void*)((char*)c->mem + off_first);
-    for (l = 0; l < c->L; l++) c->first[l + 1] = c->first[l] + m->params(m, d->weights, l, NULL, 0);
+    for (l = 0; l < c->L; l++) {
+        int n = m->params(m, d->weights, l, NULL, 0);
+        if (n < 0 || n > c->B - c->first[l])
+            return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): the params hook gave another buffer count than before", l,
+                            _pp_ckpt_lname(c, l));
+        c->first[l + 1] = c->first[l] + n;
+    }
+    if (c->first[c->L] != c->B)
+        return _pp_fail(err, PP_ERR_INVALID, "checkpoint of '%s': the params hook gave another buffer count than before",
+                        mname);
     for (s = 0; s < c->S; s++) {
         const char* sname = c->slot[s];
         for (l = 0; l < c->L; l++) {
@@ -8765,7 +8775,7 @@ static pp_result _pp_ckpt_prepare(_pp_ckpt* c, const pp_ckpt_desc* d, int need_d
                 if (s == 0) c->bytes[l] += (uint64_t)p[b].count * es;
             }
             if (s == 0) {
-                if (c->bytes[l] > (uint64_t)(size_t)-1 - 64 || c->bytes[l] > ((uint64_t)1 << 60) - sum)
+                if (c->bytes[l] > (uint64_t)(size_t)-1 - 64 || c->bytes[l] > _PP_CKPT_MAX_BYTES - sum)
                     return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): %llu bytes of parameters", l, _pp_ckpt_lname(c, l),
                                     (unsigned long long)c->bytes[l]);
                 sum += c->bytes[l];
@@ -8956,7 +8966,7 @@ static pp_result _pp_ckpt_read_head(const pp_ckpt_io* io, uint64_t avail, unsign
     B = _pp_get32(fixed + 40);
     want = _PP_CKPT_HEAD + (uint64_t)_PP_CKPT_SLOT * S + (uint64_t)_PP_CKPT_LAYER * L + (uint64_t)_PP_CKPT_BUF * B;
     if (L < 1 || L > _PP_CKPT_MAX_COUNT || S < 1 || S > _PP_CKPT_MAX_STATE + 1 || B > _PP_CKPT_MAX_COUNT || H != want ||
-        fixed[80 + _PP_CKPT_NAME - 1] != 0)
+        fixed[80 + _PP_CKPT_NAME - 1] != 0 || _pp_get64(fixed + 56) > _PP_CKPT_MAX_BYTES)
         return _pp_fail(err, PP_ERR_CORRUPT, "checkpoint header: %u layers, %u slots, %u buffers in %llu header bytes",
                         L, S, B, (unsigned long long)H);
     if (avail < H)
@@ -9007,6 +9017,7 @@ static pp_result _pp_ckpt_match(const _pp_ckpt* c, const unsigned char* h, const
     const int fS = fi->n_state + 1;
     const unsigned char* lt = h + _PP_CKPT_HEAD + (size_t)_PP_CKPT_SLOT * fS;
     const unsigned char* bt = lt + (size_t)_PP_CKPT_LAYER * fi->n_layers;
+    const uint64_t fB = _pp_get32(h + 40);
     int l, b, s, j;
     if (memcmp(h + 80, c->name, _PP_CKPT_NAME) != 0)
         return _pp_fail(err, PP_ERR_INVALID, "the checkpoint holds model '%s', this is '%s' (pp_ckpt_desc.name sets the name)",
@@ -9025,6 +9036,9 @@ static pp_result _pp_ckpt_match(const _pp_ckpt* c, const unsigned char* h, const
         if (fn != (uint32_t)n)
             return _pp_fail(err, PP_ERR_SIZE, "layer %d (%s): %u parameter buffers in the checkpoint, %d in the model", l,
                             kind, fn, n);
+        if (ff != (uint32_t)c->first[l] || (uint64_t)c->first[l] + (uint64_t)n > fB)
+            return _pp_fail(err, PP_ERR_CORRUPT, "layer %d (%s): the checkpoint's layer table disagrees with its buffers", l,
+                            kind);
         for (b = 0; b < n; b++) {
             const unsigned char* f = bt + (size_t)_PP_CKPT_BUF * (size_t)(c->first[l] + b);
             const pp_param* p = c->buf + c->first[l] + b;
@@ -9035,10 +9049,11 @@ static pp_result _pp_ckpt_match(const _pp_ckpt* c, const unsigned char* h, const
                                 l, kind, b, (long long)count, dt < (uint32_t)PP_DTYPE_COUNT ? pp_dtype_name((pp_dtype)dt) : "?",
                                 (long long)p->count, pp_dtype_name(p->dtype));
         }
-        if (ff != (uint32_t)c->first[l] || _pp_get64(e + 40) != c->bytes[l])
+        if (_pp_get64(e + 40) != c->bytes[l])
             return _pp_fail(err, PP_ERR_CORRUPT, "layer %d (%s): the checkpoint's layer table disagrees with its buffers", l,
                             kind);
     }
+    if (fB != (uint64_t)c->B) return _pp_fail(err, PP_ERR_CORRUPT, "the checkpoint's tables disagree on the buffer count");
     if (memcmp(h + _PP_CKPT_HEAD, c->slot[0], _PP_CKPT_SLOT) != 0)
         return _pp_fail(err, PP_ERR_CORRUPT, "the checkpoint's first slot is not \"weights\"");
     for (s = 0; s < c->S; s++) {
