@@ -94,6 +94,14 @@
    AUTO-PARTITION: pp_profile_layers measures each layer's F, B, W; pp_partition_balanced or
    pp_partition_capped (under a memory cap per stage) splits on the measured times.
 
+   CHECKPOINTS (>>ckpt)
+   pp_ckpt_save_file / pp_ckpt_load_file (and _mem, and pp_ckpt_save / _load over your own I/O)
+   keep a model's parameters and an optimizer's state (model structs bound like the weights)
+   layer by layer, checksummed, in a file that depends on no p, v, schedule or partition: each
+   rank saves and loads the layers it owns. The model names a layer's buffers through
+   pp_model.params (PP_MODEL_PARAMS(name, LIST) makes it). A load checks the whole file against
+   the model before it writes into your buffers.
+
    CONFIGURATION (define before every include of this header, the same in every file; the four
    that size public structs - PP_MAX_TENSORS, PP_MAX_LAYER_KINDS, PP_MAX_RANKS, PP_FLIGHT_LEN -
    are part of the link names of every function that takes such a struct (>>config), so files
@@ -171,6 +179,8 @@
           (PP_ERR_NONFINITE), shape-overflow and desc validation.
           Then: the one-process layer (pp_pipeline_*, pp_cuda_pipeline_create), PP_MODEL
           counts chosen at run time (NAME_model_desc_counts), a model context (pp_model.ctx).
+          Then: checkpoints independent of the pipeline's shape (pp_ckpt_*, pp_model.params,
+          PP_MODEL_PARAMS, file format version 1), PP_ERR_CORRUPT and PP_ERR_IO.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -1384,10 +1394,12 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
    Errors: PP_ERR_CORRUPT (not a checkpoint, truncated, a checksum that does not match),
    PP_ERR_INVALID (another model's name or layer kinds, a state the file lacks, a bad desc),
    PP_ERR_SIZE (another layer count, buffer count, dtype or size), PP_ERR_UNSUPPORTED (a newer
-   version, the other byte order), PP_ERR_IO (a file that cannot be opened, read or written); the
-   message names the layer, the buffer and both sides. A load needs scratch of the bytes it reads
-   (its layers' records) from PP_MALLOC; a save, the header's bytes (and with copy set, the
-   largest layer's).
+   version, the other byte order), PP_ERR_IO (a file that cannot be opened or written; a read
+   that comes back short is a truncation); the message names the layer, the buffer and both
+   sides. A load needs scratch of the bytes it reads (its layers' records) from PP_MALLOC; a
+   save, the header's bytes (and with copy set, the largest layer's). Saving or loading from
+   memory takes about 1.3 ns a byte, mostly the checksum (FNV-1a, a byte at a time): 1.3 s a GB
+   (26 MB of a GPT, -O2, this project's 2-core test machine).
 
    FILE FORMAT, version 1. Integers little-endian; payloads in the saving machine's byte order
    (the header says which; another order is refused). FNV-1a 64 is the checksum: basis
