@@ -18,7 +18,7 @@ TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb 
            test_nccl_grid test_agree test_validate test_ckpt
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
 
-FUZZERS  = fuzz_split fuzz_sim fuzz_table
+FUZZERS  = fuzz_split fuzz_sim fuzz_table fuzz_ckpt
 FUZZ_RUNS ?= 20000
 VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
