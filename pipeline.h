@@ -8605,7 +8605,7 @@ pp_threads* pp_pipeline_threads(pp_pipeline* pl) {
    the desc's tables and each owned record straight from the user's buffers (through a staging
    copy where d->copy is set); a load reads the header and the owned records into scratch, checks
    all of it, and only then copies into the user's buffers. */
-#define _PP_CKPT_MAGIC "PPCKPT\r\n"
+static const unsigned char _pp_ckpt_magic[8] = {'P', 'P', 'C', 'K', 'P', 'T', '\r', '\n'};
 #define _PP_CKPT_VERSION 1u
 #define _PP_CKPT_HEAD 128u      /* the fixed part */
 #define _PP_CKPT_NAME 48        /* model name field */
@@ -8822,7 +8822,7 @@ static void _pp_ckpt_encode(const _pp_ckpt* c, unsigned char* h) {
     unsigned char* lt = h + _PP_CKPT_HEAD + (size_t)_PP_CKPT_SLOT * c->S;
     unsigned char* bt = lt + (size_t)_PP_CKPT_LAYER * c->L;
     int s, l, b;
-    memcpy(h, _PP_CKPT_MAGIC, 8);
+    memcpy(h, _pp_ckpt_magic, sizeof _pp_ckpt_magic);
     _pp_put32(h + 8, _PP_CKPT_VERSION);
     _pp_put32(h + 12, _pp_byte_order());
     _pp_put64(h + 16, c->head);
@@ -8961,7 +8961,7 @@ static pp_result _pp_ckpt_read_head(const pp_ckpt_io* io, uint64_t avail, unsign
     *out = NULL;
     if (!io || !io->read) return _pp_fail(err, PP_ERR_INVALID, "checkpoint load: io or its read is NULL");
     if ((rc = _pp_ckpt_read(io, 0, fixed, sizeof fixed, "the header", err)) != PP_OK) return rc;
-    if (memcmp(fixed, _PP_CKPT_MAGIC, 8) != 0)
+    if (memcmp(fixed, _pp_ckpt_magic, sizeof _pp_ckpt_magic) != 0)
         return _pp_fail(err, PP_ERR_CORRUPT, "not a pipeline.h checkpoint (its first 8 bytes are not \"PPCKPT\\r\\n\")");
     v = _pp_get32(fixed + 8);
     order = _pp_get32(fixed + 12);
@@ -9069,7 +9069,8 @@ static pp_result _pp_ckpt_match(const _pp_ckpt* c, const unsigned char* h, const
     if (memcmp(h + _PP_CKPT_HEAD, c->slot[0], _PP_CKPT_SLOT) != 0)
         return _pp_fail(err, PP_ERR_CORRUPT, "the checkpoint's first slot is not \"weights\"");
     for (s = 0; s < c->S; s++) {
-        for (j = 0; j < fS && memcmp(h + _PP_CKPT_HEAD + (size_t)_PP_CKPT_SLOT * j, c->slot[s], _PP_CKPT_SLOT); j++) {
+        for (j = 0; j < fS && memcmp(h + _PP_CKPT_HEAD + (size_t)_PP_CKPT_SLOT * j, c->slot[s], _PP_CKPT_SLOT) != 0;
+             j++) {
         }
         if (j == fS) {
             char have[256];
