@@ -15,10 +15,10 @@ TEST_HDRS = tests/test.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
-           test_nccl_grid test_agree test_validate test_gradnorm
+           test_nccl_grid test_agree test_validate test_gradnorm test_ckpt
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
 
-FUZZERS  = fuzz_split fuzz_sim fuzz_table
+FUZZERS  = fuzz_split fuzz_sim fuzz_table fuzz_ckpt
 FUZZ_RUNS ?= 20000
 VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
@@ -137,8 +137,8 @@ $(B)/validate-ctl-novalidate: tests/test_validate.c $(TEST_HDRS) $(EXH) $(HEADER
 $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
-TEST_BINS_EXTRA = $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
-                  $(B)/validate-controls $(B)/gradnorm-controls
+TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
+                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
 # rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
@@ -150,6 +150,17 @@ $(B)/gradnorm-ctl-no-scaler-agree: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(H
 $(B)/gradnorm-controls: tests/controls.sh $(B)/gradnorm-ctl-no-norm-order $(B)/gradnorm-ctl-no-scaler-agree
 	printf '#!/bin/sh\nexec sh tests/controls.sh gradnorm-controls "$(B)/gradnorm-ctl-no-norm-order order" "$(B)/gradnorm-ctl-no-norm-order norm" "$(B)/gradnorm-ctl-no-scaler-agree scaler"\n' > $@
 	chmod +x $@
+# The checkpoints' negative control (tests/test_ckpt.c): without the checksums compared
+# (-DPP_TEST_NO_CKPT_CHECKSUM) a flipped byte loads silently, and the test must fail.
+$(B)/ckpt-ctl-no-checksum: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_CKPT_CHECKSUM $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum
+	printf '#!/bin/sh\nexec sh tests/controls.sh ckpt-controls "$(B)/ckpt-ctl-no-checksum corrupt"\n' > $@
+	chmod +x $@
+# Checkpoints through examples/gpt_cpu.c (tests/test_resume.sh): --check-resume, and files saved
+# at p = 4 interleaved and resumed at p = 2 1F1B equal to an uninterrupted run's, byte for byte.
+$(B)/gpt-resume: tests/test_resume.sh $(B)/gpt_cpu
+	@printf '#!/bin/sh\nexec sh tests/test_resume.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
 
 # Negative controls of tests/test_agree.c: without the tags' generation, or without the step
 # agreement (each without the plan check, which would hide them), it must fail.
@@ -296,7 +307,8 @@ check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc sections
 # against an implementation with another value of each of the four macros, each must be undefined.
 ABI_FNS = stage_create pipeline_create model_check model_layer_name model_layer_costs partition_model \
           partition_print sequential_step profile_layers simulate flight_last flight_print flight_print_fd \
-          threads_flight threads_transport stage_flight grid_make grid_rank grid_pipe_split grid_dp_split grid_tied_split
+          threads_flight threads_transport stage_flight grid_make grid_rank grid_pipe_split grid_dp_split grid_tied_split \
+          ckpt_size ckpt_save ckpt_load ckpt_save_file ckpt_load_file ckpt_save_mem ckpt_load_mem
 check-abi: | $(B)
 	@$(CC) $(BASE) -c tests/abi_impl.c -o $(B)/abi-impl.o && $(CC) $(BASE) -c tests/abi_user.c -o $(B)/abi-user.o && \
 	  $(CC) $(B)/abi-user.o $(B)/abi-impl.o -o $(B)/abi-same $(LDLIBS) && $(B)/abi-same && \

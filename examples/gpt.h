@@ -20,7 +20,9 @@
    PARAMETERS
    One flat float buffer holds every parameter (gpt_init); a layer's parameters are contiguous in
    it (gpt_layer_params gives the span, for optimizers that update only the layers a rank owns).
-   Gradients use the same layout in a second buffer (gpt_bind on zeroed memory).
+   Gradients use the same layout in a second buffer (gpt_bind on zeroed memory). For checkpoints
+   each layer names its buffers (gpt_params, set as pp_model.params by gpt_model_desc_depth and
+   gptz_model_desc_depth): an optimizer's moments bound by gpt_bind are saved the same way.
 
    DEPTH
    The list holds up to GPT_MAX_BLOCK blocks; gpt_model_desc_depth(n) is the pp_model that uses
@@ -829,19 +831,50 @@ static inline void gpt_head_desc(const gpt_head_params* p, const pp_microbatch* 
     d->n_params = 2 * (int64_t)p->C + (int64_t)p->C * p->vocab + p->vocab;
 }
 
+/* ---- parameter buffers, for checkpoints (pp_model.params: gpt_params, gptz_params) ------------------
+   Each layer's buffers in struct order, sized from the config fields (also where the pointers are
+   NULL: a rank that does not hold the layer). */
+static inline int gpt_param_fill(pp_param* out, int cap, int n, float* const* ptr, const int64_t* count) {
+    int i;
+    for (i = 0; i < n && i < cap; i++) out[i] = pp_param_of(ptr[i], count[i], PP_F32);
+    return n;
+}
+static inline int gpt_embed_param_list(const gpt_embed_params* p, pp_param* out, int cap) {
+    float* const ptr[2] = {p->wte, p->wpe};
+    const int64_t count[2] = {(int64_t)p->vocab * p->C, (int64_t)p->max_T * p->C};
+    return gpt_param_fill(out, cap, 2, ptr, count);
+}
+static inline int gpt_block_param_list(const gpt_block_params* p, pp_param* out, int cap) {
+    const int64_t C = p->C;
+    float* const ptr[12] = {p->ln1_g, p->ln1_b, p->qkv_w, p->qkv_b, p->proj_w, p->proj_b,
+                            p->ln2_g, p->ln2_b, p->fc_w,  p->fc_b,  p->fcproj_w, p->fcproj_b};
+    const int64_t count[12] = {C, C, C * 3 * C, 3 * C, C * C, C, C, C, C * 4 * C, 4 * C, 4 * C * C, C};
+    return gpt_param_fill(out, cap, 12, ptr, count);
+}
+static inline int gpt_head_param_list(const gpt_head_params* p, pp_param* out, int cap) {
+    float* const ptr[4] = {p->lnf_g, p->lnf_b, p->lm_w, p->lm_b};
+    const int64_t count[4] = {p->C, p->C, (int64_t)p->C * p->vocab, p->vocab};
+    return gpt_param_fill(out, cap, 4, ptr, count);
+}
+#define GPT_PARAMS(X) X(embed, gpt_embed_param_list) X(block, gpt_block_param_list) X(head, gpt_head_param_list)
+
 /* ---- the model ---------------------------------------------------------------------------------- */
 #define GPT_LAYERS(X)                                                                           \
     X(embed, gpt_embed_params, gpt_embed_fwd, gpt_embed_bwd, gpt_embed_desc, 1)                  \
     X(block, gpt_block_params, gpt_block_fwd, gpt_block_bwd, gpt_block_desc, GPT_MAX_BLOCK)      \
     X(head, gpt_head_params, gpt_head_fwd, gpt_head_bwd, gpt_head_desc, 1)
 PP_MODEL(gpt, GPT_LAYERS)
+PP_MODEL_PARAMS(gpt, GPT_PARAMS)
 
 /* The pp_model of a GPT with n_block blocks (1 .. GPT_MAX_BLOCK): n_block + 2 layers, the
    list's blocks beyond n_block unused. Any other n_block gives a model pp_model_check refuses. */
 static inline pp_model gpt_model_desc_depth(int n_block) {
     gpt_counts n = {0};
+    pp_model m;
     n.block = n_block >= 1 ? n_block : -1; /* 0 would mean the list's count */
-    return gpt_model_desc_counts(n);
+    m = gpt_model_desc_counts(n);
+    m.params = gpt_params; /* checkpoints */
+    return m;
 }
 
 /* The same GPT with each block's backward split into B and W (gpt_blockz_*) for the zero-bubble
@@ -852,11 +885,15 @@ static inline pp_model gpt_model_desc_depth(int n_block) {
     X(block, gpt_block_params, gpt_blockz_fwd, gpt_blockz_bwd_in, gpt_blockz_bwd_w, gpt_blockz_desc, GPT_MAX_BLOCK) \
     X(head, gpt_head_params, gpt_head_fwd, gpt_head_bwd, PP_NO_WGRAD, gpt_head_desc, 1)
 PP_MODEL_SPLIT(gptz, GPTZ_LAYERS)
+PP_MODEL_PARAMS(gptz, GPT_PARAMS)
 
 static inline pp_model gptz_model_desc_depth(int n_block) {
     gptz_counts n = {0};
+    pp_model m;
     n.block = n_block >= 1 ? n_block : -1;
-    return gptz_model_desc_counts(n);
+    m = gptz_model_desc_counts(n);
+    m.params = gptz_params;
+    return m;
 }
 
 /* ---- parameters --------------------------------------------------------------------------------- */

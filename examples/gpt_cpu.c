@@ -28,7 +28,16 @@
    --check runs pp_sequential_step on the first batch and requires the pipelined loss and
    every layer's gradient to equal it bit for bit (exit 1 if not). --clip X clips the global
    gradient norm at X before each update (pp_pipeline_grad_clip: the sequential model's norm, bit
-   for bit, whatever the schedule) and prints the norm. */
+   for bit, whatever the schedule) and prints the norm.
+
+   Checkpoints (pp_ckpt_*, examples/gpt_train.h): --save FILE writes the weights, the optimizer's
+   moments and the step count after the last step; --resume FILE starts from one, at its step,
+   whatever schedule, p, v or partition saved it (give the same data options and --steps, the
+   total). --check-resume trains the first half of --steps with the schedule, p and v given
+   (say --schedule interleaved -p 4 -v 2), saves (to --save FILE, else in memory), resumes at
+   p = 2 1F1B for the second half, and requires weights and moments to equal, bit for bit, those
+   of all --steps uninterrupted at p = 2 1F1B on the same batches (exit 1 if not). The optimizer
+   is elementwise and the gradients are bit-identical across schedules, so they must. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "gpt.h"
@@ -40,82 +49,173 @@
 #include <string.h>
 #include <time.h>
 
-int main(int argc, char** argv) {
-    gpt_opts c;
-    gpt_trainer T;
+/* Steps [from, to) of T's batches on a pipeline of (kind, p, v), then the summary; 0 on success. */
+static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p, int v, int from, int to) {
     double t0, wall;
     int step, l, rc = 1, bad = 0, nb = 0;
     double norm = -1;
     pp_grad_buf bufs[GPT_MAX_BLOCK + 2];
-    pp_pipeline_desc d = {0};
+    pp_pipeline_desc d;
     pp_pipeline* pl = NULL;
     pp_step_stats st;
     pp_error err;
-    if (gpt_opts_parse(argc, argv, &c) || gpt_opts_check(&c)) {
-        gpt_opts_usage("gpt_cpu");
-        return 2;
-    }
-    if (gpt_trainer_init(&T, &c)) return 2;
+    gpt_opts part = *c;
     /* the pipeline; stages partitioned by describe()'s cost on one sequence of the corpus'
        attention length */
-    d.model = gpt_model_for(c.kind, c.layers); /* split blocks where the schedule has W */
-    d.weights = &T.w;
-    d.grads = &T.g;
-    d.schedule = c.kind;
-    d.p = c.p;
-    d.v = c.v;
-    d.m = c.m;
+    memset(&d, 0, sizeof d);
+    d.model = gpt_model_for(kind, c->layers); /* split blocks where the schedule has W */
+    d.weights = &T->w;
+    d.grads = &T->g;
+    d.schedule = kind;
+    d.p = p;
+    d.v = v;
+    d.m = c->m;
     d.partition.policy = PP_PARTITION_COST;
-    d.partition.sample = &T.sample;
-    d.stage.record_timeline = c.trace != NULL;
+    d.partition.sample = &T->sample;
+    d.stage.record_timeline = c->trace != NULL;
     if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
         fprintf(stderr, "%s\n", err.msg);
         goto cleanup;
     }
     printf("gpt: %d layers (embed, %d blocks, head), C=%d, %d heads, vocab %d, %zu parameters\n", d.model.n_layers,
-           c.layers, c.dim, c.heads, T.gc.vocab, T.n_params);
-    printf("text: %s, %d documents of mean length %.1f (max %d)\n", T.corpus.source, T.corpus.n_docs, T.mean_len,
-           c.max_len);
-    printf("%s p=%d v=%d m=%d, %d sequences per step split by %s, %s lr %g\n", pp_schedule_name(c.kind), c.p, c.v, c.m,
-           c.seqs, c.split == PP_SPLIT_SEQS ? "count" : c.split == PP_SPLIT_TOKENS ? "tokens" : "cost",
-           c.sgd ? "sgd+momentum" : "adam", (double)c.lr);
+           c->layers, c->dim, c->heads, T->gc.vocab, T->n_params);
+    printf("text: %s, %d documents of mean length %.1f (max %d)\n", T->corpus.source, T->corpus.n_docs, T->mean_len,
+           c->max_len);
+    printf("%s p=%d v=%d m=%d, %d sequences per step split by %s, %s lr %g%s\n", pp_schedule_name(kind), p,
+           pp_pipeline_schedule(pl)->v, c->m, c->seqs,
+           c->split == PP_SPLIT_SEQS ? "count" : c->split == PP_SPLIT_TOKENS ? "tokens" : "cost",
+           c->sgd ? "sgd+momentum" : "adam", (double)c->lr, from ? ", resumed" : "");
     pp_partition_print(stdout, &d.model, pp_pipeline_partition(pl), pp_pipeline_schedule(pl)->n_stages, NULL);
-    gpt_grad_bufs(&T, 0, d.model.n_layers, bufs, &nb); /* every layer: one process holds them all */
+    gpt_grad_bufs(T, 0, d.model.n_layers, bufs, &nb); /* every layer: one process holds them all */
 
     t0 = gpt_now();
-    for (step = 0; step < c.steps; step++) {
-        pp_batch b = gpt_step_batch(&c, &T.steps[step]);
+    for (step = from; step < to; step++) {
+        pp_batch b = gpt_step_batch(c, &T->steps[step]);
         if (pp_pipeline_step(pl, &b, &st) != PP_OK) {
             fprintf(stderr, "step %d: %s\n", step, pp_pipeline_error(pl));
             goto cleanup;
         }
-        if (c.check && step == 0) {
-            if (gpt_trainer_reference(&T, &d.model, &b)) goto cleanup;
-            for (l = 0; l < d.model.n_layers; l++) bad += gpt_trainer_differs(&T, &d.model, l);
+        if (c->check && step == 0) {
+            if (gpt_trainer_reference(T, &d.model, &b)) goto cleanup;
+            for (l = 0; l < d.model.n_layers; l++) bad += gpt_trainer_differs(T, &d.model, l);
         }
-        if (c.clip > 0 && pp_pipeline_grad_clip(pl, bufs, nb, c.clip, &norm, &err) != PP_OK) {
+        if (c->clip > 0 && pp_pipeline_grad_clip(pl, bufs, nb, c->clip, &norm, &err) != PP_OK) {
             fprintf(stderr, "step %d: %s\n", step, err.msg);
             goto cleanup;
         }
-        gpt_optimize(&c, T.wbuf, T.gbuf, T.m1, T.m2, T.n_params, step); /* zeroes the gradients */
-        T.loss[step] = st.loss;
-        gpt_step_print(step, st.loss, &T.steps[step], st.t_total, norm);
+        gpt_optimize(c, T->wbuf, T->gbuf, T->m1, T->m2, T->n_params, step); /* zeroes the gradients */
+        T->loss[step] = st.loss;
+        gpt_step_print(step, st.loss, &T->steps[step], st.t_total, norm);
     }
     wall = gpt_now() - t0;
-    gpt_report(&c, T.steps, T.loss, wall);
-    if (c.trace) {
-        FILE* f = fopen(c.trace, "w");
+    part.steps = to - from;
+    gpt_report(&part, T->steps + from, T->loss + from, wall);
+    if (c->trace) {
+        FILE* f = fopen(c->trace, "w");
         size_t n = 0;
         const pp_event* ev = pp_pipeline_timeline(pl, &n);
         if (f) {
             pp_timeline_chrome(f, ev, n, 1e6);
             fclose(f);
-            printf("timeline of the last step: %s, %zu actions (open in ui.perfetto.dev)\n", c.trace, n);
+            printf("timeline of the last step: %s, %zu actions (open in ui.perfetto.dev)\n", c->trace, n);
         }
     }
-    rc = c.check ? gpt_trainer_verdict(&T, bad) : 0;
+    rc = c->check && from == 0 ? gpt_trainer_verdict(T, bad) : 0;
 cleanup:
     pp_pipeline_destroy(pl);
+    return rc;
+}
+
+/* --check-resume: half the steps on the given schedule, a checkpoint, the other half at p = 2
+   1F1B from it; against all the steps at p = 2 1F1B uninterrupted. */
+static int check_resume(gpt_opts* c) {
+    gpt_trainer A, B, R;
+    pp_model m = gpt_model_desc_depth(c->layers);
+    pp_ckpt_desc k;
+    pp_ckpt_info info;
+    pp_error err;
+    unsigned char* img = NULL;
+    uint64_t size = 0;
+    int half = c->steps / 2, rc = 1, have = 0, from = 0, same_w, same_m;
+    size_t bytes;
+    if (half < 1) {
+        fprintf(stderr, "--check-resume needs --steps 2 or more\n");
+        return 2;
+    }
+    c->check = 0;
+    printf("== %d steps at %s p=%d v=%d, then a checkpoint\n", half, pp_schedule_name(c->kind), c->p, c->v);
+    if (gpt_trainer_init(&A, c)) return 1;
+    have = 1;
+    if (train(c, &A, c->kind, c->p, c->v, 0, half)) goto cleanup;
+    if (c->save) {
+        if (gpt_trainer_save(&A, &m, half, c->save)) goto cleanup;
+    } else {
+        k = gpt_trainer_ckpt(&A, &m, half, NULL);
+        if (pp_ckpt_size(&k, &size, &err) != PP_OK || !(img = (unsigned char*)malloc((size_t)size)) ||
+            pp_ckpt_save_mem(&k, img, (size_t)size, &err) != PP_OK) {
+            fprintf(stderr, "checkpoint: %s\n", img ? err.msg : "out of memory");
+            goto cleanup;
+        }
+        printf("checkpoint: %llu bytes in memory\n", (unsigned long long)size);
+    }
+    printf("== resumed at 1f1b p=2 for steps %d .. %d\n", half, c->steps - 1);
+    if (gpt_trainer_init(&B, c)) goto cleanup;
+    have = 2;
+    if (c->save) {
+        if (gpt_trainer_resume(&B, &m, c->save, NULL, &from)) goto cleanup;
+    } else {
+        k = gpt_trainer_ckpt(&B, &m, 0, NULL);
+        if (pp_ckpt_load_mem(&k, img, (size_t)size, &info, &err) != PP_OK) {
+            fprintf(stderr, "resume: %s\n", err.msg);
+            goto cleanup;
+        }
+        from = (int)info.step;
+    }
+    if (train(c, &B, PP_SCHED_1F1B, 2, 1, from, c->steps)) goto cleanup;
+    printf("== the reference: %d steps at 1f1b p=2 uninterrupted\n", c->steps);
+    if (gpt_trainer_init(&R, c)) goto cleanup;
+    have = 3;
+    if (train(c, &R, PP_SCHED_1F1B, 2, 1, 0, c->steps)) goto cleanup;
+    bytes = R.n_params * sizeof(float);
+    same_w = memcmp(B.wbuf, R.wbuf, bytes) == 0;
+    same_m = memcmp(B.m1, R.m1, bytes) == 0 && memcmp(B.m2, R.m2, bytes) == 0;
+    printf("check-resume: %d steps at %s p=%d v=%d + %d resumed at 1f1b p=2 vs %d at 1f1b p=2: weights %s, "
+           "optimizer moments %s\n",
+           half, pp_schedule_name(c->kind), c->p, c->v, c->steps - half, c->steps,
+           same_w ? "bit-identical" : "DIFFERENT", same_m ? "bit-identical" : "DIFFERENT");
+    rc = !(same_w && same_m);
+cleanup:
+    if (have >= 3) gpt_trainer_free(&R, c);
+    if (have >= 2) gpt_trainer_free(&B, c);
+    if (have >= 1) gpt_trainer_free(&A, c);
+    free(img);
+    return rc;
+}
+
+int main(int argc, char** argv) {
+    gpt_opts c;
+    gpt_trainer T;
+    pp_model m;
+    int rc, from = 0;
+    if (gpt_opts_parse(argc, argv, &c) || gpt_opts_check(&c)) {
+        gpt_opts_usage("gpt_cpu");
+        return 2;
+    }
+    if (c.check_resume) return check_resume(&c);
+    if (gpt_trainer_init(&T, &c)) return 2;
+    m = gpt_model_desc_depth(c.layers);
+    if (c.resume && gpt_trainer_resume(&T, &m, c.resume, NULL, &from)) {
+        gpt_trainer_free(&T, &c);
+        return 1;
+    }
+    if (from >= c.steps) {
+        fprintf(stderr, "--resume %s: it is at step %d, --steps %d leaves nothing to do\n", c.resume, from, c.steps);
+        gpt_trainer_free(&T, &c);
+        return 1;
+    }
+    if (from) printf("resumed from %s at step %d\n", c.resume, from);
+    rc = train(&c, &T, c.kind, c.p, c.v, from, c.steps);
+    if (rc == 0 && c.save) rc = gpt_trainer_save(&T, &m, c.steps, c.save);
     gpt_trainer_free(&T, &c);
     return rc;
 }

@@ -11,7 +11,11 @@
 
    Options as gpt_cpu (-p is the number of processes). The last rank prints. --check runs
    pp_sequential_step on the first batch in every process and requires the loss and the
-   gradients of every layer to equal the pipelined ones bit for bit (exit 1 if not). */
+   gradients of every layer to equal the pipelined ones bit for bit (exit 1 if not).
+   --save FILE: every rank writes its own layers into one checkpoint (rank 0 creates it with the
+   header first; the others write their records at offsets the layers' sizes give), which
+   gpt_cpu --resume, or gpt_mpi at another process count or schedule, reads back: each rank
+   loads the layers it owns (--resume FILE). */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../pipeline_mpi.h"
@@ -28,10 +32,12 @@ int main(int argc, char** argv) {
     gpt_trainer T;
     double t0, wall = 0;
     size_t n_acts;
-    int rank = 0, size = 1, step, chunk, l, rc = 1, bad = 0, last = 0, ok, have = 0, nb = 0;
+    int rank = 0, size = 1, step, chunk, l, rc = 1, bad = 0, last = 0, ok, have = 0, nb = 0, from = 0;
     double norm = -1;
     pp_grad_buf bufs[GPT_MAX_BLOCK + 2];
     int* first = NULL;
+    unsigned char* own = NULL; /* the layers this rank's stages own: what it saves and loads */
+    gpt_opts part;
     pp_action* acts = NULL;
     pp_schedule sched;
     pp_partition_desc pd;
@@ -49,6 +55,11 @@ int main(int argc, char** argv) {
         return 2;
     }
     c.p = size; /* every process is one pipeline rank */
+    if (c.check_resume) {
+        if (rank == 0) fprintf(stderr, "gpt_mpi: --check-resume is gpt_cpu's (--save and --resume work here)\n");
+        MPI_Finalize();
+        return 2;
+    }
     if (gpt_opts_check(&c)) {
         MPI_Finalize();
         return 2;
@@ -58,9 +69,10 @@ int main(int argc, char** argv) {
     if (gpt_trainer_init(&T, &c)) goto cleanup;
     have = 1;
     first = (int*)calloc((size_t)(c.p * c.v + 1), sizeof(int));
+    own = (unsigned char*)calloc((size_t)c.layers + 2, 1);
     n_acts = pp_schedule_size(c.kind, c.p, c.v, c.m);
     acts = (pp_action*)malloc((n_acts ? n_acts : 1) * sizeof *acts);
-    if (!first || !acts) {
+    if (!first || !own || !acts) {
         fprintf(stderr, "rank %d: out of memory\n", rank);
         goto cleanup;
     }
@@ -92,13 +104,24 @@ int main(int argc, char** argv) {
         fprintf(stderr, "rank %d: %s\n", rank, err.msg);
         goto cleanup;
     }
+    for (l = 0; l < d.model.n_layers; l++) own[l] = pp_schedule_layer_rank(&sched, first, l) == rank;
+    if (c.resume) { /* each rank its own layers; every rank must have them */
+        ok = gpt_trainer_resume(&T, &d.model, c.resume, own, &from) == 0;
+        MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (!ok) goto cleanup;
+        if (from >= c.steps) {
+            fprintf(stderr, "--resume %s: it is at step %d, --steps %d leaves nothing to do\n", c.resume, from, c.steps);
+            goto cleanup;
+        }
+        printf("resumed from %s at step %d\n", c.resume, from);
+    }
     pp_schedule_stage_to_rank(&sched, c.p * c.v - 1, &last, &chunk);
     for (chunk = 0; chunk < c.v; chunk++) { /* --clip: this rank's layers' gradients */
         int s = pp_schedule_rank_to_stage(&sched, rank, chunk);
         gpt_grad_bufs(&T, first[s], first[s + 1], bufs, &nb);
     }
     t0 = gpt_now();
-    for (step = 0; step < c.steps; step++) {
+    for (step = from; step < c.steps; step++) {
         pp_batch b = gpt_step_batch(&c, &T.steps[step]);
         if (pp_stage_step(st, &b, &ss) != PP_OK) {
             fprintf(stderr, "step %d: %s\n", step, pp_stage_error(st));
@@ -129,6 +152,25 @@ int main(int argc, char** argv) {
         }
     }
     wall = gpt_now() - t0;
+    if (c.save) { /* into FILE.tmp: rank 0 makes it with the header, then every other rank adds its
+                     records; renamed to FILE once all are in */
+        pp_ckpt_desc k = gpt_trainer_ckpt(&T, &d.model, c.steps, own);
+        char tmp[4096];
+        ok = (size_t)snprintf(tmp, sizeof tmp, "%s.tmp", c.save) < sizeof tmp;
+        if (ok && rank == 0) ok = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
+        MPI_Barrier(MPI_COMM_WORLD);
+        k.records_only = 1;
+        if (ok && rank != 0) ok = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
+        if (!ok) fprintf(stderr, "rank %d: --save %s: %s\n", rank, c.save, err.msg);
+        MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (ok && rank == 0 && rename(tmp, c.save) != 0) {
+            perror("--save: rename");
+            ok = 0;
+        }
+        MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+        if (!ok) goto cleanup;
+        printf("saved %s after %d steps, every rank its own layers\n", c.save, c.steps);
+    }
     rc = 0;
 cleanup:
     /* every rank agrees on the outcome; the last stage's losses go to every rank */
@@ -137,8 +179,10 @@ cleanup:
     if (ok) {
         MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         MPI_Bcast(T.loss, c.steps, MPI_FLOAT, last, MPI_COMM_WORLD);
-        gpt_report(&c, T.steps, T.loss, wall);
-        if (c.check) rc = gpt_trainer_verdict(&T, bad);
+        part = c;
+        part.steps = c.steps - from;
+        gpt_report(&part, T.steps + from, T.loss + from, wall);
+        if (c.check && from == 0) rc = gpt_trainer_verdict(&T, bad);
     } else {
         rc = 1;
     }
@@ -146,6 +190,7 @@ cleanup:
     pp_mpi_destroy(mpi);
     free(acts);
     free(first);
+    free(own);
     if (have) gpt_trainer_free(&T, &c);
     MPI_Finalize();
     return rc;

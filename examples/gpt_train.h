@@ -22,7 +22,10 @@ typedef struct gpt_opts {
     float clip;             /* --clip X: clip the global gradient norm at X before the update (0: off) */
     const char* text;
     const char* trace;      /* gpt_cpu: Chrome trace of the last step */
+    const char* save;       /* --save FILE: a checkpoint after the last step */
+    const char* resume;     /* --resume FILE: start from a checkpoint, at its step */
     int generated, check;
+    int check_resume;       /* gpt_cpu --check-resume */
     pp_split_policy split;
 } gpt_opts;
 
@@ -41,7 +44,7 @@ static void gpt_opts_usage(const char* prog) {
             "       [-m M] [--steps N]\n"
             "       [--text FILE | --generated] [--seqs-per-step S] [--max-len L] [--dim C] [--heads H]\n"
             "       [--layers N] [--lr LR] [--optim adam|sgd] [--clip X] [--split seqs|tokens|cost] [--trace FILE]\n"
-            "       [--check]\n",
+            "       [--check] [--save FILE] [--resume FILE] [--check-resume]\n",
             prog);
 }
 
@@ -65,6 +68,7 @@ static int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
         const char* val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--check")) { c->check = 1; continue; }
         if (!strcmp(a, "--generated")) { c->generated = 1; continue; }
+        if (!strcmp(a, "--check-resume")) { c->check_resume = 1; continue; }
         if (!val) return 1;
         if (!strcmp(a, "--schedule") || !strcmp(a, "-s")) {
             if (pp_schedule_kind_parse(val, &c->kind) != PP_OK) { fprintf(stderr, "unknown schedule '%s'\n", val); return 1; }
@@ -74,6 +78,8 @@ static int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
         else if (!strcmp(a, "--steps")) c->steps = atoi(val);
         else if (!strcmp(a, "--text")) c->text = val;
         else if (!strcmp(a, "--trace")) c->trace = val;
+        else if (!strcmp(a, "--save")) c->save = val;
+        else if (!strcmp(a, "--resume")) c->resume = val;
         else if (!strcmp(a, "--seqs-per-step")) c->seqs = atoi(val);
         else if (!strcmp(a, "--max-len")) c->max_len = atoi(val);
         else if (!strcmp(a, "--dim")) c->dim = atoi(val);
@@ -277,6 +283,8 @@ typedef struct gpt_trainer {
     gpt_corpus corpus;
     gpt_step* steps;
     gpt_model w, g, gref;
+    gpt_model mw1, mw2;         /* the optimizer's moments m1, m2 bound like the weights (checkpoints) */
+    const void* moments[2];     /* &mw1, &mw2 */
     float *wbuf, *gbuf, *grefbuf, *m1, *m2;
     float* loss;                /* (steps) */
     float ref_loss;             /* --check: the sequential reference's step-0 loss */
@@ -317,6 +325,10 @@ static int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
         gpt_trainer_free(T, c);
         return 1;
     }
+    gpt_bind(&T->mw1, &T->gc, T->m1);
+    gpt_bind(&T->mw2, &T->gc, T->m2);
+    T->moments[0] = &T->mw1;
+    T->moments[1] = &T->mw2;
     T->sample.rows = T->attn_len > 1 ? (int64_t)(T->attn_len + 0.5) : 1;
     T->sample.cols = 1;
     T->sample.dtype = PP_I32;
@@ -364,6 +376,59 @@ static int gpt_trainer_verdict(const gpt_trainer* T, int bad_layers) {
     printf("check: step 0 loss  sequential %.9g  pipelined %.9g  %s; gradients: %d layers differ\n", (double)T->ref_loss,
            (double)T->loss[0], same ? "bit-identical" : "DIFFERENT", bad_layers);
     return !same || bad_layers;
+}
+
+/* ---- checkpoints: --save FILE, --resume FILE ----------------------------------------------------
+   A checkpoint holds the weights, the optimizer's two moment buffers (Adam's m and v; SGD keeps
+   its momentum in the first) and the steps done; the batches come from the options, so resume
+   with the same data options (--text, --seqs-per-step, --max-len, --steps at least as many). It
+   depends on neither the schedule nor p, v or the partition: save at p = 4 interleaved, resume at
+   p = 2 1F1B. own: the layers this process saves or loads (NULL: all of them). Both the fused and
+   the split GPT are saved as "gpt": one layout. */
+static pp_ckpt_desc gpt_trainer_ckpt(gpt_trainer* T, const pp_model* m, int steps_done, const unsigned char* own) {
+    static const char* const names[2] = {"m", "v"};
+    pp_ckpt_desc k;
+    memset(&k, 0, sizeof k);
+    k.model = *m;
+    k.name = "gpt";
+    k.weights = &T->w;
+    k.n_state = 2;
+    k.state = T->moments;
+    k.state_names = names;
+    k.own = own;
+    k.step = steps_done;
+    return k;
+}
+
+/* One process saves every layer: into path.tmp, renamed to path when complete (a crash keeps the
+   last good checkpoint). 0 on success. (gpt_mpi does the same with every rank writing.) */
+static inline int gpt_trainer_save(gpt_trainer* T, const pp_model* m, int steps_done, const char* path) {
+    pp_ckpt_desc k = gpt_trainer_ckpt(T, m, steps_done, NULL);
+    size_t n = strlen(path) + 5;
+    char* tmp = (char*)malloc(n);
+    pp_error err;
+    int rc = 1;
+    if (!tmp) return 1;
+    snprintf(tmp, n, "%s.tmp", path);
+    if (pp_ckpt_save_file(&k, tmp, &err) != PP_OK) fprintf(stderr, "--save %s: %s\n", path, err.msg);
+    else if (rename(tmp, path) != 0) fprintf(stderr, "--save: renaming %s to %s: %s\n", tmp, path, strerror(errno));
+    else rc = 0;
+    if (rc == 0) printf("saved %s after %d steps\n", path, steps_done);
+    free(tmp);
+    return rc;
+}
+
+/* Loads the layers in own (NULL: all) and the steps done (*step); 0 on success. */
+static int gpt_trainer_resume(gpt_trainer* T, const pp_model* m, const char* path, const unsigned char* own, int* step) {
+    pp_ckpt_desc k = gpt_trainer_ckpt(T, m, 0, own);
+    pp_ckpt_info info;
+    pp_error err;
+    if (pp_ckpt_load_file(&k, path, &info, &err) != PP_OK) {
+        fprintf(stderr, "--resume %s: %s\n", path, err.msg);
+        return 1;
+    }
+    *step = (int)info.step;
+    return 0;
 }
 
 static double gpt_now(void) {

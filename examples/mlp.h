@@ -164,6 +164,16 @@ static void xent_desc(const xent_params* p, const pp_microbatch* mb, const pp_te
     d->cost = (double)mb->rows * p->classes * 4.0;
 }
 
+/* The dense layer's parameter buffers, for checkpoints (pp_model.params through PP_MODEL_PARAMS
+   below): its sizes come from in and out, so a process without the arrays still gives them. */
+static int dense_param_list(const dense_params* p, pp_param* out, int cap) {
+    if (cap >= 2) {
+        out[0] = pp_param_of(p->w, (int64_t)p->in * p->out, PP_F32);
+        out[1] = pp_param_of(p->b, p->out, PP_F32);
+    }
+    return 2;
+}
+
 #ifndef MLP_DEPTH
 #define MLP_DEPTH 11
 #endif
@@ -171,6 +181,11 @@ static void xent_desc(const xent_params* p, const pp_microbatch* mb, const pp_te
     X(dense, dense_params, dense_fwd, dense_bwd, dense_desc, MLP_DEPTH)      \
     X(xent, xent_params, xent_fwd, xent_bwd, xent_desc, 1)
 PP_MODEL(mlp, MLP_LAYERS)
+
+/* mlp_params, the checkpoints' view of the weights (the loss layer has none):
+   pp_model m = mlp_model_desc(); m.params = mlp_params; */
+#define MLP_PARAMS(X) X(dense, dense_param_list)
+PP_MODEL_PARAMS(mlp, MLP_PARAMS)
 
 /* The same MLP with the dense backward split in two (PP_MODEL_SPLIT), for the zero-bubble
    schedules: dense_bwd_in writes only the input gradient, dense_bwd_w adds the weight and bias
@@ -181,6 +196,7 @@ PP_MODEL(mlp, MLP_LAYERS)
     X(dense, dense_params, dense_fwd, dense_bwd_in, dense_bwd_w, dense_desc, MLP_DEPTH)   \
     X(xent, xent_params, xent_fwd, xent_bwd, PP_NO_WGRAD, xent_desc, 1)
 PP_MODEL_SPLIT(mlpz, MLPZ_LAYERS)
+PP_MODEL_PARAMS(mlpz, MLP_PARAMS)
 
 static inline void mlpz_from_mlp(mlpz_model* z, const mlp_model* w) {
     int l;

@@ -40,6 +40,13 @@ int main(int argc, char** argv) {
         pp_grid_dp_split(&g, &a, &b);
         pp_grid_tied_split(&g, &a, &b);
         pp_pipeline_create(NULL, &pl, &err);
+        pp_ckpt_size(NULL, NULL, &err);
+        pp_ckpt_save(NULL, NULL, &err);
+        pp_ckpt_load(NULL, NULL, NULL, &err);
+        pp_ckpt_save_file(NULL, "x", &err);
+        pp_ckpt_load_file(NULL, "x", NULL, &err);
+        pp_ckpt_save_mem(NULL, NULL, 0, &err);
+        pp_ckpt_load_mem(NULL, NULL, 0, NULL, &err);
     }
     return pp_stage_create(NULL, &st, &err) == PP_ERR_INVALID ? 0 : 1;
 }

@@ -14,6 +14,15 @@ static void cxx_desc(const cxx_p*, const pp_microbatch*, const pp_tensor*, int, 
 #define CXXZ_LAYERS(X) X(a, cxx_p, cxx_fwd, cxx_bwd, cxx_bwd, cxx_desc, 1) X(b, cxx_p, cxx_fwd, cxx_bwd, PP_NO_WGRAD, cxx_desc, 4)
 PP_MODEL(cxx, CXX_LAYERS)
 PP_MODEL_SPLIT(cxxz, CXXZ_LAYERS)
+// and PP_MODEL_PARAMS: a checkpoint of it, saved to memory and loaded back
+static float cxx_buf[5] = {1, 2, 3, 4, 5};
+static int cxx_plist(const cxx_p* p, pp_param* out, int cap) {
+    if (cap >= 1) out[0] = pp_param_of(cxx_buf, p->n, PP_F32);
+    return 1;
+}
+#define CXX_PARAMS(X) X(b, cxx_plist)
+PP_MODEL_PARAMS(cxx, CXX_PARAMS)
+PP_MODEL_PARAMS(cxxz, CXX_PARAMS)
 
 int pp_cxx_check(void);
 int pp_cxx_check(void) {
@@ -26,6 +35,15 @@ int pp_cxx_check(void) {
     pp_pipeline_desc d = pp_pipeline_desc();
     d.model = m;
     pp_pipeline* pl = NULL;
-    return (pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 16, &s, &err) == PP_OK ? 0 : 1) + m.n_layers + z.n_layers +
+    pp_ckpt_desc c = pp_ckpt_desc();
+    cxx_model w = cxx_model();
+    unsigned char img[1024];
+    for (int i = 0; i < 4; i++) w.b[i].n = 1;
+    c.model = m;
+    c.model.params = cxx_params;
+    c.weights = &w;
+    int ck = pp_ckpt_save_mem(&c, img, sizeof img, &err) == PP_OK && pp_ckpt_load_mem(&c, img, sizeof img, NULL, &err) == PP_OK
+                 ? 0 : 1;
+    return ck + (pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 16, &s, &err) == PP_OK ? 0 : 1) + m.n_layers + z.n_layers +
            (pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID ? 0 : 1);
 }

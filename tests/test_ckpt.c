@@ -1,0 +1,725 @@
+/* tests/test_ckpt.c - checkpoints independent of the pipeline's shape (pp_ckpt_*).
+
+   Checked: the MLP of examples/mlp.h trained at p = 4 interleaved (v = 2) with Adam, saved by its
+   four ranks into one file (each its own layers' records, rank 0 also the header) gives the same
+   bytes as one call saving everything, in a file and in memory; loaded by the two ranks of a
+   p = 2 1F1B partition, and into a sequential (p = 1) trainer, its weights and Adam moments are
+   bit-identical, and training on from there stays bit-identical to the run that never stopped.
+   The same for the packed variable-length GPT of examples/gpt.h (p = 4 interleaved, then p = 2
+   ZB-H1 on the split-backward model under the same name). The file's header fields are where
+   docs/api.md's table puts them. A truncated file, a flipped byte (payload, tables, record
+   header), another model's file (other widths), another layer count, another name, a state the
+   file lacks, a newer version and a file that is not a checkpoint are refused with their codes,
+   leaving every byte of the weights and states as it was. A load of some layers (own) touches
+   only those; a copy hook sees every buffer.
+   Negative control: built with -DPP_TEST_NO_CKPT_CHECKSUM (no checksum compared) a flipped byte
+   loads silently and this test fails (`test_ckpt corrupt` runs only that part). */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline.h"
+#include "../examples/mlp.h"
+#include "../examples/gpt.h"
+#include "../examples/gpt_data.h"
+#include "test.h"
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define ROWS 32
+static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
+static char PATH[256];
+
+/* ---- an MLP trainer: weights, gradients, Adam's m and v, all bound like the weights ---------- */
+typedef struct trainer {
+    pp_model model;
+    mlp_model w, g, m, v;
+    float *wbuf, *gbuf, *mbuf, *vbuf;
+    size_t n;
+    int step;
+} trainer;
+
+/* dst = src's struct with its pointers moved from src_buf into buf (the same layout). */
+static void rebind(mlp_model* dst, const mlp_model* src, const float* src_buf, float* buf) {
+    int l;
+    *dst = *src;
+    for (l = 0; l < MLP_DEPTH; l++) {
+        dst->dense[l].w = buf + (src->dense[l].w - src_buf);
+        dst->dense[l].b = buf + (src->dense[l].b - src_buf);
+    }
+}
+
+static void trainer_init(trainer* t, const int* dims, uint64_t seed) {
+    memset(t, 0, sizeof *t);
+    t->model = mlp_model_desc();
+    t->model.params = mlp_params;
+    t->wbuf = mlp_init(&t->w, &t->g, dims, seed, &t->gbuf);
+    t->n = mlp_param_count(dims);
+    t->mbuf = (float*)calloc(t->n, sizeof(float));
+    t->vbuf = (float*)calloc(t->n, sizeof(float));
+    if (!t->wbuf || !t->mbuf || !t->vbuf) {
+        printf("out of memory\n");
+        exit(1);
+    }
+    rebind(&t->m, &t->w, t->wbuf, t->mbuf);
+    rebind(&t->v, &t->w, t->wbuf, t->vbuf);
+}
+
+static void trainer_free(trainer* t) {
+    free(t->wbuf);
+    free(t->gbuf);
+    free(t->mbuf);
+    free(t->vbuf);
+}
+
+/* Adam, elementwise (as examples/gpt_train.h's), gradients zeroed. */
+static void adam(trainer* t) {
+    const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, lr = 1e-2f;
+    const float c1 = 1.0f - powf(b1, (float)(t->step + 1)), c2 = 1.0f - powf(b2, (float)(t->step + 1));
+    size_t i;
+    for (i = 0; i < t->n; i++) {
+        float g = t->gbuf[i];
+        t->mbuf[i] = b1 * t->mbuf[i] + (1.0f - b1) * g;
+        t->vbuf[i] = b2 * t->vbuf[i] + (1.0f - b2) * g * g;
+        t->wbuf[i] -= lr * (t->mbuf[i] / c1) / (sqrtf(t->vbuf[i] / c2) + eps);
+        t->gbuf[i] = 0.0f;
+    }
+    t->step++;
+}
+
+static float X[ROWS * HX_IN];
+static int32_t Y[ROWS];
+
+/* Step `step`'s data: every run sees the same batches in the same order. */
+static pp_batch data(int step, int m) {
+    pp_batch b;
+    mlp_make_data(X, Y, ROWS, HX_IN, HX_CLASSES, 1000 + (uint64_t)step, 5);
+    hx_dense_batch(&b, X, Y, ROWS, HX_IN, m);
+    return b;
+}
+
+/* `steps` training steps on a pipeline of (kind, p, v), or sequential steps where p is 0. */
+static int train(trainer* t, pp_schedule_kind kind, int p, int v, int steps, pp_pipeline** keep) {
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    pp_step_stats st;
+    pp_error err;
+    int i, ok = 1;
+    if (p > 0) {
+        memset(&d, 0, sizeof d);
+        d.model = t->model;
+        d.weights = &t->w;
+        d.grads = &t->g;
+        d.schedule = kind;
+        d.p = p;
+        d.v = v;
+        d.m = 8;
+        d.stage.timeout_s = 20;
+        if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
+            CHECK(0, "create %s p=%d: %s", pp_schedule_name(kind), p, err.msg);
+            return 0;
+        }
+    }
+    for (i = 0; ok && i < steps; i++) {
+        pp_batch b = data(t->step, 8);
+        float loss;
+        if (pl) ok = pp_pipeline_step(pl, &b, &st) == PP_OK;
+        else ok = pp_sequential_step(&t->model, &t->w, &t->g, &b, &loss, &err) == PP_OK;
+        CHECK(ok, "step %d: %s", t->step, pl ? pp_pipeline_error(pl) : err.msg);
+        adam(t);
+    }
+    if (keep) *keep = pl;
+    else pp_pipeline_destroy(pl);
+    return ok;
+}
+
+/* The desc saving or loading t: weights, Adam's m and v, the step. */
+static const char* const NAMES[2] = {"adam_m", "adam_v"};
+static pp_ckpt_desc ckdesc(trainer* t, const void** st) {
+    pp_ckpt_desc c;
+    memset(&c, 0, sizeof c);
+    c.model = t->model;
+    c.weights = &t->w;
+    st[0] = &t->m;
+    st[1] = &t->v;
+    c.n_state = 2;
+    c.state = st;
+    c.state_names = NAMES;
+    c.step = t->step;
+    return c;
+}
+
+static int same_state(const trainer* a, const trainer* b) {
+    size_t n = a->n * sizeof(float);
+    return memcmp(a->wbuf, b->wbuf, n) == 0 && memcmp(a->mbuf, b->mbuf, n) == 0 && memcmp(a->vbuf, b->vbuf, n) == 0;
+}
+
+/* Layers rank r owns under the pipeline's schedule and partition. */
+static void owned(const pp_schedule* s, const int* first, int n_layers, int rank, unsigned char* own) {
+    int l;
+    for (l = 0; l < n_layers; l++) own[l] = pp_schedule_layer_rank(s, first, l) == rank;
+}
+
+static unsigned char* read_all(const char* path, size_t* n) {
+    FILE* f = fopen(path, "rb");
+    unsigned char* b;
+    long len;
+    *n = 0;
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    b = (unsigned char*)malloc(len > 0 ? (size_t)len : 1);
+    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    *n = b ? (size_t)len : 0;
+    return b;
+}
+
+static void write_all(const char* path, const unsigned char* b, size_t n) {
+    FILE* f = fopen(path, "wb");
+    if (f) {
+        if (n) fwrite(b, 1, n, f);
+        fclose(f);
+    }
+}
+
+/* ---- p = 4 interleaved -> p = 2 1F1B and p = 1, the MLP ------------------------------------ */
+static unsigned char* FULL;   /* the reference image: one call, every layer */
+static size_t FULL_N;
+
+static void test_reshape(void) {
+    trainer a, b, c;
+    pp_pipeline* pl = NULL;
+    pp_pipeline_desc d2;
+    pp_pipeline* pl2 = NULL;
+    const void* st[2];
+    pp_ckpt_desc cd;
+    pp_ckpt_info info;
+    pp_error err;
+    uint64_t size = 0;
+    unsigned char own[MLP_DEPTH + 1], *img, *file;
+    size_t file_n = 0;
+    int r, L;
+    trainer_init(&a, DIMS, 42);
+    L = a.model.n_layers;
+    if (!train(&a, PP_SCHED_INTERLEAVED, 4, 2, 3, &pl)) return;
+    cd = ckdesc(&a, st);
+    CHECK(pp_ckpt_size(&cd, &size, &err) == PP_OK, "%s", err.msg);
+    FULL = (unsigned char*)calloc((size_t)size, 1);
+    img = (unsigned char*)calloc((size_t)size, 1);
+    FULL_N = (size_t)size;
+    CHECK(pp_ckpt_save_mem(&cd, FULL, FULL_N, &err) == PP_OK, "save whole: %s", err.msg);
+    /* the four ranks of p = 4 interleaved, each its own layers (two stages each), into one file
+       and one buffer; rank 0 first: it creates the file and writes the header */
+    for (r = 0; r < 4; r++) {
+        owned(pp_pipeline_schedule(pl), pp_pipeline_partition(pl), L, r, own);
+        cd.own = own;
+        cd.records_only = r > 0;
+        CHECK(pp_ckpt_save_file(&cd, PATH, &err) == PP_OK, "rank %d save file: %s", r, err.msg);
+        CHECK(pp_ckpt_save_mem(&cd, img, FULL_N, &err) == PP_OK, "rank %d save mem: %s", r, err.msg);
+    }
+    file = read_all(PATH, &file_n);
+    CHECK(file && file_n == FULL_N && memcmp(file, FULL, FULL_N) == 0,
+          "the ranks' file (%zu bytes) equals one call's image (%zu bytes)", file_n, FULL_N);
+    CHECK(memcmp(img, FULL, FULL_N) == 0, "the ranks' memory image equals one call's");
+    free(file);
+    free(img);
+    /* load at p = 2 1F1B: each of its two ranks loads its own layers, into other weights */
+    trainer_init(&b, DIMS, 7);
+    memset(&d2, 0, sizeof d2);
+    d2.model = b.model;
+    d2.weights = &b.w;
+    d2.grads = &b.g;
+    d2.schedule = PP_SCHED_1F1B;
+    d2.p = 2;
+    d2.m = 8;
+    d2.partition.policy = PP_PARTITION_EXPLICIT;
+    {
+        static const int first2[3] = {0, 9, MLP_DEPTH + 1}; /* uneven: 9 layers and 3 */
+        d2.partition.explicit_first = first2;
+    }
+    CHECK(pp_pipeline_create(&d2, &pl2, &err) == PP_OK, "%s", err.msg);
+    for (r = 0; pl2 && r < 2; r++) {
+        cd = ckdesc(&b, st);
+        owned(pp_pipeline_schedule(pl2), pp_pipeline_partition(pl2), L, r, own);
+        cd.own = own;
+        memset(&info, 0, sizeof info);
+        CHECK(pp_ckpt_load_file(&cd, PATH, &info, &err) == PP_OK, "rank %d load: %s", r, err.msg);
+        b.step = (int)info.step;
+    }
+    pp_pipeline_destroy(pl2);
+    CHECK(info.step == 3 && info.n_layers == L && info.n_state == 2 && !strcmp(info.name, "mlp") && info.version == 1 &&
+              info.file_bytes == FULL_N,
+          "info: step %lld, %d layers, %d states, '%s', version %u, %llu bytes", (long long)info.step, info.n_layers,
+          info.n_state, info.name, info.version, (unsigned long long)info.file_bytes);
+    CHECK(same_state(&a, &b), "p = 4 interleaved saved, p = 2 1F1B loaded: weights, m and v bit-identical");
+    /* and p = 1: one call from memory */
+    trainer_init(&c, DIMS, 8);
+    cd = ckdesc(&c, st);
+    CHECK(pp_ckpt_load_mem(&cd, FULL, FULL_N, &info, &err) == PP_OK, "%s", err.msg);
+    c.step = (int)info.step;
+    CHECK(same_state(&a, &c), "loaded sequentially: bit-identical");
+    /* training on: a at p = 4 interleaved, b at p = 2 1F1B, c sequential; all three the same */
+    {
+        int i, ok = 1;
+        for (i = 0; ok && i < 3; i++) {
+            pp_batch bt = data(a.step, 8);
+            pp_step_stats s;
+            ok = pp_pipeline_step(pl, &bt, &s) == PP_OK;
+            adam(&a);
+        }
+        CHECK(ok, "a: %s", pp_pipeline_error(pl));
+    }
+    train(&b, PP_SCHED_1F1B, 2, 1, 3, NULL);
+    train(&c, PP_SCHED_GPIPE, 0, 1, 3, NULL);
+    CHECK(a.step == 6 && b.step == 6 && c.step == 6, "steps %d %d %d", a.step, b.step, c.step);
+    CHECK(same_state(&a, &b), "3 steps on: p = 2 1F1B resumed = p = 4 interleaved uninterrupted, bit for bit");
+    CHECK(same_state(&a, &c), "3 steps on: sequential resumed = p = 4 interleaved uninterrupted, bit for bit");
+    pp_pipeline_destroy(pl);
+    trainer_free(&a);
+    trainer_free(&b);
+    trainer_free(&c);
+}
+
+/* ---- the header where docs/api.md's table puts it ------------------------------------------ */
+static uint64_t get(const unsigned char* p, int bytes) {
+    uint64_t v = 0;
+    int i;
+    for (i = bytes - 1; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
+static void test_format(void) {
+    const unsigned char* h = FULL;
+    uint64_t H, B, L, S, rec;
+    if (!FULL) return;
+    L = get(h + 32, 4);
+    S = get(h + 36, 4);
+    B = get(h + 40, 4);
+    H = get(h + 16, 8);
+    CHECK(memcmp(h, "PPCKPT\r\n", 8) == 0 && get(h + 8, 4) == 1 && get(h + 12, 4) == 1, "magic, version 1, little-endian");
+    CHECK(L == MLP_DEPTH + 1 && S == 3 && B == 2 * MLP_DEPTH, "L %llu, S %llu, B %llu", (unsigned long long)L,
+          (unsigned long long)S, (unsigned long long)B);
+    CHECK(H == 128 + 16 * S + 48 * L + 16 * B && get(h + 24, 8) == FULL_N, "H %llu, file bytes", (unsigned long long)H);
+    CHECK(get(h + 48, 8) == 3 && get(h + 56, 8) == 0, "step 3, no user bytes");
+    CHECK(!strcmp((const char*)h + 80, "mlp") && !strcmp((const char*)h + 128, "weights") &&
+              !strcmp((const char*)h + 144, "adam_m") && !strcmp((const char*)h + 160, "adam_v"),
+          "model and slot names");
+    CHECK(!strcmp((const char*)h + 128 + 16 * S, "dense") && get(h + 128 + 16 * S + 36, 4) == 2 &&
+              get(h + 128 + 16 * S + 40, 8) == (uint64_t)(HX_IN * 8 + 8) * 4,
+          "layer 0: dense, 2 buffers, its bytes");
+    CHECK(!strcmp((const char*)h + 128 + 16 * S + 48 * MLP_DEPTH, "xent") &&
+              get(h + 128 + 16 * S + 48 * MLP_DEPTH + 36, 4) == 0,
+          "the loss layer: no buffers");
+    CHECK(get(h + 128 + 16 * S + 48 * L, 4) == PP_F32 && get(h + 128 + 16 * S + 48 * L + 8, 8) == HX_IN * 8,
+          "buffer 0: f32, %d elements", HX_IN * 8);
+    rec = H;
+    CHECK(get(h + rec, 4) == 0x31434552u && get(h + rec + 4, 4) == 0 && get(h + rec + 8, 4) == 0 &&
+              get(h + rec + 16, 8) == (uint64_t)(HX_IN * 8 + 8) * 4,
+          "the first record: REC1, layer 0, slot 0, its bytes");
+    rec += 32 + ((HX_IN * 8 + 8) * 4 + 7) / 8 * 8;
+    CHECK(get(h + rec, 4) == 0x31434552u && get(h + rec + 4, 4) == 0 && get(h + rec + 8, 4) == 1,
+          "the second record: layer 0, slot 1 (adam_m)");
+}
+
+/* ---- refusals leave everything as it was --------------------------------------------------- */
+static trainer T;          /* the target of every failing load, and its bytes before */
+static float *W0, *M0, *V0;
+
+static void snapshot(void) {
+    memcpy(W0, T.wbuf, T.n * sizeof(float));
+    memcpy(M0, T.mbuf, T.n * sizeof(float));
+    memcpy(V0, T.vbuf, T.n * sizeof(float));
+}
+static int untouched(void) {
+    size_t n = T.n * sizeof(float);
+    return memcmp(W0, T.wbuf, n) == 0 && memcmp(M0, T.mbuf, n) == 0 && memcmp(V0, T.vbuf, n) == 0;
+}
+
+/* Loads img (n bytes) into T from memory and from a file; both must fail with `want`. */
+static void refused(const unsigned char* img, size_t n, pp_result want, const char* what) {
+    const void* st[2];
+    pp_ckpt_desc cd = ckdesc(&T, st);
+    pp_error err;
+    pp_result rc;
+    err.msg[0] = 0;
+    rc = pp_ckpt_load_mem(&cd, img, n, NULL, &err);
+    CHECK(rc == want, "%s (memory): %s, expected %s: %s", what, pp_result_str(rc), pp_result_str(want), err.msg);
+    CHECK(untouched(), "%s (memory): the weights and states were changed", what);
+    printf("  %-44s %s\n", what, err.msg);
+    write_all(PATH, img, n);
+    rc = pp_ckpt_load_file(&cd, PATH, NULL, &err);
+    CHECK(rc == want, "%s (file): %s, expected %s: %s", what, pp_result_str(rc), pp_result_str(want), err.msg);
+    CHECK(untouched(), "%s (file): the weights and states were changed", what);
+}
+
+/* pp_ckpt_io over a buffer that may be shorter than it says. */
+typedef struct memsrc {
+    const unsigned char* p;
+    size_t n;
+} memsrc;
+static size_t memsrc_read(void* ctx, uint64_t off, void* out, size_t n) {
+    memsrc* m = (memsrc*)ctx;
+    if (off >= m->n) return 0;
+    if (n > m->n - off) n = (size_t)(m->n - off);
+    memcpy(out, m->p + off, n);
+    return n;
+}
+
+static void test_corrupt(void) {
+    unsigned char* bad = (unsigned char*)malloc(FULL_N);
+    uint64_t H = get(FULL + 16, 8);
+    size_t payload = (size_t)H + 32 + 40; /* inside layer 0's weights */
+    if (!bad) return;
+    /* a byte flipped in each record's payload: the middle of layer 5's adam_v, the last record */
+    memcpy(bad, FULL, FULL_N);
+    bad[payload] ^= 0x01;
+    refused(bad, FULL_N, PP_ERR_CORRUPT, "a bit flipped in layer 0's weights");
+    memcpy(bad, FULL, FULL_N);
+    bad[FULL_N - 3 * 32 - 8] ^= 0x80; /* before the loss layer's three empty records: layer 10's adam_v */
+    refused(bad, FULL_N, PP_ERR_CORRUPT, "a bit flipped in the last payload");
+    memcpy(bad, FULL, FULL_N);
+    bad[200] ^= 0x10; /* the layer table */
+    refused(bad, FULL_N, PP_ERR_CORRUPT, "a bit flipped in the header's tables");
+    free(bad);
+}
+
+static void test_refusals(void) {
+    unsigned char* bad = (unsigned char*)malloc(FULL_N);
+    uint64_t H = get(FULL + 16, 8);
+    const void* st[2];
+    pp_ckpt_desc cd;
+    pp_error err;
+    pp_result rc;
+    memsrc src;
+    pp_ckpt_io io;
+    if (!bad) return;
+    refused(FULL, FULL_N - 1, PP_ERR_CORRUPT, "truncated by one byte");
+    refused(FULL, FULL_N / 2, PP_ERR_CORRUPT, "truncated to half");
+    refused(FULL, 100, PP_ERR_CORRUPT, "truncated inside the header");
+    refused(FULL, 0, PP_ERR_CORRUPT, "empty");
+    memcpy(bad, FULL, FULL_N);
+    bad[(size_t)H + 4] ^= 0x02; /* the first record says layer 2 */
+    refused(bad, FULL_N, PP_ERR_CORRUPT, "a record header altered");
+    memcpy(bad, FULL, FULL_N);
+    bad[0] = 'X';
+    refused(bad, FULL_N, PP_ERR_CORRUPT, "not a checkpoint (magic)");
+    memcpy(bad, FULL, FULL_N);
+    bad[8] = 2;
+    refused(bad, FULL_N, PP_ERR_UNSUPPORTED, "version 2");
+    /* through pp_ckpt_io, which does not know the length: short reads */
+    cd = ckdesc(&T, st);
+    src.p = FULL;
+    src.n = FULL_N - 5;
+    io.read = memsrc_read;
+    io.write = NULL;
+    io.ctx = &src;
+    rc = pp_ckpt_load(&cd, &io, NULL, &err);
+    CHECK(rc == PP_ERR_CORRUPT && strstr(err.msg, "truncated") && untouched(), "io, 5 bytes short: %s", err.msg);
+    /* another model: other widths, another layer count, another name, a state the file lacks */
+    {
+        int dims[MLP_DEPTH + 1];
+        trainer o;
+        mlp_counts cnt;
+        memcpy(dims, DIMS, sizeof dims);
+        dims[4] = 10;
+        trainer_init(&o, dims, 1);
+        cd = ckdesc(&o, st);
+        rc = pp_ckpt_load_mem(&cd, FULL, FULL_N, NULL, &err);
+        CHECK(rc == PP_ERR_SIZE && strstr(err.msg, "layer 3 (dense) buffer 0"), "other widths: %s", err.msg);
+        printf("  %-44s %s\n", "another model (a layer 10 wide)", err.msg);
+        trainer_free(&o);
+        memset(&cnt, 0, sizeof cnt);
+        cnt.dense = MLP_DEPTH - 2;
+        cd = ckdesc(&T, st);
+        cd.model = mlp_model_desc_counts(cnt);
+        cd.model.params = mlp_params;
+        rc = pp_ckpt_load_mem(&cd, FULL, FULL_N, NULL, &err);
+        CHECK(rc == PP_ERR_SIZE && strstr(err.msg, "layers") && untouched(), "fewer layers: %s", err.msg);
+        printf("  %-44s %s\n", "another layer count", err.msg);
+        cd = ckdesc(&T, st);
+        cd.name = "mlp2";
+        rc = pp_ckpt_load_mem(&cd, FULL, FULL_N, NULL, &err);
+        CHECK(rc == PP_ERR_INVALID && strstr(err.msg, "'mlp'") && untouched(), "another name: %s", err.msg);
+        printf("  %-44s %s\n", "another name", err.msg);
+        cd = ckdesc(&T, st);
+        {
+            static const char* const other[2] = {"adam_m", "momentum"};
+            cd.state_names = other;
+        }
+        rc = pp_ckpt_load_mem(&cd, FULL, FULL_N, NULL, &err);
+        CHECK(rc == PP_ERR_INVALID && strstr(err.msg, "momentum") && untouched(), "missing state: %s", err.msg);
+        printf("  %-44s %s\n", "a state the file lacks", err.msg);
+        cd = ckdesc(&T, st);
+        cd.user = bad;
+        cd.user_bytes = 4;
+        rc = pp_ckpt_load_mem(&cd, FULL, FULL_N, NULL, &err);
+        CHECK(rc == PP_ERR_SIZE && untouched(), "user bytes of another size: %s", err.msg);
+        cd = ckdesc(&T, st);
+        cd.model.params = NULL;
+        rc = pp_ckpt_load_mem(&cd, FULL, FULL_N, NULL, &err);
+        CHECK(rc == PP_ERR_INVALID && strstr(err.msg, "params") && untouched(), "no params hook: %s", err.msg);
+        rc = pp_ckpt_save_mem(&cd, bad, FULL_N, &err);
+        CHECK(rc == PP_ERR_INVALID, "save without a params hook: %s", err.msg);
+        cd = ckdesc(&T, st);
+        rc = pp_ckpt_save_mem(&cd, bad, FULL_N - 1, &err);
+        CHECK(rc == PP_ERR_SIZE, "save into a buffer one byte short: %s", err.msg);
+        rc = pp_ckpt_load_file(&cd, "/nonexistent/dir/x.ckpt", NULL, &err);
+        CHECK(rc == PP_ERR_IO && untouched(), "no such file: %s", err.msg);
+        cd.records_only = 1;
+        rc = pp_ckpt_save_file(&cd, "/nonexistent/dir/x.ckpt", &err);
+        CHECK(rc == PP_ERR_IO, "records into a file that is not there: %s", err.msg);
+    }
+    free(bad);
+}
+
+/* ---- some layers, some states, a copy hook, user bytes --------------------------------------- */
+static int COPIES;
+static int counting_copy(void* user, void* dst, const void* src, size_t n) {
+    (void)user;
+    COPIES++;
+    memcpy(dst, src, n);
+    return 0;
+}
+
+static void test_parts(void) {
+    trainer a, b;
+    const void* st[2];
+    pp_ckpt_desc cd;
+    pp_ckpt_info info;
+    pp_error err;
+    unsigned char own[MLP_DEPTH + 1], *img;
+    char user[13] = "data at 4711", back[13];
+    uint64_t size = 0;
+    int l, ok = 1;
+    trainer_init(&a, DIMS, 3);
+    trainer_init(&b, DIMS, 4);
+    train(&a, PP_SCHED_1F1B, 2, 1, 1, NULL);
+    /* user bytes and a copy hook */
+    cd = ckdesc(&a, st);
+    cd.user = user;
+    cd.user_bytes = sizeof user;
+    cd.copy = counting_copy;
+    CHECK(pp_ckpt_size(&cd, &size, &err) == PP_OK, "%s", err.msg);
+    img = (unsigned char*)calloc((size_t)size, 1);
+    CHECK(pp_ckpt_save_mem(&cd, img, (size_t)size, &err) == PP_OK, "%s", err.msg);
+    CHECK(COPIES == 3 * 2 * MLP_DEPTH, "save: the copy hook saw %d buffers", COPIES);
+    /* only the odd layers, only the weights */
+    cd = ckdesc(&b, st);
+    cd.n_state = 0;
+    for (l = 0; l <= MLP_DEPTH; l++) own[l] = l % 2;
+    cd.own = own;
+    CHECK(pp_ckpt_load_mem(&cd, img, (size_t)size, &info, &err) == PP_OK, "%s", err.msg);
+    CHECK(info.user_bytes == sizeof user && info.n_state == 2, "info: %llu user bytes", (unsigned long long)info.user_bytes);
+    for (l = 0; l < MLP_DEPTH; l++) ok &= hx_mlp_layer_equal(&a.w, &b.w, l) == (l % 2);
+    CHECK(ok, "the odd layers loaded, the even ones left alone");
+    CHECK(hx_all_zero(b.mbuf, b.n) && hx_all_zero(b.vbuf, b.n), "no state loaded where none was asked for");
+    /* the rest, with the states, the user bytes and the copy hook */
+    cd = ckdesc(&b, st);
+    COPIES = 0;
+    cd.copy = counting_copy;
+    cd.user = back;
+    cd.user_bytes = sizeof back;
+    CHECK(pp_ckpt_load_mem(&cd, img, (size_t)size, NULL, &err) == PP_OK, "%s", err.msg);
+    b.step = a.step;
+    CHECK(same_state(&a, &b) && !memcmp(user, back, sizeof user), "everything, then: bit-identical, user bytes back");
+    CHECK(COPIES == 3 * 2 * MLP_DEPTH, "load: the copy hook saw %d buffers", COPIES);
+    /* a state bound unlike the weights is refused at save */
+    cd = ckdesc(&a, st);
+    a.m.dense[2].out++;
+    CHECK(pp_ckpt_save_mem(&cd, img, (size_t)size, &err) == PP_ERR_INVALID && strstr(err.msg, "adam_m"), "%s", err.msg);
+    a.m.dense[2].out--;
+    free(img);
+    trainer_free(&a);
+    trainer_free(&b);
+}
+
+/* ---- the packed variable-length GPT ------------------------------------------------------- */
+#define NB 6
+#define NSEQ 16
+#define MAXLEN 24
+typedef struct gtrainer {
+    gpt_config c;
+    gpt_model w, g, m, v;
+    float *wbuf, *gbuf, *mbuf, *vbuf;
+    size_t n;
+    int step;
+} gtrainer;
+
+static void gtrainer_init(gtrainer* t, uint64_t seed) {
+    gpt_config c = {GPT_DATA_VOCAB, MAXLEN, 16, 2, NB};
+    memset(t, 0, sizeof *t);
+    t->c = c;
+    t->n = gpt_param_count(&c);
+    t->wbuf = gpt_init(&t->w, &t->g, &c, seed, &t->gbuf);
+    t->mbuf = (float*)calloc(t->n, sizeof(float));
+    t->vbuf = (float*)calloc(t->n, sizeof(float));
+    gpt_bind(&t->m, &c, t->mbuf);
+    gpt_bind(&t->v, &c, t->vbuf);
+}
+static void gtrainer_free(gtrainer* t) {
+    free(t->wbuf);
+    free(t->gbuf);
+    free(t->mbuf);
+    free(t->vbuf);
+}
+
+static gpt_corpus CORPUS;
+static int32_t TOK[NSEQ * MAXLEN], TGT[NSEQ * MAXLEN], CU[NSEQ + 1];
+
+static int gtrain(gtrainer* t, pp_schedule_kind kind, int p, int v, int steps) {
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    pp_error err;
+    int i, ok;
+    memset(&d, 0, sizeof d);
+    d.model = kind == PP_SCHED_ZB_H1 ? gptz_model_desc_depth(NB) : gpt_model_desc_depth(NB);
+    d.weights = &t->w;
+    d.grads = &t->g;
+    d.schedule = kind;
+    d.p = p;
+    d.v = v;
+    d.m = 4;
+    d.stage.timeout_s = 20;
+    if (!(ok = pp_pipeline_create(&d, &pl, &err) == PP_OK)) CHECK(0, "gpt %s p=%d: %s", pp_schedule_name(kind), p, err.msg);
+    for (i = 0; ok && i < steps; i++) {
+        uint64_t rng = 500 + (uint64_t)t->step;
+        pp_batch b;
+        gpt_pack(&CORPUS, &rng, NSEQ, TOK, TGT, CU);
+        hx_token_batch(&b, TOK, TGT, CU, NSEQ, 4, PP_SPLIT_TOKENS);
+        b.loss = PP_LOSS_MEAN_ROWS;
+        ok = pp_pipeline_step(pl, &b, NULL) == PP_OK;
+        CHECK(ok, "gpt step %d: %s", t->step, pp_pipeline_error(pl));
+        {
+            trainer view; /* adam over the flat buffers */
+            view.wbuf = t->wbuf;
+            view.gbuf = t->gbuf;
+            view.mbuf = t->mbuf;
+            view.vbuf = t->vbuf;
+            view.n = t->n;
+            view.step = t->step;
+            adam(&view);
+            t->step = view.step;
+        }
+    }
+    pp_pipeline_destroy(pl);
+    return ok;
+}
+
+static pp_ckpt_desc gdesc(gtrainer* t, pp_model m, const void** st) {
+    pp_ckpt_desc c;
+    memset(&c, 0, sizeof c);
+    c.model = m;
+    c.name = "gpt"; /* gpt and gptz: one layout */
+    c.weights = &t->w;
+    st[0] = &t->m;
+    st[1] = &t->v;
+    c.n_state = 2;
+    c.state = st;
+    c.state_names = NAMES;
+    c.step = t->step;
+    return c;
+}
+
+static void test_gpt(void) {
+    gtrainer a, b;
+    const void* st[2];
+    pp_ckpt_desc cd;
+    pp_ckpt_info info;
+    pp_error err;
+    hx_sched s4, s2;
+    int first4[9], first2[3], r, l;
+    unsigned char own[NB + 2];
+    if (gpt_corpus_generate(&CORPUS, 300, MAXLEN, 5)) {
+        CHECK(0, "corpus");
+        return;
+    }
+    gtrainer_init(&a, 11);
+    gtrainer_init(&b, 12);
+    if (!gtrain(&a, PP_SCHED_INTERLEAVED, 4, 2, 2)) return;
+    /* the ranks of p = 4 interleaved (uniform: 8 stages of one layer) save their layers */
+    hx_sched_make(&s4, PP_SCHED_INTERLEAVED, 4, 2, 4, &err);
+    pp_partition_uniform(NB + 2, 8, first4, &err);
+    for (r = 0; r < 4; r++) {
+        cd = gdesc(&a, gpt_model_desc_depth(NB), st);
+        for (l = 0; l < NB + 2; l++) own[l] = pp_schedule_layer_rank(&s4.s, first4, l) == r;
+        cd.own = own;
+        cd.records_only = r > 0;
+        CHECK(pp_ckpt_save_file(&cd, PATH, &err) == PP_OK, "gpt rank %d: %s", r, err.msg);
+    }
+    /* the ranks of p = 2 ZB-H1 (the split model, gptz) load theirs */
+    hx_sched_make(&s2, PP_SCHED_ZB_H1, 2, 1, 4, &err);
+    pp_partition_uniform(NB + 2, 2, first2, &err);
+    for (r = 0; r < 2; r++) {
+        cd = gdesc(&b, gptz_model_desc_depth(NB), st);
+        for (l = 0; l < NB + 2; l++) own[l] = pp_schedule_layer_rank(&s2.s, first2, l) == r;
+        cd.own = own;
+        CHECK(pp_ckpt_load_file(&cd, PATH, &info, &err) == PP_OK, "gpt load rank %d: %s", r, err.msg);
+    }
+    b.step = (int)info.step;
+    CHECK(memcmp(a.wbuf, b.wbuf, a.n * 4) == 0 && memcmp(a.mbuf, b.mbuf, a.n * 4) == 0 &&
+              memcmp(a.vbuf, b.vbuf, a.n * 4) == 0 && b.step == 2,
+          "gpt: p = 4 interleaved saved, p = 2 ZB-H1 loaded: bit-identical");
+    gtrain(&a, PP_SCHED_INTERLEAVED, 4, 2, 2);
+    gtrain(&b, PP_SCHED_ZB_H1, 2, 1, 2);
+    CHECK(memcmp(a.wbuf, b.wbuf, a.n * 4) == 0 && memcmp(a.mbuf, b.mbuf, a.n * 4) == 0,
+          "gpt: 2 steps on at p = 2 ZB-H1 = p = 4 interleaved uninterrupted, bit for bit");
+    /* a GPT of other depth, and the MLP's file, are refused */
+    {
+        gtrainer o;
+        gpt_config c5 = a.c;
+        c5.n_block = NB - 1;
+        memset(&o, 0, sizeof o);
+        o.c = c5;
+        o.n = gpt_param_count(&c5);
+        o.wbuf = gpt_init(&o.w, NULL, &c5, 1, NULL);
+        o.mbuf = (float*)calloc(o.n, sizeof(float));
+        o.vbuf = (float*)calloc(o.n, sizeof(float));
+        gpt_bind(&o.m, &c5, o.mbuf);
+        gpt_bind(&o.v, &c5, o.vbuf);
+        cd = gdesc(&o, gpt_model_desc_depth(NB - 1), st);
+        CHECK(pp_ckpt_load_file(&cd, PATH, NULL, &err) == PP_ERR_SIZE, "gpt of 5 blocks: %s", err.msg);
+        gtrainer_free(&o);
+        cd = gdesc(&b, gpt_model_desc_depth(NB), st);
+        CHECK(FULL && pp_ckpt_load_mem(&cd, FULL, FULL_N, NULL, &err) == PP_ERR_INVALID, "the MLP's file: %s", err.msg);
+    }
+    hx_sched_free(&s4);
+    hx_sched_free(&s2);
+    gtrainer_free(&a);
+    gtrainer_free(&b);
+    gpt_corpus_free(&CORPUS);
+}
+
+int main(int argc, char** argv) {
+    int corrupt_only = argc > 1 && !strcmp(argv[1], "corrupt"); /* what the negative control runs */
+    snprintf(PATH, sizeof PATH, "%s/pp_test_ckpt.%ld.ckpt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
+    trainer_init(&T, DIMS, 99);
+    W0 = (float*)malloc(T.n * sizeof(float));
+    M0 = (float*)malloc(T.n * sizeof(float));
+    V0 = (float*)malloc(T.n * sizeof(float));
+    {
+        size_t i;
+        for (i = 0; i < T.n; i++) T.mbuf[i] = (float)i, T.vbuf[i] = 1.0f / (float)(i + 1);
+    }
+    snapshot();
+    test_reshape();
+    if (!corrupt_only) test_format();
+    printf("refused (each leaves the weights and states untouched):\n");
+    test_corrupt();
+    if (!corrupt_only) {
+        test_refusals();
+        test_parts();
+        test_gpt();
+    }
+    remove(PATH);
+    trainer_free(&T);
+    free(W0);
+    free(M0);
+    free(V0);
+    free(FULL);
+    return TEST_DONE("ckpt");
+}
