@@ -37,7 +37,9 @@
      received activations, gradient workspaces) lives in GPU memory: cudaMalloc while the pool
      grows (its first four steps at most, _PP_POOL_WARM_STEPS, where it also makes room for the
      sends still in flight), never after with shapes that stay the same; cudaMemsetAsync on the
-     rank's stream for zeroing.
+     rank's stream for zeroing; cudaMemcpyAsync on it for an evaluation's outputs (pp_stage_eval:
+     into host or device memory, in place once the stream got there, e.g. after
+     pp_cuda_step_end).
      Sizes come from the step plan (exact bytes of every micro-batch, variable lengths included)
      and the pool holds exactly the schedule's peak of live stashes (pp_step_stats.peak_live
      equals the simulator's peak_live). pp_cuda_memory reports the bytes each rank holds.
@@ -1075,6 +1077,19 @@ static pp_result _ppc_zero(void* user, void* ptr, size_t bytes) {
     return PP_OK;
 }
 
+/* An evaluation's outputs (pp_stage_eval): out of a block, after the rank's work on it, into the
+   caller's memory (host or device: the pointers say which, unified addressing). */
+static pp_result _ppc_copy(void* user, void* dst, const void* src, size_t bytes) {
+    _ppc_rank* r = (_ppc_rank*)user;
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, r->stream);
+    if (e != cudaSuccess) {
+        _ppc_note(r, e, "cudaMemcpyAsync (an evaluation's outputs)");
+        (void)cudaGetLastError();
+        return PP_ERR_TRANSPORT;
+    }
+    return PP_OK;
+}
+
 static void _ppc_mark(void* user, const pp_action* a, int idx, int phase) {
     _ppc_rank* r = (_ppc_rank*)user;
     cudaError_t e;
@@ -1255,6 +1270,7 @@ pp_device_ops pp_cuda_device_ops(pp_cuda* c, int rank) {
     o.zero = _ppc_zero;
     o.mark = _ppc_mark;
     o.reuse = _ppc_reuse;
+    o.copy = _ppc_copy;
     o.user = &c->r[rank];
     return o;
 }
@@ -1486,7 +1502,8 @@ pp_result pp_cuda_pipeline_create(const pp_pipeline_desc* d, const pp_cuda_desc*
     if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
     *out = NULL;
     if (!d) return _pp_fail(err, PP_ERR_INVALID, "pipeline desc is NULL");
-    if (d->stage.device.alloc || d->stage.device.free || d->stage.device.zero || d->stage.device.mark || d->stage.device.reuse)
+    if (d->stage.device.alloc || d->stage.device.free || d->stage.device.zero || d->stage.device.mark || d->stage.device.reuse ||
+        d->stage.device.copy)
         return _pp_fail(err, PP_ERR_INVALID, "stage.device is the CUDA pipeline's (its blocks live in GPU memory): leave it zero");
     if ((rc = _pp_pipeline_new(d, out, err)) != PP_OK) goto fail;
     memset(&c, 0, sizeof c);

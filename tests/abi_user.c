@@ -40,6 +40,9 @@ int main(int argc, char** argv) {
         pp_grid_dp_split(&g, &a, &b);
         pp_grid_tied_split(&g, &a, &b);
         pp_pipeline_create(NULL, &pl, &err);
+        pp_sequential_eval(&m, NULL, NULL, NULL, NULL, &err);
+        pp_stage_eval(st, NULL, NULL, NULL);
+        pp_pipeline_eval(pl, NULL, NULL, NULL);
     }
     return pp_stage_create(NULL, &st, &err) == PP_ERR_INVALID ? 0 : 1;
 }
