@@ -6026,7 +6026,8 @@ struct pp_stage {
        evaluation), 1 + the rank that gets the evaluation's outputs (0: none); rank 0's sends of it */
     int64_t go[5];
     int go_sent;
-    /* evaluations (pp_stage_eval): the forward-only list made at create, or why there is none;
+    /* evaluations (pp_stage_eval): the forward-only list made at create (this rank's actions in
+       eacts; esched's actions are gone after the proofs), or why there is none;
        the step under way is one (eval), its outputs' rank (-1: none) and the caller's struct; the
        last stage's rank; eout[mb] the outputs kept for (or received from) that rank */
     pp_schedule esched;
@@ -8124,9 +8125,17 @@ static pp_result _pp_eval_init(pp_stage* s, pp_error* err) {
     }
     if (s->eval_rc == PP_OK && sc->p > 1 && s->d.transport.check_schedule)
         s->eval_rc = s->d.transport.check_schedule(s->d.transport.self, &s->esched, &e);
-    if (s->eval_rc != PP_OK)
+    if (s->eval_rc != PP_OK) {
         snprintf(s->eval_why, sizeof s->eval_why, "rank %d: no evaluation on this schedule: %s", s->d.rank,
                  _pp_strip_code(e.msg, s->eval_rc));
+    } else { /* proven: this rank keeps its own list only (a pipeline's p stages would hold p copies of all) */
+        pp_action* own = (pp_action*)_pp_calloc((size_t)s->esched.per_rank, sizeof *own);
+        if (!own) return _pp_fail(err, PP_ERR_NOMEM, "forward-only list of %d actions", s->esched.per_rank);
+        memcpy(own, pp_schedule_rank(&s->esched, s->d.rank), sizeof *own * (size_t)s->esched.per_rank);
+        PP_FREE(s->eacts);
+        s->eacts = own;
+        s->esched.actions = NULL;
+    }
     return PP_OK;
 }
 
@@ -8640,7 +8649,7 @@ pp_result pp_stage_eval(pp_stage* s, const pp_batch* b, pp_eval_out* out, pp_ste
     } else {
         s->tlist = s->list;
         s->n_tlist = s->n_list;
-        s->list = pp_schedule_rank(&s->esched, s->d.rank);
+        s->list = s->eacts; /* this rank's forward-only list (_pp_eval_init) */
         s->n_list = s->esched.per_rank;
         s->eval = 1;
         s->ev_out = out;

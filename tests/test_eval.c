@@ -584,7 +584,7 @@ static void test_sync(void) {
     for (r = 0; r < 4; r++) {
         pp_stage_desc d;
         hx_stage_desc(&d, NULL, F.model, &F.w, &W.g[r], &sc.s, first, r, pp_threads_transport(W.th, r));
-        d.timeout_s = 3;
+        d.timeout_s = 10;
         CHECK(pp_stage_create(&d, &W.st[r], &err) == PP_OK, "sync: stage %d: %s", r, err.msg);
     }
     for (round = 0; round < 2; round++) {
@@ -601,7 +601,7 @@ static void test_sync(void) {
                                                                         "this rank a training step"
                                                                       : "this rank an evaluation with outputs to rank 1"),
               "sync round %d: rank %d says: %s", round, r, W.msg[r]);
-        CHECK(_pp_now() - t0 < 2.5, "sync round %d: the ranks took %.3g s to fail (their deadline is 3 s)", round, _pp_now() - t0);
+        CHECK(_pp_now() - t0 < 5, "sync round %d: the ranks took %.3g s to fail (their deadline is 10 s)", round, _pp_now() - t0);
         pp_threads_reset(W.th);
     }
     /* then a training step on every rank is the reference's */
