@@ -6025,20 +6025,19 @@ struct pp_stage {
     /* the step's identity from rank 0 (_pp_go): magic, step, generation, the step's kind (1: an
        evaluation), 1 + the rank that gets the evaluation's outputs (0: none); rank 0's sends of it */
     int64_t go[5];
-    int go_sent;
     /* evaluations (pp_stage_eval): the forward-only list made at create (this rank's actions in
-       eacts; esched's actions are gone after the proofs), or why there is none;
-       the step under way is one (eval), its outputs' rank (-1: none) and the caller's struct; the
-       last stage's rank; eout[mb] the outputs kept for (or received from) that rank */
+       eacts; esched's actions are gone after the proofs), or why there is none (eval_rc,
+       eval_why); the step under way is one (eval), its outputs' rank (-1: none) and the caller's
+       struct; the last stage's rank; eout[mb] the outputs kept for (or received from) that rank */
     pp_schedule esched;
     pp_action* eacts;
-    pp_result eval_rc;
-    char eval_why[256];
     const pp_action* tlist;         /* the training list while an evaluation runs its own */
-    int n_tlist;
-    int eval, ev_rank, last_rank;
     pp_eval_out* ev_out;
     _pp_block** eout;               /* [m], in the live table's allocation */
+    int go_sent;
+    pp_result eval_rc;
+    int n_tlist, eval, ev_rank, last_rank;
+    char eval_why[256];
     pthread_mutex_t step_mu;        /* held by the step under way: a second caller is refused */
     int step_mu_ok;
 };
