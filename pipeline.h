@@ -1198,7 +1198,10 @@ pp_result pp_stage_step(pp_stage* st, const pp_batch* b, pp_step_stats* stats);
    that disagrees fails the step, PP_ERR_INVALID). From the last stage's rank to another they
    travel after both ranks' lists (one message per tensor and micro-batch): under LOCAL or
    BROADCAST shapes only (PP_ERR_UNSUPPORTED otherwise); with device blocks
-   (pp_stage_desc.device) the copies go through device.copy, enqueued on the rank's stream. */
+   (pp_stage_desc.device) the copies go through device.copy, enqueued on the rank's stream.
+   Where the transport refused the forward-only list at create (a hand-written table whose list
+   pipeline_nccl.h cannot run), or m x stages leave no tags for it, every call returns that
+   refusal at once (PP_ERR_UNSUPPORTED or the check's code, the reason in pp_stage_error). */
 pp_result pp_stage_eval(pp_stage* st, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats);
 const char* pp_stage_error(const pp_stage* st);
 /* Events of the last step when record_timeline is set (times in seconds from step start). */
