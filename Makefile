@@ -15,7 +15,7 @@ TEST_HDRS = tests/test.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
-           test_nccl_grid test_agree test_validate test_gradnorm test_ckpt
+           test_nccl_grid test_agree test_validate test_gradnorm test_ckpt test_eval
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table fuzz_ckpt
@@ -138,7 +138,7 @@ $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
-                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls
+                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
 # rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
@@ -161,6 +161,17 @@ $(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum
 # at p = 4 interleaved and resumed at p = 2 1F1B equal to an uninterrupted run's, byte for byte.
 $(B)/gpt-resume: tests/test_resume.sh $(B)/gpt_cpu
 	@printf '#!/bin/sh\nexec sh tests/test_resume.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
+
+# Negative controls of tests/test_eval.c: an evaluation's stashes kept to the step's end (the
+# peak check of the grid fails), and the step's kind left out of the step's identity (a rank that
+# trains while the others evaluate runs into its deadline: the sync case fails).
+$(B)/eval-ctl-nofree: BASE += -DPP_TEST_NO_EVAL_FREE
+$(B)/eval-ctl-nosync: BASE += -DPP_TEST_NO_EVAL_SYNC
+$(B)/eval-ctl-%: tests/test_eval.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/eval-controls: tests/controls.sh $(B)/eval-ctl-nofree $(B)/eval-ctl-nosync
+	printf '#!/bin/sh\nexec sh tests/controls.sh eval-controls "$(B)/eval-ctl-nofree grid" "$(B)/eval-ctl-nosync sync"\n' > $@
+	chmod +x $@
 
 # Negative controls of tests/test_agree.c: without the tags' generation, or without the step
 # agreement (each without the plan check, which would hide them), it must fail.
@@ -308,7 +319,8 @@ check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc sections
 ABI_FNS = stage_create pipeline_create model_check model_layer_name model_layer_costs partition_model \
           partition_print sequential_step profile_layers simulate flight_last flight_print flight_print_fd \
           threads_flight threads_transport stage_flight grid_make grid_rank grid_pipe_split grid_dp_split grid_tied_split \
-          ckpt_size ckpt_save ckpt_load ckpt_save_file ckpt_load_file ckpt_save_mem ckpt_load_mem
+          ckpt_size ckpt_save ckpt_load ckpt_save_file ckpt_load_file ckpt_save_mem ckpt_load_mem \
+          sequential_eval stage_eval pipeline_eval
 check-abi: | $(B)
 	@$(CC) $(BASE) -c tests/abi_impl.c -o $(B)/abi-impl.o && $(CC) $(BASE) -c tests/abi_user.c -o $(B)/abi-user.o && \
 	  $(CC) $(B)/abi-user.o $(B)/abi-impl.o -o $(B)/abi-same $(LDLIBS) && $(B)/abi-same && \

@@ -41,6 +41,8 @@
            pp_pipeline_step(pl, &b, &stats);   // stats.loss; gradients accumulate into g
            // your optimizer on w; zero g
        }
+       pp_pipeline_eval(pl, &val, &out, &stats); // forward only: stats.loss, logits into out
+                                                 // (pp_eval_out, NULL: none); no gradient
        pp_pipeline_destroy(pl);
    That is the one-process layer (>>pipeline; pipeline_cuda.h's pp_cuda_pipeline_create puts
    every rank on a CUDA stream). It runs the per-rank API (>>stage) for you: one process per
@@ -191,6 +193,8 @@
           scaler (>>grad), pp_batch.loss_scale, pp_device_ops.copy.
           Then: checkpoints independent of the pipeline's shape (pp_ckpt_*, pp_model.params,
           PP_MODEL_PARAMS, file format version 1), PP_ERR_CORRUPT and PP_ERR_IO.
+          Then: evaluation (pp_stage_eval, pp_pipeline_eval, pp_sequential_eval; forward-only
+          lists, pp_schedule_make_eval).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -250,6 +254,9 @@ extern "C" {
 #define pp_partition_model _PP_ABI(partition_model)
 #define pp_partition_print _PP_ABI(partition_print)
 #define pp_sequential_step _PP_ABI(sequential_step)       /* pp_model, pp_layer_io via the layers */
+#define pp_sequential_eval _PP_ABI(sequential_eval)       /* pp_model, pp_eval_out */
+#define pp_stage_eval _PP_ABI(stage_eval)                 /* pp_eval_out */
+#define pp_pipeline_eval _PP_ABI(pipeline_eval)           /* pp_eval_out */
 #define pp_profile_layers _PP_ABI(profile_layers)
 #define pp_simulate _PP_ABI(simulate)                     /* pp_sim_result */
 #define pp_flight_last _PP_ABI(flight_last)               /* pp_flight */
@@ -792,6 +799,11 @@ typedef struct pp_schedule {
        that does not (PP_ERR_SCHEDULE naming the stage and the two micro-batches). 1 (a table's
        order=any): such a list runs, its gradients equal the reference's only to rounding. */
     int any_order;
+    /* 0: a training list (every (micro-batch, stage) has its F and its B, and its W where the
+       lists have W's). 1: a forward-only list (evaluation): an F for every (micro-batch, stage)
+       and nothing else, per_rank = m*v; pp_schedule_make_eval makes one from a training list and
+       pp_stage_eval runs it (pp_stage_create makes its own). A table's header says eval=1. */
+    int forward_only;
 } pp_schedule;
 
 typedef struct pp_sim_cost pp_sim_cost; /* the cost model (>>sim) */
@@ -853,6 +865,18 @@ int pp_schedule_rank_to_stage(const pp_schedule* s, int rank, int chunk);
 int pp_schedule_layer_rank(const pp_schedule* s, const int* first, int layer);
 /* Rank r's list. */
 const pp_action* pp_schedule_rank(const pp_schedule* s, int rank);
+/* Forward-only lists (evaluation). From a training schedule s (any kind, a table too), every
+   rank's list of F actions alone, on the same stage map (each stage runs on the rank, and as the
+   chunk, it trains on), into out[cap] (cap >= pp_schedule_eval_size(s) = p*v*m); fills *eval
+   (kind, p, v, m, map of s; forward_only = 1) and proves it with pp_simulate. The lists are
+   played out in time for unit costs: at every tick each rank runs, of its F's whose input is
+   there, the one of its highest chunk, so a stage fed by its own rank (the turn of the V map;
+   every boundary at p = 1) runs right after the F that feeds it, and a rank drains what is in
+   flight before it takes in more: it holds at most two stashes at once, and one where no stage of
+   the rank feeds another (pp_simulate's peak_live). Each stage runs its F's in ascending
+   micro-batch order. Takes scratch from PP_MALLOC. */
+size_t pp_schedule_eval_size(const pp_schedule* s);
+pp_result pp_schedule_make_eval(const pp_schedule* s, pp_action* out, size_t cap, pp_schedule* eval, pp_error* err);
 /* 1 if the schedule has W actions (weight gradients deferred from B). */
 int pp_schedule_has_w(const pp_schedule* s);
 
@@ -862,7 +886,8 @@ int pp_schedule_has_w(const pp_schedule* s);
        schedule p=2 v=1 m=2 map=loop
        r0: F0 F1 B0 W0 B1 W1
        r1: F0 B0 F1 B1 W0 W1
-   Keys: p, v, m (required), map = loop | v (default loop), order = mb | any (default mb). An
+   Keys: p, v, m (required), map = loop | v (default loop), order = mb | any (default mb),
+   eval = 0 | 1 (default 0; 1: a forward-only list, F actions only, m*v per rank). An
    action is F, B or W, the micro-batch, and optionally .chunk (default 0): F3.1 is the forward
    of micro-batch 3 on the rank's chunk 1. W actions are optional, but all or none. The stage of
    (rank, chunk) comes from the map, the send/receive peers from the stages.
@@ -925,6 +950,9 @@ typedef struct pp_sim_result {
 /* Run all ranks' lists against the cost model. Also checks that every (micro-batch, stage)
    has exactly one F and one B, on the right rank, B after F. Returns PP_ERR_SCHEDULE for a
    malformed list, PP_ERR_DEADLOCK (with res->report) when ranks wait on each other forever.
+   A forward-only list (pp_schedule.forward_only) must have exactly one F per (micro-batch,
+   stage) and nothing else; its stash lives for its F, or until the next stage's F where that
+   stage is on the same rank (it reads its input in place): peak_live counts that.
    events (may be NULL) receives p*per_rank entries in rank-major order; after a deadlock the
    actions that never ran have start = end = -1. */
 pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_result* res,
@@ -1108,6 +1136,31 @@ double pp_batch_split_imbalance(const pp_batch* b, const pp_microbatch* mbs);
 pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads,
                              const pp_batch* b, float* loss, pp_error* err);
 
+/* What an evaluation (a forward-only step: pp_stage_eval, pp_pipeline_eval, pp_sequential_eval)
+   hands back besides the loss: the last stage's outputs, i.e. the tensors the last layer (the
+   loss) reads, e.g. the logits, for metrics or sampling. On rank `rank` (every rank of a step
+   passes the same) tensor k of micro-batch 0, 1, ..., m-1 lands in data[k], one after another
+   (micro-batches are contiguous rows of the batch: a [rows, cols] tensor per micro-batch gives
+   the batch's [rows, cols] in its row order). data[k] NULL: not wanted. The other ranks'
+   data and cap are not read. */
+typedef struct pp_eval_out {
+    int rank;                       /* the rank that gets the outputs (zero: rank 0) */
+    void* data[PP_MAX_TENSORS];     /* on that rank, host or (with device blocks) device memory */
+    size_t cap[PP_MAX_TENSORS];     /* bytes data[k] holds; too few: PP_ERR_SIZE, nothing written */
+    /* filled on that rank when the step returns PP_OK */
+    int n;                          /* tensors the last layer reads */
+    pp_tensor t[PP_MAX_TENSORS];    /* tensor k over the batch: data[k], rows summed over the
+                                       micro-batches, cols and dtype of micro-batch 0's */
+    size_t bytes[PP_MAX_TENSORS];   /* bytes written to data[k] (0 where it is NULL) */
+} pp_eval_out;
+
+/* Sequential reference of an evaluation: every micro-batch forward through all layers on this
+   thread, nothing else (no gradient). *loss (may be NULL) gets the step loss, reduced as
+   pp_sequential_step's; out (may be NULL; its rank is not read) the last layer's inputs.
+   pp_stage_eval and pp_pipeline_eval give the same bits. */
+pp_result pp_sequential_eval(const pp_model* m, const void* weights, const pp_batch* b, float* loss, pp_eval_out* out,
+                             pp_error* err);
+
 /* Measured per-layer times (auto-partition by measurement). Runs one untimed warm-up step and
    `steps` timed steps of the sequential reference on this thread, and stores each layer's mean
    wall time per step (all micro-batches of b together, seconds) of forward in t_f, backward in
@@ -1166,7 +1219,9 @@ typedef struct pp_device_ops {
        on it, and returns when the copy is done: to_host 1 reads src (this memory) into dst
        (host), 0 writes src (host) to dst. The stage never calls it; the gradient norm, clipping
        and the loss scaler (>>grad) read and write gradients in this memory through it
-       (pp_grad_buf.device). pipeline_cuda.h's copies on the rank's stream and waits for it. */
+       (pp_grad_buf.device), and pp_stage_eval hands out the last stage's outputs through it
+       (NULL with device blocks: an evaluation that asks for outputs fails with
+       PP_ERR_UNSUPPORTED). pipeline_cuda.h's copies on the rank's stream and waits for it. */
     pp_result (*copy)(void* user, void* dst, const void* src, size_t bytes, int to_host);
 } pp_device_ops;
 
@@ -1232,6 +1287,24 @@ void pp_stage_destroy(pp_stage* st);
    step at a time per stage: a call from another thread while a step runs returns
    PP_ERR_INVALID at once and touches nothing (not even pp_stage_error). */
 pp_result pp_stage_step(pp_stage* st, const pp_batch* b, pp_step_stats* stats);
+/* Run one evaluation: the forward of every micro-batch, nothing else (no gradient is touched),
+   over the forward-only list pp_stage_create made from the schedule (pp_schedule_make_eval),
+   with the same micro-batch count m. Every rank of the pipeline calls it for the same step, as
+   for pp_stage_step: it is a step for the transports (the step's identity, the plan check and
+   the agreement; a training step after it runs as if it had not happened, bit for bit). Each
+   stash goes back once the F's output left (at the turn of the V, once the next stage's F read
+   it): stats->peak_live is at most 2, and 1 on a rank none of whose stages feeds another.
+   stats->loss, on the rank of the last stage, is the step loss as pp_stage_step reduces it.
+   out (NULL: the loss only) asks for the last stage's outputs on out->rank; every rank passes
+   the same out->rank and whether out is NULL (rank 0 sends both with the step's identity; a rank
+   that disagrees fails the step, PP_ERR_INVALID). From the last stage's rank to another they
+   travel after both ranks' lists (one message per tensor and micro-batch): under LOCAL or
+   BROADCAST shapes only (PP_ERR_UNSUPPORTED otherwise); with device blocks
+   (pp_stage_desc.device) the copies go through device.copy, enqueued on the rank's stream.
+   Where the transport refused the forward-only list at create (a hand-written table whose list
+   pipeline_nccl.h cannot run), or m x stages leave no tags for it, every call returns that
+   refusal at once (PP_ERR_UNSUPPORTED or the check's code, the reason in pp_stage_error). */
+pp_result pp_stage_eval(pp_stage* st, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats);
 const char* pp_stage_error(const pp_stage* st);
 /* Events of the last step when record_timeline is set (times in seconds from step start). */
 const pp_event* pp_stage_timeline(const pp_stage* st, size_t* n);
@@ -1303,6 +1376,11 @@ void pp_pipeline_destroy(pp_pipeline* pl);
 pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats);
 /* (One step at a time: a call from another thread while a step runs returns PP_ERR_INVALID at
    once, without a message, and leaves that step alone.) */
+/* One evaluation on every rank (pp_stage_eval): the loss in stats->loss, bit-identical to
+   pp_sequential_eval's, no gradient touched; out (may be NULL) gets the last stage's outputs on
+   out->rank (the threads pipeline: host memory; the CUDA pipeline: host or device memory, in
+   place when the call returns). b->m as for pp_pipeline_step. Failures as pp_pipeline_step's. */
+pp_result pp_pipeline_eval(pp_pipeline* pl, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats);
 /* The last failure ("" if none): which rank failed first, and its message. */
 const char* pp_pipeline_error(const pp_pipeline* pl);
 /* Rank r's result of the last step (PP_ERR_ABORTED where another rank failed first), and its
@@ -2867,6 +2945,106 @@ cleanup:
     _pp_plan_free(&plan);
     return rc;
 }
+/* An evaluation's outputs (pp_eval_out): the last layer's inputs, boundary L-1 of every
+   micro-batch. Tensor k of micro-batch mb lands at _pp_eval_off(plan, mb, k) in data[k]. */
+static size_t _pp_eval_off(const _pp_plan* plan, int mb, int k) {
+    size_t off = 0;
+    int i;
+    for (i = 0; i < mb; i++) {
+        const _pp_bnd* bd = _pp_plan_bnd(plan, i, plan->L - 1);
+        if (k < bd->n) off += pp_tensor_bytes(&bd->t[k]);
+    }
+    return off;
+}
+
+/* The whole step's outputs into out->n, t[] and bytes[] (data[k] NULL: 0 bytes); PP_ERR_SIZE
+   where a buffer is too small (err names it). */
+static pp_result _pp_eval_out_fill(const _pp_plan* plan, pp_eval_out* out, pp_error* err) {
+    const _pp_bnd* b0 = _pp_plan_bnd(plan, 0, plan->L - 1);
+    int k;
+    out->n = b0->n;
+    for (k = 0; k < PP_MAX_TENSORS; k++) {
+        size_t need = _pp_eval_off(plan, plan->m, k);
+        memset(&out->t[k], 0, sizeof out->t[k]);
+        out->bytes[k] = 0;
+        if (k >= b0->n) continue;
+        out->t[k] = b0->t[k];
+        out->t[k].data = out->data[k];
+        out->t[k].rows = 0;
+        {
+            int i;
+            for (i = 0; i < plan->m; i++) {
+                const _pp_bnd* bd = _pp_plan_bnd(plan, i, plan->L - 1);
+                if (k < bd->n) out->t[k].rows += bd->t[k].rows;
+            }
+        }
+        if (!out->data[k]) continue;
+        if (out->cap[k] < need)
+            return _pp_fail(err, PP_ERR_SIZE, "the evaluation's output %d (the last layer's input %d) takes %zu bytes, "
+                            "pp_eval_out.cap[%d] is %zu", k, k, need, k, out->cap[k]);
+        out->bytes[k] = need;
+    }
+    return PP_OK;
+}
+
+pp_result pp_sequential_eval(const pp_model* m, const void* weights, const pp_batch* b, float* loss, pp_eval_out* out,
+                             pp_error* err) {
+    _pp_plan plan;
+    pp_tensor* act = NULL;
+    int* nact = NULL;
+    void** saved = NULL;
+    unsigned char* stash = NULL;
+    float* mb_loss = NULL;
+    pp_result rc;
+    int i, k, L;
+    memset(&plan, 0, sizeof plan);
+    plan.guard = _PP_GUARD;
+    if ((rc = pp_model_check(m, err)) != PP_OK) return rc;
+    if (!weights) return _pp_fail(err, PP_ERR_INVALID, "weights is NULL");
+    if (!b || !b->input.data || !b->targets)
+        return _pp_fail(err, PP_ERR_INVALID, "sequential evaluation needs the batch input data and targets");
+    L = m->n_layers;
+    if ((rc = _pp_plan_build(&plan, m, weights, b, err)) != PP_OK) goto cleanup;
+    if (out && (rc = _pp_eval_out_fill(&plan, out, err)) != PP_OK) goto cleanup;
+    act = (pp_tensor*)_pp_calloc((size_t)(L + 1) * PP_MAX_TENSORS, sizeof *act);
+    nact = (int*)_pp_calloc((size_t)L + 1, sizeof *nact);
+    saved = (void**)_pp_calloc((size_t)L * 2, sizeof *saved);
+    mb_loss = (float*)_pp_calloc((size_t)b->m, sizeof *mb_loss);
+    if (!act || !nact || !saved || !mb_loss) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "sequential evaluation scratch");
+        goto cleanup;
+    }
+    for (i = 0; i < b->m; i++) {
+        size_t sb = _pp_stash_carve(&plan, i, 0, L, 0, NULL, NULL, NULL, NULL);
+        size_t need = sb + _pp_bsaved_carve(&plan, i, 0, L, NULL, NULL);
+        if (!(stash = (unsigned char*)PP_MALLOC(need ? need : 1))) {
+            rc = _pp_fail(err, PP_ERR_NOMEM, "sequential stash of micro-batch %d (%zu bytes)", i, need);
+            goto cleanup;
+        }
+        _pp_stash_carve(&plan, i, 0, L, 0, stash, act, nact, saved);
+        _pp_bsaved_carve(&plan, i, 0, L, stash + sb, saved + L);
+        act[0] = _pp_input_view(b, &plan.mbs[i]);
+        if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, &plan.saved[(size_t)i * L], saved + L,
+                                    &plan.bsaved[(size_t)i * L], &mb_loss[i], NULL, &plan, err)) != PP_OK)
+            goto cleanup;
+        for (k = 0; out && k < nact[L - 1] && k < PP_MAX_TENSORS; k++)
+            if (out->data[k])
+                memcpy((unsigned char*)out->data[k] + _pp_eval_off(&plan, i, k), act[(L - 1) * PP_MAX_TENSORS + k].data,
+                       pp_tensor_bytes(&act[(L - 1) * PP_MAX_TENSORS + k]));
+        PP_FREE(stash);
+        stash = NULL;
+    }
+    if (loss) *loss = _pp_step_loss(&plan, mb_loss);
+cleanup:
+    PP_FREE(stash);
+    PP_FREE(act);
+    PP_FREE(nact);
+    PP_FREE(saved);
+    PP_FREE(mb_loss);
+    _pp_plan_free(&plan);
+    return rc;
+}
+
 /* >>impl-profile: per-layer wall times for auto-partitioning (pp_profile_layers) */
 pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads, const pp_batch* b, int steps,
                             double* t_f, double* t_b, double* t_w, pp_error* err) {
@@ -4128,6 +4306,7 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
     s->actions = out;
     s->map = _pp_sched_kind_map(k);
     s->any_order = 0;
+    s->forward_only = 0;
     return PP_OK;
 }
 
@@ -4154,6 +4333,89 @@ int pp_schedule_layer_rank(const pp_schedule* s, const int* first, int layer) {
 
 int pp_schedule_has_w(const pp_schedule* s) {
     return s && s->p > 0 && s->m > 0 && s->v > 0 && s->per_rank == 3 * s->m * s->v;
+}
+
+size_t pp_schedule_eval_size(const pp_schedule* s) {
+    if (!s || s->p < 1 || s->p > PP_MAX_RANKS || s->v < 1 || s->m < 1 || s->n_stages != s->p * s->v ||
+        (s->map != PP_MAP_LOOP && s->map != PP_MAP_V) || (s->map == PP_MAP_V && s->v != 2) ||
+        (long long)s->p * s->v * s->m > INT32_MAX)
+        return 0;
+    return (size_t)s->p * (size_t)s->v * (size_t)s->m;
+}
+
+/* The forward-only lists (pp_schedule_make_eval), played out in time for unit costs (an F takes
+   one tick, a message none): at every tick each rank runs, of its F's whose input is there, the
+   one of its highest chunk (each chunk's F's in ascending micro-batch order), and appends it to
+   its list. The F a stage feeds on its own rank (the turn of the V; every boundary at p = 1) is
+   then ready at once and of a higher chunk: it runs next, and the stash it reads goes. Each list
+   is in the order its rank ran, every F after the F it waits for: no list waits in a cycle. The
+   highest chunk first drains what is in flight before it takes in more (a rank holds one stash
+   at a time), and a rank's messages to a neighbour go in the order of time on both sides: over
+   NCCL's in-order matching and rendezvous sends the lists pass where their training lists do
+   (checked for p 2..8, m 1..24: tests/test_nccl_pipeline.c). */
+pp_result pp_schedule_make_eval(const pp_schedule* s, pp_action* out, size_t cap, pp_schedule* eval, pp_error* err) {
+    size_t need = pp_schedule_eval_size(s);
+    pp_sim_result* res;
+    pp_schedule e;
+    pp_result rc;
+    int *next = NULL, *fin = NULL, *len = NULL;
+    int r, c, p, v, m, S, t, done = 0;
+    if (!s || !out || !eval)
+        return _pp_fail(err, PP_ERR_INVALID, "pp_schedule_make_eval: %s is NULL",
+                        !s ? "s (schedule)" : !out ? "out (action array)" : "eval (schedule)");
+    if (!need)
+        return _pp_fail(err, PP_ERR_INVALID, "pp_schedule_make_eval: not a schedule (p=%d v=%d m=%d n_stages=%d map=%d)", s->p,
+                        s->v, s->m, s->n_stages, (int)s->map);
+    if (cap < need)
+        return _pp_fail(err, PP_ERR_SIZE, "pp_schedule_make_eval: p=%d v=%d m=%d needs %lu actions, cap is %lu", s->p, s->v,
+                        s->m, (unsigned long)need, (unsigned long)cap);
+    p = s->p, v = s->v, m = s->m, S = s->n_stages;
+    next = (int*)_pp_calloc((size_t)p * (size_t)v, sizeof *next);  /* [r][c]: the next micro-batch */
+    fin = (int*)_pp_calloc((size_t)S * (size_t)m, sizeof *fin);    /* [stage][mb]: 1 + the tick it ran, 0: not yet */
+    len = (int*)_pp_calloc((size_t)p, sizeof *len);
+    if (!next || !fin || !len) {
+        PP_FREE(next);
+        PP_FREE(fin);
+        PP_FREE(len);
+        return _pp_fail(err, PP_ERR_NOMEM, "pp_schedule_make_eval: scratch for %d x %d F's", S, m);
+    }
+    for (t = 0; done < p * v * m; t++) {
+        int ran = 0;
+        for (r = 0; r < p; r++)
+            for (c = v - 1; c >= 0; c--) {
+                int mb = next[r * v + c], st = _pp_sched_map_stage(s->map, p, r, c);
+                /* ready: stage 0, or the previous stage's F ran at an earlier tick */
+                if (mb >= m || (st > 0 && (fin[(st - 1) * m + mb] == 0 || fin[(st - 1) * m + mb] > t))) continue;
+                _pp_sched_set_map(&out[(size_t)r * (size_t)v * (size_t)m + (size_t)len[r]++], PP_OP_F, s->map, p, S, r, mb, c);
+                fin[st * m + mb] = t + 1;
+                next[r * v + c]++;
+                done++;
+                ran = 1;
+                break;
+            }
+        if (!ran) break; /* never: the lowest stage with an F left has its input (or is stage 0) */
+    }
+    PP_FREE(next);
+    PP_FREE(fin);
+    PP_FREE(len);
+    if (done < p * v * m) return _pp_fail(err, PP_ERR_SCHEDULE, "pp_schedule_make_eval: %d of %d F's placed", done, p * v * m);
+    memset(&e, 0, sizeof e);
+    e.kind = s->kind;
+    e.p = p;
+    e.v = v;
+    e.m = m;
+    e.n_stages = S;
+    e.per_rank = m * v;
+    e.actions = out;
+    e.map = s->map;
+    e.forward_only = 1;
+    res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
+    if (!res) return _pp_fail(err, PP_ERR_NOMEM, "pp_schedule_make_eval: simulator result");
+    rc = pp_simulate(&e, NULL, res, NULL, err);
+    PP_FREE(res);
+    if (rc != PP_OK) return rc;
+    *eval = e;
+    return PP_OK;
 }
 
 /* Text tables (pp_schedule_parse, pp_schedule_write). The parser reads its input once per pass
@@ -4248,7 +4510,7 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
                               pp_error* err) {
     _pp_tab c;
     long p = -1, v = -1, m = -1, x;
-    int map = PP_MAP_LOOP, any_order = 0, r, per = out ? per_in : -1, S;
+    int map = PP_MAP_LOOP, any_order = 0, fo = 0, r, per = out ? per_in : -1, S;
     c.t = text;
     c.n = len;
     c.i = 0;
@@ -4284,9 +4546,12 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
         } else if (_pp_tab_word(&c, "order=any")) {
             _pp_tab_skip(&c, 9);
             any_order = 1;
+        } else if (_pp_tab_word(&c, "eval=0") || _pp_tab_word(&c, "eval=1")) {
+            fo = _pp_tab_word(&c, "eval=1");
+            _pp_tab_skip(&c, 6);
         } else {
             return _PP_TAB_FAIL("schedule table line %d, column %d: unknown header field (p=, v=, m=, map=loop or map=v, "
-                                "order=mb or order=any)", line, col);
+                                "order=mb or order=any, eval=0 or eval=1)", line, col);
         }
     }
     if (p < 0 || v < 0 || m < 0)
@@ -4305,6 +4570,7 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
     hdr->n_stages = S;
     hdr->map = (pp_stage_map)map;
     hdr->any_order = any_order;
+    hdr->forward_only = fo;
     /* rank lines */
     for (r = 0; r < p; r++) {
         int n = 0, line;
@@ -4360,7 +4626,14 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
             n++;
         }
         if (per < 0) {
-            if (n != 2 * m * v && n != 3 * m * v)
+            if (fo && n != m * v)
+                return _PP_TAB_FAIL("schedule table line %d: rank 0 has %d actions; eval=1 with m=%ld v=%ld needs %ld (an F "
+                                    "each)", line, n, m, v, m * v);
+            if (!fo && n == m * v)
+                return _PP_TAB_FAIL("schedule table line %d: rank 0 has %d actions; m=%ld v=%ld needs %ld (F and B) or %ld "
+                                    "(F, B and W), or the header's eval=1 for a forward-only list", line, n, m, v, 2 * m * v,
+                                    3 * m * v);
+            if (!fo && n != 2 * m * v && n != 3 * m * v)
                 return _PP_TAB_FAIL("schedule table line %d: rank 0 has %d actions; m=%ld v=%ld needs %ld (F and B) or %ld "
                                     "(F, B and W)", line, n, m, v, 2 * m * v, 3 * m * v);
             per = n;
@@ -4446,8 +4719,8 @@ void pp_schedule_write(FILE* f, const pp_schedule* s) {
     int r, i;
     if (!f || !s || !s->actions) return;
     fprintf(f, "# %s: %d stages, %d actions per rank\n", pp_schedule_name(s->kind), s->n_stages, s->per_rank);
-    fprintf(f, "schedule p=%d v=%d m=%d map=%s%s\n", s->p, s->v, s->m, s->map == PP_MAP_V ? "v" : "loop",
-            s->any_order ? " order=any" : "");
+    fprintf(f, "schedule p=%d v=%d m=%d map=%s%s%s\n", s->p, s->v, s->m, s->map == PP_MAP_V ? "v" : "loop",
+            s->any_order ? " order=any" : "", s->forward_only ? " eval=1" : "");
     for (r = 0; r < s->p; r++) {
         const pp_action* a = pp_schedule_rank(s, r);
         fprintf(f, "r%d:", r);
@@ -4514,7 +4787,7 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     pp_sim_result local;
     pp_sim_cost c;
     pp_result rc = PP_OK;
-    int p, S, m, per, r, i, n_total, has_w = 0;
+    int p, S, m, per, r, i, n_total, has_w = 0, fo;
     size_t n_slots = 0;
     int* slot = NULL;       /* [op][mb*S + stage] -> 1 + global action index, 0 = not seen */
     double* fin = NULL;     /* end time of each global action index (r*per + i) */
@@ -4541,6 +4814,10 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                         (int)s->map, s->v);
     if ((long long)p * per > INT32_MAX - 1)
         return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: %d ranks x %d actions is too many", p, per);
+    if (s->forward_only != 0 && s->forward_only != 1)
+        return _pp_fail(err, PP_ERR_INVALID,
+                        "pp_simulate: forward_only = %d (0 or 1; zero the struct before filling it by hand)", s->forward_only);
+    fo = s->forward_only;
     n_total = p * per;
 
     memset(&c, 0, sizeof c);
@@ -4567,9 +4844,9 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
         return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: m*stages = %d*%d is too many", m, S);
     /* every (micro-batch, stage) needs its F and its B: a header that promises more than the
        lists hold is refused before its tables are allocated (m = 700M with 2 actions took 8 GB) */
-    if ((long long)n_total < 2LL * m * S)
-        return _pp_fail(err, PP_ERR_SCHEDULE, "pp_simulate: %d actions cannot cover m=%d micro-batches x %d stages (F and B each)",
-                        n_total, m, S);
+    if ((long long)n_total < (fo ? 1LL : 2LL) * m * S)
+        return _pp_fail(err, PP_ERR_SCHEDULE, "pp_simulate: %d actions cannot cover m=%d micro-batches x %d stages (%s)",
+                        n_total, m, S, fo ? "an F each" : "F and B each");
     n_slots = (size_t)m * (size_t)S;
     slot = (int*)_pp_calloc(3 * n_slots, sizeof(int));
     fin = (double*)_pp_calloc((size_t)n_total, sizeof(double));
@@ -4588,6 +4865,11 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
             if (a->op != PP_OP_F && a->op != PP_OP_B && a->op != PP_OP_W) {
                 rc = _pp_fail(err, PP_ERR_SCHEDULE, "rank %d action #%d: op %d is not F, B or W", r, i,
                               (int)a->op);
+                goto cleanup;
+            }
+            if (fo && a->op != PP_OP_F) {
+                rc = _pp_fail(err, PP_ERR_SCHEDULE, "rank %d action #%d: %c%d.%d in a forward-only list (F actions only)", r, i,
+                              _pp_sched_op_char(a->op), (int)a->mb, (int)a->chunk);
                 goto cleanup;
             }
             if (a->stage < 0 || a->stage >= S || a->mb < 0 || a->mb >= m) {
@@ -4638,6 +4920,7 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
         int fi = slot[i] - 1, bi = slot[n_slots + i] - 1, wi = slot[2 * n_slots + i] - 1;
         int mb = i / S, st = i % S, want_rank = _pp_sched_map_rank(s->map, p, st),
             want_chunk = _pp_sched_map_chunk(s->map, p, st);
+        if (fo && fi >= 0) continue; /* a forward-only list: its F is all there is */
         if (fi < 0 || bi < 0 || (has_w && wi < 0)) {
             rc = _pp_fail(err, PP_ERR_SCHEDULE, "rank %d has no %c%d.%d (mb %d, stage %d)", want_rank,
                           fi < 0 ? 'F' : bi < 0 ? 'B' : 'W', mb, want_chunk, mb, st);
@@ -4701,6 +4984,14 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                 else if (a->op == PP_OP_B) mem[r] -= has_w ? _pp_sim_bfree(&c, a->stage) : 1;
                 else mem[r] -= 1 - _pp_sim_bfree(&c, a->stage);
                 if (mem[r] > res->peak_mem[r]) res->peak_mem[r] = mem[r];
+                if (fo) {
+                    /* forward only: the stash goes once its F is done, unless the next stage is
+                       this rank's (it reads the output in place); the F it fed frees the
+                       previous stage's */
+                    int keep = a->stage < S - 1 && a->next_rank == r, fed = a->stage > 0 && a->prev_rank == r;
+                    live[r] -= !keep + fed;
+                    mem[r] -= (double)(!keep + fed);
+                }
                 if (t_free[r] > res->makespan) res->makespan = t_free[r];
                 if (events) {
                     events[gi].rank = r;
@@ -6194,9 +6485,22 @@ struct pp_stage {
     unsigned char* ag_buf;          /* rank 0: [p] records, others: [2] (status, verdict) */
     size_t ag_rec;
     pp_request* ag_req;             /* [p] */
-    /* the step's identity from rank 0 (_pp_go): magic, step, generation; rank 0's sends of it */
-    int64_t go[3];
+    /* the step's identity from rank 0 (_pp_go): magic, step, generation, the step's kind (1: an
+       evaluation), 1 + the rank that gets the evaluation's outputs (0: none); rank 0's sends of it */
+    int64_t go[5];
+    /* evaluations (pp_stage_eval): the forward-only list made at create (this rank's actions in
+       eacts; esched's actions are gone after the proofs), or why there is none (eval_rc,
+       eval_why); the step under way is one (eval), its outputs' rank (-1: none) and the caller's
+       struct; the last stage's rank; eout[mb] the outputs kept for (or received from) that rank */
+    pp_schedule esched;
+    pp_action* eacts;
+    const pp_action* tlist;         /* the training list while an evaluation runs its own */
+    pp_eval_out* ev_out;
+    _pp_block** eout;               /* [m], in the live table's allocation */
     int go_sent;
+    pp_result eval_rc;
+    int n_tlist, eval, ev_rank, last_rank;
+    char eval_why[256];
     pthread_mutex_t step_mu;        /* held by the step under way: a second caller is refused */
     int step_mu_ok;
 };
@@ -6494,9 +6798,16 @@ static pp_result _pp_check_finite_b(pp_stage* s, const pp_action* a, int la, int
 /* Every message of a step has its own tag: (direction, micro-batch, boundary, tensor) and the
    step's generation (failed steps so far, mod 8), so nothing a failed step left in a transport
    matches a later step's receive. The tensor slot PP_MAX_TENSORS is the boundary's shape
-   header. pp_stage_create checks that the largest tag stays below the reserved ones. */
+   header. pp_stage_create checks that the largest tag stays below the reserved ones (for an
+   evaluation's too, else pp_stage_eval is refused). An evaluation sends no gradient: its
+   outputs to another rank than the last stage's (_pp_eval_exchange) travel as gradients into
+   stage 0, which no step sends. */
 #define _PP_GEN_BITS 3
 static int _pp_tag(const pp_stage* s, int dir, int mb, int boundary_stage, int k) {
+    /* an evaluation's messages are those of micro-batches m .. 2m-1: no training message has
+       their tags, and pipeline_nccl.h's table of the training list's messages (_ppn_key) does
+       not reach them */
+    if (s->eval) mb += s->d.schedule->m;
 #ifdef PP_TEST_NO_GEN /* negative control (tests/test_agree.c): a failed step's leftovers match */
     return (((mb * s->S + boundary_stage) * (PP_MAX_TENSORS + 1) + k) * 2 + dir) << _PP_GEN_BITS;
 #else
@@ -6757,8 +7068,10 @@ static void _pp_block_unref(pp_stage* s, _pp_block** bp) {
    for the largest request go, and idle ones while the pool is over its slack. */
 static void _pp_pool_trim(pp_stage* s) {
     _pp_block *b, **bp, **worst;
-    int changed = s->n_steps > 1 && s->pool_sig != s->pool_sig_last; /* the shapes change from step to step */
-    s->pool_sig_last = s->pool_sig;
+    /* the shapes change from step to step (an evaluation's differ from training's: it neither
+       judges nor sets the signature, so evaluations between training steps trim nothing more) */
+    int changed = !s->eval && s->n_steps > 1 && s->pool_sig != s->pool_sig_last;
+    if (!s->eval) s->pool_sig_last = s->pool_sig;
     s->pool_sig = 0;
     if (s->st.pool_need > s->pool_need_max) s->pool_need_max = s->st.pool_need;
     for (b = s->pool; b; b = b->next) b->idle++;
@@ -6981,7 +7294,9 @@ static int _pp_same_shapes(const _pp_bnd* x, const pp_tensor* ts, int n) {
      boundary disagree) make every rank's step fail: no rank returns PP_OK for a step another
      rank failed. Costs 2 (p - 1) small messages per step (pp_step_stats.agree_msgs, t_agree).
    - The step's identity (_pp_go): at step start rank 0 sends every rank its counts of steps and
-     failed steps, which they take: the ranks resynchronise at every step (p - 1 messages). */
+     failed steps, which they take: the ranks resynchronise at every step (p - 1 messages). It
+     also says whether the step is an evaluation (pp_stage_eval, which counts as a step) and
+     which rank gets its outputs: a rank that runs another kind of step fails it at once. */
 #define _PP_FP_MAGIC 0x50504650 /* "PPFP" */
 #define _PP_AG_MAGIC 0x50504147 /* "PPAG" */
 #define _PP_FP_WORDS 5          /* per record: n, dtypes, rows and cols of tensor 0, hash of all */
@@ -7267,6 +7582,12 @@ static void _pp_agree_abort(pp_stage* s, pp_result why, const char* msg) {
    did not call) goes with the transport's reset (pp_threads_reset; an aborted MPI or NCCL
    transport is made again). Rank 0 waits for its sends at the agreement. */
 #define _PP_GO_MAGIC 0x5050474f /* "PPGO" */
+/* "a training step", "an evaluation with outputs to rank 2" (out1: 1 + that rank, 0: none) */
+static void _pp_step_kind(char* buf, size_t n, int eval, int out1) {
+    if (!eval) snprintf(buf, n, "a training step");
+    else if (out1 <= 0) snprintf(buf, n, "an evaluation without outputs");
+    else snprintf(buf, n, "an evaluation with outputs to rank %d", out1 - 1);
+}
 static pp_result _pp_go(pp_stage* s) {
     const pp_transport* t = &s->d.transport;
     pp_request rq;
@@ -7282,6 +7603,8 @@ static pp_result _pp_go(pp_stage* s) {
         s->go[0] = _PP_GO_MAGIC;
         s->go[1] = s->n_steps;
         s->go[2] = s->gen;
+        s->go[3] = s->eval;
+        s->go[4] = s->eval ? s->ev_rank + 1 : 0;
         if (t->group_start) t->group_start(t->self);
         for (r = 1; r < s->p; r++) {
             memset(&s->ag_req[r], 0, sizeof s->ag_req[r]);
@@ -7309,6 +7632,19 @@ static pp_result _pp_go(pp_stage* s) {
         return _pp_stage_fail(s, PP_ERR_TRANSPORT, "the step identity from rank 0 is corrupt");
     s->n_steps = (int32_t)s->go[1];
     s->gen = (int32_t)s->go[2];
+#ifdef PP_TEST_NO_EVAL_SYNC /* negative control (tests/test_eval.c): a step and an evaluation meet */
+    (void)_pp_step_kind;
+#else
+    if (s->go[3] != s->eval || (s->eval && s->go[4] != s->ev_rank + 1)) {
+        char mine[64], theirs[64];
+        _pp_step_kind(mine, sizeof mine, s->eval, s->eval ? s->ev_rank + 1 : 0);
+        _pp_step_kind(theirs, sizeof theirs, s->go[3] != 0, (int)s->go[4]);
+        return _pp_stage_fail(s, PP_ERR_INVALID,
+                              "rank 0 runs %s, this rank %s: every rank calls pp_stage_step, or every rank pp_stage_eval "
+                              "with the same pp_eval_out.rank (or every rank NULL), for the same step",
+                              theirs, mine);
+    }
+#endif
     return PP_OK;
 }
 
@@ -7871,6 +8207,198 @@ static pp_result _pp_turn_in(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     return PP_OK;
 }
 
+/* An evaluation's copy of n bytes out of a block (or the batch's input) to dst: memcpy on the
+   host, device.copy with device blocks (enqueued on the rank's stream). */
+static pp_result _pp_copy_out(pp_stage* s, void* dst, const void* src, size_t n) {
+    if (!n) return PP_OK;
+    if (!s->d.device.alloc) {
+        memcpy(dst, src, n);
+        return PP_OK;
+    }
+    if (!s->d.device.copy || s->d.device.copy(s->d.device.user, dst, src, n, 1) != PP_OK)
+        return _pp_stage_fail(s, s->d.device.copy ? PP_ERR_TRANSPORT : PP_ERR_UNSUPPORTED,
+                              "copying %zu bytes of the evaluation's outputs%s", n,
+                              s->d.device.copy ? " (device.copy failed)" : ": device blocks without device.copy");
+    return PP_OK;
+}
+
+/* The bytes micro-batch mb's outputs (boundary L-1) take in one block, tensor after tensor. */
+static size_t _pp_eval_block_bytes(const pp_stage* s, int mb) {
+    const _pp_bnd* bd = _pp_plan_bnd(&s->plan, mb, s->L - 1);
+    size_t n = 0;
+    int k;
+    for (k = 0; k < bd->n; k++) n += _pp_slice(&s->plan, pp_tensor_bytes(&bd->t[k]), 0);
+    return n;
+}
+
+/* An evaluation's last stage, after its F: the micro-batch's outputs (the last layer's inputs, in
+   c's views) go to the caller's buffers where this rank is the one that gets them, else into a
+   block kept for the end of the list (_pp_eval_exchange). */
+static pp_result _pp_eval_keep(pp_stage* s, const _pp_act* c, const _pp_view* vw) {
+    const pp_tensor* t = &vw->act[(s->L - 1 - c->la) * PP_MAX_TENSORS];
+    int n = vw->nact[s->L - 1 - c->la], k, mb = c->a->mb;
+    size_t off = 0;
+    pp_result rc;
+    _pp_block* blk;
+    if (s->ev_rank == s->d.rank) {
+        pp_eval_out* o = s->ev_out;
+        for (k = 0; k < n && k < PP_MAX_TENSORS; k++) {
+            size_t at = _pp_eval_off(&s->plan, mb, k), bytes = pp_tensor_bytes(&t[k]);
+            if (!o->data[k]) continue;
+            if (at + bytes > o->cap[k])
+                return _pp_stage_fail(s, PP_ERR_SIZE, "the evaluation's output %d of micro-batch %d ends at byte %zu, "
+                                      "pp_eval_out.cap[%d] is %zu", k, mb, at + bytes, k, o->cap[k]);
+            if ((rc = _pp_copy_out(s, (unsigned char*)o->data[k] + at, t[k].data, bytes)) != PP_OK) return rc;
+        }
+        return PP_OK;
+    }
+    if (s->eout[mb])
+        return _pp_stage_fail(s, PP_ERR_SCHEDULE, "F%d.%d: the outputs of micro-batch %d twice", mb, c->a->chunk, mb);
+    if (!(blk = _pp_block_get(s, _pp_eval_block_bytes(s, mb))))
+        return _pp_stage_fail(s, PP_ERR_NOMEM, "a block of %zu bytes for the evaluation's outputs of micro-batch %d",
+                              _pp_eval_block_bytes(s, mb), mb);
+    s->eout[mb] = blk;
+    for (k = 0; k < n; k++) {
+        size_t bytes = pp_tensor_bytes(&t[k]);
+        if ((rc = _pp_copy_out(s, blk->data + off, t[k].data, bytes)) != PP_OK) return rc;
+        off += _pp_slice(&s->plan, bytes, 0);
+    }
+    return PP_OK;
+}
+
+/* An evaluation's F is done with its stash once its output left: the stash goes back, unless
+   the next stage is this rank's and reads the output in place (the turn of the V, every
+   boundary at p = 1); an F fed that way lets go of the stash it read, and the previous stage's
+   stash goes back. So a rank holds one stash at a time, two at a turn. */
+static void _pp_eval_release(pp_stage* s, const _pp_act* c) {
+    const pp_action* a = c->a;
+#ifdef PP_TEST_NO_EVAL_FREE /* negative control (tests/test_eval.c): the stashes are kept to the step's end */
+    if (s->eval) return;
+#endif
+    if (_pp_turn(s, a->stage)) {
+        pp_action fa = *a;
+        _pp_act f = *c;
+        int chunk;
+        fa.stage = (int16_t)(a->stage - 1);
+        pp_schedule_stage_to_rank(s->d.schedule, fa.stage, NULL, &chunk);
+        fa.chunk = (int8_t)chunk;
+        f.a = &fa;
+        f.slot = _pp_slot(s, a->mb, fa.stage);
+        _pp_stage_layers(s, fa.stage, &f.la, &f.lb);
+        _pp_block_unref(s, &s->src[c->slot]);
+        if (s->live[f.slot]) _pp_slot_release(s, &f);
+    }
+    if (!_pp_turn(s, a->stage + 1) && s->live[c->slot]) _pp_slot_release(s, c);
+}
+
+/* The end of an evaluation's list, where the outputs go to another rank than the last stage's:
+   the last stage's rank sends every micro-batch's outputs in one group, micro-batch by
+   micro-batch, tensor by tensor (tagged as gradients into stage 0, which an evaluation never
+   sends), the rank that gets them receives them in the same order and copies them out. Both
+   sides are past their lists: over pipeline_nccl.h, which matches in order, these messages come
+   after every other message between the two in both ranks' orders, and no action waits for them. */
+static pp_result _pp_eval_exchange(pp_stage* s) {
+    const pp_transport* t = &s->d.transport;
+    int to = s->ev_rank, from = s->last_rank, m = s->plan.m, mb, k, n_req;
+    pp_result rc = PP_OK;
+    if (to < 0 || to == from || (s->d.rank != to && s->d.rank != from)) return PP_OK;
+    if (s->d.rank == from) {
+        for (mb = 0; mb < m && rc == PP_OK; mb++) /* a drained step may lack some: zeros go instead */
+            if (!s->eout[mb]) {
+                size_t bytes = _pp_eval_block_bytes(s, mb);
+                if (!(s->eout[mb] = _pp_block_get(s, bytes)))
+                    rc = _pp_stage_fail(s, PP_ERR_NOMEM, "a block of %zu bytes for the evaluation's outputs", bytes);
+                else if (!s->d.device.zero)
+                    memset(s->eout[mb]->data, 0, bytes);
+                else if (s->d.device.zero(s->d.device.user, s->eout[mb]->data, bytes) != PP_OK)
+                    rc = _pp_stage_fail(s, PP_ERR_TRANSPORT, "zeroing %zu bytes of a drained step's outputs", bytes);
+            }
+        if (t->group_start) t->group_start(t->self);
+        for (mb = 0; mb < m && rc == PP_OK; mb++) {
+            const _pp_bnd* bd = _pp_plan_bnd(&s->plan, mb, s->L - 1);
+            size_t off = 0;
+            for (k = 0; k < bd->n && rc == PP_OK; k++) {
+                size_t bytes = pp_tensor_bytes(&bd->t[k]);
+                _pp_block* b = s->eout[mb];
+                if ((rc = t->isend(t->self, to, _pp_tag(s, 1, mb, 0, k), b->data + off, bytes, &b->req[b->n_req])) != PP_OK) {
+                    _pp_stage_fail(s, rc, "sending the evaluation's outputs of micro-batch %d to rank %d", mb, to);
+                    break;
+                }
+                b->n_req++;
+                s->st.bytes_sent += bytes;
+                s->st.msgs_sent++;
+                if (s->n_sent) s->n_sent[to]++;
+                off += _pp_slice(&s->plan, bytes, 0);
+            }
+        }
+        if (t->group_end) t->group_end(t->self);
+        if (rc != PP_OK) return rc; /* the blocks go back in _pp_stage_recover */
+        for (mb = 0; mb < m; mb++) {
+            _pp_block_put(s, s->eout[mb]); /* retiring until its sends are done */
+            s->eout[mb] = NULL;
+        }
+        return PP_OK;
+    }
+    /* the rank that gets them: a block per micro-batch, every receive posted, then waited for */
+    for (mb = 0; mb < m; mb++) {
+        size_t bytes = _pp_eval_block_bytes(s, mb);
+        if (!(s->eout[mb] = _pp_block_get(s, bytes)))
+            return _pp_stage_fail(s, PP_ERR_NOMEM, "a block of %zu bytes for the evaluation's outputs", bytes);
+    }
+    if (t->group_start) t->group_start(t->self);
+    for (mb = 0; mb < m && rc == PP_OK; mb++) {
+        const _pp_bnd* bd = _pp_plan_bnd(&s->plan, mb, s->L - 1);
+        _pp_block* b = s->eout[mb];
+        size_t off = 0;
+        for (k = 0; k < bd->n; k++) {
+            size_t bytes = pp_tensor_bytes(&bd->t[k]);
+            if ((rc = t->irecv(t->self, from, _pp_tag(s, 1, mb, 0, k), b->data + off, bytes, &b->req[b->n_req])) != PP_OK) {
+                _pp_stage_fail(s, rc, "posting the receive of the evaluation's outputs of micro-batch %d from rank %d", mb,
+                               from);
+                break;
+            }
+            b->n_req++;
+            off += _pp_slice(&s->plan, bytes, 0);
+        }
+    }
+    if (t->group_end) t->group_end(t->self);
+    for (mb = 0; mb < m && rc == PP_OK; mb++) {
+        const _pp_bnd* bd = _pp_plan_bnd(&s->plan, mb, s->L - 1);
+        _pp_block* b = s->eout[mb];
+        double t0 = _pp_now();
+        size_t off = 0;
+        for (n_req = 0; n_req < b->n_req && rc == PP_OK; n_req++) {
+            rc = t->wait(t->self, &b->req[n_req], s->d.timeout_s, &s->err);
+            b->req[n_req].done = 1;
+            if (rc != PP_OK) {
+                _pp_stage_fail(s, rc, "waiting for the evaluation's outputs of micro-batch %d from rank %d: %s", mb, from,
+                               s->err.msg);
+                if (rc == PP_ERR_TIMEOUT) _pp_stage_explain(s, from);
+                break;
+            }
+            s->st.bytes_recv += pp_tensor_bytes(&bd->t[n_req]);
+            if (s->n_recv) s->n_recv[from]++;
+        }
+        s->st.t_wait += _pp_now() - t0;
+        for (k = 0; k < bd->n && rc == PP_OK; k++) {
+            size_t bytes = pp_tensor_bytes(&bd->t[k]);
+            if (k < PP_MAX_TENSORS && s->ev_out->data[k])
+                rc = _pp_copy_out(s, (unsigned char*)s->ev_out->data[k] + _pp_eval_off(&s->plan, mb, k), b->data + off, bytes);
+            off += _pp_slice(&s->plan, bytes, 0);
+        }
+    }
+    /* the blocks go back (on failure: the receives not waited for are withdrawn first) */
+    for (mb = 0; mb < m; mb++) {
+        _pp_block* b = s->eout[mb];
+        if (!b) continue;
+        for (k = 0; k < b->n_req; k++) _pp_retire_recv(s, &b->req[k]);
+        b->n_req = 0;
+        _pp_block_put(s, b);
+        s->eout[mb] = NULL;
+    }
+    return rc;
+}
+
 /* F: the stash (with the received input) stays live until B (or W); the output goes on (at the
    turn of the V it stays: the next stage reads it in this stash). */
 static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
@@ -7907,7 +8435,13 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     if (s->draining && (rc = _pp_drain_zero(s, &vw.act[(c->lb - c->la) * PP_MAX_TENSORS], vw.nact[c->lb - c->la])) != PP_OK)
         return rc;
     s->st.t_forward += _pp_now() - c->t0;
-    if (a->stage < s->S - 1 && !_pp_turn(s, a->stage + 1)) return _pp_send_output(s, a, blk, &vw, c->la, c->lb);
+    /* an evaluation's last stage: its outputs (a drained step's too: what the rank that gets
+       them waits for must come) */
+    if (s->eval && a->stage == s->S - 1 && s->ev_rank >= 0 && (rc = _pp_eval_keep(s, c, &vw)) != PP_OK && !_pp_drain(s, rc))
+        return rc;
+    if (a->stage < s->S - 1 && !_pp_turn(s, a->stage + 1) && (rc = _pp_send_output(s, a, blk, &vw, c->la, c->lb)) != PP_OK)
+        return rc;
+    if (s->eval) _pp_eval_release(s, c);
     return PP_OK;
 }
 
@@ -8033,6 +8567,40 @@ static pp_result _pp_run(pp_stage* s, int idx) {
     return PP_OK;
 }
 
+/* The stage's forward-only list (pp_stage_eval), proven like the training list: by the simulator
+   (pp_schedule_make_eval) and by the transport (check_schedule; pipeline_nccl.h proves its
+   message order and its groups under rendezvous sends). A list the transport refuses, or
+   tags an evaluation cannot have, leave the stage without evaluations (eval_rc says why; the
+   training steps are unaffected); only a lack of memory fails the create. */
+static pp_result _pp_eval_init(pp_stage* s, pp_error* err) {
+    const pp_schedule* sc = s->d.schedule;
+    size_t n = pp_schedule_eval_size(sc);
+    pp_error e;
+    e.msg[0] = 0;
+    if (!n || !(s->eacts = (pp_action*)_pp_calloc(n, sizeof *s->eacts)))
+        return _pp_fail(err, PP_ERR_NOMEM, "forward-only list of %zu actions", n);
+    s->eval_rc = pp_schedule_make_eval(sc, s->eacts, n, &s->esched, &e);
+    if (s->eval_rc == PP_ERR_NOMEM) return _pp_fail(err, PP_ERR_NOMEM, "%s", e.msg);
+    if (s->eval_rc == PP_OK && (((int64_t)2 * sc->m * s->S * (PP_MAX_TENSORS + 1) * 2) << _PP_GEN_BITS) > _PP_TAG_RESERVED) {
+        s->eval_rc = PP_ERR_UNSUPPORTED;
+        snprintf(e.msg, sizeof e.msg, "%d micro-batches x %d stages leave no message tags for an evaluation's", sc->m, s->S);
+    }
+    if (s->eval_rc == PP_OK && sc->p > 1 && s->d.transport.check_schedule)
+        s->eval_rc = s->d.transport.check_schedule(s->d.transport.self, &s->esched, &e);
+    if (s->eval_rc != PP_OK) {
+        snprintf(s->eval_why, sizeof s->eval_why, "rank %d: no evaluation on this schedule: %s", s->d.rank,
+                 _pp_strip_code(e.msg, s->eval_rc));
+    } else { /* proven: this rank keeps its own list only (a pipeline's p stages would hold p copies of all) */
+        pp_action* own = (pp_action*)_pp_calloc((size_t)s->esched.per_rank, sizeof *own);
+        if (!own) return _pp_fail(err, PP_ERR_NOMEM, "forward-only list of %d actions", s->esched.per_rank);
+        memcpy(own, pp_schedule_rank(&s->esched, s->d.rank), sizeof *own * (size_t)s->esched.per_rank);
+        PP_FREE(s->eacts);
+        s->eacts = own;
+        s->esched.actions = NULL;
+    }
+    return PP_OK;
+}
+
 pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err) {
     pp_stage* s = NULL;
     pp_sim_result* sim = NULL;
@@ -8060,6 +8628,9 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     if (d->schedule->any_order != 0 && d->schedule->any_order != 1)
         return _pp_fail(err, PP_ERR_INVALID, "schedule's any_order = %d (0 or 1; zero the struct before filling it by hand)",
                         d->schedule->any_order);
+    if (d->schedule->forward_only)
+        return _pp_fail(err, PP_ERR_INVALID, "the schedule is a forward-only list (forward_only = %d): give the training "
+                        "schedule; the stage makes its forward-only list itself (pp_stage_eval)", d->schedule->forward_only);
     if (d->rank < 0 || d->rank >= d->schedule->p)
         return _pp_fail(err, PP_ERR_INVALID, "rank %d is outside the schedule's %d ranks", d->rank, d->schedule->p);
     if ((rc = pp_partition_check(d->partition, d->model.n_layers, d->schedule->n_stages, err)) != PP_OK) return rc;
@@ -8140,6 +8711,12 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
         pp_stage_destroy(s);
         return rc;
     }
+    pp_schedule_stage_to_rank(d->schedule, s->S - 1, &s->last_rank, NULL);
+    s->ev_rank = -1;
+    if ((rc = _pp_eval_init(s, err)) != PP_OK) {
+        pp_stage_destroy(s);
+        return rc;
+    }
     s->prep[0].idx = s->prep[1].idx = -1;
     s->plan.pad = d->shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
     s->plan.guard = d->device.alloc ? 0 : _PP_GUARD; /* read on the host: not in device memory */
@@ -8177,6 +8754,7 @@ void pp_stage_destroy(pp_stage* s) {
     PP_FREE(s->learned_out);
     PP_FREE(s->bc_cu);
     PP_FREE(s->bc_msg);
+    PP_FREE(s->eacts);
     _pp_agree_free(s);
     PP_FREE(s);
 }
@@ -8226,6 +8804,13 @@ static void _pp_stage_recover(pp_stage* s) {
             s->blive[i] = NULL;
         }
     }
+    for (i = 0; s->eout && i < s->live_cap; i++)
+        if (s->eout[i]) { /* an evaluation's outputs: sends (or receives, withdrawn) may still touch them */
+            for (j = 0; j < s->eout[i]->n_req && s->d.rank == s->ev_rank; j++) _pp_retire_recv(s, &s->eout[i]->req[j]);
+            s->eout[i]->n_req = 0;
+            _pp_block_put(s, s->eout[i]);
+            s->eout[i] = NULL;
+        }
     while (s->retiring) {
         _pp_block* b = s->retiring;
         s->retiring = b->next;
@@ -8332,6 +8917,24 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
     return PP_OK;
 }
 
+/* An evaluation's outputs, before anything is sent (the plan is built): what every rank can
+   refuse alone, the same way on every rank, and on the rank that gets them the sizes. */
+static pp_result _pp_eval_check(pp_stage* s) {
+    pp_result rc;
+    if (s->ev_rank < 0) return PP_OK;
+    if (s->ev_rank != s->last_rank && s->d.shapes != PP_SHAPES_LOCAL && s->d.shapes != PP_SHAPES_BROADCAST)
+        return _pp_stage_fail(s, PP_ERR_UNSUPPORTED,
+                              "the evaluation's outputs go from rank %d (the last stage's) to rank %d, which must know their "
+                              "sizes: LOCAL or BROADCAST shapes (under %s only the last stage's rank can get them)",
+                              s->last_rank, s->ev_rank, s->d.shapes == PP_SHAPES_AUTO ? "AUTO" : "PER_MESSAGE");
+    if ((s->d.rank == s->ev_rank || s->d.rank == s->last_rank) && s->d.device.alloc && !s->d.device.copy)
+        return _pp_stage_fail(s, PP_ERR_UNSUPPORTED,
+                              "the evaluation's outputs are in device blocks and the device ops have no copy");
+    if (s->d.rank == s->ev_rank && (rc = _pp_eval_out_fill(&s->plan, s->ev_out, &s->err)) != PP_OK)
+        return _pp_stage_fail(s, rc, "%s", s->err.msg);
+    return PP_OK;
+}
+
 /* Receives are posted one action ahead, except a B whose F has not run yet when the shapes
    travel with the data (PER_MESSAGE, AUTO): its sizes are not final until that F received. */
 static int _pp_can_prepare(const pp_stage* s, int idx) {
@@ -8383,8 +8986,9 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
         s->learned_out = lo;
         s->learned_cap = need;
     }
+    if (s->eval && (rc = _pp_eval_check(s)) != PP_OK) return rc;
     if (need > s->live_cap) {
-        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 5, sizeof *nl);
+        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 6, sizeof *nl);
         float* nloss = (float*)_pp_calloc((size_t)b->m, sizeof *nloss);
         if (!nl || !nloss) {
             PP_FREE(nl);
@@ -8393,11 +8997,12 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
         }
         PP_FREE(s->live);
         PP_FREE(s->mb_loss);
-        s->live = nl; /* one allocation: live, wlive, src, gin, blive */
+        s->live = nl; /* one allocation: live, wlive, src, gin, blive, eout */
         s->wlive = nl + need;
         s->src = nl + 2 * need;
         s->gin = nl + 3 * need;
         s->blive = nl + 4 * need;
+        s->eout = nl + 5 * need;
         s->mb_loss = nloss;
         s->live_cap = need;
     }
@@ -8411,6 +9016,7 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
         if (rc == PP_OK && i + 1 < s->n_list && _pp_can_prepare(s, i + 1)) rc = _pp_prepare(s, i + 1);
         if (rc == PP_OK) rc = _pp_run(s, i);
     }
+    if (rc == PP_OK && s->eval) rc = _pp_eval_exchange(s);
     if (rc == PP_OK) rc = _pp_reap(s, 1);
     for (need = 0; need < s->n_nb && rc == PP_OK; need++) rc = _pp_fp_check(s, s->nb[need].rank);
     if (rc == PP_OK && s->draining) { /* every message went: the failure is the step's result */
@@ -8456,12 +9062,12 @@ static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* s
     }
     rc = _pp_agree(s, rc);
     if (rc == PP_OK) {
-        int last_rank, last_chunk;
-        pp_schedule_stage_to_rank(s->d.schedule, s->S - 1, &last_rank, &last_chunk);
-        if (last_rank == s->d.rank) {
+        if (s->last_rank == s->d.rank) {
             s->st.loss = _pp_step_loss(&s->plan, s->mb_loss);
             s->st.has_loss = 1;
         }
+        /* the outputs' final shapes (AUTO and PER_MESSAGE may have changed the plan's) */
+        if (s->eval && s->ev_rank == s->d.rank) _pp_eval_out_fill(&s->plan, s->ev_out, NULL);
     } else {
         if (own == PP_OK) _pp_stage_recover(s); /* what peers learned (AUTO) is reset on both sides */
         s->gen++;
@@ -8501,6 +9107,41 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     return rc;
 }
 
+pp_result pp_stage_eval(pp_stage* s, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats) {
+    pp_result rc;
+    if (!s) return PP_ERR_INVALID;
+#ifndef PP_TEST_NO_STEP_GUARD
+    if (!s->step_mu_ok || pthread_mutex_trylock(&s->step_mu) != 0) {
+        if (stats) memset(stats, 0, sizeof *stats);
+        return PP_ERR_INVALID;
+    }
+#endif
+    if (s->eval_rc != PP_OK || (out && (out->rank < 0 || out->rank >= s->p))) {
+        if (stats) memset(stats, 0, sizeof *stats);
+        if (s->eval_rc != PP_OK) rc = _pp_fail(&s->err, s->eval_rc, "%s", s->eval_why);
+        else rc = _pp_fail(&s->err, PP_ERR_INVALID, "rank %d: pp_eval_out.rank = %d, the pipeline has ranks 0 .. %d",
+                           s->d.rank, out->rank, s->p - 1);
+    } else {
+        s->tlist = s->list;
+        s->n_tlist = s->n_list;
+        s->list = s->eacts; /* this rank's forward-only list (_pp_eval_init) */
+        s->n_list = s->esched.per_rank;
+        s->eval = 1;
+        s->ev_out = out;
+        s->ev_rank = out ? out->rank : -1;
+        rc = _pp_stage_step(s, b, stats);
+        s->list = s->tlist;
+        s->n_list = s->n_tlist;
+        s->eval = 0;
+        s->ev_out = NULL;
+        s->ev_rank = -1;
+    }
+#ifndef PP_TEST_NO_STEP_GUARD
+    pthread_mutex_unlock(&s->step_mu);
+#endif
+    return rc;
+}
+
 /* >>impl-pipeline: one process, every rank a thread (or a CUDA stream), over the per-rank API. */
 #define _PP_DEF(val, def) ((val) == 0 ? (def) : (val))
 
@@ -8533,6 +9174,8 @@ struct pp_pipeline {
     pp_event* events;
     size_t cap_events;
     int stuck;                      /* a step failed and some rank's transport cannot cancel */
+    int eval;                       /* the step under way is an evaluation (pp_pipeline_eval) */
+    pp_eval_out* ev_out;            /* its outputs: every rank's pp_stage_eval gets it */
     pp_error err;
     pthread_mutex_t step_mu;        /* held by the step under way: a second caller is refused */
     int step_mu_ok;
@@ -8715,6 +9358,8 @@ static pp_result _pp_pipeline_rank(int rank, void* user) {
     if (pl->world.enter && (rc = pl->world.enter(pl->world.self, rank, &pl->rerr[rank])) != PP_OK) {
         /* the others would wait for this rank until their deadline */
         if (pl->tr[rank].abort) pl->tr[rank].abort(pl->tr[rank].self, rc, pl->rerr[rank].msg);
+    } else if (pl->eval) {
+        rc = pp_stage_eval(pl->st[rank], &pl->b, pl->ev_out, &pl->stats[rank]);
     } else {
         rc = pp_stage_step(pl->st[rank], &pl->b, &pl->stats[rank]);
     }
@@ -8766,6 +9411,29 @@ pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* st
     }
     rc = _pp_pipeline_step(pl, b, stats);
     _pp_step_leave(&pl->step_mu);
+    return rc;
+}
+
+pp_result pp_pipeline_eval(pp_pipeline* pl, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats) {
+    pp_result rc;
+    if (!pl) {
+        if (stats) memset(stats, 0, sizeof *stats);
+        return PP_ERR_INVALID;
+    }
+#ifndef PP_TEST_NO_STEP_GUARD
+    if (!pl->step_mu_ok || pthread_mutex_trylock(&pl->step_mu) != 0) {
+        if (stats) memset(stats, 0, sizeof *stats);
+        return PP_ERR_INVALID;
+    }
+#endif
+    pl->eval = 1;
+    pl->ev_out = out;
+    rc = _pp_pipeline_step(pl, b, stats);
+    pl->eval = 0;
+    pl->ev_out = NULL;
+#ifndef PP_TEST_NO_STEP_GUARD
+    pthread_mutex_unlock(&pl->step_mu);
+#endif
     return rc;
 }
 

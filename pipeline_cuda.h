@@ -37,7 +37,9 @@
      received activations, gradient workspaces) lives in GPU memory: cudaMalloc while the pool
      grows (its first four steps at most, _PP_POOL_WARM_STEPS, where it also makes room for the
      sends still in flight), never after with shapes that stay the same; cudaMemsetAsync on the
-     rank's stream for zeroing.
+     rank's stream for zeroing; cudaMemcpyAsync on it for an evaluation's outputs (pp_stage_eval:
+     into host or device memory, in place once the stream got there, e.g. after
+     pp_cuda_step_end).
      Sizes come from the step plan (exact bytes of every micro-batch, variable lengths included)
      and the pool holds exactly the schedule's peak of live stashes (pp_step_stats.peak_live
      equals the simulator's peak_live). pp_cuda_memory reports the bytes each rank holds.
@@ -1080,7 +1082,8 @@ static pp_result _ppc_zero(void* user, void* ptr, size_t bytes) {
 }
 
 /* pp_device_ops.copy: after the work enqueued on the rank's stream, on that stream, waited for
-   (the gradient norm, clipping and the loss scaler read gradients through it: pipeline.h >>grad). */
+   (the gradient norm, clipping and the loss scaler read gradients through it: pipeline.h >>grad;
+   pp_stage_eval hands out an evaluation's outputs through it, into host or device memory). */
 static pp_result _ppc_copy(void* user, void* dst, const void* src, size_t bytes, int to_host) {
     _ppc_rank* r = (_ppc_rank*)user;
     cudaError_t e;

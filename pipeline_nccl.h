@@ -45,8 +45,9 @@
      stream is made at its first group; a channel count whose streams and the compute stream
      exceed CUDA_DEVICE_MAX_CONNECTIONS (8 by default) is refused, since streams that share a
      hardware queue wait for each other (docs/gpu.md).
-   - pp_nccl_step_end after every pp_stage_step: waits, with the deadline, for the step's
-     groups, so a peer that never sent is an error here, not a GPU that never finishes.
+   - pp_nccl_step_end after every pp_stage_step (and pp_stage_eval): waits, with the deadline,
+     for the step's groups, so a peer that never sent is an error here, not a GPU that never
+     finishes.
    - NCCL has no tags: messages between two ranks match in the order they are posted. The
      executor posts in schedule order, so the order agrees on both sides when every rank's list
      implies the same per-pair sequence of each kind; pp_nccl_check_order proves that for a
@@ -59,7 +60,12 @@
      its operations: pp_nccl_check_rendezvous runs every rank's groups, in issue order, against
      each other and refuses a schedule whose groups would wait in a cycle (every built-in one
      passes; a hand-written table may not). pp_stage_create runs both checks through the
-     transport (pp_transport.check_schedule): such a schedule fails there, not at a step.
+     transport (pp_transport.check_schedule): such a schedule fails there, not at a step. The
+     stage's forward-only list (evaluation) is checked the same way; it passes wherever its
+     training list does, at the same channel count (built-in kinds, p 2 to 8, m 1 to 24). Its
+     messages carry other tags, outside the training list's order table (_ppn_key), and the
+     outputs an evaluation sends to a rank other than the last stage's go after both ranks'
+     lists: after every other message of the pair on both sides, waited for by no action.
    - Waits that poll (sends, host receives, pp_nccl_step_end) use cudaEventQuery and
      ncclCommGetAsyncError against the deadline; on a timeout (other than the executor's short
      probes of retiring blocks) or an NCCL error the communicators are aborted (ncclCommAbort),
@@ -1213,7 +1219,10 @@ static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error*
     pp_nccl* t = (pp_nccl*)self;
     int n;
     pp_result rc0;
-    if (s) _ppn_order_build(t, s);
+    /* a stage's forward-only list (pp_stage_eval) is checked like its training list, but its
+       messages carry other tags (micro-batch + m), outside the order table (_ppn_key): the
+       table stays the training list's */
+    if (s && !s->forward_only) _ppn_order_build(t, s);
     if (!t->nch_auto) return _ppn_check_channels(s, t->nch, err);
 #ifdef PP_NCCL_TEST_ONE_CHANNEL /* negative control (build/nccl-controls): one channel, unchecked */
     (void)n;

@@ -47,6 +47,9 @@ int main(int argc, char** argv) {
         pp_ckpt_load_file(NULL, "x", NULL, &err);
         pp_ckpt_save_mem(NULL, NULL, 0, &err);
         pp_ckpt_load_mem(NULL, NULL, 0, NULL, &err);
+        pp_sequential_eval(&m, NULL, NULL, NULL, NULL, &err);
+        pp_stage_eval(st, NULL, NULL, NULL);
+        pp_pipeline_eval(pl, NULL, NULL, NULL);
     }
     return pp_stage_create(NULL, &st, &err) == PP_ERR_INVALID ? 0 : 1;
 }

@@ -8,7 +8,8 @@
    streams are done; each layer saw its own rank's stream, device and the template's user
    context; the world and the step's event timeline are reachable; a failing layer fails the
    step naming its rank and the next step is right again; the descs the CUDA pipeline cannot
-   take are refused (device ops given, AUTO shapes, n_ranks other than p). */
+   take are refused (device ops given, AUTO shapes, n_ranks other than p); evaluations
+   (pp_pipeline_eval, test_eval). */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_cuda.h"
 #include "../examples/mlp.h"
@@ -55,10 +56,21 @@ static pp_batch batch(void) {
     return b;
 }
 
+/* The loss layer's kernel leaves each micro-batch's loss here (a GPU loss layer would write it to
+   device memory; the executor's io->loss stays 0 on these stages): test_eval reduces them. */
+static float g_mb_loss[16];
+static int rec_fwd(const void* w, int l, pp_layer_io* io) {
+    int rc = mlp_forward(w, l, io);
+    if (rc == 0 && io->n_out == 0 && io->mb->index < 16) g_mb_loss[io->mb->index] = io->loss;
+    return rc;
+}
+
 static pp_pipeline_desc desc(pp_schedule_kind kind, int p) {
     pp_pipeline_desc d;
+    pp_model base = mlp_model_desc();
+    base.forward = rec_fwd;
     memset(&d, 0, sizeof d);
-    d.model = layer_kernels_model(mlp_model_desc());
+    d.model = layer_kernels_model(base);
     d.model.forward = a_fwd;
     d.model.backward = a_bwd;
     d.weights = &W;
@@ -230,6 +242,94 @@ static void test_nan_loss(void) {
           pp_pipeline_error(pl), (double)st.loss);
     g_nan_loss_mb = -1;
     pp_pipeline_destroy(pl);
+}
+
+/* Evaluations on CUDA stages (pp_pipeline_eval over pp_cuda_pipeline_create): every kind, p in
+   {1, 2, 4}, one device and four. The outputs (the logits, copied by the device ops' copy on the
+   rank's stream into host memory, or device memory once) equal pp_sequential_eval's byte for
+   byte, the micro-batch losses the loss kernels left reduce to its loss bit for bit, no
+   gradient is touched, each rank's peak stash is the simulator's for the forward-only list;
+   and train, evaluate, train accumulates the gradients of two sequential steps, bit for bit. */
+static float EV_REF[ROWS * HX_CLASSES], EV_OUT[ROWS * HX_CLASSES];
+static void eval_case(pp_schedule_kind kind, int p, int spread, int on_device) {
+    pp_pipeline_desc d = desc(kind, p);
+    pp_model model = mlp_model_desc();
+    pp_cuda_desc cd;
+    pp_pipeline* pl = NULL;
+    pp_eval_out out, ref;
+    pp_microbatch mbs[6];
+    int32_t cu[NSEQ + 6];
+    pp_step_stats st;
+    pp_error err;
+    pp_batch b = batch(), b6;
+    pp_schedule e;
+    pp_action* acts = NULL;
+    pp_sim_result* sim = (pp_sim_result*)calloc(1, sizeof *sim);
+    void* dev = NULL;
+    float loss_ref = 0, loss;
+    double acc = 0;
+    int devs[4], r, i, ok = 1;
+    char where[128];
+    snprintf(where, sizeof where, "eval %s p=%d %s%s", pp_schedule_name(kind), p, spread ? "spread over 4 devices" : "one device",
+             on_device ? ", outputs in device memory" : "");
+    for (r = 0; r < p; r++) devs[r] = spread ? 3 - r % 4 : 0;
+    memset(&cd, 0, sizeof cd);
+    cd.devices = devs;
+    d.rank_grads = GPTR;
+    grads_zero();
+    b6 = b;
+    b6.m = 6;
+    memset(&ref, 0, sizeof ref);
+    ref.data[0] = EV_REF;
+    ref.cap[0] = sizeof EV_REF;
+    if (pp_sequential_eval(&model, &W, &b6, &loss_ref, &ref, &err) != PP_OK || pp_batch_split(&b6, mbs, cu, &err) != PP_OK ||
+        pp_cuda_pipeline_create(&d, &cd, &pl, &err) != PP_OK) {
+        CHECK(0, "%s: %s", where, err.msg);
+        free(sim);
+        return;
+    }
+    memset(&out, 0, sizeof out);
+    memset(EV_OUT, 0, sizeof EV_OUT);
+    out.rank = (int)(kind + p) % p;
+    if (on_device && cudaMalloc(&dev, sizeof EV_OUT) != cudaSuccess) dev = NULL;
+    out.data[0] = on_device ? dev : (void*)EV_OUT;
+    out.cap[0] = sizeof EV_OUT;
+    memset(g_mb_loss, 0, sizeof g_mb_loss);
+    ok = pp_pipeline_eval(pl, &b, &out, &st) == PP_OK;
+    CHECK(ok, "%s: %s", where, pp_pipeline_error(pl));
+    if (ok && on_device) CHECK(dev && cudaMemcpy(EV_OUT, dev, sizeof EV_OUT, cudaMemcpyDeviceToHost) == cudaSuccess, "%s: copy back", where);
+    if (ok) {
+        for (i = 0; i < 6; i++) acc += (double)mbs[i].loss_scale * (double)g_mb_loss[i];
+        loss = (float)acc;
+        CHECK(out.bytes[0] == ref.bytes[0] && memcmp(EV_OUT, EV_REF, ref.bytes[0]) == 0, "%s: outputs differ from the sequential's", where);
+        CHECK(memcmp(&loss, &loss_ref, sizeof loss) == 0, "%s: loss %.9g, sequential %.9g", where, loss, loss_ref);
+        for (r = 0; r < p; r++) CHECK(hx_all_zero(GBUF[r], NPAR), "%s: rank %d's gradients were touched", where, r);
+        acts = (pp_action*)calloc(pp_schedule_eval_size(pp_pipeline_schedule(pl)), sizeof *acts);
+        CHECK(pp_schedule_make_eval(pp_pipeline_schedule(pl), acts, pp_schedule_eval_size(pp_pipeline_schedule(pl)), &e, &err) == PP_OK &&
+                  pp_simulate(&e, NULL, sim, NULL, &err) == PP_OK, "%s: %s", where, err.msg);
+        for (r = 0; r < p; r++) {
+            pp_step_stats rs;
+            pp_pipeline_rank_result(pl, r, &rs);
+            CHECK(rs.peak_live == sim->peak_live[r] && rs.peak_live <= 2, "%s: rank %d held %d stashes, the simulator says %d", where,
+                  r, rs.peak_live, sim->peak_live[r]);
+        }
+        /* train, evaluate, train */
+        memset(GREFBUF, 0, NPAR * sizeof(float));
+        for (i = 0; i < 2; i++) CHECK(pp_sequential_step(&model, &W, &GREF, &b6, &loss, &err) == PP_OK, "%s", err.msg);
+        ok = pp_pipeline_step(pl, &b, NULL) == PP_OK && pp_pipeline_eval(pl, &b, NULL, NULL) == PP_OK &&
+             pp_pipeline_step(pl, &b, NULL) == PP_OK;
+        CHECK(ok && grads_equal(p), "%s: train, evaluate, train: %s", where, ok ? "gradients differ" : pp_pipeline_error(pl));
+    }
+    if (dev) cudaFree(dev);
+    free(acts);
+    free(sim);
+    pp_pipeline_destroy(pl);
+}
+
+static void test_eval(void) {
+    int kind, p;
+    for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
+        for (p = 1; p <= 4; p *= 2) eval_case((pp_schedule_kind)kind, p, p > 1 && kind % 2, kind == PP_SCHED_INTERLEAVED && p == 4);
 }
 
 static void* host_alloc(void* user, size_t bytes) {
@@ -528,14 +628,16 @@ int main(int argc, char** argv) {
         free(mlp_init(&tmp, &G[r], DIMS, 1, &GBUF[r]));
         GPTR[r] = &G[r];
     }
-    /* "varlen", "early", "nan" or "graddev" alone: what the negative controls run */
-    all = argc < 2 || (strcmp(argv[1], "varlen") && strcmp(argv[1], "early") && strcmp(argv[1], "nan") && strcmp(argv[1], "graddev"));
+    /* "varlen", "early", "nan", "graddev" or "eval" alone: what the negative controls run */
+    all = argc < 2 || (strcmp(argv[1], "varlen") && strcmp(argv[1], "early") && strcmp(argv[1], "nan") && strcmp(argv[1], "graddev") &&
+                       strcmp(argv[1], "eval"));
     if (all) {
         test_equal();
         test_failure();
         test_refused();
     }
     if (all || !strcmp(argv[1], "graddev")) test_grad_device();
+    if (all || !strcmp(argv[1], "eval")) test_eval();
     if (all || !strcmp(argv[1], "nan")) test_nan_loss();
     if (all || !strcmp(argv[1], "varlen")) test_varlen_pool();
     if (all || !strcmp(argv[1], "early")) test_early_copies_rare();
@@ -545,5 +647,6 @@ int main(int argc, char** argv) {
     if (all) return TEST_DONE("cuda-pipeline");
     if (!strcmp(argv[1], "nan")) return TEST_DONE("cuda-pipeline nan");
     if (!strcmp(argv[1], "graddev")) return TEST_DONE("cuda-pipeline graddev");
+    if (!strcmp(argv[1], "eval")) return TEST_DONE("cuda-pipeline eval");
     return !strcmp(argv[1], "varlen") ? TEST_DONE("cuda-pipeline varlen") : TEST_DONE("cuda-pipeline early");
 }

@@ -13,6 +13,8 @@
    (micro-batch by micro-batch), so it is compared within a relative 1e-5. Every step, each rank's
    global gradient norm (pp_stage_grad_norm) has the reference's bits, and a loss scaler that
    finds an Inf on the last world rank skips the step on every rank.
+   Before each configuration's second step an evaluation (pp_stage_eval): its loss and outputs
+   are pp_sequential_eval's bit for bit, and the steps after it are checked as before.
    Each rank counts its own checks; rank 0 prints the world's totals. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
@@ -162,6 +164,40 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
             memset(&s->b.input, 0, sizeof s->b.input);
             s->b.cu_seqlens = NULL;
             s->b.n_seqs = 0;
+        }
+        if (step == 1) {
+            /* an evaluation before the second step (the weights are the reference's): its loss and
+               outputs (the logits, to one rank) are the sequential evaluation's, and it changes
+               nothing of the training (the steps and weights after it are checked as before) */
+            static float out_buf[NSEQ * MAXLEN * VOCAB], ref_buf[NSEQ * MAXLEN * VOCAB];
+            shard* full = (shard*)malloc(sizeof *full);
+            pp_eval_out o, ro;
+            tlm_model wr;
+            float eloss = 0;
+            int last, out_rank;
+            pp_schedule_stage_to_rank(&sc, sc.n_stages - 1, &last, NULL);
+            out_rank = shapes == PP_SHAPES_LOCAL || shapes == PP_SHAPES_BROADCAST ? (int)(kind + m) % pp : last;
+            make_shard(full, g.grid.dp_rank, step, m);
+            tlm_layout(&wr, wref, VOCAB, DIM, 0);
+            memset(&ro, 0, sizeof ro);
+            ro.data[0] = ref_buf;
+            ro.cap[0] = sizeof ref_buf;
+            CHECK(pp_sequential_eval(&model, &wr, &full->b, &eloss, &ro, &err) == PP_OK, "%s: sequential eval: %s", name, err.msg);
+            memset(&o, 0, sizeof o);
+            memset(out_buf, 0, sizeof out_buf);
+            o.rank = out_rank;
+            o.data[0] = out_buf;
+            o.cap[0] = sizeof out_buf;
+            rc = pp_stage_eval(st, &s->b, &o, &stats);
+            CHECK(rc == PP_OK, "%s eval: rank %d: %s", name, W_RANK, pp_stage_error(st));
+            if (rc == PP_OK && stats.has_loss)
+                CHECK(memcmp(&stats.loss, &eloss, sizeof eloss) == 0, "%s eval: loss %.9g, sequential %.9g", name, stats.loss, eloss);
+            if (rc == PP_OK && g.grid.pp_rank == out_rank)
+                CHECK(o.bytes[0] == ro.bytes[0] && memcmp(out_buf, ref_buf, ro.bytes[0]) == 0,
+                      "%s eval: rank %d's outputs differ from the sequential evaluation's", name, W_RANK);
+            CHECK(rc != PP_OK || stats.peak_live <= 2, "%s eval: rank %d held %d stashes", name, W_RANK, stats.peak_live);
+            free(full);
+            if (rc != PP_OK) break;
         }
         rc = pp_stage_step(st, &s->b, &stats);
         CHECK(rc == PP_OK, "%s step %d: rank %d: %s", name, step, W_RANK, pp_stage_error(st));

@@ -11,6 +11,8 @@
      with eager small messages, with blocking and non-blocking communicators, and p = 8 once;
      ZB-H2, V-Half, V-Min, DualPipeV and interleaved-mem the same with LOCAL shapes; a schedule
      pp_nccl_check_order refuses is skipped (counted);
+   - evaluations (pp_stage_eval, test_eval): train, evaluate, train bit-exact, the outputs the
+     sequential evaluation's, every kind, p 2 to 4, rendezvous sends;
    - a failing layer: every rank returns an error (the communicators are aborted), and a new
      communicator, transport and stage give a bit-exact next step;
    - a layer slower than the executor's block probes (2 s against 1 s) under a 5 s timeout: no
@@ -99,7 +101,15 @@ typedef struct world {
     int chans[MAXP], chans0[MAXP]; /* pp_nccl_channels after pp_stage_create, and before it */
     uint64_t late_connects[MAXP]; /* connection set-ups after pp_stage_create (fakenccl_thread_connects) */
     int skip_step_end;          /* pp_nccl_step_end after the last step only */
+    int eval;                   /* after step 0: an evaluation (pp_stage_eval), outputs to ev_rank */
+    int ev_rank;
+    pp_result ev_rc[MAXP];
+    int ev_peak[MAXP];
+    char ev_msg[MAXP][800];
 } world;
+
+/* the evaluation's outputs (the logits), on w->ev_rank */
+static float EV_OUT[ROWS * HX_CLASSES];
 
 typedef struct rank_arg {
     world* w;
@@ -233,6 +243,18 @@ static void* rank_main(void* arg) {
             else (void)pp_nccl_step_end(t, g_timeout, NULL);
             w->t_step[r][s] = _pp_now() - t0;
             w->rc[r][s] = rc;
+            if (w->eval && s == 0 && rc == PP_OK) { /* an evaluation between the two training steps */
+                pp_eval_out o;
+                memset(&o, 0, sizeof o);
+                o.rank = w->ev_rank;
+                o.data[0] = r == w->ev_rank ? EV_OUT : NULL;
+                o.cap[0] = sizeof EV_OUT;
+                w->ev_rc[r] = pp_stage_eval(st, &b, &o, &stats);
+                w->ev_peak[r] = stats.peak_live;
+                if (w->ev_rc[r] == PP_OK) w->ev_rc[r] = pp_nccl_step_end(t, g_timeout, &err);
+                else (void)pp_nccl_step_end(t, g_timeout, NULL);
+                if (w->ev_rc[r] != PP_OK) snprintf(w->ev_msg[r], sizeof w->ev_msg[r], "%.600s [transport: %.100s]", pp_stage_error(st), pp_nccl_error(t));
+            }
             if (rc != PP_OK && w->zero_after_fail) memset(GBUF[r], 0, NPAR * sizeof(float));
             if (rc != PP_OK) snprintf(w->msg[r], sizeof w->msg[r], "step %d: %s [transport: %.100s]", s, pp_stage_error(st), pp_nccl_error(t));
             if (!w->after_fail) w->late_connects[r] = fakenccl_thread_connects() - connects0;
@@ -374,6 +396,102 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
         g_chans_used[want]++;
     }
     free(acts);
+}
+
+/* Evaluations over NCCL (rendezvous sends): every kind, p 2 to 4, m = p and 2p + 1, LOCAL (and
+   BROADCAST for 1F1B and interleaved): train, evaluate, train gives the two sequential steps'
+   gradients bit for bit; the outputs (sent to rank (kind + m) % p after the lists where that is
+   not the last stage's rank) are pp_sequential_eval's byte for byte; each rank's peak stash is
+   the simulator's for the forward-only list (at most 2); the forward-only list, checked by the
+   transport at pp_stage_create, leaves the channels where the training list put them. */
+static void eval_case(pp_schedule_kind kind, int p, int m, pp_shape_policy shapes) {
+    world w;
+    pp_action *acts = NULL, *eacts = NULL;
+    pp_schedule sc, e;
+    pp_sim_result* sim = (pp_sim_result*)calloc(1, sizeof *sim);
+    pp_eval_out ref;
+    pp_model model = mlpz_model_desc();
+    pp_batch b = batch(m);
+    static float ev_ref[ROWS * HX_CLASSES];
+    pp_error err;
+    char where[160];
+    size_t n;
+    int r, ok, v = pp_schedule_kind_v(kind, 2);
+    snprintf(where, sizeof where, "eval %s p=%d m=%d %s", pp_schedule_name(kind), p, m, shapes == PP_SHAPES_LOCAL ? "LOCAL" : "BROADCAST");
+    n = pp_schedule_size(kind, p, v, m);
+    acts = (pp_action*)malloc(sizeof(pp_action) * (n ? n : 1));
+    eacts = (pp_action*)malloc(sizeof(pp_action) * (size_t)p * v * m);
+    if (!acts || !eacts || pp_schedule_make(kind, p, v, m, acts, n, &sc, &err) != PP_OK || pp_nccl_check_order(&sc, &err) != PP_OK) {
+        g_skipped++;
+        free(acts);
+        free(eacts);
+        free(sim);
+        return;
+    }
+    memset(&w, 0, sizeof w);
+    w.p = p;
+    w.m = m;
+    w.shapes = shapes;
+    w.blocking = (p + m) % 2;
+    w.sched = &sc;
+    w.steps = 2;
+    w.eval = 1;
+    w.ev_rank = (int)(kind + m) % p;
+    memset(&ref, 0, sizeof ref);
+    ref.data[0] = ev_ref;
+    ref.cap[0] = sizeof ev_ref;
+    CHECK(pp_sequential_eval(&model, &W, &b, NULL, &ref, &err) == PP_OK, "%s: %s", where, err.msg);
+    CHECK(pp_schedule_make_eval(&sc, eacts, (size_t)p * v * m, &e, &err) == PP_OK && pp_simulate(&e, NULL, sim, NULL, &err) == PP_OK,
+          "%s: %s", where, err.msg);
+    memset(EV_OUT, 0, sizeof EV_OUT);
+    reference(m, 2);
+    ok = run_world(&w);
+    for (r = 0; r < p; r++) {
+        if (w.rc[r][0] != PP_OK || w.rc[r][1] != PP_OK) {
+            CHECK(0, "%s: rank %d: %s", where, r, w.msg[r]);
+            ok = 0;
+            break;
+        }
+        if (w.ev_rc[r] != PP_OK) {
+            CHECK(0, "%s: rank %d: evaluation: %s", where, r, w.ev_msg[r]);
+            ok = 0;
+            break;
+        }
+        CHECK(w.ev_peak[r] == sim->peak_live[r] && w.ev_peak[r] <= 2, "%s: rank %d held %d stashes, the simulator says %d", where, r,
+              w.ev_peak[r], sim->peak_live[r]);
+    }
+    if (ok) {
+        CHECK(grads_equal(p), "%s: train, evaluate, train: the gradients differ from two sequential steps", where);
+        CHECK(memcmp(EV_OUT, ev_ref, ref.bytes[0]) == 0, "%s: the outputs on rank %d differ from the sequential's", where, w.ev_rank);
+    }
+    if (!g_channels)
+        for (r = 0; r < p; r++)
+            CHECK(w.chans[r] == fewest_channels(&sc, p), "%s: rank %d runs %d channels, the training list needs %d", where, r,
+                  w.chans[r], fewest_channels(&sc, p));
+    free(acts);
+    free(eacts);
+    free(sim);
+}
+
+static void test_eval(void) {
+    static const pp_schedule_kind kinds[] = {PP_SCHED_GPIPE,  PP_SCHED_1F1B,  PP_SCHED_INTERLEAVED, PP_SCHED_ZB_H1,
+                                             PP_SCHED_ZB_V,   PP_SCHED_ZB_H2, PP_SCHED_V_HALF,      PP_SCHED_V_MIN,
+                                             PP_SCHED_DUALPIPE_V, PP_SCHED_INTERLEAVED_MEM};
+    fakenccl_options o;
+    int p, k, mi;
+    memset(&o, 0, sizeof o);
+    o.launch_delay_s = 0.001;
+    fakenccl_set_options(&o); /* rendezvous: a send completes only when its receive runs */
+    for (p = 2; p <= 4; p++)
+        for (k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
+            for (mi = 0; mi < 2; mi++) {
+                int m = mi ? 2 * p + 1 : p;
+                if (getenv("PP_QUICK") && (p == 3 || mi == 0)) continue; /* make quick: p = 2 and 4, m = 2p + 1 */
+                eval_case(kinds[k], p, m, PP_SHAPES_LOCAL);
+                if (k == 1 || k == 2) eval_case(kinds[k], p, m, PP_SHAPES_BROADCAST);
+            }
+    memset(&o, 0, sizeof o);
+    fakenccl_set_options(&o);
 }
 
 static void test_matrix(void) {
@@ -1247,6 +1365,8 @@ int main(int argc, char** argv) {
         while (n-- > 0) run_case(kind, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]), PP_SHAPES_LOCAL, 1, NULL);
     } else if (argc > 1 && !strcmp(argv[1], "no-step-end")) { /* what the negative control runs */
         test_no_step_end();
+    } else if (argc > 1 && !strcmp(argv[1], "eval")) {
+        test_eval();
     } else if (argc > 1 && !strcmp(argv[1], "p8")) {
         test_p8();
     } else if (argc > 1 && !strcmp(argv[1], "connect-fail")) {
@@ -1278,6 +1398,7 @@ int main(int argc, char** argv) {
         test_connect_fail();
         test_rendezvous();
         test_matrix();
+        test_eval();
         test_failure();
         test_failure_drain();
         test_slow();

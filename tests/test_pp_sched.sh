@@ -1,6 +1,7 @@
 #!/bin/sh
 # tests/test_pp_sched.sh PP_SCHED - the pp-sched command line: a table written and loaded back,
-# and the messages of bad input. Prints "pp-sched-cli: N passed, N failed".
+# the forward-only list (--eval), and the messages of bad input. Prints "pp-sched-cli: N passed,
+# N failed".
 bin=${1:-build/pp-sched}
 tmp=${TMPDIR:-/tmp}/pp-sched-test.$$
 pass=0; fail=0
@@ -35,6 +36,12 @@ check "rank covers every kind" "[ \$(grep -c '^ *[0-9][0-9]*  [0-9a-z]' '$tmp.ou
 check "interleaved-mem p=8 v=4 m=15 peaks at m=16's 39 chunks, not 60" "grep -q 'peak live  r0=38 ' '$tmp.out'"
 "$bin" rank -p 4 -m 8 --layers 16 --mem-cap 12 > "$tmp.out" 2>&1
 check "rank with --mem-cap answers a schedule that fits" "grep -q '^answer *v-' '$tmp.out'"
+# the forward-only list (--eval): F actions only, written with eval=1, loads back, one stash per rank
+"$bin" zb-v -p 3 -m 4 --eval --table > "$tmp.out" 2>&1
+grep -v '^#' "$tmp.out" > "$tmp.tab"
+check "zb-v's forward-only list written" "grep -q 'eval=1' '$tmp.tab' && ! grep -q 'B' '$tmp.tab'"
+"$bin" load "$tmp.tab" > "$tmp.out" 2>&1
+check "the forward-only table loads back: one stash a rank, two at the turn" "[ \$? -eq 0 ] && grep -q 'peak live  r0=1 r1=1 r2=2 ' '$tmp.out'"
 rm -f "$tmp.out" "$tmp.tab" "$tmp.bad"
 echo "pp-sched-cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

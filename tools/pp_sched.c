@@ -2,8 +2,8 @@
    hand-written schedule table; rank the schedules for a model.
 
        pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--b-free X] [--width W]
-                [--trace FILE.json] [--table]
-       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]
+                [--trace FILE.json] [--table] [--eval]
+       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json] [--eval]
        pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]
                 [--comm C] [--mem-cap X]
 
@@ -13,8 +13,9 @@
    the others are fixed patterns. Prints the parameters, every rank's action list as a table, an ASCII timeline, the makespan, the
    simulated bubble next to the closed form where there is one, and each rank's peak of stashed
    activations. --table prints only the table, in the format `load` (and pp_schedule_parse)
-   reads back: edit it by hand and load it. --trace writes Chrome trace JSON (ui.perfetto.dev,
-   chrome://tracing).
+   reads back: edit it by hand and load it. --eval takes the schedule's forward-only list instead
+   (what an evaluation runs, pp_schedule_make_eval). --trace writes Chrome trace JSON
+   (ui.perfetto.dev, chrome://tracing).
    Costs are per action of one chunk, in arbitrary units: f forward, b input gradient, w weight
    gradient (defaults 1, 1, 1); a schedule without W actions runs b + w in its B.
    `rank` answers "which schedule should I use?": per-layer costs (N equal layers of f/b/w, or a
@@ -37,8 +38,8 @@
 static void usage(FILE* f) {
     fprintf(f,
             "usage: pp-sched KIND -p P -m M [-v V] [--f F] [--b B] [--w W] [--comm C] [--b-free X] [--width W]\n"
-            "                [--trace FILE.json] [--table]\n"
-            "       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json]\n"
+            "                [--trace FILE.json] [--table] [--eval]\n"
+            "       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json] [--eval]\n"
             "       pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]\n"
             "                [--comm C] [--mem-cap X]\n"
             "  KIND        gpipe | 1f1b | interleaved | interleaved-mem | zb-h1 | zb-h2 | zb-v | v-half | v-min |\n"
@@ -57,6 +58,7 @@ static void usage(FILE* f) {
             "              at most 240)\n"
             "  --trace F   also write a Chrome trace (1 cost unit = 1 ms)\n"
             "  --table     print only the schedule as a text table (what `load` reads)\n"
+            "  --eval      the schedule's forward-only list (an evaluation's: F actions only)\n"
             "  load FILE   read a schedule table (see pipeline.h, pp_schedule_parse), prove and draw it\n"
             "  rank        rank every schedule for a model: --layers N equal layers (costs --f/--b/--w),\n"
             "              or --costs \"f:b:w[:mem],...\" per layer, or --costs @FILE (lines \"f b w [mem]\");\n"
@@ -305,7 +307,7 @@ static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm
 
 int main(int argc, char** argv) {
     pp_schedule_kind kind = PP_SCHED_1F1B;
-    int p = 0, m = 0, v = 0, width = 0, i, r, rc = 1, have_p = 0, have_m = 0, table_only = 0, n_layers = 0;
+    int p = 0, m = 0, v = 0, width = 0, i, r, rc = 1, have_p = 0, have_m = 0, table_only = 0, eval_only = 0, n_layers = 0;
     int mode_load = 0, mode_rank = 0, argi = 2;
     double f = 1, b = 1, w = 1, comm = 0, theory = -1, min_cost, mem_cap = 0, b_free = 0;
     const char *trace = NULL, *load = NULL, *costs = NULL;
@@ -350,6 +352,10 @@ int main(int argc, char** argv) {
         int ok;
         if (!strcmp(opt, "--table")) {
             table_only = 1;
+            continue;
+        }
+        if (!strcmp(opt, "--eval")) {
+            eval_only = 1;
             continue;
         }
         if (eq) {
@@ -480,6 +486,20 @@ int main(int argc, char** argv) {
             goto done;
         }
     }
+    if (eval_only && !s.forward_only) { /* the forward-only list of the schedule */
+        size_t ne = pp_schedule_eval_size(&s);
+        pp_action* ea = (pp_action*)malloc((ne ? ne : 1) * sizeof *ea);
+        pp_schedule es;
+        if (!ea || pp_schedule_make_eval(&s, ea, ne, &es, &err) != PP_OK) {
+            fprintf(stderr, "pp-sched: %s\n", ea ? err.msg : "out of memory");
+            free(ea);
+            goto done;
+        }
+        free(acts);
+        acts = ea;
+        s = es;
+        n = ne;
+    }
     if (table_only) {
         pp_schedule_write(stdout, &s);
         rc = 0;
@@ -496,7 +516,7 @@ int main(int argc, char** argv) {
     printf("schedule   %s  p=%d v=%d m=%d  (%d stages, %d actions per rank%s)\n", pp_schedule_name(kind), p, v, m,
            s.n_stages, s.per_rank, s.map == PP_MAP_V ? ", V map: rank r holds stages r and 2p-1-r" : "");
     printf("cost       f=%g b=%g w=%g comm=%g per chunk%s\n", f, b, w, comm,
-           pp_schedule_has_w(&s) ? "" : " (no W actions: B costs b+w)");
+           pp_schedule_has_w(&s) || s.forward_only ? "" : " (no W actions: B costs b+w)");
     printf("table\n");
     pp_schedule_write(stdout, &s);
     if (pr != PP_OK) {
@@ -519,6 +539,7 @@ int main(int argc, char** argv) {
     pp_timeline_ascii(stdout, ev, n, p, width);
 
     printf("makespan   %g\n", res.makespan);
+    if (s.forward_only) kind = PP_SCHED_CUSTOM; /* no closed form below: the simulated bubble */
     if (kind == PP_SCHED_INTERLEAVED || (kind == PP_SCHED_INTERLEAVED_MEM && m % p == 0)) theory = (double)(p - 1) / (double)(v * m + p - 1);
     else if (kind == PP_SCHED_GPIPE || kind == PP_SCHED_1F1B) theory = (double)(p - 1) / (double)(m + p - 1);
     else if (kind == PP_SCHED_ZB_H1) theory = (double)(p - 1) / (double)(3 * m + p - 1);
@@ -547,7 +568,8 @@ int main(int argc, char** argv) {
                                          : "");
     printf("peak live ");
     for (r = 0; r < p; r++) printf(" r%d=%d", r, res.peak_live[r]);
-    printf("  (activations stashed at once%s)\n", pp_schedule_has_w(&s) ? ", F to W" : "");
+    printf("  (activations stashed at once%s)\n", s.forward_only ? ", each for its F (to the next F at a turn)"
+                                                 : pp_schedule_has_w(&s) ? ", F to W" : "");
     if (b_free > 0) {
         printf("peak mem  ");
         for (r = 0; r < p; r++) printf(" r%d=%.3g", r, res.peak_mem[r]);
