@@ -99,8 +99,12 @@ $(B)/nccl-staged-gpu-mode: $(B)/staged-test_nccl_pipeline
 # (test_convenience's concurrent step).
 $(B)/conv-ctl-no-step-guard: tests/test_convenience.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_STEP_GUARD $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/errors-controls: tests/controls.sh $(B)/conv-ctl-no-step-guard
-	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard"\n' > $@
+# pp_simulate forming p * v before it refuses v = INT_MAX (test_errors overflow, under the
+# sanitizers, which turn the overflow into a failure).
+$(B)/errors-ctl-header-bounds: tests/test_errors.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -DPP_TEST_NO_HEADER_BOUNDS $< -o $@ $(LDLIBS)
+$(B)/errors-controls: tests/controls.sh $(B)/conv-ctl-no-step-guard $(B)/errors-ctl-header-bounds
+	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard" "$(B)/errors-ctl-header-bounds overflow"\n' > $@
 	chmod +x $@
 # Every schedule kind at p = 8 over the NCCL imitation: eighteen layers (two chunks a rank).
 $(B)/deep-test_nccl_pipeline: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)

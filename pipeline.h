@@ -1666,7 +1666,7 @@ static void _pp_partition_ranks(const double* w, const double* mem, double cap, 
     double *pw = (double*)_pp_calloc((size_t)L + 1, sizeof *pw), *pm = mem ? (double*)_pp_calloc((size_t)L + 1, sizeof *pm) : NULL;
     double best_r, best_s;
     int l, b, d, e, improved = 1, rounds = 0;
-    if (!pw || (mem && !pm) || s->p > PP_MAX_RANKS) { /* no memory: the min-max split stays */
+    if (!pw || (mem && !pm) || s->p < 1 || s->p > PP_MAX_RANKS) { /* no memory or no ranks: the min-max split stays */
         PP_FREE(pw);
         PP_FREE(pm);
         return;
@@ -1700,7 +1700,7 @@ static void _pp_partition_ranks(const double* w, const double* mem, double cap, 
     }
     /* moves: one boundary, or a run of them together (a block of stages shifted), by any number
        of layers that keeps every stage non-empty */
-    while (improved && rounds++ < 4 * L * s->n_stages) {
+    while (improved && rounds++ < 4LL * L * s->n_stages) {
         improved = 0;
         for (b = 1; b < s->n_stages; b++)
             for (e = b; e < s->n_stages; e++)
@@ -1776,6 +1776,9 @@ pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_pa
         if (d->schedule->n_stages != d->n_stages)
             rc = _pp_fail(err, PP_ERR_INVALID, "partition of %d stages for a schedule of %d", d->n_stages,
                           d->schedule->n_stages);
+        else if (d->schedule->p < 1 || d->schedule->p > PP_MAX_RANKS)
+            rc = _pp_fail(err, PP_ERR_INVALID, "the partition's schedule has p = %d ranks (1 .. %d)", d->schedule->p,
+                          PP_MAX_RANKS);
         else
             _pp_partition_ranks(w, d->mem, d->mem_cap, m->n_layers, d->schedule, first);
     }
@@ -3545,7 +3548,7 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
 
 void pp_schedule_stage_to_rank(const pp_schedule* s, int stage, int* rank, int* chunk) {
     int r = -1, c = -1;
-    if (s && s->p > 0 && stage >= 0 && stage < s->n_stages) {
+    if (s && s->p > 0 && s->p <= PP_MAX_RANKS && stage >= 0 && stage < s->n_stages) { /* 2p - 1 - stage fits */
         r = _pp_sched_map_rank(s->map, s->p, stage);
         c = _pp_sched_map_chunk(s->map, s->p, stage);
     }
@@ -3565,7 +3568,7 @@ int pp_schedule_layer_rank(const pp_schedule* s, const int* first, int layer) {
 }
 
 int pp_schedule_has_w(const pp_schedule* s) {
-    return s && s->p > 0 && s->m > 0 && s->v > 0 && s->per_rank == 3 * s->m * s->v;
+    return s && s->p > 0 && s->m > 0 && s->v > 0 && s->v <= INT8_MAX && s->per_rank == 3LL * s->m * s->v;
 }
 
 /* Text tables (pp_schedule_parse, pp_schedule_write). The parser reads its input once per pass
@@ -3829,7 +3832,7 @@ void pp_schedule_write(FILE* f, const pp_schedule* s) {
 }
 
 const pp_action* pp_schedule_rank(const pp_schedule* s, int rank) {
-    if (!s || !s->actions || rank < 0 || rank >= s->p) return NULL;
+    if (!s || !s->actions || rank < 0 || rank >= s->p || s->per_rank < 0) return NULL;
     return s->actions + (size_t)rank * (size_t)s->per_rank;
 }
 
@@ -3903,7 +3906,12 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     m = s->m;
     S = s->n_stages;
     per = s->per_rank;
-    if (p < 1 || p > PP_MAX_RANKS || s->v < 1 || m < 1 || per < 0 || S != p * s->v)
+    /* v bounded before p * v (int): pp_action's chunk is an int8 and its stage an int16 */
+    if (p < 1 || p > PP_MAX_RANKS || s->v < 1 || m < 1 || per < 0 ||
+#ifndef PP_TEST_NO_HEADER_BOUNDS /* negative control (build/errors-controls): p * v overflows */
+        s->v > INT8_MAX ||
+#endif
+        S != p * s->v)
         return _pp_fail(err, PP_ERR_INVALID,
                         "pp_simulate: bad schedule header p=%d v=%d m=%d n_stages=%d per_rank=%d", p,
                         s->v, m, S, per);
@@ -7628,7 +7636,8 @@ static pp_pipeline_desc _pp_pipeline_defaults(const pp_pipeline_desc* in) {
     pp_pipeline_desc d = *in;
     const pp_schedule* cs = in->custom;
     d.p = cs ? cs->p : _PP_DEF(in->p, 1);
-    d.m = cs ? cs->m : _PP_DEF(in->m, 4 * d.p);
+    /* 4p only where p is in range: create refuses the others after this, and 4p must not overflow first */
+    d.m = cs ? cs->m : _PP_DEF(in->m, d.p >= 1 && d.p <= PP_MAX_RANKS ? 4 * d.p : 1);
     d.v = cs ? cs->v : _PP_DEF(in->v, pp_schedule_kind_v(in->schedule, 2)); /* the kind's own v */
     return d;
 }

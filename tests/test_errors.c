@@ -50,6 +50,58 @@ static void test_schedule_args(void) {
     CHECK(pp_schedule_size(PP_SCHED_1F1B, 0, 1, 4) == 0, "size of an invalid schedule is 0");
 }
 
+/* Headers near INT_MAX: refused (PP_ERR_INVALID), no int product of their fields computed first.
+   The asan build (-fsanitize=undefined, no recovery) fails on an overflow. Negative control:
+   build/errors-controls (-DPP_TEST_NO_HEADER_BOUNDS under the sanitizers: pp_simulate forms
+   p * v before it refuses v). */
+static void test_header_overflow(void) {
+    static pp_action acts[8];
+    pp_schedule s;
+    pp_sim_result res;
+    pp_model m = mlp_model_desc();
+    mlp_model w, g;
+    pp_pipeline_desc pd;
+    pp_pipeline* pl = NULL;
+    pp_partition_desc part;
+    double wt[MLP_DEPTH + 1];
+    int first[MLP_DEPTH + 2], r, c, l;
+    memset(&s, 0, sizeof s);
+    s.kind = PP_SCHED_CUSTOM;
+    s.actions = acts;
+    s.p = 2, s.v = INT_MAX, s.m = 1, s.n_stages = 2, s.per_rank = 4;
+    EXPECT_ERR(pp_simulate(&s, NULL, &res, NULL, ERR), PP_ERR_INVALID, "simulate: v = INT_MAX");
+    s.p = 1, s.n_stages = INT_MAX; /* p * v == n_stages: once a 2^31-stage loop over the costs */
+    EXPECT_ERR(pp_simulate(&s, NULL, &res, NULL, ERR), PP_ERR_INVALID, "simulate: 2^31 - 1 stages");
+    s.p = 2, s.v = 2, s.m = INT_MAX / 2 + 1, s.n_stages = 4, s.per_rank = 12;
+    CHECK(!pp_schedule_has_w(&s), "has_w: 3 m v of m = 2^30");
+    s.v = INT_MAX, s.m = INT_MAX;
+    CHECK(!pp_schedule_has_w(&s), "has_w: 3 m v of m = v = INT_MAX");
+    s.p = INT_MAX / 2 + 1, s.v = 2, s.n_stages = INT_MAX, s.map = PP_MAP_V;
+    pp_schedule_stage_to_rank(&s, 1, &r, &c);
+    CHECK(r == -1 && c == -1, "stage_to_rank of p = 2^30 (2p - 1 - stage): rank %d chunk %d", r, c);
+    s.per_rank = -1, s.p = 2;
+    CHECK(pp_schedule_rank(&s, 1) == NULL, "rank list of per_rank = -1");
+    /* pp_pipeline_create: the default m, 4p, of p = INT_MAX */
+    memset(&pd, 0, sizeof pd);
+    memset(&w, 0, sizeof w);
+    memset(&g, 0, sizeof g);
+    pd.model = m;
+    pd.weights = &w;
+    pd.grads = &g;
+    pd.p = INT_MAX;
+    EXPECT_ERR(pp_pipeline_create(&pd, &pl, ERR), PP_ERR_INVALID, "pipeline: p = INT_MAX");
+    CHECK(pl == NULL, "no pipeline");
+    /* pp_partition_model balancing the ranks of a schedule with no rank (stage % p) */
+    memset(&part, 0, sizeof part);
+    for (l = 0; l <= MLP_DEPTH; l++) wt[l] = 1 + l;
+    part.policy = PP_PARTITION_WEIGHTS;
+    part.weight = wt;
+    part.n_stages = 4;
+    s.p = 0, s.v = 2, s.m = 2, s.n_stages = 4, s.per_rank = 8, s.map = PP_MAP_LOOP;
+    part.schedule = &s;
+    EXPECT_ERR(pp_partition_model(&m, &w, &part, first, NULL, ERR), PP_ERR_INVALID, "partition: schedule of p = 0");
+}
+
 static void test_partition_args(void) {
     int first[8];
     double w[4] = {1, 2, 3, 4}, bad[4] = {1, -1, 3, 4};
@@ -455,8 +507,13 @@ static void test_message_shapes(void) {
     fixture_free(&f);
 }
 
-int main(void) {
+int main(int argc, char** argv) {
+    if (argc > 1 && !strcmp(argv[1], "overflow")) { /* what build/errors-controls runs */
+        test_header_overflow();
+        return TEST_DONE("errors (overflow)");
+    }
     test_schedule_args();
+    test_header_overflow();
     test_partition_args();
     test_partition_weights();
     test_stage_desc();
