@@ -118,10 +118,13 @@ TEST_BINS_EXTRA = $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-sm
 $(B)/agree-ctl-nogen: BASE += -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN
 $(B)/agree-ctl-noagree: BASE += -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_AGREE
 $(B)/agree-ctl-nombcheck: BASE += -DPP_TEST_NO_MB_CHECK
+# The plan check without the micro-batches' layouts: ranks whose cu_seqlens differ at the same
+# rows per micro-batch return PP_OK under LOCAL (test_agree seqbounds).
+$(B)/agree-ctl-noseqhash: BASE += -DPP_TEST_NO_SEQ_HASH
 $(B)/agree-ctl-%: tests/test_agree.c tests/test.h tests/harness.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/agree-controls: tests/controls.sh $(B)/agree-ctl-nogen $(B)/agree-ctl-noagree $(B)/agree-ctl-nombcheck
-	printf '#!/bin/sh\nexec sh tests/controls.sh agree-controls "$(B)/agree-ctl-nogen controls" "$(B)/agree-ctl-noagree controls" "$(B)/agree-ctl-nombcheck controls"\n' > $@
+$(B)/agree-controls: tests/controls.sh $(B)/agree-ctl-nogen $(B)/agree-ctl-noagree $(B)/agree-ctl-nombcheck $(B)/agree-ctl-noseqhash
+	printf '#!/bin/sh\nexec sh tests/controls.sh agree-controls "$(B)/agree-ctl-nogen controls" "$(B)/agree-ctl-noagree controls" "$(B)/agree-ctl-nombcheck controls" "$(B)/agree-ctl-noseqhash seqbounds"\n' > $@
 	chmod +x $@
 
 # Negative controls of tests/test_zb.c: the turn of the V sent to itself again, and the B-only

@@ -6169,6 +6169,19 @@ static uint64_t _pp_mb_sig(const pp_microbatch* mb) {
     return h;
 }
 
+/* "3 sequences {0, 2, 4, 9}" (the first 8 bounds) or "no cu_seqlens". */
+static void _pp_seq_describe(char* buf, size_t n, const pp_microbatch* mb) {
+    int i, len;
+    if (!mb->cu_seqlens) {
+        snprintf(buf, n, "no cu_seqlens");
+        return;
+    }
+    len = snprintf(buf, n, "%d sequence%s {", mb->n_seqs, mb->n_seqs == 1 ? "" : "s");
+    for (i = 0; i <= mb->n_seqs && i < 8 && len > 0 && (size_t)len < n; i++)
+        len += snprintf(buf + len, n - (size_t)len, "%s%d", i ? ", " : "", (int)mb->cu_seqlens[i]);
+    if (len > 0 && (size_t)len < n) snprintf(buf + len, n - (size_t)len, "%s}", mb->n_seqs >= 8 ? ", ..." : "");
+}
+
 /* PER_MESSAGE / AUTO: the sender's view of micro-batch a->mb against this rank's (a layer must
    never see an io->mb that disagrees with its inputs). */
 static pp_result _pp_mb_check(pp_stage* s, const pp_action* a, uint64_t sig, int64_t rows, int64_t seqs) {
@@ -6176,18 +6189,21 @@ static pp_result _pp_mb_check(pp_stage* s, const pp_action* a, uint64_t sig, int
 #ifdef PP_TEST_NO_MB_CHECK /* negative control (tests/test_agree.c) */
     return PP_OK;
 #endif
-    char theirs[64];
+    char theirs[64], here[96];
     if (sig == _pp_mb_sig(mb)) return PP_OK;
+    /* the same counts, another layout: show this side's bounds, else both sides read alike */
     if (rows >= 0)
-        snprintf(theirs, sizeof theirs, "%lld rows, %lld sequences", (long long)rows, (long long)seqs);
+        snprintf(theirs, sizeof theirs, "%lld rows, %lld sequences%s", (long long)rows, (long long)seqs,
+                 rows == mb->rows && mb->cu_seqlens && seqs == mb->n_seqs ? " at other bounds" : "");
     else
         snprintf(theirs, sizeof theirs, "another layout");
+    if (mb->cu_seqlens) _pp_seq_describe(here, sizeof here, mb);
+    else snprintf(here, sizeof here, "0 sequences");
     return _pp_stage_fail(s, PP_ERR_INVALID,
-                          "micro-batch %d is %lld rows, %d sequences here%s, rank %d sent it as %s: under PER_MESSAGE and "
+                          "micro-batch %d is %lld rows, %s here%s, rank %d sent it as %s: under PER_MESSAGE and "
                           "AUTO every rank's batch must carry the step's rows and cu_seqlens (only the first stage needs "
                           "the tokens); a rank without them needs PP_SHAPES_BROADCAST",
-                          a->mb, (long long)mb->rows, mb->cu_seqlens ? mb->n_seqs : 0, mb->cu_seqlens ? "" : " (no cu_seqlens)",
-                          a->prev_rank, theirs);
+                          a->mb, (long long)mb->rows, here, mb->cu_seqlens ? "" : " (no cu_seqlens)", a->prev_rank, theirs);
 }
 
 static void _pp_hdr_mb(const pp_microbatch* mb, _pp_hdr* h) {
@@ -6228,7 +6244,9 @@ static int _pp_same_shapes(const _pp_bnd* x, const pp_tensor* ts, int n) {
      rank failed. Costs 2 (p - 1) small messages per step (pp_step_stats.agree_msgs, t_agree). */
 #define _PP_FP_MAGIC 0x50504650 /* "PPFP" */
 #define _PP_AG_MAGIC 0x50504147 /* "PPAG" */
-#define _PP_FP_WORDS 5          /* per record: n, dtypes, rows and cols of tensor 0, hash of all */
+#define _PP_FP_WORDS 7          /* per record: n, dtypes, rows and cols of tensor 0, hash of all shapes;
+                                   the micro-batch's sequence count (-1: no cu_seqlens) and layout hash */
+#define _PP_FP_SHAPE_WORDS 5
 #define _PP_FP_HDR 4            /* magic, step, generation, records */
 #define _PP_AG_WORDS 5          /* magic, step, generation, result, 1 + the rank that failed (0: none) */
 #define _PP_AG_MSG 200
@@ -6307,8 +6325,10 @@ static void _pp_agree_count(pp_stage* s, size_t bytes) {
     s->st.bytes_sent += bytes;
 }
 
-/* One boundary view as a record: what both sides must agree on. */
-static void _pp_fp_record(const _pp_bnd* bd, int64_t* w) {
+/* One boundary view as a record: what both sides must agree on. The shapes alone miss ranks
+   whose cu_seqlens differ with the same rows per micro-batch (their layers would read other
+   sequence bounds): the micro-batch's layout (its own rebased cu_seqlens) goes in too. */
+static void _pp_fp_record(const _pp_bnd* bd, const pp_microbatch* mb, int64_t* w) {
     uint64_t h = _PP_FNV_BASIS, dt = 0;
     int k;
     for (k = 0; k < bd->n; k++) {
@@ -6322,7 +6342,13 @@ static void _pp_fp_record(const _pp_bnd* bd, int64_t* w) {
     w[2] = bd->n > 0 ? bd->t[0].rows : 0;
     w[3] = bd->n > 0 ? bd->t[0].cols : 0;
     w[4] = (int64_t)h;
+    w[5] = mb->cu_seqlens ? mb->n_seqs : -1;
+    w[6] = (int64_t)_pp_mb_sig(mb);
+#ifdef PP_TEST_NO_SEQ_HASH /* negative control (tests/test_agree.c): the shapes only */
+    w[5] = w[6] = 0;
+#endif
 }
+
 
 /* "2 tensors f32[3 x 8] i32 ..." from a record. */
 static void _pp_fp_describe(char* buf, size_t n, const int64_t* w) {
@@ -6359,7 +6385,8 @@ static pp_result _pp_fp_post(pp_stage* s) {
         for (b = 1; b < s->S; b++)
             if (_pp_nb_boundary(s, b, nb->rank))
                 for (mb = 0; mb < m; mb++, j++)
-                    _pp_fp_record(_pp_plan_bnd(&s->plan, mb, s->d.partition[b]), w + _PP_FP_HDR + (size_t)j * _PP_FP_WORDS);
+                    _pp_fp_record(_pp_plan_bnd(&s->plan, mb, s->d.partition[b]), &s->plan.mbs[mb],
+                                  w + _PP_FP_HDR + (size_t)j * _PP_FP_WORDS);
         if ((rc = t->irecv(t->self, nb->rank, _PP_TAG_PLAN, s->fp_theirs + nb->off, bytes, &nb->rreq)) != PP_OK) {
             _pp_stage_fail(s, rc, "posting the plan check's receive from rank %d", nb->rank);
             break;
@@ -6411,6 +6438,17 @@ static pp_result _pp_fp_check(pp_stage* s, int peer) {
             const int64_t* y = theirs + _PP_FP_HDR + (size_t)j * _PP_FP_WORDS;
             char vx[96], vy[96];
             if (!memcmp(x, y, sizeof(int64_t) * _PP_FP_WORDS)) continue;
+            if (!memcmp(x, y, sizeof(int64_t) * _PP_FP_SHAPE_WORDS)) { /* the same shapes, other sequences */
+                _pp_seq_describe(vx, sizeof vx, &s->plan.mbs[mb]);
+                if (y[5] < 0) snprintf(vy, sizeof vy, "no cu_seqlens");
+                else snprintf(vy, sizeof vy, "%lld sequence%s%s", (long long)y[5], y[5] == 1 ? "" : "s",
+                              y[5] == x[5] ? " at other bounds" : "");
+                return _pp_stage_fail(s, PP_ERR_INVALID,
+                                      "ranks %d and %d disagree on the sequence bounds of micro-batch %d (the same %lld rows): "
+                                      "here %s, on rank %d %s; every rank's batch must carry the step's cu_seqlens "
+                                      "(or use PP_SHAPES_BROADCAST)",
+                                      s->d.rank, peer, mb, (long long)s->plan.mbs[mb].rows, vx, peer, vy);
+            }
             _pp_fp_describe(vx, sizeof vx, x);
             _pp_fp_describe(vy, sizeof vy, y);
             return _pp_stage_fail(s, PP_ERR_SIZE,
