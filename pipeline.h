@@ -7422,7 +7422,16 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
     if (!s->bc_msg) {
         s->bc_msg = (int64_t*)_pp_calloc(bytes / sizeof(int64_t) + 1, sizeof(int64_t));
         s->bc_cu = (int32_t*)_pp_calloc((size_t)s->d.max_seqs + 1, sizeof(int32_t));
-        if (!s->bc_msg || !s->bc_cu) return _pp_stage_fail(s, PP_ERR_NOMEM, "broadcast buffer of %zu bytes", bytes);
+        if (!s->bc_msg || !s->bc_cu) {
+#ifndef PP_TEST_NO_BC_PAIR /* negative control (tests/test_soak.c): one kept without the other */
+            /* both or neither: a later step takes bc_msg for the sign that both exist */
+            PP_FREE(s->bc_msg);
+            PP_FREE(s->bc_cu);
+            s->bc_msg = NULL;
+            s->bc_cu = NULL;
+#endif
+            return _pp_stage_fail(s, PP_ERR_NOMEM, "broadcast buffer of %zu bytes", bytes);
+        }
         s->bc_bytes = bytes;
     }
     w = s->bc_msg;
