@@ -107,8 +107,12 @@ $(B)/errors-ctl-header-bounds: tests/test_errors.c $(TEST_HDRS) $(EXH) $(HEADERS
 # unpacks into NULL (SEGV), or leaks the one kept (test_soak nomem).
 $(B)/soak-ctl-bc-pair: tests/test_soak.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_BC_PAIR $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/errors-controls: tests/controls.sh $(B)/conv-ctl-no-step-guard $(B)/errors-ctl-header-bounds $(B)/soak-ctl-bc-pair
-	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard" "$(B)/errors-ctl-header-bounds overflow" "$(B)/soak-ctl-bc-pair nomem" "$(B)/soak-ctl-bc-pair nomem-msg"\n' > $@
+# pp_pipeline_rank_result saying PP_OK for ranks a failed step never ran (test_soak nomem).
+$(B)/soak-ctl-not-run: tests/test_soak.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_NOT_RUN $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/errors-controls: tests/controls.sh $(B)/conv-ctl-no-step-guard $(B)/errors-ctl-header-bounds $(B)/soak-ctl-bc-pair \
+                      $(B)/soak-ctl-not-run
+	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard" "$(B)/errors-ctl-header-bounds overflow" "$(B)/soak-ctl-bc-pair nomem" "$(B)/soak-ctl-bc-pair nomem-msg" "$(B)/soak-ctl-not-run nomem"\n' > $@
 	chmod +x $@
 # Every schedule kind at p = 8 over the NCCL imitation: eighteen layers (two chunks a rank).
 $(B)/deep-test_nccl_pipeline: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)

@@ -1166,7 +1166,8 @@ pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* st
    once, without a message, and leaves that step alone.) */
 /* The last failure ("" if none): which rank failed first, and its message. */
 const char* pp_pipeline_error(const pp_pipeline* pl);
-/* Rank r's result of the last step (PP_ERR_ABORTED where another rank failed first), and its
+/* Rank r's result of the last step (PP_ERR_ABORTED where another rank failed first; the step's
+   own result where the rank did not run: a step refused, or its thread not started), and its
    stats (may be NULL). */
 pp_result pp_pipeline_rank_result(const pp_pipeline* pl, int rank, pp_step_stats* stats);
 /* Every rank's actions of the last step, rank-major, times in seconds from each rank's step
@@ -7912,13 +7913,37 @@ pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* st
     return rc;
 }
 
+/* A rank's result while it has not returned: one that never runs (the step refused, its thread
+   not started) takes the step's result, so pp_pipeline_rank_result never says PP_OK for it. */
+#define _PP_NOT_RUN PP_RESULT_COUNT
+
+static pp_result _pp_pipeline_step_run(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats);
+
 static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats) {
-    pp_error e;
-    pp_result rc, end_rc = PP_OK;
-    int r, first = -1;
+    pp_result rc;
+    int r;
     if (stats) memset(stats, 0, sizeof *stats);
     pl->err.code = PP_OK;
     pl->err.msg[0] = 0;
+    for (r = 0; r < pl->d.p; r++) {
+        pl->rc[r] = _PP_NOT_RUN;
+        pl->rerr[r].msg[0] = 0;
+        memset(&pl->stats[r], 0, sizeof pl->stats[r]);
+    }
+    rc = _pp_pipeline_step_run(pl, b, stats);
+    for (r = 0; r < pl->d.p; r++)
+        if (pl->rc[r] == _PP_NOT_RUN) pl->rc[r] = rc;
+#ifdef PP_TEST_NO_NOT_RUN /* negative control (tests/test_soak.c): ranks that did not run say PP_OK */
+    for (r = 0; r < pl->d.p && rc != PP_OK; r++)
+        if (pl->rc[r] == rc) pl->rc[r] = PP_OK;
+#endif
+    return rc;
+}
+
+static pp_result _pp_pipeline_step_run(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats) {
+    pp_error e;
+    pp_result rc, end_rc = PP_OK;
+    int r, first = -1, not_run = 0;
     if (!b) return _pp_fail(&pl->err, PP_ERR_INVALID, "batch is NULL");
     if (pl->stuck)
         return _pp_fail(&pl->err, PP_ERR_UNSUPPORTED,
@@ -7930,21 +7955,18 @@ static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_s
     if (pl->b.m != pl->sched.m)
         return _pp_fail(&pl->err, PP_ERR_INVALID, "the batch has m = %d micro-batches, the pipeline's schedule %d (leave it 0)",
                         b->m, pl->sched.m);
-    for (r = 0; r < pl->d.p; r++) {
-        pl->rc[r] = PP_OK;
-        pl->rerr[r].msg[0] = 0;
-        memset(&pl->stats[r], 0, sizeof pl->stats[r]);
-    }
     if (pl->world.begin && (rc = pl->world.begin(pl->world.self, &pl->err)) != PP_OK) return rc;
     e.msg[0] = 0;
     rc = pp_threads_run(pl->d.p, _pp_pipeline_rank, pl, &e);
     if (pl->world.end) end_rc = pl->world.end(pl->world.self, rc == PP_OK ? &e : NULL);
     if (rc == PP_OK && end_rc != PP_OK) rc = end_rc;
     if (rc != PP_OK) {
-        /* the first failure, not a rank that only heard of it */
-        for (r = 0; r < pl->d.p && first < 0; r++)
+        /* the first failure, not a rank that only heard of it; where a rank did not run (its
+           thread not started), why it did not */
+        for (r = 0; r < pl->d.p; r++) not_run += pl->rc[r] == _PP_NOT_RUN;
+        for (r = 0; r < pl->d.p && first < 0 && !not_run; r++)
             if (pl->rc[r] != PP_OK && pl->rc[r] != PP_ERR_ABORTED) first = r;
-        for (r = 0; r < pl->d.p && first < 0; r++)
+        for (r = 0; r < pl->d.p && first < 0 && !not_run; r++)
             if (pl->rc[r] != PP_OK) first = r;
         if (first >= 0) { /* "rank 2 of 4 failed first at F0.0 (stage 2): ...", the rank said once */
             const char* body = _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
@@ -7952,8 +7974,8 @@ static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_s
             size_t k = _pp_names_rank(body, first);
             rc = _pp_fail(&pl->err, pl->rc[first], "rank %d of %d failed first%s%s", first, pl->d.p, k ? "" : ": ",
                           body + k);
-        } else
-            rc = _pp_fail(&pl->err, rc, "%s", e.msg[0] ? e.msg : pp_result_str(rc));
+        } else /* e's message has the code already: "out of memory: threads for 4 ranks" once */
+            rc = _pp_fail(&pl->err, rc, "%s", e.msg[0] ? _pp_msg_body(e.msg, rc) : "no message");
         pl->world.reset(pl->world.self);
         for (r = 0; r < pl->d.p && !pl->stuck; r++)
             if (!pl->tr[r].cancel) pl->stuck = r + 1;

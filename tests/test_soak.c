@@ -302,11 +302,63 @@ static void test_bcast_nomem(int fail_cu) {
     pthread_mutex_unlock(&g_mem_mu);
 }
 
+/* pp_pipeline_step whose threads cannot be made (the step's first allocation fails): the code's
+   name once in the message, and no rank's result says PP_OK (none ran); the next step runs. */
+static void test_pipeline_nomem(void) {
+    soak* S = (soak*)calloc(1, sizeof *S);
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    pp_step_stats st;
+    pp_error err;
+    uint64_t rng = 99;
+    int r, bad = 0;
+    S->wbuf = mlp_init(&S->w, &S->g[0], DIMS, 7, &S->gbuf[0]);
+    S->m = 4;
+    S->b.m = 4;
+    S->b.input.data = S->x;
+    S->b.input.cols = IN;
+    S->b.input.dtype = PP_F32;
+    S->b.targets = S->y;
+    S->b.target_row_bytes = sizeof(int32_t);
+    S->b.cu_seqlens = S->cu;
+    make_batch(S, 1, &rng);
+    memset(&d, 0, sizeof d);
+    d.model = mlp_model_desc();
+    d.weights = &S->w;
+    d.grads = &S->g[0];
+    d.schedule = PP_SCHED_1F1B;
+    d.p = 4;
+    d.m = 4;
+    d.stage.timeout_s = 20;
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_OK, "%s", err.msg);
+    pthread_mutex_lock(&g_mem_mu);
+    g_fail_call = g_calls + 1;
+    pthread_mutex_unlock(&g_mem_mu);
+    CHECK(pp_pipeline_step(pl, &S->b, &st) == PP_ERR_NOMEM, "threads not made: %s", pp_pipeline_error(pl));
+    g_fail_call = 0;
+    CHECK(strcmp(pp_pipeline_error(pl), "out of memory: threads for 4 ranks") == 0, "threads not made: %s",
+          pp_pipeline_error(pl));
+    for (r = 0; r < 4; r++) bad += pp_pipeline_rank_result(pl, r, NULL) != PP_ERR_NOMEM;
+    CHECK(bad == 0, "threads not made: %d ranks' results are not PP_ERR_NOMEM (rank 0: %s)", bad,
+          pp_result_str(pp_pipeline_rank_result(pl, 0, NULL)));
+    CHECK(pp_pipeline_step(pl, &S->b, &st) == PP_OK, "the step after: %s", pp_pipeline_error(pl));
+    for (r = 0; r < 4; r++) CHECK(pp_pipeline_rank_result(pl, r, NULL) == PP_OK, "the step after: rank %d", r);
+    /* a refused step ran no rank either */
+    S->b.m = 3;
+    CHECK(pp_pipeline_step(pl, &S->b, &st) == PP_ERR_INVALID && pp_pipeline_rank_result(pl, 2, NULL) == PP_ERR_INVALID,
+          "refused step: %s, rank 2 %s", pp_pipeline_error(pl), pp_result_str(pp_pipeline_rank_result(pl, 2, NULL)));
+    pp_pipeline_destroy(pl);
+    free(S->wbuf);
+    free(S->gbuf[0]);
+    free(S);
+}
+
 int main(int argc, char** argv) {
     int steps = getenv("PP_QUICK") ? 100 : 400, i; /* make quick sets PP_QUICK */
     /* the controls' parts: nomem (both buffers, the cu buffer first), nomem-msg (the message buffer) */
     if (argc < 2 || strcmp(argv[1], "nomem-msg")) test_bcast_nomem(1);
     test_bcast_nomem(0);
+    test_pipeline_nomem();
     if (argc > 1 && !strncmp(argv[1], "nomem", 5)) return TEST_DONE("soak (failed allocations)");
     for (i = 1; i < argc; i++)
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
