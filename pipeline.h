@@ -752,8 +752,9 @@ int pp_schedule_has_w(const pp_schedule* s);
    rank's chunk 1. W actions are optional, but all or none. The stage of (rank, chunk) comes from
    the map, the send/receive peers from the stages.
    pp_schedule_parse reads len bytes of text (no terminator needed), checks the syntax (errors
-   name line and column), every action's rank and range, then proves the whole table with
-   pp_simulate (coverage, order, deadlock; the message names rank and action). *need receives the
+   name line and column), every action's rank and range, each rank's action count (2 m v, or
+   3 m v with W, the same on every rank: PP_ERR_SCHEDULE, as a missing action), then proves the
+   whole table with pp_simulate (coverage, order, deadlock; the message names rank and action). *need receives the
    number of actions (may be NULL); with out NULL or cap < *need it returns PP_ERR_SIZE having
    checked the syntax only, so: call once with out NULL, allocate, call again. On success *s
    describes the table (kind PP_SCHED_CUSTOM) and points into out. Takes scratch from PP_MALLOC
@@ -3657,6 +3658,9 @@ static int _pp_tab_content(_pp_tab* c) {
 }
 
 #define _PP_TAB_FAIL(...) (_pp_fail(err, PP_ERR_INVALID, __VA_ARGS__), PP_ERR_INVALID)
+/* A rank's action count is the table's structure, not its syntax (a missing W, say): the code the
+   simulator gives a missing action. */
+#define _PP_TAB_FAIL_COUNT(...) (_pp_fail(err, PP_ERR_SCHEDULE, __VA_ARGS__), PP_ERR_SCHEDULE)
 
 /* One pass. hdr receives p, v, m, map, per_rank. out NULL: check and count; else write, with the
    per-rank count per_in that the counting pass found. */
@@ -3762,7 +3766,7 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
             if (chunk >= v)
                 return _PP_TAB_FAIL("schedule table line %d, column %d: chunk %ld, but v=%ld", c.line, col, chunk, v);
             if (per >= 0 && n >= per)
-                return _PP_TAB_FAIL("schedule table line %d, column %d: rank %d has more than the %d actions of rank 0", c.line,
+                return _PP_TAB_FAIL_COUNT("schedule table line %d, column %d: rank %d has more than the %d actions of rank 0", c.line,
                                     col, r, per);
             if (out) _pp_sched_set_map(&out[(size_t)r * (size_t)per + (size_t)n], op, (pp_stage_map)map, (int)p, S, r, (int)mb,
                                        (int)chunk);
@@ -3770,11 +3774,11 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
         }
         if (per < 0) {
             if (n != 2 * m * v && n != 3 * m * v)
-                return _PP_TAB_FAIL("schedule table line %d: rank 0 has %d actions; m=%ld v=%ld needs %ld (F and B) or %ld "
+                return _PP_TAB_FAIL_COUNT("schedule table line %d: rank 0 has %d actions; m=%ld v=%ld needs %ld (F and B) or %ld "
                                     "(F, B and W)", line, n, m, v, 2 * m * v, 3 * m * v);
             per = n;
         } else if (n != per) {
-            return _PP_TAB_FAIL("schedule table line %d: rank %d has %d actions, rank 0 has %d", line, r, n, per);
+            return _PP_TAB_FAIL_COUNT("schedule table line %d: rank %d has %d actions, rank 0 has %d", line, r, n, per);
         }
     }
     if (_pp_tab_content(&c))
@@ -3810,7 +3814,7 @@ pp_result pp_schedule_parse(const char* text, size_t len, pp_action* out, size_t
         if (err) {
             memcpy(tmp, err->msg, sizeof tmp);
             tmp[sizeof tmp - 1] = 0;
-            _pp_fail(err, rc, "schedule table rejected (rank r is the line 'rN:'): %s", tmp);
+            _pp_fail(err, rc, "schedule table rejected (rank r is the line 'rN:'): %s", _pp_strip_code(tmp, rc));
         }
         return rc;
     }
@@ -7736,11 +7740,10 @@ static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out,
         if (!pl->weights[r] || !pl->grads[r])
             return _pp_fail(err, PP_ERR_INVALID, "rank %d: rank_%s[%d] is NULL", r, pl->weights[r] ? "grads" : "weights", r);
     }
-    /* the schedule: the caller's copied, or made here */
+    /* the schedule: the caller's copied, or made here; a kind refused with its own constraint
+       ("zb-v needs v = 2 ..."), not only the numbers it cannot run */
+    if (!cs && (rc = _pp_sched_check_args(d->schedule, p, d->v, d->m, err)) != PP_OK) return rc;
     n_acts = cs ? (size_t)cs->p * (size_t)cs->per_rank : pp_schedule_size(d->schedule, p, d->v, d->m);
-    if (n_acts == 0)
-        return _pp_fail(err, PP_ERR_INVALID, "schedule %s cannot run p = %d, v = %d, m = %d", pp_schedule_name(d->schedule), p,
-                        d->v, d->m);
     if (!(pl->acts = (pp_action*)_pp_calloc(n_acts, sizeof *pl->acts)))
         return _pp_fail(err, PP_ERR_NOMEM, "schedule of %zu actions", n_acts);
     if (cs) {

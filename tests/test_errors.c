@@ -507,6 +507,52 @@ static void test_message_shapes(void) {
     fixture_free(&f);
 }
 
+/* Messages of the schedule paths: each fact once, and the constraint that refused. */
+static void test_schedule_messages(void) {
+    static const char* dup = "schedule p=2 v=1 m=2\nr0: F0 F1 B0 B1\nr1: F0 B0 F1 F1\n";
+    static const char* no_w = "schedule p=2 v=1 m=2\nr0: F0 F1 B0 W0 B1 W1\nr1: F0 B0 F1 B1 W0\n";
+    static const struct { pp_schedule_kind k; int v; const char* msg; } kinds[] = {
+        {PP_SCHED_ZB_V, 3, "invalid argument: zb-v needs v = 2 chunks per rank (the two arms of the V), got v = 3"},
+        {PP_SCHED_DUALPIPE_V, 1, "invalid argument: dualpipev needs v = 2 chunks per rank (the two arms of the V), got v = 1"},
+        {PP_SCHED_GPIPE, 2, "invalid argument: gpipe needs v = 1 chunk per rank (got v = 2); use interleaved for v >= 2"},
+        {PP_SCHED_ZB_H1, 3, "invalid argument: zb-h1 needs v = 1 chunk per rank (got v = 3); use interleaved for v >= 2"},
+        {PP_SCHED_INTERLEAVED, 1, "invalid argument: interleaved needs v >= 2 chunks per rank (got v = 1); use 1f1b for v = 1"},
+    };
+    pp_action acts[64];
+    pp_schedule s;
+    pp_error err;
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    mlp_model w, g;
+    size_t need, i;
+    /* pp_schedule_parse quoting the simulator: "invalid schedule" once */
+    memset(&err, 0, sizeof err);
+    CHECK(pp_schedule_parse(dup, strlen(dup), acts, 64, &need, &s, &err) == PP_ERR_SCHEDULE &&
+              strcmp(err.msg, "invalid schedule: schedule table rejected (rank r is the line 'rN:'): rank 1 action #3: "
+                              "duplicate F1.0 (stage 1), already at rank 1 #2") == 0,
+          "parse: %s", err.msg);
+    /* a missing W that changes a rank's action count: PP_ERR_SCHEDULE, as docs/errors.md says */
+    memset(&err, 0, sizeof err);
+    CHECK(pp_schedule_parse(no_w, strlen(no_w), acts, 64, &need, &s, &err) == PP_ERR_SCHEDULE &&
+              strcmp(err.msg, "invalid schedule: schedule table line 3: rank 1 has 5 actions, rank 0 has 6") == 0,
+          "parse, a missing W: %s %s", pp_result_str(err.code), err.msg);
+    /* pp_pipeline_create: a kind with another v says what the kind needs */
+    memset(&d, 0, sizeof d);
+    memset(&w, 0, sizeof w);
+    memset(&g, 0, sizeof g);
+    d.model = mlp_model_desc();
+    d.weights = &w;
+    d.grads = &g;
+    d.p = 2;
+    for (i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        d.schedule = kinds[i].k;
+        d.v = kinds[i].v;
+        memset(&err, 0, sizeof err);
+        CHECK(pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID && pl == NULL && strcmp(err.msg, kinds[i].msg) == 0,
+              "%s v = %d: %s", pp_schedule_name(kinds[i].k), kinds[i].v, err.msg);
+    }
+}
+
 int main(int argc, char** argv) {
     if (argc > 1 && !strcmp(argv[1], "overflow")) { /* what build/errors-controls runs */
         test_header_overflow();
@@ -522,5 +568,6 @@ int main(int argc, char** argv) {
     test_transport();
     test_failing_layer();
     test_message_shapes();
+    test_schedule_messages();
     return TEST_DONE("errors");
 }
