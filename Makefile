@@ -260,12 +260,17 @@ check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc sections
 # a configuration that sizes public structs must agree across files: a mismatch fails to link.
 # tests/abi_user.c refers to every function linked under the configuration's name (ABI_FNS);
 # against an implementation with another value of each of the four macros, each must be undefined.
+# Linked with no implementation at all, the undefined names must say to define it.
 ABI_FNS = stage_create pipeline_create model_check model_layer_name model_layer_costs partition_model \
           partition_print sequential_step profile_layers simulate flight_last flight_print flight_print_fd \
           threads_flight threads_transport stage_flight grid_make grid_rank grid_pipe_split grid_dp_split grid_tied_split
 check-abi: | $(B)
 	@$(CC) $(BASE) -c tests/abi_impl.c -o $(B)/abi-impl.o && $(CC) $(BASE) -c tests/abi_user.c -o $(B)/abi-user.o && \
 	  $(CC) $(B)/abi-user.o $(B)/abi-impl.o -o $(B)/abi-same $(LDLIBS) && $(B)/abi-same && \
+	  if $(CC) $(B)/abi-user.o -o $(B)/abi-none $(LDLIBS) 2>$(B)/abi-none.log; then \
+	    echo "check-abi: FAILED, a file linked without the implementation"; exit 1; fi && \
+	  for f in $(ABI_FNS); do grep -q "pp_$${f}_abi_t4_r256_f32_k16_define_PIPELINE_IMPLEMENTATION_in_one_file" $(B)/abi-none.log || \
+	    { echo "check-abi: FAILED, pp_$$f's undefined name without the implementation has no hint"; exit 1; }; done && \
 	  for cfg in PP_MAX_TENSORS=8 PP_MAX_RANKS=64 PP_FLIGHT_LEN=16 PP_MAX_LAYER_KINDS=8; do \
 	    $(CC) $(BASE) -D$$cfg -c tests/abi_impl.c -o $(B)/abi-impl-other.o || exit 1; \
 	    if $(CC) $(B)/abi-user.o $(B)/abi-impl-other.o -o $(B)/abi-mismatch $(LDLIBS) 2>$(B)/abi-mismatch.log; then \
@@ -273,7 +278,7 @@ check-abi: | $(B)
 	    for f in $(ABI_FNS); do grep -q "pp_$${f}_abi_t4_r256_f32_k16" $(B)/abi-mismatch.log || \
 	      { echo "check-abi: FAILED, pp_$$f links against an implementation with $$cfg"; exit 1; }; done; \
 	  done && \
-	  echo "check-abi: the same configuration links and runs; another value of any of the four macros leaves each of the $(words $(ABI_FNS)) functions unresolved"
+	  echo "check-abi: the same configuration links and runs; another value of any of the four macros leaves each of the $(words $(ABI_FNS)) functions unresolved; without the implementation each one's name says to define PIPELINE_IMPLEMENTATION"
 
 # Static analysis of the headers: cppcheck (declarations, and with the implementation) and
 # clang-tidy (checks in .clang-tidy, over tests/lint.c). A tool that is not installed is skipped.

@@ -198,9 +198,10 @@ extern "C" {
    layers with one (pp_layer_io, pp_layer_desc, pp_model, pp_sim_result, pp_flight, pp_grid, the
    descs that hold a pp_model), is linked under a name that carries them. A file that includes
    this header with other values than the implementation file fails to link (undefined
-   pp_stage_create_abi_t8_r256_f32_k16, say) instead of corrupting memory. Give them as plain
-   integers. */
-#define _PP_ABI_CAT2(name, t, r, f, k) pp_##name##_abi_t##t##_r##r##_f##f##_k##k
+   pp_stage_create_abi_t8_r256_f32_k16_define_PIPELINE_IMPLEMENTATION_in_one_file, say) instead
+   of corrupting memory. Give them as plain integers. The name's tail is the hint for the
+   commoner cause of that link error, no file with the implementation at all. */
+#define _PP_ABI_CAT2(name, t, r, f, k) pp_##name##_abi_t##t##_r##r##_f##f##_k##k##_define_PIPELINE_IMPLEMENTATION_in_one_file
 #define _PP_ABI_CAT(name, t, r, f, k) _PP_ABI_CAT2(name, t, r, f, k)
 #ifdef __CPPCHECK__ /* make lint: its whole-program checks took the renamed functions for one another */
 #define _PP_ABI(name) pp_##name
