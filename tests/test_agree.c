@@ -7,12 +7,15 @@
      step is bit-exact (nothing the broken step left queued is consumed);
    - a layer fails on one rank after the others finished their lists: no rank returns PP_OK (and
      on ZB-V, where the turn of the V hands blocks over, the next step is exact again);
-   - ranks that call pp_stage_step a different number of times are told so.
+   - ranks that call pp_stage_step a different number of times are told so;
+   - ranks whose cu_seqlens differ at the same rows per micro-batch fail at once (LOCAL: the
+     plan check; PER_MESSAGE and AUTO: the header), saying what differs.
    Negative controls (build/agree-controls, part of make test): the library built with
    -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN (a failed step's leftovers are taken by the next) or
    -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_AGREE (ranks return PP_OK for a step another rank failed)
    or -DPP_TEST_NO_MB_CHECK (a layer sees a micro-batch that is not its input's) fails
-   `test_agree controls`. */
+   `test_agree controls`; -DPP_TEST_NO_SEQ_HASH (the plan check without the layouts) fails
+   `test_agree seqbounds`. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/mlp.h"

@@ -3,7 +3,9 @@
    Covers: invalid schedules and partitions, models with NULL callbacks, stage descs that do not
    fit their schedule, bad batches and cu_seqlens, mismatched buffer sizes in the transport, a
    peer that never sends (timeout within 2x the deadline), and a layer that fails on the last
-   stage (every rank's step returns an error, and the next step runs clean). */
+   stage (every rank's step returns an error, and the next step runs clean); schedule headers
+   near INT_MAX (`test_errors overflow`: refused before any product overflows, under UBSan in the
+   asan build) and the schedule paths' messages. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/mlp.h"
