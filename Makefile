@@ -15,7 +15,7 @@ TEST_HDRS = tests/test.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
-           test_nccl_grid test_agree test_validate test_gradnorm test_ckpt test_eval
+           test_nccl_grid test_agree test_validate test_gradnorm test_ckpt test_eval test_malloc
 BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table fuzz_ckpt
@@ -119,10 +119,21 @@ $(B)/rel-ctl-no-layer-scan: tests/test_reliability.c $(TEST_HDRS) $(EXH) $(HEADE
 	$(CC) $(BASE) -DPP_TEST_NO_LAYER_SCAN $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/cudap-ctl-no-loss-check: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
 	$(CC) $(BASE) -Itests/fakecuda -DPP_TEST_NO_LOSS_CHECK $(CFLAGS) $< -o $@ $(LDLIBS)
+# pp_simulate forming p * v before it refuses v = INT_MAX (test_errors overflow, under the
+# sanitizers, which turn the overflow into a failure).
+$(B)/errors-ctl-header-bounds: tests/test_errors.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -DPP_TEST_NO_HEADER_BOUNDS $< -o $@ $(LDLIBS)
+# BROADCAST keeping one metadata buffer when the other's allocation failed: the next step
+# unpacks into NULL (SEGV), or leaks the one kept (test_soak nomem).
+$(B)/soak-ctl-bc-pair: tests/test_soak.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_BC_PAIR $(CFLAGS) $< -o $@ $(LDLIBS)
+# pp_pipeline_rank_result saying PP_OK for ranks a failed step never ran (test_soak nomem).
+$(B)/soak-ctl-not-run: tests/test_soak.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_NOT_RUN $(CFLAGS) $< -o $@ $(LDLIBS)
 ERRORS_CTL = $(B)/conv-ctl-no-step-guard $(B)/conv-ctl-no-order-check $(B)/rel-ctl-no-loss-check $(B)/rel-ctl-no-layer-scan \
-             $(B)/cudap-ctl-no-loss-check
+             $(B)/cudap-ctl-no-loss-check $(B)/errors-ctl-header-bounds $(B)/soak-ctl-bc-pair $(B)/soak-ctl-not-run
 $(B)/errors-controls: tests/controls.sh $(ERRORS_CTL)
-	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard" "$(B)/conv-ctl-no-order-check order" "$(B)/rel-ctl-no-loss-check nonfinite" "$(B)/rel-ctl-no-layer-scan nonfinite" "$(B)/cudap-ctl-no-loss-check nan"\n' > $@
+	printf '#!/bin/sh\nexec sh tests/controls.sh errors-controls "$(B)/conv-ctl-no-step-guard" "$(B)/conv-ctl-no-order-check order" "$(B)/rel-ctl-no-loss-check nonfinite" "$(B)/rel-ctl-no-layer-scan nonfinite" "$(B)/cudap-ctl-no-loss-check nan" "$(B)/errors-ctl-header-bounds overflow" "$(B)/soak-ctl-bc-pair nomem" "$(B)/soak-ctl-bc-pair nomem-msg" "$(B)/soak-ctl-not-run nomem"\n' > $@
 	chmod +x $@
 # Every schedule kind at p = 8 over the NCCL imitation: eighteen layers (two chunks a rank).
 $(B)/deep-test_nccl_pipeline: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
@@ -178,12 +189,16 @@ $(B)/eval-controls: tests/controls.sh $(B)/eval-ctl-nofree $(B)/eval-ctl-nosync
 $(B)/agree-ctl-nogen: BASE += -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN
 $(B)/agree-ctl-noagree: BASE += -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_AGREE
 $(B)/agree-ctl-nombcheck: BASE += -DPP_TEST_NO_MB_CHECK
+# The plan check without the micro-batches' layouts: ranks whose cu_seqlens differ at the same
+# rows per micro-batch return PP_OK under LOCAL (test_agree seqbounds).
+$(B)/agree-ctl-noseqhash: BASE += -DPP_TEST_NO_SEQ_HASH
 $(B)/agree-ctl-nogo: BASE += -DPP_TEST_NO_GO
 $(B)/agree-ctl-noabort: BASE += -DPP_TEST_NO_AGREE_ABORT
 $(B)/agree-ctl-%: tests/test_agree.c tests/test.h tests/harness.h $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/agree-controls: tests/controls.sh $(B)/agree-ctl-nogen $(B)/agree-ctl-noagree $(B)/agree-ctl-nombcheck $(B)/agree-ctl-nogo $(B)/agree-ctl-noabort
-	printf '#!/bin/sh\nexec sh tests/controls.sh agree-controls "$(B)/agree-ctl-nogen controls" "$(B)/agree-ctl-noagree controls" "$(B)/agree-ctl-nombcheck controls" "$(B)/agree-ctl-nogo skew" "$(B)/agree-ctl-noabort fault"\n' > $@
+$(B)/agree-controls: tests/controls.sh $(B)/agree-ctl-nogen $(B)/agree-ctl-noagree $(B)/agree-ctl-nombcheck $(B)/agree-ctl-nogo $(B)/agree-ctl-noabort \
+                     $(B)/agree-ctl-noseqhash
+	printf '#!/bin/sh\nexec sh tests/controls.sh agree-controls "$(B)/agree-ctl-nogen controls" "$(B)/agree-ctl-noagree controls" "$(B)/agree-ctl-nombcheck controls" "$(B)/agree-ctl-nogo skew" "$(B)/agree-ctl-noabort fault" "$(B)/agree-ctl-noseqhash seqbounds"\n' > $@
 	chmod +x $@
 
 # Negative controls of tests/test_zb.c: the turn of the V sent to itself again, and the B-only
@@ -316,6 +331,7 @@ check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc sections
 # a configuration that sizes public structs must agree across files: a mismatch fails to link.
 # tests/abi_user.c refers to every function linked under the configuration's name (ABI_FNS);
 # against an implementation with another value of each of the four macros, each must be undefined.
+# Linked with no implementation at all, the undefined names must say to define it.
 ABI_FNS = stage_create pipeline_create model_check model_layer_name model_layer_costs partition_model \
           partition_print sequential_step profile_layers simulate flight_last flight_print flight_print_fd \
           threads_flight threads_transport stage_flight grid_make grid_rank grid_pipe_split grid_dp_split grid_tied_split \
@@ -324,6 +340,10 @@ ABI_FNS = stage_create pipeline_create model_check model_layer_name model_layer_
 check-abi: | $(B)
 	@$(CC) $(BASE) -c tests/abi_impl.c -o $(B)/abi-impl.o && $(CC) $(BASE) -c tests/abi_user.c -o $(B)/abi-user.o && \
 	  $(CC) $(B)/abi-user.o $(B)/abi-impl.o -o $(B)/abi-same $(LDLIBS) && $(B)/abi-same && \
+	  if $(CC) $(B)/abi-user.o -o $(B)/abi-none $(LDLIBS) 2>$(B)/abi-none.log; then \
+	    echo "check-abi: FAILED, a file linked without the implementation"; exit 1; fi && \
+	  for f in $(ABI_FNS); do grep -q "pp_$${f}_abi_t4_r256_f32_k16_define_PIPELINE_IMPLEMENTATION_in_one_file" $(B)/abi-none.log || \
+	    { echo "check-abi: FAILED, pp_$$f's undefined name without the implementation has no hint"; exit 1; }; done && \
 	  for cfg in PP_MAX_TENSORS=8 PP_MAX_RANKS=64 PP_FLIGHT_LEN=16 PP_MAX_LAYER_KINDS=8; do \
 	    $(CC) $(BASE) -D$$cfg -c tests/abi_impl.c -o $(B)/abi-impl-other.o || exit 1; \
 	    if $(CC) $(B)/abi-user.o $(B)/abi-impl-other.o -o $(B)/abi-mismatch $(LDLIBS) 2>$(B)/abi-mismatch.log; then \
@@ -331,7 +351,7 @@ check-abi: | $(B)
 	    for f in $(ABI_FNS); do grep -q "pp_$${f}_abi_t4_r256_f32_k16" $(B)/abi-mismatch.log || \
 	      { echo "check-abi: FAILED, pp_$$f links against an implementation with $$cfg"; exit 1; }; done; \
 	  done && \
-	  echo "check-abi: the same configuration links and runs; another value of any of the four macros leaves each of the $(words $(ABI_FNS)) functions unresolved"
+	  echo "check-abi: the same configuration links and runs; another value of any of the four macros leaves each of the $(words $(ABI_FNS)) functions unresolved; without the implementation each one's name says to define PIPELINE_IMPLEMENTATION"
 
 # Static analysis of the headers: cppcheck (declarations, and with the implementation) and
 # clang-tidy (checks in .clang-tidy, over tests/lint.c). A tool that is not installed is skipped.

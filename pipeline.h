@@ -237,9 +237,10 @@ extern "C" {
    layers with one (pp_layer_io, pp_layer_desc, pp_model, pp_sim_result, pp_flight, pp_grid, the
    descs that hold a pp_model), is linked under a name that carries them. A file that includes
    this header with other values than the implementation file fails to link (undefined
-   pp_stage_create_abi_t8_r256_f32_k16, say) instead of corrupting memory. Give them as plain
-   integers. */
-#define _PP_ABI_CAT2(name, t, r, f, k) pp_##name##_abi_t##t##_r##r##_f##f##_k##k
+   pp_stage_create_abi_t8_r256_f32_k16_define_PIPELINE_IMPLEMENTATION_in_one_file, say) instead
+   of corrupting memory. Give them as plain integers. The name's tail is the hint for the
+   commoner cause of that link error, no file with the implementation at all. */
+#define _PP_ABI_CAT2(name, t, r, f, k) pp_##name##_abi_t##t##_r##r##_f##f##_k##k##_define_PIPELINE_IMPLEMENTATION_in_one_file
 #define _PP_ABI_CAT(name, t, r, f, k) _PP_ABI_CAT2(name, t, r, f, k)
 #ifdef __CPPCHECK__ /* make lint: its whole-program checks took the renamed functions for one another */
 #define _PP_ABI(name) pp_##name
@@ -897,9 +898,10 @@ int pp_schedule_has_w(const pp_schedule* s);
    ... m-1. A table that breaks it (r0: F0 F1 B1 B0) is refused with PP_ERR_SCHEDULE naming the
    stage and the two micro-batches, unless its header says order=any (pp_schedule.any_order).
    pp_schedule_parse reads len bytes of text (no terminator needed), checks the syntax (errors
-   name line and column), every action's rank and range, then proves the whole table with
-   pp_simulate (coverage, order, deadlock; the message names rank and action) and checks the
-   ordering rule. *need receives the
+   name line and column), every action's rank and range, each rank's action count (2 m v, or
+   3 m v with W, or m v with eval=1; the same on every rank: PP_ERR_SCHEDULE, as a missing
+   action), then proves the whole table with pp_simulate (coverage, order, deadlock; the message
+   names rank and action) and checks the ordering rule. *need receives the
    number of actions (may be NULL); with out NULL or cap < *need it returns PP_ERR_SIZE having
    checked the syntax only, so: call once with out NULL, allocate, call again. On success *s
    describes the table (kind PP_SCHED_CUSTOM) and points into out. Takes scratch from PP_MALLOC
@@ -1383,7 +1385,8 @@ pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* st
 pp_result pp_pipeline_eval(pp_pipeline* pl, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats);
 /* The last failure ("" if none): which rank failed first, and its message. */
 const char* pp_pipeline_error(const pp_pipeline* pl);
-/* Rank r's result of the last step (PP_ERR_ABORTED where another rank failed first), and its
+/* Rank r's result of the last step (PP_ERR_ABORTED where another rank failed first; the step's
+   own result where the rank did not run: a step refused, or its thread not started), and its
    stats (may be NULL). */
 pp_result pp_pipeline_rank_result(const pp_pipeline* pl, int rank, pp_step_stats* stats);
 /* Every rank's actions of the last step, rank-major, times in seconds from each rank's step
@@ -2200,7 +2203,7 @@ static void _pp_partition_ranks(const double* w, const double* mem, double cap, 
     double *pw = (double*)_pp_calloc((size_t)L + 1, sizeof *pw), *pm = mem ? (double*)_pp_calloc((size_t)L + 1, sizeof *pm) : NULL;
     double best_r, best_s;
     int l, b, d, e, improved = 1, rounds = 0;
-    if (!pw || (mem && !pm) || s->p > PP_MAX_RANKS) { /* no memory: the min-max split stays */
+    if (!pw || (mem && !pm) || s->p < 1 || s->p > PP_MAX_RANKS) { /* no memory or no ranks: the min-max split stays */
         PP_FREE(pw);
         PP_FREE(pm);
         return;
@@ -2234,7 +2237,7 @@ static void _pp_partition_ranks(const double* w, const double* mem, double cap, 
     }
     /* moves: one boundary, or a run of them together (a block of stages shifted), by any number
        of layers that keeps every stage non-empty */
-    while (improved && rounds++ < 4 * L * s->n_stages) {
+    while (improved && rounds++ < 4LL * L * s->n_stages) {
         improved = 0;
         for (b = 1; b < s->n_stages; b++)
             for (e = b; e < s->n_stages; e++)
@@ -2310,6 +2313,9 @@ pp_result pp_partition_model(const pp_model* m, const void* weights, const pp_pa
         if (d->schedule->n_stages != d->n_stages)
             rc = _pp_fail(err, PP_ERR_INVALID, "partition of %d stages for a schedule of %d", d->n_stages,
                           d->schedule->n_stages);
+        else if (d->schedule->p < 1 || d->schedule->p > PP_MAX_RANKS)
+            rc = _pp_fail(err, PP_ERR_INVALID, "the partition's schedule has p = %d ranks (1 .. %d)", d->schedule->p,
+                          PP_MAX_RANKS);
         else
             _pp_partition_ranks(w, d->mem, d->mem_cap, m->n_layers, d->schedule, first);
     }
@@ -4312,7 +4318,7 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
 
 void pp_schedule_stage_to_rank(const pp_schedule* s, int stage, int* rank, int* chunk) {
     int r = -1, c = -1;
-    if (s && s->p > 0 && stage >= 0 && stage < s->n_stages) {
+    if (s && s->p > 0 && s->p <= PP_MAX_RANKS && stage >= 0 && stage < s->n_stages) { /* 2p - 1 - stage fits */
         r = _pp_sched_map_rank(s->map, s->p, stage);
         c = _pp_sched_map_chunk(s->map, s->p, stage);
     }
@@ -4332,7 +4338,7 @@ int pp_schedule_layer_rank(const pp_schedule* s, const int* first, int layer) {
 }
 
 int pp_schedule_has_w(const pp_schedule* s) {
-    return s && s->p > 0 && s->m > 0 && s->v > 0 && s->per_rank == 3 * s->m * s->v;
+    return s && s->p > 0 && s->m > 0 && s->v > 0 && s->v <= INT8_MAX && s->per_rank == 3LL * s->m * s->v;
 }
 
 size_t pp_schedule_eval_size(const pp_schedule* s) {
@@ -4503,6 +4509,9 @@ static int _pp_tab_content(_pp_tab* c) {
 }
 
 #define _PP_TAB_FAIL(...) (_pp_fail(err, PP_ERR_INVALID, __VA_ARGS__), PP_ERR_INVALID)
+/* A rank's action count is the table's structure, not its syntax (a missing W, say): the code the
+   simulator gives a missing action. */
+#define _PP_TAB_FAIL_COUNT(...) (_pp_fail(err, PP_ERR_SCHEDULE, __VA_ARGS__), PP_ERR_SCHEDULE)
 
 /* One pass. hdr receives p, v, m, map, per_rank. out NULL: check and count; else write, with the
    per-rank count per_in that the counting pass found. */
@@ -4619,7 +4628,7 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
             if (chunk >= v)
                 return _PP_TAB_FAIL("schedule table line %d, column %d: chunk %ld, but v=%ld", c.line, col, chunk, v);
             if (per >= 0 && n >= per)
-                return _PP_TAB_FAIL("schedule table line %d, column %d: rank %d has more than the %d actions of rank 0", c.line,
+                return _PP_TAB_FAIL_COUNT("schedule table line %d, column %d: rank %d has more than the %d actions of rank 0", c.line,
                                     col, r, per);
             if (out) _pp_sched_set_map(&out[(size_t)r * (size_t)per + (size_t)n], op, (pp_stage_map)map, (int)p, S, r, (int)mb,
                                        (int)chunk);
@@ -4627,18 +4636,18 @@ static pp_result _pp_tab_pass(const char* text, size_t len, pp_action* out, int 
         }
         if (per < 0) {
             if (fo && n != m * v)
-                return _PP_TAB_FAIL("schedule table line %d: rank 0 has %d actions; eval=1 with m=%ld v=%ld needs %ld (an F "
+                return _PP_TAB_FAIL_COUNT("schedule table line %d: rank 0 has %d actions; eval=1 with m=%ld v=%ld needs %ld (an F "
                                     "each)", line, n, m, v, m * v);
             if (!fo && n == m * v)
-                return _PP_TAB_FAIL("schedule table line %d: rank 0 has %d actions; m=%ld v=%ld needs %ld (F and B) or %ld "
+                return _PP_TAB_FAIL_COUNT("schedule table line %d: rank 0 has %d actions; m=%ld v=%ld needs %ld (F and B) or %ld "
                                     "(F, B and W), or the header's eval=1 for a forward-only list", line, n, m, v, 2 * m * v,
                                     3 * m * v);
             if (!fo && n != 2 * m * v && n != 3 * m * v)
-                return _PP_TAB_FAIL("schedule table line %d: rank 0 has %d actions; m=%ld v=%ld needs %ld (F and B) or %ld "
+                return _PP_TAB_FAIL_COUNT("schedule table line %d: rank 0 has %d actions; m=%ld v=%ld needs %ld (F and B) or %ld "
                                     "(F, B and W)", line, n, m, v, 2 * m * v, 3 * m * v);
             per = n;
         } else if (n != per) {
-            return _PP_TAB_FAIL("schedule table line %d: rank %d has %d actions, rank 0 has %d", line, r, n, per);
+            return _PP_TAB_FAIL_COUNT("schedule table line %d: rank %d has %d actions, rank 0 has %d", line, r, n, per);
         }
     }
     if (_pp_tab_content(&c))
@@ -4731,7 +4740,7 @@ void pp_schedule_write(FILE* f, const pp_schedule* s) {
 }
 
 const pp_action* pp_schedule_rank(const pp_schedule* s, int rank) {
-    if (!s || !s->actions || rank < 0 || rank >= s->p) return NULL;
+    if (!s || !s->actions || rank < 0 || rank >= s->p || s->per_rank < 0) return NULL;
     return s->actions + (size_t)rank * (size_t)s->per_rank;
 }
 
@@ -4805,7 +4814,12 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     m = s->m;
     S = s->n_stages;
     per = s->per_rank;
-    if (p < 1 || p > PP_MAX_RANKS || s->v < 1 || m < 1 || per < 0 || S != p * s->v)
+    /* v bounded before p * v (int): pp_action's chunk is an int8 and its stage an int16 */
+    if (p < 1 || p > PP_MAX_RANKS || s->v < 1 || m < 1 || per < 0 ||
+#ifndef PP_TEST_NO_HEADER_BOUNDS /* negative control (build/errors-controls): p * v overflows */
+        s->v > INT8_MAX ||
+#endif
+        S != p * s->v)
         return _pp_fail(err, PP_ERR_INVALID,
                         "pp_simulate: bad schedule header p=%d v=%d m=%d n_stages=%d per_rank=%d", p,
                         s->v, m, S, per);
@@ -7236,6 +7250,19 @@ static uint64_t _pp_mb_sig(const pp_microbatch* mb) {
     return h;
 }
 
+/* "3 sequences {0, 2, 4, 9}" (the first 8 bounds) or "no cu_seqlens". */
+static void _pp_seq_describe(char* buf, size_t n, const pp_microbatch* mb) {
+    int i, len;
+    if (!mb->cu_seqlens) {
+        snprintf(buf, n, "no cu_seqlens");
+        return;
+    }
+    len = snprintf(buf, n, "%d sequence%s {", mb->n_seqs, mb->n_seqs == 1 ? "" : "s");
+    for (i = 0; i <= mb->n_seqs && i < 8 && len > 0 && (size_t)len < n; i++)
+        len += snprintf(buf + len, n - (size_t)len, "%s%d", i ? ", " : "", (int)mb->cu_seqlens[i]);
+    if (len > 0 && (size_t)len < n) snprintf(buf + len, n - (size_t)len, "%s}", mb->n_seqs >= 8 ? ", ..." : "");
+}
+
 /* PER_MESSAGE / AUTO: the sender's view of micro-batch a->mb against this rank's (a layer must
    never see an io->mb that disagrees with its inputs). */
 static pp_result _pp_mb_check(pp_stage* s, const pp_action* a, uint64_t sig, int64_t rows, int64_t seqs) {
@@ -7243,18 +7270,21 @@ static pp_result _pp_mb_check(pp_stage* s, const pp_action* a, uint64_t sig, int
 #ifdef PP_TEST_NO_MB_CHECK /* negative control (tests/test_agree.c) */
     return PP_OK;
 #endif
-    char theirs[64];
+    char theirs[64], here[96];
     if (sig == _pp_mb_sig(mb)) return PP_OK;
+    /* the same counts, another layout: show this side's bounds, else both sides read alike */
     if (rows >= 0)
-        snprintf(theirs, sizeof theirs, "%lld rows, %lld sequences", (long long)rows, (long long)seqs);
+        snprintf(theirs, sizeof theirs, "%lld rows, %lld sequences%s", (long long)rows, (long long)seqs,
+                 rows == mb->rows && mb->cu_seqlens && seqs == mb->n_seqs ? " at other bounds" : "");
     else
         snprintf(theirs, sizeof theirs, "another layout");
+    if (mb->cu_seqlens) _pp_seq_describe(here, sizeof here, mb);
+    else snprintf(here, sizeof here, "0 sequences");
     return _pp_stage_fail(s, PP_ERR_INVALID,
-                          "micro-batch %d is %lld rows, %d sequences here%s, rank %d sent it as %s: under PER_MESSAGE and "
+                          "micro-batch %d is %lld rows, %s here%s, rank %d sent it as %s: under PER_MESSAGE and "
                           "AUTO every rank's batch must carry the step's rows and cu_seqlens (only the first stage needs "
                           "the tokens); a rank without them needs PP_SHAPES_BROADCAST",
-                          a->mb, (long long)mb->rows, mb->cu_seqlens ? mb->n_seqs : 0, mb->cu_seqlens ? "" : " (no cu_seqlens)",
-                          a->prev_rank, theirs);
+                          a->mb, (long long)mb->rows, here, mb->cu_seqlens ? "" : " (no cu_seqlens)", a->prev_rank, theirs);
 }
 
 static void _pp_hdr_mb(const pp_microbatch* mb, _pp_hdr* h) {
@@ -7299,7 +7329,9 @@ static int _pp_same_shapes(const _pp_bnd* x, const pp_tensor* ts, int n) {
      which rank gets its outputs: a rank that runs another kind of step fails it at once. */
 #define _PP_FP_MAGIC 0x50504650 /* "PPFP" */
 #define _PP_AG_MAGIC 0x50504147 /* "PPAG" */
-#define _PP_FP_WORDS 5          /* per record: n, dtypes, rows and cols of tensor 0, hash of all */
+#define _PP_FP_WORDS 7          /* per record: n, dtypes, rows and cols of tensor 0, hash of all shapes;
+                                   the micro-batch's sequence count (-1: no cu_seqlens) and layout hash */
+#define _PP_FP_SHAPE_WORDS 5
 #define _PP_FP_HDR 4            /* magic, step, generation, records */
 #define _PP_AG_WORDS 5          /* magic, step, generation, result, 1 + the rank that failed (0: none) */
 #define _PP_AG_MSG 200
@@ -7378,8 +7410,10 @@ static void _pp_agree_count(pp_stage* s, size_t bytes) {
     s->st.bytes_sent += bytes;
 }
 
-/* One boundary view as a record: what both sides must agree on. */
-static void _pp_fp_record(const _pp_bnd* bd, int64_t* w) {
+/* One boundary view as a record: what both sides must agree on. The shapes alone miss ranks
+   whose cu_seqlens differ with the same rows per micro-batch (their layers would read other
+   sequence bounds): the micro-batch's layout (its own rebased cu_seqlens) goes in too. */
+static void _pp_fp_record(const _pp_bnd* bd, const pp_microbatch* mb, int64_t* w) {
     uint64_t h = _PP_FNV_BASIS, dt = 0;
     int k;
     for (k = 0; k < bd->n; k++) {
@@ -7393,7 +7427,13 @@ static void _pp_fp_record(const _pp_bnd* bd, int64_t* w) {
     w[2] = bd->n > 0 ? bd->t[0].rows : 0;
     w[3] = bd->n > 0 ? bd->t[0].cols : 0;
     w[4] = (int64_t)h;
+    w[5] = mb->cu_seqlens ? mb->n_seqs : -1;
+    w[6] = (int64_t)_pp_mb_sig(mb);
+#ifdef PP_TEST_NO_SEQ_HASH /* negative control (tests/test_agree.c): the shapes only */
+    w[5] = w[6] = 0;
+#endif
 }
+
 
 /* "2 tensors f32[3 x 8] i32 ..." from a record. */
 static void _pp_fp_describe(char* buf, size_t n, const int64_t* w) {
@@ -7430,7 +7470,8 @@ static pp_result _pp_fp_post(pp_stage* s) {
         for (b = 1; b < s->S; b++)
             if (_pp_nb_boundary(s, b, nb->rank))
                 for (mb = 0; mb < m; mb++, j++)
-                    _pp_fp_record(_pp_plan_bnd(&s->plan, mb, s->d.partition[b]), w + _PP_FP_HDR + (size_t)j * _PP_FP_WORDS);
+                    _pp_fp_record(_pp_plan_bnd(&s->plan, mb, s->d.partition[b]), &s->plan.mbs[mb],
+                                  w + _PP_FP_HDR + (size_t)j * _PP_FP_WORDS);
         if ((rc = t->irecv(t->self, nb->rank, _PP_TAG_PLAN, s->fp_theirs + nb->off, bytes, &nb->rreq)) != PP_OK) {
             _pp_stage_fail(s, rc, "posting the plan check's receive from rank %d", nb->rank);
             break;
@@ -7482,6 +7523,17 @@ static pp_result _pp_fp_check(pp_stage* s, int peer) {
             const int64_t* y = theirs + _PP_FP_HDR + (size_t)j * _PP_FP_WORDS;
             char vx[96], vy[96];
             if (!memcmp(x, y, sizeof(int64_t) * _PP_FP_WORDS)) continue;
+            if (!memcmp(x, y, sizeof(int64_t) * _PP_FP_SHAPE_WORDS)) { /* the same shapes, other sequences */
+                _pp_seq_describe(vx, sizeof vx, &s->plan.mbs[mb]);
+                if (y[5] < 0) snprintf(vy, sizeof vy, "no cu_seqlens");
+                else snprintf(vy, sizeof vy, "%lld sequence%s%s", (long long)y[5], y[5] == 1 ? "" : "s",
+                              y[5] == x[5] ? " at other bounds" : "");
+                return _pp_stage_fail(s, PP_ERR_INVALID,
+                                      "ranks %d and %d disagree on the sequence bounds of micro-batch %d (the same %lld rows): "
+                                      "here %s, on rank %d %s; every rank's batch must carry the step's cu_seqlens "
+                                      "(or use PP_SHAPES_BROADCAST)",
+                                      s->d.rank, peer, mb, (long long)s->plan.mbs[mb].rows, vx, peer, vy);
+            }
             _pp_fp_describe(vx, sizeof vx, x);
             _pp_fp_describe(vy, sizeof vy, y);
             return _pp_stage_fail(s, PP_ERR_SIZE,
@@ -8848,7 +8900,16 @@ static pp_result _pp_broadcast_meta(pp_stage* s, const pp_batch* b, const pp_bat
     if (!s->bc_msg) {
         s->bc_msg = (int64_t*)_pp_calloc(bytes / sizeof(int64_t) + 1, sizeof(int64_t));
         s->bc_cu = (int32_t*)_pp_calloc((size_t)s->d.max_seqs + 1, sizeof(int32_t));
-        if (!s->bc_msg || !s->bc_cu) return _pp_stage_fail(s, PP_ERR_NOMEM, "broadcast buffer of %zu bytes", bytes);
+        if (!s->bc_msg || !s->bc_cu) {
+#ifndef PP_TEST_NO_BC_PAIR /* negative control (tests/test_soak.c): one kept without the other */
+            /* both or neither: a later step takes bc_msg for the sign that both exist */
+            PP_FREE(s->bc_msg);
+            PP_FREE(s->bc_cu);
+            s->bc_msg = NULL;
+            s->bc_cu = NULL;
+#endif
+            return _pp_stage_fail(s, PP_ERR_NOMEM, "broadcast buffer of %zu bytes", bytes);
+        }
         s->bc_bytes = bytes;
     }
     w = s->bc_msg;
@@ -9192,7 +9253,8 @@ static pp_pipeline_desc _pp_pipeline_defaults(const pp_pipeline_desc* in) {
     pp_pipeline_desc d = *in;
     const pp_schedule* cs = in->custom;
     d.p = cs ? cs->p : _PP_DEF(in->p, 1);
-    d.m = cs ? cs->m : _PP_DEF(in->m, 4 * d.p);
+    /* 4p only where p is in range: create refuses the others after this, and 4p must not overflow first */
+    d.m = cs ? cs->m : _PP_DEF(in->m, d.p >= 1 && d.p <= PP_MAX_RANKS ? 4 * d.p : 1);
     d.v = cs ? cs->v : _PP_DEF(in->v, pp_schedule_kind_v(in->schedule, 2)); /* the kind's own v */
     return d;
 }
@@ -9243,11 +9305,10 @@ static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out,
         if (!pl->weights[r] || !pl->grads[r])
             return _pp_fail(err, PP_ERR_INVALID, "rank %d: rank_%s[%d] is NULL", r, pl->weights[r] ? "grads" : "weights", r);
     }
-    /* the schedule: the caller's copied, or made here */
+    /* the schedule: the caller's copied, or made here; a kind refused with its own constraint
+       ("zb-v needs v = 2 ..."), not only the numbers it cannot run */
+    if (!cs && (rc = _pp_sched_check_args(d->schedule, p, d->v, d->m, err)) != PP_OK) return rc;
     n_acts = cs ? (size_t)cs->p * (size_t)cs->per_rank : pp_schedule_size(d->schedule, p, d->v, d->m);
-    if (n_acts == 0)
-        return _pp_fail(err, PP_ERR_INVALID, "schedule %s cannot run p = %d, v = %d, m = %d", pp_schedule_name(d->schedule), p,
-                        d->v, d->m);
     if (!(pl->acts = (pp_action*)_pp_calloc(n_acts, sizeof *pl->acts)))
         return _pp_fail(err, PP_ERR_NOMEM, "schedule of %zu actions", n_acts);
     if (cs) {
@@ -9437,13 +9498,37 @@ pp_result pp_pipeline_eval(pp_pipeline* pl, const pp_batch* b, pp_eval_out* out,
     return rc;
 }
 
+/* A rank's result while it has not returned: one that never runs (the step refused, its thread
+   not started) takes the step's result, so pp_pipeline_rank_result never says PP_OK for it. */
+#define _PP_NOT_RUN PP_RESULT_COUNT
+
+static pp_result _pp_pipeline_step_run(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats);
+
 static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats) {
-    pp_error e;
-    pp_result rc, end_rc = PP_OK;
-    int r, first = -1;
+    pp_result rc;
+    int r;
     if (stats) memset(stats, 0, sizeof *stats);
     pl->err.code = PP_OK;
     pl->err.msg[0] = 0;
+    for (r = 0; r < pl->d.p; r++) {
+        pl->rc[r] = _PP_NOT_RUN;
+        pl->rerr[r].msg[0] = 0;
+        memset(&pl->stats[r], 0, sizeof pl->stats[r]);
+    }
+    rc = _pp_pipeline_step_run(pl, b, stats);
+    for (r = 0; r < pl->d.p; r++)
+        if (pl->rc[r] == _PP_NOT_RUN) pl->rc[r] = rc;
+#ifdef PP_TEST_NO_NOT_RUN /* negative control (tests/test_soak.c): ranks that did not run say PP_OK */
+    for (r = 0; r < pl->d.p && rc != PP_OK; r++)
+        if (pl->rc[r] == rc) pl->rc[r] = PP_OK;
+#endif
+    return rc;
+}
+
+static pp_result _pp_pipeline_step_run(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats) {
+    pp_error e;
+    pp_result rc, end_rc = PP_OK;
+    int r, first = -1, not_run = 0;
     if (!b) return _pp_fail(&pl->err, PP_ERR_INVALID, "batch is NULL");
     if (pl->stuck)
         return _pp_fail(&pl->err, PP_ERR_UNSUPPORTED,
@@ -9455,21 +9540,18 @@ static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_s
     if (pl->b.m != pl->sched.m)
         return _pp_fail(&pl->err, PP_ERR_INVALID, "the batch has m = %d micro-batches, the pipeline's schedule %d (leave it 0)",
                         b->m, pl->sched.m);
-    for (r = 0; r < pl->d.p; r++) {
-        pl->rc[r] = PP_OK;
-        pl->rerr[r].msg[0] = 0;
-        memset(&pl->stats[r], 0, sizeof pl->stats[r]);
-    }
     if (pl->world.begin && (rc = pl->world.begin(pl->world.self, &pl->err)) != PP_OK) return rc;
     e.msg[0] = 0;
     rc = pp_threads_run(pl->d.p, _pp_pipeline_rank, pl, &e);
     if (pl->world.end) end_rc = pl->world.end(pl->world.self, rc == PP_OK ? &e : NULL);
     if (rc == PP_OK && end_rc != PP_OK) rc = end_rc;
     if (rc != PP_OK) {
-        /* the first failure, not a rank that only heard of it */
-        for (r = 0; r < pl->d.p && first < 0; r++)
+        /* the first failure, not a rank that only heard of it; where a rank did not run (its
+           thread not started), why it did not */
+        for (r = 0; r < pl->d.p; r++) not_run += pl->rc[r] == _PP_NOT_RUN;
+        for (r = 0; r < pl->d.p && first < 0 && !not_run; r++)
             if (pl->rc[r] != PP_OK && pl->rc[r] != PP_ERR_ABORTED) first = r;
-        for (r = 0; r < pl->d.p && first < 0; r++)
+        for (r = 0; r < pl->d.p && first < 0 && !not_run; r++)
             if (pl->rc[r] != PP_OK) first = r;
         if (first >= 0) { /* "rank 2 of 4 failed first at F0.0 (stage 2): ...", the rank said once */
             const char* body = _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
@@ -9477,8 +9559,8 @@ static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_s
             size_t k = _pp_names_rank(body, first);
             rc = _pp_fail(&pl->err, pl->rc[first], "rank %d of %d failed first%s%s", first, pl->d.p, k ? "" : ": ",
                           body + k);
-        } else
-            rc = _pp_fail(&pl->err, rc, "%s", e.msg[0] ? e.msg : pp_result_str(rc));
+        } else /* e's message has the code already: "out of memory: threads for 4 ranks" once */
+            rc = _pp_fail(&pl->err, rc, "%s", e.msg[0] ? _pp_msg_body(e.msg, rc) : "no message");
         pl->world.reset(pl->world.self);
         for (r = 0; r < pl->d.p && !pl->stuck; r++)
             if (!pl->tr[r].cancel) pl->stuck = r + 1;

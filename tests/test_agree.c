@@ -11,13 +11,16 @@
      every rank calls on, the ranks run together again, bit-exact;
    - a message of the agreement itself that cannot be posted or sent (on any rank, in any of its
      phases): every rank fails at once, says why, and the next step is exact.
+   - ranks whose cu_seqlens differ at the same rows per micro-batch fail at once (LOCAL: the
+     plan check; PER_MESSAGE and AUTO: the header), saying what differs.
    Negative controls (build/agree-controls, part of make test): the library built with
    -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN (a failed step's leftovers are taken by the next) or
    -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_AGREE (ranks return PP_OK for a step another rank failed)
    or -DPP_TEST_NO_MB_CHECK (a layer sees a micro-batch that is not its input's) fails
    `test_agree controls`; -DPP_TEST_NO_GO (each rank keeps its own count of steps: after a
    skipped step they never agree again) fails `test_agree skew`; -DPP_TEST_NO_AGREE_ABORT (a
-   rank whose agreement message failed does not stop the others) fails `test_agree fault`. */
+   rank whose agreement message failed does not stop the others) fails `test_agree fault`; -DPP_TEST_NO_SEQ_HASH (the plan check
+   without the layouts) fails `test_agree seqbounds`. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/mlp.h"
@@ -486,6 +489,59 @@ static void test_mb_view(pp_shape_policy shapes) {
     world_free(&W);
 }
 
+/* --- 5: ranks that split the batch into other sequences, with the same rows ------------------ */
+/* Rank `odd` holds cu_seqlens {0, 2, 4, 9, 10, 24}, the others {0, 3, 4, 9, 10, 24}: micro-batch
+   0 is 9 rows in 3 sequences on every rank, so every boundary's shapes agree, but the odd rank's
+   layers would read other sequence bounds. Every rank must fail at once (the deadline is 20 s),
+   a message naming both ranks, the micro-batch and both layouts; with the same cu_seqlens the
+   step is bit-exact. LOCAL: the plan check carries each micro-batch's layout (negative control
+   build/agree-ctl-noseqhash: -DPP_TEST_NO_SEQ_HASH, the shapes only, and every rank returned
+   PP_OK); PER_MESSAGE: the header's, whose message showed both sides alike ("9 rows, 3 sequences
+   here, rank 0 sent it as 9 rows, 3 sequences"). */
+static void test_seq_bounds(pp_schedule_kind kind, int p, int odd, pp_shape_policy shapes) {
+    static const int32_t cu[6] = {0, 3, 4, 9, 10, ROWS}, cu_odd[6] = {0, 2, 4, 9, 10, ROWS};
+    world W;
+    pp_batch other;
+    const char* msg;
+    int r;
+    char where[64], both[32];
+    snprintf(where, sizeof where, "%s p=%d shapes=%d, rank %d's cu_seqlens", pp_schedule_name(kind), p, (int)shapes, odd);
+    world_init(&W, kind, p, pp_schedule_kind_v(kind, 2), 2, shapes, g_deadline);
+    W.b.cu_seqlens = cu;
+    W.b.n_seqs = 5;
+    other = W.b;
+    other.cu_seqlens = cu_odd;
+    W.b_of[odd] = &other;
+    world_step(&W);
+    CHECK(all_failed(&W), "%s: a rank returned PP_OK: %s | %s", where, W.msg[0], W.msg[p - 1]);
+    CHECK(latest_return(&W) < 1.0, "%s: the last rank returned after %.2f s", where, latest_return(&W));
+    for (r = 0; r < p; r++) /* the ranks that saw it say PP_ERR_INVALID, the others were stopped */
+        CHECK(W.rc[r] == PP_ERR_INVALID || W.rc[r] == PP_ERR_ABORTED, "%s: rank %d: %s", where, r, W.msg[r]);
+    if (shapes == PP_SHAPES_LOCAL) {
+        int named = 0, k;
+        msg = first_msg(&W, "disagree on the sequence bounds of micro-batch 0");
+        for (k = 0; k < 4 && msg; k++) { /* "ranks 2 and 1", "ranks 1 and 2", ... */
+            int nb = k & 1 ? odd + 1 : odd - 1;
+            snprintf(both, sizeof both, "ranks %d and %d", k & 2 ? nb : odd, k & 2 ? odd : nb);
+            named |= nb >= 0 && nb < p && strstr(msg, both) != NULL;
+        }
+        CHECK(msg && named && strstr(msg, "(the same 9 rows)") &&
+                  (strstr(msg, "3 sequences {0, 2, 4, 9}") || strstr(msg, "3 sequences {0, 3, 4, 9}")) &&
+                  strstr(msg, "3 sequences at other bounds"),
+              "%s: no message names both ranks, the micro-batch and both layouts: %s | %s", where, W.msg[0], W.msg[p - 1]);
+    } else {
+        msg = first_msg(&W, "9 rows, 3 sequences at other bounds");
+        CHECK(msg && strstr(msg, "micro-batch 0 is 9 rows, 3 sequences {0, ") && strstr(msg, ", 4, 9} here"),
+              "%s: the message does not say what differs: %s | %s", where, W.msg[0], W.msg[p - 1]);
+    }
+    pp_threads_reset(W.threads);
+    W.b_of[odd] = NULL;
+    zero_grads(&W);
+    world_step(&W);
+    CHECK(all_ok(&W) && world_grads_exact(&W), "%s: the same cu_seqlens: %s | %s", where, W.msg[0], W.msg[p - 1]);
+    world_free(&W);
+}
+
 /* --- the cost: messages per step ------------------------------------------------------------- */
 static void test_cost(void) {
     world W;
@@ -503,6 +559,10 @@ static void test_cost(void) {
 
 int main(int argc, char** argv) {
     int odd;
+    if (argc > 1 && !strcmp(argv[1], "seqbounds")) { /* what build/agree-ctl-noseqhash runs */
+        test_seq_bounds(PP_SCHED_1F1B, 2, 1, PP_SHAPES_LOCAL);
+        return TEST_DONE("agree (sequence bounds)");
+    }
     if (argc > 1 && !strcmp(argv[1], "controls")) { /* the quick part the negative controls run */
         g_deadline = 1.0; /* a broken library runs into deadlines: keep them short */
         test_leftover_kept();
@@ -558,6 +618,11 @@ int main(int argc, char** argv) {
     test_agree_fault(3, _PP_TAG_GO, 1, "posting the receive of the step's identity");
     test_mb_view(PP_SHAPES_PER_MESSAGE);
     test_mb_view(PP_SHAPES_AUTO);
+    for (odd = 0; odd < 2; odd++) test_seq_bounds(PP_SCHED_1F1B, 2, odd, PP_SHAPES_LOCAL);
+    test_seq_bounds(PP_SCHED_1F1B, 4, 2, PP_SHAPES_LOCAL);
+    test_seq_bounds(PP_SCHED_INTERLEAVED, 2, 1, PP_SHAPES_LOCAL);
+    test_seq_bounds(PP_SCHED_1F1B, 2, 1, PP_SHAPES_PER_MESSAGE);
+    test_seq_bounds(PP_SCHED_1F1B, 4, 2, PP_SHAPES_AUTO);
     test_cost();
     return TEST_DONE("agree");
 }

@@ -341,7 +341,7 @@ static void test_bad_desc(void) {
     REFUSED(PP_ERR_INVALID, "cannot split 12 layers into 13 stages");
     d.p = 2;
     d.v = 3;
-    REFUSED(PP_ERR_INVALID, "cannot run p = 2, v = 3");
+    REFUSED(PP_ERR_INVALID, "1f1b needs v = 1 chunk per rank (got v = 3)"); /* the kind's constraint */
     d.v = 0;
     d.stage.shapes = (pp_shape_policy)9;
     REFUSED(PP_ERR_INVALID, "rank 0: unknown shape policy 9");

@@ -3,7 +3,9 @@
    Covers: invalid schedules and partitions, models with NULL callbacks, stage descs that do not
    fit their schedule, bad batches and cu_seqlens, mismatched buffer sizes in the transport, a
    peer that never sends (timeout within 2x the deadline), and a layer that fails on the last
-   stage (every rank's step returns an error, and the next step runs clean). */
+   stage (every rank's step returns an error, and the next step runs clean); schedule headers
+   near INT_MAX (`test_errors overflow`: refused before any product overflows, under UBSan in the
+   asan build) and the schedule paths' messages. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/mlp.h"
@@ -48,6 +50,58 @@ static void test_schedule_args(void) {
     EXPECT_ERR(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, NULL, 64, &s, ERR), PP_ERR_INVALID, "NULL actions");
     EXPECT_ERR(pp_schedule_make((pp_schedule_kind)99, 2, 1, 4, acts, 64, &s, ERR), PP_ERR_INVALID, "unknown kind");
     CHECK(pp_schedule_size(PP_SCHED_1F1B, 0, 1, 4) == 0, "size of an invalid schedule is 0");
+}
+
+/* Headers near INT_MAX: refused (PP_ERR_INVALID), no int product of their fields computed first.
+   The asan build (-fsanitize=undefined, no recovery) fails on an overflow. Negative control:
+   build/errors-controls (-DPP_TEST_NO_HEADER_BOUNDS under the sanitizers: pp_simulate forms
+   p * v before it refuses v). */
+static void test_header_overflow(void) {
+    static pp_action acts[8];
+    pp_schedule s;
+    pp_sim_result res;
+    pp_model m = mlp_model_desc();
+    mlp_model w, g;
+    pp_pipeline_desc pd;
+    pp_pipeline* pl = NULL;
+    pp_partition_desc part;
+    double wt[MLP_DEPTH + 1];
+    int first[MLP_DEPTH + 2], r, c, l;
+    memset(&s, 0, sizeof s);
+    s.kind = PP_SCHED_CUSTOM;
+    s.actions = acts;
+    s.p = 2, s.v = INT_MAX, s.m = 1, s.n_stages = 2, s.per_rank = 4;
+    EXPECT_ERR(pp_simulate(&s, NULL, &res, NULL, ERR), PP_ERR_INVALID, "simulate: v = INT_MAX");
+    s.p = 1, s.n_stages = INT_MAX; /* p * v == n_stages: once a 2^31-stage loop over the costs */
+    EXPECT_ERR(pp_simulate(&s, NULL, &res, NULL, ERR), PP_ERR_INVALID, "simulate: 2^31 - 1 stages");
+    s.p = 2, s.v = 2, s.m = INT_MAX / 2 + 1, s.n_stages = 4, s.per_rank = 12;
+    CHECK(!pp_schedule_has_w(&s), "has_w: 3 m v of m = 2^30");
+    s.v = INT_MAX, s.m = INT_MAX;
+    CHECK(!pp_schedule_has_w(&s), "has_w: 3 m v of m = v = INT_MAX");
+    s.p = INT_MAX / 2 + 1, s.v = 2, s.n_stages = INT_MAX, s.map = PP_MAP_V;
+    pp_schedule_stage_to_rank(&s, 1, &r, &c);
+    CHECK(r == -1 && c == -1, "stage_to_rank of p = 2^30 (2p - 1 - stage): rank %d chunk %d", r, c);
+    s.per_rank = -1, s.p = 2;
+    CHECK(pp_schedule_rank(&s, 1) == NULL, "rank list of per_rank = -1");
+    /* pp_pipeline_create: the default m, 4p, of p = INT_MAX */
+    memset(&pd, 0, sizeof pd);
+    memset(&w, 0, sizeof w);
+    memset(&g, 0, sizeof g);
+    pd.model = m;
+    pd.weights = &w;
+    pd.grads = &g;
+    pd.p = INT_MAX;
+    EXPECT_ERR(pp_pipeline_create(&pd, &pl, ERR), PP_ERR_INVALID, "pipeline: p = INT_MAX");
+    CHECK(pl == NULL, "no pipeline");
+    /* pp_partition_model balancing the ranks of a schedule with no rank (stage % p) */
+    memset(&part, 0, sizeof part);
+    for (l = 0; l <= MLP_DEPTH; l++) wt[l] = 1 + l;
+    part.policy = PP_PARTITION_WEIGHTS;
+    part.weight = wt;
+    part.n_stages = 4;
+    s.p = 0, s.v = 2, s.m = 2, s.n_stages = 4, s.per_rank = 8, s.map = PP_MAP_LOOP;
+    part.schedule = &s;
+    EXPECT_ERR(pp_partition_model(&m, &w, &part, first, NULL, ERR), PP_ERR_INVALID, "partition: schedule of p = 0");
 }
 
 static void test_partition_args(void) {
@@ -457,8 +511,59 @@ static void test_message_shapes(void) {
     fixture_free(&f);
 }
 
-int main(void) {
+/* Messages of the schedule paths: each fact once, and the constraint that refused. */
+static void test_schedule_messages(void) {
+    static const char* dup = "schedule p=2 v=1 m=2\nr0: F0 F1 B0 B1\nr1: F0 B0 F1 F1\n";
+    static const char* no_w = "schedule p=2 v=1 m=2\nr0: F0 F1 B0 W0 B1 W1\nr1: F0 B0 F1 B1 W0\n";
+    static const struct { pp_schedule_kind k; int v; const char* msg; } kinds[] = {
+        {PP_SCHED_ZB_V, 3, "invalid argument: zb-v needs v = 2 chunks per rank (the two arms of the V), got v = 3"},
+        {PP_SCHED_DUALPIPE_V, 1, "invalid argument: dualpipev needs v = 2 chunks per rank (the two arms of the V), got v = 1"},
+        {PP_SCHED_GPIPE, 2, "invalid argument: gpipe needs v = 1 chunk per rank (got v = 2); use interleaved for v >= 2"},
+        {PP_SCHED_ZB_H1, 3, "invalid argument: zb-h1 needs v = 1 chunk per rank (got v = 3); use interleaved for v >= 2"},
+        {PP_SCHED_INTERLEAVED, 1, "invalid argument: interleaved needs v >= 2 chunks per rank (got v = 1); use 1f1b for v = 1"},
+    };
+    pp_action acts[64];
+    pp_schedule s;
+    pp_error err;
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    mlp_model w, g;
+    size_t need, i;
+    /* pp_schedule_parse quoting the simulator: "invalid schedule" once */
+    memset(&err, 0, sizeof err);
+    CHECK(pp_schedule_parse(dup, strlen(dup), acts, 64, &need, &s, &err) == PP_ERR_SCHEDULE &&
+              strcmp(err.msg, "invalid schedule: schedule table rejected (rank r is the line 'rN:'): rank 1 action #3: "
+                              "duplicate F1.0 (stage 1), already at rank 1 #2") == 0,
+          "parse: %s", err.msg);
+    /* a missing W that changes a rank's action count: PP_ERR_SCHEDULE, as docs/errors.md says */
+    memset(&err, 0, sizeof err);
+    CHECK(pp_schedule_parse(no_w, strlen(no_w), acts, 64, &need, &s, &err) == PP_ERR_SCHEDULE &&
+              strcmp(err.msg, "invalid schedule: schedule table line 3: rank 1 has 5 actions, rank 0 has 6") == 0,
+          "parse, a missing W: %s %s", pp_result_str(err.code), err.msg);
+    /* pp_pipeline_create: a kind with another v says what the kind needs */
+    memset(&d, 0, sizeof d);
+    memset(&w, 0, sizeof w);
+    memset(&g, 0, sizeof g);
+    d.model = mlp_model_desc();
+    d.weights = &w;
+    d.grads = &g;
+    d.p = 2;
+    for (i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        d.schedule = kinds[i].k;
+        d.v = kinds[i].v;
+        memset(&err, 0, sizeof err);
+        CHECK(pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID && pl == NULL && strcmp(err.msg, kinds[i].msg) == 0,
+              "%s v = %d: %s", pp_schedule_name(kinds[i].k), kinds[i].v, err.msg);
+    }
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && !strcmp(argv[1], "overflow")) { /* what build/errors-controls runs */
+        test_header_overflow();
+        return TEST_DONE("errors (overflow)");
+    }
     test_schedule_args();
+    test_header_overflow();
     test_partition_args();
     test_partition_weights();
     test_stage_desc();
@@ -467,5 +572,6 @@ int main(void) {
     test_transport();
     test_failing_layer();
     test_message_shapes();
+    test_schedule_messages();
     return TEST_DONE("errors");
 }

@@ -148,7 +148,7 @@ static void test_lists(void) {
         pp_stage* st = NULL;
         pp_stage_desc d;
         int first[3] = {0, 6, MLP_DEPTH + 1};
-        CHECK(pp_schedule_parse(f_only, sizeof f_only - 1, acts, 8, &need, &s, &err) == PP_ERR_INVALID &&
+        CHECK(pp_schedule_parse(f_only, sizeof f_only - 1, acts, 8, &need, &s, &err) == PP_ERR_SCHEDULE &&
                   strstr(err.msg, "eval=1"),
               "an F-only table without eval=1: %s", err.msg);
         CHECK(pp_schedule_parse(b_eval, sizeof b_eval - 1, acts, 8, &need, &s, &err) == PP_ERR_SCHEDULE &&

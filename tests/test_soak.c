@@ -9,18 +9,31 @@
    Two pipelines: 1F1B p = 3 with LOCAL shapes, interleaved p = 2, v = 2 with AUTO shapes (its
    shape tracker resizes whenever a micro-batch's size changes).
 
+   Before them, BROADCAST's metadata buffers with their allocation failing (test_bcast_nomem).
+
    build/test_soak                 the short run make test does (--steps 400; 100 with PP_QUICK set)
-   build/test_soak --steps 5000    the long run */
+   build/test_soak --steps 5000    the long run
+   build/test_soak nomem           the failed allocations only (nomem-msg: the message buffer's) */
 #define _POSIX_C_SOURCE 200809L /* the allocator below comes before pipeline.h */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Counting allocator: a 16-byte header keeps each block's size. */
+/* Counting allocator: a 16-byte header keeps each block's size. It fails on demand: every
+   allocation of g_fail_size bytes, or call number g_fail_call (g_calls + 1 is the next). */
 static pthread_mutex_t g_mem_mu = PTHREAD_MUTEX_INITIALIZER;
-static long long g_live_bytes, g_live_blocks, g_allocs, g_max_alloc;
+static long long g_live_bytes, g_live_blocks, g_allocs, g_max_alloc, g_calls, g_fail_call, g_failed;
+static size_t g_fail_size;
 static void* soak_malloc(size_t n) {
-    unsigned char* p = (unsigned char*)malloc(n + 16);
+    unsigned char* p;
+    pthread_mutex_lock(&g_mem_mu);
+    if (++g_calls == g_fail_call || (g_fail_size && n == g_fail_size)) {
+        g_failed++;
+        pthread_mutex_unlock(&g_mem_mu);
+        return NULL;
+    }
+    pthread_mutex_unlock(&g_mem_mu);
+    p = (unsigned char*)malloc(n + 16);
     if (!p) return NULL;
     memcpy(p, &n, sizeof n);
     pthread_mutex_lock(&g_mem_mu);
@@ -201,8 +214,152 @@ static void run_soak(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
     pthread_mutex_unlock(&g_mem_mu);
 }
 
+/* BROADCAST with a packed batch makes two metadata buffers at its first step (the message and
+   the cu_seqlens it unpacks). One failing fails the step on every rank (PP_ERR_NOMEM where it
+   failed, PP_ERR_ABORTED where another rank was first) and must leave neither: the next step is
+   bit-exact and destroy frees every byte. Before, a failed cu buffer left the message buffer,
+   and the next step unpacked into NULL (SEGV); a failed message buffer left the cu buffer, which
+   the next step leaked. Negative control: build/soak-ctl-bc-pair (-DPP_TEST_NO_BC_PAIR), which
+   crashes or leaks. */
+static void test_bcast_nomem(int fail_cu) {
+    enum { P = 2, M = 2, MAX_SEQS = 999 }; /* buffers of 4000 (cu) and 4088 (message) bytes */
+    soak* S = (soak*)calloc(1, sizeof *S);
+    pp_error err;
+    pp_model model = mlp_model_desc();
+    size_t n = mlp_param_count(DIMS), i;
+    uint64_t rng = 777;
+    int r, k, nomem = 0, last_rank, last_chunk;
+    float* sum = (float*)calloc(n, sizeof(float));
+    const char* what = fail_cu ? "cu_seqlens buffer" : "message buffer";
+    S->p = P;
+    S->v = 1;
+    S->m = M;
+    S->wbuf = mlp_init(&S->w, &S->gref, DIMS, 7, &S->grefbuf);
+    for (r = 0; r < P; r++) {
+        mlp_model unused;
+        free(mlp_init(&unused, &S->g[r], DIMS, 7, &S->gbuf[r]));
+    }
+    S->b.m = M;
+    S->b.input.data = S->x;
+    S->b.input.cols = IN;
+    S->b.input.dtype = PP_F32;
+    S->b.targets = S->y;
+    S->b.target_row_bytes = sizeof(int32_t);
+    S->b.cu_seqlens = S->cu;
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, P, 1, M, S->acts, 512, &S->sched, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_partition_uniform(MLP_DEPTH + 1, P, S->first, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_threads_create(P, &S->threads, &err) == PP_OK, "%s", err.msg);
+    for (r = 0; r < P; r++) {
+        pp_stage_desc d;
+        hx_stage_desc(&d, NULL, model, &S->w, &S->g[r], &S->sched, S->first, r, pp_threads_transport(S->threads, r));
+        d.shapes = PP_SHAPES_BROADCAST;
+        d.max_seqs = MAX_SEQS;
+        d.timeout_s = 20;
+        CHECK(pp_stage_create(&d, &S->st[r], &err) == PP_OK, "%s", err.msg);
+    }
+    pp_schedule_stage_to_rank(&S->sched, P - 1, &last_rank, &last_chunk);
+    for (k = 0; k < 3; k++) {
+        float loss_ref = 0;
+        make_batch(S, k + 1, &rng);
+        for (r = 0; r < P; r++) memset(S->gbuf[r], 0, n * sizeof(float));
+        memset(S->grefbuf, 0, n * sizeof(float));
+        g_failed = 0;
+        g_fail_size = k > 0 ? 0 : fail_cu ? sizeof(int32_t) * (MAX_SEQS + 1) : 4088;
+        pp_threads_run(P, soak_rank, S, &err);
+        g_fail_size = 0;
+        if (k == 0) {
+            for (r = 0; r < P; r++) {
+                nomem += S->rc[r] == PP_ERR_NOMEM && strstr(pp_stage_error(S->st[r]), "broadcast buffer") != NULL;
+                CHECK(S->rc[r] == PP_ERR_NOMEM || S->rc[r] == PP_ERR_ABORTED, "%s failed: rank %d: %s", what, r,
+                      pp_stage_error(S->st[r]));
+            }
+            CHECK(g_failed > 0 && nomem > 0, "%s failed %lld times; %d ranks name it: %s | %s", what, g_failed, nomem,
+                  pp_stage_error(S->st[0]), pp_stage_error(S->st[1]));
+            pp_threads_reset(S->threads);
+            continue;
+        }
+        CHECK(pp_sequential_step(&model, &S->w, &S->gref, &S->b, &loss_ref, &err) == PP_OK, "%s", err.msg);
+        memset(sum, 0, n * sizeof(float));
+        for (r = 0; r < P; r++)
+            for (i = 0; i < n; i++) sum[i] += S->gbuf[r][i];
+        CHECK(S->rc[0] == PP_OK && S->rc[1] == PP_OK, "step %d after the %s failed: %s | %s", k, what,
+              pp_stage_error(S->st[0]), pp_stage_error(S->st[1]));
+        CHECK(memcmp(sum, S->grefbuf, n * sizeof(float)) == 0 && memcmp(&S->stats[last_rank].loss, &loss_ref, sizeof(float)) == 0,
+              "step %d after the %s failed: gradients or loss differ from the reference", k, what);
+    }
+    for (r = 0; r < P; r++) {
+        pp_stage_destroy(S->st[r]);
+        free(S->gbuf[r]);
+    }
+    pp_threads_destroy(S->threads);
+    free(S->wbuf);
+    free(S->grefbuf);
+    free(sum);
+    free(S);
+    pthread_mutex_lock(&g_mem_mu);
+    CHECK(g_live_bytes == 0 && g_live_blocks == 0, "%s failed: after destroy the library still holds %lld bytes in %lld blocks",
+          what, g_live_bytes, g_live_blocks);
+    pthread_mutex_unlock(&g_mem_mu);
+}
+
+/* pp_pipeline_step whose threads cannot be made (the step's first allocation fails): the code's
+   name once in the message, and no rank's result says PP_OK (none ran); the next step runs. */
+static void test_pipeline_nomem(void) {
+    soak* S = (soak*)calloc(1, sizeof *S);
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    pp_step_stats st;
+    pp_error err;
+    uint64_t rng = 99;
+    int r, bad = 0;
+    S->wbuf = mlp_init(&S->w, &S->g[0], DIMS, 7, &S->gbuf[0]);
+    S->m = 4;
+    S->b.m = 4;
+    S->b.input.data = S->x;
+    S->b.input.cols = IN;
+    S->b.input.dtype = PP_F32;
+    S->b.targets = S->y;
+    S->b.target_row_bytes = sizeof(int32_t);
+    S->b.cu_seqlens = S->cu;
+    make_batch(S, 1, &rng);
+    memset(&d, 0, sizeof d);
+    d.model = mlp_model_desc();
+    d.weights = &S->w;
+    d.grads = &S->g[0];
+    d.schedule = PP_SCHED_1F1B;
+    d.p = 4;
+    d.m = 4;
+    d.stage.timeout_s = 20;
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_OK, "%s", err.msg);
+    pthread_mutex_lock(&g_mem_mu);
+    g_fail_call = g_calls + 1;
+    pthread_mutex_unlock(&g_mem_mu);
+    CHECK(pp_pipeline_step(pl, &S->b, &st) == PP_ERR_NOMEM, "threads not made: %s", pp_pipeline_error(pl));
+    g_fail_call = 0;
+    CHECK(strcmp(pp_pipeline_error(pl), "out of memory: threads for 4 ranks") == 0, "threads not made: %s",
+          pp_pipeline_error(pl));
+    for (r = 0; r < 4; r++) bad += pp_pipeline_rank_result(pl, r, NULL) != PP_ERR_NOMEM;
+    CHECK(bad == 0, "threads not made: %d ranks' results are not PP_ERR_NOMEM (rank 0: %s)", bad,
+          pp_result_str(pp_pipeline_rank_result(pl, 0, NULL)));
+    CHECK(pp_pipeline_step(pl, &S->b, &st) == PP_OK, "the step after: %s", pp_pipeline_error(pl));
+    for (r = 0; r < 4; r++) CHECK(pp_pipeline_rank_result(pl, r, NULL) == PP_OK, "the step after: rank %d", r);
+    /* a refused step ran no rank either */
+    S->b.m = 3;
+    CHECK(pp_pipeline_step(pl, &S->b, &st) == PP_ERR_INVALID && pp_pipeline_rank_result(pl, 2, NULL) == PP_ERR_INVALID,
+          "refused step: %s, rank 2 %s", pp_pipeline_error(pl), pp_result_str(pp_pipeline_rank_result(pl, 2, NULL)));
+    pp_pipeline_destroy(pl);
+    free(S->wbuf);
+    free(S->gbuf[0]);
+    free(S);
+}
+
 int main(int argc, char** argv) {
     int steps = getenv("PP_QUICK") ? 100 : 400, i; /* make quick sets PP_QUICK */
+    /* the controls' parts: nomem (both buffers, the cu buffer first), nomem-msg (the message buffer) */
+    if (argc < 2 || strcmp(argv[1], "nomem-msg")) test_bcast_nomem(1);
+    test_bcast_nomem(0);
+    test_pipeline_nomem();
+    if (argc > 1 && !strncmp(argv[1], "nomem", 5)) return TEST_DONE("soak (failed allocations)");
     for (i = 1; i < argc; i++)
         if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) steps = atoi(argv[++i]);
     if (steps < 2) steps = 2;

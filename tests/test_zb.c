@@ -460,8 +460,13 @@ static void test_bad_tables(void) {
               "line 2, column 14: micro-batch 2, but m=2");
     bad_table("schedule p=2 v=1 m=2\nr0: F0 F1 B0 B1.1\nr1: F0 B0 F1 B1\n", PP_ERR_INVALID, "chunk 1, but v=1");
     bad_table("schedule p=2 v=1 m=2\nr1: F0 F1 B0 B1\nr0: F0 B0 F1 B1\n", PP_ERR_INVALID, "line 2, column 2: rank 1 where rank 0");
-    bad_table("schedule p=2 v=1 m=2\nr0: F0 F1 B0\nr1: F0 B0 F1 B1\n", PP_ERR_INVALID, "rank 0 has 3 actions");
-    bad_table("schedule p=2 v=1 m=2\nr0: F0 F1 B0 B1\nr1: F0 B0 F1\n", PP_ERR_INVALID, "line 3: rank 1 has 3 actions");
+    /* action counts: the table's structure (a missing action), as the simulator's checks */
+    bad_table("schedule p=2 v=1 m=2\nr0: F0 F1 B0\nr1: F0 B0 F1 B1\n", PP_ERR_SCHEDULE, "rank 0 has 3 actions");
+    bad_table("schedule p=2 v=1 m=2\nr0: F0 F1 B0 B1\nr1: F0 B0 F1\n", PP_ERR_SCHEDULE, "line 3: rank 1 has 3 actions");
+    bad_table("schedule p=2 v=1 m=2\nr0: F0 F1 B0 W0 B1 W1\nr1: F0 B0 F1 B1 W0\n", PP_ERR_SCHEDULE,
+              "line 3: rank 1 has 5 actions, rank 0 has 6");
+    bad_table("schedule p=2 v=1 m=2\nr0: F0 F1 B0 B1\nr1: F0 B0 W0 F1 B1 W1\n", PP_ERR_SCHEDULE,
+              "rank 1 has more than the 4 actions of rank 0");
     bad_table("schedule p=2 v=1 m=2\nr0: F0 F1 B0 B1\nr1: F0 B0 F1 B1\nr2: F0\n", PP_ERR_INVALID,
               "line 4, column 1: more than p=2 rank lines");
     /* structure, found by the simulator: duplicates, missing actions, B before F, W before B */
