@@ -149,7 +149,7 @@ $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
-                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls
+                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
 # rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
@@ -189,6 +189,13 @@ $(B)/eval-controls: tests/controls.sh $(B)/eval-ctl-nofree $(B)/eval-ctl-nosync
 $(B)/agree-ctl-nogen: BASE += -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_GEN
 $(B)/agree-ctl-noagree: BASE += -DPP_TEST_NO_PLAN_CHECK -DPP_TEST_NO_AGREE
 $(B)/agree-ctl-nombcheck: BASE += -DPP_TEST_NO_MB_CHECK
+# The PP_MALLOC sweep's negative control (tests/test_malloc.c): without the step's identity from
+# rank 0 and the agreement's abort, a failed allocation in the agreement splits the ranks for good.
+$(B)/malloc-ctl-noresync: tests/test_malloc.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_GO -DPP_TEST_NO_AGREE_ABORT $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/malloc-controls: tests/controls.sh $(B)/malloc-ctl-noresync
+	printf '#!/bin/sh\nexec sh tests/controls.sh malloc-controls "$(B)/malloc-ctl-noresync control"\n' > $@
+	chmod +x $@
 # The plan check without the micro-batches' layouts: ranks whose cu_seqlens differ at the same
 # rows per micro-batch return PP_OK under LOCAL (test_agree seqbounds).
 $(B)/agree-ctl-noseqhash: BASE += -DPP_TEST_NO_SEQ_HASH

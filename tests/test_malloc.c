@@ -11,8 +11,11 @@
    - one outcome: PP_OK on every rank or a failure on every rank (pp_pipeline_rank_result);
    - the next step (allocations working again) bit-exact: loss and gradients equal the
      sequential reference's.
-   PP_QUICK=1 takes every 7th k; `test_malloc KIND POLICY K` runs one case (indices into the
-   lists in main). */
+   PP_QUICK=1 and the sanitizers' builds take every 7th k; `test_malloc KIND POLICY K` runs one
+   case (indices into the lists in main). Negative control (build/malloc-controls): the library
+   without the step's identity from rank 0 and without the agreement's abort
+   (-DPP_TEST_NO_GO -DPP_TEST_NO_AGREE_ABORT) splits the ranks after a failed allocation in the
+   agreement, and `test_malloc control` fails. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +93,8 @@ static long live(void) {
     return n;
 }
 
+static double g_timeout = 30; /* the deadline of every wait ("control": 2 s) */
+
 static int grads_exact(void) { return memcmp(GBUF, GREFBUF, NPAR * sizeof(float)) == 0; }
 
 /* One k: 1 when create and the step both ran with the k-th call never failing (the sweep ends). */
@@ -109,7 +114,7 @@ static int one(pp_schedule_kind kind, pp_shape_policy shapes, long k, const char
     d.schedule = kind;
     d.p = P;
     d.m = M;
-    d.stage.timeout_s = 30;
+    d.stage.timeout_s = g_timeout;
     d.stage.shapes = shapes;
     d.stage.max_seqs = NSEQ;
     memset(GBUF, 0, NPAR * sizeof(float));
@@ -124,7 +129,7 @@ static int one(pp_schedule_kind kind, pp_shape_policy shapes, long k, const char
     t0 = _pp_now();
     rc = pp_pipeline_step(pl, &B, &st);
     fired = disarm();
-    CHECK(_pp_now() - t0 < 5.0, "%s k=%ld: the step took %.1f s (a deadline wait)", what, k, _pp_now() - t0);
+    CHECK(_pp_now() - t0 < g_timeout / 6, "%s k=%ld: the step took %.1f s (a deadline wait)", what, k, _pp_now() - t0);
     for (r = 0; r < P; r++) n_ok += pp_pipeline_rank_result(pl, r, NULL) == PP_OK;
     CHECK(n_ok == 0 || n_ok == P, "%s k=%ld: %d of %d ranks returned PP_OK (step: %s)", what, k, n_ok, P,
           pp_pipeline_error(pl));
@@ -164,6 +169,13 @@ int main(int argc, char** argv) {
     pp_model model = mlp_model_desc();
     pp_error err;
     int i, j, stride = getenv("PP_QUICK") ? 7 : 1, rows = 0;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    stride = 7; /* the sanitizers' builds: every 7th k (the plain builds take every k) */
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+    stride = 7;
+#endif
+#endif
     setvbuf(stdout, NULL, _IOLBF, 0);
     WBUF = mlp_init(&W, &G, DIMS, 5, &GBUF);
     {
@@ -180,9 +192,12 @@ int main(int argc, char** argv) {
     hx_packed_batch(&B, X, Y, CU, NSEQ, HX_IN, M, PP_SPLIT_TOKENS);
     memset(GREFBUF, 0, NPAR * sizeof(float));
     CHECK(pp_sequential_step(&model, &W, &GREF, &B, &LREF, &err) == PP_OK, "%s", err.msg);
-    if (argc == 4) /* one case: kind index, policy index, k */
+    if (argc == 4) { /* one case: kind index, policy index, k */
         one(kinds[atoi(argv[1])], pols[atoi(argv[2])], atol(argv[3]), "one");
-    else
+    } else if (argc == 2 && !strcmp(argv[1], "control")) { /* what the negative control runs */
+        g_timeout = 2;
+        sweep(PP_SCHED_1F1B, PP_SHAPES_LOCAL, 1);
+    } else
         for (i = 0; i < (int)(sizeof kinds / sizeof *kinds); i++)
             for (j = 0; j < 4; j++) sweep(kinds[i], pols[j], stride);
     free(WBUF);
