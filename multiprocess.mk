@@ -12,8 +12,9 @@ test: $(B)/test_grid $(B)/clang-test_grid $(B)/asan-test_grid $(B)/tsan-test_gri
 # bench. Skipped, with a message, when mpicc or mpirun is missing. Open MPI needs
 # --oversubscribe for 8 processes on 2 cores, --allow-run-as-root as root, and in containers
 # without ptrace rights no single-copy (CMA) transfers; override MPIRUN_FLAGS for another MPI.
-MPICC   ?= mpicc
-MPIRUN  ?= mpirun
+# MPI_HOME: an MPI of your own (its bin/mpicc and bin/mpirun); by default those on the PATH.
+MPICC   ?= $(if $(MPI_HOME),$(MPI_HOME)/bin/mpicc,mpicc)
+MPIRUN  ?= $(if $(MPI_HOME),$(MPI_HOME)/bin/mpirun,mpirun)
 HAVE_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && command -v $(MPIRUN) >/dev/null 2>&1 && echo 1)
 ifeq ($(HAVE_MPI),1)
 MPIRUN_FLAGS ?= $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && \
