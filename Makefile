@@ -379,6 +379,8 @@ run: $(B)/mlp_cpu
 	  echo "make run: a GPU is here, running the GPU example (make run CPU=1 for the CPU one)"; \
 	  $(MAKE) --no-print-directory $(B)/gpt_cuda && $(B)/gpt_cuda -p 4 --check; \
 	else $(B)/mlp_cpu --check; fi
+	@echo "next: $(B)/mlp_cpu --schedule zb-v -p 2 --check (any schedule, one flag); make run-gpt (a GPT on packed" \
+	      "variable-length text); $(B)/pp-sched zb-h1 -p 4 -m 8 (a schedule's timeline); the README's quick start"
 
 run-gpt: $(B)/gpt_cpu
 	$(B)/gpt_cpu --check
@@ -573,6 +575,7 @@ TEST_BINS_EXTRA += $(B)/readme-quickstart $(B)/version-skew
 # NVTX (PP_NVTX): tests/test_nvtx.c over the CUDA and NVTX imitations, built four ways like every
 # test; build/nvtx-off, the same without PP_NVTX, must push no range. check-nvtx: pipeline_cuda.h
 # with PP_NVTX against the toolkit's nvtx3 under nvcc, C99 and C++ (check-cuda runs it).
+# NVTX=1 builds the CUDA programs with the ranges (make B=build/nvtx NVTX=1 build/nvtx/gpt_cuda).
 TESTS += test_nvtx
 NVTX_BINS = $(foreach t,test_nvtx,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t)) $(Q)/test_nvtx
 $(NVTX_BINS): BASE += -Itests/fakecuda -DPP_NVTX
@@ -580,6 +583,9 @@ $(NVTX_BINS) $(B)/nvtx-off: tests/fakecuda/cuda_runtime_api.h tests/fakecuda/lay
 $(B)/nvtx-off: tests/test_nvtx.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -Itests/fakecuda $(CFLAGS) $< -o $@ $(LDLIBS)
 TEST_BINS_EXTRA += $(B)/nvtx-off
+ifeq ($(NVTX),1)
+NVFLAGS += -DPP_NVTX
+endif
 check-cuda: check-nvtx
 check-nvtx: | $(B)
 	@if command -v $(NVCC) >/dev/null 2>&1; then \

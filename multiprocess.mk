@@ -103,7 +103,7 @@ endif
 
 # Several ranks of real NCCL on one GPU (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1; the
 # toolkit's 2.28 refuses). `make gpu-nccl NCCL_HOME=DIR B=gpubuild` builds what tools/gpu_nccl.sh
-# runs, on a machine without a GPU: gpt_nccl-nompi and gpt_cuda for sm_90, and NCCL's library
+# runs, on a machine without a GPU: gpt_nccl-nompi and gpt_cuda for CUDA_ARCHS (sm_80 and sm_90 by default there), and NCCL's library
 # (stripped) in $(B)/lib, to carry to the GPU machine. `make test-nccl-gpu` runs it: where no
 # GPU answers it says so and exits 0. tools/build_nccl.sh builds a small NCCL from its source.
 # test_nccl_pipeline and test_nccl_grid against real NCCL and the CUDA runtime (gcc: the layers are

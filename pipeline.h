@@ -197,6 +197,9 @@
           scaler (>>grad), pp_batch.loss_scale, pp_device_ops.copy.
           Then: checkpoints independent of the pipeline's shape (pp_ckpt_*, pp_model.params,
           PP_MODEL_PARAMS, file format version 1), PP_ERR_CORRUPT and PP_ERR_IO.
+          Then: PP_VERSION_STRING, companion headers that refuse a pipeline.h of another
+          release; NVTX ranges per action (PP_NVTX, pipeline_cuda.h); make install, pkg-config
+          and CMake packages (README).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H

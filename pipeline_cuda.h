@@ -49,6 +49,10 @@
      stream; pp_cuda_step_end turns them into per-rank busy time, the step's span and its measured
      bubble fraction, and pp_cuda_timeline into pp_event records for pp_timeline_chrome (one
      track per rank; an interleaved rank's chunks share its track, named in each slice).
+   - NVTX (PP_NVTX defined where the implementation is compiled): one range per action on the
+     rank's host thread, named like the timeline's slices plus the stage ("F3.1 s2"), over the
+     same span as the timeline's event pair; nsys projects it onto the kernels the action
+     launched. The CUDA toolkit's header-only <nvtx3/nvToolsExt.h>; nothing to link (docs/gpu.md).
 
    USAGE
        pp_cuda* c; pp_cuda_desc cd = {0}; cd.n_ranks = p; cd.timeline = 1;

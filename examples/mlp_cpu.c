@@ -122,6 +122,8 @@ int main(int argc, char** argv) {
     mlp_make_data(x, y, c.steps * c.rows, c.in, c.classes, 777, 4242);
     printf("mlp: %d layers, %zu parameters; %s p=%d m=%d, %d rows per step\n", MLP_DEPTH + 1, n_par, c.sched, c.p, c.m,
            c.rows);
+    printf("data: %d generated rows, %d features uniform in [-1, 1), %d classes from a fixed random linear teacher\n",
+           c.steps * c.rows, c.in, c.classes);
     {
         /* the pipeline: one desc, zero is a default everywhere (v, partition, timeouts, ...) */
         pp_pipeline_desc d = {
@@ -135,6 +137,8 @@ int main(int argc, char** argv) {
         pp_pipeline* pl;
         pp_step_stats st;
         pp_error err;
+        float first = 0;
+        double seconds = 0;
         if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
             fprintf(stderr, "%s\n", err.msg);
             return 2;
@@ -149,9 +153,17 @@ int main(int argc, char** argv) {
             }
             if (c.check && step == 0) rc = check_step(&d.model, &w, dims, b, c.m, st.loss, gbuf, n_par);
             sgd(&c, wbuf, gbuf, mbuf, n_par);
+            if (step == 0) first = st.loss;
+            seconds += st.t_total;
             if (step % 10 == 0 || step == c.steps - 1)
                 printf("step %4d  loss %.4f  step %.2f ms\n", step, st.loss, 1e3 * st.t_total);
         }
+        if (step == c.steps) /* the closing summary */
+            printf("summary: loss %.4f -> %.4f over %d steps; %d rows in %.2f s: %.0f rows/s on %d stage threads; %s\n", first,
+                   st.loss, c.steps, c.steps * c.rows, seconds, seconds > 0 ? c.steps * c.rows / seconds : 0.0, c.p,
+                   !c.check ? "not checked (--check: step 0 against the sequential model)"
+                   : rc == 0 ? "step 0 bit-identical to the sequential model"
+                             : "step 0 DIFFERS from the sequential model");
         pp_pipeline_destroy(pl);
     }
     free(wbuf);

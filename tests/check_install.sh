@@ -12,6 +12,8 @@
 # usage: sh tests/check_install.sh [BUILD_DIR]       ends "N passed, N failed"
 B=${1:-build}
 MAKE=${MAKE:-make}
+# make install and uninstall run here on their own: no flags or variables of a make around us
+unset MAKEFLAGS MAKELEVEL MFLAGS
 top=$(pwd)
 dir=$top/$B/check-install.d
 rm -rf "$dir" && mkdir -p "$dir" || exit 1
@@ -25,7 +27,7 @@ STRICT="-std=c99 -Wall -Wextra -Werror -pedantic"
 
 # -- 1. make install, pkg-config ------------------------------------------------------------------
 prefix=$dir/prefix
-if quiet $MAKE --no-print-directory install PREFIX="$prefix"; then ok; else bad "make install PREFIX=$prefix"; fi
+if quiet $MAKE --no-print-directory B="$B" install PREFIX="$prefix"; then ok; else bad "make install PREFIX=$prefix"; fi
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 if [ "$(pkg-config --modversion pipeline 2>/dev/null)" = "$(sed -n 's/^#define PP_VERSION_STRING "\(.*\)"/\1/p' pipeline.h)" ]; then ok
 else bad "pkg-config --modversion pipeline: '$(pkg-config --modversion pipeline 2>&1)'"; fi
@@ -42,12 +44,12 @@ for c in cuda nccl mpi; do
 done
 [ -z "$pcs" ] || echo "check-install: pkg-config: companions.c built and ran through$pcs"
 if quiet "$prefix/bin/pp-sched" 1f1b -p 2 -m 4; then ok; else bad "pp-sched from the prefix"; fi
-if quiet $MAKE --no-print-directory uninstall PREFIX="$prefix" && [ -z "$(find "$prefix" -type f)" ]; then ok
+if quiet $MAKE --no-print-directory B="$B" uninstall PREFIX="$prefix" && [ -z "$(find "$prefix" -type f)" ]; then ok
 else bad "make uninstall left: $(find "$prefix" -type f | head -5)"; fi
 stage=$dir/stage
-if quiet $MAKE --no-print-directory install DESTDIR="$stage" PREFIX=/opt/pp && [ -f "$stage/opt/pp/include/pipeline/pipeline.h" ] &&
+if quiet $MAKE --no-print-directory B="$B" install DESTDIR="$stage" PREFIX=/opt/pp && [ -f "$stage/opt/pp/include/pipeline/pipeline.h" ] &&
    grep -q '^prefix=/opt/pp$' "$stage/opt/pp/lib/pkgconfig/pipeline.pc" &&
-   quiet $MAKE --no-print-directory uninstall DESTDIR="$stage" PREFIX=/opt/pp && [ -z "$(find "$stage" -type f)" ]; then ok
+   quiet $MAKE --no-print-directory B="$B" uninstall DESTDIR="$stage" PREFIX=/opt/pp && [ -z "$(find "$stage" -type f)" ]; then ok
 else bad "make install/uninstall DESTDIR=$stage PREFIX=/opt/pp"; fi
 unset PKG_CONFIG_PATH
 

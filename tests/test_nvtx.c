@@ -15,11 +15,7 @@
 #include "fakecuda/nvtx3/nvToolsExt.h" /* the counters (pipeline_cuda.h includes it under PP_NVTX) */
 
 #define ROWS 24
-static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
-static float X[ROWS * HX_IN];
-static int32_t Y[ROWS];
-static mlp_model W, G;
-static float *WBUF, *GBUF;
+static hx_mlp F;                    /* the MLP's weights, a gradient struct (gref) and the data */
 static volatile int g_fail_layer = -1;
 
 static int a_fwd(const void* w, int l, pp_layer_io* io) {
@@ -37,14 +33,14 @@ static int run(pp_schedule_kind kind, int p, int v, int steps, pp_pipeline** kee
     memset(&d, 0, sizeof d);
     d.model = layer_kernels_model(mlp_model_desc());
     d.model.forward = a_fwd;
-    d.weights = &W;
-    d.grads = &G;
+    d.weights = &F.w;
+    d.grads = &F.gref;
     d.schedule = kind;
     d.p = p;
     d.v = v;
     d.m = 4;
     d.stage.timeout_s = 20;
-    hx_dense_batch(&b, X, Y, ROWS, HX_IN, 0);
+    hx_dense_batch(&b, F.x, F.y, ROWS, HX_IN, 0);
     if (pp_cuda_pipeline_create(&d, NULL, &pl, &err) != PP_OK) {
         CHECK(0, "%s p=%d: %s", pp_schedule_name(kind), p, err.msg);
         return 0;
@@ -123,7 +119,7 @@ static void test_failure(void) {
     pp_pipeline* pl = NULL;
     pp_batch b;
     int pushes, pops, bad, left;
-    hx_dense_batch(&b, X, Y, ROWS, HX_IN, 0);
+    hx_dense_batch(&b, F.x, F.y, ROWS, HX_IN, 0);
     if (!run(PP_SCHED_1F1B, 2, 1, 1, &pl)) {
         pp_pipeline_destroy(pl);
         return;
@@ -145,9 +141,8 @@ static void test_failure(void) {
 #endif
 
 int main(void) {
-    WBUF = mlp_init(&W, &G, DIMS, 5, &GBUF); /* weights, and gradients zeroed in the same layout */
-    if (!WBUF || !GBUF) return 2;
-    mlp_make_data(X, Y, ROWS, HX_IN, HX_CLASSES, 3, 4);
+    static const int dims[MLP_DEPTH + 1] = HX_DIMS;
+    if (!hx_mlp_init(&F, dims, 5, ROWS, 3, 4)) return 2;
 #ifdef PP_NVTX
     test_names(PP_SCHED_1F1B, 2, 1);
     test_names(PP_SCHED_INTERLEAVED, 2, 2);
@@ -160,7 +155,6 @@ int main(void) {
         CHECK(pushes == 0 && pops == 0 && bad == 0, "without PP_NVTX: %d ranges pushed, %d popped", pushes, pops);
     }
 #endif
-    free(WBUF);
-    free(GBUF);
+    hx_mlp_free(&F);
     return TEST_DONE("nvtx");
 }
