@@ -1,8 +1,9 @@
 /* examples/mlp_cpu.c - START HERE: train an MLP through a pipeline of CPU threads.
 
-   What to copy: main's pipeline part (29 lines with check_step's). One zero-initialised pp_pipeline_desc (model,
-   weights, gradients, schedule, p, m), pp_pipeline_create, then per step a pp_batch,
-   pp_pipeline_step, your optimizer (which zeroes the gradients), and pp_pipeline_destroy.
+   What to copy: main's pipeline part (the block "the pipeline: one desc"). One zero-initialised
+   pp_pipeline_desc (model, weights, gradients, schedule, p, m), pp_pipeline_create, then per
+   step a pp_batch, pp_pipeline_step, your optimizer (which zeroes the gradients), and
+   pp_pipeline_destroy. The README's quick start is the same in one file, with its own layers.
    Your model takes mlp.h's place: a PP_MODEL layer list and plain forward/backward/describe
    functions over flat buffers. check_step shows how to hold a step against pp_sequential_step.
    Which example next: gpt_cpu.c (packed variable-length sequences, Adam, a partition by cost,
