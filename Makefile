@@ -3,7 +3,7 @@
 CC      ?= cc
 CLANG   ?= clang
 CXX     ?= c++
-NVCC    ?= nvcc
+NVCC    ?= $(if $(wildcard $(CUDA_HOME)/bin/nvcc),$(CUDA_HOME)/bin/nvcc,nvcc)
 WARN     = -Wall -Wextra -Werror -pedantic
 CFLAGS  ?= -O2 -g
 BASE     = -std=c99 $(WARN) -I.
@@ -418,6 +418,8 @@ run: $(B)/mlp_cpu
 	  echo "make run: a GPU is here, running the GPU example (make run CPU=1 for the CPU one)"; \
 	  $(MAKE) --no-print-directory $(B)/gpt_cuda && $(B)/gpt_cuda -p 4 --check; \
 	else $(B)/mlp_cpu --check; fi
+	@echo "next: $(B)/mlp_cpu --schedule zb-v -p 2 --check (any schedule, one flag); make run-gpt (a GPT on packed" \
+	      "variable-length text); $(B)/pp-sched zb-h1 -p 4 -m 8 (a schedule's timeline); the README's quick start"
 
 run-gpt: $(B)/gpt_cpu
 	$(B)/gpt_cpu --check
@@ -447,7 +449,7 @@ bench-peers: $(B)/peers_ours
 # CUDA: every header must compile under nvcc (host C++), even on machines without a GPU;
 # pipeline_cuda.h also as C99 (gcc, CUDA include path). `make cuda` builds every .cu.
 CUDA_HOME ?= /usr/local/cuda
-NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
+NVFLAGS  ?= -O2 -std=c++17 $(NVCC_ARCH_FLAGS) \
             -Xcompiler -Wall,-Wextra,-Werror
 CUDA_BINS = $(B)/test_cuda $(B)/gpt_cuda $(B)/bubble_cuda $(B)/peers_ours_cuda
 CUDA_HDRS = pipeline.h pipeline_cuda.h
@@ -540,3 +542,102 @@ quick:
 	@$(Q)/mlp_cpu --check --steps 2 > /dev/null && $(Q)/gpt_cpu --check --steps 2 --generated > /dev/null && \
 	  echo "quick: examples pass their --check"
 	@PP_QUICK=1 PP_TEST_JOBS=2 sh tests/run.sh $(QUICK_RUN)
+
+# ---- install, pkg-config, versions, NVTX, CUDA architectures, the README's program ------------
+# make install [PREFIX=/usr/local] [DESTDIR=]: the headers into $(INCLUDEDIR)/pipeline, pp-sched into
+# $(BINDIR), pkg-config files into $(PKGCONFIGDIR): pipeline.pc (Cflags -I.../include/pipeline,
+# Libs -lpthread -lm), and pipeline-cuda.pc where CUDA_HOME has the CUDA runtime, pipeline-nccl.pc
+# where NCCL_HOME has NCCL too, pipeline-mpi.pc where mpicc is (pkgconfig/*.pc.in, which CMake
+# fills too). make uninstall removes them. The CMake package comes from CMakeLists.txt (cmake
+# --install); make check-install builds a consumer through every route (tests/check_install.sh).
+.PHONY: install uninstall check-install check-nvtx
+PREFIX       ?= /usr/local
+BINDIR       ?= $(PREFIX)/bin
+INCLUDEDIR   ?= $(PREFIX)/include
+LIBDIR       ?= $(PREFIX)/lib
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+INSTALL      ?= install
+PP_VERSION_STRING := $(shell sed -n 's/^\#define PP_VERSION_STRING "\(.*\)"/\1/p' pipeline.h)
+CUDA_LIBDIR = $(firstword $(wildcard $(CUDA_HOME)/lib64/libcudart.so $(CUDA_HOME)/lib/libcudart.so))
+HAVE_CUDART = $(if $(CUDA_LIBDIR),$(if $(wildcard $(CUDA_HOME)/include/cuda_runtime_api.h),1))
+MPI_CFLAGS  = $(shell $(MPICC) -showme:compile 2>/dev/null || $(MPICC) -compile-info 2>/dev/null | cut -d' ' -f2-)
+MPI_LIBS    = $(shell $(MPICC) -showme:link 2>/dev/null || $(MPICC) -link-info 2>/dev/null | cut -d' ' -f2-)
+INSTALL_PCS = pipeline $(if $(HAVE_CUDART),pipeline-cuda $(if $(filter 1,$(HAVE_NCCL)),pipeline-nccl)) \
+              $(if $(filter 1,$(HAVE_MPI)),pipeline-mpi)
+PC_SED = -e 's|@prefix@|$(PREFIX)|g' -e 's|@includedir@|$(INCLUDEDIR)|g' -e 's|@VERSION@|$(PP_VERSION_STRING)|g' \
+         -e 's|@CUDA_HOME@|$(CUDA_HOME)|g' -e 's|@CUDA_LIBDIR@|$(patsubst %/,%,$(dir $(CUDA_LIBDIR)))|g' \
+         -e 's|@NCCL_HOME@|$(NCCL_HOME)|g' -e 's|@NCCL_LIBDIR@|$(NCCL_LIBDIR)|g' \
+         -e 's|@MPI_CFLAGS@|$(MPI_CFLAGS)|g' -e 's|@MPI_LIBS@|$(MPI_LIBS)|g'
+PP_INSTALLED_HDRS = pipeline.h pipeline_cuda.h pipeline_nccl.h pipeline_mpi.h
+
+install: $(B)/pp-sched
+	@mkdir -p $(B)/pkgconfig && \
+	$(INSTALL) -d "$(DESTDIR)$(INCLUDEDIR)/pipeline" "$(DESTDIR)$(BINDIR)" "$(DESTDIR)$(PKGCONFIGDIR)" && \
+	$(INSTALL) -m 644 $(PP_INSTALLED_HDRS) "$(DESTDIR)$(INCLUDEDIR)/pipeline/" && \
+	$(INSTALL) -m 755 $(B)/pp-sched "$(DESTDIR)$(BINDIR)/pp-sched" && \
+	for pc in $(INSTALL_PCS); do \
+	  sed $(PC_SED) pkgconfig/$$pc.pc.in > $(B)/pkgconfig/$$pc.pc && \
+	  $(INSTALL) -m 644 $(B)/pkgconfig/$$pc.pc "$(DESTDIR)$(PKGCONFIGDIR)/" || exit 1; done && \
+	echo "install: pipeline $(PP_VERSION_STRING) into $(DESTDIR)$(PREFIX): headers in $(INCLUDEDIR)/pipeline, pp-sched," \
+	     "pkg-config $(INSTALL_PCS)"
+
+uninstall:
+	rm -f $(addprefix "$(DESTDIR)$(INCLUDEDIR)/pipeline/,$(addsuffix ",$(PP_INSTALLED_HDRS))) "$(DESTDIR)$(BINDIR)/pp-sched" \
+	      $(foreach pc,pipeline pipeline-cuda pipeline-nccl pipeline-mpi,"$(DESTDIR)$(PKGCONFIGDIR)/$(pc).pc")
+	@rmdir "$(DESTDIR)$(INCLUDEDIR)/pipeline" 2>/dev/null || true
+
+# The consumer routes (pkg-config after make install into a temporary prefix, the installed CMake
+# package, add_subdirectory, FetchContent): make test runs them where cmake and pkg-config are.
+HAVE_PKG_TOOLS := $(shell command -v cmake >/dev/null 2>&1 && command -v pkg-config >/dev/null 2>&1 && echo 1)
+check-install:
+	@if [ "$(HAVE_PKG_TOOLS)" = 1 ]; then sh tests/check_install.sh $(B); \
+	else echo "check-install: cmake or pkg-config not found, skipped (apt-get install cmake pkg-config)"; fi
+$(B)/check-install: tests/check_install.sh | $(B)
+	@printf '#!/bin/sh\nMAKE="$(MAKE)" exec sh tests/check_install.sh $(B)\n' > $@ && chmod +x $@
+ifeq ($(HAVE_PKG_TOOLS),1)
+TEST_BINS_EXTRA += $(B)/check-install
+else
+test: pkg-note
+endif
+.PHONY: pkg-note
+pkg-note:
+	@echo "check-install skipped: cmake or pkg-config not found (apt-get install cmake pkg-config)"
+
+# The README's quick start, extracted, compiled (gcc and clang, C99, strict) and run; and the
+# companion headers against a pipeline.h of another version: each must fail, naming both.
+$(B)/readme-quickstart: tests/readme_quickstart.sh README.md $(HEADERS) | $(B)
+	@printf '#!/bin/sh\nexec sh tests/readme_quickstart.sh $(B)\n' > $@ && chmod +x $@
+$(B)/version-skew: tests/version_skew.sh | $(B)
+	@printf '#!/bin/sh\nexec sh tests/version_skew.sh $(B)\n' > $@ && chmod +x $@
+TEST_BINS_EXTRA += $(B)/readme-quickstart $(B)/version-skew
+
+# NVTX (PP_NVTX): tests/test_nvtx.c over the CUDA and NVTX imitations, built four ways like every
+# test; build/nvtx-off, the same without PP_NVTX, must push no range. check-nvtx: pipeline_cuda.h
+# with PP_NVTX against the toolkit's nvtx3 under nvcc, C99 and C++ (check-cuda runs it).
+# NVTX=1 builds the CUDA programs with the ranges (make B=build/nvtx NVTX=1 build/nvtx/gpt_cuda).
+TESTS += test_nvtx
+NVTX_BINS = $(foreach t,test_nvtx,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t)) $(Q)/test_nvtx
+$(NVTX_BINS): BASE += -Itests/fakecuda -DPP_NVTX
+$(NVTX_BINS) $(B)/nvtx-off: tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h tests/fakecuda/nvtx3/nvToolsExt.h pipeline_cuda.h
+$(B)/nvtx-off: tests/test_nvtx.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -Itests/fakecuda $(CFLAGS) $< -o $@ $(LDLIBS)
+TEST_BINS_EXTRA += $(B)/nvtx-off
+ifeq ($(NVTX),1)
+NVFLAGS += -DPP_NVTX
+endif
+check-cuda: check-nvtx
+check-nvtx: | $(B)
+	@if command -v $(NVCC) >/dev/null 2>&1; then \
+	  $(NVCC) -std=c++17 -x cu -I. -DPP_NVTX -DPIPELINE_IMPLEMENTATION -Xcompiler -Wall,-Wextra,-Werror -c pipeline_cuda.h -o $(B)/nvcc-nvtx-check.o && \
+	  $(CC) $(BASE) -isystem $(CUDA_HOME)/include -DPP_NVTX -DPIPELINE_IMPLEMENTATION -x c -c pipeline_cuda.h -o $(B)/nvtx-c99-check.o && \
+	  $(CXX) -std=c++11 $(WARN) -I. -isystem $(CUDA_HOME)/include -DPP_NVTX -DPIPELINE_IMPLEMENTATION -x c++ -c pipeline_cuda.h -o $(B)/nvtx-cxx-check.o && \
+	  echo "check-nvtx: pipeline_cuda.h with PP_NVTX compiles against the toolkit's nvtx3 (nvcc, C99, C++)"; \
+	else echo "check-nvtx: nvcc not found, skipped"; fi
+
+# CUDA architectures for nvcc (NVFLAGS): CUDA_ARCHS="80 90", compute capabilities without the dot.
+# Default (tools/cuda_archs.sh, asked once per make): the GPUs nvidia-smi finds here where nvcc
+# supports them, else 80 and 90 (A100; H100, H200) as far as nvcc supports them. The highest
+# also goes in as PTX, which the driver compiles for newer GPUs.
+CUDA_ARCHS ?= $(eval CUDA_ARCHS := $(shell sh tools/cuda_archs.sh $(NVCC)))$(CUDA_ARCHS)
+NVCC_ARCH_FLAGS = $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                  -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))

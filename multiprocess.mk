@@ -12,8 +12,9 @@ test: $(B)/test_grid $(B)/clang-test_grid $(B)/asan-test_grid $(B)/tsan-test_gri
 # bench. Skipped, with a message, when mpicc or mpirun is missing. Open MPI needs
 # --oversubscribe for 8 processes on 2 cores, --allow-run-as-root as root, and in containers
 # without ptrace rights no single-copy (CMA) transfers; override MPIRUN_FLAGS for another MPI.
-MPICC   ?= mpicc
-MPIRUN  ?= mpirun
+# MPI_HOME: an MPI of your own (its bin/mpicc and bin/mpirun); by default those on the PATH.
+MPICC   ?= $(if $(MPI_HOME),$(MPI_HOME)/bin/mpicc,mpicc)
+MPIRUN  ?= $(if $(MPI_HOME),$(MPI_HOME)/bin/mpirun,mpirun)
 HAVE_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && command -v $(MPIRUN) >/dev/null 2>&1 && echo 1)
 ifeq ($(HAVE_MPI),1)
 MPIRUN_FLAGS ?= $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && \
@@ -102,7 +103,7 @@ endif
 
 # Several ranks of real NCCL on one GPU (NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1; the
 # toolkit's 2.28 refuses). `make gpu-nccl NCCL_HOME=DIR B=gpubuild` builds what tools/gpu_nccl.sh
-# runs, on a machine without a GPU: gpt_nccl-nompi and gpt_cuda for sm_90, and NCCL's library
+# runs, on a machine without a GPU: gpt_nccl-nompi and gpt_cuda for CUDA_ARCHS (sm_80 and sm_90 by default there), and NCCL's library
 # (stripped) in $(B)/lib, to carry to the GPU machine. `make test-nccl-gpu` runs it: where no
 # GPU answers it says so and exits 0. tools/build_nccl.sh builds a small NCCL from its source.
 # test_nccl_pipeline and test_nccl_grid against real NCCL and the CUDA runtime (gcc: the layers are

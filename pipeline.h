@@ -177,6 +177,12 @@
                  >>impl-stage-flight >>impl-stage-finite >>impl-stage-map >>impl-stage-agree
                  >>impl-stage-exec >>impl-pipeline >>impl-grad >>impl-ckpt
 
+   VERSION
+   PP_VERSION_MAJOR, _MINOR, _PATCH, PP_VERSION (major * 10000 + minor * 100 + patch) and
+   PP_VERSION_STRING ("0.1.0"). pipeline_cuda.h, pipeline_nccl.h and pipeline_mpi.h each name the
+   release they belong to (PP_CUDA_VERSION, PP_NCCL_VERSION, PP_MPI_VERSION) and fail to compile
+   against a pipeline.h of another, with a message naming both versions.
+
    REVISIONS
    0.1.0  first release: layer list, partitioner, GPipe/1F1B/interleaved (any m), simulator,
           pictures, executor, threads transport, packed variable-length micro-batches
@@ -195,6 +201,9 @@
           PP_MODEL_PARAMS, file format version 1), PP_ERR_CORRUPT and PP_ERR_IO.
           Then: evaluation (pp_stage_eval, pp_pipeline_eval, pp_sequential_eval; forward-only
           lists, pp_schedule_make_eval).
+          Then: PP_VERSION_STRING, companion headers that refuse a pipeline.h of another
+          release; NVTX ranges per action (PP_NVTX, pipeline_cuda.h); make install, pkg-config
+          and CMake packages (README).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -203,6 +212,7 @@
 #define PP_VERSION_MINOR 1
 #define PP_VERSION_PATCH 0
 #define PP_VERSION (PP_VERSION_MAJOR * 10000 + PP_VERSION_MINOR * 100 + PP_VERSION_PATCH)
+#define PP_VERSION_STRING "0.1.0"
 
 #if defined(PIPELINE_IMPLEMENTATION) && !defined(_POSIX_C_SOURCE) && !defined(__cplusplus)
 #define _POSIX_C_SOURCE 200809L /* clock_gettime, pthreads under -std=c99 */
@@ -562,7 +572,7 @@ static inline void _pp_model_use(pp_model* m, int k, int n) {
         static const pp_layer_kind k[] = {LIST(KINIT)};                                          \
         return k;                                                                               \
     }                                                                                           \
-    static inline int mname##_n_kinds(void) {                                                    \
+    static inline _PP_UNUSED int mname##_n_kinds(void) {                                         \
         enum { LIST(KIND) _pp_kinds };                                                          \
         return _pp_kinds;                                                                       \
     }                                                                                           \

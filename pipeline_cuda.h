@@ -51,6 +51,10 @@
      stream; pp_cuda_step_end turns them into per-rank busy time, the step's span and its measured
      bubble fraction, and pp_cuda_timeline into pp_event records for pp_timeline_chrome (one
      track per rank; an interleaved rank's chunks share its track, named in each slice).
+   - NVTX (PP_NVTX defined where the implementation is compiled): one range per action on the
+     rank's host thread, named like the timeline's slices plus the stage ("F3.1 s2"), over the
+     same span as the timeline's event pair; nsys projects it onto the kernels the action
+     launched. The CUDA toolkit's header-only <nvtx3/nvToolsExt.h>; nothing to link (docs/gpu.md).
 
    USAGE
        pp_cuda* c; pp_cuda_desc cd = {0}; cd.n_ranks = p; cd.timeline = 1;
@@ -95,6 +99,18 @@
 #define PIPELINE_CUDA_H
 
 #include "pipeline.h"
+/* The release of pipeline.h this header belongs to. Against another, compiling stops with an
+   #error naming this header's version, then an include of a file named after both versions
+   ("pipeline.h is version 0.2.0 but pipeline_cuda.h is 0.1.0": no such file), since #error cannot
+   print a macro's value. */
+#define PP_CUDA_VERSION 100 /* 0.1.0, PP_VERSION's encoding */
+#define PP_CUDA_VERSION_STRING "0.1.0"
+#if !defined(PP_VERSION) || PP_VERSION != PP_CUDA_VERSION
+#error "pipeline_cuda.h 0.1.0 (PP_VERSION 100) and pipeline.h differ in version: use the headers of one release (pipeline.h's version is in the next error)"
+#define _PPC_SKEW2(text) #text
+#define _PPC_SKEW(maj, min, pat) _PPC_SKEW2(pipeline.h is version maj.min.pat but pipeline_cuda.h is 0.1.0)
+#include _PPC_SKEW(PP_VERSION_MAJOR, PP_VERSION_MINOR, PP_VERSION_PATCH)
+#endif
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
@@ -191,6 +207,10 @@ const pp_cuda_step_info* pp_cuda_pipeline_info(const pp_pipeline* pl);
 #if defined(PIPELINE_IMPLEMENTATION) && !defined(PIPELINE_CUDA_IMPLEMENTATION_DONE)
 #define PIPELINE_CUDA_IMPLEMENTATION_DONE
 
+#ifdef PP_NVTX
+#include <nvtx3/nvToolsExt.h> /* the CUDA toolkit's header-only NVTX: a range per action (_ppc_nvtx) */
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -275,6 +295,8 @@ typedef struct _ppc_rank {
     pp_action* tact;
     int tcap, n_marked, origin_ok;
     double busy;
+    int nvtx_open;              /* PP_NVTX: a range pushed by nvtx_thread is open (owner thread) */
+    pthread_t nvtx_thread;
     char err[256];
 } _ppc_rank;
 
@@ -1105,9 +1127,41 @@ static pp_result _ppc_copy(void* user, void* dst, const void* src, size_t bytes,
     return PP_OK;
 }
 
+#ifdef PP_NVTX
+/* One NVTX range per action on the rank's host thread, named like the timeline's slices plus the
+   stage ("F3.1 s2": forward of micro-batch 3, chunk 1, stage 2), coloured by kind. It spans the
+   host's enqueueing of the action's work; nsys projects it onto the kernels launched inside it.
+   An action that failed leaves no phase 1: the next action of the step on the same thread closes
+   its range first; one still open at the step's end stays with its thread (pp_cuda_step_begin
+   forgets it: a later thread may get the same id), and a thread that ends closes it. */
+static void _ppc_nvtx(_ppc_rank* r, const pp_action* a, int phase) {
+    static const uint32_t color[3] = {0xff3d7ed6u, 0xff3fa34du, 0xffe0892bu}; /* F blue, B green, W orange */
+    nvtxEventAttributes_t ea;
+    char name[48];
+    int same = r->nvtx_open && pthread_equal(r->nvtx_thread, pthread_self());
+    if (same) (void)nvtxRangePop();
+    r->nvtx_open = 0;
+    if (phase != 0) return;
+    snprintf(name, sizeof name, "%c%d.%d s%d", "FBW"[a->op % 3], (int)a->mb, (int)a->chunk, (int)a->stage);
+    memset(&ea, 0, sizeof ea);
+    ea.version = NVTX_VERSION;
+    ea.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+    ea.colorType = NVTX_COLOR_ARGB;
+    ea.color = color[a->op % 3];
+    ea.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    ea.message.ascii = name;
+    (void)nvtxRangePushEx(&ea); /* its nesting level, or a negative number when no tool counts them */
+    r->nvtx_open = 1;
+    r->nvtx_thread = pthread_self();
+}
+#endif
+
 static void _ppc_mark(void* user, const pp_action* a, int idx, int phase) {
     _ppc_rank* r = (_ppc_rank*)user;
     cudaError_t e;
+#ifdef PP_NVTX
+    _ppc_nvtx(r, a, phase);
+#endif
     if (!r->c->timeline || idx < 0 || !r->origin_ok) return;
     if (idx >= r->tcap) {
         /* grows during the first step only: the list length is fixed per schedule */
@@ -1396,6 +1450,7 @@ pp_result pp_cuda_step_begin(pp_cuda* c, pp_error* err) {
         _ppc_rank* r = &c->r[i];
         r->n_marked = 0;
         r->origin_ok = 0;
+        r->nvtx_open = 0; /* a range a failed step left open stays with its thread */
         if (!c->timeline) continue;
         PP_CUDA_CHECK(cudaSetDevice(r->dev), err);
         PP_CUDA_CHECK(cudaEventRecord(r->origin, r->stream), err);

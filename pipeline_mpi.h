@@ -1,4 +1,5 @@
 /* pipeline_mpi.h - pipeline.h's transport over MPI: one process per rank, on any machine.
+   v0.1.0   public domain / MIT (see pipeline.h)
 
    Include after pipeline.h. In the one file that defines PIPELINE_IMPLEMENTATION, this header's
    implementation comes along:
@@ -46,6 +47,18 @@
 
 #include <mpi.h>
 #include "pipeline.h"
+/* The release of pipeline.h this header belongs to. Against another, compiling stops with an
+   #error naming this header's version, then an include of a file named after both versions
+   ("pipeline.h is version 0.2.0 but pipeline_mpi.h is 0.1.0": no such file), since #error cannot
+   print a macro's value. */
+#define PP_MPI_VERSION 100 /* 0.1.0, PP_VERSION's encoding */
+#define PP_MPI_VERSION_STRING "0.1.0"
+#if !defined(PP_VERSION) || PP_VERSION != PP_MPI_VERSION
+#error "pipeline_mpi.h 0.1.0 (PP_VERSION 100) and pipeline.h differ in version: use the headers of one release (pipeline.h's version is in the next error)"
+#define _PPM_SKEW2(text) #text
+#define _PPM_SKEW(maj, min, pat) _PPM_SKEW2(pipeline.h is version maj.min.pat but pipeline_mpi.h is 0.1.0)
+#include _PPM_SKEW(PP_VERSION_MAJOR, PP_VERSION_MINOR, PP_VERSION_PATCH)
+#endif
 
 #ifdef __cplusplus
 extern "C" {

@@ -106,6 +106,18 @@
 #define PIPELINE_NCCL_H
 
 #include "pipeline_cuda.h" /* pipeline.h, the CUDA runtime, the device block pool (pp_cuda_device_ops) */
+/* The release of pipeline.h this header belongs to. Against another, compiling stops with an
+   #error naming this header's version, then an include of a file named after both versions
+   ("pipeline.h is version 0.2.0 but pipeline_nccl.h is 0.1.0": no such file), since #error cannot
+   print a macro's value. */
+#define PP_NCCL_VERSION 100 /* 0.1.0, PP_VERSION's encoding */
+#define PP_NCCL_VERSION_STRING "0.1.0"
+#if !defined(PP_VERSION) || PP_VERSION != PP_NCCL_VERSION
+#error "pipeline_nccl.h 0.1.0 (PP_VERSION 100) and pipeline.h differ in version: use the headers of one release (pipeline.h's version is in the next error)"
+#define _PPN_SKEW2(text) #text
+#define _PPN_SKEW(maj, min, pat) _PPN_SKEW2(pipeline.h is version maj.min.pat but pipeline_nccl.h is 0.1.0)
+#include _PPN_SKEW(PP_VERSION_MAJOR, PP_VERSION_MINOR, PP_VERSION_PATCH)
+#endif
 #include <nccl.h>
 
 #ifdef __cplusplus

@@ -35,9 +35,13 @@
    rank's idle share of the step's span, CUDA events); at the end every rank prints its GPU
    memory (block pool, parameters, gradients).
 
-   WHAT WAS RUN: -p 1 trained on an H200 (2026-11-26, docs/gpu.md); several ranks on one GPU
-   over NCCL 2.30 wait for tools/gpu_nccl.sh on a GPU. Without a CUDA device it stops with a
-   message (exit 1); gpt_cuda --cpu runs the same layers on the host. */
+   WHAT WAS RUN: on one H200 (2026-11-26, docs/gpu.md "Measured on a GPU"), -p 1 as a single
+   process, directly and through --id-file, before the two-channel transport: it trained (3
+   steps, 57 ms per step). Not yet run on real NCCL with several ranks: tools/gpu_nccl.sh (p = 1,
+   2 and 4 on one GPU, NCCL >= 2.30, losses compared bit for bit) has not run on a GPU yet. Its
+   transport runs every schedule with several ranks over the NCCL imitation in make test
+   (tests/test_nccl_pipeline.c). Without a CUDA device it stops with a message (exit 1);
+   gpt_cuda --cpu runs the same layers on the host. */
 #define PIPELINE_IMPLEMENTATION
 #ifdef PP_GPT_NCCL_MPI
 #include <mpi.h>
