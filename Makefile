@@ -148,7 +148,7 @@ $(B)/validate-ctl-novalidate: tests/test_validate.c $(TEST_HDRS) $(EXH) $(HEADER
 $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
-TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
+TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
                   $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
@@ -172,6 +172,11 @@ $(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum
 # at p = 4 interleaved and resumed at p = 2 1F1B equal to an uninterrupted run's, byte for byte.
 $(B)/gpt-resume: tests/test_resume.sh $(B)/gpt_cpu
 	@printf '#!/bin/sh\nexec sh tests/test_resume.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
+# The loop around the step in examples/gpt_cpu.c (tests/test_trainer.sh): --eval-every's val
+# loss equal to pp_sequential_eval's bits at p = 4, 2, 1, a run with evaluations saving the bytes
+# of one without, AdamW's decay and the warm-up's rate.
+$(B)/gpt-trainer: tests/test_trainer.sh $(B)/gpt_cpu
+	@printf '#!/bin/sh\nexec sh tests/test_trainer.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
 
 # Negative controls of tests/test_eval.c: an evaluation's stashes kept to the step's end (the
 # peak check of the grid fails), and the step's kind left out of the step's identity (a rank that
@@ -539,7 +544,7 @@ QUICK_RUN = $(addprefix $(Q)/,$(filter $(TESTS),$(QUICK_SLOW)) $(filter-out $(QU
 
 quick:
 	@$(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j2) $(QUICK_BINS)
-	@$(Q)/mlp_cpu --check --steps 2 > /dev/null && $(Q)/gpt_cpu --check --steps 2 --generated > /dev/null && \
+	@$(Q)/mlp_cpu --check --steps 2 > /dev/null && $(Q)/gpt_cpu --check --steps 2 --generated --eval-every 1 --eval-seqs 32 > /dev/null && \
 	  echo "quick: examples pass their --check"
 	@PP_QUICK=1 PP_TEST_JOBS=2 sh tests/run.sh $(QUICK_RUN)
 

@@ -21,7 +21,7 @@ MPIRUN_FLAGS ?= $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && 
   echo --oversubscribe --mca btl_vader_single_copy_mechanism none $$([ "$$(id -u)" = 0 ] && echo --allow-run-as-root))
 # Open MPI forwards an environment variable only when asked (-x); MPICH's mpiexec forwards all
 MPI_FWD_ASAN := $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && echo -x ASAN_OPTIONS)
-MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8 $(B)/mpi-asan-np4 $(B)/mpi-resume
+MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8 $(B)/mpi-asan-np4 $(B)/mpi-resume $(B)/mpi-trainer
 MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/gpt_mpi $(B)/bench_mpi $(B)/clang-test_mpi.o $(B)/mpi-cxx.o
 else
 MPI_TESTS =
@@ -161,6 +161,10 @@ $(B)/mpi-asan-np%: $(B)/asan-test_mpi
 # from it (tests/test_resume.sh)
 $(B)/mpi-resume: tests/test_resume.sh $(B)/gpt_cpu $(B)/gpt_mpi
 	@printf '#!/bin/sh\nexec timeout 300 sh tests/test_resume.sh $(B)/gpt_cpu $(B)/gpt_mpi $(MPIRUN) $(MPIRUN_FLAGS)\n' > $@ && chmod +x $@
+# the held-out evaluation over two ranks: pp_sequential_eval's bits, gpt_cpu's val losses
+# (tests/test_trainer.sh)
+$(B)/mpi-trainer: tests/test_trainer.sh $(B)/gpt_cpu $(B)/gpt_mpi
+	@printf '#!/bin/sh\nexec timeout 300 sh tests/test_trainer.sh $(B)/gpt_cpu $(B)/gpt_mpi $(MPIRUN) $(MPIRUN_FLAGS)\n' > $@ && chmod +x $@
 
 # make test runs the MPI scripts and test_nccl after the other tests (tests/run.sh sums them all)
 TEST_BINS += $(MPI_TESTS) $(NCCL_TESTS)

@@ -16,12 +16,15 @@
      build/gpt_cpu [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v|zb-h2|v-half|v-min|dualpipev] [-p 4]
                    [-v 2] [-m 8] [--steps 60]
                    [--text FILE | --generated] [--seqs-per-step 32] [--max-len 128]
-                   [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--optim adam|sgd] [--clip 1.0]
+                   [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--lr-min 3e-4] [--warmup 10]
+                   [--wd 0.1] [--optim adam|sgd] [--clip 1.0] [--eval-every 10] [--eval-seqs 128]
                    [--split seqs|tokens|cost] [--trace FILE.json] [--check]
+                   [--save FILE] [--resume FILE] [--check-resume]
 
    --layers counts transformer blocks (default 4, or p*v - 2 when the stages need more layers).
    The text is FILE, else README.md in the current directory if there is one, else a generated
-   copy task (examples/gpt_data.h). Per step it prints the loss, tokens/s, the tokens that
+   copy task (examples/gpt_data.h); every 10th of its documents is held out, never trained on.
+   Per step it prints the step of --steps, the loss, the learning rate, tokens/s, the tokens that
    packing saved against padding every micro-batch to its longest sequence, and how evenly the
    split spread tokens over micro-batches (max / mean; --split seqs, equal sequence counts, shows
    how uneven a count-based split of long-tailed lengths is; the default balances tokens).
@@ -29,6 +32,16 @@
    every layer's gradient to equal it bit for bit (exit 1 if not). --clip X clips the global
    gradient norm at X before each update (pp_pipeline_grad_clip: the sequential model's norm, bit
    for bit, whatever the schedule) and prints the norm.
+
+   The trainer around the step (docs/training.md): Adam, or AdamW with --wd X (decoupled weight
+   decay on the matrices, not the biases and LayerNorm gains); the learning rate warms up
+   linearly over --warmup N steps, then follows a cosine from --lr down to --lr-min at --steps
+   (defaults: no warm-up, --lr-min = --lr: a constant rate). --eval-every N evaluates the
+   held-out documents (the first --eval-seqs of them) after every N-th step and after the last
+   with pp_pipeline_eval (forward only) and prints "val loss X"; with --check the first
+   evaluation is also run by pp_sequential_eval and must give the same bits (exit 1 if not). An
+   evaluation changes nothing of the training: the weights come out bit-identical with or
+   without it.
 
    Checkpoints (pp_ckpt_*, examples/gpt_train.h): --save FILE writes the weights, the optimizer's
    moments and the step count after the last step; --resume FILE starts from one, at its step,
@@ -49,10 +62,31 @@
 #include <string.h>
 #include <time.h>
 
+/* The held-out batches through the pipeline's forward-only step after steps_done steps, and
+   their line; with check, against pp_sequential_eval (*differ set when they differ). 0 on
+   success, 1 when an evaluation failed. */
+static int evaluate(const gpt_opts* c, gpt_trainer* T, pp_pipeline* pl, const pp_model* m, int steps_done, int check,
+                    int* differ) {
+    double t0 = gpt_now();
+    pp_step_stats st;
+    int i;
+    for (i = 0; i < T->n_val; i++) {
+        pp_batch b = gpt_step_batch(c, &T->val[i]);
+        if (pp_pipeline_eval(pl, &b, NULL, &st) != PP_OK) {
+            fprintf(stderr, "evaluation after %d steps: %s\n", steps_done, pp_pipeline_error(pl));
+            return 1;
+        }
+        T->val_loss[i] = st.loss;
+    }
+    gpt_val_print(T, steps_done, gpt_now() - t0);
+    if (check && gpt_val_check(T, c, m, steps_done)) *differ = 1;
+    return 0;
+}
+
 /* Steps [from, to) of T's batches on a pipeline of (kind, p, v), then the summary; 0 on success. */
 static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p, int v, int from, int to) {
-    double t0, wall;
-    int step, l, rc = 1, bad = 0, nb = 0;
+    double t0, wall, t_eval = 0;
+    int step, l, rc = 1, bad = 0, nb = 0, evals = 0, val_differ = 0;
     double norm = -1;
     pp_grad_buf bufs[GPT_MAX_BLOCK + 2];
     pp_pipeline_desc d;
@@ -79,12 +113,10 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     }
     printf("gpt: %d layers (embed, %d blocks, head), C=%d, %d heads, vocab %d, %zu parameters\n", d.model.n_layers,
            c->layers, c->dim, c->heads, T->gc.vocab, T->n_params);
-    printf("text: %s, %d documents of mean length %.1f (max %d)\n", T->corpus.source, T->corpus.n_docs, T->mean_len,
-           c->max_len);
-    printf("%s p=%d v=%d m=%d, %d sequences per step split by %s, %s lr %g%s\n", pp_schedule_name(kind), p,
+    gpt_trainer_print(T, c);
+    printf("%s p=%d v=%d m=%d, %d sequences per step split by %s%s\n", pp_schedule_name(kind), p,
            pp_pipeline_schedule(pl)->v, c->m, c->seqs,
-           c->split == PP_SPLIT_SEQS ? "count" : c->split == PP_SPLIT_TOKENS ? "tokens" : "cost",
-           c->sgd ? "sgd+momentum" : "adam", (double)c->lr, from ? ", resumed" : "");
+           c->split == PP_SPLIT_SEQS ? "count" : c->split == PP_SPLIT_TOKENS ? "tokens" : "cost", from ? ", resumed" : "");
     pp_partition_print(stdout, &d.model, pp_pipeline_partition(pl), pp_pipeline_schedule(pl)->n_stages, NULL);
     gpt_grad_bufs(T, 0, d.model.n_layers, bufs, &nb); /* every layer: one process holds them all */
 
@@ -103,11 +135,17 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
             fprintf(stderr, "step %d: %s\n", step, err.msg);
             goto cleanup;
         }
-        gpt_optimize(c, T->wbuf, T->gbuf, T->m1, T->m2, T->n_params, step); /* zeroes the gradients */
+        /* at gpt_lr(c, step), decaying where T->decay says; zeroes the gradients */
+        gpt_optimize(c, T->wbuf, T->gbuf, T->m1, T->m2, T->decay, T->n_params, step);
         T->loss[step] = st.loss;
-        gpt_step_print(step, st.loss, &T->steps[step], st.t_total, norm);
+        gpt_step_print(c, step, st.loss, &T->steps[step], st.t_total, norm);
+        if (gpt_eval_due(c, step, to - 1)) { /* --eval-every: the weights after step + 1 steps */
+            double te = gpt_now();
+            if (evaluate(c, T, pl, &d.model, step + 1, c->check && evals++ == 0, &val_differ)) goto cleanup;
+            t_eval += gpt_now() - te;
+        }
     }
-    wall = gpt_now() - t0;
+    wall = gpt_now() - t0 - t_eval; /* the training's time: tokens/s leaves the evaluations out */
     part.steps = to - from;
     gpt_report(&part, T->steps + from, T->loss + from, wall);
     if (c->trace) {
@@ -120,7 +158,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
             printf("timeline of the last step: %s, %zu actions (open in ui.perfetto.dev)\n", c->trace, n);
         }
     }
-    rc = c->check && from == 0 ? gpt_trainer_verdict(T, bad) : 0;
+    rc = (c->check && from == 0 ? gpt_trainer_verdict(T, bad) : 0) || val_differ;
 cleanup:
     pp_pipeline_destroy(pl);
     return rc;

@@ -7,6 +7,8 @@
      gpt_corpus_from_text(&c, text, n, 128, seed)     text in memory; or
      gpt_corpus_generate(&c, 4000, 128, seed)         a built-in task (below)
      T = gpt_pack(&c, &rng, n_seqs, tokens, targets, cu);   buffers of n_seqs * c.max_len
+     gpt_corpus_hold_out(&c, 10, &val)                every 10th document set aside (validation)
+     T = gpt_pack_docs(&val, first, n_seqs, tokens, targets, cu);   documents in order
      gpt_corpus_free(&c);
 
    Tokens are bytes (vocabulary 256). A file is split at blank lines (paragraphs); a paragraph
@@ -187,6 +189,61 @@ static inline int gpt_pack(const gpt_corpus* c, uint64_t* rng, int n_seqs, int32
         cu[s + 1] = T;
     }
     return T;
+}
+
+/* Packs documents first .. first + n_seqs - 1 in order (a fixed batch, e.g. a validation
+   set's): the same tokens, targets and cu as gpt_pack. Returns T. */
+static inline int gpt_pack_docs(const gpt_corpus* c, int first, int n_seqs, int32_t* tokens, int32_t* targets,
+                                int32_t* cu) {
+    int s, i, T = 0;
+    cu[0] = 0;
+    for (s = 0; s < n_seqs; s++) {
+        const unsigned char* t = c->text + c->doc_start[first + s];
+        const int L = c->doc_len[first + s];
+        for (i = 0; i < L; i++) {
+            tokens[T + i] = t[i];
+            targets[T + i] = i + 1 < L ? t[i + 1] : -1;
+        }
+        T += L;
+        cu[s + 1] = T;
+    }
+    return T;
+}
+
+/* A held-out split: documents every-1, 2*every-1, ... (every 10th with every = 10, in the
+   text's order, so the same documents whatever the seed of the batches) move from c into
+   held, which gets a copy of their bytes; c keeps the others, and gpt_pack never draws the
+   moved ones. 0 (held is empty where c has fewer than every documents), or -1 (every < 2, or
+   no memory; c is then unchanged). */
+static inline int gpt_corpus_hold_out(gpt_corpus* c, int every, gpt_corpus* held) {
+    size_t bytes = 0;
+    int d, kept = 0, n = every >= 2 ? c->n_docs / every : 0;
+    memset(held, 0, sizeof *held);
+    held->max_len = c->max_len;
+    if (n == 0) return every >= 2 ? 0 : -1;
+    for (d = every - 1; d < c->n_docs; d += every) bytes += (size_t)c->doc_len[d];
+    held->text = (unsigned char*)malloc(bytes);
+    held->doc_start = (int64_t*)malloc(sizeof(int64_t) * (size_t)n);
+    held->doc_len = (int32_t*)malloc(sizeof(int32_t) * (size_t)n);
+    if (!held->text || !held->doc_start || !held->doc_len) {
+        gpt_corpus_free(held);
+        return -1;
+    }
+    held->cap_docs = n;
+    for (d = 0; d < c->n_docs; d++) {
+        if (d % every == every - 1) {
+            memcpy(held->text + held->n_bytes, c->text + c->doc_start[d], (size_t)c->doc_len[d]);
+            held->doc_start[held->n_docs] = (int64_t)held->n_bytes;
+            held->doc_len[held->n_docs++] = c->doc_len[d];
+            held->n_bytes += (size_t)c->doc_len[d];
+        } else {
+            c->doc_start[kept] = c->doc_start[d];
+            c->doc_len[kept++] = c->doc_len[d];
+        }
+    }
+    c->n_docs = kept;
+    snprintf(held->source, sizeof held->source, "every %dth document of %.120s", every, c->source);
+    return 0;
 }
 
 /* Mean document length, and E[L^2] / E[L]: the length a token's attention sees on average

@@ -15,7 +15,12 @@
    --save FILE: every rank writes its own layers into one checkpoint (rank 0 creates it with the
    header first; the others write their records at offsets the layers' sizes give), which
    gpt_cpu --resume, or gpt_mpi at another process count or schedule, reads back: each rank
-   loads the layers it owns (--resume FILE). */
+   loads the layers it owns (--resume FILE). The trainer's options (--wd, --warmup, --lr-min,
+   --eval-every, --eval-seqs) are gpt_cpu's: every rank runs the optimizer on its own layers at
+   the step's rate, and every rank calls pp_stage_eval on the held-out batches (the last rank
+   gets the loss and prints "val loss X"). With --check the first evaluation is compared with
+   pp_sequential_eval on the last rank, after every rank has sent it the weights of its layers
+   (a broadcast per layer from its owner: the one place the ranks' weights are gathered). */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../pipeline_mpi.h"
@@ -27,12 +32,42 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The held-out batches through every rank's forward-only step after steps_done steps; the rank
+   of the last stage (has_loss) prints the line. With check: every layer's weights from the
+   rank that owns it to every rank, then pp_sequential_eval on the last stage's rank (*differ
+   set when it differs). 0 on success, 1 when an evaluation failed (on every rank alike). */
+static int evaluate(const gpt_opts* c, gpt_trainer* T, pp_stage* st, const pp_model* m, const pp_schedule* sched,
+                    const int* first, int steps_done, int check, int* differ) {
+    double t0 = gpt_now();
+    pp_step_stats ss;
+    int i, l, has_loss = 0;
+    for (i = 0; i < T->n_val; i++) {
+        pp_batch b = gpt_step_batch(c, &T->val[i]);
+        if (pp_stage_eval(st, &b, NULL, &ss) != PP_OK) {
+            fprintf(stderr, "evaluation after %d steps: %s\n", steps_done, pp_stage_error(st));
+            return 1;
+        }
+        if ((has_loss = ss.has_loss)) T->val_loss[i] = ss.loss;
+    }
+    if (has_loss) gpt_val_print(T, steps_done, gpt_now() - t0);
+    if (!check) return 0;
+    for (l = 0; l < m->n_layers; l++) {
+        size_t n;
+        float* w = gpt_layer_params(&T->w, &T->gc, l, &n);
+        MPI_Bcast(w, (int)n, MPI_FLOAT, pp_schedule_layer_rank(sched, first, l), MPI_COMM_WORLD);
+    }
+    if (has_loss && gpt_val_check(T, c, m, steps_done)) *differ = 1;
+    return 0;
+}
+
 int main(int argc, char** argv) {
     gpt_opts c;
     gpt_trainer T;
     double t0, wall = 0;
     size_t n_acts;
     int rank = 0, size = 1, step, chunk, l, rc = 1, bad = 0, last = 0, ok, have = 0, nb = 0, from = 0;
+    int evals = 0, val_differ = 0;
+    double t_eval = 0;
     double norm = -1;
     pp_grad_buf bufs[GPT_MAX_BLOCK + 2];
     int* first = NULL;
@@ -90,8 +125,7 @@ int main(int argc, char** argv) {
     }
     printf("gpt_mpi: %d processes, %s v=%d m=%d; %d layers (embed, %d blocks, head), C=%d, %zu parameters\n", size,
            pp_schedule_name(c.kind), c.v, c.m, d.model.n_layers, c.layers, c.dim, T.n_params);
-    printf("text: %s, %d documents of mean length %.1f (max %d)\n", T.corpus.source, T.corpus.n_docs, T.mean_len,
-           c.max_len);
+    gpt_trainer_print(&T, &c);
     pp_partition_print(stdout, &d.model, first, c.p * c.v, NULL);
     /* this process's stage */
     d.weights = &T.w;
@@ -143,15 +177,21 @@ int main(int argc, char** argv) {
             int s = pp_schedule_rank_to_stage(&sched, rank, chunk);
             for (l = first[s]; l < first[s + 1]; l++) {
                 size_t n, off = (size_t)(gpt_layer_params(&T.w, &T.gc, l, &n) - T.wbuf);
-                gpt_optimize(&c, T.wbuf + off, T.gbuf + off, T.m1 + off, T.m2 + off, n, step);
+                gpt_optimize(&c, T.wbuf + off, T.gbuf + off, T.m1 + off, T.m2 + off, T.decay + off, n, step);
             }
         }
         if (ss.has_loss) {
             T.loss[step] = ss.loss;
-            gpt_step_print(step, ss.loss, &T.steps[step], ss.t_total, norm);
+            gpt_step_print(&c, step, ss.loss, &T.steps[step], ss.t_total, norm);
+        }
+        if (gpt_eval_due(&c, step, c.steps - 1)) { /* --eval-every: every rank, the weights after step + 1 steps */
+            double te = gpt_now();
+            if (evaluate(&c, &T, st, &d.model, &sched, first, step + 1, c.check && evals++ == 0, &val_differ))
+                goto cleanup;
+            t_eval += gpt_now() - te;
         }
     }
-    wall = gpt_now() - t0;
+    wall = gpt_now() - t0 - t_eval;
     if (c.save) { /* into FILE.tmp: rank 0 makes it with the header, then every other rank adds its
                      records; renamed to FILE once all are in */
         pp_ckpt_desc k = gpt_trainer_ckpt(&T, &d.model, c.steps, own);
@@ -178,11 +218,13 @@ cleanup:
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (ok) {
         MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, &val_differ, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
         MPI_Bcast(T.loss, c.steps, MPI_FLOAT, last, MPI_COMM_WORLD);
         part = c;
         part.steps = c.steps - from;
         gpt_report(&part, T.steps + from, T.loss + from, wall);
         if (c.check && from == 0) rc = gpt_trainer_verdict(&T, bad);
+        if (val_differ) rc = 1;
     } else {
         rc = 1;
     }

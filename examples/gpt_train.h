@@ -2,8 +2,11 @@
    of every step, and the optimizer. examples/gpt_cpu.c runs them through threads in one
    process (pp_pipeline), examples/gpt_mpi.c with one process per rank (pp_stage over MPI).
    What to copy: an elementwise optimizer over one flat parameter buffer, applied whole (one
-   process) or to the layers a rank owns (one process per rank): the same bits either way.
-   Include after gpt.h and gpt_data.h. Everything is static. */
+   process) or to the layers a rank owns (one process per rank): the same bits either way; a
+   learning rate that is a function of the step alone (warm-up, then cosine), so that a resumed
+   run continues it from the checkpoint's step; a held-out split evaluated with forward-only
+   steps. docs/training.md walks through the loop. Include after gpt.h and gpt_data.h.
+   Everything is static inline. */
 #ifndef PP_EXAMPLE_GPT_TRAIN_H
 #define PP_EXAMPLE_GPT_TRAIN_H
 
@@ -14,10 +17,17 @@
 #include <string.h>
 #include <time.h>
 
+/* The held-out split: every GPT_HOLD_OUT-th document of the text (gpt_corpus_hold_out), always
+   set aside, so that a run with --eval-every trains on the same batches as one without. */
+#define GPT_HOLD_OUT 10
+
 typedef struct gpt_opts {
     pp_schedule_kind kind;
     int p, v, m, steps, seqs, max_len, dim, heads, layers;
-    float lr;
+    float lr;               /* --lr: the peak learning rate */
+    float lr_min;           /* --lr-min X: where the cosine ends (default --lr: no decay) */
+    int warmup;             /* --warmup N: linear warm-up over the first N steps (0: none) */
+    float wd;               /* --wd X: decoupled weight decay on the matrices (AdamW; 0: none) */
     int sgd;                /* 0: Adam, 1: SGD with momentum 0.9 */
     float clip;             /* --clip X: clip the global gradient norm at X before the update (0: off) */
     const char* text;
@@ -26,31 +36,34 @@ typedef struct gpt_opts {
     const char* resume;     /* --resume FILE: start from a checkpoint, at its step */
     int generated, check;
     int check_resume;       /* gpt_cpu --check-resume */
+    int eval_every;         /* --eval-every N: the held-out loss every N steps and after the last (0: off) */
+    int eval_seqs;          /* --eval-seqs N: held-out documents per evaluation (default 128) */
     pp_split_policy split;
 } gpt_opts;
 
 /* The GPT for a schedule: blocks with their backward split into B and W (gptz, examples/gpt.h)
    where the schedule has W actions (the zero-bubble and controllable-memory kinds), so that W
    can fill the bubbles and the attention probabilities go at B; else the fused blocks. */
-static pp_model gpt_model_for(pp_schedule_kind kind, int layers) {
+static inline pp_model gpt_model_for(pp_schedule_kind kind, int layers) {
     int v = pp_schedule_kind_v(kind, 2);
     int has_w = v > 0 && pp_schedule_size(kind, 2, v, 2) == (size_t)(3 * 2 * v * 2);
     return has_w ? gptz_model_desc_depth(layers) : gpt_model_desc_depth(layers);
 }
 
-static void gpt_opts_usage(const char* prog) {
+static inline void gpt_opts_usage(const char* prog) {
     fprintf(stderr,
             "usage: %s [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v|zb-h2|v-half|v-min|dualpipev] [-p P] [-v V]\n"
             "       [-m M] [--steps N]\n"
             "       [--text FILE | --generated] [--seqs-per-step S] [--max-len L] [--dim C] [--heads H]\n"
-            "       [--layers N] [--lr LR] [--optim adam|sgd] [--clip X] [--split seqs|tokens|cost] [--trace FILE]\n"
+            "       [--layers N] [--lr LR] [--lr-min LR] [--warmup N] [--wd X] [--optim adam|sgd] [--clip X]\n"
+            "       [--eval-every N] [--eval-seqs N] [--split seqs|tokens|cost] [--trace FILE]\n"
             "       [--check] [--save FILE] [--resume FILE] [--check-resume]\n",
             prog);
 }
 
 /* Options; 0 on success. p may change afterwards (gpt_mpi: the number of processes); then call
    gpt_opts_check, which also picks the default depth. */
-static int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
+static inline int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
     int i;
     memset(c, 0, sizeof *c);
     c->kind = PP_SCHED_1F1B;
@@ -62,6 +75,8 @@ static int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
     c->dim = 64;
     c->heads = 4;
     c->lr = -1;
+    c->lr_min = -1;
+    c->eval_seqs = 128;
     c->split = PP_SPLIT_TOKENS;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -87,6 +102,11 @@ static int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
         else if (!strcmp(a, "--layers")) c->layers = atoi(val);
         else if (!strcmp(a, "--lr")) c->lr = (float)atof(val);
         else if (!strcmp(a, "--clip")) c->clip = (float)atof(val);
+        else if (!strcmp(a, "--lr-min")) c->lr_min = (float)atof(val);
+        else if (!strcmp(a, "--warmup")) c->warmup = atoi(val);
+        else if (!strcmp(a, "--wd")) c->wd = (float)atof(val);
+        else if (!strcmp(a, "--eval-every")) c->eval_every = atoi(val);
+        else if (!strcmp(a, "--eval-seqs")) c->eval_seqs = atoi(val);
         else if (!strcmp(a, "--optim")) {
             if (!strcmp(val, "adam")) c->sgd = 0;
             else if (!strcmp(val, "sgd")) c->sgd = 1;
@@ -100,15 +120,20 @@ static int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
         i++;
     }
     if (c->lr < 0) c->lr = c->sgd ? 0.1f : 3e-3f;
+    if (c->lr_min < 0) c->lr_min = c->lr;
     if (!(c->clip >= 0)) {
         fprintf(stderr, "--clip wants a norm >= 0 (0: off)\n");
+        return 1;
+    }
+    if (!(c->wd >= 0) || !(c->lr_min >= 0) || c->warmup < 0 || c->eval_every < 0 || c->eval_seqs < 1) {
+        fprintf(stderr, "--wd, --lr-min, --warmup and --eval-every want values >= 0, --eval-seqs >= 1\n");
         return 1;
     }
     return 0;
 }
 
 /* v from the schedule, the depth (4 blocks, or enough for p*v stages), and the ranges. */
-static int gpt_opts_check(gpt_opts* c) {
+static inline int gpt_opts_check(gpt_opts* c) {
     c->v = pp_schedule_kind_v(c->kind, c->v == 0 ? 2 : c->v);
     if (c->layers == 0) c->layers = c->p * c->v - 2 > 4 ? c->p * c->v - 2 : 4;
     if (c->p < 1 || c->v < 1 || c->p * c->v > PP_MAX_RANKS || c->m < 1 || c->steps < 1 || c->max_len < 12) {
@@ -132,7 +157,7 @@ static int gpt_opts_check(gpt_opts* c) {
 }
 
 /* The text: --text FILE, else README.md in the current directory, else the generated task. */
-static int gpt_opts_corpus(const gpt_opts* c, gpt_corpus* corpus) {
+static inline int gpt_opts_corpus(const gpt_opts* c, gpt_corpus* corpus) {
     memset(corpus, 0, sizeof *corpus);
     errno = 0;
     if (c->text) {
@@ -151,13 +176,13 @@ typedef struct gpt_step {
     int32_t* tokens;        /* (T) */
     int32_t* targets;       /* (T) */
     int32_t* cu;            /* (n_seqs + 1) */
-    int T;
+    int T, n_seqs;
     int64_t pad_saved;      /* sum over micro-batches of n_seqs * max_seqlen - rows */
     int64_t padded;         /* sum over micro-batches of n_seqs * max_seqlen */
     double imbalance;       /* max / mean tokens over micro-batches */
 } gpt_step;
 
-static pp_batch gpt_step_batch(const gpt_opts* c, const gpt_step* sd) {
+static inline pp_batch gpt_step_batch(const gpt_opts* c, const gpt_step* sd) {
     pp_batch b;
     memset(&b, 0, sizeof b);
     b.m = c->m;
@@ -168,13 +193,13 @@ static pp_batch gpt_step_batch(const gpt_opts* c, const gpt_step* sd) {
     b.targets = sd->targets;
     b.target_row_bytes = sizeof(int32_t);
     b.cu_seqlens = sd->cu;
-    b.n_seqs = c->seqs;
+    b.n_seqs = sd->n_seqs;
     b.loss = PP_LOSS_MEAN_ROWS; /* micro-batches weigh by tokens, not equally */
     b.split = c->split;
     return b;
 }
 
-static void gpt_steps_free(gpt_step* s, int n) {
+static inline void gpt_steps_free(gpt_step* s, int n) {
     int i;
     for (i = 0; s && i < n; i++) {
         free(s[i].tokens);
@@ -185,7 +210,7 @@ static void gpt_steps_free(gpt_step* s, int n) {
 }
 
 /* Packs every step's batch up front and measures its split; NULL when out of memory. */
-static gpt_step* gpt_steps_make(const gpt_opts* c, const gpt_corpus* corpus) {
+static inline gpt_step* gpt_steps_make(const gpt_opts* c, const gpt_corpus* corpus) {
     gpt_step* steps = (gpt_step*)calloc((size_t)c->steps, sizeof *steps);
     pp_microbatch* mbs = (pp_microbatch*)calloc((size_t)c->m, sizeof *mbs);
     int32_t* cu = (int32_t*)calloc((size_t)(c->seqs + c->m), sizeof *cu);
@@ -201,6 +226,7 @@ static gpt_step* gpt_steps_make(const gpt_opts* c, const gpt_corpus* corpus) {
         sd->cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(c->seqs + 1));
         if (!(ok = sd->tokens && sd->targets && sd->cu)) break;
         sd->T = gpt_pack(corpus, &rng, c->seqs, sd->tokens, sd->targets, sd->cu);
+        sd->n_seqs = c->seqs;
         b = gpt_step_batch(c, sd);
         if (!(ok = pp_batch_split(&b, mbs, cu, &err) == PP_OK)) {
             fprintf(stderr, "split: %s\n", err.msg);
@@ -222,28 +248,51 @@ static gpt_step* gpt_steps_make(const gpt_opts* c, const gpt_corpus* corpus) {
     return steps;
 }
 
-/* Adam (or SGD with momentum) on n parameters w with gradients g and moments m1, m2 (step counts
-   from 0); zeroes g for the next step. Elementwise, so updating a buffer in pieces (the layers a
-   rank owns) gives the same bits as updating it whole. */
-static void gpt_optimize(const gpt_opts* c, float* w, float* g, float* m1, float* m2, size_t n, int step) {
+#define GPT_PI 3.14159265358979323846
+
+/* The learning rate of step (counted from 0): during the warm-up --lr * (step + 1) / --warmup,
+   then a cosine from --lr at step --warmup down to --lr-min at step --steps (the one after the
+   last: llm.c's and torch's CosineAnnealingLR's count). A function of the step alone, so a
+   run resumed from a checkpoint (which holds the step) continues the schedule where the saved
+   run stopped; --steps is the whole run's, also when resuming. The defaults (no warm-up,
+   --lr-min = --lr) give every step --lr, bit for bit: the rate before these options existed. */
+static inline float gpt_lr(const gpt_opts* c, int step) {
+    double lr = c->lr, lo = c->lr_min, t;
+    if (step < c->warmup) return (float)(lr * (double)(step + 1) / (double)c->warmup);
+    if (step >= c->steps) return c->lr_min;
+    if (c->lr_min == c->lr) return c->lr;
+    t = (double)(step - c->warmup) / (double)(c->steps - c->warmup);
+    return (float)(lo + 0.5 * (lr - lo) * (1.0 + cos(GPT_PI * t)));
+}
+
+/* Adam (or SGD with momentum) on n parameters w with gradients g and moments m1, m2 at step
+   (from 0; its rate is gpt_lr's), with AdamW's decoupled weight decay (--wd) where decay[i] is
+   set (NULL: nowhere): w *= 1 - lr * wd before the update, as torch.optim.AdamW does. Zeroes g
+   for the next step. Elementwise, so updating a buffer in pieces (the layers a rank owns)
+   gives the same bits as updating it whole. */
+static inline void gpt_optimize(const gpt_opts* c, float* w, float* g, float* m1, float* m2, const unsigned char* decay,
+                                size_t n, int step) {
     const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
     const float c1 = 1.0f - powf(b1, (float)(step + 1)), c2 = 1.0f - powf(b2, (float)(step + 1));
+    const float lr = gpt_lr(c, step), keep = 1.0f - lr * c->wd;
+    const int wd = c->wd > 0 && decay;
     size_t i;
     for (i = 0; i < n; i++) {
+        if (wd && decay[i]) w[i] *= keep;
         if (c->sgd) {
             m1[i] = 0.9f * m1[i] + g[i];
-            w[i] -= c->lr * m1[i];
+            w[i] -= lr * m1[i];
         } else {
             m1[i] = b1 * m1[i] + (1.0f - b1) * g[i];
             m2[i] = b2 * m2[i] + (1.0f - b2) * g[i] * g[i];
-            w[i] -= c->lr * (m1[i] / c1) / (sqrtf(m2[i] / c2) + eps);
+            w[i] -= lr * (m1[i] / c1) / (sqrtf(m2[i] / c2) + eps);
         }
         g[i] = 0.0f;
     }
 }
 
 /* The summary both programs print: first and last losses, tokens per second, packing. */
-static void gpt_report(const gpt_opts* c, const gpt_step* steps, const float* loss, double wall) {
+static inline void gpt_report(const gpt_opts* c, const gpt_step* steps, const float* loss, double wall) {
     int64_t tokens = 0, saved = 0, padded = 0;
     double imb = 0, first = 0, last = 0;
     int step, s = c->steps < 5 ? c->steps : 5;
@@ -264,11 +313,14 @@ static void gpt_report(const gpt_opts* c, const gpt_step* steps, const float* lo
            padded ? 100.0 * (double)saved / (double)padded : 0.0, imb);
 }
 
-/* One step's line (printed by whoever holds the loss), with the gradient norm before clipping
-   where norm >= 0 (--clip). */
-static void gpt_step_print(int step, float loss, const gpt_step* sd, double t_step, double norm) {
-    printf("step %3d  loss %.4f  %5d tokens  %7.0f tok/s  padding saved %5lld of %5lld (%4.1f%%)  mb tokens max/mean %.2f",
-           step, loss, sd->T, t_step > 0 ? sd->T / t_step : 0.0, (long long)sd->pad_saved, (long long)sd->padded,
+/* One step's progress line (printed by whoever holds the loss): the step of --steps, the loss,
+   the rate it trained at, tokens and tokens/s of the step (t_step: its wall time), what packing
+   saved, and the gradient norm before clipping where norm >= 0 (--clip). */
+static inline void gpt_step_print(const gpt_opts* c, int step, float loss, const gpt_step* sd, double t_step, double norm) {
+    printf("step %3d/%d  loss %.4f  lr %.2e  %5d tokens  %7.0f tok/s  padding saved %5lld of %5lld (%4.1f%%)  "
+           "mb tokens max/mean %.2f",
+           step, c->steps, loss, (double)gpt_lr(c, step), sd->T, t_step > 0 ? sd->T / t_step : 0.0,
+           (long long)sd->pad_saved, (long long)sd->padded,
            sd->padded ? 100.0 * (double)sd->pad_saved / (double)sd->padded : 0.0, sd->imbalance);
     if (norm >= 0) printf("  grad norm %.4f", norm);
     printf("\n");
@@ -280,12 +332,17 @@ static void gpt_step_print(int step, float loss, const gpt_step* sd, double t_st
    gradients (gpt_init's layout), the optimizer's moments, and the partition's sample. */
 typedef struct gpt_trainer {
     gpt_config gc;
-    gpt_corpus corpus;
+    gpt_corpus corpus;          /* the training documents: the text's, less the held-out ones */
+    gpt_corpus held;            /* the held-out split: every GPT_HOLD_OUT-th document, never trained on */
     gpt_step* steps;
+    gpt_step* val;              /* (n_val) --eval-every: the held-out batches, documents in order */
+    float* val_loss;            /* (n_val) each held-out batch's loss in the last evaluation */
+    int n_val, val_docs;
     gpt_model w, g, gref;
     gpt_model mw1, mw2;         /* the optimizer's moments m1, m2 bound like the weights (checkpoints) */
     const void* moments[2];     /* &mw1, &mw2 */
     float *wbuf, *gbuf, *grefbuf, *m1, *m2;
+    unsigned char* decay;       /* (n_params) 1 where --wd decays: gpt_decay_mask */
     float* loss;                /* (steps) */
     float ref_loss;             /* --check: the sequential reference's step-0 loss */
     size_t n_params;
@@ -293,8 +350,11 @@ typedef struct gpt_trainer {
     pp_tensor sample;           /* one sequence of the corpus' attention length (the cost partition) */
 } gpt_trainer;
 
-static void gpt_trainer_free(gpt_trainer* T, const gpt_opts* c) {
+static inline void gpt_trainer_free(gpt_trainer* T, const gpt_opts* c) {
     gpt_steps_free(T->steps, c->steps);
+    gpt_steps_free(T->val, T->n_val);
+    free(T->val_loss);
+    free(T->decay);
     free(T->wbuf);
     free(T->gbuf);
     free(T->grefbuf);
@@ -302,13 +362,75 @@ static void gpt_trainer_free(gpt_trainer* T, const gpt_opts* c) {
     free(T->m2);
     free(T->loss);
     gpt_corpus_free(&T->corpus);
+    gpt_corpus_free(&T->held);
     memset(T, 0, sizeof *T);
 }
 
+/* Where --wd decays: the matrices (token and position embeddings, attention and MLP weights,
+   the LM head), not the biases and LayerNorm gains, as llm.c and GPT-2's recipes do. One flag
+   per parameter of gpt_init's layout. */
+static inline void gpt_decay_mask(const gpt_trainer* T, unsigned char* mask) {
+    const gpt_model* w = &T->w;
+    const size_t C = (size_t)T->gc.C, V = (size_t)T->gc.vocab;
+    int b;
+#define GPT_DECAY(ptr, n) memset(mask + ((ptr) - T->wbuf), 1, (n))
+    memset(mask, 0, T->n_params);
+    GPT_DECAY(w->embed[0].wte, V * C);
+    GPT_DECAY(w->embed[0].wpe, (size_t)T->gc.max_T * C);
+    for (b = 0; b < T->gc.n_block; b++) {
+        GPT_DECAY(w->block[b].qkv_w, 3 * C * C);
+        GPT_DECAY(w->block[b].proj_w, C * C);
+        GPT_DECAY(w->block[b].fc_w, 4 * C * C);
+        GPT_DECAY(w->block[b].fcproj_w, 4 * C * C);
+    }
+    GPT_DECAY(w->head[0].lm_w, C * V);
+#undef GPT_DECAY
+}
+
+/* --eval-every: the held-out batches. The first --eval-seqs documents of the split (all of
+   them if fewer), in order, cut into batches of about --seqs-per-step documents (at least
+   --seqs-per-step each, or one batch): the same batches at every evaluation, for every p, v
+   and schedule. 0 on success, 1 with a message. */
+static inline int gpt_val_make(gpt_trainer* T, const gpt_opts* c) {
+    int n = c->eval_seqs < T->held.n_docs ? c->eval_seqs : T->held.n_docs, nb = n / c->seqs, i;
+    if (n < c->m) {
+        fprintf(stderr, "--eval-every: %d held-out documents, fewer than m = %d (--eval-seqs, or a longer text)\n", n,
+                c->m);
+        return 1;
+    }
+    if (nb < 1) nb = 1;
+    if (!(T->val = (gpt_step*)calloc((size_t)nb, sizeof *T->val)) ||
+        !(T->val_loss = (float*)calloc((size_t)nb, sizeof(float)))) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    T->n_val = nb;
+    T->val_docs = n;
+    for (i = 0; i < nb; i++) {
+        gpt_step* sd = &T->val[i];
+        int a = (int)((int64_t)i * n / nb), k = (int)((int64_t)(i + 1) * n / nb) - a;
+        sd->tokens = (int32_t*)malloc(sizeof(int32_t) * (size_t)k * (size_t)c->max_len);
+        sd->targets = (int32_t*)malloc(sizeof(int32_t) * (size_t)k * (size_t)c->max_len);
+        sd->cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(k + 1));
+        if (!sd->tokens || !sd->targets || !sd->cu) {
+            fprintf(stderr, "out of memory\n");
+            return 1;
+        }
+        sd->T = gpt_pack_docs(&T->held, a, k, sd->tokens, sd->targets, sd->cu);
+        sd->n_seqs = k;
+    }
+    return 0;
+}
+
 /* 0 on success; on failure a message is printed and T is freed. */
-static int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
+static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
     memset(T, 0, sizeof *T);
     if (gpt_opts_corpus(c, &T->corpus)) return 1;
+    if (gpt_corpus_hold_out(&T->corpus, GPT_HOLD_OUT, &T->held)) {
+        fprintf(stderr, "out of memory\n");
+        gpt_trainer_free(T, c);
+        return 1;
+    }
     gpt_corpus_lengths(&T->corpus, &T->mean_len, &T->attn_len);
     T->gc.vocab = GPT_DATA_VOCAB;
     T->gc.max_T = c->max_len;
@@ -320,11 +442,17 @@ static int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
     T->m1 = (float*)calloc(T->n_params, sizeof(float));
     T->m2 = (float*)calloc(T->n_params, sizeof(float));
     T->loss = (float*)calloc((size_t)c->steps, sizeof(float));
-    if (!T->wbuf || !T->m1 || !T->m2 || !T->loss || !(T->steps = gpt_steps_make(c, &T->corpus))) {
+    T->decay = (unsigned char*)malloc(T->n_params);
+    if (!T->wbuf || !T->m1 || !T->m2 || !T->loss || !T->decay || !(T->steps = gpt_steps_make(c, &T->corpus))) {
         fprintf(stderr, "out of memory\n");
         gpt_trainer_free(T, c);
         return 1;
     }
+    if (c->eval_every > 0 && gpt_val_make(T, c)) {
+        gpt_trainer_free(T, c);
+        return 1;
+    }
+    gpt_decay_mask(T, T->decay);
     gpt_bind(&T->mw1, &T->gc, T->m1);
     gpt_bind(&T->mw2, &T->gc, T->m2);
     T->moments[0] = &T->mw1;
@@ -335,9 +463,25 @@ static int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
     return 0;
 }
 
+/* What both programs print before training: the text and its held-out split, the optimizer and
+   its rate schedule, the evaluations. */
+static inline void gpt_trainer_print(const gpt_trainer* T, const gpt_opts* c) {
+    printf("text: %s, %d documents of mean length %.1f (max %d) to train on, %d held out (every %dth)\n",
+           T->corpus.source, T->corpus.n_docs, T->mean_len, c->max_len, T->held.n_docs, GPT_HOLD_OUT);
+    printf("optimizer: %s, lr %g", c->sgd ? "sgd+momentum" : c->wd > 0 ? "adamw" : "adam", (double)c->lr);
+    if (c->warmup > 0) printf(" after a warm-up of %d steps", c->warmup);
+    if (c->lr_min != c->lr) printf(", cosine to %g at step %d", (double)c->lr_min, c->steps);
+    if (c->wd > 0) printf(", weight decay %g on the matrices", (double)c->wd);
+    if (c->clip > 0) printf(", gradients clipped at norm %g", (double)c->clip);
+    printf("\n");
+    if (c->eval_every > 0)
+        printf("evaluation: every %d steps and after the last, %d held-out documents in %d batch%s\n", c->eval_every,
+               T->val_docs, T->n_val, T->n_val == 1 ? "" : "es");
+}
+
 /* --clip: the gradient buffers (pipeline.h >>grad) of layers [l0, l1), one per layer (its span
    of gpt_init's layout in T->gbuf), appended to out[*n]. */
-static void gpt_grad_bufs(const gpt_trainer* T, int l0, int l1, pp_grad_buf* out, int* n) {
+static inline void gpt_grad_bufs(const gpt_trainer* T, int l0, int l1, pp_grad_buf* out, int* n) {
     int l;
     for (l = l0; l < l1; l++) {
         pp_grad_buf* b = &out[(*n)++];
@@ -351,7 +495,7 @@ static void gpt_grad_bufs(const gpt_trainer* T, int l0, int l1, pp_grad_buf* out
 }
 
 /* --check: the sequential reference of batch b (before any update) into T->gref; 0 on success. */
-static int gpt_trainer_reference(gpt_trainer* T, const pp_model* m, const pp_batch* b) {
+static inline int gpt_trainer_reference(gpt_trainer* T, const pp_model* m, const pp_batch* b) {
     pp_error err;
     if (!(T->grefbuf = (float*)calloc(T->n_params, sizeof(float)))) return 1;
     gpt_bind(&T->gref, &T->gc, T->grefbuf);
@@ -363,7 +507,7 @@ static int gpt_trainer_reference(gpt_trainer* T, const pp_model* m, const pp_bat
 }
 
 /* --check: layer l's gradient against the reference's; 1 (and a message) when they differ. */
-static int gpt_trainer_differs(const gpt_trainer* T, const pp_model* m, int l) {
+static inline int gpt_trainer_differs(const gpt_trainer* T, const pp_model* m, int l) {
     size_t n, off = (size_t)(gpt_layer_params(&T->w, &T->gc, l, &n) - T->wbuf);
     if (memcmp(T->gbuf + off, T->grefbuf + off, n * sizeof(float)) == 0) return 0;
     fprintf(stderr, "check: layer %d (%s): gradient differs from the reference\n", l, pp_model_layer_name(m, l));
@@ -371,21 +515,83 @@ static int gpt_trainer_differs(const gpt_trainer* T, const pp_model* m, int l) {
 }
 
 /* --check's verdict on the first step: 0 when loss and gradients were bit-identical. */
-static int gpt_trainer_verdict(const gpt_trainer* T, int bad_layers) {
+static inline int gpt_trainer_verdict(const gpt_trainer* T, int bad_layers) {
     int same = memcmp(&T->ref_loss, &T->loss[0], sizeof(float)) == 0;
     printf("check: step 0 loss  sequential %.9g  pipelined %.9g  %s; gradients: %d layers differ\n", (double)T->ref_loss,
            (double)T->loss[0], same ? "bit-identical" : "DIFFERENT", bad_layers);
     return !same || bad_layers;
 }
 
+/* ---- evaluation: --eval-every N ------------------------------------------------------------------
+   After every N-th step and after the last, the held-out batches through the pipeline's
+   forward-only step (pp_pipeline_eval, pp_stage_eval); an evaluation touches no gradient, so the
+   training goes on bit for bit as without it. */
+static inline int gpt_eval_due(const gpt_opts* c, int step, int last) {
+    return c->eval_every > 0 && ((step + 1) % c->eval_every == 0 || step == last);
+}
+
+/* The held-out loss of the last evaluation (per_batch: T->val_loss, or a reference's): the
+   batches' losses weighted by their tokens, as a step weighs its micro-batches
+   (PP_LOSS_MEAN_ROWS), summed in double in batch order. */
+static inline double gpt_val_mean(const gpt_trainer* T, const float* per_batch) {
+    double s = 0, n = 0;
+    int i;
+    for (i = 0; i < T->n_val; i++) {
+        s += (double)per_batch[i] * T->val[i].T;
+        n += T->val[i].T;
+    }
+    return n > 0 ? s / n : 0.0;
+}
+
+/* The line of an evaluation after steps_done steps that took secs. */
+static inline void gpt_val_print(const gpt_trainer* T, int steps_done, double secs) {
+    int64_t tokens = 0;
+    int i;
+    for (i = 0; i < T->n_val; i++) tokens += T->val[i].T;
+    printf("val loss %.4f after %d steps  (%d held-out documents, %lld tokens in %d batch%s, %.0f tok/s)\n",
+           gpt_val_mean(T, T->val_loss), steps_done, T->val_docs, (long long)tokens, T->n_val, T->n_val == 1 ? "" : "es",
+           secs > 0 ? (double)tokens / secs : 0.0);
+    fflush(stdout);
+}
+
+/* --check on the first evaluation: pp_sequential_eval of every held-out batch with the weights
+   in T->w (all of them current: one process, or gathered), against T->val_loss; 0 when every
+   batch's loss is the same bits, else 1 (and the batches that differ). */
+static inline int gpt_val_check(const gpt_trainer* T, const gpt_opts* c, const pp_model* m, int steps_done) {
+    double s = 0, n = 0;
+    int i, differ = 0;
+    for (i = 0; i < T->n_val; i++) {
+        pp_batch b = gpt_step_batch(c, &T->val[i]);
+        pp_error err;
+        float r = 0;
+        if (pp_sequential_eval(m, &T->w, &b, &r, NULL, &err) != PP_OK) {
+            fprintf(stderr, "check: sequential evaluation: %s\n", err.msg);
+            return 1;
+        }
+        if (memcmp(&r, &T->val_loss[i], sizeof r) != 0) {
+            fprintf(stderr, "check: held-out batch %d: sequential %.9g, pipelined %.9g\n", i, (double)r,
+                    (double)T->val_loss[i]);
+            differ++;
+        }
+        s += (double)r * T->val[i].T; /* gpt_val_mean's sum */
+        n += T->val[i].T;
+    }
+    printf("check: val loss after %d steps  sequential %.9g  pipelined %.9g  %s (%d of %d batches differ)\n",
+           steps_done, n > 0 ? s / n : 0.0, gpt_val_mean(T, T->val_loss), differ ? "DIFFERENT" : "bit-identical",
+           differ, T->n_val);
+    return differ != 0;
+}
+
 /* ---- checkpoints: --save FILE, --resume FILE ----------------------------------------------------
    A checkpoint holds the weights, the optimizer's two moment buffers (Adam's m and v; SGD keeps
    its momentum in the first) and the steps done; the batches come from the options, so resume
-   with the same data options (--text, --seqs-per-step, --max-len, --steps at least as many). It
+   with the same data options (--text, --seqs-per-step, --max-len, --steps at least as many; the
+   same --steps, --warmup, --lr and --lr-min for the same learning rates: the step alone places
+   a resumed run on the schedule). It
    depends on neither the schedule nor p, v or the partition: save at p = 4 interleaved, resume at
    p = 2 1F1B. own: the layers this process saves or loads (NULL: all of them). Both the fused and
    the split GPT are saved as "gpt": one layout. */
-static pp_ckpt_desc gpt_trainer_ckpt(gpt_trainer* T, const pp_model* m, int steps_done, const unsigned char* own) {
+static inline pp_ckpt_desc gpt_trainer_ckpt(gpt_trainer* T, const pp_model* m, int steps_done, const unsigned char* own) {
     static const char* const names[2] = {"m", "v"};
     pp_ckpt_desc k;
     memset(&k, 0, sizeof k);
@@ -419,7 +625,7 @@ static inline int gpt_trainer_save(gpt_trainer* T, const pp_model* m, int steps_
 }
 
 /* Loads the layers in own (NULL: all) and the steps done (*step); 0 on success. */
-static int gpt_trainer_resume(gpt_trainer* T, const pp_model* m, const char* path, const unsigned char* own, int* step) {
+static inline int gpt_trainer_resume(gpt_trainer* T, const pp_model* m, const char* path, const unsigned char* own, int* step) {
     pp_ckpt_desc k = gpt_trainer_ckpt(T, m, 0, own);
     pp_ckpt_info info;
     pp_error err;
@@ -431,7 +637,7 @@ static int gpt_trainer_resume(gpt_trainer* T, const pp_model* m, const char* pat
     return 0;
 }
 
-static double gpt_now(void) {
+static inline double gpt_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;

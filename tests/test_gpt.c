@@ -9,11 +9,14 @@
        random lengths split into micro-batches of whole sequences; so does the GPT whose blocks
        split their backward (gptz) on every schedule with W actions, its B-only scratch freed at B;
    and describe() reads only config fields and charges the quadratic attention term; the corpus
-   splits at blank lines and packs documents without padding. */
+   splits at blank lines and packs documents without padding, and its held-out split takes every
+   10th document out of the training set; the trainers' learning rate (warm-up, then cosine) at
+   chosen steps, AdamW's decoupled decay and the parameters it decays (examples/gpt_train.h). */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/gpt.h"
 #include "../examples/gpt_data.h"
+#include "../examples/gpt_train.h"
 #include "test.h"
 #include "harness.h"
 
@@ -423,6 +426,89 @@ static void test_data(void) {
     gpt_corpus_free(&c);
 }
 
+/* The held-out split: every 10th document moves, bytes and all, and the training set keeps the
+   others in their order; fewer than 10 documents hold none out. */
+static void test_hold_out(void) {
+    gpt_corpus c, all, held;
+    int d, k = 0, bad = 0;
+    CHECK(gpt_corpus_generate(&c, 205, 32, 5) == 0 && gpt_corpus_generate(&all, 205, 32, 5) == 0, "two equal corpora");
+    CHECK(gpt_corpus_hold_out(&c, 10, &held) == 0, "hold out every 10th");
+    CHECK(held.n_docs == 20 && c.n_docs == 185, "20 held out, 185 kept; got %d, %d", held.n_docs, c.n_docs);
+    for (d = 0; d < all.n_docs; d++) {
+        const unsigned char* src = all.text + all.doc_start[d];
+        if (d % 10 == 9) {
+            const int j = d / 10;
+            bad += held.doc_len[j] != all.doc_len[d] || memcmp(held.text + held.doc_start[j], src, (size_t)all.doc_len[d]);
+        } else {
+            bad += c.doc_len[k] != all.doc_len[d] || memcmp(c.text + c.doc_start[k], src, (size_t)all.doc_len[d]);
+            k++;
+        }
+    }
+    CHECK(bad == 0 && k == c.n_docs, "documents 9, 19, ... held out, the rest kept in order (%d differ)", bad);
+    gpt_corpus_free(&held);
+    gpt_corpus_free(&c);
+    gpt_corpus_free(&all);
+    CHECK(gpt_corpus_generate(&c, 9, 32, 5) == 0 && gpt_corpus_hold_out(&c, 10, &held) == 0 && held.n_docs == 0 &&
+              c.n_docs == 9,
+          "nine documents: none held out");
+    CHECK(gpt_corpus_hold_out(&c, 1, &held) == -1 && c.n_docs == 9, "every = 1 is refused, the corpus unchanged");
+    gpt_corpus_free(&c);
+}
+
+/* The trainers' learning rate and AdamW (examples/gpt_train.h). */
+static void test_train_schedule(void) {
+    char* argv0[] = {(char*)"gpt", NULL};
+    char* argv1[] = {(char*)"gpt", (char*)"--lr", (char*)"1e-3", (char*)"--lr-min", (char*)"1e-4", (char*)"--warmup",
+                     (char*)"4", (char*)"--steps", (char*)"20", (char*)"--wd", (char*)"0.1", NULL};
+    gpt_opts c;
+    gpt_trainer T;
+    float w[2] = {1.0f, 1.0f}, g[2] = {0, 0}, m1[2] = {0, 0}, m2[2] = {0, 0};
+    const unsigned char decay[2] = {1, 0};
+    size_t n, want;
+    int s, bad = 0;
+    double mid, last;
+    CHECK(gpt_opts_parse(1, argv0, &c) == 0, "default options");
+    for (s = 0; s < c.steps; s++) bad += memcmp(&c.lr, &(float){gpt_lr(&c, s)}, sizeof(float)) != 0;
+    CHECK(bad == 0 && c.warmup == 0 && c.lr_min == c.lr && c.wd == 0,
+          "defaults: no warm-up, no decay, every step at --lr bit for bit (%d differ)", bad);
+    CHECK(gpt_opts_parse(11, argv1, &c) == 0, "--lr 1e-3 --lr-min 1e-4 --warmup 4 --steps 20 --wd 0.1");
+    CHECK(gpt_lr(&c, 0) == (float)(1e-3f * 0.25) && gpt_lr(&c, 1) == (float)(1e-3f * 0.5) && gpt_lr(&c, 3) == c.lr,
+          "warm-up: lr (s + 1) / 4: %g %g %g", (double)gpt_lr(&c, 0), (double)gpt_lr(&c, 1), (double)gpt_lr(&c, 3));
+    CHECK(gpt_lr(&c, 4) == c.lr, "the cosine starts at lr after the warm-up: %g", (double)gpt_lr(&c, 4));
+    mid = 0.5 * ((double)c.lr + (double)c.lr_min); /* step 12: half way through the 16 steps of decay */
+    CHECK(fabs(gpt_lr(&c, 12) - mid) < 1e-9, "half way: (lr + lr_min) / 2 = %g, got %g", mid, (double)gpt_lr(&c, 12));
+    last = (double)c.lr_min + 0.5 * ((double)c.lr - (double)c.lr_min) * (1.0 + cos(GPT_PI * 15.0 / 16.0));
+    CHECK(fabs(gpt_lr(&c, 19) - last) < 1e-10 && gpt_lr(&c, 19) > c.lr_min,
+          "the last step: lr_min + (lr - lr_min) (1 + cos(15 pi / 16)) / 2 = %g, got %g", last, (double)gpt_lr(&c, 19));
+    for (s = 4, bad = 0; s < 19; s++) bad += !(gpt_lr(&c, s + 1) < gpt_lr(&c, s));
+    CHECK(bad == 0 && gpt_lr(&c, 20) == c.lr_min, "falling every step after the warm-up, lr_min at --steps");
+    /* AdamW: a zero gradient moves nothing but the decay, w (1 - lr wd), where the mask says */
+    gpt_optimize(&c, w, g, m1, m2, decay, 2, 3);
+    CHECK(w[0] == 1.0f - c.lr * 0.1f && w[1] == 1.0f, "decoupled decay: %.9g (want %.9g), undecayed %.9g", (double)w[0],
+          (double)(1.0f - c.lr * 0.1f), (double)w[1]);
+    /* the decay's mask: the matrices (embeddings, attention, MLP, LM head), not the biases and gains */
+    memset(&T, 0, sizeof T);
+    T.gc.vocab = 256;
+    T.gc.max_T = 24;
+    T.gc.C = 16;
+    T.gc.n_head = 2;
+    T.gc.n_block = 3;
+    T.n_params = gpt_param_count(&T.gc);
+    T.wbuf = gpt_init(&T.w, NULL, &T.gc, 1, NULL);
+    T.decay = (unsigned char*)malloc(T.n_params);
+    CHECK(T.wbuf && T.decay, "a 3-block GPT");
+    if (!T.wbuf || !T.decay) return;
+    gpt_decay_mask(&T, T.decay);
+    for (n = 0, s = 0; n < T.n_params; n++) s += T.decay[n];
+    want = (size_t)(256 + 24) * 16 + 3 * (size_t)12 * 16 * 16 + (size_t)16 * 256;
+    CHECK((size_t)s == want && T.decay[0] && !T.decay[T.w.block[1].ln1_g - T.wbuf] &&
+              T.decay[T.w.block[1].fc_w - T.wbuf] && !T.decay[T.w.block[1].fc_b - T.wbuf] &&
+              !T.decay[T.n_params - 1],
+          "%d of %zu parameters decay, want %zu", s, T.n_params, want);
+    free(T.wbuf);
+    free(T.decay);
+}
+
 /* (c) ------------------------------------------------------------------------------------------- */
 #define NB 6            /* blocks: 8 layers, enough for p*v = 8 stages */
 #define NSEQ 13
@@ -608,6 +694,8 @@ int main(void) {
     test_boundaries();
     test_describe();
     test_data();
+    test_hold_out();
+    test_train_schedule();
     test_pipelined_equals_sequential();
     return TEST_DONE("gpt");
 }

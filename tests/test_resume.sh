@@ -1,7 +1,8 @@
 #!/bin/sh
 # tests/test_resume.sh GPT_CPU [GPT_MPI MPIRUN...] - checkpoints through the GPT trainers: saved at
 # p = 4 interleaved, resumed at p = 2 1F1B, bit for bit what an uninterrupted run gives (the
-# saved files compared with cmp: weights, Adam's moments, step); a truncated file, a flipped byte,
+# saved files compared with cmp: weights, Adam's moments, step; the learning rate warms up and
+# decays, so the resumed run must take its step from the file); a truncated file, a flipped byte,
 # another model and a file that is not a checkpoint refused. With GPT_MPI and an mpirun command,
 # the same across processes: four ranks write one file together (the same bytes as gpt_cpu's),
 # two ranks resume from it. Prints "NAME: N passed, N failed".
@@ -15,9 +16,12 @@ pass=0; fail=0
 check() { # check WHAT COND
     if eval "$2"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; fi
 }
-o="--generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4"
+# AdamW with a warm-up (examples/gpt_train.h's gpt_lr): a resumed run must find its place on
+# the schedule from the checkpoint's step. --check-resume adds the cosine, which ends at --steps
+# (a run of --steps 6 has another cosine than the first half of one of --steps 12).
+o="--generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4 --warmup 3 --wd 0.1"
 if [ -z "$mpi" ]; then
-    "$cpu" $o --check-resume --schedule interleaved -p 4 -v 2 --steps 12 > "$tmp.out" 2>&1
+    "$cpu" $o --lr-min 3e-4 --check-resume --schedule interleaved -p 4 -v 2 --steps 12 > "$tmp.out" 2>&1
     check "--check-resume: exit 0 and bit-identical" \
         "[ \$? -eq 0 ] && grep -q 'weights bit-identical, optimizer moments bit-identical' '$tmp.out'"
 fi
