@@ -9180,13 +9180,10 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
 
 pp_result pp_stage_eval(pp_stage* s, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats) {
     pp_result rc;
-    if (!s) return PP_ERR_INVALID;
-#ifndef PP_TEST_NO_STEP_GUARD
-    if (!s->step_mu_ok || pthread_mutex_trylock(&s->step_mu) != 0) {
+    if (!s || !_pp_step_enter(&s->step_mu, s->step_mu_ok)) {
         if (stats) memset(stats, 0, sizeof *stats);
         return PP_ERR_INVALID;
     }
-#endif
     if (s->eval_rc != PP_OK || (out && (out->rank < 0 || out->rank >= s->p))) {
         if (stats) memset(stats, 0, sizeof *stats);
         if (s->eval_rc != PP_OK) rc = _pp_fail(&s->err, s->eval_rc, "%s", s->eval_why);
@@ -9207,9 +9204,7 @@ pp_result pp_stage_eval(pp_stage* s, const pp_batch* b, pp_eval_out* out, pp_ste
         s->ev_out = NULL;
         s->ev_rank = -1;
     }
-#ifndef PP_TEST_NO_STEP_GUARD
-    pthread_mutex_unlock(&s->step_mu);
-#endif
+    _pp_step_leave(&s->step_mu);
     return rc;
 }
 
@@ -9487,24 +9482,16 @@ pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* st
 
 pp_result pp_pipeline_eval(pp_pipeline* pl, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats) {
     pp_result rc;
-    if (!pl) {
+    if (!pl || !_pp_step_enter(&pl->step_mu, pl->step_mu_ok)) {
         if (stats) memset(stats, 0, sizeof *stats);
         return PP_ERR_INVALID;
     }
-#ifndef PP_TEST_NO_STEP_GUARD
-    if (!pl->step_mu_ok || pthread_mutex_trylock(&pl->step_mu) != 0) {
-        if (stats) memset(stats, 0, sizeof *stats);
-        return PP_ERR_INVALID;
-    }
-#endif
     pl->eval = 1;
     pl->ev_out = out;
     rc = _pp_pipeline_step(pl, b, stats);
     pl->eval = 0;
     pl->ev_out = NULL;
-#ifndef PP_TEST_NO_STEP_GUARD
-    pthread_mutex_unlock(&pl->step_mu);
-#endif
+    _pp_step_leave(&pl->step_mu);
     return rc;
 }
 
@@ -9861,7 +9848,7 @@ static pp_result _pp_stage_grad(pp_stage* st, const pp_grad_buf* bufs, int n_buf
     pp_result rc;
     if (norm) *norm = 0;
     if (!st) return _pp_fail(err, PP_ERR_INVALID, "stage is NULL");
-    if (!st->step_mu_ok || pthread_mutex_trylock(&st->step_mu) != 0)
+    if (!_pp_step_enter(&st->step_mu, st->step_mu_ok))
         return _pp_fail(err, PP_ERR_INVALID, "rank %d: a step is running on this stage", st->d.rank);
     memset(&g, 0, sizeof g);
     g.t = &st->d.transport;
@@ -9869,7 +9856,7 @@ static pp_result _pp_stage_grad(pp_stage* st, const pp_grad_buf* bufs, int n_buf
     rc = _pp_stage_owns(st, bufs, n_bufs, err);
     if (rc == PP_OK) rc = pp_grad_norm(&g, st->L, bufs, n_bufs, norm, err);
     if (rc == PP_OK && clip) rc = pp_grad_clip(bufs, n_bufs, max_norm, *norm, NULL, err);
-    pthread_mutex_unlock(&st->step_mu);
+    _pp_step_leave(&st->step_mu);
     return rc;
 }
 
@@ -9889,11 +9876,11 @@ static pp_result _pp_pipeline_grad(pp_pipeline* pl, const pp_grad_buf* bufs, int
     pp_result rc;
     if (norm) *norm = 0;
     if (!pl) return _pp_fail(err, PP_ERR_INVALID, "pipeline is NULL");
-    if (!pl->step_mu_ok || pthread_mutex_trylock(&pl->step_mu) != 0)
+    if (!_pp_step_enter(&pl->step_mu, pl->step_mu_ok))
         return _pp_fail(err, PP_ERR_INVALID, "a step is running on this pipeline");
     rc = pp_grad_norm(NULL, pl->d.model.n_layers, bufs, n_bufs, norm, err);
     if (rc == PP_OK && clip) rc = pp_grad_clip(bufs, n_bufs, max_norm, *norm, NULL, err);
-    pthread_mutex_unlock(&pl->step_mu);
+    _pp_step_leave(&pl->step_mu);
     return rc;
 }
 
