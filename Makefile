@@ -601,6 +601,7 @@ $(B)/check-install: tests/check_install.sh | $(B)
 	@printf '#!/bin/sh\nMAKE="$(MAKE)" exec sh tests/check_install.sh $(B)\n' > $@ && chmod +x $@
 ifeq ($(HAVE_PKG_TOOLS),1)
 TEST_BINS_EXTRA += $(B)/check-install
+test: $(B)/check-install
 else
 test: pkg-note
 endif
@@ -627,6 +628,10 @@ $(NVTX_BINS) $(B)/nvtx-off: tests/fakecuda/cuda_runtime_api.h tests/fakecuda/lay
 $(B)/nvtx-off: tests/test_nvtx.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -Itests/fakecuda $(CFLAGS) $< -o $@ $(LDLIBS)
 TEST_BINS_EXTRA += $(B)/nvtx-off
+# test's prerequisites were read before the additions to TESTS and TEST_BINS_EXTRA in this block
+# (its recipe runs them all): they are named here too, or they would not be built
+test: $(foreach t,test_nvtx,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t)) $(B)/nvtx-off \
+      $(B)/readme-quickstart $(B)/version-skew
 ifeq ($(NVTX),1)
 NVFLAGS += -DPP_NVTX
 endif
