@@ -2,7 +2,12 @@
    (nvtxRangePushEx, nvtxRangePop), for host builds over the CUDA imitation. Each thread keeps
    its own stack of range names, as a profiler would see them; fakenvtx_log() reads what was
    pushed (in order, up to FAKENVTX_LOG), and the counters say how many pushes, pops, pops of an
-   empty stack, and ranges still open when their thread ended. Header-only, one process. */
+   empty stack, and ranges still open when their thread ended. Header-only, one process.
+   Imitated from the CUDA toolkit's nvtx3/nvToolsExt.h (NVTX 3): nvtxEventAttributes_t (its
+   version, size, colorType/color, messageType/message fields, as the real v2 struct names
+   them), nvtxRangePushEx and nvtxRangePop, whose documented rule is a per-thread stack (a pop
+   ends the range its own thread pushed last); check-nvtx compiles pipeline_cuda.h against the
+   real header. */
 #ifndef FAKE_NVTX3_NVTOOLSEXT_H
 #define FAKE_NVTX3_NVTOOLSEXT_H
 
