@@ -7731,13 +7731,13 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
 #endif
     vmsg[0] = 0;
     e.msg[0] = 0;
-    _pp_ag_write(s, s->ag_buf, rc, s->d.rank, s->err.msg);
     if (s->d.rank != 0) {
         unsigned char* vrec = _pp_ag_slot(s, 1);
         const int64_t* vw = _pp_ag_words(s, 1);
         const char* what = "posting the receive of the verdict";
         pp_request rq[2];
         memset(rq, 0, sizeof rq);
+        _pp_ag_write(s, s->ag_buf, rc, s->d.rank, s->err.msg);
         if (t->group_start) t->group_start(t->self);
         w = t->irecv(t->self, 0, _PP_TAG_VERDICT, vrec, s->ag_rec, &rq[1]);
         if (w == PP_OK) {
