@@ -863,8 +863,9 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
 /* The most activations (F done, B or W not yet; in chunks) a rank of kind k stashes at once:
    GPipe m; 1F1B and ZB-H1 min(p, m); ZB-H2 2 min(p, m); ZB-V 2 min(p, m) chunks (a chunk is half
    a stage: 1F1B's memory); V-Half min(p, m) + 2 chunks (half of it, + 2); V-Min
-   2 floor((min(p, m) + 1) / 3) + 2 (a third, rounded to whole stages, + 2: the peak of the authors'
-   V-Min lists, Qi et al., at every p; 4 at p = 2 to 4, 8 at p = 8); DualPipeV min(2p + 1, 2m) (1F1B's and one chunk: DualPipe's PP + 1);
+   2 floor((min(p, m) + 1) / 3) + 2 (a third, rounded to whole stages, + 2: the peak of the
+   authors' V-Min lists, Qi et al., at every p run, 1 to 10, 12 and 16, m >= p; 4 at p = 2 to 4,
+   8 at p = 8); DualPipeV min(2p + 1, 2m) (1F1B's and one chunk: DualPipe's PP + 1);
    interleaved-mem min(2(p-1) + (v-1)p + 1, v m'), m' the next multiple of p >= m
    (interleaved's peak at m'). 0 for interleaved (no fixed cap: see pp_simulate's peak_live) and
    invalid input. */
