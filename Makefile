@@ -213,14 +213,17 @@ $(B)/agree-controls: tests/controls.sh $(B)/agree-ctl-nogen $(B)/agree-ctl-noagr
 	printf '#!/bin/sh\nexec sh tests/controls.sh agree-controls "$(B)/agree-ctl-nogen controls" "$(B)/agree-ctl-noagree controls" "$(B)/agree-ctl-nombcheck controls" "$(B)/agree-ctl-nogo skew" "$(B)/agree-ctl-noabort fault" "$(B)/agree-ctl-noseqhash seqbounds"\n' > $@
 	chmod +x $@
 
-# Negative controls of tests/test_zb.c: the turn of the V sent to itself again, and the B-only
-# scratch kept until W (the W share's peak_mem then differs from the simulator's); each must fail.
+# Negative controls of tests/test_zb.c: the turn of the V sent to itself again, the B-only
+# scratch kept until W (the W share's peak_mem then differs from the simulator's), and V-Min's
+# cap before 2026-11-28 (5 chunks at p = 4: the grid's peaks go over the authors'); each must fail.
 $(B)/zb-ctl-nohandover: tests/test_zb.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_HANDOVER $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/zb-ctl-nobfree: tests/test_zb.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_B_FREE $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/zb-controls: tests/controls.sh $(B)/zb-ctl-nohandover $(B)/zb-ctl-nobfree
-	printf '#!/bin/sh\nexec sh tests/controls.sh zb-controls "$(B)/zb-ctl-nohandover turn" "$(B)/zb-ctl-nobfree wshare"\n' > $@
+$(B)/zb-ctl-oldvmincap: tests/test_zb.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_OLD_VMIN_CAP $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/zb-controls: tests/controls.sh $(B)/zb-ctl-nohandover $(B)/zb-ctl-nobfree $(B)/zb-ctl-oldvmincap
+	printf '#!/bin/sh\nexec sh tests/controls.sh zb-controls "$(B)/zb-ctl-nohandover turn" "$(B)/zb-ctl-nobfree wshare" "$(B)/zb-ctl-oldvmincap grid"\n' > $@
 	chmod +x $@
 
 # Negative control of tests/test_cuda_host.c's early copy: made on the sender's own stream (behind

@@ -204,6 +204,8 @@
           Then: PP_VERSION_STRING, companion headers that refuse a pipeline.h of another
           release; NVTX ranges per action (PP_NVTX, pipeline_cuda.h); make install, pkg-config
           and CMake packages (README).
+          Then: V-Min's stash cap 2 round(min(p, m) / 3) + 2 chunks, the authors' list's peak
+          (one chunk less where min(p, m) % 3 == 1, e.g. 4 at p = 4).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -767,8 +769,8 @@ typedef enum pp_schedule_kind {
     PP_SCHED_ZB_H1,             /* zero bubble H1: 1F1B's memory, W deferred into the bubble */
     PP_SCHED_ZB_V,              /* zero bubble V: v = 2, rank r holds stages r and 2p-1-r */
     PP_SCHED_ZB_H2,             /* zero bubble H2: v = 1, twice 1F1B's memory, W fills the bubble */
-    PP_SCHED_V_HALF,            /* V map, v = 2, half of 1F1B's activation memory (+ one chunk) */
-    PP_SCHED_V_MIN,             /* V map, v = 2, a third of 1F1B's activation memory (+ one chunk) */
+    PP_SCHED_V_HALF,            /* V map, v = 2, half of 1F1B's activation memory (+ one stage) */
+    PP_SCHED_V_MIN,             /* V map, v = 2, a third of 1F1B's activation memory (+ one stage) */
     PP_SCHED_INTERLEAVED_MEM,   /* interleaved whose peak for any m is at most the next multiple of p's */
     PP_SCHED_DUALPIPE_V,        /* DeepSeek's DualPipeV: V map, F&B pairs back to back, 2p + 1 chunks */
     PP_SCHED_KIND_COUNT,
@@ -860,8 +862,10 @@ pp_result pp_schedule_make_cost(pp_schedule_kind k, int p, int v, int m, const p
                                 size_t cap, pp_schedule* s, pp_error* err);
 /* The most activations (F done, B or W not yet; in chunks) a rank of kind k stashes at once:
    GPipe m; 1F1B and ZB-H1 min(p, m); ZB-H2 2 min(p, m); ZB-V 2 min(p, m) chunks (a chunk is half
-   a stage: 1F1B's memory); V-Half min(p, m) + 1 chunks (half of it); V-Min 2 min(p, m) / 3 + 1
-   (a third); DualPipeV min(2p + 1, 2m) (1F1B's and one chunk: DualPipe's PP + 1);
+   a stage: 1F1B's memory); V-Half min(p, m) + 2 chunks (half of it, + 2); V-Min
+   2 floor((min(p, m) + 1) / 3) + 2 (a third, rounded to whole stages, + 2: the peak of the
+   authors' V-Min lists, Qi et al., at every p run, 1 to 10, 12 and 16, m >= p; 4 at p = 2 to 4,
+   8 at p = 8); DualPipeV min(2p + 1, 2m) (1F1B's and one chunk: DualPipe's PP + 1);
    interleaved-mem min(2(p-1) + (v-1)p + 1, v m'), m' the next multiple of p >= m
    (interleaved's peak at m'). 0 for interleaved (no fixed cap: see pp_simulate's peak_live) and
    invalid input. */
@@ -3966,7 +3970,12 @@ int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m) {
     case PP_SCHED_1F1B: case PP_SCHED_ZB_H1: return mm;
     case PP_SCHED_ZB_H2: case PP_SCHED_ZB_V: return 2 * mm;
     case PP_SCHED_V_HALF: return mm + 2;
+#ifdef PP_TEST_OLD_VMIN_CAP /* negative control (build/zb-controls): the cap before 2026-11-28, a chunk
+                               more where min(p, m) % 3 == 1 (5 at p = 4, over the authors' 4) */
     case PP_SCHED_V_MIN: return (2 * mm + 2) / 3 + 2;
+#else
+    case PP_SCHED_V_MIN: return 2 * ((mm + 1) / 3) + 2;
+#endif
     case PP_SCHED_DUALPIPE_V: return 2 * p + 1 < 2 * m ? 2 * p + 1 : 2 * m;
     case PP_SCHED_INTERLEAVED_MEM: {
         int mp = (m + p - 1) / p * p, c = 2 * (p - 1) + (v - 1) * p + 1;

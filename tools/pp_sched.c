@@ -563,7 +563,7 @@ int main(int argc, char** argv) {
                kind == PP_SCHED_ZB_V     ? "chunks = 2*min(p,m), 1f1b's memory"
                : kind == PP_SCHED_ZB_H2  ? "stages = 2*min(p,m), twice 1f1b's"
                : kind == PP_SCHED_V_HALF ? "chunks = min(p,m)+2, half of 1f1b's + 2 chunks"
-               : kind == PP_SCHED_V_MIN  ? "chunks = ceil(2*min(p,m)/3)+2, a third of 1f1b's + 2 chunks"
+               : kind == PP_SCHED_V_MIN  ? "chunks = 2*floor((min(p,m)+1)/3)+2, a third of 1f1b's + 2 chunks"
                : kind == PP_SCHED_DUALPIPE_V ? "chunks = min(2p+1, 2m), 1f1b's + 1 chunk"
                                          : "");
     printf("peak live ");
