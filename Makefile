@@ -149,7 +149,8 @@ $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
-                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls
+                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls \
+                  $(B)/overlap-controls
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
 # rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
@@ -160,6 +161,17 @@ $(B)/gradnorm-ctl-no-scaler-agree: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(H
 	$(CC) $(BASE) -DPP_TEST_NO_SCALER_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/gradnorm-controls: tests/controls.sh $(B)/gradnorm-ctl-no-norm-order $(B)/gradnorm-ctl-no-scaler-agree
 	printf '#!/bin/sh\nexec sh tests/controls.sh gradnorm-controls "$(B)/gradnorm-ctl-no-norm-order order" "$(B)/gradnorm-ctl-no-norm-order norm" "$(B)/gradnorm-ctl-no-scaler-agree scaler"\n' > $@
+	chmod +x $@
+# Negative controls of the overlapped data-parallel reduction (tests/test_grid.c): the executor
+# never calls the gradients-final hook (every bucket waits for the end: the test's count of
+# buckets reduced inside the step fails), and the tied sum after the tied layers' data-parallel
+# sum (the gradients differ from the reference); each must fail.
+$(B)/overlap-ctl-no-hook: tests/test_grid.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_GRADS_FINAL $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/overlap-ctl-tied-late: tests/test_grid.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_TIED_FIRST $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/overlap-controls: tests/controls.sh $(B)/overlap-ctl-no-hook $(B)/overlap-ctl-tied-late
+	printf '#!/bin/sh\nexec sh tests/controls.sh overlap-controls "$(B)/overlap-ctl-no-hook" "$(B)/overlap-ctl-tied-late"\n' > $@
 	chmod +x $@
 # The checkpoints' negative control (tests/test_ckpt.c): without the checksums compared
 # (-DPP_TEST_NO_CKPT_CHECKSUM) a flipped byte loads silently, and the test must fail.
