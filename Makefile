@@ -16,7 +16,7 @@ EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
            test_nccl_grid test_agree test_validate test_gradnorm test_ckpt test_eval test_malloc
-BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation $(B)/bench_overlap_nccl
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table fuzz_ckpt
 FUZZ_RUNS ?= 20000
@@ -86,6 +86,10 @@ $(NCCL_PIPE): BASE += -DFAKECUDA_DEVICES=8
 $(B)/bench_imitation: bench/bench_imitation.c tests/harness.h tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
                       tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda $(CFLAGS) $< -o $@ $(LDLIBS)
+
+$(B)/bench_overlap_nccl: bench/bench_overlap.c tests/harness.h tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
+                         tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 $(CFLAGS) $< -o $@ $(LDLIBS)
 
 $(B)/bench-imitation-smoke: $(B)/bench_imitation
 	@printf '#!/bin/sh\nexec $(B)/bench_imitation --smoke\n' > $@ && chmod +x $@
