@@ -97,6 +97,8 @@
    pp_partition_capped (under a memory cap per stage) splits on the measured times.
 
    THE LOOP AROUND THE STEP (>>grad)
+   pp_dp_overlap: each stage's data-parallel reduction from its gradients-final hook
+   (pp_stage_desc.grads_final), while the pipeline drains; one wait after the step does the rest.
    pp_stage_grad_norm (per rank), pp_pipeline_grad_norm (one process) and pp_grad_norm (any group
    of ranks): the L2 norm of all the model's gradients, tied parameters once, from the arrays each
    rank lists (pp_grad_buf); the same bits on every rank and for every p, v, schedule and
@@ -204,6 +206,9 @@
           Then: PP_VERSION_STRING, companion headers that refuse a pipeline.h of another
           release; NVTX ranges per action (PP_NVTX, pipeline_cuda.h); make install, pkg-config
           and CMake packages (README).
+          Then: gradients final per stage (pp_stage_desc.grads_final, pp_step_stats
+          .t_grads_final) and the data-parallel reduction overlapped with the cool-down
+          (pp_dp_overlap, >>grad).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
