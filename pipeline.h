@@ -10087,7 +10087,7 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
 /* The data-parallel reduction overlapped with the cool-down (pp_dp_overlap, >>grad). */
 struct pp_dp_overlap {
     pp_dp_overlap_desc d;           /* defaults resolved; bufs points at our copy */
-    pp_grad_buf* bufs;
+    pp_grad_buf* bufs;              /* [n_bufs]; with the two below, one allocation */
     int* stage;                     /* [n_bufs] the stage of each buffer's layer; -1: a tied layer */
     unsigned char* done;            /* [n_stages] reduced by the hook this step */
     int tied_a, tied_b;             /* the buffers of the tied copies; -1: not on this rank */
@@ -10112,13 +10112,15 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
     }
     if (!(o = (pp_dp_overlap*)_pp_calloc(1, sizeof *o))) return _pp_fail(err, PP_ERR_NOMEM, "pp_dp_overlap");
     o->d = *d;
-    o->bufs = (pp_grad_buf*)_pp_calloc((size_t)d->n_bufs + 1, sizeof *o->bufs);
-    o->stage = (int*)_pp_calloc((size_t)d->n_bufs + 1, sizeof *o->stage);
-    o->done = (unsigned char*)_pp_calloc((size_t)d->n_stages, 1);
-    if (!o->bufs || !o->stage || !o->done) {
-        pp_dp_overlap_destroy(o);
+    /* bufs, then stage, then done: the int and byte slices after the structs stay aligned */
+    o->bufs = (pp_grad_buf*)_pp_calloc(1, ((size_t)d->n_bufs + 1) * (sizeof *o->bufs + sizeof *o->stage) +
+                                              (size_t)d->n_stages);
+    if (!o->bufs) {
+        PP_FREE(o);
         return _pp_fail(err, PP_ERR_NOMEM, "pp_dp_overlap tables for %d buffers", d->n_bufs);
     }
+    o->stage = (int*)(void*)(o->bufs + d->n_bufs + 1);
+    o->done = (unsigned char*)(o->stage + d->n_bufs + 1);
     if (d->n_bufs) memcpy(o->bufs, d->bufs, (size_t)d->n_bufs * sizeof *o->bufs);
     o->d.bufs = o->bufs;
     if (o->d.scale == 0) o->d.scale = 1.0 / (d->dp.ranks ? d->dp.n_ranks : d->dp.t->size);
@@ -10140,9 +10142,7 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
 
 void pp_dp_overlap_destroy(pp_dp_overlap* o) {
     if (!o) return;
-    PP_FREE(o->bufs);
-    PP_FREE(o->stage);
-    PP_FREE(o->done);
+    PP_FREE(o->bufs); /* and stage, done */
     PP_FREE(o);
 }
 

@@ -44,7 +44,6 @@
 #include "tests/harness.h"
 
 #include <pthread.h>
-#include <time.h>
 
 #define MAX_REPS 64
 #define MAX_PP 16
@@ -240,21 +239,9 @@ static void read_cfg(bench_cfg* c, int argc, char** argv) {
 
 #ifdef BENCH_MPI
 /* MPI: one process per rank; the grid's pipeline and dp communicators (pp_mpi_grid). */
-/* A barrier whose waiters sleep: spinning ones would take the cores from the ranks still
-   finishing (8 ranks on 2 cores here). */
 static void mpi_barrier(rank_env* e) {
-    MPI_Request r;
-    int done = 0;
-    struct timespec ts;
     (void)e;
-    ts.tv_sec = 0;
-    ts.tv_nsec = 100000;
-    MPI_Ibarrier(MPI_COMM_WORLD, &r);
-    for (;;) {
-        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-        if (done) break;
-        nanosleep(&ts, NULL);
-    }
+    hx_quiet_barrier();
 }
 
 int main(int argc, char** argv) {
