@@ -8690,7 +8690,11 @@ static int* _pp_gfinal_table(const pp_stage* s) {
     for (i = 0; i < s->v; i++) g[i] = -1;
     for (i = 0; i < s->n_list; i++) {
         const pp_action* a = &s->list[i];
+#ifdef PP_TEST_GRADS_FINAL_AT_B /* negative control (build/overlap-controls): W's gradients come after */
+        if (a->op == PP_OP_B && a->chunk >= 0 && a->chunk < s->v) g[a->chunk] = i;
+#else
         if (a->op == (s->defer_w ? PP_OP_W : PP_OP_B) && a->chunk >= 0 && a->chunk < s->v) g[a->chunk] = i;
+#endif
     }
     return g;
 }
