@@ -1645,7 +1645,9 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
    communicator). Every buffer must be listed in the same order on every member of a dp group. */
 typedef struct pp_dp_overlap_desc {
     pp_group dp;                    /* the data-parallel group (its transport must not be the
-                                       pipeline's: ranks of another world or communicator) */
+                                       pipeline's: ranks of another world or communicator; the
+                                       pp_transport structs here and in tied are copied at
+                                       create, the worlds they point to must live on) */
     double scale;                   /* applied after the sum; 0: 1 / the group's size (the mean) */
     size_t bucket_bytes;            /* most bytes one all-reduce carries; 0: 4 MiB */
     const pp_grad_buf* bufs;        /* this rank's gradients (copied at create; data borrowed) */
@@ -10090,7 +10092,8 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
 
 /* The data-parallel reduction overlapped with the cool-down (pp_dp_overlap, >>grad). */
 struct pp_dp_overlap {
-    pp_dp_overlap_desc d;           /* defaults resolved; bufs points at our copy */
+    pp_dp_overlap_desc d;           /* defaults resolved; bufs, dp.t and tied point at our copies */
+    pp_transport dp_t, tied_t;
     pp_grad_buf* bufs;              /* [n_bufs]; with the two below, one allocation */
     int* stage;                     /* [n_bufs] the stage of each buffer's layer; -1: a tied layer */
     unsigned char* done;            /* [n_stages] reduced by the hook this step */
@@ -10127,6 +10130,12 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
     o->done = (unsigned char*)(o->stage + d->n_bufs + 1);
     if (d->n_bufs) memcpy(o->bufs, d->bufs, (size_t)d->n_bufs * sizeof *o->bufs);
     o->d.bufs = o->bufs;
+    o->dp_t = *d->dp.t; /* the structs are copied (what they point to must live on) */
+    o->d.dp.t = &o->dp_t;
+    if (d->tied) {
+        o->tied_t = *d->tied;
+        o->d.tied = &o->tied_t;
+    }
     if (o->d.scale == 0) o->d.scale = 1.0 / (d->dp.ranks ? d->dp.n_ranks : d->dp.t->size);
     if (o->d.bucket_bytes == 0) o->d.bucket_bytes = (size_t)4 << 20;
     o->tied_a = o->tied_b = -1;

@@ -259,6 +259,49 @@ static void grid_run(pp_schedule_kind kind, int v, int m, int overlap) {
     pp_threads_destroy(W.all);
 }
 
+/* pp_dp_overlap alone, on a one-rank group: bad descs refused with a message, the hook once per
+   stage and step, the tied layer after the tied sum, the scale on everything. */
+static void overlap_checks(void) {
+    pp_threads* one = NULL;
+    pp_transport t;
+    pp_error err;
+    pp_dp_overlap* ov = NULL;
+    pp_dp_overlap_desc od;
+    pp_dp_overlap_stats os;
+    pp_grad_buf bufs[3];
+    float e[4] = {1, 2, 3, 4}, h[4] = {4, 3, 2, 1}, dense[5] = {2, 2, 2, 2, 2};
+    int first[3] = {0, 2, 3}, i, ok = 1;
+    CHECK(pp_threads_create(1, &one, &err) == PP_OK, "threads: %s", err.msg);
+    t = pp_threads_transport(one, 0);
+    memset(bufs, 0, sizeof bufs);
+    bufs[0].layer = 0, bufs[0].data = e, bufs[0].count = 4, bufs[0].dtype = PP_F32;
+    bufs[1].layer = 1, bufs[1].data = dense, bufs[1].count = 5, bufs[1].dtype = PP_F32;
+    bufs[2].layer = 2, bufs[2].data = h, bufs[2].count = 4, bufs[2].dtype = PP_F32;
+    memset(&od, 0, sizeof od);
+    CHECK(pp_dp_overlap_create(&od, &ov, &err) == PP_ERR_INVALID && strstr(err.msg, "dp.t") && !ov, "empty desc: %s", err.msg);
+    od.dp.t = &t;
+    od.bufs = bufs;
+    od.n_bufs = 3;
+    od.partition = first;
+    od.n_stages = 1;
+    CHECK(pp_dp_overlap_create(&od, &ov, &err) == PP_ERR_INVALID && strstr(err.msg, "outside"), "layer 2 of 0..1: %s", err.msg);
+    od.n_stages = 2;
+    od.scale = 0.5;
+    od.bucket_bytes = 8;
+    od.tied = &t;
+    od.tied_layers[1] = 2; /* pair {0, 0}: this rank holds both copies */
+    CHECK(pp_dp_overlap_create(&od, &ov, &err) == PP_OK, "overlap: %s", err.msg);
+    CHECK(pp_dp_overlap_hook(ov, 0, 2) == PP_ERR_INVALID && strstr(pp_dp_overlap_error(ov), "outside"), "stage 2 of 2");
+    CHECK(pp_dp_overlap_hook(ov, 0, 0) == PP_OK && pp_dp_overlap_hook(ov, 0, 0) == PP_OK, "hook: %s", pp_dp_overlap_error(ov));
+    CHECK(e[0] == 1 && dense[0] == 1 && dense[4] == 1, "stage 0's hook: the dense layer scaled once, the tied one left");
+    CHECK(pp_dp_overlap_wait(ov, &os, &err) == PP_OK, "wait: %s", err.msg);
+    for (i = 0; i < 4; i++) ok &= e[i] == 2.5f && h[i] == 2.5f; /* (e + h) * 0.5 */
+    CHECK(ok && dense[0] == 1 && os.buckets_hook == 3 && os.buckets_wait == 4, "wait: tied %g %g, %d + %d buckets", e[0],
+          h[0], os.buckets_hook, os.buckets_wait);
+    pp_dp_overlap_destroy(ov);
+    pp_threads_destroy(one);
+}
+
 /* pp = 1: one rank holds both tied copies; the helpers work locally, in the same order. */
 static void tied_local_checks(void) {
     pp_threads* one = NULL;
@@ -295,6 +338,7 @@ int main(void) {
     int ov;
     env_checks();
     tied_local_checks();
+    overlap_checks();
     grid_checks();
     for (ov = 0; ov < 2; ov++) {
         grid_run(PP_SCHED_1F1B, 1, 4, ov);
