@@ -700,6 +700,7 @@ typedef struct gf_seen {
     const float* gbuf;
     float* snap;                /* [n]: each stage writes its own layers' floats */
     int calls[16], wrong_rank;
+    int fail_stage;             /* 1 + a stage whose hook fails; 0: none */
 } gf_seen;
 
 /* Copies (cmp = 0) stage s's layers' gradients from gbuf into snap, or counts (cmp = 1) the
@@ -728,6 +729,7 @@ static long gf_layers(gf_seen* F, int s, int cmp) {
 static pp_result gf_hook(void* user, int rank, int stage) {
     gf_seen* F = (gf_seen*)user;
     int r;
+    if (F->fail_stage == stage + 1) return PP_ERR_TRANSPORT;
     pp_schedule_stage_to_rank(pp_pipeline_schedule(F->pl), stage, &r, NULL);
     if (r != rank) F->wrong_rank++;
     F->calls[stage]++;
@@ -801,6 +803,13 @@ static void test_grads_final(void) {
         memset(F.calls, 0, sizeof F.calls); /* an evaluation runs no hook */
         rc = pp_pipeline_eval(F.pl, &b, NULL, NULL);
         for (s = 0; s < n_st && rc == PP_OK; s++) CHECK(F.calls[s] == 0, "%s: the hook ran in an evaluation", name);
+        F.fail_stage = n_st; /* a hook that fails fails the step, named; the next step runs */
+        rc = pp_pipeline_step(F.pl, &b, &st);
+        CHECK(rc == PP_ERR_TRANSPORT && strstr(pp_pipeline_error(F.pl), "gradients-final hook"),
+              "%s: a failing hook: %s (%s)", name, pp_result_str(rc), pp_pipeline_error(F.pl));
+        F.fail_stage = 0;
+        CHECK(pp_pipeline_step(F.pl, &b, &st) == PP_OK, "%s: the step after a failed hook: %s", name,
+              pp_pipeline_error(F.pl));
         pp_pipeline_destroy(F.pl);
         free(F.snap);
     }
