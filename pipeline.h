@@ -1079,6 +1079,13 @@ typedef struct pp_transport {
        transport already ordered: until then the stage enqueues nothing on the bytes it receives
        into (pipeline_nccl.h then skips a stream wait). May be NULL. */
     void (*released)(void* self, const void* ptr, size_t bytes);
+    /* Optional: starts what allreduce_sum does (the same bits), completed by wait (req); buf
+       stays untouched until then. PP_ERR_UNSUPPORTED where it cannot (a dtype, a group other
+       than the whole transport, an ordered sum): the caller then calls allreduce_sum. Every rank
+       of the group starts its collectives in the same order. pp_dp_overlap starts its buckets
+       with it from the gradients-final hook (pipeline_mpi.h: MPI_Iallreduce). May be NULL. */
+    pp_result (*iallreduce_sum)(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
+                                pp_request* req);
 } pp_transport;
 
 /* >>threads ----------------------------------------------------------------------------------- */
@@ -1635,11 +1642,14 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
    scale) over each buffer after the step: the sums are per element, so cutting a buffer into
    buckets changes no bit, and tied layers wait: their buffers are reduced in
    pp_dp_overlap_wait, after the tied sum (pp_tied_sum_grads over tied / tied_pair of the first
-   buffer listed for tied_layers[0] and for tied_layers[1]; Megatron #844). Each bucket is a
-   blocking pp_grad_allreduce on dp's transport, issued from the hook: it costs the stage's own
-   thread that time, hidden where the rank has nothing left to run (GPipe and 1F1B: a rank's
-   last B is its last action; with several chunks per rank or deferred W's, a reduction started
-   early delays the rank's later actions by its length). No deadlock: replicas run the same list,
+   buffer listed for tied_layers[0] and for tied_layers[1]; Megatron #844). Where dp's transport
+   can start an all-reduce (pp_transport.iallreduce_sum: pipeline_mpi.h's MPI_Iallreduce, f32
+   and f64 over its whole communicator) the hook starts each bucket and returns; the wait
+   completes them (and scales). Elsewhere (the threads transport, pipeline_nccl.h, f16, a subset
+   of ranks, the ordered sum) each bucket is a blocking pp_grad_allreduce issued from the hook:
+   it costs the stage's own thread that time, hidden where the rank has nothing left to run
+   (GPipe and 1F1B: a rank's last B is its last action; with several chunks per rank or deferred
+   W's, it delays the rank's later actions by its length). No deadlock: replicas run the same list,
    so the hooks come at the same points on every member of a dp group, and dp's transport is not
    the pipeline's (threads: another world or other ranks; MPI and NCCL: the grid's dp
    communicator). Every buffer must be listed in the same order on every member of a dp group. */
@@ -1667,6 +1677,8 @@ typedef struct pp_dp_overlap pp_dp_overlap;
 typedef struct pp_dp_overlap_stats {
     double t_hook, t_wait;          /* seconds in the hooks, and in the wait */
     int buckets_hook, buckets_wait; /* all-reduces issued in each */
+    int buckets_started;            /* of buckets_hook: started in the hook (dp's iallreduce_sum),
+                                       completed in the wait; the others ran to the end there */
 } pp_dp_overlap_stats;
 
 pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out, pp_error* err);
@@ -6129,10 +6141,12 @@ static pp_transport _pp_transport_of(const pp_transport* ops, void* self, int ra
 
 pp_transport pp_threads_transport(pp_threads* w, int rank) {
     /* self, rank, size; isend, irecv, wait, test; group_start, group_end; allreduce_sum, abort,
-       cancel; flight_note, flight_get; abort_reason, check_schedule; abort_local; released */
+       cancel; flight_note, flight_get; abort_reason, check_schedule; abort_local; released;
+       iallreduce_sum */
     static const pp_transport ops = {NULL, 0, 0, _pp_threads_isend, _pp_threads_irecv, _pp_threads_wait, _pp_threads_test,
                                      NULL, NULL, _pp_threads_allreduce, _pp_threads_abort, _pp_threads_cancel,
-                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason, NULL, 0, NULL};
+                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason, NULL, 0, NULL,
+                                     NULL};
     int ok = w && rank >= 0 && rank < w->n;
     return _pp_transport_of(&ops, ok ? &w->ports[rank] : NULL, rank, ok ? w->n : 0);
 }
@@ -10094,6 +10108,13 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
 struct pp_dp_overlap {
     pp_dp_overlap_desc d;           /* defaults resolved; bufs, dp.t and tied point at our copies */
     pp_transport dp_t, tied_t;
+    /* buckets started with dp's iallreduce_sum, completed and scaled in the wait */
+    struct _pp_dp_pending {
+        pp_request req;
+        int buf;
+        size_t off, n;
+    }* pend;
+    int n_pend, cap_pend;
     pp_grad_buf* bufs;              /* [n_bufs]; with the two below, one allocation */
     int* stage;                     /* [n_bufs] the stage of each buffer's layer; -1: a tied layer */
     unsigned char* done;            /* [n_stages] reduced by the hook this step */
@@ -10128,6 +10149,19 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
     }
     o->stage = (int*)(void*)(o->bufs + d->n_bufs + 1);
     o->done = (unsigned char*)(o->stage + d->n_bufs + 1);
+    if (d->dp.t->iallreduce_sum) { /* room for every bucket of a step, started at once */
+        size_t nb = 0;
+        for (i = 0; i < d->n_bufs; i++) {
+            size_t es = pp_dtype_size(d->bufs[i].dtype), bb = d->bucket_bytes ? d->bucket_bytes : (size_t)4 << 20;
+            size_t per = es && bb / es ? bb / es : 1;
+            nb += (d->bufs[i].count + per - 1) / per;
+        }
+        if (nb > (size_t)1 << 30 || !(o->pend = (struct _pp_dp_pending*)_pp_calloc(nb + 1, sizeof *o->pend))) {
+            pp_dp_overlap_destroy(o);
+            return _pp_fail(err, PP_ERR_NOMEM, "pp_dp_overlap: %zu pending buckets", nb);
+        }
+        o->cap_pend = (int)nb;
+    }
     if (d->n_bufs) memcpy(o->bufs, d->bufs, (size_t)d->n_bufs * sizeof *o->bufs);
     o->d.bufs = o->bufs;
     o->dp_t = *d->dp.t; /* the structs are copied (what they point to must live on) */
@@ -10155,23 +10189,68 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
 
 void pp_dp_overlap_destroy(pp_dp_overlap* o) {
     if (!o) return;
+    pp_dp_overlap_reset(o);
+    PP_FREE(o->pend);
     PP_FREE(o->bufs); /* and stage, done */
     PP_FREE(o);
 }
 
-/* Buffer i over the dp group, bucket by bucket: n buckets more into *buckets. */
-static pp_result _pp_dp_reduce(pp_dp_overlap* o, int i, int* buckets) {
+/* Buffer i over the dp group, bucket by bucket: n buckets more into *buckets. start 1 (the
+   hook): a bucket the transport can start (iallreduce_sum) is left pending for the wait. */
+static pp_result _pp_dp_reduce(pp_dp_overlap* o, int i, int* buckets, int start) {
     const pp_grad_buf* b = &o->bufs[i];
+    const pp_transport* t = o->d.dp.t;
     size_t es = pp_dtype_size(b->dtype), per = es && o->d.bucket_bytes / es ? o->d.bucket_bytes / es : 1, off, n;
+    int all[PP_MAX_RANKS], k, nr = o->d.dp.ranks ? o->d.dp.n_ranks : t->size;
+    const int* ranks = o->d.dp.ranks;
+#ifdef PP_TEST_NO_DP_START /* negative control (multiprocess.mk): every bucket blocks in the hook */
+    start = 0;
+#endif
+    if (!ranks && start && t->size <= PP_MAX_RANKS) { /* iallreduce_sum takes the group as pp_grad_allreduce makes it */
+        for (k = 0; k < t->size; k++) all[k] = k;
+        ranks = all;
+    }
     for (off = 0; off < b->count; off += n) {
-        pp_result rc;
+        pp_result rc = PP_ERR_UNSUPPORTED;
+        void* p;
         n = b->count - off < per ? b->count - off : per;
-        rc = pp_grad_allreduce(o->d.dp.t, o->d.dp.ranks, o->d.dp.n_ranks, (char*)b->data + off * es, n, b->dtype,
-                               o->d.scale, o->d.dp.timeout_s, &o->err);
-        if (rc != PP_OK) return rc;
+        p = (char*)b->data + off * es;
+        if (start && o->n_pend < o->cap_pend && nr > 1 && ranks) {
+            struct _pp_dp_pending* q = &o->pend[o->n_pend];
+            rc = t->iallreduce_sum(t->self, p, n, b->dtype, ranks, nr, &q->req);
+            if (rc == PP_OK) {
+                q->buf = i;
+                q->off = off;
+                q->n = n;
+                o->n_pend++;
+                o->st.buckets_started++;
+            } else if (rc != PP_ERR_UNSUPPORTED) {
+                return _pp_fail(&o->err, rc, "rank %d: starting the all-reduce of layer %d's gradient (%zu of %zu)",
+                                t->rank, b->layer, n, b->count);
+            }
+        }
+        if (rc == PP_ERR_UNSUPPORTED) {
+            rc = pp_grad_allreduce(t, o->d.dp.ranks, o->d.dp.n_ranks, p, n, b->dtype, o->d.scale, o->d.dp.timeout_s, &o->err);
+            if (rc != PP_OK) return rc;
+        }
         ++*buckets;
     }
     return PP_OK;
+}
+
+/* The started buckets, in the order they were started: wait, then scale as pp_grad_allreduce. */
+static pp_result _pp_dp_complete(pp_dp_overlap* o) {
+    pp_result rc = PP_OK;
+    int k;
+    for (k = 0; k < o->n_pend; k++) {
+        struct _pp_dp_pending* q = &o->pend[k];
+        const pp_grad_buf* b = &o->bufs[q->buf];
+        pp_result r = o->d.dp.t->wait(o->d.dp.t->self, &q->req, o->d.dp.timeout_s, &o->err);
+        if (r == PP_OK && rc == PP_OK) _pp_scale((char*)b->data + q->off * pp_dtype_size(b->dtype), q->n, b->dtype, o->d.scale);
+        if (r != PP_OK && rc == PP_OK) rc = r;
+    }
+    o->n_pend = 0;
+    return rc;
 }
 
 pp_result pp_dp_overlap_hook(void* user, int rank, int stage) {
@@ -10186,7 +10265,7 @@ pp_result pp_dp_overlap_hook(void* user, int rank, int stage) {
     if (o->done[stage]) return PP_OK;
     o->done[stage] = 1;
     for (i = 0; i < o->d.n_bufs && rc == PP_OK; i++)
-        if (o->stage[i] == stage) rc = _pp_dp_reduce(o, i, &o->st.buckets_hook);
+        if (o->stage[i] == stage) rc = _pp_dp_reduce(o, i, &o->st.buckets_hook, 1);
     o->st.t_hook += _pp_now() - t0;
     return rc;
 }
@@ -10197,8 +10276,9 @@ pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_er
     int i;
     if (!o) return _pp_fail(err, PP_ERR_INVALID, "overlap is NULL");
     o->err.msg[0] = 0;
+    rc = _pp_dp_complete(o);
     for (i = 0; i < o->d.n_bufs && rc == PP_OK; i++)
-        if (o->stage[i] >= 0 && !o->done[o->stage[i]]) rc = _pp_dp_reduce(o, i, &o->st.buckets_wait);
+        if (o->stage[i] >= 0 && !o->done[o->stage[i]]) rc = _pp_dp_reduce(o, i, &o->st.buckets_wait, 0);
     if (rc == PP_OK && o->d.tied) {
         const pp_grad_buf* ba = o->tied_a >= 0 ? &o->bufs[o->tied_a] : NULL;
         const pp_grad_buf* bb = o->tied_b >= 0 ? &o->bufs[o->tied_b] : NULL;
@@ -10210,7 +10290,7 @@ pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_er
 #endif
         }
         for (i = 0; i < o->d.n_bufs && rc == PP_OK; i++)
-            if (o->stage[i] < 0) rc = _pp_dp_reduce(o, i, &o->st.buckets_wait);
+            if (o->stage[i] < 0) rc = _pp_dp_reduce(o, i, &o->st.buckets_wait, 0);
 #ifdef PP_TEST_NO_TIED_FIRST
         if (rc == PP_OK && any)
             rc = pp_tied_sum_grads(o->d.tied, o->d.tied_pair, ba ? ba->data : NULL, bb ? bb->data : NULL, any->count,
@@ -10225,7 +10305,11 @@ pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_er
 }
 
 void pp_dp_overlap_reset(pp_dp_overlap* o) {
+    int k;
     if (!o) return;
+    for (k = 0; k < o->n_pend; k++) /* started, never completed: withdrawn (MPI: abandoned) */
+        if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
+    o->n_pend = 0;
     memset(o->done, 0, (size_t)o->d.n_stages);
     memset(&o->st, 0, sizeof o->st);
 }

@@ -1268,7 +1268,7 @@ pp_transport pp_nccl_transport(pp_nccl* t) {
     /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
     static const pp_transport ops = {NULL, 0, 0, _ppn_isend, _ppn_irecv, _ppn_wait, _ppn_test, _ppn_group_start,
                                      _ppn_group_end, _ppn_allreduce, _ppn_abort, _ppn_cancel, NULL, NULL, NULL,
-                                     _ppn_check_schedule, 1, _ppn_released};
+                                     _ppn_check_schedule, 1, _ppn_released, NULL};
     return _pp_transport_of(&ops, t, t ? t->rank : 0, t ? t->size : 0);
 }
 

@@ -235,6 +235,10 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
             CHECK(rc != PP_OK || os.buckets_hook > 0 || !untied,
                   "%s step %d: rank %d: no bucket reduced inside the step (%d after it)", name, step, W_RANK,
                   os.buckets_wait);
+            /* two replicas: MPI_Iallreduce, started in the hook, completed in the wait */
+            CHECK(rc != PP_OK || !untied || g.grid.dp != 2 || os.buckets_started == os.buckets_hook,
+                  "%s step %d: rank %d: %d of %d buckets started without blocking", name, step, W_RANK,
+                  os.buckets_started, os.buckets_hook);
         } else if (step == 1 && pair[0] == 0 && pair[1] == pp - 1 && pp > 1) {
             /* the grid's own tied-pair communicator (first and last stage rank): same bits */
             static const int tp[2] = {0, 1};
