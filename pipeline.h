@@ -10105,15 +10105,16 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
 }
 
 /* The data-parallel reduction overlapped with the cool-down (pp_dp_overlap, >>grad). */
+typedef struct _pp_dp_pending { /* a bucket started with dp's iallreduce_sum */
+    pp_request req;
+    int buf;
+    size_t off, n;
+} _pp_dp_pending;
+
 struct pp_dp_overlap {
     pp_dp_overlap_desc d;           /* defaults resolved; bufs, dp.t and tied point at our copies */
     pp_transport dp_t, tied_t;
-    /* buckets started with dp's iallreduce_sum, completed and scaled in the wait */
-    struct _pp_dp_pending {
-        pp_request req;
-        int buf;
-        size_t off, n;
-    }* pend;
+    _pp_dp_pending* pend;           /* started in the hooks, completed and scaled in the wait */
     int n_pend, cap_pend;
     pp_grad_buf* bufs;              /* [n_bufs]; with the two below, one allocation */
     int* stage;                     /* [n_bufs] the stage of each buffer's layer; -1: a tied layer */
@@ -10156,7 +10157,7 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
             size_t per = es && bb / es ? bb / es : 1;
             nb += (d->bufs[i].count + per - 1) / per;
         }
-        if (nb > (size_t)1 << 30 || !(o->pend = (struct _pp_dp_pending*)_pp_calloc(nb + 1, sizeof *o->pend))) {
+        if (nb > (size_t)1 << 30 || !(o->pend = (_pp_dp_pending*)_pp_calloc(nb + 1, sizeof *o->pend))) {
             pp_dp_overlap_destroy(o);
             return _pp_fail(err, PP_ERR_NOMEM, "pp_dp_overlap: %zu pending buckets", nb);
         }
@@ -10216,7 +10217,7 @@ static pp_result _pp_dp_reduce(pp_dp_overlap* o, int i, int* buckets, int start)
         n = b->count - off < per ? b->count - off : per;
         p = (char*)b->data + off * es;
         if (start && o->n_pend < o->cap_pend && nr > 1 && ranks) {
-            struct _pp_dp_pending* q = &o->pend[o->n_pend];
+            _pp_dp_pending* q = &o->pend[o->n_pend];
             rc = t->iallreduce_sum(t->self, p, n, b->dtype, ranks, nr, &q->req);
             if (rc == PP_OK) {
                 q->buf = i;
@@ -10243,7 +10244,7 @@ static pp_result _pp_dp_complete(pp_dp_overlap* o) {
     pp_result rc = PP_OK;
     int k;
     for (k = 0; k < o->n_pend; k++) {
-        struct _pp_dp_pending* q = &o->pend[k];
+        _pp_dp_pending* q = &o->pend[k];
         const pp_grad_buf* b = &o->bufs[q->buf];
         pp_result r = o->d.dp.t->wait(o->d.dp.t->self, &q->req, o->d.dp.timeout_s, &o->err);
         if (r == PP_OK && rc == PP_OK) _pp_scale((char*)b->data + q->off * pp_dtype_size(b->dtype), q->n, b->dtype, o->d.scale);
