@@ -435,6 +435,7 @@ static inline pp_transport hx_poison_transport(hx_poison* p, pp_transport inner)
     t.flight_note = inner.flight_note ? hx_pz_flight_note : NULL;
     t.flight_get = inner.flight_get ? hx_pz_flight_get : NULL;
     t.abort_reason = inner.abort_reason ? hx_pz_abort_reason : NULL;
+    t.iallreduce_sum = NULL; /* not forwarded: it would reach inner's function with our self */
     return t;
 }
 
