@@ -16,7 +16,7 @@ EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
            test_nccl_grid test_agree test_validate test_gradnorm test_ckpt test_eval test_malloc
-BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation
+BENCHES  = $(B)/bench_overhead $(B)/bench_varlen $(B)/bench_zb $(B)/peers_ours $(B)/bench_imitation $(B)/bench_overlap_nccl
 
 FUZZERS  = fuzz_split fuzz_sim fuzz_table fuzz_ckpt
 FUZZ_RUNS ?= 20000
@@ -87,6 +87,10 @@ $(B)/bench_imitation: bench/bench_imitation.c tests/harness.h tests/fakecuda/cud
                       tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda $(CFLAGS) $< -o $@ $(LDLIBS)
 
+$(B)/bench_overlap_nccl: bench/bench_overlap.c tests/harness.h tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
+                         tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 $(CFLAGS) $< -o $@ $(LDLIBS)
+
 $(B)/bench-imitation-smoke: $(B)/bench_imitation
 	@printf '#!/bin/sh\nexec $(B)/bench_imitation --smoke\n' > $@ && chmod +x $@
 
@@ -149,7 +153,8 @@ $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
-                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls
+                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls \
+                  $(B)/overlap-controls
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
 # rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
@@ -160,6 +165,20 @@ $(B)/gradnorm-ctl-no-scaler-agree: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(H
 	$(CC) $(BASE) -DPP_TEST_NO_SCALER_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/gradnorm-controls: tests/controls.sh $(B)/gradnorm-ctl-no-norm-order $(B)/gradnorm-ctl-no-scaler-agree
 	printf '#!/bin/sh\nexec sh tests/controls.sh gradnorm-controls "$(B)/gradnorm-ctl-no-norm-order order" "$(B)/gradnorm-ctl-no-norm-order norm" "$(B)/gradnorm-ctl-no-scaler-agree scaler"\n' > $@
+	chmod +x $@
+# Negative controls of the overlapped data-parallel reduction (tests/test_grid.c): the executor
+# never calls the gradients-final hook (every bucket waits for the end: the test's count of
+# buckets reduced inside the step fails), and the tied sum after the tied layers' data-parallel
+# sum (the gradients differ from the reference); and (tests/test_zb.c final) the hook fired at a
+# stage's last B where W is deferred (its gradients change after it); each must fail.
+$(B)/overlap-ctl-no-hook: tests/test_grid.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_GRADS_FINAL $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/overlap-ctl-tied-late: tests/test_grid.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_TIED_FIRST $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/overlap-ctl-final-at-b: tests/test_zb.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_GRADS_FINAL_AT_B $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/overlap-controls: tests/controls.sh $(B)/overlap-ctl-no-hook $(B)/overlap-ctl-tied-late $(B)/overlap-ctl-final-at-b
+	printf '#!/bin/sh\nexec sh tests/controls.sh overlap-controls "$(B)/overlap-ctl-no-hook" "$(B)/overlap-ctl-tied-late" "$(B)/overlap-ctl-final-at-b final"\n' > $@
 	chmod +x $@
 # The checkpoints' negative control (tests/test_ckpt.c): without the checksums compared
 # (-DPP_TEST_NO_CKPT_CHECKSUM) a flipped byte loads silently, and the test must fail.

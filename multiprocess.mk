@@ -2,7 +2,7 @@
 # NCCL header's compile-and-link check, and the grid test. Everything here hooks into `make test`
 # through TEST_BINS and extra prerequisites of `test`, so the main Makefile only includes it.
 
-.PHONY: test-mpi run-mpi bench-mpi check-nccl mp-note gpu-nccl test-nccl-gpu
+.PHONY: test-mpi run-mpi bench-mpi bench-overlap check-nccl mp-note gpu-nccl test-nccl-gpu
 
 # the grid section of pipeline.h over the threads transport: built four ways like every test
 TESTS += test_grid
@@ -21,8 +21,8 @@ MPIRUN_FLAGS ?= $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && 
   echo --oversubscribe --mca btl_vader_single_copy_mechanism none $$([ "$$(id -u)" = 0 ] && echo --allow-run-as-root))
 # Open MPI forwards an environment variable only when asked (-x); MPICH's mpiexec forwards all
 MPI_FWD_ASAN := $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && echo -x ASAN_OPTIONS)
-MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8 $(B)/mpi-asan-np4 $(B)/mpi-resume $(B)/mpi-trainer
-MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/gpt_mpi $(B)/bench_mpi $(B)/clang-test_mpi.o $(B)/mpi-cxx.o
+MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8 $(B)/mpi-asan-np4 $(B)/mpi-resume $(B)/mpi-trainer $(B)/mpi-overlap-controls
+MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/gpt_mpi $(B)/bench_mpi $(B)/bench_overlap_mpi $(B)/clang-test_mpi.o $(B)/mpi-cxx.o
 else
 MPI_TESTS =
 MPI_BINS  =
@@ -40,6 +40,10 @@ $(B)/gpt_mpi: examples/gpt_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 
 $(B)/bench_mpi: bench/bench_mpi.c tests/harness.h $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# the data-parallel reduction overlapped with the cool-down, against after the step (make bench-overlap)
+$(B)/bench_overlap_mpi: bench/bench_overlap.c tests/harness.h examples/mlp.h $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) -DBENCH_MPI $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # NCCL (optional): pipeline_nccl.h compiles and links against NCCL and the CUDA runtime, as C99
 # (gcc, clang), C++ and under nvcc; test_nccl runs its CPU part (schedule order proofs) in make
@@ -147,6 +151,13 @@ $(B)/mpi-cxx.o: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h |
 	OMPI_CC=$(CXX) MPICH_CC=$(CXX) $(MPICC) -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX -std=c++11 $(WARN) -I. -x c++ -c $< -o $@
 
 # A test "binary" per world size: a script tests/run.sh runs like any other test.
+# The negative control of the overlapped reduction over MPI (tests/test_mpi.c): the hook reduces
+# every bucket to the end instead of starting it (MPI_Iallreduce) for the wait; the test's count
+# of started buckets must fail.
+$(B)/overlap-ctl-mpi-nostart: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) -DPP_TEST_NO_DP_START $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/mpi-overlap-controls: tests/controls.sh $(B)/overlap-ctl-mpi-nostart
+	@printf '#!/bin/sh\nexec sh tests/controls.sh mpi-overlap-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/overlap-ctl-mpi-nostart"\n' > $@ && chmod +x $@
 $(B)/mpi-np%: $(B)/test_mpi
 	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_mpi\n' > $@ && chmod +x $@
 
@@ -183,3 +194,8 @@ run-mpi: $(B)/tlm_mpi
 
 bench-mpi: $(B)/bench_mpi
 	$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/bench_mpi
+
+# pp = 4 x dp = 2: over MPI where it is installed, and over the NCCL imitation
+bench-overlap: $(B)/bench_overlap_nccl $(if $(filter 1,$(HAVE_MPI)),$(B)/bench_overlap_mpi)
+	$(if $(filter 1,$(HAVE_MPI)),$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/bench_overlap_mpi)
+	$(B)/bench_overlap_nccl

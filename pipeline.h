@@ -97,6 +97,8 @@
    pp_partition_capped (under a memory cap per stage) splits on the measured times.
 
    THE LOOP AROUND THE STEP (>>grad)
+   pp_dp_overlap: each stage's data-parallel reduction from its gradients-final hook
+   (pp_stage_desc.grads_final), while the pipeline drains; one wait after the step does the rest.
    pp_stage_grad_norm (per rank), pp_pipeline_grad_norm (one process) and pp_grad_norm (any group
    of ranks): the L2 norm of all the model's gradients, tied parameters once, from the arrays each
    rank lists (pp_grad_buf); the same bits on every rank and for every p, v, schedule and
@@ -206,6 +208,9 @@
           and CMake packages (README).
           Then: V-Min's stash cap 2 round(min(p, m) / 3) + 2 chunks, the authors' list's peak
           (one chunk less where min(p, m) % 3 == 1, e.g. 4 at p = 4).
+          Then: gradients final per stage (pp_stage_desc.grads_final, pp_step_stats
+          .t_grads_final) and the data-parallel reduction overlapped with the cool-down
+          (pp_dp_overlap, >>grad).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -1078,6 +1083,13 @@ typedef struct pp_transport {
        transport already ordered: until then the stage enqueues nothing on the bytes it receives
        into (pipeline_nccl.h then skips a stream wait). May be NULL. */
     void (*released)(void* self, const void* ptr, size_t bytes);
+    /* Optional: starts what allreduce_sum does (the same bits), completed by wait (req); buf
+       stays untouched until then. PP_ERR_UNSUPPORTED where it cannot (a dtype, a group other
+       than the whole transport, an ordered sum): the caller then calls allreduce_sum. Every rank
+       of the group starts its collectives in the same order. pp_dp_overlap starts its buckets
+       with it from the gradients-final hook (pipeline_mpi.h: MPI_Iallreduce). May be NULL. */
+    pp_result (*iallreduce_sum)(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
+                                pp_request* req);
 } pp_transport;
 
 /* >>threads ----------------------------------------------------------------------------------- */
@@ -1268,6 +1280,16 @@ typedef struct pp_stage_desc {
                                    together are refused) */
     pp_device_ops device;       /* block memory; all NULL = host memory (see pp_device_ops) */
     void* layer_ctx;            /* handed to every layer call as io->ctx */
+    /* Optional: gradients final. Called on the stepping thread right after the action after which
+       stage `stage` (one of this rank's chunks) has its gradients of the step complete: the
+       stage's last B in this rank's list, or its last W where W is deferred (a split model on a
+       schedule with W). Once per stage and training step (never in pp_stage_eval), in list order,
+       so at the same points on every replica of the pipeline; also while a failed step drains
+       (pp_transport.abort_local), so collectives started here stay matched. Start the stage's
+       data-parallel reduction here (pp_dp_overlap_hook does it in buckets); a result other than
+       PP_OK fails the step. The time it takes counts in pp_step_stats.t_grads_hook. */
+    pp_result (*grads_final)(void* user, int rank, int stage);
+    void* grads_final_user;
 } pp_stage_desc;
 
 typedef struct pp_step_stats {
@@ -1295,6 +1317,11 @@ typedef struct pp_step_stats {
        F; with W deferred, its B frees the B-only scratch (pp_layer_desc.b_saved_bytes), that
        scratch's share of the stash's bytes, and its W the rest. peak_live without B-only scratch. */
     double peak_mem;
+    /* Gradients final (pp_stage_desc.grads_final): when the last of this rank's stages had its
+       gradients of the step complete (s from the step's start; the time left until the step
+       returns is where a data-parallel reduction hides), and the time spent in the hook. */
+    double t_grads_final;
+    double t_grads_hook;
 } pp_step_stats;
 
 pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err);
@@ -1599,6 +1626,78 @@ pp_result pp_loss_scaler_init(pp_loss_scaler* s, const pp_loss_scaler_desc* d, p
    this process alone (pp_pipeline, pp_sequential_step). On an error the scaler is unchanged. */
 pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_groups, const pp_grad_buf* bufs,
                                int n_bufs, int* skip, pp_error* err);
+
+/* DATA-PARALLEL REDUCTION OVERLAPPED WITH THE COOL-DOWN. A stage's gradients of a step are final
+   after its last B (or W): for all but the rank that finishes last that is well before
+   pp_stage_step returns (the cool-down, then the step's agreement). A pp_dp_overlap reduces each
+   stage's gradients over the data-parallel group from the stage's gradients-final hook
+   (pp_stage_desc.grads_final = pp_dp_overlap_hook, grads_final_user = the overlap), inside the
+   step, so only the last stage's reduction is left after it. The step ends with one call:
+       pp_dp_overlap_desc od = {0};
+       od.dp = (pp_group){&dp_transport, NULL, 0, 30};   // its own transport / communicator
+       od.bufs = bufs; od.n_bufs = n;                    // this rank's gradients (pp_grad_buf)
+       od.partition = first; od.n_stages = S;            // which stage a buffer's layer is in
+       od.tied = &pipe; od.tied_pair[0] = r0; od.tied_pair[1] = r1;
+       od.tied_layers[0] = 0; od.tied_layers[1] = L - 1; // embedding and head
+       pp_dp_overlap_create(&od, &ov, &err);
+       sd.grads_final = pp_dp_overlap_hook; sd.grads_final_user = ov;   // then pp_stage_create
+       for (;;) { pp_stage_step(st, &b, &stats); pp_dp_overlap_wait(ov, &os, &err); ... }
+   The gradients end with exactly the bits of pp_tied_sum_grads then pp_grad_allreduce(dp,
+   scale) over each buffer after the step: the sums are per element, so cutting a buffer into
+   buckets changes no bit, and tied layers wait: their buffers are reduced in
+   pp_dp_overlap_wait, after the tied sum (pp_tied_sum_grads over tied / tied_pair of the first
+   buffer listed for tied_layers[0] and for tied_layers[1]; Megatron #844). Where dp's transport
+   can start an all-reduce (pp_transport.iallreduce_sum: pipeline_mpi.h's MPI_Iallreduce, f32
+   and f64 over its whole communicator) the hook starts each bucket and returns; the wait
+   completes them (and scales). Elsewhere (the threads transport, pipeline_nccl.h, f16, a subset
+   of ranks, the ordered sum) each bucket is a blocking pp_grad_allreduce issued from the hook:
+   it costs the stage's own thread that time, hidden where the rank has nothing left to run
+   (GPipe and 1F1B: a rank's last B is its last action; with several chunks per rank or deferred
+   W's, it delays the rank's later actions by its length). No deadlock: replicas run the same list,
+   so the hooks come at the same points on every member of a dp group, and dp's transport is not
+   the pipeline's (threads: another world or other ranks; MPI and NCCL: the grid's dp
+   communicator). Every buffer must be listed in the same order on every member of a dp group. */
+typedef struct pp_dp_overlap_desc {
+    pp_group dp;                    /* the data-parallel group (its transport must not be the
+                                       pipeline's: ranks of another world or communicator; the
+                                       pp_transport structs here and in tied are copied at
+                                       create, the worlds they point to must live on) */
+    double scale;                   /* applied after the sum; 0: 1 / the group's size (the mean) */
+    size_t bucket_bytes;            /* most bytes one all-reduce carries; 0: 4 MiB */
+    const pp_grad_buf* bufs;        /* this rank's gradients (copied at create; data borrowed) */
+    int n_bufs;
+    const int* partition;           /* first[n_stages + 1]: the stage of each buffer's layer */
+    int n_stages;
+    const pp_transport* tied;       /* NULL: no tied layers; else the pipeline's transport (or
+                                       the grid's tied pair) for pp_tied_sum_grads */
+    int tied_pair[2];               /* tied's ranks holding copy a and copy b */
+    int tied_layers[2];             /* the layers of copy a and copy b (global indices) */
+} pp_dp_overlap_desc;
+
+typedef struct pp_dp_overlap pp_dp_overlap;
+
+/* What pp_dp_overlap_wait found since the last wait: the reduction done in the hooks (hidden
+   where the rank had nothing left to run) and in the wait (exposed: after the step). */
+typedef struct pp_dp_overlap_stats {
+    double t_hook, t_wait;          /* seconds in the hooks, and in the wait */
+    int buckets_hook, buckets_wait; /* all-reduces issued in each */
+    int buckets_started;            /* of buckets_hook: started in the hook (dp's iallreduce_sum),
+                                       completed in the wait; the others ran to the end there */
+} pp_dp_overlap_stats;
+
+pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out, pp_error* err);
+void pp_dp_overlap_destroy(pp_dp_overlap* o);
+/* pp_stage_desc.grads_final with grads_final_user = the overlap: reduces stage `stage`'s
+   buffers (tied layers' excepted), once per step. */
+pp_result pp_dp_overlap_hook(void* user, int rank, int stage);
+/* After a successful step: the reductions the hooks did not do (all of them, where no hook ran),
+   then the tied sum and the tied layers' reductions; the overlap is then ready for the next
+   step. stats may be NULL. Every member of the dp group (and of the tied pair) calls it. */
+pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_error* err);
+/* After a failed step (the gradients hold part of it: zero them): forgets what the hooks did. */
+void pp_dp_overlap_reset(pp_dp_overlap* o);
+/* The last failure's message ("" if none), e.g. of a hook that failed a step. */
+const char* pp_dp_overlap_error(const pp_dp_overlap* o);
 /* >>ckpt -------------------------------------------------------------------------------------- */
 /* Checkpoints that do not depend on the pipeline's shape. A file holds a model's parameters, and
    optionally an optimizer's state, layer by layer: saved from any p, v, schedule or partition,
@@ -6051,10 +6150,12 @@ static pp_transport _pp_transport_of(const pp_transport* ops, void* self, int ra
 
 pp_transport pp_threads_transport(pp_threads* w, int rank) {
     /* self, rank, size; isend, irecv, wait, test; group_start, group_end; allreduce_sum, abort,
-       cancel; flight_note, flight_get; abort_reason, check_schedule; abort_local; released */
+       cancel; flight_note, flight_get; abort_reason, check_schedule; abort_local; released;
+       iallreduce_sum */
     static const pp_transport ops = {NULL, 0, 0, _pp_threads_isend, _pp_threads_irecv, _pp_threads_wait, _pp_threads_test,
                                      NULL, NULL, _pp_threads_allreduce, _pp_threads_abort, _pp_threads_cancel,
-                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason, NULL, 0, NULL};
+                                     _pp_threads_flight_note, _pp_threads_flight_get, _pp_threads_abort_reason, NULL, 0, NULL,
+                                     NULL};
     int ok = w && rank >= 0 && rank < w->n;
     return _pp_transport_of(&ops, ok ? &w->ports[rank] : NULL, rank, ok ? w->n : 0);
 }
@@ -6480,6 +6581,7 @@ struct pp_stage {
                                        output gradient (the next stage's input gradient) */
     int live_cap;
     int defer_w;                    /* schedule has W actions and the model a weight_grad */
+    int* gfinal;                    /* [v] list index after which chunk k's gradients are final */
     int draining;                   /* a layer failed this step: the rest runs without computing */
     int drained;                    /* the step's failure was drained: no abort */
     pp_result drain_rc;             /* that failure */
@@ -8603,6 +8705,47 @@ static pp_result _pp_run_w(pp_stage* s, const _pp_act* c) {
     return PP_OK;
 }
 
+/* Gradients final (pp_stage_desc.grads_final). For each chunk, the index of the action after which
+   its gradients of a step are complete: its last W where W is deferred, else its last B (-1: a
+   chunk with no backward in the list). */
+static int* _pp_gfinal_table(const pp_stage* s) {
+    int* g = (int*)_pp_calloc((size_t)s->v, sizeof *g);
+    int i;
+    if (!g) return NULL;
+    for (i = 0; i < s->v; i++) g[i] = -1;
+    for (i = 0; i < s->n_list; i++) {
+        const pp_action* a = &s->list[i];
+#ifdef PP_TEST_GRADS_FINAL_AT_B /* negative control (build/overlap-controls): W's gradients come after */
+        if (a->op == PP_OP_B && a->chunk >= 0 && a->chunk < s->v) g[a->chunk] = i;
+#else
+        if (a->op == (s->defer_w ? PP_OP_W : PP_OP_B) && a->chunk >= 0 && a->chunk < s->v) g[a->chunk] = i;
+#endif
+    }
+    return g;
+}
+
+/* After action idx: the hook for every chunk whose gradients it completed. */
+static pp_result _pp_grads_final(pp_stage* s, int idx, double t_start) {
+    int k;
+    for (k = 0; k < s->v; k++) {
+        pp_result rc;
+        double t0;
+#ifdef PP_TEST_NO_GRADS_FINAL /* negative control (build/overlap-controls): the hook never fires */
+        break;
+#endif
+        if (s->gfinal[k] != idx) continue;
+        t0 = _pp_now();
+        s->st.t_grads_final = t0 - t_start;
+        if (!s->d.grads_final) continue;
+        rc = s->d.grads_final(s->d.grads_final_user, s->d.rank, s->list[idx].stage);
+        s->st.t_grads_hook += _pp_now() - t0;
+        if (rc != PP_OK)
+            return _pp_stage_fail(s, rc, "rank %d: the gradients-final hook of stage %d failed (%s)", s->d.rank,
+                                  s->list[idx].stage, pp_result_str(rc));
+    }
+    return PP_OK;
+}
+
 /* Action idx: wait for its receives (prepared one action ahead), run it, record it. */
 static pp_result _pp_run(pp_stage* s, int idx) {
     _pp_prep* pr = &s->prep[idx & 1];
@@ -8753,6 +8896,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     s->list = pp_schedule_rank(d->schedule, d->rank);
     s->n_list = d->schedule->per_rank;
     s->defer_w = pp_schedule_has_w(d->schedule) && d->model.weight_grad != NULL;
+    if (!(s->gfinal = _pp_gfinal_table(s))) ok = 0;
     for (st = 0; st < s->S; st++)
         if (d->partition[st + 1] - d->partition[st] > ml) ml = d->partition[st + 1] - d->partition[st];
     s->max_layers = ml;
@@ -8814,6 +8958,7 @@ void pp_stage_destroy(pp_stage* s) {
     PP_FREE(s->live);
     PP_FREE(s->mb_loss);
     PP_FREE(s->turn);
+    PP_FREE(s->gfinal);
     for (i = 0; i < 2; i++) {
         PP_FREE(s->pv[i].act);
         PP_FREE(s->pv[i].dact);
@@ -9095,6 +9240,7 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
         if (rc == PP_OK) rc = _pp_prepare(s, i);
         if (rc == PP_OK && i + 1 < s->n_list && _pp_can_prepare(s, i + 1)) rc = _pp_prepare(s, i + 1);
         if (rc == PP_OK) rc = _pp_run(s, i);
+        if (rc == PP_OK && !s->eval) rc = _pp_grads_final(s, i, t_start);
     }
     if (rc == PP_OK && s->eval) rc = _pp_eval_exchange(s);
     if (rc == PP_OK) rc = _pp_reap(s, 1);
@@ -9465,6 +9611,8 @@ static void _pp_stats_merge(const pp_step_stats* rs, int p, pp_step_stats* out) 
         out->agree_msgs += a->agree_msgs;
         out->agree_bytes += a->agree_bytes;
         if (a->t_agree > out->t_agree) out->t_agree = a->t_agree;
+        if (a->t_grads_final > out->t_grads_final) out->t_grads_final = a->t_grads_final;
+        out->t_grads_hook += a->t_grads_hook;
         out->peak_stash_bytes += a->peak_stash_bytes;
         out->n_actions += a->n_actions;
         out->pool_bytes += a->pool_bytes;
@@ -9964,6 +10112,219 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
     }
     return PP_OK;
 }
+
+/* The data-parallel reduction overlapped with the cool-down (pp_dp_overlap, >>grad). */
+typedef struct _pp_dp_pending { /* a bucket started with dp's iallreduce_sum */
+    pp_request req;
+    int buf;
+    size_t off, n;
+} _pp_dp_pending;
+
+struct pp_dp_overlap {
+    pp_dp_overlap_desc d;           /* defaults resolved; bufs, dp.t and tied point at our copies */
+    pp_transport dp_t, tied_t;
+    _pp_dp_pending* pend;           /* started in the hooks, completed and scaled in the wait */
+    int n_pend, cap_pend;
+    pp_grad_buf* bufs;              /* [n_bufs]; with the two below, one allocation */
+    int* stage;                     /* [n_bufs] the stage of each buffer's layer; -1: a tied layer */
+    unsigned char* done;            /* [n_stages] reduced by the hook this step */
+    int tied_a, tied_b;             /* the buffers of the tied copies; -1: not on this rank */
+    pp_dp_overlap_stats st;         /* since the last wait */
+    pp_error err;
+};
+
+pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out, pp_error* err) {
+    pp_dp_overlap* o;
+    int i, k;
+    if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
+    *out = NULL;
+    if (!d || !d->dp.t || (d->n_bufs > 0 && !d->bufs) || d->n_bufs < 0 || !d->partition || d->n_stages < 1)
+        return _pp_fail(err, PP_ERR_INVALID, "pp_dp_overlap_desc needs dp.t, bufs (n_bufs >= 0), partition and n_stages >= 1");
+    if (d->scale < 0) return _pp_fail(err, PP_ERR_INVALID, "scale %g is negative", d->scale);
+    for (i = 0; i < d->n_bufs; i++) {
+        const pp_grad_buf* b = &d->bufs[i];
+        if (b->layer < d->partition[0] || b->layer >= d->partition[d->n_stages])
+            return _pp_fail(err, PP_ERR_INVALID, "buffer %d: layer %d is outside the partition's layers %d .. %d", i,
+                            b->layer, d->partition[0], d->partition[d->n_stages] - 1);
+        if (b->count && !b->data) return _pp_fail(err, PP_ERR_INVALID, "buffer %d (layer %d) is NULL", i, b->layer);
+    }
+    if (!(o = (pp_dp_overlap*)_pp_calloc(1, sizeof *o))) return _pp_fail(err, PP_ERR_NOMEM, "pp_dp_overlap");
+    o->d = *d;
+    /* bufs, then stage, then done: the int and byte slices after the structs stay aligned */
+    o->bufs = (pp_grad_buf*)_pp_calloc(1, ((size_t)d->n_bufs + 1) * (sizeof *o->bufs + sizeof *o->stage) +
+                                              (size_t)d->n_stages);
+    if (!o->bufs) {
+        PP_FREE(o);
+        return _pp_fail(err, PP_ERR_NOMEM, "pp_dp_overlap tables for %d buffers", d->n_bufs);
+    }
+    o->stage = (int*)(void*)(o->bufs + d->n_bufs + 1);
+    o->done = (unsigned char*)(o->stage + d->n_bufs + 1);
+    if (d->dp.t->iallreduce_sum) { /* room for every bucket of a step, started at once */
+        size_t nb = 0;
+        for (i = 0; i < d->n_bufs; i++) {
+            size_t es = pp_dtype_size(d->bufs[i].dtype), bb = d->bucket_bytes ? d->bucket_bytes : (size_t)4 << 20;
+            size_t per = es && bb / es ? bb / es : 1;
+            nb += (d->bufs[i].count + per - 1) / per;
+        }
+        if (nb > (size_t)1 << 30 || !(o->pend = (_pp_dp_pending*)_pp_calloc(nb + 1, sizeof *o->pend))) {
+            pp_dp_overlap_destroy(o);
+            return _pp_fail(err, PP_ERR_NOMEM, "pp_dp_overlap: %zu pending buckets", nb);
+        }
+        o->cap_pend = (int)nb;
+    }
+    if (d->n_bufs) memcpy(o->bufs, d->bufs, (size_t)d->n_bufs * sizeof *o->bufs);
+    o->d.bufs = o->bufs;
+    o->dp_t = *d->dp.t; /* the structs are copied (what they point to must live on) */
+    o->d.dp.t = &o->dp_t;
+    if (d->tied) {
+        o->tied_t = *d->tied;
+        o->d.tied = &o->tied_t;
+    }
+    if (o->d.scale == 0) o->d.scale = 1.0 / (d->dp.ranks ? d->dp.n_ranks : d->dp.t->size);
+    if (o->d.bucket_bytes == 0) o->d.bucket_bytes = (size_t)4 << 20;
+    o->tied_a = o->tied_b = -1;
+    for (i = 0; i < d->n_bufs; i++) {
+        int l = o->bufs[i].layer;
+        for (k = 0; k < d->n_stages && !(l >= d->partition[k] && l < d->partition[k + 1]); k++) {}
+        o->stage[i] = k;
+        if (d->tied && (l == d->tied_layers[0] || l == d->tied_layers[1])) {
+            o->stage[i] = -1; /* after the tied sum, in the wait */
+            if (l == d->tied_layers[0] && o->tied_a < 0) o->tied_a = i;
+            else if (l == d->tied_layers[1] && o->tied_b < 0) o->tied_b = i;
+        }
+    }
+    *out = o;
+    return PP_OK;
+}
+
+void pp_dp_overlap_destroy(pp_dp_overlap* o) {
+    if (!o) return;
+    pp_dp_overlap_reset(o);
+    PP_FREE(o->pend);
+    PP_FREE(o->bufs); /* and stage, done */
+    PP_FREE(o);
+}
+
+/* Buffer i over the dp group, bucket by bucket: n buckets more into *buckets. start 1 (the
+   hook): a bucket the transport can start (iallreduce_sum) is left pending for the wait. */
+static pp_result _pp_dp_reduce(pp_dp_overlap* o, int i, int* buckets, int start) {
+    const pp_grad_buf* b = &o->bufs[i];
+    const pp_transport* t = o->d.dp.t;
+    size_t es = pp_dtype_size(b->dtype), per = es && o->d.bucket_bytes / es ? o->d.bucket_bytes / es : 1, off, n;
+    int all[PP_MAX_RANKS], k, nr = o->d.dp.ranks ? o->d.dp.n_ranks : t->size;
+    const int* ranks = o->d.dp.ranks;
+#ifdef PP_TEST_NO_DP_START /* negative control (multiprocess.mk): every bucket blocks in the hook */
+    start = 0;
+#endif
+    if (!ranks && start && t->size <= PP_MAX_RANKS) { /* iallreduce_sum takes the group as pp_grad_allreduce makes it */
+        for (k = 0; k < t->size; k++) all[k] = k;
+        ranks = all;
+    }
+    for (off = 0; off < b->count; off += n) {
+        pp_result rc = PP_ERR_UNSUPPORTED;
+        void* p;
+        n = b->count - off < per ? b->count - off : per;
+        p = (char*)b->data + off * es;
+        if (start && o->n_pend < o->cap_pend && nr > 1 && ranks) {
+            _pp_dp_pending* q = &o->pend[o->n_pend];
+            rc = t->iallreduce_sum(t->self, p, n, b->dtype, ranks, nr, &q->req);
+            if (rc == PP_OK) {
+                q->buf = i;
+                q->off = off;
+                q->n = n;
+                o->n_pend++;
+                o->st.buckets_started++;
+            } else if (rc != PP_ERR_UNSUPPORTED) {
+                return _pp_fail(&o->err, rc, "rank %d: starting the all-reduce of layer %d's gradient (%zu of %zu)",
+                                t->rank, b->layer, n, b->count);
+            }
+        }
+        if (rc == PP_ERR_UNSUPPORTED) {
+            rc = pp_grad_allreduce(t, o->d.dp.ranks, o->d.dp.n_ranks, p, n, b->dtype, o->d.scale, o->d.dp.timeout_s, &o->err);
+            if (rc != PP_OK) return rc;
+        }
+        ++*buckets;
+    }
+    return PP_OK;
+}
+
+/* The started buckets, in the order they were started: wait, then scale as pp_grad_allreduce. */
+static pp_result _pp_dp_complete(pp_dp_overlap* o) {
+    pp_result rc = PP_OK;
+    int k;
+    for (k = 0; k < o->n_pend; k++) {
+        _pp_dp_pending* q = &o->pend[k];
+        const pp_grad_buf* b = &o->bufs[q->buf];
+        pp_result r = o->d.dp.t->wait(o->d.dp.t->self, &q->req, o->d.dp.timeout_s, &o->err);
+        if (r == PP_OK && rc == PP_OK) _pp_scale((char*)b->data + q->off * pp_dtype_size(b->dtype), q->n, b->dtype, o->d.scale);
+        if (r != PP_OK && rc == PP_OK) rc = r;
+    }
+    o->n_pend = 0;
+    return rc;
+}
+
+pp_result pp_dp_overlap_hook(void* user, int rank, int stage) {
+    pp_dp_overlap* o = (pp_dp_overlap*)user;
+    double t0 = _pp_now();
+    pp_result rc = PP_OK;
+    int i;
+    (void)rank;
+    if (!o) return PP_ERR_INVALID;
+    if (stage < 0 || stage >= o->d.n_stages)
+        return _pp_fail(&o->err, PP_ERR_INVALID, "stage %d is outside the overlap's %d stages", stage, o->d.n_stages);
+    if (o->done[stage]) return PP_OK;
+    o->done[stage] = 1;
+    for (i = 0; i < o->d.n_bufs && rc == PP_OK; i++)
+        if (o->stage[i] == stage) rc = _pp_dp_reduce(o, i, &o->st.buckets_hook, 1);
+    o->st.t_hook += _pp_now() - t0;
+    return rc;
+}
+
+pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_error* err) {
+    double t0 = _pp_now();
+    pp_result rc = PP_OK;
+    int i;
+    if (!o) return _pp_fail(err, PP_ERR_INVALID, "overlap is NULL");
+    o->err.msg[0] = 0;
+    rc = _pp_dp_complete(o);
+    for (i = 0; i < o->d.n_bufs && rc == PP_OK; i++)
+        if (o->stage[i] >= 0 && !o->done[o->stage[i]]) rc = _pp_dp_reduce(o, i, &o->st.buckets_wait, 0);
+    if (rc == PP_OK && o->d.tied) {
+        const pp_grad_buf* ba = o->tied_a >= 0 ? &o->bufs[o->tied_a] : NULL;
+        const pp_grad_buf* bb = o->tied_b >= 0 ? &o->bufs[o->tied_b] : NULL;
+        const pp_grad_buf* any = ba ? ba : bb;
+        if (any) {
+#ifndef PP_TEST_NO_TIED_FIRST /* negative control (build/overlap-controls): the tied sum after the dp sum */
+            rc = pp_tied_sum_grads(o->d.tied, o->d.tied_pair, ba ? ba->data : NULL, bb ? bb->data : NULL, any->count,
+                                   any->dtype, o->d.dp.timeout_s, &o->err);
+#endif
+        }
+        for (i = 0; i < o->d.n_bufs && rc == PP_OK; i++)
+            if (o->stage[i] < 0) rc = _pp_dp_reduce(o, i, &o->st.buckets_wait, 0);
+#ifdef PP_TEST_NO_TIED_FIRST
+        if (rc == PP_OK && any)
+            rc = pp_tied_sum_grads(o->d.tied, o->d.tied_pair, ba ? ba->data : NULL, bb ? bb->data : NULL, any->count,
+                                   any->dtype, o->d.dp.timeout_s, &o->err);
+#endif
+    }
+    o->st.t_wait += _pp_now() - t0;
+    if (stats) *stats = o->st;
+    pp_dp_overlap_reset(o);
+    if (rc != PP_OK) return _pp_fail(err, rc, "%s", o->err.msg);
+    return PP_OK;
+}
+
+void pp_dp_overlap_reset(pp_dp_overlap* o) {
+    int k;
+    if (!o) return;
+    for (k = 0; k < o->n_pend; k++) /* started, never completed: withdrawn (MPI: abandoned) */
+        if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
+    o->n_pend = 0;
+    memset(o->done, 0, (size_t)o->d.n_stages);
+    memset(&o->st, 0, sizeof o->st);
+}
+
+const char* pp_dp_overlap_error(const pp_dp_overlap* o) { return o ? o->err.msg : ""; }
 
 /* >>impl-ckpt: checkpoints (the format is in >>ckpt's comment). A save writes the header from
    the desc's tables and each owned record straight from the user's buffers (through a staging

@@ -1325,7 +1325,7 @@ pp_result pp_cuda_bind(pp_cuda* c, int rank, pp_error* err) {
 pp_transport pp_cuda_transport(pp_cuda* c, int rank) {
     /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
     static const pp_transport ops = {NULL, 0, 0, _ppc_isend, _ppc_irecv, _ppc_wait, _ppc_test, NULL, NULL, NULL,
-                                     _ppc_abort, _ppc_cancel, NULL, NULL, NULL, NULL, 0, NULL};
+                                     _ppc_abort, _ppc_cancel, NULL, NULL, NULL, NULL, 0, NULL, NULL};
     int ok = c && rank >= 0 && rank < c->n;
     return _pp_transport_of(&ops, ok ? &c->r[rank] : NULL, rank, ok ? c->n : 0);
 }

@@ -138,7 +138,7 @@ typedef struct _pp_mpi_domain {
 typedef struct _pp_mpi_op {
     struct _pp_mpi_op *next, *prev;
     MPI_Request r;
-    int peer, tag, is_recv;
+    int peer, tag, is_recv;         /* is_recv 2: a nonblocking all-reduce (peer -1) */
     size_t bytes;
 } _pp_mpi_op;
 
@@ -277,9 +277,9 @@ static pp_result _pp_mpi_finish(pp_mpi* t, _pp_mpi_op* op, int mpi_rc, MPI_Statu
     } else if (mpi_rc != MPI_SUCCESS) {
         char e[128];
         _pp_mpi_errstr(mpi_rc, e, sizeof e);
-        rc = _pp_fail(err, PP_ERR_TRANSPORT, "rank %d: MPI %s with rank %d: %s", t->rank, op->is_recv ? "receive" : "send",
-                      op->peer, e);
-    } else if (op->is_recv && MPI_Get_count(st, MPI_BYTE, &count) == MPI_SUCCESS && (size_t)count != op->bytes) {
+        rc = _pp_fail(err, PP_ERR_TRANSPORT, "rank %d: MPI %s with rank %d: %s", t->rank,
+                      op->is_recv == 2 ? "all-reduce" : op->is_recv ? "receive" : "send", op->peer, e);
+    } else if (op->is_recv == 1 && MPI_Get_count(st, MPI_BYTE, &count) == MPI_SUCCESS && (size_t)count != op->bytes) {
         rc = _pp_fail(err, PP_ERR_SIZE, "rank %d expected %zu bytes from rank %d (tag %d), the sender sent %d", t->rank,
                       op->bytes, op->peer, op->tag, count);
     }
@@ -306,7 +306,9 @@ static void _pp_mpi_backoff(const pp_mpi* t, int round) {
 /* Cancels a request nobody will wait for again (abort or timeout) and frees its op. */
 static void _pp_mpi_drop(pp_mpi* t, _pp_mpi_op* op) {
     if (op->r != MPI_REQUEST_NULL) {
-        if (op->is_recv) {
+        if (op->is_recv == 2) {
+            t->abandoned = 1; /* a collective may be neither cancelled nor freed (_pp_mpi_allreduce) */
+        } else if (op->is_recv) {
             MPI_Cancel(&op->r);
             MPI_Wait(&op->r, MPI_STATUS_IGNORE); /* a cancelled receive completes at once */
         } else {
@@ -340,6 +342,7 @@ static pp_result _pp_mpi_wait(void* self, pp_request* req, double timeout_s, pp_
             _pp_mpi_drop(t, op);
             req->impl = NULL;
             req->done = 1;
+            if (peer < 0) return _pp_fail(err, PP_ERR_ABORTED, "rank %d stopped waiting in an all-reduce: %s", t->rank, t->dom->msg);
             return _pp_fail(err, PP_ERR_ABORTED, "rank %d stopped waiting for rank %d: %s", t->rank, peer, t->dom->msg);
         }
         if (_pp_now() > deadline) {
@@ -351,6 +354,9 @@ static pp_result _pp_mpi_wait(void* self, pp_request* req, double timeout_s, pp_
             req->impl = NULL;
             req->done = 1;
             _pp_mpi_note(t, "rank %d waited %.3g s for rank %d", t->rank, dt, peer);
+            if (is_recv == 2)
+                return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s in an all-reduce over %d ranks", t->rank, dt,
+                                t->size);
             return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s for rank %d to %s and got nothing", t->rank, dt,
                             peer, is_recv ? "send" : "receive");
         }
@@ -367,7 +373,7 @@ static pp_result _pp_mpi_test(void* self, pp_request* req, int* done) {
         return PP_OK;
     }
     /* Only sends are tested by the executor; a finished one is freed here, a receive's status
-       is kept for its wait. */
+       (and an all-reduce's) is kept for its wait. */
     if (op->is_recv) {
         *done = 0;
         return PP_OK;
@@ -446,6 +452,37 @@ static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype
     }
 }
 
+/* The nonblocking all-reduce (pp_transport.iallreduce_sum): MPI_Iallreduce over the whole
+   communicator, as _pp_mpi_allreduce's (the same bits), completed by _pp_mpi_wait. Anything
+   _pp_mpi_allreduce sends through pp_allreduce_p2p (a subset, the ordered sum, more than an
+   int of elements) is PP_ERR_UNSUPPORTED: the caller calls allreduce_sum. */
+static pp_result _pp_mpi_iallreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
+                                    pp_request* req) {
+    pp_mpi* t = (pp_mpi*)self;
+    _pp_mpi_op* op;
+    int i, whole = ranks && n_ranks == t->size, rc;
+    for (i = 0; whole && i < n_ranks; i++)
+        if (ranks[i] != i) whole = 0;
+    if (!req || !buf || count == 0) return PP_ERR_INVALID;
+    memset(req, 0, sizeof *req);
+    if (!whole || t->ordered || count > (size_t)0x7fffffff || (dtype != PP_F32 && dtype != PP_F64)) return PP_ERR_UNSUPPORTED;
+    if (_pp_mpi_poll_abort(t)) return PP_ERR_ABORTED;
+    if (!(op = _pp_mpi_op_new(t))) return PP_ERR_NOMEM;
+    op->peer = -1;
+    op->is_recv = 2;
+    op->bytes = count * pp_dtype_size(dtype);
+    rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, dtype == PP_F32 ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, t->comm, &op->r);
+    if (rc != MPI_SUCCESS) {
+        char e[128];
+        _pp_mpi_errstr(rc, e, sizeof e);
+        _pp_mpi_note(t, "rank %d: MPI_Iallreduce: %s", t->rank, e);
+        _pp_mpi_op_free(t, op);
+        return PP_ERR_TRANSPORT;
+    }
+    req->impl = op;
+    return PP_OK;
+}
+
 /* Tells every member of the domain; does not wait for delivery (a dead peer must not block it). */
 static void _pp_mpi_abort(void* self, pp_result why, const char* msg) {
     pp_mpi* t = (pp_mpi*)self;
@@ -495,6 +532,7 @@ pp_transport pp_mpi_transport(pp_mpi* t) {
     tr.wait = _pp_mpi_wait;
     tr.test = _pp_mpi_test;
     tr.allreduce_sum = _pp_mpi_allreduce;
+    tr.iallreduce_sum = _pp_mpi_iallreduce;
     tr.abort = _pp_mpi_abort;
     tr.cancel = _pp_mpi_cancel;
     tr.abort_reason = _pp_mpi_abort_reason;

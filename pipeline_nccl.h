@@ -1025,10 +1025,27 @@ static pp_result _ppn_cancel(void* self, pp_request* req) {
     return PP_OK;
 }
 
+/* Polls event ev until the work before it is done, or the deadline (then PP_ERR_TIMEOUT). */
+static pp_result _ppn_event_wait(pp_nccl* t, cudaEvent_t ev, double deadline) {
+    int done = 0, round = 0;
+    pp_result rc = PP_OK;
+    for (;;) {
+        _ppn_batch b;
+        memset(&b, 0, sizeof b);
+        b.done = ev;
+        if ((rc = _ppn_query(t, &b, &done)) != PP_OK || done) return rc;
+        if (_pp_now() > deadline) {
+            _ppn_note(t, "timeout", "all-reduce did not complete; communicator aborted");
+            return PP_ERR_TIMEOUT;
+        }
+        if (++round > 100) _ppn_sleep_us(round > 1000 ? 500 : 20);
+    }
+}
+
 static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
                                 double timeout_s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
-    int i, whole = ranks && n_ranks == t->size, host, done = 0, round = 0;
+    int i, whole = ranks && n_ranks == t->size, host;
     size_t bytes = count * pp_dtype_size(dtype);
     void* dev;
     double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, deadline = _pp_now() + dt;
@@ -1052,6 +1069,10 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
     /* the gradients are complete when the compute stream gets here */
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ev, t->compute), "cudaEventRecord");
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->stream, ev, 0), "cudaStreamWaitEvent");
+    /* a copy from pageable host memory reads it when called, not in stream order: kernels still
+       queued on the compute stream (a stage's last backward, when the all-reduce runs from the
+       gradients-final hook) must have written it first */
+    if (rc == PP_OK && host) rc = _ppn_event_wait(t, ev, deadline);
     if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaMemcpyAsync(dev, buf, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
     if (rc == PP_OK) {
         ncclResult_t ar = ncclAllReduce(dev, dev, count, dtype == PP_F32 ? ncclFloat32 : ncclFloat64, ncclSum, t->comm, t->stream);
@@ -1061,18 +1082,7 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
     }
     if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaMemcpyAsync(buf, dev, bytes, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ev, t->stream), "cudaEventRecord");
-    while (rc == PP_OK) {
-        _ppn_batch b;
-        memset(&b, 0, sizeof b);
-        b.done = ev;
-        if ((rc = _ppn_query(t, &b, &done)) != PP_OK || done) break;
-        if (_pp_now() > deadline) {
-            _ppn_note(t, "timeout", "all-reduce did not complete; communicator aborted");
-            rc = PP_ERR_TIMEOUT;
-            break;
-        }
-        if (++round > 100) _ppn_sleep_us(round > 1000 ? 500 : 20);
-    }
+    if (rc == PP_OK) rc = _ppn_event_wait(t, ev, deadline);
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->compute, ev, 0), "cudaStreamWaitEvent");
     if (ev) cudaEventDestroy(ev);
     if (host && dev) cudaFree(dev);
@@ -1258,7 +1268,7 @@ pp_transport pp_nccl_transport(pp_nccl* t) {
     /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
     static const pp_transport ops = {NULL, 0, 0, _ppn_isend, _ppn_irecv, _ppn_wait, _ppn_test, _ppn_group_start,
                                      _ppn_group_end, _ppn_allreduce, _ppn_abort, _ppn_cancel, NULL, NULL, NULL,
-                                     _ppn_check_schedule, 1, _ppn_released};
+                                     _ppn_check_schedule, 1, _ppn_released, NULL};
     return _pp_transport_of(&ops, t, t ? t->rank : 0, t ? t->size : 0);
 }
 

@@ -31,22 +31,6 @@
 #define M 8
 #define REPS 5
 
-/* A barrier whose waiters sleep instead of spinning, so a rank that computes alone (the
-   sequential reference) or the pipeline's busy ranks get the cores. */
-static void quiet_barrier(void) {
-    MPI_Request r;
-    int done = 0;
-    struct timespec ts;
-    ts.tv_sec = 0;
-    ts.tv_nsec = 200000;
-    MPI_Ibarrier(MPI_COMM_WORLD, &r);
-    for (;;) {
-        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
-        if (done) break;
-        nanosleep(&ts, NULL);
-    }
-}
-
 static int cmp_double(const void* a, const void* b);
 static double median(double* v, int n);
 
@@ -64,7 +48,7 @@ static double sequential_ms(int rank, const pp_model* model, const tlm_model* w,
     double t[REPS], c[REPS], ms[2] = {0, 0};
     pp_error err;
     int rep;
-    quiet_barrier();
+    hx_quiet_barrier();
     if (rank == 0) {
         for (rep = 0; rep <= REPS; rep++) {
             double t0 = MPI_Wtime(), c0 = cpu_s();
@@ -81,7 +65,7 @@ static double sequential_ms(int rank, const pp_model* model, const tlm_model* w,
         ms[0] = median(t, REPS) * 1e3;
         ms[1] = median(c, REPS) * 1e3;
     }
-    quiet_barrier();
+    hx_quiet_barrier();
     MPI_Bcast(ms, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (cpu_ms) *cpu_ms = ms[1];
     return ms[0];
@@ -186,7 +170,7 @@ int main(int argc, char** argv) {
         printf("%-21s %-12s %8s %8s %8s %8s %8s %8s %10s %10s %6s %10s %6s\n", "schedule", "shapes", "seq ms", "step ms",
                "speedup", "seq cpu", "rank cpu", "cpu bnd", "bytes/step", "minimum", "ratio", "padded", "#wrong");
     }
-    quiet_barrier();
+    hx_quiet_barrier();
     MPI_Bcast(&seq_loss, 1, MPI_FLOAT, 0, MPI_COMM_WORLD);
     if (pp_mpi_grid_create(MPI_COMM_WORLD, pp, PP_GRID_DP_INNER, &g, &err) != PP_OK) {
         fprintf(stderr, "grid: %s\n", err.msg);
@@ -227,7 +211,7 @@ int main(int argc, char** argv) {
         pp_mpi_set_spin(g.pipe, rows_cfg[i].spin);
         for (rep = 0; rep <= REPS && !bad_setup; rep++) {
             pp_step_stats stats;
-            quiet_barrier();
+            hx_quiet_barrier();
             double c0;
             pp_mpi_counters(g.pipe, &sent0, NULL);
             memset(garena, 0, n * sizeof(float));

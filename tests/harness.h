@@ -18,7 +18,7 @@
    - With tests/test.h: hx_report, hx_loss_matches, hx_check_peak_poison. With examples/mlp.h:
      the tests' MLP (HX_DIMS), hx_mlp (weights, data, the sequential reference), per-rank
      gradients (hx_mlp_world) and hx_mlp_grads_match.
-   - Benches: hx_median, hx_worst_median, hx_arg_int.
+   - Benches: hx_median, hx_worst_median, hx_arg_int; with <mpi.h>, hx_quiet_barrier.
    Negative control: -DHX_NEGATIVE_CONTROL makes every rank of an hx_world leave out its last
    step; the tests that compare with the reference then fail. */
 #ifndef PP_TESTS_HARNESS_H
@@ -435,6 +435,7 @@ static inline pp_transport hx_poison_transport(hx_poison* p, pp_transport inner)
     t.flight_note = inner.flight_note ? hx_pz_flight_note : NULL;
     t.flight_get = inner.flight_get ? hx_pz_flight_get : NULL;
     t.abort_reason = inner.abort_reason ? hx_pz_abort_reason : NULL;
+    t.iallreduce_sum = NULL; /* not forwarded: it would reach inner's function with our self */
     return t;
 }
 
@@ -569,6 +570,27 @@ static inline int hx_loss_matches(const pp_step_stats* stats, int p, const pp_sc
             ok = 0;
         }
     return ok;
+}
+#endif
+
+/* ---- with <mpi.h> (include it first) ----------------------------------------------------------- */
+#ifdef MPI_VERSION
+#include <time.h>
+/* A barrier over MPI_COMM_WORLD whose waiters sleep (200 us between polls) instead of spinning,
+   so the ranks still computing (or one computing alone) get the cores: benches run more ranks
+   than this machine has cores. */
+static inline void hx_quiet_barrier(void) {
+    MPI_Request r;
+    int done = 0;
+    struct timespec ts;
+    ts.tv_sec = 0;
+    ts.tv_nsec = 200000;
+    MPI_Ibarrier(MPI_COMM_WORLD, &r);
+    for (;;) {
+        MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+        if (done) break;
+        nanosleep(&ts, NULL);
+    }
 }
 #endif
 

@@ -2,7 +2,10 @@
    arithmetic, and a pp = 2 x dp = 2 grid over the threads transport (one pp_threads world per
    pipeline, one for the whole grid's data-parallel sums) training the tied-embedding LM:
    gradients equal the sequential reference bit for bit after the tied sum and the
-   data-parallel mean, and the tied copies stay bit-identical over SGD steps. Runs under the
+   data-parallel mean, and the tied copies stay bit-identical over SGD steps; then the same with
+   the data-parallel reduction overlapped with the cool-down (pp_dp_overlap: each stage's buckets
+   reduced from its gradients-final hook, the tied layers after the tied sum in the wait): the
+   same bits, and the hooks did reduce (negative controls: build/overlap-controls). Runs under the
    sanitizers like every other test (the MPI version is tests/test_mpi.c). */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
@@ -86,6 +89,7 @@ typedef struct world {
     int first[PP * 2 + 1];
     int pair[2];
     int m;
+    int overlap;                /* 1: pp_dp_overlap from the hook; 0: pp_grad_allreduce after the step */
     float* w[PP * DP];          /* each rank's weights and gradients (one arena each) */
     float* g[PP * DP];
     float* wref;                /* the reference run */
@@ -105,6 +109,7 @@ static pp_result rank_main(int wr, void* user) {
     pp_error err;
     pp_stage* st = NULL;
     pp_stage_desc d;
+    pp_step_stats stats;
     pp_model model = tlm_model_desc();
     tlm_model w, gw;
     pp_transport pipe, all;
@@ -113,6 +118,8 @@ static pp_result rank_main(int wr, void* user) {
     float* wref = (float*)malloc(n * sizeof(float));
     shard s;
     int step, l;
+    pp_grad_buf bufs[2 * TLM_DEPTH + 2];
+    pp_dp_overlap* ov = NULL;
     pp_result rc = pp_grid_make(PP * DP, wr, PP, PP_GRID_DP_INNER, &g, &err);
     if (rc != PP_OK) return rc;
     pipe = pp_threads_transport(W->pipes[g.dp_rank], g.pp_rank);
@@ -124,18 +131,51 @@ static pp_result rank_main(int wr, void* user) {
                               g.pp_rank == W->pair[1] ? w.head[0].E : NULL, nE * sizeof(float), 20, &err);
     hx_stage_desc(&d, NULL, model, &w, &gw, &W->sc, W->first, g.pp_rank, pipe);
     d.timeout_s = 20;
+    if (rc == PP_OK && W->overlap) {
+        pp_dp_overlap_desc od;
+        memset(&od, 0, sizeof od);
+        od.dp.t = &all; /* the data-parallel group as world ranks of the grid's own transport */
+        od.dp.ranks = g.dp_group;
+        od.dp.n_ranks = g.dp;
+        od.dp.timeout_s = 20;
+        od.bucket_bytes = 40; /* several buckets per buffer: cut anywhere, the same bits */
+        od.n_bufs = tlm_grid_grad_bufs(&gw, &W->sc, W->first, g.pp_rank, 1, bufs);
+        od.bufs = bufs;
+        od.partition = W->first;
+        od.n_stages = W->sc.n_stages;
+        od.tied = &pipe;
+        od.tied_pair[0] = W->pair[0];
+        od.tied_pair[1] = W->pair[1];
+        od.tied_layers[0] = TLM_EMBED_LAYER;
+        od.tied_layers[1] = TLM_HEAD_LAYER;
+        rc = pp_dp_overlap_create(&od, &ov, &err);
+        d.grads_final = pp_dp_overlap_hook;
+        d.grads_final_user = ov;
+    }
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     for (step = 0; step < STEPS && rc == PP_OK; step++) {
         memset(W->g[wr], 0, n * sizeof(float));
         make_shard(&s, g.dp_rank, step, W->m);
-        if ((rc = pp_stage_step(st, &s.b, NULL)) != PP_OK) {
+        if ((rc = pp_stage_step(st, &s.b, &stats)) != PP_OK) {
             snprintf(err.msg, sizeof err.msg, "%s", pp_stage_error(st));
             break;
         }
-        rc = pp_tied_sum_grads(&pipe, W->pair, g.pp_rank == W->pair[0] ? gw.embed[0].E : NULL,
-                               g.pp_rank == W->pair[1] ? gw.head[0].E : NULL, nE, PP_F32, 20, &err);
-        /* the data-parallel group as world ranks of the grid's own transport */
-        if (rc == PP_OK) rc = pp_grad_allreduce(&all, g.dp_group, g.dp, W->g[wr], n, PP_F32, 1.0 / DP, 20, &err);
+        if (W->overlap) {
+            pp_dp_overlap_stats os;
+            if ((rc = pp_dp_overlap_wait(ov, &os, &err)) != PP_OK) break;
+            /* every rank owns dense layers besides its tied one: their buckets went in the hook */
+            if (os.buckets_hook < 1 || stats.t_grads_final <= 0 || stats.t_grads_final > stats.t_total) {
+                W->bad[wr]++;
+                snprintf(W->msg[wr], sizeof W->msg[wr],
+                         "step %d: overlap: %d buckets reduced in the hook (%d after), gradients final at %g s of %g s",
+                         step, os.buckets_hook, os.buckets_wait, stats.t_grads_final, stats.t_total);
+            }
+        } else {
+            rc = pp_tied_sum_grads(&pipe, W->pair, g.pp_rank == W->pair[0] ? gw.embed[0].E : NULL,
+                                   g.pp_rank == W->pair[1] ? gw.head[0].E : NULL, nE, PP_F32, 20, &err);
+            /* the data-parallel group as world ranks of the grid's own transport */
+            if (rc == PP_OK) rc = pp_grad_allreduce(&all, g.dp_group, g.dp, W->g[wr], n, PP_F32, 1.0 / DP, 20, &err);
+        }
         if (rc != PP_OK) break;
         reference(wref, gref, step, W->m);
         for (l = 0; l < model.n_layers; l++) {
@@ -161,12 +201,13 @@ static pp_result rank_main(int wr, void* user) {
     }
     if (rc != PP_OK) snprintf(W->msg[wr], sizeof W->msg[wr], "%s", err.msg);
     pp_stage_destroy(st);
+    pp_dp_overlap_destroy(ov);
     free(gref);
     free(wref);
     return rc;
 }
 
-static void grid_run(pp_schedule_kind kind, int v, int m) {
+static void grid_run(pp_schedule_kind kind, int v, int m, int overlap) {
     static pp_action acts[PP * 2 * 2 * 8];
     world W;
     pp_error err;
@@ -176,6 +217,7 @@ static void grid_run(pp_schedule_kind kind, int v, int m) {
     pp_result rc;
     memset(&W, 0, sizeof W);
     W.m = m;
+    W.overlap = overlap;
     rc = pp_schedule_make(kind, PP, v, m, acts, sizeof acts / sizeof acts[0], &W.sc, &err);
     if (rc == PP_OK) rc = pp_partition_uniform(model.n_layers, PP * v, W.first, &err);
     for (d = 0; d < DP && rc == PP_OK; d++) rc = pp_threads_create(PP, &W.pipes[d], &err);
@@ -193,8 +235,10 @@ static void grid_run(pp_schedule_kind kind, int v, int m) {
         for (d = 0; d < (int)nE; d++) W.w[r][hoff + d] = -5.0f; /* the head's copy starts wrong: the sync fixes it */
     }
     if (rc == PP_OK) rc = pp_threads_run(PP * DP, rank_main, &W, &err);
-    CHECK(rc == PP_OK, "%s pp=%d dp=%d: %s (%s / %s)", pp_schedule_name(kind), PP, DP, err.msg, W.msg[0], W.msg[1]);
-    for (r = 0; r < PP * DP; r++) CHECK(W.bad[r] == 0, "%s: world rank %d: %s", pp_schedule_name(kind), r, W.msg[r]);
+    CHECK(rc == PP_OK, "%s pp=%d dp=%d%s: %s (%s / %s)", pp_schedule_name(kind), PP, DP, overlap ? " overlap" : "",
+          err.msg, W.msg[0], W.msg[1]);
+    for (r = 0; r < PP * DP; r++)
+        CHECK(W.bad[r] == 0, "%s%s: world rank %d: %s", pp_schedule_name(kind), overlap ? " overlap" : "", r, W.msg[r]);
     /* the tied copies: embedding on a pair[0] rank, head on a pair[1] rank, every replica */
     for (d = 0; d < DP && rc == PP_OK; d++) {
         pp_grid g;
@@ -213,6 +257,49 @@ static void grid_run(pp_schedule_kind kind, int v, int m) {
     free(W.wref);
     for (d = 0; d < DP; d++) pp_threads_destroy(W.pipes[d]);
     pp_threads_destroy(W.all);
+}
+
+/* pp_dp_overlap alone, on a one-rank group: bad descs refused with a message, the hook once per
+   stage and step, the tied layer after the tied sum, the scale on everything. */
+static void overlap_checks(void) {
+    pp_threads* one = NULL;
+    pp_transport t;
+    pp_error err;
+    pp_dp_overlap* ov = NULL;
+    pp_dp_overlap_desc od;
+    pp_dp_overlap_stats os;
+    pp_grad_buf bufs[3];
+    float e[4] = {1, 2, 3, 4}, h[4] = {4, 3, 2, 1}, dense[5] = {2, 2, 2, 2, 2};
+    int first[3] = {0, 2, 3}, i, ok = 1;
+    CHECK(pp_threads_create(1, &one, &err) == PP_OK, "threads: %s", err.msg);
+    t = pp_threads_transport(one, 0);
+    memset(bufs, 0, sizeof bufs);
+    bufs[0].layer = 0, bufs[0].data = e, bufs[0].count = 4, bufs[0].dtype = PP_F32;
+    bufs[1].layer = 1, bufs[1].data = dense, bufs[1].count = 5, bufs[1].dtype = PP_F32;
+    bufs[2].layer = 2, bufs[2].data = h, bufs[2].count = 4, bufs[2].dtype = PP_F32;
+    memset(&od, 0, sizeof od);
+    CHECK(pp_dp_overlap_create(&od, &ov, &err) == PP_ERR_INVALID && strstr(err.msg, "dp.t") && !ov, "empty desc: %s", err.msg);
+    od.dp.t = &t;
+    od.bufs = bufs;
+    od.n_bufs = 3;
+    od.partition = first;
+    od.n_stages = 1;
+    CHECK(pp_dp_overlap_create(&od, &ov, &err) == PP_ERR_INVALID && strstr(err.msg, "outside"), "layer 2 of 0..1: %s", err.msg);
+    od.n_stages = 2;
+    od.scale = 0.5;
+    od.bucket_bytes = 8;
+    od.tied = &t;
+    od.tied_layers[1] = 2; /* pair {0, 0}: this rank holds both copies */
+    CHECK(pp_dp_overlap_create(&od, &ov, &err) == PP_OK, "overlap: %s", err.msg);
+    CHECK(pp_dp_overlap_hook(ov, 0, 2) == PP_ERR_INVALID && strstr(pp_dp_overlap_error(ov), "outside"), "stage 2 of 2");
+    CHECK(pp_dp_overlap_hook(ov, 0, 0) == PP_OK && pp_dp_overlap_hook(ov, 0, 0) == PP_OK, "hook: %s", pp_dp_overlap_error(ov));
+    CHECK(e[0] == 1 && dense[0] == 1 && dense[4] == 1, "stage 0's hook: the dense layer scaled once, the tied one left");
+    CHECK(pp_dp_overlap_wait(ov, &os, &err) == PP_OK, "wait: %s", err.msg);
+    for (i = 0; i < 4; i++) ok &= e[i] == 2.5f && h[i] == 2.5f; /* (e + h) * 0.5 */
+    CHECK(ok && dense[0] == 1 && os.buckets_hook == 3 && os.buckets_wait == 4, "wait: tied %g %g, %d + %d buckets", e[0],
+          h[0], os.buckets_hook, os.buckets_wait);
+    pp_dp_overlap_destroy(ov);
+    pp_threads_destroy(one);
 }
 
 /* pp = 1: one rank holds both tied copies; the helpers work locally, in the same order. */
@@ -248,11 +335,15 @@ static void tied_local_checks(void) {
 }
 
 int main(void) {
+    int ov;
     env_checks();
     tied_local_checks();
+    overlap_checks();
     grid_checks();
-    grid_run(PP_SCHED_1F1B, 1, 4);
-    grid_run(PP_SCHED_GPIPE, 1, 3);
-    grid_run(PP_SCHED_INTERLEAVED, 2, 5);
+    for (ov = 0; ov < 2; ov++) {
+        grid_run(PP_SCHED_1F1B, 1, 4, ov);
+        grid_run(PP_SCHED_GPIPE, 1, 3, ov);
+        grid_run(PP_SCHED_INTERLEAVED, 2, 5, ov);
+    }
     return TEST_DONE("test_grid");
 }

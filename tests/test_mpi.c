@@ -15,6 +15,8 @@
    finds an Inf on the last world rank skips the step on every rank.
    Before each configuration's second step an evaluation (pp_stage_eval): its loss and outputs
    are pp_sequential_eval's bit for bit, and the steps after it are checked as before.
+   Some configurations run again with the data-parallel reduction overlapped with the cool-down
+   (pp_dp_overlap from the gradients-final hook, tied layers after the tied sum): the same bits.
    Each rank counts its own checks; rank 0 prints the world's totals. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
@@ -30,6 +32,7 @@
 #include "tlm_grid.h"
 
 static int W_RANK, W_SIZE;
+static int OVERLAP; /* 1: run_case reduces through pp_dp_overlap (buckets of 48 bytes) */
 
 /* This process's shard of step `step`: replica dp_rank's packed sequences. */
 static void make_shard(shard* s, int dp_rank, int step, int m) { tlm_grid_shard(s, 1000u + 77u * (uint64_t)step + (uint64_t)dp_rank, m); }
@@ -101,14 +104,16 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
     pp_schedule sc;
     pp_action* acts = NULL;
     pp_stage* st = NULL;
+    pp_dp_overlap* ov = NULL;
+    pp_grad_buf obufs[2 * TLM_DEPTH + 2];
     pp_model model = tlm_model_desc();
     tlm_model w, gw;
     float *warena = NULL, *garena = NULL, *wref = NULL, *gref = NULL, *gtied = NULL;
     int first[16 + 1], pair[2], step, l, owns[TLM_DEPTH + 3];
     shard* s = (shard*)malloc(sizeof *s);
     pp_result rc;
-    snprintf(name, sizeof name, "%s pp=%d v=%d dp=%d m=%d shapes=%d", pp_schedule_name(kind), pp, v, W_SIZE / pp, m,
-             (int)shapes);
+    snprintf(name, sizeof name, "%s pp=%d v=%d dp=%d m=%d shapes=%d%s", pp_schedule_name(kind), pp, v, W_SIZE / pp, m,
+             (int)shapes, OVERLAP ? " overlap" : "");
     rc = pp_mpi_grid_create(MPI_COMM_WORLD, pp, PP_GRID_DP_INNER, &g, &err);
     CHECK(rc == PP_OK, "%s: grid: %s", name, err.msg);
     if (rc != PP_OK) {
@@ -151,7 +156,27 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
         d.timeout_s = 60;
         d.shapes = shapes;
         d.max_seqs = NSEQ;
-        rc = pp_stage_create(&d, &st, &err);
+        if (OVERLAP) {
+            pp_dp_overlap_desc od;
+            memset(&od, 0, sizeof od);
+            od.dp.t = &dpt;
+            od.dp.timeout_s = 30;
+            od.bucket_bytes = 48;
+            od.n_bufs = tlm_grid_grad_bufs(&gw, &sc, first, g.grid.pp_rank, 1, obufs);
+            od.bufs = obufs;
+            od.partition = first;
+            od.n_stages = sc.n_stages;
+            od.tied = &pipe;
+            od.tied_pair[0] = pair[0];
+            od.tied_pair[1] = pair[1];
+            od.tied_layers[0] = TLM_EMBED_LAYER;
+            od.tied_layers[1] = TLM_HEAD_LAYER;
+            rc = pp_dp_overlap_create(&od, &ov, &err);
+            CHECK(rc == PP_OK, "%s: overlap: %s", name, err.msg);
+            d.grads_final = pp_dp_overlap_hook;
+            d.grads_final_user = ov;
+        }
+        if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
         CHECK(rc == PP_OK, "%s: stage: %s", name, err.msg);
     }
     for (step = 0; step < STEPS && rc == PP_OK; step++) {
@@ -202,7 +227,19 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
         rc = pp_stage_step(st, &s->b, &stats);
         CHECK(rc == PP_OK, "%s step %d: rank %d: %s", name, step, W_RANK, pp_stage_error(st));
         if (rc != PP_OK) break;
-        if (step == 1 && pair[0] == 0 && pair[1] == pp - 1 && pp > 1) {
+        if (OVERLAP) {
+            pp_dp_overlap_stats os;
+            rc = pp_dp_overlap_wait(ov, &os, &err);
+            int untied = 0; /* a rank holding only tied layers reduces them all after the step */
+            for (l = TLM_EMBED_LAYER + 1; l < TLM_HEAD_LAYER; l++) untied |= owns[l];
+            CHECK(rc != PP_OK || os.buckets_hook > 0 || !untied,
+                  "%s step %d: rank %d: no bucket reduced inside the step (%d after it)", name, step, W_RANK,
+                  os.buckets_wait);
+            /* two replicas: MPI_Iallreduce, started in the hook, completed in the wait */
+            CHECK(rc != PP_OK || !untied || g.grid.dp != 2 || os.buckets_started == os.buckets_hook,
+                  "%s step %d: rank %d: %d of %d buckets started without blocking", name, step, W_RANK,
+                  os.buckets_started, os.buckets_hook);
+        } else if (step == 1 && pair[0] == 0 && pair[1] == pp - 1 && pp > 1) {
             /* the grid's own tied-pair communicator (first and last stage rank): same bits */
             static const int tp[2] = {0, 1};
             pp_transport tt = pp_mpi_transport(g.tied);
@@ -215,7 +252,7 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
             rc = pp_tied_sum_grads(&pipe, pair, owns[TLM_EMBED_LAYER] ? gw.embed[0].E : NULL,
                                    owns[TLM_HEAD_LAYER] ? gw.head[0].E : NULL, nE, PP_F32, 30, &err);
         }
-        if (rc == PP_OK) rc = pp_grad_allreduce(&dpt, NULL, 0, garena, n, PP_F32, 1.0 / g.grid.dp, 30, &err);
+        if (rc == PP_OK && !OVERLAP) rc = pp_grad_allreduce(&dpt, NULL, 0, garena, n, PP_F32, 1.0 / g.grid.dp, 30, &err);
         CHECK(rc == PP_OK, "%s step %d: gradient sync: %s", name, step, err.msg);
         if (rc != PP_OK) break;
         CHECK(reference_grads(wref, gref, gtied, g.grid.dp, step, m, g.grid.dp_rank, &loss_ref), "%s: reference", name);
@@ -300,6 +337,7 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
         }
     }
     pp_stage_destroy(st);
+    pp_dp_overlap_destroy(ov);
     pp_mpi_grid_destroy(&g);
     free(acts);
     free(warena);
@@ -471,6 +509,11 @@ int main(int argc, char** argv) {
         run_case(PP_SCHED_1F1B, pp, 1, 4, PP_SHAPES_BROADCAST);
         run_case(PP_SCHED_1F1B, pp, 1, 4, PP_SHAPES_PER_MESSAGE);
         run_case(PP_SCHED_INTERLEAVED, pp, 2, 4, PP_SHAPES_AUTO);
+        OVERLAP = 1;
+        run_case(PP_SCHED_1F1B, pp, 1, 5, PP_SHAPES_LOCAL);
+        run_case(PP_SCHED_INTERLEAVED, pp, 2, 5, PP_SHAPES_LOCAL);
+        run_case(PP_SCHED_ZB_V, pp, 2, 5, PP_SHAPES_LOCAL);
+        OVERLAP = 0;
     }
     if (W_SIZE >= 2) tag_checks();
     if (W_SIZE >= 2 && W_SIZE <= 8) {

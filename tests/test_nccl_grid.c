@@ -10,7 +10,10 @@
    pp_grad_allreduce (mean) over the data-parallel group. Each rank's gradients of the layers it
    owns equal the sequential reference (every replica, tied sums, mean) bit for bit, and after
    SGD steps the tied copies and the replicas stay bit-identical. GPipe, 1F1B and ZB-H1; p = 2
-   carries both directions between one pair of ranks. */
+   carries both directions between one pair of ranks. 1F1B and ZB-H1 again with the
+   data-parallel reduction overlapped with the cool-down (pp_dp_overlap from the gradients-final
+   hook over the dp communicator, the tied layers after the tied sum in pp_dp_overlap_wait): the
+   same bits, and the hooks reduced buckets inside the step. */
 #define _POSIX_C_SOURCE 200809L
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_nccl.h"
@@ -41,6 +44,7 @@ typedef struct world {
     pp_schedule sc;
     int first[PP * 2 + 1];
     int m;
+    int overlap;                /* 1: pp_dp_overlap; 0: pp_grad_allreduce after the step */
     float* w[NR];               /* each rank's weights and gradients, host memory */
     float* g[NR];
     float* wref;
@@ -72,6 +76,8 @@ static void* rank_main(void* arg) {
     pp_cuda_desc cd;
     pp_stage* st = NULL;
     pp_stage_desc d;
+    pp_dp_overlap* ov = NULL;
+    pp_grad_buf bufs[2 * TLM_DEPTH + 2];
     pp_transport pipe, tied, dpt;
     memset(&pipe, 0, sizeof pipe);
     memset(&tied, 0, sizeof tied);
@@ -117,6 +123,25 @@ static void* rank_main(void* arg) {
         d.layer_ctx = &streams[wr];
     }
     d.timeout_s = 20;
+    if (rc == PP_OK && W->overlap) {
+        pp_dp_overlap_desc od;
+        memset(&od, 0, sizeof od);
+        od.dp.t = &dpt;
+        od.dp.timeout_s = 20;
+        od.bucket_bytes = 64;
+        od.n_bufs = tlm_grid_grad_bufs(&gw, &W->sc, W->first, g.grid.pp_rank, 1, bufs);
+        od.bufs = bufs;
+        od.partition = W->first;
+        od.n_stages = W->sc.n_stages;
+        od.tied = g.tied ? &tied : NULL;
+        od.tied_pair[0] = pair[0];
+        od.tied_pair[1] = pair[1];
+        od.tied_layers[0] = TLM_EMBED_LAYER;
+        od.tied_layers[1] = TLM_HEAD_LAYER;
+        rc = pp_dp_overlap_create(&od, &ov, &err);
+        d.grads_final = pp_dp_overlap_hook;
+        d.grads_final_user = ov;
+    }
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     for (step = 0; step < STEPS && rc == PP_OK; step++) {
         memset(W->g[wr], 0, n * sizeof(float));
@@ -127,10 +152,19 @@ static void* rank_main(void* arg) {
         }
         if ((rc = pp_nccl_step_end(g.pipe, 20, &err)) != PP_OK) break;
         if ((rc = pp_cuda_step_end(c, NULL, &err)) != PP_OK) break; /* the kernels wrote the host gradients */
-        if (g.tied)
-            rc = pp_tied_sum_grads(&tied, pair, g.grid.pp_rank == 0 ? gw.embed[0].E : NULL,
-                                   g.grid.pp_rank == PP - 1 ? gw.head[0].E : NULL, nE, PP_F32, 20, &err);
-        if (rc == PP_OK) rc = pp_grad_allreduce(&dpt, NULL, 0, W->g[wr], n, PP_F32, 1.0 / DP, 20, &err);
+        if (W->overlap) {
+            pp_dp_overlap_stats os;
+            if ((rc = pp_dp_overlap_wait(ov, &os, &err)) == PP_OK && os.buckets_hook < 1) {
+                W->bad[wr]++;
+                snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: overlap: no bucket reduced in the hook (%d after)", step,
+                         os.buckets_wait);
+            }
+        } else {
+            if (g.tied)
+                rc = pp_tied_sum_grads(&tied, pair, g.grid.pp_rank == 0 ? gw.embed[0].E : NULL,
+                                       g.grid.pp_rank == PP - 1 ? gw.head[0].E : NULL, nE, PP_F32, 20, &err);
+            if (rc == PP_OK) rc = pp_grad_allreduce(&dpt, NULL, 0, W->g[wr], n, PP_F32, 1.0 / DP, 20, &err);
+        }
         if (rc != PP_OK) break;
         reference(wref, gref, step, W->m);
         for (l = 0; l < W->model.n_layers; l++) {
@@ -138,7 +172,7 @@ static void* rank_main(void* arg) {
             layer_range(l, &off, &cnt);
             if (cnt && owner(W, l) == g.grid.pp_rank && memcmp(W->g[wr] + off, gref + off, cnt * sizeof(float))) {
                 W->bad[wr]++;
-                snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: layer %d's gradient differs", step, l);
+                if (!W->msg[wr][0]) snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: layer %d's gradient differs", step, l);
             }
         }
         for (i = 0; i < n; i++) {
@@ -149,6 +183,7 @@ static void* rank_main(void* arg) {
     if (rc != PP_OK) snprintf(W->msg[wr], sizeof W->msg[wr], "%s", err.msg);
     W->rc[wr] = rc;
     pp_stage_destroy(st);
+    pp_dp_overlap_destroy(ov);
     if (have_grid) pp_nccl_grid_destroy(&g);
     if (comm) ncclCommDestroy(comm);
     pp_cuda_destroy(c);
@@ -157,7 +192,7 @@ static void* rank_main(void* arg) {
     return NULL;
 }
 
-static void grid_run(pp_schedule_kind kind, int m) {
+static void grid_run(pp_schedule_kind kind, int m, int overlap) {
     static pp_action acts[PP * 2 * 2 * 16];
     world W;
     pthread_t th[NR];
@@ -168,6 +203,7 @@ static void grid_run(pp_schedule_kind kind, int m) {
     pp_result rc;
     memset(&W, 0, sizeof W);
     W.m = m;
+    W.overlap = overlap;
     W.model = layer_kernels_model(tlm_model_desc());
     rc = pp_schedule_make(kind, PP, 1, m, acts, sizeof acts / sizeof acts[0], &W.sc, &err);
     if (rc == PP_OK) rc = pp_partition_uniform(W.model.n_layers, PP, W.first, &err);
@@ -209,9 +245,11 @@ static void grid_run(pp_schedule_kind kind, int m) {
 
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    grid_run(PP_SCHED_GPIPE, 4);
-    grid_run(PP_SCHED_1F1B, 5);
-    grid_run(PP_SCHED_ZB_H1, 4);
+    grid_run(PP_SCHED_GPIPE, 4, 0);
+    grid_run(PP_SCHED_1F1B, 5, 0);
+    grid_run(PP_SCHED_ZB_H1, 4, 0);
+    grid_run(PP_SCHED_1F1B, 5, 1);
+    grid_run(PP_SCHED_ZB_H1, 4, 1);
 #ifdef PP_TEST_REAL_CUDA
     layer_staged_free();
 #endif

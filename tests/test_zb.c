@@ -21,7 +21,12 @@
      policy, and on ZB-V p = 2 rank 1 sends exactly what rank 0 sends; one rank runs without a
      transport.
    - Text tables: round trip, and malformed or deadlocking tables rejected with a message that
-     names the line and column, or the rank and action. */
+     names the line and column, or the rank and action.
+   - Gradients final (pp_stage_desc.grads_final) through the one-process layer: the hook runs
+     once per stage and step, on the stage's rank, and what the stage's gradients hold then is
+     what they hold at the step's end (after the last W where W is deferred: ZB-H1, ZB-V); never
+     in an evaluation. `test_zb final` runs this part alone (build/overlap-controls: fired at the
+     last B, it fails). */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/mlp.h"
@@ -707,6 +712,130 @@ static int run_kind(pp_schedule_kind k, int p, int v, int m, const int* first, i
 
 static void make_batch(pp_batch* b, float* x, int32_t* y, int m) { hx_dense_batch(b, x, y, ROWS, HX_IN, m); }
 
+/* What the gradients-final hook saw: each stage's layers' gradients when it ran. */
+typedef struct gf_seen {
+    pp_pipeline* pl;
+    const mlp_model* g;         /* the gradients' layout, over gbuf */
+    const float* gbuf;
+    float* snap;                /* [n]: each stage writes its own layers' floats */
+    int calls[16], wrong_rank;
+    int fail_stage;             /* 1 + a stage whose hook fails; 0: none */
+} gf_seen;
+
+/* Copies (cmp = 0) stage s's layers' gradients from gbuf into snap, or counts (cmp = 1) the
+   floats where they differ. */
+static long gf_layers(gf_seen* F, int s, int cmp) {
+    const int* first = pp_pipeline_partition(F->pl);
+    long bad = 0;
+    int l;
+    for (l = first[s]; l < first[s + 1] && l < MLP_DEPTH; l++) {
+        const float* part[2];
+        size_t cnt[2], k, i;
+        part[0] = F->g->dense[l].w;
+        part[1] = F->g->dense[l].b;
+        cnt[0] = (size_t)DIMS[l] * (size_t)DIMS[l + 1];
+        cnt[1] = (size_t)DIMS[l + 1];
+        for (k = 0; k < 2; k++) {
+            float* sn = F->snap + (part[k] - F->gbuf);
+            if (!cmp) memcpy(sn, part[k], cnt[k] * sizeof(float));
+            else
+                for (i = 0; i < cnt[k]; i++) bad += memcmp(&sn[i], &part[k][i], sizeof(float)) != 0;
+        }
+    }
+    return bad;
+}
+
+static pp_result gf_hook(void* user, int rank, int stage) {
+    gf_seen* F = (gf_seen*)user;
+    int r;
+    if (F->fail_stage == stage + 1) return PP_ERR_TRANSPORT;
+    pp_schedule_stage_to_rank(pp_pipeline_schedule(F->pl), stage, &r, NULL);
+    if (r != rank) F->wrong_rank++;
+    F->calls[stage]++;
+    gf_layers(F, stage, 0);
+    return PP_OK;
+}
+
+static void test_grads_final(void) {
+    static const struct {
+        pp_schedule_kind kind;
+        int p, split;
+    } cases[] = {{PP_SCHED_GPIPE, 3, 0}, {PP_SCHED_1F1B, 3, 1}, {PP_SCHED_INTERLEAVED, 2, 0},
+                 {PP_SCHED_ZB_H1, 3, 1}, {PP_SCHED_ZB_V, 2, 1}, {PP_SCHED_ZB_V, 3, 1}};
+    float *wbuf, *gbuf, x[ROWS * HX_IN];
+    int32_t y[ROWS];
+    mlp_model w, g;
+    mlpz_model wz, gz;
+    size_t n = mlp_param_count(DIMS);
+    pp_error err;
+    int c;
+    wbuf = mlp_init(&w, &g, DIMS, 23, &gbuf);
+    mlpz_from_mlp(&wz, &w);
+    mlpz_from_mlp(&gz, &g);
+    mlp_make_data(x, y, ROWS, HX_IN, HX_CLASSES, 5, 6);
+    for (c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
+        const char* name = pp_schedule_name(cases[c].kind);
+        pp_pipeline_desc d;
+        pp_batch b;
+        pp_step_stats st;
+        gf_seen F;
+        pp_result rc;
+        int step, s, n_st;
+        memset(&d, 0, sizeof d);
+        memset(&F, 0, sizeof F);
+        d.model = cases[c].split ? mlpz_model_desc() : mlp_model_desc();
+        d.weights = cases[c].split ? (const void*)&wz : (const void*)&w;
+        d.grads = cases[c].split ? (void*)&gz : (void*)&g;
+        d.schedule = cases[c].kind;
+        d.p = cases[c].p;
+        d.m = 5;
+        d.stage.grads_final = gf_hook;
+        d.stage.grads_final_user = &F;
+        F.g = &g;
+        F.gbuf = gbuf;
+        F.snap = (float*)calloc(n, sizeof(float));
+        rc = pp_pipeline_create(&d, &F.pl, &err);
+        CHECK(rc == PP_OK, "%s p=%d: %s", name, cases[c].p, err.msg);
+        if (rc != PP_OK) {
+            free(F.snap);
+            continue;
+        }
+        n_st = pp_pipeline_schedule(F.pl)->n_stages;
+        make_batch(&b, x, y, d.m);
+        for (step = 0; step < 2 && rc == PP_OK; step++) {
+            long bad = 0;
+            memset(gbuf, 0, n * sizeof(float));
+            memset(F.calls, 0, sizeof F.calls);
+            rc = pp_pipeline_step(F.pl, &b, &st);
+            CHECK(rc == PP_OK, "%s: %s", name, pp_pipeline_error(F.pl));
+            for (s = 0; s < n_st && rc == PP_OK; s++) {
+                CHECK(F.calls[s] == 1, "%s p=%d step %d: stage %d's hook ran %d times", name, cases[c].p, step, s,
+                      F.calls[s]);
+                bad += gf_layers(&F, s, 1);
+            }
+            CHECK(bad == 0 && F.wrong_rank == 0,
+                  "%s p=%d%s step %d: %ld gradient floats changed after their stage's hook (%d calls on another rank)",
+                  name, cases[c].p, cases[c].split ? " (split backward)" : "", step, bad, F.wrong_rank);
+            CHECK(rc != PP_OK || (st.t_grads_final > 0 && st.t_grads_final <= st.t_total && st.t_grads_hook >= 0),
+                  "%s: gradients final at %g s of a %g s step", name, st.t_grads_final, st.t_total);
+        }
+        memset(F.calls, 0, sizeof F.calls); /* an evaluation runs no hook */
+        rc = pp_pipeline_eval(F.pl, &b, NULL, NULL);
+        for (s = 0; s < n_st && rc == PP_OK; s++) CHECK(F.calls[s] == 0, "%s: the hook ran in an evaluation", name);
+        F.fail_stage = n_st; /* a hook that fails fails the step, named; the next step runs */
+        rc = pp_pipeline_step(F.pl, &b, &st);
+        CHECK(rc == PP_ERR_TRANSPORT && strstr(pp_pipeline_error(F.pl), "gradients-final hook"),
+              "%s: a failing hook: %s (%s)", name, pp_result_str(rc), pp_pipeline_error(F.pl));
+        F.fail_stage = 0;
+        CHECK(pp_pipeline_step(F.pl, &b, &st) == PP_OK, "%s: the step after a failed hook: %s", name,
+              pp_pipeline_error(F.pl));
+        pp_pipeline_destroy(F.pl);
+        free(F.snap);
+    }
+    free(wbuf);
+    free(gbuf);
+}
+
 static void test_gradients(void) {
     static const int ms[] = {1, 2, 3, 5, 8};
     static ref R;
@@ -1323,6 +1452,10 @@ int main(int argc, char** argv) {
         test_cost_aware();
         return TEST_DONE("zb (grid)");
     }
+    if (argc > 1 && !strcmp(argv[1], "final")) {
+        test_grads_final();
+        return TEST_DONE("zb (gradients final)");
+    }
     if (argc > 1 && !strcmp(argv[1], "wshare")) {
         test_w_share_run();
         return TEST_DONE("zb (W share)");
@@ -1336,6 +1469,7 @@ int main(int argc, char** argv) {
     test_w_share();
     test_gradients();
     test_w_share_run();
+    test_grads_final();
     test_turn();
     test_partition_capped();
     test_partition_desc();
