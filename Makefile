@@ -149,7 +149,8 @@ $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
-                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls
+                  $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls \
+                  $(B)/bf16-controls
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
 # rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
@@ -177,6 +178,13 @@ $(B)/gpt-resume: tests/test_resume.sh $(B)/gpt_cpu
 # of one without, AdamW's decay and the warm-up's rate.
 $(B)/gpt-trainer: tests/test_trainer.sh $(B)/gpt_cpu
 	@printf '#!/bin/sh\nexec sh tests/test_trainer.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
+# Its --dtype bf16 part's negative control: a gpt_cpu whose --dtype bf16 leaves the activations
+# f32 (-DPP_TEST_NO_GPT_BF16): the bytes are not halved nor the loss another, and it must fail.
+$(B)/gpt_cpu-ctl-no-bf16: examples/gpt_cpu.c $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_GPT_BF16 $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/bf16-controls: tests/controls.sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-bf16
+	printf '#!/bin/sh\nexec sh tests/controls.sh bf16-controls "env TRAINER_PART=bf16 sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-bf16"\n' > $@
+	chmod +x $@
 
 # Negative controls of tests/test_eval.c: an evaluation's stashes kept to the step's end (the
 # peak check of the grid fails), and the step's kind left out of the step's identity (a rank that

@@ -34,6 +34,15 @@
    kept in io->saved; qkv, the attention probabilities and the pre-GELU activations are B-only
    scratch (b_saved_bytes). Embedding and head do both in B.
 
+   ACTIVATIONS IN BF16  gpt_config.act = PP_BF16 makes every tensor between layers, x (T, C),
+   and its gradient bf16: describe() says so, so the pipeline sends half the bytes of f32 between
+   stages. Weights, parameter gradients and what a layer saves from forward to backward stay f32.
+   Inside a layer the arithmetic is f32: on entry each bf16 tensor is widened into an f32 copy,
+   the f32 layer runs on the copies, and on exit its output (forward) or input gradient
+   (backward: the library's zeroed buffer plus the layer's sum) is rounded to bf16, to nearest
+   even (gpt_wide_begin, gpt_wide_end). That is what bf16 costs and saves on a CPU: the bytes
+   between stages, not arithmetic. With PP_F32 the layers run on io itself, as before.
+
    ERRORS  forward/backward return 0, or one of the GPT_E* codes below (the library reports it
    as PP_ERR_LAYER with the layer and micro-batch). */
 #ifndef PP_EXAMPLE_GPT_H
@@ -64,10 +73,13 @@ typedef struct gpt_config {
     int C;              /* channels */
     int n_head;         /* heads; C % n_head == 0 */
     int n_block;        /* transformer blocks, 1 .. GPT_MAX_BLOCK */
+    pp_dtype act;       /* the activations between layers and their gradients: PP_F32 (0, the
+                           default) or PP_BF16 (see ACTIVATIONS IN BF16 above) */
 } gpt_config;
 
 typedef struct gpt_embed_params {
     int vocab, max_T, C;
+    pp_dtype act;       /* gpt_config.act: the dtype of x and its gradient */
     float* wte;         /* (vocab, C) token embedding */
     float* wpe;         /* (max_T, C) position embedding; the position restarts at 0 per sequence */
 } gpt_embed_params;
@@ -75,6 +87,7 @@ typedef struct gpt_embed_params {
 /* Matrices are stored (in, out): y = x W + b. */
 typedef struct gpt_block_params {
     int C, n_head;
+    pp_dtype act;       /* gpt_config.act: the dtype of x in and out and of their gradients */
     float* ln1_g;       /* (C) */
     float* ln1_b;       /* (C) */
     float* qkv_w;       /* (C, 3C) columns: q | k | v, head h at [h*hs, (h+1)*hs) of each */
@@ -91,6 +104,7 @@ typedef struct gpt_block_params {
 
 typedef struct gpt_head_params {
     int C, vocab;
+    pp_dtype act;       /* gpt_config.act: the dtype of x and its gradient */
     float* lnf_g;       /* (C) */
     float* lnf_b;       /* (C) */
     float* lm_w;        /* (C, vocab) own weights, not tied to wte (that would cross stages) */
@@ -138,6 +152,109 @@ static inline int gpt_seqs_ok(const pp_microbatch* mb) {
 static inline int gpt_tensor_is(const pp_tensor* t, int64_t rows, int64_t cols, pp_dtype dt) {
     return t->data && t->rows == rows && t->cols == cols && t->dtype == dt;
 }
+
+/* ---- bf16 activations: each layer's f32 code on widened copies ----------------------------------
+   gpt_wide_begin gives the f32 code its io: io itself when act is PP_F32, else a copy whose
+   bf16 tensors (in, out; in backward also d_out, d_in) point at f32 buffers, holding the
+   widened values of those the layer reads (in, d_out, and d_in, which it adds to). Any f32
+   float tensor under act PP_BF16 is GPT_ESHAPE. gpt_wide_end rounds what the layer wrote back
+   into io (out in forward, d_in in backward), copies the loss and frees the buffers. */
+typedef struct gpt_wide {
+    pp_layer_io* io;    /* what the f32 code runs on */
+    pp_layer_io copy;
+    float* buf;
+    int bwd;
+} gpt_wide;
+
+/* The tensors gpt_wide converts, each with what the layer does to it: GPT_WIDE_READ (in,
+   d_out, d_in), GPT_WIDE_WRITE (out in forward, d_in in backward: d_in is added to). */
+#define GPT_WIDE_READ 1
+#define GPT_WIDE_WRITE 2
+static inline int gpt_wide_list(pp_layer_io* io, int bwd, pp_tensor** ts, int* use) {
+    int n = 0, k;
+    for (k = 0; k < io->n_in && k < PP_MAX_TENSORS; k++) {
+        use[n] = GPT_WIDE_READ;
+        ts[n++] = &io->in[k];
+        if (!bwd) continue;
+        use[n] = GPT_WIDE_READ | GPT_WIDE_WRITE;
+        ts[n++] = &io->d_in[k];
+    }
+    for (k = 0; k < io->n_out && k < PP_MAX_TENSORS; k++) {
+        use[n] = bwd ? 0 : GPT_WIDE_WRITE; /* backward reads no output: its copy is not filled */
+        ts[n++] = &io->out[k];
+        if (!bwd) continue;
+        use[n] = GPT_WIDE_READ;
+        ts[n++] = &io->d_out[k];
+    }
+    return n;
+}
+
+static inline int gpt_wide_begin(gpt_wide* w, pp_layer_io* io, pp_dtype act, int bwd) {
+    pp_tensor* ts[4 * PP_MAX_TENSORS];
+    int use[4 * PP_MAX_TENSORS], n, k;
+    size_t total = 0, off = 0, i;
+    w->io = io;
+    w->buf = NULL;
+    w->bwd = bwd;
+    if (act == PP_F32) return 0;
+    if (act != PP_BF16) return GPT_ESHAPE;
+    w->copy = *io;
+    n = gpt_wide_list(&w->copy, bwd, ts, use);
+    for (k = 0; k < n; k++) {
+        if (!ts[k]->data || !pp_dtype_is_float(ts[k]->dtype)) continue;
+        if (ts[k]->dtype != PP_BF16) return GPT_ESHAPE;
+        total += (size_t)(ts[k]->rows * ts[k]->cols);
+    }
+    if (total && !(w->buf = (float*)malloc(total * sizeof(float)))) return GPT_ENOMEM;
+    for (k = 0; k < n; k++) {
+        const uint16_t* h = (const uint16_t*)ts[k]->data;
+        const size_t cnt = (size_t)(ts[k]->rows * ts[k]->cols);
+        if (!h || ts[k]->dtype != PP_BF16) continue;
+        if (use[k] & GPT_WIDE_READ)
+            for (i = 0; i < cnt; i++) w->buf[off + i] = pp_bf16_to_f32(h[i]);
+        ts[k]->data = w->buf + off;
+        ts[k]->dtype = PP_F32;
+        off += cnt;
+    }
+    w->io = &w->copy;
+    return 0;
+}
+
+/* Rounds the f32 results into io's bf16 tensors (when rc is 0) and frees; returns rc. */
+static inline int gpt_wide_end(gpt_wide* w, pp_layer_io* io, int rc) {
+    pp_tensor *ts[4 * PP_MAX_TENSORS], *wide[4 * PP_MAX_TENSORS];
+    int use[4 * PP_MAX_TENSORS], n, k;
+    size_t i;
+    if (w->io == io) return rc;
+    n = gpt_wide_list(io, w->bwd, ts, use);
+    gpt_wide_list(&w->copy, w->bwd, wide, use);
+    for (k = 0; rc == 0 && k < n; k++) {
+        uint16_t* h = (uint16_t*)ts[k]->data;
+        const float* f = (const float*)wide[k]->data;
+        const size_t cnt = (size_t)(ts[k]->rows * ts[k]->cols);
+        if (!h || ts[k]->dtype != PP_BF16 || !(use[k] & GPT_WIDE_WRITE)) continue;
+        for (i = 0; i < cnt; i++) h[i] = pp_f32_to_bf16(f[i]);
+    }
+    io->loss = w->copy.loss;
+    free(w->buf);
+    w->buf = NULL;
+    return rc;
+}
+
+/* A layer's forward and backward with act from its parameters: NAME runs NAME_f32 through
+   gpt_wide. */
+#define GPT_ACT_FWD(NAME, P)                                                 \
+    static inline int NAME(const P* p, pp_layer_io* io) {                    \
+        gpt_wide w;                                                          \
+        int rc = gpt_wide_begin(&w, io, p->act, 0);                          \
+        return gpt_wide_end(&w, io, rc ? rc : NAME##_f32(p, w.io));          \
+    }
+#define GPT_ACT_BWD(NAME, P)                                                 \
+    static inline int NAME(const P* p, P* g, pp_layer_io* io) {              \
+        gpt_wide w;                                                          \
+        int rc = gpt_wide_begin(&w, io, p->act, 1);                          \
+        return gpt_wide_end(&w, io, rc ? rc : NAME##_f32(p, g, w.io));       \
+    }
 
 /* ---- kernels: plain loops over flat buffers --------------------------------------------------- */
 
@@ -396,7 +513,7 @@ static inline void gpt_attention_bwd(float* dqkv, float* dp, const float* dout, 
 }
 
 /* ---- embed -------------------------------------------------------------------------------------- */
-static inline int gpt_embed_fwd(const gpt_embed_params* p, pp_layer_io* io) {
+static inline int gpt_embed_fwd_f32(const gpt_embed_params* p, pp_layer_io* io) {
     const pp_microbatch* mb = io->mb;
     const int C = p->C;
     const int32_t* tok = (const int32_t*)io->in[0].data;   /* (T, 1) */
@@ -421,8 +538,9 @@ static inline int gpt_embed_fwd(const gpt_embed_params* p, pp_layer_io* io) {
     }
     return 0;
 }
+GPT_ACT_FWD(gpt_embed_fwd, gpt_embed_params)
 
-static inline int gpt_embed_bwd(const gpt_embed_params* p, gpt_embed_params* g, pp_layer_io* io) {
+static inline int gpt_embed_bwd_f32(const gpt_embed_params* p, gpt_embed_params* g, pp_layer_io* io) {
     const pp_microbatch* mb = io->mb;
     const int C = p->C;
     const int32_t* tok = (const int32_t*)io->in[0].data;   /* (T, 1) */
@@ -444,6 +562,7 @@ static inline int gpt_embed_bwd(const gpt_embed_params* p, gpt_embed_params* g, 
     }
     return 0; /* token ids carry no gradient: io->d_in[0].data is NULL */
 }
+GPT_ACT_BWD(gpt_embed_bwd, gpt_embed_params)
 
 static inline void gpt_embed_desc(const gpt_embed_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                   pp_layer_desc* d) {
@@ -452,7 +571,7 @@ static inline void gpt_embed_desc(const gpt_embed_params* p, const pp_microbatch
     d->n_out = 1;
     d->out[0].rows = mb->rows;
     d->out[0].cols = p->C;
-    d->out[0].dtype = PP_F32;
+    d->out[0].dtype = p->act;
     d->saved_bytes = 0;
     d->cost = 3.0 * (double)mb->rows * p->C;
     d->n_params = (int64_t)(p->vocab + p->max_T) * p->C;
@@ -528,17 +647,18 @@ static inline void gpt_block_fwd_into(const gpt_block_params* p, const pp_layer_
     for (i = 0; i < T * C; i++) y[i] += s.x2[i];
 }
 
-static inline int gpt_block_fwd(const gpt_block_params* p, pp_layer_io* io) {
+static inline int gpt_block_fwd_f32(const gpt_block_params* p, pp_layer_io* io) {
     gpt_block_saved s;
     int rc = gpt_block_prepare(p, io, &s);
     if (rc) return rc;
     gpt_block_fwd_into(p, io, s);
     return 0;
 }
+GPT_ACT_FWD(gpt_block_fwd, gpt_block_params)
 
 /* The gradients of the activations live only for this call: they come from a workspace
    allocated here, not from io->saved (which would keep them alive from forward to backward). */
-static inline int gpt_block_bwd(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+static inline int gpt_block_bwd_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
     const int C = p->C;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;      /* (T, C) */
@@ -577,6 +697,7 @@ static inline int gpt_block_bwd(const gpt_block_params* p, gpt_block_params* g, 
     free(ws);
     return 0;
 }
+GPT_ACT_BWD(gpt_block_bwd, gpt_block_params)
 
 static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                   pp_layer_desc* d) {
@@ -587,7 +708,7 @@ static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch
     d->n_out = 1;
     d->out[0].rows = mb->rows;
     d->out[0].cols = p->C;
-    d->out[0].dtype = PP_F32;
+    d->out[0].dtype = p->act;
     d->saved_bytes = gpt_block_saved_floats(mb->rows, p->C, p->n_head, sq) * sizeof(float);
     /* multiply-adds, forward + backward (3x): 12 C^2 per token in the four matmuls, and the
        quadratic attention term: q.k and p.v over the causal half of every sequence's L^2. */
@@ -651,7 +772,7 @@ static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_i
     return 0;
 }
 
-static inline int gpt_blockz_fwd(const gpt_block_params* p, pp_layer_io* io) {
+static inline int gpt_blockz_fwd_f32(const gpt_block_params* p, pp_layer_io* io) {
     gpt_block_saved s;
     gpt_blockz_grads gr;
     int rc = gpt_blockz_prepare(p, io, &s, &gr);
@@ -660,9 +781,10 @@ static inline int gpt_blockz_fwd(const gpt_block_params* p, pp_layer_io* io) {
     gpt_block_fwd_into(p, io, s);
     return 0;
 }
+GPT_ACT_FWD(gpt_blockz_fwd, gpt_block_params)
 
 /* B: gpt_block_bwd's input-gradient half; the output gradients W needs go to io->saved. */
-static inline int gpt_blockz_bwd_in(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+static inline int gpt_blockz_bwd_in_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
     const int C = p->C;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;      /* (T, C) */
@@ -698,9 +820,10 @@ static inline int gpt_blockz_bwd_in(const gpt_block_params* p, gpt_block_params*
     free(ws);
     return 0;
 }
+GPT_ACT_BWD(gpt_blockz_bwd_in, gpt_block_params)
 
 /* W: the parameter gradients, from the activations and the output gradients B kept. */
-static inline int gpt_blockz_bwd_w(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+static inline int gpt_blockz_bwd_w_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
     const int C = p->C;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;      /* (T, C) */
@@ -718,6 +841,7 @@ static inline int gpt_blockz_bwd_w(const gpt_block_params* p, gpt_block_params* 
     gpt_layernorm_bwd(NULL, g->ln1_g, g->ln1_b, gr.dln1, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
     return 0;
 }
+GPT_ACT_BWD(gpt_blockz_bwd_w, gpt_block_params)
 
 static inline void gpt_blockz_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                    pp_layer_desc* d) {
@@ -756,7 +880,7 @@ static inline int gpt_head_prepare(const gpt_head_params* p, const pp_layer_io* 
     return 0;
 }
 
-static inline int gpt_head_fwd(const gpt_head_params* p, pp_layer_io* io) {
+static inline int gpt_head_fwd_f32(const gpt_head_params* p, pp_layer_io* io) {
     const int C = p->C, V = p->vocab;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;              /* (T, C) */
@@ -789,8 +913,9 @@ static inline int gpt_head_fwd(const gpt_head_params* p, pp_layer_io* io) {
     io->loss = counted ? (float)(total / (double)counted) : 0.0f;
     return 0;
 }
+GPT_ACT_FWD(gpt_head_fwd, gpt_head_params)
 
-static inline int gpt_head_bwd(const gpt_head_params* p, gpt_head_params* g, pp_layer_io* io) {
+static inline int gpt_head_bwd_f32(const gpt_head_params* p, gpt_head_params* g, pp_layer_io* io) {
     const int C = p->C, V = p->vocab;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;              /* (T, C) */
@@ -820,6 +945,7 @@ static inline int gpt_head_bwd(const gpt_head_params* p, gpt_head_params* g, pp_
     free(ws);
     return 0;
 }
+GPT_ACT_BWD(gpt_head_bwd, gpt_head_params)
 
 static inline void gpt_head_desc(const gpt_head_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                  pp_layer_desc* d) {
@@ -906,7 +1032,7 @@ static inline size_t gpt_param_count(const gpt_config* c) {
 
 static inline int gpt_config_ok(const gpt_config* c) {
     return c->vocab > 0 && c->max_T > 0 && c->C > 0 && c->n_head > 0 && c->C % c->n_head == 0 && c->n_block >= 1 &&
-           c->n_block <= GPT_MAX_BLOCK;
+           c->n_block <= GPT_MAX_BLOCK && (c->act == PP_F32 || c->act == PP_BF16);
 }
 
 /* Sets m's config fields and points its parameters into buf (gpt_param_count floats), in layer
@@ -921,12 +1047,19 @@ static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
     m->embed[0].vocab = c->vocab;
     m->embed[0].max_T = c->max_T;
     m->embed[0].C = C;
+    m->embed[0].act = c->act;
     for (b = 0; b < GPT_MAX_BLOCK; b++) {
         m->block[b].C = C;
         m->block[b].n_head = c->n_head;
+        m->block[b].act = c->act;
     }
     m->head[0].C = C;
     m->head[0].vocab = c->vocab;
+    m->head[0].act = c->act;
+#ifdef PP_TEST_NO_GPT_BF16 /* negative control of tests/test_trainer.sh: --dtype bf16 stays f32 */
+    m->embed[0].act = m->head[0].act = PP_F32;
+    for (b = 0; b < GPT_MAX_BLOCK; b++) m->block[b].act = PP_F32;
+#endif
     if (!buf) return;
     m->embed[0].wte = q;            q += (size_t)c->vocab * C;
     m->embed[0].wpe = q;            q += (size_t)c->max_T * C;

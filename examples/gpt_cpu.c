@@ -93,10 +93,12 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     pp_pipeline* pl = NULL;
     pp_step_stats st;
     pp_error err;
+    gpt_traffic tr;
     gpt_opts part = *c;
     /* the pipeline; stages partitioned by describe()'s cost on one sequence of the corpus'
        attention length */
     memset(&d, 0, sizeof d);
+    memset(&tr, 0, sizeof tr);
     d.model = gpt_model_for(kind, c->layers); /* split blocks where the schedule has W */
     d.weights = &T->w;
     d.grads = &T->g;
@@ -138,6 +140,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
         /* at gpt_lr(c, step), decaying where T->decay says; zeroes the gradients */
         gpt_optimize(c, T->wbuf, T->gbuf, T->m1, T->m2, T->decay, T->n_params, step);
         T->loss[step] = st.loss;
+        gpt_traffic_add(&tr, &st);
         gpt_step_print(c, step, st.loss, &T->steps[step], st.t_total, norm);
         if (gpt_eval_due(c, step, to - 1)) { /* --eval-every: the weights after step + 1 steps */
             double te = gpt_now();
@@ -148,6 +151,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     wall = gpt_now() - t0 - t_eval; /* the training's time: tokens/s leaves the evaluations out */
     part.steps = to - from;
     gpt_report(&part, T->steps + from, T->loss + from, wall);
+    gpt_traffic_print(&tr, c->dtype);
     if (c->trace) {
         FILE* f = fopen(c->trace, "w");
         size_t n = 0;

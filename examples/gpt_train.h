@@ -30,6 +30,8 @@ typedef struct gpt_opts {
     float wd;               /* --wd X: decoupled weight decay on the matrices (AdamW; 0: none) */
     int sgd;                /* 0: Adam, 1: SGD with momentum 0.9 */
     float clip;             /* --clip X: clip the global gradient norm at X before the update (0: off) */
+    pp_dtype dtype;         /* --dtype f32|bf16: the activations between layers and their gradients
+                               (gpt_config.act); weights and optimizer state are f32 either way */
     const char* text;
     const char* trace;      /* gpt_cpu: Chrome trace of the last step */
     const char* save;       /* --save FILE: a checkpoint after the last step */
@@ -56,7 +58,7 @@ static inline void gpt_opts_usage(const char* prog) {
             "       [-m M] [--steps N]\n"
             "       [--text FILE | --generated] [--seqs-per-step S] [--max-len L] [--dim C] [--heads H]\n"
             "       [--layers N] [--lr LR] [--lr-min LR] [--warmup N] [--wd X] [--optim adam|sgd] [--clip X]\n"
-            "       [--eval-every N] [--eval-seqs N] [--split seqs|tokens|cost] [--trace FILE]\n"
+            "       [--eval-every N] [--eval-seqs N] [--split seqs|tokens|cost] [--dtype f32|bf16] [--trace FILE]\n"
             "       [--check] [--save FILE] [--resume FILE] [--check-resume]\n",
             prog);
 }
@@ -111,6 +113,10 @@ static inline int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
             if (!strcmp(val, "adam")) c->sgd = 0;
             else if (!strcmp(val, "sgd")) c->sgd = 1;
             else { fprintf(stderr, "unknown optimizer '%s'\n", val); return 1; }
+        } else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(val, "f32")) c->dtype = PP_F32;
+            else if (!strcmp(val, "bf16")) c->dtype = PP_BF16;
+            else { fprintf(stderr, "unknown --dtype '%s' (f32 or bf16)\n", val); return 1; }
         } else if (!strcmp(a, "--split")) {
             if (!strcmp(val, "seqs")) c->split = PP_SPLIT_SEQS;
             else if (!strcmp(val, "tokens")) c->split = PP_SPLIT_TOKENS;
@@ -313,6 +319,30 @@ static inline void gpt_report(const gpt_opts* c, const gpt_step* steps, const fl
            padded ? 100.0 * (double)saved / (double)padded : 0.0, imb);
 }
 
+/* What the steps sent between stages (pp_step_stats, summed over ranks): all of it, and the
+   tensors' share (activations forward, their gradients backward), without the shape metadata
+   and the step's agreement. --dtype bf16 halves the tensors' bytes. */
+typedef struct gpt_traffic {
+    uint64_t bytes, msgs, tensor_bytes, tensor_msgs;
+    int steps;
+} gpt_traffic;
+
+static inline void gpt_traffic_add(gpt_traffic* tr, const pp_step_stats* st) {
+    tr->bytes += st->bytes_sent;
+    tr->msgs += st->msgs_sent;
+    tr->tensor_bytes += st->bytes_sent - st->meta_bytes_sent - st->agree_bytes;
+    tr->tensor_msgs += st->msgs_sent - st->meta_msgs_sent - st->agree_msgs;
+    tr->steps++;
+}
+
+static inline void gpt_traffic_print(const gpt_traffic* tr, pp_dtype act) {
+    printf("sent in %d steps: %llu bytes in %llu messages; tensors (%s): %llu bytes in %llu messages, %.1f bytes per "
+           "transfer\n",
+           tr->steps, (unsigned long long)tr->bytes, (unsigned long long)tr->msgs, pp_dtype_name(act),
+           (unsigned long long)tr->tensor_bytes, (unsigned long long)tr->tensor_msgs,
+           tr->tensor_msgs ? (double)tr->tensor_bytes / (double)tr->tensor_msgs : 0.0);
+}
+
 /* One step's progress line (printed by whoever holds the loss): the step of --steps, the loss,
    the rate it trained at, tokens and tokens/s of the step (t_step: its wall time), what packing
    saved, and the gradient norm before clipping where norm >= 0 (--clip). */
@@ -437,6 +467,7 @@ static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
     T->gc.C = c->dim;
     T->gc.n_head = c->heads;
     T->gc.n_block = c->layers;
+    T->gc.act = c->dtype;
     T->n_params = gpt_param_count(&T->gc);
     T->wbuf = gpt_init(&T->w, &T->g, &T->gc, 1234, &T->gbuf);
     T->m1 = (float*)calloc(T->n_params, sizeof(float));
@@ -474,6 +505,10 @@ static inline void gpt_trainer_print(const gpt_trainer* T, const gpt_opts* c) {
     if (c->wd > 0) printf(", weight decay %g on the matrices", (double)c->wd);
     if (c->clip > 0) printf(", gradients clipped at norm %g", (double)c->clip);
     printf("\n");
+    if (c->dtype != PP_F32)
+        printf("activations and their gradients between layers: %s (rounded to nearest even; f32 arithmetic inside "
+               "the layers, f32 weights and optimizer state)\n",
+               pp_dtype_name(c->dtype));
     if (c->eval_every > 0)
         printf("evaluation: every %d steps and after the last, %d held-out documents in %d batch%s\n", c->eval_every,
                T->val_docs, T->n_val, T->n_val == 1 ? "" : "es");
