@@ -470,7 +470,7 @@ CUDA_HDRS = pipeline.h pipeline_cuda.h
 $(B)/test_cuda: tests/test_cuda.cu $(TEST_HDRS) $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
 
-$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_data.h examples/splitmix.h $(CUDA_HDRS) | $(B)
+$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_data.h examples/gpt_traffic.h examples/splitmix.h $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
 
 $(B)/bubble_cuda: bench/bubble_cuda.cu tests/harness.h $(CUDA_HDRS) | $(B)
@@ -489,6 +489,10 @@ check-cuda: | $(B)
 	  $(B)/test_cuda && \
 	  $(B)/gpt_cuda --cpu --check -p 4 -m 4 --steps 3 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8 > $(B)/gpt_cuda_cpu.log && \
 	  tail -1 $(B)/gpt_cuda_cpu.log && \
+	  $(B)/gpt_cuda --cpu --check -p 4 -m 4 --steps 3 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8 --dtype bf16 > $(B)/gpt_cuda_bf16.log && \
+	  tail -1 $(B)/gpt_cuda_bf16.log && \
+	  f=$$(sed -n 's/.*tensors (f32): \([0-9]*\) bytes.*/\1/p' $(B)/gpt_cuda_cpu.log) && b=$$(sed -n 's/.*tensors (bf16): \([0-9]*\) bytes.*/\1/p' $(B)/gpt_cuda_bf16.log) && \
+	  [ -n "$$b" ] && [ $$((b * 2)) -eq "$$f" ] && echo "check-cuda: --dtype bf16 sends $$b tensor bytes, f32 $$f" && \
 	  $(B)/gpt_cuda --cpu --gradcheck -m 1 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 4 && \
 	  echo "check-cuda: headers compile under nvcc and C99, all CUDA code builds, its host paths pass"; \
 	else echo "check-cuda: nvcc not found, skipped"; fi

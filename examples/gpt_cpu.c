@@ -151,7 +151,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     wall = gpt_now() - t0 - t_eval; /* the training's time: tokens/s leaves the evaluations out */
     part.steps = to - from;
     gpt_report(&part, T->steps + from, T->loss + from, wall);
-    gpt_traffic_print(&tr, c->dtype);
+    gpt_traffic_print("", &tr, c->dtype);
     if (c->trace) {
         FILE* f = fopen(c->trace, "w");
         size_t n = 0;

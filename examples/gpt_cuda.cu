@@ -16,7 +16,7 @@
 
      build/gpt_cuda [--schedule gpipe|1f1b|interleaved] [-p 4] [-v 2] [-m 8] [--steps 40]
                     [--gpus N] [--text FILE | --generated] [--seqs-per-step 64] [--max-len 128]
-                    [--dim 128] [--heads 4] [--layers 4] [--lr 1e-3] [--trace FILE]
+                    [--dim 128] [--heads 4] [--layers 4] [--lr 1e-3] [--dtype f32|bf16] [--trace FILE]
                     [--check] [--bench] [--cpu] [--gradcheck] [--gemm cublas|naive] [--vs-naive]
 
    Prints per step: loss, tokens/s, the measured bubble (CUDA event timeline) and, at the end,
@@ -28,6 +28,10 @@
                   atomics; cuBLAS with atomics off computes the same bits for the same shapes, and
                   a micro-batch has the same shapes pipelined or not) and gradients accumulate in
                   ascending micro-batch order on every schedule
+   --dtype bf16   the activations between layers and their gradients in bf16 (half the bytes
+                  between stages; each layer widens them to f32, computes in f32, rounds its output
+                  to nearest even); weights, gradients and Adam's moments stay f32. --check then
+                  compares the bf16 pipelined run with the bf16 unpipelined one, bit for bit
    --gemm naive   the matrix products as plain kernels (one thread per output) instead of cuBLAS
                   (cublasSgemm, full fp32: the default on a GPU)
    --vs-naive     trains again with --gemm naive and compares the loss curves: the largest
@@ -36,7 +40,7 @@
    --trace FILE   Chrome trace JSON (ui.perfetto.dev) of the last step, one track per rank
    --cpu          runs the same layer code on the host (threads transport, host blocks): the
                   kernels are __host__ __device__ functors, so the math is testable without a GPU
-   --gradcheck    (with --cpu) compares every layer kind's gradients with finite differences
+   --gradcheck    (with --cpu) compares every layer kind's gradients with finite differences (f32 only)
 
    TIED HEAD. Stage 0 reads wte for the embedding and the last stage reads the same wte for the
    logits. In one process they read one buffer (one replica per GPU in use). The head writes its
@@ -68,6 +72,7 @@ typedef struct cfg {
     int generated, check, bench, gradcheck, cpu;
     int naive;                  /* --gemm naive: the matrix products as plain kernels, not cuBLAS */
     int vs_naive;               /* --vs-naive: the same run with the naive kernels, losses compared */
+    int bf16;                   /* --dtype bf16: bf16 activations between layers (gptc_config.bf16) */
 } cfg;
 
 typedef struct run_out {
@@ -78,6 +83,7 @@ typedef struct run_out {
     size_t pool_bytes[PP_MAX_RANKS];
     int pool_allocs_first[PP_MAX_RANKS], pool_allocs[PP_MAX_RANKS];
     double step_time_mean;      /* seconds, steps after the first two */
+    gpt_traffic traffic;        /* what the steps sent between stages */
 } run_out;
 
 typedef struct trainer {
@@ -164,6 +170,7 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
     t->run.cfg.C = c->dim;
     t->run.cfg.H = c->heads;
     t->run.cfg.nb = c->layers;
+    t->run.cfg.bf16 = c->bf16;
     t->model = gptc_model_desc_depth(&t->run);
     t->n_par = gptc_numel(&t->run.cfg);
     t->n_grad = t->n_par + (size_t)t->run.cfg.V * t->run.cfg.C;
@@ -300,7 +307,8 @@ static int load_batch(trainer* t, const gpt_corpus* corp, uint64_t* rng, int* T_
 }
 
 /* One training step: pipeline, then the gradient sum in rank order, tied wte, Adam, replicas. */
-static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info) {
+static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info, gpt_traffic* tr) {
+    pp_step_stats ss;
     float mbl[1024];
     double acc = 0;
     int cpu = t->cpu;
@@ -312,13 +320,14 @@ static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info
        (non-blocking) do not wait for: finish them before the step (between steps, not inside) */
     for (int d = 0; d < t->n_dev && !cpu; d++)
         if (cudaSetDevice(d) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 1;
-    if (pp_pipeline_step(t->pl, &t->batch, NULL) != PP_OK) {
+    if (pp_pipeline_step(t->pl, &t->batch, &ss) != PP_OK) {
         fprintf(stderr, "%s\n", pp_pipeline_error(t->pl));
         for (int r = 0; r < t->p && !cpu; r++)
             if (pp_cuda_error(pp_cuda_pipeline_world(t->pl), r)[0])
                 fprintf(stderr, "rank %d: %s\n", r, pp_cuda_error(pp_cuda_pipeline_world(t->pl), r));
         return 1;
     }
+    gpt_traffic_add(tr, &ss);
     if (cpu) memset(info, 0, sizeof *info);
     else *info = *pp_cuda_pipeline_info(t->pl);
     /* gradient of the step: sum over ranks in rank order (others' slots are zero) */
@@ -379,8 +388,9 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
         return 1;
     }
     if (verbose)
-        printf("gpt_cuda: %s p=%d v=%d m=%d on %d %s, %d blocks, C=%d, %zu parameters, text: %s\n", pp_schedule_name(kind), p, v,
-               c->m, c->cpu ? 0 : n_dev, c->cpu ? "GPUs (--cpu: host)" : "GPU(s)", c->layers, c->dim, t.n_par, corp.source);
+        printf("gpt_cuda: %s p=%d v=%d m=%d on %d %s, %d blocks, C=%d, %zu parameters, %s activations, text: %s\n",
+               pp_schedule_name(kind), p, v, c->m, c->cpu ? 0 : n_dev, c->cpu ? "GPUs (--cpu: host)" : "GPU(s)", c->layers, c->dim,
+               t.n_par, c->bf16 ? "bf16" : "f32", corp.source);
     for (int s = 0; s < c->steps && s < 1024; s++) {
         int T = 0;
         float loss = 0;
@@ -391,7 +401,7 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
             break;
         }
         t0 = now_s();
-        if (train_step(&t, s, &loss, &info)) {
+        if (train_step(&t, s, &loss, &info, &out->traffic)) {
             rc = 1;
             break;
         }
@@ -419,6 +429,7 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
         set_device(&t, 0);
         if (!out->final_params || gptc_copy(c->cpu, out->final_params, t.wbuf[0], sizeof(float) * t.n_par)) rc = 1;
     }
+    if (rc == 0 && verbose) gpt_traffic_print("", &out->traffic, c->bf16 ? PP_BF16 : PP_F32);
     if (rc == 0 && verbose && !c->cpu) {
         size_t pb = sizeof(float) * t.n_par;
         printf("memory per stage (GPU block pool: stashes, received activations, gradient workspaces):\n");
@@ -510,8 +521,8 @@ static int gradcheck(const cfg* c0) {
 static int usage(void) {
     fprintf(stderr, "usage: gpt_cuda [--schedule gpipe|1f1b|interleaved] [-p N] [-v N] [-m N] [--steps N] [--gpus N]\n"
                     "                [--text FILE | --generated] [--seqs-per-step N] [--max-len N] [--dim N] [--heads N]\n"
-                    "                [--layers N] [--lr X] [--trace FILE] [--check] [--bench] [--cpu] [--gradcheck]\n"
-                    "                [--gemm cublas|naive] [--vs-naive]\n");
+                    "                [--layers N] [--lr X] [--dtype f32|bf16] [--trace FILE] [--check] [--bench] [--cpu]\n"
+                    "                [--gradcheck] [--gemm cublas|naive] [--vs-naive]\n");
     return 2;
 }
 
@@ -550,7 +561,9 @@ int main(int argc, char** argv) {
         else if (ARG("--layers")) c.layers = atoi(n);
         else if (ARG("--lr")) c.lr = (float)atof(n);
         else if (ARG("--trace")) c.trace = n;
-        else if (ARG("--gemm")) {
+        else if (ARG("--dtype")) {
+            if (gptc_dtype_arg(n, &c.bf16)) return usage();
+        } else if (ARG("--gemm")) {
             if (strcmp(n, "naive") && strcmp(n, "cublas")) return usage();
             c.naive = !strcmp(n, "naive");
         } else if (!strcmp(a, "--vs-naive")) c.vs_naive = 1;
@@ -580,6 +593,10 @@ int main(int argc, char** argv) {
     if (c.gradcheck) {
         if (!c.cpu) {
             fprintf(stderr, "--gradcheck needs --cpu (it reads losses on the host)\n");
+            return 2;
+        }
+        if (c.bf16) { /* the rounding between layers is far coarser than its differences */
+            fprintf(stderr, "--gradcheck runs in f32 (finite differences do not see through bf16 rounding)\n");
             return 2;
         }
         return gradcheck(&c);

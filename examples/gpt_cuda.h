@@ -26,6 +26,7 @@
 static inline uint64_t gpt_rng_next(uint64_t* s) { return splitmix_next(s); }
 static inline float gpt_rng_uniform(uint64_t* s) { return splitmix_uniform(s); }
 #include "gpt_data.h"
+#include "gpt_traffic.h"
 
 #define GPTC_MAX_BLOCK 32   /* the list's blocks: the most a model can use */
 #define GPTC_MAX_DEV 16     /* devices a run's tables are kept for */
@@ -336,11 +337,45 @@ struct gptc_scale_op {
     GPTC_HD void at(int i, float* g, float s) { g[i] *= s; }
 };
 
+/* bf16 activations (gptc_config.bf16): widened to f32 for the layer's arithmetic and rounded
+   back to nearest even, the bits of pipeline.h's pp_bf16_to_f32 and pp_f32_to_bf16 */
+GPTC_HD float gptc_bf16_widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+GPTC_HD uint16_t gptc_bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* a quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+struct gptc_widen_op {
+    GPTC_HD void at(int i, const uint16_t* h, float* f) { f[i] = gptc_bf16_widen(h[i]); }
+};
+struct gptc_narrow_op {
+    GPTC_HD void at(int i, const float* f, uint16_t* h) { h[i] = gptc_bf16_round(f[i]); }
+};
+
 /* ---- the model: sizes, parameters, the run's shared context ------------------------------------ */
 typedef struct gptc_config {
     int V, maxT, C, H;  /* vocabulary, longest sequence, channels, heads */
     int nb;             /* blocks in use, 1 .. GPTC_MAX_BLOCK */
+    int bf16;           /* 1: the activations between layers and their gradients are bf16 (--dtype
+                           bf16); each layer widens what it reads into f32 scratch in io->saved and
+                           rounds what it writes; weights, gradients and saved scratch stay f32 */
 } gptc_config;
+
+/* --dtype f32|bf16 of gpt_cuda and gpt_nccl into *bf16: 0, or 1 (and a message) when val is neither. */
+static int gptc_dtype_arg(const char* val, int* bf16) {
+    if (!strcmp(val, "f32") || !strcmp(val, "bf16")) {
+        *bf16 = !strcmp(val, "bf16");
+        return 0;
+    }
+    fprintf(stderr, "unknown --dtype '%s' (f32 or bf16)\n", val);
+    return 1;
+}
 
 /* A layer's parameters (or gradients: the same layout in another buffer). */
 typedef struct gptc_embed_p {
@@ -502,8 +537,9 @@ static size_t gptc_numel(const gptc_config* g) {
 /* scratch kept from forward to backward (io->saved), as float offsets for T rows */
 typedef struct gptc_bsave {
     float *ln1, *mu1, *rs1, *qkv, *att, *lse, *xmid, *ln2, *mu2, *rs2, *fcpre, *fcact, *dxmid, *dln, *dfc, *datt, *dqkv, *D;
+    float *xin, *dyf;   /* bf16 only (else 0 floats): the input widened in forward, the output gradient in backward */
 } gptc_bsave;
-static size_t gptc_bsave_carve(gptc_bsave* s, float* p, size_t T, size_t C, size_t H) {
+static size_t gptc_bsave_carve(gptc_bsave* s, float* p, size_t T, size_t C, size_t H, int bf16) {
     float* b = p;
 #define GPTC_CUT(f, n) (s->f = p, p += (n))
     GPTC_CUT(ln1, T * C);
@@ -524,12 +560,15 @@ static size_t gptc_bsave_carve(gptc_bsave* s, float* p, size_t T, size_t C, size
     GPTC_CUT(datt, T * C);
     GPTC_CUT(dqkv, 3 * T * C);
     GPTC_CUT(D, T * H);
+    GPTC_CUT(xin, bf16 ? T * C : 0);
+    GPTC_CUT(dyf, bf16 ? T * C : 0);
     return (size_t)(p - b) * sizeof(float);
 }
 typedef struct gptc_hsave {
     float *xn, *mu, *rs, *logits, *lse, *rowloss, *dl, *dxn;
+    float *xin, *dxf;   /* bf16 only (else 0 floats): the input widened in forward, the input gradient before rounding */
 } gptc_hsave;
-static size_t gptc_hsave_carve(gptc_hsave* s, float* p, size_t T, size_t C, size_t V) {
+static size_t gptc_hsave_carve(gptc_hsave* s, float* p, size_t T, size_t C, size_t V, int bf16) {
     float* b = p;
     GPTC_CUT(xn, T * C);
     GPTC_CUT(mu, T);
@@ -539,24 +578,55 @@ static size_t gptc_hsave_carve(gptc_hsave* s, float* p, size_t T, size_t C, size
     GPTC_CUT(rowloss, T);
     GPTC_CUT(dl, T * V);
     GPTC_CUT(dxn, T * C);
+    GPTC_CUT(xin, bf16 ? T * C : 0);
+    GPTC_CUT(dxf, bf16 ? T * C : 0);
 #undef GPTC_CUT
     return (size_t)(p - b) * sizeof(float);
 }
+
+/* A tensor between layers as f32 for the layer's arithmetic: its own data, or with bf16 its
+   values widened into stage (T*C floats of io->saved). */
+static int gptc_act_in(const gptc_env* e, const pp_tensor* t, float* stage, const float** f) {
+    if (!e->c->bf16) {
+        *f = (const float*)t->data;
+        return 0;
+    }
+    *f = stage;
+    return gptc_op<gptc_widen_op>(e->cpu, e->st, (int)(t->rows * t->cols), (const uint16_t*)t->data, stage);
+}
+/* Where the layer writes a tensor between layers: its data, or with bf16 stage (then
+   gptc_act_out rounds stage into it). */
+static float* gptc_act_dst(const gptc_env* e, const pp_tensor* t, float* stage) {
+    return e->c->bf16 ? stage : (float*)t->data;
+}
+static int gptc_act_out(const gptc_env* e, const float* stage, const pp_tensor* t) {
+    if (!e->c->bf16) return 0;
+    return gptc_op<gptc_narrow_op>(e->cpu, e->st, (int)(t->rows * t->cols), stage, (uint16_t*)t->data);
+}
+/* the embedding's io->saved: with bf16, T*C floats of staging for its output (forward) and the
+   output's gradient (backward); else nothing */
+static size_t gptc_esave_bytes(const gptc_config* c, size_t T) { return c->bf16 ? sizeof(float) * T * (size_t)c->C : 0; }
 
 static int gptc_embed_fwd(const gptc_embed_p* w, pp_layer_io* io) {
     gptc_env e;
     if (gptc_env_of(io, &e)) return 1;
     int T = (int)io->mb->rows, C = e.c->C;
-    return gptc_op<gptc_embed_fwd_op>(e.cpu, e.st, T * C, (const int32_t*)io->in[0].data, e.tab->pos, (int)io->mb->row0,
-                                      (const float*)w->wte, (const float*)w->wpe, (float*)io->out[0].data, C);
+    float* x = gptc_act_dst(&e, &io->out[0], (float*)io->saved);
+    if (gptc_esave_bytes(e.c, (size_t)T) > io->saved_bytes) return 2;
+    GPTC_TRY(gptc_op<gptc_embed_fwd_op>(e.cpu, e.st, T * C, (const int32_t*)io->in[0].data, e.tab->pos, (int)io->mb->row0,
+                                        (const float*)w->wte, (const float*)w->wpe, x, C));
+    return gptc_act_out(&e, x, &io->out[0]);
 }
 static int gptc_embed_bwd(const gptc_embed_p* w, gptc_embed_p* g, pp_layer_io* io) {
     gptc_env e;
+    const float* dx;
     (void)w;
     if (gptc_env_of(io, &e)) return 1;
     int T = (int)io->mb->rows;
-    return gptc_op<gptc_embed_bwd_op>(e.cpu, e.st, e.c->C, (const int32_t*)io->in[0].data, e.tab->pos, (int)io->mb->row0,
-                                      (const float*)io->d_out[0].data, g->wte, g->wpe, T, e.c->C);
+    if (gptc_esave_bytes(e.c, (size_t)T) > io->saved_bytes) return 2;
+    GPTC_TRY(gptc_act_in(&e, &io->d_out[0], (float*)io->saved, &dx));
+    return gptc_op<gptc_embed_bwd_op>(e.cpu, e.st, e.c->C, (const int32_t*)io->in[0].data, e.tab->pos, (int)io->mb->row0, dx,
+                                      g->wte, g->wpe, T, e.c->C);
 }
 
 static int gptc_block_fwd(const gptc_block_p* b, pp_layer_io* io) {
@@ -564,10 +634,12 @@ static int gptc_block_fwd(const gptc_block_p* b, pp_layer_io* io) {
     if (gptc_env_of(io, &e)) return 1;
     int T = (int)io->mb->rows, C = e.c->C, H = e.c->H, row0 = (int)io->mb->row0, cpu = e.cpu;
     cudaStream_t st = e.st;
-    const float* x = (const float*)io->in[0].data;
-    float* y = (float*)io->out[0].data;
+    const float* x;
+    float* y;
     gptc_bsave s;
-    if (gptc_bsave_carve(&s, (float*)io->saved, T, C, H) > io->saved_bytes) return 2;
+    if (gptc_bsave_carve(&s, (float*)io->saved, T, C, H, e.c->bf16) > io->saved_bytes) return 2;
+    GPTC_TRY(gptc_act_in(&e, &io->in[0], s.xin, &x));
+    y = gptc_act_dst(&e, &io->out[0], s.dxmid); /* dxmid is free again once xmid is made */
     GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, x, (const float*)b->ln1_g, (const float*)b->ln1_b, s.ln1, s.mu1, s.rs1, C));
     GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.ln1, (const float*)b->qkv_w, (const float*)b->qkv_b, s.qkv, T, C, 3 * C));
     GPTC_TRY(gptc_op<gptc_attn_fwd_op>(cpu, st, T * H, (const float*)s.qkv, e.tab->sstart, row0, s.att, s.lse, C, H));
@@ -578,7 +650,8 @@ static int gptc_block_fwd(const gptc_block_p* b, pp_layer_io* io) {
     GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.ln2, (const float*)b->fc_w, (const float*)b->fc_b, s.fcpre, T, C, 4 * C));
     GPTC_TRY(gptc_op<gptc_gelu_fwd_op>(cpu, st, T * 4 * C, (const float*)s.fcpre, s.fcact));
     GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.fcact, (const float*)b->fcp_w, (const float*)b->fcp_b, s.dln, T, 4 * C, C));
-    return gptc_op<gptc_add_op>(cpu, st, T * C, (const float*)s.xmid, (const float*)s.dln, y);
+    GPTC_TRY(gptc_op<gptc_add_op>(cpu, st, T * C, (const float*)s.xmid, (const float*)s.dln, y));
+    return gptc_act_out(&e, y, &io->out[0]);
 }
 
 static int gptc_block_bwd(const gptc_block_p* b, gptc_block_p* gb, pp_layer_io* io) {
@@ -586,10 +659,13 @@ static int gptc_block_bwd(const gptc_block_p* b, gptc_block_p* gb, pp_layer_io* 
     if (gptc_env_of(io, &e)) return 1;
     int T = (int)io->mb->rows, C = e.c->C, H = e.c->H, row0 = (int)io->mb->row0, cpu = e.cpu;
     cudaStream_t st = e.st;
-    const float *x = (const float*)io->in[0].data, *dy = (const float*)io->d_out[0].data;
-    float* dx = (float*)io->d_in[0].data;
+    const float *x, *dy;
+    float* dx;
     gptc_bsave s;
-    if (gptc_bsave_carve(&s, (float*)io->saved, T, C, H) > io->saved_bytes) return 2;
+    if (gptc_bsave_carve(&s, (float*)io->saved, T, C, H, e.c->bf16) > io->saved_bytes) return 2;
+    x = e.c->bf16 ? (const float*)s.xin : (const float*)io->in[0].data; /* widened in forward */
+    GPTC_TRY(gptc_act_in(&e, &io->d_out[0], s.dyf, &dy));
+    dx = io->d_in[0].data ? gptc_act_dst(&e, &io->d_in[0], s.datt) : NULL; /* datt is free by then */
     /* MLP: y = xmid + fcp(gelu(fc(ln2(xmid)))) */
     GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.fcact, dy, gb->fcp_w, gb->fcp_b, T, 4 * C, C));
     GPTC_TRY(gptc_mm_bwd_x(&e, dy, (const float*)b->fcp_w, s.dfc, T, 4 * C, C));
@@ -612,10 +688,10 @@ static int gptc_block_bwd(const gptc_block_p* b, gptc_block_p* gb, pp_layer_io* 
     GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dqkv, (const float*)b->qkv_w, s.dln, T, C, 3 * C));
     GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dln, x, (const float*)s.mu1, (const float*)s.rs1, gb->ln1_g,
                                        gb->ln1_b, T, C));
-    if (dx)
-        GPTC_TRY(gptc_op<gptc_ln_bwd_x_op>(cpu, st, T, (const float*)s.dln, x, (const float*)s.mu1, (const float*)s.rs1,
-                                           (const float*)b->ln1_g, (const float*)s.dxmid, dx, C));
-    return 0;
+    if (!dx) return 0;
+    GPTC_TRY(gptc_op<gptc_ln_bwd_x_op>(cpu, st, T, (const float*)s.dln, x, (const float*)s.mu1, (const float*)s.rs1,
+                                       (const float*)b->ln1_g, (const float*)s.dxmid, dx, C));
+    return gptc_act_out(&e, dx, &io->d_in[0]);
 }
 
 static int gptc_head_fwd(const gptc_head_p* w, pp_layer_io* io) {
@@ -624,9 +700,11 @@ static int gptc_head_fwd(const gptc_head_p* w, pp_layer_io* io) {
     int T = (int)io->mb->rows, C = e.c->C, V = e.c->V, cpu = e.cpu;
     cudaStream_t st = e.st;
     const int32_t* tgt = (const int32_t*)io->mb->targets;
+    const float* x;
     gptc_hsave s;
-    if (gptc_hsave_carve(&s, (float*)io->saved, T, C, V) > io->saved_bytes || !e.tab->mb_loss) return 2;
-    GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, (const float*)io->in[0].data, (const float*)w->lnf_g, (const float*)w->lnf_b, s.xn,
+    if (gptc_hsave_carve(&s, (float*)io->saved, T, C, V, e.c->bf16) > io->saved_bytes || !e.tab->mb_loss) return 2;
+    GPTC_TRY(gptc_act_in(&e, &io->in[0], s.xin, &x));
+    GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, x, (const float*)w->lnf_g, (const float*)w->lnf_b, s.xn,
                                      s.mu, s.rs, C));
     GPTC_TRY(gptc_head_fwd(&e, (const float*)s.xn, (const float*)w->wte, s.logits, T, C, V));
     GPTC_TRY(gptc_op<gptc_xent_fwd_op>(cpu, st, T, (const float*)s.logits, tgt, s.lse, s.rowloss, V));
@@ -641,19 +719,23 @@ static int gptc_head_bwd(const gptc_head_p* w, gptc_head_p* g, pp_layer_io* io) 
     int n_tgt = (int)io->mb->rows - (io->mb->cu_seqlens ? io->mb->n_seqs : 1);
     cudaStream_t st = e.st;
     const int32_t* tgt = (const int32_t*)io->mb->targets;
+    const float* x;
+    float* dx;
     gptc_hsave s;
-    if (gptc_hsave_carve(&s, (float*)io->saved, T, C, V) > io->saved_bytes) return 2;
+    if (gptc_hsave_carve(&s, (float*)io->saved, T, C, V, e.c->bf16) > io->saved_bytes) return 2;
+    x = e.c->bf16 ? (const float*)s.xin : (const float*)io->in[0].data; /* widened in forward */
+    dx = io->d_in[0].data ? gptc_act_dst(&e, &io->d_in[0], s.dxf) : NULL;
     if (n_tgt < 1) n_tgt = 1;
     GPTC_TRY(gptc_op<gptc_xent_bwd_op>(cpu, st, T * V, (const float*)s.logits, (const float*)s.lse, tgt, s.dl, V,
                                        io->mb->loss_scale / (float)n_tgt));
     GPTC_TRY(gptc_head_bwd_w(&e, (const float*)s.xn, (const float*)s.dl, g->wte, T, C, V));
     GPTC_TRY(gptc_head_bwd_x(&e, (const float*)s.dl, (const float*)w->wte, s.dxn, T, C, V));
-    GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dxn, (const float*)io->in[0].data, (const float*)s.mu,
-                                       (const float*)s.rs, g->lnf_g, g->lnf_b, T, C));
-    if (io->d_in[0].data)
-        GPTC_TRY(gptc_op<gptc_ln_bwd_x_op>(cpu, st, T, (const float*)s.dxn, (const float*)io->in[0].data, (const float*)s.mu,
-                                           (const float*)s.rs, (const float*)w->lnf_g, (const float*)NULL, (float*)io->d_in[0].data, C));
-    return 0;
+    GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dxn, x, (const float*)s.mu, (const float*)s.rs, g->lnf_g,
+                                       g->lnf_b, T, C));
+    if (!dx) return 0;
+    GPTC_TRY(gptc_op<gptc_ln_bwd_x_op>(cpu, st, T, (const float*)s.dxn, x, (const float*)s.mu, (const float*)s.rs,
+                                       (const float*)w->lnf_g, (const float*)NULL, dx, C));
+    return gptc_act_out(&e, dx, &io->d_in[0]);
 }
 
 /* Shapes, scratch and cost from the run's config: describe reaches the context through d->model.
@@ -666,7 +748,7 @@ static void gptc_desc_act(const pp_microbatch* mb, const gptc_config* c, pp_laye
     d->n_out = 1;
     d->out[0].rows = mb->rows;
     d->out[0].cols = c->C;
-    d->out[0].dtype = PP_F32;
+    d->out[0].dtype = c->bf16 ? PP_BF16 : PP_F32;
 }
 static void gptc_embed_desc(const gptc_embed_p* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
     const gptc_config* c = gptc_desc_config(d);
@@ -675,6 +757,7 @@ static void gptc_embed_desc(const gptc_embed_p* w, const pp_microbatch* mb, cons
     (void)n_in;
     if (!c) return;
     gptc_desc_act(mb, c, d);
+    d->saved_bytes = gptc_esave_bytes(c, (size_t)mb->rows);
     d->cost = (double)mb->rows * c->C;
 }
 static void gptc_block_desc(const gptc_block_p* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
@@ -692,7 +775,7 @@ static void gptc_block_desc(const gptc_block_p* w, const pp_microbatch* mb, cons
         attn += L * L;
     }
     gptc_desc_act(mb, c, d);
-    d->saved_bytes = gptc_bsave_carve(&s, NULL, T, C, (size_t)c->H);
+    d->saved_bytes = gptc_bsave_carve(&s, NULL, T, C, (size_t)c->H, c->bf16);
     d->cost = 24.0 * T * C * C + 4.0 * attn * C;
 }
 static void gptc_head_desc(const gptc_head_p* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
@@ -705,7 +788,7 @@ static void gptc_head_desc(const gptc_head_p* w, const pp_microbatch* mb, const 
         d->n_out = 1; /* the loss layer has none: refused */
         return;
     }
-    d->saved_bytes = gptc_hsave_carve(&s, NULL, (size_t)mb->rows, (size_t)c->C, (size_t)c->V);
+    d->saved_bytes = gptc_hsave_carve(&s, NULL, (size_t)mb->rows, (size_t)c->C, (size_t)c->V, c->bf16);
     d->cost = 6.0 * (double)mb->rows * c->C * c->V;
 }
 

@@ -80,7 +80,9 @@ int main(int argc, char** argv) {
     pp_stage_desc d;
     pp_stage* st = NULL;
     pp_step_stats ss;
+    gpt_traffic tr;
     pp_error err;
+    memset(&tr, 0, sizeof tr);
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -161,6 +163,7 @@ int main(int argc, char** argv) {
             fprintf(stderr, "step %d: %s\n", step, pp_stage_error(st));
             goto cleanup;
         }
+        gpt_traffic_add(&tr, &ss);
         if (c.check && step == 0 && gpt_trainer_reference(&T, &d.model, &b)) goto cleanup;
         /* --check compares the gradients of the layers this rank's stages own with the
            reference's; --clip clips them all by the global norm (every rank calls it, each
@@ -223,6 +226,8 @@ cleanup:
         part = c;
         part.steps = c.steps - from;
         gpt_report(&part, T.steps + from, T.loss + from, wall);
+        MPI_Allreduce(MPI_IN_PLACE, &tr.bytes, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD); /* gpt_cpu's sums */
+        gpt_traffic_print("", &tr, c.dtype);
         if (c.check && from == 0) rc = gpt_trainer_verdict(&T, bad);
         if (val_differ) rc = 1;
     } else {

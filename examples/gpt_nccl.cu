@@ -13,7 +13,9 @@
 
    Options as gpt_cuda: --schedule gpipe|1f1b|interleaved|zb-h1|zb-v, -p N (pipeline ranks,
    default world / dp), --dp N (default world / p), -v N, -m N, --steps N, --text FILE |
-   --generated, --seqs-per-step N, --max-len N, --dim N, --heads N, --layers N, --lr X; and
+   --generated, --seqs-per-step N, --max-len N, --dim N, --heads N, --layers N, --lr X,
+   --dtype f32|bf16 (bf16: the activations sent between stages and their gradients, half the
+   bytes; f32 weights, gradients and Adam); and
    --id-file PATH (the ncclUniqueId through a shared file; needed for world > 1 without MPI),
    --timeout S (every wait, default 120); --loss-log FILE (the printing rank writes every
    micro-batch's loss of every step there in hex: runs on other grids must match it bit for bit,
@@ -53,6 +55,7 @@
 typedef struct opts {
     pp_schedule_kind kind;
     int p, dp, v, m, steps, seqs, max_len, dim, heads, layers, generated;
+    int bf16;           /* --dtype bf16: bf16 activations between layers (gptc_config.bf16) */
     float lr;
     double timeout;
     const char *text, *id_file, *loss_log;
@@ -61,8 +64,8 @@ typedef struct opts {
 static int usage(void) {
     fprintf(stderr, "usage: gpt_nccl [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [-p N] [--dp N] [-v N] [-m N]\n"
                     "                [--steps N] [--text FILE | --generated] [--seqs-per-step N] [--max-len N]\n"
-                    "                [--dim N] [--heads N] [--layers N] [--lr X] [--id-file PATH] [--timeout S]\n"
-                    "                [--loss-log FILE]\n");
+                    "                [--dim N] [--heads N] [--layers N] [--lr X] [--dtype f32|bf16] [--id-file PATH]\n"
+                    "                [--timeout S] [--loss-log FILE]\n");
     return 2;
 }
 
@@ -223,6 +226,7 @@ static int setup(proc* P, const opts* o, int have_launch) {
     P->run.cfg.C = o->dim;
     P->run.cfg.H = o->heads;
     P->run.cfg.nb = o->layers;
+    P->run.cfg.bf16 = o->bf16;
     if (pp_partition_uniform(o->layers + 2, S, P->first, &err) != PP_OK) FAIL("partition: %s", err.msg);
     /* weights: gpt_cuda's initialisation (same seed on every process) */
     P->n_par = gptc_numel(&P->run.cfg);
@@ -320,6 +324,8 @@ static int train(proc* P, const opts* o) {
     uint64_t rng = 777 + 1000003ull * (uint64_t)P->dp_rank; /* each replica its own documents */
     int e_rank = pp_schedule_layer_rank(&P->sched, P->first, 0), h_rank = pp_schedule_layer_rank(&P->sched, P->first, o->layers + 1);
     int last_rank, chunk, is_printer, rc = 0;
+    gpt_traffic tr;
+    memset(&tr, 0, sizeof tr);
     pp_schedule_stage_to_rank(&P->sched, P->p * P->v - 1, &last_rank, &chunk);
     is_printer = P->pp_rank == last_rank && P->dp_rank == 0;
     if (o->generated || gpt_corpus_load(&corp, path, o->max_len, 42) != 0) {
@@ -359,6 +365,7 @@ static int train(proc* P, const opts* o) {
         int T = 0;
         double t0, dt;
         pp_cuda_step_info info;
+        pp_step_stats ss;
         float mbl[1024];
         double acc = 0;
         memset(&info, 0, sizeof info);
@@ -368,7 +375,7 @@ static int train(proc* P, const opts* o) {
             break;
         }
         t0 = now_s();
-        if (pp_cuda_step_begin(P->cuda, &err) != PP_OK || pp_stage_step(P->st, &P->batch, NULL) != PP_OK) {
+        if (pp_cuda_step_begin(P->cuda, &err) != PP_OK || pp_stage_step(P->st, &P->batch, &ss) != PP_OK) {
             fprintf(stderr, "gpt_nccl rank %d: step %d: %s %s %s\n", P->L.rank, s, pp_stage_error(P->st),
                     pp_cuda_error(P->cuda, 0), pp_nccl_error(P->grid.pipe));
             rc = 1;
@@ -380,6 +387,7 @@ static int train(proc* P, const opts* o) {
             rc = 1;
             break;
         }
+        gpt_traffic_add(&tr, &ss);
         if (update(P, o, s, e_rank, h_rank)) {
             rc = 1;
             break;
@@ -416,6 +424,11 @@ static int train(proc* P, const opts* o) {
                "gradients %.2f MiB, Adam %.2f MiB\n",
                P->L.rank, P->pp_rank, P->dp_rank, P->dev, pp_schedule_rank_to_stage(&P->sched, P->pp_rank, 0), pool / 1048576.0, allocs,
                sizeof(float) * P->n_par / 1048576.0, sizeof(float) * P->n_grad / 1048576.0, 2 * sizeof(float) * P->n_par / 1048576.0);
+        {
+            char who[64];
+            snprintf(who, sizeof who, "world rank %d: ", P->L.rank);
+            gpt_traffic_print(who, &tr, o->bf16 ? PP_BF16 : PP_F32);
+        }
         fflush(stdout);
     }
     gpt_corpus_free(&corp);
@@ -466,6 +479,12 @@ int main(int argc, char** argv) {
         else if (ARG("--lr")) o.lr = (float)atof(n);
         else if (ARG("--id-file")) o.id_file = n;
         else if (ARG("--loss-log")) o.loss_log = n;
+        else if (ARG("--dtype")) {
+            if (gptc_dtype_arg(n, &o.bf16)) {
+                rc = usage();
+                goto done;
+            }
+        }
         else if (ARG("--timeout")) o.timeout = atof(n);
         else if (!strcmp(a, "--generated")) o.generated = 1;
         else {

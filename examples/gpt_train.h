@@ -17,6 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpt_traffic.h"
+
 /* The held-out split: every GPT_HOLD_OUT-th document of the text (gpt_corpus_hold_out), always
    set aside, so that a run with --eval-every trains on the same batches as one without. */
 #define GPT_HOLD_OUT 10
@@ -317,30 +319,6 @@ static inline void gpt_report(const gpt_opts* c, const gpt_step* steps, const fl
            "micro-batch tokens max/mean %.3f on average\n",
            (long long)tokens, wall, (double)tokens / wall, (long long)saved, (long long)padded,
            padded ? 100.0 * (double)saved / (double)padded : 0.0, imb);
-}
-
-/* What the steps sent between stages (pp_step_stats, summed over ranks): all of it, and the
-   tensors' share (activations forward, their gradients backward), without the shape metadata
-   and the step's agreement. --dtype bf16 halves the tensors' bytes. */
-typedef struct gpt_traffic {
-    uint64_t bytes, msgs, tensor_bytes, tensor_msgs;
-    int steps;
-} gpt_traffic;
-
-static inline void gpt_traffic_add(gpt_traffic* tr, const pp_step_stats* st) {
-    tr->bytes += st->bytes_sent;
-    tr->msgs += st->msgs_sent;
-    tr->tensor_bytes += st->bytes_sent - st->meta_bytes_sent - st->agree_bytes;
-    tr->tensor_msgs += st->msgs_sent - st->meta_msgs_sent - st->agree_msgs;
-    tr->steps++;
-}
-
-static inline void gpt_traffic_print(const gpt_traffic* tr, pp_dtype act) {
-    printf("sent in %d steps: %llu bytes in %llu messages; tensors (%s): %llu bytes in %llu messages, %.1f bytes per "
-           "transfer\n",
-           tr->steps, (unsigned long long)tr->bytes, (unsigned long long)tr->msgs, pp_dtype_name(act),
-           (unsigned long long)tr->tensor_bytes, (unsigned long long)tr->tensor_msgs,
-           tr->tensor_msgs ? (double)tr->tensor_bytes / (double)tr->tensor_msgs : 0.0);
 }
 
 /* One step's progress line (printed by whoever holds the loss): the step of --steps, the loss,

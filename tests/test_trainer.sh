@@ -5,7 +5,7 @@
 # at every p and schedule; an evaluation changes nothing of the training (the checkpoint after
 # a run with evaluations is the one without, byte for byte); AdamW's decay and the warm-up's
 # rates show; bad values are refused. With GPT_MPI and an mpirun command, the same evaluation
-# over two MPI ranks, against gpt_cpu's lines. --dtype bf16 (bf16 activations between layers):
+# over two MPI ranks, against gpt_cpu's lines (also in bf16). --dtype bf16 (bf16 activations between layers):
 # pipelined = sequential bit for bit, half the f32 run's tensor bytes in as many messages, a
 # loss after 40 steps within 0.02 of f32's and not its bits (build/bf16-controls runs this part
 # alone, TRAINER_PART=bf16, on a gpt_cpu whose --dtype bf16 stays f32, and it must fail).
@@ -80,6 +80,11 @@ else
     check "over MPI: the first evaluation = pp_sequential_eval, bit for bit" \
         "grep -q 'check: val loss after 2 steps .* bit-identical (0 of 4 batches differ)' '$tmp.mpi'"
     check "over MPI: gpt_cpu's val losses" "[ -n \"\$(vals '$tmp.mpi')\" ] && [ \"\$(vals '$tmp.mpi')\" = \"\$(vals '$tmp.p4')\" ]"
+    b="--generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4 --steps 3 --dtype bf16"
+    "$@" -np 2 "$mpi" $b --schedule 1f1b --check > "$tmp.mb" 2>&1
+    check "over MPI with --dtype bf16: pipelined = sequential, bit for bit" "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.mb'" || cat "$tmp.mb"
+    "$cpu" $b --schedule 1f1b -p 2 > "$tmp.cb" 2>&1
+    check "over MPI with --dtype bf16: gpt_cpu's losses and tensor bytes" "[ -n \"\$(tensors '$tmp.mb')\" ] && [ \"\$(tensors '$tmp.mb')\" = \"\$(tensors '$tmp.cb')\" ] && [ \"\$(losses '$tmp.mb')\" = \"\$(losses '$tmp.cb')\" ]"
 fi
 rm -f "$tmp".*
 echo "$name: $pass passed, $fail failed"
