@@ -424,48 +424,72 @@ static inline float gpt_gelu_grad(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * GPT_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-/* Causal self-attention inside each sequence of the micro-batch.
-   qkv (T, 3C); out (T, C); att: for each sequence in order (offset o, length L), NH blocks of
-   (L, L) softmax probabilities, row i nonzero only in columns 0..i. Every token index below is
-   o + (0 .. L-1) of one sequence, so tokens of different sequences never meet: this loop
-   structure is the sequence mask. */
+/* The rows attention walks, in order: each sequence (offset o, length L), each head h of it,
+   each row i. Every token index is o + (0 .. L-1) of one sequence, so tokens of different
+   sequences never meet: this walk is the sequence mask. att holds, for each sequence in order,
+   NH blocks of (L, L) softmax probabilities; row i of head h starts at att + p. Start with
+   s = -1; gpt_attn_next moves to the next row and returns 0 after the last. */
+typedef struct gpt_attn_row {
+    int s, h;           /* the sequence, the head */
+    int64_t o, L, i;    /* the sequence's offset and length, the row in it */
+    size_t base, p;     /* where the sequence's probabilities start in att, and the row's */
+} gpt_attn_row;
+
+static inline int gpt_attn_next(gpt_attn_row* r, const pp_microbatch* mb, int NH) {
+    if (r->s < 0) {
+        r->s = r->h = 0;
+        r->i = 0;
+        r->base = 0;
+    } else if (++r->i >= r->L) {
+        r->i = 0;
+        if (++r->h >= NH) {
+            r->h = 0;
+            r->base += (size_t)NH * (size_t)(r->L * r->L);
+            r->s++;
+        }
+    }
+    if (r->s >= gpt_seq_count(mb)) return 0;
+    r->o = gpt_seq_start(mb, r->s);
+    r->L = gpt_seq_end(mb, r->s) - r->o;
+    r->p = r->base + ((size_t)r->h * (size_t)r->L + (size_t)r->i) * (size_t)r->L;
+    return 1;
+}
+
+/* Causal self-attention inside each sequence of the micro-batch (gpt_attn_row's walk).
+   qkv (T, 3C); out (T, C); att: the probabilities, row i nonzero only in columns 0..i. */
 static inline void gpt_attention_fwd(float* out, float* att, const float* qkv, const pp_microbatch* mb, int C,
                                      int NH) {
     const int hs = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
-    size_t base = 0;
-    int s, h, d;
-    for (s = 0; s < gpt_seq_count(mb); s++) {
-        const int64_t o = gpt_seq_start(mb, s), L = gpt_seq_end(mb, s) - o;
-        int64_t i, j;
-        for (h = 0; h < NH; h++) {
-            for (i = 0; i < L; i++) {
-                const float* q = qkv + (o + i) * C3 + h * hs;           /* (hs) */
-                float* p = att + base + ((size_t)h * L + i) * L;        /* (L) row i of head h */
-                float* y = out + (o + i) * C + h * hs;                  /* (hs) */
-                float mx = -INFINITY, sum = 0.0f, inv;
-                for (j = 0; j <= i; j++) {
-                    const float* k = qkv + (o + j) * C3 + C + h * hs;   /* (hs) */
-                    float dot = 0.0f;
-                    for (d = 0; d < hs; d++) dot += q[d] * k[d];
-                    p[j] = dot * scale;
-                    if (p[j] > mx) mx = p[j];
-                }
-                for (j = 0; j <= i; j++) {
-                    p[j] = expf(p[j] - mx);
-                    sum += p[j];
-                }
-                inv = 1.0f / sum;
-                for (j = 0; j <= i; j++) p[j] *= inv;
-                for (j = i + 1; j < L; j++) p[j] = 0.0f;
-                for (d = 0; d < hs; d++) y[d] = 0.0f;
-                for (j = 0; j <= i; j++) {
-                    const float* v = qkv + (o + j) * C3 + 2 * C + h * hs; /* (hs) */
-                    for (d = 0; d < hs; d++) y[d] += p[j] * v[d];
-                }
-            }
+    gpt_attn_row r;
+    int d;
+    r.s = -1;
+    while (gpt_attn_next(&r, mb, NH)) {
+        const int64_t o = r.o, i = r.i;
+        const float* q = qkv + (o + i) * C3 + r.h * hs;             /* (hs) */
+        float* p = att + r.p;                                       /* (L) row i of head h */
+        float* y = out + (o + i) * C + r.h * hs;                    /* (hs) */
+        float mx = -INFINITY, sum = 0.0f, inv;
+        int64_t j;
+        for (j = 0; j <= i; j++) {
+            const float* k = qkv + (o + j) * C3 + C + r.h * hs;     /* (hs) */
+            float dot = 0.0f;
+            for (d = 0; d < hs; d++) dot += q[d] * k[d];
+            p[j] = dot * scale;
+            if (p[j] > mx) mx = p[j];
         }
-        base += (size_t)NH * (size_t)(L * L);
+        for (j = 0; j <= i; j++) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+        }
+        inv = 1.0f / sum;
+        for (j = 0; j <= i; j++) p[j] *= inv;
+        for (j = i + 1; j < r.L; j++) p[j] = 0.0f;
+        for (d = 0; d < hs; d++) y[d] = 0.0f;
+        for (j = 0; j <= i; j++) {
+            const float* v = qkv + (o + j) * C3 + 2 * C + r.h * hs; /* (hs) */
+            for (d = 0; d < hs; d++) y[d] += p[j] * v[d];
+        }
     }
 }
 
@@ -474,41 +498,37 @@ static inline void gpt_attention_bwd(float* dqkv, float* dp, const float* dout, 
                                      const pp_microbatch* mb, int C, int NH) {
     const int hs = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)hs);
-    size_t base = 0;
-    int s, h, d;
-    for (s = 0; s < gpt_seq_count(mb); s++) {
-        const int64_t o = gpt_seq_start(mb, s), L = gpt_seq_end(mb, s) - o;
-        int64_t i, j;
-        for (h = 0; h < NH; h++) {
-            for (i = 0; i < L; i++) {
-                const float* q = qkv + (o + i) * C3 + h * hs;           /* (hs) */
-                float* dq = dqkv + (o + i) * C3 + h * hs;               /* (hs) */
-                const float* p = att + base + ((size_t)h * L + i) * L;  /* (L) */
-                const float* dy = dout + (o + i) * C + h * hs;          /* (hs) */
-                float pdp = 0.0f;   /* sum_j p[j] dp[j], for the softmax backward */
-                for (j = 0; j <= i; j++) {
-                    const float* v = qkv + (o + j) * C3 + 2 * C + h * hs;
-                    float* dv = dqkv + (o + j) * C3 + 2 * C + h * hs;
-                    float dot = 0.0f;
-                    for (d = 0; d < hs; d++) {
-                        dot += dy[d] * v[d];
-                        dv[d] += p[j] * dy[d];
-                    }
-                    dp[j] = dot;
-                    pdp += p[j] * dot;
-                }
-                for (j = 0; j <= i; j++) {
-                    const float* k = qkv + (o + j) * C3 + C + h * hs;
-                    float* dk = dqkv + (o + j) * C3 + C + h * hs;
-                    const float dpre = p[j] * (dp[j] - pdp) * scale; /* d(score before scaling) */
-                    for (d = 0; d < hs; d++) {
-                        dq[d] += dpre * k[d];
-                        dk[d] += dpre * q[d];
-                    }
-                }
+    gpt_attn_row r;
+    int d;
+    r.s = -1;
+    while (gpt_attn_next(&r, mb, NH)) {
+        const int64_t o = r.o, i = r.i;
+        const float* q = qkv + (o + i) * C3 + r.h * hs;             /* (hs) */
+        float* dq = dqkv + (o + i) * C3 + r.h * hs;                 /* (hs) */
+        const float* p = att + r.p;                                 /* (L) */
+        const float* dy = dout + (o + i) * C + r.h * hs;            /* (hs) */
+        float pdp = 0.0f;   /* sum_j p[j] dp[j], for the softmax backward */
+        int64_t j;
+        for (j = 0; j <= i; j++) {
+            const float* v = qkv + (o + j) * C3 + 2 * C + r.h * hs;
+            float* dv = dqkv + (o + j) * C3 + 2 * C + r.h * hs;
+            float dot = 0.0f;
+            for (d = 0; d < hs; d++) {
+                dot += dy[d] * v[d];
+                dv[d] += p[j] * dy[d];
+            }
+            dp[j] = dot;
+            pdp += p[j] * dot;
+        }
+        for (j = 0; j <= i; j++) {
+            const float* k = qkv + (o + j) * C3 + C + r.h * hs;
+            float* dk = dqkv + (o + j) * C3 + C + r.h * hs;
+            const float dpre = p[j] * (dp[j] - pdp) * scale; /* d(score before scaling) */
+            for (d = 0; d < hs; d++) {
+                dq[d] += dpre * k[d];
+                dk[d] += dpre * q[d];
             }
         }
-        base += (size_t)NH * (size_t)(L * L);
     }
 }
 

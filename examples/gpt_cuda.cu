@@ -63,16 +63,12 @@
 #include "gpt_cuda.h" /* the model: kernels, layout, layer callbacks, memory helpers */
 
 /* ---- training ---------------------------------------------------------------------------------- */
-typedef struct cfg {
-    pp_schedule_kind kind;
-    int p, v, m, steps, seqs, max_len, dim, heads, layers, gpus;
-    float lr;
-    const char* text;
+typedef struct cfg : gptc_opts { /* the options gpt_nccl shares, and gpt_cuda's own */
+    int p, gpus;
     const char* trace;
-    int generated, check, bench, gradcheck, cpu;
+    int check, bench, gradcheck, cpu;
     int naive;                  /* --gemm naive: the matrix products as plain kernels, not cuBLAS */
     int vs_naive;               /* --vs-naive: the same run with the naive kernels, losses compared */
-    int bf16;                   /* --dtype bf16: bf16 activations between layers (gptc_config.bf16) */
 } cfg;
 
 typedef struct run_out {
@@ -273,12 +269,7 @@ static int load_batch(trainer* t, const gpt_corpus* corp, uint64_t* rng, int* T_
         t->cap_rows = cap;
     }
     T = gpt_pack(corp, rng, t->c.seqs, t->h_tok, t->h_tgt, t->h_cu);
-    for (int s = 0; s < t->c.seqs; s++)
-        for (int r = t->h_cu[s]; r < t->h_cu[s + 1]; r++) {
-            t->h_pos[r] = r - t->h_cu[s];
-            t->h_sst[r] = t->h_cu[s];
-            t->h_sen[r] = t->h_cu[s + 1];
-        }
+    gpt_row_tables(t->h_cu, t->c.seqs, t->h_pos, t->h_sst, t->h_sen);
     for (int d = 0; d < t->n_dev; d++) {
         size_t b = sizeof(int32_t) * (size_t)T;
         set_device(t, d);
@@ -364,13 +355,9 @@ static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info
 }
 
 static int load_corpus(const cfg* c, gpt_corpus* corp) {
-    const char* path = c->text ? c->text : "README.md";
-    if (!c->generated && gpt_corpus_load(corp, path, c->max_len, 42) == 0) return 0;
-    if (c->text) {
-        fprintf(stderr, "cannot read %s\n", c->text);
-        return 1;
-    }
-    return gpt_corpus_generate(corp, 4000, c->max_len, 42);
+    const char* bad = gptc_opts_corpus(c, corp);
+    if (bad) fprintf(stderr, "gpt_cuda: %s\n", bad);
+    return bad != NULL;
 }
 
 /* Trains c->steps steps at (p, kind, v); fills out. verbose prints per step. */
@@ -529,45 +516,24 @@ static int usage(void) {
 int main(int argc, char** argv) {
     cfg c;
     int ndev = 0, rc = 0;
-    memset(&c, 0, sizeof c);
-    c.kind = PP_SCHED_1F1B;
+    memset(&c, 0, sizeof c); /* its own options */
+    gptc_opts_default(&c);
     c.p = 4;
-    c.v = 2;
-    c.m = 8;
-    c.steps = 40;
-    c.seqs = 64;
-    c.max_len = 128;
-    c.dim = 128;
-    c.heads = 4;
-    c.layers = 4;
     c.gpus = 1;
-    c.lr = 1e-3f;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         const char* n = i + 1 < argc ? argv[i + 1] : NULL;
+        int shared = gptc_opts_arg(&c, argc, argv, &i);
 #define ARG(s) (!strcmp(a, s) && n && ++i)
-        if (ARG("--schedule")) {
-            if (pp_schedule_kind_parse(n, &c.kind) != PP_OK) return usage();
-        } else if (ARG("-p")) c.p = atoi(n);
-        else if (ARG("-v")) c.v = atoi(n);
-        else if (ARG("-m")) c.m = atoi(n);
-        else if (ARG("--steps")) c.steps = atoi(n);
+        if (shared < 0) return usage();
+        if (shared) continue;
+        if (ARG("-p")) c.p = atoi(n);
         else if (ARG("--gpus")) c.gpus = atoi(n);
-        else if (ARG("--text")) c.text = n;
-        else if (ARG("--seqs-per-step")) c.seqs = atoi(n);
-        else if (ARG("--max-len")) c.max_len = atoi(n);
-        else if (ARG("--dim")) c.dim = atoi(n);
-        else if (ARG("--heads")) c.heads = atoi(n);
-        else if (ARG("--layers")) c.layers = atoi(n);
-        else if (ARG("--lr")) c.lr = (float)atof(n);
         else if (ARG("--trace")) c.trace = n;
-        else if (ARG("--dtype")) {
-            if (gptc_dtype_arg(n, &c.bf16)) return usage();
-        } else if (ARG("--gemm")) {
+        else if (ARG("--gemm")) {
             if (strcmp(n, "naive") && strcmp(n, "cublas")) return usage();
             c.naive = !strcmp(n, "naive");
         } else if (!strcmp(a, "--vs-naive")) c.vs_naive = 1;
-        else if (!strcmp(a, "--generated")) c.generated = 1;
         else if (!strcmp(a, "--check")) c.check = 1;
         else if (!strcmp(a, "--bench")) c.bench = 1;
         else if (!strcmp(a, "--cpu")) c.cpu = 1;
@@ -575,10 +541,7 @@ int main(int argc, char** argv) {
         else return usage();
 #undef ARG
     }
-    c.v = pp_schedule_kind_v(c.kind, c.v);
-    if (c.p < 1 || c.p > 64 || c.v < 1 || c.m < 1 || c.m > 1024 || c.steps < 1 || c.dim < 8 || c.heads < 1 ||
-        c.dim % c.heads || c.dim / c.heads > GPTC_MAX_HS || c.seqs < c.m || c.max_len < 12 || c.gpus < 1 || c.gpus > GPTC_MAX_DEV)
-        return usage();
+    if (gptc_opts_check(&c) || c.p < 1 || c.p > 64 || c.gpus < 1 || c.gpus > GPTC_MAX_DEV) return usage();
     if (c.layers < c.p * c.v - 2) c.layers = c.p * c.v - 2;
     if (c.layers > GPTC_MAX_BLOCK) {
         fprintf(stderr, "gpt_cuda: p*v = %d stages need %d blocks, at most %d\n", c.p * c.v, c.layers, GPTC_MAX_BLOCK);

@@ -118,11 +118,11 @@ struct gptc_ln_bwd_p_op {
         gb[c] += b;
     }
 };
-/* y (T, out) = x (T, in) W (in, out) + b */
+/* y (T, out) = x (T, in) W (in, out) + b (b NULL: no bias) */
 struct gptc_mm_fwd_op {
     GPTC_HD void at(int i, const float* x, const float* W, const float* b, float* y, int in, int out) {
         int r = i / out, o = i % out;
-        float acc = b[o];
+        float acc = b ? b[o] : 0.0f;
         for (int k = 0; k < in; k++) acc += x[(size_t)r * in + k] * W[(size_t)k * out + o];
         y[i] = acc;
     }
@@ -136,7 +136,8 @@ struct gptc_mm_bwd_x_op {
         dx[i] = acc;
     }
 };
-/* gW (in, out) += x^T dy, gb (out) += column sums of dy: one thread per element, rows in order */
+/* gW (in, out) += x^T dy, gb (out) += column sums of dy: one thread per element, rows in order
+   (in * out threads: gW alone) */
 struct gptc_mm_bwd_w_op {
     GPTC_HD void at(int i, const float* x, const float* dy, float* gW, float* gb, int T, int in, int out) {
         float acc = 0;
@@ -161,33 +162,6 @@ struct gptc_colsum_op {
         float acc = 0;
         for (int r = 0; r < T; r++) acc += dy[(size_t)r * out + o];
         gb[o] += acc;
-    }
-};
-/* tied head: logits (T, V) = xn (T, C) wte^T */
-struct gptc_head_fwd_op {
-    GPTC_HD void at(int i, const float* xn, const float* wte, float* logits, int C, int V) {
-        int r = i / V, v = i % V;
-        float acc = 0;
-        for (int c = 0; c < C; c++) acc += xn[(size_t)r * C + c] * wte[(size_t)v * C + c];
-        logits[i] = acc;
-    }
-};
-/* dxn (T, C) = dl (T, V) wte */
-struct gptc_head_bwd_x_op {
-    GPTC_HD void at(int i, const float* dl, const float* wte, float* dxn, int C, int V) {
-        int r = i / C, c = i % C;
-        float acc = 0;
-        for (int v = 0; v < V; v++) acc += dl[(size_t)r * V + v] * wte[(size_t)v * C + c];
-        dxn[i] = acc;
-    }
-};
-/* g (V, C) += dl^T xn */
-struct gptc_head_bwd_w_op {
-    GPTC_HD void at(int i, const float* xn, const float* dl, float* g, int T, int C, int V) {
-        int v = i / C, c = i % C;
-        float acc = 0;
-        for (int r = 0; r < T; r++) acc += dl[(size_t)r * V + v] * xn[(size_t)r * C + c];
-        g[i] += acc;
     }
 };
 GPTC_HD float gptc_gelu(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))); }
@@ -367,14 +341,79 @@ typedef struct gptc_config {
                            rounds what it writes; weights, gradients and saved scratch stay f32 */
 } gptc_config;
 
-/* --dtype f32|bf16 of gpt_cuda and gpt_nccl into *bf16: 0, or 1 (and a message) when val is neither. */
-static int gptc_dtype_arg(const char* val, int* bf16) {
-    if (!strcmp(val, "f32") || !strcmp(val, "bf16")) {
-        *bf16 = !strcmp(val, "bf16");
-        return 0;
+/* What gpt_cuda and gpt_nccl share of their options (each program's own options struct derives
+   from this one): the schedule, the batches, the model, Adam's rate, the activations' dtype. */
+struct gptc_opts {
+    pp_schedule_kind kind;      /* --schedule (default 1f1b) */
+    int v, m, steps;            /* -v (2), -m (8), --steps (40) */
+    int seqs, max_len;          /* --seqs-per-step (64), --max-len (128) */
+    int dim, heads, layers;     /* --dim (128), --heads (4), --layers (4) */
+    float lr;                   /* --lr (1e-3) */
+    const char* text;           /* --text FILE; else README.md, else the generated task */
+    int generated;              /* --generated */
+    int bf16;                   /* --dtype f32|bf16 (gptc_config.bf16) */
+};
+
+static void gptc_opts_default(gptc_opts* o) {
+    memset(o, 0, sizeof *o);
+    o->kind = PP_SCHED_1F1B;
+    o->v = 2;
+    o->m = 8;
+    o->steps = 40;
+    o->seqs = 64;
+    o->max_len = 128;
+    o->dim = 128;
+    o->heads = 4;
+    o->layers = 4;
+    o->lr = 1e-3f;
+}
+
+/* argv[*i] if it is a shared option: 1 (*i moved past its value), 0 when it is not one, -1 when
+   its value is bad (a message says which). */
+static int gptc_opts_arg(gptc_opts* o, int argc, char** argv, int* i) {
+    const char* a = argv[*i];
+    const char* n = *i + 1 < argc ? argv[*i + 1] : NULL;
+    if (!strcmp(a, "--generated")) {
+        o->generated = 1;
+        return 1;
     }
-    fprintf(stderr, "unknown --dtype '%s' (f32 or bf16)\n", val);
+    if (!n) return 0;
+    if (!strcmp(a, "--schedule")) {
+        if (pp_schedule_kind_parse(n, &o->kind) != PP_OK) return -1;
+    } else if (!strcmp(a, "-v")) o->v = atoi(n);
+    else if (!strcmp(a, "-m")) o->m = atoi(n);
+    else if (!strcmp(a, "--steps")) o->steps = atoi(n);
+    else if (!strcmp(a, "--text")) o->text = n;
+    else if (!strcmp(a, "--seqs-per-step")) o->seqs = atoi(n);
+    else if (!strcmp(a, "--max-len")) o->max_len = atoi(n);
+    else if (!strcmp(a, "--dim")) o->dim = atoi(n);
+    else if (!strcmp(a, "--heads")) o->heads = atoi(n);
+    else if (!strcmp(a, "--layers")) o->layers = atoi(n);
+    else if (!strcmp(a, "--lr")) o->lr = (float)atof(n);
+    else if (!strcmp(a, "--dtype")) {
+        if (strcmp(n, "f32") && strcmp(n, "bf16")) {
+            fprintf(stderr, "unknown --dtype '%s' (f32 or bf16)\n", n);
+            return -1;
+        }
+        o->bf16 = !strcmp(n, "bf16");
+    } else return 0;
+    ++*i;
     return 1;
+}
+
+/* v from the schedule; 0 when the shared options are in range, else 1. */
+static int gptc_opts_check(gptc_opts* o) {
+    o->v = pp_schedule_kind_v(o->kind, o->v);
+    return o->v < 1 || o->m < 1 || o->m > 1024 || o->steps < 1 || o->dim < 8 || o->heads < 1 || o->dim % o->heads ||
+           o->dim / o->heads > GPTC_MAX_HS || o->seqs < o->m || o->max_len < 12;
+}
+
+/* The text: --text FILE, else README.md, else the generated task (--generated: that one). NULL,
+   or what failed. */
+static const char* gptc_opts_corpus(const gptc_opts* o, gpt_corpus* corp) {
+    if (!o->generated && gpt_corpus_load(corp, o->text ? o->text : "README.md", o->max_len, 42) == 0) return NULL;
+    if (o->text) return "cannot read the --text file";
+    return gpt_corpus_generate(corp, 4000, o->max_len, 42) ? "cannot generate a corpus" : NULL;
 }
 
 /* A layer's parameters (or gradients: the same layout in another buffer). */
@@ -484,12 +523,13 @@ static int gptc_env_of(const pp_layer_io* io, gptc_env* e) {
 static const float gptc_one = 1.0f, gptc_fzero = 0.0f;
 #define GPTC_BLAS(call) ((call) == CUBLAS_STATUS_SUCCESS ? 0 : 8)
 
-/* y (T, out) = x (T, in) W (in, out) + b */
+/* y (T, out) = x (T, in) W (in, out) + b (b NULL: no bias) */
 static int gptc_mm_fwd(const gptc_env* e, const float* x, const float* W, const float* b, float* y, int T, int in, int out) {
     if (!e->blas) return gptc_op<gptc_mm_fwd_op>(e->cpu, e->st, T * out, x, W, b, y, in, out);
     if (T <= 0) return 0;
-    GPTC_TRY(gptc_op<gptc_bias_fill_op>(0, e->st, T * out, b, y, out));
-    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_N, out, T, in, &gptc_one, W, out, x, in, &gptc_one, y, out));
+    if (b) GPTC_TRY(gptc_op<gptc_bias_fill_op>(0, e->st, T * out, b, y, out));
+    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_N, out, T, in, &gptc_one, W, out, x, in, b ? &gptc_one : &gptc_fzero,
+                                 y, out));
 }
 /* dx (T, in) = dy (T, out) W^T */
 static int gptc_mm_bwd_x(const gptc_env* e, const float* dy, const float* W, float* dx, int T, int in, int out) {
@@ -497,31 +537,16 @@ static int gptc_mm_bwd_x(const gptc_env* e, const float* dy, const float* W, flo
     if (T <= 0) return 0;
     return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, in, T, out, &gptc_one, W, out, dy, out, &gptc_fzero, dx, in));
 }
-/* gW (in, out) += x^T dy, gb (out) += column sums of dy */
+/* gW (in, out) += x^T dy, gb (out) += column sums of dy (gb NULL: gW alone) */
 static int gptc_mm_bwd_w(const gptc_env* e, const float* x, const float* dy, float* gW, float* gb, int T, int in, int out) {
-    if (!e->blas) return gptc_op<gptc_mm_bwd_w_op>(e->cpu, e->st, in * out + out, x, dy, gW, gb, T, in, out);
+    if (!e->blas) return gptc_op<gptc_mm_bwd_w_op>(e->cpu, e->st, in * out + (gb ? out : 0), x, dy, gW, gb, T, in, out);
     if (T <= 0) return 0;
     GPTC_TRY(GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_T, out, in, T, &gptc_one, dy, out, x, in, &gptc_one, gW, out)));
-    return gptc_op<gptc_colsum_op>(0, e->st, out, dy, gb, T, out);
+    return gb ? gptc_op<gptc_colsum_op>(0, e->st, out, dy, gb, T, out) : 0;
 }
-/* logits (T, V) = xn (T, C) wte^T */
-static int gptc_head_fwd(const gptc_env* e, const float* xn, const float* wte, float* logits, int T, int C, int V) {
-    if (!e->blas) return gptc_op<gptc_head_fwd_op>(e->cpu, e->st, T * V, xn, wte, logits, C, V);
-    if (T <= 0) return 0;
-    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, V, T, C, &gptc_one, wte, C, xn, C, &gptc_fzero, logits, V));
-}
-/* dxn (T, C) = dl (T, V) wte (V, C) */
-static int gptc_head_bwd_x(const gptc_env* e, const float* dl, const float* wte, float* dxn, int T, int C, int V) {
-    if (!e->blas) return gptc_op<gptc_head_bwd_x_op>(e->cpu, e->st, T * C, dl, wte, dxn, C, V);
-    if (T <= 0) return 0;
-    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, T, V, &gptc_one, wte, C, dl, V, &gptc_fzero, dxn, C));
-}
-/* g (V, C) += dl^T xn */
-static int gptc_head_bwd_w(const gptc_env* e, const float* xn, const float* dl, float* g, int T, int C, int V) {
-    if (!e->blas) return gptc_op<gptc_head_bwd_w_op>(e->cpu, e->st, V * C, xn, dl, g, T, C, V);
-    if (T <= 0) return 0;
-    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_T, C, V, T, &gptc_one, xn, C, dl, V, &gptc_one, g, C));
-}
+/* The tied head's products are these three with wte (V, C) as the matrix: logits (T, V) = xn
+   wte^T is gptc_mm_bwd_x with in = V, out = C; dxn (T, C) = dl wte is gptc_mm_fwd without bias;
+   g (V, C) += dl^T xn is gptc_mm_bwd_w without gb. */
 
 static size_t gptc_block_numel(const gptc_config* g) {
     size_t C = (size_t)g->C;
@@ -706,7 +731,7 @@ static int gptc_head_fwd(const gptc_head_p* w, pp_layer_io* io) {
     GPTC_TRY(gptc_act_in(&e, &io->in[0], s.xin, &x));
     GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, x, (const float*)w->lnf_g, (const float*)w->lnf_b, s.xn,
                                      s.mu, s.rs, C));
-    GPTC_TRY(gptc_head_fwd(&e, (const float*)s.xn, (const float*)w->wte, s.logits, T, C, V));
+    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.xn, (const float*)w->wte, s.logits, T, V, C));
     GPTC_TRY(gptc_op<gptc_xent_fwd_op>(cpu, st, T, (const float*)s.logits, tgt, s.lse, s.rowloss, V));
     io->loss = 0; /* on the GPU: the tables' mb_loss */
     return gptc_op<gptc_loss_sum_op>(cpu, st, 1, (const float*)s.rowloss, tgt, T, &e.tab->mb_loss[io->mb->index]);
@@ -728,8 +753,8 @@ static int gptc_head_bwd(const gptc_head_p* w, gptc_head_p* g, pp_layer_io* io) 
     if (n_tgt < 1) n_tgt = 1;
     GPTC_TRY(gptc_op<gptc_xent_bwd_op>(cpu, st, T * V, (const float*)s.logits, (const float*)s.lse, tgt, s.dl, V,
                                        io->mb->loss_scale / (float)n_tgt));
-    GPTC_TRY(gptc_head_bwd_w(&e, (const float*)s.xn, (const float*)s.dl, g->wte, T, C, V));
-    GPTC_TRY(gptc_head_bwd_x(&e, (const float*)s.dl, (const float*)w->wte, s.dxn, T, C, V));
+    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.dl, (const float*)s.xn, g->wte, NULL, T, V, C));
+    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.dl, (const float*)w->wte, (const float*)NULL, s.dxn, T, V, C));
     GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dxn, x, (const float*)s.mu, (const float*)s.rs, g->lnf_g,
                                        g->lnf_b, T, C));
     if (!dx) return 0;
