@@ -34,7 +34,8 @@
    kept in io->saved; qkv, the attention probabilities and the pre-GELU activations are B-only
    scratch (b_saved_bytes). Embedding and head do both in B.
 
-   ACTIVATIONS IN BF16  gpt_config.act = PP_BF16 makes every tensor between layers, x (T, C),
+   ACTIVATIONS IN BF16  gpt_set_act(m, PP_BF16) on the weights' model (after gpt_bind or gpt_init,
+   which set PP_F32) makes every tensor between layers, x (T, C),
    and its gradient bf16: describe() says so, so the pipeline sends half the bytes of f32 between
    stages. Weights, parameter gradients and what a layer saves from forward to backward stay f32.
    Inside a layer the arithmetic is f32: on entry each bf16 tensor is widened into an f32 copy,
@@ -73,13 +74,11 @@ typedef struct gpt_config {
     int C;              /* channels */
     int n_head;         /* heads; C % n_head == 0 */
     int n_block;        /* transformer blocks, 1 .. GPT_MAX_BLOCK */
-    pp_dtype act;       /* the activations between layers and their gradients: PP_F32 (0, the
-                           default) or PP_BF16 (see ACTIVATIONS IN BF16 above) */
 } gpt_config;
 
 typedef struct gpt_embed_params {
     int vocab, max_T, C;
-    pp_dtype act;       /* gpt_config.act: the dtype of x and its gradient */
+    pp_dtype act;       /* gpt_set_act: the dtype of x and its gradient */
     float* wte;         /* (vocab, C) token embedding */
     float* wpe;         /* (max_T, C) position embedding; the position restarts at 0 per sequence */
 } gpt_embed_params;
@@ -87,7 +86,7 @@ typedef struct gpt_embed_params {
 /* Matrices are stored (in, out): y = x W + b. */
 typedef struct gpt_block_params {
     int C, n_head;
-    pp_dtype act;       /* gpt_config.act: the dtype of x in and out and of their gradients */
+    pp_dtype act;       /* gpt_set_act: the dtype of x in and out and of their gradients */
     float* ln1_g;       /* (C) */
     float* ln1_b;       /* (C) */
     float* qkv_w;       /* (C, 3C) columns: q | k | v, head h at [h*hs, (h+1)*hs) of each */
@@ -104,7 +103,7 @@ typedef struct gpt_block_params {
 
 typedef struct gpt_head_params {
     int C, vocab;
-    pp_dtype act;       /* gpt_config.act: the dtype of x and its gradient */
+    pp_dtype act;       /* gpt_set_act: the dtype of x and its gradient */
     float* lnf_g;       /* (C) */
     float* lnf_b;       /* (C) */
     float* lm_w;        /* (C, vocab) own weights, not tied to wte (that would cross stages) */
@@ -676,48 +675,6 @@ static inline int gpt_block_fwd_f32(const gpt_block_params* p, pp_layer_io* io) 
 }
 GPT_ACT_FWD(gpt_block_fwd, gpt_block_params)
 
-/* The gradients of the activations live only for this call: they come from a workspace
-   allocated here, not from io->saved (which would keep them alive from forward to backward). */
-static inline int gpt_block_bwd_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
-    const int C = p->C;
-    const int64_t T = io->mb->rows;
-    const float* x = (const float*)io->in[0].data;      /* (T, C) */
-    const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
-    float* dx = (float*)io->d_in[0].data;               /* (T, C) zeroed by the library, or NULL */
-    float *ws, *dx2, *dfc, *dln, *datty, *dqkv, *dp, *wt;
-    gpt_block_saved s;
-    int64_t i;
-    int rc = gpt_block_prepare(p, io, &s);
-    if (rc) return rc;
-    if (!gpt_tensor_is(&io->d_out[0], T, C, PP_F32)) return GPT_ESHAPE;
-    ws = (float*)calloc((size_t)T * (size_t)(10 * C) + (size_t)gpt_seq_max(io->mb) + (size_t)(4 * C * C),
-                        sizeof(float));
-    if (!ws) return GPT_ENOMEM;
-    dx2 = ws;                   /* (T, C) */
-    dfc = dx2 + T * C;          /* (T, 4C) */
-    dln = dfc + T * 4 * C;      /* (T, C) */
-    datty = dln + T * C;        /* (T, C) */
-    dqkv = datty + T * C;       /* (T, 3C) */
-    dp = dqkv + T * 3 * C;      /* (max_seqlen) */
-    wt = dp + gpt_seq_max(io->mb); /* (4C * C) a weight matrix transposed */
-    /* y = x2 + fcproj(gelu(fc(ln2(x2)))) */
-    memcpy(dx2, dy, sizeof(float) * (size_t)(T * C));
-    gpt_matmul_bwd(dfc, g->fcproj_w, g->fcproj_b, wt, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
-    for (i = 0; i < T * 4 * C; i++) dfc[i] *= gpt_gelu_grad(s.fch[i]);
-    gpt_matmul_bwd(dln, g->fc_w, g->fc_b, wt, dfc, s.ln2, p->fc_w, T, C, 4 * C);
-    gpt_layernorm_bwd(dx2, g->ln2_g, g->ln2_b, dln, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
-    /* x2 = x + proj(attn(qkv(ln1(x)))) */
-    gpt_matmul_bwd(datty, g->proj_w, g->proj_b, wt, dx2, s.atty, p->proj_w, T, C, C);
-    gpt_attention_bwd(dqkv, dp, datty, s.qkv, s.att, io->mb, C, p->n_head);
-    memset(dln, 0, sizeof(float) * (size_t)(T * C));
-    gpt_matmul_bwd(dln, g->qkv_w, g->qkv_b, wt, dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
-    if (dx)
-        for (i = 0; i < T * C; i++) dx[i] += dx2[i];
-    gpt_layernorm_bwd(dx, g->ln1_g, g->ln1_b, dln, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
-    free(ws);
-    return 0;
-}
-GPT_ACT_BWD(gpt_block_bwd, gpt_block_params)
 
 static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                   pp_layer_desc* d) {
@@ -756,6 +713,15 @@ static inline size_t gpt_blockz_bonly_floats(int64_t T, int C, int NH, int64_t s
     return (size_t)T * (size_t)(7 * C) + (size_t)NH * (size_t)sq_sum;
 }
 
+/* The output gradients of 10 T C floats at base (TC = T C). */
+static inline void gpt_blockz_grads_carve(gpt_blockz_grads* gr, float* base, int64_t TC) {
+    gr->dfc = base;
+    gr->dln2 = gr->dfc + 4 * TC;
+    gr->dx2 = gr->dln2 + TC;
+    gr->dqkv = gr->dx2 + TC;
+    gr->dln1 = gr->dqkv + 3 * TC;
+}
+
 /* Checks shapes and carves io->saved (activations W reads, then the gradients B keeps for it) and
    io->b_saved (NULL in W: qkv, att and fch stay NULL). */
 static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved* s,
@@ -776,11 +742,7 @@ static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_i
     s->ln2_mean = s->ln2 + TC;
     s->ln2_rstd = s->ln2_mean + T;
     s->fcg = s->ln2_rstd + T;
-    gr->dfc = s->fcg + 4 * TC;
-    gr->dln2 = gr->dfc + 4 * TC;
-    gr->dx2 = gr->dln2 + TC;
-    gr->dqkv = gr->dx2 + TC;
-    gr->dln1 = gr->dqkv + 3 * TC;
+    gpt_blockz_grads_carve(gr, s->fcg + 4 * TC, TC);
     s->qkv = s->att = s->fch = NULL;
     if (!io->b_saved) return 0;
     if (io->b_saved_bytes < gpt_blockz_bonly_floats(T, p->C, p->n_head, gpt_seq_sq_sum(io->mb)) * sizeof(float))
@@ -803,62 +765,101 @@ static inline int gpt_blockz_fwd_f32(const gpt_block_params* p, pp_layer_io* io)
 }
 GPT_ACT_FWD(gpt_blockz_fwd, gpt_block_params)
 
-/* B: gpt_block_bwd's input-gradient half; the output gradients W needs go to io->saved. */
-static inline int gpt_blockz_bwd_in_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+/* Scratch for a block's backward: extra floats, then T*C (the attention output's gradient),
+   max_seqlen (attention's) and 4C*C (a weight matrix transposed); zeroed. NULL without memory. */
+static inline float* gpt_block_bwd_ws(const pp_microbatch* mb, int C, int64_t extra) {
+    return (float*)calloc((size_t)extra + (size_t)mb->rows * (size_t)C + (size_t)gpt_seq_max(mb) + (size_t)(4 * C * C),
+                          sizeof(float));
+}
+
+/* The input gradient into io->d_in (when its data is not NULL) and the output gradients the
+   parameter gradients need into gr (sums from zero: zeroed here); ws from gpt_block_bwd_ws. */
+static inline void gpt_block_bwd_b(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved s,
+                                   gpt_blockz_grads gr, float* ws) {
     const int C = p->C;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;      /* (T, C) */
     const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
     float* dx = (float*)io->d_in[0].data;               /* (T, C) zeroed by the library, or NULL */
-    float *ws, *datty, *dp, *wt;
-    gpt_block_saved s;
-    gpt_blockz_grads gr;
+    float* datty = ws;                                  /* (T, C) */
+    float* dp = datty + T * C;                          /* (max_seqlen) */
+    float* wt = dp + gpt_seq_max(io->mb);               /* (4C * C) a weight matrix transposed */
     int64_t i;
-    int rc = gpt_blockz_prepare(p, io, &s, &gr);
-    (void)g;
-    if (rc) return rc;
-    if (!s.qkv) return GPT_ESAVED;
-    if (!gpt_tensor_is(&io->d_out[0], T, C, PP_F32)) return GPT_ESHAPE;
-    ws = (float*)calloc((size_t)T * (size_t)C + (size_t)gpt_seq_max(io->mb) + (size_t)(4 * C * C), sizeof(float));
-    if (!ws) return GPT_ENOMEM;
-    datty = ws;                 /* (T, C) */
-    dp = datty + T * C;         /* (max_seqlen) */
-    wt = dp + gpt_seq_max(io->mb); /* (4C * C) a weight matrix transposed */
-    /* the gradients kept for W are sums (+=) from zero, as in gpt_block_bwd's fresh workspace */
     memset(gr.dfc, 0, sizeof(float) * (size_t)(T * 10 * C));
+    /* y = x2 + fcproj(gelu(fc(ln2(x2)))) */
     memcpy(gr.dx2, dy, sizeof(float) * (size_t)(T * C));
     gpt_matmul_bwd(gr.dfc, NULL, NULL, wt, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
     for (i = 0; i < T * 4 * C; i++) gr.dfc[i] *= gpt_gelu_grad(s.fch[i]);
     gpt_matmul_bwd(gr.dln2, NULL, NULL, wt, gr.dfc, s.ln2, p->fc_w, T, C, 4 * C);
     gpt_layernorm_bwd(gr.dx2, NULL, NULL, gr.dln2, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
+    /* x2 = x + proj(attn(qkv(ln1(x)))) */
     gpt_matmul_bwd(datty, NULL, NULL, wt, gr.dx2, s.atty, p->proj_w, T, C, C);
     gpt_attention_bwd(gr.dqkv, dp, datty, s.qkv, s.att, io->mb, C, p->n_head);
     gpt_matmul_bwd(gr.dln1, NULL, NULL, wt, gr.dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
     if (dx)
         for (i = 0; i < T * C; i++) dx[i] += gr.dx2[i];
     gpt_layernorm_bwd(dx, NULL, NULL, gr.dln1, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
-    free(ws);
-    return 0;
 }
-GPT_ACT_BWD(gpt_blockz_bwd_in, gpt_block_params)
 
-/* W: the parameter gradients, from the activations and the output gradients B kept. */
-static inline int gpt_blockz_bwd_w_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+/* The parameter gradients into g, from the activations and gpt_block_bwd_b's output gradients. */
+static inline void gpt_block_bwd_w(const gpt_block_params* p, gpt_block_params* g, const pp_layer_io* io,
+                                   gpt_block_saved s, gpt_blockz_grads gr) {
     const int C = p->C;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;      /* (T, C) */
     const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
-    gpt_block_saved s;
-    gpt_blockz_grads gr;
-    int rc = gpt_blockz_prepare(p, io, &s, &gr);
-    if (rc) return rc;
-    if (!gpt_tensor_is(&io->d_out[0], T, C, PP_F32)) return GPT_ESHAPE;
     gpt_matmul_bwd(NULL, g->fcproj_w, g->fcproj_b, NULL, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
     gpt_matmul_bwd(NULL, g->fc_w, g->fc_b, NULL, gr.dfc, s.ln2, p->fc_w, T, C, 4 * C);
     gpt_layernorm_bwd(NULL, g->ln2_g, g->ln2_b, gr.dln2, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
     gpt_matmul_bwd(NULL, g->proj_w, g->proj_b, NULL, gr.dx2, s.atty, p->proj_w, T, C, C);
     gpt_matmul_bwd(NULL, g->qkv_w, g->qkv_b, NULL, gr.dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
     gpt_layernorm_bwd(NULL, g->ln1_g, g->ln1_b, gr.dln1, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
+}
+
+/* The fused block's backward: B's chain then W's, the output gradients in a workspace that lives
+   only for this call (not in io->saved, which would keep them from forward to backward). */
+static inline int gpt_block_bwd_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+    const int64_t TC = io->mb->rows * p->C;
+    gpt_block_saved s;
+    gpt_blockz_grads gr;
+    float* ws;
+    int rc = gpt_block_prepare(p, io, &s);
+    if (rc) return rc;
+    if (!gpt_tensor_is(&io->d_out[0], io->mb->rows, p->C, PP_F32)) return GPT_ESHAPE;
+    if (!(ws = gpt_block_bwd_ws(io->mb, p->C, 10 * TC))) return GPT_ENOMEM;
+    gpt_blockz_grads_carve(&gr, ws, TC);
+    gpt_block_bwd_b(p, io, s, gr, ws + 10 * TC);
+    gpt_block_bwd_w(p, g, io, s, gr);
+    free(ws);
+    return 0;
+}
+GPT_ACT_BWD(gpt_block_bwd, gpt_block_params)
+
+/* B of the split block: gpt_block_bwd_b, the output gradients kept in io->saved for W. */
+static inline int gpt_blockz_bwd_in_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+    gpt_block_saved s;
+    gpt_blockz_grads gr;
+    float* ws;
+    int rc = gpt_blockz_prepare(p, io, &s, &gr);
+    (void)g;
+    if (rc) return rc;
+    if (!s.qkv) return GPT_ESAVED;
+    if (!gpt_tensor_is(&io->d_out[0], io->mb->rows, p->C, PP_F32)) return GPT_ESHAPE;
+    if (!(ws = gpt_block_bwd_ws(io->mb, p->C, 0))) return GPT_ENOMEM;
+    gpt_block_bwd_b(p, io, s, gr, ws);
+    free(ws);
+    return 0;
+}
+GPT_ACT_BWD(gpt_blockz_bwd_in, gpt_block_params)
+
+/* W of the split block: gpt_block_bwd_w from what B kept. */
+static inline int gpt_blockz_bwd_w_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+    gpt_block_saved s;
+    gpt_blockz_grads gr;
+    int rc = gpt_blockz_prepare(p, io, &s, &gr);
+    if (rc) return rc;
+    if (!gpt_tensor_is(&io->d_out[0], io->mb->rows, p->C, PP_F32)) return GPT_ESHAPE;
+    gpt_block_bwd_w(p, g, io, s, gr);
     return 0;
 }
 GPT_ACT_BWD(gpt_blockz_bwd_w, gpt_block_params)
@@ -1052,7 +1053,7 @@ static inline size_t gpt_param_count(const gpt_config* c) {
 
 static inline int gpt_config_ok(const gpt_config* c) {
     return c->vocab > 0 && c->max_T > 0 && c->C > 0 && c->n_head > 0 && c->C % c->n_head == 0 && c->n_block >= 1 &&
-           c->n_block <= GPT_MAX_BLOCK && (c->act == PP_F32 || c->act == PP_BF16);
+           c->n_block <= GPT_MAX_BLOCK;
 }
 
 /* Sets m's config fields and points its parameters into buf (gpt_param_count floats), in layer
@@ -1067,19 +1068,13 @@ static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
     m->embed[0].vocab = c->vocab;
     m->embed[0].max_T = c->max_T;
     m->embed[0].C = C;
-    m->embed[0].act = c->act;
     for (b = 0; b < GPT_MAX_BLOCK; b++) {
         m->block[b].C = C;
         m->block[b].n_head = c->n_head;
-        m->block[b].act = c->act;
     }
     m->head[0].C = C;
     m->head[0].vocab = c->vocab;
-    m->head[0].act = c->act;
-#ifdef PP_TEST_NO_GPT_BF16 /* negative control of tests/test_trainer.sh: --dtype bf16 stays f32 */
-    m->embed[0].act = m->head[0].act = PP_F32;
-    for (b = 0; b < GPT_MAX_BLOCK; b++) m->block[b].act = PP_F32;
-#endif
+
     if (!buf) return;
     m->embed[0].wte = q;            q += (size_t)c->vocab * C;
     m->embed[0].wpe = q;            q += (size_t)c->max_T * C;
@@ -1102,6 +1097,20 @@ static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
     m->head[0].lnf_b = q;           q += C;
     m->head[0].lm_w = q;            q += (size_t)C * c->vocab;
     m->head[0].lm_b = q;
+}
+
+/* The dtype of the tensors between m's layers and of their gradients: PP_F32 (what gpt_bind
+   sets) or PP_BF16 (ACTIVATIONS IN BF16 above). Set it on the weights' model, which the layers
+   and describe() read; 0, or -1 for another dtype (m unchanged). */
+static inline int gpt_set_act(gpt_model* m, pp_dtype act) {
+    int b;
+    if (act != PP_F32 && act != PP_BF16) return -1;
+#ifdef PP_TEST_NO_GPT_BF16 /* negative control of tests/test_trainer.sh: --dtype bf16 stays f32 */
+    act = PP_F32;
+#endif
+    m->embed[0].act = m->head[0].act = act;
+    for (b = 0; b < GPT_MAX_BLOCK; b++) m->block[b].act = act;
+    return 0;
 }
 
 /* Layer l (numbered as in gpt_model_desc_depth(n_block)) owns *n contiguous floats from the

@@ -355,17 +355,8 @@ struct gptc_opts {
 };
 
 static void gptc_opts_default(gptc_opts* o) {
-    memset(o, 0, sizeof *o);
-    o->kind = PP_SCHED_1F1B;
-    o->v = 2;
-    o->m = 8;
-    o->steps = 40;
-    o->seqs = 64;
-    o->max_len = 128;
-    o->dim = 128;
-    o->heads = 4;
-    o->layers = 4;
-    o->lr = 1e-3f;
+    static const gptc_opts d = {PP_SCHED_1F1B, 2, 8, 40, 64, 128, 128, 4, 4, 1e-3f, NULL, 0, 0}; /* the comments' defaults */
+    *o = d;
 }
 
 /* argv[*i] if it is a shared option: 1 (*i moved past its value), 0 when it is not one, -1 when

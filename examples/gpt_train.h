@@ -33,7 +33,7 @@ typedef struct gpt_opts {
     int sgd;                /* 0: Adam, 1: SGD with momentum 0.9 */
     float clip;             /* --clip X: clip the global gradient norm at X before the update (0: off) */
     pp_dtype dtype;         /* --dtype f32|bf16: the activations between layers and their gradients
-                               (gpt_config.act); weights and optimizer state are f32 either way */
+                               (gpt_set_act); weights and optimizer state are f32 either way */
     const char* text;
     const char* trace;      /* gpt_cpu: Chrome trace of the last step */
     const char* save;       /* --save FILE: a checkpoint after the last step */
@@ -445,7 +445,6 @@ static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
     T->gc.C = c->dim;
     T->gc.n_head = c->heads;
     T->gc.n_block = c->layers;
-    T->gc.act = c->dtype;
     T->n_params = gpt_param_count(&T->gc);
     T->wbuf = gpt_init(&T->w, &T->g, &T->gc, 1234, &T->gbuf);
     T->m1 = (float*)calloc(T->n_params, sizeof(float));
@@ -461,6 +460,7 @@ static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
         gpt_trainer_free(T, c);
         return 1;
     }
+    gpt_set_act(&T->w, c->dtype); /* the options allow f32 and bf16 */
     gpt_decay_mask(T, T->decay);
     gpt_bind(&T->mw1, &T->gc, T->m1);
     gpt_bind(&T->mw2, &T->gc, T->m2);
