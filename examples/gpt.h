@@ -698,8 +698,8 @@ static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch
    matmuls and two LayerNorms in io->saved; W (gpt_blockz_bwd_w) adds the parameter gradients from
    them and the activations. qkv, the attention probabilities and the pre-GELU activations only B
    reads: they are B-only scratch (pp_layer_desc.b_saved_bytes), which a schedule with W actions
-   frees at B while the rest waits for W. Every sum runs in the fused block's order: the gradients
-   equal gpt_block_bwd's bit for bit. */
+   frees at B while the rest waits for W. The fused block's backward runs the same two chains
+   (gpt_block_bwd_b, gpt_block_bwd_w) back to back: the gradients are gpt_block_bwd's bit for bit. */
 typedef struct gpt_blockz_grads {
     float* dfc;         /* (T, 4C) fc's output gradient (after GELU's) */
     float* dln2;        /* (T, C) ln2's output gradient */
@@ -722,13 +722,16 @@ static inline void gpt_blockz_grads_carve(gpt_blockz_grads* gr, float* base, int
     gr->dln1 = gr->dqkv + 3 * TC;
 }
 
-/* Checks shapes and carves io->saved (activations W reads, then the gradients B keeps for it) and
-   io->b_saved (NULL in W: qkv, att and fch stay NULL). */
+/* Checks shapes (and what need asks for) and carves io->saved (activations W reads, then the
+   gradients B keeps for it) and io->b_saved (NULL in W: qkv, att and fch stay NULL). */
+#define GPT_NEED_B 1      /* gpt_blockz_prepare: io->b_saved must be there (forward, B) */
+#define GPT_NEED_DOUT 2   /* and io->d_out[0] (B, W) */
 static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved* s,
-                                     gpt_blockz_grads* gr) {
+                                     gpt_blockz_grads* gr, int need) {
     const int64_t T = io->mb->rows, TC = T * p->C;
     float *k, *b;
-    if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !gpt_tensor_is(&io->out[0], T, p->C, PP_F32))
+    if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !gpt_tensor_is(&io->out[0], T, p->C, PP_F32) ||
+        ((need & GPT_NEED_DOUT) && !gpt_tensor_is(&io->d_out[0], T, p->C, PP_F32)))
         return GPT_ESHAPE;
     if (!gpt_seqs_ok(io->mb)) return GPT_ESEQS;
     if (!io->saved || io->saved_bytes < gpt_blockz_kept_floats(T, p->C) * sizeof(float)) return GPT_ESAVED;
@@ -744,7 +747,7 @@ static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_i
     s->fcg = s->ln2_rstd + T;
     gpt_blockz_grads_carve(gr, s->fcg + 4 * TC, TC);
     s->qkv = s->att = s->fch = NULL;
-    if (!io->b_saved) return 0;
+    if (!io->b_saved) return need & GPT_NEED_B ? GPT_ESAVED : 0;
     if (io->b_saved_bytes < gpt_blockz_bonly_floats(T, p->C, p->n_head, gpt_seq_sq_sum(io->mb)) * sizeof(float))
         return GPT_ESAVED;
     b = (float*)io->b_saved;
@@ -757,9 +760,8 @@ static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_i
 static inline int gpt_blockz_fwd_f32(const gpt_block_params* p, pp_layer_io* io) {
     gpt_block_saved s;
     gpt_blockz_grads gr;
-    int rc = gpt_blockz_prepare(p, io, &s, &gr);
+    int rc = gpt_blockz_prepare(p, io, &s, &gr, GPT_NEED_B);
     if (rc) return rc;
-    if (!s.qkv) return GPT_ESAVED;
     gpt_block_fwd_into(p, io, s);
     return 0;
 }
@@ -840,11 +842,9 @@ static inline int gpt_blockz_bwd_in_f32(const gpt_block_params* p, gpt_block_par
     gpt_block_saved s;
     gpt_blockz_grads gr;
     float* ws;
-    int rc = gpt_blockz_prepare(p, io, &s, &gr);
+    int rc = gpt_blockz_prepare(p, io, &s, &gr, GPT_NEED_B | GPT_NEED_DOUT);
     (void)g;
     if (rc) return rc;
-    if (!s.qkv) return GPT_ESAVED;
-    if (!gpt_tensor_is(&io->d_out[0], io->mb->rows, p->C, PP_F32)) return GPT_ESHAPE;
     if (!(ws = gpt_block_bwd_ws(io->mb, p->C, 0))) return GPT_ENOMEM;
     gpt_block_bwd_b(p, io, s, gr, ws);
     free(ws);
@@ -856,11 +856,9 @@ GPT_ACT_BWD(gpt_blockz_bwd_in, gpt_block_params)
 static inline int gpt_blockz_bwd_w_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
     gpt_block_saved s;
     gpt_blockz_grads gr;
-    int rc = gpt_blockz_prepare(p, io, &s, &gr);
-    if (rc) return rc;
-    if (!gpt_tensor_is(&io->d_out[0], io->mb->rows, p->C, PP_F32)) return GPT_ESHAPE;
-    gpt_block_bwd_w(p, g, io, s, gr);
-    return 0;
+    int rc = gpt_blockz_prepare(p, io, &s, &gr, GPT_NEED_DOUT);
+    if (!rc) gpt_block_bwd_w(p, g, io, s, gr);
+    return rc;
 }
 GPT_ACT_BWD(gpt_blockz_bwd_w, gpt_block_params)
 

@@ -117,6 +117,38 @@ static void set_device(const trainer* t, int d) {
     if (!t->cpu) cudaSetDevice(d);
 }
 
+/* The batch's buffers: tokens, targets and the per-row tables on the host (and cu_seqlens) and
+   on every device; freed (and NULL), or allocated for cap rows (0, or 1 out of memory). */
+static void tables_free(trainer* t) {
+    int32_t** h[6] = {&t->h_tok, &t->h_tgt, &t->h_pos, &t->h_sst, &t->h_sen, &t->h_cu};
+    for (int k = 0; k < 6; k++) {
+        free(*h[k]);
+        *h[k] = NULL;
+    }
+    for (int d = 0; d < t->n_dev; d++) {
+        int32_t** g[5] = {&t->tok[d], &t->tgt[d], &t->pos[d], &t->sst[d], &t->sen[d]};
+        set_device(t, d);
+        for (int k = 0; k < 5; k++) {
+            gptc_free(t->cpu, *g[k]);
+            *g[k] = NULL;
+        }
+    }
+}
+static int tables_alloc(trainer* t, int cap) {
+    int32_t** h[5] = {&t->h_tok, &t->h_tgt, &t->h_pos, &t->h_sst, &t->h_sen};
+    tables_free(t);
+    for (int k = 0; k < 5; k++)
+        if (!(*h[k] = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap))) return 1;
+    if (!(t->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(t->c.seqs + 1)))) return 1;
+    for (int d = 0; d < t->n_dev; d++) {
+        int32_t** g[5] = {&t->tok[d], &t->tgt[d], &t->pos[d], &t->sst[d], &t->sen[d]};
+        set_device(t, d);
+        for (int k = 0; k < 5; k++)
+            if (!(*g[k] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap))) return 1;
+    }
+    return 0;
+}
+
 static void trainer_free(trainer* t) {
     if (!t->cpu) cudaDeviceSynchronize();
     gptc_blas_destroy(t->run.blas); /* before the streams its handles are bound to */
@@ -126,14 +158,10 @@ static void trainer_free(trainer* t) {
         set_device(t, t->dev[r]);
         gptc_free(t->cpu, t->gbuf[r]);
     }
+    tables_free(t);
     for (int d = 0; d < t->n_dev; d++) {
         set_device(t, d);
         gptc_free(t->cpu, t->wbuf[d]);
-        gptc_free(t->cpu, t->tok[d]);
-        gptc_free(t->cpu, t->tgt[d]);
-        gptc_free(t->cpu, t->pos[d]);
-        gptc_free(t->cpu, t->sst[d]);
-        gptc_free(t->cpu, t->sen[d]);
         gptc_free(t->cpu, t->run.tab[d].mb_loss);
     }
     set_device(t, 0);
@@ -142,12 +170,6 @@ static void trainer_free(trainer* t) {
     gptc_free(t->cpu, t->m1);
     gptc_free(t->cpu, t->m2);
     free(t->g);
-    free(t->h_tok);
-    free(t->h_tgt);
-    free(t->h_cu);
-    free(t->h_pos);
-    free(t->h_sst);
-    free(t->h_sen);
 }
 
 static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev) {
@@ -161,12 +183,7 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
     t->cpu = c->cpu;
     t->run.cpu = c->cpu;
     if (!c->cpu && !c->naive && !(t->run.blas = gptc_blas_create())) return 1;
-    t->run.cfg.V = GPT_DATA_VOCAB;
-    t->run.cfg.maxT = c->max_len;
-    t->run.cfg.C = c->dim;
-    t->run.cfg.H = c->heads;
-    t->run.cfg.nb = c->layers;
-    t->run.cfg.bf16 = c->bf16;
+    t->run.cfg = gptc_opts_config(c);
     t->model = gptc_model_desc_depth(&t->run);
     t->n_par = gptc_numel(&t->run.cfg);
     t->n_grad = t->n_par + (size_t)t->run.cfg.V * t->run.cfg.C;
@@ -239,33 +256,7 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
 static int load_batch(trainer* t, const gpt_corpus* corp, uint64_t* rng, int* T_out) {
     int cap = t->c.seqs * t->c.max_len, T;
     if (cap > t->cap_rows) {
-        free(t->h_tok);
-        free(t->h_tgt);
-        free(t->h_pos);
-        free(t->h_sst);
-        free(t->h_sen);
-        free(t->h_cu);
-        t->h_tok = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap);
-        t->h_tgt = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap);
-        t->h_pos = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap);
-        t->h_sst = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap);
-        t->h_sen = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap);
-        t->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(t->c.seqs + 1));
-        if (!t->h_tok || !t->h_tgt || !t->h_pos || !t->h_sst || !t->h_sen || !t->h_cu) return 1;
-        for (int d = 0; d < t->n_dev; d++) {
-            set_device(t, d);
-            gptc_free(t->cpu, t->tok[d]);
-            gptc_free(t->cpu, t->tgt[d]);
-            gptc_free(t->cpu, t->pos[d]);
-            gptc_free(t->cpu, t->sst[d]);
-            gptc_free(t->cpu, t->sen[d]);
-            t->tok[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
-            t->tgt[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
-            t->pos[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
-            t->sst[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
-            t->sen[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
-            if (!t->tok[d] || !t->tgt[d] || !t->pos[d] || !t->sst[d] || !t->sen[d]) return 1;
-        }
+        if (tables_alloc(t, cap)) return 1;
         t->cap_rows = cap;
     }
     T = gpt_pack(corp, rng, t->c.seqs, t->h_tok, t->h_tgt, t->h_cu);

@@ -214,6 +214,19 @@ struct gptc_attn_d_op {
         D[i] = acc;
     }
 };
+/* The probability of key k for query q (from the forward's log-sum-exp lse) and, in *ds, the
+   gradient of their score (dp = go . v against the row's D): what dq and dk, dv both sum. */
+GPTC_HD float gptc_attn_p(const float* q, const float* k, const float* v, const float* go, int hs, float scale, float lse,
+                          float D, float* ds) {
+    float s = 0, dp = 0;
+    for (int d = 0; d < hs; d++) {
+        s += q[d] * k[d];
+        dp += go[d] * v[d];
+    }
+    float p = expf(s * scale - lse);
+    *ds = p * (dp - D) * scale;
+    return p;
+}
 /* dq of (query r, head h): sum over its keys j <= r */
 struct gptc_attn_dq_op {
     GPTC_HD void at(int i, const float* qkv, const float* dout, const float* lse, const float* D, const int32_t* sstart, int row0,
@@ -223,14 +236,9 @@ struct gptc_attn_dq_op {
         const float *q = qkv + (size_t)r * 3 * C + h * hs, *go = dout + (size_t)r * C + h * hs;
         for (int d = 0; d < hs; d++) dq[d] = 0;
         for (int j = s0; j <= r; j++) {
-            const float *k = qkv + (size_t)j * 3 * C + C + h * hs, *v = k + C;
-            float s = 0, dp = 0;
-            for (int d = 0; d < hs; d++) {
-                s += q[d] * k[d];
-                dp += go[d] * v[d];
-            }
-            float p = expf(s * scale - lse[(size_t)r * H + h]);
-            float ds = p * (dp - D[(size_t)r * H + h]) * scale;
+            const float* k = qkv + (size_t)j * 3 * C + C + h * hs;
+            float ds;
+            gptc_attn_p(q, k, k + C, go, hs, scale, lse[(size_t)r * H + h], D[(size_t)r * H + h], &ds);
             for (int d = 0; d < hs; d++) dq[d] += ds * k[d];
         }
         for (int d = 0; d < hs; d++) dqkv[(size_t)r * 3 * C + h * hs + d] = dq[d];
@@ -246,13 +254,7 @@ struct gptc_attn_dkv_op {
         for (int d = 0; d < hs; d++) dk[d] = dv[d] = 0;
         for (int r = j; r < e; r++) {
             const float *q = qkv + (size_t)r * 3 * C + h * hs, *go = dout + (size_t)r * C + h * hs;
-            float s = 0, dp = 0;
-            for (int d = 0; d < hs; d++) {
-                s += q[d] * k[d];
-                dp += go[d] * v[d];
-            }
-            float p = expf(s * scale - lse[(size_t)r * H + h]);
-            float ds = p * (dp - D[(size_t)r * H + h]) * scale;
+            float ds, p = gptc_attn_p(q, k, v, go, hs, scale, lse[(size_t)r * H + h], D[(size_t)r * H + h], &ds);
             for (int d = 0; d < hs; d++) {
                 dv[d] += p * go[d];
                 dk[d] += ds * q[d];
@@ -362,34 +364,32 @@ static void gptc_opts_default(gptc_opts* o) {
 /* argv[*i] if it is a shared option: 1 (*i moved past its value), 0 when it is not one, -1 when
    its value is bad (a message says which). */
 static int gptc_opts_arg(gptc_opts* o, int argc, char** argv, int* i) {
+    const struct { const char* name; int* at; } ints[] = {{"-v", &o->v},         {"-m", &o->m},
+                                                          {"--steps", &o->steps}, {"--seqs-per-step", &o->seqs},
+                                                          {"--max-len", &o->max_len}, {"--dim", &o->dim},
+                                                          {"--heads", &o->heads}, {"--layers", &o->layers}};
     const char* a = argv[*i];
     const char* n = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const int n_ints = (int)(sizeof ints / sizeof ints[0]);
+    int k, known = 1;
     if (!strcmp(a, "--generated")) {
         o->generated = 1;
         return 1;
     }
     if (!n) return 0;
-    if (!strcmp(a, "--schedule")) {
-        if (pp_schedule_kind_parse(n, &o->kind) != PP_OK) return -1;
-    } else if (!strcmp(a, "-v")) o->v = atoi(n);
-    else if (!strcmp(a, "-m")) o->m = atoi(n);
-    else if (!strcmp(a, "--steps")) o->steps = atoi(n);
-    else if (!strcmp(a, "--text")) o->text = n;
-    else if (!strcmp(a, "--seqs-per-step")) o->seqs = atoi(n);
-    else if (!strcmp(a, "--max-len")) o->max_len = atoi(n);
-    else if (!strcmp(a, "--dim")) o->dim = atoi(n);
-    else if (!strcmp(a, "--heads")) o->heads = atoi(n);
-    else if (!strcmp(a, "--layers")) o->layers = atoi(n);
+    for (k = 0; k < n_ints; k++)
+        if (!strcmp(a, ints[k].name)) break;
+    if (k < n_ints) *ints[k].at = atoi(n);
     else if (!strcmp(a, "--lr")) o->lr = (float)atof(n);
+    else if (!strcmp(a, "--text")) o->text = n;
+    else if (!strcmp(a, "--schedule")) known = pp_schedule_kind_parse(n, &o->kind) == PP_OK ? 1 : -1;
     else if (!strcmp(a, "--dtype")) {
-        if (strcmp(n, "f32") && strcmp(n, "bf16")) {
-            fprintf(stderr, "unknown --dtype '%s' (f32 or bf16)\n", n);
-            return -1;
-        }
+        known = strcmp(n, "f32") && strcmp(n, "bf16") ? -1 : 1;
         o->bf16 = !strcmp(n, "bf16");
-    } else return 0;
-    ++*i;
-    return 1;
+        if (known < 0) fprintf(stderr, "unknown --dtype '%s' (f32 or bf16)\n", n);
+    } else known = 0;
+    *i += known > 0;
+    return known;
 }
 
 /* v from the schedule; 0 when the shared options are in range, else 1. */
@@ -397,6 +397,18 @@ static int gptc_opts_check(gptc_opts* o) {
     o->v = pp_schedule_kind_v(o->kind, o->v);
     return o->v < 1 || o->m < 1 || o->m > 1024 || o->steps < 1 || o->dim < 8 || o->heads < 1 || o->dim % o->heads ||
            o->dim / o->heads > GPTC_MAX_HS || o->seqs < o->m || o->max_len < 12;
+}
+
+/* The model's sizes from the options (the vocabulary is gpt_data.h's bytes). */
+static gptc_config gptc_opts_config(const gptc_opts* o) {
+    gptc_config c;
+    c.V = GPT_DATA_VOCAB;
+    c.maxT = o->max_len;
+    c.C = o->dim;
+    c.H = o->heads;
+    c.nb = o->layers;
+    c.bf16 = o->bf16;
+    return c;
 }
 
 /* The text: --text FILE, else README.md, else the generated task (--generated: that one). NULL,

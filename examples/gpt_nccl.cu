@@ -213,12 +213,7 @@ static int setup(proc* P, const opts* o, int have_launch) {
     if (pp_nccl_check_order(&P->sched, &err) != PP_OK) FAIL("schedule over NCCL: %s", err.msg);
     if (P->dev >= GPTC_MAX_DEV) FAIL("GPU %d: the model keeps tables for GPUs 0 .. %d", P->dev, GPTC_MAX_DEV - 1);
     if (!(P->run.blas = gptc_blas_create())) FAIL("out of memory");  /* matrix products through cuBLAS */
-    P->run.cfg.V = GPT_DATA_VOCAB;
-    P->run.cfg.maxT = o->max_len;
-    P->run.cfg.C = o->dim;
-    P->run.cfg.H = o->heads;
-    P->run.cfg.nb = o->layers;
-    P->run.cfg.bf16 = o->bf16;
+    P->run.cfg = gptc_opts_config(o);
     if (pp_partition_uniform(o->layers + 2, S, P->first, &err) != PP_OK) FAIL("partition: %s", err.msg);
     /* weights: gpt_cuda's initialisation (same seed on every process) */
     P->n_par = gptc_numel(&P->run.cfg);

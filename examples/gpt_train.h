@@ -68,20 +68,11 @@ static inline void gpt_opts_usage(const char* prog) {
 /* Options; 0 on success. p may change afterwards (gpt_mpi: the number of processes); then call
    gpt_opts_check, which also picks the default depth. */
 static inline int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
+    static const gpt_opts defaults = {.kind = PP_SCHED_1F1B, .p = 4, .m = 8, .steps = 60, .seqs = 32, .max_len = 128,
+                                      .dim = 64, .heads = 4, .eval_seqs = 128, .split = PP_SPLIT_TOKENS,
+                                      .lr = -1, .lr_min = -1}; /* set below: from the optimizer, and from lr */
     int i;
-    memset(c, 0, sizeof *c);
-    c->kind = PP_SCHED_1F1B;
-    c->p = 4;
-    c->m = 8;
-    c->steps = 60;
-    c->seqs = 32;
-    c->max_len = 128;
-    c->dim = 64;
-    c->heads = 4;
-    c->lr = -1;
-    c->lr_min = -1;
-    c->eval_seqs = 128;
-    c->split = PP_SPLIT_TOKENS;
+    *c = defaults;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
         const char* val = i + 1 < argc ? argv[i + 1] : NULL;

@@ -104,12 +104,29 @@ static double fd_compare(const pp_model* m, const gpt_model* w, layer_run* r, co
     return worst;
 }
 
+/* The micro-batch of the layer tests: three sequences of lengths 3, 1 (no target at all) and 4
+   (g_cu, g_tok), their next-token targets in tgt (8). */
+static const int32_t g_cu[4] = {0, 3, 4, 8};
+static const int32_t g_tok[8] = {1, 5, 9, 2, 10, 0, 7, 3};
+static void small_batch(pp_microbatch* mb, int32_t* tgt) {
+    int s, i;
+    for (s = 0; s < 3; s++)
+        for (i = g_cu[s]; i < g_cu[s + 1]; i++) tgt[i] = i + 1 < g_cu[s + 1] ? g_tok[i + 1] : -1;
+    memset(mb, 0, sizeof *mb);
+    mb->count = 1;
+    mb->rows = 8;
+    mb->cu_seqlens = g_cu;
+    mb->n_seqs = 3;
+    mb->max_seqlen = 4;
+    mb->targets = tgt;
+    mb->loss_scale = 1.0f;
+}
+
 /* bf16 activations (gpt_set_act): each layer on bf16 tensors gives, bit for bit, the f32 layer's
    results on the widened values rounded to bf16 (output, input gradient), the same loss and the
    same parameter gradients; describe() says bf16; an f32 tensor is refused. */
 static void test_bf16(void) {
-    static const int32_t cu[4] = {0, 3, 4, 8};
-    static const int32_t tok[8] = {1, 5, 9, 2, 10, 0, 7, 3};
+    const int32_t* tok = g_tok;
     int32_t tgt[8];
     gpt_config c = {11, 8, 8, 2, 1};
     pp_model m = gpt_model_desc_depth(1);
@@ -119,7 +136,7 @@ static void test_bf16(void) {
     pp_microbatch mb;
     pp_tensor tin, xin32, xin16;
     size_t np = gpt_param_count(&c);
-    int l, s, i;
+    int l, i;
     uint64_t sd = 7;
     wbuf = gpt_init(&w, &g, &c, 3, &gbuf);
     g32 = (float*)malloc(np * sizeof(float));
@@ -127,16 +144,7 @@ static void test_bf16(void) {
     gpt_bind(&w16, &c, wbuf);
     CHECK(gpt_set_act(&w16, PP_F16) == -1 && w16.block[0].act == PP_F32, "gpt_set_act refuses f16");
     CHECK(gpt_set_act(&w16, PP_BF16) == 0 && w16.embed[0].act == PP_BF16 && w16.head[0].act == PP_BF16, "bf16 set");
-    for (s = 0; s < 3; s++)
-        for (i = cu[s]; i < cu[s + 1]; i++) tgt[i] = i + 1 < cu[s + 1] ? tok[i + 1] : -1;
-    memset(&mb, 0, sizeof mb);
-    mb.count = 1;
-    mb.rows = 8;
-    mb.cu_seqlens = cu;
-    mb.n_seqs = 3;
-    mb.max_seqlen = 4;
-    mb.targets = tgt;
-    mb.loss_scale = 1.0f;
+    small_batch(&mb, tgt);
     for (i = 0; i < 64; i++) { /* values bf16 holds exactly */
         x16[i] = pp_f32_to_bf16(gpt_rng_sym(&sd, 1.0f));
         dy16[i] = pp_f32_to_bf16(gpt_rng_sym(&sd, 1.0f));
@@ -193,9 +201,7 @@ static void test_bf16(void) {
 
 /* (a) ------------------------------------------------------------------------------------------- */
 static void test_finite_differences(void) {
-    /* three sequences of lengths 3, 1 (no target at all) and 4 */
-    static const int32_t cu[4] = {0, 3, 4, 8};
-    static const int32_t tok[8] = {1, 5, 9, 2, 10, 0, 7, 3};
+    const int32_t* tok = g_tok; /* small_batch's micro-batch */
     int32_t tgt[8];
     gpt_config c = {11, 8, 8, 2, 1};    /* vocab 11, max_T 8, C 8, 2 heads, 1 block */
     pp_model m = gpt_model_desc_depth(1);
@@ -204,7 +210,7 @@ static void test_finite_differences(void) {
     pp_microbatch mb;
     pp_tensor tin, xin;
     size_t np = gpt_param_count(&c), n;
-    int l, s, i;
+    int l, i;
     const char* names[3] = {"embed", "block", "head"};
     wbuf = gpt_init(&w, &g, &c, 3, &gbuf);
     randomize(wbuf, np, 11, 0.3f);
@@ -213,16 +219,7 @@ static void test_finite_differences(void) {
         w.block[0].ln2_g[i] += 1.0f;
         w.head[0].lnf_g[i] += 1.0f;
     }
-    for (s = 0; s < 3; s++)
-        for (i = cu[s]; i < cu[s + 1]; i++) tgt[i] = i + 1 < cu[s + 1] ? tok[i + 1] : -1;
-    memset(&mb, 0, sizeof mb);
-    mb.count = 1;
-    mb.rows = 8;
-    mb.cu_seqlens = cu;
-    mb.n_seqs = 3;
-    mb.max_seqlen = 4;
-    mb.targets = tgt;
-    mb.loss_scale = 1.0f;
+    small_batch(&mb, tgt);
     x = (float*)malloc(sizeof(float) * 8 * (size_t)c.C);
     probe = (float*)malloc(sizeof(float) * 8 * (size_t)c.C);
     {
