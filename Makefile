@@ -24,7 +24,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test quick run run-gpt bench bench-validate bench-peers check-cuda check-cxx check-c check-abi old-names api-doc sections lint fuzz soak valgrind clean \
+.PHONY: all test quick run run-gpt bench bench-validate bench-bf16 bench-peers check-cuda check-cxx check-c check-abi old-names api-doc sections lint fuzz soak valgrind clean \
         cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
@@ -52,6 +52,10 @@ $(B)/bench_overhead-novalidate: bench/bench_overhead.c tests/harness.h $(EXH) $(
 	$(CC) $(BASE) -DPP_NO_VALIDATE $(CFLAGS) $< -o $@ $(LDLIBS)
 bench-validate: $(B)/bench_overhead $(B)/bench_overhead-novalidate
 	sh bench/validate_cost.sh 5 --steps 5 --hidden 64 --rows 256
+# bf16 activations against f32 in the CPU GPT (bench/bf16.sh: bytes sent, tokens/s, the loss
+# curves side by side; docs/PERFORMANCE.md "bf16 activations").
+bench-bf16: $(B)/gpt_cpu
+	sh bench/bf16.sh 1 --steps 200 --warmup 20 --lr-min 3e-4 --clip 1
 
 # Tests: gcc build, clang build, ASan+UBSan, TSan (threaded), and every header as C++.
 $(B)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)

@@ -426,24 +426,37 @@ static inline float gpt_gelu_grad(float x) {
 /* The rows attention walks, in order: each sequence (offset o, length L), each head h of it,
    each row i. Every token index is o + (0 .. L-1) of one sequence, so tokens of different
    sequences never meet: this walk is the sequence mask. att holds, for each sequence in order,
-   NH blocks of (L, L) softmax probabilities; row i of head h starts at att + p. Start with
-   s = -1; gpt_attn_next moves to the next row and returns 0 after the last. */
+   NH blocks of (L, L) softmax probabilities; row i of head h starts at att + p. Start from
+   gpt_attn_rows; gpt_attn_next moves to the next row and returns 0 after the last. */
 typedef struct gpt_attn_row {
+    int C, NH, hs;      /* channels, heads, channels per head */
+    float scale;        /* 1 / sqrt(hs) */
     int s, h;           /* the sequence, the head */
     int64_t o, L, i;    /* the sequence's offset and length, the row in it */
     size_t base, p;     /* where the sequence's probabilities start in att, and the row's */
 } gpt_attn_row;
 
-static inline int gpt_attn_next(gpt_attn_row* r, const pp_microbatch* mb, int NH) {
+static inline gpt_attn_row gpt_attn_rows(int C, int NH) {
+    gpt_attn_row r;
+    memset(&r, 0, sizeof r);
+    r.C = C;
+    r.NH = NH;
+    r.hs = C / NH;
+    r.scale = 1.0f / sqrtf((float)r.hs);
+    r.s = -1;
+    return r;
+}
+
+static inline int gpt_attn_next(gpt_attn_row* r, const pp_microbatch* mb) {
     if (r->s < 0) {
         r->s = r->h = 0;
         r->i = 0;
         r->base = 0;
     } else if (++r->i >= r->L) {
         r->i = 0;
-        if (++r->h >= NH) {
+        if (++r->h >= r->NH) {
             r->h = 0;
-            r->base += (size_t)NH * (size_t)(r->L * r->L);
+            r->base += (size_t)r->NH * (size_t)(r->L * r->L);
             r->s++;
         }
     }
@@ -454,27 +467,32 @@ static inline int gpt_attn_next(gpt_attn_row* r, const pp_microbatch* mb, int NH
     return 1;
 }
 
+/* Where head h of row j of the sequence has its q (part 0), k (1) or v (2) in qkv (T, 3C), and
+   (gpt_attn_y) its slice of the output (T, C). */
+static inline int64_t gpt_attn_qkv(const gpt_attn_row* r, int64_t j, int part) {
+    return (r->o + j) * 3 * r->C + part * r->C + r->h * r->hs;
+}
+static inline int64_t gpt_attn_y(const gpt_attn_row* r) { return (r->o + r->i) * r->C + r->h * r->hs; }
+
 /* Causal self-attention inside each sequence of the micro-batch (gpt_attn_row's walk).
    qkv (T, 3C); out (T, C); att: the probabilities, row i nonzero only in columns 0..i. */
 static inline void gpt_attention_fwd(float* out, float* att, const float* qkv, const pp_microbatch* mb, int C,
                                      int NH) {
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    gpt_attn_row r;
+    gpt_attn_row r = gpt_attn_rows(C, NH);
+    const int hs = r.hs;
     int d;
-    r.s = -1;
-    while (gpt_attn_next(&r, mb, NH)) {
-        const int64_t o = r.o, i = r.i;
-        const float* q = qkv + (o + i) * C3 + r.h * hs;             /* (hs) */
-        float* p = att + r.p;                                       /* (L) row i of head h */
-        float* y = out + (o + i) * C + r.h * hs;                    /* (hs) */
+    while (gpt_attn_next(&r, mb)) {
+        const int64_t i = r.i;
+        const float* q = qkv + gpt_attn_qkv(&r, i, 0);  /* (hs) */
+        float* p = att + r.p;                           /* (L) row i of head h */
+        float* y = out + gpt_attn_y(&r);                /* (hs) */
         float mx = -INFINITY, sum = 0.0f, inv;
         int64_t j;
         for (j = 0; j <= i; j++) {
-            const float* k = qkv + (o + j) * C3 + C + r.h * hs;     /* (hs) */
+            const float* k = qkv + gpt_attn_qkv(&r, j, 1); /* (hs) */
             float dot = 0.0f;
             for (d = 0; d < hs; d++) dot += q[d] * k[d];
-            p[j] = dot * scale;
+            p[j] = dot * r.scale;
             if (p[j] > mx) mx = p[j];
         }
         for (j = 0; j <= i; j++) {
@@ -486,7 +504,7 @@ static inline void gpt_attention_fwd(float* out, float* att, const float* qkv, c
         for (j = i + 1; j < r.L; j++) p[j] = 0.0f;
         for (d = 0; d < hs; d++) y[d] = 0.0f;
         for (j = 0; j <= i; j++) {
-            const float* v = qkv + (o + j) * C3 + 2 * C + r.h * hs; /* (hs) */
+            const float* v = qkv + gpt_attn_qkv(&r, j, 2); /* (hs) */
             for (d = 0; d < hs; d++) y[d] += p[j] * v[d];
         }
     }
@@ -495,24 +513,21 @@ static inline void gpt_attention_fwd(float* out, float* att, const float* qkv, c
 /* dqkv (T, 3C) += gradient of the attention given dout (T, C); dp is scratch of max_seqlen. */
 static inline void gpt_attention_bwd(float* dqkv, float* dp, const float* dout, const float* qkv, const float* att,
                                      const pp_microbatch* mb, int C, int NH) {
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    gpt_attn_row r;
+    gpt_attn_row r = gpt_attn_rows(C, NH);
     int d;
-    r.s = -1;
-    while (gpt_attn_next(&r, mb, NH)) {
-        const int64_t o = r.o, i = r.i;
-        const float* q = qkv + (o + i) * C3 + r.h * hs;             /* (hs) */
-        float* dq = dqkv + (o + i) * C3 + r.h * hs;                 /* (hs) */
-        const float* p = att + r.p;                                 /* (L) */
-        const float* dy = dout + (o + i) * C + r.h * hs;            /* (hs) */
+    while (gpt_attn_next(&r, mb)) {
+        const int64_t i = r.i;
+        const float* q = qkv + gpt_attn_qkv(&r, i, 0);  /* (hs) */
+        float* dq = dqkv + gpt_attn_qkv(&r, i, 0);      /* (hs) */
+        const float* p = att + r.p;                     /* (L) */
+        const float* dy = dout + gpt_attn_y(&r);        /* (hs) */
         float pdp = 0.0f;   /* sum_j p[j] dp[j], for the softmax backward */
         int64_t j;
         for (j = 0; j <= i; j++) {
-            const float* v = qkv + (o + j) * C3 + 2 * C + r.h * hs;
-            float* dv = dqkv + (o + j) * C3 + 2 * C + r.h * hs;
+            const float* v = qkv + gpt_attn_qkv(&r, j, 2);
+            float* dv = dqkv + gpt_attn_qkv(&r, j, 2);
             float dot = 0.0f;
-            for (d = 0; d < hs; d++) {
+            for (d = 0; d < r.hs; d++) {
                 dot += dy[d] * v[d];
                 dv[d] += p[j] * dy[d];
             }
@@ -520,10 +535,10 @@ static inline void gpt_attention_bwd(float* dqkv, float* dp, const float* dout, 
             pdp += p[j] * dot;
         }
         for (j = 0; j <= i; j++) {
-            const float* k = qkv + (o + j) * C3 + C + r.h * hs;
-            float* dk = dqkv + (o + j) * C3 + C + r.h * hs;
-            const float dpre = p[j] * (dp[j] - pdp) * scale; /* d(score before scaling) */
-            for (d = 0; d < hs; d++) {
+            const float* k = qkv + gpt_attn_qkv(&r, j, 1);
+            float* dk = dqkv + gpt_attn_qkv(&r, j, 1);
+            const float dpre = p[j] * (dp[j] - pdp) * r.scale; /* d(score before scaling) */
+            for (d = 0; d < r.hs; d++) {
                 dq[d] += dpre * k[d];
                 dk[d] += dpre * q[d];
             }
@@ -818,37 +833,31 @@ static inline void gpt_block_bwd_w(const gpt_block_params* p, gpt_block_params* 
     gpt_layernorm_bwd(NULL, g->ln1_g, g->ln1_b, gr.dln1, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
 }
 
-/* The fused block's backward: B's chain then W's, the output gradients in a workspace that lives
-   only for this call (not in io->saved, which would keep them from forward to backward). */
-static inline int gpt_block_bwd_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
-    const int64_t TC = io->mb->rows * p->C;
+/* The fused block's backward (split 0): B's chain then W's, the output gradients in a workspace
+   that lives only for this call (not in io->saved, which would keep them from forward to
+   backward). B of the split block (split 1): B's chain alone, the output gradients kept in
+   io->saved for W. */
+static inline int gpt_block_bwd_run(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io, int split) {
+    const int64_t TC = io->mb->rows * p->C, keep = split ? 0 : 10 * TC;
     gpt_block_saved s;
     gpt_blockz_grads gr;
     float* ws;
-    int rc = gpt_block_prepare(p, io, &s);
+    int rc = split ? gpt_blockz_prepare(p, io, &s, &gr, GPT_NEED_B | GPT_NEED_DOUT) : gpt_block_prepare(p, io, &s);
+    if (!rc && !gpt_tensor_is(&io->d_out[0], io->mb->rows, p->C, PP_F32)) rc = GPT_ESHAPE;
     if (rc) return rc;
-    if (!gpt_tensor_is(&io->d_out[0], io->mb->rows, p->C, PP_F32)) return GPT_ESHAPE;
-    if (!(ws = gpt_block_bwd_ws(io->mb, p->C, 10 * TC))) return GPT_ENOMEM;
-    gpt_blockz_grads_carve(&gr, ws, TC);
-    gpt_block_bwd_b(p, io, s, gr, ws + 10 * TC);
-    gpt_block_bwd_w(p, g, io, s, gr);
+    if (!(ws = gpt_block_bwd_ws(io->mb, p->C, keep))) return GPT_ENOMEM;
+    if (!split) gpt_blockz_grads_carve(&gr, ws, TC);
+    gpt_block_bwd_b(p, io, s, gr, ws + keep);
+    if (!split) gpt_block_bwd_w(p, g, io, s, gr);
     free(ws);
     return 0;
 }
+static inline int gpt_block_bwd_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+    return gpt_block_bwd_run(p, g, io, 0);
+}
 GPT_ACT_BWD(gpt_block_bwd, gpt_block_params)
-
-/* B of the split block: gpt_block_bwd_b, the output gradients kept in io->saved for W. */
 static inline int gpt_blockz_bwd_in_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
-    gpt_block_saved s;
-    gpt_blockz_grads gr;
-    float* ws;
-    int rc = gpt_blockz_prepare(p, io, &s, &gr, GPT_NEED_B | GPT_NEED_DOUT);
-    (void)g;
-    if (rc) return rc;
-    if (!(ws = gpt_block_bwd_ws(io->mb, p->C, 0))) return GPT_ENOMEM;
-    gpt_block_bwd_b(p, io, s, gr, ws);
-    free(ws);
-    return 0;
+    return gpt_block_bwd_run(p, g, io, 1);
 }
 GPT_ACT_BWD(gpt_blockz_bwd_in, gpt_block_params)
 
