@@ -204,6 +204,8 @@
           Then: PP_VERSION_STRING, companion headers that refuse a pipeline.h of another
           release; NVTX ranges per action (PP_NVTX, pipeline_cuda.h); make install, pkg-config
           and CMake packages (README).
+          Then (examples only, the library unchanged): the GPT trainers' --dtype bf16, bf16
+          activations and their gradients between stages (examples/gpt.h, gpt_cuda.h).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H

@@ -6,7 +6,8 @@
 # end, the largest per-step loss difference, and the bf16 / f32 ratios. The footer says OK when
 # bf16 sent exactly half the tensor bytes in as many messages, else FAILED (exit 1).
 #   make bench-bf16                                    (1 run each, 200 steps, the default corpus)
-#   sh bench/bf16.sh RUNS [gpt_cpu args]               (build/gpt_cpu, or GPT_CPU=...)
+#   sh bench/bf16.sh RUNS [gpt_cpu args]               (build/gpt_cpu, or GPT_CPU=...; KEEP=PATH
+#                                                      keeps the first runs' output in PATH.f32, PATH.bf16)
 runs=${1:-1}
 [ $# -gt 0 ] && shift
 bin=${GPT_CPU:-${B:-build}/gpt_cpu}
@@ -41,9 +42,14 @@ for n in tensor_bytes_per_transfer tensor_bytes_per_step tensor_msgs_per_step al
 done
 grep '^step' "$tmp/f32.0" | awk '{ print $4 }' > "$tmp/lf"
 grep '^step' "$tmp/bf16.0" | awk '{ print $4 }' > "$tmp/lb"
-d=$(paste -d' ' "$tmp/lf" "$tmp/lb" | awk '{ d = $2 - $1; if (d < 0) d = -d; if (d > mx) { mx = d; at = NR - 1 } }
-                                          END { printf "%.4f at step %d", mx, at }')
+d=$(paste -d' ' "$tmp/lf" "$tmp/lb" | awk '{ d = $2 - $1; if (d < 0) d = -d; if (d > mx) { mx = d; at = NR - 1 }
+                                                if (d > 0.05 && !apart) apart = NR }
+                                          END { printf "%.4f at step %d; ", mx, at
+                                                if (apart) printf "first above 0.05 at step %d (f32 %s, bf16 %s)", apart - 1, f[apart], b[apart]
+                                                else printf "none above 0.05" }
+                                          { f[NR] = $1; b[NR] = $2 }')
 echo "largest |loss difference| of a step: $d"
+[ -n "$KEEP" ] && cp "$tmp/f32.0" "$KEEP.f32" && cp "$tmp/bf16.0" "$KEEP.bf16"
 fb=$(best f32 tensor_bytes_all_steps); bb=$(best bf16 tensor_bytes_all_steps)
 fm=$(best f32 tensor_msgs_per_step); bm=$(best bf16 tensor_msgs_per_step)
 if awk -v a="$fb" -v b="$bb" -v x="$fm" -v y="$bm" 'BEGIN { exit !(a > 0 && 2 * b == a && x == y) }'; then
