@@ -572,7 +572,6 @@ static inline int gpt_embed_fwd_f32(const gpt_embed_params* p, pp_layer_io* io) 
     }
     return 0;
 }
-GPT_ACT_FWD(gpt_embed_fwd, gpt_embed_params)
 
 static inline int gpt_embed_bwd_f32(const gpt_embed_params* p, gpt_embed_params* g, pp_layer_io* io) {
     const pp_microbatch* mb = io->mb;
@@ -596,16 +595,20 @@ static inline int gpt_embed_bwd_f32(const gpt_embed_params* p, gpt_embed_params*
     }
     return 0; /* token ids carry no gradient: io->d_in[0].data is NULL */
 }
-GPT_ACT_BWD(gpt_embed_bwd, gpt_embed_params)
+
+/* describe()'s one output: x (T, C) in the activations' dtype (embed, block). */
+static inline void gpt_desc_x(pp_layer_desc* d, const pp_microbatch* mb, int C, pp_dtype act) {
+    d->n_out = 1;
+    d->out[0].rows = mb->rows;
+    d->out[0].cols = C;
+    d->out[0].dtype = act;
+}
 
 static inline void gpt_embed_desc(const gpt_embed_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                   pp_layer_desc* d) {
     (void)in;
     (void)n_in;
-    d->n_out = 1;
-    d->out[0].rows = mb->rows;
-    d->out[0].cols = p->C;
-    d->out[0].dtype = p->act;
+    gpt_desc_x(d, mb, p->C, p->act);
     d->saved_bytes = 0;
     d->cost = 3.0 * (double)mb->rows * p->C;
     d->n_params = (int64_t)(p->vocab + p->max_T) * p->C;
@@ -688,7 +691,6 @@ static inline int gpt_block_fwd_f32(const gpt_block_params* p, pp_layer_io* io) 
     gpt_block_fwd_into(p, io, s);
     return 0;
 }
-GPT_ACT_FWD(gpt_block_fwd, gpt_block_params)
 
 
 static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
@@ -697,10 +699,7 @@ static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch
     const int64_t sq = gpt_seq_sq_sum(mb);
     (void)in;
     (void)n_in;
-    d->n_out = 1;
-    d->out[0].rows = mb->rows;
-    d->out[0].cols = p->C;
-    d->out[0].dtype = p->act;
+    gpt_desc_x(d, mb, p->C, p->act);
     d->saved_bytes = gpt_block_saved_floats(mb->rows, p->C, p->n_head, sq) * sizeof(float);
     /* multiply-adds, forward + backward (3x): 12 C^2 per token in the four matmuls, and the
        quadratic attention term: q.k and p.v over the causal half of every sequence's L^2. */
@@ -780,7 +779,6 @@ static inline int gpt_blockz_fwd_f32(const gpt_block_params* p, pp_layer_io* io)
     gpt_block_fwd_into(p, io, s);
     return 0;
 }
-GPT_ACT_FWD(gpt_blockz_fwd, gpt_block_params)
 
 /* Scratch for a block's backward: extra floats, then T*C (the attention output's gradient),
    max_seqlen (attention's) and 4C*C (a weight matrix transposed); zeroed. NULL without memory. */
@@ -855,11 +853,9 @@ static inline int gpt_block_bwd_run(const gpt_block_params* p, gpt_block_params*
 static inline int gpt_block_bwd_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
     return gpt_block_bwd_run(p, g, io, 0);
 }
-GPT_ACT_BWD(gpt_block_bwd, gpt_block_params)
 static inline int gpt_blockz_bwd_in_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
     return gpt_block_bwd_run(p, g, io, 1);
 }
-GPT_ACT_BWD(gpt_blockz_bwd_in, gpt_block_params)
 
 /* W of the split block: gpt_block_bwd_w from what B kept. */
 static inline int gpt_blockz_bwd_w_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
@@ -869,7 +865,6 @@ static inline int gpt_blockz_bwd_w_f32(const gpt_block_params* p, gpt_block_para
     if (!rc) gpt_block_bwd_w(p, g, io, s, gr);
     return rc;
 }
-GPT_ACT_BWD(gpt_blockz_bwd_w, gpt_block_params)
 
 static inline void gpt_blockz_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                    pp_layer_desc* d) {
@@ -941,7 +936,6 @@ static inline int gpt_head_fwd_f32(const gpt_head_params* p, pp_layer_io* io) {
     io->loss = counted ? (float)(total / (double)counted) : 0.0f;
     return 0;
 }
-GPT_ACT_FWD(gpt_head_fwd, gpt_head_params)
 
 static inline int gpt_head_bwd_f32(const gpt_head_params* p, gpt_head_params* g, pp_layer_io* io) {
     const int C = p->C, V = p->vocab;
@@ -973,7 +967,6 @@ static inline int gpt_head_bwd_f32(const gpt_head_params* p, gpt_head_params* g,
     free(ws);
     return 0;
 }
-GPT_ACT_BWD(gpt_head_bwd, gpt_head_params)
 
 static inline void gpt_head_desc(const gpt_head_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                  pp_layer_desc* d) {
@@ -1013,6 +1006,17 @@ static inline int gpt_head_param_list(const gpt_head_params* p, pp_param* out, i
 #define GPT_PARAMS(X) X(embed, gpt_embed_param_list) X(block, gpt_block_param_list) X(head, gpt_head_param_list)
 
 /* ---- the model ---------------------------------------------------------------------------------- */
+/* The layers' entry points: each runs its _f32 function on io, or on widened copies (gpt_wide). */
+GPT_ACT_FWD(gpt_embed_fwd, gpt_embed_params)
+GPT_ACT_BWD(gpt_embed_bwd, gpt_embed_params)
+GPT_ACT_FWD(gpt_block_fwd, gpt_block_params)
+GPT_ACT_FWD(gpt_blockz_fwd, gpt_block_params)
+GPT_ACT_BWD(gpt_block_bwd, gpt_block_params)
+GPT_ACT_BWD(gpt_blockz_bwd_in, gpt_block_params)
+GPT_ACT_BWD(gpt_blockz_bwd_w, gpt_block_params)
+GPT_ACT_FWD(gpt_head_fwd, gpt_head_params)
+GPT_ACT_BWD(gpt_head_bwd, gpt_head_params)
+
 #define GPT_LAYERS(X)                                                                           \
     X(embed, gpt_embed_params, gpt_embed_fwd, gpt_embed_bwd, gpt_embed_desc, 1)                  \
     X(block, gpt_block_params, gpt_block_fwd, gpt_block_bwd, gpt_block_desc, GPT_MAX_BLOCK)      \

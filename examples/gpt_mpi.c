@@ -80,9 +80,8 @@ int main(int argc, char** argv) {
     pp_stage_desc d;
     pp_stage* st = NULL;
     pp_step_stats ss;
-    gpt_traffic tr;
+    gpt_traffic tr = {0, 0, 0, 0, 0}; /* summed over the ranks at the end */
     pp_error err;
-    memset(&tr, 0, sizeof tr);
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
