@@ -5,7 +5,8 @@
    What to copy: layers over packed sequences (io->mb->cu_seqlens), a describe() that charges
    attention's quadratic cost, a depth chosen at run time (gpt_model_desc_depth), and a block
    whose backward is split into B and W for the zero-bubble schedules, with the scratch only B
-   reads declared B-only so that it goes at B (gptz_model_desc_depth, gpt_blockz_*).
+   reads declared B-only so that it goes at B (gptz_model_desc_depth, gpt_blockz_*); bf16
+   tensors between layers with the layers' arithmetic in f32 (gpt_set_act, gpt_wide_*).
 
    LAYERS  (T = tokens of the micro-batch = io->mb->rows, C = channels, V = vocabulary)
      embed   token ids int32 (T, 1) -> x (T, C):  wte[token] + wpe[position inside its sequence]

@@ -16,8 +16,8 @@
    header first; the others write their records at offsets the layers' sizes give), which
    gpt_cpu --resume, or gpt_mpi at another process count or schedule, reads back: each rank
    loads the layers it owns (--resume FILE). The trainer's options (--wd, --warmup, --lr-min,
-   --eval-every, --eval-seqs) are gpt_cpu's: every rank runs the optimizer on its own layers at
-   the step's rate, and every rank calls pp_stage_eval on the held-out batches (the last rank
+   --eval-every, --eval-seqs, --dtype) are gpt_cpu's: every rank runs the optimizer on its own
+   layers at the step's rate, and every rank calls pp_stage_eval on the held-out batches (the last rank
    gets the loss and prints "val loss X"). With --check the first evaluation is compared with
    pp_sequential_eval on the last rank, after every rank has sent it the weights of its layers
    (a broadcast per layer from its owner: the one place the ranks' weights are gathered). */
