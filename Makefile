@@ -24,7 +24,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test quick run run-gpt bench bench-validate bench-peers check-cuda check-cxx check-c check-abi old-names api-doc sections lint fuzz soak valgrind clean \
+.PHONY: all test quick run run-gpt bench bench-validate bench-bf16 bench-peers check-cuda check-cxx check-c check-abi old-names api-doc sections lint fuzz soak valgrind clean \
         cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
@@ -52,6 +52,10 @@ $(B)/bench_overhead-novalidate: bench/bench_overhead.c tests/harness.h $(EXH) $(
 	$(CC) $(BASE) -DPP_NO_VALIDATE $(CFLAGS) $< -o $@ $(LDLIBS)
 bench-validate: $(B)/bench_overhead $(B)/bench_overhead-novalidate
 	sh bench/validate_cost.sh 5 --steps 5 --hidden 64 --rows 256
+# bf16 activations against f32 in the CPU GPT (bench/bf16.sh: bytes sent, tokens/s, the loss
+# curves side by side; docs/PERFORMANCE.md "bf16 activations").
+bench-bf16: $(B)/gpt_cpu
+	sh bench/bf16.sh 1 --steps 200 --warmup 20 --lr-min 3e-4 --clip 1
 
 # Tests: gcc build, clang build, ASan+UBSan, TSan (threaded), and every header as C++.
 $(B)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
@@ -154,7 +158,7 @@ $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	chmod +x $@
 TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
                   $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls \
-                  $(B)/overlap-controls
+                  $(B)/overlap-controls $(B)/bf16-controls
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
 # rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
@@ -196,6 +200,13 @@ $(B)/gpt-resume: tests/test_resume.sh $(B)/gpt_cpu
 # of one without, AdamW's decay and the warm-up's rate.
 $(B)/gpt-trainer: tests/test_trainer.sh $(B)/gpt_cpu
 	@printf '#!/bin/sh\nexec sh tests/test_trainer.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
+# Its --dtype bf16 part's negative control: a gpt_cpu whose --dtype bf16 leaves the activations
+# f32 (-DPP_TEST_NO_GPT_BF16): the bytes are not halved nor the loss another, and it must fail.
+$(B)/gpt_cpu-ctl-no-bf16: examples/gpt_cpu.c $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_GPT_BF16 $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/bf16-controls: tests/controls.sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-bf16
+	printf '#!/bin/sh\nexec sh tests/controls.sh bf16-controls "env TRAINER_PART=bf16 sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-bf16"\n' > $@
+	chmod +x $@
 
 # Negative controls of tests/test_eval.c: an evaluation's stashes kept to the step's end (the
 # peak check of the grid fails), and the step's kind left out of the step's identity (a rank that
@@ -484,7 +495,7 @@ CUDA_HDRS = pipeline.h pipeline_cuda.h
 $(B)/test_cuda: tests/test_cuda.cu $(TEST_HDRS) $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
 
-$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_data.h examples/splitmix.h $(CUDA_HDRS) | $(B)
+$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_data.h examples/gpt_traffic.h examples/splitmix.h $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
 
 $(B)/bubble_cuda: bench/bubble_cuda.cu tests/harness.h $(CUDA_HDRS) | $(B)
@@ -503,6 +514,10 @@ check-cuda: | $(B)
 	  $(B)/test_cuda && \
 	  $(B)/gpt_cuda --cpu --check -p 4 -m 4 --steps 3 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8 > $(B)/gpt_cuda_cpu.log && \
 	  tail -1 $(B)/gpt_cuda_cpu.log && \
+	  $(B)/gpt_cuda --cpu --check -p 4 -m 4 --steps 3 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8 --dtype bf16 > $(B)/gpt_cuda_bf16.log && \
+	  tail -1 $(B)/gpt_cuda_bf16.log && \
+	  f=$$(sed -n 's/.*tensors (f32): \([0-9]*\) bytes.*/\1/p' $(B)/gpt_cuda_cpu.log) && b=$$(sed -n 's/.*tensors (bf16): \([0-9]*\) bytes.*/\1/p' $(B)/gpt_cuda_bf16.log) && \
+	  [ -n "$$b" ] && [ $$((b * 2)) -eq "$$f" ] && echo "check-cuda: --dtype bf16 sends $$b tensor bytes, f32 $$f" && \
 	  $(B)/gpt_cuda --cpu --gradcheck -m 1 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 4 && \
 	  echo "check-cuda: headers compile under nvcc and C99, all CUDA code builds, its host paths pass"; \
 	else echo "check-cuda: nvcc not found, skipped"; fi

@@ -81,7 +81,7 @@ $(B)/mpi-nccl-np%: $(B)/test_nccl_mpi
 # NCCL id by MPI_Bcast where MPI is here: PP_GPT_NCCL_MPI), linked by $(CXX). check-nccl also
 # builds it without MPI too (the id by --id-file) and runs a one-process step: where no
 # GPU is, it must stop with its "no CUDA device" message, not crash.
-GPT_NCCL_SRC = examples/gpt_nccl.cu examples/gpt_cuda.h examples/gpt_data.h examples/splitmix.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h
+GPT_NCCL_SRC = examples/gpt_nccl.cu examples/gpt_cuda.h examples/gpt_data.h examples/gpt_traffic.h examples/splitmix.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h
 ifeq ($(HAVE_MPI),1)
 GPT_NCCL_MPI_CFLAGS = -DPP_GPT_NCCL_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
   $(patsubst -I%,-isystem %,$(filter -I%,$(shell $(MPICC) -showme:compile 2>/dev/null || $(MPICC) -compile-info)))

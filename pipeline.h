@@ -211,6 +211,8 @@
           Then: gradients final per stage (pp_stage_desc.grads_final, pp_step_stats
           .t_grads_final) and the data-parallel reduction overlapped with the cool-down
           (pp_dp_overlap, >>grad).
+          Then (examples only, the library unchanged): the GPT trainers' --dtype bf16, bf16
+          activations and their gradients between stages (examples/gpt.h, gpt_cuda.h).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H

@@ -5,7 +5,8 @@
    What to copy: layers over packed sequences (io->mb->cu_seqlens), a describe() that charges
    attention's quadratic cost, a depth chosen at run time (gpt_model_desc_depth), and a block
    whose backward is split into B and W for the zero-bubble schedules, with the scratch only B
-   reads declared B-only so that it goes at B (gptz_model_desc_depth, gpt_blockz_*).
+   reads declared B-only so that it goes at B (gptz_model_desc_depth, gpt_blockz_*); bf16
+   tensors between layers with the layers' arithmetic in f32 (gpt_set_act, gpt_wide_*).
 
    LAYERS  (T = tokens of the micro-batch = io->mb->rows, C = channels, V = vocabulary)
      embed   token ids int32 (T, 1) -> x (T, C):  wte[token] + wpe[position inside its sequence]
@@ -33,6 +34,16 @@
    backward in two: B the input gradient, W the parameter gradients from the output gradients B
    kept in io->saved; qkv, the attention probabilities and the pre-GELU activations are B-only
    scratch (b_saved_bytes). Embedding and head do both in B.
+
+   ACTIVATIONS IN BF16  gpt_set_act(m, PP_BF16) on the weights' model (after gpt_bind or gpt_init,
+   which set PP_F32) makes every tensor between layers, x (T, C),
+   and its gradient bf16: describe() says so, so the pipeline sends half the bytes of f32 between
+   stages. Weights, parameter gradients and what a layer saves from forward to backward stay f32.
+   Inside a layer the arithmetic is f32: on entry each bf16 tensor is widened into an f32 copy,
+   the f32 layer runs on the copies, and on exit its output (forward) or input gradient
+   (backward: the library's zeroed buffer plus the layer's sum) is rounded to bf16, to nearest
+   even (gpt_wide_begin, gpt_wide_end). That is what bf16 costs and saves on a CPU: the bytes
+   between stages, not arithmetic. With PP_F32 the layers run on io itself, as before.
 
    ERRORS  forward/backward return 0, or one of the GPT_E* codes below (the library reports it
    as PP_ERR_LAYER with the layer and micro-batch). */
@@ -68,6 +79,7 @@ typedef struct gpt_config {
 
 typedef struct gpt_embed_params {
     int vocab, max_T, C;
+    pp_dtype act;       /* gpt_set_act: the dtype of x and its gradient */
     float* wte;         /* (vocab, C) token embedding */
     float* wpe;         /* (max_T, C) position embedding; the position restarts at 0 per sequence */
 } gpt_embed_params;
@@ -75,6 +87,7 @@ typedef struct gpt_embed_params {
 /* Matrices are stored (in, out): y = x W + b. */
 typedef struct gpt_block_params {
     int C, n_head;
+    pp_dtype act;       /* gpt_set_act: the dtype of x in and out and of their gradients */
     float* ln1_g;       /* (C) */
     float* ln1_b;       /* (C) */
     float* qkv_w;       /* (C, 3C) columns: q | k | v, head h at [h*hs, (h+1)*hs) of each */
@@ -91,6 +104,7 @@ typedef struct gpt_block_params {
 
 typedef struct gpt_head_params {
     int C, vocab;
+    pp_dtype act;       /* gpt_set_act: the dtype of x and its gradient */
     float* lnf_g;       /* (C) */
     float* lnf_b;       /* (C) */
     float* lm_w;        /* (C, vocab) own weights, not tied to wte (that would cross stages) */
@@ -138,6 +152,109 @@ static inline int gpt_seqs_ok(const pp_microbatch* mb) {
 static inline int gpt_tensor_is(const pp_tensor* t, int64_t rows, int64_t cols, pp_dtype dt) {
     return t->data && t->rows == rows && t->cols == cols && t->dtype == dt;
 }
+
+/* ---- bf16 activations: each layer's f32 code on widened copies ----------------------------------
+   gpt_wide_begin gives the f32 code its io: io itself when act is PP_F32, else a copy whose
+   bf16 tensors (in, out; in backward also d_out, d_in) point at f32 buffers, holding the
+   widened values of those the layer reads (in, d_out, and d_in, which it adds to). Any f32
+   float tensor under act PP_BF16 is GPT_ESHAPE. gpt_wide_end rounds what the layer wrote back
+   into io (out in forward, d_in in backward), copies the loss and frees the buffers. */
+typedef struct gpt_wide {
+    pp_layer_io* io;    /* what the f32 code runs on */
+    pp_layer_io copy;
+    float* buf;
+    int bwd;
+} gpt_wide;
+
+/* The tensors gpt_wide converts, each with what the layer does to it: GPT_WIDE_READ (in,
+   d_out, d_in), GPT_WIDE_WRITE (out in forward, d_in in backward: d_in is added to). */
+#define GPT_WIDE_READ 1
+#define GPT_WIDE_WRITE 2
+static inline int gpt_wide_list(pp_layer_io* io, int bwd, pp_tensor** ts, int* use) {
+    int n = 0, k;
+    for (k = 0; k < io->n_in && k < PP_MAX_TENSORS; k++) {
+        use[n] = GPT_WIDE_READ;
+        ts[n++] = &io->in[k];
+        if (!bwd) continue;
+        use[n] = GPT_WIDE_READ | GPT_WIDE_WRITE;
+        ts[n++] = &io->d_in[k];
+    }
+    for (k = 0; k < io->n_out && k < PP_MAX_TENSORS; k++) {
+        use[n] = bwd ? 0 : GPT_WIDE_WRITE; /* backward reads no output: its copy is not filled */
+        ts[n++] = &io->out[k];
+        if (!bwd) continue;
+        use[n] = GPT_WIDE_READ;
+        ts[n++] = &io->d_out[k];
+    }
+    return n;
+}
+
+static inline int gpt_wide_begin(gpt_wide* w, pp_layer_io* io, pp_dtype act, int bwd) {
+    pp_tensor* ts[4 * PP_MAX_TENSORS];
+    int use[4 * PP_MAX_TENSORS], n, k;
+    size_t total = 0, off = 0, i;
+    w->io = io;
+    w->buf = NULL;
+    w->bwd = bwd;
+    if (act == PP_F32) return 0;
+    if (act != PP_BF16) return GPT_ESHAPE;
+    w->copy = *io;
+    n = gpt_wide_list(&w->copy, bwd, ts, use);
+    for (k = 0; k < n; k++) {
+        if (!ts[k]->data || !pp_dtype_is_float(ts[k]->dtype)) continue;
+        if (ts[k]->dtype != PP_BF16) return GPT_ESHAPE;
+        total += (size_t)(ts[k]->rows * ts[k]->cols);
+    }
+    if (total && !(w->buf = (float*)malloc(total * sizeof(float)))) return GPT_ENOMEM;
+    for (k = 0; k < n; k++) {
+        const uint16_t* h = (const uint16_t*)ts[k]->data;
+        const size_t cnt = (size_t)(ts[k]->rows * ts[k]->cols);
+        if (!h || ts[k]->dtype != PP_BF16) continue;
+        if (use[k] & GPT_WIDE_READ)
+            for (i = 0; i < cnt; i++) w->buf[off + i] = pp_bf16_to_f32(h[i]);
+        ts[k]->data = w->buf + off;
+        ts[k]->dtype = PP_F32;
+        off += cnt;
+    }
+    w->io = &w->copy;
+    return 0;
+}
+
+/* Rounds the f32 results into io's bf16 tensors (when rc is 0) and frees; returns rc. */
+static inline int gpt_wide_end(gpt_wide* w, pp_layer_io* io, int rc) {
+    pp_tensor *ts[4 * PP_MAX_TENSORS], *wide[4 * PP_MAX_TENSORS];
+    int use[4 * PP_MAX_TENSORS], n, k;
+    size_t i;
+    if (w->io == io) return rc;
+    n = gpt_wide_list(io, w->bwd, ts, use);
+    gpt_wide_list(&w->copy, w->bwd, wide, use);
+    for (k = 0; rc == 0 && k < n; k++) {
+        uint16_t* h = (uint16_t*)ts[k]->data;
+        const float* f = (const float*)wide[k]->data;
+        const size_t cnt = (size_t)(ts[k]->rows * ts[k]->cols);
+        if (!h || ts[k]->dtype != PP_BF16 || !(use[k] & GPT_WIDE_WRITE)) continue;
+        for (i = 0; i < cnt; i++) h[i] = pp_f32_to_bf16(f[i]);
+    }
+    io->loss = w->copy.loss;
+    free(w->buf);
+    w->buf = NULL;
+    return rc;
+}
+
+/* A layer's forward and backward with act from its parameters: NAME runs NAME_f32 through
+   gpt_wide. */
+#define GPT_ACT_FWD(NAME, P)                                                 \
+    static inline int NAME(const P* p, pp_layer_io* io) {                    \
+        gpt_wide w;                                                          \
+        int rc = gpt_wide_begin(&w, io, p->act, 0);                          \
+        return gpt_wide_end(&w, io, rc ? rc : NAME##_f32(p, w.io));          \
+    }
+#define GPT_ACT_BWD(NAME, P)                                                 \
+    static inline int NAME(const P* p, P* g, pp_layer_io* io) {              \
+        gpt_wide w;                                                          \
+        int rc = gpt_wide_begin(&w, io, p->act, 1);                          \
+        return gpt_wide_end(&w, io, rc ? rc : NAME##_f32(p, g, w.io));       \
+    }
 
 /* ---- kernels: plain loops over flat buffers --------------------------------------------------- */
 
@@ -307,96 +424,131 @@ static inline float gpt_gelu_grad(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * GPT_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-/* Causal self-attention inside each sequence of the micro-batch.
-   qkv (T, 3C); out (T, C); att: for each sequence in order (offset o, length L), NH blocks of
-   (L, L) softmax probabilities, row i nonzero only in columns 0..i. Every token index below is
-   o + (0 .. L-1) of one sequence, so tokens of different sequences never meet: this loop
-   structure is the sequence mask. */
+/* The rows attention walks, in order: each sequence (offset o, length L), each head h of it,
+   each row i. Every token index is o + (0 .. L-1) of one sequence, so tokens of different
+   sequences never meet: this walk is the sequence mask. att holds, for each sequence in order,
+   NH blocks of (L, L) softmax probabilities; row i of head h starts at att + p. Start from
+   gpt_attn_rows; gpt_attn_next moves to the next row and returns 0 after the last. */
+typedef struct gpt_attn_row {
+    int C, NH, hs;      /* channels, heads, channels per head */
+    float scale;        /* 1 / sqrt(hs) */
+    int s, h;           /* the sequence, the head */
+    int64_t o, L, i;    /* the sequence's offset and length, the row in it */
+    size_t base, p;     /* where the sequence's probabilities start in att, and the row's */
+} gpt_attn_row;
+
+static inline gpt_attn_row gpt_attn_rows(int C, int NH) {
+    gpt_attn_row r;
+    memset(&r, 0, sizeof r);
+    r.C = C;
+    r.NH = NH;
+    r.hs = C / NH;
+    r.scale = 1.0f / sqrtf((float)r.hs);
+    r.s = -1;
+    return r;
+}
+
+static inline int gpt_attn_next(gpt_attn_row* r, const pp_microbatch* mb) {
+    if (r->s < 0) {
+        r->s = r->h = 0;
+        r->i = 0;
+        r->base = 0;
+    } else if (++r->i >= r->L) {
+        r->i = 0;
+        if (++r->h >= r->NH) {
+            r->h = 0;
+            r->base += (size_t)r->NH * (size_t)(r->L * r->L);
+            r->s++;
+        }
+    }
+    if (r->s >= gpt_seq_count(mb)) return 0;
+    r->o = gpt_seq_start(mb, r->s);
+    r->L = gpt_seq_end(mb, r->s) - r->o;
+    r->p = r->base + ((size_t)r->h * (size_t)r->L + (size_t)r->i) * (size_t)r->L;
+    return 1;
+}
+
+/* Where head h of row j of the sequence has its q (part 0), k (1) or v (2) in qkv (T, 3C), and
+   (gpt_attn_y) its slice of the output (T, C). */
+static inline int64_t gpt_attn_qkv(const gpt_attn_row* r, int64_t j, int part) {
+    return (r->o + j) * 3 * r->C + part * r->C + r->h * r->hs;
+}
+static inline int64_t gpt_attn_y(const gpt_attn_row* r) { return (r->o + r->i) * r->C + r->h * r->hs; }
+
+/* Causal self-attention inside each sequence of the micro-batch (gpt_attn_row's walk).
+   qkv (T, 3C); out (T, C); att: the probabilities, row i nonzero only in columns 0..i. */
 static inline void gpt_attention_fwd(float* out, float* att, const float* qkv, const pp_microbatch* mb, int C,
                                      int NH) {
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    size_t base = 0;
-    int s, h, d;
-    for (s = 0; s < gpt_seq_count(mb); s++) {
-        const int64_t o = gpt_seq_start(mb, s), L = gpt_seq_end(mb, s) - o;
-        int64_t i, j;
-        for (h = 0; h < NH; h++) {
-            for (i = 0; i < L; i++) {
-                const float* q = qkv + (o + i) * C3 + h * hs;           /* (hs) */
-                float* p = att + base + ((size_t)h * L + i) * L;        /* (L) row i of head h */
-                float* y = out + (o + i) * C + h * hs;                  /* (hs) */
-                float mx = -INFINITY, sum = 0.0f, inv;
-                for (j = 0; j <= i; j++) {
-                    const float* k = qkv + (o + j) * C3 + C + h * hs;   /* (hs) */
-                    float dot = 0.0f;
-                    for (d = 0; d < hs; d++) dot += q[d] * k[d];
-                    p[j] = dot * scale;
-                    if (p[j] > mx) mx = p[j];
-                }
-                for (j = 0; j <= i; j++) {
-                    p[j] = expf(p[j] - mx);
-                    sum += p[j];
-                }
-                inv = 1.0f / sum;
-                for (j = 0; j <= i; j++) p[j] *= inv;
-                for (j = i + 1; j < L; j++) p[j] = 0.0f;
-                for (d = 0; d < hs; d++) y[d] = 0.0f;
-                for (j = 0; j <= i; j++) {
-                    const float* v = qkv + (o + j) * C3 + 2 * C + h * hs; /* (hs) */
-                    for (d = 0; d < hs; d++) y[d] += p[j] * v[d];
-                }
-            }
+    gpt_attn_row r = gpt_attn_rows(C, NH);
+    const int hs = r.hs;
+    int d;
+    while (gpt_attn_next(&r, mb)) {
+        const int64_t i = r.i;
+        const float* q = qkv + gpt_attn_qkv(&r, i, 0);  /* (hs) */
+        float* p = att + r.p;                           /* (L) row i of head h */
+        float* y = out + gpt_attn_y(&r);                /* (hs) */
+        float mx = -INFINITY, sum = 0.0f, inv;
+        int64_t j;
+        for (j = 0; j <= i; j++) {
+            const float* k = qkv + gpt_attn_qkv(&r, j, 1); /* (hs) */
+            float dot = 0.0f;
+            for (d = 0; d < hs; d++) dot += q[d] * k[d];
+            p[j] = dot * r.scale;
+            if (p[j] > mx) mx = p[j];
         }
-        base += (size_t)NH * (size_t)(L * L);
+        for (j = 0; j <= i; j++) {
+            p[j] = expf(p[j] - mx);
+            sum += p[j];
+        }
+        inv = 1.0f / sum;
+        for (j = 0; j <= i; j++) p[j] *= inv;
+        for (j = i + 1; j < r.L; j++) p[j] = 0.0f;
+        for (d = 0; d < hs; d++) y[d] = 0.0f;
+        for (j = 0; j <= i; j++) {
+            const float* v = qkv + gpt_attn_qkv(&r, j, 2); /* (hs) */
+            for (d = 0; d < hs; d++) y[d] += p[j] * v[d];
+        }
     }
 }
 
 /* dqkv (T, 3C) += gradient of the attention given dout (T, C); dp is scratch of max_seqlen. */
 static inline void gpt_attention_bwd(float* dqkv, float* dp, const float* dout, const float* qkv, const float* att,
                                      const pp_microbatch* mb, int C, int NH) {
-    const int hs = C / NH, C3 = 3 * C;
-    const float scale = 1.0f / sqrtf((float)hs);
-    size_t base = 0;
-    int s, h, d;
-    for (s = 0; s < gpt_seq_count(mb); s++) {
-        const int64_t o = gpt_seq_start(mb, s), L = gpt_seq_end(mb, s) - o;
-        int64_t i, j;
-        for (h = 0; h < NH; h++) {
-            for (i = 0; i < L; i++) {
-                const float* q = qkv + (o + i) * C3 + h * hs;           /* (hs) */
-                float* dq = dqkv + (o + i) * C3 + h * hs;               /* (hs) */
-                const float* p = att + base + ((size_t)h * L + i) * L;  /* (L) */
-                const float* dy = dout + (o + i) * C + h * hs;          /* (hs) */
-                float pdp = 0.0f;   /* sum_j p[j] dp[j], for the softmax backward */
-                for (j = 0; j <= i; j++) {
-                    const float* v = qkv + (o + j) * C3 + 2 * C + h * hs;
-                    float* dv = dqkv + (o + j) * C3 + 2 * C + h * hs;
-                    float dot = 0.0f;
-                    for (d = 0; d < hs; d++) {
-                        dot += dy[d] * v[d];
-                        dv[d] += p[j] * dy[d];
-                    }
-                    dp[j] = dot;
-                    pdp += p[j] * dot;
-                }
-                for (j = 0; j <= i; j++) {
-                    const float* k = qkv + (o + j) * C3 + C + h * hs;
-                    float* dk = dqkv + (o + j) * C3 + C + h * hs;
-                    const float dpre = p[j] * (dp[j] - pdp) * scale; /* d(score before scaling) */
-                    for (d = 0; d < hs; d++) {
-                        dq[d] += dpre * k[d];
-                        dk[d] += dpre * q[d];
-                    }
-                }
+    gpt_attn_row r = gpt_attn_rows(C, NH);
+    int d;
+    while (gpt_attn_next(&r, mb)) {
+        const int64_t i = r.i;
+        const float* q = qkv + gpt_attn_qkv(&r, i, 0);  /* (hs) */
+        float* dq = dqkv + gpt_attn_qkv(&r, i, 0);      /* (hs) */
+        const float* p = att + r.p;                     /* (L) */
+        const float* dy = dout + gpt_attn_y(&r);        /* (hs) */
+        float pdp = 0.0f;   /* sum_j p[j] dp[j], for the softmax backward */
+        int64_t j;
+        for (j = 0; j <= i; j++) {
+            const float* v = qkv + gpt_attn_qkv(&r, j, 2);
+            float* dv = dqkv + gpt_attn_qkv(&r, j, 2);
+            float dot = 0.0f;
+            for (d = 0; d < r.hs; d++) {
+                dot += dy[d] * v[d];
+                dv[d] += p[j] * dy[d];
+            }
+            dp[j] = dot;
+            pdp += p[j] * dot;
+        }
+        for (j = 0; j <= i; j++) {
+            const float* k = qkv + gpt_attn_qkv(&r, j, 1);
+            float* dk = dqkv + gpt_attn_qkv(&r, j, 1);
+            const float dpre = p[j] * (dp[j] - pdp) * r.scale; /* d(score before scaling) */
+            for (d = 0; d < r.hs; d++) {
+                dq[d] += dpre * k[d];
+                dk[d] += dpre * q[d];
             }
         }
-        base += (size_t)NH * (size_t)(L * L);
     }
 }
 
 /* ---- embed -------------------------------------------------------------------------------------- */
-static inline int gpt_embed_fwd(const gpt_embed_params* p, pp_layer_io* io) {
+static inline int gpt_embed_fwd_f32(const gpt_embed_params* p, pp_layer_io* io) {
     const pp_microbatch* mb = io->mb;
     const int C = p->C;
     const int32_t* tok = (const int32_t*)io->in[0].data;   /* (T, 1) */
@@ -422,7 +574,7 @@ static inline int gpt_embed_fwd(const gpt_embed_params* p, pp_layer_io* io) {
     return 0;
 }
 
-static inline int gpt_embed_bwd(const gpt_embed_params* p, gpt_embed_params* g, pp_layer_io* io) {
+static inline int gpt_embed_bwd_f32(const gpt_embed_params* p, gpt_embed_params* g, pp_layer_io* io) {
     const pp_microbatch* mb = io->mb;
     const int C = p->C;
     const int32_t* tok = (const int32_t*)io->in[0].data;   /* (T, 1) */
@@ -445,14 +597,19 @@ static inline int gpt_embed_bwd(const gpt_embed_params* p, gpt_embed_params* g, 
     return 0; /* token ids carry no gradient: io->d_in[0].data is NULL */
 }
 
+/* describe()'s one output: x (T, C) in the activations' dtype (embed, block). */
+static inline void gpt_desc_x(pp_layer_desc* d, const pp_microbatch* mb, int C, pp_dtype act) {
+    d->n_out = 1;
+    d->out[0].rows = mb->rows;
+    d->out[0].cols = C;
+    d->out[0].dtype = act;
+}
+
 static inline void gpt_embed_desc(const gpt_embed_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                   pp_layer_desc* d) {
     (void)in;
     (void)n_in;
-    d->n_out = 1;
-    d->out[0].rows = mb->rows;
-    d->out[0].cols = p->C;
-    d->out[0].dtype = PP_F32;
+    gpt_desc_x(d, mb, p->C, p->act);
     d->saved_bytes = 0;
     d->cost = 3.0 * (double)mb->rows * p->C;
     d->n_params = (int64_t)(p->vocab + p->max_T) * p->C;
@@ -528,7 +685,7 @@ static inline void gpt_block_fwd_into(const gpt_block_params* p, const pp_layer_
     for (i = 0; i < T * C; i++) y[i] += s.x2[i];
 }
 
-static inline int gpt_block_fwd(const gpt_block_params* p, pp_layer_io* io) {
+static inline int gpt_block_fwd_f32(const gpt_block_params* p, pp_layer_io* io) {
     gpt_block_saved s;
     int rc = gpt_block_prepare(p, io, &s);
     if (rc) return rc;
@@ -536,47 +693,6 @@ static inline int gpt_block_fwd(const gpt_block_params* p, pp_layer_io* io) {
     return 0;
 }
 
-/* The gradients of the activations live only for this call: they come from a workspace
-   allocated here, not from io->saved (which would keep them alive from forward to backward). */
-static inline int gpt_block_bwd(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
-    const int C = p->C;
-    const int64_t T = io->mb->rows;
-    const float* x = (const float*)io->in[0].data;      /* (T, C) */
-    const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
-    float* dx = (float*)io->d_in[0].data;               /* (T, C) zeroed by the library, or NULL */
-    float *ws, *dx2, *dfc, *dln, *datty, *dqkv, *dp, *wt;
-    gpt_block_saved s;
-    int64_t i;
-    int rc = gpt_block_prepare(p, io, &s);
-    if (rc) return rc;
-    if (!gpt_tensor_is(&io->d_out[0], T, C, PP_F32)) return GPT_ESHAPE;
-    ws = (float*)calloc((size_t)T * (size_t)(10 * C) + (size_t)gpt_seq_max(io->mb) + (size_t)(4 * C * C),
-                        sizeof(float));
-    if (!ws) return GPT_ENOMEM;
-    dx2 = ws;                   /* (T, C) */
-    dfc = dx2 + T * C;          /* (T, 4C) */
-    dln = dfc + T * 4 * C;      /* (T, C) */
-    datty = dln + T * C;        /* (T, C) */
-    dqkv = datty + T * C;       /* (T, 3C) */
-    dp = dqkv + T * 3 * C;      /* (max_seqlen) */
-    wt = dp + gpt_seq_max(io->mb); /* (4C * C) a weight matrix transposed */
-    /* y = x2 + fcproj(gelu(fc(ln2(x2)))) */
-    memcpy(dx2, dy, sizeof(float) * (size_t)(T * C));
-    gpt_matmul_bwd(dfc, g->fcproj_w, g->fcproj_b, wt, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
-    for (i = 0; i < T * 4 * C; i++) dfc[i] *= gpt_gelu_grad(s.fch[i]);
-    gpt_matmul_bwd(dln, g->fc_w, g->fc_b, wt, dfc, s.ln2, p->fc_w, T, C, 4 * C);
-    gpt_layernorm_bwd(dx2, g->ln2_g, g->ln2_b, dln, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
-    /* x2 = x + proj(attn(qkv(ln1(x)))) */
-    gpt_matmul_bwd(datty, g->proj_w, g->proj_b, wt, dx2, s.atty, p->proj_w, T, C, C);
-    gpt_attention_bwd(dqkv, dp, datty, s.qkv, s.att, io->mb, C, p->n_head);
-    memset(dln, 0, sizeof(float) * (size_t)(T * C));
-    gpt_matmul_bwd(dln, g->qkv_w, g->qkv_b, wt, dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
-    if (dx)
-        for (i = 0; i < T * C; i++) dx[i] += dx2[i];
-    gpt_layernorm_bwd(dx, g->ln1_g, g->ln1_b, dln, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
-    free(ws);
-    return 0;
-}
 
 static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                   pp_layer_desc* d) {
@@ -584,10 +700,7 @@ static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch
     const int64_t sq = gpt_seq_sq_sum(mb);
     (void)in;
     (void)n_in;
-    d->n_out = 1;
-    d->out[0].rows = mb->rows;
-    d->out[0].cols = p->C;
-    d->out[0].dtype = PP_F32;
+    gpt_desc_x(d, mb, p->C, p->act);
     d->saved_bytes = gpt_block_saved_floats(mb->rows, p->C, p->n_head, sq) * sizeof(float);
     /* multiply-adds, forward + backward (3x): 12 C^2 per token in the four matmuls, and the
        quadratic attention term: q.k and p.v over the causal half of every sequence's L^2. */
@@ -600,8 +713,8 @@ static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch
    matmuls and two LayerNorms in io->saved; W (gpt_blockz_bwd_w) adds the parameter gradients from
    them and the activations. qkv, the attention probabilities and the pre-GELU activations only B
    reads: they are B-only scratch (pp_layer_desc.b_saved_bytes), which a schedule with W actions
-   frees at B while the rest waits for W. Every sum runs in the fused block's order: the gradients
-   equal gpt_block_bwd's bit for bit. */
+   frees at B while the rest waits for W. The fused block's backward runs the same two chains
+   (gpt_block_bwd_b, gpt_block_bwd_w) back to back: the gradients are gpt_block_bwd's bit for bit. */
 typedef struct gpt_blockz_grads {
     float* dfc;         /* (T, 4C) fc's output gradient (after GELU's) */
     float* dln2;        /* (T, C) ln2's output gradient */
@@ -615,13 +728,25 @@ static inline size_t gpt_blockz_bonly_floats(int64_t T, int C, int NH, int64_t s
     return (size_t)T * (size_t)(7 * C) + (size_t)NH * (size_t)sq_sum;
 }
 
-/* Checks shapes and carves io->saved (activations W reads, then the gradients B keeps for it) and
-   io->b_saved (NULL in W: qkv, att and fch stay NULL). */
+/* The output gradients of 10 T C floats at base (TC = T C). */
+static inline void gpt_blockz_grads_carve(gpt_blockz_grads* gr, float* base, int64_t TC) {
+    gr->dfc = base;
+    gr->dln2 = gr->dfc + 4 * TC;
+    gr->dx2 = gr->dln2 + TC;
+    gr->dqkv = gr->dx2 + TC;
+    gr->dln1 = gr->dqkv + 3 * TC;
+}
+
+/* Checks shapes (and what need asks for) and carves io->saved (activations W reads, then the
+   gradients B keeps for it) and io->b_saved (NULL in W: qkv, att and fch stay NULL). */
+#define GPT_NEED_B 1      /* gpt_blockz_prepare: io->b_saved must be there (forward, B) */
+#define GPT_NEED_DOUT 2   /* and io->d_out[0] (B, W) */
 static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved* s,
-                                     gpt_blockz_grads* gr) {
+                                     gpt_blockz_grads* gr, int need) {
     const int64_t T = io->mb->rows, TC = T * p->C;
     float *k, *b;
-    if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !gpt_tensor_is(&io->out[0], T, p->C, PP_F32))
+    if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !gpt_tensor_is(&io->out[0], T, p->C, PP_F32) ||
+        ((need & GPT_NEED_DOUT) && !gpt_tensor_is(&io->d_out[0], T, p->C, PP_F32)))
         return GPT_ESHAPE;
     if (!gpt_seqs_ok(io->mb)) return GPT_ESEQS;
     if (!io->saved || io->saved_bytes < gpt_blockz_kept_floats(T, p->C) * sizeof(float)) return GPT_ESAVED;
@@ -635,13 +760,9 @@ static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_i
     s->ln2_mean = s->ln2 + TC;
     s->ln2_rstd = s->ln2_mean + T;
     s->fcg = s->ln2_rstd + T;
-    gr->dfc = s->fcg + 4 * TC;
-    gr->dln2 = gr->dfc + 4 * TC;
-    gr->dx2 = gr->dln2 + TC;
-    gr->dqkv = gr->dx2 + TC;
-    gr->dln1 = gr->dqkv + 3 * TC;
+    gpt_blockz_grads_carve(gr, s->fcg + 4 * TC, TC);
     s->qkv = s->att = s->fch = NULL;
-    if (!io->b_saved) return 0;
+    if (!io->b_saved) return need & GPT_NEED_B ? GPT_ESAVED : 0;
     if (io->b_saved_bytes < gpt_blockz_bonly_floats(T, p->C, p->n_head, gpt_seq_sq_sum(io->mb)) * sizeof(float))
         return GPT_ESAVED;
     b = (float*)io->b_saved;
@@ -651,72 +772,99 @@ static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_i
     return 0;
 }
 
-static inline int gpt_blockz_fwd(const gpt_block_params* p, pp_layer_io* io) {
+static inline int gpt_blockz_fwd_f32(const gpt_block_params* p, pp_layer_io* io) {
     gpt_block_saved s;
     gpt_blockz_grads gr;
-    int rc = gpt_blockz_prepare(p, io, &s, &gr);
+    int rc = gpt_blockz_prepare(p, io, &s, &gr, GPT_NEED_B);
     if (rc) return rc;
-    if (!s.qkv) return GPT_ESAVED;
     gpt_block_fwd_into(p, io, s);
     return 0;
 }
 
-/* B: gpt_block_bwd's input-gradient half; the output gradients W needs go to io->saved. */
-static inline int gpt_blockz_bwd_in(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+/* Scratch for a block's backward: extra floats, then T*C (the attention output's gradient),
+   max_seqlen (attention's) and 4C*C (a weight matrix transposed); zeroed. NULL without memory. */
+static inline float* gpt_block_bwd_ws(const pp_microbatch* mb, int C, int64_t extra) {
+    return (float*)calloc((size_t)extra + (size_t)mb->rows * (size_t)C + (size_t)gpt_seq_max(mb) + (size_t)(4 * C * C),
+                          sizeof(float));
+}
+
+/* The input gradient into io->d_in (when its data is not NULL) and the output gradients the
+   parameter gradients need into gr (sums from zero: zeroed here); ws from gpt_block_bwd_ws. */
+static inline void gpt_block_bwd_b(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved s,
+                                   gpt_blockz_grads gr, float* ws) {
     const int C = p->C;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;      /* (T, C) */
     const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
     float* dx = (float*)io->d_in[0].data;               /* (T, C) zeroed by the library, or NULL */
-    float *ws, *datty, *dp, *wt;
-    gpt_block_saved s;
-    gpt_blockz_grads gr;
+    float* datty = ws;                                  /* (T, C) */
+    float* dp = datty + T * C;                          /* (max_seqlen) */
+    float* wt = dp + gpt_seq_max(io->mb);               /* (4C * C) a weight matrix transposed */
     int64_t i;
-    int rc = gpt_blockz_prepare(p, io, &s, &gr);
-    (void)g;
-    if (rc) return rc;
-    if (!s.qkv) return GPT_ESAVED;
-    if (!gpt_tensor_is(&io->d_out[0], T, C, PP_F32)) return GPT_ESHAPE;
-    ws = (float*)calloc((size_t)T * (size_t)C + (size_t)gpt_seq_max(io->mb) + (size_t)(4 * C * C), sizeof(float));
-    if (!ws) return GPT_ENOMEM;
-    datty = ws;                 /* (T, C) */
-    dp = datty + T * C;         /* (max_seqlen) */
-    wt = dp + gpt_seq_max(io->mb); /* (4C * C) a weight matrix transposed */
-    /* the gradients kept for W are sums (+=) from zero, as in gpt_block_bwd's fresh workspace */
     memset(gr.dfc, 0, sizeof(float) * (size_t)(T * 10 * C));
+    /* y = x2 + fcproj(gelu(fc(ln2(x2)))) */
     memcpy(gr.dx2, dy, sizeof(float) * (size_t)(T * C));
     gpt_matmul_bwd(gr.dfc, NULL, NULL, wt, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
     for (i = 0; i < T * 4 * C; i++) gr.dfc[i] *= gpt_gelu_grad(s.fch[i]);
     gpt_matmul_bwd(gr.dln2, NULL, NULL, wt, gr.dfc, s.ln2, p->fc_w, T, C, 4 * C);
     gpt_layernorm_bwd(gr.dx2, NULL, NULL, gr.dln2, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
+    /* x2 = x + proj(attn(qkv(ln1(x)))) */
     gpt_matmul_bwd(datty, NULL, NULL, wt, gr.dx2, s.atty, p->proj_w, T, C, C);
     gpt_attention_bwd(gr.dqkv, dp, datty, s.qkv, s.att, io->mb, C, p->n_head);
     gpt_matmul_bwd(gr.dln1, NULL, NULL, wt, gr.dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
     if (dx)
         for (i = 0; i < T * C; i++) dx[i] += gr.dx2[i];
     gpt_layernorm_bwd(dx, NULL, NULL, gr.dln1, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
-    free(ws);
-    return 0;
 }
 
-/* W: the parameter gradients, from the activations and the output gradients B kept. */
-static inline int gpt_blockz_bwd_w(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+/* The parameter gradients into g, from the activations and gpt_block_bwd_b's output gradients. */
+static inline void gpt_block_bwd_w(const gpt_block_params* p, gpt_block_params* g, const pp_layer_io* io,
+                                   gpt_block_saved s, gpt_blockz_grads gr) {
     const int C = p->C;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;      /* (T, C) */
     const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
-    gpt_block_saved s;
-    gpt_blockz_grads gr;
-    int rc = gpt_blockz_prepare(p, io, &s, &gr);
-    if (rc) return rc;
-    if (!gpt_tensor_is(&io->d_out[0], T, C, PP_F32)) return GPT_ESHAPE;
     gpt_matmul_bwd(NULL, g->fcproj_w, g->fcproj_b, NULL, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
     gpt_matmul_bwd(NULL, g->fc_w, g->fc_b, NULL, gr.dfc, s.ln2, p->fc_w, T, C, 4 * C);
     gpt_layernorm_bwd(NULL, g->ln2_g, g->ln2_b, gr.dln2, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
     gpt_matmul_bwd(NULL, g->proj_w, g->proj_b, NULL, gr.dx2, s.atty, p->proj_w, T, C, C);
     gpt_matmul_bwd(NULL, g->qkv_w, g->qkv_b, NULL, gr.dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
     gpt_layernorm_bwd(NULL, g->ln1_g, g->ln1_b, gr.dln1, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
+}
+
+/* The fused block's backward (split 0): B's chain then W's, the output gradients in a workspace
+   that lives only for this call (not in io->saved, which would keep them from forward to
+   backward). B of the split block (split 1): B's chain alone, the output gradients kept in
+   io->saved for W. */
+static inline int gpt_block_bwd_run(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io, int split) {
+    const int64_t TC = io->mb->rows * p->C, keep = split ? 0 : 10 * TC;
+    gpt_block_saved s;
+    gpt_blockz_grads gr;
+    float* ws;
+    int rc = split ? gpt_blockz_prepare(p, io, &s, &gr, GPT_NEED_B | GPT_NEED_DOUT) : gpt_block_prepare(p, io, &s);
+    if (!rc && !gpt_tensor_is(&io->d_out[0], io->mb->rows, p->C, PP_F32)) rc = GPT_ESHAPE;
+    if (rc) return rc;
+    if (!(ws = gpt_block_bwd_ws(io->mb, p->C, keep))) return GPT_ENOMEM;
+    if (!split) gpt_blockz_grads_carve(&gr, ws, TC);
+    gpt_block_bwd_b(p, io, s, gr, ws + keep);
+    if (!split) gpt_block_bwd_w(p, g, io, s, gr);
+    free(ws);
     return 0;
+}
+static inline int gpt_block_bwd_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+    return gpt_block_bwd_run(p, g, io, 0);
+}
+static inline int gpt_blockz_bwd_in_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+    return gpt_block_bwd_run(p, g, io, 1);
+}
+
+/* W of the split block: gpt_block_bwd_w from what B kept. */
+static inline int gpt_blockz_bwd_w_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
+    gpt_block_saved s;
+    gpt_blockz_grads gr;
+    int rc = gpt_blockz_prepare(p, io, &s, &gr, GPT_NEED_DOUT);
+    if (!rc) gpt_block_bwd_w(p, g, io, s, gr);
+    return rc;
 }
 
 static inline void gpt_blockz_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
@@ -756,7 +904,7 @@ static inline int gpt_head_prepare(const gpt_head_params* p, const pp_layer_io* 
     return 0;
 }
 
-static inline int gpt_head_fwd(const gpt_head_params* p, pp_layer_io* io) {
+static inline int gpt_head_fwd_f32(const gpt_head_params* p, pp_layer_io* io) {
     const int C = p->C, V = p->vocab;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;              /* (T, C) */
@@ -790,7 +938,7 @@ static inline int gpt_head_fwd(const gpt_head_params* p, pp_layer_io* io) {
     return 0;
 }
 
-static inline int gpt_head_bwd(const gpt_head_params* p, gpt_head_params* g, pp_layer_io* io) {
+static inline int gpt_head_bwd_f32(const gpt_head_params* p, gpt_head_params* g, pp_layer_io* io) {
     const int C = p->C, V = p->vocab;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;              /* (T, C) */
@@ -859,6 +1007,17 @@ static inline int gpt_head_param_list(const gpt_head_params* p, pp_param* out, i
 #define GPT_PARAMS(X) X(embed, gpt_embed_param_list) X(block, gpt_block_param_list) X(head, gpt_head_param_list)
 
 /* ---- the model ---------------------------------------------------------------------------------- */
+/* The layers' entry points: each runs its _f32 function on io, or on widened copies (gpt_wide). */
+GPT_ACT_FWD(gpt_embed_fwd, gpt_embed_params)
+GPT_ACT_BWD(gpt_embed_bwd, gpt_embed_params)
+GPT_ACT_FWD(gpt_block_fwd, gpt_block_params)
+GPT_ACT_FWD(gpt_blockz_fwd, gpt_block_params)
+GPT_ACT_BWD(gpt_block_bwd, gpt_block_params)
+GPT_ACT_BWD(gpt_blockz_bwd_in, gpt_block_params)
+GPT_ACT_BWD(gpt_blockz_bwd_w, gpt_block_params)
+GPT_ACT_FWD(gpt_head_fwd, gpt_head_params)
+GPT_ACT_BWD(gpt_head_bwd, gpt_head_params)
+
 #define GPT_LAYERS(X)                                                                           \
     X(embed, gpt_embed_params, gpt_embed_fwd, gpt_embed_bwd, gpt_embed_desc, 1)                  \
     X(block, gpt_block_params, gpt_block_fwd, gpt_block_bwd, gpt_block_desc, GPT_MAX_BLOCK)      \
@@ -927,6 +1086,7 @@ static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
     }
     m->head[0].C = C;
     m->head[0].vocab = c->vocab;
+
     if (!buf) return;
     m->embed[0].wte = q;            q += (size_t)c->vocab * C;
     m->embed[0].wpe = q;            q += (size_t)c->max_T * C;
@@ -949,6 +1109,20 @@ static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
     m->head[0].lnf_b = q;           q += C;
     m->head[0].lm_w = q;            q += (size_t)C * c->vocab;
     m->head[0].lm_b = q;
+}
+
+/* The dtype of the tensors between m's layers and of their gradients: PP_F32 (what gpt_bind
+   sets) or PP_BF16 (ACTIVATIONS IN BF16 above). Set it on the weights' model, which the layers
+   and describe() read; 0, or -1 for another dtype (m unchanged). */
+static inline int gpt_set_act(gpt_model* m, pp_dtype act) {
+    int b;
+    if (act != PP_F32 && act != PP_BF16) return -1;
+#ifdef PP_TEST_NO_GPT_BF16 /* negative control of tests/test_trainer.sh: --dtype bf16 stays f32 */
+    act = PP_F32;
+#endif
+    m->embed[0].act = m->head[0].act = act;
+    for (b = 0; b < GPT_MAX_BLOCK; b++) m->block[b].act = act;
+    return 0;
 }
 
 /* Layer l (numbered as in gpt_model_desc_depth(n_block)) owns *n contiguous floats from the

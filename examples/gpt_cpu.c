@@ -18,7 +18,7 @@
                    [--text FILE | --generated] [--seqs-per-step 32] [--max-len 128]
                    [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--lr-min 3e-4] [--warmup 10]
                    [--wd 0.1] [--optim adam|sgd] [--clip 1.0] [--eval-every 10] [--eval-seqs 128]
-                   [--split seqs|tokens|cost] [--trace FILE.json] [--check]
+                   [--split seqs|tokens|cost] [--dtype f32|bf16] [--trace FILE.json] [--check]
                    [--save FILE] [--resume FILE] [--check-resume]
 
    --layers counts transformer blocks (default 4, or p*v - 2 when the stages need more layers).
@@ -28,7 +28,10 @@
    packing saved against padding every micro-batch to its longest sequence, and how evenly the
    split spread tokens over micro-batches (max / mean; --split seqs, equal sequence counts, shows
    how uneven a count-based split of long-tailed lengths is; the default balances tokens).
-   --check runs pp_sequential_step on the first batch and requires the pipelined loss and
+   --dtype bf16 sends bf16 activations and their gradients between the layers (examples/gpt.h
+   gpt_set_act: f32 arithmetic inside each layer, f32 weights and Adam); after the summary it
+   prints what the steps sent: all of it, and the tensors' bytes and messages (half the bytes
+   in bf16). --check runs pp_sequential_step on the first batch and requires the pipelined loss and
    every layer's gradient to equal it bit for bit (exit 1 if not). --clip X clips the global
    gradient norm at X before each update (pp_pipeline_grad_clip: the sequential model's norm, bit
    for bit, whatever the schedule) and prints the norm.
@@ -93,10 +96,12 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     pp_pipeline* pl = NULL;
     pp_step_stats st;
     pp_error err;
+    gpt_traffic tr;
     gpt_opts part = *c;
     /* the pipeline; stages partitioned by describe()'s cost on one sequence of the corpus'
        attention length */
     memset(&d, 0, sizeof d);
+    memset(&tr, 0, sizeof tr);
     d.model = gpt_model_for(kind, c->layers); /* split blocks where the schedule has W */
     d.weights = &T->w;
     d.grads = &T->g;
@@ -138,6 +143,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
         /* at gpt_lr(c, step), decaying where T->decay says; zeroes the gradients */
         gpt_optimize(c, T->wbuf, T->gbuf, T->m1, T->m2, T->decay, T->n_params, step);
         T->loss[step] = st.loss;
+        gpt_traffic_add(&tr, &st);
         gpt_step_print(c, step, st.loss, &T->steps[step], st.t_total, norm);
         if (gpt_eval_due(c, step, to - 1)) { /* --eval-every: the weights after step + 1 steps */
             double te = gpt_now();
@@ -148,6 +154,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     wall = gpt_now() - t0 - t_eval; /* the training's time: tokens/s leaves the evaluations out */
     part.steps = to - from;
     gpt_report(&part, T->steps + from, T->loss + from, wall);
+    gpt_traffic_print("", &tr, c->dtype);
     if (c->trace) {
         FILE* f = fopen(c->trace, "w");
         size_t n = 0;

@@ -16,7 +16,7 @@
 
      build/gpt_cuda [--schedule gpipe|1f1b|interleaved] [-p 4] [-v 2] [-m 8] [--steps 40]
                     [--gpus N] [--text FILE | --generated] [--seqs-per-step 64] [--max-len 128]
-                    [--dim 128] [--heads 4] [--layers 4] [--lr 1e-3] [--trace FILE]
+                    [--dim 128] [--heads 4] [--layers 4] [--lr 1e-3] [--dtype f32|bf16] [--trace FILE]
                     [--check] [--bench] [--cpu] [--gradcheck] [--gemm cublas|naive] [--vs-naive]
 
    Prints per step: loss, tokens/s, the measured bubble (CUDA event timeline) and, at the end,
@@ -28,6 +28,10 @@
                   atomics; cuBLAS with atomics off computes the same bits for the same shapes, and
                   a micro-batch has the same shapes pipelined or not) and gradients accumulate in
                   ascending micro-batch order on every schedule
+   --dtype bf16   the activations between layers and their gradients in bf16 (half the bytes
+                  between stages; each layer widens them to f32, computes in f32, rounds its output
+                  to nearest even); weights, gradients and Adam's moments stay f32. --check then
+                  compares the bf16 pipelined run with the bf16 unpipelined one, bit for bit
    --gemm naive   the matrix products as plain kernels (one thread per output) instead of cuBLAS
                   (cublasSgemm, full fp32: the default on a GPU)
    --vs-naive     trains again with --gemm naive and compares the loss curves: the largest
@@ -36,7 +40,7 @@
    --trace FILE   Chrome trace JSON (ui.perfetto.dev) of the last step, one track per rank
    --cpu          runs the same layer code on the host (threads transport, host blocks): the
                   kernels are __host__ __device__ functors, so the math is testable without a GPU
-   --gradcheck    (with --cpu) compares every layer kind's gradients with finite differences
+   --gradcheck    (with --cpu) compares every layer kind's gradients with finite differences (f32 only)
 
    TIED HEAD. Stage 0 reads wte for the embedding and the last stage reads the same wte for the
    logits. In one process they read one buffer (one replica per GPU in use). The head writes its
@@ -59,13 +63,10 @@
 #include "gpt_cuda.h" /* the model: kernels, layout, layer callbacks, memory helpers */
 
 /* ---- training ---------------------------------------------------------------------------------- */
-typedef struct cfg {
-    pp_schedule_kind kind;
-    int p, v, m, steps, seqs, max_len, dim, heads, layers, gpus;
-    float lr;
-    const char* text;
+typedef struct cfg : gptc_opts { /* the options gpt_nccl shares, and gpt_cuda's own */
+    int p, gpus;
     const char* trace;
-    int generated, check, bench, gradcheck, cpu;
+    int check, bench, gradcheck, cpu;
     int naive;                  /* --gemm naive: the matrix products as plain kernels, not cuBLAS */
     int vs_naive;               /* --vs-naive: the same run with the naive kernels, losses compared */
 } cfg;
@@ -78,6 +79,7 @@ typedef struct run_out {
     size_t pool_bytes[PP_MAX_RANKS];
     int pool_allocs_first[PP_MAX_RANKS], pool_allocs[PP_MAX_RANKS];
     double step_time_mean;      /* seconds, steps after the first two */
+    gpt_traffic traffic;        /* what the steps sent between stages */
 } run_out;
 
 typedef struct trainer {
@@ -115,6 +117,38 @@ static void set_device(const trainer* t, int d) {
     if (!t->cpu) cudaSetDevice(d);
 }
 
+/* The batch's buffers: tokens, targets and the per-row tables on the host (and cu_seqlens) and
+   on every device; freed (and NULL), or allocated for cap rows (0, or 1 out of memory). */
+static void tables_free(trainer* t) {
+    int32_t** h[6] = {&t->h_tok, &t->h_tgt, &t->h_pos, &t->h_sst, &t->h_sen, &t->h_cu};
+    for (int k = 0; k < 6; k++) {
+        free(*h[k]);
+        *h[k] = NULL;
+    }
+    for (int d = 0; d < t->n_dev; d++) {
+        int32_t** g[5] = {&t->tok[d], &t->tgt[d], &t->pos[d], &t->sst[d], &t->sen[d]};
+        set_device(t, d);
+        for (int k = 0; k < 5; k++) {
+            gptc_free(t->cpu, *g[k]);
+            *g[k] = NULL;
+        }
+    }
+}
+static int tables_alloc(trainer* t, int cap) {
+    int32_t** h[5] = {&t->h_tok, &t->h_tgt, &t->h_pos, &t->h_sst, &t->h_sen};
+    tables_free(t);
+    for (int k = 0; k < 5; k++)
+        if (!(*h[k] = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap))) return 1;
+    if (!(t->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(t->c.seqs + 1)))) return 1;
+    for (int d = 0; d < t->n_dev; d++) {
+        int32_t** g[5] = {&t->tok[d], &t->tgt[d], &t->pos[d], &t->sst[d], &t->sen[d]};
+        set_device(t, d);
+        for (int k = 0; k < 5; k++)
+            if (!(*g[k] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap))) return 1;
+    }
+    return 0;
+}
+
 static void trainer_free(trainer* t) {
     if (!t->cpu) cudaDeviceSynchronize();
     gptc_blas_destroy(t->run.blas); /* before the streams its handles are bound to */
@@ -124,14 +158,10 @@ static void trainer_free(trainer* t) {
         set_device(t, t->dev[r]);
         gptc_free(t->cpu, t->gbuf[r]);
     }
+    tables_free(t);
     for (int d = 0; d < t->n_dev; d++) {
         set_device(t, d);
         gptc_free(t->cpu, t->wbuf[d]);
-        gptc_free(t->cpu, t->tok[d]);
-        gptc_free(t->cpu, t->tgt[d]);
-        gptc_free(t->cpu, t->pos[d]);
-        gptc_free(t->cpu, t->sst[d]);
-        gptc_free(t->cpu, t->sen[d]);
         gptc_free(t->cpu, t->run.tab[d].mb_loss);
     }
     set_device(t, 0);
@@ -140,12 +170,6 @@ static void trainer_free(trainer* t) {
     gptc_free(t->cpu, t->m1);
     gptc_free(t->cpu, t->m2);
     free(t->g);
-    free(t->h_tok);
-    free(t->h_tgt);
-    free(t->h_cu);
-    free(t->h_pos);
-    free(t->h_sst);
-    free(t->h_sen);
 }
 
 static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev) {
@@ -159,11 +183,7 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
     t->cpu = c->cpu;
     t->run.cpu = c->cpu;
     if (!c->cpu && !c->naive && !(t->run.blas = gptc_blas_create())) return 1;
-    t->run.cfg.V = GPT_DATA_VOCAB;
-    t->run.cfg.maxT = c->max_len;
-    t->run.cfg.C = c->dim;
-    t->run.cfg.H = c->heads;
-    t->run.cfg.nb = c->layers;
+    t->run.cfg = gptc_opts_config(c);
     t->model = gptc_model_desc_depth(&t->run);
     t->n_par = gptc_numel(&t->run.cfg);
     t->n_grad = t->n_par + (size_t)t->run.cfg.V * t->run.cfg.C;
@@ -236,42 +256,11 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
 static int load_batch(trainer* t, const gpt_corpus* corp, uint64_t* rng, int* T_out) {
     int cap = t->c.seqs * t->c.max_len, T;
     if (cap > t->cap_rows) {
-        free(t->h_tok);
-        free(t->h_tgt);
-        free(t->h_pos);
-        free(t->h_sst);
-        free(t->h_sen);
-        free(t->h_cu);
-        t->h_tok = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap);
-        t->h_tgt = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap);
-        t->h_pos = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap);
-        t->h_sst = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap);
-        t->h_sen = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap);
-        t->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(t->c.seqs + 1));
-        if (!t->h_tok || !t->h_tgt || !t->h_pos || !t->h_sst || !t->h_sen || !t->h_cu) return 1;
-        for (int d = 0; d < t->n_dev; d++) {
-            set_device(t, d);
-            gptc_free(t->cpu, t->tok[d]);
-            gptc_free(t->cpu, t->tgt[d]);
-            gptc_free(t->cpu, t->pos[d]);
-            gptc_free(t->cpu, t->sst[d]);
-            gptc_free(t->cpu, t->sen[d]);
-            t->tok[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
-            t->tgt[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
-            t->pos[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
-            t->sst[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
-            t->sen[d] = (int32_t*)gptc_alloc(t->cpu, sizeof(int32_t) * (size_t)cap);
-            if (!t->tok[d] || !t->tgt[d] || !t->pos[d] || !t->sst[d] || !t->sen[d]) return 1;
-        }
+        if (tables_alloc(t, cap)) return 1;
         t->cap_rows = cap;
     }
     T = gpt_pack(corp, rng, t->c.seqs, t->h_tok, t->h_tgt, t->h_cu);
-    for (int s = 0; s < t->c.seqs; s++)
-        for (int r = t->h_cu[s]; r < t->h_cu[s + 1]; r++) {
-            t->h_pos[r] = r - t->h_cu[s];
-            t->h_sst[r] = t->h_cu[s];
-            t->h_sen[r] = t->h_cu[s + 1];
-        }
+    gpt_row_tables(t->h_cu, t->c.seqs, t->h_pos, t->h_sst, t->h_sen);
     for (int d = 0; d < t->n_dev; d++) {
         size_t b = sizeof(int32_t) * (size_t)T;
         set_device(t, d);
@@ -300,7 +289,8 @@ static int load_batch(trainer* t, const gpt_corpus* corp, uint64_t* rng, int* T_
 }
 
 /* One training step: pipeline, then the gradient sum in rank order, tied wte, Adam, replicas. */
-static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info) {
+static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info, gpt_traffic* tr) {
+    pp_step_stats ss;
     float mbl[1024];
     double acc = 0;
     int cpu = t->cpu;
@@ -312,13 +302,14 @@ static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info
        (non-blocking) do not wait for: finish them before the step (between steps, not inside) */
     for (int d = 0; d < t->n_dev && !cpu; d++)
         if (cudaSetDevice(d) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 1;
-    if (pp_pipeline_step(t->pl, &t->batch, NULL) != PP_OK) {
+    if (pp_pipeline_step(t->pl, &t->batch, &ss) != PP_OK) {
         fprintf(stderr, "%s\n", pp_pipeline_error(t->pl));
         for (int r = 0; r < t->p && !cpu; r++)
             if (pp_cuda_error(pp_cuda_pipeline_world(t->pl), r)[0])
                 fprintf(stderr, "rank %d: %s\n", r, pp_cuda_error(pp_cuda_pipeline_world(t->pl), r));
         return 1;
     }
+    gpt_traffic_add(tr, &ss);
     if (cpu) memset(info, 0, sizeof *info);
     else *info = *pp_cuda_pipeline_info(t->pl);
     /* gradient of the step: sum over ranks in rank order (others' slots are zero) */
@@ -355,13 +346,9 @@ static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info
 }
 
 static int load_corpus(const cfg* c, gpt_corpus* corp) {
-    const char* path = c->text ? c->text : "README.md";
-    if (!c->generated && gpt_corpus_load(corp, path, c->max_len, 42) == 0) return 0;
-    if (c->text) {
-        fprintf(stderr, "cannot read %s\n", c->text);
-        return 1;
-    }
-    return gpt_corpus_generate(corp, 4000, c->max_len, 42);
+    const char* bad = gptc_opts_corpus(c, corp);
+    if (bad) fprintf(stderr, "gpt_cuda: %s\n", bad);
+    return bad != NULL;
 }
 
 /* Trains c->steps steps at (p, kind, v); fills out. verbose prints per step. */
@@ -379,8 +366,9 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
         return 1;
     }
     if (verbose)
-        printf("gpt_cuda: %s p=%d v=%d m=%d on %d %s, %d blocks, C=%d, %zu parameters, text: %s\n", pp_schedule_name(kind), p, v,
-               c->m, c->cpu ? 0 : n_dev, c->cpu ? "GPUs (--cpu: host)" : "GPU(s)", c->layers, c->dim, t.n_par, corp.source);
+        printf("gpt_cuda: %s p=%d v=%d m=%d on %d %s, %d blocks, C=%d, %zu parameters, %s activations, text: %s\n",
+               pp_schedule_name(kind), p, v, c->m, c->cpu ? 0 : n_dev, c->cpu ? "GPUs (--cpu: host)" : "GPU(s)", c->layers, c->dim,
+               t.n_par, c->bf16 ? "bf16" : "f32", corp.source);
     for (int s = 0; s < c->steps && s < 1024; s++) {
         int T = 0;
         float loss = 0;
@@ -391,7 +379,7 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
             break;
         }
         t0 = now_s();
-        if (train_step(&t, s, &loss, &info)) {
+        if (train_step(&t, s, &loss, &info, &out->traffic)) {
             rc = 1;
             break;
         }
@@ -419,6 +407,7 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
         set_device(&t, 0);
         if (!out->final_params || gptc_copy(c->cpu, out->final_params, t.wbuf[0], sizeof(float) * t.n_par)) rc = 1;
     }
+    if (rc == 0 && verbose) gpt_traffic_print("", &out->traffic, c->bf16 ? PP_BF16 : PP_F32);
     if (rc == 0 && verbose && !c->cpu) {
         size_t pb = sizeof(float) * t.n_par;
         printf("memory per stage (GPU block pool: stashes, received activations, gradient workspaces):\n");
@@ -510,51 +499,32 @@ static int gradcheck(const cfg* c0) {
 static int usage(void) {
     fprintf(stderr, "usage: gpt_cuda [--schedule gpipe|1f1b|interleaved] [-p N] [-v N] [-m N] [--steps N] [--gpus N]\n"
                     "                [--text FILE | --generated] [--seqs-per-step N] [--max-len N] [--dim N] [--heads N]\n"
-                    "                [--layers N] [--lr X] [--trace FILE] [--check] [--bench] [--cpu] [--gradcheck]\n"
-                    "                [--gemm cublas|naive] [--vs-naive]\n");
+                    "                [--layers N] [--lr X] [--dtype f32|bf16] [--trace FILE] [--check] [--bench] [--cpu]\n"
+                    "                [--gradcheck] [--gemm cublas|naive] [--vs-naive]\n");
     return 2;
 }
 
 int main(int argc, char** argv) {
     cfg c;
     int ndev = 0, rc = 0;
-    memset(&c, 0, sizeof c);
-    c.kind = PP_SCHED_1F1B;
+    memset(&c, 0, sizeof c); /* its own options */
+    gptc_opts_default(&c);
     c.p = 4;
-    c.v = 2;
-    c.m = 8;
-    c.steps = 40;
-    c.seqs = 64;
-    c.max_len = 128;
-    c.dim = 128;
-    c.heads = 4;
-    c.layers = 4;
     c.gpus = 1;
-    c.lr = 1e-3f;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         const char* n = i + 1 < argc ? argv[i + 1] : NULL;
+        int shared = gptc_opts_arg(&c, argc, argv, &i);
 #define ARG(s) (!strcmp(a, s) && n && ++i)
-        if (ARG("--schedule")) {
-            if (pp_schedule_kind_parse(n, &c.kind) != PP_OK) return usage();
-        } else if (ARG("-p")) c.p = atoi(n);
-        else if (ARG("-v")) c.v = atoi(n);
-        else if (ARG("-m")) c.m = atoi(n);
-        else if (ARG("--steps")) c.steps = atoi(n);
+        if (shared < 0) return usage();
+        if (shared) continue;
+        if (ARG("-p")) c.p = atoi(n);
         else if (ARG("--gpus")) c.gpus = atoi(n);
-        else if (ARG("--text")) c.text = n;
-        else if (ARG("--seqs-per-step")) c.seqs = atoi(n);
-        else if (ARG("--max-len")) c.max_len = atoi(n);
-        else if (ARG("--dim")) c.dim = atoi(n);
-        else if (ARG("--heads")) c.heads = atoi(n);
-        else if (ARG("--layers")) c.layers = atoi(n);
-        else if (ARG("--lr")) c.lr = (float)atof(n);
         else if (ARG("--trace")) c.trace = n;
         else if (ARG("--gemm")) {
             if (strcmp(n, "naive") && strcmp(n, "cublas")) return usage();
             c.naive = !strcmp(n, "naive");
         } else if (!strcmp(a, "--vs-naive")) c.vs_naive = 1;
-        else if (!strcmp(a, "--generated")) c.generated = 1;
         else if (!strcmp(a, "--check")) c.check = 1;
         else if (!strcmp(a, "--bench")) c.bench = 1;
         else if (!strcmp(a, "--cpu")) c.cpu = 1;
@@ -562,10 +532,7 @@ int main(int argc, char** argv) {
         else return usage();
 #undef ARG
     }
-    c.v = pp_schedule_kind_v(c.kind, c.v);
-    if (c.p < 1 || c.p > 64 || c.v < 1 || c.m < 1 || c.m > 1024 || c.steps < 1 || c.dim < 8 || c.heads < 1 ||
-        c.dim % c.heads || c.dim / c.heads > GPTC_MAX_HS || c.seqs < c.m || c.max_len < 12 || c.gpus < 1 || c.gpus > GPTC_MAX_DEV)
-        return usage();
+    if (gptc_opts_check(&c) || c.p < 1 || c.p > 64 || c.gpus < 1 || c.gpus > GPTC_MAX_DEV) return usage();
     if (c.layers < c.p * c.v - 2) c.layers = c.p * c.v - 2;
     if (c.layers > GPTC_MAX_BLOCK) {
         fprintf(stderr, "gpt_cuda: p*v = %d stages need %d blocks, at most %d\n", c.p * c.v, c.layers, GPTC_MAX_BLOCK);
@@ -580,6 +547,10 @@ int main(int argc, char** argv) {
     if (c.gradcheck) {
         if (!c.cpu) {
             fprintf(stderr, "--gradcheck needs --cpu (it reads losses on the host)\n");
+            return 2;
+        }
+        if (c.bf16) { /* the rounding between layers is far coarser than its differences */
+            fprintf(stderr, "--gradcheck runs in f32 (finite differences do not see through bf16 rounding)\n");
             return 2;
         }
         return gradcheck(&c);

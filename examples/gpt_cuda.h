@@ -26,6 +26,7 @@
 static inline uint64_t gpt_rng_next(uint64_t* s) { return splitmix_next(s); }
 static inline float gpt_rng_uniform(uint64_t* s) { return splitmix_uniform(s); }
 #include "gpt_data.h"
+#include "gpt_traffic.h"
 
 #define GPTC_MAX_BLOCK 32   /* the list's blocks: the most a model can use */
 #define GPTC_MAX_DEV 16     /* devices a run's tables are kept for */
@@ -117,11 +118,11 @@ struct gptc_ln_bwd_p_op {
         gb[c] += b;
     }
 };
-/* y (T, out) = x (T, in) W (in, out) + b */
+/* y (T, out) = x (T, in) W (in, out) + b (b NULL: no bias) */
 struct gptc_mm_fwd_op {
     GPTC_HD void at(int i, const float* x, const float* W, const float* b, float* y, int in, int out) {
         int r = i / out, o = i % out;
-        float acc = b[o];
+        float acc = b ? b[o] : 0.0f;
         for (int k = 0; k < in; k++) acc += x[(size_t)r * in + k] * W[(size_t)k * out + o];
         y[i] = acc;
     }
@@ -135,7 +136,8 @@ struct gptc_mm_bwd_x_op {
         dx[i] = acc;
     }
 };
-/* gW (in, out) += x^T dy, gb (out) += column sums of dy: one thread per element, rows in order */
+/* gW (in, out) += x^T dy, gb (out) += column sums of dy: one thread per element, rows in order
+   (in * out threads: gW alone) */
 struct gptc_mm_bwd_w_op {
     GPTC_HD void at(int i, const float* x, const float* dy, float* gW, float* gb, int T, int in, int out) {
         float acc = 0;
@@ -160,33 +162,6 @@ struct gptc_colsum_op {
         float acc = 0;
         for (int r = 0; r < T; r++) acc += dy[(size_t)r * out + o];
         gb[o] += acc;
-    }
-};
-/* tied head: logits (T, V) = xn (T, C) wte^T */
-struct gptc_head_fwd_op {
-    GPTC_HD void at(int i, const float* xn, const float* wte, float* logits, int C, int V) {
-        int r = i / V, v = i % V;
-        float acc = 0;
-        for (int c = 0; c < C; c++) acc += xn[(size_t)r * C + c] * wte[(size_t)v * C + c];
-        logits[i] = acc;
-    }
-};
-/* dxn (T, C) = dl (T, V) wte */
-struct gptc_head_bwd_x_op {
-    GPTC_HD void at(int i, const float* dl, const float* wte, float* dxn, int C, int V) {
-        int r = i / C, c = i % C;
-        float acc = 0;
-        for (int v = 0; v < V; v++) acc += dl[(size_t)r * V + v] * wte[(size_t)v * C + c];
-        dxn[i] = acc;
-    }
-};
-/* g (V, C) += dl^T xn */
-struct gptc_head_bwd_w_op {
-    GPTC_HD void at(int i, const float* xn, const float* dl, float* g, int T, int C, int V) {
-        int v = i / C, c = i % C;
-        float acc = 0;
-        for (int r = 0; r < T; r++) acc += dl[(size_t)r * V + v] * xn[(size_t)r * C + c];
-        g[i] += acc;
     }
 };
 GPTC_HD float gptc_gelu(float x) { return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x))); }
@@ -239,6 +214,19 @@ struct gptc_attn_d_op {
         D[i] = acc;
     }
 };
+/* The probability of key k for query q (from the forward's log-sum-exp lse) and, in *ds, the
+   gradient of their score (dp = go . v against the row's D): what dq and dk, dv both sum. */
+GPTC_HD float gptc_attn_p(const float* q, const float* k, const float* v, const float* go, int hs, float scale, float lse,
+                          float D, float* ds) {
+    float s = 0, dp = 0;
+    for (int d = 0; d < hs; d++) {
+        s += q[d] * k[d];
+        dp += go[d] * v[d];
+    }
+    float p = expf(s * scale - lse);
+    *ds = p * (dp - D) * scale;
+    return p;
+}
 /* dq of (query r, head h): sum over its keys j <= r */
 struct gptc_attn_dq_op {
     GPTC_HD void at(int i, const float* qkv, const float* dout, const float* lse, const float* D, const int32_t* sstart, int row0,
@@ -248,14 +236,9 @@ struct gptc_attn_dq_op {
         const float *q = qkv + (size_t)r * 3 * C + h * hs, *go = dout + (size_t)r * C + h * hs;
         for (int d = 0; d < hs; d++) dq[d] = 0;
         for (int j = s0; j <= r; j++) {
-            const float *k = qkv + (size_t)j * 3 * C + C + h * hs, *v = k + C;
-            float s = 0, dp = 0;
-            for (int d = 0; d < hs; d++) {
-                s += q[d] * k[d];
-                dp += go[d] * v[d];
-            }
-            float p = expf(s * scale - lse[(size_t)r * H + h]);
-            float ds = p * (dp - D[(size_t)r * H + h]) * scale;
+            const float* k = qkv + (size_t)j * 3 * C + C + h * hs;
+            float ds;
+            gptc_attn_p(q, k, k + C, go, hs, scale, lse[(size_t)r * H + h], D[(size_t)r * H + h], &ds);
             for (int d = 0; d < hs; d++) dq[d] += ds * k[d];
         }
         for (int d = 0; d < hs; d++) dqkv[(size_t)r * 3 * C + h * hs + d] = dq[d];
@@ -271,13 +254,7 @@ struct gptc_attn_dkv_op {
         for (int d = 0; d < hs; d++) dk[d] = dv[d] = 0;
         for (int r = j; r < e; r++) {
             const float *q = qkv + (size_t)r * 3 * C + h * hs, *go = dout + (size_t)r * C + h * hs;
-            float s = 0, dp = 0;
-            for (int d = 0; d < hs; d++) {
-                s += q[d] * k[d];
-                dp += go[d] * v[d];
-            }
-            float p = expf(s * scale - lse[(size_t)r * H + h]);
-            float ds = p * (dp - D[(size_t)r * H + h]) * scale;
+            float ds, p = gptc_attn_p(q, k, v, go, hs, scale, lse[(size_t)r * H + h], D[(size_t)r * H + h], &ds);
             for (int d = 0; d < hs; d++) {
                 dv[d] += p * go[d];
                 dk[d] += ds * q[d];
@@ -336,11 +313,111 @@ struct gptc_scale_op {
     GPTC_HD void at(int i, float* g, float s) { g[i] *= s; }
 };
 
+/* bf16 activations (gptc_config.bf16): widened to f32 for the layer's arithmetic and rounded
+   back to nearest even, the bits of pipeline.h's pp_bf16_to_f32 and pp_f32_to_bf16 */
+GPTC_HD float gptc_bf16_widen(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+GPTC_HD uint16_t gptc_bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* a quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+struct gptc_widen_op {
+    GPTC_HD void at(int i, const uint16_t* h, float* f) { f[i] = gptc_bf16_widen(h[i]); }
+};
+struct gptc_narrow_op {
+    GPTC_HD void at(int i, const float* f, uint16_t* h) { h[i] = gptc_bf16_round(f[i]); }
+};
+
 /* ---- the model: sizes, parameters, the run's shared context ------------------------------------ */
 typedef struct gptc_config {
     int V, maxT, C, H;  /* vocabulary, longest sequence, channels, heads */
     int nb;             /* blocks in use, 1 .. GPTC_MAX_BLOCK */
+    int bf16;           /* 1: the activations between layers and their gradients are bf16 (--dtype
+                           bf16); each layer widens what it reads into f32 scratch in io->saved and
+                           rounds what it writes; weights, gradients and saved scratch stay f32 */
 } gptc_config;
+
+/* What gpt_cuda and gpt_nccl share of their options (each program's own options struct derives
+   from this one): the schedule, the batches, the model, Adam's rate, the activations' dtype. */
+struct gptc_opts {
+    pp_schedule_kind kind;      /* --schedule (default 1f1b) */
+    int v, m, steps;            /* -v (2), -m (8), --steps (40) */
+    int seqs, max_len;          /* --seqs-per-step (64), --max-len (128) */
+    int dim, heads, layers;     /* --dim (128), --heads (4), --layers (4) */
+    float lr;                   /* --lr (1e-3) */
+    const char* text;           /* --text FILE; else README.md, else the generated task */
+    int generated;              /* --generated */
+    int bf16;                   /* --dtype f32|bf16 (gptc_config.bf16) */
+};
+
+static void gptc_opts_default(gptc_opts* o) {
+    static const gptc_opts d = {PP_SCHED_1F1B, 2, 8, 40, 64, 128, 128, 4, 4, 1e-3f, NULL, 0, 0}; /* the comments' defaults */
+    *o = d;
+}
+
+/* argv[*i] if it is a shared option: 1 (*i moved past its value), 0 when it is not one, -1 when
+   its value is bad (a message says which). */
+static int gptc_opts_arg(gptc_opts* o, int argc, char** argv, int* i) {
+    const struct { const char* name; int* at; } ints[] = {{"-v", &o->v},         {"-m", &o->m},
+                                                          {"--steps", &o->steps}, {"--seqs-per-step", &o->seqs},
+                                                          {"--max-len", &o->max_len}, {"--dim", &o->dim},
+                                                          {"--heads", &o->heads}, {"--layers", &o->layers}};
+    const char* a = argv[*i];
+    const char* n = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const int n_ints = (int)(sizeof ints / sizeof ints[0]);
+    int k, known = 1;
+    if (!strcmp(a, "--generated")) {
+        o->generated = 1;
+        return 1;
+    }
+    if (!n) return 0;
+    for (k = 0; k < n_ints; k++)
+        if (!strcmp(a, ints[k].name)) break;
+    if (k < n_ints) *ints[k].at = atoi(n);
+    else if (!strcmp(a, "--lr")) o->lr = (float)atof(n);
+    else if (!strcmp(a, "--text")) o->text = n;
+    else if (!strcmp(a, "--schedule")) known = pp_schedule_kind_parse(n, &o->kind) == PP_OK ? 1 : -1;
+    else if (!strcmp(a, "--dtype")) {
+        known = strcmp(n, "f32") && strcmp(n, "bf16") ? -1 : 1;
+        o->bf16 = !strcmp(n, "bf16");
+        if (known < 0) fprintf(stderr, "unknown --dtype '%s' (f32 or bf16)\n", n);
+    } else known = 0;
+    *i += known > 0;
+    return known;
+}
+
+/* v from the schedule; 0 when the shared options are in range, else 1. */
+static int gptc_opts_check(gptc_opts* o) {
+    o->v = pp_schedule_kind_v(o->kind, o->v);
+    return o->v < 1 || o->m < 1 || o->m > 1024 || o->steps < 1 || o->dim < 8 || o->heads < 1 || o->dim % o->heads ||
+           o->dim / o->heads > GPTC_MAX_HS || o->seqs < o->m || o->max_len < 12;
+}
+
+/* The model's sizes from the options (the vocabulary is gpt_data.h's bytes). */
+static gptc_config gptc_opts_config(const gptc_opts* o) {
+    gptc_config c;
+    c.V = GPT_DATA_VOCAB;
+    c.maxT = o->max_len;
+    c.C = o->dim;
+    c.H = o->heads;
+    c.nb = o->layers;
+    c.bf16 = o->bf16;
+    return c;
+}
+
+/* The text: --text FILE, else README.md, else the generated task (--generated: that one). NULL,
+   or what failed. */
+static const char* gptc_opts_corpus(const gptc_opts* o, gpt_corpus* corp) {
+    if (!o->generated && gpt_corpus_load(corp, o->text ? o->text : "README.md", o->max_len, 42) == 0) return NULL;
+    if (o->text) return "cannot read the --text file";
+    return gpt_corpus_generate(corp, 4000, o->max_len, 42) ? "cannot generate a corpus" : NULL;
+}
 
 /* A layer's parameters (or gradients: the same layout in another buffer). */
 typedef struct gptc_embed_p {
@@ -449,12 +526,13 @@ static int gptc_env_of(const pp_layer_io* io, gptc_env* e) {
 static const float gptc_one = 1.0f, gptc_fzero = 0.0f;
 #define GPTC_BLAS(call) ((call) == CUBLAS_STATUS_SUCCESS ? 0 : 8)
 
-/* y (T, out) = x (T, in) W (in, out) + b */
+/* y (T, out) = x (T, in) W (in, out) + b (b NULL: no bias) */
 static int gptc_mm_fwd(const gptc_env* e, const float* x, const float* W, const float* b, float* y, int T, int in, int out) {
     if (!e->blas) return gptc_op<gptc_mm_fwd_op>(e->cpu, e->st, T * out, x, W, b, y, in, out);
     if (T <= 0) return 0;
-    GPTC_TRY(gptc_op<gptc_bias_fill_op>(0, e->st, T * out, b, y, out));
-    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_N, out, T, in, &gptc_one, W, out, x, in, &gptc_one, y, out));
+    if (b) GPTC_TRY(gptc_op<gptc_bias_fill_op>(0, e->st, T * out, b, y, out));
+    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_N, out, T, in, &gptc_one, W, out, x, in, b ? &gptc_one : &gptc_fzero,
+                                 y, out));
 }
 /* dx (T, in) = dy (T, out) W^T */
 static int gptc_mm_bwd_x(const gptc_env* e, const float* dy, const float* W, float* dx, int T, int in, int out) {
@@ -462,31 +540,16 @@ static int gptc_mm_bwd_x(const gptc_env* e, const float* dy, const float* W, flo
     if (T <= 0) return 0;
     return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, in, T, out, &gptc_one, W, out, dy, out, &gptc_fzero, dx, in));
 }
-/* gW (in, out) += x^T dy, gb (out) += column sums of dy */
+/* gW (in, out) += x^T dy, gb (out) += column sums of dy (gb NULL: gW alone) */
 static int gptc_mm_bwd_w(const gptc_env* e, const float* x, const float* dy, float* gW, float* gb, int T, int in, int out) {
-    if (!e->blas) return gptc_op<gptc_mm_bwd_w_op>(e->cpu, e->st, in * out + out, x, dy, gW, gb, T, in, out);
+    if (!e->blas) return gptc_op<gptc_mm_bwd_w_op>(e->cpu, e->st, in * out + (gb ? out : 0), x, dy, gW, gb, T, in, out);
     if (T <= 0) return 0;
     GPTC_TRY(GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_T, out, in, T, &gptc_one, dy, out, x, in, &gptc_one, gW, out)));
-    return gptc_op<gptc_colsum_op>(0, e->st, out, dy, gb, T, out);
+    return gb ? gptc_op<gptc_colsum_op>(0, e->st, out, dy, gb, T, out) : 0;
 }
-/* logits (T, V) = xn (T, C) wte^T */
-static int gptc_head_fwd(const gptc_env* e, const float* xn, const float* wte, float* logits, int T, int C, int V) {
-    if (!e->blas) return gptc_op<gptc_head_fwd_op>(e->cpu, e->st, T * V, xn, wte, logits, C, V);
-    if (T <= 0) return 0;
-    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, V, T, C, &gptc_one, wte, C, xn, C, &gptc_fzero, logits, V));
-}
-/* dxn (T, C) = dl (T, V) wte (V, C) */
-static int gptc_head_bwd_x(const gptc_env* e, const float* dl, const float* wte, float* dxn, int T, int C, int V) {
-    if (!e->blas) return gptc_op<gptc_head_bwd_x_op>(e->cpu, e->st, T * C, dl, wte, dxn, C, V);
-    if (T <= 0) return 0;
-    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, T, V, &gptc_one, wte, C, dl, V, &gptc_fzero, dxn, C));
-}
-/* g (V, C) += dl^T xn */
-static int gptc_head_bwd_w(const gptc_env* e, const float* xn, const float* dl, float* g, int T, int C, int V) {
-    if (!e->blas) return gptc_op<gptc_head_bwd_w_op>(e->cpu, e->st, V * C, xn, dl, g, T, C, V);
-    if (T <= 0) return 0;
-    return GPTC_BLAS(cublasSgemm(e->blas, CUBLAS_OP_N, CUBLAS_OP_T, C, V, T, &gptc_one, xn, C, dl, V, &gptc_one, g, C));
-}
+/* The tied head's products are these three with wte (V, C) as the matrix: logits (T, V) = xn
+   wte^T is gptc_mm_bwd_x with in = V, out = C; dxn (T, C) = dl wte is gptc_mm_fwd without bias;
+   g (V, C) += dl^T xn is gptc_mm_bwd_w without gb. */
 
 static size_t gptc_block_numel(const gptc_config* g) {
     size_t C = (size_t)g->C;
@@ -502,8 +565,9 @@ static size_t gptc_numel(const gptc_config* g) {
 /* scratch kept from forward to backward (io->saved), as float offsets for T rows */
 typedef struct gptc_bsave {
     float *ln1, *mu1, *rs1, *qkv, *att, *lse, *xmid, *ln2, *mu2, *rs2, *fcpre, *fcact, *dxmid, *dln, *dfc, *datt, *dqkv, *D;
+    float *xin, *dyf;   /* bf16 only (else 0 floats): the input widened in forward, the output gradient in backward */
 } gptc_bsave;
-static size_t gptc_bsave_carve(gptc_bsave* s, float* p, size_t T, size_t C, size_t H) {
+static size_t gptc_bsave_carve(gptc_bsave* s, float* p, size_t T, size_t C, size_t H, int bf16) {
     float* b = p;
 #define GPTC_CUT(f, n) (s->f = p, p += (n))
     GPTC_CUT(ln1, T * C);
@@ -524,12 +588,15 @@ static size_t gptc_bsave_carve(gptc_bsave* s, float* p, size_t T, size_t C, size
     GPTC_CUT(datt, T * C);
     GPTC_CUT(dqkv, 3 * T * C);
     GPTC_CUT(D, T * H);
+    GPTC_CUT(xin, bf16 ? T * C : 0);
+    GPTC_CUT(dyf, bf16 ? T * C : 0);
     return (size_t)(p - b) * sizeof(float);
 }
 typedef struct gptc_hsave {
     float *xn, *mu, *rs, *logits, *lse, *rowloss, *dl, *dxn;
+    float *xin, *dxf;   /* bf16 only (else 0 floats): the input widened in forward, the input gradient before rounding */
 } gptc_hsave;
-static size_t gptc_hsave_carve(gptc_hsave* s, float* p, size_t T, size_t C, size_t V) {
+static size_t gptc_hsave_carve(gptc_hsave* s, float* p, size_t T, size_t C, size_t V, int bf16) {
     float* b = p;
     GPTC_CUT(xn, T * C);
     GPTC_CUT(mu, T);
@@ -539,24 +606,55 @@ static size_t gptc_hsave_carve(gptc_hsave* s, float* p, size_t T, size_t C, size
     GPTC_CUT(rowloss, T);
     GPTC_CUT(dl, T * V);
     GPTC_CUT(dxn, T * C);
+    GPTC_CUT(xin, bf16 ? T * C : 0);
+    GPTC_CUT(dxf, bf16 ? T * C : 0);
 #undef GPTC_CUT
     return (size_t)(p - b) * sizeof(float);
 }
+
+/* A tensor between layers as f32 for the layer's arithmetic: its own data, or with bf16 its
+   values widened into stage (T*C floats of io->saved). */
+static int gptc_act_in(const gptc_env* e, const pp_tensor* t, float* stage, const float** f) {
+    if (!e->c->bf16) {
+        *f = (const float*)t->data;
+        return 0;
+    }
+    *f = stage;
+    return gptc_op<gptc_widen_op>(e->cpu, e->st, (int)(t->rows * t->cols), (const uint16_t*)t->data, stage);
+}
+/* Where the layer writes a tensor between layers: its data, or with bf16 stage (then
+   gptc_act_out rounds stage into it). */
+static float* gptc_act_dst(const gptc_env* e, const pp_tensor* t, float* stage) {
+    return e->c->bf16 ? stage : (float*)t->data;
+}
+static int gptc_act_out(const gptc_env* e, const float* stage, const pp_tensor* t) {
+    if (!e->c->bf16) return 0;
+    return gptc_op<gptc_narrow_op>(e->cpu, e->st, (int)(t->rows * t->cols), stage, (uint16_t*)t->data);
+}
+/* the embedding's io->saved: with bf16, T*C floats of staging for its output (forward) and the
+   output's gradient (backward); else nothing */
+static size_t gptc_esave_bytes(const gptc_config* c, size_t T) { return c->bf16 ? sizeof(float) * T * (size_t)c->C : 0; }
 
 static int gptc_embed_fwd(const gptc_embed_p* w, pp_layer_io* io) {
     gptc_env e;
     if (gptc_env_of(io, &e)) return 1;
     int T = (int)io->mb->rows, C = e.c->C;
-    return gptc_op<gptc_embed_fwd_op>(e.cpu, e.st, T * C, (const int32_t*)io->in[0].data, e.tab->pos, (int)io->mb->row0,
-                                      (const float*)w->wte, (const float*)w->wpe, (float*)io->out[0].data, C);
+    float* x = gptc_act_dst(&e, &io->out[0], (float*)io->saved);
+    if (gptc_esave_bytes(e.c, (size_t)T) > io->saved_bytes) return 2;
+    GPTC_TRY(gptc_op<gptc_embed_fwd_op>(e.cpu, e.st, T * C, (const int32_t*)io->in[0].data, e.tab->pos, (int)io->mb->row0,
+                                        (const float*)w->wte, (const float*)w->wpe, x, C));
+    return gptc_act_out(&e, x, &io->out[0]);
 }
 static int gptc_embed_bwd(const gptc_embed_p* w, gptc_embed_p* g, pp_layer_io* io) {
     gptc_env e;
+    const float* dx;
     (void)w;
     if (gptc_env_of(io, &e)) return 1;
     int T = (int)io->mb->rows;
-    return gptc_op<gptc_embed_bwd_op>(e.cpu, e.st, e.c->C, (const int32_t*)io->in[0].data, e.tab->pos, (int)io->mb->row0,
-                                      (const float*)io->d_out[0].data, g->wte, g->wpe, T, e.c->C);
+    if (gptc_esave_bytes(e.c, (size_t)T) > io->saved_bytes) return 2;
+    GPTC_TRY(gptc_act_in(&e, &io->d_out[0], (float*)io->saved, &dx));
+    return gptc_op<gptc_embed_bwd_op>(e.cpu, e.st, e.c->C, (const int32_t*)io->in[0].data, e.tab->pos, (int)io->mb->row0, dx,
+                                      g->wte, g->wpe, T, e.c->C);
 }
 
 static int gptc_block_fwd(const gptc_block_p* b, pp_layer_io* io) {
@@ -564,10 +662,12 @@ static int gptc_block_fwd(const gptc_block_p* b, pp_layer_io* io) {
     if (gptc_env_of(io, &e)) return 1;
     int T = (int)io->mb->rows, C = e.c->C, H = e.c->H, row0 = (int)io->mb->row0, cpu = e.cpu;
     cudaStream_t st = e.st;
-    const float* x = (const float*)io->in[0].data;
-    float* y = (float*)io->out[0].data;
+    const float* x;
+    float* y;
     gptc_bsave s;
-    if (gptc_bsave_carve(&s, (float*)io->saved, T, C, H) > io->saved_bytes) return 2;
+    if (gptc_bsave_carve(&s, (float*)io->saved, T, C, H, e.c->bf16) > io->saved_bytes) return 2;
+    GPTC_TRY(gptc_act_in(&e, &io->in[0], s.xin, &x));
+    y = gptc_act_dst(&e, &io->out[0], s.dxmid); /* dxmid is free again once xmid is made */
     GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, x, (const float*)b->ln1_g, (const float*)b->ln1_b, s.ln1, s.mu1, s.rs1, C));
     GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.ln1, (const float*)b->qkv_w, (const float*)b->qkv_b, s.qkv, T, C, 3 * C));
     GPTC_TRY(gptc_op<gptc_attn_fwd_op>(cpu, st, T * H, (const float*)s.qkv, e.tab->sstart, row0, s.att, s.lse, C, H));
@@ -578,7 +678,8 @@ static int gptc_block_fwd(const gptc_block_p* b, pp_layer_io* io) {
     GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.ln2, (const float*)b->fc_w, (const float*)b->fc_b, s.fcpre, T, C, 4 * C));
     GPTC_TRY(gptc_op<gptc_gelu_fwd_op>(cpu, st, T * 4 * C, (const float*)s.fcpre, s.fcact));
     GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.fcact, (const float*)b->fcp_w, (const float*)b->fcp_b, s.dln, T, 4 * C, C));
-    return gptc_op<gptc_add_op>(cpu, st, T * C, (const float*)s.xmid, (const float*)s.dln, y);
+    GPTC_TRY(gptc_op<gptc_add_op>(cpu, st, T * C, (const float*)s.xmid, (const float*)s.dln, y));
+    return gptc_act_out(&e, y, &io->out[0]);
 }
 
 static int gptc_block_bwd(const gptc_block_p* b, gptc_block_p* gb, pp_layer_io* io) {
@@ -586,10 +687,13 @@ static int gptc_block_bwd(const gptc_block_p* b, gptc_block_p* gb, pp_layer_io* 
     if (gptc_env_of(io, &e)) return 1;
     int T = (int)io->mb->rows, C = e.c->C, H = e.c->H, row0 = (int)io->mb->row0, cpu = e.cpu;
     cudaStream_t st = e.st;
-    const float *x = (const float*)io->in[0].data, *dy = (const float*)io->d_out[0].data;
-    float* dx = (float*)io->d_in[0].data;
+    const float *x, *dy;
+    float* dx;
     gptc_bsave s;
-    if (gptc_bsave_carve(&s, (float*)io->saved, T, C, H) > io->saved_bytes) return 2;
+    if (gptc_bsave_carve(&s, (float*)io->saved, T, C, H, e.c->bf16) > io->saved_bytes) return 2;
+    x = e.c->bf16 ? (const float*)s.xin : (const float*)io->in[0].data; /* widened in forward */
+    GPTC_TRY(gptc_act_in(&e, &io->d_out[0], s.dyf, &dy));
+    dx = io->d_in[0].data ? gptc_act_dst(&e, &io->d_in[0], s.datt) : NULL; /* datt is free by then */
     /* MLP: y = xmid + fcp(gelu(fc(ln2(xmid)))) */
     GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.fcact, dy, gb->fcp_w, gb->fcp_b, T, 4 * C, C));
     GPTC_TRY(gptc_mm_bwd_x(&e, dy, (const float*)b->fcp_w, s.dfc, T, 4 * C, C));
@@ -612,10 +716,10 @@ static int gptc_block_bwd(const gptc_block_p* b, gptc_block_p* gb, pp_layer_io* 
     GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dqkv, (const float*)b->qkv_w, s.dln, T, C, 3 * C));
     GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dln, x, (const float*)s.mu1, (const float*)s.rs1, gb->ln1_g,
                                        gb->ln1_b, T, C));
-    if (dx)
-        GPTC_TRY(gptc_op<gptc_ln_bwd_x_op>(cpu, st, T, (const float*)s.dln, x, (const float*)s.mu1, (const float*)s.rs1,
-                                           (const float*)b->ln1_g, (const float*)s.dxmid, dx, C));
-    return 0;
+    if (!dx) return 0;
+    GPTC_TRY(gptc_op<gptc_ln_bwd_x_op>(cpu, st, T, (const float*)s.dln, x, (const float*)s.mu1, (const float*)s.rs1,
+                                       (const float*)b->ln1_g, (const float*)s.dxmid, dx, C));
+    return gptc_act_out(&e, dx, &io->d_in[0]);
 }
 
 static int gptc_head_fwd(const gptc_head_p* w, pp_layer_io* io) {
@@ -624,11 +728,13 @@ static int gptc_head_fwd(const gptc_head_p* w, pp_layer_io* io) {
     int T = (int)io->mb->rows, C = e.c->C, V = e.c->V, cpu = e.cpu;
     cudaStream_t st = e.st;
     const int32_t* tgt = (const int32_t*)io->mb->targets;
+    const float* x;
     gptc_hsave s;
-    if (gptc_hsave_carve(&s, (float*)io->saved, T, C, V) > io->saved_bytes || !e.tab->mb_loss) return 2;
-    GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, (const float*)io->in[0].data, (const float*)w->lnf_g, (const float*)w->lnf_b, s.xn,
+    if (gptc_hsave_carve(&s, (float*)io->saved, T, C, V, e.c->bf16) > io->saved_bytes || !e.tab->mb_loss) return 2;
+    GPTC_TRY(gptc_act_in(&e, &io->in[0], s.xin, &x));
+    GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, x, (const float*)w->lnf_g, (const float*)w->lnf_b, s.xn,
                                      s.mu, s.rs, C));
-    GPTC_TRY(gptc_head_fwd(&e, (const float*)s.xn, (const float*)w->wte, s.logits, T, C, V));
+    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.xn, (const float*)w->wte, s.logits, T, V, C));
     GPTC_TRY(gptc_op<gptc_xent_fwd_op>(cpu, st, T, (const float*)s.logits, tgt, s.lse, s.rowloss, V));
     io->loss = 0; /* on the GPU: the tables' mb_loss */
     return gptc_op<gptc_loss_sum_op>(cpu, st, 1, (const float*)s.rowloss, tgt, T, &e.tab->mb_loss[io->mb->index]);
@@ -641,19 +747,23 @@ static int gptc_head_bwd(const gptc_head_p* w, gptc_head_p* g, pp_layer_io* io) 
     int n_tgt = (int)io->mb->rows - (io->mb->cu_seqlens ? io->mb->n_seqs : 1);
     cudaStream_t st = e.st;
     const int32_t* tgt = (const int32_t*)io->mb->targets;
+    const float* x;
+    float* dx;
     gptc_hsave s;
-    if (gptc_hsave_carve(&s, (float*)io->saved, T, C, V) > io->saved_bytes) return 2;
+    if (gptc_hsave_carve(&s, (float*)io->saved, T, C, V, e.c->bf16) > io->saved_bytes) return 2;
+    x = e.c->bf16 ? (const float*)s.xin : (const float*)io->in[0].data; /* widened in forward */
+    dx = io->d_in[0].data ? gptc_act_dst(&e, &io->d_in[0], s.dxf) : NULL;
     if (n_tgt < 1) n_tgt = 1;
     GPTC_TRY(gptc_op<gptc_xent_bwd_op>(cpu, st, T * V, (const float*)s.logits, (const float*)s.lse, tgt, s.dl, V,
                                        io->mb->loss_scale / (float)n_tgt));
-    GPTC_TRY(gptc_head_bwd_w(&e, (const float*)s.xn, (const float*)s.dl, g->wte, T, C, V));
-    GPTC_TRY(gptc_head_bwd_x(&e, (const float*)s.dl, (const float*)w->wte, s.dxn, T, C, V));
-    GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dxn, (const float*)io->in[0].data, (const float*)s.mu,
-                                       (const float*)s.rs, g->lnf_g, g->lnf_b, T, C));
-    if (io->d_in[0].data)
-        GPTC_TRY(gptc_op<gptc_ln_bwd_x_op>(cpu, st, T, (const float*)s.dxn, (const float*)io->in[0].data, (const float*)s.mu,
-                                           (const float*)s.rs, (const float*)w->lnf_g, (const float*)NULL, (float*)io->d_in[0].data, C));
-    return 0;
+    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.dl, (const float*)s.xn, g->wte, NULL, T, V, C));
+    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.dl, (const float*)w->wte, (const float*)NULL, s.dxn, T, V, C));
+    GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dxn, x, (const float*)s.mu, (const float*)s.rs, g->lnf_g,
+                                       g->lnf_b, T, C));
+    if (!dx) return 0;
+    GPTC_TRY(gptc_op<gptc_ln_bwd_x_op>(cpu, st, T, (const float*)s.dxn, x, (const float*)s.mu, (const float*)s.rs,
+                                       (const float*)w->lnf_g, (const float*)NULL, dx, C));
+    return gptc_act_out(&e, dx, &io->d_in[0]);
 }
 
 /* Shapes, scratch and cost from the run's config: describe reaches the context through d->model.
@@ -666,7 +776,7 @@ static void gptc_desc_act(const pp_microbatch* mb, const gptc_config* c, pp_laye
     d->n_out = 1;
     d->out[0].rows = mb->rows;
     d->out[0].cols = c->C;
-    d->out[0].dtype = PP_F32;
+    d->out[0].dtype = c->bf16 ? PP_BF16 : PP_F32;
 }
 static void gptc_embed_desc(const gptc_embed_p* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
     const gptc_config* c = gptc_desc_config(d);
@@ -675,6 +785,7 @@ static void gptc_embed_desc(const gptc_embed_p* w, const pp_microbatch* mb, cons
     (void)n_in;
     if (!c) return;
     gptc_desc_act(mb, c, d);
+    d->saved_bytes = gptc_esave_bytes(c, (size_t)mb->rows);
     d->cost = (double)mb->rows * c->C;
 }
 static void gptc_block_desc(const gptc_block_p* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
@@ -692,7 +803,7 @@ static void gptc_block_desc(const gptc_block_p* w, const pp_microbatch* mb, cons
         attn += L * L;
     }
     gptc_desc_act(mb, c, d);
-    d->saved_bytes = gptc_bsave_carve(&s, NULL, T, C, (size_t)c->H);
+    d->saved_bytes = gptc_bsave_carve(&s, NULL, T, C, (size_t)c->H, c->bf16);
     d->cost = 24.0 * T * C * C + 4.0 * attn * C;
 }
 static void gptc_head_desc(const gptc_head_p* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
@@ -705,7 +816,7 @@ static void gptc_head_desc(const gptc_head_p* w, const pp_microbatch* mb, const 
         d->n_out = 1; /* the loss layer has none: refused */
         return;
     }
-    d->saved_bytes = gptc_hsave_carve(&s, NULL, (size_t)mb->rows, (size_t)c->C, (size_t)c->V);
+    d->saved_bytes = gptc_hsave_carve(&s, NULL, (size_t)mb->rows, (size_t)c->C, (size_t)c->V, c->bf16);
     d->cost = 6.0 * (double)mb->rows * c->C * c->V;
 }
 

@@ -169,23 +169,30 @@ static inline int gpt_corpus_generate(gpt_corpus* c, int n_docs, int max_len, ui
     return 0;
 }
 
+/* Document d's tokens (its bytes) and next-token targets (-1 on its last token) into tokens and
+   targets; returns its length. */
+static inline int gpt_pack_doc(const gpt_corpus* c, int d, int32_t* tokens, int32_t* targets) {
+    const unsigned char* t = c->text + c->doc_start[d];
+    const int L = c->doc_len[d];
+    int i;
+    for (i = 0; i < L; i++) {
+        tokens[i] = t[i];
+        targets[i] = i + 1 < L ? t[i + 1] : -1;
+    }
+    return L;
+}
+
 /* Packs n_seqs documents drawn at random (with replacement, from *rng) back to back:
    tokens (T) int32 byte values; targets (T) the next token inside the same document, -1 on each
    document's last token; cu (n_seqs + 1) document offsets. Buffers hold n_seqs * max_len.
    Returns T, the total tokens: nothing is padded. */
 static inline int gpt_pack(const gpt_corpus* c, uint64_t* rng, int n_seqs, int32_t* tokens, int32_t* targets,
                            int32_t* cu) {
-    int s, i, T = 0;
+    int s, T = 0;
     cu[0] = 0;
     for (s = 0; s < n_seqs; s++) {
         int d = (int)(gpt_rng_next(rng) % (uint64_t)c->n_docs);
-        const unsigned char* t = c->text + c->doc_start[d];
-        const int L = c->doc_len[d];
-        for (i = 0; i < L; i++) {
-            tokens[T + i] = t[i];
-            targets[T + i] = i + 1 < L ? t[i + 1] : -1;
-        }
-        T += L;
+        T += gpt_pack_doc(c, d, tokens + T, targets + T);
         cu[s + 1] = T;
     }
     return T;
@@ -195,19 +202,26 @@ static inline int gpt_pack(const gpt_corpus* c, uint64_t* rng, int n_seqs, int32
    set's): the same tokens, targets and cu as gpt_pack. Returns T. */
 static inline int gpt_pack_docs(const gpt_corpus* c, int first, int n_seqs, int32_t* tokens, int32_t* targets,
                                 int32_t* cu) {
-    int s, i, T = 0;
+    int s, T = 0;
     cu[0] = 0;
     for (s = 0; s < n_seqs; s++) {
-        const unsigned char* t = c->text + c->doc_start[first + s];
-        const int L = c->doc_len[first + s];
-        for (i = 0; i < L; i++) {
-            tokens[T + i] = t[i];
-            targets[T + i] = i + 1 < L ? t[i + 1] : -1;
-        }
-        T += L;
+        T += gpt_pack_doc(c, first + s, tokens + T, targets + T);
         cu[s + 1] = T;
     }
     return T;
+}
+
+/* Per-row tables of a packed batch (cu: n_seqs + 1 offsets), for layers that look a row's
+   sequence up by its row (examples/gpt_cuda.h): pos, the row's position inside its sequence;
+   sst and sen, the sequence's first row and one past its last. */
+static inline void gpt_row_tables(const int32_t* cu, int n_seqs, int32_t* pos, int32_t* sst, int32_t* sen) {
+    int s, r;
+    for (s = 0; s < n_seqs; s++)
+        for (r = cu[s]; r < cu[s + 1]; r++) {
+            pos[r] = r - cu[s];
+            sst[r] = cu[s];
+            sen[r] = cu[s + 1];
+        }
 }
 
 /* A held-out split: documents every-1, 2*every-1, ... (every 10th with every = 10, in the

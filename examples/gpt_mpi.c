@@ -16,8 +16,8 @@
    header first; the others write their records at offsets the layers' sizes give), which
    gpt_cpu --resume, or gpt_mpi at another process count or schedule, reads back: each rank
    loads the layers it owns (--resume FILE). The trainer's options (--wd, --warmup, --lr-min,
-   --eval-every, --eval-seqs) are gpt_cpu's: every rank runs the optimizer on its own layers at
-   the step's rate, and every rank calls pp_stage_eval on the held-out batches (the last rank
+   --eval-every, --eval-seqs, --dtype) are gpt_cpu's: every rank runs the optimizer on its own
+   layers at the step's rate, and every rank calls pp_stage_eval on the held-out batches (the last rank
    gets the loss and prints "val loss X"). With --check the first evaluation is compared with
    pp_sequential_eval on the last rank, after every rank has sent it the weights of its layers
    (a broadcast per layer from its owner: the one place the ranks' weights are gathered). */
@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
     pp_stage_desc d;
     pp_stage* st = NULL;
     pp_step_stats ss;
+    gpt_traffic tr = {0, 0, 0, 0, 0}; /* summed over the ranks at the end */
     pp_error err;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -161,6 +162,7 @@ int main(int argc, char** argv) {
             fprintf(stderr, "step %d: %s\n", step, pp_stage_error(st));
             goto cleanup;
         }
+        gpt_traffic_add(&tr, &ss);
         if (c.check && step == 0 && gpt_trainer_reference(&T, &d.model, &b)) goto cleanup;
         /* --check compares the gradients of the layers this rank's stages own with the
            reference's; --clip clips them all by the global norm (every rank calls it, each
@@ -223,6 +225,8 @@ cleanup:
         part = c;
         part.steps = c.steps - from;
         gpt_report(&part, T.steps + from, T.loss + from, wall);
+        MPI_Allreduce(MPI_IN_PLACE, &tr.bytes, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD); /* gpt_cpu's sums */
+        gpt_traffic_print("", &tr, c.dtype);
         if (c.check && from == 0) rc = gpt_trainer_verdict(&T, bad);
         if (val_differ) rc = 1;
     } else {

@@ -13,7 +13,9 @@
 
    Options as gpt_cuda: --schedule gpipe|1f1b|interleaved|zb-h1|zb-v, -p N (pipeline ranks,
    default world / dp), --dp N (default world / p), -v N, -m N, --steps N, --text FILE |
-   --generated, --seqs-per-step N, --max-len N, --dim N, --heads N, --layers N, --lr X; and
+   --generated, --seqs-per-step N, --max-len N, --dim N, --heads N, --layers N, --lr X,
+   --dtype f32|bf16 (bf16: the activations sent between stages and their gradients, half the
+   bytes; f32 weights, gradients and Adam); and
    --id-file PATH (the ncclUniqueId through a shared file; needed for world > 1 without MPI),
    --timeout S (every wait, default 120); --loss-log FILE (the printing rank writes every
    micro-batch's loss of every step there in hex: runs on other grids must match it bit for bit,
@@ -50,10 +52,8 @@
 
 #include "gpt_cuda.h" /* the model of gpt_cuda.cu */
 
-typedef struct opts {
-    pp_schedule_kind kind;
-    int p, dp, v, m, steps, seqs, max_len, dim, heads, layers, generated;
-    float lr;
+typedef struct opts : gptc_opts { /* the options gpt_cuda shares, and gpt_nccl's own */
+    int p, dp;
     double timeout;
     const char *text, *id_file, *loss_log;
 } opts;
@@ -61,8 +61,8 @@ typedef struct opts {
 static int usage(void) {
     fprintf(stderr, "usage: gpt_nccl [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [-p N] [--dp N] [-v N] [-m N]\n"
                     "                [--steps N] [--text FILE | --generated] [--seqs-per-step N] [--max-len N]\n"
-                    "                [--dim N] [--heads N] [--layers N] [--lr X] [--id-file PATH] [--timeout S]\n"
-                    "                [--loss-log FILE]\n");
+                    "                [--dim N] [--heads N] [--layers N] [--lr X] [--dtype f32|bf16] [--id-file PATH]\n"
+                    "                [--timeout S] [--loss-log FILE]\n");
     return 2;
 }
 
@@ -124,12 +124,7 @@ static int load_batch(proc* P, const opts* o, const gpt_corpus* corp, uint64_t* 
     int T;
     size_t b;
     T = gpt_pack(corp, rng, o->seqs, P->h_tok, P->h_tgt, P->h_cu);
-    for (int s = 0; s < o->seqs; s++)
-        for (int r = P->h_cu[s]; r < P->h_cu[s + 1]; r++) {
-            P->h_pos[r] = r - P->h_cu[s];
-            P->h_sst[r] = P->h_cu[s];
-            P->h_sen[r] = P->h_cu[s + 1];
-        }
+    gpt_row_tables(P->h_cu, o->seqs, P->h_pos, P->h_sst, P->h_sen);
     b = sizeof(int32_t) * (size_t)T;
     if (gptc_copy(0, P->tok, P->h_tok, b) || gptc_copy(0, P->tgt, P->h_tgt, b) || gptc_copy(0, P->pos, P->h_pos, b) || gptc_copy(0, P->sst, P->h_sst, b) ||
         gptc_copy(0, P->sen, P->h_sen, b))
@@ -218,11 +213,7 @@ static int setup(proc* P, const opts* o, int have_launch) {
     if (pp_nccl_check_order(&P->sched, &err) != PP_OK) FAIL("schedule over NCCL: %s", err.msg);
     if (P->dev >= GPTC_MAX_DEV) FAIL("GPU %d: the model keeps tables for GPUs 0 .. %d", P->dev, GPTC_MAX_DEV - 1);
     if (!(P->run.blas = gptc_blas_create())) FAIL("out of memory");  /* matrix products through cuBLAS */
-    P->run.cfg.V = GPT_DATA_VOCAB;
-    P->run.cfg.maxT = o->max_len;
-    P->run.cfg.C = o->dim;
-    P->run.cfg.H = o->heads;
-    P->run.cfg.nb = o->layers;
+    P->run.cfg = gptc_opts_config(o);
     if (pp_partition_uniform(o->layers + 2, S, P->first, &err) != PP_OK) FAIL("partition: %s", err.msg);
     /* weights: gpt_cuda's initialisation (same seed on every process) */
     P->n_par = gptc_numel(&P->run.cfg);
@@ -316,16 +307,15 @@ static int update(proc* P, const opts* o, int step, int e_rank, int h_rank) {
 static int train(proc* P, const opts* o) {
     pp_error err;
     gpt_corpus corp;
-    const char* path = o->text ? o->text : "README.md";
+    const char* bad;
     uint64_t rng = 777 + 1000003ull * (uint64_t)P->dp_rank; /* each replica its own documents */
     int e_rank = pp_schedule_layer_rank(&P->sched, P->first, 0), h_rank = pp_schedule_layer_rank(&P->sched, P->first, o->layers + 1);
     int last_rank, chunk, is_printer, rc = 0;
+    gpt_traffic tr;
+    memset(&tr, 0, sizeof tr);
     pp_schedule_stage_to_rank(&P->sched, P->p * P->v - 1, &last_rank, &chunk);
     is_printer = P->pp_rank == last_rank && P->dp_rank == 0;
-    if (o->generated || gpt_corpus_load(&corp, path, o->max_len, 42) != 0) {
-        if (o->text) FAIL("cannot read %s", o->text);
-        if (gpt_corpus_generate(&corp, 4000, o->max_len, 42)) FAIL("cannot generate a corpus");
-    }
+    if ((bad = gptc_opts_corpus(o, &corp))) FAIL("%s", bad);
     if (e_rank != h_rank && !(e_rank == 0 && h_rank == P->p - 1)) {
         gpt_corpus_free(&corp);
         FAIL("the tied embedding sits on rank %d and the head on rank %d: the grid's tied pair is ranks 0 and %d", e_rank,
@@ -359,6 +349,7 @@ static int train(proc* P, const opts* o) {
         int T = 0;
         double t0, dt;
         pp_cuda_step_info info;
+        pp_step_stats ss;
         float mbl[1024];
         double acc = 0;
         memset(&info, 0, sizeof info);
@@ -368,7 +359,7 @@ static int train(proc* P, const opts* o) {
             break;
         }
         t0 = now_s();
-        if (pp_cuda_step_begin(P->cuda, &err) != PP_OK || pp_stage_step(P->st, &P->batch, NULL) != PP_OK) {
+        if (pp_cuda_step_begin(P->cuda, &err) != PP_OK || pp_stage_step(P->st, &P->batch, &ss) != PP_OK) {
             fprintf(stderr, "gpt_nccl rank %d: step %d: %s %s %s\n", P->L.rank, s, pp_stage_error(P->st),
                     pp_cuda_error(P->cuda, 0), pp_nccl_error(P->grid.pipe));
             rc = 1;
@@ -380,6 +371,7 @@ static int train(proc* P, const opts* o) {
             rc = 1;
             break;
         }
+        gpt_traffic_add(&tr, &ss);
         if (update(P, o, s, e_rank, h_rank)) {
             rc = 1;
             break;
@@ -416,6 +408,11 @@ static int train(proc* P, const opts* o) {
                "gradients %.2f MiB, Adam %.2f MiB\n",
                P->L.rank, P->pp_rank, P->dp_rank, P->dev, pp_schedule_rank_to_stage(&P->sched, P->pp_rank, 0), pool / 1048576.0, allocs,
                sizeof(float) * P->n_par / 1048576.0, sizeof(float) * P->n_grad / 1048576.0, 2 * sizeof(float) * P->n_par / 1048576.0);
+        {
+            char who[64];
+            snprintf(who, sizeof who, "world rank %d: ", P->L.rank);
+            gpt_traffic_print(who, &tr, o->bf16 ? PP_BF16 : PP_F32);
+        }
         fflush(stdout);
     }
     gpt_corpus_free(&corp);
@@ -428,17 +425,9 @@ int main(int argc, char** argv) {
     opts o;
     pp_error err;
     int rc, have_launch;
-    memset(&o, 0, sizeof o);
-    o.kind = PP_SCHED_1F1B;
-    o.v = 2;
-    o.m = 8;
-    o.steps = 40;
-    o.seqs = 64;
-    o.max_len = 128;
-    o.dim = 128;
-    o.heads = 4;
-    o.layers = 4;
-    o.lr = 1e-3f;
+    memset(&o, 0, sizeof o); /* its own options */
+    gptc_opts_default(&o);
+    o.p = o.dp = 0;
     o.timeout = 120;
 #ifdef PP_GPT_NCCL_MPI
     MPI_Init(&argc, &argv);
@@ -446,28 +435,18 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         const char* n = i + 1 < argc ? argv[i + 1] : NULL;
+        int shared = gptc_opts_arg(&o, argc, argv, &i);
 #define ARG(s) (!strcmp(a, s) && n && ++i)
-        if (ARG("--schedule")) {
-            if (pp_schedule_kind_parse(n, &o.kind) != PP_OK) {
-                rc = usage();
-                goto done;
-            }
-        } else if (ARG("-p")) o.p = atoi(n);
+        if (shared > 0) continue;
+        if (shared < 0) {
+            rc = usage();
+            goto done;
+        }
+        if (ARG("-p")) o.p = atoi(n);
         else if (ARG("--dp")) o.dp = atoi(n);
-        else if (ARG("-v")) o.v = atoi(n);
-        else if (ARG("-m")) o.m = atoi(n);
-        else if (ARG("--steps")) o.steps = atoi(n);
-        else if (ARG("--text")) o.text = n;
-        else if (ARG("--seqs-per-step")) o.seqs = atoi(n);
-        else if (ARG("--max-len")) o.max_len = atoi(n);
-        else if (ARG("--dim")) o.dim = atoi(n);
-        else if (ARG("--heads")) o.heads = atoi(n);
-        else if (ARG("--layers")) o.layers = atoi(n);
-        else if (ARG("--lr")) o.lr = (float)atof(n);
         else if (ARG("--id-file")) o.id_file = n;
         else if (ARG("--loss-log")) o.loss_log = n;
         else if (ARG("--timeout")) o.timeout = atof(n);
-        else if (!strcmp(a, "--generated")) o.generated = 1;
         else {
             rc = usage();
             goto done;
@@ -489,18 +468,16 @@ int main(int argc, char** argv) {
         P->L.source = NULL;
 #endif
     }
-    o.v = pp_schedule_kind_v(o.kind, o.v);
+    if (gptc_opts_check(&o) || o.timeout <= 0) {
+        rc = usage();
+        goto done;
+    }
     if (o.p <= 0) o.p = o.dp > 0 ? P->L.world / o.dp : P->L.world;
     if (o.dp <= 0) o.dp = o.p > 0 ? P->L.world / o.p : 0;
     if (o.p < 1 || o.p > PP_MAX_RANKS || o.dp < 1 || o.p * o.dp != P->L.world) {
         if (P->L.rank == 0)
             fprintf(stderr, "gpt_nccl: the world has %d processes; -p %d x --dp %d must equal it\n", P->L.world, o.p, o.dp);
         rc = 2;
-        goto done;
-    }
-    if (o.v < 1 || o.m < 1 || o.m > 1024 || o.steps < 1 || o.dim < 8 || o.heads < 1 || o.dim % o.heads ||
-        o.dim / o.heads > GPTC_MAX_HS || o.seqs < o.m || o.max_len < 12 || o.timeout <= 0) {
-        rc = usage();
         goto done;
     }
     if (o.layers < o.p * o.v - 2) o.layers = o.p * o.v - 2;

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpt_traffic.h"
+
 /* The held-out split: every GPT_HOLD_OUT-th document of the text (gpt_corpus_hold_out), always
    set aside, so that a run with --eval-every trains on the same batches as one without. */
 #define GPT_HOLD_OUT 10
@@ -30,6 +32,8 @@ typedef struct gpt_opts {
     float wd;               /* --wd X: decoupled weight decay on the matrices (AdamW; 0: none) */
     int sgd;                /* 0: Adam, 1: SGD with momentum 0.9 */
     float clip;             /* --clip X: clip the global gradient norm at X before the update (0: off) */
+    pp_dtype dtype;         /* --dtype f32|bf16: the activations between layers and their gradients
+                               (gpt_set_act); weights and optimizer state are f32 either way */
     const char* text;
     const char* trace;      /* gpt_cpu: Chrome trace of the last step */
     const char* save;       /* --save FILE: a checkpoint after the last step */
@@ -56,7 +60,7 @@ static inline void gpt_opts_usage(const char* prog) {
             "       [-m M] [--steps N]\n"
             "       [--text FILE | --generated] [--seqs-per-step S] [--max-len L] [--dim C] [--heads H]\n"
             "       [--layers N] [--lr LR] [--lr-min LR] [--warmup N] [--wd X] [--optim adam|sgd] [--clip X]\n"
-            "       [--eval-every N] [--eval-seqs N] [--split seqs|tokens|cost] [--trace FILE]\n"
+            "       [--eval-every N] [--eval-seqs N] [--split seqs|tokens|cost] [--dtype f32|bf16] [--trace FILE]\n"
             "       [--check] [--save FILE] [--resume FILE] [--check-resume]\n",
             prog);
 }
@@ -64,20 +68,11 @@ static inline void gpt_opts_usage(const char* prog) {
 /* Options; 0 on success. p may change afterwards (gpt_mpi: the number of processes); then call
    gpt_opts_check, which also picks the default depth. */
 static inline int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
+    static const gpt_opts defaults = {.kind = PP_SCHED_1F1B, .p = 4, .m = 8, .steps = 60, .seqs = 32, .max_len = 128,
+                                      .dim = 64, .heads = 4, .eval_seqs = 128, .split = PP_SPLIT_TOKENS,
+                                      .lr = -1, .lr_min = -1}; /* set below: from the optimizer, and from lr */
     int i;
-    memset(c, 0, sizeof *c);
-    c->kind = PP_SCHED_1F1B;
-    c->p = 4;
-    c->m = 8;
-    c->steps = 60;
-    c->seqs = 32;
-    c->max_len = 128;
-    c->dim = 64;
-    c->heads = 4;
-    c->lr = -1;
-    c->lr_min = -1;
-    c->eval_seqs = 128;
-    c->split = PP_SPLIT_TOKENS;
+    *c = defaults;
     for (i = 1; i < argc; i++) {
         const char* a = argv[i];
         const char* val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -111,6 +106,10 @@ static inline int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
             if (!strcmp(val, "adam")) c->sgd = 0;
             else if (!strcmp(val, "sgd")) c->sgd = 1;
             else { fprintf(stderr, "unknown optimizer '%s'\n", val); return 1; }
+        } else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(val, "f32")) c->dtype = PP_F32;
+            else if (!strcmp(val, "bf16")) c->dtype = PP_BF16;
+            else { fprintf(stderr, "unknown --dtype '%s' (f32 or bf16)\n", val); return 1; }
         } else if (!strcmp(a, "--split")) {
             if (!strcmp(val, "seqs")) c->split = PP_SPLIT_SEQS;
             else if (!strcmp(val, "tokens")) c->split = PP_SPLIT_TOKENS;
@@ -452,6 +451,7 @@ static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
         gpt_trainer_free(T, c);
         return 1;
     }
+    gpt_set_act(&T->w, c->dtype); /* the options allow f32 and bf16 */
     gpt_decay_mask(T, T->decay);
     gpt_bind(&T->mw1, &T->gc, T->m1);
     gpt_bind(&T->mw2, &T->gc, T->m2);
@@ -474,6 +474,10 @@ static inline void gpt_trainer_print(const gpt_trainer* T, const gpt_opts* c) {
     if (c->wd > 0) printf(", weight decay %g on the matrices", (double)c->wd);
     if (c->clip > 0) printf(", gradients clipped at norm %g", (double)c->clip);
     printf("\n");
+    if (c->dtype != PP_F32)
+        printf("activations and their gradients between layers: %s (rounded to nearest even; f32 arithmetic inside "
+               "the layers, f32 weights and optimizer state)\n",
+               pp_dtype_name(c->dtype));
     if (c->eval_every > 0)
         printf("evaluation: every %d steps and after the last, %d held-out documents in %d batch%s\n", c->eval_every,
                T->val_docs, T->n_val, T->n_val == 1 ? "" : "es");

@@ -104,11 +104,104 @@ static double fd_compare(const pp_model* m, const gpt_model* w, layer_run* r, co
     return worst;
 }
 
+/* The micro-batch of the layer tests: three sequences of lengths 3, 1 (no target at all) and 4
+   (g_cu, g_tok), their next-token targets in tgt (8). */
+static const int32_t g_cu[4] = {0, 3, 4, 8};
+static const int32_t g_tok[8] = {1, 5, 9, 2, 10, 0, 7, 3};
+static void small_batch(pp_microbatch* mb, int32_t* tgt) {
+    int s, i;
+    for (s = 0; s < 3; s++)
+        for (i = g_cu[s]; i < g_cu[s + 1]; i++) tgt[i] = i + 1 < g_cu[s + 1] ? g_tok[i + 1] : -1;
+    memset(mb, 0, sizeof *mb);
+    mb->count = 1;
+    mb->rows = 8;
+    mb->cu_seqlens = g_cu;
+    mb->n_seqs = 3;
+    mb->max_seqlen = 4;
+    mb->targets = tgt;
+    mb->loss_scale = 1.0f;
+}
+
+/* bf16 activations (gpt_set_act): each layer on bf16 tensors gives, bit for bit, the f32 layer's
+   results on the widened values rounded to bf16 (output, input gradient), the same loss and the
+   same parameter gradients; describe() says bf16; an f32 tensor is refused. */
+static void test_bf16(void) {
+    const int32_t* tok = g_tok;
+    int32_t tgt[8];
+    gpt_config c = {11, 8, 8, 2, 1};
+    pp_model m = gpt_model_desc_depth(1);
+    gpt_model w, w16, g;
+    float *wbuf, *gbuf, *g32, x32[64], dy32[64];
+    uint16_t x16[64], dy16[64];
+    pp_microbatch mb;
+    pp_tensor tin, xin32, xin16;
+    size_t np = gpt_param_count(&c);
+    int l, i;
+    uint64_t sd = 7;
+    wbuf = gpt_init(&w, &g, &c, 3, &gbuf);
+    g32 = (float*)malloc(np * sizeof(float));
+    randomize(wbuf, np, 11, 0.3f);
+    gpt_bind(&w16, &c, wbuf);
+    CHECK(gpt_set_act(&w16, PP_F16) == -1 && w16.block[0].act == PP_F32, "gpt_set_act refuses f16");
+    CHECK(gpt_set_act(&w16, PP_BF16) == 0 && w16.embed[0].act == PP_BF16 && w16.head[0].act == PP_BF16, "bf16 set");
+    small_batch(&mb, tgt);
+    for (i = 0; i < 64; i++) { /* values bf16 holds exactly */
+        x16[i] = pp_f32_to_bf16(gpt_rng_sym(&sd, 1.0f));
+        dy16[i] = pp_f32_to_bf16(gpt_rng_sym(&sd, 1.0f));
+        x32[i] = pp_bf16_to_f32(x16[i]);
+        dy32[i] = pp_bf16_to_f32(dy16[i]);
+    }
+    memset(&tin, 0, sizeof tin);
+    tin.data = (void*)tok;
+    tin.rows = 8;
+    tin.cols = 1;
+    tin.dtype = PP_I32;
+    xin32 = tin;
+    xin32.data = x32;
+    xin32.cols = c.C;
+    xin32.dtype = PP_F32;
+    xin16 = xin32;
+    xin16.data = x16;
+    xin16.dtype = PP_BF16;
+    for (l = 0; l < m.n_layers; l++) {
+        const char* name = pp_model_layer_name(&m, l);
+        layer_run a, b;
+        size_t bad_out = 0, bad_din = 0, k;
+        int rc32, rc16;
+        run_alloc(&a, &m, &w, l, &mb, l == 0 ? &tin : &xin32);
+        run_alloc(&b, &m, &w16, l, &mb, l == 0 ? &tin : &xin16);
+        CHECK(b.d.n_out == a.d.n_out && (!b.d.n_out || b.d.out[0].dtype == PP_BF16), "%s: describe says bf16", name);
+        if (a.d.n_out) {
+            a.io.d_out[0].data = dy32;
+            b.io.d_out[0].data = dy16;
+        }
+        memset(gbuf, 0, np * sizeof(float));
+        rc32 = m.forward(&w, l, &a.io) || m.backward(&w, &g, l, &a.io);
+        memcpy(g32, gbuf, np * sizeof(float));
+        memset(gbuf, 0, np * sizeof(float));
+        rc16 = m.forward(&w16, l, &b.io) || m.backward(&w16, &g, l, &b.io);
+        CHECK(rc32 == 0 && rc16 == 0, "%s: f32 and bf16 forward and backward run", name);
+        for (k = 0; a.d.n_out && k < 64; k++) bad_out += ((uint16_t*)b.out)[k] != pp_f32_to_bf16(a.out[k]);
+        for (k = 0; a.din && k < 64; k++) bad_din += ((uint16_t*)b.din)[k] != pp_f32_to_bf16(a.din[k]);
+        CHECK(bad_out == 0 && bad_din == 0, "%s: bf16 output and input gradient = the f32 layer's rounded (%zu, %zu of 64 differ)",
+              name, bad_out, bad_din);
+        CHECK(memcmp(&a.io.loss, &b.io.loss, sizeof(float)) == 0 && memcmp(g32, gbuf, np * sizeof(float)) == 0,
+              "%s: the same loss and parameter gradients", name);
+        if (l > 0) { /* an f32 input where describe promised bf16 */
+            b.io.in[0] = xin32;
+            CHECK(m.forward(&w16, l, &b.io) == GPT_ESHAPE, "%s: an f32 input to a bf16 layer is GPT_ESHAPE", name);
+        }
+        run_free(&a);
+        run_free(&b);
+    }
+    free(g32);
+    free(wbuf);
+    free(gbuf);
+}
+
 /* (a) ------------------------------------------------------------------------------------------- */
 static void test_finite_differences(void) {
-    /* three sequences of lengths 3, 1 (no target at all) and 4 */
-    static const int32_t cu[4] = {0, 3, 4, 8};
-    static const int32_t tok[8] = {1, 5, 9, 2, 10, 0, 7, 3};
+    const int32_t* tok = g_tok; /* small_batch's micro-batch */
     int32_t tgt[8];
     gpt_config c = {11, 8, 8, 2, 1};    /* vocab 11, max_T 8, C 8, 2 heads, 1 block */
     pp_model m = gpt_model_desc_depth(1);
@@ -117,7 +210,7 @@ static void test_finite_differences(void) {
     pp_microbatch mb;
     pp_tensor tin, xin;
     size_t np = gpt_param_count(&c), n;
-    int l, s, i;
+    int l, i;
     const char* names[3] = {"embed", "block", "head"};
     wbuf = gpt_init(&w, &g, &c, 3, &gbuf);
     randomize(wbuf, np, 11, 0.3f);
@@ -126,16 +219,7 @@ static void test_finite_differences(void) {
         w.block[0].ln2_g[i] += 1.0f;
         w.head[0].lnf_g[i] += 1.0f;
     }
-    for (s = 0; s < 3; s++)
-        for (i = cu[s]; i < cu[s + 1]; i++) tgt[i] = i + 1 < cu[s + 1] ? tok[i + 1] : -1;
-    memset(&mb, 0, sizeof mb);
-    mb.count = 1;
-    mb.rows = 8;
-    mb.cu_seqlens = cu;
-    mb.n_seqs = 3;
-    mb.max_seqlen = 4;
-    mb.targets = tgt;
-    mb.loss_scale = 1.0f;
+    small_batch(&mb, tgt);
     x = (float*)malloc(sizeof(float) * 8 * (size_t)c.C);
     probe = (float*)malloc(sizeof(float) * 8 * (size_t)c.C);
     {
@@ -691,6 +775,7 @@ static void test_pipelined_equals_sequential(void) {
 
 int main(void) {
     test_finite_differences();
+    test_bf16();
     test_boundaries();
     test_describe();
     test_data();

@@ -5,7 +5,11 @@
 # at every p and schedule; an evaluation changes nothing of the training (the checkpoint after
 # a run with evaluations is the one without, byte for byte); AdamW's decay and the warm-up's
 # rates show; bad values are refused. With GPT_MPI and an mpirun command, the same evaluation
-# over two MPI ranks, against gpt_cpu's lines. Prints "NAME: N passed, N failed".
+# over two MPI ranks, against gpt_cpu's lines (also in bf16). --dtype bf16 (bf16 activations between layers):
+# pipelined = sequential bit for bit, half the f32 run's tensor bytes in as many messages, a
+# loss after 40 steps within 0.02 of f32's and not its bits (build/bf16-controls runs this part
+# alone, TRAINER_PART=bf16, on a gpt_cpu whose --dtype bf16 stays f32, and it must fail).
+# Prints "NAME: N passed, N failed".
 cpu=${1:-build/gpt_cpu}
 mpi=$2
 [ $# -ge 2 ] && shift 2
@@ -17,6 +21,34 @@ check() { # check WHAT COND
     if eval "$2"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; return 1; fi
 }
 vals() { grep '^val loss' "$1" | sed 's/  (.*//'; } # the val loss lines without their timing
+tensors() { sed -n 's/^sent in .* tensors ([a-z0-9]*): \([0-9]*\) bytes in \([0-9]*\) messages.*/\1 \2/p' "$1"; }
+losses() { grep '^step' "$1" | awk '{ print $4 }'; } # every step's loss
+last() { sed -n 's/^loss [0-9.]* -> \([0-9.]*\) .*/\1/p' "$1"; }
+bf16() { # the --dtype bf16 part
+    b="--generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4"
+    "$cpu" $b --steps 3 --dtype bf16 --schedule interleaved -p 4 -v 2 --check --eval-every 3 --eval-seqs 48 > "$tmp.bf" 2>&1
+    check "--dtype bf16, interleaved p = 4 --check: exit 0" "[ \$? -eq 0 ]" || cat "$tmp.bf"
+    check "bf16: pipelined step = sequential, bit for bit" "grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.bf'"
+    check "bf16: pipelined evaluation = sequential, bit for bit" "grep -q 'check: val loss .* bit-identical' '$tmp.bf'"
+    "$cpu" $b --steps 3 --dtype bf16 --schedule zb-h1 -p 2 --check > "$tmp.bz" 2>&1
+    check "bf16, ZB-H1 p = 2 (split backward): bit-identical to sequential" "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.bz'"
+    "$cpu" $b --steps 40 --dtype f32 -p 2 > "$tmp.f32" 2>&1 && "$cpu" $b --steps 40 --dtype bf16 -p 2 > "$tmp.b16" 2>&1
+    check "40 steps in f32 and bf16 at 1F1B p = 2: exit 0" "[ \$? -eq 0 ]"
+    set -- $(tensors "$tmp.f32") $(tensors "$tmp.b16")
+    check "bf16 sends half the f32 run's tensor bytes ($3 of $1) in as many messages ($4, $2)" "[ -n '$4' ] && [ \$(($3 * 2)) -eq '$1' ] && [ '$4' -eq '$2' ]"
+    fl=$(last "$tmp.f32"); bl=$(last "$tmp.b16")
+    check "bf16's loss after 40 steps $bl within 0.02 of f32's $fl, not its bits" \
+        "[ -n '$bl' ] && awk 'BEGIN { d = $bl - $fl; exit !(d < 0.02 && d > -0.02) }' && [ \"\$(losses '$tmp.f32')\" != \"\$(losses '$tmp.b16')\" ]"
+    "$cpu" $b --dtype f16 > "$tmp.out" 2>&1
+    check "--dtype f16 is refused" "[ \$? -eq 2 ] && grep -q \"unknown --dtype 'f16'\" '$tmp.out'"
+}
+if [ "$TRAINER_PART" = bf16 ]; then
+    bf16
+    rm -f "$tmp".*
+    echo "gpt-trainer bf16: $pass passed, $fail failed"
+    [ $fail -eq 0 ]
+    exit
+fi
 o="--generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4 --steps 5"
 t="--warmup 2 --lr-min 1e-4 --wd 0.1 --clip 1 --eval-seqs 48"
 "$cpu" $o $t --schedule interleaved -p 4 -v 2 --eval-every 2 --check --save "$tmp.eval" > "$tmp.p4" 2>&1
@@ -41,12 +73,18 @@ if [ -z "$mpi" ]; then
     check "--eval-every -1 is refused" "[ \$? -eq 2 ] && grep -q 'want values >= 0' '$tmp.out'"
     "$cpu" $o --eval-every 1 --eval-seqs 3 > "$tmp.out" 2>&1
     check "fewer held-out documents than m are refused" "[ \$? -ne 0 ] && grep -q '3 held-out documents, fewer than m = 4' '$tmp.out'"
+    bf16
 else
     "$@" -np 2 "$mpi" $o $t --schedule 1f1b --eval-every 2 --check > "$tmp.mpi" 2>&1
     check "two MPI ranks with --eval-every 2 --check: exit 0" "[ \$? -eq 0 ]" || cat "$tmp.mpi"
     check "over MPI: the first evaluation = pp_sequential_eval, bit for bit" \
         "grep -q 'check: val loss after 2 steps .* bit-identical (0 of 4 batches differ)' '$tmp.mpi'"
     check "over MPI: gpt_cpu's val losses" "[ -n \"\$(vals '$tmp.mpi')\" ] && [ \"\$(vals '$tmp.mpi')\" = \"\$(vals '$tmp.p4')\" ]"
+    b="--generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4 --steps 3 --dtype bf16"
+    "$@" -np 2 "$mpi" $b --schedule 1f1b --check > "$tmp.mb" 2>&1
+    check "over MPI with --dtype bf16: pipelined = sequential, bit for bit" "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.mb'" || cat "$tmp.mb"
+    "$cpu" $b --schedule 1f1b -p 2 > "$tmp.cb" 2>&1
+    check "over MPI with --dtype bf16: gpt_cpu's losses and tensor bytes" "[ -n \"\$(tensors '$tmp.mb')\" ] && [ \"\$(tensors '$tmp.mb')\" = \"\$(tensors '$tmp.cb')\" ] && [ \"\$(losses '$tmp.mb')\" = \"\$(losses '$tmp.cb')\" ]"
 fi
 rm -f "$tmp".*
 echo "$name: $pass passed, $fail failed"

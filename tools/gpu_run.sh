@@ -1,6 +1,6 @@
 #!/bin/sh
 # The GPU checks in one call: build (unless build/ already holds sm_90 binaries), test_cuda,
-# gpt_cuda --check for every schedule, bubble_cuda, gpt_nccl -p 1, gpt_cuda --bench, then the
+# gpt_cuda --check for every schedule (and interleaved with --dtype bf16), bubble_cuda, gpt_nccl -p 1, gpt_cuda --bench, then the
 # compute-sanitizer tools on test_cuda --quick, bubble_cuda --detail, gpt_cuda --bench (and with
 # PP_GPU_LONG=1 set, the same at C=512, 8 blocks), while time is left.
 #   sh tools/gpu_run.sh [OUTDIR] [SECONDS]      (defaults: ./gpu-out, 400)
@@ -25,6 +25,7 @@ run test_cuda "$out/test_cuda.log" 90 build/test_cuda
 for s in gpipe 1f1b interleaved zb-h1 zb-v; do
     run "gpt_cuda --check $s" "$out/gpt_check.log" 30 build/gpt_cuda -p 4 --schedule "$s" --check --steps 5
 done
+run "gpt_cuda --check bf16 interleaved" "$out/gpt_check.log" 30 build/gpt_cuda -p 4 --schedule interleaved --check --steps 5 --dtype bf16
 run bubble_cuda "$out/bubble.log" 60 build/bubble_cuda
 run "bubble_cuda MAX_CONNECTIONS=32" "$out/bubble.log" 60 env CUDA_DEVICE_MAX_CONNECTIONS=32 build/bubble_cuda --quick
 rm -f /tmp/pp_nccl_id
