@@ -939,6 +939,17 @@ struct pp_sim_cost {
        stash's bytes, pp_step_stats.peak_mem equals peak_mem here. */
     double b_free;
     const double* b_free_stage;
+    /* Recomputation (pp_stage_desc.recompute): r_f, the time of the forward a stage runs again
+       before each B (its B costs b + r_f), and r_mem, the share of a stash it drops (0 .. 1): a
+       stash counts 1 during its F, 1 - r_mem from then until the recompute at the start of its B,
+       then 1 again until its B (or W) frees it. Per stage where non-NULL. With r_mem per stage the
+       recompute block's share of the stash's bytes, pp_step_stats.peak_mem equals peak_mem here. */
+    double r_f, r_mem;
+    const double* r_f_stage;
+    const double* r_mem_stage;
+    /* The size of one stash of each stage (NULL: 1, every stash alike): peak_mem is then in these
+       units, e.g. bytes, where stages keep different amounts (pp_plan_recompute sets it). */
+    const double* mem_stage;
 };
 
 /* One executed (or simulated) action on a timeline. */
@@ -1264,6 +1275,14 @@ typedef struct pp_stage_desc {
                                    together are refused) */
     pp_device_ops device;       /* block memory; all NULL = host memory (see pp_device_ops) */
     void* layer_ctx;            /* handed to every layer call as io->ctx */
+    /* Activation recomputation (NULL: none): model.n_layers entries, 1 where the layer's forward
+       runs again right before its B instead of keeping its scratch (saved_bytes, b_saved_bytes)
+       from F to B; a boundary between two such layers is not kept either. The stash keeps the
+       stage's input and output and every input a kept layer reads; the recomputed part lives
+       from the recompute to B (or W, where W is deferred). Results are bit-identical (the forward
+       must be deterministic); B costs one forward of those layers more. pp_plan_recompute picks
+       the layers with the schedule. Copied at create. */
+    const unsigned char* recompute;
 } pp_stage_desc;
 
 typedef struct pp_step_stats {
@@ -2552,6 +2571,8 @@ typedef struct _pp_plan {
     _pp_bnd* bnd;               /* [m][L+1]: boundary l is the input of layer l */
     size_t* saved;              /* [m][L] */
     size_t* bsaved;             /* [m][L]: the B-only scratch (pp_layer_desc.b_saved_bytes) */
+    const unsigned char* rc;    /* [L] layers recomputed before their B (pp_stage_desc.recompute), or
+                                   NULL: the carves leave their dropped parts out of the stash */
 } _pp_plan;
 
 static void _pp_plan_free(_pp_plan* p) {
@@ -2621,8 +2642,19 @@ static const _pp_bnd* _pp_plan_bnd(const _pp_plan* p, int mb, int l) { return &p
 static size_t _pp_slice(const _pp_plan* p, size_t n, size_t pad) { return _PP_ALIGN(n + pad + p->guard); }
 static size_t _pp_scratch_slice(const _pp_plan* p, size_t n) { return n ? _pp_slice(p, n, 0) : 0; }
 
+/* Recomputation (pp_stage_desc.recompute, the plan's rc): of layers [a, b), a recomputed layer's
+   scratch (saved and b_saved) is dropped from the stash, and so is boundary j (a < j < b) between
+   two recomputed layers. The B runs the recomputed layers' forwards again first, in a recompute
+   block (_pp_rc_carve) that holds what was dropped. The stage's input and output, and every
+   boundary a kept layer reads, stay in the stash. */
+static int _pp_rc_layer(const _pp_plan* p, int l) { return p->rc && p->rc[l]; }
+static int _pp_rc_dropped(const _pp_plan* p, int a, int b, int j) {
+    return j > a && j < b && _pp_rc_layer(p, j - 1) && _pp_rc_layer(p, j);
+}
+
 /* Carves one micro-batch's stash for layers [a, b) out of base (NULL: only measure).
-   Layout: boundary a (only if own_input), boundaries a+1..b, then each layer's saved scratch.
+   Layout: boundary a (only if own_input), boundaries a+1..b, then each layer's saved scratch,
+   less what recomputation drops (data NULL there; _pp_rc_carve places it).
    act[(l-a)*PP_MAX_TENSORS + k] and nact[l-a] describe boundary l; saved[l-a] the scratch. */
 static size_t _pp_stash_carve(const _pp_plan* p, int mb, int a, int b, int own_input, unsigned char* base,
                               pp_tensor* act, int* nact, void** saved) {
@@ -2630,19 +2662,59 @@ static size_t _pp_stash_carve(const _pp_plan* p, int mb, int a, int b, int own_i
     int l, k;
     for (l = a; l <= b; l++) {
         const _pp_bnd* bd = _pp_plan_bnd(p, mb, l);
+        int drop = _pp_rc_dropped(p, a, b, l);
         if (nact) nact[l - a] = bd->n;
         for (k = 0; k < bd->n; k++) {
             if (act) act[(l - a) * PP_MAX_TENSORS + k] = bd->t[k];
-            if (l == a && !own_input) continue;
+            if ((l == a && !own_input) || drop) {
+                if (act && drop) act[(l - a) * PP_MAX_TENSORS + k].data = NULL;
+                continue;
+            }
             if (act) act[(l - a) * PP_MAX_TENSORS + k].data = base ? base + off : NULL;
             off += _pp_slice(p, pp_tensor_bytes(&bd->t[k]), p->pad);
         }
     }
     for (l = a; l < b; l++) {
-        size_t sb = p->saved[(size_t)mb * p->L + l];
+        size_t sb = _pp_rc_layer(p, l) ? 0 : p->saved[(size_t)mb * p->L + l];
         if (saved) saved[l - a] = (base && sb) ? base + off : NULL;
         off += _pp_scratch_slice(p, sb);
     }
+    return off;
+}
+
+/* The recompute block of layers [a, b) (NULL base: only measure): the boundaries and scratch the
+   stash dropped (act, saved and bsaved entries there get their data; others are left alone), then
+   with `shadow` a second place for each boundary the stash keeps that a recomputed layer writes
+   (its act entries are pointed there: the forward run again must not write over bytes a send or
+   the next stage may still read; it writes the same bits). The block is sized for the shadows
+   either way. shadow_bytes (may be NULL) gets the shadows' part. */
+static size_t _pp_rc_carve(const _pp_plan* p, int mb, int a, int b, int shadow, unsigned char* base, pp_tensor* act,
+                           void** saved, void** bsaved, size_t* shadow_bytes) {
+    size_t off = 0, sh = 0;
+    int l, k, pass;
+    for (pass = 0; pass < 2; pass++) /* the dropped boundaries, then the shadows */
+        for (l = a + 1; l <= b; l++) {
+            const _pp_bnd* bd = _pp_plan_bnd(p, mb, l);
+            int drop = _pp_rc_dropped(p, a, b, l);
+            if (pass == 0 ? !drop : (drop || !_pp_rc_layer(p, l - 1))) continue;
+            for (k = 0; k < bd->n; k++) {
+                size_t n = _pp_slice(p, pp_tensor_bytes(&bd->t[k]), p->pad);
+                if (act && base && (pass == 0 || shadow)) act[(l - a) * PP_MAX_TENSORS + k].data = base + off;
+                off += n;
+                if (pass) sh += n;
+            }
+        }
+    for (l = a; l < b; l++) {
+        size_t n = _pp_rc_layer(p, l) ? p->saved[(size_t)mb * p->L + l] : 0;
+        if (saved && _pp_rc_layer(p, l)) saved[l - a] = (base && n) ? base + off : NULL;
+        off += _pp_scratch_slice(p, n);
+    }
+    for (l = a; l < b; l++) {
+        size_t n = _pp_rc_layer(p, l) ? p->bsaved[(size_t)mb * p->L + l] : 0;
+        if (bsaved && _pp_rc_layer(p, l)) bsaved[l - a] = (base && n) ? base + off : NULL;
+        off += _pp_scratch_slice(p, n);
+    }
+    if (shadow_bytes) *shadow_bytes = sh;
     return off;
 }
 
@@ -2653,7 +2725,7 @@ static size_t _pp_bsaved_carve(const _pp_plan* p, int mb, int a, int b, unsigned
     size_t off = 0;
     int l;
     for (l = a; l < b; l++) {
-        size_t n = p->bsaved[(size_t)mb * p->L + l];
+        size_t n = _pp_rc_layer(p, l) ? 0 : p->bsaved[(size_t)mb * p->L + l];
         if (bsaved) bsaved[l - a] = (base && n) ? base + off : NULL;
         off += _pp_scratch_slice(p, n);
     }
@@ -3978,6 +4050,7 @@ int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m) {
 
 static double _pp_sim_def(double x, double def);
 static double _pp_sim_bfree(const pp_sim_cost* c, int st);
+static double _pp_sim_rf(const pp_sim_cost* c, int st);
 
 /* Sum over the ranks of the time each finishes (its last action's end). */
 static double _pp_sched_finish_sum(const pp_schedule* s, const pp_event* ev) {
@@ -4127,7 +4200,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     }
     for (i = 0; i < S; i++) {
         dur[i] = c.f_stage ? c.f_stage[i] : _pp_sim_def(c.f, 1.0);
-        dur[S + i] = c.b_stage ? c.b_stage[i] : _pp_sim_def(c.b, 2.0);
+        dur[S + i] = (c.b_stage ? c.b_stage[i] : _pp_sim_def(c.b, 2.0)) + _pp_sim_rf(&c, i); /* the recompute */
         dur[2 * S + i] = c.w_stage ? c.w_stage[i] : _pp_sim_def(c.w, 0.0);
         dur[3 * S + i] = _pp_sim_bfree(&c, i);
         if (!(dur[i] >= 0 && dur[S + i] >= 0 && dur[2 * S + i] >= 0 && dur[i] + dur[S + i] + dur[2 * S + i] < 1e300) ||
@@ -4141,6 +4214,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
                   their B's (so a stash counts until B), which the end strips */
         for (i = 0; i < S; i++) dur[S + i] += dur[2 * S + i], dur[2 * S + i] = 0, dur[3 * S + i] = 0;
         c.f_stage = dur, c.b_stage = dur + S, c.w_stage = dur + 2 * S, c.b_free = 0, c.b_free_stage = NULL;
+        c.r_f = 0, c.r_f_stage = NULL; /* in dur's B now */
     }
     g.df = dur, g.db = dur + S, g.dw = dur + 2 * S, g.bf = dur + 3 * S;
     g.f_end = ends, g.b_end = ends + (size_t)S * (size_t)m;
@@ -4773,6 +4847,14 @@ static double _pp_sim_bfree(const pp_sim_cost* c, int st) {
     double x = c->b_free_stage ? c->b_free_stage[st] : c->b_free;
     return x >= 0 && x <= 1 ? x : -1;
 }
+/* Recomputation's share of stage st's stash (r_mem), or -1 if out of 0 .. 1; its time (r_f); the
+   size of one stash (mem_stage, 1 without it). */
+static double _pp_sim_rmem(const pp_sim_cost* c, int st) {
+    double x = c->r_mem_stage ? c->r_mem_stage[st] : c->r_mem;
+    return x >= 0 && x <= 1 ? x : -1;
+}
+static double _pp_sim_rf(const pp_sim_cost* c, int st) { return c->r_f_stage ? c->r_f_stage[st] : c->r_f; }
+static double _pp_sim_ms(const pp_sim_cost* c, int st) { return c->mem_stage ? c->mem_stage[st] : 1.0; }
 
 /* Appends to a fixed report buffer; once full, later text is dropped and "..." marks the cut. */
 static void _pp_sim_append(char* buf, size_t cap, const char* fmt, ...) _PP_PRINTF(3, 4);
@@ -4814,7 +4896,7 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     double t_free[PP_MAX_RANKS];
     int live[PP_MAX_RANKS];
     double mem[PP_MAX_RANKS];
-    double f_def, b_def, w_def, comm;
+    double f_def, b_def, w_def, comm, ms, rm;
 
     if (!res) res = &local;
     memset(res, 0, sizeof *res);
@@ -4861,6 +4943,11 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
         if (_pp_sim_bfree(&c, i) < 0)
             return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: b_free%s = %g, want 0 .. 1 (the share of a stash B frees)",
                             c.b_free_stage ? " of a stage" : "", c.b_free_stage ? c.b_free_stage[i] : c.b_free);
+        if (_pp_sim_rmem(&c, i) < 0 || !_pp_sim_finite(_pp_sim_rf(&c, i)) || _pp_sim_rf(&c, i) < 0 ||
+            !_pp_sim_finite(_pp_sim_ms(&c, i)) || _pp_sim_ms(&c, i) < 0)
+            return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: stage %d: r_mem = %g (want 0 .. 1), r_f = %g, mem_stage = %g "
+                            "(want finite, >= 0)", i, c.r_mem_stage ? c.r_mem_stage[i] : c.r_mem, _pp_sim_rf(&c, i),
+                            _pp_sim_ms(&c, i));
     }
 
     /* (mb, stage) pairs are indexed with an int, like pp_schedule_make's limit on actions */
@@ -4997,24 +5084,31 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                 else dur = c.w_stage ? c.w_stage[a->stage] : w_def;
                 /* no W actions: the B does the weight gradient too */
                 if (a->op == PP_OP_B && !has_w) dur += c.w_stage ? c.w_stage[a->stage] : w_def;
+                if (a->op == PP_OP_B) dur += _pp_sim_rf(&c, a->stage); /* the recompute */
                 fin[gi] = start + dur;
                 t_free[r] = start + dur;
                 res->busy[r] += dur;
                 if (a->op == PP_OP_F) live[r]++;
                 else if (a->op == (has_w ? PP_OP_W : PP_OP_B)) live[r]--;
                 if (live[r] > res->peak_live[r]) res->peak_live[r] = live[r];
-                /* the W share: B frees b_free of the stash, W the rest (no W actions: B all) */
-                if (a->op == PP_OP_F) mem[r] += 1;
-                else if (a->op == PP_OP_B) mem[r] -= has_w ? _pp_sim_bfree(&c, a->stage) : 1;
-                else mem[r] -= 1 - _pp_sim_bfree(&c, a->stage);
+                /* the W share: B frees b_free of the stash, W the rest (no W actions: B all);
+                   recomputation's share goes after the F and comes back at the B's start */
+                ms = _pp_sim_ms(&c, a->stage);
+                rm = _pp_sim_rmem(&c, a->stage);
+                if (a->op == PP_OP_B) mem[r] += ms * rm;
+                if (a->op == PP_OP_F) mem[r] += ms;
                 if (mem[r] > res->peak_mem[r]) res->peak_mem[r] = mem[r];
+                if (a->op == PP_OP_F) mem[r] -= ms * rm;
+                else if (a->op == PP_OP_B) mem[r] -= ms * (has_w ? _pp_sim_bfree(&c, a->stage) : 1);
+                else mem[r] -= ms * (1 - _pp_sim_bfree(&c, a->stage));
                 if (fo) {
                     /* forward only: the stash goes once its F is done, unless the next stage is
                        this rank's (it reads the output in place); the F it fed frees the
                        previous stage's */
                     int keep = a->stage < S - 1 && a->next_rank == r, fed = a->stage > 0 && a->prev_rank == r;
                     live[r] -= !keep + fed;
-                    mem[r] -= (double)(!keep + fed);
+                    mem[r] -= !keep * ms * (1 - rm) +
+                              (fed ? _pp_sim_ms(&c, a->stage - 1) * (1 - _pp_sim_rmem(&c, a->stage - 1)) : 0);
                 }
                 if (t_free[r] > res->makespan) res->makespan = t_free[r];
                 if (events) {
@@ -6465,6 +6559,9 @@ struct pp_stage {
     _pp_block** live;               /* [m*v] stash of (mb, chunk) between F and B (or W); with the
                                        four below, one allocation */
     _pp_block** blive;              /* [m*v] its B-only scratch, between F and B */
+    _pp_block** rlive;              /* [m*v] its recompute block (_pp_rc_carve): through F, and from
+                                       the recompute before B to B (or W) */
+    unsigned char* rc;              /* [L] the stage's copy of pp_stage_desc.recompute, or NULL */
     _pp_block** wlive;              /* [m*v] B's gradient workspace, kept for a deferred W */
     _pp_block** src;                /* [m*v] a stage fed by this rank: the stash holding its input */
     _pp_block** gin;                /* [m*v] a stage feeding this rank: the workspace holding its
@@ -8165,6 +8262,8 @@ static _pp_view _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash,
     }
     _pp_stash_carve(&s->plan, a->mb, c->la, c->lb, a->stage > 0 && !in_turn, stash->data, vw.act, vw.nact, vw.saved);
     _pp_bsaved_carve(&s->plan, a->mb, c->la, c->lb, s->blive[c->slot] ? s->blive[c->slot]->data : NULL, vw.bsaved);
+    if (s->rlive[c->slot])
+        _pp_rc_carve(&s->plan, a->mb, c->la, c->lb, 0, s->rlive[c->slot]->data, vw.act, vw.saved, vw.bsaved, NULL);
     if (a->stage == 0) vw.act[0] = _pp_input_view(s->batch, c->mb);
     for (k = 0; in_turn && k < vw.nact[0]; k++) vw.act[k].data = hand[k];
     if (!gws) return vw;
@@ -8178,32 +8277,47 @@ static _pp_view _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash,
     return vw;
 }
 
-/* The W share of c's stash: its B-only scratch's part of the stash's bytes (as the simulator's
-   pp_sim_cost.b_free: the rest of the stash waits for W), the validation layer's guards left out. */
-static double _pp_bshare(const pp_stage* s, const _pp_act* c) {
+/* Shares of c's whole stash (what it would hold without recomputation), the validation layer's
+   guards and the recompute block's shadows left out: *bshare its B-only scratch (as the simulator's
+   pp_sim_cost.b_free: the rest of the stash waits for W), *rshare what recomputation drops (as
+   pp_sim_cost.r_mem: live from the recompute to B, or W). */
+static void _pp_shares(const pp_stage* s, const _pp_act* c, double* bshare, double* rshare) {
     _pp_plan q = s->plan;
-    size_t bb, sb;
+    size_t bb, sb, rb, sh = 0;
     q.guard = 0;
     bb = _pp_bsaved_carve(&q, c->a->mb, c->la, c->lb, NULL, NULL);
-    if (!bb) return 0;
+    rb = q.rc ? _pp_rc_carve(&q, c->a->mb, c->la, c->lb, 0, NULL, NULL, NULL, NULL, &sh) - sh : 0;
     sb = _pp_stash_carve(&q, c->a->mb, c->la, c->lb, c->a->stage > 0 && !_pp_turn(s, c->a->stage), NULL, NULL, NULL, NULL);
-    return (double)bb / (double)(sb + bb);
+    *bshare = bb ? (double)bb / (double)(sb + bb + rb) : 0;
+    *rshare = rb ? (double)rb / (double)(sb + bb + rb) : 0;
+}
+static double _pp_bshare(const pp_stage* s, const _pp_act* c) {
+    double b, r;
+    _pp_shares(s, c, &b, &r);
+    return b;
 }
 
-static void _pp_bsaved_release(pp_stage* s, int slot) {
-    if (!s->blive[slot]) return;
-    s->live_bytes -= s->blive[slot]->cap;
-    _pp_block_put(s, s->blive[slot]);
-    s->blive[slot] = NULL;
+/* Gives back the B-only scratch (blk = s->blive) or the recompute block (s->rlive) of a slot. */
+static void _pp_scratch_release(pp_stage* s, _pp_block** blk) {
+    if (!*blk) return;
+    s->live_bytes -= (*blk)->cap;
+    _pp_block_put(s, *blk);
+    *blk = NULL;
 }
+static void _pp_bsaved_release(pp_stage* s, int slot) { _pp_scratch_release(s, &s->blive[slot]); }
 
 /* The end of slot's stash and workspace (after B, or after W when W is deferred), with its B-only
    scratch if B did not free it, and of the blocks it borrowed at the turn of the V. */
 static void _pp_slot_release(pp_stage* s, const _pp_act* c) {
     int slot = c->slot;
     _pp_block *stash = s->live[slot], *gws = s->wlive[slot];
-    s->live_mem -= s->blive[slot] ? 1 : 1 - _pp_bshare(s, c);
+    double bshare, rshare;
+    _pp_shares(s, c, &bshare, &rshare);
+    /* what B gave back already, and the recomputed part where it was not computed again (an
+       evaluation) */
+    s->live_mem -= 1 - (s->blive[slot] ? 0 : bshare) - (s->rlive[slot] ? 0 : rshare);
     _pp_bsaved_release(s, slot);
+    _pp_scratch_release(s, &s->rlive[slot]);
     s->live_bytes -= stash->cap + (gws ? gws->cap : 0);
     s->live[slot] = s->wlive[slot] = NULL;
     s->n_live--;
@@ -8461,8 +8575,42 @@ static pp_result _pp_eval_exchange(pp_stage* s) {
     return rc;
 }
 
+/* Recomputation: takes slot c's recompute block (the parts of the stash recomputation drops) for
+   an F or the recompute before a B; 0 bytes (no layer of the stage recomputed) takes none. */
+static pp_result _pp_rc_take(pp_stage* s, const _pp_act* c) {
+    size_t bytes = s->plan.rc ? _pp_rc_carve(&s->plan, c->a->mb, c->la, c->lb, 0, NULL, NULL, NULL, NULL, NULL) : 0;
+    if (!bytes) return PP_OK;
+    if (!(s->rlive[c->slot] = _pp_block_get(s, bytes)))
+        return _pp_stage_fail(s, PP_ERR_NOMEM, "recompute block of %zu bytes for %c%d.%d", bytes, "FBW"[c->a->op % 3],
+                              c->a->mb, c->a->chunk);
+    s->live_bytes += s->rlive[c->slot]->cap;
+    if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
+    return PP_OK;
+}
+
+/* Recomputation before B: the recomputed layers' forwards run again from what the stash kept,
+   into the recompute block (a boundary the stash keeps is written to its shadow there: the same
+   bits). The loss they compute is not the step's (written once, by the F), and no check runs:
+   the F checked these very bytes. The views then point at the stash again. */
+static pp_result _pp_recompute(pp_stage* s, const _pp_act* c, _pp_view* vw, _pp_block* stash, _pp_block* gws) {
+    pp_result rc = PP_OK;
+    float loss;
+    int l;
+    if (!s->rlive[c->slot] || s->draining) return PP_OK;
+    _pp_rc_carve(&s->plan, c->a->mb, c->la, c->lb, 1, s->rlive[c->slot]->data, vw->act, vw->saved, vw->bsaved, NULL);
+    for (l = c->la; l < c->lb && rc == PP_OK; l++) {
+        int i = l - c->la;
+        if (!s->plan.rc[l]) continue;
+        rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, l, l + 1, vw->act + i * PP_MAX_TENSORS, vw->nact + i,
+                               vw->saved + i, c->sb, vw->bsaved + i, c->bsb, &loss, s->d.layer_ctx, &s->plan, &s->err);
+    }
+    *vw = _pp_views(s, c, stash, gws);
+    return rc == PP_OK ? PP_OK : _pp_stage_wrap(s, rc, c->a);
+}
+
 /* F: the stash (with the received input) stays live until B (or W); the output goes on (at the
-   turn of the V it stays: the next stage reads it in this stash). */
+   turn of the V it stays: the next stage reads it in this stash). With recomputation, the parts
+   of the stash it drops live in the recompute block during the F only. */
 static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     _pp_view vw;
     const pp_action* a = c->a;
@@ -8476,6 +8624,10 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     if (bb && !(s->blive[c->slot] = _pp_block_get(s, bb))) {
         _pp_block_put(s, blk);
         return _pp_stage_fail(s, PP_ERR_NOMEM, "B-only scratch of %zu bytes for F%d.%d", bb, a->mb, a->chunk);
+    }
+    if ((rc = _pp_rc_take(s, c)) != PP_OK) {
+        _pp_block_put(s, blk);
+        return rc;
     }
     vw = _pp_views(s, c, blk, NULL);
     s->live[c->slot] = blk;
@@ -8492,6 +8644,12 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         else if (a->stage == s->S - 1 && !s->d.allow_nonfinite_loss)
             rc = _pp_check_loss(s, a, &s->mb_loss[a->mb], 0);
         if (rc != PP_OK && !_pp_drain(s, rc)) return rc;
+    }
+    if (s->rlive[c->slot]) { /* the dropped parts go until the recompute before B */
+        double bshare, rshare;
+        _pp_shares(s, c, &bshare, &rshare);
+        s->live_mem -= rshare;
+        _pp_scratch_release(s, &s->rlive[c->slot]);
     }
     _pp_mark(s, c, 1);
     if (s->draining && (rc = _pp_drain_zero(s, &vw.act[(c->lb - c->la) * PP_MAX_TENSORS], vw.nact[c->lb - c->la])) != PP_OK)
@@ -8522,7 +8680,21 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         _pp_block_put(s, gws);
         return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its %s", a->mb, a->chunk, stash ? "next stage's B" : "F");
     }
+    if ((rc = _pp_rc_take(s, c)) != PP_OK) {
+        _pp_block_put(s, gws);
+        return rc;
+    }
+    if (s->rlive[c->slot]) { /* the recomputed part is back, until B (or W) */
+        double bshare, rshare;
+        _pp_shares(s, c, &bshare, &rshare);
+        if ((s->live_mem += rshare) > s->st.peak_mem) s->st.peak_mem = s->live_mem;
+    }
     vw = _pp_views(s, c, stash, gws);
+    computed = !s->draining;
+    if (computed && (rc = _pp_recompute(s, c, &vw, stash, gws)) != PP_OK && !_pp_drain(s, rc)) {
+        _pp_block_put(s, gws);
+        return rc;
+    }
     rc = PP_OK;
     computed = !s->draining;
     if (computed) {
@@ -8741,6 +8913,19 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     s->v = d->schedule->v;
     s->S = d->schedule->n_stages;
     s->L = d->model.n_layers;
+    if (d->recompute) { /* the stage's own copy: the plan's carves read it */
+        for (i = 0; i < s->L && ok; i++) ok = d->recompute[i] <= 1;
+        if (!ok) {
+            pp_stage_destroy(s);
+            return _pp_fail(err, PP_ERR_INVALID, "recompute[%d] = %d (0 or 1)", i - 1, d->recompute[i - 1]);
+        }
+        if (!(s->rc = (unsigned char*)_pp_calloc((size_t)s->L, 1))) {
+            pp_stage_destroy(s);
+            return _pp_fail(err, PP_ERR_NOMEM, "recompute flags");
+        }
+        memcpy(s->rc, d->recompute, (size_t)s->L);
+        s->d.recompute = s->rc;
+    }
     s->list = pp_schedule_rank(d->schedule, d->rank);
     s->n_list = d->schedule->per_rank;
     s->defer_w = pp_schedule_has_w(d->schedule) && d->model.weight_grad != NULL;
@@ -8782,6 +8967,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     s->prep[0].idx = s->prep[1].idx = -1;
     s->plan.pad = d->shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
     s->plan.guard = d->device.alloc ? 0 : _PP_GUARD; /* read on the host: not in device memory */
+    s->plan.rc = s->rc;
     s->flight.rank = d->rank;
     if (s->d.max_seqs <= 0) s->d.max_seqs = 4096;
     *out = s;
@@ -8799,6 +8985,9 @@ void pp_stage_destroy(pp_stage* s) {
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->wlive[i]);
     if (s->blive)
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->blive[i]);
+    if (s->rlive)
+        for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->rlive[i]);
+    PP_FREE(s->rc);
     _pp_free_blocks(s, s->pool);
     _pp_free_blocks(s, s->retiring);
     _pp_plan_free(&s->plan);
@@ -8864,6 +9053,10 @@ static void _pp_stage_recover(pp_stage* s) {
         if (s->blive[i]) {
             _pp_block_put(s, s->blive[i]);
             s->blive[i] = NULL;
+        }
+        if (s->rlive[i]) {
+            _pp_block_put(s, s->rlive[i]);
+            s->rlive[i] = NULL;
         }
     }
     for (i = 0; s->eout && i < s->live_cap; i++)
@@ -9059,7 +9252,7 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
     }
     if (s->eval && (rc = _pp_eval_check(s)) != PP_OK) return rc;
     if (need > s->live_cap) {
-        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 6, sizeof *nl);
+        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 7, sizeof *nl);
         float* nloss = (float*)_pp_calloc((size_t)b->m, sizeof *nloss);
         if (!nl || !nloss) {
             PP_FREE(nl);
@@ -9068,12 +9261,13 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
         }
         PP_FREE(s->live);
         PP_FREE(s->mb_loss);
-        s->live = nl; /* one allocation: live, wlive, src, gin, blive, eout */
+        s->live = nl; /* one allocation: live, wlive, src, gin, blive, eout, rlive */
         s->wlive = nl + need;
         s->src = nl + 2 * need;
         s->gin = nl + 3 * need;
         s->blive = nl + 4 * need;
         s->eout = nl + 5 * need;
+        s->rlive = nl + 6 * need;
         s->mb_loss = nloss;
         s->live_cap = need;
     }
