@@ -223,6 +223,16 @@ $(B)/zb-controls: tests/controls.sh $(B)/zb-ctl-nohandover $(B)/zb-ctl-nobfree
 	printf '#!/bin/sh\nexec sh tests/controls.sh zb-controls "$(B)/zb-ctl-nohandover turn" "$(B)/zb-ctl-nobfree wshare"\n' > $@
 	chmod +x $@
 
+# tests/test_recompute.c (activation recomputation) and its negative control: the B skips the
+# recompute (stale scratch and activations), which must fail. Added here, before the test rule.
+TESTS += test_recompute
+$(B)/recompute-ctl-norecompute: tests/test_recompute.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_RECOMPUTE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/recompute-controls: tests/controls.sh $(B)/recompute-ctl-norecompute
+	printf '#!/bin/sh\nexec sh tests/controls.sh recompute-controls "$(B)/recompute-ctl-norecompute"\n' > $@
+	chmod +x $@
+TEST_BINS_EXTRA += $(B)/recompute-controls
+
 # Negative control of tests/test_cuda_host.c's early copy: made on the sender's own stream (behind
 # its later work), it must fail.
 $(B)/cuda-ctl-early-on-stream: tests/test_cuda_host.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h | $(B)

@@ -1296,7 +1296,9 @@ typedef struct pp_step_stats {
     uint64_t meta_bytes_sent;   /* of bytes_sent: shape metadata (headers, broadcast, trailers) */
     uint64_t meta_msgs_sent;    /* of msgs_sent: messages that carried only metadata */
     int peak_live;              /* most stashes alive at once */
-    size_t peak_stash_bytes;
+    size_t peak_stash_bytes;    /* most bytes the live stashes, their B-only scratch and recompute blocks
+                                   and the workspaces kept for W asked for at once (not the pooled
+                                   blocks' capacity) */
     int n_actions;
     /* The plan check and the agreement on the step's outcome (every rank returns the same):
        messages and bytes this rank sent for them (also in msgs_sent and bytes_sent, not in
@@ -8300,7 +8302,7 @@ static double _pp_bshare(const pp_stage* s, const _pp_act* c) {
 /* Gives back the B-only scratch (blk = s->blive) or the recompute block (s->rlive) of a slot. */
 static void _pp_scratch_release(pp_stage* s, _pp_block** blk) {
     if (!*blk) return;
-    s->live_bytes -= (*blk)->cap;
+    s->live_bytes -= (*blk)->want;
     _pp_block_put(s, *blk);
     *blk = NULL;
 }
@@ -8318,7 +8320,7 @@ static void _pp_slot_release(pp_stage* s, const _pp_act* c) {
     s->live_mem -= 1 - (s->blive[slot] ? 0 : bshare) - (s->rlive[slot] ? 0 : rshare);
     _pp_bsaved_release(s, slot);
     _pp_scratch_release(s, &s->rlive[slot]);
-    s->live_bytes -= stash->cap + (gws ? gws->cap : 0);
+    s->live_bytes -= stash->want + (gws ? gws->want : 0);
     s->live[slot] = s->wlive[slot] = NULL;
     s->n_live--;
     _pp_block_put(s, stash);
@@ -8583,7 +8585,7 @@ static pp_result _pp_rc_take(pp_stage* s, const _pp_act* c) {
     if (!(s->rlive[c->slot] = _pp_block_get(s, bytes)))
         return _pp_stage_fail(s, PP_ERR_NOMEM, "recompute block of %zu bytes for %c%d.%d", bytes, "FBW"[c->a->op % 3],
                               c->a->mb, c->a->chunk);
-    s->live_bytes += s->rlive[c->slot]->cap;
+    s->live_bytes += s->rlive[c->slot]->want;
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
     return PP_OK;
 }
@@ -8597,6 +8599,9 @@ static pp_result _pp_recompute(pp_stage* s, const _pp_act* c, _pp_view* vw, _pp_
     float loss;
     int l;
     if (!s->rlive[c->slot] || s->draining) return PP_OK;
+#ifdef PP_TEST_NO_RECOMPUTE /* negative control (tests/test_recompute.c): B reads stale scratch */
+    return PP_OK;
+#endif
     _pp_rc_carve(&s->plan, c->a->mb, c->la, c->lb, 1, s->rlive[c->slot]->data, vw->act, vw->saved, vw->bsaved, NULL);
     for (l = c->la; l < c->lb && rc == PP_OK; l++) {
         int i = l - c->la;
@@ -8633,7 +8638,7 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     s->live[c->slot] = blk;
     if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
     if ((s->live_mem += 1) > s->st.peak_mem) s->st.peak_mem = s->live_mem;
-    s->live_bytes += blk->cap + (bb ? s->blive[c->slot]->cap : 0);
+    s->live_bytes += blk->want + (bb ? s->blive[c->slot]->want : 0);
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
     if (!s->draining) {
         rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, vw.act, vw.nact, vw.saved, c->sb,
@@ -8730,7 +8735,7 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         /* W still needs the stash (inputs) and the workspace (output gradients), not the B-only
            scratch */
         s->wlive[c->slot] = gws;
-        s->live_bytes += gws->cap;
+        s->live_bytes += gws->want;
         if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
 #ifndef PP_TEST_NO_B_FREE /* negative control (tests/test_zb.c): the B-only scratch waits for W */
         if (s->blive[c->slot]) {
