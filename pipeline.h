@@ -981,6 +981,55 @@ typedef struct pp_sim_result {
 pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_result* res,
                       pp_event* events, pp_error* err);
 
+/* Planning: the schedule, the partition and the layers to recompute (pp_stage_desc.recompute),
+   chosen together for the shortest simulated step under a cap on each rank's activation memory.
+   A layer's cost for one micro-batch: f, b, w its forward, input gradient and weight gradient
+   times; mem the bytes a stash keeps of it (its output and its scratch, saved_bytes and
+   b_saved_bytes), out the part of mem that is its output (the next layer's input). Recomputing
+   it drops mem - out, and its output too where the next layer is recomputed as well; its B takes
+   f more. */
+typedef struct pp_layer_cost {
+    double f, b, w, mem, out;
+} pp_layer_cost;
+
+typedef struct pp_plan_desc {
+    const pp_layer_cost* layers;
+    int n_layers;
+    int p, m;
+    double comm;                /* added to every transfer between ranks */
+    double mem_cap;             /* most stash bytes a rank may hold at once (0: no cap) */
+    /* The kinds to try, with their v (NULL: every built-in kind, interleaved and interleaved-mem
+       at v = 2 and 4); n_kinds entries each. */
+    const pp_schedule_kind* kinds;
+    const int* kinds_v;
+    int n_kinds;
+    int no_recompute;           /* 1: choose the schedule alone (nothing recomputed) */
+} pp_plan_desc;
+
+typedef struct pp_plan {
+    pp_schedule_kind kind;
+    int v;
+    int fits;                   /* peak_mem <= mem_cap (1 without a cap) */
+    int n_recompute;            /* layers recomputed */
+    double makespan, bubble;    /* simulated, in the costs' units */
+    double peak_mem;            /* the largest rank's peak stash bytes (pp_simulate's peak_mem) */
+    int tried;                  /* pp_plan_recompute: plans simulated */
+} pp_plan;
+
+/* One plan: kind at v, recompute (n_layers flags; NULL: none), the layers split by
+   pp_partition_balanced on each layer's time (f + b + w, and f again where recomputed) into
+   first[p*v + 1] (may be NULL), the list generated for the stages' costs
+   (pp_schedule_make_cost), simulated with their memory (pp_sim_cost.mem_stage, r_mem, r_f; a
+   stage's input counts where the previous stage is on another rank). Scratch from PP_MALLOC. */
+pp_result pp_plan_try(const pp_plan_desc* d, pp_schedule_kind kind, int v, const unsigned char* recompute,
+                      pp_plan* out, int* first, pp_error* err);
+/* The best plan: for every kind, nothing recomputed, every layer, every other layer, and the
+   greedy plan that recomputes, one at a time, the layer of the rank over the cap whose memory
+   saved per unit of time added is largest, until it fits; of those that fit the cap, the
+   shortest step (then the least memory), else the least memory. Fills out, first (p*4 + 1
+   entries are enough) and recompute (n_layers flags). No plan fits: PP_OK with out->fits 0. */
+pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, unsigned char* recompute, pp_error* err);
+
 /* >>trace ------------------------------------------------------------------------------------- */
 /* ASCII timeline, one row per rank, `width` columns (0 = 100) spanning the makespan. */
 void pp_timeline_ascii(FILE* f, const pp_event* ev, size_t n, int p, int width);
@@ -5172,6 +5221,224 @@ cleanup:
     if (slot) PP_FREE(slot);
     if (fin) PP_FREE(fin);
     return rc;
+}
+
+/* Planning (pp_plan_try, pp_plan_recompute): stage st's stash of layers [a, b) as the executor
+   lays it out (_pp_stash_carve, _pp_rc_carve; alignment, guards and the recompute block's
+   shadows left out): what it holds whole, and the share recomputation drops. */
+static double _pp_plan_stage_mem(const pp_layer_cost* lc, int a, int b, int own_input, const unsigned char* rc,
+                                 double* rshare) {
+    double all = own_input && a > 0 ? lc[a - 1].out : 0, drop = 0;
+    int l;
+    for (l = a; l < b; l++) {
+        int r = rc && rc[l], out_drop = r && l + 1 < b && rc[l + 1];
+        all += lc[l].mem;
+        drop += (r ? lc[l].mem - lc[l].out : 0) + (out_drop ? lc[l].out : 0);
+    }
+    *rshare = all > 0 ? drop / all : 0;
+    return all;
+}
+
+/* pp_plan_try's work, with the simulator's result (res) and scratch from the caller: first
+   [S + 1], dbl [6 S + L], acts [n]. */
+static pp_result _pp_plan_run(const pp_plan_desc* d, pp_schedule_kind kind, int v, const unsigned char* rc, pp_plan* out,
+                              int* first, double* dbl, pp_action* acts, size_t n, pp_sim_result* res, pp_error* err) {
+    int L = d->n_layers, S = d->p * v, st, l, r;
+    double *fs = dbl, *bs = fs + S, *ws = bs + S, *rf = ws + S, *ms = rf + S, *rm = ms + S, *wt = rm + S;
+    pp_sim_cost c;
+    pp_schedule s;
+    pp_result rc_;
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->v = v;
+    for (l = 0; l < L; l++) {
+        wt[l] = d->layers[l].f + d->layers[l].b + d->layers[l].w + (rc && rc[l] ? d->layers[l].f : 0);
+        out->n_recompute += rc && rc[l];
+    }
+    if ((rc_ = pp_partition_balanced(wt, L, S, first, err)) != PP_OK) return rc_;
+    memset(&c, 0, sizeof c);
+    c.f_stage = fs, c.b_stage = bs, c.w_stage = ws, c.r_f_stage = rf, c.comm = d->comm;
+    for (st = 0; st < S; st++) {
+        fs[st] = bs[st] = ws[st] = rf[st] = 0;
+        for (l = first[st]; l < first[st + 1]; l++) {
+            fs[st] += d->layers[l].f;
+            bs[st] += d->layers[l].b;
+            ws[st] += d->layers[l].w;
+            rf[st] += rc && rc[l] ? d->layers[l].f : 0;
+        }
+    }
+    if ((rc_ = pp_schedule_make_cost(kind, d->p, v, d->m, &c, acts, n, &s, err)) != PP_OK) return rc_;
+    for (st = 0; st < S; st++) {
+        int ra = -1, rb;
+        if (st > 0) pp_schedule_stage_to_rank(&s, st - 1, &ra, NULL);
+        pp_schedule_stage_to_rank(&s, st, &rb, NULL);
+        ms[st] = _pp_plan_stage_mem(d->layers, first[st], first[st + 1], ra != rb, rc, &rm[st]);
+    }
+    c.mem_stage = ms, c.r_mem_stage = rm;
+    if ((rc_ = pp_simulate(&s, &c, res, NULL, err)) != PP_OK) return rc_;
+    out->makespan = res->makespan;
+    out->bubble = res->bubble;
+    for (r = 0; r < d->p; r++)
+        if (res->peak_mem[r] > out->peak_mem) out->peak_mem = res->peak_mem[r];
+    out->fits = d->mem_cap <= 0 || out->peak_mem <= d->mem_cap * (1 + 1e-12);
+    out->tried = 1;
+    return PP_OK;
+}
+
+static pp_result _pp_plan_check(const pp_plan_desc* d, pp_error* err) {
+    int l;
+    if (!d || !d->layers || d->n_layers < 1 || d->p < 1 || d->p > PP_MAX_RANKS || d->m < 1)
+        return _pp_fail(err, PP_ERR_INVALID, "plan: need layers (n_layers >= 1), 1 <= p <= %d and m >= 1", PP_MAX_RANKS);
+    if (!(d->comm >= 0 && d->comm < 1e300) || !(d->mem_cap >= 0 && d->mem_cap < 1e300) || d->n_kinds < 0 ||
+        (d->n_kinds > 0 && (!d->kinds || !d->kinds_v)))
+        return _pp_fail(err, PP_ERR_INVALID, "plan: comm and mem_cap must be finite and >= 0, kinds and kinds_v given "
+                        "with n_kinds");
+    for (l = 0; l < d->n_layers; l++) {
+        const pp_layer_cost* x = &d->layers[l];
+        if (!(x->f >= 0 && x->b >= 0 && x->w >= 0 && x->out >= 0 && x->mem >= x->out && x->f + x->b + x->w + x->mem < 1e300))
+            return _pp_fail(err, PP_ERR_INVALID, "plan: layer %d: f=%g b=%g w=%g mem=%g out=%g (finite, >= 0, out <= mem)",
+                            l, x->f, x->b, x->w, x->mem, x->out);
+    }
+    return PP_OK;
+}
+
+pp_result pp_plan_try(const pp_plan_desc* d, pp_schedule_kind kind, int v, const unsigned char* recompute,
+                      pp_plan* out, int* first, pp_error* err) {
+    pp_result rc;
+    size_t n;
+    int S, *fst = NULL;
+    double* dbl = NULL;
+    pp_action* acts = NULL;
+    pp_sim_result* res = NULL;
+    pp_plan local;
+    if ((rc = _pp_plan_check(d, err)) != PP_OK) return rc;
+    if (!out) out = &local;
+    v = pp_schedule_kind_v(kind, v);
+    n = pp_schedule_size(kind, d->p, v, d->m);
+    S = d->p * v;
+    if (!n) return _pp_fail(err, PP_ERR_INVALID, "plan: %s at p=%d v=%d m=%d is no schedule", pp_schedule_name(kind), d->p, v, d->m);
+    if (S > d->n_layers)
+        return _pp_fail(err, PP_ERR_INVALID, "plan: %s at p=%d v=%d needs %d stages, the model has %d layers",
+                        pp_schedule_name(kind), d->p, v, S, d->n_layers);
+    fst = (int*)_pp_calloc((size_t)S + 1, sizeof *fst);
+    dbl = (double*)_pp_calloc(6 * (size_t)S + (size_t)d->n_layers, sizeof *dbl);
+    acts = (pp_action*)_pp_calloc(n, sizeof *acts);
+    res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
+    if (!fst || !dbl || !acts || !res) rc = _pp_fail(err, PP_ERR_NOMEM, "plan: scratch for %zu actions", n);
+    else rc = _pp_plan_run(d, kind, v, recompute, out, fst, dbl, acts, n, res, err);
+    if (rc == PP_OK && first) memcpy(first, fst, sizeof *fst * ((size_t)S + 1));
+    PP_FREE(fst);
+    PP_FREE(dbl);
+    PP_FREE(acts);
+    PP_FREE(res);
+    return rc;
+}
+
+/* a before b: fits first, then the shorter step, then the less memory */
+static int _pp_plan_better(const pp_plan* a, const pp_plan* b) {
+    if (!b->tried) return a->tried;
+    if (!a->tried) return 0;
+    if (a->fits != b->fits) return a->fits;
+    if (!a->fits) return a->peak_mem < b->peak_mem;
+    if (a->makespan != b->makespan) return a->makespan < b->makespan;
+    return a->peak_mem < b->peak_mem;
+}
+
+pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, unsigned char* recompute, pp_error* err) {
+    static const pp_schedule_kind all_k[] = {PP_SCHED_GPIPE, PP_SCHED_1F1B, PP_SCHED_INTERLEAVED, PP_SCHED_INTERLEAVED,
+                                             PP_SCHED_INTERLEAVED_MEM, PP_SCHED_INTERLEAVED_MEM, PP_SCHED_ZB_H1,
+                                             PP_SCHED_ZB_H2, PP_SCHED_ZB_V, PP_SCHED_V_HALF, PP_SCHED_V_MIN,
+                                             PP_SCHED_DUALPIPE_V};
+    static const int all_v[] = {1, 1, 2, 4, 2, 4, 1, 1, 2, 2, 2, 2};
+    const pp_schedule_kind* kinds = d && d->kinds ? d->kinds : all_k;
+    const int* kv = d && d->kinds ? d->kinds_v : all_v;
+    int nk = d && d->kinds ? d->n_kinds : (int)(sizeof all_k / sizeof all_k[0]);
+    int L, k, pol, l, r, tried = 0, max_s = 0, *fst = NULL;
+    size_t n_max = 0;
+    unsigned char *rc = NULL, *best_rc = NULL;
+    double* dbl = NULL;
+    pp_action* acts = NULL;
+    pp_sim_result* res = NULL;
+    pp_plan best, cur;
+    pp_result ret = PP_OK;
+    if ((ret = _pp_plan_check(d, err)) != PP_OK) return ret;
+    if (!out || !first || !recompute) return _pp_fail(err, PP_ERR_INVALID, "plan: out, first and recompute are needed");
+    L = d->n_layers;
+    for (k = 0; k < nk; k++) {
+        int v = pp_schedule_kind_v(kinds[k], kv[k]);
+        size_t n = pp_schedule_size(kinds[k], d->p, v, d->m);
+        if (n > n_max) n_max = n;
+        if (d->p * v > max_s) max_s = d->p * v;
+    }
+    memset(&best, 0, sizeof best);
+    fst = (int*)_pp_calloc((size_t)max_s + 1, sizeof *fst);
+    dbl = (double*)_pp_calloc(6 * (size_t)max_s + (size_t)L, sizeof *dbl);
+    acts = (pp_action*)_pp_calloc(n_max ? n_max : 1, sizeof *acts);
+    res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
+    rc = (unsigned char*)_pp_calloc(2 * (size_t)L, 1);
+    if (!fst || !dbl || !acts || !res || !rc) {
+        ret = _pp_fail(err, PP_ERR_NOMEM, "plan: scratch for %zu actions", n_max);
+        goto done;
+    }
+    best_rc = rc + L;
+    for (k = 0; k < nk; k++) {
+        int v = pp_schedule_kind_v(kinds[k], kv[k]), S = d->p * v;
+        size_t n = pp_schedule_size(kinds[k], d->p, v, d->m);
+        if (!n || S > L) continue; /* no such schedule, or fewer layers than stages */
+        for (pol = 0; pol < (d->no_recompute ? 1 : 4); pol++) {
+            int steps = 0;
+            /* 0 nothing, 1 every layer, 2 every other layer, 3 greedy from nothing */
+            for (l = 0; l < L; l++) rc[l] = (unsigned char)(pol == 1 || (pol == 2 && l % 2 == 1));
+            for (;;) {
+                pp_error e;
+                int worst = 0, pick = -1, st;
+                double pick_score = -1;
+                if (_pp_plan_run(d, kinds[k], v, rc, &cur, fst, dbl, acts, n, res, &e) != PP_OK) break;
+                tried++;
+                if (_pp_plan_better(&cur, &best)) {
+                    best = cur;
+                    memcpy(best_rc, rc, (size_t)L);
+                    memcpy(first, fst, sizeof *fst * ((size_t)S + 1));
+                }
+                if (pol != 3 || cur.fits || ++steps > L) break;
+                /* greedy: on the rank with the highest peak, the layer whose recompute drops the most
+                   bytes per unit of forward time */
+                for (r = 1; r < d->p; r++)
+                    if (res->peak_mem[r] > res->peak_mem[worst]) worst = r;
+                for (st = 0; st < S; st++) {
+                    int sr, a = fst[st], b = fst[st + 1];
+                    pp_schedule tmp;
+                    memset(&tmp, 0, sizeof tmp);
+                    tmp.p = d->p, tmp.v = v, tmp.n_stages = S, tmp.map = _pp_sched_kind_map(kinds[k]);
+                    pp_schedule_stage_to_rank(&tmp, st, &sr, NULL);
+                    if (sr != worst) continue;
+                    for (l = a; l < b; l++) {
+                        double r0, r1, all, score;
+                        if (rc[l]) continue;
+                        all = _pp_plan_stage_mem(d->layers, a, b, 0, rc, &r0);
+                        rc[l] = 1;
+                        _pp_plan_stage_mem(d->layers, a, b, 0, rc, &r1);
+                        rc[l] = 0;
+                        score = (r1 - r0) * all / (d->layers[l].f > 0 ? d->layers[l].f : 1e-300);
+                        if ((r1 - r0) * all > 0 && score > pick_score) pick_score = score, pick = l;
+                    }
+                }
+                if (pick < 0) break;
+                rc[pick] = 1;
+            }
+        }
+    }
+    best.tried = tried;
+    *out = best;
+    memcpy(recompute, best_rc, (size_t)L);
+    if (!tried) ret = _pp_fail(err, PP_ERR_INVALID, "plan: no kind makes a schedule of %d layers at p=%d m=%d", L, d->p, d->m);
+done:
+    PP_FREE(fst);
+    PP_FREE(dbl);
+    PP_FREE(acts);
+    PP_FREE(res);
+    PP_FREE(rc);
+    return ret;
 }
 
 /* >>impl-trace -------------------------------------------------------------------------------- */
