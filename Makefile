@@ -223,15 +223,19 @@ $(B)/zb-controls: tests/controls.sh $(B)/zb-ctl-nohandover $(B)/zb-ctl-nobfree
 	printf '#!/bin/sh\nexec sh tests/controls.sh zb-controls "$(B)/zb-ctl-nohandover turn" "$(B)/zb-ctl-nobfree wshare"\n' > $@
 	chmod +x $@
 
-# tests/test_recompute.c (activation recomputation) and its negative control: the B skips the
-# recompute (stale scratch and activations), which must fail. Added here, before the test rule.
+# tests/test_recompute.c (activation recomputation, pp_plan_recompute) and its negative controls:
+# the B skips the recompute (stale scratch and activations), and the plan must beat the hand
+# choices by 10%; each must fail. Added here, before the test rule.
 TESTS += test_recompute
 $(B)/recompute-ctl-norecompute: tests/test_recompute.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_RECOMPUTE $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/recompute-controls: tests/controls.sh $(B)/recompute-ctl-norecompute
-	printf '#!/bin/sh\nexec sh tests/controls.sh recompute-controls "$(B)/recompute-ctl-norecompute"\n' > $@
+$(B)/recompute-ctl-slack: tests/test_recompute.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPLAN_SLACK=0.9 $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/recompute-controls: tests/controls.sh $(B)/recompute-ctl-norecompute $(B)/recompute-ctl-slack
+	printf '#!/bin/sh\nexec sh tests/controls.sh recompute-controls "$(B)/recompute-ctl-norecompute" "$(B)/recompute-ctl-slack"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/recompute-controls
+BENCHES += $(B)/bench_recompute
 
 # Negative control of tests/test_cuda_host.c's early copy: made on the sender's own stream (behind
 # its later work), it must fail.

@@ -270,7 +270,84 @@ static void test_bad_flags(void) {
     free(gbuf);
 }
 
+/* pp_plan_recompute on GPT-like cost lists (an embedding, n blocks whose scratch is `ratio`
+   times their output, a head): at every p and cap, its plan is no slower than the best hand choice
+   among {nothing, every layer recomputed} x every kind that fits, and fits whenever one does; a
+   cap nothing meets gives fits 0 and the least memory. -DPLAN_SLACK=0.9 (the plan must be 10%
+   faster than the hand choices) is the negative control of the comparison. */
+#ifndef PLAN_SLACK
+#define PLAN_SLACK 1.0
+#endif
+static void test_plan(void) {
+    static const pp_schedule_kind kinds[] = {PP_SCHED_GPIPE, PP_SCHED_1F1B, PP_SCHED_INTERLEAVED, PP_SCHED_INTERLEAVED,
+                                             PP_SCHED_INTERLEAVED_MEM, PP_SCHED_INTERLEAVED_MEM, PP_SCHED_ZB_H1,
+                                             PP_SCHED_ZB_H2, PP_SCHED_ZB_V, PP_SCHED_V_HALF, PP_SCHED_V_MIN,
+                                             PP_SCHED_DUALPIPE_V};
+    static const int kv[] = {1, 1, 2, 4, 2, 4, 1, 1, 2, 2, 2, 2};
+    pp_layer_cost lc[26];
+    unsigned char rc[26];
+    int first[4 * 4 + 1], p, ci, k, all, l, cases = 0, good = 0, better = 0;
+    for (l = 0; l < 26; l++) {
+        int block = l > 0 && l < 25;
+        lc[l].f = block ? 1 : l == 0 ? 0.1 : 1.5;
+        lc[l].b = block ? 1.1 : lc[l].f;
+        lc[l].w = block ? 0.9 : 0;
+        lc[l].out = l < 25 ? 1 : 0;
+        lc[l].mem = lc[l].out + (block ? 16 + (l % 3) : l == 25 ? 6 : 0);
+    }
+    for (p = 2; p <= 4; p++)
+        for (ci = 0; ci < 4; ci++) {
+            static const double caps[] = {0, 400, 200, 90};
+            pp_plan_desc d;
+            pp_plan h, best, plan;
+            pp_error err;
+            int have = 0;
+            memset(&d, 0, sizeof d);
+            memset(&best, 0, sizeof best);
+            d.layers = lc, d.n_layers = 26, d.p = p, d.m = 2 * p, d.mem_cap = caps[ci] / p;
+            for (k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
+                for (all = 0; all < 2; all++) {
+                    memset(rc, all, sizeof rc);
+                    if (pp_plan_try(&d, kinds[k], kv[k], rc, &h, NULL, &err) != PP_OK) continue;
+                    if (h.fits && (!have || h.makespan < best.makespan)) best = h, have = 1;
+                }
+            cases++;
+            if (pp_plan_recompute(&d, &plan, first, rc, &err) != PP_OK) {
+                CHECK(0, "p=%d cap %g: %s", p, d.mem_cap, err.msg);
+                continue;
+            }
+            CHECK(pp_partition_check(first, 26, p * plan.v, &err) == PP_OK, "p=%d: the plan's partition: %s", p, err.msg);
+            for (l = 0, all = 0; l < 26; l++) all += rc[l];
+            CHECK(all == plan.n_recompute, "p=%d: %d flags set, n_recompute %d", p, all, plan.n_recompute);
+            if (have) {
+                int ok = plan.fits && plan.makespan <= best.makespan * PLAN_SLACK * (1 + 1e-12);
+                CHECK(ok, "p=%d cap %g: plan %s v=%d %.4g (fits %d) vs best hand %s v=%d %.4g", p, d.mem_cap,
+                      pp_schedule_name(plan.kind), plan.v, plan.makespan, plan.fits, pp_schedule_name(best.kind), best.v,
+                      best.makespan);
+                good += ok;
+                better += plan.makespan < best.makespan * (1 - 1e-9);
+            } else {
+                good++;
+            }
+        }
+    printf("recompute plan: %d of %d cases no slower than the best hand choice that fits, %d strictly faster\n", good,
+           cases, better);
+    {   /* a cap nothing meets */
+        pp_plan_desc d;
+        pp_plan plan;
+        pp_error err;
+        memset(&d, 0, sizeof d);
+        d.layers = lc, d.n_layers = 26, d.p = 2, d.m = 4, d.mem_cap = 0.5;
+        CHECK(pp_plan_recompute(&d, &plan, first, rc, &err) == PP_OK && !plan.fits && plan.peak_mem > 0.5,
+              "an impossible cap: fits %d, peak %g", plan.fits, plan.peak_mem);
+        lc[3].out = lc[3].mem + 1;
+        CHECK(pp_plan_recompute(&d, &plan, first, rc, &err) == PP_ERR_INVALID && strstr(err.msg, "layer 3"),
+              "out > mem is refused: %s", err.msg);
+    }
+}
+
 int main(void) {
+    test_plan();
     test_identity();
     test_saves();
     test_bad_flags();
