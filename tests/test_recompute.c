@@ -101,6 +101,26 @@ static void shares(const pp_schedule* s, const int* first, int st, int64_t rows,
 }
 
 /* ---- runs ----------------------------------------------------------------------------------- */
+/* The runs' shape policy, and device blocks (host memory behind pp_device_ops, fresh blocks
+   filled with a NaN pattern: a byte the recompute leaves unwritten shows in the gradients) */
+static pp_shape_policy g_shapes = PP_SHAPES_LOCAL;
+static int g_device;
+static void* d_alloc(void* user, size_t bytes) {
+    void* p = malloc(bytes);
+    (void)user;
+    if (p) memset(p, 0xFF, bytes);
+    return p;
+}
+static void d_free(void* user, void* ptr) {
+    (void)user;
+    free(ptr);
+}
+static pp_result d_zero(void* user, void* ptr, size_t bytes) {
+    (void)user;
+    memset(ptr, 0, bytes);
+    return PP_OK;
+}
+
 static const pp_schedule_kind KINDS[] = {PP_SCHED_GPIPE, PP_SCHED_1F1B,  PP_SCHED_INTERLEAVED, PP_SCHED_INTERLEAVED_MEM,
                                          PP_SCHED_ZB_H1, PP_SCHED_ZB_H2, PP_SCHED_ZB_V,        PP_SCHED_V_HALF,
                                          PP_SCHED_V_MIN, PP_SCHED_DUALPIPE_V};
@@ -130,8 +150,8 @@ static int run(const setup* U, pp_schedule_kind k, int p, int m, const unsigned 
     pp_error err;
     pp_sim_cost c;
     pp_sim_result sim;
-    snprintf(what, sizeof what, "%s p=%d m=%d %s, recompute %s", pp_schedule_name(k), p, m, g_split ? "split" : "fused",
-             policy);
+    snprintf(what, sizeof what, "%s p=%d m=%d %s, recompute %s, shapes %d%s", pp_schedule_name(k), p, m,
+             g_split ? "split" : "fused", policy, (int)g_shapes, g_device ? ", device blocks" : "");
     if (hx_sched_make(&hs, k, p, v, m, &err) != PP_OK || pp_partition_uniform(MLP_DEPTH + 1, S, first, &err) != PP_OK) {
         CHECK(0, "%s: %s", what, err.msg);
         return 0;
@@ -144,6 +164,8 @@ static int run(const setup* U, pp_schedule_kind k, int p, int m, const unsigned 
     W.batch = &U->b;
     W.stage.timeout_s = 20;
     W.stage.recompute = rc;
+    W.stage.shapes = g_shapes;
+    if (g_device) W.stage.device.alloc = d_alloc, W.stage.device.free = d_free, W.stage.device.zero = d_zero;
     hx_mlp_rank_grads(g, gbuf, p, DIMS);
     for (r = 0; r < p; r++) {
         mlpz_from_mlp(&gz[r], &g[r]);
@@ -157,10 +179,11 @@ static int run(const setup* U, pp_schedule_kind k, int p, int m, const unsigned 
     /* the simulator's peak_mem with the same shares (a stash lives until W only where the model
        defers it: the split model) */
     for (st = 0; st < S; st++) shares(&hs.s, first, st, U->rows / m, rc, &bfree[st], &rmem[st]);
+    /* (AUTO keeps room for its trailer after every activation: other shares) */
     memset(&c, 0, sizeof c);
     c.b_free_stage = bfree;
     c.r_mem_stage = rmem;
-    if (ok && (g_split || !pp_schedule_has_w(&hs.s)) && pp_simulate(&hs.s, &c, &sim, NULL, &err) == PP_OK)
+    if (ok && g_shapes != PP_SHAPES_AUTO && (g_split || !pp_schedule_has_w(&hs.s)) && pp_simulate(&hs.s, &c, &sim, NULL, &err) == PP_OK)
         for (r = 0; r < p; r++)
             if (fabs(W.stats[r].peak_mem - sim.peak_mem[r]) > 1e-9) {
                 CHECK(0, "%s: rank %d executor peak_mem %.6f, simulator %.6f", what, r, W.stats[r].peak_mem, sim.peak_mem[r]);
@@ -208,6 +231,20 @@ static void test_identity(void) {
                     cases++;
                     good += run(&U, KINDS[k], p, m, rc, names[pol], NULL);
                 }
+    /* the other shape policies, and device blocks */
+    for (pol = 0; pol < 4; pol++)
+        for (p = 2; p <= 3; p++)
+            for (k = 0; k < 2; k++) {
+                pp_schedule_kind kind = k ? PP_SCHED_ZB_V : PP_SCHED_1F1B;
+                for (l = 0; l <= MLP_DEPTH; l++) rc[l] = (unsigned char)(l % 3 != 0);
+                g_shapes = pol < 3 ? (pp_shape_policy)(pol + 1) : PP_SHAPES_LOCAL;
+                g_device = pol == 3;
+                g_split = k;
+                cases++;
+                good += run(&U, kind, p, m, rc, "two layers of three", NULL);
+            }
+    g_shapes = PP_SHAPES_LOCAL;
+    g_device = 0;
     g_split = 0;
     printf("recompute: %d of %d runs bit-identical to the sequential reference, peak_mem as simulated\n", good, cases);
     free(wbuf);
