@@ -85,6 +85,15 @@
    (io->b_saved in forward and backward, NULL in weight_grad); B frees it while the stash waits
    for W. pp_step_stats.peak_mem counts it as the simulator's pp_sim_cost.b_free does.
 
+   ACTIVATION RECOMPUTATION
+   pp_stage_desc.recompute (one flag per layer; NULL: none) keeps a flagged layer's scratch, and a
+   boundary between two flagged layers, out of the stash: right before the B (B and W of a split
+   layer) the stage runs those forwards again from what it kept. Bit-identical on every schedule
+   and transport (forwards must be deterministic); the loss is not written twice. The simulator
+   counts it (pp_sim_cost.r_f: B's extra time, r_mem: the share dropped); pp_plan_recompute picks
+   the schedule, the partition and the flags together for the shortest step under a memory cap
+   (pp-sched rank --recompute).
+
    SCHEDULES AS TEXT
        schedule p=2 v=1 m=2            # map=loop (default) or map=v
        r0: F0 F1 B0 W0 B1 W1
@@ -204,6 +213,9 @@
           Then: PP_VERSION_STRING, companion headers that refuse a pipeline.h of another
           release; NVTX ranges per action (PP_NVTX, pipeline_cuda.h); make install, pkg-config
           and CMake packages (README).
+          Then: activation recomputation (pp_stage_desc.recompute; pp_sim_cost.r_f, r_mem,
+          mem_stage) and plans that choose it with the schedule under a memory cap (pp_plan_try,
+          pp_plan_recompute); pp_step_stats.peak_stash_bytes counts bytes asked for.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -1432,7 +1444,7 @@ typedef struct pp_pipeline_desc {
        PARAMS need sample (one micro-batch's input shape), EXPLICIT explicit_first. */
     pp_partition_desc partition;
     /* What every rank's pp_stage_desc starts from: timeout_s, record_timeline, shapes, max_seqs,
-       check_finite, allow_nonfinite_loss, device, layer_ctx. Its model, weights, grads,
+       check_finite, allow_nonfinite_loss, device, layer_ctx, recompute. Its model, weights, grads,
        schedule, partition, rank and transport belong to the pipeline: leave them zero. */
     pp_stage_desc stage;
     /* Optional: called at create for every rank in rank order, once its desc is filled, before
