@@ -694,6 +694,24 @@ static inline int hx_mlp_layer_equal(const mlp_model* a, const mlp_model* b, int
 }
 
 #ifdef PP_TEST_H
+/* Runs W on p ranks with each rank its own zeroed MLP gradients g[r] (buffers gbuf[r]:
+   hx_mlp_free_grads them), seen through the split model's struct gz[r] where split is set (W's
+   model is then a PP_MODEL_SPLIT of the MLP's layout); a failure is reported (hx_report) as
+   `what`. 1 when every rank returned PP_OK. */
+static inline int hx_mlp_run(hx_world* W, int p, int split, mlp_model* g, mlpz_model* gz, float** gbuf, const int* dims,
+                             const char* what) {
+    pp_error err;
+    int r;
+    hx_mlp_rank_grads(g, gbuf, p, dims);
+    for (r = 0; r < p; r++) {
+        mlpz_from_mlp(&gz[r], &g[r]);
+        W->g[r] = split ? (void*)&gz[r] : (void*)&g[r];
+    }
+    if (hx_run(W, p, &err) == PP_OK) return 1;
+    hx_report(W, p, what);
+    return 0;
+}
+
 /* Every dense layer's gradient on the rank that owns it (g[rank], one struct per rank) equals the
    reference's bit for bit; with others_zero, every other rank left that layer untouched (zero).
    A failed CHECK names the layer, its stage and rank; returns 1 when all hold. */

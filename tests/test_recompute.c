@@ -166,15 +166,7 @@ static int run(const setup* U, pp_schedule_kind k, int p, int m, const unsigned 
     W.stage.recompute = rc;
     W.stage.shapes = g_shapes;
     if (g_device) W.stage.device.alloc = d_alloc, W.stage.device.free = d_free, W.stage.device.zero = d_zero;
-    hx_mlp_rank_grads(g, gbuf, p, DIMS);
-    for (r = 0; r < p; r++) {
-        mlpz_from_mlp(&gz[r], &g[r]);
-        W.g[r] = g_split ? (void*)&gz[r] : (void*)&g[r];
-    }
-    if (hx_run(&W, p, &err) != PP_OK) {
-        hx_report(&W, p, what);
-        ok = 0;
-    }
+    ok = hx_mlp_run(&W, p, g_split, g, gz, gbuf, DIMS, what);
     ok = ok && hx_mlp_grads_match(g, p, &hs.s, first, &U->g, 0, what) && hx_loss_matches(W.stats, p, &hs.s, U->loss, what);
     /* the simulator's peak_mem with the same shares (a stash lives until W only where the model
        defers it: the split model) */
