@@ -8889,7 +8889,12 @@ static pp_result _pp_recompute(pp_stage* s, const _pp_act* c, _pp_view* vw, _pp_
                                vw->saved + i, c->sb, vw->bsaved + i, c->bsb, &loss, s->d.layer_ctx, &s->plan, &s->err);
     }
     *vw = _pp_views(s, c, stash, gws);
-    return rc == PP_OK ? PP_OK : _pp_stage_wrap(s, rc, c->a);
+    if (rc == PP_OK) return PP_OK;
+    {
+        size_t k = strlen(s->err.msg);
+        snprintf(s->err.msg + k, sizeof s->err.msg - k, " (recomputed before the B)");
+    }
+    return _pp_stage_wrap(s, rc, c->a);
 }
 
 /* F: the stash (with the received input) stays live until B (or W); the output goes on (at the

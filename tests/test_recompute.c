@@ -9,6 +9,8 @@
    - Memory: each rank's pp_step_stats.peak_mem equals the simulator's peak_mem with each stage's
      recompute share (r_mem) and W share (b_free), and recomputing every layer lowers every rank's
      peak stash bytes on 1F1B at m = 2p.
+   - The one-process layer (pp_pipeline_desc.stage.recompute): a step's gradients and an
+     evaluation's loss equal the references'.
    - Bad flags are refused at create.
    Negative control: -DPP_TEST_NO_RECOMPUTE (the B skips the recompute: stale scratch and
    activations) fails the bit-identity checks (build/recompute-controls). */
@@ -34,11 +36,15 @@ static int scratch_ok(const dense_params* p, const pp_layer_io* io, const float*
         if (sc[i] != (p->tanh_act ? 1.0f - y[i] * y[i] : 1.0f)) return 0;
     return 1;
 }
+/* test_pipeline: layer 4's forward fails on its second call for micro-batch 1 (the recompute) */
+static int g_fail_second, g_calls[MLP_DEPTH][64];
 static int densr_fwd(const dense_params* p, pp_layer_io* io) {
     const float* y = (const float*)io->out[0].data;
     float *sc = (float*)io->saved, *bs = (float*)io->b_saved;
     int64_t i, n = io->out[0].rows * p->out;
-    int rc = dense_fwd(p, io);
+    int rc;
+    if (g_fail_second && io->layer == 4 && io->mb->index == 1 && ++g_calls[4][1] == 2) return 9;
+    rc = dense_fwd(p, io);
     if (rc || !sc) return rc ? rc : 5;
     for (i = 0; i < n; i++) sc[i] = p->tanh_act ? 1.0f - y[i] * y[i] : 1.0f;
     if (bs) memcpy(bs, sc, (size_t)n * sizeof *sc);
@@ -270,6 +276,65 @@ static void test_saves(void) {
     }
 }
 
+/* The one-process layer: pp_pipeline_desc.stage.recompute reaches every rank (copied at create:
+   the caller's flags may go), a step's gradients equal the reference's, and an evaluation (whose
+   stashes go once the output left) equals pp_sequential_eval's loss and peaks at one stash. */
+static void test_pipeline(void) {
+    static setup U;
+    float x[ROWS * HX_IN], *wbuf, *gbuf, *ref, loss_eval = 0;
+    int32_t y[ROWS];
+    unsigned char* rc = (unsigned char*)malloc(MLP_DEPTH + 1);
+    size_t n = mlp_param_count(DIMS) * sizeof(float);
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    pp_step_stats stats;
+    pp_error err;
+    pp_model fused = mlp_model_desc();
+    int k;
+    make_setup(&U, x, y, ROWS, 6, &wbuf, &gbuf);
+    ref = (float*)malloc(n);
+    memcpy(ref, gbuf, n);
+    CHECK(pp_sequential_eval(&fused, &U.w, &U.b, &loss_eval, NULL, &err) == PP_OK, "%s", err.msg);
+    for (k = 0; k < 2; k++) {
+        memset(rc, 1, MLP_DEPTH + 1);
+        memset(&d, 0, sizeof d);
+        d.model = mlprf_model_desc();
+        d.weights = &U.w;
+        d.grads = &U.g;
+        d.schedule = k ? PP_SCHED_ZB_V : PP_SCHED_1F1B;
+        d.p = 3;
+        d.m = 6;
+        d.stage.recompute = rc;
+        CHECK(pp_pipeline_create(&d, &pl, &err) == PP_OK, "%s", err.msg);
+        memset(rc, 0, MLP_DEPTH + 1); /* copied at create */
+        memset(gbuf, 0, n);
+        CHECK(pl && pp_pipeline_step(pl, &U.b, &stats) == PP_OK, "%s", pl ? pp_pipeline_error(pl) : "no pipeline");
+        CHECK(memcmp(gbuf, ref, n) == 0 && stats.loss == U.loss, "%s: pipeline with recompute: gradients or loss differ",
+              pp_schedule_name(d.schedule));
+        CHECK(pl && pp_pipeline_eval(pl, &U.b, NULL, &stats) == PP_OK, "%s", pl ? pp_pipeline_error(pl) : "no pipeline");
+        CHECK(stats.loss == loss_eval && stats.peak_live <= 2, "%s: evaluation loss %g (reference %g), peak %d",
+              pp_schedule_name(d.schedule), (double)stats.loss, (double)loss_eval, stats.peak_live);
+        if (k == 0) { /* a recomputed forward that fails fails the step, naming the B; the next step runs */
+            g_fail_second = 1;
+            memset(g_calls, 0, sizeof g_calls);
+            CHECK(pp_pipeline_step(pl, &U.b, &stats) == PP_ERR_LAYER && strstr(pp_pipeline_error(pl), "B1.0") &&
+                      strstr(pp_pipeline_error(pl), "layer 4 (dense) forward returned 9 on micro-batch 1 (recomputed"),
+                  "a failed recompute: %s", pp_pipeline_error(pl));
+            printf("recompute: a failed recompute says: %s\n", pp_pipeline_error(pl));
+            g_fail_second = 0;
+            memset(gbuf, 0, n);
+            CHECK(pp_pipeline_step(pl, &U.b, &stats) == PP_OK && memcmp(gbuf, ref, n) == 0, "the step after: %s",
+                  pp_pipeline_error(pl));
+        }
+        pp_pipeline_destroy(pl);
+        pl = NULL;
+    }
+    free(rc);
+    free(ref);
+    free(wbuf);
+    free(gbuf);
+}
+
 static void test_bad_flags(void) {
     static setup U;
     float x[ROWS * HX_IN], *wbuf, *gbuf;
@@ -379,6 +444,7 @@ int main(void) {
     test_plan();
     test_identity();
     test_saves();
+    test_pipeline();
     test_bad_flags();
     return TEST_DONE("recompute");
 }
