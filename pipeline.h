@@ -955,7 +955,9 @@ struct pp_sim_cost {
        before each B (its B costs b + r_f), and r_mem, the share of a stash it drops (0 .. 1): a
        stash counts 1 during its F, 1 - r_mem from then until the recompute at the start of its B,
        then 1 again until its B (or W) frees it. Per stage where non-NULL. With r_mem per stage the
-       recompute block's share of the stash's bytes, pp_step_stats.peak_mem equals peak_mem here. */
+       recompute blocks' share of the stash's bytes (their second copies of kept outputs left out),
+       and b_free counting the recomputed layers' b_saved_bytes too (B frees them, with the rest of
+       the B-only scratch), pp_step_stats.peak_mem equals peak_mem here. */
     double r_f, r_mem;
     const double* r_f_stage;
     const double* r_mem_stage;
@@ -1340,7 +1342,8 @@ typedef struct pp_stage_desc {
        runs again right before its B instead of keeping its scratch (saved_bytes, b_saved_bytes)
        from F to B; a boundary between two such layers is not kept either. The stash keeps the
        stage's input and output and every input a kept layer reads; the recomputed part lives
-       from the recompute to B (or W, where W is deferred). Results are bit-identical (the forward
+       from the recompute to B (where W is deferred, what W reads - the recomputed boundaries and
+       saved - until W). Results are bit-identical (the forward
        must be deterministic); B costs one forward of those layers more. pp_plan_recompute picks
        the layers with the schedule. Copied at create. */
     const unsigned char* recompute;
@@ -2750,12 +2753,14 @@ static size_t _pp_stash_carve(const _pp_plan* p, int mb, int a, int b, int own_i
    with `shadow` a second place for each boundary the stash keeps that a recomputed layer writes
    (its act entries are pointed there: the forward run again must not write over bytes a send or
    the next stage may still read; it writes the same bits). The block is sized for the shadows
-   either way. shadow_bytes (may be NULL) gets the shadows' part. */
-static size_t _pp_rc_carve(const _pp_plan* p, int mb, int a, int b, int shadow, unsigned char* base, pp_tensor* act,
-                           void** saved, void** bsaved, size_t* shadow_bytes) {
+   either way. shadow_bytes (may be NULL) gets the shadows' part. It comes in two parts, two
+   blocks: part 1 what W reads too (the dropped boundaries, the recomputed layers' saved), part 2
+   what only B reads (the shadows, their b_saved), which B gives back while part 1 waits for W. */
+static size_t _pp_rc_carve(const _pp_plan* p, int mb, int a, int b, int part, int shadow, unsigned char* base,
+                           pp_tensor* act, void** saved, void** bsaved, size_t* shadow_bytes) {
     size_t off = 0, sh = 0;
     int l, k, pass;
-    for (pass = 0; pass < 2; pass++) /* the dropped boundaries, then the shadows */
+    for (pass = part - 1; pass < 2 * part - 1; pass++) /* the dropped boundaries (part 1), the shadows (2) */
         for (l = a + 1; l <= b; l++) {
             const _pp_bnd* bd = _pp_plan_bnd(p, mb, l);
             int drop = _pp_rc_dropped(p, a, b, l);
@@ -2768,13 +2773,9 @@ static size_t _pp_rc_carve(const _pp_plan* p, int mb, int a, int b, int shadow, 
             }
         }
     for (l = a; l < b; l++) {
-        size_t n = _pp_rc_layer(p, l) ? p->saved[(size_t)mb * p->L + l] : 0;
-        if (saved && _pp_rc_layer(p, l)) saved[l - a] = (base && n) ? base + off : NULL;
-        off += _pp_scratch_slice(p, n);
-    }
-    for (l = a; l < b; l++) {
-        size_t n = _pp_rc_layer(p, l) ? p->bsaved[(size_t)mb * p->L + l] : 0;
-        if (bsaved && _pp_rc_layer(p, l)) bsaved[l - a] = (base && n) ? base + off : NULL;
+        size_t n = _pp_rc_layer(p, l) ? (part == 1 ? p->saved : p->bsaved)[(size_t)mb * p->L + l] : 0;
+        void** x = part == 1 ? saved : bsaved;
+        if (x && _pp_rc_layer(p, l)) x[l - a] = (base && n) ? base + off : NULL;
         off += _pp_scratch_slice(p, n);
     }
     if (shadow_bytes) *shadow_bytes = sh;
@@ -6840,8 +6841,11 @@ struct pp_stage {
     _pp_block** live;               /* [m*v] stash of (mb, chunk) between F and B (or W); with the
                                        four below, one allocation */
     _pp_block** blive;              /* [m*v] its B-only scratch, between F and B */
-    _pp_block** rlive;              /* [m*v] its recompute block (_pp_rc_carve): through F, and from
-                                       the recompute before B to B (or W) */
+    _pp_block** rlive;              /* [m*v] its recompute block (_pp_rc_carve part 1): through F, and
+                                       from the recompute before B to B (or W) */
+    _pp_block** rblive;             /* [m*v] part 2 (what only B reads): through F, and from the
+                                       recompute to B */
+    double* smem;                   /* [m*v] the stash's share in live_mem, until its release */
     unsigned char* rc;              /* [L] the stage's copy of pp_stage_desc.recompute, or NULL */
     _pp_block** wlive;              /* [m*v] B's gradient workspace, kept for a deferred W */
     _pp_block** src;                /* [m*v] a stage fed by this rank: the stash holding its input */
@@ -8544,7 +8548,9 @@ static _pp_view _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash,
     _pp_stash_carve(&s->plan, a->mb, c->la, c->lb, a->stage > 0 && !in_turn, stash->data, vw.act, vw.nact, vw.saved);
     _pp_bsaved_carve(&s->plan, a->mb, c->la, c->lb, s->blive[c->slot] ? s->blive[c->slot]->data : NULL, vw.bsaved);
     if (s->rlive[c->slot])
-        _pp_rc_carve(&s->plan, a->mb, c->la, c->lb, 0, s->rlive[c->slot]->data, vw.act, vw.saved, vw.bsaved, NULL);
+        _pp_rc_carve(&s->plan, a->mb, c->la, c->lb, 1, 0, s->rlive[c->slot]->data, vw.act, vw.saved, vw.bsaved, NULL);
+    if (s->rblive[c->slot])
+        _pp_rc_carve(&s->plan, a->mb, c->la, c->lb, 2, 0, s->rblive[c->slot]->data, vw.act, vw.saved, vw.bsaved, NULL);
     if (a->stage == 0) vw.act[0] = _pp_input_view(s->batch, c->mb);
     for (k = 0; in_turn && k < vw.nact[0]; k++) vw.act[k].data = hand[k];
     if (!gws) return vw;
@@ -8559,26 +8565,27 @@ static _pp_view _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash,
 }
 
 /* Shares of c's whole stash (what it would hold without recomputation), the validation layer's
-   guards and the recompute block's shadows left out: *bshare its B-only scratch (as the simulator's
-   pp_sim_cost.b_free: the rest of the stash waits for W), *rshare what recomputation drops (as
-   pp_sim_cost.r_mem: live from the recompute to B, or W). */
-static void _pp_shares(const pp_stage* s, const _pp_act* c, double* bshare, double* rshare) {
+   guards and the recompute block's shadows left out: *bshare the B-only scratch (as the
+   simulator's pp_sim_cost.b_free: B frees it, the rest of the stash waits for W), *rshare what
+   recomputation drops (as pp_sim_cost.r_mem: gone from the F's end to the recompute), *rbshare
+   the part of both that the recomputed layers' B-only scratch is. */
+static void _pp_shares(const pp_stage* s, const _pp_act* c, double* bshare, double* rshare, double* rbshare) {
     _pp_plan q = s->plan;
-    size_t bb, sb, rb, sh = 0;
+    size_t bb, sb, r1 = 0, r2 = 0, sh = 0, all;
     q.guard = 0;
     bb = _pp_bsaved_carve(&q, c->a->mb, c->la, c->lb, NULL, NULL);
-    rb = q.rc ? _pp_rc_carve(&q, c->a->mb, c->la, c->lb, 0, NULL, NULL, NULL, NULL, &sh) - sh : 0;
+    if (q.rc) {
+        r1 = _pp_rc_carve(&q, c->a->mb, c->la, c->lb, 1, 0, NULL, NULL, NULL, NULL, NULL);
+        r2 = _pp_rc_carve(&q, c->a->mb, c->la, c->lb, 2, 0, NULL, NULL, NULL, NULL, &sh) - sh;
+    }
     sb = _pp_stash_carve(&q, c->a->mb, c->la, c->lb, c->a->stage > 0 && !_pp_turn(s, c->a->stage), NULL, NULL, NULL, NULL);
-    *bshare = bb ? (double)bb / (double)(sb + bb + rb) : 0;
-    *rshare = rb ? (double)rb / (double)(sb + bb + rb) : 0;
-}
-static double _pp_bshare(const pp_stage* s, const _pp_act* c) {
-    double b, r;
-    _pp_shares(s, c, &b, &r);
-    return b;
+    all = sb + bb + r1 + r2;
+    *bshare = all ? (double)(bb + r2) / (double)all : 0;
+    *rshare = all ? (double)(r1 + r2) / (double)all : 0;
+    *rbshare = all ? (double)r2 / (double)all : 0;
 }
 
-/* Gives back the B-only scratch (blk = s->blive) or the recompute block (s->rlive) of a slot. */
+/* Gives back the B-only scratch (blk = s->blive) or a recompute block (s->rlive, s->rblive) of a slot. */
 static void _pp_scratch_release(pp_stage* s, _pp_block** blk) {
     if (!*blk) return;
     s->live_bytes -= (*blk)->want;
@@ -8592,13 +8599,12 @@ static void _pp_bsaved_release(pp_stage* s, int slot) { _pp_scratch_release(s, &
 static void _pp_slot_release(pp_stage* s, const _pp_act* c) {
     int slot = c->slot;
     _pp_block *stash = s->live[slot], *gws = s->wlive[slot];
-    double bshare, rshare;
-    _pp_shares(s, c, &bshare, &rshare);
-    /* what B gave back already, and the recomputed part where it was not computed again (an
-       evaluation) */
-    s->live_mem -= 1 - (s->blive[slot] ? 0 : bshare) - (s->rlive[slot] ? 0 : rshare);
+    (void)c;
+    s->live_mem -= s->smem[slot]; /* what B (or the F) did not give back */
+    s->smem[slot] = 0;
     _pp_bsaved_release(s, slot);
     _pp_scratch_release(s, &s->rlive[slot]);
+    _pp_scratch_release(s, &s->rblive[slot]);
     s->live_bytes -= stash->want + (gws ? gws->want : 0);
     s->live[slot] = s->wlive[slot] = NULL;
     s->n_live--;
@@ -8859,14 +8865,24 @@ static pp_result _pp_eval_exchange(pp_stage* s) {
 /* Recomputation: takes slot c's recompute block (the parts of the stash recomputation drops) for
    an F or the recompute before a B; 0 bytes (no layer of the stage recomputed) takes none. */
 static pp_result _pp_rc_take(pp_stage* s, const _pp_act* c) {
-    size_t bytes = s->plan.rc ? _pp_rc_carve(&s->plan, c->a->mb, c->la, c->lb, 0, NULL, NULL, NULL, NULL, NULL) : 0;
-    if (!bytes) return PP_OK;
-    if (!(s->rlive[c->slot] = _pp_block_get(s, bytes)))
-        return _pp_stage_fail(s, PP_ERR_NOMEM, "recompute block of %zu bytes for %c%d.%d", bytes, "FBW"[c->a->op % 3],
-                              c->a->mb, c->a->chunk);
-    s->live_bytes += s->rlive[c->slot]->want;
+    int part;
+    for (part = 1; part <= 2 && s->plan.rc; part++) {
+        _pp_block** blk = part == 1 ? &s->rlive[c->slot] : &s->rblive[c->slot];
+        size_t bytes = _pp_rc_carve(&s->plan, c->a->mb, c->la, c->lb, part, 0, NULL, NULL, NULL, NULL, NULL);
+        if (!bytes) continue;
+        if (!(*blk = _pp_block_get(s, bytes)))
+            return _pp_stage_fail(s, PP_ERR_NOMEM, "recompute block of %zu bytes for %c%d.%d", bytes, "FBW"[c->a->op % 3],
+                                  c->a->mb, c->a->chunk);
+        s->live_bytes += (*blk)->want;
+    }
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
     return PP_OK;
+}
+
+/* Slot c's share in live_mem changes by d (pp_step_stats.peak_mem follows). */
+static void _pp_mem_add(pp_stage* s, const _pp_act* c, double d) {
+    s->smem[c->slot] += d;
+    if ((s->live_mem += d) > s->st.peak_mem) s->st.peak_mem = s->live_mem;
 }
 
 /* Recomputation before B: the recomputed layers' forwards run again from what the stash kept,
@@ -8877,11 +8893,12 @@ static pp_result _pp_recompute(pp_stage* s, const _pp_act* c, _pp_view* vw, _pp_
     pp_result rc = PP_OK;
     float loss;
     int l;
-    if (!s->rlive[c->slot] || s->draining) return PP_OK;
+    if ((!s->rlive[c->slot] && !s->rblive[c->slot]) || s->draining) return PP_OK;
 #ifdef PP_TEST_NO_RECOMPUTE /* negative control (tests/test_recompute.c): B reads stale scratch */
     return PP_OK;
 #endif
-    _pp_rc_carve(&s->plan, c->a->mb, c->la, c->lb, 1, s->rlive[c->slot]->data, vw->act, vw->saved, vw->bsaved, NULL);
+    if (s->rblive[c->slot]) /* the shadows */
+        _pp_rc_carve(&s->plan, c->a->mb, c->la, c->lb, 2, 1, s->rblive[c->slot]->data, vw->act, vw->saved, vw->bsaved, NULL);
     for (l = c->la; l < c->lb && rc == PP_OK; l++) {
         int i = l - c->la;
         if (!s->plan.rc[l]) continue;
@@ -8921,7 +8938,7 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     vw = _pp_views(s, c, blk, NULL);
     s->live[c->slot] = blk;
     if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
-    if ((s->live_mem += 1) > s->st.peak_mem) s->st.peak_mem = s->live_mem;
+    _pp_mem_add(s, c, 1);
     s->live_bytes += blk->want + (bb ? s->blive[c->slot]->want : 0);
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
     if (!s->draining) {
@@ -8934,11 +8951,12 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
             rc = _pp_check_loss(s, a, &s->mb_loss[a->mb], 0);
         if (rc != PP_OK && !_pp_drain(s, rc)) return rc;
     }
-    if (s->rlive[c->slot]) { /* the dropped parts go until the recompute before B */
-        double bshare, rshare;
-        _pp_shares(s, c, &bshare, &rshare);
-        s->live_mem -= rshare;
+    if (s->rlive[c->slot] || s->rblive[c->slot]) { /* the dropped parts go until the recompute before B */
+        double bshare, rshare, rb;
+        _pp_shares(s, c, &bshare, &rshare, &rb);
+        _pp_mem_add(s, c, -rshare);
         _pp_scratch_release(s, &s->rlive[c->slot]);
+        _pp_scratch_release(s, &s->rblive[c->slot]);
     }
     _pp_mark(s, c, 1);
     if (s->draining && (rc = _pp_drain_zero(s, &vw.act[(c->lb - c->la) * PP_MAX_TENSORS], vw.nact[c->lb - c->la])) != PP_OK)
@@ -8973,10 +8991,10 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         _pp_block_put(s, gws);
         return rc;
     }
-    if (s->rlive[c->slot]) { /* the recomputed part is back, until B (or W) */
-        double bshare, rshare;
-        _pp_shares(s, c, &bshare, &rshare);
-        if ((s->live_mem += rshare) > s->st.peak_mem) s->st.peak_mem = s->live_mem;
+    if (s->rlive[c->slot] || s->rblive[c->slot]) { /* the recomputed part is back, until B (or W) */
+        double bshare, rshare, rb;
+        _pp_shares(s, c, &bshare, &rshare, &rb);
+        _pp_mem_add(s, c, rshare);
     }
     vw = _pp_views(s, c, stash, gws);
     computed = !s->draining;
@@ -9022,9 +9040,12 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         s->live_bytes += gws->want;
         if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
 #ifndef PP_TEST_NO_B_FREE /* negative control (tests/test_zb.c): the B-only scratch waits for W */
-        if (s->blive[c->slot]) {
-            s->live_mem -= _pp_bshare(s, c);
+        if (s->blive[c->slot] || s->rblive[c->slot]) { /* with the recompute block's part only B reads */
+            double bshare, rshare, rb;
+            _pp_shares(s, c, &bshare, &rshare, &rb);
+            _pp_mem_add(s, c, -bshare);
             _pp_bsaved_release(s, c->slot);
+            _pp_scratch_release(s, &s->rblive[c->slot]);
         }
 #endif
     } else {
@@ -9275,8 +9296,9 @@ void pp_stage_destroy(pp_stage* s) {
     if (s->blive)
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->blive[i]);
     if (s->rlive)
-        for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->rlive[i]);
+        for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->rlive[i]), _pp_block_free(s, s->rblive[i]);
     PP_FREE(s->rc);
+    PP_FREE(s->smem);
     _pp_free_blocks(s, s->pool);
     _pp_free_blocks(s, s->retiring);
     _pp_plan_free(&s->plan);
@@ -9347,6 +9369,11 @@ static void _pp_stage_recover(pp_stage* s) {
             _pp_block_put(s, s->rlive[i]);
             s->rlive[i] = NULL;
         }
+        if (s->rblive[i]) {
+            _pp_block_put(s, s->rblive[i]);
+            s->rblive[i] = NULL;
+        }
+        s->smem[i] = 0;
     }
     for (i = 0; s->eout && i < s->live_cap; i++)
         if (s->eout[i]) { /* an evaluation's outputs: sends (or receives, withdrawn) may still touch them */
@@ -9541,16 +9568,21 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
     }
     if (s->eval && (rc = _pp_eval_check(s)) != PP_OK) return rc;
     if (need > s->live_cap) {
-        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 7, sizeof *nl);
+        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 8, sizeof *nl);
         float* nloss = (float*)_pp_calloc((size_t)b->m, sizeof *nloss);
-        if (!nl || !nloss) {
+        double* nsm = (double*)_pp_calloc((size_t)need, sizeof *nsm);
+        if (!nl || !nloss || !nsm) {
             PP_FREE(nl);
             PP_FREE(nloss);
+            PP_FREE(nsm);
             return _pp_stage_fail(s, PP_ERR_NOMEM, "live table for %d stashes", need);
         }
         PP_FREE(s->live);
         PP_FREE(s->mb_loss);
-        s->live = nl; /* one allocation: live, wlive, src, gin, blive, eout, rlive */
+        PP_FREE(s->smem);
+        s->smem = nsm;
+        s->rblive = nl + 7 * need;
+        s->live = nl; /* one allocation: live, wlive, src, gin, blive, eout, rlive, rblive */
         s->wlive = nl + need;
         s->src = nl + 2 * need;
         s->gin = nl + 3 * need;

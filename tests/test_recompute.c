@@ -85,10 +85,11 @@ static size_t bnd_bytes(int j, int64_t rows) { return j <= MLP_DEPTH ? A64(rows 
 /* Stage st's W share (b_free) and recompute share (r_mem) of its whole stash, as the executor lays
    it out (LOCAL shapes, guards left out): the input where the previous stage is another rank's,
    the boundaries after it (one between two recomputed layers dropped), each dense layer's saved
-   scratch (and b_saved: in its own block, or with a recomputed layer in the recompute block). */
+   scratch (and b_saved: in its own block, or with a recomputed layer in the recompute block's part
+   that B gives back). */
 static void shares(const pp_schedule* s, const int* first, int st, int64_t rows, const unsigned char* rc, double* bfree,
                    double* rmem) {
-    size_t kept = 0, bb = 0, dropped = 0;
+    size_t kept = 0, bb = 0, dropped = 0, rbb = 0;
     int a = first[st], b = first[st + 1], l, ra = -1, rb;
     if (st > 0) pp_schedule_stage_to_rank(s, st - 1, &ra, NULL);
     pp_schedule_stage_to_rank(s, st, &rb, NULL);
@@ -99,10 +100,11 @@ static void shares(const pp_schedule* s, const int* first, int st, int64_t rows,
     }
     for (l = a; l < b && l < MLP_DEPTH; l++) {
         size_t n = A64(rows * DIMS[l + 1] * 4);
-        if (rc && rc[l]) dropped += n * (g_split ? 2 : 1);
+        if (rc && rc[l]) dropped += n * (g_split ? 2 : 1), rbb += g_split ? n : 0;
         else kept += n, bb += g_split ? n : 0;
     }
-    *bfree = bb ? (double)bb / (double)(kept + bb + dropped) : 0;
+    /* B frees the B-only scratch, the recomputed layers' too (in the recompute block's part 2) */
+    *bfree = bb + rbb ? (double)(bb + rbb) / (double)(kept + bb + dropped) : 0;
     *rmem = dropped ? (double)dropped / (double)(kept + bb + dropped) : 0;
 }
 
