@@ -2,7 +2,8 @@
    memory per rank and step time without and with it, and the plan pp_plan_recompute chooses for
    the GPT's own costs under a memory cap against the hand choices.
 
-   1. Measured: for GPipe and 1F1B, the GPT on the threads transport with nothing recomputed,
+   1. Measured: for GPipe and 1F1B (fused blocks) and ZB-H1 (split blocks, gptz: W deferred, so
+      what W reads of a recomputed block waits for it), the GPT on the threads transport with nothing recomputed,
       every other block, and every layer recomputed (pp_stage_desc.recompute). Columns: median
       step time of the slowest rank (warm-up excluded), the largest rank's peak stash bytes
       (pp_step_stats.peak_stash_bytes), each as a ratio to the same schedule without
@@ -86,8 +87,9 @@ int main(int argc, char** argv) {
     /* 1. measured */
     printf("\n%-8s %-17s %9s %9s %12s %9s %6s\n", "schedule", "recompute", "step ms", "vs none", "peak stash B", "vs none",
            "#wrong");
-    for (ki = 0; ki < 2; ki++) {
-        pp_schedule_kind k = ki ? PP_SCHED_1F1B : PP_SCHED_GPIPE;
+    for (ki = 0; ki < 3; ki++) {
+        pp_schedule_kind k = ki == 2 ? PP_SCHED_ZB_H1 : ki ? PP_SCHED_1F1B : PP_SCHED_GPIPE;
+        pp_model km = ki == 2 ? gptz_model_desc_depth(NB) : model; /* ZB-H1: the split blocks, W deferred */
         double t_none = 0;
         size_t mem_none = 0;
         float loss_none[16];
@@ -108,7 +110,7 @@ int main(int argc, char** argv) {
             for (l = 0; l < L; l++) rc[l] = (unsigned char)(pol == 2 || (pol == 1 && l >= 1 && l <= NB && l % 2 == 1));
             memset(&W, 0, sizeof W);
             memset(gbuf, 0, np * sizeof(float));
-            W.model = model;
+            W.model = km;
             W.w = &w;
             W.grads = &g;
             W.sched = &hs.s;
