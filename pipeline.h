@@ -8599,7 +8599,6 @@ static void _pp_bsaved_release(pp_stage* s, int slot) { _pp_scratch_release(s, &
 static void _pp_slot_release(pp_stage* s, const _pp_act* c) {
     int slot = c->slot;
     _pp_block *stash = s->live[slot], *gws = s->wlive[slot];
-    (void)c;
     s->live_mem -= s->smem[slot]; /* what B (or the F) did not give back */
     s->smem[slot] = 0;
     _pp_bsaved_release(s, slot);
