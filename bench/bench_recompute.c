@@ -8,7 +8,8 @@
       step time of the slowest rank (warm-up excluded), the largest rank's peak stash bytes
       (pp_step_stats.peak_stash_bytes), each as a ratio to the same schedule without
       recomputation, and #wrong: steps whose loss, plus runs whose accumulated gradients, are not
-      bit-identical to the run without recomputation.
+      bit-identical to the first run without recomputation. The three take turns in 3 rounds
+      (a change in the machine's load hits them alike).
    2. Planned: the GPT's per-layer costs (pp_profile_layers' times per micro-batch; memory from
       the layers' own sizes: output and saved scratch) given to pp_plan_try for every kind without
       and with every layer recomputed (the hand choices) and to pp_plan_recompute, under a cap of
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
     size_t np;
     double tf[GPT_MAX_BLOCK + 2], tb[GPT_MAX_BLOCK + 2], tw[GPT_MAX_BLOCK + 2];
     pp_layer_cost lc[GPT_MAX_BLOCK + 2];
+    pp_plan_desc d;
 
     if (p < 1 || p > 8 || m < 1 || NB < 1 || NB > GPT_MAX_BLOCK || C < 8 || C > 512 || C % 4 || steps < 1 ||
         NB + 2 < 2 * p || cap_pct < 1) {
@@ -84,82 +86,13 @@ int main(int argc, char** argv) {
            "%ld cores%s\n",
            NB, C, T, NSEQ, m, p, steps, warm, cores, cores < p ? "  (fewer cores than ranks: times are contended)" : "");
 
-    /* 1. measured */
-    printf("\n%-8s %-17s %9s %9s %12s %9s %6s\n", "schedule", "recompute", "step ms", "vs none", "peak stash B", "vs none",
-           "#wrong");
-    for (ki = 0; ki < 3; ki++) {
-        pp_schedule_kind k = ki == 2 ? PP_SCHED_ZB_H1 : ki ? PP_SCHED_1F1B : PP_SCHED_GPIPE;
-        pp_model km = ki == 2 ? gptz_model_desc_depth(NB) : model; /* ZB-H1: the split blocks, W deferred */
-        double t_none = 0;
-        size_t mem_none = 0;
-        float loss_none[16];
-        hx_sched hs;
-        int first[9];
-        if (hx_sched_make(&hs, k, p, 1, m, &err) != PP_OK || pp_partition_uniform(L, p, first, &err) != PP_OK) {
-            fprintf(stderr, "%s\n", err.msg);
-            return 1;
-        }
-        for (pol = 0; pol < 3; pol++) {
-            static const char* const names[] = {"none", "every other block", "every layer"};
-            static hx_world W;
-            unsigned char rc[GPT_MAX_BLOCK + 2];
-            hx_timing Tm;
-            double t;
-            size_t mem = 0;
-            int wrong = 0;
-            for (l = 0; l < L; l++) rc[l] = (unsigned char)(pol == 2 || (pol == 1 && l >= 1 && l <= NB && l % 2 == 1));
-            memset(&W, 0, sizeof W);
-            memset(gbuf, 0, np * sizeof(float));
-            W.model = km;
-            W.w = &w;
-            W.grads = &g;
-            W.sched = &hs.s;
-            W.first = first;
-            W.batch = &b;
-            W.steps = warm + steps;
-            W.stage.timeout_s = 600;
-            W.stage.recompute = pol ? rc : NULL;
-            W.after_step = hx_time_step;
-            W.user = &Tm;
-            if (hx_timing_init(&Tm, p, W.steps) != PP_OK || hx_run(&W, p, &err) != PP_OK) {
-                hx_print_errors(&W, p);
-                fprintf(stderr, "%s: %s\n", pp_schedule_name(k), err.msg);
-                return 1;
-            }
-            t = hx_worst_median(&Tm, p, warm);
-            for (r = 0; r < p; r++)
-                if (Tm.peak_stash[r] > mem) mem = Tm.peak_stash[r];
-            for (i = 0; i < W.steps && i < 16; i++) {
-                if (pol == 0) loss_none[i] = Tm.loss[i];
-                else wrong += memcmp(&loss_none[i], &Tm.loss[i], sizeof(float)) != 0;
-            }
-            if (pol == 0) {
-                memcpy(gnone, gbuf, np * sizeof(float));
-                t_none = t;
-                mem_none = mem;
-            } else {
-                wrong += memcmp(gnone, gbuf, np * sizeof(float)) != 0;
-            }
-            printf("%-8s %-17s %9.2f %8.3fx %12zu %8.3fx %6d\n", pp_schedule_name(k), names[pol], t * 1e3, t / t_none, mem,
-                   (double)mem / (double)mem_none, wrong);
-            total_wrong += wrong;
-            hx_timing_free(&Tm);
-        }
-        hx_sched_free(&hs);
-    }
-
-    /* 2. planned, on the GPT's own costs: times per micro-batch, memory of a micro-batch of T/m tokens */
+    /* the GPT's own costs: times per micro-batch (ms), memory of a micro-batch of T/m tokens */
     if (pp_profile_layers(&model, &w, &g, &b, 2, tf, tb, tw, &err) != PP_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
     {
         int64_t Tm = T / m, sq = (int64_t)Tm * (Tm / (NSEQ / m > 0 ? NSEQ / m : 1)); /* attention: ~T * seq length */
-        pp_plan_desc d;
-        pp_plan hand, best_hand, plan;
-        unsigned char rc[GPT_MAX_BLOCK + 2];
-        int first[4 * 8 + 1], all, have = 0;
-        double base_peak;
         for (l = 0; l < L; l++) {
             double out = l < L - 1 ? (double)Tm * C * 4 : 0, saved;
             if (l == 0) saved = 0;
@@ -168,6 +101,104 @@ int main(int argc, char** argv) {
             lc[l].f = tf[l] / m * 1e3, lc[l].b = tb[l] / m * 1e3, lc[l].w = tw[l] / m * 1e3;
             lc[l].mem = out + saved, lc[l].out = out;
         }
+    }
+    memset(&d, 0, sizeof d);
+    d.layers = lc, d.n_layers = L, d.p = p, d.m = m;
+
+    /* 1. measured, each policy on the partition and list pp_plan_try makes for it, beside its
+       prediction */
+    printf("\n%-8s %-17s %9s %9s %9s %12s %9s %9s %6s\n", "schedule", "recompute", "step ms", "vs none", "pred", "peak stash B",
+           "vs none", "pred", "#wrong");
+    for (ki = 0; ki < 3; ki++) {
+        enum { ROUNDS = 3 };
+        static const char* const names[] = {"none", "every other block", "every layer"};
+        pp_schedule_kind k = ki == 2 ? PP_SCHED_ZB_H1 : ki ? PP_SCHED_1F1B : PP_SCHED_GPIPE;
+        pp_model km = ki == 2 ? gptz_model_desc_depth(NB) : model; /* ZB-H1: the split blocks, W deferred */
+        float loss_none[16];
+        double ts[3][ROUNDS * 16], t[3];
+        size_t mem[3] = {0, 0, 0};
+        int wrong[3] = {0, 0, 0}, nts[3] = {0, 0, 0}, rd, per = (steps + ROUNDS - 1) / ROUNDS;
+        unsigned char rcs[3][GPT_MAX_BLOCK + 2];
+        hx_sched hs[3];
+        pp_plan pred[3];
+        int first[3][9];
+        if (per > 16) per = 16;
+        for (pol = 0; pol < 3; pol++) {
+            pp_sim_cost c;
+            double fs[8], bs[8], ws[8];
+            int st;
+            for (l = 0; l < L; l++) rcs[pol][l] = (unsigned char)(pol == 2 || (pol == 1 && l >= 1 && l <= NB && l % 2 == 1));
+            if (pp_plan_try(&d, k, 1, rcs[pol], &pred[pol], first[pol], &err) != PP_OK) {
+                fprintf(stderr, "%s\n", err.msg);
+                return 1;
+            }
+            /* the list pp_plan_try simulated (ZB-H1 is a fixed pattern: the costs change nothing) */
+            memset(&c, 0, sizeof c);
+            for (st = 0; st < p; st++)
+                for (fs[st] = bs[st] = ws[st] = 0, l = first[pol][st]; l < first[pol][st + 1]; l++)
+                    fs[st] += lc[l].f, bs[st] += lc[l].b + (rcs[pol][l] ? lc[l].f : 0), ws[st] += lc[l].w;
+            c.f_stage = fs, c.b_stage = bs, c.w_stage = ws;
+            if (hx_sched_make_cost(&hs[pol], k, p, 1, m, &c, &err) != PP_OK) {
+                fprintf(stderr, "%s\n", err.msg);
+                return 1;
+            }
+        }
+        /* the policies take turns, per steps each, so that a change in the machine's load hits
+           them alike; a figure is the median over all of a policy's timed steps */
+        for (rd = 0; rd < ROUNDS; rd++)
+            for (pol = 0; pol < 3; pol++) {
+                static hx_world W;
+                hx_timing Tm;
+                memset(&W, 0, sizeof W);
+                memset(gbuf, 0, np * sizeof(float));
+                W.model = km;
+                W.w = &w;
+                W.grads = &g;
+                W.sched = &hs[pol].s;
+                W.first = first[pol];
+                W.batch = &b;
+                W.steps = warm + per;
+                W.stage.timeout_s = 600;
+                W.stage.recompute = pol ? rcs[pol] : NULL;
+                W.after_step = hx_time_step;
+                W.user = &Tm;
+                if (hx_timing_init(&Tm, p, W.steps) != PP_OK || hx_run(&W, p, &err) != PP_OK) {
+                    hx_print_errors(&W, p);
+                    fprintf(stderr, "%s: %s\n", pp_schedule_name(k), err.msg);
+                    return 1;
+                }
+                for (i = warm; i < W.steps; i++) {
+                    double worst = 0;
+                    for (r = 0; r < p; r++)
+                        if (Tm.t[r * W.steps + i] > worst) worst = Tm.t[r * W.steps + i];
+                    ts[pol][nts[pol]++] = worst;
+                }
+                for (r = 0; r < p; r++)
+                    if (Tm.peak_stash[r] > mem[pol]) mem[pol] = Tm.peak_stash[r];
+                for (i = 0; i < W.steps; i++) {
+                    if (pol == 0 && rd == 0) loss_none[i] = Tm.loss[i];
+                    else wrong[pol] += memcmp(&loss_none[i], &Tm.loss[i], sizeof(float)) != 0;
+                }
+                if (pol == 0 && rd == 0) memcpy(gnone, gbuf, np * sizeof(float));
+                else wrong[pol] += memcmp(gnone, gbuf, np * sizeof(float)) != 0;
+                hx_timing_free(&Tm);
+            }
+        for (pol = 0; pol < 3; pol++) {
+            t[pol] = hx_median(ts[pol], nts[pol]);
+            printf("%-8s %-17s %9.2f %8.3fx %8.3fx %12zu %8.3fx %8.3fx %6d\n", pp_schedule_name(k), names[pol], t[pol] * 1e3,
+                   t[pol] / t[0], pred[pol].makespan / pred[0].makespan, mem[pol], (double)mem[pol] / (double)mem[0],
+                   pred[pol].peak_mem / pred[0].peak_mem, wrong[pol]);
+            total_wrong += wrong[pol];
+            hx_sched_free(&hs[pol]);
+        }
+    }
+
+    /* 2. planned, on the GPT's own costs (measured above) */
+    {
+        pp_plan hand, best_hand, plan;
+        unsigned char rc[GPT_MAX_BLOCK + 2];
+        int first[4 * 8 + 1], all, have = 0;
+        double base_peak;
         memset(&d, 0, sizeof d);
         d.layers = lc, d.n_layers = L, d.p = p, d.m = m;
         if (pp_plan_try(&d, PP_SCHED_1F1B, 1, NULL, &hand, NULL, &err) != PP_OK) {
