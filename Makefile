@@ -448,6 +448,7 @@ bench: $(BENCHES)
 	$(B)/bench_varlen
 	$(B)/bench_zb
 	$(B)/bench_imitation
+	$(B)/bench_recompute
 
 # Side by side with torch.distributed.pipelining (docs/PERFORMANCE.md). Ours links OpenBLAS's
 # cblas when it is installed (libopenblas-dev), else the naive kernel; PEERS_KERNEL=naive forces it.
