@@ -149,20 +149,12 @@ int main(int argc, char** argv) {
             for (pol = 0; pol < 3; pol++) {
                 static hx_world W;
                 hx_timing Tm;
-                memset(&W, 0, sizeof W);
+                pp_result ok;
                 memset(gbuf, 0, np * sizeof(float));
-                W.model = km;
-                W.w = &w;
-                W.grads = &g;
-                W.sched = &hs[pol].s;
-                W.first = first[pol];
-                W.batch = &b;
-                W.steps = warm + per;
+                ok = hx_timed_world(&W, km, &w, &g, &hs[pol].s, first[pol], &b, warm + per, &Tm);
                 W.stage.timeout_s = 600;
                 W.stage.recompute = pol ? rcs[pol] : NULL;
-                W.after_step = hx_time_step;
-                W.user = &Tm;
-                if (hx_timing_init(&Tm, p, W.steps) != PP_OK || hx_run(&W, p, &err) != PP_OK) {
+                if (ok != PP_OK || hx_run(&W, p, &err) != PP_OK) {
                     hx_print_errors(&W, p);
                     fprintf(stderr, "%s: %s\n", pp_schedule_name(k), err.msg);
                     return 1;

@@ -231,6 +231,24 @@ static inline void hx_time_step(hx_world* W, int rank, int step, const pp_step_s
     hx_timing_record((hx_timing*)W->user, rank, step, s);
 }
 
+/* W zeroed, then model m with weights w and one gradient struct g (every rank adds into it) on
+   schedule s and partition first, `steps` steps of b, each rank's step times and stats recorded
+   in T (initialised here: hx_timing_free it). Change W->stage before hx_run. */
+static inline pp_result hx_timed_world(hx_world* W, pp_model m, const void* w, void* g, const pp_schedule* s,
+                                       const int* first, const pp_batch* b, int steps, hx_timing* T) {
+    memset(W, 0, sizeof *W);
+    W->model = m;
+    W->w = w;
+    W->grads = g;
+    W->sched = s;
+    W->first = first;
+    W->batch = b;
+    W->steps = steps;
+    W->after_step = hx_time_step;
+    W->user = T;
+    return hx_timing_init(T, s->p, steps);
+}
+
 /* A different batch each step, and each step's stats: hx_world_steps(W, S) sets W's hooks. */
 typedef struct hx_steps {
     const pp_batch* first;      /* step i's batch is at (const char*)first + i * stride */
