@@ -1040,8 +1040,9 @@ pp_result pp_plan_try(const pp_plan_desc* d, pp_schedule_kind kind, int v, const
 /* The best plan: for every kind, nothing recomputed, every layer, every other layer, and the
    greedy plan that recomputes, one at a time, the layer of the rank over the cap whose memory
    saved per unit of time added is largest, until it fits; of those that fit the cap, the
-   shortest step (then the least memory), else the least memory. Fills out, first (p*4 + 1
-   entries are enough) and recompute (n_layers flags). No plan fits: PP_OK with out->fits 0. */
+   shortest step (then the least memory), else the least memory. Fills out, first (p * v + 1
+   entries for the largest v tried: p*4 + 1 with the built-in list) and recompute (n_layers
+   flags). No plan fits: PP_OK with out->fits 0 (the plan of least memory). */
 pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, unsigned char* recompute, pp_error* err);
 
 /* >>trace ------------------------------------------------------------------------------------- */
