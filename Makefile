@@ -224,15 +224,18 @@ $(B)/zb-controls: tests/controls.sh $(B)/zb-ctl-nohandover $(B)/zb-ctl-nobfree
 	chmod +x $@
 
 # tests/test_recompute.c (activation recomputation, pp_plan_recompute) and its negative controls:
-# the B skips the recompute (stale scratch and activations), and the plan must beat the hand
-# choices by 10%; each must fail. Added here, before the test rule.
+# the B skips the recompute (stale scratch and activations; also over the NCCL imitation,
+# test_nccl_pipeline's `recompute`), and the plan must beat the hand choices by 10%; each must
+# fail. Added here, before the test rule.
 TESTS += test_recompute
 $(B)/recompute-ctl-norecompute: tests/test_recompute.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_RECOMPUTE $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/recompute-ctl-slack: tests/test_recompute.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPLAN_SLACK=0.9 $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/recompute-controls: tests/controls.sh $(B)/recompute-ctl-norecompute $(B)/recompute-ctl-slack
-	printf '#!/bin/sh\nexec sh tests/controls.sh recompute-controls "$(B)/recompute-ctl-norecompute" "$(B)/recompute-ctl-slack"\n' > $@
+$(B)/recompute-ctl-nccl: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_NO_RECOMPUTE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/recompute-controls: tests/controls.sh $(B)/recompute-ctl-norecompute $(B)/recompute-ctl-slack $(B)/recompute-ctl-nccl
+	printf '#!/bin/sh\nexec sh tests/controls.sh recompute-controls "$(B)/recompute-ctl-norecompute" "$(B)/recompute-ctl-slack" "$(B)/recompute-ctl-nccl recompute"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/recompute-controls
 BENCHES += $(B)/bench_recompute
