@@ -999,11 +999,13 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
    chosen together for the shortest simulated step under a cap on each rank's activation memory.
    A layer's cost for one micro-batch: f, b, w its forward, input gradient and weight gradient
    times; mem the bytes a stash keeps of it (its output and its scratch, saved_bytes and
-   b_saved_bytes), out the part of mem that is its output (the next layer's input). Recomputing
+   b_saved_bytes), out the part of mem that is its output (the next layer's input), bonly the
+   part only B reads (b_saved_bytes: where W is deferred, B frees it; 0 by default). Recomputing
    it drops mem - out, and its output too where the next layer is recomputed as well; its B takes
    f more. */
 typedef struct pp_layer_cost {
     double f, b, w, mem, out;
+    double bonly;
 } pp_layer_cost;
 
 typedef struct pp_plan_desc {
@@ -1033,8 +1035,9 @@ typedef struct pp_plan {
 /* One plan: kind at v, recompute (n_layers flags; NULL: none), the layers split by
    pp_partition_balanced on each layer's time (f + b + w, and f again where recomputed) into
    first[p*v + 1] (may be NULL), the list generated for the stages' costs
-   (pp_schedule_make_cost), simulated with their memory (pp_sim_cost.mem_stage, r_mem, r_f; a
-   stage's input counts where the previous stage is on another rank). Scratch from PP_MALLOC. */
+   (pp_schedule_make_cost), simulated with their memory (pp_sim_cost.mem_stage, r_mem, r_f, and
+   b_free from bonly; a stage's input counts where the previous stage is on another rank).
+   Scratch from PP_MALLOC. */
 pp_result pp_plan_try(const pp_plan_desc* d, pp_schedule_kind kind, int v, const unsigned char* recompute,
                       pp_plan* out, int* first, pp_error* err);
 /* The best plan: for every kind, nothing recomputed, every layer, every other layer, and the
@@ -5241,24 +5244,26 @@ cleanup:
    lays it out (_pp_stash_carve, _pp_rc_carve; alignment, guards and the recompute block's
    shadows left out): what it holds whole, and the share recomputation drops. */
 static double _pp_plan_stage_mem(const pp_layer_cost* lc, int a, int b, int own_input, const unsigned char* rc,
-                                 double* rshare) {
-    double all = own_input && a > 0 ? lc[a - 1].out : 0, drop = 0;
+                                 double* rshare, double* bshare) {
+    double all = own_input && a > 0 ? lc[a - 1].out : 0, drop = 0, bonly = 0;
     int l;
     for (l = a; l < b; l++) {
         int r = rc && rc[l], out_drop = r && l + 1 < b && rc[l + 1];
         all += lc[l].mem;
         drop += (r ? lc[l].mem - lc[l].out : 0) + (out_drop ? lc[l].out : 0);
+        bonly += lc[l].bonly; /* B frees it, recomputed or not (the executor's b_free) */
     }
     *rshare = all > 0 ? drop / all : 0;
+    if (bshare) *bshare = all > 0 ? bonly / all : 0;
     return all;
 }
 
 /* pp_plan_try's work, with the simulator's result (res) and scratch from the caller: first
-   [S + 1], dbl [6 S + L], acts [n]. */
+   [S + 1], dbl [7 S + L], acts [n]. */
 static pp_result _pp_plan_run(const pp_plan_desc* d, pp_schedule_kind kind, int v, const unsigned char* rc, pp_plan* out,
                               int* first, double* dbl, pp_action* acts, size_t n, pp_sim_result* res, pp_error* err) {
     int L = d->n_layers, S = d->p * v, st, l, r;
-    double *fs = dbl, *bs = fs + S, *ws = bs + S, *rf = ws + S, *ms = rf + S, *rm = ms + S, *wt = rm + S;
+    double *fs = dbl, *bs = fs + S, *ws = bs + S, *rf = ws + S, *ms = rf + S, *rm = ms + S, *bf = rm + S, *wt = bf + S;
     pp_sim_cost c;
     pp_schedule s;
     pp_result rc_;
@@ -5271,9 +5276,9 @@ static pp_result _pp_plan_run(const pp_plan_desc* d, pp_schedule_kind kind, int 
     }
     if ((rc_ = pp_partition_balanced(wt, L, S, first, err)) != PP_OK) return rc_;
     memset(&c, 0, sizeof c);
-    c.f_stage = fs, c.b_stage = bs, c.w_stage = ws, c.r_f_stage = rf, c.comm = d->comm;
-    for (st = 0; st < S; st++) {
-        fs[st] = bs[st] = ws[st] = rf[st] = 0;
+    c.f_stage = fs, c.b_stage = bs, c.w_stage = ws, c.r_f_stage = rf, c.b_free_stage = bf, c.comm = d->comm;
+    for (st = 0; st < S; st++) { /* the B-only share's stage map is the schedule's: set below, 0 for generation */
+        fs[st] = bs[st] = ws[st] = rf[st] = bf[st] = 0;
         for (l = first[st]; l < first[st + 1]; l++) {
             fs[st] += d->layers[l].f;
             bs[st] += d->layers[l].b;
@@ -5286,7 +5291,7 @@ static pp_result _pp_plan_run(const pp_plan_desc* d, pp_schedule_kind kind, int 
         int ra = -1, rb;
         if (st > 0) pp_schedule_stage_to_rank(&s, st - 1, &ra, NULL);
         pp_schedule_stage_to_rank(&s, st, &rb, NULL);
-        ms[st] = _pp_plan_stage_mem(d->layers, first[st], first[st + 1], ra != rb, rc, &rm[st]);
+        ms[st] = _pp_plan_stage_mem(d->layers, first[st], first[st + 1], ra != rb, rc, &rm[st], &bf[st]);
     }
     c.mem_stage = ms, c.r_mem_stage = rm;
     if ((rc_ = pp_simulate(&s, &c, res, NULL, err)) != PP_OK) return rc_;
@@ -5309,9 +5314,11 @@ static pp_result _pp_plan_check(const pp_plan_desc* d, pp_error* err) {
                         "with n_kinds");
     for (l = 0; l < d->n_layers; l++) {
         const pp_layer_cost* x = &d->layers[l];
-        if (!(x->f >= 0 && x->b >= 0 && x->w >= 0 && x->out >= 0 && x->mem >= x->out && x->f + x->b + x->w + x->mem < 1e300))
-            return _pp_fail(err, PP_ERR_INVALID, "plan: layer %d: f=%g b=%g w=%g mem=%g out=%g (finite, >= 0, out <= mem)",
-                            l, x->f, x->b, x->w, x->mem, x->out);
+        if (!(x->f >= 0 && x->b >= 0 && x->w >= 0 && x->out >= 0 && x->bonly >= 0 && x->mem >= x->out + x->bonly &&
+              x->f + x->b + x->w + x->mem < 1e300))
+            return _pp_fail(err, PP_ERR_INVALID,
+                            "plan: layer %d: f=%g b=%g w=%g mem=%g out=%g bonly=%g (finite, >= 0, out + bonly <= mem)", l, x->f,
+                            x->b, x->w, x->mem, x->out, x->bonly);
     }
     return PP_OK;
 }
@@ -5335,7 +5342,7 @@ pp_result pp_plan_try(const pp_plan_desc* d, pp_schedule_kind kind, int v, const
         return _pp_fail(err, PP_ERR_INVALID, "plan: %s at p=%d v=%d needs %d stages, the model has %d layers",
                         pp_schedule_name(kind), d->p, v, S, d->n_layers);
     fst = (int*)_pp_calloc((size_t)S + 1, sizeof *fst);
-    dbl = (double*)_pp_calloc(6 * (size_t)S + (size_t)d->n_layers, sizeof *dbl);
+    dbl = (double*)_pp_calloc(7 * (size_t)S + (size_t)d->n_layers, sizeof *dbl);
     acts = (pp_action*)_pp_calloc(n, sizeof *acts);
     res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
     if (!fst || !dbl || !acts || !res) rc = _pp_fail(err, PP_ERR_NOMEM, "plan: scratch for %zu actions", n);
@@ -5386,7 +5393,7 @@ pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, uns
     }
     memset(&best, 0, sizeof best);
     fst = (int*)_pp_calloc((size_t)max_s + 1, sizeof *fst);
-    dbl = (double*)_pp_calloc(6 * (size_t)max_s + (size_t)L, sizeof *dbl);
+    dbl = (double*)_pp_calloc(7 * (size_t)max_s + (size_t)L, sizeof *dbl);
     acts = (pp_action*)_pp_calloc(n_max ? n_max : 1, sizeof *acts);
     res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
     rc = (unsigned char*)_pp_calloc(2 * (size_t)L, 1);
@@ -5429,9 +5436,9 @@ pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, uns
                     for (l = a; l < b; l++) {
                         double r0, r1, all, score;
                         if (rc[l]) continue;
-                        all = _pp_plan_stage_mem(d->layers, a, b, 0, rc, &r0);
+                        all = _pp_plan_stage_mem(d->layers, a, b, 0, rc, &r0, NULL);
                         rc[l] = 1;
-                        _pp_plan_stage_mem(d->layers, a, b, 0, rc, &r1);
+                        _pp_plan_stage_mem(d->layers, a, b, 0, rc, &r1, NULL);
                         rc[l] = 0;
                         score = (r1 - r0) * all / (d->layers[l].f > 0 ? d->layers[l].f : 1e-300);
                         if ((r1 - r0) * all > 0 && score > pick_score) pick_score = score, pick = l;

@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
     }
     {
         int64_t Tm = T / m, sq = (int64_t)Tm * (Tm / (NSEQ / m > 0 ? NSEQ / m : 1)); /* attention: ~T * seq length */
+        memset(lc, 0, sizeof lc);
         for (l = 0; l < L; l++) {
             double out = l < L - 1 ? (double)Tm * C * 4 : 0, saved;
             if (l == 0) saved = 0;

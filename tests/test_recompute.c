@@ -383,6 +383,7 @@ static void test_plan(void) {
     pp_layer_cost lc[26];
     unsigned char rc[26];
     int first[4 * 4 + 1], p, ci, k, all, l, cases = 0, good = 0, better = 0;
+    memset(lc, 0, sizeof lc);
     for (l = 0; l < 26; l++) {
         int block = l > 0 && l < 25;
         lc[l].f = block ? 1 : l == 0 ? 0.1 : 1.5;
@@ -439,6 +440,24 @@ static void test_plan(void) {
         lc[3].out = lc[3].mem + 1;
         CHECK(pp_plan_recompute(&d, &plan, first, rc, &err) == PP_ERR_INVALID && strstr(err.msg, "layer 3"),
               "out > mem is refused: %s", err.msg);
+        lc[3].out = 1;
+    }
+    {   /* the B-only share (bonly): on ZB-H1, B frees it while the rest waits for W */
+        pp_plan_desc d;
+        pp_plan a, b;
+        pp_error err;
+        memset(&d, 0, sizeof d);
+        memset(rc, 1, sizeof rc);
+        d.layers = lc, d.n_layers = 26, d.p = 4, d.m = 8;
+        CHECK(pp_plan_try(&d, PP_SCHED_ZB_H1, 1, rc, &a, NULL, &err) == PP_OK, "%s", err.msg);
+        for (l = 1; l < 25; l++) lc[l].bonly = 10;
+        CHECK(pp_plan_try(&d, PP_SCHED_ZB_H1, 1, rc, &b, NULL, &err) == PP_OK, "%s", err.msg);
+        CHECK(b.peak_mem < a.peak_mem && b.makespan == a.makespan, "zb-h1 recomputing all: peak %g with a B-only share, %g without",
+              b.peak_mem, a.peak_mem);
+        lc[2].bonly = lc[2].mem; /* out + bonly > mem */
+        CHECK(pp_plan_try(&d, PP_SCHED_ZB_H1, 1, rc, &b, NULL, &err) == PP_ERR_INVALID && strstr(err.msg, "layer 2"),
+              "out + bonly > mem is refused: %s", err.msg);
+        for (l = 1; l < 25; l++) lc[l].bonly = 0;
     }
 }
 

@@ -69,8 +69,8 @@ static void usage(FILE* f) {
             "              --mem-cap X: most stashed activation (sum of mem) a rank may hold;\n"
             "              --recompute: choose the schedule, the partition and the layers to recompute\n"
             "              together (pp_plan_recompute; \":out\" after mem: the layer's output within mem,\n"
-            "              default mem; a stage's input counts too), next to every kind without and with\n"
-            "              every layer recomputed\n");
+            "              default mem, then \":bonly\": the part only B reads, default 0; a stage's input\n"
+            "              counts too), next to every kind without and with every layer recomputed\n");
 }
 
 static int parse_int(const char* s, int* out) {
@@ -122,14 +122,15 @@ static char* read_file(const char* path, size_t* len) {
 
 /* ---- rank: which schedule should I use? ------------------------------------------------------ */
 
-typedef pp_layer_cost layer_cost; /* f, b, w, mem, out */
+typedef pp_layer_cost layer_cost; /* f, b, w, mem, out, bonly */
 
-/* "f:b:w[:mem[:out]],..." or the text of a file, "f b w [mem [out]]" per line (out, the layer's
-   output within mem, defaults to mem). Returns the layer count. */
+/* "f:b:w[:mem[:out[:bonly]]],..." or the text of a file, "f b w [mem [out [bonly]]]" per line
+   (out, the layer's output within mem, defaults to mem; bonly, the part only B reads, to 0).
+   Returns the layer count. */
 static int parse_layers(const char* s, layer_cost* out, int cap) {
     int n = 0;
     while (*s) {
-        double v[5] = {0, 0, 0, 1, -1};
+        double v[6] = {0, 0, 0, 1, -1, 0};
         int k = 0;
         char* end;
         while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r' || *s == ',') s++;
@@ -138,7 +139,7 @@ static int parse_layers(const char* s, layer_cost* out, int cap) {
             while (*s && *s != '\n') s++;
             continue;
         }
-        for (k = 0; k < 5; k++) {
+        for (k = 0; k < 6; k++) {
             double x = strtod(s, &end);
             if (end == s) break;
             if (!(x >= 0) || x > 1e300) return -1;
@@ -156,7 +157,8 @@ static int parse_layers(const char* s, layer_cost* out, int cap) {
         out[n].w = v[2];
         out[n].mem = v[3];
         out[n].out = v[4] < 0 ? v[3] : v[4];
-        if (out[n].out > out[n].mem) return -1;
+        out[n].bonly = v[5];
+        if (out[n].out + out[n].bonly > out[n].mem) return -1;
         n++;
         while (*s == ' ' || *s == '\t' || *s == '\r') s++;
         if (*s && *s != ',' && *s != '\n') return -1;
@@ -509,8 +511,8 @@ int main(int argc, char** argv) {
             L = parse_layers(src ? src : costs, lc, 100000);
             free(src);
             if (L <= 0) {
-                fprintf(stderr, "pp-sched: --costs wants \"f:b:w[:mem[:out]],...\" (numbers >= 0, out <= mem), or @FILE with "
-                        "lines \"f b w [mem [out]]\"\n");
+                fprintf(stderr, "pp-sched: --costs wants \"f:b:w[:mem[:out[:bonly]]],...\" (numbers >= 0, out + bonly <= mem), "
+                        "or @FILE with lines \"f b w [mem [out [bonly]]]\"\n");
                 free(lc);
                 return 2;
             }
