@@ -2754,9 +2754,10 @@ static size_t _pp_stash_carve(const _pp_plan* p, int mb, int a, int b, int own_i
 
 /* The recompute block of layers [a, b) (NULL base: only measure): the boundaries and scratch the
    stash dropped (act, saved and bsaved entries there get their data; others are left alone), then
-   with `shadow` a second place for each boundary the stash keeps that a recomputed layer writes
-   (its act entries are pointed there: the forward run again must not write over bytes a send or
-   the next stage may still read; it writes the same bits). The block is sized for the shadows
+   with `shadow` a second place for the stage's output where its last layer is recomputed (its
+   act entries are pointed there: the forward run again must not write over bytes a send or the
+   next stage may still read; it writes the same bits; a kept boundary inside the stage only this
+   stage reads, in order, so it is written again in place). The block is sized for the shadow
    either way. shadow_bytes (may be NULL) gets the shadows' part. It comes in two parts, two
    blocks: part 1 what W reads too (the dropped boundaries, the recomputed layers' saved), part 2
    what only B reads (the shadows, their b_saved), which B gives back while part 1 waits for W. */
@@ -2768,7 +2769,7 @@ static size_t _pp_rc_carve(const _pp_plan* p, int mb, int a, int b, int part, in
         for (l = a + 1; l <= b; l++) {
             const _pp_bnd* bd = _pp_plan_bnd(p, mb, l);
             int drop = _pp_rc_dropped(p, a, b, l);
-            if (pass == 0 ? !drop : (drop || !_pp_rc_layer(p, l - 1))) continue;
+            if (pass == 0 ? !drop : (l < b || !_pp_rc_layer(p, l - 1))) continue;
             for (k = 0; k < bd->n; k++) {
                 size_t n = _pp_slice(p, pp_tensor_bytes(&bd->t[k]), p->pad);
                 if (act && base && (pass == 0 || shadow)) act[(l - a) * PP_MAX_TENSORS + k].data = base + off;
@@ -8893,9 +8894,9 @@ static void _pp_mem_add(pp_stage* s, const _pp_act* c, double d) {
 }
 
 /* Recomputation before B: the recomputed layers' forwards run again from what the stash kept,
-   into the recompute block (a boundary the stash keeps is written to its shadow there: the same
-   bits). The loss they compute is not the step's (written once, by the F), and no check runs:
-   the F checked these very bytes. The views then point at the stash again. */
+   into the recompute blocks (the stage's output to its shadow there; the same bits). The loss
+   they compute is not the step's (written once, by the F), and no check runs: the F checked
+   these very bytes. The views then point at the stash again. */
 static pp_result _pp_recompute(pp_stage* s, const _pp_act* c, _pp_view* vw, _pp_block* stash, _pp_block* gws) {
     pp_result rc = PP_OK;
     float loss;
