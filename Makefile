@@ -256,6 +256,23 @@ $(B)/zb-controls: tests/controls.sh $(B)/zb-ctl-nohandover $(B)/zb-ctl-nobfree $
 	printf '#!/bin/sh\nexec sh tests/controls.sh zb-controls "$(B)/zb-ctl-nohandover turn" "$(B)/zb-ctl-nobfree wshare" "$(B)/zb-ctl-oldvmincap grid"\n' > $@
 	chmod +x $@
 
+# tests/test_recompute.c (activation recomputation, pp_plan_recompute) and its negative controls:
+# the B skips the recompute (stale scratch and activations; also over the NCCL imitation,
+# test_nccl_pipeline's `recompute`), and the plan must beat the hand choices by 10%; each must
+# fail. Added here, before the test rule.
+TESTS += test_recompute
+$(B)/recompute-ctl-norecompute: tests/test_recompute.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_RECOMPUTE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/recompute-ctl-slack: tests/test_recompute.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPLAN_SLACK=0.9 $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/recompute-ctl-nccl: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_NO_RECOMPUTE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/recompute-controls: tests/controls.sh $(B)/recompute-ctl-norecompute $(B)/recompute-ctl-slack $(B)/recompute-ctl-nccl
+	printf '#!/bin/sh\nexec sh tests/controls.sh recompute-controls "$(B)/recompute-ctl-norecompute" "$(B)/recompute-ctl-slack" "$(B)/recompute-ctl-nccl recompute"\n' > $@
+	chmod +x $@
+TEST_BINS_EXTRA += $(B)/recompute-controls
+BENCHES += $(B)/bench_recompute
+
 # Negative control of tests/test_cuda_host.c's early copy: made on the sender's own stream (behind
 # its later work), it must fail.
 $(B)/cuda-ctl-early-on-stream: tests/test_cuda_host.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h | $(B)
@@ -467,6 +484,7 @@ bench: $(BENCHES)
 	$(B)/bench_varlen
 	$(B)/bench_zb
 	$(B)/bench_imitation
+	$(B)/bench_recompute
 
 # Side by side with torch.distributed.pipelining (docs/PERFORMANCE.md). Ours links OpenBLAS's
 # cblas when it is installed (libopenblas-dev), else the naive kernel; PEERS_KERNEL=naive forces it.

@@ -85,6 +85,15 @@
    (io->b_saved in forward and backward, NULL in weight_grad); B frees it while the stash waits
    for W. pp_step_stats.peak_mem counts it as the simulator's pp_sim_cost.b_free does.
 
+   ACTIVATION RECOMPUTATION
+   pp_stage_desc.recompute (one flag per layer; NULL: none) keeps a flagged layer's scratch, and a
+   boundary between two flagged layers, out of the stash: right before the B (B and W of a split
+   layer) the stage runs those forwards again from what it kept. Bit-identical on every schedule
+   and transport (forwards must be deterministic); the loss is not written twice. The simulator
+   counts it (pp_sim_cost.r_f: B's extra time, r_mem: the share dropped); pp_plan_recompute picks
+   the schedule, the partition and the flags together for the shortest step under a memory cap
+   (pp-sched rank --recompute).
+
    SCHEDULES AS TEXT
        schedule p=2 v=1 m=2            # map=loop (default) or map=v
        r0: F0 F1 B0 W0 B1 W1
@@ -213,6 +222,9 @@
           (pp_dp_overlap, >>grad).
           Then (examples only, the library unchanged): the GPT trainers' --dtype bf16, bf16
           activations and their gradients between stages (examples/gpt.h, gpt_cuda.h).
+          Then: activation recomputation (pp_stage_desc.recompute; pp_sim_cost.r_f, r_mem,
+          mem_stage) and plans that choose it with the schedule under a memory cap (pp_plan_try,
+          pp_plan_recompute); pp_step_stats.peak_stash_bytes counts bytes asked for.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -950,6 +962,19 @@ struct pp_sim_cost {
        stash's bytes, pp_step_stats.peak_mem equals peak_mem here. */
     double b_free;
     const double* b_free_stage;
+    /* Recomputation (pp_stage_desc.recompute): r_f, the time of the forward a stage runs again
+       before each B (its B costs b + r_f), and r_mem, the share of a stash it drops (0 .. 1): a
+       stash counts 1 during its F, 1 - r_mem from then until the recompute at the start of its B,
+       then 1 again until its B (or W) frees it. Per stage where non-NULL. With r_mem per stage the
+       recompute blocks' share of the stash's bytes (their second copies of kept outputs left out),
+       and b_free counting the recomputed layers' b_saved_bytes too (B frees them, with the rest of
+       the B-only scratch), pp_step_stats.peak_mem equals peak_mem here. */
+    double r_f, r_mem;
+    const double* r_f_stage;
+    const double* r_mem_stage;
+    /* The size of one stash of each stage (NULL: 1, every stash alike): peak_mem is then in these
+       units, e.g. bytes, where stages keep different amounts (pp_plan_recompute sets it). */
+    const double* mem_stage;
 };
 
 /* One executed (or simulated) action on a timeline. */
@@ -980,6 +1005,59 @@ typedef struct pp_sim_result {
    actions that never ran have start = end = -1. */
 pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_result* res,
                       pp_event* events, pp_error* err);
+
+/* Planning: the schedule, the partition and the layers to recompute (pp_stage_desc.recompute),
+   chosen together for the shortest simulated step under a cap on each rank's activation memory.
+   A layer's cost for one micro-batch: f, b, w its forward, input gradient and weight gradient
+   times; mem the bytes a stash keeps of it (its output and its scratch, saved_bytes and
+   b_saved_bytes), out the part of mem that is its output (the next layer's input), bonly the
+   part only B reads (b_saved_bytes: where W is deferred, B frees it; 0 by default). Recomputing
+   it drops mem - out, and its output too where the next layer is recomputed as well; its B takes
+   f more. */
+typedef struct pp_layer_cost {
+    double f, b, w, mem, out;
+    double bonly;
+} pp_layer_cost;
+
+typedef struct pp_plan_desc {
+    const pp_layer_cost* layers;
+    int n_layers;
+    int p, m;
+    double comm;                /* added to every transfer between ranks */
+    double mem_cap;             /* most stash bytes a rank may hold at once (0: no cap) */
+    /* The kinds to try, with their v (NULL: every built-in kind, interleaved and interleaved-mem
+       at v = 2 and 4); n_kinds entries each. */
+    const pp_schedule_kind* kinds;
+    const int* kinds_v;
+    int n_kinds;
+    int no_recompute;           /* 1: choose the schedule alone (nothing recomputed) */
+} pp_plan_desc;
+
+typedef struct pp_plan {
+    pp_schedule_kind kind;
+    int v;
+    int fits;                   /* peak_mem <= mem_cap (1 without a cap) */
+    int n_recompute;            /* layers recomputed */
+    double makespan, bubble;    /* simulated, in the costs' units */
+    double peak_mem;            /* the largest rank's peak stash bytes (pp_simulate's peak_mem) */
+    int tried;                  /* pp_plan_recompute: plans simulated */
+} pp_plan;
+
+/* One plan: kind at v, recompute (n_layers flags; NULL: none), the layers split by
+   pp_partition_balanced on each layer's time (f + b + w, and f again where recomputed) into
+   first[p*v + 1] (may be NULL), the list generated for the stages' costs
+   (pp_schedule_make_cost), simulated with their memory (pp_sim_cost.mem_stage, r_mem, r_f, and
+   b_free from bonly; a stage's input counts where the previous stage is on another rank).
+   Scratch from PP_MALLOC. */
+pp_result pp_plan_try(const pp_plan_desc* d, pp_schedule_kind kind, int v, const unsigned char* recompute,
+                      pp_plan* out, int* first, pp_error* err);
+/* The best plan: for every kind, nothing recomputed, every layer, every other layer, and the
+   greedy plan that recomputes, one at a time, the layer of the rank over the cap whose memory
+   saved per unit of time added is largest, until it fits; of those that fit the cap, the
+   shortest step (then the least memory), else the least memory. Fills out, first (p * v + 1
+   entries for the largest v tried: p*4 + 1 with the built-in list) and recompute (n_layers
+   flags). No plan fits: PP_OK with out->fits 0 (the plan of least memory). */
+pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, unsigned char* recompute, pp_error* err);
 
 /* >>trace ------------------------------------------------------------------------------------- */
 /* ASCII timeline, one row per rank, `width` columns (0 = 100) spanning the makespan. */
@@ -1292,6 +1370,15 @@ typedef struct pp_stage_desc {
        PP_OK fails the step. The time it takes counts in pp_step_stats.t_grads_hook. */
     pp_result (*grads_final)(void* user, int rank, int stage);
     void* grads_final_user;
+    /* Activation recomputation (NULL: none): model.n_layers entries, 1 where the layer's forward
+       runs again right before its B instead of keeping its scratch (saved_bytes, b_saved_bytes)
+       from F to B; a boundary between two such layers is not kept either. The stash keeps the
+       stage's input and output and every input a kept layer reads; the recomputed part lives
+       from the recompute to B (where W is deferred, what W reads - the recomputed boundaries and
+       saved - until W). Results are bit-identical (the forward
+       must be deterministic); B costs one forward of those layers more. pp_plan_recompute picks
+       the layers with the schedule. Copied at create. */
+    const unsigned char* recompute;
 } pp_stage_desc;
 
 typedef struct pp_step_stats {
@@ -1305,7 +1392,9 @@ typedef struct pp_step_stats {
     uint64_t meta_bytes_sent;   /* of bytes_sent: shape metadata (headers, broadcast, trailers) */
     uint64_t meta_msgs_sent;    /* of msgs_sent: messages that carried only metadata */
     int peak_live;              /* most stashes alive at once */
-    size_t peak_stash_bytes;
+    size_t peak_stash_bytes;    /* most bytes the live stashes, their B-only scratch and recompute blocks
+                                   and the workspaces kept for W asked for at once (not the pooled
+                                   blocks' capacity) */
     int n_actions;
     /* The plan check and the agreement on the step's outcome (every rank returns the same):
        messages and bytes this rank sent for them (also in msgs_sent and bytes_sent, not in
@@ -1395,7 +1484,7 @@ typedef struct pp_pipeline_desc {
        PARAMS need sample (one micro-batch's input shape), EXPLICIT explicit_first. */
     pp_partition_desc partition;
     /* What every rank's pp_stage_desc starts from: timeout_s, record_timeline, shapes, max_seqs,
-       check_finite, allow_nonfinite_loss, device, layer_ctx. Its model, weights, grads,
+       check_finite, allow_nonfinite_loss, device, layer_ctx, recompute. Its model, weights, grads,
        schedule, partition, rank and transport belong to the pipeline: leave them zero. */
     pp_stage_desc stage;
     /* Optional: called at create for every rank in rank order, once its desc is filled, before
@@ -2657,6 +2746,8 @@ typedef struct _pp_plan {
     _pp_bnd* bnd;               /* [m][L+1]: boundary l is the input of layer l */
     size_t* saved;              /* [m][L] */
     size_t* bsaved;             /* [m][L]: the B-only scratch (pp_layer_desc.b_saved_bytes) */
+    const unsigned char* rc;    /* [L] layers recomputed before their B (pp_stage_desc.recompute), or
+                                   NULL: the carves leave their dropped parts out of the stash */
 } _pp_plan;
 
 static void _pp_plan_free(_pp_plan* p) {
@@ -2726,8 +2817,19 @@ static const _pp_bnd* _pp_plan_bnd(const _pp_plan* p, int mb, int l) { return &p
 static size_t _pp_slice(const _pp_plan* p, size_t n, size_t pad) { return _PP_ALIGN(n + pad + p->guard); }
 static size_t _pp_scratch_slice(const _pp_plan* p, size_t n) { return n ? _pp_slice(p, n, 0) : 0; }
 
+/* Recomputation (pp_stage_desc.recompute, the plan's rc): of layers [a, b), a recomputed layer's
+   scratch (saved and b_saved) is dropped from the stash, and so is boundary j (a < j < b) between
+   two recomputed layers. The B runs the recomputed layers' forwards again first, in a recompute
+   block (_pp_rc_carve) that holds what was dropped. The stage's input and output, and every
+   boundary a kept layer reads, stay in the stash. */
+static int _pp_rc_layer(const _pp_plan* p, int l) { return p->rc && p->rc[l]; }
+static int _pp_rc_dropped(const _pp_plan* p, int a, int b, int j) {
+    return j > a && j < b && _pp_rc_layer(p, j - 1) && _pp_rc_layer(p, j);
+}
+
 /* Carves one micro-batch's stash for layers [a, b) out of base (NULL: only measure).
-   Layout: boundary a (only if own_input), boundaries a+1..b, then each layer's saved scratch.
+   Layout: boundary a (only if own_input), boundaries a+1..b, then each layer's saved scratch,
+   less what recomputation drops (data NULL there; _pp_rc_carve places it).
    act[(l-a)*PP_MAX_TENSORS + k] and nact[l-a] describe boundary l; saved[l-a] the scratch. */
 static size_t _pp_stash_carve(const _pp_plan* p, int mb, int a, int b, int own_input, unsigned char* base,
                               pp_tensor* act, int* nact, void** saved) {
@@ -2735,19 +2837,58 @@ static size_t _pp_stash_carve(const _pp_plan* p, int mb, int a, int b, int own_i
     int l, k;
     for (l = a; l <= b; l++) {
         const _pp_bnd* bd = _pp_plan_bnd(p, mb, l);
+        int drop = _pp_rc_dropped(p, a, b, l);
         if (nact) nact[l - a] = bd->n;
         for (k = 0; k < bd->n; k++) {
             if (act) act[(l - a) * PP_MAX_TENSORS + k] = bd->t[k];
-            if (l == a && !own_input) continue;
+            if ((l == a && !own_input) || drop) {
+                if (act && drop) act[(l - a) * PP_MAX_TENSORS + k].data = NULL;
+                continue;
+            }
             if (act) act[(l - a) * PP_MAX_TENSORS + k].data = base ? base + off : NULL;
             off += _pp_slice(p, pp_tensor_bytes(&bd->t[k]), p->pad);
         }
     }
     for (l = a; l < b; l++) {
-        size_t sb = p->saved[(size_t)mb * p->L + l];
+        size_t sb = _pp_rc_layer(p, l) ? 0 : p->saved[(size_t)mb * p->L + l];
         if (saved) saved[l - a] = (base && sb) ? base + off : NULL;
         off += _pp_scratch_slice(p, sb);
     }
+    return off;
+}
+
+/* The recompute block of layers [a, b) (NULL base: only measure): the boundaries and scratch the
+   stash dropped (act, saved and bsaved entries there get their data; others are left alone), then
+   with `shadow` a second place for the stage's output where its last layer is recomputed (its
+   act entries are pointed there: the forward run again must not write over bytes a send or the
+   next stage may still read; it writes the same bits; a kept boundary inside the stage only this
+   stage reads, in order, so it is written again in place). The block is sized for the shadow
+   either way. shadow_bytes (may be NULL) gets the shadows' part. It comes in two parts, two
+   blocks: part 1 what W reads too (the dropped boundaries, the recomputed layers' saved), part 2
+   what only B reads (the shadows, their b_saved), which B gives back while part 1 waits for W. */
+static size_t _pp_rc_carve(const _pp_plan* p, int mb, int a, int b, int part, int shadow, unsigned char* base,
+                           pp_tensor* act, void** saved, void** bsaved, size_t* shadow_bytes) {
+    size_t off = 0, sh = 0;
+    int l, k, pass;
+    for (pass = part - 1; pass < 2 * part - 1; pass++) /* the dropped boundaries (part 1), the shadows (2) */
+        for (l = a + 1; l <= b; l++) {
+            const _pp_bnd* bd = _pp_plan_bnd(p, mb, l);
+            int drop = _pp_rc_dropped(p, a, b, l);
+            if (pass == 0 ? !drop : (l < b || !_pp_rc_layer(p, l - 1))) continue;
+            for (k = 0; k < bd->n; k++) {
+                size_t n = _pp_slice(p, pp_tensor_bytes(&bd->t[k]), p->pad);
+                if (act && base && (pass == 0 || shadow)) act[(l - a) * PP_MAX_TENSORS + k].data = base + off;
+                off += n;
+                if (pass) sh += n;
+            }
+        }
+    for (l = a; l < b; l++) {
+        size_t n = _pp_rc_layer(p, l) ? (part == 1 ? p->saved : p->bsaved)[(size_t)mb * p->L + l] : 0;
+        void** x = part == 1 ? saved : bsaved;
+        if (x && _pp_rc_layer(p, l)) x[l - a] = (base && n) ? base + off : NULL;
+        off += _pp_scratch_slice(p, n);
+    }
+    if (shadow_bytes) *shadow_bytes = sh;
     return off;
 }
 
@@ -2758,7 +2899,7 @@ static size_t _pp_bsaved_carve(const _pp_plan* p, int mb, int a, int b, unsigned
     size_t off = 0;
     int l;
     for (l = a; l < b; l++) {
-        size_t n = p->bsaved[(size_t)mb * p->L + l];
+        size_t n = _pp_rc_layer(p, l) ? 0 : p->bsaved[(size_t)mb * p->L + l];
         if (bsaved) bsaved[l - a] = (base && n) ? base + off : NULL;
         off += _pp_scratch_slice(p, n);
     }
@@ -4088,6 +4229,7 @@ int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m) {
 
 static double _pp_sim_def(double x, double def);
 static double _pp_sim_bfree(const pp_sim_cost* c, int st);
+static double _pp_sim_rf(const pp_sim_cost* c, int st);
 
 /* Sum over the ranks of the time each finishes (its last action's end). */
 static double _pp_sched_finish_sum(const pp_schedule* s, const pp_event* ev) {
@@ -4237,7 +4379,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     }
     for (i = 0; i < S; i++) {
         dur[i] = c.f_stage ? c.f_stage[i] : _pp_sim_def(c.f, 1.0);
-        dur[S + i] = c.b_stage ? c.b_stage[i] : _pp_sim_def(c.b, 2.0);
+        dur[S + i] = (c.b_stage ? c.b_stage[i] : _pp_sim_def(c.b, 2.0)) + _pp_sim_rf(&c, i); /* the recompute */
         dur[2 * S + i] = c.w_stage ? c.w_stage[i] : _pp_sim_def(c.w, 0.0);
         dur[3 * S + i] = _pp_sim_bfree(&c, i);
         if (!(dur[i] >= 0 && dur[S + i] >= 0 && dur[2 * S + i] >= 0 && dur[i] + dur[S + i] + dur[2 * S + i] < 1e300) ||
@@ -4251,6 +4393,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
                   their B's (so a stash counts until B), which the end strips */
         for (i = 0; i < S; i++) dur[S + i] += dur[2 * S + i], dur[2 * S + i] = 0, dur[3 * S + i] = 0;
         c.f_stage = dur, c.b_stage = dur + S, c.w_stage = dur + 2 * S, c.b_free = 0, c.b_free_stage = NULL;
+        c.r_f = 0, c.r_f_stage = NULL; /* in dur's B now */
     }
     g.df = dur, g.db = dur + S, g.dw = dur + 2 * S, g.bf = dur + 3 * S;
     g.f_end = ends, g.b_end = ends + (size_t)S * (size_t)m;
@@ -4883,6 +5026,14 @@ static double _pp_sim_bfree(const pp_sim_cost* c, int st) {
     double x = c->b_free_stage ? c->b_free_stage[st] : c->b_free;
     return x >= 0 && x <= 1 ? x : -1;
 }
+/* Recomputation's share of stage st's stash (r_mem), or -1 if out of 0 .. 1; its time (r_f); the
+   size of one stash (mem_stage, 1 without it). */
+static double _pp_sim_rmem(const pp_sim_cost* c, int st) {
+    double x = c->r_mem_stage ? c->r_mem_stage[st] : c->r_mem;
+    return x >= 0 && x <= 1 ? x : -1;
+}
+static double _pp_sim_rf(const pp_sim_cost* c, int st) { return c->r_f_stage ? c->r_f_stage[st] : c->r_f; }
+static double _pp_sim_ms(const pp_sim_cost* c, int st) { return c->mem_stage ? c->mem_stage[st] : 1.0; }
 
 /* Appends to a fixed report buffer; once full, later text is dropped and "..." marks the cut. */
 static void _pp_sim_append(char* buf, size_t cap, const char* fmt, ...) _PP_PRINTF(3, 4);
@@ -4924,7 +5075,7 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     double t_free[PP_MAX_RANKS];
     int live[PP_MAX_RANKS];
     double mem[PP_MAX_RANKS];
-    double f_def, b_def, w_def, comm;
+    double f_def, b_def, w_def, comm, ms, rm;
 
     if (!res) res = &local;
     memset(res, 0, sizeof *res);
@@ -4971,6 +5122,11 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
         if (_pp_sim_bfree(&c, i) < 0)
             return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: b_free%s = %g, want 0 .. 1 (the share of a stash B frees)",
                             c.b_free_stage ? " of a stage" : "", c.b_free_stage ? c.b_free_stage[i] : c.b_free);
+        if (_pp_sim_rmem(&c, i) < 0 || !_pp_sim_finite(_pp_sim_rf(&c, i)) || _pp_sim_rf(&c, i) < 0 ||
+            !_pp_sim_finite(_pp_sim_ms(&c, i)) || _pp_sim_ms(&c, i) < 0)
+            return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: stage %d: r_mem = %g (want 0 .. 1), r_f = %g, mem_stage = %g "
+                            "(want finite, >= 0)", i, c.r_mem_stage ? c.r_mem_stage[i] : c.r_mem, _pp_sim_rf(&c, i),
+                            _pp_sim_ms(&c, i));
     }
 
     /* (mb, stage) pairs are indexed with an int, like pp_schedule_make's limit on actions */
@@ -5107,24 +5263,31 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
                 else dur = c.w_stage ? c.w_stage[a->stage] : w_def;
                 /* no W actions: the B does the weight gradient too */
                 if (a->op == PP_OP_B && !has_w) dur += c.w_stage ? c.w_stage[a->stage] : w_def;
+                if (a->op == PP_OP_B) dur += _pp_sim_rf(&c, a->stage); /* the recompute */
                 fin[gi] = start + dur;
                 t_free[r] = start + dur;
                 res->busy[r] += dur;
                 if (a->op == PP_OP_F) live[r]++;
                 else if (a->op == (has_w ? PP_OP_W : PP_OP_B)) live[r]--;
                 if (live[r] > res->peak_live[r]) res->peak_live[r] = live[r];
-                /* the W share: B frees b_free of the stash, W the rest (no W actions: B all) */
-                if (a->op == PP_OP_F) mem[r] += 1;
-                else if (a->op == PP_OP_B) mem[r] -= has_w ? _pp_sim_bfree(&c, a->stage) : 1;
-                else mem[r] -= 1 - _pp_sim_bfree(&c, a->stage);
+                /* the W share: B frees b_free of the stash, W the rest (no W actions: B all);
+                   recomputation's share goes after the F and comes back at the B's start */
+                ms = _pp_sim_ms(&c, a->stage);
+                rm = _pp_sim_rmem(&c, a->stage);
+                if (a->op == PP_OP_B) mem[r] += ms * rm;
+                if (a->op == PP_OP_F) mem[r] += ms;
                 if (mem[r] > res->peak_mem[r]) res->peak_mem[r] = mem[r];
+                if (a->op == PP_OP_F) mem[r] -= ms * rm;
+                else if (a->op == PP_OP_B) mem[r] -= ms * (has_w ? _pp_sim_bfree(&c, a->stage) : 1);
+                else mem[r] -= ms * (1 - _pp_sim_bfree(&c, a->stage));
                 if (fo) {
                     /* forward only: the stash goes once its F is done, unless the next stage is
                        this rank's (it reads the output in place); the F it fed frees the
                        previous stage's */
                     int keep = a->stage < S - 1 && a->next_rank == r, fed = a->stage > 0 && a->prev_rank == r;
                     live[r] -= !keep + fed;
-                    mem[r] -= (double)(!keep + fed);
+                    mem[r] -= !keep * ms * (1 - rm) +
+                              (fed ? _pp_sim_ms(&c, a->stage - 1) * (1 - _pp_sim_rmem(&c, a->stage - 1)) : 0);
                 }
                 if (t_free[r] > res->makespan) res->makespan = t_free[r];
                 if (events) {
@@ -5186,6 +5349,228 @@ cleanup:
     if (slot) PP_FREE(slot);
     if (fin) PP_FREE(fin);
     return rc;
+}
+
+/* Planning (pp_plan_try, pp_plan_recompute): stage st's stash of layers [a, b) as the executor
+   lays it out (_pp_stash_carve, _pp_rc_carve; alignment, guards and the recompute block's
+   shadows left out): what it holds whole, and the share recomputation drops. */
+static double _pp_plan_stage_mem(const pp_layer_cost* lc, int a, int b, int own_input, const unsigned char* rc,
+                                 double* rshare, double* bshare) {
+    double all = own_input && a > 0 ? lc[a - 1].out : 0, drop = 0, bonly = 0;
+    int l;
+    for (l = a; l < b; l++) {
+        int r = rc && rc[l], out_drop = r && l + 1 < b && rc[l + 1];
+        all += lc[l].mem;
+        drop += (r ? lc[l].mem - lc[l].out : 0) + (out_drop ? lc[l].out : 0);
+        bonly += lc[l].bonly; /* B frees it, recomputed or not (the executor's b_free) */
+    }
+    *rshare = all > 0 ? drop / all : 0;
+    if (bshare) *bshare = all > 0 ? bonly / all : 0;
+    return all;
+}
+
+/* pp_plan_try's work, with the simulator's result (res) and scratch from the caller: first
+   [S + 1], dbl [7 S + L], acts [n]. */
+static pp_result _pp_plan_run(const pp_plan_desc* d, pp_schedule_kind kind, int v, const unsigned char* rc, pp_plan* out,
+                              int* first, double* dbl, pp_action* acts, size_t n, pp_sim_result* res, pp_error* err) {
+    int L = d->n_layers, S = d->p * v, st, l, r;
+    double *fs = dbl, *bs = fs + S, *ws = bs + S, *rf = ws + S, *ms = rf + S, *rm = ms + S, *bf = rm + S, *wt = bf + S;
+    pp_sim_cost c;
+    pp_schedule s;
+    pp_result rc_;
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->v = v;
+    for (l = 0; l < L; l++) {
+        wt[l] = d->layers[l].f + d->layers[l].b + d->layers[l].w + (rc && rc[l] ? d->layers[l].f : 0);
+        out->n_recompute += rc && rc[l];
+    }
+    if ((rc_ = pp_partition_balanced(wt, L, S, first, err)) != PP_OK) return rc_;
+    memset(&c, 0, sizeof c);
+    c.f_stage = fs, c.b_stage = bs, c.w_stage = ws, c.r_f_stage = rf, c.b_free_stage = bf, c.comm = d->comm;
+    for (st = 0; st < S; st++) { /* the B-only share's stage map is the schedule's: set below, 0 for generation */
+        fs[st] = bs[st] = ws[st] = rf[st] = bf[st] = 0;
+        for (l = first[st]; l < first[st + 1]; l++) {
+            fs[st] += d->layers[l].f;
+            bs[st] += d->layers[l].b;
+            ws[st] += d->layers[l].w;
+            rf[st] += rc && rc[l] ? d->layers[l].f : 0;
+        }
+    }
+    if ((rc_ = pp_schedule_make_cost(kind, d->p, v, d->m, &c, acts, n, &s, err)) != PP_OK) return rc_;
+    for (st = 0; st < S; st++) {
+        int ra = -1, rb;
+        if (st > 0) pp_schedule_stage_to_rank(&s, st - 1, &ra, NULL);
+        pp_schedule_stage_to_rank(&s, st, &rb, NULL);
+        ms[st] = _pp_plan_stage_mem(d->layers, first[st], first[st + 1], ra != rb, rc, &rm[st], &bf[st]);
+    }
+    c.mem_stage = ms, c.r_mem_stage = rm;
+    if ((rc_ = pp_simulate(&s, &c, res, NULL, err)) != PP_OK) return rc_;
+    out->makespan = res->makespan;
+    out->bubble = res->bubble;
+    for (r = 0; r < d->p; r++)
+        if (res->peak_mem[r] > out->peak_mem) out->peak_mem = res->peak_mem[r];
+    out->fits = d->mem_cap <= 0 || out->peak_mem <= d->mem_cap * (1 + 1e-12);
+    out->tried = 1;
+    return PP_OK;
+}
+
+static pp_result _pp_plan_check(const pp_plan_desc* d, pp_error* err) {
+    int l;
+    if (!d || !d->layers || d->n_layers < 1 || d->p < 1 || d->p > PP_MAX_RANKS || d->m < 1)
+        return _pp_fail(err, PP_ERR_INVALID, "plan: need layers (n_layers >= 1), 1 <= p <= %d and m >= 1", PP_MAX_RANKS);
+    if (!(d->comm >= 0 && d->comm < 1e300) || !(d->mem_cap >= 0 && d->mem_cap < 1e300) || d->n_kinds < 0 ||
+        (d->n_kinds > 0 && (!d->kinds || !d->kinds_v)))
+        return _pp_fail(err, PP_ERR_INVALID, "plan: comm and mem_cap must be finite and >= 0, kinds and kinds_v given "
+                        "with n_kinds");
+    for (l = 0; l < d->n_layers; l++) {
+        const pp_layer_cost* x = &d->layers[l];
+        if (!(x->f >= 0 && x->b >= 0 && x->w >= 0 && x->out >= 0 && x->bonly >= 0 && x->mem >= x->out + x->bonly &&
+              x->f + x->b + x->w + x->mem < 1e300))
+            return _pp_fail(err, PP_ERR_INVALID,
+                            "plan: layer %d: f=%g b=%g w=%g mem=%g out=%g bonly=%g (finite, >= 0, out + bonly <= mem)", l, x->f,
+                            x->b, x->w, x->mem, x->out, x->bonly);
+    }
+    return PP_OK;
+}
+
+pp_result pp_plan_try(const pp_plan_desc* d, pp_schedule_kind kind, int v, const unsigned char* recompute,
+                      pp_plan* out, int* first, pp_error* err) {
+    pp_result rc;
+    size_t n;
+    int S, *fst = NULL;
+    double* dbl = NULL;
+    pp_action* acts = NULL;
+    pp_sim_result* res = NULL;
+    pp_plan local;
+    if ((rc = _pp_plan_check(d, err)) != PP_OK) return rc;
+    if (!out) out = &local;
+    v = pp_schedule_kind_v(kind, v);
+    n = pp_schedule_size(kind, d->p, v, d->m);
+    S = d->p * v;
+    if (!n) return _pp_fail(err, PP_ERR_INVALID, "plan: %s at p=%d v=%d m=%d is no schedule", pp_schedule_name(kind), d->p, v, d->m);
+    if (S > d->n_layers)
+        return _pp_fail(err, PP_ERR_INVALID, "plan: %s at p=%d v=%d needs %d stages, the model has %d layers",
+                        pp_schedule_name(kind), d->p, v, S, d->n_layers);
+    fst = (int*)_pp_calloc((size_t)S + 1, sizeof *fst);
+    dbl = (double*)_pp_calloc(7 * (size_t)S + (size_t)d->n_layers, sizeof *dbl);
+    acts = (pp_action*)_pp_calloc(n, sizeof *acts);
+    res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
+    if (!fst || !dbl || !acts || !res) rc = _pp_fail(err, PP_ERR_NOMEM, "plan: scratch for %zu actions", n);
+    else rc = _pp_plan_run(d, kind, v, recompute, out, fst, dbl, acts, n, res, err);
+    if (rc == PP_OK && first) memcpy(first, fst, sizeof *fst * ((size_t)S + 1));
+    PP_FREE(fst);
+    PP_FREE(dbl);
+    PP_FREE(acts);
+    PP_FREE(res);
+    return rc;
+}
+
+/* a before b: fits first, then the shorter step, then the less memory */
+static int _pp_plan_better(const pp_plan* a, const pp_plan* b) {
+    if (!b->tried) return a->tried;
+    if (!a->tried) return 0;
+    if (a->fits != b->fits) return a->fits;
+    if (!a->fits) return a->peak_mem < b->peak_mem;
+    if (a->makespan != b->makespan) return a->makespan < b->makespan;
+    return a->peak_mem < b->peak_mem;
+}
+
+pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, unsigned char* recompute, pp_error* err) {
+    static const pp_schedule_kind all_k[] = {PP_SCHED_GPIPE, PP_SCHED_1F1B, PP_SCHED_INTERLEAVED, PP_SCHED_INTERLEAVED,
+                                             PP_SCHED_INTERLEAVED_MEM, PP_SCHED_INTERLEAVED_MEM, PP_SCHED_ZB_H1,
+                                             PP_SCHED_ZB_H2, PP_SCHED_ZB_V, PP_SCHED_V_HALF, PP_SCHED_V_MIN,
+                                             PP_SCHED_DUALPIPE_V};
+    static const int all_v[] = {1, 1, 2, 4, 2, 4, 1, 1, 2, 2, 2, 2};
+    const pp_schedule_kind* kinds = d && d->kinds ? d->kinds : all_k;
+    const int* kv = d && d->kinds ? d->kinds_v : all_v;
+    int nk = d && d->kinds ? d->n_kinds : (int)(sizeof all_k / sizeof all_k[0]);
+    int L, k, pol, l, r, tried = 0, max_s = 0, *fst = NULL;
+    size_t n_max = 0;
+    unsigned char *rc = NULL, *best_rc = NULL;
+    double* dbl = NULL;
+    pp_action* acts = NULL;
+    pp_sim_result* res = NULL;
+    pp_plan best, cur;
+    pp_result ret = PP_OK;
+    if ((ret = _pp_plan_check(d, err)) != PP_OK) return ret;
+    if (!out || !first || !recompute) return _pp_fail(err, PP_ERR_INVALID, "plan: out, first and recompute are needed");
+    L = d->n_layers;
+    for (k = 0; k < nk; k++) {
+        int v = pp_schedule_kind_v(kinds[k], kv[k]);
+        size_t n = pp_schedule_size(kinds[k], d->p, v, d->m);
+        if (n > n_max) n_max = n;
+        if (d->p * v > max_s) max_s = d->p * v;
+    }
+    memset(&best, 0, sizeof best);
+    fst = (int*)_pp_calloc((size_t)max_s + 1, sizeof *fst);
+    dbl = (double*)_pp_calloc(7 * (size_t)max_s + (size_t)L, sizeof *dbl);
+    acts = (pp_action*)_pp_calloc(n_max ? n_max : 1, sizeof *acts);
+    res = (pp_sim_result*)_pp_calloc(1, sizeof *res);
+    rc = (unsigned char*)_pp_calloc(2 * (size_t)L, 1);
+    if (!fst || !dbl || !acts || !res || !rc) {
+        ret = _pp_fail(err, PP_ERR_NOMEM, "plan: scratch for %zu actions", n_max);
+        goto done;
+    }
+    best_rc = rc + L;
+    for (k = 0; k < nk; k++) {
+        int v = pp_schedule_kind_v(kinds[k], kv[k]), S = d->p * v;
+        size_t n = pp_schedule_size(kinds[k], d->p, v, d->m);
+        if (!n || S > L) continue; /* no such schedule, or fewer layers than stages */
+        for (pol = 0; pol < (d->no_recompute ? 1 : 4); pol++) {
+            int steps = 0;
+            /* 0 nothing, 1 every layer, 2 every other layer, 3 greedy from nothing */
+            for (l = 0; l < L; l++) rc[l] = (unsigned char)(pol == 1 || (pol == 2 && l % 2 == 1));
+            for (;;) {
+                pp_error e;
+                int worst = 0, pick = -1, st;
+                double pick_score = -1;
+                if (_pp_plan_run(d, kinds[k], v, rc, &cur, fst, dbl, acts, n, res, &e) != PP_OK) break;
+                tried++;
+                if (_pp_plan_better(&cur, &best)) {
+                    best = cur;
+                    memcpy(best_rc, rc, (size_t)L);
+                    memcpy(first, fst, sizeof *fst * ((size_t)S + 1));
+                }
+                if (pol != 3 || cur.fits || ++steps > L) break;
+                /* greedy: on the rank with the highest peak, the layer whose recompute drops the most
+                   bytes per unit of forward time */
+                for (r = 1; r < d->p; r++)
+                    if (res->peak_mem[r] > res->peak_mem[worst]) worst = r;
+                for (st = 0; st < S; st++) {
+                    int sr, a = fst[st], b = fst[st + 1];
+                    pp_schedule tmp;
+                    memset(&tmp, 0, sizeof tmp);
+                    tmp.p = d->p, tmp.v = v, tmp.n_stages = S, tmp.map = _pp_sched_kind_map(kinds[k]);
+                    pp_schedule_stage_to_rank(&tmp, st, &sr, NULL);
+                    if (sr != worst) continue;
+                    for (l = a; l < b; l++) {
+                        double r0, r1, all, score;
+                        if (rc[l]) continue;
+                        all = _pp_plan_stage_mem(d->layers, a, b, 0, rc, &r0, NULL);
+                        rc[l] = 1;
+                        _pp_plan_stage_mem(d->layers, a, b, 0, rc, &r1, NULL);
+                        rc[l] = 0;
+                        score = (r1 - r0) * all / (d->layers[l].f > 0 ? d->layers[l].f : 1e-300);
+                        if ((r1 - r0) * all > 0 && score > pick_score) pick_score = score, pick = l;
+                    }
+                }
+                if (pick < 0) break;
+                rc[pick] = 1;
+            }
+        }
+    }
+    best.tried = tried;
+    *out = best;
+    memcpy(recompute, best_rc, (size_t)L);
+    if (!tried) ret = _pp_fail(err, PP_ERR_INVALID, "plan: no kind makes a schedule of %d layers at p=%d m=%d", L, d->p, d->m);
+done:
+    PP_FREE(fst);
+    PP_FREE(dbl);
+    PP_FREE(acts);
+    PP_FREE(res);
+    PP_FREE(rc);
+    return ret;
 }
 
 /* >>impl-trace -------------------------------------------------------------------------------- */
@@ -6577,6 +6962,12 @@ struct pp_stage {
     _pp_block** live;               /* [m*v] stash of (mb, chunk) between F and B (or W); with the
                                        four below, one allocation */
     _pp_block** blive;              /* [m*v] its B-only scratch, between F and B */
+    _pp_block** rlive;              /* [m*v] its recompute block (_pp_rc_carve part 1): through F, and
+                                       from the recompute before B to B (or W) */
+    _pp_block** rblive;             /* [m*v] part 2 (what only B reads): through F, and from the
+                                       recompute to B */
+    double* smem;                   /* [m*v] the stash's share in live_mem, until its release */
+    unsigned char* rc;              /* [L] the stage's copy of pp_stage_desc.recompute, or NULL */
     _pp_block** wlive;              /* [m*v] B's gradient workspace, kept for a deferred W */
     _pp_block** src;                /* [m*v] a stage fed by this rank: the stash holding its input */
     _pp_block** gin;                /* [m*v] a stage feeding this rank: the workspace holding its
@@ -8278,6 +8669,10 @@ static _pp_view _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash,
     }
     _pp_stash_carve(&s->plan, a->mb, c->la, c->lb, a->stage > 0 && !in_turn, stash->data, vw.act, vw.nact, vw.saved);
     _pp_bsaved_carve(&s->plan, a->mb, c->la, c->lb, s->blive[c->slot] ? s->blive[c->slot]->data : NULL, vw.bsaved);
+    if (s->rlive[c->slot])
+        _pp_rc_carve(&s->plan, a->mb, c->la, c->lb, 1, 0, s->rlive[c->slot]->data, vw.act, vw.saved, vw.bsaved, NULL);
+    if (s->rblive[c->slot])
+        _pp_rc_carve(&s->plan, a->mb, c->la, c->lb, 2, 0, s->rblive[c->slot]->data, vw.act, vw.saved, vw.bsaved, NULL);
     if (a->stage == 0) vw.act[0] = _pp_input_view(s->batch, c->mb);
     for (k = 0; in_turn && k < vw.nact[0]; k++) vw.act[k].data = hand[k];
     if (!gws) return vw;
@@ -8291,33 +8686,47 @@ static _pp_view _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash,
     return vw;
 }
 
-/* The W share of c's stash: its B-only scratch's part of the stash's bytes (as the simulator's
-   pp_sim_cost.b_free: the rest of the stash waits for W), the validation layer's guards left out. */
-static double _pp_bshare(const pp_stage* s, const _pp_act* c) {
+/* Shares of c's whole stash (what it would hold without recomputation), the validation layer's
+   guards and the recompute block's shadows left out: *bshare the B-only scratch (as the
+   simulator's pp_sim_cost.b_free: B frees it, the rest of the stash waits for W), *rshare what
+   recomputation drops (as pp_sim_cost.r_mem: gone from the F's end to the recompute), *rbshare
+   the part of both that the recomputed layers' B-only scratch is. */
+static void _pp_shares(const pp_stage* s, const _pp_act* c, double* bshare, double* rshare, double* rbshare) {
     _pp_plan q = s->plan;
-    size_t bb, sb;
+    size_t bb, sb, r1 = 0, r2 = 0, sh = 0, all;
     q.guard = 0;
     bb = _pp_bsaved_carve(&q, c->a->mb, c->la, c->lb, NULL, NULL);
-    if (!bb) return 0;
+    if (q.rc) {
+        r1 = _pp_rc_carve(&q, c->a->mb, c->la, c->lb, 1, 0, NULL, NULL, NULL, NULL, NULL);
+        r2 = _pp_rc_carve(&q, c->a->mb, c->la, c->lb, 2, 0, NULL, NULL, NULL, NULL, &sh) - sh;
+    }
     sb = _pp_stash_carve(&q, c->a->mb, c->la, c->lb, c->a->stage > 0 && !_pp_turn(s, c->a->stage), NULL, NULL, NULL, NULL);
-    return (double)bb / (double)(sb + bb);
+    all = sb + bb + r1 + r2;
+    *bshare = all ? (double)(bb + r2) / (double)all : 0;
+    *rshare = all ? (double)(r1 + r2) / (double)all : 0;
+    *rbshare = all ? (double)r2 / (double)all : 0;
 }
 
-static void _pp_bsaved_release(pp_stage* s, int slot) {
-    if (!s->blive[slot]) return;
-    s->live_bytes -= s->blive[slot]->cap;
-    _pp_block_put(s, s->blive[slot]);
-    s->blive[slot] = NULL;
+/* Gives back the B-only scratch (blk = s->blive) or a recompute block (s->rlive, s->rblive) of a slot. */
+static void _pp_scratch_release(pp_stage* s, _pp_block** blk) {
+    if (!*blk) return;
+    s->live_bytes -= (*blk)->want;
+    _pp_block_put(s, *blk);
+    *blk = NULL;
 }
+static void _pp_bsaved_release(pp_stage* s, int slot) { _pp_scratch_release(s, &s->blive[slot]); }
 
 /* The end of slot's stash and workspace (after B, or after W when W is deferred), with its B-only
    scratch if B did not free it, and of the blocks it borrowed at the turn of the V. */
 static void _pp_slot_release(pp_stage* s, const _pp_act* c) {
     int slot = c->slot;
     _pp_block *stash = s->live[slot], *gws = s->wlive[slot];
-    s->live_mem -= s->blive[slot] ? 1 : 1 - _pp_bshare(s, c);
+    s->live_mem -= s->smem[slot]; /* what B (or the F) did not give back */
+    s->smem[slot] = 0;
     _pp_bsaved_release(s, slot);
-    s->live_bytes -= stash->cap + (gws ? gws->cap : 0);
+    _pp_scratch_release(s, &s->rlive[slot]);
+    _pp_scratch_release(s, &s->rblive[slot]);
+    s->live_bytes -= stash->want + (gws ? gws->want : 0);
     s->live[slot] = s->wlive[slot] = NULL;
     s->n_live--;
     _pp_block_put(s, stash);
@@ -8574,8 +8983,61 @@ static pp_result _pp_eval_exchange(pp_stage* s) {
     return rc;
 }
 
+/* Recomputation: takes slot c's recompute block (the parts of the stash recomputation drops) for
+   an F or the recompute before a B; 0 bytes (no layer of the stage recomputed) takes none. */
+static pp_result _pp_rc_take(pp_stage* s, const _pp_act* c) {
+    int part;
+    for (part = 1; part <= 2 && s->plan.rc; part++) {
+        _pp_block** blk = part == 1 ? &s->rlive[c->slot] : &s->rblive[c->slot];
+        size_t bytes = _pp_rc_carve(&s->plan, c->a->mb, c->la, c->lb, part, 0, NULL, NULL, NULL, NULL, NULL);
+        if (!bytes) continue;
+        if (!(*blk = _pp_block_get(s, bytes)))
+            return _pp_stage_fail(s, PP_ERR_NOMEM, "recompute block of %zu bytes for %c%d.%d", bytes, "FBW"[c->a->op % 3],
+                                  c->a->mb, c->a->chunk);
+        s->live_bytes += (*blk)->want;
+    }
+    if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
+    return PP_OK;
+}
+
+/* Slot c's share in live_mem changes by d (pp_step_stats.peak_mem follows). */
+static void _pp_mem_add(pp_stage* s, const _pp_act* c, double d) {
+    s->smem[c->slot] += d;
+    if ((s->live_mem += d) > s->st.peak_mem) s->st.peak_mem = s->live_mem;
+}
+
+/* Recomputation before B: the recomputed layers' forwards run again from what the stash kept,
+   into the recompute blocks (the stage's output to its shadow there; the same bits). The loss
+   they compute is not the step's (written once, by the F), and no check runs: the F checked
+   these very bytes. The views then point at the stash again. */
+static pp_result _pp_recompute(pp_stage* s, const _pp_act* c, _pp_view* vw, _pp_block* stash, _pp_block* gws) {
+    pp_result rc = PP_OK;
+    float loss;
+    int l;
+    if ((!s->rlive[c->slot] && !s->rblive[c->slot]) || s->draining) return PP_OK;
+#ifdef PP_TEST_NO_RECOMPUTE /* negative control (tests/test_recompute.c): B reads stale scratch */
+    return PP_OK;
+#endif
+    if (s->rblive[c->slot]) /* the shadows */
+        _pp_rc_carve(&s->plan, c->a->mb, c->la, c->lb, 2, 1, s->rblive[c->slot]->data, vw->act, vw->saved, vw->bsaved, NULL);
+    for (l = c->la; l < c->lb && rc == PP_OK; l++) {
+        int i = l - c->la;
+        if (!s->plan.rc[l]) continue;
+        rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, l, l + 1, vw->act + i * PP_MAX_TENSORS, vw->nact + i,
+                               vw->saved + i, c->sb, vw->bsaved + i, c->bsb, &loss, s->d.layer_ctx, &s->plan, &s->err);
+    }
+    *vw = _pp_views(s, c, stash, gws);
+    if (rc == PP_OK) return PP_OK;
+    {
+        size_t k = strlen(s->err.msg);
+        snprintf(s->err.msg + k, sizeof s->err.msg - k, " (recomputed before the B)");
+    }
+    return _pp_stage_wrap(s, rc, c->a);
+}
+
 /* F: the stash (with the received input) stays live until B (or W); the output goes on (at the
-   turn of the V it stays: the next stage reads it in this stash). */
+   turn of the V it stays: the next stage reads it in this stash). With recomputation, the parts
+   of the stash it drops live in the recompute block during the F only. */
 static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     _pp_view vw;
     const pp_action* a = c->a;
@@ -8590,11 +9052,15 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         _pp_block_put(s, blk);
         return _pp_stage_fail(s, PP_ERR_NOMEM, "B-only scratch of %zu bytes for F%d.%d", bb, a->mb, a->chunk);
     }
+    if ((rc = _pp_rc_take(s, c)) != PP_OK) {
+        _pp_block_put(s, blk);
+        return rc;
+    }
     vw = _pp_views(s, c, blk, NULL);
     s->live[c->slot] = blk;
     if (++s->n_live > s->st.peak_live) s->st.peak_live = s->n_live;
-    if ((s->live_mem += 1) > s->st.peak_mem) s->st.peak_mem = s->live_mem;
-    s->live_bytes += blk->cap + (bb ? s->blive[c->slot]->cap : 0);
+    _pp_mem_add(s, c, 1);
+    s->live_bytes += blk->want + (bb ? s->blive[c->slot]->want : 0);
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
     if (!s->draining) {
         rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, vw.act, vw.nact, vw.saved, c->sb,
@@ -8605,6 +9071,13 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         else if (a->stage == s->S - 1 && !s->d.allow_nonfinite_loss)
             rc = _pp_check_loss(s, a, &s->mb_loss[a->mb], 0);
         if (rc != PP_OK && !_pp_drain(s, rc)) return rc;
+    }
+    if (s->rlive[c->slot] || s->rblive[c->slot]) { /* the dropped parts go until the recompute before B */
+        double bshare, rshare, rb;
+        _pp_shares(s, c, &bshare, &rshare, &rb);
+        _pp_mem_add(s, c, -rshare);
+        _pp_scratch_release(s, &s->rlive[c->slot]);
+        _pp_scratch_release(s, &s->rblive[c->slot]);
     }
     _pp_mark(s, c, 1);
     if (s->draining && (rc = _pp_drain_zero(s, &vw.act[(c->lb - c->la) * PP_MAX_TENSORS], vw.nact[c->lb - c->la])) != PP_OK)
@@ -8635,7 +9108,21 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         _pp_block_put(s, gws);
         return _pp_stage_fail(s, PP_ERR_SCHEDULE, "B%d.%d before its %s", a->mb, a->chunk, stash ? "next stage's B" : "F");
     }
+    if ((rc = _pp_rc_take(s, c)) != PP_OK) {
+        _pp_block_put(s, gws);
+        return rc;
+    }
+    if (s->rlive[c->slot] || s->rblive[c->slot]) { /* the recomputed part is back, until B (or W) */
+        double bshare, rshare, rb;
+        _pp_shares(s, c, &bshare, &rshare, &rb);
+        _pp_mem_add(s, c, rshare);
+    }
     vw = _pp_views(s, c, stash, gws);
+    computed = !s->draining;
+    if (computed && (rc = _pp_recompute(s, c, &vw, stash, gws)) != PP_OK && !_pp_drain(s, rc)) {
+        _pp_block_put(s, gws);
+        return rc;
+    }
     rc = PP_OK;
     computed = !s->draining;
     if (computed) {
@@ -8671,12 +9158,15 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         /* W still needs the stash (inputs) and the workspace (output gradients), not the B-only
            scratch */
         s->wlive[c->slot] = gws;
-        s->live_bytes += gws->cap;
+        s->live_bytes += gws->want;
         if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
 #ifndef PP_TEST_NO_B_FREE /* negative control (tests/test_zb.c): the B-only scratch waits for W */
-        if (s->blive[c->slot]) {
-            s->live_mem -= _pp_bshare(s, c);
+        if (s->blive[c->slot] || s->rblive[c->slot]) { /* with the recompute block's part only B reads */
+            double bshare, rshare, rb;
+            _pp_shares(s, c, &bshare, &rshare, &rb);
+            _pp_mem_add(s, c, -bshare);
             _pp_bsaved_release(s, c->slot);
+            _pp_scratch_release(s, &s->rblive[c->slot]);
         }
 #endif
     } else {
@@ -8895,6 +9385,19 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     s->v = d->schedule->v;
     s->S = d->schedule->n_stages;
     s->L = d->model.n_layers;
+    if (d->recompute) { /* the stage's own copy: the plan's carves read it */
+        for (i = 0; i < s->L && ok; i++) ok = d->recompute[i] <= 1;
+        if (!ok) {
+            pp_stage_destroy(s);
+            return _pp_fail(err, PP_ERR_INVALID, "recompute[%d] = %d (0 or 1)", i - 1, d->recompute[i - 1]);
+        }
+        if (!(s->rc = (unsigned char*)_pp_calloc((size_t)s->L, 1))) {
+            pp_stage_destroy(s);
+            return _pp_fail(err, PP_ERR_NOMEM, "recompute flags");
+        }
+        memcpy(s->rc, d->recompute, (size_t)s->L);
+        s->d.recompute = s->rc;
+    }
     s->list = pp_schedule_rank(d->schedule, d->rank);
     s->n_list = d->schedule->per_rank;
     s->defer_w = pp_schedule_has_w(d->schedule) && d->model.weight_grad != NULL;
@@ -8937,6 +9440,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     s->prep[0].idx = s->prep[1].idx = -1;
     s->plan.pad = d->shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
     s->plan.guard = d->device.alloc ? 0 : _PP_GUARD; /* read on the host: not in device memory */
+    s->plan.rc = s->rc;
     s->flight.rank = d->rank;
     if (s->d.max_seqs <= 0) s->d.max_seqs = 4096;
     *out = s;
@@ -8954,6 +9458,10 @@ void pp_stage_destroy(pp_stage* s) {
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->wlive[i]);
     if (s->blive)
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->blive[i]);
+    if (s->rlive)
+        for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->rlive[i]), _pp_block_free(s, s->rblive[i]);
+    PP_FREE(s->rc);
+    PP_FREE(s->smem);
     _pp_free_blocks(s, s->pool);
     _pp_free_blocks(s, s->retiring);
     _pp_plan_free(&s->plan);
@@ -9021,6 +9529,15 @@ static void _pp_stage_recover(pp_stage* s) {
             _pp_block_put(s, s->blive[i]);
             s->blive[i] = NULL;
         }
+        if (s->rlive[i]) {
+            _pp_block_put(s, s->rlive[i]);
+            s->rlive[i] = NULL;
+        }
+        if (s->rblive[i]) {
+            _pp_block_put(s, s->rblive[i]);
+            s->rblive[i] = NULL;
+        }
+        s->smem[i] = 0;
     }
     for (i = 0; s->eout && i < s->live_cap; i++)
         if (s->eout[i]) { /* an evaluation's outputs: sends (or receives, withdrawn) may still touch them */
@@ -9215,21 +9732,27 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
     }
     if (s->eval && (rc = _pp_eval_check(s)) != PP_OK) return rc;
     if (need > s->live_cap) {
-        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 6, sizeof *nl);
+        _pp_block** nl = (_pp_block**)_pp_calloc((size_t)need * 8, sizeof *nl);
         float* nloss = (float*)_pp_calloc((size_t)b->m, sizeof *nloss);
-        if (!nl || !nloss) {
+        double* nsm = (double*)_pp_calloc((size_t)need, sizeof *nsm);
+        if (!nl || !nloss || !nsm) {
             PP_FREE(nl);
             PP_FREE(nloss);
+            PP_FREE(nsm);
             return _pp_stage_fail(s, PP_ERR_NOMEM, "live table for %d stashes", need);
         }
         PP_FREE(s->live);
         PP_FREE(s->mb_loss);
-        s->live = nl; /* one allocation: live, wlive, src, gin, blive, eout */
+        PP_FREE(s->smem);
+        s->smem = nsm;
+        s->rblive = nl + 7 * need;
+        s->live = nl; /* one allocation: live, wlive, src, gin, blive, eout, rlive, rblive */
         s->wlive = nl + need;
         s->src = nl + 2 * need;
         s->gin = nl + 3 * need;
         s->blive = nl + 4 * need;
         s->eout = nl + 5 * need;
+        s->rlive = nl + 6 * need;
         s->mb_loss = nloss;
         s->live_cap = need;
     }

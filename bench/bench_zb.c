@@ -155,18 +155,9 @@ int main(int argc, char** argv) {
             for (ki = 0; ki < NK; ki++) {
                 static hx_world R;
                 hx_timing T;
-                memset(&R, 0, sizeof R);
                 memset(gbuf, 0, np * sizeof(float));
-                R.model = model;
-                R.w = &wz;
-                R.grads = &gz;
-                R.sched = &sch[ki];
-                R.first = first[ki];
-                R.batch = &b;
-                R.steps = warm + per;
-                R.after_step = hx_time_step;
-                R.user = &T;
-                if (hx_timing_init(&T, p, R.steps) != PP_OK || hx_run(&R, p, &err) != PP_OK) {
+                if (hx_timed_world(&R, model, &wz, &gz, &sch[ki], first[ki], &b, warm + per, &T) != PP_OK ||
+                    hx_run(&R, p, &err) != PP_OK) {
                     hx_print_errors(&R, p);
                     fprintf(stderr, "%s: %s\n", pp_schedule_name(kinds[ki].k), err.msg);
                     return 1;

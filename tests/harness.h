@@ -231,6 +231,24 @@ static inline void hx_time_step(hx_world* W, int rank, int step, const pp_step_s
     hx_timing_record((hx_timing*)W->user, rank, step, s);
 }
 
+/* W zeroed, then model m with weights w and one gradient struct g (every rank adds into it) on
+   schedule s and partition first, `steps` steps of b, each rank's step times and stats recorded
+   in T (initialised here: hx_timing_free it). Change W->stage before hx_run. */
+static inline pp_result hx_timed_world(hx_world* W, pp_model m, const void* w, void* g, const pp_schedule* s,
+                                       const int* first, const pp_batch* b, int steps, hx_timing* T) {
+    memset(W, 0, sizeof *W);
+    W->model = m;
+    W->w = w;
+    W->grads = g;
+    W->sched = s;
+    W->first = first;
+    W->batch = b;
+    W->steps = steps;
+    W->after_step = hx_time_step;
+    W->user = T;
+    return hx_timing_init(T, s->p, steps);
+}
+
 /* A different batch each step, and each step's stats: hx_world_steps(W, S) sets W's hooks. */
 typedef struct hx_steps {
     const pp_batch* first;      /* step i's batch is at (const char*)first + i * stride */
@@ -716,6 +734,24 @@ static inline int hx_mlp_layer_equal(const mlp_model* a, const mlp_model* b, int
 }
 
 #ifdef PP_TEST_H
+/* Runs W on p ranks with each rank its own zeroed MLP gradients g[r] (buffers gbuf[r]:
+   hx_mlp_free_grads them), seen through the split model's struct gz[r] where split is set (W's
+   model is then a PP_MODEL_SPLIT of the MLP's layout); a failure is reported (hx_report) as
+   `what`. 1 when every rank returned PP_OK. */
+static inline int hx_mlp_run(hx_world* W, int p, int split, mlp_model* g, mlpz_model* gz, float** gbuf, const int* dims,
+                             const char* what) {
+    pp_error err;
+    int r;
+    hx_mlp_rank_grads(g, gbuf, p, dims);
+    for (r = 0; r < p; r++) {
+        mlpz_from_mlp(&gz[r], &g[r]);
+        W->g[r] = split ? (void*)&gz[r] : (void*)&g[r];
+    }
+    if (hx_run(W, p, &err) == PP_OK) return 1;
+    hx_report(W, p, what);
+    return 0;
+}
+
 /* Every dense layer's gradient on the rank that owns it (g[rank], one struct per rank) equals the
    reference's bit for bit; with others_zero, every other rank left that layer untouched (zero).
    A failed CHECK names the layer, its stage and rank; returns 1 when all hold. */

@@ -13,6 +13,8 @@
      pp_nccl_check_order refuses is skipped (counted);
    - evaluations (pp_stage_eval, test_eval): train, evaluate, train bit-exact, the outputs the
      sequential evaluation's, every kind, p 2 to 4, rendezvous sends;
+   - activation recomputation (pp_stage_desc.recompute, `recompute`): every other layer and every
+     layer on 1F1B, interleaved, ZB-H1 and ZB-V at p = 2, 3, bit-exact;
    - a failing layer: every rank returns an error (the communicators are aborted), and a new
      communicator, transport and stage give a bit-exact next step;
    - a layer slower than the executor's block probes (2 s against 1 s) under a 5 s timeout: no
@@ -86,6 +88,7 @@ static int g_channels;     /* pp_nccl_desc.channels (0: the transport's default,
 static pp_model g_model; /* made once: layer_kernels_model keeps its base in a global */
 static int g_skipped, g_eager, g_no_check; /* g_no_check: the stage skips the transport's schedule check */
 static double g_timeout = 5;
+static const unsigned char* g_rc; /* every rank's pp_stage_desc.recompute (test_recompute_nccl) */
 
 typedef struct world {
     int p, m, blocking, steps;
@@ -223,6 +226,7 @@ static void* rank_main(void* arg) {
     d.layer_ctx = &lc;
     d.shapes = w->shapes;
     d.timeout_s = g_timeout;
+    d.recompute = g_rc;
     d.partition = first;
     if (rc == PP_OK) rc = pp_partition_uniform(d.model.n_layers, w->sched->n_stages, first, &err);
     w->chans0[r] = pp_nccl_channels(t);
@@ -550,6 +554,23 @@ static void test_matrix(void) {
     printf("nccl-pipeline: runs on the default channels used 1: %d, 2: %d, 4: %d, 8: %d\n", g_chans_used[1],
            g_chans_used[2], g_chans_used[4], g_chans_used[8]);
     CHECK(g_chans_used[1] > 0 && g_chans_used[2] + g_chans_used[4] > 0, "the default must pick one channel for some lists, more for others");
+}
+
+/* Activation recomputation over NCCL and device blocks (`recompute`): every other layer, then
+   every layer recomputed, on 1F1B, interleaved, ZB-H1 and ZB-V at p = 2 and 3, m = 2p + 1:
+   gradients bit for bit the sequential run's. */
+static void test_recompute_nccl(void) {
+    static const pp_schedule_kind kinds[] = {PP_SCHED_1F1B, PP_SCHED_INTERLEAVED, PP_SCHED_ZB_H1, PP_SCHED_ZB_V};
+    unsigned char rc[MLP_DEPTH + 1];
+    int p, k, pol, l;
+    for (pol = 0; pol < 2; pol++) {
+        for (l = 0; l <= MLP_DEPTH; l++) rc[l] = (unsigned char)(pol || l % 2);
+        g_rc = rc;
+        for (p = 2; p <= 3; p++)
+            for (k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
+                run_case(kinds[k], p, pp_schedule_kind_v(kinds[k], 2), 2 * p + 1, PP_SHAPES_LOCAL, p % 2, NULL);
+    }
+    g_rc = NULL;
 }
 
 /* The matrix for a real GPU (`gpu`): every kind at p = 2, 3, 4 with m = 2p + 1, blocking and
@@ -1367,6 +1388,8 @@ int main(int argc, char** argv) {
         test_no_step_end();
     } else if (argc > 1 && !strcmp(argv[1], "eval")) {
         test_eval();
+    } else if (argc > 1 && !strcmp(argv[1], "recompute")) {
+        test_recompute_nccl();
     } else if (argc > 1 && !strcmp(argv[1], "p8")) {
         test_p8();
     } else if (argc > 1 && !strcmp(argv[1], "connect-fail")) {
@@ -1398,6 +1421,7 @@ int main(int argc, char** argv) {
         test_connect_fail();
         test_rendezvous();
         test_matrix();
+        test_recompute_nccl();
         test_eval();
         test_failure();
         test_failure_drain();

@@ -36,6 +36,18 @@ check "rank covers every kind" "[ \$(grep -c '^ *[0-9][0-9]*  [0-9a-z]' '$tmp.ou
 check "interleaved-mem p=8 v=4 m=15 peaks at m=16's 39 chunks, not 60" "grep -q 'peak live  r0=38 ' '$tmp.out'"
 "$bin" rank -p 4 -m 8 --layers 16 --mem-cap 12 > "$tmp.out" 2>&1
 check "rank with --mem-cap answers a schedule that fits" "grep -q '^answer *v-' '$tmp.out'"
+# rank --recompute: a GPT-like list (embedding, 24 blocks with 17x their output in scratch, head);
+# the plan fits the cap and is no slower than the best hand choice (ratio <= 1)
+gpt="0.2:0.2:0.2:1:1"; i=0
+while [ $i -lt 24 ]; do gpt="$gpt,1:1:1:18:1"; i=$((i + 1)); done
+gpt="$gpt,1.5:1.5:1.5:6:0"
+"$bin" rank -p 4 -m 16 --costs "$gpt" --mem-cap 300 --recompute > "$tmp.out" 2>&1
+rc=$?
+ratio=$(sed -n 's/^answer .*: \([0-9.]*\)x the step time.*/\1/p' "$tmp.out")
+check "rank --recompute plans under the cap, no slower than the hand choices (${ratio}x)" \
+    "[ $rc -eq 0 ] && [ -n '$ratio' ] && awk 'BEGIN { exit !($ratio <= 1) }' && grep -q '^           recompute [0-9]* of 26 layers' '$tmp.out'"
+"$bin" rank -p 4 -m 16 --costs "$gpt" --mem-cap 1 --recompute > "$tmp.out" 2>&1
+check "rank --recompute under a cap nothing meets fails, saying so" "[ \$? -ne 0 ] && grep -q 'nothing fits' '$tmp.out'"
 # the forward-only list (--eval): F actions only, written with eval=1, loads back, one stash per rank
 "$bin" zb-v -p 3 -m 4 --eval --table > "$tmp.out" 2>&1
 grep -v '^#' "$tmp.out" > "$tmp.tab"

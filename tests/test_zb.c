@@ -653,15 +653,7 @@ static int run_sched(const pp_schedule* sched, const int* first, int split, cons
         W.batch_of = zb_batch_of;
         W.user = (void*)(uintptr_t)g_batch2;
     }
-    hx_mlp_rank_grads(g, gbuf, p, DIMS);
-    for (r = 0; r < p; r++) {
-        mlpz_from_mlp(&gz[r], &g[r]);
-        W.g[r] = split ? (void*)&gz[r] : (void*)&g[r];
-    }
-    if (hx_run(&W, p, &err) != PP_OK) {
-        hx_report(&W, p, what);
-        ok = 0;
-    }
+    ok = hx_mlp_run(&W, p, split, g, gz, gbuf, DIMS, what);
     memcpy(g_stats, W.stats, sizeof g_stats);
     ok = ok && hx_mlp_grads_match(g, p, sched, first, &R->g, 0, what);
     if (ok) {

@@ -5,7 +5,7 @@
                 [--trace FILE.json] [--table] [--eval]
        pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json] [--eval]
        pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]
-                [--comm C] [--mem-cap X]
+                [--comm C] [--mem-cap X] [--recompute]
 
    KIND is gpipe, 1f1b, interleaved or interleaved-mem (v >= 2 chunks per rank), zb-h1, zb-h2,
    zb-v, v-half, v-min or dualpipev. The zero-bubble kinds but zb-h1 are generated for the costs
@@ -22,7 +22,11 @@
    list "f:b:w[:mem],..." or a file of lines "f b w [mem]"; mem is the layer's stashed
    activation per micro-batch, default 1), p ranks and m micro-batches; every schedule is
    partitioned (min-max over f+b+w), simulated, and ranked by step time among those whose peak
-   stash per rank fits --mem-cap, then by peak memory.
+   stash per rank fits --mem-cap, then by peak memory. With --recompute the schedule, the
+   partition and the layers to recompute are chosen together (pp_plan_recompute): a layer's
+   entry "f:b:w:mem:out" also says which part of mem is its output (what recomputing it keeps
+   unless the next layer is recomputed too), and the table shows every kind without and with
+   every layer recomputed next to the plan.
    Exit status: 0 ok, 1 the schedule failed (invalid parameters, malformed table, deadlock),
    2 bad command line.
 
@@ -41,7 +45,7 @@ static void usage(FILE* f) {
             "                [--trace FILE.json] [--table] [--eval]\n"
             "       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json] [--eval]\n"
             "       pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]\n"
-            "                [--comm C] [--mem-cap X]\n"
+            "                [--comm C] [--mem-cap X] [--recompute]\n"
             "  KIND        gpipe | 1f1b | interleaved | interleaved-mem | zb-h1 | zb-h2 | zb-v | v-half | v-min |\n"
             "              dualpipev\n"
             "  -p P        ranks\n"
@@ -62,7 +66,11 @@ static void usage(FILE* f) {
             "  load FILE   read a schedule table (see pipeline.h, pp_schedule_parse), prove and draw it\n"
             "  rank        rank every schedule for a model: --layers N equal layers (costs --f/--b/--w),\n"
             "              or --costs \"f:b:w[:mem],...\" per layer, or --costs @FILE (lines \"f b w [mem]\");\n"
-            "              --mem-cap X: most stashed activation (sum of mem) a rank may hold\n");
+            "              --mem-cap X: most stashed activation (sum of mem) a rank may hold;\n"
+            "              --recompute: choose the schedule, the partition and the layers to recompute\n"
+            "              together (pp_plan_recompute; \":out\" after mem: the layer's output within mem,\n"
+            "              default mem, then \":bonly\": the part only B reads, default 0; a stage's input\n"
+            "              counts too), next to every kind without and with every layer recomputed\n");
 }
 
 static int parse_int(const char* s, int* out) {
@@ -114,15 +122,15 @@ static char* read_file(const char* path, size_t* len) {
 
 /* ---- rank: which schedule should I use? ------------------------------------------------------ */
 
-typedef struct layer_cost {
-    double f, b, w, mem;
-} layer_cost;
+typedef pp_layer_cost layer_cost; /* f, b, w, mem, out, bonly */
 
-/* "f:b:w[:mem],..." or the text of a file, "f b w [mem]" per line. Returns the layer count. */
+/* "f:b:w[:mem[:out[:bonly]]],..." or the text of a file, "f b w [mem [out [bonly]]]" per line
+   (out, the layer's output within mem, defaults to mem; bonly, the part only B reads, to 0).
+   Returns the layer count. */
 static int parse_layers(const char* s, layer_cost* out, int cap) {
     int n = 0;
     while (*s) {
-        double v[4] = {0, 0, 0, 1};
+        double v[6] = {0, 0, 0, 1, -1, 0};
         int k = 0;
         char* end;
         while (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r' || *s == ',') s++;
@@ -131,7 +139,7 @@ static int parse_layers(const char* s, layer_cost* out, int cap) {
             while (*s && *s != '\n') s++;
             continue;
         }
-        for (k = 0; k < 4; k++) {
+        for (k = 0; k < 6; k++) {
             double x = strtod(s, &end);
             if (end == s) break;
             if (!(x >= 0) || x > 1e300) return -1;
@@ -148,6 +156,9 @@ static int parse_layers(const char* s, layer_cost* out, int cap) {
         out[n].b = v[1];
         out[n].w = v[2];
         out[n].mem = v[3];
+        out[n].out = v[4] < 0 ? v[3] : v[4];
+        out[n].bonly = v[5];
+        if (out[n].out + out[n].bonly > out[n].mem) return -1;
         n++;
         while (*s == ' ' || *s == '\t' || *s == '\r') s++;
         if (*s && *s != ',' && *s != '\n') return -1;
@@ -303,12 +314,81 @@ static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm
     return 0;
 }
 
+/* rank --recompute: every kind without and with recomputing every layer (the hand choices), then
+   pp_plan_recompute's plan (schedule, partition and recomputed layers chosen together). */
+static void print_flags(const unsigned char* rc, int L) {
+    int l, run, any = 0;
+    for (l = 0; l < L; l = run) {
+        for (run = l + 1; rc[l] && run < L && rc[run]; run++) {}
+        if (!rc[l]) continue;
+        printf("%s%d", any++ ? "," : "", l);
+        if (run - l > 1) printf("-%d", run - 1);
+    }
+    if (!any) printf("none");
+}
+
+static int plan_rank(int p, int m, const layer_cost* lc, int L, double comm, double mem_cap) {
+    static const pp_schedule_kind kinds[] = {PP_SCHED_GPIPE, PP_SCHED_1F1B, PP_SCHED_INTERLEAVED, PP_SCHED_INTERLEAVED,
+                                             PP_SCHED_INTERLEAVED_MEM, PP_SCHED_INTERLEAVED_MEM, PP_SCHED_ZB_H1,
+                                             PP_SCHED_ZB_H2, PP_SCHED_ZB_V, PP_SCHED_V_HALF, PP_SCHED_V_MIN,
+                                             PP_SCHED_DUALPIPE_V};
+    static const int kv[] = {1, 1, 2, 4, 2, 4, 1, 1, 2, 2, 2, 2};
+    pp_plan_desc d;
+    pp_plan pl, hand, best_hand;
+    pp_error err;
+    unsigned char* rc = (unsigned char*)calloc((size_t)L, 1);
+    int k, all, first[4 * PP_MAX_RANKS + 1], st, hk = -1, ha = 0;
+    if (!rc) return 1;
+    memset(&d, 0, sizeof d);
+    memset(&best_hand, 0, sizeof best_hand);
+    d.layers = lc, d.n_layers = L, d.p = p, d.m = m, d.comm = comm, d.mem_cap = mem_cap;
+    printf("model      %d layers; p=%d m=%d comm=%g", L, p, m, comm);
+    if (mem_cap > 0) printf(" mem-cap=%g", mem_cap);
+    printf("\n\nhand choices: every kind, nothing or every layer recomputed\n");
+    printf("  schedule         v  recompute  step time  peak stash  fits\n");
+    for (k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++)
+        for (all = 0; all < 2; all++) {
+            memset(rc, all, (size_t)L);
+            if (pp_plan_try(&d, kinds[k], kv[k], rc, &hand, NULL, &err) != PP_OK) {
+                if (!all) printf("  %-15s %2d  (%s)\n", pp_schedule_name(kinds[k]), kv[k], err.msg);
+                continue;
+            }
+            printf("  %-15s %2d  %-9s  %9.4g  %10.4g  %s\n", pp_schedule_name(kinds[k]), hand.v, all ? "all" : "none",
+                   hand.makespan, hand.peak_mem, hand.fits ? "yes" : "NO");
+            if (hand.fits && (hk < 0 || hand.makespan < best_hand.makespan)) best_hand = hand, hk = k, ha = all;
+        }
+    if (pp_plan_recompute(&d, &pl, first, rc, &err) != PP_OK) {
+        printf("\nplan       failed: %s\n", err.msg);
+        free(rc);
+        return 1;
+    }
+    printf("\nplan       %s (v=%d), %d plans simulated: step time %.4g, peak stash %.4g per rank%s\n",
+           pp_schedule_name(pl.kind), pl.v, pl.tried, pl.makespan, pl.peak_mem, pl.fits ? "" : " (over the cap)");
+    printf("           recompute %d of %d layers: ", pl.n_recompute, L);
+    print_flags(rc, L);
+    printf("\n           partition first[] =");
+    for (st = 0; st <= p * pl.v; st++) printf(" %d", first[st]);
+    printf("\n");
+    if (hk >= 0)
+        printf("answer     %s (v=%d), recompute %d layers: %.4fx the step time of the best hand choice, %s (v=%d) "
+               "recomputing %s (%.4g)\n",
+               pp_schedule_name(pl.kind), pl.v, pl.n_recompute, pl.makespan / best_hand.makespan,
+               pp_schedule_name(best_hand.kind), best_hand.v, ha ? "every layer" : "nothing", best_hand.makespan);
+    else if (pl.fits)
+        printf("answer     %s (v=%d), recompute %d layers: no hand choice fits the cap\n", pp_schedule_name(pl.kind), pl.v,
+               pl.n_recompute);
+    else
+        printf("answer     nothing fits mem-cap %g: raise it, use more ranks, or fewer micro-batches in flight\n", mem_cap);
+    free(rc);
+    return pl.fits ? 0 : 1;
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
 
 int main(int argc, char** argv) {
     pp_schedule_kind kind = PP_SCHED_1F1B;
     int p = 0, m = 0, v = 0, width = 0, i, r, rc = 1, have_p = 0, have_m = 0, table_only = 0, eval_only = 0, n_layers = 0;
-    int mode_load = 0, mode_rank = 0, argi = 2;
+    int mode_load = 0, mode_rank = 0, argi = 2, recompute = 0;
     double f = 1, b = 1, w = 1, comm = 0, theory = -1, min_cost, mem_cap = 0, b_free = 0;
     const char *trace = NULL, *load = NULL, *costs = NULL;
     char* text = NULL;
@@ -356,6 +436,10 @@ int main(int argc, char** argv) {
         }
         if (!strcmp(opt, "--eval")) {
             eval_only = 1;
+            continue;
+        }
+        if (!strcmp(opt, "--recompute")) {
+            recompute = 1;
             continue;
         }
         if (eq) {
@@ -415,7 +499,7 @@ int main(int argc, char** argv) {
         lc = (layer_cost*)calloc(100000, sizeof *lc);
         if (!lc) return 1;
         if (n_layers) {
-            for (L = 0; L < n_layers; L++) lc[L].f = f, lc[L].b = b, lc[L].w = w, lc[L].mem = 1;
+            for (L = 0; L < n_layers; L++) lc[L].f = f, lc[L].b = b, lc[L].w = w, lc[L].mem = lc[L].out = 1;
         } else {
             size_t len;
             char* src = costs[0] == '@' ? read_file(costs + 1, &len) : NULL;
@@ -427,12 +511,13 @@ int main(int argc, char** argv) {
             L = parse_layers(src ? src : costs, lc, 100000);
             free(src);
             if (L <= 0) {
-                fprintf(stderr, "pp-sched: --costs wants \"f:b:w[:mem],...\" (numbers >= 0), or @FILE with lines \"f b w [mem]\"\n");
+                fprintf(stderr, "pp-sched: --costs wants \"f:b:w[:mem[:out[:bonly]]],...\" (numbers >= 0, out + bonly <= mem), "
+                        "or @FILE with lines \"f b w [mem [out [bonly]]]\"\n");
                 free(lc);
                 return 2;
             }
         }
-        rc = rank_schedules(p, m, lc, L, comm, mem_cap);
+        rc = recompute ? plan_rank(p, m, lc, L, comm, mem_cap) : rank_schedules(p, m, lc, L, comm, mem_cap);
         free(lc);
         return rc;
     }

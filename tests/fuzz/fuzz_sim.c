@@ -26,6 +26,8 @@ static void check_result(const pp_schedule* s, const pp_sim_result* res, const p
         FZ_CHECK(res->busy[r] <= res->makespan * (1 + 1e-9) + 1e-12, "rank %d busy %g > makespan %g", r, res->busy[r],
                  res->makespan);
         FZ_CHECK(res->peak_live[r] >= 0 && res->peak_live[r] <= s->m * s->v, "rank %d peak %d", r, res->peak_live[r]);
+        FZ_CHECK(res->peak_mem[r] >= -1e-9 && res->peak_mem[r] <= res->peak_live[r] + 1 + 1e-9, "rank %d peak_mem %g, peak %d",
+                 r, res->peak_mem[r], res->peak_live[r]);
         for (i = 0; i < s->per_rank; i++) {
             const pp_event* e = &ev[(size_t)r * s->per_rank + i];
             FZ_CHECK(e->start >= last_end - 1e-9 * (1 + last_end) && e->end >= e->start,
@@ -67,6 +69,10 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (i = 0; i < p * v && i < 64; i++)
             if (fst[i] < 0 || bst[i] < 0 || wst[i] < 0) valid_cost = 0;
     }
+    /* recomputation, from bytes already read (the corpus keeps its meaning): B takes f more, and
+       0 to all of a stash goes between F and B */
+    cost.r_f = m % 3 ? cost.f : 0;
+    cost.r_mem = (m % 5) * 0.25;
     if (cost.f < 0 || cost.b < 0 || cost.w < 0 || cost.comm < 0) valid_cost = 0;
     rc = pp_schedule_make(kind, p, v, m, acts, MAX_ACTS, &s, &err);
     if (need == 0 || need > MAX_ACTS) {
