@@ -142,6 +142,19 @@ static inline void hx_stage_desc(pp_stage_desc* d, const pp_stage_desc* tmpl, pp
     d->transport = t;
 }
 
+/* A pp_pipeline desc with what every test's pipeline needs (and a 20 s timeout, so a hang
+   fails the test): the caller sets the rest (partition, shapes, rank_setup, ...). */
+static inline void hx_pipeline_desc(pp_pipeline_desc* d, pp_model model, const void* w, void* g, pp_schedule_kind kind,
+                                    int p, int v, int m) {
+    memset(d, 0, sizeof *d);
+    d->model = model;
+    d->weights = w;
+    d->grads = g;
+    d->schedule = kind;
+    d->p = p, d->v = v, d->m = m; /* ranks, chunks a rank, micro-batches */
+    d->stage.timeout_s = 20;
+}
+
 /* ---- the per-rank world ---------------------------------------------------------------------- */
 typedef struct hx_world hx_world;
 struct hx_world {

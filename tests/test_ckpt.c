@@ -106,15 +106,7 @@ static int train(trainer* t, pp_schedule_kind kind, int p, int v, int steps, pp_
     pp_error err;
     int i, ok = 1;
     if (p > 0) {
-        memset(&d, 0, sizeof d);
-        d.model = t->model;
-        d.weights = &t->w;
-        d.grads = &t->g;
-        d.schedule = kind;
-        d.p = p;
-        d.v = v;
-        d.m = 8;
-        d.stage.timeout_s = 20;
+        hx_pipeline_desc(&d, t->model, &t->w, &t->g, kind, p, v, 8);
         if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
             CHECK(0, "create %s p=%d: %s", pp_schedule_name(kind), p, err.msg);
             return 0;
@@ -135,18 +127,22 @@ static int train(trainer* t, pp_schedule_kind kind, int p, int v, int steps, pp_
 
 /* The desc saving or loading t: weights, Adam's m and v, the step. */
 static const char* const NAMES[2] = {"adam_m", "adam_v"};
-static pp_ckpt_desc ckdesc(trainer* t, const void** st) {
+static pp_ckpt_desc adam_ckdesc(pp_model model, const void* w, const void* m, const void* v, int step,
+                                const void** st) {
     pp_ckpt_desc c;
+    st[0] = m;
+    st[1] = v;
     memset(&c, 0, sizeof c);
-    c.model = t->model;
-    c.weights = &t->w;
-    st[0] = &t->m;
-    st[1] = &t->v;
+    c.model = model;
+    c.weights = w;
     c.n_state = 2;
     c.state = st;
     c.state_names = NAMES;
-    c.step = t->step;
+    c.step = step;
     return c;
+}
+static pp_ckpt_desc ckdesc(trainer* t, const void** st) {
+    return adam_ckdesc(t->model, &t->w, &t->m, &t->v, t->step, st);
 }
 
 static int same_state(const trainer* a, const trainer* b) {
@@ -230,13 +226,7 @@ static void test_reshape(void) {
     free(img);
     /* load at p = 2 1F1B: each of its two ranks loads its own layers, into other weights */
     trainer_init(&b, DIMS, 7);
-    memset(&d2, 0, sizeof d2);
-    d2.model = b.model;
-    d2.weights = &b.w;
-    d2.grads = &b.g;
-    d2.schedule = PP_SCHED_1F1B;
-    d2.p = 2;
-    d2.m = 8;
+    hx_pipeline_desc(&d2, b.model, &b.w, &b.g, PP_SCHED_1F1B, 2, 0, 8);
     d2.partition.policy = PP_PARTITION_EXPLICIT;
     {
         static const int first2[3] = {0, 9, MLP_DEPTH + 1}; /* uneven: 9 layers and 3 */
@@ -576,15 +566,8 @@ static int gtrain(gtrainer* t, pp_schedule_kind kind, int p, int v, int steps) {
     pp_pipeline* pl = NULL;
     pp_error err;
     int i, ok;
-    memset(&d, 0, sizeof d);
-    d.model = kind == PP_SCHED_ZB_H1 ? gptz_model_desc_depth(NB) : gpt_model_desc_depth(NB);
-    d.weights = &t->w;
-    d.grads = &t->g;
-    d.schedule = kind;
-    d.p = p;
-    d.v = v;
-    d.m = 4;
-    d.stage.timeout_s = 20;
+    hx_pipeline_desc(&d, kind == PP_SCHED_ZB_H1 ? gptz_model_desc_depth(NB) : gpt_model_desc_depth(NB), &t->w, &t->g,
+                     kind, p, v, 4);
     if (!(ok = pp_pipeline_create(&d, &pl, &err) == PP_OK)) CHECK(0, "gpt %s p=%d: %s", pp_schedule_name(kind), p, err.msg);
     for (i = 0; ok && i < steps; i++) {
         uint64_t rng = 500 + (uint64_t)t->step;
@@ -611,17 +594,8 @@ static int gtrain(gtrainer* t, pp_schedule_kind kind, int p, int v, int steps) {
 }
 
 static pp_ckpt_desc gdesc(gtrainer* t, pp_model m, const void** st) {
-    pp_ckpt_desc c;
-    memset(&c, 0, sizeof c);
-    c.model = m;
+    pp_ckpt_desc c = adam_ckdesc(m, &t->w, &t->m, &t->v, t->step, st);
     c.name = "gpt"; /* gpt and gptz: one layout */
-    c.weights = &t->w;
-    st[0] = &t->m;
-    st[1] = &t->v;
-    c.n_state = 2;
-    c.state = st;
-    c.state_names = NAMES;
-    c.step = t->step;
     return c;
 }
 
