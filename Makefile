@@ -170,12 +170,12 @@ $(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum
 	chmod +x $@
 # Checkpoints through examples/gpt_cpu.c (tests/test_resume.sh): --check-resume, and files saved
 # at p = 4 interleaved and resumed at p = 2 1F1B equal to an uninterrupted run's, byte for byte.
-$(B)/gpt-resume: tests/test_resume.sh $(B)/gpt_cpu
+$(B)/gpt-resume: tests/test_resume.sh tests/gpt_script.sh $(B)/gpt_cpu
 	@printf '#!/bin/sh\nexec sh tests/test_resume.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
 # The loop around the step in examples/gpt_cpu.c (tests/test_trainer.sh): --eval-every's val
 # loss equal to pp_sequential_eval's bits at p = 4, 2, 1, a run with evaluations saving the bytes
 # of one without, AdamW's decay and the warm-up's rate.
-$(B)/gpt-trainer: tests/test_trainer.sh $(B)/gpt_cpu
+$(B)/gpt-trainer: tests/test_trainer.sh tests/gpt_script.sh $(B)/gpt_cpu
 	@printf '#!/bin/sh\nexec sh tests/test_trainer.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
 
 # Negative controls of tests/test_eval.c: an evaluation's stashes kept to the step's end (the

@@ -6,16 +6,8 @@
 # a run with evaluations is the one without, byte for byte); AdamW's decay and the warm-up's
 # rates show; bad values are refused. With GPT_MPI and an mpirun command, the same evaluation
 # over two MPI ranks, against gpt_cpu's lines. Prints "NAME: N passed, N failed".
-cpu=${1:-build/gpt_cpu}
-mpi=$2
-[ $# -ge 2 ] && shift 2
-name=gpt-trainer
-[ -n "$mpi" ] && name=mpi-trainer
-tmp=${TMPDIR:-/tmp}/pp-trainer-test.$$
-pass=0; fail=0
-check() { # check WHAT COND
-    if eval "$2"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; return 1; fi
-}
+kind=trainer
+. "${0%/*}/gpt_script.sh"
 vals() { grep '^val loss' "$1" | sed 's/  (.*//'; } # the val loss lines without their timing
 o="--generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4 --steps 5"
 t="--warmup 2 --lr-min 1e-4 --wd 0.1 --clip 1 --eval-seqs 48"
@@ -48,6 +40,4 @@ else
         "grep -q 'check: val loss after 2 steps .* bit-identical (0 of 4 batches differ)' '$tmp.mpi'"
     check "over MPI: gpt_cpu's val losses" "[ -n \"\$(vals '$tmp.mpi')\" ] && [ \"\$(vals '$tmp.mpi')\" = \"\$(vals '$tmp.p4')\" ]"
 fi
-rm -f "$tmp".*
-echo "$name: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish
