@@ -149,10 +149,8 @@ static void soak_reference(soak* S, const pp_model* model, float* sum, size_t n,
 /* Destroys the stages and the threads and frees the world with S itself. */
 static void soak_world_free(soak* S) {
     int r;
-    for (r = 0; r < S->p; r++) {
-        pp_stage_destroy(S->st[r]);
-        free(S->gbuf[r]);
-    }
+    for (r = 0; r < S->p; r++) pp_stage_destroy(S->st[r]);
+    hx_mlp_free_grads(S->gbuf, S->p);
     pp_threads_destroy(S->threads);
     free(S->wbuf);
     free(S->grefbuf);
@@ -300,15 +298,8 @@ static void test_bcast_nomem(int fail_cu) {
         CHECK(memcmp(sum, S->grefbuf, n * sizeof(float)) == 0 && memcmp(&S->stats[last_rank].loss, &loss_ref, sizeof(float)) == 0,
               "step %d after the %s failed: gradients or loss differ from the reference", k, what);
     }
-    for (r = 0; r < P; r++) {
-        pp_stage_destroy(S->st[r]);
-        free(S->gbuf[r]);
-    }
-    pp_threads_destroy(S->threads);
-    free(S->wbuf);
-    free(S->grefbuf);
+    soak_world_free(S);
     free(sum);
-    free(S);
     pthread_mutex_lock(&g_mem_mu);
     CHECK(g_live_bytes == 0 && g_live_blocks == 0, "%s failed: after destroy the library still holds %lld bytes in %lld blocks",
           what, g_live_bytes, g_live_blocks);
