@@ -108,9 +108,8 @@ static void world_init(world* W, pp_schedule_kind kind, int p, int v, int m, pp_
     W->p = p;
     W->m = m;
     W->wbuf = mlp_init(&W->w, NULL, DIMS, 11, NULL);
+    hx_mlp_rank_grads(W->g, W->gbuf, p, DIMS);
     for (r = 0; r < p; r++) {
-        mlp_model unused;
-        free(mlp_init(&unused, &W->g[r], DIMS, 11, &W->gbuf[r]));
         W->wr[r] = W->w; /* the same parameters, a pointer of its own */
         mlpz_from_mlp(&W->wz[r], &W->wr[r]);
         mlpz_from_mlp(&W->gz[r], &W->g[r]);

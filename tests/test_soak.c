@@ -111,14 +111,10 @@ static void soak_batch_init(soak* S, int m) {
    partition and the threads; the caller makes the stages. */
 static void soak_world_init(soak* S, pp_schedule_kind kind, int p, int v, int m) {
     pp_error err;
-    int r;
     S->p = p;
     S->v = v;
     S->wbuf = mlp_init(&S->w, &S->gref, DIMS, 7, &S->grefbuf);
-    for (r = 0; r < p; r++) {
-        mlp_model unused;
-        free(mlp_init(&unused, &S->g[r], DIMS, 7, &S->gbuf[r]));
-    }
+    hx_mlp_rank_grads(S->g, S->gbuf, p, DIMS);
     soak_batch_init(S, m);
     CHECK(pp_schedule_make(kind, p, v, m, S->acts, 512, &S->sched, &err) == PP_OK, "%s", err.msg);
     CHECK(pp_partition_uniform(MLP_DEPTH + 1, p * v, S->first, &err) == PP_OK, "%s", err.msg);
