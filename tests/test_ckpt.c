@@ -127,18 +127,16 @@ static int train(trainer* t, pp_schedule_kind kind, int p, int v, int steps, pp_
 
 /* The desc saving or loading t: weights, Adam's m and v, the step. */
 static const char* const NAMES[2] = {"adam_m", "adam_v"};
+static const pp_ckpt_desc ADAM_CK = {.n_state = 2, .state_names = NAMES};
 static pp_ckpt_desc adam_ckdesc(pp_model model, const void* w, const void* m, const void* v, int step,
                                 const void** st) {
-    pp_ckpt_desc c;
-    st[0] = m;
-    st[1] = v;
-    memset(&c, 0, sizeof c);
+    pp_ckpt_desc c = ADAM_CK;
     c.model = model;
     c.weights = w;
-    c.n_state = 2;
     c.state = st;
-    c.state_names = NAMES;
     c.step = step;
+    st[0] = m;
+    st[1] = v;
     return c;
 }
 static pp_ckpt_desc ckdesc(trainer* t, const void** st) {
