@@ -203,7 +203,7 @@
           lists, pp_schedule_make_eval).
           Then: PP_VERSION_STRING, companion headers that refuse a pipeline.h of another
           release; NVTX ranges per action (PP_NVTX, pipeline_cuda.h); make install, pkg-config
-          and CMake packages (README).
+          and CMake packages (README); make install writes the CMake package too.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
