@@ -193,12 +193,12 @@ $(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum
 	chmod +x $@
 # Checkpoints through examples/gpt_cpu.c (tests/test_resume.sh): --check-resume, and files saved
 # at p = 4 interleaved and resumed at p = 2 1F1B equal to an uninterrupted run's, byte for byte.
-$(B)/gpt-resume: tests/test_resume.sh $(B)/gpt_cpu
+$(B)/gpt-resume: tests/test_resume.sh tests/gpt_script.sh $(B)/gpt_cpu
 	@printf '#!/bin/sh\nexec sh tests/test_resume.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
 # The loop around the step in examples/gpt_cpu.c (tests/test_trainer.sh): --eval-every's val
 # loss equal to pp_sequential_eval's bits at p = 4, 2, 1, a run with evaluations saving the bytes
 # of one without, AdamW's decay and the warm-up's rate.
-$(B)/gpt-trainer: tests/test_trainer.sh $(B)/gpt_cpu
+$(B)/gpt-trainer: tests/test_trainer.sh tests/gpt_script.sh $(B)/gpt_cpu
 	@printf '#!/bin/sh\nexec sh tests/test_trainer.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
 # Its --dtype bf16 part's negative control: a gpt_cpu whose --dtype bf16 leaves the activations
 # f32 (-DPP_TEST_NO_GPT_BF16): the bytes are not halved nor the loss another, and it must fail.
@@ -608,8 +608,10 @@ quick:
 # $(BINDIR), pkg-config files into $(PKGCONFIGDIR): pipeline.pc (Cflags -I.../include/pipeline,
 # Libs -lpthread -lm), and pipeline-cuda.pc where CUDA_HOME has the CUDA runtime, pipeline-nccl.pc
 # where NCCL_HOME has NCCL too, pipeline-mpi.pc where mpicc is (pkgconfig/*.pc.in, which CMake
-# fills too). make uninstall removes them. The CMake package comes from CMakeLists.txt (cmake
-# --install); make check-install builds a consumer through every route (tests/check_install.sh).
+# fills too), and, where cmake is, the CMake package into $(LIBDIR)/cmake/pipeline (what
+# find_package(pipeline) reads: CMakeLists.txt configured in $(B)/cmake-package, its install
+# component pipeline_cmake_package; the same files cmake --install writes). make uninstall
+# removes them. make check-install builds a consumer through every route (tests/check_install.sh).
 .PHONY: install uninstall check-install check-nvtx
 PREFIX       ?= /usr/local
 BINDIR       ?= $(PREFIX)/bin
@@ -629,6 +631,12 @@ PC_SED = -e 's|@prefix@|$(PREFIX)|g' -e 's|@includedir@|$(INCLUDEDIR)|g' -e 's|@
          -e 's|@NCCL_HOME@|$(NCCL_HOME)|g' -e 's|@NCCL_LIBDIR@|$(NCCL_LIBDIR)|g' \
          -e 's|@MPI_CFLAGS@|$(MPI_CFLAGS)|g' -e 's|@MPI_LIBS@|$(MPI_LIBS)|g'
 PP_INSTALLED_HDRS = pipeline.h pipeline_cuda.h pipeline_nccl.h pipeline_mpi.h
+CMAKE        ?= cmake
+CMAKEDIR      = $(LIBDIR)/cmake/pipeline
+# the CMake package's directories as make install's (relative to PREFIX where they are under it,
+# so the package finds its headers from where it lies)
+CMAKE_PKG_ARGS = -DCMAKE_INSTALL_PREFIX="$(PREFIX)" -DCMAKE_INSTALL_INCLUDEDIR="$(patsubst $(PREFIX)/%,%,$(INCLUDEDIR))" \
+                 -DCMAKE_INSTALL_LIBDIR="$(patsubst $(PREFIX)/%,%,$(LIBDIR))" -DPIPELINE_BUILD_TOOLS=OFF -DPIPELINE_INSTALL=ON
 
 install: $(B)/pp-sched
 	@mkdir -p $(B)/pkgconfig && \
@@ -638,13 +646,20 @@ install: $(B)/pp-sched
 	for pc in $(INSTALL_PCS); do \
 	  sed $(PC_SED) pkgconfig/$$pc.pc.in > $(B)/pkgconfig/$$pc.pc && \
 	  $(INSTALL) -m 644 $(B)/pkgconfig/$$pc.pc "$(DESTDIR)$(PKGCONFIGDIR)/" || exit 1; done && \
+	if command -v $(CMAKE) >/dev/null 2>&1; then \
+	  if $(CMAKE) -S . -B $(B)/cmake-package $(CMAKE_PKG_ARGS) > $(B)/cmake-package.log 2>&1 && \
+	     DESTDIR="$(DESTDIR)" $(CMAKE) --install $(B)/cmake-package --component pipeline_cmake_package >> $(B)/cmake-package.log 2>&1; \
+	  then pkg="the CMake package in $(CMAKEDIR)"; \
+	  else tail -20 $(B)/cmake-package.log; echo "install: the CMake package failed ($(B)/cmake-package.log)"; exit 1; fi; \
+	else pkg="no CMake package ($(CMAKE) not found)"; fi && \
 	echo "install: pipeline $(PP_VERSION_STRING) into $(DESTDIR)$(PREFIX): headers in $(INCLUDEDIR)/pipeline, pp-sched," \
-	     "pkg-config $(INSTALL_PCS)"
+	     "pkg-config $(INSTALL_PCS), $$pkg"
 
 uninstall:
 	rm -f $(addprefix "$(DESTDIR)$(INCLUDEDIR)/pipeline/,$(addsuffix ",$(PP_INSTALLED_HDRS))) "$(DESTDIR)$(BINDIR)/pp-sched" \
 	      $(foreach pc,pipeline pipeline-cuda pipeline-nccl pipeline-mpi,"$(DESTDIR)$(PKGCONFIGDIR)/$(pc).pc")
-	@rmdir "$(DESTDIR)$(INCLUDEDIR)/pipeline" 2>/dev/null || true
+	rm -f "$(DESTDIR)$(CMAKEDIR)/"pipeline*.cmake
+	@rmdir "$(DESTDIR)$(INCLUDEDIR)/pipeline" "$(DESTDIR)$(CMAKEDIR)" 2>/dev/null || true
 
 # The consumer routes (pkg-config after make install into a temporary prefix, the installed CMake
 # package, add_subdirectory, FetchContent): make test runs them where cmake and pkg-config are.

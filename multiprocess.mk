@@ -170,11 +170,11 @@ $(B)/mpi-asan-np%: $(B)/asan-test_mpi
 
 # checkpoints across processes: four gpt_mpi ranks write one file (gpt_cpu's bytes), two resume
 # from it (tests/test_resume.sh)
-$(B)/mpi-resume: tests/test_resume.sh $(B)/gpt_cpu $(B)/gpt_mpi
+$(B)/mpi-resume: tests/test_resume.sh tests/gpt_script.sh $(B)/gpt_cpu $(B)/gpt_mpi
 	@printf '#!/bin/sh\nexec timeout 300 sh tests/test_resume.sh $(B)/gpt_cpu $(B)/gpt_mpi $(MPIRUN) $(MPIRUN_FLAGS)\n' > $@ && chmod +x $@
 # the held-out evaluation over two ranks: pp_sequential_eval's bits, gpt_cpu's val losses
 # (tests/test_trainer.sh)
-$(B)/mpi-trainer: tests/test_trainer.sh $(B)/gpt_cpu $(B)/gpt_mpi
+$(B)/mpi-trainer: tests/test_trainer.sh tests/gpt_script.sh $(B)/gpt_cpu $(B)/gpt_mpi
 	@printf '#!/bin/sh\nexec timeout 300 sh tests/test_trainer.sh $(B)/gpt_cpu $(B)/gpt_mpi $(MPIRUN) $(MPIRUN_FLAGS)\n' > $@ && chmod +x $@
 
 # make test runs the MPI scripts and test_nccl after the other tests (tests/run.sh sums them all)

@@ -214,7 +214,7 @@
           lists, pp_schedule_make_eval).
           Then: PP_VERSION_STRING, companion headers that refuse a pipeline.h of another
           release; NVTX ranges per action (PP_NVTX, pipeline_cuda.h); make install, pkg-config
-          and CMake packages (README).
+          and CMake packages (README); make install writes the CMake package too.
           Then: V-Min's stash cap 2 round(min(p, m) / 3) + 2 chunks, the authors' list's peak
           (one chunk less where min(p, m) % 3 == 1, e.g. 4 at p = 4).
           Then: gradients final per stage (pp_stage_desc.grads_final, pp_step_stats
@@ -9839,6 +9839,13 @@ static int _pp_step_enter(pthread_mutex_t* mu, int mu_ok) {
     return mu_ok && pthread_mutex_trylock(mu) == 0;
 #endif
 }
+/* The entry of every step on a stage or pipeline (mu: its step mutex, NULL for a NULL handle):
+   1 when this caller may run the step; 0, with *stats zeroed, when it may not (PP_ERR_INVALID). */
+static int _pp_step_begin(pthread_mutex_t* mu, int mu_ok, pp_step_stats* stats) {
+    if (mu && _pp_step_enter(mu, mu_ok)) return 1;
+    if (stats) memset(stats, 0, sizeof *stats);
+    return 0;
+}
 static void _pp_step_leave(pthread_mutex_t* mu) {
 #ifdef PP_TEST_NO_STEP_GUARD
     (void)mu;
@@ -9849,10 +9856,7 @@ static void _pp_step_leave(pthread_mutex_t* mu) {
 
 pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     pp_result rc;
-    if (!s || !_pp_step_enter(&s->step_mu, s->step_mu_ok)) {
-        if (stats) memset(stats, 0, sizeof *stats);
-        return PP_ERR_INVALID;
-    }
+    if (!_pp_step_begin(s ? &s->step_mu : NULL, s && s->step_mu_ok, stats)) return PP_ERR_INVALID;
     rc = _pp_stage_step(s, b, stats);
     _pp_step_leave(&s->step_mu);
     return rc;
@@ -9860,10 +9864,7 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
 
 pp_result pp_stage_eval(pp_stage* s, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats) {
     pp_result rc;
-    if (!s || !_pp_step_enter(&s->step_mu, s->step_mu_ok)) {
-        if (stats) memset(stats, 0, sizeof *stats);
-        return PP_ERR_INVALID;
-    }
+    if (!_pp_step_begin(s ? &s->step_mu : NULL, s && s->step_mu_ok, stats)) return PP_ERR_INVALID;
     if (s->eval_rc != PP_OK || (out && (out->rank < 0 || out->rank >= s->p))) {
         if (stats) memset(stats, 0, sizeof *stats);
         if (s->eval_rc != PP_OK) rc = _pp_fail(&s->err, s->eval_rc, "%s", s->eval_why);
@@ -10153,10 +10154,7 @@ static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_s
    once and touches nothing (not even pp_pipeline_error, which the running step owns). */
 pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats) {
     pp_result rc;
-    if (!pl || !_pp_step_enter(&pl->step_mu, pl->step_mu_ok)) {
-        if (stats) memset(stats, 0, sizeof *stats);
-        return PP_ERR_INVALID;
-    }
+    if (!_pp_step_begin(pl ? &pl->step_mu : NULL, pl && pl->step_mu_ok, stats)) return PP_ERR_INVALID;
     rc = _pp_pipeline_step(pl, b, stats);
     _pp_step_leave(&pl->step_mu);
     return rc;
@@ -10164,10 +10162,7 @@ pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* st
 
 pp_result pp_pipeline_eval(pp_pipeline* pl, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats) {
     pp_result rc;
-    if (!pl || !_pp_step_enter(&pl->step_mu, pl->step_mu_ok)) {
-        if (stats) memset(stats, 0, sizeof *stats);
-        return PP_ERR_INVALID;
-    }
+    if (!_pp_step_begin(pl ? &pl->step_mu : NULL, pl && pl->step_mu_ok, stats)) return PP_ERR_INVALID;
     pl->eval = 1;
     pl->ev_out = out;
     rc = _pp_pipeline_step(pl, b, stats);

@@ -762,6 +762,22 @@ static _ppc_msg* _ppc_post_locked(pp_cuda* c, _ppc_msg** queue, int src, int dst
     return x;
 }
 
+/* What a send and a receive check and take before they post: the arguments, *req cleared,
+   whether buf is host memory (*host), and for device memory an event (*ev) for the data or the
+   copy (what names the call in the rank's CUDA error). */
+static pp_result _ppc_post_begin(_ppc_rank* me, int peer, const void* buf, size_t bytes, pp_request* req, int* host,
+                                 cudaEvent_t* ev, const char* what) {
+    cudaError_t e;
+    if (!req || peer < 0 || peer >= me->c->n || (bytes && !buf)) return PP_ERR_INVALID;
+    memset(req, 0, sizeof *req);
+    *host = _ppc_is_host(me, buf);
+    if (!*host && bytes && (e = _ppc_ev_get(me->c, me, ev)) != cudaSuccess) {
+        _ppc_note(me, e, what);
+        return PP_ERR_TRANSPORT;
+    }
+    return PP_OK;
+}
+
 static pp_result _ppc_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
     _ppc_rank* me = (_ppc_rank*)self;
     pp_cuda* c = me->c;
@@ -769,13 +785,8 @@ static pp_result _ppc_isend(void* self, int peer, int tag, const void* buf, size
     cudaEvent_t es = NULL;
     cudaError_t e;
     int host, copy_now, matched;
-    if (!req || peer < 0 || peer >= c->n || (bytes && !buf)) return PP_ERR_INVALID;
-    memset(req, 0, sizeof *req);
-    host = _ppc_is_host(me, buf);
-    if (!host && bytes && (e = _ppc_ev_get(c, me, &es)) != cudaSuccess) {
-        _ppc_note(me, e, "isend (an event for the data)");
-        return PP_ERR_TRANSPORT;
-    }
+    pp_result rc = _ppc_post_begin(me, peer, buf, bytes, req, &host, &es, "isend (an event for the data)");
+    if (rc != PP_OK) return rc;
     pthread_mutex_lock(&c->mu);
     if (es && (e = cudaEventRecord(es, me->stream)) != cudaSuccess) {
         _ppc_note(me, e, "isend (recording the data-ready event)");
@@ -813,15 +824,9 @@ static pp_result _ppc_irecv(void* self, int peer, int tag, void* buf, size_t byt
     pp_cuda* c = me->c;
     _ppc_msg* m;
     cudaEvent_t ec = NULL;
-    cudaError_t e;
     int host, copy_now;
-    if (!req || peer < 0 || peer >= c->n || (bytes && !buf)) return PP_ERR_INVALID;
-    memset(req, 0, sizeof *req);
-    host = _ppc_is_host(me, buf);
-    if (!host && bytes && (e = _ppc_ev_get(c, me, &ec)) != cudaSuccess) {
-        _ppc_note(me, e, "irecv (an event for the copy)");
-        return PP_ERR_TRANSPORT;
-    }
+    pp_result rc = _ppc_post_begin(me, peer, buf, bytes, req, &host, &ec, "irecv (an event for the copy)");
+    if (rc != PP_OK) return rc;
     /* nothing is enqueued: only this rank's stream writes the block (the copy runs there, after
        the block's earlier uses; a sender's early copy goes into a spare) */
     pthread_mutex_lock(&c->mu);

@@ -309,6 +309,31 @@ typedef struct run {
     pp_error err[PP_MAX_RANKS];
 } run;
 
+/* The ranks' counters summed: runtime calls inside pp_stage_step, calls of the device-op hooks,
+   sends of the library's own, runtime calls and polls between actions, transport waits that
+   waited in an action (tw[0..1]) and after the last one began (tw[2..3]). Taken before and after
+   a step, their difference is the step's. */
+typedef struct rank_counts {
+    uint64_t step, hooks, own, between[2], tw[4];
+} rank_counts;
+static rank_counts sum_counts(const run* R, int p) {
+    rank_counts c;
+    int r, k;
+    memset(&c, 0, sizeof c);
+    for (r = 0; r < p; r++) {
+        c.step += R->step_calls[r];
+        c.hooks += R->hooks[r].calls;
+        c.own += R->hooks[r].own_sent;
+        c.between[0] += R->hooks[r].between_calls;
+        c.between[1] += R->hooks[r].between_polls;
+        for (k = 0; k < 2; k++) {
+            c.tw[k] += R->hooks[r].in_actions[k];
+            c.tw[2 + k] += R->at_end[r][k];
+        }
+    }
+    return c;
+}
+
 static pp_result rank_setup(int rank, void* user) {
     run* R = (run*)user;
     pp_result rc = R->tr->bind(R->world, rank, &R->env[rank], &R->err[rank]);
@@ -395,37 +420,17 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
     for (s = 0; s < warmup + steps && !out->failed; s++) {
         fakecuda_stats a, z;
         fakenccl_stats na, nz;
-        uint64_t launched0, sent = 0, step0 = 0, hooks0 = 0, step1 = 0, hooks1 = 0, own0 = 0, own1 = 0;
-        uint64_t tw0[4] = {0, 0, 0, 0}, tw1[4] = {0, 0, 0, 0}, bw0[2] = {0, 0}, bw1[2] = {0, 0};
+        uint64_t launched0, sent = 0;
+        rank_counts c0, c1;
         pp_result rc = tr->step_begin(R.world, &err);
         fakecuda_stats_get(&a);
         fakenccl_stats_get(&na);
         launched0 = layer_kernels_launched();
-        for (r = 0; r < p; r++) {
-            step0 += R.step_calls[r];
-            hooks0 += R.hooks[r].calls;
-            own0 += R.hooks[r].own_sent;
-            bw0[0] += R.hooks[r].between_calls;
-            bw0[1] += R.hooks[r].between_polls;
-            for (k = 0; k < 2; k++) {
-                tw0[k] += R.hooks[r].in_actions[k];
-                tw0[2 + k] += R.at_end[r][k];
-            }
-        }
+        c0 = sum_counts(&R, p);
         if (rc == PP_OK) rc = pp_threads_run(p, rank_step, &R, &err);
         fakecuda_stats_get(&z);
         fakenccl_stats_get(&nz);
-        for (r = 0; r < p; r++) {
-            step1 += R.step_calls[r];
-            hooks1 += R.hooks[r].calls;
-            own1 += R.hooks[r].own_sent;
-            bw1[0] += R.hooks[r].between_calls;
-            bw1[1] += R.hooks[r].between_polls;
-            for (k = 0; k < 2; k++) {
-                tw1[k] += R.hooks[r].in_actions[k];
-                tw1[2 + k] += R.at_end[r][k];
-            }
-        }
+        c1 = sum_counts(&R, p);
         if (rc == PP_OK) rc = tr->step_end(R.world, &err);
         if (rc != PP_OK) {
             for (r = 0; r < p && R.rc[r] == PP_OK; r++) {
@@ -440,15 +445,15 @@ static void run_config(const bench_transport* tr, pp_schedule_kind kind, int p, 
         out->actions += (double)p * sched.per_rank;
         for (k = 0; k < FAKECUDA_CALL_KINDS; k++) out->kinds[k] += (double)(z.calls[k] - a.calls[k]);
         out->kinds[FAKECUDA_CALL_LAUNCH] -= (double)(layer_kernels_launched() - launched0); /* the model's, not ours */
-        out->hooks += (double)(hooks1 - hooks0);
-        out->own_msgs += (double)(own1 - own0);
-        out->between += (double)(bw1[0] - bw0[0]);
-        out->between_polls += (double)(bw1[1] - bw0[1]);
+        out->hooks += (double)(c1.hooks - c0.hooks);
+        out->own_msgs += (double)(c1.own - c0.own);
+        out->between += (double)(c1.between[0] - c0.between[0]);
+        out->between_polls += (double)(c1.between[1] - c0.between[1]);
         for (k = 0; k < 2; k++) {
-            out->tw_act[k] += (double)(tw1[k] - tw0[k]);
-            out->tw_end[k] += (double)(tw1[2 + k] - tw0[2 + k]);
+            out->tw_act[k] += (double)(c1.tw[k] - c0.tw[k]);
+            out->tw_end[k] += (double)(c1.tw[2 + k] - c0.tw[2 + k]);
         }
-        out->transport += (double)(step1 - step0) - (double)(hooks1 - hooks0) - (double)(layer_kernels_launched() - launched0);
+        out->transport += (double)(c1.step - c0.step) - (double)(c1.hooks - c0.hooks) - (double)(layer_kernels_launched() - launched0);
         out->nccl_own += (double)(nz.cuda_calls - na.cuda_calls);
         out->waits += (double)(z.host_waits - a.host_waits);
         out->blocked += (double)(z.host_blocked - a.host_blocked);

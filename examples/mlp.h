@@ -107,13 +107,18 @@ static int dense_bwd(const dense_params* p, dense_params* g, pp_layer_io* io) {
     return rc ? rc : dense_bwd_in(p, g, io);
 }
 
+/* A layer's one output: rows x cols floats (every layer's here, and tlm.h's). */
+static void mlp_desc_out(pp_layer_desc* d, int64_t rows, int64_t cols) {
+    d->n_out = 1;
+    d->out[0].rows = rows;
+    d->out[0].cols = cols;
+    d->out[0].dtype = PP_F32;
+}
+
 static void dense_desc(const dense_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                        pp_layer_desc* d) {
     (void)n_in;
-    d->n_out = 1;
-    d->out[0].rows = in[0].rows;
-    d->out[0].cols = p->out;
-    d->out[0].dtype = PP_F32;
+    mlp_desc_out(d, in[0].rows, p->out);
     d->cost = (double)mb->rows * p->in * p->out * 3.0; /* forward + two backward products */
     d->n_params = (int64_t)p->in * p->out + p->out;
 }

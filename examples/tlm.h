@@ -56,10 +56,7 @@ static int tlm_embed_bwd(const tlm_embed_params* p, tlm_embed_params* g, pp_laye
 static void tlm_embed_desc(const tlm_embed_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                            pp_layer_desc* d) {
     (void)n_in;
-    d->n_out = 1;
-    d->out[0].rows = in[0].rows;
-    d->out[0].cols = p->dim;
-    d->out[0].dtype = PP_F32;
+    mlp_desc_out(d, in[0].rows, p->dim);
     d->cost = (double)mb->rows * p->dim;
     d->n_params = (int64_t)p->vocab * p->dim;
 }
@@ -99,10 +96,7 @@ static int tlm_head_bwd(const tlm_head_params* p, tlm_head_params* g, pp_layer_i
 static void tlm_head_desc(const tlm_head_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                           pp_layer_desc* d) {
     (void)n_in;
-    d->n_out = 1;
-    d->out[0].rows = in[0].rows;
-    d->out[0].cols = p->vocab;
-    d->out[0].dtype = PP_F32;
+    mlp_desc_out(d, in[0].rows, p->vocab);
     d->cost = (double)mb->rows * p->dim * p->vocab * 3.0;
     d->n_params = 0; /* counted once, by the embedding */
 }

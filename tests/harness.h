@@ -142,6 +142,19 @@ static inline void hx_stage_desc(pp_stage_desc* d, const pp_stage_desc* tmpl, pp
     d->transport = t;
 }
 
+/* A pp_pipeline desc with what every test's pipeline needs (and a 20 s timeout, so a hang
+   fails the test): the caller sets the rest (partition, shapes, rank_setup, ...). */
+static inline void hx_pipeline_desc(pp_pipeline_desc* d, pp_model model, const void* w, void* g, pp_schedule_kind kind,
+                                    int p, int v, int m) {
+    memset(d, 0, sizeof *d);
+    d->model = model;
+    d->weights = w;
+    d->grads = g;
+    d->schedule = kind;
+    d->p = p, d->v = v, d->m = m; /* ranks, chunks a rank, micro-batches */
+    d->stage.timeout_s = 20;
+}
+
 /* ---- the per-rank world ---------------------------------------------------------------------- */
 typedef struct hx_world hx_world;
 struct hx_world {
@@ -332,6 +345,39 @@ static inline void hx_stages_destroy(hx_stages* S) {
 }
 
 /* ---- a poisoning transport wrapper ----------------------------------------------------------- */
+/* ---- a wrapped transport's functions, forwarded ------------------------------------------------
+   A wrapper whose struct begins with the transport it wraps (pp_transport inner, its first
+   member, as hx_poison's) keeps these for the functions it does not change: each calls inner's
+   with inner's self. */
+static inline pp_result hx_fw_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
+    const pp_transport* in = (const pp_transport*)self;
+    return in->wait(in->self, req, timeout_s, err);
+}
+static inline pp_result hx_fw_test(void* self, pp_request* req, int* done) {
+    const pp_transport* in = (const pp_transport*)self;
+    return in->test(in->self, req, done);
+}
+static inline void hx_fw_abort(void* self, pp_result why, const char* msg) {
+    const pp_transport* in = (const pp_transport*)self;
+    in->abort(in->self, why, msg);
+}
+static inline pp_result hx_fw_cancel(void* self, pp_request* req) {
+    const pp_transport* in = (const pp_transport*)self;
+    return in->cancel(in->self, req);
+}
+static inline void hx_fw_flight_note(void* self, const pp_flight_entry* e) {
+    const pp_transport* in = (const pp_transport*)self;
+    in->flight_note(in->self, e);
+}
+static inline int hx_fw_flight_get(void* self, int peer, pp_flight* out) {
+    const pp_transport* in = (const pp_transport*)self;
+    return in->flight_get(in->self, peer, out);
+}
+static inline int hx_fw_abort_reason(void* self, char* buf, size_t n) {
+    const pp_transport* in = (const pp_transport*)self;
+    return in->abort_reason(in->self, buf, n);
+}
+
 /* Every receive buffer is filled with 0xFF bytes before the receive is posted (a NaN pattern no
    layer writes); when its wait returns PP_OK, a 32-bit word still 0xFFFFFFFF counts the receive
    as unwritten. Host buffers by default; fill and read (both or neither) reach other memory:
@@ -410,32 +456,12 @@ static inline pp_result hx_pz_wait(void* self, pp_request* req, double timeout_s
         }
     return rc;
 }
-static inline pp_result hx_pz_test(void* self, pp_request* req, int* done) {
-    hx_poison* p = (hx_poison*)self;
-    return p->inner.test(p->inner.self, req, done);
-}
-static inline void hx_pz_abort(void* self, pp_result why, const char* msg) {
-    hx_poison* p = (hx_poison*)self;
-    p->inner.abort(p->inner.self, why, msg);
-}
 static inline pp_result hx_pz_cancel(void* self, pp_request* req) {
     hx_poison* p = (hx_poison*)self;
     int i;
     for (i = 0; i < HX_POISON_MAX; i++)
         if (p->req[i] == req) p->req[i] = NULL; /* withdrawn: nothing to check */
     return p->inner.cancel(p->inner.self, req);
-}
-static inline void hx_pz_flight_note(void* self, const pp_flight_entry* e) {
-    hx_poison* p = (hx_poison*)self;
-    p->inner.flight_note(p->inner.self, e);
-}
-static inline int hx_pz_flight_get(void* self, int peer, pp_flight* out) {
-    hx_poison* p = (hx_poison*)self;
-    return p->inner.flight_get(p->inner.self, peer, out);
-}
-static inline int hx_pz_abort_reason(void* self, char* buf, size_t n) {
-    hx_poison* p = (hx_poison*)self;
-    return p->inner.abort_reason(p->inner.self, buf, n);
 }
 
 /* inner wrapped by p (zeroed first; set fill, read and ctx afterwards, before the first receive). */
@@ -447,12 +473,12 @@ static inline pp_transport hx_poison_transport(hx_poison* p, pp_transport inner)
     t.isend = hx_pz_isend;
     t.irecv = hx_pz_irecv;
     t.wait = hx_pz_wait;
-    t.test = inner.test ? hx_pz_test : NULL;
-    t.abort = inner.abort ? hx_pz_abort : NULL;
+    t.test = inner.test ? hx_fw_test : NULL;
+    t.abort = inner.abort ? hx_fw_abort : NULL;
     t.cancel = inner.cancel ? hx_pz_cancel : NULL;
-    t.flight_note = inner.flight_note ? hx_pz_flight_note : NULL;
-    t.flight_get = inner.flight_get ? hx_pz_flight_get : NULL;
-    t.abort_reason = inner.abort_reason ? hx_pz_abort_reason : NULL;
+    t.flight_note = inner.flight_note ? hx_fw_flight_note : NULL;
+    t.flight_get = inner.flight_get ? hx_fw_flight_get : NULL;
+    t.abort_reason = inner.abort_reason ? hx_fw_abort_reason : NULL;
     t.iallreduce_sum = NULL; /* not forwarded: it would reach inner's function with our self */
     return t;
 }

@@ -2,6 +2,7 @@
 #ifndef PP_TEST_H
 #define PP_TEST_H
 #include <stdio.h>
+#include <string.h>
 
 static int _t_pass, _t_fail;
 
@@ -20,5 +21,13 @@ static int _t_pass, _t_fail;
 /* Closing line, and the exit code that agrees with it. */
 #define TEST_DONE(name)                                                       \
     (printf("%s: %d passed, %d failed\n", name, _t_pass, _t_fail), _t_fail ? 1 : 0)
+
+/* One test on its own, when argv[1] names it (what a negative control runs): 1 after fn ran,
+   0 when there is no argv[1] or it names another. */
+static inline int test_only(int argc, char** argv, const char* name, void (*fn)(void)) {
+    if (argc < 2 || strcmp(argv[1], name) != 0) return 0;
+    fn();
+    return 1;
+}
 
 #endif

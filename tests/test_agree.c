@@ -108,9 +108,8 @@ static void world_init(world* W, pp_schedule_kind kind, int p, int v, int m, pp_
     W->p = p;
     W->m = m;
     W->wbuf = mlp_init(&W->w, NULL, DIMS, 11, NULL);
+    hx_mlp_rank_grads(W->g, W->gbuf, p, DIMS);
     for (r = 0; r < p; r++) {
-        mlp_model unused;
-        free(mlp_init(&unused, &W->g[r], DIMS, 11, &W->gbuf[r]));
         W->wr[r] = W->w; /* the same parameters, a pointer of its own */
         mlpz_from_mlp(&W->wz[r], &W->wr[r]);
         mlpz_from_mlp(&W->gz[r], &W->g[r]);
@@ -393,26 +392,6 @@ static pp_result fl_irecv(void* self, int peer, int tag, void* buf, size_t bytes
     }
     return f->inner.irecv(f->inner.self, peer, tag, buf, bytes, req);
 }
-static pp_result fl_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
-    flaky* f = (flaky*)self;
-    return f->inner.wait(f->inner.self, req, timeout_s, err);
-}
-static pp_result fl_test(void* self, pp_request* req, int* done) {
-    flaky* f = (flaky*)self;
-    return f->inner.test(f->inner.self, req, done);
-}
-static void fl_abort(void* self, pp_result why, const char* msg) {
-    flaky* f = (flaky*)self;
-    f->inner.abort(f->inner.self, why, msg);
-}
-static pp_result fl_cancel(void* self, pp_request* req) {
-    flaky* f = (flaky*)self;
-    return f->inner.cancel(f->inner.self, req);
-}
-static int fl_abort_reason(void* self, char* buf, size_t n) {
-    flaky* f = (flaky*)self;
-    return f->inner.abort_reason(f->inner.self, buf, n);
-}
 
 static void test_agree_fault(int rank, int tag, int op, const char* needle) {
     world W;
@@ -427,11 +406,11 @@ static void test_agree_fault(int rank, int tag, int op, const char* needle) {
         t->self = &fl[r];
         t->isend = fl_isend;
         t->irecv = fl_irecv;
-        t->wait = fl_wait;
-        t->test = fl_test;
-        t->abort = fl_abort;
-        t->cancel = fl_cancel;
-        t->abort_reason = fl_abort_reason;
+        t->wait = hx_fw_wait;
+        t->test = hx_fw_test;
+        t->abort = hx_fw_abort;
+        t->cancel = hx_fw_cancel;
+        t->abort_reason = hx_fw_abort_reason;
         t->flight_note = NULL;
         t->flight_get = NULL;
     }

@@ -30,13 +30,19 @@
 static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
 static char PATH[256];
 
+/* What Adam walks, whichever the model: the flat buffers of the weights, the gradients and Adam's
+   m and v (n floats each), and its count of steps. */
+typedef struct adam_state {
+    float *wbuf, *gbuf, *mbuf, *vbuf;
+    size_t n;
+    int step;
+} adam_state;
+
 /* ---- an MLP trainer: weights, gradients, Adam's m and v, all bound like the weights ---------- */
 typedef struct trainer {
     pp_model model;
     mlp_model w, g, m, v;
-    float *wbuf, *gbuf, *mbuf, *vbuf;
-    size_t n;
-    int step;
+    adam_state opt;
 } trainer;
 
 /* dst = src's struct with its pointers moved from src_buf into buf (the same layout). */
@@ -53,38 +59,38 @@ static void trainer_init(trainer* t, const int* dims, uint64_t seed) {
     memset(t, 0, sizeof *t);
     t->model = mlp_model_desc();
     t->model.params = mlp_params;
-    t->wbuf = mlp_init(&t->w, &t->g, dims, seed, &t->gbuf);
-    t->n = mlp_param_count(dims);
-    t->mbuf = (float*)calloc(t->n, sizeof(float));
-    t->vbuf = (float*)calloc(t->n, sizeof(float));
-    if (!t->wbuf || !t->mbuf || !t->vbuf) {
+    t->opt.wbuf = mlp_init(&t->w, &t->g, dims, seed, &t->opt.gbuf);
+    t->opt.n = mlp_param_count(dims);
+    t->opt.mbuf = (float*)calloc(t->opt.n, sizeof(float));
+    t->opt.vbuf = (float*)calloc(t->opt.n, sizeof(float));
+    if (!t->opt.wbuf || !t->opt.mbuf || !t->opt.vbuf) {
         printf("out of memory\n");
         exit(1);
     }
-    rebind(&t->m, &t->w, t->wbuf, t->mbuf);
-    rebind(&t->v, &t->w, t->wbuf, t->vbuf);
+    rebind(&t->m, &t->w, t->opt.wbuf, t->opt.mbuf);
+    rebind(&t->v, &t->w, t->opt.wbuf, t->opt.vbuf);
 }
 
 static void trainer_free(trainer* t) {
-    free(t->wbuf);
-    free(t->gbuf);
-    free(t->mbuf);
-    free(t->vbuf);
+    free(t->opt.wbuf);
+    free(t->opt.gbuf);
+    free(t->opt.mbuf);
+    free(t->opt.vbuf);
 }
 
 /* Adam, elementwise (as examples/gpt_train.h's), gradients zeroed. */
-static void adam(trainer* t) {
+static void adam(adam_state* s) {
     const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, lr = 1e-2f;
-    const float c1 = 1.0f - powf(b1, (float)(t->step + 1)), c2 = 1.0f - powf(b2, (float)(t->step + 1));
+    const float c1 = 1.0f - powf(b1, (float)(s->step + 1)), c2 = 1.0f - powf(b2, (float)(s->step + 1));
     size_t i;
-    for (i = 0; i < t->n; i++) {
-        float g = t->gbuf[i];
-        t->mbuf[i] = b1 * t->mbuf[i] + (1.0f - b1) * g;
-        t->vbuf[i] = b2 * t->vbuf[i] + (1.0f - b2) * g * g;
-        t->wbuf[i] -= lr * (t->mbuf[i] / c1) / (sqrtf(t->vbuf[i] / c2) + eps);
-        t->gbuf[i] = 0.0f;
+    for (i = 0; i < s->n; i++) {
+        float g = s->gbuf[i];
+        s->mbuf[i] = b1 * s->mbuf[i] + (1.0f - b1) * g;
+        s->vbuf[i] = b2 * s->vbuf[i] + (1.0f - b2) * g * g;
+        s->wbuf[i] -= lr * (s->mbuf[i] / c1) / (sqrtf(s->vbuf[i] / c2) + eps);
+        s->gbuf[i] = 0.0f;
     }
-    t->step++;
+    s->step++;
 }
 
 static float X[ROWS * HX_IN];
@@ -106,27 +112,19 @@ static int train(trainer* t, pp_schedule_kind kind, int p, int v, int steps, pp_
     pp_error err;
     int i, ok = 1;
     if (p > 0) {
-        memset(&d, 0, sizeof d);
-        d.model = t->model;
-        d.weights = &t->w;
-        d.grads = &t->g;
-        d.schedule = kind;
-        d.p = p;
-        d.v = v;
-        d.m = 8;
-        d.stage.timeout_s = 20;
+        hx_pipeline_desc(&d, t->model, &t->w, &t->g, kind, p, v, 8);
         if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
             CHECK(0, "create %s p=%d: %s", pp_schedule_name(kind), p, err.msg);
             return 0;
         }
     }
     for (i = 0; ok && i < steps; i++) {
-        pp_batch b = data(t->step, 8);
+        pp_batch b = data(t->opt.step, 8);
         float loss;
         if (pl) ok = pp_pipeline_step(pl, &b, &st) == PP_OK;
         else ok = pp_sequential_step(&t->model, &t->w, &t->g, &b, &loss, &err) == PP_OK;
-        CHECK(ok, "step %d: %s", t->step, pl ? pp_pipeline_error(pl) : err.msg);
-        adam(t);
+        CHECK(ok, "step %d: %s", t->opt.step, pl ? pp_pipeline_error(pl) : err.msg);
+        adam(&t->opt);
     }
     if (keep) *keep = pl;
     else pp_pipeline_destroy(pl);
@@ -135,21 +133,24 @@ static int train(trainer* t, pp_schedule_kind kind, int p, int v, int steps, pp_
 
 /* The desc saving or loading t: weights, Adam's m and v, the step. */
 static const char* const NAMES[2] = {"adam_m", "adam_v"};
-static pp_ckpt_desc ckdesc(trainer* t, const void** st) {
-    pp_ckpt_desc c;
-    memset(&c, 0, sizeof c);
-    c.model = t->model;
-    c.weights = &t->w;
-    st[0] = &t->m;
-    st[1] = &t->v;
-    c.n_state = 2;
+static const pp_ckpt_desc ADAM_CK = {.n_state = 2, .state_names = NAMES};
+static pp_ckpt_desc adam_ckdesc(pp_model model, const void* w, const void* m, const void* v, int step,
+                                const void** st) {
+    pp_ckpt_desc c = ADAM_CK;
+    c.model = model;
+    c.weights = w;
     c.state = st;
-    c.state_names = NAMES;
-    c.step = t->step;
+    c.step = step;
+    st[0] = m;
+    st[1] = v;
     return c;
 }
+static pp_ckpt_desc ckdesc(trainer* t, const void** st) {
+    return adam_ckdesc(t->model, &t->w, &t->m, &t->v, t->opt.step, st);
+}
 
-static int same_state(const trainer* a, const trainer* b) {
+/* The weights, m and v of a and b bit-identical. */
+static int same_state(const adam_state* a, const adam_state* b) {
     size_t n = a->n * sizeof(float);
     return memcmp(a->wbuf, b->wbuf, n) == 0 && memcmp(a->mbuf, b->mbuf, n) == 0 && memcmp(a->vbuf, b->vbuf, n) == 0;
 }
@@ -230,13 +231,7 @@ static void test_reshape(void) {
     free(img);
     /* load at p = 2 1F1B: each of its two ranks loads its own layers, into other weights */
     trainer_init(&b, DIMS, 7);
-    memset(&d2, 0, sizeof d2);
-    d2.model = b.model;
-    d2.weights = &b.w;
-    d2.grads = &b.g;
-    d2.schedule = PP_SCHED_1F1B;
-    d2.p = 2;
-    d2.m = 8;
+    hx_pipeline_desc(&d2, b.model, &b.w, &b.g, PP_SCHED_1F1B, 2, 0, 8);
     d2.partition.policy = PP_PARTITION_EXPLICIT;
     {
         static const int first2[3] = {0, 9, MLP_DEPTH + 1}; /* uneven: 9 layers and 3 */
@@ -249,36 +244,36 @@ static void test_reshape(void) {
         cd.own = own;
         memset(&info, 0, sizeof info);
         CHECK(pp_ckpt_load_file(&cd, PATH, &info, &err) == PP_OK, "rank %d load: %s", r, err.msg);
-        b.step = (int)info.step;
+        b.opt.step = (int)info.step;
     }
     pp_pipeline_destroy(pl2);
     CHECK(info.step == 3 && info.n_layers == L && info.n_state == 2 && !strcmp(info.name, "mlp") && info.version == 1 &&
               info.file_bytes == FULL_N,
           "info: step %lld, %d layers, %d states, '%s', version %u, %llu bytes", (long long)info.step, info.n_layers,
           info.n_state, info.name, info.version, (unsigned long long)info.file_bytes);
-    CHECK(same_state(&a, &b), "p = 4 interleaved saved, p = 2 1F1B loaded: weights, m and v bit-identical");
+    CHECK(same_state(&a.opt, &b.opt), "p = 4 interleaved saved, p = 2 1F1B loaded: weights, m and v bit-identical");
     /* and p = 1: one call from memory */
     trainer_init(&c, DIMS, 8);
     cd = ckdesc(&c, st);
     CHECK(pp_ckpt_load_mem(&cd, FULL, FULL_N, &info, &err) == PP_OK, "%s", err.msg);
-    c.step = (int)info.step;
-    CHECK(same_state(&a, &c), "loaded sequentially: bit-identical");
+    c.opt.step = (int)info.step;
+    CHECK(same_state(&a.opt, &c.opt), "loaded sequentially: bit-identical");
     /* training on: a at p = 4 interleaved, b at p = 2 1F1B, c sequential; all three the same */
     {
         int i, ok = 1;
         for (i = 0; ok && i < 3; i++) {
-            pp_batch bt = data(a.step, 8);
+            pp_batch bt = data(a.opt.step, 8);
             pp_step_stats s;
             ok = pp_pipeline_step(pl, &bt, &s) == PP_OK;
-            adam(&a);
+            adam(&a.opt);
         }
         CHECK(ok, "a: %s", pp_pipeline_error(pl));
     }
     train(&b, PP_SCHED_1F1B, 2, 1, 3, NULL);
     train(&c, PP_SCHED_GPIPE, 0, 1, 3, NULL);
-    CHECK(a.step == 6 && b.step == 6 && c.step == 6, "steps %d %d %d", a.step, b.step, c.step);
-    CHECK(same_state(&a, &b), "3 steps on: p = 2 1F1B resumed = p = 4 interleaved uninterrupted, bit for bit");
-    CHECK(same_state(&a, &c), "3 steps on: sequential resumed = p = 4 interleaved uninterrupted, bit for bit");
+    CHECK(a.opt.step == 6 && b.opt.step == 6 && c.opt.step == 6, "steps %d %d %d", a.opt.step, b.opt.step, c.opt.step);
+    CHECK(same_state(&a.opt, &b.opt), "3 steps on: p = 2 1F1B resumed = p = 4 interleaved uninterrupted, bit for bit");
+    CHECK(same_state(&a.opt, &c.opt), "3 steps on: sequential resumed = p = 4 interleaved uninterrupted, bit for bit");
     pp_pipeline_destroy(pl);
     trainer_free(&a);
     trainer_free(&b);
@@ -331,13 +326,13 @@ static trainer T;          /* the target of every failing load, and its bytes be
 static float *W0, *M0, *V0;
 
 static void snapshot(void) {
-    memcpy(W0, T.wbuf, T.n * sizeof(float));
-    memcpy(M0, T.mbuf, T.n * sizeof(float));
-    memcpy(V0, T.vbuf, T.n * sizeof(float));
+    memcpy(W0, T.opt.wbuf, T.opt.n * sizeof(float));
+    memcpy(M0, T.opt.mbuf, T.opt.n * sizeof(float));
+    memcpy(V0, T.opt.vbuf, T.opt.n * sizeof(float));
 }
 static int untouched(void) {
-    size_t n = T.n * sizeof(float);
-    return memcmp(W0, T.wbuf, n) == 0 && memcmp(M0, T.mbuf, n) == 0 && memcmp(V0, T.vbuf, n) == 0;
+    size_t n = T.opt.n * sizeof(float);
+    return memcmp(W0, T.opt.wbuf, n) == 0 && memcmp(M0, T.opt.mbuf, n) == 0 && memcmp(V0, T.opt.vbuf, n) == 0;
 }
 
 /* Loads img (n bytes) into T from memory and from a file; both must fail with `want`. */
@@ -517,7 +512,7 @@ static void test_parts(void) {
     CHECK(info.user_bytes == sizeof user && info.n_state == 2, "info: %llu user bytes", (unsigned long long)info.user_bytes);
     for (l = 0; l < MLP_DEPTH; l++) ok &= hx_mlp_layer_equal(&a.w, &b.w, l) == (l % 2);
     CHECK(ok, "the odd layers loaded, the even ones left alone");
-    CHECK(hx_all_zero(b.mbuf, b.n) && hx_all_zero(b.vbuf, b.n), "no state loaded where none was asked for");
+    CHECK(hx_all_zero(b.opt.mbuf, b.opt.n) && hx_all_zero(b.opt.vbuf, b.opt.n), "no state loaded where none was asked for");
     /* the rest, with the states, the user bytes and the copy hook */
     cd = ckdesc(&b, st);
     COPIES = 0;
@@ -525,8 +520,8 @@ static void test_parts(void) {
     cd.user = back;
     cd.user_bytes = sizeof back;
     CHECK(pp_ckpt_load_mem(&cd, img, (size_t)size, NULL, &err) == PP_OK, "%s", err.msg);
-    b.step = a.step;
-    CHECK(same_state(&a, &b) && !memcmp(user, back, sizeof user), "everything, then: bit-identical, user bytes back");
+    b.opt.step = a.opt.step;
+    CHECK(same_state(&a.opt, &b.opt) && !memcmp(user, back, sizeof user), "everything, then: bit-identical, user bytes back");
     CHECK(COPIES == 3 * 2 * MLP_DEPTH, "load: the copy hook saw %d buffers", COPIES);
     /* a state bound unlike the weights is refused at save */
     cd = ckdesc(&a, st);
@@ -545,27 +540,25 @@ static void test_parts(void) {
 typedef struct gtrainer {
     gpt_config c;
     gpt_model w, g, m, v;
-    float *wbuf, *gbuf, *mbuf, *vbuf;
-    size_t n;
-    int step;
+    adam_state opt;
 } gtrainer;
 
 static void gtrainer_init(gtrainer* t, uint64_t seed) {
     gpt_config c = {GPT_DATA_VOCAB, MAXLEN, 16, 2, NB};
     memset(t, 0, sizeof *t);
     t->c = c;
-    t->n = gpt_param_count(&c);
-    t->wbuf = gpt_init(&t->w, &t->g, &c, seed, &t->gbuf);
-    t->mbuf = (float*)calloc(t->n, sizeof(float));
-    t->vbuf = (float*)calloc(t->n, sizeof(float));
-    gpt_bind(&t->m, &c, t->mbuf);
-    gpt_bind(&t->v, &c, t->vbuf);
+    t->opt.n = gpt_param_count(&c);
+    t->opt.wbuf = gpt_init(&t->w, &t->g, &c, seed, &t->opt.gbuf);
+    t->opt.mbuf = (float*)calloc(t->opt.n, sizeof(float));
+    t->opt.vbuf = (float*)calloc(t->opt.n, sizeof(float));
+    gpt_bind(&t->m, &c, t->opt.mbuf);
+    gpt_bind(&t->v, &c, t->opt.vbuf);
 }
 static void gtrainer_free(gtrainer* t) {
-    free(t->wbuf);
-    free(t->gbuf);
-    free(t->mbuf);
-    free(t->vbuf);
+    free(t->opt.wbuf);
+    free(t->opt.gbuf);
+    free(t->opt.mbuf);
+    free(t->opt.vbuf);
 }
 
 static gpt_corpus CORPUS;
@@ -576,53 +569,53 @@ static int gtrain(gtrainer* t, pp_schedule_kind kind, int p, int v, int steps) {
     pp_pipeline* pl = NULL;
     pp_error err;
     int i, ok;
-    memset(&d, 0, sizeof d);
-    d.model = kind == PP_SCHED_ZB_H1 ? gptz_model_desc_depth(NB) : gpt_model_desc_depth(NB);
-    d.weights = &t->w;
-    d.grads = &t->g;
-    d.schedule = kind;
-    d.p = p;
-    d.v = v;
-    d.m = 4;
-    d.stage.timeout_s = 20;
+    hx_pipeline_desc(&d, kind == PP_SCHED_ZB_H1 ? gptz_model_desc_depth(NB) : gpt_model_desc_depth(NB), &t->w, &t->g,
+                     kind, p, v, 4);
     if (!(ok = pp_pipeline_create(&d, &pl, &err) == PP_OK)) CHECK(0, "gpt %s p=%d: %s", pp_schedule_name(kind), p, err.msg);
     for (i = 0; ok && i < steps; i++) {
-        uint64_t rng = 500 + (uint64_t)t->step;
+        uint64_t rng = 500 + (uint64_t)t->opt.step;
         pp_batch b;
         gpt_pack(&CORPUS, &rng, NSEQ, TOK, TGT, CU);
         hx_token_batch(&b, TOK, TGT, CU, NSEQ, 4, PP_SPLIT_TOKENS);
         b.loss = PP_LOSS_MEAN_ROWS;
         ok = pp_pipeline_step(pl, &b, NULL) == PP_OK;
-        CHECK(ok, "gpt step %d: %s", t->step, pp_pipeline_error(pl));
-        {
-            trainer view; /* adam over the flat buffers */
-            view.wbuf = t->wbuf;
-            view.gbuf = t->gbuf;
-            view.mbuf = t->mbuf;
-            view.vbuf = t->vbuf;
-            view.n = t->n;
-            view.step = t->step;
-            adam(&view);
-            t->step = view.step;
-        }
+        CHECK(ok, "gpt step %d: %s", t->opt.step, pp_pipeline_error(pl));
+        adam(&t->opt);
     }
     pp_pipeline_destroy(pl);
     return ok;
 }
 
 static pp_ckpt_desc gdesc(gtrainer* t, pp_model m, const void** st) {
-    pp_ckpt_desc c;
-    memset(&c, 0, sizeof c);
-    c.model = m;
+    pp_ckpt_desc c = adam_ckdesc(m, &t->w, &t->m, &t->v, t->opt.step, st);
     c.name = "gpt"; /* gpt and gptz: one layout */
-    c.weights = &t->w;
-    st[0] = &t->m;
-    st[1] = &t->v;
-    c.n_state = 2;
-    c.state = st;
-    c.state_names = NAMES;
-    c.step = t->step;
     return c;
+}
+
+/* Each rank of kind at p (v chunks a rank, 4 micro-batches, the uniform partition) saves its
+   layers of t into PATH, rank 0 with the header (info NULL), or loads them from it into t (the
+   split model, gptz, under ZB-H1). */
+static void gpt_ckpt_ranks(gtrainer* t, pp_schedule_kind kind, int p, int v, pp_ckpt_info* info) {
+    const void* st[2];
+    pp_ckpt_desc cd;
+    pp_error err;
+    hx_sched s;
+    int first[2 * PP_MAX_RANKS + 1], r;
+    unsigned char own[NB + 2];
+    hx_sched_make(&s, kind, p, v, 4, &err);
+    pp_partition_uniform(NB + 2, p * v, first, &err);
+    for (r = 0; r < p; r++) {
+        cd = gdesc(t, kind == PP_SCHED_ZB_H1 ? gptz_model_desc_depth(NB) : gpt_model_desc_depth(NB), st);
+        owned(&s.s, first, NB + 2, r, own);
+        cd.own = own;
+        if (info) {
+            CHECK(pp_ckpt_load_file(&cd, PATH, info, &err) == PP_OK, "gpt load rank %d: %s", r, err.msg);
+        } else {
+            cd.records_only = r > 0;
+            CHECK(pp_ckpt_save_file(&cd, PATH, &err) == PP_OK, "gpt rank %d: %s", r, err.msg);
+        }
+    }
+    hx_sched_free(&s);
 }
 
 static void test_gpt(void) {
@@ -631,9 +624,6 @@ static void test_gpt(void) {
     pp_ckpt_desc cd;
     pp_ckpt_info info;
     pp_error err;
-    hx_sched s4, s2;
-    int first4[9], first2[3], r, l;
-    unsigned char own[NB + 2];
     if (gpt_corpus_generate(&CORPUS, 300, MAXLEN, 5)) {
         CHECK(0, "corpus");
         return;
@@ -641,32 +631,13 @@ static void test_gpt(void) {
     gtrainer_init(&a, 11);
     gtrainer_init(&b, 12);
     if (!gtrain(&a, PP_SCHED_INTERLEAVED, 4, 2, 2)) return;
-    /* the ranks of p = 4 interleaved (uniform: 8 stages of one layer) save their layers */
-    hx_sched_make(&s4, PP_SCHED_INTERLEAVED, 4, 2, 4, &err);
-    pp_partition_uniform(NB + 2, 8, first4, &err);
-    for (r = 0; r < 4; r++) {
-        cd = gdesc(&a, gpt_model_desc_depth(NB), st);
-        for (l = 0; l < NB + 2; l++) own[l] = pp_schedule_layer_rank(&s4.s, first4, l) == r;
-        cd.own = own;
-        cd.records_only = r > 0;
-        CHECK(pp_ckpt_save_file(&cd, PATH, &err) == PP_OK, "gpt rank %d: %s", r, err.msg);
-    }
-    /* the ranks of p = 2 ZB-H1 (the split model, gptz) load theirs */
-    hx_sched_make(&s2, PP_SCHED_ZB_H1, 2, 1, 4, &err);
-    pp_partition_uniform(NB + 2, 2, first2, &err);
-    for (r = 0; r < 2; r++) {
-        cd = gdesc(&b, gptz_model_desc_depth(NB), st);
-        for (l = 0; l < NB + 2; l++) own[l] = pp_schedule_layer_rank(&s2.s, first2, l) == r;
-        cd.own = own;
-        CHECK(pp_ckpt_load_file(&cd, PATH, &info, &err) == PP_OK, "gpt load rank %d: %s", r, err.msg);
-    }
-    b.step = (int)info.step;
-    CHECK(memcmp(a.wbuf, b.wbuf, a.n * 4) == 0 && memcmp(a.mbuf, b.mbuf, a.n * 4) == 0 &&
-              memcmp(a.vbuf, b.vbuf, a.n * 4) == 0 && b.step == 2,
-          "gpt: p = 4 interleaved saved, p = 2 ZB-H1 loaded: bit-identical");
+    gpt_ckpt_ranks(&a, PP_SCHED_INTERLEAVED, 4, 2, NULL); /* uniform: 8 stages of one layer */
+    gpt_ckpt_ranks(&b, PP_SCHED_ZB_H1, 2, 1, &info);
+    b.opt.step = (int)info.step;
+    CHECK(same_state(&a.opt, &b.opt) && b.opt.step == 2, "gpt: p = 4 interleaved saved, p = 2 ZB-H1 loaded: bit-identical");
     gtrain(&a, PP_SCHED_INTERLEAVED, 4, 2, 2);
     gtrain(&b, PP_SCHED_ZB_H1, 2, 1, 2);
-    CHECK(memcmp(a.wbuf, b.wbuf, a.n * 4) == 0 && memcmp(a.mbuf, b.mbuf, a.n * 4) == 0,
+    CHECK(memcmp(a.opt.wbuf, b.opt.wbuf, a.opt.n * 4) == 0 && memcmp(a.opt.mbuf, b.opt.mbuf, a.opt.n * 4) == 0,
           "gpt: 2 steps on at p = 2 ZB-H1 = p = 4 interleaved uninterrupted, bit for bit");
     /* a GPT of other depth, and the MLP's file, are refused */
     {
@@ -675,20 +646,18 @@ static void test_gpt(void) {
         c5.n_block = NB - 1;
         memset(&o, 0, sizeof o);
         o.c = c5;
-        o.n = gpt_param_count(&c5);
-        o.wbuf = gpt_init(&o.w, NULL, &c5, 1, NULL);
-        o.mbuf = (float*)calloc(o.n, sizeof(float));
-        o.vbuf = (float*)calloc(o.n, sizeof(float));
-        gpt_bind(&o.m, &c5, o.mbuf);
-        gpt_bind(&o.v, &c5, o.vbuf);
+        o.opt.n = gpt_param_count(&c5);
+        o.opt.wbuf = gpt_init(&o.w, NULL, &c5, 1, NULL);
+        o.opt.mbuf = (float*)calloc(o.opt.n, sizeof(float));
+        o.opt.vbuf = (float*)calloc(o.opt.n, sizeof(float));
+        gpt_bind(&o.m, &c5, o.opt.mbuf);
+        gpt_bind(&o.v, &c5, o.opt.vbuf);
         cd = gdesc(&o, gpt_model_desc_depth(NB - 1), st);
         CHECK(pp_ckpt_load_file(&cd, PATH, NULL, &err) == PP_ERR_SIZE, "gpt of 5 blocks: %s", err.msg);
         gtrainer_free(&o);
         cd = gdesc(&b, gpt_model_desc_depth(NB), st);
         CHECK(FULL && pp_ckpt_load_mem(&cd, FULL, FULL_N, NULL, &err) == PP_ERR_INVALID, "the MLP's file: %s", err.msg);
     }
-    hx_sched_free(&s4);
-    hx_sched_free(&s2);
     gtrainer_free(&a);
     gtrainer_free(&b);
     gpt_corpus_free(&CORPUS);
@@ -698,12 +667,12 @@ int main(int argc, char** argv) {
     int corrupt_only = argc > 1 && !strcmp(argv[1], "corrupt"); /* what the negative control runs */
     snprintf(PATH, sizeof PATH, "%s/pp_test_ckpt.%ld.ckpt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
     trainer_init(&T, DIMS, 99);
-    W0 = (float*)malloc(T.n * sizeof(float));
-    M0 = (float*)malloc(T.n * sizeof(float));
-    V0 = (float*)malloc(T.n * sizeof(float));
+    W0 = (float*)malloc(T.opt.n * sizeof(float));
+    M0 = (float*)malloc(T.opt.n * sizeof(float));
+    V0 = (float*)malloc(T.opt.n * sizeof(float));
     {
         size_t i;
-        for (i = 0; i < T.n; i++) T.mbuf[i] = (float)i, T.vbuf[i] = 1.0f / (float)(i + 1);
+        for (i = 0; i < T.opt.n; i++) T.opt.mbuf[i] = (float)i, T.opt.vbuf[i] = 1.0f / (float)(i + 1);
     }
     snapshot();
     test_reshape();

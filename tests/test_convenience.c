@@ -499,18 +499,6 @@ static pp_result w_irecv(void* self, int peer, int tag, void* buf, size_t bytes,
     wrap* w = (wrap*)self;
     return w->inner.irecv(w->inner.self, peer, tag, buf, bytes, req);
 }
-static pp_result w_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
-    wrap* w = (wrap*)self;
-    return w->inner.wait(w->inner.self, req, timeout_s, err);
-}
-static void w_abort(void* self, pp_result why, const char* msg) {
-    wrap* w = (wrap*)self;
-    w->inner.abort(w->inner.self, why, msg);
-}
-static pp_result w_cancel(void* self, pp_request* req) {
-    wrap* w = (wrap*)self;
-    return w->inner.cancel(w->inner.self, req);
-}
 /* A wrapper replaces self, so every function it keeps must be its own: the rest become NULL
    (optional ones), or forward (abort and cancel, which a failed step needs). */
 static pp_result wrap_rank(void* user, int rank, pp_stage_desc* d) {
@@ -523,9 +511,9 @@ static pp_result wrap_rank(void* user, int rank, pp_stage_desc* d) {
     d->transport.size = w->inner.size;
     d->transport.isend = w_isend;
     d->transport.irecv = w_irecv;
-    d->transport.wait = w_wait;
-    d->transport.abort = w_abort;
-    d->transport.cancel = w->no_cancel ? NULL : w_cancel;
+    d->transport.wait = hx_fw_wait;
+    d->transport.abort = hx_fw_abort;
+    d->transport.cancel = w->no_cancel ? NULL : hx_fw_cancel;
     return PP_OK;
 }
 

@@ -638,14 +638,9 @@ static void test_free_waits_for_peer_copy(void) {
 
 int main(int argc, char** argv) {
     unsetenv("CUDA_DEVICE_MAX_CONNECTIONS"); /* the side-stream tests count on the default, 8 queues */
-    if (argc > 1 && !strcmp(argv[1], "early")) { /* what the negative control runs (build/cuda-controls) */
-        test_early_copy_not_behind_later_work();
+    if (test_only(argc, argv, "early", test_early_copy_not_behind_later_work)) /* build/cuda-controls runs it */
         return TEST_DONE("cuda-host early");
-    }
-    if (argc > 1 && !strcmp(argv[1], "spare")) {
-        test_spare_reused_after_copy();
-        return TEST_DONE("cuda-host spare");
-    }
+    if (test_only(argc, argv, "spare", test_spare_reused_after_copy)) return TEST_DONE("cuda-host spare");
     test_reuse_waits_for_copy();
     test_early_copy_not_behind_later_work();
     test_spare_reused_after_copy();

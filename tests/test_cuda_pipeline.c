@@ -101,6 +101,34 @@ static int grads_equal(int n) {
     return 1;
 }
 
+/* A CUDA pipeline (NULL cuda desc: every rank on device 0) of d adding each rank's gradients
+   into its own GBUF[r]; NULL, the test failed, when it cannot be made. */
+static pp_pipeline* rank_grads_pipeline(pp_pipeline_desc* d) {
+    pp_pipeline* pl = NULL;
+    pp_error err;
+    d->rank_grads = GPTR;
+    CHECK(pp_cuda_pipeline_create(d, NULL, &pl, &err) == PP_OK, "%s", err.msg);
+    return pl;
+}
+
+/* After a step that failed with why: every one of the p ranks says why, or that it was aborted;
+   then the gradients zeroed and GREF the sequential reference of one step of b (6 micro-batches),
+   what the next step must give. */
+static void failed_then_reference(pp_pipeline* pl, int p, pp_result why, pp_batch b) {
+    pp_model model = mlp_model_desc();
+    pp_error err;
+    float loss;
+    int r;
+    for (r = 0; r < p; r++) {
+        pp_result rr = pp_pipeline_rank_result(pl, r, NULL);
+        CHECK(rr == why || rr == PP_ERR_ABORTED, "rank %d: %s", r, pp_result_str(rr));
+    }
+    grads_zero();
+    memset(GREFBUF, 0, NPAR * sizeof(float));
+    b.m = 6;
+    CHECK(pp_sequential_step(&model, &W, &GREF, &b, &loss, &err) == PP_OK, "%s", err.msg);
+}
+
 static void run_case(pp_schedule_kind kind, int p, int spread, int per_rank, int steps) {
     pp_pipeline_desc d = desc(kind, p);
     pp_cuda_desc cd;
@@ -156,32 +184,17 @@ static void test_equal(void) {
 
 static void test_failure(void) {
     pp_pipeline_desc d = desc(PP_SCHED_1F1B, 4);
-    pp_pipeline* pl = NULL;
+    pp_pipeline* pl = rank_grads_pipeline(&d);
     pp_error err;
     pp_batch b = batch();
-    int r;
-    d.rank_grads = GPTR;
-    CHECK(pp_cuda_pipeline_create(&d, NULL, &pl, &err) == PP_OK, "%s", err.msg);
     if (!pl) return;
     CHECK(pp_cuda_pipeline_world(pl) != NULL && pp_cuda_device(pp_cuda_pipeline_world(pl), 3) == 0, "NULL cuda desc: device 0");
     g_fail_layer = 6;
     CHECK(pp_pipeline_step(pl, &b, NULL) == PP_ERR_LAYER && strstr(pp_pipeline_error(pl), "failed first") &&
               strstr(pp_pipeline_error(pl), "returned 42"),
           "%s", pp_pipeline_error(pl));
-    for (r = 0; r < 4; r++) {
-        pp_result rr = pp_pipeline_rank_result(pl, r, NULL);
-        CHECK(rr == PP_ERR_LAYER || rr == PP_ERR_ABORTED, "rank %d: %s", r, pp_result_str(rr));
-    }
     g_fail_layer = -1;
-    grads_zero();
-    {
-        pp_model model = mlp_model_desc();
-        float loss;
-        memset(GREFBUF, 0, NPAR * sizeof(float));
-        b.m = 6;
-        CHECK(pp_sequential_step(&model, &W, &GREF, &b, &loss, &err) == PP_OK, "%s", err.msg);
-        b.m = 0;
-    }
+    failed_then_reference(pl, 4, PP_ERR_LAYER, b);
     /* The next step: where the CUDA transport can withdraw the receives the failed step left
        posted (pp_transport.cancel), the same pipeline goes on; where it cannot, the pipeline
        says so instead of letting a stale receive take the next step's message. */
@@ -204,32 +217,18 @@ static void test_failure(void) {
    it pass. Negative control: build/errors-controls (-DPP_TEST_NO_LOSS_CHECK). */
 static void test_nan_loss(void) {
     pp_pipeline_desc d = desc(PP_SCHED_ZB_V, 2);
-    pp_pipeline* pl = NULL;
+    pp_pipeline* pl;
     pp_error err;
     pp_batch b = batch();
     pp_step_stats st;
-    int r;
-    d.rank_grads = GPTR;
     grads_zero();
-    CHECK(pp_cuda_pipeline_create(&d, NULL, &pl, &err) == PP_OK, "%s", err.msg);
+    pl = rank_grads_pipeline(&d);
     if (!pl) return;
     g_nan_loss_mb = 4;
     CHECK(pp_pipeline_step(pl, &b, NULL) == PP_ERR_NONFINITE && strstr(pp_pipeline_error(pl), "the loss of micro-batch 4 is nan"),
           "cuda, NaN loss: %s", pp_pipeline_error(pl));
-    for (r = 0; r < 2; r++) {
-        pp_result rr = pp_pipeline_rank_result(pl, r, NULL);
-        CHECK(rr == PP_ERR_NONFINITE || rr == PP_ERR_ABORTED, "rank %d: %s", r, pp_result_str(rr));
-    }
     g_nan_loss_mb = -1;
-    grads_zero();
-    {
-        pp_model model = mlp_model_desc();
-        float loss;
-        memset(GREFBUF, 0, NPAR * sizeof(float));
-        b.m = 6;
-        CHECK(pp_sequential_step(&model, &W, &GREF, &b, &loss, &err) == PP_OK, "%s", err.msg);
-        b.m = 0;
-    }
+    failed_then_reference(pl, 2, PP_ERR_NONFINITE, b);
     if (pp_cuda_transport(pp_cuda_pipeline_world(pl), 0).cancel)
         CHECK(pp_pipeline_step(pl, &b, NULL) == PP_OK && grads_equal(2), "the step after a NaN loss: %s", pp_pipeline_error(pl));
     pp_pipeline_destroy(pl);

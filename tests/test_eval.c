@@ -215,15 +215,7 @@ static int run_eval(pp_schedule_kind kind, int p, int v, int m, const pp_batch* 
         ok = 0;
     }
     memset(F.gbuf, 0, F.n_params * sizeof(float));
-    memset(&d, 0, sizeof d);
-    d.model = F.model;
-    d.weights = &F.w;
-    d.grads = &F.gref; /* must stay zero */
-    d.schedule = kind;
-    d.p = p;
-    d.v = v;
-    d.m = m;
-    d.stage.timeout_s = 20;
+    hx_pipeline_desc(&d, F.model, &F.w, &F.gref, kind, p, v, m); /* the gradients must stay zero */
     if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
         CHECK(0, "%s: create: %s", where, err.msg);
         return 0;
@@ -375,14 +367,7 @@ static void test_shapes(void) {
             pp_step_stats st;
             pp_eval_out out;
             int last;
-            memset(&d, 0, sizeof d);
-            d.model = F.model;
-            d.weights = &F.w;
-            d.grads = &F.gref;
-            d.schedule = kinds[k];
-            d.p = 3;
-            d.m = 6;
-            d.stage.timeout_s = 20;
+            hx_pipeline_desc(&d, F.model, &F.w, &F.gref, kinds[k], 3, 0, 6);
             d.stage.shapes = pol[i];
             if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
                 CHECK(0, "%s %s: create: %s", names[i], pp_schedule_name(kinds[k]), err.msg);
@@ -428,14 +413,7 @@ static void test_errors(void) {
     pp_error err;
     pp_result rc;
     hx_dense_batch(&b, F.x, F.y, ROWS, HX_IN, 4);
-    memset(&d, 0, sizeof d);
-    d.model = F.model;
-    d.weights = &F.w;
-    d.grads = &F.gref;
-    d.schedule = PP_SCHED_1F1B;
-    d.p = 3;
-    d.m = 4;
-    d.stage.timeout_s = 20;
+    hx_pipeline_desc(&d, F.model, &F.w, &F.gref, PP_SCHED_1F1B, 3, 0, 4);
     if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
         CHECK(0, "create: %s", err.msg);
         return;
@@ -496,15 +474,8 @@ static void test_failure(void) {
         ref.data[0] = REF_OUT;
         ref.cap[0] = sizeof REF_OUT;
         CHECK(pp_sequential_eval(&F.model, &F.w, &b, &loss_ref, &ref, &err) == PP_OK, "%s", err.msg);
-        memset(&d, 0, sizeof d);
-        d.model = F.model;
+        hx_pipeline_desc(&d, F.model, &F.w, &F.gref, PP_SCHED_INTERLEAVED, 3, 0, 4);
         d.model.forward = fail_fwd;
-        d.weights = &F.w;
-        d.grads = &F.gref;
-        d.schedule = PP_SCHED_INTERLEAVED;
-        d.p = 3;
-        d.m = 4;
-        d.stage.timeout_s = 20;
         if (drain) d.rank_setup = local_abort;
         if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
             CHECK(0, "failure: create: %s", err.msg);

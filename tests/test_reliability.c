@@ -88,11 +88,7 @@ static void world_init(world* W, int p, int m, double timeout_s, int flight, int
     W->p = p;
     W->m = m;
     W->wbuf = mlp_init(&W->w, NULL, DIMS, 11, NULL);
-    for (r = 0; r < p; r++) {
-        mlp_model unused;
-        float* wb = mlp_init(&unused, &W->g[r], DIMS, 11, &W->gbuf[r]);
-        free(wb);
-    }
+    hx_mlp_rank_grads(W->g, W->gbuf, p, DIMS);
     mlp_make_data(W->x, W->y, ROWS, IN, CLASSES, 3, 4);
     hx_dense_batch(&W->b, W->x, W->y, ROWS, IN, m);
     W->S.p = p;

@@ -6,16 +6,8 @@
 # another model and a file that is not a checkpoint refused. With GPT_MPI and an mpirun command,
 # the same across processes: four ranks write one file together (the same bytes as gpt_cpu's),
 # two ranks resume from it. Prints "NAME: N passed, N failed".
-cpu=${1:-build/gpt_cpu}
-mpi=$2
-[ $# -ge 2 ] && shift 2
-name=gpt-resume
-[ -n "$mpi" ] && name=mpi-resume
-tmp=${TMPDIR:-/tmp}/pp-resume-test.$$
-pass=0; fail=0
-check() { # check WHAT COND
-    if eval "$2"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; fi
-}
+kind=resume
+. "${0%/*}/gpt_script.sh"
 # AdamW with a warm-up (examples/gpt_train.h's gpt_lr): a resumed run must find its place on
 # the schedule from the checkpoint's step. --check-resume adds the cosine, which ends at --steps
 # (a run of --steps 6 has another cosine than the first half of one of --steps 12).
@@ -54,6 +46,4 @@ else
     check "two MPI ranks resumed and saved" "[ \$? -eq 0 ] && grep -q 'resumed from' '$tmp.out'" || cat "$tmp.out"
     check "resumed over MPI = uninterrupted, byte for byte" "cmp -s '$tmp.mres' '$tmp.ref'"
 fi
-rm -f "$tmp".*
-echo "$name: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

@@ -95,6 +95,64 @@ static pp_result soak_rank(int rank, void* user) {
     return S->rc[rank];
 }
 
+/* The batch's fixed fields: every step's make_batch fills the rest. */
+static void soak_batch_init(soak* S, int m) {
+    S->m = m;
+    S->b.m = m;
+    S->b.input.data = S->x;
+    S->b.input.cols = IN;
+    S->b.input.dtype = PP_F32;
+    S->b.targets = S->y;
+    S->b.target_row_bytes = sizeof(int32_t);
+    S->b.cu_seqlens = S->cu;
+}
+
+/* Weights, one gradient set per rank and the reference's, the batch, the schedule, the
+   partition and the threads; the caller makes the stages. */
+static void soak_world_init(soak* S, pp_schedule_kind kind, int p, int v, int m) {
+    pp_error err;
+    S->p = p;
+    S->v = v;
+    S->wbuf = mlp_init(&S->w, &S->gref, DIMS, 7, &S->grefbuf);
+    hx_mlp_rank_grads(S->g, S->gbuf, p, DIMS);
+    soak_batch_init(S, m);
+    CHECK(pp_schedule_make(kind, p, v, m, S->acts, 512, &S->sched, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_partition_uniform(MLP_DEPTH + 1, p * v, S->first, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_threads_create(p, &S->threads, &err) == PP_OK, "%s", err.msg);
+}
+
+/* Zeroes every gradient and runs one pipelined step on the threads. */
+static void soak_run_step(soak* S, size_t n) {
+    pp_error err;
+    int r;
+    for (r = 0; r < S->p; r++) memset(S->gbuf[r], 0, n * sizeof(float));
+    memset(S->grefbuf, 0, n * sizeof(float));
+    pp_threads_run(S->p, soak_rank, S, &err);
+}
+
+/* The sequential reference's step (its loss in *loss_ref) and the ranks' gradients summed into
+   sum (n floats), to compare with the reference's bit for bit. */
+static void soak_reference(soak* S, const pp_model* model, float* sum, size_t n, float* loss_ref) {
+    pp_error err;
+    size_t i;
+    int r;
+    CHECK(pp_sequential_step(model, &S->w, &S->gref, &S->b, loss_ref, &err) == PP_OK, "%s", err.msg);
+    memset(sum, 0, n * sizeof(float));
+    for (r = 0; r < S->p; r++)
+        for (i = 0; i < n; i++) sum[i] += S->gbuf[r][i];
+}
+
+/* Destroys the stages and the threads and frees the world with S itself. */
+static void soak_world_free(soak* S) {
+    int r;
+    for (r = 0; r < S->p; r++) pp_stage_destroy(S->st[r]);
+    hx_mlp_free_grads(S->gbuf, S->p);
+    pp_threads_destroy(S->threads);
+    free(S->wbuf);
+    free(S->grefbuf);
+    free(S);
+}
+
 /* Step k's batch: step 0 has the most sequences, all of the longest length. */
 static void make_batch(soak* S, int k, uint64_t* rng) {
     int n = k == 0 ? NMAX : S->m + (int)(mlp_rng_next(rng) % (uint64_t)(NMAX - S->m + 1)), i;
@@ -111,30 +169,13 @@ static void run_soak(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
     soak* S = (soak*)calloc(1, sizeof *S);
     pp_error err;
     pp_model model = mlp_model_desc();
-    size_t n = mlp_param_count(DIMS), i;
+    size_t n = mlp_param_count(DIMS);
     uint64_t rng = 12345;
     long long base_bytes = 0, base_blocks = 0, max_bytes = 0, allocs0 = 0, half_bytes = 0, late_bytes = 0;
     int r, k, bad_steps = 0, first_bad = -1, last_rank, last_chunk;
     float* sum = (float*)calloc(n, sizeof(float));
     double t0 = _pp_now();
-    S->p = p;
-    S->v = v;
-    S->m = m;
-    S->wbuf = mlp_init(&S->w, &S->gref, DIMS, 7, &S->grefbuf);
-    for (r = 0; r < p; r++) {
-        mlp_model unused;
-        free(mlp_init(&unused, &S->g[r], DIMS, 7, &S->gbuf[r]));
-    }
-    S->b.m = m;
-    S->b.input.data = S->x;
-    S->b.input.cols = IN;
-    S->b.input.dtype = PP_F32;
-    S->b.targets = S->y;
-    S->b.target_row_bytes = sizeof(int32_t);
-    S->b.cu_seqlens = S->cu;
-    CHECK(pp_schedule_make(kind, p, v, m, S->acts, 512, &S->sched, &err) == PP_OK, "%s", err.msg);
-    CHECK(pp_partition_uniform(MLP_DEPTH + 1, p * v, S->first, &err) == PP_OK, "%s", err.msg);
-    CHECK(pp_threads_create(p, &S->threads, &err) == PP_OK, "%s", err.msg);
+    soak_world_init(S, kind, p, v, m);
     for (r = 0; r < p; r++) {
         pp_stage_desc d;
         hx_stage_desc(&d, NULL, model, &S->w, &S->g[r], &S->sched, S->first, r, pp_threads_transport(S->threads, r));
@@ -148,13 +189,8 @@ static void run_soak(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
         float loss_ref = 0;
         int ok;
         make_batch(S, k, &rng);
-        for (r = 0; r < p; r++) memset(S->gbuf[r], 0, n * sizeof(float));
-        memset(S->grefbuf, 0, n * sizeof(float));
-        pp_threads_run(p, soak_rank, S, &err);
-        CHECK(pp_sequential_step(&model, &S->w, &S->gref, &S->b, &loss_ref, &err) == PP_OK, "%s", err.msg);
-        memset(sum, 0, n * sizeof(float));
-        for (r = 0; r < p; r++)
-            for (i = 0; i < n; i++) sum[i] += S->gbuf[r][i];
+        soak_run_step(S, n);
+        soak_reference(S, &model, sum, n, &loss_ref);
         ok = memcmp(sum, S->grefbuf, n * sizeof(float)) == 0 &&
              memcmp(&S->stats[last_rank].loss, &loss_ref, sizeof(float)) == 0 && pp_threads_pending(S->threads) == 0;
         for (r = 0; r < p; r++) ok = ok && S->rc[r] == PP_OK;
@@ -199,15 +235,8 @@ static void run_soak(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
            "in %lld blocks after step 1, at most %lld after; %.1f allocations per step (transient messages)\n",
            pp_schedule_name(kind), p, v, m, shapes == PP_SHAPES_AUTO ? "auto" : "local", steps, _pp_now() - t0,
            base_bytes, base_blocks, max_bytes, steps > 1 ? (double)(g_allocs - allocs0) / (steps - 1) : 0.0);
-    for (r = 0; r < p; r++) {
-        pp_stage_destroy(S->st[r]);
-        free(S->gbuf[r]);
-    }
-    pp_threads_destroy(S->threads);
-    free(S->wbuf);
-    free(S->grefbuf);
+    soak_world_free(S);
     free(sum);
-    free(S);
     pthread_mutex_lock(&g_mem_mu);
     CHECK(g_live_bytes == 0 && g_live_blocks == 0, "after destroy the library still holds %lld bytes in %lld blocks",
           g_live_bytes, g_live_blocks);
@@ -226,29 +255,12 @@ static void test_bcast_nomem(int fail_cu) {
     soak* S = (soak*)calloc(1, sizeof *S);
     pp_error err;
     pp_model model = mlp_model_desc();
-    size_t n = mlp_param_count(DIMS), i;
+    size_t n = mlp_param_count(DIMS);
     uint64_t rng = 777;
     int r, k, nomem = 0, last_rank, last_chunk;
     float* sum = (float*)calloc(n, sizeof(float));
     const char* what = fail_cu ? "cu_seqlens buffer" : "message buffer";
-    S->p = P;
-    S->v = 1;
-    S->m = M;
-    S->wbuf = mlp_init(&S->w, &S->gref, DIMS, 7, &S->grefbuf);
-    for (r = 0; r < P; r++) {
-        mlp_model unused;
-        free(mlp_init(&unused, &S->g[r], DIMS, 7, &S->gbuf[r]));
-    }
-    S->b.m = M;
-    S->b.input.data = S->x;
-    S->b.input.cols = IN;
-    S->b.input.dtype = PP_F32;
-    S->b.targets = S->y;
-    S->b.target_row_bytes = sizeof(int32_t);
-    S->b.cu_seqlens = S->cu;
-    CHECK(pp_schedule_make(PP_SCHED_1F1B, P, 1, M, S->acts, 512, &S->sched, &err) == PP_OK, "%s", err.msg);
-    CHECK(pp_partition_uniform(MLP_DEPTH + 1, P, S->first, &err) == PP_OK, "%s", err.msg);
-    CHECK(pp_threads_create(P, &S->threads, &err) == PP_OK, "%s", err.msg);
+    soak_world_init(S, PP_SCHED_1F1B, P, 1, M);
     for (r = 0; r < P; r++) {
         pp_stage_desc d;
         hx_stage_desc(&d, NULL, model, &S->w, &S->g[r], &S->sched, S->first, r, pp_threads_transport(S->threads, r));
@@ -261,11 +273,9 @@ static void test_bcast_nomem(int fail_cu) {
     for (k = 0; k < 3; k++) {
         float loss_ref = 0;
         make_batch(S, k + 1, &rng);
-        for (r = 0; r < P; r++) memset(S->gbuf[r], 0, n * sizeof(float));
-        memset(S->grefbuf, 0, n * sizeof(float));
         g_failed = 0;
         g_fail_size = k > 0 ? 0 : fail_cu ? sizeof(int32_t) * (MAX_SEQS + 1) : 4088;
-        pp_threads_run(P, soak_rank, S, &err);
+        soak_run_step(S, n);
         g_fail_size = 0;
         if (k == 0) {
             for (r = 0; r < P; r++) {
@@ -278,24 +288,14 @@ static void test_bcast_nomem(int fail_cu) {
             pp_threads_reset(S->threads);
             continue;
         }
-        CHECK(pp_sequential_step(&model, &S->w, &S->gref, &S->b, &loss_ref, &err) == PP_OK, "%s", err.msg);
-        memset(sum, 0, n * sizeof(float));
-        for (r = 0; r < P; r++)
-            for (i = 0; i < n; i++) sum[i] += S->gbuf[r][i];
+        soak_reference(S, &model, sum, n, &loss_ref);
         CHECK(S->rc[0] == PP_OK && S->rc[1] == PP_OK, "step %d after the %s failed: %s | %s", k, what,
               pp_stage_error(S->st[0]), pp_stage_error(S->st[1]));
         CHECK(memcmp(sum, S->grefbuf, n * sizeof(float)) == 0 && memcmp(&S->stats[last_rank].loss, &loss_ref, sizeof(float)) == 0,
               "step %d after the %s failed: gradients or loss differ from the reference", k, what);
     }
-    for (r = 0; r < P; r++) {
-        pp_stage_destroy(S->st[r]);
-        free(S->gbuf[r]);
-    }
-    pp_threads_destroy(S->threads);
-    free(S->wbuf);
-    free(S->grefbuf);
+    soak_world_free(S);
     free(sum);
-    free(S);
     pthread_mutex_lock(&g_mem_mu);
     CHECK(g_live_bytes == 0 && g_live_blocks == 0, "%s failed: after destroy the library still holds %lld bytes in %lld blocks",
           what, g_live_bytes, g_live_blocks);
@@ -313,14 +313,7 @@ static void test_pipeline_nomem(void) {
     uint64_t rng = 99;
     int r, bad = 0;
     S->wbuf = mlp_init(&S->w, &S->g[0], DIMS, 7, &S->gbuf[0]);
-    S->m = 4;
-    S->b.m = 4;
-    S->b.input.data = S->x;
-    S->b.input.cols = IN;
-    S->b.input.dtype = PP_F32;
-    S->b.targets = S->y;
-    S->b.target_row_bytes = sizeof(int32_t);
-    S->b.cu_seqlens = S->cu;
+    soak_batch_init(S, 4);
     make_batch(S, 1, &rng);
     memset(&d, 0, sizeof d);
     d.model = mlp_model_desc();

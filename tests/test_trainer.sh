@@ -10,16 +10,8 @@
 # loss after 40 steps within 0.02 of f32's and not its bits (build/bf16-controls runs this part
 # alone, TRAINER_PART=bf16, on a gpt_cpu whose --dtype bf16 stays f32, and it must fail).
 # Prints "NAME: N passed, N failed".
-cpu=${1:-build/gpt_cpu}
-mpi=$2
-[ $# -ge 2 ] && shift 2
-name=gpt-trainer
-[ -n "$mpi" ] && name=mpi-trainer
-tmp=${TMPDIR:-/tmp}/pp-trainer-test.$$
-pass=0; fail=0
-check() { # check WHAT COND
-    if eval "$2"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; return 1; fi
-}
+kind=trainer
+. "${0%/*}/gpt_script.sh"
 vals() { grep '^val loss' "$1" | sed 's/  (.*//'; } # the val loss lines without their timing
 tensors() { sed -n 's/^sent in .* tensors ([a-z0-9]*): \([0-9]*\) bytes in \([0-9]*\) messages.*/\1 \2/p' "$1"; }
 losses() { grep '^step' "$1" | awk '{ print $4 }'; } # every step's loss
@@ -43,10 +35,9 @@ bf16() { # the --dtype bf16 part
     check "--dtype f16 is refused" "[ \$? -eq 2 ] && grep -q \"unknown --dtype 'f16'\" '$tmp.out'"
 }
 if [ "$TRAINER_PART" = bf16 ]; then
+    name="$name bf16"
     bf16
-    rm -f "$tmp".*
-    echo "gpt-trainer bf16: $pass passed, $fail failed"
-    [ $fail -eq 0 ]
+    finish
     exit
 fi
 o="--generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4 --steps 5"
@@ -86,6 +77,4 @@ else
     "$cpu" $b --schedule 1f1b -p 2 > "$tmp.cb" 2>&1
     check "over MPI with --dtype bf16: gpt_cpu's losses and tensor bytes" "[ -n \"\$(tensors '$tmp.mb')\" ] && [ \"\$(tensors '$tmp.mb')\" = \"\$(tensors '$tmp.cb')\" ] && [ \"\$(losses '$tmp.mb')\" = \"\$(losses '$tmp.cb')\" ]"
 fi
-rm -f "$tmp".*
-echo "$name: $pass passed, $fail failed"
-[ $fail -eq 0 ]
+finish

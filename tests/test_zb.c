@@ -1436,22 +1436,10 @@ static void test_profile(void) {
 }
 
 int main(int argc, char** argv) {
-    if (argc > 1 && !strcmp(argv[1], "turn")) { /* what the negative control runs (build/zb-controls) */
-        test_turn();
-        return TEST_DONE("zb (turn)");
-    }
-    if (argc > 1 && !strcmp(argv[1], "grid")) { /* the generators against the authors' alone */
-        test_cost_aware();
-        return TEST_DONE("zb (grid)");
-    }
-    if (argc > 1 && !strcmp(argv[1], "final")) {
-        test_grads_final();
-        return TEST_DONE("zb (gradients final)");
-    }
-    if (argc > 1 && !strcmp(argv[1], "wshare")) {
-        test_w_share_run();
-        return TEST_DONE("zb (W share)");
-    }
+    if (test_only(argc, argv, "turn", test_turn)) return TEST_DONE("zb (turn)"); /* build/zb-controls runs it */
+    if (test_only(argc, argv, "grid", test_cost_aware)) return TEST_DONE("zb (grid)"); /* the generators alone */
+    if (test_only(argc, argv, "final", test_grads_final)) return TEST_DONE("zb (gradients final)");
+    if (test_only(argc, argv, "wshare", test_w_share_run)) return TEST_DONE("zb (W share)");
     test_zb_schedules();
     test_bubble_order();
     test_cost_aware();

@@ -262,6 +262,18 @@ typedef struct fn_split {
     ncclComm_t* child;          /* [n] made, not yet written (non-blocking parents) */
 } fn_split;
 
+/* A split and its arrays (any of them NULL, as a failed allocation leaves them). */
+static inline void fn_split_free(fn_split* s) {
+    if (!s) return;
+    free(s->color);
+    free(s->key);
+    free(s->blocking);
+    free(s->share);
+    free(s->out);
+    free(s->child);
+    free(s);
+}
+
 /* A launch order: NCCL's sharedRes->deviceStream. Every launch waits for the previous kernel on
    it to finish [src: enqueue.cc, ncclLaunchPrepare: the launch stream waits on deviceStream;
    ncclLaunchFinish: deviceStream advances to the kernel's finished event]. A communicator has
@@ -1382,13 +1394,7 @@ static inline void fn_clique_free(fn_clique* cl) {
     while (cl->splits) {
         fn_split* s = cl->splits;
         cl->splits = s->next;
-        free(s->color);
-        free(s->key);
-        free(s->blocking);
-        free(s->share);
-        free(s->out);
-        free(s->child);
-        free(s);
+        fn_split_free(s);
     }
     while (cl->boot) {
         fn_boot* m = cl->boot;
@@ -1671,15 +1677,7 @@ static inline ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, nc
             s->child = (ncclComm_t*)calloc((size_t)n, sizeof(ncclComm_t));
         }
         if (!s || !s->color || !s->key || !s->blocking || !s->share || !s->out || !s->child) {
-            if (s) {
-                free(s->color);
-                free(s->key);
-                free(s->blocking);
-                free(s->share);
-                free(s->out);
-        free(s->child);
-            }
-            free(s);
+            fn_split_free(s);
             pthread_mutex_unlock(&fn_mu);
             return ncclSystemError;
         }
@@ -1715,31 +1713,25 @@ static inline ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* 
     return ncclSuccess;
 }
 
+/* The queries (ncclCommCount, ncclCommCuDevice, ncclCommUserRank): counted, the pointer
+   checked, the communicator ready (fn_ready); then *out is its size, device or rank. */
+enum { FN_Q_COUNT, FN_Q_DEVICE, FN_Q_RANK };
+static inline ncclResult_t fn_comm_query(const ncclComm_t comm, int* out, int what) {
+    ncclResult_t r;
+    fn_call(FAKENCCL_CALL_OTHER);
+    if (!out) return ncclInvalidArgument;
+    if ((r = fn_ready(comm)) != ncclSuccess) return r;
+    *out = what == FN_Q_COUNT ? comm->n : what == FN_Q_DEVICE ? comm->dev : comm->rank;
+    return ncclSuccess;
+}
 static inline ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-    ncclResult_t r;
-    fn_call(FAKENCCL_CALL_OTHER);
-    if (!count) return ncclInvalidArgument;
-    if ((r = fn_ready(comm)) != ncclSuccess) return r;
-    *count = comm->n;
-    return ncclSuccess;
+    return fn_comm_query(comm, count, FN_Q_COUNT);
 }
-
 static inline ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
-    ncclResult_t r;
-    fn_call(FAKENCCL_CALL_OTHER);
-    if (!device) return ncclInvalidArgument;
-    if ((r = fn_ready(comm)) != ncclSuccess) return r;
-    *device = comm->dev;
-    return ncclSuccess;
+    return fn_comm_query(comm, device, FN_Q_DEVICE);
 }
-
 static inline ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-    ncclResult_t r;
-    fn_call(FAKENCCL_CALL_OTHER);
-    if (!rank) return ncclInvalidArgument;
-    if ((r = fn_ready(comm)) != ncclSuccess) return r;
-    *rank = comm->rank;
-    return ncclSuccess;
+    return fn_comm_query(comm, rank, FN_Q_RANK);
 }
 
 /* lock held: the communicator's kernels are all done */
