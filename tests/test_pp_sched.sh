@@ -48,6 +48,11 @@ check "rank --recompute plans under the cap, no slower than the hand choices (${
     "[ $rc -eq 0 ] && [ -n '$ratio' ] && awk 'BEGIN { exit !($ratio <= 1) }' && grep -q '^           recompute [0-9]* of 26 layers' '$tmp.out'"
 "$bin" rank -p 4 -m 16 --costs "$gpt" --mem-cap 1 --recompute > "$tmp.out" 2>&1
 check "rank --recompute under a cap nothing meets fails, saying so" "[ \$? -ne 0 ] && grep -q 'nothing fits' '$tmp.out'"
+# --mem-cap alone plans recomputation too; --no-recompute gives the ranked table without it
+"$bin" rank -p 4 -m 16 --costs "$gpt" --mem-cap 300 > "$tmp.out" 2>&1
+check "rank --mem-cap plans recomputation by default" "[ \$? -eq 0 ] && grep -q '^plan ' '$tmp.out' && grep -q '^           recompute [0-9]* of 26 layers' '$tmp.out'"
+"$bin" rank -p 4 -m 16 --costs "$gpt" --mem-cap 300 --no-recompute > "$tmp.out" 2>&1
+check "rank --mem-cap --no-recompute ranks the kinds alone" "[ \$? -eq 0 ] && ! grep -q '^plan ' '$tmp.out' && grep -q '^answer *v-min (v=2): step time' '$tmp.out'"
 # the forward-only list (--eval): F actions only, written with eval=1, loads back, one stash per rank
 "$bin" zb-v -p 3 -m 4 --eval --table > "$tmp.out" 2>&1
 grep -v '^#' "$tmp.out" > "$tmp.tab"

@@ -22,7 +22,8 @@
    list "f:b:w[:mem],..." or a file of lines "f b w [mem]"; mem is the layer's stashed
    activation per micro-batch, default 1), p ranks and m micro-batches; every schedule is
    partitioned (min-max over f+b+w), simulated, and ranked by step time among those whose peak
-   stash per rank fits --mem-cap, then by peak memory. With --recompute the schedule, the
+   stash per rank fits --mem-cap, then by peak memory. With --mem-cap (or --recompute; not with
+   --no-recompute) the schedule, the
    partition and the layers to recompute are chosen together (pp_plan_recompute): a layer's
    entry "f:b:w:mem:out" also says which part of mem is its output (what recomputing it keeps
    unless the next layer is recomputed too), and the table shows every kind without and with
@@ -45,7 +46,7 @@ static void usage(FILE* f) {
             "                [--trace FILE.json] [--table] [--eval]\n"
             "       pp-sched load FILE [--f F] [--b B] [--w W] [--comm C] [--width W] [--trace FILE.json] [--eval]\n"
             "       pp-sched rank -p P -m M (--layers N | --costs LIST | --costs @FILE) [--f F --b B --w W]\n"
-            "                [--comm C] [--mem-cap X] [--recompute]\n"
+            "                [--comm C] [--mem-cap X] [--recompute | --no-recompute]\n"
             "  KIND        gpipe | 1f1b | interleaved | interleaved-mem | zb-h1 | zb-h2 | zb-v | v-half | v-min |\n"
             "              dualpipev\n"
             "  -p P        ranks\n"
@@ -67,7 +68,8 @@ static void usage(FILE* f) {
             "  rank        rank every schedule for a model: --layers N equal layers (costs --f/--b/--w),\n"
             "              or --costs \"f:b:w[:mem],...\" per layer, or --costs @FILE (lines \"f b w [mem]\");\n"
             "              --mem-cap X: most stashed activation (sum of mem) a rank may hold;\n"
-            "              --recompute: choose the schedule, the partition and the layers to recompute\n"
+            "              --recompute (the default with --mem-cap; --no-recompute: the ranked table\n"
+            "              alone): choose the schedule, the partition and the layers to recompute\n"
             "              together (pp_plan_recompute; \":out\" after mem: the layer's output within mem,\n"
             "              default mem, then \":bonly\": the part only B reads, default 0; a stage's input\n"
             "              counts too), next to every kind without and with every layer recomputed\n");
@@ -388,7 +390,7 @@ static int plan_rank(int p, int m, const layer_cost* lc, int L, double comm, dou
 int main(int argc, char** argv) {
     pp_schedule_kind kind = PP_SCHED_1F1B;
     int p = 0, m = 0, v = 0, width = 0, i, r, rc = 1, have_p = 0, have_m = 0, table_only = 0, eval_only = 0, n_layers = 0;
-    int mode_load = 0, mode_rank = 0, argi = 2, recompute = 0;
+    int mode_load = 0, mode_rank = 0, argi = 2, recompute = -1; /* -1: with --mem-cap */
     double f = 1, b = 1, w = 1, comm = 0, theory = -1, min_cost, mem_cap = 0, b_free = 0;
     const char *trace = NULL, *load = NULL, *costs = NULL;
     char* text = NULL;
@@ -438,8 +440,8 @@ int main(int argc, char** argv) {
             eval_only = 1;
             continue;
         }
-        if (!strcmp(opt, "--recompute")) {
-            recompute = 1;
+        if (!strcmp(opt, "--recompute") || !strcmp(opt, "--no-recompute")) {
+            recompute = opt[2] == 'r';
             continue;
         }
         if (eq) {
@@ -517,6 +519,7 @@ int main(int argc, char** argv) {
                 return 2;
             }
         }
+        if (recompute < 0) recompute = mem_cap > 0;
         rc = recompute ? plan_rank(p, m, lc, L, comm, mem_cap) : rank_schedules(p, m, lc, L, comm, mem_cap);
         free(lc);
         return rc;
