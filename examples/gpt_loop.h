@@ -32,6 +32,23 @@ static inline float gpt_lr_at(float lr, float lr_min, int warmup, int steps, int
     return (float)(lo + 0.5 * (hi - lo) * (1.0 + cos(GPT_PI * t)));
 }
 
+/* The held-out split: every GPT_HOLD_OUT-th document of the text (gpt_corpus_hold_out), always
+   set aside, so that a run with --eval-every trains on the same batches as one without. */
+#define GPT_HOLD_OUT 10
+
+/* --eval-every's batches: the first n held-out documents (--eval-seqs of them, or all if fewer),
+   in order, cut into gpt_val_batches(n, seqs) batches of about seqs documents (at least seqs
+   each, or one batch); batch i holds documents [*first, *first + *count). The same batches at
+   every evaluation, for every p, v and schedule. */
+static inline int gpt_val_batches(int n, int seqs) {
+    int nb = n / seqs;
+    return nb < 1 ? 1 : nb;
+}
+static inline void gpt_val_range(int n, int nb, int i, int* first, int* count) {
+    *first = (int)((long long)i * n / nb);
+    *count = (int)((long long)(i + 1) * n / nb) - *first;
+}
+
 /* --eval-every: after every every-th step (from 0) and after the last; never when every is 0. */
 static inline int gpt_eval_due_at(int every, int step, int last) {
     return every > 0 && ((step + 1) % every == 0 || step == last);

@@ -20,10 +20,6 @@
 #include "gpt_loop.h"
 #include "gpt_traffic.h"
 
-/* The held-out split: every GPT_HOLD_OUT-th document of the text (gpt_corpus_hold_out), always
-   set aside, so that a run with --eval-every trains on the same batches as one without. */
-#define GPT_HOLD_OUT 10
-
 typedef struct gpt_opts {
     pp_schedule_kind kind;
     int p, v, m, steps, seqs, max_len, dim, heads, layers;
@@ -367,18 +363,15 @@ static inline void gpt_decay_mask(const gpt_trainer* T, unsigned char* mask) {
 #undef GPT_DECAY
 }
 
-/* --eval-every: the held-out batches. The first --eval-seqs documents of the split (all of
-   them if fewer), in order, cut into batches of about --seqs-per-step documents (at least
-   --seqs-per-step each, or one batch): the same batches at every evaluation, for every p, v
-   and schedule. 0 on success, 1 with a message. */
+/* --eval-every: the held-out batches (gpt_val_batches: the first --eval-seqs documents of the
+   split in batches of about --seqs-per-step). 0 on success, 1 with a message. */
 static inline int gpt_val_make(gpt_trainer* T, const gpt_opts* c) {
-    int n = c->eval_seqs < T->held.n_docs ? c->eval_seqs : T->held.n_docs, nb = n / c->seqs, i;
+    int n = c->eval_seqs < T->held.n_docs ? c->eval_seqs : T->held.n_docs, nb = gpt_val_batches(n, c->seqs), i;
     if (n < c->m) {
         fprintf(stderr, "--eval-every: %d held-out documents, fewer than m = %d (--eval-seqs, or a longer text)\n", n,
                 c->m);
         return 1;
     }
-    if (nb < 1) nb = 1;
     if (!(T->val = (gpt_step*)calloc((size_t)nb, sizeof *T->val)) ||
         !(T->val_loss = (float*)calloc((size_t)nb, sizeof(float)))) {
         fprintf(stderr, "out of memory\n");
@@ -388,7 +381,8 @@ static inline int gpt_val_make(gpt_trainer* T, const gpt_opts* c) {
     T->val_docs = n;
     for (i = 0; i < nb; i++) {
         gpt_step* sd = &T->val[i];
-        int a = (int)((int64_t)i * n / nb), k = (int)((int64_t)(i + 1) * n / nb) - a;
+        int a, k;
+        gpt_val_range(n, nb, i, &a, &k);
         sd->tokens = (int32_t*)malloc(sizeof(int32_t) * (size_t)k * (size_t)c->max_len);
         sd->targets = (int32_t*)malloc(sizeof(int32_t) * (size_t)k * (size_t)c->max_len);
         sd->cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(k + 1));
