@@ -8,7 +8,8 @@
 # does not); truncated, corrupted, foreign and other-shape files are refused; bad values are
 # refused. PART=resume runs the --check-resume part alone (build/cuda-trainer-controls runs it on
 # a gpt_cuda whose resume leaves Adam's moments out, and it must fail). With GPT_CPU, a gpt_cpu
-# checkpoint (another model) is refused too. Prints "cuda-trainer: N passed, N failed".
+# checkpoint (another model) is refused too. TRAINER_GPU=1 runs it all on the GPU (no --cpu:
+# tools/gpu_run.sh). Prints "cuda-trainer: N passed, N failed".
 cuda=${1:-build/gpt_cuda}
 cpu=$2
 tmp=${TMPDIR:-/tmp}/pp-cuda-trainer-test.$$
@@ -17,7 +18,9 @@ check() { # check WHAT COND
     if eval "$2"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; return 1; fi
 }
 vals() { grep '^val loss' "$1" | sed 's/  (.*//'; } # the val loss lines without their timing
-o="--cpu --generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4 --steps 12"
+dev=--cpu
+[ "$TRAINER_GPU" = 1 ] && dev=
+o="$dev --generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4 --steps 12"
 "$cuda" $o --warmup 3 --lr-min 3e-4 --wd 0.1 --clip 0.5 --schedule interleaved -p 4 -v 2 --check-resume > "$tmp.out" 2>&1
 check "--check-resume (warm-up, cosine, AdamW, clip): exit 0 and bit-identical" \
     "[ \$? -eq 0 ] && grep -q 'losses bit-identical, final weights bit-identical against p=2 uninterrupted -> OK' '$tmp.out'" ||
