@@ -213,6 +213,8 @@
           (pp_dp_overlap, >>grad).
           Then (examples only, the library unchanged): the GPT trainers' --dtype bf16, bf16
           activations and their gradients between stages (examples/gpt.h, gpt_cuda.h).
+          Then (examples only): gpt_cuda and gpt_nccl train with AdamW, --clip, warm-up and
+          cosine, --eval-every and --save/--resume like gpt_cpu (examples/gpt_loop.h).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H

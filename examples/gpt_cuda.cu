@@ -11,16 +11,27 @@
    every packed sequence), pre-LN transformer blocks (causal attention that never crosses a
    sequence boundary, MLP C -> 4C -> GELU -> C), a final LayerNorm and an LM head TIED to the
    token embedding. Trained on packed variable-length documents of bundled text (README.md by
-   default) with Adam. Every rank is a host thread that enqueues its stages' kernels on its own
+   default) with AdamW. Every rank is a host thread that enqueues its stages' kernels on its own
    stream; the library moves activations between streams (and GPUs) with event-ordered copies.
 
      build/gpt_cuda [--schedule gpipe|1f1b|interleaved] [-p 4] [-v 2] [-m 8] [--steps 40]
                     [--gpus N] [--text FILE | --generated] [--seqs-per-step 64] [--max-len 128]
-                    [--dim 128] [--heads 4] [--layers 4] [--lr 1e-3] [--dtype f32|bf16] [--trace FILE]
-                    [--check] [--bench] [--cpu] [--gradcheck] [--gemm cublas|naive] [--vs-naive]
+                    [--dim 128] [--heads 4] [--layers 4] [--lr 1e-3] [--lr-min X] [--warmup N] [--wd X]
+                    [--clip X] [--eval-every N] [--eval-seqs 128] [--save FILE] [--resume FILE]
+                    [--dtype f32|bf16] [--trace FILE] [--check] [--check-resume] [--bench] [--cpu]
+                    [--gradcheck] [--gemm cublas|naive] [--vs-naive]
 
-   Prints per step: loss, tokens/s, the measured bubble (CUDA event timeline) and, at the end,
-   the GPU memory each stage's block pool holds next to the parameter and gradient bytes.
+   Prints per step: the step, loss, learning rate, tokens, tokens/s, the measured bubble (CUDA
+   event timeline) and with --clip the gradient norm; at the end, tokens/s over the run and the
+   GPU memory each stage's block pool holds next to the parameter and gradient bytes.
+   The training options mean what they mean in gpt_cpu (examples/gpt_loop.h, docs/training.md
+   section 10): --lr-min/--warmup (warm-up, then cosine to --lr-min at --steps), --wd (AdamW's
+   decoupled decay on the matrices), --clip (the global gradient norm, pp_pipeline_grad_clip),
+   --eval-every N/--eval-seqs N (the held-out split, every 10th document, through
+   pp_pipeline_eval: "val loss"), --save/--resume (pp_ckpt_* of weights, Adam's moments and the
+   step; any p and schedule, the same file as gpt_nccl's).
+   --check-resume half the steps at the configured p, saved, the rest resumed at p = 2 1F1B:
+                  losses and final weights BIT-IDENTICAL to p = 2 uninterrupted (exit 1 if not)
    --gpus N       spreads rank r over GPU r % N (default 1: every stage on one GPU)
    --check        trains the same steps unpipelined (p = 1, one stream) from the same start and
                   requires the loss curve and final weights to be BIT-IDENTICAL (exit 1 if not):
@@ -355,28 +366,13 @@ static void step_failed(trainer* t) {
    clipped at the global norm c.clip over every layer's buffers (pp_pipeline_grad_clip, read
    through rank 0's device copy, which is device 0); *norm gets the norm before. */
 static int clip_grads(trainer* t, double* norm) {
-    static pp_grad_buf bufs[12 * GPTC_MAX_BLOCK + 4];
-    gptc_model gm;
-    float* ptr[12];
-    int64_t count[12];
-    unsigned char decay[12];
+    static pp_grad_buf bufs[12 * GPTC_MAX_BLOCK + 5];
     pp_device_ops ops;
     pp_error err;
-    int n = 0;
+    int n;
     memset(&ops, 0, sizeof ops);
     if (!t->cpu) ops = pp_cuda_device_ops(pp_cuda_pipeline_world(t->pl), 0);
-    gptc_bind(&gm, &t->run.cfg, t->gsum, 0);
-    for (int l = 0; l < t->run.cfg.nb + 2; l++) {
-        int k = gptc_layer_buffers(&t->run.cfg, &gm, l, ptr, count, decay);
-        for (int j = 0; j < k; j++, n++) {
-            memset(&bufs[n], 0, sizeof bufs[n]);
-            bufs[n].layer = l;
-            bufs[n].data = ptr[j];
-            bufs[n].count = (size_t)count[j];
-            bufs[n].dtype = PP_F32;
-            bufs[n].device = t->cpu ? NULL : &ops;
-        }
-    }
+    n = gptc_grad_bufs(&t->run.cfg, t->gsum, NULL, -1, t->cpu ? NULL : &ops, bufs);
     if (settle(t) || pp_pipeline_grad_clip(t->pl, bufs, n, t->c.clip, norm, &err) != PP_OK) {
         fprintf(stderr, "--clip: %s\n", err.msg);
         return 1;

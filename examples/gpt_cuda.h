@@ -944,6 +944,38 @@ static int gptc_params(const pp_model* m, const void* w, int l, pp_param* out, i
     return n;
 }
 
+/* --clip: the pp_grad_bufs (pipeline.h >>grad) of a gradient buffer g laid out like the weights
+   (gptc_numel floats: gptc_bind(.., 0); the tied wte's whole gradient in the embedding's slot),
+   one per parameter buffer of each layer own[] flags (NULL: every layer), in memory dev reaches
+   (NULL: the host). tied_layer >= 0 adds wte again as a tied copy of that layer (the head's
+   rank's copy: scaled, not counted). out: room for 12 * nb + 5; returns the count. */
+static int gptc_grad_bufs(const gptc_config* g, float* grad, const unsigned char* own, int tied_layer,
+                          const pp_device_ops* dev, pp_grad_buf* out) {
+    gptc_model gm;
+    float* ptr[13]; /* a layer's 12 at most, and the tied copy */
+    int64_t count[13];
+    unsigned char decay[13];
+    int n = 0;
+    gptc_bind(&gm, g, grad, 0);
+    for (int l = 0; l < g->nb + 2; l++) {
+        int k = own && !own[l] ? 0 : gptc_layer_buffers(g, &gm, l, ptr, count, decay);
+        if (l == tied_layer) { /* after the layer's own buffers */
+            ptr[k] = gm.embed[0].wte;
+            count[k++] = (int64_t)g->V * g->C;
+        }
+        for (int j = 0; j < k; j++, n++) {
+            memset(&out[n], 0, sizeof out[n]);
+            out[n].layer = l;
+            out[n].data = ptr[j];
+            out[n].count = (size_t)count[j];
+            out[n].dtype = PP_F32;
+            out[n].tied_copy = l == tied_layer && j == k - 1;
+            out[n].device = dev;
+        }
+    }
+    return n;
+}
+
 /* --wd: 1 for every parameter (gptc_numel of them, host memory) that the weight decay reaches;
    0 on success, 1 out of memory. */
 static int gptc_decay_mask(const gptc_config* g, unsigned char* mask) {

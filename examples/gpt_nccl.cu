@@ -1,6 +1,7 @@
 /* examples/gpt_nccl.cu - the GPT of examples/gpt_cuda.cu with ONE PROCESS PER GPU over NCCL
    (pipeline_nccl.h): a pp x dp grid, any schedule, the tied embedding/head across the first
-   and last pipeline ranks, the data-parallel gradient mean, Adam.
+   and last pipeline ranks, the data-parallel gradient mean, AdamW, clipping, held-out evaluation
+   and checkpoints.
 
    What to copy: the per-rank API over NCCL (pp_nccl_grid_create, pp_nccl_transport) with a
    one-rank pp_cuda for the device block pool, the tied and data-parallel gradient sums on the
@@ -15,7 +16,12 @@
    default world / dp), --dp N (default world / p), -v N, -m N, --steps N, --text FILE |
    --generated, --seqs-per-step N, --max-len N, --dim N, --heads N, --layers N, --lr X,
    --dtype f32|bf16 (bf16: the activations sent between stages and their gradients, half the
-   bytes; f32 weights, gradients and Adam); and
+   bytes; f32 weights, gradients and Adam), the training options of gpt_cpu and gpt_cuda
+   (examples/gpt_loop.h, docs/training.md section 10): --lr-min X, --warmup N, --wd X, --clip X
+   (pp_stage_grad_clip over the pipeline, after the tied sum and the data-parallel mean),
+   --eval-every N, --eval-seqs N (pp_stage_eval on every rank), --save FILE (replica 0's
+   pipeline ranks write one file, each its own layers), --resume FILE (every process loads it
+   all); and
    --id-file PATH (the ncclUniqueId through a shared file; needed for world > 1 without MPI),
    --timeout S (every wait, default 120); --loss-log FILE (the printing rank writes every
    micro-batch's loss of every step there in hex: runs on other grids must match it bit for bit,
@@ -25,17 +31,19 @@
    srun, torchrun); no launcher variables means one process (world 1). The GPU is the local
    rank modulo the GPUs visible (pp_nccl_comm_init). Each process keeps the whole parameter
    buffer (the same seed everywhere, so the replicas start identical) and updates it with
-   Adam; only the layers its stages own get gradients, and Adam leaves a zero-gradient
-   parameter unchanged. One step:
+   AdamW; only the layers its stages own get gradients and are read (Adam leaves a
+   zero-gradient parameter unchanged; --wd's decay shrinks the others' stale copies, which
+   nothing reads, and a checkpoint takes each layer from its owner). One step:
      pp_stage_step                    (the pipeline transport, device blocks from a one-rank pp_cuda)
      tied wte: pp_tied_sum_grads over the grid's tied pair (embedding share on the first stage's
                rank, head share on the last's; both end with the sum), or locally when one rank
                owns both (p = 1, ZB-V)
      pp_grad_allreduce over the data-parallel group, then x 1/dp
-     Adam over the parameters
-   Printed by the last stage's rank of replica 0: loss, tokens/s (this replica), bubble (this
-   rank's idle share of the step's span, CUDA events); at the end every rank prints its GPU
-   memory (block pool, parameters, gradients).
+     --clip: pp_stage_grad_clip (the last stage's copy of the tied wte as a tied copy)
+     AdamW over the parameters at the step's rate
+   Printed by the last stage's rank of replica 0: the step, loss, rate, tokens/s (this replica),
+   bubble (this rank's idle share of the step's span, CUDA events), the norm with --clip; at the
+   end every rank prints its GPU memory (block pool, parameters, gradients).
 
    WHAT WAS RUN: on one H200 (2026-11-26, docs/gpu.md "Measured on a GPU"), -p 1 as a single
    process, directly and through --id-file, before the two-channel transport: it trained (3
@@ -355,38 +363,12 @@ static int setup(proc* P, const opts* o, int have_launch) {
    rank lists its copy of the tied wte's gradient (the one its AdamW reads) as a tied copy: scaled,
    not counted. *norm: the norm before. */
 static int clip_grads(proc* P, const opts* o, int e_rank, int h_rank, double* norm) {
-    static pp_grad_buf bufs[12 * GPTC_MAX_BLOCK + 8];
-    gptc_model gm;
-    float* ptr[12];
-    int64_t count[12];
-    unsigned char decay[12];
+    static pp_grad_buf bufs[12 * GPTC_MAX_BLOCK + 5];
     pp_device_ops ops = pp_cuda_device_ops(P->cuda, 0);
     pp_error err;
-    int n = 0;
-    gptc_bind(&gm, &P->run.cfg, P->gbuf, 0); /* the slots AdamW reads (wte: the embedding's) */
-    for (int l = 0; l < o->layers + 2; l++) {
-        int k;
-        if (!P->own[l]) continue;
-        k = gptc_layer_buffers(&P->run.cfg, &gm, l, ptr, count, decay);
-        for (int j = 0; j < k; j++, n++) {
-            memset(&bufs[n], 0, sizeof bufs[n]);
-            bufs[n].layer = l;
-            bufs[n].data = ptr[j];
-            bufs[n].count = (size_t)count[j];
-            bufs[n].dtype = PP_F32;
-            bufs[n].device = &ops;
-        }
-    }
-    if (e_rank != h_rank && P->pp_rank == h_rank) {
-        memset(&bufs[n], 0, sizeof bufs[n]);
-        bufs[n].layer = o->layers + 1;
-        bufs[n].data = gm.embed[0].wte;
-        bufs[n].count = (size_t)P->run.cfg.V * P->run.cfg.C;
-        bufs[n].dtype = PP_F32;
-        bufs[n].tied_copy = 1;
-        bufs[n].device = &ops;
-        n++;
-    }
+    /* the slots AdamW reads (wte: the embedding's slot, which holds the tied sum) */
+    int n = gptc_grad_bufs(&P->run.cfg, P->gbuf, P->own, e_rank != h_rank && P->pp_rank == h_rank ? o->layers + 1 : -1,
+                           &ops, bufs);
     if (pp_stage_grad_clip(P->st, bufs, n, o->clip, norm, &err) != PP_OK) FAIL("--clip: %s", err.msg);
     return 0;
 }
