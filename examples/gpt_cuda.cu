@@ -756,6 +756,7 @@ int main(int argc, char** argv) {
         cfg cb = c;
         int rounds = c.steps < 8 ? 8 : c.steps;
         cb.steps = rounds;
+        cb.save = NULL;
         if (train(&cb, c.p, c.kind, c.v, 1, 0, &a) || train(&cb, 1, PP_SCHED_GPIPE, 1, 1, 0, &b)) return 1;
         printf("# gpt_cuda --bench: %d blocks, C=%d, m=%d, %d steps (first 2 excluded), one GPU, GPU time per step\n", c.layers,
                c.dim, c.m, rounds);
@@ -775,6 +776,7 @@ int main(int argc, char** argv) {
         cfg cn = c;
         double worst = 0;
         cn.naive = 1;
+        cn.save = NULL;
         c.naive = 0;
         if (train(&c, c.p, c.kind, c.v, c.gpus, 0, &a) || train(&cn, c.p, c.kind, c.v, c.gpus, 0, &b)) return 1;
         for (int s = 0; s < c.steps && s < 1024; s++) {
