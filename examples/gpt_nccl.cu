@@ -89,7 +89,7 @@ typedef struct proc {
     gptc_model w, g;
     pp_cuda_layer_ctx lc;       /* the layers' io->ctx: the compute stream and the GPU */
     float *wbuf, *gbuf, *m1, *m2;
-    float* flag;                /* (1) device: the all-reduce that agrees on an outcome (pipe_failures) */
+    float* flag;                /* (1) device: the all-reduce that agrees on an outcome (world_failures) */
     unsigned char* decay;       /* (n_par) device: 1 where --wd decays (gptc_decay_mask) */
     gptc_model mw1, mw2;        /* Adam's moments bound like the weights (checkpoints) */
     const void* moments[2];     /* &mw1, &mw2 */
@@ -197,13 +197,13 @@ static int save_ckpt(proc* P, const opts* o, int steps_done) {
     pp_error err;
     size_t n = strlen(o->save) + 5;
     char* tmp = (char*)malloc(n);
-    int ok = tmp != NULL, writer = P->dp_rank == 0;
+    int ok = tmp != NULL, mine = ok, writer = P->dp_rank == 0; /* mine: this rank's part went well */
     if (ok) snprintf(tmp, n, "%s.tmp", o->save);
-    if (ok && writer && P->pp_rank == 0) ok = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
-    if (world_failures(P, o, ok) != 0) ok = 0;
+    if (ok && writer && P->pp_rank == 0) ok = mine = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
+    if (world_failures(P, o, ok) != 0) ok = 0; /* the header is in the file before the others write */
     k.records_only = 1;
-    if (ok && writer && P->pp_rank != 0 && pp_ckpt_save_file(&k, tmp, &err) != PP_OK) ok = 0;
-    if (!ok && tmp) fprintf(stderr, "gpt_nccl rank %d: --save %s: %s\n", P->L.rank, o->save, err.msg);
+    if (ok && writer && P->pp_rank != 0) ok = mine = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
+    if (!mine) fprintf(stderr, "gpt_nccl rank %d: --save %s: %s\n", P->L.rank, o->save, tmp ? err.msg : "out of memory");
     if (world_failures(P, o, ok) != 0) ok = 0;
     if (ok && writer && P->pp_rank == 0) {
         if (rename(tmp, o->save) != 0) {
