@@ -513,7 +513,7 @@ CUDA_HDRS = pipeline.h pipeline_cuda.h
 $(B)/test_cuda: tests/test_cuda.cu $(TEST_HDRS) $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
 
-$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_data.h examples/gpt_traffic.h examples/splitmix.h $(CUDA_HDRS) | $(B)
+$(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_loop.h examples/gpt_data.h examples/gpt_traffic.h examples/splitmix.h $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
 
 $(B)/bubble_cuda: bench/bubble_cuda.cu tests/harness.h $(CUDA_HDRS) | $(B)
@@ -537,10 +537,21 @@ check-cuda: | $(B)
 	  f=$$(sed -n 's/.*tensors (f32): \([0-9]*\) bytes.*/\1/p' $(B)/gpt_cuda_cpu.log) && b=$$(sed -n 's/.*tensors (bf16): \([0-9]*\) bytes.*/\1/p' $(B)/gpt_cuda_bf16.log) && \
 	  [ -n "$$b" ] && [ $$((b * 2)) -eq "$$f" ] && echo "check-cuda: --dtype bf16 sends $$b tensor bytes, f32 $$f" && \
 	  $(B)/gpt_cuda --cpu --gradcheck -m 1 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 4 && \
+	  $(MAKE) --no-print-directory $(B)/gpt_cpu $(B)/cuda-trainer-controls && \
+	  sh tests/test_cuda_trainer.sh $(B)/gpt_cuda $(B)/gpt_cpu && $(B)/cuda-trainer-controls && \
 	  echo "check-cuda: headers compile under nvcc and C99, all CUDA code builds, its host paths pass"; \
 	else echo "check-cuda: nvcc not found, skipped"; fi
 
 cuda: $(CUDA_BINS)
+
+# The training loop of gpt_cuda --cpu (tests/test_cuda_trainer.sh, run by check-cuda): its
+# --check-resume part's negative control, a gpt_cuda whose resume loads the weights without
+# Adam's moments (-DPP_TEST_NO_CKPT_STATE): the resumed run is another, and it must fail.
+$(B)/gpt_cuda-ctl-no-state: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_loop.h examples/gpt_data.h examples/gpt_traffic.h examples/splitmix.h $(CUDA_HDRS) | $(B)
+	$(NVCC) $(NVFLAGS) -DPP_TEST_NO_CKPT_STATE -I. $< -o $@ -lcublas -lpthread
+$(B)/cuda-trainer-controls: tests/controls.sh tests/test_cuda_trainer.sh $(B)/gpt_cuda-ctl-no-state
+	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-trainer-controls "env PART=resume sh tests/test_cuda_trainer.sh $(B)/gpt_cuda-ctl-no-state"\n' > $@
+	chmod +x $@
 
 # GPU tests: built with nvcc, run only where a GPU answers (the binary's --probe), else skipped.
 test-cuda: | $(B)

@@ -81,7 +81,7 @@ $(B)/mpi-nccl-np%: $(B)/test_nccl_mpi
 # NCCL id by MPI_Bcast where MPI is here: PP_GPT_NCCL_MPI), linked by $(CXX). check-nccl also
 # builds it without MPI too (the id by --id-file) and runs a one-process step: where no
 # GPU is, it must stop with its "no CUDA device" message, not crash.
-GPT_NCCL_SRC = examples/gpt_nccl.cu examples/gpt_cuda.h examples/gpt_data.h examples/gpt_traffic.h examples/splitmix.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h
+GPT_NCCL_SRC = examples/gpt_nccl.cu examples/gpt_cuda.h examples/gpt_loop.h examples/gpt_data.h examples/gpt_traffic.h examples/splitmix.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h
 ifeq ($(HAVE_MPI),1)
 GPT_NCCL_MPI_CFLAGS = -DPP_GPT_NCCL_MPI -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
   $(patsubst -I%,-isystem %,$(filter -I%,$(shell $(MPICC) -showme:compile 2>/dev/null || $(MPICC) -compile-info)))
@@ -127,6 +127,7 @@ test-nccl-gpu: gpu-nccl
 	@sh tools/gpu_nccl.sh $(B)/gpu-nccl-out 330 $(B)
 
 GPT_NCCL_RUN1 = $(B)/gpt_nccl -p 1 -m 4 --steps 2 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8
+GPT_NCCL_TRAIN = --wd 0.1 --clip 1 --warmup 1 --lr-min 1e-4 --eval-every 1 --eval-seqs 16 --save $(B)/gpt_nccl.ckpt
 
 check-nccl: | $(B)
 	@if [ "$(HAVE_NCCL)" = 1 ]; then \
@@ -140,7 +141,10 @@ check-nccl: | $(B)
 	    $(MAKE) --no-print-directory $(B)/gpt_nccl $(B)/gpt_nccl-nompi && \
 	    if $(GPT_NCCL_RUN1) > $(B)/gpt_nccl_run1.log 2>&1; then tail -2 $(B)/gpt_nccl_run1.log; \
 	    else grep -q "no CUDA device" $(B)/gpt_nccl_run1.log || { cat $(B)/gpt_nccl_run1.log; exit 1; }; \
-	      echo "check-nccl: gpt_nccl builds$(if $(filter 1,$(HAVE_MPI)), with and without MPI,); no GPU here: it stops with: $$(grep -o 'no CUDA device.*' $(B)/gpt_nccl_run1.log | cut -c1-60)..."; fi; }; }; \
+	      echo "check-nccl: gpt_nccl builds$(if $(filter 1,$(HAVE_MPI)), with and without MPI,); no GPU here: it stops with: $$(grep -o 'no CUDA device.*' $(B)/gpt_nccl_run1.log | cut -c1-60)..."; fi && \
+	    { $(GPT_NCCL_RUN1) $(GPT_NCCL_TRAIN) > $(B)/gpt_nccl_train.log 2>&1 || grep -q "no CUDA device" $(B)/gpt_nccl_train.log || { cat $(B)/gpt_nccl_train.log; exit 1; }; } && \
+	    { ! $(GPT_NCCL_RUN1) --clip -1 > $(B)/gpt_nccl_bad.log 2>&1 && grep -q "clip wants a norm" $(B)/gpt_nccl_bad.log; } && \
+	    echo "check-nccl: gpt_nccl's training options parse ($(GPT_NCCL_TRAIN)); --clip -1 is refused"; }; }; \
 	else echo "check-nccl: nccl.h/libcudart not found under $(NCCL_HOME) and $(CUDA_HOME), skipped"; fi
 
 # pipeline_mpi.h under clang and as C++ (without MPI's own C++ bindings, which are not -Wextra clean)

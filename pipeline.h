@@ -225,6 +225,8 @@
           Then: activation recomputation (pp_stage_desc.recompute; pp_sim_cost.r_f, r_mem,
           mem_stage) and plans that choose it with the schedule under a memory cap (pp_plan_try,
           pp_plan_recompute); pp_step_stats.peak_stash_bytes counts bytes asked for.
+          Then (examples only): gpt_cuda and gpt_nccl train with AdamW, --clip, warm-up and
+          cosine, --eval-every and --save/--resume like gpt_cpu (examples/gpt_loop.h).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H

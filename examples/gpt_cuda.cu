@@ -11,16 +11,27 @@
    every packed sequence), pre-LN transformer blocks (causal attention that never crosses a
    sequence boundary, MLP C -> 4C -> GELU -> C), a final LayerNorm and an LM head TIED to the
    token embedding. Trained on packed variable-length documents of bundled text (README.md by
-   default) with Adam. Every rank is a host thread that enqueues its stages' kernels on its own
+   default) with AdamW. Every rank is a host thread that enqueues its stages' kernels on its own
    stream; the library moves activations between streams (and GPUs) with event-ordered copies.
 
      build/gpt_cuda [--schedule gpipe|1f1b|interleaved] [-p 4] [-v 2] [-m 8] [--steps 40]
                     [--gpus N] [--text FILE | --generated] [--seqs-per-step 64] [--max-len 128]
-                    [--dim 128] [--heads 4] [--layers 4] [--lr 1e-3] [--dtype f32|bf16] [--trace FILE]
-                    [--check] [--bench] [--cpu] [--gradcheck] [--gemm cublas|naive] [--vs-naive]
+                    [--dim 128] [--heads 4] [--layers 4] [--lr 1e-3] [--lr-min X] [--warmup N] [--wd X]
+                    [--clip X] [--eval-every N] [--eval-seqs 128] [--save FILE] [--resume FILE]
+                    [--dtype f32|bf16] [--trace FILE] [--check] [--check-resume] [--bench] [--cpu]
+                    [--gradcheck] [--gemm cublas|naive] [--vs-naive]
 
-   Prints per step: loss, tokens/s, the measured bubble (CUDA event timeline) and, at the end,
-   the GPU memory each stage's block pool holds next to the parameter and gradient bytes.
+   Prints per step: the step, loss, learning rate, tokens, tokens/s, the measured bubble (CUDA
+   event timeline) and with --clip the gradient norm; at the end, tokens/s over the run and the
+   GPU memory each stage's block pool holds next to the parameter and gradient bytes.
+   The training options mean what they mean in gpt_cpu (examples/gpt_loop.h, docs/training.md
+   section 10): --lr-min/--warmup (warm-up, then cosine to --lr-min at --steps), --wd (AdamW's
+   decoupled decay on the matrices), --clip (the global gradient norm, pp_pipeline_grad_clip),
+   --eval-every N/--eval-seqs N (the held-out split, every 10th document, through
+   pp_pipeline_eval: "val loss"), --save/--resume (pp_ckpt_* of weights, Adam's moments and the
+   step; any p and schedule, the same file as gpt_nccl's).
+   --check-resume half the steps at the configured p, saved, the rest resumed at p = 2 1F1B:
+                  losses and final weights BIT-IDENTICAL to p = 2 uninterrupted (exit 1 if not)
    --gpus N       spreads rank r over GPU r % N (default 1: every stage on one GPU)
    --check        trains the same steps unpipelined (p = 1, one stream) from the same start and
                   requires the loss curve and final weights to be BIT-IDENTICAL (exit 1 if not):
@@ -59,6 +70,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gpt_cuda.h" /* the model: kernels, layout, layer callbacks, memory helpers */
 
@@ -69,6 +81,9 @@ typedef struct cfg : gptc_opts { /* the options gpt_nccl shares, and gpt_cuda's 
     int check, bench, gradcheck, cpu;
     int naive;                  /* --gemm naive: the matrix products as plain kernels, not cuBLAS */
     int vs_naive;               /* --vs-naive: the same run with the naive kernels, losses compared */
+    int check_resume;           /* --check-resume: saved halfway at the configured p, resumed at p = 2
+                                   1F1B, against p = 2 uninterrupted */
+    int stop;                   /* train: stop (and --save) after this many steps (0: --steps) */
 } cfg;
 
 typedef struct run_out {
@@ -101,9 +116,12 @@ typedef struct trainer {
     int last_rank;              /* owns the head: its device holds the losses */
     /* optimizer on device 0 */
     float *gsum, *gtmp, *m1, *m2;
+    unsigned char* decay;       /* (n_par) 1 where --wd decays (gptc_decay_mask) */
+    gptc_model mw1, mw2;        /* the moments bound like the weights (checkpoints) */
+    const void* moments[2];     /* &mw1, &mw2 */
     size_t n_par, n_grad;
     pp_batch batch;
-    int cap_rows;
+    int cap_rows, cap_seqs;
     int32_t *h_tok, *h_tgt, *h_cu, *h_pos, *h_sst, *h_sen;
 } trainer;
 
@@ -139,7 +157,7 @@ static int tables_alloc(trainer* t, int cap) {
     tables_free(t);
     for (int k = 0; k < 5; k++)
         if (!(*h[k] = (int32_t*)malloc(sizeof(int32_t) * (size_t)cap))) return 1;
-    if (!(t->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(t->c.seqs + 1)))) return 1;
+    if (!(t->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(t->cap_seqs + 1)))) return 1;
     for (int d = 0; d < t->n_dev; d++) {
         int32_t** g[5] = {&t->tok[d], &t->tgt[d], &t->pos[d], &t->sst[d], &t->sen[d]};
         set_device(t, d);
@@ -169,6 +187,7 @@ static void trainer_free(trainer* t) {
     gptc_free(t->cpu, t->gtmp);
     gptc_free(t->cpu, t->m1);
     gptc_free(t->cpu, t->m2);
+    gptc_free(t->cpu, t->decay);
     free(t->g);
 }
 
@@ -209,8 +228,19 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
     if (!(t->gsum = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_grad)) ||
         !(t->gtmp = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_grad)) ||
         !(t->m1 = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_par)) ||
-        !(t->m2 = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_par)) || !(t->g = (gptc_model*)calloc((size_t)p, sizeof *t->g)))
+        !(t->m2 = (float*)gptc_alloc(t->cpu, sizeof(float) * t->n_par)) || !(t->g = (gptc_model*)calloc((size_t)p, sizeof *t->g)) ||
+        !(t->decay = (unsigned char*)gptc_alloc(t->cpu, t->n_par)))
         return 1;
+    gptc_bind(&t->mw1, &t->run.cfg, t->m1, 0);
+    gptc_bind(&t->mw2, &t->run.cfg, t->m2, 0);
+    t->moments[0] = &t->mw1;
+    t->moments[1] = &t->mw2;
+    {
+        unsigned char* h = (unsigned char*)malloc(t->n_par);
+        int bad = !h || gptc_decay_mask(&t->run.cfg, h) || gptc_copy(t->cpu, t->decay, h, t->n_par);
+        free(h);
+        if (bad) return 1;
+    }
     /* each rank its own gradients on its GPU; weights: its device's copy */
     for (int r = 0; r < p; r++) {
         t->dev[r] = r % n_dev;
@@ -252,15 +282,17 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
     return 0;
 }
 
-/* Packs the step's documents and copies the per-row tables to every device. */
-static int load_batch(trainer* t, const gpt_corpus* corp, uint64_t* rng, int* T_out) {
-    int cap = t->c.seqs * t->c.max_len, T;
-    if (cap > t->cap_rows) {
-        if (tables_alloc(t, cap)) return 1;
-        t->cap_rows = cap;
-    }
-    T = gpt_pack(corp, rng, t->c.seqs, t->h_tok, t->h_tgt, t->h_cu);
-    gpt_row_tables(t->h_cu, t->c.seqs, t->h_pos, t->h_sst, t->h_sen);
+/* Room in the tables for a batch of n_seqs documents; 0, or 1 out of memory. */
+static int tables_room(trainer* t, int n_seqs) {
+    if (n_seqs <= t->cap_seqs) return 0;
+    t->cap_seqs = n_seqs;
+    t->cap_rows = n_seqs * t->c.max_len;
+    return tables_alloc(t, t->cap_rows);
+}
+
+/* Copies the packed batch in the host tables (T rows, n_seqs documents) to every device. */
+static int upload_batch(trainer* t, int T, int n_seqs) {
+    gpt_row_tables(t->h_cu, n_seqs, t->h_pos, t->h_sst, t->h_sen);
     for (int d = 0; d < t->n_dev; d++) {
         size_t b = sizeof(int32_t) * (size_t)T;
         set_device(t, d);
@@ -282,31 +314,87 @@ static int load_batch(trainer* t, const gpt_corpus* corp, uint64_t* rng, int* T_
     t->batch.targets = t->tgt[t->dev[t->last_rank]];
     t->batch.target_row_bytes = sizeof(int32_t);
     t->batch.cu_seqlens = t->h_cu;
-    t->batch.n_seqs = t->c.seqs;
+    t->batch.n_seqs = n_seqs;
     t->batch.split = PP_SPLIT_TOKENS;
-    *T_out = T;
     return 0;
 }
 
-/* One training step: pipeline, then the gradient sum in rank order, tied wte, Adam, replicas. */
-static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info, gpt_traffic* tr) {
-    pp_step_stats ss;
+/* Packs the step's documents and copies the per-row tables to every device. */
+static int load_batch(trainer* t, const gpt_corpus* corp, uint64_t* rng, int* T_out) {
+    if (tables_room(t, t->c.seqs)) return 1;
+    *T_out = gpt_pack(corp, rng, t->c.seqs, t->h_tok, t->h_tgt, t->h_cu);
+    return upload_batch(t, *T_out, t->c.seqs);
+}
+
+/* The step's loss from the last stage's micro-batch losses on its device: their mean. */
+static int read_loss(trainer* t, float* loss) {
     float mbl[1024];
     double acc = 0;
+    set_device(t, t->dev[t->last_rank]);
+    if (gptc_copy(t->cpu, mbl, t->run.tab[t->dev[t->last_rank]].mb_loss, sizeof(float) * (size_t)t->c.m)) return 1;
+    for (int i = 0; i < t->c.m; i++) acc += (double)(float)(1.0 / t->c.m) * (double)mbl[i];
+    *loss = (float)acc;
+    return 0;
+}
+
+/* Device 0's weights to the other devices' replicas. */
+static int replicate(trainer* t) {
+    if (!t->cpu && cudaStreamSynchronize(0) != cudaSuccess) return 1;
+    for (int d = 1; d < t->n_dev; d++)
+        if (cudaMemcpyPeer(t->wbuf[d], d, t->wbuf[0], 0, sizeof(float) * t->n_par) != cudaSuccess ||
+            cudaDeviceSynchronize() != cudaSuccess)
+            return 1;
+    return 0;
+}
+
+/* The zeroing and the batch upload ran on the legacy stream, which the stage streams
+   (non-blocking) do not wait for: finish them before a step (between steps, not inside). */
+static int settle(const trainer* t) {
+    for (int d = 0; d < t->n_dev && !t->cpu; d++)
+        if (cudaSetDevice(d) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 1;
+    return 0;
+}
+
+static void step_failed(trainer* t) {
+    fprintf(stderr, "%s\n", pp_pipeline_error(t->pl));
+    for (int r = 0; r < t->p && !t->cpu; r++)
+        if (pp_cuda_error(pp_cuda_pipeline_world(t->pl), r)[0])
+            fprintf(stderr, "rank %d: %s\n", r, pp_cuda_error(pp_cuda_pipeline_world(t->pl), r));
+}
+
+/* --clip: the step's gradient (t->gsum on device 0, the tied wte's sum in the embedding's slot)
+   clipped at the global norm c.clip over every layer's buffers (pp_pipeline_grad_clip, read
+   through rank 0's device copy, which is device 0); *norm gets the norm before. */
+static int clip_grads(trainer* t, double* norm) {
+    static pp_grad_buf bufs[12 * GPTC_MAX_BLOCK + 5];
+    pp_device_ops ops;
+    pp_error err;
+    int n;
+    memset(&ops, 0, sizeof ops);
+    if (!t->cpu) ops = pp_cuda_device_ops(pp_cuda_pipeline_world(t->pl), 0);
+    n = gptc_grad_bufs(&t->run.cfg, t->gsum, NULL, -1, t->cpu ? NULL : &ops, bufs);
+    if (settle(t) || pp_pipeline_grad_clip(t->pl, bufs, n, t->c.clip, norm, &err) != PP_OK) {
+        fprintf(stderr, "--clip: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+/* One training step: pipeline, then the gradient sum in rank order, tied wte, clipping, AdamW at
+   the step's rate (gpt_lr_at), replicas. *norm: the gradient norm before clipping (-1: no --clip). */
+static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info, gpt_traffic* tr, double* norm) {
+    pp_step_stats ss;
     int cpu = t->cpu;
+    const cfg* c = &t->c;
+    const float lr = gpt_lr_at(c->lr, c->lr_min, c->warmup, c->steps, step);
+    *norm = -1;
     for (int r = 0; r < t->p; r++) {
         set_device(t, t->dev[r]);
         if (gptc_zero(cpu, t->gbuf[r], sizeof(float) * t->n_grad)) return 1;
     }
-    /* the zeroing and the batch upload ran on the legacy stream, which the stage streams
-       (non-blocking) do not wait for: finish them before the step (between steps, not inside) */
-    for (int d = 0; d < t->n_dev && !cpu; d++)
-        if (cudaSetDevice(d) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 1;
+    if (settle(t)) return 1;
     if (pp_pipeline_step(t->pl, &t->batch, &ss) != PP_OK) {
-        fprintf(stderr, "%s\n", pp_pipeline_error(t->pl));
-        for (int r = 0; r < t->p && !cpu; r++)
-            if (pp_cuda_error(pp_cuda_pipeline_world(t->pl), r)[0])
-                fprintf(stderr, "rank %d: %s\n", r, pp_cuda_error(pp_cuda_pipeline_world(t->pl), r));
+        step_failed(t);
         return 1;
     }
     gpt_traffic_add(tr, &ss);
@@ -327,59 +415,110 @@ static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info
     }
     /* tied: wte's gradient = embedding share + head share */
     if (gptc_op<gptc_acc_op>(cpu, (cudaStream_t)0, t->run.cfg.V * t->run.cfg.C, t->gsum, (const float*)(t->gsum + t->n_par))) return 1;
+    set_device(t, 0);
+    if (c->clip > 0 && clip_grads(t, norm)) return 1;
+    set_device(t, 0);
     {
         float bc1 = 1.0f - powf(0.9f, (float)(step + 1)), bc2 = 1.0f - powf(0.999f, (float)(step + 1));
-        if (gptc_op<gptc_adam_op>(cpu, (cudaStream_t)0, (int)t->n_par, t->wbuf[0], (const float*)t->gsum, t->m1, t->m2, t->c.lr, bc1,
-                                  bc2))
+        if (gptc_op<gptc_adamw_op>(cpu, (cudaStream_t)0, (int)t->n_par, t->wbuf[0], (const float*)t->gsum, t->m1, t->m2,
+                                   (const unsigned char*)t->decay, 1.0f - lr * c->wd, lr, bc1, bc2))
             return 1;
     }
-    if (!cpu && cudaStreamSynchronize(0) != cudaSuccess) return 1;
-    for (int d = 1; d < t->n_dev; d++)
-        if (cudaMemcpyPeer(t->wbuf[d], d, t->wbuf[0], 0, sizeof(float) * t->n_par) != cudaSuccess ||
-            cudaDeviceSynchronize() != cudaSuccess)
+    return replicate(t) || read_loss(t, loss);
+}
+
+/* --eval-every: the held-out batches (gpt_val_batches of the first --eval-seqs documents of held)
+   through pp_pipeline_eval, forward only: no gradient is touched, so the training goes on bit
+   for bit as without it. Prints "val loss" (gpt_loop_print_val): the batches' losses weighted by
+   their tokens. */
+static int evaluate(trainer* t, const gpt_corpus* held, int steps_done) {
+    int n = t->c.eval_seqs < held->n_docs ? t->c.eval_seqs : held->n_docs, nb = gpt_val_batches(n, t->c.seqs);
+    double s = 0, w = 0, t0 = now_s();
+    if (n < t->c.m) {
+        fprintf(stderr, "--eval-every: %d held-out documents, fewer than m = %d (--eval-seqs, or a longer text)\n", n, t->c.m);
+        return 1;
+    }
+    for (int i = 0; i < nb; i++) {
+        int a, k, T;
+        float loss;
+        gpt_val_range(n, nb, i, &a, &k);
+        if (tables_room(t, k)) return 1;
+        T = gpt_pack_docs(held, a, k, t->h_tok, t->h_tgt, t->h_cu);
+        if (upload_batch(t, T, k) || settle(t)) return 1;
+        if (pp_pipeline_eval(t->pl, &t->batch, NULL, NULL) != PP_OK) {
+            step_failed(t);
             return 1;
-    set_device(t, t->dev[t->last_rank]);
-    if (gptc_copy(cpu, mbl, t->run.tab[t->dev[t->last_rank]].mb_loss, sizeof(float) * (size_t)t->c.m)) return 1;
-    for (int i = 0; i < t->c.m; i++) acc += (double)(float)(1.0 / t->c.m) * (double)mbl[i];
-    *loss = (float)acc;
+        }
+        if (read_loss(t, &loss)) return 1;
+        s += (double)loss * T;
+        w += T;
+    }
+    gpt_loop_print_val(w > 0 ? s / w : 0.0, steps_done, n, (long long)w, nb, now_s() - t0);
     return 0;
 }
 
-static int load_corpus(const cfg* c, gpt_corpus* corp) {
+/* The text, less its held-out split (every GPT_HOLD_OUT-th document, set aside in held whether
+   or not --eval-every reads it, as gpt_cpu does). */
+static int load_corpus(const cfg* c, gpt_corpus* corp, gpt_corpus* held) {
     const char* bad = gptc_opts_corpus(c, corp);
+    if (!bad && gpt_corpus_hold_out(corp, GPT_HOLD_OUT, held)) bad = "out of memory";
     if (bad) fprintf(stderr, "gpt_cuda: %s\n", bad);
     return bad != NULL;
+}
+
+/* --save, --resume: device 0's weights and moments (gptc_ckpt), every layer. */
+static int save_ckpt(trainer* t, int steps_done, const char* path) {
+    pp_ckpt_desc k = gptc_ckpt(&t->model, &t->w[0], t->moments, NULL, steps_done, &t->cpu);
+    set_device(t, 0);
+    return settle(t) || gpt_ckpt_save_path(&k, path);
+}
+static int resume_ckpt(trainer* t, const char* path, int* from) {
+    pp_ckpt_desc k = gptc_ckpt(&t->model, &t->w[0], t->moments, NULL, 0, &t->cpu);
+#ifdef PP_TEST_NO_CKPT_STATE /* negative control (build/cuda-trainer-controls): the weights alone, Adam's moments left at 0 */
+    k.n_state = 0;
+#endif
+    set_device(t, 0);
+    return gpt_ckpt_load_path(&k, path, from) || replicate(t);
 }
 
 /* Trains c->steps steps at (p, kind, v); fills out. verbose prints per step. */
 static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, int verbose, run_out* out) {
     static trainer t;
-    gpt_corpus corp;
+    gpt_corpus corp, held;
     uint64_t rng = 777;
-    double t_sum = 0;
-    int n_t = 0, rc = 0;
+    double t_sum = 0, t_run = now_s();
+    int64_t tokens = 0;
+    int n_t = 0, rc = 0, from = 0;
     memset(out, 0, sizeof *out);
-    if (load_corpus(c, &corp)) return 1;
-    if (trainer_init(&t, c, p, kind, v, n_dev)) {
+    if (load_corpus(c, &corp, &held)) return 1;
+    if (trainer_init(&t, c, p, kind, v, n_dev) || (c->resume && resume_ckpt(&t, c->resume, &from))) {
         trainer_free(&t);
         gpt_corpus_free(&corp);
+        gpt_corpus_free(&held);
         return 1;
     }
-    if (verbose)
-        printf("gpt_cuda: %s p=%d v=%d m=%d on %d %s, %d blocks, C=%d, %zu parameters, %s activations, text: %s\n",
+    if (verbose) {
+        printf("gpt_cuda: %s p=%d v=%d m=%d on %d %s, %d blocks, C=%d, %zu parameters, %s activations\n",
                pp_schedule_name(kind), p, v, c->m, c->cpu ? 0 : n_dev, c->cpu ? "GPUs (--cpu: host)" : "GPU(s)", c->layers, c->dim,
-               t.n_par, c->bf16 ? "bf16" : "f32", corp.source);
-    for (int s = 0; s < c->steps && s < 1024; s++) {
+               t.n_par, c->bf16 ? "bf16" : "f32");
+        printf("text: %s, %d documents to train on, %d held out (every %dth)\n", corp.source, corp.n_docs, held.n_docs,
+               GPT_HOLD_OUT);
+        gpt_loop_print_optim("adam", c->lr, c->lr_min, c->warmup, c->steps, c->wd, c->clip);
+        if (from) printf("resumed from %s at step %d\n", c->resume, from);
+    }
+    for (int s = 0; s < (c->stop ? c->stop : c->steps) && s < 1024; s++) {
         int T = 0;
         float loss = 0;
+        double norm = -1;
         pp_cuda_step_info info;
         double t0;
-        if (load_batch(&t, &corp, &rng, &T)) {
+        if (load_batch(&t, &corp, &rng, &T)) { /* before the resumed step too: the same batches follow */
             rc = 1;
             break;
         }
+        if (s < from) continue;
         t0 = now_s();
-        if (train_step(&t, s, &loss, &info, &out->traffic)) {
+        if (train_step(&t, s, &loss, &info, &out->traffic, &norm)) {
             rc = 1;
             break;
         }
@@ -388,19 +527,33 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
             out->loss[s] = loss;
             out->tok_s = T / dt;
             out->bubble = info.bubble;
+            tokens += T;
             if (s >= 2) {
                 t_sum += c->cpu ? dt : info.span;
                 n_t++;
             }
-            if (verbose)
-                printf("step %3d  loss %.4f  %6d tokens  %9.0f tokens/s  bubble %5.1f%%  span %.2f ms\n", s, loss, T, T / dt,
-                       100.0 * info.bubble, 1e3 * info.span);
+            if (verbose) {
+                gpt_loop_print_step(s, c->steps, loss, gpt_lr_at(c->lr, c->lr_min, c->warmup, c->steps, s), T, dt);
+                printf("  bubble %5.1f%%  span %.2f ms", 100.0 * info.bubble, 1e3 * info.span);
+                if (norm >= 0) printf("  grad norm %.4f", norm);
+                printf("\n");
+                fflush(stdout);
+            }
+        }
+        if (verbose && gpt_eval_due_at(c->eval_every, s, c->steps - 1) && evaluate(&t, &held, s + 1)) {
+            rc = 1;
+            break;
         }
         for (int r = 0; r < p && !c->cpu; r++)
             pp_cuda_memory(pp_cuda_pipeline_world(t.pl), r, &out->pool_bytes[r],
                            s == 0 ? &out->pool_allocs_first[r] : &out->pool_allocs[r]);
     }
     out->step_time_mean = n_t ? t_sum / n_t : 0;
+    if (rc == 0 && verbose) {
+        double wall = now_s() - t_run;
+        printf("%lld tokens in %.2f s: %.0f tokens/s\n", (long long)tokens, wall, wall > 0 ? (double)tokens / wall : 0.0);
+    }
+    if (rc == 0 && c->save) rc = save_ckpt(&t, c->stop ? c->stop : c->steps, c->save);
     if (rc == 0) {
         out->n_params = t.n_par;
         out->final_params = (float*)malloc(sizeof(float) * t.n_par);
@@ -433,6 +586,7 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
     }
     trainer_free(&t);
     gpt_corpus_free(&corp);
+    gpt_corpus_free(&held);
     return rc;
 }
 
@@ -440,13 +594,13 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
 static int gradcheck(const cfg* c0) {
     cfg c = *c0;
     static trainer t;
-    gpt_corpus corp;
+    gpt_corpus corp, held;
     uint64_t rng = 5;
     int T, bad = 0, n_checked = 0;
     pp_error err;
     c.m = 1;
     c.seqs = 3;
-    if (load_corpus(&c, &corp) || trainer_init(&t, &c, 1, PP_SCHED_GPIPE, 1, 1) || load_batch(&t, &corp, &rng, &T)) {
+    if (load_corpus(&c, &corp, &held) || trainer_init(&t, &c, 1, PP_SCHED_GPIPE, 1, 1) || load_batch(&t, &corp, &rng, &T)) {
         printf("gradcheck: setup failed\n");
         return 1;
     }
@@ -493,14 +647,55 @@ static int gradcheck(const cfg* c0) {
     printf("gradcheck: %d of %d sampled parameters outside tolerance (|num - ana| <= 2e-4 + 5%% |ana|)\n", bad, n_checked);
     trainer_free(&t);
     gpt_corpus_free(&corp);
+    gpt_corpus_free(&held);
     return bad > 0 || n_checked < 50;
+}
+
+/* --check-resume: --steps / 2 steps at the configured schedule and p, saved (--save FILE, else a
+   file in $TMPDIR); the rest resumed from it at p = 2 1F1B; against the whole run at p = 2 1F1B
+   uninterrupted: the losses after the resume and the final weights must be bit-identical (the
+   moments and the step, which places the run on the rate schedule, come from the file too). */
+static int check_resume(const cfg* c0) {
+    cfg a = *c0, b = *c0, u = *c0;
+    run_out ra, rb, ru;
+    char tmp[256];
+    const char* dir = getenv("TMPDIR");
+    int half = c0->steps / 2, same_loss = 1, same_w, rc;
+    if (half < 1 || c0->steps > 1024) {
+        fprintf(stderr, "--check-resume needs 2 .. 1024 --steps\n");
+        return 2;
+    }
+    snprintf(tmp, sizeof tmp, "%s/gpt_cuda-resume.%ld", dir && *dir ? dir : "/tmp", (long)getpid());
+    a.stop = half;
+    a.save = c0->save ? c0->save : tmp;
+    b.resume = a.save;
+    b.save = u.save = NULL;
+    if (train(&a, c0->p, c0->kind, c0->v, c0->gpus, 0, &ra)) return 1;
+    rc = train(&b, 2, PP_SCHED_1F1B, 1, 1, 0, &rb) || train(&u, 2, PP_SCHED_1F1B, 1, 1, 0, &ru);
+    if (!c0->save) remove(tmp);
+    if (rc) return 1;
+    for (int s = half; s < c0->steps; s++)
+        if (memcmp(&rb.loss[s], &ru.loss[s], sizeof(float)) != 0) {
+            if (same_loss) printf("check-resume: step %d loss %.9g resumed, %.9g uninterrupted\n", s, rb.loss[s], ru.loss[s]);
+            same_loss = 0;
+        }
+    same_w = memcmp(rb.final_params, ru.final_params, sizeof(float) * ru.n_params) == 0;
+    printf("check-resume: %d steps at %s p=%d, saved, resumed at 1f1b p=2 for %d more: losses %s, final weights %s "
+           "against p=2 uninterrupted -> %s\n",
+           half, pp_schedule_name(c0->kind), c0->p, c0->steps - half, same_loss ? "bit-identical" : "DIFFER",
+           same_w ? "bit-identical" : "DIFFER", same_loss && same_w ? "OK" : "FAILED");
+    free(ra.final_params);
+    free(rb.final_params);
+    free(ru.final_params);
+    return !(same_loss && same_w);
 }
 
 static int usage(void) {
     fprintf(stderr, "usage: gpt_cuda [--schedule gpipe|1f1b|interleaved] [-p N] [-v N] [-m N] [--steps N] [--gpus N]\n"
                     "                [--text FILE | --generated] [--seqs-per-step N] [--max-len N] [--dim N] [--heads N]\n"
-                    "                [--layers N] [--lr X] [--dtype f32|bf16] [--trace FILE] [--check] [--bench] [--cpu]\n"
-                    "                [--gradcheck] [--gemm cublas|naive] [--vs-naive]\n");
+                    "                [--layers N] [--lr X] [--lr-min X] [--warmup N] [--wd X] [--clip X] [--eval-every N]\n"
+                    "                [--eval-seqs N] [--save FILE] [--resume FILE] [--dtype f32|bf16] [--trace FILE] [--check]\n"
+                    "                [--check-resume] [--bench] [--cpu] [--gradcheck] [--gemm cublas|naive] [--vs-naive]\n");
     return 2;
 }
 
@@ -529,6 +724,7 @@ int main(int argc, char** argv) {
         else if (!strcmp(a, "--bench")) c.bench = 1;
         else if (!strcmp(a, "--cpu")) c.cpu = 1;
         else if (!strcmp(a, "--gradcheck")) c.gradcheck = 1;
+        else if (!strcmp(a, "--check-resume")) c.check_resume = 1;
         else return usage();
 #undef ARG
     }
@@ -560,6 +756,7 @@ int main(int argc, char** argv) {
         cfg cb = c;
         int rounds = c.steps < 8 ? 8 : c.steps;
         cb.steps = rounds;
+        cb.save = NULL;
         if (train(&cb, c.p, c.kind, c.v, 1, 0, &a) || train(&cb, 1, PP_SCHED_GPIPE, 1, 1, 0, &b)) return 1;
         printf("# gpt_cuda --bench: %d blocks, C=%d, m=%d, %d steps (first 2 excluded), one GPU, GPU time per step\n", c.layers,
                c.dim, c.m, rounds);
@@ -573,11 +770,13 @@ int main(int argc, char** argv) {
         free(b.final_params);
         return 0;
     }
+    if (c.check_resume) return check_resume(&c);
     if (c.vs_naive && !c.cpu) {
         run_out a, b;
         cfg cn = c;
         double worst = 0;
         cn.naive = 1;
+        cn.save = NULL;
         c.naive = 0;
         if (train(&c, c.p, c.kind, c.v, c.gpus, 0, &a) || train(&cn, c.p, c.kind, c.v, c.gpus, 0, &b)) return 1;
         for (int s = 0; s < c.steps && s < 1024; s++) {
@@ -599,8 +798,10 @@ int main(int argc, char** argv) {
         if (c.check) {
             run_out b;
             int same_loss = 1, same_w;
+            cfg c1 = c;
+            c1.save = NULL; /* the pipelined run's file */
             printf("check: the same %d steps unpipelined (p=1, one stream)...\n", c.steps);
-            if (train(&c, 1, PP_SCHED_GPIPE, 1, 1, 0, &b)) return 1;
+            if (train(&c1, 1, PP_SCHED_GPIPE, 1, 1, 0, &b)) return 1;
             for (int s = 0; s < c.steps && s < 1024; s++)
                 if (memcmp(&a.loss[s], &b.loss[s], sizeof(float)) != 0) {
                     if (same_loss) printf("check: step %d loss %.9g pipelined, %.9g unpipelined\n", s, a.loss[s], b.loss[s]);

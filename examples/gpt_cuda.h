@@ -26,6 +26,7 @@
 static inline uint64_t gpt_rng_next(uint64_t* s) { return splitmix_next(s); }
 static inline float gpt_rng_uniform(uint64_t* s) { return splitmix_uniform(s); }
 #include "gpt_data.h"
+#include "gpt_loop.h"
 #include "gpt_traffic.h"
 
 #define GPTC_MAX_BLOCK 32   /* the list's blocks: the most a model can use */
@@ -307,6 +308,16 @@ struct gptc_adam_op {
         p[i] -= lr * (m[i] / bc1) / (sqrtf(v[i] / bc2) + 1e-8f);
     }
 };
+/* AdamW (--wd): the decoupled weight decay p *= keep = 1 - lr * wd where decay[i] is set (the
+   matrices: gptc_decay_mask), before Adam's update, as torch.optim.AdamW and gpt_train.h's
+   gpt_optimize do it; keep = 1 leaves p's bits alone. */
+struct gptc_adamw_op {
+    GPTC_HD void at(int i, float* p, const float* g, float* m, float* v, const unsigned char* decay, float keep,
+                    float lr, float bc1, float bc2) {
+        if (decay[i]) p[i] *= keep;
+        gptc_adam_op::at(i, p, g, m, v, lr, bc1, bc2);
+    }
+};
 
 /* g *= s (the data-parallel mean) */
 struct gptc_scale_op {
@@ -344,7 +355,9 @@ typedef struct gptc_config {
 } gptc_config;
 
 /* What gpt_cuda and gpt_nccl share of their options (each program's own options struct derives
-   from this one): the schedule, the batches, the model, Adam's rate, the activations' dtype. */
+   from this one): the schedule, the batches, the model, the optimizer and its rate schedule, the
+   held-out evaluation, checkpoints, the activations' dtype. The training options mean what they
+   mean in gpt_cpu (examples/gpt_train.h, through examples/gpt_loop.h). */
 struct gptc_opts {
     pp_schedule_kind kind;      /* --schedule (default 1f1b) */
     int v, m, steps;            /* -v (2), -m (8), --steps (40) */
@@ -354,10 +367,19 @@ struct gptc_opts {
     const char* text;           /* --text FILE; else README.md, else the generated task */
     int generated;              /* --generated */
     int bf16;                   /* --dtype f32|bf16 (gptc_config.bf16) */
+    float lr_min;               /* --lr-min X: where the cosine ends (default --lr: no decay) */
+    int warmup;                 /* --warmup N: linear warm-up over the first N steps (0: none) */
+    float wd;                   /* --wd X: AdamW's decoupled weight decay on the matrices (0: none) */
+    float clip;                 /* --clip X: clip the global gradient norm at X (0: off) */
+    int eval_every;             /* --eval-every N: the held-out loss every N steps and after the last */
+    int eval_seqs;              /* --eval-seqs N: held-out documents per evaluation (default 128) */
+    const char* save;           /* --save FILE: a checkpoint after the last step */
+    const char* resume;         /* --resume FILE: start from a checkpoint, at its step */
 };
 
 static void gptc_opts_default(gptc_opts* o) {
-    static const gptc_opts d = {PP_SCHED_1F1B, 2, 8, 40, 64, 128, 128, 4, 4, 1e-3f, NULL, 0, 0}; /* the comments' defaults */
+    /* the comments' defaults; --lr-min -1: --lr's, in gptc_opts_check */
+    static const gptc_opts d = {PP_SCHED_1F1B, 2, 8, 40, 64, 128, 128, 4, 4, 1e-3f, NULL, 0, 0, -1.0f, 0, 0.0f, 0.0f, 0, 128, NULL, NULL};
     *o = d;
 }
 
@@ -367,11 +389,18 @@ static int gptc_opts_arg(gptc_opts* o, int argc, char** argv, int* i) {
     const struct { const char* name; int* at; } ints[] = {{"-v", &o->v},         {"-m", &o->m},
                                                           {"--steps", &o->steps}, {"--seqs-per-step", &o->seqs},
                                                           {"--max-len", &o->max_len}, {"--dim", &o->dim},
-                                                          {"--heads", &o->heads}, {"--layers", &o->layers}};
+                                                          {"--heads", &o->heads}, {"--layers", &o->layers},
+                                                          {"--warmup", &o->warmup}, {"--eval-every", &o->eval_every},
+                                                          {"--eval-seqs", &o->eval_seqs}};
+    const struct { const char* name; float* at; } floats[] = {
+        {"--lr", &o->lr}, {"--lr-min", &o->lr_min}, {"--wd", &o->wd}, {"--clip", &o->clip}};
+    const struct { const char* name; const char** at; } strs[] = {
+        {"--text", &o->text}, {"--save", &o->save}, {"--resume", &o->resume}};
     const char* a = argv[*i];
     const char* n = *i + 1 < argc ? argv[*i + 1] : NULL;
-    const int n_ints = (int)(sizeof ints / sizeof ints[0]);
-    int k, known = 1;
+    const int n_ints = (int)(sizeof ints / sizeof ints[0]), n_floats = (int)(sizeof floats / sizeof floats[0]);
+    const int n_strs = (int)(sizeof strs / sizeof strs[0]);
+    int k, f, t, known = 1;
     if (!strcmp(a, "--generated")) {
         o->generated = 1;
         return 1;
@@ -379,9 +408,13 @@ static int gptc_opts_arg(gptc_opts* o, int argc, char** argv, int* i) {
     if (!n) return 0;
     for (k = 0; k < n_ints; k++)
         if (!strcmp(a, ints[k].name)) break;
+    for (f = 0; f < n_floats; f++)
+        if (!strcmp(a, floats[f].name)) break;
+    for (t = 0; t < n_strs; t++)
+        if (!strcmp(a, strs[t].name)) break;
     if (k < n_ints) *ints[k].at = atoi(n);
-    else if (!strcmp(a, "--lr")) o->lr = (float)atof(n);
-    else if (!strcmp(a, "--text")) o->text = n;
+    else if (f < n_floats) *floats[f].at = (float)atof(n);
+    else if (t < n_strs) *strs[t].at = n;
     else if (!strcmp(a, "--schedule")) known = pp_schedule_kind_parse(n, &o->kind) == PP_OK ? 1 : -1;
     else if (!strcmp(a, "--dtype")) {
         known = strcmp(n, "f32") && strcmp(n, "bf16") ? -1 : 1;
@@ -392,9 +425,11 @@ static int gptc_opts_arg(gptc_opts* o, int argc, char** argv, int* i) {
     return known;
 }
 
-/* v from the schedule; 0 when the shared options are in range, else 1. */
+/* v from the schedule, --lr-min's default; 0 when the shared options are in range, else 1. */
 static int gptc_opts_check(gptc_opts* o) {
     o->v = pp_schedule_kind_v(o->kind, o->v);
+    if (o->lr_min < 0) o->lr_min = o->lr;
+    if (gpt_loop_check(o->lr_min, o->warmup, o->wd, o->clip, o->eval_every, o->eval_seqs)) return 1;
     return o->v < 1 || o->m < 1 || o->m > 1024 || o->steps < 1 || o->dim < 8 || o->heads < 1 || o->dim % o->heads ||
            o->dim / o->heads > GPTC_MAX_HS || o->seqs < o->m || o->max_len < 12;
 }
@@ -827,13 +862,16 @@ static void gptc_head_desc(const gptc_head_p* w, const pp_microbatch* mb, const 
     X(head, gptc_head_p, gptc_head_fwd, gptc_head_bwd, gptc_head_desc, 1)
 PP_MODEL(gptc, GPTC_LAYERS)
 
-/* The pp_model of run->cfg.nb blocks, with run as its context. */
+static int gptc_params(const pp_model* m, const void* w, int l, pp_param* out, int cap);
+
+/* The pp_model of run->cfg.nb blocks, with run as its context (and gptc_params: checkpoints). */
 static pp_model gptc_model_desc_depth(gptc_run* run) {
     gptc_counts n;
     memset(&n, 0, sizeof n);
     n.block = run->cfg.nb >= 1 ? run->cfg.nb : -1; /* 0 would mean the list's count */
     pp_model m = gptc_model_desc_counts(n);
     m.ctx = run;
+    m.params = gptc_params; /* checkpoints */
     return m;
 }
 
@@ -864,6 +902,98 @@ static void gptc_bind(gptc_model* m, const gptc_config* g, float* base, int grad
     GPTC_TAKE(head[0].lnf_b, C);
 #undef GPTC_TAKE
     m->head[0].wte = grads ? p : m->embed[0].wte;
+}
+
+/* Layer l's parameter buffers (0: the embedding, 1 .. nb: the blocks, nb + 1: the head, whose wte
+   is the embedding's: not its own) in gptc_bind's order: pointers into w, element counts, and
+   whether --wd decays them (the matrices, not the biases and LayerNorm gains, as gpt_train.h's
+   gpt_decay_mask). Returns the count (at most 12), -1 for no such layer. */
+static int gptc_layer_buffers(const gptc_config* g, const gptc_model* w, int l, float** ptr, int64_t* count,
+                              unsigned char* decay) {
+    const int64_t C = g->C;
+    if (l == 0) {
+        float* const p[2] = {w->embed[0].wte, w->embed[0].wpe};
+        const int64_t n[2] = {(int64_t)g->V * C, (int64_t)g->maxT * C};
+        for (int k = 0; k < 2; k++) ptr[k] = p[k], count[k] = n[k], decay[k] = 1;
+        return 2;
+    }
+    if (l >= 1 && l <= g->nb) {
+        const gptc_block_p* b = &w->block[l - 1];
+        float* const p[12] = {b->ln1_g, b->ln1_b, b->qkv_w, b->qkv_b, b->proj_w, b->proj_b,
+                              b->ln2_g, b->ln2_b, b->fc_w,  b->fc_b,  b->fcp_w, b->fcp_b};
+        const int64_t n[12] = {C, C, C * 3 * C, 3 * C, C * C, C, C, C, C * 4 * C, 4 * C, 4 * C * C, C};
+        for (int k = 0; k < 12; k++) ptr[k] = p[k], count[k] = n[k], decay[k] = k == 2 || k == 4 || k == 8 || k == 10;
+        return 12;
+    }
+    if (l == g->nb + 1) {
+        ptr[0] = w->head[0].lnf_g, ptr[1] = w->head[0].lnf_b;
+        count[0] = count[1] = C;
+        decay[0] = decay[1] = 0;
+        return 2;
+    }
+    return -1;
+}
+
+/* pp_model.params (checkpoints, pp_ckpt_*): each layer's buffers, sized from the run's config. */
+static int gptc_params(const pp_model* m, const void* w, int l, pp_param* out, int cap) {
+    float* ptr[12];
+    int64_t count[12];
+    unsigned char decay[12];
+    int n = gptc_layer_buffers(&((const gptc_run*)m->ctx)->cfg, (const gptc_model*)w, l, ptr, count, decay);
+    for (int k = 0; k < n && k < cap; k++) out[k] = pp_param_of(ptr[k], count[k], PP_F32);
+    return n;
+}
+
+/* --clip: the pp_grad_bufs (pipeline.h >>grad) of a gradient buffer g laid out like the weights
+   (gptc_numel floats: gptc_bind(.., 0); the tied wte's whole gradient in the embedding's slot),
+   one per parameter buffer of each layer own[] flags (NULL: every layer), in memory dev reaches
+   (NULL: the host). tied_layer >= 0 adds wte again as a tied copy of that layer (the head's
+   rank's copy: scaled, not counted). out: room for 12 * nb + 5; returns the count. */
+static int gptc_grad_bufs(const gptc_config* g, float* grad, const unsigned char* own, int tied_layer,
+                          const pp_device_ops* dev, pp_grad_buf* out) {
+    gptc_model gm;
+    float* ptr[13]; /* a layer's 12 at most, and the tied copy */
+    int64_t count[13];
+    unsigned char decay[13];
+    int n = 0;
+    gptc_bind(&gm, g, grad, 0);
+    for (int l = 0; l < g->nb + 2; l++) {
+        int k = own && !own[l] ? 0 : gptc_layer_buffers(g, &gm, l, ptr, count, decay);
+        if (l == tied_layer) { /* after the layer's own buffers */
+            ptr[k] = gm.embed[0].wte;
+            count[k++] = (int64_t)g->V * g->C;
+        }
+        for (int j = 0; j < k; j++, n++) {
+            memset(&out[n], 0, sizeof out[n]);
+            out[n].layer = l;
+            out[n].data = ptr[j];
+            out[n].count = (size_t)count[j];
+            out[n].dtype = PP_F32;
+            out[n].tied_copy = l == tied_layer && j == k - 1;
+            out[n].device = dev;
+        }
+    }
+    return n;
+}
+
+/* --wd: 1 for every parameter (gptc_numel of them, host memory) that the weight decay reaches;
+   0 on success, 1 out of memory. */
+static int gptc_decay_mask(const gptc_config* g, unsigned char* mask) {
+    gptc_model w;
+    float* ptr[12];
+    int64_t count[12];
+    unsigned char decay[12];
+    float* base = (float*)malloc(sizeof(float) * gptc_numel(g)); /* for the offsets only */
+    if (!base) return 1;
+    gptc_bind(&w, g, base, 0);
+    memset(mask, 0, gptc_numel(g));
+    for (int l = 0; l < g->nb + 2; l++) {
+        int n = gptc_layer_buffers(g, &w, l, ptr, count, decay);
+        for (int k = 0; k < n; k++)
+            if (decay[k]) memset(mask + (ptr[k] - base), 1, (size_t)count[k]);
+    }
+    free(base);
+    return 0;
 }
 
 /* The weights every process and device starts from (h: gptc_numel floats on the host): uniform
@@ -914,6 +1044,22 @@ static int gptc_zero(int cpu, void* p, size_t n) {
         return 0;
     }
     return cudaMemset(p, 0, n) != cudaSuccess;
+}
+
+/* ---- checkpoints: --save FILE, --resume FILE (examples/gpt_loop.h) ----------------------------
+   The weights w and Adam's moments (two gptc_models bound over their buffers like the weights:
+   gptc_bind(.., 0)) of the layers in own (NULL: all), through gptc_params, in GPU memory (or
+   the host's with *cpu set: pp_ckpt_desc.copy). One layout for gpt_cuda and gpt_nccl, whatever
+   p, v, schedule or --dtype: a file saved by one loads in the other. */
+static int gptc_ckpt_copy(void* cpu, void* dst, const void* src, size_t bytes) {
+    return gptc_copy(*(const int*)cpu, dst, src, bytes);
+}
+static pp_ckpt_desc gptc_ckpt(const pp_model* m, const gptc_model* w, const void* const* moments,
+                              const unsigned char* own, int steps_done, int* cpu) {
+    pp_ckpt_desc k = gpt_ckpt_of(m, "gptc", w, moments, own, steps_done);
+    k.copy = gptc_ckpt_copy;
+    k.copy_user = cpu;
+    return k;
 }
 
 #endif /* GPT_CUDA_H */

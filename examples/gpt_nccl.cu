@@ -1,6 +1,7 @@
 /* examples/gpt_nccl.cu - the GPT of examples/gpt_cuda.cu with ONE PROCESS PER GPU over NCCL
    (pipeline_nccl.h): a pp x dp grid, any schedule, the tied embedding/head across the first
-   and last pipeline ranks, the data-parallel gradient mean, Adam.
+   and last pipeline ranks, the data-parallel gradient mean, AdamW, clipping, held-out evaluation
+   and checkpoints.
 
    What to copy: the per-rank API over NCCL (pp_nccl_grid_create, pp_nccl_transport) with a
    one-rank pp_cuda for the device block pool, the tied and data-parallel gradient sums on the
@@ -15,7 +16,12 @@
    default world / dp), --dp N (default world / p), -v N, -m N, --steps N, --text FILE |
    --generated, --seqs-per-step N, --max-len N, --dim N, --heads N, --layers N, --lr X,
    --dtype f32|bf16 (bf16: the activations sent between stages and their gradients, half the
-   bytes; f32 weights, gradients and Adam); and
+   bytes; f32 weights, gradients and Adam), the training options of gpt_cpu and gpt_cuda
+   (examples/gpt_loop.h, docs/training.md section 10): --lr-min X, --warmup N, --wd X, --clip X
+   (pp_stage_grad_clip over the pipeline, after the tied sum and the data-parallel mean),
+   --eval-every N, --eval-seqs N (pp_stage_eval on every rank), --save FILE (replica 0's
+   pipeline ranks write one file, each its own layers), --resume FILE (every process loads it
+   all); and
    --id-file PATH (the ncclUniqueId through a shared file; needed for world > 1 without MPI),
    --timeout S (every wait, default 120); --loss-log FILE (the printing rank writes every
    micro-batch's loss of every step there in hex: runs on other grids must match it bit for bit,
@@ -25,17 +31,19 @@
    srun, torchrun); no launcher variables means one process (world 1). The GPU is the local
    rank modulo the GPUs visible (pp_nccl_comm_init). Each process keeps the whole parameter
    buffer (the same seed everywhere, so the replicas start identical) and updates it with
-   Adam; only the layers its stages own get gradients, and Adam leaves a zero-gradient
-   parameter unchanged. One step:
+   AdamW; only the layers its stages own get gradients and are read (Adam leaves a
+   zero-gradient parameter unchanged; --wd's decay shrinks the others' stale copies, which
+   nothing reads, and a checkpoint takes each layer from its owner). One step:
      pp_stage_step                    (the pipeline transport, device blocks from a one-rank pp_cuda)
      tied wte: pp_tied_sum_grads over the grid's tied pair (embedding share on the first stage's
                rank, head share on the last's; both end with the sum), or locally when one rank
                owns both (p = 1, ZB-V)
      pp_grad_allreduce over the data-parallel group, then x 1/dp
-     Adam over the parameters
-   Printed by the last stage's rank of replica 0: loss, tokens/s (this replica), bubble (this
-   rank's idle share of the step's span, CUDA events); at the end every rank prints its GPU
-   memory (block pool, parameters, gradients).
+     --clip: pp_stage_grad_clip (the last stage's copy of the tied wte as a tied copy)
+     AdamW over the parameters at the step's rate
+   Printed by the last stage's rank of replica 0: the step, loss, rate, tokens/s (this replica),
+   bubble (this rank's idle share of the step's span, CUDA events), the norm with --clip; at the
+   end every rank prints its GPU memory (block pool, parameters, gradients).
 
    WHAT WAS RUN: on one H200 (2026-11-26, docs/gpu.md "Measured on a GPU"), -p 1 as a single
    process, directly and through --id-file, before the two-channel transport: it trained (3
@@ -61,8 +69,9 @@ typedef struct opts : gptc_opts { /* the options gpt_cuda shares, and gpt_nccl's
 static int usage(void) {
     fprintf(stderr, "usage: gpt_nccl [--schedule gpipe|1f1b|interleaved|zb-h1|zb-v] [-p N] [--dp N] [-v N] [-m N]\n"
                     "                [--steps N] [--text FILE | --generated] [--seqs-per-step N] [--max-len N]\n"
-                    "                [--dim N] [--heads N] [--layers N] [--lr X] [--dtype f32|bf16] [--id-file PATH]\n"
-                    "                [--timeout S] [--loss-log FILE]\n");
+                    "                [--dim N] [--heads N] [--layers N] [--lr X] [--lr-min X] [--warmup N] [--wd X]\n"
+                    "                [--clip X] [--eval-every N] [--eval-seqs N] [--save FILE] [--resume FILE]\n"
+                    "                [--dtype f32|bf16] [--id-file PATH] [--timeout S] [--loss-log FILE]\n");
     return 2;
 }
 
@@ -80,6 +89,13 @@ typedef struct proc {
     gptc_model w, g;
     pp_cuda_layer_ctx lc;       /* the layers' io->ctx: the compute stream and the GPU */
     float *wbuf, *gbuf, *m1, *m2;
+    float* flag;                /* (1) device: the all-reduce that agrees on an outcome (world_failures) */
+    unsigned char* decay;       /* (n_par) device: 1 where --wd decays (gptc_decay_mask) */
+    gptc_model mw1, mw2;        /* Adam's moments bound like the weights (checkpoints) */
+    const void* moments[2];     /* &mw1, &mw2 */
+    unsigned char own[GPTC_MAX_BLOCK + 2]; /* the layers this rank's stages own */
+    int cap_seqs;               /* documents the batch tables hold */
+    int cpu_flag;               /* 0: the buffers are GPU memory (gptc_ckpt's copies) */
     size_t n_par, n_grad;
     int32_t *tok, *tgt, *pos, *sst, *sen;       /* device */
     int32_t *h_tok, *h_tgt, *h_cu, *h_pos, *h_sst, *h_sen;
@@ -104,6 +120,8 @@ static void proc_free(proc* P) {
     gptc_free(0, P->gbuf);
     gptc_free(0, P->m1);
     gptc_free(0, P->m2);
+    gptc_free(0, P->flag);
+    gptc_free(0, P->decay);
     gptc_free(0, P->dev < GPTC_MAX_DEV ? P->run.tab[P->dev].mb_loss : NULL);
     gptc_free(0, P->tok);
     gptc_free(0, P->tgt);
@@ -119,12 +137,10 @@ static void proc_free(proc* P) {
     free(P->acts);
 }
 
-/* Packs this replica's documents for the step and uploads the per-row tables. */
-static int load_batch(proc* P, const opts* o, const gpt_corpus* corp, uint64_t* rng, int* T_out) {
-    int T;
+/* Uploads the per-row tables of the packed batch in the host tables (T rows, n_seqs documents). */
+static int upload_batch(proc* P, const opts* o, int T, int n_seqs) {
     size_t b;
-    T = gpt_pack(corp, rng, o->seqs, P->h_tok, P->h_tgt, P->h_cu);
-    gpt_row_tables(P->h_cu, o->seqs, P->h_pos, P->h_sst, P->h_sen);
+    gpt_row_tables(P->h_cu, n_seqs, P->h_pos, P->h_sst, P->h_sen);
     b = sizeof(int32_t) * (size_t)T;
     if (gptc_copy(0, P->tok, P->h_tok, b) || gptc_copy(0, P->tgt, P->h_tgt, b) || gptc_copy(0, P->pos, P->h_pos, b) || gptc_copy(0, P->sst, P->h_sst, b) ||
         gptc_copy(0, P->sen, P->h_sen, b))
@@ -138,10 +154,66 @@ static int load_batch(proc* P, const opts* o, const gpt_corpus* corp, uint64_t* 
     P->batch.targets = P->tgt;
     P->batch.target_row_bytes = sizeof(int32_t);
     P->batch.cu_seqlens = P->h_cu;
-    P->batch.n_seqs = o->seqs;
+    P->batch.n_seqs = n_seqs;
     P->batch.split = PP_SPLIT_TOKENS;
-    *T_out = T;
     return 0;
+}
+
+/* Packs this replica's documents for the step and uploads the per-row tables. */
+static int load_batch(proc* P, const opts* o, const gpt_corpus* corp, uint64_t* rng, int* T_out) {
+    *T_out = gpt_pack(corp, rng, o->seqs, P->h_tok, P->h_tgt, P->h_cu);
+    return upload_batch(P, o, *T_out, o->seqs);
+}
+
+/* How many processes of the world report a failure (ok 0): an all-reduce over this pipeline, then
+   over the data-parallel group, so every process gets the same count and none goes on into a step
+   its peers left; -1 when the all-reduce itself fails. Also a barrier. */
+static int world_failures(proc* P, const opts* o, int ok) {
+    pp_error err;
+    float f = ok ? 0.0f : 1.0f;
+    pp_transport pt = pp_nccl_transport(P->grid.pipe), dt = pp_nccl_transport(P->grid.dp);
+    if (gptc_copy(0, P->flag, &f, sizeof f) || cudaDeviceSynchronize() != cudaSuccess ||
+        pp_grad_allreduce(&pt, NULL, 0, P->flag, 1, PP_F32, 1.0, o->timeout, &err) != PP_OK ||
+        (P->dp > 1 && pp_grad_allreduce(&dt, NULL, 0, P->flag, 1, PP_F32, 1.0, o->timeout, &err) != PP_OK) ||
+        cudaStreamSynchronize(pp_cuda_stream(P->cuda, 0)) != cudaSuccess || gptc_copy(0, &f, P->flag, sizeof f))
+        return -1;
+    return (int)f;
+}
+
+/* --resume: every process loads every layer (each holds the whole parameter buffer), weights and
+   Adam's moments, and the step; all agree that it went well. */
+static int resume_ckpt(proc* P, const opts* o, int* from) {
+    pp_model m = gptc_model_desc_depth(&P->run);
+    pp_ckpt_desc k = gptc_ckpt(&m, &P->w, P->moments, NULL, 0, &P->cpu_flag);
+    int ok = gpt_ckpt_load_path(&k, o->resume, from) == 0;
+    return world_failures(P, o, ok) != 0;
+}
+
+/* --save: replica 0's pipeline ranks write one file together, each its own layers' records
+   (pipeline rank 0 first, with the header), into FILE.tmp, renamed to FILE once all are in. */
+static int save_ckpt(proc* P, const opts* o, int steps_done) {
+    pp_model m = gptc_model_desc_depth(&P->run);
+    pp_ckpt_desc k = gptc_ckpt(&m, &P->w, P->moments, P->own, steps_done, &P->cpu_flag);
+    pp_error err;
+    size_t n = strlen(o->save) + 5;
+    char* tmp = (char*)malloc(n);
+    int ok = tmp != NULL, mine = ok, writer = P->dp_rank == 0; /* mine: this rank's part went well */
+    if (ok) snprintf(tmp, n, "%s.tmp", o->save);
+    if (ok && writer && P->pp_rank == 0) ok = mine = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
+    if (world_failures(P, o, ok) != 0) ok = 0; /* the header is in the file before the others write */
+    k.records_only = 1;
+    if (ok && writer && P->pp_rank != 0) ok = mine = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
+    if (!mine) fprintf(stderr, "gpt_nccl rank %d: --save %s: %s\n", P->L.rank, o->save, tmp ? err.msg : "out of memory");
+    if (world_failures(P, o, ok) != 0) ok = 0;
+    if (ok && writer && P->pp_rank == 0) {
+        if (rename(tmp, o->save) != 0) {
+            fprintf(stderr, "gpt_nccl: --save: renaming %s to %s: %s\n", tmp, o->save, strerror(errno));
+            ok = 0;
+        } else
+            printf("saved %s after %d steps, every pipeline rank its own layers\n", o->save, steps_done);
+    }
+    free(tmp);
+    return !ok;
 }
 
 #define FAIL(...)                                                              \
@@ -229,7 +301,8 @@ static int setup(proc* P, const opts* o, int have_launch) {
         }
         free(h);
     }
-    P->cap = o->seqs * o->max_len;
+    P->cap_seqs = o->eval_every > 0 && o->eval_seqs > o->seqs ? o->eval_seqs : o->seqs; /* a held-out batch may hold more */
+    P->cap = P->cap_seqs * o->max_len;
     P->gbuf = (float*)gptc_alloc(0, sizeof(float) * P->n_grad);
     P->m1 = (float*)gptc_alloc(0, sizeof(float) * P->n_par);
     P->m2 = (float*)gptc_alloc(0, sizeof(float) * P->n_par);
@@ -244,12 +317,26 @@ static int setup(proc* P, const opts* o, int have_launch) {
     P->h_pos = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
     P->h_sst = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
     P->h_sen = (int32_t*)malloc(sizeof(int32_t) * (size_t)P->cap);
-    P->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(o->seqs + 1));
+    P->h_cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(P->cap_seqs + 1));
+    P->flag = (float*)gptc_alloc(0, sizeof(float));
+    P->decay = (unsigned char*)gptc_alloc(0, P->n_par);
+    if (!P->flag || !P->decay) FAIL("out of memory");
+    {
+        unsigned char* h = (unsigned char*)malloc(P->n_par);
+        int bad = !h || gptc_decay_mask(&P->run.cfg, h) || gptc_copy(0, P->decay, h, P->n_par);
+        free(h);
+        if (bad) FAIL("out of memory for the weight decay's mask");
+    }
     if (!P->gbuf || !P->m1 || !P->m2 || !P->run.tab[P->dev].mb_loss || !P->tok || !P->tgt || !P->pos || !P->sst || !P->sen || !P->h_tok ||
         !P->h_tgt || !P->h_pos || !P->h_sst || !P->h_sen || !P->h_cu)
         FAIL("out of memory for the model (%zu parameters)", P->n_par);
     gptc_bind(&P->w, &P->run.cfg, P->wbuf, 0);
     gptc_bind(&P->g, &P->run.cfg, P->gbuf, 1);
+    gptc_bind(&P->mw1, &P->run.cfg, P->m1, 0);
+    gptc_bind(&P->mw2, &P->run.cfg, P->m2, 0);
+    P->moments[0] = &P->mw1;
+    P->moments[1] = &P->mw2;
+    for (int l = 0; l < o->layers + 2; l++) P->own[l] = pp_schedule_layer_rank(&P->sched, P->first, l) == P->pp_rank;
     P->run.tab[P->dev].pos = P->pos;
     P->run.tab[P->dev].sstart = P->sst;
     P->run.tab[P->dev].send = P->sen;
@@ -270,9 +357,27 @@ static int setup(proc* P, const opts* o, int have_launch) {
     return 0;
 }
 
-/* One step after the pipeline: tied wte, data-parallel mean, Adam; on the compute stream. */
-static int update(proc* P, const opts* o, int step, int e_rank, int h_rank) {
+/* --clip: the gradients of the layers this rank owns, clipped at the global norm over the pipeline
+   (pp_stage_grad_clip: every replica holds the same gradients after the data-parallel mean, and
+   computes the same norm over its own pipeline), read through the device copy. The last stage's
+   rank lists its copy of the tied wte's gradient (the one its AdamW reads) as a tied copy: scaled,
+   not counted. *norm: the norm before. */
+static int clip_grads(proc* P, const opts* o, int e_rank, int h_rank, double* norm) {
+    static pp_grad_buf bufs[12 * GPTC_MAX_BLOCK + 5];
+    pp_device_ops ops = pp_cuda_device_ops(P->cuda, 0);
     pp_error err;
+    /* the slots AdamW reads (wte: the embedding's slot, which holds the tied sum) */
+    int n = gptc_grad_bufs(&P->run.cfg, P->gbuf, P->own, e_rank != h_rank && P->pp_rank == h_rank ? o->layers + 1 : -1,
+                           &ops, bufs);
+    if (pp_stage_grad_clip(P->st, bufs, n, o->clip, norm, &err) != PP_OK) FAIL("--clip: %s", err.msg);
+    return 0;
+}
+
+/* One step after the pipeline: tied wte, data-parallel mean, clipping, AdamW at the step's rate
+   (gpt_lr_at); on the compute stream. *norm: the gradient norm before clipping (-1: no --clip). */
+static int update(proc* P, const opts* o, int step, int e_rank, int h_rank, double* norm) {
+    pp_error err;
+    const float lr = gpt_lr_at(o->lr, o->lr_min, o->warmup, o->steps, step);
     cudaStream_t cs = pp_cuda_stream(P->cuda, 0);
     int VC = P->run.cfg.V * P->run.cfg.C;
     if (e_rank != h_rank) {
@@ -295,29 +400,78 @@ static int update(proc* P, const opts* o, int step, int e_rank, int h_rank) {
             FAIL("data-parallel all-reduce: %s", err.msg);
         if (gptc_op<gptc_scale_op>(0, cs, (int)P->n_par, P->gbuf, 1.0f / (float)P->dp)) FAIL("kernel launch failed");
     }
+    *norm = -1;
+    if (o->clip > 0 && clip_grads(P, o, e_rank, h_rank, norm)) return 1;
     {
         float bc1 = 1.0f - powf(0.9f, (float)(step + 1)), bc2 = 1.0f - powf(0.999f, (float)(step + 1));
-        if (gptc_op<gptc_adam_op>(0, cs, (int)P->n_par, P->wbuf, (const float*)P->gbuf, P->m1, P->m2, o->lr, bc1, bc2))
+        if (gptc_op<gptc_adamw_op>(0, cs, (int)P->n_par, P->wbuf, (const float*)P->gbuf, P->m1, P->m2,
+                                   (const unsigned char*)P->decay, 1.0f - lr * o->wd, lr, bc1, bc2))
             FAIL("kernel launch failed");
     }
     if (cudaStreamSynchronize(cs) != cudaSuccess) FAIL("optimizer step failed: %s", cudaGetErrorString(cudaGetLastError()));
     return 0;
 }
 
+/* The last stage's micro-batch losses of the step (on this rank's GPU) and their mean. */
+static int read_losses(proc* P, const opts* o, float* mbl, float* loss) {
+    double acc = 0;
+    if (cudaStreamSynchronize(pp_cuda_stream(P->cuda, 0)) != cudaSuccess ||
+        gptc_copy(0, mbl, P->run.tab[P->dev].mb_loss, sizeof(float) * (size_t)o->m))
+        return 1;
+    for (int i = 0; i < o->m; i++) acc += (double)(float)(1.0 / o->m) * (double)mbl[i];
+    *loss = (float)acc;
+    return 0;
+}
+
+/* --eval-every: the held-out batches (gpt_val_batches of held's first --eval-seqs documents),
+   forward only through pp_stage_eval on every rank of every replica; no gradient is touched.
+   The printing rank prints "val loss" (gpt_loop_print_val). */
+static int evaluate(proc* P, const opts* o, const gpt_corpus* held, int steps_done, int is_printer) {
+    pp_error err;
+    int n = o->eval_seqs < held->n_docs ? o->eval_seqs : held->n_docs, nb = gpt_val_batches(n, o->seqs);
+    double s = 0, w = 0, t0 = now_s();
+    float mbl[1024], loss = 0;
+    if (n < o->m) FAIL("--eval-every: %d held-out documents, fewer than m = %d", n, o->m);
+    for (int i = 0; i < nb; i++) {
+        int a, k, T;
+        pp_cuda_step_info info;
+        gpt_val_range(n, nb, i, &a, &k);
+        if (k > P->cap_seqs) FAIL("held-out batch of %d documents, the tables hold %d", k, P->cap_seqs);
+        T = gpt_pack_docs(held, a, k, P->h_tok, P->h_tgt, P->h_cu);
+        if (upload_batch(P, o, T, k) || cudaDeviceSynchronize() != cudaSuccess) FAIL("uploading a held-out batch failed");
+        if (pp_cuda_step_begin(P->cuda, &err) != PP_OK || pp_stage_eval(P->st, &P->batch, NULL, NULL) != PP_OK)
+            FAIL("evaluation: %s %s %s", pp_stage_error(P->st), pp_cuda_error(P->cuda, 0), pp_nccl_error(P->grid.pipe));
+        if (pp_nccl_step_end(P->grid.pipe, o->timeout, &err) != PP_OK || pp_cuda_step_end(P->cuda, &info, &err) != PP_OK)
+            FAIL("evaluation: step_end: %s", err.msg);
+        if (is_printer && read_losses(P, o, mbl, &loss)) FAIL("reading the held-out losses failed");
+        s += (double)loss * T;
+        w += T;
+    }
+    if (is_printer) gpt_loop_print_val(w > 0 ? s / w : 0.0, steps_done, n, (long long)w, nb, now_s() - t0);
+    return 0;
+}
+
 static int train(proc* P, const opts* o) {
     pp_error err;
-    gpt_corpus corp;
+    gpt_corpus corp, held;
     const char* bad;
     uint64_t rng = 777 + 1000003ull * (uint64_t)P->dp_rank; /* each replica its own documents */
     int e_rank = pp_schedule_layer_rank(&P->sched, P->first, 0), h_rank = pp_schedule_layer_rank(&P->sched, P->first, o->layers + 1);
-    int last_rank, chunk, is_printer, rc = 0;
+    int last_rank, chunk, is_printer, rc = 0, from = 0;
+    int64_t tokens = 0;
+    double t_run = now_s();
     gpt_traffic tr;
     memset(&tr, 0, sizeof tr);
     pp_schedule_stage_to_rank(&P->sched, P->p * P->v - 1, &last_rank, &chunk);
     is_printer = P->pp_rank == last_rank && P->dp_rank == 0;
     if ((bad = gptc_opts_corpus(o, &corp))) FAIL("%s", bad);
+    if (gpt_corpus_hold_out(&corp, GPT_HOLD_OUT, &held)) { /* set aside whether or not --eval-every reads it */
+        gpt_corpus_free(&corp);
+        FAIL("out of memory");
+    }
     if (e_rank != h_rank && !(e_rank == 0 && h_rank == P->p - 1)) {
         gpt_corpus_free(&corp);
+        gpt_corpus_free(&held);
         FAIL("the tied embedding sits on rank %d and the head on rank %d: the grid's tied pair is ranks 0 and %d", e_rank,
              h_rank, P->p - 1);
     }
@@ -326,6 +480,10 @@ static int train(proc* P, const opts* o) {
                "ranks %d and %d, text: %s\n",
                P->L.world, P->L.source ? P->L.source : "no launcher", P->p, P->dp, pp_schedule_name(o->kind), P->v, o->m,
                o->layers, o->dim, P->n_par, e_rank, h_rank, corp.source);
+    if (P->L.rank == 0) {
+        printf("text: %d documents to train on, %d held out (every %dth)\n", corp.n_docs, held.n_docs, GPT_HOLD_OUT);
+        gpt_loop_print_optim("adam", o->lr, o->lr_min, o->warmup, o->steps, o->wd, o->clip);
+    }
     /* the weights were uploaded and the buffers zeroed on the legacy stream (cudaMemcpy from
        pageable memory returns before the bytes land), which the non-blocking streams below do
        not wait for: fence once here; the step loop fences each batch upload the same way */
@@ -344,20 +502,25 @@ static int train(proc* P, const opts* o) {
             rc = 1;
         }
     }
+    /* --resume: after the tied sync, so the file's wte is what both copies hold */
+    if (rc == 0 && o->resume) {
+        rc = resume_ckpt(P, o, &from);
+        if (rc == 0 && P->L.rank == 0) printf("resumed from %s at step %d\n", o->resume, from);
+    }
     fflush(stdout);
     for (int s = 0; s < o->steps && rc == 0; s++) {
         int T = 0;
-        double t0, dt;
+        double t0, dt, norm = -1;
         pp_cuda_step_info info;
         pp_step_stats ss;
-        float mbl[1024];
-        double acc = 0;
+        float mbl[1024], loss = 0;
         memset(&info, 0, sizeof info);
         if (load_batch(P, o, &corp, &rng, &T) || gptc_zero(0, P->gbuf, sizeof(float) * P->n_grad) || cudaDeviceSynchronize() != cudaSuccess) {
             fprintf(stderr, "gpt_nccl rank %d: uploading the batch failed\n", P->L.rank);
             rc = 1;
             break;
         }
+        if (s < from) continue; /* the batches before the resumed step: packed, so the same ones follow */
         t0 = now_s();
         if (pp_cuda_step_begin(P->cuda, &err) != PP_OK || pp_stage_step(P->st, &P->batch, &ss) != PP_OK) {
             fprintf(stderr, "gpt_nccl rank %d: step %d: %s %s %s\n", P->L.rank, s, pp_stage_error(P->st),
@@ -372,22 +535,24 @@ static int train(proc* P, const opts* o) {
             break;
         }
         gpt_traffic_add(&tr, &ss);
-        if (update(P, o, s, e_rank, h_rank)) {
+        if (update(P, o, s, e_rank, h_rank, &norm)) {
             rc = 1;
             break;
         }
         dt = now_s() - t0;
+        tokens += T;
         if (is_printer) {
-            if (gptc_copy(0, mbl, P->run.tab[P->dev].mb_loss, sizeof(float) * (size_t)o->m)) {
+            if (read_losses(P, o, mbl, &loss)) {
                 rc = 1;
                 break;
             }
-            for (int i = 0; i < o->m; i++) acc += (double)(float)(1.0 / o->m) * (double)mbl[i];
-            printf("step %3d  loss %.4f  %6d tokens  %9.0f tokens/s (replica)  bubble %5.1f%% (this rank)  span %.2f ms\n", s,
-                   (float)acc, T, T / dt, 100.0 * info.bubble, 1e3 * info.span);
+            gpt_loop_print_step(s, o->steps, loss, gpt_lr_at(o->lr, o->lr_min, o->warmup, o->steps, s), T, dt);
+            printf(" (replica)  bubble %5.1f%% (this rank)  span %.2f ms", 100.0 * info.bubble, 1e3 * info.span);
+            if (norm >= 0) printf("  grad norm %.4f", norm);
+            printf("\n");
             fflush(stdout);
             if (o->loss_log) { /* every micro-batch's loss, exact (hex), to compare runs of other grids bit for bit */
-                FILE* f = fopen(o->loss_log, s == 0 ? "w" : "a");
+                FILE* f = fopen(o->loss_log, s == from ? "w" : "a");
                 if (!f) {
                     fprintf(stderr, "gpt_nccl: cannot write %s\n", o->loss_log);
                     rc = 1;
@@ -399,7 +564,13 @@ static int train(proc* P, const opts* o) {
                 fclose(f);
             }
         }
+        if (gpt_eval_due_at(o->eval_every, s, o->steps - 1) && evaluate(P, o, &held, s + 1, is_printer)) rc = 1;
     }
+    if (rc == 0 && is_printer) {
+        double wall = now_s() - t_run;
+        printf("%lld tokens in %.2f s: %.0f tokens/s (replica)\n", (long long)tokens, wall, wall > 0 ? (double)tokens / wall : 0.0);
+    }
+    if (rc == 0 && o->save) rc = save_ckpt(P, o, o->steps);
     if (rc == 0) {
         size_t pool = 0;
         int allocs = 0;
@@ -416,6 +587,7 @@ static int train(proc* P, const opts* o) {
         fflush(stdout);
     }
     gpt_corpus_free(&corp);
+    gpt_corpus_free(&held);
     return rc;
 }
 

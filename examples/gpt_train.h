@@ -17,11 +17,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpt_loop.h"
 #include "gpt_traffic.h"
-
-/* The held-out split: every GPT_HOLD_OUT-th document of the text (gpt_corpus_hold_out), always
-   set aside, so that a run with --eval-every trains on the same batches as one without. */
-#define GPT_HOLD_OUT 10
 
 typedef struct gpt_opts {
     pp_schedule_kind kind;
@@ -120,15 +117,7 @@ static inline int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
     }
     if (c->lr < 0) c->lr = c->sgd ? 0.1f : 3e-3f;
     if (c->lr_min < 0) c->lr_min = c->lr;
-    if (!(c->clip >= 0)) {
-        fprintf(stderr, "--clip wants a norm >= 0 (0: off)\n");
-        return 1;
-    }
-    if (!(c->wd >= 0) || !(c->lr_min >= 0) || c->warmup < 0 || c->eval_every < 0 || c->eval_seqs < 1) {
-        fprintf(stderr, "--wd, --lr-min, --warmup and --eval-every want values >= 0, --eval-seqs >= 1\n");
-        return 1;
-    }
-    return 0;
+    return gpt_loop_check(c->lr_min, c->warmup, c->wd, c->clip, c->eval_every, c->eval_seqs);
 }
 
 /* v from the schedule, the depth (4 blocks, or enough for p*v stages), and the ranges. */
@@ -247,21 +236,11 @@ static inline gpt_step* gpt_steps_make(const gpt_opts* c, const gpt_corpus* corp
     return steps;
 }
 
-#define GPT_PI 3.14159265358979323846
-
-/* The learning rate of step (counted from 0): during the warm-up --lr * (step + 1) / --warmup,
-   then a cosine from --lr at step --warmup down to --lr-min at step --steps (the one after the
-   last: llm.c's and torch's CosineAnnealingLR's count). A function of the step alone, so a
-   run resumed from a checkpoint (which holds the step) continues the schedule where the saved
-   run stopped; --steps is the whole run's, also when resuming. The defaults (no warm-up,
-   --lr-min = --lr) give every step --lr, bit for bit: the rate before these options existed. */
+/* The learning rate of step (counted from 0): gpt_lr_at (examples/gpt_loop.h) with --lr,
+   --lr-min, --warmup and --steps (the whole run's, also when resuming). The defaults (no
+   warm-up, --lr-min = --lr) give every step --lr, bit for bit. */
 static inline float gpt_lr(const gpt_opts* c, int step) {
-    double lr = c->lr, lo = c->lr_min, t;
-    if (step < c->warmup) return (float)(lr * (double)(step + 1) / (double)c->warmup);
-    if (step >= c->steps) return c->lr_min;
-    if (c->lr_min == c->lr) return c->lr;
-    t = (double)(step - c->warmup) / (double)(c->steps - c->warmup);
-    return (float)(lo + 0.5 * (lr - lo) * (1.0 + cos(GPT_PI * t)));
+    return gpt_lr_at(c->lr, c->lr_min, c->warmup, c->steps, step);
 }
 
 /* Adam (or SGD with momentum) on n parameters w with gradients g and moments m1, m2 at step
@@ -316,10 +295,8 @@ static inline void gpt_report(const gpt_opts* c, const gpt_step* steps, const fl
    the rate it trained at, tokens and tokens/s of the step (t_step: its wall time), what packing
    saved, and the gradient norm before clipping where norm >= 0 (--clip). */
 static inline void gpt_step_print(const gpt_opts* c, int step, float loss, const gpt_step* sd, double t_step, double norm) {
-    printf("step %3d/%d  loss %.4f  lr %.2e  %5d tokens  %7.0f tok/s  padding saved %5lld of %5lld (%4.1f%%)  "
-           "mb tokens max/mean %.2f",
-           step, c->steps, loss, (double)gpt_lr(c, step), sd->T, t_step > 0 ? sd->T / t_step : 0.0,
-           (long long)sd->pad_saved, (long long)sd->padded,
+    gpt_loop_print_step(step, c->steps, loss, gpt_lr(c, step), sd->T, t_step);
+    printf("  padding saved %5lld of %5lld (%4.1f%%)  mb tokens max/mean %.2f", (long long)sd->pad_saved, (long long)sd->padded,
            sd->padded ? 100.0 * (double)sd->pad_saved / (double)sd->padded : 0.0, sd->imbalance);
     if (norm >= 0) printf("  grad norm %.4f", norm);
     printf("\n");
@@ -386,18 +363,15 @@ static inline void gpt_decay_mask(const gpt_trainer* T, unsigned char* mask) {
 #undef GPT_DECAY
 }
 
-/* --eval-every: the held-out batches. The first --eval-seqs documents of the split (all of
-   them if fewer), in order, cut into batches of about --seqs-per-step documents (at least
-   --seqs-per-step each, or one batch): the same batches at every evaluation, for every p, v
-   and schedule. 0 on success, 1 with a message. */
+/* --eval-every: the held-out batches (gpt_val_batches: the first --eval-seqs documents of the
+   split in batches of about --seqs-per-step). 0 on success, 1 with a message. */
 static inline int gpt_val_make(gpt_trainer* T, const gpt_opts* c) {
-    int n = c->eval_seqs < T->held.n_docs ? c->eval_seqs : T->held.n_docs, nb = n / c->seqs, i;
+    int n = c->eval_seqs < T->held.n_docs ? c->eval_seqs : T->held.n_docs, nb = gpt_val_batches(n, c->seqs), i;
     if (n < c->m) {
         fprintf(stderr, "--eval-every: %d held-out documents, fewer than m = %d (--eval-seqs, or a longer text)\n", n,
                 c->m);
         return 1;
     }
-    if (nb < 1) nb = 1;
     if (!(T->val = (gpt_step*)calloc((size_t)nb, sizeof *T->val)) ||
         !(T->val_loss = (float*)calloc((size_t)nb, sizeof(float)))) {
         fprintf(stderr, "out of memory\n");
@@ -407,7 +381,8 @@ static inline int gpt_val_make(gpt_trainer* T, const gpt_opts* c) {
     T->val_docs = n;
     for (i = 0; i < nb; i++) {
         gpt_step* sd = &T->val[i];
-        int a = (int)((int64_t)i * n / nb), k = (int)((int64_t)(i + 1) * n / nb) - a;
+        int a, k;
+        gpt_val_range(n, nb, i, &a, &k);
         sd->tokens = (int32_t*)malloc(sizeof(int32_t) * (size_t)k * (size_t)c->max_len);
         sd->targets = (int32_t*)malloc(sizeof(int32_t) * (size_t)k * (size_t)c->max_len);
         sd->cu = (int32_t*)malloc(sizeof(int32_t) * (size_t)(k + 1));
@@ -468,12 +443,7 @@ static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
 static inline void gpt_trainer_print(const gpt_trainer* T, const gpt_opts* c) {
     printf("text: %s, %d documents of mean length %.1f (max %d) to train on, %d held out (every %dth)\n",
            T->corpus.source, T->corpus.n_docs, T->mean_len, c->max_len, T->held.n_docs, GPT_HOLD_OUT);
-    printf("optimizer: %s, lr %g", c->sgd ? "sgd+momentum" : c->wd > 0 ? "adamw" : "adam", (double)c->lr);
-    if (c->warmup > 0) printf(" after a warm-up of %d steps", c->warmup);
-    if (c->lr_min != c->lr) printf(", cosine to %g at step %d", (double)c->lr_min, c->steps);
-    if (c->wd > 0) printf(", weight decay %g on the matrices", (double)c->wd);
-    if (c->clip > 0) printf(", gradients clipped at norm %g", (double)c->clip);
-    printf("\n");
+    gpt_loop_print_optim(c->sgd ? "sgd+momentum" : "adam", c->lr, c->lr_min, c->warmup, c->steps, c->wd, c->clip);
     if (c->dtype != PP_F32)
         printf("activations and their gradients between layers: %s (rounded to nearest even; f32 arithmetic inside "
                "the layers, f32 weights and optimizer state)\n",
@@ -531,7 +501,7 @@ static inline int gpt_trainer_verdict(const gpt_trainer* T, int bad_layers) {
    forward-only step (pp_pipeline_eval, pp_stage_eval); an evaluation touches no gradient, so the
    training goes on bit for bit as without it. */
 static inline int gpt_eval_due(const gpt_opts* c, int step, int last) {
-    return c->eval_every > 0 && ((step + 1) % c->eval_every == 0 || step == last);
+    return gpt_eval_due_at(c->eval_every, step, last);
 }
 
 /* The held-out loss of the last evaluation (per_batch: T->val_loss, or a reference's): the
@@ -552,10 +522,7 @@ static inline void gpt_val_print(const gpt_trainer* T, int steps_done, double se
     int64_t tokens = 0;
     int i;
     for (i = 0; i < T->n_val; i++) tokens += T->val[i].T;
-    printf("val loss %.4f after %d steps  (%d held-out documents, %lld tokens in %d batch%s, %.0f tok/s)\n",
-           gpt_val_mean(T, T->val_loss), steps_done, T->val_docs, (long long)tokens, T->n_val, T->n_val == 1 ? "" : "es",
-           secs > 0 ? (double)tokens / secs : 0.0);
-    fflush(stdout);
+    gpt_loop_print_val(gpt_val_mean(T, T->val_loss), steps_done, T->val_docs, (long long)tokens, T->n_val, secs);
 }
 
 /* --check on the first evaluation: pp_sequential_eval of every held-out batch with the weights
@@ -596,49 +563,20 @@ static inline int gpt_val_check(const gpt_trainer* T, const gpt_opts* c, const p
    p = 2 1F1B. own: the layers this process saves or loads (NULL: all of them). Both the fused and
    the split GPT are saved as "gpt": one layout. */
 static inline pp_ckpt_desc gpt_trainer_ckpt(gpt_trainer* T, const pp_model* m, int steps_done, const unsigned char* own) {
-    static const char* const names[2] = {"m", "v"};
-    pp_ckpt_desc k;
-    memset(&k, 0, sizeof k);
-    k.model = *m;
-    k.name = "gpt";
-    k.weights = &T->w;
-    k.n_state = 2;
-    k.state = T->moments;
-    k.state_names = names;
-    k.own = own;
-    k.step = steps_done;
-    return k;
+    return gpt_ckpt_of(m, "gpt", &T->w, T->moments, own, steps_done);
 }
 
-/* One process saves every layer: into path.tmp, renamed to path when complete (a crash keeps the
-   last good checkpoint). 0 on success. (gpt_mpi does the same with every rank writing.) */
+/* One process saves every layer (gpt_ckpt_save_path: a new name, renamed when complete). 0 on
+   success. (gpt_mpi does the same with every rank writing.) */
 static inline int gpt_trainer_save(gpt_trainer* T, const pp_model* m, int steps_done, const char* path) {
     pp_ckpt_desc k = gpt_trainer_ckpt(T, m, steps_done, NULL);
-    size_t n = strlen(path) + 5;
-    char* tmp = (char*)malloc(n);
-    pp_error err;
-    int rc = 1;
-    if (!tmp) return 1;
-    snprintf(tmp, n, "%s.tmp", path);
-    if (pp_ckpt_save_file(&k, tmp, &err) != PP_OK) fprintf(stderr, "--save %s: %s\n", path, err.msg);
-    else if (rename(tmp, path) != 0) fprintf(stderr, "--save: renaming %s to %s: %s\n", tmp, path, strerror(errno));
-    else rc = 0;
-    if (rc == 0) printf("saved %s after %d steps\n", path, steps_done);
-    free(tmp);
-    return rc;
+    return gpt_ckpt_save_path(&k, path);
 }
 
 /* Loads the layers in own (NULL: all) and the steps done (*step); 0 on success. */
 static inline int gpt_trainer_resume(gpt_trainer* T, const pp_model* m, const char* path, const unsigned char* own, int* step) {
     pp_ckpt_desc k = gpt_trainer_ckpt(T, m, 0, own);
-    pp_ckpt_info info;
-    pp_error err;
-    if (pp_ckpt_load_file(&k, path, &info, &err) != PP_OK) {
-        fprintf(stderr, "--resume %s: %s\n", path, err.msg);
-        return 1;
-    }
-    *step = (int)info.step;
-    return 0;
+    return gpt_ckpt_load_path(&k, path, step);
 }
 
 static inline double gpt_now(void) {

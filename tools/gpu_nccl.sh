@@ -17,7 +17,10 @@
 #      interleaved p = 2, ZB-V p = 2, GPipe p = 4, each 50 steps writing every micro-batch's loss
 #      in hex (--loss-log): every log must be byte for byte p = 1's (the pipelined gradients equal
 #      the sequential ones, so the training does, step after step);
-#   4. step time of gpt_nccl -p 4 against gpt_cuda -p 4 (one process, four streams) on the same GPU.
+#   4. the training loop's options (--wd, --clip, --warmup, --eval-every, --save, --resume): 12
+#      steps at p = 1 and at interleaved p = 4 (losses and checkpoints byte for byte p = 1's), 6
+#      at p = 4 saved and resumed at 1F1B p = 2 for the other 6 (the checkpoint p = 1's);
+#   5. step time of gpt_nccl -p 4 against gpt_cuda -p 4 (one process, four streams) on the same GPU.
 # Logs in OUTDIR, the summary last; exit 1 when a run that must pass did not, or a log differs.
 # Preparing it on a machine without a GPU (about 10 minutes on two cores):
 #   sh tools/build_nccl.sh NCCL_CHECKOUT /tmp/nccl            (NVIDIA/nccl >= 2.30)
@@ -62,11 +65,24 @@ for c in "1f1b 2 1" "1f1b 3 1" "1f1b 4 1" "interleaved 2 2" "zb-v 2 2" "gpipe 4 
     if cmp -s "$out/loss-p1.txt" "$out/loss-$1-p$2.txt"; then echo "$1 p=$2: 50 steps, every loss bit-identical to p=1" | tee -a "$sum"
     else echo "$1 p=$2: losses DIFFER from p=1 (or missing)" | tee -a "$sum"; bad=1; fi
 done
+TR="--wd 0.1 --clip 1 --warmup 3 --eval-every 4 --eval-seqs 32"
+ck=/tmp/pp_gpu_nccl_ckpt.$$
+gpt "training p=1" 1 60 -p 1 --steps 12 --timeout 60 $M $TR --save $ck.p1 --loss-log "$out/loss-train-p1.txt"
+gpt "training interleaved p=4" 4 60 -p 4 -v 2 --schedule interleaved --steps 12 --timeout 60 $M $TR --save $ck.p4 --loss-log "$out/loss-train-p4.txt"
+gpt "training interleaved p=4, 6 steps" 4 60 -p 4 -v 2 --schedule interleaved --steps 6 --timeout 60 $M $TR --save $ck.half
+gpt "training 1f1b p=2, resumed for 6" 2 60 -p 2 --steps 12 --timeout 60 $M $TR --resume $ck.half --save $ck.res
+for c in "p4 losses:loss-train-p4.txt:loss-train-p1.txt" "p4 checkpoint:$ck.p4:$ck.p1" "resumed checkpoint:$ck.res:$ck.p1"; do
+    what=${c%%:*}; pair=${c#*:}; a=${pair%%:*}; b=${pair#*:}
+    case $a in /*) ;; *) a="$out/$a"; b="$out/$b";; esac
+    if cmp -s "$a" "$b"; then echo "training, $what: byte for byte p=1's" | tee -a "$sum"
+    else echo "training, $what: DIFFERS from p=1's (or missing)" | tee -a "$sum"; bad=1; fi
+done
+rm -f $ck.*
 T="--generated --dim 256 --heads 8 --layers 8 --max-len 128 --seqs-per-step 64 -m 16 --steps 12"
 gpt "timing gpt_nccl 1f1b p=4" 4 60 -p 4 --timeout 60 $T
 run "timing gpt_cuda 1f1b p=4" "$out/gpt_cuda.log" 60 "$bin/gpt_cuda" -p 4 $T
 echo "--- $(( $(date +%s) - t0 )) s"
-for f in "$out"/*.log; do echo "##### $f"; grep -E "passed|FAIL|step +(0|1|10|11|49) |rror|stall|timed out|did not|memory|conn_probe|shares" "$f" | cut -c1-300 | tail -30; done
+for f in "$out"/*.log; do echo "##### $f"; grep -E "passed|FAIL|step +(0|1|10|11|49)[ /]|rror|stall|timed out|did not|memory|conn_probe|shares|val loss|saved|resumed" "$f" | cut -c1-300 | tail -30; done
 cat "$sum"
 grep -q "rc=[^0]" "$sum" && grep "rc=[^0]" "$sum" | grep -qv "expected to stall" && bad=1
 exit $bad
