@@ -922,6 +922,7 @@ static pp_result _ppn_done(pp_nccl* t, pp_request* req, _ppn_op* op, pp_result r
    timeout leaves it posted and the communicator alive (the executor probes sends with short
    waits), a receive's timeout aborts the communicator. pp_nccl_step_end waits for every group
    on the host. */
+static pp_result _ppn_iallreduce_wait(pp_nccl* t, pp_request* req, _ppn_op* op, double dt, pp_error* err);
 static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
@@ -931,6 +932,7 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
     if (!req) return _pp_fail(err, PP_ERR_INVALID, "wait on a NULL request");
     if (req->done || !op) return PP_OK;
     peer = op->peer;
+    if (op->is_recv == 2 && !t->aborted) return _ppn_iallreduce_wait(t, req, op, dt, err);
     if (t->aborted)
         return _pp_fail(err, _ppn_done(t, req, op, PP_ERR_ABORTED), "rank %d: the NCCL communicator was aborted (%s)", t->rank,
                         t->err);
@@ -1020,7 +1022,14 @@ static pp_result _ppn_cancel(void* self, pp_request* req) {
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
     if (!op) return PP_OK;
-    if (op->batch && !t->aborted) return PP_ERR_UNSUPPORTED;
+    if (op->is_recv == 2 && !op->host && !t->aborted) {
+        /* a started all-reduce of device memory runs on: whatever the compute stream does next
+           with the buffer (zeroing it after a failed step) comes after it */
+        (void)_ppn_cuda(t, cudaStreamWaitEvent(t->compute, op->batch->done, 0), "cudaStreamWaitEvent (all-reduce)");
+        _ppn_done(t, req, op, PP_OK);
+        return PP_OK;
+    }
+    if (op->batch && !t->aborted) return PP_ERR_UNSUPPORTED; /* a host all-reduce's bounce buffer too: kept until destroy */
     _ppn_done(t, req, op, PP_OK);
     return PP_OK;
 }
@@ -1088,6 +1097,103 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
     if (host && dev) cudaFree(dev);
     if (rc == PP_OK) return PP_OK;
     _ppn_abort_comm(t);
+    return _pp_fail(err, rc, "%s", t->err);
+}
+
+/* pp_transport.iallreduce_sum: what _ppn_allreduce does over the whole communicator (the same
+   bits: one ncclAllReduce of the same elements), started and left running. The all-reduce goes
+   on channel 0's stream, a stream of this transport's own (the grid's dp transport: not the
+   compute stream, nor any of the pipeline's), after a record of the compute stream, so it reads
+   the gradients the work enqueued there so far wrote (the stage's last backward, when it is
+   started from the gradients-final hook), and the compute stream and the pipeline's
+   communicators go on meanwhile. A host buffer (pageable: a copy reads it when called) is staged
+   through a bounce buffer once the host saw the compute stream reach that record, and copied
+   back by the wait; a device buffer is left to NCCL and the compute stream waits for the
+   all-reduce at the wait. _ppn_wait completes it: it polls the completion event against its
+   deadline and the communicator's asynchronous error, and aborts the communicator on a timeout
+   or an error, as for a receive. Every rank starts its all-reduces in one order (NCCL matches a
+   communicator's collectives by issue order). Anything else _ppn_allreduce does another way (a
+   subset of ranks, f16) is PP_ERR_UNSUPPORTED: the caller calls allreduce_sum. */
+static pp_result _ppn_iallreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
+                                 pp_request* req) {
+    pp_nccl* t = (pp_nccl*)self;
+    _ppn_op* op;
+    _ppn_batch* b;
+    int i, whole = ranks && n_ranks == t->size;
+    double deadline = _pp_now() + t->timeout_s;
+    pp_result rc = PP_OK;
+    for (i = 0; whole && i < n_ranks; i++)
+        if (ranks[i] != i) whole = 0;
+    if (!req || !buf || count == 0) return PP_ERR_INVALID;
+    memset(req, 0, sizeof *req);
+    if (!whole || n_ranks < 2 || !t->stream || (dtype != PP_F32 && dtype != PP_F64)) return PP_ERR_UNSUPPORTED;
+    if (t->aborted) return PP_ERR_ABORTED;
+    if ((rc = _ppn_flush_all(t)) != PP_OK) return rc; /* what was posted before goes first on the communicator */
+    op = (_ppn_op*)_pp_calloc(1, sizeof *op);
+    b = (_ppn_batch*)_pp_calloc(1, sizeof *b);
+    if (!op || !b) {
+        PP_FREE(op);
+        PP_FREE(b);
+        return PP_ERR_NOMEM;
+    }
+    op->is_recv = 2; /* a collective: no peer, no channel queue */
+    op->peer = -1;
+    op->tag = -1;
+    op->order = -1;
+    op->buf = op->dev = buf;
+    op->bytes = count * pp_dtype_size(dtype);
+    op->host = _ppn_is_host(t, buf);
+    op->batch = b;
+    b->refs = 1;
+    op->prev = t->tail; /* on the list from here on: _ppn_op_free takes it all back */
+    if (t->tail) t->tail->next = op;
+    else t->head = op;
+    t->tail = op;
+    if (op->host) {
+        op->dev = NULL;
+        rc = _ppn_bounce_get(t, op->bytes, &op->dev, &op->dev_cap);
+    }
+    if (rc == PP_OK) rc = _ppn_ev_get(t, &b->done);
+    if (rc == PP_OK && !t->ready) rc = _ppn_cuda(t, cudaEventCreateWithFlags(&t->ready, cudaEventDisableTiming), "cudaEventCreate");
+    if (rc == PP_OK && (rc = _ppn_cuda(t, cudaEventRecord(t->ready, t->compute), "cudaEventRecord (compute)")) == PP_OK)
+        t->ready_n++;
+#ifndef PP_NCCL_TEST_DP_UNORDERED /* negative control (build/nccl-controls): the all-reduce reads the gradients unordered */
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->stream, t->ready, 0), "cudaStreamWaitEvent (compute)");
+    if (rc == PP_OK) t->ch_ready[0] = t->ready_n;
+    if (rc == PP_OK && op->host) rc = _ppn_event_wait(t, t->ready, deadline);
+#endif
+    if (rc == PP_OK && op->host)
+        rc = _ppn_cuda(t, cudaMemcpyAsync(op->dev, buf, op->bytes, cudaMemcpyHostToDevice, t->stream), "staging an all-reduce");
+    if (rc == PP_OK) {
+        ncclResult_t ar = ncclAllReduce(op->dev, op->dev, count, dtype == PP_F32 ? ncclFloat32 : ncclFloat64, ncclSum, t->comm,
+                                        t->stream);
+        rc = _ppn_nccl(t, ar, "ncclAllReduce");
+        if (rc == PP_OK && ar == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, "ncclAllReduce (non-blocking)", deadline);
+    }
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(b->done, t->stream), "cudaEventRecord (all-reduce done)");
+    if (rc != PP_OK) {
+        _ppn_op_free(t, op);
+        _ppn_abort_comm(t); /* the peers' all-reduce would wait for ours */
+        return rc;
+    }
+    req->impl = op;
+    req->id = -1;
+    return PP_OK;
+}
+
+/* _ppn_wait of a started all-reduce (_ppn_iallreduce). */
+static pp_result _ppn_iallreduce_wait(pp_nccl* t, pp_request* req, _ppn_op* op, double dt, pp_error* err) {
+    pp_result rc = _ppn_poll(t, op->batch, _pp_now() + dt);
+    if (rc == PP_OK && op->host)
+        rc = _ppn_cuda(t, cudaMemcpy(op->buf, op->dev, op->bytes, cudaMemcpyDeviceToHost), "unstaging an all-reduce");
+    if (rc == PP_OK && !op->host) /* what the compute stream does next with the buffer comes after the sum */
+        rc = _ppn_cuda(t, cudaStreamWaitEvent(t->compute, op->batch->done, 0), "cudaStreamWaitEvent (all-reduce)");
+    _ppn_done(t, req, op, rc);
+    if (rc == PP_OK) return PP_OK;
+    _ppn_abort_comm(t);
+    if (rc == PP_ERR_TIMEOUT)
+        return _pp_fail(err, rc, "rank %d waited %.3g s for a data-parallel all-reduce over NCCL (communicator aborted)", t->rank,
+                        dt);
     return _pp_fail(err, rc, "%s", t->err);
 }
 
@@ -1268,7 +1374,7 @@ pp_transport pp_nccl_transport(pp_nccl* t) {
     /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
     static const pp_transport ops = {NULL, 0, 0, _ppn_isend, _ppn_irecv, _ppn_wait, _ppn_test, _ppn_group_start,
                                      _ppn_group_end, _ppn_allreduce, _ppn_abort, _ppn_cancel, NULL, NULL, NULL,
-                                     _ppn_check_schedule, 1, _ppn_released, NULL};
+                                     _ppn_check_schedule, 1, _ppn_released, _ppn_iallreduce};
     return _pp_transport_of(&ops, t, t ? t->rank : 0, t ? t->size : 0);
 }
 

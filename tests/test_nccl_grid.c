@@ -64,6 +64,66 @@ static int owner(const world* W, int layer) { return pp_schedule_layer_rank(&W->
 static uint64_t shard_seed(int step, int replica) { return 500u + 13u * (uint64_t)step + (uint64_t)replica; }
 static void reference(const float* wa, float* gref, int step, int m) { tlm_grid_reference(wa, gref, step, m, DP, shard_seed); }
 
+#ifndef PP_TEST_REAL_CUDA
+/* Device gradients through the dp transport's started all-reduce (pipeline_nccl.h
+   iallreduce_sum): a slow kernel on the compute stream writes this replica's values into device
+   memory, the all-reduce is started right after it is enqueued (as the gradients-final hook
+   does), and the wait's result holds every replica's values summed. An all-reduce that does not
+   wait for the compute stream reads the bytes before the kernel wrote them (the control
+   PP_NCCL_TEST_DP_UNORDERED). */
+#define DEVN 300
+typedef struct dev_fill {
+    float* p; /* device memory */
+    int replica;
+} dev_fill;
+static int dev_fill_kernel(void* user) {
+    dev_fill* f = (dev_fill*)user;
+    float* q = (float*)fakecuda_dev_ptr(f->p, DEVN * sizeof(float));
+    struct timespec ts = {0, 20 * 1000 * 1000}; /* a backward that is still running */
+    int i;
+    if (!q) return 1;
+    nanosleep(&ts, NULL);
+    for (i = 0; i < DEVN; i++) q[i] = (float)((f->replica + 1) * (i + 1)) * 0.25f;
+    return 0;
+}
+static void dp_device_check(world* W, int wr, const pp_transport* dpt, cudaStream_t cs, int replica) {
+    static dev_fill fills[NR];
+    float* d = NULL;
+    float h[DEVN];
+    int all[DP], i, k;
+    pp_request req;
+    pp_error err;
+    pp_result rc;
+    for (k = 0; k < DP; k++) all[k] = k;
+    err.msg[0] = 0;
+    if (cudaMalloc((void**)&d, sizeof h) != cudaSuccess) {
+        W->bad[wr]++;
+        snprintf(W->msg[wr], sizeof W->msg[wr], "device check: cudaMalloc");
+        return;
+    }
+    fills[wr].p = d;
+    fills[wr].replica = replica;
+    rc = fakecuda_launch(cs, dev_fill_kernel, &fills[wr]) == cudaSuccess ? PP_OK : PP_ERR_TRANSPORT;
+    if (rc == PP_OK) rc = dpt->iallreduce_sum(dpt->self, d, DEVN, PP_F32, all, DP, &req);
+    if (rc == PP_OK) rc = dpt->wait(dpt->self, &req, 20, &err);
+    if (rc == PP_OK && cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) rc = PP_ERR_TRANSPORT;
+    for (i = 0; rc == PP_OK && i < DEVN; i++) {
+        float want = 0;
+        for (k = 0; k < DP; k++) want += (float)((k + 1) * (i + 1)) * 0.25f;
+        if (h[i] != want) {
+            W->bad[wr]++;
+            snprintf(W->msg[wr], sizeof W->msg[wr], "device all-reduce: element %d is %g, not %g", i, h[i], want);
+            break;
+        }
+    }
+    if (rc != PP_OK) {
+        W->bad[wr]++;
+        snprintf(W->msg[wr], sizeof W->msg[wr], "device all-reduce: %s %s", pp_result_str(rc), err.msg);
+    }
+    cudaFree(d);
+}
+#endif
+
 static void* rank_main(void* arg) {
     rank_arg* a = (rank_arg*)arg;
     world* W = a->W;
@@ -158,6 +218,10 @@ static void* rank_main(void* arg) {
                 W->bad[wr]++;
                 snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: overlap: no bucket reduced in the hook (%d after)", step,
                          os.buckets_wait);
+            } else if (rc == PP_OK && os.buckets_started != os.buckets_hook) { /* pipeline_nccl.h's iallreduce_sum */
+                W->bad[wr]++;
+                snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: overlap: %d of the hook's %d buckets were started, the others "
+                         "blocked the hook", step, os.buckets_started, os.buckets_hook);
             }
         } else {
             if (g.tied)
@@ -180,6 +244,9 @@ static void* rank_main(void* arg) {
             wref[i] -= LR * gref[i];
         }
     }
+#ifndef PP_TEST_REAL_CUDA
+    if (rc == PP_OK && W->overlap) dp_device_check(W, wr, &dpt, pp_cuda_stream(c, 0), g.grid.dp_rank);
+#endif
     if (rc != PP_OK) snprintf(W->msg[wr], sizeof W->msg[wr], "%s", err.msg);
     W->rc[wr] = rc;
     pp_stage_destroy(st);
