@@ -44,7 +44,7 @@ typedef struct world {
     pp_schedule sc;
     int first[PP * 2 + 1];
     int m;
-    int overlap;                /* 1: pp_dp_overlap; 0: pp_grad_allreduce after the step */
+    int overlap;                /* 1: pp_dp_overlap (2: its direct check on host memory); 0: pp_grad_allreduce after the step */
     float* w[NR];               /* each rank's weights and gradients, host memory */
     float* g[NR];
     float* wref;
@@ -65,20 +65,21 @@ static uint64_t shard_seed(int step, int replica) { return 500u + 13u * (uint64_
 static void reference(const float* wa, float* gref, int step, int m) { tlm_grid_reference(wa, gref, step, m, DP, shard_seed); }
 
 #ifndef PP_TEST_REAL_CUDA
-/* Device gradients through the dp transport's started all-reduce (pipeline_nccl.h
-   iallreduce_sum): a slow kernel on the compute stream writes this replica's values into device
-   memory, the all-reduce is started right after it is enqueued (as the gradients-final hook
-   does), and the wait's result holds every replica's values summed. An all-reduce that does not
-   wait for the compute stream reads the bytes before the kernel wrote them (the control
+/* Gradients through the dp transport's started all-reduce (pipeline_nccl.h iallreduce_sum): a
+   slow kernel on the compute stream writes this replica's values into device memory (then, a
+   second time, into host memory, as the imitation's layers write host gradients), the
+   all-reduce is started right after it is enqueued (as the gradients-final hook does), and the
+   wait's result holds every replica's values summed. An all-reduce that does not wait for the
+   compute stream reads the bytes before the kernel wrote them (the control
    PP_NCCL_TEST_DP_UNORDERED). */
 #define DEVN 300
 typedef struct dev_fill {
-    float* p; /* device memory */
-    int replica;
+    float* p; /* device memory, or host memory where host */
+    int replica, host;
 } dev_fill;
 static int dev_fill_kernel(void* user) {
     dev_fill* f = (dev_fill*)user;
-    float* q = (float*)fakecuda_dev_ptr(f->p, DEVN * sizeof(float));
+    float* q = f->host ? f->p : (float*)fakecuda_dev_ptr(f->p, DEVN * sizeof(float));
     struct timespec ts = {0, 20 * 1000 * 1000}; /* a backward that is still running */
     int i;
     if (!q) return 1;
@@ -86,8 +87,9 @@ static int dev_fill_kernel(void* user) {
     for (i = 0; i < DEVN; i++) q[i] = (float)((f->replica + 1) * (i + 1)) * 0.25f;
     return 0;
 }
-static void dp_device_check(world* W, int wr, const pp_transport* dpt, cudaStream_t cs, int replica) {
+static void dp_device_check(world* W, int wr, const pp_transport* dpt, cudaStream_t cs, int replica, int host) {
     static dev_fill fills[NR];
+    static float hbuf[NR][DEVN];
     float* d = NULL;
     float h[DEVN];
     int all[DP], i, k;
@@ -96,31 +98,36 @@ static void dp_device_check(world* W, int wr, const pp_transport* dpt, cudaStrea
     pp_result rc;
     for (k = 0; k < DP; k++) all[k] = k;
     err.msg[0] = 0;
-    if (cudaMalloc((void**)&d, sizeof h) != cudaSuccess) {
+    if (host) {
+        d = hbuf[wr];
+        memset(d, 0, sizeof h);
+    } else if (cudaMalloc((void**)&d, sizeof h) != cudaSuccess) {
         W->bad[wr]++;
         snprintf(W->msg[wr], sizeof W->msg[wr], "device check: cudaMalloc");
         return;
     }
     fills[wr].p = d;
     fills[wr].replica = replica;
+    fills[wr].host = host;
     rc = fakecuda_launch(cs, dev_fill_kernel, &fills[wr]) == cudaSuccess ? PP_OK : PP_ERR_TRANSPORT;
     if (rc == PP_OK) rc = dpt->iallreduce_sum(dpt->self, d, DEVN, PP_F32, all, DP, &req);
     if (rc == PP_OK) rc = dpt->wait(dpt->self, &req, 20, &err);
-    if (rc == PP_OK && cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) rc = PP_ERR_TRANSPORT;
+    if (rc == PP_OK && cudaMemcpy(h, d, sizeof h, cudaMemcpyDefault) != cudaSuccess) rc = PP_ERR_TRANSPORT;
     for (i = 0; rc == PP_OK && i < DEVN; i++) {
         float want = 0;
         for (k = 0; k < DP; k++) want += (float)((k + 1) * (i + 1)) * 0.25f;
         if (h[i] != want) {
             W->bad[wr]++;
-            snprintf(W->msg[wr], sizeof W->msg[wr], "device all-reduce: element %d is %g, not %g", i, h[i], want);
+            snprintf(W->msg[wr], sizeof W->msg[wr], "%s all-reduce: element %d is %g, not %g", host ? "host" : "device", i, h[i],
+                     want);
             break;
         }
     }
     if (rc != PP_OK) {
         W->bad[wr]++;
-        snprintf(W->msg[wr], sizeof W->msg[wr], "device all-reduce: %s %s", pp_result_str(rc), err.msg);
+        snprintf(W->msg[wr], sizeof W->msg[wr], "%s all-reduce: %s %s", host ? "host" : "device", pp_result_str(rc), err.msg);
     }
-    cudaFree(d);
+    if (!host) cudaFree(d);
 }
 #endif
 
@@ -245,7 +252,7 @@ static void* rank_main(void* arg) {
         }
     }
 #ifndef PP_TEST_REAL_CUDA
-    if (rc == PP_OK && W->overlap) dp_device_check(W, wr, &dpt, pp_cuda_stream(c, 0), g.grid.dp_rank);
+    if (rc == PP_OK && W->overlap) dp_device_check(W, wr, &dpt, pp_cuda_stream(c, 0), g.grid.dp_rank, W->overlap == 2);
 #endif
     if (rc != PP_OK) snprintf(W->msg[wr], sizeof W->msg[wr], "%s", err.msg);
     W->rc[wr] = rc;
@@ -316,7 +323,7 @@ int main(void) {
     grid_run(PP_SCHED_1F1B, 5, 0);
     grid_run(PP_SCHED_ZB_H1, 4, 0);
     grid_run(PP_SCHED_1F1B, 5, 1);
-    grid_run(PP_SCHED_ZB_H1, 4, 1);
+    grid_run(PP_SCHED_ZB_H1, 4, 2); /* and host memory in the direct check */
 #ifdef PP_TEST_REAL_CUDA
     layer_staged_free();
 #endif
