@@ -83,7 +83,11 @@
      into the pipeline group, the data-parallel group and the tied pair (first and last stage
      rank) of a pp x dp grid (pipeline.h's pp_grid colours); tied layers use the tied transport,
      or the pipeline transport with the pair of ranks that own them (pp_tied_sum_grads), data
-     parallelism the dp transport (pp_grad_allreduce).
+     parallelism the dp transport (pp_grad_allreduce after the step, or pp_dp_overlap during the
+     cool-down: the transport's iallreduce_sum enqueues each bucket's ncclAllReduce on its own
+     stream after a record of the compute stream and returns; wait completes it, with the
+     deadline and abort of a receive's wait; host buffers go through a pinned buffer copied by a
+     host function in stream order, so the hook never waits for the device).
 
    USAGE (one process per GPU; examples/gpt_nccl.cu shows it whole)
        pp_launch L; pp_launch_from_env(&L, &err);
