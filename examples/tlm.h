@@ -178,6 +178,27 @@ static inline int tlm_grad_bufs(const tlm_model* g, const pp_schedule* sc, const
     return n;
 }
 
+/* A pp_dp_overlap_desc (pipeline.h >>grad) for the LM on `rank` of a pipeline under (sc, first):
+   its gradient buffers (tlm_grad_bufs into bufs, 2 * TLM_DEPTH + 2 entries), and with tied
+   non-NULL the embedding and the head as the tied layers, summed over tied between ranks
+   pair[0] and pair[1]. Zeroed first: the data-parallel group (od->dp), the scale and the
+   bucket size are the caller's to set. */
+static inline void tlm_overlap_desc(pp_dp_overlap_desc* od, const tlm_model* g, const pp_schedule* sc, const int* first,
+                                    int rank, const pp_transport* tied, const int* pair, pp_grad_buf* bufs) {
+    memset(od, 0, sizeof *od);
+    od->n_bufs = tlm_grad_bufs(g, sc, first, rank, 1, bufs);
+    od->bufs = bufs;
+    od->partition = first;
+    od->n_stages = sc->n_stages;
+    od->tied = tied;
+    if (tied) {
+        od->tied_pair[0] = pair[0];
+        od->tied_pair[1] = pair[1];
+    }
+    od->tied_layers[0] = TLM_EMBED_LAYER;
+    od->tied_layers[1] = TLM_HEAD_LAYER;
+}
+
 static inline void tlm_fill(float* arena, int vocab, int dim, uint64_t seed) {
     size_t n = tlm_param_count(vocab, dim), i, nE = (size_t)vocab * dim, off = nE;
     int l;

@@ -133,19 +133,10 @@ int main(int argc, char** argv) {
         /* the data-parallel reduction from the gradients-final hook, over the grid's dp
            communicator; the tied copies are summed over the pipeline first, in the wait */
         pp_dp_overlap_desc od;
-        memset(&od, 0, sizeof od);
+        tlm_overlap_desc(&od, &gw, &sc, first, g.grid.pp_rank, &pipe, pair, bufs);
         od.dp.t = &dpt;
         od.dp.timeout_s = 60;
         od.bucket_bytes = bucket_bytes;
-        od.bufs = bufs;
-        od.n_bufs = tlm_grad_bufs(&gw, &sc, first, g.grid.pp_rank, 1, bufs);
-        od.partition = first;
-        od.n_stages = sc.n_stages;
-        od.tied = &pipe;
-        od.tied_pair[0] = pair[0];
-        od.tied_pair[1] = pair[1];
-        od.tied_layers[0] = TLM_EMBED_LAYER;
-        od.tied_layers[1] = TLM_HEAD_LAYER;
         rc = pp_dp_overlap_create(&od, &ov, &err); /* scale 0: the mean, 1 / dp */
         d.grads_final = pp_dp_overlap_hook;
         d.grads_final_user = ov;

@@ -951,15 +951,21 @@ static void r_two_comms(world* w, int r) {
     cudaEventDestroy(e);
 }
 
-static void two_comms(int opposite, int serialize, int expect, const char* what) {
+/* Two ranks run fn (r_two_comms, r_p2p_coll) with opposite (w.user) and serialized kernels or
+   not; expect: whether both complete. fn that checks its result sets ok2 (sums). */
+static void two_comms_run(void (*fn)(world*, int), int opposite, int serialize, int expect, int sums, const char* what) {
     world w;
     set_options(0, serialize, 0.004);
     world_init(&w, 2);
     w.user = &opposite;
-    run_ranks(&w, r_two_comms);
+    run_ranks(&w, fn);
     CHECK((w.ok[0] && w.ok[1]) == expect, "%s: %d %d", what, w.ok[0], w.ok[1]);
+    if (expect && sums) CHECK(w.ok2[0] && w.ok2[1], "%s: the all-reduce's sum", what);
     world_free(&w);
     set_options(0, 0, 0.004);
+}
+static void two_comms(int opposite, int serialize, int expect, const char* what) {
+    two_comms_run(r_two_comms, opposite, serialize, expect, 0, what);
 }
 
 /* pipeline_nccl.h's overlapped data-parallel reduction: a point-to-point exchange on one
@@ -997,15 +1003,7 @@ static void r_p2p_coll(world* w, int r) {
 }
 
 static void p2p_coll(int opposite, int serialize, int expect, const char* what) {
-    world w;
-    set_options(0, serialize, 0.004);
-    world_init(&w, 2);
-    w.user = &opposite;
-    run_ranks(&w, r_p2p_coll);
-    CHECK((w.ok[0] && w.ok[1]) == expect, "%s: %d %d", what, w.ok[0], w.ok[1]);
-    if (expect) CHECK(w.ok2[0] && w.ok2[1], "%s: the all-reduce's sum", what);
-    world_free(&w);
-    set_options(0, 0, 0.004);
+    two_comms_run(r_p2p_coll, opposite, serialize, expect, 1, what);
 }
 
 static void test_two_comms(void) {

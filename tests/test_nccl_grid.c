@@ -192,19 +192,10 @@ static void* rank_main(void* arg) {
     d.timeout_s = 20;
     if (rc == PP_OK && W->overlap) {
         pp_dp_overlap_desc od;
-        memset(&od, 0, sizeof od);
+        tlm_overlap_desc(&od, &gw, &W->sc, W->first, g.grid.pp_rank, g.tied ? &tied : NULL, pair, bufs);
         od.dp.t = &dpt;
         od.dp.timeout_s = 20;
         od.bucket_bytes = 64;
-        od.n_bufs = tlm_grid_grad_bufs(&gw, &W->sc, W->first, g.grid.pp_rank, 1, bufs);
-        od.bufs = bufs;
-        od.partition = W->first;
-        od.n_stages = W->sc.n_stages;
-        od.tied = g.tied ? &tied : NULL;
-        od.tied_pair[0] = pair[0];
-        od.tied_pair[1] = pair[1];
-        od.tied_layers[0] = TLM_EMBED_LAYER;
-        od.tied_layers[1] = TLM_HEAD_LAYER;
         rc = pp_dp_overlap_create(&od, &ov, &err);
         d.grads_final = pp_dp_overlap_hook;
         d.grads_final_user = ov;
