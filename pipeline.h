@@ -1646,7 +1646,8 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
        for (;;) { pp_stage_step(st, &b, &stats); pp_dp_overlap_wait(ov, &os, &err); ... }
    The gradients end with exactly the bits of pp_tied_sum_grads then pp_grad_allreduce(dp,
    scale) over each buffer after the step: the sums are per element, so cutting a buffer into
-   buckets changes no bit, and tied layers wait: their buffers are reduced in
+   buckets changes no bit (where an element's terms are added in an order its offset does not
+   decide: not MPI's or NCCL's own algorithms over more than two replicas), and tied layers wait: their buffers are reduced in
    pp_dp_overlap_wait, after the tied sum (pp_tied_sum_grads over tied / tied_pair of the first
    buffer listed for tied_layers[0] and for tied_layers[1]; Megatron #844). Where dp's transport
    can start an all-reduce (pp_transport.iallreduce_sum: pipeline_mpi.h's MPI_Iallreduce,
