@@ -13,7 +13,9 @@
    carries both directions between one pair of ranks. 1F1B and ZB-H1 again with the
    data-parallel reduction overlapped with the cool-down (pp_dp_overlap from the gradients-final
    hook over the dp communicator, the tied layers after the tied sum in pp_dp_overlap_wait): the
-   same bits, and the hooks reduced buckets inside the step. */
+   same bits, and every bucket of the hooks was started (the dp transport's iallreduce_sum) and
+   completed by the wait; then one started all-reduce of device memory (and, in the last run, of
+   host memory) that a slow kernel on the compute stream writes: the sum of every replica's. */
 #define _POSIX_C_SOURCE 200809L
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_nccl.h"
