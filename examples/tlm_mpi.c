@@ -79,7 +79,9 @@ int main(int argc, char** argv) {
                 return 2;
             }
         } else {
-            if (!rank) fprintf(stderr, "usage: %s [--pp N] [--schedule S] [--m N] [--steps N] [--lr X] [--check] [--no-overlap] [--bucket-bytes N]\n", argv[0]);
+            if (!rank)
+                fprintf(stderr, "usage: %s [--pp N] [--schedule S] [--m N] [--steps N] [--lr X] [--check] [--no-overlap] "
+                                "[--bucket-bytes N]\n", argv[0]);
             MPI_Finalize();
             return 2;
         }
