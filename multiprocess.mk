@@ -21,7 +21,7 @@ MPIRUN_FLAGS ?= $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && 
   echo --oversubscribe --mca btl_vader_single_copy_mechanism none $$([ "$$(id -u)" = 0 ] && echo --allow-run-as-root))
 # Open MPI forwards an environment variable only when asked (-x); MPICH's mpiexec forwards all
 MPI_FWD_ASAN := $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && echo -x ASAN_OPTIONS)
-MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8 $(B)/mpi-asan-np4 $(B)/mpi-resume $(B)/mpi-trainer $(B)/mpi-overlap-controls
+MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8 $(B)/mpi-asan-np4 $(B)/mpi-resume $(B)/mpi-trainer $(B)/mpi-tlm $(B)/mpi-overlap-controls
 MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/gpt_mpi $(B)/bench_mpi $(B)/bench_overlap_mpi $(B)/clang-test_mpi.o $(B)/mpi-cxx.o
 else
 MPI_TESTS =
@@ -160,8 +160,17 @@ $(B)/mpi-cxx.o: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h |
 # of started buckets must fail.
 $(B)/overlap-ctl-mpi-nostart: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) -DPP_TEST_NO_DP_START $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/mpi-overlap-controls: tests/controls.sh $(B)/overlap-ctl-mpi-nostart
-	@printf '#!/bin/sh\nexec sh tests/controls.sh mpi-overlap-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/overlap-ctl-mpi-nostart"\n' > $@ && chmod +x $@
+# examples/tlm_mpi.c reduces during the cool-down by default: built with the tied sum after the
+# data-parallel one (PP_TEST_NO_TIED_FIRST, which only pp_dp_overlap_wait obeys), its --check
+# against the sequential model must fail.
+$(B)/tlm-mpi-ctl-tied-late: examples/tlm_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) -DPP_TEST_NO_TIED_FIRST $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/mpi-overlap-controls: tests/controls.sh $(B)/overlap-ctl-mpi-nostart $(B)/tlm-mpi-ctl-tied-late
+	@printf '#!/bin/sh\nexec sh tests/controls.sh mpi-overlap-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/overlap-ctl-mpi-nostart" "$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/tlm-mpi-ctl-tied-late --pp 2 --steps 5 --check"\n' > $@ && chmod +x $@
+# the grid example, pp 2 x dp 2, against the sequential model bit for bit: the data-parallel
+# reduction during the cool-down (its default) and after the step (--no-overlap)
+$(B)/mpi-tlm: $(B)/tlm_mpi
+	@printf '#!/bin/sh\nset -e\nfor o in "" --no-overlap; do timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/tlm_mpi --pp 2 --steps 10 --check $$o | grep -q "equals, bit for bit"; done\necho "mpi-tlm: 2 passed, 0 failed"\n' > $@ && chmod +x $@
 $(B)/mpi-np%: $(B)/test_mpi
 	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_mpi\n' > $@ && chmod +x $@
 

@@ -219,7 +219,8 @@
           (one chunk less where min(p, m) % 3 == 1, e.g. 4 at p = 4).
           Then: gradients final per stage (pp_stage_desc.grads_final, pp_step_stats
           .t_grads_final) and the data-parallel reduction overlapped with the cool-down
-          (pp_dp_overlap, >>grad).
+          (pp_dp_overlap, >>grad); pipeline_nccl.h starts it too (iallreduce_sum on the dp
+          transport's own stream), the MPI grid example uses it by default.
           Then (examples only, the library unchanged): the GPT trainers' --dtype bf16, bf16
           activations and their gradients between stages (examples/gpt.h, gpt_cuda.h).
           Then: activation recomputation (pp_stage_desc.recompute; pp_sim_cost.r_f, r_mem,
@@ -1169,7 +1170,8 @@ typedef struct pp_transport {
        stays untouched until then. PP_ERR_UNSUPPORTED where it cannot (a dtype, a group other
        than the whole transport, an ordered sum): the caller then calls allreduce_sum. Every rank
        of the group starts its collectives in the same order. pp_dp_overlap starts its buckets
-       with it from the gradients-final hook (pipeline_mpi.h: MPI_Iallreduce). May be NULL. */
+       with it from the gradients-final hook (pipeline_mpi.h: MPI_Iallreduce; pipeline_nccl.h:
+       ncclAllReduce on the transport's own stream after the compute stream). May be NULL. */
     pp_result (*iallreduce_sum)(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
                                 pp_request* req);
 } pp_transport;
@@ -1737,13 +1739,15 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
        for (;;) { pp_stage_step(st, &b, &stats); pp_dp_overlap_wait(ov, &os, &err); ... }
    The gradients end with exactly the bits of pp_tied_sum_grads then pp_grad_allreduce(dp,
    scale) over each buffer after the step: the sums are per element, so cutting a buffer into
-   buckets changes no bit, and tied layers wait: their buffers are reduced in
+   buckets changes no bit (where an element's terms are added in an order its offset does not
+   decide: not MPI's or NCCL's own algorithms over more than two replicas), and tied layers wait: their buffers are reduced in
    pp_dp_overlap_wait, after the tied sum (pp_tied_sum_grads over tied / tied_pair of the first
    buffer listed for tied_layers[0] and for tied_layers[1]; Megatron #844). Where dp's transport
-   can start an all-reduce (pp_transport.iallreduce_sum: pipeline_mpi.h's MPI_Iallreduce, f32
-   and f64 over its whole communicator) the hook starts each bucket and returns; the wait
-   completes them (and scales). Elsewhere (the threads transport, pipeline_nccl.h, f16, a subset
-   of ranks, the ordered sum) each bucket is a blocking pp_grad_allreduce issued from the hook:
+   can start an all-reduce (pp_transport.iallreduce_sum: pipeline_mpi.h's MPI_Iallreduce,
+   pipeline_nccl.h's ncclAllReduce on the dp transport's own stream; f32 and f64 over the whole
+   communicator) the hook starts each bucket and returns; the wait completes them (and scales,
+   on the host: device gradients want scale = 1, then a kernel). Elsewhere (the threads
+   transport, f16, a subset of ranks, the ordered sum) each bucket is a blocking pp_grad_allreduce issued from the hook:
    it costs the stage's own thread that time, hidden where the rank has nothing left to run
    (GPipe and 1F1B: a rank's last B is its last action; with several chunks per rank or deferred
    W's, it delays the rank's later actions by its length). No deadlock: replicas run the same list,

@@ -83,7 +83,11 @@
      into the pipeline group, the data-parallel group and the tied pair (first and last stage
      rank) of a pp x dp grid (pipeline.h's pp_grid colours); tied layers use the tied transport,
      or the pipeline transport with the pair of ranks that own them (pp_tied_sum_grads), data
-     parallelism the dp transport (pp_grad_allreduce).
+     parallelism the dp transport (pp_grad_allreduce after the step, or pp_dp_overlap during the
+     cool-down: the transport's iallreduce_sum enqueues each bucket's ncclAllReduce on its own
+     stream after a record of the compute stream and returns; wait completes it, with the
+     deadline and abort of a receive's wait; host buffers go through a pinned buffer copied by a
+     host function in stream order, so the hook never waits for the device).
 
    USAGE (one process per GPU; examples/gpt_nccl.cu shows it whole)
        pp_launch L; pp_launch_from_env(&L, &err);
@@ -256,6 +260,13 @@ typedef struct _ppn_batch {
     uint64_t not_ready_at;      /* 1 + the transport's epoch when last seen running (or issued) */
 } _ppn_batch;
 
+/* Host bytes a host function copies in stream order (_ppn_iallreduce). */
+typedef struct _ppn_hcopy {
+    void* dst;
+    const void* src;
+    size_t n;
+} _ppn_hcopy;
+
 typedef struct _ppn_op {
     struct _ppn_op *next, *prev; /* the transport's live ops, oldest first */
     int is_recv, peer, tag;
@@ -271,6 +282,11 @@ typedef struct _ppn_op {
     int ch;                     /* _ppn_channel_of: direction + 2 * gradient + 4 * odd pair */
     int self_done;              /* a message to this rank itself: copied (or failed) */
     pp_result self_rc;
+    /* a started all-reduce of host memory (_ppn_iallreduce): its pinned staging buffer, and the
+       copy into it a host function makes on the stream (pageable memory, read in stream order) */
+    void* pinned;
+    size_t pinned_cap;
+    _ppn_hcopy up;
 } _ppn_op;
 
 typedef struct _ppn_rel { /* a free block of the stage's pool (pp_transport.released) */
@@ -327,6 +343,7 @@ struct pp_nccl {
     cudaEvent_t* free_ev;       /* completion events of released batches, for reuse */
     int n_free_ev, cap_free_ev;
     _ppn_bounce* bounce;        /* free device bounce buffers (host-memory messages) */
+    _ppn_bounce* pinned;        /* free pinned host buffers (host-memory all-reduces started) */
     const void* dev_cache[_PPN_DEV_CACHE];  /* 1 + page numbers known to be device memory (_ppn_is_host) */
     const void* host_cache[_PPN_DEV_CACHE]; /* and known to be host memory */
     uint64_t bytes_sent, msgs_sent;
@@ -464,11 +481,11 @@ static void _ppn_batch_release(pp_nccl* t, _ppn_batch* b) {
     }
 }
 
-/* A device bounce buffer of at least n bytes, reused across messages (cudaMalloc can
-   synchronise the device: only while the pool grows). */
-static pp_result _ppn_bounce_get(pp_nccl* t, size_t n, void** p, size_t* cap) {
+/* A device bounce buffer (pinned 1: a pinned host buffer) of at least n bytes, reused across
+   messages (cudaMalloc can synchronise the device: only while the pool grows). */
+static pp_result _ppn_bounce_get(pp_nccl* t, int pinned, size_t n, void** p, size_t* cap) {
     _ppn_bounce **bp, *b;
-    for (bp = &t->bounce; (b = *bp) != NULL; bp = &b->next)
+    for (bp = pinned ? &t->pinned : &t->bounce; (b = *bp) != NULL; bp = &b->next)
         if (b->cap >= n) {
             *bp = b->next;
             *p = b->p;
@@ -477,19 +494,22 @@ static pp_result _ppn_bounce_get(pp_nccl* t, size_t n, void** p, size_t* cap) {
             return PP_OK;
         }
     *cap = n < 256 ? 256 : n;
+    if (pinned) return _ppn_cuda(t, cudaMallocHost(p, *cap), "cudaMallocHost (staging buffer)");
     return _ppn_cuda(t, cudaMalloc(p, *cap), "cudaMalloc (bounce buffer)");
 }
 
-static void _ppn_bounce_put(pp_nccl* t, void* p, size_t cap) {
+static void _ppn_bounce_put(pp_nccl* t, int pinned, void* p, size_t cap) {
     _ppn_bounce* b = (_ppn_bounce*)_pp_calloc(1, sizeof *b);
     if (!b) {
-        cudaFree(p);
+        if (pinned) cudaFreeHost(p);
+        else cudaFree(p);
         return;
     }
     b->p = p;
     b->cap = cap;
-    b->next = t->bounce;
-    t->bounce = b;
+    b->next = pinned ? t->pinned : t->bounce;
+    if (pinned) t->pinned = b;
+    else t->bounce = b;
 }
 
 static void _ppn_op_free(pp_nccl* t, _ppn_op* op) {
@@ -498,7 +518,8 @@ static void _ppn_op_free(pp_nccl* t, _ppn_op* op) {
     if (op->next) op->next->prev = op->prev;
     else t->tail = op->prev;
     if (!op->batch && op->peer != t->rank) t->n_queued[op->ch]--;
-    if (op->host && op->dev) _ppn_bounce_put(t, op->dev, op->dev_cap);
+    if (op->host && op->dev) _ppn_bounce_put(t, 0, op->dev, op->dev_cap);
+    if (op->pinned) _ppn_bounce_put(t, 1, op->pinned, op->pinned_cap);
     _ppn_batch_release(t, op->batch);
     PP_FREE(op);
 }
@@ -768,7 +789,7 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     }
     if (op->host && peer != t->rank) {
         op->dev = NULL;
-        rc = _ppn_bounce_get(t, bytes, &op->dev, &op->dev_cap);
+        rc = _ppn_bounce_get(t, 0, bytes, &op->dev, &op->dev_cap);
     }
     if (rc != PP_OK) {
         PP_FREE(op);
@@ -922,6 +943,7 @@ static pp_result _ppn_done(pp_nccl* t, pp_request* req, _ppn_op* op, pp_result r
    timeout leaves it posted and the communicator alive (the executor probes sends with short
    waits), a receive's timeout aborts the communicator. pp_nccl_step_end waits for every group
    on the host. */
+static pp_result _ppn_iallreduce_wait(pp_nccl* t, pp_request* req, _ppn_op* op, double dt, pp_error* err);
 static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
@@ -931,6 +953,7 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
     if (!req) return _pp_fail(err, PP_ERR_INVALID, "wait on a NULL request");
     if (req->done || !op) return PP_OK;
     peer = op->peer;
+    if (op->is_recv == 2 && !t->aborted) return _ppn_iallreduce_wait(t, req, op, dt, err);
     if (t->aborted)
         return _pp_fail(err, _ppn_done(t, req, op, PP_ERR_ABORTED), "rank %d: the NCCL communicator was aborted (%s)", t->rank,
                         t->err);
@@ -1020,7 +1043,14 @@ static pp_result _ppn_cancel(void* self, pp_request* req) {
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
     if (!op) return PP_OK;
-    if (op->batch && !t->aborted) return PP_ERR_UNSUPPORTED;
+    if (op->is_recv == 2 && !op->host && !t->aborted) {
+        /* a started all-reduce of device memory runs on: whatever the compute stream does next
+           with the buffer (zeroing it after a failed step) comes after it */
+        (void)_ppn_cuda(t, cudaStreamWaitEvent(t->compute, op->batch->done, 0), "cudaStreamWaitEvent (all-reduce)");
+        _ppn_done(t, req, op, PP_OK);
+        return PP_OK;
+    }
+    if (op->batch && !t->aborted) return PP_ERR_UNSUPPORTED; /* a host all-reduce's bounce buffer too: kept until destroy */
     _ppn_done(t, req, op, PP_OK);
     return PP_OK;
 }
@@ -1088,6 +1118,122 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
     if (host && dev) cudaFree(dev);
     if (rc == PP_OK) return PP_OK;
     _ppn_abort_comm(t);
+    return _pp_fail(err, rc, "%s", t->err);
+}
+
+/* A host function of _ppn_iallreduce: host bytes copied in stream order (no CUDA call). */
+static void _ppn_hcopy_run(void* user) {
+    const _ppn_hcopy* c = (const _ppn_hcopy*)user;
+    memcpy(c->dst, c->src, c->n);
+}
+
+/* pp_transport.iallreduce_sum: what _ppn_allreduce does over the whole communicator (the same
+   bits: one ncclAllReduce of the same elements), started and left running. The all-reduce goes
+   on channel 0's stream, a stream of this transport's own (the grid's dp transport: not the
+   compute stream, nor any of the pipeline's), after a record of the compute stream, so it reads
+   the gradients the work enqueued there so far wrote (the stage's last backward, when it is
+   started from the gradients-final hook), and the host, the compute stream and the pipeline's
+   communicators go on meanwhile. A device buffer is left to NCCL and the compute stream waits
+   for the all-reduce at the wait. A host buffer (pageable: a copy from it reads it when called,
+   not in stream order) travels in stream order too: a host function on the stream copies it
+   into a pinned buffer once the stream got past the compute stream's record, then pinned to a
+   device bounce buffer, the all-reduce, and back to the pinned buffer; the wait copies that
+   into the caller's buffer (untouched until then). The host never waits for the compute
+   stream here (that held each hook until the stage's kernels had run: the step grew). _ppn_wait completes it: it polls the completion event against its
+   deadline and the communicator's asynchronous error, and aborts the communicator on a timeout
+   or an error, as for a receive. Every rank starts its all-reduces in one order (NCCL matches a
+   communicator's collectives by issue order). Anything else _ppn_allreduce does another way (a
+   subset of ranks, f16) is PP_ERR_UNSUPPORTED: the caller calls allreduce_sum. */
+static pp_result _ppn_iallreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
+                                 pp_request* req) {
+    pp_nccl* t = (pp_nccl*)self;
+    _ppn_op* op;
+    _ppn_batch* b;
+    int i, whole = ranks && n_ranks == t->size;
+    double deadline = _pp_now() + t->timeout_s;
+    pp_result rc = PP_OK;
+    for (i = 0; whole && i < n_ranks; i++)
+        if (ranks[i] != i) whole = 0;
+    if (!req || !buf || count == 0) return PP_ERR_INVALID;
+    memset(req, 0, sizeof *req);
+    if (!whole || n_ranks < 2 || !t->stream || (dtype != PP_F32 && dtype != PP_F64)) return PP_ERR_UNSUPPORTED;
+    if (t->aborted) return PP_ERR_ABORTED;
+    if ((rc = _ppn_flush_all(t)) != PP_OK) return rc; /* what was posted before goes first on the communicator */
+    op = (_ppn_op*)_pp_calloc(1, sizeof *op);
+    b = (_ppn_batch*)_pp_calloc(1, sizeof *b);
+    if (!op || !b) {
+        PP_FREE(op);
+        PP_FREE(b);
+        return PP_ERR_NOMEM;
+    }
+    op->is_recv = 2; /* a collective: no peer, no channel queue */
+    op->peer = -1;
+    op->tag = -1;
+    op->order = -1;
+    op->buf = op->dev = buf;
+    op->bytes = count * pp_dtype_size(dtype);
+    op->host = _ppn_is_host(t, buf);
+    op->batch = b;
+    b->refs = 1;
+    op->prev = t->tail; /* on the list from here on: _ppn_op_free takes it all back */
+    if (t->tail) t->tail->next = op;
+    else t->head = op;
+    t->tail = op;
+    if (op->host) {
+        op->dev = NULL;
+        rc = _ppn_bounce_get(t, 0, op->bytes, &op->dev, &op->dev_cap);
+        if (rc == PP_OK) rc = _ppn_bounce_get(t, 1, op->bytes, &op->pinned, &op->pinned_cap);
+    }
+    if (rc == PP_OK) rc = _ppn_ev_get(t, &b->done);
+    if (rc == PP_OK && !t->ready) rc = _ppn_cuda(t, cudaEventCreateWithFlags(&t->ready, cudaEventDisableTiming), "cudaEventCreate");
+    if (rc == PP_OK && (rc = _ppn_cuda(t, cudaEventRecord(t->ready, t->compute), "cudaEventRecord (compute)")) == PP_OK)
+        t->ready_n++;
+#ifndef PP_NCCL_TEST_DP_UNORDERED /* negative control (build/nccl-controls): the all-reduce reads the gradients unordered */
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->stream, t->ready, 0), "cudaStreamWaitEvent (compute)");
+    if (rc == PP_OK) t->ch_ready[0] = t->ready_n;
+#endif
+    if (rc == PP_OK && op->host) {
+        op->up.dst = op->pinned;
+        op->up.src = buf;
+        op->up.n = op->bytes;
+        rc = _ppn_cuda(t, cudaLaunchHostFunc(t->stream, _ppn_hcopy_run, &op->up), "cudaLaunchHostFunc (staging an all-reduce)");
+        if (rc == PP_OK)
+            rc = _ppn_cuda(t, cudaMemcpyAsync(op->dev, op->pinned, op->bytes, cudaMemcpyHostToDevice, t->stream),
+                           "staging an all-reduce");
+    }
+    if (rc == PP_OK) {
+        ncclResult_t ar = ncclAllReduce(op->dev, op->dev, count, dtype == PP_F32 ? ncclFloat32 : ncclFloat64, ncclSum, t->comm,
+                                        t->stream);
+        rc = _ppn_nccl(t, ar, "ncclAllReduce");
+        if (rc == PP_OK && ar == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, "ncclAllReduce (non-blocking)", deadline);
+    }
+    if (rc == PP_OK && op->host)
+        rc = _ppn_cuda(t, cudaMemcpyAsync(op->pinned, op->dev, op->bytes, cudaMemcpyDeviceToHost, t->stream),
+                       "unstaging an all-reduce");
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(b->done, t->stream), "cudaEventRecord (all-reduce done)");
+    if (rc != PP_OK) {
+        if (op->host) cudaStreamSynchronize(t->stream); /* the host function may still read op->up */
+        _ppn_op_free(t, op);
+        _ppn_abort_comm(t); /* the peers' all-reduce would wait for ours */
+        return rc;
+    }
+    req->impl = op;
+    req->id = -1;
+    return PP_OK;
+}
+
+/* _ppn_wait of a started all-reduce (_ppn_iallreduce). */
+static pp_result _ppn_iallreduce_wait(pp_nccl* t, pp_request* req, _ppn_op* op, double dt, pp_error* err) {
+    pp_result rc = _ppn_poll(t, op->batch, _pp_now() + dt);
+    if (rc == PP_OK && op->host) memcpy(op->buf, op->pinned, op->bytes);
+    if (rc == PP_OK && !op->host) /* what the compute stream does next with the buffer comes after the sum */
+        rc = _ppn_cuda(t, cudaStreamWaitEvent(t->compute, op->batch->done, 0), "cudaStreamWaitEvent (all-reduce)");
+    _ppn_done(t, req, op, rc);
+    if (rc == PP_OK) return PP_OK;
+    _ppn_abort_comm(t);
+    if (rc == PP_ERR_TIMEOUT)
+        return _pp_fail(err, rc, "rank %d waited %.3g s for a data-parallel all-reduce over NCCL (communicator aborted)", t->rank,
+                        dt);
     return _pp_fail(err, rc, "%s", t->err);
 }
 
@@ -1268,7 +1414,7 @@ pp_transport pp_nccl_transport(pp_nccl* t) {
     /* in pp_transport's order (pipeline.h's pp_threads_transport names the fields) */
     static const pp_transport ops = {NULL, 0, 0, _ppn_isend, _ppn_irecv, _ppn_wait, _ppn_test, _ppn_group_start,
                                      _ppn_group_end, _ppn_allreduce, _ppn_abort, _ppn_cancel, NULL, NULL, NULL,
-                                     _ppn_check_schedule, 1, _ppn_released, NULL};
+                                     _ppn_check_schedule, 1, _ppn_released, _ppn_iallreduce};
     return _pp_transport_of(&ops, t, t ? t->rank : 0, t ? t->size : 0);
 }
 
@@ -1433,6 +1579,12 @@ void pp_nccl_destroy(pp_nccl* t) {
         _ppn_bounce* b = t->bounce;
         t->bounce = b->next;
         cudaFree(b->p);
+        PP_FREE(b);
+    }
+    while (t->pinned) {
+        _ppn_bounce* b = t->pinned;
+        t->pinned = b->next;
+        cudaFreeHost(b->p);
         PP_FREE(b);
     }
     for (ch = 0; ch < t->nch_made; ch++) {

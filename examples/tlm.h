@@ -140,6 +140,59 @@ static inline void tlm_layout(tlm_model* w, float* arena, int vocab, int dim, in
     w->xent[0].classes = vocab;
 }
 
+/* The gradient buffers (pipeline.h >>grad: pp_dp_overlap, pp_grad_norm) of the layers of g (laid
+   out by tlm_layout) that `rank` owns under (sc, first), or of every layer for rank < 0, in
+   layer order: the embedding's E, each dense layer's w then b, the head's E (tied = 1 marks it
+   the embedding's second copy, tied_copy). out holds 2 * TLM_DEPTH + 2 entries; returns how
+   many it filled. */
+static inline int tlm_grad_bufs(const tlm_model* g, const pp_schedule* sc, const int* first, int rank, int tied,
+                                pp_grad_buf* out) {
+    int l, n = 0;
+    size_t nE = (size_t)g->embed[0].vocab * g->embed[0].dim, dim = (size_t)g->embed[0].dim;
+    for (l = 0; l <= TLM_HEAD_LAYER; l++) {
+        pp_grad_buf b;
+        if (rank >= 0 && pp_schedule_layer_rank(sc, first, l) != rank) continue;
+        memset(&b, 0, sizeof b);
+        b.layer = l;
+        b.dtype = PP_F32;
+        if (l == TLM_EMBED_LAYER || l == TLM_HEAD_LAYER) {
+            b.data = l == TLM_EMBED_LAYER ? g->embed[0].E : g->head[0].E;
+            b.count = nE;
+            b.tied_copy = l == TLM_HEAD_LAYER && tied;
+            out[n++] = b;
+        } else {
+            b.data = g->dense[l - 1].w;
+            b.count = dim * dim;
+            out[n++] = b;
+            b.data = g->dense[l - 1].b;
+            b.count = dim;
+            out[n++] = b;
+        }
+    }
+    return n;
+}
+
+/* A pp_dp_overlap_desc (pipeline.h >>grad) for the LM on `rank` of a pipeline under (sc, first):
+   its gradient buffers (tlm_grad_bufs into bufs, 2 * TLM_DEPTH + 2 entries), and with tied
+   non-NULL the embedding and the head as the tied layers, summed over tied between ranks
+   pair[0] and pair[1]. Zeroed first: the data-parallel group (od->dp), the scale and the
+   bucket size are the caller's to set. */
+static inline void tlm_overlap_desc(pp_dp_overlap_desc* od, const tlm_model* g, const pp_schedule* sc, const int* first,
+                                    int rank, const pp_transport* tied, const int* pair, pp_grad_buf* bufs) {
+    memset(od, 0, sizeof *od);
+    od->n_bufs = tlm_grad_bufs(g, sc, first, rank, 1, bufs);
+    od->bufs = bufs;
+    od->partition = first;
+    od->n_stages = sc->n_stages;
+    od->tied = tied;
+    if (tied) {
+        od->tied_pair[0] = pair[0];
+        od->tied_pair[1] = pair[1];
+    }
+    od->tied_layers[0] = TLM_EMBED_LAYER;
+    od->tied_layers[1] = TLM_HEAD_LAYER;
+}
+
 static inline void tlm_fill(float* arena, int vocab, int dim, uint64_t seed) {
     size_t n = tlm_param_count(vocab, dim), i, nE = (size_t)vocab * dim, off = nE;
     int l;

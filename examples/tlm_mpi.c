@@ -3,8 +3,9 @@
    the first stage and its tied copy in the head on the last.
 
    What to copy: a pp x dp grid over MPI (pp_mpi_grid_create), tied weights across the first and
-   last stage (pp_tied_sync_weights, pp_tied_sum_grads), the data-parallel mean
-   (pp_grad_allreduce). Start from mlp_cpu.c, then gpt_mpi.c (one process per rank, no grid).
+   last stage (pp_tied_sync_weights, pp_tied_sum_grads), the data-parallel mean reduced during
+   the pipeline's cool-down (pp_dp_overlap; pp_grad_allreduce after the step with --no-overlap).
+   Start from mlp_cpu.c, then gpt_mpi.c (one process per rank, no grid).
 
        mpicc -std=c99 -O2 -I. examples/tlm_mpi.c -o build/tlm_mpi -lm
        mpirun -np 4 build/tlm_mpi --pp 2              (pp = 2 x dp = 2)
@@ -14,9 +15,14 @@
    (micro-batches, default 4), --steps N (default 100), --lr X (default 1.0), --check (rank 0
    also trains the same model sequentially, replicas one after another, and the run fails
    unless its embedding, which rank 0 owns, matches the sequential one bit for bit at the end;
-   exact for dp <= 2, where MPI's sum of two replicas is one commutative addition).
-   One training step: pp_stage_step, pp_tied_sum_grads (embedding + head copy), the data-parallel
-   mean (pp_grad_allreduce with scale 1/dp), then SGD on the layers this rank owns. */
+   exact for dp <= 2, where MPI's sum of two replicas is one commutative addition),
+   --no-overlap (the data-parallel reduction after the step instead of during it),
+   --bucket-bytes N (the overlap's all-reduce size, default 4 MiB).
+   One training step: pp_stage_step, whose gradients-final hook starts each stage's data-parallel
+   all-reduce (MPI_Iallreduce, bucket by bucket) as soon as the stage's last backward is done;
+   pp_dp_overlap_wait completes them, sums the tied copies (embedding + head) and reduces those,
+   and takes the mean (1/dp); then SGD on the layers this rank owns. --no-overlap does the same
+   after the step: pp_tied_sum_grads, then pp_grad_allreduce with scale 1/dp, the same bits. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../pipeline_mpi.h"
@@ -32,7 +38,10 @@ static void make_batch(pp_batch* b, int32_t* tok, int32_t* tgt, int32_t* cu, int
 }
 
 int main(int argc, char** argv) {
-    int pp = 0, m = 4, steps = 100, check = 0, i, step, l, pair[2], first[64 + 1], rank, world;
+    int pp = 0, m = 4, steps = 100, check = 0, overlap = 1, i, step, l, pair[2], first[64 + 1], rank, world;
+    size_t bucket_bytes = 0;
+    pp_dp_overlap* ov = NULL;
+    pp_grad_buf bufs[2 * TLM_DEPTH + 2];
     float lr = 1.0f;
     pp_schedule_kind kind = PP_SCHED_1F1B;
     pp_launch launch;
@@ -61,6 +70,8 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--lr") && i + 1 < argc) lr = (float)atof(argv[++i]);
         else if (!strcmp(argv[i], "--check")) check = 1;
+        else if (!strcmp(argv[i], "--no-overlap")) overlap = 0;
+        else if (!strcmp(argv[i], "--bucket-bytes") && i + 1 < argc) bucket_bytes = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--schedule") && i + 1 < argc) {
             if (pp_schedule_kind_parse(argv[++i], &kind) != PP_OK) {
                 if (!rank) fprintf(stderr, "unknown schedule %s\n", argv[i]);
@@ -68,7 +79,9 @@ int main(int argc, char** argv) {
                 return 2;
             }
         } else {
-            if (!rank) fprintf(stderr, "usage: %s [--pp N] [--schedule S] [--m N] [--steps N] [--lr X] [--check]\n", argv[0]);
+            if (!rank)
+                fprintf(stderr, "usage: %s [--pp N] [--schedule S] [--m N] [--steps N] [--lr X] [--check] [--no-overlap] "
+                                "[--bucket-bytes N]\n", argv[0]);
             MPI_Finalize();
             return 2;
         }
@@ -102,8 +115,9 @@ int main(int argc, char** argv) {
     pair[1] = pp_schedule_layer_rank(&sc, first, TLM_HEAD_LAYER);
     for (l = 0; l < model.n_layers; l++) owns[l] = pp_schedule_layer_rank(&sc, first, l) == g.grid.pp_rank;
     if (!rank) {
-        printf("tlm_mpi: %d processes = pp %d x dp %d, %s, m = %d, %d layers, tied embedding on ranks %d and %d\n", world,
-               pp, g.grid.dp, pp_schedule_name(kind), m, model.n_layers, pair[0], pair[1]);
+        printf("tlm_mpi: %d processes = pp %d x dp %d, %s, m = %d, %d layers, tied embedding on ranks %d and %d, "
+               "data-parallel reduction %s\n", world, pp, g.grid.dp, pp_schedule_name(kind), m, model.n_layers, pair[0], pair[1],
+               overlap ? "during the cool-down" : "after the step");
         pp_partition_print(stdout, &model, first, pp * v, NULL);
     }
     rc = pp_tied_sync_weights(&pipe, pair, owns[TLM_EMBED_LAYER] ? w.embed[0].E : NULL,
@@ -117,6 +131,18 @@ int main(int argc, char** argv) {
     d.rank = g.grid.pp_rank;
     d.transport = pipe;
     d.timeout_s = 60;
+    if (rc == PP_OK && overlap) {
+        /* the data-parallel reduction from the gradients-final hook, over the grid's dp
+           communicator; the tied copies are summed over the pipeline first, in the wait */
+        pp_dp_overlap_desc od;
+        tlm_overlap_desc(&od, &gw, &sc, first, g.grid.pp_rank, &pipe, pair, bufs);
+        od.dp.t = &dpt;
+        od.dp.timeout_s = 60;
+        od.bucket_bytes = bucket_bytes;
+        rc = pp_dp_overlap_create(&od, &ov, &err); /* scale 0: the mean, 1 / dp */
+        d.grads_final = pp_dp_overlap_hook;
+        d.grads_final_user = ov;
+    }
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     if (check && rank == 0) {
         ref = (float*)malloc(n * sizeof(float));
@@ -130,9 +156,13 @@ int main(int argc, char** argv) {
             snprintf(err.msg, sizeof err.msg, "%s", pp_stage_error(st));
             break;
         }
-        rc = pp_tied_sum_grads(&pipe, pair, owns[TLM_EMBED_LAYER] ? gw.embed[0].E : NULL,
-                               owns[TLM_HEAD_LAYER] ? gw.head[0].E : NULL, nE, PP_F32, 60, &err);
-        if (rc == PP_OK) rc = pp_grad_allreduce(&dpt, NULL, 0, garena, n, PP_F32, 1.0 / g.grid.dp, 60, &err);
+        if (ov) {
+            rc = pp_dp_overlap_wait(ov, NULL, &err);
+        } else {
+            rc = pp_tied_sum_grads(&pipe, pair, owns[TLM_EMBED_LAYER] ? gw.embed[0].E : NULL,
+                                   owns[TLM_HEAD_LAYER] ? gw.head[0].E : NULL, nE, PP_F32, 60, &err);
+            if (rc == PP_OK) rc = pp_grad_allreduce(&dpt, NULL, 0, garena, n, PP_F32, 1.0 / g.grid.dp, 60, &err);
+        }
         for (k = 0; k < n; k++) warena[k] -= lr * garena[k];
         if (stats.has_loss && g.grid.dp_rank == 0 && (step % 10 == 0 || step == steps - 1))
             printf("step %3d  loss %.4f  (%.2f ms)\n", step, stats.loss, stats.t_total * 1e3);
@@ -168,6 +198,7 @@ int main(int argc, char** argv) {
         if (bad) rc = PP_ERR_SIZE;
     }
     pp_stage_destroy(st);
+    pp_dp_overlap_destroy(ov);
     pp_mpi_grid_destroy(&g);
     free(acts);
     free(warena);

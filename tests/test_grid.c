@@ -133,21 +133,12 @@ static pp_result rank_main(int wr, void* user) {
     d.timeout_s = 20;
     if (rc == PP_OK && W->overlap) {
         pp_dp_overlap_desc od;
-        memset(&od, 0, sizeof od);
+        tlm_overlap_desc(&od, &gw, &W->sc, W->first, g.pp_rank, &pipe, W->pair, bufs);
         od.dp.t = &all; /* the data-parallel group as world ranks of the grid's own transport */
         od.dp.ranks = g.dp_group;
         od.dp.n_ranks = g.dp;
         od.dp.timeout_s = 20;
         od.bucket_bytes = 40; /* several buckets per buffer: cut anywhere, the same bits */
-        od.n_bufs = tlm_grid_grad_bufs(&gw, &W->sc, W->first, g.pp_rank, 1, bufs);
-        od.bufs = bufs;
-        od.partition = W->first;
-        od.n_stages = W->sc.n_stages;
-        od.tied = &pipe;
-        od.tied_pair[0] = W->pair[0];
-        od.tied_pair[1] = W->pair[1];
-        od.tied_layers[0] = TLM_EMBED_LAYER;
-        od.tied_layers[1] = TLM_HEAD_LAYER;
         rc = pp_dp_overlap_create(&od, &ov, &err);
         d.grads_final = pp_dp_overlap_hook;
         d.grads_final_user = ov;

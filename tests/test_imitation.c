@@ -951,18 +951,66 @@ static void r_two_comms(world* w, int r) {
     cudaEventDestroy(e);
 }
 
-static void two_comms(int opposite, int serialize, int expect, const char* what) {
+/* Two ranks run fn (r_two_comms, r_p2p_coll) with opposite (w.user) and serialized kernels or
+   not; expect: whether both complete. fn that checks its result sets ok2 (sums). */
+static void two_comms_run(void (*fn)(world*, int), int opposite, int serialize, int expect, int sums, const char* what) {
     world w;
     set_options(0, serialize, 0.004);
     world_init(&w, 2);
     w.user = &opposite;
-    run_ranks(&w, r_two_comms);
+    run_ranks(&w, fn);
     CHECK((w.ok[0] && w.ok[1]) == expect, "%s: %d %d", what, w.ok[0], w.ok[1]);
+    if (expect && sums) CHECK(w.ok2[0] && w.ok2[1], "%s: the all-reduce's sum", what);
     world_free(&w);
     set_options(0, 0, 0.004);
 }
+static void two_comms(int opposite, int serialize, int expect, const char* what) {
+    two_comms_run(r_two_comms, opposite, serialize, expect, 0, what);
+}
+
+/* pipeline_nccl.h's overlapped data-parallel reduction: a point-to-point exchange on one
+   communicator (the pipeline's) on one stream, and an all-reduce on another (the data-parallel
+   one) on a second stream, started while the exchange runs. Kernels of different communicators
+   are not ordered against each other [src: enqueue.cc, ncclLaunchPrepare: a launch waits only for
+   its own communicator's sharedRes->deviceStream, and for the device's context->launchOrder only
+   under NCCL_LAUNCH_ORDER_IMPLICIT=1]: with kernels running concurrently any order works. With
+   one kernel per device at a time (a full GPU, or that implicit order) every rank must issue the
+   two in one order (the overlap's hooks come at the same point of the same list on every
+   replica); the known-bad client issues them in opposite orders and deadlocks. */
+static void r_p2p_coll(world* w, int r) {
+    const int* opposite = (const int*)w->user;
+    int first_coll = *opposite && r == 1;
+    rank_setup(w, r);
+    w->rc2[r] = ncclCommInitRank(&w->comm2[r], w->n, w->id2, r);
+    put_floats(w->b[r], (float)(r + 1), NF);
+    if (first_coll) {
+        ncclAllReduce(w->b[r], w->b[r], NF, ncclFloat, ncclSum, w->comm2[r], w->s2[r]);
+        sleep_s(0.05);
+    }
+    if (r == 0) ncclSend(w->a[r], NF, ncclFloat, 1, w->comm[r], w->s[r]);
+    else ncclRecv(w->a[r], NF, ncclFloat, 0, w->comm[r], w->s[r]);
+    if (!first_coll) {
+        sleep_s(0.05); /* the exchange's kernel is running (or waiting for its peer) */
+        ncclAllReduce(w->b[r], w->b[r], NF, ncclFloat, ncclSum, w->comm2[r], w->s2[r]);
+    }
+    w->ok[r] = wait_stream(w->s[r], HANG_S * 3) && wait_stream(w->s2[r], HANG_S);
+    if (w->ok[r]) {
+        float h[NF];
+        cudaMemcpy(h, w->b[r], sizeof h, cudaMemcpyDeviceToHost);
+        w->ok2[r] = h[0] == 3.0f && h[NF - 1] == 3.0f + 2.0f * (NF - 1); /* (1 + i) + (2 + i) */
+    }
+    rank_finish(w, r, w->ok[r], NULL);
+}
+
+static void p2p_coll(int opposite, int serialize, int expect, const char* what) {
+    two_comms_run(r_p2p_coll, opposite, serialize, expect, 1, what);
+}
 
 static void test_two_comms(void) {
+    p2p_coll(0, 0, 1, "an all-reduce on a second communicator and stream during a point-to-point exchange");
+    p2p_coll(0, 1, 1, "the same, one order on both ranks, one kernel per device");
+    p2p_coll(1, 1, 0, "known-bad: all-reduce and exchange in opposite orders must deadlock with one kernel per device");
+
     two_comms(0, 1, 1, "same order on both ranks through one stream, one kernel per device");
     two_comms(1, 0, 1, "opposite orders, kernels concurrent");
     two_comms(1, 1, 0, "known-bad: opposite orders must deadlock with one kernel per device");

@@ -158,19 +158,10 @@ static void run_case(pp_schedule_kind kind, int pp, int v, int m, pp_shape_polic
         d.max_seqs = NSEQ;
         if (OVERLAP) {
             pp_dp_overlap_desc od;
-            memset(&od, 0, sizeof od);
+            tlm_overlap_desc(&od, &gw, &sc, first, g.grid.pp_rank, &pipe, pair, obufs);
             od.dp.t = &dpt;
             od.dp.timeout_s = 30;
             od.bucket_bytes = 48;
-            od.n_bufs = tlm_grid_grad_bufs(&gw, &sc, first, g.grid.pp_rank, 1, obufs);
-            od.bufs = obufs;
-            od.partition = first;
-            od.n_stages = sc.n_stages;
-            od.tied = &pipe;
-            od.tied_pair[0] = pair[0];
-            od.tied_pair[1] = pair[1];
-            od.tied_layers[0] = TLM_EMBED_LAYER;
-            od.tied_layers[1] = TLM_HEAD_LAYER;
             rc = pp_dp_overlap_create(&od, &ov, &err);
             CHECK(rc == PP_OK, "%s: overlap: %s", name, err.msg);
             d.grads_final = pp_dp_overlap_hook;

@@ -13,7 +13,9 @@
    carries both directions between one pair of ranks. 1F1B and ZB-H1 again with the
    data-parallel reduction overlapped with the cool-down (pp_dp_overlap from the gradients-final
    hook over the dp communicator, the tied layers after the tied sum in pp_dp_overlap_wait): the
-   same bits, and the hooks reduced buckets inside the step. */
+   same bits, and every bucket of the hooks was started (the dp transport's iallreduce_sum) and
+   completed by the wait; then one started all-reduce of device memory (and, in the last run, of
+   host memory) that a slow kernel on the compute stream writes: the sum of every replica's. */
 #define _POSIX_C_SOURCE 200809L
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_nccl.h"
@@ -44,7 +46,7 @@ typedef struct world {
     pp_schedule sc;
     int first[PP * 2 + 1];
     int m;
-    int overlap;                /* 1: pp_dp_overlap; 0: pp_grad_allreduce after the step */
+    int overlap;                /* 1: pp_dp_overlap (2: its direct check on host memory); 0: pp_grad_allreduce after the step */
     float* w[NR];               /* each rank's weights and gradients, host memory */
     float* g[NR];
     float* wref;
@@ -63,6 +65,73 @@ static int owner(const world* W, int layer) { return pp_schedule_layer_rank(&W->
 
 static uint64_t shard_seed(int step, int replica) { return 500u + 13u * (uint64_t)step + (uint64_t)replica; }
 static void reference(const float* wa, float* gref, int step, int m) { tlm_grid_reference(wa, gref, step, m, DP, shard_seed); }
+
+#ifndef PP_TEST_REAL_CUDA
+/* Gradients through the dp transport's started all-reduce (pipeline_nccl.h iallreduce_sum): a
+   slow kernel on the compute stream writes this replica's values into device memory (then, a
+   second time, into host memory, as the imitation's layers write host gradients), the
+   all-reduce is started right after it is enqueued (as the gradients-final hook does), and the
+   wait's result holds every replica's values summed. An all-reduce that does not wait for the
+   compute stream reads the bytes before the kernel wrote them (the control
+   PP_NCCL_TEST_DP_UNORDERED). */
+#define DEVN 300
+typedef struct dev_fill {
+    float* p; /* device memory, or host memory where host */
+    int replica, host;
+} dev_fill;
+static int dev_fill_kernel(void* user) {
+    dev_fill* f = (dev_fill*)user;
+    float* q = f->host ? f->p : (float*)fakecuda_dev_ptr(f->p, DEVN * sizeof(float));
+    struct timespec ts = {0, 20 * 1000 * 1000}; /* a backward that is still running */
+    int i;
+    if (!q) return 1;
+    nanosleep(&ts, NULL);
+    for (i = 0; i < DEVN; i++) q[i] = (float)((f->replica + 1) * (i + 1)) * 0.25f;
+    return 0;
+}
+static void dp_device_check(world* W, int wr, const pp_transport* dpt, cudaStream_t cs, int replica, int host) {
+    static dev_fill fills[NR];
+    static float hbuf[NR][DEVN];
+    float* d = NULL;
+    float h[DEVN];
+    int all[DP], i, k;
+    pp_request req;
+    pp_error err;
+    pp_result rc;
+    for (k = 0; k < DP; k++) all[k] = k;
+    err.msg[0] = 0;
+    if (host) {
+        d = hbuf[wr];
+        memset(d, 0, sizeof h);
+    } else if (cudaMalloc((void**)&d, sizeof h) != cudaSuccess) {
+        W->bad[wr]++;
+        snprintf(W->msg[wr], sizeof W->msg[wr], "device check: cudaMalloc");
+        return;
+    }
+    fills[wr].p = d;
+    fills[wr].replica = replica;
+    fills[wr].host = host;
+    rc = fakecuda_launch(cs, dev_fill_kernel, &fills[wr]) == cudaSuccess ? PP_OK : PP_ERR_TRANSPORT;
+    if (rc == PP_OK) rc = dpt->iallreduce_sum(dpt->self, d, DEVN, PP_F32, all, DP, &req);
+    if (rc == PP_OK) rc = dpt->wait(dpt->self, &req, 20, &err);
+    if (rc == PP_OK && cudaMemcpy(h, d, sizeof h, cudaMemcpyDefault) != cudaSuccess) rc = PP_ERR_TRANSPORT;
+    for (i = 0; rc == PP_OK && i < DEVN; i++) {
+        float want = 0;
+        for (k = 0; k < DP; k++) want += (float)((k + 1) * (i + 1)) * 0.25f;
+        if (h[i] != want) {
+            W->bad[wr]++;
+            snprintf(W->msg[wr], sizeof W->msg[wr], "%s all-reduce: element %d is %g, not %g", host ? "host" : "device", i, h[i],
+                     want);
+            break;
+        }
+    }
+    if (rc != PP_OK) {
+        W->bad[wr]++;
+        snprintf(W->msg[wr], sizeof W->msg[wr], "%s all-reduce: %s %s", host ? "host" : "device", pp_result_str(rc), err.msg);
+    }
+    if (!host) cudaFree(d);
+}
+#endif
 
 static void* rank_main(void* arg) {
     rank_arg* a = (rank_arg*)arg;
@@ -125,19 +194,10 @@ static void* rank_main(void* arg) {
     d.timeout_s = 20;
     if (rc == PP_OK && W->overlap) {
         pp_dp_overlap_desc od;
-        memset(&od, 0, sizeof od);
+        tlm_overlap_desc(&od, &gw, &W->sc, W->first, g.grid.pp_rank, g.tied ? &tied : NULL, pair, bufs);
         od.dp.t = &dpt;
         od.dp.timeout_s = 20;
         od.bucket_bytes = 64;
-        od.n_bufs = tlm_grid_grad_bufs(&gw, &W->sc, W->first, g.grid.pp_rank, 1, bufs);
-        od.bufs = bufs;
-        od.partition = W->first;
-        od.n_stages = W->sc.n_stages;
-        od.tied = g.tied ? &tied : NULL;
-        od.tied_pair[0] = pair[0];
-        od.tied_pair[1] = pair[1];
-        od.tied_layers[0] = TLM_EMBED_LAYER;
-        od.tied_layers[1] = TLM_HEAD_LAYER;
         rc = pp_dp_overlap_create(&od, &ov, &err);
         d.grads_final = pp_dp_overlap_hook;
         d.grads_final_user = ov;
@@ -158,6 +218,10 @@ static void* rank_main(void* arg) {
                 W->bad[wr]++;
                 snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: overlap: no bucket reduced in the hook (%d after)", step,
                          os.buckets_wait);
+            } else if (rc == PP_OK && os.buckets_started != os.buckets_hook) { /* pipeline_nccl.h's iallreduce_sum */
+                W->bad[wr]++;
+                snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: overlap: %d of the hook's %d buckets were started, the others "
+                         "blocked the hook", step, os.buckets_started, os.buckets_hook);
             }
         } else {
             if (g.tied)
@@ -180,6 +244,9 @@ static void* rank_main(void* arg) {
             wref[i] -= LR * gref[i];
         }
     }
+#ifndef PP_TEST_REAL_CUDA
+    if (rc == PP_OK && W->overlap) dp_device_check(W, wr, &dpt, pp_cuda_stream(c, 0), g.grid.dp_rank, W->overlap == 2);
+#endif
     if (rc != PP_OK) snprintf(W->msg[wr], sizeof W->msg[wr], "%s", err.msg);
     W->rc[wr] = rc;
     pp_stage_destroy(st);
@@ -249,7 +316,7 @@ int main(void) {
     grid_run(PP_SCHED_1F1B, 5, 0);
     grid_run(PP_SCHED_ZB_H1, 4, 0);
     grid_run(PP_SCHED_1F1B, 5, 1);
-    grid_run(PP_SCHED_ZB_H1, 4, 1);
+    grid_run(PP_SCHED_ZB_H1, 4, 2); /* and host memory in the direct check */
 #ifdef PP_TEST_REAL_CUDA
     layer_staged_free();
 #endif

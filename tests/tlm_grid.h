@@ -51,34 +51,10 @@ static inline void tlm_grid_layer_range(int l, size_t* off, size_t* n) {
     }
 }
 
-/* The gradient buffers (pipeline.h >>grad) of the layers of g that `rank` owns under (sc, first),
-   or of every layer for rank < 0, in layer order: the embedding's E, each dense layer's w then b,
-   the head's E (with tied: the embedding's second copy, tied_copy = 1). out holds 2 * TLM_DEPTH
-   + 2 entries; returns how many it filled. */
+/* The gradient buffers of the layers of g that `rank` owns (examples/tlm.h tlm_grad_bufs). */
 static inline int tlm_grid_grad_bufs(const tlm_model* g, const pp_schedule* sc, const int* first, int rank, int tied,
                                      pp_grad_buf* out) {
-    int l, n = 0;
-    for (l = 0; l <= TLM_HEAD_LAYER; l++) {
-        pp_grad_buf b;
-        if (rank >= 0 && pp_schedule_layer_rank(sc, first, l) != rank) continue;
-        memset(&b, 0, sizeof b);
-        b.layer = l;
-        b.dtype = PP_F32;
-        if (l == TLM_EMBED_LAYER || l == TLM_HEAD_LAYER) {
-            b.data = l == TLM_EMBED_LAYER ? g->embed[0].E : g->head[0].E;
-            b.count = (size_t)VOCAB * DIM;
-            b.tied_copy = l == TLM_HEAD_LAYER && tied;
-            out[n++] = b;
-        } else {
-            b.data = g->dense[l - 1].w;
-            b.count = (size_t)DIM * DIM;
-            out[n++] = b;
-            b.data = g->dense[l - 1].b;
-            b.count = DIM;
-            out[n++] = b;
-        }
-    }
-    return n;
+    return tlm_grad_bufs(g, sc, first, rank, tied, out);
 }
 
 /* Reference gradients of one grid step: every replica's sequential step of the untied model

@@ -85,6 +85,16 @@
      may not run concurrently on one device. fakenccl_options.serialize_kernels (or
      FAKENCCL_SERIALIZE=1) runs at most one kernel per device at a time, so a client that
      orders two communicators differently on two ranks deadlocks here as it may on a GPU.
+     Without it kernels of different communicators are not ordered against each other, whatever
+     streams they are on [src: enqueue.cc, ncclLaunchPrepare: a launch waits for its own
+     communicator's sharedRes->deviceStream and, only under NCCL_LAUNCH_ORDER_IMPLICIT=1
+     (getImplicitOrder; off by default), for the device's context->launchOrder, every
+     communicator's launches in host order], so a collective on one communicator issued on a
+     second stream while another communicator's point-to-point kernel waits for its peer runs
+     and completes (pipeline_nccl.h's data-parallel all-reduce during the pipeline's cool-down;
+     tests/test_imitation.c p2p_coll, with its known-bad client in opposite orders). What reads
+     a buffer another stream wrote must wait for it (an event): a kernel runs in its stream's
+     order only [UG: CUDA Stream Semantics].
 
    What it is not: no timing model, no network, no CUDA graphs, no user buffer registration; one
    process. Everything is static inline: include it in one translation unit. */
