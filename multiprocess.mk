@@ -127,7 +127,7 @@ test-nccl-gpu: gpu-nccl
 	@sh tools/gpu_nccl.sh $(B)/gpu-nccl-out 330 $(B)
 
 GPT_NCCL_RUN1 = $(B)/gpt_nccl -p 1 -m 4 --steps 2 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8
-GPT_NCCL_TRAIN = --wd 0.1 --clip 1 --warmup 1 --lr-min 1e-4 --eval-every 1 --eval-seqs 16 --save $(B)/gpt_nccl.ckpt
+GPT_NCCL_TRAIN = --wd 0.1 --clip 1 --warmup 1 --lr-min 1e-4 --eval-every 1 --eval-seqs 16 --save $(B)/gpt_nccl.ckpt --bucket-kb 64 --no-overlap
 
 check-nccl: | $(B)
 	@if [ "$(HAVE_NCCL)" = 1 ]; then \
@@ -144,7 +144,8 @@ check-nccl: | $(B)
 	      echo "check-nccl: gpt_nccl builds$(if $(filter 1,$(HAVE_MPI)), with and without MPI,); no GPU here: it stops with: $$(grep -o 'no CUDA device.*' $(B)/gpt_nccl_run1.log | cut -c1-60)..."; fi && \
 	    { $(GPT_NCCL_RUN1) $(GPT_NCCL_TRAIN) > $(B)/gpt_nccl_train.log 2>&1 || grep -q "no CUDA device" $(B)/gpt_nccl_train.log || { cat $(B)/gpt_nccl_train.log; exit 1; }; } && \
 	    { ! $(GPT_NCCL_RUN1) --clip -1 > $(B)/gpt_nccl_bad.log 2>&1 && grep -q "clip wants a norm" $(B)/gpt_nccl_bad.log; } && \
-	    echo "check-nccl: gpt_nccl's training options parse ($(GPT_NCCL_TRAIN)); --clip -1 is refused"; }; }; \
+	    { ! $(GPT_NCCL_RUN1) --bucket-kb -1 > $(B)/gpt_nccl_bad.log 2>&1 && grep -q "no-overlap" $(B)/gpt_nccl_bad.log; } && \
+	    echo "check-nccl: gpt_nccl's training options parse ($(GPT_NCCL_TRAIN)); --clip -1 and --bucket-kb -1 are refused"; }; }; \
 	else echo "check-nccl: nccl.h/libcudart not found under $(NCCL_HOME) and $(CUDA_HOME), skipped"; fi
 
 # pipeline_mpi.h under clang and as C++ (without MPI's own C++ bindings, which are not -Wextra clean)

@@ -23,7 +23,8 @@
    pipeline ranks write one file, each its own layers), --resume FILE (every process loads it
    all); and
    --id-file PATH (the ncclUniqueId through a shared file; needed for world > 1 without MPI),
-   --timeout S (every wait, default 120); --loss-log FILE (the printing rank writes every
+   --timeout S (every wait, default 120); --no-overlap (the data-parallel sum after the step, in
+   one all-reduce), --bucket-kb N (most KiB one overlapped all-reduce carries, default 4096); --loss-log FILE (the printing rank writes every
    micro-batch's loss of every step there in hex: runs on other grids must match it bit for bit,
    tools/gpu_nccl.sh compares p = 2 and 4 with p = 1).
 
@@ -34,11 +35,15 @@
    AdamW; only the layers its stages own get gradients and are read (Adam leaves a
    zero-gradient parameter unchanged; --wd's decay shrinks the others' stale copies, which
    nothing reads, and a checkpoint takes each layer from its owner). One step:
-     pp_stage_step                    (the pipeline transport, device blocks from a one-rank pp_cuda)
+     pp_stage_step                    (the pipeline transport, device blocks from a one-rank pp_cuda;
+                                       with dp > 1 each stage's data-parallel sum starts from its
+                                       gradients-final hook, pp_dp_overlap, during the cool-down)
+     pp_dp_overlap_wait               (completes those sums; all but wte's)
      tied wte: pp_tied_sum_grads over the grid's tied pair (embedding share on the first stage's
                rank, head share on the last's; both end with the sum), or locally when one rank
                owns both (p = 1, ZB-V)
-     pp_grad_allreduce over the data-parallel group, then x 1/dp
+     pp_grad_allreduce of wte over the data-parallel group (of every gradient with --no-overlap),
+               then x 1/dp
      --clip: pp_stage_grad_clip (the last stage's copy of the tied wte as a tied copy)
      AdamW over the parameters at the step's rate
    Printed by the last stage's rank of replica 0: the step, loss, rate, tokens/s (this replica),
@@ -62,6 +67,8 @@
 
 typedef struct opts : gptc_opts { /* the options gpt_cuda shares, and gpt_nccl's own */
     int p, dp;
+    int no_overlap;             /* --no-overlap: the data-parallel sum after the step, not from its hooks */
+    int bucket_kb;              /* --bucket-kb N: most KiB one overlapped all-reduce carries (0: 4 MiB) */
     double timeout;
     const char *text, *id_file, *loss_log;
 } opts;
@@ -71,7 +78,8 @@ static int usage(void) {
                     "                [--steps N] [--text FILE | --generated] [--seqs-per-step N] [--max-len N]\n"
                     "                [--dim N] [--heads N] [--layers N] [--lr X] [--lr-min X] [--warmup N] [--wd X]\n"
                     "                [--clip X] [--eval-every N] [--eval-seqs N] [--save FILE] [--resume FILE]\n"
-                    "                [--dtype f32|bf16] [--id-file PATH] [--timeout S] [--loss-log FILE]\n");
+                    "                [--dtype f32|bf16] [--id-file PATH] [--timeout S] [--loss-log FILE]\n"
+                    "                [--no-overlap] [--bucket-kb N]\n");
     return 2;
 }
 
@@ -102,6 +110,7 @@ typedef struct proc {
     pp_cuda* cuda;
     pp_nccl_grid grid;
     int have_grid;
+    pp_dp_overlap* ov;          /* dp > 1 without --no-overlap: each stage's sum from its hook */
     pp_stage* st;
     pp_action* acts;
     pp_schedule sched;
@@ -114,6 +123,7 @@ static void proc_free(proc* P) {
     gptc_blas_destroy(P->run.blas); /* before pp_cuda_destroy ends the stream its handle uses */
     P->run.blas = NULL;
     pp_stage_destroy(P->st);
+    pp_dp_overlap_destroy(P->ov); /* before the grid: it withdraws what it started on dp */
     if (P->have_grid) pp_nccl_grid_destroy(&P->grid);
     if (P->cuda) pp_cuda_destroy(P->cuda);
     gptc_free(0, P->wbuf);
@@ -223,6 +233,37 @@ static int save_ckpt(proc* P, const opts* o, int steps_done) {
         fprintf(stderr, "\n");                                                 \
         return 1;                                                              \
     } while (0)
+
+/* The data-parallel sum during the cool-down (pp_dp_overlap, the default with dp > 1): the
+   gradients of the layers this rank owns, but the tied wte, listed per layer; each stage's are
+   summed over the replicas from its gradients-final hook, ncclAllReduce on the dp transport's
+   own stream while the pipeline drains, and pp_dp_overlap_wait in update() completes them. The
+   wte's sum waits for the tied sum and the fold of the head's share (update()); the mean's 1/dp
+   is a kernel after the wait (the library scales on the host: scale 1). Each element is a sum of
+   dp terms either way, so the gradients are those of one all-reduce after the step (dp = 2:
+   bit for bit; NCCL's own order for more replicas). Called before pp_stage_create. */
+static int overlap_create(proc* P, const opts* o, pp_stage_desc* d) {
+    static pp_grad_buf bufs[12 * GPTC_MAX_BLOCK + 5];
+    pp_transport dt = pp_nccl_transport(P->grid.dp); /* copied by the overlap */
+    pp_dp_overlap_desc od;
+    pp_error err;
+    int n = gptc_grad_bufs(&P->run.cfg, P->gbuf, P->own, -1, NULL, bufs), k = 0;
+    for (int i = 0; i < n; i++)
+        if (bufs[i].data != (void*)P->g.embed[0].wte) bufs[k++] = bufs[i];
+    memset(&od, 0, sizeof od);
+    od.dp.t = &dt;
+    od.dp.timeout_s = o->timeout;
+    od.scale = 1.0;
+    od.bucket_bytes = (size_t)o->bucket_kb << 10;
+    od.bufs = bufs;
+    od.n_bufs = k;
+    od.partition = P->first;
+    od.n_stages = P->sched.n_stages;
+    if (pp_dp_overlap_create(&od, &P->ov, &err) != PP_OK) FAIL("data-parallel overlap: %s", err.msg);
+    d->grads_final = pp_dp_overlap_hook;
+    d->grads_final_user = P->ov;
+    return 0;
+}
 
 /* Bootstrap, grid, model, stage: everything before the first step. */
 static int setup(proc* P, const opts* o, int have_launch) {
@@ -353,6 +394,7 @@ static int setup(proc* P, const opts* o, int have_launch) {
     d.timeout_s = o->timeout;
     d.transport = pp_nccl_transport(P->grid.pipe);
     d.device = pp_cuda_device_ops(P->cuda, 0);
+    if (P->dp > 1 && !o->no_overlap && overlap_create(P, o, &d)) return 1;
     if (pp_stage_create(&d, &P->st, &err) != PP_OK) FAIL("stage: %s", err.msg);
     return 0;
 }
@@ -380,6 +422,7 @@ static int update(proc* P, const opts* o, int step, int e_rank, int h_rank, doub
     const float lr = gpt_lr_at(o->lr, o->lr_min, o->warmup, o->steps, step);
     cudaStream_t cs = pp_cuda_stream(P->cuda, 0);
     int VC = P->run.cfg.V * P->run.cfg.C;
+    if (P->ov && pp_dp_overlap_wait(P->ov, NULL, &err) != PP_OK) FAIL("data-parallel all-reduce (overlapped): %s", err.msg);
     if (e_rank != h_rank) {
         /* the grid's tied pair: {first stage's rank, last stage's rank} = tied ranks {0, 1} */
         pp_transport tt = pp_nccl_transport(P->grid.tied);
@@ -395,8 +438,11 @@ static int update(proc* P, const opts* o, int step, int e_rank, int h_rank, doub
     if (gptc_op<gptc_acc_op>(0, cs, VC, P->g.embed[0].wte, (const float*)P->g.head[0].wte)) FAIL("kernel launch failed");
     if (P->dp > 1) {
         pp_transport dt = pp_nccl_transport(P->grid.dp);
-        /* scale 1: the library scales on the host; the buffer is on the GPU */
-        if (pp_grad_allreduce(&dt, NULL, 0, P->gbuf, P->n_par, PP_F32, 1.0, o->timeout, &err) != PP_OK)
+        /* scale 1: the library scales on the host; the buffer is on the GPU. With the overlap
+           only wte is left (the rest was summed from the hooks) */
+        float* buf = P->ov ? P->g.embed[0].wte : P->gbuf;
+        size_t count = P->ov ? (size_t)VC : P->n_par;
+        if (pp_grad_allreduce(&dt, NULL, 0, buf, count, PP_F32, 1.0, o->timeout, &err) != PP_OK)
             FAIL("data-parallel all-reduce: %s", err.msg);
         if (gptc_op<gptc_scale_op>(0, cs, (int)P->n_par, P->gbuf, 1.0f / (float)P->dp)) FAIL("kernel launch failed");
     }
@@ -619,6 +665,8 @@ int main(int argc, char** argv) {
         else if (ARG("--id-file")) o.id_file = n;
         else if (ARG("--loss-log")) o.loss_log = n;
         else if (ARG("--timeout")) o.timeout = atof(n);
+        else if (ARG("--bucket-kb")) o.bucket_kb = atoi(n);
+        else if (!strcmp(a, "--no-overlap")) o.no_overlap = 1;
         else {
             rc = usage();
             goto done;
@@ -640,7 +688,7 @@ int main(int argc, char** argv) {
         P->L.source = NULL;
 #endif
     }
-    if (gptc_opts_check(&o) || o.timeout <= 0) {
+    if (gptc_opts_check(&o) || o.timeout <= 0 || o.bucket_kb < 0 || o.bucket_kb > (1 << 21)) {
         rc = usage();
         goto done;
     }

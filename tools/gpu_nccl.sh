@@ -77,6 +77,12 @@ for c in "p4 losses:loss-train-p4.txt:loss-train-p1.txt" "p4 checkpoint:$ck.p4:$
     if cmp -s "$a" "$b"; then echo "training, $what: byte for byte p=1's" | tee -a "$sum"
     else echo "training, $what: DIFFERS from p=1's (or missing)" | tee -a "$sum"; bad=1; fi
 done
+# pp 2 x dp 2: the data-parallel sum from the gradients-final hooks (the default) against one
+# all-reduce after the step (--no-overlap): the same losses and checkpoint, byte for byte
+gpt "pp 2 x dp 2, overlapped" 4 60 -p 2 --dp 2 --steps 12 --timeout 60 $M $TR --bucket-kb 64 --save $ck.ov --loss-log "$out/loss-dp2-ov.txt"
+gpt "pp 2 x dp 2, --no-overlap" 4 60 -p 2 --dp 2 --steps 12 --timeout 60 $M $TR --no-overlap --save $ck.no --loss-log "$out/loss-dp2-no.txt"
+if cmp -s "$out/loss-dp2-ov.txt" "$out/loss-dp2-no.txt" && cmp -s $ck.ov $ck.no; then echo "pp 2 x dp 2: overlapped = after the step, losses and checkpoint byte for byte" | tee -a "$sum"
+else echo "pp 2 x dp 2: overlapped DIFFERS from --no-overlap (or missing)" | tee -a "$sum"; bad=1; fi
 rm -f $ck.*
 T="--generated --dim 256 --heads 8 --layers 8 --max-len 128 --seqs-per-step 64 -m 16 --steps 12"
 gpt "timing gpt_nccl 1f1b p=4" 4 60 -p 4 --timeout 60 $T
