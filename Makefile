@@ -267,8 +267,12 @@ $(B)/recompute-ctl-slack: tests/test_recompute.c $(TEST_HDRS) $(EXH) $(HEADERS) 
 	$(CC) $(BASE) -DPLAN_SLACK=0.9 $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/recompute-ctl-nccl: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 -DPP_TEST_NO_RECOMPUTE $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/recompute-controls: tests/controls.sh $(B)/recompute-ctl-norecompute $(B)/recompute-ctl-slack $(B)/recompute-ctl-nccl
-	printf '#!/bin/sh\nexec sh tests/controls.sh recompute-controls "$(B)/recompute-ctl-norecompute" "$(B)/recompute-ctl-slack" "$(B)/recompute-ctl-nccl recompute"\n' > $@
+# gpt_cpu whose B skips the recompute: test_trainer.sh's --recompute part must fail on it
+$(B)/gpt_cpu-ctl-no-recompute: examples/gpt_cpu.c $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_RECOMPUTE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/recompute-controls: tests/controls.sh tests/test_trainer.sh $(B)/recompute-ctl-norecompute $(B)/recompute-ctl-slack $(B)/recompute-ctl-nccl \
+                         $(B)/gpt_cpu-ctl-no-recompute
+	printf '#!/bin/sh\nexec sh tests/controls.sh recompute-controls "$(B)/recompute-ctl-norecompute" "$(B)/recompute-ctl-slack" "$(B)/recompute-ctl-nccl recompute" "env TRAINER_PART=recompute sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-recompute"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/recompute-controls
 BENCHES += $(B)/bench_recompute

@@ -98,6 +98,8 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     pp_error err;
     gpt_traffic tr;
     gpt_opts part = *c;
+    unsigned char rflags[GPT_MAX_BLOCK + 2]; /* --recompute */
+    size_t peak = 0;                         /* the most stash bytes one rank held in a step */
     /* the pipeline; stages partitioned by describe()'s cost on one sequence of the corpus'
        attention length */
     memset(&d, 0, sizeof d);
@@ -112,6 +114,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     d.partition.policy = PP_PARTITION_COST;
     d.partition.sample = &T->sample;
     d.stage.record_timeline = c->trace != NULL;
+    d.stage.recompute = gpt_recompute_flags(c->recompute, d.model.n_layers, rflags);
     if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
         fprintf(stderr, "%s\n", err.msg);
         goto cleanup;
@@ -144,6 +147,11 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
         gpt_optimize(c, T->wbuf, T->gbuf, T->m1, T->m2, T->decay, T->n_params, step);
         T->loss[step] = st.loss;
         gpt_traffic_add(&tr, &st);
+        for (l = 0; l < p; l++) {
+            pp_step_stats rs;
+            pp_pipeline_rank_result(pl, l, &rs);
+            if (rs.peak_stash_bytes > peak) peak = rs.peak_stash_bytes;
+        }
         gpt_step_print(c, step, st.loss, &T->steps[step], st.t_total, norm);
         if (gpt_eval_due(c, step, to - 1)) { /* --eval-every: the weights after step + 1 steps */
             double te = gpt_now();
@@ -155,6 +163,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     part.steps = to - from;
     gpt_report(&part, T->steps + from, T->loss + from, wall);
     gpt_traffic_print("", &tr, c->dtype);
+    gpt_loop_print_peak(peak, c->recompute, gpt_recompute_count(d.stage.recompute, d.model.n_layers), d.model.n_layers);
     if (c->trace) {
         FILE* f = fopen(c->trace, "w");
         size_t n = 0;

@@ -18,8 +18,8 @@
                     [--gpus N] [--text FILE | --generated] [--seqs-per-step 64] [--max-len 128]
                     [--dim 128] [--heads 4] [--layers 4] [--lr 1e-3] [--lr-min X] [--warmup N] [--wd X]
                     [--clip X] [--eval-every N] [--eval-seqs 128] [--save FILE] [--resume FILE]
-                    [--dtype f32|bf16] [--trace FILE] [--check] [--check-resume] [--bench] [--cpu]
-                    [--gradcheck] [--gemm cublas|naive] [--vs-naive]
+                    [--dtype f32|bf16] [--recompute K] [--trace FILE] [--check] [--check-resume] [--bench]
+                    [--cpu] [--gradcheck] [--gemm cublas|naive] [--vs-naive]
 
    Prints per step: the step, loss, learning rate, tokens, tokens/s, the measured bubble (CUDA
    event timeline) and with --clip the gradient norm; at the end, tokens/s over the run and the
@@ -29,7 +29,9 @@
    decoupled decay on the matrices), --clip (the global gradient norm, pp_pipeline_grad_clip),
    --eval-every N/--eval-seqs N (the held-out split, every 10th document, through
    pp_pipeline_eval: "val loss"), --save/--resume (pp_ckpt_* of weights, Adam's moments and the
-   step; any p and schedule, the same file as gpt_nccl's).
+   step; any p and schedule, the same file as gpt_nccl's), --recompute K (every K-th block's
+   activations recomputed right before its B, pp_stage_desc.recompute: the same bits, less
+   stashed; the closing "activations:" line gives the most stash bytes one rank held).
    --check-resume half the steps at the configured p, saved, the rest resumed at p = 2 1F1B:
                   losses and final weights BIT-IDENTICAL to p = 2 uninterrupted (exit 1 if not)
    --gpus N       spreads rank r over GPU r % N (default 1: every stage on one GPU)
@@ -103,6 +105,7 @@ typedef struct trainer {
     gptc_run run;               /* the model's context: sizes, per-device tables, cpu */
     pp_model model;
     pp_pipeline* pl;
+    size_t peak_stash;          /* the most stash bytes one rank held in a step */
     /* per device */
     float* wbuf[GPTC_MAX_DEV];
     gptc_model w[GPTC_MAX_DEV];
@@ -253,6 +256,7 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
     /* the pipeline: host threads with --cpu, else CUDA streams on the ranks' GPUs */
     {
         pp_pipeline_desc d;
+        unsigned char rflags[GPTC_MAX_BLOCK + 2]; /* --recompute (copied at create) */
         memset(&d, 0, sizeof d);
         d.model = t->model;
         d.rank_weights = t->wptr;
@@ -262,6 +266,7 @@ static int trainer_init(trainer* t, const cfg* c, int p, pp_schedule_kind kind, 
         d.v = v;
         d.m = c->m;
         d.stage.timeout_s = 120;
+        d.stage.recompute = gpt_recompute_flags(c->recompute, t->model.n_layers, rflags);
         if (t->cpu) {
             if (pp_pipeline_create(&d, &t->pl, &err) != PP_OK) {
                 fprintf(stderr, "pipeline: %s\n", err.msg);
@@ -398,6 +403,11 @@ static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info
         return 1;
     }
     gpt_traffic_add(tr, &ss);
+    for (int r = 0; r < t->p; r++) {
+        pp_step_stats rs;
+        pp_pipeline_rank_result(t->pl, r, &rs);
+        if (rs.peak_stash_bytes > t->peak_stash) t->peak_stash = rs.peak_stash_bytes;
+    }
     if (cpu) memset(info, 0, sizeof *info);
     else *info = *pp_cuda_pipeline_info(t->pl);
     /* gradient of the step: sum over ranks in rank order (others' slots are zero) */
@@ -560,7 +570,13 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
         set_device(&t, 0);
         if (!out->final_params || gptc_copy(c->cpu, out->final_params, t.wbuf[0], sizeof(float) * t.n_par)) rc = 1;
     }
-    if (rc == 0 && verbose) gpt_traffic_print("", &out->traffic, c->bf16 ? PP_BF16 : PP_F32);
+    if (rc == 0 && verbose) {
+        unsigned char rflags[GPTC_MAX_BLOCK + 2];
+        gpt_traffic_print("", &out->traffic, c->bf16 ? PP_BF16 : PP_F32);
+        gpt_loop_print_peak(t.peak_stash, c->recompute,
+                            gpt_recompute_count(gpt_recompute_flags(c->recompute, t.model.n_layers, rflags), t.model.n_layers),
+                            t.model.n_layers);
+    }
     if (rc == 0 && verbose && !c->cpu) {
         size_t pb = sizeof(float) * t.n_par;
         printf("memory per stage (GPU block pool: stashes, received activations, gradient workspaces):\n");
@@ -694,8 +710,9 @@ static int usage(void) {
     fprintf(stderr, "usage: gpt_cuda [--schedule gpipe|1f1b|interleaved] [-p N] [-v N] [-m N] [--steps N] [--gpus N]\n"
                     "                [--text FILE | --generated] [--seqs-per-step N] [--max-len N] [--dim N] [--heads N]\n"
                     "                [--layers N] [--lr X] [--lr-min X] [--warmup N] [--wd X] [--clip X] [--eval-every N]\n"
-                    "                [--eval-seqs N] [--save FILE] [--resume FILE] [--dtype f32|bf16] [--trace FILE] [--check]\n"
-                    "                [--check-resume] [--bench] [--cpu] [--gradcheck] [--gemm cublas|naive] [--vs-naive]\n");
+                    "                [--eval-seqs N] [--save FILE] [--resume FILE] [--dtype f32|bf16] [--recompute K]\n"
+                    "                [--trace FILE] [--check] [--check-resume] [--bench] [--cpu] [--gradcheck]\n"
+                    "                [--gemm cublas|naive] [--vs-naive]\n");
     return 2;
 }
 

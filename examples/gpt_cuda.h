@@ -375,11 +375,13 @@ struct gptc_opts {
     int eval_seqs;              /* --eval-seqs N: held-out documents per evaluation (default 128) */
     const char* save;           /* --save FILE: a checkpoint after the last step */
     const char* resume;         /* --resume FILE: start from a checkpoint, at its step */
+    int recompute;              /* --recompute K: every K-th block's activations recomputed before
+                                   its B (gpt_recompute_flags; 0: none) */
 };
 
 static void gptc_opts_default(gptc_opts* o) {
     /* the comments' defaults; --lr-min -1: --lr's, in gptc_opts_check */
-    static const gptc_opts d = {PP_SCHED_1F1B, 2, 8, 40, 64, 128, 128, 4, 4, 1e-3f, NULL, 0, 0, -1.0f, 0, 0.0f, 0.0f, 0, 128, NULL, NULL};
+    static const gptc_opts d = {PP_SCHED_1F1B, 2, 8, 40, 64, 128, 128, 4, 4, 1e-3f, NULL, 0, 0, -1.0f, 0, 0.0f, 0.0f, 0, 128, NULL, NULL, 0};
     *o = d;
 }
 
@@ -391,7 +393,7 @@ static int gptc_opts_arg(gptc_opts* o, int argc, char** argv, int* i) {
                                                           {"--max-len", &o->max_len}, {"--dim", &o->dim},
                                                           {"--heads", &o->heads}, {"--layers", &o->layers},
                                                           {"--warmup", &o->warmup}, {"--eval-every", &o->eval_every},
-                                                          {"--eval-seqs", &o->eval_seqs}};
+                                                          {"--eval-seqs", &o->eval_seqs}, {"--recompute", &o->recompute}};
     const struct { const char* name; float* at; } floats[] = {
         {"--lr", &o->lr}, {"--lr-min", &o->lr_min}, {"--wd", &o->wd}, {"--clip", &o->clip}};
     const struct { const char* name; const char** at; } strs[] = {
@@ -430,7 +432,7 @@ static int gptc_opts_check(gptc_opts* o) {
     o->v = pp_schedule_kind_v(o->kind, o->v);
     if (o->lr_min < 0) o->lr_min = o->lr;
     if (gpt_loop_check(o->lr_min, o->warmup, o->wd, o->clip, o->eval_every, o->eval_seqs)) return 1;
-    return o->v < 1 || o->m < 1 || o->m > 1024 || o->steps < 1 || o->dim < 8 || o->heads < 1 || o->dim % o->heads ||
+    return o->recompute < 0 || o->v < 1 || o->m < 1 || o->m > 1024 || o->steps < 1 || o->dim < 8 || o->heads < 1 || o->dim % o->heads ||
            o->dim / o->heads > GPTC_MAX_HS || o->seqs < o->m || o->max_len < 12;
 }
 

@@ -54,6 +54,34 @@ static inline int gpt_eval_due_at(int every, int step, int last) {
     return every > 0 && ((step + 1) % every == 0 || step == last);
 }
 
+/* --recompute K: activation recomputation (pp_stage_desc.recompute) of every K-th block from the
+   first (1: every block, 2: every other one; 0: none); the embedding and the head keep their
+   activations. flags has n_layers entries (embedding, blocks, head); returns flags, or NULL
+   where nothing is recomputed (K = 0). A recomputed block keeps only its input from F to B and
+   runs its forward again right before its B: the same bits, one forward more per block. */
+static inline const unsigned char* gpt_recompute_flags(int every, int n_layers, unsigned char* flags) {
+    int l;
+    if (every <= 0) return NULL;
+    memset(flags, 0, (size_t)n_layers);
+    for (l = 1; l + 1 < n_layers; l++) flags[l] = (unsigned char)((l - 1) % every == 0);
+    return flags;
+}
+
+/* How many of n_layers flags are set (0 for NULL). */
+static inline int gpt_recompute_count(const unsigned char* flags, int n_layers) {
+    int l, n = 0;
+    for (l = 0; flags && l < n_layers; l++) n += flags[l] != 0;
+    return n;
+}
+
+/* The closing line on activation memory: the most bytes one rank held in stashes in one step
+   (pp_step_stats.peak_stash_bytes, the largest rank's), and what --recompute K recomputed. */
+static inline void gpt_loop_print_peak(size_t peak_bytes, int every, int n_recomputed, int n_layers) {
+    printf("activations: peak %.3f MiB stashed on one rank in one step", (double)peak_bytes / 1048576.0);
+    if (every > 0) printf(", recomputing %d of %d layers (--recompute %d)", n_recomputed, n_layers, every);
+    printf("\n");
+}
+
 /* "--wd, --lr-min, --warmup ..." in range: 0, else 1 with a message. */
 static inline int gpt_loop_check(float lr_min, int warmup, float wd, float clip, int eval_every, int eval_seqs) {
     if (!(clip >= 0)) {

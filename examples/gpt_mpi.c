@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
     pp_stage* st = NULL;
     pp_step_stats ss;
     gpt_traffic tr = {0, 0, 0, 0, 0}; /* summed over the ranks at the end */
+    unsigned char rflags[GPT_MAX_BLOCK + 2]; /* --recompute */
+    unsigned long long peak = 0;             /* the most stash bytes of a step, the largest rank's at the end */
     pp_error err;
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -135,6 +137,7 @@ int main(int argc, char** argv) {
     d.partition = first;
     d.rank = rank;
     d.transport = pp_mpi_transport(mpi);
+    d.recompute = gpt_recompute_flags(c.recompute, d.model.n_layers, rflags);
     if (pp_stage_create(&d, &st, &err) != PP_OK) {
         fprintf(stderr, "rank %d: %s\n", rank, err.msg);
         goto cleanup;
@@ -163,6 +166,7 @@ int main(int argc, char** argv) {
             goto cleanup;
         }
         gpt_traffic_add(&tr, &ss);
+        if (ss.peak_stash_bytes > peak) peak = ss.peak_stash_bytes;
         if (c.check && step == 0 && gpt_trainer_reference(&T, &d.model, &b)) goto cleanup;
         /* --check compares the gradients of the layers this rank's stages own with the
            reference's; --clip clips them all by the global norm (every rank calls it, each
@@ -227,6 +231,8 @@ cleanup:
         gpt_report(&part, T.steps + from, T.loss + from, wall);
         MPI_Allreduce(MPI_IN_PLACE, &tr.bytes, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD); /* gpt_cpu's sums */
         gpt_traffic_print("", &tr, c.dtype);
+        MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+        gpt_loop_print_peak((size_t)peak, c.recompute, gpt_recompute_count(d.recompute, d.model.n_layers), d.model.n_layers);
         if (c.check && from == 0) rc = gpt_trainer_verdict(&T, bad);
         if (val_differ) rc = 1;
     } else {

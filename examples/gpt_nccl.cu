@@ -79,7 +79,7 @@ static int usage(void) {
                     "                [--dim N] [--heads N] [--layers N] [--lr X] [--lr-min X] [--warmup N] [--wd X]\n"
                     "                [--clip X] [--eval-every N] [--eval-seqs N] [--save FILE] [--resume FILE]\n"
                     "                [--dtype f32|bf16] [--id-file PATH] [--timeout S] [--loss-log FILE]\n"
-                    "                [--no-overlap] [--bucket-kb N]\n");
+                    "                [--no-overlap] [--bucket-kb N] [--recompute K]\n");
     return 2;
 }
 
@@ -268,6 +268,7 @@ static int overlap_create(proc* P, const opts* o, pp_stage_desc* d) {
 /* Bootstrap, grid, model, stage: everything before the first step. */
 static int setup(proc* P, const opts* o, int have_launch) {
     pp_error err;
+    unsigned char rflags[GPTC_MAX_BLOCK + 2]; /* --recompute */
     int ndev = 0, S;
     size_t n;
     cudaError_t ce;
@@ -394,6 +395,7 @@ static int setup(proc* P, const opts* o, int have_launch) {
     d.timeout_s = o->timeout;
     d.transport = pp_nccl_transport(P->grid.pipe);
     d.device = pp_cuda_device_ops(P->cuda, 0);
+    d.recompute = gpt_recompute_flags(o->recompute, d.model.n_layers, rflags); /* copied at create */
     if (P->dp > 1 && !o->no_overlap && overlap_create(P, o, &d)) return 1;
     if (pp_stage_create(&d, &P->st, &err) != PP_OK) FAIL("stage: %s", err.msg);
     return 0;

@@ -39,6 +39,7 @@ typedef struct gpt_opts {
     int check_resume;       /* gpt_cpu --check-resume */
     int eval_every;         /* --eval-every N: the held-out loss every N steps and after the last (0: off) */
     int eval_seqs;          /* --eval-seqs N: held-out documents per evaluation (default 128) */
+    int recompute;          /* --recompute K: recompute every K-th block's activations (0: none) */
     pp_split_policy split;
 } gpt_opts;
 
@@ -58,7 +59,7 @@ static inline void gpt_opts_usage(const char* prog) {
             "       [--text FILE | --generated] [--seqs-per-step S] [--max-len L] [--dim C] [--heads H]\n"
             "       [--layers N] [--lr LR] [--lr-min LR] [--warmup N] [--wd X] [--optim adam|sgd] [--clip X]\n"
             "       [--eval-every N] [--eval-seqs N] [--split seqs|tokens|cost] [--dtype f32|bf16] [--trace FILE]\n"
-            "       [--check] [--save FILE] [--resume FILE] [--check-resume]\n",
+            "       [--recompute K] [--check] [--save FILE] [--resume FILE] [--check-resume]\n",
             prog);
 }
 
@@ -99,6 +100,7 @@ static inline int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
         else if (!strcmp(a, "--wd")) c->wd = (float)atof(val);
         else if (!strcmp(a, "--eval-every")) c->eval_every = atoi(val);
         else if (!strcmp(a, "--eval-seqs")) c->eval_seqs = atoi(val);
+        else if (!strcmp(a, "--recompute")) c->recompute = atoi(val);
         else if (!strcmp(a, "--optim")) {
             if (!strcmp(val, "adam")) c->sgd = 0;
             else if (!strcmp(val, "sgd")) c->sgd = 1;
@@ -124,8 +126,9 @@ static inline int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
 static inline int gpt_opts_check(gpt_opts* c) {
     c->v = pp_schedule_kind_v(c->kind, c->v == 0 ? 2 : c->v);
     if (c->layers == 0) c->layers = c->p * c->v - 2 > 4 ? c->p * c->v - 2 : 4;
-    if (c->p < 1 || c->v < 1 || c->p * c->v > PP_MAX_RANKS || c->m < 1 || c->steps < 1 || c->max_len < 12) {
-        fprintf(stderr, "need p, v, m, steps >= 1 (p*v <= %d) and max-len >= 12\n", PP_MAX_RANKS);
+    if (c->p < 1 || c->v < 1 || c->p * c->v > PP_MAX_RANKS || c->m < 1 || c->steps < 1 || c->max_len < 12 ||
+        c->recompute < 0) {
+        fprintf(stderr, "need p, v, m, steps >= 1 (p*v <= %d), max-len >= 12 and --recompute >= 0\n", PP_MAX_RANKS);
         return 1;
     }
     if (c->seqs < c->m) {

@@ -63,7 +63,14 @@ if [ "$PART" != resume ]; then
         "$cuda" $o -p 2 --resume "$tmp.gpt" > "$tmp.out" 2>&1
         check "gpt_cpu's checkpoint (another model) is refused" "[ \$? -ne 0 ] && grep -q 'resume' '$tmp.out'" && grep 'resume' "$tmp.out" | head -1
     fi
-    for bad in "--clip -1" "--wd -0.1" "--warmup -1" "--eval-every -2" "--eval-seqs 0"; do
+    # --recompute K: the same bits as the unpipelined run (--check), less stashed on the fullest rank
+    "$cuda" $o -p 4 --steps 3 > "$tmp.r0" 2>&1 && "$cuda" $o -p 4 --steps 3 --recompute 1 --check > "$tmp.r1" 2>&1
+    check "--recompute 1, 1F1B p = 4 --check: bit-identical to unpipelined" "[ \$? -eq 0 ] && grep -q 'loss curve bit-identical, final weights bit-identical' '$tmp.r1'"
+    p0=$(sed -n 's/^activations: peak \([0-9.]*\) MiB.*/\1/p' "$tmp.r0"); p1=$(sed -n 's/^activations: peak \([0-9.]*\) MiB.*/\1/p' "$tmp.r1")
+    check "--recompute 1 stashes less ($p1 MiB, without: $p0 MiB)" "[ -n '$p1' ] && awk 'BEGIN { exit !($p1 < $p0 * 0.7) }'"
+    "$cuda" $o --schedule interleaved -p 2 -v 2 --steps 3 --recompute 2 --check > "$tmp.r2" 2>&1
+    check "--recompute 2, interleaved p = 2: bit-identical to unpipelined" "[ \$? -eq 0 ] && grep -q 'loss curve bit-identical, final weights bit-identical' '$tmp.r2'"
+    for bad in "--clip -1" "--wd -0.1" "--warmup -1" "--eval-every -2" "--eval-seqs 0" "--recompute -1"; do
         "$cuda" $o -p 2 $bad > "$tmp.out" 2>&1
         check "$bad is refused" "[ \$? -ne 0 ]"
     done

@@ -16,6 +16,23 @@ vals() { grep '^val loss' "$1" | sed 's/  (.*//'; } # the val loss lines without
 tensors() { sed -n 's/^sent in .* tensors ([a-z0-9]*): \([0-9]*\) bytes in \([0-9]*\) messages.*/\1 \2/p' "$1"; }
 losses() { grep '^step' "$1" | awk '{ print $4 }'; } # every step's loss
 last() { sed -n 's/^loss [0-9.]* -> \([0-9.]*\) .*/\1/p' "$1"; }
+peak() { sed -n 's/^activations: peak \([0-9.]*\) MiB.*/\1/p' "$1"; }
+recompute() { # --recompute K: the same bits with less stashed (build/recompute-controls runs this
+    # part alone, TRAINER_PART=recompute, on a gpt_cpu whose B skips the recompute: it must fail)
+    r="--generated --layers 6 --dim 32 --heads 2 --max-len 32 --seqs-per-step 16 -m 8 --steps 3"
+    "$cpu" $r -p 4 > "$tmp.r0" 2>&1 && "$cpu" $r -p 4 --recompute 1 --check > "$tmp.r1" 2>&1
+    check "--recompute 1, 1F1B p = 4 --check: exit 0" "[ \$? -eq 0 ]" || cat "$tmp.r1"
+    check "--recompute 1: pipelined = sequential, bit for bit" "grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.r1'"
+    check "--recompute 1: every step's loss that of the run without" "[ -n \"\$(losses '$tmp.r0')\" ] && [ \"\$(losses '$tmp.r0')\" = \"\$(losses '$tmp.r1')\" ]"
+    p0=$(peak "$tmp.r0"); p1=$(peak "$tmp.r1")
+    check "--recompute 1 stashes less on the fullest rank ($p1 MiB, without: $p0 MiB)" "[ -n '$p1' ] && awk 'BEGIN { exit !($p1 < $p0 * 0.7) }' && grep -q 'recomputing 6 of 8 layers' '$tmp.r1'"
+    "$cpu" $r --schedule zb-h1 -p 2 --recompute 2 --check > "$tmp.rz" 2>&1
+    check "--recompute 2, ZB-H1 p = 2 (split backward): bit-identical to sequential" "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.rz'"
+    "$cpu" $r --schedule interleaved -p 2 -v 2 --recompute 2 --dtype bf16 --check > "$tmp.ri" 2>&1
+    check "--recompute 2, interleaved p = 2 in bf16: bit-identical to sequential" "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.ri'"
+    "$cpu" $r --recompute -1 > "$tmp.out" 2>&1
+    check "--recompute -1 is refused" "[ \$? -ne 0 ] && grep -q 'recompute >= 0' '$tmp.out'"
+}
 bf16() { # the --dtype bf16 part
     b="--generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4"
     "$cpu" $b --steps 3 --dtype bf16 --schedule interleaved -p 4 -v 2 --check --eval-every 3 --eval-seqs 48 > "$tmp.bf" 2>&1
@@ -37,6 +54,12 @@ bf16() { # the --dtype bf16 part
 if [ "$TRAINER_PART" = bf16 ]; then
     name="$name bf16"
     bf16
+    finish
+    exit
+fi
+if [ "$TRAINER_PART" = recompute ]; then
+    name="$name recompute"
+    recompute
     finish
     exit
 fi
@@ -65,6 +88,7 @@ if [ -z "$mpi" ]; then
     "$cpu" $o --eval-every 1 --eval-seqs 3 > "$tmp.out" 2>&1
     check "fewer held-out documents than m are refused" "[ \$? -ne 0 ] && grep -q '3 held-out documents, fewer than m = 4' '$tmp.out'"
     bf16
+    recompute
 else
     "$@" -np 2 "$mpi" $o $t --schedule 1f1b --eval-every 2 --check > "$tmp.mpi" 2>&1
     check "two MPI ranks with --eval-every 2 --check: exit 0" "[ \$? -eq 0 ]" || cat "$tmp.mpi"
@@ -75,6 +99,8 @@ else
     "$@" -np 2 "$mpi" $b --schedule 1f1b --check > "$tmp.mb" 2>&1
     check "over MPI with --dtype bf16: pipelined = sequential, bit for bit" "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.mb'" || cat "$tmp.mb"
     "$cpu" $b --schedule 1f1b -p 2 > "$tmp.cb" 2>&1
+    "$@" -np 2 "$mpi" $b --schedule 1f1b --recompute 1 --check > "$tmp.mr" 2>&1
+    check "over MPI with --recompute 1: pipelined = sequential, bit for bit" "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.mr' && grep -q 'recomputing 6 of 8 layers' '$tmp.mr'" || cat "$tmp.mr"
     check "over MPI with --dtype bf16: gpt_cpu's losses and tensor bytes" "[ -n \"\$(tensors '$tmp.mb')\" ] && [ \"\$(tensors '$tmp.mb')\" = \"\$(tensors '$tmp.cb')\" ] && [ \"\$(losses '$tmp.mb')\" = \"\$(losses '$tmp.cb')\" ]"
 fi
 finish
