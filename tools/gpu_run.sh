@@ -26,6 +26,8 @@ for s in gpipe 1f1b interleaved zb-h1 zb-v; do
     run "gpt_cuda --check $s" "$out/gpt_check.log" 30 build/gpt_cuda -p 4 --schedule "$s" --check --steps 5
 done
 run "gpt_cuda --check bf16 interleaved" "$out/gpt_check.log" 30 build/gpt_cuda -p 4 --schedule interleaved --check --steps 5 --dtype bf16
+run "gpt_cuda --check --recompute 1" "$out/gpt_check.log" 30 build/gpt_cuda -p 4 --check --steps 5 --recompute 1
+for r in 0 1; do run "gpt_cuda -p 4 --recompute $r (step time, peak stash)" "$out/recompute.log" 45 build/gpt_cuda -p 4 --steps 12 --dim 256 --heads 8 --layers 8 --recompute $r; done
 run "gpt_cuda training loop on the GPU" "$out/gpt_check.log" 90 env TRAINER_GPU=1 sh tests/test_cuda_trainer.sh build/gpt_cuda
 run bubble_cuda "$out/bubble.log" 60 build/bubble_cuda
 run "bubble_cuda MAX_CONNECTIONS=32" "$out/bubble.log" 60 env CUDA_DEVICE_MAX_CONNECTIONS=32 build/bubble_cuda --quick
