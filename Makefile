@@ -174,15 +174,19 @@ $(B)/gradnorm-controls: tests/controls.sh $(B)/gradnorm-ctl-no-norm-order $(B)/g
 # never calls the gradients-final hook (every bucket waits for the end: the test's count of
 # buckets reduced inside the step fails), and the tied sum after the tied layers' data-parallel
 # sum (the gradients differ from the reference); and (tests/test_zb.c final) the hook fired at a
-# stage's last B where W is deferred (its gradients change after it); each must fail.
+# stage's last B where W is deferred (its gradients change after it); and coalesce ignored (three
+# adjacent buffers take three all-reduces); each must fail.
 $(B)/overlap-ctl-no-hook: tests/test_grid.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_GRADS_FINAL $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/overlap-ctl-tied-late: tests/test_grid.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_TIED_FIRST $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/overlap-ctl-final-at-b: tests/test_zb.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_GRADS_FINAL_AT_B $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/overlap-controls: tests/controls.sh $(B)/overlap-ctl-no-hook $(B)/overlap-ctl-tied-late $(B)/overlap-ctl-final-at-b
-	printf '#!/bin/sh\nexec sh tests/controls.sh overlap-controls "$(B)/overlap-ctl-no-hook" "$(B)/overlap-ctl-tied-late" "$(B)/overlap-ctl-final-at-b final"\n' > $@
+$(B)/overlap-ctl-no-coalesce: tests/test_grid.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_DP_COALESCE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/overlap-controls: tests/controls.sh $(B)/overlap-ctl-no-hook $(B)/overlap-ctl-tied-late $(B)/overlap-ctl-final-at-b \
+                       $(B)/overlap-ctl-no-coalesce
+	printf '#!/bin/sh\nexec sh tests/controls.sh overlap-controls "$(B)/overlap-ctl-no-hook" "$(B)/overlap-ctl-tied-late" "$(B)/overlap-ctl-final-at-b final" "$(B)/overlap-ctl-no-coalesce"\n' > $@
 	chmod +x $@
 # The checkpoints' negative control (tests/test_ckpt.c): without the checksums compared
 # (-DPP_TEST_NO_CKPT_CHECKSUM) a flipped byte loads silently, and the test must fail.

@@ -1769,6 +1769,12 @@ typedef struct pp_dp_overlap_desc {
                                        the grid's tied pair) for pp_tied_sum_grads */
     int tied_pair[2];               /* tied's ranks holding copy a and copy b */
     int tied_layers[2];             /* the layers of copy a and copy b (global indices) */
+    int coalesce;                   /* 1: buffers listed one after the other that follow one
+                                       another in memory (one stage, one dtype, not tied) go as
+                                       one: fewer, larger all-reduces, the same sums. Only where
+                                       every member of the dp group lays its buffers out alike
+                                       (one arena at the same offsets): members that merge
+                                       differently issue different collectives and hang */
 } pp_dp_overlap_desc;
 
 typedef struct pp_dp_overlap pp_dp_overlap;
@@ -10659,6 +10665,38 @@ struct pp_dp_overlap {
     pp_error err;
 };
 
+/* pp_dp_overlap_desc.coalesce: buffers listed one after the other that follow one another in
+   memory, in one stage, of one dtype and memory, become one (a layer's weight and bias in one
+   arena, a stage's layers): fewer, larger all-reduces, each element summed as before. Tied
+   layers' buffers stay apart. */
+static void _pp_dp_coalesce(pp_dp_overlap* o) {
+    int i, k = 0;
+    for (i = 0; i < o->d.n_bufs; i++) {
+        const pp_grad_buf* b = &o->bufs[i];
+        if (k > 0) {
+            pp_grad_buf* a = &o->bufs[k - 1];
+            size_t es = pp_dtype_size(a->dtype);
+#ifndef PP_TEST_NO_DP_COALESCE /* negative control (test_grid overlap): every buffer its own all-reduces */
+            if (o->stage[k - 1] >= 0 && o->stage[k - 1] == o->stage[i] && a->dtype == b->dtype &&
+                a->device == b->device && a->data && b->data && (char*)a->data + a->count * es == (char*)b->data) {
+                a->count += b->count;
+                continue;
+            }
+#else
+            (void)a, (void)es;
+#endif
+        }
+        if (k != i) {
+            o->bufs[k] = *b;
+            o->stage[k] = o->stage[i];
+            if (o->tied_a == i) o->tied_a = k;
+            if (o->tied_b == i) o->tied_b = k;
+        }
+        k++;
+    }
+    o->d.n_bufs = k;
+}
+
 pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out, pp_error* err) {
     pp_dp_overlap* o;
     int i, k;
@@ -10719,6 +10757,7 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
             else if (l == d->tied_layers[1] && o->tied_b < 0) o->tied_b = i;
         }
     }
+    if (d->coalesce) _pp_dp_coalesce(o);
     *out = o;
     return PP_OK;
 }

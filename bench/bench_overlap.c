@@ -4,6 +4,7 @@
        make bench-overlap        (MPI: mpirun -np 8 build/bench_overlap_mpi, pp = 4 x dp = 2;
                                   the NCCL imitation: build/bench_overlap_nccl, 8 rank threads)
        build/bench_overlap_nccl [--pp 4] [--dp 2] [--width 384] [--rows 16] [--m 8] [--reps 15] [--kind 1]
+                                [--coalesce 0|1]
 
    Model: examples/mlp.h with 8 dense layers of `width` units (tanh) and the loss, uniform over
    pp stages: each stage holds two layers' gradients (width^2 + width floats each), the same
@@ -52,6 +53,8 @@
 
 typedef struct bench_cfg {
     int pp, dp, width, rows, m, reps, kind;
+    int coalesce;               /* --coalesce 0|1 (default 1): a layer's weight and bias, and a
+                                   stage's layers, in one all-reduce (pp_dp_overlap_desc.coalesce) */
 } bench_cfg;
 
 #define MODES 3 /* none, after, overlap */
@@ -132,6 +135,7 @@ static int bench_rank(rank_env* e, rank_result* out) {
         od.n_bufs = nb;
         od.partition = first;
         od.n_stages = sc.n_stages;
+        od.coalesce = c->coalesce; /* one arena (mlp_init), the same offsets on every replica */
         rc = pp_dp_overlap_create(&od, &ov[mode], &err);
         hx_stage_desc(&d, &e->tmpl, e->model, &w, &g, &sc, first, e->pp_rank, e->pipe);
         d.timeout_s = 60;
@@ -239,6 +243,7 @@ static void read_cfg(bench_cfg* c, int argc, char** argv) {
     c->m = hx_arg_int(argc, argv, "--m", 8);
     c->reps = hx_arg_int(argc, argv, "--reps", 15);
     c->kind = hx_arg_int(argc, argv, "--kind", (int)PP_SCHED_1F1B);
+    c->coalesce = hx_arg_int(argc, argv, "--coalesce", 1);
     if (c->reps > MAX_REPS) c->reps = MAX_REPS;
     if (c->reps < 1) c->reps = 1;
 }

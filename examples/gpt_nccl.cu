@@ -259,6 +259,7 @@ static int overlap_create(proc* P, const opts* o, pp_stage_desc* d) {
     od.n_bufs = k;
     od.partition = P->first;
     od.n_stages = P->sched.n_stages;
+    od.coalesce = 1; /* one gradient arena, laid out alike on every replica (gptc_bind) */
     if (pp_dp_overlap_create(&od, &P->ov, &err) != PP_OK) FAIL("data-parallel overlap: %s", err.msg);
     d->grads_final = pp_dp_overlap_hook;
     d->grads_final_user = P->ov;

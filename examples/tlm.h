@@ -191,6 +191,7 @@ static inline void tlm_overlap_desc(pp_dp_overlap_desc* od, const tlm_model* g, 
     }
     od->tied_layers[0] = TLM_EMBED_LAYER;
     od->tied_layers[1] = TLM_HEAD_LAYER;
+    od->coalesce = 1; /* every rank lays its gradients over one arena alike (tlm_layout) */
 }
 
 static inline void tlm_fill(float* arena, int vocab, int dim, uint64_t seed) {

@@ -290,6 +290,39 @@ static void overlap_checks(void) {
     CHECK(ok && dense[0] == 1 && os.buckets_hook == 3 && os.buckets_wait == 4, "wait: tied %g %g, %d + %d buckets", e[0],
           h[0], os.buckets_hook, os.buckets_wait);
     pp_dp_overlap_destroy(ov);
+    /* coalesce: a layer's weight and bias, and the next layer's, in one arena: one stage's three
+       buffers go in one all-reduce (bucket_bytes 64: 12 floats, one bucket), the same scale */
+    {
+        float arena[12];
+        pp_grad_buf ab[3];
+        int f2[2] = {0, 2};
+        for (i = 0; i < 12; i++) arena[i] = (float)i;
+        memset(ab, 0, sizeof ab);
+        ab[0].layer = 0, ab[0].data = arena, ab[0].count = 4, ab[0].dtype = PP_F32;
+        ab[1].layer = 0, ab[1].data = arena + 4, ab[1].count = 2, ab[1].dtype = PP_F32;
+        ab[2].layer = 1, ab[2].data = arena + 6, ab[2].count = 6, ab[2].dtype = PP_F32;
+        memset(&od, 0, sizeof od);
+        od.dp.t = &t;
+        od.bufs = ab;
+        od.n_bufs = 3;
+        od.partition = f2;
+        od.n_stages = 1;
+        od.scale = 0.5;
+        od.bucket_bytes = 64;
+        od.coalesce = 1;
+        CHECK(pp_dp_overlap_create(&od, &ov, &err) == PP_OK, "coalesce: %s", err.msg);
+        CHECK(pp_dp_overlap_hook(ov, 0, 0) == PP_OK && pp_dp_overlap_wait(ov, &os, &err) == PP_OK, "coalesce: %s", err.msg);
+        for (i = 0, ok = 1; i < 12; i++) ok &= arena[i] == 0.5f * (float)i;
+        CHECK(ok && os.buckets_hook == 1 && os.buckets_wait == 0,
+              "coalesce: three adjacent buffers of a stage in %d + %d all-reduces (want 1), scaled %s", os.buckets_hook,
+              os.buckets_wait, ok ? "right" : "wrong");
+        pp_dp_overlap_destroy(ov);
+        od.coalesce = 0; /* off (the default): one all-reduce a buffer */
+        CHECK(pp_dp_overlap_create(&od, &ov, &err) == PP_OK && pp_dp_overlap_hook(ov, 0, 0) == PP_OK &&
+                  pp_dp_overlap_wait(ov, &os, &err) == PP_OK && os.buckets_hook == 3,
+              "no coalesce: %d all-reduces (want 3)", os.buckets_hook);
+        pp_dp_overlap_destroy(ov);
+    }
     pp_threads_destroy(one);
 }
 
