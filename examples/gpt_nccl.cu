@@ -70,7 +70,7 @@ typedef struct opts : gptc_opts { /* the options gpt_cuda shares, and gpt_nccl's
     int no_overlap;             /* --no-overlap: the data-parallel sum after the step, not from its hooks */
     int bucket_kb;              /* --bucket-kb N: most KiB one overlapped all-reduce carries (0: 4 MiB) */
     double timeout;
-    const char *text, *id_file, *loss_log;
+    const char *id_file, *loss_log;
 } opts;
 
 static int usage(void) {
