@@ -352,19 +352,6 @@ static void refused(const unsigned char* img, size_t n, pp_result want, const ch
     CHECK(untouched(), "%s (file): the weights and states were changed", what);
 }
 
-/* pp_ckpt_io over a buffer that may be shorter than it says. */
-typedef struct memsrc {
-    const unsigned char* p;
-    size_t n;
-} memsrc;
-static size_t memsrc_read(void* ctx, uint64_t off, void* out, size_t n) {
-    memsrc* m = (memsrc*)ctx;
-    if (off >= m->n) return 0;
-    if (n > m->n - off) n = (size_t)(m->n - off);
-    memcpy(out, m->p + off, n);
-    return n;
-}
-
 static void test_corrupt(void) {
     unsigned char* bad = (unsigned char*)malloc(FULL_N);
     uint64_t H = get(FULL + 16, 8);
@@ -390,7 +377,7 @@ static void test_refusals(void) {
     pp_ckpt_desc cd;
     pp_error err;
     pp_result rc;
-    memsrc src;
+    _pp_ckpt_mem src; /* pp_ckpt_load_mem's reader, over a buffer shorter than the image */
     pp_ckpt_io io;
     if (!bad) return;
     refused(FULL, FULL_N - 1, PP_ERR_CORRUPT, "truncated by one byte");
@@ -410,7 +397,7 @@ static void test_refusals(void) {
     cd = ckdesc(&T, st);
     src.p = FULL;
     src.n = FULL_N - 5;
-    io.read = memsrc_read;
+    io.read = _pp_ckpt_mread;
     io.write = NULL;
     io.ctx = &src;
     rc = pp_ckpt_load(&cd, &io, NULL, &err);
