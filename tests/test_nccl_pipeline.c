@@ -794,14 +794,8 @@ typedef struct connect_arg {
     char msg[sizeof(((pp_error*)0)->msg) + 8];
 } connect_arg;
 static pthread_mutex_t g_connect_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_connect_cv = PTHREAD_COND_INITIALIZER;
 static int g_connect_done; /* the other ranks returned from pp_nccl_create */
-static int connect_done(void) {
-    int d;
-    pthread_mutex_lock(&g_connect_mu);
-    d = g_connect_done;
-    pthread_mutex_unlock(&g_connect_mu);
-    return d;
-}
 static void* connect_rank(void* arg) {
     connect_arg* a = (connect_arg*)arg;
     ncclComm_t comm = NULL;
@@ -824,7 +818,9 @@ static void* connect_rank(void* arg) {
     while (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress) {
     }
     if (a->r == a->n - 1) { /* never makes a transport: waits for the others, then goes */
-        while (!connect_done()) _ppn_sleep_us(1000);
+        pthread_mutex_lock(&g_connect_mu);
+        while (!g_connect_done) pthread_cond_wait(&g_connect_cv, &g_connect_mu);
+        pthread_mutex_unlock(&g_connect_mu);
         ncclCommAbort(comm);
         a->rc = PP_OK;
     } else {
@@ -860,6 +856,7 @@ static void test_connect_fail(void) {
     for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
     pthread_mutex_lock(&g_connect_mu);
     g_connect_done = 1;
+    pthread_cond_broadcast(&g_connect_cv);
     pthread_mutex_unlock(&g_connect_mu);
     pthread_join(th[2], NULL);
     for (r = 0; r < 2; r++)
