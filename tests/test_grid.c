@@ -79,8 +79,6 @@ static void grid_checks(void) {
 }
 
 /* ---- a pp x dp grid over the threads transport ---- */
-static uint64_t shard_seed(int step, int replica);
-static void make_shard(shard* s, int dp_rank, int step, int m) { tlm_grid_shard(s, shard_seed(step, dp_rank), m); }
 
 typedef struct world {
     pp_threads* pipes[DP];
@@ -113,7 +111,7 @@ static pp_result rank_main(int wr, void* user) {
     pp_model model = tlm_model_desc();
     tlm_model w, gw;
     pp_transport pipe, all;
-    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, i;
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM;
     float* gref = (float*)malloc(n * sizeof(float));
     float* wref = (float*)malloc(n * sizeof(float));
     shard s;
@@ -139,18 +137,11 @@ static pp_result rank_main(int wr, void* user) {
         od.dp.n_ranks = g.dp;
         od.dp.timeout_s = 20;
         od.bucket_bytes = 40; /* several buckets per buffer: cut anywhere, the same bits */
-        rc = pp_dp_overlap_create(&od, &ov, &err);
-        d.grads_final = pp_dp_overlap_hook;
-        d.grads_final_user = ov;
+        rc = tlm_grid_hook_overlap(&od, &d, &ov, &err);
     }
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     for (step = 0; step < STEPS && rc == PP_OK; step++) {
-        memset(W->g[wr], 0, n * sizeof(float));
-        make_shard(&s, g.dp_rank, step, W->m);
-        if ((rc = pp_stage_step(st, &s.b, &stats)) != PP_OK) {
-            snprintf(err.msg, sizeof err.msg, "%s", pp_stage_error(st));
-            break;
-        }
+        if ((rc = tlm_grid_stage_step(st, W->g[wr], &s, shard_seed(step, g.dp_rank), W->m, &stats, &err)) != PP_OK) break;
         if (W->overlap) {
             pp_dp_overlap_stats os;
             if ((rc = pp_dp_overlap_wait(ov, &os, &err)) != PP_OK) break;
@@ -169,18 +160,8 @@ static pp_result rank_main(int wr, void* user) {
         }
         if (rc != PP_OK) break;
         reference(wref, gref, step, W->m);
-        for (l = 0; l < model.n_layers; l++) {
-            size_t off, cnt;
-            layer_range(l, &off, &cnt);
-            if (cnt && owner(W, l) == g.pp_rank && memcmp(W->g[wr] + off, gref + off, cnt * sizeof(float))) {
-                W->bad[wr]++;
-                snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: layer %d's gradient differs", step, l);
-            }
-        }
-        for (i = 0; i < n; i++) {
-            W->w[wr][i] -= LR * W->g[wr][i];
-            wref[i] -= LR * gref[i];
-        }
+        tlm_grid_check_sgd(W->w[wr], W->g[wr], wref, gref, &W->sc, W->first, g.pp_rank, step, &W->bad[wr], W->msg[wr],
+                           sizeof W->msg[wr]);
     }
     for (l = 0; l < model.n_layers && rc == PP_OK; l++) {
         size_t off, cnt;
@@ -203,7 +184,7 @@ static void grid_run(pp_schedule_kind kind, int v, int m, int overlap) {
     world W;
     pp_error err;
     pp_model model = tlm_model_desc();
-    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, hoff, hn;
+    size_t nE = (size_t)VOCAB * DIM, hoff, hn;
     int r, d;
     pp_result rc;
     memset(&W, 0, sizeof W);
@@ -216,15 +197,8 @@ static void grid_run(pp_schedule_kind kind, int v, int m, int overlap) {
     CHECK(rc == PP_OK, "grid setup: %s", err.msg);
     W.pair[0] = owner(&W, TLM_EMBED_LAYER);
     W.pair[1] = owner(&W, TLM_HEAD_LAYER);
-    W.wref = (float*)malloc(n * sizeof(float));
-    tlm_fill(W.wref, VOCAB, DIM, 3);
+    W.wref = tlm_grid_weights(W.w, W.g, PP * DP);
     layer_range(TLM_HEAD_LAYER, &hoff, &hn);
-    for (r = 0; r < PP * DP; r++) {
-        W.w[r] = (float*)malloc(n * sizeof(float));
-        W.g[r] = (float*)calloc(n, sizeof(float));
-        memcpy(W.w[r], W.wref, n * sizeof(float));
-        for (d = 0; d < (int)nE; d++) W.w[r][hoff + d] = -5.0f; /* the head's copy starts wrong: the sync fixes it */
-    }
     if (rc == PP_OK) rc = pp_threads_run(PP * DP, rank_main, &W, &err);
     CHECK(rc == PP_OK, "%s pp=%d dp=%d%s: %s (%s / %s)", pp_schedule_name(kind), PP, DP, overlap ? " overlap" : "",
           err.msg, W.msg[0], W.msg[1]);
@@ -241,11 +215,7 @@ static void grid_run(pp_schedule_kind kind, int v, int m, int overlap) {
               pp_schedule_name(kind), d, STEPS);
         CHECK(memcmp(W.w[ra], W.w[pp_grid_rank(&g, W.pair[0], 0)], nE * sizeof(float)) == 0, "replicas differ");
     }
-    for (r = 0; r < PP * DP; r++) {
-        free(W.w[r]);
-        free(W.g[r]);
-    }
-    free(W.wref);
+    tlm_grid_free(W.wref, W.w, W.g, PP * DP);
     for (d = 0; d < DP; d++) pp_threads_destroy(W.pipes[d]);
     pp_threads_destroy(W.all);
 }

@@ -37,8 +37,6 @@
 #define NR (PP * DP)
 #include "tlm_grid.h"
 
-static uint64_t shard_seed(int step, int replica);
-static void make_shard(shard* s, int dp_rank, int step, int m) { tlm_grid_shard(s, shard_seed(step, dp_rank), m); }
 
 typedef struct world {
     ncclUniqueId id;
@@ -136,7 +134,7 @@ static void dp_device_check(world* W, int wr, const pp_transport* dpt, cudaStrea
 static void* rank_main(void* arg) {
     rank_arg* a = (rank_arg*)arg;
     world* W = a->W;
-    int wr = a->r, dev = wr, step, l, ndev = 1;
+    int wr = a->r, dev = wr, step, ndev = 1;
     pp_launch L;
     pp_error err;
     ncclComm_t comm = NULL;
@@ -152,7 +150,7 @@ static void* rank_main(void* arg) {
     memset(&tied, 0, sizeof tied);
     memset(&dpt, 0, sizeof dpt);
     tlm_model w, gw;
-    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, i;
+    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM;
     float* gref = (float*)malloc(n * sizeof(float));
     float* wref = (float*)malloc(n * sizeof(float));
     int pair[2] = {0, 1}, have_grid = 0;
@@ -198,18 +196,11 @@ static void* rank_main(void* arg) {
         od.dp.t = &dpt;
         od.dp.timeout_s = 20;
         od.bucket_bytes = 64;
-        rc = pp_dp_overlap_create(&od, &ov, &err);
-        d.grads_final = pp_dp_overlap_hook;
-        d.grads_final_user = ov;
+        rc = tlm_grid_hook_overlap(&od, &d, &ov, &err);
     }
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     for (step = 0; step < STEPS && rc == PP_OK; step++) {
-        memset(W->g[wr], 0, n * sizeof(float));
-        make_shard(&s, g.grid.dp_rank, step, W->m);
-        if ((rc = pp_stage_step(st, &s.b, NULL)) != PP_OK) {
-            snprintf(err.msg, sizeof err.msg, "%s", pp_stage_error(st));
-            break;
-        }
+        if ((rc = tlm_grid_stage_step(st, W->g[wr], &s, shard_seed(step, g.grid.dp_rank), W->m, NULL, &err)) != PP_OK) break;
         if ((rc = pp_nccl_step_end(g.pipe, 20, &err)) != PP_OK) break;
         if ((rc = pp_cuda_step_end(c, NULL, &err)) != PP_OK) break; /* the kernels wrote the host gradients */
         if (W->overlap) {
@@ -231,18 +222,8 @@ static void* rank_main(void* arg) {
         }
         if (rc != PP_OK) break;
         reference(wref, gref, step, W->m);
-        for (l = 0; l < W->model.n_layers; l++) {
-            size_t off, cnt;
-            layer_range(l, &off, &cnt);
-            if (cnt && owner(W, l) == g.grid.pp_rank && memcmp(W->g[wr] + off, gref + off, cnt * sizeof(float))) {
-                W->bad[wr]++;
-                if (!W->msg[wr][0]) snprintf(W->msg[wr], sizeof W->msg[wr], "step %d: layer %d's gradient differs", step, l);
-            }
-        }
-        for (i = 0; i < n; i++) {
-            W->w[wr][i] -= LR * W->g[wr][i];
-            wref[i] -= LR * gref[i];
-        }
+        tlm_grid_check_sgd(W->w[wr], W->g[wr], wref, gref, &W->sc, W->first, g.grid.pp_rank, step, &W->bad[wr], W->msg[wr],
+                           sizeof W->msg[wr]);
     }
 #ifndef PP_TEST_REAL_CUDA
     if (rc == PP_OK && W->overlap) dp_device_check(W, wr, &dpt, pp_cuda_stream(c, 0), g.grid.dp_rank, W->overlap == 2);
@@ -265,28 +246,21 @@ static void grid_run(pp_schedule_kind kind, int m, int overlap) {
     pthread_t th[NR];
     rank_arg arg[NR];
     pp_error err;
-    size_t n = tlm_param_count(VOCAB, DIM), nE = (size_t)VOCAB * DIM, hoff, hn;
+    size_t nE = (size_t)VOCAB * DIM, hoff, hn;
     int r, d;
     pp_result rc;
     memset(&W, 0, sizeof W);
+    W.model = layer_kernels_model(tlm_model_desc());
     W.m = m;
     W.overlap = overlap;
-    W.model = layer_kernels_model(tlm_model_desc());
     rc = pp_schedule_make(kind, PP, 1, m, acts, sizeof acts / sizeof acts[0], &W.sc, &err);
     if (rc == PP_OK) rc = pp_partition_uniform(W.model.n_layers, PP, W.first, &err);
     CHECK(rc == PP_OK, "setup: %s", err.msg);
     if (rc != PP_OK) return;
     CHECK(owner(&W, TLM_EMBED_LAYER) == 0 && owner(&W, TLM_HEAD_LAYER) == PP - 1, "the tied pair is {0, %d}", PP - 1);
     ncclGetUniqueId(&W.id);
-    W.wref = (float*)malloc(n * sizeof(float));
-    tlm_fill(W.wref, VOCAB, DIM, 3);
+    W.wref = tlm_grid_weights(W.w, W.g, NR);
     layer_range(TLM_HEAD_LAYER, &hoff, &hn);
-    for (r = 0; r < NR; r++) {
-        W.w[r] = (float*)malloc(n * sizeof(float));
-        W.g[r] = (float*)calloc(n, sizeof(float));
-        memcpy(W.w[r], W.wref, n * sizeof(float));
-        for (d = 0; d < (int)nE; d++) W.w[r][hoff + d] = -5.0f;
-    }
     for (r = 0; r < NR; r++) {
         arg[r].W = &W;
         arg[r].r = r;
@@ -303,11 +277,7 @@ static void grid_run(pp_schedule_kind kind, int m, int overlap) {
               pp_schedule_name(kind), d, STEPS);
         CHECK(memcmp(W.w[ra], W.w[0], nE * sizeof(float)) == 0, "%s: replicas differ", pp_schedule_name(kind));
     }
-    for (r = 0; r < NR; r++) {
-        free(W.w[r]);
-        free(W.g[r]);
-    }
-    free(W.wref);
+    tlm_grid_free(W.wref, W.w, W.g, NR);
 }
 
 int main(void) {

@@ -82,4 +82,72 @@ static inline void tlm_grid_reference(const float* wa, float* gref, int step, in
     free(g);
 }
 
+
+/* The weights of a grid run of n_ranks ranks: the reference's (tlm_fill, seed 3), returned, and
+   each rank's copy w[r] of them with zeroed gradients g[r], in which the head's copy of the tied
+   embedding starts wrong (-5): the first weight sync must fix it. Free with tlm_grid_free. */
+static inline float* tlm_grid_weights(float** w, float** g, int n_ranks) {
+    size_t n = tlm_param_count(VOCAB, DIM), hoff, hn, i;
+    float* ref = (float*)malloc(n * sizeof(float));
+    int r;
+    tlm_fill(ref, VOCAB, DIM, 3);
+    tlm_grid_layer_range(TLM_HEAD_LAYER, &hoff, &hn);
+    for (r = 0; r < n_ranks; r++) {
+        w[r] = (float*)malloc(n * sizeof(float));
+        g[r] = (float*)calloc(n, sizeof(float));
+        memcpy(w[r], ref, n * sizeof(float));
+        for (i = 0; i < hn; i++) w[r][hoff + i] = -5.0f;
+    }
+    return ref;
+}
+static inline void tlm_grid_free(float* ref, float** w, float** g, int n_ranks) {
+    int r;
+    for (r = 0; r < n_ranks; r++) {
+        free(w[r]);
+        free(g[r]);
+    }
+    free(ref);
+}
+
+/* od's overlap, made the stage's grads_final hook in d: each bucket reduces as its gradients
+   become final. *ov is the overlap (NULL when it failed), for pp_dp_overlap_wait and destroy. */
+static inline pp_result tlm_grid_hook_overlap(const pp_dp_overlap_desc* od, pp_stage_desc* d, pp_dp_overlap** ov,
+                                              pp_error* err) {
+    pp_result rc = pp_dp_overlap_create(od, ov, err);
+    d->grads_final = pp_dp_overlap_hook;
+    d->grads_final_user = *ov;
+    return rc;
+}
+
+/* One step of a grid rank's stage: its gradient arena garena zeroed, the shard drawn from seed
+   in m micro-batches, the step (stats may be NULL); on failure err holds the stage's message. */
+static inline pp_result tlm_grid_stage_step(pp_stage* st, float* garena, shard* s, uint64_t seed, int m,
+                                            pp_step_stats* stats, pp_error* err) {
+    pp_result rc;
+    memset(garena, 0, tlm_param_count(VOCAB, DIM) * sizeof(float));
+    tlm_grid_shard(s, seed, m);
+    if ((rc = pp_stage_step(st, &s->b, stats)) != PP_OK) snprintf(err->msg, sizeof err->msg, "%s", pp_stage_error(st));
+    return rc;
+}
+
+/* After a grid step: the gradients g of the layers `rank` owns (sc, first) compared with the
+   reference's gref bit for bit (each layer that differs counted in *bad, described in msg if it
+   is still empty), then an SGD step of rate LR on the run's weights w and on the reference's wref. */
+static inline void tlm_grid_check_sgd(float* w, const float* g, float* wref, const float* gref, const pp_schedule* sc,
+                                      const int* first, int rank, int step, int* bad, char* msg, size_t cap) {
+    size_t n = tlm_param_count(VOCAB, DIM), off, cnt, i;
+    int l;
+    for (l = 0; l <= TLM_HEAD_LAYER; l++) {
+        tlm_grid_layer_range(l, &off, &cnt);
+        if (cnt && pp_schedule_layer_rank(sc, first, l) == rank && memcmp(g + off, gref + off, cnt * sizeof(float))) {
+            (*bad)++;
+            if (!msg[0]) snprintf(msg, cap, "step %d: layer %d's gradient differs", step, l);
+        }
+    }
+    for (i = 0; i < n; i++) {
+        w[i] -= LR * g[i];
+        wref[i] -= LR * gref[i];
+    }
+}
+
 #endif
