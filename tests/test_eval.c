@@ -172,6 +172,16 @@ static void test_lists(void) {
 #define OUT_CAP (ROWS * HX_CLASSES)
 static float REF_OUT[OUT_CAP], OUT[OUT_CAP];
 
+/* Outputs of an evaluation that go to rank `rank`: output 0 into buf (cap bytes), no others. */
+static pp_eval_out eval_out(int rank, void* buf, size_t cap) {
+    pp_eval_out o;
+    memset(&o, 0, sizeof o);
+    o.rank = rank;
+    o.data[0] = buf;
+    o.cap[0] = cap;
+    return o;
+}
+
 /* The pipeline's simulated per-rank peak for its forward-only list. */
 static void eval_peaks(const pp_schedule* s, int* peak) {
     size_t n = pp_schedule_eval_size(s);
@@ -200,9 +210,7 @@ static int run_eval(pp_schedule_kind kind, int p, int v, int m, const pp_batch* 
     char where[128];
     snprintf(where, sizeof where, "%s p=%d v=%d m=%d %s outputs to %d", pp_schedule_name(kind), p, v, m, bname, out_rank);
     b.m = m;
-    memset(&ref, 0, sizeof ref);
-    ref.data[0] = REF_OUT;
-    ref.cap[0] = sizeof REF_OUT;
+    ref = eval_out(0, REF_OUT, sizeof REF_OUT);
     memset(REF_OUT, 0, sizeof REF_OUT);
     if (pp_sequential_eval(&F.model, &F.w, &b, &loss_ref, &ref, &err) != PP_OK) {
         CHECK(0, "%s: sequential eval: %s", where, err.msg);
@@ -220,11 +228,8 @@ static int run_eval(pp_schedule_kind kind, int p, int v, int m, const pp_batch* 
         CHECK(0, "%s: create: %s", where, err.msg);
         return 0;
     }
-    memset(&out, 0, sizeof out);
     memset(OUT, 0xa5, sizeof OUT);
-    out.rank = out_rank < 0 ? 0 : out_rank;
-    out.data[0] = OUT;
-    out.cap[0] = sizeof OUT;
+    out = eval_out(out_rank < 0 ? 0 : out_rank, OUT, sizeof OUT);
     if (pp_pipeline_eval(pl, &b, out_rank < 0 ? NULL : &out, &st) != PP_OK) {
         CHECK(0, "%s: eval: %s", where, pp_pipeline_error(pl));
         ok = 0;
@@ -323,11 +328,7 @@ static void test_between(pp_schedule_kind kind, int split) {
            with outputs) */
         ok = pp_pipeline_step(pl[0], &b, &st) == PP_OK && pp_pipeline_step(pl[1], &b, &st) == PP_OK;
         if (ok) {
-            pp_eval_out out;
-            memset(&out, 0, sizeof out);
-            out.rank = 1;
-            out.data[0] = OUT;
-            out.cap[0] = sizeof OUT;
+            pp_eval_out out = eval_out(1, OUT, sizeof OUT);
             ok = pp_pipeline_eval(pl[1], &e, k ? &out : NULL, &st) == PP_OK;
             CHECK(ok, "%s: eval: %s", where, pp_pipeline_error(pl[1]));
         }
@@ -356,9 +357,7 @@ static void test_shapes(void) {
     pp_batch tb;
     hx_packed_batch(&b, F.x, F.y, CU, NSEQ, HX_IN, 6, PP_SPLIT_TOKENS);
     hx_dense_batch(&tb, F.x, F.y, 30, HX_IN, 6);
-    memset(&ref, 0, sizeof ref);
-    ref.data[0] = REF_OUT;
-    ref.cap[0] = sizeof REF_OUT;
+    ref = eval_out(0, REF_OUT, sizeof REF_OUT);
     CHECK(pp_sequential_eval(&F.model, &F.w, &b, &loss_ref, &ref, &err) == PP_OK, "%s", err.msg);
     for (i = 0; i < 3; i++)
         for (k = 0; k < 3; k++) {
@@ -376,11 +375,8 @@ static void test_shapes(void) {
             pp_schedule_stage_to_rank(pp_pipeline_schedule(pl), pp_pipeline_schedule(pl)->n_stages - 1, &last, NULL);
             for (rep = 0; rep < 2; rep++) { /* the second time AUTO knows the shapes */
                 pp_result rc;
-                memset(&out, 0, sizeof out);
                 memset(OUT, 0, sizeof OUT);
-                out.rank = last;
-                out.data[0] = OUT;
-                out.cap[0] = sizeof OUT;
+                out = eval_out(last, OUT, sizeof OUT);
                 rc = pp_pipeline_eval(pl, &b, &out, &st);
                 CHECK(rc == PP_OK && memcmp(&st.loss, &loss_ref, sizeof(float)) == 0 && memcmp(OUT, REF_OUT, ref.bytes[0]) == 0 &&
                           out.bytes[0] == ref.bytes[0],
@@ -418,11 +414,8 @@ static void test_errors(void) {
         CHECK(0, "create: %s", err.msg);
         return;
     }
-    memset(&out, 0, sizeof out);
     memset(OUT, 0x5a, sizeof OUT);
-    out.rank = 0;
-    out.data[0] = OUT;
-    out.cap[0] = sizeof OUT - 4;
+    out = eval_out(0, OUT, sizeof OUT - 4);
     rc = pp_pipeline_eval(pl, &b, &out, &st);
     CHECK(rc == PP_ERR_SIZE && strstr(pp_pipeline_error(pl), "cap[0]"), "a short buffer: %s (%s)", pp_result_str(rc),
           pp_pipeline_error(pl));
@@ -462,17 +455,14 @@ static void test_failure(void) {
         pp_pipeline_desc d;
         pp_pipeline* pl = NULL;
         pp_step_stats st;
-        pp_eval_out out;
+        pp_eval_out out = eval_out(0, OUT, sizeof OUT); /* the last stage is rank 2's: the outputs travel */
         pp_batch b;
         pp_error err;
         pp_result rc;
         float loss_ref;
-        pp_eval_out ref;
+        pp_eval_out ref = eval_out(0, REF_OUT, sizeof REF_OUT);
         int r;
         hx_packed_batch(&b, F.x, F.y, CU, NSEQ, HX_IN, 4, PP_SPLIT_TOKENS);
-        memset(&ref, 0, sizeof ref);
-        ref.data[0] = REF_OUT;
-        ref.cap[0] = sizeof REF_OUT;
         CHECK(pp_sequential_eval(&F.model, &F.w, &b, &loss_ref, &ref, &err) == PP_OK, "%s", err.msg);
         hx_pipeline_desc(&d, F.model, &F.w, &F.gref, PP_SCHED_INTERLEAVED, 3, 0, 4);
         d.model.forward = fail_fwd;
@@ -481,10 +471,6 @@ static void test_failure(void) {
             CHECK(0, "failure: create: %s", err.msg);
             continue;
         }
-        memset(&out, 0, sizeof out);
-        out.rank = 0; /* the last stage is rank 2's: the outputs travel */
-        out.data[0] = OUT;
-        out.cap[0] = sizeof OUT;
         g_fail_eval = 1;
         rc = pp_pipeline_eval(pl, &b, &out, &st);
         g_fail_eval = 0;
@@ -525,12 +511,8 @@ typedef struct sync_world {
 
 static pp_result sync_rank(int r, void* user) {
     sync_world* W = (sync_world*)user;
-    pp_eval_out o;
+    pp_eval_out o = eval_out(W->out[r], W->out[r] == r ? OUT : NULL, sizeof OUT);
     pp_step_stats st;
-    memset(&o, 0, sizeof o);
-    o.rank = W->out[r];
-    o.data[0] = W->out[r] == r ? OUT : NULL;
-    o.cap[0] = sizeof OUT;
     W->rc[r] = W->mode[r] ? pp_stage_eval(W->st[r], W->b, &o, &st) : pp_stage_step(W->st[r], W->b, &st);
     snprintf(W->msg[r], sizeof W->msg[r], "%s", pp_stage_error(W->st[r]));
     return PP_OK;
