@@ -299,12 +299,12 @@ static void huge_describe(const void* w, int l, const pp_microbatch* mb, const p
 
 static void test_validation_audit(void) {
     fixture f;
+    pp_model model = mlp_model_desc();
     pp_stage_desc d;
     pp_stage* st = NULL;
     pp_batch b;
     pp_error err;
     float loss;
-    pp_model model = mlp_model_desc();
     pp_tensor sample;
     double cost[MLP_DEPTH + 1];
     fixture_init(&f, 2);
