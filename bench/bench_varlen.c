@@ -37,6 +37,10 @@ typedef struct bstep {
     int32_t cu[SEQS + 1];
     int64_t real_tokens;
 } bstep;
+static void bstep_free(bstep* s) {
+    free(s->x);
+    free(s->y);
+}
 
 typedef struct brun {
     hx_world W;
@@ -172,10 +176,8 @@ int main(int argc, char** argv) {
     }
     printf("\n%s\n", wrong ? "FAILED" : "OK");
     for (i = 0; i < steps; i++) {
-        free(packed[i].x);
-        free(packed[i].y);
-        free(padded[i].x);
-        free(padded[i].y);
+        bstep_free(&packed[i]);
+        bstep_free(&padded[i]);
     }
     free(wbuf);
     free(gbuf);
