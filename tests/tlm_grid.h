@@ -1,9 +1,11 @@
 /* tests/tlm_grid.h - what the pp x dp grid tests share (test_grid.c over threads, test_mpi.c
    over MPI, test_nccl_grid.c over the NCCL imitation): a replica's packed shard of the
-   tied-embedding LM (examples/tlm.h), where each layer's parameters sit in the arena, and the
-   reference gradients of a grid step. Include after examples/tlm.h. The model and batch sizes
-   (VOCAB, DIM, NSEQ, MAXLEN), the steps (STEPS) and the SGD rate (LR) default to the threads and
-   NCCL-imitation grids' below; test_mpi.c defines its own before the include. */
+   tied-embedding LM (examples/tlm.h), where each layer's parameters sit in the arena, the
+   reference gradients of a grid step, and the pieces of a rank's run (its weights, the
+   overlapped reduction's hook, a stage step, the check of its gradients against the
+   reference). Include after examples/tlm.h. The model and batch sizes (VOCAB, DIM, NSEQ,
+   MAXLEN), the steps (STEPS) and the SGD rate (LR) default to the threads and NCCL-imitation
+   grids' below; test_mpi.c defines its own before the include. */
 #ifndef PP_TESTS_TLM_GRID_H
 #define PP_TESTS_TLM_GRID_H
 
