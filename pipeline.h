@@ -4601,15 +4601,18 @@ void pp_schedule_stage_to_rank(const pp_schedule* s, int stage, int* rank, int* 
     if (chunk) *chunk = c;
 }
 
+/* The stage of first[0..n_stages] that holds layer, or n_stages when none does. */
+static int _pp_layer_stage(const int* first, int n_stages, int layer) {
+    int st;
+    for (st = 0; st < n_stages && !(layer >= first[st] && layer < first[st + 1]); st++) {}
+    return st;
+}
+
 int pp_schedule_layer_rank(const pp_schedule* s, const int* first, int layer) {
     int st, r;
-    if (!s || !first) return -1;
-    for (st = 0; st < s->n_stages; st++)
-        if (layer >= first[st] && layer < first[st + 1]) {
-            pp_schedule_stage_to_rank(s, st, &r, NULL);
-            return r;
-        }
-    return -1;
+    if (!s || !first || (st = _pp_layer_stage(first, s->n_stages, layer)) == s->n_stages) return -1;
+    pp_schedule_stage_to_rank(s, st, &r, NULL);
+    return r;
 }
 
 int pp_schedule_has_w(const pp_schedule* s) {
@@ -6396,6 +6399,16 @@ static int _pp_threads_abort_reason(void* self, char* buf, size_t n) {
     if (a) snprintf(buf, n, "%s", w->abort_msg);
     pthread_mutex_unlock(&w->abort_mu);
     return a;
+}
+
+/* 1 when ranks[0..n) is the whole transport of size ranks 0, 1, .., size - 1 in order (what a
+   transport's own collective over its communicator covers; pipeline_mpi.h and pipeline_nccl.h). */
+static _PP_UNUSED int _pp_ranks_whole(const int* ranks, int n, int size) {
+    int i;
+    if (!ranks || n != size) return 0;
+    for (i = 0; i < n; i++)
+        if (ranks[i] != i) return 0;
+    return 1;
 }
 
 /* All-reduce built from point-to-point messages: everyone sends to ranks[0], which sums in the
@@ -8701,9 +8714,8 @@ static _pp_view _pp_views(pp_stage* s, const _pp_act* c, const _pp_block* stash,
 /* Shares of c's whole stash (what it would hold without recomputation), the validation layer's
    guards and the recompute block's shadows left out: *bshare the B-only scratch (as the
    simulator's pp_sim_cost.b_free: B frees it, the rest of the stash waits for W), *rshare what
-   recomputation drops (as pp_sim_cost.r_mem: gone from the F's end to the recompute), *rbshare
-   the part of both that the recomputed layers' B-only scratch is. */
-static void _pp_shares(const pp_stage* s, const _pp_act* c, double* bshare, double* rshare, double* rbshare) {
+   recomputation drops (as pp_sim_cost.r_mem: gone from the F's end to the recompute). */
+static void _pp_shares(const pp_stage* s, const _pp_act* c, double* bshare, double* rshare) {
     _pp_plan q = s->plan;
     size_t bb, sb, r1 = 0, r2 = 0, sh = 0, all;
     q.guard = 0;
@@ -8716,7 +8728,6 @@ static void _pp_shares(const pp_stage* s, const _pp_act* c, double* bshare, doub
     all = sb + bb + r1 + r2;
     *bshare = all ? (double)(bb + r2) / (double)all : 0;
     *rshare = all ? (double)(r1 + r2) / (double)all : 0;
-    *rbshare = all ? (double)r2 / (double)all : 0;
 }
 
 /* Gives back the B-only scratch (blk = s->blive) or a recompute block (s->rlive, s->rblive) of a slot. */
@@ -9085,8 +9096,8 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         if (rc != PP_OK && !_pp_drain(s, rc)) return rc;
     }
     if (s->rlive[c->slot] || s->rblive[c->slot]) { /* the dropped parts go until the recompute before B */
-        double bshare, rshare, rb;
-        _pp_shares(s, c, &bshare, &rshare, &rb);
+        double bshare, rshare;
+        _pp_shares(s, c, &bshare, &rshare);
         _pp_mem_add(s, c, -rshare);
         _pp_scratch_release(s, &s->rlive[c->slot]);
         _pp_scratch_release(s, &s->rblive[c->slot]);
@@ -9125,8 +9136,8 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         return rc;
     }
     if (s->rlive[c->slot] || s->rblive[c->slot]) { /* the recomputed part is back, until B (or W) */
-        double bshare, rshare, rb;
-        _pp_shares(s, c, &bshare, &rshare, &rb);
+        double bshare, rshare;
+        _pp_shares(s, c, &bshare, &rshare);
         _pp_mem_add(s, c, rshare);
     }
     vw = _pp_views(s, c, stash, gws);
@@ -9174,8 +9185,8 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
         if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
 #ifndef PP_TEST_NO_B_FREE /* negative control (tests/test_zb.c): the B-only scratch waits for W */
         if (s->blive[c->slot] || s->rblive[c->slot]) { /* with the recompute block's part only B reads */
-            double bshare, rshare, rb;
-            _pp_shares(s, c, &bshare, &rshare, &rb);
+            double bshare, rshare;
+            _pp_shares(s, c, &bshare, &rshare);
             _pp_mem_add(s, c, -bshare);
             _pp_bsaved_release(s, c->slot);
             _pp_scratch_release(s, &s->rblive[c->slot]);
@@ -10697,9 +10708,15 @@ static void _pp_dp_coalesce(pp_dp_overlap* o) {
     o->d.n_bufs = k;
 }
 
+/* Elements of dtype in one bucket (bucket_bytes resolved). */
+static size_t _pp_dp_per(const pp_dp_overlap* o, pp_dtype dtype) {
+    size_t es = pp_dtype_size(dtype);
+    return es && o->d.bucket_bytes / es ? o->d.bucket_bytes / es : 1;
+}
+
 pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out, pp_error* err) {
     pp_dp_overlap* o;
-    int i, k;
+    int i;
     if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
     *out = NULL;
     if (!d || !d->dp.t || (d->n_bufs > 0 && !d->bufs) || d->n_bufs < 0 || !d->partition || d->n_stages < 1)
@@ -10723,11 +10740,11 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
     }
     o->stage = (int*)(void*)(o->bufs + d->n_bufs + 1);
     o->done = (unsigned char*)(o->stage + d->n_bufs + 1);
+    if (o->d.bucket_bytes == 0) o->d.bucket_bytes = (size_t)4 << 20;
     if (d->dp.t->iallreduce_sum) { /* room for every bucket of a step, started at once */
         size_t nb = 0;
         for (i = 0; i < d->n_bufs; i++) {
-            size_t es = pp_dtype_size(d->bufs[i].dtype), bb = d->bucket_bytes ? d->bucket_bytes : (size_t)4 << 20;
-            size_t per = es && bb / es ? bb / es : 1;
+            size_t per = _pp_dp_per(o, d->bufs[i].dtype);
             nb += (d->bufs[i].count + per - 1) / per;
         }
         if (nb > (size_t)1 << 30 || !(o->pend = (_pp_dp_pending*)_pp_calloc(nb + 1, sizeof *o->pend))) {
@@ -10745,12 +10762,10 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
         o->d.tied = &o->tied_t;
     }
     if (o->d.scale == 0) o->d.scale = 1.0 / (d->dp.ranks ? d->dp.n_ranks : d->dp.t->size);
-    if (o->d.bucket_bytes == 0) o->d.bucket_bytes = (size_t)4 << 20;
     o->tied_a = o->tied_b = -1;
     for (i = 0; i < d->n_bufs; i++) {
         int l = o->bufs[i].layer;
-        for (k = 0; k < d->n_stages && !(l >= d->partition[k] && l < d->partition[k + 1]); k++) {}
-        o->stage[i] = k;
+        o->stage[i] = _pp_layer_stage(d->partition, d->n_stages, l);
         if (d->tied && (l == d->tied_layers[0] || l == d->tied_layers[1])) {
             o->stage[i] = -1; /* after the tied sum, in the wait */
             if (l == d->tied_layers[0] && o->tied_a < 0) o->tied_a = i;
@@ -10775,7 +10790,7 @@ void pp_dp_overlap_destroy(pp_dp_overlap* o) {
 static pp_result _pp_dp_reduce(pp_dp_overlap* o, int i, int* buckets, int start) {
     const pp_grad_buf* b = &o->bufs[i];
     const pp_transport* t = o->d.dp.t;
-    size_t es = pp_dtype_size(b->dtype), per = es && o->d.bucket_bytes / es ? o->d.bucket_bytes / es : 1, off, n;
+    size_t es = pp_dtype_size(b->dtype), per = _pp_dp_per(o, b->dtype), off, n;
     int all[PP_MAX_RANKS], k, nr = o->d.dp.ranks ? o->d.dp.n_ranks : t->size;
     const int* ranks = o->d.dp.ranks;
 #ifdef PP_TEST_NO_DP_START /* negative control (multiprocess.mk): every bucket blocks in the hook */

@@ -407,11 +407,9 @@ static pp_result _pp_mpi_cancel(void* self, pp_request* req) {
 static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
                                    double timeout_s, pp_error* err) {
     pp_mpi* t = (pp_mpi*)self;
-    int i, whole = ranks && n_ranks == t->size, rc, round = 0;
+    int whole = _pp_ranks_whole(ranks, n_ranks, t->size), rc, round = 0;
     double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, deadline = _pp_now() + dt;
     MPI_Request r;
-    for (i = 0; whole && i < n_ranks; i++)
-        if (ranks[i] != i) whole = 0;
     if (!whole || t->ordered || count > (size_t)0x7fffffff) {
         pp_transport tr = pp_mpi_transport(t);
         return pp_allreduce_p2p(&tr, buf, count, dtype, ranks, n_ranks, timeout_s, err);
@@ -460,9 +458,7 @@ static pp_result _pp_mpi_iallreduce(void* self, void* buf, size_t count, pp_dtyp
                                     pp_request* req) {
     pp_mpi* t = (pp_mpi*)self;
     _pp_mpi_op* op;
-    int i, whole = ranks && n_ranks == t->size, rc;
-    for (i = 0; whole && i < n_ranks; i++)
-        if (ranks[i] != i) whole = 0;
+    int whole = _pp_ranks_whole(ranks, n_ranks, t->size), rc;
     if (!req || !buf || count == 0) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
     if (!whole || t->ordered || count > (size_t)0x7fffffff || (dtype != PP_F32 && dtype != PP_F64)) return PP_ERR_UNSUPPORTED;

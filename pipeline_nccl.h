@@ -498,8 +498,19 @@ static pp_result _ppn_bounce_get(pp_nccl* t, int pinned, size_t n, void** p, siz
     return _ppn_cuda(t, cudaMalloc(p, *cap), "cudaMalloc (bounce buffer)");
 }
 
+/* Frees a list of bounce buffers (pinned 1: pinned host buffers). */
+static void _ppn_bounce_drop(_ppn_bounce** list, int pinned) {
+    while (*list) {
+        _ppn_bounce* b = *list;
+        *list = b->next;
+        if (pinned) cudaFreeHost(b->p);
+        else cudaFree(b->p);
+        PP_FREE(b);
+    }
+}
+
 static void _ppn_bounce_put(pp_nccl* t, int pinned, void* p, size_t cap) {
-    _ppn_bounce* b = (_ppn_bounce*)_pp_calloc(1, sizeof *b);
+    _ppn_bounce *b = (_ppn_bounce*)_pp_calloc(1, sizeof *b), **list;
     if (!b) {
         if (pinned) cudaFreeHost(p);
         else cudaFree(p);
@@ -507,9 +518,9 @@ static void _ppn_bounce_put(pp_nccl* t, int pinned, void* p, size_t cap) {
     }
     b->p = p;
     b->cap = cap;
-    b->next = pinned ? t->pinned : t->bounce;
-    if (pinned) t->pinned = b;
-    else t->bounce = b;
+    list = pinned ? &t->pinned : &t->bounce;
+    b->next = *list;
+    *list = b;
 }
 
 static void _ppn_op_free(pp_nccl* t, _ppn_op* op) {
@@ -1075,14 +1086,12 @@ static pp_result _ppn_event_wait(pp_nccl* t, cudaEvent_t ev, double deadline) {
 static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
                                 double timeout_s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
-    int i, whole = ranks && n_ranks == t->size, host;
+    int whole = _pp_ranks_whole(ranks, n_ranks, t->size), host;
     size_t bytes = count * pp_dtype_size(dtype);
     void* dev;
     double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, deadline = _pp_now() + dt;
     cudaEvent_t ev = NULL;
     pp_result rc = PP_OK;
-    for (i = 0; whole && i < n_ranks; i++)
-        if (ranks[i] != i) whole = 0;
     if (!whole) {
         pp_transport tr = pp_nccl_transport(t);
         return pp_allreduce_p2p(&tr, buf, count, dtype, ranks, n_ranks, timeout_s, err);
@@ -1149,11 +1158,9 @@ static pp_result _ppn_iallreduce(void* self, void* buf, size_t count, pp_dtype d
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op;
     _ppn_batch* b;
-    int i, whole = ranks && n_ranks == t->size;
+    int whole = _pp_ranks_whole(ranks, n_ranks, t->size);
     double deadline = _pp_now() + t->timeout_s;
     pp_result rc = PP_OK;
-    for (i = 0; whole && i < n_ranks; i++)
-        if (ranks[i] != i) whole = 0;
     if (!req || !buf || count == 0) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
     if (!whole || n_ranks < 2 || !t->stream || (dtype != PP_F32 && dtype != PP_F64)) return PP_ERR_UNSUPPORTED;
@@ -1575,18 +1582,8 @@ void pp_nccl_destroy(pp_nccl* t) {
     PP_FREE(t->order);
     PP_FREE(t->proven);
     if (t->ready) cudaEventDestroy(t->ready);
-    while (t->bounce) {
-        _ppn_bounce* b = t->bounce;
-        t->bounce = b->next;
-        cudaFree(b->p);
-        PP_FREE(b);
-    }
-    while (t->pinned) {
-        _ppn_bounce* b = t->pinned;
-        t->pinned = b->next;
-        cudaFreeHost(b->p);
-        PP_FREE(b);
-    }
+    _ppn_bounce_drop(&t->bounce, 0);
+    _ppn_bounce_drop(&t->pinned, 1);
     for (ch = 0; ch < t->nch_made; ch++) {
         if (t->ch_stream[ch]) cudaStreamDestroy(t->ch_stream[ch]);
         if (ch > 0 && t->ch_comm[ch] && !t->aborted) ncclCommDestroy(t->ch_comm[ch]);
