@@ -147,11 +147,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
         gpt_optimize(c, T->wbuf, T->gbuf, T->m1, T->m2, T->decay, T->n_params, step);
         T->loss[step] = st.loss;
         gpt_traffic_add(&tr, &st);
-        for (l = 0; l < p; l++) {
-            pp_step_stats rs;
-            pp_pipeline_rank_result(pl, l, &rs);
-            if (rs.peak_stash_bytes > peak) peak = rs.peak_stash_bytes;
-        }
+        gpt_pipeline_peak(pl, p, &peak);
         gpt_step_print(c, step, st.loss, &T->steps[step], st.t_total, norm);
         if (gpt_eval_due(c, step, to - 1)) { /* --eval-every: the weights after step + 1 steps */
             double te = gpt_now();
@@ -163,7 +159,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     part.steps = to - from;
     gpt_report(&part, T->steps + from, T->loss + from, wall);
     gpt_traffic_print("", &tr, c->dtype);
-    gpt_loop_print_peak(peak, c->recompute, gpt_recompute_count(d.stage.recompute, d.model.n_layers), d.model.n_layers);
+    gpt_loop_print_peak(peak, c->recompute, d.model.n_layers);
     if (c->trace) {
         FILE* f = fopen(c->trace, "w");
         size_t n = 0;

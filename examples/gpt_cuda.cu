@@ -403,11 +403,7 @@ static int train_step(trainer* t, int step, float* loss, pp_cuda_step_info* info
         return 1;
     }
     gpt_traffic_add(tr, &ss);
-    for (int r = 0; r < t->p; r++) {
-        pp_step_stats rs;
-        pp_pipeline_rank_result(t->pl, r, &rs);
-        if (rs.peak_stash_bytes > t->peak_stash) t->peak_stash = rs.peak_stash_bytes;
-    }
+    gpt_pipeline_peak(t->pl, t->p, &t->peak_stash);
     if (cpu) memset(info, 0, sizeof *info);
     else *info = *pp_cuda_pipeline_info(t->pl);
     /* gradient of the step: sum over ranks in rank order (others' slots are zero) */
@@ -571,11 +567,8 @@ static int train(const cfg* c, int p, pp_schedule_kind kind, int v, int n_dev, i
         if (!out->final_params || gptc_copy(c->cpu, out->final_params, t.wbuf[0], sizeof(float) * t.n_par)) rc = 1;
     }
     if (rc == 0 && verbose) {
-        unsigned char rflags[GPTC_MAX_BLOCK + 2];
         gpt_traffic_print("", &out->traffic, c->bf16 ? PP_BF16 : PP_F32);
-        gpt_loop_print_peak(t.peak_stash, c->recompute,
-                            gpt_recompute_count(gpt_recompute_flags(c->recompute, t.model.n_layers, rflags), t.model.n_layers),
-                            t.model.n_layers);
+        gpt_loop_print_peak(t.peak_stash, c->recompute, t.model.n_layers);
     }
     if (rc == 0 && verbose && !c->cpu) {
         size_t pb = sizeof(float) * t.n_par;

@@ -59,26 +59,34 @@ static inline int gpt_eval_due_at(int every, int step, int last) {
    activations. flags has n_layers entries (embedding, blocks, head); returns flags, or NULL
    where nothing is recomputed (K = 0). A recomputed block keeps only its input from F to B and
    runs its forward again right before its B: the same bits, one forward more per block. */
+static inline int gpt_recompute_layer(int every, int l, int n_layers) {
+    return every > 0 && l >= 1 && l + 1 < n_layers && (l - 1) % every == 0;
+}
 static inline const unsigned char* gpt_recompute_flags(int every, int n_layers, unsigned char* flags) {
     int l;
     if (every <= 0) return NULL;
-    memset(flags, 0, (size_t)n_layers);
-    for (l = 1; l + 1 < n_layers; l++) flags[l] = (unsigned char)((l - 1) % every == 0);
+    for (l = 0; l < n_layers; l++) flags[l] = (unsigned char)gpt_recompute_layer(every, l, n_layers);
     return flags;
 }
 
-/* How many of n_layers flags are set (0 for NULL). */
-static inline int gpt_recompute_count(const unsigned char* flags, int n_layers) {
-    int l, n = 0;
-    for (l = 0; flags && l < n_layers; l++) n += flags[l] != 0;
-    return n;
+/* The largest rank's pp_step_stats.peak_stash_bytes of pipeline pl's last step, into *peak where
+   it is larger (one process drives every rank). */
+static inline void gpt_pipeline_peak(const pp_pipeline* pl, int p, size_t* peak) {
+    int r;
+    for (r = 0; r < p; r++) {
+        pp_step_stats rs;
+        pp_pipeline_rank_result(pl, r, &rs);
+        if (rs.peak_stash_bytes > *peak) *peak = rs.peak_stash_bytes;
+    }
 }
 
 /* The closing line on activation memory: the most bytes one rank held in stashes in one step
    (pp_step_stats.peak_stash_bytes, the largest rank's), and what --recompute K recomputed. */
-static inline void gpt_loop_print_peak(size_t peak_bytes, int every, int n_recomputed, int n_layers) {
+static inline void gpt_loop_print_peak(size_t peak_bytes, int every, int n_layers) {
+    int l, n = 0;
+    for (l = 0; l < n_layers; l++) n += gpt_recompute_layer(every, l, n_layers);
     printf("activations: peak %.3f MiB stashed on one rank in one step", (double)peak_bytes / 1048576.0);
-    if (every > 0) printf(", recomputing %d of %d layers (--recompute %d)", n_recomputed, n_layers, every);
+    if (every > 0) printf(", recomputing %d of %d layers (--recompute %d)", n, n_layers, every);
     printf("\n");
 }
 

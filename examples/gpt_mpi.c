@@ -232,7 +232,7 @@ cleanup:
         MPI_Allreduce(MPI_IN_PLACE, &tr.bytes, 4, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD); /* gpt_cpu's sums */
         gpt_traffic_print("", &tr, c.dtype);
         MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-        gpt_loop_print_peak((size_t)peak, c.recompute, gpt_recompute_count(d.recompute, d.model.n_layers), d.model.n_layers);
+        gpt_loop_print_peak((size_t)peak, c.recompute, d.model.n_layers);
         if (c.check && from == 0) rc = gpt_trainer_verdict(&T, bad);
         if (val_differ) rc = 1;
     } else {
