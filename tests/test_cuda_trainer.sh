@@ -18,6 +18,7 @@ check() { # check WHAT COND
     if eval "$2"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL $1"; return 1; fi
 }
 vals() { grep '^val loss' "$1" | sed 's/  (.*//'; } # the val loss lines without their timing
+peak() { sed -n 's/^activations: peak \([0-9.]*\) MiB.*/\1/p' "$1"; } # the most MiB one rank stashed
 dev=--cpu
 [ "$TRAINER_GPU" = 1 ] && dev=
 o="$dev --generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 12 -m 4 --steps 12"
@@ -66,7 +67,7 @@ if [ "$PART" != resume ]; then
     # --recompute K: the same bits as the unpipelined run (--check), less stashed on the fullest rank
     "$cuda" $o -p 4 --steps 3 > "$tmp.r0" 2>&1 && "$cuda" $o -p 4 --steps 3 --recompute 1 --check > "$tmp.r1" 2>&1
     check "--recompute 1, 1F1B p = 4 --check: bit-identical to unpipelined" "[ \$? -eq 0 ] && grep -q 'loss curve bit-identical, final weights bit-identical' '$tmp.r1'"
-    p0=$(sed -n 's/^activations: peak \([0-9.]*\) MiB.*/\1/p' "$tmp.r0"); p1=$(sed -n 's/^activations: peak \([0-9.]*\) MiB.*/\1/p' "$tmp.r1")
+    p0=$(peak "$tmp.r0"); p1=$(peak "$tmp.r1")
     check "--recompute 1 stashes less ($p1 MiB, without: $p0 MiB)" "[ -n '$p1' ] && awk 'BEGIN { exit !($p1 < $p0 * 0.7) }'"
     "$cuda" $o --schedule interleaved -p 2 -v 2 --steps 3 --recompute 2 --check > "$tmp.r2" 2>&1
     check "--recompute 2, interleaved p = 2: bit-identical to unpipelined" "[ \$? -eq 0 ] && grep -q 'loss curve bit-identical, final weights bit-identical' '$tmp.r2'"
