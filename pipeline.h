@@ -5507,6 +5507,7 @@ pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, uns
     pp_action* acts = NULL;
     pp_sim_result* res = NULL;
     pp_plan best, cur;
+    pp_schedule map;
     pp_result ret = PP_OK;
     if ((ret = _pp_plan_check(d, err)) != PP_OK) return ret;
     if (!out || !first || !recompute) return _pp_fail(err, PP_ERR_INVALID, "plan: out, first and recompute are needed");
@@ -5532,6 +5533,8 @@ pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, uns
         int v = pp_schedule_kind_v(kinds[k], kv[k]), S = d->p * v;
         size_t n = pp_schedule_size(kinds[k], d->p, v, d->m);
         if (!n || S > L) continue; /* no such schedule, or fewer layers than stages */
+        memset(&map, 0, sizeof map); /* the kind's stage map alone, for pp_schedule_stage_to_rank */
+        map.p = d->p, map.v = v, map.n_stages = S, map.map = _pp_sched_kind_map(kinds[k]);
         for (pol = 0; pol < (d->no_recompute ? 1 : 4); pol++) {
             int steps = 0;
             /* 0 nothing, 1 every layer, 2 every other layer, 3 greedy from nothing */
@@ -5554,10 +5557,7 @@ pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, uns
                     if (res->peak_mem[r] > res->peak_mem[worst]) worst = r;
                 for (st = 0; st < S; st++) {
                     int sr, a = fst[st], b = fst[st + 1];
-                    pp_schedule tmp;
-                    memset(&tmp, 0, sizeof tmp);
-                    tmp.p = d->p, tmp.v = v, tmp.n_stages = S, tmp.map = _pp_sched_kind_map(kinds[k]);
-                    pp_schedule_stage_to_rank(&tmp, st, &sr, NULL);
+                    pp_schedule_stage_to_rank(&map, st, &sr, NULL);
                     if (sr != worst) continue;
                     for (l = a; l < b; l++) {
                         double r0, r1, all, score;
