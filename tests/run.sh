@@ -15,11 +15,13 @@ run_one() {
     */tsan-*) if setarch "$(uname -m)" -R true 2>/dev/null; then run="setarch $(uname -m) -R"; else run=""; fi ;;
     valgrind:*)
       t="${t#valgrind:}"
-      if ! command -v "${VALGRIND:-valgrind}" >/dev/null 2>&1; then echo "valgrind $t: valgrind not found, skipped"; echo "@ 0 0 0"; return; fi
+      if ! command -v "${VALGRIND:-valgrind}" >/dev/null 2>&1; then echo "valgrind $t: valgrind not found, skipped"; echo "@ 0 0 0 0"; return; fi
       run="${VALGRIND:-valgrind} -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite" ;;
     *) run="" ;;
   esac
+  t0=$(date +%s%N)
   out=$($run "$t" 2>&1); rc=$?
+  ms=$((($(date +%s%N) - t0) / 1000000))
   line=$(printf '%s\n' "$out" | grep -E '[0-9]+ passed, [0-9]+ failed' | tail -1)
   p=$(printf '%s\n' "$line" | sed -E 's/.* ([0-9]+) passed, ([0-9]+) failed.*/\1/')
   f=$(printf '%s\n' "$line" | sed -E 's/.* ([0-9]+) passed, ([0-9]+) failed.*/\2/')
@@ -33,7 +35,7 @@ run_one() {
     st=1
   fi
   echo "$t: $p passed, $f failed"
-  echo "@ $p $f $st"
+  echo "@ $p $f $st $ms"
 }
 
 # a worker claims the next unclaimed argument (mkdir is atomic) until none is left
@@ -58,12 +60,18 @@ for t in "$@"; do
   i=$((i + 1))
   while [ ! -f "$dir/done.$i" ]; do sleep 0.05; done
   grep -v '^@ ' "$dir/done.$i"
-  read -r _ p f st <<EOF
+  read -r _ p f st ms <<EOF
 $(grep '^@ ' "$dir/done.$i" | tail -1)
 EOF
+  printf '%s %s\n' "$ms" "$t" >> "$dir/times"
   pass=$((pass + p)); fail=$((fail + f))
   [ "$st" -eq 0 ] || status=1
 done
 wait
+# the ten slowest, with their seconds (a test over 60 s says why in its comment)
+if [ "$#" -gt 1 ]; then
+  echo "slowest:"
+  sort -rn "$dir/times" | head -10 | awk '{ printf "  %7.1f s  %s\n", $1 / 1000, $2 }'
+fi
 echo "total: $pass passed, $fail failed"
 exit $status

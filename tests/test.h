@@ -2,6 +2,7 @@
 #ifndef PP_TEST_H
 #define PP_TEST_H
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int _t_pass, _t_fail;
@@ -18,9 +19,28 @@ static int _t_pass, _t_fail;
         }                                                                     \
     } while (0)
 
-/* Closing line, and the exit code that agrees with it. */
-#define TEST_DONE(name)                                                       \
-    (printf("%s: %d passed, %d failed\n", name, _t_pass, _t_fail), _t_fail ? 1 : 0)
+/* Sampled sweeps, a rotation: PP_TEST_SEED=N picks the cases of this run (make test sets a new
+   seed each run and prints it; the closing line of a failed test repeats it), PP_TEST_FULL=1
+   runs every case (make test-full). test_pick(i, R): case i of a sweep runs when i % R equals
+   the seed % R, so every case runs within R consecutive seeds, whatever the seed. */
+static inline unsigned long test_seed(void) {
+    const char* s = getenv("PP_TEST_SEED");
+    return s && *s ? strtoul(s, NULL, 10) : 0;
+}
+static inline int test_full(void) {
+    const char* s = getenv("PP_TEST_FULL");
+    return s && *s && strcmp(s, "0") != 0;
+}
+static inline int test_pick(long i, long R) {
+    return test_full() || R <= 1 || i % R == (long)(test_seed() % (unsigned long)R);
+}
+
+/* Closing line, and the exit code that agrees with it (a failure names the seed to rerun it). */
+#define TEST_DONE(name)                                                                          \
+    (_t_fail ? printf("%s: rerun with PP_TEST_SEED=%lu%s\n", name, test_seed(),                \
+                      test_full() ? " PP_TEST_FULL=1" : "")                                      \
+             : 0,                                                                                \
+     printf("%s: %d passed, %d failed\n", name, _t_pass, _t_fail), _t_fail ? 1 : 0)
 
 /* One test on its own, when argv[1] names it (what a negative control runs): 1 after fn ran,
    0 when there is no argv[1] or it names another. */
