@@ -11461,7 +11461,13 @@ static pp_result _pp_ckpt_load(const pp_ckpt_desc* d, const pp_ckpt_io* io, uint
         }
     }
     if (d->user) {
-        if ((rc = _pp_ckpt_read(io, c.head, q, (size_t)fi.user_bytes, "the user bytes", err)) != PP_OK) goto cleanup;
+        /* right after the file's header, whose size counts the file's states, not the desc's */
+#ifdef PP_TEST_CKPT_USER_AT_DESC /* negative control (build/ckpt-controls): the desc's header size */
+        uint64_t at = c.head;
+#else
+        uint64_t at = _pp_get64(h + 16);
+#endif
+        if ((rc = _pp_ckpt_read(io, at, q, (size_t)fi.user_bytes, "the user bytes", err)) != PP_OK) goto cleanup;
 #ifndef PP_TEST_NO_CKPT_CHECKSUM
         if (_pp_fnv1a(_PP_FNV1A_BASIS, q, (size_t)fi.user_bytes) != _pp_get64(h + 64)) {
             rc = _pp_fail(err, PP_ERR_CORRUPT, "the checkpoint's user bytes do not match their checksum");
@@ -11502,11 +11508,19 @@ pp_result pp_ckpt_load(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_ckpt_info
     return _pp_ckpt_load(d, io, UINT64_MAX, info, err);
 }
 
-/* stdio and memory behind pp_ckpt_io */
+/* stdio and memory behind pp_ckpt_io. A file's writer may be given a fault (tests/test_ckpt.c's
+   sweep of failing and short writes): the bytes it lets through of each write. */
+typedef struct _pp_ckpt_file {
+    FILE* f;
+    size_t (*fault)(void* user, uint64_t off, size_t n);
+    void* fault_user;
+} _pp_ckpt_file;
 static size_t _pp_ckpt_fwrite(void* ctx, uint64_t off, const void* p, size_t n) {
-    FILE* f = (FILE*)ctx;
-    if (off > (uint64_t)LONG_MAX || fseek(f, (long)off, SEEK_SET) != 0) return 0;
-    return fwrite(p, 1, n, f);
+    _pp_ckpt_file* w = (_pp_ckpt_file*)ctx;
+    size_t k = n;
+    if (off > (uint64_t)LONG_MAX || fseek(w->f, (long)off, SEEK_SET) != 0) return 0;
+    if (w->fault && (k = w->fault(w->fault_user, off, n)) > n) k = n;
+    return k ? fwrite(p, 1, k, w->f) : 0;
 }
 static size_t _pp_ckpt_fread(void* ctx, uint64_t off, void* p, size_t n) {
     FILE* f = (FILE*)ctx;
@@ -11531,22 +11545,142 @@ static size_t _pp_ckpt_mread(void* ctx, uint64_t off, void* p, size_t n) {
     return n;
 }
 
-pp_result pp_ckpt_save_file(const pp_ckpt_desc* d, const char* path, pp_error* err) {
+/* A save that is refused, fails or is killed leaves the file at path as it was: everything is
+   checked before the path is touched, the bytes go to a new file beside it (path.tmp-PID-N,
+   created exclusively), which is flushed to the disk (fsync where POSIX has it) and renamed over
+   path (atomic on POSIX); the directory is synced too. A failed save removes its new file; a
+   killed one leaves it behind. Without POSIX, a rename onto an existing file that fails (Windows)
+   removes the old file first: there a crash between the two loses it. */
+#if defined(__unix__) || defined(__APPLE__)
+#define _PP_CKPT_POSIX 1
+#include <fcntl.h>
+#endif
+
+/* Creates a new file named after path (name: its name, cap bytes); NULL with errno set. */
+static FILE* _pp_ckpt_create_tmp(const char* path, char* name, size_t cap) {
+    int i;
+    for (i = 0; i < 1000; i++) {
+#ifdef _PP_CKPT_POSIX
+        int fd;
+        FILE* f;
+        snprintf(name, cap, "%s.tmp-%ld-%d", path, (long)getpid(), i);
+        if ((fd = open(name, O_WRONLY | O_CREAT | O_EXCL, 0666)) < 0) {
+            if (errno == EEXIST) continue;
+            return NULL;
+        }
+        if (!(f = fdopen(fd, "wb"))) {
+            int e = errno;
+            close(fd);
+            remove(name);
+            errno = e;
+        }
+        return f;
+#else
+        FILE* f;
+        snprintf(name, cap, "%s.tmp-%d", path, i);
+        if ((f = fopen(name, "rb")) != NULL) { /* taken */
+            fclose(f);
+            continue;
+        }
+        return fopen(name, "wb");
+#endif
+    }
+    errno = EEXIST;
+    return NULL;
+}
+
+/* The file's bytes to the disk (fflush, then fsync where there is one); 0 on success. */
+static int _pp_ckpt_sync(FILE* f) {
+    if (fflush(f) != 0 || ferror(f)) return -1;
+#ifdef _PP_CKPT_POSIX
+    if (fsync(fileno(f)) != 0) return -1;
+#endif
+    return 0;
+}
+
+/* The directory holding path, synced so that the rename is on the disk (best effort: some file
+   systems refuse to sync a directory, and the file itself is already there). */
+static void _pp_ckpt_sync_dir(const char* path, char* dir, size_t cap) {
+#ifdef _PP_CKPT_POSIX
+    const char* slash = strrchr(path, '/');
+    int fd;
+    if (!slash) snprintf(dir, cap, ".");
+    else if (slash == path) snprintf(dir, cap, "/");
+    else snprintf(dir, cap, "%.*s", (int)(slash - path), path);
+    if ((fd = open(dir, O_RDONLY)) >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+#else
+    (void)path, (void)dir, (void)cap;
+#endif
+}
+
+/* pp_ckpt_save_file, with a fault for each write (tests; NULL: none). */
+static pp_result _pp_ckpt_save_path(const pp_ckpt_desc* d, const char* path, size_t (*fault)(void*, uint64_t, size_t),
+                                    void* fault_user, pp_error* err) {
+    _pp_ckpt c;
+    _pp_ckpt_file w;
     pp_ckpt_io io;
     pp_result rc;
-    FILE* f;
+    char* tmp = NULL;
+    size_t cap;
+    int in_place;
     if (!path) return _pp_fail(err, PP_ERR_INVALID, "checkpoint save: path is NULL");
-    if ((rc = pp_ckpt_size(d, NULL, err)) != PP_OK) return rc; /* a bad desc leaves the file alone */
-    if (!(f = fopen(path, d->records_only ? "r+b" : "wb")))
-        return _pp_fail(err, PP_ERR_IO, "cannot open '%s' to %s: %s", path,
-                        d->records_only ? "write records into it (records_only: it must exist)" : "write", strerror(errno));
+    /* everything a save checks, the layers' data included, before the path is touched */
+#ifdef PP_TEST_CKPT_IN_PLACE
+    rc = _pp_ckpt_prepare(&c, d, 0, err); /* as before: the layers' data unchecked */
+#else
+    rc = _pp_ckpt_prepare(&c, d, 1, err);
+#endif
+    _pp_ckpt_free(&c);
+    if (rc != PP_OK) return rc;
+#ifdef PP_TEST_CKPT_IN_PLACE /* negative control (build/ckpt-controls): the file itself, truncated */
+    in_place = 1;
+#else
+    in_place = d->records_only; /* into the file the header's writer made: in place */
+#endif
+    memset(&w, 0, sizeof w);
+    w.fault = fault;
+    w.fault_user = fault_user;
+    if (in_place) {
+        if (!(w.f = fopen(path, d->records_only ? "r+b" : "wb")))
+            return _pp_fail(err, PP_ERR_IO, "cannot open '%s' to %s: %s", path,
+                            d->records_only ? "write records into it (records_only: it must exist)" : "write",
+                            strerror(errno));
+    } else {
+        cap = strlen(path) + 48;
+        if (!(tmp = (char*)_pp_calloc(cap, 1)))
+            return _pp_fail(err, PP_ERR_NOMEM, "checkpoint save: %zu bytes for a file name", cap);
+        if (!(w.f = _pp_ckpt_create_tmp(path, tmp, cap))) {
+            rc = _pp_fail(err, PP_ERR_IO, "cannot create '%s' to write '%s' (nothing written): %s", tmp, path,
+                          strerror(errno));
+            PP_FREE(tmp);
+            return rc;
+        }
+    }
     io.write = _pp_ckpt_fwrite;
     io.read = NULL;
-    io.ctx = f;
+    io.ctx = &w;
     rc = pp_ckpt_save(d, &io, err);
-    if (rc == PP_OK && ferror(f)) rc = _pp_fail(err, PP_ERR_IO, "writing '%s' failed", path);
-    if (fclose(f) != 0 && rc == PP_OK) rc = _pp_fail(err, PP_ERR_IO, "closing '%s': %s", path, strerror(errno));
+    if (rc == PP_OK && _pp_ckpt_sync(w.f) != 0)
+        rc = _pp_fail(err, PP_ERR_IO, "writing '%s' failed: %s", tmp ? tmp : path, strerror(errno));
+    if (fclose(w.f) != 0 && rc == PP_OK) rc = _pp_fail(err, PP_ERR_IO, "closing '%s': %s", tmp ? tmp : path, strerror(errno));
+    if (tmp && rc == PP_OK && rename(tmp, path) != 0) {
+#ifndef _PP_CKPT_POSIX
+        if (remove(path) != 0 || rename(tmp, path) != 0)
+#endif
+            rc = _pp_fail(err, PP_ERR_IO, "cannot rename '%s' to '%s' (the old file is left as it was): %s", tmp, path,
+                          strerror(errno));
+    }
+    if (tmp && rc != PP_OK) remove(tmp);
+    if (tmp && rc == PP_OK) _pp_ckpt_sync_dir(path, tmp, cap);
+    PP_FREE(tmp);
     return rc;
+}
+
+pp_result pp_ckpt_save_file(const pp_ckpt_desc* d, const char* path, pp_error* err) {
+    return _pp_ckpt_save_path(d, path, NULL, NULL, err);
 }
 
 pp_result pp_ckpt_load_file(const pp_ckpt_desc* d, const char* path, pp_ckpt_info* info, pp_error* err) {
