@@ -1958,6 +1958,7 @@ void pp_threads_counters(pp_threads* t, int rank, uint64_t* bytes, uint64_t* msg
 #include <time.h>
 #include <errno.h>
 #include <limits.h>
+#include <float.h>
 #include <pthread.h>
 
 /* A header included before this one under -std=c99 (<stdio.h>, say) fixed the library's feature
@@ -5431,13 +5432,30 @@ static pp_result _pp_plan_run(const pp_plan_desc* d, pp_schedule_kind kind, int 
 }
 
 static pp_result _pp_plan_check(const pp_plan_desc* d, pp_error* err) {
-    int l;
+    int l, k;
     if (!d || !d->layers || d->n_layers < 1 || d->p < 1 || d->p > PP_MAX_RANKS || d->m < 1)
         return _pp_fail(err, PP_ERR_INVALID, "plan: need layers (n_layers >= 1), 1 <= p <= %d and m >= 1", PP_MAX_RANKS);
-    if (!(d->comm >= 0 && d->comm < 1e300) || !(d->mem_cap >= 0 && d->mem_cap < 1e300) || d->n_kinds < 0 ||
-        (d->n_kinds > 0 && (!d->kinds || !d->kinds_v)))
-        return _pp_fail(err, PP_ERR_INVALID, "plan: comm and mem_cap must be finite and >= 0, kinds and kinds_v given "
-                        "with n_kinds");
+#ifdef PP_TEST_OLD_PLAN_BOUNDS /* negative control (build/failpath-controls): a finite cap above 1e300 refused */
+    if (!(d->mem_cap >= 0 && d->mem_cap < 1e300))
+#else
+    if (!(d->mem_cap >= 0 && d->mem_cap <= DBL_MAX)) /* a cap is only compared with: any finite one */
+#endif
+        return _pp_fail(err, PP_ERR_INVALID, "plan: mem_cap = %g must be finite and >= 0 (0: no cap)", d->mem_cap);
+    if (!(d->comm >= 0 && d->comm <= 1e300)) /* added to the costs: bounded like them */
+        return _pp_fail(err, PP_ERR_INVALID, "plan: comm = %g must be >= 0 and at most 1e300", d->comm);
+    if (d->n_kinds < 0 || (d->n_kinds > 0 && (!d->kinds || !d->kinds_v)))
+        return _pp_fail(err, PP_ERR_INVALID, "plan: n_kinds = %d with kinds %s and kinds_v %s (both given with n_kinds > 0)",
+                        d->n_kinds, d->kinds ? "given" : "NULL", d->kinds_v ? "given" : "NULL");
+#ifndef PP_TEST_OLD_PLAN_BOUNDS
+    /* every kind given makes a schedule at this p and m (v in range: p * v computed after this) */
+    for (k = 0; k < d->n_kinds; k++) {
+        pp_error e;
+        if (_pp_sched_check_args(d->kinds[k], d->p, pp_schedule_kind_v(d->kinds[k], d->kinds_v[k]), d->m, &e) != PP_OK)
+            return _pp_fail(err, PP_ERR_INVALID, "plan: kinds[%d] (v = %d): %s", k, d->kinds_v[k], _pp_strip_code(e.msg, PP_ERR_INVALID));
+    }
+#else
+    (void)k;
+#endif
     for (l = 0; l < d->n_layers; l++) {
         const pp_layer_cost* x = &d->layers[l];
         if (!(x->f >= 0 && x->b >= 0 && x->w >= 0 && x->out >= 0 && x->bonly >= 0 && x->mem >= x->out + x->bonly &&
@@ -5461,6 +5479,13 @@ pp_result pp_plan_try(const pp_plan_desc* d, pp_schedule_kind kind, int v, const
     if ((rc = _pp_plan_check(d, err)) != PP_OK) return rc;
     if (!out) out = &local;
     v = pp_schedule_kind_v(kind, v);
+#ifndef PP_TEST_OLD_PLAN_BOUNDS
+    { /* refused before p * v is computed (v up to INT_MAX) */
+        pp_error e;
+        if (_pp_sched_check_args(kind, d->p, v, d->m, &e) != PP_OK)
+            return _pp_fail(err, PP_ERR_INVALID, "plan: %s", _pp_strip_code(e.msg, PP_ERR_INVALID));
+    }
+#endif
     n = pp_schedule_size(kind, d->p, v, d->m);
     S = d->p * v;
     if (!n) return _pp_fail(err, PP_ERR_INVALID, "plan: %s at p=%d v=%d m=%d is no schedule", pp_schedule_name(kind), d->p, v, d->m);
@@ -5515,6 +5540,7 @@ pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, uns
     for (k = 0; k < nk; k++) {
         int v = pp_schedule_kind_v(kinds[k], kv[k]);
         size_t n = pp_schedule_size(kinds[k], d->p, v, d->m);
+        if (!n) continue; /* no such schedule (and p * v may not fit an int) */
         if (n > n_max) n_max = n;
         if (d->p * v > max_s) max_s = d->p * v;
     }
@@ -5530,9 +5556,11 @@ pp_result pp_plan_recompute(const pp_plan_desc* d, pp_plan* out, int* first, uns
     }
     best_rc = rc + L;
     for (k = 0; k < nk; k++) {
-        int v = pp_schedule_kind_v(kinds[k], kv[k]), S = d->p * v;
+        int v = pp_schedule_kind_v(kinds[k], kv[k]), S;
         size_t n = pp_schedule_size(kinds[k], d->p, v, d->m);
-        if (!n || S > L) continue; /* no such schedule, or fewer layers than stages */
+        if (!n) continue;  /* no such schedule */
+        S = d->p * v;
+        if (S > L) continue; /* fewer layers than stages */
         memset(&map, 0, sizeof map); /* the kind's stage map alone, for pp_schedule_stage_to_rank */
         map.p = d->p, map.v = v, map.n_stages = S, map.map = _pp_sched_kind_map(kinds[k]);
         for (pol = 0; pol < (d->no_recompute ? 1 : 4); pol++) {
@@ -7053,6 +7081,7 @@ struct pp_stage {
     int go_sent;
     pp_result eval_rc;
     int n_tlist, eval, ev_rank, last_rank;
+    int ev_bad, ev_bad_rank;        /* this evaluation's pp_eval_out.rank is outside the pipeline */
     char eval_why[256];
     pthread_mutex_t step_mu;        /* held by the step under way: a second caller is refused */
     int step_mu_ok;
@@ -9720,6 +9749,11 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
     double t_start;
     int i, need;
     *n_done = 0;
+    /* refused here, not before the step: this rank still aborts the step and takes part in the
+       agreement, so the others learn of it at once */
+    if (s->eval && s->ev_bad)
+        return _pp_stage_fail(s, PP_ERR_INVALID, "rank %d: pp_eval_out.rank = %d, the pipeline has ranks 0 .. %d", s->d.rank,
+                              s->ev_bad_rank, s->p - 1);
     if (!b) return _pp_stage_fail(s, PP_ERR_INVALID, "batch is NULL");
     /* the step's identity before the first message of the step, after what this rank can check
        alone (a bad batch is refused as such, whatever the transport's state) */
@@ -9888,23 +9922,33 @@ pp_result pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
 pp_result pp_stage_eval(pp_stage* s, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats) {
     pp_result rc;
     if (!_pp_step_begin(s ? &s->step_mu : NULL, s && s->step_mu_ok, stats)) return PP_ERR_INVALID;
-    if (s->eval_rc != PP_OK || (out && (out->rank < 0 || out->rank >= s->p))) {
+    s->ev_bad = out && (out->rank < 0 || out->rank >= s->p);
+#ifdef PP_TEST_EVAL_RANK_EARLY /* negative control (build/failpath-controls): refused alone, before the step */
+    if (s->ev_bad && s->eval_rc == PP_OK) {
         if (stats) memset(stats, 0, sizeof *stats);
-        if (s->eval_rc != PP_OK) rc = _pp_fail(&s->err, s->eval_rc, "%s", s->eval_why);
-        else rc = _pp_fail(&s->err, PP_ERR_INVALID, "rank %d: pp_eval_out.rank = %d, the pipeline has ranks 0 .. %d",
-                           s->d.rank, out->rank, s->p - 1);
+        rc = _pp_fail(&s->err, PP_ERR_INVALID, "rank %d: pp_eval_out.rank = %d", s->d.rank, out->rank);
+        _pp_step_leave(&s->step_mu);
+        return rc;
+    }
+#endif
+    if (s->eval_rc != PP_OK) {
+        if (stats) memset(stats, 0, sizeof *stats);
+        rc = _pp_fail(&s->err, s->eval_rc, "%s", s->eval_why);
     } else {
         s->tlist = s->list;
         s->n_tlist = s->n_list;
         s->list = s->eacts; /* this rank's forward-only list (_pp_eval_init) */
         s->n_list = s->esched.per_rank;
         s->eval = 1;
-        s->ev_out = out;
-        s->ev_rank = out ? out->rank : -1;
+        /* a bad output rank: the step runs to its first check, which refuses it (_pp_stage_step_run) */
+        s->ev_bad_rank = out ? out->rank : -1;
+        s->ev_out = s->ev_bad ? NULL : out;
+        s->ev_rank = out && !s->ev_bad ? out->rank : -1;
         rc = _pp_stage_step(s, b, stats);
         s->list = s->tlist;
         s->n_list = s->n_tlist;
         s->eval = 0;
+        s->ev_bad = 0;
         s->ev_out = NULL;
         s->ev_rank = -1;
     }
@@ -10517,9 +10561,17 @@ pp_result pp_grad_clip(const pp_grad_buf* bufs, int n_bufs, double max_norm, dou
     pp_result rc;
     int found = 0;
     if (coef) *coef = 1;
+#ifdef PP_TEST_OLD_CLIP_BOUND /* negative control (build/failpath-controls): the largest doubles refused */
     if (!(max_norm > 0 && max_norm < 1e308))
+#else
+    if (!(max_norm > 0 && max_norm <= DBL_MAX)) /* every finite value, DBL_MAX included */
+#endif
         return _pp_fail(err, PP_ERR_INVALID, "max_norm must be finite and > 0 (got %g)", max_norm);
-    if (!(norm >= 0 && norm < 1e308)) /* NaN, Inf or negative */
+#ifdef PP_TEST_OLD_CLIP_BOUND
+    if (!(norm >= 0 && norm < 1e308))
+#else
+    if (!(norm >= 0 && norm <= DBL_MAX)) /* NaN, Inf or negative */
+#endif
         return _pp_fail(err, norm < 0 ? PP_ERR_INVALID : PP_ERR_NONFINITE,
                         "the gradient norm is %g: the gradients are left as they are", norm);
     if ((rc = _pp_gbufs_check(bufs, n_bufs, 0, err)) != PP_OK) return rc;
@@ -11624,7 +11676,7 @@ static pp_result _pp_ckpt_save_path(const pp_ckpt_desc* d, const char* path, siz
     pp_ckpt_io io;
     pp_result rc;
     char* tmp = NULL;
-    size_t cap;
+    size_t cap = 0;
     int in_place;
     if (!path) return _pp_fail(err, PP_ERR_INVALID, "checkpoint save: path is NULL");
     /* everything a save checks, the layers' data included, before the path is touched */
