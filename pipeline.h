@@ -1435,7 +1435,8 @@ pp_result pp_stage_step(pp_stage* st, const pp_batch* b, pp_step_stats* stats);
    stats->loss, on the rank of the last stage, is the step loss as pp_stage_step reduces it.
    out (NULL: the loss only) asks for the last stage's outputs on out->rank; every rank passes
    the same out->rank and whether out is NULL (rank 0 sends both with the step's identity; a rank
-   that disagrees fails the step, PP_ERR_INVALID). From the last stage's rank to another they
+   that disagrees, or whose out->rank is outside 0 .. p-1, fails the step on every rank at once,
+   PP_ERR_INVALID on that rank). From the last stage's rank to another they
    travel after both ranks' lists (one message per tensor and micro-batch): under LOCAL or
    BROADCAST shapes only (PP_ERR_UNSUPPORTED otherwise); with device blocks
    (pp_stage_desc.device) the copies go through device.copy, enqueued on the rank's stream.
@@ -1919,9 +1920,12 @@ pp_result pp_ckpt_save(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_error* er
 pp_result pp_ckpt_load(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_ckpt_info* info, pp_error* err);
 /* The header alone (checked against its checksum), for a tool or to choose a model. */
 pp_result pp_ckpt_read_info(const pp_ckpt_io* io, pp_ckpt_info* info, pp_error* err);
-/* Files (stdio; offsets up to LONG_MAX). Save with records_only = 0 creates or truncates the
-   file; with 1 it opens an existing one and writes into it. Write to a new name and rename it
-   when every rank is done, so that a crash keeps the last good checkpoint. */
+/* Files (stdio; offsets up to LONG_MAX). Save with records_only = 0 checks everything, writes a
+   new file beside path (path.tmp-PID-N), flushes and syncs it and renames it over path: a save
+   that is refused, fails or is killed leaves the previous file whole (a failed one removes its
+   new file, a killed one leaves it). With records_only = 1 it opens an existing file and writes
+   into it in place: where ranks write one file together, write to a new name and rename it when
+   every rank is done, so that a crash keeps the last good checkpoint. */
 pp_result pp_ckpt_save_file(const pp_ckpt_desc* d, const char* path, pp_error* err);
 pp_result pp_ckpt_load_file(const pp_ckpt_desc* d, const char* path, pp_ckpt_info* info, pp_error* err);
 /* Memory: the file's image in buf (cap at least pp_ckpt_size; bytes outside the call's own
