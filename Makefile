@@ -281,6 +281,30 @@ $(B)/recompute-controls: tests/controls.sh tests/test_trainer.sh $(B)/recompute-
 TEST_BINS_EXTRA += $(B)/recompute-controls
 BENCHES += $(B)/bench_recompute
 
+# ---- issue 39: the failure paths' negative controls (build/failpath-controls); each must fail ----
+# test_ckpt: a save written in place (the file truncated first, the layers' data unchecked), the
+# user bytes read at the desc's header size (a partial load refused); test_eval: a bad output
+# rank refused before the step's agreement (the other ranks wait to their deadline); test_gradnorm:
+# max_norm = DBL_MAX refused; test_recompute: the planner's old bounds (mem_cap 1e300 refused, v
+# not checked before p * v).
+FAILPATH_CTL = $(B)/ckpt-ctl-in-place $(B)/ckpt-ctl-user-at-desc $(B)/eval-ctl-bad-rank-early \
+               $(B)/gradnorm-ctl-clip-bound $(B)/recompute-ctl-plan-bounds
+$(B)/ckpt-ctl-in-place: BASE += -DPP_TEST_CKPT_IN_PLACE
+$(B)/ckpt-ctl-user-at-desc: BASE += -DPP_TEST_CKPT_USER_AT_DESC
+$(B)/ckpt-ctl-in-place $(B)/ckpt-ctl-user-at-desc: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/eval-ctl-bad-rank-early: tests/test_eval.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_EVAL_RANK_EARLY $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/gradnorm-ctl-clip-bound: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_OLD_CLIP_BOUND $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/recompute-ctl-plan-bounds: tests/test_recompute.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_OLD_PLAN_BOUNDS $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/failpath-controls: tests/controls.sh $(FAILPATH_CTL)
+	printf '#!/bin/sh\nexec sh tests/controls.sh failpath-controls "$(B)/ckpt-ctl-in-place save" "$(B)/ckpt-ctl-user-at-desc partial" "$(B)/eval-ctl-bad-rank-early badrank" "$(B)/gradnorm-ctl-clip-bound clipbound" "$(B)/recompute-ctl-plan-bounds planbounds"\n' > $@
+	chmod +x $@
+TEST_BINS_EXTRA += $(B)/failpath-controls
+# ---- end of issue 39's block ----
+
 # Negative control of tests/test_cuda_host.c's early copy: made on the sender's own stream (behind
 # its later work), it must fail.
 $(B)/cuda-ctl-early-on-stream: tests/test_cuda_host.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h | $(B)

@@ -11,9 +11,16 @@
    header), another model's file (other widths), another layer count, another name, a state the
    file lacks, a newer version and a file that is not a checkpoint are refused with their codes,
    leaving every byte of the weights and states as it was. A load of some layers (own) touches
-   only those; a copy hook sees every buffer.
-   Negative control: built with -DPP_TEST_NO_CKPT_CHECKSUM (no checksum compared) a flipped byte
-   loads silently and this test fails (`test_ckpt corrupt` runs only that part). */
+   only those; a copy hook sees every buffer. A partial load (the weights and one of the two
+   states, with the user bytes) loads. A save that is refused (a layer without data), fails at
+   any of its writes (nothing written, or one byte short), meets a full disk (a file-size limit)
+   or is killed (SIGKILL) after any of its writes or at random times leaves the previous file
+   whole: it loads and equals what it held (`test_ckpt save` runs that part, `partial` the other).
+   Negative controls (build/ckpt-controls): built with -DPP_TEST_NO_CKPT_CHECKSUM (no checksum
+   compared) a flipped byte loads silently and this test fails (`test_ckpt corrupt` runs only
+   that part); with -DPP_TEST_CKPT_IN_PLACE (the file truncated and written in place, the
+   layers' data unchecked before) `save` fails; with -DPP_TEST_CKPT_USER_AT_DESC (the user bytes
+   read after a header sized by the desc's states) `partial` fails. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/mlp.h"
@@ -520,6 +527,303 @@ static void test_parts(void) {
     trainer_free(&b);
 }
 
+/* ---- a partial load: the weights and the first state (not the second), with user bytes -------- */
+static void test_partial(void) {
+    static const char* const only_m[1] = {"adam_m"};
+    static const char* const only_v[1] = {"adam_v"};
+    trainer a, b;
+    const void* st[2];
+    pp_ckpt_desc cd;
+    pp_error err;
+    pp_result rc;
+    char user[13] = "data at 4711", back[13];
+    unsigned char* img;
+    uint64_t size = 0;
+    int which;
+    trainer_init(&a, DIMS, 7);
+    train(&a, PP_SCHED_1F1B, 2, 1, 1, NULL);
+    cd = ckdesc(&a, st);
+    cd.user = user;
+    cd.user_bytes = sizeof user;
+    CHECK(pp_ckpt_size(&cd, &size, &err) == PP_OK, "%s", err.msg);
+    img = (unsigned char*)calloc((size_t)size, 1);
+    if (!img) return;
+    CHECK(pp_ckpt_save_mem(&cd, img, (size_t)size, &err) == PP_OK, "%s", err.msg);
+    write_all(PATH, img, (size_t)size);
+    for (which = 0; which < 4; which++) { /* m from memory, m from the file, v from memory, v from the file */
+        trainer_init(&b, DIMS, 8);
+        cd = ckdesc(&b, st);
+        cd.n_state = 1;
+        cd.state_names = which < 2 ? only_m : only_v;
+        st[0] = which < 2 ? (const void*)&b.m : (const void*)&b.v;
+        cd.user = back;
+        cd.user_bytes = sizeof back;
+        memset(back, 0, sizeof back);
+        rc = which % 2 ? pp_ckpt_load_file(&cd, PATH, NULL, &err) : pp_ckpt_load_mem(&cd, img, (size_t)size, NULL, &err);
+        CHECK(rc == PP_OK, "weights + %s + user bytes (%s): %s", which < 2 ? "adam_m" : "adam_v",
+              which % 2 ? "file" : "memory", err.msg);
+        CHECK(rc != PP_OK || (!memcmp(a.opt.wbuf, b.opt.wbuf, a.opt.n * sizeof(float)) &&
+                              !memcmp(which < 2 ? a.opt.mbuf : a.opt.vbuf, which < 2 ? b.opt.mbuf : b.opt.vbuf,
+                                      a.opt.n * sizeof(float)) &&
+                              hx_all_zero(which < 2 ? b.opt.vbuf : b.opt.mbuf, b.opt.n) && !memcmp(user, back, sizeof user)),
+              "weights + %s + user bytes: not what was saved, or the other state loaded", which < 2 ? "adam_m" : "adam_v");
+        trainer_free(&b);
+    }
+    printf("  a partial load (weights, one of two states, user bytes): %s\n", rc == PP_OK ? "loads" : err.msg);
+    free(img);
+    trainer_free(&a);
+}
+
+/* ---- a save that is refused, fails or is killed leaves the previous file whole ---------------
+   In a directory of its own: the file holds A (trainer a's checkpoint); saves of B (trainer b's)
+   are refused (a layer without data), fail at every write (none of its bytes, or one byte
+   short: a full disk), run into a real file-size limit (RLIMIT_FSIZE, in a child), or are killed
+   (SIGKILL) after every number of writes and at random times (a child saving A and B in turn).
+   After each the file loads and equals A (or, after a random kill, A or B: whichever save was
+   last renamed); a failed save leaves no other file, a killed one at most its own new file. */
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+static char DIRP[256], FILEP[300];
+static unsigned char *IMG_A, *IMG_B;
+static size_t IMG_AN, IMG_BN;
+static trainer SA, SB;
+
+typedef struct fault_at {
+    int calls, at;  /* writes seen; the one that fails (or kills) */
+    int mode;       /* 0 count only, 1 nothing written, 2 one byte short, 3 SIGKILL */
+} fault_at;
+static size_t fault_fn(void* user, uint64_t off, size_t n) {
+    fault_at* f = (fault_at*)user;
+    (void)off;
+    if (++f->calls != f->at) return n;
+    if (f->mode == 3) raise(SIGKILL);
+    return f->mode == 1 ? 0 : n - 1;
+}
+
+/* Files in DIRP other than FILEP's: removed; returns how many (one named FILEP.tmp-* counts in
+   *tmps). */
+static int leftovers(int* tmps) {
+    DIR* dir = opendir(DIRP);
+    struct dirent* e;
+    int n = 0;
+    char p[600], pre[64];
+    *tmps = 0;
+    if (!dir) return -1;
+    snprintf(pre, sizeof pre, "s.ckpt.tmp-");
+    while ((e = readdir(dir)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, "s.ckpt")) continue;
+        n++;
+        *tmps += !strncmp(e->d_name, pre, strlen(pre));
+        snprintf(p, sizeof p, "%s/%s", DIRP, e->d_name);
+        remove(p);
+    }
+    closedir(dir);
+    return n;
+}
+
+/* The file loads and is A (or B, where b_ok); returns 1 for A, 2 for B, 0 for neither. */
+static int file_is(int b_ok, const char* what) {
+    size_t n;
+    unsigned char* got = read_all(FILEP, &n);
+    trainer c;
+    const void* st[2];
+    pp_ckpt_desc cd;
+    pp_error err;
+    int is = 0, loads;
+    if (got && n == IMG_AN && !memcmp(got, IMG_A, n)) is = 1;
+    else if (b_ok && got && n == IMG_BN && !memcmp(got, IMG_B, n)) is = 2;
+    free(got);
+    trainer_init(&c, DIMS, 1);
+    cd = ckdesc(&c, st);
+    loads = pp_ckpt_load_file(&cd, FILEP, NULL, &err) == PP_OK;
+    c.opt.step = is == 2 ? SB.opt.step : SA.opt.step;
+    CHECK(is && loads && same_state(&c.opt, is == 2 ? &SB.opt : &SA.opt), "%s: the file is %s (%zu bytes)%s%s", what,
+          is == 1 ? "A" : is == 2 ? "B" : "neither A nor B", n, loads ? "" : ", its load fails: ", loads ? "" : err.msg);
+    trainer_free(&c);
+    return is;
+}
+
+static int READY[2] = {-1, -1}; /* mode 4: the child's byte before its first save */
+static pid_t save_child(int mode, int at, int fsize) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        const void* st[2];
+        pp_ckpt_desc cd = ckdesc(&SB, st);
+        pp_error err;
+        fault_at f;
+        memset(&f, 0, sizeof f);
+        f.mode = mode;
+        f.at = at;
+        if (fsize >= 0) { /* a full disk: writes past fsize bytes fail (EFBIG, SIGXFSZ ignored) */
+            struct rlimit rl;
+            rl.rlim_cur = rl.rlim_max = (rlim_t)fsize;
+            signal(SIGXFSZ, SIG_IGN);
+            if (setrlimit(RLIMIT_FSIZE, &rl) != 0) _exit(3);
+        }
+        if (mode == 4) { /* random kills: A and B in turn until killed */
+            pp_ckpt_desc ca = ckdesc(&SA, st);
+            const void* st2[2];
+            cd = ckdesc(&SB, st2);
+            if (write(READY[1], "r", 1) != 1) _exit(5);
+            for (;;)
+                if (pp_ckpt_save_file(&cd, FILEP, &err) != PP_OK || pp_ckpt_save_file(&ca, FILEP, &err) != PP_OK) _exit(4);
+        }
+        _exit(_pp_ckpt_save_path(&cd, FILEP, &fault_fn, &f, &err) == PP_ERR_IO ? 0 : 2);
+    }
+    return pid;
+}
+
+static void test_save(void) {
+    const void* st[2];
+    pp_ckpt_desc cd;
+    pp_error err;
+    pp_result rc;
+    fault_at f;
+    uint64_t size = 0;
+    int k, n_writes, tmps, status, bad = 0, seen[3] = {0, 0, 0};
+    unsigned rng = 12345;
+    double t0, t_save;
+    pid_t pid;
+    snprintf(DIRP, sizeof DIRP, "%s/pp_test_ckpt_save.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(DIRP)) {
+        CHECK(0, "mkdtemp %s", DIRP);
+        return;
+    }
+    snprintf(FILEP, sizeof FILEP, "%s/s.ckpt", DIRP);
+    trainer_init(&SA, DIMS, 11);
+    trainer_init(&SB, DIMS, 12);
+    train(&SA, PP_SCHED_1F1B, 2, 1, 1, NULL);
+    train(&SB, PP_SCHED_1F1B, 2, 1, 2, NULL);
+    cd = ckdesc(&SA, st);
+    pp_ckpt_size(&cd, &size, &err);
+    IMG_AN = (size_t)size;
+    IMG_A = (unsigned char*)calloc(IMG_AN, 1);
+    cd = ckdesc(&SB, st);
+    pp_ckpt_size(&cd, &size, &err);
+    IMG_BN = (size_t)size;
+    IMG_B = (unsigned char*)calloc(IMG_BN, 1);
+    if (!IMG_A || !IMG_B) return;
+    cd = ckdesc(&SA, st);
+    CHECK(pp_ckpt_save_mem(&cd, IMG_A, IMG_AN, &err) == PP_OK, "%s", err.msg);
+    cd = ckdesc(&SB, st);
+    CHECK(pp_ckpt_save_mem(&cd, IMG_B, IMG_BN, &err) == PP_OK, "%s", err.msg);
+    cd = ckdesc(&SA, st);
+    CHECK(pp_ckpt_save_file(&cd, FILEP, &err) == PP_OK, "save A: %s", err.msg);
+    file_is(0, "saved A");
+    /* refused: a layer buffer without data, a bad desc; the file as it was, nothing beside it */
+    cd = ckdesc(&SB, st);
+    {
+        float* keep = SB.w.dense[1].w;
+        SB.w.dense[1].w = NULL;
+        rc = pp_ckpt_save_file(&cd, FILEP, &err);
+        SB.w.dense[1].w = keep;
+    }
+    CHECK(rc == PP_ERR_INVALID, "a layer without data: %s: %s", pp_result_str(rc), err.msg);
+    printf("  a refused save (a layer without data): %s\n", err.msg);
+    file_is(0, "after a refused save");
+    cd.records_only = 2;
+    CHECK(pp_ckpt_save_file(&cd, FILEP, &err) == PP_ERR_INVALID, "records_only = 2: %s", err.msg);
+    file_is(0, "after a bad desc");
+    CHECK(leftovers(&tmps) == 0, "a refused save left a file beside the checkpoint");
+    /* the writes of a save of B */
+    memset(&f, 0, sizeof f);
+    cd = ckdesc(&SB, st);
+    t0 = _pp_now();
+    CHECK(_pp_ckpt_save_path(&cd, FILEP, fault_fn, &f, &err) == PP_OK, "save B: %s", err.msg);
+    t_save = _pp_now() - t0;
+    n_writes = f.calls;
+    file_is(2, "saved B");
+    cd = ckdesc(&SA, st);
+    CHECK(pp_ckpt_save_file(&cd, FILEP, &err) == PP_OK, "save A again: %s", err.msg);
+    /* a failing write at every call, and one byte short at every call */
+    for (k = 1; k <= 2 * n_writes; k++) {
+        char what[96];
+        memset(&f, 0, sizeof f);
+        f.at = (k - 1) % n_writes + 1;
+        f.mode = k <= n_writes ? 1 : 2;
+        cd = ckdesc(&SB, st);
+        rc = _pp_ckpt_save_path(&cd, FILEP, fault_fn, &f, &err);
+        snprintf(what, sizeof what, "write %d of %d %s", f.at, n_writes, f.mode == 1 ? "fails" : "one byte short");
+        if (rc != PP_ERR_IO || file_is(0, what) != 1 || leftovers(&tmps) != 0) {
+            CHECK(rc == PP_ERR_IO, "%s: %s (%s)", what, pp_result_str(rc), err.msg);
+            if (++bad > 3) break;
+        }
+    }
+    printf("  %d saves whose write %s fails, then as many one byte short: the file is A, nothing beside it%s\n", n_writes,
+           "1, 2, ...", bad ? " (NOT)" : "");
+    /* a full disk for real: a file-size limit (the writes are buffered: the flush fails) */
+    {
+        const int lim[4] = {0, 1, (int)IMG_BN / 2, (int)IMG_BN - 1};
+        for (k = 0; k < 4; k++) {
+            char what[64];
+            pid = save_child(0, 0, lim[k]);
+            status = -1;
+            waitpid(pid, &status, 0);
+            snprintf(what, sizeof what, "a file-size limit of %d bytes", lim[k]);
+            CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: the save did not fail with PP_ERR_IO (%d)", what, status);
+            file_is(0, what);
+            CHECK(leftovers(&tmps) == 0, "%s: a file left beside the checkpoint", what);
+        }
+        printf("  a full disk (RLIMIT_FSIZE 0, 1, half, all but a byte): PP_ERR_IO, the file is A\n");
+    }
+    /* killed after every number of writes */
+    for (bad = 0, k = 1; k <= n_writes + 1; k++) {
+        char what[64];
+        int left;
+        pid = save_child(3, k, -1);
+        status = -1;
+        waitpid(pid, &status, 0);
+        snprintf(what, sizeof what, "killed at write %d of %d", k, n_writes);
+        left = leftovers(&tmps);
+        if (k <= n_writes) {
+            if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) || file_is(0, what) != 1 || left != 1 || tmps != 1) {
+                CHECK(0, "%s: status %d, %d files beside it", what, status, left);
+                if (++bad > 3) break;
+            }
+        } else { /* not killed: B saved, and put back A */
+            CHECK(WIFEXITED(status) && file_is(2, "the save not killed") == 2 && left == 0, "not killed: status %d", status);
+            cd = ckdesc(&SA, st);
+            CHECK(pp_ckpt_save_file(&cd, FILEP, &err) == PP_OK, "save A again: %s", err.msg);
+        }
+    }
+    printf("  a save killed (SIGKILL) after each of its %d writes: the file is A, the killed save's own file beside it\n",
+           n_writes);
+    /* killed at random times while saving B and A in turn */
+    if (pipe(READY) != 0) CHECK(0, "pipe");
+    for (k = 0; k < 40; k++) {
+        char what[64];
+        struct timespec ts;
+        double at;
+        rng = rng * 1103515245u + 12345u;
+        at = t_save * 4 * (double)((rng >> 8) % 1000) / 1000.0;
+        pid = save_child(4, 0, -1);
+        if (read(READY[0], what, 1) != 1) CHECK(0, "the saving child did not start");
+        ts.tv_sec = 0;
+        ts.tv_nsec = (long)(at * 1e9);
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        snprintf(what, sizeof what, "killed after %.3g ms", at * 1e3);
+        seen[file_is(1, what)]++;
+        leftovers(&tmps);
+    }
+    close(READY[0]);
+    close(READY[1]);
+    printf("  40 kills at random times (0 .. %.2g ms) of saves of B and A in turn: A %d times, B %d, neither %d\n",
+           t_save * 4e3, seen[1], seen[2], seen[0]);
+    remove(FILEP);
+    rmdir(DIRP);
+    free(IMG_A);
+    free(IMG_B);
+    trainer_free(&SA);
+    trainer_free(&SB);
+}
+
 /* ---- the packed variable-length GPT ------------------------------------------------------- */
 #define NB 6
 #define NSEQ 16
@@ -651,7 +955,8 @@ static void test_gpt(void) {
 }
 
 int main(int argc, char** argv) {
-    int corrupt_only = argc > 1 && !strcmp(argv[1], "corrupt"); /* what the negative control runs */
+    const char* only = argc > 1 ? argv[1] : NULL; /* what a negative control runs */
+    int corrupt_only = only && !strcmp(only, "corrupt");
     snprintf(PATH, sizeof PATH, "%s/pp_test_ckpt.%ld.ckpt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
     trainer_init(&T, DIMS, 99);
     W0 = (float*)malloc(T.opt.n * sizeof(float));
@@ -662,6 +967,16 @@ int main(int argc, char** argv) {
         for (i = 0; i < T.opt.n; i++) T.opt.mbuf[i] = (float)i, T.opt.vbuf[i] = 1.0f / (float)(i + 1);
     }
     snapshot();
+    if (only && (!strcmp(only, "save") || !strcmp(only, "partial"))) {
+        if (!strcmp(only, "save")) test_save();
+        else test_partial();
+        remove(PATH);
+        trainer_free(&T);
+        free(W0);
+        free(M0);
+        free(V0);
+        return TEST_DONE("ckpt");
+    }
     test_reshape();
     if (!corrupt_only) test_format();
     printf("refused (each leaves the weights and states untouched):\n");
@@ -669,6 +984,8 @@ int main(int argc, char** argv) {
     if (!corrupt_only) {
         test_refusals();
         test_parts();
+        test_partial();
+        test_save();
         test_gpt();
     }
     remove(PATH);

@@ -24,9 +24,13 @@
    - sync: over the per-rank API, a rank that runs a training step while the others evaluate
      (or wants the outputs on another rank) fails the step on every rank at once, naming both
      kinds; the next training step is bit-exact.
+   - a bad output rank on one rank only (pp_stage_eval, pp_eval_out.rank 7, -1 or p): every rank
+     fails at once, that one with PP_ERR_INVALID naming it (`test_eval badrank`).
    Negative controls (build/eval-controls): -DPP_TEST_NO_EVAL_FREE keeps every stash to the
    step's end (the grid's peak check fails); -DPP_TEST_NO_EVAL_SYNC leaves the step's kind out
-   of the step's identity (the sync case runs into its deadline and fails). */
+   of the step's identity (the sync case runs into its deadline and fails); (build/failpath-controls)
+   -DPP_TEST_EVAL_RANK_EARLY refuses a bad output rank alone, before the step (the others run
+   into their deadline: badrank fails). */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/mlp.h"
@@ -518,7 +522,11 @@ static pp_result sync_rank(int r, void* user) {
     return PP_OK;
 }
 
-static void test_sync(void) {
+/* rounds [r0, r1): 0 and 1 as below; 2 .. 4 one rank's pp_eval_out.rank outside the pipeline
+   (rank 1 asks for 7, rank 0 for -1, rank 3 for 4 at p = 4): every rank fails at once, that one
+   with PP_ERR_INVALID naming it */
+static const int BAD_RANK[5][2] = {{0, 0}, {0, 0}, {1, 7}, {0, -1}, {3, 4}};
+static void test_sync(int r0, int r1) {
     static sync_world W;
     hx_sched sc;
     pp_batch b;
@@ -540,20 +548,27 @@ static void test_sync(void) {
         d.timeout_s = 10;
         CHECK(pp_stage_create(&d, &W.st[r], &err) == PP_OK, "sync: stage %d: %s", r, err.msg);
     }
-    for (round = 0; round < 2; round++) {
+    for (round = r0; round < r1; round++) {
         /* round 0: rank 2 trains while the others evaluate; round 1: rank 1 wants the outputs on rank 1 */
+        char want[64];
         for (r = 0; r < 4; r++) {
             W.mode[r] = round == 0 ? r != 2 : 1;
             W.out[r] = round == 1 && r == 1 ? 1 : 3;
         }
+        if (round >= 2) W.out[BAD_RANK[round][0]] = BAD_RANK[round][1];
+        snprintf(want, sizeof want, "pp_eval_out.rank = %d", BAD_RANK[round][1]);
         t0 = _pp_now();
         pp_threads_run(4, sync_rank, &W, &err);
         for (r = 0; r < 4; r++) CHECK(W.rc[r] != PP_OK, "sync round %d: rank %d returned PP_OK", round, r);
-        r = round == 0 ? 2 : 1;
-        CHECK(W.rc[r] == PP_ERR_INVALID && strstr(W.msg[r], round == 0 ? "rank 0 runs an evaluation with outputs to rank 3, "
-                                                                        "this rank a training step"
-                                                                      : "this rank an evaluation with outputs to rank 1"),
+        r = round == 0 ? 2 : round == 1 ? 1 : BAD_RANK[round][0];
+        CHECK(W.rc[r] == PP_ERR_INVALID && strstr(W.msg[r], round == 0   ? "rank 0 runs an evaluation with outputs to rank 3, "
+                                                                          "this rank a training step"
+                                                           : round == 1 ? "this rank an evaluation with outputs to rank 1"
+                                                                        : want),
               "sync round %d: rank %d says: %s", round, r, W.msg[r]);
+        if (round >= 2)
+            printf("  pp_eval_out.rank = %d on rank %d: every rank failed in %.3g s (deadline 10 s); rank %d: %s\n",
+                   BAD_RANK[round][1], r, _pp_now() - t0, (r + 1) % 4, W.msg[(r + 1) % 4]);
         CHECK(_pp_now() - t0 < 5, "sync round %d: the ranks took %.3g s to fail (their deadline is 10 s)", round, _pp_now() - t0);
         pp_threads_reset(W.th);
     }
@@ -588,7 +603,8 @@ int main(int argc, char** argv) {
         test_errors();
         test_failure();
     }
-    if (!only || !strcmp(only, "sync")) test_sync();
+    if (!only || !strcmp(only, "sync")) test_sync(0, 5);
+    if (only && !strcmp(only, "badrank")) test_sync(2, 5); /* what build/failpath-controls runs */
     hx_mlp_free(&F);
     return TEST_DONE("eval");
 }

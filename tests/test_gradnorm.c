@@ -18,9 +18,12 @@
      world as one group, and pipeline then data-parallel groups); clean steps unscale the
      gradients to the unscaled run's bits, report the unscaled loss, and grow the scale.
    - pipeline and errors: pp_pipeline_grad_norm / _clip, and the refusals.
+   - clipbound: max_norm = DBL_MAX clips nothing, a norm of DBL_MAX is finite; Inf and NaN refused.
    Negative controls (make gradnorm-controls): -DPP_TEST_NO_NORM_ORDER adds each rank's layers
    first and then the ranks' totals ("order" fails); -DPP_TEST_NO_SCALER_AGREE lets each rank
-   decide alone ("scaler" fails). Usage: test_gradnorm [norm|order|half|scaler|pipeline]. */
+   decide alone ("scaler" fails); (build/failpath-controls) -DPP_TEST_OLD_CLIP_BOUND refuses
+   max_norm = DBL_MAX ("clipbound" fails). Usage: test_gradnorm
+   [norm|order|half|scaler|pipeline|clipbound]. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #define TLM_DEPTH 10 /* 13 layers: p * v up to 12 stages */
@@ -812,6 +815,33 @@ static void test_listed_twice(void) {
     pp_threads_destroy(T.th);
 }
 
+/* ---- clipping at the largest finite values ------------------------------------------------------
+   max_norm = DBL_MAX is a bound like any other (nothing scaled); a norm of DBL_MAX is finite and
+   scales the gradients (by max_norm / DBL_MAX); Inf and NaN stay refused. */
+#include <float.h>
+static void test_clip_bound(void) {
+    float g[4] = {1, -2, 3, -4}, g0[4];
+    pp_grad_buf b;
+    pp_error err;
+    pp_result rc;
+    double coef = 0;
+    memcpy(g0, g, sizeof g);
+    memset(&b, 0, sizeof b);
+    b.data = g, b.count = 4, b.dtype = PP_F32;
+    rc = pp_grad_clip(&b, 1, DBL_MAX, sqrt(30.0), &coef, &err);
+    CHECK(rc == PP_OK && coef == 1 && !memcmp(g, g0, sizeof g), "max_norm = DBL_MAX: %s (%s), coef %g", pp_result_str(rc),
+          err.msg, coef);
+    rc = pp_grad_clip(&b, 1, DBL_MAX, DBL_MAX, &coef, &err);
+    CHECK(rc == PP_OK && coef == 1 && !memcmp(g, g0, sizeof g), "max_norm = norm = DBL_MAX: %s (%s), coef %g",
+          pp_result_str(rc), err.msg, coef);
+    rc = pp_grad_clip(&b, 1, 1e300, DBL_MAX, &coef, &err);
+    CHECK(rc == PP_OK && coef > 0 && coef < 1 && g[3] < 0 && g[3] > -4, "a norm of DBL_MAX, max_norm 1e300: %s (%s), coef %g",
+          pp_result_str(rc), err.msg, coef);
+    CHECK(pp_grad_clip(&b, 1, HUGE_VAL, 1, &coef, &err) == PP_ERR_INVALID, "max_norm = Inf: refused");
+    CHECK(pp_grad_clip(&b, 1, NAN, 1, &coef, &err) == PP_ERR_INVALID, "max_norm = NaN: refused");
+    CHECK(pp_grad_clip(&b, 1, 1, HUGE_VAL, &coef, &err) == PP_ERR_NONFINITE, "norm = Inf: PP_ERR_NONFINITE");
+}
+
 int main(int argc, char** argv) {
     const char* only = argc > 1 ? argv[1] : NULL;
     size_t n = npar();
@@ -834,6 +864,7 @@ int main(int argc, char** argv) {
         test_norm();
         test_grid();
     }
+    if (!only || !strcmp(only, "clipbound")) test_clip_bound();
     free(g_w);
     return TEST_DONE("test_gradnorm");
 }

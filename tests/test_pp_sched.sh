@@ -36,6 +36,18 @@ check "rank covers every kind" "[ \$(grep -c '^ *[0-9][0-9]*  [0-9a-z]' '$tmp.ou
 check "interleaved-mem p=8 v=4 m=15 peaks at m=16's 39 chunks, not 60" "grep -q 'peak live  r0=38 ' '$tmp.out'"
 "$bin" rank -p 4 -m 8 --layers 16 --mem-cap 12 > "$tmp.out" 2>&1
 check "rank with --mem-cap answers a schedule that fits" "grep -q '^answer *v-' '$tmp.out'"
+# the verdict names what stopped every kind; a finite cap (1e300) is a cap
+"$bin" rank -p 4 -m 8 --layers 8 --mem-cap 1e300 > "$tmp.out" 2>&1
+check "rank --mem-cap 1e300 is a cap: a plan, no 'must be finite'" "[ \$? -eq 0 ] && grep -q '^answer ' '$tmp.out' && ! grep -q 'finite' '$tmp.out'"
+"$bin" rank -p 256 -m 8 --layers 8 > "$tmp.out" 2>&1
+check "rank -p 256 with 8 layers: the verdict says more ranks than layers, not mem-cap" \
+    "[ \$? -ne 0 ] && grep -q '^answer .*256 stages, the model has 8 layers' '$tmp.out' && ! grep -q 'mem-cap' '$tmp.out'"
+"$bin" rank -p 4 -m 8 --costs 1:1:1 > "$tmp.out" 2>&1
+check "rank with one layer at p = 4: the verdict says so" \
+    "[ \$? -ne 0 ] && grep -q '^answer .*the model has 1 layer:' '$tmp.out' && ! grep -q 'mem-cap' '$tmp.out'"
+"$bin" rank -p 4 -m 2147483647 --layers 8 > "$tmp.out" 2>&1
+check "rank -m 2147483647: the verdict names the count of actions, not mem-cap" \
+    "[ \$? -ne 0 ] && grep -q '^answer .*too many' '$tmp.out' && ! grep -q 'mem-cap' '$tmp.out'"
 # rank --recompute: a GPT-like list (embedding, 24 blocks with 17x their output in scratch, head);
 # the plan fits the cap and is no slower than the best hand choice (ratio <= 1)
 gpt="0.2:0.2:0.2:1:1"; i=0

@@ -12,6 +12,9 @@
    - The one-process layer (pp_pipeline_desc.stage.recompute): a step's gradients and an
      evaluation's loss equal the references'.
    - Bad flags are refused at create.
+   - The planner's bounds: any finite mem_cap (1e300, DBL_MAX) is a cap, Inf and NaN refused; a
+     kind at v = INT_MAX refused naming the limit, before p * v (`test_recompute planbounds`;
+     built with -DPP_TEST_OLD_PLAN_BOUNDS, build/failpath-controls, it fails).
    Negative control: -DPP_TEST_NO_RECOMPUTE (the B skips the recompute: stale scratch and
    activations) fails the bit-identity checks (build/recompute-controls). */
 #define PIPELINE_IMPLEMENTATION
@@ -461,7 +464,55 @@ static void test_plan(void) {
     }
 }
 
-int main(void) {
+/* ---- the planner's input bounds ----------------------------------------------------------------
+   Every finite mem_cap is a cap (1e300, DBL_MAX); Inf and NaN are refused. An interleaved kind at
+   v = INT_MAX is refused before p * v is computed, naming the limit, by pp_plan_try and by
+   pp_plan_recompute (kinds given), with no signed overflow (the ASan+UBSan build). */
+#include <float.h>
+#include <limits.h>
+static void test_plan_bounds(void) {
+    pp_layer_cost lc[8];
+    pp_plan_desc d;
+    pp_plan out;
+    pp_error err;
+    pp_result r;
+    unsigned char rc[8];
+    int first[4 * 4 + 1], l, i;
+    pp_schedule_kind kind = PP_SCHED_INTERLEAVED;
+    int kv = INT_MAX;
+    static const double caps[4] = {1e300, DBL_MAX, HUGE_VAL, NAN};
+    memset(lc, 0, sizeof lc);
+    memset(rc, 0, sizeof rc);
+    for (l = 0; l < 8; l++) lc[l].f = lc[l].b = lc[l].w = lc[l].mem = lc[l].out = 1;
+    memset(&d, 0, sizeof d);
+    d.layers = lc, d.n_layers = 8, d.p = 4, d.m = 8;
+    for (i = 0; i < 4; i++) {
+        d.mem_cap = caps[i];
+        r = pp_plan_try(&d, PP_SCHED_1F1B, 1, rc, &out, first, &err);
+        if (i < 2) CHECK(r == PP_OK && out.fits, "mem_cap %g: %s (%s)", caps[i], pp_result_str(r), err.msg);
+        else CHECK(r == PP_ERR_INVALID && strstr(err.msg, "mem_cap"), "mem_cap %g: %s (%s)", caps[i], pp_result_str(r), err.msg);
+        r = pp_plan_recompute(&d, &out, first, rc, &err);
+        if (i < 2) CHECK(r == PP_OK && out.fits, "plan, mem_cap %g: %s (%s)", caps[i], pp_result_str(r), err.msg);
+        else CHECK(r == PP_ERR_INVALID, "plan, mem_cap %g: %s (%s)", caps[i], pp_result_str(r), err.msg);
+    }
+    d.mem_cap = 0;
+    r = pp_plan_try(&d, PP_SCHED_INTERLEAVED, INT_MAX, rc, &out, first, &err);
+    CHECK(r == PP_ERR_INVALID && strstr(err.msg, "p*v = 4*2147483647"), "pp_plan_try interleaved v = INT_MAX: %s (%s)",
+          pp_result_str(r), err.msg);
+    printf("  pp_plan_try, interleaved at v = INT_MAX: %s\n", err.msg);
+    d.kinds = &kind, d.kinds_v = &kv, d.n_kinds = 1;
+    r = pp_plan_recompute(&d, &out, first, rc, &err);
+    CHECK(r == PP_ERR_INVALID && strstr(err.msg, "kinds[0]") && strstr(err.msg, "p*v = 4*2147483647"),
+          "pp_plan_recompute interleaved v = INT_MAX: %s (%s)", pp_result_str(r), err.msg);
+    printf("  pp_plan_recompute, kinds {interleaved}, v {INT_MAX}: %s\n", err.msg);
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && !strcmp(argv[1], "planbounds")) { /* what build/failpath-controls runs */
+        test_plan_bounds();
+        return TEST_DONE("recompute");
+    }
+    test_plan_bounds();
     test_plan();
     test_identity();
     test_saves();

@@ -171,6 +171,7 @@ static int parse_layers(const char* s, layer_cost* out, int cap) {
 typedef struct candidate {
     pp_schedule_kind kind;
     int v, ok;
+    int few_layers;             /* not ok because the model has fewer layers than the kind's stages */
     double makespan, bubble, peak_mem;
     char why[sizeof(((pp_error*)0)->msg)];
 } candidate;
@@ -202,8 +203,15 @@ static void try_candidate(candidate* c, const layer_cost* lc, int L, int p, int 
     pp_sim_result res;
     pp_error err;
     c->ok = 0;
+    if (n == 0) { /* no such schedule: the generator says why (before p * v is used) */
+        pp_action one;
+        if (pp_schedule_make(c->kind, p, c->v, m, &one, 0, &s, &err) != PP_OK) snprintf(c->why, sizeof c->why, "%s", err.msg);
+        else snprintf(c->why, sizeof c->why, "no schedule at p=%d v=%d m=%d", p, c->v, m);
+        return;
+    }
     if (L < S) {
         snprintf(c->why, sizeof c->why, "needs %d stages, the model has %d layers", S, L);
+        c->few_layers = 1;
         return;
     }
     first = (int*)calloc((size_t)S + 1, sizeof *first);
@@ -213,8 +221,8 @@ static void try_candidate(candidate* c, const layer_cost* lc, int L, int p, int 
     ws = (double*)calloc((size_t)S, sizeof *ws);
     ms = (double*)calloc((size_t)S, sizeof *ms);
     acts = (pp_action*)calloc(n ? n : 1, sizeof *acts);
-    if (!first || !wt || !fs || !bs || !ws || !ms || !acts || n == 0) {
-        snprintf(c->why, sizeof c->why, "out of memory or invalid parameters");
+    if (!first || !wt || !fs || !bs || !ws || !ms || !acts) {
+        snprintf(c->why, sizeof c->why, "out of memory (%zu actions)", n);
         goto done;
     }
     for (l = 0; l < L; l++) wt[l] = lc[l].f + lc[l].b + lc[l].w;
@@ -306,8 +314,24 @@ static int rank_schedules(int p, int m, const layer_cost* lc, int L, double comm
         if (fits && best < 0) best = order[i];
     }
     if (best < 0) {
-        printf("\nanswer     no schedule fits mem-cap %g: raise it, use more ranks, or fewer micro-batches in flight\n",
-               mem_cap);
+        int any_ok = 0, all_layers = 1, fail = -1;
+        for (i = 0; i < n; i++) {
+            any_ok |= c[i].ok;
+            all_layers &= !c[i].ok && c[i].few_layers;
+            if (!c[i].ok && !c[i].few_layers && fail < 0) fail = i;
+        }
+        /* the verdict names what stopped every kind: the cap only where one was given and some ran */
+        if (any_ok && mem_cap > 0)
+            printf("\nanswer     no schedule fits mem-cap %g: raise it, use more ranks, or fewer micro-batches in flight\n",
+                   mem_cap);
+        else if (all_layers)
+            printf("\nanswer     no schedule: p=%d ranks need at least %d stages, the model has %d layer%s: use at most %d "
+                   "rank%s, or more layers\n", p, p, L, L == 1 ? "" : "s", L, L == 1 ? "" : "s");
+        else if (fail >= 0)
+            printf("\nanswer     no schedule: no kind could be made or simulated (%s %d: %s)\n", pp_schedule_name(c[fail].kind),
+                   c[fail].v, c[fail].why);
+        else
+            printf("\nanswer     no schedule\n");
         return 1;
     }
     printf("\nanswer     %s (v=%d): step time %.4g, %.3fx of 1f1b's, peak stash %.4g per rank\n",
