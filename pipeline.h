@@ -11610,6 +11610,14 @@ static size_t _pp_ckpt_mread(void* ctx, uint64_t off, void* p, size_t n) {
 #if defined(__unix__) || defined(__APPLE__)
 #define _PP_CKPT_POSIX 1
 #include <fcntl.h>
+#include <unistd.h>
+/* As for clock_gettime above: a C library header included first under -std=c99 fixed the feature
+   set without POSIX, and <stdio.h> and <unistd.h> then declared none of these (glibc). */
+#if defined(__GLIBC__) && !defined(__USE_POSIX) && !defined(__cplusplus)
+extern FILE* fdopen(int fd, const char* mode);
+extern int fileno(FILE* f);
+extern int fsync(int fd);
+#endif
 #endif
 
 /* Creates a new file named after path (name: its name, cap bytes); NULL with errno set. */
