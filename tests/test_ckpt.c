@@ -733,9 +733,9 @@ static void test_save(void) {
     /* the writes of a save of B */
     memset(&f, 0, sizeof f);
     cd = ckdesc(&SB, st);
-    t0 = _pp_now();
+    t0 = hx_now();
     CHECK(_pp_ckpt_save_path(&cd, FILEP, fault_fn, &f, &err) == PP_OK, "save B: %s", err.msg);
-    t_save = _pp_now() - t0;
+    t_save = hx_now() - t0;
     n_writes = f.calls;
     file_is(2, "saved B");
     cd = ckdesc(&SA, st);

@@ -6,7 +6,9 @@
    stage (every rank's step returns an error, and the next step runs clean); schedule headers
    near INT_MAX (`test_errors overflow`: refused before any product overflows, under UBSan in the
    asan build) and the schedule paths' messages. */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
@@ -378,10 +380,10 @@ static void test_transport(void) {
     CHECK(t1.wait(t1.self, &rq, 1, &err) == PP_OK && b[0] == 'B', "tag 8 gets B");
     /* nobody sends: timeout within 2x the deadline, naming the peer */
     t1.irecv(t1.self, 0, 9, b, 4, &rq);
-    t = _pp_now();
+    t = hx_now();
     memset(&err, 0, sizeof err);
     CHECK(t1.wait(t1.self, &rq, 0.2, &err) == PP_ERR_TIMEOUT, "timeout");
-    t = _pp_now() - t;
+    t = hx_now() - t;
     CHECK(t >= 0.19 && t < 0.4, "timed out after %.3f s for a 0.2 s deadline", t);
     CHECK(strstr(err.msg, "rank 1") && strstr(err.msg, "rank 0"), "message names both ranks: %s", err.msg);
     pp_threads_destroy(w);
@@ -431,9 +433,9 @@ static void test_failing_layer(void) {
     int r;
     fail_run_init(&f, &R);
     g_fail_layer = MLP_DEPTH; /* the loss layer, on rank 1 */
-    t = _pp_now();
+    t = hx_now();
     pp_threads_run(2, fail_rank, &R, &err);
-    t = _pp_now() - t;
+    t = hx_now() - t;
     CHECK(R.rc[1] == PP_ERR_LAYER && strstr(R.msg[1], "returned 42"), "failing rank: %s", R.msg[1]);
     CHECK(R.rc[0] == PP_ERR_ABORTED, "the other rank is told: %s (%s)", pp_result_str(R.rc[0]), R.msg[0]);
     CHECK(t < 5, "both returned in %.2f s", t);

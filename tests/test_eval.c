@@ -31,7 +31,9 @@
    of the step's identity (the sync case runs into its deadline and fails); (build/failpath-controls)
    -DPP_TEST_EVAL_RANK_EARLY refuses a bad output rank alone, before the step (the others run
    into their deadline: badrank fails). */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"
@@ -557,7 +559,7 @@ static void test_sync(int r0, int r1) {
         }
         if (round >= 2) W.out[BAD_RANK[round][0]] = BAD_RANK[round][1];
         snprintf(want, sizeof want, "pp_eval_out.rank = %d", BAD_RANK[round][1]);
-        t0 = _pp_now();
+        t0 = hx_now();
         pp_threads_run(4, sync_rank, &W, &err);
         for (r = 0; r < 4; r++) CHECK(W.rc[r] != PP_OK, "sync round %d: rank %d returned PP_OK", round, r);
         r = round == 0 ? 2 : round == 1 ? 1 : BAD_RANK[round][0];
@@ -568,8 +570,8 @@ static void test_sync(int r0, int r1) {
               "sync round %d: rank %d says: %s", round, r, W.msg[r]);
         if (round >= 2)
             printf("  pp_eval_out.rank = %d on rank %d: every rank failed in %.3g s (deadline 10 s); rank %d: %s\n",
-                   BAD_RANK[round][1], r, _pp_now() - t0, (r + 1) % 4, W.msg[(r + 1) % 4]);
-        CHECK(_pp_now() - t0 < 5, "sync round %d: the ranks took %.3g s to fail (their deadline is 10 s)", round, _pp_now() - t0);
+                   BAD_RANK[round][1], r, hx_now() - t0, (r + 1) % 4, W.msg[(r + 1) % 4]);
+        CHECK(hx_now() - t0 < 5, "sync round %d: the ranks took %.3g s to fail (their deadline is 10 s)", round, hx_now() - t0);
         pp_threads_reset(W.th);
     }
     /* then a training step on every rank is the reference's */

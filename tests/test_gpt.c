@@ -12,7 +12,9 @@
    splits at blank lines and packs documents without padding, and its held-out split takes every
    10th document out of the training set; the trainers' learning rate (warm-up, then cosine) at
    chosen steps, AdamW's decoupled decay and the parameters it decays (examples/gpt_train.h). */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
 #include "../examples/gpt.h"
 #include "../examples/gpt_data.h"

@@ -24,7 +24,9 @@
    decide alone ("scaler" fails); (build/failpath-controls) -DPP_TEST_OLD_CLIP_BOUND refuses
    max_norm = DBL_MAX ("clipbound" fails). Usage: test_gradnorm
    [norm|order|half|scaler|pipeline|clipbound]. */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
 #define TLM_DEPTH 10 /* 13 layers: p * v up to 12 stages */
 #include "../examples/tlm.h"

@@ -7,7 +7,9 @@
    reduced from its gradients-final hook, the tied layers after the tied sum in the wait): the
    same bits, and the hooks did reduce (negative controls: build/overlap-controls). Runs under the
    sanitizers like every other test (the MPI version is tests/test_mpi.c). */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
 #include "../examples/tlm.h"
 #include "test.h"

@@ -4,7 +4,9 @@
    the order of the sequential reference, so each gradient element is the same sum of the same
    products in the same order: we compare with memcmp, not a tolerance. Each rank has its own
    gradient buffers, and a rank must leave the layers it does not own untouched (zero). */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"

@@ -280,10 +280,10 @@ static void test_no_stale(int cancel) {
     posted = posted_receives(W.threads);
     if (cancel) {
         /* until the user resets, every step stops at once instead of mixing with the old one */
-        double t = _pp_now();
+        double t = hx_now();
         hooks_off();
         world_step(&W);
-        t = _pp_now() - t;
+        t = hx_now() - t;
         CHECK(W.S.rc[0] == PP_ERR_ABORTED && W.S.rc[1] == PP_ERR_ABORTED && W.S.rc[2] == PP_ERR_ABORTED && t < 2,
               "a step before the reset: %s / %s / %s in %.2f s", W.S.msg[0], W.S.msg[1], W.S.msg[2], t);
         zero_grads(&W);
@@ -428,9 +428,9 @@ static void test_broadcast_timeout(void) {
     d.timeout_s = 0.2;
     d.shapes = PP_SHAPES_BROADCAST;
     CHECK(pp_stage_create(&d, &st, &err) == PP_OK, "%s", err.msg);
-    t = _pp_now();
+    t = hx_now();
     rc = pp_stage_step(st, &W.b, NULL); /* rank 0 never steps */
-    t = _pp_now() - t;
+    t = hx_now() - t;
     CHECK(rc == PP_ERR_TIMEOUT && t < 0.4, "%s after %.3f s: %s", pp_result_str(rc), t, pp_stage_error(st));
     CHECK(strstr(pp_stage_error(st), "step's identity") && strstr(pp_stage_error(st), "rank 0: nothing yet"),
           "names what it waited for: %s", pp_stage_error(st));
@@ -517,7 +517,7 @@ static int flight_signal_child(int locked, int fd) {
     pthread_create(&th, NULL, signaller, NULL);
     hooks_off();
     for (step = 0; step < 60; step++) {
-        W.S.t0 = _pp_now();
+        W.S.t0 = hx_now();
         pp_threads_run(W.p, rank_step_sig, &W, &err);
         if (W.S.rc[0] != PP_OK || W.S.rc[1] != PP_OK || W.S.rc[2] != PP_OK) bad++;
     }

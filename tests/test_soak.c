@@ -174,7 +174,7 @@ static void run_soak(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
     long long base_bytes = 0, base_blocks = 0, max_bytes = 0, allocs0 = 0, half_bytes = 0, late_bytes = 0;
     int r, k, bad_steps = 0, first_bad = -1, last_rank, last_chunk;
     float* sum = (float*)calloc(n, sizeof(float));
-    double t0 = _pp_now();
+    double t0 = hx_now();
     soak_world_init(S, kind, p, v, m);
     for (r = 0; r < p; r++) {
         pp_stage_desc d;
@@ -233,7 +233,7 @@ static void run_soak(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
     }
     printf("soak %s p=%d v=%d m=%d shapes=%s: %d steps in %.2f s, equal to the reference; library memory %lld bytes "
            "in %lld blocks after step 1, at most %lld after; %.1f allocations per step (transient messages)\n",
-           pp_schedule_name(kind), p, v, m, shapes == PP_SHAPES_AUTO ? "auto" : "local", steps, _pp_now() - t0,
+           pp_schedule_name(kind), p, v, m, shapes == PP_SHAPES_AUTO ? "auto" : "local", steps, hx_now() - t0,
            base_bytes, base_blocks, max_bytes, steps > 1 ? (double)(g_allocs - allocs0) / (steps - 1) : 0.0);
     soak_world_free(S);
     free(sum);

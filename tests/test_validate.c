@@ -17,7 +17,9 @@
    report at the writing function.
    Negative control (build/validate-controls, in make test): this test built with -DPP_NO_VALIDATE
    (no guards) must fail: the steps return PP_OK, or the process crashes. */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"

@@ -11,7 +11,9 @@
      new or changed shapes (AUTO);
    - a model whose stages pass three tensors of different shapes and dtypes (two float paths,
      one per-sequence tensor, an int32 tensor that only the last layer reads). */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
 #define MLP_DEPTH 7
 #include "../examples/mlp.h"
