@@ -35,6 +35,27 @@ static inline int test_pick(long i, long R) {
     return test_full() || R <= 1 || i % R == (long)(test_seed() % (unsigned long)R);
 }
 
+/* 1 in the ASan+UBSan and TSan builds: they run a sweep's heavy cases as a rotation too (they look
+   for memory and thread errors, which the first cases of a kind show as well as the last). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define TEST_SANITIZED 1
+#endif
+#endif
+#ifndef TEST_SANITIZED
+#define TEST_SANITIZED 0
+#endif
+
+/* A sweep's heavy case i (the largest sizes): run in the plain builds and under PP_TEST_FULL,
+   as a rotation of one in R in the sanitizers' builds (test_pick), never under PP_QUICK. */
+static inline int test_heavy(long i, long R) {
+    if (test_full()) return 1;
+    if (getenv("PP_QUICK")) return 0;
+    return !TEST_SANITIZED || test_pick(i, R);
+}
+
 /* Closing line, and the exit code that agrees with it (a failure names the seed to rerun it). */
 #define TEST_DONE(name)                                                                          \
     (_t_fail ? printf("%s: rerun with PP_TEST_SEED=%lu%s\n", name, test_seed(),                \

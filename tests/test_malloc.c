@@ -11,17 +11,22 @@
    - one outcome: PP_OK on every rank or a failure on every rank (pp_pipeline_rank_result);
    - the next step (allocations working again) bit-exact: loss and gradients equal the
      sequential reference's.
-   PP_QUICK=1 and the sanitizers' builds take every 7th k; `test_malloc KIND POLICY K` runs one
-   case (indices into the lists in main). Negative control (build/malloc-controls): the library
+   The sweep is a rotation (tests/test.h's test_pick): a run takes every k with k % R equal to
+   PP_TEST_SEED % R, R = 8 in the plain builds and 32 under the sanitizers, so every k of every
+   kind and policy runs within R consecutive seeds; PP_TEST_FULL=1 takes every k (make test-full).
+   `plant` shows it: an allocation failure that leaks, planted at one k, is found by exactly one
+   of R consecutive seeds. `test_malloc KIND POLICY K` runs one case (indices into the lists in
+   main). Negative control (build/malloc-controls): the library
    without the step's identity from rank 0 and without the agreement's abort
    (-DPP_TEST_NO_GO -DPP_TEST_NO_AGREE_ABORT) splits the ranks after a failed allocation in the
    agreement, and `test_malloc control` fails. */
+#define _POSIX_C_SOURCE 200809L /* setenv (plant), before the C library's headers */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static long g_calls, g_fail_at, g_live;
+static long g_calls, g_fail_at, g_live, g_plant; /* g_plant: the k whose failure leaks (plant) */
 static int g_armed, g_fired;
 
 static void* tm_malloc(size_t n) {
@@ -30,6 +35,7 @@ static void* tm_malloc(size_t n) {
     pthread_mutex_lock(&g_mu);
     fail = g_armed && ++g_calls == g_fail_at;
     if (fail) g_fired = 1;
+    if (fail && g_fail_at == g_plant) g_live++; /* the planted bug: the failure at this k "leaks" */
     pthread_mutex_unlock(&g_mu);
     if (fail) return NULL;
     p = (unsigned char*)malloc(n + 16);
@@ -126,10 +132,10 @@ static int one(pp_schedule_kind kind, pp_shape_policy shapes, long k, const char
         CHECK(live() == before, "%s k=%ld: create failed and left %ld allocations", what, k, live() - before);
         return 0;
     }
-    t0 = _pp_now();
+    t0 = hx_now();
     rc = pp_pipeline_step(pl, &B, &st);
     fired = disarm();
-    CHECK(_pp_now() - t0 < g_timeout / 6, "%s k=%ld: the step took %.1f s (a deadline wait)", what, k, _pp_now() - t0);
+    CHECK(hx_now() - t0 < g_timeout / 6, "%s k=%ld: the step took %.1f s (a deadline wait)", what, k, hx_now() - t0);
     for (r = 0; r < P; r++) n_ok += pp_pipeline_rank_result(pl, r, NULL) == PP_OK;
     CHECK(n_ok == 0 || n_ok == P, "%s k=%ld: %d of %d ranks returned PP_OK (step: %s)", what, k, n_ok, P,
           pp_pipeline_error(pl));
@@ -148,18 +154,46 @@ static int one(pp_schedule_kind kind, pp_shape_policy shapes, long k, const char
     return !fired;
 }
 
-static void sweep(pp_schedule_kind kind, pp_shape_policy shapes, int stride) {
+/* The k of a sweep that this run takes: every R-th, from the seed (all of them with R = 1). */
+static void sweep(pp_schedule_kind kind, pp_shape_policy shapes, long R, int say) {
     char what[96];
     long k, n = 0;
     int fails = _t_fail;
     static const char* const pol_name[] = {"local", "broadcast", "per_message", "auto"};
     snprintf(what, sizeof what, "%s %s", pp_schedule_name(kind), pol_name[shapes]);
-    for (k = 1; k < 100000; k += stride) {
+    for (k = 1; k < 100000; k++) {
+        if (R > 1 && !test_pick(k, R)) continue;
         n++;
         if (one(kind, shapes, k, what)) break;
         if (_t_fail - fails > 3) break; /* one broken k is enough to read */
     }
-    printf("  %-28s %ld values of k (to %ld)\n", what, n, k);
+    if (say) printf("  %-28s %ld values of k (to %ld)\n", what, n, k);
+}
+
+/* The rotation finds a fault at any one k: a leak planted at k = K (from the seed) is found by
+   exactly one of R consecutive seeds, the one whose residue is K's. */
+static void plant(long R) {
+    char seed[32];
+    unsigned long s0 = test_seed(), s;
+    long K = 1 + (long)(s0 % 40), found_by = -1, n_found = 0; /* the 1F1B sweep has more than 40 k */
+    int fail0 = _t_fail, pass0 = _t_pass, f;
+    g_plant = K;
+    printf("  plant: a leak planted at k = %ld (the FAIL lines that follow are meant)\n", K);
+    for (s = s0; s < s0 + (unsigned long)R; s++) {
+        snprintf(seed, sizeof seed, "%lu", s);
+        setenv("PP_TEST_SEED", seed, 1);
+        f = _t_fail;
+        sweep(PP_SCHED_1F1B, PP_SHAPES_LOCAL, R, 0);
+        if (_t_fail > f) n_found++, found_by = (long)s;
+    }
+    snprintf(seed, sizeof seed, "%lu", s0);
+    setenv("PP_TEST_SEED", seed, 1);
+    g_plant = 0;
+    _t_fail = fail0; /* the planted leak's failures were meant */
+    _t_pass = pass0;
+    CHECK(n_found == 1 && found_by % R == K % R, "a leak planted at k = %ld: found by %ld of seeds %lu..%lu (last %ld)",
+          K, n_found, s0, s0 + (unsigned long)R - 1, found_by);
+    printf("  plant: a leak at k = %ld found by seed %ld alone of the %ld seeds from %lu\n", K, found_by, R, s0);
 }
 
 int main(int argc, char** argv) {
@@ -168,14 +202,8 @@ int main(int argc, char** argv) {
     static const pp_shape_policy pols[] = {PP_SHAPES_LOCAL, PP_SHAPES_BROADCAST, PP_SHAPES_PER_MESSAGE, PP_SHAPES_AUTO};
     pp_model model = mlp_model_desc();
     pp_error err;
-    int i, j, stride = getenv("PP_QUICK") ? 7 : 1, rows = 0;
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    stride = 7; /* the sanitizers' builds: every 7th k (the plain builds take every k) */
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-    stride = 7;
-#endif
-#endif
+    int i, j, rows = 0;
+    long R = test_full() ? 1 : TEST_SANITIZED ? 32 : 8;
     setvbuf(stdout, NULL, _IOLBF, 0);
     WBUF = mlp_init(&W, &G, DIMS, 5, &GBUF);
     {
@@ -196,10 +224,15 @@ int main(int argc, char** argv) {
         one(kinds[atoi(argv[1])], pols[atoi(argv[2])], atol(argv[3]), "one");
     } else if (argc == 2 && !strcmp(argv[1], "control")) { /* what the negative control runs */
         g_timeout = 2;
-        sweep(PP_SCHED_1F1B, PP_SHAPES_LOCAL, 1);
-    } else
+        sweep(PP_SCHED_1F1B, PP_SHAPES_LOCAL, 1, 1);
+    } else if (argc == 2 && !strcmp(argv[1], "plant")) {
+        plant(8);
+    } else {
+        printf("test_malloc: every %ld-th k from PP_TEST_SEED=%lu%s\n", R, test_seed(), R == 1 ? " (all)" : "");
         for (i = 0; i < (int)(sizeof kinds / sizeof *kinds); i++)
-            for (j = 0; j < 4; j++) sweep(kinds[i], pols[j], stride);
+            for (j = 0; j < 4; j++) sweep(kinds[i], pols[j], R, 1);
+        if (!TEST_SANITIZED && R > 1) plant(R);
+    }
     free(WBUF);
     free(GBUF);
     free(GREFBUF);

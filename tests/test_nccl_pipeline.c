@@ -238,14 +238,14 @@ static void* rank_main(void* arg) {
     } else {
         uint64_t connects0 = fakenccl_thread_connects();
         for (s = 0; s < w->steps; s++) {
-            double t0 = _pp_now();
+            double t0 = hx_now();
             pp_step_stats stats;
             memset(&stats, 0, sizeof stats);
             rc = pp_stage_step(st, &b, &stats);
             w->pool_need[r] = stats.pool_need;
             if (rc == PP_OK && (!w->skip_step_end || s == w->steps - 1)) rc = pp_nccl_step_end(t, g_timeout, &err);
             else (void)pp_nccl_step_end(t, g_timeout, NULL);
-            w->t_step[r][s] = _pp_now() - t0;
+            w->t_step[r][s] = hx_now() - t0;
             w->rc[r][s] = rc;
             if (w->eval && s == 0 && rc == PP_OK) { /* an evaluation between the two training steps */
                 pp_eval_out o;
@@ -504,7 +504,7 @@ static void test_matrix(void) {
     static const pp_schedule_kind kinds[] = {PP_SCHED_GPIPE,  PP_SCHED_1F1B,  PP_SCHED_INTERLEAVED, PP_SCHED_ZB_H1,
                                              PP_SCHED_ZB_V,   PP_SCHED_ZB_H2, PP_SCHED_V_HALF,      PP_SCHED_V_MIN,
                                              PP_SCHED_DUALPIPE_V, PP_SCHED_INTERLEAVED_MEM};
-    int p, k, mi, sh, eager, quick = getenv("PP_QUICK") != NULL;
+    int p, k, mi, sh, eager;
     for (eager = 0; eager <= (getenv("PP_QUICK") ? 0 : 1); eager++) { /* make quick: rendezvous only */
         fakenccl_options o;
         memset(&o, 0, sizeof o);
@@ -518,7 +518,9 @@ static void test_matrix(void) {
                     int ms[4] = {1, p - 1, p, 2 * p + 1}, m = ms[mi];
                     int v = pp_schedule_kind_v(kinds[k], 2);
                     if (m < 1 || (mi == 1 && p - 1 == 1)) continue;
-                    if (k >= 5 && quick && mi < 2) continue;
+                    /* heavy cases (tests/test.h): the later kinds' small m, and the eager pass */
+                    if (k >= 5 && mi < 2 && !test_heavy(p * 64 + k * 4 + mi, 2)) continue;
+                    if (eager && !test_heavy(p * 64 + k * 4 + mi + 1, 2)) continue;
                     for (sh = 0; sh < (k < 5 ? 2 : 1); sh++)
                         run_case(kinds[k], p, v, m, sh ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL, (p + mi + sh) % 2, NULL);
                     if (kinds[k] == PP_SCHED_INTERLEAVED && p * 3 <= MLP_DEPTH + 1)
@@ -746,9 +748,9 @@ static void test_share(void) {
     int r;
     setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1", 1);
     world_of(&w, &sc, acts, 256, PP_SCHED_INTERLEAVED, 2, 2, 4, 1, 1);
-    t0 = _pp_now();
+    t0 = hx_now();
     run_world(&w);
-    t0 = _pp_now() - t0;
+    t0 = hx_now() - t0;
     for (r = 0; r < 2; r++)
         CHECK(w.rc[r][0] == PP_ERR_UNSUPPORTED && strstr(w.msg[r], "NCCL_COMM_SPLIT_SHARE_RESOURCES"),
               "shared resources: rank %d must refuse at create: %s: %s", r, pp_result_str(w.rc[r][0]), w.msg[r]);
@@ -830,9 +832,9 @@ static void* connect_rank(void* arg) {
         nd.own_comm = 1;
         nd.channels = 1;
         nd.timeout_s = 1;
-        t0 = _pp_now();
+        t0 = hx_now();
         a->rc = pp_nccl_create(&nd, &t, &err);
-        a->took = _pp_now() - t0;
+        a->took = hx_now() - t0;
         snprintf(a->msg, sizeof a->msg, "%s", a->rc == PP_OK ? "" : err.msg);
         if (t) pp_nccl_destroy(t);
     }
@@ -974,18 +976,18 @@ static void* send_rank(void* arg) {
             tr.isend(tr.self, 1, 5 + k, dev[k], sizeof host[k], &q[k]);
             tr.group_end(tr.self);
         }
-        t0 = _pp_now();
+        t0 = hx_now();
         a->probe_rc = tr.wait(tr.self, &q[0], 0.5, &err);
-        a->probe_s = _pp_now() - t0;
+        a->probe_s = hx_now() - t0;
         a->wait_rc = tr.wait(tr.self, &q[0], 10, &err);
-        a->t_returned = _pp_now();
+        a->t_returned = hx_now();
         if (a->wait_rc != PP_OK) snprintf(a->msg, sizeof a->msg, "wait: %.150s", err.msg);
         for (k = 1; k < 3; k++)
             if (tr.wait(tr.self, &q[k], 10, &err) != PP_OK) a->wait_rc = PP_ERR_TRANSPORT;
     } else {
         struct timespec ts = {0, 300000000L};
         nanosleep(&ts, NULL);
-        a->t_posted = _pp_now();
+        a->t_posted = hx_now();
         for (k = 0; k < 2; k++) tr.irecv(tr.self, 0, 5 + k, dev[k], sizeof host[k], &q[k]);
         tr.isend(tr.self, 0, 7, dev[2], sizeof host[2], &q[2]);
         for (k = 0; k < 3; k++)
@@ -1299,6 +1301,7 @@ static void test_rendezvous(void) {
         with_w = (int)(mlp_rng_next(&seed) % 2);
         if (p * v > RT_MAXS || p * v > MLP_DEPTH + 1) continue;
         CHECK(random_table(&seed, p, v, m, vmap, with_w, txt, sizeof txt) == 0, "random table %d", i);
+        if (i >= 400 && !test_heavy(i, 4)) continue; /* beyond make quick's 400: heavy cases */
         rc = pp_schedule_parse(txt, strlen(txt), acts, 4096, NULL, &sc, &err);
         CHECK(rc == PP_OK, "random table %d does not parse: %s\n%s", i, err.msg, txt);
         if (rc != PP_OK) continue;

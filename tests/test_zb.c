@@ -88,11 +88,11 @@ static const pp_schedule_kind ZB_KINDS[] = {PP_SCHED_ZB_H1,  PP_SCHED_ZB_V,  PP_
 /* The v a kind runs with: 1 where it can, else 2. */
 static int kind_v(int k) { return pp_schedule_size((pp_schedule_kind)k, 1, 1, 1) ? 1 : 2; }
 
-/* make quick (PP_QUICK set): the same checks on fewer sizes where a case costs the most. */
-static int quick(void) { return getenv("PP_QUICK") != NULL; }
+/* The sizes where a case costs the most are heavy cases (tests/test.h's test_heavy): all of them
+   in the plain builds, a rotation of a quarter in the sanitizers' builds, none in make quick. */
 
 static void test_zb_schedules(void) {
-    int p, m, fails = 0, runs = 0, q = quick();
+    int p, m, fails = 0, runs = 0, heavy = 0, heavy_run = 0;
     for (p = 1; p <= 8; p++)
         for (m = 1; m <= 32; m++) {
             int ki;
@@ -101,7 +101,11 @@ static void test_zb_schedules(void) {
                 /* the cost-aware kinds take longer: every m up to 8, then a few (quick: p 1-4 and 8,
                    m up to 8 and 16) */
                 if (k != PP_SCHED_ZB_H1 && m > 8 && m != 13 && m != 16 && m != 32) continue;
-                if (k != PP_SCHED_ZB_H1 && q && ((p > 4 && p < 8) || m == 13 || m == 32)) continue;
+                if (k != PP_SCHED_ZB_H1 && ((p > 4 && p < 8) || m == 13 || m == 32)) {
+                    heavy++;
+                    if (!test_heavy(p * 64 + m, 4)) continue;
+                    heavy_run++;
+                }
                 size_t n = pp_schedule_size((pp_schedule_kind)k, p, v, m);
                 pp_action* acts = (pp_action*)malloc(n * sizeof *acts);
                 pp_schedule s;
@@ -159,7 +163,8 @@ static void test_zb_schedules(void) {
             }
         }
     CHECK(fails == 0, "%d of %d zero-bubble schedules failed", fails, runs);
-    CHECK(runs == 8 * 32 + 5 * (q ? 5 * 9 : 8 * 11), "ran %d", runs);
+    CHECK(runs == 8 * 32 + 5 * 5 * 9 + heavy_run && heavy == 5 * (8 * 11 - 5 * 9), "ran %d (%d of %d heavy)", runs,
+          heavy_run, heavy);
 }
 
 /* The bubble table of docs/schedules.md, checked: unit costs per chunk, same model (a V chunk is
@@ -275,6 +280,9 @@ static int zbv_holds(const pp_schedule* s, const double* fbw, double one, double
    ref_peak is given, at most the authors' peak (a case over it fails; vs_peak[0] counts the cases
    below it, vs_peak[1] those over); counts wins and ties against ref, the worst ratio, and the
    cases slower than 1F1B; *secs: the processor time generating took. */
+/* The grid's rows with m > GRID_QUICK_M are its heavy cases (test_heavy). */
+static int grid_row_runs(int i) { return GRID_P_M[i][1] <= GRID_QUICK_M || test_heavy(i, 4); }
+
 static void grid_kind(pp_schedule_kind k, const double ref[GRID_PM][GRID_COSTS], const int* ref_peak, int* win, int* tie,
                       int* slow_1f1b, int* vs_peak, double* worst, int* fails, double* secs) {
     int i, j;
@@ -283,7 +291,7 @@ static void grid_kind(pp_schedule_kind k, const double ref[GRID_PM][GRID_COSTS],
     for (i = 0; i < GRID_PM; i++)
         for (j = 0; j < GRID_COSTS; j++) {
             int p = GRID_P_M[i][0], m = GRID_P_M[i][1], peak = 0, cap = pp_schedule_stash_cap(k, p, 2, m);
-            if (quick() && m > GRID_QUICK_M) continue;
+            if (!grid_row_runs(i)) continue;
             pp_action acts[3 * 2 * 8 * 32];
             pp_schedule s;
             pp_sim_cost c = chunk_cost(GRID_FBW[j], 1);
@@ -317,7 +325,7 @@ static void grid_kind(pp_schedule_kind k, const double ref[GRID_PM][GRID_COSTS],
 
 static int grid_cases(void) {
     int i, n = 0;
-    for (i = 0; i < GRID_PM; i++) n += !quick() || GRID_P_M[i][1] <= GRID_QUICK_M;
+    for (i = 0; i < GRID_PM; i++) n += grid_row_runs(i);
     return n * GRID_COSTS;
 }
 
@@ -1374,7 +1382,7 @@ static void test_partition_ranks(void) {
     }
     {   /* too many splits to try them all (p = 4, v = 2, 24 to 40 layers): the moves, never worse */
         int big = 0, big_better = 0;
-        double t0 = _pp_now(), t_max = 0;
+        double t0 = hx_now(), t_max = 0;
         static double wb[64];
         for (i = 0; i < 30; i++) {
             int nL = 24 + (int)(mlp_rng_next(&rng) % 17), p = 4, S = 8;
@@ -1382,11 +1390,11 @@ static void test_partition_ranks(void) {
             double t1;
             if (hx_sched_make(&hs, i % 2 ? PP_SCHED_ZB_V : PP_SCHED_INTERLEAVED, p, 2, 8, &err) != PP_OK) continue;
             for (l = 0; l < nL; l++) wb[l] = 0.1 + (double)(mlp_rng_next(&rng) % 1000) / 250.0;
-            t1 = _pp_now();
+            t1 = hx_now();
             if (pp_partition_balanced(wb, nL, S, fa, &err) == PP_OK) {
                 memcpy(fb, fa, sizeof fa);
                 _pp_partition_ranks(wb, NULL, 0, nL, &hs.s, fb);
-                t1 = _pp_now() - t1;
+                t1 = hx_now() - t1;
                 t_max = t1 > t_max ? t1 : t_max;
                 big++;
                 worse += rank_max(wb, fb, &hs.s) > rank_max(wb, fa, &hs.s) + 1e-9;
@@ -1397,7 +1405,7 @@ static void test_partition_ranks(void) {
         }
         printf("partition for the ranks, %d cases of 24-40 layers in 8 stages (moves): below the min-max split's largest "
                "rank in %d; %.1f ms in all (with the schedules), the longest split %.2f ms\n", big, big_better,
-               1e3 * (_pp_now() - t0), 1e3 * t_max);
+               1e3 * (hx_now() - t0), 1e3 * t_max);
     }
     CHECK(worse == 0, "partition for the ranks: larger than the min-max split's in %d of %d cases", worse, cases);
     CHECK(optimal * 4 >= cases * 3, "partition for the ranks: optimal in only %d of %d cases", optimal, cases);
