@@ -6413,10 +6413,11 @@ static _PP_UNUSED int _pp_ranks_whole(const int* ranks, int n, int size) {
 
 /* All-reduce built from point-to-point messages: everyone sends to ranks[0], which sums in the
    order of ranks[] (so every run gives the same bits) and sends the result back. Works over any
-   transport with isend/irecv/wait. */
+   transport with isend/irecv/wait. Its messages go on tags tag (to ranks[0]) and tag + 1 (the sum
+   back): _PP_TAG_ALLREDUCE, or pp_dp_overlap's, which carry the step's identity. */
 #define _PP_TAG_ALLREDUCE 0x7ffffff0
 static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dtype dtype, const int* ranks,
-                                   int n_ranks, double timeout_s, pp_error* err) {
+                                   int n_ranks, double timeout_s, pp_error* err, int tag) {
     size_t es = pp_dtype_size(dtype), bytes = count * es, j;
     pp_request rq;
     pp_result rc = PP_OK;
@@ -6429,17 +6430,17 @@ static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t coun
     if (me < 0) return _pp_fail(err, PP_ERR_INVALID, "rank %d is not in the all-reduce group", t->rank);
     if (n_ranks == 1 || count == 0) return PP_OK;
     if (me != 0) {
-        if ((rc = t->isend(t->self, ranks[0], _PP_TAG_ALLREDUCE, buf, bytes, &rq)) != PP_OK)
+        if ((rc = t->isend(t->self, ranks[0], tag, buf, bytes, &rq)) != PP_OK)
             return _pp_fail(err, rc, "rank %d: all-reduce send to rank %d", t->rank, ranks[0]);
         if ((rc = t->wait(t->self, &rq, timeout_s, err)) != PP_OK) return rc;
-        if ((rc = t->irecv(t->self, ranks[0], _PP_TAG_ALLREDUCE + 1, buf, bytes, &rq)) != PP_OK)
+        if ((rc = t->irecv(t->self, ranks[0], tag + 1, buf, bytes, &rq)) != PP_OK)
             return _pp_fail(err, rc, "rank %d: all-reduce receive from rank %d", t->rank, ranks[0]);
         return t->wait(t->self, &rq, timeout_s, err);
     }
     tmp = PP_MALLOC(bytes);
     if (!tmp) return _pp_fail(err, PP_ERR_NOMEM, "all-reduce buffer of %zu bytes", bytes);
     for (i = 1; i < n_ranks && rc == PP_OK; i++) {
-        if ((rc = t->irecv(t->self, ranks[i], _PP_TAG_ALLREDUCE, tmp, bytes, &rq)) != PP_OK) break;
+        if ((rc = t->irecv(t->self, ranks[i], tag, tmp, bytes, &rq)) != PP_OK) break;
         if ((rc = t->wait(t->self, &rq, timeout_s, err)) != PP_OK) break;
         if (dtype == PP_F32)
             for (j = 0; j < count; j++) ((float*)buf)[j] += ((const float*)tmp)[j];
@@ -6447,7 +6448,7 @@ static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t coun
             for (j = 0; j < count; j++) ((double*)buf)[j] += ((const double*)tmp)[j];
     }
     for (i = 1; i < n_ranks && rc == PP_OK; i++) {
-        if ((rc = t->isend(t->self, ranks[i], _PP_TAG_ALLREDUCE + 1, buf, bytes, &rq)) != PP_OK) break;
+        if ((rc = t->isend(t->self, ranks[i], tag + 1, buf, bytes, &rq)) != PP_OK) break;
         rc = t->wait(t->self, &rq, timeout_s, err);
     }
     PP_FREE(tmp);
@@ -6458,7 +6459,7 @@ static pp_result _pp_threads_allreduce(void* self, void* buf, size_t count, pp_d
                                        int n_ranks, double timeout_s, pp_error* err) {
     _pp_tport* tp = (_pp_tport*)self;
     pp_transport t = pp_threads_transport(tp->world, tp->rank);
-    return _pp_allreduce_p2p(&t, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+    return _pp_allreduce_p2p(&t, buf, count, dtype, ranks, n_ranks, timeout_s, err, _PP_TAG_ALLREDUCE);
 }
 
 pp_result pp_threads_create(int n_ranks, pp_threads** out, pp_error* err) {
@@ -6755,7 +6756,7 @@ pp_result pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dt
     if (!t || !t->isend || !t->irecv || !t->wait)
         return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a transport with isend/irecv/wait");
     if ((rc = _pp_check_group(t, ranks, n_ranks, err)) != PP_OK) return rc;
-    return _pp_allreduce_p2p(t, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+    return _pp_allreduce_p2p(t, buf, count, dtype, ranks, n_ranks, timeout_s, err, _PP_TAG_ALLREDUCE);
 }
 
 /* f16/bf16 (uint16_t bits) to f32 and back, n elements. */
@@ -6777,8 +6778,16 @@ static void _pp_half_narrow(uint16_t* dst, const float* src, size_t n, pp_dtype 
 /* f16/bf16 gradients summed over ranks[0..n_ranks) in f32 (the transport's f32 sum), scaled
    in f32, rounded back once: _PP_HALF_CHUNK elements at a time, the same chunks on every rank. */
 #define _PP_HALF_CHUNK ((size_t)1 << 18)
+/* The sum over ranks[0..n_ranks): tag < 0, the transport's allreduce_sum; else _pp_allreduce_p2p
+   on tags tag and tag + 1 (pp_dp_overlap's, with the step's identity in them). */
+static pp_result _pp_sum_tagged(const pp_transport* t, int tag, void* buf, size_t count, pp_dtype dtype,
+                                const int* ranks, int n_ranks, double timeout_s, pp_error* err) {
+    if (tag < 0) return t->allreduce_sum(t->self, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+    return _pp_allreduce_p2p(t, buf, count, dtype, ranks, n_ranks, timeout_s, err, tag);
+}
+
 static pp_result _pp_half_sum(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
-                              pp_dtype dtype, double scale, double timeout_s, pp_error* err) {
+                              pp_dtype dtype, double scale, double timeout_s, pp_error* err, int tag) {
     size_t chunk = count < _PP_HALF_CHUNK ? count : _PP_HALF_CHUNK, off, n, i;
     uint16_t* h = (uint16_t*)buf;
     pp_result rc = PP_OK;
@@ -6789,7 +6798,7 @@ static pp_result _pp_half_sum(const pp_transport* t, const int* ranks, int n_ran
     for (off = 0; off < count; off += n) {
         n = count - off < chunk ? count - off : chunk;
         _pp_half_widen(tmp, h + off, n, dtype);
-        if (n_ranks > 1 && (rc = t->allreduce_sum(t->self, tmp, n, PP_F32, ranks, n_ranks, timeout_s, err)) != PP_OK) break;
+        if (n_ranks > 1 && (rc = _pp_sum_tagged(t, tag, tmp, n, PP_F32, ranks, n_ranks, timeout_s, err)) != PP_OK) break;
         if (scale != 1.0)
             for (i = 0; i < n; i++) tmp[i] *= (float)scale;
         _pp_half_narrow(h + off, tmp, n, dtype);
@@ -6807,11 +6816,12 @@ static void _pp_scale(void* buf, size_t count, pp_dtype dtype, double scale) {
         for (i = 0; i < count; i++) ((double*)buf)[i] *= scale;
 }
 
-pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
-                            pp_dtype dtype, double scale, double timeout_s, pp_error* err) {
+/* pp_grad_allreduce; tag >= 0: over _pp_allreduce_p2p on tags tag and tag + 1 (_pp_sum_tagged). */
+static pp_result _pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
+                                    pp_dtype dtype, double scale, double timeout_s, pp_error* err, int tag) {
     int all[PP_MAX_RANKS], i;
     pp_result rc;
-    if (!t || !t->allreduce_sum) return _pp_fail(err, PP_ERR_INVALID, "transport has no allreduce_sum");
+    if (!t || (tag < 0 && !t->allreduce_sum)) return _pp_fail(err, PP_ERR_INVALID, "transport has no allreduce_sum");
     if (dtype != PP_F32 && dtype != PP_F64 && dtype != PP_F16 && dtype != PP_BF16)
         return _pp_fail(err, PP_ERR_INVALID, "gradients must be f32, f64, f16 or bf16 (got %s)", pp_dtype_name(dtype));
     if (count && !buf) return _pp_fail(err, PP_ERR_INVALID, "gradient buffer is NULL");
@@ -6823,13 +6833,19 @@ pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks
         n_ranks = t->size;
     }
     if ((rc = _pp_check_group(t, ranks, n_ranks, err)) != PP_OK) return rc;
-    if (dtype == PP_F16 || dtype == PP_BF16) return _pp_half_sum(t, ranks, n_ranks, buf, count, dtype, scale, timeout_s, err);
+    if (dtype == PP_F16 || dtype == PP_BF16)
+        return _pp_half_sum(t, ranks, n_ranks, buf, count, dtype, scale, timeout_s, err, tag);
     if (n_ranks > 1 && count) {
-        rc = t->allreduce_sum(t->self, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+        rc = _pp_sum_tagged(t, tag, buf, count, dtype, ranks, n_ranks, timeout_s, err);
         if (rc != PP_OK) return rc;
     }
     _pp_scale(buf, count, dtype, scale);
     return PP_OK;
+}
+
+pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
+                            pp_dtype dtype, double scale, double timeout_s, pp_error* err) {
+    return _pp_grad_allreduce(t, ranks, n_ranks, buf, count, dtype, scale, timeout_s, err, -1);
 }
 
 #define _PP_TAG_TIED 0x7ffffff8
@@ -6904,7 +6920,7 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
     if (!(role == 1 ? grad_a : grad_b))
         return _pp_fail(err, PP_ERR_INVALID, "rank %d: its tied gradient copy is NULL", t->rank);
     if (dtype == PP_F16 || dtype == PP_BF16)
-        return _pp_half_sum(t, pair, 2, role == 1 ? grad_a : grad_b, count, dtype, 1.0, timeout_s, err);
+        return _pp_half_sum(t, pair, 2, role == 1 ? grad_a : grad_b, count, dtype, 1.0, timeout_s, err, -1);
     return t->allreduce_sum(t->self, role == 1 ? grad_a : grad_b, count, dtype, pair, 2, timeout_s, err);
 }
 
@@ -9239,7 +9255,11 @@ static int* _pp_gfinal_table(const pp_stage* s) {
     return g;
 }
 
-/* After action idx: the hook for every chunk whose gradients it completed. */
+static void _pp_dp_note_step(void* user, int64_t step);
+
+/* After action idx: the hook for every chunk whose gradients it completed. pp_dp_overlap's hook
+   is first told the step's identity (the same on every rank of the grid: each pipeline's rank 0
+   counts its pp_stage_step calls), which its messages carry (>>grad). */
 static pp_result _pp_grads_final(pp_stage* s, int idx, double t_start) {
     int k;
     for (k = 0; k < s->v; k++) {
@@ -9252,6 +9272,7 @@ static pp_result _pp_grads_final(pp_stage* s, int idx, double t_start) {
         t0 = _pp_now();
         s->st.t_grads_final = t0 - t_start;
         if (!s->d.grads_final) continue;
+        if (s->d.grads_final == pp_dp_overlap_hook) _pp_dp_note_step(s->d.grads_final_user, s->n_steps);
         rc = s->d.grads_final(s->d.grads_final_user, s->d.rank, s->list[idx].stage);
         s->st.t_grads_hook += _pp_now() - t0;
         if (rc != PP_OK)
@@ -10469,7 +10490,7 @@ static pp_result _pp_group_sum(const pp_group* g, double* buf, size_t count, pp_
     pp_result rc = _pp_group_resolve(g, all, &ranks, &n, err);
     if (rc != PP_OK || n <= 1) return rc;
     if (g->t->allreduce_sum) return g->t->allreduce_sum(g->t->self, buf, count, PP_F64, ranks, n, g->timeout_s, err);
-    return _pp_allreduce_p2p(g->t, buf, count, PP_F64, ranks, n, g->timeout_s, err);
+    return _pp_allreduce_p2p(g->t, buf, count, PP_F64, ranks, n, g->timeout_s, err, _PP_TAG_ALLREDUCE);
 }
 
 pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs, int n_bufs, double* norm,
@@ -10673,8 +10694,41 @@ struct pp_dp_overlap {
     unsigned char* done;            /* [n_stages] reduced by the hook this step */
     int tied_a, tied_b;             /* the buffers of the tied copies; -1: not on this rank */
     pp_dp_overlap_stats st;         /* since the last wait */
+    int tagged;                     /* 1: dp's sum is the library's own over isend/irecv (the threads
+                                       transport's, or none): its tags carry the step's identity */
+    int64_t step;                   /* this step's identity, told the hook by the stage; -1: none */
+    int64_t ends;                   /* waits and resets so far: the identity where no hook ran */
+    int wait_failed;                /* the last call was a failed wait: a reset after it ends no other step */
     pp_error err;
 };
+
+/* The step's identity on the dp transport's wire (threads: the tags of a blocking bucket's
+   messages). A failed step leaves messages behind (a member that sent its part to one that had
+   stopped waiting, a sum sent back to a member that had given up, a replica that came late);
+   they carry their step's tag and are never taken by a later step. The identity is the stage's
+   step count where the overlap's hook ran (pp_stage_step calls: the same on every rank of the
+   grid, whatever failed), else the overlap's own count of waits and resets (each step ends with
+   one: a wait after a step that went well, a reset after one that failed or whose wait failed). */
+static int _pp_dp_tag(const pp_dp_overlap* o) {
+    int64_t id = o->step >= 0 ? o->step : o->ends;
+    return (int)(((uint64_t)id & 0xfffffu) << 1); /* below the reserved tags; tag + 1 is the sum back */
+}
+
+static void _pp_dp_note_step(void* user, int64_t step) {
+    pp_dp_overlap* o = (pp_dp_overlap*)user;
+    if (o) o->step = step;
+}
+
+/* Forgets what the hooks did and withdraws what they started. */
+static void _pp_dp_clear(pp_dp_overlap* o) {
+    int k;
+    for (k = 0; k < o->n_pend; k++) /* started, never completed: withdrawn (MPI: abandoned) */
+        if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
+    o->n_pend = 0;
+    memset(o->done, 0, (size_t)o->d.n_stages);
+    memset(&o->st, 0, sizeof o->st);
+    o->step = -1;
+}
 
 /* pp_dp_overlap_desc.coalesce: buffers listed one after the other that follow one another in
    memory, in one stage, of one dtype and memory, become one (a layer's weight and bias in one
@@ -10721,7 +10775,12 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
     *out = NULL;
     if (!d || !d->dp.t || (d->n_bufs > 0 && !d->bufs) || d->n_bufs < 0 || !d->partition || d->n_stages < 1)
         return _pp_fail(err, PP_ERR_INVALID, "pp_dp_overlap_desc needs dp.t, bufs (n_bufs >= 0), partition and n_stages >= 1");
+#ifndef PP_TEST_NO_DP_SCALE_CHECK /* negative control (build/dpfault-controls): NaN and Inf taken */
+    if (!(d->scale >= 0 && d->scale <= 1.7976931348623157e308))
+        return _pp_fail(err, PP_ERR_INVALID, "scale %g must be a finite number >= 0 (0: 1 / the group's size)", d->scale);
+#else
     if (d->scale < 0) return _pp_fail(err, PP_ERR_INVALID, "scale %g is negative", d->scale);
+#endif
     for (i = 0; i < d->n_bufs; i++) {
         const pp_grad_buf* b = &d->bufs[i];
         if (b->layer < d->partition[0] || b->layer >= d->partition[d->n_stages])
@@ -10763,6 +10822,11 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
     }
     if (o->d.scale == 0) o->d.scale = 1.0 / (d->dp.ranks ? d->dp.n_ranks : d->dp.t->size);
     o->tied_a = o->tied_b = -1;
+    o->step = -1;
+#ifndef PP_TEST_NO_DP_STEP_ID /* negative control (build/dpfault-controls): a failed step's leftovers are taken */
+    o->tagged = o->dp_t.isend && o->dp_t.irecv && o->dp_t.wait &&
+                (!o->dp_t.allreduce_sum || o->dp_t.allreduce_sum == _pp_threads_allreduce);
+#endif
     for (i = 0; i < d->n_bufs; i++) {
         int l = o->bufs[i].layer;
         o->stage[i] = _pp_layer_stage(d->partition, d->n_stages, l);
@@ -10779,7 +10843,7 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
 
 void pp_dp_overlap_destroy(pp_dp_overlap* o) {
     if (!o) return;
-    pp_dp_overlap_reset(o);
+    _pp_dp_clear(o);
     PP_FREE(o->pend);
     PP_FREE(o->bufs); /* and stage, done */
     PP_FREE(o);
@@ -10820,7 +10884,8 @@ static pp_result _pp_dp_reduce(pp_dp_overlap* o, int i, int* buckets, int start)
             }
         }
         if (rc == PP_ERR_UNSUPPORTED) {
-            rc = pp_grad_allreduce(t, o->d.dp.ranks, o->d.dp.n_ranks, p, n, b->dtype, o->d.scale, o->d.dp.timeout_s, &o->err);
+            rc = _pp_grad_allreduce(t, o->d.dp.ranks, o->d.dp.n_ranks, p, n, b->dtype, o->d.scale, o->d.dp.timeout_s,
+                                    &o->err, o->tagged ? _pp_dp_tag(o) : -1);
             if (rc != PP_OK) return rc;
         }
         ++*buckets;
@@ -10828,14 +10893,26 @@ static pp_result _pp_dp_reduce(pp_dp_overlap* o, int i, int* buckets, int start)
     return PP_OK;
 }
 
-/* The started buckets, in the order they were started: wait, then scale as pp_grad_allreduce. */
+/* The started buckets, in the order they were started: wait, then scale as pp_grad_allreduce.
+   After the first failure the rest are withdrawn, not waited for: a failed wait costs one
+   deadline, not one per bucket started. */
 static pp_result _pp_dp_complete(pp_dp_overlap* o) {
+    const pp_transport* t = o->d.dp.t;
     pp_result rc = PP_OK;
     int k;
     for (k = 0; k < o->n_pend; k++) {
         _pp_dp_pending* q = &o->pend[k];
         const pp_grad_buf* b = &o->bufs[q->buf];
-        pp_result r = o->d.dp.t->wait(o->d.dp.t->self, &q->req, o->d.dp.timeout_s, &o->err);
+        pp_result r;
+#ifndef PP_TEST_NO_DP_ONE_DEADLINE /* negative control (build/dpfault-controls): a deadline per bucket */
+        if (rc != PP_OK) {
+            pp_error ignored;
+            if (t->cancel) t->cancel(t->self, &q->req);
+            else t->wait(t->self, &q->req, 1e-3, &ignored); /* no cancel: the transport's own cleanup */
+            continue;
+        }
+#endif
+        r = t->wait(t->self, &q->req, o->d.dp.timeout_s, &o->err);
         if (r == PP_OK && rc == PP_OK) _pp_scale((char*)b->data + q->off * pp_dtype_size(b->dtype), q->n, b->dtype, o->d.scale);
         if (r != PP_OK && rc == PP_OK) rc = r;
     }
@@ -10850,6 +10927,7 @@ pp_result pp_dp_overlap_hook(void* user, int rank, int stage) {
     int i;
     (void)rank;
     if (!o) return PP_ERR_INVALID;
+    o->wait_failed = 0;
     if (stage < 0 || stage >= o->d.n_stages)
         return _pp_fail(&o->err, PP_ERR_INVALID, "stage %d is outside the overlap's %d stages", stage, o->d.n_stages);
     if (o->done[stage]) return PP_OK;
@@ -10866,6 +10944,7 @@ pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_er
     int i;
     if (!o) return _pp_fail(err, PP_ERR_INVALID, "overlap is NULL");
     o->err.msg[0] = 0;
+    o->wait_failed = 0;
     rc = _pp_dp_complete(o);
     for (i = 0; i < o->d.n_bufs && rc == PP_OK; i++)
         if (o->stage[i] >= 0 && !o->done[o->stage[i]]) rc = _pp_dp_reduce(o, i, &o->st.buckets_wait, 0);
@@ -10889,19 +10968,18 @@ pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_er
     }
     o->st.t_wait += _pp_now() - t0;
     if (stats) *stats = o->st;
-    pp_dp_overlap_reset(o);
+    _pp_dp_clear(o);
+    o->ends++;
+    o->wait_failed = rc != PP_OK;
     if (rc != PP_OK) return _pp_fail(err, rc, "%s", o->err.msg);
     return PP_OK;
 }
 
 void pp_dp_overlap_reset(pp_dp_overlap* o) {
-    int k;
     if (!o) return;
-    for (k = 0; k < o->n_pend; k++) /* started, never completed: withdrawn (MPI: abandoned) */
-        if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
-    o->n_pend = 0;
-    memset(o->done, 0, (size_t)o->d.n_stages);
-    memset(&o->st, 0, sizeof o->st);
+    _pp_dp_clear(o);
+    if (!o->wait_failed) o->ends++; /* a reset after a failed wait ends the same step */
+    o->wait_failed = 0;
 }
 
 const char* pp_dp_overlap_error(const pp_dp_overlap* o) { return o ? o->err.msg : ""; }
