@@ -1797,7 +1797,11 @@ pp_result pp_dp_overlap_hook(void* user, int rank, int stage);
    then the tied sum and the tied layers' reductions; the overlap is then ready for the next
    step. stats may be NULL. Every member of the dp group (and of the tied pair) calls it. */
 pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_error* err);
-/* After a failed step (the gradients hold part of it: zero them): forgets what the hooks did. */
+/* After a failed step, or a failed wait (the gradients hold part of it: zero them): forgets what
+   the hooks did and ends the step (once: a reset after a failed wait ends that same step). Never
+   after a step whose wait returned PP_OK. The blocking buckets' messages carry the step's identity
+   (the stage's step count, told to the hook), so nothing a failed step left on dp's transport is
+   taken later: dp's world needs no reset (docs/errors.md, the recovery for a grid). */
 void pp_dp_overlap_reset(pp_dp_overlap* o);
 /* The last failure's message ("" if none), e.g. of a hook that failed a step. */
 const char* pp_dp_overlap_error(const pp_dp_overlap* o);
