@@ -283,8 +283,9 @@ BENCHES += $(B)/bench_recompute
 
 # ---- tests/test_dpfault.c: the data-parallel path's failures (issue 39, items 1-3) ----------
 # A fault sweep over a pp 2 x dp 2 threads grid (sampled: PP_TEST_FULL=1 runs every case,
-# PP_TEST_SEED picks the sample), the one-deadline wait, the scale check. Negative controls, each
-# must fail: no step identity on the dp wire, a deadline per started bucket, NaN/Inf scale taken.
+# PP_TEST_SEED picks the sample), the grid's agreement on the step (agree), the one-deadline wait,
+# the scale check. Negative controls, each must fail: no step identity on the dp wire, a deadline
+# per started bucket, NaN/Inf scale taken, no agreement (each rank keeps its own outcome).
 TESTS += test_dpfault
 $(B)/dpfault-ctl-no-step-id: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_DP_STEP_ID $(CFLAGS) $< -o $@ $(LDLIBS)
@@ -292,8 +293,10 @@ $(B)/dpfault-ctl-deadline-each: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADE
 	$(CC) $(BASE) -DPP_TEST_NO_DP_ONE_DEADLINE $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/dpfault-ctl-no-scale-check: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_DP_SCALE_CHECK $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/dpfault-controls: tests/controls.sh $(B)/dpfault-ctl-no-step-id $(B)/dpfault-ctl-deadline-each $(B)/dpfault-ctl-no-scale-check
-	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale"\n' > $@
+$(B)/dpfault-ctl-no-agree: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_DP_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/dpfault-controls: tests/controls.sh $(B)/dpfault-ctl-no-step-id $(B)/dpfault-ctl-deadline-each $(B)/dpfault-ctl-no-scale-check $(B)/dpfault-ctl-no-agree
+	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale" "$(B)/dpfault-ctl-no-agree agree"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/dpfault-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

@@ -1793,10 +1793,19 @@ void pp_dp_overlap_destroy(pp_dp_overlap* o);
 /* pp_stage_desc.grads_final with grads_final_user = the overlap: reduces stage `stage`'s
    buffers (tied layers' excepted), once per step. */
 pp_result pp_dp_overlap_hook(void* user, int rank, int stage);
-/* After a successful step: the reductions the hooks did not do (all of them, where no hook ran),
-   then the tied sum and the tied layers' reductions; the overlap is then ready for the next
+/* The end of every step, on every rank of the grid, whatever pp_stage_step returned: where the
+   step went well on this rank, the reductions the hooks did not do (all of them, where no hook
+   ran), then the tied sum and the tied layers' reductions; then the grid agrees on the step's
+   outcome (a vote over the dp group, then over the pipeline of the stage whose grads_final is
+   this overlap's hook): PP_OK on every rank of the grid, or an error on every rank (the update
+   is applied where it returned PP_OK, nowhere else). The overlap is then ready for the next
    step. stats may be NULL. Every member of the dp group (and of the tied pair) calls it. */
 pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_error* err);
+/* pp_dp_overlap_wait where the stage's grads_final is not pp_dp_overlap_hook itself (a hook of
+   yours that calls it) or no stage runs the hooks: step_rc is what pp_stage_step returned on
+   this rank, st its stage (its pipeline takes part in the vote; NULL: the dp group alone). */
+pp_result pp_dp_overlap_end(pp_dp_overlap* o, pp_stage* st, pp_result step_rc, pp_dp_overlap_stats* stats,
+                            pp_error* err);
 /* After a failed step, or a failed wait (the gradients hold part of it: zero them): forgets what
    the hooks did and ends the step (once: a reset after a failed wait ends that same step). Never
    after a step whose wait returned PP_OK. The blocking buckets' messages carry the step's identity
@@ -9260,6 +9269,7 @@ static int* _pp_gfinal_table(const pp_stage* s) {
 }
 
 static void _pp_dp_note_step(void* user, int64_t step);
+static void _pp_dp_note_end(void* user, pp_stage* s, pp_result rc);
 
 /* After action idx: the hook for every chunk whose gradients it completed. pp_dp_overlap's hook
    is first told the step's identity (the same on every rank of the grid: each pipeline's rank 0
@@ -9873,6 +9883,7 @@ static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* s
         s->n_events = 0;
     }
     s->batch = NULL;
+    if (!s->eval && s->d.grads_final == pp_dp_overlap_hook) _pp_dp_note_end(s->d.grads_final_user, s, rc);
     if (stats) *stats = s->st;
     return rc;
 }
@@ -10703,6 +10714,15 @@ struct pp_dp_overlap {
     int64_t step;                   /* this step's identity, told the hook by the stage; -1: none */
     int64_t ends;                   /* waits and resets so far: the identity where no hook ran */
     int wait_failed;                /* the last call was a failed wait: a reset after it ends no other step */
+    pp_stage* pipe;                 /* the stage whose step this is (told at its end); NULL: none */
+    pp_result step_rc;              /* that step's verdict on this rank (noted: 1) */
+    int noted;
+    int prev_failed;                /* this rank's last outcome was an error (its update skipped) */
+    int n_dp, me_dp;                /* the dp group's size and this rank's place in it (-1: not in it) */
+    double* vote;                   /* the agreement's vectors, set aside at create (>>grad, _pp_dp_vote):
+                                       [3 (n_dp + _PP_VOTE_HDR)] dp's, then [PP_MAX_RANKS + _PP_VOTE_HDR]
+                                       the pipeline's */
+    int* pranks;                    /* [PP_MAX_RANKS] 0, 1, ...: the pipeline's ranks */
     pp_error err;
 };
 
@@ -10732,6 +10752,184 @@ static void _pp_dp_clear(pp_dp_overlap* o) {
     memset(o->done, 0, (size_t)o->d.n_stages);
     memset(&o->st, 0, sizeof o->st);
     o->step = -1;
+    o->pipe = NULL;
+    o->noted = 0;
+}
+
+/* The stage's end of a step (pp_stage_step, where grads_final is pp_dp_overlap_hook): its
+   identity (also where no hook ran) and its verdict on this rank, which pp_dp_overlap_wait
+   brings into the grid's agreement. */
+static void _pp_dp_note_end(void* user, pp_stage* s, pp_result rc) {
+    pp_dp_overlap* o = (pp_dp_overlap*)user;
+    if (!o) return;
+    o->step = s->n_steps;
+    o->pipe = s;
+    o->step_rc = rc;
+    o->noted = 1;
+}
+
+/* The step's outcome, agreed by the grid. A step's outcome on a rank (the pipeline's verdict,
+   then what this rank's wait found) goes into a vote: a vector of _PP_VOTE_HDR words (a magic
+   number, the step's identity and its square, 1 where this rank's last outcome was an error)
+   and one slot per member (its result, 0: PP_OK), summed over the group. Every member gets the
+   same sum, so the same verdict: a failure anywhere fails the step everywhere (PP_ERR_ABORTED
+   naming the member where this rank's own part went well); members at other steps, or that
+   returned other outcomes for the previous step, fail it too, saying so. Two rounds: over the
+   data-parallel group (every replica's part of it), then over the pipeline (every dp group's
+   verdict): every rank of the grid ends with the same outcome. The discipline is the pipeline
+   agreement's (_pp_agree): the memory is set aside at create; a member whose own part failed
+   still takes part and says so, so no peer waits into its deadline for it; a failure of the
+   vote's own messages fails the rank that saw it, and the peers by the vote or their deadline.
+   What no protocol can settle is the last message: a member whose wait for the verdict fails
+   after the root sent it returns an error where the others return PP_OK. Its next vote then
+   says its last outcome differed, and that step fails on every rank, saying the weights may
+   differ: never a silent divergence. */
+#define _PP_VOTE_HDR 4
+#define _PP_VOTE_MAGIC 20240613.0
+#define _PP_DP_VOTE_TAG 0x200000 /* + _pp_dp_tag: above pp_dp_overlap's buckets, below the reserved tags */
+static void _pp_vote_fill(double* v, int n, int me, int64_t id, int prev_failed, pp_result own) {
+    double k = (double)(id & 0xfffff);
+    memset(v, 0, sizeof(double) * ((size_t)n + _PP_VOTE_HDR));
+    v[0] = _PP_VOTE_MAGIC;
+    v[1] = k;
+    v[2] = k * k;
+    v[3] = prev_failed ? 1 : 0;
+    v[_PP_VOTE_HDR + me] = (double)own;
+}
+
+/* The verdict of a summed vote over n members (member i: rank ranks[i] of `group`). */
+static pp_result _pp_vote_judge(const double* v, int n, const int* ranks, int64_t id, const char* group, pp_error* err) {
+    double k = (double)(id & 0xfffff);
+    int i;
+    for (i = 0; i < n; i++) {
+        double c = v[_PP_VOTE_HDR + i];
+        if (c == 0) continue;
+        if (c != (double)(int)c || c < 1 || c >= PP_RESULT_COUNT) break; /* not one result: a corrupt vote */
+        return _pp_fail(err, PP_ERR_ABORTED, "the step failed on member %d of the %s (rank %d): %s", i, group,
+                        ranks[i], pp_result_str((pp_result)(int)c));
+    }
+    if (i < n || v[0] != n * _PP_VOTE_MAGIC || v[1] != n * k || v[2] != n * k * k)
+        return _pp_fail(err, PP_ERR_TRANSPORT, "the members of the %s are not at the same step (this rank at %lld): "
+                        "every rank ends every step with pp_dp_overlap_wait", group, (long long)id);
+    if (v[3] != 0 && v[3] != n)
+        return _pp_fail(err, PP_ERR_TRANSPORT, "%d of the %d members of the %s returned an error for the previous step, "
+                        "the others PP_OK (a fault in the last message of its agreement): their weights may differ; "
+                        "restore them (pp_ckpt_load) before the next step", (int)v[3], n, group);
+    return PP_OK;
+}
+
+/* The identity the step's messages carry (_pp_dp_tag's). */
+static int64_t _pp_dp_id(const pp_dp_overlap* o) { return o->step >= 0 ? o->step : o->ends; }
+
+/* Round 1: the vote over the data-parallel group. own: this rank's outcome so far (its message
+   in o->err). Over a transport with its own all-reduce (MPI, NCCL) the vote is one more
+   all-reduce, in the order of the buckets'; over the library's (threads) it is the same gather
+   to member 0 and answer, on tags that carry the step's identity, with the agreement's
+   discipline: each member posts the receive of the verdict before it sends its part, a failed
+   member still sends its part (saying so), a failed member 0 answers at once. */
+static pp_result _pp_dp_vote(pp_dp_overlap* o, pp_result own) {
+    const pp_transport* t = o->d.dp.t;
+    int n = o->n_dp, me = o->me_dp, i, len = n + _PP_VOTE_HDR, tag, sent = 1;
+    const int* ranks = o->d.dp.ranks ? o->d.dp.ranks : o->pranks;
+    double *mine = o->vote, *res = mine + len, *tmp = res + len, t_end;
+    size_t bytes = sizeof(double) * (size_t)len;
+    int64_t id = _pp_dp_id(o);
+    pp_request rq[2];
+    pp_error e;
+    pp_result w;
+#ifdef PP_TEST_NO_DP_AGREE /* negative control (build/dpfault-controls): each rank keeps its own outcome */
+    return own;
+#endif
+    if (n < 2 || me < 0) return own;
+    e.msg[0] = 0;
+    _pp_vote_fill(mine, n, me, id, o->prev_failed, own);
+    if (!o->tagged) { /* the transport's own all-reduce: a collective, in stream order (MPI, NCCL) */
+        if (!t->allreduce_sum) return own;
+        memcpy(res, mine, bytes);
+        w = t->allreduce_sum(t->self, res, (size_t)len, PP_F64, ranks, n, o->d.dp.timeout_s, &e);
+        if (own != PP_OK) return own;
+        if (w != PP_OK) return _pp_fail(&o->err, w, "rank %d: the data-parallel group's vote on the step: %s", t->rank, e.msg);
+        return _pp_vote_judge(res, n, ranks, id, "data-parallel group", &o->err);
+    }
+    tag = _PP_DP_VOTE_TAG + _pp_dp_tag(o);
+    memset(rq, 0, sizeof rq);
+    if (me == 0) {
+        memcpy(res, mine, bytes);
+        t_end = _pp_now() + o->d.dp.timeout_s;
+        for (i = 1; i < n && own == PP_OK; i++) { /* a failed member 0 answers at once */
+            double left = t_end - _pp_now();
+            int k;
+            if ((w = t->irecv(t->self, ranks[i], tag, tmp, bytes, &rq[0])) == PP_OK &&
+                (w = t->wait(t->self, &rq[0], left > 1e-3 ? left : 1e-3, &e)) != PP_OK && t->cancel)
+                t->cancel(t->self, &rq[0]);
+            if (w != PP_OK) {
+                own = _pp_fail(&o->err, w, "rank %d: member %d's part of the data-parallel group's vote did not come: %s",
+                               t->rank, i, e.msg[0] ? e.msg : pp_result_str(w));
+                res[_PP_VOTE_HDR] = (double)own; /* what the members are told: failed here */
+                break;
+            }
+            for (k = 0; k < len; k++) res[k] += tmp[k];
+        }
+        if (own != PP_OK) res[_PP_VOTE_HDR] = (double)own;
+        for (i = 1; i < n; i++) {
+            memset(&rq[1], 0, sizeof rq[1]);
+            if ((w = t->isend(t->self, ranks[i], tag + 1, res, bytes, &rq[1])) != PP_OK) {
+                if (own == PP_OK) /* member i is not told: it fails at its deadline, and so does this rank */
+                    own = _pp_fail(&o->err, w, "rank %d: sending member %d the data-parallel group's verdict", t->rank, i);
+                continue;
+            }
+            t->wait(t->self, &rq[1], o->d.dp.timeout_s, NULL); /* the verdict went: its wait decides nothing */
+        }
+        if (own != PP_OK) return own;
+        return _pp_vote_judge(res, n, ranks, id, "data-parallel group", &o->err);
+    }
+    if ((w = t->irecv(t->self, ranks[0], tag + 1, res, bytes, &rq[0])) != PP_OK) {
+        rq[0].done = -2; /* not posted */
+        if (own == PP_OK)
+            own = _pp_fail(&o->err, w, "rank %d: posting the receive of the data-parallel group's verdict", t->rank);
+        mine[_PP_VOTE_HDR + me] = (double)own;
+    }
+    if ((w = t->isend(t->self, ranks[0], tag, mine, bytes, &rq[1])) != PP_OK) {
+        sent = 0;
+        if (own == PP_OK) own = _pp_fail(&o->err, w, "rank %d: sending member 0 this rank's part of the vote", t->rank);
+    }
+    if (sent) t->wait(t->self, &rq[1], o->d.dp.timeout_s, NULL); /* the verdict comes only if the part went */
+    if (rq[0].done == -2) return own;
+    if ((w = t->wait(t->self, &rq[0], o->d.dp.timeout_s, &e)) != PP_OK) {
+        if (t->cancel) t->cancel(t->self, &rq[0]);
+        if (own == PP_OK)
+            own = _pp_fail(&o->err, w, "rank %d: waiting for the data-parallel group's verdict from member 0 (rank %d): %s",
+                           t->rank, ranks[0], e.msg[0] ? e.msg : pp_result_str(w));
+        return own;
+    }
+    if (own != PP_OK) return own;
+    return _pp_vote_judge(res, n, ranks, id, "data-parallel group", &o->err);
+}
+
+/* Round 2: the vote over the pipeline of stage s (its transport's all-reduce): every dp group's
+   verdict reaches every rank of the replica, so the grid ends with one outcome. */
+static pp_result _pp_dp_vote_pipe(pp_dp_overlap* o, pp_stage* s, pp_result own) {
+    const pp_transport* t;
+    double* v = o->vote + 3 * ((size_t)o->n_dp + _PP_VOTE_HDR);
+    int64_t id = _pp_dp_id(o);
+    pp_error e;
+    pp_result w;
+#ifdef PP_TEST_NO_DP_AGREE
+    return own;
+#endif
+    if (!s || s->p < 2 || s->p > PP_MAX_RANKS) return own;
+    t = &s->d.transport;
+    e.msg[0] = 0;
+    _pp_vote_fill(v, s->p, s->d.rank, id, o->prev_failed, own);
+    if (t->allreduce_sum)
+        w = t->allreduce_sum(t->self, v, (size_t)s->p + _PP_VOTE_HDR, PP_F64, o->pranks, s->p, s->d.timeout_s, &e);
+    else if (t->isend && t->irecv && t->wait)
+        w = _pp_allreduce_p2p(t, v, (size_t)s->p + _PP_VOTE_HDR, PP_F64, o->pranks, s->p, s->d.timeout_s, &e, _PP_TAG_ALLREDUCE);
+    else
+        return own;
+    if (own != PP_OK) return own;
+    if (w != PP_OK) return _pp_fail(&o->err, w, "rank %d: the pipeline's vote on the step: %s", t->rank, e.msg);
+    return _pp_vote_judge(v, s->p, o->pranks, id, "pipeline", &o->err);
 }
 
 /* pp_dp_overlap_desc.coalesce: buffers listed one after the other that follow one another in
@@ -10841,6 +11039,21 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
         }
     }
     if (d->coalesce) _pp_dp_coalesce(o);
+    /* the agreement's memory, before any step: a failed step must still be able to agree */
+    o->n_dp = d->dp.ranks ? d->dp.n_ranks : d->dp.t->size;
+    o->me_dp = -1;
+    for (i = 0; i < o->n_dp; i++)
+        if ((d->dp.ranks ? d->dp.ranks[i] : i) == d->dp.t->rank) o->me_dp = i;
+    if (o->n_dp < 1 || o->n_dp > PP_MAX_RANKS ||
+        !(o->vote = (double*)_pp_calloc(3 * ((size_t)o->n_dp + _PP_VOTE_HDR) + PP_MAX_RANKS + _PP_VOTE_HDR +
+                                            PP_MAX_RANKS, sizeof(double)))) {
+        int n = o->n_dp;
+        pp_dp_overlap_destroy(o);
+        return _pp_fail(err, n < 1 || n > PP_MAX_RANKS ? PP_ERR_INVALID : PP_ERR_NOMEM,
+                        "pp_dp_overlap: the step agreement's buffers for a group of %d (1 .. %d)", n, PP_MAX_RANKS);
+    }
+    o->pranks = (int*)(void*)(o->vote + 3 * ((size_t)o->n_dp + _PP_VOTE_HDR) + PP_MAX_RANKS + _PP_VOTE_HDR);
+    for (i = 0; i < PP_MAX_RANKS; i++) o->pranks[i] = i;
     *out = o;
     return PP_OK;
 }
@@ -10849,6 +11062,7 @@ void pp_dp_overlap_destroy(pp_dp_overlap* o) {
     if (!o) return;
     _pp_dp_clear(o);
     PP_FREE(o->pend);
+    PP_FREE(o->vote); /* and pranks */
     PP_FREE(o->bufs); /* and stage, done */
     PP_FREE(o);
 }
@@ -10942,13 +11156,23 @@ pp_result pp_dp_overlap_hook(void* user, int rank, int stage) {
     return rc;
 }
 
-pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_error* err) {
+/* The step's end on this rank (pp_dp_overlap_wait, pp_dp_overlap_end): where the step went well
+   here, what the hooks left, the tied sum, the tied layers; then the grid's vote (_pp_dp_vote). */
+static pp_result _pp_dp_end(pp_dp_overlap* o, pp_stage* s, pp_result step_rc, pp_dp_overlap_stats* stats, pp_error* err) {
     double t0 = _pp_now();
     pp_result rc = PP_OK;
-    int i;
-    if (!o) return _pp_fail(err, PP_ERR_INVALID, "overlap is NULL");
+    int i, k;
     o->err.msg[0] = 0;
     o->wait_failed = 0;
+    if (s && o->step < 0) o->step = s->n_steps; /* no hook was told (a wrapped hook): the same on every member */
+    if (step_rc != PP_OK) { /* the replica's step failed: nothing to reduce, only to agree */
+        for (k = 0; k < o->n_pend; k++)
+            if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
+        o->n_pend = 0;
+        rc = _pp_fail(&o->err, step_rc, "the step failed on this rank: %s",
+                      s && s->err.msg[0] ? _pp_strip_code(s->err.msg, step_rc) : pp_result_str(step_rc));
+        goto vote;
+    }
     rc = _pp_dp_complete(o);
     for (i = 0; i < o->d.n_bufs && rc == PP_OK; i++)
         if (o->stage[i] >= 0 && !o->done[o->stage[i]]) rc = _pp_dp_reduce(o, i, &o->st.buckets_wait, 0);
@@ -10970,13 +11194,29 @@ pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_er
                                    any->dtype, o->d.dp.timeout_s, &o->err);
 #endif
     }
+vote:
+    rc = _pp_dp_vote(o, rc);
+    rc = _pp_dp_vote_pipe(o, s, rc);
     o->st.t_wait += _pp_now() - t0;
     if (stats) *stats = o->st;
     _pp_dp_clear(o);
     o->ends++;
     o->wait_failed = rc != PP_OK;
-    if (rc != PP_OK) return _pp_fail(err, rc, "%s", o->err.msg);
+    o->prev_failed = rc != PP_OK;
+    if (rc != PP_OK) return _pp_fail(err, rc, "%s", _pp_strip_code(o->err.msg, rc));
     return PP_OK;
+}
+
+pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_error* err) {
+    if (!o) return _pp_fail(err, PP_ERR_INVALID, "overlap is NULL");
+    return _pp_dp_end(o, o->noted ? o->pipe : NULL, o->noted ? o->step_rc : PP_OK, stats, err);
+}
+
+pp_result pp_dp_overlap_end(pp_dp_overlap* o, pp_stage* st, pp_result step_rc, pp_dp_overlap_stats* stats, pp_error* err) {
+    if (!o) return _pp_fail(err, PP_ERR_INVALID, "overlap is NULL");
+    if ((int)step_rc < 0 || (int)step_rc >= PP_RESULT_COUNT)
+        return _pp_fail(err, PP_ERR_INVALID, "step_rc %d is not a pp_result", (int)step_rc);
+    return _pp_dp_end(o, st, step_rc, stats, err);
 }
 
 void pp_dp_overlap_reset(pp_dp_overlap* o) {
@@ -10984,6 +11224,7 @@ void pp_dp_overlap_reset(pp_dp_overlap* o) {
     _pp_dp_clear(o);
     if (!o->wait_failed) o->ends++; /* a reset after a failed wait ends the same step */
     o->wait_failed = 0;
+    o->prev_failed = 1; /* this rank skips the step's update */
 }
 
 const char* pp_dp_overlap_error(const pp_dp_overlap* o) { return o ? o->err.msg : ""; }
