@@ -295,8 +295,15 @@ $(B)/dpfault-ctl-no-scale-check: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEAD
 	$(CC) $(BASE) -DPP_TEST_NO_DP_SCALE_CHECK $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/dpfault-ctl-no-agree: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_DP_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/dpfault-controls: tests/controls.sh $(B)/dpfault-ctl-no-step-id $(B)/dpfault-ctl-deadline-each $(B)/dpfault-ctl-no-scale-check $(B)/dpfault-ctl-no-agree
-	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale" "$(B)/dpfault-ctl-no-agree agree"\n' > $@
+# Over the NCCL imitation (tests/test_nccl_grid.c fault: a layer failing on one replica): no
+# vote (the good replica takes the failed step's sums as PP_OK), and a failed rank that skips
+# its wait's all-reduces (the collectives meet out of order: the grid hangs to its deadline).
+$(B)/ncclgrid-ctl-no-agree: BASE += -DPP_TEST_NO_DP_AGREE
+$(B)/ncclgrid-ctl-same-order: BASE += -DPP_TEST_NO_DP_SAME_ORDER
+$(B)/ncclgrid-ctl-copy-untimed: BASE += -DPP_NCCL_TEST_COPY_UNTIMED
+$(B)/dpfault-controls: tests/controls.sh $(B)/dpfault-ctl-no-step-id $(B)/dpfault-ctl-deadline-each $(B)/dpfault-ctl-no-scale-check \
+                       $(B)/dpfault-ctl-no-agree $(B)/ncclgrid-ctl-no-agree $(B)/ncclgrid-ctl-same-order $(B)/ncclgrid-ctl-copy-untimed
+	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale" "$(B)/dpfault-ctl-no-agree agree" "$(B)/ncclgrid-ctl-no-agree fault" "timeout 30 $(B)/ncclgrid-ctl-same-order fault" "timeout 30 $(B)/ncclgrid-ctl-copy-untimed fault"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/dpfault-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

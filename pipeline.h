@@ -11165,14 +11165,25 @@ static pp_result _pp_dp_end(pp_dp_overlap* o, pp_stage* s, pp_result step_rc, pp
     o->err.msg[0] = 0;
     o->wait_failed = 0;
     if (s && o->step < 0) o->step = s->n_steps; /* no hook was told (a wrapped hook): the same on every member */
-    if (step_rc != PP_OK) { /* the replica's step failed: nothing to reduce, only to agree */
+    /* The replica's step failed. Over the library's tagged sum (threads) nothing is left to
+       reduce, only to agree: what is not taken stays with its step's tags. Over a transport's
+       own collectives (MPI, NCCL) there are no tags: the members meet in issue order, so this
+       rank issues what a good step's wait issues (its sums thrown away), and the vote meets the
+       peers' vote, not a bucket of theirs (NCCL's drained step ran every hook). */
+    if (step_rc != PP_OK && o->tagged) {
         for (k = 0; k < o->n_pend; k++)
             if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
         o->n_pend = 0;
-        rc = _pp_fail(&o->err, step_rc, "the step failed on this rank: %s",
-                      s && s->err.msg[0] ? _pp_strip_code(s->err.msg, step_rc) : pp_result_str(step_rc));
-        goto vote;
+        goto failed;
     }
+#ifdef PP_TEST_NO_DP_SAME_ORDER /* negative control (build/nccl-grid-controls): a failed rank skips to the vote */
+    if (step_rc != PP_OK) {
+        for (k = 0; k < o->n_pend; k++)
+            if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
+        o->n_pend = 0;
+        goto failed;
+    }
+#endif
     rc = _pp_dp_complete(o);
     for (i = 0; i < o->d.n_bufs && rc == PP_OK; i++)
         if (o->stage[i] >= 0 && !o->done[o->stage[i]]) rc = _pp_dp_reduce(o, i, &o->st.buckets_wait, 0);
@@ -11194,7 +11205,10 @@ static pp_result _pp_dp_end(pp_dp_overlap* o, pp_stage* s, pp_result step_rc, pp
                                    any->dtype, o->d.dp.timeout_s, &o->err);
 #endif
     }
-vote:
+failed:
+    if (step_rc != PP_OK)
+        rc = _pp_fail(&o->err, step_rc, "the step failed on this rank: %s",
+                      s && s->err.msg[0] ? _pp_strip_code(s->err.msg, step_rc) : pp_result_str(step_rc));
     rc = _pp_dp_vote(o, rc);
     rc = _pp_dp_vote_pipe(o, s, rc);
     o->st.t_wait += _pp_now() - t0;
