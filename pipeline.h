@@ -1737,6 +1737,8 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
        pp_dp_overlap_create(&od, &ov, &err);
        sd.grads_final = pp_dp_overlap_hook; sd.grads_final_user = ov;   // then pp_stage_create
        for (;;) { pp_stage_step(st, &b, &stats); pp_dp_overlap_wait(ov, &os, &err); ... }
+   (the wait after every step, whatever the step returned: it is the grid's verdict, PP_OK on
+   every rank or an error on every rank; docs/errors.md has the recovery)
    The gradients end with exactly the bits of pp_tied_sum_grads then pp_grad_allreduce(dp,
    scale) over each buffer after the step: the sums are per element, so cutting a buffer into
    buckets changes no bit (where an element's terms are added in an order its offset does not
@@ -1806,9 +1808,9 @@ pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_er
    this rank, st its stage (its pipeline takes part in the vote; NULL: the dp group alone). */
 pp_result pp_dp_overlap_end(pp_dp_overlap* o, pp_stage* st, pp_result step_rc, pp_dp_overlap_stats* stats,
                             pp_error* err);
-/* After a failed step, or a failed wait (the gradients hold part of it: zero them): forgets what
-   the hooks did and ends the step (once: a reset after a failed wait ends that same step). Never
-   after a step whose wait returned PP_OK. The blocking buckets' messages carry the step's identity
+/* After a failed wait (the gradients hold part of the step: zero them): forgets what the hooks
+   did and ends the step (once: a reset after a failed wait ends that same step). Never after a
+   step whose wait returned PP_OK. The blocking buckets' messages carry the step's identity
    (the stage's step count, told to the hook), so nothing a failed step left on dp's transport is
    taken later: dp's world needs no reset (docs/errors.md, the recovery for a grid). */
 void pp_dp_overlap_reset(pp_dp_overlap* o);

@@ -73,7 +73,11 @@
      fail the same way within their own timeouts. transport.abort also aborts them. An aborted
      transport stays aborted: destroy it and build a new communicator (a new unique id). A
      layer's failure does not abort: the transport's abort_local makes the stage drain the step
-     (no compute, zeros sent) and report the failure at its end, on every rank at once.
+     (no compute, zeros sent) and report the failure at its end, on every rank at once. In a
+     pp x dp grid pp_dp_overlap_wait, called on every rank after every step, gives the grid one
+     outcome (a vote, one more all-reduce on the dp communicator and one on the pipeline's): NCCL
+     has no tags, so a rank whose step failed still issues the good wait's all-reduces before
+     its vote, in the same order (docs/errors.md, the recovery for a grid).
    - Bootstrap: pp_launch_from_env (pipeline.h) gives rank, world and local rank from mpirun,
      srun or torchrun; the ncclUniqueId travels by MPI_Bcast (pp_nccl_unique_id_mpi, when
      <mpi.h> was included first) or through a file on a shared filesystem

@@ -66,7 +66,7 @@ typedef struct world {
     int bad[NR];
     int fault;                  /* 1: FAIL_WR's layer fails at FAIL_STEP; FSTEPS steps, each rank's outcomes kept */
     pp_result out[NR][FSTEPS];
-    char omsg[NR][FSTEPS][300];
+    char omsg[NR][FSTEPS][sizeof(((pp_error*)0)->msg)];
     pp_result rc[NR];
     char msg[NR][700];
 } world;
