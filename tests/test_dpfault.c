@@ -1,13 +1,18 @@
 /* tests/test_dpfault.c - the data-parallel path's failures: a pp = 2 x dp = 2 grid over the
    threads transport (one world per pipeline, one per data-parallel group), the MLP on ZB-H1
    (deferred W), each stage's gradients reduced from its gradients-final hook (pp_dp_overlap) in
-   small buckets. A fault at step 1 of 4, then the documented recovery only (pp_dp_overlap_reset
-   where the step or the wait failed, gradients zeroed, pp_threads_reset on both pipelines'
-   worlds, never on the data-parallel ones). The sweep: a transport fault at every call of every
-   rank's data-parallel transport (every all-reduce, every bucket), a failing hook on every rank,
-   a replica late past the deadline, one replica's layer failing in F, B or W. After each: no
-   rank returns PP_OK with gradients other than the clean run's, a failed rank names its error,
-   the failing step ends within one deadline, and the next steps are bit-exact on every rank.
+   small buckets. A fault at step 1 of 4, then the documented recovery only (pp_dp_overlap_wait
+   on every rank after every step, whatever the step returned; pp_dp_overlap_reset where it
+   failed, gradients zeroed, pp_threads_reset on both pipelines' worlds, never on the
+   data-parallel ones). The sweep: a transport fault at every call of every rank's data-parallel
+   transport (every all-reduce, every bucket, the vote's part and verdict), a failing hook on
+   every rank (the step then ends with pp_dp_overlap_end), a replica late past the deadline, one
+   replica's layer failing in F, B or W. After each: every rank of the grid returns the same
+   outcome for the step (but where a member's wait for the vote's verdict fails after it was
+   sent, which no protocol settles: then the next step fails on every rank saying the weights
+   may differ), no rank returns PP_OK with gradients other than the clean run's, a failed rank
+   names its error, the failing step ends within one deadline, and the next steps are bit-exact
+   on every rank. `agree` runs the last 8 calls of every rank (the last bucket's reply, the vote).
    Also: after a failure, pp_dp_overlap_wait waits one deadline, not one per started bucket; a
    NaN or Inf scale is refused at create. Negative controls: build/dpfault-controls.
    The sweep is sampled: PP_TEST_FULL=1 runs every case, else those whose index % R equals
