@@ -343,6 +343,32 @@ $(B)/failpath-controls: tests/controls.sh $(FAILPATH_CTL)
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/failpath-controls
 # ---- end of issue 39's block ----
+# ---- tests/test_dpfault.c: the data-parallel path's failures (issue 39, items 1-3) ----------
+# A fault sweep over a pp 2 x dp 2 threads grid (sampled: PP_TEST_FULL=1 runs every case,
+# PP_TEST_SEED picks the sample), the grid's agreement on the step (agree), the one-deadline wait,
+# the scale check. Negative controls, each must fail: no step identity on the dp wire, a deadline
+# per started bucket, NaN/Inf scale taken, no agreement (each rank keeps its own outcome).
+TESTS += test_dpfault
+$(B)/dpfault-ctl-no-step-id: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_DP_STEP_ID $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/dpfault-ctl-deadline-each: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_DP_ONE_DEADLINE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/dpfault-ctl-no-scale-check: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_DP_SCALE_CHECK $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/dpfault-ctl-no-agree: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_DP_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
+# Over the NCCL imitation (tests/test_nccl_grid.c fault: a layer failing on one replica): no
+# vote (the good replica takes the failed step's sums as PP_OK), and a failed rank that skips
+# its wait's all-reduces (the collectives meet out of order: the grid hangs to its deadline).
+$(B)/ncclgrid-ctl-no-agree: BASE += -DPP_TEST_NO_DP_AGREE
+$(B)/ncclgrid-ctl-same-order: BASE += -DPP_TEST_NO_DP_SAME_ORDER
+$(B)/ncclgrid-ctl-copy-untimed: BASE += -DPP_NCCL_TEST_COPY_UNTIMED
+$(B)/dpfault-controls: tests/controls.sh $(B)/dpfault-ctl-no-step-id $(B)/dpfault-ctl-deadline-each $(B)/dpfault-ctl-no-scale-check \
+                       $(B)/dpfault-ctl-no-agree $(B)/ncclgrid-ctl-no-agree $(B)/ncclgrid-ctl-same-order $(B)/ncclgrid-ctl-copy-untimed
+	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale" "$(B)/dpfault-ctl-no-agree agree" "$(B)/ncclgrid-ctl-no-agree fault" "timeout 30 $(B)/ncclgrid-ctl-same-order fault" "timeout 30 $(B)/ncclgrid-ctl-copy-untimed fault"\n' > $@
+	chmod +x $@
+TEST_BINS_EXTRA += $(B)/dpfault-controls
+# ---- end of test_dpfault's block ------------------------------------------------------------
 
 # Negative control of tests/test_cuda_host.c's early copy: made on the sender's own stream (behind
 # its later work), it must fail.

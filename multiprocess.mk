@@ -168,6 +168,18 @@ $(B)/tlm-mpi-ctl-tied-late: examples/tlm_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h 
 	$(MPICC) $(BASE) -DPP_TEST_NO_TIED_FIRST $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/mpi-overlap-controls: tests/controls.sh $(B)/overlap-ctl-mpi-nostart $(B)/tlm-mpi-ctl-tied-late
 	@printf '#!/bin/sh\nexec sh tests/controls.sh mpi-overlap-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/overlap-ctl-mpi-nostart" "$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/tlm-mpi-ctl-tied-late --pp 2 --steps 5 --check"\n' > $@ && chmod +x $@
+# ---- issue 39: pp_dp_overlap over MPI after a failed step (tests/test_mpi.c, dp_abandon_case) ----
+# Without the refusal of an all-reduce after an abandoned one (-DPP_TEST_NO_MPI_ABANDON) a rank
+# returns PP_OK with another step's sum: the control must fail.
+$(B)/mpi-ctl-no-abandon: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) -DPP_TEST_NO_MPI_ABANDON $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/mpi-dpfault-controls: tests/controls.sh $(B)/mpi-ctl-no-abandon
+	@printf '#!/bin/sh\nexec sh tests/controls.sh mpi-dpfault-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 2 $(B)/mpi-ctl-no-abandon"\n' > $@ && chmod +x $@
+MPI_TESTS += $(B)/mpi-dpfault-controls
+ifeq ($(HAVE_MPI),1)
+MPI_TESTS += $(B)/mpi-dpfault-controls
+endif
+# ---- end of issue 39's block ----
 # the grid example, pp 2 x dp 2, against the sequential model bit for bit: the data-parallel
 # reduction during the cool-down (its default) and after the step (--no-overlap)
 $(B)/mpi-tlm: $(B)/tlm_mpi

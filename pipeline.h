@@ -1738,6 +1738,8 @@ pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_
        pp_dp_overlap_create(&od, &ov, &err);
        sd.grads_final = pp_dp_overlap_hook; sd.grads_final_user = ov;   // then pp_stage_create
        for (;;) { pp_stage_step(st, &b, &stats); pp_dp_overlap_wait(ov, &os, &err); ... }
+   (the wait after every step, whatever the step returned: it is the grid's verdict, PP_OK on
+   every rank or an error on every rank; docs/errors.md has the recovery)
    The gradients end with exactly the bits of pp_tied_sum_grads then pp_grad_allreduce(dp,
    scale) over each buffer after the step: the sums are per element, so cutting a buffer into
    buckets changes no bit (where an element's terms are added in an order its offset does not
@@ -1794,11 +1796,24 @@ void pp_dp_overlap_destroy(pp_dp_overlap* o);
 /* pp_stage_desc.grads_final with grads_final_user = the overlap: reduces stage `stage`'s
    buffers (tied layers' excepted), once per step. */
 pp_result pp_dp_overlap_hook(void* user, int rank, int stage);
-/* After a successful step: the reductions the hooks did not do (all of them, where no hook ran),
-   then the tied sum and the tied layers' reductions; the overlap is then ready for the next
+/* The end of every step, on every rank of the grid, whatever pp_stage_step returned: where the
+   step went well on this rank, the reductions the hooks did not do (all of them, where no hook
+   ran), then the tied sum and the tied layers' reductions; then the grid agrees on the step's
+   outcome (a vote over the dp group, then over the pipeline of the stage whose grads_final is
+   this overlap's hook): PP_OK on every rank of the grid, or an error on every rank (the update
+   is applied where it returned PP_OK, nowhere else). The overlap is then ready for the next
    step. stats may be NULL. Every member of the dp group (and of the tied pair) calls it. */
 pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_error* err);
-/* After a failed step (the gradients hold part of it: zero them): forgets what the hooks did. */
+/* pp_dp_overlap_wait where the stage's grads_final is not pp_dp_overlap_hook itself (a hook of
+   yours that calls it) or no stage runs the hooks: step_rc is what pp_stage_step returned on
+   this rank, st its stage (its pipeline takes part in the vote; NULL: the dp group alone). */
+pp_result pp_dp_overlap_end(pp_dp_overlap* o, pp_stage* st, pp_result step_rc, pp_dp_overlap_stats* stats,
+                            pp_error* err);
+/* After a failed wait (the gradients hold part of the step: zero them): forgets what the hooks
+   did and ends the step (once: a reset after a failed wait ends that same step). Never after a
+   step whose wait returned PP_OK. The blocking buckets' messages carry the step's identity
+   (the stage's step count, told to the hook), so nothing a failed step left on dp's transport is
+   taken later: dp's world needs no reset (docs/errors.md, the recovery for a grid). */
 void pp_dp_overlap_reset(pp_dp_overlap* o);
 /* The last failure's message ("" if none), e.g. of a hook that failed a step. */
 const char* pp_dp_overlap_error(const pp_dp_overlap* o);
@@ -6445,10 +6460,11 @@ static _PP_UNUSED int _pp_ranks_whole(const int* ranks, int n, int size) {
 
 /* All-reduce built from point-to-point messages: everyone sends to ranks[0], which sums in the
    order of ranks[] (so every run gives the same bits) and sends the result back. Works over any
-   transport with isend/irecv/wait. */
+   transport with isend/irecv/wait. Its messages go on tags tag (to ranks[0]) and tag + 1 (the sum
+   back): _PP_TAG_ALLREDUCE, or pp_dp_overlap's, which carry the step's identity. */
 #define _PP_TAG_ALLREDUCE 0x7ffffff0
 static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dtype dtype, const int* ranks,
-                                   int n_ranks, double timeout_s, pp_error* err) {
+                                   int n_ranks, double timeout_s, pp_error* err, int tag) {
     size_t es = pp_dtype_size(dtype), bytes = count * es, j;
     pp_request rq;
     pp_result rc = PP_OK;
@@ -6461,17 +6477,17 @@ static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t coun
     if (me < 0) return _pp_fail(err, PP_ERR_INVALID, "rank %d is not in the all-reduce group", t->rank);
     if (n_ranks == 1 || count == 0) return PP_OK;
     if (me != 0) {
-        if ((rc = t->isend(t->self, ranks[0], _PP_TAG_ALLREDUCE, buf, bytes, &rq)) != PP_OK)
+        if ((rc = t->isend(t->self, ranks[0], tag, buf, bytes, &rq)) != PP_OK)
             return _pp_fail(err, rc, "rank %d: all-reduce send to rank %d", t->rank, ranks[0]);
         if ((rc = t->wait(t->self, &rq, timeout_s, err)) != PP_OK) return rc;
-        if ((rc = t->irecv(t->self, ranks[0], _PP_TAG_ALLREDUCE + 1, buf, bytes, &rq)) != PP_OK)
+        if ((rc = t->irecv(t->self, ranks[0], tag + 1, buf, bytes, &rq)) != PP_OK)
             return _pp_fail(err, rc, "rank %d: all-reduce receive from rank %d", t->rank, ranks[0]);
         return t->wait(t->self, &rq, timeout_s, err);
     }
     tmp = PP_MALLOC(bytes);
     if (!tmp) return _pp_fail(err, PP_ERR_NOMEM, "all-reduce buffer of %zu bytes", bytes);
     for (i = 1; i < n_ranks && rc == PP_OK; i++) {
-        if ((rc = t->irecv(t->self, ranks[i], _PP_TAG_ALLREDUCE, tmp, bytes, &rq)) != PP_OK) break;
+        if ((rc = t->irecv(t->self, ranks[i], tag, tmp, bytes, &rq)) != PP_OK) break;
         if ((rc = t->wait(t->self, &rq, timeout_s, err)) != PP_OK) break;
         if (dtype == PP_F32)
             for (j = 0; j < count; j++) ((float*)buf)[j] += ((const float*)tmp)[j];
@@ -6479,7 +6495,7 @@ static pp_result _pp_allreduce_p2p(const pp_transport* t, void* buf, size_t coun
             for (j = 0; j < count; j++) ((double*)buf)[j] += ((const double*)tmp)[j];
     }
     for (i = 1; i < n_ranks && rc == PP_OK; i++) {
-        if ((rc = t->isend(t->self, ranks[i], _PP_TAG_ALLREDUCE + 1, buf, bytes, &rq)) != PP_OK) break;
+        if ((rc = t->isend(t->self, ranks[i], tag + 1, buf, bytes, &rq)) != PP_OK) break;
         rc = t->wait(t->self, &rq, timeout_s, err);
     }
     PP_FREE(tmp);
@@ -6490,7 +6506,7 @@ static pp_result _pp_threads_allreduce(void* self, void* buf, size_t count, pp_d
                                        int n_ranks, double timeout_s, pp_error* err) {
     _pp_tport* tp = (_pp_tport*)self;
     pp_transport t = pp_threads_transport(tp->world, tp->rank);
-    return _pp_allreduce_p2p(&t, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+    return _pp_allreduce_p2p(&t, buf, count, dtype, ranks, n_ranks, timeout_s, err, _PP_TAG_ALLREDUCE);
 }
 
 pp_result pp_threads_create(int n_ranks, pp_threads** out, pp_error* err) {
@@ -6787,7 +6803,7 @@ pp_result pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dt
     if (!t || !t->isend || !t->irecv || !t->wait)
         return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a transport with isend/irecv/wait");
     if ((rc = _pp_check_group(t, ranks, n_ranks, err)) != PP_OK) return rc;
-    return _pp_allreduce_p2p(t, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+    return _pp_allreduce_p2p(t, buf, count, dtype, ranks, n_ranks, timeout_s, err, _PP_TAG_ALLREDUCE);
 }
 
 /* f16/bf16 (uint16_t bits) to f32 and back, n elements. */
@@ -6809,8 +6825,16 @@ static void _pp_half_narrow(uint16_t* dst, const float* src, size_t n, pp_dtype 
 /* f16/bf16 gradients summed over ranks[0..n_ranks) in f32 (the transport's f32 sum), scaled
    in f32, rounded back once: _PP_HALF_CHUNK elements at a time, the same chunks on every rank. */
 #define _PP_HALF_CHUNK ((size_t)1 << 18)
+/* The sum over ranks[0..n_ranks): tag < 0, the transport's allreduce_sum; else _pp_allreduce_p2p
+   on tags tag and tag + 1 (pp_dp_overlap's, with the step's identity in them). */
+static pp_result _pp_sum_tagged(const pp_transport* t, int tag, void* buf, size_t count, pp_dtype dtype,
+                                const int* ranks, int n_ranks, double timeout_s, pp_error* err) {
+    if (tag < 0) return t->allreduce_sum(t->self, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+    return _pp_allreduce_p2p(t, buf, count, dtype, ranks, n_ranks, timeout_s, err, tag);
+}
+
 static pp_result _pp_half_sum(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
-                              pp_dtype dtype, double scale, double timeout_s, pp_error* err) {
+                              pp_dtype dtype, double scale, double timeout_s, pp_error* err, int tag) {
     size_t chunk = count < _PP_HALF_CHUNK ? count : _PP_HALF_CHUNK, off, n, i;
     uint16_t* h = (uint16_t*)buf;
     pp_result rc = PP_OK;
@@ -6821,7 +6845,7 @@ static pp_result _pp_half_sum(const pp_transport* t, const int* ranks, int n_ran
     for (off = 0; off < count; off += n) {
         n = count - off < chunk ? count - off : chunk;
         _pp_half_widen(tmp, h + off, n, dtype);
-        if (n_ranks > 1 && (rc = t->allreduce_sum(t->self, tmp, n, PP_F32, ranks, n_ranks, timeout_s, err)) != PP_OK) break;
+        if (n_ranks > 1 && (rc = _pp_sum_tagged(t, tag, tmp, n, PP_F32, ranks, n_ranks, timeout_s, err)) != PP_OK) break;
         if (scale != 1.0)
             for (i = 0; i < n; i++) tmp[i] *= (float)scale;
         _pp_half_narrow(h + off, tmp, n, dtype);
@@ -6839,11 +6863,12 @@ static void _pp_scale(void* buf, size_t count, pp_dtype dtype, double scale) {
         for (i = 0; i < count; i++) ((double*)buf)[i] *= scale;
 }
 
-pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
-                            pp_dtype dtype, double scale, double timeout_s, pp_error* err) {
+/* pp_grad_allreduce; tag >= 0: over _pp_allreduce_p2p on tags tag and tag + 1 (_pp_sum_tagged). */
+static pp_result _pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
+                                    pp_dtype dtype, double scale, double timeout_s, pp_error* err, int tag) {
     int all[PP_MAX_RANKS], i;
     pp_result rc;
-    if (!t || !t->allreduce_sum) return _pp_fail(err, PP_ERR_INVALID, "transport has no allreduce_sum");
+    if (!t || (tag < 0 && !t->allreduce_sum)) return _pp_fail(err, PP_ERR_INVALID, "transport has no allreduce_sum");
     if (dtype != PP_F32 && dtype != PP_F64 && dtype != PP_F16 && dtype != PP_BF16)
         return _pp_fail(err, PP_ERR_INVALID, "gradients must be f32, f64, f16 or bf16 (got %s)", pp_dtype_name(dtype));
     if (count && !buf) return _pp_fail(err, PP_ERR_INVALID, "gradient buffer is NULL");
@@ -6855,13 +6880,19 @@ pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks
         n_ranks = t->size;
     }
     if ((rc = _pp_check_group(t, ranks, n_ranks, err)) != PP_OK) return rc;
-    if (dtype == PP_F16 || dtype == PP_BF16) return _pp_half_sum(t, ranks, n_ranks, buf, count, dtype, scale, timeout_s, err);
+    if (dtype == PP_F16 || dtype == PP_BF16)
+        return _pp_half_sum(t, ranks, n_ranks, buf, count, dtype, scale, timeout_s, err, tag);
     if (n_ranks > 1 && count) {
-        rc = t->allreduce_sum(t->self, buf, count, dtype, ranks, n_ranks, timeout_s, err);
+        rc = _pp_sum_tagged(t, tag, buf, count, dtype, ranks, n_ranks, timeout_s, err);
         if (rc != PP_OK) return rc;
     }
     _pp_scale(buf, count, dtype, scale);
     return PP_OK;
+}
+
+pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
+                            pp_dtype dtype, double scale, double timeout_s, pp_error* err) {
+    return _pp_grad_allreduce(t, ranks, n_ranks, buf, count, dtype, scale, timeout_s, err, -1);
 }
 
 #define _PP_TAG_TIED 0x7ffffff8
@@ -6936,7 +6967,7 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
     if (!(role == 1 ? grad_a : grad_b))
         return _pp_fail(err, PP_ERR_INVALID, "rank %d: its tied gradient copy is NULL", t->rank);
     if (dtype == PP_F16 || dtype == PP_BF16)
-        return _pp_half_sum(t, pair, 2, role == 1 ? grad_a : grad_b, count, dtype, 1.0, timeout_s, err);
+        return _pp_half_sum(t, pair, 2, role == 1 ? grad_a : grad_b, count, dtype, 1.0, timeout_s, err, -1);
     return t->allreduce_sum(t->self, role == 1 ? grad_a : grad_b, count, dtype, pair, 2, timeout_s, err);
 }
 
@@ -9272,7 +9303,12 @@ static int* _pp_gfinal_table(const pp_stage* s) {
     return g;
 }
 
-/* After action idx: the hook for every chunk whose gradients it completed. */
+static void _pp_dp_note_step(void* user, int64_t step);
+static void _pp_dp_note_end(void* user, pp_stage* s, pp_result rc);
+
+/* After action idx: the hook for every chunk whose gradients it completed. pp_dp_overlap's hook
+   is first told the step's identity (the same on every rank of the grid: each pipeline's rank 0
+   counts its pp_stage_step calls), which its messages carry (>>grad). */
 static pp_result _pp_grads_final(pp_stage* s, int idx, double t_start) {
     int k;
     for (k = 0; k < s->v; k++) {
@@ -9285,6 +9321,7 @@ static pp_result _pp_grads_final(pp_stage* s, int idx, double t_start) {
         t0 = _pp_now();
         s->st.t_grads_final = t0 - t_start;
         if (!s->d.grads_final) continue;
+        if (s->d.grads_final == pp_dp_overlap_hook) _pp_dp_note_step(s->d.grads_final_user, s->n_steps);
         rc = s->d.grads_final(s->d.grads_final_user, s->d.rank, s->list[idx].stage);
         s->st.t_grads_hook += _pp_now() - t0;
         if (rc != PP_OK)
@@ -9886,6 +9923,7 @@ static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* s
         s->n_events = 0;
     }
     s->batch = NULL;
+    if (!s->eval && s->d.grads_final == pp_dp_overlap_hook) _pp_dp_note_end(s->d.grads_final_user, s, rc);
     if (stats) *stats = s->st;
     return rc;
 }
@@ -10517,7 +10555,7 @@ static pp_result _pp_group_sum(const pp_group* g, double* buf, size_t count, pp_
     pp_result rc = _pp_group_resolve(g, all, &ranks, &n, err);
     if (rc != PP_OK || n <= 1) return rc;
     if (g->t->allreduce_sum) return g->t->allreduce_sum(g->t->self, buf, count, PP_F64, ranks, n, g->timeout_s, err);
-    return _pp_allreduce_p2p(g->t, buf, count, PP_F64, ranks, n, g->timeout_s, err);
+    return _pp_allreduce_p2p(g->t, buf, count, PP_F64, ranks, n, g->timeout_s, err, _PP_TAG_ALLREDUCE);
 }
 
 pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs, int n_bufs, double* norm,
@@ -10729,8 +10767,228 @@ struct pp_dp_overlap {
     unsigned char* done;            /* [n_stages] reduced by the hook this step */
     int tied_a, tied_b;             /* the buffers of the tied copies; -1: not on this rank */
     pp_dp_overlap_stats st;         /* since the last wait */
+    int tagged;                     /* 1: dp's sum is the library's own over isend/irecv (the threads
+                                       transport's, or none): its tags carry the step's identity */
+    int64_t step;                   /* this step's identity, told the hook by the stage; -1: none */
+    int64_t ends;                   /* waits and resets so far: the identity where no hook ran */
+    int wait_failed;                /* the last call was a failed wait: a reset after it ends no other step */
+    pp_stage* pipe;                 /* the stage whose step this is (told at its end); NULL: none */
+    pp_result step_rc;              /* that step's verdict on this rank (noted: 1) */
+    int noted;
+    int prev_failed;                /* this rank's last outcome was an error (its update skipped) */
+    int n_dp, me_dp;                /* the dp group's size and this rank's place in it (-1: not in it) */
+    double* vote;                   /* the agreement's vectors, set aside at create (>>grad, _pp_dp_vote):
+                                       [3 (n_dp + _PP_VOTE_HDR)] dp's, then [PP_MAX_RANKS + _PP_VOTE_HDR]
+                                       the pipeline's */
+    int* pranks;                    /* [PP_MAX_RANKS] 0, 1, ...: the pipeline's ranks */
     pp_error err;
 };
+
+/* The step's identity on the dp transport's wire (threads: the tags of a blocking bucket's
+   messages). A failed step leaves messages behind (a member that sent its part to one that had
+   stopped waiting, a sum sent back to a member that had given up, a replica that came late);
+   they carry their step's tag and are never taken by a later step. The identity is the stage's
+   step count where the overlap's hook ran (pp_stage_step calls: the same on every rank of the
+   grid, whatever failed), else the overlap's own count of waits and resets (each step ends with
+   one: a wait after a step that went well, a reset after one that failed or whose wait failed). */
+static int _pp_dp_tag(const pp_dp_overlap* o) {
+    int64_t id = o->step >= 0 ? o->step : o->ends;
+    return (int)(((uint64_t)id & 0xfffffu) << 1); /* below the reserved tags; tag + 1 is the sum back */
+}
+
+static void _pp_dp_note_step(void* user, int64_t step) {
+    pp_dp_overlap* o = (pp_dp_overlap*)user;
+    if (o) o->step = step;
+}
+
+/* Forgets what the hooks did and withdraws what they started. */
+static void _pp_dp_clear(pp_dp_overlap* o) {
+    int k;
+    for (k = 0; k < o->n_pend; k++) /* started, never completed: withdrawn (MPI: abandoned) */
+        if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
+    o->n_pend = 0;
+    memset(o->done, 0, (size_t)o->d.n_stages);
+    memset(&o->st, 0, sizeof o->st);
+    o->step = -1;
+    o->pipe = NULL;
+    o->noted = 0;
+}
+
+/* The stage's end of a step (pp_stage_step, where grads_final is pp_dp_overlap_hook): its
+   identity (also where no hook ran) and its verdict on this rank, which pp_dp_overlap_wait
+   brings into the grid's agreement. */
+static void _pp_dp_note_end(void* user, pp_stage* s, pp_result rc) {
+    pp_dp_overlap* o = (pp_dp_overlap*)user;
+    if (!o) return;
+    o->step = s->n_steps;
+    o->pipe = s;
+    o->step_rc = rc;
+    o->noted = 1;
+}
+
+/* The step's outcome, agreed by the grid. A step's outcome on a rank (the pipeline's verdict,
+   then what this rank's wait found) goes into a vote: a vector of _PP_VOTE_HDR words (a magic
+   number, the step's identity and its square, 1 where this rank's last outcome was an error)
+   and one slot per member (its result, 0: PP_OK), summed over the group. Every member gets the
+   same sum, so the same verdict: a failure anywhere fails the step everywhere (PP_ERR_ABORTED
+   naming the member where this rank's own part went well); members at other steps, or that
+   returned other outcomes for the previous step, fail it too, saying so. Two rounds: over the
+   data-parallel group (every replica's part of it), then over the pipeline (every dp group's
+   verdict): every rank of the grid ends with the same outcome. The discipline is the pipeline
+   agreement's (_pp_agree): the memory is set aside at create; a member whose own part failed
+   still takes part and says so, so no peer waits into its deadline for it; a failure of the
+   vote's own messages fails the rank that saw it, and the peers by the vote or their deadline.
+   What no protocol can settle is the last message: a member whose wait for the verdict fails
+   after the root sent it returns an error where the others return PP_OK. Its next vote then
+   says its last outcome differed, and that step fails on every rank, saying the weights may
+   differ: never a silent divergence. */
+#define _PP_VOTE_HDR 4
+#define _PP_VOTE_MAGIC 20240613.0
+#define _PP_DP_VOTE_TAG 0x200000 /* + _pp_dp_tag: above pp_dp_overlap's buckets, below the reserved tags */
+static void _pp_vote_fill(double* v, int n, int me, int64_t id, int prev_failed, pp_result own) {
+    double k = (double)(id & 0xfffff);
+    memset(v, 0, sizeof(double) * ((size_t)n + _PP_VOTE_HDR));
+    v[0] = _PP_VOTE_MAGIC;
+    v[1] = k;
+    v[2] = k * k;
+    v[3] = prev_failed ? 1 : 0;
+    v[_PP_VOTE_HDR + me] = (double)own;
+}
+
+/* The verdict of a summed vote over n members (member i: rank ranks[i] of `group`). */
+static pp_result _pp_vote_judge(const double* v, int n, const int* ranks, int64_t id, const char* group, pp_error* err) {
+    double k = (double)(id & 0xfffff);
+    int i;
+    for (i = 0; i < n; i++) {
+        double c = v[_PP_VOTE_HDR + i];
+        if (c == 0) continue;
+        if (c != (double)(int)c || c < 1 || c >= PP_RESULT_COUNT) break; /* not one result: a corrupt vote */
+        return _pp_fail(err, PP_ERR_ABORTED, "the step failed on member %d of the %s (rank %d): %s", i, group,
+                        ranks[i], pp_result_str((pp_result)(int)c));
+    }
+    if (i < n || v[0] != n * _PP_VOTE_MAGIC || v[1] != n * k || v[2] != n * k * k)
+        return _pp_fail(err, PP_ERR_TRANSPORT, "the members of the %s are not at the same step (this rank at %lld): "
+                        "every rank ends every step with pp_dp_overlap_wait", group, (long long)id);
+    if (v[3] != 0 && v[3] != n)
+        return _pp_fail(err, PP_ERR_TRANSPORT, "%d of the %d members of the %s returned an error for the previous step, "
+                        "the others PP_OK (a fault in the last message of its agreement): their weights may differ; "
+                        "restore them (pp_ckpt_load) before the next step", (int)v[3], n, group);
+    return PP_OK;
+}
+
+/* The identity the step's messages carry (_pp_dp_tag's). */
+static int64_t _pp_dp_id(const pp_dp_overlap* o) { return o->step >= 0 ? o->step : o->ends; }
+
+/* Round 1: the vote over the data-parallel group. own: this rank's outcome so far (its message
+   in o->err). Over a transport with its own all-reduce (MPI, NCCL) the vote is one more
+   all-reduce, in the order of the buckets'; over the library's (threads) it is the same gather
+   to member 0 and answer, on tags that carry the step's identity, with the agreement's
+   discipline: each member posts the receive of the verdict before it sends its part, a failed
+   member still sends its part (saying so), a failed member 0 answers at once. */
+static pp_result _pp_dp_vote(pp_dp_overlap* o, pp_result own) {
+    const pp_transport* t = o->d.dp.t;
+    int n = o->n_dp, me = o->me_dp, i, len = n + _PP_VOTE_HDR, tag, sent = 1;
+    const int* ranks = o->d.dp.ranks ? o->d.dp.ranks : o->pranks;
+    double *mine = o->vote, *res = mine + len, *tmp = res + len, t_end;
+    size_t bytes = sizeof(double) * (size_t)len;
+    int64_t id = _pp_dp_id(o);
+    pp_request rq[2];
+    pp_error e;
+    pp_result w;
+#ifdef PP_TEST_NO_DP_AGREE /* negative control (build/dpfault-controls): each rank keeps its own outcome */
+    return own;
+#endif
+    if (n < 2 || me < 0) return own;
+    e.msg[0] = 0;
+    _pp_vote_fill(mine, n, me, id, o->prev_failed, own);
+    if (!o->tagged) { /* the transport's own all-reduce: a collective, in stream order (MPI, NCCL) */
+        if (!t->allreduce_sum) return own;
+        memcpy(res, mine, bytes);
+        w = t->allreduce_sum(t->self, res, (size_t)len, PP_F64, ranks, n, o->d.dp.timeout_s, &e);
+        if (own != PP_OK) return own;
+        if (w != PP_OK) return _pp_fail(&o->err, w, "rank %d: the data-parallel group's vote on the step: %s", t->rank, e.msg);
+        return _pp_vote_judge(res, n, ranks, id, "data-parallel group", &o->err);
+    }
+    tag = _PP_DP_VOTE_TAG + _pp_dp_tag(o);
+    memset(rq, 0, sizeof rq);
+    if (me == 0) {
+        memcpy(res, mine, bytes);
+        t_end = _pp_now() + o->d.dp.timeout_s;
+        for (i = 1; i < n && own == PP_OK; i++) { /* a failed member 0 answers at once */
+            double left = t_end - _pp_now();
+            int k;
+            if ((w = t->irecv(t->self, ranks[i], tag, tmp, bytes, &rq[0])) == PP_OK &&
+                (w = t->wait(t->self, &rq[0], left > 1e-3 ? left : 1e-3, &e)) != PP_OK && t->cancel)
+                t->cancel(t->self, &rq[0]);
+            if (w != PP_OK) {
+                own = _pp_fail(&o->err, w, "rank %d: member %d's part of the data-parallel group's vote did not come: %s",
+                               t->rank, i, e.msg[0] ? e.msg : pp_result_str(w));
+                res[_PP_VOTE_HDR] = (double)own; /* what the members are told: failed here */
+                break;
+            }
+            for (k = 0; k < len; k++) res[k] += tmp[k];
+        }
+        if (own != PP_OK) res[_PP_VOTE_HDR] = (double)own;
+        for (i = 1; i < n; i++) {
+            memset(&rq[1], 0, sizeof rq[1]);
+            if ((w = t->isend(t->self, ranks[i], tag + 1, res, bytes, &rq[1])) != PP_OK) {
+                if (own == PP_OK) /* member i is not told: it fails at its deadline, and so does this rank */
+                    own = _pp_fail(&o->err, w, "rank %d: sending member %d the data-parallel group's verdict", t->rank, i);
+                continue;
+            }
+            t->wait(t->self, &rq[1], o->d.dp.timeout_s, NULL); /* the verdict went: its wait decides nothing */
+        }
+        if (own != PP_OK) return own;
+        return _pp_vote_judge(res, n, ranks, id, "data-parallel group", &o->err);
+    }
+    if ((w = t->irecv(t->self, ranks[0], tag + 1, res, bytes, &rq[0])) != PP_OK) {
+        rq[0].done = -2; /* not posted */
+        if (own == PP_OK)
+            own = _pp_fail(&o->err, w, "rank %d: posting the receive of the data-parallel group's verdict", t->rank);
+        mine[_PP_VOTE_HDR + me] = (double)own;
+    }
+    if ((w = t->isend(t->self, ranks[0], tag, mine, bytes, &rq[1])) != PP_OK) {
+        sent = 0;
+        if (own == PP_OK) own = _pp_fail(&o->err, w, "rank %d: sending member 0 this rank's part of the vote", t->rank);
+    }
+    if (sent) t->wait(t->self, &rq[1], o->d.dp.timeout_s, NULL); /* the verdict comes only if the part went */
+    if (rq[0].done == -2) return own;
+    if ((w = t->wait(t->self, &rq[0], o->d.dp.timeout_s, &e)) != PP_OK) {
+        if (t->cancel) t->cancel(t->self, &rq[0]);
+        if (own == PP_OK)
+            own = _pp_fail(&o->err, w, "rank %d: waiting for the data-parallel group's verdict from member 0 (rank %d): %s",
+                           t->rank, ranks[0], e.msg[0] ? e.msg : pp_result_str(w));
+        return own;
+    }
+    if (own != PP_OK) return own;
+    return _pp_vote_judge(res, n, ranks, id, "data-parallel group", &o->err);
+}
+
+/* Round 2: the vote over the pipeline of stage s (its transport's all-reduce): every dp group's
+   verdict reaches every rank of the replica, so the grid ends with one outcome. */
+static pp_result _pp_dp_vote_pipe(pp_dp_overlap* o, pp_stage* s, pp_result own) {
+    const pp_transport* t;
+    double* v = o->vote + 3 * ((size_t)o->n_dp + _PP_VOTE_HDR);
+    int64_t id = _pp_dp_id(o);
+    pp_error e;
+    pp_result w;
+#ifdef PP_TEST_NO_DP_AGREE
+    return own;
+#endif
+    if (!s || s->p < 2 || s->p > PP_MAX_RANKS) return own;
+    t = &s->d.transport;
+    e.msg[0] = 0;
+    _pp_vote_fill(v, s->p, s->d.rank, id, o->prev_failed, own);
+    if (t->allreduce_sum)
+        w = t->allreduce_sum(t->self, v, (size_t)s->p + _PP_VOTE_HDR, PP_F64, o->pranks, s->p, s->d.timeout_s, &e);
+    else if (t->isend && t->irecv && t->wait)
+        w = _pp_allreduce_p2p(t, v, (size_t)s->p + _PP_VOTE_HDR, PP_F64, o->pranks, s->p, s->d.timeout_s, &e, _PP_TAG_ALLREDUCE);
+    else
+        return own;
+    if (own != PP_OK) return own;
+    if (w != PP_OK) return _pp_fail(&o->err, w, "rank %d: the pipeline's vote on the step: %s", t->rank, e.msg);
+    return _pp_vote_judge(v, s->p, o->pranks, id, "pipeline", &o->err);
+}
 
 /* pp_dp_overlap_desc.coalesce: buffers listed one after the other that follow one another in
    memory, in one stage, of one dtype and memory, become one (a layer's weight and bias in one
@@ -10777,7 +11035,12 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
     *out = NULL;
     if (!d || !d->dp.t || (d->n_bufs > 0 && !d->bufs) || d->n_bufs < 0 || !d->partition || d->n_stages < 1)
         return _pp_fail(err, PP_ERR_INVALID, "pp_dp_overlap_desc needs dp.t, bufs (n_bufs >= 0), partition and n_stages >= 1");
+#ifndef PP_TEST_NO_DP_SCALE_CHECK /* negative control (build/dpfault-controls): NaN and Inf taken */
+    if (!(d->scale >= 0 && d->scale <= 1.7976931348623157e308))
+        return _pp_fail(err, PP_ERR_INVALID, "scale %g must be a finite number >= 0 (0: 1 / the group's size)", d->scale);
+#else
     if (d->scale < 0) return _pp_fail(err, PP_ERR_INVALID, "scale %g is negative", d->scale);
+#endif
     for (i = 0; i < d->n_bufs; i++) {
         const pp_grad_buf* b = &d->bufs[i];
         if (b->layer < d->partition[0] || b->layer >= d->partition[d->n_stages])
@@ -10819,6 +11082,11 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
     }
     if (o->d.scale == 0) o->d.scale = 1.0 / (d->dp.ranks ? d->dp.n_ranks : d->dp.t->size);
     o->tied_a = o->tied_b = -1;
+    o->step = -1;
+#ifndef PP_TEST_NO_DP_STEP_ID /* negative control (build/dpfault-controls): a failed step's leftovers are taken */
+    o->tagged = o->dp_t.isend && o->dp_t.irecv && o->dp_t.wait &&
+                (!o->dp_t.allreduce_sum || o->dp_t.allreduce_sum == _pp_threads_allreduce);
+#endif
     for (i = 0; i < d->n_bufs; i++) {
         int l = o->bufs[i].layer;
         o->stage[i] = _pp_layer_stage(d->partition, d->n_stages, l);
@@ -10829,14 +11097,30 @@ pp_result pp_dp_overlap_create(const pp_dp_overlap_desc* d, pp_dp_overlap** out,
         }
     }
     if (d->coalesce) _pp_dp_coalesce(o);
+    /* the agreement's memory, before any step: a failed step must still be able to agree */
+    o->n_dp = d->dp.ranks ? d->dp.n_ranks : d->dp.t->size;
+    o->me_dp = -1;
+    for (i = 0; i < o->n_dp; i++)
+        if ((d->dp.ranks ? d->dp.ranks[i] : i) == d->dp.t->rank) o->me_dp = i;
+    if (o->n_dp < 1 || o->n_dp > PP_MAX_RANKS ||
+        !(o->vote = (double*)_pp_calloc(3 * ((size_t)o->n_dp + _PP_VOTE_HDR) + PP_MAX_RANKS + _PP_VOTE_HDR +
+                                            PP_MAX_RANKS, sizeof(double)))) {
+        int n = o->n_dp;
+        pp_dp_overlap_destroy(o);
+        return _pp_fail(err, n < 1 || n > PP_MAX_RANKS ? PP_ERR_INVALID : PP_ERR_NOMEM,
+                        "pp_dp_overlap: the step agreement's buffers for a group of %d (1 .. %d)", n, PP_MAX_RANKS);
+    }
+    o->pranks = (int*)(void*)(o->vote + 3 * ((size_t)o->n_dp + _PP_VOTE_HDR) + PP_MAX_RANKS + _PP_VOTE_HDR);
+    for (i = 0; i < PP_MAX_RANKS; i++) o->pranks[i] = i;
     *out = o;
     return PP_OK;
 }
 
 void pp_dp_overlap_destroy(pp_dp_overlap* o) {
     if (!o) return;
-    pp_dp_overlap_reset(o);
+    _pp_dp_clear(o);
     PP_FREE(o->pend);
+    PP_FREE(o->vote); /* and pranks */
     PP_FREE(o->bufs); /* and stage, done */
     PP_FREE(o);
 }
@@ -10876,7 +11160,8 @@ static pp_result _pp_dp_reduce(pp_dp_overlap* o, int i, int* buckets, int start)
             }
         }
         if (rc == PP_ERR_UNSUPPORTED) {
-            rc = pp_grad_allreduce(t, o->d.dp.ranks, o->d.dp.n_ranks, p, n, b->dtype, o->d.scale, o->d.dp.timeout_s, &o->err);
+            rc = _pp_grad_allreduce(t, o->d.dp.ranks, o->d.dp.n_ranks, p, n, b->dtype, o->d.scale, o->d.dp.timeout_s,
+                                    &o->err, o->tagged ? _pp_dp_tag(o) : -1);
             if (rc != PP_OK) return rc;
         }
         ++*buckets;
@@ -10884,14 +11169,26 @@ static pp_result _pp_dp_reduce(pp_dp_overlap* o, int i, int* buckets, int start)
     return PP_OK;
 }
 
-/* The started buckets, in the order they were started: wait, then scale as pp_grad_allreduce. */
+/* The started buckets, in the order they were started: wait, then scale as pp_grad_allreduce.
+   After the first failure the rest are withdrawn, not waited for: a failed wait costs one
+   deadline, not one per bucket started. */
 static pp_result _pp_dp_complete(pp_dp_overlap* o) {
+    const pp_transport* t = o->d.dp.t;
     pp_result rc = PP_OK;
     int k;
     for (k = 0; k < o->n_pend; k++) {
         _pp_dp_pending* q = &o->pend[k];
         const pp_grad_buf* b = &o->bufs[q->buf];
-        pp_result r = o->d.dp.t->wait(o->d.dp.t->self, &q->req, o->d.dp.timeout_s, &o->err);
+        pp_result r;
+#ifndef PP_TEST_NO_DP_ONE_DEADLINE /* negative control (build/dpfault-controls): a deadline per bucket */
+        if (rc != PP_OK) {
+            pp_error ignored;
+            if (t->cancel) t->cancel(t->self, &q->req);
+            else t->wait(t->self, &q->req, 1e-3, &ignored); /* no cancel: the transport's own cleanup */
+            continue;
+        }
+#endif
+        r = t->wait(t->self, &q->req, o->d.dp.timeout_s, &o->err);
         if (r == PP_OK && rc == PP_OK) _pp_scale((char*)b->data + q->off * pp_dtype_size(b->dtype), q->n, b->dtype, o->d.scale);
         if (r != PP_OK && rc == PP_OK) rc = r;
     }
@@ -10906,6 +11203,7 @@ pp_result pp_dp_overlap_hook(void* user, int rank, int stage) {
     int i;
     (void)rank;
     if (!o) return PP_ERR_INVALID;
+    o->wait_failed = 0;
     if (stage < 0 || stage >= o->d.n_stages)
         return _pp_fail(&o->err, PP_ERR_INVALID, "stage %d is outside the overlap's %d stages", stage, o->d.n_stages);
     if (o->done[stage]) return PP_OK;
@@ -10916,12 +11214,34 @@ pp_result pp_dp_overlap_hook(void* user, int rank, int stage) {
     return rc;
 }
 
-pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_error* err) {
+/* The step's end on this rank (pp_dp_overlap_wait, pp_dp_overlap_end): where the step went well
+   here, what the hooks left, the tied sum, the tied layers; then the grid's vote (_pp_dp_vote). */
+static pp_result _pp_dp_end(pp_dp_overlap* o, pp_stage* s, pp_result step_rc, pp_dp_overlap_stats* stats, pp_error* err) {
     double t0 = _pp_now();
     pp_result rc = PP_OK;
-    int i;
-    if (!o) return _pp_fail(err, PP_ERR_INVALID, "overlap is NULL");
+    int i, k;
     o->err.msg[0] = 0;
+    o->wait_failed = 0;
+    if (s && o->step < 0) o->step = s->n_steps; /* no hook was told (a wrapped hook): the same on every member */
+    /* The replica's step failed. Over the library's tagged sum (threads) nothing is left to
+       reduce, only to agree: what is not taken stays with its step's tags. Over a transport's
+       own collectives (MPI, NCCL) there are no tags: the members meet in issue order, so this
+       rank issues what a good step's wait issues (its sums thrown away), and the vote meets the
+       peers' vote, not a bucket of theirs (NCCL's drained step ran every hook). */
+    if (step_rc != PP_OK && o->tagged) {
+        for (k = 0; k < o->n_pend; k++)
+            if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
+        o->n_pend = 0;
+        goto failed;
+    }
+#ifdef PP_TEST_NO_DP_SAME_ORDER /* negative control (build/nccl-grid-controls): a failed rank skips to the vote */
+    if (step_rc != PP_OK) {
+        for (k = 0; k < o->n_pend; k++)
+            if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
+        o->n_pend = 0;
+        goto failed;
+    }
+#endif
     rc = _pp_dp_complete(o);
     for (i = 0; i < o->d.n_bufs && rc == PP_OK; i++)
         if (o->stage[i] >= 0 && !o->done[o->stage[i]]) rc = _pp_dp_reduce(o, i, &o->st.buckets_wait, 0);
@@ -10943,21 +11263,40 @@ pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_er
                                    any->dtype, o->d.dp.timeout_s, &o->err);
 #endif
     }
+failed:
+    if (step_rc != PP_OK)
+        rc = _pp_fail(&o->err, step_rc, "the step failed on this rank: %s",
+                      s && s->err.msg[0] ? _pp_strip_code(s->err.msg, step_rc) : pp_result_str(step_rc));
+    rc = _pp_dp_vote(o, rc);
+    rc = _pp_dp_vote_pipe(o, s, rc);
     o->st.t_wait += _pp_now() - t0;
     if (stats) *stats = o->st;
-    pp_dp_overlap_reset(o);
-    if (rc != PP_OK) return _pp_fail(err, rc, "%s", o->err.msg);
+    _pp_dp_clear(o);
+    o->ends++;
+    o->wait_failed = rc != PP_OK;
+    o->prev_failed = rc != PP_OK;
+    if (rc != PP_OK) return _pp_fail(err, rc, "%s", _pp_strip_code(o->err.msg, rc));
     return PP_OK;
 }
 
+pp_result pp_dp_overlap_wait(pp_dp_overlap* o, pp_dp_overlap_stats* stats, pp_error* err) {
+    if (!o) return _pp_fail(err, PP_ERR_INVALID, "overlap is NULL");
+    return _pp_dp_end(o, o->noted ? o->pipe : NULL, o->noted ? o->step_rc : PP_OK, stats, err);
+}
+
+pp_result pp_dp_overlap_end(pp_dp_overlap* o, pp_stage* st, pp_result step_rc, pp_dp_overlap_stats* stats, pp_error* err) {
+    if (!o) return _pp_fail(err, PP_ERR_INVALID, "overlap is NULL");
+    if ((int)step_rc < 0 || (int)step_rc >= PP_RESULT_COUNT)
+        return _pp_fail(err, PP_ERR_INVALID, "step_rc %d is not a pp_result", (int)step_rc);
+    return _pp_dp_end(o, st, step_rc, stats, err);
+}
+
 void pp_dp_overlap_reset(pp_dp_overlap* o) {
-    int k;
     if (!o) return;
-    for (k = 0; k < o->n_pend; k++) /* started, never completed: withdrawn (MPI: abandoned) */
-        if (o->d.dp.t->cancel) o->d.dp.t->cancel(o->d.dp.t->self, &o->pend[k].req);
-    o->n_pend = 0;
-    memset(o->done, 0, (size_t)o->d.n_stages);
-    memset(&o->st, 0, sizeof o->st);
+    _pp_dp_clear(o);
+    if (!o->wait_failed) o->ends++; /* a reset after a failed wait ends the same step */
+    o->wait_failed = 0;
+    o->prev_failed = 1; /* this rank skips the step's update */
 }
 
 const char* pp_dp_overlap_error(const pp_dp_overlap* o) { return o ? o->err.msg : ""; }

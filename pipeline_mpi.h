@@ -303,11 +303,37 @@ static void _pp_mpi_backoff(const pp_mpi* t, int round) {
     nanosleep(&ts, NULL);
 }
 
+static void _pp_mpi_abort(void* self, pp_result why, const char* msg);
+
+/* A started all-reduce left unfinished (a timeout, an abort, pp_dp_overlap_reset after a failed
+   step): MPI can neither cancel nor free it, and it stays first in the communicator's order, so
+   the next all-reduce of this rank would meet the peers' in the wrong place (the sum of another
+   step's buffer, PP_OK). The transport refuses every later all-reduce (_pp_mpi_abandoned) and
+   tells the domain at once, so that no peer waits into its deadline, or takes a stale sum. */
+static void _pp_mpi_abandon(pp_mpi* t) {
+    t->abandoned = 1;
+#ifndef PP_TEST_NO_MPI_ABANDON /* negative control (build/mpi-dpfault-controls) */
+    if (!t->dom->aborted)
+        _pp_mpi_abort(t, PP_ERR_ABORTED, "an all-reduce of a failed step was left unfinished: make the transport again");
+#endif
+}
+
+/* 1 (and a note) when an earlier all-reduce was left unfinished: no later one may start. */
+static int _pp_mpi_abandoned(pp_mpi* t) {
+#ifdef PP_TEST_NO_MPI_ABANDON
+    return 0;
+#endif
+    if (!t->abandoned) return 0;
+    _pp_mpi_note(t, "rank %d: an all-reduce of a failed step was left unfinished on this communicator: make the "
+                 "transport again (pp_mpi_grid_destroy, pp_mpi_grid_create)", t->rank);
+    return 1;
+}
+
 /* Cancels a request nobody will wait for again (abort or timeout) and frees its op. */
 static void _pp_mpi_drop(pp_mpi* t, _pp_mpi_op* op) {
     if (op->r != MPI_REQUEST_NULL) {
         if (op->is_recv == 2) {
-            t->abandoned = 1; /* a collective may be neither cancelled nor freed (_pp_mpi_allreduce) */
+            _pp_mpi_abandon(t); /* a collective may be neither cancelled nor freed (_pp_mpi_allreduce) */
         } else if (op->is_recv) {
             MPI_Cancel(&op->r);
             MPI_Wait(&op->r, MPI_STATUS_IGNORE); /* a cancelled receive completes at once */
@@ -417,6 +443,7 @@ static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype
     if (!buf || (dtype != PP_F32 && dtype != PP_F64))
         return _pp_fail(err, PP_ERR_INVALID, "all-reduce needs a buffer and an f32/f64 dtype");
     if (n_ranks == 1 || count == 0) return PP_OK;
+    if (_pp_mpi_abandoned(t)) return _pp_fail(err, PP_ERR_ABORTED, "%s", t->err);
     if (_pp_mpi_poll_abort(t)) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: all-reduce: %s", t->rank, t->dom->msg);
     rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, dtype == PP_F32 ? MPI_FLOAT : MPI_DOUBLE, MPI_SUM, t->comm, &r);
     if (rc != MPI_SUCCESS) {
@@ -436,13 +463,13 @@ static pp_result _pp_mpi_allreduce(void* self, void* buf, size_t count, pp_dtype
            erroneous): after an abort or a timeout its request is abandoned, and the transport,
            unusable from here on, should be destroyed. */
         if ((round & 7) == 0 && _pp_mpi_poll_abort(t)) {
-            t->abandoned = 1;
+            _pp_mpi_abandon(t);
             return _pp_fail(err, PP_ERR_ABORTED, "rank %d stopped waiting in an all-reduce: %s", t->rank, t->dom->msg);
         }
         if (_pp_now() > deadline) {
-            t->abandoned = 1;
+            _pp_mpi_abandon(t);
             t->dom->aborted = 1;
-            snprintf(t->dom->msg, sizeof t->dom->msg, "rank %d: all-reduce timed out", t->rank);
+            if (!t->dom->msg[0]) snprintf(t->dom->msg, sizeof t->dom->msg, "rank %d: all-reduce timed out", t->rank);
             return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d waited %.3g s in an all-reduce over %d ranks", t->rank, dt,
                             n_ranks);
         }
@@ -462,6 +489,7 @@ static pp_result _pp_mpi_iallreduce(void* self, void* buf, size_t count, pp_dtyp
     if (!req || !buf || count == 0) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
     if (!whole || t->ordered || count > (size_t)0x7fffffff || (dtype != PP_F32 && dtype != PP_F64)) return PP_ERR_UNSUPPORTED;
+    if (_pp_mpi_abandoned(t)) return PP_ERR_ABORTED;
     if (_pp_mpi_poll_abort(t)) return PP_ERR_ABORTED;
     if (!(op = _pp_mpi_op_new(t))) return PP_ERR_NOMEM;
     op->peer = -1;

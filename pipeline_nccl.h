@@ -73,7 +73,11 @@
      fail the same way within their own timeouts. transport.abort also aborts them. An aborted
      transport stays aborted: destroy it and build a new communicator (a new unique id). A
      layer's failure does not abort: the transport's abort_local makes the stage drain the step
-     (no compute, zeros sent) and report the failure at its end, on every rank at once.
+     (no compute, zeros sent) and report the failure at its end, on every rank at once. In a
+     pp x dp grid pp_dp_overlap_wait, called on every rank after every step, gives the grid one
+     outcome (a vote, one more all-reduce on the dp communicator and one on the pipeline's): NCCL
+     has no tags, so a rank whose step failed still issues the good wait's all-reduces before
+     its vote, in the same order (docs/errors.md, the recovery for a grid).
    - Bootstrap: pp_launch_from_env (pipeline.h) gives rank, world and local rank from mpirun,
      srun or torchrun; the ncclUniqueId travels by MPI_Bcast (pp_nccl_unique_id_mpi, when
      <mpi.h> was included first) or through a file on a shared filesystem
@@ -1110,7 +1114,10 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->stream, ev, 0), "cudaStreamWaitEvent");
     /* a copy from pageable host memory reads it when called, not in stream order: kernels still
        queued on the compute stream (a stage's last backward, when the all-reduce runs from the
-       gradients-final hook) must have written it first */
+       gradients-final hook) must have written it first. And such a copy blocks the host until
+       the stream's earlier work is done (an all-reduce started before, whose peer never comes):
+       that is waited for here, under the deadline, not inside the copy */
+    if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaEventRecord(ev, t->stream), "cudaEventRecord");
     if (rc == PP_OK && host) rc = _ppn_event_wait(t, ev, deadline);
     if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaMemcpyAsync(dev, buf, bytes, cudaMemcpyHostToDevice, t->stream), "cudaMemcpyAsync");
     if (rc == PP_OK) {
@@ -1119,14 +1126,21 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
         /* a non-blocking communicator enqueues the kernel later: what follows must come after it */
         if (rc == PP_OK && ar == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, "ncclAllReduce (non-blocking)", deadline);
     }
+    /* the sum, under the deadline; then (host memory) the copy back, which no longer waits on NCCL */
+#ifdef PP_NCCL_TEST_COPY_UNTIMED /* negative control (build/dpfault-controls): the copy back waits on NCCL, untimed */
     if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaMemcpyAsync(buf, dev, bytes, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+#endif
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(ev, t->stream), "cudaEventRecord");
     if (rc == PP_OK) rc = _ppn_event_wait(t, ev, deadline);
+#ifndef PP_NCCL_TEST_COPY_UNTIMED
+    if (rc == PP_OK && host) rc = _ppn_cuda(t, cudaMemcpyAsync(buf, dev, bytes, cudaMemcpyDeviceToHost, t->stream), "cudaMemcpyAsync");
+#endif
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaStreamWaitEvent(t->compute, ev, 0), "cudaStreamWaitEvent");
+    /* a sum that did not come is ended first: cudaFree waits for the device, NCCL's kernel too */
+    if (rc != PP_OK) _ppn_abort_comm(t);
     if (ev) cudaEventDestroy(ev);
     if (host && dev) cudaFree(dev);
     if (rc == PP_OK) return PP_OK;
-    _ppn_abort_comm(t);
     return _pp_fail(err, rc, "%s", t->err);
 }
 

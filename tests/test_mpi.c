@@ -427,6 +427,72 @@ static void allreduce_abort_case(void) {
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* pp_dp_overlap over MPI after a failed step (issue 39): at step 1 the last rank fails before its
+   hook (it only resets), so the others' started all-reduce times out in their wait and is left
+   unfinished (MPI cannot cancel it). Step 2 on every rank: the last rank's first all-reduce would
+   meet the others' abandoned one (their step-1 gradients, PP_OK). It must fail on every rank with
+   a named error, within a moment, never PP_OK with another sum (negative control:
+   -DPP_TEST_NO_MPI_ABANDON in build/mpi-dpfault-controls). */
+static void dp_abandon_case(void) {
+    pp_mpi* t = NULL;
+    pp_error err;
+    pp_transport tr;
+    pp_dp_overlap_desc od;
+    pp_dp_overlap* ov = NULL;
+    pp_grad_buf b;
+    float g[16];
+    int first[2] = {0, 1}, i, ok = 1;
+    double t0, dt;
+    pp_result rc;
+    CHECK(pp_mpi_create(MPI_COMM_WORLD, MPI_COMM_NULL, &t, &err) == PP_OK, "create: %s", err.msg);
+    if (!t) return;
+    tr = pp_mpi_transport(t);
+    memset(&b, 0, sizeof b);
+    b.data = g;
+    b.count = 16;
+    b.dtype = PP_F32;
+    memset(&od, 0, sizeof od);
+    od.dp.t = &tr;
+    od.dp.timeout_s = 1.0;
+    od.bufs = &b;
+    od.n_bufs = 1;
+    od.partition = first;
+    od.n_stages = 1;
+    od.scale = 1;
+    CHECK(pp_dp_overlap_create(&od, &ov, &err) == PP_OK, "overlap: %s", err.msg);
+    if (!ov) {
+        pp_mpi_destroy(t);
+        return;
+    }
+    for (i = 0; i < 16; i++) g[i] = 100.0f + (float)W_RANK;
+    if (W_RANK == W_SIZE - 1) {
+        pp_dp_overlap_reset(ov); /* its step failed before the hook */
+    } else {
+        rc = pp_dp_overlap_hook(ov, W_RANK, 0);
+        if (rc == PP_OK) rc = pp_dp_overlap_wait(ov, NULL, &err);
+        CHECK(rc != PP_OK, "rank %d: step 1 without the last rank: %s", W_RANK, pp_result_str(rc));
+        pp_dp_overlap_reset(ov);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (i = 0; i < 16; i++) g[i] = 1.0f + (float)W_RANK;
+    t0 = MPI_Wtime();
+    err.msg[0] = 0;
+    rc = pp_dp_overlap_hook(ov, W_RANK, 0);
+    if (rc == PP_OK) rc = pp_dp_overlap_wait(ov, NULL, &err);
+    else snprintf(err.msg, sizeof err.msg, "%s", pp_dp_overlap_error(ov));
+    dt = MPI_Wtime() - t0;
+    for (i = 0; i < 16; i++) ok &= g[i] == (float)(W_SIZE * (W_SIZE + 1) / 2);
+    CHECK(rc != PP_OK || ok, "rank %d: step 2 returned PP_OK with a stale sum (%g, want %d)", W_RANK, (double)g[0],
+          W_SIZE * (W_SIZE + 1) / 2);
+    CHECK(rc == PP_OK || (strlen(err.msg) > 0 && dt < 1.5), "rank %d: step 2 failed in %.2f s: %s (%s)", W_RANK, dt,
+          pp_result_str(rc), err.msg);
+    CHECK(rc != PP_OK, "rank %d: step 2 after an abandoned all-reduce must fail (make the transport again): %s", W_RANK,
+          pp_result_str(rc));
+    pp_dp_overlap_destroy(ov);
+    pp_mpi_destroy(t);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 static void env_and_grid_checks(void) {
     pp_launch L;
     pp_grid g;
@@ -511,6 +577,7 @@ int main(int argc, char** argv) {
         fail_case(0);
         fail_case(1);
         allreduce_abort_case();
+        dp_abandon_case();
     }
     mine[0] = _t_pass;
     mine[1] = _t_fail;

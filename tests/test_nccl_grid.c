@@ -38,6 +38,21 @@
 #include "tlm_grid.h"
 
 
+/* A layer failing on one replica (issue 39, item 1 over NCCL): world rank FAIL_WR's forward of
+   micro-batch 0 at step FAIL_STEP; the steps of the run with the fault. */
+#define FAIL_WR 2   /* DP_INNER: pp rank 1, replica 0 */
+#define FAIL_STEP 1
+#define FSTEPS 4
+static cudaStream_t g_streams[NR]; /* each rank's compute stream: the layers' ctx, which rank runs */
+static int g_step[NR];
+static int g_fault;
+static pp_model g_inner;
+static int fault_fwd(const void* w, int l, pp_layer_io* io) {
+    int wr = (int)((const cudaStream_t*)io->ctx - g_streams);
+    if (g_fault && wr == FAIL_WR && g_step[wr] == FAIL_STEP && io->mb->index == 0) return 42;
+    return g_inner.forward(w, l, io);
+}
+
 typedef struct world {
     ncclUniqueId id;
     pp_model model;             /* the LM's layers as imitation kernels (made once) */
@@ -49,6 +64,9 @@ typedef struct world {
     float* g[NR];
     float* wref;
     int bad[NR];
+    int fault;                  /* 1: FAIL_WR's layer fails at FAIL_STEP; FSTEPS steps, each rank's outcomes kept */
+    pp_result out[NR][FSTEPS];
+    char omsg[NR][FSTEPS][sizeof(((pp_error*)0)->msg)];
     pp_result rc[NR];
     char msg[NR][700];
 } world;
@@ -184,22 +202,65 @@ static void* rank_main(void* arg) {
                                   g.grid.pp_rank == PP - 1 ? w.head[0].E : NULL, nE * sizeof(float), 20, &err);
     hx_stage_desc(&d, NULL, W->model, &w, &gw, &W->sc, W->first, have_grid ? g.grid.pp_rank : 0, pipe);
     d.device = pp_cuda_device_ops(c, 0);
-    {
-        static cudaStream_t streams[NR];
-        streams[wr] = pp_cuda_stream(c, 0);
-        d.layer_ctx = &streams[wr];
-    }
+    g_streams[wr] = pp_cuda_stream(c, 0);
+    d.layer_ctx = &g_streams[wr];
     d.timeout_s = 20;
     if (rc == PP_OK && W->overlap) {
         pp_dp_overlap_desc od;
         tlm_overlap_desc(&od, &gw, &W->sc, W->first, g.grid.pp_rank, g.tied ? &tied : NULL, pair, bufs);
         od.dp.t = &dpt;
-        od.dp.timeout_s = 20;
+        od.dp.timeout_s = W->fault ? 3 : 20; /* the fault run's controls fail within it */
         od.bucket_bytes = 64;
         rc = tlm_grid_hook_overlap(&od, &d, &ov, &err);
     }
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
-    for (step = 0; step < STEPS && rc == PP_OK; step++) {
+    /* the fault run: every rank ends every step with pp_dp_overlap_wait, whatever its step
+       returned; where the wait fails (on every rank: the grid's vote) the recovery of
+       docs/errors.md: pp_dp_overlap_reset, the gradients zeroed (each step starts so), no update
+       (nor on the reference); nothing to make again here: a layer's failure over NCCL drains the
+       step, no communicator is aborted (an aborted one would fail every later step, named) */
+    for (step = 0; W->fault && step < FSTEPS && rc == PP_OK; step++) {
+        pp_result sr, w2;
+        pp_error e2;
+        e2.msg[0] = 0;
+        g_step[wr] = step;
+        sr = tlm_grid_stage_step(st, W->g[wr], &s, shard_seed(step, g.grid.dp_rank), W->m, NULL, &err);
+        w2 = pp_nccl_step_end(g.pipe, 20, &e2);
+        if (sr == PP_OK && w2 != PP_OK) {
+            sr = w2;
+            snprintf(err.msg, sizeof err.msg, "%s", e2.msg);
+        }
+        if (pp_cuda_step_end(c, NULL, &e2) != PP_OK && sr == PP_OK) sr = PP_ERR_TRANSPORT;
+        w2 = pp_dp_overlap_wait(ov, NULL, &e2);
+        W->out[wr][step] = w2;
+        snprintf(W->omsg[wr][step], sizeof W->omsg[wr][step], "%s", w2 == PP_OK ? "" : e2.msg);
+        reference(wref, gref, step, W->m);
+        if (w2 != PP_OK) {
+            pp_dp_overlap_reset(ov);
+            continue;
+        }
+        tlm_grid_check_sgd(W->w[wr], W->g[wr], wref, gref, &W->sc, W->first, g.grid.pp_rank, step, &W->bad[wr], W->msg[wr],
+                           sizeof W->msg[wr]);
+    }
+    /* a blocking all-reduce of host memory (the vote's) whose peer never comes: an error at its
+       deadline, not a host stuck in the copy back (pageable memory: that copy waits for NCCL) */
+    if (W->fault && rc == PP_OK && g.grid.dp_rank == 0) {
+        float x[8] = {0};
+        int both[DP] = {0, 1};
+        double t0 = hx_now(), dt;
+        pp_error e3;
+        pp_result ar = dpt.allreduce_sum(dpt.self, x, 8, PP_F32, both, DP, 1.0, &e3);
+        dt = hx_now() - t0;
+        if (ar == PP_OK || dt > 3.0) {
+            W->bad[wr]++;
+            snprintf(W->msg[wr], sizeof W->msg[wr], "an all-reduce with no peer: %s after %.1f s (deadline 1 s)", pp_result_str(ar), dt);
+        }
+    }
+    if (W->fault && rc == PP_OK && g.grid.dp_rank != 0) { /* the peer stays until that deadline has passed */
+        struct timespec ts = {1, 500 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    for (step = 0; !W->fault && step < STEPS && rc == PP_OK; step++) {
         if ((rc = tlm_grid_stage_step(st, W->g[wr], &s, shard_seed(step, g.grid.dp_rank), W->m, NULL, &err)) != PP_OK) break;
         if ((rc = pp_nccl_step_end(g.pipe, 20, &err)) != PP_OK) break;
         if ((rc = pp_cuda_step_end(c, NULL, &err)) != PP_OK) break; /* the kernels wrote the host gradients */
@@ -226,7 +287,7 @@ static void* rank_main(void* arg) {
                            sizeof W->msg[wr]);
     }
 #ifndef PP_TEST_REAL_CUDA
-    if (rc == PP_OK && W->overlap) dp_device_check(W, wr, &dpt, pp_cuda_stream(c, 0), g.grid.dp_rank, W->overlap == 2);
+    if (rc == PP_OK && W->overlap && !W->fault) dp_device_check(W, wr, &dpt, pp_cuda_stream(c, 0), g.grid.dp_rank, W->overlap == 2);
 #endif
     if (rc != PP_OK) snprintf(W->msg[wr], sizeof W->msg[wr], "%s", err.msg);
     W->rc[wr] = rc;
@@ -280,13 +341,79 @@ static void grid_run(pp_schedule_kind kind, int m, int overlap) {
     tlm_grid_free(W.wref, W.w, W.g, NR);
 }
 
-int main(void) {
+/* Issue 39, item 1 over NCCL: pp 2 x dp 2 with the overlapped reduction (1F1B), a layer failing
+   on replica 0 at step 1, the documented recovery. Step 1 fails on every rank of the grid, each
+   naming an error; steps 0, 2 and 3 are bit-exact on every rank (the updates of the good steps
+   only, on the reference too), and the replicas' weights end identical. Without the grid's vote
+   replica 1 took the step's sums (replica 0's drained zeros in them) as PP_OK (the control
+   -DPP_TEST_NO_DP_AGREE); where the failed replica skipped its wait's all-reduces and went
+   straight to the vote, the collectives met out of order (NCCL has no tags) and the grid hung to
+   its deadline, then failed for good (-DPP_TEST_NO_DP_SAME_ORDER). */
+static void fault_run(void) {
+    static pp_action acts[PP * 2 * 2 * 16];
+    world W;
+    pthread_t th[NR];
+    rank_arg arg[NR];
+    pp_error err;
+    size_t nE = (size_t)VOCAB * DIM;
+    int r, step;
+    pp_result rc;
+    memset(&W, 0, sizeof W);
+    g_inner = layer_kernels_model(tlm_model_desc());
+    W.model = g_inner;
+    W.model.forward = fault_fwd;
+    W.m = 5;
+    W.overlap = 1;
+    W.fault = g_fault = 1;
+    rc = pp_schedule_make(PP_SCHED_1F1B, PP, 1, W.m, acts, sizeof acts / sizeof acts[0], &W.sc, &err);
+    if (rc == PP_OK) rc = pp_partition_uniform(W.model.n_layers, PP, W.first, &err);
+    CHECK(rc == PP_OK, "fault setup: %s", err.msg);
+    if (rc != PP_OK) return;
+    ncclGetUniqueId(&W.id);
+    W.wref = tlm_grid_weights(W.w, W.g, NR);
+    for (r = 0; r < NR; r++) {
+        arg[r].W = &W;
+        arg[r].r = r;
+        pthread_create(&th[r], NULL, rank_main, &arg[r]);
+    }
+    for (r = 0; r < NR; r++) pthread_join(th[r], NULL);
+    for (r = 0; r < NR; r++) {
+        CHECK(W.rc[r] == PP_OK, "fault: world rank %d: %s", r, W.msg[r]);
+        CHECK(W.bad[r] == 0, "fault: world rank %d returned PP_OK with gradients other than the reference's: %s", r, W.msg[r]);
+        for (step = 0; step < FSTEPS; step++) {
+            if (step == FAIL_STEP)
+                CHECK(W.out[r][step] != PP_OK && strstr(W.omsg[r][step], pp_result_str(W.out[r][step])),
+                      "fault: step %d: world rank %d: %s (every rank fails the step, naming its error)", step, r,
+                      W.out[r][step] == PP_OK ? "PP_OK" : W.omsg[r][step]);
+            else
+                CHECK(W.out[r][step] == PP_OK, "fault: step %d: world rank %d: %s", step, r, W.omsg[r][step]);
+        }
+    }
+    printf("nccl-grid fault: step %d: %s | %s | %s | %s\n", FAIL_STEP, W.omsg[0][FAIL_STEP], W.omsg[1][FAIL_STEP],
+           W.omsg[2][FAIL_STEP], W.omsg[3][FAIL_STEP]);
+    /* DP_INNER: world rank = pp_rank * DP + dp_rank; replica 1's ranks against replica 0's */
+    CHECK(memcmp(W.w[0], W.w[1], nE * sizeof(float)) == 0, "fault: the replicas' embeddings differ after the run");
+    CHECK(memcmp(W.w[0], W.w[DP] + (tlm_param_count(VOCAB, DIM) - nE), nE * sizeof(float)) == 0,
+          "fault: replica 0's tied copies differ after the run");
+    g_fault = 0;
+    tlm_grid_free(W.wref, W.w, W.g, NR);
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && !strcmp(argv[1], "fault")) { /* the fault run alone (the controls) */
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        fault_run();
+        return TEST_DONE("nccl-grid fault");
+    }
     setvbuf(stdout, NULL, _IOLBF, 0);
     grid_run(PP_SCHED_GPIPE, 4, 0);
     grid_run(PP_SCHED_1F1B, 5, 0);
     grid_run(PP_SCHED_ZB_H1, 4, 0);
     grid_run(PP_SCHED_1F1B, 5, 1);
     grid_run(PP_SCHED_ZB_H1, 4, 2); /* and host memory in the direct check */
+#ifndef PP_TEST_REAL_CUDA
+    fault_run();
+#endif
 #ifdef PP_TEST_REAL_CUDA
     layer_staged_free();
 #endif
