@@ -569,8 +569,26 @@ TEST_BINS = $(addprefix $(B)/,$(TESTS)) $(addprefix $(B)/clang-,$(TESTS)) \
             $(addprefix $(B)/asan-,$(TESTS)) $(addprefix $(B)/tsan-,$(TESTS)) \
             $(addprefix $(B)/fuzzrun-,$(FUZZERS)) $(TEST_BINS_EXTRA)
 
+# The run: TEST_JOBS binaries at a time (most of the slow ones wait on deadlines and imitated
+# devices, not on a core), the slowest first (TEST_FIRST) so that the runners finish together.
+# The sampled sweeps' seed is new each run and printed first: PP_TEST_SEED=N make test repeats a
+# run; make test-full runs every case of every sweep (PP_TEST_FULL=1).
+TEST_JOBS ?= 2
+TEST_FIRST = $(addprefix $(B)/,tsan-test_nccl_pipeline asan-test_nccl_pipeline tsan-test_zb nccl-controls dpfault-controls \
+             tsan-test_malloc tsan-test_schedule asan-test_zb test_nccl_pipeline clang-test_nccl_pipeline mpi-np8 \
+             asan-test_malloc tsan-test_reliability asan-test_reliability)
+ifndef PP_TEST_SEED
+PP_TEST_SEED := $(shell date +%s)
+endif
+export PP_TEST_SEED PP_TEST_FULL
 test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx check-c lint
-	@sh tests/run.sh $(TEST_BINS) $(addprefix valgrind:$(B)/,$(VG_TESTS))
+	@echo "make test: PP_TEST_SEED=$(PP_TEST_SEED)$(if $(PP_TEST_FULL), PP_TEST_FULL=$(PP_TEST_FULL)), $(TEST_JOBS) at a time"
+	@PP_TEST_JOBS=$(TEST_JOBS) sh tests/run.sh $(filter $(TEST_BINS),$(TEST_FIRST)) $(addprefix valgrind:$(B)/,$(VG_TESTS)) \
+	  $(filter-out $(TEST_FIRST),$(TEST_BINS))
+
+.PHONY: test-full
+test-full:
+	@$(MAKE) --no-print-directory test PP_TEST_FULL=1
 
 # The main job: the GPU example where nvcc and a GPU are present (CPU=1 forces the CPU one).
 run: $(B)/mlp_cpu
