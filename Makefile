@@ -11,7 +11,7 @@ LDLIBS   = -lpthread -lm
 B        = build
 
 HEADERS  = pipeline.h
-TEST_HDRS = tests/test.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h
+TEST_HDRS = tests/test.h tests/test_link.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
@@ -35,10 +35,14 @@ $(B):
 EXH = $(wildcard examples/*.h)
 
 # Negative controls (the binaries named *-ctl-*, built against a deliberately broken library)
-# compile at -O1 without debug information: a third of -O2 -g's time, and each one only has to
-# fail. CTL_CFLAGS="-O2 -g" builds them as the tests are built.
-CTL_CFLAGS ?= -O1
-CTL_KINDS   = agree ckpt conv cuda cudap errors eval gpt_cpu gradnorm malloc nccl ncclgrid overlap recompute rel soak \
+# compile at -O0: a sixth of -O2 -g's time (a fifth with the imitations), and each one only has
+# to fail, for its reason (every control was checked to fail as before at -O0, 2026-12-02).
+# CTL_CFLAGS="-O2 -g" builds them as the tests are built.
+CTL_CFLAGS ?= -O0
+# The tests' gcc and clang builds (the sanitizers' keep -g for their reports): -O2 without debug
+# information, a fifth less to compile; TEST_CFLAGS="-O2 -g" for a debugger.
+TEST_CFLAGS ?= -O2
+CTL_KINDS   = agree ckpt conv cuda cudap errors eval gpt_cpu gradnorm malloc nccl ncclgrid overlap recompute rel soak mpi \
               validate zb tlm-mpi dpfault
 $(foreach k,$(CTL_KINDS),$(B)/$(k)-ctl-%): CFLAGS = $(CTL_CFLAGS)
 
@@ -67,10 +71,10 @@ bench-bf16: $(B)/gpt_cpu
 
 # Tests: gcc build, clang build, ASan+UBSan, TSan (threaded), and every header as C++.
 $(B)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
-	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+	$(CC) $(BASE) $(TEST_CFLAGS) $< -o $@ $(LDLIBS)
 
 $(B)/clang-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
-	$(CLANG) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+	$(CLANG) $(BASE) $(TEST_CFLAGS) $< -o $@ $(LDLIBS)
 
 $(B)/asan-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) $(ASAN_FLAGS) $< -o $@ $(LDLIBS)
@@ -83,7 +87,7 @@ $(B)/tsan-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 # out of them, and linked with tests/impl.c's object of their flavour; it was four fifths of each
 # one's compile. The flags are spelled out here (IMPL_*), not taken from BASE, which targets
 # extend for themselves and make would pass on to a shared prerequisite.
-LINKED_TESTS = test_pipeline test_errors test_varlen test_gpt \
+LINKED_TESTS = test_pipeline test_errors test_varlen test_gpt test_zb test_devops test_recompute \
                test_validate test_gradnorm test_eval test_grid test_schedule
 O           = $(B)/obj
 IMPL_BASE  := -std=c99 $(WARN) -I.
@@ -93,17 +97,17 @@ TSAN_FLAGS  = -O1 -g -fsanitize=thread
 $(O):
 	@mkdir -p $(O)
 $(O)/impl.o: tests/impl.c $(HEADERS) | $(O)
-	$(CC) $(IMPL_BASE) $(CFLAGS) -c $< -o $@
+	$(CC) $(IMPL_BASE) $(TEST_CFLAGS) -c $< -o $@
 $(O)/clang-impl.o: tests/impl.c $(HEADERS) | $(O)
-	$(CLANG) $(IMPL_BASE) $(CFLAGS) -c $< -o $@
+	$(CLANG) $(IMPL_BASE) $(TEST_CFLAGS) -c $< -o $@
 $(O)/asan-impl.o: tests/impl.c $(HEADERS) | $(O)
 	$(CC) $(IMPL_BASE) $(ASAN_FLAGS) -c $< -o $@
 $(O)/tsan-impl.o: tests/impl.c $(HEADERS) | $(O)
 	$(CLANG) $(IMPL_BASE) $(TSAN_FLAGS) -c $< -o $@
 $(addprefix $(B)/,$(LINKED_TESTS)): $(B)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) $(O)/impl.o
-	$(CC) $(BASE) $(LINK_DEFS) $(CFLAGS) $< $(O)/impl.o -o $@ $(LDLIBS)
+	$(CC) $(BASE) $(LINK_DEFS) $(TEST_CFLAGS) $< $(O)/impl.o -o $@ $(LDLIBS)
 $(addprefix $(B)/clang-,$(LINKED_TESTS)): $(B)/clang-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) $(O)/clang-impl.o
-	$(CLANG) $(BASE) $(LINK_DEFS) $(CFLAGS) $< $(O)/clang-impl.o -o $@ $(LDLIBS)
+	$(CLANG) $(BASE) $(LINK_DEFS) $(TEST_CFLAGS) $< $(O)/clang-impl.o -o $@ $(LDLIBS)
 $(addprefix $(B)/asan-,$(LINKED_TESTS)): $(B)/asan-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) $(O)/asan-impl.o
 	$(CC) $(BASE) $(LINK_DEFS) $(ASAN_FLAGS) $< $(O)/asan-impl.o -o $@ $(LDLIBS)
 $(addprefix $(B)/tsan-,$(LINKED_TESTS)): $(B)/tsan-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) $(O)/tsan-impl.o
@@ -365,7 +369,7 @@ $(B)/ncclgrid-ctl-same-order: BASE += -DPP_TEST_NO_DP_SAME_ORDER
 $(B)/ncclgrid-ctl-copy-untimed: BASE += -DPP_NCCL_TEST_COPY_UNTIMED
 $(B)/dpfault-controls: tests/controls.sh $(B)/dpfault-ctl-no-step-id $(B)/dpfault-ctl-deadline-each $(B)/dpfault-ctl-no-scale-check \
                        $(B)/dpfault-ctl-no-agree $(B)/ncclgrid-ctl-no-agree $(B)/ncclgrid-ctl-same-order $(B)/ncclgrid-ctl-copy-untimed
-	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale" "$(B)/dpfault-ctl-no-agree agree" "$(B)/ncclgrid-ctl-no-agree fault" "timeout 30 $(B)/ncclgrid-ctl-same-order fault" "timeout 30 $(B)/ncclgrid-ctl-copy-untimed fault"\n' > $@
+	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale" "$(B)/dpfault-ctl-no-agree agree" "$(B)/ncclgrid-ctl-no-agree fault" "timeout 10 $(B)/ncclgrid-ctl-same-order fault" "timeout 10 $(B)/ncclgrid-ctl-copy-untimed fault"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/dpfault-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------
@@ -573,17 +577,18 @@ TEST_BINS = $(addprefix $(B)/,$(TESTS)) $(addprefix $(B)/clang-,$(TESTS)) \
 # devices, not on a core), the slowest first (TEST_FIRST) so that the runners finish together.
 # The sampled sweeps' seed is new each run and printed first: PP_TEST_SEED=N make test repeats a
 # run; make test-full runs every case of every sweep (PP_TEST_FULL=1).
-TEST_JOBS ?= 2
-TEST_FIRST = $(addprefix $(B)/,tsan-test_nccl_pipeline asan-test_nccl_pipeline tsan-test_zb nccl-controls dpfault-controls \
-             tsan-test_malloc tsan-test_schedule asan-test_zb test_nccl_pipeline clang-test_nccl_pipeline mpi-np8 \
-             asan-test_malloc tsan-test_reliability asan-test_reliability)
+TEST_JOBS ?= 3
+TEST_FIRST = $(addprefix $(B)/,tsan-test_nccl_pipeline tsan-test_zb nccl-controls asan-test_nccl_pipeline tsan-test_schedule \
+             clang-test_nccl_pipeline test_nccl_pipeline asan-test_zb dpfault-controls tsan-test_recompute \
+             recompute-controls failpath-controls tsan-test_malloc mpi-np8 asan-test_malloc tsan-test_reliability \
+             asan-test_reliability)
 ifndef PP_TEST_SEED
 PP_TEST_SEED := $(shell date +%s)
 endif
 export PP_TEST_SEED PP_TEST_FULL
 test: $(TEST_BINS) $(EXAMPLES) $(BENCHES) $(B)/clang-ex-mlp_cpu $(B)/clang-ex-gpt_cpu check-cxx check-c lint
 	@echo "make test: PP_TEST_SEED=$(PP_TEST_SEED)$(if $(PP_TEST_FULL), PP_TEST_FULL=$(PP_TEST_FULL)), $(TEST_JOBS) at a time"
-	@PP_TEST_JOBS=$(TEST_JOBS) sh tests/run.sh $(filter $(TEST_BINS),$(TEST_FIRST)) $(addprefix valgrind:$(B)/,$(VG_TESTS)) \
+	@PP_TEST_JOBS=$(TEST_JOBS) PP_TEST_TIMES=$(B)/test-times.txt sh tests/run.sh $(filter $(TEST_BINS),$(TEST_FIRST)) $(addprefix valgrind:$(B)/,$(VG_TESTS)) \
 	  $(filter-out $(TEST_FIRST),$(TEST_BINS))
 
 .PHONY: test-full

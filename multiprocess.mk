@@ -170,9 +170,11 @@ $(B)/mpi-overlap-controls: tests/controls.sh $(B)/overlap-ctl-mpi-nostart $(B)/t
 	@printf '#!/bin/sh\nexec sh tests/controls.sh mpi-overlap-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/overlap-ctl-mpi-nostart" "$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/tlm-mpi-ctl-tied-late --pp 2 --steps 5 --check"\n' > $@ && chmod +x $@
 # ---- issue 39: pp_dp_overlap over MPI after a failed step (tests/test_mpi.c, dp_abandon_case) ----
 # Without the refusal of an all-reduce after an abandoned one (-DPP_TEST_NO_MPI_ABANDON) a rank
-# returns PP_OK with another step's sum: the control must fail.
+# returns PP_OK with another step's sum: the control must fail. Built without the overlap's vote
+# too (-DPP_TEST_NO_DP_AGREE), whose own all-reduce would otherwise meet the abandoned one and
+# hide the fault (with the vote alone, the refusal in place, test_mpi passes).
 $(B)/mpi-ctl-no-abandon: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
-	$(MPICC) $(BASE) -DPP_TEST_NO_MPI_ABANDON $(CFLAGS) $< -o $@ $(LDLIBS)
+	$(MPICC) $(BASE) -DPP_TEST_NO_MPI_ABANDON -DPP_TEST_NO_DP_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/mpi-dpfault-controls: tests/controls.sh $(B)/mpi-ctl-no-abandon
 	@printf '#!/bin/sh\nexec sh tests/controls.sh mpi-dpfault-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 2 $(B)/mpi-ctl-no-abandon"\n' > $@ && chmod +x $@
 MPI_TESTS += $(B)/mpi-dpfault-controls

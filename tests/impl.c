@@ -4,3 +4,11 @@
    with -DPP_TEST_LINK_IMPL leaves the implementation out, and without it is one file as before. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
+
+/* The few private names a linked test reaches, exported under test names (tests/test_link.h
+   maps the private names onto them). */
+void pp_test_partition_ranks(const double* w, const double* mem, double cap, int L, const pp_schedule* s, int* first);
+void pp_test_partition_ranks(const double* w, const double* mem, double cap, int L, const pp_schedule* s, int* first) {
+    _pp_partition_ranks(w, mem, cap, L, s, first);
+}
+const int pp_test_pool_warm_steps = _PP_POOL_WARM_STEPS;

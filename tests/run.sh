@@ -68,7 +68,9 @@ EOF
   [ "$st" -eq 0 ] || status=1
 done
 wait
-# the ten slowest, with their seconds (a test over 60 s says why in its comment)
+# the ten slowest, with their seconds (a test over 60 s says why in its comment); PP_TEST_TIMES=FILE
+# keeps every test's (milliseconds, slowest first)
+[ -n "${PP_TEST_TIMES:-}" ] && sort -rn "$dir/times" > "$PP_TEST_TIMES"
 if [ "$#" -gt 1 ]; then
   echo "slowest:"
   sort -rn "$dir/times" | head -10 | awk '{ printf "  %7.1f s  %s\n", $1 / 1000, $2 }'

@@ -585,9 +585,12 @@ static void test_grad_device(void) {
     /* the scaler: a NaN on the device skips; then a clean check unscales as on the host */
     CHECK(pp_loss_scaler_init(&hs, NULL, &err) == PP_OK && pp_loss_scaler_init(&ds, NULL, &err) == PP_OK, "scalers");
     /* cudaMemcpy from pageable memory may return before the device has the bytes, and it is not
-       ordered with the rank's (non-blocking) stream: wait for it as a caller must */
+       ordered with the rank's (non-blocking) stream: wait for it as a caller must, on the device
+       current when it was issued (0) as well as on the one holding the buffer */
     CHECK(cudaMemcpy((float*)dptr[3] + 2, &nan, sizeof nan, cudaMemcpyHostToDevice) == cudaSuccess &&
-              cudaSetDevice(devs[1]) == cudaSuccess && cudaDeviceSynchronize() == cudaSuccess, "a NaN");
+              cudaDeviceSynchronize() == cudaSuccess && cudaSetDevice(devs[1]) == cudaSuccess &&
+              cudaDeviceSynchronize() == cudaSuccess,
+          "a NaN");
     CHECK(pp_loss_scaler_check(&ds, NULL, 0, db, n, &dskip, &err) == PP_OK && dskip == 1 && ds.scale == 32768.0f,
           "device gradients: a NaN skips the step: skip %d, scale %g: %s", dskip, (double)ds.scale, err.msg);
     CHECK(cudaMemcpy((float*)dptr[3] + 2, (float*)hb[3].data + 2, sizeof nan, cudaMemcpyHostToDevice) == cudaSuccess &&

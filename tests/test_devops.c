@@ -6,8 +6,11 @@
    equal the simulator's peak, and mark() must bracket every action. A transport wrapper poisons
    every receive buffer before the receive is posted and checks, when the wait returns, that every
    byte was written (the same check tests/test_cuda.cu runs on the GPU). */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
+#include "test_link.h"
 #include "../examples/mlp.h"
 #include "test.h"
 #include "harness.h"

@@ -17,8 +17,11 @@
      built with -DPP_TEST_OLD_PLAN_BOUNDS, build/failpath-controls, it fails).
    Negative control: -DPP_TEST_NO_RECOMPUTE (the B skips the recompute: stale scratch and
    activations) fails the bit-identity checks (build/recompute-controls). */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
+#include "test_link.h"
 #include "../examples/mlp.h"
 #include "test.h"
 #include "harness.h"

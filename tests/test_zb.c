@@ -27,8 +27,11 @@
      what they hold at the step's end (after the last W where W is deferred: ZB-H1, ZB-V); never
      in an evaluation. `test_zb final` runs this part alone (build/overlap-controls: fired at the
      last B, it fails). */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
+#include "test_link.h"
 #include "../examples/mlp.h"
 #include "test.h"
 #include "harness.h"
