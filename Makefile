@@ -398,7 +398,9 @@ $(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ct
 	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare" "env PP_TEST_POOL_STEPS=200 $(B)/cuda-ctl-no-spares varlen" "$(B)/cuda-ctl-copy-unordered graddev"\n' > $@
 	chmod +x $@
 
-# Negative controls built from tests/test_nccl_pipeline.c, each with one -D (rule below). The
+# Negative controls built from tests/test_nccl_pipeline.c, each with one -D (rule below). Together
+# over a minute (64 s, 2026-12-02): several must hang to a deadline of 2-3 s, or run the staged
+# gpu mode into its 30 s timeout, which is how they show the rule they guard. The
 # drained failure: with the stage aborting as before, the peers wait for their deadline (3 s
 # here) and the test fails.
 $(B)/nccl-ctl-nodrain: BASE += -DPP_TEST_NO_DRAIN
@@ -547,15 +549,18 @@ $(B)/fuzzrun-%: tests/fuzz/%.c tests/fuzz/fuzz.h $(HEADERS) | $(B)
 $(B)/fuzz-%: tests/fuzz/%.c tests/fuzz/fuzz.h $(HEADERS) | $(B)
 	$(CLANG) $(BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ $(LDLIBS)
 
+# FUZZ_RUNS inputs per target, or FUZZ_SECONDS each at most (0: no limit): fuzz_sim's cost-aware
+# generators under ASan take some 40 ms an input, and 20,000 of them 15 minutes; the four
+# targets run two at a time. What each did is printed ("N runs").
+FUZZ_SECONDS ?= 150
 fuzz: $(addprefix $(B)/fuzz-,$(FUZZERS))
-	@for f in $(FUZZERS); do \
-	  mkdir -p $(B)/fuzz-work/$$f; \
-	  if ! $(B)/fuzz-$$f -runs=$(FUZZ_RUNS) -seed=1 -artifact_prefix=$(B)/fuzz-work/$$f- $(B)/fuzz-work/$$f tests/fuzz/corpus/$$f \
-	       > $(B)/fuzz-work/$$f.log 2>&1; then \
-	    tail -40 $(B)/fuzz-work/$$f.log; echo "$$f: FINDING (input saved as $(B)/fuzz-work/$$f-crash-*)"; exit 1; fi; \
-	  n=$$(grep -o 'Done [0-9]* runs' $(B)/fuzz-work/$$f.log | grep -o '[0-9]*'); \
-	  echo "$$f: $$n runs, no finding"; \
-	done
+	@printf '%s\n' $(FUZZERS) | xargs -P 2 -I{} sh -c 'mkdir -p $(B)/fuzz-work/{} && \
+	  if ! $(B)/fuzz-{} -runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_SECONDS) -seed=1 -artifact_prefix=$(B)/fuzz-work/{}- \
+	       $(B)/fuzz-work/{} tests/fuzz/corpus/{} > $(B)/fuzz-work/{}.log 2>&1; then \
+	    tail -40 $(B)/fuzz-work/{}.log; echo "{}: FINDING (input saved as $(B)/fuzz-work/{}-crash-*)"; exit 1; fi; \
+	  n=$$(grep -ao "Done [0-9]* runs" $(B)/fuzz-work/{}.log | grep -o "[0-9]*"); \
+	  echo "{}: $$n runs, no finding"'
+
 
 # The long soak: thousands of steps with changing shapes (make test runs a short one).
 soak: $(B)/test_soak
