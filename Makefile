@@ -739,14 +739,15 @@ $(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid: tests/fakenccl/
 
 # Two at a time by default (make -jN quick: N builds); the slowest tests first, so that the
 # two runners finish together.
-QUICK_SLOW = test_nccl_pipeline test_cuda_pipeline test_reliability test_imitation
+QUICK_SLOW = test_nccl_pipeline test_malloc test_recompute test_dpfault test_imitation test_zb test_schedule test_cuda_pipeline \
+             test_reliability
 QUICK_RUN = $(addprefix $(Q)/,$(filter $(TESTS),$(QUICK_SLOW)) $(filter-out $(QUICK_SLOW),$(TESTS)))
 
 quick:
 	@$(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j2) $(QUICK_BINS)
 	@$(Q)/mlp_cpu --check --steps 2 > /dev/null && $(Q)/gpt_cpu --check --steps 2 --generated --eval-every 1 --eval-seqs 32 > /dev/null && \
 	  echo "quick: examples pass their --check"
-	@PP_QUICK=1 PP_TEST_JOBS=2 sh tests/run.sh $(QUICK_RUN)
+	@PP_QUICK=1 PP_TEST_JOBS=3 sh tests/run.sh $(QUICK_RUN)
 	@echo "quick leaves out (make test runs them): the clang, ASan+UBSan, TSan and valgrind builds, the negative" \
 	      "controls, the fuzz replays, MPI, the C/C++ header builds, lint, api-doc, install and the README's programs"
 
