@@ -544,7 +544,7 @@ lint: | $(B)
 # make test, under ASan+UBSan). fuzz-*: libFuzzer (clang); make fuzz runs each FUZZ_RUNS times
 # from the seed corpus (new inputs go to build/fuzz-work, the repo's corpus is left alone).
 $(B)/fuzzrun-%: tests/fuzz/%.c tests/fuzz/fuzz.h $(HEADERS) | $(B)
-	$(CC) $(BASE) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -DPP_FUZZ_STANDALONE $< -o $@ $(LDLIBS)
+	$(CC) $(BASE) $(ASAN_FLAGS) -DPP_FUZZ_STANDALONE $< -o $@ $(LDLIBS)
 
 $(B)/fuzz-%: tests/fuzz/%.c tests/fuzz/fuzz.h $(HEADERS) | $(B)
 	$(CLANG) $(BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ $(LDLIBS)

@@ -191,7 +191,7 @@ $(B)/mpi-np%: $(B)/test_mpi
 
 # ASan+UBSan across 4 processes; leak checks off (MPI keeps its own allocations to the end)
 $(B)/asan-test_mpi: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
-	$(MPICC) $(BASE) -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer $< -o $@ $(LDLIBS)
+	$(MPICC) $(BASE) $(ASAN_FLAGS) $< -o $@ $(LDLIBS)
 
 $(B)/mpi-asan-np%: $(B)/asan-test_mpi
 	@printf '#!/bin/sh\nASAN_OPTIONS=detect_leaks=0 exec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) $(MPI_FWD_ASAN) -np $* $(B)/asan-test_mpi\n' > $@ && chmod +x $@

@@ -301,11 +301,22 @@ static void* rank_main(void* arg) {
     return NULL;
 }
 
+/* Every rank of the grid a thread running rank_main over W, to the end. */
+static void run_ranks(world* W) {
+    pthread_t th[NR];
+    rank_arg arg[NR];
+    int r;
+    for (r = 0; r < NR; r++) {
+        arg[r].W = W;
+        arg[r].r = r;
+        pthread_create(&th[r], NULL, rank_main, &arg[r]);
+    }
+    for (r = 0; r < NR; r++) pthread_join(th[r], NULL);
+}
+
 static void grid_run(pp_schedule_kind kind, int m, int overlap) {
     static pp_action acts[PP * 2 * 2 * 16];
     world W;
-    pthread_t th[NR];
-    rank_arg arg[NR];
     pp_error err;
     size_t nE = (size_t)VOCAB * DIM, hoff, hn;
     int r, d;
@@ -322,12 +333,7 @@ static void grid_run(pp_schedule_kind kind, int m, int overlap) {
     ncclGetUniqueId(&W.id);
     W.wref = tlm_grid_weights(W.w, W.g, NR);
     layer_range(TLM_HEAD_LAYER, &hoff, &hn);
-    for (r = 0; r < NR; r++) {
-        arg[r].W = &W;
-        arg[r].r = r;
-        pthread_create(&th[r], NULL, rank_main, &arg[r]);
-    }
-    for (r = 0; r < NR; r++) pthread_join(th[r], NULL);
+    run_ranks(&W);
     for (r = 0; r < NR; r++) {
         CHECK(W.rc[r] == PP_OK, "%s: world rank %d: %s", pp_schedule_name(kind), r, W.msg[r]);
         CHECK(W.bad[r] == 0, "%s: world rank %d: %s", pp_schedule_name(kind), r, W.msg[r]);
@@ -352,8 +358,6 @@ static void grid_run(pp_schedule_kind kind, int m, int overlap) {
 static void fault_run(void) {
     static pp_action acts[PP * 2 * 2 * 16];
     world W;
-    pthread_t th[NR];
-    rank_arg arg[NR];
     pp_error err;
     size_t nE = (size_t)VOCAB * DIM;
     int r, step;
@@ -371,12 +375,7 @@ static void fault_run(void) {
     if (rc != PP_OK) return;
     ncclGetUniqueId(&W.id);
     W.wref = tlm_grid_weights(W.w, W.g, NR);
-    for (r = 0; r < NR; r++) {
-        arg[r].W = &W;
-        arg[r].r = r;
-        pthread_create(&th[r], NULL, rank_main, &arg[r]);
-    }
-    for (r = 0; r < NR; r++) pthread_join(th[r], NULL);
+    run_ranks(&W);
     for (r = 0; r < NR; r++) {
         CHECK(W.rc[r] == PP_OK, "fault: world rank %d: %s", r, W.msg[r]);
         CHECK(W.bad[r] == 0, "fault: world rank %d returned PP_OK with gradients other than the reference's: %s", r, W.msg[r]);
