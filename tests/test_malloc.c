@@ -162,7 +162,7 @@ static void sweep(pp_schedule_kind kind, pp_shape_policy shapes, long R, int say
     static const char* const pol_name[] = {"local", "broadcast", "per_message", "auto"};
     snprintf(what, sizeof what, "%s %s", pp_schedule_name(kind), pol_name[shapes]);
     for (k = 1; k < 100000; k++) {
-        if (R > 1 && !test_pick(k, R)) continue;
+        if (!test_pick(k, R)) continue;
         n++;
         if (one(kind, shapes, k, what)) break;
         if (_t_fail - fails > 3) break; /* one broken k is enough to read */
