@@ -725,6 +725,14 @@ $(Q)/test_schedule $(Q)/test_zb: QOPT = -O1
 $(Q)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(Q)
 	$(CC) $(BASE) $(QOPT) $< -o $@ $(LDLIBS)
 
+# The linked tests link one implementation object, as make test's do; it builds at -O1 (the
+# schedule generators run in it), the tests themselves at QOPT.
+$(Q)/obj/impl.o: tests/impl.c $(HEADERS) | $(Q)
+	@mkdir -p $(Q)/obj
+	$(CC) $(IMPL_BASE) -O1 -c $< -o $@
+$(addprefix $(Q)/,$(LINKED_TESTS)): $(Q)/%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) $(Q)/obj/impl.o
+	$(CC) $(BASE) $(LINK_DEFS) $(QOPT) $< $(Q)/obj/impl.o -o $@ $(LDLIBS)
+
 $(Q)/%: examples/%.c $(EXH) $(HEADERS) | $(Q)
 	$(CC) $(BASE) -O0 $< -o $@ $(LDLIBS)
 

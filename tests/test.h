@@ -56,6 +56,12 @@ static inline int test_heavy(long i, long R) {
     return !TEST_SANITIZED || test_pick(i, R);
 }
 
+/* make quick's share of a sweep (PP_QUICK): case i runs when test_pick(i, R) says so, so the
+   edit loop covers the whole sweep within R runs; every case outside make quick. */
+static inline int test_quick_pick(long i, long R) {
+    return !getenv("PP_QUICK") || test_pick(i, R);
+}
+
 /* Closing line, and the exit code that agrees with it (a failure names the seed to rerun it). */
 #define TEST_DONE(name)                                                                          \
     (_t_fail ? printf("%s: rerun with PP_TEST_SEED=%lu%s\n", name, test_seed(),                \

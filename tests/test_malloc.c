@@ -12,7 +12,7 @@
    - the next step (allocations working again) bit-exact: loss and gradients equal the
      sequential reference's.
    The sweep is a rotation (tests/test.h's test_pick): a run takes every k with k % R equal to
-   PP_TEST_SEED % R, R = 8 in the plain builds and 32 under the sanitizers and in make quick, so every k of every
+   PP_TEST_SEED % R, R = 8 in the plain builds, 32 under the sanitizers and 64 in make quick, so every k of every
    kind and policy runs within R consecutive seeds; PP_TEST_FULL=1 takes every k (make test-full).
    `plant` shows it: an allocation failure that leaks, planted at one k, is found by exactly one
    of R consecutive seeds. `test_malloc KIND POLICY K` runs one case (indices into the lists in
@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
     pp_model model = mlp_model_desc();
     pp_error err;
     int i, j, rows = 0;
-    long R = test_full() ? 1 : TEST_SANITIZED || getenv("PP_QUICK") ? 32 : 8; /* make quick: 1 in 32, no plant */
+    long R = test_full() ? 1 : getenv("PP_QUICK") ? 64 : TEST_SANITIZED ? 32 : 8; /* make quick: 1 in 64, no plant */
     setvbuf(stdout, NULL, _IOLBF, 0);
     WBUF = mlp_init(&W, &G, DIMS, 5, &GBUF);
     {
