@@ -1384,18 +1384,63 @@ static pp_result _ppn_connect(pp_nccl* t, int nch, pp_error* err) {
    group could wait behind the compute stream's wait for another channel, and two ranks for
    each other. Over tests/fakecuda's queues (FAKECUDA_MAX_CONNECTIONS) a table needing eight
    channels hung at 8 queues. One channel is one in-order queue anyway. */
-static pp_result _ppn_queues_ok(int n, pp_error* err) {
+/* Hardware work queues. A stream that shares a queue (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default;
+   streams beyond share) runs nothing past another stream's earlier work there. n channels make
+   1 + 3n streams on this device: the compute stream, each channel's stream, and for each
+   channel's communicator NCCL's own two (deviceStream and hostStream, made at init [NCCL
+   src/init.cc, ncclStrongStreamConstruct]; deviceStream waits for every kernel of its
+   communicator [src/enqueue.cc, ncclLaunchFinish: ncclStreamAdvanceToEvent]). With every one on
+   a queue of its own, the channels' kernels wait only for their peers (the channel model of
+   pp_nccl_check_rendezvous). Beyond, a channel's kernel may wait behind another's: the device
+   then runs the transport's kernels as if one after another in launch order, which one
+   channel's check proves (one communicator's kernels run in issue order anyway). */
+static int _ppn_queues_need(int n) { return n <= 1 ? 1 : 1 + 3 * n; }
+static int _ppn_queues(int* given) {
     const char* e = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     int q = e && *e ? atoi(e) : 8;
+    if (given) *given = e && *e;
 #ifdef PP_NCCL_TEST_QUEUES_UNCHECKED /* negative control (build/nccl-controls): any count accepted */
     q = 64;
 #endif
-    if (n <= 1 || n + 1 <= q) return PP_OK;
+    return q < 1 ? 1 : q;
+}
+/* the most channels (1, 2, 4 or 8) whose streams each have a queue of their own */
+static int _ppn_channels_fit(void) {
+    int n = 8, q = _ppn_queues(NULL);
+#ifdef PP_NCCL_TEST_OLD_QUEUES /* negative control (build/nccl-controls): NCCL's own streams not counted */
+    while (n > 1 && n + 1 > q) n /= 2;
+    return n;
+#endif
+    while (n > 1 && _ppn_queues_need(n) > q) n /= 2;
+    return n;
+}
+static pp_result _ppn_queues_ok(int n, pp_error* err) {
+    int given, q = _ppn_queues(&given);
+    if (n <= _ppn_channels_fit()) return PP_OK;
     return _pp_fail(err, PP_ERR_UNSUPPORTED,
-                    "%d channels and the compute stream need %d hardware work queues; CUDA_DEVICE_MAX_CONNECTIONS is %d%s: "
-                    "streams beyond share a queue and wait for each other's work, which can hang this schedule. Set "
-                    "CUDA_DEVICE_MAX_CONNECTIONS=32 before the process first uses CUDA",
-                    n, n + 1, q, e && *e ? "" : " (CUDA's default)");
+                    "%d channels need %d hardware work queues (the compute stream, and for each channel its stream and NCCL's "
+                    "two of its communicator); CUDA_DEVICE_MAX_CONNECTIONS is %d%s: streams beyond share a queue and wait for "
+                    "each other's work, which can hang this schedule. Set CUDA_DEVICE_MAX_CONNECTIONS=%d or more before the "
+                    "process first uses CUDA, or pp_nccl_desc.channels = %d",
+                    n, _ppn_queues_need(n), q, given ? "" : " (CUDA's default)", _ppn_queues_need(n), _ppn_channels_fit());
+}
+
+/* The built-in kinds whose lists at p and m pass over nch channels, named into buf. */
+static void _ppn_kinds_over(int p, int m, int nch, char* buf, size_t cap) {
+    int k;
+    size_t len = 0;
+    buf[0] = 0;
+    for (k = 0; k < PP_SCHED_KIND_COUNT && len + 1 < cap; k++) {
+        pp_schedule_kind kind = (pp_schedule_kind)k;
+        int v = pp_schedule_kind_v(kind, 2);
+        size_t need = pp_schedule_size(kind, p, v, m);
+        pp_action* a = need ? (pp_action*)PP_MALLOC(need * sizeof(pp_action)) : NULL;
+        pp_schedule sc;
+        if (a && pp_schedule_make(kind, p, v, m, a, need, &sc, NULL) == PP_OK && _ppn_check_channels(&sc, nch, NULL) == PP_OK)
+            len += (size_t)snprintf(buf + len, cap - len, "%s%s", len ? ", " : "", pp_schedule_name(kind));
+        PP_FREE(a);
+    }
+    if (!len) snprintf(buf, cap, "none");
 }
 
 /* pp_stage_create's check: NCCL matches by order, and its sends wait for their receives. With
@@ -1407,7 +1452,6 @@ static pp_result _ppn_queues_ok(int n, pp_error* err) {
 static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
     int n;
-    pp_result rc0;
     /* a stage's forward-only list (pp_stage_eval) is checked like its training list, but its
        messages carry other tags (micro-batch + m), outside the order table (_ppn_key): the
        table stays the training list's */
@@ -1422,10 +1466,21 @@ static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error*
         if (_ppn_check_channels(s, n, NULL) == PP_OK) break;
     if (n >= t->nch_made) {
         pp_result rc = _ppn_check_channels(s, t->nch_made, err);
+        int more = t->nch_made * 2, most = t->size > 2 ? _PPN_MAXCH : 4; /* two ranks: one pair, one parity */
+        if (rc == PP_OK) n = t->nch_made;
+        while (rc != PP_OK && more <= most && _ppn_check_channels(s, more, NULL) != PP_OK) more *= 2;
+        if (rc != PP_OK && more <= most && more > _ppn_channels_fit()) {
+            /* it runs over more channels than the device's queues leave room for: say what runs */
+            char kinds[256];
+            pp_error why;
+            int fit = _ppn_channels_fit();
+            (void)_ppn_queues_ok(more, &why);
+            _ppn_kinds_over(s->p, s->m, fit, kinds, sizeof kinds);
+            return _pp_fail(err, PP_ERR_UNSUPPORTED, "%s p=%d m=%d needs %d channels, and %d fit: %s. At p=%d m=%d these run over "
+                            "%d: %s", pp_schedule_name(s->kind), s->p, s->m, more, fit, why.msg, s->p, s->m, fit, kinds);
+        }
         if (rc != PP_OK) return rc;
-        n = t->nch_made;
     }
-    if ((rc0 = _ppn_queues_ok(n, err)) != PP_OK) return rc0;
     t->nch = n;
     t->nch_checked = 1;
     return _ppn_connect(t, n, err); /* the pairs the fewer channels put on other communicators */
@@ -1483,6 +1538,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
     }
 #if NCCL_VERSION_CODE >= 21800
     if (t->size > 1) t->nch = d->channels ? d->channels : t->size > 2 ? 8 : 4; /* two ranks: one pair, one parity */
+    if (!d->channels && t->nch > _ppn_channels_fit()) t->nch = _ppn_channels_fit(); /* each stream a queue of its own */
 #endif
     /* Split children of a parent that shares resources take its sharedRes, and every launch on
        it waits for the previous kernel to finish (src/init.cc ncclCommSplit, commAlloc;
@@ -1538,7 +1594,9 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
         }
         t->stream = t->ch_stream[0];
     }
-    t->nch_auto = !d->channels && t->nch > 1; /* the default: all until the first check, then the fewest */
+    /* the default: all until the first check, then the fewest (one channel because the queues
+       leave room for no more is the default too: its refusals say so) */
+    t->nch_auto = !d->channels && (t->nch > 1 || (t->size > 1 && _ppn_channels_fit() < 8));
     if (t->size > 1) {
         pp_result rc = _ppn_connect(t, t->nch, err);
         if (rc != PP_OK) {

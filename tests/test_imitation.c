@@ -1016,6 +1016,98 @@ static void test_two_comms(void) {
     two_comms(1, 1, 0, "known-bad: opposite orders must deadlock with one kernel per device");
 }
 
+/* serialize_kernels = 2: a device runs NCCL kernels one at a time in launch order, whatever
+   their communicator (one hardware queue). Rank 0 launches a send on communicator A, then a
+   receive on B; rank 1 the receive on A, then the send on B: the same order on both, so it runs.
+   The known-bad client (rank 1 launches its send on B first) deadlocks, deterministically, with
+   no sleep to arrange it; with kernels concurrent it runs. */
+static void r_launch_order(world* w, int r) {
+    const int* opposite = (const int*)w->user;
+    rank_setup(w, r);
+    w->rc2[r] = ncclCommInitRank(&w->comm2[r], w->n, w->id2, r);
+    if (w->rc2[r] == ncclSuccess) w->rc2[r] = connect_all(w->comm2[r], w->n, r);
+    if (r == 0) {
+        ncclSend(w->a[r], NF, ncclFloat, 1, w->comm[r], w->s[r]);
+        ncclRecv(w->b[r], NF, ncclFloat, 1, w->comm2[r], w->s2[r]);
+    } else if (!*opposite) {
+        ncclRecv(w->a[r], NF, ncclFloat, 0, w->comm[r], w->s[r]);
+        ncclSend(w->b[r], NF, ncclFloat, 0, w->comm2[r], w->s2[r]);
+    } else {
+        ncclSend(w->b[r], NF, ncclFloat, 0, w->comm2[r], w->s2[r]);
+        ncclRecv(w->a[r], NF, ncclFloat, 0, w->comm[r], w->s[r]);
+    }
+    w->ok[r] = wait_stream(w->s[r], HANG_S * 3) && wait_stream(w->s2[r], HANG_S);
+    rank_finish(w, r, w->ok[r], NULL);
+}
+
+/* NCCL's deviceStream waits for every kernel of its communicator: work a client puts on it (or
+   on a stream sharing its hardware queue) waits for the kernel. Rank 0 sends (no receive posted
+   yet): an event recorded on its communicator's deviceStream stays incomplete until rank 1
+   receives. Without the streams (no_internal_streams, not NCCL's way) there is nothing to wait
+   on: the known-bad imitation misses the rule. */
+static void r_internal_streams(world* w, int r) {
+    static volatile int go;
+    cudaStream_t ds = NULL, hs = NULL;
+    cudaEvent_t e = NULL;
+    if (r == 0) go = 0;
+    rank_setup(w, r);
+    if (r == 0) {
+        ncclSend(w->a[r], NF, ncclFloat, 1, w->comm[r], w->s[r]);
+        fakenccl_comm_streams(w->comm[r], &ds, &hs);
+        w->ok2[r] = ds != NULL && hs != NULL;
+        if (ds) {
+            cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+            cudaEventRecord(e, ds);
+            sleep_s(0.1);
+            w->ok2[r] = w->ok2[r] && cudaEventQuery(e) == cudaErrorNotReady; /* behind the kernel's end */
+        }
+        __sync_synchronize();
+        go = 1;
+        w->ok[r] = wait_stream(w->s[r], LONG_S) && (!e || wait_event(e, LONG_S));
+    } else {
+        while (!go) sleep_s(0.005);
+        ncclRecv(w->a[r], NF, ncclFloat, 0, w->comm[r], w->s[r]);
+        w->ok[r] = wait_stream(w->s[r], LONG_S);
+        w->ok2[r] = 1;
+    }
+    rank_finish(w, r, w->ok[r], e);
+}
+
+static void test_launch_order(void) {
+    world w;
+    int opposite, serialize;
+    for (serialize = 0; serialize <= 2; serialize += 2)
+        for (opposite = 0; opposite <= 1; opposite++) {
+            int expect = !(serialize && opposite);
+            set_options(0, serialize, 0.004);
+            world_init(&w, 2);
+            w.user = &opposite;
+            run_ranks(&w, r_launch_order);
+            CHECK((w.ok[0] && w.ok[1]) == expect, "launch order: %s orders, %s: %d %d (want %s)", opposite ? "opposite" : "one",
+                  serialize ? "one kernel at a time in launch order" : "kernels concurrent", w.ok[0], w.ok[1],
+                  expect ? "both done" : "a deadlock");
+            world_free(&w);
+        }
+    set_options(0, 0, 0.004);
+    {
+        fakenccl_options o;
+        int bad;
+        for (bad = 0; bad <= 1; bad++) {
+            memset(&o, 0, sizeof o);
+            o.launch_delay_s = 0.004;
+            o.no_internal_streams = bad;
+            fakenccl_set_options(&o);
+            world_init(&w, 2);
+            run_ranks(&w, r_internal_streams);
+            CHECK(w.ok[0] && w.ok[1], "internal streams%s: the exchange completes", bad ? " (none)" : "");
+            CHECK(w.ok2[0] == !bad, "internal streams%s: an event on deviceStream %s until the kernel ends", bad ? " (none)" : "",
+                  bad ? "cannot wait (known-bad: no deviceStream)" : "must wait");
+            world_free(&w);
+        }
+        set_options(0, 0, 0.004);
+    }
+}
+
 /* ---- lazy connection set-up [src: enqueue.cc p2pTaskAppend, group.cc groupLaunch,
    transport.cc ncclTransportP2pSetup] ------------------------------------------------------------ */
 
@@ -1567,6 +1659,7 @@ int main(void) {
     test_allreduce();
     test_abort();
     test_two_comms();
+    test_launch_order();
     test_lazy_connect();
     test_split_share();
     test_misc();

@@ -408,6 +408,102 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
     free(acts);
 }
 
+/* Hardware queues, NCCL's own streams counted. Each channel's communicator has two streams of
+   NCCL's (deviceStream, which waits for every kernel of it, and hostStream; the imitation makes
+   them, tests/fakenccl), so n channels take 1 + 3n queues. With CUDA_DEVICE_MAX_CONNECTIONS=1
+   (as Megatron-LM sets it) every stream shares one queue and the device runs the transport's
+   kernels one after another in launch order, which the imitation's serialize_kernels = 2 also
+   imposes: every kind at p = 2 and 4 (m = 2p + 1) either runs bit-exact over one channel or is
+   refused at pp_stage_create on every rank, naming the kinds that run there; 1F1B, GPipe, ZB-H1
+   and ZB-H2 run. At CUDA's default 8 queues the default makes 2 channels and a schedule that
+   needs 4 is refused the same way. Negative control: build/nccl-ctl-old-queues (NCCL's streams
+   not counted: 4 channels on 8 queues) hangs until its deadline. */
+static void one_queue_case(pp_schedule_kind kind, int p, int m, const char* queues, int* ran, int* refused) {
+    world w;
+    pp_action* acts;
+    pp_schedule sc;
+    pp_error err;
+    size_t n = pp_schedule_size(kind, p, pp_schedule_kind_v(kind, 2), m);
+    int r, fit = !strcmp(queues, "1") ? 1 : 2, runs;
+    acts = (pp_action*)malloc(sizeof(pp_action) * (n ? n : 1));
+    if (!acts || pp_schedule_make(kind, p, pp_schedule_kind_v(kind, 2), m, acts, n, &sc, &err) != PP_OK ||
+        pp_nccl_check_order(&sc, &err) != PP_OK) {
+        free(acts);
+        return;
+    }
+    runs = fewest_channels(&sc, p) <= fit;
+    memset(&w, 0, sizeof w);
+    w.p = p, w.m = m, w.shapes = PP_SHAPES_LOCAL, w.blocking = 1, w.sched = &sc, w.steps = 2;
+    reference(m, w.steps);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", queues, 1);
+    (void)run_world(&w);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+    for (r = 0; r < p; r++) {
+        if (runs) {
+            CHECK(w.rc[r][0] == PP_OK && w.rc[r][1] == PP_OK && w.chans[r] <= fit,
+                  "%s p=%d m=%d on %s queue(s): rank %d must run over at most %d channels (%d): %s", pp_schedule_name(kind), p, m,
+                  queues, r, fit, w.chans[r], w.msg[r]);
+        } else {
+            CHECK(w.rc[r][0] == PP_ERR_UNSUPPORTED && strstr(w.msg[r], "CUDA_DEVICE_MAX_CONNECTIONS") &&
+                      strstr(w.msg[r], "these run over") && strstr(w.msg[r], "1f1b"),
+                  "%s p=%d m=%d on %s queue(s): rank %d must be refused at pp_stage_create naming what runs: %s: %s",
+                  pp_schedule_name(kind), p, m, queues, r, pp_result_str(w.rc[r][0]), w.msg[r]);
+        }
+    }
+    if (runs && w.rc[0][0] == PP_OK && w.rc[0][1] == PP_OK)
+        CHECK(grads_equal(p), "%s p=%d m=%d on %s queue(s): gradients differ from the sequential run", pp_schedule_name(kind), p, m,
+              queues);
+    *ran += runs;
+    *refused += !runs;
+    free(acts);
+}
+
+static void test_one_queue(void) {
+    fakenccl_options o;
+    int k, p, ran = 0, refused = 0, ran8 = 0, refused8 = 0;
+    memset(&o, 0, sizeof o);
+    o.serialize_kernels = 2;
+    o.launch_delay_s = 0.001;
+    fakenccl_set_options(&o);
+    g_channels = 0;
+    for (p = 2; p <= 4; p += 2)
+        for (k = 0; k < PP_SCHED_KIND_COUNT; k++) {
+            if (getenv("PP_QUICK") && p == 4) continue;
+            one_queue_case((pp_schedule_kind)k, p, 2 * p + 1, "1", &ran, &refused);
+        }
+    memset(&o, 0, sizeof o);
+    o.launch_delay_s = 0.001;
+    fakenccl_set_options(&o);
+    for (k = 0; k < PP_SCHED_KIND_COUNT; k++) one_queue_case((pp_schedule_kind)k, 4, 9, "8", &ran8, &refused8);
+    memset(&o, 0, sizeof o);
+    fakenccl_set_options(&o);
+    printf("nccl-pipeline: one hardware queue, kernels one at a time in launch order: %d ran, %d refused naming what runs; "
+           "8 queues (p=4): %d ran, %d refused\n", ran, refused, ran8, refused8);
+    CHECK(ran >= 4 && refused > 0 && ran8 > 0, "one queue: %d ran, %d refused", ran, refused);
+}
+
+/* build/nccl-ctl-old-queues: NCCL's streams not counted, interleaved p = 2 on four channels at
+   CUDA's default 8 queues: the channels' streams share queues with NCCL's deviceStreams. */
+static void test_old_queues(void) {
+    world w;
+    static pp_action acts[4096];
+    pp_schedule sc;
+    pp_error err;
+    int r;
+    CHECK(pp_schedule_make(PP_SCHED_INTERLEAVED, 2, 2, 5, acts, 4096, &sc, &err) == PP_OK, "%s", err.msg);
+    memset(&w, 0, sizeof w);
+    w.p = 2, w.m = 5, w.shapes = PP_SHAPES_LOCAL, w.blocking = 1, w.sched = &sc, w.steps = 2;
+    reference(5, 2);
+    g_channels = 4;
+    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    (void)run_world(&w);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+    g_channels = 0;
+    for (r = 0; r < 2; r++)
+        CHECK(w.rc[r][0] == PP_ERR_UNSUPPORTED && strstr(w.msg[r], "CUDA_DEVICE_MAX_CONNECTIONS"),
+              "four channels at 8 queues: rank %d must be refused (13 queues needed): %s: %s", r, pp_result_str(w.rc[r][0]), w.msg[r]);
+}
+
 /* Evaluations over NCCL (rendezvous sends): every kind, p 2 to 4, m = p and 2p + 1, LOCAL (and
    BROADCAST for 1F1B and interleaved): train, evaluate, train gives the two sequential steps'
    gradients bit for bit; the outputs (sent to rank (kind + m) % p after the lists where that is
@@ -1237,6 +1333,7 @@ static void test_queues(const pp_schedule* sc) {
         CHECK(w.rc[r][0] == PP_ERR_UNSUPPORTED && strstr(w.msg[r], "CUDA_DEVICE_MAX_CONNECTIONS"),
               "eight channels at the default eight queues: rank %d must refuse at pp_stage_create: %s: %s", r,
               pp_result_str(w.rc[r][0]), w.msg[r]);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
 }
 
 static void test_rendezvous(void) {
@@ -1286,7 +1383,7 @@ static void test_rendezvous(void) {
     g_channels = 0; /* the default, eight: the pairs of its cycle no longer share a channel */
     CHECK(pp_nccl_check_rendezvous(&sc, 8, &err) == PP_OK, "the crafted table over eight channels: %s", err.msg);
     test_queues(&sc);
-    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "16", 1); /* eight channels' streams need more than CUDA's default 8 queues */
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1); /* eight channels' streams need 25 queues (NCCL's own counted) */
     (void)run_table(&sc, 1, 5, &w); /* its micro-batches out of order: the sums round otherwise than the reference's */
     for (r = 0; r < 4; r++)
         CHECK(w.rc[r][0] == PP_OK && w.rc[r][1] == PP_OK && w.chans[r] == 8,
@@ -1297,7 +1394,6 @@ static void test_rendezvous(void) {
         CHECK(w.rc[r][0] == PP_OK && w.chans[r] == 8, "the crafted table without the check must run on eight channels: rank %d "
               "(%d channels): %s", r, w.chans[r], w.msg[r]);
     g_channels = 4;
-    unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
 
     for (i = 0; i < n_rand; i++) {
         int vmap, with_w, rc, cyc;
@@ -1334,10 +1430,9 @@ static void test_rendezvous(void) {
         if (cyc && rc == PP_OK && ran8 < (quick ? 1 : 4)) { /* over the default eight channels it runs */
             ran8++;
             g_channels = 0;
-            setenv("CUDA_DEVICE_MAX_CONNECTIONS", "16", 1);
+            setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
             CHECK(run_table(&sc, 1, 5, &w), "random table %d cycles over four channels, not over eight, but fails in the "
                   "imitation: %s\n%s", i, w.msg[0], txt);
-            unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
             g_channels = 4;
         }
     }
@@ -1351,6 +1446,9 @@ int main(int argc, char** argv) {
     uint64_t seed = 99;
     size_t i;
     int r;
+    /* eight channels make 25 streams a rank (NCCL's two per communicator counted): as many
+       queues as CUDA has, unless a test or the caller says otherwise */
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     WBUF = mlp_init(&W0, NULL, DIMS, 7, NULL);
     mlpz_from_mlp(&W, &W0);
     for (i = 0, NPAR = 0; i < MLP_DEPTH; i++) NPAR += (size_t)DIMS[i] * DIMS[i + 1] + DIMS[i + 1];
@@ -1395,6 +1493,9 @@ int main(int argc, char** argv) {
         test_no_step_end();
     } else if (argc > 1 && !strcmp(argv[1], "eval")) {
         test_eval();
+    } else if (argc > 1 && !strcmp(argv[1], "queues")) { /* what the negative control runs */
+        test_old_queues();
+        test_one_queue();
     } else if (argc > 1 && !strcmp(argv[1], "recompute")) {
         test_recompute_nccl();
     } else if (argc > 1 && !strcmp(argv[1], "p8")) {
@@ -1427,6 +1528,8 @@ int main(int argc, char** argv) {
         test_no_step_end();
         test_connect_fail();
         test_rendezvous();
+        test_old_queues();
+        test_one_queue();
         test_matrix();
         test_recompute_nccl();
         test_eval();

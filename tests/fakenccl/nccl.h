@@ -96,6 +96,22 @@
      a buffer another stream wrote must wait for it (an event): a kernel runs in its stream's
      order only [UG: CUDA Stream Semantics].
 
+   - NCCL's own streams [src: init.cc, ncclStrongStreamConstruct(&sharedRes->deviceStream) and
+     (&sharedRes->hostStream): cudaStreamCreateWithFlags]: two per communicator (per parent under
+     splitShare), made here at its first launch. Before a kernel its launch stream waits for
+     deviceStream, after it deviceStream waits for the kernel's end [src: enqueue.cc,
+     ncclLaunchPrepare: ncclStreamWaitStream; ncclLaunchFinish: ncclStreamAdvanceToEvent, a
+     cudaStreamWaitEvent outside graph capture]. They take hardware queues like the client's
+     (tests/fakecuda, CUDA_DEVICE_MAX_CONNECTIONS), so a client stream that shares a queue with
+     a deviceStream runs nothing past that wait until the kernel ends: a client that counts only
+     its own streams against the queues hangs (tests/test_imitation.c internal_streams;
+     fakenccl_options.no_internal_streams turns them off). fakenccl_options.serialize_kernels = 2
+     (FAKENCCL_SERIALIZE=2) runs a device's kernels one at a time in the order they were
+     launched, whatever their communicator: what one hardware queue does
+     (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-LM sets it) and what [UG: Using multiple NCCL
+     communicators concurrently] asks a client to survive: "applications should ensure
+     operations are submitted in the same order across ranks".
+
    What it is not: no timing model, no network, no CUDA graphs, no user buffer registration; one
    process. Everything is static inline: include it in one translation unit. */
 #ifndef FAKENCCL_NCCL_H
@@ -195,7 +211,9 @@ typedef enum {
 
 typedef struct fakenccl_options {
     size_t eager_bytes;         /* 0 (default): every send waits for its receive to run */
-    int serialize_kernels;      /* 1: at most one NCCL kernel runs per device at a time */
+    int serialize_kernels;      /* 1: at most one NCCL kernel runs per device at a time; 2: and
+                                   they start in the order they were launched on the device */
+    int no_internal_streams;    /* 1: communicators make no streams of their own (not NCCL's way) */
     double launch_delay_s;      /* non-blocking init/split/launch finish this long (half to all of
                                    it, at random) after they could; default 4 ms */
     int eager_connect;          /* 1: connections exist from init (no lazy set-up; not NCCL's way) */
@@ -291,6 +309,12 @@ static inline void fn_split_free(fn_split* s) {
 typedef struct fn_queue {
     struct fn_unit *head, *tail; /* units not yet done, in issue order */
     int refs;                   /* communicators and units that use it */
+    /* NCCL's own streams of the shared resources (fn_internal_streams): deviceStream, which
+       waits for every kernel, and hostStream; made = 1 once they exist, -1 where making them
+       failed (then no waits) */
+    cudaStream_t dev_stream, host_stream;
+    cudaEvent_t scratch;
+    int made;
 } fn_queue;
 
 /* A bootstrap message of the connection set-up [src: bootstrap.cc, bootstrapSend: returns once
@@ -343,6 +367,8 @@ typedef struct fn_unit {
     int n_streams, launched, arrived, left;
     int started, done, fault, holds_dev, queued;
     int launching;              /* the issuing thread still enqueues its kernels */
+    struct fn_unit* dnext;      /* its device's launch order (serialize_kernels = 2) */
+    int in_devq;
 } fn_unit;
 
 typedef struct fn_task {
@@ -368,6 +394,7 @@ static char fn_problem_msg[256];
 static char fn_last_err[256];
 static fn_clique* fn_joining;
 static int fn_dev_busy[FAKECUDA_DEVICES];
+static struct fn_unit *fn_devq_head[FAKECUDA_DEVICES], *fn_devq_tail[FAKECUDA_DEVICES]; /* launch order per device */
 
 /* the calling thread's open group */
 static __thread int fn_depth;
@@ -399,7 +426,7 @@ static inline const fakenccl_options* fn_options(void) {
         const char* e = getenv("FAKENCCL_EAGER");
         const char* z = getenv("FAKENCCL_SERIALIZE");
         fn_opt.eager_bytes = e ? (size_t)strtoull(e, NULL, 10) : 0;
-        fn_opt.serialize_kernels = z && atoi(z) != 0;
+        fn_opt.serialize_kernels = z ? atoi(z) : 0;
         fn_opt.launch_delay_s = 0.004;
         fn_opt.connect_timeout_s = getenv("FAKENCCL_CONNECT_TIMEOUT") ? atof(getenv("FAKENCCL_CONNECT_TIMEOUT")) : 0;
         fn_opt_set = 1;
@@ -486,7 +513,14 @@ static inline void fn_queue_remove(fn_op** head, fn_op** tail, fn_op* op) {
 
 /* lock held: a communicator or unit lets go of its launch order */
 static inline void fn_queue_put(fn_queue* q) {
-    if (q && --q->refs == 0) free(q);
+    if (q && --q->refs == 0) {
+        if (q->made == 1) { /* the streams' queued work is the kernels' waits: nothing blocks on them */
+            (void)cudaStreamDestroy(q->dev_stream);
+            (void)cudaStreamDestroy(q->host_stream);
+            (void)cudaEventDestroy(q->scratch);
+        }
+        free(q);
+    }
 }
 
 /* lock held: a unit leaves its launch order once done, so the next one may start */
@@ -502,8 +536,23 @@ static inline void fn_queue_leave(fn_unit* u) {
         }
 }
 
+/* lock held: a unit leaves its device's launch order (done, killed or freed) */
+static inline void fn_devq_leave(fn_unit* u) {
+    fn_unit **pp, *prev = NULL;
+    if (!u->in_devq) return;
+    u->in_devq = 0;
+    for (pp = &fn_devq_head[u->dev]; *pp; prev = *pp, pp = &(*pp)->dnext)
+        if (*pp == u) {
+            *pp = u->dnext;
+            if (fn_devq_tail[u->dev] == u) fn_devq_tail[u->dev] = prev;
+            u->dnext = NULL;
+            return;
+        }
+}
+
 static inline void fn_unit_free(fn_unit* u) {
     int i;
+    fn_devq_leave(u);
     fn_queue_leave(u);
     fn_queue_put(u->q);
     if (u->comm) {
@@ -533,6 +582,7 @@ static inline void fn_unit_finish(fn_unit* u) {
     if (u->holds_dev) fn_dev_busy[u->dev] = 0;
     u->holds_dev = 0;
     fn_queue_leave(u);
+    fn_devq_leave(u);
     pthread_cond_broadcast(&fn_cv);
 }
 
@@ -759,7 +809,8 @@ static inline void fn_op_extent(const fn_op* op, int n, size_t* sb, size_t* rb) 
 
 static inline int fn_can_start(const fn_unit* u) {
     return !u->started && !u->done && u->launched == u->n_streams && u->arrived == u->n_streams && u->comm &&
-           u->q && u->q->head == u && !(fn_options()->serialize_kernels && fn_dev_busy[u->dev]);
+           u->q && u->q->head == u && !(fn_options()->serialize_kernels && fn_dev_busy[u->dev]) &&
+           !(fn_options()->serialize_kernels >= 2 && fn_devq_head[u->dev] != u);
 }
 
 static inline void fn_start(fn_unit* u) {
@@ -841,6 +892,42 @@ static inline int fn_kernel(void* arg) {
     return fault ? (int)cudaErrorIllegalAddress : 0;
 }
 
+/* NCCL's own streams [src: init.cc, commAlloc/sharedRes: ncclStrongStreamConstruct(&deviceStream),
+   (&hostStream); misc/strongstream.cc, ncclStrongStreamConstruct: cudaStreamCreateWithFlags], one
+   pair per shared resources (split children under splitShare use their parent's). NCCL makes
+   them at init; the imitation at the first launch of their communicator (before that launch's
+   stream work), on its device, lock not held. They take hardware queues like any stream
+   (fakecuda: CUDA_DEVICE_MAX_CONNECTIONS), and deviceStream holds a wait for every kernel of
+   its communicator (fn_launch): a stream sharing its queue runs nothing past it until the
+   kernel ends. */
+static inline void fn_internal_streams(struct ncclComm* c) {
+    fn_queue* q = c->q;
+    cudaStream_t ds = NULL, hs = NULL;
+    cudaEvent_t ev = NULL;
+    int made, old_dev = 0;
+    pthread_mutex_lock(&fn_mu);
+    made = q->made || fn_options()->no_internal_streams;
+    pthread_mutex_unlock(&fn_mu);
+    if (made) return;
+    if (cudaGetDevice(&old_dev) != cudaSuccess) old_dev = c->dev;
+    made = cudaSetDevice(c->dev) == cudaSuccess && cudaStreamCreateWithFlags(&ds, cudaStreamNonBlocking) == cudaSuccess &&
+           cudaStreamCreateWithFlags(&hs, cudaStreamNonBlocking) == cudaSuccess &&
+           cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess;
+    (void)cudaSetDevice(old_dev);
+    pthread_mutex_lock(&fn_mu);
+    fn_st.cuda_calls += 6; /* get, set, two streams, an event, set back */
+    fn_thread_cuda_calls += 6;
+    if (!q->made) {
+        q->made = made ? 1 : -1;
+        q->dev_stream = ds, q->host_stream = hs, q->scratch = ev;
+        ds = hs = NULL, ev = NULL;
+    }
+    pthread_mutex_unlock(&fn_mu);
+    if (ds) (void)cudaStreamDestroy(ds);
+    if (hs) (void)cudaStreamDestroy(hs);
+    if (ev) (void)cudaEventDestroy(ev);
+}
+
 /* Issues a group's operations: one unit per communicator, in order of first use. */
 static inline ncclResult_t fn_launch(fn_task* tasks) {
     ncclResult_t res = ncclSuccess;
@@ -852,6 +939,7 @@ static inline ncclResult_t fn_launch(fn_task* tasks) {
         int n_ops = 0, i, n_streams, old_dev = 0;
         cudaError_t e = cudaSuccess;
         if (!c) continue; /* already issued with an earlier task of its communicator */
+        fn_internal_streams(c);
         for (x = t; x; x = x->next) n_ops += x->comm == c;
         u = (fn_unit*)calloc(1, sizeof *u);
         if (u) {
@@ -871,7 +959,11 @@ static inline ncclResult_t fn_launch(fn_task* tasks) {
         u->cl = c->cl;
         u->rank = c->rank;
         u->dev = c->dev;
-        u->q = c->q; /* joins the end of its communicator's launch order */
+        u->q = c->q; /* joins the end of its communicator's launch order, and its device's */
+        u->in_devq = 1;
+        if (fn_devq_tail[u->dev]) fn_devq_tail[u->dev]->dnext = u;
+        else fn_devq_head[u->dev] = u;
+        fn_devq_tail[u->dev] = u;
         c->q->refs++;
         if (c->q->tail) c->q->tail->qnext = u;
         else c->q->head = u;
@@ -921,6 +1013,11 @@ static inline ncclResult_t fn_launch(fn_task* tasks) {
         /* NCCL launches on the communicator's device */
         if (cudaGetDevice(&old_dev) != cudaSuccess) old_dev = c->dev;
         e = cudaSetDevice(c->dev);
+        /* [src: enqueue.cc, ncclLaunchPrepare: the launch stream waits for deviceStream
+           (ncclStreamWaitStream); ncclLaunchFinish: deviceStream waits for the kernel's end
+           (ncclStreamAdvanceToEvent: cudaStreamWaitEvent outside graph capture)] */
+        if (e == cudaSuccess && c->q->made == 1 && cudaEventRecord(c->q->scratch, c->q->dev_stream) == cudaSuccess)
+            e = cudaStreamWaitEvent(u->streams[0], c->q->scratch, 0);
         for (i = 0; i < n_streams && e == cudaSuccess; i++) {
             e = fakecuda_launch(u->streams[i], fn_kernel, u);
             if (e == cudaSuccess) {
@@ -929,10 +1026,13 @@ static inline ncclResult_t fn_launch(fn_task* tasks) {
                 pthread_mutex_unlock(&fn_mu);
             }
         }
+        if (e == cudaSuccess && c->q->made == 1 && cudaEventRecord(c->q->scratch, u->streams[0]) == cudaSuccess)
+            (void)cudaStreamWaitEvent(c->q->dev_stream, c->q->scratch, 0);
         (void)cudaSetDevice(old_dev);
         pthread_mutex_lock(&fn_mu);
-        fn_st.cuda_calls += 3 + (uint64_t)u->launched + (e != cudaSuccess); /* get, set, launches, restore */
-        fn_thread_cuda_calls += 3 + (uint64_t)u->launched + (e != cudaSuccess);
+        /* get, set, launches, restore; the record and wait before and after on deviceStream */
+        fn_st.cuda_calls += 3 + (uint64_t)u->launched + (e != cudaSuccess) + (c->q->made == 1 ? 4 : 0);
+        fn_thread_cuda_calls += 3 + (uint64_t)u->launched + (e != cudaSuccess) + (c->q->made == 1 ? 4 : 0);
         u->launching = 0;
         if (e != cudaSuccess) {
             u->n_streams = u->launched;
@@ -1857,6 +1957,14 @@ static inline void fakenccl_stats_get(fakenccl_stats* out) {
 
 /* fakenccl_stats.cuda_calls made in the calling thread so far (its group ends). */
 static inline uint64_t fakenccl_thread_cuda_calls(void) { return fn_thread_cuda_calls; }
+/* NCCL's own streams of comm's shared resources (fn_internal_streams): NULL until its first
+   launch, or without them (no_internal_streams). For tests of the rule. */
+static inline void fakenccl_comm_streams(ncclComm_t comm, cudaStream_t* dev, cudaStream_t* host) {
+    pthread_mutex_lock(&fn_mu);
+    *dev = comm && comm->q && comm->q->made == 1 ? comm->q->dev_stream : NULL;
+    *host = comm && comm->q && comm->q->made == 1 ? comm->q->host_stream : NULL;
+    pthread_mutex_unlock(&fn_mu);
+}
 
 /* Connection set-ups of groups the calling thread issued (fakenccl_stats.connects), so far. */
 static inline uint64_t fakenccl_thread_connects(void) {
