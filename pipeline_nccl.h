@@ -1710,10 +1710,10 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
         /* channels 1 ..: the same ranks in communicators of their own (collective); with the
            default count, only those the checked schedules need, made at the check */
         pp_result rc = t->nch_auto ? PP_OK : _ppn_make_channels(t, t->nch, err);
-#ifdef PP_NCCL_TEST_DP_CHANNELS
-        if (rc == PP_OK) rc = _ppn_make_channels(t, t->nch, err);
-        if (rc == PP_OK && t->size > 1) rc = _ppn_connect(t, t->nch, NULL, err);
-        t->planned = 1;
+#ifdef PP_NCCL_TEST_DP_CHANNELS /* the all-reduce transports as before: every channel, every pair set up */
+        if (rc == PP_OK && d->collective_only) rc = _ppn_make_channels(t, t->nch, err);
+        if (rc == PP_OK && d->collective_only && t->size > 1) rc = _ppn_connect(t, t->nch, NULL, err);
+        t->planned |= d->collective_only;
 #endif
         if (rc == PP_OK) rc = _ppn_warm(t, err);
         if (rc != PP_OK) {
