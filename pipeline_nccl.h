@@ -1570,6 +1570,9 @@ static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error*
     if (t->size < 2) return PP_OK;
     if (s) _ppn_schedule_want(s, t->rank, t->size, t->want);
     t->planned = 1;
+#ifdef PP_NCCL_TEST_CONNECT_ALL /* negative control (build/nccl-controls): every pair on every channel, as before */
+    return _ppn_connect(t, n, NULL, err);
+#endif
     /* the pairs this schedule adds, and those the fewer channels put on other communicators */
     return _ppn_connect(t, n, t->want, err);
 }
