@@ -8,8 +8,9 @@
    them (pp_cuda_device_ops(c, 0)) and the compute stream (pp_cuda_stream(c, 0)).
 
    WHAT IT DOES
-   - pp_nccl: a pp_transport over an NCCL communicator and seven split from it (collective
-     calls at pp_nccl_create), eight channels, each with its own stream: activations to higher
+   - pp_nccl: a pp_transport over an NCCL communicator and up to seven split from it (collective
+     calls at pp_stage_create, as many as its checked schedules need), eight channels, each with
+     its own stream: activations to higher
      ranks, to lower ranks, then gradients to higher and to lower ranks, each once for the
      neighbour pairs whose lower rank is even and once for the odd ones. NCCL runs a
      communicator's kernels in issue order, so on one communicator a send queued behind a
@@ -37,9 +38,22 @@
      turn of a V map) is a device copy on the compute stream.
    - Connections: NCCL sets a pair up on its first exchange, inside the outermost ncclGroupEnd,
      with the host held until the peer's host sets up its side; first exchanges in different
-     orders on two ranks wait there forever (the step agreement did at p >= 3). pp_nccl_create
-     sets up every pair, both ways, on every channel, in one order on every rank; a step sets up
-     nothing. Split children of a parent made with splitShare = 1 (or under
+     orders on two ranks wait there forever (the step agreement did at p >= 3). A communicator's
+     first collective does the same for its ring or tree. Each connection holds NCCL's buffers on
+     the GPU (PP_NCCL_CONN_BYTES, 9.2 MiB, per direction, peer and NCCL channel). So nothing is
+     left to a step, and only what is used is made: pp_nccl_create runs one all-reduce per dtype
+     (f32, f64) on the communicator, which sets the collective's connections up on every rank
+     at once; pp_stage_create's schedule check (collective) splits the channels the schedule
+     needs and sets up, in one order on every rank, the pairs the schedule talks over, on the
+     channels their messages take: its neighbours, and the step agreement's star around rank 0
+     (1F1B p = 8: rank 3 holds 3 + 3 connections on one communicator where it held 14 + 14 on
+     eight). A transport whose schedule is never checked makes every channel and connects every
+     pair at its first message. pp_nccl_desc.collective_only (the grid's dp and tied transports)
+     makes one communicator and no pair: a ring's connections, nothing else. pp_nccl_get_stats
+     reports communicators, connections and their bytes (a lower bound: NCCL runs several
+     channels per peer over NVLink; docs/multiprocess.md has the table for grids up to 8 x 64).
+     An evaluation whose outputs go to a rank other than rank 0 and the last stage's connects
+     that pair at its first use. Split children of a parent made with splitShare = 1 (or under
      NCCL_COMM_SPLIT_SHARE_RESOURCES=1) share its launch queue: the transport then refuses more
      than one channel (pp_nccl_desc.comm_shares_resources declares such a parent). A channel's
      stream is made at its first group; a channel count whose streams and the compute stream
@@ -85,7 +99,7 @@
      the device count) and creates the communicator without blocking past its deadline.
    - Grid: pp_nccl_grid_create splits the world communicator with ncclCommSplit (NCCL >= 2.18)
      into the pipeline group, the data-parallel group and the tied pair (first and last stage
-     rank) of a pp x dp grid (pipeline.h's pp_grid colours); tied layers use the tied transport,
+     rank) of a pp x dp grid (pipeline.h's pp_grid colours; dp and tied collective_only); tied layers use the tied transport,
      or the pipeline transport with the pair of ranks that own them (pp_tied_sum_grads), data
      parallelism the dp transport (pp_grad_allreduce after the step, or pp_dp_overlap during the
      cool-down: the transport's iallreduce_sum enqueues each bucket's ncclAllReduce on its own
@@ -144,9 +158,9 @@ typedef struct pp_nccl_desc {
        make and use that many, at the price of refusing some schedules. Every rank must pass
        the same. NCCL < 2.18: always 1. */
     int channels;
-    double timeout_s;           /* create's splits and connection set-up, and a later set-up at
-                                   pp_stage_create: each waits this long for the peers (0: the
-                                   default, PP_DEFAULT_TIMEOUT_S) */
+    double timeout_s;           /* create's splits and warm-up all-reduces, pp_stage_create's
+                                   splits and connection set-up: each waits this long for the
+                                   peers (0: the default, PP_DEFAULT_TIMEOUT_S) */
     /* 1: comm was made with config.splitShare = 1 (or inherits it): ncclCommSplit children then
        share its launch queue, one kernel after another, and the transport refuses more than one
        channel (as it does under NCCL_COMM_SPLIT_SHARE_RESOURCES=1). NCCL offers no way to ask. */
@@ -194,11 +208,12 @@ typedef struct pp_nccl_stats {
     uint64_t conn_bytes;
 } pp_nccl_stats;
 
-/* Collective over d->comm: splits the channels and sets up every pair's connections (NCCL makes
-   them at first use otherwise, holding the host until the peer's host gets there; done here, in
-   one order on every rank, no step waits for it). On failure the communicator stays the
-   caller's, except after a failed set-up (PP_ERR_TIMEOUT, PP_ERR_TRANSPORT): NCCL's abort freed
-   it (the message says so). */
+/* Collective over d->comm: splits the channels a count given in d->channels asks for (the
+   default splits at pp_stage_create, as the checked schedules need) and runs one all-reduce per
+   dtype, so NCCL sets the collective's connections up here (it does at first use otherwise,
+   holding the host until every member gets there); the pairs are connected at the schedule
+   check. On failure the communicator stays the caller's, except after a failed set-up
+   (PP_ERR_TIMEOUT, PP_ERR_TRANSPORT): NCCL's abort freed it (the message says so). */
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err);
 void pp_nccl_destroy(pp_nccl* t);
 pp_transport pp_nccl_transport(pp_nccl* t);
@@ -209,8 +224,9 @@ pp_transport pp_nccl_transport(pp_nccl* t);
 pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err);
 cudaStream_t pp_nccl_comm_stream(const pp_nccl* t);
 /* The channels in use: pp_nccl_desc.channels where given; with the default, the fewest that
-   every schedule checked so far (pp_stage_create) passes over, all it made before the first (a
-   stage whose transport.check_schedule was cleared runs on all). */
+   every schedule checked so far (pp_stage_create) passes over, and before the first the most it
+   may run (8, 4 with two ranks: a stage whose transport.check_schedule was cleared runs on all,
+   made at its first message). collective_only: 1. */
 int pp_nccl_channels(const pp_nccl* t);
 /* Deprecated (sent so far by this rank): pp_step_stats' bytes_sent and msgs_sent count it per step. */
 void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs);
@@ -268,7 +284,7 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err);
    transport runs this check and pp_nccl_check_order on every schedule pp_stage_create gives it
    (pp_transport.check_schedule), so a user's table that would hang is refused before the first
    step. It takes every connection as made: NCCL's lazy set-up, which holds the host in
-   ncclGroupEnd, happens at pp_nccl_create, never in a step. */
+   ncclGroupEnd, happens at pp_nccl_create and pp_stage_create, never in a step. */
 pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err);
 
 #if defined(MPI_VERSION)
