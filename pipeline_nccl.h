@@ -48,7 +48,8 @@
      channels their messages take: its neighbours, and the step agreement's star around rank 0
      (1F1B p = 8: rank 3 holds 3 + 3 connections on one communicator where it held 14 + 14 on
      eight). A transport whose schedule is never checked makes every channel and connects every
-     pair at its first message. pp_nccl_desc.collective_only (the grid's dp and tied transports)
+     pair at its first message, or at create with pp_nccl_desc.connect_all (isend/irecv used
+     directly). pp_nccl_desc.collective_only (the grid's dp and tied transports)
      makes one communicator and no pair: a ring's connections, nothing else. pp_nccl_get_stats
      reports communicators, connections and their bytes (a lower bound: NCCL runs several
      channels per peer over NVLink; docs/multiprocess.md has the table for grids up to 8 x 64).
@@ -171,6 +172,11 @@ typedef struct pp_nccl_desc {
        the all-reduce's connections. 0: a pipeline transport (channels, pairs connected as its
        checked schedules need them). */
     int collective_only;
+    /* 1: create makes every channel and sets up every pair both ways on each (what it did before
+       it waited for the schedule check): for a transport whose isend/irecv a caller uses directly.
+       0: at the check, or at the first message where no schedule is ever checked, which holds
+       that message's host until every rank sends or receives its own first. */
+    int connect_all;
 } pp_nccl_desc;
 
 /* Device memory NCCL 2.30 gives one point-to-point or ring connection, one direction, one NCCL
@@ -830,7 +836,7 @@ static pp_result _ppn_flush_all(pp_nccl* t) {
     return rc;
 }
 
-static pp_result _ppn_plan_all(pp_nccl* t);
+static pp_result _ppn_plan_all(pp_nccl* t, pp_error* err);
 static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
     _ppn_op* op;
     pp_result rc = PP_OK;
@@ -838,7 +844,7 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
     memset(req, 0, sizeof *req);
     if (t->aborted) return PP_ERR_ABORTED;
     if (!t->planned && !t->coll_only && peer != t->rank && t->size > 1) { /* no schedule checked: every pair */
-        pp_result rp = _ppn_plan_all(t);
+        pp_result rp = _ppn_plan_all(t, NULL);
         if (rp != PP_OK) return rp;
     }
     if (!(op = (_ppn_op*)_pp_calloc(1, sizeof *op))) return PP_ERR_NOMEM;
@@ -1510,18 +1516,19 @@ static pp_result _ppn_make_channels(pp_nccl* t, int n, pp_error* err) {
 }
 
 /* A transport whose schedule was never checked (pp_transport.check_schedule cleared, or its
-   messages used directly): at its first message every channel is made and every pair set up on
-   every one, both ways (what create itself did before it waited for the check). Every rank's
-   first message comes before its first wait, so each gets here. */
-static pp_result _ppn_plan_all(pp_nccl* t) {
+   messages used directly): at its first message (or at create, pp_nccl_desc.connect_all) every
+   channel is made and every pair set up on every one, both ways (what create itself did before
+   it waited for the check). Every rank's first message comes before its first wait, so each
+   gets here. */
+static pp_result _ppn_plan_all(pp_nccl* t, pp_error* err) {
     pp_result rc;
     t->planned = 1;
-    rc = _ppn_make_channels(t, t->nch, NULL);
+    rc = _ppn_make_channels(t, t->nch, err);
     if (rc != PP_OK) {
         _ppn_abort_comm(t);
         return rc;
     }
-    return _ppn_connect(t, t->nch, NULL, NULL);
+    return _ppn_connect(t, t->nch, NULL, err);
 }
 
 /* n channels, each on its own stream, and the compute stream: more streams than the device has
@@ -1729,6 +1736,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
         /* channels 1 ..: the same ranks in communicators of their own (collective); with the
            default count, only those the checked schedules need, made at the check */
         pp_result rc = t->nch_auto ? PP_OK : _ppn_make_channels(t, t->nch, err);
+        if (rc == PP_OK && d->connect_all && !t->coll_only && t->size > 1) rc = _ppn_plan_all(t, err);
 #ifdef PP_NCCL_TEST_DP_CHANNELS /* the all-reduce transports as before: every channel, every pair set up */
         if (rc == PP_OK && d->collective_only) rc = _ppn_make_channels(t, t->nch, err);
         if (rc == PP_OK && d->collective_only && t->size > 1) rc = _ppn_connect(t, t->nch, NULL, err);

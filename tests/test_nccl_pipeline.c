@@ -940,6 +940,7 @@ static pp_nccl* two_rank_nccl(int r, const ncclUniqueId* id, int channels, cudaS
     nd.compute = compute;
     nd.own_comm = 1;
     nd.channels = channels;
+    nd.connect_all = 1; /* isend/irecv used directly: every pair set up here, not at the first message */
     if (pp_nccl_create(&nd, &t, &err) != PP_OK) {
         snprintf(msg, cap, "pp_nccl_create: %.150s", err.msg);
         ncclCommDestroy(comm);
