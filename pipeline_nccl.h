@@ -1410,13 +1410,15 @@ static void _ppn_order_build(pp_nccl* t, const pp_schedule* s) {
    NVIDIA/nccl#415). Left to first use, two ranks whose first messages go on different channels
    in opposite orders wait for each other there forever: the step agreement did at p >= 3 (rank
    r >= 2 first received rank 0's verdict on one channel while rank 0 first waited for r's
-   outcome on another). So every connection a step can use is set up here, on every rank in the
-   same order: channel by channel, each in one group of empty sends and receives, every other
-   rank both ways on each channel a message of either kind between the two takes under nch
-   channels (the library's own messages, the agreement's star around rank 0, tied layers and
-   all-reduce among any ranks, go between any two). Each channel's group waits for every rank's,
-   so no set-up can wait in a cycle. Called at create (for the channels made) and when a schedule
-   check lowers the count (pp_stage_create, collective); a connection made stays. */
+   outcome on another). So every connection a step uses is set up here, on every rank in the
+   same order: channel by channel, each in one group of empty sends and receives, for each rank
+   q and direction d the channel a message of kind k takes under nch channels, where want[q] has
+   bit 2k + d (_ppn_schedule_want: what the checked schedules exchange), or every one (want
+   NULL: every pair, both ways, both kinds). Each connection holds NCCL's buffers on the GPU
+   (PP_NCCL_CONN_BYTES), hence the want. Each channel's group waits for every rank's, so no
+   set-up can wait in a cycle. Called at the schedule check (pp_stage_create, collective; again
+   when a later check changes the count), and for every pair at a transport's first message when
+   nothing was checked (_ppn_plan_all); a connection made stays. */
 static pp_result _ppn_connect(pp_nccl* t, int nch, const unsigned char* want, pp_error* err) {
     int ch, q, d, k;
     pp_result rc = PP_OK;
