@@ -430,6 +430,9 @@ $(B)/nccl-ctl-proof-any: BASE += -DPP_NCCL_TEST_PROOF_ANY
 # NCCL's lazy connection set-up left to first use (no _ppn_connect): 1F1B p = 3 waits in a cycle at
 # the hosts (the imitation gives up after FAKENCCL_CONNECT_TIMEOUT), and p = 2 sets up during steps.
 $(B)/nccl-ctl-no-preconnect: BASE += -DPP_NCCL_TEST_NO_PRECONNECT
+# Issue 42: every pair connected on every channel in use, whatever the schedule talks over
+# (1F1B p = 8: rank 3 holds 7 + 7 connections, not its neighbours' and rank 0's 3 + 3).
+$(B)/nccl-ctl-connect-all: BASE += -DPP_NCCL_TEST_CONNECT_ALL
 # NCCL_COMM_SPLIT_SHARE_RESOURCES=1 not refused: the channels share one launch queue and hang.
 $(B)/nccl-ctl-share-unchecked: BASE += -DPP_NCCL_TEST_SHARE_UNCHECKED
 # More channels than CUDA_DEVICE_MAX_CONNECTIONS leaves queues for, not refused.
@@ -443,6 +446,11 @@ $(B)/nccl-ctl-%: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests
 # communicator. Every bucket blocking the hook (no started all-reduce) fails its "all started"
 # check; an all-reduce enqueued without waiting for the compute stream reads the gradients (host:
 # staged; device: the slow kernel's memory) before the backward wrote them.
+# Issue 42: the dp and tied transports made like a pipeline's (channels split, every pair
+# connected both ways on each: the memory check, dp holding point-to-point connections, fails);
+# no warm-up all-reduce at create (NCCL sets the ring up inside step 0: its set-up count fails).
+$(B)/ncclgrid-ctl-dp-channels: BASE += -DPP_NCCL_TEST_DP_CHANNELS
+$(B)/ncclgrid-ctl-no-warmup: BASE += -DPP_NCCL_TEST_NO_WARMUP
 $(B)/ncclgrid-ctl-dp-nostart: BASE += -DPP_TEST_NO_DP_START
 $(B)/ncclgrid-ctl-dp-unordered: BASE += -DPP_NCCL_TEST_DP_UNORDERED
 $(B)/ncclgrid-ctl-%: tests/test_nccl_grid.c tests/tlm_grid.h $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
@@ -454,10 +462,10 @@ $(B)/nccl-ctl-early-reuse: bench/bench_imitation.c tests/harness.h tests/fakecud
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_NCCL_TEST_EARLY_REUSE $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-reuse $(B)/nccl-ctl-one-channel $(B)/nccl-ctl-wrong-channel \
                     $(B)/nccl-ctl-eventless-done $(B)/nccl-ctl-released-now $(B)/nccl-ctl-zero-received $(B)/nccl-ctl-no-proof \
-                    $(B)/nccl-ctl-proof-any $(B)/nccl-ctl-no-preconnect $(B)/nccl-ctl-share-unchecked \
+                    $(B)/nccl-ctl-proof-any $(B)/nccl-ctl-no-preconnect $(B)/nccl-ctl-connect-all $(B)/nccl-ctl-share-unchecked \
                     $(B)/nccl-ctl-queues-unchecked $(B)/nccl-ctl-old-queues $(B)/nccl-ctl-zero-caught $(B)/staged-test_nccl_pipeline \
-                    $(B)/ncclgrid-ctl-dp-nostart $(B)/ncclgrid-ctl-dp-unordered
-	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-old-queues queues" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4" "env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 30 $(B)/staged-test_nccl_pipeline gpu" "$(B)/ncclgrid-ctl-dp-nostart" "$(B)/ncclgrid-ctl-dp-unordered"\n' > $@
+                    $(B)/ncclgrid-ctl-dp-nostart $(B)/ncclgrid-ctl-dp-unordered $(B)/ncclgrid-ctl-dp-channels $(B)/ncclgrid-ctl-no-warmup
+	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "$(B)/nccl-ctl-connect-all neighbours" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-old-queues queues" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4" "env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 30 $(B)/staged-test_nccl_pipeline gpu" "$(B)/ncclgrid-ctl-dp-nostart" "$(B)/ncclgrid-ctl-dp-unordered" "$(B)/ncclgrid-ctl-dp-channels" "$(B)/ncclgrid-ctl-no-warmup"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

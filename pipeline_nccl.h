@@ -8,8 +8,9 @@
    them (pp_cuda_device_ops(c, 0)) and the compute stream (pp_cuda_stream(c, 0)).
 
    WHAT IT DOES
-   - pp_nccl: a pp_transport over an NCCL communicator and seven split from it (collective
-     calls at pp_nccl_create), eight channels, each with its own stream: activations to higher
+   - pp_nccl: a pp_transport over an NCCL communicator and up to seven split from it (collective
+     calls at pp_stage_create, as many as its checked schedules need), eight channels, each with
+     its own stream: activations to higher
      ranks, to lower ranks, then gradients to higher and to lower ranks, each once for the
      neighbour pairs whose lower rank is even and once for the odd ones. NCCL runs a
      communicator's kernels in issue order, so on one communicator a send queued behind a
@@ -37,9 +38,23 @@
      turn of a V map) is a device copy on the compute stream.
    - Connections: NCCL sets a pair up on its first exchange, inside the outermost ncclGroupEnd,
      with the host held until the peer's host sets up its side; first exchanges in different
-     orders on two ranks wait there forever (the step agreement did at p >= 3). pp_nccl_create
-     sets up every pair, both ways, on every channel, in one order on every rank; a step sets up
-     nothing. Split children of a parent made with splitShare = 1 (or under
+     orders on two ranks wait there forever (the step agreement did at p >= 3). A communicator's
+     first collective does the same for its ring or tree. Each connection holds NCCL's buffers on
+     the GPU (PP_NCCL_CONN_BYTES, 9.2 MiB, per direction, peer and NCCL channel). So nothing is
+     left to a step, and only what is used is made: pp_nccl_create runs one all-reduce per dtype
+     (f32, f64) on the communicator, which sets the collective's connections up on every rank
+     at once; pp_stage_create's schedule check (collective) splits the channels the schedule
+     needs and sets up, in one order on every rank, the pairs the schedule talks over, on the
+     channels their messages take: its neighbours, and the step agreement's star around rank 0
+     (1F1B p = 8: rank 3 holds 3 + 3 connections on one communicator where it held 14 + 14 on
+     eight). A transport whose schedule is never checked makes every channel and connects every
+     pair at its first message, or at create with pp_nccl_desc.connect_all (isend/irecv used
+     directly). pp_nccl_desc.collective_only (the grid's dp and tied transports)
+     makes one communicator and no pair: a ring's connections, nothing else. pp_nccl_get_stats
+     reports communicators, connections and their bytes (a lower bound: NCCL runs several
+     channels per peer over NVLink; docs/multiprocess.md has the table for grids up to 8 x 64).
+     An evaluation whose outputs go to a rank other than rank 0 and the last stage's connects
+     that pair at its first use. Split children of a parent made with splitShare = 1 (or under
      NCCL_COMM_SPLIT_SHARE_RESOURCES=1) share its launch queue: the transport then refuses more
      than one channel (pp_nccl_desc.comm_shares_resources declares such a parent). A channel's
      stream is made at its first group; a channel count whose streams and the compute stream
@@ -85,7 +100,7 @@
      the device count) and creates the communicator without blocking past its deadline.
    - Grid: pp_nccl_grid_create splits the world communicator with ncclCommSplit (NCCL >= 2.18)
      into the pipeline group, the data-parallel group and the tied pair (first and last stage
-     rank) of a pp x dp grid (pipeline.h's pp_grid colours); tied layers use the tied transport,
+     rank) of a pp x dp grid (pipeline.h's pp_grid colours; dp and tied collective_only); tied layers use the tied transport,
      or the pipeline transport with the pair of ranks that own them (pp_tied_sum_grads), data
      parallelism the dp transport (pp_grad_allreduce after the step, or pp_dp_overlap during the
      cool-down: the transport's iallreduce_sum enqueues each bucket's ncclAllReduce on its own
@@ -144,20 +159,67 @@ typedef struct pp_nccl_desc {
        make and use that many, at the price of refusing some schedules. Every rank must pass
        the same. NCCL < 2.18: always 1. */
     int channels;
-    double timeout_s;           /* create's splits and connection set-up, and a later set-up at
-                                   pp_stage_create: each waits this long for the peers (0: the
-                                   default, PP_DEFAULT_TIMEOUT_S) */
+    double timeout_s;           /* create's splits and warm-up all-reduces, pp_stage_create's
+                                   splits and connection set-up: each waits this long for the
+                                   peers (0: the default, PP_DEFAULT_TIMEOUT_S) */
     /* 1: comm was made with config.splitShare = 1 (or inherits it): ncclCommSplit children then
        share its launch queue, one kernel after another, and the transport refuses more than one
        channel (as it does under NCCL_COMM_SPLIT_SHARE_RESOURCES=1). NCCL offers no way to ask. */
     int comm_shares_resources;
+    /* 1: the transport only all-reduces over the whole communicator (pp_nccl_grid's data-parallel
+       and tied transports): no channel splits, no point-to-point connection made ahead (a send or
+       a subset all-reduce over it connects its pair at first use, as NCCL does); create sets up
+       the all-reduce's connections. 0: a pipeline transport (channels, pairs connected as its
+       checked schedules need them). */
+    int collective_only;
+    /* 1: create makes every channel and sets up every pair both ways on each (what it did before
+       it waited for the schedule check): for a transport whose isend/irecv a caller uses directly.
+       0: at the check, or at the first message where no schedule is ever checked, which holds
+       that message's host until every rank sends or receives its own first. */
+    int connect_all;
 } pp_nccl_desc;
 
-/* Collective over d->comm: splits the channels and sets up every pair's connections (NCCL makes
-   them at first use otherwise, holding the host until the peer's host gets there; done here, in
-   one order on every rank, no step waits for it). On failure the communicator stays the
-   caller's, except after a failed set-up (PP_ERR_TIMEOUT, PP_ERR_TRANSPORT): NCCL's abort freed
-   it (the message says so). */
+/* Device memory NCCL 2.30 gives one point-to-point or ring connection, one direction, one NCCL
+   channel, with its default buffer sizes (src/init.cc computeBuffSizes: DEFAULT_LL_BUFFSIZE,
+   DEFAULT_LL128_BUFFSIZE, DEFAULT_BUFFSIZE; src/include/device.h NCCL_LL_LINES_PER_THREAD 8 x
+   NCCL_LL_MAX_NTHREADS 512 x NCCL_STEPS 8 x 16-byte lines; NCCL_LL128_ELEMS_PER_THREAD 120 x
+   NCCL_LL128_MAX_NTHREADS 640 x 8 steps x 8 bytes; 4 MiB). The P2P transport allocates all three
+   on the receiving GPU (src/transport/p2p.cc p2pRecvSetup; with P2P read the SIMPLE buffer sits
+   on the sender instead, p2pSendSetup). NCCL_BUFFSIZE, NCCL_LL_BUFFSIZE, NCCL_LL128_BUFFSIZE change
+   them; these are the defaults. */
+#define PP_NCCL_LL_BYTES 524288u      /* 8 * 512 * 8 * 16 */
+#define PP_NCCL_LL128_BYTES 4915200u  /* 120 * 640 * 8 * 8 */
+#define PP_NCCL_SIMPLE_BYTES 4194304u /* 1 << 22 */
+#define PP_NCCL_CONN_BYTES (PP_NCCL_LL_BYTES + PP_NCCL_LL128_BYTES + PP_NCCL_SIMPLE_BYTES) /* 9.19 MiB */
+
+/* What a transport set up (pp_nccl_get_stats). Connections count one direction to one peer on
+   one of this transport's channels (communicators), as NCCL sets them up: a pipeline transport
+   makes them at pp_stage_create for the pairs its checked schedules talk over (and the step
+   agreement's star around rank 0), every pair on every channel at its first message when no
+   schedule was checked; NCCL makes one a step asks for that is not there (p2p_lazy). */
+typedef struct pp_nccl_stats {
+    int comms;                  /* communicators it runs: the one given and the channels split from it */
+    int channels;               /* channels in use (pp_nccl_channels) */
+    int p2p_send, p2p_recv;     /* point-to-point connections, all channels */
+    int p2p_send_ch[8], p2p_recv_ch[8]; /* per channel */
+    int p2p_lazy;               /* of those, made at a message's first use (inside a step) */
+    int colls_warmed;           /* warm-up all-reduces run at create (one per dtype: f32, f64) */
+    int coll_send, coll_recv;   /* the all-reduce's ring connections: 1 and 1 per NCCL channel */
+    /* Device bytes those connections hold on this GPU by NCCL's rule: PP_NCCL_CONN_BYTES per
+       connection it receives on (p2p_recv + coll_recv; P2P write, the receiver's buffers). A lower
+       bound: it counts one NCCL channel per peer and one ring channel, where NCCL runs
+       p2pnChannelsPerPeer of them per peer (src/graph/paths.cc ncclTopoComputeP2pChannels) and
+       comm->nChannels rings (src/transport/generic.cc ncclTransportRingConnect), more over
+       NVLink; trees, NVLS and the network's buffers are not counted. */
+    uint64_t conn_bytes;
+} pp_nccl_stats;
+
+/* Collective over d->comm: splits the channels a count given in d->channels asks for (the
+   default splits at pp_stage_create, as the checked schedules need) and runs one all-reduce per
+   dtype, so NCCL sets the collective's connections up here (it does at first use otherwise,
+   holding the host until every member gets there); the pairs are connected at the schedule
+   check. On failure the communicator stays the caller's, except after a failed set-up
+   (PP_ERR_TIMEOUT, PP_ERR_TRANSPORT): NCCL's abort freed it (the message says so). */
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err);
 void pp_nccl_destroy(pp_nccl* t);
 pp_transport pp_nccl_transport(pp_nccl* t);
@@ -168,12 +230,15 @@ pp_transport pp_nccl_transport(pp_nccl* t);
 pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err);
 cudaStream_t pp_nccl_comm_stream(const pp_nccl* t);
 /* The channels in use: pp_nccl_desc.channels where given; with the default, the fewest that
-   every schedule checked so far (pp_stage_create) passes over, all it made before the first (a
-   stage whose transport.check_schedule was cleared runs on all). */
+   every schedule checked so far (pp_stage_create) passes over, and before the first the most it
+   may run (8, 4 with two ranks: a stage whose transport.check_schedule was cleared runs on all,
+   made at its first message). collective_only: 1. */
 int pp_nccl_channels(const pp_nccl* t);
 /* Deprecated (sent so far by this rank): pp_step_stats' bytes_sent and msgs_sent count it per step. */
 void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs);
 const char* pp_nccl_error(const pp_nccl* t);
+/* Communicators, connections and the device memory they hold (pp_nccl_stats), now. */
+void pp_nccl_get_stats(const pp_nccl* t, pp_nccl_stats* out);
 
 /* Bootstrap. The file variant: rank 0 removes what is at path, creates the id and writes it
    there atomically (write, then rename) with its wall-clock time and the launcher's job id
@@ -225,7 +290,7 @@ pp_result pp_nccl_check_order(const pp_schedule* s, pp_error* err);
    transport runs this check and pp_nccl_check_order on every schedule pp_stage_create gives it
    (pp_transport.check_schedule), so a user's table that would hang is refused before the first
    step. It takes every connection as made: NCCL's lazy set-up, which holds the host in
-   ncclGroupEnd, happens at pp_nccl_create, never in a step. */
+   ncclGroupEnd, happens at pp_nccl_create and pp_stage_create, never in a step. */
 pp_result pp_nccl_check_rendezvous(const pp_schedule* s, int channels, pp_error* err);
 
 #if defined(MPI_VERSION)
@@ -352,6 +417,13 @@ struct pp_nccl {
     const void* host_cache[_PPN_DEV_CACHE]; /* and known to be host memory */
     uint64_t bytes_sent, msgs_sent;
     unsigned char conn[_PPN_MAXCH][PP_MAX_RANKS]; /* set up: 1 a send to the rank, 2 a receive from it (_ppn_connect) */
+    /* [rank]: what the checked schedules exchange with it, bit 1 << (2 * kind + dir) (kind 1:
+       gradients, dir 1: received); _ppn_connect sets up those pairs on their channels */
+    unsigned char want[PP_MAX_RANKS];
+    int nch_max;                /* the most channels it may run (made at the first check, auto) */
+    int coll_only, planned;     /* pp_nccl_desc.collective_only; a schedule was checked (or all set up) */
+    int colls_warmed, coll_conn, p2p_lazy; /* warm-up all-reduces; ring connections made; pairs NCCL made at first use */
+    void* warm_buf;             /* the warm-up all-reduce's device element */
     double timeout_s;           /* pp_nccl_desc.timeout_s, resolved */
     char err[256];
 };
@@ -764,12 +836,17 @@ static pp_result _ppn_flush_all(pp_nccl* t) {
     return rc;
 }
 
+static pp_result _ppn_plan_all(pp_nccl* t, pp_error* err);
 static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
     _ppn_op* op;
     pp_result rc = PP_OK;
     if (!req || peer < 0 || peer >= t->size || (bytes && !buf)) return PP_ERR_INVALID;
     memset(req, 0, sizeof *req);
     if (t->aborted) return PP_ERR_ABORTED;
+    if (!t->planned && !t->coll_only && peer != t->rank && t->size > 1) { /* no schedule checked: every pair */
+        pp_result rp = _ppn_plan_all(t, NULL);
+        if (rp != PP_OK) return rp;
+    }
     if (!(op = (_ppn_op*)_pp_calloc(1, sizeof *op))) return PP_ERR_NOMEM;
     op->is_recv = is_recv;
     op->peer = peer;
@@ -825,6 +902,10 @@ static pp_result _ppn_post(pp_nccl* t, int is_recv, int peer, int tag, void* buf
         return PP_OK;
     }
     t->n_queued[op->ch]++;
+    if (!(t->conn[op->ch][peer] & (1 << (is_recv != 0)))) { /* NCCL sets it up in this message's group end */
+        t->conn[op->ch][peer] |= (unsigned char)(1 << (is_recv != 0));
+        t->p2p_lazy++;
+    }
     if (!is_recv) {
         if (t->in_group) t->group_sends = 1;
 #ifndef PP_NCCL_TEST_LATE_SENDS
@@ -1123,6 +1204,7 @@ static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dt
     if (rc == PP_OK) {
         ncclResult_t ar = ncclAllReduce(dev, dev, count, dtype == PP_F32 ? ncclFloat32 : ncclFloat64, ncclSum, t->comm, t->stream);
         rc = _ppn_nccl(t, ar, "ncclAllReduce");
+        if (rc == PP_OK) t->coll_conn = 1; /* NCCL set up its connections at the first (_ppn_warm) */
         /* a non-blocking communicator enqueues the kernel later: what follows must come after it */
         if (rc == PP_OK && ar == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, "ncclAllReduce (non-blocking)", deadline);
     }
@@ -1226,6 +1308,7 @@ static pp_result _ppn_iallreduce(void* self, void* buf, size_t count, pp_dtype d
         ncclResult_t ar = ncclAllReduce(op->dev, op->dev, count, dtype == PP_F32 ? ncclFloat32 : ncclFloat64, ncclSum, t->comm,
                                         t->stream);
         rc = _ppn_nccl(t, ar, "ncclAllReduce");
+        if (rc == PP_OK) t->coll_conn = 1; /* NCCL set up its connections at the first (_ppn_warm) */
         if (rc == PP_OK && ar == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, "ncclAllReduce (non-blocking)", deadline);
     }
     if (rc == PP_OK && op->host)
@@ -1327,19 +1410,21 @@ static void _ppn_order_build(pp_nccl* t, const pp_schedule* s) {
    NVIDIA/nccl#415). Left to first use, two ranks whose first messages go on different channels
    in opposite orders wait for each other there forever: the step agreement did at p >= 3 (rank
    r >= 2 first received rank 0's verdict on one channel while rank 0 first waited for r's
-   outcome on another). So every connection a step can use is set up here, on every rank in the
-   same order: channel by channel, each in one group of empty sends and receives, every other
-   rank both ways on each channel a message of either kind between the two takes under nch
-   channels (the library's own messages, the agreement's star around rank 0, tied layers and
-   all-reduce among any ranks, go between any two). Each channel's group waits for every rank's,
-   so no set-up can wait in a cycle. Called at create (for the channels made) and when a schedule
-   check lowers the count (pp_stage_create, collective); a connection made stays. */
-static pp_result _ppn_connect(pp_nccl* t, int nch, pp_error* err) {
+   outcome on another). So every connection a step uses is set up here, on every rank in the
+   same order: channel by channel, each in one group of empty sends and receives, for each rank
+   q and direction d the channel a message of kind k takes under nch channels, where want[q] has
+   bit 2k + d (_ppn_schedule_want: what the checked schedules exchange), or every one (want
+   NULL: every pair, both ways, both kinds). Each connection holds NCCL's buffers on the GPU
+   (PP_NCCL_CONN_BYTES), hence the want. Each channel's group waits for every rank's, so no
+   set-up can wait in a cycle. Called at the schedule check (pp_stage_create, collective; again
+   when a later check changes the count), and for every pair at a transport's first message when
+   nothing was checked (_ppn_plan_all); a connection made stays. */
+static pp_result _ppn_connect(pp_nccl* t, int nch, const unsigned char* want, pp_error* err) {
     int ch, q, d, k;
     pp_result rc = PP_OK;
     double deadline = _pp_now() + t->timeout_s;
 #ifdef PP_NCCL_TEST_NO_PRECONNECT /* negative control (build/nccl-controls): NCCL's lazy set-up, at first use */
-    (void)t, (void)nch, (void)err, (void)deadline, (void)ch, (void)q, (void)d, (void)k;
+    (void)t, (void)nch, (void)want, (void)err, (void)deadline, (void)ch, (void)q, (void)d, (void)k;
     return PP_OK;
 #endif
     for (ch = 0; ch < nch && rc == PP_OK; ch++) {
@@ -1350,7 +1435,9 @@ static pp_result _ppn_connect(pp_nccl* t, int nch, pp_error* err) {
         for (q = 0; q < t->size; q++)
             for (d = 0; d < 2 && q != t->rank; d++)
                 for (k = 0; k < 2; k++)
-                    if (_ppn_channel_of(nch, t->rank, d, q, k) == ch && !(t->conn[ch][q] & (1 << d))) need[q] |= (unsigned char)(1 << d);
+                    if ((!want || (want[q] >> (2 * k + d) & 1)) && _ppn_channel_of(nch, t->rank, d, q, k) == ch &&
+                        !(t->conn[ch][q] & (1 << d)))
+                        need[q] |= (unsigned char)(1 << d);
         for (q = 0; q < t->size; q++) any |= need[q];
         if (!any) continue;
         rc = _ppn_nccl(t, ncclGroupStart(), "ncclGroupStart (connection set-up)");
@@ -1376,6 +1463,74 @@ static pp_result _ppn_connect(pp_nccl* t, int nch, pp_error* err) {
     if (rc == PP_OK) return PP_OK;
     _ppn_abort_comm(t);
     return _pp_fail(err, rc, "%s (connection set-up; communicators aborted)", t->err);
+}
+
+/* What schedule s has this rank exchange with each other rank (_ppn_connect's want, bits
+   1 << (2 * kind + dir)): the activations and gradients of its actions and its peers', the plan
+   check's records (both ways with every neighbour, on the activations' channels: the library's
+   own tags count as activations, _ppn_channel) and the step agreement's star around rank 0 (both
+   ways, pipeline.h >>impl-stage-agree), which also carries the step's identity and the tied
+   pair's sum (rank 0 and the last stage's rank). Pure. */
+static void _ppn_schedule_want(const pp_schedule* s, int me, int size, unsigned char* want) {
+    int q, i;
+    for (q = 0; q < s->p && q < size; q++) {
+        const pp_action* l = pp_schedule_rank(s, q);
+        for (i = 0; l && i < s->per_rank; i++) {
+            const pp_action* a = &l[i];
+            int to = -1, kind = 0; /* the message action a sends (q to `to`) */
+            if (a->op == PP_OP_F && a->stage < s->n_stages - 1) to = a->next_rank;
+            else if (a->op == PP_OP_B && a->stage > 0) to = a->prev_rank, kind = 1;
+            if (to < 0 || to == q || to >= size) continue;
+            if (q == me) want[to] |= (unsigned char)(1 << (2 * kind) | 1 | 2);      /* sends; the plan check both ways */
+            if (to == me) want[q] |= (unsigned char)(1 << (2 * kind + 1) | 1 | 2);  /* receives */
+        }
+    }
+    for (q = 1; q < size; q++) { /* the agreement: rank 0 and every rank, both ways */
+        if (me == 0) want[q] |= 1 | 2;
+        if (q == me) want[0] |= 1 | 2;
+    }
+}
+
+/* Channels 1 .. n-1 that are not made yet: split from the communicator (collective: every rank
+   checks the same schedules in the same order, pp_stage_create). */
+#if NCCL_VERSION_CODE >= 21800
+static pp_result _ppn_split(ncclComm_t parent, int color, int key, ncclComm_t* out, double deadline, const char* what,
+                            int grid, pp_error* err);
+#endif
+static pp_result _ppn_make_channels(pp_nccl* t, int n, pp_error* err) {
+    pp_result rc = PP_OK;
+    while (t->nch_made < n && rc == PP_OK) {
+#if NCCL_VERSION_CODE >= 21800
+        char what[48];
+        /* NULL config: they inherit the parent's, blocking included, which NCCL cannot report;
+           whether they share the parent's launch queue is the parent's splitShare (refused at
+           create), their own would matter only for splits of them, which are never made. */
+        snprintf(what, sizeof what, "ncclCommSplit (channel %d)", t->nch_made);
+        rc = _ppn_split(t->comm, 0, t->rank, &t->ch_comm[t->nch_made], _pp_now() + t->timeout_s, what, 0, err);
+        if (rc == PP_OK) t->nch_made++;
+        else t->ch_comm[t->nch_made] = NULL;
+#else
+        (void)err;
+        rc = PP_ERR_UNSUPPORTED;
+#endif
+    }
+    return rc;
+}
+
+/* A transport whose schedule was never checked (pp_transport.check_schedule cleared, or its
+   messages used directly): at its first message (or at create, pp_nccl_desc.connect_all) every
+   channel is made and every pair set up on every one, both ways (what create itself did before
+   it waited for the check). Every rank's first message comes before its first wait, so each
+   gets here. */
+static pp_result _ppn_plan_all(pp_nccl* t, pp_error* err) {
+    pp_result rc;
+    t->planned = 1;
+    rc = _ppn_make_channels(t, t->nch, err);
+    if (rc != PP_OK) {
+        _ppn_abort_comm(t);
+        return rc;
+    }
+    return _ppn_connect(t, t->nch, NULL, err);
 }
 
 /* n channels, each on its own stream, and the compute stream: more streams than the device has
@@ -1452,38 +1607,56 @@ static void _ppn_kinds_over(int p, int m, int nch, char* buf, size_t cap) {
 static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
     int n;
+    pp_result rc0;
     /* a stage's forward-only list (pp_stage_eval) is checked like its training list, but its
        messages carry other tags (micro-batch + m), outside the order table (_ppn_key): the
        table stays the training list's */
     if (s && !s->forward_only) _ppn_order_build(t, s);
-    if (!t->nch_auto) return _ppn_check_channels(s, t->nch, err);
+    if (!t->nch_auto) {
+        if ((rc0 = _ppn_check_channels(s, t->nch, err)) != PP_OK) return rc0;
+        n = t->nch;
+    } else {
 #ifdef PP_NCCL_TEST_ONE_CHANNEL /* negative control (build/nccl-controls): one channel, unchecked */
-    (void)n;
-    t->nch = t->nch_checked = 1;
-    return _ppn_connect(t, 1, err);
+        (void)n;
+        t->nch = t->nch_checked = 1;
+        t->planned = 1;
+        return _ppn_connect(t, 1, NULL, err);
 #endif
-    for (n = t->nch_checked ? t->nch : 1; n < t->nch_made; n *= 2)
-        if (_ppn_check_channels(s, n, NULL) == PP_OK) break;
-    if (n >= t->nch_made) {
-        pp_result rc = _ppn_check_channels(s, t->nch_made, err);
-        int more = t->nch_made * 2, most = t->size > 2 ? _PPN_MAXCH : 4; /* two ranks: one pair, one parity */
-        if (rc == PP_OK) n = t->nch_made;
-        while (rc != PP_OK && more <= most && _ppn_check_channels(s, more, NULL) != PP_OK) more *= 2;
-        if (rc != PP_OK && more <= most && more > _ppn_channels_fit()) {
-            /* it runs over more channels than the device's queues leave room for: say what runs */
-            char kinds[256];
-            pp_error why;
-            int fit = _ppn_channels_fit();
-            (void)_ppn_queues_ok(more, &why);
-            _ppn_kinds_over(s->p, s->m, fit, kinds, sizeof kinds);
-            return _pp_fail(err, PP_ERR_UNSUPPORTED, "%s p=%d m=%d needs %d channels, and %d fit: %s. At p=%d m=%d these run over "
-                            "%d: %s", pp_schedule_name(s->kind), s->p, s->m, more, fit, why.msg, s->p, s->m, fit, kinds);
+        for (n = t->nch_checked ? t->nch : 1; n < t->nch_max; n *= 2)
+            if (_ppn_check_channels(s, n, NULL) == PP_OK) break;
+        if (n >= t->nch_max) {
+            pp_result rc = _ppn_check_channels(s, t->nch_max, err);
+            int more = t->nch_max * 2, most = t->size > 2 ? _PPN_MAXCH : 4; /* two ranks: one pair, one parity */
+            if (rc == PP_OK) n = t->nch_max;
+            while (rc != PP_OK && more <= most && _ppn_check_channels(s, more, NULL) != PP_OK) more *= 2;
+            if (rc != PP_OK && more <= most && more > _ppn_channels_fit()) {
+                /* it runs over more channels than the device's queues leave room for: say what runs */
+                char kinds[256];
+                pp_error why;
+                int fit = _ppn_channels_fit();
+                (void)_ppn_queues_ok(more, &why);
+                _ppn_kinds_over(s->p, s->m, fit, kinds, sizeof kinds);
+                return _pp_fail(err, PP_ERR_UNSUPPORTED, "%s p=%d m=%d needs %d channels, and %d fit: %s. At p=%d m=%d these "
+                                "run over %d: %s", pp_schedule_name(s->kind), s->p, s->m, more, fit, why.msg, s->p, s->m, fit, kinds);
+            }
+            if (rc != PP_OK) return rc;
         }
-        if (rc != PP_OK) return rc;
+        if ((rc0 = _ppn_queues_ok(n, err)) != PP_OK) return rc0;
+        if ((rc0 = _ppn_make_channels(t, n, err)) != PP_OK) { /* collective: the peers would wait */
+            _ppn_abort_comm(t);
+            return rc0;
+        }
+        t->nch = n;
+        t->nch_checked = 1;
     }
-    t->nch = n;
-    t->nch_checked = 1;
-    return _ppn_connect(t, n, err); /* the pairs the fewer channels put on other communicators */
+    if (t->size < 2) return PP_OK;
+    if (s) _ppn_schedule_want(s, t->rank, t->size, t->want);
+    t->planned = 1;
+#ifdef PP_NCCL_TEST_CONNECT_ALL /* negative control (build/nccl-controls): every pair on every channel, as before */
+    return _ppn_connect(t, n, NULL, err);
+#endif
+    /* the pairs this schedule adds, and those the fewer channels put on other communicators */
+    return _ppn_connect(t, n, t->want, err);
 }
 
 pp_transport pp_nccl_transport(pp_nccl* t) {
@@ -1494,11 +1667,6 @@ pp_transport pp_nccl_transport(pp_nccl* t) {
     return _pp_transport_of(&ops, t, t ? t->rank : 0, t ? t->size : 0);
 }
 
-#if NCCL_VERSION_CODE >= 21800
-static pp_result _ppn_split(ncclComm_t parent, int color, int key, ncclComm_t* out, double deadline, const char* what,
-                            int grid, pp_error* err);
-#endif
-
 /* 1 unless the channels' splits would share their parent's launch queue (pp_nccl_desc.comm_shares_resources,
    or NCCL_COMM_SPLIT_SHARE_RESOURCES set to a non-zero number, as NCCL reads it). */
 static int _ppn_share_ok(const pp_nccl_desc* d) {
@@ -1508,6 +1676,53 @@ static int _ppn_share_ok(const pp_nccl_desc* d) {
     return 1;
 #endif
     return !d->comm_shares_resources && !(e && *e && strtol(e, NULL, 10) != 0);
+}
+
+/* NCCL sets up a communicator's collective connections (the ring, tree or NVLS its tuner picks
+   for the call) inside the first collective's ncclGroupEnd, with the host held until every
+   member gets there (src/group.cc groupLaunch, ncclPrepareTasksAndCollPreconnectFunc ->
+   ncclCollPreconnect; src/enqueue.cc ncclPrepareTasks sets algoNeedConnect; src/init.cc
+   runtimeConn = cuMemSupport && NCCL_RUNTIME_CONNECT, default 1). Left to the first step, that
+   waits inside the step, and two communicators whose first collectives come in different orders
+   on two ranks wait for each other. So create runs one all-reduce of one element per dtype the
+   transport reduces in (f32 and f64: _ppn_allreduce, _ppn_iallreduce refuse the others; the
+   algorithms NCCL may pick differ by dtype, NVLS among them), collective, in one order on every
+   rank. The tuner picks by size too: an all-reduce far larger than one element may pick an
+   algorithm this one did not (ring where this took a tree), which NCCL then connects at its first
+   use; the imitation has one algorithm. */
+static pp_result _ppn_warm(pp_nccl* t, pp_error* err) {
+    static const ncclDataType_t types[2] = {ncclFloat32, ncclFloat64};
+    double deadline = _pp_now() + t->timeout_s;
+    pp_result rc;
+    int k;
+#ifdef PP_NCCL_TEST_NO_WARMUP /* negative control (build/nccl-controls): NCCL's lazy collective set-up, at first use */
+    (void)types, (void)deadline, (void)rc, (void)k, (void)err;
+    return PP_OK;
+#endif
+    if (t->size < 2) return PP_OK;
+    rc = _ppn_cuda(t, cudaMalloc(&t->warm_buf, 8), "cudaMalloc (warm-up all-reduce)");
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaMemsetAsync(t->warm_buf, 0, 8, t->stream), "cudaMemsetAsync (warm-up all-reduce)");
+    for (k = 0; k < 2 && rc == PP_OK; k++) {
+        ncclResult_t ar = ncclAllReduce(t->warm_buf, t->warm_buf, 1, types[k], ncclSum, t->comm, t->stream);
+        rc = _ppn_nccl(t, ar, "ncclAllReduce (collective connection set-up)");
+        if (rc == PP_OK && ar == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, "collective connection set-up (non-blocking)", deadline);
+        if (rc == PP_OK) t->colls_warmed++;
+    }
+    while (rc == PP_OK) { /* done once every member's all-reduce ran */
+        cudaError_t e = cudaStreamQuery(t->stream);
+        if (e == cudaSuccess) break;
+        if (e != cudaErrorNotReady) rc = _ppn_cuda(t, e, "collective connection set-up");
+        else if (_pp_now() > deadline) {
+            _ppn_note(t, "timeout", "collective connection set-up: a member did not come to the warm-up all-reduce");
+            rc = PP_ERR_TIMEOUT;
+        } else _ppn_sleep_us(200);
+    }
+    if (rc == PP_OK) {
+        t->coll_conn = 1;
+        return PP_OK;
+    }
+    _ppn_abort_comm(t);
+    return _pp_fail(err, rc, "%s (connection set-up; communicators aborted)", t->err);
 }
 
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
@@ -1540,6 +1755,11 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
     if (t->size > 1) t->nch = d->channels ? d->channels : t->size > 2 ? 8 : 4; /* two ranks: one pair, one parity */
     if (!d->channels && t->nch > _ppn_channels_fit()) t->nch = _ppn_channels_fit(); /* each stream a queue of its own */
 #endif
+    t->coll_only = d->collective_only;
+#ifdef PP_NCCL_TEST_DP_CHANNELS /* negative control (build/nccl-controls): all-reduce transports made like a pipeline's */
+    t->coll_only = 0;
+#endif
+    if (t->coll_only) t->nch = 1; /* one communicator: the one given */
     /* Split children of a parent that shares resources take its sharedRes, and every launch on
        it waits for the previous kernel to finish (src/init.cc ncclCommSplit, commAlloc;
        src/enqueue.cc ncclLaunchPrepare): the channels would run one after another, and the
@@ -1562,44 +1782,31 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
             return rq;
         }
     }
-    t->nch_made = t->nch;
-    {
-        int ch;
-        for (ch = 0; ch < t->nch; ch++) {
-            pp_result rc = PP_OK;
-            char what[48];
-            /* channel 0's stream now, the others' at their first group (_ppn_flush): a stream
-               that is never used still takes a hardware work queue (below) */
-            if (ch == 0 && (e = cudaStreamCreateWithFlags(&t->ch_stream[ch], cudaStreamNonBlocking)) != cudaSuccess) {
-                t->ch_stream[ch] = NULL;
-                rc = _pp_fail(err, PP_ERR_TRANSPORT, "cudaStreamCreate: %s", cudaGetErrorString(e));
-            }
-#if NCCL_VERSION_CODE >= 21800
-            /* channels 1 ..: the same ranks in communicators of their own (collective). NULL config:
-               they inherit the parent's, blocking included, which NCCL cannot report; whether they
-               share the parent's launch queue is the parent's splitShare (refused above), their own
-               would matter only for splits of them, which are never made. */
-            snprintf(what, sizeof what, "ncclCommSplit (channel %d)", ch);
-            if (rc == PP_OK && ch > 0) rc = _ppn_split(t->comm, 0, t->rank, &t->ch_comm[ch], _pp_now() + t->timeout_s, what, 0, err);
-#else
-            (void)what;
-#endif
-            if (rc != PP_OK) {
-                t->nch = t->nch_made = ch + 1; /* what exists: destroy takes it down (not the caller's communicator) */
-                t->own_comm = 0;
-                if (ch > 0) t->ch_comm[ch] = NULL;
-                pp_nccl_destroy(t);
-                return rc;
-            }
-        }
-        t->stream = t->ch_stream[0];
+    t->nch_max = t->nch;
+    t->nch_made = 1;
+    if ((e = cudaStreamCreateWithFlags(&t->ch_stream[0], cudaStreamNonBlocking)) != cudaSuccess) {
+        PP_FREE(t);
+        return _pp_fail(err, PP_ERR_TRANSPORT, "cudaStreamCreate: %s", cudaGetErrorString(e));
     }
+    /* the other channels' streams at their first group (_ppn_flush): a stream that is never used
+       still takes a hardware work queue (_ppn_queues_ok) */
+    t->stream = t->ch_stream[0];
     /* the default: all until the first check, then the fewest (one channel because the queues
        leave room for no more is the default too: its refusals say so) */
-    t->nch_auto = !d->channels && (t->nch > 1 || (t->size > 1 && _ppn_channels_fit() < 8));
-    if (t->size > 1) {
-        pp_result rc = _ppn_connect(t, t->nch, err);
+    t->nch_auto = !d->channels && !t->coll_only && (t->nch > 1 || (t->size > 1 && _ppn_channels_fit() < 8));
+    {
+        /* channels 1 ..: the same ranks in communicators of their own (collective); with the
+           default count, only those the checked schedules need, made at the check */
+        pp_result rc = t->nch_auto ? PP_OK : _ppn_make_channels(t, t->nch, err);
+        if (rc == PP_OK && d->connect_all && !t->coll_only && t->size > 1) rc = _ppn_plan_all(t, err);
+#ifdef PP_NCCL_TEST_DP_CHANNELS /* the all-reduce transports as before: every channel, every pair set up */
+        if (rc == PP_OK && d->collective_only) rc = _ppn_make_channels(t, t->nch, err);
+        if (rc == PP_OK && d->collective_only && t->size > 1) rc = _ppn_connect(t, t->nch, NULL, err);
+        t->planned |= d->collective_only;
+#endif
+        if (rc == PP_OK) rc = _ppn_warm(t, err);
         if (rc != PP_OK) {
+            t->own_comm = 0; /* the caller's communicator stays the caller's (aborted after a failed set-up) */
             pp_nccl_destroy(t);
             return rc;
         }
@@ -1654,6 +1861,7 @@ void pp_nccl_destroy(pp_nccl* t) {
     PP_FREE(t->order);
     PP_FREE(t->proven);
     if (t->ready) cudaEventDestroy(t->ready);
+    if (t->warm_buf) cudaFree(t->warm_buf);
     _ppn_bounce_drop(&t->bounce, 0);
     _ppn_bounce_drop(&t->pinned, 1);
     for (ch = 0; ch < t->nch_made; ch++) {
@@ -1674,6 +1882,28 @@ void pp_nccl_counters(const pp_nccl* t, uint64_t* bytes, uint64_t* msgs) {
 }
 
 const char* pp_nccl_error(const pp_nccl* t) { return t ? t->err : "transport is NULL"; }
+
+void pp_nccl_get_stats(const pp_nccl* t, pp_nccl_stats* out) {
+    int ch, q;
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!t) return;
+    out->comms = t->nch_made;
+    out->channels = t->nch;
+    for (ch = 0; ch < _PPN_MAXCH; ch++)
+        for (q = 0; q < t->size; q++) {
+            out->p2p_send_ch[ch] += t->conn[ch][q] & 1;
+            out->p2p_recv_ch[ch] += t->conn[ch][q] >> 1 & 1;
+        }
+    for (ch = 0; ch < _PPN_MAXCH; ch++) {
+        out->p2p_send += out->p2p_send_ch[ch];
+        out->p2p_recv += out->p2p_recv_ch[ch];
+    }
+    out->p2p_lazy = t->p2p_lazy;
+    out->colls_warmed = t->colls_warmed;
+    out->coll_send = out->coll_recv = t->coll_conn && t->size > 1; /* a ring: the next rank, the previous */
+    out->conn_bytes = (uint64_t)(out->p2p_recv + out->coll_recv) * PP_NCCL_CONN_BYTES;
+}
 
 /* The id file: what rank 0 writes, so that a reader can tell this run's file from one an
    earlier run left at the same path. */
@@ -1871,6 +2101,7 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
     d.comm = pipe;
     rc = pp_nccl_create(&d, &g->pipe, err);
     d.comm = dp;
+    d.collective_only = 1; /* dp and tied only all-reduce: one communicator each, no pair connected ahead */
     if (rc == PP_OK) rc = pp_nccl_create(&d, &g->dp, err);
     d.comm = tied;
     if (rc == PP_OK && tied) rc = pp_nccl_create(&d, &g->tied, err);

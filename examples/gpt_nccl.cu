@@ -629,6 +629,19 @@ static int train(proc* P, const opts* o) {
                P->L.rank, P->pp_rank, P->dp_rank, P->dev, pp_schedule_rank_to_stage(&P->sched, P->pp_rank, 0), pool / 1048576.0, allocs,
                sizeof(float) * P->n_par / 1048576.0, sizeof(float) * P->n_grad / 1048576.0, 2 * sizeof(float) * P->n_par / 1048576.0);
         {
+            /* what NCCL holds for the three transports' connections (a lower bound: pp_nccl_stats) */
+            pp_nccl_stats ns[3];
+            pp_nccl_get_stats(P->grid.pipe, &ns[0]);
+            pp_nccl_get_stats(P->grid.dp, &ns[1]);
+            pp_nccl_get_stats(P->grid.tied, &ns[2]);
+            printf("nccl: world rank %d: %d communicators (pipeline %d on %d channels, dp %d, tied %d), %d + %d point-to-point "
+                   "and %d + %d ring connections, %.1f MiB of NCCL buffers at least\n",
+                   P->L.rank, ns[0].comms + ns[1].comms + ns[2].comms, ns[0].comms, ns[0].channels, ns[1].comms, ns[2].comms,
+                   ns[0].p2p_send + ns[1].p2p_send + ns[2].p2p_send, ns[0].p2p_recv + ns[1].p2p_recv + ns[2].p2p_recv,
+                   ns[0].coll_send + ns[1].coll_send + ns[2].coll_send, ns[0].coll_recv + ns[1].coll_recv + ns[2].coll_recv,
+                   (double)(ns[0].conn_bytes + ns[1].conn_bytes + ns[2].conn_bytes) / 1048576.0);
+        }
+        {
             char who[64];
             snprintf(who, sizeof who, "world rank %d: ", P->L.rank);
             gpt_traffic_print(who, &tr, o->bf16 ? PP_BF16 : PP_F32);

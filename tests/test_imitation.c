@@ -1237,6 +1237,92 @@ static void test_lazy_connect(void) {
     fakenccl_set_options(&o);
 }
 
+/* A communicator's first collective sets up its connections inside the outermost group end,
+   the host held until every member gets there [src: group.cc ncclPrepareTasksAndCollPreconnectFunc
+   -> ncclCollPreconnect; init.cc runtimeConn, NCCL_RUNTIME_CONNECT default 1]. Two ranks, two
+   communicators (two transports: pipeline_nccl.h's pipeline and data-parallel), a "step" that
+   all-reduces on both. Correct (what pipeline_nccl.h's create does, _ppn_warm): one all-reduce
+   per communicator first, in one order on every rank; the step then sets up nothing, even with
+   its all-reduces in opposite orders on the two ranks, and fakenccl_thread_connections counts one
+   ring per communicator (FAKENCCL_CONN_BYTES each, received on). Known-bad: a client that warms
+   nothing sets up inside its step (the set-up count says so), and with the step's first
+   collectives in opposite orders the two hosts wait for each other (here until the connect
+   timeout, 0.5 s; NCCL waits forever). */
+enum { CW_WARM, CW_COLD, CW_OPPOSITE };
+typedef struct coll_case {
+    int mode;
+    uint64_t step_setups[8];    /* fakenccl_thread_connects across the step */
+    fakenccl_conn_stats cs[8];  /* what the rank set up before the step */
+    double t_end[8];            /* how long its host stayed in the step's first group end */
+} coll_case;
+static void r_coll_warm(world* w, int r) {
+    coll_case* cc = (coll_case*)w->user;
+    ncclResult_t e1 = ncclSuccess, e2 = ncclSuccess;
+    uint64_t s0;
+    double t0;
+    lazy_setup(w, r, 1, 0);
+    if (cc->mode == CW_WARM) {
+        e1 = ncclAllReduce(w->c[r], w->c[r], 1, ncclFloat, ncclSum, w->comm[r], w->s[r]);
+        if (e1 == ncclSuccess) e1 = ncclAllReduce(w->c[r], w->c[r], 1, ncclFloat, ncclSum, w->comm2[r], w->s[r]);
+        if (e1 == ncclSuccess && !wait_stream(w->s[r], LONG_S)) e1 = ncclSystemError;
+    }
+    fakenccl_thread_connections(&cc->cs[r]);
+    s0 = fakenccl_thread_connects();
+    t0 = now_s();
+    if (e1 == ncclSuccess) {
+        /* the step: the cold client in one order on both ranks; the others rank 0 on comm first,
+           rank 1 on comm2 first */
+        ncclComm_t first = (cc->mode == CW_COLD || r == 0) ? w->comm[r] : w->comm2[r];
+        ncclComm_t second = first == w->comm[r] ? w->comm2[r] : w->comm[r];
+        e1 = ncclAllReduce(w->a[r], w->a[r], NF, ncclFloat, ncclSum, first, w->s[r]);
+        cc->t_end[r] = now_s() - t0;
+        if (e1 == ncclSuccess) e2 = ncclAllReduce(w->b[r], w->b[r], NF, ncclFloat, ncclSum, second, w->s2[r]);
+    }
+    cc->step_setups[r] = fakenccl_thread_connects() - s0;
+    w->rc[r] = e1;
+    w->rc2[r] = e2;
+    w->ok[r] = e1 == ncclSuccess && e2 == ncclSuccess && wait_stream(w->s[r], LONG_S) && wait_stream(w->s2[r], LONG_S);
+    rank_finish(w, r, w->ok[r], NULL);
+}
+static void coll_warm_run(int mode, coll_case* cc, world* w) {
+    memset(cc, 0, sizeof *cc);
+    cc->mode = mode;
+    world_init(w, 2);
+    w->user = cc;
+    run_ranks(w, r_coll_warm);
+    world_free(w);
+}
+static void test_coll_warmup(void) {
+    coll_case cc;
+    world w;
+    char why[256];
+    int r;
+    fakenccl_options o = fakenccl_get_options();
+    o.connect_timeout_s = 0.5;
+    fakenccl_set_options(&o);
+    fakenccl_problem(why, sizeof why); /* clear */
+    coll_warm_run(CW_WARM, &cc, &w);
+    for (r = 0; r < 2; r++)
+        CHECK(w.ok[r] && cc.step_setups[r] == 0 && cc.cs[r].colls == 2 && cc.cs[r].p2p_send + cc.cs[r].p2p_recv == 0 &&
+                  cc.cs[r].bytes == 2 * FAKENCCL_CONN_BYTES,
+              "warmed: rank %d: %s, %llu set-ups in the step, %llu collective set-ups before (%llu bytes): want 0 and 2",
+              r, w.ok[r] ? "ran" : "failed", (unsigned long long)cc.step_setups[r], (unsigned long long)cc.cs[r].colls,
+              (unsigned long long)cc.cs[r].bytes);
+    coll_warm_run(CW_COLD, &cc, &w);
+    for (r = 0; r < 2; r++)
+        CHECK(w.ok[r] && cc.step_setups[r] == 2 && cc.cs[r].colls == 0,
+              "known-bad, nothing warmed: rank %d must set up both communicators inside its step: %s, %llu set-ups", r,
+              w.ok[r] ? "ran" : "failed", (unsigned long long)cc.step_setups[r]);
+    coll_warm_run(CW_OPPOSITE, &cc, &w);
+    fakenccl_problem(why, sizeof why);
+    CHECK(!w.ok[0] && !w.ok[1] && w.rc[0] == ncclSystemError && w.rc[1] == ncclSystemError && cc.t_end[0] >= 0.5 &&
+              cc.t_end[1] >= 0.5 && strstr(why, "lazy-connection"),
+          "known-bad: first collectives on two communicators in opposite orders must hold both hosts: %d %d %.2f %.2f %s", w.rc[0],
+          w.rc[1], cc.t_end[0], cc.t_end[1], why);
+    o.connect_timeout_s = 0;
+    fakenccl_set_options(&o);
+}
+
 /* ---- shared resources [src: init.cc ncclCommSplit, commAlloc, envConfigOverride; enqueue.cc
    ncclLaunchPrepare] --------------------------------------------------------------------------------- */
 
@@ -1661,6 +1747,7 @@ int main(void) {
     test_two_comms();
     test_launch_order();
     test_lazy_connect();
+    test_coll_warmup();
     test_split_share();
     test_misc();
     return TEST_DONE("imitation");

@@ -69,6 +69,11 @@ typedef struct world {
     char omsg[NR][FSTEPS][sizeof(((pp_error*)0)->msg)];
     pp_result rc[NR];
     char msg[NR][700];
+    pp_nccl_stats nst[NR][3];   /* after pp_stage_create: the pipeline, dp and tied transports' */
+#ifndef PP_TEST_REAL_CUDA
+    fakenccl_conn_stats fc[NR]; /* what the rank's NCCL calls set up by then (the imitation's count) */
+    uint64_t step_setups[NR][STEPS]; /* set-ups from a step's start to its all-reduces' end */
+#endif
 } world;
 
 typedef struct rank_arg {
@@ -78,6 +83,93 @@ typedef struct rank_arg {
 
 static int owner(const world* W, int layer) { return pp_schedule_layer_rank(&W->sc, W->first, layer); }
 #define layer_range tlm_grid_layer_range
+
+/* What pipeline_nccl.h sets up on one rank of one transport (issue 42): communicators,
+   point-to-point connections (one direction, one peer, one channel), ring connections, and the
+   device bytes NCCL's rule gives them (pp_nccl_stats.conn_bytes), from the library's own rules:
+   the channel count its schedule check picks (_ppn_check_channels), the pairs it connects
+   (_ppn_schedule_want) and their channels (_ppn_channel_of). sc NULL: a transport that only
+   all-reduces (pp_nccl_desc.collective_only). old: before issue 42: 8 channels (4 for two ranks)
+   made at create, every pair both ways on each channel a message of either kind takes, no
+   warm-up (a ring set up at the first all-reduce, where there is one: rings). */
+typedef struct grid_plan {
+    int comms, p2p_send, p2p_recv, rings;
+    uint64_t bytes;
+} grid_plan;
+static void transport_plan(const pp_schedule* sc, int me, int n, int old, int rings, grid_plan* out) {
+    static unsigned char want[PP_MAX_RANKS];
+    int nch = 1, ch, q, d, k;
+    memset(out, 0, sizeof *out);
+    out->comms = 1;
+    if (n < 2) return;
+    if (old) nch = n > 2 ? 8 : 4;
+    else if (sc)
+        while (nch < (n > 2 ? 8 : 4) && _ppn_check_channels(sc, nch, NULL) != PP_OK) nch *= 2;
+    out->comms = nch;
+    memset(want, 0, sizeof want);
+    if (sc && !old) _ppn_schedule_want(sc, me, n, want);
+    for (ch = 0; ch < nch && (old || sc); ch++)
+        for (q = 0; q < n; q++)
+            for (d = 0; d < 2 && q != me; d++) {
+                int used = 0;
+                for (k = 0; k < 2; k++)
+                    used |= (old || (want[q] >> (2 * k + d) & 1)) && _ppn_channel_of(nch, me, d, q, k) == ch;
+                if (used && d) out->p2p_recv++;
+                else if (used) out->p2p_send++;
+            }
+    out->rings = old ? rings : 1;
+    out->bytes = (uint64_t)(out->p2p_recv + out->rings) * PP_NCCL_CONN_BYTES;
+}
+/* The pipeline transport's plan for pipeline rank pr under sc matches what it set up. */
+static int plan_matches(const pp_schedule* sc, int pr, const pp_nccl_stats* ps) {
+    grid_plan p;
+    transport_plan(sc, pr, sc->p, 0, 0, &p);
+    return p.comms == ps[0].comms && p.p2p_send == ps[0].p2p_send && p.p2p_recv == ps[0].p2p_recv && p.rings == ps[0].coll_recv &&
+           p.bytes == ps[0].conn_bytes;
+}
+static void grid_plan_rank(const pp_schedule* sc, int pr, int old, char* buf, size_t cap) {
+    grid_plan p;
+    transport_plan(sc, pr, sc->p, old, 0, &p);
+    snprintf(buf, cap, "%d comms, %d + %d p2p, %d ring", p.comms, p.p2p_send, p.p2p_recv, p.rings);
+}
+
+/* docs/multiprocess.md's table: a pp x dp grid of 1F1B (m = 2 pp), DP_INNER, the rank that holds
+   the most (the first stage's: the agreement's star and the tied pair), before and after. The
+   pipeline transport all-reduces only in pp_dp_overlap_wait's vote: before, no ring on it. */
+static void grid_table(void) {
+    static const int pps[] = {2, 4, 8}, dps[] = {1, 8, 64};
+    static pp_action acts[8 * 64 * 4];
+    int i, j, old, pr;
+    printf("| pp x dp | communicators per rank, before | after | connections per rank, before | after | MiB per rank, before | after |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    for (i = 0; i < 3; i++)
+        for (j = 0; j < 3; j++) {
+            int pp = pps[i], dp = dps[j], comms[2] = {0, 0}, conns[2] = {0, 0};
+            uint64_t bytes[2] = {0, 0};
+            pp_schedule sc;
+            pp_error err;
+            if (pp_schedule_make(PP_SCHED_1F1B, pp, 1, 2 * pp, acts, sizeof acts / sizeof acts[0], &sc, &err) != PP_OK) {
+                CHECK(0, "table: %s", err.msg);
+                return;
+            }
+            for (old = 0; old < 2; old++)
+                for (pr = 0; pr < pp; pr++) {
+                    grid_plan a, b, c;
+                    transport_plan(&sc, pr, pp, old, 0, &a);
+                    transport_plan(NULL, 0, dp, old, 1, &b);
+                    memset(&c, 0, sizeof c);
+                    if (pr == 0 || pr == pp - 1) transport_plan(NULL, pr == 0 ? 0 : 1, 2, old, 1, &c);
+                    if (a.bytes + b.bytes + c.bytes > bytes[old]) {
+                        bytes[old] = a.bytes + b.bytes + c.bytes;
+                        comms[old] = a.comms + b.comms + c.comms;
+                        conns[old] = a.p2p_send + a.p2p_recv + b.p2p_send + b.p2p_recv + c.p2p_send + c.p2p_recv +
+                                     2 * (a.rings + b.rings + c.rings);
+                    }
+                }
+            printf("| %d x %d | %d | %d | %d | %d | %.0f | %.0f |\n", pp, dp, comms[1], comms[0], conns[1], conns[0],
+                   (double)bytes[1] / 1048576.0, (double)bytes[0] / 1048576.0);
+        }
+}
 
 static uint64_t shard_seed(int step, int replica) { return 500u + 13u * (uint64_t)step + (uint64_t)replica; }
 static void reference(const float* wa, float* gref, int step, int m) { tlm_grid_reference(wa, gref, step, m, DP, shard_seed); }
@@ -214,6 +306,14 @@ static void* rank_main(void* arg) {
         rc = tlm_grid_hook_overlap(&od, &d, &ov, &err);
     }
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
+    if (rc == PP_OK) {
+        pp_nccl_get_stats(g.pipe, &W->nst[wr][0]);
+        pp_nccl_get_stats(g.dp, &W->nst[wr][1]);
+        pp_nccl_get_stats(g.tied, &W->nst[wr][2]);
+#ifndef PP_TEST_REAL_CUDA
+        fakenccl_thread_connections(&W->fc[wr]);
+#endif
+    }
     /* the fault run: every rank ends every step with pp_dp_overlap_wait, whatever its step
        returned; where the wait fails (on every rank: the grid's vote) the recovery of
        docs/errors.md: pp_dp_overlap_reset, the gradients zeroed (each step starts so), no update
@@ -261,6 +361,9 @@ static void* rank_main(void* arg) {
         nanosleep(&ts, NULL);
     }
     for (step = 0; !W->fault && step < STEPS && rc == PP_OK; step++) {
+#ifndef PP_TEST_REAL_CUDA
+        uint64_t setups0 = fakenccl_thread_connects();
+#endif
         if ((rc = tlm_grid_stage_step(st, W->g[wr], &s, shard_seed(step, g.grid.dp_rank), W->m, NULL, &err)) != PP_OK) break;
         if ((rc = pp_nccl_step_end(g.pipe, 20, &err)) != PP_OK) break;
         if ((rc = pp_cuda_step_end(c, NULL, &err)) != PP_OK) break; /* the kernels wrote the host gradients */
@@ -282,6 +385,9 @@ static void* rank_main(void* arg) {
             if (rc == PP_OK) rc = pp_grad_allreduce(&dpt, NULL, 0, W->g[wr], n, PP_F32, 1.0 / DP, 20, &err);
         }
         if (rc != PP_OK) break;
+#ifndef PP_TEST_REAL_CUDA
+        W->step_setups[wr][step] = fakenccl_thread_connects() - setups0;
+#endif
         reference(wref, gref, step, W->m);
         tlm_grid_check_sgd(W->w[wr], W->g[wr], wref, gref, &W->sc, W->first, g.grid.pp_rank, step, &W->bad[wr], W->msg[wr],
                            sizeof W->msg[wr]);
@@ -337,6 +443,40 @@ static void grid_run(pp_schedule_kind kind, int m, int overlap) {
     for (r = 0; r < NR; r++) {
         CHECK(W.rc[r] == PP_OK, "%s: world rank %d: %s", pp_schedule_name(kind), r, W.msg[r]);
         CHECK(W.bad[r] == 0, "%s: world rank %d: %s", pp_schedule_name(kind), r, W.msg[r]);
+    }
+    for (r = 0; r < NR && W.rc[r] == PP_OK; r++) { /* connections only where used (issue 42) */
+        const pp_nccl_stats* ps = W.nst[r];
+        char want[160];
+        int k, pr = r / DP; /* DP_INNER */
+        /* dp: one communicator and a ring's connections (one send, one receive per NCCL channel:
+           src/transport/generic.cc ncclTransportRingConnect), nothing else. tied: the same, and the
+           one connection pp_tied_sync_weights' copy (first stage to last, a send and its receive)
+           makes at its first use, before the first step */
+        for (k = 1; k < 3; k++)
+            CHECK(ps[k].comms == (k == 2 && pr != 0 && pr != PP - 1 ? 0 : 1) &&
+                      ps[k].p2p_send + ps[k].p2p_recv == (k == 2 && ps[k].comms ? 1 : 0) && ps[k].p2p_lazy == ps[k].p2p_send + ps[k].p2p_recv &&
+                      ps[k].coll_send + ps[k].coll_recv <= 2 && ps[k].conn_bytes <= (uint64_t)(1 + ps[k].p2p_recv) * PP_NCCL_CONN_BYTES,
+                  "%s: world rank %d: the %s transport holds %d communicators, %d + %d point-to-point and %d + %d ring "
+                  "connections (%llu bytes): want 1, none (tied: the weights' copy), at most 1 + 1",
+                  pp_schedule_name(kind), r, k == 1 ? "data-parallel" : "tied", ps[k].comms, ps[k].p2p_send, ps[k].p2p_recv,
+                  ps[k].coll_send, ps[k].coll_recv, (unsigned long long)ps[k].conn_bytes);
+        grid_plan_rank(&W.sc, pr, 0, want, sizeof want);
+        CHECK(plan_matches(&W.sc, pr, ps), "%s: world rank %d: the pipeline transport's connections are not the plan's "
+              "(%d comms, %d + %d p2p, %d + %d ring; want %s)", pp_schedule_name(kind), r, ps[0].comms, ps[0].p2p_send,
+              ps[0].p2p_recv, ps[0].coll_send, ps[0].coll_recv, want);
+#ifndef PP_TEST_REAL_CUDA
+        {
+            uint64_t mine = ps[0].conn_bytes + ps[1].conn_bytes + ps[2].conn_bytes, s0 = 0;
+            CHECK(W.fc[r].bytes == mine && W.fc[r].p2p_recv == (uint64_t)(ps[0].p2p_recv + ps[1].p2p_recv + ps[2].p2p_recv),
+                  "%s: world rank %d: the imitation counts %llu bytes (%llu point-to-point receives) set up, pp_nccl_get_stats %llu",
+                  pp_schedule_name(kind), r, (unsigned long long)W.fc[r].bytes, (unsigned long long)W.fc[r].p2p_recv,
+                  (unsigned long long)mine);
+            for (k = 0; k < STEPS; k++) s0 += W.step_setups[r][k];
+            CHECK(W.step_setups[r][0] == 0 && s0 == 0, "%s: world rank %d: %llu connection set-ups in step 0, %llu in all steps "
+                  "(create sets up everything a step uses)", pp_schedule_name(kind), r, (unsigned long long)W.step_setups[r][0],
+                  (unsigned long long)s0);
+        }
+#endif
     }
     for (d = 0; d < DP; d++) { /* DP_INNER: world rank = pp_rank * DP + dp_rank */
         int ra = 0 * DP + d, rb = (PP - 1) * DP + d;
@@ -399,6 +539,10 @@ static void fault_run(void) {
 }
 
 int main(int argc, char** argv) {
+    if (argc > 1 && !strcmp(argv[1], "table")) { /* docs/multiprocess.md: connections and memory per rank */
+        grid_table();
+        return TEST_DONE("nccl-grid table");
+    }
     if (argc > 1 && !strcmp(argv[1], "fault")) { /* the fault run alone (the controls) */
         setvbuf(stdout, NULL, _IOLBF, 0);
         fault_run();

@@ -109,6 +109,7 @@ typedef struct world {
     size_t pool_need[MAXP];     /* the last step's pp_step_stats.pool_need */
     int chans[MAXP], chans0[MAXP]; /* pp_nccl_channels after pp_stage_create, and before it */
     uint64_t late_connects[MAXP]; /* connection set-ups after pp_stage_create (fakenccl_thread_connects) */
+    pp_nccl_stats nst[MAXP];    /* pp_nccl_get_stats after pp_stage_create */
     int skip_step_end;          /* pp_nccl_step_end after the last step only */
     int eval;                   /* after step 0: an evaluation (pp_stage_eval), outputs to ev_rank */
     int ev_rank;
@@ -238,6 +239,7 @@ static void* rank_main(void* arg) {
     w->chans0[r] = pp_nccl_channels(t);
     if (rc == PP_OK) rc = pp_stage_create(&d, &st, &err);
     w->chans[r] = pp_nccl_channels(t);
+    pp_nccl_get_stats(rc == PP_OK ? t : NULL, &w->nst[r]);
     if (rc != PP_OK) {
         w->rc[r][0] = rc;
         snprintf(w->msg[r], sizeof w->msg[r], "setup: %s", err.msg);
@@ -405,6 +407,24 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
                   where, r, w.chans[r], w.chans0[r], want);
         g_chans_used[want]++;
     }
+    if (ok && kind == PP_SCHED_1F1B && !custom && !g_channels) /* connections only where used (issue 42) */
+        for (r = 0; r < p; r++) {
+            /* one channel; the neighbours both ways (activations, gradients, the plan check) and the
+               step agreement's star around rank 0 (pipeline.h >>impl-stage-agree): nothing else */
+            int peers = r == 0 ? p - 1 : (r > 1) + (r < p - 1) + 1;
+            const pp_nccl_stats* ns = &w.nst[r];
+            CHECK(ns->comms == 1 && ns->p2p_send == peers && ns->p2p_recv == peers && ns->p2p_send_ch[0] == peers &&
+                      ns->p2p_lazy == 0 && ns->colls_warmed == 2 && ns->coll_recv == 1 &&
+                      ns->conn_bytes == (uint64_t)(peers + 1) * PP_NCCL_CONN_BYTES,
+                  "%s: rank %d holds %d communicators, %d + %d connections (%d made lazily), %d warm-ups, %llu bytes: want 1, "
+                  "%d + %d (the neighbours and rank 0's star), 0, 2", where, r, ns->comms, ns->p2p_send, ns->p2p_recv,
+                  ns->p2p_lazy, ns->colls_warmed, (unsigned long long)ns->conn_bytes, peers, peers);
+        }
+    if (ok && kind == PP_SCHED_1F1B && !custom && !g_channels && p == 8 && getenv("PP_TEST_NCCL_SAY_MEM"))
+        for (r = 0; r < p; r++) /* before issue 42: eight communicators, every pair on two of them each way, no ring */
+            printf("nccl-pipeline: 1F1B p = 8, rank %d: %d communicator(s), %d + %d connections, %.1f MiB (before: 8, %d + %d, "
+                   "%.1f MiB)\n", r, w.nst[r].comms, w.nst[r].p2p_send, w.nst[r].p2p_recv, (double)w.nst[r].conn_bytes / 1048576.0,
+                   2 * (p - 1), 2 * (p - 1), (double)(2 * (p - 1)) * PP_NCCL_CONN_BYTES / 1048576.0);
     free(acts);
 }
 
@@ -503,6 +523,10 @@ static void test_old_queues(void) {
         CHECK(w.rc[r][0] == PP_ERR_UNSUPPORTED && strstr(w.msg[r], "CUDA_DEVICE_MAX_CONNECTIONS"),
               "four channels at 8 queues: rank %d must be refused (13 queues needed): %s: %s", r, pp_result_str(w.rc[r][0]), w.msg[r]);
 }
+
+/* The pipeline transport at 1F1B p = 8 (issue 42): one communicator, each rank connected to its
+   neighbours and rank 0 (the agreement's star), nothing set up in a step (run_case's checks). */
+static void test_neighbours(void) { run_case(PP_SCHED_1F1B, 8, 1, 8, PP_SHAPES_LOCAL, 1, NULL); }
 
 /* Evaluations over NCCL (rendezvous sends): every kind, p 2 to 4, m = p and 2p + 1, LOCAL (and
    BROADCAST for 1F1B and interleaved): train, evaluate, train gives the two sequential steps'
@@ -1012,6 +1036,7 @@ static pp_nccl* two_rank_nccl(int r, const ncclUniqueId* id, int channels, cudaS
     nd.compute = compute;
     nd.own_comm = 1;
     nd.channels = channels;
+    nd.connect_all = 1; /* isend/irecv used directly: every pair set up here, not at the first message */
     if (pp_nccl_create(&nd, &t, &err) != PP_OK) {
         snprintf(msg, cap, "pp_nccl_create: %.150s", err.msg);
         ncclCommDestroy(comm);
@@ -1498,6 +1523,8 @@ int main(int argc, char** argv) {
         test_one_queue();
     } else if (argc > 1 && !strcmp(argv[1], "recompute")) {
         test_recompute_nccl();
+    } else if (argc > 1 && !strcmp(argv[1], "neighbours")) {
+        test_neighbours();
     } else if (argc > 1 && !strcmp(argv[1], "p8")) {
         test_p8();
     } else if (argc > 1 && !strcmp(argv[1], "connect-fail")) {
@@ -1530,6 +1557,8 @@ int main(int argc, char** argv) {
         test_rendezvous();
         test_old_queues();
         test_one_queue();
+
+        test_neighbours();
         test_matrix();
         test_recompute_nccl();
         test_eval();

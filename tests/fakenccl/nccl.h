@@ -57,8 +57,13 @@
      ncclInProgress); each direction once. Two ranks whose first exchanges are in different
      orders wait for each other at the host. fakenccl_options.connect_timeout_s (30 s; real NCCL
      waits forever) turns that into ncclSystemError and fakenccl_problem() says why. A
-     communicator's first collective waits the same way for every rank. The code below (fn_connect)
-     cites the details.
+     communicator's first collective waits the same way for every rank: the host posts its part
+     to every member, then stays in the group end until it has every member's (fn_setup_build);
+     two communicators whose first collectives come in opposite orders on two ranks wait for each
+     other there. The code below (fn_connect) cites the details. fakenccl_stats.connects counts
+     set-ups, p2p_conns and coll_setups what they made; fakenccl_thread_connections gives one
+     rank's (its thread's groups), with the device memory that holds by NCCL's buffer rule
+     (FAKENCCL_CONN_BYTES per connection received on).
    - ncclSend/ncclRecv [UG: Point-to-point communication]: the k-th send from rank a to rank b
      on a communicator matches the k-th receive of b from a. A send completes only when its
      receive is running (its kernel started on the receiver's stream): rendezvous, the strictest
@@ -237,7 +242,26 @@ typedef struct fakenccl_stats {
     uint64_t mismatches;        /* send/receive pairs whose sizes differ (stuck for good) */
     uint64_t pending;           /* operations issued and neither complete nor aborted, now */
     uint64_t connects;          /* connection set-ups run (a communicator's, in a group end) */
+    uint64_t p2p_conns;         /* point-to-point connections they made: one direction, one peer, one communicator */
+    uint64_t coll_setups;       /* communicators whose collective connections they made */
 } fakenccl_stats;
+
+/* What the groups one thread (a rank) issued set up, and the device memory that holds by NCCL's
+   rule: a connection is one direction to one peer on one communicator and one NCCL channel (the
+   imitation has one; NCCL runs p2pnChannelsPerPeer per peer, src/graph/paths.cc
+   ncclTopoComputeP2pChannels, and comm->nChannels rings, src/transport/generic.cc
+   ncclTransportRingConnect), holding the LL, LL128 and SIMPLE buffers on the receiving GPU
+   [src: transport/p2p.cc p2pRecvSetup; init.cc computeBuffSizes, their defaults:
+   NCCL_LL_LINES_PER_THREAD 8 x NCCL_LL_MAX_NTHREADS 512 x NCCL_STEPS 8 x 16-byte lines,
+   NCCL_LL128_ELEMS_PER_THREAD 120 x NCCL_LL128_MAX_NTHREADS 640 x 8 x 8 bytes, 4 MiB]. A
+   collective's set-up counts as a ring: a send to the next rank and a receive from the previous. */
+#define FAKENCCL_CONN_BYTES ((uint64_t)8 * 512 * 8 * 16 + (uint64_t)120 * 640 * 8 * 8 + ((uint64_t)1 << 22))
+typedef struct fakenccl_conn_stats {
+    uint64_t setups;            /* set-ups run (fakenccl_thread_connects) */
+    uint64_t p2p_send, p2p_recv; /* point-to-point connections */
+    uint64_t colls;             /* collective set-ups (a ring each: one send, one receive) */
+    uint64_t bytes;             /* FAKENCCL_CONN_BYTES per connection received on: (p2p_recv + colls) */
+} fakenccl_conn_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -404,7 +428,7 @@ static __thread int fn_group_blocking = -1;
 static __thread struct ncclComm* fn_group_inits[64];
 static __thread int fn_n_group_inits;
 static __thread uint64_t fn_thread_cuda_calls; /* fakenccl_thread_cuda_calls */
-static __thread uint64_t fn_thread_connects;   /* fakenccl_thread_connects */
+static __thread fakenccl_conn_stats fn_thread_conn; /* fakenccl_thread_connects, fakenccl_thread_connections */
 
 static inline double fn_now(void) {
     struct timespec ts;
@@ -1170,7 +1194,7 @@ static inline int fn_setup_step(fn_setup* u) {
 /* The connection set-up an outermost group end runs before it launches anything: every
    communicator of the group with a pair (or a collective) it has not used before, at once.
    Lock not held. ncclSuccess when all connected. */
-static inline ncclResult_t fn_connect(fn_task* tasks, uint64_t* thread_count) {
+static inline ncclResult_t fn_connect(fn_task* tasks, fakenccl_conn_stats* thread_count) {
     fn_setup su[64];
     int k = 0, i, left;
     fn_task* t;
@@ -1205,17 +1229,24 @@ static inline ncclResult_t fn_connect(fn_task* tasks, uint64_t* thread_count) {
                     c->seen[2 * x->peer + d] = 1;
                     mask[d * n + x->peer] = 1;
                     any = 1;
+                    fn_st.p2p_conns++;
+                    if (d) thread_count->p2p_recv++;
+                    else thread_count->p2p_send++;
+                    thread_count->bytes += d ? FAKENCCL_CONN_BYTES : 0;
                 }
             } else if (!c->coll_seen) {
                 c->coll_seen = 1;
                 coll = any = 1;
+                fn_st.coll_setups++;
+                thread_count->colls++;
+                thread_count->bytes += FAKENCCL_CONN_BYTES;
             }
         }
         if (any && !(su[k].st = (fn_step*)calloc(10 * (size_t)n, sizeof(fn_step)))) res = ncclSystemError;
         if (any && su[k].st) {
             fn_setup_build(&su[k], mask, mask + n, coll);
             fn_st.connects++;
-            (*thread_count)++;
+            thread_count->setups++;
             k++;
         }
         free(mask);
@@ -1278,7 +1309,7 @@ static inline void fn_tasks_free(fn_task* t) {
 
 typedef struct fn_job {
     fn_task* tasks;
-    uint64_t* connects;         /* the issuing thread's fn_thread_connects */
+    fakenccl_conn_stats* connects; /* the issuing thread's fn_thread_conn */
     struct ncclComm* comms[64];
     int n;
     double delay;
@@ -1336,7 +1367,7 @@ static inline ncclResult_t fn_group_run(void) {
     pthread_mutex_unlock(&fn_mu);
     if (!tasks) return res;
     if (blocking != 0) {
-        ncclResult_t r = fn_connect(tasks, &fn_thread_connects); /* the host is held here until the peers set up theirs */
+        ncclResult_t r = fn_connect(tasks, &fn_thread_conn); /* the host is held here until the peers set up theirs */
         if (r == ncclSuccess) r = fn_launch(tasks);
         fn_tasks_free(tasks);
         return r;
@@ -1349,7 +1380,7 @@ static inline ncclResult_t fn_group_run(void) {
             return ncclSystemError;
         }
         j->tasks = tasks;
-        j->connects = &fn_thread_connects;
+        j->connects = &fn_thread_conn;
         pthread_mutex_lock(&fn_mu);
         for (t = tasks; t; t = t->next) {
             int k;
@@ -1970,9 +2001,16 @@ static inline void fakenccl_comm_streams(ncclComm_t comm, cudaStream_t* dev, cud
 static inline uint64_t fakenccl_thread_connects(void) {
     uint64_t n;
     pthread_mutex_lock(&fn_mu);
-    n = fn_thread_connects;
+    n = fn_thread_conn.setups;
     pthread_mutex_unlock(&fn_mu);
     return n;
+}
+
+/* What the groups the calling thread issued set up, so far (fakenccl_conn_stats). */
+static inline void fakenccl_thread_connections(fakenccl_conn_stats* out) {
+    pthread_mutex_lock(&fn_mu);
+    *out = fn_thread_conn;
+    pthread_mutex_unlock(&fn_mu);
 }
 
 /* Zeroes the counters (not pending, which is a state). */
