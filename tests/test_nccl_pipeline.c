@@ -1347,6 +1347,171 @@ static void test_rendezvous(void) {
            "eight (the default)\n", n_ok + n_cycle, n_cycle, n_ok + n_cycle - n_ok8);
 }
 
+#ifdef FAKENCCL
+/* >>deadlines: every host wait of pp_nccl ends by pp_nccl_desc.timeout_s, or at once when NCCL
+   reports a failure (the imitation's switches: not in the gpu mode). Two ranks in threads, each
+   test under a watchdog (a control that waits for the old deadlines, or forever, fails at 10 s):
+   - connect: rank 1 aborts its communicator 0.3 s after init, rank 0 is past the host's set-up
+     (connections made at init, fakenccl_options.eager_connect) and waits for its empty messages;
+     NCCL tells it (abort_seen: ncclRemoteError): pp_nccl_create must fail well before its 5 s.
+     Control build/nccl-ctl-connect-no-async (the loop asks the stream only: 5 s).
+   - flush: a group's launch that does not settle (the imitation's launch delay raised to 100 s
+     after create) ends at timeout_s = 1, not at PP_DEFAULT_TIMEOUT_S. Control
+     build/nccl-ctl-flush-default-timeout.
+   - destroy: rank 0 sends, rank 1 never receives, rank 0 destroys its transport without
+     pp_nccl_step_end: done in about timeout_s = 1 (the send aborted). Control
+     build/nccl-ctl-destroy-unbounded (cudaStreamSynchronize: forever). */
+typedef struct dl_arg {
+    int r, which;
+    ncclUniqueId id;
+    pp_result rc;
+    double took;
+    char msg[sizeof(((pp_error*)0)->msg) + 8];
+} dl_arg;
+static pthread_barrier_t g_dl_bar;
+static volatile int g_dl_done;
+
+static pp_nccl* dl_nccl(dl_arg* a, double timeout_s, cudaStream_t* s) {
+    ncclComm_t comm = NULL;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclResult_t st = ncclInProgress;
+    pp_nccl_desc nd;
+    pp_nccl* t = NULL;
+    pp_error err;
+    cfg.blocking = 0;
+    cudaSetDevice(a->r);
+    cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+    if (ncclCommInitRankConfig(&comm, 2, a->id, a->r, &cfg) != ncclSuccess && !comm) return NULL;
+    while (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress) {
+    }
+    if (a->which == 0 && a->r == 1) { /* connect: the peer that fails */
+        struct timespec ts = {0, 300000000L};
+        nanosleep(&ts, NULL);
+        ncclCommAbort(comm);
+        return NULL;
+    }
+    memset(&nd, 0, sizeof nd);
+    nd.comm = comm;
+    nd.compute = *s;
+    nd.own_comm = 1;
+    nd.channels = 1;
+    nd.timeout_s = timeout_s;
+    a->took = hx_now();
+    a->rc = pp_nccl_create(&nd, &t, &err);
+    a->took = hx_now() - a->took;
+    if (a->rc != PP_OK) snprintf(a->msg, sizeof a->msg, "%s", err.msg);
+    return t;
+}
+
+static void* dl_rank(void* arg) {
+    dl_arg* a = (dl_arg*)arg;
+    cudaStream_t s = NULL;
+    pp_nccl* t = dl_nccl(a, a->which == 0 ? 5.0 : 1.0, &s);
+    if (a->which != 0) pthread_barrier_wait(&g_dl_bar); /* both made (or failed to make) their transport */
+    if (t && a->r == 0 && a->which != 0) {
+        pp_transport tr = pp_nccl_transport(t);
+        pp_request q;
+        pp_error err;
+        void* dev = NULL;
+        cudaMalloc(&dev, 256);
+        memset(&q, 0, sizeof q);
+        if (a->which == 1) { /* flush: the launch never settles */
+            fakenccl_options o = fakenccl_get_options();
+            o.launch_delay_s = 100;
+            fakenccl_set_options(&o);
+        }
+        a->took = hx_now();
+        tr.group_start(tr.self);
+        tr.isend(tr.self, 1, 5, dev, 256, &q);
+        a->rc = tr.group_end(tr.self);
+        if (a->rc != PP_OK) snprintf(err.msg, sizeof err.msg, "%s", pp_nccl_error(t));
+        if (a->which == 1) {
+            a->took = hx_now() - a->took;
+            if (a->rc != PP_OK) snprintf(a->msg, sizeof a->msg, "%s", err.msg);
+        }
+        if (a->which == 2) {
+            a->took = hx_now();
+            pp_nccl_destroy(t);
+            a->took = hx_now() - a->took;
+            t = NULL;
+        }
+        if (t) pp_nccl_destroy(t);
+        t = NULL;
+        cudaFree(dev);
+    }
+    if (a->which != 0) pthread_barrier_wait(&g_dl_bar); /* rank 1 destroys after rank 0 */
+    if (t) pp_nccl_destroy(t);
+    cudaStreamDestroy(s);
+    return NULL;
+}
+
+static void dl_run(int which) {
+    pthread_t th[2];
+    dl_arg a[2];
+    fakenccl_options o, o0 = fakenccl_get_options();
+    ncclUniqueId id;
+    double t0 = hx_now();
+    int r;
+    memset(&o, 0, sizeof o); /* rendezvous */
+    o.launch_delay_s = 0.004;
+    o.eager_connect = which == 0;
+    o.abort_seen = which == 0;
+    fakenccl_set_options(&o);
+    ncclGetUniqueId(&id);
+    pthread_barrier_init(&g_dl_bar, NULL, 2);
+    g_dl_done = 0;
+    for (r = 0; r < 2; r++) {
+        memset(&a[r], 0, sizeof a[r]);
+        a[r].r = r;
+        a[r].which = which;
+        a[r].id = id;
+        pthread_create(&th[r], NULL, dl_rank, &a[r]);
+    }
+    for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    fakenccl_set_options(&o0);
+    pthread_barrier_destroy(&g_dl_bar);
+    if (which == 0)
+        CHECK(a[0].rc == PP_ERR_TRANSPORT && a[0].took < 2.0 && strstr(a[0].msg, "connection set-up"),
+              "a peer failed during connection set-up: rank 0 must return at once, not at its 5 s deadline: %s after %.2f s: %s",
+              pp_result_str(a[0].rc), a[0].took, a[0].msg);
+    if (which == 1)
+        CHECK(a[0].rc == PP_ERR_TIMEOUT && a[0].took < 3.0, "a launch that never settles, timeout_s = 1: %s after %.2f s: %s",
+              pp_result_str(a[0].rc), a[0].took, a[0].msg);
+    if (which == 2)
+        CHECK(a[0].rc == PP_OK && a[0].took < 3.0, "pp_nccl_destroy with a send never received, timeout_s = 1: %.2f s (%s)", a[0].took,
+              pp_result_str(a[0].rc));
+    printf("nccl-pipeline: deadline %s: %.2f s (%.2f s in all)\n", which == 0 ? "connect" : which == 1 ? "flush" : "destroy",
+           a[0].took, hx_now() - t0);
+}
+
+static void* dl_watchdog(void* arg) {
+    double t0 = hx_now();
+    (void)arg;
+    while (!g_dl_done) {
+        struct timespec ts = {0, 50000000L};
+        nanosleep(&ts, NULL);
+        if (hx_now() - t0 > 10.0) {
+            printf("FAIL deadlines: a host wait still runs after 10 s\n");
+            fflush(stdout);
+            _exit(1);
+        }
+    }
+    return NULL;
+}
+
+static void test_deadlines(void) {
+    int which;
+    for (which = 0; which < 3; which++) {
+        pthread_t wd;
+        g_dl_done = 0;
+        pthread_create(&wd, NULL, dl_watchdog, NULL);
+        dl_run(which);
+        g_dl_done = 1;
+        pthread_join(wd, NULL);
+    }
+}
+#endif
+
 int main(int argc, char** argv) {
     uint64_t seed = 99;
     size_t i;
@@ -1401,6 +1566,10 @@ int main(int argc, char** argv) {
         test_p8();
     } else if (argc > 1 && !strcmp(argv[1], "connect-fail")) {
         test_connect_fail();
+#ifdef FAKENCCL
+    } else if (argc > 1 && !strcmp(argv[1], "deadlines")) { /* what the negative controls run */
+        test_deadlines();
+#endif
     } else if (argc > 1 && !strcmp(argv[1], "share")) { /* what the negative control runs */
         test_share();
     } else if (argc > 1 && !strcmp(argv[1], "drain")) { /* what the negative control runs */
@@ -1426,6 +1595,7 @@ int main(int argc, char** argv) {
         test_share();
         test_no_step_end();
         test_connect_fail();
+        test_deadlines();
         test_rendezvous();
         test_matrix();
         test_recompute_nccl();
