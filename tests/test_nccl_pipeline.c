@@ -91,6 +91,10 @@ static float* GREF;
 static int g_fail_rank = -1, g_fail_armed, g_slow_ms; /* set before the rank threads start */
 static int g_fail_op;      /* where g_fail_rank's layer fails: 0 forward, 1 backward, 2 weight_grad */
 static int g_channels;     /* pp_nccl_desc.channels (0: the transport's default, 8) */
+/* `gpu P`, `gpu-matrix P` (tools/gpu_nccl.sh on one GPU): at most P ranks in a test (0: as many
+   as each wants); g_say_times prints each case's step time (ranks are threads of one process,
+   the only step times worth reading when ranks share a GPU) */
+static int g_gpu_p, g_say_times;
 static pp_model g_model; /* made once: layer_kernels_model keeps its base in a global */
 static int g_skipped, g_eager, g_no_check; /* g_no_check: the stage skips the transport's schedule check */
 static double g_timeout = 5;
@@ -395,6 +399,11 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
             break;
         }
     if (ok) CHECK(grads_equal(p), "%s: gradients differ from the sequential run", where);
+    if (ok && g_say_times) {
+        double slow = 0;
+        for (r = 0; r < p; r++) slow = w.t_step[r][1] > slow ? w.t_step[r][1] : slow;
+        printf("nccl-pipeline: %s: second step %.2f ms (slowest rank; ranks are threads of one process)\n", where, 1e3 * slow);
+    }
     for (r = 0; r < p; r++) /* NCCL's lazy set-up: every pair was connected at create (pipeline_nccl.h, _ppn_connect) */
         CHECK(w.late_connects[r] == 0, "%s: rank %d set up %llu connections during its steps", where, r,
               (unsigned long long)w.late_connects[r]);
@@ -592,12 +601,12 @@ static void test_matrix_gpu(void) {
                                              PP_SCHED_DUALPIPE_V, PP_SCHED_INTERLEAVED_MEM};
     int p, k, n = 0;
     for (p = 2; p <= 4; p++)
-        for (k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
+        for (k = 0; k < (int)(sizeof kinds / sizeof kinds[0]) && (!g_gpu_p || p == g_gpu_p); k++) {
             int v = pp_schedule_kind_v(kinds[k], 2);
             run_case(kinds[k], p, v, 2 * p + 1, p == 3 && k < 5 ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL, n++ % 2, NULL);
         }
-    run_case(PP_SCHED_INTERLEAVED, 3, 3, 7, PP_SHAPES_LOCAL, 1, NULL);
-    run_case(PP_SCHED_1F1B, 8, 1, 9, PP_SHAPES_LOCAL, 1, NULL);
+    if (!g_gpu_p || g_gpu_p == 3) run_case(PP_SCHED_INTERLEAVED, 3, 3, 7, PP_SHAPES_LOCAL, 1, NULL);
+    if (!g_gpu_p) run_case(PP_SCHED_1F1B, 8, 1, 9, PP_SHAPES_LOCAL, 1, NULL);
 }
 
 /* `p8` (build/deep-test_nccl_pipeline, eighteen layers): every schedule kind at p = 8, m = 8
@@ -649,6 +658,7 @@ static void test_failure(void) {
     pp_action acts[256];
     pp_schedule sc;
     int r, p = getenv("PP_QUICK") ? 2 : 4;
+    if (g_gpu_p && p > g_gpu_p) p = g_gpu_p;
     world_1f1b(&w, &sc, acts, 256, p, 6, 2, 1);
     w.after_fail = 1;
     g_fail_rank = p - 1; /* its first layer call fails, once */
@@ -678,6 +688,7 @@ static void test_failure_drain(void) {
     pp_action acts[256];
     pp_schedule sc;
     int r, p = getenv("PP_QUICK") ? 3 : 4, which;
+    if (g_gpu_p && p > g_gpu_p) p = g_gpu_p;
     for (which = 0; which < 4; which++) {
         int fail_rank = which == 0 ? p - 1 : which == 3 ? 0 : 1;
         world_1f1b(&w, &sc, acts, 256, p, 6, 2, 1);
@@ -763,7 +774,7 @@ static void test_share(void) {
               "shared resources: rank %d must refuse at create: %s: %s", r, pp_result_str(w.rc[r][0]), w.msg[r]);
     CHECK(t0 < 1.0, "shared resources: refused after %.2f s", t0);
     g_channels = 1;
-    run_case(PP_SCHED_1F1B, 3, 1, 5, PP_SHAPES_LOCAL, 1, NULL);
+    run_case(PP_SCHED_1F1B, g_gpu_p && g_gpu_p < 3 ? 2 : 3, 1, 5, PP_SHAPES_LOCAL, 1, NULL);
     g_channels = 0;
     unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
 }
@@ -781,6 +792,7 @@ static void test_no_step_end(void) {
     int r, s;
     int p = 4, m = 8;
     if (getenv("PP_TEST_NO_STEP_END")) sscanf(getenv("PP_TEST_NO_STEP_END"), "%d %d", &p, &m);
+    if (g_gpu_p && p > g_gpu_p) p = g_gpu_p, m = 2 * g_gpu_p;
     world_of(&w, &sc, acts, 512, PP_SCHED_INTERLEAVED, p, 2, m, 8, 8); /* past the block pool's four-step warm-up */
     w.skip_step_end = 1;
     g_dev_delay_us = getenv("PP_TEST_DEVICE_DELAY_US") ? g_dev_delay_us : 5000;
@@ -852,26 +864,26 @@ static void test_connect_fail(void) {
     pthread_t th[3];
     connect_arg a[3];
     ncclUniqueId id;
-    int r;
+    int r, n = g_gpu_p && g_gpu_p < 3 ? 2 : 3; /* the last one missing */
     ncclGetUniqueId(&id);
     g_connect_done = 0;
-    for (r = 0; r < 3; r++) {
+    for (r = 0; r < n; r++) {
         memset(&a[r], 0, sizeof a[r]);
         a[r].r = r;
-        a[r].n = 3;
+        a[r].n = n;
         a[r].id = id;
         pthread_create(&th[r], NULL, connect_rank, &a[r]);
     }
-    for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (r = 0; r < n - 1; r++) pthread_join(th[r], NULL);
     pthread_mutex_lock(&g_connect_mu);
     g_connect_done = 1;
     pthread_cond_broadcast(&g_connect_cv);
     pthread_mutex_unlock(&g_connect_mu);
-    pthread_join(th[2], NULL);
-    for (r = 0; r < 2; r++)
+    pthread_join(th[n - 1], NULL);
+    for (r = 0; r < n - 1; r++)
         CHECK(a[r].rc == PP_ERR_TIMEOUT && a[r].took < 3.0 && strstr(a[r].msg, "connection set-up"),
-              "rank %d of 3 with rank 2 missing: pp_nccl_create must time out in about 1 s: %s after %.2f s: %s", r,
-              pp_result_str(a[r].rc), a[r].took, a[r].msg);
+              "rank %d of %d with rank %d missing: pp_nccl_create must time out in about 1 s: %s after %.2f s: %s", r, n,
+              n - 1, pp_result_str(a[r].rc), a[r].took, a[r].msg);
 }
 
 static void test_pool_ends(void) {
@@ -1578,8 +1590,20 @@ int main(int argc, char** argv) {
         test_send_completion();
         test_released();
         test_pool_ends();
+    } else if (argc > 1 && !strcmp(argv[1], "nccl-version")) { /* tools/gpu_nccl.sh: the NCCL this binary loads */
+        int ver = 0;
+        ncclGetVersion(&ver);
+        printf("nccl-version: the loaded NCCL is %d (%d.%d.%d), built against %d\n", ver, ver / 10000, ver / 100 % 100, ver % 100,
+               NCCL_VERSION_CODE);
+        return ver >= 23003 ? 0 : 2; /* 2.30.3: the first with NCCL_MULTI_RANK_GPU_ENABLE (src/init.cc) */
+    } else if (argc == 3 && !strcmp(argv[1], "gpu-matrix")) { /* the schedules at p = argv[2] alone, timed */
+        g_gpu_p = atoi(argv[2]);
+        g_say_times = 1;
+        test_matrix_gpu();
     } else if (argc > 1 && !strcmp(argv[1], "gpu")) { /* real NCCL: what does not lean on the imitation's rendezvous
-                                                        (over the imitation with staged layers in make test) */
+                                                        (over the imitation with staged layers in make test);
+                                                        `gpu 2`: no test with more than two ranks, timed */
+        if (argc > 2) g_gpu_p = atoi(argv[2]), g_say_times = 1;
         test_late_zeros();
         test_share();
         test_no_step_end();
