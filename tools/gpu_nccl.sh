@@ -62,13 +62,13 @@ ctas=${PP_GPU_MAX_CTAS:-2}
 rc=skipped
 run "NCCL version" "$out/env.log" 20 "$bin/test_nccl_pipeline-gpu" nccl-version
 if [ "$rc" != 0 ]; then
-    grep "nccl-version" "$out/env.log"
+    grep "^nccl-version:" "$out/env.log"
     echo "gpu_nccl: the binaries load an NCCL below 2.30.3 (or none: rc=$rc, see $out/env.log); several ranks on one"
     echo "GPU need 2.30.3 (NCCL_MULTI_RANK_GPU_ENABLE). Nothing more run."
     cat "$sum"
     exit 1
 fi
-grep "nccl-version" "$out/env.log" | tee -a "$sum"
+grep "^nccl-version:" "$out/env.log" | tee -a "$sum"
 M="--generated --dim 64 --heads 4 --layers 8 --max-len 64 --seqs-per-step 16 -m 8 --lr 0.001"
 bad=0
 # A run that must pass: its rc decides the script's exit code.
