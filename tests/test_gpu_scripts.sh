@@ -82,7 +82,7 @@ s=$T/o1/summary.txt
 grep "gpu 2 " "$T/gpubuild/calls" 2>/dev/null | grep -q "MAX_CTAS= MULTI=1 CONN=32" && ok || bad "gpu 2: not with NCCL_MULTI_RANK_GPU_ENABLE=1, CUDA_DEVICE_MAX_CONNECTIONS=32 and NCCL's defaults: $(grep 'gpu 2' "$T/gpubuild/calls")"
 grep "gpu-matrix 3" "$T/gpubuild/calls" 2>/dev/null | grep -q "MAX_CTAS=2 MULTI=1" && ok || bad "p = 3 not tried under NCCL_MAX_CTAS=2"
 grep "gpu-matrix 4" "$T/gpubuild/calls" 2>/dev/null | grep -q "MAX_CTAS=2 MULTI=1" && ok || bad "p = 4 not tried under NCCL_MAX_CTAS=2"
-grep -q "tried: test_nccl_pipeline p=3.*refused by NCCL" "$s" && grep -q "NCCL: .*Multiple Ranks" "$s" && ok ||
+grep -q "tried: test_nccl_pipeline p=3.*refused by NCCL" "$s" && grep -q "NCCL WARN Multiple Ranks" "$s" && ok ||
     bad "p = 3 refused by NCCL not reported as refused, with NCCL's warning: $(grep 'p=3' "$s")"
 grep -q "tried: test_nccl_pipeline p=4.*hang at a deadline" "$s" && ok || bad "p = 4 timed out not reported as a hang at a deadline: $(grep 'p=4' "$s")"
 grep -q "step time: .*threads of one process" "$s" && ok || bad "no step time from the threads' run in the summary"

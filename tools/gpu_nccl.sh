@@ -87,10 +87,12 @@ verdict() { # NAME LOG
     elif echo "$said" | grep -qiE "timed out|timeout|did not finish|deadline"; then v="hang at a deadline (rc=$rc)"
     else v="failed (rc=$rc)"; fi
     echo "tried: $1: $v" | tee -a "$sum"
-    grep -hE "NCCL WARN" "$2" | sed 's/^[^ ]* *[0-9:]* *//' | sort | uniq -c | sort -rn | head -4 | cut -c1-200 | sed 's/^/    NCCL: /' | tee -a "$sum"
+    grep -h "NCCL WARN" "$2" | sed 's/.*NCCL WARN */NCCL WARN /' | sort | uniq -c | sort -rn | head -4 | cut -c1-200 |
+        sed 's/^ */    (x/; s/ NCCL WARN/) NCCL WARN/' | tee -a "$sum"
 }
 tried() { # NAME LOGNAME TIMEOUT CMD...
     name=$1; log="$out/$2"; to=$3; shift 3
+    : > "$log"
     rc=skipped
     run "$name" "$log" "$to" env NCCL_MAX_CTAS="$ctas" NCCL_DEBUG=WARN "$@"
     verdict "$name" "$log"
@@ -99,6 +101,7 @@ gpt() { # NAME WORLD TIMEOUT ARGS...: gpt_nccl, one process per rank, its own lo
     name=$1; n=$2; to=$3; shift 3
     log="$out/gpt-$(echo "$name" | tr -c 'A-Za-z0-9=\n' '_').log"
     rm -f "/tmp/pp_nccl_id.$$"
+    : > "$log"
     rc=skipped
     c=; [ "$n" -gt 2 ] && c="NCCL_MAX_CTAS=$ctas"
     run "$name" "$log" "$to" env $c NCCL_DEBUG=WARN sh "$here/nccl_local.sh" "$n" "$bin/gpt_nccl-nompi" --id-file "/tmp/pp_nccl_id.$$" "$@"
