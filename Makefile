@@ -400,13 +400,14 @@ $(B)/cuda-ctl-no-spares: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADER
 # the rank's stream reads a gradient before the kernel writing it ran.
 $(B)/cuda-ctl-copy-unordered: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
 	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_COPY_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
-# And of the host's waits on the GPU (pp_cuda_desc.timeout_s): a block's free that waits in
-# cudaStreamSynchronize stays behind a kernel that never ends (test_cuda_pipeline's "deadline").
-$(B)/cuda-ctl-free-unbounded: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
-	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_FREE_UNBOUNDED $(CFLAGS) $< -o $@ $(LDLIBS)
+# And of the host's waits on the GPU (pp_cuda_desc.timeout_s): a block's free, the device ops' copy
+# and pp_cuda_destroy waiting in cudaStreamSynchronize stay behind a kernel that never ends
+# (test_cuda_pipeline's "deadline": each returns only when the stand-in kernel gives up, 6 s).
+$(B)/cuda-ctl-unbounded-waits: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
+	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_UNBOUNDED_WAITS $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ctl-done-at-post $(B)/cuda-ctl-spare-no-wait $(B)/cuda-ctl-no-spares \
-                    $(B)/cuda-ctl-copy-unordered $(B)/cuda-ctl-free-unbounded
-	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare" "env PP_TEST_POOL_STEPS=200 $(B)/cuda-ctl-no-spares varlen" "$(B)/cuda-ctl-copy-unordered graddev" "$(B)/cuda-ctl-free-unbounded deadline"\n' > $@
+                    $(B)/cuda-ctl-copy-unordered $(B)/cuda-ctl-unbounded-waits
+	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare" "env PP_TEST_POOL_STEPS=200 $(B)/cuda-ctl-no-spares varlen" "$(B)/cuda-ctl-copy-unordered graddev" "$(B)/cuda-ctl-unbounded-waits deadline"\n' > $@
 	chmod +x $@
 
 # Negative controls built from tests/test_nccl_pipeline.c, each with one -D (rule below). Together

@@ -1119,7 +1119,7 @@ static void _ppc_free(void* user, void* ptr) {
             if (!m->dropped && m->ec && !r->stuck) {
                 cudaEvent_t ec = m->ec; /* held: the event stays with the message */
                 pthread_mutex_unlock(&c->mu);
-#ifndef PP_CUDA_TEST_FREE_UNBOUNDED
+#ifndef PP_CUDA_TEST_UNBOUNDED_WAITS
                 if ((e = _ppc_poll(NULL, ec, deadline)) == cudaErrorNotReady) _ppc_stuck(r, "freeing a block a copy still reads");
 #else /* negative control (build/cuda-controls): the wait without a deadline */
                 (void)deadline;
@@ -1135,7 +1135,7 @@ static void _ppc_free(void* user, void* ptr) {
     }
     pthread_mutex_unlock(&c->mu);
     if (!r->stuck && cudaSetDevice(r->dev) == cudaSuccess) {
-#ifndef PP_CUDA_TEST_FREE_UNBOUNDED
+#ifndef PP_CUDA_TEST_UNBOUNDED_WAITS
         if ((e = _ppc_drain(r, deadline)) == cudaErrorNotReady) _ppc_stuck(r, "freeing a pool block");
 #else
         (void)deadline;
@@ -1184,11 +1184,15 @@ static pp_result _ppc_copy(void* user, void* dst, const void* src, size_t bytes,
     if ((e = cudaGetDevice(&cur)) == cudaSuccess && cur != r->dev) e = cudaSetDevice(r->dev);
 #ifndef PP_CUDA_TEST_COPY_UNORDERED
     if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, r->stream);
+#ifndef PP_CUDA_TEST_UNBOUNDED_WAITS
     if (e == cudaSuccess && (e = _ppc_poll(r->stream, NULL, _pp_now() + r->c->timeout_s)) == cudaErrorNotReady) {
         _ppc_stuck(r, "the device ops' copy");
         if (cur >= 0 && cur != r->dev) (void)cudaSetDevice(cur);
         return PP_ERR_TIMEOUT;
     }
+#else /* negative control (build/cuda-controls) */
+    if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+#endif
 #else /* negative control (build/cuda-controls): a copy not ordered after the rank's stream */
     if (e == cudaSuccess) e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
 #endif
@@ -1351,8 +1355,13 @@ void pp_cuda_destroy(pp_cuda* c) {
     if (!c) return;
     for (i = 0; i < c->n; i++) { /* bounded: a stuck rank's spares are leaked below */
         _ppc_rank* r = &c->r[i];
+#ifndef PP_CUDA_TEST_UNBOUNDED_WAITS
         if (!r->stuck && cudaSetDevice(r->dev) == cudaSuccess && _ppc_drain(r, _pp_now() + c->timeout_s) == cudaErrorNotReady)
             _ppc_stuck(r, "pp_cuda_destroy");
+#else /* negative control (build/cuda-controls) */
+        if (cudaSetDevice(r->dev) == cudaSuccess && r->stream) (void)cudaStreamSynchronize(r->stream);
+        if (r->side) (void)cudaStreamSynchronize(r->side);
+#endif
     }
     /* leftovers of an aborted step (posted by one side, or never waited for): their events
        go back to the pools, which are destroyed below */

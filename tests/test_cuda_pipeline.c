@@ -624,7 +624,9 @@ static void test_grad_device(void) {
    whose peer died) for 6 s; freeing a pool block with a 0.5 s deadline must return within 3 s,
    leave the block (cudaFree would wait for the stream too), and say why; the rank's zero, copy
    and pp_cuda_step_begin then fail with PP_ERR_TIMEOUT at once. Negative control:
-   build/cuda-ctl-free-unbounded (the free waits in cudaStreamSynchronize and returns after 6 s). */
+   build/cuda-ctl-unbounded-waits (the free waits in cudaStreamSynchronize and returns after 6 s). A
+   fresh rank's copy behind such a kernel fails with PP_ERR_TIMEOUT by the deadline, and
+   pp_cuda_destroy returns by it too (the same control: each waits the 6 s). */
 static volatile int g_hold_go;
 static void hold_stream(void* u) {
     double t0 = hx_now();
@@ -669,6 +671,32 @@ static void test_free_deadline(void) {
           "pp_cuda_step_begin on a stuck rank: %s", err.msg);
     g_hold_go = 1;
     pp_cuda_destroy(c);
+    /* fresh ranks: a copy, then a destroy, behind a kernel that does not end */
+    c = NULL;
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        CHECK(0, "pp_cuda_create: %s", err.msg);
+        return;
+    }
+    ops = pp_cuda_device_ops(c, 0);
+    g_hold_go = 0;
+    CHECK(cudaLaunchHostFunc(pp_cuda_stream(c, 0), hold_stream, NULL) == cudaSuccess, "cudaLaunchHostFunc");
+    t0 = hx_now();
+    CHECK(ops.copy(ops.user, &h, &h, sizeof h, 1) == PP_ERR_TIMEOUT && hx_now() - t0 < 3.0,
+          "a copy behind a kernel that does not end, 0.5 s deadline: %.2f s", hx_now() - t0);
+    g_hold_go = 1;
+    pp_cuda_destroy(c);
+    c = NULL;
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        CHECK(0, "pp_cuda_create: %s", err.msg);
+        return;
+    }
+    g_hold_go = 0;
+    CHECK(cudaLaunchHostFunc(pp_cuda_stream(c, 0), hold_stream, NULL) == cudaSuccess, "cudaLaunchHostFunc");
+    t0 = hx_now();
+    pp_cuda_destroy(c);
+    took = hx_now() - t0;
+    CHECK(took < 3.0, "pp_cuda_destroy behind a kernel that does not end, 0.5 s deadline: %.2f s", took);
+    g_hold_go = 1;
 }
 
 int main(int argc, char** argv) {
