@@ -411,7 +411,7 @@ $(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ct
 	chmod +x $@
 
 # Negative controls built from tests/test_nccl_pipeline.c, each with one -D (rule below). Together
-# over a minute (64 s, 2026-12-02): several must hang to a deadline of 2-3 s, or run the staged
+# over a minute (64 s, 2026-12-02; about 30 s more since the deadline and GPU-script controls): several must hang to a deadline of 2-3 s, or run the staged
 # gpu mode into its 30 s timeout, which is how they show the rule they guard. The
 # drained failure: with the stage aborting as before, the peers wait for their deadline (3 s
 # here) and the test fails.
