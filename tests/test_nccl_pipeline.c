@@ -1363,7 +1363,8 @@ static void test_rendezvous(void) {
 /* >>deadlines: every host wait of pp_nccl ends by pp_nccl_desc.timeout_s, or at once when NCCL
    reports a failure (the imitation's switches: not in the gpu mode). Two ranks in threads, each
    test under a watchdog (a control that waits for the old deadlines, or forever, fails at 10 s):
-   - connect: rank 1 aborts its communicator 0.3 s after init, rank 0 is past the host's set-up
+   - connect: rank 1 aborts its communicator 0.2 s after rank 0 issued its set-up's empty messages
+     (fakenccl_stats.pending), rank 0 is past the host's set-up
      (connections made at init, fakenccl_options.eager_connect) and waits for its empty messages;
      NCCL tells it (abort_seen: ncclRemoteError): pp_nccl_create must fail well before its 5 s.
      Control build/nccl-ctl-connect-no-async (the loop asks the stream only: 5 s).
@@ -1396,8 +1397,15 @@ static pp_nccl* dl_nccl(dl_arg* a, double timeout_s, cudaStream_t* s) {
     if (ncclCommInitRankConfig(&comm, 2, a->id, a->r, &cfg) != ncclSuccess && !comm) return NULL;
     while (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress) {
     }
-    if (a->which == 0 && a->r == 1) { /* connect: the peer that fails */
-        struct timespec ts = {0, 300000000L};
+    if (a->which == 0 && a->r == 1) { /* connect: the peer that fails, once rank 0's empty messages are issued */
+        struct timespec ts = {0, 10000000L};
+        fakenccl_stats st;
+        double t0 = hx_now();
+        do {
+            nanosleep(&ts, NULL);
+            fakenccl_stats_get(&st);
+        } while (st.pending == 0 && hx_now() - t0 < 5.0);
+        ts.tv_nsec = 200000000L;
         nanosleep(&ts, NULL);
         ncclCommAbort(comm);
         return NULL;
