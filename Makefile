@@ -449,10 +449,12 @@ $(B)/nccl-ctl-queues-unchecked: BASE += -DPP_NCCL_TEST_QUEUES_UNCHECKED
 # The host's waits (test_nccl_pipeline's "deadlines", each under a 10 s watchdog): the connection
 # set-up's wait for its empty messages deaf to NCCL's asynchronous error (a failed peer costs the
 # whole 5 s deadline); a group's launch settled against PP_DEFAULT_TIMEOUT_S, not the transport's
-# timeout_s; pp_nccl_destroy waiting in cudaStreamSynchronize for a send never received.
+# timeout_s; pp_nccl_destroy waiting in cudaStreamSynchronize for a send never received, or
+# freeing a staging buffer the caller's communicator's send still uses (cudaFree waits for it).
 $(B)/nccl-ctl-connect-no-async: BASE += -DPP_NCCL_TEST_CONNECT_NO_ASYNC
 $(B)/nccl-ctl-flush-default-timeout: BASE += -DPP_NCCL_TEST_FLUSH_DEFAULT_TIMEOUT
 $(B)/nccl-ctl-destroy-unbounded: BASE += -DPP_NCCL_TEST_DESTROY_UNBOUNDED
+$(B)/nccl-ctl-destroy-frees: BASE += -DPP_NCCL_TEST_DESTROY_FREES
 $(B)/nccl-ctl-%: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 $(CFLAGS) $< -o $@ $(LDLIBS)
 # Built from tests/test_nccl_grid.c: the overlapped data-parallel reduction over the grid's dp
@@ -473,8 +475,8 @@ $(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-
                     $(B)/nccl-ctl-proof-any $(B)/nccl-ctl-no-preconnect $(B)/nccl-ctl-share-unchecked \
                     $(B)/nccl-ctl-queues-unchecked $(B)/nccl-ctl-zero-caught $(B)/staged-test_nccl_pipeline \
                     $(B)/ncclgrid-ctl-dp-nostart $(B)/ncclgrid-ctl-dp-unordered $(B)/nccl-ctl-connect-no-async \
-                    $(B)/nccl-ctl-flush-default-timeout $(B)/nccl-ctl-destroy-unbounded $(B)/gpu_nccl-before.sh
-	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4" "env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 30 $(B)/staged-test_nccl_pipeline gpu" "$(B)/ncclgrid-ctl-dp-nostart" "$(B)/ncclgrid-ctl-dp-unordered" "$(B)/nccl-ctl-connect-no-async deadlines" "$(B)/nccl-ctl-flush-default-timeout deadlines" "$(B)/nccl-ctl-destroy-unbounded deadlines" "sh tests/test_gpu_scripts.sh $(B)/gpu_nccl-before.sh"\n' > $@
+                    $(B)/nccl-ctl-flush-default-timeout $(B)/nccl-ctl-destroy-unbounded $(B)/nccl-ctl-destroy-frees $(B)/gpu_nccl-before.sh
+	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4" "env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 30 $(B)/staged-test_nccl_pipeline gpu" "$(B)/ncclgrid-ctl-dp-nostart" "$(B)/ncclgrid-ctl-dp-unordered" "$(B)/nccl-ctl-connect-no-async deadlines" "$(B)/nccl-ctl-flush-default-timeout deadlines" "$(B)/nccl-ctl-destroy-unbounded deadlines" "$(B)/nccl-ctl-destroy-frees deadlines" "sh tests/test_gpu_scripts.sh $(B)/gpu_nccl-before.sh"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

@@ -163,8 +163,9 @@ typedef struct pp_nccl_desc {
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err);
 /* Waits for the transport's work up to pp_nccl_desc.timeout_s; what has not finished by then
    (a peer that never came or failed) is aborted: the splits, and d->comm when own_comm = 1. A
-   caller's own communicator keeps its unfinished work: after a failed step, ncclCommAbort it
-   rather than ncclCommDestroy (which waits for that work). */
+   caller's own communicator keeps its unfinished work (and the transport's staging buffers,
+   leaked: freeing them would wait for it): after a failed step, ncclCommAbort it rather than
+   ncclCommDestroy (which waits for that work). */
 void pp_nccl_destroy(pp_nccl* t);
 pp_transport pp_nccl_transport(pp_nccl* t);
 /* After pp_stage_step on this rank: waits (until timeout_s) for the step's NCCL transfers, so a
@@ -1595,7 +1596,7 @@ pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err) {
 }
 
 void pp_nccl_destroy(pp_nccl* t) {
-    int ch, k;
+    int ch, k, left = 0; /* left: the caller's communicator still runs work the deadline gave up on */
     double deadline;
     if (!t) return;
     deadline = _pp_now() + t->timeout_s;
@@ -1617,6 +1618,9 @@ void pp_nccl_destroy(pp_nccl* t) {
             (void)cudaGetLastError();
             t->aborted = 1;
             if (t->own_comm) ncclCommAbort(t->comm);
+#ifndef PP_NCCL_TEST_DESTROY_FREES /* negative control (build/nccl-controls): frees what that work uses */
+            else left = 1;
+#endif
             for (k = 1; k < t->nch_made; k++) ncclCommAbort(t->ch_comm[k]);
             break;
         }
@@ -1624,6 +1628,7 @@ void pp_nccl_destroy(pp_nccl* t) {
 #else /* negative control (build/nccl-controls): the wait without a deadline */
     (void)deadline;
     (void)k;
+    (void)left;
     if (!t->aborted)
         for (ch = 0; ch < t->nch_made; ch++)
             if (t->ch_stream[ch]) cudaStreamSynchronize(t->ch_stream[ch]);
@@ -1640,8 +1645,18 @@ void pp_nccl_destroy(pp_nccl* t) {
     PP_FREE(t->order);
     PP_FREE(t->proven);
     if (t->ready) cudaEventDestroy(t->ready);
-    _ppn_bounce_drop(&t->bounce, 0);
-    _ppn_bounce_drop(&t->pinned, 1);
+    if (!left) {
+        _ppn_bounce_drop(&t->bounce, 0);
+        _ppn_bounce_drop(&t->pinned, 1);
+    } else { /* the buffers leaked: that work may use them, and cudaFree/cudaFreeHost would wait for it */
+        for (k = 0; k < 2; k++)
+            while (k ? t->pinned : t->bounce) {
+                _ppn_bounce* b = k ? t->pinned : t->bounce;
+                if (k) t->pinned = b->next;
+                else t->bounce = b->next;
+                PP_FREE(b);
+            }
+    }
     for (ch = 0; ch < t->nch_made; ch++) {
         if (t->ch_stream[ch]) cudaStreamDestroy(t->ch_stream[ch]);
         if (ch > 0 && t->ch_comm[ch] && !t->aborted) ncclCommDestroy(t->ch_comm[ch]);

@@ -1373,10 +1373,14 @@ static void test_rendezvous(void) {
      build/nccl-ctl-flush-default-timeout.
    - destroy: rank 0 sends, rank 1 never receives, rank 0 destroys its transport without
      pp_nccl_step_end: done in about timeout_s = 1 (the send aborted). Control
-     build/nccl-ctl-destroy-unbounded (cudaStreamSynchronize: forever). */
+     build/nccl-ctl-destroy-unbounded (cudaStreamSynchronize: forever). The same with the
+     caller's communicator (own_comm = 0, not the transport's to abort) and a host send: done in
+     1 s, its staging buffer left to the send (cudaFree waits for every stream of the device);
+     control build/nccl-ctl-destroy-frees (freed: forever). */
 typedef struct dl_arg {
     int r, which;
     ncclUniqueId id;
+    ncclComm_t comm;
     pp_result rc;
     double took;
     char msg[sizeof(((pp_error*)0)->msg) + 8];
@@ -1411,9 +1415,9 @@ static pp_nccl* dl_nccl(dl_arg* a, double timeout_s, cudaStream_t* s) {
         return NULL;
     }
     memset(&nd, 0, sizeof nd);
-    nd.comm = comm;
+    nd.comm = a->comm = comm;
     nd.compute = *s;
-    nd.own_comm = 1;
+    nd.own_comm = a->which != 3;
     nd.channels = 1;
     nd.timeout_s = timeout_s;
     a->took = hx_now();
@@ -1440,20 +1444,22 @@ static void* dl_rank(void* arg) {
             o.launch_delay_s = 100;
             fakenccl_set_options(&o);
         }
+        static float host[64]; /* which 3: a host send, staged through the transport's own device buffer */
         a->took = hx_now();
         tr.group_start(tr.self);
-        tr.isend(tr.self, 1, 5, dev, 256, &q);
+        tr.isend(tr.self, 1, 5, a->which == 3 ? (void*)host : dev, 256, &q);
         a->rc = tr.group_end(tr.self);
         if (a->rc != PP_OK) snprintf(err.msg, sizeof err.msg, "%s", pp_nccl_error(t));
         if (a->which == 1) {
             a->took = hx_now() - a->took;
             if (a->rc != PP_OK) snprintf(a->msg, sizeof a->msg, "%s", err.msg);
         }
-        if (a->which == 2) {
+        if (a->which >= 2) {
             a->took = hx_now();
             pp_nccl_destroy(t);
             a->took = hx_now() - a->took;
             t = NULL;
+            if (a->which == 3) ncclCommAbort(a->comm); /* the caller's communicator: its work is the caller's to end */
         }
         if (t) pp_nccl_destroy(t);
         t = NULL;
@@ -1461,6 +1467,7 @@ static void* dl_rank(void* arg) {
     }
     if (a->which != 0) pthread_barrier_wait(&g_dl_bar); /* rank 1 destroys after rank 0 */
     if (t) pp_nccl_destroy(t);
+    if (t && a->which == 3) ncclCommDestroy(a->comm); /* rank 1's, the caller's */
     cudaStreamDestroy(s);
     return NULL;
 }
@@ -1497,11 +1504,12 @@ static void dl_run(int which) {
     if (which == 1)
         CHECK(a[0].rc == PP_ERR_TIMEOUT && a[0].took < 3.0, "a launch that never settles, timeout_s = 1: %s after %.2f s: %s",
               pp_result_str(a[0].rc), a[0].took, a[0].msg);
-    if (which == 2)
-        CHECK(a[0].rc == PP_OK && a[0].took < 3.0, "pp_nccl_destroy with a send never received, timeout_s = 1: %.2f s (%s)", a[0].took,
-              pp_result_str(a[0].rc));
-    printf("nccl-pipeline: deadline %s: %.2f s (%.2f s in all)\n", which == 0 ? "connect" : which == 1 ? "flush" : "destroy",
-           a[0].took, hx_now() - t0);
+    if (which >= 2)
+        CHECK(a[0].rc == PP_OK && a[0].took < 3.0, "pp_nccl_destroy with a send never received, timeout_s = 1%s: %.2f s (%s)",
+              which == 3 ? ", the caller's communicator, a host send" : "", a[0].took, pp_result_str(a[0].rc));
+    printf("nccl-pipeline: deadline %s: %.2f s (%.2f s in all)\n",
+           which == 0 ? "connect" : which == 1 ? "flush" : which == 2 ? "destroy" : "destroy (caller's communicator)", a[0].took,
+           hx_now() - t0);
 }
 
 static void* dl_watchdog(void* arg) {
@@ -1521,7 +1529,7 @@ static void* dl_watchdog(void* arg) {
 
 static void test_deadlines(void) {
     int which;
-    for (which = 0; which < 3; which++) {
+    for (which = 0; which < 4; which++) {
         pthread_t wd;
         g_dl_done = 0;
         pthread_create(&wd, NULL, dl_watchdog, NULL);
