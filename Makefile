@@ -411,7 +411,7 @@ $(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ct
 	chmod +x $@
 
 # Negative controls built from tests/test_nccl_pipeline.c, each with one -D (rule below). Together
-# over a minute (64 s, 2026-12-02; about 30 s more since the deadline and GPU-script controls): several must hang to a deadline of 2-3 s, or run the staged
+# over a minute (64 s, 2026-12-02; about 28 s more since the deadline and GPU-script controls): several must hang to a deadline of 2-3 s, or run the staged
 # gpu mode into its 30 s timeout, which is how they show the rule they guard. The
 # drained failure: with the stage aborting as before, the peers wait for their deadline (3 s
 # here) and the test fails.
@@ -446,7 +446,7 @@ $(B)/nccl-ctl-no-preconnect: BASE += -DPP_NCCL_TEST_NO_PRECONNECT
 $(B)/nccl-ctl-share-unchecked: BASE += -DPP_NCCL_TEST_SHARE_UNCHECKED
 # More channels than CUDA_DEVICE_MAX_CONNECTIONS leaves queues for, not refused.
 $(B)/nccl-ctl-queues-unchecked: BASE += -DPP_NCCL_TEST_QUEUES_UNCHECKED
-# The host's waits (test_nccl_pipeline's "deadlines", each under a 10 s watchdog): the connection
+# The host's waits (test_nccl_pipeline's "deadlines N", each case alone under a 6 s watchdog): the connection
 # set-up's wait for its empty messages deaf to NCCL's asynchronous error (a failed peer costs the
 # whole 5 s deadline); a group's launch settled against PP_DEFAULT_TIMEOUT_S, not the transport's
 # timeout_s; pp_nccl_destroy waiting in cudaStreamSynchronize for a send never received, or
@@ -476,7 +476,7 @@ $(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-
                     $(B)/nccl-ctl-queues-unchecked $(B)/nccl-ctl-zero-caught $(B)/staged-test_nccl_pipeline \
                     $(B)/ncclgrid-ctl-dp-nostart $(B)/ncclgrid-ctl-dp-unordered $(B)/nccl-ctl-connect-no-async \
                     $(B)/nccl-ctl-flush-default-timeout $(B)/nccl-ctl-destroy-unbounded $(B)/nccl-ctl-destroy-frees $(B)/gpu_nccl-before.sh
-	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4" "env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 30 $(B)/staged-test_nccl_pipeline gpu" "$(B)/ncclgrid-ctl-dp-nostart" "$(B)/ncclgrid-ctl-dp-unordered" "$(B)/nccl-ctl-connect-no-async deadlines" "$(B)/nccl-ctl-flush-default-timeout deadlines" "$(B)/nccl-ctl-destroy-unbounded deadlines" "$(B)/nccl-ctl-destroy-frees deadlines" "sh tests/test_gpu_scripts.sh $(B)/gpu_nccl-before.sh"\n' > $@
+	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4" "env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 30 $(B)/staged-test_nccl_pipeline gpu" "$(B)/ncclgrid-ctl-dp-nostart" "$(B)/ncclgrid-ctl-dp-unordered" "$(B)/nccl-ctl-connect-no-async deadlines 0" "$(B)/nccl-ctl-flush-default-timeout deadlines 1" "$(B)/nccl-ctl-destroy-unbounded deadlines 2" "$(B)/nccl-ctl-destroy-frees deadlines 3" "sh tests/test_gpu_scripts.sh $(B)/gpu_nccl-before.sh"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

@@ -1362,7 +1362,8 @@ static void test_rendezvous(void) {
 #ifdef FAKENCCL
 /* >>deadlines: every host wait of pp_nccl ends by pp_nccl_desc.timeout_s, or at once when NCCL
    reports a failure (the imitation's switches: not in the gpu mode). Two ranks in threads, each
-   test under a watchdog (a control that waits for the old deadlines, or forever, fails at 10 s):
+   test under a watchdog (a control that waits for the old deadlines, or forever, fails at 6 s;
+   `deadlines N` runs case N alone):
    - connect: rank 1 aborts its communicator 0.2 s after rank 0 issued its set-up's empty messages
      (fakenccl_stats.pending), rank 0 is past the host's set-up
      (connections made at init, fakenccl_options.eager_connect) and waits for its empty messages;
@@ -1518,8 +1519,8 @@ static void* dl_watchdog(void* arg) {
     while (!g_dl_done) {
         struct timespec ts = {0, 50000000L};
         nanosleep(&ts, NULL);
-        if (hx_now() - t0 > 10.0) {
-            printf("FAIL deadlines: a host wait still runs after 10 s\n");
+        if (hx_now() - t0 > 6.0) {
+            printf("FAIL deadlines: a host wait still runs after 6 s\n");
             fflush(stdout);
             _exit(1);
         }
@@ -1527,9 +1528,10 @@ static void* dl_watchdog(void* arg) {
     return NULL;
 }
 
-static void test_deadlines(void) {
+static void test_deadlines(int only) { /* only: one case (0 .. 3), or -1 for all */
     int which;
     for (which = 0; which < 4; which++) {
+        if (only >= 0 && which != only) continue;
         pthread_t wd;
         g_dl_done = 0;
         pthread_create(&wd, NULL, dl_watchdog, NULL);
@@ -1595,8 +1597,8 @@ int main(int argc, char** argv) {
     } else if (argc > 1 && !strcmp(argv[1], "connect-fail")) {
         test_connect_fail();
 #ifdef FAKENCCL
-    } else if (argc > 1 && !strcmp(argv[1], "deadlines")) { /* what the negative controls run */
-        test_deadlines();
+    } else if (argc > 1 && !strcmp(argv[1], "deadlines")) { /* [CASE]: what the negative controls run */
+        test_deadlines(argc > 2 ? atoi(argv[2]) : -1);
 #endif
     } else if (argc > 1 && !strcmp(argv[1], "share")) { /* what the negative control runs */
         test_share();
@@ -1636,7 +1638,7 @@ int main(int argc, char** argv) {
         test_no_step_end();
         test_connect_fail();
 #ifdef FAKENCCL
-        test_deadlines();
+        test_deadlines(-1);
 #endif
         test_rendezvous();
         test_matrix();
