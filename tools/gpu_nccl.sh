@@ -53,7 +53,7 @@ if [ ! -f "$bin/lib/libnccl.so.2" ] || [ ! -x "$bin/test_nccl_pipeline-gpu" ]; t
     exit 1
 fi
 . "$here/gpu_lib.sh"
-gpu_libs > "$out/env.log"
+gpu_libs no-nccl > "$out/env.log"   # NCCL: $bin/lib alone, never the toolkit's
 LD_LIBRARY_PATH="$(cd "$bin/lib" && pwd):$LD_LIBRARY_PATH"
 export LD_LIBRARY_PATH
 export NCCL_MULTI_RANK_GPU_ENABLE=1
