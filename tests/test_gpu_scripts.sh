@@ -18,7 +18,7 @@ script=${1:-tools/gpu_nccl.sh}
 here=$(pwd)
 script=$(cd "$(dirname "$script")" && pwd)/$(basename "$script")
 T=$(mktemp -d /tmp/pp_gpu_scripts.XXXXXX)
-[ -n "$PP_KEEP" ] || trap 'rm -rf "$T"' EXIT; echo "$T" > /tmp/pp_gpu_scripts.last
+if [ -n "$PP_KEEP" ]; then echo "gpu-scripts: kept $T"; else trap 'rm -rf "$T"' EXIT; fi
 pass=0
 fail=0
 ok() { pass=$((pass + 1)); }
