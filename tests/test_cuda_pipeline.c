@@ -627,11 +627,20 @@ static void test_grad_device(void) {
    build/cuda-ctl-unbounded-waits (the free waits in cudaStreamSynchronize and returns after 6 s). A
    fresh rank's copy behind such a kernel fails with PP_ERR_TIMEOUT by the deadline, and
    pp_cuda_destroy returns by it too (the same control: each waits the 6 s). */
-static volatile int g_hold_go;
+static pthread_mutex_t g_hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_hold_go_v; /* under g_hold_mu: the stand-in kernels may end */
+static int hold_go(int set) {
+    int v;
+    pthread_mutex_lock(&g_hold_mu);
+    if (set >= 0) g_hold_go_v = set;
+    v = g_hold_go_v;
+    pthread_mutex_unlock(&g_hold_mu);
+    return v;
+}
 static void hold_stream(void* u) {
     double t0 = hx_now();
     (void)u;
-    while (!g_hold_go && hx_now() - t0 < 6.0) {
+    while (!hold_go(-1) && hx_now() - t0 < 6.0) {
         struct timespec ts = {0, 2000000};
         nanosleep(&ts, NULL);
     }
@@ -655,7 +664,7 @@ static void test_free_deadline(void) {
     ops = pp_cuda_device_ops(c, 0);
     blk = ops.alloc(ops.user, 4096);
     CHECK(blk != NULL, "a pool block");
-    g_hold_go = 0;
+    hold_go(0);
     CHECK(cudaLaunchHostFunc(pp_cuda_stream(c, 0), hold_stream, NULL) == cudaSuccess, "cudaLaunchHostFunc");
     t0 = hx_now();
     ops.free(ops.user, blk);
@@ -669,7 +678,7 @@ static void test_free_deadline(void) {
     t0 = hx_now();
     CHECK(pp_cuda_step_begin(c, &err) == PP_ERR_TIMEOUT && strstr(err.msg, "timeout") && hx_now() - t0 < 1.0,
           "pp_cuda_step_begin on a stuck rank: %s", err.msg);
-    g_hold_go = 1;
+    hold_go(1);
     pp_cuda_destroy(c);
     /* fresh ranks: a copy, then a destroy, behind a kernel that does not end */
     c = NULL;
@@ -678,25 +687,25 @@ static void test_free_deadline(void) {
         return;
     }
     ops = pp_cuda_device_ops(c, 0);
-    g_hold_go = 0;
+    hold_go(0);
     CHECK(cudaLaunchHostFunc(pp_cuda_stream(c, 0), hold_stream, NULL) == cudaSuccess, "cudaLaunchHostFunc");
     t0 = hx_now();
     CHECK(ops.copy(ops.user, &h, &h, sizeof h, 1) == PP_ERR_TIMEOUT && hx_now() - t0 < 3.0,
           "a copy behind a kernel that does not end, 0.5 s deadline: %.2f s", hx_now() - t0);
-    g_hold_go = 1;
+    hold_go(1);
     pp_cuda_destroy(c);
     c = NULL;
     if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
         CHECK(0, "pp_cuda_create: %s", err.msg);
         return;
     }
-    g_hold_go = 0;
+    hold_go(0);
     CHECK(cudaLaunchHostFunc(pp_cuda_stream(c, 0), hold_stream, NULL) == cudaSuccess, "cudaLaunchHostFunc");
     t0 = hx_now();
     pp_cuda_destroy(c);
     took = hx_now() - t0;
     CHECK(took < 3.0, "pp_cuda_destroy behind a kernel that does not end, 0.5 s deadline: %.2f s", took);
-    g_hold_go = 1;
+    hold_go(1);
 }
 
 int main(int argc, char** argv) {

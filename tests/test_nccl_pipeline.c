@@ -1387,7 +1387,16 @@ typedef struct dl_arg {
     char msg[sizeof(((pp_error*)0)->msg) + 8];
 } dl_arg;
 static pthread_barrier_t g_dl_bar;
-static volatile int g_dl_done;
+static pthread_mutex_t g_dl_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_dl_done; /* under g_dl_mu: the case returned, the watchdog may go */
+static int dl_done(int set) {
+    int d;
+    pthread_mutex_lock(&g_dl_mu);
+    if (set >= 0) g_dl_done = set;
+    d = g_dl_done;
+    pthread_mutex_unlock(&g_dl_mu);
+    return d;
+}
 
 static pp_nccl* dl_nccl(dl_arg* a, double timeout_s, cudaStream_t* s) {
     ncclComm_t comm = NULL;
@@ -1487,7 +1496,6 @@ static void dl_run(int which) {
     fakenccl_set_options(&o);
     ncclGetUniqueId(&id);
     pthread_barrier_init(&g_dl_bar, NULL, 2);
-    g_dl_done = 0;
     for (r = 0; r < 2; r++) {
         memset(&a[r], 0, sizeof a[r]);
         a[r].r = r;
@@ -1516,7 +1524,7 @@ static void dl_run(int which) {
 static void* dl_watchdog(void* arg) {
     double t0 = hx_now();
     (void)arg;
-    while (!g_dl_done) {
+    while (!dl_done(-1)) {
         struct timespec ts = {0, 50000000L};
         nanosleep(&ts, NULL);
         if (hx_now() - t0 > 6.0) {
@@ -1533,10 +1541,10 @@ static void test_deadlines(int only) { /* only: one case (0 .. 3), or -1 for all
     for (which = 0; which < 4; which++) {
         if (only >= 0 && which != only) continue;
         pthread_t wd;
-        g_dl_done = 0;
+        dl_done(0);
         pthread_create(&wd, NULL, dl_watchdog, NULL);
         dl_run(which);
-        g_dl_done = 1;
+        dl_done(1);
         pthread_join(wd, NULL);
     }
 }
