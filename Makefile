@@ -153,6 +153,13 @@ $(B)/staged-test_nccl_pipeline: tests/test_nccl_pipeline.c tests/layer_staged.h 
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=1 -DPP_TEST_STAGED_LAYERS $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/nccl-staged-gpu-mode: $(B)/staged-test_nccl_pipeline
 	@printf '#!/bin/sh\nNCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=32 exec $(B)/staged-test_nccl_pipeline gpu\n' > $@ && chmod +x $@
+# tools/gpu_nccl.sh and make gpu-nccl-check against stand-ins, without a GPU (tests/test_gpu_scripts.sh);
+# its negative control in build/nccl-controls runs the same checks on the script as it was before
+# (commit cc8d5cc: binaries from build/, no version check, every rank count must pass), which fails them.
+$(B)/gpu-scripts: tests/test_gpu_scripts.sh tools/gpu_nccl.sh tools/gpu_lib.sh tools/nccl_local.sh multiprocess.mk | $(B)
+	@printf '#!/bin/sh\nexec sh tests/test_gpu_scripts.sh\n' > $@ && chmod +x $@
+$(B)/gpu_nccl-before.sh: | $(B)
+	git show cc8d5cc:tools/gpu_nccl.sh > $@
 # A second pp_pipeline_step while one runs, without the guard that refuses it: the process crashes
 # (test_convenience's concurrent step).
 $(B)/conv-ctl-no-step-guard: tests/test_convenience.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
@@ -199,7 +206,7 @@ $(B)/validate-ctl-novalidate: tests/test_validate.c $(TEST_HDRS) $(EXH) $(HEADER
 $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
-TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
+TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/gpu-scripts $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
                   $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls \
                   $(B)/overlap-controls $(B)/bf16-controls
 
@@ -393,13 +400,18 @@ $(B)/cuda-ctl-no-spares: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADER
 # the rank's stream reads a gradient before the kernel writing it ran.
 $(B)/cuda-ctl-copy-unordered: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
 	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_COPY_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
+# And of the host's waits on the GPU (pp_cuda_desc.timeout_s): a block's free, the device ops' copy
+# and pp_cuda_destroy waiting in cudaStreamSynchronize stay behind a kernel that never ends
+# (test_cuda_pipeline's "deadline": each returns only when the stand-in kernel gives up, 6 s).
+$(B)/cuda-ctl-unbounded-waits: tests/test_cuda_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h | $(B)
+	$(CC) $(BASE) -Itests/fakecuda -DPP_CUDA_TEST_UNBOUNDED_WAITS $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/cuda-controls: tests/controls.sh $(B)/cuda-ctl-early-on-stream $(B)/cuda-ctl-done-at-post $(B)/cuda-ctl-spare-no-wait $(B)/cuda-ctl-no-spares \
-                    $(B)/cuda-ctl-copy-unordered
-	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare" "env PP_TEST_POOL_STEPS=200 $(B)/cuda-ctl-no-spares varlen" "$(B)/cuda-ctl-copy-unordered graddev"\n' > $@
+                    $(B)/cuda-ctl-copy-unordered $(B)/cuda-ctl-unbounded-waits
+	printf '#!/bin/sh\nexec sh tests/controls.sh cuda-controls "$(B)/cuda-ctl-early-on-stream early" "$(B)/cuda-ctl-done-at-post early" "$(B)/cuda-ctl-spare-no-wait spare" "env PP_TEST_POOL_STEPS=200 $(B)/cuda-ctl-no-spares varlen" "$(B)/cuda-ctl-copy-unordered graddev" "$(B)/cuda-ctl-unbounded-waits deadline"\n' > $@
 	chmod +x $@
 
 # Negative controls built from tests/test_nccl_pipeline.c, each with one -D (rule below). Together
-# over a minute (64 s, 2026-12-02): several must hang to a deadline of 2-3 s, or run the staged
+# over a minute (64 s, 2026-12-02; about 28 s more since the deadline and GPU-script controls): several must hang to a deadline of 2-3 s, or run the staged
 # gpu mode into its 30 s timeout, which is how they show the rule they guard. The
 # drained failure: with the stage aborting as before, the peers wait for their deadline (3 s
 # here) and the test fails.
@@ -440,6 +452,15 @@ $(B)/nccl-ctl-queues-unchecked: BASE += -DPP_NCCL_TEST_QUEUES_UNCHECKED
 # NCCL's own two streams per communicator not counted: four channels accepted on CUDA's default 8
 # queues, where NCCL's deviceStreams share queues with the channels' streams and the step hangs.
 $(B)/nccl-ctl-old-queues: BASE += -DPP_NCCL_TEST_OLD_QUEUES
+# The host's waits (test_nccl_pipeline's "deadlines N", each case alone under a 6 s watchdog): the connection
+# set-up's wait for its empty messages deaf to NCCL's asynchronous error (a failed peer costs the
+# whole 5 s deadline); a group's launch settled against PP_DEFAULT_TIMEOUT_S, not the transport's
+# timeout_s; pp_nccl_destroy waiting in cudaStreamSynchronize for a send never received, or
+# freeing a staging buffer the caller's communicator's send still uses (cudaFree waits for it).
+$(B)/nccl-ctl-connect-no-async: BASE += -DPP_NCCL_TEST_CONNECT_NO_ASYNC
+$(B)/nccl-ctl-flush-default-timeout: BASE += -DPP_NCCL_TEST_FLUSH_DEFAULT_TIMEOUT
+$(B)/nccl-ctl-destroy-unbounded: BASE += -DPP_NCCL_TEST_DESTROY_UNBOUNDED
+$(B)/nccl-ctl-destroy-frees: BASE += -DPP_NCCL_TEST_DESTROY_FREES
 $(B)/nccl-ctl-%: tests/test_nccl_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8 $(CFLAGS) $< -o $@ $(LDLIBS)
 # Built from tests/test_nccl_grid.c: the overlapped data-parallel reduction over the grid's dp
@@ -456,7 +477,9 @@ $(B)/ncclgrid-ctl-dp-unordered: BASE += -DPP_NCCL_TEST_DP_UNORDERED
 $(B)/ncclgrid-ctl-%: tests/test_nccl_grid.c tests/tlm_grid.h $(TEST_HDRS) $(EXH) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda $(CFLAGS) $< -o $@ $(LDLIBS)
 # The block pool over pp_nccl (built from the bench): a send counted done once issued lets the
-# stage write a block NCCL still reads, and bench_imitation's gradients come out wrong.
+# stage write a block NCCL still reads, and bench_imitation's gradients come out wrong. It runs
+# with 32 queues, so the transport takes its channels per direction and kind (at CUDA's default 8
+# it now makes two, which leaves the overwrite a narrower window: 1 run in 3 caught it).
 $(B)/nccl-ctl-early-reuse: bench/bench_imitation.c tests/harness.h tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
                            tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_NCCL_TEST_EARLY_REUSE $(CFLAGS) $< -o $@ $(LDLIBS)
@@ -464,8 +487,9 @@ $(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-
                     $(B)/nccl-ctl-eventless-done $(B)/nccl-ctl-released-now $(B)/nccl-ctl-zero-received $(B)/nccl-ctl-no-proof \
                     $(B)/nccl-ctl-proof-any $(B)/nccl-ctl-no-preconnect $(B)/nccl-ctl-connect-all $(B)/nccl-ctl-share-unchecked \
                     $(B)/nccl-ctl-queues-unchecked $(B)/nccl-ctl-old-queues $(B)/nccl-ctl-zero-caught $(B)/staged-test_nccl_pipeline \
-                    $(B)/ncclgrid-ctl-dp-nostart $(B)/ncclgrid-ctl-dp-unordered $(B)/ncclgrid-ctl-dp-channels $(B)/ncclgrid-ctl-no-warmup
-	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "$(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "$(B)/nccl-ctl-connect-all neighbours" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-old-queues queues" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4" "env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 30 $(B)/staged-test_nccl_pipeline gpu" "$(B)/ncclgrid-ctl-dp-nostart" "$(B)/ncclgrid-ctl-dp-unordered" "$(B)/ncclgrid-ctl-dp-channels" "$(B)/ncclgrid-ctl-no-warmup"\n' > $@
+                    $(B)/ncclgrid-ctl-dp-nostart $(B)/ncclgrid-ctl-dp-unordered $(B)/ncclgrid-ctl-dp-channels $(B)/ncclgrid-ctl-no-warmup $(B)/nccl-ctl-connect-no-async \
+                    $(B)/nccl-ctl-flush-default-timeout $(B)/nccl-ctl-destroy-unbounded $(B)/nccl-ctl-destroy-frees $(B)/gpu_nccl-before.sh
+	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "env CUDA_DEVICE_MAX_CONNECTIONS=32 $(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "$(B)/nccl-ctl-connect-all neighbours" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-old-queues queues" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4" "env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 30 $(B)/staged-test_nccl_pipeline gpu" "$(B)/ncclgrid-ctl-dp-nostart" "$(B)/ncclgrid-ctl-dp-unordered" "$(B)/ncclgrid-ctl-dp-channels" "$(B)/ncclgrid-ctl-no-warmup" "$(B)/nccl-ctl-connect-no-async deadlines 0" "$(B)/nccl-ctl-flush-default-timeout deadlines 1" "$(B)/nccl-ctl-destroy-unbounded deadlines 2" "$(B)/nccl-ctl-destroy-frees deadlines 3" "sh tests/test_gpu_scripts.sh $(B)/gpu_nccl-before.sh"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

@@ -2,7 +2,7 @@
 # NCCL header's compile-and-link check, and the grid test. Everything here hooks into `make test`
 # through TEST_BINS and extra prerequisites of `test`, so the main Makefile only includes it.
 
-.PHONY: test-mpi run-mpi bench-mpi bench-overlap check-nccl mp-note gpu-nccl test-nccl-gpu
+.PHONY: test-mpi run-mpi bench-mpi bench-overlap check-nccl mp-note gpu-nccl gpu-nccl-check test-nccl-gpu
 
 # the grid section of pipeline.h over the threads transport: built four ways like every test
 TESTS += test_grid
@@ -119,12 +119,28 @@ $(B)/test_nccl_pipeline-gpu $(B)/test_nccl_grid-gpu: $(B)/%-gpu: tests/%.c tests
 $(B)/conn_probe: tools/conn_probe.cu | $(B)
 	$(NVCC) $(NVFLAGS) $< -o $@
 
-gpu-nccl: $(B)/gpt_nccl-nompi $(B)/gpt_cuda $(B)/test_nccl_pipeline-gpu $(B)/test_nccl_grid-gpu $(B)/conn_probe
+# The NCCL it packages must run several ranks on one GPU: 2.30.3 or later (NCCL_MULTI_RANK_GPU_ENABLE
+# first appears in v2.30.3's src/init.cc; 2.29.7 fails "Duplicate GPU detected"). Checked from
+# NCCL_HOME's nccl.h before anything is built (the toolkit's is 2.28 here); GPU_NCCL_SINGLE_RANK=1
+# packages an older one anyway, for one rank per GPU only. tools/gpu_nccl.sh checks again what the
+# binaries load (test_nccl_pipeline-gpu nccl-version).
+GPU_NCCL_MIN = 23003
+gpu-nccl-check:
+	@set -- $$(awk '/^#define NCCL_(MAJOR|MINOR|PATCH) /{print $$3}' $(NCCL_HOME)/include/nccl.h 2>/dev/null); \
+	if [ $$# -ne 3 ]; then echo "gpu-nccl: no NCCL version in $(NCCL_HOME)/include/nccl.h: set NCCL_HOME to an NCCL >= 2.30.3 (tools/build_nccl.sh builds one)"; exit 1; fi; \
+	if [ $$(( $$1 * 10000 + $$2 * 100 + $$3 )) -lt $(GPU_NCCL_MIN) ] && [ "$(GPU_NCCL_SINGLE_RANK)" != 1 ]; then \
+	  echo "gpu-nccl: NCCL_HOME=$(NCCL_HOME) holds NCCL $$1.$$2.$$3; two or more ranks on one GPU need 2.30.3 or later"; \
+	  echo "  (NCCL_MULTI_RANK_GPU_ENABLE). Build one (docs/gpu.md: tools/build_nccl.sh) and pass NCCL_HOME=<it>,"; \
+	  echo "  or set GPU_NCCL_SINGLE_RANK=1 to package this one for one rank per GPU. Nothing built."; exit 1; fi; \
+	echo "gpu-nccl: NCCL $$1.$$2.$$3 from $(NCCL_HOME)"
+
+gpu-nccl: gpu-nccl-check
+	@$(MAKE) --no-print-directory $(B)/gpt_nccl-nompi $(B)/gpt_cuda $(B)/test_nccl_pipeline-gpu $(B)/test_nccl_grid-gpu $(B)/conn_probe
 	@mkdir -p $(B)/lib && cp -L $(NCCL_LIBDIR)/libnccl.so.2 $(B)/lib/libnccl.so.2 && strip --strip-unneeded $(B)/lib/libnccl.so.2 && \
-	  echo "gpu-nccl: $(B)/gpt_nccl-nompi and $(B)/lib/libnccl.so.2 ($$(du -h $(B)/lib/libnccl.so.2 | cut -f1), from $(NCCL_LIBDIR))"
+	  echo "gpu-nccl: $(B) holds the binaries and lib/libnccl.so.2 ($$(du -h $(B)/lib/libnccl.so.2 | cut -f1), from $(NCCL_LIBDIR)); $$(du -sh $(B) | cut -f1) in all"
 
 test-nccl-gpu: gpu-nccl
-	@sh tools/gpu_nccl.sh $(B)/gpu-nccl-out 330 $(B)
+	@sh tools/gpu_nccl.sh $(B)/gpu-nccl-out 420 $(B)
 
 GPT_NCCL_RUN1 = $(B)/gpt_nccl -p 1 -m 4 --steps 2 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8
 GPT_NCCL_TRAIN = --wd 0.1 --clip 1 --warmup 1 --lr-min 1e-4 --eval-every 1 --eval-seqs 16 --save $(B)/gpt_nccl.ckpt --bucket-kb 64 --no-overlap

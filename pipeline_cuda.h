@@ -123,6 +123,13 @@ typedef struct pp_cuda_desc {
     int n_ranks;                /* pipeline ranks (1 .. PP_MAX_RANKS) */
     const int* devices;         /* devices[r]: GPU of rank r; NULL = every rank on device 0 */
     int timeline;               /* bracket every action with timed events (pp_cuda_step_end) */
+    /* How long a host wait on a rank's GPU work may take (0: PP_DEFAULT_TIMEOUT_S): a block's
+       free, the device ops' copy, pp_cuda_step_begin/step_end/reset and pp_cuda_destroy poll the
+       streams against it instead of blocking in cudaStreamSynchronize, so a kernel that never
+       ends (an NCCL receive whose peer died) cannot hold the host forever. After a timeout the
+       rank is stuck: its later frees return at once and leak the block (cudaFree would wait for
+       the same kernel), its zero and copy fail with PP_ERR_TIMEOUT, pp_cuda_error says why. */
+    double timeout_s;
 } pp_cuda_desc;
 
 /* What pp_cuda_step_end measured for the step since pp_cuda_step_begin. Times in seconds. */
@@ -297,12 +304,14 @@ typedef struct _ppc_rank {
     double busy;
     int nvtx_open;              /* PP_NVTX: a range pushed by nvtx_thread is open (owner thread) */
     pthread_t nvtx_thread;
+    int stuck;                  /* a host wait on this rank's streams ran into the deadline (owner thread) */
     char err[256];
 } _ppc_rank;
 
 struct pp_cuda {
     int n;
     int timeline;
+    double timeout_s;           /* pp_cuda_desc.timeout_s, resolved */
     int steps_ended;            /* pp_cuda_step_end calls (spares are made in the pool's warm-up) */
     _ppc_rank* r;
     _ppc_msg* free_msgs;
@@ -320,6 +329,42 @@ struct pp_cuda {
 static void _ppc_note(_ppc_rank* r, cudaError_t e, const char* what) {
     snprintf(r->err, sizeof r->err, "CUDA error %d (%s) in %s on rank %d (device %d)", (int)e, cudaGetErrorString(e),
              what, r->rank, r->dev);
+}
+
+/* Host waits on the GPU poll against a deadline (the design's "every wait has a timeout"): a
+   kernel that never ends, such as an NCCL receive whose peer died, would hold a
+   cudaStreamSynchronize or cudaEventSynchronize forever. q is cudaStreamQuery or cudaEventQuery's
+   answer; the naps grow from 2 us to 1 ms, so a short wait costs little more than a
+   synchronize. Returns cudaSuccess, the work's error, or cudaErrorNotReady once the deadline passed. */
+static cudaError_t _ppc_poll(cudaStream_t s, cudaEvent_t ev, double deadline) {
+    long nap_ns = 2000;
+    for (;;) {
+        struct timespec ts;
+        cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
+        if (e != cudaErrorNotReady || _pp_now() > deadline) return e;
+        ts.tv_sec = 0;
+        ts.tv_nsec = nap_ns;
+        nanosleep(&ts, NULL);
+        if (nap_ns < 1000000L) nap_ns *= 2;
+    }
+}
+
+/* The rank's stream and side stream, each until the deadline; then as _ppc_poll. */
+static cudaError_t _ppc_drain(_ppc_rank* r, double deadline) {
+    cudaError_t e = r->stream ? _ppc_poll(r->stream, NULL, deadline) : cudaSuccess;
+    if (e == cudaSuccess && r->side) e = _ppc_poll(r->side, NULL, deadline);
+    return e;
+}
+
+/* A host wait on rank r ran into its deadline: r is stuck from now on (pp_cuda_desc.timeout_s). */
+static void _ppc_stuck(_ppc_rank* r, const char* what) {
+    if (r->stuck) return;
+    r->stuck = 1;
+    (void)cudaGetLastError();
+    snprintf(r->err, sizeof r->err,
+             "timeout: rank %d (device %d): %s: the GPU work before it did not finish in %.3g s (a kernel that never "
+             "ends, e.g. an NCCL transfer whose peer failed); blocks freed from now on are leaked",
+             r->rank, r->dev, what, r->c->timeout_s);
 }
 
 /* Where a buffer lives: one of the rank's pool blocks (no runtime call), one CUDA called host
@@ -1060,6 +1105,8 @@ static void _ppc_free(void* user, void* ptr) {
     _ppc_msg* m;
     int i, again = 1;
     size_t n = 1;
+    double deadline = _pp_now() + c->timeout_s;
+    cudaError_t e;
     for (i = 0; i < r->n_pool; i++) /* the block's extent: a message may come from any offset in it */
         if (r->pool_p[i] == (char*)ptr) n = r->pool_n[i];
     pthread_mutex_lock(&c->mu);
@@ -1069,10 +1116,16 @@ static void _ppc_free(void* user, void* ptr) {
             const char* s0 = (const char*)m->sbuf;
             if (s0 + m->sbytes <= (const char*)ptr || s0 >= (const char*)ptr + n) continue;
             _ppc_copy_now_locked(c, m);
-            if (!m->dropped && m->ec) {
+            if (!m->dropped && m->ec && !r->stuck) {
                 cudaEvent_t ec = m->ec; /* held: the event stays with the message */
                 pthread_mutex_unlock(&c->mu);
-                if (cudaEventSynchronize(ec) != cudaSuccess) (void)cudaGetLastError();
+#ifndef PP_CUDA_TEST_UNBOUNDED_WAITS
+                if ((e = _ppc_poll(NULL, ec, deadline)) == cudaErrorNotReady) _ppc_stuck(r, "freeing a block a copy still reads");
+#else /* negative control (build/cuda-controls): the wait without a deadline */
+                (void)deadline;
+                e = cudaEventSynchronize(ec);
+#endif
+                if (e != cudaSuccess) (void)cudaGetLastError();
                 pthread_mutex_lock(&c->mu);
             }
             _ppc_unhold_locked(c, m);
@@ -1081,11 +1134,19 @@ static void _ppc_free(void* user, void* ptr) {
         }
     }
     pthread_mutex_unlock(&c->mu);
-    if (cudaSetDevice(r->dev) == cudaSuccess) {
-        (void)cudaStreamSynchronize(r->stream);
+    if (!r->stuck && cudaSetDevice(r->dev) == cudaSuccess) {
+#ifndef PP_CUDA_TEST_UNBOUNDED_WAITS
+        if ((e = _ppc_drain(r, deadline)) == cudaErrorNotReady) _ppc_stuck(r, "freeing a pool block");
+#else
+        (void)deadline;
+        e = cudaStreamSynchronize(r->stream);
         if (r->side) (void)cudaStreamSynchronize(r->side);
+#endif
+        if (e != cudaSuccess) (void)cudaGetLastError();
     }
-    if (cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
+    /* A stuck rank leaks the block: the kernel that never ended may still use it, and cudaFree
+       waits for every stream of the device (the CUDA guide, Stream Ordered Memory Allocator). */
+    if (!r->stuck && cudaFree(ptr) != cudaSuccess) (void)cudaGetLastError();
     for (i = 0; i < r->n_pool && r->pool_p[i] != (char*)ptr; i++) {
     }
     if (i < r->n_pool) {
@@ -1100,7 +1161,9 @@ static void _ppc_free(void* user, void* ptr) {
 
 static pp_result _ppc_zero(void* user, void* ptr, size_t bytes) {
     _ppc_rank* r = (_ppc_rank*)user;
-    cudaError_t e = cudaMemsetAsync(ptr, 0, bytes, r->stream);
+    cudaError_t e;
+    if (r->stuck) return PP_ERR_TIMEOUT; /* pp_cuda_error says where */
+    e = cudaMemsetAsync(ptr, 0, bytes, r->stream);
     if (e != cudaSuccess) {
         _ppc_note(r, e, "cudaMemsetAsync (gradient workspace)");
         return PP_ERR_TRANSPORT;
@@ -1117,10 +1180,19 @@ static pp_result _ppc_copy(void* user, void* dst, const void* src, size_t bytes,
     int cur = -1;
     (void)to_host; /* the pointers say where the bytes are (unified addressing) */
     if (bytes == 0) return PP_OK;
+    if (r->stuck) return PP_ERR_TIMEOUT;
     if ((e = cudaGetDevice(&cur)) == cudaSuccess && cur != r->dev) e = cudaSetDevice(r->dev);
 #ifndef PP_CUDA_TEST_COPY_UNORDERED
     if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, r->stream);
+#ifndef PP_CUDA_TEST_UNBOUNDED_WAITS
+    if (e == cudaSuccess && (e = _ppc_poll(r->stream, NULL, _pp_now() + r->c->timeout_s)) == cudaErrorNotReady) {
+        _ppc_stuck(r, "the device ops' copy");
+        if (cur >= 0 && cur != r->dev) (void)cudaSetDevice(cur);
+        return PP_ERR_TIMEOUT;
+    }
+#else /* negative control (build/cuda-controls) */
     if (e == cudaSuccess) e = cudaStreamSynchronize(r->stream);
+#endif
 #else /* negative control (build/cuda-controls): a copy not ordered after the rank's stream */
     if (e == cudaSuccess) e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
 #endif
@@ -1236,6 +1308,7 @@ pp_result pp_cuda_create(const pp_cuda_desc* d, pp_cuda** out, pp_error* err) {
     }
     c->n = d->n_ranks;
     c->timeline = d->timeline;
+    c->timeout_s = d->timeout_s > 0 ? d->timeout_s : PP_DEFAULT_TIMEOUT_S;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     *out = c; /* from here pp_cuda_destroy cleans up a half-built world */
@@ -1280,10 +1353,15 @@ void pp_cuda_destroy(pp_cuda* c) {
     int i, k;
     _ppc_msg* m;
     if (!c) return;
-    for (i = 0; i < c->n; i++) {
+    for (i = 0; i < c->n; i++) { /* bounded: a stuck rank's spares are leaked below */
         _ppc_rank* r = &c->r[i];
+#ifndef PP_CUDA_TEST_UNBOUNDED_WAITS
+        if (!r->stuck && cudaSetDevice(r->dev) == cudaSuccess && _ppc_drain(r, _pp_now() + c->timeout_s) == cudaErrorNotReady)
+            _ppc_stuck(r, "pp_cuda_destroy");
+#else /* negative control (build/cuda-controls) */
         if (cudaSetDevice(r->dev) == cudaSuccess && r->stream) (void)cudaStreamSynchronize(r->stream);
         if (r->side) (void)cudaStreamSynchronize(r->side);
+#endif
     }
     /* leftovers of an aborted step (posted by one side, or never waited for): their events
        go back to the pools, which are destroyed below */
@@ -1291,7 +1369,7 @@ void pp_cuda_destroy(pp_cuda* c) {
         if (m->live) _ppc_msg_release_locked(c, m);
     for (i = 0; i < c->n; i++) { /* the spares, their events back to the pools first */
         if (cudaSetDevice(c->r[i].dev) != cudaSuccess) (void)cudaGetLastError();
-        _ppc_spares_free_locked(c, &c->r[i]);
+        if (!c->r[i].stuck) _ppc_spares_free_locked(c, &c->r[i]);
     }
     for (i = 0; i < c->n; i++) {
         _ppc_rank* r = &c->r[i];
@@ -1363,11 +1441,17 @@ const char* pp_cuda_error(pp_cuda* c, int rank) { return (c && rank >= 0 && rank
 /* Waits for every rank's stream (incoming copies run there too); then no copy reads a block
    any more. Between steps only. */
 static pp_result _ppc_sync_all(pp_cuda* c, pp_error* err) {
+    double deadline = _pp_now() + c->timeout_s;
     int i;
     for (i = 0; i < c->n; i++) {
-        PP_CUDA_CHECK(cudaSetDevice(c->r[i].dev), err);
-        PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].stream), err);
-        if (c->r[i].side) PP_CUDA_CHECK(cudaStreamSynchronize(c->r[i].side), err);
+        _ppc_rank* r = &c->r[i];
+        cudaError_t e;
+        if (!r->stuck) {
+            PP_CUDA_CHECK(cudaSetDevice(r->dev), err);
+            if ((e = _ppc_drain(r, deadline)) == cudaErrorNotReady) _ppc_stuck(r, "waiting for the rank's streams");
+            else PP_CUDA_CHECK(e, err);
+        }
+        if (r->stuck) return _pp_fail(err, PP_ERR_TIMEOUT, "%s", r->err);
     }
     _ppc_unhold_all(c);
     return PP_OK;

@@ -160,8 +160,10 @@ typedef struct pp_nccl_desc {
        the same. NCCL < 2.18: always 1. */
     int channels;
     double timeout_s;           /* create's splits and warm-up all-reduces, pp_stage_create's
-                                   splits and connection set-up: each waits this long for the
-                                   peers (0: the default, PP_DEFAULT_TIMEOUT_S) */
+                                   splits and connection set-up, a group's launch and
+                                   pp_nccl_destroy: each waits this long for the peers (0: the
+                                   default, PP_DEFAULT_TIMEOUT_S). Only a non-blocking comm lets
+                                   NCCL's own calls keep it (docs/errors.md) */
     /* 1: comm was made with config.splitShare = 1 (or inherits it): ncclCommSplit children then
        share its launch queue, one kernel after another, and the transport refuses more than one
        channel (as it does under NCCL_COMM_SPLIT_SHARE_RESOURCES=1). NCCL offers no way to ask. */
@@ -221,6 +223,11 @@ typedef struct pp_nccl_stats {
    check. On failure the communicator stays the caller's, except after a failed set-up
    (PP_ERR_TIMEOUT, PP_ERR_TRANSPORT): NCCL's abort freed it (the message says so). */
 pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err);
+/* Waits for the transport's work up to pp_nccl_desc.timeout_s; what has not finished by then
+   (a peer that never came or failed) is aborted: the splits, and d->comm when own_comm = 1. A
+   caller's own communicator keeps its unfinished work (and the transport's staging buffers,
+   leaked: freeing them would wait for it): after a failed step, ncclCommAbort it rather than
+   ncclCommDestroy (which waits for that work). */
 void pp_nccl_destroy(pp_nccl* t);
 pp_transport pp_nccl_transport(pp_nccl* t);
 /* After pp_stage_step on this rank: waits (until timeout_s) for the step's NCCL transfers, so a
@@ -690,7 +697,11 @@ static pp_result _ppn_flush(pp_nccl* t, int ch, _ppn_op* last) {
         }
         ge = ncclGroupEnd();
         if (rc == PP_OK) rc = _ppn_nccl(t, ge, "ncclGroupEnd");
+#ifndef PP_NCCL_TEST_FLUSH_DEFAULT_TIMEOUT
+        if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, comm, "ncclGroupEnd (non-blocking)", _pp_now() + t->timeout_s);
+#else /* negative control (build/nccl-controls): the library's default, not pp_nccl_desc.timeout_s */
         if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, comm, "ncclGroupEnd (non-blocking)", _pp_now() + PP_DEFAULT_TIMEOUT_S);
+#endif
     }
     if (rc == PP_OK && b->done) rc = _ppn_cuda(t, cudaEventRecord(b->done, stream), "cudaEventRecord (group done)");
     if (b->refs == 0) {
@@ -1451,8 +1462,14 @@ static pp_result _ppn_connect(pp_nccl* t, int nch, const unsigned char* want, pp
         if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, _PPN_COMM(t, ch), "connection set-up (non-blocking)", deadline);
         while (rc == PP_OK) { /* the empty messages: done once every peer's group ran */
             cudaError_t e = cudaStreamQuery(t->stream);
+            ncclResult_t ae = ncclSuccess;
             if (e == cudaSuccess) break;
+#ifndef PP_NCCL_TEST_CONNECT_NO_ASYNC /* negative control (build/nccl-controls): a failure NCCL reported waits for the deadline */
+            /* a failure NCCL saw (a peer's exit over the network: ncclRemoteError) ends the wait now */
+            if (ncclCommGetAsyncError(_PPN_COMM(t, ch), &ae) != ncclSuccess) ae = ncclInternalError;
+#endif
             if (e != cudaErrorNotReady) rc = _ppn_cuda(t, e, "connection set-up");
+            else if (ae != ncclSuccess && ae != ncclInProgress) rc = _ppn_nccl(t, ae, "connection set-up (asynchronous error)");
             else if (_pp_now() > deadline) {
                 _ppn_note(t, "timeout", "connection set-up: a peer did not set up its side");
                 rc = PP_ERR_TIMEOUT;
@@ -1844,11 +1861,43 @@ pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err) {
 }
 
 void pp_nccl_destroy(pp_nccl* t) {
-    int ch;
+    int ch, k, left = 0; /* left: the caller's communicator still runs work the deadline gave up on */
+    double deadline;
     if (!t) return;
+    deadline = _pp_now() + t->timeout_s;
+#ifndef PP_NCCL_TEST_DESTROY_UNBOUNDED
+    /* Each channel's work until pp_nccl_desc.timeout_s, as every host wait here: a transfer whose
+       peer never came or failed ends in NCCL's abort of the transport's communicators (its
+       kernels stop), not in a host held forever. The caller's communicator (own_comm = 0) is
+       not the transport's to abort: its unfinished work stays with it (docs/errors.md). */
+    for (ch = 0; ch < t->nch_made && !t->aborted; ch++) {
+        while (t->ch_stream[ch]) {
+            ncclResult_t ae = ncclSuccess;
+            cudaError_t e = cudaStreamQuery(t->ch_stream[ch]);
+            if (e == cudaSuccess) break;
+            if (e == cudaErrorNotReady && ncclCommGetAsyncError(_PPN_COMM(t, ch), &ae) == ncclSuccess &&
+                (ae == ncclSuccess || ae == ncclInProgress) && _pp_now() <= deadline) {
+                _ppn_sleep_us(200);
+                continue;
+            }
+            (void)cudaGetLastError();
+            t->aborted = 1;
+            if (t->own_comm) ncclCommAbort(t->comm);
+#ifndef PP_NCCL_TEST_DESTROY_FREES /* negative control (build/nccl-controls): frees what that work uses */
+            else left = 1;
+#endif
+            for (k = 1; k < t->nch_made; k++) ncclCommAbort(t->ch_comm[k]);
+            break;
+        }
+    }
+#else /* negative control (build/nccl-controls): the wait without a deadline */
+    (void)deadline;
+    (void)k;
+    (void)left;
     if (!t->aborted)
         for (ch = 0; ch < t->nch_made; ch++)
             if (t->ch_stream[ch]) cudaStreamSynchronize(t->ch_stream[ch]);
+#endif
     while (t->head) _ppn_op_free(t, t->head);
     while (t->outstanding) {
         _ppn_batch* b = t->outstanding;
@@ -1862,8 +1911,18 @@ void pp_nccl_destroy(pp_nccl* t) {
     PP_FREE(t->proven);
     if (t->ready) cudaEventDestroy(t->ready);
     if (t->warm_buf) cudaFree(t->warm_buf);
-    _ppn_bounce_drop(&t->bounce, 0);
-    _ppn_bounce_drop(&t->pinned, 1);
+    if (!left) {
+        _ppn_bounce_drop(&t->bounce, 0);
+        _ppn_bounce_drop(&t->pinned, 1);
+    } else { /* the buffers leaked: that work may use them, and cudaFree/cudaFreeHost would wait for it */
+        for (k = 0; k < 2; k++)
+            while (k ? t->pinned : t->bounce) {
+                _ppn_bounce* b = k ? t->pinned : t->bounce;
+                if (k) t->pinned = b->next;
+                else t->bounce = b->next;
+                PP_FREE(b);
+            }
+    }
     for (ch = 0; ch < t->nch_made; ch++) {
         if (t->ch_stream[ch]) cudaStreamDestroy(t->ch_stream[ch]);
         if (ch > 0 && t->ch_comm[ch] && !t->aborted) ncclCommDestroy(t->ch_comm[ch]);

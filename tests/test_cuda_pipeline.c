@@ -619,6 +619,95 @@ static void test_grad_device(void) {
     free(back);
 }
 
+/* >>deadline: a host wait on a rank's GPU has a deadline (pp_cuda_desc.timeout_s). The rank's
+   stream is held by a host function standing in for a kernel that never ends (an NCCL receive
+   whose peer died) for 6 s; freeing a pool block with a 0.5 s deadline must return within 3 s,
+   leave the block (cudaFree would wait for the stream too), and say why; the rank's zero, copy
+   and pp_cuda_step_begin then fail with PP_ERR_TIMEOUT at once. Negative control:
+   build/cuda-ctl-unbounded-waits (the free waits in cudaStreamSynchronize and returns after 6 s). A
+   fresh rank's copy behind such a kernel fails with PP_ERR_TIMEOUT by the deadline, and
+   pp_cuda_destroy returns by it too (the same control: each waits the 6 s). */
+static pthread_mutex_t g_hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_hold_go_v; /* under g_hold_mu: the stand-in kernels may end */
+static int hold_go(int set) {
+    int v;
+    pthread_mutex_lock(&g_hold_mu);
+    if (set >= 0) g_hold_go_v = set;
+    v = g_hold_go_v;
+    pthread_mutex_unlock(&g_hold_mu);
+    return v;
+}
+static void hold_stream(void* u) {
+    double t0 = hx_now();
+    (void)u;
+    while (!hold_go(-1) && hx_now() - t0 < 6.0) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+}
+static void test_free_deadline(void) {
+    pp_cuda_desc cd;
+    pp_cuda* c = NULL;
+    pp_error err;
+    pp_device_ops ops;
+    void* blk;
+    float h = 1.0f;
+    double t0, took;
+    size_t bytes = 0;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 1;
+    cd.timeout_s = 0.5;
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        CHECK(0, "pp_cuda_create: %s", err.msg);
+        return;
+    }
+    ops = pp_cuda_device_ops(c, 0);
+    blk = ops.alloc(ops.user, 4096);
+    CHECK(blk != NULL, "a pool block");
+    hold_go(0);
+    CHECK(cudaLaunchHostFunc(pp_cuda_stream(c, 0), hold_stream, NULL) == cudaSuccess, "cudaLaunchHostFunc");
+    t0 = hx_now();
+    ops.free(ops.user, blk);
+    took = hx_now() - t0;
+    CHECK(took < 3.0, "freeing a block behind a kernel that does not end took %.2f s with a 0.5 s deadline", took);
+    CHECK(strstr(pp_cuda_error(c, 0), "timeout") != NULL, "pp_cuda_error after the free: \"%s\"", pp_cuda_error(c, 0));
+    pp_cuda_memory(c, 0, &bytes, NULL);
+    CHECK(bytes == 0, "the block left the pool (%zu bytes held)", bytes);
+    CHECK(ops.zero(ops.user, &h, sizeof h) == PP_ERR_TIMEOUT, "a stuck rank's zero");
+    CHECK(ops.copy(ops.user, &h, &h, sizeof h, 1) == PP_ERR_TIMEOUT, "a stuck rank's copy");
+    t0 = hx_now();
+    CHECK(pp_cuda_step_begin(c, &err) == PP_ERR_TIMEOUT && strstr(err.msg, "timeout") && hx_now() - t0 < 1.0,
+          "pp_cuda_step_begin on a stuck rank: %s", err.msg);
+    hold_go(1);
+    pp_cuda_destroy(c);
+    /* fresh ranks: a copy, then a destroy, behind a kernel that does not end */
+    c = NULL;
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        CHECK(0, "pp_cuda_create: %s", err.msg);
+        return;
+    }
+    ops = pp_cuda_device_ops(c, 0);
+    hold_go(0);
+    CHECK(cudaLaunchHostFunc(pp_cuda_stream(c, 0), hold_stream, NULL) == cudaSuccess, "cudaLaunchHostFunc");
+    t0 = hx_now();
+    CHECK(ops.copy(ops.user, &h, &h, sizeof h, 1) == PP_ERR_TIMEOUT && hx_now() - t0 < 3.0,
+          "a copy behind a kernel that does not end, 0.5 s deadline: %.2f s", hx_now() - t0);
+    hold_go(1);
+    pp_cuda_destroy(c);
+    c = NULL;
+    if (pp_cuda_create(&cd, &c, &err) != PP_OK) {
+        CHECK(0, "pp_cuda_create: %s", err.msg);
+        return;
+    }
+    hold_go(0);
+    CHECK(cudaLaunchHostFunc(pp_cuda_stream(c, 0), hold_stream, NULL) == cudaSuccess, "cudaLaunchHostFunc");
+    t0 = hx_now();
+    pp_cuda_destroy(c);
+    took = hx_now() - t0;
+    CHECK(took < 3.0, "pp_cuda_destroy behind a kernel that does not end, 0.5 s deadline: %.2f s", took);
+    hold_go(1);
+}
+
 int main(int argc, char** argv) {
     int r, all;
     WBUF = mlp_init(&W, &GREF, DIMS, 21, &GREFBUF);
@@ -630,14 +719,15 @@ int main(int argc, char** argv) {
         free(mlp_init(&tmp, &G[r], DIMS, 1, &GBUF[r]));
         GPTR[r] = &G[r];
     }
-    /* "varlen", "early", "nan", "graddev" or "eval" alone: what the negative controls run */
+    /* "varlen", "early", "nan", "graddev", "eval" or "deadline" alone: what the negative controls run */
     all = argc < 2 || (strcmp(argv[1], "varlen") && strcmp(argv[1], "early") && strcmp(argv[1], "nan") && strcmp(argv[1], "graddev") &&
-                       strcmp(argv[1], "eval"));
+                       strcmp(argv[1], "eval") && strcmp(argv[1], "deadline"));
     if (all) {
         test_equal();
         test_failure();
         test_refused();
     }
+    if (all || !strcmp(argv[1], "deadline")) test_free_deadline();
     if (all || !strcmp(argv[1], "graddev")) test_grad_device();
     if (all || !strcmp(argv[1], "eval")) test_eval();
     if (all || !strcmp(argv[1], "nan")) test_nan_loss();
@@ -650,5 +740,6 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[1], "nan")) return TEST_DONE("cuda-pipeline nan");
     if (!strcmp(argv[1], "graddev")) return TEST_DONE("cuda-pipeline graddev");
     if (!strcmp(argv[1], "eval")) return TEST_DONE("cuda-pipeline eval");
+    if (!strcmp(argv[1], "deadline")) return TEST_DONE("cuda-pipeline deadline");
     return !strcmp(argv[1], "varlen") ? TEST_DONE("cuda-pipeline varlen") : TEST_DONE("cuda-pipeline early");
 }

@@ -91,6 +91,10 @@ static float* GREF;
 static int g_fail_rank = -1, g_fail_armed, g_slow_ms; /* set before the rank threads start */
 static int g_fail_op;      /* where g_fail_rank's layer fails: 0 forward, 1 backward, 2 weight_grad */
 static int g_channels;     /* pp_nccl_desc.channels (0: the transport's default, 8) */
+/* `gpu P`, `gpu-matrix P` (tools/gpu_nccl.sh on one GPU): at most P ranks in a test (0: as many
+   as each wants); g_say_times prints each case's step time (ranks are threads of one process,
+   the only step times worth reading when ranks share a GPU) */
+static int g_gpu_p, g_say_times;
 static pp_model g_model; /* made once: layer_kernels_model keeps its base in a global */
 static int g_skipped, g_eager, g_no_check; /* g_no_check: the stage skips the transport's schedule check */
 static double g_timeout = 5;
@@ -397,6 +401,11 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
             break;
         }
     if (ok) CHECK(grads_equal(p), "%s: gradients differ from the sequential run", where);
+    if (ok && g_say_times) {
+        double slow = 0;
+        for (r = 0; r < p; r++) slow = w.t_step[r][1] > slow ? w.t_step[r][1] : slow;
+        printf("nccl-pipeline: %s: second step %.2f ms (slowest rank; ranks are threads of one process)\n", where, 1e3 * slow);
+    }
     for (r = 0; r < p; r++) /* NCCL's lazy set-up: every pair was connected at create (pipeline_nccl.h, _ppn_connect) */
         CHECK(w.late_connects[r] == 0, "%s: rank %d set up %llu connections during its steps", where, r,
               (unsigned long long)w.late_connects[r]);
@@ -712,12 +721,12 @@ static void test_matrix_gpu(void) {
                                              PP_SCHED_DUALPIPE_V, PP_SCHED_INTERLEAVED_MEM};
     int p, k, n = 0;
     for (p = 2; p <= 4; p++)
-        for (k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
+        for (k = 0; k < (int)(sizeof kinds / sizeof kinds[0]) && (!g_gpu_p || p == g_gpu_p); k++) {
             int v = pp_schedule_kind_v(kinds[k], 2);
             run_case(kinds[k], p, v, 2 * p + 1, p == 3 && k < 5 ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL, n++ % 2, NULL);
         }
-    run_case(PP_SCHED_INTERLEAVED, 3, 3, 7, PP_SHAPES_LOCAL, 1, NULL);
-    run_case(PP_SCHED_1F1B, 8, 1, 9, PP_SHAPES_LOCAL, 1, NULL);
+    if (!g_gpu_p || g_gpu_p == 3) run_case(PP_SCHED_INTERLEAVED, 3, 3, 7, PP_SHAPES_LOCAL, 1, NULL);
+    if (!g_gpu_p) run_case(PP_SCHED_1F1B, 8, 1, 9, PP_SHAPES_LOCAL, 1, NULL);
 }
 
 /* `p8` (build/deep-test_nccl_pipeline, eighteen layers): every schedule kind at p = 8, m = 8
@@ -769,6 +778,7 @@ static void test_failure(void) {
     pp_action acts[256];
     pp_schedule sc;
     int r, p = getenv("PP_QUICK") ? 2 : 4;
+    if (g_gpu_p && p > g_gpu_p) p = g_gpu_p;
     world_1f1b(&w, &sc, acts, 256, p, 6, 2, 1);
     w.after_fail = 1;
     g_fail_rank = p - 1; /* its first layer call fails, once */
@@ -798,6 +808,7 @@ static void test_failure_drain(void) {
     pp_action acts[256];
     pp_schedule sc;
     int r, p = getenv("PP_QUICK") ? 3 : 4, which;
+    if (g_gpu_p && p > g_gpu_p) p = g_gpu_p;
     for (which = 0; which < 4; which++) {
         int fail_rank = which == 0 ? p - 1 : which == 3 ? 0 : 1;
         world_1f1b(&w, &sc, acts, 256, p, 6, 2, 1);
@@ -883,7 +894,7 @@ static void test_share(void) {
               "shared resources: rank %d must refuse at create: %s: %s", r, pp_result_str(w.rc[r][0]), w.msg[r]);
     CHECK(t0 < 1.0, "shared resources: refused after %.2f s", t0);
     g_channels = 1;
-    run_case(PP_SCHED_1F1B, 3, 1, 5, PP_SHAPES_LOCAL, 1, NULL);
+    run_case(PP_SCHED_1F1B, g_gpu_p && g_gpu_p < 3 ? 2 : 3, 1, 5, PP_SHAPES_LOCAL, 1, NULL);
     g_channels = 0;
     unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
 }
@@ -901,6 +912,7 @@ static void test_no_step_end(void) {
     int r, s;
     int p = 4, m = 8;
     if (getenv("PP_TEST_NO_STEP_END")) sscanf(getenv("PP_TEST_NO_STEP_END"), "%d %d", &p, &m);
+    if (g_gpu_p && p > g_gpu_p) p = g_gpu_p, m = 2 * g_gpu_p;
     world_of(&w, &sc, acts, 512, PP_SCHED_INTERLEAVED, p, 2, m, 8, 8); /* past the block pool's four-step warm-up */
     w.skip_step_end = 1;
     g_dev_delay_us = getenv("PP_TEST_DEVICE_DELAY_US") ? g_dev_delay_us : 5000;
@@ -972,26 +984,26 @@ static void test_connect_fail(void) {
     pthread_t th[3];
     connect_arg a[3];
     ncclUniqueId id;
-    int r;
+    int r, n = g_gpu_p && g_gpu_p < 3 ? 2 : 3; /* the last one missing */
     ncclGetUniqueId(&id);
     g_connect_done = 0;
-    for (r = 0; r < 3; r++) {
+    for (r = 0; r < n; r++) {
         memset(&a[r], 0, sizeof a[r]);
         a[r].r = r;
-        a[r].n = 3;
+        a[r].n = n;
         a[r].id = id;
         pthread_create(&th[r], NULL, connect_rank, &a[r]);
     }
-    for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    for (r = 0; r < n - 1; r++) pthread_join(th[r], NULL);
     pthread_mutex_lock(&g_connect_mu);
     g_connect_done = 1;
     pthread_cond_broadcast(&g_connect_cv);
     pthread_mutex_unlock(&g_connect_mu);
-    pthread_join(th[2], NULL);
-    for (r = 0; r < 2; r++)
+    pthread_join(th[n - 1], NULL);
+    for (r = 0; r < n - 1; r++)
         CHECK(a[r].rc == PP_ERR_TIMEOUT && a[r].took < 3.0 && strstr(a[r].msg, "connection set-up"),
-              "rank %d of 3 with rank 2 missing: pp_nccl_create must time out in about 1 s: %s after %.2f s: %s", r,
-              pp_result_str(a[r].rc), a[r].took, a[r].msg);
+              "rank %d of %d with rank %d missing: pp_nccl_create must time out in about 1 s: %s after %.2f s: %s", r, n,
+              n - 1, pp_result_str(a[r].rc), a[r].took, a[r].msg);
 }
 
 static void test_pool_ends(void) {
@@ -1467,6 +1479,197 @@ static void test_rendezvous(void) {
            "eight (the default)\n", n_ok + n_cycle, n_cycle, n_ok + n_cycle - n_ok8);
 }
 
+#ifdef FAKENCCL
+/* >>deadlines: every host wait of pp_nccl ends by pp_nccl_desc.timeout_s, or at once when NCCL
+   reports a failure (the imitation's switches: not in the gpu mode). Two ranks in threads, each
+   test under a watchdog (a control that waits for the old deadlines, or forever, fails at 6 s;
+   `deadlines N` runs case N alone):
+   - connect: rank 1 aborts its communicator 0.2 s after rank 0 issued its set-up's empty messages
+     (fakenccl_stats.pending), rank 0 is past the host's set-up
+     (connections made at init, fakenccl_options.eager_connect) and waits for its empty messages;
+     NCCL tells it (abort_seen: ncclRemoteError): pp_nccl_create must fail well before its 5 s.
+     Control build/nccl-ctl-connect-no-async (the loop asks the stream only: 5 s).
+   - flush: a group's launch that does not settle (the imitation's launch delay raised to 100 s
+     after create) ends at timeout_s = 1, not at PP_DEFAULT_TIMEOUT_S. Control
+     build/nccl-ctl-flush-default-timeout.
+   - destroy: rank 0 sends, rank 1 never receives, rank 0 destroys its transport without
+     pp_nccl_step_end: done in about timeout_s = 1 (the send aborted). Control
+     build/nccl-ctl-destroy-unbounded (cudaStreamSynchronize: forever). The same with the
+     caller's communicator (own_comm = 0, not the transport's to abort) and a host send: done in
+     1 s, its staging buffer left to the send (cudaFree waits for every stream of the device);
+     control build/nccl-ctl-destroy-frees (freed: forever). */
+typedef struct dl_arg {
+    int r, which;
+    ncclUniqueId id;
+    ncclComm_t comm;
+    pp_result rc;
+    double took;
+    char msg[sizeof(((pp_error*)0)->msg) + 8];
+} dl_arg;
+static pthread_barrier_t g_dl_bar;
+static pthread_mutex_t g_dl_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_dl_done; /* under g_dl_mu: the case returned, the watchdog may go */
+static int dl_done(int set) {
+    int d;
+    pthread_mutex_lock(&g_dl_mu);
+    if (set >= 0) g_dl_done = set;
+    d = g_dl_done;
+    pthread_mutex_unlock(&g_dl_mu);
+    return d;
+}
+
+static pp_nccl* dl_nccl(dl_arg* a, double timeout_s, cudaStream_t* s) {
+    ncclComm_t comm = NULL;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclResult_t st = ncclInProgress;
+    pp_nccl_desc nd;
+    pp_nccl* t = NULL;
+    pp_error err;
+    cfg.blocking = 0;
+    cudaSetDevice(a->r);
+    cudaStreamCreateWithFlags(s, cudaStreamNonBlocking);
+    if (ncclCommInitRankConfig(&comm, 2, a->id, a->r, &cfg) != ncclSuccess && !comm) return NULL;
+    while (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress) {
+    }
+    if (a->which == 0 && a->r == 1) { /* connect: the peer that fails, once rank 0's empty messages are issued */
+        struct timespec ts = {0, 10000000L};
+        fakenccl_stats st;
+        double t0 = hx_now();
+        do {
+            nanosleep(&ts, NULL);
+            fakenccl_stats_get(&st);
+        } while (st.pending == 0 && hx_now() - t0 < 5.0);
+        ts.tv_nsec = 200000000L;
+        nanosleep(&ts, NULL);
+        ncclCommAbort(comm);
+        return NULL;
+    }
+    memset(&nd, 0, sizeof nd);
+    nd.comm = a->comm = comm;
+    nd.compute = *s;
+    nd.own_comm = a->which != 3;
+    nd.channels = 1;
+    nd.timeout_s = timeout_s;
+    a->took = hx_now();
+    a->rc = pp_nccl_create(&nd, &t, &err);
+    a->took = hx_now() - a->took;
+    if (a->rc != PP_OK) snprintf(a->msg, sizeof a->msg, "%s", err.msg);
+    return t;
+}
+
+static void* dl_rank(void* arg) {
+    dl_arg* a = (dl_arg*)arg;
+    cudaStream_t s = NULL;
+    pp_nccl* t = dl_nccl(a, a->which == 0 ? 5.0 : 1.0, &s);
+    if (a->which != 0) pthread_barrier_wait(&g_dl_bar); /* both made (or failed to make) their transport */
+    if (t && a->r == 0 && a->which != 0) {
+        pp_transport tr = pp_nccl_transport(t);
+        pp_request q;
+        pp_error err;
+        void* dev = NULL;
+        cudaMalloc(&dev, 256);
+        memset(&q, 0, sizeof q);
+        if (a->which == 1) { /* flush: the launch never settles */
+            fakenccl_options o = fakenccl_get_options();
+            o.launch_delay_s = 100;
+            fakenccl_set_options(&o);
+        }
+        static float host[64]; /* which 3: a host send, staged through the transport's own device buffer */
+        a->took = hx_now();
+        tr.group_start(tr.self);
+        tr.isend(tr.self, 1, 5, a->which == 3 ? (void*)host : dev, 256, &q);
+        a->rc = tr.group_end(tr.self);
+        if (a->rc != PP_OK) snprintf(err.msg, sizeof err.msg, "%s", pp_nccl_error(t));
+        if (a->which == 1) {
+            a->took = hx_now() - a->took;
+            if (a->rc != PP_OK) snprintf(a->msg, sizeof a->msg, "%s", err.msg);
+        }
+        if (a->which >= 2) {
+            a->took = hx_now();
+            pp_nccl_destroy(t);
+            a->took = hx_now() - a->took;
+            t = NULL;
+            if (a->which == 3) ncclCommAbort(a->comm); /* the caller's communicator: its work is the caller's to end */
+        }
+        if (t) pp_nccl_destroy(t);
+        t = NULL;
+        cudaFree(dev);
+    }
+    if (a->which != 0) pthread_barrier_wait(&g_dl_bar); /* rank 1 destroys after rank 0 */
+    if (t) pp_nccl_destroy(t);
+    if (t && a->which == 3) ncclCommDestroy(a->comm); /* rank 1's, the caller's */
+    cudaStreamDestroy(s);
+    return NULL;
+}
+
+static void dl_run(int which) {
+    pthread_t th[2];
+    dl_arg a[2];
+    fakenccl_options o, o0 = fakenccl_get_options();
+    ncclUniqueId id;
+    double t0 = hx_now();
+    int r;
+    memset(&o, 0, sizeof o); /* rendezvous */
+    o.launch_delay_s = 0.004;
+    o.eager_connect = which == 0;
+    o.abort_seen = which == 0;
+    fakenccl_set_options(&o);
+    ncclGetUniqueId(&id);
+    pthread_barrier_init(&g_dl_bar, NULL, 2);
+    for (r = 0; r < 2; r++) {
+        memset(&a[r], 0, sizeof a[r]);
+        a[r].r = r;
+        a[r].which = which;
+        a[r].id = id;
+        pthread_create(&th[r], NULL, dl_rank, &a[r]);
+    }
+    for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    fakenccl_set_options(&o0);
+    pthread_barrier_destroy(&g_dl_bar);
+    if (which == 0)
+        CHECK(a[0].rc == PP_ERR_TRANSPORT && a[0].took < 2.0 && strstr(a[0].msg, "connection set-up"),
+              "a peer failed during connection set-up: rank 0 must return at once, not at its 5 s deadline: %s after %.2f s: %s",
+              pp_result_str(a[0].rc), a[0].took, a[0].msg);
+    if (which == 1)
+        CHECK(a[0].rc == PP_ERR_TIMEOUT && a[0].took < 3.0, "a launch that never settles, timeout_s = 1: %s after %.2f s: %s",
+              pp_result_str(a[0].rc), a[0].took, a[0].msg);
+    if (which >= 2)
+        CHECK(a[0].rc == PP_OK && a[0].took < 3.0, "pp_nccl_destroy with a send never received, timeout_s = 1%s: %.2f s (%s)",
+              which == 3 ? ", the caller's communicator, a host send" : "", a[0].took, pp_result_str(a[0].rc));
+    printf("nccl-pipeline: deadline %s: %.2f s (%.2f s in all)\n",
+           which == 0 ? "connect" : which == 1 ? "flush" : which == 2 ? "destroy" : "destroy (caller's communicator)", a[0].took,
+           hx_now() - t0);
+}
+
+static void* dl_watchdog(void* arg) {
+    double t0 = hx_now();
+    (void)arg;
+    while (!dl_done(-1)) {
+        struct timespec ts = {0, 50000000L};
+        nanosleep(&ts, NULL);
+        if (hx_now() - t0 > 6.0) {
+            printf("FAIL deadlines: a host wait still runs after 6 s\n");
+            fflush(stdout);
+            _exit(1);
+        }
+    }
+    return NULL;
+}
+
+static void test_deadlines(int only) { /* only: one case (0 .. 3), or -1 for all */
+    int which;
+    for (which = 0; which < 4; which++) {
+        if (only >= 0 && which != only) continue;
+        pthread_t wd;
+        dl_done(0);
+        pthread_create(&wd, NULL, dl_watchdog, NULL);
+        dl_run(which);
+        dl_done(1);
+        pthread_join(wd, NULL);
+    }
+}
+#endif
+
 int main(int argc, char** argv) {
     uint64_t seed = 99;
     size_t i;
@@ -1529,6 +1732,10 @@ int main(int argc, char** argv) {
         test_p8();
     } else if (argc > 1 && !strcmp(argv[1], "connect-fail")) {
         test_connect_fail();
+#ifdef FAKENCCL
+    } else if (argc > 1 && !strcmp(argv[1], "deadlines")) { /* [CASE]: what the negative controls run */
+        test_deadlines(argc > 2 ? atoi(argv[2]) : -1);
+#endif
     } else if (argc > 1 && !strcmp(argv[1], "share")) { /* what the negative control runs */
         test_share();
     } else if (argc > 1 && !strcmp(argv[1], "drain")) { /* what the negative control runs */
@@ -1537,8 +1744,20 @@ int main(int argc, char** argv) {
         test_send_completion();
         test_released();
         test_pool_ends();
+    } else if (argc > 1 && !strcmp(argv[1], "nccl-version")) { /* tools/gpu_nccl.sh: the NCCL this binary loads */
+        int ver = 0;
+        ncclGetVersion(&ver);
+        printf("nccl-version: the loaded NCCL is %d (%d.%d.%d), built against %d\n", ver, ver / 10000, ver / 100 % 100, ver % 100,
+               NCCL_VERSION_CODE);
+        return ver >= 23003 ? 0 : 2; /* 2.30.3: the first with NCCL_MULTI_RANK_GPU_ENABLE (src/init.cc) */
+    } else if (argc == 3 && !strcmp(argv[1], "gpu-matrix")) { /* the schedules at p = argv[2] alone, timed */
+        g_gpu_p = atoi(argv[2]);
+        g_say_times = 1;
+        test_matrix_gpu();
     } else if (argc > 1 && !strcmp(argv[1], "gpu")) { /* real NCCL: what does not lean on the imitation's rendezvous
-                                                        (over the imitation with staged layers in make test) */
+                                                        (over the imitation with staged layers in make test);
+                                                        `gpu 2`: no test with more than two ranks, timed */
+        if (argc > 2) g_gpu_p = atoi(argv[2]), g_say_times = 1;
         test_late_zeros();
         test_share();
         test_no_step_end();
@@ -1554,6 +1773,9 @@ int main(int argc, char** argv) {
         test_share();
         test_no_step_end();
         test_connect_fail();
+#ifdef FAKENCCL
+        test_deadlines(-1);
+#endif
         test_rendezvous();
         test_old_queues();
         test_one_queue();

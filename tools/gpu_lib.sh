@@ -18,12 +18,16 @@ run() {
     rc=$?
     echo "$name: rc=$rc ($(( $(date +%s) - s )) s)" | tee -a "$sum" >> "$log"
 }
-# NCCL: the toolkit's, else the one the Python packages carry; the CUDA 13 runtime
+# NCCL: the toolkit's, else the one the Python packages carry; the CUDA 13 runtime. `gpu_libs
+# no-nccl` (tools/gpu_nccl.sh, which carries its own NCCL): the runtime alone, no NCCL searched for.
 gpu_libs() {
-    nccl=$(ls /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null || find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
+    nccl=
+    [ "$1" = no-nccl ] ||
+        nccl=$(ls /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null || find / -name 'libnccl.so.2' -not -path '/proc/*' 2>/dev/null | head -1)
     [ -n "$nccl" ] && LD_LIBRARY_PATH="$(dirname "$nccl"):${LD_LIBRARY_PATH}"
     cudart=$(find /usr/local/cuda*/ /opt -name 'libcudart.so.13' 2>/dev/null | head -1)
     [ -n "$cudart" ] && LD_LIBRARY_PATH="$(dirname "$cudart"):${LD_LIBRARY_PATH}"
     export LD_LIBRARY_PATH
+    [ "$1" = no-nccl ] && nccl="not searched (the caller's own)"
     echo "libnccl: ${nccl:-not found}; libcudart: ${cudart:-not found}"
 }

@@ -37,7 +37,10 @@
    - ncclCommAbort [UG: Error handling and communicator abort]: the communicator's pending
      operations stop at once (their stream work completes, data undefined), so no stream stays
      blocked. Abort is local: the peers' matching operations stay pending and hang until their
-     own abort, as within one node.
+     own abort, as within one node. fakenccl_options.abort_seen instead gives the peers
+     ncclRemoteError as their asynchronous error, their operations still pending: what NCCL
+     reports when its transport sees a peer fail [UG: api/types, ncclRemoteError: "a network
+     error or a remote process exiting prematurely"; src: misc/socket.cc, a closed connection].
 
    Operations and groups
    - Every call is deferred while a group is open and issued at the outermost ncclGroupEnd;
@@ -224,6 +227,9 @@ typedef struct fakenccl_options {
     int eager_connect;          /* 1: connections exist from init (no lazy set-up; not NCCL's way) */
     double connect_timeout_s;   /* a set-up that waited this long for a peer's host fails (NCCL waits
                                    forever); 0: 30 s, or FAKENCCL_CONNECT_TIMEOUT */
+    int abort_seen;             /* 1: ncclCommAbort gives every other member of the communicator
+                                   ncclRemoteError as its asynchronous error (a peer that failed, as
+                                   NCCL reports one its transport saw); 0: the peers are not told */
 } fakenccl_options;
 
 enum {
@@ -1315,13 +1321,25 @@ typedef struct fn_job {
     double delay;
 } fn_job;
 
-/* A non-blocking group's launch, in the background [UG: Nonblocking Group Operation]. */
+/* A non-blocking group's launch, in the background [UG: Nonblocking Group Operation]. Its delay
+   ends early once a communicator of the group is aborted: NCCL's abort can be called at any
+   point and stops what is under way [UG: Fault Tolerance, "ncclCommAbort can be called at any
+   point"], it does not wait for the launch. */
 static inline void* fn_job_main(void* arg) {
     fn_job* j = (fn_job*)arg;
     fn_task* t;
     int i;
     ncclResult_t cr;
-    fn_sleep(j->delay);
+    double end = fn_now() + j->delay;
+    for (;;) {
+        int stop = 0;
+        double left = end - fn_now();
+        pthread_mutex_lock(&fn_mu);
+        for (i = 0; i < j->n; i++) stop |= j->comms[i]->state == ncclRemoteError; /* ncclCommAbort's mark */
+        pthread_mutex_unlock(&fn_mu);
+        if (stop || left <= 0) break;
+        fn_sleep(left < 0.002 ? left : 0.002);
+    }
     cr = fn_connect(j->tasks, j->connects); /* the host side of the set-up runs in the background too */
     pthread_mutex_lock(&fn_mu);
     for (t = j->tasks; t; t = t->next) {
@@ -1918,6 +1936,15 @@ static inline ncclResult_t ncclCommAbort(ncclComm_t comm) {
     pthread_mutex_lock(&fn_mu);
     comm->state = ncclRemoteError; /* a background launch still pending drops its kernels */
     comm->ready_at = 0;
+    if (fn_options()->abort_seen && comm->cl) {
+        int j;
+        for (j = 0; j < comm->cl->n; j++) {
+            struct ncclComm* o = comm->cl->comms[j];
+            if (!o || o == comm || o->state != ncclSuccess) continue;
+            o->state = ncclRemoteError;
+            snprintf(o->err, sizeof o->err, "rank %d of the communicator aborted (a peer that failed)", comm->rank);
+        }
+    }
     while (comm->jobs > 0) pthread_cond_wait(&fn_cv, &fn_mu);
     for (u = comm->units; u; u = u->cnext) fn_unit_kill(u);
     fn_comm_free(comm);
