@@ -1550,13 +1550,8 @@ static pp_result _ppn_plan_all(pp_nccl* t, pp_error* err) {
     return _ppn_connect(t, t->nch, NULL, err);
 }
 
-/* n channels, each on its own stream, and the compute stream: more streams than the device has
-   hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default) share a queue, which runs its
-   work in enqueue order whatever the stream (the CUDA guide's false dependencies): a channel's
-   group could wait behind the compute stream's wait for another channel, and two ranks for
-   each other. Over tests/fakecuda's queues (FAKECUDA_MAX_CONNECTIONS) a table needing eight
-   channels hung at 8 queues. One channel is one in-order queue anyway. */
-/* Hardware work queues. A stream that shares a queue (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default;
+/* Hardware work queues (the CUDA guide's false dependencies; over tests/fakecuda's queues a
+   table needing eight channels hung at 8 queues before NCCL's streams were counted too). A stream that shares a queue (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default;
    streams beyond share) runs nothing past another stream's earlier work there. n channels make
    1 + 3n streams on this device: the compute stream, each channel's stream, and for each
    channel's communicator NCCL's own two (deviceStream and hostStream, made at init [NCCL
@@ -1727,8 +1722,13 @@ static pp_result _ppn_warm(pp_nccl* t, pp_error* err) {
     }
     while (rc == PP_OK) { /* done once every member's all-reduce ran */
         cudaError_t e = cudaStreamQuery(t->stream);
+        ncclResult_t ae = ncclSuccess;
         if (e == cudaSuccess) break;
+#ifndef PP_NCCL_TEST_CONNECT_NO_ASYNC /* negative control (build/nccl-controls): a failure NCCL reported waits for the deadline */
+        if (ncclCommGetAsyncError(t->comm, &ae) != ncclSuccess) ae = ncclInternalError; /* a member's failure ends it now */
+#endif
         if (e != cudaErrorNotReady) rc = _ppn_cuda(t, e, "collective connection set-up");
+        else if (ae != ncclSuccess && ae != ncclInProgress) rc = _ppn_nccl(t, ae, "collective connection set-up (asynchronous error)");
         else if (_pp_now() > deadline) {
             _ppn_note(t, "timeout", "collective connection set-up: a member did not come to the warm-up all-reduce");
             rc = PP_ERR_TIMEOUT;
@@ -1910,7 +1910,7 @@ void pp_nccl_destroy(pp_nccl* t) {
     PP_FREE(t->order);
     PP_FREE(t->proven);
     if (t->ready) cudaEventDestroy(t->ready);
-    if (t->warm_buf) cudaFree(t->warm_buf);
+    if (t->warm_buf && !left) cudaFree(t->warm_buf); /* left: leaked like the staging buffers (below) */
     if (!left) {
         _ppn_bounce_drop(&t->bounce, 0);
         _ppn_bounce_drop(&t->pinned, 1);

@@ -1531,7 +1531,8 @@ static pp_nccl* dl_nccl(dl_arg* a, double timeout_s, cudaStream_t* s) {
     if (ncclCommInitRankConfig(&comm, 2, a->id, a->r, &cfg) != ncclSuccess && !comm) return NULL;
     while (ncclCommGetAsyncError(comm, &st) == ncclSuccess && st == ncclInProgress) {
     }
-    if (a->which == 0 && a->r == 1) { /* connect: the peer that fails, once rank 0's empty messages are issued */
+    if ((a->which == 0 || a->which == 4) && a->r == 1) { /* connect (4: the warm-up): the peer that fails, once rank 0's
+                                                            empty messages (all-reduce) are issued */
         struct timespec ts = {0, 10000000L};
         fakenccl_stats st;
         double t0 = hx_now();
@@ -1550,6 +1551,7 @@ static pp_nccl* dl_nccl(dl_arg* a, double timeout_s, cudaStream_t* s) {
     nd.own_comm = a->which != 3;
     nd.channels = 1;
     nd.timeout_s = timeout_s;
+    nd.connect_all = a->which != 4; /* every pair at create: the set-up under test, and the later sends need none */
     a->took = hx_now();
     a->rc = pp_nccl_create(&nd, &t, &err);
     a->took = hx_now() - a->took;
@@ -1560,7 +1562,7 @@ static pp_nccl* dl_nccl(dl_arg* a, double timeout_s, cudaStream_t* s) {
 static void* dl_rank(void* arg) {
     dl_arg* a = (dl_arg*)arg;
     cudaStream_t s = NULL;
-    pp_nccl* t = dl_nccl(a, a->which == 0 ? 5.0 : 1.0, &s);
+    pp_nccl* t = dl_nccl(a, a->which == 0 || a->which == 4 ? 5.0 : 1.0, &s);
     if (a->which != 0) pthread_barrier_wait(&g_dl_bar); /* both made (or failed to make) their transport */
     if (t && a->r == 0 && a->which != 0) {
         pp_transport tr = pp_nccl_transport(t);
@@ -1611,8 +1613,8 @@ static void dl_run(int which) {
     int r;
     memset(&o, 0, sizeof o); /* rendezvous */
     o.launch_delay_s = 0.004;
-    o.eager_connect = which == 0;
-    o.abort_seen = which == 0;
+    o.eager_connect = which == 0 || which == 4;
+    o.abort_seen = which == 0 || which == 4;
     fakenccl_set_options(&o);
     ncclGetUniqueId(&id);
     pthread_barrier_init(&g_dl_bar, NULL, 2);
@@ -1626,18 +1628,18 @@ static void dl_run(int which) {
     for (r = 0; r < 2; r++) pthread_join(th[r], NULL);
     fakenccl_set_options(&o0);
     pthread_barrier_destroy(&g_dl_bar);
-    if (which == 0)
+    if (which == 0 || which == 4)
         CHECK(a[0].rc == PP_ERR_TRANSPORT && a[0].took < 2.0 && strstr(a[0].msg, "connection set-up"),
               "a peer failed during connection set-up: rank 0 must return at once, not at its 5 s deadline: %s after %.2f s: %s",
               pp_result_str(a[0].rc), a[0].took, a[0].msg);
     if (which == 1)
         CHECK(a[0].rc == PP_ERR_TIMEOUT && a[0].took < 3.0, "a launch that never settles, timeout_s = 1: %s after %.2f s: %s",
               pp_result_str(a[0].rc), a[0].took, a[0].msg);
-    if (which >= 2)
+    if (which == 2 || which == 3)
         CHECK(a[0].rc == PP_OK && a[0].took < 3.0, "pp_nccl_destroy with a send never received, timeout_s = 1%s: %.2f s (%s)",
               which == 3 ? ", the caller's communicator, a host send" : "", a[0].took, pp_result_str(a[0].rc));
     printf("nccl-pipeline: deadline %s: %.2f s (%.2f s in all)\n",
-           which == 0 ? "connect" : which == 1 ? "flush" : which == 2 ? "destroy" : "destroy (caller's communicator)", a[0].took,
+           which == 0 ? "connect" : which == 4 ? "warm-up" : which == 1 ? "flush" : which == 2 ? "destroy" : "destroy (caller's communicator)", a[0].took,
            hx_now() - t0);
 }
 
@@ -1656,9 +1658,9 @@ static void* dl_watchdog(void* arg) {
     return NULL;
 }
 
-static void test_deadlines(int only) { /* only: one case (0 .. 3), or -1 for all */
+static void test_deadlines(int only) { /* only: one case (0 .. 4), or -1 for all */
     int which;
-    for (which = 0; which < 4; which++) {
+    for (which = 0; which < 5; which++) {
         if (only >= 0 && which != only) continue;
         pthread_t wd;
         dl_done(0);
