@@ -56,10 +56,14 @@
      An evaluation whose outputs go to a rank other than rank 0 and the last stage's connects
      that pair at its first use. Split children of a parent made with splitShare = 1 (or under
      NCCL_COMM_SPLIT_SHARE_RESOURCES=1) share its launch queue: the transport then refuses more
-     than one channel (pp_nccl_desc.comm_shares_resources declares such a parent). A channel's
-     stream is made at its first group; a channel count whose streams and the compute stream
-     exceed CUDA_DEVICE_MAX_CONNECTIONS (8 by default) is refused, since streams that share a
-     hardware queue wait for each other (docs/gpu.md).
+     than one channel (pp_nccl_desc.comm_shares_resources declares such a parent). Several
+     channels rely on kernels of different communicators progressing at once (ranks launch the
+     channels' groups in different orders), which NCCL does not promise: where the kernels are
+     known to run one after another the transport runs one channel and refuses a schedule that
+     needs more, naming the kinds that run: n channels' streams (each channel's and NCCL's two
+     per communicator, deviceStream and hostStream) and the compute stream, 1 + 3n, beyond
+     CUDA_DEVICE_MAX_CONNECTIONS (8 by default: 2 channels fit), or NCCL_LAUNCH_ORDER_IMPLICIT
+     set. pp_nccl_desc.channels = 1 keeps to NCCL's documented rule everywhere (docs/gpu.md).
    - pp_nccl_step_end after every pp_stage_step (and pp_stage_eval): waits, with the deadline,
      for the step's groups, so a peer that never sent is an error here, not a GPU that never
      finishes.
@@ -153,11 +157,12 @@ typedef struct pp_nccl_desc {
     ncclComm_t comm;            /* an initialised communicator */
     cudaStream_t compute;       /* the stream the layers run on (0: the legacy default stream) */
     int own_comm;               /* 1: pp_nccl_destroy destroys comm */
-    /* Communicators the transport runs (the given one and splits of it): 0, the default, makes
-       8 (4 with two ranks) and uses the fewest of 1, 2, 4, 8 that every schedule checked at
-       pp_stage_create passes over (pp_nccl_check_order, pp_nccl_check_rendezvous); 4, 2 or 1
-       make and use that many, at the price of refusing some schedules. Every rank must pass
-       the same. NCCL < 2.18: always 1. */
+    /* Communicators the transport runs (the given one and splits of it): 0, the default, uses
+       the fewest of 1, 2, 4, 8 that every schedule checked at pp_stage_create passes over
+       (pp_nccl_check_order, pp_nccl_check_rendezvous), up to 8 (4 with two ranks) and up to what
+       the device's hardware queues leave room for (1 + 3n queues: 2 channels at CUDA's default
+       8; 1 under NCCL_LAUNCH_ORDER_IMPLICIT); 8, 4, 2 or 1 make and use that many, at the price
+       of refusing some schedules. Every rank must pass the same. NCCL < 2.18: always 1. */
     int channels;
     double timeout_s;           /* create's splits and warm-up all-reduces, pp_stage_create's
                                    splits and connection set-up, a group's launch and
@@ -1550,17 +1555,29 @@ static pp_result _ppn_plan_all(pp_nccl* t, pp_error* err) {
     return _ppn_connect(t, t->nch, NULL, err);
 }
 
-/* Hardware work queues (the CUDA guide's false dependencies; over tests/fakecuda's queues a
-   table needing eight channels hung at 8 queues before NCCL's streams were counted too). A stream that shares a queue (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default;
-   streams beyond share) runs nothing past another stream's earlier work there. n channels make
-   1 + 3n streams on this device: the compute stream, each channel's stream, and for each
-   channel's communicator NCCL's own two (deviceStream and hostStream, made at init [NCCL
-   src/init.cc, ncclStrongStreamConstruct]; deviceStream waits for every kernel of its
-   communicator [src/enqueue.cc, ncclLaunchFinish: ncclStreamAdvanceToEvent]). With every one on
-   a queue of its own, the channels' kernels wait only for their peers (the channel model of
-   pp_nccl_check_rendezvous). Beyond, a channel's kernel may wait behind another's: the device
-   then runs the transport's kernels as if one after another in launch order, which one
-   channel's check proves (one communicator's kernels run in issue order anyway). */
+/* When the channels may run at once. Several channels rely on kernels of different
+   communicators on one device progressing at the same time: ranks launch the channels' groups in
+   different orders (interleaved p = 2: rank 0 its send on channel 0, then its receive on channel
+   1; rank 1 the mirror). NCCL does not promise that (docs/userguide communicators.rst, "Using
+   multiple NCCL communicators concurrently": without one launch order on every device "deadlocks
+   could ensue"); it holds while each stream has a hardware queue of its own and the GPU has room
+   for the kernels. Two things take it away for certain, and then the device runs the
+   transport's kernels one after another in launch order, which one channel's check proves (one
+   communicator's kernels run in issue order anyway), and more channels are refused:
+   - NCCL_LAUNCH_ORDER_IMPLICIT=1: NCCL orders every communicator's launches on a device in host
+     order (src/enqueue.cc, getImplicitOrder, ncclLaunchPrepare: context->launchOrder), each
+     kernel waiting for the previous one's end where the runtime or driver predates CUDA 12.3
+     (ncclImplicitOrderSerial) and for its start after (ncclImplicitOrderLaunch). The transport
+     takes both as the first: a channel's kernel launched behind another's that waits for a peer
+     is not proven to start.
+   - Shared hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default; streams beyond share, and
+     a queue runs nothing past another stream's earlier work: the CUDA guide's false
+     dependencies). n channels make 1 + 3n streams on this device: the compute stream, each
+     channel's stream, and for each channel's communicator NCCL's own two (deviceStream and
+     hostStream, made at init [src/init.cc, ncclStrongStreamConstruct]; deviceStream waits for
+     every kernel of its communicator [src/enqueue.cc, ncclLaunchFinish:
+     ncclStreamAdvanceToEvent]). Over tests/fakecuda's queues, four channels at 8 queues hung once
+     NCCL's streams were made too (build/nccl-ctl-old-queues). */
 static int _ppn_queues_need(int n) { return n <= 1 ? 1 : 1 + 3 * n; }
 static int _ppn_queues(int* given) {
     const char* e = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
@@ -1571,9 +1588,17 @@ static int _ppn_queues(int* given) {
 #endif
     return q < 1 ? 1 : q;
 }
-/* the most channels (1, 2, 4 or 8) whose streams each have a queue of their own */
+static int _ppn_launch_ordered(void) {
+    const char* e = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
+#ifdef PP_NCCL_TEST_ORDER_IGNORED /* negative control (build/nccl-controls): the variable not read */
+    e = NULL;
+#endif
+    return e && *e && atoi(e) != 0;
+}
+/* the most channels (1, 2, 4 or 8) that may run at once */
 static int _ppn_channels_fit(void) {
     int n = 8, q = _ppn_queues(NULL);
+    if (_ppn_launch_ordered()) return 1;
 #ifdef PP_NCCL_TEST_OLD_QUEUES /* negative control (build/nccl-controls): NCCL's own streams not counted */
     while (n > 1 && n + 1 > q) n /= 2;
     return n;
@@ -1584,6 +1609,12 @@ static int _ppn_channels_fit(void) {
 static pp_result _ppn_queues_ok(int n, pp_error* err) {
     int given, q = _ppn_queues(&given);
     if (n <= _ppn_channels_fit()) return PP_OK;
+    if (_ppn_launch_ordered())
+        return _pp_fail(err, PP_ERR_UNSUPPORTED,
+                        "%d channels: NCCL_LAUNCH_ORDER_IMPLICIT is set, so NCCL orders this device's kernels by host launch "
+                        "(one at a time before CUDA 12.3), and the channels' groups are launched in different orders on "
+                        "different ranks, which can hang. Unset it, or use pp_nccl_desc.channels = 1",
+                        n);
     return _pp_fail(err, PP_ERR_UNSUPPORTED,
                     "%d channels need %d hardware work queues (the compute stream, and for each channel its stream and NCCL's "
                     "two of its communicator); CUDA_DEVICE_MAX_CONNECTIONS is %d%s: streams beyond share a queue and wait for "

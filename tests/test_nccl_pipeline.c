@@ -453,7 +453,8 @@ static void one_queue_case(pp_schedule_kind kind, int p, int m, const char* queu
     pp_schedule sc;
     pp_error err;
     size_t n = pp_schedule_size(kind, p, pp_schedule_kind_v(kind, 2), m);
-    int r, fit = !strcmp(queues, "1") ? 1 : 2, runs;
+    int r, fit = !strcmp(queues, "1") || getenv("NCCL_LAUNCH_ORDER_IMPLICIT") ? 1 : 2, runs;
+    const char* why = getenv("NCCL_LAUNCH_ORDER_IMPLICIT") ? "NCCL_LAUNCH_ORDER_IMPLICIT" : "CUDA_DEVICE_MAX_CONNECTIONS";
     acts = (pp_action*)malloc(sizeof(pp_action) * (n ? n : 1));
     if (!acts || pp_schedule_make(kind, p, pp_schedule_kind_v(kind, 2), m, acts, n, &sc, &err) != PP_OK ||
         pp_nccl_check_order(&sc, &err) != PP_OK) {
@@ -473,7 +474,7 @@ static void one_queue_case(pp_schedule_kind kind, int p, int m, const char* queu
                   "%s p=%d m=%d on %s queue(s): rank %d must run over at most %d channels (%d): %s", pp_schedule_name(kind), p, m,
                   queues, r, fit, w.chans[r], w.msg[r]);
         } else {
-            CHECK(w.rc[r][0] == PP_ERR_UNSUPPORTED && strstr(w.msg[r], "CUDA_DEVICE_MAX_CONNECTIONS") &&
+            CHECK(w.rc[r][0] == PP_ERR_UNSUPPORTED && strstr(w.msg[r], why) &&
                       strstr(w.msg[r], "these run over") && strstr(w.msg[r], "1f1b"),
                   "%s p=%d m=%d on %s queue(s): rank %d must be refused at pp_stage_create naming what runs: %s: %s",
                   pp_schedule_name(kind), p, m, queues, r, pp_result_str(w.rc[r][0]), w.msg[r]);
@@ -489,7 +490,7 @@ static void one_queue_case(pp_schedule_kind kind, int p, int m, const char* queu
 
 static void test_one_queue(void) {
     fakenccl_options o;
-    int k, p, ran = 0, refused = 0, ran8 = 0, refused8 = 0;
+    int k, p, ran = 0, refused = 0, ran8 = 0, refused8 = 0, ran_o = 0, refused_o = 0;
     memset(&o, 0, sizeof o);
     o.serialize_kernels = 2;
     o.launch_delay_s = 0.001;
@@ -500,6 +501,10 @@ static void test_one_queue(void) {
             if (getenv("PP_QUICK") && p == 4) continue;
             one_queue_case((pp_schedule_kind)k, p, 2 * p + 1, "1", &ran, &refused);
         }
+    /* NCCL_LAUNCH_ORDER_IMPLICIT=1 with every stream on a queue of its own: the same verdicts */
+    setenv("NCCL_LAUNCH_ORDER_IMPLICIT", "1", 1);
+    for (k = 0; k < PP_SCHED_KIND_COUNT; k++) one_queue_case((pp_schedule_kind)k, 2, 5, "32", &ran_o, &refused_o);
+    unsetenv("NCCL_LAUNCH_ORDER_IMPLICIT");
     memset(&o, 0, sizeof o);
     o.launch_delay_s = 0.001;
     fakenccl_set_options(&o);
@@ -507,8 +512,9 @@ static void test_one_queue(void) {
     memset(&o, 0, sizeof o);
     fakenccl_set_options(&o);
     printf("nccl-pipeline: one hardware queue, kernels one at a time in launch order: %d ran, %d refused naming what runs; "
-           "8 queues (p=4): %d ran, %d refused\n", ran, refused, ran8, refused8);
-    CHECK(ran >= 4 && refused > 0 && ran8 > 0, "one queue: %d ran, %d refused", ran, refused);
+           "NCCL_LAUNCH_ORDER_IMPLICIT=1 (p=2): %d ran, %d refused; 8 queues (p=4): %d ran, %d refused\n", ran, refused, ran_o,
+           refused_o, ran8, refused8);
+    CHECK(ran >= 4 && refused > 0 && ran8 > 0 && ran_o >= 4 && refused_o > 0, "one queue: %d ran, %d refused", ran, refused);
 }
 
 /* build/nccl-ctl-old-queues: NCCL's streams not counted, interleaved p = 2 on four channels at

@@ -115,7 +115,9 @@
      its own streams against the queues hangs (tests/test_imitation.c internal_streams;
      fakenccl_options.no_internal_streams turns them off). fakenccl_options.serialize_kernels = 2
      (FAKENCCL_SERIALIZE=2) runs a device's kernels one at a time in the order they were
-     launched, whatever their communicator: what one hardware queue does
+     launched, whatever their communicator (and so does NCCL_LAUNCH_ORDER_IMPLICIT=1, as NCCL
+     does before CUDA 12.3 [src: enqueue.cc, getImplicitOrder: ncclImplicitOrderSerial; from
+     12.3 a launch waits only for the previous one's start]): what one hardware queue does
      (CUDA_DEVICE_MAX_CONNECTIONS=1, as Megatron-LM sets it) and what [UG: Using multiple NCCL
      communicators concurrently] asks a client to survive: "applications should ensure
      operations are submitted in the same order across ranks".
@@ -457,6 +459,10 @@ static inline const fakenccl_options* fn_options(void) {
         const char* z = getenv("FAKENCCL_SERIALIZE");
         fn_opt.eager_bytes = e ? (size_t)strtoull(e, NULL, 10) : 0;
         fn_opt.serialize_kernels = z ? atoi(z) : 0;
+        /* [src: enqueue.cc, getImplicitOrder: NCCL_LAUNCH_ORDER_IMPLICIT=1 makes every launch on a
+           device wait for the device's previous one (context->launchOrder), in host order: for
+           its end before CUDA 12.3 (ncclImplicitOrderSerial, imitated here), its start after] */
+        if (getenv("NCCL_LAUNCH_ORDER_IMPLICIT") && atoi(getenv("NCCL_LAUNCH_ORDER_IMPLICIT")) != 0) fn_opt.serialize_kernels = 2;
         fn_opt.launch_delay_s = 0.004;
         fn_opt.connect_timeout_s = getenv("FAKENCCL_CONNECT_TIMEOUT") ? atof(getenv("FAKENCCL_CONNECT_TIMEOUT")) : 0;
         fn_opt_set = 1;
