@@ -206,7 +206,7 @@ $(B)/validate-ctl-novalidate: tests/test_validate.c $(TEST_HDRS) $(EXH) $(HEADER
 $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
-TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-staged-gpu-mode $(B)/gpu-scripts $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
+TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-no-host-hang $(B)/nccl-staged-gpu-mode $(B)/gpu-scripts $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
                   $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls \
                   $(B)/overlap-controls $(B)/bf16-controls
 
@@ -454,6 +454,12 @@ $(B)/nccl-ctl-queues-unchecked: BASE += -DPP_NCCL_TEST_QUEUES_UNCHECKED
 $(B)/nccl-ctl-old-queues: BASE += -DPP_NCCL_TEST_OLD_QUEUES
 # NCCL_LAUNCH_ORDER_IMPLICIT not read: several channels under NCCL's launch order hang.
 $(B)/nccl-ctl-order-ignored: BASE += -DPP_NCCL_TEST_ORDER_IGNORED
+# A host receive unstaged by a blocking cudaMemcpy: behind nccl-ctl-old-queues' stuck shared queue
+# a host never comes back (tests/no_hang.sh's watchdog ends it). build/nccl-no-host-hang is the
+# positive side: the library as it is comes back from the same run by its deadlines.
+$(B)/nccl-ctl-unstage-blocking: BASE += -DPP_NCCL_TEST_OLD_QUEUES -DPP_NCCL_TEST_UNSTAGE_BLOCKING
+$(B)/nccl-no-host-hang: tests/no_hang.sh $(B)/nccl-ctl-old-queues
+	@printf '#!/bin/sh\nexec sh tests/no_hang.sh 120 env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-old-queues queues\n' > $@ && chmod +x $@
 # The host's waits (test_nccl_pipeline's "deadlines N", each case alone under a 6 s watchdog): the connection
 # set-up's wait for its empty messages deaf to NCCL's asynchronous error (a failed peer costs the
 # whole 5 s deadline); a group's launch settled against PP_DEFAULT_TIMEOUT_S, not the transport's
@@ -488,10 +494,10 @@ $(B)/nccl-ctl-early-reuse: bench/bench_imitation.c tests/harness.h tests/fakecud
 $(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-reuse $(B)/nccl-ctl-one-channel $(B)/nccl-ctl-wrong-channel \
                     $(B)/nccl-ctl-eventless-done $(B)/nccl-ctl-released-now $(B)/nccl-ctl-zero-received $(B)/nccl-ctl-no-proof \
                     $(B)/nccl-ctl-proof-any $(B)/nccl-ctl-no-preconnect $(B)/nccl-ctl-connect-all $(B)/nccl-ctl-share-unchecked \
-                    $(B)/nccl-ctl-queues-unchecked $(B)/nccl-ctl-old-queues $(B)/nccl-ctl-order-ignored $(B)/nccl-ctl-zero-caught $(B)/staged-test_nccl_pipeline \
+                    $(B)/nccl-ctl-queues-unchecked $(B)/nccl-ctl-old-queues $(B)/nccl-ctl-order-ignored $(B)/nccl-ctl-unstage-blocking $(B)/nccl-ctl-zero-caught $(B)/staged-test_nccl_pipeline \
                     $(B)/ncclgrid-ctl-dp-nostart $(B)/ncclgrid-ctl-dp-unordered $(B)/ncclgrid-ctl-dp-channels $(B)/ncclgrid-ctl-no-warmup $(B)/nccl-ctl-connect-no-async \
                     $(B)/nccl-ctl-flush-default-timeout $(B)/nccl-ctl-destroy-unbounded $(B)/nccl-ctl-destroy-frees $(B)/gpu_nccl-before.sh
-	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "env CUDA_DEVICE_MAX_CONNECTIONS=32 $(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "$(B)/nccl-ctl-connect-all neighbours" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-old-queues queues" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-order-ignored queues" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4" "env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 30 $(B)/staged-test_nccl_pipeline gpu" "$(B)/ncclgrid-ctl-dp-nostart" "$(B)/ncclgrid-ctl-dp-unordered" "$(B)/ncclgrid-ctl-dp-channels" "$(B)/ncclgrid-ctl-no-warmup" "$(B)/nccl-ctl-connect-no-async deadlines 0" "$(B)/nccl-ctl-connect-no-async deadlines 4" "$(B)/nccl-ctl-flush-default-timeout deadlines 1" "$(B)/nccl-ctl-destroy-unbounded deadlines 2" "$(B)/nccl-ctl-destroy-frees deadlines 3" "sh tests/test_gpu_scripts.sh $(B)/gpu_nccl-before.sh"\n' > $@
+	printf '#!/bin/sh\nexec sh tests/controls.sh nccl-controls "env PP_TEST_DRAIN_DEADLINE=3 $(B)/nccl-ctl-nodrain drain" "env CUDA_DEVICE_MAX_CONNECTIONS=32 $(B)/nccl-ctl-early-reuse --steps 2" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-one-channel one interleaved 2 2 4" "$(B)/nccl-ctl-wrong-channel one interleaved 2 2 5" "$(B)/nccl-ctl-eventless-done sends" "$(B)/nccl-ctl-released-now sends" "env PP_TEST_DEVICE_DELAY_US=5000 $(B)/nccl-ctl-zero-received one interleaved 2 2 4 2" "$(B)/nccl-ctl-no-proof sends" "$(B)/nccl-ctl-proof-any one interleaved 2 2 5" "env FAKENCCL_CONNECT_TIMEOUT=2 $(B)/nccl-ctl-no-preconnect one 1f1b 3 1 4" "$(B)/nccl-ctl-no-preconnect one 1f1b 2 1 3" "$(B)/nccl-ctl-connect-all neighbours" "env PP_TEST_NCCL_TIMEOUT=2 $(B)/nccl-ctl-share-unchecked share" "env PP_TEST_NCCL_RENDEZVOUS=1 PP_QUICK=1 $(B)/nccl-ctl-queues-unchecked" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-old-queues queues" "env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-order-ignored queues" "sh tests/no_hang.sh 50 env PP_TEST_NCCL_TIMEOUT=3 $(B)/nccl-ctl-unstage-blocking queues" "$(B)/nccl-ctl-zero-caught one interleaved 2 2 4" "env NCCL_MULTI_RANK_GPU_ENABLE=1 CUDA_DEVICE_MAX_CONNECTIONS=8 timeout 30 $(B)/staged-test_nccl_pipeline gpu" "$(B)/ncclgrid-ctl-dp-nostart" "$(B)/ncclgrid-ctl-dp-unordered" "$(B)/ncclgrid-ctl-dp-channels" "$(B)/ncclgrid-ctl-no-warmup" "$(B)/nccl-ctl-connect-no-async deadlines 0" "$(B)/nccl-ctl-connect-no-async deadlines 4" "$(B)/nccl-ctl-flush-default-timeout deadlines 1" "$(B)/nccl-ctl-destroy-unbounded deadlines 2" "$(B)/nccl-ctl-destroy-frees deadlines 3" "sh tests/test_gpu_scripts.sh $(B)/gpu_nccl-before.sh"\n' > $@
 	chmod +x $@
 
 $(B)/cxx-imitation.o: tests/test_imitation.c $(TEST_HDRS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h | $(B)

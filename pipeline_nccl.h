@@ -428,6 +428,8 @@ struct pp_nccl {
     const void* dev_cache[_PPN_DEV_CACHE];  /* 1 + page numbers known to be device memory (_ppn_is_host) */
     const void* host_cache[_PPN_DEV_CACHE]; /* and known to be host memory */
     uint64_t bytes_sent, msgs_sent;
+    cudaStream_t copy_stream;   /* host receives' copies out of their bounce buffers (_ppn_unstage) */
+    cudaEvent_t copy_ev;
     unsigned char conn[_PPN_MAXCH][PP_MAX_RANKS]; /* set up: 1 a send to the rank, 2 a receive from it (_ppn_connect) */
     /* [rank]: what the checked schedules exchange with it, bit 1 << (2 * kind + dir) (kind 1:
        gradients, dir 1: received); _ppn_connect sets up those pairs on their channels */
@@ -1056,6 +1058,7 @@ static pp_result _ppn_done(pp_nccl* t, pp_request* req, _ppn_op* op, pp_result r
    waits), a receive's timeout aborts the communicator. pp_nccl_step_end waits for every group
    on the host. */
 static pp_result _ppn_iallreduce_wait(pp_nccl* t, pp_request* req, _ppn_op* op, double dt, pp_error* err);
+static pp_result _ppn_unstage(pp_nccl* t, _ppn_op* op, double deadline);
 static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
@@ -1099,8 +1102,7 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
     rc = _ppn_poll(t, op->batch, _pp_now() + dt);
     if (rc == PP_ERR_TIMEOUT && !op->is_recv && dt <= _PP_RETIRE_WAIT_S) /* the executor's probe: no harm done */
         return _pp_fail(err, rc, "rank %d: a send to rank %d is not done after %.3g s", t->rank, peer, dt);
-    if (rc == PP_OK && op->is_recv && op->bytes)
-        rc = _ppn_cuda(t, cudaMemcpy(op->buf, op->dev, op->bytes, cudaMemcpyDeviceToHost), "unstaging a host receive");
+    if (rc == PP_OK && op->is_recv && op->bytes) rc = _ppn_unstage(t, op, _pp_now() + (dt > 0 ? dt : t->timeout_s));
     _ppn_done(t, req, op, rc);
     if (rc == PP_OK) return PP_OK;
     _ppn_abort_comm(t);
@@ -1182,6 +1184,31 @@ static pp_result _ppn_event_wait(pp_nccl* t, cudaEvent_t ev, double deadline) {
         }
         if (++round > 100) _ppn_sleep_us(round > 1000 ? 500 : 20);
     }
+}
+
+/* A host receive's bytes, from its device bounce buffer once its group is done: a copy on a
+   stream of its own, waited for against the deadline (a blocking cudaMemcpy waited without one
+   behind a stuck stream sharing its hardware queue). */
+static pp_result _ppn_unstage(pp_nccl* t, _ppn_op* op, double deadline) {
+    pp_result rc = PP_OK;
+#ifdef PP_NCCL_TEST_UNSTAGE_BLOCKING /* negative control (build/nccl-controls): the old blocking copy */
+    (void)deadline;
+    return _ppn_cuda(t, cudaMemcpy(op->buf, op->dev, op->bytes, cudaMemcpyDeviceToHost), "unstaging a host receive");
+#endif
+    void* pin = NULL;
+    size_t cap = 0;
+    if (!t->copy_stream) rc = _ppn_cuda(t, cudaStreamCreateWithFlags(&t->copy_stream, cudaStreamNonBlocking), "cudaStreamCreate (unstaging)");
+    if (rc == PP_OK && !t->copy_ev) rc = _ppn_cuda(t, cudaEventCreateWithFlags(&t->copy_ev, cudaEventDisableTiming), "cudaEventCreate");
+    /* into pinned memory: a copy to pageable memory would hold the host until it ends */
+    if (rc == PP_OK) rc = _ppn_bounce_get(t, 1, op->bytes, &pin, &cap);
+    if (rc == PP_OK)
+        rc = _ppn_cuda(t, cudaMemcpyAsync(pin, op->dev, op->bytes, cudaMemcpyDeviceToHost, t->copy_stream), "unstaging a host receive");
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(t->copy_ev, t->copy_stream), "cudaEventRecord");
+    if (rc == PP_OK && (rc = _ppn_event_wait(t, t->copy_ev, deadline)) == PP_ERR_TIMEOUT)
+        _ppn_note(t, "timeout", "unstaging a host receive: the copy did not finish (a stream sharing its hardware queue is stuck)");
+    if (rc == PP_OK) memcpy(op->buf, pin, op->bytes);
+    if (pin && rc != PP_ERR_TIMEOUT) _ppn_bounce_put(t, 1, pin, cap); /* after a timeout the copy may still write it: leaked */
+    return rc;
 }
 
 static pp_result _ppn_allreduce(void* self, void* buf, size_t count, pp_dtype dtype, const int* ranks, int n_ranks,
@@ -1941,6 +1968,8 @@ void pp_nccl_destroy(pp_nccl* t) {
     PP_FREE(t->order);
     PP_FREE(t->proven);
     if (t->ready) cudaEventDestroy(t->ready);
+    if (t->copy_ev) cudaEventDestroy(t->copy_ev);
+    if (t->copy_stream) cudaStreamDestroy(t->copy_stream);
     if (t->warm_buf && !left) cudaFree(t->warm_buf); /* left: leaked like the staging buffers (below) */
     if (!left) {
         _ppn_bounce_drop(&t->bounce, 0);

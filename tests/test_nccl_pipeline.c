@@ -518,7 +518,10 @@ static void test_one_queue(void) {
 }
 
 /* build/nccl-ctl-old-queues: NCCL's streams not counted, interleaved p = 2 on four channels at
-   CUDA's default 8 queues: the channels' streams share queues with NCCL's deviceStreams. */
+   CUDA's default 8 queues: the channels' streams share queues with NCCL's deviceStreams, and the
+   steps hang on the device. Its hosts must still come back by their deadlines (build/nccl-no-host-
+   hang runs it under a watchdog: 18 s); built with the host receive's copy a blocking cudaMemcpy
+   (build/nccl-ctl-unstage-blocking), one host waits behind the stuck queue for good. */
 static void test_old_queues(void) {
     world w;
     static pp_action acts[4096];
@@ -1732,6 +1735,7 @@ int main(int argc, char** argv) {
     } else if (argc > 1 && !strcmp(argv[1], "queues")) { /* what the negative control runs */
         test_old_queues();
         test_one_queue();
+
     } else if (argc > 1 && !strcmp(argv[1], "recompute")) {
         test_recompute_nccl();
     } else if (argc > 1 && !strcmp(argv[1], "neighbours")) {
