@@ -212,13 +212,20 @@ TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-staged
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
 # rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
-# flag not shared (each rank skips or keeps its step alone); each must fail.
+# flag not shared (each rank skips or keeps its step alone); with tensor parallelism, replicated
+# parameters counted once per TP rank (tp), and the scaler's groups without the TP group
+# (tpscaler); each must fail.
 $(B)/gradnorm-ctl-no-norm-order: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_NORM_ORDER $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/gradnorm-ctl-no-scaler-agree: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_SCALER_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/gradnorm-controls: tests/controls.sh $(B)/gradnorm-ctl-no-norm-order $(B)/gradnorm-ctl-no-scaler-agree
-	printf '#!/bin/sh\nexec sh tests/controls.sh gradnorm-controls "$(B)/gradnorm-ctl-no-norm-order order" "$(B)/gradnorm-ctl-no-norm-order norm" "$(B)/gradnorm-ctl-no-scaler-agree scaler"\n' > $@
+$(B)/gradnorm-ctl-tp-replicated-each: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_REPLICATED_EACH $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/gradnorm-ctl-tp-scaler-no-tp: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_SCALER_NO_TP $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/gradnorm-controls: tests/controls.sh $(B)/gradnorm-ctl-no-norm-order $(B)/gradnorm-ctl-no-scaler-agree \
+                        $(B)/gradnorm-ctl-tp-replicated-each $(B)/gradnorm-ctl-tp-scaler-no-tp
+	printf '#!/bin/sh\nexec sh tests/controls.sh gradnorm-controls "$(B)/gradnorm-ctl-no-norm-order order" "$(B)/gradnorm-ctl-no-norm-order norm" "$(B)/gradnorm-ctl-no-scaler-agree scaler" "$(B)/gradnorm-ctl-no-scaler-agree tpscaler" "$(B)/gradnorm-ctl-tp-replicated-each tp" "$(B)/gradnorm-ctl-tp-scaler-no-tp tpscaler"\n' > $@
 	chmod +x $@
 # Negative controls of the overlapped data-parallel reduction (tests/test_grid.c): the executor
 # never calls the gradients-final hook (every bucket waits for the end: the test's count of

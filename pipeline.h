@@ -112,7 +112,8 @@
    of ranks): the L2 norm of all the model's gradients, tied parameters once, from the arrays each
    rank lists (pp_grad_buf); the same bits on every rank and for every p, v, schedule and
    partition as the sequential model's. The _clip variants and pp_grad_clip scale by
-   min(1, max_norm / (norm + 1e-6)). pp_loss_scaler: dynamic loss scaling for f16 through
+   min(1, max_norm / (norm + 1e-6)). Tensor parallelism: pp_grad_norm_tp and pp_stage_grad_*_tp
+   take the TP group (pp_grad_buf.tp_sharded: a shard). pp_loss_scaler: dynamic loss scaling for f16 through
    pp_batch.loss_scale; an Inf on any rank skips the step on every rank. pp_grad_allreduce and
    pp_tied_sum_grads take f16/bf16 gradients (summed in f32).
    CHECKPOINTS (>>ckpt)
@@ -1651,6 +1652,9 @@ typedef struct pp_grad_buf {
     pp_dtype dtype;                 /* PP_F32, PP_F64, PP_F16 or PP_BF16 */
     int tied_copy;                  /* 1: a tied parameter's second copy: not counted, but scaled */
     const pp_device_ops* device;    /* NULL: host memory; else its copy reaches data */
+    int tp_sharded;                 /* tensor parallelism (pp_grad_norm_tp): 1: this rank's shard of a
+                                       parameter split over the TP group (the shards' squares add up);
+                                       0: a parameter every TP rank holds whole (counted once) */
 } pp_grad_buf;
 
 /* The ranks that take part in a collective: transport t's ranks[0..n_ranks) (ranks NULL: all of
@@ -1668,6 +1672,17 @@ typedef struct pp_group {
    allreduce_sum or, where the transport has none, pp_allreduce_p2p). */
 pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs, int n_bufs, double* norm,
                        pp_error* err);
+/* The norm with tensor parallelism: g is this rank's pipeline (the ranks of its TP coordinate, as
+   for pp_grad_norm), tp its tensor-parallel group (NULL or one rank: pp_grad_norm's bits). Every
+   rank of tp lists the same layers. Per layer, the sum of squares is formed in one order whatever
+   p, v, schedule or partition: the replicated buffers' squares (tp_sharded 0, in listing order)
+   as tp's first rank (tp->ranks[0]) holds them, then each TP rank's sharded buffers' squares (in
+   listing order), added in tp's rank order; one exact all-reduce over tp (one slot per TP rank
+   and layer) then pp_grad_norm's over g. The norm is bit-identical on every rank of the grid and
+   run to run, and equals the norm of the gathered (tp = 1) gradients up to the summation order.
+   Every rank of g and of tp calls it. */
+pp_result pp_grad_norm_tp(const pp_group* g, const pp_group* tp, int n_layers, const pp_grad_buf* bufs, int n_bufs,
+                          double* norm, pp_error* err);
 /* Clipping as torch.nn.utils.clip_grad_norm_ does it: every listed gradient (tied copies
    included, shared buffers once) is multiplied by coef = max_norm / (norm + 1e-6) when that is
    below 1, else left alone; *coef (may be NULL) gets min(1, coef). norm is the global norm from
@@ -1683,6 +1698,12 @@ pp_result pp_grad_clip(const pp_grad_buf* bufs, int n_bufs, double max_norm, dou
 pp_result pp_stage_grad_norm(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err);
 pp_result pp_stage_grad_clip(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double max_norm, double* norm,
                              pp_error* err);
+/* The same with tensor parallelism: the stage's pipeline and tp (pp_grad_norm_tp); every rank of
+   the pipeline and of tp calls it; every rank of the grid clips by the same coefficient. */
+pp_result pp_stage_grad_norm_tp(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, double* norm,
+                                pp_error* err);
+pp_result pp_stage_grad_clip_tp(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, double max_norm,
+                                double* norm, pp_error* err);
 /* The same for a one-process pipeline (threads or CUDA streams): every layer's buffers, from
    whichever rank's gradients hold them; no message. Between steps. */
 pp_result pp_pipeline_grad_norm(pp_pipeline* pl, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err);
@@ -1718,7 +1739,8 @@ typedef struct pp_loss_scaler {
 pp_result pp_loss_scaler_init(pp_loss_scaler* s, const pp_loss_scaler_desc* d, pp_error* err);
 /* groups[0..n_groups): the ranks to agree with, one all-reduce each, in order, the same on every
    rank: the whole world in one group (an MPI world, a threads world), or the pipeline then the
-   data-parallel group (pp_nccl_grid's pipe and dp: together they reach every rank). n_groups 0:
+   data-parallel group (pp_nccl_grid's pipe and dp: together they reach every rank; with tensor
+   parallelism the TP group too, e.g. pipe, dp, tp: a NaN on one TP rank skips every rank). n_groups 0:
    this process alone (pp_pipeline, pp_sequential_step). On an error the scaler is unchanged. */
 pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_groups, const pp_grad_buf* bufs,
                                int n_bufs, int* skip, pp_error* err);
@@ -10558,43 +10580,87 @@ static pp_result _pp_group_sum(const pp_group* g, double* buf, size_t count, pp_
     return _pp_allreduce_p2p(g->t, buf, count, PP_F64, ranks, n, g->timeout_s, err, _PP_TAG_ALLREDUCE);
 }
 
-pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs, int n_bufs, double* norm,
-                       pp_error* err) {
+/* pp_grad_norm_tp (pp_grad_norm: tp NULL). The TP vector w, one all-reduce over tp: for TP rank k
+   (its place in tp's ranks) w[k * 2L + l] its sharded sums of layer l, w[k * 2L + L + l] its
+   replicated sums; w[2 * ntp * L + l] how many TP ranks listed layer l. Each slot has one
+   non-zero term (the counts are small integers): exact in any order. */
+static pp_result _pp_grad_norm(const pp_group* g, const pp_group* tp, int n_layers, const pp_grad_buf* bufs,
+                               int n_bufs, double* norm, pp_error* err) {
     unsigned char* scratch = NULL;
-    double *v, total = 0;
+    double *v, *w, total = 0;
+    int tall[PP_MAX_RANKS], ntp = 1, me = 0;
+    const int* tranks = NULL;
+    size_t L = (size_t)n_layers, nw;
     pp_result rc;
-    int i, l;
+    int i, l, k;
     if (!norm) return _pp_fail(err, PP_ERR_INVALID, "norm is NULL");
     *norm = 0;
     if (n_layers < 1) return _pp_fail(err, PP_ERR_INVALID, "a model of %d layers", n_layers);
     if ((rc = _pp_gbufs_check(bufs, n_bufs, n_layers, err)) != PP_OK) return rc;
-    /* v[l]: layer l's sum of squares; v[n_layers + l]: 1 where this rank listed layer l */
-    if (!(v = (double*)_pp_calloc(2 * (size_t)n_layers, sizeof *v)))
-        return _pp_fail(err, PP_ERR_NOMEM, "norm vector of %d layers", n_layers);
+    if (tp && (rc = _pp_group_resolve(tp, tall, &tranks, &ntp, err)) != PP_OK) return rc;
+    if (ntp > 1) {
+        for (me = 0; me < ntp && tranks[me] != tp->t->rank; me++) {
+        }
+        if (me == ntp) return _pp_fail(err, PP_ERR_INVALID, "rank %d is not in its TP group", tp->t->rank);
+    } else {
+        ntp = 1;
+    }
+    /* v[l]: layer l's sum of squares; v[L + l]: 1 where this rank (its TP group) listed layer l */
+    nw = 2 * (size_t)ntp * L + L;
+    if (!(v = (double*)_pp_calloc(2 * L + nw, sizeof *v)))
+        return _pp_fail(err, PP_ERR_NOMEM, "norm vector of %d layers, %d TP ranks", n_layers, ntp);
+    w = v + 2 * L;
     for (i = 0; i < n_bufs && rc == PP_OK; i++) {
+        size_t at = (size_t)me * 2 * L + (bufs[i].tp_sharded ? 0 : L) + (size_t)bufs[i].layer;
         if (bufs[i].tied_copy || _pp_gbuf_dup(bufs, i)) continue;
-        rc = _pp_gbuf_run(&bufs[i], _PP_G_SUMSQ, 0, &v[bufs[i].layer], NULL, &scratch, err);
-        v[n_layers + bufs[i].layer] = 1;
+        rc = _pp_gbuf_run(&bufs[i], _PP_G_SUMSQ, 0, &w[at], NULL, &scratch, err);
+        w[2 * (size_t)ntp * L + (size_t)bufs[i].layer] = 1;
     }
     PP_FREE(scratch);
+    if (rc == PP_OK && ntp > 1) rc = _pp_group_sum(tp, w, nw, err);
+    for (l = 0; l < n_layers && rc == PP_OK; l++) {
+        double c = w[2 * (size_t)ntp * L + (size_t)l];
+        if (c != 0 && c != ntp)
+            rc = _pp_fail(err, PP_ERR_INVALID,
+                          "layer %d's gradients were listed by %.0f of the %d ranks of the TP group: every rank of a "
+                          "TP group lists the same layers",
+                          l, c, ntp);
+#ifdef PP_TEST_TP_REPLICATED_EACH /* negative control (test_gradnorm tp): every TP rank's replicated copy counted */
+        v[l] = 0;
+        for (k = 0; k < ntp; k++) v[l] += w[(size_t)k * 2 * L + L + (size_t)l];
+#else
+        v[l] = w[L + (size_t)l]; /* the replicated buffers once: as tp's first rank holds them */
+#endif
+        for (k = 0; k < ntp; k++) v[l] += w[(size_t)k * 2 * L + (size_t)l]; /* the shards, in tp's rank order */
+        v[L + (size_t)l] = c != 0;
+    }
 #ifdef PP_TEST_NO_NORM_ORDER /* negative control (test_gradnorm): this rank's layers first, then the ranks' totals */
     for (l = 0; l < n_layers; l++) total += v[l];
     if (rc == PP_OK) rc = _pp_group_sum(g, &total, 1, err);
-    (void)i;
 #else
-    if (rc == PP_OK) rc = _pp_group_sum(g, v, 2 * (size_t)n_layers, err);
+    if (rc == PP_OK) rc = _pp_group_sum(g, v, 2 * L, err);
     for (l = 0; l < n_layers && rc == PP_OK; l++) {
-        if (v[n_layers + l] > 1)
+        if (v[L + (size_t)l] > 1)
             rc = _pp_fail(err, PP_ERR_INVALID,
                           "layer %d's gradients were listed by %.0f ranks of the group: a layer belongs to one rank "
                           "(over data-parallel replicas, pass one pipeline's ranks, after pp_grad_allreduce)",
-                          l, v[n_layers + l]);
+                          l, v[L + (size_t)l]);
         total += v[l]; /* in layer order, the same list on every rank */
     }
 #endif
     PP_FREE(v);
     if (rc == PP_OK) *norm = sqrt(total);
     return rc;
+}
+
+pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs, int n_bufs, double* norm,
+                       pp_error* err) {
+    return _pp_grad_norm(g, NULL, n_layers, bufs, n_bufs, norm, err);
+}
+
+pp_result pp_grad_norm_tp(const pp_group* g, const pp_group* tp, int n_layers, const pp_grad_buf* bufs, int n_bufs,
+                          double* norm, pp_error* err) {
+    return _pp_grad_norm(g, tp, n_layers, bufs, n_bufs, norm, err);
 }
 
 pp_result pp_grad_clip(const pp_grad_buf* bufs, int n_bufs, double max_norm, double norm, double* coef,
@@ -10636,8 +10702,8 @@ static pp_result _pp_stage_owns(const pp_stage* s, const pp_grad_buf* bufs, int 
     return PP_OK;
 }
 
-static pp_result _pp_stage_grad(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, int clip, double max_norm,
-                                double* norm, pp_error* err) {
+static pp_result _pp_stage_grad(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, int clip,
+                                double max_norm, double* norm, pp_error* err) {
     pp_group g;
     pp_result rc;
     if (norm) *norm = 0;
@@ -10648,20 +10714,31 @@ static pp_result _pp_stage_grad(pp_stage* st, const pp_grad_buf* bufs, int n_buf
     g.t = &st->d.transport;
     g.timeout_s = st->d.timeout_s;
     rc = _pp_stage_owns(st, bufs, n_bufs, err);
-    if (rc == PP_OK) rc = pp_grad_norm(&g, st->L, bufs, n_bufs, norm, err);
+    if (rc == PP_OK) rc = _pp_grad_norm(&g, tp, st->L, bufs, n_bufs, norm, err);
     if (rc == PP_OK && clip) rc = pp_grad_clip(bufs, n_bufs, max_norm, *norm, NULL, err);
     _pp_step_leave(&st->step_mu);
     return rc;
 }
 
 pp_result pp_stage_grad_norm(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err) {
-    return _pp_stage_grad(st, bufs, n_bufs, 0, 0, norm, err);
+    return _pp_stage_grad(st, NULL, bufs, n_bufs, 0, 0, norm, err);
+}
+
+pp_result pp_stage_grad_norm_tp(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, double* norm,
+                                pp_error* err) {
+    return _pp_stage_grad(st, tp, bufs, n_bufs, 0, 0, norm, err);
+}
+
+pp_result pp_stage_grad_clip_tp(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, double max_norm,
+                                double* norm, pp_error* err) {
+    double n;
+    return _pp_stage_grad(st, tp, bufs, n_bufs, 1, max_norm, norm ? norm : &n, err);
 }
 
 pp_result pp_stage_grad_clip(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double max_norm, double* norm,
                              pp_error* err) {
     double n;
-    pp_result rc = _pp_stage_grad(st, bufs, n_bufs, 1, max_norm, norm ? norm : &n, err);
+    pp_result rc = _pp_stage_grad(st, NULL, bufs, n_bufs, 1, max_norm, norm ? norm : &n, err);
     return rc;
 }
 
