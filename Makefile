@@ -246,11 +246,14 @@ $(B)/overlap-controls: tests/controls.sh $(B)/overlap-ctl-no-hook $(B)/overlap-c
 	printf '#!/bin/sh\nexec sh tests/controls.sh overlap-controls "$(B)/overlap-ctl-no-hook" "$(B)/overlap-ctl-tied-late" "$(B)/overlap-ctl-final-at-b final" "$(B)/overlap-ctl-no-coalesce"\n' > $@
 	chmod +x $@
 # The checkpoints' negative control (tests/test_ckpt.c): without the checksums compared
-# (-DPP_TEST_NO_CKPT_CHECKSUM) a flipped byte loads silently, and the test must fail.
+# (-DPP_TEST_NO_CKPT_CHECKSUM) a flipped byte loads silently, and the test must fail; with the
+# tensor-parallel slices laid out in reverse rank order (-DPP_TEST_CKPT_TP_ORDER) `tp` must fail.
 $(B)/ckpt-ctl-no-checksum: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_CKPT_CHECKSUM $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum
-	printf '#!/bin/sh\nexec sh tests/controls.sh ckpt-controls "$(B)/ckpt-ctl-no-checksum corrupt"\n' > $@
+$(B)/ckpt-ctl-tp-order: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_CKPT_TP_ORDER $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum $(B)/ckpt-ctl-tp-order
+	printf '#!/bin/sh\nexec sh tests/controls.sh ckpt-controls "$(B)/ckpt-ctl-no-checksum corrupt" "$(B)/ckpt-ctl-tp-order tp"\n' > $@
 	chmod +x $@
 # Checkpoints through examples/gpt_cpu.c (tests/test_resume.sh): --check-resume, and files saved
 # at p = 4 interleaved and resumed at p = 2 1F1B equal to an uninterrupted run's, byte for byte.
