@@ -10470,6 +10470,9 @@ static pp_result _pp_gbufs_check(const pp_grad_buf* bufs, int n_bufs, int n_laye
                             b->layer, pp_dtype_name(t));
         if (b->count && !b->data)
             return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d (layer %d): data is NULL", i, b->layer);
+        if (b->tp_sharded != 0 && b->tp_sharded != 1)
+            return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d (layer %d): tp_sharded = %d (0 or 1)", i, b->layer,
+                            b->tp_sharded);
         if (b->count > ((size_t)1 << 60) / pp_dtype_size(t))
             return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d (layer %d): %zu elements", i, b->layer, b->count);
         if (b->device && !b->device->copy)

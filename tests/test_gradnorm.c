@@ -1029,9 +1029,13 @@ static void test_tp_norm(void) {
               "a layer only one TP rank lists: %s / %s", C->msg[0], C->msg[1]);
         tp_free(C);
     }
+    bufs[1].tp_sharded = 2;
+    CHECK(pp_grad_norm_tp(NULL, NULL, NL, bufs, 2 * NL, &first[0], &err) == PP_ERR_INVALID && strstr(err.msg, "tp_sharded = 2"),
+          "tp_sharded = 2: refused (%s)", err.msg);
+    bufs[1].tp_sharded = 0;
     printf("tp: %d runs (tp = 1, 2, 4; every kind, p = 1..%d, v where the kind takes it): every rank's norm the same bits "
            "at each tp (%.17g, %.17g, %.17g), within 1e-12 of the gathered %.17g; pp_stage_grad_clip_tp: the same norm, "
-           "one coefficient; a layer one TP rank leaves out refused\n",
+           "one coefficient; a layer one TP rank leaves out, and tp_sharded = 2, refused\n",
            runs, MAXP, first[1], first[2], first[4], ref);
 }
 
