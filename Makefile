@@ -212,13 +212,20 @@ TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-no-hos
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
 # rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
-# flag not shared (each rank skips or keeps its step alone); each must fail.
+# flag not shared (each rank skips or keeps its step alone); with tensor parallelism, replicated
+# parameters counted once per TP rank (tp), and the scaler's groups without the TP group
+# (tpscaler); each must fail.
 $(B)/gradnorm-ctl-no-norm-order: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_NORM_ORDER $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/gradnorm-ctl-no-scaler-agree: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_SCALER_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/gradnorm-controls: tests/controls.sh $(B)/gradnorm-ctl-no-norm-order $(B)/gradnorm-ctl-no-scaler-agree
-	printf '#!/bin/sh\nexec sh tests/controls.sh gradnorm-controls "$(B)/gradnorm-ctl-no-norm-order order" "$(B)/gradnorm-ctl-no-norm-order norm" "$(B)/gradnorm-ctl-no-scaler-agree scaler"\n' > $@
+$(B)/gradnorm-ctl-tp-replicated-each: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_REPLICATED_EACH $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/gradnorm-ctl-tp-scaler-no-tp: tests/test_gradnorm.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_SCALER_NO_TP $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/gradnorm-controls: tests/controls.sh $(B)/gradnorm-ctl-no-norm-order $(B)/gradnorm-ctl-no-scaler-agree \
+                        $(B)/gradnorm-ctl-tp-replicated-each $(B)/gradnorm-ctl-tp-scaler-no-tp
+	printf '#!/bin/sh\nexec sh tests/controls.sh gradnorm-controls "$(B)/gradnorm-ctl-no-norm-order order" "$(B)/gradnorm-ctl-no-norm-order norm" "$(B)/gradnorm-ctl-no-scaler-agree scaler" "$(B)/gradnorm-ctl-no-scaler-agree tpscaler" "$(B)/gradnorm-ctl-tp-replicated-each tp" "$(B)/gradnorm-ctl-tp-scaler-no-tp tpscaler"\n' > $@
 	chmod +x $@
 # Negative controls of the overlapped data-parallel reduction (tests/test_grid.c): the executor
 # never calls the gradients-final hook (every bucket waits for the end: the test's count of
@@ -239,11 +246,14 @@ $(B)/overlap-controls: tests/controls.sh $(B)/overlap-ctl-no-hook $(B)/overlap-c
 	printf '#!/bin/sh\nexec sh tests/controls.sh overlap-controls "$(B)/overlap-ctl-no-hook" "$(B)/overlap-ctl-tied-late" "$(B)/overlap-ctl-final-at-b final" "$(B)/overlap-ctl-no-coalesce"\n' > $@
 	chmod +x $@
 # The checkpoints' negative control (tests/test_ckpt.c): without the checksums compared
-# (-DPP_TEST_NO_CKPT_CHECKSUM) a flipped byte loads silently, and the test must fail.
+# (-DPP_TEST_NO_CKPT_CHECKSUM) a flipped byte loads silently, and the test must fail; with the
+# tensor-parallel slices laid out in reverse rank order (-DPP_TEST_CKPT_TP_ORDER) `tp` must fail.
 $(B)/ckpt-ctl-no-checksum: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_CKPT_CHECKSUM $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum
-	printf '#!/bin/sh\nexec sh tests/controls.sh ckpt-controls "$(B)/ckpt-ctl-no-checksum corrupt"\n' > $@
+$(B)/ckpt-ctl-tp-order: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_CKPT_TP_ORDER $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum $(B)/ckpt-ctl-tp-order
+	printf '#!/bin/sh\nexec sh tests/controls.sh ckpt-controls "$(B)/ckpt-ctl-no-checksum corrupt" "$(B)/ckpt-ctl-tp-order tp"\n' > $@
 	chmod +x $@
 # Checkpoints through examples/gpt_cpu.c (tests/test_resume.sh): --check-resume, and files saved
 # at p = 4 interleaved and resumed at p = 2 1F1B equal to an uninterrupted run's, byte for byte.

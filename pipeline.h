@@ -112,7 +112,8 @@
    of ranks): the L2 norm of all the model's gradients, tied parameters once, from the arrays each
    rank lists (pp_grad_buf); the same bits on every rank and for every p, v, schedule and
    partition as the sequential model's. The _clip variants and pp_grad_clip scale by
-   min(1, max_norm / (norm + 1e-6)). pp_loss_scaler: dynamic loss scaling for f16 through
+   min(1, max_norm / (norm + 1e-6)). Tensor parallelism: pp_grad_norm_tp and pp_stage_grad_*_tp
+   take the TP group (pp_grad_buf.tp_sharded: a shard). pp_loss_scaler: dynamic loss scaling for f16 through
    pp_batch.loss_scale; an Inf on any rank skips the step on every rank. pp_grad_allreduce and
    pp_tied_sum_grads take f16/bf16 gradients (summed in f32).
    CHECKPOINTS (>>ckpt)
@@ -121,7 +122,8 @@
    layer by layer, checksummed, in a file that depends on no p, v, schedule or partition: each
    rank saves and loads the layers it owns. The model names a layer's buffers through
    pp_model.params (PP_MODEL_PARAMS(name, LIST) makes it). A load checks the whole file against
-   the model before it writes into your buffers.
+   the model before it writes into your buffers. Tensor-parallel slices (pp_ckpt_desc.tp, shards)
+   are saved whole: the file is the one a tp = 1 run writes, and loads at any tp.
 
    CONFIGURATION (define before every include of this header, the same in every file; the four
    that size public structs - PP_MAX_TENSORS, PP_MAX_LAYER_KINDS, PP_MAX_RANKS, PP_FLIGHT_LEN -
@@ -1651,6 +1653,9 @@ typedef struct pp_grad_buf {
     pp_dtype dtype;                 /* PP_F32, PP_F64, PP_F16 or PP_BF16 */
     int tied_copy;                  /* 1: a tied parameter's second copy: not counted, but scaled */
     const pp_device_ops* device;    /* NULL: host memory; else its copy reaches data */
+    int tp_sharded;                 /* tensor parallelism (pp_grad_norm_tp): 1: this rank's shard of a
+                                       parameter split over the TP group (the shards' squares add up);
+                                       0: a parameter every TP rank holds whole (counted once) */
 } pp_grad_buf;
 
 /* The ranks that take part in a collective: transport t's ranks[0..n_ranks) (ranks NULL: all of
@@ -1668,6 +1673,17 @@ typedef struct pp_group {
    allreduce_sum or, where the transport has none, pp_allreduce_p2p). */
 pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs, int n_bufs, double* norm,
                        pp_error* err);
+/* The norm with tensor parallelism: g is this rank's pipeline (the ranks of its TP coordinate, as
+   for pp_grad_norm), tp its tensor-parallel group (NULL or one rank: pp_grad_norm's bits). Every
+   rank of tp lists the same layers. Per layer, the sum of squares is formed in one order whatever
+   p, v, schedule or partition: the replicated buffers' squares (tp_sharded 0, in listing order)
+   as tp's first rank (tp->ranks[0]) holds them, then each TP rank's sharded buffers' squares (in
+   listing order), added in tp's rank order; one exact all-reduce over tp (one slot per TP rank
+   and layer) then pp_grad_norm's over g. The norm is bit-identical on every rank of the grid and
+   run to run, and equals the norm of the gathered (tp = 1) gradients up to the summation order.
+   Every rank of g and of tp calls it. */
+pp_result pp_grad_norm_tp(const pp_group* g, const pp_group* tp, int n_layers, const pp_grad_buf* bufs, int n_bufs,
+                          double* norm, pp_error* err);
 /* Clipping as torch.nn.utils.clip_grad_norm_ does it: every listed gradient (tied copies
    included, shared buffers once) is multiplied by coef = max_norm / (norm + 1e-6) when that is
    below 1, else left alone; *coef (may be NULL) gets min(1, coef). norm is the global norm from
@@ -1683,6 +1699,12 @@ pp_result pp_grad_clip(const pp_grad_buf* bufs, int n_bufs, double max_norm, dou
 pp_result pp_stage_grad_norm(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err);
 pp_result pp_stage_grad_clip(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double max_norm, double* norm,
                              pp_error* err);
+/* The same with tensor parallelism: the stage's pipeline and tp (pp_grad_norm_tp); every rank of
+   the pipeline and of tp calls it; every rank of the grid clips by the same coefficient. */
+pp_result pp_stage_grad_norm_tp(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, double* norm,
+                                pp_error* err);
+pp_result pp_stage_grad_clip_tp(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, double max_norm,
+                                double* norm, pp_error* err);
 /* The same for a one-process pipeline (threads or CUDA streams): every layer's buffers, from
    whichever rank's gradients hold them; no message. Between steps. */
 pp_result pp_pipeline_grad_norm(pp_pipeline* pl, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err);
@@ -1718,7 +1740,8 @@ typedef struct pp_loss_scaler {
 pp_result pp_loss_scaler_init(pp_loss_scaler* s, const pp_loss_scaler_desc* d, pp_error* err);
 /* groups[0..n_groups): the ranks to agree with, one all-reduce each, in order, the same on every
    rank: the whole world in one group (an MPI world, a threads world), or the pipeline then the
-   data-parallel group (pp_nccl_grid's pipe and dp: together they reach every rank). n_groups 0:
+   data-parallel group (pp_nccl_grid's pipe and dp: together they reach every rank; with tensor
+   parallelism the TP group too, e.g. pipe, dp, tp: a NaN on one TP rank skips every rank). n_groups 0:
    this process alone (pp_pipeline, pp_sequential_step). On an error the scaler is unchanged. */
 pp_result pp_loss_scaler_check(pp_loss_scaler* s, const pp_group* groups, int n_groups, const pp_grad_buf* bufs,
                                int n_bufs, int* skip, pp_error* err);
@@ -1893,6 +1916,27 @@ typedef struct pp_ckpt_io {
     void* ctx;
 } pp_ckpt_io;
 
+/* Tensor parallelism: a parameter split over a TP group (pp_ckpt_desc.tp). The params hook gives
+   this rank's slice (its count); the file holds the parameter whole, the bytes a tp = 1 save
+   writes. The slices: N units (ROWS: the rows of a row-major count / cols x cols matrix; COLS: its
+   columns; FLAT: its count elements), chunk = ceil(N / n) for n TP ranks, rank k (its place in
+   tp's ranks) holds units [min(N, k chunk), min(N, (k + 1) chunk)): torch.chunk's rule, so the
+   last slices may be smaller, or empty. A ROWS or FLAT slice is contiguous; a COLS slice is its
+   rows x width columns, row-major. Optimizer states are split like the weights. */
+typedef enum pp_shard_axis {
+    PP_SHARD_FLAT = 0,              /* count elements, contiguous */
+    PP_SHARD_ROWS = 1,              /* rows of a 2-D row-major weight */
+    PP_SHARD_COLS = 2               /* columns of a 2-D row-major weight */
+} pp_shard_axis;
+
+typedef struct pp_ckpt_shard {
+    int layer;                      /* global layer index */
+    int buffer;                     /* the buffer's index among the layer's params */
+    pp_shard_axis axis;
+    int64_t count;                  /* the whole parameter's elements */
+    int64_t cols;                   /* ROWS and COLS: its columns (count a multiple of it) */
+} pp_ckpt_shard;
+
 typedef struct pp_ckpt_desc {
     pp_model model;                 /* its params hook names every layer's buffers */
     const void* weights;            /* model struct: the parameters (slot "weights") */
@@ -1913,6 +1957,16 @@ typedef struct pp_ckpt_desc {
        cudaMemcpy(dst, src, bytes, cudaMemcpyDefault); 0 on success. NULL: memcpy. */
     int (*copy)(void* user, void* dst, const void* src, size_t bytes);
     void* copy_user;
+    /* Tensor parallelism (NULL / 0: none). Every rank of tp calls the save or load with the same
+       own flags and shards. A save gathers the slices over tp's transport (isend/irecv) to tp's
+       first rank, which alone writes (header and records, as records_only says); the others send
+       and write nothing (pp_ckpt_save's io may be NULL there; pp_ckpt_save_file and _mem touch
+       neither file nor buffer), so the save's outcome is tp's first rank's (a failed write there
+       is not seen by the senders). Each wait has tp's deadline. A load: each rank reads the
+       records and takes its slices. */
+    const pp_group* tp;
+    const pp_ckpt_shard* shards;    /* n_shards buffers split over tp, at most one entry a buffer */
+    int n_shards;
 } pp_ckpt_desc;
 
 /* What a checkpoint's header says. */
@@ -1928,7 +1982,8 @@ typedef struct pp_ckpt_info {
 
 /* The file's size in bytes (every rank can compute it: the layers' sizes suffice). */
 pp_result pp_ckpt_size(const pp_ckpt_desc* d, uint64_t* bytes, pp_error* err);
-/* Save the header (unless records_only) and the owned layers' records through io. */
+/* Save the header (unless records_only) and the owned layers' records through io (with tp: on
+   tp's first rank; io may be NULL on the others). */
 pp_result pp_ckpt_save(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_error* err);
 /* Load the owned layers' buffers of the weights and of each state d names (a file may hold more
    states: the others are skipped), after checking all of it. info may be NULL. */
@@ -6896,6 +6951,7 @@ pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks
 }
 
 #define _PP_TAG_TIED 0x7ffffff8
+#define _PP_TAG_CKPT_TP 0x7ffffff6 /* a checkpoint's slices, to the TP group's first rank */
 static pp_result _pp_tied_check(const pp_transport* t, const int pair[2], int* role, pp_error* err) {
     if (!t || !pair) return _pp_fail(err, PP_ERR_INVALID, "tied layers need a transport and a rank pair");
     if (pair[0] < 0 || pair[1] < 0 || pair[0] >= t->size || pair[1] >= t->size)
@@ -10414,6 +10470,9 @@ static pp_result _pp_gbufs_check(const pp_grad_buf* bufs, int n_bufs, int n_laye
                             b->layer, pp_dtype_name(t));
         if (b->count && !b->data)
             return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d (layer %d): data is NULL", i, b->layer);
+        if (b->tp_sharded != 0 && b->tp_sharded != 1)
+            return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d (layer %d): tp_sharded = %d (0 or 1)", i, b->layer,
+                            b->tp_sharded);
         if (b->count > ((size_t)1 << 60) / pp_dtype_size(t))
             return _pp_fail(err, PP_ERR_INVALID, "gradient buffer %d (layer %d): %zu elements", i, b->layer, b->count);
         if (b->device && !b->device->copy)
@@ -10558,43 +10617,87 @@ static pp_result _pp_group_sum(const pp_group* g, double* buf, size_t count, pp_
     return _pp_allreduce_p2p(g->t, buf, count, PP_F64, ranks, n, g->timeout_s, err, _PP_TAG_ALLREDUCE);
 }
 
-pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs, int n_bufs, double* norm,
-                       pp_error* err) {
+/* pp_grad_norm_tp (pp_grad_norm: tp NULL). The TP vector w, one all-reduce over tp: for TP rank k
+   (its place in tp's ranks) w[k * 2L + l] its sharded sums of layer l, w[k * 2L + L + l] its
+   replicated sums; w[2 * ntp * L + l] how many TP ranks listed layer l. Each slot has one
+   non-zero term (the counts are small integers): exact in any order. */
+static pp_result _pp_grad_norm(const pp_group* g, const pp_group* tp, int n_layers, const pp_grad_buf* bufs,
+                               int n_bufs, double* norm, pp_error* err) {
     unsigned char* scratch = NULL;
-    double *v, total = 0;
+    double *v, *w, total = 0;
+    int tall[PP_MAX_RANKS], ntp = 1, me = 0;
+    const int* tranks = NULL;
+    size_t L = (size_t)n_layers, nw;
     pp_result rc;
-    int i, l;
+    int i, l, k;
     if (!norm) return _pp_fail(err, PP_ERR_INVALID, "norm is NULL");
     *norm = 0;
     if (n_layers < 1) return _pp_fail(err, PP_ERR_INVALID, "a model of %d layers", n_layers);
     if ((rc = _pp_gbufs_check(bufs, n_bufs, n_layers, err)) != PP_OK) return rc;
-    /* v[l]: layer l's sum of squares; v[n_layers + l]: 1 where this rank listed layer l */
-    if (!(v = (double*)_pp_calloc(2 * (size_t)n_layers, sizeof *v)))
-        return _pp_fail(err, PP_ERR_NOMEM, "norm vector of %d layers", n_layers);
+    if (tp && (rc = _pp_group_resolve(tp, tall, &tranks, &ntp, err)) != PP_OK) return rc;
+    if (ntp > 1) {
+        for (me = 0; me < ntp && tranks[me] != tp->t->rank; me++) {
+        }
+        if (me == ntp) return _pp_fail(err, PP_ERR_INVALID, "rank %d is not in its TP group", tp->t->rank);
+    } else {
+        ntp = 1;
+    }
+    /* v[l]: layer l's sum of squares; v[L + l]: 1 where this rank (its TP group) listed layer l */
+    nw = 2 * (size_t)ntp * L + L;
+    if (!(v = (double*)_pp_calloc(2 * L + nw, sizeof *v)))
+        return _pp_fail(err, PP_ERR_NOMEM, "norm vector of %d layers, %d TP ranks", n_layers, ntp);
+    w = v + 2 * L;
     for (i = 0; i < n_bufs && rc == PP_OK; i++) {
+        size_t at = (size_t)me * 2 * L + (bufs[i].tp_sharded ? 0 : L) + (size_t)bufs[i].layer;
         if (bufs[i].tied_copy || _pp_gbuf_dup(bufs, i)) continue;
-        rc = _pp_gbuf_run(&bufs[i], _PP_G_SUMSQ, 0, &v[bufs[i].layer], NULL, &scratch, err);
-        v[n_layers + bufs[i].layer] = 1;
+        rc = _pp_gbuf_run(&bufs[i], _PP_G_SUMSQ, 0, &w[at], NULL, &scratch, err);
+        w[2 * (size_t)ntp * L + (size_t)bufs[i].layer] = 1;
     }
     PP_FREE(scratch);
+    if (rc == PP_OK && ntp > 1) rc = _pp_group_sum(tp, w, nw, err);
+    for (l = 0; l < n_layers && rc == PP_OK; l++) {
+        double c = w[2 * (size_t)ntp * L + (size_t)l];
+        if (c != 0 && c != ntp)
+            rc = _pp_fail(err, PP_ERR_INVALID,
+                          "layer %d's gradients were listed by %.0f of the %d ranks of the TP group: every rank of a "
+                          "TP group lists the same layers",
+                          l, c, ntp);
+#ifdef PP_TEST_TP_REPLICATED_EACH /* negative control (test_gradnorm tp): every TP rank's replicated copy counted */
+        v[l] = 0;
+        for (k = 0; k < ntp; k++) v[l] += w[(size_t)k * 2 * L + L + (size_t)l];
+#else
+        v[l] = w[L + (size_t)l]; /* the replicated buffers once: as tp's first rank holds them */
+#endif
+        for (k = 0; k < ntp; k++) v[l] += w[(size_t)k * 2 * L + (size_t)l]; /* the shards, in tp's rank order */
+        v[L + (size_t)l] = c != 0;
+    }
 #ifdef PP_TEST_NO_NORM_ORDER /* negative control (test_gradnorm): this rank's layers first, then the ranks' totals */
     for (l = 0; l < n_layers; l++) total += v[l];
     if (rc == PP_OK) rc = _pp_group_sum(g, &total, 1, err);
-    (void)i;
 #else
-    if (rc == PP_OK) rc = _pp_group_sum(g, v, 2 * (size_t)n_layers, err);
+    if (rc == PP_OK) rc = _pp_group_sum(g, v, 2 * L, err);
     for (l = 0; l < n_layers && rc == PP_OK; l++) {
-        if (v[n_layers + l] > 1)
+        if (v[L + (size_t)l] > 1)
             rc = _pp_fail(err, PP_ERR_INVALID,
                           "layer %d's gradients were listed by %.0f ranks of the group: a layer belongs to one rank "
                           "(over data-parallel replicas, pass one pipeline's ranks, after pp_grad_allreduce)",
-                          l, v[n_layers + l]);
+                          l, v[L + (size_t)l]);
         total += v[l]; /* in layer order, the same list on every rank */
     }
 #endif
     PP_FREE(v);
     if (rc == PP_OK) *norm = sqrt(total);
     return rc;
+}
+
+pp_result pp_grad_norm(const pp_group* g, int n_layers, const pp_grad_buf* bufs, int n_bufs, double* norm,
+                       pp_error* err) {
+    return _pp_grad_norm(g, NULL, n_layers, bufs, n_bufs, norm, err);
+}
+
+pp_result pp_grad_norm_tp(const pp_group* g, const pp_group* tp, int n_layers, const pp_grad_buf* bufs, int n_bufs,
+                          double* norm, pp_error* err) {
+    return _pp_grad_norm(g, tp, n_layers, bufs, n_bufs, norm, err);
 }
 
 pp_result pp_grad_clip(const pp_grad_buf* bufs, int n_bufs, double max_norm, double norm, double* coef,
@@ -10636,8 +10739,8 @@ static pp_result _pp_stage_owns(const pp_stage* s, const pp_grad_buf* bufs, int 
     return PP_OK;
 }
 
-static pp_result _pp_stage_grad(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, int clip, double max_norm,
-                                double* norm, pp_error* err) {
+static pp_result _pp_stage_grad(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, int clip,
+                                double max_norm, double* norm, pp_error* err) {
     pp_group g;
     pp_result rc;
     if (norm) *norm = 0;
@@ -10648,20 +10751,31 @@ static pp_result _pp_stage_grad(pp_stage* st, const pp_grad_buf* bufs, int n_buf
     g.t = &st->d.transport;
     g.timeout_s = st->d.timeout_s;
     rc = _pp_stage_owns(st, bufs, n_bufs, err);
-    if (rc == PP_OK) rc = pp_grad_norm(&g, st->L, bufs, n_bufs, norm, err);
+    if (rc == PP_OK) rc = _pp_grad_norm(&g, tp, st->L, bufs, n_bufs, norm, err);
     if (rc == PP_OK && clip) rc = pp_grad_clip(bufs, n_bufs, max_norm, *norm, NULL, err);
     _pp_step_leave(&st->step_mu);
     return rc;
 }
 
 pp_result pp_stage_grad_norm(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err) {
-    return _pp_stage_grad(st, bufs, n_bufs, 0, 0, norm, err);
+    return _pp_stage_grad(st, NULL, bufs, n_bufs, 0, 0, norm, err);
+}
+
+pp_result pp_stage_grad_norm_tp(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, double* norm,
+                                pp_error* err) {
+    return _pp_stage_grad(st, tp, bufs, n_bufs, 0, 0, norm, err);
+}
+
+pp_result pp_stage_grad_clip_tp(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, double max_norm,
+                                double* norm, pp_error* err) {
+    double n;
+    return _pp_stage_grad(st, tp, bufs, n_bufs, 1, max_norm, norm ? norm : &n, err);
 }
 
 pp_result pp_stage_grad_clip(pp_stage* st, const pp_grad_buf* bufs, int n_bufs, double max_norm, double* norm,
                              pp_error* err) {
     double n;
-    pp_result rc = _pp_stage_grad(st, bufs, n_bufs, 1, max_norm, norm ? norm : &n, err);
+    pp_result rc = _pp_stage_grad(st, NULL, bufs, n_bufs, 1, max_norm, norm ? norm : &n, err);
     return rc;
 }
 
@@ -11367,12 +11481,97 @@ typedef struct _pp_ckpt {
     char slot[_PP_CKPT_MAX_STATE + 1][_PP_CKPT_SLOT];
     uint64_t head, user_bytes, file_bytes, max_bytes;
     void* mem;                  /* one block behind first, buf, bytes and rec */
+    int* shard;                 /* B: buffer b's entry of d->shards, -1: whole on every rank (or NULL) */
+    uint64_t max_buf;           /* the largest sharded buffer's bytes (whole) */
+    int tp_k, tp_n;             /* this rank's place in d->tp, and its size (1: no TP) */
+    int tp_ranks[PP_MAX_RANKS];
 } _pp_ckpt;
 
 static int _pp_ckpt_owns(const _pp_ckpt* c, int l) { return !c->d->own || c->d->own[l]; }
 static const void* _pp_ckpt_slot_struct(const _pp_ckpt* c, int s) { return s ? c->d->state[s - 1] : c->d->weights; }
 static const char* _pp_ckpt_lname(const _pp_ckpt* c, int l) { return pp_model_layer_name(&c->d->model, l); }
 static uint64_t _pp_ckpt_rec_bytes(const _pp_ckpt* c, int l) { return _PP_CKPT_REC + _pp_pad8(c->bytes[l]); }
+
+/* Sharded buffer b's slice on TP rank k: units [*start, *start + *units), in elements *elems; *unit
+   elements a unit (ROWS: cols; COLS: rows, one per row; FLAT: 1). */
+static void _pp_ckpt_slice(const pp_ckpt_shard* sh, int k, int n, int64_t* start, int64_t* units, int64_t* elems) {
+    int64_t N = sh->axis == PP_SHARD_ROWS ? sh->count / sh->cols : sh->axis == PP_SHARD_COLS ? sh->cols : sh->count;
+    int64_t chunk = (N + n - 1) / n, a = (int64_t)k * chunk < N ? (int64_t)k * chunk : N;
+    int64_t e = a + chunk < N ? a + chunk : N;
+    *start = a;
+    *units = e - a;
+    *elems = sh->axis == PP_SHARD_FLAT ? e - a : sh->axis == PP_SHARD_ROWS ? (e - a) * sh->cols : (e - a) * (sh->count / sh->cols);
+#ifdef PP_TEST_CKPT_TP_ORDER /* negative control (build/ckpt-controls): the slices laid out in reverse rank order */
+    *start = N - e;
+#endif
+}
+
+/* A slice (host memory, es bytes an element) into or out of the whole buffer w (out: 1 from w). */
+static void _pp_ckpt_place(const pp_ckpt_shard* sh, int k, int n, size_t es, unsigned char* w, unsigned char* slice,
+                           int out) {
+    int64_t start, units, elems, r, rows;
+    _pp_ckpt_slice(sh, k, n, &start, &units, &elems);
+    if (sh->axis != PP_SHARD_COLS) {
+        size_t at = (size_t)start * (sh->axis == PP_SHARD_ROWS ? (size_t)sh->cols : 1) * es;
+        if (elems) memcpy(out ? slice : w + at, out ? w + at : slice, (size_t)elems * es);
+        return;
+    }
+    rows = sh->count / sh->cols;
+    for (r = 0; r < rows && units; r++) {
+        unsigned char* row = w + ((size_t)r * (size_t)sh->cols + (size_t)start) * es;
+        unsigned char* part = slice + (size_t)r * (size_t)units * es;
+        memcpy(out ? part : row, out ? row : part, (size_t)units * es);
+    }
+}
+
+/* d->tp and d->shards checked into c (after c->first): every entry names one buffer, once. */
+static pp_result _pp_ckpt_prepare_tp(_pp_ckpt* c, const pp_ckpt_desc* d, pp_error* err) {
+    int all[PP_MAX_RANKS], n = 1, i, k;
+    const int* ranks = NULL;
+    pp_result rc;
+    c->tp_k = 0;
+    c->tp_n = 1;
+    if (d->n_shards < 0 || (d->n_shards > 0 && !d->shards))
+        return _pp_fail(err, PP_ERR_INVALID, "checkpoint: n_shards = %d with shards %s", d->n_shards,
+                        d->shards ? "set" : "NULL");
+    if (d->tp && (rc = _pp_group_resolve(d->tp, all, &ranks, &n, err)) != PP_OK) return rc;
+    if (n > 1) {
+        if (!d->tp->t->isend || !d->tp->t->irecv || !d->tp->t->wait)
+            return _pp_fail(err, PP_ERR_INVALID, "checkpoint: the TP group's transport needs isend/irecv/wait");
+        for (k = 0; k < n && ranks[k] != d->tp->t->rank; k++) {
+        }
+        if (k == n) return _pp_fail(err, PP_ERR_INVALID, "checkpoint: rank %d is not in its TP group", d->tp->t->rank);
+        c->tp_k = k;
+        c->tp_n = n;
+        for (i = 0; i < n; i++) c->tp_ranks[i] = ranks[i];
+    }
+    if (d->n_shards == 0) return PP_OK;
+    if (!(c->shard = (int*)PP_MALLOC(sizeof(int) * ((size_t)c->B + 1))))
+        return _pp_fail(err, PP_ERR_NOMEM, "checkpoint: a table of %d buffers", c->B);
+    for (i = 0; i < c->B; i++) c->shard[i] = -1;
+    for (i = 0; i < d->n_shards; i++) {
+        const pp_ckpt_shard* sh = &d->shards[i];
+        int nb;
+        if (sh->layer < 0 || sh->layer >= c->L)
+            return _pp_fail(err, PP_ERR_INVALID, "checkpoint: shards[%d] names layer %d of %d", i, sh->layer, c->L);
+        nb = c->first[sh->layer + 1] - c->first[sh->layer];
+        if (sh->buffer < 0 || sh->buffer >= nb)
+            return _pp_fail(err, PP_ERR_INVALID, "checkpoint: shards[%d] names buffer %d of layer %d (%s), which has %d", i,
+                            sh->buffer, sh->layer, _pp_ckpt_lname(c, sh->layer), nb);
+        if ((sh->axis != PP_SHARD_FLAT && sh->axis != PP_SHARD_ROWS && sh->axis != PP_SHARD_COLS) || sh->count < 1 ||
+            (sh->axis != PP_SHARD_FLAT && (sh->cols < 1 || sh->count % sh->cols != 0)))
+            return _pp_fail(err, PP_ERR_INVALID,
+                            "checkpoint: shards[%d] (layer %d buffer %d): axis %d, count %lld, cols %lld (FLAT, ROWS or "
+                            "COLS; count >= 1, a multiple of cols for ROWS and COLS)",
+                            i, sh->layer, sh->buffer, (int)sh->axis, (long long)sh->count, (long long)sh->cols);
+        if (c->shard[c->first[sh->layer] + sh->buffer] >= 0)
+            return _pp_fail(err, PP_ERR_INVALID, "checkpoint: shards[%d] and shards[%d] both name layer %d buffer %d",
+                            c->shard[c->first[sh->layer] + sh->buffer], i, sh->layer, sh->buffer);
+        c->shard[c->first[sh->layer] + sh->buffer] = i;
+    }
+    return PP_OK;
+}
+
 
 /* Checks the desc and asks the params hook for every slot's buffers of every layer. need_data:
    the layers this call owns must have their data (a save or a load; not a size). */
@@ -11458,6 +11657,7 @@ static pp_result _pp_ckpt_prepare(_pp_ckpt* c, const pp_ckpt_desc* d, int need_d
     if (c->first[c->L] != c->B)
         return _pp_fail(err, PP_ERR_INVALID, "checkpoint of '%s': the params hook gave another buffer count than before",
                         mname);
+    if ((rc = _pp_ckpt_prepare_tp(c, d, err)) != PP_OK) return rc;
     for (s = 0; s < c->S; s++) {
         const char* sname = c->slot[s];
         for (l = 0; l < c->L; l++) {
@@ -11470,6 +11670,20 @@ static pp_result _pp_ckpt_prepare(_pp_ckpt* c, const pp_ckpt_desc* d, int need_d
             for (b = 0; b < n; b++) {
                 const pp_param* w0 = c->buf + c->first[l] + b;
                 size_t es = pp_dtype_size(p[b].dtype);
+                int64_t have = p[b].count; /* this rank's elements (a slice's) */
+                if (c->shard && c->shard[c->first[l] + b] >= 0) {
+                    const pp_ckpt_shard* sh = &d->shards[c->shard[c->first[l] + b]];
+                    int64_t st0, un, want;
+                    _pp_ckpt_slice(sh, c->tp_k, c->tp_n, &st0, &un, &want);
+                    if (p[b].count != want)
+                        return _pp_fail(err, PP_ERR_SIZE,
+                                        "layer %d (%s) buffer %d of %s: %lld elements, TP rank %d of %d holds %lld of the "
+                                        "%lld of shards[%d] (axis %d)",
+                                        l, _pp_ckpt_lname(c, l), b, sname, (long long)p[b].count, c->tp_k, c->tp_n,
+                                        (long long)want, (long long)sh->count, c->shard[c->first[l] + b], (int)sh->axis);
+                    p[b].count = sh->count; /* the tables and the records hold it whole */
+                    if (es && (uint64_t)sh->count * es > c->max_buf) c->max_buf = (uint64_t)sh->count * es;
+                }
                 if (es == 0 || p[b].count < 0 || (double)p[b].count * (double)es >= _PP_MAX_TENSOR_BYTES)
                     return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s) buffer %d of %s: %lld elements of dtype %d", l,
                                     _pp_ckpt_lname(c, l), b, sname, (long long)p[b].count, (int)p[b].dtype);
@@ -11479,7 +11693,7 @@ static pp_result _pp_ckpt_prepare(_pp_ckpt* c, const pp_ckpt_desc* d, int need_d
                                     "the weights)",
                                     l, _pp_ckpt_lname(c, l), b, sname, (long long)p[b].count, pp_dtype_name(p[b].dtype),
                                     (long long)w0->count, pp_dtype_name(w0->dtype));
-                if (need_data && _pp_ckpt_owns(c, l) && p[b].count > 0 && !p[b].data)
+                if (need_data && _pp_ckpt_owns(c, l) && have > 0 && !p[b].data)
                     return _pp_fail(err, PP_ERR_INVALID,
                                     "layer %d (%s) buffer %d of %s has no data, and this call saves or loads the layer "
                                     "(own)",
@@ -11514,7 +11728,9 @@ static void _pp_ckpt_layout(_pp_ckpt* c, uint64_t head, int file_S, uint64_t use
 
 static void _pp_ckpt_free(_pp_ckpt* c) {
     PP_FREE(c->mem);
+    PP_FREE(c->shard);
     c->mem = NULL;
+    c->shard = NULL;
 }
 
 /* The header's c->head bytes into h (zeroed by the caller). */
@@ -11580,16 +11796,86 @@ pp_result pp_ckpt_size(const pp_ckpt_desc* d, uint64_t* bytes, pp_error* err) {
     return rc;
 }
 
+/* Layer l has a buffer split over the TP group (a save gathers it). */
+static int _pp_ckpt_layer_sharded(const _pp_ckpt* c, int l) {
+    int b;
+    if (!c->shard || c->tp_n < 2) return 0;
+    for (b = c->first[l]; b < c->first[l + 1]; b++)
+        if (c->shard[b] >= 0) return 1;
+    return 0;
+}
+
+/* Slot s of layer l, whole, into w (host, c->bytes[l]): on TP rank 0 its own buffers and every
+   other TP rank's slices (received in rank order, into tmp); on the others, only their slices
+   sent to TP rank 0 (through tmp where d->copy is set). */
+static pp_result _pp_ckpt_gather(const _pp_ckpt* c, int l, int s, unsigned char* w, unsigned char* tmp, pp_error* err) {
+    const pp_ckpt_desc* d = c->d;
+    const pp_transport* t = d->tp->t;
+    const pp_param* p = c->buf + (size_t)s * c->B + c->first[l];
+    double to = d->tp->timeout_s;
+    size_t at = 0, nb;
+    pp_request rq;
+    pp_result rc;
+    int b, j, n = c->first[l + 1] - c->first[l];
+    for (b = 0; b < n; b++, at += nb) {
+        size_t es = pp_dtype_size(p[b].dtype);
+        int sh = c->shard[c->first[l] + b];
+        nb = (size_t)p[b].count * es;
+        if (sh < 0) { /* whole on every rank: TP rank 0's copy */
+            if (c->tp_k == 0 && nb) {
+                if (!d->copy) memcpy(w + at, p[b].data, nb);
+                else if (d->copy(d->copy_user, w + at, p[b].data, nb) != 0)
+                    return _pp_fail(err, PP_ERR_IO, "layer %d (%s) buffer %d of %s: the copy hook failed", l,
+                                    _pp_ckpt_lname(c, l), b, c->slot[s]);
+            }
+            continue;
+        }
+        for (j = 0; j < c->tp_n; j++) {
+            int64_t st0, un, el;
+            size_t sb;
+            const unsigned char* src = tmp;
+            _pp_ckpt_slice(&d->shards[sh], j, c->tp_n, &st0, &un, &el);
+            sb = (size_t)el * es;
+            if (j != c->tp_k && c->tp_k != 0) continue; /* a rank other than 0 sends its own slice alone */
+            if (j == c->tp_k && sb) { /* this rank's slice, staged to the host where it lives elsewhere */
+                if (!d->copy) src = (const unsigned char*)p[b].data;
+                else if (d->copy(d->copy_user, tmp, p[b].data, sb) != 0)
+                    return _pp_fail(err, PP_ERR_IO, "layer %d (%s) buffer %d of %s: the copy hook failed", l,
+                                    _pp_ckpt_lname(c, l), b, c->slot[s]);
+            }
+            if (c->tp_k != 0) {
+                if (!sb) continue;
+                if ((rc = t->isend(t->self, c->tp_ranks[0], _PP_TAG_CKPT_TP, src, sb, &rq)) != PP_OK ||
+                    (rc = t->wait(t->self, &rq, to, err)) != PP_OK)
+                    return _pp_fail(err, rc, "checkpoint: TP rank %d sending layer %d (%s) buffer %d of %s to TP rank 0 "
+                                    "(rank %d)", c->tp_k, l, _pp_ckpt_lname(c, l), b, c->slot[s], c->tp_ranks[0]);
+                continue;
+            }
+            if (j != 0 && sb &&
+                ((rc = t->irecv(t->self, c->tp_ranks[j], _PP_TAG_CKPT_TP, tmp, sb, &rq)) != PP_OK ||
+                 (rc = t->wait(t->self, &rq, to, err)) != PP_OK))
+                return _pp_fail(err, rc, "checkpoint: TP rank 0 receiving layer %d (%s) buffer %d of %s from TP rank %d "
+                                "(rank %d)", l, _pp_ckpt_lname(c, l), b, c->slot[s], j, c->tp_ranks[j]);
+            if (sb) _pp_ckpt_place(&d->shards[sh], j, c->tp_n, es, w + at, (unsigned char*)(uintptr_t)src, 0);
+        }
+    }
+    return PP_OK;
+}
+
 pp_result pp_ckpt_save(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_error* err) {
     static const unsigned char zeros[8] = {0};
     _pp_ckpt c;
-    unsigned char *head = NULL, *stage = NULL, r[_PP_CKPT_REC];
+    unsigned char *head = NULL, *stage = NULL, *tmp = NULL, r[_PP_CKPT_REC];
     pp_result rc;
-    int l, s, b;
-    if (!io || !io->write) return _pp_fail(err, PP_ERR_INVALID, "checkpoint save: io or its write is NULL");
+    int l, s, b, writer;
     if ((rc = _pp_ckpt_prepare(&c, d, 1, err)) != PP_OK) goto cleanup;
+    writer = c.tp_k == 0; /* with tp, its first rank alone writes */
+    if (writer && (!io || !io->write)) {
+        rc = _pp_fail(err, PP_ERR_INVALID, "checkpoint save: io or its write is NULL");
+        goto cleanup;
+    }
     _pp_ckpt_layout(&c, c.head, c.S, d->user_bytes);
-    if (!d->records_only) {
+    if (writer && !d->records_only) {
         if (!(head = (unsigned char*)_pp_calloc((size_t)c.head, 1))) {
             rc = _pp_fail(err, PP_ERR_NOMEM, "checkpoint save: %llu bytes for the header", (unsigned long long)c.head);
             goto cleanup;
@@ -11601,32 +11887,40 @@ pp_result pp_ckpt_save(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_error* er
                                  "user bytes' padding", -1, NULL, err)) != PP_OK)
             goto cleanup;
     }
-    if (d->copy && !(stage = (unsigned char*)_pp_calloc((size_t)c.max_bytes, 1))) {
+    if ((d->copy || (c.shard && c.tp_n > 1)) && !(stage = (unsigned char*)_pp_calloc((size_t)c.max_bytes + 1, 1))) {
         rc = _pp_fail(err, PP_ERR_NOMEM, "checkpoint save: %llu bytes to stage a layer", (unsigned long long)c.max_bytes);
         goto cleanup;
     }
+    if (c.shard && c.tp_n > 1 && !(tmp = (unsigned char*)_pp_calloc((size_t)c.max_buf + 1, 1))) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "checkpoint save: %llu bytes to stage a slice", (unsigned long long)c.max_buf);
+        goto cleanup;
+    }
     for (l = 0; l < c.L; l++) {
-        int n = c.first[l + 1] - c.first[l];
-        if (!_pp_ckpt_owns(&c, l)) continue;
+        int n = c.first[l + 1] - c.first[l], gathered = _pp_ckpt_layer_sharded(&c, l);
+        if (!_pp_ckpt_owns(&c, l) || (!writer && !gathered)) continue;
         for (s = 0; s < c.S; s++) {
             const pp_param* p = c.buf + (size_t)s * c.B + c.first[l];
-            uint64_t off = c.rec[l] + (uint64_t)s * _pp_ckpt_rec_bytes(&c, l), h = _pp_ckpt_rec_head(r, l, s, n, c.bytes[l]);
+            uint64_t off = c.rec[l] + (uint64_t)s * _pp_ckpt_rec_bytes(&c, l), h;
+            unsigned char* st = gathered || d->copy ? stage : NULL; /* the record's bytes from there */
             size_t at = 0, nb;
+            if (gathered && (rc = _pp_ckpt_gather(&c, l, s, stage, tmp, err)) != PP_OK) goto cleanup;
+            if (!writer) continue;
+            h = _pp_ckpt_rec_head(r, l, s, n, c.bytes[l]);
             for (b = 0; b < n; b++, at += nb) {
                 nb = (size_t)p[b].count * pp_dtype_size(p[b].dtype);
-                if (stage && nb && d->copy(d->copy_user, stage + at, p[b].data, nb) != 0) {
+                if (st && !gathered && nb && d->copy(d->copy_user, st + at, p[b].data, nb) != 0) {
                     rc = _pp_fail(err, PP_ERR_IO, "layer %d (%s) buffer %d of %s: the copy hook failed", l,
                                   _pp_ckpt_lname(&c, l), b, c.slot[s]);
                     goto cleanup;
                 }
-                if (nb) h = _pp_fnv1a(h, stage ? stage + at : (const unsigned char*)p[b].data, nb);
+                if (nb) h = _pp_fnv1a(h, st ? st + at : (const unsigned char*)p[b].data, nb);
             }
             _pp_put64(r + 24, h);
             if ((rc = _pp_ckpt_write(io, off, r, sizeof r, c.slot[s], l, _pp_ckpt_lname(&c, l), err)) != PP_OK) goto cleanup;
             off += sizeof r;
             for (at = 0, b = 0; b < n; b++, at += nb) {
                 nb = (size_t)p[b].count * pp_dtype_size(p[b].dtype);
-                if ((rc = _pp_ckpt_write(io, off + at, stage ? stage + at : (const unsigned char*)p[b].data, nb, c.slot[s], l,
+                if ((rc = _pp_ckpt_write(io, off + at, st ? st + at : (const unsigned char*)p[b].data, nb, c.slot[s], l,
                                          _pp_ckpt_lname(&c, l), err)) != PP_OK)
                     goto cleanup;
             }
@@ -11638,6 +11932,7 @@ pp_result pp_ckpt_save(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_error* er
 cleanup:
     PP_FREE(head);
     PP_FREE(stage);
+    PP_FREE(tmp);
     _pp_ckpt_free(&c);
     return rc;
 }
@@ -11791,7 +12086,7 @@ static pp_result _pp_ckpt_load(const pp_ckpt_desc* d, const pp_ckpt_io* io, uint
                                pp_error* err) {
     _pp_ckpt c;
     pp_ckpt_info fi;
-    unsigned char *h = NULL, *scratch = NULL, *q;
+    unsigned char *h = NULL, *scratch = NULL, *slice = NULL, *q;
     int slot_of[_PP_CKPT_MAX_STATE + 1];
     uint64_t need = 0, fbytes;
     pp_result rc;
@@ -11870,6 +12165,10 @@ static pp_result _pp_ckpt_load(const pp_ckpt_desc* d, const pp_ckpt_io* io, uint
         }
 #endif
     }
+    if (c.shard && c.tp_n > 1 && !(slice = (unsigned char*)_pp_calloc((size_t)c.max_buf + 1, 1))) {
+        rc = _pp_fail(err, PP_ERR_NOMEM, "checkpoint load: %llu bytes to stage a slice", (unsigned long long)c.max_buf);
+        goto cleanup;
+    }
     /* all of it checked: into the caller's buffers */
     for (q = scratch, l = 0; l < c.L; l++) {
         int n = c.first[l + 1] - c.first[l];
@@ -11878,10 +12177,20 @@ static pp_result _pp_ckpt_load(const pp_ckpt_desc* d, const pp_ckpt_io* io, uint
             const pp_param* p = c.buf + (size_t)s * c.B + c.first[l];
             size_t at = _PP_CKPT_REC, nb;
             for (b = 0; b < n; b++, at += nb) {
-                nb = (size_t)p[b].count * pp_dtype_size(p[b].dtype);
-                if (!nb) continue;
-                if (!d->copy) memcpy(p[b].data, q + at, nb);
-                else if (d->copy(d->copy_user, p[b].data, q + at, nb) != 0) {
+                const unsigned char* src = q + at;
+                size_t cb;
+                nb = cb = (size_t)p[b].count * pp_dtype_size(p[b].dtype);
+                if (c.shard && c.tp_n > 1 && c.shard[c.first[l] + b] >= 0) { /* this TP rank's slice of it */
+                    const pp_ckpt_shard* sh = &d->shards[c.shard[c.first[l] + b]];
+                    int64_t st0, un, el;
+                    _pp_ckpt_slice(sh, c.tp_k, c.tp_n, &st0, &un, &el);
+                    cb = (size_t)el * pp_dtype_size(p[b].dtype);
+                    _pp_ckpt_place(sh, c.tp_k, c.tp_n, pp_dtype_size(p[b].dtype), q + at, slice, 1);
+                    src = slice;
+                }
+                if (!cb) continue;
+                if (!d->copy) memcpy(p[b].data, src, cb);
+                else if (d->copy(d->copy_user, p[b].data, src, cb) != 0) {
                     rc = _pp_fail(err, PP_ERR_IO, "layer %d (%s) buffer %d of %s: the copy hook failed (the buffers are "
                                   "partly loaded)", l, _pp_ckpt_lname(&c, l), b, c.slot[s]);
                     goto cleanup;
@@ -11895,6 +12204,7 @@ static pp_result _pp_ckpt_load(const pp_ckpt_desc* d, const pp_ckpt_io* io, uint
 cleanup:
     PP_FREE(h);
     PP_FREE(scratch);
+    PP_FREE(slice);
     _pp_ckpt_free(&c);
     return rc;
 }
@@ -12019,6 +12329,14 @@ static void _pp_ckpt_sync_dir(const char* path, char* dir, size_t cap) {
 #endif
 }
 
+/* With d->tp: this rank is not the TP group's first, so a save only sends its slices. */
+static int _pp_ckpt_tp_sender(const pp_ckpt_desc* d) {
+    const pp_group* g = d ? d->tp : NULL;
+    if (!g || !g->t) return 0;
+    if (g->ranks) return g->n_ranks > 1 && g->ranks[0] != g->t->rank;
+    return g->t->size > 1 && g->t->rank != 0;
+}
+
 /* pp_ckpt_save_file, with a fault for each write (tests; NULL: none). */
 static pp_result _pp_ckpt_save_path(const pp_ckpt_desc* d, const char* path, size_t (*fault)(void*, uint64_t, size_t),
                                     void* fault_user, pp_error* err) {
@@ -12030,6 +12348,7 @@ static pp_result _pp_ckpt_save_path(const pp_ckpt_desc* d, const char* path, siz
     size_t cap = 0;
     int in_place;
     if (!path) return _pp_fail(err, PP_ERR_INVALID, "checkpoint save: path is NULL");
+    if (_pp_ckpt_tp_sender(d)) return pp_ckpt_save(d, NULL, err); /* the file is TP rank 0's */
     /* everything a save checks, the layers' data included, before the path is touched */
 #ifdef PP_TEST_CKPT_IN_PLACE
     rc = _pp_ckpt_prepare(&c, d, 0, err); /* as before: the layers' data unchecked */
@@ -12111,6 +12430,7 @@ pp_result pp_ckpt_save_mem(const pp_ckpt_desc* d, void* buf, size_t cap, pp_erro
     uint64_t need = 0;
     pp_result rc;
     if (!buf) return _pp_fail(err, PP_ERR_INVALID, "checkpoint save: buf is NULL");
+    if (_pp_ckpt_tp_sender(d)) return pp_ckpt_save(d, NULL, err); /* the buffer is TP rank 0's */
     if ((rc = pp_ckpt_size(d, &need, err)) != PP_OK) return rc;
     if (need > cap)
         return _pp_fail(err, PP_ERR_SIZE, "checkpoint save: the buffer has %zu bytes, the checkpoint needs %llu", cap,

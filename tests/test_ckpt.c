@@ -20,7 +20,10 @@
    compared) a flipped byte loads silently and this test fails (`test_ckpt corrupt` runs only
    that part); with -DPP_TEST_CKPT_IN_PLACE (the file truncated and written in place, the
    layers' data unchecked before) `save` fails; with -DPP_TEST_CKPT_USER_AT_DESC (the user bytes
-   read after a header sized by the desc's states) `partial` fails. */
+   read after a header sized by the desc's states) `partial` fails.
+   Tensor parallelism (`test_ckpt tp`): sharded parameters saved at tp = 1, 2, 4 (pp = 1, 2; memory
+   and a file) give the tp = 1 bytes, and load at tp = 1, 2, 4 (test_tp's comment); its control
+   -DPP_TEST_CKPT_TP_ORDER (slices in reverse rank order) fails. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../examples/mlp.h"
@@ -954,10 +957,294 @@ static void test_gpt(void) {
     gpt_corpus_free(&CORPUS);
 }
 
+/* ---- tensor parallelism: sharded parameters saved whole (pp_ckpt_desc.tp, .shards) -------------
+   A 4-layer model: layer 0 a 7 x 5 weight split by rows, layer 1 by columns, layer 2 a flat 35
+   (tp = 4: slices 9, 9, 9, 8), layer 3 whole on every rank; each layer also a bias of 5 whole on
+   every rank (f64 in layer 2); an optimizer state "m" split like the weights. Saved at tp = 1,
+   2, 4 (pp = 1 and 2: each pipeline rank's TP group its layers, one buffer) and to a file at
+   tp = 2, every image equals BYTE FOR BYTE the tp = 1 save of the whole weights; that file loaded
+   at tp = 1, 2, 4 gives every rank its slices (pp = 2 through a copy hook, as device memory would).
+   Refused: a slice of the wrong size, a bad shape.
+   Negative control (build/ckpt-controls): -DPP_TEST_CKPT_TP_ORDER lays the slices out in reverse
+   rank order (`test_ckpt tp` fails). */
+#define TPL 4
+#define TPMAX 4
+typedef struct tpw {
+    void* data[TPL][2];
+    int64_t count[TPL][2];
+    pp_dtype dt[TPL][2];
+} tpw;
+
+static int tp_fwd(const void* w, int l, pp_layer_io* io) { (void)w, (void)l, (void)io; return 0; }
+static int tp_bwd(const void* w, void* g, int l, pp_layer_io* io) { (void)w, (void)g, (void)l, (void)io; return 0; }
+static void tp_describe(const void* w, int l, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
+    (void)w, (void)l, (void)mb, (void)in, (void)n_in, (void)d;
+}
+static int tp_params(const pp_model* m, const void* weights, int l, pp_param* out, int cap) {
+    const tpw* w = (const tpw*)weights;
+    int i;
+    (void)m;
+    if (l < 0 || l >= TPL) return -1;
+    for (i = 0; out && i < 2 && i < cap; i++) out[i] = pp_param_of(w->data[l][i], w->count[l][i], w->dt[l][i]);
+    return 2;
+}
+static pp_model tp_model(void) {
+    pp_model m;
+    memset(&m, 0, sizeof m);
+    m.name = "tpmodel";
+    m.n_layers = TPL;
+    m.forward = tp_fwd;
+    m.backward = tp_bwd;
+    m.describe = tp_describe;
+    m.params = tp_params;
+    return m;
+}
+
+static const pp_ckpt_shard TP_SHARDS[3] = {{0, 0, PP_SHARD_ROWS, 35, 5}, {1, 0, PP_SHARD_COLS, 35, 5}, {2, 0, PP_SHARD_FLAT, 35, 0}};
+static float TPW[2][TPL][35];   /* [slot][layer]: the whole weights (slot 0) and state m (slot 1) */
+static double TPB[2][TPL][5];   /* the biases, whole on every rank (layer 2's as f64, the others f32 below) */
+static float TPBF[2][TPL][5];
+
+/* The test's own reading of the rule: units [min(N, k c), min(N, (k + 1) c)), c = ceil(N / n). */
+static int64_t tp_slice_of(int l, int k, int n, float* out, const float* whole) {
+    int64_t N = l == 0 ? 7 : l == 1 ? 5 : 35, c = (N + n - 1) / n, a = k * c < N ? k * c : N, e = a + c < N ? a + c : N, i,
+            j, m = 0;
+    for (i = a; i < e && l == 2; i++) out[m++] = whole[i];
+    for (i = a; i < e && l == 0; i++)
+        for (j = 0; j < 5; j++) out[m++] = whole[i * 5 + j];
+    for (i = 0; i < 7 && l == 1; i++)
+        for (j = a; j < e; j++) out[m++] = whole[i * 5 + j];
+    return m;
+}
+
+/* Rank k of n's model structs (slot 0, 1) over its storage: slices of the sharded weights. */
+typedef struct tpmem {
+    float w[2][TPL][35];
+    float bf[2][TPL][5];
+    double bd[2][TPL][5];
+} tpmem;
+static void tp_bind(tpw st[2], tpmem* mem, int k, int n, int fill) {
+    int s, l;
+    for (s = 0; s < 2; s++)
+        for (l = 0; l < TPL; l++) {
+            st[s].data[l][0] = mem->w[s][l];
+            st[s].dt[l][0] = PP_F32;
+            st[s].count[l][0] = l == 3 ? 35 : tp_slice_of(l, k, n, mem->w[s][l], TPW[s][l]);
+            if (l == 3) memcpy(mem->w[s][l], TPW[s][l], sizeof TPW[s][l]);
+            st[s].dt[l][1] = l == 2 ? PP_F64 : PP_F32;
+            st[s].data[l][1] = l == 2 ? (void*)mem->bd[s][l] : (void*)mem->bf[s][l];
+            st[s].count[l][1] = 5;
+            memcpy(mem->bd[s][l], TPB[s][l], sizeof TPB[s][l]);
+            memcpy(mem->bf[s][l], TPBF[s][l], sizeof TPBF[s][l]);
+            if (!fill) { /* a load's target: zeros, the counts as the slices' */
+                memset(mem->w[s][l], 0, sizeof mem->w[s][l]);
+                memset(mem->bd[s][l], 0, sizeof mem->bd[s][l]);
+                memset(mem->bf[s][l], 0, sizeof mem->bf[s][l]);
+            }
+        }
+}
+
+static void tp_desc(pp_ckpt_desc* d, const tpw st[2], const void** stp, const char** names) {
+    memset(d, 0, sizeof *d);
+    d->model = tp_model();
+    d->weights = &st[0];
+    stp[0] = &st[1];
+    names[0] = "m";
+    d->n_state = 1;
+    d->state = stp;
+    d->state_names = names;
+    d->step = 77;
+}
+
+static int tp_copy(void* user, void* dst, const void* src, size_t bytes) { /* a device's copy, on the host */
+    (*(int*)user)++;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+typedef struct tprun {
+    int pp, tp, load, to_file;
+    int copies[TPMAX * 2];      /* pp = 2: through the copy hook (pp_ckpt_desc.copy), counted */
+    pp_threads* all;
+    unsigned char* img;         /* the save's image (shared), or the file to load */
+    size_t bytes;
+    const char* path;
+    pp_result rc[TPMAX * 2];
+    int bad[TPMAX * 2];
+    char msg[TPMAX * 2][600];
+} tprun;
+
+static pp_result tp_ckpt_rank(int wr, void* user) {
+    tprun* R = (tprun*)user;
+    int pr = wr / R->tp, k = wr % R->tp, ranks[TPMAX], j, l, s;
+    pp_transport t = pp_threads_transport(R->all, wr);
+    pp_group g;
+    tpw st[2];
+    tpmem* mem = (tpmem*)calloc(1, sizeof *mem);
+    pp_ckpt_desc d;
+    const void* stp[1];
+    const char* names[1];
+    unsigned char own[TPL];
+    pp_error err;
+    err.msg[0] = 0;
+    for (j = 0; j < R->tp; j++) ranks[j] = pr * R->tp + j;
+    memset(&g, 0, sizeof g);
+    g.t = &t;
+    g.ranks = ranks;
+    g.n_ranks = R->tp;
+    g.timeout_s = 20;
+    tp_bind(st, mem, k, R->tp, !R->load);
+    tp_desc(&d, st, stp, names);
+    for (l = 0; l < TPL; l++) own[l] = (unsigned char)(l * R->pp / TPL == pr);
+    d.own = own;
+    d.records_only = pr != 0;
+    d.tp = &g;
+    d.shards = TP_SHARDS;
+    d.n_shards = 3;
+    if (R->pp == 2) {
+        d.copy = tp_copy;
+        d.copy_user = &R->copies[wr];
+    }
+    if (R->load) R->rc[wr] = pp_ckpt_load_mem(&d, R->img, R->bytes, NULL, &err);
+    else if (R->to_file) R->rc[wr] = pp_ckpt_save_file(&d, R->path, &err);
+    else R->rc[wr] = pp_ckpt_save_mem(&d, R->img, R->bytes, &err);
+    if (R->rc[wr] != PP_OK) snprintf(R->msg[wr], sizeof R->msg[wr], "%s", err.msg);
+    for (s = 0; R->load && R->rc[wr] == PP_OK && s < 2; s++) /* every owned slice, every whole copy */
+        for (l = 0; l < TPL; l++) {
+            float want[35];
+            int64_t n = l == 3 ? 35 : tp_slice_of(l, k, R->tp, want, TPW[s][l]);
+            if (!own[l]) continue;
+            if (l == 3) memcpy(want, TPW[s][l], sizeof want);
+            if (memcmp(mem->w[s][l], want, (size_t)n * sizeof(float)) != 0 ||
+                (l == 2 ? memcmp(mem->bd[s][l], TPB[s][l], sizeof TPB[s][l]) : memcmp(mem->bf[s][l], TPBF[s][l], sizeof TPBF[s][l])) != 0) {
+                R->bad[wr]++;
+                snprintf(R->msg[wr], sizeof R->msg[wr], "slot %d layer %d: TP rank %d of %d loaded another slice", s, l, k, R->tp);
+            }
+        }
+    free(mem);
+    return PP_OK;
+}
+
+static size_t tp_first_diff(const unsigned char* a, const unsigned char* b, size_t n) {
+    size_t i;
+    for (i = 0; i < n && a[i] == b[i]; i++) {
+    }
+    return i;
+}
+
+static void test_tp(void) {
+    tpw st[2];
+    tpmem* mem = (tpmem*)calloc(1, sizeof *mem);
+    pp_ckpt_desc d;
+    const void* stp[1];
+    const char* names[1];
+    pp_error err;
+    uint64_t size = 0;
+    unsigned char *ref, *img;
+    int s, l, i, tp, pp, runs = 0;
+    char path[300];
+    uint32_t x = 777u;
+    for (s = 0; s < 2; s++)
+        for (l = 0; l < TPL; l++) {
+            for (i = 0; i < 35; i++) TPW[s][l][i] = (float)(x = x * 1664525u + 1013904223u) / 4294967296.0f - 0.5f;
+            for (i = 0; i < 5; i++) TPB[s][l][i] = (double)(x = x * 1664525u + 1013904223u) / 4294967296.0;
+            for (i = 0; i < 5; i++) TPBF[s][l][i] = (float)(x = x * 1664525u + 1013904223u) / 4294967296.0f;
+        }
+    /* the reference: tp = 1, the whole weights, no shards declared (the format as before) */
+    tp_bind(st, mem, 0, 1, 1);
+    tp_desc(&d, st, stp, names);
+    CHECK(pp_ckpt_size(&d, &size, &err) == PP_OK && size > 0, "size: %s", err.msg);
+    ref = (unsigned char*)calloc((size_t)size, 1);
+    img = (unsigned char*)calloc((size_t)size, 1);
+    CHECK(pp_ckpt_save_mem(&d, ref, (size_t)size, &err) == PP_OK, "reference save: %s", err.msg);
+    /* refused: a slice of another size, a shape that is not one */
+    {
+        pp_ckpt_shard bad[1] = {{0, 0, PP_SHARD_ROWS, 36, 5}};
+        d.shards = bad;
+        d.n_shards = 1;
+        CHECK(pp_ckpt_save_mem(&d, img, (size_t)size, &err) == PP_ERR_INVALID && strstr(err.msg, "multiple of cols"),
+              "36 elements in rows of 5: refused (%s)", err.msg);
+        bad[0].count = 40;
+        CHECK(pp_ckpt_save_mem(&d, img, (size_t)size, &err) == PP_ERR_SIZE && strstr(err.msg, "TP rank 0 of 1 holds 40"),
+              "a buffer of 35 declared a shard of 40: PP_ERR_SIZE (%s)", err.msg);
+        bad[0].buffer = 2;
+        CHECK(pp_ckpt_save_mem(&d, img, (size_t)size, &err) == PP_ERR_INVALID && strstr(err.msg, "buffer 2"),
+              "a shard of a buffer the layer lacks: refused (%s)", err.msg);
+    }
+    for (tp = 1; tp <= TPMAX; tp *= 2)
+        for (pp = 1; pp <= 2; pp++) {
+            tprun R;
+            memset(&R, 0, sizeof R);
+            R.pp = pp;
+            R.tp = tp;
+            R.img = img;
+            R.bytes = (size_t)size;
+            memset(img, 0xee, (size_t)size);
+            CHECK(pp_threads_create(pp * tp, &R.all, &err) == PP_OK, "threads: %s", err.msg);
+            CHECK(pp_threads_run(pp * tp, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
+            for (i = 0; i < pp * tp; i++)
+                CHECK(R.rc[i] == PP_OK && (pp == 1 || R.copies[i] > 0), "save tp=%d pp=%d: world rank %d: %s (%d copies)", tp,
+                      pp, i, R.msg[i], R.copies[i]);
+            CHECK(memcmp(img, ref, (size_t)size) == 0, "save tp=%d pp=%d: the image differs from tp = 1's at byte %zu of %llu",
+                  tp, pp, tp_first_diff(img, ref, (size_t)size), (unsigned long long)size);
+            pp_threads_destroy(R.all);
+            runs++;
+        }
+    { /* a file at tp = 2: TP rank 1 leaves it alone */
+        tprun R;
+        FILE* f;
+        size_t got;
+        snprintf(path, sizeof path, "%s.tp", PATH);
+        memset(&R, 0, sizeof R);
+        R.pp = 1;
+        R.tp = 2;
+        R.to_file = 1;
+        R.path = path;
+        CHECK(pp_threads_create(2, &R.all, &err) == PP_OK, "threads: %s", err.msg);
+        CHECK(pp_threads_run(2, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
+        CHECK(R.rc[0] == PP_OK && R.rc[1] == PP_OK, "save_file tp=2: %s / %s", R.msg[0], R.msg[1]);
+        memset(img, 0, (size_t)size);
+        f = fopen(path, "rb");
+        got = f ? fread(img, 1, (size_t)size, f) : 0;
+        CHECK(f && got == size && fgetc(f) == EOF && memcmp(img, ref, (size_t)size) == 0,
+              "save_file tp=2: %zu bytes, differ from tp = 1's at byte %zu", got, tp_first_diff(img, ref, got));
+        if (f) fclose(f);
+        remove(path);
+        pp_threads_destroy(R.all);
+    }
+    for (tp = 1; tp <= TPMAX; tp *= 2)
+        for (pp = 1; pp <= 2; pp++) {
+            tprun R;
+            memset(&R, 0, sizeof R);
+            R.pp = pp;
+            R.tp = tp;
+            R.load = 1;
+            R.img = ref;
+            R.bytes = (size_t)size;
+            CHECK(pp_threads_create(pp * tp, &R.all, &err) == PP_OK, "threads: %s", err.msg);
+            CHECK(pp_threads_run(pp * tp, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
+            for (i = 0; i < pp * tp; i++)
+                CHECK(R.rc[i] == PP_OK && R.bad[i] == 0 && (pp == 1 || R.copies[i] > 0), "load tp=%d pp=%d: world rank %d: %s",
+                      tp, pp, i, R.msg[i]);
+            pp_threads_destroy(R.all);
+        }
+    printf("tp: saves at tp = 1, 2, 4 x pp = 1, 2 (%d) and a file at tp = 2 equal the tp = 1 save byte for byte (%llu "
+           "bytes; rows, columns, a flat split with a short last slice, whole copies, a state); loads at tp = 1, 2, 4 give "
+           "each rank its slices\n",
+           runs, (unsigned long long)size);
+    free(ref);
+    free(img);
+    free(mem);
+}
+
 int main(int argc, char** argv) {
     const char* only = argc > 1 ? argv[1] : NULL; /* what a negative control runs */
     int corrupt_only = only && !strcmp(only, "corrupt");
     snprintf(PATH, sizeof PATH, "%s/pp_test_ckpt.%ld.ckpt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
+    if (only && !strcmp(only, "tp")) {
+        test_tp();
+        return TEST_DONE("ckpt");
+    }
     trainer_init(&T, DIMS, 99);
     W0 = (float*)malloc(T.opt.n * sizeof(float));
     M0 = (float*)malloc(T.opt.n * sizeof(float));
@@ -987,6 +1274,7 @@ int main(int argc, char** argv) {
         test_partial();
         test_save();
         test_gpt();
+        test_tp();
     }
     remove(PATH);
     trainer_free(&T);

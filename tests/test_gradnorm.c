@@ -19,11 +19,17 @@
      gradients to the unscaled run's bits, report the unscaled loss, and grow the scale.
    - pipeline and errors: pp_pipeline_grad_norm / _clip, and the refusals.
    - clipbound: max_norm = DBL_MAX clips nothing, a norm of DBL_MAX is finite; Inf and NaN refused.
+   - tp: tensor parallelism (pp_grad_norm_tp, pp_stage_grad_clip_tp): sharded and replicated
+     buffers at tp = 1, 2, 4 over every kind, p and partition: the same bits on every rank at a tp,
+     within 1e-12 of the gathered norm, one clip coefficient. tpscaler: the scaler over
+     pp x dp x tp = 2 x 2 x 2, a NaN on one TP rank skips every rank.
    Negative controls (make gradnorm-controls): -DPP_TEST_NO_NORM_ORDER adds each rank's layers
    first and then the ranks' totals ("order" fails); -DPP_TEST_NO_SCALER_AGREE lets each rank
    decide alone ("scaler" fails); (build/failpath-controls) -DPP_TEST_OLD_CLIP_BOUND refuses
-   max_norm = DBL_MAX ("clipbound" fails). Usage: test_gradnorm
-   [norm|order|half|scaler|pipeline|clipbound]. */
+   max_norm = DBL_MAX ("clipbound" fails); -DPP_TEST_TP_REPLICATED_EACH counts replicated
+   parameters once per TP rank ("tp" fails); -DPP_TEST_TP_SCALER_NO_TP leaves the TP group out of
+   the scaler's groups ("tpscaler" fails, as does "tpscaler" under -DPP_TEST_NO_SCALER_AGREE).
+   Usage: test_gradnorm [norm|order|half|scaler|pipeline|clipbound|tp|tpscaler]. */
 #ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
 #endif
@@ -817,6 +823,296 @@ static void test_listed_twice(void) {
     pp_threads_destroy(T.th);
 }
 
+/* ---- tensor parallelism: pp_grad_norm_tp, pp_stage_grad_clip_tp, the scaler over pp x dp x tp --
+   Synthetic gradients of the tlm model's NL layers: layer l has a TPR x TPC weight, sharded over
+   the TP group (even layers by rows, odd layers by columns), and a bias of TPC replicated on every
+   TP rank. The gathered norm is pp_grad_norm's over whole buffers; with tp = 1, 2, 4 and every
+   schedule kind, p and partition, every rank of the grid gets the same bits at a given tp (the
+   first run's), within 1e-12 of the gathered norm, and pp_stage_grad_clip_tp the same norm and the
+   same coefficient. Negative control: -DPP_TEST_TP_REPLICATED_EACH counts the bias tp times. */
+#define TPR 8
+#define TPC 12
+#define MAXTP 4
+static float g_tpw[NL][TPR * TPC], g_tpb[NL][TPC];
+
+static void tp_fill(void) {
+    uint32_t x = 12345u;
+    int l, i;
+    for (l = 0; l < NL; l++) {
+        double mag = ldexp(1.0, l % 5 - 2);
+        for (i = 0; i < TPR * TPC; i++) {
+            x = x * 1664525u + 1013904223u;
+            g_tpw[l][i] = (float)(mag * ((double)(x >> 8) / 16777216.0 - 0.5));
+        }
+        for (i = 0; i < TPC; i++) {
+            x = x * 1664525u + 1013904223u;
+            g_tpb[l][i] = (float)(mag * ((double)(x >> 8) / 16777216.0 - 0.5));
+        }
+    }
+}
+
+/* TP rank k's shard of layer l's weight into out (rows k * TPR / tp.., or those columns of every
+   row); returns its count. */
+static size_t tp_shard(int l, int tp, int k, float* out) {
+    size_t n = 0;
+    int i, j;
+    if (l % 2 == 0) {
+        for (i = k * TPR / tp; i < (k + 1) * TPR / tp; i++)
+            for (j = 0; j < TPC; j++) out[n++] = g_tpw[l][i * TPC + j];
+    } else {
+        for (i = 0; i < TPR; i++)
+            for (j = k * TPC / tp; j < (k + 1) * TPC / tp; j++) out[n++] = g_tpw[l][i * TPC + j];
+    }
+    return n;
+}
+
+typedef struct tpcfg {
+    hx_sched sc;
+    int first[MAXP * 3 + 1];
+    int p, tp, drop;             /* drop: TP rank 1 leaves out its first layer (refused) */
+    double max_norm;
+    pp_threads* pipes[MAXTP];
+    pp_threads* all;             /* p * tp ranks, world rank r * tp + k: the TP groups' transport */
+    float mem[MAXP * MAXTP][NL][TPR * TPC + TPC];
+    double norm[MAXP * MAXTP], norm2[MAXP * MAXTP];
+    pp_result rc[MAXP * MAXTP];
+    int bad[MAXP * MAXTP];
+    char msg[MAXP * MAXTP][600];
+} tpcfg;
+
+static int tp_bufs(tpcfg* C, int r, int k, int wr, pp_grad_buf* bufs) {
+    int l, nb = 0, dropped = 0;
+    for (l = 0; l < NL; l++) {
+        float* m = C->mem[wr][l];
+        if (pp_schedule_layer_rank(&C->sc.s, C->first, l) != r) continue;
+        if (C->drop && k == 1 && !dropped) {
+            dropped = 1;
+            continue;
+        }
+        memcpy(m, g_tpb[l], sizeof g_tpb[l]);
+        memset(&bufs[nb], 0, 2 * sizeof *bufs);
+        bufs[nb].layer = bufs[nb + 1].layer = l;
+        bufs[nb].dtype = bufs[nb + 1].dtype = PP_F32;
+        bufs[nb].data = m;
+        bufs[nb].count = TPC;
+        bufs[nb + 1].data = m + TPC;
+        bufs[nb + 1].count = tp_shard(l, C->tp, k, m + TPC);
+        bufs[nb + 1].tp_sharded = 1;
+        nb += 2;
+    }
+    return nb;
+}
+
+static pp_result tp_rank(int wr, void* user) {
+    tpcfg* C = (tpcfg*)user;
+    int r = wr / C->tp, k = wr % C->tp, tranks[MAXTP], i, nb;
+    pp_transport pipe = pp_threads_transport(C->pipes[k], r), all = pp_threads_transport(C->all, wr);
+    pp_group pg, tg;
+    pp_grad_buf bufs[2 * NL];
+    pp_model model = tlm_model_desc();
+    pp_stage_desc d;
+    pp_stage* st = NULL;
+    pp_error err;
+    tlm_model w, gw;
+    float* arena = (float*)calloc(npar(), sizeof(float));
+    float orig[TPR * TPC];
+    double coef;
+    pp_result rc;
+    err.msg[0] = 0;
+    for (i = 0; i < C->tp; i++) tranks[i] = r * C->tp + i;
+    memset(&pg, 0, sizeof pg);
+    memset(&tg, 0, sizeof tg);
+    pg.t = &pipe;
+    pg.timeout_s = tg.timeout_s = 20;
+    tg.t = &all;
+    tg.ranks = tranks;
+    tg.n_ranks = C->tp;
+    nb = tp_bufs(C, r, k, wr, bufs);
+    rc = C->rc[wr] = pp_grad_norm_tp(&pg, &tg, NL, bufs, nb, &C->norm[wr], &err);
+    if (rc != PP_OK || C->drop) goto out;
+    tlm_layout(&w, g_w, VOCAB, DIM, 0);
+    tlm_layout(&gw, arena, VOCAB, DIM, 0);
+    hx_stage_desc(&d, NULL, model, &w, &gw, &C->sc.s, C->first, r, pipe);
+    d.timeout_s = 20;
+    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) goto out;
+    if ((rc = pp_stage_grad_clip_tp(st, &tg, bufs, nb, C->max_norm, &C->norm2[wr], &err)) != PP_OK) goto out;
+    coef = C->max_norm / (C->norm2[wr] + 1e-6);
+    for (i = 0; i < nb; i++) { /* every value scaled by the one coefficient */
+        size_t j, n = bufs[i].tp_sharded ? tp_shard(bufs[i].layer, C->tp, k, orig) : TPC;
+        const float* o = bufs[i].tp_sharded ? orig : g_tpb[bufs[i].layer];
+        for (j = 0; j < n; j++)
+            if (((float*)bufs[i].data)[j] != o[j] * (float)coef && !C->bad[wr]++)
+                snprintf(C->msg[wr], sizeof C->msg[wr], "layer %d: clipped %.9g, want %.9g * %.17g", bufs[i].layer,
+                         (double)((float*)bufs[i].data)[j], (double)o[j], coef);
+    }
+out:
+    if (rc != PP_OK) snprintf(C->msg[wr], sizeof C->msg[wr], "%s", err.msg);
+    pp_stage_destroy(st);
+    free(arena);
+    return PP_OK;
+}
+
+static tpcfg* tp_setup(pp_schedule_kind kind, int p, int v, int tp, int lopsided) {
+    tpcfg* C = (tpcfg*)calloc(1, sizeof *C);
+    pp_error err;
+    int r, S = p * v;
+    C->p = p;
+    C->tp = tp;
+    CHECK(hx_sched_make(&C->sc, kind, p, v, M, &err) == PP_OK, "%s p=%d v=%d: %s", pp_schedule_name(kind), p, v, err.msg);
+    if (lopsided) {
+        for (r = 0; r < S; r++) C->first[r] = r;
+        C->first[S] = NL;
+    } else {
+        CHECK(pp_partition_uniform(NL, S, C->first, &err) == PP_OK, "partition: %s", err.msg);
+    }
+    for (r = 0; r < tp; r++) CHECK(pp_threads_create(p, &C->pipes[r], &err) == PP_OK, "threads: %s", err.msg);
+    CHECK(pp_threads_create(p * tp, &C->all, &err) == PP_OK, "threads: %s", err.msg);
+    return C;
+}
+
+static void tp_free(tpcfg* C) {
+    int r;
+    for (r = 0; r < C->tp; r++) pp_threads_destroy(C->pipes[r]);
+    pp_threads_destroy(C->all);
+    hx_sched_free(&C->sc);
+    free(C);
+}
+
+static void test_tp_norm(void) {
+    pp_grad_buf bufs[2 * NL];
+    pp_error err;
+    double ref, first[MAXTP + 1];
+    int l, tp, k, p, v, lop, r, runs = 0;
+    tp_fill();
+    memset(bufs, 0, sizeof bufs);
+    for (l = 0; l < NL; l++) { /* the gathered gradients, pp_grad_norm as before tensor parallelism */
+        bufs[2 * l].layer = bufs[2 * l + 1].layer = l;
+        bufs[2 * l].dtype = bufs[2 * l + 1].dtype = PP_F32;
+        bufs[2 * l].data = g_tpb[l];
+        bufs[2 * l].count = TPC;
+        bufs[2 * l + 1].data = g_tpw[l];
+        bufs[2 * l + 1].count = TPR * TPC;
+    }
+    CHECK(pp_grad_norm(NULL, NL, bufs, 2 * NL, &ref, &err) == PP_OK && ref > 0, "gathered norm: %s", err.msg);
+    for (tp = 1; tp <= MAXTP; tp *= 2) {
+        int n = 0;
+        for (k = 0; k < PP_SCHED_KIND_COUNT; k++)
+            for (p = 1; p <= MAXP; p++)
+                for (v = 1; v <= 3; v++) {
+                    pp_schedule_kind kind = (pp_schedule_kind)k;
+                    tpcfg* C;
+                    if (pp_schedule_kind_v(kind, v) != v || pp_schedule_size(kind, p, v, M) == 0 || p * v > NL) continue;
+                    lop = (k + p + v) & 1;
+                    C = tp_setup(kind, p, v, tp, lop);
+                    C->max_norm = ref * 0.5;
+                    CHECK(pp_threads_run(p * tp, tp_rank, C, &err) == PP_OK, "run: %s", err.msg);
+                    if (n++ == 0) first[tp] = C->norm[0];
+                    for (r = 0; r < p * tp; r++) {
+                        CHECK(C->rc[r] == PP_OK && C->bad[r] == 0, "tp=%d %s p=%d v=%d: world rank %d: %s", tp,
+                              pp_schedule_name(kind), p, v, r, C->msg[r]);
+                        CHECK(memcmp(&C->norm[r], &first[tp], sizeof(double)) == 0 &&
+                                  memcmp(&C->norm2[r], &first[tp], sizeof(double)) == 0,
+                              "tp=%d %s p=%d v=%d %s: world rank %d's norm %.17g (the stage's %.17g), the first run's %.17g",
+                              tp, pp_schedule_name(kind), p, v, lop ? "lopsided" : "uniform", r, C->norm[r], C->norm2[r],
+                              first[tp]);
+                    }
+                    tp_free(C);
+                    runs++;
+                }
+        CHECK(fabs(first[tp] - ref) <= 1e-12 * ref, "tp=%d: norm %.17g, the gathered gradients' %.17g", tp, first[tp], ref);
+    }
+    { /* a layer listed by one TP rank and not its peer: refused on every rank */
+        tpcfg* C = tp_setup(PP_SCHED_1F1B, 1, 1, 2, 0);
+        C->drop = 1;
+        CHECK(pp_threads_run(2, tp_rank, C, &err) == PP_OK, "run: %s", err.msg);
+        CHECK(C->rc[0] == PP_ERR_INVALID && C->rc[1] == PP_ERR_INVALID && strstr(C->msg[0], "of the 2 ranks of the TP group"),
+              "a layer only one TP rank lists: %s / %s", C->msg[0], C->msg[1]);
+        tp_free(C);
+    }
+    bufs[1].tp_sharded = 2;
+    CHECK(pp_grad_norm_tp(NULL, NULL, NL, bufs, 2 * NL, &first[0], &err) == PP_ERR_INVALID && strstr(err.msg, "tp_sharded = 2"),
+          "tp_sharded = 2: refused (%s)", err.msg);
+    bufs[1].tp_sharded = 0;
+    printf("tp: %d runs (tp = 1, 2, 4; every kind, p = 1..%d, v where the kind takes it): every rank's norm the same bits "
+           "at each tp (%.17g, %.17g, %.17g), within 1e-12 of the gathered %.17g; pp_stage_grad_clip_tp: the same norm, "
+           "one coefficient; a layer one TP rank leaves out, and tp_sharded = 2, refused\n",
+           runs, MAXP, first[1], first[2], first[4], ref);
+}
+
+/* The scaler over pp x dp x tp = 2 x 2 x 2 (one threads world, groups as rank lists): a NaN in one
+   TP rank's shard skips the step on all 8 ranks with the groups pipe, dp, tp; a clean step on
+   none. Negative control: -DPP_TEST_TP_SCALER_NO_TP leaves the TP group out of the list. */
+typedef struct tpscal {
+    pp_threads* all;
+    int skip[8][2];
+    float scale[8][3];
+    pp_result rc[8];
+} tpscal;
+
+static pp_result tpscal_rank(int wr, void* user) {
+    tpscal* T = (tpscal*)user;
+    int r = wr / 4, d = (wr / 2) % 2, k = wr % 2, pr[2], dr[2], tr[2], i, step, ng = 3;
+    pp_transport all = pp_threads_transport(T->all, wr);
+    pp_group groups[3];
+    pp_loss_scaler sc;
+    pp_grad_buf b[2];
+    float shard[6], bias[3];
+    pp_error err;
+    for (i = 0; i < 2; i++) {
+        pr[i] = i * 4 + d * 2 + k;
+        dr[i] = r * 4 + i * 2 + k;
+        tr[i] = r * 4 + d * 2 + i;
+    }
+    memset(groups, 0, sizeof groups);
+    for (i = 0; i < 3; i++) {
+        groups[i].t = &all;
+        groups[i].n_ranks = 2;
+        groups[i].timeout_s = 20;
+    }
+    groups[0].ranks = pr;
+    groups[1].ranks = dr;
+    groups[2].ranks = tr;
+#ifdef PP_TEST_TP_SCALER_NO_TP
+    ng = 2;
+#endif
+    memset(b, 0, sizeof b);
+    b[0].data = bias;
+    b[0].count = 3;
+    b[1].data = shard;
+    b[1].count = 6;
+    b[1].tp_sharded = 1;
+    b[0].dtype = b[1].dtype = PP_F32;
+    b[0].layer = b[1].layer = r;
+    if ((T->rc[wr] = pp_loss_scaler_init(&sc, NULL, &err)) != PP_OK) return PP_OK;
+    for (step = 0; step < 2; step++) {
+        for (i = 0; i < 6; i++) shard[i] = (float)(i + k);
+        for (i = 0; i < 3; i++) bias[i] = 2.0f;
+        if (step == 0 && wr == 5) shard[3] = NAN; /* pipe rank 1, replica 0, TP rank 1 */
+        T->scale[wr][step] = sc.scale;
+        if ((T->rc[wr] = pp_loss_scaler_check(&sc, groups, ng, b, 2, &T->skip[wr][step], &err)) != PP_OK) return PP_OK;
+    }
+    T->scale[wr][2] = sc.scale;
+    return PP_OK;
+}
+
+static void test_tp_scaler(void) {
+    tpscal T;
+    pp_error err;
+    int r;
+    memset(&T, 0, sizeof T);
+    CHECK(pp_threads_create(8, &T.all, &err) == PP_OK, "threads: %s", err.msg);
+    CHECK(pp_threads_run(8, tpscal_rank, &T, &err) == PP_OK, "run: %s", err.msg);
+    for (r = 0; r < 8; r++)
+        CHECK(T.rc[r] == PP_OK && T.skip[r][0] == 1 && T.skip[r][1] == 0 && T.scale[r][1] == 32768.0f &&
+                  T.scale[r][2] == 32768.0f,
+              "world rank %d (pp %d, dp %d, tp %d): a NaN on TP rank 1 of world rank 5: %s, skip %d then %d, scale %g, %g",
+              r, r / 4, (r / 2) % 2, r % 2, pp_result_str(T.rc[r]), T.skip[r][0], T.skip[r][1], (double)T.scale[r][1],
+              (double)T.scale[r][2]);
+    pp_threads_destroy(T.all);
+    printf("tpscaler: pp x dp x tp = 2 x 2 x 2, a NaN on one TP rank: all 8 ranks skip and halve the scale (groups pipe, "
+           "dp, tp); the clean step after on none\n");
+}
+
 /* ---- clipping at the largest finite values ------------------------------------------------------
    max_norm = DBL_MAX is a bound like any other (nothing scaled); a norm of DBL_MAX is finite and
    scales the gradients (by max_norm / DBL_MAX); Inf and NaN stay refused. */
@@ -867,6 +1163,8 @@ int main(int argc, char** argv) {
         test_grid();
     }
     if (!only || !strcmp(only, "clipbound")) test_clip_bound();
+    if (!only || !strcmp(only, "tp")) test_tp_norm();
+    if (!only || !strcmp(only, "tpscaler")) test_tp_scaler();
     free(g_w);
     return TEST_DONE("test_gradnorm");
 }

@@ -17,6 +17,8 @@
    are pp_sequential_eval's bit for bit, and the steps after it are checked as before.
    Some configurations run again with the data-parallel reduction overlapped with the cool-down
    (pp_dp_overlap from the gradients-final hook, tied layers after the tied sum): the same bits.
+   With tensor parallelism (tp_mpi_case): pp_grad_norm_tp over pp x tp = W_SIZE / 2 x 2, the
+   scaler over pipe and tp groups, and a checkpoint gathered over tp = W_SIZE: the tp = 1 bytes.
    Each rank counts its own checks; rank 0 prints the world's totals. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
@@ -542,6 +544,190 @@ static void tag_checks(void) {
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* ---- tensor parallelism across processes ----------------------------------------------------
+   pp = W_SIZE / 2 x tp = 2 over the world's transport (the groups as rank lists): pp_grad_norm_tp
+   of row-sharded weights and replicated biases has the same bits on every rank, within 1e-12 of
+   the gathered norm; a NaN on the last rank skips the step on every rank (groups pipe, tp). A
+   checkpoint over tp = W_SIZE (weights split by rows and by columns, some slices empty at
+   np 8): the file the TP group's first rank writes equals its tp = 1 save byte for byte, and
+   every rank loads its slices back from it. */
+#define MTL 5
+#define MTR 7
+#define MTC 3
+static float mt_w(int l, int i) { return (float)((l * 37 + i * 11) % 23 - 11) / 8.0f; }
+static float mt_b(int l, int i) { return (float)((l * 5 + i * 3) % 7 - 3) / 4.0f; }
+/* torch.chunk's slice of N units for rank k of n */
+static int64_t mt_chunk(int64_t N, int k, int n, int64_t* a) {
+    int64_t c = (N + n - 1) / n, e;
+    *a = k * c < N ? k * c : N;
+    e = *a + c < N ? *a + c : N;
+    return e - *a;
+}
+
+typedef struct mtw {
+    float* w[2];
+    int64_t n[2];
+    float* b[2];
+} mtw;
+static int mt_fwd(const void* w, int l, pp_layer_io* io) { (void)w, (void)l, (void)io; return 0; }
+static int mt_bwd(const void* w, void* g, int l, pp_layer_io* io) { (void)w, (void)g, (void)l, (void)io; return 0; }
+static void mt_describe(const void* w, int l, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
+    (void)w, (void)l, (void)mb, (void)in, (void)n_in, (void)d;
+}
+static int mt_params(const pp_model* m, const void* weights, int l, pp_param* out, int cap) {
+    const mtw* w = (const mtw*)weights;
+    (void)m;
+    if (l < 0 || l > 1) return -1;
+    if (out && cap >= 2) {
+        out[0] = pp_param_of(w->w[l], w->n[l], PP_F32);
+        out[1] = pp_param_of(w->b[l], MTC, PP_F32);
+    }
+    return 2;
+}
+
+static void tp_mpi_case(void) {
+    pp_mpi* t = NULL;
+    pp_transport wt;
+    pp_error err;
+    pp_group g, tg;
+    pp_grad_buf bufs[2 * MTL], whole[2 * MTL];
+    static float W[MTL][MTR * MTC], B[MTL][MTC], mine[MTL][MTR * MTC], mb[MTL][MTC];
+    int tp = 2, pp = W_SIZE / 2, pr = W_RANK / 2, k = W_RANK % 2, pranks[8], tranks[2], j, l, i, nb = 0, skip = 0;
+    double ref = 0, norm = -1, lo, hi;
+    pp_loss_scaler ls;
+    pp_group groups[2];
+    CHECK(pp_mpi_create(MPI_COMM_WORLD, MPI_COMM_NULL, &t, &err) == PP_OK, "create: %s", err.msg);
+    wt = pp_mpi_transport(t);
+    for (j = 0; j < pp; j++) pranks[j] = j * tp + k;
+    for (j = 0; j < tp; j++) tranks[j] = pr * tp + j;
+    memset(&g, 0, sizeof g);
+    memset(&tg, 0, sizeof tg);
+    g.t = tg.t = &wt;
+    g.ranks = pranks;
+    g.n_ranks = pp;
+    tg.ranks = tranks;
+    tg.n_ranks = tp;
+    g.timeout_s = tg.timeout_s = 30;
+    memset(whole, 0, sizeof whole);
+    memset(bufs, 0, sizeof bufs);
+    for (l = 0; l < MTL; l++) {
+        int64_t a, rows = mt_chunk(MTR, k, tp, &a);
+        for (i = 0; i < MTR * MTC; i++) W[l][i] = mt_w(l, i);
+        for (i = 0; i < MTC; i++) B[l][i] = mb[l][i] = mt_b(l, i);
+        whole[2 * l].layer = whole[2 * l + 1].layer = l;
+        whole[2 * l].data = B[l];
+        whole[2 * l].count = MTC;
+        whole[2 * l + 1].data = W[l];
+        whole[2 * l + 1].count = MTR * MTC;
+        whole[2 * l].dtype = whole[2 * l + 1].dtype = PP_F32;
+        if (l % pp != pr) continue;
+        memcpy(mine[l], W[l] + a * MTC, (size_t)(rows * MTC) * sizeof(float));
+        bufs[nb] = whole[2 * l];
+        bufs[nb].data = mb[l];
+        bufs[nb + 1] = whole[2 * l + 1];
+        bufs[nb + 1].data = mine[l];
+        bufs[nb + 1].count = (size_t)(rows * MTC);
+        bufs[nb + 1].tp_sharded = 1;
+        nb += 2;
+    }
+    CHECK(pp_grad_norm(NULL, MTL, whole, 2 * MTL, &ref, &err) == PP_OK, "tp: gathered norm: %s", err.msg);
+    CHECK(pp_grad_norm_tp(&g, &tg, MTL, bufs, nb, &norm, &err) == PP_OK && fabs(norm - ref) <= 1e-12 * ref,
+          "tp: rank %d (pp %d, tp %d): norm %.17g, gathered %.17g: %s", W_RANK, pr, k, norm, ref, err.msg);
+    MPI_Allreduce(&norm, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&norm, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    CHECK(memcmp(&lo, &norm, sizeof lo) == 0 && memcmp(&hi, &norm, sizeof hi) == 0, "tp: norms from %.17g to %.17g", lo, hi);
+    if (W_RANK == W_SIZE - 1 && nb) mine[bufs[1].layer][0] = NAN;
+    groups[0] = g;
+    groups[1] = tg;
+    CHECK(pp_loss_scaler_init(&ls, NULL, &err) == PP_OK && pp_loss_scaler_check(&ls, groups, 2, bufs, nb, &skip, &err) == PP_OK &&
+              skip == 1,
+          "tp: rank %d: a NaN on the last rank: skip %d: %s", W_RANK, skip, err.msg);
+    { /* the checkpoint over tp = W_SIZE */
+        static const pp_ckpt_shard sh[2] = {{0, 0, PP_SHARD_ROWS, MTR * MTC, MTC}, {1, 0, PP_SHARD_COLS, MTR * MTC, MTC}};
+        float w0[MTR * MTC], w1[MTR * MTC], b0[MTC], b1[MTC];
+        mtw mw, lw;
+        pp_model m;
+        pp_ckpt_desc d;
+        pp_group all;
+        char path[256];
+        int64_t a0, a1, r0 = mt_chunk(MTR, W_RANK, W_SIZE, &a0), c1 = mt_chunk(MTC, W_RANK, W_SIZE, &a1), x;
+        int bad = 0;
+        memset(&m, 0, sizeof m);
+        m.name = "mpitp";
+        m.n_layers = 2;
+        m.forward = mt_fwd;
+        m.backward = mt_bwd;
+        m.describe = mt_describe;
+        m.params = mt_params;
+        memcpy(w0, W[0] + a0 * MTC, (size_t)(r0 * MTC) * sizeof(float));
+        for (x = 0; x < MTR; x++) memcpy(w1 + x * c1, W[1] + x * MTC + a1, (size_t)c1 * sizeof(float));
+        mw.w[0] = w0;
+        mw.w[1] = w1;
+        mw.n[0] = r0 * MTC;
+        mw.n[1] = c1 * MTR;
+        mw.b[0] = B[0];
+        mw.b[1] = B[1];
+        memset(&all, 0, sizeof all);
+        all.t = &wt;
+        all.timeout_s = 30;
+        memset(&d, 0, sizeof d);
+        d.model = m;
+        d.weights = &mw;
+        d.tp = &all;
+        d.shards = sh;
+        d.n_shards = 2;
+        if (W_RANK == 0) snprintf(path, sizeof path, "%s/pp_test_mpi_tp.%ld.ckpt", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
+        MPI_Bcast(path, sizeof path, MPI_CHAR, 0, MPI_COMM_WORLD);
+        CHECK(pp_ckpt_save_file(&d, path, &err) == PP_OK, "tp ckpt: rank %d: save: %s", W_RANK, err.msg);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (W_RANK == 0) { /* the file against a tp = 1 save of the whole weights */
+            mtw fw;
+            pp_ckpt_desc d1 = d;
+            uint64_t size = 0;
+            unsigned char *ref1, *got;
+            FILE* f = fopen(path, "rb");
+            size_t n = 0;
+            fw.w[0] = W[0];
+            fw.w[1] = W[1];
+            fw.n[0] = fw.n[1] = MTR * MTC;
+            fw.b[0] = B[0];
+            fw.b[1] = B[1];
+            d1.weights = &fw;
+            d1.tp = NULL;
+            d1.shards = NULL;
+            d1.n_shards = 0;
+            CHECK(pp_ckpt_size(&d1, &size, &err) == PP_OK, "tp ckpt: size: %s", err.msg);
+            ref1 = (unsigned char*)calloc((size_t)size + 1, 1);
+            got = (unsigned char*)calloc((size_t)size + 1, 1);
+            CHECK(pp_ckpt_save_mem(&d1, ref1, (size_t)size, &err) == PP_OK, "tp ckpt: tp = 1 save: %s", err.msg);
+            if (f) n = fread(got, 1, (size_t)size + 1, f);
+            CHECK(f && n == size && memcmp(got, ref1, (size_t)size) == 0,
+                  "tp ckpt: the file at tp = %d (%zu bytes) differs from the tp = 1 save (%llu bytes)", W_SIZE, n,
+                  (unsigned long long)size);
+            if (f) fclose(f);
+            free(ref1);
+            free(got);
+        }
+        memset(&lw, 0, sizeof lw);
+        memset(w0, 0, sizeof w0);
+        memset(w1, 0, sizeof w1);
+        memset(b0, 0, sizeof b0);
+        memset(b1, 0, sizeof b1);
+        lw = mw;
+        lw.b[0] = b0;
+        lw.b[1] = b1;
+        d.weights = &lw;
+        CHECK(pp_ckpt_load_file(&d, path, NULL, &err) == PP_OK, "tp ckpt: rank %d: load: %s", W_RANK, err.msg);
+        for (x = 0; x < r0 * MTC; x++) bad += w0[x] != W[0][a0 * MTC + x];
+        for (x = 0; x < MTR * c1; x++) bad += w1[x] != W[1][(x / c1) * MTC + a1 + x % c1];
+        bad += memcmp(b0, B[0], sizeof b0) != 0 || memcmp(b1, B[1], sizeof b1) != 0;
+        CHECK(bad == 0, "tp ckpt: rank %d of %d loaded %d wrong values", W_RANK, W_SIZE, bad);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (W_RANK == 0) remove(path);
+    }
+    pp_mpi_destroy(t);
+}
+
 int main(int argc, char** argv) {
     static const pp_schedule_kind kinds[3] = {PP_SCHED_GPIPE, PP_SCHED_1F1B, PP_SCHED_INTERLEAVED};
     int pps[2] = {2, 4}, i, k, totals[2], mine[2];
@@ -572,6 +758,7 @@ int main(int argc, char** argv) {
         run_case(PP_SCHED_ZB_V, pp, 2, 5, PP_SHAPES_LOCAL);
         OVERLAP = 0;
     }
+    if (W_SIZE >= 2 && W_SIZE % 2 == 0 && W_SIZE <= 8) tp_mpi_case();
     if (W_SIZE >= 2) tag_checks();
     if (W_SIZE >= 2 && W_SIZE <= 8) {
         fail_case(0);
