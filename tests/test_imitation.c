@@ -1045,11 +1045,10 @@ static void r_launch_order(world* w, int r) {
    yet): an event recorded on its communicator's deviceStream stays incomplete until rank 1
    receives. Without the streams (no_internal_streams, not NCCL's way) there is nothing to wait
    on: the known-bad imitation misses the rule. */
+static int g_is_go; /* rank 0 sent: rank 1 may post its receive (atomics: read and written by both ranks' threads) */
 static void r_internal_streams(world* w, int r) {
-    static volatile int go;
     cudaStream_t ds = NULL, hs = NULL;
     cudaEvent_t e = NULL;
-    if (r == 0) go = 0;
     rank_setup(w, r);
     if (r == 0) {
         ncclSend(w->a[r], NF, ncclFloat, 1, w->comm[r], w->s[r]);
@@ -1061,11 +1060,10 @@ static void r_internal_streams(world* w, int r) {
             sleep_s(0.1);
             w->ok2[r] = w->ok2[r] && cudaEventQuery(e) == cudaErrorNotReady; /* behind the kernel's end */
         }
-        __sync_synchronize();
-        go = 1;
+        __atomic_store_n(&g_is_go, 1, __ATOMIC_SEQ_CST);
         w->ok[r] = wait_stream(w->s[r], LONG_S) && (!e || wait_event(e, LONG_S));
     } else {
-        while (!go) sleep_s(0.005);
+        while (!__atomic_load_n(&g_is_go, __ATOMIC_SEQ_CST)) sleep_s(0.005);
         ncclRecv(w->a[r], NF, ncclFloat, 0, w->comm[r], w->s[r]);
         w->ok[r] = wait_stream(w->s[r], LONG_S);
         w->ok2[r] = 1;
@@ -1098,6 +1096,7 @@ static void test_launch_order(void) {
             o.no_internal_streams = bad;
             fakenccl_set_options(&o);
             world_init(&w, 2);
+            g_is_go = 0;
             run_ranks(&w, r_internal_streams);
             CHECK(w.ok[0] && w.ok[1], "internal streams%s: the exchange completes", bad ? " (none)" : "");
             CHECK(w.ok2[0] == !bad, "internal streams%s: an event on deviceStream %s until the kernel ends", bad ? " (none)" : "",
