@@ -43,7 +43,7 @@ CTL_CFLAGS ?= -O0
 # information, a fifth less to compile; TEST_CFLAGS="-O2 -g" for a debugger.
 TEST_CFLAGS ?= -O2
 CTL_KINDS   = agree ckpt conv cuda cudap errors eval gpt_cpu gradnorm malloc nccl ncclgrid overlap recompute rel soak mpi \
-              validate zb tlm-mpi dpfault
+              validate zb tlm-mpi dpfault tp
 $(foreach k,$(CTL_KINDS),$(B)/$(k)-ctl-%): CFLAGS = $(CTL_CFLAGS)
 
 $(B)/mlp_cpu: examples/mlp_cpu.c $(EXH) $(HEADERS) | $(B)
@@ -88,7 +88,7 @@ $(B)/tsan-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 # one's compile. The flags are spelled out here (IMPL_*), not taken from BASE, which targets
 # extend for themselves and make would pass on to a shared prerequisite.
 LINKED_TESTS = test_pipeline test_errors test_varlen test_gpt test_zb test_devops test_recompute \
-               test_validate test_gradnorm test_eval test_grid test_schedule
+               test_validate test_gradnorm test_eval test_grid test_schedule test_tp
 O           = $(B)/obj
 IMPL_BASE  := -std=c99 $(WARN) -I.
 LINK_DEFS   = -DPP_TEST_LINK_IMPL -D_POSIX_C_SOURCE=200809L
@@ -379,6 +379,16 @@ $(B)/dpfault-controls: tests/controls.sh $(B)/dpfault-ctl-no-step-id $(B)/dpfaul
 	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale" "$(B)/dpfault-ctl-no-agree agree" "$(B)/ncclgrid-ctl-no-agree fault" "timeout 10 $(B)/ncclgrid-ctl-same-order fault" "timeout 10 $(B)/ncclgrid-ctl-copy-untimed fault"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/dpfault-controls
+# ---- tests/test_tp.c: the pp x dp x tp grid and the TP collectives (issue 40) ----------------
+# Its negative control must fail: each rank sums every copy itself, its own first (at tp = 4 the
+# ranks' bits differ from each other and from the sequential sum).
+TESTS += test_tp
+$(B)/tp-ctl-unordered: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-controls: tests/controls.sh $(B)/tp-ctl-unordered
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll"\n' > $@
+	chmod +x $@
+TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------
 
 # Negative control of tests/test_cuda_host.c's early copy: made on the sender's own stream (behind
@@ -546,6 +556,7 @@ check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc sections
 ABI_FNS = stage_create pipeline_create model_check model_layer_name model_layer_costs partition_model \
           partition_print sequential_step profile_layers simulate flight_last flight_print flight_print_fd \
           threads_flight threads_transport stage_flight grid_make grid_rank grid_pipe_split grid_dp_split grid_tied_split \
+          grid_make_tp grid_rank_tp grid_tp_split \
           ckpt_size ckpt_save ckpt_load ckpt_save_file ckpt_load_file ckpt_save_mem ckpt_load_mem \
           sequential_eval stage_eval pipeline_eval
 check-abi: | $(B)
