@@ -17,7 +17,9 @@
      ranks (PP_ERR_SIZE, not a hang or a wrong sum); a NULL group is one rank (copies).
    - layer: a stage whose layer reaches its TP group through pp_stage_desc.layer_ctx (io->ctx):
      pp = 2 stages x tp = 2, the layer a row-parallel linear (each TP rank half of the inputs,
-     its partial product all-reduced): the loss and the input gradient equal the unsplit layer's.
+     its partial product all-reduced, and its input gradient in backward): the loss and every
+     rank's weight gradient rows (stage 0's through stage 1's all-reduced input gradient) equal
+     the unsplit model's bit for bit (small integer data: every sum exact).
    Negative control (make tp-controls): -DPP_TEST_TP_UNORDERED lets each rank sum every copy
    itself, its own first: at tp = 4 the ranks' bits differ ("coll" fails).
    Usage: test_tp [grid|coll|refuse|layer]. */
@@ -409,10 +411,248 @@ static void refuse_checks(void) {
     pp_threads_destroy(R.w);
 }
 
+/* ---- a layer that reaches its TP group through pp_stage_desc.layer_ctx --------------------------- */
+/* Model: layer 0 (stage 0) and layer 1 (stage 1) row-parallel linears x (rows, K) -> y (rows, N),
+   W (K, N) split by rows over tp = 2 (TP rank t holds W[t * KH .. t * KH + KH), (KH, N)): each
+   rank multiplies its half of x's columns by its rows of W and the partial products are
+   all-reduced; backward: dW_t = x_t^T dy locally, dx = dy W_t^T on the rank's columns, zeros
+   elsewhere, all-reduced. Layer 2 (stage 1) the squared error. Small integer data: every sum is
+   exact, so the split model equals the unsplit one bit for bit, whatever the association. */
+#define LK 4
+#define LKH 2
+#define LROWS 8
+#define LM 2
+typedef struct lw {
+    float w[2][LKH * LK]; /* layers 0 and 1: this TP rank's rows of W, (KH, N = K) */
+} lw;
+typedef struct tp_ctx { /* what layer_ctx points to: one per rank */
+    pp_group tp;
+    int tp_rank;
+} tp_ctx;
+
+static int l_fwd(const void* weights, int layer, pp_layer_io* io) {
+    const tp_ctx* c = (const tp_ctx*)io->ctx;
+    const lw* w = (const lw*)weights;
+    const float* x = (const float*)io->in[0].data; /* (rows, K) */
+    int64_t r, rows = io->in[0].rows;
+    int k, n;
+    pp_error err;
+    if (!c) return 3;
+    if (layer == 2) {
+        const float* t = (const float*)io->mb->targets; /* (rows, K) */
+        float acc = 0;
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < LK; k++) acc += (x[r * LK + k] - t[r * LK + k]) * (x[r * LK + k] - t[r * LK + k]);
+        io->loss = acc / (float)rows;
+        return 0;
+    }
+    {
+        float* y = (float*)io->out[0].data; /* (rows, N) */
+        for (r = 0; r < rows; r++)
+            for (n = 0; n < LK; n++) {
+                float a = 0;
+                for (k = 0; k < LKH; k++) a += x[r * LK + c->tp_rank * LKH + k] * w->w[layer][k * LK + n];
+                y[r * LK + n] = a;
+            }
+        return pp_tp_allreduce(&c->tp, y, (size_t)rows * LK, PP_F32, &err) == PP_OK ? 0 : 4;
+    }
+}
+
+static int l_bwd(const void* weights, void* grads, int layer, pp_layer_io* io) {
+    const tp_ctx* c = (const tp_ctx*)io->ctx;
+    const lw* w = (const lw*)weights;
+    lw* g = (lw*)grads;
+    const float* x = (const float*)io->in[0].data;
+    float* dx = (float*)io->d_in[0].data;
+    int64_t r, rows = io->in[0].rows;
+    int k, n;
+    pp_error err;
+    if (!c) return 3;
+    if (layer == 2) {
+        const float* t = (const float*)io->mb->targets;
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < LK; k++) dx[r * LK + k] = 2.0f * (x[r * LK + k] - t[r * LK + k]) / (float)rows * io->mb->loss_scale;
+        return 0;
+    }
+    {
+        const float* dy = (const float*)io->d_out[0].data;
+        for (k = 0; k < LKH; k++)
+            for (n = 0; n < LK; n++) {
+                float a = 0;
+                for (r = 0; r < rows; r++) a += x[r * LK + c->tp_rank * LKH + k] * dy[r * LK + n];
+                g->w[layer][k * LK + n] += a;
+            }
+        if (!dx) return 0; /* the first stage's input: no gradient (the same on every TP rank) */
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < LK; k++) {
+                float a = 0;
+                int kk = k - c->tp_rank * LKH;
+                if (kk >= 0 && kk < LKH)
+                    for (n = 0; n < LK; n++) a += dy[r * LK + n] * w->w[layer][kk * LK + n];
+                dx[r * LK + k] = a;
+            }
+        return pp_tp_allreduce(&c->tp, dx, (size_t)rows * LK, PP_F32, &err) == PP_OK ? 0 : 4;
+    }
+}
+
+static void l_desc(const void* weights, int layer, const pp_microbatch* mb, const pp_tensor* in, int n_in,
+                   pp_layer_desc* d) {
+    (void)weights;
+    (void)mb;
+    (void)n_in;
+    d->n_out = layer == 2 ? 0 : 1;
+    d->out[0].rows = in[0].rows;
+    d->out[0].cols = LK;
+    d->out[0].dtype = PP_F32;
+    d->n_params = layer == 2 ? 0 : LK * LK;
+}
+
+static const char* l_name(int layer) { return layer == 0 ? "rowpar0" : layer == 1 ? "rowpar1" : "loss"; }
+
+static float LX[LROWS * LK], LT[LROWS * LK], LW[2][LK * LK];
+
+typedef struct layer_world {
+    pp_threads* tpw;           /* every TP group's messages: world ranks */
+    pp_threads* pipes[2];      /* one pipeline per tp rank: stage ranks */
+    pp_schedule sc;
+    int first[3];
+    lw w[4], g[4];
+    tp_ctx ctx[4];
+    float loss[4];
+    pp_result rc[4];
+    char msg[4][sizeof(((pp_error*)0)->msg)];
+} layer_world;
+
+static pp_result layer_rank(int r, void* user) {
+    layer_world* L = (layer_world*)user;
+    pp_stage_desc d;
+    pp_stage* st = NULL;
+    pp_batch b;
+    pp_step_stats stats;
+    pp_transport tpt = pp_threads_transport(L->tpw, r);
+    pp_grid g;
+    pp_error err;
+    pp_result rc = pp_grid_make_tp(4, r, 2, 2, PP_GRID_DP_INNER, &g, &err);
+    if (rc != PP_OK) return L->rc[r] = rc;
+    L->ctx[r].tp.t = &tpt;
+    L->ctx[r].tp.ranks = g.tp_group;
+    L->ctx[r].tp.n_ranks = g.tp;
+    L->ctx[r].tp.timeout_s = 20;
+    L->ctx[r].tp_rank = g.tp_rank;
+    memset(&d, 0, sizeof d);
+    d.model.name = "rowpar";
+    d.model.n_layers = 3;
+    d.model.forward = l_fwd;
+    d.model.backward = l_bwd;
+    d.model.describe = l_desc;
+    d.model.layer_name = l_name;
+    d.weights = &L->w[r];
+    d.grads = &L->g[r];
+    d.schedule = &L->sc;
+    d.partition = L->first;
+    d.rank = g.pp_rank;
+    d.transport = pp_threads_transport(L->pipes[g.tp_rank], g.pp_rank);
+    d.timeout_s = 20;
+    d.layer_ctx = &L->ctx[r]; /* every layer call gets it as io->ctx */
+    memset(&b, 0, sizeof b);
+    b.m = LM;
+    b.input.data = LX;
+    b.input.rows = LROWS;
+    b.input.cols = LK;
+    b.input.dtype = PP_F32;
+    b.targets = LT;
+    b.target_row_bytes = LK * sizeof(float);
+    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
+        snprintf(L->msg[r], sizeof L->msg[r], "%s", err.msg);
+        return L->rc[r] = rc;
+    }
+    if ((rc = pp_stage_step(st, &b, &stats)) != PP_OK) snprintf(L->msg[r], sizeof L->msg[r], "%s", pp_stage_error(st));
+    L->loss[r] = stats.loss;
+    pp_stage_destroy(st);
+    return L->rc[r] = rc;
+}
+
+static void layer_checks(void) {
+    static pp_action acts[64];
+    static layer_world L;
+    float h0[LROWS * LK], h1[LROWS * LK], d1[LROWS * LK], dh0[LROWS * LK], gw[2][LK * LK], loss = 0, part;
+    pp_error err;
+    int i, j, k, n, r, t, mb;
+    memset(&L, 0, sizeof L);
+    for (i = 0; i < LROWS * LK; i++) {
+        LX[i] = (float)((i * 7) % 5 - 2);
+        LT[i] = (float)((i * 3) % 7 - 3);
+    }
+    for (i = 0; i < LK * LK; i++) {
+        LW[0][i] = (float)((i * 5) % 5 - 2);
+        LW[1][i] = (float)((i * 3) % 5 - 2);
+    }
+    /* world rank r = pp_rank * 2 + tp_rank (PP_GRID_DP_INNER, dp = 1): its rows of both layers */
+    for (r = 0; r < 4; r++)
+        for (i = 0; i < 2; i++) memcpy(L.w[r].w[i], LW[i] + (r % 2) * LKH * LK, sizeof L.w[r].w[i]);
+    L.first[0] = 0, L.first[1] = 1, L.first[2] = 3;
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, LM, acts, 64, &L.sc, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_threads_create(4, &L.tpw, &err) == PP_OK && pp_threads_create(2, &L.pipes[0], &err) == PP_OK &&
+              pp_threads_create(2, &L.pipes[1], &err) == PP_OK,
+          "threads");
+    CHECK(pp_threads_run(4, layer_rank, &L, &err) == PP_OK, "pp 2 x tp 2: %s (%s / %s / %s / %s)", err.msg, L.msg[0],
+          L.msg[1], L.msg[2], L.msg[3]);
+    pp_threads_destroy(L.tpw);
+    pp_threads_destroy(L.pipes[0]);
+    pp_threads_destroy(L.pipes[1]);
+    /* the unsplit model, micro-batch by micro-batch (exact: every value a small dyadic) */
+    memset(gw, 0, sizeof gw);
+    for (mb = 0; mb < LM; mb++) {
+        const float* x = LX + mb * (LROWS / LM) * LK;
+        const float* tg = LT + mb * (LROWS / LM) * LK;
+        int rows = LROWS / LM;
+        for (r = 0; r < rows; r++)
+            for (n = 0; n < LK; n++) {
+                float a = 0;
+                for (k = 0; k < LK; k++) a += x[r * LK + k] * LW[0][k * LK + n];
+                h0[r * LK + n] = a;
+            }
+        for (r = 0; r < rows; r++)
+            for (n = 0; n < LK; n++) {
+                float a = 0;
+                for (k = 0; k < LK; k++) a += h0[r * LK + k] * LW[1][k * LK + n];
+                h1[r * LK + n] = a;
+            }
+        part = 0;
+        for (i = 0; i < rows * LK; i++) part += (h1[i] - tg[i]) * (h1[i] - tg[i]);
+        loss += part / (float)rows / (float)LM;
+        for (i = 0; i < rows * LK; i++) d1[i] = 2.0f * (h1[i] - tg[i]) / (float)rows * (1.0f / LM);
+        for (k = 0; k < LK; k++)
+            for (n = 0; n < LK; n++)
+                for (r = 0; r < rows; r++) gw[1][k * LK + n] += h0[r * LK + k] * d1[r * LK + n];
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < LK; k++) {
+                float a = 0;
+                for (n = 0; n < LK; n++) a += d1[r * LK + n] * LW[1][k * LK + n];
+                dh0[r * LK + k] = a;
+            }
+        for (k = 0; k < LK; k++)
+            for (n = 0; n < LK; n++)
+                for (r = 0; r < rows; r++) gw[0][k * LK + n] += x[r * LK + k] * dh0[r * LK + n];
+    }
+    for (r = 0; r < 4; r++) {
+        CHECK(L.rc[r] == PP_OK, "world rank %d: %s", r, L.msg[r]);
+        t = r % 2;
+        j = r / 2; /* the stage's layer: 0 on stage 0, 1 on stage 1 */
+        CHECK(memcmp(L.g[r].w[j], gw[j] + t * LKH * LK, sizeof L.g[r].w[j]) == 0,
+              "world rank %d (pp %d, tp %d): layer %d's gradient rows differ from the unsplit model's", r, j, t, j);
+    }
+    CHECK(L.loss[2] == loss && L.loss[3] == loss, "loss %g / %g, unsplit %g", (double)L.loss[2], (double)L.loss[3],
+          (double)loss);
+    for (i = 0, j = 0; i < LK * LK; i++) j += gw[0][i] != 0 && gw[1][i] != 0;
+    CHECK(loss > 0 && j > LK, "a loss (%g) and gradients (%d non-zero pairs) that say something", (double)loss, j);
+}
+
 int main(int argc, char** argv) {
     const char* only = argc > 1 ? argv[1] : NULL;
     if (!only || !strcmp(only, "grid")) grid_checks();
     if (!only || !strcmp(only, "coll")) coll_checks();
     if (!only || !strcmp(only, "refuse")) refuse_checks();
+    if (!only || !strcmp(only, "layer")) layer_checks();
     return TEST_DONE("test_tp");
 }
