@@ -175,8 +175,9 @@
    cuda    (pipeline_cuda.h)  stages as CUDA streams, one or several GPUs
    nccl    (pipeline_nccl.h)  one process per GPU
    mpi     (pipeline_mpi.h)   one process per rank over MPI (CPU clusters, tests without GPUs)
-   Several processes share >>grid (and >>impl-grid): launcher environment, pp x dp grid,
-   data-parallel and tied-layer gradient sums, written once over pp_transport.
+   Several processes share >>grid (and >>impl-grid): launcher environment, pp x dp (x tp) grid,
+   data-parallel and tied-layer gradient sums, written once over pp_transport; >>tp (and
+   >>impl-tp) the collectives of a layer split over a tensor-parallel group.
 
    SECTIONS  (search for ">>name"; every marker in the file, in file order)
    declarations: >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace
@@ -228,6 +229,9 @@
           pp_plan_recompute); pp_step_stats.peak_stash_bytes counts bytes asked for.
           Then (examples only): gpt_cuda and gpt_nccl train with AdamW, --clip, warm-up and
           cosine, --eval-every and --save/--resume like gpt_cpu (examples/gpt_loop.h).
+          Then: tensor parallelism's foundation: a pp x dp x tp grid (pp_grid_make_tp) and
+          deterministic TP collectives over any transport (>>tp: pp_tp_allreduce, _reducescatter,
+          _allgather).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
