@@ -120,7 +120,7 @@ $(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h p
 
 # The imitations themselves (tests/fakenccl over tests/fakecuda): each rule against a correct and
 # a known-bad client. Also compiled as C++ by check-cxx.
-FAKE_NCCL = $(foreach t,test_imitation test_nccl_pipeline test_nccl_grid,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
+FAKE_NCCL = $(foreach t,test_imitation test_nccl_pipeline test_nccl_grid test_tp_nccl,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
 $(FAKE_NCCL): BASE += -Itests/fakenccl -Itests/fakecuda
 $(FAKE_NCCL): tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
 
@@ -380,9 +380,11 @@ $(B)/dpfault-controls: tests/controls.sh $(B)/dpfault-ctl-no-step-id $(B)/dpfaul
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/dpfault-controls
 # ---- tests/test_tp.c: the pp x dp x tp grid and the TP collectives (issue 40) ----------------
+# (tests/test_tp_nccl.c: the collectives over pipeline_nccl.h on the imitation, FAKE_NCCL above;
+# tests/test_tp_mpi.c: over MPI, multiprocess.mk)
 # Its negative control must fail: each rank sums every copy itself, its own first (at tp = 4 the
 # ranks' bits differ from each other and from the sequential sum).
-TESTS += test_tp
+TESTS += test_tp test_tp_nccl
 $(B)/tp-ctl-unordered: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-controls: tests/controls.sh $(B)/tp-ctl-unordered
