@@ -1591,7 +1591,7 @@ typedef enum pp_grid_order {
 
 typedef struct pp_grid {
     int world, rank;            /* world size, this process's world rank */
-    int pp, dp;                 /* world = pp * dp */
+    int pp, dp;                 /* world = pp * dp * tp */
     pp_grid_order order;
     int pp_rank, dp_rank;       /* this process's place: stage rank, replica */
     int pipe[PP_MAX_RANKS];     /* world ranks of this replica's pipeline, by pp rank */
@@ -7127,7 +7127,7 @@ static pp_result _pp_tp_xchg(const pp_transport* t, const int* ranks, int n, int
     rq = (pp_request*)PP_MALLOC((size_t)2 * (size_t)n * (sizeof *rq + 1));
     if (!rq) return _pp_fail(err, PP_ERR_NOMEM, "%d requests of a TP collective", 2 * n);
     is_recv = (char*)(rq + 2 * n);
-    if (t->group_start) {
+    if (t->group_start && t->group_end) {
         if ((rc = t->group_start(t->self)) != PP_OK) {
             PP_FREE(rq);
             return _pp_fail(err, rc, "rank %d: TP collective: group start", t->rank);
