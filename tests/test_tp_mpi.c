@@ -10,6 +10,8 @@
      bf16, counts 0 .. 1001: every rank's result has the bits of the sequential sum
      (tests/tp_data.h), and TP rank 0 of each group runs the same collectives over the threads
      transport in its own process: the MPI result is bit-identical to the threads one.
+   - mpi grid: pp_mpi_grid_create_tp's grid is pp_grid_make_tp's, and its g.tp transport (ranks
+     by tp rank) all-reduces with the sequential sum's bits; at tp = 1, g.tp is NULL.
    Each rank counts its own checks; rank 0 prints the world's totals. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
@@ -142,6 +144,41 @@ static void coll_checks(const pp_grid* g) {
     MPI_Comm_free(&comm);
 }
 
+/* pp_mpi_grid_create_tp: its grid is pp_grid_make_tp's, its g.tp transport runs the collectives
+   (every dtype, the largest count) with the sequential sum's bits; tp 1 leaves g.tp NULL. */
+static void mpi_grid_checks(int tp, pp_grid_order order) {
+    static unsigned char a[OUTSZ], ref[OUTSZ];
+    pp_mpi_grid mg;
+    pp_grid want;
+    pp_transport t;
+    pp_group grp;
+    pp_error err;
+    int d, i, seeds[MAXN], seed0;
+    size_t n = COUNTS[NCOUNTS - 1];
+    pp_grid_make_tp(W_SIZE, W_RANK, 2, tp, order, &want, &err);
+    CHECK(pp_mpi_grid_create_tp(MPI_COMM_WORLD, 2, tp, order, &mg, &err) == PP_OK, "rank %d: %s", W_RANK, err.msg);
+    CHECK(memcmp(&mg.grid, &want, sizeof want) == 0, "rank %d: pp_mpi_grid's grid is not pp_grid_make_tp's", W_RANK);
+    CHECK((tp > 1) == (mg.tp != NULL), "rank %d: tp %d: g.tp %s", W_RANK, tp, mg.tp ? "set" : "NULL");
+    if (mg.tp) {
+        t = pp_mpi_transport(mg.tp);
+        CHECK(t.size == tp && t.rank == want.tp_rank, "rank %d: the TP transport's rank %d of %d, tp rank %d of %d", W_RANK,
+              t.rank, t.size, want.tp_rank, tp);
+        grp.t = &t;
+        grp.ranks = NULL;
+        grp.n_ranks = 0;
+        grp.timeout_s = 30;
+        seed0 = 700 + 10 * (want.pp_rank * want.dp + want.dp_rank);
+        for (i = 0; i < tp; i++) seeds[i] = seed0 + i;
+        for (d = 0; d < 4; d++) {
+            fill(a, DTYPES[d], seed0 + want.tp_rank, n);
+            reference(ref, DTYPES[d], seeds, tp, n);
+            CHECK(pp_tp_allreduce(&grp, a, n, DTYPES[d], &err) == PP_OK && memcmp(a, ref, n * pp_dtype_size(DTYPES[d])) == 0,
+                  "rank %d: all-reduce %s over pp_mpi_grid's tp: %s", W_RANK, pp_dtype_name(DTYPES[d]), err.msg);
+        }
+    }
+    pp_mpi_grid_destroy(&mg);
+}
+
 int main(int argc, char** argv) {
     int tps[2] = {2, 4}, i, order, counts[2], total[2];
     pp_error err;
@@ -154,8 +191,12 @@ int main(int argc, char** argv) {
             if (W_SIZE % (2 * tps[i]) != 0) continue;
             CHECK(pp_grid_make_tp(W_SIZE, W_RANK, 2, tps[i], (pp_grid_order)order, &g, &err) == PP_OK, "%s", err.msg);
             split_checks(&g);
-            if (order == PP_GRID_DP_INNER || order == PP_GRID_TP_DP_PP) coll_checks(&g);
+            if (order == PP_GRID_DP_INNER || order == PP_GRID_TP_DP_PP) {
+                coll_checks(&g);
+                mpi_grid_checks(tps[i], (pp_grid_order)order);
+            }
         }
+    if (W_SIZE % 2 == 0) mpi_grid_checks(1, PP_GRID_DP_INNER);
     counts[0] = _t_pass;
     counts[1] = _t_fail;
     MPI_Reduce(counts, total, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
