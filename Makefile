@@ -791,9 +791,9 @@ $(Q)/pp-sched: tools/pp_sched.c $(HEADERS) | $(Q)
 
 $(Q)/test_cuda_host $(Q)/test_cuda_pipeline: BASE += -Itests/fakecuda
 $(Q)/test_cuda_host $(Q)/test_cuda_pipeline: tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h
-$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid: BASE += -Itests/fakenccl -Itests/fakecuda
+$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid $(Q)/test_tp_nccl: BASE += -Itests/fakenccl -Itests/fakecuda
 $(Q)/test_nccl_pipeline: BASE += -DFAKECUDA_DEVICES=8
-$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid: tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
+$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid $(Q)/test_tp_nccl: tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
 
 # Two at a time by default (make -jN quick: N builds); the slowest tests first, so that the
 # two runners finish together.
