@@ -5,7 +5,8 @@
    device by the transport) over the four ranks (tp = 4) and over two groups of two at once
    ({0, 2} and {1, 3}: a TP group as a subset of the transport's ranks): f32, f64, f16, bf16,
    counts 0 .. 1001, every rank's result with the sequential sum's bits (tests/tp_data.h), the
-   same bits as the threads and MPI transports give. Not yet run on real NCCL and a GPU. */
+   same bits as the threads and MPI transports give. Then over pp_nccl_grid_create_tp's g.tp
+   (pp 2 x tp 2, pp 1 x tp 4): the same. Not yet run on real NCCL and a GPU. */
 #define _POSIX_C_SOURCE 200809L
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_nccl.h"
@@ -23,9 +24,10 @@ typedef struct world {
 } world;
 
 /* One group's collectives for every dtype and count; group member i's inputs are fill(seed0 + i). */
-static int run_group(const pp_group* grp, int me, int n, int seed0, char* msg, size_t msg_n) {
+/* r: the calling thread's world rank (its slot of the buffers). */
+static int run_group(const pp_group* grp, int r, int me, int n, int seed0, char* msg, size_t msg_n) {
     static unsigned char a[NR][OUTSZ], b[NR][OUTSZ], ref[NR][OUTSZ];
-    int d, ci, i, seeds[MAXN], r = grp->t->rank;
+    int d, ci, i, seeds[MAXN];
     pp_error err;
     for (i = 0; i < n; i++) seeds[i] = seed0 + i;
     for (d = 0; d < 4; d++)
@@ -68,7 +70,7 @@ static pp_result rank_main(int r, void* user) {
     pp_transport tr;
     pp_group grp;
     pp_error err;
-    int pairs[2][2] = {{0, 2}, {1, 3}};
+    int pairs[2][2] = {{0, 2}, {1, 3}}, k;
     pp_result rc;
     memset(&L, 0, sizeof L);
     L.rank = r;
@@ -78,7 +80,7 @@ static pp_result rank_main(int r, void* user) {
     if (rc == PP_OK) {
         memset(&nd, 0, sizeof nd);
         nd.comm = comm;
-        nd.own_comm = 1;
+        nd.own_comm = 0; /* the grids below split it too */
         nd.channels = 1;
         nd.timeout_s = 20;
         rc = pp_nccl_create(&nd, &t, &err);
@@ -92,11 +94,40 @@ static pp_result rank_main(int r, void* user) {
     grp.ranks = NULL; /* all four: tp = 4 */
     grp.n_ranks = 0;
     grp.timeout_s = 20;
-    W->bad[r] += run_group(&grp, r, NR, 300, W->msg[r], sizeof W->msg[r]);
+    W->bad[r] += run_group(&grp, r, r, NR, 300, W->msg[r], sizeof W->msg[r]);
     grp.ranks = pairs[r % 2]; /* {0, 2} and {1, 3} at once */
     grp.n_ranks = 2;
-    if (!W->bad[r]) W->bad[r] += run_group(&grp, r / 2, 2, 400 + 10 * (r % 2), W->msg[r], sizeof W->msg[r]);
+    if (!W->bad[r]) W->bad[r] += run_group(&grp, r, r / 2, 2, 400 + 10 * (r % 2), W->msg[r], sizeof W->msg[r]);
     pp_nccl_destroy(t);
+    /* pp_nccl_grid_create_tp: pp 2 x tp 2, then pp 1 x tp 4; g.tp's ranks are the TP ranks */
+    for (k = 0; k < 2 && !W->bad[r]; k++) {
+        pp_nccl_grid g;
+        int tp = k == 0 ? 2 : 4;
+        pp_transport gt;
+        if ((rc = pp_nccl_grid_create_tp(comm, NR / tp, tp, PP_GRID_DP_INNER, 0, 20, &g, &err)) != PP_OK) {
+            snprintf(W->msg[r], sizeof W->msg[r], "%.400s (grid tp %d)", err.msg, tp);
+            W->bad[r]++;
+            break;
+        }
+        if (!g.tp || g.grid.tp != tp) {
+            snprintf(W->msg[r], sizeof W->msg[r], "grid tp %d: no TP transport", tp);
+            W->bad[r]++;
+        } else {
+            gt = pp_nccl_transport(g.tp);
+            grp.t = &gt;
+            grp.ranks = NULL;
+            grp.n_ranks = 0;
+            if (gt.rank != g.grid.tp_rank || gt.size != tp) {
+                snprintf(W->msg[r], sizeof W->msg[r], "grid tp %d: transport rank %d of %d", tp, gt.rank, gt.size);
+                W->bad[r]++;
+            } else {
+                W->bad[r] += run_group(&grp, r, g.grid.tp_rank, tp, 500 + 10 * (g.grid.pp_rank * g.grid.dp + g.grid.dp_rank),
+                                       W->msg[r], sizeof W->msg[r]);
+            }
+        }
+        pp_nccl_grid_destroy(&g);
+    }
+    ncclCommDestroy(comm);
     return W->rc[r] = PP_OK;
 }
 
