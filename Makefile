@@ -382,13 +382,16 @@ TEST_BINS_EXTRA += $(B)/dpfault-controls
 # ---- tests/test_tp.c: the pp x dp x tp grid and the TP collectives (issue 40) ----------------
 # (tests/test_tp_nccl.c: the collectives over pipeline_nccl.h on the imitation, FAKE_NCCL above;
 # tests/test_tp_mpi.c: over MPI, multiprocess.mk)
-# Its negative control must fail: each rank sums every copy itself, its own first (at tp = 4 the
-# ranks' bits differ from each other and from the sequential sum).
+# Its negative controls must fail: each rank sums every copy itself, its own first (at tp = 4 the
+# ranks' bits differ from each other and from the sequential sum); pp_grid_tp_split colours by
+# stage alone (the replicas' TP groups merged: the split's groups are not g.tp_group).
 TESTS += test_tp test_tp_nccl
 $(B)/tp-ctl-unordered: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/tp-controls: tests/controls.sh $(B)/tp-ctl-unordered
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll"\n' > $@
+$(B)/tp-ctl-split-no-dp: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_SPLIT_NO_DP $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-controls: tests/controls.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

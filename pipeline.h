@@ -6895,7 +6895,11 @@ void pp_grid_tied_split(const pp_grid* g, int* color, int* key) {
 }
 
 void pp_grid_tp_split(const pp_grid* g, int* color, int* key) {
+#ifdef PP_TEST_TP_SPLIT_NO_DP /* negative control (tests/test_tp.c grid): one colour per stage, the replicas' TP groups merged */
+    *color = g->pp_rank;
+#else
     *color = g->pp_rank * g->dp + g->dp_rank;
+#endif
     *key = g->tp_rank;
 }
 

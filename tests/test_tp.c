@@ -20,8 +20,9 @@
      its partial product all-reduced, and its input gradient in backward): the loss and every
      rank's weight gradient rows (stage 0's through stage 1's all-reduced input gradient) equal
      the unsplit model's bit for bit (small integer data: every sum exact).
-   Negative control (make tp-controls): -DPP_TEST_TP_UNORDERED lets each rank sum every copy
-   itself, its own first: at tp = 4 the ranks' bits differ ("coll" fails).
+   Negative controls (build/tp-controls): -DPP_TEST_TP_UNORDERED lets each rank sum every copy
+   itself, its own first: at tp = 4 the ranks' bits differ ("coll" fails); -DPP_TEST_TP_SPLIT_NO_DP
+   colours pp_grid_tp_split by stage alone ("grid" fails wherever dp > 1 and tp > 1).
    Usage: test_tp [grid|coll|refuse|layer]. */
 #ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
