@@ -11,7 +11,7 @@ LDLIBS   = -lpthread -lm
 B        = build
 
 HEADERS  = pipeline.h
-TEST_HDRS = tests/test.h tests/test_link.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h
+TEST_HDRS = tests/test.h tests/test_link.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h tests/tp_data.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
@@ -43,7 +43,7 @@ CTL_CFLAGS ?= -O0
 # information, a fifth less to compile; TEST_CFLAGS="-O2 -g" for a debugger.
 TEST_CFLAGS ?= -O2
 CTL_KINDS   = agree ckpt conv cuda cudap errors eval gpt_cpu gradnorm malloc nccl ncclgrid overlap recompute rel soak mpi \
-              validate zb tlm-mpi dpfault
+              validate zb tlm-mpi dpfault tp
 $(foreach k,$(CTL_KINDS),$(B)/$(k)-ctl-%): CFLAGS = $(CTL_CFLAGS)
 
 $(B)/mlp_cpu: examples/mlp_cpu.c $(EXH) $(HEADERS) | $(B)
@@ -88,7 +88,7 @@ $(B)/tsan-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 # one's compile. The flags are spelled out here (IMPL_*), not taken from BASE, which targets
 # extend for themselves and make would pass on to a shared prerequisite.
 LINKED_TESTS = test_pipeline test_errors test_varlen test_gpt test_zb test_devops test_recompute \
-               test_validate test_gradnorm test_eval test_grid test_schedule
+               test_validate test_gradnorm test_eval test_grid test_schedule test_tp
 O           = $(B)/obj
 IMPL_BASE  := -std=c99 $(WARN) -I.
 LINK_DEFS   = -DPP_TEST_LINK_IMPL -D_POSIX_C_SOURCE=200809L
@@ -120,7 +120,7 @@ $(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h p
 
 # The imitations themselves (tests/fakenccl over tests/fakecuda): each rule against a correct and
 # a known-bad client. Also compiled as C++ by check-cxx.
-FAKE_NCCL = $(foreach t,test_imitation test_nccl_pipeline test_nccl_grid,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
+FAKE_NCCL = $(foreach t,test_imitation test_nccl_pipeline test_nccl_grid test_tp_nccl,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
 $(FAKE_NCCL): BASE += -Itests/fakenccl -Itests/fakecuda
 $(FAKE_NCCL): tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
 
@@ -393,6 +393,21 @@ $(B)/dpfault-controls: tests/controls.sh $(B)/dpfault-ctl-no-step-id $(B)/dpfaul
 	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale" "$(B)/dpfault-ctl-no-agree agree" "$(B)/ncclgrid-ctl-no-agree fault" "timeout 10 $(B)/ncclgrid-ctl-same-order fault" "timeout 10 $(B)/ncclgrid-ctl-copy-untimed fault"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/dpfault-controls
+# ---- tests/test_tp.c: the pp x dp x tp grid and the TP collectives (issue 40) ----------------
+# (tests/test_tp_nccl.c: the collectives over pipeline_nccl.h on the imitation, FAKE_NCCL above;
+# tests/test_tp_mpi.c: over MPI, multiprocess.mk)
+# Its negative controls must fail: each rank sums every copy itself, its own first (at tp = 4 the
+# ranks' bits differ from each other and from the sequential sum); pp_grid_tp_split colours by
+# stage alone (the replicas' TP groups merged: the split's groups are not g.tp_group).
+TESTS += test_tp test_tp_nccl
+$(B)/tp-ctl-unordered: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-ctl-split-no-dp: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_SPLIT_NO_DP $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-controls: tests/controls.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid"\n' > $@
+	chmod +x $@
+TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------
 
 # Negative control of tests/test_cuda_host.c's early copy: made on the sender's own stream (behind
@@ -566,6 +581,7 @@ check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc sections
 ABI_FNS = stage_create pipeline_create model_check model_layer_name model_layer_costs partition_model \
           partition_print sequential_step profile_layers simulate flight_last flight_print flight_print_fd \
           threads_flight threads_transport stage_flight grid_make grid_rank grid_pipe_split grid_dp_split grid_tied_split \
+          grid_make_tp grid_rank_tp grid_tp_split \
           ckpt_size ckpt_save ckpt_load ckpt_save_file ckpt_load_file ckpt_save_mem ckpt_load_mem \
           sequential_eval stage_eval pipeline_eval
 check-abi: | $(B)
@@ -798,9 +814,9 @@ $(Q)/pp-sched: tools/pp_sched.c $(HEADERS) | $(Q)
 
 $(Q)/test_cuda_host $(Q)/test_cuda_pipeline: BASE += -Itests/fakecuda
 $(Q)/test_cuda_host $(Q)/test_cuda_pipeline: tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h
-$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid: BASE += -Itests/fakenccl -Itests/fakecuda
+$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid $(Q)/test_tp_nccl: BASE += -Itests/fakenccl -Itests/fakecuda
 $(Q)/test_nccl_pipeline: BASE += -DFAKECUDA_DEVICES=8
-$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid: tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
+$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid $(Q)/test_tp_nccl: tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
 
 # Two at a time by default (make -jN quick: N builds); the slowest tests first, so that the
 # two runners finish together.

@@ -23,6 +23,11 @@ MPIRUN_FLAGS ?= $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && 
 MPI_FWD_ASAN := $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && echo -x ASAN_OPTIONS)
 MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8 $(B)/mpi-asan-np4 $(B)/mpi-resume $(B)/mpi-trainer $(B)/mpi-tlm $(B)/mpi-overlap-controls
 MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/gpt_mpi $(B)/bench_mpi $(B)/bench_overlap_mpi $(B)/clang-test_mpi.o $(B)/mpi-cxx.o
+# tests/test_tp_mpi.c (issue 40): the pp x dp x tp grid's splits by MPI_Comm_split, the TP
+# collectives over pipeline_mpi.h bit-identical to the sequential sum and to the threads transport
+# (its control: each rank sums every copy itself, its own first, and must fail at tp = 4)
+MPI_TESTS += $(B)/mpi-tp-np4 $(B)/mpi-tp-np8 $(B)/mpi-tp-controls
+MPI_BINS  += $(B)/test_tp_mpi
 else
 MPI_TESTS =
 MPI_BINS  =
@@ -204,6 +209,16 @@ $(B)/mpi-tlm: $(B)/tlm_mpi
 	@printf '#!/bin/sh\nset -e\nfor o in "" --no-overlap; do timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/tlm_mpi --pp 2 --steps 10 --check $$o | grep -q "equals, bit for bit"; done\necho "mpi-tlm: 2 passed, 0 failed"\n' > $@ && chmod +x $@
 $(B)/mpi-np%: $(B)/test_mpi
 	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_mpi\n' > $@ && chmod +x $@
+
+$(B)/test_tp_mpi: tests/test_tp_mpi.c $(TEST_HDRS) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/mpi-tp-np%: $(B)/test_tp_mpi
+	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_tp_mpi\n' > $@ && chmod +x $@
+$(B)/tp-mpi-ctl-unordered: tests/test_tp_mpi.c $(TEST_HDRS) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) -DPP_TEST_TP_UNORDERED $(CTL_CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/mpi-tp-controls: tests/controls.sh $(B)/tp-mpi-ctl-unordered
+	printf '#!/bin/sh\nexec sh tests/controls.sh mpi-tp-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-unordered"\n' > $@
+	chmod +x $@
 
 # ASan+UBSan across 4 processes; leak checks off (MPI keeps its own allocations to the end)
 $(B)/asan-test_mpi: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)

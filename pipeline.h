@@ -177,16 +177,17 @@
    cuda    (pipeline_cuda.h)  stages as CUDA streams, one or several GPUs
    nccl    (pipeline_nccl.h)  one process per GPU
    mpi     (pipeline_mpi.h)   one process per rank over MPI (CPU clusters, tests without GPUs)
-   Several processes share >>grid (and >>impl-grid): launcher environment, pp x dp grid,
-   data-parallel and tied-layer gradient sums, written once over pp_transport.
+   Several processes share >>grid (and >>impl-grid): launcher environment, pp x dp (x tp) grid,
+   data-parallel and tied-layer gradient sums, written once over pp_transport; >>tp (and
+   >>impl-tp) the collectives of a layer split over a tensor-parallel group.
 
    SECTIONS  (search for ">>name"; every marker in the file, in file order)
    declarations: >>config >>result >>tensor >>model >>partition >>schedule >>sim >>trace
                  >>flight >>transport >>threads >>batch >>stage >>pipeline >>grid >>grad >>ckpt
-                 >>deprecated
+                 >>tp >>deprecated
    definitions:  >>impl >>impl-result >>impl-tensor >>impl-model >>impl-partition >>impl-batch
                  >>impl-validate (the guards) >>impl-profile (pp_profile_layers) >>impl-schedule
-                 >>impl-sim >>impl-trace >>impl-flight >>impl-threads >>impl-grid >>impl-stage
+                 >>impl-sim >>impl-trace >>impl-flight >>impl-threads >>impl-grid >>impl-tp >>impl-stage
                  >>impl-stage-flight >>impl-stage-finite >>impl-stage-map >>impl-stage-agree
                  >>impl-stage-exec >>impl-pipeline >>impl-grad >>impl-ckpt
 
@@ -230,6 +231,9 @@
           pp_plan_recompute); pp_step_stats.peak_stash_bytes counts bytes asked for.
           Then (examples only): gpt_cuda and gpt_nccl train with AdamW, --clip, warm-up and
           cosine, --eval-every and --save/--resume like gpt_cpu (examples/gpt_loop.h).
+          Then: tensor parallelism's foundation: a pp x dp x tp grid (pp_grid_make_tp) and
+          deterministic TP collectives over any transport (>>tp: pp_tp_allreduce, _reducescatter,
+          _allgather).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -307,6 +311,9 @@ extern "C" {
 #define pp_grid_pipe_split _PP_ABI(grid_pipe_split)
 #define pp_grid_dp_split _PP_ABI(grid_dp_split)
 #define pp_grid_tied_split _PP_ABI(grid_tied_split)
+#define pp_grid_make_tp _PP_ABI(grid_make_tp)
+#define pp_grid_rank_tp _PP_ABI(grid_rank_tp)
+#define pp_grid_tp_split _PP_ABI(grid_tp_split)
 #define pp_ckpt_size _PP_ABI(ckpt_size)                   /* pp_ckpt_desc: pp_model */
 #define pp_ckpt_save _PP_ABI(ckpt_save)
 #define pp_ckpt_load _PP_ABI(ckpt_load)
@@ -1561,28 +1568,60 @@ pp_result pp_launch_from_env(pp_launch* out, pp_error* err);
    one pipeline replica (dp_rank). PP_GRID_DP_INNER (the default) numbers world ranks
    pp_rank * dp + dp_rank, so the replicas of a stage are neighbours (one node holds a stage's
    data-parallel group, where the gradient all-reduce moves the most bytes); PP_GRID_PP_INNER
-   numbers them dp_rank * pp + pp_rank (one node holds a whole pipeline). */
-typedef enum pp_grid_order { PP_GRID_DP_INNER = 0, PP_GRID_PP_INNER = 1 } pp_grid_order;
+   numbers them dp_rank * pp + pp_rank (one node holds a whole pipeline).
+
+   With tensor parallelism (pp_grid_make_tp): world = pp * dp * tp, each process also one tensor
+   rank (tp_rank) of its stage's tensor-parallel group, the tp processes that split each layer of
+   that stage between them. The two orders above keep tp innermost (world rank = (their rank as
+   above) * tp + tp_rank): a TP group is tp neighbouring ranks, on one node, where its layers'
+   collectives (several per layer, in the critical path) are fastest. The other orders name the
+   three dimensions outermost first (PP_GRID_PP_TP_DP: rank = (pp_rank * tp + tp_rank) * dp +
+   dp_rank). With tp = 1 every order is one of the two above. The groups: a pipeline is the pp
+   ranks of one (dp_rank, tp_rank), a data-parallel group the dp ranks of one (pp_rank,
+   tp_rank), a TP group the tp ranks of one (pp_rank, dp_rank); the tied pair is per (dp_rank,
+   tp_rank) (a tied layer split over TP ties shard by shard). */
+typedef enum pp_grid_order {
+    PP_GRID_DP_INNER = 0, /* pp, dp, tp from outermost to innermost (= PP_GRID_PP_DP_TP) */
+    PP_GRID_PP_INNER = 1, /* dp, pp, tp (= PP_GRID_DP_PP_TP) */
+    PP_GRID_PP_DP_TP = 0, /* the orders by name, outermost first */
+    PP_GRID_DP_PP_TP = 1,
+    PP_GRID_PP_TP_DP = 2,
+    PP_GRID_DP_TP_PP = 3,
+    PP_GRID_TP_PP_DP = 4,
+    PP_GRID_TP_DP_PP = 5
+} pp_grid_order;
 
 typedef struct pp_grid {
     int world, rank;            /* world size, this process's world rank */
-    int pp, dp;                 /* world = pp * dp */
+    int pp, dp;                 /* world = pp * dp * tp */
     pp_grid_order order;
     int pp_rank, dp_rank;       /* this process's place: stage rank, replica */
     int pipe[PP_MAX_RANKS];     /* world ranks of this replica's pipeline, by pp rank */
     int dp_group[PP_MAX_RANKS]; /* world ranks holding this stage rank, by dp rank */
     int tied[2];                /* world ranks of this pipeline's first and last stage rank */
+    int tp, tp_rank;            /* tensor-parallel size (1 from pp_grid_make) and this rank's place */
+    int tp_group[PP_MAX_RANKS]; /* world ranks of this rank's TP group, by tp rank */
 } pp_grid;
 
+/* world = pp * dp (tp = 1): pp_grid_make_tp(world, rank, pp, 1, order, g, err). */
 pp_result pp_grid_make(int world, int rank, int pp, pp_grid_order order, pp_grid* g, pp_error* err);
-/* World rank of (pp_rank, dp_rank), or -1 when outside the grid. */
+/* world = pp * dp * tp; pp, dp and tp each 1..PP_MAX_RANKS; PP_ERR_INVALID with a message for a
+   world that is not a multiple of pp * tp, a rank outside it, an unknown order. */
+pp_result pp_grid_make_tp(int world, int rank, int pp, int tp, pp_grid_order order, pp_grid* g, pp_error* err);
+/* World rank of (pp_rank, dp_rank) with this process's tp_rank (tp = 1: the only one), or -1
+   when outside the grid. */
 int pp_grid_rank(const pp_grid* g, int pp_rank, int dp_rank);
+/* World rank of (pp_rank, dp_rank, tp_rank), or -1 when outside the grid. */
+int pp_grid_rank_tp(const pp_grid* g, int pp_rank, int dp_rank, int tp_rank);
 /* Colours and keys for MPI_Comm_split / ncclCommSplit: the pipeline group (ranks ordered by pp
-   rank), the data-parallel group (by dp rank), and the tied pair (first and last stage rank of
-   a pipeline, key 0 and 1); -1 (MPI_UNDEFINED / NCCL_SPLIT_NOCOLOR) where this rank has none. */
+   rank), the data-parallel group (by dp rank), the tied pair (first and last stage rank of
+   a pipeline, key 0 and 1; -1 (MPI_UNDEFINED / NCCL_SPLIT_NOCOLOR) where this rank has none) and
+   the TP group (by tp rank). Colours are dp_rank * tp + tp_rank (pipe, tied), pp_rank * tp +
+   tp_rank (dp) and pp_rank * dp + dp_rank (TP): with tp = 1 the first three are as before. */
 void pp_grid_pipe_split(const pp_grid* g, int* color, int* key);
 void pp_grid_dp_split(const pp_grid* g, int* color, int* key);
 void pp_grid_tied_split(const pp_grid* g, int* color, int* key);
+void pp_grid_tp_split(const pp_grid* g, int* color, int* key);
 
 /* Users sum gradients with pp_grad_allreduce (below); this is for transport writers: an
    allreduce_sum over any transport built from its own isend/irecv/wait: ranks[0] sums the others'
@@ -2003,6 +2042,49 @@ pp_result pp_ckpt_load_file(const pp_ckpt_desc* d, const char* path, pp_ckpt_inf
 pp_result pp_ckpt_save_mem(const pp_ckpt_desc* d, void* buf, size_t cap, pp_error* err);
 pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes, pp_ckpt_info* info, pp_error* err);
 
+/* >>tp ---------------------------------------------------------------------------------------- */
+/* Tensor parallelism: the collectives of a layer split over a TP group (pp_grid.tp_group: the tp
+   ranks of one stage of one replica, pp_grid_make_tp). Every member calls the same collective
+   with the same count and dtype, in the same order; a TP group is a pp_group (>>grad): a
+   transport, the group's ranks on it (ranks[i] is TP rank i; ranks NULL: all of the
+   transport's ranks) and a deadline for each wait. A NULL group, or one whose t is NULL, is this
+   process alone (tp = 1): the calls copy and return.
+
+   DETERMINISTIC. A sum is done once per element, by one rank, in TP rank order (x_0 + x_1 + ...
+   + x_{n-1}, left to right, starting from x_0) and sent to the others as bits: every member ends
+   with the same bits, every run, and they are the bits of that sequential sum. f32 sums in f32,
+   f64 in f64, f16 and bf16 are widened to f32, summed in f32 and rounded once.
+
+   UNEVEN SPLITS. Reduce-scatter and all-gather split count elements into n blocks as
+   pp_tp_block says: block i starts at i * (count / n) + min(i, count % n) and holds count / n
+   elements, one more for the first count % n blocks (numpy's array_split; blocks may be empty).
+
+   HOW A LAYER REACHES ITS GROUP. Through pp_stage_desc.layer_ctx, which every layer call gets
+   as io->ctx: point it at a struct of yours holding the rank's pp_group for TP (and whatever
+   else the layers need, a CUDA stream), one per rank (tests/test_tp.c, "layer").
+
+   THE WIRE. This version builds every collective from the transport's isend/irecv/wait (inside
+   group_start/group_end where the transport has them): a reduce-scatter sends each block
+   straight to its owner, which sums; an all-gather sends each rank's block to every other; an
+   all-reduce is a reduce-scatter then an all-gather (2 (n - 1) / n of the buffer out of each
+   rank). So it runs over the threads transport, pipeline_mpi.h's and pipeline_nccl.h's (host
+   memory: staged through the GPU). Buffers are host memory: the sums run on the CPU. NCCL's
+   stream-ordered native collectives over device memory are a later step. On a failed wait the
+   call cancels its other receives (where the transport can) and returns the error. */
+
+/* Block i of count elements split n ways: its offset and length (above). */
+void pp_tp_block(size_t count, int n, int i, size_t* off, size_t* len);
+/* buf (count elements of dtype: PP_F32, PP_F64, PP_F16 or PP_BF16) summed over the group, in
+   place: every member ends with the same bits. */
+pp_result pp_tp_allreduce(const pp_group* g, void* buf, size_t count, pp_dtype dtype, pp_error* err);
+/* send (count elements, the whole tensor) summed over the group; this member's block of the sum
+   (pp_tp_block(count, n, its TP rank)) into recv. recv may be send's own block. */
+pp_result pp_tp_reducescatter(const pp_group* g, const void* send, void* recv, size_t count, pp_dtype dtype,
+                              pp_error* err);
+/* Every member's block (send: pp_tp_block(count, n, its TP rank) elements) into recv (count
+   elements, the whole tensor), block by block in TP rank order. send may be recv's own block. */
+pp_result pp_tp_allgather(const pp_group* g, const void* send, void* recv, size_t count, pp_dtype dtype,
+                          pp_error* err);
 /* >>deprecated -------------------------------------------------------------------------------- */
 /* Names of earlier versions that keep working (docs/api.md lists the current API by task; the
    CHANGELOG says when each was replaced). Renamed functions are macros for their new names;
@@ -6783,56 +6865,97 @@ pp_result pp_launch_from_env(pp_launch* out, pp_error* err) {
                     "SLURM_PROCID/NTASKS (srun) or RANK/WORLD_SIZE (torchrun)");
 }
 
-int pp_grid_rank(const pp_grid* g, int pp_rank, int dp_rank) {
-    if (!g || pp_rank < 0 || pp_rank >= g->pp || dp_rank < 0 || dp_rank >= g->dp) return -1;
-    return g->order == PP_GRID_PP_INNER ? dp_rank * g->pp + pp_rank : pp_rank * g->dp + dp_rank;
+/* tp 0 (a pp_grid filled by hand before tp existed) counts as 1. */
+static int _pp_grid_tp(const pp_grid* g) { return g->tp > 1 ? g->tp : 1; }
+
+/* The grid's dimensions, outermost first, for each order: 0 pp, 1 dp, 2 tp. */
+static const signed char _pp_grid_dims[6][3] = {{0, 1, 2}, {1, 0, 2}, {0, 2, 1}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
+
+/* Each dimension's stride in world ranks (the innermost 1). */
+static void _pp_grid_strides(const pp_grid* g, int stride[3]) {
+    const signed char* d = _pp_grid_dims[(int)g->order];
+    int size[3];
+    size[0] = g->pp;
+    size[1] = g->dp;
+    size[2] = _pp_grid_tp(g);
+    stride[d[2]] = 1;
+    stride[d[1]] = size[d[2]];
+    stride[d[0]] = size[d[2]] * size[d[1]];
 }
 
-pp_result pp_grid_make(int world, int rank, int pp, pp_grid_order order, pp_grid* g, pp_error* err) {
-    int i;
+int pp_grid_rank_tp(const pp_grid* g, int pp_rank, int dp_rank, int tp_rank) {
+    int st[3];
+    if (!g || (int)g->order < 0 || (int)g->order > 5 || pp_rank < 0 || pp_rank >= g->pp || dp_rank < 0 ||
+        dp_rank >= g->dp || tp_rank < 0 || tp_rank >= _pp_grid_tp(g))
+        return -1;
+    _pp_grid_strides(g, st);
+    return pp_rank * st[0] + dp_rank * st[1] + tp_rank * st[2];
+}
+
+int pp_grid_rank(const pp_grid* g, int pp_rank, int dp_rank) {
+    if (!g) return -1;
+    return pp_grid_rank_tp(g, pp_rank, dp_rank, g->tp > 1 ? g->tp_rank : 0);
+}
+
+pp_result pp_grid_make_tp(int world, int rank, int pp, int tp, pp_grid_order order, pp_grid* g, pp_error* err) {
+    int i, st[3];
     if (!g) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
     memset(g, 0, sizeof *g);
-    if (order != PP_GRID_DP_INNER && order != PP_GRID_PP_INNER)
-        return _pp_fail(err, PP_ERR_INVALID, "unknown grid order %d", (int)order);
-    if (world < 1 || pp < 1 || world % pp != 0)
-        return _pp_fail(err, PP_ERR_INVALID, "world of %d processes is not a multiple of pp = %d", world, pp);
-    if (pp > PP_MAX_RANKS || world / pp > PP_MAX_RANKS)
-        return _pp_fail(err, PP_ERR_INVALID, "pp = %d, dp = %d: each at most PP_MAX_RANKS = %d", pp, world / pp,
-                        PP_MAX_RANKS);
+    if ((int)order < 0 || (int)order > 5) return _pp_fail(err, PP_ERR_INVALID, "unknown grid order %d", (int)order);
+    if (pp < 1 || tp < 1)
+        return _pp_fail(err, PP_ERR_INVALID, "pp = %d, tp = %d: each must be at least 1", pp, tp);
+    if (world < 1 || pp > world || tp > world || world % pp != 0 || (world / pp) % tp != 0)
+        return _pp_fail(err, PP_ERR_INVALID, "world of %d processes is not a multiple of pp * tp = %d * %d", world, pp,
+                        tp);
+    if (pp > PP_MAX_RANKS || world / pp / tp > PP_MAX_RANKS || tp > PP_MAX_RANKS)
+        return _pp_fail(err, PP_ERR_INVALID, "pp = %d, dp = %d, tp = %d: each at most PP_MAX_RANKS = %d", pp,
+                        world / pp / tp, tp, PP_MAX_RANKS);
     if (rank < 0 || rank >= world) return _pp_fail(err, PP_ERR_INVALID, "rank %d is outside a world of %d", rank, world);
     g->world = world;
     g->rank = rank;
     g->pp = pp;
-    g->dp = world / pp;
+    g->tp = tp;
+    g->dp = world / pp / tp;
     g->order = order;
-    if (order == PP_GRID_PP_INNER) {
-        g->pp_rank = rank % pp;
-        g->dp_rank = rank / pp;
-    } else {
-        g->pp_rank = rank / g->dp;
-        g->dp_rank = rank % g->dp;
-    }
-    for (i = 0; i < pp; i++) g->pipe[i] = pp_grid_rank(g, i, g->dp_rank);
-    for (i = 0; i < g->dp; i++) g->dp_group[i] = pp_grid_rank(g, g->pp_rank, i);
+    _pp_grid_strides(g, st);
+    g->pp_rank = rank / st[0] % pp;
+    g->dp_rank = rank / st[1] % g->dp;
+    g->tp_rank = rank / st[2] % tp;
+    for (i = 0; i < pp; i++) g->pipe[i] = pp_grid_rank_tp(g, i, g->dp_rank, g->tp_rank);
+    for (i = 0; i < g->dp; i++) g->dp_group[i] = pp_grid_rank_tp(g, g->pp_rank, i, g->tp_rank);
+    for (i = 0; i < tp; i++) g->tp_group[i] = pp_grid_rank_tp(g, g->pp_rank, g->dp_rank, i);
     g->tied[0] = g->pipe[0];
     g->tied[1] = g->pipe[pp - 1];
     return PP_OK;
 }
 
+pp_result pp_grid_make(int world, int rank, int pp, pp_grid_order order, pp_grid* g, pp_error* err) {
+    return pp_grid_make_tp(world, rank, pp, 1, order, g, err);
+}
+
 void pp_grid_pipe_split(const pp_grid* g, int* color, int* key) {
-    *color = g->dp_rank;
+    *color = g->dp_rank * _pp_grid_tp(g) + g->tp_rank;
     *key = g->pp_rank;
 }
 
 void pp_grid_dp_split(const pp_grid* g, int* color, int* key) {
-    *color = g->pp_rank;
+    *color = g->pp_rank * _pp_grid_tp(g) + g->tp_rank;
     *key = g->dp_rank;
 }
 
 void pp_grid_tied_split(const pp_grid* g, int* color, int* key) {
     int first = g->pp_rank == 0, last = g->pp_rank == g->pp - 1;
-    *color = first || last ? g->dp_rank : -1;
+    *color = first || last ? g->dp_rank * _pp_grid_tp(g) + g->tp_rank : -1;
     *key = first ? 0 : 1;
+}
+
+void pp_grid_tp_split(const pp_grid* g, int* color, int* key) {
+#ifdef PP_TEST_TP_SPLIT_NO_DP /* negative control (tests/test_tp.c grid): one colour per stage, the replicas' TP groups merged */
+    *color = g->pp_rank;
+#else
+    *color = g->pp_rank * g->dp + g->dp_rank;
+#endif
+    *key = g->tp_rank;
 }
 
 /* The ranks of a collective: n of them, distinct, inside the transport, this rank among them. */
@@ -7025,6 +7148,287 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
     if (dtype == PP_F16 || dtype == PP_BF16)
         return _pp_half_sum(t, pair, 2, role == 1 ? grad_a : grad_b, count, dtype, 1.0, timeout_s, err, -1);
     return t->allreduce_sum(t->self, role == 1 ? grad_a : grad_b, count, dtype, pair, 2, timeout_s, err);
+}
+
+/* >>impl-tp: tensor-parallel collectives over a transport's isend/irecv/wait (>>tp). */
+#define _PP_TAG_TP_RS 0x7ffffff2 /* reduce-scatter blocks, to their owner */
+#define _PP_TAG_TP_AG 0x7ffffff3 /* all-gather blocks, to every member */
+
+void pp_tp_block(size_t count, int n, int i, size_t* off, size_t* len) {
+    size_t q, r, k;
+    if (n < 1 || i < 0 || i >= n) {
+        if (off) *off = 0;
+        if (len) *len = 0;
+        return;
+    }
+    q = count / (size_t)n;
+    r = count % (size_t)n;
+    k = (size_t)i;
+    if (off) *off = k * q + (k < r ? k : r);
+    if (len) *len = q + (k < r ? 1 : 0);
+}
+
+/* What one member sends to member i (sp, sb bytes) and receives from it (rp, rb bytes). */
+typedef struct _pp_tp_msg {
+    const void* sp;
+    void* rp;
+    size_t sb, rb;
+} _pp_tp_msg;
+
+/* Every receive posted, then every send, inside the transport's group where it has one; then
+   every request waited for, in posting order. A failure cancels the receives not yet waited for
+   (where the transport can) and waits for the sends (their buffers are the caller's). */
+static pp_result _pp_tp_xchg(const pp_transport* t, const int* ranks, int n, int me, int tag, const _pp_tp_msg* m,
+                             double timeout_s, pp_error* err) {
+    pp_request* rq;
+    char* is_recv;
+    int i, k = 0, w, in_group = 0;
+    pp_result rc = PP_OK, r2;
+    rq = (pp_request*)PP_MALLOC((size_t)2 * (size_t)n * (sizeof *rq + 1));
+    if (!rq) return _pp_fail(err, PP_ERR_NOMEM, "%d requests of a TP collective", 2 * n);
+    is_recv = (char*)(rq + 2 * n);
+    if (t->group_start && t->group_end) {
+        if ((rc = t->group_start(t->self)) != PP_OK) {
+            PP_FREE(rq);
+            return _pp_fail(err, rc, "rank %d: TP collective: group start", t->rank);
+        }
+        in_group = 1;
+    }
+    for (i = 0; i < n && rc == PP_OK; i++) {
+        if (i == me || m[i].rb == 0) continue;
+        memset(&rq[k], 0, sizeof rq[k]);
+        if ((rc = t->irecv(t->self, ranks[i], tag, m[i].rp, m[i].rb, &rq[k])) != PP_OK)
+            _pp_fail(err, rc, "rank %d: TP collective: receive from rank %d", t->rank, ranks[i]);
+        else
+            is_recv[k++] = 1;
+    }
+    for (i = 0; i < n && rc == PP_OK; i++) {
+        if (i == me || m[i].sb == 0) continue;
+        memset(&rq[k], 0, sizeof rq[k]);
+        if ((rc = t->isend(t->self, ranks[i], tag, m[i].sp, m[i].sb, &rq[k])) != PP_OK)
+            _pp_fail(err, rc, "rank %d: TP collective: send to rank %d", t->rank, ranks[i]);
+        else
+            is_recv[k++] = 0;
+    }
+    if (in_group && (r2 = t->group_end(t->self)) != PP_OK && rc == PP_OK)
+        rc = _pp_fail(err, r2, "rank %d: TP collective: group end", t->rank);
+    for (w = 0; w < k; w++) {
+        if (rc == PP_OK) {
+            rc = t->wait(t->self, &rq[w], timeout_s, err);
+        } else if (is_recv[w] && t->cancel) {
+            t->cancel(t->self, &rq[w]);
+        } else {
+            pp_error e2;
+            t->wait(t->self, &rq[w], timeout_s, &e2); /* the first failure is the one reported */
+        }
+    }
+    PP_FREE(rq);
+    return rc;
+}
+
+/* The group's transport, ranks, size, this member's place and the deadline; *n = 1 for a NULL
+   group. dtype and the buffers checked. */
+static pp_result _pp_tp_setup(const pp_group* g, const void* a, const void* b, size_t count, pp_dtype dtype,
+                              const char* what, int* all, const int** ranks, int* n, int* me, double* timeout_s,
+                              pp_error* err) {
+    const pp_transport* t = g ? g->t : NULL;
+    size_t es = pp_dtype_size(dtype);
+    pp_result rc;
+    int i;
+    *ranks = NULL;
+    *n = 1;
+    *me = 0;
+    *timeout_s = g && g->timeout_s > 0 ? g->timeout_s : PP_DEFAULT_TIMEOUT_S;
+    if (dtype != PP_F32 && dtype != PP_F64 && dtype != PP_F16 && dtype != PP_BF16)
+        return _pp_fail(err, PP_ERR_INVALID, "%s: dtype %s: f32, f64, f16 or bf16 only", what,
+                        (int)dtype >= 0 && dtype < PP_DTYPE_COUNT ? pp_dtype_name(dtype) : "unknown");
+    if (count > (size_t)-1 / 2 / es)
+        return _pp_fail(err, PP_ERR_INVALID, "%s: %zu elements of %s overflow a size", what, count, pp_dtype_name(dtype));
+    if (count > 0 && (!a || !b)) return _pp_fail(err, PP_ERR_INVALID, "%s: a NULL buffer for %zu elements", what, count);
+    if (!t) return PP_OK;
+    if (!g->ranks) {
+        if (t->size < 1 || t->size > PP_MAX_RANKS)
+            return _pp_fail(err, PP_ERR_INVALID, "%s: transport has %d ranks", what, t->size);
+        for (i = 0; i < t->size; i++) all[i] = i;
+        *ranks = all;
+        *n = t->size;
+    } else {
+        *ranks = g->ranks;
+        *n = g->n_ranks;
+    }
+    if (*n > 1 && (!t->isend || !t->irecv || !t->wait))
+        return _pp_fail(err, PP_ERR_INVALID, "%s: the group's transport has no isend/irecv/wait", what);
+    if ((rc = _pp_check_group(t, *ranks, *n, err)) != PP_OK) return rc;
+    for (i = 0; i < *n; i++)
+        if ((*ranks)[i] == t->rank) *me = i;
+    return PP_OK;
+}
+
+/* acc (len elements: float, or double for f64) = src's elements widened; or += them. */
+static void _pp_tp_widen(void* acc, const void* src, size_t len, pp_dtype dt, int add) {
+    size_t j;
+    if (dt == PP_F64) {
+        double* a = (double*)acc;
+        const double* s = (const double*)src;
+        if (add)
+            for (j = 0; j < len; j++) a[j] += s[j];
+        else
+            for (j = 0; j < len; j++) a[j] = s[j];
+    } else if (dt == PP_F32) {
+        float* a = (float*)acc;
+        const float* s = (const float*)src;
+        if (add)
+            for (j = 0; j < len; j++) a[j] += s[j];
+        else
+            for (j = 0; j < len; j++) a[j] = s[j];
+    } else {
+        float* a = (float*)acc;
+        const uint16_t* s = (const uint16_t*)src;
+        int f16 = dt == PP_F16;
+        for (j = 0; j < len; j++) {
+            float x = f16 ? pp_f16_to_f32(s[j]) : pp_bf16_to_f32(s[j]);
+            a[j] = add ? a[j] + x : x;
+        }
+    }
+}
+
+/* dst (len elements of dt) = acc, rounded once for f16 and bf16. */
+static void _pp_tp_store(void* dst, const void* acc, size_t len, pp_dtype dt) {
+    if (dt == PP_F32 || dt == PP_F64)
+        memcpy(dst, acc, len * pp_dtype_size(dt));
+    else
+        _pp_half_narrow((uint16_t*)dst, (const float*)acc, len, dt);
+}
+
+/* The sum of src[order[0]], src[order[1]], ... (each len elements) into dst. */
+static pp_result _pp_tp_sum(void* dst, const void* const* src, const int* order, int n, size_t len, pp_dtype dt,
+                            pp_error* err) {
+    size_t as = dt == PP_F64 ? sizeof(double) : sizeof(float);
+    void* acc;
+    int i;
+    if (len == 0) return PP_OK;
+    if (!(acc = PP_MALLOC(len * as))) return _pp_fail(err, PP_ERR_NOMEM, "TP sum of %zu elements", len);
+    for (i = 0; i < n; i++) _pp_tp_widen(acc, src[order ? order[i] : i], len, dt, i > 0);
+    _pp_tp_store(dst, acc, len, dt);
+    PP_FREE(acc);
+    return PP_OK;
+}
+
+static pp_result _pp_tp_rs(const pp_transport* t, const int* ranks, int n, int me, const void* send, void* recv,
+                           size_t count, pp_dtype dt, double timeout_s, pp_error* err) {
+    size_t es = pp_dtype_size(dt), off, len, o, l;
+    _pp_tp_msg* m;
+    const void** src;
+    char* tmp;
+    pp_result rc;
+    int i;
+    pp_tp_block(count, n, me, &off, &len);
+    m = (_pp_tp_msg*)PP_MALLOC((size_t)n * (sizeof *m + sizeof *src) + (size_t)n * len * es);
+    if (!m) return _pp_fail(err, PP_ERR_NOMEM, "TP reduce-scatter: %d blocks of %zu elements", n, len);
+    src = (const void**)(m + n);
+    tmp = (char*)(src + n);
+    for (i = 0; i < n; i++) {
+        pp_tp_block(count, n, i, &o, &l);
+        m[i].sp = (const char*)send + o * es;
+        m[i].sb = l * es;
+        m[i].rp = tmp + (size_t)i * len * es;
+        m[i].rb = len * es;
+        src[i] = i == me ? (const void*)((const char*)send + off * es) : (const void*)m[i].rp;
+    }
+    rc = _pp_tp_xchg(t, ranks, n, me, _PP_TAG_TP_RS, m, timeout_s, err);
+    if (rc == PP_OK) rc = _pp_tp_sum(recv, src, NULL, n, len, dt, err);
+    PP_FREE(m);
+    return rc;
+}
+
+static pp_result _pp_tp_ag(const pp_transport* t, const int* ranks, int n, int me, const void* send, void* recv,
+                           size_t count, pp_dtype dt, double timeout_s, pp_error* err) {
+    size_t es = pp_dtype_size(dt), off, len, o, l;
+    _pp_tp_msg* m;
+    pp_result rc;
+    int i;
+    pp_tp_block(count, n, me, &off, &len);
+    if (len) memmove((char*)recv + off * es, send, len * es);
+    if (n == 1) return PP_OK;
+    if (!(m = (_pp_tp_msg*)PP_MALLOC((size_t)n * sizeof *m)))
+        return _pp_fail(err, PP_ERR_NOMEM, "TP all-gather: %d blocks", n);
+    for (i = 0; i < n; i++) {
+        pp_tp_block(count, n, i, &o, &l);
+        m[i].sp = (const char*)recv + off * es;
+        m[i].sb = len * es;
+        m[i].rp = (char*)recv + o * es;
+        m[i].rb = l * es;
+    }
+    rc = _pp_tp_xchg(t, ranks, n, me, _PP_TAG_TP_AG, m, timeout_s, err);
+    PP_FREE(m);
+    return rc;
+}
+
+pp_result pp_tp_reducescatter(const pp_group* g, const void* send, void* recv, size_t count, pp_dtype dtype,
+                              pp_error* err) {
+    int all[PP_MAX_RANKS], n, me;
+    const int* ranks;
+    double to;
+    pp_result rc = _pp_tp_setup(g, send, recv, count, dtype, "TP reduce-scatter", all, &ranks, &n, &me, &to, err);
+    if (rc != PP_OK) return rc;
+    if (n == 1) {
+        if (count) memmove(recv, send, count * pp_dtype_size(dtype));
+        return PP_OK;
+    }
+    return _pp_tp_rs(g->t, ranks, n, me, send, recv, count, dtype, to, err);
+}
+
+pp_result pp_tp_allgather(const pp_group* g, const void* send, void* recv, size_t count, pp_dtype dtype,
+                          pp_error* err) {
+    int all[PP_MAX_RANKS], n, me;
+    const int* ranks;
+    double to;
+    pp_result rc = _pp_tp_setup(g, send, recv, count, dtype, "TP all-gather", all, &ranks, &n, &me, &to, err);
+    if (rc != PP_OK) return rc;
+    return _pp_tp_ag(n > 1 ? g->t : NULL, ranks, n, me, send, recv, count, dtype, to, err);
+}
+
+pp_result pp_tp_allreduce(const pp_group* g, void* buf, size_t count, pp_dtype dtype, pp_error* err) {
+    int all[PP_MAX_RANKS], n, me;
+    const int* ranks;
+    double to;
+    size_t es = pp_dtype_size(dtype), len;
+    void* blk;
+    pp_result rc = _pp_tp_setup(g, buf, buf, count, dtype, "TP all-reduce", all, &ranks, &n, &me, &to, err);
+    if (rc != PP_OK || n == 1 || count == 0) return rc;
+#ifdef PP_TEST_TP_UNORDERED /* negative control (tests/test_tp.c): each member sums every copy itself, its own first */
+    {
+        _pp_tp_msg* m = (_pp_tp_msg*)PP_MALLOC((size_t)n * (sizeof *m + sizeof(void*) + sizeof(int) + count * es));
+        const void** src;
+        int* order;
+        char* tmp;
+        int i;
+        if (!m) return _pp_fail(err, PP_ERR_NOMEM, "TP all-reduce");
+        src = (const void**)(m + n);
+        order = (int*)(src + n);
+        tmp = (char*)(order + n);
+        for (i = 0; i < n; i++) {
+            m[i].sp = buf;
+            m[i].sb = m[i].rb = count * es;
+            m[i].rp = tmp + (size_t)i * count * es;
+            src[i] = i == me ? (const void*)buf : (const void*)m[i].rp;
+            order[i] = (me + i) % n;
+        }
+        rc = _pp_tp_xchg(g->t, ranks, n, me, _PP_TAG_TP_RS, m, to, err);
+        if (rc == PP_OK) rc = _pp_tp_sum(buf, src, order, n, count, dtype, err);
+        PP_FREE(m);
+        (void)len;
+        (void)blk;
+        return rc;
+    }
+#else
+    pp_tp_block(count, n, me, NULL, &len);
+    if (!(blk = PP_MALLOC(len ? len * es : 1))) return _pp_fail(err, PP_ERR_NOMEM, "TP all-reduce block of %zu elements", len);
+    rc = _pp_tp_rs(g->t, ranks, n, me, buf, blk, count, dtype, to, err);
+    if (rc == PP_OK) rc = _pp_tp_ag(g->t, ranks, n, me, blk, buf, count, dtype, to, err);
+    PP_FREE(blk);
+    return rc;
+#endif
 }
 
 /* >>impl-stage

@@ -40,6 +40,7 @@
        pp_mpi_set_ordered_sum(t, 1)                all-reduce in rank order (bit-reproducible)
        pp_mpi_destroy(t)
        pp_mpi_grid_create(world, pp, order, &g, &err)   pp x dp grid: g.grid, g.pipe, g.dp, g.tied
+       pp_mpi_grid_create_tp(world, pp, tp, order, &g, &err)   pp x dp x tp: also g.tp (TP group)
        pp_mpi_grid_destroy(&g)
 */
 #ifndef PIPELINE_MPI_H
@@ -92,12 +93,17 @@ typedef struct pp_mpi_grid {
     pp_mpi* pipe;
     pp_mpi* dp;
     pp_mpi* tied;
+    pp_mpi* tp;     /* the TP group (pp_mpi_grid_create_tp, tp > 1; its ranks are the TP ranks); else NULL */
 } pp_mpi_grid;
 
 /* pp_grid is sized by PP_MAX_RANKS: linked under names carrying the configuration (pipeline.h) */
 #define pp_mpi_grid_create _PP_ABI(mpi_grid_create)
+#define pp_mpi_grid_create_tp _PP_ABI(mpi_grid_create_tp)
 #define pp_mpi_grid_destroy _PP_ABI(mpi_grid_destroy)
 pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* out, pp_error* err);
+/* pp x dp x tp (pp_grid_make_tp): also g.tp, the TP group's transport (for pp_tp_allreduce and
+   friends: a pp_group with ranks NULL), in the same abort domain as the others. */
+pp_result pp_mpi_grid_create_tp(MPI_Comm world, int pp, int tp, pp_grid_order order, pp_mpi_grid* out, pp_error* err);
 void pp_mpi_grid_destroy(pp_mpi_grid* g);
 
 #ifdef __cplusplus
@@ -661,8 +667,8 @@ void pp_mpi_set_ordered_sum(pp_mpi* t, int ordered) {
     if (t) t->ordered = ordered != 0;
 }
 
-pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* g, pp_error* err) {
-    MPI_Comm pipe = MPI_COMM_NULL, dp = MPI_COMM_NULL, tied = MPI_COMM_NULL;
+pp_result pp_mpi_grid_create_tp(MPI_Comm world, int pp, int tp, pp_grid_order order, pp_mpi_grid* g, pp_error* err) {
+    MPI_Comm pipe = MPI_COMM_NULL, dp = MPI_COMM_NULL, tied = MPI_COMM_NULL, tpc = MPI_COMM_NULL;
     int n = 0, me = 0, color, key;
     pp_result rc;
     if (!g) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
@@ -670,27 +676,38 @@ pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi
     if (world == MPI_COMM_NULL) return _pp_fail(err, PP_ERR_INVALID, "communicator is MPI_COMM_NULL");
     MPI_Comm_size(world, &n);
     MPI_Comm_rank(world, &me);
-    if ((rc = pp_grid_make(n, me, pp, order, &g->grid, err)) != PP_OK) return rc;
+    if ((rc = pp_grid_make_tp(n, me, pp, tp, order, &g->grid, err)) != PP_OK) return rc;
+    if (tp > 1) {
+        pp_grid_tp_split(&g->grid, &color, &key);
+        if (MPI_Comm_split(world, color, key, &tpc) != MPI_SUCCESS)
+            return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Comm_split for the TP group");
+    }
     pp_grid_pipe_split(&g->grid, &color, &key);
-    if (MPI_Comm_split(world, color, key, &pipe) != MPI_SUCCESS)
+    if (MPI_Comm_split(world, color, key, &pipe) != MPI_SUCCESS) {
+        if (tpc != MPI_COMM_NULL) MPI_Comm_free(&tpc);
         return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Comm_split for the pipeline group");
+    }
     pp_grid_dp_split(&g->grid, &color, &key);
     if (MPI_Comm_split(world, color, key, &dp) != MPI_SUCCESS) {
         MPI_Comm_free(&pipe);
+        if (tpc != MPI_COMM_NULL) MPI_Comm_free(&tpc);
         return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Comm_split for the data-parallel group");
     }
     pp_grid_tied_split(&g->grid, &color, &key);
     if (MPI_Comm_split(world, color < 0 ? MPI_UNDEFINED : color, key, &tied) != MPI_SUCCESS) {
         MPI_Comm_free(&pipe);
         MPI_Comm_free(&dp);
+        if (tpc != MPI_COMM_NULL) MPI_Comm_free(&tpc);
         return _pp_fail(err, PP_ERR_TRANSPORT, "MPI_Comm_split for the tied pair");
     }
     rc = _pp_mpi_create(pipe, NULL, world, &g->pipe, err);
     if (rc == PP_OK) rc = _pp_mpi_create(dp, g->pipe->dom, MPI_COMM_NULL, &g->dp, err);
     if (rc == PP_OK && tied != MPI_COMM_NULL) rc = _pp_mpi_create(tied, g->pipe->dom, MPI_COMM_NULL, &g->tied, err);
+    if (rc == PP_OK && tpc != MPI_COMM_NULL) rc = _pp_mpi_create(tpc, g->pipe->dom, MPI_COMM_NULL, &g->tp, err);
     MPI_Comm_free(&pipe);
     MPI_Comm_free(&dp);
     if (tied != MPI_COMM_NULL) MPI_Comm_free(&tied);
+    if (tpc != MPI_COMM_NULL) MPI_Comm_free(&tpc);
     if (rc != PP_OK) {
         pp_mpi_grid_destroy(g);
         return rc;
@@ -698,12 +715,17 @@ pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi
     return PP_OK;
 }
 
+pp_result pp_mpi_grid_create(MPI_Comm world, int pp, pp_grid_order order, pp_mpi_grid* g, pp_error* err) {
+    return pp_mpi_grid_create_tp(world, pp, 1, order, g, err);
+}
+
 void pp_mpi_grid_destroy(pp_mpi_grid* g) {
     if (!g) return;
+    pp_mpi_destroy(g->tp);
     pp_mpi_destroy(g->tied);
     pp_mpi_destroy(g->dp);
     pp_mpi_destroy(g->pipe);
-    g->tied = g->dp = g->pipe = NULL;
+    g->tp = g->tied = g->dp = g->pipe = NULL;
 }
 
 #ifdef __cplusplus

@@ -104,7 +104,9 @@
      the device count) and creates the communicator without blocking past its deadline.
    - Grid: pp_nccl_grid_create splits the world communicator with ncclCommSplit (NCCL >= 2.18)
      into the pipeline group, the data-parallel group and the tied pair (first and last stage
-     rank) of a pp x dp grid (pipeline.h's pp_grid colours; dp and tied collective_only); tied layers use the tied transport,
+     rank) of a pp x dp grid (pipeline.h's pp_grid colours; dp and tied collective_only), and with
+     pp_nccl_grid_create_tp the TP group of a pp x dp x tp grid (g.tp, collective_only; pipeline.h's
+     pp_tp_* collectives run over its isend/irecv, host memory); tied layers use the tied transport,
      or the pipeline transport with the pair of ranks that own them (pp_tied_sum_grads), data
      parallelism the dp transport (pp_grad_allreduce after the step, or pp_dp_overlap during the
      cool-down: the transport's iallreduce_sum enqueues each bucket's ncclAllReduce on its own
@@ -278,13 +280,23 @@ typedef struct pp_nccl_grid {
     pp_nccl* dp;
     pp_nccl* tied;              /* first and last stage rank of this pipeline; NULL between */
     ncclComm_t split_out[3];    /* private: where NCCL writes the new communicators (pipe, dp, tied) */
+    pp_nccl* tp;                /* the TP group (pp_nccl_grid_create_tp, tp > 1; its ranks are the TP
+                                   ranks; collective_only: one communicator, pairs connected at first
+                                   use); else NULL */
+    ncclComm_t split_tp_out;    /* private: where NCCL writes the TP communicator */
 } pp_nccl_grid;
 
 /* pp_grid is sized by PP_MAX_RANKS: linked under names carrying the configuration (pipeline.h) */
 #define pp_nccl_grid_create _PP_ABI(nccl_grid_create)
+#define pp_nccl_grid_create_tp _PP_ABI(nccl_grid_create_tp)
 #define pp_nccl_grid_destroy _PP_ABI(nccl_grid_destroy)
 pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cudaStream_t compute, double timeout_s,
                               pp_nccl_grid* out, pp_error* err);
+/* pp x dp x tp (pp_grid_make_tp): also g.tp, the TP group's transport for pipeline.h's TP
+   collectives (pp_tp_allreduce and friends, over its isend/irecv: host memory, staged through
+   the device), split after the other three. */
+pp_result pp_nccl_grid_create_tp(ncclComm_t world, int pp, int tp, pp_grid_order order, cudaStream_t compute,
+                                 double timeout_s, pp_nccl_grid* out, pp_error* err);
 void pp_nccl_grid_destroy(pp_nccl_grid* g);
 
 /* Proves that, under schedule s, each ordered pair of ranks posts its receives in the order
@@ -2182,8 +2194,13 @@ pp_result pp_nccl_comm_init(const pp_launch* L, const ncclUniqueId* id, double t
 
 pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cudaStream_t compute, double timeout_s,
                               pp_nccl_grid* g, pp_error* err) {
+    return pp_nccl_grid_create_tp(world, pp, 1, order, compute, timeout_s, g, err);
+}
+
+pp_result pp_nccl_grid_create_tp(ncclComm_t world, int pp, int tp, pp_grid_order order, cudaStream_t compute,
+                                 double timeout_s, pp_nccl_grid* g, pp_error* err) {
 #if NCCL_VERSION_CODE >= 21800
-    ncclComm_t pipe = NULL, dp = NULL, tied = NULL;
+    ncclComm_t pipe = NULL, dp = NULL, tied = NULL, tpc = NULL;
     int n = 0, me = 0, color, key;
     double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
     pp_nccl_desc d;
@@ -2192,8 +2209,8 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
     memset(g, 0, sizeof *g);
     if (!world || ncclCommCount(world, &n) != ncclSuccess || ncclCommUserRank(world, &me) != ncclSuccess)
         return _pp_fail(err, PP_ERR_INVALID, "world communicator is not usable");
-    if ((rc = pp_grid_make(n, me, pp, order, &g->grid, err)) != PP_OK) return rc;
-    /* every rank calls the three splits, in the same order */
+    if ((rc = pp_grid_make_tp(n, me, pp, tp, order, &g->grid, err)) != PP_OK) return rc;
+    /* every rank calls the three splits (four with tp > 1), in the same order */
     pp_grid_pipe_split(&g->grid, &color, &key);
     rc = _ppn_split(world, color, key, &g->split_out[0], deadline, "ncclCommSplit (pipeline)", 1, err);
     if (rc == PP_OK) {
@@ -2205,12 +2222,18 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
         rc = _ppn_split(world, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &g->split_out[2], deadline,
                         "ncclCommSplit (tied pair)", 1, err);
     }
+    if (rc == PP_OK && tp > 1) {
+        pp_grid_tp_split(&g->grid, &color, &key);
+        rc = _ppn_split(world, color, key, &g->split_tp_out, deadline, "ncclCommSplit (TP group)", 1, err);
+    }
     pipe = g->split_out[0];
     dp = g->split_out[1];
     tied = g->split_out[2];
+    tpc = g->split_tp_out;
     if (rc != PP_OK) { /* the finished splits go; a split the world still runs may yet write its slot */
         for (int k = 0; k < 3; k++)
             if (g->split_out[k]) ncclCommDestroy(g->split_out[k]);
+        if (g->split_tp_out) ncclCommDestroy(g->split_tp_out);
         return rc;
     }
     memset(&d, 0, sizeof d);
@@ -2224,15 +2247,18 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
     if (rc == PP_OK) rc = pp_nccl_create(&d, &g->dp, err);
     d.comm = tied;
     if (rc == PP_OK && tied) rc = pp_nccl_create(&d, &g->tied, err);
+    d.comm = tpc; /* collective_only too: the TP collectives' sends connect their pairs at first use */
+    if (rc == PP_OK && tpc) rc = pp_nccl_create(&d, &g->tp, err);
     if (rc != PP_OK) {
         if (!g->pipe) ncclCommDestroy(pipe);
         if (!g->dp) ncclCommDestroy(dp);
         if (tied && !g->tied) ncclCommDestroy(tied);
+        if (tpc && !g->tp) ncclCommDestroy(tpc);
         pp_nccl_grid_destroy(g);
     }
     return rc;
 #else
-    (void)world; (void)pp; (void)order; (void)compute; (void)timeout_s;
+    (void)world; (void)pp; (void)tp; (void)order; (void)compute; (void)timeout_s;
     if (g) memset(g, 0, sizeof *g);
     return _pp_fail(err, PP_ERR_UNSUPPORTED, "pp_nccl_grid_create needs ncclCommSplit (NCCL >= 2.18; this is %d)",
                     NCCL_VERSION_CODE);
@@ -2241,10 +2267,11 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
 
 void pp_nccl_grid_destroy(pp_nccl_grid* g) {
     if (!g) return;
+    pp_nccl_destroy(g->tp);
     pp_nccl_destroy(g->tied);
     pp_nccl_destroy(g->dp);
     pp_nccl_destroy(g->pipe);
-    g->tied = g->dp = g->pipe = NULL;
+    g->tp = g->tied = g->dp = g->pipe = NULL;
 }
 
 /* One message in a pair's sequence: (micro-batch, boundary stage, direction). */

@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
         pp_grid_pipe_split(&g, &a, &b);
         pp_grid_dp_split(&g, &a, &b);
         pp_grid_tied_split(&g, &a, &b);
+        pp_grid_make_tp(1, 0, 1, 1, PP_GRID_DP_INNER, &g, &err);
+        pp_grid_rank_tp(&g, 0, 0, 0);
+        pp_grid_tp_split(&g, &a, &b);
         pp_pipeline_create(NULL, &pl, &err);
         pp_ckpt_size(NULL, NULL, &err);
         pp_ckpt_save(NULL, NULL, &err);
