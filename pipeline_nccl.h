@@ -105,7 +105,7 @@
    - Grid: pp_nccl_grid_create splits the world communicator with ncclCommSplit (NCCL >= 2.18)
      into the pipeline group, the data-parallel group and the tied pair (first and last stage
      rank) of a pp x dp grid (pipeline.h's pp_grid colours; dp and tied collective_only), and with
-     pp_nccl_grid_create_tp the TP group of a pp x dp x tp grid (g.tp, collective_only; pipeline.h's
+     pp_nccl_grid_create_tp the TP group of a pp x dp x tp grid (g.tp, one channel, every pair; pipeline.h's
      pp_tp_* collectives run over its isend/irecv, host memory); tied layers use the tied transport,
      or the pipeline transport with the pair of ranks that own them (pp_tied_sum_grads), data
      parallelism the dp transport (pp_grad_allreduce after the step, or pp_dp_overlap during the
@@ -281,8 +281,8 @@ typedef struct pp_nccl_grid {
     pp_nccl* tied;              /* first and last stage rank of this pipeline; NULL between */
     ncclComm_t split_out[3];    /* private: where NCCL writes the new communicators (pipe, dp, tied) */
     pp_nccl* tp;                /* the TP group (pp_nccl_grid_create_tp, tp > 1; its ranks are the TP
-                                   ranks; collective_only: one communicator, pairs connected at first
-                                   use); else NULL */
+                                   ranks; one channel, every pair connected at create: connect_all);
+                                   else NULL */
     ncclComm_t split_tp_out;    /* private: where NCCL writes the TP communicator */
 } pp_nccl_grid;
 
@@ -2247,7 +2247,12 @@ pp_result pp_nccl_grid_create_tp(ncclComm_t world, int pp, int tp, pp_grid_order
     if (rc == PP_OK) rc = pp_nccl_create(&d, &g->dp, err);
     d.comm = tied;
     if (rc == PP_OK && tied) rc = pp_nccl_create(&d, &g->tied, err);
-    d.comm = tpc; /* collective_only too: the TP collectives' sends connect their pairs at first use */
+    /* the TP collectives (pipeline.h's pp_tp_*) run over sends and receives between every pair of
+       the group: one channel, every pair connected at create, so no step sets one up */
+    d.comm = tpc;
+    d.collective_only = 0;
+    d.channels = 1;
+    d.connect_all = 1;
     if (rc == PP_OK && tpc) rc = pp_nccl_create(&d, &g->tp, err);
     if (rc != PP_OK) {
         if (!g->pipe) ncclCommDestroy(pipe);

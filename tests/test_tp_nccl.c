@@ -6,6 +6,7 @@
    ({0, 2} and {1, 3}: a TP group as a subset of the transport's ranks): f32, f64, f16, bf16,
    counts 0 .. 1001, every rank's result with the sequential sum's bits (tests/tp_data.h), the
    same bits as the threads and MPI transports give. Then over pp_nccl_grid_create_tp's g.tp
+   (every pair connected at create: the collectives set nothing up)
    (pp 2 x tp 2, pp 1 x tp 4): the same. Not yet run on real NCCL and a GPU. */
 #define _POSIX_C_SOURCE 200809L
 #define PIPELINE_IMPLEMENTATION
@@ -121,8 +122,14 @@ static pp_result rank_main(int r, void* user) {
                 snprintf(W->msg[r], sizeof W->msg[r], "grid tp %d: transport rank %d of %d", tp, gt.rank, gt.size);
                 W->bad[r]++;
             } else {
+                uint64_t c0 = fakenccl_thread_connects();
                 W->bad[r] += run_group(&grp, r, g.grid.tp_rank, tp, 500 + 10 * (g.grid.pp_rank * g.grid.dp + g.grid.dp_rank),
                                        W->msg[r], sizeof W->msg[r]);
+                if (!W->bad[r] && fakenccl_thread_connects() != c0) { /* every pair was connected at create */
+                    snprintf(W->msg[r], sizeof W->msg[r], "grid tp %d: the collectives set up %llu connections", tp,
+                             (unsigned long long)(fakenccl_thread_connects() - c0));
+                    W->bad[r]++;
+                }
             }
         }
         pp_nccl_grid_destroy(&g);
