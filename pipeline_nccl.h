@@ -1458,6 +1458,33 @@ static void _ppn_order_build(pp_nccl* t, const pp_schedule* s) {
     t->sched_m = s->m;
 }
 
+/* A set-up's wait (the connections' empty messages, the warm-up all-reduce): polls the
+   transport's stream until its work is done, against the deadline; a failure NCCL reports on
+   comm (a peer's exit over the network: ncclRemoteError) ends the wait at once. */
+static pp_result _ppn_setup_wait(pp_nccl* t, ncclComm_t comm, double deadline, const char* what, const char* late) {
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(t->stream);
+        ncclResult_t ae = ncclSuccess;
+        char why[96];
+        if (e == cudaSuccess) return PP_OK;
+#ifndef PP_NCCL_TEST_CONNECT_NO_ASYNC /* negative control (build/nccl-controls): a failure NCCL reported waits for the deadline */
+        if (ncclCommGetAsyncError(comm, &ae) != ncclSuccess) ae = ncclInternalError;
+#else
+        (void)comm;
+#endif
+        if (e != cudaErrorNotReady) return _ppn_cuda(t, e, what);
+        if (ae != ncclSuccess && ae != ncclInProgress) {
+            snprintf(why, sizeof why, "%s (asynchronous error)", what);
+            return _ppn_nccl(t, ae, why);
+        }
+        if (_pp_now() > deadline) {
+            _ppn_note(t, "timeout", late);
+            return PP_ERR_TIMEOUT;
+        }
+        _ppn_sleep_us(200);
+    }
+}
+
 /* NCCL sets a pair up for point-to-point the first time it talks on a communicator, inside the
    outermost ncclGroupEnd, and the host stays there until the peer's host sets up the mirror
    connection (src/enqueue.cc p2pTaskAppend marks connectSend/connectRecv; src/group.cc
@@ -1504,21 +1531,10 @@ static pp_result _ppn_connect(pp_nccl* t, int nch, const unsigned char* want, pp
         ge = ncclGroupEnd();
         if (rc == PP_OK) rc = _ppn_nccl(t, ge, "ncclGroupEnd (connection set-up)");
         if (rc == PP_OK && ge == ncclInProgress) rc = _ppn_settle_comm(t, _PPN_COMM(t, ch), "connection set-up (non-blocking)", deadline);
-        while (rc == PP_OK) { /* the empty messages: done once every peer's group ran */
-            cudaError_t e = cudaStreamQuery(t->stream);
-            ncclResult_t ae = ncclSuccess;
-            if (e == cudaSuccess) break;
-#ifndef PP_NCCL_TEST_CONNECT_NO_ASYNC /* negative control (build/nccl-controls): a failure NCCL reported waits for the deadline */
-            /* a failure NCCL saw (a peer's exit over the network: ncclRemoteError) ends the wait now */
-            if (ncclCommGetAsyncError(_PPN_COMM(t, ch), &ae) != ncclSuccess) ae = ncclInternalError;
-#endif
-            if (e != cudaErrorNotReady) rc = _ppn_cuda(t, e, "connection set-up");
-            else if (ae != ncclSuccess && ae != ncclInProgress) rc = _ppn_nccl(t, ae, "connection set-up (asynchronous error)");
-            else if (_pp_now() > deadline) {
-                _ppn_note(t, "timeout", "connection set-up: a peer did not set up its side");
-                rc = PP_ERR_TIMEOUT;
-            } else _ppn_sleep_us(200);
-        }
+        /* the empty messages: done once every peer's group ran */
+        if (rc == PP_OK)
+            rc = _ppn_setup_wait(t, _PPN_COMM(t, ch), deadline, "connection set-up",
+                                 "connection set-up: a peer did not set up its side");
         for (q = 0; q < t->size && rc == PP_OK; q++) t->conn[ch][q] |= need[q];
     }
     if (rc == PP_OK) return PP_OK;
@@ -1790,20 +1806,10 @@ static pp_result _ppn_warm(pp_nccl* t, pp_error* err) {
         if (rc == PP_OK && ar == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, "collective connection set-up (non-blocking)", deadline);
         if (rc == PP_OK) t->colls_warmed++;
     }
-    while (rc == PP_OK) { /* done once every member's all-reduce ran */
-        cudaError_t e = cudaStreamQuery(t->stream);
-        ncclResult_t ae = ncclSuccess;
-        if (e == cudaSuccess) break;
-#ifndef PP_NCCL_TEST_CONNECT_NO_ASYNC /* negative control (build/nccl-controls): a failure NCCL reported waits for the deadline */
-        if (ncclCommGetAsyncError(t->comm, &ae) != ncclSuccess) ae = ncclInternalError; /* a member's failure ends it now */
-#endif
-        if (e != cudaErrorNotReady) rc = _ppn_cuda(t, e, "collective connection set-up");
-        else if (ae != ncclSuccess && ae != ncclInProgress) rc = _ppn_nccl(t, ae, "collective connection set-up (asynchronous error)");
-        else if (_pp_now() > deadline) {
-            _ppn_note(t, "timeout", "collective connection set-up: a member did not come to the warm-up all-reduce");
-            rc = PP_ERR_TIMEOUT;
-        } else _ppn_sleep_us(200);
-    }
+    /* done once every member's all-reduce ran */
+    if (rc == PP_OK)
+        rc = _ppn_setup_wait(t, t->comm, deadline, "collective connection set-up",
+                             "collective connection set-up: a member did not come to the warm-up all-reduce");
     if (rc == PP_OK) {
         t->coll_conn = 1;
         return PP_OK;
