@@ -88,7 +88,7 @@ $(B)/tsan-%: tests/%.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 # one's compile. The flags are spelled out here (IMPL_*), not taken from BASE, which targets
 # extend for themselves and make would pass on to a shared prerequisite.
 LINKED_TESTS = test_pipeline test_errors test_varlen test_gpt test_zb test_devops test_recompute \
-               test_validate test_gradnorm test_eval test_grid test_schedule test_tp
+               test_validate test_gradnorm test_eval test_grid test_schedule test_tp test_dpfault test_ckpt
 O           = $(B)/obj
 IMPL_BASE  := -std=c99 $(WARN) -I.
 LINK_DEFS   = -DPP_TEST_LINK_IMPL -D_POSIX_C_SOURCE=200809L
@@ -616,8 +616,8 @@ lint: | $(B)
 # Fuzz targets. fuzzrun-*: replay the seed corpus and fixed random inputs (any compiler, part of
 # make test, under ASan+UBSan). fuzz-*: libFuzzer (clang); make fuzz runs each FUZZ_RUNS times
 # from the seed corpus (new inputs go to build/fuzz-work, the repo's corpus is left alone).
-$(B)/fuzzrun-%: tests/fuzz/%.c tests/fuzz/fuzz.h $(HEADERS) | $(B)
-	$(CC) $(BASE) $(ASAN_FLAGS) -DPP_FUZZ_STANDALONE $< -o $@ $(LDLIBS)
+$(B)/fuzzrun-%: tests/fuzz/%.c tests/fuzz/fuzz.h $(HEADERS) $(O)/asan-impl.o | $(B)
+	$(CC) $(BASE) $(LINK_DEFS) $(ASAN_FLAGS) -DPP_FUZZ_STANDALONE $< $(O)/asan-impl.o -o $@ $(LDLIBS)
 
 $(B)/fuzz-%: tests/fuzz/%.c tests/fuzz/fuzz.h $(HEADERS) | $(B)
 	$(CLANG) $(BASE) -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $< -o $@ $(LDLIBS)

@@ -12,3 +12,9 @@ void pp_test_partition_ranks(const double* w, const double* mem, double cap, int
     _pp_partition_ranks(w, mem, cap, L, s, first);
 }
 const int pp_test_pool_warm_steps = _PP_POOL_WARM_STEPS;
+pp_result pp_test_ckpt_save_path(const pp_ckpt_desc* d, const char* path, size_t (*fault)(void*, uint64_t, size_t),
+                                 void* fault_user, pp_error* err);
+pp_result pp_test_ckpt_save_path(const pp_ckpt_desc* d, const char* path, size_t (*fault)(void*, uint64_t, size_t),
+                                 void* fault_user, pp_error* err) {
+    return _pp_ckpt_save_path(d, path, fault, fault_user, err);
+}

@@ -24,13 +24,16 @@
    Tensor parallelism (`test_ckpt tp`): sharded parameters saved at tp = 1, 2, 4 (pp = 1, 2; memory
    and a file) give the tp = 1 bytes, and load at tp = 1, 2, 4 (test_tp's comment); its control
    -DPP_TEST_CKPT_TP_ORDER (slices in reverse rank order) fails. */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "../examples/gpt.h"
 #include "../examples/gpt_data.h"
 #include "test.h"
 #include "harness.h"
+#include "test_link.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -346,6 +349,19 @@ static int untouched(void) {
 }
 
 /* Loads img (n bytes) into T from memory and from a file; both must fail with `want`. */
+/* pp_ckpt_io's reader over memory that may be shorter than the image: its reads come up short */
+typedef struct mem_src {
+    const unsigned char* p;
+    size_t n;
+} mem_src;
+static size_t mem_read(void* ctx, uint64_t off, void* p, size_t n) {
+    const mem_src* m = (const mem_src*)ctx;
+    if (off >= m->n) return 0;
+    if (n > m->n - off) n = (size_t)(m->n - off);
+    memcpy(p, m->p + off, n);
+    return n;
+}
+
 static void refused(const unsigned char* img, size_t n, pp_result want, const char* what) {
     const void* st[2];
     pp_ckpt_desc cd = ckdesc(&T, st);
@@ -387,7 +403,7 @@ static void test_refusals(void) {
     pp_ckpt_desc cd;
     pp_error err;
     pp_result rc;
-    _pp_ckpt_mem src; /* pp_ckpt_load_mem's reader, over a buffer shorter than the image */
+    mem_src src; /* a reader over a buffer shorter than the image */
     pp_ckpt_io io;
     if (!bad) return;
     refused(FULL, FULL_N - 1, PP_ERR_CORRUPT, "truncated by one byte");
@@ -407,7 +423,7 @@ static void test_refusals(void) {
     cd = ckdesc(&T, st);
     src.p = FULL;
     src.n = FULL_N - 5;
-    io.read = _pp_ckpt_mread;
+    io.read = mem_read;
     io.write = NULL;
     io.ctx = &src;
     rc = pp_ckpt_load(&cd, &io, NULL, &err);

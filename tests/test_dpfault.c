@@ -17,7 +17,9 @@
    NaN or Inf scale is refused at create. Negative controls: build/dpfault-controls.
    The sweep is sampled: PP_TEST_FULL=1 runs every case, else those whose index % R equals
    PP_TEST_SEED % R (the seed is printed). */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../pipeline.h"
 #include "../examples/mlp.h"
 #include "test.h"

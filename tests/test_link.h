@@ -9,10 +9,13 @@ extern "C" {
 #endif
 void pp_test_partition_ranks(const double* w, const double* mem, double cap, int L, const pp_schedule* s, int* first);
 extern const int pp_test_pool_warm_steps;
+pp_result pp_test_ckpt_save_path(const pp_ckpt_desc* d, const char* path, size_t (*fault)(void*, uint64_t, size_t),
+                                 void* fault_user, pp_error* err);
 #ifdef __cplusplus
 }
 #endif
 #define _pp_partition_ranks pp_test_partition_ranks
 #define _PP_POOL_WARM_STEPS pp_test_pool_warm_steps
+#define _pp_ckpt_save_path pp_test_ckpt_save_path
 #endif
 #endif

@@ -7,7 +7,9 @@
    image's length. Any input: the load returns an error with its message and leaves every byte of
    the weights, the states and the user bytes as it was, or PP_OK with the weights equal to the
    saved ones (and, where the header kept its own checksum, the states and user bytes too). */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../../pipeline.h"
 #define FUZZ_NAME "fuzz_ckpt"
 #include "fuzz.h"

@@ -3,7 +3,9 @@
    wrong). Built-in schedules must generate and simulate without deadlock, with a bubble in
    [0, 1], a makespan that bounds every rank's busy time and events that do not overlap; an
    edited list must come back OK or as PP_ERR_SCHEDULE/PP_ERR_DEADLOCK with a message. */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../../pipeline.h"
 #define FUZZ_NAME "fuzz_sim"
 #include "fuzz.h"

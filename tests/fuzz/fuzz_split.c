@@ -3,10 +3,14 @@
    Any input: an error with a message, or a split whose micro-batches are non-empty, contiguous,
    cover every row and sequence once, carry rebased cu_seqlens matching the input lengths, and,
    for the balanced policies, are never worse than the equal-count split. */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../../pipeline.h"
 #define FUZZ_NAME "fuzz_split"
 #include "fuzz.h"
+
+#include <math.h>
 
 #define MAX_SEQS 96
 #define MAX_M 100

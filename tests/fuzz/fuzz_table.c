@@ -3,7 +3,9 @@
    (pp_simulate says OK) that pp_schedule_write prints back into text that parses to the same
    actions (and order=any). The size protocol holds: out NULL answers PP_ERR_SIZE with the count, then a buffer
    of exactly that many actions is enough. */
+#ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
+#endif
 #include "../../pipeline.h"
 #define FUZZ_NAME "fuzz_table"
 #include "fuzz.h"
