@@ -24,7 +24,7 @@ VALGRIND ?= valgrind
 VG_TESTS = test_errors test_reliability
 SOAK_STEPS ?= 5000
 
-.PHONY: all test quick run run-gpt bench bench-validate bench-bf16 bench-peers check-cuda check-cxx check-c check-abi old-names api-doc sections lint fuzz soak valgrind clean \
+.PHONY: all test quick run run-gpt bench bench-validate bench-bf16 bench-peers check-cuda check-cxx check-c check-abi old-names api-doc doc-budget sections lint fuzz soak valgrind clean \
         cuda test-cuda sanitize-cuda bench-cuda
 
 all: $(EXAMPLES) $(BENCHES)
@@ -560,11 +560,28 @@ old-names: $(B)/old-names
 	    echo "old-names: FAILED, the control without the aliases compiled"; exit 1; \
 	  else echo "old-names: the control without the aliases fails to compile, as it must"; fi
 
-# docs/api.md names every public function and type; its control drops one name and must fail.
+# docs/api.md names every public function, type, struct field, macro and enum value. Its controls
+# each delete one line of it (a function, a struct field, an enum value) and must fail naming it.
+API_DOC_CONTROLS = pp_grid_rank pp_stage_desc.timeout_s PP_ERR_CORRUPT
 api-doc: | $(B)
-	@sh tests/api_doc.sh && sed 's/`pp_grid_rank`//' docs/api.md > $(B)/api-doc-control.md && \
-	  if sh tests/api_doc.sh $(B)/api-doc-control.md > /dev/null; then \
-	    echo "api-doc: FAILED, the control without pp_grid_rank passed"; exit 1; fi
+	@sh tests/api_doc.sh && for name in $(API_DOC_CONTROLS); do \
+	  grep -vF -e "- \`$$name\` —" docs/api.md > $(B)/api-doc-control.md; \
+	  if out=$$(sh tests/api_doc.sh $(B)/api-doc-control.md); then \
+	    echo "api-doc: FAILED, the control without $$name's line passed"; exit 1; fi; \
+	  printf '%s\n' "$$out" | grep -q " $$name is public but not in" || \
+	    { echo "api-doc: FAILED, the control without $$name's line did not name it: $$out"; exit 1; }; \
+	  echo "api-doc control, the line of $$name deleted: $$(printf '%s\n' "$$out" | grep " $$name is public") (exit 1)"; done
+
+# README.md and docs/ stay short enough to read (README <= 400 lines, README + docs/*.md <= 3000),
+# and every relative link among them resolves, anchors included; its control (a README 400 lines
+# longer, with a broken link) must fail naming both.
+doc-budget: | $(B)
+	@sh tests/doc_budget.sh && { cat README.md; seq 1 400; echo '[gone](docs/none.md)'; } > $(B)/doc-budget-control.md && \
+	  if out=$$(DOC_README=$(B)/doc-budget-control.md sh tests/doc_budget.sh); then \
+	    echo "doc-budget: FAILED, the control with a long README and a broken link passed"; exit 1; fi; \
+	  printf '%s\n' "$$out" | grep -q 'docs/none.md' && printf '%s\n' "$$out" | grep -q 'README.md is' || \
+	    { echo "doc-budget: FAILED, the control did not name what it broke: $$out"; exit 1; }; \
+	  echo "doc-budget control (400 lines and a broken link added) fails, as it must"
 
 # pipeline.h's SECTIONS map matches its >>markers; the control renames one marker and must fail.
 sections: | $(B)
@@ -572,7 +589,7 @@ sections: | $(B)
 	  if sh tests/sections.sh $(B)/sections-control.h > /dev/null; then \
 	    echo "sections: FAILED, the control with a renamed marker passed"; exit 1; fi
 
-check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc sections
+check-c: $(B)/c-check.o $(B)/c-impl-order.o check-abi old-names api-doc doc-budget sections
 
 # a configuration that sizes public structs must agree across files: a mismatch fails to link.
 # tests/abi_user.c refers to every function linked under the configuration's name (ABI_FNS);
