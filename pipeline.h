@@ -753,6 +753,27 @@ static inline int _pp_name_is(const char* a, const char* b) {
         return 0;                                                                               \
     }
 
+/* Describe functions for the two commonest layers, defined as static functions named fn over
+   parameter struct P (what X(..., describe, ...) names):
+       PP_DESCRIBE_SAME(tanh_desc, tanh_p)   one output shaped as the first input (elementwise)
+       PP_DESCRIBE_LOSS(xent_desc, xent_p)   a loss layer: no outputs
+   Neither keeps scratch or counts parameters; write your own where a layer does. */
+#define PP_DESCRIBE_SAME(fn, P)                                                                    \
+    static void fn(const P* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) { \
+        (void)w;                                                                                   \
+        (void)mb;                                                                                  \
+        d->n_out = n_in > 0 ? 1 : 0;                                                               \
+        if (n_in > 0) d->out[0] = in[0], d->out[0].data = NULL;                                    \
+    }
+#define PP_DESCRIBE_LOSS(fn, P)                                                                    \
+    static void fn(const P* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) { \
+        (void)w;                                                                                   \
+        (void)mb;                                                                                  \
+        (void)in;                                                                                  \
+        (void)n_in;                                                                                \
+        d->n_out = 0;                                                                              \
+    }
+
 /* PP_MODEL_ORDER(name, OLIST): the layers of a PP_MODEL or PP_MODEL_SPLIT model `name` in any
    order of its kinds. OLIST's entries are X(layer), one per layer in use, first to last:
        #define NET_LAYERS(X)                                         \

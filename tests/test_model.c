@@ -560,14 +560,8 @@ static void dt_desc(const dn_p* w, const pp_microbatch* mb, const pp_tensor* in,
     dn_desc(w, mb, in, n_in, d);
     d->saved_bytes = (size_t)in[0].rows * CH * sizeof(float);
 }
-static void th_desc(const none_p* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
-    (void)w, (void)mb, (void)n_in;
-    out_desc(in, d, 1);
-}
-static void sq_desc(const none_p* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
-    (void)w, (void)mb, (void)n_in;
-    out_desc(in, d, 0);
-}
+PP_DESCRIBE_SAME(th_desc, none_p) /* the library's describe functions for the commonest layers */
+PP_DESCRIBE_LOSS(sq_desc, none_p)
 static int dn_params(const dn_p* w, pp_param* out, int cap) {
     if (cap >= 2) {
         out[0] = pp_param_of(w->W, CH * CH, PP_F32);
