@@ -927,7 +927,11 @@ $(B)/readme-quickstart: tests/readme_quickstart.sh README.md $(HEADERS) | $(B)
 	@printf '#!/bin/sh\nexec sh tests/readme_quickstart.sh $(B)\n' > $@ && chmod +x $@
 $(B)/version-skew: tests/version_skew.sh | $(B)
 	@printf '#!/bin/sh\nexec sh tests/version_skew.sh $(B)\n' > $@ && chmod +x $@
-TEST_BINS_EXTRA += $(B)/readme-quickstart $(B)/version-skew
+# docs/training.md's trainer, the same way; its control (resumed without the optimizer's state)
+# must differ.
+$(B)/training-trainer: tests/training_trainer.sh docs/training.md $(HEADERS) | $(B)
+	@printf '#!/bin/sh\nexec sh tests/training_trainer.sh $(B)\n' > $@ && chmod +x $@
+TEST_BINS_EXTRA += $(B)/readme-quickstart $(B)/version-skew $(B)/training-trainer
 
 # NVTX (PP_NVTX): tests/test_nvtx.c over the CUDA and NVTX imitations, built four ways like every
 # test; build/nvtx-off, the same without PP_NVTX, must push no range. check-nvtx: pipeline_cuda.h
@@ -943,7 +947,7 @@ TEST_BINS_EXTRA += $(B)/nvtx-off
 # test's prerequisites were read before the additions to TESTS and TEST_BINS_EXTRA in this block
 # (its recipe runs them all): they are named here too, or they would not be built
 test: $(foreach t,test_nvtx,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t)) $(B)/nvtx-off \
-      $(B)/readme-quickstart $(B)/version-skew
+      $(B)/readme-quickstart $(B)/version-skew $(B)/training-trainer
 ifeq ($(NVTX),1)
 NVFLAGS += -DPP_NVTX
 endif
