@@ -57,12 +57,24 @@
      forward to backward), d->cost (relative time, for partitioning) and d->n_params. It may read
      the sizes in its parameter struct w, never the data w points to: every rank describes every
      layer to learn the shapes it will receive, and a rank may hold only its own layers' arrays.
-   - forward(w, io): read io->in[], write io->out[] (and io->saved). The last layer is the loss:
-     it has no outputs, reads its targets from io->mb->targets and sets io->loss.
+   - forward(w, io): read io->in[], write io->out[] (and io->saved).
    - backward(w, g, io): read io->in[], io->out[], io->d_out[] and io->saved; ADD parameter
      gradients into g (+=, accumulation across micro-batches); write or add the input gradient
      into io->d_in[] (zeroed before the call; data is NULL where no gradient is wanted: integer
-     tensors, and the model input). The loss layer scales its gradient by io->mb->loss_scale.
+     tensors, and the model input).
+   - THE LOSS LAYER is the last: no outputs (d->n_out = 0), its targets at io->mb->targets
+     (pp_batch.target_row_bytes per row). Forward sets io->loss to the MEAN over the micro-batch's
+     rows (tokens) of the per-row loss; backward writes that mean's gradient TIMES
+     io->mb->loss_scale into io->d_in: d_in = loss_scale / rows * d(row loss)/d(input).
+     loss_scale is the step's reduction weight (PP_LOSS_MEAN_MICROBATCH: 1 / m; PP_LOSS_MEAN_ROWS:
+     rows_mb / rows_total, the mean over the batch's rows) times pp_batch.loss_scale (a loss
+     scaler's); the step loss is the sum of the micro-batch losses times their weights.
+   ORDER. Layers run in the list's order (every entry's count, entry after entry) unless
+   PP_MODEL_ORDER(name, OLIST) gives another: X(dense) X(tanh) X(dense) X(tanh) ... runs
+   name_model's dense[0], tanh[0], dense[1], tanh[1], ... (name_model_desc_order()).
+   PARAMETERS. PP_MODEL_PARAMS(name, LIST) names each kind's buffers once (pp_param): checkpoints
+   read it over the weights, and pp_pipeline_grad_bufs / pp_stage_grad_bufs over the gradients
+   give the lists the norm, clipping, the loss scaler and pp_dp_overlap take (>>grad).
    One model implementation serves the sequential reference (pp_sequential_step) and every
    pipelined run: results are bit-identical when the accumulation order is the same, which it is
    for every built-in schedule (each stage runs backward in ascending micro-batch order).
@@ -110,7 +122,7 @@
    (pp_stage_desc.grads_final), while the pipeline drains; one wait after the step does the rest.
    pp_stage_grad_norm (per rank), pp_pipeline_grad_norm (one process) and pp_grad_norm (any group
    of ranks): the L2 norm of all the model's gradients, tied parameters once, from the arrays each
-   rank lists (pp_grad_buf); the same bits on every rank and for every p, v, schedule and
+   rank lists (pp_grad_buf, or pp_*_grad_bufs from the params hook); the same bits on every rank and for every p, v, schedule and
    partition as the sequential model's. The _clip variants and pp_grad_clip scale by
    min(1, max_norm / (norm + 1e-6)). Tensor parallelism: pp_grad_norm_tp and pp_stage_grad_*_tp
    take the TP group (pp_grad_buf.tp_sharded: a shard). pp_loss_scaler: dynamic loss scaling for f16 through
@@ -234,6 +246,10 @@
           Then: tensor parallelism's foundation: a pp x dp x tp grid (pp_grid_make_tp) and
           deterministic TP collectives over any transport (>>tp: pp_tp_allreduce, _reducescatter,
           _allgather).
+          Then: layers in any order of kinds (PP_MODEL_ORDER, pp_model.order); the gradient
+          lists from the params hook (pp_model_grad_bufs, pp_stage_grad_bufs,
+          pp_pipeline_grad_bufs; pp_param.tp_sharded, pp_param_shard); PP_DESCRIBE_SAME and
+          PP_DESCRIBE_LOSS; the loss layer's contract written under LAYERS.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
