@@ -42,7 +42,7 @@ CTL_CFLAGS ?= -O0
 # The tests' gcc and clang builds (the sanitizers' keep -g for their reports): -O2 without debug
 # information, a fifth less to compile; TEST_CFLAGS="-O2 -g" for a debugger.
 TEST_CFLAGS ?= -O2
-CTL_KINDS   = agree ckpt conv cuda cudap errors eval gpt_cpu gradnorm malloc nccl ncclgrid overlap recompute rel soak mpi \
+CTL_KINDS   = agree ckpt conv cuda cudap errors eval gpt_cpu gradnorm malloc model nccl ncclgrid overlap recompute rel soak mpi \
               validate zb tlm-mpi dpfault tp
 $(foreach k,$(CTL_KINDS),$(B)/$(k)-ctl-%): CFLAGS = $(CTL_CFLAGS)
 
@@ -212,7 +212,20 @@ $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	chmod +x $@
 TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-no-host-hang $(B)/nccl-staged-gpu-mode $(B)/gpu-scripts $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
                   $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls \
-                  $(B)/overlap-controls $(B)/bf16-controls
+                  $(B)/overlap-controls $(B)/bf16-controls $(B)/model-controls
+
+# Negative controls of tests/test_model.c (PP_MODEL_ORDER and the lists from the params hook):
+# every layer of a kind given index 0 of it (no-index), the order ignored (the list's order:
+# list-order), and the derived gradient lists' layers one off (gbufs-off); each must fail.
+$(B)/model-ctl-order-no-index: tests/test_model.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_ORDER_NO_INDEX $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/model-ctl-order-list-order: tests/test_model.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_ORDER_LIST_ORDER $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/model-ctl-gbufs-off: tests/test_model.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_GBUFS_LAYER_OFF $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/model-controls: tests/controls.sh $(B)/model-ctl-order-no-index $(B)/model-ctl-order-list-order $(B)/model-ctl-gbufs-off
+	printf '#!/bin/sh\nexec sh tests/controls.sh model-controls "$(B)/model-ctl-order-no-index order" "$(B)/model-ctl-order-list-order order" "$(B)/model-ctl-gbufs-off lists"\n' > $@
+	chmod +x $@
 
 # Negative controls of tests/test_gradnorm.c: the norm's per-layer sums added rank by rank (each
 # rank's layers, then the ranks' totals) instead of in layer order, and the loss scaler's found-Inf
@@ -931,7 +944,11 @@ $(B)/readme-quickstart: tests/readme_quickstart.sh README.md $(HEADERS) | $(B)
 	@printf '#!/bin/sh\nexec sh tests/readme_quickstart.sh $(B)\n' > $@ && chmod +x $@
 $(B)/version-skew: tests/version_skew.sh | $(B)
 	@printf '#!/bin/sh\nexec sh tests/version_skew.sh $(B)\n' > $@ && chmod +x $@
-TEST_BINS_EXTRA += $(B)/readme-quickstart $(B)/version-skew
+# docs/training.md's trainer, the same way; its control (resumed without the optimizer's state)
+# must differ.
+$(B)/training-trainer: tests/training_trainer.sh docs/training.md $(HEADERS) | $(B)
+	@printf '#!/bin/sh\nexec sh tests/training_trainer.sh $(B)\n' > $@ && chmod +x $@
+TEST_BINS_EXTRA += $(B)/readme-quickstart $(B)/version-skew $(B)/training-trainer
 
 # NVTX (PP_NVTX): tests/test_nvtx.c over the CUDA and NVTX imitations, built four ways like every
 # test; build/nvtx-off, the same without PP_NVTX, must push no range. check-nvtx: pipeline_cuda.h
@@ -947,7 +964,7 @@ TEST_BINS_EXTRA += $(B)/nvtx-off
 # test's prerequisites were read before the additions to TESTS and TEST_BINS_EXTRA in this block
 # (its recipe runs them all): they are named here too, or they would not be built
 test: $(foreach t,test_nvtx,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t)) $(B)/nvtx-off \
-      $(B)/readme-quickstart $(B)/version-skew
+      $(B)/readme-quickstart $(B)/version-skew $(B)/training-trainer
 ifeq ($(NVTX),1)
 NVFLAGS += -DPP_NVTX
 endif

@@ -57,12 +57,24 @@
      forward to backward), d->cost (relative time, for partitioning) and d->n_params. It may read
      the sizes in its parameter struct w, never the data w points to: every rank describes every
      layer to learn the shapes it will receive, and a rank may hold only its own layers' arrays.
-   - forward(w, io): read io->in[], write io->out[] (and io->saved). The last layer is the loss:
-     it has no outputs, reads its targets from io->mb->targets and sets io->loss.
+   - forward(w, io): read io->in[], write io->out[] (and io->saved).
    - backward(w, g, io): read io->in[], io->out[], io->d_out[] and io->saved; ADD parameter
      gradients into g (+=, accumulation across micro-batches); write or add the input gradient
      into io->d_in[] (zeroed before the call; data is NULL where no gradient is wanted: integer
-     tensors, and the model input). The loss layer scales its gradient by io->mb->loss_scale.
+     tensors, and the model input).
+   - THE LOSS LAYER is the last: no outputs (d->n_out = 0), its targets at io->mb->targets
+     (pp_batch.target_row_bytes per row). Forward sets io->loss to the MEAN over the micro-batch's
+     rows (tokens) of the per-row loss; backward writes that mean's gradient TIMES
+     io->mb->loss_scale into io->d_in: d_in = loss_scale / rows * d(row loss)/d(input).
+     loss_scale is the step's reduction weight (PP_LOSS_MEAN_MICROBATCH: 1 / m; PP_LOSS_MEAN_ROWS:
+     rows_mb / rows_total, the mean over the batch's rows) times pp_batch.loss_scale (a loss
+     scaler's); the step loss is the sum of the micro-batch losses times their weights.
+   ORDER. Layers run in the list's order (every entry's count, entry after entry) unless
+   PP_MODEL_ORDER(name, OLIST) gives another: X(dense) X(tanh) X(dense) X(tanh) ... runs
+   name_model's dense[0], tanh[0], dense[1], tanh[1], ... (name_model_desc_order()).
+   PARAMETERS. PP_MODEL_PARAMS(name, LIST) names each kind's buffers once (pp_param): checkpoints
+   read it over the weights, and pp_pipeline_grad_bufs / pp_stage_grad_bufs over the gradients
+   give the lists the norm, clipping, the loss scaler and pp_dp_overlap take (>>grad).
    One model implementation serves the sequential reference (pp_sequential_step) and every
    pipelined run: results are bit-identical when the accumulation order is the same, which it is
    for every built-in schedule (each stage runs backward in ascending micro-batch order).
@@ -110,7 +122,7 @@
    (pp_stage_desc.grads_final), while the pipeline drains; one wait after the step does the rest.
    pp_stage_grad_norm (per rank), pp_pipeline_grad_norm (one process) and pp_grad_norm (any group
    of ranks): the L2 norm of all the model's gradients, tied parameters once, from the arrays each
-   rank lists (pp_grad_buf); the same bits on every rank and for every p, v, schedule and
+   rank lists (pp_grad_buf, or pp_*_grad_bufs from the params hook); the same bits on every rank and for every p, v, schedule and
    partition as the sequential model's. The _clip variants and pp_grad_clip scale by
    min(1, max_norm / (norm + 1e-6)). Tensor parallelism: pp_grad_norm_tp and pp_stage_grad_*_tp
    take the TP group (pp_grad_buf.tp_sharded: a shard). pp_loss_scaler: dynamic loss scaling for f16 through
@@ -234,6 +246,10 @@
           Then: tensor parallelism's foundation: a pp x dp x tp grid (pp_grid_make_tp) and
           deterministic TP collectives over any transport (>>tp: pp_tp_allreduce, _reducescatter,
           _allgather).
+          Then: layers in any order of kinds (PP_MODEL_ORDER, pp_model.order); the gradient
+          lists from the params hook (pp_model_grad_bufs, pp_stage_grad_bufs,
+          pp_pipeline_grad_bufs; pp_param.tp_sharded, pp_param_shard); PP_DESCRIBE_SAME and
+          PP_DESCRIBE_LOSS; the loss layer's contract written under LAYERS.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -438,13 +454,19 @@ typedef struct pp_layer_kind {
     int count;
 } pp_layer_kind;
 
-/* One parameter buffer of a layer, as the checkpoint functions (>>ckpt) see it: count
-   elements of dtype at data, contiguous. data may be NULL where this process does not hold the
-   layer (the sizes must still be right). pp_param_of(data, count, dtype) makes one. */
+/* One parameter buffer of a layer, as the checkpoint functions (>>ckpt) and the gradient lists
+   derived from the model (pp_model_grad_bufs, >>grad) see it: count elements of dtype at data,
+   contiguous. data may be NULL where this process does not hold the layer (the sizes must still
+   be right). pp_param_of(data, count, dtype) makes one; pp_param_shard(...) the same with
+   tp_sharded = 1. */
 typedef struct pp_param {
     void* data;
     int64_t count;
     pp_dtype dtype;
+    /* Tensor parallelism: 1 where data is this rank's shard of a parameter split over the TP
+       group; copied into pp_grad_buf.tp_sharded by the derived gradient lists (the norm adds the
+       shards' squares). Checkpoints do not read it (their shards are pp_ckpt_desc.shards). */
+    int tp_sharded;
 } pp_param;
 
 static inline pp_param pp_param_of(void* data, int64_t count, pp_dtype dtype) {
@@ -452,6 +474,12 @@ static inline pp_param pp_param_of(void* data, int64_t count, pp_dtype dtype) {
     p.data = data;
     p.count = count;
     p.dtype = dtype;
+    p.tp_sharded = 0;
+    return p;
+}
+static inline pp_param pp_param_shard(void* data, int64_t count, pp_dtype dtype) {
+    pp_param p = pp_param_of(data, count, dtype);
+    p.tp_sharded = 1;
     return p;
 }
 
@@ -485,6 +513,11 @@ typedef struct pp_model {
        also where the arrays are not allocated (data NULL there). m is the model being used (its
        counts). PP_MODEL_PARAMS makes one from a function per layer kind. */
     int (*params)(const struct pp_model* m, const void* weights, int layer, pp_param* out, int cap);
+    /* Optional (NULL: the list's order): the kind of every layer in use, order[0 .. n_layers),
+       an index into kinds; a layer's index within its kind counts that kind's earlier layers,
+       so dense, tanh, dense, tanh is four layers of two kinds. in_use[k] must be the number
+       of k's in it. PP_MODEL_ORDER makes one (name_model_desc_order()). */
+    const int* order;
 } pp_model;
 
 /* PP_MODEL(name, LIST): LIST is an X-macro whose entries are
@@ -543,6 +576,19 @@ static inline int _pp_kinds_same(const pp_layer_kind* a, const pp_layer_kind* b,
 }
 static inline int _pp_model_locate(const struct pp_model* m, const pp_layer_kind* kinds, int n_kinds, int l, int* index) {
     int k, own = m && m->n_kinds == n_kinds && _pp_kinds_same(m->kinds, kinds, n_kinds);
+    if (own && m->order) { /* an explicit order: the kind from it, the index by counting */
+        int j, i = 0;
+        if (l < 0 || l >= m->n_layers) return -1;
+        k = m->order[l];
+#ifndef PP_TEST_ORDER_NO_INDEX /* negative control (build/model-controls): every layer index 0 of its kind */
+        for (j = 0; j < l; j++) i += m->order[j] == k;
+#else
+        (void)j;
+#endif
+        if (k < 0 || k >= n_kinds || i >= kinds[k].count) return -1;
+        *index = i;
+        return k;
+    }
     for (k = 0; k < n_kinds && l >= 0; k++) {
         int n = own && k < PP_MAX_LAYER_KINDS ? m->in_use[k] : kinds[k].count;
         if (n < 0 || n > kinds[k].count) return -1; /* pp_model_check names it */
@@ -566,6 +612,7 @@ static inline void _pp_model_init(pp_model* m, const char* name, const pp_layer_
     m->weight_grad = NULL;
     m->ctx = NULL;
     m->params = NULL;
+    m->order = NULL;
     m->n_kinds = n_kinds;
     m->kinds = kinds;
     for (k = 0; k < PP_MAX_LAYER_KINDS; k++) m->in_use[k] = k < n_kinds ? kinds[k].count : 0;
@@ -720,6 +767,62 @@ static inline int _pp_name_is(const char* a, const char* b) {
         kind = mname##_kinds()[k].name;                                                         \
         PLIST(_PP_MODEL_PARAMS_CASE)                                                            \
         return 0;                                                                               \
+    }
+
+/* Describe functions for the two commonest layers, defined as static functions named fn over
+   parameter struct P (what X(..., describe, ...) names):
+       PP_DESCRIBE_SAME(tanh_desc, tanh_p)   one output shaped as the first input (elementwise)
+       PP_DESCRIBE_LOSS(xent_desc, xent_p)   a loss layer: no outputs
+   Neither keeps scratch or counts parameters; write your own where a layer does. */
+#define PP_DESCRIBE_SAME(fn, P)                                                                    \
+    static void fn(const P* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) { \
+        (void)w;                                                                                   \
+        (void)mb;                                                                                  \
+        d->n_out = n_in > 0 ? 1 : 0;                                                               \
+        if (n_in > 0) d->out[0] = in[0], d->out[0].data = NULL;                                    \
+    }
+#define PP_DESCRIBE_LOSS(fn, P)                                                                    \
+    static void fn(const P* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) { \
+        (void)w;                                                                                   \
+        (void)mb;                                                                                  \
+        (void)in;                                                                                  \
+        (void)n_in;                                                                                \
+        d->n_out = 0;                                                                              \
+    }
+
+/* PP_MODEL_ORDER(name, OLIST): the layers of a PP_MODEL or PP_MODEL_SPLIT model `name` in any
+   order of its kinds. OLIST's entries are X(layer), one per layer in use, first to last:
+       #define NET_LAYERS(X)                                         \
+           X(dense, dense_params, dense_fwd, dense_bwd, dense_desc, 4) \
+           X(tanh,  tanh_params,  tanh_fwd,  tanh_bwd,  tanh_desc,  3) \
+           X(xent,  xent_params,  xent_fwd,  xent_bwd,  xent_desc,  1)
+       PP_MODEL(net, NET_LAYERS)
+       #define NET_ORDER(X) X(dense) X(tanh) X(dense) X(tanh) X(dense) X(tanh) X(dense) X(xent)
+       PP_MODEL_ORDER(net, NET_ORDER)     // net_model_desc_order(): 8 layers in that order
+   The k-th layer of a kind in OLIST is element k of that kind's array in name_model (the second
+   dense is w.dense[1]); a kind may appear up to its count times. A name not in the list is a
+   compile error. Layers are numbered in OLIST's order by everything: partitions, schedules,
+   pp_grad_buf.layer, checkpoints (a checkpoint names each layer's kind; the file format is the
+   same). Without PP_MODEL_ORDER the order is the list's, as before. */
+#ifdef PP_TEST_ORDER_LIST_ORDER /* negative control (build/model-controls): the order ignored */
+#define _PP_MODEL_ORDER_SET(m, o) (void)(o)
+#else
+#define _PP_MODEL_ORDER_SET(m, o) (m).order = (o)
+#endif
+#define _PP_MODEL_ORDER_ID(lname) (int)(offsetof(_pp_cnt, lname) / sizeof(int)),
+#define _PP_MODEL_ORDER_N(lname) +1
+#define PP_MODEL_ORDER(mname, OLIST)                                                               \
+    static inline _PP_UNUSED pp_model mname##_model_desc_order(void) {                            \
+        typedef mname##_counts _pp_cnt; /* one int per kind, in list order: offset / int = kind */ \
+        static const int order[] = {OLIST(_PP_MODEL_ORDER_ID)};                                   \
+        pp_model m = mname##_model_desc();                                                        \
+        int l, k;                                                                                 \
+        for (k = 0; k < m.n_kinds && k < PP_MAX_LAYER_KINDS; k++) m.in_use[k] = 0;                \
+        m.n_layers = 0 OLIST(_PP_MODEL_ORDER_N);                                                  \
+        for (l = 0; l < m.n_layers; l++)                                                          \
+            if (order[l] < PP_MAX_LAYER_KINDS) m.in_use[order[l]]++;                              \
+        _PP_MODEL_ORDER_SET(m, order);                                                            \
+        return m;                                                                                 \
     }
 
 /* Checks a pp_model: non-NULL callbacks, n_layers > 0, and with PP_MODEL's fields, every entry's
@@ -1750,6 +1853,26 @@ pp_result pp_pipeline_grad_norm(pp_pipeline* pl, const pp_grad_buf* bufs, int n_
 pp_result pp_pipeline_grad_clip(pp_pipeline* pl, const pp_grad_buf* bufs, int n_bufs, double max_norm, double* norm,
                                 pp_error* err);
 
+/* THE LISTS FROM THE MODEL. The buffers the checkpoints save (pp_model.params, PP_MODEL_PARAMS)
+   are the ones the norm, clipping, the loss scaler and pp_dp_overlap read: applied to the grads
+   struct (bound like the weights), the params hook gives the gradient lists, so one description
+   drives them all. Each call fills out[0 .. *n) with one pp_grad_buf per buffer the hook names,
+   layer by layer in ascending index, the hook's order within a layer (the order a list by hand
+   would take: the same norm bits), tp_sharded from pp_param.tp_sharded, tied_copy 0, device
+   NULL (set it, and list a tied parameter's second copy, yourself). *n is the count in any case;
+   out NULL (cap 0) asks only for it; more than cap buffers is PP_ERR_INVALID. A layer owned here
+   whose hook gives data NULL (with count > 0) is PP_ERR_INVALID, as is a model without params.
+   The list borrows the grads' arrays: make it once, after they are allocated.
+   pp_model_grad_bufs: model m's layers l where own[l] (own NULL: every layer) in grads.
+   pp_stage_grad_bufs: the layers this rank owns, in its pp_stage_desc.grads (for
+   pp_stage_grad_*, pp_loss_scaler_check and pp_dp_overlap_desc.bufs).
+   pp_pipeline_grad_bufs: every layer, each in the grads of the rank that owns it (grads, or
+   rank_grads[r]): for pp_pipeline_grad_norm / _clip. */
+pp_result pp_model_grad_bufs(const pp_model* m, void* grads, const unsigned char* own, pp_grad_buf* out, int cap,
+                             int* n, pp_error* err);
+pp_result pp_stage_grad_bufs(pp_stage* st, pp_grad_buf* out, int cap, int* n, pp_error* err);
+pp_result pp_pipeline_grad_bufs(pp_pipeline* pl, pp_grad_buf* out, int cap, int* n, pp_error* err);
+
 /* Dynamic loss scaling for f16 (torch.cuda.amp.GradScaler's rule). Each step: set
    pp_batch.loss_scale = s.scale (the loss layer's gradient, and so every gradient, is scaled
    by it; the reported loss is not); after the tied sum and the data-parallel all-reduce,
@@ -2343,8 +2466,22 @@ pp_result pp_model_check(const pp_model* m, pp_error* err) {
                         "model '%s': its list has %d entries and only the first PP_MAX_LAYER_KINDS = %d can change "
                         "their count: define PP_MAX_LAYER_KINDS larger",
                         name, m->n_kinds, PP_MAX_LAYER_KINDS);
+    if (m->order && m->n_kinds <= 0)
+        return _pp_fail(err, PP_ERR_INVALID, "model '%s': an order without the list's kinds (n_kinds 0)", name);
+    for (k = 0; m->order && k < m->n_layers; k++)
+        if (m->order[k] < 0 || m->order[k] >= m->n_kinds)
+            return _pp_fail(err, PP_ERR_INVALID, "model '%s': order[%d] = %d is not a kind (0 .. %d)", name, k,
+                            m->order[k], m->n_kinds - 1);
     for (k = 0; k < m->n_kinds; k++) {
         int n = k < PP_MAX_LAYER_KINDS ? m->in_use[k] : m->kinds[k].count;
+        if (m->order) { /* the order decides: n is how often kind k appears in it */
+            int l, c = 0;
+            for (l = 0; l < m->n_layers; l++) c += m->order[l] == k;
+            if (k < PP_MAX_LAYER_KINDS && c != n)
+                return _pp_fail(err, PP_ERR_INVALID, "model '%s': the order has %d '%s' layers, in_use says %d", name, c,
+                                m->kinds[k].name ? m->kinds[k].name : "?", n);
+            n = c;
+        }
         if (n < 0 || n > m->kinds[k].count)
             return _pp_fail(err, PP_ERR_INVALID, "model '%s': %d '%s' layers in use, the list holds %d (0 .. %d allowed)",
                             name, n, m->kinds[k].name ? m->kinds[k].name : "?", m->kinds[k].count, m->kinds[k].count);
@@ -11204,6 +11341,103 @@ pp_result pp_pipeline_grad_clip(pp_pipeline* pl, const pp_grad_buf* bufs, int n_
                                 pp_error* err) {
     double n;
     return _pp_pipeline_grad(pl, bufs, n_bufs, 1, max_norm, norm ? norm : &n, err);
+}
+
+/* Layer l's buffers from m's params hook over g, appended at out[*n ..) (counted past cap). */
+static pp_result _pp_layer_gbufs(const pp_model* m, void* g, int l, pp_grad_buf* out, int cap, int* n, pp_error* err) {
+    pp_param small[16], *ps = small;
+    int k, i;
+    pp_result rc = PP_OK;
+    k = m->params(m, g, l, NULL, 0);
+    if (k < 0)
+        return _pp_fail(err, PP_ERR_INVALID, "model '%s': its params hook does not know layer %d (%s)",
+                        m->name ? m->name : "?", l, _pp_layer_name(m, l));
+    if (k == 0) return PP_OK;
+    if (out && *n + k <= cap) {
+        if (k > 16 && !(ps = (pp_param*)PP_MALLOC((size_t)k * sizeof *ps)))
+            return _pp_fail(err, PP_ERR_NOMEM, "%d parameter entries of layer %d", k, l);
+        memset(ps, 0, (size_t)k * sizeof *ps);
+        if (m->params(m, g, l, ps, k) != k) {
+            rc = _pp_fail(err, PP_ERR_INVALID, "model '%s': the params hook of layer %d (%s) gave two counts",
+                          m->name ? m->name : "?", l, _pp_layer_name(m, l));
+            goto cleanup;
+        }
+        for (i = 0; i < k; i++) {
+            pp_grad_buf* b = &out[*n + i];
+            if (ps[i].count < 0 || (ps[i].count > 0 && !ps[i].data)) {
+                rc = _pp_fail(err, PP_ERR_INVALID,
+                              "layer %d (%s), buffer %d: %lld elements at %s (the grads struct holds no array there)", l,
+                              _pp_layer_name(m, l), i, (long long)ps[i].count, ps[i].data ? "data" : "NULL");
+                goto cleanup;
+            }
+            memset(b, 0, sizeof *b);
+#ifndef PP_TEST_GBUFS_LAYER_OFF /* negative control (build/model-controls): every buffer one layer off */
+            b->layer = l;
+#else
+            b->layer = l > 0 ? l - 1 : l;
+#endif
+            b->data = ps[i].data;
+            b->count = (size_t)ps[i].count;
+            b->dtype = ps[i].dtype;
+            b->tp_sharded = ps[i].tp_sharded;
+        }
+    }
+    *n += k;
+cleanup:
+    if (ps != small) PP_FREE(ps);
+    return rc;
+}
+
+/* Every layer l (own NULL) or those with own[l] (or rank_of(l) == rank), each in grads[rank_of(l)] */
+static pp_result _pp_model_gbufs(const pp_model* m, void* const* grads, int n_grads, const pp_schedule* sched,
+                                 const int* first, int rank, const unsigned char* own, pp_grad_buf* out, int cap,
+                                 int* n, pp_error* err) {
+    int l, r;
+    pp_result rc;
+    if (n) *n = 0;
+    if (!m || !n) return _pp_fail(err, PP_ERR_INVALID, "model or n is NULL");
+    if (!m->params)
+        return _pp_fail(err, PP_ERR_INVALID, "model '%s' has no params hook (pp_model.params: PP_MODEL_PARAMS makes one)",
+                        m->name ? m->name : "?");
+    if (cap < 0 || (cap > 0 && !out)) return _pp_fail(err, PP_ERR_INVALID, "cap %d with out %s", cap, out ? "set" : "NULL");
+    for (l = 0; l < m->n_layers; l++) {
+        r = sched ? pp_schedule_layer_rank(sched, first, l) : 0;
+        if (own ? !own[l] : (sched && rank >= 0 && r != rank)) continue;
+        if (r < 0 || r >= n_grads || !grads[r])
+            return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): no grads struct for rank %d", l, _pp_layer_name(m, l), r);
+        if ((rc = _pp_layer_gbufs(m, grads[r], l, out, cap, n, err)) != PP_OK) return rc;
+    }
+    if (out && *n > cap)
+        return _pp_fail(err, PP_ERR_INVALID, "model '%s': %d gradient buffers, out holds %d", m->name ? m->name : "?", *n,
+                        cap);
+    return PP_OK;
+}
+
+pp_result pp_model_grad_bufs(const pp_model* m, void* grads, const unsigned char* own, pp_grad_buf* out, int cap,
+                             int* n, pp_error* err) {
+    if (!grads) return _pp_fail(err, PP_ERR_INVALID, "grads is NULL");
+    return _pp_model_gbufs(m, &grads, 1, NULL, NULL, -1, own, out, cap, n, err);
+}
+
+pp_result pp_stage_grad_bufs(pp_stage* st, pp_grad_buf* out, int cap, int* n, pp_error* err) {
+    void* g;
+    if (!st) return _pp_fail(err, PP_ERR_INVALID, "stage is NULL");
+    g = st->d.grads;
+    if (!g) return _pp_fail(err, PP_ERR_INVALID, "rank %d: the stage has no grads", st->d.rank);
+    if (st->d.rank < 0 || st->d.rank >= st->p) return _pp_fail(err, PP_ERR_INVALID, "rank %d", st->d.rank);
+    {
+        /* grads[] indexed by the owner's rank: only this rank's slot is read */
+        void* gs[PP_MAX_RANKS];
+        int r;
+        for (r = 0; r < st->p && r < PP_MAX_RANKS; r++) gs[r] = r == st->d.rank ? g : NULL;
+        return _pp_model_gbufs(&st->d.model, gs, st->p, st->d.schedule, st->d.partition, st->d.rank, NULL, out, cap,
+                               n, err);
+    }
+}
+
+pp_result pp_pipeline_grad_bufs(pp_pipeline* pl, pp_grad_buf* out, int cap, int* n, pp_error* err) {
+    if (!pl) return _pp_fail(err, PP_ERR_INVALID, "pipeline is NULL");
+    return _pp_model_gbufs(&pl->d.model, pl->grads, pl->d.p, &pl->sched, pl->first, -1, NULL, out, cap, n, err);
 }
 
 pp_result pp_loss_scaler_init(pp_loss_scaler* s, const pp_loss_scaler_desc* d, pp_error* err) {

@@ -24,6 +24,30 @@ static int cxx_plist(const cxx_p* p, pp_param* out, int cap) {
 PP_MODEL_PARAMS(cxx, CXX_PARAMS)
 PP_MODEL_PARAMS(cxxz, CXX_PARAMS)
 
+// PP_MODEL_ORDER (offsetof over a local typedef), PP_DESCRIBE_SAME / _LOSS and the derived lists
+#define CXX_ORDER(X) X(b) X(a) X(b)
+PP_MODEL_ORDER(cxx, CXX_ORDER)
+PP_MODEL_ORDER(cxxz, CXX_ORDER)
+PP_DESCRIBE_SAME(cxx_same_desc, cxx_p)
+PP_DESCRIBE_LOSS(cxx_loss_desc, cxx_p)
+int pp_cxx_order(void);
+int pp_cxx_order(void) {
+    pp_model m = cxx_model_desc_order(), z = cxxz_model_desc_order();
+    pp_grad_buf gb[4];
+    pp_layer_desc ld = pp_layer_desc();
+    pp_tensor in = pp_tensor();
+    int nb = 0;
+    cxx_model g = cxx_model();
+    pp_error err;
+    for (int i = 0; i < 4; i++) g.b[i].n = 1;
+    m.params = cxx_params;
+    cxx_same_desc(NULL, NULL, &in, 1, &ld);
+    cxx_loss_desc(NULL, NULL, &in, 1, &ld);
+    pp_param sh = pp_param_shard(cxx_buf, 1, PP_F32);
+    return (pp_model_grad_bufs(&m, &g, NULL, gb, 4, &nb, &err) == PP_OK && nb == 2 ? 0 : 1) + m.order[0] + z.n_layers +
+           sh.tp_sharded;
+}
+
 int pp_cxx_check(void);
 int pp_cxx_check(void) {
     pp_error err;

@@ -446,7 +446,387 @@ static void test_unchanged(void) {
               "mlp layer %d", l);
 }
 
-int main(void) {
+
+/* ---- Any order of kinds (PP_MODEL_ORDER) and gradient lists derived from the params hook ----
+   ord: dense, tanh, dense, tanh, dense, tanh, dense, sq: eight layers of three kinds in the
+   order PP_MODEL_ORDER gives. fold: the same network written the old way, each dense + tanh pair
+   folded into one layer (dt) of the list's order. The same float operations in the same order:
+   the gradients must be the same bits. */
+typedef struct dn_p {
+    float* W; /* (CH, CH) */
+    float* b; /* (CH) */
+} dn_p;
+typedef struct none_p {
+    int unused;
+} none_p;
+
+static void dn_f(const dn_p* w, const float* x, float* y, int64_t rows) { /* y = x W + b */
+    int64_t r;
+    int i, o;
+    for (r = 0; r < rows; r++)
+        for (o = 0; o < CH; o++) {
+            float s = w->b[o];
+            for (i = 0; i < CH; i++) s += x[r * CH + i] * w->W[i * CH + o];
+            y[r * CH + o] = s;
+        }
+}
+static void dn_b(const dn_p* w, dn_p* g, const float* x, const float* dy, float* dx, int64_t rows) {
+    int64_t r;
+    int i, o;
+    for (r = 0; r < rows; r++)
+        for (o = 0; o < CH; o++) {
+            g->b[o] += dy[r * CH + o];
+            for (i = 0; i < CH; i++) {
+                g->W[i * CH + o] += x[r * CH + i] * dy[r * CH + o];
+                if (dx) dx[r * CH + i] += w->W[i * CH + o] * dy[r * CH + o];
+            }
+        }
+}
+static void th_f(const float* x, float* y, int64_t n) {
+    int64_t k;
+    for (k = 0; k < n; k++) y[k] = tanhf(x[k]);
+}
+static void th_b(const float* y, const float* dy, float* dx, int64_t n) {
+    int64_t k;
+    for (k = 0; k < n; k++) dx[k] += dy[k] * (1.0f - y[k] * y[k]);
+}
+static int dn_fwd(const dn_p* w, pp_layer_io* io) {
+    dn_f(w, (const float*)io->in[0].data, (float*)io->out[0].data, io->in[0].rows);
+    return 0;
+}
+static int dn_bwd(const dn_p* w, dn_p* g, pp_layer_io* io) {
+    dn_b(w, g, (const float*)io->in[0].data, (const float*)io->d_out[0].data, (float*)io->d_in[0].data, io->in[0].rows);
+    return 0;
+}
+static int th_fwd(const none_p* w, pp_layer_io* io) {
+    (void)w;
+    th_f((const float*)io->in[0].data, (float*)io->out[0].data, io->in[0].rows * CH);
+    return 0;
+}
+static int th_bwd(const none_p* w, none_p* g, pp_layer_io* io) {
+    (void)w;
+    (void)g;
+    th_b((const float*)io->out[0].data, (const float*)io->d_out[0].data, (float*)io->d_in[0].data, io->in[0].rows * CH);
+    return 0;
+}
+/* dense then tanh in one layer: z = x W + b kept in io->saved, y = tanh(z) */
+static int dt_fwd(const dn_p* w, pp_layer_io* io) {
+    dn_f(w, (const float*)io->in[0].data, (float*)io->saved, io->in[0].rows);
+    th_f((const float*)io->saved, (float*)io->out[0].data, io->in[0].rows * CH);
+    return 0;
+}
+static int dt_bwd(const dn_p* w, dn_p* g, pp_layer_io* io) {
+    float dz[ROWS * CH];
+    int64_t rows = io->in[0].rows;
+    if (rows > ROWS) return 9;
+    memset(dz, 0, sizeof dz); /* what the library hands the tanh layer: zeroed, then added into */
+    th_b((const float*)io->out[0].data, (const float*)io->d_out[0].data, dz, rows * CH);
+    dn_b(w, g, (const float*)io->in[0].data, dz, (float*)io->d_in[0].data, rows);
+    return 0;
+}
+static int sq_fwd(const none_p* w, pp_layer_io* io) {
+    const float* y = (const float*)io->in[0].data;
+    const float* t = (const float*)io->mb->targets;
+    int64_t k, rows = io->in[0].rows;
+    double acc = 0;
+    (void)w;
+    for (k = 0; k < rows * CH; k++) acc += 0.5 * (double)(y[k] - t[k]) * (double)(y[k] - t[k]);
+    io->loss = (float)(acc / (double)rows);
+    return 0;
+}
+static int sq_bwd(const none_p* w, none_p* g, pp_layer_io* io) {
+    const float* y = (const float*)io->in[0].data;
+    const float* t = (const float*)io->mb->targets;
+    float* dy = (float*)io->d_in[0].data;
+    int64_t k, rows = io->in[0].rows;
+    float s = io->mb->loss_scale / (float)rows;
+    (void)w;
+    (void)g;
+    for (k = 0; k < rows * CH; k++) dy[k] = s * (y[k] - t[k]);
+    return 0;
+}
+static void out_desc(const pp_tensor* in, pp_layer_desc* d, int n_out) {
+    d->n_out = n_out;
+    d->out[0].rows = in[0].rows;
+    d->out[0].cols = CH;
+    d->out[0].dtype = PP_F32;
+}
+static void dn_desc(const dn_p* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
+    (void)w, (void)mb, (void)n_in;
+    out_desc(in, d, 1);
+    d->n_params = CH * CH + CH;
+}
+static void dt_desc(const dn_p* w, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
+    dn_desc(w, mb, in, n_in, d);
+    d->saved_bytes = (size_t)in[0].rows * CH * sizeof(float);
+}
+PP_DESCRIBE_SAME(th_desc, none_p) /* the library's describe functions for the commonest layers */
+PP_DESCRIBE_LOSS(sq_desc, none_p)
+static int dn_params(const dn_p* w, pp_param* out, int cap) {
+    if (cap >= 2) {
+        out[0] = pp_param_of(w->W, CH * CH, PP_F32);
+        out[1] = pp_param_of(w->b, CH, PP_F32);
+    }
+    return 2;
+}
+#define ORD_LAYERS(X)                                 \
+    X(dn, dn_p, dn_fwd, dn_bwd, dn_desc, 4)           \
+    X(th, none_p, th_fwd, th_bwd, th_desc, 3)         \
+    X(sq, none_p, sq_fwd, sq_bwd, sq_desc, 1)
+PP_MODEL(ord, ORD_LAYERS)
+#define ORD_ORDER(X) X(dn) X(th) X(dn) X(th) X(dn) X(th) X(dn) X(sq)
+PP_MODEL_ORDER(ord, ORD_ORDER)
+#define ORD_PARAMS(X) X(dn, dn_params)
+PP_MODEL_PARAMS(ord, ORD_PARAMS)
+/* the same with every W a TP shard */
+static int ordtp_params(const pp_model* m, const void* w, int l, pp_param* out, int cap) {
+    int n = ord_params(m, w, l, out, cap);
+    if (n == 2 && cap >= 2) out[0] = pp_param_shard(out[0].data, out[0].count, out[0].dtype);
+    return n;
+}
+
+#define FOLD_LAYERS(X)                                \
+    X(dt, dn_p, dt_fwd, dt_bwd, dt_desc, 3)           \
+    X(dn, dn_p, dn_fwd, dn_bwd, dn_desc, 1)           \
+    X(sq, none_p, sq_fwd, sq_bwd, sq_desc, 1)
+PP_MODEL(fold, FOLD_LAYERS)
+
+#define ORD_N (CH * CH + CH) /* floats per dense layer */
+typedef struct dense4 {
+    float buf[4 * ORD_N];
+} dense4;
+static void dense4_init(dense4* P, uint64_t seed) {
+    int k;
+    for (k = 0; k < 4 * ORD_N; k++) P->buf[k] = seed ? mlp_rng_uniform(&seed) - 0.5f : 0.0f;
+}
+static dn_p dense4_at(dense4* P, int i) {
+    dn_p d;
+    d.W = P->buf + i * ORD_N;
+    d.b = d.W + CH * CH;
+    return d;
+}
+static void bind_ord(ord_model* m, dense4* P) {
+    int i;
+    memset(m, 0, sizeof *m);
+    for (i = 0; i < 4; i++) m->dn[i] = dense4_at(P, i);
+}
+static void bind_fold(fold_model* m, dense4* P) {
+    int i;
+    memset(m, 0, sizeof *m);
+    for (i = 0; i < 3; i++) m->dt[i] = dense4_at(P, i);
+    m->dn[0] = dense4_at(P, 3);
+}
+/* The list a trainer wrote by hand before: both buffers of every dense layer, in layer order. */
+static int ord_hand_list(dense4* G, const pp_model* m, pp_grad_buf* out, int rank_only, const pp_schedule* s,
+                         const int* first) {
+    int l, n = 0, i = 0;
+    for (l = 0; l < m->n_layers; l++) {
+        if (strcmp(pp_model_layer_name(m, l), "dn") != 0) continue;
+        if (rank_only < 0 || pp_schedule_layer_rank(s, first, l) == rank_only) {
+            dn_p d = dense4_at(G, i);
+            memset(&out[n], 0, 2 * sizeof *out);
+            out[n].layer = out[n + 1].layer = l;
+            out[n].data = d.W, out[n].count = CH * CH;
+            out[n + 1].data = d.b, out[n + 1].count = CH;
+            out[n].dtype = out[n + 1].dtype = PP_F32;
+            n += 2;
+        }
+        i++;
+    }
+    return n;
+}
+static int gbufs_equal(const pp_grad_buf* a, const pp_grad_buf* b, int n) {
+    int i;
+    for (i = 0; i < n; i++)
+        if (a[i].layer != b[i].layer || a[i].data != b[i].data || a[i].count != b[i].count || a[i].dtype != b[i].dtype ||
+            a[i].tied_copy != b[i].tied_copy || a[i].tp_sharded != b[i].tp_sharded || a[i].device != b[i].device)
+            return 0;
+    return 1;
+}
+
+/* The order: names, counts, checks; and bad orders refused. */
+static void test_order_model(void) {
+    static const char* want[8] = {"dn", "th", "dn", "th", "dn", "th", "dn", "sq"};
+    static const int bad_kind[8] = {0, 1, 0, 1, 0, 1, 0, 3};
+    static const int too_many[8] = {0, 0, 0, 0, 0, 1, 1, 2};
+    pp_model m = ord_model_desc_order(), b;
+    pp_error err;
+    int l;
+    CHECK(pp_model_check(&m, &err) == PP_OK, "%s", err.msg);
+    CHECK(m.n_layers == 8 && m.in_use[0] == 4 && m.in_use[1] == 3 && m.in_use[2] == 1, "%d layers, in use %d %d %d",
+          m.n_layers, m.in_use[0], m.in_use[1], m.in_use[2]);
+    for (l = 0; l < 8; l++)
+        CHECK(!strcmp(pp_model_layer_name(&m, l), want[l]), "layer %d is '%s', want '%s'", l, pp_model_layer_name(&m, l),
+              want[l]);
+    b = m;
+    b.order = bad_kind;
+    CHECK(pp_model_check(&b, &err) == PP_ERR_INVALID && strstr(err.msg, "order[7] = 3"), "%s", err.msg);
+    b.order = too_many; /* 5 dn, 2 th: in_use says 4 and 3 */
+    CHECK(pp_model_check(&b, &err) == PP_ERR_INVALID && strstr(err.msg, "the order has 5 'dn' layers"), "%s", err.msg);
+    b = ord_model_desc(); /* without the order: the list's order, as before */
+    CHECK(b.order == NULL && b.n_layers == 8 && !strcmp(pp_model_layer_name(&b, 1), "dn") &&
+              !strcmp(pp_model_layer_name(&b, 4), "th"),
+          "list order");
+}
+
+/* The ordered model's loss and gradients are the folded model's bits, sequential and pipelined. */
+static void test_order_grads(void) {
+    static dense4 W, GF, GO;
+    static const struct {
+        pp_schedule_kind kind;
+        int p, v;
+    } runs[] = {{PP_SCHED_1F1B, 2, 1}, {PP_SCHED_INTERLEAVED, 4, 2}, {PP_SCHED_GPIPE, 4, 1}, {PP_SCHED_ZB_H1, 2, 1}};
+    pp_batch b = make_batch(4);
+    ord_model wo, go;
+    fold_model wf, gf;
+    pp_model mo = ord_model_desc_order(), mf = fold_model_desc();
+    pp_error err;
+    float lf = 0, lo = 0;
+    size_t i;
+    dense4_init(&W, 5);
+    dense4_init(&GF, 0);
+    dense4_init(&GO, 0);
+    bind_ord(&wo, &W);
+    bind_ord(&go, &GO);
+    bind_fold(&wf, &W);
+    bind_fold(&gf, &GF);
+    CHECK(pp_sequential_step(&mf, &wf, &gf, &b, &lf, &err) == PP_OK, "fold: %s", err.msg);
+    CHECK(pp_sequential_step(&mo, &wo, &go, &b, &lo, &err) == PP_OK, "ord: %s", err.msg);
+    CHECK(memcmp(&lf, &lo, sizeof lf) == 0 && memcmp(GF.buf, GO.buf, sizeof GF.buf) == 0,
+          "sequential: the ordered model differs from the folded one (loss %.9g vs %.9g)", (double)lo, (double)lf);
+    for (i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        pp_pipeline_desc d;
+        pp_pipeline* pl = NULL;
+        pp_step_stats st;
+        dense4_init(&GO, 0);
+        memset(&d, 0, sizeof d);
+        d.model = mo;
+        d.weights = &wo;
+        d.grads = &go;
+        d.schedule = runs[i].kind;
+        d.p = runs[i].p;
+        d.v = runs[i].v;
+        d.m = 4;
+        if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
+            CHECK(0, "%s p=%d: %s", pp_schedule_name(runs[i].kind), runs[i].p, err.msg);
+            continue;
+        }
+        CHECK(pp_pipeline_step(pl, &b, &st) == PP_OK, "%s", pp_pipeline_error(pl));
+        CHECK(memcmp(&st.loss, &lf, sizeof lf) == 0 && memcmp(GF.buf, GO.buf, sizeof GF.buf) == 0,
+              "%s p=%d v=%d: the ordered model's gradients differ from the folded model's (loss %.9g vs %.9g)",
+              pp_schedule_name(runs[i].kind), runs[i].p, runs[i].v, (double)st.loss, (double)lf);
+        pp_pipeline_destroy(pl);
+    }
+}
+
+/* The lists from the params hook equal the hand-built ones: entries, norm bits, clipped bits. */
+static void test_derived_lists(void) {
+    static dense4 W, G, GH;
+    pp_grad_buf hand[16], got[16];
+    pp_batch b = make_batch(4);
+    ord_model w, g, gh;
+    fold_model fw, fg;
+    pp_model m = ord_model_desc_order(), bare;
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    pp_error err;
+    double nh = -1, nd = -2, nf = -3;
+    float loss;
+    int n = -1, nhand, r, k;
+    m.params = ord_params;
+    dense4_init(&W, 7);
+    dense4_init(&G, 0);
+    bind_ord(&w, &W);
+    bind_ord(&g, &G);
+    CHECK(pp_sequential_step(&m, &w, &g, &b, &loss, &err) == PP_OK, "%s", err.msg);
+    nhand = ord_hand_list(&G, &m, hand, -1, NULL, NULL);
+    CHECK(pp_model_grad_bufs(&m, &g, NULL, NULL, 0, &n, &err) == PP_OK && n == 8, "count: %d (%s)", n, err.msg);
+    CHECK(pp_model_grad_bufs(&m, &g, NULL, got, 16, &n, &err) == PP_OK && n == nhand && gbufs_equal(got, hand, n),
+          "the model's list differs from the hand-built one (%d vs %d entries)", n, nhand);
+    CHECK(pp_grad_norm(NULL, m.n_layers, hand, nhand, &nh, &err) == PP_OK &&
+              pp_grad_norm(NULL, m.n_layers, got, n, &nd, &err) == PP_OK && memcmp(&nh, &nd, sizeof nh) == 0 && nh > 0,
+          "norm: hand %.17g, derived %.17g", nh, nd);
+    /* the folded model's hand list (5 layers, the tanh inside) gives the same norm bits */
+    bind_fold(&fw, &W);
+    bind_fold(&fg, &G);
+    {
+        pp_grad_buf fl[8];
+        pp_model mf = fold_model_desc();
+        int l;
+        memset(fl, 0, sizeof fl);
+        for (l = 0; l < 4; l++) {
+            dn_p p = l < 3 ? fg.dt[l] : fg.dn[0];
+            fl[2 * l].layer = fl[2 * l + 1].layer = l;
+            fl[2 * l].data = p.W, fl[2 * l].count = CH * CH;
+            fl[2 * l + 1].data = p.b, fl[2 * l + 1].count = CH;
+            fl[2 * l].dtype = fl[2 * l + 1].dtype = PP_F32;
+        }
+        CHECK(pp_grad_norm(NULL, mf.n_layers, fl, 8, &nf, &err) == PP_OK && memcmp(&nf, &nd, sizeof nf) == 0,
+              "folded model's norm %.17g, the ordered model's %.17g", nf, nd);
+    }
+    { /* own flags: layers 2 and 6 only */
+        unsigned char own[8] = {0, 0, 1, 0, 0, 0, 1, 0};
+        CHECK(pp_model_grad_bufs(&m, &g, own, got, 16, &n, &err) == PP_OK && n == 4 && gbufs_equal(got, hand + 2, 2) &&
+                  gbufs_equal(got + 2, hand + 6, 2),
+              "own: %d entries", n);
+    }
+    /* refusals: too small, no hook; the TP flag from pp_param_shard */
+    CHECK(pp_model_grad_bufs(&m, &g, NULL, got, 7, &n, &err) == PP_ERR_INVALID && n == 8 && strstr(err.msg, "out holds 7"),
+          "%s", err.msg);
+    bare = ord_model_desc_order();
+    CHECK(pp_model_grad_bufs(&bare, &g, NULL, got, 16, &n, &err) == PP_ERR_INVALID && strstr(err.msg, "no params hook"),
+          "%s", err.msg);
+    bare.params = ordtp_params;
+    CHECK(pp_model_grad_bufs(&bare, &g, NULL, got, 16, &n, &err) == PP_OK && n == 8 && got[0].tp_sharded == 1 &&
+              got[1].tp_sharded == 0 && got[6].tp_sharded == 1,
+          "tp_sharded from pp_param_shard");
+    /* a pipeline (interleaved p = 4: a layer per stage): its list, each rank's, and clipping */
+    dense4_init(&GH, 0);
+    memcpy(GH.buf, G.buf, sizeof G.buf);
+    bind_ord(&gh, &GH);
+    memset(&d, 0, sizeof d);
+    d.model = m;
+    d.weights = &w;
+    d.grads = &g;
+    d.schedule = PP_SCHED_INTERLEAVED;
+    d.p = 4;
+    d.v = 2;
+    d.m = 4;
+    if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
+        CHECK(0, "%s", err.msg);
+        return;
+    }
+    CHECK(pp_pipeline_grad_bufs(pl, got, 16, &n, &err) == PP_OK && n == nhand && gbufs_equal(got, hand, n),
+          "the pipeline's list differs from the hand-built one (%d entries)", n);
+    for (r = 0; r < 4; r++) {
+        pp_grad_buf mine[16];
+        int nm = ord_hand_list(&G, &m, mine, r, &pl->sched, pl->first);
+        CHECK(pp_stage_grad_bufs(pl->st[r], got, 16, &n, &err) == PP_OK && n == nm && gbufs_equal(got, mine, n),
+              "rank %d: the stage's list differs from the hand-built one (%d vs %d entries)", r, n, nm);
+    }
+    CHECK(pp_pipeline_grad_bufs(pl, got, 16, &n, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_pipeline_grad_clip(pl, got, n, nh / 4, &nd, &err) == PP_OK, "%s", err.msg);
+    ord_hand_list(&GH, &m, hand, -1, NULL, NULL);
+    CHECK(pp_pipeline_grad_clip(pl, hand, nhand, nh / 4, &nf, &err) == PP_OK, "%s", err.msg);
+    CHECK(memcmp(&nd, &nf, sizeof nd) == 0 && memcmp(G.buf, GH.buf, sizeof G.buf) == 0,
+          "clipped through the derived list: norm %.17g vs %.17g, gradients %s", nd, nf,
+          memcmp(G.buf, GH.buf, sizeof G.buf) ? "differ" : "equal");
+    for (k = 0; k < 4 * ORD_N && G.buf[k] == 0; k++) {}
+    CHECK(k < 4 * ORD_N, "gradients all zero");
+    pp_pipeline_destroy(pl);
+}
+
+int main(int argc, char** argv) {
+    const char* only = argc > 1 ? argv[1] : "";
+    if (!strcmp(only, "order")) { /* the negative controls' parts (build/model-controls) */
+        test_order_model();
+        test_order_grads();
+        return TEST_DONE("model order");
+    }
+    if (!strcmp(only, "lists")) {
+        test_derived_lists();
+        return TEST_DONE("model lists");
+    }
     test_counts_api();
     test_runtime_equals_compiled();
     test_pipelined();
@@ -454,5 +834,8 @@ int main(void) {
     test_direct_call();
     test_max_kinds();
     test_unchanged();
+    test_order_model();
+    test_order_grads();
+    test_derived_lists();
     return TEST_DONE("model");
 }
