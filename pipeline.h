@@ -11091,8 +11091,9 @@ static pp_result _pp_pipeline_step_run(pp_pipeline* pl, const pp_batch* b, pp_st
         if (first >= 0 && grid) { /* "rank 5 of 8 (pp 1, dp 0, tp 1) failed first: ..." */
             const char* body = _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
                                             pl->rc[first]);
-            rc = _pp_fail(&pl->err, pl->rc[first], "rank %d of %d (pp %d, dp %d, tp %d) failed first: %s", first, pl->W,
-                          pl->place[3 * first], pl->place[3 * first + 1], pl->place[3 * first + 2], body);
+            size_t k = _pp_names_rank(body, pl->place[3 * first]); /* its stage's "rank 1": the pp rank, said once */
+            rc = _pp_fail(&pl->err, pl->rc[first], "rank %d of %d (pp %d, dp %d, tp %d) failed first%s%s", first, pl->W,
+                          pl->place[3 * first], pl->place[3 * first + 1], pl->place[3 * first + 2], k ? "" : ": ", body + k);
         } else if (first >= 0) { /* "rank 2 of 4 failed first at F0.0 (stage 2): ...", the rank said once */
             const char* body = _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
                                             pl->rc[first]);
