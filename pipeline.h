@@ -10820,7 +10820,7 @@ static pp_result _pp_plw_grid_make(pp_pipeline* pl, _pp_pl_world* w, pp_error* e
     _pp_plw_grid* g = (_pp_plw_grid*)_pp_calloc(1, sizeof *g);
     int q, r, tp = pl->d.tp, dp = pl->d.dp;
     pp_result rc = PP_OK;
-    if (!g || !(g->pipes = (pp_threads**)_pp_calloc((size_t)(dp * tp), sizeof *g->pipes))) {
+    if (!g || !(g->pipes = (pp_threads**)_pp_calloc((size_t)dp * (size_t)tp, sizeof *g->pipes))) {
         PP_FREE(g);
         return _pp_fail(err, PP_ERR_NOMEM, "%d pipelines", dp * tp);
     }
