@@ -234,6 +234,9 @@
           Then: tensor parallelism's foundation: a pp x dp x tp grid (pp_grid_make_tp) and
           deterministic TP collectives over any transport (>>tp: pp_tp_allreduce, _reducescatter,
           _allgather).
+          Then: the one-process pipeline takes dp and tp (pp_pipeline_desc.dp, .tp, .dp_scale:
+          p x dp x tp threads, the dp sum inside the step); a layer's TP group as io->tp
+          (pp_stage_desc.tp, pp_group_rank, pp_group_size).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -1471,7 +1474,9 @@ pp_result pp_stage_flight(const pp_stage* st, pp_flight* out);
    stream (pipeline_cuda.h's pp_cuda_pipeline_create). It is the per-rank API above run for
    you: it makes the schedule and the partition, one pp_stage per rank on one transport, and
    runs every rank's pp_stage_step for each batch. MPI and NCCL (one process per rank) and
-   programs that drive every rank themselves use the per-rank API directly.
+   programs that drive every rank themselves use the per-rank API directly. With dp and tp
+   (below) it is a whole pp x dp x tp grid in one process: replicas, their gradient sum, and
+   each layer's TP group (io->tp), without grid code (docs/training.md, "pp x dp in one process").
        pp_pipeline_desc d = {0};                       // zero is a default everywhere
        d.model = mlp_model_desc(); d.weights = &w; d.grads = &g;
        d.schedule = PP_SCHED_1F1B; d.p = 4; d.m = 8;

@@ -3,7 +3,19 @@
    Every built-in schedule runs each stage's backwards in ascending micro-batch order, which is
    the order of the sequential reference, so each gradient element is the same sum of the same
    products in the same order: we compare with memcmp, not a tolerance. Each rank has its own
-   gradient buffers, and a rank must leave the layers it does not own untouched (zero). */
+   gradient buffers, and a rank must leave the layers it does not own untouched (zero).
+
+   grid (also alone: test_pipeline grid): pp_pipeline with dp and tp (pp_pipeline_desc.dp, .tp)
+   over every kind, p = 1..3, dp and tp in {1, 2}, with a row-parallel model whose layers reach
+   their TP group as io->tp. Small integers: the dp = 2 run's gradients on every rank equal the
+   sequential model's on each half of the data, added and halved (dp_scale 1: added), bit for
+   bit; tp = 2's rows equal the unsplit model's; the loss is the replicas' mean; the norm of
+   replica 0's buffers is the sequential one's. Where dp or tp > 1 (a rotation under the
+   sanitizers) a layer's failure or (p > 1) a send's is injected on one rank: the step fails
+   with that rank named, every rank's result is an error, no rank waits for its deadline, and
+   the next step is bit-exact. Bad dp, tp, dp_scale, shared gradients and a missing params
+   hook are refused. Negative controls (build/tp-controls): -DPP_TEST_PL_NO_DP_SUM skips the dp
+   sum, -DPP_TEST_PL_TP_IS_DP gives the layers the dp group as io->tp: both fail here. */
 #ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
 #endif
@@ -313,8 +325,8 @@ static int g_grads_match(gmodel* G, int W, int p, int dp, int tp, const pp_sched
     return ok;
 }
 
-static void grid_case(int kind, int p, int m, int dp, int tp, int inject, int fail_rank, const gmodel* exp,
-                      float loss_exp, int* good) {
+static void grid_case(int kind, int p, int m, int dp, int tp, double dp_scale, int inject, int fail_rank,
+                      const gmodel* exp, float loss_exp, int* good) {
     static gmodel G[PP_MAX_RANKS];
     static const void* rw[PP_MAX_RANKS];
     static void* rg[PP_MAX_RANKS];
@@ -327,7 +339,8 @@ static void grid_case(int kind, int p, int m, int dp, int tp, int inject, int fa
     pp_error err;
     pp_result rc;
     char where[160];
-    snprintf(where, sizeof where, "grid %s p=%d m=%d dp=%d tp=%d", pp_schedule_name((pp_schedule_kind)kind), p, m, dp, tp);
+    snprintf(where, sizeof where, "grid %s p=%d m=%d dp=%d tp=%d%s", pp_schedule_name((pp_schedule_kind)kind), p, m, dp, tp,
+             dp_scale == 1 ? " dp_scale=1" : "");
     memset(&d, 0, sizeof d);
     d.model = g_model();
     d.model.ctx = fault;
@@ -343,6 +356,7 @@ static void grid_case(int kind, int p, int m, int dp, int tp, int inject, int fa
     d.m = m;
     d.dp = dp;
     d.tp = tp;
+    d.dp_scale = dp_scale;
     d.stage.timeout_s = 20;
     d.rank_setup = g_setup;
     for (i = 0; i < dp; i++) g_batch(&b[i], m, i);
@@ -355,6 +369,24 @@ static void grid_case(int kind, int p, int m, int dp, int tp, int inject, int fa
     ok = rc == PP_OK && g_grads_match(G, W, p, dp, tp, pp_pipeline_schedule(pl), pp_pipeline_partition(pl), exp, where);
     CHECK(!ok || memcmp(&st.loss, &loss_exp, sizeof loss_exp) == 0, "%s: loss %.9g, expected %.9g", where, (double)st.loss,
           (double)loss_exp);
+    if (ok) { /* the norm (docs): replica 0's buffers, every TP rank's rows in TP order = exp's */
+        pp_grad_buf nb[(GL - 1) * 2], eb[GL - 1];
+        int n = 0, l;
+        double nrm = -1, nexp = -2;
+        memset(nb, 0, sizeof nb);
+        memset(eb, 0, sizeof eb);
+        for (l = 0; l < GL - 1; l++) {
+            int pr = pp_schedule_layer_rank(pp_pipeline_schedule(pl), pp_pipeline_partition(pl), l), t;
+            for (t = 0; t < tp; t++, n++) { /* world rank (pr * dp + 0) * tp + t */
+                nb[n].layer = l, nb[n].dtype = PP_F32, nb[n].count = (size_t)(GK / tp) * GK;
+                nb[n].data = G[pr * dp * tp + t].w[l];
+            }
+            eb[l].layer = l, eb[l].dtype = PP_F32, eb[l].count = GK * GK, eb[l].data = (void*)exp->w[l];
+        }
+        CHECK(pp_pipeline_grad_norm(pl, nb, n, &nrm, &err) == PP_OK && pp_grad_norm(NULL, GL, eb, GL - 1, &nexp, &err) == PP_OK &&
+                  memcmp(&nrm, &nexp, sizeof nrm) == 0,
+              "%s: norm %.17g, expected %.17g", where, nrm, nexp);
+    }
     if (ok && inject) { /* a failure on one rank fails the step on every rank; the next step is exact */
         double t0 = g_now();
         char want[64];
@@ -462,8 +494,13 @@ static void test_grid_dp_tp(void) {
                     inject = W > p && test_pick(idx + kind, R) ? (p > 1 && (idx / 2 + kind) % 2 ? 2 : 1) : 0;
                     cases++;
                     faults += inject != 0;
-                    grid_case(kind, p, ms[mi], dp, tp, inject, (idx * 5 + 3) % W, &exp, loss_exp, &good);
+                    grid_case(kind, p, ms[mi], dp, tp, 0, inject, (idx * 5 + 3) % W, &exp, loss_exp, &good);
                 }
+    /* dp_scale 1: the sum, not the mean */
+    for (i = 0; i < GL - 1; i++)
+        for (h = 0; h < GK * GK; h++) exp.w[i][h] = ref[0][0].w[i][h] + ref[0][1].w[i][h];
+    cases++;
+    grid_case(PP_SCHED_1F1B, 2, ms[0], 2, 2, 1.0, 0, 0, &exp, (loss[0][0] + loss[0][1]) / 2.0f, &good);
     printf("grid (dp, tp): %d of %d configurations bit-exact (%d with a failure injected, then a step)\n", good, cases,
            faults);
 }
