@@ -417,8 +417,19 @@ $(B)/tp-ctl-unordered: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-split-no-dp: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_SPLIT_NO_DP $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/tp-controls: tests/controls.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid"\n' > $@
+# tests/test_pipeline.c "grid" (pp_pipeline with dp and tp): the step skips the data-parallel sum
+# (every dp = 2 case's gradients are one replica's); the layers get the dp group as io->tp (every
+# tp = 2 case's products are summed over the wrong ranks, or not at all).
+$(B)/tp-ctl-pl-no-dp-sum: tests/test_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -D_POSIX_C_SOURCE=200809L -DPP_TEST_PL_NO_DP_SUM $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-ctl-pl-tp-is-dp: tests/test_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -D_POSIX_C_SOURCE=200809L -DPP_TEST_PL_TP_IS_DP $(CFLAGS) $< -o $@ $(LDLIBS)
+# And gpt_cpu --dp 2 with that step (tests/test_trainer.sh, TRAINER_PART=dp): --check fails.
+$(B)/gpt_cpu-ctl-no-dp-sum: examples/gpt_cpu.c $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_PL_NO_DP_SUM $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-controls: tests/controls.sh tests/test_trainer.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp $(B)/tp-ctl-pl-no-dp-sum \
+                  $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

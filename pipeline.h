@@ -250,6 +250,9 @@
           lists from the params hook (pp_model_grad_bufs, pp_stage_grad_bufs,
           pp_pipeline_grad_bufs; pp_param.tp_sharded, pp_param_shard); PP_DESCRIBE_SAME and
           PP_DESCRIBE_LOSS; the loss layer's contract written under LAYERS.
+          Then: the one-process pipeline takes dp and tp (pp_pipeline_desc.dp, .tp, .dp_scale:
+          p x dp x tp threads, the dp sum inside the step); a layer's TP group as io->tp
+          (pp_stage_desc.tp, pp_group_rank, pp_group_size).
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -426,6 +429,10 @@ typedef struct pp_layer_io {
     void* b_saved;                      /* b_saved_bytes of scratch kept from forward to backward
                                            only: NULL in weight_grad (freed at B, before W) */
     size_t b_saved_bytes;
+    const struct pp_group* tp;          /* the rank's tensor-parallel group (pp_stage_desc.tp; the
+                                           one-process pipeline's tp > 1 sets it) for pp_tp_allreduce
+                                           and friends; pp_group_rank / pp_group_size say where the
+                                           rank is in it. NULL: tp = 1 (the pp_tp_* calls then copy) */
 } pp_layer_io;
 
 /* What describe() returns for one layer on one micro-batch. */
@@ -1495,6 +1502,9 @@ typedef struct pp_stage_desc {
        must be deterministic); B costs one forward of those layers more. pp_plan_recompute picks
        the layers with the schedule. Copied at create. */
     const unsigned char* recompute;
+    /* Tensor parallelism (NULL: none): the rank's TP group (>>tp), handed to every layer call as
+       io->tp (borrowed, like layer_ctx). The stage itself sends no message on it. */
+    const struct pp_group* tp;
 } pp_stage_desc;
 
 typedef struct pp_step_stats {
@@ -1567,7 +1577,9 @@ pp_result pp_stage_flight(const pp_stage* st, pp_flight* out);
    stream (pipeline_cuda.h's pp_cuda_pipeline_create). It is the per-rank API above run for
    you: it makes the schedule and the partition, one pp_stage per rank on one transport, and
    runs every rank's pp_stage_step for each batch. MPI and NCCL (one process per rank) and
-   programs that drive every rank themselves use the per-rank API directly.
+   programs that drive every rank themselves use the per-rank API directly. With dp and tp
+   (below) it is a whole pp x dp x tp grid in one process: replicas, their gradient sum, and
+   each layer's TP group (io->tp), without grid code (docs/training.md, "pp x dp in one process").
        pp_pipeline_desc d = {0};                       // zero is a default everywhere
        d.model = mlp_model_desc(); d.weights = &w; d.grads = &g;
        d.schedule = PP_SCHED_1F1B; d.p = 4; d.m = 8;
@@ -1611,15 +1623,38 @@ typedef struct pp_pipeline_desc {
        cancel (a failed step needs them) and set the ones it does not forward to NULL. */
     pp_result (*rank_setup)(void* user, int rank, pp_stage_desc* d);
     void* user;
+    /* Data and tensor parallelism in this process (0 or 1: none, the pipeline above). The
+       pipeline runs p * dp * tp ranks, a thread each, world rank r placed as pp_grid_make_tp(
+       p * dp * tp, r, p, tp, PP_GRID_DP_INNER) places it: r = (pp_rank * dp + dp_rank) * tp +
+       tp_rank (tp innermost); a replica is dp_rank's tp pipelines. Every rank-indexed thing
+       counts world ranks: rank_weights and rank_grads (p * dp * tp entries; grads must be
+       rank_grads, no two pipelines sharing a struct), rank_setup, pp_pipeline_stage,
+       pp_pipeline_rank_result. pp_pipeline_step takes dp batches, replica i's in b[i]. dp > 1:
+       after every rank's backward the step sums each rank's gradients over its data-parallel
+       group (the dp ranks of one (pp_rank, tp_rank)) with pp_grad_allreduce over a threads
+       transport of its own: in dp rank order, the same bits every run and on every replica, then
+       times dp_scale (0: 1 / dp, the mean, as pp_dp_overlap; 1: the sum). It finds the buffers
+       through model.params (PP_MODEL_PARAMS: needed with dp > 1) on rank_grads[r], the layers the
+       rank owns. tp > 1: every rank's layers get its TP group as io->tp (pp_tp_allreduce and
+       friends; pp_group_rank(io->tp) is the TP rank), over another threads transport; the
+       pipeline moves every boundary tensor whole between the same TP ranks of neighbouring
+       stages. The threads pipeline only (pp_cuda_pipeline_create refuses dp or tp > 1). */
+    int dp, tp;
+    double dp_scale;
 } pp_pipeline_desc;
 
 pp_result pp_pipeline_create(const pp_pipeline_desc* d, pp_pipeline** out, pp_error* err);
 void pp_pipeline_destroy(pp_pipeline* pl);
 /* One training step on every rank, one thread each; gradients accumulate across steps (zero
-   them yourself). b->m is 0 (the pipeline's m) or the pipeline's m. stats (may be NULL) covers
-   all ranks: loss from the rank that owns the last stage; t_total and peak_live the largest
+   them yourself). b->m is 0 (the pipeline's m) or the pipeline's m. With dp > 1, b points to dp
+   batches, b[i] replica i's (each its own micro-batches; the data-parallel sum follows the
+   backward, inside the step). stats (may be NULL) covers
+   all ranks: loss from the rank that owns the last stage (dp > 1: the replicas' losses added in
+   replica order, divided by dp); t_total and peak_live the largest
    rank's; the times, bytes, messages, stash bytes and actions summed over ranks. When a rank
-   fails, every rank stops, the result is the first failure's (never PP_ERR_ABORTED when a
+   fails, every rank stops (with dp or tp, every pipeline of the process: the failing rank
+   aborts all of them, and every rank's pp_pipeline_rank_result is then an error), the result is
+   the first failure's (never PP_ERR_ABORTED when a
    cause is known), pp_pipeline_error names its rank, and the pipeline is ready for the next
    step (the gradients then hold part of the step: zero them), provided every rank's transport
    can withdraw the receives the step left posted (pp_transport.cancel); where one cannot, later
@@ -1630,7 +1665,9 @@ pp_result pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_stats* st
 /* One evaluation on every rank (pp_stage_eval): the loss in stats->loss, bit-identical to
    pp_sequential_eval's, no gradient touched; out (may be NULL) gets the last stage's outputs on
    out->rank (the threads pipeline: host memory; the CUDA pipeline: host or device memory, in
-   place when the call returns). b->m as for pp_pipeline_step. Failures as pp_pipeline_step's. */
+   place when the call returns; dp or tp > 1: replica 0's TP rank 0's pipeline, out->rank its
+   stage rank). b->m as for pp_pipeline_step (dp batches with dp > 1; stats->loss as there).
+   Failures as pp_pipeline_step's. */
 pp_result pp_pipeline_eval(pp_pipeline* pl, const pp_batch* b, pp_eval_out* out, pp_step_stats* stats);
 /* The last failure ("" if none): which rank failed first, and its message. */
 const char* pp_pipeline_error(const pp_pipeline* pl);
@@ -1645,7 +1682,8 @@ const pp_event* pp_pipeline_timeline(pp_pipeline* pl, size_t* n);
 const pp_schedule* pp_pipeline_schedule(const pp_pipeline* pl);
 const int* pp_pipeline_partition(const pp_pipeline* pl);
 /* Rank r's stage (its error, flight record, timeline), and the threads world (pending
-   messages, flight records; NULL when the ranks are CUDA streams). */
+   messages, flight records; NULL when the ranks are CUDA streams; with dp or tp > 1 the
+   pipeline of replica 0's TP rank 0). */
 pp_stage* pp_pipeline_stage(pp_pipeline* pl, int rank);
 pp_threads* pp_pipeline_threads(pp_pipeline* pl);
 
@@ -1848,7 +1886,10 @@ pp_result pp_stage_grad_norm_tp(pp_stage* st, const pp_group* tp, const pp_grad_
 pp_result pp_stage_grad_clip_tp(pp_stage* st, const pp_group* tp, const pp_grad_buf* bufs, int n_bufs, double max_norm,
                                 double* norm, pp_error* err);
 /* The same for a one-process pipeline (threads or CUDA streams): every layer's buffers, from
-   whichever rank's gradients hold them; no message. Between steps. */
+   whichever rank's gradients hold them; no message. Between steps. With dp > 1 (pp_pipeline_desc)
+   list one replica's buffers (after the step every replica holds the same sum) and clip the
+   other replicas' by the same norm with pp_grad_clip; with tp > 1 list every TP rank's shard of
+   a split parameter and one copy of a parameter every TP rank holds whole. */
 pp_result pp_pipeline_grad_norm(pp_pipeline* pl, const pp_grad_buf* bufs, int n_bufs, double* norm, pp_error* err);
 pp_result pp_pipeline_grad_clip(pp_pipeline* pl, const pp_grad_buf* bufs, int n_bufs, double max_norm, double* norm,
                                 pp_error* err);
@@ -2182,9 +2223,10 @@ pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes,
    pp_tp_block says: block i starts at i * (count / n) + min(i, count % n) and holds count / n
    elements, one more for the first count % n blocks (numpy's array_split; blocks may be empty).
 
-   HOW A LAYER REACHES ITS GROUP. Through pp_stage_desc.layer_ctx, which every layer call gets
-   as io->ctx: point it at a struct of yours holding the rank's pp_group for TP (and whatever
-   else the layers need, a CUDA stream), one per rank (tests/test_tp.c, "layer").
+   HOW A LAYER REACHES ITS GROUP. io->tp: pp_stage_desc.tp, the rank's group, which every layer
+   call gets (the one-process pipeline with tp > 1 sets it for every rank; pp_group_rank(io->tp)
+   is the layer's TP rank; tests/test_pipeline.c, "grid"). Or through pp_stage_desc.layer_ctx
+   (io->ctx): a struct of yours holding the group, one per rank (tests/test_tp.c, "layer").
 
    THE WIRE. This version builds every collective from the transport's isend/irecv/wait (inside
    group_start/group_end where the transport has them): a reduce-scatter sends each block
@@ -2195,6 +2237,11 @@ pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes,
    stream-ordered native collectives over device memory are a later step. On a failed wait the
    call cancels its other receives (where the transport can) and returns the error. */
 
+/* Where this process is in group g: its index in g->ranks (its transport's rank where ranks is
+   NULL; -1 where it is not a member), and the group's size. A NULL group, or one whose t is NULL,
+   is this process alone: rank 0 of 1. A layer asks pp_group_rank(io->tp) for its TP rank. */
+int pp_group_rank(const pp_group* g);
+int pp_group_size(const pp_group* g);
 /* Block i of count elements split n ways: its offset and length (above). */
 void pp_tp_block(size_t count, int n, int i, size_t* off, size_t* len);
 /* buf (count elements of dtype: PP_F32, PP_F64, PP_F16 or PP_BF16) summed over the group, in
@@ -3354,7 +3401,7 @@ static pp_tensor _pp_input_view(const pp_batch* b, const pp_microbatch* mb) {
 static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_microbatch* mb, int a, int b,
                                    const pp_tensor* act, const int* nact, void* const* saved, const size_t* saved_bytes,
                                    void* const* bsaved, const size_t* bsaved_bytes, float* loss, void* ctx,
-                                   const _pp_plan* plan, pp_error* err) {
+                                   const struct pp_group* tp, const _pp_plan* plan, pp_error* err) {
     pp_layer_io io;
     _pp_guard g[_PP_MAX_GUARDS];
     int l, rc, ng;
@@ -3372,6 +3419,7 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
         io.b_saved = bsaved[l - a];
         io.b_saved_bytes = io.b_saved ? bsaved_bytes[l] : 0;
         io.ctx = ctx;
+        io.tp = tp;
         io.model = m;
         ng = _pp_guards_set(plan, 0, &io, g);
         rc = m->forward(w, l, &io);
@@ -3390,7 +3438,8 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
 static pp_result _pp_grad_range(int weight_half, const pp_model* m, const void* w, void* g, const pp_microbatch* mb,
                                 int a, int b, const pp_tensor* act, const int* nact, const pp_tensor* dact,
                                 void* const* saved, const size_t* saved_bytes, void* const* bsaved,
-                                const size_t* bsaved_bytes, void* ctx, const _pp_plan* plan, pp_error* err) {
+                                const size_t* bsaved_bytes, void* ctx, const struct pp_group* tp, const _pp_plan* plan,
+                                pp_error* err) {
     pp_layer_io io;
     _pp_guard gd[_PP_MAX_GUARDS];
     int l, rc, ng;
@@ -3412,6 +3461,7 @@ static pp_result _pp_grad_range(int weight_half, const pp_model* m, const void* 
             io.b_saved_bytes = io.b_saved ? bsaved_bytes[l] : 0;
         }
         io.ctx = ctx;
+        io.tp = tp;
         io.model = m;
         ng = _pp_guards_set(plan, weight_half ? 2 : 1, &io, gd);
         rc = weight_half ? m->weight_grad(w, g, l, &io) : m->backward(w, g, l, &io);
@@ -3488,14 +3538,14 @@ pp_result pp_sequential_step(const pp_model* m, const void* weights, void* grads
             goto cleanup;
         }
         if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, sb_l, bsaved, bb_l, &mb_loss[i],
-                                    NULL, &plan, err)) != PP_OK)
+                                    NULL, NULL, &plan, err)) != PP_OK)
             goto cleanup;
         if ((rc = _pp_grad_range(0, m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved, sb_l, bsaved, bb_l,
-                                 NULL, &plan, err)) != PP_OK)
+                                 NULL, NULL, &plan, err)) != PP_OK)
             goto cleanup;
         /* split backward: the weight gradients of this micro-batch after all its input gradients */
         if (m->weight_grad && (rc = _pp_grad_range(1, m, weights, grads, &plan.mbs[i], 0, L, act, nact, dact, saved,
-                                                    sb_l, bsaved, bb_l, NULL, &plan, err)) != PP_OK)
+                                                    sb_l, bsaved, bb_l, NULL, NULL, &plan, err)) != PP_OK)
             goto cleanup;
         PP_FREE(stash);
         PP_FREE(gws);
@@ -3593,7 +3643,7 @@ pp_result pp_sequential_eval(const pp_model* m, const void* weights, const pp_ba
         _pp_bsaved_carve(&plan, i, 0, L, stash + sb, saved + L);
         act[0] = _pp_input_view(b, &plan.mbs[i]);
         if ((rc = _pp_forward_range(m, weights, &plan.mbs[i], 0, L, act, nact, saved, &plan.saved[(size_t)i * L], saved + L,
-                                    &plan.bsaved[(size_t)i * L], &mb_loss[i], NULL, &plan, err)) != PP_OK)
+                                    &plan.bsaved[(size_t)i * L], &mb_loss[i], NULL, NULL, &plan, err)) != PP_OK)
             goto cleanup;
         for (k = 0; out && k < nact[L - 1] && k < PP_MAX_TENSORS; k++)
             if (out->data[k])
@@ -3658,21 +3708,21 @@ pp_result pp_profile_layers(const pp_model* m, const void* weights, void* grads,
             for (l = 0; l < L; l++) {
                 double t0 = _pp_now();
                 rc = _pp_forward_range(m, weights, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                       saved + l, sb, bsaved + l, bb, &loss, NULL, &plan, err);
+                                       saved + l, sb, bsaved + l, bb, &loss, NULL, NULL, &plan, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0) t_f[l] += _pp_now() - t0;
             }
             for (l = L - 1; l >= 0; l--) {
                 double t0 = _pp_now();
                 rc = _pp_grad_range(0, m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                        dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, bsaved + l, bb, NULL, &plan, err);
+                                        dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, bsaved + l, bb, NULL, NULL, &plan, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0) t_b[l] += _pp_now() - t0;
             }
             for (l = L - 1; m->weight_grad && l >= 0; l--) {
                 double t0 = _pp_now();
                 rc = _pp_grad_range(1, m, weights, grads, &plan.mbs[i], l, l + 1, act + (size_t)l * PP_MAX_TENSORS, nact + l,
-                                     dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, bsaved + l, bb, NULL, &plan, err);
+                                     dact + (size_t)l * PP_MAX_TENSORS, saved + l, sb, bsaved + l, bb, NULL, NULL, &plan, err);
                 if (rc != PP_OK) goto cleanup;
                 if (step > 0 && t_w) t_w[l] += _pp_now() - t0;
             }
@@ -7291,6 +7341,20 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
 #define _PP_TAG_TP_RS 0x7ffffff2 /* reduce-scatter blocks, to their owner */
 #define _PP_TAG_TP_AG 0x7ffffff3 /* all-gather blocks, to every member */
 
+int pp_group_rank(const pp_group* g) {
+    int i;
+    if (!g || !g->t) return 0;
+    if (!g->ranks) return g->t->rank;
+    for (i = 0; i < g->n_ranks; i++)
+        if (g->ranks[i] == g->t->rank) return i;
+    return -1;
+}
+
+int pp_group_size(const pp_group* g) {
+    if (!g || !g->t) return 1;
+    return g->ranks ? g->n_ranks : g->t->size;
+}
+
 void pp_tp_block(size_t count, int n, int i, size_t* off, size_t* len) {
     size_t q, r, k;
     if (n < 1 || i < 0 || i >= n) {
@@ -9708,7 +9772,7 @@ static pp_result _pp_recompute(pp_stage* s, const _pp_act* c, _pp_view* vw, _pp_
         int i = l - c->la;
         if (!s->plan.rc[l]) continue;
         rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, l, l + 1, vw->act + i * PP_MAX_TENSORS, vw->nact + i,
-                               vw->saved + i, c->sb, vw->bsaved + i, c->bsb, &loss, s->d.layer_ctx, &s->plan, &s->err);
+                               vw->saved + i, c->sb, vw->bsaved + i, c->bsb, &loss, s->d.layer_ctx, s->d.tp, &s->plan, &s->err);
     }
     *vw = _pp_views(s, c, stash, gws);
     if (rc == PP_OK) return PP_OK;
@@ -9748,7 +9812,7 @@ static pp_result _pp_run_f(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     if (s->live_bytes > s->st.peak_stash_bytes) s->st.peak_stash_bytes = s->live_bytes;
     if (!s->draining) {
         rc = _pp_forward_range(&s->d.model, s->d.weights, c->mb, c->la, c->lb, vw.act, vw.nact, vw.saved, c->sb,
-                               vw.bsaved, c->bsb, &s->mb_loss[a->mb], s->d.layer_ctx, &s->plan, &s->err);
+                               vw.bsaved, c->bsb, &s->mb_loss[a->mb], s->d.layer_ctx, s->d.tp, &s->plan, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
         else if (s->d.check_finite)
             rc = _pp_check_finite_f(s, a, c->la, c->lb, vw.act, vw.nact);
@@ -9811,11 +9875,11 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
     computed = !s->draining;
     if (computed) {
         rc = _pp_grad_range(0, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
-                            vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->plan, &s->err);
+                            vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, s->d.tp, &s->plan, &s->err);
         /* a split model on a schedule without W: the weight gradients now */
         if (rc == PP_OK && s->d.model.weight_grad && !s->defer_w)
             rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
-                                vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->plan, &s->err);
+                                vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, s->d.tp, &s->plan, &s->err);
         if (rc != PP_OK) rc = _pp_stage_wrap(s, rc, a);
         else if (s->d.check_finite)
             rc = _pp_check_finite_b(s, a, c->la, c->lb, vw.dact, vw.nact);
@@ -9871,7 +9935,7 @@ static pp_result _pp_run_w(pp_stage* s, const _pp_act* c) {
         vw = _pp_views(s, c, stash, gws);
         if (!s->draining) {
             rc = _pp_grad_range(1, &s->d.model, s->d.weights, s->d.grads, c->mb, c->la, c->lb, vw.act, vw.nact, vw.dact,
-                                vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, &s->plan, &s->err);
+                                vw.saved, c->sb, vw.bsaved, c->bsb, s->d.layer_ctx, s->d.tp, &s->plan, &s->err);
             if (rc != PP_OK && !_pp_drain(s, rc = _pp_stage_wrap(s, rc, a))) return rc;
         }
         _pp_slot_release(s, c);
@@ -10608,6 +10672,8 @@ typedef struct _pp_pl_world {
     pp_result (*end)(void* self, pp_error* err);                /* after they all returned; may be NULL */
     void (*reset)(void* self);                                  /* after a failed step */
     void (*destroy)(void* self);                                /* after the stages */
+    void (*abort_all)(void* self, pp_result why, const char* msg); /* grid: stop every rank */
+    int grid;                                                   /* 1: runs p * dp * tp ranks */
 } _pp_pl_world;
 
 struct pp_pipeline {
@@ -10615,15 +10681,27 @@ struct pp_pipeline {
     pp_schedule sched;
     pp_action* acts;
     int* first;                     /* [n_stages + 1] */
-    const void** weights;           /* [p] */
-    void** grads;                   /* [p] */
-    pp_stage** st;                  /* [p] */
-    pp_transport* tr;               /* [p] each rank's transport, to abort the step */
-    pp_result* rc;                  /* [p] last step */
-    pp_step_stats* stats;           /* [p] last step */
-    pp_error* rerr;                 /* [p] what the world's enter said */
+    int W;                          /* ranks: p * dp * tp (the arrays below have W entries) */
+    const void** weights;           /* [W] */
+    void** grads;                   /* [W] */
+    pp_stage** st;                  /* [W] */
+    pp_transport* tr;               /* [W] each rank's transport, to abort the step */
+    pp_result* rc;                  /* [W] last step */
+    pp_step_stats* stats;           /* [W] last step */
+    pp_error* rerr;                 /* [W] what the world's enter (or the dp sum) said */
     _pp_pl_world world;
-    pp_batch b;                     /* the step's batch, m filled in */
+    pp_batch* b;                    /* [dp] the step's batches, m filled in */
+    /* dp or tp > 1 (W > p): rank r's place, its groups on the collectives' world, its gradient
+       buffers for the dp sum, and the rank whose failure stopped every pipeline */
+    int* place;                     /* [3 W]: pp_rank, dp_rank, tp_rank */
+    int* granks;                    /* [W (tp + dp)]: r's TP group's world ranks, then its dp group's */
+    pp_transport* ctr;              /* [W] r's transport on the collectives' world */
+    pp_group* tpg;                  /* [W] */
+    pp_param* pbuf;                 /* [W max_params] */
+    int max_params;
+    int root;                       /* the first rank that failed (not aborted), -1: none */
+    pthread_mutex_t root_mu;
+    int root_mu_ok;
     pp_event* events;
     size_t cap_events;
     int stuck;                      /* a step failed and some rank's transport cannot cancel */
@@ -10648,7 +10726,57 @@ static pp_pipeline_desc _pp_pipeline_defaults(const pp_pipeline_desc* in) {
     /* 4p only where p is in range: create refuses the others after this, and 4p must not overflow first */
     d.m = cs ? cs->m : _PP_DEF(in->m, d.p >= 1 && d.p <= PP_MAX_RANKS ? 4 * d.p : 1);
     d.v = cs ? cs->v : _PP_DEF(in->v, pp_schedule_kind_v(in->schedule, 2)); /* the kind's own v */
+    d.dp = _PP_DEF(in->dp, 1);
+    d.tp = _PP_DEF(in->tp, 1);
+    d.dp_scale = _PP_DEF(in->dp_scale, d.dp >= 1 ? 1.0 / d.dp : 1.0);
     return d;
+}
+
+/* dp or tp > 1: every rank's place (pp_grid_make_tp), its TP and data-parallel groups, and room
+   for its gradient buffers (the dp sum); two pipelines never share a gradient struct. */
+static pp_result _pp_pipeline_places(pp_pipeline* pl, pp_error* err) {
+    const pp_model* m = &pl->d.model;
+    int p = pl->d.p, dp = pl->d.dp, tp = pl->d.tp, W = pl->W, r, q, l, n;
+    pp_grid* g = (pp_grid*)_pp_calloc(1, sizeof *g);
+    pp_result rc = PP_OK;
+    pl->place = (int*)_pp_calloc((size_t)W * 3, sizeof *pl->place);
+    pl->granks = (int*)_pp_calloc((size_t)W * (size_t)(tp + dp), sizeof *pl->granks);
+    pl->ctr = (pp_transport*)_pp_calloc((size_t)W, sizeof *pl->ctr);
+    pl->tpg = (pp_group*)_pp_calloc((size_t)W, sizeof *pl->tpg);
+    if (!g || !pl->place || !pl->granks || !pl->ctr || !pl->tpg) {
+        PP_FREE(g);
+        return _pp_fail(err, PP_ERR_NOMEM, "the places of %d ranks", W);
+    }
+    for (r = 0; r < W && rc == PP_OK; r++) {
+        if ((rc = pp_grid_make_tp(W, r, p, tp, PP_GRID_DP_INNER, g, err)) != PP_OK) break;
+        pl->place[3 * r] = g->pp_rank;
+        pl->place[3 * r + 1] = g->dp_rank;
+        pl->place[3 * r + 2] = g->tp_rank;
+        memcpy(pl->granks + (size_t)r * (size_t)(tp + dp), g->tp_group, (size_t)tp * sizeof(int));
+        memcpy(pl->granks + (size_t)r * (size_t)(tp + dp) + tp, g->dp_group, (size_t)dp * sizeof(int));
+    }
+    PP_FREE(g);
+    if (rc != PP_OK) return rc;
+    for (r = 0; r < W; r++)
+        for (q = 0; q < r; q++)
+            if (pl->grads[r] == pl->grads[q] && (pl->place[3 * r + 1] != pl->place[3 * q + 1] ||
+                                                 pl->place[3 * r + 2] != pl->place[3 * q + 2]))
+                return _pp_fail(err, PP_ERR_INVALID,
+                                "rank_grads[%d] and rank_grads[%d] are one struct, but ranks %d (dp %d, tp %d) and %d (dp %d, "
+                                "tp %d) are in different pipelines: each pipeline adds into gradients of its own",
+                                q, r, q, pl->place[3 * q + 1], pl->place[3 * q + 2], r, pl->place[3 * r + 1],
+                                pl->place[3 * r + 2]);
+    if (dp > 1) {
+        for (l = 0; l < m->n_layers; l++) {
+            if ((n = m->params(m, pl->grads[0], l, NULL, 0)) < 0)
+                return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): the params hook gave %d (it does not know the layer)", l,
+                                _pp_layer_name(m, l), n);
+            if (n > pl->max_params) pl->max_params = n;
+        }
+        if (pl->max_params && !(pl->pbuf = (pp_param*)_pp_calloc((size_t)W * (size_t)pl->max_params, sizeof *pl->pbuf)))
+            return _pp_fail(err, PP_ERR_NOMEM, "gradient lists of %d ranks", W);
+    }
+    return PP_OK;
 }
 
 /* Schedule, partition and parameter pointers; no stage yet (_pp_pipeline_start). */
@@ -10659,7 +10787,7 @@ static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out,
     pp_partition_desc pd;
     size_t n_acts;
     pp_result rc;
-    int r, p;
+    int r, p, dp, tp, W;
     if ((rc = pp_model_check(&in->model, err)) != PP_OK) return rc;
     if (!in->weights == !in->rank_weights)
         return _pp_fail(err, PP_ERR_INVALID, "set one of weights and rank_weights (%s)", in->weights ? "both are set" : "neither is");
@@ -10677,26 +10805,45 @@ static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out,
                         in->p, in->v, in->m, cs->p, cs->v, cs->m);
     p = _pp_pipeline_defaults(in).p;
     if (p < 1 || p > PP_MAX_RANKS) return _pp_fail(err, PP_ERR_INVALID, "p = %d ranks (1 .. %d)", p, PP_MAX_RANKS);
+    dp = _pp_pipeline_defaults(in).dp;
+    tp = _pp_pipeline_defaults(in).tp;
+    if (dp < 1 || tp < 1 || dp > PP_MAX_RANKS || tp > PP_MAX_RANKS || p * dp * tp > PP_MAX_RANKS)
+        return _pp_fail(err, PP_ERR_INVALID, "dp = %d, tp = %d: each 0 (one) or 1 .. %d, and p * dp * tp = %lld ranks at most %d",
+                        in->dp, in->tp, PP_MAX_RANKS, (long long)p * dp * tp, PP_MAX_RANKS);
+    if (!(in->dp_scale >= 0) || in->dp_scale > 1e300)
+        return _pp_fail(err, PP_ERR_INVALID, "dp_scale = %g (0: 1 / dp, or a finite scale > 0)", in->dp_scale);
+    W = p * dp * tp;
+    if (W > p && in->grads)
+        return _pp_fail(err, PP_ERR_INVALID, "dp = %d, tp = %d: every pipeline adds into gradients of its own: set rank_grads "
+                        "(p * dp * tp = %d entries), not grads", dp, tp, W);
+    if (dp > 1 && !in->model.params)
+        return _pp_fail(err, PP_ERR_INVALID, "dp = %d: the data-parallel sum finds the gradients through model.params: set it "
+                        "(PP_MODEL_PARAMS makes one)", dp);
     if (!(pl = (pp_pipeline*)_pp_calloc(1, sizeof *pl))) return _pp_fail(err, PP_ERR_NOMEM, "pipeline");
     pl->step_mu_ok = pthread_mutex_init(&pl->step_mu, NULL) == 0;
+    pl->root_mu_ok = pthread_mutex_init(&pl->root_mu, NULL) == 0;
     *out = pl; /* from here pp_pipeline_destroy cleans up */
     d = &pl->d;
     *d = _pp_pipeline_defaults(in);
-    pl->weights = (const void**)_pp_calloc((size_t)p, sizeof *pl->weights);
-    pl->grads = (void**)_pp_calloc((size_t)p, sizeof *pl->grads);
-    pl->st = (pp_stage**)_pp_calloc((size_t)p, sizeof *pl->st);
-    pl->tr = (pp_transport*)_pp_calloc((size_t)p, sizeof *pl->tr);
-    pl->rc = (pp_result*)_pp_calloc((size_t)p, sizeof *pl->rc);
-    pl->stats = (pp_step_stats*)_pp_calloc((size_t)p, sizeof *pl->stats);
-    pl->rerr = (pp_error*)_pp_calloc((size_t)p, sizeof *pl->rerr);
-    if (!pl->weights || !pl->grads || !pl->st || !pl->tr || !pl->rc || !pl->stats || !pl->rerr)
-        return _pp_fail(err, PP_ERR_NOMEM, "pipeline of %d ranks", p);
-    for (r = 0; r < p; r++) {
+    pl->W = W;
+    pl->root = -1;
+    pl->weights = (const void**)_pp_calloc((size_t)W, sizeof *pl->weights);
+    pl->grads = (void**)_pp_calloc((size_t)W, sizeof *pl->grads);
+    pl->st = (pp_stage**)_pp_calloc((size_t)W, sizeof *pl->st);
+    pl->tr = (pp_transport*)_pp_calloc((size_t)W, sizeof *pl->tr);
+    pl->rc = (pp_result*)_pp_calloc((size_t)W, sizeof *pl->rc);
+    pl->stats = (pp_step_stats*)_pp_calloc((size_t)W, sizeof *pl->stats);
+    pl->rerr = (pp_error*)_pp_calloc((size_t)W, sizeof *pl->rerr);
+    pl->b = (pp_batch*)_pp_calloc((size_t)dp, sizeof *pl->b);
+    if (!pl->weights || !pl->grads || !pl->st || !pl->tr || !pl->rc || !pl->stats || !pl->rerr || !pl->b || !pl->root_mu_ok)
+        return _pp_fail(err, PP_ERR_NOMEM, "pipeline of %d ranks", W);
+    for (r = 0; r < W; r++) {
         pl->weights[r] = in->weights ? in->weights : in->rank_weights[r];
         pl->grads[r] = in->grads ? in->grads : in->rank_grads[r];
         if (!pl->weights[r] || !pl->grads[r])
             return _pp_fail(err, PP_ERR_INVALID, "rank %d: rank_%s[%d] is NULL", r, pl->weights[r] ? "grads" : "weights", r);
     }
+    if (W > p && (rc = _pp_pipeline_places(pl, err)) != PP_OK) return rc;
     /* the schedule: the caller's copied, or made here; a kind refused with its own constraint
        ("zb-v needs v = 2 ..."), not only the numbers it cannot run */
     if (!cs && (rc = _pp_sched_check_args(d->schedule, p, d->v, d->m, err)) != PP_OK) return rc;
@@ -10736,14 +10883,17 @@ static pp_result _pp_pipeline_start(pp_pipeline* pl, const _pp_pl_world* w, pp_e
     pp_result rc;
     int r;
     pl->world = *w;
-    for (r = 0; r < pl->d.p; r++) {
+    if (pl->W > pl->d.p && !w->grid)
+        return _pp_fail(err, PP_ERR_UNSUPPORTED, "dp = %d, tp = %d: this pipeline runs one replica of p ranks (the threads "
+                        "pipeline, pp_pipeline_create, runs dp and tp)", pl->d.dp, pl->d.tp);
+    for (r = 0; r < pl->W; r++) {
         pp_stage_desc sd = pl->d.stage;
         sd.model = pl->d.model;
         sd.weights = pl->weights[r];
         sd.grads = pl->grads[r];
         sd.schedule = &pl->sched;
         sd.partition = pl->first;
-        sd.rank = r;
+        sd.rank = pl->W > pl->d.p ? pl->place[3 * r] : r;
         pl->world.rank_desc(pl->world.self, r, &sd);
         if (pl->d.rank_setup && (rc = pl->d.rank_setup(pl->d.user, r, &sd)) != PP_OK)
             return _pp_fail(err, rc, "rank %d: rank_setup returned %s", r, pp_result_str(rc));
@@ -10764,6 +10914,87 @@ static void _pp_plw_threads_desc(void* self, int rank, pp_stage_desc* d) {
 static void _pp_plw_threads_reset(void* self) { pp_threads_reset((pp_threads*)self); }
 static void _pp_plw_threads_destroy(void* self) { pp_threads_destroy((pp_threads*)self); }
 
+/* dp or tp > 1: a threads world per pipeline (p ranks; pipeline q = dp_rank * tp + tp_rank) and
+   one of every rank for the TP collectives and the dp sum (their groups' pairs never meet: a TP
+   group's ranks share a dp rank, a dp group's a TP rank). */
+typedef struct _pp_plw_grid {
+    pp_threads** pipes;             /* [n_pipes] */
+    int n_pipes;
+    pp_threads* coll;               /* W ranks */
+    const pp_pipeline* pl;
+} _pp_plw_grid;
+
+static void _pp_plw_grid_desc(void* self, int rank, pp_stage_desc* d) {
+    _pp_plw_grid* g = (_pp_plw_grid*)self;
+    const int* pl = g->pl->place + 3 * rank;
+    d->transport = pp_threads_transport(g->pipes[pl[1] * g->pl->d.tp + pl[2]], pl[0]);
+    d->tp = g->pl->d.tp > 1 ? &g->pl->tpg[rank] : NULL;
+}
+static void _pp_plw_grid_reset(void* self) {
+    _pp_plw_grid* g = (_pp_plw_grid*)self;
+    int q;
+    for (q = 0; q < g->n_pipes; q++) pp_threads_reset(g->pipes[q]);
+    pp_threads_reset(g->coll);
+}
+static void _pp_plw_grid_destroy(void* self) {
+    _pp_plw_grid* g = (_pp_plw_grid*)self;
+    int q;
+    if (!g) return;
+    for (q = 0; g->pipes && q < g->n_pipes; q++) pp_threads_destroy(g->pipes[q]);
+    pp_threads_destroy(g->coll);
+    PP_FREE(g->pipes);
+    PP_FREE(g);
+}
+/* A rank failed: every pipeline's waits, and the collectives', return PP_ERR_ABORTED. */
+static void _pp_plw_grid_abort(void* self, pp_result why, const char* msg) {
+    _pp_plw_grid* g = (_pp_plw_grid*)self;
+    pp_transport t;
+    int q;
+    for (q = 0; q < g->n_pipes; q++) {
+        t = pp_threads_transport(g->pipes[q], 0);
+        t.abort(t.self, why, msg);
+    }
+    t = pp_threads_transport(g->coll, 0);
+    t.abort(t.self, why, msg);
+}
+
+static pp_result _pp_plw_grid_make(pp_pipeline* pl, _pp_pl_world* w, pp_error* err) {
+    _pp_plw_grid* g = (_pp_plw_grid*)_pp_calloc(1, sizeof *g);
+    int q, r, tp = pl->d.tp, dp = pl->d.dp;
+    pp_result rc = PP_OK;
+    if (!g || !(g->pipes = (pp_threads**)_pp_calloc((size_t)dp * (size_t)tp, sizeof *g->pipes))) {
+        PP_FREE(g);
+        return _pp_fail(err, PP_ERR_NOMEM, "%d pipelines", dp * tp);
+    }
+    g->n_pipes = dp * tp;
+    g->pl = pl;
+    for (q = 0; q < g->n_pipes && rc == PP_OK; q++) rc = pp_threads_create(pl->d.p, &g->pipes[q], err);
+    if (rc == PP_OK) rc = pp_threads_create(pl->W, &g->coll, err);
+    if (rc != PP_OK) {
+        _pp_plw_grid_destroy(g);
+        return rc;
+    }
+    for (r = 0; r < pl->W; r++) {
+        pl->ctr[r] = pp_threads_transport(g->coll, r);
+        pl->tpg[r].t = &pl->ctr[r];
+        pl->tpg[r].ranks = pl->granks + (size_t)r * (size_t)(tp + dp);
+        pl->tpg[r].n_ranks = tp;
+#ifdef PP_TEST_PL_TP_IS_DP /* negative control (tests/test_pipeline.c "grid"): the layers get the dp group */
+        pl->tpg[r].ranks += tp;
+        pl->tpg[r].n_ranks = dp;
+#endif
+        pl->tpg[r].timeout_s = pl->d.stage.timeout_s;
+    }
+    memset(w, 0, sizeof *w);
+    w->self = g;
+    w->rank_desc = _pp_plw_grid_desc;
+    w->reset = _pp_plw_grid_reset;
+    w->destroy = _pp_plw_grid_destroy;
+    w->abort_all = _pp_plw_grid_abort;
+    w->grid = 1;
+    return PP_OK;
+}
+
 pp_result pp_pipeline_create(const pp_pipeline_desc* d, pp_pipeline** out, pp_error* err) {
     _pp_pl_world w;
     pp_threads* t = NULL;
@@ -10771,7 +11002,9 @@ pp_result pp_pipeline_create(const pp_pipeline_desc* d, pp_pipeline** out, pp_er
     if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
     *out = NULL;
     if (!d) return _pp_fail(err, PP_ERR_INVALID, "pipeline desc is NULL");
-    if ((rc = _pp_pipeline_new(d, out, err)) == PP_OK && (rc = pp_threads_create((*out)->d.p, &t, err)) == PP_OK) {
+    if ((rc = _pp_pipeline_new(d, out, err)) == PP_OK && (*out)->W > (*out)->d.p) {
+        if ((rc = _pp_plw_grid_make(*out, &w, err)) == PP_OK) rc = _pp_pipeline_start(*out, &w, err);
+    } else if (rc == PP_OK && (rc = pp_threads_create((*out)->d.p, &t, err)) == PP_OK) {
         memset(&w, 0, sizeof w);
         w.self = t;
         w.rank_desc = _pp_plw_threads_desc;
@@ -10789,7 +11022,7 @@ pp_result pp_pipeline_create(const pp_pipeline_desc* d, pp_pipeline** out, pp_er
 void pp_pipeline_destroy(pp_pipeline* pl) {
     int r;
     if (!pl) return;
-    for (r = 0; pl->st && r < pl->d.p; r++) pp_stage_destroy(pl->st[r]);
+    for (r = 0; pl->st && r < pl->W; r++) pp_stage_destroy(pl->st[r]);
     if (pl->world.destroy) pl->world.destroy(pl->world.self);
     PP_FREE(pl->acts);
     PP_FREE(pl->first);
@@ -10801,21 +11034,81 @@ void pp_pipeline_destroy(pp_pipeline* pl) {
     PP_FREE(pl->stats);
     PP_FREE(pl->rerr);
     PP_FREE(pl->events);
+    PP_FREE(pl->b);
+    PP_FREE(pl->place);
+    PP_FREE(pl->granks);
+    PP_FREE(pl->ctr);
+    PP_FREE(pl->tpg);
+    PP_FREE(pl->pbuf);
+    if (pl->root_mu_ok) pthread_mutex_destroy(&pl->root_mu);
     if (pl->step_mu_ok) pthread_mutex_destroy(&pl->step_mu);
     PP_FREE(pl);
 }
 
+#ifdef PP_TEST_PL_NO_DP_SUM /* negative control (tests/test_pipeline.c "grid"): no data-parallel sum */
+#define _PP_PL_DP_SUM 0
+#else
+#define _PP_PL_DP_SUM 1
+#endif
+
+/* dp > 1, after rank's backward: its layers' gradients summed over its dp group, buffer by
+   buffer in layer order (the same calls on every member), times dp_scale. */
+static pp_result _pp_pipeline_dp_sum(pp_pipeline* pl, int rank) {
+    const pp_model* m = &pl->d.model;
+    pp_param* pb = pl->pbuf + (size_t)rank * (size_t)pl->max_params;
+    const int* dpr = pl->granks + (size_t)rank * (size_t)(pl->d.tp + pl->d.dp) + pl->d.tp;
+    double t = pl->d.stage.timeout_s > 0 ? pl->d.stage.timeout_s : PP_DEFAULT_TIMEOUT_S;
+    pp_error e;
+    pp_result rc;
+    int l, i, n;
+    for (l = 0; l < m->n_layers && _PP_PL_DP_SUM; l++) {
+        if (pp_schedule_layer_rank(&pl->sched, pl->first, l) != pl->place[3 * rank]) continue;
+        n = m->params(m, pl->grads[rank], l, pb, pl->max_params);
+        if (n < 0 || n > pl->max_params)
+            return _pp_fail(&pl->rerr[rank], PP_ERR_INVALID,
+                            "data-parallel sum: layer %d (%s): the params hook gave %d buffers (%d at create)", l,
+                            _pp_layer_name(m, l), n, pl->max_params);
+        for (i = 0; i < n; i++) {
+            if (pb[i].count > 0 && !pb[i].data)
+                return _pp_fail(&pl->rerr[rank], PP_ERR_INVALID,
+                                "data-parallel sum: layer %d (%s) buffer %d: no data in rank_grads[%d]", l,
+                                _pp_layer_name(m, l), i, rank);
+            if (pb[i].count > 0 && (rc = pp_grad_allreduce(&pl->ctr[rank], dpr, pl->d.dp, pb[i].data, (size_t)pb[i].count,
+                                                           pb[i].dtype, pl->d.dp_scale, t, &e)) != PP_OK)
+                return _pp_fail(&pl->rerr[rank], rc, "data-parallel sum of layer %d (%s) buffer %d: %s", l,
+                                _pp_layer_name(m, l), i, _pp_msg_body(e.msg, rc));
+        }
+    }
+    return PP_OK;
+}
+
+/* A rank of a grid failed: the first that failed by itself (not aborted) stops every pipeline. */
+static void _pp_pipeline_stop_all(pp_pipeline* pl, int rank, pp_result rc) {
+    int lead;
+    if (rc == PP_ERR_ABORTED || !pl->world.abort_all) return; /* its failure's own rank does it */
+    pthread_mutex_lock(&pl->root_mu);
+    lead = pl->root < 0;
+    if (lead) pl->root = rank;
+    pthread_mutex_unlock(&pl->root_mu);
+    if (lead) pl->world.abort_all(pl->world.self, rc, pl->rerr[rank].msg[0] ? pl->rerr[rank].msg : pp_stage_error(pl->st[rank]));
+}
+
 static pp_result _pp_pipeline_rank(int rank, void* user) {
     pp_pipeline* pl = (pp_pipeline*)user;
+    int grid = pl->W > pl->d.p;
+    const pp_batch* b = &pl->b[grid ? pl->place[3 * rank + 1] : 0];
     pp_result rc = PP_OK;
     if (pl->world.enter && (rc = pl->world.enter(pl->world.self, rank, &pl->rerr[rank])) != PP_OK) {
         /* the others would wait for this rank until their deadline */
         if (pl->tr[rank].abort) pl->tr[rank].abort(pl->tr[rank].self, rc, pl->rerr[rank].msg);
-    } else if (pl->eval) {
-        rc = pp_stage_eval(pl->st[rank], &pl->b, pl->ev_out, &pl->stats[rank]);
+    } else if (pl->eval) { /* a grid: the outputs of replica 0's TP rank 0 */
+        rc = pp_stage_eval(pl->st[rank], b, grid && (pl->place[3 * rank + 1] || pl->place[3 * rank + 2]) ? NULL : pl->ev_out,
+                           &pl->stats[rank]);
     } else {
-        rc = pp_stage_step(pl->st[rank], &pl->b, &pl->stats[rank]);
+        rc = pp_stage_step(pl->st[rank], b, &pl->stats[rank]);
+        if (rc == PP_OK && pl->d.dp > 1) rc = _pp_pipeline_dp_sum(pl, rank);
     }
+    if (rc != PP_OK && grid) _pp_pipeline_stop_all(pl, rank, rc);
     return pl->rc[rank] = rc;
 }
 
@@ -10890,16 +11183,17 @@ static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_s
     if (stats) memset(stats, 0, sizeof *stats);
     pl->err.code = PP_OK;
     pl->err.msg[0] = 0;
-    for (r = 0; r < pl->d.p; r++) {
+    pl->root = -1;
+    for (r = 0; r < pl->W; r++) {
         pl->rc[r] = _PP_NOT_RUN;
         pl->rerr[r].msg[0] = 0;
         memset(&pl->stats[r], 0, sizeof pl->stats[r]);
     }
     rc = _pp_pipeline_step_run(pl, b, stats);
-    for (r = 0; r < pl->d.p; r++)
+    for (r = 0; r < pl->W; r++)
         if (pl->rc[r] == _PP_NOT_RUN) pl->rc[r] = rc;
 #ifdef PP_TEST_NO_NOT_RUN /* negative control (tests/test_soak.c): ranks that did not run say PP_OK */
-    for (r = 0; r < pl->d.p && rc != PP_OK; r++)
+    for (r = 0; r < pl->W && rc != PP_OK; r++)
         if (pl->rc[r] == rc) pl->rc[r] = PP_OK;
 #endif
     return rc;
@@ -10908,32 +11202,41 @@ static pp_result _pp_pipeline_step(pp_pipeline* pl, const pp_batch* b, pp_step_s
 static pp_result _pp_pipeline_step_run(pp_pipeline* pl, const pp_batch* b, pp_step_stats* stats) {
     pp_error e;
     pp_result rc, end_rc = PP_OK;
-    int r, first = -1, not_run = 0;
+    int r, i, first = -1, not_run = 0, grid = pl->W > pl->d.p;
     if (!b) return _pp_fail(&pl->err, PP_ERR_INVALID, "batch is NULL");
     if (pl->stuck)
         return _pp_fail(&pl->err, PP_ERR_UNSUPPORTED,
                         "a failed step may have left receives posted, and rank %d's transport cannot withdraw them "
                         "(pp_transport.cancel is NULL): destroy the pipeline and create it again",
                         pl->stuck - 1);
-    pl->b = *b;
-    if (pl->b.m == 0) pl->b.m = pl->sched.m;
-    if (pl->b.m != pl->sched.m)
-        return _pp_fail(&pl->err, PP_ERR_INVALID, "the batch has m = %d micro-batches, the pipeline's schedule %d (leave it 0)",
-                        b->m, pl->sched.m);
+    for (i = 0; i < pl->d.dp; i++) {
+        pl->b[i] = b[i];
+        if (pl->b[i].m == 0) pl->b[i].m = pl->sched.m;
+        if (pl->b[i].m != pl->sched.m)
+            return _pp_fail(&pl->err, PP_ERR_INVALID, "the batch%s has m = %d micro-batches, the pipeline's schedule %d (leave it 0)",
+                            pl->d.dp > 1 ? (i ? " of a replica" : " of replica 0") : "", b[i].m, pl->sched.m);
+    }
     if (pl->world.begin && (rc = pl->world.begin(pl->world.self, &pl->err)) != PP_OK) return rc;
     e.msg[0] = 0;
-    rc = pp_threads_run(pl->d.p, _pp_pipeline_rank, pl, &e);
+    rc = pp_threads_run(pl->W, _pp_pipeline_rank, pl, &e);
     if (pl->world.end) end_rc = pl->world.end(pl->world.self, rc == PP_OK ? &e : NULL);
     if (rc == PP_OK && end_rc != PP_OK) rc = end_rc;
     if (rc != PP_OK) {
         /* the first failure, not a rank that only heard of it; where a rank did not run (its
            thread not started), why it did not */
-        for (r = 0; r < pl->d.p; r++) not_run += pl->rc[r] == _PP_NOT_RUN;
-        for (r = 0; r < pl->d.p && first < 0 && !not_run; r++)
+        for (r = 0; r < pl->W; r++) not_run += pl->rc[r] == _PP_NOT_RUN;
+        if (!not_run && pl->root >= 0 && pl->rc[pl->root] != PP_OK) first = pl->root; /* a grid's: it stopped the rest */
+        for (r = 0; r < pl->W && first < 0 && !not_run; r++)
             if (pl->rc[r] != PP_OK && pl->rc[r] != PP_ERR_ABORTED) first = r;
-        for (r = 0; r < pl->d.p && first < 0 && !not_run; r++)
+        for (r = 0; r < pl->W && first < 0 && !not_run; r++)
             if (pl->rc[r] != PP_OK) first = r;
-        if (first >= 0) { /* "rank 2 of 4 failed first at F0.0 (stage 2): ...", the rank said once */
+        if (first >= 0 && grid) { /* "rank 5 of 8 (pp 1, dp 0, tp 1) failed first: ..." */
+            const char* body = _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
+                                            pl->rc[first]);
+            size_t k = _pp_names_rank(body, pl->place[3 * first]); /* its stage's "rank 1": the pp rank, said once */
+            rc = _pp_fail(&pl->err, pl->rc[first], "rank %d of %d (pp %d, dp %d, tp %d) failed first%s%s", first, pl->W,
+                          pl->place[3 * first], pl->place[3 * first + 1], pl->place[3 * first + 2], k ? "" : ": ", body + k);
+        } else if (first >= 0) { /* "rank 2 of 4 failed first at F0.0 (stage 2): ...", the rank said once */
             const char* body = _pp_msg_body(pl->rerr[first].msg[0] ? pl->rerr[first].msg : pp_stage_error(pl->st[first]),
                                             pl->rc[first]);
             size_t k = _pp_names_rank(body, first);
@@ -10941,12 +11244,27 @@ static pp_result _pp_pipeline_step_run(pp_pipeline* pl, const pp_batch* b, pp_st
                           body + k);
         } else /* e's message has the code already: "out of memory: threads for 4 ranks" once */
             rc = _pp_fail(&pl->err, rc, "%s", e.msg[0] ? _pp_msg_body(e.msg, rc) : "no message");
+        /* a grid: pipelines that finished did so for a step that failed elsewhere */
+        for (r = 0; r < pl->W && grid; r++)
+            if (pl->rc[r] == PP_OK) pl->rc[r] = PP_ERR_ABORTED;
         pl->world.reset(pl->world.self);
-        for (r = 0; r < pl->d.p && !pl->stuck; r++)
+        for (r = 0; r < pl->W && !pl->stuck; r++)
             if (!pl->tr[r].cancel) pl->stuck = r + 1;
         return rc;
     }
-    if (stats) _pp_stats_merge(pl->stats, pl->d.p, stats);
+    if (stats) _pp_stats_merge(pl->stats, pl->W, stats);
+    if (stats && grid) { /* the replicas' losses in replica order, over dp */
+        float loss = 0;
+        int has = 0;
+        for (i = 0; i < pl->d.dp; i++)
+            for (r = 0; r < pl->W; r++)
+                if (pl->stats[r].has_loss && pl->place[3 * r + 1] == i && pl->place[3 * r + 2] == 0) {
+                    loss = has ? loss + pl->stats[r].loss : pl->stats[r].loss;
+                    has = 1;
+                }
+        stats->loss = has ? loss / (float)pl->d.dp : 0;
+        stats->has_loss = has;
+    }
     return PP_OK;
 }
 
@@ -10954,7 +11272,7 @@ const char* pp_pipeline_error(const pp_pipeline* pl) { return pl ? pl->err.msg :
 
 pp_result pp_pipeline_rank_result(const pp_pipeline* pl, int rank, pp_step_stats* stats) {
     if (stats) memset(stats, 0, sizeof *stats);
-    if (!pl || rank < 0 || rank >= pl->d.p) return PP_ERR_INVALID;
+    if (!pl || rank < 0 || rank >= pl->W) return PP_ERR_INVALID;
     if (stats) *stats = pl->stats[rank];
     return pl->rc[rank];
 }
@@ -10964,7 +11282,7 @@ const pp_event* pp_pipeline_timeline(pp_pipeline* pl, size_t* n) {
     int r;
     if (n) *n = 0;
     if (!pl) return NULL;
-    for (r = 0; r < pl->d.p; r++) {
+    for (r = 0; r < pl->W; r++) {
         pp_stage_timeline(pl->st[r], &k);
         need += k;
     }
@@ -10975,7 +11293,7 @@ const pp_event* pp_pipeline_timeline(pp_pipeline* pl, size_t* n) {
         pl->events = ev;
         pl->cap_events = need;
     }
-    for (got = 0, r = 0; r < pl->d.p; r++) {
+    for (got = 0, r = 0; r < pl->W; r++) {
         const pp_event* ev = pp_stage_timeline(pl->st[r], &k);
         if (ev && k) memcpy(pl->events + got, ev, k * sizeof *ev);
         got += ev ? k : 0;
@@ -10986,8 +11304,9 @@ const pp_event* pp_pipeline_timeline(pp_pipeline* pl, size_t* n) {
 
 const pp_schedule* pp_pipeline_schedule(const pp_pipeline* pl) { return pl ? &pl->sched : NULL; }
 const int* pp_pipeline_partition(const pp_pipeline* pl) { return pl ? pl->first : NULL; }
-pp_stage* pp_pipeline_stage(pp_pipeline* pl, int rank) { return pl && rank >= 0 && rank < pl->d.p ? pl->st[rank] : NULL; }
+pp_stage* pp_pipeline_stage(pp_pipeline* pl, int rank) { return pl && rank >= 0 && rank < pl->W ? pl->st[rank] : NULL; }
 pp_threads* pp_pipeline_threads(pp_pipeline* pl) {
+    if (pl && pl->world.destroy == _pp_plw_grid_destroy) return ((_pp_plw_grid*)pl->world.self)->pipes[0];
     return pl && pl->world.destroy == _pp_plw_threads_destroy ? (pp_threads*)pl->world.self : NULL;
 }
 

@@ -19,7 +19,7 @@
                    [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--lr-min 3e-4] [--warmup 10]
                    [--wd 0.1] [--optim adam|sgd] [--clip 1.0] [--eval-every 10] [--eval-seqs 128]
                    [--split seqs|tokens|cost] [--dtype f32|bf16] [--trace FILE.json] [--check]
-                   [--save FILE] [--resume FILE] [--check-resume]
+                   [--save FILE] [--resume FILE] [--check-resume] [--dp N]
 
    --layers counts transformer blocks (default 4, or p*v - 2 when the stages need more layers).
    The text is FILE, else README.md in the current directory if there is one, else a generated
@@ -53,7 +53,17 @@
    (say --schedule interleaved -p 4 -v 2), saves (to --save FILE, else in memory), resumes at
    p = 2 1F1B for the second half, and requires weights and moments to equal, bit for bit, those
    of all --steps uninterrupted at p = 2 1F1B on the same batches (exit 1 if not). The optimizer
-   is elementwise and the gradients are bit-identical across schedules, so they must. */
+   is elementwise and the gradients are bit-identical across schedules, so they must.
+
+   --dp N: N data-parallel replicas of the pipeline in this process (pp_pipeline_desc.dp: p * N
+   threads, no grid code). Each step's --seqs-per-step sequences are cut into N shares of whole
+   sequences (replica i takes sequences [i S / N, (i + 1) S / N)); each replica's gradient is the
+   token-weighted mean over its share, and the step leaves every replica's gradients holding the
+   mean over the replicas (the dp sum inside the step, found through pp_model.params). The
+   replicas read one copy of the weights; each adds into a gradient buffer of its own. With
+   --check, the expected gradients are pp_sequential_step's on each share, added in replica order
+   and divided by N: the pipelined loss (the replicas' mean) and every layer's gradient must
+   equal them bit for bit. --dp 1 is the program without it, line for line. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "gpt.h"
@@ -65,6 +75,9 @@
 #include <string.h>
 #include <time.h>
 
+/* --dp N (1: none). */
+static int g_dp = 1;
+
 /* The held-out batches through the pipeline's forward-only step after steps_done steps, and
    their line; with check, against pp_sequential_eval (*differ set when they differ). 0 on
    success, 1 when an evaluation failed. */
@@ -74,8 +87,10 @@ static int evaluate(const gpt_opts* c, gpt_trainer* T, pp_pipeline* pl, const pp
     pp_step_stats st;
     int i;
     for (i = 0; i < T->n_val; i++) {
-        pp_batch b = gpt_step_batch(c, &T->val[i]);
-        if (pp_pipeline_eval(pl, &b, NULL, &st) != PP_OK) {
+        pp_batch b[PP_MAX_RANKS]; /* --dp: every replica evaluates the batch (their mean is its loss) */
+        int k;
+        for (k = 0; k < g_dp; k++) b[k] = gpt_step_batch(c, &T->val[i]);
+        if (pp_pipeline_eval(pl, b, NULL, &st) != PP_OK) {
             fprintf(stderr, "evaluation after %d steps: %s\n", steps_done, pp_pipeline_error(pl));
             return 1;
         }
@@ -84,6 +99,46 @@ static int evaluate(const gpt_opts* c, gpt_trainer* T, pp_pipeline* pl, const pp
     gpt_val_print(T, steps_done, gpt_now() - t0);
     if (check && gpt_val_check(T, c, m, steps_done)) *differ = 1;
     return 0;
+}
+
+/* --dp: replica i's share of a step's packed batch: sequences [i S / dp, (i + 1) S / dp), its
+   cu_seqlens rebased into cu (n_seqs / dp + 2 entries at most). */
+static pp_batch replica_batch(const gpt_opts* c, const gpt_step* sd, int dp, int i, int32_t* cu) {
+    pp_batch b = gpt_step_batch(c, sd);
+    int s0 = (int)((int64_t)sd->n_seqs * i / dp), s1 = (int)((int64_t)sd->n_seqs * (i + 1) / dp), k;
+    if (dp == 1) return b;
+    for (k = s0; k <= s1; k++) cu[k - s0] = sd->cu[k] - sd->cu[s0];
+    b.input.data = sd->tokens + sd->cu[s0];
+    b.input.rows = sd->cu[s1] - sd->cu[s0];
+    b.targets = sd->targets + sd->cu[s0];
+    b.cu_seqlens = cu;
+    b.n_seqs = s1 - s0;
+    return b;
+}
+
+/* --dp --check: the expected gradients of a step's shares: pp_sequential_step on each into its
+   own buffer, added in replica order, times 1 / dp (the pipeline's dp sum and scale), into
+   T->grefbuf; the loss the same way. 0 on success. */
+static int dp_reference(gpt_trainer* T, const gpt_opts* c, const pp_model* m, const gpt_step* sd, int dp, int32_t* cu) {
+    float* acc = (float*)calloc(T->n_params, sizeof(float));
+    float loss = 0;
+    size_t j;
+    int i, rc = 1;
+    if (!acc) return 1;
+    for (i = 0; i < dp; i++) {
+        pp_batch b = replica_batch(c, sd, dp, i, cu);
+        free(T->grefbuf); /* gpt_trainer_reference allocates it anew */
+        T->grefbuf = NULL;
+        if (gpt_trainer_reference(T, m, &b)) goto done;
+        for (j = 0; j < T->n_params; j++) acc[j] = i ? acc[j] + T->grefbuf[j] : T->grefbuf[j];
+        loss = i ? loss + T->ref_loss : T->ref_loss;
+    }
+    for (j = 0; j < T->n_params; j++) T->grefbuf[j] = acc[j] * (float)(1.0 / dp);
+    T->ref_loss = loss / (float)dp;
+    rc = 0;
+done:
+    free(acc);
+    return rc;
 }
 
 /* Steps [from, to) of T's batches on a pipeline of (kind, p, v), then the summary; 0 on success. */
@@ -100,6 +155,13 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     gpt_opts part = *c;
     unsigned char rflags[GPT_MAX_BLOCK + 2]; /* --recompute */
     size_t peak = 0;                         /* the most stash bytes one rank held in a step */
+    int dp = g_dp, r, i;
+    const void** rw = NULL;                  /* --dp: every rank reads T->w */
+    void** rg = NULL;                        /* --dp: replica 0 adds into T->g, replica i > 0 into gx[i] */
+    gpt_model* gx = NULL;
+    float* gxbuf = NULL;
+    int32_t* cu = NULL;                      /* --dp: a share's rebased cu_seqlens */
+    pp_batch* bs = NULL;
     /* the pipeline; stages partitioned by describe()'s cost on one sequence of the corpus'
        attention length */
     memset(&d, 0, sizeof d);
@@ -107,6 +169,27 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     d.model = gpt_model_for(kind, c->layers); /* split blocks where the schedule has W */
     d.weights = &T->w;
     d.grads = &T->g;
+    if (dp > 1) { /* p * dp ranks: rank r = pp_rank * dp + dp_rank (tp = 1) */
+        rw = (const void**)calloc((size_t)(p * dp), sizeof *rw);
+        rg = (void**)calloc((size_t)(p * dp), sizeof *rg);
+        gx = (gpt_model*)calloc((size_t)dp, sizeof *gx);
+        gxbuf = (float*)calloc(T->n_params * (size_t)(dp - 1), sizeof(float));
+        cu = (int32_t*)calloc((size_t)c->seqs / (size_t)dp + 2, sizeof *cu);
+        bs = (pp_batch*)calloc((size_t)dp, sizeof *bs);
+        if (!rw || !rg || !gx || !gxbuf || !cu || !bs) {
+            fprintf(stderr, "out of memory\n");
+            goto cleanup;
+        }
+        for (i = 1; i < dp; i++) gpt_bind(&gx[i], &T->gc, gxbuf + T->n_params * (size_t)(i - 1));
+        for (r = 0; r < p * dp; r++) {
+            rw[r] = &T->w;
+            rg[r] = r % dp ? (void*)&gx[r % dp] : (void*)&T->g;
+        }
+        d.weights = d.grads = NULL;
+        d.rank_weights = rw;
+        d.rank_grads = rg;
+        d.dp = dp; /* the mean over the replicas (dp_scale 0) */
+    }
     d.schedule = kind;
     d.p = p;
     d.v = v;
@@ -125,26 +208,50 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     printf("%s p=%d v=%d m=%d, %d sequences per step split by %s%s\n", pp_schedule_name(kind), p,
            pp_pipeline_schedule(pl)->v, c->m, c->seqs,
            c->split == PP_SPLIT_SEQS ? "count" : c->split == PP_SPLIT_TOKENS ? "tokens" : "cost", from ? ", resumed" : "");
+    if (dp > 1)
+        printf("data parallel: %d replicas of the pipeline (%d threads), %d sequences each per step, gradients averaged "
+               "over the replicas inside the step\n", dp, p * dp, c->seqs / dp);
     pp_partition_print(stdout, &d.model, pp_pipeline_partition(pl), pp_pipeline_schedule(pl)->n_stages, NULL);
     gpt_grad_bufs(T, 0, d.model.n_layers, bufs, &nb); /* every layer: one process holds them all */
 
     t0 = gpt_now();
     for (step = from; step < to; step++) {
         pp_batch b = gpt_step_batch(c, &T->steps[step]);
-        if (pp_pipeline_step(pl, &b, &st) != PP_OK) {
+        pp_result src;
+        if (dp > 1) { /* replica i's share in bs[i] (its cu_seqlens are copied at the step) */
+            int32_t* cus = (int32_t*)calloc(((size_t)c->seqs / (size_t)dp + 2) * (size_t)dp, sizeof *cus);
+            if (!cus) {
+                fprintf(stderr, "out of memory\n");
+                goto cleanup;
+            }
+            for (i = 0; i < dp; i++) bs[i] = replica_batch(c, &T->steps[step], dp, i, cus + (size_t)i * ((size_t)c->seqs / (size_t)dp + 2));
+            src = pp_pipeline_step(pl, bs, &st);
+            free(cus);
+        } else {
+            src = pp_pipeline_step(pl, &b, &st);
+        }
+        if (src != PP_OK) {
             fprintf(stderr, "step %d: %s\n", step, pp_pipeline_error(pl));
             goto cleanup;
         }
         if (c->check && step == 0) {
-            if (gpt_trainer_reference(T, &d.model, &b)) goto cleanup;
+            if (dp > 1 ? dp_reference(T, c, &d.model, &T->steps[step], dp, cu) : gpt_trainer_reference(T, &d.model, &b))
+                goto cleanup;
             for (l = 0; l < d.model.n_layers; l++) bad += gpt_trainer_differs(T, &d.model, l);
+            for (i = 1; i < dp; i++) /* every replica holds the same mean */
+                if (memcmp(gxbuf + T->n_params * (size_t)(i - 1), T->gbuf, T->n_params * sizeof(float))) {
+                    fprintf(stderr, "check: replica %d's gradients differ from replica 0's\n", i);
+                    bad++;
+                }
         }
         if (c->clip > 0 && pp_pipeline_grad_clip(pl, bufs, nb, c->clip, &norm, &err) != PP_OK) {
             fprintf(stderr, "step %d: %s\n", step, err.msg);
             goto cleanup;
         }
-        /* at gpt_lr(c, step), decaying where T->decay says; zeroes the gradients */
+        /* at gpt_lr(c, step), decaying where T->decay says; zeroes the gradients (--dp: replica 0's,
+           which every replica's equal; the others' are zeroed here) */
         gpt_optimize(c, T->wbuf, T->gbuf, T->m1, T->m2, T->decay, T->n_params, step);
+        if (dp > 1) memset(gxbuf, 0, T->n_params * (size_t)(dp - 1) * sizeof(float));
         T->loss[step] = st.loss;
         gpt_traffic_add(&tr, &st);
         gpt_pipeline_peak(pl, p, &peak);
@@ -173,6 +280,12 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     rc = (c->check && from == 0 ? gpt_trainer_verdict(T, bad) : 0) || val_differ;
 cleanup:
     pp_pipeline_destroy(pl);
+    free(rw);
+    free(rg);
+    free(gx);
+    free(gxbuf);
+    free(cu);
+    free(bs);
     return rc;
 }
 
@@ -247,8 +360,20 @@ int main(int argc, char** argv) {
     gpt_trainer T;
     pp_model m;
     int rc, from = 0;
+    int i, k;
+    for (i = k = 1; i < argc; i++) { /* --dp N is this program's (gpt_opts are shared with gpt_mpi) */
+        if (!strcmp(argv[i], "--dp") && i + 1 < argc) g_dp = atoi(argv[++i]);
+        else argv[k++] = argv[i];
+    }
+    argc = k;
     if (gpt_opts_parse(argc, argv, &c) || gpt_opts_check(&c)) {
         gpt_opts_usage("gpt_cpu");
+        fprintf(stderr, "       [--dp N]\n");
+        return 2;
+    }
+    if (g_dp < 1 || c.p * g_dp > PP_MAX_RANKS || c.seqs / g_dp < c.m) {
+        fprintf(stderr, "--dp %d: need 1 <= dp, p * dp <= %d and --seqs-per-step / dp >= m (%d / %d < %d)\n", g_dp,
+                PP_MAX_RANKS, c.seqs, g_dp > 0 ? g_dp : 1, c.m);
         return 2;
     }
     if (c.check_resume) return check_resume(&c);

@@ -355,6 +355,16 @@ static void test_refused(void) {
     cd.n_ranks = 2;
     CHECK(pp_cuda_pipeline_create(&d, &cd, &pl, &err) == PP_OK, "BROADCAST: %s", err.msg);
     pp_pipeline_destroy(pl);
+    /* dp and tp are the threads pipeline's */
+    d.grads = NULL;
+    d.rank_grads = GPTR;
+    d.tp = 2;
+    pl = NULL;
+    CHECK(pp_cuda_pipeline_create(&d, &cd, &pl, &err) == PP_ERR_UNSUPPORTED && !pl && strstr(err.msg, "tp = 2"), "tp 2: %s",
+          err.msg);
+    d.tp = 0;
+    d.rank_grads = NULL;
+    d.grads = GPTR[0];
     /* a threads pipeline is not a CUDA one */
     d.model = mlp_model_desc();
     d.stage.layer_ctx = NULL;

@@ -3,7 +3,19 @@
    Every built-in schedule runs each stage's backwards in ascending micro-batch order, which is
    the order of the sequential reference, so each gradient element is the same sum of the same
    products in the same order: we compare with memcmp, not a tolerance. Each rank has its own
-   gradient buffers, and a rank must leave the layers it does not own untouched (zero). */
+   gradient buffers, and a rank must leave the layers it does not own untouched (zero).
+
+   grid (also alone: test_pipeline grid): pp_pipeline with dp and tp (pp_pipeline_desc.dp, .tp)
+   over every kind, p = 1..3, dp and tp in {1, 2}, with a row-parallel model whose layers reach
+   their TP group as io->tp. Small integers: the dp = 2 run's gradients on every rank equal the
+   sequential model's on each half of the data, added and halved (dp_scale 1: added), bit for
+   bit; tp = 2's rows equal the unsplit model's; the loss is the replicas' mean; the norm of
+   replica 0's buffers is the sequential one's. Where dp or tp > 1 (a rotation under the
+   sanitizers) a layer's failure or (p > 1) a send's is injected on one rank: the step fails
+   with that rank named, every rank's result is an error, no rank waits for its deadline, and
+   the next step is bit-exact. Bad dp, tp, dp_scale, shared gradients and a missing params
+   hook are refused. Negative controls (build/tp-controls): -DPP_TEST_PL_NO_DP_SUM skips the dp
+   sum, -DPP_TEST_PL_TP_IS_DP gives the layers the dp group as io->tp: both fail here. */
 #ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
 #endif
@@ -11,6 +23,7 @@
 #include "../examples/mlp.h"
 #include "test.h"
 #include "harness.h"
+#include <time.h>
 
 #define ROWS 33
 static const int DIMS[MLP_DEPTH + 1] = HX_DIMS;
@@ -105,8 +118,397 @@ static void test_accumulate_two_steps(void) {
     hx_mlp_free(&f);
 }
 
-int main(void) {
+
+/* ---- grid: the one-process pipeline with dp and tp (pp_pipeline_desc.dp, .tp) ----------------- */
+/* Model: GL - 1 row-parallel linears x (rows, GK) -> y (rows, GK), then a squared error. A TP rank
+   t of n holds rows [t * GK / n, (t + 1) * GK / n) of each W in its first GK / n rows; it
+   multiplies its columns of x by them and all-reduces over io->tp (forward: y; backward: dx).
+   With io->tp NULL (pp_sequential_step, tp = 1) it is the whole matrix. Small integers and
+   dyadic scales: every sum is exact, so any association gives the same bits. */
+#define GL 9
+#define GK 4
+#define GR 2 /* rows per micro-batch */
+#define GMAXM 8
+typedef struct gmodel {
+    float w[GL - 1][GK * GK];
+} gmodel;
+
+static int g_fwd(const void* wv, int l, pp_layer_io* io) {
+    const gmodel* w = (const gmodel*)wv;
+    const float* x = (const float*)io->in[0].data; /* (rows, GK) */
+    int64_t r, rows = io->in[0].rows;
+    int t = pp_group_rank(io->tp), kh = GK / pp_group_size(io->tp), k, j;
+    const int* fault = (const int*)io->model->ctx; /* {armed world rank, -1} */
+    pp_error err;
+    if (fault && io->ctx && *(const int*)io->ctx == fault[0]) return 7; /* the injected failure */
+    if (l == GL - 1) {
+        const float* tg = (const float*)io->mb->targets;
+        float acc = 0;
+        for (r = 0; r < rows * GK; r++) acc += (x[r] - tg[r]) * (x[r] - tg[r]);
+        io->loss = acc / (float)rows;
+        return 0;
+    }
+    {
+        float* y = (float*)io->out[0].data;
+        for (r = 0; r < rows; r++)
+            for (j = 0; j < GK; j++) {
+                float a = 0;
+                for (k = 0; k < kh; k++) a += x[r * GK + t * kh + k] * w->w[l][k * GK + j];
+                y[r * GK + j] = a;
+            }
+        return pp_tp_allreduce(io->tp, y, (size_t)rows * GK, PP_F32, &err) == PP_OK ? 0 : 4;
+    }
+}
+
+static int g_bwd(const void* wv, void* gv, int l, pp_layer_io* io) {
+    const gmodel* w = (const gmodel*)wv;
+    gmodel* g = (gmodel*)gv;
+    const float* x = (const float*)io->in[0].data;
+    float* dx = (float*)io->d_in[0].data;
+    int64_t r, rows = io->in[0].rows;
+    int t = pp_group_rank(io->tp), kh = GK / pp_group_size(io->tp), k, j;
+    pp_error err;
+    if (l == GL - 1) {
+        const float* tg = (const float*)io->mb->targets;
+        for (r = 0; r < rows * GK; r++) dx[r] = 2.0f * (x[r] - tg[r]) / (float)rows * io->mb->loss_scale;
+        return 0;
+    }
+    {
+        const float* dy = (const float*)io->d_out[0].data;
+        for (k = 0; k < kh; k++)
+            for (j = 0; j < GK; j++) {
+                float a = 0;
+                for (r = 0; r < rows; r++) a += x[r * GK + t * kh + k] * dy[r * GK + j];
+                g->w[l][k * GK + j] += a;
+            }
+        if (!dx) return 0;
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < GK; k++) {
+                float a = 0;
+                int kk = k - t * kh;
+                if (kk >= 0 && kk < kh)
+                    for (j = 0; j < GK; j++) a += dy[r * GK + j] * w->w[l][kk * GK + j];
+                dx[r * GK + k] = a;
+            }
+        return pp_tp_allreduce(io->tp, dx, (size_t)rows * GK, PP_F32, &err) == PP_OK ? 0 : 4;
+    }
+}
+
+static void g_desc(const void* w, int l, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
+    (void)w, (void)mb, (void)n_in;
+    d->n_out = l == GL - 1 ? 0 : 1;
+    d->out[0].rows = in[0].rows;
+    d->out[0].cols = GK;
+    d->out[0].dtype = PP_F32;
+    d->n_params = l == GL - 1 ? 0 : GK * GK;
+}
+static const char* g_name(int l) { return l == GL - 1 ? "loss" : "rowpar"; }
+static int g_params(const pp_model* m, const void* wv, int l, pp_param* out, int cap) {
+    gmodel* w = (gmodel*)wv;
+    (void)m;
+    if (l < 0 || l >= GL) return -1;
+    if (l == GL - 1) return 0;
+    if (cap > 0) out[0] = pp_param_of(w ? w->w[l] : NULL, GK * GK, PP_F32);
+    return 1;
+}
+static pp_model g_model(void) {
+    pp_model m;
+    memset(&m, 0, sizeof m);
+    m.name = "rowpar-grid";
+    m.n_layers = GL;
+    m.forward = g_fwd;
+    m.backward = g_bwd;
+    m.describe = g_desc;
+    m.layer_name = g_name;
+    m.params = g_params;
+    return m;
+}
+
+static double g_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static float GX[2 * GMAXM * GR * GK], GT[2 * GMAXM * GR * GK];
+static gmodel GW1, GWT[2][2]; /* the whole weights; [tp - 1][t]: TP rank t's rows */
+
+static void g_init(void) {
+    int i, l, k, t, n;
+    for (i = 0; i < 2 * GMAXM * GR * GK; i++) {
+        GX[i] = (float)((i * 7 + 3) % 5 - 2);
+        GT[i] = (float)((i * 5 + 1) % 7 - 3);
+    }
+    memset(&GW1, 0, sizeof GW1);
+    for (l = 0; l < GL - 1; l++)
+        for (k = 0; k < GK; k++) {
+            GW1.w[l][k * GK + (k + l) % GK] = 1;
+            if (l % 2 == 0) GW1.w[l][k * GK + (k + l + 1) % GK] = (k & 1) ? -1.0f : 1.0f;
+        }
+    memset(GWT, 0, sizeof GWT);
+    for (n = 1; n <= 2; n++)
+        for (t = 0; t < n; t++)
+            for (l = 0; l < GL - 1; l++)
+                memcpy(GWT[n - 1][t].w[l], GW1.w[l] + t * (GK / n) * GK, sizeof(float) * (size_t)(GK / n) * GK);
+}
+
+static void g_batch(pp_batch* b, int m, int half) {
+    memset(b, 0, sizeof *b);
+    b->m = m;
+    b->input.data = GX + (size_t)half * m * GR * GK;
+    b->input.rows = m * GR;
+    b->input.cols = GK;
+    b->input.dtype = PP_F32;
+    b->targets = GT + (size_t)half * m * GR * GK;
+    b->target_row_bytes = GK * sizeof(float);
+}
+
+/* rank_setup: the world rank as layer_ctx (the injected layer failure finds its rank), and a
+   transport that fails its sends while fail is set. */
+typedef struct gwrap {
+    pp_transport inner;
+    int fail;
+} gwrap;
+static gwrap GWR[PP_MAX_RANKS];
+static int G_SAID[2];
+static int GRANK[PP_MAX_RANKS];
+static pp_result gw_isend(void* self, int peer, int tag, const void* buf, size_t bytes, pp_request* req) {
+    gwrap* w = (gwrap*)self;
+    if (w->fail) return PP_ERR_TRANSPORT;
+    return w->inner.isend(w->inner.self, peer, tag, buf, bytes, req);
+}
+static pp_result gw_irecv(void* self, int peer, int tag, void* buf, size_t bytes, pp_request* req) {
+    gwrap* w = (gwrap*)self;
+    return w->inner.irecv(w->inner.self, peer, tag, buf, bytes, req);
+}
+static pp_result g_setup(void* user, int rank, pp_stage_desc* d) {
+    gwrap* w = &GWR[rank];
+    (void)user;
+    GRANK[rank] = rank;
+    d->layer_ctx = &GRANK[rank];
+    w->inner = d->transport;
+    w->fail = 0;
+    memset(&d->transport, 0, sizeof d->transport);
+    d->transport.self = w;
+    d->transport.rank = w->inner.rank;
+    d->transport.size = w->inner.size;
+    d->transport.isend = gw_isend;
+    d->transport.irecv = gw_irecv;
+    d->transport.wait = hx_fw_wait;
+    d->transport.abort = hx_fw_abort;
+    d->transport.cancel = hx_fw_cancel;
+    return PP_OK;
+}
+
+/* Every rank's gradients against the expected: rank r (pp_rank, dp_rank, tp_rank as
+   PP_GRID_DP_INNER places it) holds, for each layer it owns, its TP rows of exp, zeros elsewhere. */
+static int g_grads_match(gmodel* G, int W, int p, int dp, int tp, const pp_schedule* s, const int* first,
+                         const gmodel* exp, const char* where) {
+    int r, l, ok = 1;
+    for (r = 0; r < W && ok; r++) {
+        int pr = r / (dp * tp), t = r % tp, kh = GK / tp;
+        for (l = 0; l < GL - 1 && ok; l++) {
+            float want[GK * GK];
+            memset(want, 0, sizeof want);
+            if (pp_schedule_layer_rank(s, first, l) == pr)
+                memcpy(want, exp->w[l] + t * kh * GK, sizeof(float) * (size_t)kh * GK);
+            if (memcmp(want, G[r].w[l], sizeof want) != 0) {
+                int i = 0;
+                while (i < GK * GK - 1 && want[i] == G[r].w[l][i]) i++;
+                CHECK(0, "%s: rank %d (pp %d, dp %d, tp %d) layer %d element %d: %g, expected %g", where, r, pr,
+                      r / tp % dp, t, l, i, (double)G[r].w[l][i], (double)want[i]);
+                ok = 0;
+            }
+        }
+    }
+    (void)p;
+    return ok;
+}
+
+static void grid_case(int kind, int p, int m, int dp, int tp, double dp_scale, int inject, int fail_rank,
+                      const gmodel* exp, float loss_exp, int* good) {
+    static gmodel G[PP_MAX_RANKS];
+    static const void* rw[PP_MAX_RANKS];
+    static void* rg[PP_MAX_RANKS];
+    int fault[2] = {-1, -1};
+    int W = p * dp * tp, r, ok = 1, i;
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    pp_batch b[2];
+    pp_step_stats st;
+    pp_error err;
+    pp_result rc;
+    char where[160];
+    snprintf(where, sizeof where, "grid %s p=%d m=%d dp=%d tp=%d%s", pp_schedule_name((pp_schedule_kind)kind), p, m, dp, tp,
+             dp_scale == 1 ? " dp_scale=1" : "");
+    memset(&d, 0, sizeof d);
+    d.model = g_model();
+    d.model.ctx = fault;
+    for (r = 0; r < W; r++) {
+        rw[r] = &GWT[tp - 1][r % tp];
+        rg[r] = &G[r];
+    }
+    memset(G, 0, sizeof G);
+    d.rank_weights = rw;
+    d.rank_grads = rg;
+    d.schedule = (pp_schedule_kind)kind;
+    d.p = p;
+    d.m = m;
+    d.dp = dp;
+    d.tp = tp;
+    d.dp_scale = dp_scale;
+    d.stage.timeout_s = 20;
+    d.rank_setup = g_setup;
+    for (i = 0; i < dp; i++) g_batch(&b[i], m, i);
+    if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
+        CHECK(0, "%s: create: %s", where, err.msg);
+        return;
+    }
+    rc = pp_pipeline_step(pl, b, &st);
+    CHECK(rc == PP_OK, "%s: %s", where, pp_pipeline_error(pl));
+    ok = rc == PP_OK && g_grads_match(G, W, p, dp, tp, pp_pipeline_schedule(pl), pp_pipeline_partition(pl), exp, where);
+    CHECK(!ok || memcmp(&st.loss, &loss_exp, sizeof loss_exp) == 0, "%s: loss %.9g, expected %.9g", where, (double)st.loss,
+          (double)loss_exp);
+    if (ok) { /* the norm (docs): replica 0's buffers, every TP rank's rows in TP order = exp's */
+        pp_grad_buf nb[(GL - 1) * 2], eb[GL - 1];
+        int n = 0, l;
+        double nrm = -1, nexp = -2;
+        memset(nb, 0, sizeof nb);
+        memset(eb, 0, sizeof eb);
+        for (l = 0; l < GL - 1; l++) {
+            int pr = pp_schedule_layer_rank(pp_pipeline_schedule(pl), pp_pipeline_partition(pl), l), t;
+            for (t = 0; t < tp; t++, n++) { /* world rank (pr * dp + 0) * tp + t */
+                nb[n].layer = l, nb[n].dtype = PP_F32, nb[n].count = (size_t)(GK / tp) * GK;
+                nb[n].data = G[pr * dp * tp + t].w[l];
+            }
+            eb[l].layer = l, eb[l].dtype = PP_F32, eb[l].count = GK * GK, eb[l].data = (void*)exp->w[l];
+        }
+        CHECK(pp_pipeline_grad_norm(pl, nb, n, &nrm, &err) == PP_OK && pp_grad_norm(NULL, GL, eb, GL - 1, &nexp, &err) == PP_OK &&
+                  memcmp(&nrm, &nexp, sizeof nrm) == 0,
+              "%s: norm %.17g, expected %.17g", where, nrm, nexp);
+    }
+    if (ok && inject) { /* a failure on one rank fails the step on every rank; the next step is exact */
+        double t0 = g_now();
+        char want[64];
+        if (inject == 2) GWR[fail_rank].fail = 1; /* its sends (p > 1) */
+        else fault[0] = fail_rank;                /* its first layer call */
+        memset(G, 0, sizeof G);
+        rc = pp_pipeline_step(pl, b, &st);
+        snprintf(want, sizeof want, "rank %d of %d", fail_rank, W);
+        if (!G_SAID[inject - 1]) { /* one message of each kind, for the log */
+            printf("%s, a %s failure on rank %d: %s\n", where, inject == 2 ? "send" : "layer", fail_rank, pp_pipeline_error(pl));
+            G_SAID[inject - 1] = 1;
+        }
+        CHECK(rc == (inject == 2 ? PP_ERR_TRANSPORT : PP_ERR_LAYER) && strstr(pp_pipeline_error(pl), want),
+              "%s: a %s failure on rank %d: %s, \"%s\"", where, inject == 2 ? "send" : "layer", fail_rank,
+              pp_result_str(rc), pp_pipeline_error(pl));
+        for (r = 0; r < W; r++)
+            CHECK(pp_pipeline_rank_result(pl, r, NULL) != PP_OK, "%s: rank %d says PP_OK for a failed step", where, r);
+        CHECK(g_now() - t0 < 10, "%s: the failed step took %.1f s (a rank waited for its deadline)", where,
+              g_now() - t0);
+        GWR[fail_rank].fail = 0;
+        fault[0] = -1;
+        memset(G, 0, sizeof G);
+        rc = pp_pipeline_step(pl, b, &st);
+        CHECK(rc == PP_OK, "%s: the step after the failure: %s", where, pp_pipeline_error(pl));
+        ok = rc == PP_OK && g_grads_match(G, W, p, dp, tp, pp_pipeline_schedule(pl), pp_pipeline_partition(pl), exp, where);
+        CHECK(!ok || memcmp(&st.loss, &loss_exp, sizeof loss_exp) == 0, "%s: loss after the failure %.9g, expected %.9g",
+              where, (double)st.loss, (double)loss_exp);
+    }
+    pp_pipeline_destroy(pl);
+    *good += ok;
+}
+
+/* Bad dp / tp, shared gradients, no params hook: refused with a message. */
+static void grid_refusals(void) {
+    static gmodel G[8];
+    const void* rw[8];
+    void* rg[8];
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    pp_error err;
+    int r;
+    for (r = 0; r < 8; r++) rw[r] = &GW1, rg[r] = &G[r];
+    memset(&d, 0, sizeof d);
+    d.model = g_model();
+    d.rank_weights = rw;
+    d.rank_grads = rg;
+    d.p = 2;
+    d.dp = -1;
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID && strstr(err.msg, "dp = -1"), "dp -1: %s", err.msg);
+    d.dp = 2, d.tp = -3;
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID && strstr(err.msg, "tp = -3"), "tp -3: %s", err.msg);
+    d.dp = PP_MAX_RANKS, d.tp = 2;
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID && strstr(err.msg, "ranks at most"), "too many: %s", err.msg);
+    d.dp = 2, d.tp = 2, d.dp_scale = -1;
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID && strstr(err.msg, "dp_scale"), "dp_scale: %s", err.msg);
+    d.dp_scale = 0;
+    rg[5] = &G[0]; /* rank 5 (pp 1, dp 0, tp 1) shares rank 0's (pp 0, dp 0, tp 0) */
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID && strstr(err.msg, "different pipelines"), "shared: %s",
+          err.msg);
+    rg[5] = &G[5];
+    d.rank_grads = NULL, d.grads = &G[0];
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID && strstr(err.msg, "rank_grads"), "grads: %s", err.msg);
+    d.rank_grads = rg, d.grads = NULL;
+    d.model.params = NULL;
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_ERR_INVALID && strstr(err.msg, "model.params"), "params: %s", err.msg);
+    d.model.params = g_params;
+    CHECK(pp_pipeline_create(&d, &pl, &err) == PP_OK, "p 2 x dp 2 x tp 2: %s", err.msg);
+    CHECK(pp_pipeline_stage(pl, 7) && !pp_pipeline_stage(pl, 8) && pp_pipeline_threads(pl), "8 ranks' stages");
+    pp_pipeline_destroy(pl);
+}
+
+static void test_grid_dp_tp(void) {
+    static const int ms[2] = {4, 8};
+    gmodel ref[2][2], exp;
+    float loss[2][2], loss_exp;
+    pp_model model = g_model();
+    pp_batch b;
+    pp_error err;
+    int kind, p, dp, tp, mi, h, i, cases = 0, good = 0, idx = 0, faults = 0, R = TEST_SANITIZED ? 4 : 1;
+    g_init();
+    grid_refusals();
+    /* the references: the sequential model (tp = 1) on each half of the data, per m */
+    for (mi = 0; mi < 2; mi++)
+        for (h = 0; h < 2; h++) {
+            memset(&ref[mi][h], 0, sizeof ref[mi][h]);
+            g_batch(&b, ms[mi], h);
+            CHECK(pp_sequential_step(&model, &GW1, &ref[mi][h], &b, &loss[mi][h], &err) == PP_OK, "reference: %s", err.msg);
+        }
+    for (i = 0, h = 0; i < GK * GK; i++) h += ref[0][0].w[0][i] != 0 && ref[0][0].w[GL - 2][i] != 0;
+    CHECK(loss[0][0] > 0 && h > GK, "a loss (%g) and gradients (%d non-zero pairs) that say something", (double)loss[0][0], h);
+    for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
+        for (p = 1; p <= 3; p++)
+            for (dp = 1; dp <= 2; dp++)
+                for (tp = 1; tp <= 2; tp++) {
+                    int v = pp_schedule_kind_v((pp_schedule_kind)kind, 2), inject, W = p * dp * tp;
+                    for (mi = 0; mi < 2 && !pp_schedule_size((pp_schedule_kind)kind, p, v, ms[mi]); mi++) continue;
+                    if (mi == 2 || p * v > GL) continue; /* not a shape this kind runs */
+                    idx++;
+                    if (!test_quick_pick(idx, 3)) continue;
+                    for (i = 0; i < GL - 1; i++)
+                        for (h = 0; h < GK * GK; h++)
+                            exp.w[i][h] = dp == 1 ? ref[mi][0].w[i][h] : (ref[mi][0].w[i][h] + ref[mi][1].w[i][h]) * 0.5f;
+                    loss_exp = dp == 1 ? loss[mi][0] : (loss[mi][0] + loss[mi][1]) / 2.0f;
+                    /* the failure: a layer's or (p > 1) a send's, on a rank of the case's choosing */
+                    inject = W > p && test_pick(idx + kind, R) ? (p > 1 && (idx / 2 + kind) % 2 ? 2 : 1) : 0;
+                    cases++;
+                    faults += inject != 0;
+                    grid_case(kind, p, ms[mi], dp, tp, 0, inject, (idx * 5 + 3) % W, &exp, loss_exp, &good);
+                }
+    /* dp_scale 1: the sum, not the mean */
+    for (i = 0; i < GL - 1; i++)
+        for (h = 0; h < GK * GK; h++) exp.w[i][h] = ref[0][0].w[i][h] + ref[0][1].w[i][h];
+    cases++;
+    grid_case(PP_SCHED_1F1B, 2, ms[0], 2, 2, 1.0, 0, 0, &exp, (loss[0][0] + loss[0][1]) / 2.0f, &good);
+    printf("grid (dp, tp): %d of %d configurations bit-exact (%d with a failure injected, then a step)\n", good, cases,
+           faults);
+}
+
+int main(int argc, char** argv) {
+    if (test_only(argc, argv, "grid", test_grid_dp_tp)) return TEST_DONE("pipeline");
     test_grid();
     test_accumulate_two_steps();
+    test_grid_dp_tp();
     return TEST_DONE("pipeline");
 }

@@ -9,6 +9,8 @@
 # pipelined = sequential bit for bit, half the f32 run's tensor bytes in as many messages, a
 # loss after 40 steps within 0.02 of f32's and not its bits (build/bf16-controls runs this part
 # alone, TRAINER_PART=bf16, on a gpt_cpu whose --dtype bf16 stays f32, and it must fail).
+# --dp 2 (two replicas in one process): the replicas' mean equals the sequential model's on each
+# half of the step's sequences, bit for bit; --dp 1 is the program without it.
 # Prints "NAME: N passed, N failed".
 kind=trainer
 . "${0%/*}/gpt_script.sh"
@@ -51,6 +53,28 @@ bf16() { # the --dtype bf16 part
     "$cpu" $b --dtype f16 > "$tmp.out" 2>&1
     check "--dtype f16 is refused" "[ \$? -eq 2 ] && grep -q \"unknown --dtype 'f16'\" '$tmp.out'"
 }
+dp() { # --dp 2: two data-parallel replicas of the pipeline in one process (pp_pipeline_desc.dp;
+    # build/tp-controls runs this part alone, TRAINER_PART=dp, on a gpt_cpu whose step skips the
+    # dp sum: it must fail)
+    b="--generated --layers 6 --dim 16 --heads 2 --max-len 24 --seqs-per-step 16 -m 4 --steps 3"
+    "$cpu" $b --schedule interleaved -p 2 -v 2 --dp 2 --check --eval-every 3 --eval-seqs 48 > "$tmp.dp" 2>&1
+    check "--dp 2, interleaved p = 2 --check: exit 0" "[ \$? -eq 0 ] && grep -q 'data parallel: 2 replicas of the pipeline (4 threads)' '$tmp.dp'" || cat "$tmp.dp"
+    check "--dp 2: the replicas' mean = the sequential model's on each half, bit for bit" "grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.dp'"
+    check "--dp 2: the evaluation = pp_sequential_eval, bit for bit" "grep -q 'check: val loss .* bit-identical' '$tmp.dp'"
+    "$cpu" $b --schedule zb-h1 -p 1 --dp 2 --check > "$tmp.dpz" 2>&1
+    check "--dp 2, ZB-H1 p = 1 (split backward): the expected bits" "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.dpz'" || cat "$tmp.dpz"
+    check "--dp 2 trains on the same loss at p = 1 and p = 2" "[ -n \"\$(losses '$tmp.dpz')\" ] && [ \"\$(losses '$tmp.dp')\" = \"\$(losses '$tmp.dpz')\" ]"
+    "$cpu" $b --schedule 1f1b -p 2 > "$tmp.dp0" 2>&1 && "$cpu" $b --schedule 1f1b -p 2 --dp 1 > "$tmp.dp1" 2>&1
+    check "--dp 1 is the program without it (every step's loss)" "[ \$? -eq 0 ] && [ -n \"\$(losses '$tmp.dp0')\" ] && [ \"\$(losses '$tmp.dp0')\" = \"\$(losses '$tmp.dp1')\" ]"
+    "$cpu" $b --dp 3 -m 8 > "$tmp.out" 2>&1
+    check "--dp 3 with 16 sequences and m = 8 is refused" "[ \$? -eq 2 ] && grep -q -- '--dp 3: need' '$tmp.out'"
+}
+if [ "$TRAINER_PART" = dp ]; then
+    name="$name dp"
+    dp
+    finish
+    exit
+fi
 if [ "$TRAINER_PART" = bf16 ]; then
     name="$name bf16"
     bf16
@@ -89,6 +113,7 @@ if [ -z "$mpi" ]; then
     check "fewer held-out documents than m are refused" "[ \$? -ne 0 ] && grep -q '3 held-out documents, fewer than m = 4' '$tmp.out'"
     bf16
     recompute
+    dp
 else
     "$@" -np 2 "$mpi" $o $t --schedule 1f1b --eval-every 2 --check > "$tmp.mpi" 2>&1
     check "two MPI ranks with --eval-every 2 --check: exit 0" "[ \$? -eq 0 ]" || cat "$tmp.mpi"
