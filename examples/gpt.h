@@ -45,6 +45,10 @@
    even (gpt_wide_begin, gpt_wide_end). That is what bf16 costs and saves on a CPU: the bytes
    between stages, not arithmetic. With PP_F32 the layers run on io itself, as before.
 
+   TENSOR PARALLELISM  gpt_bind_tp / gpt_init_tp give a TP rank its shard of every block (heads
+   and MLP units split Megatron's way, the row-parallel partial sums all-reduced over the TP
+   group in pp_model.ctx); examples/gpt_mpi.c --tp N runs it. The section of that name below.
+
    ERRORS  forward/backward return 0, or one of the GPT_E* codes below (the library reports it
    as PP_ERR_LAYER with the layer and micro-batch). */
 #ifndef PP_EXAMPLE_GPT_H
