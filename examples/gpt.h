@@ -1289,42 +1289,50 @@ static inline float* gpt_init(gpt_model* w, gpt_model* g, const gpt_config* c, u
     return buf;
 }
 
-/* rows x n floats from src (row stride sstride) to dst (row stride dstride). */
-static inline void gpt_tp_copy_block(float* dst, int dstride, const float* src, int sstride, int rows, int n) {
+/* rows x n floats between a (row stride astride) and b (row stride bstride): a to b, or b to a
+   when back is set. */
+static inline void gpt_tp_copy_block(float* b, int bstride, float* a, int astride, int rows, int n, int back) {
     int r;
-    for (r = 0; r < rows; r++) memcpy(dst + (size_t)r * dstride, src + (size_t)r * sstride, sizeof(float) * (size_t)n);
+    for (r = 0; r < rows; r++) {
+        float *x = a + (size_t)r * astride, *y = b + (size_t)r * bstride;
+        memcpy(back ? x : y, back ? y : x, sizeof(float) * (size_t)n);
+    }
 }
 
 /* TP sharding: local (bound by gpt_bind_tp, its tp and tp_rank) gets its shard of full (bound by
    gpt_bind: the tp = 1 layout), weights or gradients alike. Embedding, head, LayerNorms, proj_b
    and fcproj_b are copied whole; the heads' q, k and v columns of qkv, fc's columns, and the
    matching rows of proj_w and fcproj_w are this rank's slice (TENSOR PARALLELISM above). */
-static inline void gpt_tp_shard(gpt_model* local, const gpt_model* full, const gpt_config* c) {
+/* gpt_tp_shard, or with back set its inverse: local's shard into its place in full, and the
+   whole buffers (embedding, head, LayerNorms, biases) copied to full. */
+static inline void gpt_tp_place(gpt_model* local, gpt_model* full, const gpt_config* c, int back) {
     const int C = c->C, tp = local->block[0].tp > 1 ? local->block[0].tp : 1, r = local->block[0].tp_rank;
     const int Cl = C / tp;
-    size_t n;
     int b, part;
-    memcpy(local->embed[0].wte, full->embed[0].wte, sizeof(float) * gpt_embed_numel(c));
-    memcpy(local->head[0].lnf_g, full->head[0].lnf_g, sizeof(float) * gpt_head_numel(c));
+    gpt_tp_copy_block(local->embed[0].wte, 0, full->embed[0].wte, 0, 1, (int)gpt_embed_numel(c), back);
+    gpt_tp_copy_block(local->head[0].lnf_g, 0, full->head[0].lnf_g, 0, 1, (int)gpt_head_numel(c), back);
     for (b = 0; b < c->n_block; b++) {
-        const gpt_block_params* f = &full->block[b];
+        gpt_block_params* f = &full->block[b];
         gpt_block_params* l = &local->block[b];
-        n = sizeof(float) * (size_t)C;
-        memcpy(l->ln1_g, f->ln1_g, n);
-        memcpy(l->ln1_b, f->ln1_b, n);
-        memcpy(l->proj_b, f->proj_b, n);
-        memcpy(l->ln2_g, f->ln2_g, n);
-        memcpy(l->ln2_b, f->ln2_b, n);
-        memcpy(l->fcproj_b, f->fcproj_b, n);
+        gpt_tp_copy_block(l->ln1_g, 0, f->ln1_g, 0, 1, 2 * C, back);        /* ln1_g, ln1_b */
+        gpt_tp_copy_block(l->proj_b, 0, f->proj_b, 0, 1, 3 * C, back);      /* proj_b, ln2_g, ln2_b */
+        gpt_tp_copy_block(l->fcproj_b, 0, f->fcproj_b, 0, 1, C, back);
         for (part = 0; part < 3; part++) { /* q, k, v: this rank's heads' columns of each */
-            gpt_tp_copy_block(l->qkv_w + part * Cl, 3 * Cl, f->qkv_w + part * C + r * Cl, 3 * C, C, Cl);
-            gpt_tp_copy_block(l->qkv_b + part * Cl, 3 * Cl, f->qkv_b + part * C + r * Cl, 3 * C, 1, Cl);
+            gpt_tp_copy_block(l->qkv_w + part * Cl, 3 * Cl, f->qkv_w + part * C + r * Cl, 3 * C, C, Cl, back);
+            gpt_tp_copy_block(l->qkv_b + part * Cl, 3 * Cl, f->qkv_b + part * C + r * Cl, 3 * C, 1, Cl, back);
         }
-        memcpy(l->proj_w, f->proj_w + (size_t)r * Cl * C, sizeof(float) * (size_t)Cl * C);
-        gpt_tp_copy_block(l->fc_w, 4 * Cl, f->fc_w + r * 4 * Cl, 4 * C, C, 4 * Cl);
-        gpt_tp_copy_block(l->fc_b, 4 * Cl, f->fc_b + r * 4 * Cl, 4 * C, 1, 4 * Cl);
-        memcpy(l->fcproj_w, f->fcproj_w + (size_t)r * 4 * Cl * C, sizeof(float) * (size_t)4 * Cl * C);
+        gpt_tp_copy_block(l->proj_w, 0, f->proj_w + (size_t)r * Cl * C, 0, 1, Cl * C, back);
+        gpt_tp_copy_block(l->fc_w, 4 * Cl, f->fc_w + r * 4 * Cl, 4 * C, C, 4 * Cl, back);
+        gpt_tp_copy_block(l->fc_b, 4 * Cl, f->fc_b + r * 4 * Cl, 4 * C, 1, 4 * Cl, back);
+        gpt_tp_copy_block(l->fcproj_w, 0, f->fcproj_w + (size_t)r * 4 * Cl * C, 0, 1, 4 * Cl * C, back);
     }
+}
+static inline void gpt_tp_shard(gpt_model* local, const gpt_model* full, const gpt_config* c) {
+    gpt_tp_place(local, (gpt_model*)full, c, 0); /* reads full only */
+}
+/* The inverse: local's shard into full (bound by gpt_bind), whose other columns and rows stay. */
+static inline void gpt_tp_unshard(const gpt_model* local, gpt_model* full, const gpt_config* c) {
+    gpt_tp_place((gpt_model*)local, full, c, 1); /* reads local only */
 }
 
 /* gpt_init for TP rank tp_rank of tp: gpt_init's weights (the same seed: the tp = 1 model), this

@@ -32,7 +32,13 @@
    every process and requires the TP loss and every gradient buffer (this rank's shard of the
    tp = 1 gradient) within 1e-5 relative of it (TP adds its partial sums in another order). With
    --tp (any N) the last rank prints every step's loss and norm to 9 digits (a "tp N losses" line)
-   for comparisons across runs. --save and --resume are refused with --tp > 1 for now. */
+   for comparisons across runs. --save with --tp > 1: TP rank 0 of each pipeline rank gathers its
+   group's shards of the weights and of Adam's moments (MPI_Gather), puts them together in the
+   tp = 1 layout (gpt_tp_unshard) and writes that rank's layers: the file is a tp = 1 file, which
+   gpt_cpu, gpt_mpi at any p and tp (--resume: every rank reads the whole layers it owns and keeps
+   its shard, gpt_tp_shard) read. (pipeline.h's own checkpoint shards, pp_ckpt_desc.tp, slice a
+   buffer by rows, columns or flat; a TP rank's qkv columns are three ranges, q, k and v of its
+   heads, which they cannot name.) */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../pipeline_mpi.h"
@@ -136,6 +142,50 @@ done:
     return rc;
 }
 
+/* --save / --resume with --tp > 1: weights and Adam's two moments in the tp = 1 layout. */
+typedef struct full_set {
+    float* buf;
+    gpt_model w, m[2];
+    const void* moments[2];
+} full_set;
+
+static int full_alloc(full_set* f, const gpt_trainer* T) {
+    const size_t n = gpt_param_count(&T->gc);
+    if (!(f->buf = (float*)calloc(3 * n, sizeof(float)))) return 1;
+    gpt_bind(&f->w, &T->gc, f->buf);
+    gpt_bind(&f->m[0], &T->gc, f->buf + n);
+    gpt_bind(&f->m[1], &T->gc, f->buf + 2 * n);
+    f->moments[0] = &f->m[0];
+    f->moments[1] = &f->m[1];
+    return 0;
+}
+
+/* Every TP rank's weights and moments to TP rank 0 of the group (tpc), which puts them into f;
+   0, or 1 when out of memory (on TP rank 0; the others still take part). */
+static int tp_gather(const gpt_trainer* T, full_set* f, MPI_Comm tpc) {
+    float* src[3];
+    gpt_model* dst[3];
+    float* all = NULL;
+    int i, k, bad = 0;
+    src[0] = T->wbuf;
+    src[1] = T->m1;
+    src[2] = T->m2;
+    dst[0] = &f->w;
+    dst[1] = &f->m[0];
+    dst[2] = &f->m[1];
+    if (T->tp_rank == 0 && !(all = (float*)malloc((size_t)T->tp * T->n_params * sizeof(float)))) bad = 1;
+    for (i = 0; i < 3; i++) {
+        MPI_Gather(src[i], (int)T->n_params, MPI_FLOAT, all, (int)T->n_params, MPI_FLOAT, 0, tpc);
+        for (k = 0; all && k < T->tp; k++) {
+            gpt_model v;
+            gpt_bind_tp(&v, &T->gc, T->tp, k, all + (size_t)k * T->n_params);
+            gpt_tp_unshard(&v, dst[i], &T->gc);
+        }
+    }
+    free(all);
+    return bad;
+}
+
 int main(int argc, char** argv) {
     gpt_opts c;
     gpt_trainer T;
@@ -167,10 +217,13 @@ int main(int argc, char** argv) {
     pp_transport tpt;
     pp_group tpg;                   /* the TP group the layers reach through pp_model.ctx */
     MPI_Comm pipe_comm = MPI_COMM_NULL; /* this TP rank's pipeline: the evaluation's broadcasts */
+    MPI_Comm tp_comm = MPI_COMM_NULL;   /* this rank's TP group: --save's gathers */
+    full_set full;                  /* --save, --resume with --tp > 1 */
     double* norms = NULL;           /* (steps) --clip's norm of every step, for the --tp line */
     double tp_loss_rel = 0, tp_worst = 0;
     char tp_worst_name[64] = "";
     memset(&grid, 0, sizeof grid);
+    memset(&full, 0, sizeof full);
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -186,11 +239,6 @@ int main(int argc, char** argv) {
         return 2;
     }
     c.p = size / tp; /* every process is one pipeline rank of one TP rank */
-    if (tp > 1 && (c.save || c.resume)) {
-        if (rank == 0) fprintf(stderr, "gpt_mpi: --save and --resume are not supported with --tp > 1 yet\n");
-        MPI_Finalize();
-        return 2;
-    }
     if (c.check_resume) {
         if (rank == 0) fprintf(stderr, "gpt_mpi: --check-resume is gpt_cpu's (--save and --resume work here)\n");
         MPI_Finalize();
@@ -205,6 +253,8 @@ int main(int argc, char** argv) {
         int color, key;
         pp_grid_pipe_split(&pg, &color, &key);
         MPI_Comm_split(MPI_COMM_WORLD, color, key, &pipe_comm);
+        pp_grid_tp_split(&pg, &color, &key);
+        MPI_Comm_split(MPI_COMM_WORLD, color, key, &tp_comm);
     }
     if (rank != size - 1 && !freopen("/dev/null", "w", stdout)) perror("freopen"); /* the last rank prints */
     /* every process builds the same data, model, schedule and partition */
@@ -258,7 +308,26 @@ int main(int argc, char** argv) {
         goto cleanup;
     }
     for (l = 0; l < d.model.n_layers; l++) own[l] = pp_schedule_layer_rank(&sched, first, l) == prank;
-    if (c.resume) { /* each rank its own layers; every rank must have them */
+    if (c.resume && tp > 1) { /* each rank its own layers, whole, then its shard of them */
+        pp_ckpt_desc k;
+        ok = full_alloc(&full, &T) == 0;
+        if (ok) {
+            k = gpt_ckpt_of(&d.model, "gpt", &full.w, full.moments, own, 0);
+            ok = gpt_ckpt_load_path(&k, c.resume, &from) == 0;
+        }
+        if (ok) {
+            gpt_tp_shard(&T.w, &full.w, &T.gc);
+            gpt_tp_shard(&T.mw1, &full.m[0], &T.gc);
+            gpt_tp_shard(&T.mw2, &full.m[1], &T.gc);
+        }
+        MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (!ok) goto cleanup;
+        if (from >= c.steps) {
+            fprintf(stderr, "--resume %s: it is at step %d, --steps %d leaves nothing to do\n", c.resume, from, c.steps);
+            goto cleanup;
+        }
+        printf("resumed from %s at step %d, each TP rank its shard\n", c.resume, from);
+    } else if (c.resume) { /* each rank its own layers; every rank must have them */
         ok = gpt_trainer_resume(&T, &d.model, c.resume, own, &from) == 0;
         MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (!ok) goto cleanup;
@@ -329,11 +398,18 @@ int main(int argc, char** argv) {
                      records; renamed to FILE once all are in */
         pp_ckpt_desc k = gpt_trainer_ckpt(&T, &d.model, c.steps, own);
         char tmp[4096];
+        int writer = pg.tp_rank == 0; /* with --tp > 1: TP rank 0, the group's shards put together */
         ok = (size_t)snprintf(tmp, sizeof tmp, "%s.tmp", c.save) < sizeof tmp;
+        if (tp > 1) {
+            if (!full.buf && full_alloc(&full, &T)) ok = 0;
+            if (tp_gather(&T, &full, tp_comm)) ok = 0;
+            k = gpt_ckpt_of(&d.model, "gpt", &full.w, full.moments, own, c.steps);
+            if (!ok) snprintf(err.msg, sizeof err.msg, "out of memory");
+        }
         if (ok && rank == 0) ok = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
         MPI_Barrier(MPI_COMM_WORLD);
         k.records_only = 1;
-        if (ok && rank != 0) ok = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
+        if (ok && rank != 0 && writer) ok = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
         if (!ok) fprintf(stderr, "rank %d: --save %s: %s\n", rank, c.save, err.msg);
         MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (ok && rank == 0 && rename(tmp, c.save) != 0) {
@@ -387,6 +463,8 @@ cleanup:
     pp_mpi_destroy(mpi);
     if (have_grid) pp_mpi_grid_destroy(&grid);
     if (pipe_comm != MPI_COMM_NULL) MPI_Comm_free(&pipe_comm);
+    if (tp_comm != MPI_COMM_NULL) MPI_Comm_free(&tp_comm);
+    free(full.buf);
     free(norms);
     free(acts);
     free(first);
