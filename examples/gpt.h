@@ -748,7 +748,9 @@ static inline int gpt_block_fwd_f32(const gpt_block_params* p, pp_layer_io* io) 
 }
 
 /* Parameters of one block on one TP rank (tp = 1: 12 C^2 + 13 C). */
-static inline int64_t gpt_block_numel_cl(int C, int Cl) { return 12 * (int64_t)C * Cl + 7 * (int64_t)Cl + 6 * (int64_t)C; }
+static inline int64_t gpt_block_numel_cl(int C, int Cl) {
+    return 12 * (int64_t)C * Cl + 7 * (int64_t)Cl + 6 * (int64_t)C;
+}
 
 static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                   pp_layer_desc* d) {

@@ -8,8 +8,9 @@
    data parallelism and a tied embedding; gpt_nccl.cu is the same on GPUs.
 
      mpirun -np 4 build/gpt_mpi [--schedule ...] [-v 2] [-m 8] [--steps 60] ... [--check]
+     mpirun -np 8 build/gpt_mpi --tp 2 ...             (pp 4 x tp 2: TENSOR PARALLELISM below)
 
-   Options as gpt_cpu (-p is the number of processes). The last rank prints. --check runs
+   Options as gpt_cpu (-p is the number of processes over --tp). The last rank prints. --check runs
    pp_sequential_step on the first batch in every process and requires the loss and the
    gradients of every layer to equal the pipelined ones bit for bit (exit 1 if not).
    --save FILE: every rank writes its own layers into one checkpoint (rank 0 creates it with the
@@ -357,7 +358,8 @@ int main(int argc, char** argv) {
         if (c.check && step == 0 && tp > 1) {
             if (check_tp1(&T, &c, &b, &tp_loss_rel, &tp_worst, tp_worst_name, sizeof tp_worst_name)) goto cleanup;
             if (tp_loss_rel > GPT_TP_TOL || tp_worst > GPT_TP_TOL) {
-                fprintf(stderr, "rank %d (pp %d, tp %d): against tp 1: loss %.3g, gradients %.3g (%s) relative: above %g\n",
+                fprintf(stderr,
+                        "rank %d (pp %d, tp %d): against tp 1: loss %.3g, gradients %.3g (%s) relative: above %g\n",
                         rank, prank, pg.tp_rank, tp_loss_rel, tp_worst, tp_worst_name, GPT_TP_TOL);
                 tp_bad = 1;
             }
@@ -388,7 +390,8 @@ int main(int argc, char** argv) {
         }
         if (gpt_eval_due(&c, step, c.steps - 1)) { /* --eval-every: every rank, the weights after step + 1 steps */
             double te = gpt_now();
-            if (evaluate(&c, &T, st, &d.model, &sched, first, step + 1, c.check && evals++ == 0, &val_differ, pipe_comm))
+            if (evaluate(&c, &T, st, &d.model, &sched, first, step + 1, c.check && evals++ == 0, &val_differ,
+                         pipe_comm))
                 goto cleanup;
             t_eval += gpt_now() - te;
         }

@@ -359,7 +359,8 @@ static inline void gpt_trainer_free(gpt_trainer* T, const gpt_opts* c) {
    per parameter of gpt_init's layout. */
 static inline void gpt_decay_mask(const gpt_trainer* T, unsigned char* mask) {
     const gpt_model* w = &T->w;
-    const size_t C = (size_t)T->gc.C, V = (size_t)T->gc.vocab, Cl = C / (size_t)T->tp; /* a TP rank's share */
+    const size_t C = (size_t)T->gc.C, V = (size_t)T->gc.vocab;
+    const size_t Cl = C / (size_t)(T->tp > 1 ? T->tp : 1); /* a TP rank's share (tp 0: a T set up by hand) */
     int b;
 #define GPT_DECAY(ptr, n) memset(mask + ((ptr) - T->wbuf), 1, (n))
     memset(mask, 0, T->n_params);

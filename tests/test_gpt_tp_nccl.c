@@ -99,7 +99,8 @@ static int staged(int split, int kind, const void* w, void* g, int l, pp_layer_i
     size_t bytes[SLOTS];
     int back[SLOTS], n = 0, k, rc;
     cudaStream_t st;
-    if (!io->ctx) return kind == 0 ? m->forward(w, l, io) : kind == 1 ? m->backward(w, g, l, io) : m->weight_grad(w, g, l, io);
+    if (!io->ctx)
+        return kind == 0 ? m->forward(w, l, io) : kind == 1 ? m->backward(w, g, l, io) : m->weight_grad(w, g, l, io);
     st = ((const pp_cuda_layer_ctx*)io->ctx)->stream;
 #define SLOT(ptr, nb, wb) (slot[n] = (void**)&(ptr), bytes[n] = (nb), back[n++] = (wb))
     for (k = 0; k < h.n_in && k < PP_MAX_TENSORS; k++) {
@@ -203,7 +204,8 @@ static pp_result rank_main(int r, void* user) {
     pp_step_stats ss;
     pp_batch b = batch();
     gpt_model w, gr, gref, full, fullg, sh;
-    float *wbuf = NULL, *gbuf = NULL, *refbuf = NULL, *fbuf = NULL, *fgbuf = NULL, *shbuf = NULL, ref_loss = 0, loss1 = 0;
+    float *wbuf = NULL, *gbuf = NULL, *refbuf = NULL, *fbuf = NULL, *fgbuf = NULL, *shbuf = NULL;
+    float ref_loss = 0, loss1 = 0;
     pp_error err;
     pp_result rc;
     char* msg = W->msg[r];
@@ -285,7 +287,8 @@ static pp_result rank_main(int r, void* user) {
         rc = PP_ERR_NOMEM;
         goto done;
     }
-    if ((rc = pp_sequential_step(&g_inner[W->kind == PP_SCHED_ZB_H1], &full, &fullg, &b, &loss1, &err)) != PP_OK) goto fail;
+    rc = pp_sequential_step(&g_inner[W->kind == PP_SCHED_ZB_H1], &full, &fullg, &b, &loss1, &err);
+    if (rc != PP_OK) goto fail;
     gpt_tp_shard(&sh, &fullg, &CFG);
     W->loss_rel[r] = fabs((double)ref_loss - loss1) / fabs((double)loss1);
     W->grad_rel[r] = worst_diff(&gref, &sh);
