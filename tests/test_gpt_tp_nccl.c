@@ -1,13 +1,13 @@
 /* tests/test_gpt_tp_nccl.c - examples/gpt.h's GPT with Megatron-style tensor parallelism over
    pipeline_nccl.h on the NCCL imitation (tests/fakenccl over tests/fakecuda), without a GPU: four
    rank threads, each on its own imitation device, one communicator split by
-   pp_nccl_grid_create_tp into pp 2 x tp 2 (the grid's pipe transport carries the pipeline, its
+   pp_nccl_grid_create_tp into pp 2 x tp 2 or pp 1 x tp 4 (the grid's pipe transport carries the pipeline, its
    tp transport the blocks' all-reduces, pipeline.h's pp_tp_allreduce of host memory staged
    through the device), a one-rank pp_cuda for the device block pool and the compute stream.
    The layers are gpt.h's host code: each call first waits for its compute stream (the
    imitation's device memory is host memory; on a GPU the layers would be kernels on that stream
    and the all-reduce NCCL's own, in stream order: gpt_nccl.cu's model has no TP yet).
-   Checked, for 1F1B and ZB-H1 (split backward): the TP all-reduces inside the layers, between
+   Checked, for pp 2 x tp 2 on 1F1B and ZB-H1 (split backward) and pp 1 x tp 4 (GPipe): the TP all-reduces inside the layers, between
    the pipeline's sends and receives on the other communicator, do not hang; the pipelined
    step's loss and gradients are pp_sequential_step's at tp 2 (every rank, its TP group in
    pp_model.ctx), bit for bit; and the tp 2 loss and every gradient buffer are within 1e-5
@@ -22,9 +22,7 @@
 
 #include <stdio.h>
 
-#define NR 4        /* ranks: pp 2 x tp 2 */
-#define PP 2
-#define TPN 2
+#define NR 4        /* ranks: pp 2 x tp 2, or pp 1 x tp 4 */
 #define NSEQ 8
 #define MAXROWS (NSEQ * 12)
 #define TOL 1e-5
@@ -32,6 +30,7 @@
 typedef struct world {
     ncclUniqueId id;
     pp_schedule_kind kind;
+    int tp, pp;                 /* tp x pp = NR */
     int bad[NR];
     double loss_rel[NR], grad_rel[NR];
     float loss[NR];
@@ -187,6 +186,7 @@ static double worst_diff(const gpt_model* a, const gpt_model* b) {
 
 static pp_result rank_main(int r, void* user) {
     world* W = (world*)user;
+    const int TPN = W->tp, PP = W->pp;
     const size_t n = gpt_param_count_tp(&CFG, TPN);
     pp_launch L;
     ncclComm_t comm = NULL;
@@ -194,7 +194,7 @@ static pp_result rank_main(int r, void* user) {
     pp_cuda_desc cd;
     pp_cuda_layer_ctx lc;
     pp_nccl_grid g;
-    int have_grid = 0, dev = r, first[PP + 1], l;
+    int have_grid = 0, dev = r, first[NR + 1], l;
     pp_transport tpt;
     pp_group tpg;
     pp_stage_desc d;
@@ -317,17 +317,20 @@ done:
 
 int main(void) {
     static world W;
-    const pp_schedule_kind kinds[2] = {PP_SCHED_1F1B, PP_SCHED_ZB_H1};
+    const pp_schedule_kind kinds[3] = {PP_SCHED_1F1B, PP_SCHED_ZB_H1, PP_SCHED_GPIPE};
+    const int tps[3] = {2, 2, 4};
     pp_error err;
     int r, k;
     make_batch();
     g_inner[0] = gpt_model_desc_depth(CFG.n_block);
     g_inner[1] = gptz_model_desc_depth(CFG.n_block);
-    for (k = 0; k < 2; k++) {
+    for (k = 0; k < 3; k++) {
         double lr = 0, gr = 0;
         int bad = 0;
         memset(&W, 0, sizeof W);
         W.kind = kinds[k];
+        W.tp = tps[k];
+        W.pp = NR / tps[k];
         ncclGetUniqueId(&W.id);
         CHECK(pp_threads_run(NR, rank_main, &W, &err) == PP_OK, "%s", err.msg);
         for (r = 0; r < NR; r++) {
@@ -336,9 +339,9 @@ int main(void) {
             if (W.loss_rel[r] > lr) lr = W.loss_rel[r];
             if (W.grad_rel[r] > gr) gr = W.grad_rel[r];
         }
-        printf("gpt tp 2 x pp 2 over the NCCL imitation, %s: against tp 1: loss %.3g, gradients %.3g relative "
+        printf("gpt tp %d x pp %d over the NCCL imitation, %s: against tp 1: loss %.3g, gradients %.3g relative "
                "(tolerance %g); %d of %d ranks failed a check\n",
-               pp_schedule_name(kinds[k]), lr, gr, TOL, bad, NR);
+               W.tp, W.pp, pp_schedule_name(kinds[k]), lr, gr, TOL, bad, NR);
     }
     return TEST_DONE("test_gpt_tp_nccl");
 }
