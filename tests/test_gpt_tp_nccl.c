@@ -1,12 +1,13 @@
 /* tests/test_gpt_tp_nccl.c - examples/gpt.h's GPT with Megatron-style tensor parallelism over
    pipeline_nccl.h on the NCCL imitation (tests/fakenccl over tests/fakecuda), without a GPU: four
    rank threads, each on its own imitation device, one communicator split by
-   pp_nccl_grid_create_tp into pp 2 x tp 2 or pp 1 x tp 4 (the grid's pipe transport carries the pipeline, its
-   tp transport the blocks' all-reduces, pipeline.h's pp_tp_allreduce of host memory staged
-   through the device), a one-rank pp_cuda for the device block pool and the compute stream.
-   The layers are gpt.h's host code: each call first waits for its compute stream (the
-   imitation's device memory is host memory; on a GPU the layers would be kernels on that stream
-   and the all-reduce NCCL's own, in stream order: gpt_nccl.cu's model has no TP yet).
+   pp_nccl_grid_create_tp into pp 2 x tp 2 or pp 1 x tp 4 (the grid's pipe transport carries the
+   pipeline, its tp transport the blocks' all-reduces: pipeline.h's pp_tp_allreduce of host
+   memory, staged through the device), a one-rank pp_cuda for the device block pool and the
+   compute stream. The layers are gpt.h's host code, staged: each call waits for its compute
+   stream, copies its device tensors to the host, runs there and copies back on the stream (on
+   a GPU the layers would be kernels on that stream and the all-reduce NCCL's own, in stream
+   order; gpt_nccl.cu's CUDA model has no TP yet).
    Checked, for pp 2 x tp 2 on 1F1B and ZB-H1 (split backward) and pp 1 x tp 4 (GPipe): the TP all-reduces inside the layers, between
    the pipeline's sends and receives on the other communicator, do not hang; the pipelined
    step's loss and gradients are pp_sequential_step's at tp 2 (every rank, its TP group in
