@@ -8,10 +8,11 @@
    stream, copies its device tensors to the host, runs there and copies back on the stream (on
    a GPU the layers would be kernels on that stream and the all-reduce NCCL's own, in stream
    order; gpt_nccl.cu's CUDA model has no TP yet).
-   Checked, for pp 2 x tp 2 on 1F1B and ZB-H1 (split backward) and pp 1 x tp 4 (GPipe): the TP all-reduces inside the layers, between
-   the pipeline's sends and receives on the other communicator, do not hang; the pipelined
-   step's loss and gradients are pp_sequential_step's at tp 2 (every rank, its TP group in
-   pp_model.ctx), bit for bit; and the tp 2 loss and every gradient buffer are within 1e-5
+   Checked, for pp 2 x tp 2 on 1F1B and ZB-H1 (split backward) and pp 1 x tp 4 (GPipe): the TP
+   all-reduces inside the layers, between the pipeline's sends and receives on the other
+   communicator, do not hang; the pipelined step's loss and gradients are pp_sequential_step's
+   at that tp (every rank, its TP group in pp_model.ctx), bit for bit; and the loss and every
+   gradient buffer are within 1e-5
    (relative) of the tp 1 model's (gpt_init's, sharded by gpt_tp_shard). Its negative control
    (build/tp-ctl-gpt-nccl-norow: the attention projection's row-parallel all-reduce dropped,
    PP_TEST_GPT_TP_NO_ROW_REDUCE) must fail. */
