@@ -119,6 +119,8 @@ typedef struct gpt_head_params {
     float* lnf_b;       /* (C) */
     float* lm_w;        /* (C, vocab) own weights, not tied to wte (that would cross stages) */
     float* lm_b;        /* (vocab) */
+    int tp, tp_rank;    /* tensor parallelism (gpt_bind_tp): vocabulary-parallel, lm_w's and lm_b's
+                           vocab / tp columns from tp_rank * vocab / tp on this rank */
 } gpt_head_params;
 
 /* ---- sequences of a micro-batch ------------------------------------------------------------ */
@@ -648,13 +650,21 @@ static inline int gpt_tp_size(const gpt_block_params* p) { return p->tp > 1 ? p-
 static inline int gpt_tp_cl(const gpt_block_params* p) { return p->C / gpt_tp_size(p); }
 static inline int gpt_tp_heads(const gpt_block_params* p) { return p->n_head / gpt_tp_size(p); }
 
+/* The layer's TP group (pp_model.ctx), NULL without. */
+static inline const pp_group* gpt_tp_group(const pp_layer_io* io) {
+    const pp_group* g = io->model ? (const pp_group*)io->model->ctx : NULL;
+    return g && g->t ? g : NULL;
+}
+/* buf (n floats) summed over the TP group of tp ranks, in place; 0 or GPT_ETP. */
+static inline int gpt_tp_sum_n(int tp, const pp_layer_io* io, float* buf, size_t n) {
+    pp_error err;
+    if (tp <= 1) return 0;
+    if (!gpt_tp_group(io)) return GPT_ETP;
+    return pp_tp_allreduce(gpt_tp_group(io), buf, n, PP_F32, &err) == PP_OK ? 0 : GPT_ETP;
+}
 /* buf (n floats: (T, C)) summed over the block's TP group, in place; 0 or GPT_ETP. */
 static inline int gpt_tp_sum(const gpt_block_params* p, const pp_layer_io* io, float* buf, size_t n) {
-    const pp_group* g = io->model ? (const pp_group*)io->model->ctx : NULL;
-    pp_error err;
-    if (gpt_tp_size(p) == 1) return 0;
-    if (!g || !g->t) return GPT_ETP;
-    return pp_tp_allreduce(g, buf, n, PP_F32, &err) == PP_OK ? 0 : GPT_ETP;
+    return gpt_tp_sum_n(gpt_tp_size(p), io, buf, n);
 }
 
 /* ---- block -------------------------------------------------------------------------------------- */
@@ -958,7 +968,10 @@ typedef struct gpt_head_saved {
     float* probs;       /* (T, V) */
 } gpt_head_saved;
 
+/* V: the vocabulary columns on this rank (gpt_head_vl). */
 static inline size_t gpt_head_saved_floats(int64_t T, int C, int V) { return (size_t)T * (size_t)(3 + C + V); }
+static inline int gpt_head_tp(const gpt_head_params* p) { return p->tp > 1 ? p->tp : 1; }
+static inline int gpt_head_vl(const gpt_head_params* p) { return p->vocab / gpt_head_tp(p); }
 
 static inline void gpt_head_saved_carve(gpt_head_saved* s, float* base, int64_t T, int C) {
     s->loss = base;
@@ -974,9 +987,69 @@ static inline const float* gpt_head_token_loss(const void* saved) { return (cons
 static inline int gpt_head_prepare(const gpt_head_params* p, const pp_layer_io* io, gpt_head_saved* s) {
     const int64_t T = io->mb->rows;
     if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !io->mb->targets) return GPT_ESHAPE;
-    if (!io->saved || io->saved_bytes < gpt_head_saved_floats(T, p->C, p->vocab) * sizeof(float)) return GPT_ESAVED;
+    if (!io->saved || io->saved_bytes < gpt_head_saved_floats(T, p->C, gpt_head_vl(p)) * sizeof(float)) return GPT_ESAVED;
     gpt_head_saved_carve(s, (float*)io->saved, T, p->C);
     return 0;
+}
+
+/* The vocabulary-parallel head (tp > 1), Megatron's cross-entropy over split logits: each rank
+   has V / tp of the logits; the row maxima are all-gathered (a max, exact in any order), the
+   exponentials' sums and the target's logit (from the rank that has its column, 0 elsewhere)
+   all-reduced in one call, so every rank gets the same loss; in backward the input gradient of
+   lm (this rank's columns' share) is all-reduced before ln_f's backward. The logits and their
+   exponentials are tp = 1's bits; only the sums' order differs. */
+static inline int gpt_head_fwd_vp(const gpt_head_params* p, pp_layer_io* io, gpt_head_saved s) {
+    const int C = p->C, V = p->vocab, tp = gpt_head_tp(p), Vl = gpt_head_vl(p), v0 = p->tp_rank * Vl;
+    const int64_t T = io->mb->rows;
+    const float* x = (const float*)io->in[0].data;              /* (T, C) */
+    const int32_t* tgt = (const int32_t*)io->mb->targets;       /* (T) */
+    const pp_group* g = gpt_tp_group(io);
+    float *red, *mx_all, *sums; /* (T) this rank's row maxima, (tp T) every rank's, (2T) sums and target logits */
+    double total = 0.0;
+    int64_t t, counted = 0;
+    int c, k, rc = 0;
+    pp_error err;
+    for (t = 0; t < T; t++)
+        if (tgt[t] < -1 || tgt[t] >= V) return GPT_ETARGET;
+    if (!g) return GPT_ETP;
+    if (!(red = (float*)malloc(sizeof(float) * (size_t)T * (size_t)(tp + 3)))) return GPT_ENOMEM;
+    mx_all = red + T;
+    sums = mx_all + T * tp;
+    gpt_layernorm_fwd(s.ln, s.mean, s.rstd, x, p->lnf_g, p->lnf_b, T, C);
+    gpt_matmul_fwd(s.probs, s.ln, p->lm_w, p->lm_b, T, C, Vl);
+    for (t = 0; t < T; t++) {
+        const float* z = s.probs + t * Vl;
+        float mx = z[0];
+        for (c = 1; c < Vl; c++) mx = z[c] > mx ? z[c] : mx;
+        red[t] = mx;
+    }
+    if (pp_tp_allgather(g, red, mx_all, (size_t)(T * tp), PP_F32, &err) != PP_OK) rc = GPT_ETP;
+    for (t = 0; !rc && t < T; t++) {
+        float* z = s.probs + t * Vl;    /* (Vl) logits in, exponentials out */
+        float mx = mx_all[t], sum = 0.0f;
+        for (k = 1; k < tp; k++) mx = mx_all[k * T + t] > mx ? mx_all[k * T + t] : mx;
+        red[t] = mx;
+        sums[T + t] = tgt[t] >= v0 && tgt[t] < v0 + Vl ? z[tgt[t] - v0] : 0.0f;
+        for (c = 0; c < Vl; c++) {
+            z[c] = expf(z[c] - mx);
+            sum += z[c];
+        }
+        sums[t] = sum;
+    }
+    if (!rc && pp_tp_allreduce(g, sums, (size_t)(2 * T), PP_F32, &err) != PP_OK) rc = GPT_ETP;
+    for (t = 0; !rc && t < T; t++) {
+        float* z = s.probs + t * Vl;    /* (Vl) probabilities out */
+        const float sum = sums[t], inv = 1.0f / sum;
+        for (c = 0; c < Vl; c++) z[c] *= inv;
+        s.loss[t] = tgt[t] >= 0 ? logf(sum) + red[t] - sums[T + t] : 0.0f;
+        if (tgt[t] >= 0) {
+            total += (double)s.loss[t];
+            counted++;
+        }
+    }
+    free(red);
+    io->loss = counted ? (float)(total / (double)counted) : 0.0f;
+    return rc;
 }
 
 static inline int gpt_head_fwd_f32(const gpt_head_params* p, pp_layer_io* io) {
@@ -989,6 +1062,7 @@ static inline int gpt_head_fwd_f32(const gpt_head_params* p, pp_layer_io* io) {
     int64_t t, counted = 0;
     int c, rc = gpt_head_prepare(p, io, &s);
     if (rc) return rc;
+    if (gpt_head_tp(p) > 1) return gpt_head_fwd_vp(p, io, s);
     gpt_layernorm_fwd(s.ln, s.mean, s.rstd, x, p->lnf_g, p->lnf_b, T, C);
     gpt_matmul_fwd(s.probs, s.ln, p->lm_w, p->lm_b, T, C, V);
     for (t = 0; t < T; t++) {
@@ -1014,7 +1088,7 @@ static inline int gpt_head_fwd_f32(const gpt_head_params* p, pp_layer_io* io) {
 }
 
 static inline int gpt_head_bwd_f32(const gpt_head_params* p, gpt_head_params* g, pp_layer_io* io) {
-    const int C = p->C, V = p->vocab;
+    const int C = p->C, V = gpt_head_vl(p), v0 = p->tp_rank * V; /* this rank's columns (tp 1: all) */
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;              /* (T, C) */
     const int32_t* tgt = (const int32_t*)io->mb->targets;       /* (T) */
@@ -1036,12 +1110,13 @@ static inline int gpt_head_bwd_f32(const gpt_head_params* p, gpt_head_params* g,
     for (t = 0; t < T; t++) {
         const float* pr = s.probs + t * V;  /* (V) */
         if (tgt[t] < 0) continue;
-        for (c = 0; c < V; c++) dz[t * V + c] = scale * (pr[c] - (c == tgt[t] ? 1.0f : 0.0f));
+        for (c = 0; c < V; c++) dz[t * V + c] = scale * (pr[c] - (c + v0 == tgt[t] ? 1.0f : 0.0f));
     }
     gpt_matmul_bwd(dln, g->lm_w, g->lm_b, wt, dz, s.ln, p->lm_w, T, C, V);
-    gpt_layernorm_bwd(dx, g->lnf_g, g->lnf_b, dln, x, s.mean, s.rstd, p->lnf_g, T, C);
+    rc = gpt_tp_sum_n(gpt_head_tp(p), io, dln, (size_t)(T * C)); /* this rank's columns' share */
+    if (!rc) gpt_layernorm_bwd(dx, g->lnf_g, g->lnf_b, dln, x, s.mean, s.rstd, p->lnf_g, T, C);
     free(ws);
-    return 0;
+    return rc;
 }
 
 static inline void gpt_head_desc(const gpt_head_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
@@ -1049,9 +1124,9 @@ static inline void gpt_head_desc(const gpt_head_params* p, const pp_microbatch* 
     (void)in;
     (void)n_in;
     d->n_out = 0;
-    d->saved_bytes = gpt_head_saved_floats(mb->rows, p->C, p->vocab) * sizeof(float);
-    d->cost = 3.0 * (double)mb->rows * p->C * p->vocab;
-    d->n_params = 2 * (int64_t)p->C + (int64_t)p->C * p->vocab + p->vocab;
+    d->saved_bytes = gpt_head_saved_floats(mb->rows, p->C, gpt_head_vl(p)) * sizeof(float);
+    d->cost = 3.0 * (double)mb->rows * p->C * gpt_head_vl(p);
+    d->n_params = 2 * (int64_t)p->C + (int64_t)p->C * gpt_head_vl(p) + gpt_head_vl(p);
 }
 
 /* ---- parameter buffers, for checkpoints (pp_model.params: gpt_params, gptz_params) ------------------
@@ -1081,9 +1156,11 @@ static inline int gpt_block_param_list(const gpt_block_params* p, pp_param* out,
 static inline int gpt_block_param_sharded(int i) { return i == 2 || i == 3 || i == 4 || i == 8 || i == 9 || i == 10; }
 static inline int gpt_head_param_list(const gpt_head_params* p, pp_param* out, int cap) {
     float* const ptr[4] = {p->lnf_g, p->lnf_b, p->lm_w, p->lm_b};
-    const int64_t count[4] = {p->C, p->C, (int64_t)p->C * p->vocab, p->vocab};
+    const int64_t count[4] = {p->C, p->C, (int64_t)p->C * gpt_head_vl(p), gpt_head_vl(p)};
     return gpt_param_fill(out, cap, 4, ptr, count);
 }
+/* 1 where gpt_head_param_list's buffer i is a TP shard (lm_w, lm_b: vocabulary-parallel). */
+static inline int gpt_head_param_sharded(int i) { return i == 2 || i == 3; }
 #define GPT_PARAMS(X) X(embed, gpt_embed_param_list) X(block, gpt_block_param_list) X(head, gpt_head_param_list)
 
 /* ---- the model ---------------------------------------------------------------------------------- */
@@ -1143,12 +1220,16 @@ static inline size_t gpt_block_numel_tp(const gpt_config* c, int tp) {
     return (size_t)gpt_block_numel_cl(c->C, c->C / (tp > 1 ? tp : 1));
 }
 static inline size_t gpt_head_numel(const gpt_config* c) { return (size_t)(c->C + 1) * c->vocab + 2 * (size_t)c->C; }
+/* One TP rank's head (vocab / tp columns of lm). */
+static inline size_t gpt_head_numel_tp(const gpt_config* c, int tp) {
+    return (size_t)(c->C + 1) * (size_t)(c->vocab / (tp > 1 ? tp : 1)) + 2 * (size_t)c->C;
+}
 static inline size_t gpt_param_count(const gpt_config* c) {
     return gpt_embed_numel(c) + (size_t)c->n_block * gpt_block_numel(c) + gpt_head_numel(c);
 }
 /* One TP rank's parameters (gpt_bind_tp's layout). */
 static inline size_t gpt_param_count_tp(const gpt_config* c, int tp) {
-    return gpt_embed_numel(c) + (size_t)c->n_block * gpt_block_numel_tp(c, tp) + gpt_head_numel(c);
+    return gpt_embed_numel(c) + (size_t)c->n_block * gpt_block_numel_tp(c, tp) + gpt_head_numel_tp(c, tp);
 }
 
 static inline int gpt_config_ok(const gpt_config* c) {
@@ -1177,6 +1258,8 @@ static inline void gpt_bind_tp(gpt_model* m, const gpt_config* c, int tp, int tp
     }
     m->head[0].C = C;
     m->head[0].vocab = c->vocab;
+    m->head[0].tp = tp > 1 ? tp : 1;
+    m->head[0].tp_rank = tp > 1 ? tp_rank : 0;
 
     if (!buf) return;
     m->embed[0].wte = q;            q += (size_t)c->vocab * C;
@@ -1198,7 +1281,7 @@ static inline void gpt_bind_tp(gpt_model* m, const gpt_config* c, int tp, int tp
     }
     m->head[0].lnf_g = q;           q += C;
     m->head[0].lnf_b = q;           q += C;
-    m->head[0].lm_w = q;            q += (size_t)C * c->vocab;
+    m->head[0].lm_w = q;            q += (size_t)C * (size_t)(c->vocab / (tp > 1 ? tp : 1));
     m->head[0].lm_b = q;
 }
 static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) { gpt_bind_tp(m, c, 1, 0, buf); }
@@ -1229,7 +1312,7 @@ static inline float* gpt_layer_params(const gpt_model* m, const gpt_config* c, i
         return m->block[l - 1].ln1_g;
     }
     if (l == c->n_block + 1) {
-        *n = gpt_head_numel(c);
+        *n = gpt_head_numel_tp(c, m->head[0].tp);
         return m->head[0].lnf_g;
     }
     *n = 0;
@@ -1312,7 +1395,10 @@ static inline void gpt_tp_place(gpt_model* local, gpt_model* full, const gpt_con
     const int Cl = C / tp;
     int b, part;
     gpt_tp_copy_block(local->embed[0].wte, 0, full->embed[0].wte, 0, 1, (int)gpt_embed_numel(c), back);
-    gpt_tp_copy_block(local->head[0].lnf_g, 0, full->head[0].lnf_g, 0, 1, (int)gpt_head_numel(c), back);
+    gpt_tp_copy_block(local->head[0].lnf_g, 0, full->head[0].lnf_g, 0, 1, 2 * C, back); /* lnf_g, lnf_b */
+    gpt_tp_copy_block(local->head[0].lm_w, c->vocab / tp, full->head[0].lm_w + r * (c->vocab / tp), c->vocab, C,
+                      c->vocab / tp, back);
+    gpt_tp_copy_block(local->head[0].lm_b, 0, full->head[0].lm_b + r * (c->vocab / tp), 0, 1, c->vocab / tp, back);
     for (b = 0; b < c->n_block; b++) {
         gpt_block_params* f = &full->block[b];
         gpt_block_params* l = &local->block[b];
@@ -1348,7 +1434,7 @@ static inline float* gpt_init_tp(gpt_model* w, gpt_model* g, const gpt_config* c
     size_t n;
     if (tp <= 1) return gpt_init(w, g, c, seed, gbuf);
     if (gbuf) *gbuf = NULL;
-    if (c->n_head % tp || tp_rank < 0 || tp_rank >= tp || !(fbuf = gpt_init(&full, NULL, c, seed, NULL))) return NULL;
+    if (c->n_head % tp || c->vocab % tp || tp_rank < 0 || tp_rank >= tp || !(fbuf = gpt_init(&full, NULL, c, seed, NULL))) return NULL;
     n = gpt_param_count_tp(c, tp);
     buf = (float*)calloc(n, sizeof(float));
     if (buf && g && gbuf && !(*gbuf = (float*)calloc(n, sizeof(float)))) {

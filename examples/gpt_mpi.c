@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
     int evals = 0, val_differ = 0;
     double t_eval = 0;
     double norm = -1;
-    pp_grad_buf bufs[12 * GPT_MAX_BLOCK + 2]; /* --clip: one per layer, or per parameter with --tp (gpt_grad_bufs_tp) */
+    pp_grad_buf bufs[12 * GPT_MAX_BLOCK + 5]; /* --clip: one per layer, or per parameter with --tp (gpt_grad_bufs_tp) */
     int* first = NULL;
     unsigned char* own = NULL; /* the layers this rank's stages own: what it saves and loads */
     gpt_opts part;

@@ -141,9 +141,9 @@ static inline int gpt_opts_check(gpt_opts* c) {
         fprintf(stderr, "--layers must be 1..%d and --dim a multiple of --heads\n", GPT_MAX_BLOCK);
         return 1;
     }
-    if (c->tp < 0 || c->tp > PP_MAX_RANKS || (c->tp > 1 && c->heads % c->tp)) {
-        fprintf(stderr, "--tp %d: the heads (--heads %d) must split evenly over the TP ranks (1..%d)\n", c->tp, c->heads,
-                PP_MAX_RANKS);
+    if (c->tp < 0 || c->tp > PP_MAX_RANKS || (c->tp > 1 && (c->heads % c->tp || GPT_DATA_VOCAB % c->tp))) {
+        fprintf(stderr, "--tp %d: the heads (--heads %d) and the vocabulary (%d) must split evenly over the TP ranks (1..%d)\n",
+                c->tp, c->heads, GPT_DATA_VOCAB, PP_MAX_RANKS);
         return 1;
     }
     if (c->layers + 2 < c->p * c->v) {
@@ -372,7 +372,7 @@ static inline void gpt_decay_mask(const gpt_trainer* T, unsigned char* mask) {
         GPT_DECAY(w->block[b].fc_w, 4 * C * Cl);
         GPT_DECAY(w->block[b].fcproj_w, 4 * Cl * C);
     }
-    GPT_DECAY(w->head[0].lm_w, C * V);
+    GPT_DECAY(w->head[0].lm_w, C * (V / (size_t)(T->tp > 1 ? T->tp : 1))); /* vocabulary-parallel with TP */
 #undef GPT_DECAY
 }
 
@@ -485,19 +485,21 @@ static inline void gpt_grad_bufs(const gpt_trainer* T, int l0, int l1, pp_grad_b
     }
 }
 
-/* The same with tensor parallelism: one buffer per parameter of each block (gpt_block_param_list
-   on the gradients), tp_sharded where it is a TP shard (gpt_block_param_sharded), so that
-   pp_stage_grad_norm_tp counts a shard's squares once per rank and a whole parameter once;
-   embedding and head whole, one buffer each. out needs room for 12 per block + 2. */
+/* The same with tensor parallelism: one buffer per parameter of each block and of the head
+   (gpt_block_param_list, gpt_head_param_list on the gradients), tp_sharded where it is a TP
+   shard (gpt_block_param_sharded, gpt_head_param_sharded), so that pp_stage_grad_norm_tp counts
+   a shard's squares once per rank and a whole parameter once; the embedding whole, one buffer.
+   out needs room for 12 per block + 5. */
 static inline void gpt_grad_bufs_tp(const gpt_trainer* T, int l0, int l1, pp_grad_buf* out, int* n) {
-    int l, i, k;
+    int l, i, k, head;
     for (l = l0; l < l1; l++) {
         pp_param ps[12];
-        if (l == 0 || l == T->gc.n_block + 1) {
+        if (l == 0) {
             gpt_grad_bufs(T, l, l + 1, out, n);
             continue;
         }
-        k = gpt_block_param_list(&T->g.block[l - 1], ps, 12);
+        head = l == T->gc.n_block + 1;
+        k = head ? gpt_head_param_list(&T->g.head[0], ps, 12) : gpt_block_param_list(&T->g.block[l - 1], ps, 12);
         for (i = 0; i < k; i++) {
             pp_grad_buf* b = &out[(*n)++];
             memset(b, 0, sizeof *b);
@@ -505,7 +507,7 @@ static inline void gpt_grad_bufs_tp(const gpt_trainer* T, int l0, int l1, pp_gra
             b->data = ps[i].data;
             b->count = (size_t)ps[i].count;
             b->dtype = PP_F32;
-            b->tp_sharded = T->tp > 1 && gpt_block_param_sharded(i);
+            b->tp_sharded = T->tp > 1 && (head ? gpt_head_param_sharded(i) : gpt_block_param_sharded(i));
         }
     }
 }
