@@ -47,7 +47,7 @@
 
    TENSOR PARALLELISM  gpt_bind_tp / gpt_init_tp give a TP rank its shard of every block (heads
    and MLP units split Megatron's way, the row-parallel partial sums all-reduced over the TP
-   group in pp_model.ctx); examples/gpt_mpi.c --tp N runs it. The section of that name below.
+   group in pp_model.ctx) and of the head (vocabulary-parallel); examples/gpt_mpi.c --tp N runs it. The section of that name below.
 
    ERRORS  forward/backward return 0, or one of the GPT_E* codes below (the library reports it
    as PP_ERR_LAYER with the layer and micro-batch). */
@@ -635,7 +635,8 @@ static inline void gpt_embed_desc(const gpt_embed_params* p, const pp_microbatch
    heads and C / tp = Cl of attention's channels (qkv_w's q, k and v columns of its heads: column
    parallel; proj_w's rows of those channels: row parallel), and 4 Cl of the MLP's hidden units
    (fc_w's columns: column parallel; fcproj_w's rows: row parallel). LayerNorms, proj_b and fcproj_b
-   are whole on every rank; embedding and head too. A row-parallel matmul gives a partial sum
+   are whole on every rank, the embedding too; the head is vocabulary-parallel (gpt_head_fwd_vp:
+   each rank vocab / tp of lm's columns, the softmax's max and sums over the group). A row-parallel matmul gives a partial sum
    (T, C), which one TP all-reduce completes (Megatron's g: the forward of proj and of fcproj);
    the bias is added by TP rank 0's partial sum, so it is added once. In backward the input
    gradient of a column-parallel matmul (qkv's and fc's: each rank has its heads' or units' share)
