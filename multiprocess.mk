@@ -28,6 +28,10 @@ MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/gpt_mpi $(B)/bench_mpi $(B)/bench_ov
 # (its control: each rank sums every copy itself, its own first, and must fail at tp = 4)
 MPI_TESTS += $(B)/mpi-tp-np4 $(B)/mpi-tp-np8 $(B)/mpi-tp-controls
 MPI_BINS  += $(B)/test_tp_mpi
+# the GPT with Megatron-style tensor parallelism (gpt_mpi --tp, tests/test_gpt_tp.sh: tp 2 and 4
+# within 1e-5 of tp 1, the same bits across runs, kinds and p); its control drops the attention
+# projection's row-parallel all-reduce and must fail --check
+MPI_TESTS += $(B)/mpi-gpt-tp $(B)/mpi-gpt-tp-controls
 else
 MPI_TESTS =
 MPI_BINS  =
@@ -219,6 +223,12 @@ $(B)/tp-mpi-ctl-unordered: tests/test_tp_mpi.c $(TEST_HDRS) $(HEADERS) pipeline_
 $(B)/mpi-tp-controls: tests/controls.sh $(B)/tp-mpi-ctl-unordered
 	printf '#!/bin/sh\nexec sh tests/controls.sh mpi-tp-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-unordered"\n' > $@
 	chmod +x $@
+$(B)/mpi-gpt-tp: tests/test_gpt_tp.sh $(B)/gpt_mpi
+	@printf '#!/bin/sh\nexec timeout 300 sh tests/test_gpt_tp.sh $(B)/gpt_mpi $(MPIRUN) $(MPIRUN_FLAGS)\n' > $@ && chmod +x $@
+$(B)/mpi-ctl-gpt-tp-norow: examples/gpt_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) -DPP_TEST_GPT_TP_NO_ROW_REDUCE $(CTL_CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/mpi-gpt-tp-controls: tests/controls.sh $(B)/mpi-ctl-gpt-tp-norow
+	@printf '#!/bin/sh\nexec sh tests/controls.sh mpi-gpt-tp-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/mpi-ctl-gpt-tp-norow --generated --dim 32 --heads 4 --layers 2 --max-len 32 --seqs-per-step 8 -m 4 --steps 1 --tp 2 --check"\n' > $@ && chmod +x $@
 
 # ASan+UBSan across 4 processes; leak checks off (MPI keeps its own allocations to the end)
 $(B)/asan-test_mpi: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)

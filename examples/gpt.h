@@ -45,6 +45,10 @@
    even (gpt_wide_begin, gpt_wide_end). That is what bf16 costs and saves on a CPU: the bytes
    between stages, not arithmetic. With PP_F32 the layers run on io itself, as before.
 
+   TENSOR PARALLELISM  gpt_bind_tp / gpt_init_tp give a TP rank its shard of every block (heads
+   and MLP units split Megatron's way, the row-parallel partial sums all-reduced over the TP
+   group in pp_model.ctx) and of the head (vocabulary-parallel); examples/gpt_mpi.c --tp N runs it. The section of that name below.
+
    ERRORS  forward/backward return 0, or one of the GPT_E* codes below (the library reports it
    as PP_ERR_LAYER with the layer and micro-batch). */
 #ifndef PP_EXAMPLE_GPT_H
@@ -66,7 +70,8 @@ enum {
     GPT_ELONG = 4,      /* a sequence longer than max_T (no position embedding for it) */
     GPT_ENOMEM = 5,     /* backward workspace */
     GPT_ETARGET = 6,    /* a target outside -1 .. vocab-1 */
-    GPT_ESEQS = 7       /* cu_seqlens does not cover the micro-batch's rows */
+    GPT_ESEQS = 7,      /* cu_seqlens does not cover the micro-batch's rows */
+    GPT_ETP = 8         /* tensor parallelism: a TP all-reduce failed, or tp > 1 without a group */
 };
 
 typedef struct gpt_config {
@@ -84,7 +89,10 @@ typedef struct gpt_embed_params {
     float* wpe;         /* (max_T, C) position embedding; the position restarts at 0 per sequence */
 } gpt_embed_params;
 
-/* Matrices are stored (in, out): y = x W + b. */
+/* Matrices are stored (in, out): y = x W + b.
+   With tensor parallelism (TENSOR PARALLELISM below) a block holds TP rank tp_rank's shard:
+   Cl = C / tp channels (n_head / tp heads) of attention and 4 Cl of the MLP; the shapes below
+   then read Cl for the inner C (qkv_w (C, 3Cl), proj_w (Cl, C), fc_w (C, 4Cl), fcproj_w (4Cl, C)). */
 typedef struct gpt_block_params {
     int C, n_head;
     pp_dtype act;       /* gpt_set_act: the dtype of x in and out and of their gradients */
@@ -100,6 +108,8 @@ typedef struct gpt_block_params {
     float* fc_b;        /* (4C) */
     float* fcproj_w;    /* (4C, C) */
     float* fcproj_b;    /* (C) */
+    int tp, tp_rank;    /* tensor parallelism (gpt_bind_tp): the TP group's size (0 or 1: none) and
+                           this rank's place in it */
 } gpt_block_params;
 
 typedef struct gpt_head_params {
@@ -109,6 +119,8 @@ typedef struct gpt_head_params {
     float* lnf_b;       /* (C) */
     float* lm_w;        /* (C, vocab) own weights, not tied to wte (that would cross stages) */
     float* lm_b;        /* (vocab) */
+    int tp, tp_rank;    /* tensor parallelism (gpt_bind_tp): vocabulary-parallel, lm_w's and lm_b's
+                           vocab / tp columns from tp_rank * vocab / tp on this rank */
 } gpt_head_params;
 
 /* ---- sequences of a micro-batch ------------------------------------------------------------ */
@@ -302,7 +314,7 @@ static inline void gpt_axpy_sum4(float* restrict y, const float* restrict x0, co
    group. Every output element still sees the same operations in the same order whatever group
    its row falls in, so a sequence's results do not depend on where it sits in the micro-batch. */
 
-/* out (T, OC) = inp (T, IC) w (IC, OC) + b (OC) */
+/* out (T, OC) = inp (T, IC) w (IC, OC) + b (OC); b NULL: no bias (a row-parallel partial sum) */
 static inline void gpt_matmul_fwd(float* restrict out, const float* restrict inp, const float* restrict w,
                                   const float* restrict b, int64_t T, int IC, int OC) {
     int64_t t;
@@ -311,7 +323,10 @@ static inline void gpt_matmul_fwd(float* restrict out, const float* restrict inp
         const int nr = T - t < 4 ? (int)(T - t) : 4;
         const float* x = inp + t * IC;      /* (nr, IC) */
         float* y = out + t * OC;            /* (nr, OC) */
-        for (r = 0; r < nr; r++) memcpy(y + (size_t)r * OC, b, sizeof(float) * (size_t)OC);
+        for (r = 0; r < nr; r++) {
+            if (b) memcpy(y + (size_t)r * OC, b, sizeof(float) * (size_t)OC);
+            else memset(y + (size_t)r * OC, 0, sizeof(float) * (size_t)OC);
+        }
         for (i = 0; i < IC; i++) {
             const float* wi = w + (size_t)i * OC;   /* (OC) */
             if (nr == 4) {
@@ -615,97 +630,152 @@ static inline void gpt_embed_desc(const gpt_embed_params* p, const pp_microbatch
     d->n_params = (int64_t)(p->vocab + p->max_T) * p->C;
 }
 
+/* ---- tensor parallelism (Megatron-style) ------------------------------------------------------------
+   A block split over a TP group of tp ranks (gpt_bind_tp, gpt_init_tp): each rank holds n_head / tp
+   heads and C / tp = Cl of attention's channels (qkv_w's q, k and v columns of its heads: column
+   parallel; proj_w's rows of those channels: row parallel), and 4 Cl of the MLP's hidden units
+   (fc_w's columns: column parallel; fcproj_w's rows: row parallel). LayerNorms, proj_b and fcproj_b
+   are whole on every rank, the embedding too; the head is vocabulary-parallel (gpt_head_fwd_vp:
+   each rank vocab / tp of lm's columns, the softmax's max and sums over the group). A row-parallel matmul gives a partial sum
+   (T, C), which one TP all-reduce completes (Megatron's g: the forward of proj and of fcproj);
+   the bias is added by TP rank 0's partial sum, so it is added once. In backward the input
+   gradient of a column-parallel matmul (qkv's and fc's: each rank has its heads' or units' share)
+   is all-reduced before the LayerNorm under it (Megatron's f). Every collective is
+   pp_tp_allreduce, deterministic: every TP rank holds the same x, the same LayerNorm and bias
+   gradients, the same input gradient, so the replicated parameters stay equal without a message.
+   A tp = 2 run is the tp = 1 model (gpt_init_tp shards gpt_init's weights), its sums added in
+   another order: within float rounding of tp = 1 (examples/gpt_mpi.c --tp --check measures it).
+   The group: pp_model.ctx points at the rank's pp_group (pipeline.h >>tp; the same pointer serves
+   pp_stage_step and pp_sequential_step, whose io->ctx is NULL); tp > 1 without it is GPT_ETP. */
+static inline int gpt_tp_size(const gpt_block_params* p) { return p->tp > 1 ? p->tp : 1; }
+static inline int gpt_tp_cl(const gpt_block_params* p) { return p->C / gpt_tp_size(p); }
+static inline int gpt_tp_heads(const gpt_block_params* p) { return p->n_head / gpt_tp_size(p); }
+
+/* The layer's TP group (pp_model.ctx), NULL without. */
+static inline const pp_group* gpt_tp_group(const pp_layer_io* io) {
+    const pp_group* g = io->model ? (const pp_group*)io->model->ctx : NULL;
+    return g && g->t ? g : NULL;
+}
+/* buf (n floats) summed over the TP group of tp ranks, in place; 0 or GPT_ETP. */
+static inline int gpt_tp_sum_n(int tp, const pp_layer_io* io, float* buf, size_t n) {
+    pp_error err;
+    if (tp <= 1) return 0;
+    if (!gpt_tp_group(io)) return GPT_ETP;
+    return pp_tp_allreduce(gpt_tp_group(io), buf, n, PP_F32, &err) == PP_OK ? 0 : GPT_ETP;
+}
+/* buf (n floats: (T, C)) summed over the block's TP group, in place; 0 or GPT_ETP. */
+static inline int gpt_tp_sum(const gpt_block_params* p, const pp_layer_io* io, float* buf, size_t n) {
+    return gpt_tp_sum_n(gpt_tp_size(p), io, buf, n);
+}
+
 /* ---- block -------------------------------------------------------------------------------------- */
-/* What a block keeps from forward to backward, carved from io->saved. */
+/* What a block keeps from forward to backward, carved from io->saved (Cl: gpt_tp_cl). */
 typedef struct gpt_block_saved {
     float* ln1;         /* (T, C) */
     float* ln1_mean;    /* (T) */
     float* ln1_rstd;    /* (T) */
-    float* qkv;         /* (T, 3C) */
-    float* att;         /* (sum over sequences of NH * L * L) softmax probabilities */
-    float* atty;        /* (T, C) attention output before the projection */
+    float* qkv;         /* (T, 3Cl) */
+    float* att;         /* (sum over sequences of NH * L * L) softmax probabilities of this rank's heads */
+    float* atty;        /* (T, Cl) attention output before the projection */
     float* x2;          /* (T, C) residual stream after attention */
     float* ln2;         /* (T, C) */
     float* ln2_mean;    /* (T) */
     float* ln2_rstd;    /* (T) */
-    float* fch;         /* (T, 4C) before GELU */
-    float* fcg;         /* (T, 4C) after GELU */
+    float* fch;         /* (T, 4Cl) before GELU */
+    float* fcg;         /* (T, 4Cl) after GELU */
 } gpt_block_saved;
 
+/* Cl of C channels and NH of the heads on this rank (tp = 1: C and n_head). */
+static inline size_t gpt_block_saved_floats_tp(int64_t T, int C, int Cl, int NH, int64_t sq_sum) {
+    return (size_t)T * (size_t)(3 * C + 12 * Cl + 4) + (size_t)NH * (size_t)sq_sum;
+}
 static inline size_t gpt_block_saved_floats(int64_t T, int C, int NH, int64_t sq_sum) {
-    return (size_t)T * (size_t)(15 * C + 4) + (size_t)NH * (size_t)sq_sum;
+    return gpt_block_saved_floats_tp(T, C, C, NH, sq_sum);
 }
 
-static inline void gpt_block_saved_carve(gpt_block_saved* s, float* base, int64_t T, int C, int NH, int64_t sq_sum) {
+static inline void gpt_block_saved_carve(gpt_block_saved* s, float* base, int64_t T, int C, int Cl, int NH,
+                                         int64_t sq_sum) {
     s->ln1 = base;
     s->ln1_mean = s->ln1 + T * C;
     s->ln1_rstd = s->ln1_mean + T;
     s->qkv = s->ln1_rstd + T;
-    s->att = s->qkv + T * 3 * C;
+    s->att = s->qkv + T * 3 * Cl;
     s->atty = s->att + (size_t)NH * (size_t)sq_sum;
-    s->x2 = s->atty + T * C;
+    s->x2 = s->atty + T * Cl;
     s->ln2 = s->x2 + T * C;
     s->ln2_mean = s->ln2 + T * C;
     s->ln2_rstd = s->ln2_mean + T;
     s->fch = s->ln2_rstd + T;
-    s->fcg = s->fch + T * 4 * C;
+    s->fcg = s->fch + T * 4 * Cl;
 }
 
 /* Checks shapes and carves the saved area; 0 or an error code. */
 static inline int gpt_block_prepare(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved* s) {
     const pp_microbatch* mb = io->mb;
     const int64_t T = mb->rows;
+    const int Cl = gpt_tp_cl(p), NH = gpt_tp_heads(p);
     int64_t sq;
     if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !gpt_tensor_is(&io->out[0], T, p->C, PP_F32))
         return GPT_ESHAPE;
     if (!gpt_seqs_ok(mb)) return GPT_ESEQS;
     sq = gpt_seq_sq_sum(mb);
-    if (!io->saved || io->saved_bytes < gpt_block_saved_floats(T, p->C, p->n_head, sq) * sizeof(float))
+    if (!io->saved || io->saved_bytes < gpt_block_saved_floats_tp(T, p->C, Cl, NH, sq) * sizeof(float))
         return GPT_ESAVED;
-    gpt_block_saved_carve(s, (float*)io->saved, T, p->C, p->n_head, sq);
+    gpt_block_saved_carve(s, (float*)io->saved, T, p->C, Cl, NH, sq);
     return 0;
 }
 
-/* The block's forward, keeping its activations where s points. */
-static inline void gpt_block_fwd_into(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved s) {
-    const int C = p->C;
+/* The block's forward, keeping its activations where s points; 0 or GPT_ETP. With tp > 1 the
+   two row-parallel outputs are partial sums until gpt_tp_sum. */
+static inline int gpt_block_fwd_into(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved s) {
+    const int C = p->C, Cl = gpt_tp_cl(p), lead = p->tp_rank == 0;
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;  /* (T, C) */
     float* y = (float*)io->out[0].data;             /* (T, C) */
     int64_t i;
+    int rc = 0;
     gpt_layernorm_fwd(s.ln1, s.ln1_mean, s.ln1_rstd, x, p->ln1_g, p->ln1_b, T, C);
-    gpt_matmul_fwd(s.qkv, s.ln1, p->qkv_w, p->qkv_b, T, C, 3 * C);
-    gpt_attention_fwd(s.atty, s.att, s.qkv, io->mb, C, p->n_head);
-    gpt_matmul_fwd(s.x2, s.atty, p->proj_w, p->proj_b, T, C, C);
+    gpt_matmul_fwd(s.qkv, s.ln1, p->qkv_w, p->qkv_b, T, C, 3 * Cl);
+    gpt_attention_fwd(s.atty, s.att, s.qkv, io->mb, Cl, gpt_tp_heads(p));
+    gpt_matmul_fwd(s.x2, s.atty, p->proj_w, lead ? p->proj_b : NULL, T, Cl, C);
+#ifndef PP_TEST_GPT_TP_NO_ROW_REDUCE /* negative control (tests/test_gpt_tp.sh): proj's partial sum kept */
+    rc = gpt_tp_sum(p, io, s.x2, (size_t)(T * C));
+#endif
     for (i = 0; i < T * C; i++) s.x2[i] += x[i];
     gpt_layernorm_fwd(s.ln2, s.ln2_mean, s.ln2_rstd, s.x2, p->ln2_g, p->ln2_b, T, C);
-    gpt_matmul_fwd(s.fch, s.ln2, p->fc_w, p->fc_b, T, C, 4 * C);
-    for (i = 0; i < T * 4 * C; i++) s.fcg[i] = gpt_gelu(s.fch[i]);
-    gpt_matmul_fwd(y, s.fcg, p->fcproj_w, p->fcproj_b, T, 4 * C, C);
+    gpt_matmul_fwd(s.fch, s.ln2, p->fc_w, p->fc_b, T, C, 4 * Cl);
+    for (i = 0; i < T * 4 * Cl; i++) s.fcg[i] = gpt_gelu(s.fch[i]);
+    gpt_matmul_fwd(y, s.fcg, p->fcproj_w, lead ? p->fcproj_b : NULL, T, 4 * Cl, C);
+    if (!rc) rc = gpt_tp_sum(p, io, y, (size_t)(T * C));
     for (i = 0; i < T * C; i++) y[i] += s.x2[i];
+    return rc;
 }
 
 static inline int gpt_block_fwd_f32(const gpt_block_params* p, pp_layer_io* io) {
     gpt_block_saved s;
     int rc = gpt_block_prepare(p, io, &s);
     if (rc) return rc;
-    gpt_block_fwd_into(p, io, s);
-    return 0;
+    return gpt_block_fwd_into(p, io, s);
 }
 
+/* Parameters of one block on one TP rank (tp = 1: 12 C^2 + 13 C). */
+static inline int64_t gpt_block_numel_cl(int C, int Cl) {
+    return 12 * (int64_t)C * Cl + 7 * (int64_t)Cl + 6 * (int64_t)C;
+}
 
 static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                   pp_layer_desc* d) {
-    const double T = (double)mb->rows, C = (double)p->C;
+    const double T = (double)mb->rows, C = (double)p->C, Cl = (double)gpt_tp_cl(p);
     const int64_t sq = gpt_seq_sq_sum(mb);
     (void)in;
     (void)n_in;
     gpt_desc_x(d, mb, p->C, p->act);
-    d->saved_bytes = gpt_block_saved_floats(mb->rows, p->C, p->n_head, sq) * sizeof(float);
+    d->saved_bytes = gpt_block_saved_floats_tp(mb->rows, p->C, gpt_tp_cl(p), gpt_tp_heads(p), sq) * sizeof(float);
     /* multiply-adds, forward + backward (3x): 12 C^2 per token in the four matmuls, and the
-       quadratic attention term: q.k and p.v over the causal half of every sequence's L^2. */
-    d->cost = 3.0 * (12.0 * T * C * C + C * (double)sq);
-    d->n_params = 12 * (int64_t)p->C * p->C + 13 * (int64_t)p->C;
+       quadratic attention term: q.k and p.v over the causal half of every sequence's L^2 (this
+       TP rank's share: C becomes Cl in one factor) */
+    d->cost = 3.0 * (12.0 * T * C * Cl + Cl * (double)sq);
+    d->n_params = gpt_block_numel_cl(p->C, gpt_tp_cl(p));
 }
 
 /* ---- block, backward split in two (PP_MODEL_SPLIT: gptz below) -----------------------------------
@@ -714,27 +784,35 @@ static inline void gpt_block_desc(const gpt_block_params* p, const pp_microbatch
    them and the activations. qkv, the attention probabilities and the pre-GELU activations only B
    reads: they are B-only scratch (pp_layer_desc.b_saved_bytes), which a schedule with W actions
    frees at B while the rest waits for W. The fused block's backward runs the same two chains
-   (gpt_block_bwd_b, gpt_block_bwd_w) back to back: the gradients are gpt_block_bwd's bit for bit. */
+   (gpt_block_bwd_b, gpt_block_bwd_w) back to back: the gradients are gpt_block_bwd's bit for bit.
+   With tensor parallelism B holds both all-reduces (dln2, dln1: kept summed for W), W none. */
 typedef struct gpt_blockz_grads {
-    float* dfc;         /* (T, 4C) fc's output gradient (after GELU's) */
+    float* dfc;         /* (T, 4Cl) fc's output gradient (after GELU's) */
     float* dln2;        /* (T, C) ln2's output gradient */
     float* dx2;         /* (T, C) proj's output gradient (the residual stream's) */
-    float* dqkv;        /* (T, 3C) */
+    float* dqkv;        /* (T, 3Cl) */
     float* dln1;        /* (T, C) */
 } gpt_blockz_grads;
 
-static inline size_t gpt_blockz_kept_floats(int64_t T, int C) { return (size_t)T * (size_t)(18 * C + 4); }
+static inline size_t gpt_blockz_grads_floats(int64_t T, int C, int Cl) { return (size_t)T * (size_t)(3 * C + 7 * Cl); }
+static inline size_t gpt_blockz_kept_floats_tp(int64_t T, int C, int Cl) {
+    return (size_t)T * (size_t)(3 * C + 5 * Cl + 4) + gpt_blockz_grads_floats(T, C, Cl);
+}
+static inline size_t gpt_blockz_kept_floats(int64_t T, int C) { return gpt_blockz_kept_floats_tp(T, C, C); }
+static inline size_t gpt_blockz_bonly_floats_tp(int64_t T, int Cl, int NH, int64_t sq_sum) {
+    return (size_t)T * (size_t)(7 * Cl) + (size_t)NH * (size_t)sq_sum;
+}
 static inline size_t gpt_blockz_bonly_floats(int64_t T, int C, int NH, int64_t sq_sum) {
-    return (size_t)T * (size_t)(7 * C) + (size_t)NH * (size_t)sq_sum;
+    return gpt_blockz_bonly_floats_tp(T, C, NH, sq_sum);
 }
 
-/* The output gradients of 10 T C floats at base (TC = T C). */
-static inline void gpt_blockz_grads_carve(gpt_blockz_grads* gr, float* base, int64_t TC) {
+/* The output gradients (gpt_blockz_grads_floats) at base. */
+static inline void gpt_blockz_grads_carve(gpt_blockz_grads* gr, float* base, int64_t T, int C, int Cl) {
     gr->dfc = base;
-    gr->dln2 = gr->dfc + 4 * TC;
-    gr->dx2 = gr->dln2 + TC;
-    gr->dqkv = gr->dx2 + TC;
-    gr->dln1 = gr->dqkv + 3 * TC;
+    gr->dln2 = gr->dfc + 4 * T * Cl;
+    gr->dx2 = gr->dln2 + T * C;
+    gr->dqkv = gr->dx2 + T * C;
+    gr->dln1 = gr->dqkv + 3 * T * Cl;
 }
 
 /* Checks shapes (and what need asks for) and carves io->saved (activations W reads, then the
@@ -744,31 +822,33 @@ static inline void gpt_blockz_grads_carve(gpt_blockz_grads* gr, float* base, int
 static inline int gpt_blockz_prepare(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved* s,
                                      gpt_blockz_grads* gr, int need) {
     const int64_t T = io->mb->rows, TC = T * p->C;
+    const int Cl = gpt_tp_cl(p);
+    const int64_t TCl = T * Cl;
     float *k, *b;
     if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !gpt_tensor_is(&io->out[0], T, p->C, PP_F32) ||
         ((need & GPT_NEED_DOUT) && !gpt_tensor_is(&io->d_out[0], T, p->C, PP_F32)))
         return GPT_ESHAPE;
     if (!gpt_seqs_ok(io->mb)) return GPT_ESEQS;
-    if (!io->saved || io->saved_bytes < gpt_blockz_kept_floats(T, p->C) * sizeof(float)) return GPT_ESAVED;
+    if (!io->saved || io->saved_bytes < gpt_blockz_kept_floats_tp(T, p->C, Cl) * sizeof(float)) return GPT_ESAVED;
     k = (float*)io->saved;
     s->ln1 = k;
     s->ln1_mean = s->ln1 + TC;
     s->ln1_rstd = s->ln1_mean + T;
     s->atty = s->ln1_rstd + T;
-    s->x2 = s->atty + TC;
+    s->x2 = s->atty + TCl;
     s->ln2 = s->x2 + TC;
     s->ln2_mean = s->ln2 + TC;
     s->ln2_rstd = s->ln2_mean + T;
     s->fcg = s->ln2_rstd + T;
-    gpt_blockz_grads_carve(gr, s->fcg + 4 * TC, TC);
+    gpt_blockz_grads_carve(gr, s->fcg + 4 * TCl, T, p->C, Cl);
     s->qkv = s->att = s->fch = NULL;
     if (!io->b_saved) return need & GPT_NEED_B ? GPT_ESAVED : 0;
-    if (io->b_saved_bytes < gpt_blockz_bonly_floats(T, p->C, p->n_head, gpt_seq_sq_sum(io->mb)) * sizeof(float))
+    if (io->b_saved_bytes < gpt_blockz_bonly_floats_tp(T, Cl, gpt_tp_heads(p), gpt_seq_sq_sum(io->mb)) * sizeof(float))
         return GPT_ESAVED;
     b = (float*)io->b_saved;
     s->qkv = b;
-    s->fch = s->qkv + 3 * TC;
-    s->att = s->fch + 4 * TC;
+    s->fch = s->qkv + 3 * TCl;
+    s->att = s->fch + 4 * TCl;
     return 0;
 }
 
@@ -777,8 +857,7 @@ static inline int gpt_blockz_fwd_f32(const gpt_block_params* p, pp_layer_io* io)
     gpt_blockz_grads gr;
     int rc = gpt_blockz_prepare(p, io, &s, &gr, GPT_NEED_B);
     if (rc) return rc;
-    gpt_block_fwd_into(p, io, s);
-    return 0;
+    return gpt_block_fwd_into(p, io, s);
 }
 
 /* Scratch for a block's backward: extra floats, then T*C (the attention output's gradient),
@@ -789,46 +868,51 @@ static inline float* gpt_block_bwd_ws(const pp_microbatch* mb, int C, int64_t ex
 }
 
 /* The input gradient into io->d_in (when its data is not NULL) and the output gradients the
-   parameter gradients need into gr (sums from zero: zeroed here); ws from gpt_block_bwd_ws. */
-static inline void gpt_block_bwd_b(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved s,
-                                   gpt_blockz_grads gr, float* ws) {
-    const int C = p->C;
+   parameter gradients need into gr (sums from zero: zeroed here); ws from gpt_block_bwd_ws.
+   0 or GPT_ETP. */
+static inline int gpt_block_bwd_b(const gpt_block_params* p, const pp_layer_io* io, gpt_block_saved s,
+                                  gpt_blockz_grads gr, float* ws) {
+    const int C = p->C, Cl = gpt_tp_cl(p);
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;      /* (T, C) */
     const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
     float* dx = (float*)io->d_in[0].data;               /* (T, C) zeroed by the library, or NULL */
-    float* datty = ws;                                  /* (T, C) */
+    float* datty = ws;                                  /* (T, Cl) */
     float* dp = datty + T * C;                          /* (max_seqlen) */
-    float* wt = dp + gpt_seq_max(io->mb);               /* (4C * C) a weight matrix transposed */
+    float* wt = dp + gpt_seq_max(io->mb);               /* (4Cl * C) a weight matrix transposed */
     int64_t i;
-    memset(gr.dfc, 0, sizeof(float) * (size_t)(T * 10 * C));
+    int rc;
+    memset(gr.dfc, 0, sizeof(float) * gpt_blockz_grads_floats(T, C, Cl));
     /* y = x2 + fcproj(gelu(fc(ln2(x2)))) */
     memcpy(gr.dx2, dy, sizeof(float) * (size_t)(T * C));
-    gpt_matmul_bwd(gr.dfc, NULL, NULL, wt, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
-    for (i = 0; i < T * 4 * C; i++) gr.dfc[i] *= gpt_gelu_grad(s.fch[i]);
-    gpt_matmul_bwd(gr.dln2, NULL, NULL, wt, gr.dfc, s.ln2, p->fc_w, T, C, 4 * C);
+    gpt_matmul_bwd(gr.dfc, NULL, NULL, wt, dy, s.fcg, p->fcproj_w, T, 4 * Cl, C);
+    for (i = 0; i < T * 4 * Cl; i++) gr.dfc[i] *= gpt_gelu_grad(s.fch[i]);
+    gpt_matmul_bwd(gr.dln2, NULL, NULL, wt, gr.dfc, s.ln2, p->fc_w, T, C, 4 * Cl);
+    if ((rc = gpt_tp_sum(p, io, gr.dln2, (size_t)(T * C)))) return rc; /* f: this rank's units' share */
     gpt_layernorm_bwd(gr.dx2, NULL, NULL, gr.dln2, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
     /* x2 = x + proj(attn(qkv(ln1(x)))) */
-    gpt_matmul_bwd(datty, NULL, NULL, wt, gr.dx2, s.atty, p->proj_w, T, C, C);
-    gpt_attention_bwd(gr.dqkv, dp, datty, s.qkv, s.att, io->mb, C, p->n_head);
-    gpt_matmul_bwd(gr.dln1, NULL, NULL, wt, gr.dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
+    gpt_matmul_bwd(datty, NULL, NULL, wt, gr.dx2, s.atty, p->proj_w, T, Cl, C);
+    gpt_attention_bwd(gr.dqkv, dp, datty, s.qkv, s.att, io->mb, Cl, gpt_tp_heads(p));
+    gpt_matmul_bwd(gr.dln1, NULL, NULL, wt, gr.dqkv, s.ln1, p->qkv_w, T, C, 3 * Cl);
+    if ((rc = gpt_tp_sum(p, io, gr.dln1, (size_t)(T * C)))) return rc; /* f: this rank's heads' share */
     if (dx)
         for (i = 0; i < T * C; i++) dx[i] += gr.dx2[i];
     gpt_layernorm_bwd(dx, NULL, NULL, gr.dln1, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
+    return 0;
 }
 
 /* The parameter gradients into g, from the activations and gpt_block_bwd_b's output gradients. */
 static inline void gpt_block_bwd_w(const gpt_block_params* p, gpt_block_params* g, const pp_layer_io* io,
                                    gpt_block_saved s, gpt_blockz_grads gr) {
-    const int C = p->C;
+    const int C = p->C, Cl = gpt_tp_cl(p);
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;      /* (T, C) */
     const float* dy = (const float*)io->d_out[0].data;  /* (T, C) */
-    gpt_matmul_bwd(NULL, g->fcproj_w, g->fcproj_b, NULL, dy, s.fcg, p->fcproj_w, T, 4 * C, C);
-    gpt_matmul_bwd(NULL, g->fc_w, g->fc_b, NULL, gr.dfc, s.ln2, p->fc_w, T, C, 4 * C);
+    gpt_matmul_bwd(NULL, g->fcproj_w, g->fcproj_b, NULL, dy, s.fcg, p->fcproj_w, T, 4 * Cl, C);
+    gpt_matmul_bwd(NULL, g->fc_w, g->fc_b, NULL, gr.dfc, s.ln2, p->fc_w, T, C, 4 * Cl);
     gpt_layernorm_bwd(NULL, g->ln2_g, g->ln2_b, gr.dln2, s.x2, s.ln2_mean, s.ln2_rstd, p->ln2_g, T, C);
-    gpt_matmul_bwd(NULL, g->proj_w, g->proj_b, NULL, gr.dx2, s.atty, p->proj_w, T, C, C);
-    gpt_matmul_bwd(NULL, g->qkv_w, g->qkv_b, NULL, gr.dqkv, s.ln1, p->qkv_w, T, C, 3 * C);
+    gpt_matmul_bwd(NULL, g->proj_w, g->proj_b, NULL, gr.dx2, s.atty, p->proj_w, T, Cl, C);
+    gpt_matmul_bwd(NULL, g->qkv_w, g->qkv_b, NULL, gr.dqkv, s.ln1, p->qkv_w, T, C, 3 * Cl);
     gpt_layernorm_bwd(NULL, g->ln1_g, g->ln1_b, gr.dln1, x, s.ln1_mean, s.ln1_rstd, p->ln1_g, T, C);
 }
 
@@ -837,7 +921,8 @@ static inline void gpt_block_bwd_w(const gpt_block_params* p, gpt_block_params* 
    backward). B of the split block (split 1): B's chain alone, the output gradients kept in
    io->saved for W. */
 static inline int gpt_block_bwd_run(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io, int split) {
-    const int64_t TC = io->mb->rows * p->C, keep = split ? 0 : 10 * TC;
+    const int64_t T = io->mb->rows;
+    const int64_t keep = split ? 0 : (int64_t)gpt_blockz_grads_floats(T, p->C, gpt_tp_cl(p));
     gpt_block_saved s;
     gpt_blockz_grads gr;
     float* ws;
@@ -845,11 +930,11 @@ static inline int gpt_block_bwd_run(const gpt_block_params* p, gpt_block_params*
     if (!rc && !gpt_tensor_is(&io->d_out[0], io->mb->rows, p->C, PP_F32)) rc = GPT_ESHAPE;
     if (rc) return rc;
     if (!(ws = gpt_block_bwd_ws(io->mb, p->C, keep))) return GPT_ENOMEM;
-    if (!split) gpt_blockz_grads_carve(&gr, ws, TC);
-    gpt_block_bwd_b(p, io, s, gr, ws + keep);
-    if (!split) gpt_block_bwd_w(p, g, io, s, gr);
+    if (!split) gpt_blockz_grads_carve(&gr, ws, T, p->C, gpt_tp_cl(p));
+    rc = gpt_block_bwd_b(p, io, s, gr, ws + keep);
+    if (!rc && !split) gpt_block_bwd_w(p, g, io, s, gr);
     free(ws);
-    return 0;
+    return rc;
 }
 static inline int gpt_block_bwd_f32(const gpt_block_params* p, gpt_block_params* g, pp_layer_io* io) {
     return gpt_block_bwd_run(p, g, io, 0);
@@ -870,8 +955,9 @@ static inline int gpt_blockz_bwd_w_f32(const gpt_block_params* p, gpt_block_para
 static inline void gpt_blockz_desc(const gpt_block_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
                                    pp_layer_desc* d) {
     gpt_block_desc(p, mb, in, n_in, d);
-    d->saved_bytes = gpt_blockz_kept_floats(mb->rows, p->C) * sizeof(float);
-    d->b_saved_bytes = gpt_blockz_bonly_floats(mb->rows, p->C, p->n_head, gpt_seq_sq_sum(mb)) * sizeof(float);
+    d->saved_bytes = gpt_blockz_kept_floats_tp(mb->rows, p->C, gpt_tp_cl(p)) * sizeof(float);
+    d->b_saved_bytes =
+        gpt_blockz_bonly_floats_tp(mb->rows, gpt_tp_cl(p), gpt_tp_heads(p), gpt_seq_sq_sum(mb)) * sizeof(float);
 }
 
 /* ---- head: final LayerNorm, LM head, softmax cross-entropy -------------------------------------- */
@@ -883,7 +969,10 @@ typedef struct gpt_head_saved {
     float* probs;       /* (T, V) */
 } gpt_head_saved;
 
+/* V: the vocabulary columns on this rank (gpt_head_vl). */
 static inline size_t gpt_head_saved_floats(int64_t T, int C, int V) { return (size_t)T * (size_t)(3 + C + V); }
+static inline int gpt_head_tp(const gpt_head_params* p) { return p->tp > 1 ? p->tp : 1; }
+static inline int gpt_head_vl(const gpt_head_params* p) { return p->vocab / gpt_head_tp(p); }
 
 static inline void gpt_head_saved_carve(gpt_head_saved* s, float* base, int64_t T, int C) {
     s->loss = base;
@@ -899,9 +988,69 @@ static inline const float* gpt_head_token_loss(const void* saved) { return (cons
 static inline int gpt_head_prepare(const gpt_head_params* p, const pp_layer_io* io, gpt_head_saved* s) {
     const int64_t T = io->mb->rows;
     if (!gpt_tensor_is(&io->in[0], T, p->C, PP_F32) || !io->mb->targets) return GPT_ESHAPE;
-    if (!io->saved || io->saved_bytes < gpt_head_saved_floats(T, p->C, p->vocab) * sizeof(float)) return GPT_ESAVED;
+    if (!io->saved || io->saved_bytes < gpt_head_saved_floats(T, p->C, gpt_head_vl(p)) * sizeof(float)) return GPT_ESAVED;
     gpt_head_saved_carve(s, (float*)io->saved, T, p->C);
     return 0;
+}
+
+/* The vocabulary-parallel head (tp > 1), Megatron's cross-entropy over split logits: each rank
+   has V / tp of the logits; the row maxima are all-gathered (a max, exact in any order), the
+   exponentials' sums and the target's logit (from the rank that has its column, 0 elsewhere)
+   all-reduced in one call, so every rank gets the same loss; in backward the input gradient of
+   lm (this rank's columns' share) is all-reduced before ln_f's backward. The logits and their
+   exponentials are tp = 1's bits; only the sums' order differs. */
+static inline int gpt_head_fwd_vp(const gpt_head_params* p, pp_layer_io* io, gpt_head_saved s) {
+    const int C = p->C, V = p->vocab, tp = gpt_head_tp(p), Vl = gpt_head_vl(p), v0 = p->tp_rank * Vl;
+    const int64_t T = io->mb->rows;
+    const float* x = (const float*)io->in[0].data;              /* (T, C) */
+    const int32_t* tgt = (const int32_t*)io->mb->targets;       /* (T) */
+    const pp_group* g = gpt_tp_group(io);
+    float *red, *mx_all, *sums; /* (T) this rank's row maxima, (tp T) every rank's, (2T) sums and target logits */
+    double total = 0.0;
+    int64_t t, counted = 0;
+    int c, k, rc = 0;
+    pp_error err;
+    for (t = 0; t < T; t++)
+        if (tgt[t] < -1 || tgt[t] >= V) return GPT_ETARGET;
+    if (!g) return GPT_ETP;
+    if (!(red = (float*)malloc(sizeof(float) * (size_t)T * (size_t)(tp + 3)))) return GPT_ENOMEM;
+    mx_all = red + T;
+    sums = mx_all + T * tp;
+    gpt_layernorm_fwd(s.ln, s.mean, s.rstd, x, p->lnf_g, p->lnf_b, T, C);
+    gpt_matmul_fwd(s.probs, s.ln, p->lm_w, p->lm_b, T, C, Vl);
+    for (t = 0; t < T; t++) {
+        const float* z = s.probs + t * Vl;
+        float mx = z[0];
+        for (c = 1; c < Vl; c++) mx = z[c] > mx ? z[c] : mx;
+        red[t] = mx;
+    }
+    if (pp_tp_allgather(g, red, mx_all, (size_t)(T * tp), PP_F32, &err) != PP_OK) rc = GPT_ETP;
+    for (t = 0; !rc && t < T; t++) {
+        float* z = s.probs + t * Vl;    /* (Vl) logits in, exponentials out */
+        float mx = mx_all[t], sum = 0.0f;
+        for (k = 1; k < tp; k++) mx = mx_all[k * T + t] > mx ? mx_all[k * T + t] : mx;
+        red[t] = mx;
+        sums[T + t] = tgt[t] >= v0 && tgt[t] < v0 + Vl ? z[tgt[t] - v0] : 0.0f;
+        for (c = 0; c < Vl; c++) {
+            z[c] = expf(z[c] - mx);
+            sum += z[c];
+        }
+        sums[t] = sum;
+    }
+    if (!rc && pp_tp_allreduce(g, sums, (size_t)(2 * T), PP_F32, &err) != PP_OK) rc = GPT_ETP;
+    for (t = 0; !rc && t < T; t++) {
+        float* z = s.probs + t * Vl;    /* (Vl) probabilities out */
+        const float sum = sums[t], inv = 1.0f / sum;
+        for (c = 0; c < Vl; c++) z[c] *= inv;
+        s.loss[t] = tgt[t] >= 0 ? logf(sum) + red[t] - sums[T + t] : 0.0f;
+        if (tgt[t] >= 0) {
+            total += (double)s.loss[t];
+            counted++;
+        }
+    }
+    free(red);
+    io->loss = counted ? (float)(total / (double)counted) : 0.0f;
+    return rc;
 }
 
 static inline int gpt_head_fwd_f32(const gpt_head_params* p, pp_layer_io* io) {
@@ -914,6 +1063,7 @@ static inline int gpt_head_fwd_f32(const gpt_head_params* p, pp_layer_io* io) {
     int64_t t, counted = 0;
     int c, rc = gpt_head_prepare(p, io, &s);
     if (rc) return rc;
+    if (gpt_head_tp(p) > 1) return gpt_head_fwd_vp(p, io, s);
     gpt_layernorm_fwd(s.ln, s.mean, s.rstd, x, p->lnf_g, p->lnf_b, T, C);
     gpt_matmul_fwd(s.probs, s.ln, p->lm_w, p->lm_b, T, C, V);
     for (t = 0; t < T; t++) {
@@ -939,7 +1089,7 @@ static inline int gpt_head_fwd_f32(const gpt_head_params* p, pp_layer_io* io) {
 }
 
 static inline int gpt_head_bwd_f32(const gpt_head_params* p, gpt_head_params* g, pp_layer_io* io) {
-    const int C = p->C, V = p->vocab;
+    const int C = p->C, V = gpt_head_vl(p), v0 = p->tp_rank * V; /* this rank's columns (tp 1: all) */
     const int64_t T = io->mb->rows;
     const float* x = (const float*)io->in[0].data;              /* (T, C) */
     const int32_t* tgt = (const int32_t*)io->mb->targets;       /* (T) */
@@ -961,12 +1111,13 @@ static inline int gpt_head_bwd_f32(const gpt_head_params* p, gpt_head_params* g,
     for (t = 0; t < T; t++) {
         const float* pr = s.probs + t * V;  /* (V) */
         if (tgt[t] < 0) continue;
-        for (c = 0; c < V; c++) dz[t * V + c] = scale * (pr[c] - (c == tgt[t] ? 1.0f : 0.0f));
+        for (c = 0; c < V; c++) dz[t * V + c] = scale * (pr[c] - (c + v0 == tgt[t] ? 1.0f : 0.0f));
     }
     gpt_matmul_bwd(dln, g->lm_w, g->lm_b, wt, dz, s.ln, p->lm_w, T, C, V);
-    gpt_layernorm_bwd(dx, g->lnf_g, g->lnf_b, dln, x, s.mean, s.rstd, p->lnf_g, T, C);
+    rc = gpt_tp_sum_n(gpt_head_tp(p), io, dln, (size_t)(T * C)); /* this rank's columns' share */
+    if (!rc) gpt_layernorm_bwd(dx, g->lnf_g, g->lnf_b, dln, x, s.mean, s.rstd, p->lnf_g, T, C);
     free(ws);
-    return 0;
+    return rc;
 }
 
 static inline void gpt_head_desc(const gpt_head_params* p, const pp_microbatch* mb, const pp_tensor* in, int n_in,
@@ -974,9 +1125,9 @@ static inline void gpt_head_desc(const gpt_head_params* p, const pp_microbatch* 
     (void)in;
     (void)n_in;
     d->n_out = 0;
-    d->saved_bytes = gpt_head_saved_floats(mb->rows, p->C, p->vocab) * sizeof(float);
-    d->cost = 3.0 * (double)mb->rows * p->C * p->vocab;
-    d->n_params = 2 * (int64_t)p->C + (int64_t)p->C * p->vocab + p->vocab;
+    d->saved_bytes = gpt_head_saved_floats(mb->rows, p->C, gpt_head_vl(p)) * sizeof(float);
+    d->cost = 3.0 * (double)mb->rows * p->C * gpt_head_vl(p);
+    d->n_params = 2 * (int64_t)p->C + (int64_t)p->C * gpt_head_vl(p) + gpt_head_vl(p);
 }
 
 /* ---- parameter buffers, for checkpoints (pp_model.params: gpt_params, gptz_params) ------------------
@@ -992,18 +1143,25 @@ static inline int gpt_embed_param_list(const gpt_embed_params* p, pp_param* out,
     const int64_t count[2] = {(int64_t)p->vocab * p->C, (int64_t)p->max_T * p->C};
     return gpt_param_fill(out, cap, 2, ptr, count);
 }
+/* A block's 12 buffers; with tensor parallelism this rank's shards (Cl = gpt_tp_cl), of which
+   gpt_block_param_sharded says which are split over the TP group. */
 static inline int gpt_block_param_list(const gpt_block_params* p, pp_param* out, int cap) {
-    const int64_t C = p->C;
+    const int64_t C = p->C, Cl = gpt_tp_cl(p);
     float* const ptr[12] = {p->ln1_g, p->ln1_b, p->qkv_w, p->qkv_b, p->proj_w, p->proj_b,
                             p->ln2_g, p->ln2_b, p->fc_w,  p->fc_b,  p->fcproj_w, p->fcproj_b};
-    const int64_t count[12] = {C, C, C * 3 * C, 3 * C, C * C, C, C, C, C * 4 * C, 4 * C, 4 * C * C, C};
+    const int64_t count[12] = {C, C, C * 3 * Cl, 3 * Cl, Cl * C, C, C, C, C * 4 * Cl, 4 * Cl, 4 * Cl * C, C};
     return gpt_param_fill(out, cap, 12, ptr, count);
 }
+/* 1 where gpt_block_param_list's buffer i is a TP shard (qkv_w, qkv_b, proj_w, fc_w, fc_b,
+   fcproj_w), 0 where every TP rank holds it whole (LayerNorms, proj_b, fcproj_b). */
+static inline int gpt_block_param_sharded(int i) { return i == 2 || i == 3 || i == 4 || i == 8 || i == 9 || i == 10; }
 static inline int gpt_head_param_list(const gpt_head_params* p, pp_param* out, int cap) {
     float* const ptr[4] = {p->lnf_g, p->lnf_b, p->lm_w, p->lm_b};
-    const int64_t count[4] = {p->C, p->C, (int64_t)p->C * p->vocab, p->vocab};
+    const int64_t count[4] = {p->C, p->C, (int64_t)p->C * gpt_head_vl(p), gpt_head_vl(p)};
     return gpt_param_fill(out, cap, 4, ptr, count);
 }
+/* 1 where gpt_head_param_list's buffer i is a TP shard (lm_w, lm_b: vocabulary-parallel). */
+static inline int gpt_head_param_sharded(int i) { return i == 2 || i == 3; }
 #define GPT_PARAMS(X) X(embed, gpt_embed_param_list) X(block, gpt_block_param_list) X(head, gpt_head_param_list)
 
 /* ---- the model ---------------------------------------------------------------------------------- */
@@ -1058,9 +1216,21 @@ static inline pp_model gptz_model_desc_depth(int n_block) {
 /* ---- parameters --------------------------------------------------------------------------------- */
 static inline size_t gpt_embed_numel(const gpt_config* c) { return (size_t)(c->vocab + c->max_T) * c->C; }
 static inline size_t gpt_block_numel(const gpt_config* c) { return 12 * (size_t)c->C * c->C + 13 * (size_t)c->C; }
+/* One TP rank's block (tp 0 or 1: gpt_block_numel). */
+static inline size_t gpt_block_numel_tp(const gpt_config* c, int tp) {
+    return (size_t)gpt_block_numel_cl(c->C, c->C / (tp > 1 ? tp : 1));
+}
 static inline size_t gpt_head_numel(const gpt_config* c) { return (size_t)(c->C + 1) * c->vocab + 2 * (size_t)c->C; }
+/* One TP rank's head (vocab / tp columns of lm). */
+static inline size_t gpt_head_numel_tp(const gpt_config* c, int tp) {
+    return (size_t)(c->C + 1) * (size_t)(c->vocab / (tp > 1 ? tp : 1)) + 2 * (size_t)c->C;
+}
 static inline size_t gpt_param_count(const gpt_config* c) {
     return gpt_embed_numel(c) + (size_t)c->n_block * gpt_block_numel(c) + gpt_head_numel(c);
+}
+/* One TP rank's parameters (gpt_bind_tp's layout). */
+static inline size_t gpt_param_count_tp(const gpt_config* c, int tp) {
+    return gpt_embed_numel(c) + (size_t)c->n_block * gpt_block_numel_tp(c, tp) + gpt_head_numel_tp(c, tp);
 }
 
 static inline int gpt_config_ok(const gpt_config* c) {
@@ -1071,9 +1241,10 @@ static inline int gpt_config_ok(const gpt_config* c) {
 /* Sets m's config fields and points its parameters into buf (gpt_param_count floats), in layer
    order: embed, block 0 .. n_block-1, head; inside a layer in struct order. Blocks past n_block
    get their config and NULL pointers. With buf NULL only the config is set, which is all that
-   describe() reads. */
-static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
-    const int C = c->C;
+   describe() reads. gpt_bind_tp: TP rank tp_rank of tp (n_head % tp == 0; tp 0 or 1 is
+   gpt_bind): buf holds gpt_param_count_tp floats, each block's buffers its shards. */
+static inline void gpt_bind_tp(gpt_model* m, const gpt_config* c, int tp, int tp_rank, float* buf) {
+    const int C = c->C, Cl = c->C / (tp > 1 ? tp : 1);
     float* q = buf;
     int b;
     memset(m, 0, sizeof *m);
@@ -1083,9 +1254,13 @@ static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
     for (b = 0; b < GPT_MAX_BLOCK; b++) {
         m->block[b].C = C;
         m->block[b].n_head = c->n_head;
+        m->block[b].tp = tp > 1 ? tp : 1;
+        m->block[b].tp_rank = tp > 1 ? tp_rank : 0;
     }
     m->head[0].C = C;
     m->head[0].vocab = c->vocab;
+    m->head[0].tp = tp > 1 ? tp : 1;
+    m->head[0].tp_rank = tp > 1 ? tp_rank : 0;
 
     if (!buf) return;
     m->embed[0].wte = q;            q += (size_t)c->vocab * C;
@@ -1094,22 +1269,23 @@ static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) {
         gpt_block_params* k = &m->block[b];
         k->ln1_g = q;               q += C;
         k->ln1_b = q;               q += C;
-        k->qkv_w = q;               q += (size_t)C * 3 * C;
-        k->qkv_b = q;               q += 3 * C;
-        k->proj_w = q;              q += (size_t)C * C;
+        k->qkv_w = q;               q += (size_t)C * 3 * Cl;
+        k->qkv_b = q;               q += 3 * Cl;
+        k->proj_w = q;              q += (size_t)Cl * C;
         k->proj_b = q;              q += C;
         k->ln2_g = q;               q += C;
         k->ln2_b = q;               q += C;
-        k->fc_w = q;                q += (size_t)C * 4 * C;
-        k->fc_b = q;                q += 4 * C;
-        k->fcproj_w = q;            q += (size_t)4 * C * C;
+        k->fc_w = q;                q += (size_t)C * 4 * Cl;
+        k->fc_b = q;                q += 4 * Cl;
+        k->fcproj_w = q;            q += (size_t)4 * Cl * C;
         k->fcproj_b = q;            q += C;
     }
     m->head[0].lnf_g = q;           q += C;
     m->head[0].lnf_b = q;           q += C;
-    m->head[0].lm_w = q;            q += (size_t)C * c->vocab;
+    m->head[0].lm_w = q;            q += (size_t)C * (size_t)(c->vocab / (tp > 1 ? tp : 1));
     m->head[0].lm_b = q;
 }
+static inline void gpt_bind(gpt_model* m, const gpt_config* c, float* buf) { gpt_bind_tp(m, c, 1, 0, buf); }
 
 /* The dtype of the tensors between m's layers and of their gradients: PP_F32 (what gpt_bind
    sets) or PP_BF16 (ACTIVATIONS IN BF16 above). Set it on the weights' model, which the layers
@@ -1133,11 +1309,11 @@ static inline float* gpt_layer_params(const gpt_model* m, const gpt_config* c, i
         return m->embed[0].wte;
     }
     if (l >= 1 && l <= c->n_block) {
-        *n = gpt_block_numel(c);
+        *n = gpt_block_numel_tp(c, m->block[l - 1].tp);
         return m->block[l - 1].ln1_g;
     }
     if (l == c->n_block + 1) {
-        *n = gpt_head_numel(c);
+        *n = gpt_head_numel_tp(c, m->head[0].tp);
         return m->head[0].lnf_g;
     }
     *n = 0;
@@ -1196,6 +1372,82 @@ static inline float* gpt_init(gpt_model* w, gpt_model* g, const gpt_config* c, u
         }
         gpt_bind(g, c, *gbuf);
     }
+    return buf;
+}
+
+/* rows x n floats between a (row stride astride) and b (row stride bstride): a to b, or b to a
+   when back is set. */
+static inline void gpt_tp_copy_block(float* b, int bstride, float* a, int astride, int rows, int n, int back) {
+    int r;
+    for (r = 0; r < rows; r++) {
+        float *x = a + (size_t)r * astride, *y = b + (size_t)r * bstride;
+        memcpy(back ? x : y, back ? y : x, sizeof(float) * (size_t)n);
+    }
+}
+
+/* TP sharding: local (bound by gpt_bind_tp, its tp and tp_rank) gets its shard of full (bound by
+   gpt_bind: the tp = 1 layout), weights or gradients alike. Embedding, head, LayerNorms, proj_b
+   and fcproj_b are copied whole; the heads' q, k and v columns of qkv, fc's columns, and the
+   matching rows of proj_w and fcproj_w are this rank's slice (TENSOR PARALLELISM above). */
+/* gpt_tp_shard, or with back set its inverse: local's shard into its place in full, and the
+   whole buffers (embedding, head, LayerNorms, biases) copied to full. */
+static inline void gpt_tp_place(gpt_model* local, gpt_model* full, const gpt_config* c, int back) {
+    const int C = c->C, tp = local->block[0].tp > 1 ? local->block[0].tp : 1, r = local->block[0].tp_rank;
+    const int Cl = C / tp;
+    int b, part;
+    gpt_tp_copy_block(local->embed[0].wte, 0, full->embed[0].wte, 0, 1, (int)gpt_embed_numel(c), back);
+    gpt_tp_copy_block(local->head[0].lnf_g, 0, full->head[0].lnf_g, 0, 1, 2 * C, back); /* lnf_g, lnf_b */
+    gpt_tp_copy_block(local->head[0].lm_w, c->vocab / tp, full->head[0].lm_w + r * (c->vocab / tp), c->vocab, C,
+                      c->vocab / tp, back);
+    gpt_tp_copy_block(local->head[0].lm_b, 0, full->head[0].lm_b + r * (c->vocab / tp), 0, 1, c->vocab / tp, back);
+    for (b = 0; b < c->n_block; b++) {
+        gpt_block_params* f = &full->block[b];
+        gpt_block_params* l = &local->block[b];
+        gpt_tp_copy_block(l->ln1_g, 0, f->ln1_g, 0, 1, 2 * C, back);        /* ln1_g, ln1_b */
+        gpt_tp_copy_block(l->proj_b, 0, f->proj_b, 0, 1, 3 * C, back);      /* proj_b, ln2_g, ln2_b */
+        gpt_tp_copy_block(l->fcproj_b, 0, f->fcproj_b, 0, 1, C, back);
+        for (part = 0; part < 3; part++) { /* q, k, v: this rank's heads' columns of each */
+            gpt_tp_copy_block(l->qkv_w + part * Cl, 3 * Cl, f->qkv_w + part * C + r * Cl, 3 * C, C, Cl, back);
+            gpt_tp_copy_block(l->qkv_b + part * Cl, 3 * Cl, f->qkv_b + part * C + r * Cl, 3 * C, 1, Cl, back);
+        }
+        gpt_tp_copy_block(l->proj_w, 0, f->proj_w + (size_t)r * Cl * C, 0, 1, Cl * C, back);
+        gpt_tp_copy_block(l->fc_w, 4 * Cl, f->fc_w + r * 4 * Cl, 4 * C, C, 4 * Cl, back);
+        gpt_tp_copy_block(l->fc_b, 4 * Cl, f->fc_b + r * 4 * Cl, 4 * C, 1, 4 * Cl, back);
+        gpt_tp_copy_block(l->fcproj_w, 0, f->fcproj_w + (size_t)r * 4 * Cl * C, 0, 1, 4 * Cl * C, back);
+    }
+}
+static inline void gpt_tp_shard(gpt_model* local, const gpt_model* full, const gpt_config* c) {
+    gpt_tp_place(local, (gpt_model*)full, c, 0); /* reads full only */
+}
+/* The inverse: local's shard into full (bound by gpt_bind), whose other columns and rows stay. */
+static inline void gpt_tp_unshard(const gpt_model* local, gpt_model* full, const gpt_config* c) {
+    gpt_tp_place((gpt_model*)local, full, c, 1); /* reads local only */
+}
+
+/* gpt_init for TP rank tp_rank of tp: gpt_init's weights (the same seed: the tp = 1 model), this
+   rank's shard of them (gpt_tp_shard) in a buffer of gpt_param_count_tp floats bound to w
+   (gpt_bind_tp); g and *gbuf as gpt_init's. tp 0 or 1 is gpt_init. NULL on a bad config (also
+   n_head not a multiple of tp) or no memory. */
+static inline float* gpt_init_tp(gpt_model* w, gpt_model* g, const gpt_config* c, int tp, int tp_rank, uint64_t seed,
+                                 float** gbuf) {
+    gpt_model full;
+    float *fbuf, *buf;
+    size_t n;
+    if (tp <= 1) return gpt_init(w, g, c, seed, gbuf);
+    if (gbuf) *gbuf = NULL;
+    if (c->n_head % tp || c->vocab % tp || tp_rank < 0 || tp_rank >= tp || !(fbuf = gpt_init(&full, NULL, c, seed, NULL))) return NULL;
+    n = gpt_param_count_tp(c, tp);
+    buf = (float*)calloc(n, sizeof(float));
+    if (buf && g && gbuf && !(*gbuf = (float*)calloc(n, sizeof(float)))) {
+        free(buf);
+        buf = NULL;
+    }
+    if (buf) {
+        gpt_bind_tp(w, c, tp, tp_rank, buf);
+        gpt_tp_shard(w, &full, c);
+        if (g && gbuf) gpt_bind_tp(g, c, tp, tp_rank, *gbuf);
+    }
+    free(fbuf);
     return buf;
 }
 

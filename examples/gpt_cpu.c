@@ -376,6 +376,10 @@ int main(int argc, char** argv) {
                 PP_MAX_RANKS, c.seqs, g_dp > 0 ? g_dp : 1, c.m);
         return 2;
     }
+    if (c.tp > 1) { /* the threads' pipeline (pp_pipeline) has no TP group yet */
+        fprintf(stderr, "gpt_cpu: --tp is gpt_mpi's (mpirun -np P*N build/gpt_mpi --tp N)\n");
+        return 2;
+    }
     if (c.check_resume) return check_resume(&c);
     if (gpt_trainer_init(&T, &c)) return 2;
     m = gpt_model_desc_depth(c.layers);

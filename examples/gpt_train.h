@@ -41,6 +41,7 @@ typedef struct gpt_opts {
     int eval_seqs;          /* --eval-seqs N: held-out documents per evaluation (default 128) */
     int recompute;          /* --recompute K: recompute every K-th block's activations (0: none) */
     pp_split_policy split;
+    int tp;                 /* --tp N: tensor-parallel ranks per stage (gpt_mpi; 0: not given, as 1) */
 } gpt_opts;
 
 /* The GPT for a schedule: blocks with their backward split into B and W (gptz, examples/gpt.h)
@@ -59,7 +60,7 @@ static inline void gpt_opts_usage(const char* prog) {
             "       [--text FILE | --generated] [--seqs-per-step S] [--max-len L] [--dim C] [--heads H]\n"
             "       [--layers N] [--lr LR] [--lr-min LR] [--warmup N] [--wd X] [--optim adam|sgd] [--clip X]\n"
             "       [--eval-every N] [--eval-seqs N] [--split seqs|tokens|cost] [--dtype f32|bf16] [--trace FILE]\n"
-            "       [--recompute K] [--check] [--save FILE] [--resume FILE] [--check-resume]\n",
+            "       [--recompute K] [--check] [--save FILE] [--resume FILE] [--check-resume] [--tp N]\n",
             prog);
 }
 
@@ -101,6 +102,7 @@ static inline int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
         else if (!strcmp(a, "--eval-every")) c->eval_every = atoi(val);
         else if (!strcmp(a, "--eval-seqs")) c->eval_seqs = atoi(val);
         else if (!strcmp(a, "--recompute")) c->recompute = atoi(val);
+        else if (!strcmp(a, "--tp")) c->tp = atoi(val);
         else if (!strcmp(a, "--optim")) {
             if (!strcmp(val, "adam")) c->sgd = 0;
             else if (!strcmp(val, "sgd")) c->sgd = 1;
@@ -137,6 +139,11 @@ static inline int gpt_opts_check(gpt_opts* c) {
     }
     if (c->layers < 1 || c->layers > GPT_MAX_BLOCK || c->dim < 1 || c->heads < 1 || c->dim % c->heads) {
         fprintf(stderr, "--layers must be 1..%d and --dim a multiple of --heads\n", GPT_MAX_BLOCK);
+        return 1;
+    }
+    if (c->tp < 0 || c->tp > PP_MAX_RANKS || (c->tp > 1 && (c->heads % c->tp || GPT_DATA_VOCAB % c->tp))) {
+        fprintf(stderr, "--tp %d: the heads (--heads %d) and the vocabulary (%d) must split evenly over the TP ranks (1..%d)\n",
+                c->tp, c->heads, GPT_DATA_VOCAB, PP_MAX_RANKS);
         return 1;
     }
     if (c->layers + 2 < c->p * c->v) {
@@ -327,6 +334,8 @@ typedef struct gpt_trainer {
     size_t n_params;
     double mean_len, attn_len;
     pp_tensor sample;           /* one sequence of the corpus' attention length (the cost partition) */
+    int tp, tp_rank;            /* tensor parallelism (gpt_trainer_init_tp): every buffer above is TP
+                                   rank tp_rank's shard layout (gpt_bind_tp); 1, 0 without */
 } gpt_trainer;
 
 static inline void gpt_trainer_free(gpt_trainer* T, const gpt_opts* c) {
@@ -351,18 +360,19 @@ static inline void gpt_trainer_free(gpt_trainer* T, const gpt_opts* c) {
 static inline void gpt_decay_mask(const gpt_trainer* T, unsigned char* mask) {
     const gpt_model* w = &T->w;
     const size_t C = (size_t)T->gc.C, V = (size_t)T->gc.vocab;
+    const size_t Cl = C / (size_t)(T->tp > 1 ? T->tp : 1); /* a TP rank's share (tp 0: a T set up by hand) */
     int b;
 #define GPT_DECAY(ptr, n) memset(mask + ((ptr) - T->wbuf), 1, (n))
     memset(mask, 0, T->n_params);
     GPT_DECAY(w->embed[0].wte, V * C);
     GPT_DECAY(w->embed[0].wpe, (size_t)T->gc.max_T * C);
     for (b = 0; b < T->gc.n_block; b++) {
-        GPT_DECAY(w->block[b].qkv_w, 3 * C * C);
-        GPT_DECAY(w->block[b].proj_w, C * C);
-        GPT_DECAY(w->block[b].fc_w, 4 * C * C);
-        GPT_DECAY(w->block[b].fcproj_w, 4 * C * C);
+        GPT_DECAY(w->block[b].qkv_w, 3 * C * Cl);
+        GPT_DECAY(w->block[b].proj_w, Cl * C);
+        GPT_DECAY(w->block[b].fc_w, 4 * C * Cl);
+        GPT_DECAY(w->block[b].fcproj_w, 4 * Cl * C);
     }
-    GPT_DECAY(w->head[0].lm_w, C * V);
+    GPT_DECAY(w->head[0].lm_w, C * (V / (size_t)(T->tp > 1 ? T->tp : 1))); /* vocabulary-parallel with TP */
 #undef GPT_DECAY
 }
 
@@ -399,9 +409,12 @@ static inline int gpt_val_make(gpt_trainer* T, const gpt_opts* c) {
     return 0;
 }
 
-/* 0 on success; on failure a message is printed and T is freed. */
-static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
+/* 0 on success; on failure a message is printed and T is freed. gpt_trainer_init_tp: TP rank
+   tp_rank of c->tp (weights, gradients and moments its shards: gpt_init_tp). */
+static inline int gpt_trainer_init_tp(gpt_trainer* T, const gpt_opts* c, int tp_rank) {
     memset(T, 0, sizeof *T);
+    T->tp = c->tp > 1 ? c->tp : 1;
+    T->tp_rank = T->tp > 1 ? tp_rank : 0;
     if (gpt_opts_corpus(c, &T->corpus)) return 1;
     if (gpt_corpus_hold_out(&T->corpus, GPT_HOLD_OUT, &T->held)) {
         fprintf(stderr, "out of memory\n");
@@ -414,8 +427,8 @@ static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
     T->gc.C = c->dim;
     T->gc.n_head = c->heads;
     T->gc.n_block = c->layers;
-    T->n_params = gpt_param_count(&T->gc);
-    T->wbuf = gpt_init(&T->w, &T->g, &T->gc, 1234, &T->gbuf);
+    T->n_params = gpt_param_count_tp(&T->gc, T->tp);
+    T->wbuf = gpt_init_tp(&T->w, &T->g, &T->gc, T->tp, T->tp_rank, 1234, &T->gbuf);
     T->m1 = (float*)calloc(T->n_params, sizeof(float));
     T->m2 = (float*)calloc(T->n_params, sizeof(float));
     T->loss = (float*)calloc((size_t)c->steps, sizeof(float));
@@ -431,8 +444,8 @@ static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
     }
     gpt_set_act(&T->w, c->dtype); /* the options allow f32 and bf16 */
     gpt_decay_mask(T, T->decay);
-    gpt_bind(&T->mw1, &T->gc, T->m1);
-    gpt_bind(&T->mw2, &T->gc, T->m2);
+    gpt_bind_tp(&T->mw1, &T->gc, T->tp, T->tp_rank, T->m1);
+    gpt_bind_tp(&T->mw2, &T->gc, T->tp, T->tp_rank, T->m2);
     T->moments[0] = &T->mw1;
     T->moments[1] = &T->mw2;
     T->sample.rows = T->attn_len > 1 ? (int64_t)(T->attn_len + 0.5) : 1;
@@ -440,6 +453,7 @@ static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) {
     T->sample.dtype = PP_I32;
     return 0;
 }
+static inline int gpt_trainer_init(gpt_trainer* T, const gpt_opts* c) { return gpt_trainer_init_tp(T, c, 0); }
 
 /* What both programs print before training: the text and its held-out split, the optimizer and
    its rate schedule, the evaluations. */
@@ -471,11 +485,38 @@ static inline void gpt_grad_bufs(const gpt_trainer* T, int l0, int l1, pp_grad_b
     }
 }
 
+/* The same with tensor parallelism: one buffer per parameter of each block and of the head
+   (gpt_block_param_list, gpt_head_param_list on the gradients), tp_sharded where it is a TP
+   shard (gpt_block_param_sharded, gpt_head_param_sharded), so that pp_stage_grad_norm_tp counts
+   a shard's squares once per rank and a whole parameter once; the embedding whole, one buffer.
+   out needs room for 12 per block + 5. */
+static inline void gpt_grad_bufs_tp(const gpt_trainer* T, int l0, int l1, pp_grad_buf* out, int* n) {
+    int l, i, k, head;
+    for (l = l0; l < l1; l++) {
+        pp_param ps[12];
+        if (l == 0) {
+            gpt_grad_bufs(T, l, l + 1, out, n);
+            continue;
+        }
+        head = l == T->gc.n_block + 1;
+        k = head ? gpt_head_param_list(&T->g.head[0], ps, 12) : gpt_block_param_list(&T->g.block[l - 1], ps, 12);
+        for (i = 0; i < k; i++) {
+            pp_grad_buf* b = &out[(*n)++];
+            memset(b, 0, sizeof *b);
+            b->layer = l;
+            b->data = ps[i].data;
+            b->count = (size_t)ps[i].count;
+            b->dtype = PP_F32;
+            b->tp_sharded = T->tp > 1 && (head ? gpt_head_param_sharded(i) : gpt_block_param_sharded(i));
+        }
+    }
+}
+
 /* --check: the sequential reference of batch b (before any update) into T->gref; 0 on success. */
 static inline int gpt_trainer_reference(gpt_trainer* T, const pp_model* m, const pp_batch* b) {
     pp_error err;
     if (!(T->grefbuf = (float*)calloc(T->n_params, sizeof(float)))) return 1;
-    gpt_bind(&T->gref, &T->gc, T->grefbuf);
+    gpt_bind_tp(&T->gref, &T->gc, T->tp, T->tp_rank, T->grefbuf);
     if (pp_sequential_step(m, &T->w, &T->gref, b, &T->ref_loss, &err) != PP_OK) {
         fprintf(stderr, "reference: %s\n", err.msg);
         return 1;
