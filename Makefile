@@ -398,14 +398,19 @@ TEST_BINS_EXTRA += $(B)/dpfault-controls
 # tests/test_tp_mpi.c: over MPI, multiprocess.mk)
 # Its negative controls must fail: each rank sums every copy itself, its own first (at tp = 4 the
 # ranks' bits differ from each other and from the sequential sum); pp_grid_tp_split colours by
-# stage alone (the replicas' TP groups merged: the split's groups are not g.tp_group).
+# stage alone (the replicas' TP groups merged: the split's groups are not g.tp_group); the split
+# boundaries never gathered; slices of rows / tp with the remainder dropped (odd row counts).
 TESTS += test_tp test_tp_nccl
 $(B)/tp-ctl-unordered: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-split-no-dp: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_SPLIT_NO_DP $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/tp-controls: tests/controls.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid"\n' > $@
+$(B)/tp-ctl-no-gather: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_NO_GATHER $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-ctl-even-slice: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_EVEN_SLICE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-controls: tests/controls.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

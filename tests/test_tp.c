@@ -20,10 +20,19 @@
      its partial product all-reduced, and its input gradient in backward): the loss and every
      rank's weight gradient rows (stage 0's through stage 1's all-reduced input gradient) equal
      the unsplit model's bit for bit (small integer data: every sum exact).
+   - boundary: boundaries split across the TP group (pp_stage_desc.tp): every schedule kind,
+     p = 1..4, tp 1, 2, 4, dense and packed batches of odd row counts, LOCAL and BROADCAST shapes,
+     replicated boundaries (split, gathered) and sharded ones (sequence parallel: as they are):
+     losses and gradients bit-identical to the run with the split off, the bytes each rank sends
+     between stages exactly its slices' (pp_tp_boundary_bytes; the transports' counters and
+     pp_step_stats), the gathers' bytes exact. A sample (test_pick), all under PP_TEST_FULL.
+     Refusals: a split under AUTO or PER_MESSAGE, an out_tp that is no layout.
    Negative controls (build/tp-controls): -DPP_TEST_TP_UNORDERED lets each rank sum every copy
    itself, its own first: at tp = 4 the ranks' bits differ ("coll" fails); -DPP_TEST_TP_SPLIT_NO_DP
-   colours pp_grid_tp_split by stage alone ("grid" fails wherever dp > 1 and tp > 1).
-   Usage: test_tp [grid|coll|refuse|layer]. */
+   colours pp_grid_tp_split by stage alone ("grid" fails wherever dp > 1 and tp > 1);
+   -DPP_TEST_TP_NO_GATHER skips the boundary gather, -DPP_TEST_TP_EVEN_SLICE cuts rows / tp per
+   rank and drops the remainder ("boundary" fails: gradients, and bytes with odd row counts).
+   Usage: test_tp [grid|coll|refuse|layer|boundary]. */
 #ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
 #endif
@@ -598,11 +607,433 @@ static void layer_checks(void) {
     CHECK(loss > 0 && j > LK, "a loss (%g) and gradients (%d non-zero pairs) that say something", (double)loss, j);
 }
 
+/* ---- boundaries split across the TP group (pp_stage_desc.tp, pp_layer_desc.out_tp) ------------- */
+/* BN hidden layers, each a row-parallel linear over the TP group (x (rows, BK) -> y (rows, BK), W
+   split by rows, the partial products all-reduced), then a squared-error loss. With sp (sequence
+   parallelism) every hidden layer's output is SHARDED: the partial products reduce-scattered,
+   each TP rank keeping its elements' block (pp_tp_block over rows * BK: a [len, 1] tensor), which
+   the next layer all-gathers first; else REPLICATED, which the pipeline splits when
+   pp_stage_desc.tp is set. Each case runs twice, the split on and off: losses and gradient bits
+   must agree, and the bytes each rank sent between stages must be exactly its slices' (the
+   transports' counters and pp_step_stats), the gathers' bytes exactly pp_tp_boundary_bytes'. */
+#define BK 4
+#define BN 8
+#define BMAXR 64
+typedef struct bw {
+    int tp, tp_rank, sp;
+    float w[BN][BK * BK]; /* this TP rank's rows of each layer's W: (BK / tp, BK) */
+} bw;
+
+static float BX[BMAXR * BK], BT[BMAXR * BK], BW[BN][BK * BK];
+static int b_bad_out_tp; /* describe gives this out_tp (the refusal checks) */
+
+static size_t b_shard(int64_t rows, int tp, int t, size_t* off) {
+    size_t len;
+    pp_tp_block((size_t)rows * BK, tp, t, off, &len);
+    return len;
+}
+
+/* x (rows, BK) whole: the input, or gathered from its shard (in tmp) */
+static const float* b_whole(const tp_ctx* c, const bw* w, const pp_tensor* in, int sharded, int64_t rows, float* tmp,
+                            int* bad) {
+    pp_error err;
+    if (!sharded) return (const float*)in->data;
+    if (pp_tp_allgather(&c->tp, in->data, tmp, (size_t)rows * BK, PP_F32, &err) != PP_OK) *bad = 1;
+    (void)w;
+    return tmp;
+}
+
+static int b_fwd(const void* weights, int layer, pp_layer_io* io) {
+    const tp_ctx* c = (const tp_ctx*)io->ctx;
+    const bw* w = (const bw*)weights;
+    int64_t r, rows = io->mb->rows;
+    int k, n, bad = 0, kh = BK / w->tp, in_sh = w->sp && layer > 0;
+    float* tmp = (float*)malloc(sizeof(float) * (size_t)rows * BK * 2);
+    const float* x;
+    pp_error err;
+    if (!c || !tmp) return 3;
+    x = b_whole(c, w, &io->in[0], in_sh, rows, tmp, &bad);
+    if (layer == BN) {
+        const float* t = (const float*)io->mb->targets;
+        float acc = 0;
+        for (r = 0; r < rows * BK; r++) acc += (x[r] - t[r]) * (x[r] - t[r]);
+        io->loss = acc / (float)rows;
+    } else {
+        float* y = w->sp ? tmp + rows * BK : (float*)io->out[0].data;
+        for (r = 0; r < rows; r++)
+            for (n = 0; n < BK; n++) {
+                float a = 0;
+                for (k = 0; k < kh; k++) a += x[r * BK + w->tp_rank * kh + k] * w->w[layer][k * BK + n];
+                y[r * BK + n] = a;
+            }
+        if (w->sp) bad |= pp_tp_reducescatter(&c->tp, y, io->out[0].data, (size_t)rows * BK, PP_F32, &err) != PP_OK;
+        else bad |= pp_tp_allreduce(&c->tp, y, (size_t)rows * BK, PP_F32, &err) != PP_OK;
+    }
+    free(tmp);
+    return bad ? 4 : 0;
+}
+
+static int b_bwd(const void* weights, void* grads, int layer, pp_layer_io* io) {
+    const tp_ctx* c = (const tp_ctx*)io->ctx;
+    const bw* w = (const bw*)weights;
+    bw* g = (bw*)grads;
+    int64_t r, rows = io->mb->rows;
+    int k, n, bad = 0, kh = BK / w->tp, in_sh = w->sp && layer > 0;
+    float* tmp = (float*)malloc(sizeof(float) * (size_t)rows * BK * 3);
+    float *dx, *dy;
+    const float* x;
+    pp_error err;
+    size_t off = 0;
+    if (!c || !tmp) return 3;
+    x = b_whole(c, w, &io->in[0], in_sh, rows, tmp, &bad);
+    dx = tmp + 2 * rows * BK; /* (rows, BK): the whole input gradient */
+    if (layer == BN) {
+        const float* t = (const float*)io->mb->targets;
+        for (r = 0; r < rows * BK; r++) dx[r] = 2.0f * (x[r] - t[r]) / (float)rows * io->mb->loss_scale;
+        if (io->d_in[0].data) {
+            if (in_sh) {
+                size_t len = b_shard(rows, w->tp, w->tp_rank, &off);
+                memcpy(io->d_in[0].data, dx + off, len * sizeof(float));
+            } else {
+                memcpy(io->d_in[0].data, dx, (size_t)rows * BK * sizeof(float));
+            }
+        }
+        free(tmp);
+        return bad ? 4 : 0;
+    }
+    dy = w->sp ? tmp + rows * BK : (float*)io->d_out[0].data;
+    if (w->sp && pp_tp_allgather(&c->tp, io->d_out[0].data, dy, (size_t)rows * BK, PP_F32, &err) != PP_OK) bad = 1;
+    for (k = 0; k < kh; k++)
+        for (n = 0; n < BK; n++) {
+            float a = 0;
+            for (r = 0; r < rows; r++) a += x[r * BK + w->tp_rank * kh + k] * dy[r * BK + n];
+            g->w[layer][k * BK + n] += a;
+        }
+    if (io->d_in[0].data) {
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < BK; k++) {
+                float a = 0;
+                int kk = k - w->tp_rank * kh;
+                if (kk >= 0 && kk < kh)
+                    for (n = 0; n < BK; n++) a += dy[r * BK + n] * w->w[layer][kk * BK + n];
+                dx[r * BK + k] = a;
+            }
+        if (in_sh) bad |= pp_tp_reducescatter(&c->tp, dx, io->d_in[0].data, (size_t)rows * BK, PP_F32, &err) != PP_OK;
+        else {
+            bad |= pp_tp_allreduce(&c->tp, dx, (size_t)rows * BK, PP_F32, &err) != PP_OK;
+            memcpy(io->d_in[0].data, dx, (size_t)rows * BK * sizeof(float));
+        }
+    }
+    free(tmp);
+    return bad ? 4 : 0;
+}
+
+static void b_desc(const void* weights, int layer, const pp_microbatch* mb, const pp_tensor* in, int n_in,
+                   pp_layer_desc* d) {
+    const bw* w = (const bw*)weights;
+    (void)in;
+    (void)n_in;
+    d->n_out = layer == BN ? 0 : 1;
+    d->out[0].rows = w->sp ? (int64_t)b_shard(mb->rows, w->tp, w->tp_rank, NULL) : mb->rows;
+    d->out[0].cols = w->sp ? 1 : BK;
+    d->out[0].dtype = PP_F32;
+    d->out_tp[0] = w->sp ? PP_TP_SHARDED : PP_TP_REPLICATED;
+    if (b_bad_out_tp) d->out_tp[0] = (pp_tp_layout)b_bad_out_tp;
+    d->n_params = layer == BN ? 0 : BK * BK;
+}
+
+static const char* b_name(int layer) { return layer == BN ? "loss" : "rowpar"; }
+
+#define BMAXW 16
+typedef struct bnd_world {
+    int p, tp, split, sp;
+    pp_shape_policy shapes;
+    pp_threads* tpw;
+    pp_threads* pipes[4];
+    pp_schedule sc;
+    int first[2 * 4 + 2];
+    pp_batch b;
+    bw w[BMAXW], g[BMAXW];
+    tp_ctx ctx[BMAXW];
+    pp_step_stats stats[BMAXW];
+    int group[BMAXW][4];
+    pp_result rc[BMAXW];
+    char msg[BMAXW][sizeof(((pp_error*)0)->msg)];
+} bnd_world;
+
+static pp_result bnd_rank(int r, void* user) {
+    bnd_world* W = (bnd_world*)user;
+    int pr = r / W->tp, t = r % W->tp, i;
+    pp_stage_desc d;
+    pp_stage* st = NULL;
+    pp_transport tpt = pp_threads_transport(W->tpw, r);
+    pp_error err;
+    pp_result rc;
+    for (i = 0; i < W->tp; i++) W->group[r][i] = pr * W->tp + i;
+    W->ctx[r].tp.t = W->tp > 1 ? &tpt : NULL;
+    W->ctx[r].tp.ranks = W->group[r];
+    W->ctx[r].tp.n_ranks = W->tp;
+    W->ctx[r].tp.timeout_s = 20;
+    W->ctx[r].tp_rank = t;
+    memset(&d, 0, sizeof d);
+    d.model.name = "bnd";
+    d.model.n_layers = BN + 1;
+    d.model.forward = b_fwd;
+    d.model.backward = b_bwd;
+    d.model.describe = b_desc;
+    d.model.layer_name = b_name;
+    d.weights = &W->w[r];
+    d.grads = &W->g[r];
+    d.schedule = &W->sc;
+    d.partition = W->first;
+    d.rank = pr;
+    d.transport = pp_threads_transport(W->pipes[t], pr);
+    d.timeout_s = 20;
+    d.shapes = W->shapes;
+    d.layer_ctx = &W->ctx[r];
+    d.tp = W->split ? &W->ctx[r].tp : NULL;
+    d.allow_nonfinite_loss = 1; /* a broken split (the negative controls) gives wrong numbers, not a failed step */
+    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
+        snprintf(W->msg[r], sizeof W->msg[r], "%s", err.msg);
+        return W->rc[r] = rc;
+    }
+    if ((rc = pp_stage_step(st, &W->b, &W->stats[r])) != PP_OK)
+        snprintf(W->msg[r], sizeof W->msg[r], "%s", pp_stage_error(st));
+    pp_stage_destroy(st);
+    return W->rc[r] = rc;
+}
+
+/* One run; the pipes' transport counters (bytes each pipeline rank sent) into sent[r]. */
+static int bnd_run(bnd_world* W, uint64_t* sent, const char* what) {
+    int world = W->p * W->tp, r, t, l, ok = 1;
+    pp_error err;
+    memset(W->g, 0, sizeof W->g);
+    memset(W->rc, 0, sizeof W->rc);
+    for (r = 0; r < world; r++) {
+        W->w[r].tp = W->tp;
+        W->w[r].tp_rank = r % W->tp;
+        W->w[r].sp = W->sp;
+        for (l = 0; l < BN; l++)
+            memcpy(W->w[r].w[l], BW[l] + (r % W->tp) * (BK / W->tp) * BK, sizeof(float) * (BK / W->tp) * BK);
+    }
+    if (pp_threads_create(world, &W->tpw, &err) != PP_OK) return 0;
+    for (t = 0; t < W->tp; t++)
+        if (pp_threads_create(W->p, &W->pipes[t], &err) != PP_OK) return 0;
+    if (pp_threads_run(world, bnd_rank, W, &err) != PP_OK) ok = 0;
+    for (r = 0; r < world; r++) {
+        uint64_t bytes = 0;
+        pp_threads_counters(W->pipes[r % W->tp], r / W->tp, &bytes, NULL);
+        sent[r] = bytes;
+        if (W->rc[r] != PP_OK) {
+            ok = 0;
+            CHECK(0, "%s: world rank %d: %s", what, r, W->msg[r]);
+        }
+    }
+    pp_threads_destroy(W->tpw);
+    for (t = 0; t < W->tp; t++) pp_threads_destroy(W->pipes[t]);
+    return ok;
+}
+
+/* Refused with a message: a split under AUTO or PER_MESSAGE shapes (create), a describe whose
+   out_tp is neither layout (the step). */
+static void boundary_refusals(void) {
+    static bw w, g;
+    static pp_action acts[64];
+    pp_threads* tw = NULL;
+    pp_transport tt;
+    pp_group grp;
+    int ranks[2] = {0, 1}, first[2] = {0, BN + 1}, pol;
+    pp_stage_desc d;
+    pp_stage* st = NULL;
+    pp_schedule sc;
+    pp_step_stats stats;
+    pp_batch b;
+    pp_error err;
+    pp_result rc;
+    tp_ctx c;
+    CHECK(pp_threads_create(2, &tw, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 1, 1, 2, acts, 64, &sc, &err) == PP_OK, "%s", err.msg);
+    tt = pp_threads_transport(tw, 0);
+    grp.t = &tt, grp.ranks = ranks, grp.n_ranks = 2, grp.timeout_s = 5;
+    memset(&c, 0, sizeof c);
+    w.tp = 1, w.tp_rank = 0, w.sp = 0;
+    memset(&d, 0, sizeof d);
+    d.model.name = "bnd";
+    d.model.n_layers = BN + 1;
+    d.model.forward = b_fwd;
+    d.model.backward = b_bwd;
+    d.model.describe = b_desc;
+    d.model.layer_name = b_name;
+    d.weights = &w;
+    d.grads = &g;
+    d.schedule = &sc;
+    d.partition = first;
+    d.layer_ctx = &c;
+    d.tp = &grp;
+    for (pol = PP_SHAPES_PER_MESSAGE; pol <= PP_SHAPES_AUTO; pol++) {
+        d.shapes = (pp_shape_policy)pol;
+        err.msg[0] = 0;
+        rc = pp_stage_create(&d, &st, &err);
+        CHECK(rc == PP_ERR_UNSUPPORTED && strstr(err.msg, "LOCAL or BROADCAST"), "shapes %d with a TP split: %s (%s)", pol,
+              pp_result_str(rc), err.msg);
+        if (rc == PP_OK) pp_stage_destroy(st);
+    }
+    d.shapes = PP_SHAPES_LOCAL;
+    d.tp = NULL;
+    memset(&b, 0, sizeof b);
+    b.m = 2;
+    b.input.data = BX;
+    b.input.rows = 6;
+    b.input.cols = BK;
+    b.input.dtype = PP_F32;
+    b.targets = BT;
+    b.target_row_bytes = BK * sizeof(float);
+    CHECK(pp_stage_create(&d, &st, &err) == PP_OK, "%s", err.msg);
+    if (st) {
+        b_bad_out_tp = 7;
+        rc = pp_stage_step(st, &b, &stats);
+        b_bad_out_tp = 0;
+        CHECK(rc == PP_ERR_INVALID && strstr(pp_stage_error(st), "out_tp = 7"), "out_tp 7: %s (%s)", pp_result_str(rc),
+              pp_stage_error(st));
+        pp_stage_destroy(st);
+    }
+    pp_threads_destroy(tw);
+}
+
+static void boundary_checks(void) {
+    static bnd_world W;
+    static bw g_off[BMAXW];
+    static pp_step_stats s_off[BMAXW];
+    static pp_action acts[4096];
+    static const int tps[3] = {1, 2, 4};
+    uint64_t sent_on[BMAXW], sent_off[BMAXW];
+    int32_t cu[BMAXR + 1], cub[BMAXR + 16];
+    pp_microbatch mbs[16];
+    pp_error err;
+    long i = 0, ran = 0, fails0 = _t_fail, split_cases = 0;
+    int kind, p, ti, packed, shp, sp, r, k, l;
+    for (k = 0; k < BMAXR * BK; k++) {
+        BX[k] = (float)((k * 7) % 11 - 5) / 8.0f;
+        BT[k] = (float)((k * 5) % 9 - 4) / 8.0f;
+    }
+    for (l = 0; l < BN; l++)
+        for (k = 0; k < BK * BK; k++) BW[l][k] = (k % (BK + 1) == 0 ? 0.75f : 0.0f) + (float)((k * 3 + l * 5) % 7 - 3) / 16.0f;
+    for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
+        for (p = 1; p <= 4; p++)
+            for (ti = 0; ti < 3; ti++)
+                for (packed = 0; packed < 2; packed++)
+                    for (shp = 0; shp < 2; shp++)
+                        for (sp = 0; sp < 2; sp++) {
+                            int tp = tps[ti], v = pp_schedule_kind_v((pp_schedule_kind)kind, 2), m = 2 * p, world = p * tp;
+                            int rows, n_seqs = 0, S, t, mb;
+                            char what[160];
+                            size_t need;
+                            if (sp && tp == 1) continue;
+                            if (!test_pick(i++, 6)) continue;
+                            need = pp_schedule_size((pp_schedule_kind)kind, p, v, m);
+                            if (need == 0 || need > sizeof acts / sizeof acts[0] || p * v > BN) continue;
+                            if (_t_fail > fails0) break; /* one failed case says it (and a control ends soon) */
+                            memset(&W, 0, sizeof W);
+                            W.p = p, W.tp = tp, W.sp = sp;
+                            W.shapes = shp ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL;
+                            if (pp_schedule_make((pp_schedule_kind)kind, p, v, m, acts, need, &W.sc, &err) != PP_OK) {
+                                CHECK(0, "schedule %s p %d: %s", pp_schedule_name((pp_schedule_kind)kind), p, err.msg);
+                                continue;
+                            }
+                            S = W.sc.n_stages;
+                            CHECK(pp_partition_uniform(BN + 1, S, W.first, &err) == PP_OK, "%s", err.msg);
+                            /* odd row counts: dense 4m + 3 rows; packed 2m + 1 sequences of 1 .. 5 tokens */
+                            if (packed) {
+                                n_seqs = 2 * m + 1;
+                                cu[0] = 0;
+                                for (k = 0; k < n_seqs; k++) cu[k + 1] = cu[k] + 1 + (k * 3 + p) % 5;
+                                rows = cu[n_seqs];
+                            } else {
+                                rows = 4 * m + 3;
+                            }
+                            W.b.m = m;
+                            W.b.input.data = BX;
+                            W.b.input.rows = rows;
+                            W.b.input.cols = BK;
+                            W.b.input.dtype = PP_F32;
+                            W.b.targets = BT;
+                            W.b.target_row_bytes = BK * sizeof(float);
+                            W.b.cu_seqlens = packed ? cu : NULL;
+                            W.b.n_seqs = n_seqs;
+                            W.b.split = PP_SPLIT_TOKENS;
+                            CHECK(pp_batch_split(&W.b, mbs, cub, &err) == PP_OK, "%s", err.msg);
+                            snprintf(what, sizeof what, "%s p %d tp %d %s %s%s, %d rows", pp_schedule_name((pp_schedule_kind)kind),
+                                     p, tp, packed ? "packed" : "dense", shp ? "BROADCAST" : "LOCAL", sp ? " sharded" : "", rows);
+                            W.split = 0;
+                            if (!bnd_run(&W, sent_off, what)) continue;
+                            memcpy(g_off, W.g, sizeof g_off);
+                            memcpy(s_off, W.stats, sizeof s_off);
+                            W.split = 1;
+                            if (!bnd_run(&W, sent_on, what)) continue;
+                            ran++;
+                            split_cases += tp > 1 && !sp;
+                            for (r = 0; r < world; r++) {
+                                const pp_action* la = pp_schedule_rank(&W.sc, r / tp);
+                                uint64_t want_on = 0, want_off = 0, want_g = 0;
+                                size_t a_on, a_off, g_on, len;
+                                t = r % tp;
+                                CHECK(memcmp(W.g[r].w, g_off[r].w, sizeof W.g[r].w) == 0,
+                                      "%s: world rank %d (stage rank %d, TP rank %d): gradients differ with the split", what, r,
+                                      r / tp, t);
+                                for (k = 0, l = 0; k < (int)(sizeof W.g[r].w / sizeof(float)); k++) l += (&W.g[r].w[0][0])[k] != 0;
+                                CHECK(l > 0 || W.first[S - 1] == BN, "%s: world rank %d: no gradient at all", what, r);
+                                CHECK(!W.stats[r].has_loss || W.stats[r].loss > 0, "%s: world rank %d: loss %g", what, r,
+                                      (double)W.stats[r].loss);
+                                CHECK(W.stats[r].has_loss == s_off[r].has_loss &&
+                                          memcmp(&W.stats[r].loss, &s_off[r].loss, sizeof(float)) == 0,
+                                      "%s: world rank %d: loss %.9g with the split, %.9g without", what, r,
+                                      (double)W.stats[r].loss, (double)s_off[r].loss);
+                                /* every transfer of micro-batch mb: its slice (or shard) */
+                                for (k = 0; k < W.sc.per_rank; k++) {
+                                    const pp_action* a = &la[k];
+                                    int snd = (a->op == PP_OP_F && a->stage < S - 1 && a->next_rank != r / tp) ||
+                                              (a->op == PP_OP_B && a->stage > 0 && a->prev_rank != r / tp);
+                                    int rcv = (a->op == PP_OP_F && a->stage > 0 && a->prev_rank != r / tp) ||
+                                              (a->op == PP_OP_B && a->stage < S - 1 && a->next_rank != r / tp);
+                                    mb = a->mb;
+                                    if (sp) {
+                                        len = b_shard(mbs[mb].rows, tp, t, NULL) * sizeof(float);
+                                        a_on = a_off = len, g_on = 0;
+                                    } else {
+                                        pp_tp_boundary_bytes(mbs[mb].rows, BK * sizeof(float), tp, t, &a_on, &g_on);
+                                        pp_tp_boundary_bytes(mbs[mb].rows, BK * sizeof(float), 1, 0, &a_off, NULL);
+                                    }
+                                    if (snd) want_on += a_on, want_off += a_off;
+                                    if (rcv) want_g += g_on;
+                                }
+                                CHECK(sent_on[r] - sent_off[r] == want_on - want_off &&
+                                          W.stats[r].bytes_sent - W.stats[r].meta_bytes_sent - W.stats[r].agree_bytes == want_on &&
+                                          s_off[r].bytes_sent - s_off[r].meta_bytes_sent - s_off[r].agree_bytes == want_off,
+                                      "%s: world rank %d: sent %llu bytes between stages with the split (transport %llu), "
+                                      "%llu without (transport %llu); want %llu and %llu",
+                                      what, r, (unsigned long long)(W.stats[r].bytes_sent - W.stats[r].meta_bytes_sent -
+                                                                    W.stats[r].agree_bytes),
+                                      (unsigned long long)sent_on[r],
+                                      (unsigned long long)(s_off[r].bytes_sent - s_off[r].meta_bytes_sent - s_off[r].agree_bytes),
+                                      (unsigned long long)sent_off[r], (unsigned long long)want_on, (unsigned long long)want_off);
+                                CHECK(W.stats[r].tp_gather_bytes == want_g && s_off[r].tp_gather_bytes == 0,
+                                      "%s: world rank %d: %llu bytes sent gathering, want %llu", what, r,
+                                      (unsigned long long)W.stats[r].tp_gather_bytes, (unsigned long long)want_g);
+                            }
+                            (void)cub;
+                        }
+    printf("boundary: %ld of %ld (kind, p, tp, packing, shapes, sharding) cases bit-identical with the split on and off, "
+           "exact bytes (%ld split)%s\n", ran, i, split_cases, _t_fail > fails0 ? " - FAILED" : "");
+    CHECK(ran > 0 && split_cases > 0, "the sample ran %ld cases, %ld of them split", ran, split_cases);
+    boundary_refusals();
+}
+
 int main(int argc, char** argv) {
     const char* only = argc > 1 ? argv[1] : NULL;
     if (!only || !strcmp(only, "grid")) grid_checks();
     if (!only || !strcmp(only, "coll")) coll_checks();
     if (!only || !strcmp(only, "refuse")) refuse_checks();
     if (!only || !strcmp(only, "layer")) layer_checks();
+    if (!only || !strcmp(only, "boundary")) boundary_checks();
     return TEST_DONE("test_tp");
 }
