@@ -233,7 +233,8 @@
           cosine, --eval-every and --save/--resume like gpt_cpu (examples/gpt_loop.h).
           Then: tensor parallelism's foundation: a pp x dp x tp grid (pp_grid_make_tp) and
           deterministic TP collectives over any transport (>>tp: pp_tp_allreduce, _reducescatter,
-          _allgather).
+          _allgather). Then: boundaries split across the TP group (pp_stage_desc.tp,
+          pp_layer_desc.out_tp): 1/tp of the bytes between stages, all-gathered on arrival.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
