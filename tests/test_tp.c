@@ -900,6 +900,48 @@ static void boundary_refusals(void) {
     pp_threads_destroy(tw);
 }
 
+/* The simulator and the planner count a split transfer as comm / tp + tp_gather; tp 0 and 1 as comm. */
+static void boundary_cost_checks(void) {
+    static pp_action acts[512];
+    static pp_layer_cost lc[8];
+    pp_schedule sc;
+    pp_sim_cost c;
+    pp_sim_result a, b;
+    pp_plan_desc pd;
+    pp_plan pa, pb;
+    int first[9], l, tp;
+    double m0 = 0;
+    pp_error err;
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 4, 1, 8, acts, 512, &sc, &err) == PP_OK, "%s", err.msg);
+    for (tp = 0; tp <= 4; tp++) {
+        memset(&c, 0, sizeof c);
+        c.comm = 3.0;
+        c.tp = tp;
+        c.tp_gather = 0.25;
+        CHECK(pp_simulate(&sc, &c, &a, NULL, &err) == PP_OK, "%s", err.msg);
+        c.comm = tp > 1 ? 3.0 / tp + 0.25 : 3.0;
+        c.tp = 0;
+        c.tp_gather = 0;
+        CHECK(pp_simulate(&sc, &c, &b, NULL, &err) == PP_OK, "%s", err.msg);
+        CHECK(a.makespan == b.makespan && a.bubble == b.bubble, "tp %d: makespan %g, with comm %g %g", tp, a.makespan,
+              c.comm, b.makespan);
+        if (tp == 0) m0 = a.makespan;
+    }
+    CHECK(a.makespan < m0, "tp 4: a shorter step (%g) than unsplit (%g)", a.makespan, m0);
+    memset(&c, 0, sizeof c);
+    c.tp = -1;
+    CHECK(pp_simulate(&sc, &c, &a, NULL, &err) == PP_ERR_INVALID, "tp -1 refused");
+    c.tp = 2, c.tp_gather = -1;
+    CHECK(pp_simulate(&sc, &c, &a, NULL, &err) == PP_ERR_INVALID, "tp_gather -1 refused");
+    for (l = 0; l < 8; l++) lc[l].f = 1, lc[l].b = 2, lc[l].mem = 1, lc[l].out = 1;
+    memset(&pd, 0, sizeof pd);
+    pd.layers = lc, pd.n_layers = 8, pd.p = 4, pd.m = 8, pd.comm = 2.0, pd.tp = 2, pd.tp_gather = 0.5;
+    CHECK(pp_plan_try(&pd, PP_SCHED_1F1B, 1, NULL, &pa, first, &err) == PP_OK, "%s", err.msg);
+    pd.comm = 1.5, pd.tp = 0, pd.tp_gather = 0;
+    CHECK(pp_plan_try(&pd, PP_SCHED_1F1B, 1, NULL, &pb, first, &err) == PP_OK, "%s", err.msg);
+    CHECK(pa.makespan == pb.makespan, "plan: tp 2 comm 2 gather 0.5 %g, comm 1.5 %g", pa.makespan, pb.makespan);
+}
+
 static void boundary_checks(void) {
     static bnd_world W;
     static bw g_off[BMAXW];
@@ -1026,6 +1068,7 @@ static void boundary_checks(void) {
            "exact bytes (%ld split)%s\n", ran, i, split_cases, _t_fail > fails0 ? " - FAILED" : "");
     CHECK(ran > 0 && split_cases > 0, "the sample ran %ld cases, %ld of them split", ran, split_cases);
     boundary_refusals();
+    boundary_cost_checks();
 }
 
 int main(int argc, char** argv) {
