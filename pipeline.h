@@ -8553,6 +8553,7 @@ static void _pp_fp_record(const _pp_bnd* bd, const pp_microbatch* mb, int64_t* w
         h = _pp_fnv(h, (uint64_t)bd->t[k].rows);
         h = _pp_fnv(h, (uint64_t)bd->t[k].cols);
         h = _pp_fnv(h, (uint64_t)bd->t[k].dtype);
+        if (bd->tp[k]) h = _pp_fnv(h, 0x5450u + bd->tp[k]); /* a sharded tensor (pp_tp_layout) */
         if (k < 16) dt |= ((uint64_t)bd->t[k].dtype & 15u) << (4 * k);
     }
     w[0] = bd->n;
@@ -8581,6 +8582,11 @@ static void _pp_fp_describe(char* buf, size_t n, const int64_t* w) {
     }
 }
 
+/* The TP split in the plan check's records word (above n_rec): 0 without one, else tp | tp_rank << 16. */
+static int64_t _pp_fp_tp(const pp_stage* s) {
+    return s->tp_n > 1 ? ((int64_t)s->tp_n | ((int64_t)s->tp_me << 16)) << 32 : 0;
+}
+
 /* Step start: send each neighbour this rank's view, post the receive of theirs. */
 static pp_result _pp_fp_post(pp_stage* s) {
     const pp_transport* t = &s->d.transport;
@@ -8599,7 +8605,7 @@ static pp_result _pp_fp_post(pp_stage* s) {
         w[0] = _PP_FP_MAGIC;
         w[1] = s->n_steps;
         w[2] = s->gen;
-        w[3] = nb->n_rec;
+        w[3] = nb->n_rec | _pp_fp_tp(s);
         for (b = 1; b < s->S; b++)
             if (_pp_nb_boundary(s, b, nb->rank))
                 for (mb = 0; mb < m; mb++, j++)
@@ -8623,6 +8629,7 @@ static pp_result _pp_fp_post(pp_stage* s) {
 
 /* Before this rank first waits for data from `peer` (and at step end): its view must be ours. */
 static pp_result _pp_fp_check(pp_stage* s, int peer) {
+    int64_t tp_mine, tp_theirs;
     const pp_transport* t = &s->d.transport;
     double t0 = _pp_now();
     int i, b, mb, j = 0, m = s->plan.m;
@@ -8642,8 +8649,16 @@ static pp_result _pp_fp_check(pp_stage* s, int peer) {
     mine = s->fp_mine + nb->off;
     theirs = s->fp_theirs + nb->off;
     s->st.bytes_recv += sizeof(int64_t) * (_PP_FP_HDR + (size_t)nb->n_rec * _PP_FP_WORDS);
-    if (theirs[0] != _PP_FP_MAGIC || theirs[3] != nb->n_rec)
+    if (theirs[0] != _PP_FP_MAGIC || (theirs[3] & 0xffffffff) != nb->n_rec)
         return _pp_stage_fail(s, PP_ERR_TRANSPORT, "the plan check from rank %d is corrupt", peer);
+    tp_mine = mine[3] >> 32;
+    tp_theirs = theirs[3] >> 32;
+    if (tp_mine != tp_theirs)
+        return _pp_stage_fail(s, PP_ERR_INVALID,
+                              "ranks %d and %d split their boundaries differently across TP (pp_stage_desc.tp): here a TP "
+                              "group of %d (TP rank %d), on rank %d of %d (TP rank %d): neighbours must both set it, the same "
+                              "TP rank of groups of one size", s->d.rank, peer, tp_mine ? (int)(tp_mine & 0xffff) : 1,
+                              (int)(tp_mine >> 16), peer, tp_theirs ? (int)(tp_theirs & 0xffff) : 1, (int)(tp_theirs >> 16));
     if (theirs[1] != mine[1] || theirs[2] != mine[2])
         return _pp_stage_fail(s, PP_ERR_TRANSPORT,
                               "rank %d is at its step %lld (after %lld failed), this rank at step %lld (after %lld failed): "

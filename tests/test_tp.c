@@ -26,7 +26,9 @@
      losses and gradients bit-identical to the run with the split off, the bytes each rank sends
      between stages exactly its slices' (pp_tp_boundary_bytes; the transports' counters and
      pp_step_stats), the gathers' bytes exact. A sample (test_pick), all under PP_TEST_FULL.
-     Refusals: a split under AUTO or PER_MESSAGE, an out_tp that is no layout.
+     Refusals: a split under AUTO or PER_MESSAGE, an out_tp that is no layout. A grid with one
+     rank not splitting: every rank fails the step (the plan check names the split). The
+     simulator and pp_plan_try: a split transfer costs comm / tp + tp_gather.
    Negative controls (build/tp-controls): -DPP_TEST_TP_UNORDERED lets each rank sum every copy
    itself, its own first: at tp = 4 the ranks' bits differ ("coll" fails); -DPP_TEST_TP_SPLIT_NO_DP
    colours pp_grid_tp_split by stage alone ("grid" fails wherever dp > 1 and tp > 1);
@@ -747,6 +749,8 @@ static const char* b_name(int layer) { return layer == BN ? "loss" : "rowpar"; }
 #define BMAXW 16
 typedef struct bnd_world {
     int p, tp, split, sp;
+    int off_rank;  /* >= 0: this world rank leaves the split off (a misconfigured grid) */
+    double to;     /* deadlines (0: 20 s) */
     pp_shape_policy shapes;
     pp_threads* tpw;
     pp_threads* pipes[4];
@@ -773,7 +777,7 @@ static pp_result bnd_rank(int r, void* user) {
     W->ctx[r].tp.t = W->tp > 1 ? &tpt : NULL;
     W->ctx[r].tp.ranks = W->group[r];
     W->ctx[r].tp.n_ranks = W->tp;
-    W->ctx[r].tp.timeout_s = 20;
+    W->ctx[r].tp.timeout_s = W->to > 0 ? W->to : 20;
     W->ctx[r].tp_rank = t;
     memset(&d, 0, sizeof d);
     d.model.name = "bnd";
@@ -788,10 +792,10 @@ static pp_result bnd_rank(int r, void* user) {
     d.partition = W->first;
     d.rank = pr;
     d.transport = pp_threads_transport(W->pipes[t], pr);
-    d.timeout_s = 20;
+    d.timeout_s = W->to > 0 ? W->to : 20;
     d.shapes = W->shapes;
     d.layer_ctx = &W->ctx[r];
-    d.tp = W->split ? &W->ctx[r].tp : NULL;
+    d.tp = W->split && r != W->off_rank ? &W->ctx[r].tp : NULL;
     d.allow_nonfinite_loss = 1; /* a broken split (the negative controls) gives wrong numbers, not a failed step */
     if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
         snprintf(W->msg[r], sizeof W->msg[r], "%s", err.msg);
@@ -824,7 +828,7 @@ static int bnd_run(bnd_world* W, uint64_t* sent, const char* what) {
         uint64_t bytes = 0;
         pp_threads_counters(W->pipes[r % W->tp], r / W->tp, &bytes, NULL);
         sent[r] = bytes;
-        if (W->rc[r] != PP_OK) {
+        if (W->rc[r] != PP_OK && W->off_rank < 0) {
             ok = 0;
             CHECK(0, "%s: world rank %d: %s", what, r, W->msg[r]);
         }
@@ -942,6 +946,36 @@ static void boundary_cost_checks(void) {
     CHECK(pa.makespan == pb.makespan, "plan: tp 2 comm 2 gather 0.5 %g, comm 1.5 %g", pa.makespan, pb.makespan);
 }
 
+/* pp 2 x tp 2 where world rank 3 (stage rank 1, TP rank 1) leaves the split off: its neighbour sees
+   it in the plan check, and every rank fails the step (none hangs, none reports success). */
+static void boundary_mismatch(void) {
+    static bnd_world W;
+    static pp_action acts[64];
+    uint64_t sent[BMAXW];
+    pp_error err;
+    int r, n_tp = 0;
+    memset(&W, 0, sizeof W);
+    W.p = 2, W.tp = 2, W.split = 1, W.off_rank = 3, W.to = 1;
+    W.shapes = PP_SHAPES_LOCAL;
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 64, &W.sc, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_partition_uniform(BN + 1, 2, W.first, &err) == PP_OK, "%s", err.msg);
+    W.b.m = 4;
+    W.b.input.data = BX;
+    W.b.input.rows = 13;
+    W.b.input.cols = BK;
+    W.b.input.dtype = PP_F32;
+    W.b.targets = BT;
+    W.b.target_row_bytes = BK * sizeof(float);
+    bnd_run(&W, sent, "mismatch");
+    for (r = 0; r < 4; r++) {
+        CHECK(W.rc[r] != PP_OK, "world rank %d: the step succeeded with a neighbour that does not split", r);
+        n_tp += strstr(W.msg[r], "differently across TP") != NULL;
+    }
+    if (getenv("PP_TEST_VERBOSE"))
+        for (r = 0; r < 4; r++) printf("mismatch: world rank %d: %s: %s\n", r, pp_result_str(W.rc[r]), W.msg[r]);
+    CHECK(n_tp >= 1, "the plan check names the TP split: %s / %s / %s / %s", W.msg[0], W.msg[1], W.msg[2], W.msg[3]);
+}
+
 static void boundary_checks(void) {
     static bnd_world W;
     static bw g_off[BMAXW];
@@ -976,6 +1010,7 @@ static void boundary_checks(void) {
                             if (need == 0 || need > sizeof acts / sizeof acts[0] || p * v > BN) continue;
                             if (_t_fail > fails0) break; /* one failed case says it (and a control ends soon) */
                             memset(&W, 0, sizeof W);
+                            W.off_rank = -1;
                             W.p = p, W.tp = tp, W.sp = sp;
                             W.shapes = shp ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL;
                             if (pp_schedule_make((pp_schedule_kind)kind, p, v, m, acts, need, &W.sc, &err) != PP_OK) {
@@ -1069,6 +1104,7 @@ static void boundary_checks(void) {
     CHECK(ran > 0 && split_cases > 0, "the sample ran %ld cases, %ld of them split", ran, split_cases);
     boundary_refusals();
     boundary_cost_checks();
+    boundary_mismatch();
 }
 
 int main(int argc, char** argv) {
