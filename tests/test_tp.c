@@ -760,6 +760,8 @@ typedef struct bnd_world {
     bw w[BMAXW], g[BMAXW];
     tp_ctx ctx[BMAXW];
     pp_step_stats stats[BMAXW];
+    float eval_loss[BMAXW];     /* an evaluation after the step (pp_stage_eval) */
+    uint64_t step_sent[BMAXW];  /* the pipe transport's counter after the training step */
     int group[BMAXW][4];
     pp_result rc[BMAXW];
     char msg[BMAXW][sizeof(((pp_error*)0)->msg)];
@@ -803,11 +805,19 @@ static pp_result bnd_rank(int r, void* user) {
     }
     if ((rc = pp_stage_step(st, &W->b, &W->stats[r])) != PP_OK)
         snprintf(W->msg[r], sizeof W->msg[r], "%s", pp_stage_error(st));
+    pp_threads_counters(W->pipes[t], pr, &W->step_sent[r], NULL);
+    if (rc == PP_OK && W->off_rank < 0) {
+        pp_step_stats es;
+        if ((rc = pp_stage_eval(st, &W->b, NULL, &es)) != PP_OK)
+            snprintf(W->msg[r], sizeof W->msg[r], "eval: %s", pp_stage_error(st));
+        W->eval_loss[r] = es.loss;
+    }
     pp_stage_destroy(st);
     return W->rc[r] = rc;
 }
 
-/* One run; the pipes' transport counters (bytes each pipeline rank sent) into sent[r]. */
+/* One run; the pipes' transport counters (bytes each pipeline rank sent in the training step)
+   into sent[r]. */
 static int bnd_run(bnd_world* W, uint64_t* sent, const char* what) {
     int world = W->p * W->tp, r, t, l, ok = 1;
     pp_error err;
@@ -825,9 +835,7 @@ static int bnd_run(bnd_world* W, uint64_t* sent, const char* what) {
         if (pp_threads_create(W->p, &W->pipes[t], &err) != PP_OK) return 0;
     if (pp_threads_run(world, bnd_rank, W, &err) != PP_OK) ok = 0;
     for (r = 0; r < world; r++) {
-        uint64_t bytes = 0;
-        pp_threads_counters(W->pipes[r % W->tp], r / W->tp, &bytes, NULL);
-        sent[r] = bytes;
+        sent[r] = W->step_sent[r];
         if (W->rc[r] != PP_OK && W->off_rank < 0) {
             ok = 0;
             CHECK(0, "%s: world rank %d: %s", what, r, W->msg[r]);
@@ -980,6 +988,7 @@ static void boundary_checks(void) {
     static bnd_world W;
     static bw g_off[BMAXW];
     static pp_step_stats s_off[BMAXW];
+    static float e_off[BMAXW];
     static pp_action acts[4096];
     static const int tps[3] = {1, 2, 4};
     uint64_t sent_on[BMAXW], sent_off[BMAXW];
@@ -1045,6 +1054,7 @@ static void boundary_checks(void) {
                             if (!bnd_run(&W, sent_off, what)) continue;
                             memcpy(g_off, W.g, sizeof g_off);
                             memcpy(s_off, W.stats, sizeof s_off);
+                            memcpy(e_off, W.eval_loss, sizeof e_off);
                             W.split = 1;
                             if (!bnd_run(&W, sent_on, what)) continue;
                             ran++;
@@ -1061,6 +1071,10 @@ static void boundary_checks(void) {
                                 CHECK(l > 0 || W.first[S - 1] == BN, "%s: world rank %d: no gradient at all", what, r);
                                 CHECK(!W.stats[r].has_loss || W.stats[r].loss > 0, "%s: world rank %d: loss %g", what, r,
                                       (double)W.stats[r].loss);
+                                CHECK(memcmp(&W.eval_loss[r], &e_off[r], sizeof(float)) == 0 &&
+                                          (!W.stats[r].has_loss || W.eval_loss[r] > 0),
+                                      "%s: world rank %d: evaluation loss %.9g with the split, %.9g without", what, r,
+                                      (double)W.eval_loss[r], (double)e_off[r]);
                                 CHECK(W.stats[r].has_loss == s_off[r].has_loss &&
                                           memcmp(&W.stats[r].loss, &s_off[r].loss, sizeof(float)) == 0,
                                       "%s: world rank %d: loss %.9g with the split, %.9g without", what, r,
