@@ -11,7 +11,7 @@ LDLIBS   = -lpthread -lm
 B        = build
 
 HEADERS  = pipeline.h
-TEST_HDRS = tests/test.h tests/test_link.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h tests/tp_data.h
+TEST_HDRS = tests/test.h tests/test_link.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h tests/tp_data.h tests/tp_boundary.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \

@@ -618,133 +618,7 @@ static void layer_checks(void) {
    pp_stage_desc.tp is set. Each case runs twice, the split on and off: losses and gradient bits
    must agree, and the bytes each rank sent between stages must be exactly its slices' (the
    transports' counters and pp_step_stats), the gathers' bytes exactly pp_tp_boundary_bytes'. */
-#define BK 4
-#define BN 8
-#define BMAXR 64
-typedef struct bw {
-    int tp, tp_rank, sp;
-    float w[BN][BK * BK]; /* this TP rank's rows of each layer's W: (BK / tp, BK) */
-} bw;
-
-static float BX[BMAXR * BK], BT[BMAXR * BK], BW[BN][BK * BK];
-static int b_bad_out_tp; /* describe gives this out_tp (the refusal checks) */
-
-static size_t b_shard(int64_t rows, int tp, int t, size_t* off) {
-    size_t len;
-    pp_tp_block((size_t)rows * BK, tp, t, off, &len);
-    return len;
-}
-
-/* x (rows, BK) whole: the input, or gathered from its shard (in tmp) */
-static const float* b_whole(const tp_ctx* c, const bw* w, const pp_tensor* in, int sharded, int64_t rows, float* tmp,
-                            int* bad) {
-    pp_error err;
-    if (!sharded) return (const float*)in->data;
-    if (pp_tp_allgather(&c->tp, in->data, tmp, (size_t)rows * BK, PP_F32, &err) != PP_OK) *bad = 1;
-    (void)w;
-    return tmp;
-}
-
-static int b_fwd(const void* weights, int layer, pp_layer_io* io) {
-    const tp_ctx* c = (const tp_ctx*)io->ctx;
-    const bw* w = (const bw*)weights;
-    int64_t r, rows = io->mb->rows;
-    int k, n, bad = 0, kh = BK / w->tp, in_sh = w->sp && layer > 0;
-    float* tmp = (float*)malloc(sizeof(float) * (size_t)rows * BK * 2);
-    const float* x;
-    pp_error err;
-    if (!c || !tmp) return 3;
-    x = b_whole(c, w, &io->in[0], in_sh, rows, tmp, &bad);
-    if (layer == BN) {
-        const float* t = (const float*)io->mb->targets;
-        float acc = 0;
-        for (r = 0; r < rows * BK; r++) acc += (x[r] - t[r]) * (x[r] - t[r]);
-        io->loss = acc / (float)rows;
-    } else {
-        float* y = w->sp ? tmp + rows * BK : (float*)io->out[0].data;
-        for (r = 0; r < rows; r++)
-            for (n = 0; n < BK; n++) {
-                float a = 0;
-                for (k = 0; k < kh; k++) a += x[r * BK + w->tp_rank * kh + k] * w->w[layer][k * BK + n];
-                y[r * BK + n] = a;
-            }
-        if (w->sp) bad |= pp_tp_reducescatter(&c->tp, y, io->out[0].data, (size_t)rows * BK, PP_F32, &err) != PP_OK;
-        else bad |= pp_tp_allreduce(&c->tp, y, (size_t)rows * BK, PP_F32, &err) != PP_OK;
-    }
-    free(tmp);
-    return bad ? 4 : 0;
-}
-
-static int b_bwd(const void* weights, void* grads, int layer, pp_layer_io* io) {
-    const tp_ctx* c = (const tp_ctx*)io->ctx;
-    const bw* w = (const bw*)weights;
-    bw* g = (bw*)grads;
-    int64_t r, rows = io->mb->rows;
-    int k, n, bad = 0, kh = BK / w->tp, in_sh = w->sp && layer > 0;
-    float* tmp = (float*)malloc(sizeof(float) * (size_t)rows * BK * 3);
-    float *dx, *dy;
-    const float* x;
-    pp_error err;
-    size_t off = 0;
-    if (!c || !tmp) return 3;
-    x = b_whole(c, w, &io->in[0], in_sh, rows, tmp, &bad);
-    dx = tmp + 2 * rows * BK; /* (rows, BK): the whole input gradient */
-    if (layer == BN) {
-        const float* t = (const float*)io->mb->targets;
-        for (r = 0; r < rows * BK; r++) dx[r] = 2.0f * (x[r] - t[r]) / (float)rows * io->mb->loss_scale;
-        if (io->d_in[0].data) {
-            if (in_sh) {
-                size_t len = b_shard(rows, w->tp, w->tp_rank, &off);
-                memcpy(io->d_in[0].data, dx + off, len * sizeof(float));
-            } else {
-                memcpy(io->d_in[0].data, dx, (size_t)rows * BK * sizeof(float));
-            }
-        }
-        free(tmp);
-        return bad ? 4 : 0;
-    }
-    dy = w->sp ? tmp + rows * BK : (float*)io->d_out[0].data;
-    if (w->sp && pp_tp_allgather(&c->tp, io->d_out[0].data, dy, (size_t)rows * BK, PP_F32, &err) != PP_OK) bad = 1;
-    for (k = 0; k < kh; k++)
-        for (n = 0; n < BK; n++) {
-            float a = 0;
-            for (r = 0; r < rows; r++) a += x[r * BK + w->tp_rank * kh + k] * dy[r * BK + n];
-            g->w[layer][k * BK + n] += a;
-        }
-    if (io->d_in[0].data) {
-        for (r = 0; r < rows; r++)
-            for (k = 0; k < BK; k++) {
-                float a = 0;
-                int kk = k - w->tp_rank * kh;
-                if (kk >= 0 && kk < kh)
-                    for (n = 0; n < BK; n++) a += dy[r * BK + n] * w->w[layer][kk * BK + n];
-                dx[r * BK + k] = a;
-            }
-        if (in_sh) bad |= pp_tp_reducescatter(&c->tp, dx, io->d_in[0].data, (size_t)rows * BK, PP_F32, &err) != PP_OK;
-        else {
-            bad |= pp_tp_allreduce(&c->tp, dx, (size_t)rows * BK, PP_F32, &err) != PP_OK;
-            memcpy(io->d_in[0].data, dx, (size_t)rows * BK * sizeof(float));
-        }
-    }
-    free(tmp);
-    return bad ? 4 : 0;
-}
-
-static void b_desc(const void* weights, int layer, const pp_microbatch* mb, const pp_tensor* in, int n_in,
-                   pp_layer_desc* d) {
-    const bw* w = (const bw*)weights;
-    (void)in;
-    (void)n_in;
-    d->n_out = layer == BN ? 0 : 1;
-    d->out[0].rows = w->sp ? (int64_t)b_shard(mb->rows, w->tp, w->tp_rank, NULL) : mb->rows;
-    d->out[0].cols = w->sp ? 1 : BK;
-    d->out[0].dtype = PP_F32;
-    d->out_tp[0] = w->sp ? PP_TP_SHARDED : PP_TP_REPLICATED;
-    if (b_bad_out_tp) d->out_tp[0] = (pp_tp_layout)b_bad_out_tp;
-    d->n_params = layer == BN ? 0 : BK * BK;
-}
-
-static const char* b_name(int layer) { return layer == BN ? "loss" : "rowpar"; }
+#include "tp_boundary.h"
 
 #define BMAXW 16
 typedef struct bnd_world {
@@ -758,7 +632,7 @@ typedef struct bnd_world {
     int first[2 * 4 + 2];
     pp_batch b;
     bw w[BMAXW], g[BMAXW];
-    tp_ctx ctx[BMAXW];
+    tpb_ctx ctx[BMAXW];
     pp_step_stats stats[BMAXW];
     float eval_loss[BMAXW];     /* an evaluation after the step (pp_stage_eval) */
     uint64_t step_sent[BMAXW];  /* the pipe transport's counter after the training step */
@@ -782,12 +656,7 @@ static pp_result bnd_rank(int r, void* user) {
     W->ctx[r].tp.timeout_s = W->to > 0 ? W->to : 20;
     W->ctx[r].tp_rank = t;
     memset(&d, 0, sizeof d);
-    d.model.name = "bnd";
-    d.model.n_layers = BN + 1;
-    d.model.forward = b_fwd;
-    d.model.backward = b_bwd;
-    d.model.describe = b_desc;
-    d.model.layer_name = b_name;
+    b_model(&d.model);
     d.weights = &W->w[r];
     d.grads = &W->g[r];
     d.schedule = &W->sc;
@@ -819,17 +688,11 @@ static pp_result bnd_rank(int r, void* user) {
 /* One run; the pipes' transport counters (bytes each pipeline rank sent in the training step)
    into sent[r]. */
 static int bnd_run(bnd_world* W, uint64_t* sent, const char* what) {
-    int world = W->p * W->tp, r, t, l, ok = 1;
+    int world = W->p * W->tp, r, t, ok = 1;
     pp_error err;
     memset(W->g, 0, sizeof W->g);
     memset(W->rc, 0, sizeof W->rc);
-    for (r = 0; r < world; r++) {
-        W->w[r].tp = W->tp;
-        W->w[r].tp_rank = r % W->tp;
-        W->w[r].sp = W->sp;
-        for (l = 0; l < BN; l++)
-            memcpy(W->w[r].w[l], BW[l] + (r % W->tp) * (BK / W->tp) * BK, sizeof(float) * (BK / W->tp) * BK);
-    }
+    for (r = 0; r < world; r++) b_weights(&W->w[r], W->tp, r % W->tp, W->sp);
     if (pp_threads_create(world, &W->tpw, &err) != PP_OK) return 0;
     for (t = 0; t < W->tp; t++)
         if (pp_threads_create(W->p, &W->pipes[t], &err) != PP_OK) return 0;
@@ -870,12 +733,7 @@ static void boundary_refusals(void) {
     memset(&c, 0, sizeof c);
     w.tp = 1, w.tp_rank = 0, w.sp = 0;
     memset(&d, 0, sizeof d);
-    d.model.name = "bnd";
-    d.model.n_layers = BN + 1;
-    d.model.forward = b_fwd;
-    d.model.backward = b_bwd;
-    d.model.describe = b_desc;
-    d.model.layer_name = b_name;
+    b_model(&d.model);
     d.weights = &w;
     d.grads = &g;
     d.schedule = &sc;
@@ -997,12 +855,7 @@ static void boundary_checks(void) {
     pp_error err;
     long i = 0, ran = 0, fails0 = _t_fail, split_cases = 0;
     int kind, p, ti, packed, shp, sp, r, k, l;
-    for (k = 0; k < BMAXR * BK; k++) {
-        BX[k] = (float)((k * 7) % 11 - 5) / 8.0f;
-        BT[k] = (float)((k * 5) % 9 - 4) / 8.0f;
-    }
-    for (l = 0; l < BN; l++)
-        for (k = 0; k < BK * BK; k++) BW[l][k] = (k % (BK + 1) == 0 ? 0.75f : 0.0f) + (float)((k * 3 + l * 5) % 7 - 3) / 16.0f;
+    b_fill();
     for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
         for (p = 1; p <= 4; p++)
             for (ti = 0; ti < 3; ti++)
