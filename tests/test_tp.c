@@ -22,7 +22,8 @@
      the unsplit model's bit for bit (small integer data: every sum exact).
    - boundary: boundaries split across the TP group (pp_stage_desc.tp): every schedule kind,
      p = 1..4, tp 1, 2, 4, dense and packed batches of odd row counts, LOCAL and BROADCAST shapes,
-     replicated boundaries (split, gathered) and sharded ones (sequence parallel: as they are):
+     replicated boundaries (split, gathered) and sharded ones (sequence parallel: as they are),
+     in half the cases three tensors a boundary (i32 positions each layer checks, an f32 side path):
      losses and gradients bit-identical to the run with the split off, the bytes each rank sends
      between stages exactly its slices' (pp_tp_boundary_bytes; the transports' counters and
      pp_step_stats), the gathers' bytes exact. A sample (test_pick), all under PP_TEST_FULL.
@@ -622,7 +623,7 @@ static void layer_checks(void) {
 
 #define BMAXW 16
 typedef struct bnd_world {
-    int p, tp, split, sp;
+    int p, tp, split, sp, extra;
     int off_rank;  /* >= 0: this world rank leaves the split off (a misconfigured grid) */
     double to;     /* deadlines (0: 20 s) */
     pp_shape_policy shapes;
@@ -692,7 +693,10 @@ static int bnd_run(bnd_world* W, uint64_t* sent, const char* what) {
     pp_error err;
     memset(W->g, 0, sizeof W->g);
     memset(W->rc, 0, sizeof W->rc);
-    for (r = 0; r < world; r++) b_weights(&W->w[r], W->tp, r % W->tp, W->sp);
+    for (r = 0; r < world; r++) {
+        b_weights(&W->w[r], W->tp, r % W->tp, W->sp);
+        W->w[r].extra = W->extra;
+    }
     if (pp_threads_create(world, &W->tpw, &err) != PP_OK) return 0;
     for (t = 0; t < W->tp; t++)
         if (pp_threads_create(W->p, &W->pipes[t], &err) != PP_OK) return 0;
@@ -874,6 +878,7 @@ static void boundary_checks(void) {
                             memset(&W, 0, sizeof W);
                             W.off_rank = -1;
                             W.p = p, W.tp = tp, W.sp = sp;
+                            W.extra = (kind + p + packed) % 2; /* half the cases: three tensors a boundary */
                             W.shapes = shp ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL;
                             if (pp_schedule_make((pp_schedule_kind)kind, p, v, m, acts, need, &W.sc, &err) != PP_OK) {
                                 CHECK(0, "schedule %s p %d: %s", pp_schedule_name((pp_schedule_kind)kind), p, err.msg);
@@ -946,6 +951,17 @@ static void boundary_checks(void) {
                                     } else {
                                         pp_tp_boundary_bytes(mbs[mb].rows, BK * sizeof(float), tp, t, &a_on, &g_on);
                                         pp_tp_boundary_bytes(mbs[mb].rows, BK * sizeof(float), 1, 0, &a_off, NULL);
+                                    }
+                                    if (W.extra) { /* positions (F only: no gradient) and the side path */
+                                        size_t x_on, x_off, x_g;
+                                        if (a->op == PP_OP_F) {
+                                            pp_tp_boundary_bytes(mbs[mb].rows, 3 * sizeof(int32_t), tp, t, &x_on, &x_g);
+                                            pp_tp_boundary_bytes(mbs[mb].rows, 3 * sizeof(int32_t), 1, 0, &x_off, NULL);
+                                            a_on += x_on, a_off += x_off, g_on += x_g;
+                                        }
+                                        pp_tp_boundary_bytes(mbs[mb].rows, 2 * sizeof(float), tp, t, &x_on, &x_g);
+                                        pp_tp_boundary_bytes(mbs[mb].rows, 2 * sizeof(float), 1, 0, &x_off, NULL);
+                                        a_on += x_on, a_off += x_off, g_on += x_g;
                                     }
                                     if (snd) want_on += a_on, want_off += a_off;
                                     if (rcv) want_g += g_on;

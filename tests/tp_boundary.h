@@ -17,6 +17,8 @@ typedef struct tpb_ctx { /* what layer_ctx points to: one per rank */
 #define BMAXR 64
 typedef struct bw {
     int tp, tp_rank, sp;
+    int extra; /* 1: two more boundary tensors, both replicated: positions (rows, 3) i32, checked by
+                  every layer, and a side path (rows, 2) f32 into the loss (its gradient back) */
     float w[BN][BK * BK]; /* this TP rank's rows of each layer's W: (BK / tp, BK) */
 } bw;
 
@@ -49,10 +51,24 @@ static int b_fwd(const void* weights, int layer, pp_layer_io* io) {
     pp_error err;
     if (!c || !tmp) return 3;
     x = b_whole(c, w, &io->in[0], in_sh, rows, tmp, &bad);
+    if (w->extra && layer > 0) { /* the positions arrived whole and right */
+        const int32_t* pos = (const int32_t*)io->in[1].data;
+        for (r = 0; r < rows * 3; r++) bad |= pos[r] != (int32_t)(io->mb->row0 * 3 + r) ? 2 : 0;
+    }
+    if (w->extra && layer < BN) {
+        int32_t* pos = (int32_t*)io->out[1].data;
+        float* side = (float*)io->out[2].data;
+        for (r = 0; r < rows * 3; r++) pos[r] = (int32_t)(io->mb->row0 * 3 + r);
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < 2; k++)
+                side[r * 2 + k] = layer == 0 ? x[r * BK + k] * 0.5f : ((const float*)io->in[2].data)[r * 2 + k] * 0.875f;
+    }
     if (layer == BN) {
         const float* t = (const float*)io->mb->targets;
         float acc = 0;
         for (r = 0; r < rows * BK; r++) acc += (x[r] - t[r]) * (x[r] - t[r]);
+        if (w->extra)
+            for (r = 0; r < rows * 2; r++) acc += ((const float*)io->in[2].data)[r] * ((const float*)io->in[2].data)[r];
         io->loss = acc / (float)rows;
     } else {
         float* y = w->sp ? tmp + rows * BK : (float*)io->out[0].data;
@@ -66,7 +82,7 @@ static int b_fwd(const void* weights, int layer, pp_layer_io* io) {
         else bad |= pp_tp_allreduce(&c->tp, y, (size_t)rows * BK, PP_F32, &err) != PP_OK;
     }
     free(tmp);
-    return bad ? 4 : 0;
+    return bad ? 4 + bad : 0;
 }
 
 static int b_bwd(const void* weights, void* grads, int layer, pp_layer_io* io) {
@@ -86,6 +102,9 @@ static int b_bwd(const void* weights, void* grads, int layer, pp_layer_io* io) {
     if (layer == BN) {
         const float* t = (const float*)io->mb->targets;
         for (r = 0; r < rows * BK; r++) dx[r] = 2.0f * (x[r] - t[r]) / (float)rows * io->mb->loss_scale;
+        if (w->extra && io->d_in[2].data)
+            for (r = 0; r < rows * 2; r++)
+                ((float*)io->d_in[2].data)[r] = 2.0f * ((const float*)io->in[2].data)[r] / (float)rows * io->mb->loss_scale;
         if (io->d_in[0].data) {
             if (in_sh) {
                 size_t len = b_shard(rows, w->tp, w->tp_rank, &off);
@@ -96,6 +115,12 @@ static int b_bwd(const void* weights, void* grads, int layer, pp_layer_io* io) {
         }
         free(tmp);
         return bad ? 4 : 0;
+    }
+    if (w->extra) { /* the side path: side_out = 0.875 side_in; its gradient also lands in W[0] */
+        const float* ds = (const float*)io->d_out[2].data;
+        for (r = 0; r < rows * 2; r++) g->w[layer][0] += ds[r];
+        if (layer > 0 && io->d_in[2].data)
+            for (r = 0; r < rows * 2; r++) ((float*)io->d_in[2].data)[r] = ds[r] * 0.875f;
     }
     dy = w->sp ? tmp + rows * BK : (float*)io->d_out[0].data;
     if (w->sp && pp_tp_allgather(&c->tp, io->d_out[0].data, dy, (size_t)rows * BK, PP_F32, &err) != PP_OK) bad = 1;
@@ -134,6 +159,14 @@ static void b_desc(const void* weights, int layer, const pp_microbatch* mb, cons
     d->out[0].cols = w->sp ? 1 : BK;
     d->out[0].dtype = PP_F32;
     d->out_tp[0] = w->sp ? PP_TP_SHARDED : PP_TP_REPLICATED;
+    if (w->extra && layer < BN) {
+        d->n_out = 3;
+        d->out[1].rows = d->out[2].rows = mb->rows;
+        d->out[1].cols = 3;
+        d->out[1].dtype = PP_I32;
+        d->out[2].cols = 2;
+        d->out[2].dtype = PP_F32;
+    }
     if (b_bad_out_tp) d->out_tp[0] = (pp_tp_layout)b_bad_out_tp;
     d->n_params = layer == BN ? 0 : BK * BK;
 }
