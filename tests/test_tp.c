@@ -886,14 +886,14 @@ static void boundary_checks(void) {
                             }
                             S = W.sc.n_stages;
                             CHECK(pp_partition_uniform(BN + 1, S, W.first, &err) == PP_OK, "%s", err.msg);
-                            /* odd row counts: dense 4m + 3 rows; packed 2m + 1 sequences of 1 .. 5 tokens */
+                            /* odd row counts: dense 4m + 3 or m + 1 rows; packed 2m + 1 sequences of 1 .. 5 tokens */
                             if (packed) {
                                 n_seqs = 2 * m + 1;
                                 cu[0] = 0;
                                 for (k = 0; k < n_seqs; k++) cu[k + 1] = cu[k] + 1 + (k * 3 + p) % 5;
                                 rows = cu[n_seqs];
                             } else {
-                                rows = 4 * m + 3;
+                                rows = kind % 2 ? 4 * m + 3 : m + 1; /* 1 or 2 rows a micro-batch: empty slices at tp 4 */
                             }
                             W.b.m = m;
                             W.b.input.data = BX;
