@@ -2092,6 +2092,13 @@ pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes,
    as io->ctx: point it at a struct of yours holding the rank's pp_group for TP (and whatever
    else the layers need, a CUDA stream), one per rank (tests/test_tp.c, "layer").
 
+   BOUNDARIES. With pp_stage_desc.tp set to the same group, the stage sends each replicated
+   boundary tensor (pp_layer_desc.out_tp, pp_tp_layout) as this TP rank's rows, pp_tp_block(rows,
+   tp, tp_rank), to the same TP rank of the next stage and all-gathers what it receives over the
+   group before its layers read it (tag 0x7ffffff5; gradients likewise, backward); a SHARDED
+   tensor goes as it is. 1/tp of the bytes between stages (pp_tp_boundary_bytes), plus the
+   gather's inside the group (pp_step_stats.tp_gather_bytes); tests/test_tp.c, "boundary".
+
    THE WIRE. This version builds every collective from the transport's isend/irecv/wait (inside
    group_start/group_end where the transport has them): a reduce-scatter sends each block
    straight to its owner, which sums; an all-gather sends each rank's block to every other; an
