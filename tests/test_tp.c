@@ -980,7 +980,6 @@ static void boundary_checks(void) {
                                       "%s: world rank %d: %llu bytes sent gathering, want %llu", what, r,
                                       (unsigned long long)W.stats[r].tp_gather_bytes, (unsigned long long)want_g);
                             }
-                            (void)cub;
                         }
     printf("boundary: %ld of %ld (kind, p, tp, packing, shapes, sharding) cases bit-identical with the split on and off, "
            "exact bytes (%ld split)%s\n", ran, i, split_cases, _t_fail > fails0 ? " - FAILED" : "");

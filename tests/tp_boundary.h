@@ -32,12 +32,10 @@ static size_t b_shard(int64_t rows, int tp, int t, size_t* off) {
 }
 
 /* x (rows, BK) whole: the input, or gathered from its shard (in tmp) */
-static const float* b_whole(const tpb_ctx* c, const bw* w, const pp_tensor* in, int sharded, int64_t rows, float* tmp,
-                            int* bad) {
+static const float* b_whole(const tpb_ctx* c, const pp_tensor* in, int sharded, int64_t rows, float* tmp, int* bad) {
     pp_error err;
     if (!sharded) return (const float*)in->data;
     if (pp_tp_allgather(&c->tp, in->data, tmp, (size_t)rows * BK, PP_F32, &err) != PP_OK) *bad = 1;
-    (void)w;
     return tmp;
 }
 
@@ -50,7 +48,7 @@ static int b_fwd(const void* weights, int layer, pp_layer_io* io) {
     const float* x;
     pp_error err;
     if (!c || !tmp) return 3;
-    x = b_whole(c, w, &io->in[0], in_sh, rows, tmp, &bad);
+    x = b_whole(c, &io->in[0], in_sh, rows, tmp, &bad);
     if (w->extra && layer > 0) { /* the positions arrived whole and right */
         const int32_t* pos = (const int32_t*)io->in[1].data;
         for (r = 0; r < rows * 3; r++) bad |= pos[r] != (int32_t)(io->mb->row0 * 3 + r) ? 2 : 0;
@@ -97,7 +95,7 @@ static int b_bwd(const void* weights, void* grads, int layer, pp_layer_io* io) {
     pp_error err;
     size_t off = 0;
     if (!c || !tmp) return 3;
-    x = b_whole(c, w, &io->in[0], in_sh, rows, tmp, &bad);
+    x = b_whole(c, &io->in[0], in_sh, rows, tmp, &bad);
     dx = tmp + 2 * rows * BK; /* (rows, BK): the whole input gradient */
     if (layer == BN) {
         const float* t = (const float*)io->mb->targets;
