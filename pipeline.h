@@ -1415,7 +1415,7 @@ typedef struct pp_stage_desc {
        rank of the next stage (gradients: of the previous), gathered there over the group before
        the layers read it; every TP rank of the group runs the same schedule and partition. Host
        blocks and PP_SHAPES_LOCAL or _BROADCAST only (else PP_ERR_UNSUPPORTED at create). A gather
-       that fails fails the step. */
+       that fails fails the step. pp_pipeline: per rank, in rank_setup (NULL in the template). */
     const struct pp_group* tp;
 } pp_stage_desc;
 
@@ -10739,6 +10739,9 @@ static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out,
         return _pp_fail(err, PP_ERR_INVALID,
                         "stage.model, weights, grads, schedule, partition, rank and transport are the pipeline's: leave "
                         "them zero in the template (rank_setup changes a rank's desc)");
+    if (in->stage.tp)
+        return _pp_fail(err, PP_ERR_INVALID, "stage.tp is one rank's TP group: leave it NULL in the template and set each "
+                        "rank's in rank_setup");
     if (cs && (!cs->actions || cs->p < 1 || cs->p > PP_MAX_RANKS || cs->v < 1 || cs->per_rank < 1))
         return _pp_fail(err, PP_ERR_INVALID, "custom schedule is not one (make it with pp_schedule_make or pp_schedule_parse)");
     if (cs && ((in->p && in->p != cs->p) || (in->v && in->v != cs->v) || (in->m && in->m != cs->m)))

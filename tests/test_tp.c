@@ -771,6 +771,22 @@ static void boundary_refusals(void) {
               pp_stage_error(st));
         pp_stage_destroy(st);
     }
+    {   /* pp_pipeline: the template's tp would be every rank's: refused, set in rank_setup */
+        pp_pipeline_desc pd;
+        pp_pipeline* pl = NULL;
+        memset(&pd, 0, sizeof pd);
+        b_model(&pd.model);
+        pd.weights = &w;
+        pd.grads = &g;
+        pd.p = 1;
+        pd.m = 2;
+        pd.stage.tp = &grp;
+        err.msg[0] = 0;
+        rc = pp_pipeline_create(&pd, &pl, &err);
+        CHECK(rc == PP_ERR_INVALID && strstr(err.msg, "rank_setup"), "pp_pipeline with stage.tp: %s (%s)", pp_result_str(rc),
+              err.msg);
+        if (rc == PP_OK) pp_pipeline_destroy(pl);
+    }
     pp_threads_destroy(tw);
 }
 
