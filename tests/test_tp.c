@@ -992,6 +992,12 @@ static void boundary_checks(void) {
                                       (unsigned long long)sent_on[r],
                                       (unsigned long long)(s_off[r].bytes_sent - s_off[r].meta_bytes_sent - s_off[r].agree_bytes),
                                       (unsigned long long)sent_off[r], (unsigned long long)want_on, (unsigned long long)want_off);
+                                CHECK(W.stats[r].meta_msgs_sent == s_off[r].meta_msgs_sent &&
+                                          W.stats[r].meta_bytes_sent == s_off[r].meta_bytes_sent &&
+                                          (shp || W.stats[r].meta_msgs_sent == 0),
+                                      "%s: world rank %d: %llu shape messages with the split, %llu without (LOCAL: none)", what,
+                                      r, (unsigned long long)W.stats[r].meta_msgs_sent,
+                                      (unsigned long long)s_off[r].meta_msgs_sent);
                                 CHECK(W.stats[r].tp_gather_bytes == want_g && s_off[r].tp_gather_bytes == 0,
                                       "%s: world rank %d: %llu bytes sent gathering, want %llu", what, r,
                                       (unsigned long long)W.stats[r].tp_gather_bytes, (unsigned long long)want_g);
