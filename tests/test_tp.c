@@ -887,7 +887,7 @@ static void boundary_checks(void) {
                             char what[160];
                             size_t need;
                             if (sp && tp == 1) continue;
-                            if (!test_pick(i++, TEST_SANITIZED ? 12 : 6)) continue;
+                            if (!test_pick(i++, TEST_SANITIZED ? 13 : 7)) continue; /* coprime to the 20 cases of a (kind, p) */
                             need = pp_schedule_size((pp_schedule_kind)kind, p, v, m);
                             if (need == 0 || need > sizeof acts / sizeof acts[0] || p * v > BN) continue;
                             if (_t_fail > fails0) break; /* one failed case says it (and a control ends soon) */
