@@ -11,7 +11,7 @@ LDLIBS   = -lpthread -lm
 B        = build
 
 HEADERS  = pipeline.h
-TEST_HDRS = tests/test.h tests/test_link.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h tests/tp_data.h
+TEST_HDRS = tests/test.h tests/test_link.h tests/harness.h tests/tlm_grid.h tests/layer_calls.h tests/tp_data.h tests/tp_boundary.h
 EXAMPLES = $(B)/mlp_cpu $(B)/gpt_cpu $(B)/pp-sched
 TESTS    = test_schedule test_pipeline test_errors test_varlen test_gpt test_zb test_reliability test_soak test_devops test_cuda_host \
            test_model test_convenience test_cuda_pipeline test_imitation test_nccl_pipeline \
@@ -411,12 +411,17 @@ TEST_BINS_EXTRA += $(B)/dpfault-controls
 # tests/test_tp_mpi.c: over MPI, multiprocess.mk)
 # Its negative controls must fail: each rank sums every copy itself, its own first (at tp = 4 the
 # ranks' bits differ from each other and from the sequential sum); pp_grid_tp_split colours by
-# stage alone (the replicas' TP groups merged: the split's groups are not g.tp_group).
+# stage alone (the replicas' TP groups merged: the split's groups are not g.tp_group); the split
+# boundaries never gathered; slices of rows / tp with the remainder dropped (odd row counts).
 TESTS += test_tp test_tp_nccl
 $(B)/tp-ctl-unordered: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-split-no-dp: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_SPLIT_NO_DP $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-ctl-no-gather: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_NO_GATHER $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-ctl-even-slice: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_EVEN_SLICE $(CFLAGS) $< -o $@ $(LDLIBS)
 # tests/test_pipeline.c "grid" (pp_pipeline with dp and tp): the step skips the data-parallel sum
 # (every dp = 2 case's gradients are one replica's); the layers get the dp group as io->tp (every
 # tp = 2 case's products are summed over the wrong ranks, or not at all).
@@ -438,8 +443,9 @@ $(B)/tp-ctl-gpt-nccl-norow: $(GPT_TP_NCCL_DEPS) | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_TEST_GPT_TP_NO_ROW_REDUCE $(CFLAGS) $< -o $@ $(LDLIBS)
 TEST_BINS_EXTRA += $(B)/test_gpt_tp_nccl
 $(B)/tp-controls: tests/controls.sh tests/test_trainer.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp $(B)/tp-ctl-pl-no-dp-sum \
-                  $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow"\n' > $@
+                  $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow \
+                  $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

@@ -24,8 +24,10 @@ MPI_FWD_ASAN := $(shell $(MPIRUN) --version 2>/dev/null | grep -q 'Open MPI' && 
 MPI_TESTS = $(B)/mpi-np2 $(B)/mpi-np4 $(B)/mpi-np8 $(B)/mpi-asan-np4 $(B)/mpi-resume $(B)/mpi-trainer $(B)/mpi-tlm $(B)/mpi-overlap-controls
 MPI_BINS  = $(B)/test_mpi $(B)/tlm_mpi $(B)/gpt_mpi $(B)/bench_mpi $(B)/bench_overlap_mpi $(B)/clang-test_mpi.o $(B)/mpi-cxx.o
 # tests/test_tp_mpi.c (issue 40): the pp x dp x tp grid's splits by MPI_Comm_split, the TP
-# collectives over pipeline_mpi.h bit-identical to the sequential sum and to the threads transport
-# (its control: each rank sums every copy itself, its own first, and must fail at tp = 4)
+# collectives over pipeline_mpi.h bit-identical to the sequential sum and to the threads transport,
+# boundaries split across the TP group bit-identical to the unsplit run with 1/tp of the bytes
+# (its controls: each rank sums every copy itself, its own first, and must fail at tp = 4; the
+# split boundaries never gathered)
 MPI_TESTS += $(B)/mpi-tp-np4 $(B)/mpi-tp-np8 $(B)/mpi-tp-controls
 MPI_BINS  += $(B)/test_tp_mpi
 # the GPT with Megatron-style tensor parallelism (gpt_mpi --tp, tests/test_gpt_tp.sh: tp 2 and 4
@@ -220,8 +222,10 @@ $(B)/mpi-tp-np%: $(B)/test_tp_mpi
 	@printf '#!/bin/sh\nexec timeout 300 $(MPIRUN) $(MPIRUN_FLAGS) -np $* $(B)/test_tp_mpi\n' > $@ && chmod +x $@
 $(B)/tp-mpi-ctl-unordered: tests/test_tp_mpi.c $(TEST_HDRS) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) -DPP_TEST_TP_UNORDERED $(CTL_CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/mpi-tp-controls: tests/controls.sh $(B)/tp-mpi-ctl-unordered
-	printf '#!/bin/sh\nexec sh tests/controls.sh mpi-tp-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-unordered"\n' > $@
+$(B)/tp-mpi-ctl-no-gather: tests/test_tp_mpi.c $(TEST_HDRS) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) -DPP_TEST_TP_NO_GATHER $(CTL_CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/mpi-tp-controls: tests/controls.sh $(B)/tp-mpi-ctl-unordered $(B)/tp-mpi-ctl-no-gather
+	printf '#!/bin/sh\nexec sh tests/controls.sh mpi-tp-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-unordered" "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-no-gather"\n' > $@
 	chmod +x $@
 $(B)/mpi-gpt-tp: tests/test_gpt_tp.sh $(B)/gpt_mpi
 	@printf '#!/bin/sh\nexec timeout 300 sh tests/test_gpt_tp.sh $(B)/gpt_mpi $(MPIRUN) $(MPIRUN_FLAGS)\n' > $@ && chmod +x $@

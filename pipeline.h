@@ -253,6 +253,8 @@
           Then: the one-process pipeline takes dp and tp (pp_pipeline_desc.dp, .tp, .dp_scale:
           p x dp x tp threads, the dp sum inside the step); a layer's TP group as io->tp
           (pp_stage_desc.tp, pp_group_rank, pp_group_size).
+          Then: boundaries split across the TP group (pp_stage_desc.tp, pp_layer_desc.out_tp):
+          1/tp of the bytes between stages, all-gathered on arrival.
 */
 #ifndef PIPELINE_H
 #define PIPELINE_H
@@ -435,6 +437,13 @@ typedef struct pp_layer_io {
                                            rank is in it. NULL: tp = 1 (the pp_tp_* calls then copy) */
 } pp_layer_io;
 
+/* How a boundary tensor lies across the tensor-parallel group (pp_stage_desc.tp). REPLICATED,
+   the default: every TP rank holds the whole tensor; with a TP group set the pipeline sends each
+   TP rank's rows pp_tp_block(rows, tp, tp_rank) to the same TP rank of the next stage, which
+   all-gathers them (gradients likewise, backward). SHARDED: each TP rank holds its own part
+   (sequence parallelism); it goes whole to the same TP rank of the next stage, no gather. */
+typedef enum pp_tp_layout { PP_TP_REPLICATED = 0, PP_TP_SHARDED = 1 } pp_tp_layout;
+
 /* What describe() returns for one layer on one micro-batch. */
 typedef struct pp_layer_desc {
     int n_out;
@@ -448,6 +457,7 @@ typedef struct pp_layer_desc {
        to backward only: a schedule with W actions frees it at B, while the stash (activations and
        saved_bytes) waits for W. 0: none. */
     size_t b_saved_bytes;
+    pp_tp_layout out_tp[PP_MAX_TENSORS]; /* each output across TP (above; 0: replicated) */
 } pp_layer_desc;
 
 #ifndef PP_MAX_LAYER_KINDS
@@ -1097,6 +1107,11 @@ struct pp_sim_cost {
     /* The size of one stash of each stage (NULL: 1, every stash alike): peak_mem is then in these
        units, e.g. bytes, where stages keep different amounts (pp_plan_recompute sets it). */
     const double* mem_stage;
+    /* Boundaries split across a TP group (pp_stage_desc.tp): with tp > 1 a transfer between ranks
+       costs comm / tp (each TP rank's slice; comm is the whole tensor's) plus tp_gather, the
+       receiving TP group's all-gather of the slices. tp 0 or 1: comm alone. */
+    int tp;
+    double tp_gather;
 };
 
 /* One executed (or simulated) action on a timeline. */
@@ -1146,6 +1161,8 @@ typedef struct pp_plan_desc {
     int n_layers;
     int p, m;
     double comm;                /* added to every transfer between ranks */
+    int tp;                     /* boundaries split over tp ranks: as pp_sim_cost.tp, tp_gather */
+    double tp_gather;
     double mem_cap;             /* most stash bytes a rank may hold at once (0: no cap) */
     /* The kinds to try, with their v (NULL: every built-in kind, interleaved and interleaved-mem
        at v = 2 and 4); n_kinds entries each. */
@@ -1460,6 +1477,7 @@ typedef struct pp_device_ops {
    schedule, the partition (first[]), the weights and grads, the model's ctx, the transport's
    world (a pp_threads, a pp_cuda, a communicator) and what device and layer_ctx point to must
    all outlive the stage (until pp_stage_destroy returns). */
+struct pp_group; /* >>grad */
 typedef struct pp_stage_desc {
     pp_model model;
     const void* weights;
@@ -1502,8 +1520,14 @@ typedef struct pp_stage_desc {
        must be deterministic); B costs one forward of those layers more. pp_plan_recompute picks
        the layers with the schedule. Copied at create. */
     const unsigned char* recompute;
-    /* Tensor parallelism (NULL: none): the rank's TP group (>>tp), handed to every layer call as
-       io->tp (borrowed, like layer_ctx). The stage itself sends no message on it. */
+    /* Tensor parallelism (NULL, or a group of one: none): this rank's TP group (>>tp), the ranks
+       holding the same stage of the same replica, TP rank i at ranks[i] (borrowed, like
+       layer_ctx). Every layer call gets it as io->tp. The boundaries between ranks go split
+       (pp_tp_layout): each replicated tensor's 1/tp of rows to the same TP rank of the next stage
+       (gradients: of the previous), gathered there over the group before the layers read it;
+       every TP rank of the group runs the same schedule and partition. Host blocks and
+       PP_SHAPES_LOCAL or _BROADCAST only (else PP_ERR_UNSUPPORTED at create). A gather that fails
+       fails the step. pp_pipeline: its tp > 1 sets it for every rank (NULL in the template). */
     const struct pp_group* tp;
 } pp_stage_desc;
 
@@ -1539,6 +1563,10 @@ typedef struct pp_step_stats {
        returns is where a data-parallel reduction hides), and the time spent in the hook. */
     double t_grads_final;
     double t_grads_hook;
+    /* pp_stage_desc.tp: bytes this rank sent over the TP group's transport gathering the split
+       boundaries it received (not in bytes_sent), and the time those gathers took (s). */
+    uint64_t tp_gather_bytes;
+    double t_tp_gather;
 } pp_step_stats;
 
 pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err);
@@ -2228,6 +2256,13 @@ pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes,
    is the layer's TP rank; tests/test_pipeline.c, "grid"). Or through pp_stage_desc.layer_ctx
    (io->ctx): a struct of yours holding the group, one per rank (tests/test_tp.c, "layer").
 
+   BOUNDARIES. With pp_stage_desc.tp set to the same group, the stage sends each replicated
+   boundary tensor (pp_layer_desc.out_tp, pp_tp_layout) as this TP rank's rows, pp_tp_block(rows,
+   tp, tp_rank), to the same TP rank of the next stage and all-gathers what it receives over the
+   group before its layers read it (tag 0x7ffffff5; gradients likewise, backward); a SHARDED
+   tensor goes as it is. 1/tp of the bytes between stages (pp_tp_boundary_bytes), plus the
+   gather's inside the group (pp_step_stats.tp_gather_bytes); tests/test_tp.c, "boundary".
+
    THE WIRE. This version builds every collective from the transport's isend/irecv/wait (inside
    group_start/group_end where the transport has them): a reduce-scatter sends each block
    straight to its owner, which sums; an all-gather sends each rank's block to every other; an
@@ -2244,6 +2279,10 @@ int pp_group_rank(const pp_group* g);
 int pp_group_size(const pp_group* g);
 /* Block i of count elements split n ways: its offset and length (above). */
 void pp_tp_block(size_t count, int n, int i, size_t* off, size_t* len);
+/* A replicated boundary tensor of rows x row_bytes split over tp (pp_stage_desc.tp): the bytes TP
+   rank tp_rank sends to the next stage (its rows' pp_tp_block) and, receiving it, sends to the
+   other tp - 1 members in the gather. tp <= 1: the whole tensor, no gather. Either may be NULL. */
+void pp_tp_boundary_bytes(int64_t rows, size_t row_bytes, int tp, int tp_rank, size_t* sent, size_t* gather_sent);
 /* buf (count elements of dtype: PP_F32, PP_F64, PP_F16 or PP_BF16) summed over the group, in
    place: every member ends with the same bits. */
 pp_result pp_tp_allreduce(const pp_group* g, void* buf, size_t count, pp_dtype dtype, pp_error* err);
@@ -2560,6 +2599,7 @@ static const char* _pp_layer_name(const pp_model* m, int l) { return pp_model_la
 typedef struct _pp_bnd {
     int n;
     pp_tensor t[PP_MAX_TENSORS];
+    unsigned char tp[PP_MAX_TENSORS]; /* pp_tp_layout of each (describe's out_tp) */
 } _pp_bnd;
 
 /* Runs describe() for layer l and checks what it returned. */
@@ -2586,8 +2626,12 @@ static pp_result _pp_describe(const pp_model* m, const void* w, int l, const pp_
         if (!_pp_shape_ok(t->rows, t->cols, t->dtype))
             return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): output %d has shape [%lld, %lld] dtype %d", l,
                             _pp_layer_name(m, l), k, (long long)t->rows, (long long)t->cols, (int)t->dtype);
+        if (d->out_tp[k] != PP_TP_REPLICATED && d->out_tp[k] != PP_TP_SHARDED)
+            return _pp_fail(err, PP_ERR_INVALID, "layer %d (%s): output %d has out_tp = %d (PP_TP_REPLICATED or PP_TP_SHARDED)",
+                            l, _pp_layer_name(m, l), k, (int)d->out_tp[k]);
         out->t[k] = *t;
         out->t[k].data = NULL;
+        out->tp[k] = (unsigned char)d->out_tp[k];
     }
     return PP_OK;
 }
@@ -4584,6 +4628,7 @@ int pp_schedule_stash_cap(pp_schedule_kind k, int p, int v, int m) {
 }
 
 static double _pp_sim_def(double x, double def);
+static double _pp_sim_comm(const pp_sim_cost* c);
 static double _pp_sim_bfree(const pp_sim_cost* c, int st);
 static double _pp_sim_rf(const pp_sim_cost* c, int st);
 
@@ -4710,7 +4755,7 @@ static pp_result _pp_sched_build_ls(pp_schedule_kind k, int p, int v, int m, con
     if (cost) c = *cost;
     memset(&g, 0, sizeof g);
     g.p = p, g.v = v, g.m = m, g.S = S, g.map = _pp_sched_kind_map(k);
-    g.comm = _pp_sim_def(c.comm, 0.0);
+    g.comm = _pp_sim_comm(&c);
     if (!cost) c.f = c.b = c.w = 1.0; /* unit costs */
     dur = (double*)_pp_calloc(4 * (size_t)S, sizeof *dur);
     ends = (double*)_pp_calloc(2 * (size_t)S * (size_t)m, sizeof *ends);
@@ -5380,6 +5425,14 @@ static double _pp_sim_def(double x, double def) {
     return x == 0 ? def : x;
 }
 
+/* A transfer's time between ranks: comm, or with boundaries split over tp > 1 ranks comm / tp
+   plus the receiving TP group's gather (pp_sim_cost.tp); -1 for bad costs. */
+static double _pp_sim_comm(const pp_sim_cost* c) {
+    double comm = _pp_sim_def(c->comm, 0.0), g = _pp_sim_def(c->tp_gather, 0.0);
+    if (comm < 0 || g < 0 || c->tp < 0) return -1;
+    return c->tp > 1 ? comm / c->tp + g : comm;
+}
+
 /* The share of stage st's stash that its B frees (cost b_free), or -1 if out of 0 .. 1. */
 static double _pp_sim_bfree(const pp_sim_cost* c, int st) {
     double x = c->b_free_stage ? c->b_free_stage[st] : c->b_free;
@@ -5469,10 +5522,10 @@ pp_result pp_simulate(const pp_schedule* s, const pp_sim_cost* cost, pp_sim_resu
     f_def = _pp_sim_def(c.f, 1.0);
     b_def = _pp_sim_def(c.b, 2.0);
     w_def = _pp_sim_def(c.w, 0.0);
-    comm = _pp_sim_def(c.comm, 0.0);
+    comm = _pp_sim_comm(&c);
     if (f_def < 0 || b_def < 0 || w_def < 0 || comm < 0)
-        return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: costs must be finite and >= 0 (f=%g b=%g w=%g comm=%g)",
-                        c.f, c.b, c.w, c.comm);
+        return _pp_fail(err, PP_ERR_INVALID, "pp_simulate: costs must be finite and >= 0 (f=%g b=%g w=%g comm=%g tp=%d "
+                        "tp_gather=%g)", c.f, c.b, c.w, c.comm, c.tp, c.tp_gather);
     for (i = 0; i < S; i++) {
         if ((c.f_stage && (!_pp_sim_finite(c.f_stage[i]) || c.f_stage[i] < 0)) ||
             (c.b_stage && (!_pp_sim_finite(c.b_stage[i]) || c.b_stage[i] < 0)) ||
@@ -5747,6 +5800,7 @@ static pp_result _pp_plan_run(const pp_plan_desc* d, pp_schedule_kind kind, int 
     if ((rc_ = pp_partition_balanced(wt, L, S, first, err)) != PP_OK) return rc_;
     memset(&c, 0, sizeof c);
     c.f_stage = fs, c.b_stage = bs, c.w_stage = ws, c.r_f_stage = rf, c.b_free_stage = bf, c.comm = d->comm;
+    c.tp = d->tp, c.tp_gather = d->tp_gather;
     for (st = 0; st < S; st++) { /* the B-only share's stage map is the schedule's: set below, 0 for generation */
         fs[st] = bs[st] = ws[st] = rf[st] = bf[st] = 0;
         for (l = first[st]; l < first[st + 1]; l++) {
@@ -5786,6 +5840,9 @@ static pp_result _pp_plan_check(const pp_plan_desc* d, pp_error* err) {
         return _pp_fail(err, PP_ERR_INVALID, "plan: mem_cap = %g must be finite and >= 0 (0: no cap)", d->mem_cap);
     if (!(d->comm >= 0 && d->comm <= 1e300)) /* added to the costs: bounded like them */
         return _pp_fail(err, PP_ERR_INVALID, "plan: comm = %g must be >= 0 and at most 1e300", d->comm);
+    if (d->tp < 0 || !(d->tp_gather >= 0 && d->tp_gather <= 1e300))
+        return _pp_fail(err, PP_ERR_INVALID, "plan: tp = %d must be >= 0 and tp_gather = %g >= 0 and at most 1e300", d->tp,
+                        d->tp_gather);
     if (d->n_kinds < 0 || (d->n_kinds > 0 && (!d->kinds || !d->kinds_v)))
         return _pp_fail(err, PP_ERR_INVALID, "plan: n_kinds = %d with kinds %s and kinds_v %s (both given with n_kinds > 0)",
                         d->n_kinds, d->kinds ? "given" : "NULL", d->kinds_v ? "given" : "NULL");
@@ -7340,6 +7397,7 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
 /* >>impl-tp: tensor-parallel collectives over a transport's isend/irecv/wait (>>tp). */
 #define _PP_TAG_TP_RS 0x7ffffff2 /* reduce-scatter blocks, to their owner */
 #define _PP_TAG_TP_AG 0x7ffffff3 /* all-gather blocks, to every member */
+#define _PP_TAG_TP_BND 0x7ffffff5 /* a split boundary's slices, to every member (pp_stage_desc.tp) */
 
 int pp_group_rank(const pp_group* g) {
     int i;
@@ -7542,9 +7600,10 @@ static pp_result _pp_tp_rs(const pp_transport* t, const int* ranks, int n, int m
     return rc;
 }
 
-static pp_result _pp_tp_ag(const pp_transport* t, const int* ranks, int n, int me, const void* send, void* recv,
-                           size_t count, pp_dtype dt, double timeout_s, pp_error* err) {
-    size_t es = pp_dtype_size(dt), off, len, o, l;
+/* The all-gather of count units of es bytes (an element, or a boundary's row), on tag. */
+static pp_result _pp_tp_ag_units(const pp_transport* t, const int* ranks, int n, int me, const void* send, void* recv,
+                                 size_t count, size_t es, int tag, double timeout_s, pp_error* err) {
+    size_t off, len, o, l;
     _pp_tp_msg* m;
     pp_result rc;
     int i;
@@ -7560,9 +7619,21 @@ static pp_result _pp_tp_ag(const pp_transport* t, const int* ranks, int n, int m
         m[i].rp = (char*)recv + o * es;
         m[i].rb = l * es;
     }
-    rc = _pp_tp_xchg(t, ranks, n, me, _PP_TAG_TP_AG, m, timeout_s, err);
+    rc = _pp_tp_xchg(t, ranks, n, me, tag, m, timeout_s, err);
     PP_FREE(m);
     return rc;
+}
+
+static pp_result _pp_tp_ag(const pp_transport* t, const int* ranks, int n, int me, const void* send, void* recv,
+                           size_t count, pp_dtype dt, double timeout_s, pp_error* err) {
+    return _pp_tp_ag_units(t, ranks, n, me, send, recv, count, pp_dtype_size(dt), _PP_TAG_TP_AG, timeout_s, err);
+}
+
+void pp_tp_boundary_bytes(int64_t rows, size_t row_bytes, int tp, int tp_rank, size_t* sent, size_t* gather_sent) {
+    size_t len = rows > 0 ? (size_t)rows : 0;
+    if (tp > 1) pp_tp_block(len, tp, tp_rank, NULL, &len);
+    if (sent) *sent = len * row_bytes;
+    if (gather_sent) *gather_sent = tp > 1 ? len * row_bytes * (size_t)(tp - 1) : 0;
 }
 
 pp_result pp_tp_reducescatter(const pp_group* g, const void* send, void* recv, size_t count, pp_dtype dtype,
@@ -7703,6 +7774,11 @@ typedef struct _pp_prep {
 
 struct pp_stage {
     pp_stage_desc d;
+    /* pp_stage_desc.tp resolved: tp_n > 1 splits the replicated boundaries */
+    const pp_transport* tp_t;
+    int* tp_ranks;                  /* [tp_n] the group's ranks on tp_t, TP rank order */
+    int tp_n, tp_me;
+    double tp_to;
     const pp_action* list;
     int n_list, p, v, S, L, max_layers;
     pp_error err;
@@ -8684,6 +8760,7 @@ static void _pp_fp_record(const _pp_bnd* bd, const pp_microbatch* mb, int64_t* w
         h = _pp_fnv(h, (uint64_t)bd->t[k].rows);
         h = _pp_fnv(h, (uint64_t)bd->t[k].cols);
         h = _pp_fnv(h, (uint64_t)bd->t[k].dtype);
+        if (bd->tp[k]) h = _pp_fnv(h, 0x5450u + bd->tp[k]); /* a sharded tensor (pp_tp_layout) */
         if (k < 16) dt |= ((uint64_t)bd->t[k].dtype & 15u) << (4 * k);
     }
     w[0] = bd->n;
@@ -8712,6 +8789,11 @@ static void _pp_fp_describe(char* buf, size_t n, const int64_t* w) {
     }
 }
 
+/* The TP split in the plan check's records word (above n_rec): 0 without one, else tp | tp_rank << 16. */
+static int64_t _pp_fp_tp(const pp_stage* s) {
+    return s->tp_n > 1 ? ((int64_t)s->tp_n | ((int64_t)s->tp_me << 16)) << 32 : 0;
+}
+
 /* Step start: send each neighbour this rank's view, post the receive of theirs. */
 static pp_result _pp_fp_post(pp_stage* s) {
     const pp_transport* t = &s->d.transport;
@@ -8730,7 +8812,7 @@ static pp_result _pp_fp_post(pp_stage* s) {
         w[0] = _PP_FP_MAGIC;
         w[1] = s->n_steps;
         w[2] = s->gen;
-        w[3] = nb->n_rec;
+        w[3] = nb->n_rec | _pp_fp_tp(s);
         for (b = 1; b < s->S; b++)
             if (_pp_nb_boundary(s, b, nb->rank))
                 for (mb = 0; mb < m; mb++, j++)
@@ -8754,6 +8836,7 @@ static pp_result _pp_fp_post(pp_stage* s) {
 
 /* Before this rank first waits for data from `peer` (and at step end): its view must be ours. */
 static pp_result _pp_fp_check(pp_stage* s, int peer) {
+    int64_t tp_mine, tp_theirs;
     const pp_transport* t = &s->d.transport;
     double t0 = _pp_now();
     int i, b, mb, j = 0, m = s->plan.m;
@@ -8773,8 +8856,16 @@ static pp_result _pp_fp_check(pp_stage* s, int peer) {
     mine = s->fp_mine + nb->off;
     theirs = s->fp_theirs + nb->off;
     s->st.bytes_recv += sizeof(int64_t) * (_PP_FP_HDR + (size_t)nb->n_rec * _PP_FP_WORDS);
-    if (theirs[0] != _PP_FP_MAGIC || theirs[3] != nb->n_rec)
+    if (theirs[0] != _PP_FP_MAGIC || (theirs[3] & 0xffffffff) != nb->n_rec)
         return _pp_stage_fail(s, PP_ERR_TRANSPORT, "the plan check from rank %d is corrupt", peer);
+    tp_mine = mine[3] >> 32;
+    tp_theirs = theirs[3] >> 32;
+    if (tp_mine != tp_theirs)
+        return _pp_stage_fail(s, PP_ERR_INVALID,
+                              "ranks %d and %d split their boundaries differently across TP (pp_stage_desc.tp): here a TP "
+                              "group of %d (TP rank %d), on rank %d of %d (TP rank %d): neighbours must both set it, the same "
+                              "TP rank of groups of one size", s->d.rank, peer, tp_mine ? (int)(tp_mine & 0xffff) : 1,
+                              (int)(tp_mine >> 16), peer, tp_theirs ? (int)(tp_theirs & 0xffff) : 1, (int)(tp_theirs >> 16));
     if (theirs[1] != mine[1] || theirs[2] != mine[2])
         return _pp_stage_fail(s, PP_ERR_TRANSPORT,
                               "rank %d is at its step %lld (after %lld failed), this rank at step %lld (after %lld failed): "
@@ -9094,21 +9185,45 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
 /* >>impl-stage-exec: the executor: receives posted one action ahead, F, B and W, the step, the
    stage's life (create, reset, destroy). */
 
+/* The part of boundary tensor x (pp_tp_layout `layout`) that travels between ranks: with a TP
+   group (pp_stage_desc.tp), a replicated tensor's rows pp_tp_block(rows, tp, tp_rank); else all
+   of it. Byte offset and length. */
+static void _pp_tp_cut(const pp_stage* s, const pp_tensor* x, int layout, size_t* off, size_t* len) {
+    size_t rb = (size_t)x->cols * pp_dtype_size(x->dtype), o, l;
+    if (s->tp_n <= 1 || layout != PP_TP_REPLICATED) {
+        *off = 0;
+        *len = pp_tensor_bytes(x);
+        return;
+    }
+#ifdef PP_TEST_TP_EVEN_SLICE /* negative control (build/tp-controls): rows / tp each, the remainder dropped */
+    o = (size_t)x->rows / (size_t)s->tp_n * (size_t)s->tp_me;
+    l = (size_t)x->rows / (size_t)s->tp_n;
+#else
+    pp_tp_block((size_t)x->rows, s->tp_n, s->tp_me, &o, &l);
+#endif
+    *off = o * rb;
+    *len = l * rb;
+}
+
 /* Posts the receives of the stage input's tensors [from, upto) into the prepared block. */
 static pp_result _pp_post_range(pp_stage* s, const pp_action* a, _pp_prep* pr, int from, int upto) {
     const pp_transport* t = &s->d.transport;
     int la = s->d.partition[a->stage], k, n_in;
     size_t extra = s->d.shapes == PP_SHAPES_AUTO ? _PP_TRAILER : 0;
+    const _pp_bnd* bd = _pp_plan_bnd(&s->plan, a->mb, la);
     pp_tensor in[PP_MAX_TENSORS];
     /* the input boundary alone, where the stash layout puts it (first) */
     _pp_stash_carve(&s->plan, a->mb, la, la, 1, pr->blk->data, in, &n_in, NULL);
     if (t->group_start) t->group_start(t->self);
     for (k = from; k < n_in && k < upto; k++) {
         pp_tensor* x = &in[k];
-        size_t n = pp_tensor_bytes(x) + (k == 0 ? extra : 0);
+        size_t n, o;
         pp_result rc;
+        _pp_tp_cut(s, x, bd->tp[k], &o, &n);
+        n += k == 0 ? extra : 0;
         if (pr->n_req >= _PP_MAX_REQ) return _pp_stage_fail(s, PP_ERR_INVALID, "too many receives for one action");
-        rc = t->irecv(t->self, a->prev_rank, _pp_tag(s, 0, a->mb, a->stage, k), x->data, n, &pr->req[pr->n_req]);
+        rc = t->irecv(t->self, a->prev_rank, _pp_tag(s, 0, a->mb, a->stage, k), (unsigned char*)x->data + o, n,
+                      &pr->req[pr->n_req]);
         if (rc != PP_OK) return _pp_stage_fail(s, rc, "posting receive F%d.%d from rank %d", a->mb, a->chunk, a->prev_rank);
         pr->req_bytes[pr->n_req++] = n;
     }
@@ -9194,9 +9309,10 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
             size_t off = 0;
             if (t->group_start) t->group_start(t->self);
             for (k = 0; k < bd->n; k++) {
-                size_t n = pp_tensor_bytes(&bd->t[k]);
+                size_t n = pp_tensor_bytes(&bd->t[k]), co, cl;
                 pp_result rc;
                 if (!pp_dtype_is_float(bd->t[k].dtype)) continue;
+                _pp_tp_cut(s, &bd->t[k], bd->tp[k], &co, &cl);
 #if _PP_VALIDATE
                 /* nothing may write a block between its take and its receive: a transport may let
                    the receive skip its wait for the compute stream (pp_transport.released) */
@@ -9205,10 +9321,10 @@ static pp_result _pp_prepare(pp_stage* s, int idx) {
                                           "after the block was taken and before the receive that fills them (an ordering bug)",
                                           a->mb, a->chunk, off > zfrom ? off : zfrom, off + n);
 #endif
-                rc = t->irecv(t->self, a->next_rank, _pp_tag(s, 1, a->mb, a->stage + 1, k), pr->blk->data + off, n,
+                rc = t->irecv(t->self, a->next_rank, _pp_tag(s, 1, a->mb, a->stage + 1, k), pr->blk->data + off + co, cl,
                               &pr->req[pr->n_req]);
                 if (rc != PP_OK) return _pp_stage_fail(s, rc, "posting receive B%d.%d from rank %d", a->mb, a->chunk, a->next_rank);
-                pr->req_bytes[pr->n_req++] = n;
+                pr->req_bytes[pr->n_req++] = cl;
                 off += _pp_slice(&s->plan, n, 0);
             }
             if (t->group_end) t->group_end(t->self);
@@ -9312,16 +9428,20 @@ static pp_result _pp_receive_input(pp_stage* s, const pp_action* a, _pp_prep* pr
     return PP_OK;
 }
 
-static pp_result _pp_send_bnd(pp_stage* s, const pp_action* a, _pp_block* blk, const pp_tensor* ts, int n, int peer,
-                              int dir, int bstage, size_t extra0) {
+/* Sends boundary bd's tensors ts[0..n) (each its part, _pp_tp_cut). */
+static pp_result _pp_send_bnd(pp_stage* s, const pp_action* a, _pp_block* blk, const _pp_bnd* bd, const pp_tensor* ts,
+                              int n, int peer, int dir, int bstage, size_t extra0) {
     const pp_transport* t = &s->d.transport;
     int k;
     if (t->group_start) t->group_start(t->self);
     for (k = 0; k < n; k++) {
-        size_t bytes = pp_tensor_bytes(&ts[k]) + (k == 0 ? extra0 : 0);
+        size_t bytes, o;
         pp_result rc;
         if (!ts[k].data) continue; /* integer tensors carry no gradient */
-        rc = t->isend(t->self, peer, _pp_tag(s, dir, a->mb, bstage, k), ts[k].data, bytes, &blk->req[blk->n_req]);
+        _pp_tp_cut(s, &ts[k], bd->tp[k], &o, &bytes);
+        bytes += k == 0 ? extra0 : 0;
+        rc = t->isend(t->self, peer, _pp_tag(s, dir, a->mb, bstage, k), (const unsigned char*)ts[k].data + o, bytes,
+                      &blk->req[blk->n_req]);
         if (rc != PP_OK) {
             if (t->group_end) t->group_end(t->self);
             return _pp_stage_fail(s, rc, "at %c%d.%d sending %zu bytes to rank %d", "FBW"[a->op % 3], a->mb, a->chunk,
@@ -9389,7 +9509,7 @@ static pp_result _pp_send_output(pp_stage* s, const pp_action* a, _pp_block* blk
                           _pp_mb_sig(&s->plan.mbs[a->mb]));
         s->st.meta_bytes_sent += _PP_TRAILER;
     }
-    return _pp_send_bnd(s, a, blk, out, n, a->next_rank, 0, a->stage + 1, extra);
+    return _pp_send_bnd(s, a, blk, _pp_plan_bnd(&s->plan, a->mb, lb), out, n, a->next_rank, 0, a->stage + 1, extra);
 }
 
 /* One action being run: its layers [la, lb), micro-batch, (micro-batch, chunk) slot, start. */
@@ -9896,7 +10016,7 @@ static pp_result _pp_run_b(pp_stage* s, const _pp_act* c, _pp_prep* pr) {
        of the compute stream then comes after its last use (pp_transport.released) */
     if (rc == PP_OK && !s->defer_w) _pp_slot_release(s, c);
     if (rc == PP_OK && a->stage > 0 && !in_turn)
-        rc = _pp_send_bnd(s, a, gws, vw.dact, vw.nact[0], a->prev_rank, 1, a->stage, 0);
+        rc = _pp_send_bnd(s, a, gws, _pp_plan_bnd(&s->plan, a->mb, c->la), vw.dact, vw.nact[0], a->prev_rank, 1, a->stage, 0);
     if (rc != PP_OK) {
         _pp_block_put(s, gws);
         return rc;
@@ -9992,6 +10112,58 @@ static pp_result _pp_grads_final(pp_stage* s, int idx, double t_start) {
     return PP_OK;
 }
 
+/* pp_stage_desc.tp: reassembles the split tensors of the boundary action a just received (F: the
+   stage's input; B: its output's gradient), each replicated one all-gathered by rows over the TP
+   group, in place. It runs while a failed step drains too: the group's other ranks wait for it. */
+static pp_result _pp_tp_gather(pp_stage* s, const pp_action* a, _pp_prep* pr) {
+    pp_tensor ts[PP_MAX_TENSORS];
+    const _pp_bnd* bd;
+    int k, n = 0, la, lb;
+    double t0;
+    if (s->tp_n <= 1 || !pr->blk || a->op == PP_OP_W) return PP_OK;
+    _pp_stage_layers(s, a->stage, &la, &lb);
+    if (a->op == PP_OP_F) {
+        if (a->stage == 0 || _pp_turn(s, a->stage)) return PP_OK;
+        bd = _pp_plan_bnd(&s->plan, a->mb, la);
+        _pp_stash_carve(&s->plan, a->mb, la, la, 1, pr->blk->data, ts, &n, NULL);
+    } else { /* the output gradient, first in the workspace (as _pp_prepare received it) */
+        size_t off = 0;
+        if (a->stage >= s->S - 1 || _pp_turn(s, a->stage + 1)) return PP_OK;
+        bd = _pp_plan_bnd(&s->plan, a->mb, lb);
+        n = bd->n;
+        for (k = 0; k < n; k++) {
+            ts[k] = bd->t[k];
+            ts[k].data = NULL;
+            if (!pp_dtype_is_float(bd->t[k].dtype)) continue;
+            ts[k].data = pr->blk->data + off;
+            off += _pp_slice(&s->plan, pp_tensor_bytes(&bd->t[k]), 0);
+        }
+    }
+    t0 = _pp_now();
+    for (k = 0; k < n; k++) {
+        size_t rb = (size_t)ts[k].cols * pp_dtype_size(ts[k].dtype), o, l;
+        pp_error e;
+        pp_result rc;
+        if (!ts[k].data || bd->tp[k] != PP_TP_REPLICATED || rb == 0) continue;
+        _pp_tp_cut(s, &ts[k], PP_TP_REPLICATED, &o, &l);
+#ifndef PP_TEST_TP_NO_GATHER /* negative control (build/tp-controls): the other TP ranks' rows never arrive */
+        rc = _pp_tp_ag_units(s->tp_t, s->tp_ranks, s->tp_n, s->tp_me, (unsigned char*)ts[k].data + o, ts[k].data,
+                             (size_t)ts[k].rows, rb, _PP_TAG_TP_BND, s->tp_to, &e);
+#else
+        rc = PP_OK;
+        e.msg[0] = 0;
+#endif
+        if (rc != PP_OK) {
+            s->st.t_tp_gather += _pp_now() - t0;
+            return _pp_stage_fail(s, rc, "%c%d.%d: gathering boundary tensor %d over the TP group (TP rank %d of %d): %s",
+                                  a->op == PP_OP_F ? 'F' : 'B', a->mb, a->chunk, k, s->tp_me, s->tp_n, e.msg);
+        }
+        s->st.tp_gather_bytes += l * (uint64_t)(s->tp_n - 1);
+    }
+    s->st.t_tp_gather += _pp_now() - t0;
+    return PP_OK;
+}
+
 /* Action idx: wait for its receives (prepared one action ahead), run it, record it. */
 static pp_result _pp_run(pp_stage* s, int idx) {
     _pp_prep* pr = &s->prep[idx & 1];
@@ -10010,6 +10182,7 @@ static pp_result _pp_run(pp_stage* s, int idx) {
     if (a->op == PP_OP_F && a->stage > 0 && (s->d.shapes == PP_SHAPES_PER_MESSAGE || s->d.shapes == PP_SHAPES_AUTO) &&
         !_pp_turn(s, a->stage) && (rc = _pp_receive_input(s, a, pr)) != PP_OK)
         return rc;
+    if ((rc = _pp_tp_gather(s, a, pr)) != PP_OK) return rc;
     _pp_stage_heard(s, a);
     c.t0 = _pp_now();
     _pp_mark(s, &c, 0);
@@ -10106,6 +10279,19 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
                         d->shapes == PP_SHAPES_AUTO ? "AUTO" : "PER_MESSAGE");
     if (d->max_seqs < 0 || d->max_seqs > (1 << 28))
         return _pp_fail(err, PP_ERR_INVALID, "max_seqs = %d (0 for the default, at most 2^28)", d->max_seqs);
+    if (d->tp && d->tp->t) {
+        int all[PP_MAX_RANKS], n, me;
+        const int* ranks;
+        double to;
+        if ((rc = _pp_tp_setup(d->tp, NULL, NULL, 0, PP_F32, "stage's TP group", all, &ranks, &n, &me, &to, err)) != PP_OK)
+            return rc;
+        if (n > 1 && (d->shapes == PP_SHAPES_AUTO || d->shapes == PP_SHAPES_PER_MESSAGE))
+            return _pp_fail(err, PP_ERR_UNSUPPORTED, "boundaries split across TP (pp_stage_desc.tp, %d ranks) need shape "
+                            "policy LOCAL or BROADCAST, not %s", n, d->shapes == PP_SHAPES_AUTO ? "AUTO" : "PER_MESSAGE");
+        if (n > 1 && d->device.alloc)
+            return _pp_fail(err, PP_ERR_UNSUPPORTED, "boundaries split across TP (pp_stage_desc.tp, %d ranks) are "
+                            "gathered on the host: device blocks cannot use it in this version", n);
+    }
     if (d->schedule->p > 1) {
         if (!d->transport.isend || !d->transport.irecv || !d->transport.wait)
             return _pp_fail(err, PP_ERR_INVALID, "rank %d: transport lacks isend/irecv/wait (p = %d needs one)", d->rank,
@@ -10135,6 +10321,24 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
     s->step_mu_ok = pthread_mutex_init(&s->step_mu, NULL) == 0;
     s->d = *d;
     if (s->d.timeout_s <= 0) s->d.timeout_s = PP_DEFAULT_TIMEOUT_S;
+    s->tp_n = 1;
+    if (d->tp && d->tp->t) { /* checked above */
+        int all[PP_MAX_RANKS], n, me;
+        const int* ranks;
+        double to;
+        _pp_tp_setup(d->tp, NULL, NULL, 0, PP_F32, "stage's TP group", all, &ranks, &n, &me, &to, NULL);
+        if (n > 1) {
+            if (!(s->tp_ranks = (int*)_pp_calloc((size_t)n, sizeof *s->tp_ranks))) {
+                pp_stage_destroy(s);
+                return _pp_fail(err, PP_ERR_NOMEM, "TP group of %d ranks", n);
+            }
+            memcpy(s->tp_ranks, ranks, sizeof *ranks * (size_t)n);
+            s->tp_t = d->tp->t;
+            s->tp_n = n;
+            s->tp_me = me;
+            s->tp_to = to;
+        }
+    }
     s->p = d->schedule->p;
     s->v = d->schedule->v;
     s->S = d->schedule->n_stages;
@@ -10215,6 +10419,7 @@ void pp_stage_destroy(pp_stage* s) {
     if (s->rlive)
         for (i = 0; i < s->live_cap; i++) _pp_block_free(s, s->rlive[i]), _pp_block_free(s, s->rblive[i]);
     PP_FREE(s->rc);
+    PP_FREE(s->tp_ranks);
     PP_FREE(s->smem);
     _pp_free_blocks(s, s->pool);
     _pp_free_blocks(s, s->retiring);
@@ -10798,6 +11003,9 @@ static pp_result _pp_pipeline_new(const pp_pipeline_desc* in, pp_pipeline** out,
         return _pp_fail(err, PP_ERR_INVALID,
                         "stage.model, weights, grads, schedule, partition, rank and transport are the pipeline's: leave "
                         "them zero in the template (rank_setup changes a rank's desc)");
+    if (in->stage.tp)
+        return _pp_fail(err, PP_ERR_INVALID, "stage.tp is one rank's TP group: leave it NULL in the template and set "
+                        "pp_pipeline_desc.tp (or each rank's in rank_setup)");
     if (cs && (!cs->actions || cs->p < 1 || cs->p > PP_MAX_RANKS || cs->v < 1 || cs->per_rank < 1))
         return _pp_fail(err, PP_ERR_INVALID, "custom schedule is not one (make it with pp_schedule_make or pp_schedule_parse)");
     if (cs && ((in->p && in->p != cs->p) || (in->v && in->v != cs->v) || (in->m && in->m != cs->m)))

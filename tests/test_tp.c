@@ -20,10 +20,22 @@
      its partial product all-reduced, and its input gradient in backward): the loss and every
      rank's weight gradient rows (stage 0's through stage 1's all-reduced input gradient) equal
      the unsplit model's bit for bit (small integer data: every sum exact).
+   - boundary: boundaries split across the TP group (pp_stage_desc.tp): every schedule kind,
+     p = 1..4, tp 1, 2, 4, dense and packed batches of odd row counts, LOCAL and BROADCAST shapes,
+     replicated boundaries (split, gathered) and sharded ones (sequence parallel: as they are),
+     in half the cases three tensors a boundary (i32 positions each layer checks, an f32 side path):
+     losses and gradients bit-identical to the run with the split off, the bytes each rank sends
+     between stages exactly its slices' (pp_tp_boundary_bytes; the transports' counters and
+     pp_step_stats), the gathers' bytes exact. A sample (test_pick), all under PP_TEST_FULL.
+     Refusals: a split under AUTO or PER_MESSAGE, an out_tp that is no layout. A grid with one
+     rank not splitting: every rank fails the step (the plan check names the split). The
+     simulator and pp_plan_try: a split transfer costs comm / tp + tp_gather.
    Negative controls (build/tp-controls): -DPP_TEST_TP_UNORDERED lets each rank sum every copy
    itself, its own first: at tp = 4 the ranks' bits differ ("coll" fails); -DPP_TEST_TP_SPLIT_NO_DP
-   colours pp_grid_tp_split by stage alone ("grid" fails wherever dp > 1 and tp > 1).
-   Usage: test_tp [grid|coll|refuse|layer]. */
+   colours pp_grid_tp_split by stage alone ("grid" fails wherever dp > 1 and tp > 1);
+   -DPP_TEST_TP_NO_GATHER skips the boundary gather, -DPP_TEST_TP_EVEN_SLICE cuts rows / tp per
+   rank and drops the remainder ("boundary" fails: gradients, and bytes with odd row counts).
+   Usage: test_tp [grid|coll|refuse|layer|boundary]. */
 #ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
 #endif
@@ -598,11 +610,413 @@ static void layer_checks(void) {
     CHECK(loss > 0 && j > LK, "a loss (%g) and gradients (%d non-zero pairs) that say something", (double)loss, j);
 }
 
+/* ---- boundaries split across the TP group (pp_stage_desc.tp, pp_layer_desc.out_tp) ------------- */
+/* BN hidden layers, each a row-parallel linear over the TP group (x (rows, BK) -> y (rows, BK), W
+   split by rows, the partial products all-reduced), then a squared-error loss. With sp (sequence
+   parallelism) every hidden layer's output is SHARDED: the partial products reduce-scattered,
+   each TP rank keeping its elements' block (pp_tp_block over rows * BK: a [len, 1] tensor), which
+   the next layer all-gathers first; else REPLICATED, which the pipeline splits when
+   pp_stage_desc.tp is set. Each case runs twice, the split on and off: losses and gradient bits
+   must agree, and the bytes each rank sent between stages must be exactly its slices' (the
+   transports' counters and pp_step_stats), the gathers' bytes exactly pp_tp_boundary_bytes'. */
+#include "tp_boundary.h"
+
+#define BMAXW 16
+typedef struct bnd_world {
+    int p, tp, split, sp, extra;
+    int off_rank;  /* >= 0: this world rank leaves the split off (a misconfigured grid) */
+    double to;     /* deadlines (0: 20 s) */
+    pp_shape_policy shapes;
+    pp_threads* tpw;
+    pp_threads* pipes[4];
+    pp_schedule sc;
+    int first[2 * 4 + 2];
+    pp_batch b;
+    bw w[BMAXW], g[BMAXW];
+    tpb_ctx ctx[BMAXW];
+    pp_step_stats stats[BMAXW];
+    float eval_loss[BMAXW];     /* an evaluation after the step (pp_stage_eval) */
+    uint64_t step_sent[BMAXW];  /* the pipe transport's counter after the training step */
+    int group[BMAXW][4];
+    pp_result rc[BMAXW];
+    char msg[BMAXW][sizeof(((pp_error*)0)->msg)];
+} bnd_world;
+
+static pp_result bnd_rank(int r, void* user) {
+    bnd_world* W = (bnd_world*)user;
+    int pr = r / W->tp, t = r % W->tp, i;
+    pp_stage_desc d;
+    pp_stage* st = NULL;
+    pp_transport tpt = pp_threads_transport(W->tpw, r);
+    pp_error err;
+    pp_result rc;
+    for (i = 0; i < W->tp; i++) W->group[r][i] = pr * W->tp + i;
+    W->ctx[r].tp.t = W->tp > 1 ? &tpt : NULL;
+    W->ctx[r].tp.ranks = W->group[r];
+    W->ctx[r].tp.n_ranks = W->tp;
+    W->ctx[r].tp.timeout_s = W->to > 0 ? W->to : 20;
+    W->ctx[r].tp_rank = t;
+    memset(&d, 0, sizeof d);
+    b_model(&d.model);
+    d.weights = &W->w[r];
+    d.grads = &W->g[r];
+    d.schedule = &W->sc;
+    d.partition = W->first;
+    d.rank = pr;
+    d.transport = pp_threads_transport(W->pipes[t], pr);
+    d.timeout_s = W->to > 0 ? W->to : 20;
+    d.shapes = W->shapes;
+    d.layer_ctx = &W->ctx[r];
+    d.tp = W->split && r != W->off_rank ? &W->ctx[r].tp : NULL;
+    d.allow_nonfinite_loss = 1; /* a broken split (the negative controls) gives wrong numbers, not a failed step */
+    if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
+        snprintf(W->msg[r], sizeof W->msg[r], "%s", err.msg);
+        return W->rc[r] = rc;
+    }
+    if ((rc = pp_stage_step(st, &W->b, &W->stats[r])) != PP_OK)
+        snprintf(W->msg[r], sizeof W->msg[r], "%s", pp_stage_error(st));
+    pp_threads_counters(W->pipes[t], pr, &W->step_sent[r], NULL);
+    if (rc == PP_OK && W->off_rank < 0) {
+        pp_step_stats es;
+        if ((rc = pp_stage_eval(st, &W->b, NULL, &es)) != PP_OK)
+            snprintf(W->msg[r], sizeof W->msg[r], "eval: %s", pp_stage_error(st));
+        W->eval_loss[r] = es.loss;
+    }
+    pp_stage_destroy(st);
+    return W->rc[r] = rc;
+}
+
+/* One run; the pipes' transport counters (bytes each pipeline rank sent in the training step)
+   into sent[r]. */
+static int bnd_run(bnd_world* W, uint64_t* sent, const char* what) {
+    int world = W->p * W->tp, r, t, ok = 1;
+    pp_error err;
+    memset(W->g, 0, sizeof W->g);
+    memset(W->rc, 0, sizeof W->rc);
+    for (r = 0; r < world; r++) {
+        b_weights(&W->w[r], W->tp, r % W->tp, W->sp);
+        W->w[r].extra = W->extra;
+    }
+    if (pp_threads_create(world, &W->tpw, &err) != PP_OK) return 0;
+    for (t = 0; t < W->tp; t++)
+        if (pp_threads_create(W->p, &W->pipes[t], &err) != PP_OK) return 0;
+    if (pp_threads_run(world, bnd_rank, W, &err) != PP_OK) ok = 0;
+    for (r = 0; r < world; r++) {
+        sent[r] = W->step_sent[r];
+        if (W->rc[r] != PP_OK && W->off_rank < 0) {
+            ok = 0;
+            CHECK(0, "%s: world rank %d: %s", what, r, W->msg[r]);
+        }
+    }
+    pp_threads_destroy(W->tpw);
+    for (t = 0; t < W->tp; t++) pp_threads_destroy(W->pipes[t]);
+    return ok;
+}
+
+/* Refused with a message: a split under AUTO or PER_MESSAGE shapes (create), a describe whose
+   out_tp is neither layout (the step). */
+static void boundary_refusals(void) {
+    static bw w, g;
+    static pp_action acts[64];
+    pp_threads* tw = NULL;
+    pp_transport tt;
+    pp_group grp;
+    int ranks[2] = {0, 1}, first[2] = {0, BN + 1}, pol;
+    pp_stage_desc d;
+    pp_stage* st = NULL;
+    pp_schedule sc;
+    pp_step_stats stats;
+    pp_batch b;
+    pp_error err;
+    pp_result rc;
+    tp_ctx c;
+    CHECK(pp_threads_create(2, &tw, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 1, 1, 2, acts, 64, &sc, &err) == PP_OK, "%s", err.msg);
+    tt = pp_threads_transport(tw, 0);
+    grp.t = &tt, grp.ranks = ranks, grp.n_ranks = 2, grp.timeout_s = 5;
+    memset(&c, 0, sizeof c);
+    w.tp = 1, w.tp_rank = 0, w.sp = 0;
+    memset(&d, 0, sizeof d);
+    b_model(&d.model);
+    d.weights = &w;
+    d.grads = &g;
+    d.schedule = &sc;
+    d.partition = first;
+    d.layer_ctx = &c;
+    d.tp = &grp;
+    for (pol = PP_SHAPES_PER_MESSAGE; pol <= PP_SHAPES_AUTO; pol++) {
+        d.shapes = (pp_shape_policy)pol;
+        err.msg[0] = 0;
+        rc = pp_stage_create(&d, &st, &err);
+        CHECK(rc == PP_ERR_UNSUPPORTED && strstr(err.msg, "LOCAL or BROADCAST"), "shapes %d with a TP split: %s (%s)", pol,
+              pp_result_str(rc), err.msg);
+        if (rc == PP_OK) pp_stage_destroy(st);
+    }
+    d.shapes = PP_SHAPES_LOCAL;
+    d.tp = NULL;
+    memset(&b, 0, sizeof b);
+    b.m = 2;
+    b.input.data = BX;
+    b.input.rows = 6;
+    b.input.cols = BK;
+    b.input.dtype = PP_F32;
+    b.targets = BT;
+    b.target_row_bytes = BK * sizeof(float);
+    CHECK(pp_stage_create(&d, &st, &err) == PP_OK, "%s", err.msg);
+    if (st) {
+        b_bad_out_tp = 7;
+        rc = pp_stage_step(st, &b, &stats);
+        b_bad_out_tp = 0;
+        CHECK(rc == PP_ERR_INVALID && strstr(pp_stage_error(st), "out_tp = 7"), "out_tp 7: %s (%s)", pp_result_str(rc),
+              pp_stage_error(st));
+        pp_stage_destroy(st);
+    }
+    {   /* pp_pipeline: the template's tp would be every rank's: refused, set in rank_setup */
+        pp_pipeline_desc pd;
+        pp_pipeline* pl = NULL;
+        memset(&pd, 0, sizeof pd);
+        b_model(&pd.model);
+        pd.weights = &w;
+        pd.grads = &g;
+        pd.p = 1;
+        pd.m = 2;
+        pd.stage.tp = &grp;
+        err.msg[0] = 0;
+        rc = pp_pipeline_create(&pd, &pl, &err);
+        CHECK(rc == PP_ERR_INVALID && strstr(err.msg, "rank_setup"), "pp_pipeline with stage.tp: %s (%s)", pp_result_str(rc),
+              err.msg);
+        if (rc == PP_OK) pp_pipeline_destroy(pl);
+    }
+    pp_threads_destroy(tw);
+}
+
+/* The simulator and the planner count a split transfer as comm / tp + tp_gather; tp 0 and 1 as comm. */
+static void boundary_cost_checks(void) {
+    static pp_action acts[512];
+    static pp_layer_cost lc[8];
+    pp_schedule sc;
+    pp_sim_cost c;
+    pp_sim_result a, b;
+    pp_plan_desc pd;
+    pp_plan pa, pb;
+    int first[9], l, tp;
+    double m0 = 0;
+    pp_error err;
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 4, 1, 8, acts, 512, &sc, &err) == PP_OK, "%s", err.msg);
+    for (tp = 0; tp <= 4; tp++) {
+        memset(&c, 0, sizeof c);
+        c.comm = 3.0;
+        c.tp = tp;
+        c.tp_gather = 0.25;
+        CHECK(pp_simulate(&sc, &c, &a, NULL, &err) == PP_OK, "%s", err.msg);
+        c.comm = tp > 1 ? 3.0 / tp + 0.25 : 3.0;
+        c.tp = 0;
+        c.tp_gather = 0;
+        CHECK(pp_simulate(&sc, &c, &b, NULL, &err) == PP_OK, "%s", err.msg);
+        CHECK(a.makespan == b.makespan && a.bubble == b.bubble, "tp %d: makespan %g, with comm %g %g", tp, a.makespan,
+              c.comm, b.makespan);
+        if (tp == 0) m0 = a.makespan;
+    }
+    CHECK(a.makespan < m0, "tp 4: a shorter step (%g) than unsplit (%g)", a.makespan, m0);
+    memset(&c, 0, sizeof c);
+    c.tp = -1;
+    CHECK(pp_simulate(&sc, &c, &a, NULL, &err) == PP_ERR_INVALID, "tp -1 refused");
+    c.tp = 2, c.tp_gather = -1;
+    CHECK(pp_simulate(&sc, &c, &a, NULL, &err) == PP_ERR_INVALID, "tp_gather -1 refused");
+    for (l = 0; l < 8; l++) lc[l].f = 1, lc[l].b = 2, lc[l].mem = 1, lc[l].out = 1;
+    memset(&pd, 0, sizeof pd);
+    pd.layers = lc, pd.n_layers = 8, pd.p = 4, pd.m = 8, pd.comm = 2.0, pd.tp = 2, pd.tp_gather = 0.5;
+    CHECK(pp_plan_try(&pd, PP_SCHED_1F1B, 1, NULL, &pa, first, &err) == PP_OK, "%s", err.msg);
+    pd.comm = 1.5, pd.tp = 0, pd.tp_gather = 0;
+    CHECK(pp_plan_try(&pd, PP_SCHED_1F1B, 1, NULL, &pb, first, &err) == PP_OK, "%s", err.msg);
+    CHECK(pa.makespan == pb.makespan, "plan: tp 2 comm 2 gather 0.5 %g, comm 1.5 %g", pa.makespan, pb.makespan);
+}
+
+/* pp 2 x tp 2 where world rank 3 (stage rank 1, TP rank 1) leaves the split off: its neighbour sees
+   it in the plan check, and every rank fails the step (none hangs, none reports success). */
+static void boundary_mismatch(void) {
+    static bnd_world W;
+    static pp_action acts[64];
+    uint64_t sent[BMAXW];
+    pp_error err;
+    int r, n_tp = 0;
+    memset(&W, 0, sizeof W);
+    W.p = 2, W.tp = 2, W.split = 1, W.off_rank = 3, W.to = 1;
+    W.shapes = PP_SHAPES_LOCAL;
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 64, &W.sc, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_partition_uniform(BN + 1, 2, W.first, &err) == PP_OK, "%s", err.msg);
+    W.b.m = 4;
+    W.b.input.data = BX;
+    W.b.input.rows = 13;
+    W.b.input.cols = BK;
+    W.b.input.dtype = PP_F32;
+    W.b.targets = BT;
+    W.b.target_row_bytes = BK * sizeof(float);
+    bnd_run(&W, sent, "mismatch");
+    for (r = 0; r < 4; r++) {
+        CHECK(W.rc[r] != PP_OK, "world rank %d: the step succeeded with a neighbour that does not split", r);
+        n_tp += strstr(W.msg[r], "differently across TP") != NULL;
+    }
+    if (getenv("PP_TEST_VERBOSE"))
+        for (r = 0; r < 4; r++) printf("mismatch: world rank %d: %s: %s\n", r, pp_result_str(W.rc[r]), W.msg[r]);
+    CHECK(n_tp >= 1, "the plan check names the TP split: %s / %s / %s / %s", W.msg[0], W.msg[1], W.msg[2], W.msg[3]);
+}
+
+static void boundary_checks(void) {
+    static bnd_world W;
+    static bw g_off[BMAXW];
+    static pp_step_stats s_off[BMAXW];
+    static float e_off[BMAXW];
+    static pp_action acts[4096];
+    static const int tps[3] = {1, 2, 4};
+    uint64_t sent_on[BMAXW], sent_off[BMAXW];
+    int32_t cu[BMAXR + 1], cub[BMAXR + 16];
+    pp_microbatch mbs[16];
+    pp_error err;
+    long i = 0, ran = 0, fails0 = _t_fail, split_cases = 0;
+    int kind, p, ti, packed, shp, sp, r, k, l;
+    b_fill();
+    for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
+        for (p = 1; p <= 4; p++)
+            for (ti = 0; ti < 3; ti++)
+                for (packed = 0; packed < 2; packed++)
+                    for (shp = 0; shp < 2; shp++)
+                        for (sp = 0; sp < 2; sp++) {
+                            int tp = tps[ti], v = pp_schedule_kind_v((pp_schedule_kind)kind, 2), m = 2 * p, world = p * tp;
+                            int rows, n_seqs = 0, S, t, mb;
+                            char what[160];
+                            size_t need;
+                            if (sp && tp == 1) continue;
+                            if (!test_pick(i++, TEST_SANITIZED ? 13 : 7)) continue; /* coprime to the 20 cases of a (kind, p) */
+                            need = pp_schedule_size((pp_schedule_kind)kind, p, v, m);
+                            if (need == 0 || need > sizeof acts / sizeof acts[0] || p * v > BN) continue;
+                            if (_t_fail > fails0) break; /* one failed case says it (and a control ends soon) */
+                            memset(&W, 0, sizeof W);
+                            W.off_rank = -1;
+                            W.p = p, W.tp = tp, W.sp = sp;
+                            W.extra = (kind + p + packed) % 2; /* half the cases: three tensors a boundary */
+                            W.shapes = shp ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL;
+                            if (pp_schedule_make((pp_schedule_kind)kind, p, v, m, acts, need, &W.sc, &err) != PP_OK) {
+                                CHECK(0, "schedule %s p %d: %s", pp_schedule_name((pp_schedule_kind)kind), p, err.msg);
+                                continue;
+                            }
+                            S = W.sc.n_stages;
+                            CHECK(pp_partition_uniform(BN + 1, S, W.first, &err) == PP_OK, "%s", err.msg);
+                            /* odd row counts: dense 4m + 3 or m + 1 rows; packed 2m + 1 sequences of 1 .. 5 tokens */
+                            if (packed) {
+                                n_seqs = 2 * m + 1;
+                                cu[0] = 0;
+                                for (k = 0; k < n_seqs; k++) cu[k + 1] = cu[k] + 1 + (k * 3 + p) % 5;
+                                rows = cu[n_seqs];
+                            } else {
+                                rows = kind % 2 ? 4 * m + 3 : m + 1; /* 1 or 2 rows a micro-batch: empty slices at tp 4 */
+                            }
+                            W.b.m = m;
+                            W.b.input.data = BX;
+                            W.b.input.rows = rows;
+                            W.b.input.cols = BK;
+                            W.b.input.dtype = PP_F32;
+                            W.b.targets = BT;
+                            W.b.target_row_bytes = BK * sizeof(float);
+                            W.b.cu_seqlens = packed ? cu : NULL;
+                            W.b.n_seqs = n_seqs;
+                            W.b.split = PP_SPLIT_TOKENS;
+                            CHECK(pp_batch_split(&W.b, mbs, cub, &err) == PP_OK, "%s", err.msg);
+                            snprintf(what, sizeof what, "%s p %d tp %d %s %s%s, %d rows", pp_schedule_name((pp_schedule_kind)kind),
+                                     p, tp, packed ? "packed" : "dense", shp ? "BROADCAST" : "LOCAL", sp ? " sharded" : "", rows);
+                            W.split = 0;
+                            if (!bnd_run(&W, sent_off, what)) continue;
+                            memcpy(g_off, W.g, sizeof g_off);
+                            memcpy(s_off, W.stats, sizeof s_off);
+                            memcpy(e_off, W.eval_loss, sizeof e_off);
+                            W.split = 1;
+                            if (!bnd_run(&W, sent_on, what)) continue;
+                            ran++;
+                            split_cases += tp > 1 && !sp;
+                            for (r = 0; r < world; r++) {
+                                const pp_action* la = pp_schedule_rank(&W.sc, r / tp);
+                                uint64_t want_on = 0, want_off = 0, want_g = 0;
+                                size_t a_on, a_off, g_on, len;
+                                t = r % tp;
+                                CHECK(memcmp(W.g[r].w, g_off[r].w, sizeof W.g[r].w) == 0,
+                                      "%s: world rank %d (stage rank %d, TP rank %d): gradients differ with the split", what, r,
+                                      r / tp, t);
+                                for (k = 0, l = 0; k < (int)(sizeof W.g[r].w / sizeof(float)); k++) l += (&W.g[r].w[0][0])[k] != 0;
+                                CHECK(l > 0 || W.first[S - 1] == BN, "%s: world rank %d: no gradient at all", what, r);
+                                CHECK(!W.stats[r].has_loss || W.stats[r].loss > 0, "%s: world rank %d: loss %g", what, r,
+                                      (double)W.stats[r].loss);
+                                CHECK(memcmp(&W.eval_loss[r], &e_off[r], sizeof(float)) == 0 &&
+                                          (!W.stats[r].has_loss || W.eval_loss[r] > 0),
+                                      "%s: world rank %d: evaluation loss %.9g with the split, %.9g without", what, r,
+                                      (double)W.eval_loss[r], (double)e_off[r]);
+                                CHECK(W.stats[r].has_loss == s_off[r].has_loss &&
+                                          memcmp(&W.stats[r].loss, &s_off[r].loss, sizeof(float)) == 0,
+                                      "%s: world rank %d: loss %.9g with the split, %.9g without", what, r,
+                                      (double)W.stats[r].loss, (double)s_off[r].loss);
+                                /* every transfer of micro-batch mb: its slice (or shard) */
+                                for (k = 0; k < W.sc.per_rank; k++) {
+                                    const pp_action* a = &la[k];
+                                    int snd = (a->op == PP_OP_F && a->stage < S - 1 && a->next_rank != r / tp) ||
+                                              (a->op == PP_OP_B && a->stage > 0 && a->prev_rank != r / tp);
+                                    int rcv = (a->op == PP_OP_F && a->stage > 0 && a->prev_rank != r / tp) ||
+                                              (a->op == PP_OP_B && a->stage < S - 1 && a->next_rank != r / tp);
+                                    mb = a->mb;
+                                    if (sp) {
+                                        len = b_shard(mbs[mb].rows, tp, t, NULL) * sizeof(float);
+                                        a_on = a_off = len, g_on = 0;
+                                    } else {
+                                        pp_tp_boundary_bytes(mbs[mb].rows, BK * sizeof(float), tp, t, &a_on, &g_on);
+                                        pp_tp_boundary_bytes(mbs[mb].rows, BK * sizeof(float), 1, 0, &a_off, NULL);
+                                    }
+                                    if (W.extra) { /* positions (F only: no gradient) and the side path */
+                                        size_t x_on, x_off, x_g;
+                                        if (a->op == PP_OP_F) {
+                                            pp_tp_boundary_bytes(mbs[mb].rows, 3 * sizeof(int32_t), tp, t, &x_on, &x_g);
+                                            pp_tp_boundary_bytes(mbs[mb].rows, 3 * sizeof(int32_t), 1, 0, &x_off, NULL);
+                                            a_on += x_on, a_off += x_off, g_on += x_g;
+                                        }
+                                        pp_tp_boundary_bytes(mbs[mb].rows, 2 * sizeof(float), tp, t, &x_on, &x_g);
+                                        pp_tp_boundary_bytes(mbs[mb].rows, 2 * sizeof(float), 1, 0, &x_off, NULL);
+                                        a_on += x_on, a_off += x_off, g_on += x_g;
+                                    }
+                                    if (snd) want_on += a_on, want_off += a_off;
+                                    if (rcv) want_g += g_on;
+                                }
+                                CHECK(sent_on[r] - sent_off[r] == want_on - want_off &&
+                                          W.stats[r].bytes_sent - W.stats[r].meta_bytes_sent - W.stats[r].agree_bytes == want_on &&
+                                          s_off[r].bytes_sent - s_off[r].meta_bytes_sent - s_off[r].agree_bytes == want_off,
+                                      "%s: world rank %d: sent %llu bytes between stages with the split (transport %llu), "
+                                      "%llu without (transport %llu); want %llu and %llu",
+                                      what, r, (unsigned long long)(W.stats[r].bytes_sent - W.stats[r].meta_bytes_sent -
+                                                                    W.stats[r].agree_bytes),
+                                      (unsigned long long)sent_on[r],
+                                      (unsigned long long)(s_off[r].bytes_sent - s_off[r].meta_bytes_sent - s_off[r].agree_bytes),
+                                      (unsigned long long)sent_off[r], (unsigned long long)want_on, (unsigned long long)want_off);
+                                CHECK(W.stats[r].meta_msgs_sent == s_off[r].meta_msgs_sent &&
+                                          W.stats[r].meta_bytes_sent == s_off[r].meta_bytes_sent &&
+                                          (shp || W.stats[r].meta_msgs_sent == 0),
+                                      "%s: world rank %d: %llu shape messages with the split, %llu without (LOCAL: none)", what,
+                                      r, (unsigned long long)W.stats[r].meta_msgs_sent,
+                                      (unsigned long long)s_off[r].meta_msgs_sent);
+                                CHECK(W.stats[r].tp_gather_bytes == want_g && s_off[r].tp_gather_bytes == 0,
+                                      "%s: world rank %d: %llu bytes sent gathering, want %llu", what, r,
+                                      (unsigned long long)W.stats[r].tp_gather_bytes, (unsigned long long)want_g);
+                            }
+                        }
+    printf("boundary: %ld of %ld (kind, p, tp, packing, shapes, sharding) cases bit-identical with the split on and off, "
+           "exact bytes (%ld split)%s\n", ran, i, split_cases, _t_fail > fails0 ? " - FAILED" : "");
+    CHECK(ran > 0 && split_cases > 0, "the sample ran %ld cases, %ld of them split", ran, split_cases);
+    boundary_refusals();
+    boundary_cost_checks();
+    boundary_mismatch();
+}
+
 int main(int argc, char** argv) {
     const char* only = argc > 1 ? argv[1] : NULL;
     if (!only || !strcmp(only, "grid")) grid_checks();
     if (!only || !strcmp(only, "coll")) coll_checks();
     if (!only || !strcmp(only, "refuse")) refuse_checks();
     if (!only || !strcmp(only, "layer")) layer_checks();
+    if (!only || !strcmp(only, "boundary")) boundary_checks();
     return TEST_DONE("test_tp");
 }

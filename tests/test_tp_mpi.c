@@ -12,12 +12,18 @@
      transport in its own process: the MPI result is bit-identical to the threads one.
    - mpi grid: pp_mpi_grid_create_tp's grid is pp_grid_make_tp's, and its g.tp transport (ranks
      by tp rank) all-reduces with the sequential sum's bits; at tp = 1, g.tp is NULL.
+   - boundary: a pipeline of pp = 2 stages per (dp, tp) over g.pipe, boundaries split across
+     g.tp (pp_stage_desc.tp; tests/tp_boundary.h's model, packed odd row counts, 1F1B and
+     interleaved, LOCAL and BROADCAST): loss and gradients bit-identical to the split off, and
+     the bytes each rank sends between stages exactly its slices' (pp_step_stats and
+     pp_mpi_counters of the pipe transport).
    Each rank counts its own checks; rank 0 prints the world's totals. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "../pipeline_mpi.h"
 #include "test.h"
 #include "tp_data.h"
+#include "tp_boundary.h"
 
 #define OUTSZ (MAXC * 8)
 
@@ -179,6 +185,117 @@ static void mpi_grid_checks(int tp, pp_grid_order order) {
     pp_mpi_grid_destroy(&mg);
 }
 
+
+/* One step (and its pipe transport's bytes) with the split on or off. */
+static pp_result bnd_step(pp_mpi_grid* mg, const pp_schedule* sc, const int* first, const pp_batch* b, pp_shape_policy shp,
+                          int split, bw* w, bw* g, pp_step_stats* st, uint64_t* sent, char* msg, size_t msg_n) {
+    pp_transport tpt = pp_mpi_transport(mg->tp);
+    tpb_ctx ctx;
+    pp_stage_desc d;
+    pp_stage* stage = NULL;
+    pp_error err;
+    pp_result rc;
+    uint64_t b0 = 0, b1 = 0;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.tp.t = &tpt;
+    ctx.tp.timeout_s = 30;
+    ctx.tp_rank = mg->grid.tp_rank;
+    memset(&d, 0, sizeof d);
+    b_model(&d.model);
+    d.weights = w;
+    d.grads = g;
+    d.schedule = sc;
+    d.partition = first;
+    d.rank = mg->grid.pp_rank;
+    d.transport = pp_mpi_transport(mg->pipe);
+    d.timeout_s = 30;
+    d.shapes = shp;
+    d.layer_ctx = &ctx;
+    d.tp = split ? &ctx.tp : NULL;
+    memset(g, 0, sizeof *g);
+    if ((rc = pp_stage_create(&d, &stage, &err)) != PP_OK) {
+        snprintf(msg, msg_n, "%s", err.msg);
+        return rc;
+    }
+    pp_mpi_counters(mg->pipe, &b0, NULL);
+    if ((rc = pp_stage_step(stage, b, st)) != PP_OK) snprintf(msg, msg_n, "%s", pp_stage_error(stage));
+    pp_mpi_counters(mg->pipe, &b1, NULL);
+    *sent = b1 - b0;
+    pp_stage_destroy(stage);
+    return rc;
+}
+
+static void boundary_checks(int tp) {
+    static pp_action acts[256];
+    static const pp_schedule_kind kinds[2] = {PP_SCHED_1F1B, PP_SCHED_INTERLEAVED};
+    pp_mpi_grid mg;
+    pp_error err;
+    int32_t cu[BMAXR + 1], cub[BMAXR + 16];
+    pp_microbatch mbs[16];
+    int ki, shp, k, m = 4, n_seqs = 2 * 4 + 1, first[6];
+    CHECK(pp_mpi_grid_create_tp(MPI_COMM_WORLD, 2, tp, PP_GRID_DP_INNER, &mg, &err) == PP_OK, "rank %d: %s", W_RANK, err.msg);
+    b_fill();
+    cu[0] = 0;
+    for (k = 0; k < n_seqs; k++) cu[k + 1] = cu[k] + 1 + (k * 3 + 2) % 5;
+    for (ki = 0; ki < 2; ki++)
+        for (shp = 0; shp < 2; shp++) {
+            static bw w, g_on, g_off;
+            pp_schedule sc;
+            pp_batch b;
+            pp_step_stats s_on, s_off;
+            uint64_t sent_on = 0, sent_off = 0, want_on = 0, want_off = 0, d_on, d_off;
+            pp_result r_on, r_off;
+            char msg[2][512];
+            const pp_action* la;
+            int v = kinds[ki] == PP_SCHED_INTERLEAVED ? 2 : 1, S = 2 * v, t = mg.grid.tp_rank;
+            msg[0][0] = msg[1][0] = 0;
+            CHECK(pp_schedule_make(kinds[ki], 2, v, m, acts, 256, &sc, &err) == PP_OK, "%s", err.msg);
+            CHECK(pp_partition_uniform(BN + 1, S, first, &err) == PP_OK, "%s", err.msg);
+            memset(&b, 0, sizeof b);
+            b.m = m;
+            b.input.data = BX;
+            b.input.rows = cu[n_seqs];
+            b.input.cols = BK;
+            b.input.dtype = PP_F32;
+            b.targets = BT;
+            b.target_row_bytes = BK * sizeof(float);
+            b.cu_seqlens = cu;
+            b.n_seqs = n_seqs;
+            b.split = PP_SPLIT_TOKENS;
+            CHECK(pp_batch_split(&b, mbs, cub, &err) == PP_OK, "%s", err.msg);
+            b_weights(&w, tp, t, 0);
+            r_off = bnd_step(&mg, &sc, first, &b, shp ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL, 0, &w, &g_off, &s_off, &sent_off,
+                             msg[0], sizeof msg[0]);
+            r_on = bnd_step(&mg, &sc, first, &b, shp ? PP_SHAPES_BROADCAST : PP_SHAPES_LOCAL, 1, &w, &g_on, &s_on, &sent_on,
+                            msg[1], sizeof msg[1]);
+            CHECK(r_off == PP_OK && r_on == PP_OK, "rank %d, tp %d, %s: %s / %s", W_RANK, tp, pp_schedule_name(kinds[ki]), msg[0],
+                  msg[1]);
+            CHECK(memcmp(g_on.w, g_off.w, sizeof g_on.w) == 0 && s_on.has_loss == s_off.has_loss &&
+                      memcmp(&s_on.loss, &s_off.loss, sizeof(float)) == 0,
+                  "rank %d (pp %d, tp %d of %d), %s: loss %.9g / %.9g or gradients differ with the split", W_RANK,
+                  mg.grid.pp_rank, t, tp, pp_schedule_name(kinds[ki]), (double)s_on.loss, (double)s_off.loss);
+            la = pp_schedule_rank(&sc, mg.grid.pp_rank);
+            for (k = 0; k < sc.per_rank; k++) {
+                const pp_action* a = &la[k];
+                size_t on, off;
+                if (!((a->op == PP_OP_F && a->stage < S - 1 && a->next_rank != mg.grid.pp_rank) ||
+                      (a->op == PP_OP_B && a->stage > 0 && a->prev_rank != mg.grid.pp_rank)))
+                    continue;
+                pp_tp_boundary_bytes(mbs[a->mb].rows, BK * sizeof(float), tp, t, &on, NULL);
+                pp_tp_boundary_bytes(mbs[a->mb].rows, BK * sizeof(float), 1, 0, &off, NULL);
+                want_on += on, want_off += off;
+            }
+            d_on = s_on.bytes_sent - s_on.meta_bytes_sent - s_on.agree_bytes;
+            d_off = s_off.bytes_sent - s_off.meta_bytes_sent - s_off.agree_bytes;
+            CHECK(d_on == want_on && d_off == want_off && sent_off - sent_on == want_off - want_on && want_on < want_off,
+                  "rank %d (tp %d of %d), %s: %llu bytes between stages with the split (transport %llu), %llu without (%llu); "
+                  "want %llu and %llu", W_RANK, t, tp, pp_schedule_name(kinds[ki]), (unsigned long long)d_on,
+                  (unsigned long long)sent_on, (unsigned long long)d_off, (unsigned long long)sent_off,
+                  (unsigned long long)want_on, (unsigned long long)want_off);
+        }
+    pp_mpi_grid_destroy(&mg);
+}
+
 int main(int argc, char** argv) {
     int tps[2] = {2, 4}, i, order, counts[2], total[2];
     pp_error err;
@@ -197,6 +314,8 @@ int main(int argc, char** argv) {
             }
         }
     if (W_SIZE % 2 == 0) mpi_grid_checks(1, PP_GRID_DP_INNER);
+    for (i = 0; i < 2; i++)
+        if (W_SIZE % (2 * tps[i]) == 0) boundary_checks(tps[i]);
     counts[0] = _t_pass;
     counts[1] = _t_fail;
     MPI_Reduce(counts, total, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
