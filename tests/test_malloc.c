@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
     pp_model model = mlp_model_desc();
     pp_error err;
     int i, j, rows = 0;
-    long R = test_full() ? 1 : getenv("PP_QUICK") ? 64 : TEST_SANITIZED ? 32 : 8; /* make quick: 1 in 64, no plant */
+    long R = test_full() ? 1 : getenv("PP_QUICK") ? 64 : TEST_SANITIZED || TEST_SECOND ? 32 : 8; /* make quick: 1 in 64, no plant */
     setvbuf(stdout, NULL, _IOLBF, 0);
     WBUF = mlp_init(&W, &G, DIMS, 5, &GBUF);
     {
@@ -231,7 +231,7 @@ int main(int argc, char** argv) {
         printf("test_malloc: every %ld-th k from PP_TEST_SEED=%lu%s\n", R, test_seed(), R == 1 ? " (all)" : "");
         for (i = 0; i < (int)(sizeof kinds / sizeof *kinds); i++)
             for (j = 0; j < 4; j++) sweep(kinds[i], pols[j], R, 1);
-        if (!TEST_SANITIZED && !getenv("PP_QUICK") && R > 1) plant(R);
+        if (!TEST_SANITIZED && !TEST_SECOND && !getenv("PP_QUICK") && R > 1) plant(R);
     }
     free(WBUF);
     free(GBUF);
