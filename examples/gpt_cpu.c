@@ -269,7 +269,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     gpt_opts part = *c;
     unsigned char rflags[GPT_MAX_BLOCK + 2]; /* --recompute */
     size_t peak = 0;                         /* the most stash bytes one rank held in a step */
-    int dp = g_dp, tp = g_tp, W = p * g_dp * g_tp, r, i, t;
+    int dp = g_dp, tp = g_tp, W = p * g_dp * g_tp, r, i, t, tp_bad = 0;
     const size_t n = T->n_params;            /* one TP rank's (all alike) */
     const void** rw = NULL;                  /* --dp, --tp: world rank r reads T[its TP rank].w */
     void** rg = NULL;                        /* replica 0 adds into T[t].g, replica i > 0 into gx[i * tp + t] */
@@ -392,7 +392,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
                         bad++;
                     }
             }
-            if (tp > 1 && check_tp1(T, c, &T->steps[step], dp, cus ? cus : cu)) bad++;
+            if (tp > 1) tp_bad = check_tp1(T, c, &T->steps[step], dp, cus ? cus : cu);
         }
         if (c->clip > 0 && tp > 1) { /* every TP rank: pp_grad_norm_tp over its TP group, then its clip */
             if (tp_job_go(job, TPJ_CLIP, tp)) {
@@ -442,7 +442,7 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
         for (step = from; step < to; step++) printf(" %.17g", norms[step]);
         printf("\n");
     }
-    rc = (c->check && from == 0 ? gpt_trainer_verdict(T, bad) : 0) || val_differ;
+    rc = (c->check && from == 0 ? gpt_trainer_verdict(T, bad) : 0) || val_differ || tp_bad;
 cleanup:
     pp_pipeline_destroy(pl);
     if (job) pp_threads_destroy(job->w);
@@ -557,9 +557,8 @@ int main(int argc, char** argv) {
         return 2;
     }
     g_tp = c.tp > 1 ? c.tp : 1;
-    if (g_tp > 1 && (c.heads % g_tp || GPT_DATA_VOCAB % g_tp || c.p * g_dp * g_tp > PP_MAX_RANKS)) {
-        fprintf(stderr, "--tp %d: need tp to divide --heads (%d) and the vocabulary (%d), and p * dp * tp <= %d\n", g_tp,
-                c.heads, GPT_DATA_VOCAB, PP_MAX_RANKS);
+    if (c.p * g_dp * g_tp > PP_MAX_RANKS) { /* (gpt_opts_check: tp divides the heads and the vocabulary) */
+        fprintf(stderr, "--tp %d: p * dp * tp = %d threads, more than %d\n", g_tp, c.p * g_dp * g_tp, PP_MAX_RANKS);
         return 2;
     }
     if (c.check_resume && g_tp > 1) {
