@@ -177,6 +177,9 @@ else
     "$cpu" $b --schedule 1f1b -p 2 > "$tmp.cb" 2>&1
     "$@" -np 2 "$mpi" $b --schedule 1f1b --recompute 1 --check > "$tmp.mr" 2>&1
     check "over MPI with --recompute 1: pipelined = sequential, bit for bit" "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.mr' && grep -q 'recomputing 6 of 8 layers' '$tmp.mr'" || cat "$tmp.mr"
+    t="--generated --dim 32 --heads 4 --layers 2 --max-len 32 --seqs-per-step 8 -m 4 --steps 3 --clip 1"
+    "$cpu" $t --tp 2 -p 2 > "$tmp.ct" 2>&1 && "$@" -np 4 "$mpi" $t --tp 2 > "$tmp.mt" 2>&1
+    check "over MPI --tp 2 (pp 2 x tp 2): gpt_cpu --tp 2's losses and clipped norms, bit for bit" "[ \$? -eq 0 ] && [ -n \"\$(tpline '$tmp.ct')\" ] && [ \"\$(tpline '$tmp.ct')\" = \"\$(tpline '$tmp.mt')\" ]"
     check "over MPI with --dtype bf16: gpt_cpu's losses and tensor bytes" "[ -n \"\$(tensors '$tmp.mb')\" ] && [ \"\$(tensors '$tmp.mb')\" = \"\$(tensors '$tmp.cb')\" ] && [ \"\$(losses '$tmp.mb')\" = \"\$(losses '$tmp.cb')\" ]"
 fi
 finish
