@@ -19,7 +19,7 @@
                    [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--lr-min 3e-4] [--warmup 10]
                    [--wd 0.1] [--optim adam|sgd] [--clip 1.0] [--eval-every 10] [--eval-seqs 128]
                    [--split seqs|tokens|cost] [--dtype f32|bf16] [--trace FILE.json] [--check]
-                   [--save FILE] [--resume FILE] [--check-resume] [--dp N]
+                   [--save FILE] [--resume FILE] [--check-resume] [--dp N] [--tp N]
 
    --layers counts transformer blocks (default 4, or p*v - 2 when the stages need more layers).
    The text is FILE, else README.md in the current directory if there is one, else a generated
@@ -63,7 +63,24 @@
    replicas read one copy of the weights; each adds into a gradient buffer of its own. With
    --check, the expected gradients are pp_sequential_step's on each share, added in replica order
    and divided by N: the pipelined loss (the replicas' mean) and every layer's gradient must
-   equal them bit for bit. --dp 1 is the program without it, line for line. */
+   equal them bit for bit. --dp 1 is the program without it, line for line.
+
+   --tp N: every stage's layers split over N TP ranks the Megatron way (examples/gpt.h, TENSOR
+   PARALLELISM: heads, MLP units and the vocabulary), pp_pipeline_desc.tp: p * dp * N threads,
+   world rank r = (pp_rank * dp + dp_rank) * N + tp_rank; the layers reach their TP group through
+   io->tp. TP rank t has a trainer of its own (gpt_trainer_init_tp: its shard of gpt_init's
+   weights, its gradients and Adam's moments); every rank of TP rank t reads its weights, replica
+   0's add into its gradients, replica i's into a struct of their own. The optimizer runs on each
+   shard. --clip: each TP rank's buffers (gpt_grad_bufs_tp: shards declared tp_sharded) through
+   pp_grad_norm_tp over a threads world of N ranks, one thread per TP rank (the replicated
+   buffers counted once, as TP rank 0 holds them; each rank's shards' squares added in TP rank
+   order: gpt_mpi --tp's norm, bit for bit), then each rank clips its own. --check: the
+   sequential model at tp N (every TP rank's pp_sequential_step at once on those threads, its
+   group in pp_model.ctx) must equal the pipelined one bit for bit, and the loss and every
+   gradient buffer must be within 1e-5 (relative) of the tp = 1 model's on the same batch
+   ("check: tp N against tp 1" line; exit 1 if not). --tp (any N) prints gpt_mpi's "tp N losses"
+   line. --save writes the tp = 1 layout (every TP rank's shards put in place, gpt_full_shard),
+   which --resume at any tp reads (each TP rank keeps its shard). --check-resume stays tp 1's. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "gpt.h"
