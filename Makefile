@@ -436,6 +436,10 @@ $(B)/tp-ctl-pl-tp-is-dp: tests/test_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) | 
 # And gpt_cpu --dp 2 with that step (tests/test_trainer.sh, TRAINER_PART=dp): --check fails.
 $(B)/gpt_cpu-ctl-no-dp-sum: examples/gpt_cpu.c $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_PL_NO_DP_SUM $(CFLAGS) $< -o $@ $(LDLIBS)
+# And gpt_cpu --tp 2 (TRAINER_PART=tp) whose blocks skip the attention projection's row-parallel
+# all-reduce (examples/gpt.h): the check against tp 1 and the losses' closeness fail.
+$(B)/gpt_cpu-ctl-tp-no-row: examples/gpt_cpu.c $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_GPT_TP_NO_ROW_REDUCE $(CFLAGS) $< -o $@ $(LDLIBS)
 # tests/test_gpt_tp_nccl.c: examples/gpt.h's GPT with Megatron-style TP over pipeline_nccl.h's
 # pp 2 x tp 2 grid on the imitation (one gcc build: the collectives' sanitizer runs are
 # test_tp_nccl's). Its control drops the attention projection's row-parallel all-reduce.
@@ -447,9 +451,9 @@ $(B)/tp-ctl-gpt-nccl-norow: $(GPT_TP_NCCL_DEPS) | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_TEST_GPT_TP_NO_ROW_REDUCE $(CFLAGS) $< -o $@ $(LDLIBS)
 TEST_BINS_EXTRA += $(B)/test_gpt_tp_nccl
 $(B)/tp-controls: tests/controls.sh tests/test_trainer.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp $(B)/tp-ctl-pl-no-dp-sum \
-                  $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow \
+                  $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow $(B)/gpt_cpu-ctl-tp-no-row \
                   $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary"\n' > $@
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

@@ -47,7 +47,8 @@
 
    TENSOR PARALLELISM  gpt_bind_tp / gpt_init_tp give a TP rank its shard of every block (heads
    and MLP units split Megatron's way, the row-parallel partial sums all-reduced over the TP
-   group in pp_model.ctx) and of the head (vocabulary-parallel); examples/gpt_mpi.c --tp N runs it. The section of that name below.
+   group in io->tp or pp_model.ctx) and of the head (vocabulary-parallel); examples/gpt_mpi.c --tp N
+   and gpt_cpu.c --tp N run it. The section of that name below.
 
    ERRORS  forward/backward return 0, or one of the GPT_E* codes below (the library reports it
    as PP_ERR_LAYER with the layer and micro-batch). */
@@ -645,15 +646,17 @@ static inline void gpt_embed_desc(const gpt_embed_params* p, const pp_microbatch
    gradients, the same input gradient, so the replicated parameters stay equal without a message.
    A tp = 2 run is the tp = 1 model (gpt_init_tp shards gpt_init's weights), its sums added in
    another order: within float rounding of tp = 1 (examples/gpt_mpi.c --tp --check measures it).
-   The group: pp_model.ctx points at the rank's pp_group (pipeline.h >>tp; the same pointer serves
-   pp_stage_step and pp_sequential_step, whose io->ctx is NULL); tp > 1 without it is GPT_ETP. */
+   The group: io->tp where the stage has one (pp_pipeline_desc.tp: gpt_cpu --tp), else pp_model.ctx
+   pointing at the rank's pp_group (pipeline.h >>tp; the same pointer serves pp_stage_step and
+   pp_sequential_step, whose io->ctx is NULL); tp > 1 without either is GPT_ETP. */
 static inline int gpt_tp_size(const gpt_block_params* p) { return p->tp > 1 ? p->tp : 1; }
 static inline int gpt_tp_cl(const gpt_block_params* p) { return p->C / gpt_tp_size(p); }
 static inline int gpt_tp_heads(const gpt_block_params* p) { return p->n_head / gpt_tp_size(p); }
 
-/* The layer's TP group (pp_model.ctx), NULL without. */
+/* The layer's TP group: io->tp where the stage has one (the one-process pipeline with tp > 1,
+   pp_stage_desc.tp), else pp_model.ctx (gpt_mpi, pp_sequential_step); NULL without. */
 static inline const pp_group* gpt_tp_group(const pp_layer_io* io) {
-    const pp_group* g = io->model ? (const pp_group*)io->model->ctx : NULL;
+    const pp_group* g = io->tp && io->tp->t ? io->tp : io->model ? (const pp_group*)io->model->ctx : NULL;
     return g && g->t ? g : NULL;
 }
 /* buf (n floats) summed over the TP group of tp ranks, in place; 0 or GPT_ETP. */

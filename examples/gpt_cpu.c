@@ -19,7 +19,7 @@
                    [--dim 64] [--heads 4] [--layers 4] [--lr 3e-3] [--lr-min 3e-4] [--warmup 10]
                    [--wd 0.1] [--optim adam|sgd] [--clip 1.0] [--eval-every 10] [--eval-seqs 128]
                    [--split seqs|tokens|cost] [--dtype f32|bf16] [--trace FILE.json] [--check]
-                   [--save FILE] [--resume FILE] [--check-resume] [--dp N]
+                   [--save FILE] [--resume FILE] [--check-resume] [--dp N] [--tp N]
 
    --layers counts transformer blocks (default 4, or p*v - 2 when the stages need more layers).
    The text is FILE, else README.md in the current directory if there is one, else a generated
@@ -63,7 +63,24 @@
    replicas read one copy of the weights; each adds into a gradient buffer of its own. With
    --check, the expected gradients are pp_sequential_step's on each share, added in replica order
    and divided by N: the pipelined loss (the replicas' mean) and every layer's gradient must
-   equal them bit for bit. --dp 1 is the program without it, line for line. */
+   equal them bit for bit. --dp 1 is the program without it, line for line.
+
+   --tp N: every stage's layers split over N TP ranks the Megatron way (examples/gpt.h, TENSOR
+   PARALLELISM: heads, MLP units and the vocabulary), pp_pipeline_desc.tp: p * dp * N threads,
+   world rank r = (pp_rank * dp + dp_rank) * N + tp_rank; the layers reach their TP group through
+   io->tp. TP rank t has a trainer of its own (gpt_trainer_init_tp: its shard of gpt_init's
+   weights, its gradients and Adam's moments); every rank of TP rank t reads its weights, replica
+   0's add into its gradients, replica i's into a struct of their own. The optimizer runs on each
+   shard. --clip: each TP rank's buffers (gpt_grad_bufs_tp: shards declared tp_sharded) through
+   pp_grad_norm_tp over a threads world of N ranks, one thread per TP rank (the replicated
+   buffers counted once, as TP rank 0 holds them; each rank's shards' squares added in TP rank
+   order: gpt_mpi --tp's norm, bit for bit), then each rank clips its own. --check: the
+   sequential model at tp N (every TP rank's pp_sequential_step at once on those threads, its
+   group in pp_model.ctx) must equal the pipelined one bit for bit, and the loss and every
+   gradient buffer must be within 1e-5 (relative) of the tp = 1 model's on the same batch
+   ("check: tp N against tp 1" line; exit 1 if not). --tp (any N) prints gpt_mpi's "tp N losses"
+   line. --save writes the tp = 1 layout (every TP rank's shards put in place, gpt_full_shard),
+   which --resume at any tp reads (each TP rank keeps its shard). --check-resume stays tp 1's. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline.h"
 #include "gpt.h"
@@ -75,17 +92,87 @@
 #include <string.h>
 #include <time.h>
 
-/* --dp N (1: none). */
-static int g_dp = 1;
+/* --dp N (1: none); --tp N (c.tp; 1: none). */
+static int g_dp = 1, g_tp = 1;
+
+/* --tp N: work for each TP rank's thread (pp_threads_run over tp threads): the sequential step at
+   that tp (every rank's pp_sequential_step at once, its TP group through pp_model.ctx), the first
+   evaluation's check, or the norm and clipping. */
+enum { TPJ_REFERENCE, TPJ_VAL_CHECK, TPJ_CLIP };
+typedef struct tp_job {
+    int what;                   /* TPJ_* */
+    gpt_trainer* T;             /* [tp] the TP ranks' trainers */
+    const gpt_opts* c;
+    pp_model m[PP_MAX_RANKS];   /* [tp] the model with its TP group in ctx */
+    pp_group g[PP_MAX_RANKS];   /* [tp] each rank's TP group over w */
+    pp_transport t[PP_MAX_RANKS];
+    pp_threads* w;              /* tp ranks */
+    const pp_batch* b;          /* TPJ_REFERENCE */
+    int steps_done, differ[PP_MAX_RANKS]; /* TPJ_VAL_CHECK */
+    pp_grad_buf* bufs[PP_MAX_RANKS];      /* TPJ_CLIP: each rank's buffers (gpt_grad_bufs_tp) */
+    int nb[PP_MAX_RANKS];
+    double clip, norm[PP_MAX_RANKS];
+    pp_error err[PP_MAX_RANKS];
+} tp_job;
+
+static pp_result tp_job_run(int t, void* user) {
+    tp_job* j = (tp_job*)user;
+    gpt_trainer* T = &j->T[t];
+    pp_result rc;
+    switch (j->what) {
+    case TPJ_REFERENCE:
+        free(T->grefbuf); /* gpt_trainer_reference allocates it anew */
+        T->grefbuf = NULL;
+        return gpt_trainer_reference(T, &j->m[t], j->b) ? PP_ERR_LAYER : PP_OK;
+    case TPJ_VAL_CHECK:
+        j->differ[t] = gpt_val_check_say(T, j->c, &j->m[t], j->steps_done, t == 0);
+        return PP_OK;
+    default: /* pp_grad_norm_tp over this rank's TP group (g NULL: the whole model is here) */
+        rc = pp_grad_norm_tp(NULL, &j->g[t], j->m[t].n_layers, j->bufs[t], j->nb[t], &j->norm[t], &j->err[t]);
+        if (rc == PP_OK) rc = pp_grad_clip(j->bufs[t], j->nb[t], j->clip, j->norm[t], NULL, &j->err[t]);
+        return rc;
+    }
+}
+
+/* The job's threads world and groups for model m (tp ranks); 0, or 1 with a message. */
+static int tp_job_init(tp_job* j, gpt_trainer* T, const gpt_opts* c, const pp_model* m, int tp) {
+    pp_error err;
+    int t;
+    memset(j, 0, sizeof *j);
+    j->T = T;
+    j->c = c;
+    if (pp_threads_create(tp, &j->w, &err) != PP_OK) {
+        fprintf(stderr, "--tp %d: %s\n", tp, err.msg);
+        return 1;
+    }
+    for (t = 0; t < tp; t++) {
+        j->t[t] = pp_threads_transport(j->w, t);
+        j->g[t].t = &j->t[t];
+        j->m[t] = *m;
+        j->m[t].ctx = &j->g[t];
+    }
+    return 0;
+}
+
+/* Runs what on the tp ranks' threads; 0, or 1 with a message. */
+static int tp_job_go(tp_job* j, int what, int tp) {
+    pp_error err;
+    j->what = what;
+    if (pp_threads_run(tp, tp_job_run, j, &err) != PP_OK) {
+        fprintf(stderr, "--tp %d: %s\n", tp, err.msg);
+        return 1;
+    }
+    return 0;
+}
 
 /* The held-out batches through the pipeline's forward-only step after steps_done steps, and
-   their line; with check, against pp_sequential_eval (*differ set when they differ). 0 on
-   success, 1 when an evaluation failed. */
+   their line; with check, against pp_sequential_eval (*differ set when they differ; --tp: every
+   TP rank's at once on its threads, j). 0 on success, 1 when an evaluation failed. */
 static int evaluate(const gpt_opts* c, gpt_trainer* T, pp_pipeline* pl, const pp_model* m, int steps_done, int check,
-                    int* differ) {
+                    int* differ, tp_job* j) {
     double t0 = gpt_now();
     pp_step_stats st;
-    int i;
+    int i, t;
     for (i = 0; i < T->n_val; i++) {
         pp_batch b[PP_MAX_RANKS]; /* --dp: every replica evaluates the batch (their mean is its loss) */
         int k;
@@ -97,7 +184,16 @@ static int evaluate(const gpt_opts* c, gpt_trainer* T, pp_pipeline* pl, const pp
         T->val_loss[i] = st.loss;
     }
     gpt_val_print(T, steps_done, gpt_now() - t0);
-    if (check && gpt_val_check(T, c, m, steps_done)) *differ = 1;
+    if (!check) return 0;
+    if (g_tp == 1) {
+        if (gpt_val_check(T, c, m, steps_done)) *differ = 1;
+        return 0;
+    }
+    for (t = 1; t < g_tp; t++) memcpy(T[t].val_loss, T->val_loss, (size_t)T->n_val * sizeof(float));
+    j->steps_done = steps_done;
+    if (tp_job_go(j, TPJ_VAL_CHECK, g_tp)) return 1;
+    for (t = 0; t < g_tp; t++)
+        if (j->differ[t]) *differ = 1;
     return 0;
 }
 
@@ -116,32 +212,67 @@ static pp_batch replica_batch(const gpt_opts* c, const gpt_step* sd, int dp, int
     return b;
 }
 
-/* --dp --check: the expected gradients of a step's shares: pp_sequential_step on each into its
-   own buffer, added in replica order, times 1 / dp (the pipeline's dp sum and scale), into
-   T->grefbuf; the loss the same way. 0 on success. */
-static int dp_reference(gpt_trainer* T, const gpt_opts* c, const pp_model* m, const gpt_step* sd, int dp, int32_t* cu) {
-    float* acc = (float*)calloc(T->n_params, sizeof(float));
-    float loss = 0;
-    size_t j;
-    int i, rc = 1;
-    if (!acc) return 1;
+/* --check: the expected gradients of a step: pp_sequential_step on the batch (--tp: every TP rank's
+   at once, j), and with --dp on each share into its own buffer, added in replica order, times
+   1 / dp (the pipeline's dp sum and scale), into each TP rank's T[t].grefbuf; the loss the same
+   way. 0 on success. */
+static int step_reference(gpt_trainer* T, const gpt_opts* c, const pp_model* m, const gpt_step* sd, int dp, int32_t* cu,
+                          tp_job* j) {
+    const size_t n = T->n_params;
+    float* acc = dp > 1 ? (float*)calloc(n * (size_t)g_tp, sizeof(float)) : NULL;
+    float loss[PP_MAX_RANKS];
+    size_t k;
+    int i, t, rc = 1;
+    if (dp > 1 && !acc) return 1;
     for (i = 0; i < dp; i++) {
         pp_batch b = replica_batch(c, sd, dp, i, cu);
-        free(T->grefbuf); /* gpt_trainer_reference allocates it anew */
-        T->grefbuf = NULL;
-        if (gpt_trainer_reference(T, m, &b)) goto done;
-        for (j = 0; j < T->n_params; j++) acc[j] = i ? acc[j] + T->grefbuf[j] : T->grefbuf[j];
-        loss = i ? loss + T->ref_loss : T->ref_loss;
+        if (g_tp > 1) {
+            j->b = &b;
+            if (tp_job_go(j, TPJ_REFERENCE, g_tp)) goto done;
+        } else {
+            free(T->grefbuf); /* gpt_trainer_reference allocates it anew */
+            T->grefbuf = NULL;
+            if (gpt_trainer_reference(T, m, &b)) goto done;
+        }
+        for (t = 0; acc && t < g_tp; t++) {
+            float *a = acc + n * (size_t)t, *g = T[t].grefbuf;
+            for (k = 0; k < n; k++) a[k] = i ? a[k] + g[k] : g[k];
+            loss[t] = i ? loss[t] + T[t].ref_loss : T[t].ref_loss;
+        }
     }
-    for (j = 0; j < T->n_params; j++) T->grefbuf[j] = acc[j] * (float)(1.0 / dp);
-    T->ref_loss = loss / (float)dp;
+    for (t = 0; acc && t < g_tp; t++) {
+        for (k = 0; k < n; k++) T[t].grefbuf[k] = acc[n * (size_t)t + k] * (float)(1.0 / dp);
+        T[t].ref_loss = loss[t] / (float)dp;
+    }
     rc = 0;
 done:
     free(acc);
     return rc;
 }
 
-/* Steps [from, to) of T's batches on a pipeline of (kind, p, v), then the summary; 0 on success. */
+/* --tp --check: every TP rank's reference against the tp = 1 model on the same batches (the
+   step's, or --dp's shares): within GPT_TP_TOL. Prints the line; 0 when within, else 1. */
+static int check_tp1(gpt_trainer* T, const gpt_opts* c, const gpt_step* sd, int dp, int32_t* cus) {
+    pp_batch b[PP_MAX_RANKS];
+    gpt_model fg;
+    float loss1 = 0, *fgbuf;
+    double loss_rel = 0, worst = 0;
+    char name[64] = "";
+    int i, t, bad = 0;
+    for (i = 0; i < dp; i++) b[i] = replica_batch(c, sd, dp, i, cus + (size_t)i * ((size_t)c->seqs / (size_t)dp + 2));
+    if (!(fgbuf = gpt_tp1_reference(T, c, b, dp, &fg, &loss1))) return 1;
+    for (t = 0; t < g_tp; t++)
+        if (gpt_tp1_compare(&T[t], &fg, loss1, &loss_rel, &worst, name, sizeof name)) bad = 1;
+    free(fgbuf);
+    bad = bad || !(loss_rel <= GPT_TP_TOL) || !(worst <= GPT_TP_TOL);
+    printf("check: tp %d against tp 1 on step 0: loss %.3g, gradients %.3g (%s) relative (largest over TP ranks and "
+           "buffers; tolerance %g) %s\n",
+           g_tp, loss_rel, worst, name, GPT_TP_TOL, bad ? "DIFFERENT" : "ok");
+    return bad;
+}
+
+/* Steps [from, to) of T's batches on a pipeline of (kind, p, v), then the summary; 0 on success.
+   T: the TP ranks' trainers (g_tp of them; T[0] holds the losses). */
 static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p, int v, int from, int to) {
     double t0, wall, t_eval = 0;
     int step, l, rc = 1, bad = 0, nb = 0, evals = 0, val_differ = 0;
@@ -155,13 +286,19 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     gpt_opts part = *c;
     unsigned char rflags[GPT_MAX_BLOCK + 2]; /* --recompute */
     size_t peak = 0;                         /* the most stash bytes one rank held in a step */
-    int dp = g_dp, r, i;
-    const void** rw = NULL;                  /* --dp: every rank reads T->w */
-    void** rg = NULL;                        /* --dp: replica 0 adds into T->g, replica i > 0 into gx[i] */
+    int dp = g_dp, tp = g_tp, W = p * g_dp * g_tp, r, i, t, tp_bad = 0;
+    const size_t n = T->n_params;            /* one TP rank's (all alike) */
+    const void** rw = NULL;                  /* --dp, --tp: world rank r reads T[its TP rank].w */
+    void** rg = NULL;                        /* replica 0 adds into T[t].g, replica i > 0 into gx[i * tp + t] */
     gpt_model* gx = NULL;
     float* gxbuf = NULL;
     int32_t* cu = NULL;                      /* --dp: a share's rebased cu_seqlens */
+    int32_t* cus = NULL;                     /* --dp: every share's */
     pp_batch* bs = NULL;
+    tp_job* job = NULL;                      /* --tp: the TP ranks' threads for the checks and --clip */
+    pp_grad_buf* tbufs = NULL;               /* --tp --clip: each TP rank's buffers */
+    double* norms = NULL;                    /* (to) --clip's norm of every step, for the --tp line */
+    const size_t cus_n = ((size_t)c->seqs / (size_t)dp + 2) * (size_t)dp;
     /* the pipeline; stages partitioned by describe()'s cost on one sequence of the corpus'
        attention length */
     memset(&d, 0, sizeof d);
@@ -169,26 +306,53 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     d.model = gpt_model_for(kind, c->layers); /* split blocks where the schedule has W */
     d.weights = &T->w;
     d.grads = &T->g;
-    if (dp > 1) { /* p * dp ranks: rank r = pp_rank * dp + dp_rank (tp = 1) */
-        rw = (const void**)calloc((size_t)(p * dp), sizeof *rw);
-        rg = (void**)calloc((size_t)(p * dp), sizeof *rg);
-        gx = (gpt_model*)calloc((size_t)dp, sizeof *gx);
-        gxbuf = (float*)calloc(T->n_params * (size_t)(dp - 1), sizeof(float));
+    norms = (double*)calloc((size_t)to, sizeof *norms);
+    if (!norms) {
+        fprintf(stderr, "out of memory\n");
+        goto cleanup;
+    }
+    if (W > p) { /* p * dp * tp ranks: r = (pp_rank * dp + dp_rank) * tp + tp_rank */
+        rw = (const void**)calloc((size_t)W, sizeof *rw);
+        rg = (void**)calloc((size_t)W, sizeof *rg);
+        gx = (gpt_model*)calloc((size_t)(dp * tp), sizeof *gx);
+        gxbuf = (float*)calloc(n * (size_t)((dp - 1) * tp) + 1, sizeof(float));
         cu = (int32_t*)calloc((size_t)c->seqs / (size_t)dp + 2, sizeof *cu);
+        cus = (int32_t*)calloc(cus_n, sizeof *cus);
         bs = (pp_batch*)calloc((size_t)dp, sizeof *bs);
-        if (!rw || !rg || !gx || !gxbuf || !cu || !bs) {
+        if (!rw || !rg || !gx || !gxbuf || !cu || !cus || !bs) {
             fprintf(stderr, "out of memory\n");
             goto cleanup;
         }
-        for (i = 1; i < dp; i++) gpt_bind(&gx[i], &T->gc, gxbuf + T->n_params * (size_t)(i - 1));
-        for (r = 0; r < p * dp; r++) {
-            rw[r] = &T->w;
-            rg[r] = r % dp ? (void*)&gx[r % dp] : (void*)&T->g;
+        for (i = 1; i < dp; i++)
+            for (t = 0; t < tp; t++) gpt_bind_tp(&gx[i * tp + t], &T->gc, tp, t, gxbuf + n * (size_t)((i - 1) * tp + t));
+        for (r = 0; r < W; r++) {
+            t = r % tp;
+            i = r / tp % dp;
+            rw[r] = &T[t].w;
+            rg[r] = i ? (void*)&gx[i * tp + t] : (void*)&T[t].g;
         }
         d.weights = d.grads = NULL;
         d.rank_weights = rw;
         d.rank_grads = rg;
         d.dp = dp; /* the mean over the replicas (dp_scale 0) */
+        d.tp = tp; /* the layers' TP group: io->tp (examples/gpt.h gpt_tp_group) */
+    }
+    if (tp > 1) {
+        if (!(job = (tp_job*)malloc(sizeof *job)) || tp_job_init(job, T, c, &d.model, tp)) {
+            if (!job) fprintf(stderr, "out of memory\n");
+            free(job);
+            job = NULL;
+            goto cleanup;
+        }
+        if (!(tbufs = (pp_grad_buf*)calloc((size_t)tp * (12 * GPT_MAX_BLOCK + 5), sizeof *tbufs))) {
+            fprintf(stderr, "out of memory\n");
+            goto cleanup;
+        }
+        for (t = 0; t < tp; t++) { /* every layer's, tp_sharded where a TP shard */
+            job->bufs[t] = tbufs + (size_t)t * (12 * GPT_MAX_BLOCK + 5);
+            gpt_grad_bufs_tp(&T[t], 0, d.model.n_layers, job->bufs[t], &job->nb[t]);
+        }
+        job->clip = c->clip;
     }
     d.schedule = kind;
     d.p = p;
@@ -202,15 +366,18 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
         fprintf(stderr, "%s\n", err.msg);
         goto cleanup;
     }
-    printf("gpt: %d layers (embed, %d blocks, head), C=%d, %d heads, vocab %d, %zu parameters\n", d.model.n_layers,
-           c->layers, c->dim, c->heads, T->gc.vocab, T->n_params);
+    printf("gpt: %d layers (embed, %d blocks, head), C=%d, %d heads, vocab %d, %zu parameters%s\n", d.model.n_layers,
+           c->layers, c->dim, c->heads, T->gc.vocab, n, tp > 1 ? " per TP rank" : "");
     gpt_trainer_print(T, c);
     printf("%s p=%d v=%d m=%d, %d sequences per step split by %s%s\n", pp_schedule_name(kind), p,
            pp_pipeline_schedule(pl)->v, c->m, c->seqs,
            c->split == PP_SPLIT_SEQS ? "count" : c->split == PP_SPLIT_TOKENS ? "tokens" : "cost", from ? ", resumed" : "");
     if (dp > 1)
         printf("data parallel: %d replicas of the pipeline (%d threads), %d sequences each per step, gradients averaged "
-               "over the replicas inside the step\n", dp, p * dp, c->seqs / dp);
+               "over the replicas inside the step\n", dp, W, c->seqs / dp);
+    if (tp > 1)
+        printf("tensor parallel: every stage's layers split over %d TP ranks (heads, MLP units, vocabulary), %d threads "
+               "in all, the TP group as io->tp\n", tp, W);
     pp_partition_print(stdout, &d.model, pp_pipeline_partition(pl), pp_pipeline_schedule(pl)->n_stages, NULL);
     gpt_grad_bufs(T, 0, d.model.n_layers, bufs, &nb); /* every layer: one process holds them all */
 
@@ -219,14 +386,8 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
         pp_batch b = gpt_step_batch(c, &T->steps[step]);
         pp_result src;
         if (dp > 1) { /* replica i's share in bs[i] (its cu_seqlens are copied at the step) */
-            int32_t* cus = (int32_t*)calloc(((size_t)c->seqs / (size_t)dp + 2) * (size_t)dp, sizeof *cus);
-            if (!cus) {
-                fprintf(stderr, "out of memory\n");
-                goto cleanup;
-            }
-            for (i = 0; i < dp; i++) bs[i] = replica_batch(c, &T->steps[step], dp, i, cus + (size_t)i * ((size_t)c->seqs / (size_t)dp + 2));
+            for (i = 0; i < dp; i++) bs[i] = replica_batch(c, &T->steps[step], dp, i, cus + (size_t)i * (cus_n / (size_t)dp));
             src = pp_pipeline_step(pl, bs, &st);
-            free(cus);
         } else {
             src = pp_pipeline_step(pl, &b, &st);
         }
@@ -235,30 +396,44 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
             goto cleanup;
         }
         if (c->check && step == 0) {
-            if (dp > 1 ? dp_reference(T, c, &d.model, &T->steps[step], dp, cu) : gpt_trainer_reference(T, &d.model, &b))
-                goto cleanup;
-            for (l = 0; l < d.model.n_layers; l++) bad += gpt_trainer_differs(T, &d.model, l);
-            for (i = 1; i < dp; i++) /* every replica holds the same mean */
-                if (memcmp(gxbuf + T->n_params * (size_t)(i - 1), T->gbuf, T->n_params * sizeof(float))) {
-                    fprintf(stderr, "check: replica %d's gradients differ from replica 0's\n", i);
+            if (step_reference(T, c, &d.model, &T->steps[step], dp, cu, job)) goto cleanup;
+            for (t = 0; t < tp; t++) {
+                for (l = 0; l < d.model.n_layers; l++) bad += gpt_trainer_differs(&T[t], &d.model, l);
+                if (memcmp(&T[t].ref_loss, &T->ref_loss, sizeof(float))) {
+                    fprintf(stderr, "check: TP rank %d's sequential loss differs from TP rank 0's\n", t);
                     bad++;
                 }
+                for (i = 1; i < dp; i++) /* every replica holds the same mean */
+                    if (memcmp(gxbuf + n * (size_t)((i - 1) * tp + t), T[t].gbuf, n * sizeof(float))) {
+                        fprintf(stderr, "check: replica %d's gradients differ from replica 0's (TP rank %d)\n", i, t);
+                        bad++;
+                    }
+            }
+            if (tp > 1) tp_bad = check_tp1(T, c, &T->steps[step], dp, cus ? cus : cu);
         }
-        if (c->clip > 0 && pp_pipeline_grad_clip(pl, bufs, nb, c->clip, &norm, &err) != PP_OK) {
+        if (c->clip > 0 && tp > 1) { /* every TP rank: pp_grad_norm_tp over its TP group, then its clip */
+            if (tp_job_go(job, TPJ_CLIP, tp)) {
+                for (t = 0; t < tp; t++)
+                    if (job->err[t].msg[0]) fprintf(stderr, "step %d: TP rank %d: %s\n", step, t, job->err[t].msg);
+                goto cleanup;
+            }
+            norm = job->norm[0];
+        } else if (c->clip > 0 && pp_pipeline_grad_clip(pl, bufs, nb, c->clip, &norm, &err) != PP_OK) {
             fprintf(stderr, "step %d: %s\n", step, err.msg);
             goto cleanup;
         }
+        norms[step] = norm;
         /* at gpt_lr(c, step), decaying where T->decay says; zeroes the gradients (--dp: replica 0's,
-           which every replica's equal; the others' are zeroed here) */
-        gpt_optimize(c, T->wbuf, T->gbuf, T->m1, T->m2, T->decay, T->n_params, step);
-        if (dp > 1) memset(gxbuf, 0, T->n_params * (size_t)(dp - 1) * sizeof(float));
+           which every replica's equal; the others' are zeroed here); --tp: every TP rank its shard */
+        for (t = 0; t < tp; t++) gpt_optimize(c, T[t].wbuf, T[t].gbuf, T[t].m1, T[t].m2, T[t].decay, n, step);
+        if (dp > 1) memset(gxbuf, 0, n * (size_t)((dp - 1) * tp) * sizeof(float));
         T->loss[step] = st.loss;
         gpt_traffic_add(&tr, &st);
         gpt_pipeline_peak(pl, p, &peak);
         gpt_step_print(c, step, st.loss, &T->steps[step], st.t_total, norm);
         if (gpt_eval_due(c, step, to - 1)) { /* --eval-every: the weights after step + 1 steps */
             double te = gpt_now();
-            if (evaluate(c, T, pl, &d.model, step + 1, c->check && evals++ == 0, &val_differ)) goto cleanup;
+            if (evaluate(c, T, pl, &d.model, step + 1, c->check && evals++ == 0, &val_differ, job)) goto cleanup;
             t_eval += gpt_now() - te;
         }
     }
@@ -269,22 +444,34 @@ static int train(const gpt_opts* c, gpt_trainer* T, pp_schedule_kind kind, int p
     gpt_loop_print_peak(peak, c->recompute, d.model.n_layers);
     if (c->trace) {
         FILE* f = fopen(c->trace, "w");
-        size_t n = 0;
-        const pp_event* ev = pp_pipeline_timeline(pl, &n);
+        size_t ne = 0;
+        const pp_event* ev = pp_pipeline_timeline(pl, &ne);
         if (f) {
-            pp_timeline_chrome(f, ev, n, 1e6);
+            pp_timeline_chrome(f, ev, ne, 1e6);
             fclose(f);
-            printf("timeline of the last step: %s, %zu actions (open in ui.perfetto.dev)\n", c->trace, n);
+            printf("timeline of the last step: %s, %zu actions (open in ui.perfetto.dev)\n", c->trace, ne);
         }
     }
-    rc = (c->check && from == 0 ? gpt_trainer_verdict(T, bad) : 0) || val_differ;
+    if (c->tp) { /* --tp (any N): every step's loss and norm to 9 and 17 digits, gpt_mpi's line */
+        printf("tp %d losses", tp);
+        for (step = from; step < to; step++) printf(" %.9g", (double)T->loss[step]);
+        printf(" norms");
+        for (step = from; step < to; step++) printf(" %.17g", norms[step]);
+        printf("\n");
+    }
+    rc = (c->check && from == 0 ? gpt_trainer_verdict(T, bad) : 0) || val_differ || tp_bad;
 cleanup:
     pp_pipeline_destroy(pl);
+    if (job) pp_threads_destroy(job->w);
+    free(job);
+    free(tbufs);
+    free(norms);
     free(rw);
     free(rg);
     free(gx);
     free(gxbuf);
     free(cu);
+    free(cus);
     free(bs);
     return rc;
 }
@@ -355,17 +542,27 @@ cleanup:
     return rc;
 }
 
+/* Frees the first n TP ranks' trainers and the array. */
+static void trainers_free(gpt_trainer* T, int n, const gpt_opts* c) {
+    int t;
+    for (t = 0; t < n; t++) gpt_trainer_free(&T[t], c);
+    free(T);
+}
+
 int main(int argc, char** argv) {
     gpt_opts c;
-    gpt_trainer T;
+    gpt_trainer* T;
+    gpt_full full;          /* --tp > 1 with --save or --resume: the tp = 1 layout */
     pp_model m;
+    pp_ckpt_desc k;
     int rc, from = 0;
-    int i, k;
-    for (i = k = 1; i < argc; i++) { /* --dp N is this program's (gpt_opts are shared with gpt_mpi) */
+    int i, j, t;
+    memset(&full, 0, sizeof full);
+    for (i = j = 1; i < argc; i++) { /* --dp N is this program's (gpt_opts are shared with gpt_mpi) */
         if (!strcmp(argv[i], "--dp") && i + 1 < argc) g_dp = atoi(argv[++i]);
-        else argv[k++] = argv[i];
+        else argv[j++] = argv[i];
     }
-    argc = k;
+    argc = j;
     if (gpt_opts_parse(argc, argv, &c) || gpt_opts_check(&c)) {
         gpt_opts_usage("gpt_cpu");
         fprintf(stderr, "       [--dp N]\n");
@@ -376,25 +573,53 @@ int main(int argc, char** argv) {
                 PP_MAX_RANKS, c.seqs, g_dp > 0 ? g_dp : 1, c.m);
         return 2;
     }
-    if (c.tp > 1) { /* the threads' pipeline (pp_pipeline) has no TP group yet */
-        fprintf(stderr, "gpt_cpu: --tp is gpt_mpi's (mpirun -np P*N build/gpt_mpi --tp N)\n");
+    g_tp = c.tp > 1 ? c.tp : 1;
+    if (c.p * g_dp * g_tp > PP_MAX_RANKS) { /* (gpt_opts_check: tp divides the heads and the vocabulary) */
+        fprintf(stderr, "--tp %d: p * dp * tp = %d threads, more than %d\n", g_tp, c.p * g_dp * g_tp, PP_MAX_RANKS);
+        return 2;
+    }
+    if (c.check_resume && g_tp > 1) {
+        fprintf(stderr, "gpt_cpu: --check-resume runs at tp 1 (--save and --resume work with --tp)\n");
         return 2;
     }
     if (c.check_resume) return check_resume(&c);
-    if (gpt_trainer_init(&T, &c)) return 2;
+    if (!(T = (gpt_trainer*)calloc((size_t)g_tp, sizeof *T))) {
+        fprintf(stderr, "out of memory\n");
+        return 2;
+    }
+    for (t = 0; t < g_tp; t++) /* TP rank t's shard of gpt_init's weights (tp 1: all of them) */
+        if (gpt_trainer_init_tp(&T[t], &c, t)) {
+            trainers_free(T, t, &c);
+            return 2;
+        }
     m = gpt_model_desc_depth(c.layers);
-    if (c.resume && gpt_trainer_resume(&T, &m, c.resume, NULL, &from)) {
-        gpt_trainer_free(&T, &c);
-        return 1;
+    rc = 1;
+    if ((c.resume || c.save) && g_tp > 1 && gpt_full_alloc(&full, T)) {
+        fprintf(stderr, "out of memory\n");
+        goto done;
+    }
+    if (c.resume && g_tp > 1) { /* the whole layers, then every TP rank its shard */
+        k = gpt_ckpt_of(&m, "gpt", &full.w, full.moments, NULL, 0);
+        if (gpt_ckpt_load_path(&k, c.resume, &from)) goto done;
+        for (t = 0; t < g_tp; t++) gpt_full_shard(&T[t], &full, 0);
+    } else if (c.resume && gpt_trainer_resume(T, &m, c.resume, NULL, &from)) {
+        goto done;
     }
     if (from >= c.steps) {
         fprintf(stderr, "--resume %s: it is at step %d, --steps %d leaves nothing to do\n", c.resume, from, c.steps);
-        gpt_trainer_free(&T, &c);
-        return 1;
+        goto done;
     }
-    if (from) printf("resumed from %s at step %d\n", c.resume, from);
-    rc = train(&c, &T, c.kind, c.p, c.v, from, c.steps);
-    if (rc == 0 && c.save) rc = gpt_trainer_save(&T, &m, c.steps, c.save);
-    gpt_trainer_free(&T, &c);
+    if (from) printf("resumed from %s at step %d%s\n", c.resume, from, g_tp > 1 ? ", each TP rank its shard" : "");
+    rc = train(&c, T, c.kind, c.p, c.v, from, c.steps);
+    if (rc == 0 && c.save && g_tp > 1) { /* every TP rank's shards into their places: the tp = 1 file */
+        for (t = 0; t < g_tp; t++) gpt_full_shard(&T[t], &full, 1);
+        k = gpt_ckpt_of(&m, "gpt", &full.w, full.moments, NULL, c.steps);
+        rc = gpt_ckpt_save_path(&k, c.save);
+    } else if (rc == 0 && c.save) {
+        rc = gpt_trainer_save(T, &m, c.steps, c.save);
+    }
+done:
+    free(full.buf);
+    trainers_free(T, g_tp, &c);
     return rc;
 }

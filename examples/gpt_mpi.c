@@ -79,91 +79,26 @@ static int evaluate(const gpt_opts* c, gpt_trainer* T, pp_stage* st, const pp_mo
     return 0;
 }
 
-/* ||a - b|| / ||b|| over n floats (||a - b|| where b is zero). */
-static double rel_diff(const float* a, const float* b, int64_t n) {
-    double d = 0, r = 0;
-    int64_t i;
-    for (i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        r += (double)b[i] * b[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-
-#define GPT_TP_TOL 1e-5
 /* --check with --tp > 1: the tp = 1 model (gpt_init, the same seed) through pp_sequential_step on
-   batch b, in this process; its loss against the TP reference's (T->ref_loss, which --check
-   requires bit-identical to the pipelined loss) and each of its gradient buffers, sharded as this
-   rank's (gpt_tp_shard), against the TP reference's. *worst gets the largest relative difference
-   (rel_diff), *loss_rel the loss's; 0, or 1 when out of memory or the step failed. */
+   batch b, in this process (gpt_tp1_reference); its loss against the TP reference's (T->ref_loss,
+   which --check requires bit-identical to the pipelined loss) and each of its gradient buffers,
+   sharded as this rank's, against the TP reference's (gpt_tp1_compare). *worst gets the largest
+   relative difference, *loss_rel the loss's; 0, or 1 when out of memory or the step failed. */
 static int check_tp1(const gpt_trainer* T, const gpt_opts* c, const pp_batch* b, double* loss_rel, double* worst,
                      char* worst_name, size_t name_cap) {
-    pp_model m1 = gpt_model_for(c->kind, c->layers); /* no TP group: the blocks are whole */
-    gpt_model fw, fg, sg;
-    float *fbuf, *fgbuf = NULL, *sbuf = NULL, loss1 = 0;
-    pp_error err;
-    int l, i, rc = 1;
-    *worst = 0;
-    if (!(fbuf = gpt_init(&fw, &fg, &T->gc, 1234, &fgbuf))) return 1;
-    gpt_set_act(&fw, c->dtype);
-    if (pp_sequential_step(&m1, &fw, &fg, b, &loss1, &err) != PP_OK) {
-        fprintf(stderr, "check: tp 1 reference: %s\n", err.msg);
-        goto done;
-    }
-    if (!(sbuf = (float*)calloc(T->n_params, sizeof(float)))) goto done;
-    gpt_bind_tp(&sg, &T->gc, T->tp, T->tp_rank, sbuf);
-    gpt_tp_shard(&sg, &fg, &T->gc);
-    *loss_rel = fabs((double)T->ref_loss - loss1) / fabs((double)loss1);
-    for (l = 0; l < T->gc.n_block + 2; l++) {
-        pp_param a[12], r[12];
-        int n;
-        if (l == 0) {
-            n = gpt_embed_param_list(&T->gref.embed[0], a, 12);
-            gpt_embed_param_list(&sg.embed[0], r, 12);
-        } else if (l <= T->gc.n_block) {
-            n = gpt_block_param_list(&T->gref.block[l - 1], a, 12);
-            gpt_block_param_list(&sg.block[l - 1], r, 12);
-        } else {
-            n = gpt_head_param_list(&T->gref.head[0], a, 12);
-            gpt_head_param_list(&sg.head[0], r, 12);
-        }
-        for (i = 0; i < n; i++) {
-            double d = rel_diff((const float*)a[i].data, (const float*)r[i].data, a[i].count);
-            if (d > *worst) {
-                *worst = d;
-                snprintf(worst_name, name_cap, "layer %d buffer %d", l, i);
-            }
-        }
-    }
-    rc = 0;
-done:
-    free(fbuf);
+    gpt_model fg;
+    float loss1 = 0, *fgbuf = gpt_tp1_reference(T, c, b, 1, &fg, &loss1);
+    int rc;
+    if (!fgbuf) return 1;
+    *loss_rel = *worst = 0;
+    rc = gpt_tp1_compare(T, &fg, loss1, loss_rel, worst, worst_name, name_cap);
     free(fgbuf);
-    free(sbuf);
     return rc;
-}
-
-/* --save / --resume with --tp > 1: weights and Adam's two moments in the tp = 1 layout. */
-typedef struct full_set {
-    float* buf;
-    gpt_model w, m[2];
-    const void* moments[2];
-} full_set;
-
-static int full_alloc(full_set* f, const gpt_trainer* T) {
-    const size_t n = gpt_param_count(&T->gc);
-    if (!(f->buf = (float*)calloc(3 * n, sizeof(float)))) return 1;
-    gpt_bind(&f->w, &T->gc, f->buf);
-    gpt_bind(&f->m[0], &T->gc, f->buf + n);
-    gpt_bind(&f->m[1], &T->gc, f->buf + 2 * n);
-    f->moments[0] = &f->m[0];
-    f->moments[1] = &f->m[1];
-    return 0;
 }
 
 /* Every TP rank's weights and moments to TP rank 0 of the group (tpc), which puts them into f;
    0, or 1 when out of memory (on TP rank 0; the others still take part). */
-static int tp_gather(const gpt_trainer* T, full_set* f, MPI_Comm tpc) {
+static int tp_gather(const gpt_trainer* T, gpt_full* f, MPI_Comm tpc) {
     float* src[3];
     gpt_model* dst[3];
     float* all = NULL;
@@ -219,7 +154,7 @@ int main(int argc, char** argv) {
     pp_group tpg;                   /* the TP group the layers reach through pp_model.ctx */
     MPI_Comm pipe_comm = MPI_COMM_NULL; /* this TP rank's pipeline: the evaluation's broadcasts */
     MPI_Comm tp_comm = MPI_COMM_NULL;   /* this rank's TP group: --save's gathers */
-    full_set full;                  /* --save, --resume with --tp > 1 */
+    gpt_full full;                  /* --save, --resume with --tp > 1 */
     double* norms = NULL;           /* (steps) --clip's norm of every step, for the --tp line */
     double tp_loss_rel = 0, tp_worst = 0;
     char tp_worst_name[64] = "";
@@ -311,16 +246,12 @@ int main(int argc, char** argv) {
     for (l = 0; l < d.model.n_layers; l++) own[l] = pp_schedule_layer_rank(&sched, first, l) == prank;
     if (c.resume && tp > 1) { /* each rank its own layers, whole, then its shard of them */
         pp_ckpt_desc k;
-        ok = full_alloc(&full, &T) == 0;
+        ok = gpt_full_alloc(&full, &T) == 0;
         if (ok) {
             k = gpt_ckpt_of(&d.model, "gpt", &full.w, full.moments, own, 0);
             ok = gpt_ckpt_load_path(&k, c.resume, &from) == 0;
         }
-        if (ok) {
-            gpt_tp_shard(&T.w, &full.w, &T.gc);
-            gpt_tp_shard(&T.mw1, &full.m[0], &T.gc);
-            gpt_tp_shard(&T.mw2, &full.m[1], &T.gc);
-        }
+        if (ok) gpt_full_shard(&T, &full, 0);
         MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (!ok) goto cleanup;
         if (from >= c.steps) {
@@ -404,7 +335,7 @@ int main(int argc, char** argv) {
         int writer = pg.tp_rank == 0; /* with --tp > 1: TP rank 0, the group's shards put together */
         ok = (size_t)snprintf(tmp, sizeof tmp, "%s.tmp", c.save) < sizeof tmp;
         if (tp > 1) {
-            if (!full.buf && full_alloc(&full, &T)) ok = 0;
+            if (!full.buf && gpt_full_alloc(&full, &T)) ok = 0;
             if (tp_gather(&T, &full, tp_comm)) ok = 0;
             k = gpt_ckpt_of(&d.model, "gpt", &full.w, full.moments, own, c.steps);
             if (!ok) snprintf(err.msg, sizeof err.msg, "out of memory");

@@ -540,6 +540,102 @@ static inline int gpt_trainer_verdict(const gpt_trainer* T, int bad_layers) {
     return !same || bad_layers;
 }
 
+/* ---- tensor parallelism against tp = 1 (--tp N --check) ------------------------------------------
+   A TP run is the tp = 1 model with its partial sums added in another order: its loss and every
+   gradient buffer within GPT_TP_TOL (relative) of tp = 1's on the same batch. */
+#define GPT_TP_TOL 1e-5
+
+/* ||a - b|| / ||b|| over n floats (||a - b|| where b is zero). */
+static inline double gpt_rel_diff(const float* a, const float* b, int64_t n) {
+    double d = 0, r = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        r += (double)b[i] * b[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+/* The tp = 1 model (gpt_init, the trainers' seed) through pp_sequential_step on each of the nb
+   batches b (nb > 1: gpt_cpu --dp's shares, the gradients added in batch order and times 1 / nb,
+   the loss likewise), no TP group: the whole gradient (gpt_init's layout) into a buffer it
+   returns, bound to *fg (gpt_bind), the loss in *loss. NULL when out of memory or a step failed. */
+static inline float* gpt_tp1_reference(const gpt_trainer* T, const gpt_opts* c, const pp_batch* b, int nb, gpt_model* fg,
+                                       float* loss) {
+    pp_model m1 = gpt_model_for(c->kind, c->layers); /* no TP group: the blocks are whole */
+    gpt_model fw, g1;
+    float *fbuf, *gbuf = NULL, *acc = NULL, l1 = 0;
+    size_t n = gpt_param_count(&T->gc), j;
+    pp_error err;
+    int i, ok = 1;
+    if (!(fbuf = gpt_init(&fw, &g1, &T->gc, 1234, &gbuf))) return NULL;
+    gpt_set_act(&fw, c->dtype);
+    if (nb > 1 && !(acc = (float*)calloc(n, sizeof(float)))) ok = 0;
+    *loss = 0;
+    for (i = 0; i < nb && ok; i++) {
+        if (nb > 1) memset(gbuf, 0, n * sizeof(float));
+        if (pp_sequential_step(&m1, &fw, &g1, &b[i], &l1, &err) != PP_OK) {
+            fprintf(stderr, "check: tp 1 reference: %s\n", err.msg);
+            ok = 0;
+            break;
+        }
+        for (j = 0; acc && j < n; j++) acc[j] = i ? acc[j] + gbuf[j] : gbuf[j];
+        *loss = i ? *loss + l1 : l1;
+    }
+    if (ok && acc) {
+        for (j = 0; j < n; j++) gbuf[j] = acc[j] * (float)(1.0 / nb);
+        *loss /= (float)nb;
+    }
+    free(fbuf);
+    free(acc);
+    if (!ok) {
+        free(gbuf);
+        return NULL;
+    }
+    gpt_bind(fg, &T->gc, gbuf);
+    return gbuf;
+}
+
+/* T's TP reference (T->gref, T->ref_loss: pp_sequential_step at T's tp) against the tp = 1
+   one (fg, loss1), fg sharded as T's rank: the loss's relative difference in *loss_rel, the
+   largest of the gradient buffers' (gpt_rel_diff) in *worst if larger, and its name. 0, or 1
+   when out of memory. */
+static inline int gpt_tp1_compare(const gpt_trainer* T, const gpt_model* fg, float loss1, double* loss_rel, double* worst,
+                                  char* worst_name, size_t name_cap) {
+    gpt_model sg;
+    float* sbuf = (float*)calloc(T->n_params, sizeof(float));
+    double d;
+    int l, i;
+    if (!sbuf) return 1;
+    gpt_bind_tp(&sg, &T->gc, T->tp, T->tp_rank, sbuf);
+    gpt_tp_shard(&sg, fg, &T->gc);
+    d = fabs((double)T->ref_loss - loss1) / fabs((double)loss1);
+    if (d > *loss_rel) *loss_rel = d;
+    for (l = 0; l < T->gc.n_block + 2; l++) {
+        pp_param a[12], r[12];
+        int n;
+        if (l == 0) {
+            n = gpt_embed_param_list(&T->gref.embed[0], a, 12);
+            gpt_embed_param_list(&sg.embed[0], r, 12);
+        } else if (l <= T->gc.n_block) {
+            n = gpt_block_param_list(&T->gref.block[l - 1], a, 12);
+            gpt_block_param_list(&sg.block[l - 1], r, 12);
+        } else {
+            n = gpt_head_param_list(&T->gref.head[0], a, 12);
+            gpt_head_param_list(&sg.head[0], r, 12);
+        }
+        for (i = 0; i < n; i++) {
+            d = gpt_rel_diff((const float*)a[i].data, (const float*)r[i].data, a[i].count);
+            if (d > *worst) {
+                *worst = d;
+                snprintf(worst_name, name_cap, "tp rank %d layer %d buffer %d", T->tp_rank, l, i);
+            }
+        }
+    }
+    free(sbuf);
+    return 0;
+}
+
 /* ---- evaluation: --eval-every N ------------------------------------------------------------------
    After every N-th step and after the last, the held-out batches through the pipeline's
    forward-only step (pp_pipeline_eval, pp_stage_eval); an evaluation touches no gradient, so the
@@ -572,7 +668,7 @@ static inline void gpt_val_print(const gpt_trainer* T, int steps_done, double se
 /* --check on the first evaluation: pp_sequential_eval of every held-out batch with the weights
    in T->w (all of them current: one process, or gathered), against T->val_loss; 0 when every
    batch's loss is the same bits, else 1 (and the batches that differ). */
-static inline int gpt_val_check(const gpt_trainer* T, const gpt_opts* c, const pp_model* m, int steps_done) {
+static inline int gpt_val_check_say(const gpt_trainer* T, const gpt_opts* c, const pp_model* m, int steps_done, int say) {
     double s = 0, n = 0;
     int i, differ = 0;
     for (i = 0; i < T->n_val; i++) {
@@ -591,10 +687,15 @@ static inline int gpt_val_check(const gpt_trainer* T, const gpt_opts* c, const p
         s += (double)r * T->val[i].T; /* gpt_val_mean's sum */
         n += T->val[i].T;
     }
-    printf("check: val loss after %d steps  sequential %.9g  pipelined %.9g  %s (%d of %d batches differ)\n",
-           steps_done, n > 0 ? s / n : 0.0, gpt_val_mean(T, T->val_loss), differ ? "DIFFERENT" : "bit-identical",
-           differ, T->n_val);
+    if (say)
+        printf("check: val loss after %d steps  sequential %.9g  pipelined %.9g  %s (%d of %d batches differ)\n",
+               steps_done, n > 0 ? s / n : 0.0, gpt_val_mean(T, T->val_loss), differ ? "DIFFERENT" : "bit-identical",
+               differ, T->n_val);
     return differ != 0;
+}
+/* (gpt_val_check_say with say 0 prints no line: gpt_cpu --tp's TP ranks but the first.) */
+static inline int gpt_val_check(const gpt_trainer* T, const gpt_opts* c, const pp_model* m, int steps_done) {
+    return gpt_val_check_say(T, c, m, steps_done, 1);
 }
 
 /* ---- checkpoints: --save FILE, --resume FILE ----------------------------------------------------
@@ -621,6 +722,39 @@ static inline int gpt_trainer_save(gpt_trainer* T, const pp_model* m, int steps_
 static inline int gpt_trainer_resume(gpt_trainer* T, const pp_model* m, const char* path, const unsigned char* own, int* step) {
     pp_ckpt_desc k = gpt_trainer_ckpt(T, m, 0, own);
     return gpt_ckpt_load_path(&k, path, step);
+}
+
+/* --save / --resume with --tp > 1: the weights and the optimizer's two moments whole, in the
+   tp = 1 layout (gpt_bind), which the checkpoint holds whatever tp wrote it. */
+typedef struct gpt_full {
+    float* buf;
+    gpt_model w, m[2];
+    const void* moments[2];
+} gpt_full;
+
+static inline int gpt_full_alloc(gpt_full* f, const gpt_trainer* T) {
+    const size_t n = gpt_param_count(&T->gc);
+    if (!(f->buf = (float*)calloc(3 * n, sizeof(float)))) return 1;
+    gpt_bind(&f->w, &T->gc, f->buf);
+    gpt_bind(&f->m[0], &T->gc, f->buf + n);
+    gpt_bind(&f->m[1], &T->gc, f->buf + 2 * n);
+    f->moments[0] = &f->m[0];
+    f->moments[1] = &f->m[1];
+    return 0;
+}
+
+/* T's shard of f's weights and moments (gpt_tp_shard), or with back set T's into their places
+   in f (gpt_tp_unshard: every TP rank's in turn make f whole). */
+static inline void gpt_full_shard(gpt_trainer* T, gpt_full* f, int back) {
+    if (back) {
+        gpt_tp_unshard(&T->w, &f->w, &T->gc);
+        gpt_tp_unshard(&T->mw1, &f->m[0], &T->gc);
+        gpt_tp_unshard(&T->mw2, &f->m[1], &T->gc);
+    } else {
+        gpt_tp_shard(&T->w, &f->w, &T->gc);
+        gpt_tp_shard(&T->mw1, &f->m[0], &T->gc);
+        gpt_tp_shard(&T->mw2, &f->m[1], &T->gc);
+    }
 }
 
 static inline double gpt_now(void) {

@@ -10,7 +10,9 @@
 # loss after 40 steps within 0.02 of f32's and not its bits (build/bf16-controls runs this part
 # alone, TRAINER_PART=bf16, on a gpt_cpu whose --dtype bf16 stays f32, and it must fail).
 # --dp 2 (two replicas in one process): the replicas' mean equals the sequential model's on each
-# half of the step's sequences, bit for bit; --dp 1 is the program without it.
+# half of the step's sequences, bit for bit; --dp 1 is the program without it. --tp 2 (the layers
+# split over two TP ranks' threads, also with --dp 2): pipelined = sequential at tp 2, within 1e-5
+# of tp 1, the same bits across kinds and p, checkpoints in the tp 1 layout.
 # Prints "NAME: N passed, N failed".
 kind=trainer
 . "${0%/*}/gpt_script.sh"
@@ -69,6 +71,54 @@ dp() { # --dp 2: two data-parallel replicas of the pipeline in one process (pp_p
     "$cpu" $b --dp 3 -m 8 > "$tmp.out" 2>&1
     check "--dp 3 with 16 sequences and m = 8 is refused" "[ \$? -eq 2 ] && grep -q -- '--dp 3: need' '$tmp.out'"
 }
+tp() { # --tp 2: every stage's layers split over two TP ranks' threads (pp_pipeline_desc.tp, the
+    # blocks' all-reduces over io->tp; build/tp-controls runs this part alone, TRAINER_PART=tp, on a
+    # gpt_cpu whose blocks skip the attention projection's row-parallel all-reduce: it must fail)
+    t="--generated --dim 32 --heads 4 --layers 2 --max-len 32 --seqs-per-step 8 -m 4 --steps 3 --clip 1"
+    "$cpu" $t --tp 1 -p 2 > "$tmp.t1" 2>&1
+    check "--tp 1, 1F1B p = 2: exit 0" "[ \$? -eq 0 ]" || cat "$tmp.t1"
+    l1=$(tpline "$tmp.t1")
+    "$cpu" $t --tp 2 -p 2 --check > "$tmp.t2" 2>&1
+    check "--tp 2, 1F1B p = 2 --check: exit 0" "[ \$? -eq 0 ] && grep -q 'tensor parallel: .* 2 TP ranks .* 4 threads' '$tmp.t2'" || cat "$tmp.t2"
+    check "--tp 2: pipelined = sequential at tp 2, bit for bit" "grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.t2'"
+    check "--tp 2: step 0's loss and gradients within 1e-5 of tp 1 ($(sed -n 's/^check: tp 2 against tp 1 on step 0: \(.*\) relative.*/\1/p' "$tmp.t2"))" \
+        "grep -q 'check: tp 2 against tp 1 on step 0: .* ok\$' '$tmp.t2'"
+    l2=$(tpline "$tmp.t2")
+    check "--tp 2: 3 steps' losses and clipped norms within 1e-5 (relative) of tp 1's" "tpclose '$l2' '$l1'"
+    "$cpu" $t --tp 2 -p 2 --dp 2 --check --eval-every 3 --eval-seqs 48 > "$tmp.t2d" 2>&1
+    check "--tp 2 --dp 2 (8 threads) --check: exit 0, tp 2 = sequential, within 1e-5 of tp 1" \
+        "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.t2d' && grep -q 'check: tp 2 against tp 1 on step 0: .* ok\$' '$tmp.t2d' && grep -q 'check: val loss .* bit-identical' '$tmp.t2d'" || cat "$tmp.t2d"
+    "$cpu" $t --tp 2 -p 2 > "$tmp.t2b" 2>&1
+    check "--tp 2: the same bits run to run" "[ -n '$l2' ] && [ \"\$(tpline '$tmp.t2b')\" = '$l2' ]"
+    for k in "interleaved -p 2 -v 2" "zb-h1 -p 2" "gpipe -p 1"; do
+        "$cpu" $t --tp 2 --schedule $k > "$tmp.t2k" 2>&1
+        check "--tp 2: the same bits (losses, norms) at $k" "[ -n '$l2' ] && [ \"\$(tpline '$tmp.t2k')\" = '$l2' ]"
+    done
+    # --save at tp 2 writes the tp 1 layout; --resume at tp 2, p 1 continues bit for bit, at tp 1 within 1e-5
+    "$cpu" $t --tp 2 -p 2 --steps 4 > "$tmp.c4" 2>&1
+    full=$(tpline "$tmp.c4" | awk '{ print $3, $4, "norms", $8, $9 }')
+    "$cpu" $t --tp 2 -p 2 --steps 2 --save "$tmp.ck" > "$tmp.out" 2>&1
+    "$cpu" $t --tp 2 --schedule gpipe -p 1 --steps 4 --resume "$tmp.ck" > "$tmp.cr" 2>&1
+    check "--tp 2 --save, --resume at p 1 (GPipe): steps 2 and 3 bit for bit the run's without a stop" "[ -n '$full' ] && [ \"\$(tpline '$tmp.cr')\" = '$full' ]"
+    "$cpu" $t --tp 1 -p 2 --steps 4 --resume "$tmp.ck" > "$tmp.cr1" 2>&1
+    check "the tp 2 file resumed at tp 1: within 1e-5" "[ -n '$full' ] && tpclose \"\$(tpline '$tmp.cr1')\" '$full'"
+    "$cpu" $t --tp 3 > "$tmp.out" 2>&1
+    check "--tp 3 with 4 heads is refused" "[ \$? -eq 2 ] && grep -q -- '--tp 3: the heads (--heads 4) and the vocabulary (256) must split evenly' '$tmp.out'"
+}
+tpline() { sed -n 's/^tp [0-9]* losses //p' "$1"; } # "L0 L1 L2 norms N0 N1 N2"
+tpclose() { # tpclose A B: every number of line A within 1e-5 relative of line B's
+    [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN {
+        n = split(a, x, " "); m = split(b, y, " "); if (n != m || n < 5) exit 1
+        for (i = 1; i <= n; i++) { if (x[i] == "norms") continue
+            d = x[i] - y[i]; if (d < 0) d = -d; r = y[i] < 0 ? -y[i] : y[i]; if (d > 1e-5 * r) exit 1 }
+        exit 0 }'
+}
+if [ "$TRAINER_PART" = tp ]; then
+    name="$name tp"
+    tp
+    finish
+    exit
+fi
 if [ "$TRAINER_PART" = dp ]; then
     name="$name dp"
     dp
@@ -114,6 +164,7 @@ if [ -z "$mpi" ]; then
     bf16
     recompute
     dp
+    tp
 else
     "$@" -np 2 "$mpi" $o $t --schedule 1f1b --eval-every 2 --check > "$tmp.mpi" 2>&1
     check "two MPI ranks with --eval-every 2 --check: exit 0" "[ \$? -eq 0 ]" || cat "$tmp.mpi"
@@ -126,6 +177,9 @@ else
     "$cpu" $b --schedule 1f1b -p 2 > "$tmp.cb" 2>&1
     "$@" -np 2 "$mpi" $b --schedule 1f1b --recompute 1 --check > "$tmp.mr" 2>&1
     check "over MPI with --recompute 1: pipelined = sequential, bit for bit" "[ \$? -eq 0 ] && grep -q 'check: step 0 loss .* bit-identical; gradients: 0 layers differ' '$tmp.mr' && grep -q 'recomputing 6 of 8 layers' '$tmp.mr'" || cat "$tmp.mr"
+    t="--generated --dim 32 --heads 4 --layers 2 --max-len 32 --seqs-per-step 8 -m 4 --steps 3 --clip 1"
+    "$cpu" $t --tp 2 -p 2 > "$tmp.ct" 2>&1 && "$@" -np 4 "$mpi" $t --tp 2 > "$tmp.mt" 2>&1
+    check "over MPI --tp 2 (pp 2 x tp 2): gpt_cpu --tp 2's losses and clipped norms, bit for bit" "[ \$? -eq 0 ] && [ -n \"\$(tpline '$tmp.ct')\" ] && [ \"\$(tpline '$tmp.ct')\" = \"\$(tpline '$tmp.mt')\" ]"
     check "over MPI with --dtype bf16: gpt_cpu's losses and tensor bytes" "[ -n \"\$(tensors '$tmp.mb')\" ] && [ \"\$(tensors '$tmp.mb')\" = \"\$(tensors '$tmp.cb')\" ] && [ \"\$(losses '$tmp.mb')\" = \"\$(losses '$tmp.cb')\" ]"
 fi
 finish
