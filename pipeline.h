@@ -1936,7 +1936,9 @@ pp_result pp_pipeline_grad_clip(pp_pipeline* pl, const pp_grad_buf* bufs, int n_
    pp_stage_grad_bufs: the layers this rank owns, in its pp_stage_desc.grads (for
    pp_stage_grad_*, pp_loss_scaler_check and pp_dp_overlap_desc.bufs).
    pp_pipeline_grad_bufs: every layer, each in the grads of the rank that owns it (grads, or
-   rank_grads[r]): for pp_pipeline_grad_norm / _clip. */
+   rank_grads[r]): for pp_pipeline_grad_norm / _clip. With dp > 1, replica 0's (after the step
+   every replica holds the same sum); with tp > 1 PP_ERR_UNSUPPORTED: each TP rank holds its own
+   shards, list each rank's with pp_stage_grad_bufs(pp_pipeline_stage(pl, r)). */
 pp_result pp_model_grad_bufs(const pp_model* m, void* grads, const unsigned char* own, pp_grad_buf* out, int cap,
                              int* n, pp_error* err);
 pp_result pp_stage_grad_bufs(pp_stage* st, pp_grad_buf* out, int cap, int* n, pp_error* err);
@@ -11963,8 +11965,15 @@ pp_result pp_stage_grad_bufs(pp_stage* st, pp_grad_buf* out, int cap, int* n, pp
 }
 
 pp_result pp_pipeline_grad_bufs(pp_pipeline* pl, pp_grad_buf* out, int cap, int* n, pp_error* err) {
+    void* g[PP_MAX_RANKS];
+    int r;
+    if (n) *n = 0;
     if (!pl) return _pp_fail(err, PP_ERR_INVALID, "pipeline is NULL");
-    return _pp_model_gbufs(&pl->d.model, pl->grads, pl->d.p, &pl->sched, pl->first, -1, NULL, out, cap, n, err);
+    if (pl->d.tp > 1)
+        return _pp_fail(err, PP_ERR_UNSUPPORTED, "the pipeline has tp = %d: each TP rank holds its own shards; list each "
+                        "rank's with pp_stage_grad_bufs(pp_pipeline_stage(pl, r), ...)", pl->d.tp);
+    for (r = 0; r < pl->d.p; r++) g[r] = pl->grads[r * pl->d.dp]; /* replica 0 of pipeline rank r (tp 1) */
+    return _pp_model_gbufs(&pl->d.model, g, pl->d.p, &pl->sched, pl->first, -1, NULL, out, cap, n, err);
 }
 
 pp_result pp_loss_scaler_init(pp_loss_scaler* s, const pp_loss_scaler_desc* d, pp_error* err) {

@@ -387,6 +387,24 @@ static void grid_case(int kind, int p, int m, int dp, int tp, double dp_scale, i
                   memcmp(&nrm, &nexp, sizeof nrm) == 0,
               "%s: norm %.17g, expected %.17g", where, nrm, nexp);
     }
+    if (ok) { /* pp_pipeline_grad_bufs: replica 0's gradients at tp 1 (every entry inside the struct
+                 of world rank pr * dp); refused at tp > 1, where each TP rank holds its own shards */
+        pp_grad_buf lb[GL * 4];
+        int nl = -1, i, inside = 1;
+        rc = pp_pipeline_grad_bufs(pl, lb, GL * 4, &nl, &err);
+        if (tp > 1) {
+            CHECK(rc == PP_ERR_UNSUPPORTED, "%s: pp_pipeline_grad_bufs at tp %d: %s, want PP_ERR_UNSUPPORTED", where, tp,
+                  pp_result_str(rc));
+        } else {
+            CHECK(rc == PP_OK && nl > 0, "%s: pp_pipeline_grad_bufs: %s", where, err.msg);
+            for (i = 0; rc == PP_OK && i < nl; i++) {
+                int pr = pp_schedule_layer_rank(pp_pipeline_schedule(pl), pp_pipeline_partition(pl), lb[i].layer);
+                const char* lo = (const char*)&G[pr * dp];
+                if ((const char*)lb[i].data < lo || (const char*)lb[i].data >= lo + sizeof G[0]) inside = 0;
+            }
+            CHECK(inside, "%s: pp_pipeline_grad_bufs lists a buffer outside replica 0's gradients", where);
+        }
+    }
     if (ok && inject) { /* a failure on one rank fails the step on every rank; the next step is exact */
         double t0 = g_now();
         char want[64];
