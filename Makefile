@@ -975,13 +975,13 @@ pkg-note:
 
 # The README's quick start, extracted, compiled (gcc and clang, C99, strict) and run; and the
 # companion headers against a pipeline.h of another version: each must fail, naming both.
-$(B)/readme-quickstart: tests/readme_quickstart.sh README.md $(HEADERS) | $(B)
+$(B)/readme-quickstart: tests/readme_quickstart.sh tests/doc_program.sh README.md $(HEADERS) | $(B)
 	@printf '#!/bin/sh\nexec sh tests/readme_quickstart.sh $(B)\n' > $@ && chmod +x $@
 $(B)/version-skew: tests/version_skew.sh | $(B)
 	@printf '#!/bin/sh\nexec sh tests/version_skew.sh $(B)\n' > $@ && chmod +x $@
 # docs/training.md's trainer, the same way; its control (resumed without the optimizer's state)
 # must differ.
-$(B)/training-trainer: tests/training_trainer.sh docs/training.md $(HEADERS) | $(B)
+$(B)/training-trainer: tests/training_trainer.sh tests/doc_program.sh docs/training.md $(HEADERS) | $(B)
 	@printf '#!/bin/sh\nexec sh tests/training_trainer.sh $(B)\n' > $@ && chmod +x $@
 TEST_BINS_EXTRA += $(B)/readme-quickstart $(B)/version-skew $(B)/training-trainer
 

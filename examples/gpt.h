@@ -666,6 +666,17 @@ static inline int gpt_tp_sum_n(int tp, const pp_layer_io* io, float* buf, size_t
     if (!gpt_tp_group(io)) return GPT_ETP;
     return pp_tp_allreduce(gpt_tp_group(io), buf, n, PP_F32, &err) == PP_OK ? 0 : GPT_ETP;
 }
+/* ||a - b|| / ||b|| over n floats (||a - b|| where b is zero): how far a TP run is from tp = 1. */
+static inline double gpt_rel_diff(const float* a, const float* b, int64_t n) {
+    double d = 0, r = 0;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        r += (double)b[i] * b[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
 /* buf (n floats: (T, C)) summed over the block's TP group, in place; 0 or GPT_ETP. */
 static inline int gpt_tp_sum(const gpt_block_params* p, const pp_layer_io* io, float* buf, size_t n) {
     return gpt_tp_sum_n(gpt_tp_size(p), io, buf, n);

@@ -582,6 +582,10 @@ int main(int argc, char** argv) {
         fprintf(stderr, "gpt_cpu: --check-resume runs at tp 1 (--save and --resume work with --tp)\n");
         return 2;
     }
+    if (c.tp_whole) { /* pp_pipeline_desc.tp always splits the boundaries */
+        fprintf(stderr, "gpt_cpu: --tp-whole is gpt_mpi's (the one-process pipeline splits every boundary over TP)\n");
+        return 2;
+    }
     if (c.check_resume) return check_resume(&c);
     if (!(T = (gpt_trainer*)calloc((size_t)g_tp, sizeof *T))) {
         fprintf(stderr, "out of memory\n");

@@ -28,7 +28,9 @@
    PARALLELISM: heads and MLP units split, a row-parallel all-reduce), each process holding its TP
    rank's shard of gpt_init's weights (gpt_init_tp). The layers reach their TP group through
    pp_model.ctx (a pp_group over the grid's tp transport); the pipeline runs over the grid's pipe
-   transport, one pipeline per TP rank. --clip: pp_stage_grad_clip_tp with the block's shards
+   transport, one pipeline per TP rank, its boundaries split over the TP group (pp_stage_desc.tp:
+   each TP rank sends 1/N of a boundary's rows and the next stage all-gathers them; --tp-whole
+   sends each TP rank the whole tensor, the same bits with N times the bytes between stages). --clip: pp_stage_grad_clip_tp with the block's shards
    declared tp_sharded (gpt_grad_bufs_tp). --check also runs the tp = 1 model on step 0's batch in
    every process and requires the TP loss and every gradient buffer (this rank's shard of the
    tp = 1 gradient) within 1e-5 relative of it (TP adds its partial sums in another order). With
@@ -239,6 +241,9 @@ int main(int argc, char** argv) {
     d.rank = prank;
     d.transport = pp_mpi_transport(tp > 1 ? grid.pipe : mpi);
     d.recompute = gpt_recompute_flags(c.recompute, d.model.n_layers, rflags);
+    /* the boundaries split over the TP group: each TP rank sends its 1/tp of the rows to its peer of
+       the next stage, which all-gathers them (--tp-whole: each sends the whole tensor, as before) */
+    d.tp = tp > 1 && !c.tp_whole ? &tpg : NULL;
     if (pp_stage_create(&d, &st, &err) != PP_OK) {
         fprintf(stderr, "rank %d: %s\n", rank, err.msg);
         goto cleanup;

@@ -42,6 +42,7 @@ typedef struct gpt_opts {
     int recompute;          /* --recompute K: recompute every K-th block's activations (0: none) */
     pp_split_policy split;
     int tp;                 /* --tp N: tensor-parallel ranks per stage (gpt_mpi; 0: not given, as 1) */
+    int tp_whole;           /* --tp-whole (gpt_mpi): every boundary whole to each TP rank, not split */
 } gpt_opts;
 
 /* The GPT for a schedule: blocks with their backward split into B and W (gptz, examples/gpt.h)
@@ -60,7 +61,8 @@ static inline void gpt_opts_usage(const char* prog) {
             "       [--text FILE | --generated] [--seqs-per-step S] [--max-len L] [--dim C] [--heads H]\n"
             "       [--layers N] [--lr LR] [--lr-min LR] [--warmup N] [--wd X] [--optim adam|sgd] [--clip X]\n"
             "       [--eval-every N] [--eval-seqs N] [--split seqs|tokens|cost] [--dtype f32|bf16] [--trace FILE]\n"
-            "       [--recompute K] [--check] [--save FILE] [--resume FILE] [--check-resume] [--tp N]\n",
+            "       [--recompute K] [--check] [--save FILE] [--resume FILE] [--check-resume] [--tp N]\n"
+            "       [--tp-whole]\n",
             prog);
 }
 
@@ -78,6 +80,7 @@ static inline int gpt_opts_parse(int argc, char** argv, gpt_opts* c) {
         if (!strcmp(a, "--check")) { c->check = 1; continue; }
         if (!strcmp(a, "--generated")) { c->generated = 1; continue; }
         if (!strcmp(a, "--check-resume")) { c->check_resume = 1; continue; }
+        if (!strcmp(a, "--tp-whole")) { c->tp_whole = 1; continue; }
         if (!val) return 1;
         if (!strcmp(a, "--schedule") || !strcmp(a, "-s")) {
             if (pp_schedule_kind_parse(val, &c->kind) != PP_OK) { fprintf(stderr, "unknown schedule '%s'\n", val); return 1; }
@@ -544,17 +547,6 @@ static inline int gpt_trainer_verdict(const gpt_trainer* T, int bad_layers) {
    A TP run is the tp = 1 model with its partial sums added in another order: its loss and every
    gradient buffer within GPT_TP_TOL (relative) of tp = 1's on the same batch. */
 #define GPT_TP_TOL 1e-5
-
-/* ||a - b|| / ||b|| over n floats (||a - b|| where b is zero). */
-static inline double gpt_rel_diff(const float* a, const float* b, int64_t n) {
-    double d = 0, r = 0;
-    int64_t i;
-    for (i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        r += (double)b[i] * b[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
 
 /* The tp = 1 model (gpt_init, the trainers' seed) through pp_sequential_step on each of the nb
    batches b (nb > 1: gpt_cpu --dp's shares, the gradients added in batch order and times 1 / nb,

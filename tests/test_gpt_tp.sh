@@ -6,6 +6,8 @@
 #   - every step's loss and clipped-norm of 3 steps within 1e-5 (relative) of the tp 1 run's;
 #   - at fixed tp the same bits (losses and norms) run to run, across schedule kinds (1F1B, GPipe,
 #     ZB-H1 with its split backward, interleaved) and p (1 and 2);
+#   - the boundaries split over the TP group: the same bits as --tp-whole with half its tensor
+#     bytes between stages at tp 2;
 #   - a checkpoint saved at tp 2 (the tp 1 layout) resumed at tp 2 continues bit for bit (p 2 and
 #     1), resumed at tp 1 and tp 4 within 1e-5.
 # Its negative control (build/mpi-gpt-tp-controls): a gpt_mpi whose blocks skip the attention
@@ -53,6 +55,14 @@ run "$tmp.t2c" 2 --tp 2 --schedule gpipe
 check "tp 2: the same bits at p 1 (GPipe)" "[ -n '$l2' ] && [ \"\$(line '$tmp.t2c')\" = '$l2' ]"
 run "$tmp.t2d" 4 --tp 2 --schedule zb-h1
 check "tp 2: the same bits at p 2 ZB-H1 (split backward)" "[ -n '$l2' ] && [ \"\$(line '$tmp.t2d')\" = '$l2' ]"
+
+# the boundaries split over the TP group (the default) against --tp-whole (each TP rank sent the
+# whole tensor): the same bits, and half the tensor bytes between stages at tp 2
+tbytes() { sed -n 's/.*tensors ([a-z0-9]*): \([0-9]*\) bytes.*/\1/p' "$1"; }
+run "$tmp.t2w" 4 --tp 2 --tp-whole
+check "tp 2 --tp-whole: the same bits as the split boundaries" "[ -n '$l2' ] && [ \"\$(line '$tmp.t2w')\" = '$l2' ]"
+bs=$(tbytes "$tmp.t2b"); bw=$(tbytes "$tmp.t2w")
+check "tp 2: the split sends half the tensor bytes of --tp-whole ($bs and $bw)" "[ -n '$bs' ] && [ -n '$bw' ] && [ \$((2 * bs)) -eq '$bw' ]"
 
 run "$tmp.t4" 4 --tp 4 --check
 check "tp 4 (pp 1) --check: exit 0" "[ \$? -eq 0 ]" || cat "$tmp.t4"

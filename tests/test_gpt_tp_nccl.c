@@ -151,17 +151,7 @@ static pp_model model_for(pp_schedule_kind kind) {
     return m;
 }
 
-static double rel_diff(const float* a, const float* b, int64_t n) {
-    double d = 0, r = 0;
-    int64_t i;
-    for (i = 0; i < n; i++) {
-        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        r += (double)b[i] * b[i];
-    }
-    return r > 0 ? sqrt(d / r) : sqrt(d);
-}
-
-/* The largest rel_diff over the parameter buffers of a and b (both bound by gpt_bind_tp alike). */
+/* The largest gpt_rel_diff over the parameter buffers of a and b (both bound by gpt_bind_tp alike). */
 static double worst_diff(const gpt_model* a, const gpt_model* b) {
     double worst = 0;
     int l, i;
@@ -179,7 +169,7 @@ static double worst_diff(const gpt_model* a, const gpt_model* b) {
             gpt_head_param_list(&b->head[0], y, 12);
         }
         for (i = 0; i < n; i++) {
-            double d = rel_diff((const float*)x[i].data, (const float*)y[i].data, x[i].count);
+            double d = gpt_rel_diff((const float*)x[i].data, (const float*)y[i].data, x[i].count);
             if (d > worst) worst = d;
         }
     }
