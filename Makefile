@@ -568,6 +568,9 @@ $(B)/ncclgrid-ctl-%: tests/test_nccl_grid.c tests/tlm_grid.h $(TEST_HDRS) $(EXH)
 $(B)/nccl-ctl-early-reuse: bench/bench_imitation.c tests/harness.h tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h \
                            tests/fakenccl/nccl.h examples/mlp.h $(HEADERS) pipeline_cuda.h pipeline_nccl.h | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_NCCL_TEST_EARLY_REUSE $(CFLAGS) $< -o $@ $(LDLIBS)
+# nccl-controls runs about 78 s (2026-12-07), three controls at a time: most must hang to a
+# deadline (2-3 s each, the staged gpu mode's 30 s) and the run waits more than it computes (26 s
+# on a core of 78 s alone), so the controls share the time and not a build.
 $(B)/nccl-controls: tests/controls.sh $(B)/nccl-ctl-nodrain $(B)/nccl-ctl-early-reuse $(B)/nccl-ctl-one-channel $(B)/nccl-ctl-wrong-channel \
                     $(B)/nccl-ctl-eventless-done $(B)/nccl-ctl-released-now $(B)/nccl-ctl-zero-received $(B)/nccl-ctl-no-proof \
                     $(B)/nccl-ctl-proof-any $(B)/nccl-ctl-no-preconnect $(B)/nccl-ctl-connect-all $(B)/nccl-ctl-share-unchecked \
