@@ -15,7 +15,13 @@
    with that rank named, every rank's result is an error, no rank waits for its deadline, and
    the next step is bit-exact. Bad dp, tp, dp_scale, shared gradients and a missing params
    hook are refused. Negative controls (build/tp-controls): -DPP_TEST_PL_NO_DP_SUM skips the dp
-   sum, -DPP_TEST_PL_TP_IS_DP gives the layers the dp group as io->tp: both fail here. */
+   sum, -DPP_TEST_PL_TP_IS_DP gives the layers the dp group as io->tp: both fail here.
+
+   matrix (also alone: test_pipeline matrix): issue 40's, every kind, p = 1..4, two partitions,
+   tp 1, 2, 4, dp 1, 2, dense and packed, real-valued data, partial sums added in a tp-dependent
+   order: bit-identical within each (tp, dp, packing) and run to run, within 1e-5 of tp = 1 (one
+   in 3 of the 900 configurations a run, the sanitizers 1 in 24; PP_TEST_FULL=1 all). Its
+   control (-DPP_TEST_PL_MATRIX_ORDER: ranks past the first stage sum in reverse) fails. */
 #ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
 #endif
@@ -23,6 +29,7 @@
 #include "../examples/mlp.h"
 #include "test.h"
 #include "harness.h"
+#include <math.h>
 #include <time.h>
 
 #define ROWS 33
@@ -523,10 +530,360 @@ static void test_grid_dp_tp(void) {
            faults);
 }
 
+/* ---- matrix: every kind, p 1-4, tp 1/2/4, dp 1/2, dense and packed, real-valued data -------- */
+/* Model: ML - 1 row-parallel linears x (rows, MK) -> y (rows, MK), then a squared error weighted
+   per sequence (1 / its length when packed: the loss reads mb->cu_seqlens). TP rank t of n holds
+   rows [t * MK / n, (t + 1) * MK / n) of each W; its partial sums run over those MK / n columns of
+   x, and pp_tp_allreduce adds the n partials in TP rank order: another association at each tp,
+   so tp = 2 and 4 differ from tp = 1 in the last bits, and at a fixed tp nothing else may change
+   them. Every (kind, p, partition) of one (tp, dp, packing) is compared with that group's first
+   configuration (gpipe, p = 1), memcmp; that one with tp = 1's within 1e-5 (relative to the
+   largest gradient, and the loss); each configuration steps twice: the same bits.
+   Negative control (-DPP_TEST_PL_MATRIX_ORDER): the layers of pipeline ranks > 0 add their
+   partial sums in reverse; p = 1 is unchanged, p > 1 differs from it in the last bits. */
+#define ML 9
+#define MK 12
+#define MROWS 48 /* per replica */
+#define MM 4     /* micro-batches */
+typedef struct mmodel {
+    float w[ML - 1][MK * MK];
+} mmodel;
+static float MX[2 * MROWS * MK], MT[2 * MROWS * MK];
+static mmodel MW[3][4]; /* [log2 tp][t]: TP rank t's rows */
+static const int32_t MCU[] = {0, 5, 14, 17, 28, 31, 38, 41, 48}; /* 8 sequences, 48 tokens */
+static int MCTX[PP_MAX_RANKS][2];                                 /* {world rank, dp * tp} */
+
+static float m_val(long i, long s) { return (float)((i * 7919 + s * 104729) % 1009) / 1009.0f - 0.5f; }
+
+/* x's row r sum over k of a[k] * b[k]: the order the control changes */
+static float m_dot(const float* a, int sa, const float* b, int sb, int n, int rev) {
+    float acc = 0;
+    int k;
+    if (rev)
+        for (k = n - 1; k >= 0; k--) acc += a[k * sa] * b[k * sb];
+    else
+        for (k = 0; k < n; k++) acc += a[k * sa] * b[k * sb];
+    return acc;
+}
+static int m_rev(const pp_layer_io* io) {
+#ifdef PP_TEST_PL_MATRIX_ORDER
+    const int* c = (const int*)io->ctx;
+    return c && c[0] / c[1] > 0;
+#else
+    (void)io;
+    return 0;
+#endif
+}
+/* the weight of row r in the loss: 1 / its sequence's length when packed, else 1 / rows */
+static float m_rowweight(const pp_microbatch* mb, int64_t r) {
+    int s;
+    if (!mb->cu_seqlens) return 1.0f / (float)mb->rows;
+    for (s = 0; s < mb->n_seqs && mb->cu_seqlens[s + 1] <= r; s++) continue;
+    return 1.0f / (float)(mb->cu_seqlens[s + 1] - mb->cu_seqlens[s]);
+}
+
+static int m_fwd(const void* wv, int l, pp_layer_io* io) {
+    const mmodel* w = (const mmodel*)wv;
+    const float* x = (const float*)io->in[0].data; /* (rows, MK) */
+    int64_t r, rows = io->in[0].rows;
+    int t = pp_group_rank(io->tp), kh = MK / pp_group_size(io->tp), j, rev = m_rev(io);
+    pp_error err;
+    if (l == ML - 1) {
+        const float* tg = (const float*)io->mb->targets;
+        float acc = 0;
+        for (r = 0; r < rows; r++) {
+            float e = 0;
+            for (j = 0; j < MK; j++) e += (x[r * MK + j] - tg[r * MK + j]) * (x[r * MK + j] - tg[r * MK + j]);
+            acc += e * m_rowweight(io->mb, r);
+        }
+        io->loss = acc;
+        return 0;
+    }
+    {
+        float* y = (float*)io->out[0].data;
+        for (r = 0; r < rows; r++)
+            for (j = 0; j < MK; j++) y[r * MK + j] = m_dot(x + r * MK + t * kh, 1, w->w[l] + j, MK, kh, rev);
+        return pp_tp_allreduce(io->tp, y, (size_t)rows * MK, PP_F32, &err) == PP_OK ? 0 : 4;
+    }
+}
+
+static int m_bwd(const void* wv, void* gv, int l, pp_layer_io* io) {
+    const mmodel* w = (const mmodel*)wv;
+    mmodel* g = (mmodel*)gv;
+    const float* x = (const float*)io->in[0].data;
+    float* dx = (float*)io->d_in[0].data;
+    int64_t r, rows = io->in[0].rows;
+    int t = pp_group_rank(io->tp), kh = MK / pp_group_size(io->tp), k, j, rev = m_rev(io);
+    pp_error err;
+    if (l == ML - 1) {
+        const float* tg = (const float*)io->mb->targets;
+        for (r = 0; r < rows; r++)
+            for (j = 0; j < MK; j++)
+                dx[r * MK + j] = 2.0f * (x[r * MK + j] - tg[r * MK + j]) * m_rowweight(io->mb, r) * io->mb->loss_scale;
+        return 0;
+    }
+    {
+        const float* dy = (const float*)io->d_out[0].data;
+        for (k = 0; k < kh; k++)
+            for (j = 0; j < MK; j++) {
+                float a = 0;
+                for (r = 0; r < rows; r++) a += x[r * MK + t * kh + k] * dy[r * MK + j];
+                g->w[l][k * MK + j] += a;
+            }
+        if (!dx) return 0;
+        for (r = 0; r < rows; r++)
+            for (k = 0; k < MK; k++) {
+                int kk = k - t * kh;
+                dx[r * MK + k] = kk >= 0 && kk < kh ? m_dot(dy + r * MK, 1, w->w[l] + kk * MK, 1, MK, rev) : 0.0f;
+            }
+        return pp_tp_allreduce(io->tp, dx, (size_t)rows * MK, PP_F32, &err) == PP_OK ? 0 : 4;
+    }
+}
+
+static void m_desc(const void* w, int l, const pp_microbatch* mb, const pp_tensor* in, int n_in, pp_layer_desc* d) {
+    (void)w, (void)mb, (void)n_in;
+    d->n_out = l == ML - 1 ? 0 : 1;
+    d->out[0].rows = in[0].rows;
+    d->out[0].cols = MK;
+    d->out[0].dtype = PP_F32;
+    d->n_params = l == ML - 1 ? 0 : MK * MK;
+}
+static int m_params(const pp_model* m, const void* wv, int l, pp_param* out, int cap) {
+    mmodel* w = (mmodel*)wv;
+    (void)m;
+    if (l < 0 || l >= ML) return -1;
+    if (l == ML - 1) return 0;
+    if (cap > 0) out[0] = pp_param_of(w ? w->w[l] : NULL, MK * MK, PP_F32);
+    return 1;
+}
+static pp_model m_model(void) {
+    pp_model m;
+    memset(&m, 0, sizeof m);
+    m.name = "rowpar-matrix";
+    m.n_layers = ML;
+    m.forward = m_fwd;
+    m.backward = m_bwd;
+    m.describe = m_desc;
+    m.layer_name = g_name;
+    m.params = m_params;
+    return m;
+}
+static pp_result m_setup(void* user, int rank, pp_stage_desc* d) {
+    (void)user;
+    d->layer_ctx = MCTX[rank];
+    return PP_OK;
+}
+
+static void m_init(void) {
+    mmodel whole;
+    int i, l, k, lt, t;
+    for (i = 0; i < 2 * MROWS * MK; i++) MX[i] = m_val(i, 1) * 2.0f, MT[i] = m_val(i, 2);
+    for (l = 0; l < ML - 1; l++) /* near the identity: the activations keep their size */
+        for (k = 0; k < MK * MK; k++) whole.w[l][k] = (k % (MK + 1) == 0 ? 0.75f : 0.0f) + m_val(k + 211 * l, 3) * 0.5f;
+    memset(MW, 0, sizeof MW);
+    for (lt = 0; lt < 3; lt++)
+        for (t = 0; t < 1 << lt; t++)
+            for (l = 0; l < ML - 1; l++)
+                memcpy(MW[lt][t].w[l], whole.w[l] + t * (MK >> lt) * MK, sizeof(float) * (size_t)(MK >> lt) * MK);
+}
+
+static void m_batch(pp_batch* b, int half, int packed) {
+    memset(b, 0, sizeof *b);
+    b->m = MM;
+    b->input.data = MX + (size_t)half * MROWS * MK;
+    b->input.rows = MROWS;
+    b->input.cols = MK;
+    b->input.dtype = PP_F32;
+    b->targets = MT + (size_t)half * MROWS * MK;
+    b->target_row_bytes = MK * sizeof(float);
+    if (packed) {
+        b->cu_seqlens = MCU;
+        b->n_seqs = (int)(sizeof MCU / sizeof MCU[0]) - 1;
+        b->split = PP_SPLIT_TOKENS;
+    }
+}
+
+/* One configuration's result: replica 0's whole gradients (its TP ranks' rows put together) and
+   the loss. Every replica's must equal replica 0's, and a rank's layers it does not own be zero. */
+typedef struct mresult {
+    mmodel g;
+    float loss;
+} mresult;
+
+static int m_collect(const mmodel* G, int p, int dp, int tp, const pp_schedule* s, const int* first, mresult* out,
+                     const char* where) {
+    static const mmodel zero;
+    int r, l, ok = 1, kh = MK / tp;
+    for (r = 0; r < p * dp * tp; r++) {
+        int pr = r / (dp * tp), d = r / tp % dp, t = r % tp;
+        for (l = 0; l < ML - 1; l++) {
+            size_t n = sizeof(float) * (size_t)kh * MK;
+            float* dst = out->g.w[l] + t * kh * MK;
+            if (pp_schedule_layer_rank(s, first, l) != pr) {
+                if (memcmp(G[r].w[l], zero.w[l], sizeof zero.w[l]) != 0) {
+                    CHECK(0, "%s: rank %d (pp %d) wrote layer %d, which it does not own", where, r, pr, l);
+                    ok = 0;
+                }
+            } else if (d == 0) {
+                memcpy(dst, G[r].w[l], n);
+            } else if (memcmp(dst, G[r].w[l], n) != 0) {
+                CHECK(0, "%s: replica %d's layer %d (TP rank %d) differs from replica 0's", where, d, l, t);
+                ok = 0;
+            }
+        }
+    }
+    return ok;
+}
+
+/* Run (kind, p, partition) at (tp, dp, packing): two steps, the same bits; the first into *out. */
+static int matrix_case(int kind, int p, int part, int dp, int lt, int packed, mresult* out, char* where, size_t wn) {
+    static mmodel G[PP_MAX_RANKS];
+    static const void* rw[PP_MAX_RANKS];
+    static void* rg[PP_MAX_RANKS];
+    static mresult second;
+    int tp = 1 << lt, W = p * dp * tp, v = pp_schedule_kind_v((pp_schedule_kind)kind, 2), S = p * v, first[2 * 4 + 1];
+    int r, step, ok = 1, s;
+    pp_pipeline_desc d;
+    pp_pipeline* pl = NULL;
+    pp_batch b[2];
+    pp_step_stats st;
+    pp_error err;
+    snprintf(where, wn, "matrix %s p=%d %s tp=%d dp=%d %s", pp_schedule_name((pp_schedule_kind)kind), p,
+             part ? "skewed" : "uniform", tp, dp, packed ? "packed" : "dense");
+    if (part == 0) pp_partition_uniform(ML, S, first, &err);
+    else { /* the first stage takes everything but one layer per other stage */
+        first[0] = 0;
+        for (s = 1; s <= S; s++) first[s] = ML - (S - s);
+    }
+    memset(&d, 0, sizeof d);
+    d.model = m_model();
+    for (r = 0; r < W; r++) {
+        rw[r] = &MW[lt][r % tp];
+        rg[r] = &G[r];
+        MCTX[r][0] = r, MCTX[r][1] = dp * tp;
+    }
+    d.rank_weights = rw;
+    d.rank_grads = rg;
+    d.schedule = (pp_schedule_kind)kind;
+    d.p = p;
+    d.v = v;
+    d.m = MM;
+    d.dp = dp;
+    d.tp = tp;
+    d.partition.policy = PP_PARTITION_EXPLICIT;
+    d.partition.explicit_first = first;
+    d.stage.timeout_s = 20;
+    d.rank_setup = m_setup;
+    for (r = 0; r < dp; r++) m_batch(&b[r], r, packed);
+    if (pp_pipeline_create(&d, &pl, &err) != PP_OK) {
+        CHECK(0, "%s: create: %s", where, err.msg);
+        return 0;
+    }
+    for (step = 0; step < 2 && ok; step++) {
+        mresult* res = step ? &second : out;
+        memset(G, 0, sizeof G);
+        memset(res, 0, sizeof *res);
+        ok = pp_pipeline_step(pl, b, &st) == PP_OK;
+        CHECK(ok, "%s: step %d: %s", where, step, pp_pipeline_error(pl));
+        ok = ok && m_collect(G, p, dp, tp, pp_pipeline_schedule(pl), pp_pipeline_partition(pl), res, where);
+        res->loss = st.loss;
+    }
+    CHECK(!ok || memcmp(out, &second, sizeof second) == 0, "%s: the second step's bits differ from the first's", where);
+    ok = ok && memcmp(out, &second, sizeof second) == 0;
+    pp_pipeline_destroy(pl);
+    return ok;
+}
+
+/* The first element where a and b differ, for the message; -1: the loss. */
+#define M_N ((ML - 1) * MK * MK)
+static const float* m_flat(const mresult* r) { return (const float*)(const void*)&r->g; }
+static int m_first_diff(const mresult* a, const mresult* b) {
+    int i;
+    for (i = 0; i < M_N; i++)
+        if (memcmp(m_flat(a) + i, m_flat(b) + i, sizeof(float)) != 0) return i;
+    return -1;
+}
+
+/* max |a - b| over the largest |b|, gradients and (separately) the loss */
+static double m_rel(const mresult* a, const mresult* b) {
+    double dmax = 0, bmax = 0, dl;
+    int i;
+    for (i = 0; i < M_N; i++) {
+        double x = m_flat(a)[i], y = m_flat(b)[i];
+        if (fabs(x - y) > dmax) dmax = fabs(x - y);
+        if (fabs(y) > bmax) bmax = fabs(y);
+    }
+    dl = fabs((double)a->loss - (double)b->loss) / fabs((double)b->loss);
+    dmax = bmax > 0 ? dmax / bmax : dmax;
+    return dl > dmax ? dl : dmax;
+}
+
+static void test_matrix(void) {
+    static mresult ref[3][2][2], res; /* [log2 tp][dp - 1][packed]: gpipe, p = 1 */
+    char where[160];
+    int lt, dp, pk, kind, p, part, idx = 0, cases = 0, good = 0, R = TEST_SANITIZED ? 24 : TEST_SECOND || getenv("PP_QUICK") ? 12 : 3;
+    double worst = 0, t0 = g_now();
+    pp_model model = m_model();
+    pp_batch b;
+    pp_error err;
+    m_init();
+    /* every group's reference, sampled or not: the first configuration of each (tp, dp, packing) */
+    for (lt = 0; lt < 3; lt++)
+        for (dp = 1; dp <= 2; dp++)
+            for (pk = 0; pk < 2; pk++) {
+                cases++;
+                good += matrix_case(PP_SCHED_GPIPE, 1, 0, dp, lt, pk, &ref[lt][dp - 1][pk], where, sizeof where);
+                if (lt == 0) continue;
+                {
+                    double rel = m_rel(&ref[lt][dp - 1][pk], &ref[0][dp - 1][pk]);
+                    if (rel > worst) worst = rel;
+                    CHECK(rel <= 1e-5, "%s: %.3g relative to tp = 1", where, rel);
+                }
+            }
+    /* tp = 1, dp = 1 is the sequential model's step, bit for bit */
+    for (pk = 0; pk < 2; pk++) {
+        mmodel g;
+        float loss = 0;
+        memset(&g, 0, sizeof g);
+        m_batch(&b, 0, pk);
+        CHECK(pp_sequential_step(&model, &MW[0][0], &g, &b, &loss, &err) == PP_OK, "reference: %s", err.msg);
+        CHECK(memcmp(&g, &ref[0][0][pk].g, sizeof g) == 0 && memcmp(&loss, &ref[0][0][pk].loss, sizeof loss) == 0,
+              "matrix %s: the pipeline (gpipe, p 1) differs from pp_sequential_step", pk ? "packed" : "dense");
+    }
+    CHECK(worst > 0, "tp = 2 and 4 add in another order than tp = 1: some bits must differ (%.3g)", worst);
+    for (lt = 0; lt < 3; lt++)
+        for (dp = 1; dp <= 2; dp++)
+            for (pk = 0; pk < 2; pk++)
+                for (kind = 0; kind < PP_SCHED_KIND_COUNT; kind++)
+                    for (p = 1; p <= 4; p++)
+                        for (part = 0; part < 2; part++) {
+                            int v = pp_schedule_kind_v((pp_schedule_kind)kind, 2), ok;
+                            if (!pp_schedule_size((pp_schedule_kind)kind, p, v, MM) || p * v > ML) continue;
+                            if ((p * v == 1 && part) || (kind == PP_SCHED_GPIPE && p == 1)) continue; /* the reference */
+                            if (!test_pick(idx++, R)) continue;
+                            cases++;
+                            ok = matrix_case(kind, p, part, dp, lt, pk, &res, where, sizeof where);
+                            if (ok && memcmp(&res, &ref[lt][dp - 1][pk], sizeof res) != 0) {
+                                int i = m_first_diff(&res, &ref[lt][dp - 1][pk]);
+                                CHECK(0, "%s: differs from gpipe p=1 at %s %d: %.9g, expected %.9g", where,
+                                      i < 0 ? "the loss" : "gradient element", i,
+                                      i < 0 ? (double)res.loss : (double)m_flat(&res)[i],
+                                      i < 0 ? (double)ref[lt][dp - 1][pk].loss : (double)m_flat(&ref[lt][dp - 1][pk])[i]);
+                                ok = 0;
+                            }
+                            good += ok;
+                        }
+    printf("matrix (kind, p, partition x tp 1/2/4 x dp 1/2 x dense/packed): %d of %d configurations (of %d + 12) "
+           "bit-identical within their (tp, dp, packing), run to run; tp 2/4 within %.3g of tp 1; %.2f s\n",
+           good, cases, idx, worst, g_now() - t0);
+}
+
 int main(int argc, char** argv) {
     if (test_only(argc, argv, "grid", test_grid_dp_tp)) return TEST_DONE("pipeline");
+    if (test_only(argc, argv, "matrix", test_matrix)) return TEST_DONE("pipeline");
     test_grid();
     test_accumulate_two_steps();
     test_grid_dp_tp();
+    test_matrix();
     return TEST_DONE("pipeline");
 }
