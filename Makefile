@@ -433,6 +433,10 @@ $(B)/tp-ctl-pl-no-dp-sum: tests/test_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) |
 	$(CC) $(BASE) -D_POSIX_C_SOURCE=200809L -DPP_TEST_PL_NO_DP_SUM $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-pl-tp-is-dp: tests/test_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -D_POSIX_C_SOURCE=200809L -DPP_TEST_PL_TP_IS_DP $(CFLAGS) $< -o $@ $(LDLIBS)
+# And "matrix": the layers of pipeline ranks past the first sum their partial products in reverse
+# (p > 1 differs from p = 1 in the last bits, at every tp).
+$(B)/tp-ctl-pl-matrix-order: tests/test_pipeline.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -D_POSIX_C_SOURCE=200809L -DPP_TEST_PL_MATRIX_ORDER $(CFLAGS) $< -o $@ $(LDLIBS)
 # And gpt_cpu --dp 2 with that step (tests/test_trainer.sh, TRAINER_PART=dp): --check fails.
 $(B)/gpt_cpu-ctl-no-dp-sum: examples/gpt_cpu.c $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_PL_NO_DP_SUM $(CFLAGS) $< -o $@ $(LDLIBS)
@@ -452,8 +456,8 @@ $(B)/tp-ctl-gpt-nccl-norow: $(GPT_TP_NCCL_DEPS) | $(B)
 TEST_BINS_EXTRA += $(B)/test_gpt_tp_nccl
 $(B)/tp-controls: tests/controls.sh tests/test_trainer.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp $(B)/tp-ctl-pl-no-dp-sum \
                   $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow $(B)/gpt_cpu-ctl-tp-no-row \
-                  $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary"\n' > $@
+                  $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice $(B)/tp-ctl-pl-matrix-order
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------
