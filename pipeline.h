@@ -2261,7 +2261,7 @@ pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes,
    BOUNDARIES. With pp_stage_desc.tp set to the same group, the stage sends each replicated
    boundary tensor (pp_layer_desc.out_tp, pp_tp_layout) as this TP rank's rows, pp_tp_block(rows,
    tp, tp_rank), to the same TP rank of the next stage and all-gathers what it receives over the
-   group before its layers read it (tag 0x7ffffff5; gradients likewise, backward); a SHARDED
+   group before its layers read it (gradients likewise, backward); a SHARDED
    tensor goes as it is. 1/tp of the bytes between stages (pp_tp_boundary_bytes), plus the
    gather's inside the group (pp_step_stats.tp_gather_bytes); tests/test_tp.c, "boundary".
 
@@ -2272,7 +2272,13 @@ pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes,
    rank). So it runs over the threads transport, pipeline_mpi.h's and pipeline_nccl.h's (host
    memory: staged through the GPU). Buffers are host memory: the sums run on the CPU. NCCL's
    stream-ordered native collectives over device memory are a later step. On a failed wait the
-   call cancels its other receives (where the transport can) and returns the error. */
+   call cancels its other receives (where the transport can) and returns the error.
+
+   STEP IDENTITY. Called on the thread running pp_stage_step (or pp_stage_eval: its layers, its
+   hooks), a collective's messages, and the boundary gathers', carry the stage's step count, the
+   same on every rank that calls the same steps: what a failed step left in a TP transport (a
+   block sent to a member that had stopped) is never taken by a later step, reset or not. So
+   every member calls a collective from inside a step, or every member from outside (fixed tags). */
 
 /* Where this process is in group g: its index in g->ranks (its transport's rank where ranks is
    NULL; -1 where it is not a member), and the group's size. A NULL group, or one whose t is NULL,
