@@ -2278,7 +2278,8 @@ pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes,
    hooks), a collective's messages, and the boundary gathers', carry the stage's step count, the
    same on every rank that calls the same steps: what a failed step left in a TP transport (a
    block sent to a member that had stopped) is never taken by a later step, reset or not. So
-   every member calls a collective from inside a step, or every member from outside (fixed tags). */
+   every member calls a collective from inside a step, or every member from outside (fixed tags).
+   After a failed step reset a threads TP world too (pp_threads_reset): the identity wraps. */
 
 /* Where this process is in group g: its index in g->ranks (its transport's rank where ranks is
    NULL; -1 where it is not a member), and the group's size. A NULL group, or one whose t is NULL,
@@ -7413,11 +7414,11 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
    collective or gather on the same tag and be summed in silently. So inside pp_stage_step and
    pp_stage_eval (the boundary gathers, and every pp_tp_* call its layers and hooks make on the
    stage's thread) the tags carry the stage's step count, the same on every rank of the grid
-   whatever failed (as pp_dp_overlap's): _PP_TAG_TP_STEP + (count mod 2^20) * 4 + kind, below
-   the reserved tags and above pp_dp_overlap's. Outside a step the fixed tags above. A leftover
-   could only meet the step 2^20 steps later; pp_threads_reset drops them, and an aborted MPI or
-   NCCL transport is made again. */
-#define _PP_TAG_TP_STEP 0x400000
+   whatever failed (as pp_dp_overlap's): _PP_TAG_TP_STEP + (count mod 8192) * 3 + kind, under
+   32751 (pipeline_mpi.h gives a split communicator MPI's least MPI_TAG_UB, 32767, less its 16
+   reserved tags). Outside a step the fixed tags above. A leftover could only meet the step 8192
+   steps later: pp_threads_reset drops them, an aborted MPI or NCCL transport is made again. */
+#define _PP_TAG_TP_STEP 0x100
 static pthread_once_t _pp_tp_once = PTHREAD_ONCE_INIT;
 static pthread_key_t _pp_tp_key;
 static int _pp_tp_key_ok;
@@ -7428,7 +7429,8 @@ static int _pp_tp_step_tag(int fixed, int64_t id) {
     (void)id;
     return fixed;
 #else
-    return _PP_TAG_TP_STEP + (int)(((uint64_t)id & 0xfffffu) << 2) + (fixed - _PP_TAG_TP_RS);
+    return _PP_TAG_TP_STEP + (int)((uint64_t)id & 0x1fffu) * 3 +
+           (fixed == _PP_TAG_TP_RS ? 0 : fixed == _PP_TAG_TP_AG ? 1 : 2);
 #endif
 }
 
