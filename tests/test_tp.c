@@ -34,7 +34,9 @@
    itself, its own first: at tp = 4 the ranks' bits differ ("coll" fails); -DPP_TEST_TP_SPLIT_NO_DP
    colours pp_grid_tp_split by stage alone ("grid" fails wherever dp > 1 and tp > 1);
    -DPP_TEST_TP_NO_GATHER skips the boundary gather, -DPP_TEST_TP_EVEN_SLICE cuts rows / tp per
-   rank and drops the remainder ("boundary" fails: gradients, and bytes with odd row counts).
+   rank and drops the remainder ("boundary" fails: gradients, and bytes with odd row counts);
+   -DPP_TEST_TP_NO_STEP_TAG keeps the fixed TP tags inside a step ("stale" fails: wrong, PP_OK).
+   - stale: after a step failed mid-TP traffic, the next step over the same TP world (below).
    Usage: test_tp [grid|coll|refuse|layer|boundary|stale]. */
 #ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
@@ -1067,8 +1069,9 @@ static void stale_checks(void) {
     static bw g_ref[BMAXW];
     static pp_step_stats s_ref[BMAXW];
     static pp_action acts[64];
+    static const char* what[3] = {"", "the gathers' slices", "the next layer's all-reduce blocks"};
     pp_error err;
-    int run, r, t, world = 4, n_ok, n_ok1 = 0, exact = 1;
+    int run, r, t, world = 4, n_ok, n_ok1, same;
     b_fill();
     memset(&W, 0, sizeof W);
     W.p = 2, W.tp = 2, W.split = 1, W.off_rank = -1, W.to = 1;
@@ -1081,20 +1084,24 @@ static void stale_checks(void) {
     W.b.input.dtype = PP_F32;
     W.b.targets = BT;
     W.b.target_row_bytes = BK * sizeof(float);
-    for (run = 0; run < 2; run++) { /* 0: the reference, one clean step; 1: a failed step, then a clean one */
+    /* 0: the reference, one clean step. Then a failed step and a clean one, the fault in world
+       rank 1's last layer of stage 0 (left behind: gather slices sent to it and to stage 1's TP
+       rank 1), or in its layer 1 (world rank 0's layer 2 all-reduce block to it). */
+    for (run = 0; run < 3; run++) {
         memset(W.g, 0, sizeof W.g);
         memset(W.rc, 0, sizeof W.rc);
         for (r = 0; r < world; r++) b_weights(&W.w[r], W.tp, r % W.tp, 0);
         CHECK(pp_threads_create(world, &W.tpw, &err) == PP_OK, "%s", err.msg);
         for (t = 0; t < W.tp; t++) CHECK(pp_threads_create(W.p, &W.pipes[t], &err) == PP_OK, "%s", err.msg);
-        if (run == 1) {
-            W.w[1].fail_layer = W.first[1] - 1, W.w[1].fail_mb = 1;
+        n_ok1 = 0;
+        if (run > 0) {
+            W.w[1].fail_layer = run == 1 ? W.first[1] - 1 : 1, W.w[1].fail_mb = 1;
             pp_threads_run(world, stale_rank, &W, &err);
             for (r = 0; r < world; r++) {
                 n_ok1 += W.rc[r] == PP_OK;
-                if (getenv("PP_TEST_VERBOSE")) printf("stale: step 1: world rank %d: %s: %s\n", r, pp_result_str(W.rc[r]), W.msg[r]);
+                if (getenv("PP_TEST_VERBOSE")) printf("stale %d: step 1: world rank %d: %s: %s\n", run, r, pp_result_str(W.rc[r]), W.msg[r]);
             }
-            CHECK(W.rc[1] == PP_ERR_LAYER, "stale: step 1 on world rank 1: %s (%s), want the layer's error",
+            CHECK(W.rc[1] == PP_ERR_LAYER, "stale %d: step 1 on world rank 1: %s (%s), want the layer's error", run,
                   pp_result_str(W.rc[1]), W.msg[1]);
             for (t = 0; t < W.tp; t++) pp_threads_reset(W.pipes[t]); /* not the TP world: never aborted */
             W.w[1].fail_layer = 0;
@@ -1113,22 +1120,24 @@ static void stale_checks(void) {
             for (r = 0; r < world; r++) CHECK(W.rc[r] == PP_OK, "stale: the reference step, world rank %d: %s", r, W.msg[r]);
             memcpy(g_ref, W.g, sizeof g_ref);
             memcpy(s_ref, W.stats, sizeof s_ref);
+            continue;
         }
+        for (r = 0, n_ok = 0, same = 1; r < world; r++) {
+            int eq = memcmp(W.g[r].w, g_ref[r].w, sizeof W.g[r].w) == 0 && W.stats[r].has_loss == s_ref[r].has_loss &&
+                     memcmp(&W.stats[r].loss, &s_ref[r].loss, sizeof(float)) == 0;
+            n_ok += W.rc[r] == PP_OK;
+            same &= eq;
+            CHECK(W.rc[r] != PP_OK || eq,
+                  "stale %d: the step after the failed one returned PP_OK on world rank %d (stage rank %d, TP rank %d) with "
+                  "other gradients or loss than a clean step's (loss %.9g, want %.9g): the failed step's %s were taken",
+                  run, r, r / W.tp, r % W.tp, (double)W.stats[r].loss, (double)s_ref[r].loss, what[run]);
+            CHECK(W.rc[r] == PP_OK, "stale %d: the step after the failed one, world rank %d: %s (%s)", run, r,
+                  pp_result_str(W.rc[r]), W.msg[r]);
+        }
+        CHECK(n_ok == 0 || n_ok == world, "stale %d: the step after the failed one: PP_OK on %d of %d ranks", run, n_ok, world);
+        printf("stale: a layer failing on TP rank 1 leaves %s behind: step 1 failed on %d of %d ranks, step 2 PP_OK on %d, "
+               "%s\n", what[run], world - n_ok1, world, n_ok, n_ok == world && same ? "bit-exact" : n_ok ? "WRONG" : "failed");
     }
-    for (r = 0, n_ok = 0; r < world; r++) n_ok += W.rc[r] == PP_OK;
-    CHECK(n_ok == 0 || n_ok == world, "stale: the step after the failed one: PP_OK on %d of %d ranks", n_ok, world);
-    for (r = 0; r < world; r++) {
-        int same = memcmp(W.g[r].w, g_ref[r].w, sizeof W.g[r].w) == 0 && W.stats[r].has_loss == s_ref[r].has_loss &&
-                   memcmp(&W.stats[r].loss, &s_ref[r].loss, sizeof(float)) == 0;
-        if (W.rc[r] == PP_OK && !same) exact = 0;
-        CHECK(W.rc[r] != PP_OK || same,
-              "stale: the step after the failed one returned PP_OK on world rank %d (stage rank %d, TP rank %d) with other "
-              "gradients or loss than a clean step's (loss %.9g, want %.9g): a failed step's TP messages were taken",
-              r, r / W.tp, r % W.tp, (double)W.stats[r].loss, (double)s_ref[r].loss);
-        CHECK(W.rc[r] == PP_OK, "stale: the step after the failed one, world rank %d: %s (%s)", r, pp_result_str(W.rc[r]),
-              W.msg[r]);
-    }
-    printf("stale: step 1 failed on %d of %d ranks (a layer on TP rank 1, after its all-reduce); step 2 PP_OK on %d, %s\n", world - n_ok1, world, n_ok, n_ok == world && exact ? "bit-exact" : n_ok ? "WRONG" : "failed");
 }
 
 int main(int argc, char** argv) {
