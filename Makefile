@@ -426,6 +426,9 @@ $(B)/tp-ctl-no-gather: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_NO_GATHER $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-even-slice: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_EVEN_SLICE $(CFLAGS) $< -o $@ $(LDLIBS)
+# And the fixed TP tags inside a step: the step after a failed one takes its leftovers ("stale").
+$(B)/tp-ctl-no-step-tag: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_NO_STEP_TAG $(CFLAGS) $< -o $@ $(LDLIBS)
 # tests/test_pipeline.c "grid" (pp_pipeline with dp and tp): the step skips the data-parallel sum
 # (every dp = 2 case's gradients are one replica's); the layers get the dp group as io->tp (every
 # tp = 2 case's products are summed over the wrong ranks, or not at all).
@@ -456,8 +459,8 @@ $(B)/tp-ctl-gpt-nccl-norow: $(GPT_TP_NCCL_DEPS) | $(B)
 TEST_BINS_EXTRA += $(B)/test_gpt_tp_nccl
 $(B)/tp-controls: tests/controls.sh tests/test_trainer.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp $(B)/tp-ctl-pl-no-dp-sum \
                   $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow $(B)/gpt_cpu-ctl-tp-no-row \
-                  $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice $(B)/tp-ctl-pl-matrix-order
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix"\n' > $@
+                  $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice $(B)/tp-ctl-pl-matrix-order $(B)/tp-ctl-no-step-tag
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

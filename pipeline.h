@@ -2261,7 +2261,7 @@ pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes,
    BOUNDARIES. With pp_stage_desc.tp set to the same group, the stage sends each replicated
    boundary tensor (pp_layer_desc.out_tp, pp_tp_layout) as this TP rank's rows, pp_tp_block(rows,
    tp, tp_rank), to the same TP rank of the next stage and all-gathers what it receives over the
-   group before its layers read it (tag 0x7ffffff5; gradients likewise, backward); a SHARDED
+   group before its layers read it (gradients likewise, backward); a SHARDED
    tensor goes as it is. 1/tp of the bytes between stages (pp_tp_boundary_bytes), plus the
    gather's inside the group (pp_step_stats.tp_gather_bytes); tests/test_tp.c, "boundary".
 
@@ -2272,7 +2272,14 @@ pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes,
    rank). So it runs over the threads transport, pipeline_mpi.h's and pipeline_nccl.h's (host
    memory: staged through the GPU). Buffers are host memory: the sums run on the CPU. NCCL's
    stream-ordered native collectives over device memory are a later step. On a failed wait the
-   call cancels its other receives (where the transport can) and returns the error. */
+   call cancels its other receives (where the transport can) and returns the error.
+
+   STEP IDENTITY. Called on the thread running pp_stage_step (or pp_stage_eval: its layers, its
+   hooks), a collective's messages, and the boundary gathers', carry the stage's step count, the
+   same on every rank that calls the same steps: what a failed step left in a TP transport (a
+   block sent to a member that had stopped) is never taken by a later step, reset or not. So
+   every member calls a collective from inside a step, or every member from outside (fixed tags).
+   After a failed step reset a threads TP world too (pp_threads_reset): the identity wraps. */
 
 /* Where this process is in group g: its index in g->ranks (its transport's rank where ranks is
    NULL; -1 where it is not a member), and the group's size. A NULL group, or one whose t is NULL,
@@ -7401,6 +7408,54 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
 #define _PP_TAG_TP_AG 0x7ffffff3 /* all-gather blocks, to every member */
 #define _PP_TAG_TP_BND 0x7ffffff5 /* a split boundary's slices, to every member (pp_stage_desc.tp) */
 
+/* The step identity of a stage's TP messages. A failed step can leave TP messages behind (a
+   member sent its block or slice to one that had stopped: its layer failed, its pipeline was
+   aborted); on a TP transport nobody aborts or resets, they would meet the next step's first
+   collective or gather on the same tag and be summed in silently. So inside pp_stage_step and
+   pp_stage_eval (the boundary gathers, and every pp_tp_* call its layers and hooks make on the
+   stage's thread) the tags carry the stage's step count, the same on every rank of the grid
+   whatever failed (as pp_dp_overlap's): _PP_TAG_TP_STEP + (count mod 8192) * 3 + kind, under
+   32751 (pipeline_mpi.h gives a split communicator MPI's least MPI_TAG_UB, 32767, less its 16
+   reserved tags). Outside a step the fixed tags above. A leftover could only meet the step 8192
+   steps later: pp_threads_reset drops them, an aborted MPI or NCCL transport is made again. */
+#define _PP_TAG_TP_STEP 0x100
+static pthread_once_t _pp_tp_once = PTHREAD_ONCE_INIT;
+static pthread_key_t _pp_tp_key;
+static int _pp_tp_key_ok;
+static void _pp_tp_key_make(void) { _pp_tp_key_ok = pthread_key_create(&_pp_tp_key, NULL) == 0; }
+
+static int _pp_tp_step_tag(int fixed, int64_t id) {
+#ifdef PP_TEST_TP_NO_STEP_TAG /* negative control (build/tp-controls): a failed step's TP leftovers match */
+    (void)id;
+    return fixed;
+#else
+    return _PP_TAG_TP_STEP + (int)((uint64_t)id & 0x1fffu) * 3 +
+           (fixed == _PP_TAG_TP_RS ? 0 : fixed == _PP_TAG_TP_AG ? 1 : 2);
+#endif
+}
+
+/* fixed, or its step's tag where this thread runs a stage's step (_pp_tp_enter). */
+static int _pp_tp_tag(int fixed) {
+    const int32_t* id;
+    pthread_once(&_pp_tp_once, _pp_tp_key_make);
+    if (!_pp_tp_key_ok || !(id = (const int32_t*)pthread_getspecific(_pp_tp_key))) return fixed;
+    return _pp_tp_step_tag(fixed, *id);
+}
+
+/* A stage's step begins on this thread: its TP collectives carry *step (read at each call);
+   returns what was set before, for _pp_tp_leave. */
+static void* _pp_tp_enter(const int32_t* step) {
+    void* prev;
+    pthread_once(&_pp_tp_once, _pp_tp_key_make);
+    if (!_pp_tp_key_ok) return NULL;
+    prev = pthread_getspecific(_pp_tp_key);
+    pthread_setspecific(_pp_tp_key, step); /* on failure the layers keep the fixed tags: a mismatch, not a match */
+    return prev;
+}
+static void _pp_tp_leave(void* prev) {
+    if (_pp_tp_key_ok) pthread_setspecific(_pp_tp_key, prev);
+}
+
 int pp_group_rank(const pp_group* g) {
     int i;
     if (!g || !g->t) return 0;
@@ -7596,7 +7651,7 @@ static pp_result _pp_tp_rs(const pp_transport* t, const int* ranks, int n, int m
         m[i].rb = len * es;
         src[i] = i == me ? (const void*)((const char*)send + off * es) : (const void*)m[i].rp;
     }
-    rc = _pp_tp_xchg(t, ranks, n, me, _PP_TAG_TP_RS, m, timeout_s, err);
+    rc = _pp_tp_xchg(t, ranks, n, me, _pp_tp_tag(_PP_TAG_TP_RS), m, timeout_s, err);
     if (rc == PP_OK) rc = _pp_tp_sum(recv, src, NULL, n, len, dt, err);
     PP_FREE(m);
     return rc;
@@ -7628,7 +7683,7 @@ static pp_result _pp_tp_ag_units(const pp_transport* t, const int* ranks, int n,
 
 static pp_result _pp_tp_ag(const pp_transport* t, const int* ranks, int n, int me, const void* send, void* recv,
                            size_t count, pp_dtype dt, double timeout_s, pp_error* err) {
-    return _pp_tp_ag_units(t, ranks, n, me, send, recv, count, pp_dtype_size(dt), _PP_TAG_TP_AG, timeout_s, err);
+    return _pp_tp_ag_units(t, ranks, n, me, send, recv, count, pp_dtype_size(dt), _pp_tp_tag(_PP_TAG_TP_AG), timeout_s, err);
 }
 
 void pp_tp_boundary_bytes(int64_t rows, size_t row_bytes, int tp, int tp_rank, size_t* sent, size_t* gather_sent) {
@@ -7688,7 +7743,7 @@ pp_result pp_tp_allreduce(const pp_group* g, void* buf, size_t count, pp_dtype d
             src[i] = i == me ? (const void*)buf : (const void*)m[i].rp;
             order[i] = (me + i) % n;
         }
-        rc = _pp_tp_xchg(g->t, ranks, n, me, _PP_TAG_TP_RS, m, to, err);
+        rc = _pp_tp_xchg(g->t, ranks, n, me, _pp_tp_tag(_PP_TAG_TP_RS), m, to, err);
         if (rc == PP_OK) rc = _pp_tp_sum(buf, src, order, n, count, dtype, err);
         PP_FREE(m);
         (void)len;
@@ -10150,7 +10205,7 @@ static pp_result _pp_tp_gather(pp_stage* s, const pp_action* a, _pp_prep* pr) {
         _pp_tp_cut(s, &ts[k], PP_TP_REPLICATED, &o, &l);
 #ifndef PP_TEST_TP_NO_GATHER /* negative control (build/tp-controls): the other TP ranks' rows never arrive */
         rc = _pp_tp_ag_units(s->tp_t, s->tp_ranks, s->tp_n, s->tp_me, (unsigned char*)ts[k].data + o, ts[k].data,
-                             (size_t)ts[k].rows, rb, _PP_TAG_TP_BND, s->tp_to, &e);
+                             (size_t)ts[k].rows, rb, _pp_tp_step_tag(_PP_TAG_TP_BND, s->n_steps), s->tp_to, &e);
 #else
         rc = PP_OK;
         e.msg[0] = 0;
@@ -10758,7 +10813,9 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
 static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     pp_result rc, own;
     int i, n_done;
+    void* tp_prev;
     if (!s) return PP_ERR_INVALID;
+    tp_prev = _pp_tp_enter(&s->n_steps); /* the TP collectives of its layers carry the step (>>impl-tp) */
     memset(&s->st, 0, sizeof s->st);
     s->live_mem = 0; /* no stash outlives a step: no rounding carried over */
     s->err.msg[0] = 0;
@@ -10793,6 +10850,7 @@ static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* s
     s->batch = NULL;
     if (!s->eval && s->d.grads_final == pp_dp_overlap_hook) _pp_dp_note_end(s->d.grads_final_user, s, rc);
     if (stats) *stats = s->st;
+    _pp_tp_leave(tp_prev);
     return rc;
 }
 

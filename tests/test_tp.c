@@ -34,8 +34,10 @@
    itself, its own first: at tp = 4 the ranks' bits differ ("coll" fails); -DPP_TEST_TP_SPLIT_NO_DP
    colours pp_grid_tp_split by stage alone ("grid" fails wherever dp > 1 and tp > 1);
    -DPP_TEST_TP_NO_GATHER skips the boundary gather, -DPP_TEST_TP_EVEN_SLICE cuts rows / tp per
-   rank and drops the remainder ("boundary" fails: gradients, and bytes with odd row counts).
-   Usage: test_tp [grid|coll|refuse|layer|boundary]. */
+   rank and drops the remainder ("boundary" fails: gradients, and bytes with odd row counts);
+   -DPP_TEST_TP_NO_STEP_TAG keeps the fixed TP tags inside a step ("stale" fails: wrong, PP_OK).
+   - stale: after a step failed mid-TP traffic, the next step over the same TP world (below).
+   Usage: test_tp [grid|coll|refuse|layer|boundary|stale]. */
 #ifndef PP_TEST_LINK_IMPL /* make links build/obj/impl.o (tests/impl.c) instead */
 #define PIPELINE_IMPLEMENTATION
 #endif
@@ -1011,6 +1013,133 @@ static void boundary_checks(void) {
     boundary_mismatch();
 }
 
+/* ---- stale ------------------------------------------------------------------------------------
+   A failed step's TP leftovers: pp 2 x tp 2 over threads (one world for the TP groups, one per
+   pipeline), boundaries split. Step 1: world rank 1 (stage rank 0, TP rank 1) fails in the last
+   layer of its stage, forward of micro-batch 1, after that layer's all-reduce; its pipeline
+   aborts, and its TP peers go on until their TP deadline: the all-reduce blocks and gather
+   slices they sent it (and stage 1's TP rank 1) stay queued in the TP world. As after any failed
+   step the pipelines' worlds are reset; the TP world, never aborted, is not. Step 2 (no fault)
+   must fail on every rank or equal a clean first step bit for bit: the library tags a step's TP
+   messages with the step (pp_stage_step), so it does, and it must. -DPP_TEST_TP_NO_STEP_TAG
+   keeps the fixed tags: step 2 takes the leftovers and reports wrong gradients as PP_OK. */
+static pp_stage* SST[BMAXW];
+static pp_transport STP[BMAXW];
+
+static pp_result stale_rank(int r, void* user) {
+    bnd_world* W = (bnd_world*)user;
+    int pr = r / W->tp, t = r % W->tp, i;
+    pp_result rc;
+    if (!SST[r]) {
+        pp_stage_desc d;
+        pp_error err;
+        STP[r] = pp_threads_transport(W->tpw, r);
+        for (i = 0; i < W->tp; i++) W->group[r][i] = pr * W->tp + i;
+        W->ctx[r].tp.t = &STP[r];
+        W->ctx[r].tp.ranks = W->group[r];
+        W->ctx[r].tp.n_ranks = W->tp;
+        W->ctx[r].tp.timeout_s = W->to;
+        W->ctx[r].tp_rank = t;
+        memset(&d, 0, sizeof d);
+        b_model(&d.model);
+        d.weights = &W->w[r];
+        d.grads = &W->g[r];
+        d.schedule = &W->sc;
+        d.partition = W->first;
+        d.rank = pr;
+        d.transport = pp_threads_transport(W->pipes[t], pr);
+        d.timeout_s = W->to;
+        d.shapes = PP_SHAPES_LOCAL;
+        d.layer_ctx = &W->ctx[r];
+        d.tp = &W->ctx[r].tp;
+        d.allow_nonfinite_loss = 1;
+        if ((rc = pp_stage_create(&d, &SST[r], &err)) != PP_OK) {
+            snprintf(W->msg[r], sizeof W->msg[r], "%s", err.msg);
+            return W->rc[r] = rc;
+        }
+    }
+    W->msg[r][0] = 0;
+    if ((rc = pp_stage_step(SST[r], &W->b, &W->stats[r])) != PP_OK)
+        snprintf(W->msg[r], sizeof W->msg[r], "%s", pp_stage_error(SST[r]));
+    return W->rc[r] = rc;
+}
+
+static void stale_checks(void) {
+    static bnd_world W;
+    static bw g_ref[BMAXW];
+    static pp_step_stats s_ref[BMAXW];
+    static pp_action acts[64];
+    static const char* what[3] = {"", "the gathers' slices", "the next layer's all-reduce blocks"};
+    pp_error err;
+    int run, r, t, world = 4, n_ok, n_ok1, same;
+    b_fill();
+    memset(&W, 0, sizeof W);
+    W.p = 2, W.tp = 2, W.split = 1, W.off_rank = -1, W.to = 1;
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 64, &W.sc, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_partition_uniform(BN + 1, 2, W.first, &err) == PP_OK, "%s", err.msg);
+    W.b.m = 4;
+    W.b.input.data = BX;
+    W.b.input.rows = 16; /* 4 rows a micro-batch: every message of a kind the same size */
+    W.b.input.cols = BK;
+    W.b.input.dtype = PP_F32;
+    W.b.targets = BT;
+    W.b.target_row_bytes = BK * sizeof(float);
+    /* 0: the reference, one clean step. Then a failed step and a clean one, the fault in world
+       rank 1's last layer of stage 0 (left behind: gather slices sent to it and to stage 1's TP
+       rank 1), or in its layer 1 (world rank 0's layer 2 all-reduce block to it). */
+    for (run = 0; run < 3; run++) {
+        memset(W.g, 0, sizeof W.g);
+        memset(W.rc, 0, sizeof W.rc);
+        for (r = 0; r < world; r++) b_weights(&W.w[r], W.tp, r % W.tp, 0);
+        CHECK(pp_threads_create(world, &W.tpw, &err) == PP_OK, "%s", err.msg);
+        for (t = 0; t < W.tp; t++) CHECK(pp_threads_create(W.p, &W.pipes[t], &err) == PP_OK, "%s", err.msg);
+        n_ok1 = 0;
+        if (run > 0) {
+            W.w[1].fail_layer = run == 1 ? W.first[1] - 1 : 1, W.w[1].fail_mb = 1;
+            pp_threads_run(world, stale_rank, &W, &err);
+            for (r = 0; r < world; r++) {
+                n_ok1 += W.rc[r] == PP_OK;
+                if (getenv("PP_TEST_VERBOSE")) printf("stale %d: step 1: world rank %d: %s: %s\n", run, r, pp_result_str(W.rc[r]), W.msg[r]);
+            }
+            CHECK(W.rc[1] == PP_ERR_LAYER, "stale %d: step 1 on world rank 1: %s (%s), want the layer's error", run,
+                  pp_result_str(W.rc[1]), W.msg[1]);
+            for (t = 0; t < W.tp; t++) pp_threads_reset(W.pipes[t]); /* not the TP world: never aborted */
+            W.w[1].fail_layer = 0;
+            memset(W.g, 0, sizeof W.g);
+            memset(W.rc, 0, sizeof W.rc);
+            memset(W.stats, 0, sizeof W.stats);
+        }
+        pp_threads_run(world, stale_rank, &W, &err);
+        for (r = 0; r < world; r++) {
+            pp_stage_destroy(SST[r]);
+            SST[r] = NULL;
+        }
+        pp_threads_destroy(W.tpw);
+        for (t = 0; t < W.tp; t++) pp_threads_destroy(W.pipes[t]);
+        if (run == 0) {
+            for (r = 0; r < world; r++) CHECK(W.rc[r] == PP_OK, "stale: the reference step, world rank %d: %s", r, W.msg[r]);
+            memcpy(g_ref, W.g, sizeof g_ref);
+            memcpy(s_ref, W.stats, sizeof s_ref);
+            continue;
+        }
+        for (r = 0, n_ok = 0, same = 1; r < world; r++) {
+            int eq = memcmp(W.g[r].w, g_ref[r].w, sizeof W.g[r].w) == 0 && W.stats[r].has_loss == s_ref[r].has_loss &&
+                     memcmp(&W.stats[r].loss, &s_ref[r].loss, sizeof(float)) == 0;
+            n_ok += W.rc[r] == PP_OK;
+            same &= eq;
+            CHECK(W.rc[r] != PP_OK || eq,
+                  "stale %d: the step after the failed one returned PP_OK on world rank %d (stage rank %d, TP rank %d) with "
+                  "other gradients or loss than a clean step's (loss %.9g, want %.9g): the failed step's %s were taken",
+                  run, r, r / W.tp, r % W.tp, (double)W.stats[r].loss, (double)s_ref[r].loss, what[run]);
+            CHECK(W.rc[r] == PP_OK, "stale %d: the step after the failed one, world rank %d: %s (%s)", run, r,
+                  pp_result_str(W.rc[r]), W.msg[r]);
+        }
+        CHECK(n_ok == 0 || n_ok == world, "stale %d: the step after the failed one: PP_OK on %d of %d ranks", run, n_ok, world);
+        printf("stale: a layer failing on TP rank 1 leaves %s behind: step 1 failed on %d of %d ranks, step 2 PP_OK on %d, "
+               "%s\n", what[run], world - n_ok1, world, n_ok, n_ok == world && same ? "bit-exact" : n_ok ? "WRONG" : "failed");
+    }
+}
+
 int main(int argc, char** argv) {
     const char* only = argc > 1 ? argv[1] : NULL;
     if (!only || !strcmp(only, "grid")) grid_checks();
@@ -1018,5 +1147,6 @@ int main(int argc, char** argv) {
     if (!only || !strcmp(only, "refuse")) refuse_checks();
     if (!only || !strcmp(only, "layer")) layer_checks();
     if (!only || !strcmp(only, "boundary")) boundary_checks();
+    if (!only || !strcmp(only, "stale")) stale_checks();
     return TEST_DONE("test_tp");
 }

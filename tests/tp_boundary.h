@@ -20,6 +20,8 @@ typedef struct bw {
     int extra; /* 1: two more boundary tensors, both replicated: positions (rows, 3) i32, checked by
                   every layer, and a side path (rows, 2) f32 into the loss (its gradient back) */
     float w[BN][BK * BK]; /* this TP rank's rows of each layer's W: (BK / tp, BK) */
+    int fail_layer, fail_mb; /* fail_layer > 0: that layer's forward of micro-batch fail_mb returns an
+                                error after its collective (test_tp.c "stale") */
 } bw;
 
 static float BX[BMAXR * BK], BT[BMAXR * BK], BW[BN][BK * BK];
@@ -80,6 +82,7 @@ static int b_fwd(const void* weights, int layer, pp_layer_io* io) {
         else bad |= pp_tp_allreduce(&c->tp, y, (size_t)rows * BK, PP_F32, &err) != PP_OK;
     }
     free(tmp);
+    if (w->fail_layer > 0 && w->fail_layer == layer && io->mb->index == w->fail_mb) return 9;
     return bad ? 4 + bad : 0;
 }
 
