@@ -273,8 +273,12 @@ $(B)/ckpt-ctl-no-checksum: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(
 	$(CC) $(BASE) -DPP_TEST_NO_CKPT_CHECKSUM $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/ckpt-ctl-tp-order: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_CKPT_TP_ORDER $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum $(B)/ckpt-ctl-tp-order
-	printf '#!/bin/sh\nexec sh tests/controls.sh ckpt-controls "$(B)/ckpt-ctl-no-checksum corrupt" "$(B)/ckpt-ctl-tp-order tp"\n' > $@
+# A sharded save whose write fails on TP rank 0: without the outcome sent to the other TP ranks
+# (PP_TEST_CKPT_TP_OUTCOME_OFF) they return PP_OK, and test_ckpt tp fails.
+$(B)/ckpt-ctl-tp-outcome-off: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_CKPT_TP_OUTCOME_OFF $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum $(B)/ckpt-ctl-tp-order $(B)/ckpt-ctl-tp-outcome-off
+	printf '#!/bin/sh\nexec sh tests/controls.sh ckpt-controls "$(B)/ckpt-ctl-no-checksum corrupt" "$(B)/ckpt-ctl-tp-order tp" "$(B)/ckpt-ctl-tp-outcome-off tp"\n' > $@
 	chmod +x $@
 # Checkpoints through examples/gpt_cpu.c (tests/test_resume.sh): --check-resume, and files saved
 # at p = 4 interleaved and resumed at p = 2 1F1B equal to an uninterrupted run's, byte for byte.

@@ -2194,8 +2194,8 @@ typedef struct pp_ckpt_desc {
        own flags and shards. A save gathers the slices over tp's transport (isend/irecv) to tp's
        first rank, which alone writes (header and records, as records_only says); the others send
        and write nothing (pp_ckpt_save's io may be NULL there; pp_ckpt_save_file and _mem touch
-       neither file nor buffer), so the save's outcome is tp's first rank's (a failed write there
-       is not seen by the senders). Each wait has tp's deadline. A load: each rank reads the
+       neither file nor buffer); the first rank then sends them its outcome, so a save that fails
+       there (a write, the disk) fails on every TP rank. Each wait has tp's deadline. A load: each rank reads the
        records and takes its slices. */
     const pp_group* tp;
     const pp_ckpt_shard* shards;    /* n_shards buffers split over tp, at most one entry a buffer */
@@ -7328,6 +7328,7 @@ pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks
 
 #define _PP_TAG_TIED 0x7ffffff8
 #define _PP_TAG_CKPT_TP 0x7ffffff6 /* a checkpoint's slices, to the TP group's first rank */
+#define _PP_TAG_CKPT_OUT 0x7ffffff7 /* the first rank's save outcome, to every other TP rank */
 static pp_result _pp_tied_check(const pp_transport* t, const int pair[2], int* role, pp_error* err) {
     if (!t || !pair) return _pp_fail(err, PP_ERR_INVALID, "tied layers need a transport and a rank pair");
     if (pair[0] < 0 || pair[1] < 0 || pair[0] >= t->size || pair[1] >= t->size)
@@ -13094,7 +13095,7 @@ static pp_result _pp_ckpt_gather(const _pp_ckpt* c, int l, int s, unsigned char*
     return PP_OK;
 }
 
-pp_result pp_ckpt_save(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_error* err) {
+static pp_result _pp_ckpt_save_io(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_error* err) {
     static const unsigned char zeros[8] = {0};
     _pp_ckpt c;
     unsigned char *head = NULL, *stage = NULL, *tmp = NULL, r[_PP_CKPT_REC];
@@ -13561,6 +13562,59 @@ static void _pp_ckpt_sync_dir(const char* path, char* dir, size_t cap) {
 #endif
 }
 
+/* With d->tp over several ranks: the save's outcome made the same on every TP rank. The first rank
+   writes, the others only send their slices and cannot see a write fail, so the first sends its
+   result (an int32) to each of the others, which wait for it with tp's deadline and return it
+   where theirs was PP_OK: a save fails on every TP rank or none (PP_TEST_CKPT_TP_OUTCOME_OFF: the
+   senders' own result, as before; the negative control in build/ckpt-controls). */
+static pp_result _pp_ckpt_tp_outcome(const pp_ckpt_desc* d, pp_result rc, pp_error* err) {
+#ifdef PP_TEST_CKPT_TP_OUTCOME_OFF
+    (void)d;
+    (void)err;
+    return rc;
+#else
+    const pp_group* g = d ? d->tp : NULL;
+    const pp_transport* t;
+    int n, k, me = -1, first;
+    int32_t out = (int32_t)rc;
+    pp_request rq;
+    pp_result tr;
+    pp_error e2;
+    if (!g || !g->t || !g->t->isend || !g->t->irecv || !g->t->wait) return rc;
+    t = g->t;
+    n = g->ranks ? g->n_ranks : t->size;
+    if (n <= 1) return rc;
+    for (k = 0; k < n; k++)
+        if ((g->ranks ? g->ranks[k] : k) == t->rank) me = k;
+    if (me < 0) return rc; /* not a member: the save refused it already */
+    first = g->ranks ? g->ranks[0] : 0;
+    if (me == 0) {
+        for (k = 1; k < n; k++) {
+            if ((tr = t->isend(t->self, g->ranks ? g->ranks[k] : k, _PP_TAG_CKPT_OUT, &out, sizeof out, &rq)) != PP_OK ||
+                (tr = t->wait(t->self, &rq, g->timeout_s, &e2)) != PP_OK)
+                return rc != PP_OK ? rc
+                                   : _pp_fail(err, tr, "checkpoint: TP rank 0 telling TP rank %d the save's outcome: %s", k,
+                                              e2.msg);
+        }
+        return rc;
+    }
+    out = (int32_t)PP_ERR_TIMEOUT;
+    if ((tr = t->irecv(t->self, first, _PP_TAG_CKPT_OUT, &out, sizeof out, &rq)) != PP_OK ||
+        (tr = t->wait(t->self, &rq, g->timeout_s, &e2)) != PP_OK)
+        return rc != PP_OK ? rc
+                           : _pp_fail(err, tr, "checkpoint: TP rank %d waiting for TP rank 0's save outcome (rank %d): %s", me,
+                                      first, e2.msg);
+    if (rc == PP_OK && out != (int32_t)PP_OK)
+        return _pp_fail(err, (pp_result)out, "checkpoint: the save failed on TP rank 0 (rank %d), which writes the file: %s",
+                        first, pp_result_str((pp_result)out));
+    return rc;
+#endif
+}
+
+pp_result pp_ckpt_save(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_error* err) {
+    return _pp_ckpt_tp_outcome(d, _pp_ckpt_save_io(d, io, err), err);
+}
+
 /* With d->tp: this rank is not the TP group's first, so a save only sends its slices. */
 static int _pp_ckpt_tp_sender(const pp_ckpt_desc* d) {
     const pp_group* g = d ? d->tp : NULL;
@@ -13569,9 +13623,9 @@ static int _pp_ckpt_tp_sender(const pp_ckpt_desc* d) {
     return g->t->size > 1 && g->t->rank != 0;
 }
 
-/* pp_ckpt_save_file, with a fault for each write (tests; NULL: none). */
-static pp_result _pp_ckpt_save_path(const pp_ckpt_desc* d, const char* path, size_t (*fault)(void*, uint64_t, size_t),
-                                    void* fault_user, pp_error* err) {
+/* _pp_ckpt_save_path on this rank alone (the outcome not yet agreed over TP). */
+static pp_result _pp_ckpt_save_path_1(const pp_ckpt_desc* d, const char* path, size_t (*fault)(void*, uint64_t, size_t),
+                                      void* fault_user, pp_error* err) {
     _pp_ckpt c;
     _pp_ckpt_file w;
     pp_ckpt_io io;
@@ -13580,7 +13634,7 @@ static pp_result _pp_ckpt_save_path(const pp_ckpt_desc* d, const char* path, siz
     size_t cap = 0;
     int in_place;
     if (!path) return _pp_fail(err, PP_ERR_INVALID, "checkpoint save: path is NULL");
-    if (_pp_ckpt_tp_sender(d)) return pp_ckpt_save(d, NULL, err); /* the file is TP rank 0's */
+    if (_pp_ckpt_tp_sender(d)) return _pp_ckpt_save_io(d, NULL, err); /* the file is TP rank 0's */
     /* everything a save checks, the layers' data included, before the path is touched */
 #ifdef PP_TEST_CKPT_IN_PLACE
     rc = _pp_ckpt_prepare(&c, d, 0, err); /* as before: the layers' data unchecked */
@@ -13616,7 +13670,7 @@ static pp_result _pp_ckpt_save_path(const pp_ckpt_desc* d, const char* path, siz
     io.write = _pp_ckpt_fwrite;
     io.read = NULL;
     io.ctx = &w;
-    rc = pp_ckpt_save(d, &io, err);
+    rc = _pp_ckpt_save_io(d, &io, err);
     if (rc == PP_OK && _pp_ckpt_sync(w.f) != 0)
         rc = _pp_fail(err, PP_ERR_IO, "writing '%s' failed: %s", tmp ? tmp : path, strerror(errno));
     if (fclose(w.f) != 0 && rc == PP_OK) rc = _pp_fail(err, PP_ERR_IO, "closing '%s': %s", tmp ? tmp : path, strerror(errno));
@@ -13631,6 +13685,13 @@ static pp_result _pp_ckpt_save_path(const pp_ckpt_desc* d, const char* path, siz
     if (tmp && rc == PP_OK) _pp_ckpt_sync_dir(path, tmp, cap);
     PP_FREE(tmp);
     return rc;
+}
+
+/* pp_ckpt_save_file, with a fault for each write (tests; NULL: none); the outcome the same on every
+   TP rank. */
+static pp_result _pp_ckpt_save_path(const pp_ckpt_desc* d, const char* path, size_t (*fault)(void*, uint64_t, size_t),
+                                    void* fault_user, pp_error* err) {
+    return _pp_ckpt_tp_outcome(d, _pp_ckpt_save_path_1(d, path, fault, fault_user, err), err);
 }
 
 pp_result pp_ckpt_save_file(const pp_ckpt_desc* d, const char* path, pp_error* err) {
@@ -13656,13 +13717,13 @@ pp_result pp_ckpt_load_file(const pp_ckpt_desc* d, const char* path, pp_ckpt_inf
     return rc;
 }
 
-pp_result pp_ckpt_save_mem(const pp_ckpt_desc* d, void* buf, size_t cap, pp_error* err) {
+static pp_result _pp_ckpt_save_mem_1(const pp_ckpt_desc* d, void* buf, size_t cap, pp_error* err) {
     _pp_ckpt_mem m;
     pp_ckpt_io io;
     uint64_t need = 0;
     pp_result rc;
     if (!buf) return _pp_fail(err, PP_ERR_INVALID, "checkpoint save: buf is NULL");
-    if (_pp_ckpt_tp_sender(d)) return pp_ckpt_save(d, NULL, err); /* the buffer is TP rank 0's */
+    if (_pp_ckpt_tp_sender(d)) return _pp_ckpt_save_io(d, NULL, err); /* the buffer is TP rank 0's */
     if ((rc = pp_ckpt_size(d, &need, err)) != PP_OK) return rc;
     if (need > cap)
         return _pp_fail(err, PP_ERR_SIZE, "checkpoint save: the buffer has %zu bytes, the checkpoint needs %llu", cap,
@@ -13672,7 +13733,11 @@ pp_result pp_ckpt_save_mem(const pp_ckpt_desc* d, void* buf, size_t cap, pp_erro
     io.write = _pp_ckpt_mwrite;
     io.read = NULL;
     io.ctx = &m;
-    return pp_ckpt_save(d, &io, err);
+    return _pp_ckpt_save_io(d, &io, err);
+}
+
+pp_result pp_ckpt_save_mem(const pp_ckpt_desc* d, void* buf, size_t cap, pp_error* err) {
+    return _pp_ckpt_tp_outcome(d, _pp_ckpt_save_mem_1(d, buf, cap, err), err);
 }
 
 pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes, pp_ckpt_info* info, pp_error* err) {

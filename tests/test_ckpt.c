@@ -1080,6 +1080,7 @@ static int tp_copy(void* user, void* dst, const void* src, size_t bytes) { /* a 
 
 typedef struct tprun {
     int pp, tp, load, to_file;
+    double timeout;             /* the TP group's deadline (0: 20 s) */
     int copies[TPMAX * 2];      /* pp = 2: through the copy hook (pp_ckpt_desc.copy), counted */
     pp_threads* all;
     unsigned char* img;         /* the save's image (shared), or the file to load */
@@ -1108,7 +1109,7 @@ static pp_result tp_ckpt_rank(int wr, void* user) {
     g.t = &t;
     g.ranks = ranks;
     g.n_ranks = R->tp;
-    g.timeout_s = 20;
+    g.timeout_s = R->timeout > 0 ? R->timeout : 20;
     tp_bind(st, mem, k, R->tp, !R->load);
     tp_desc(&d, st, stp, names);
     for (l = 0; l < TPL; l++) own[l] = (unsigned char)(l * R->pp / TPL == pr);
@@ -1226,6 +1227,22 @@ static void test_tp(void) {
               "save_file tp=2: %zu bytes, differ from tp = 1's at byte %zu", got, tp_first_diff(img, ref, got));
         if (f) fclose(f);
         remove(path);
+        pp_threads_destroy(R.all);
+    }
+    { /* the write fails on TP rank 0 (a path in no directory): the other TP ranks, which only send,
+         return its failure too (a save fails on every TP rank or none) */
+        tprun R;
+        memset(&R, 0, sizeof R);
+        R.pp = 1;
+        R.tp = 2;
+        R.to_file = 1;
+        R.timeout = 5;
+        R.path = "/nonexistent-pp-test-dir/tp.ckpt";
+        CHECK(pp_threads_create(2, &R.all, &err) == PP_OK, "threads: %s", err.msg);
+        CHECK(pp_threads_run(2, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
+        CHECK(R.rc[0] != PP_OK && R.rc[1] == R.rc[0] && strstr(R.msg[1], "TP rank 0"),
+              "save_file tp=2 into no directory: TP rank 0 %s (%s), TP rank 1 %s (%s): want the same failure on both",
+              pp_result_str(R.rc[0]), R.msg[0], pp_result_str(R.rc[1]), R.msg[1]);
         pp_threads_destroy(R.all);
     }
     for (tp = 1; tp <= TPMAX; tp *= 2)
