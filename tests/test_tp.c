@@ -644,31 +644,39 @@ typedef struct bnd_world {
     char msg[BMAXW][sizeof(((pp_error*)0)->msg)];
 } bnd_world;
 
+/* World rank r's TP group (over tpt, NULL: none; its members the ranks of its stage) in its layer
+   context, and the stage desc every mode gives it: its model, weights, gradients, schedule,
+   partition, pipe transport and deadline to. */
+static void bnd_desc(bnd_world* W, int r, const pp_transport* tpt, double to, pp_stage_desc* d) {
+    int pr = r / W->tp, t = r % W->tp, i;
+    for (i = 0; i < W->tp; i++) W->group[r][i] = pr * W->tp + i;
+    W->ctx[r].tp.t = tpt;
+    W->ctx[r].tp.ranks = W->group[r];
+    W->ctx[r].tp.n_ranks = W->tp;
+    W->ctx[r].tp.timeout_s = to;
+    W->ctx[r].tp_rank = t;
+    memset(d, 0, sizeof *d);
+    b_model(&d->model);
+    d->weights = &W->w[r];
+    d->grads = &W->g[r];
+    d->schedule = &W->sc;
+    d->partition = W->first;
+    d->rank = pr;
+    d->transport = pp_threads_transport(W->pipes[t], pr);
+    d->timeout_s = to;
+    d->layer_ctx = &W->ctx[r];
+}
+
 static pp_result bnd_rank(int r, void* user) {
     bnd_world* W = (bnd_world*)user;
-    int pr = r / W->tp, t = r % W->tp, i;
+    int pr = r / W->tp, t = r % W->tp;
     pp_stage_desc d;
     pp_stage* st = NULL;
     pp_transport tpt = pp_threads_transport(W->tpw, r);
     pp_error err;
     pp_result rc;
-    for (i = 0; i < W->tp; i++) W->group[r][i] = pr * W->tp + i;
-    W->ctx[r].tp.t = W->tp > 1 ? &tpt : NULL;
-    W->ctx[r].tp.ranks = W->group[r];
-    W->ctx[r].tp.n_ranks = W->tp;
-    W->ctx[r].tp.timeout_s = W->to > 0 ? W->to : 20;
-    W->ctx[r].tp_rank = t;
-    memset(&d, 0, sizeof d);
-    b_model(&d.model);
-    d.weights = &W->w[r];
-    d.grads = &W->g[r];
-    d.schedule = &W->sc;
-    d.partition = W->first;
-    d.rank = pr;
-    d.transport = pp_threads_transport(W->pipes[t], pr);
-    d.timeout_s = W->to > 0 ? W->to : 20;
+    bnd_desc(W, r, W->tp > 1 ? &tpt : NULL, W->to > 0 ? W->to : 20, &d);
     d.shapes = W->shapes;
-    d.layer_ctx = &W->ctx[r];
     d.tp = W->split && r != W->off_rank ? &W->ctx[r].tp : NULL;
     d.allow_nonfinite_loss = 1; /* a broken split (the negative controls) gives wrong numbers, not a failed step */
     if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
@@ -1028,29 +1036,13 @@ static pp_transport STP[BMAXW];
 
 static pp_result stale_rank(int r, void* user) {
     bnd_world* W = (bnd_world*)user;
-    int pr = r / W->tp, t = r % W->tp, i;
     pp_result rc;
     if (!SST[r]) {
         pp_stage_desc d;
         pp_error err;
         STP[r] = pp_threads_transport(W->tpw, r);
-        for (i = 0; i < W->tp; i++) W->group[r][i] = pr * W->tp + i;
-        W->ctx[r].tp.t = &STP[r];
-        W->ctx[r].tp.ranks = W->group[r];
-        W->ctx[r].tp.n_ranks = W->tp;
-        W->ctx[r].tp.timeout_s = W->to;
-        W->ctx[r].tp_rank = t;
-        memset(&d, 0, sizeof d);
-        b_model(&d.model);
-        d.weights = &W->w[r];
-        d.grads = &W->g[r];
-        d.schedule = &W->sc;
-        d.partition = W->first;
-        d.rank = pr;
-        d.transport = pp_threads_transport(W->pipes[t], pr);
-        d.timeout_s = W->to;
+        bnd_desc(W, r, &STP[r], W->to, &d);
         d.shapes = PP_SHAPES_LOCAL;
-        d.layer_ctx = &W->ctx[r];
         d.tp = &W->ctx[r].tp;
         d.allow_nonfinite_loss = 1;
         if ((rc = pp_stage_create(&d, &SST[r], &err)) != PP_OK) {
