@@ -249,30 +249,25 @@ int main(int argc, char** argv) {
         goto cleanup;
     }
     for (l = 0; l < d.model.n_layers; l++) own[l] = pp_schedule_layer_rank(&sched, first, l) == prank;
-    if (c.resume && tp > 1) { /* each rank its own layers, whole, then its shard of them */
-        pp_ckpt_desc k;
-        ok = gpt_full_alloc(&full, &T) == 0;
-        if (ok) {
-            k = gpt_ckpt_of(&d.model, "gpt", &full.w, full.moments, own, 0);
-            ok = gpt_ckpt_load_path(&k, c.resume, &from) == 0;
+    if (c.resume) { /* each rank its own layers (with --tp: whole, then its shard of them); every rank must have them */
+        if (tp > 1) {
+            pp_ckpt_desc k;
+            ok = gpt_full_alloc(&full, &T) == 0;
+            if (ok) {
+                k = gpt_ckpt_of(&d.model, "gpt", &full.w, full.moments, own, 0);
+                ok = gpt_ckpt_load_path(&k, c.resume, &from) == 0;
+            }
+            if (ok) gpt_full_shard(&T, &full, 0);
+        } else {
+            ok = gpt_trainer_resume(&T, &d.model, c.resume, own, &from) == 0;
         }
-        if (ok) gpt_full_shard(&T, &full, 0);
         MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
         if (!ok) goto cleanup;
         if (from >= c.steps) {
             fprintf(stderr, "--resume %s: it is at step %d, --steps %d leaves nothing to do\n", c.resume, from, c.steps);
             goto cleanup;
         }
-        printf("resumed from %s at step %d, each TP rank its shard\n", c.resume, from);
-    } else if (c.resume) { /* each rank its own layers; every rank must have them */
-        ok = gpt_trainer_resume(&T, &d.model, c.resume, own, &from) == 0;
-        MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        if (!ok) goto cleanup;
-        if (from >= c.steps) {
-            fprintf(stderr, "--resume %s: it is at step %d, --steps %d leaves nothing to do\n", c.resume, from, c.steps);
-            goto cleanup;
-        }
-        printf("resumed from %s at step %d\n", c.resume, from);
+        printf("resumed from %s at step %d%s\n", c.resume, from, tp > 1 ? ", each TP rank its shard" : "");
     }
     pp_schedule_stage_to_rank(&sched, c.p * c.v - 1, &last, &chunk);
     last_world = pp_grid_rank_tp(&pg, last, 0, 0); /* holds the losses */
