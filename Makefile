@@ -287,7 +287,7 @@ $(B)/gpt-resume: tests/test_resume.sh tests/gpt_script.sh $(B)/gpt_cpu
 # The loop around the step in examples/gpt_cpu.c (tests/test_trainer.sh): --eval-every's val
 # loss equal to pp_sequential_eval's bits at p = 4, 2, 1, a run with evaluations saving the bytes
 # of one without, AdamW's decay and the warm-up's rate.
-$(B)/gpt-trainer: tests/test_trainer.sh tests/gpt_script.sh $(B)/gpt_cpu
+$(B)/gpt-trainer: tests/test_trainer.sh tests/gpt_script.sh tests/tp_lines.sh $(B)/gpt_cpu
 	@printf '#!/bin/sh\nexec sh tests/test_trainer.sh $(B)/gpt_cpu\n' > $@ && chmod +x $@
 # Its --dtype bf16 part's negative control: a gpt_cpu whose --dtype bf16 leaves the activations
 # f32 (-DPP_TEST_NO_GPT_BF16): the bytes are not halved nor the loss another, and it must fail.

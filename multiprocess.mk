@@ -227,7 +227,7 @@ $(B)/tp-mpi-ctl-no-gather: tests/test_tp_mpi.c $(TEST_HDRS) $(HEADERS) pipeline_
 $(B)/mpi-tp-controls: tests/controls.sh $(B)/tp-mpi-ctl-unordered $(B)/tp-mpi-ctl-no-gather
 	printf '#!/bin/sh\nexec sh tests/controls.sh mpi-tp-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-unordered" "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-no-gather"\n' > $@
 	chmod +x $@
-$(B)/mpi-gpt-tp: tests/test_gpt_tp.sh $(B)/gpt_mpi
+$(B)/mpi-gpt-tp: tests/test_gpt_tp.sh tests/tp_lines.sh $(B)/gpt_mpi
 	@printf '#!/bin/sh\nexec timeout 300 sh tests/test_gpt_tp.sh $(B)/gpt_mpi $(MPIRUN) $(MPIRUN_FLAGS)\n' > $@ && chmod +x $@
 $(B)/mpi-ctl-gpt-tp-norow: examples/gpt_mpi.c $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) -DPP_TEST_GPT_TP_NO_ROW_REDUCE $(CTL_CFLAGS) $< -o $@ $(LDLIBS)
@@ -247,7 +247,7 @@ $(B)/mpi-resume: tests/test_resume.sh tests/gpt_script.sh $(B)/gpt_cpu $(B)/gpt_
 	@printf '#!/bin/sh\nexec timeout 300 sh tests/test_resume.sh $(B)/gpt_cpu $(B)/gpt_mpi $(MPIRUN) $(MPIRUN_FLAGS)\n' > $@ && chmod +x $@
 # the held-out evaluation over two ranks: pp_sequential_eval's bits, gpt_cpu's val losses
 # (tests/test_trainer.sh)
-$(B)/mpi-trainer: tests/test_trainer.sh tests/gpt_script.sh $(B)/gpt_cpu $(B)/gpt_mpi
+$(B)/mpi-trainer: tests/test_trainer.sh tests/gpt_script.sh tests/tp_lines.sh $(B)/gpt_cpu $(B)/gpt_mpi
 	@printf '#!/bin/sh\nexec timeout 300 sh tests/test_trainer.sh $(B)/gpt_cpu $(B)/gpt_mpi $(MPIRUN) $(MPIRUN_FLAGS)\n' > $@ && chmod +x $@
 
 # make test runs the MPI scripts and test_nccl after the other tests (tests/run.sh sums them all)

@@ -105,14 +105,7 @@ tp() { # --tp 2: every stage's layers split over two TP ranks' threads (pp_pipel
     "$cpu" $t --tp 3 > "$tmp.out" 2>&1
     check "--tp 3 with 4 heads is refused" "[ \$? -eq 2 ] && grep -q -- '--tp 3: the heads (--heads 4) and the vocabulary (256) must split evenly' '$tmp.out'"
 }
-tpline() { sed -n 's/^tp [0-9]* losses //p' "$1"; } # "L0 L1 L2 norms N0 N1 N2"
-tpclose() { # tpclose A B: every number of line A within 1e-5 relative of line B's
-    [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN {
-        n = split(a, x, " "); m = split(b, y, " "); if (n != m || n < 5) exit 1
-        for (i = 1; i <= n; i++) { if (x[i] == "norms") continue
-            d = x[i] - y[i]; if (d < 0) d = -d; r = y[i] < 0 ? -y[i] : y[i]; if (d > 1e-5 * r) exit 1 }
-        exit 0 }'
-}
+. "${0%/*}/tp_lines.sh"
 if [ "$TRAINER_PART" = tp ]; then
     name="$name tp"
     tp
