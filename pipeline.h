@@ -13575,18 +13575,13 @@ static pp_result _pp_ckpt_tp_outcome(const pp_ckpt_desc* d, pp_result rc, pp_err
 #else
     const pp_group* g = d ? d->tp : NULL;
     const pp_transport* t;
-    int n, k, me = -1, first;
+    int n = pp_group_size(g), me = pp_group_rank(g), k, first;
     int32_t out = (int32_t)rc;
     pp_request rq;
     pp_result tr;
     pp_error e2;
-    if (!g || !g->t || !g->t->isend || !g->t->irecv || !g->t->wait) return rc;
+    if (n <= 1 || me < 0 || !g->t->isend || !g->t->irecv || !g->t->wait) return rc; /* me < 0: refused already */
     t = g->t;
-    n = g->ranks ? g->n_ranks : t->size;
-    if (n <= 1) return rc;
-    for (k = 0; k < n; k++)
-        if ((g->ranks ? g->ranks[k] : k) == t->rank) me = k;
-    if (me < 0) return rc; /* not a member: the save refused it already */
     first = g->ranks ? g->ranks[0] : 0;
     if (me == 0) {
         for (k = 1; k < n; k++) {
