@@ -231,12 +231,6 @@ static pp_model g_model(void) {
     return m;
 }
 
-static double g_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static float GX[2 * GMAXM * GR * GK], GT[2 * GMAXM * GR * GK];
 static gmodel GW1, GWT[2][2]; /* the whole weights; [tp - 1][t]: TP rank t's rows */
 
@@ -413,7 +407,7 @@ static void grid_case(int kind, int p, int m, int dp, int tp, double dp_scale, i
         }
     }
     if (ok && inject) { /* a failure on one rank fails the step on every rank; the next step is exact */
-        double t0 = g_now();
+        double t0 = hx_now();
         char want[64];
         if (inject == 2) GWR[fail_rank].fail = 1; /* its sends (p > 1) */
         else fault[0] = fail_rank;                /* its first layer call */
@@ -429,8 +423,8 @@ static void grid_case(int kind, int p, int m, int dp, int tp, double dp_scale, i
               pp_result_str(rc), pp_pipeline_error(pl));
         for (r = 0; r < W; r++)
             CHECK(pp_pipeline_rank_result(pl, r, NULL) != PP_OK, "%s: rank %d says PP_OK for a failed step", where, r);
-        CHECK(g_now() - t0 < 10, "%s: the failed step took %.1f s (a rank waited for its deadline)", where,
-              g_now() - t0);
+        CHECK(hx_now() - t0 < 10, "%s: the failed step took %.1f s (a rank waited for its deadline)", where,
+              hx_now() - t0);
         GWR[fail_rank].fail = 0;
         fault[0] = -1;
         memset(G, 0, sizeof G);
@@ -822,7 +816,7 @@ static void test_matrix(void) {
     static mresult ref[3][2][2], res; /* [log2 tp][dp - 1][packed]: gpipe, p = 1 */
     char where[160];
     int lt, dp, pk, kind, p, part, idx = 0, cases = 0, good = 0, R = TEST_SANITIZED ? 8 : TEST_SECOND || getenv("PP_QUICK") ? 6 : 3;
-    double worst = 0, t0 = g_now();
+    double worst = 0, t0 = hx_now();
     pp_model model = m_model();
     pp_batch b;
     pp_error err;
@@ -875,7 +869,7 @@ static void test_matrix(void) {
                         }
     printf("matrix (kind, p, partition x tp 1/2/4 x dp 1/2 x dense/packed): %d of %d configurations (of %d + 12) "
            "bit-identical within their (tp, dp, packing), run to run; tp 2/4 within %.3g of tp 1; %.2f s\n",
-           good, cases, idx, worst, g_now() - t0);
+           good, cases, idx, worst, hx_now() - t0);
 }
 
 int main(int argc, char** argv) {
