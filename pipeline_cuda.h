@@ -272,8 +272,9 @@ typedef struct _ppc_rank {
     pp_cuda* c;
     int rank, dev;
     cudaStream_t stream;        /* the stage's compute stream; incoming copies run on it too */
-    cudaStream_t side;          /* early copies of this rank's sends (_ppc_side_copy); NULL: on
-                                   `stream` (more streams than the device has work queues) */
+    cudaStream_t side;          /* early copies of this rank's sends (_ppc_side_copy), made at the
+                                   first (owner thread); NULL: on `stream` */
+    int want_side;              /* the device's work queues leave room for it (_ppc_side_streams) */
     _ppc_msg* queue;            /* messages to this rank posted by one side only */
     _ppc_msg* reading;          /* sent from this rank's device blocks; the copy may still read */
     uint64_t rec_seq;           /* transport events recorded on the stream so far (world lock) */
@@ -686,7 +687,21 @@ static void _ppc_side_copy(pp_cuda* c, _ppc_rank* r, _ppc_msg* m, _ppc_spare* sp
 #ifdef PP_TEST_EARLY_COPY_ON_STREAM /* the negative control of test_cuda_host's early copy test */
     cudaStream_t side = r->stream;
 #else
-    cudaStream_t side = r->side ? r->side : r->stream;
+    cudaStream_t side;
+    /* made at the first early copy, not at create: a stream takes one of the device's hardware
+       work queues whether used or not, and pp_cuda's device ops alone (under pipeline_nccl.h,
+       whose queue count has no room for it) never make one; failing, the copy goes on `stream` */
+    if (r->want_side && !r->side) {
+        int cur = -1;
+        if (cudaGetDevice(&cur) != cudaSuccess || (cur != r->dev && cudaSetDevice(r->dev) != cudaSuccess) ||
+            cudaStreamCreateWithFlags(&r->side, cudaStreamNonBlocking) != cudaSuccess) {
+            (void)cudaGetLastError();
+            r->side = NULL;
+        }
+        if (cur >= 0 && cur != r->dev) (void)cudaSetDevice(cur);
+        r->want_side = 0; /* made, or not to be tried again */
+    }
+    side = r->side ? r->side : r->stream;
 #endif
     int own = side == r->stream; /* no side stream: stream order already puts it after the data */
     cudaError_t e = cudaSuccess;
@@ -1317,6 +1332,7 @@ pp_result pp_cuda_create(const pp_cuda_desc* d, pp_cuda** out, pp_error* err) {
         r->c = c;
         r->rank = i;
         r->dev = d->devices ? d->devices[i] : 0;
+        r->want_side = _ppc_side_streams(c, d, r->dev);
         if (!(r->seen = (uint64_t*)_pp_calloc((size_t)c->n, sizeof(uint64_t))) ||
             !(r->seen_side = (uint64_t*)_pp_calloc((size_t)c->n, sizeof(uint64_t)))) {
             pp_cuda_destroy(c);
@@ -1325,7 +1341,9 @@ pp_result pp_cuda_create(const pp_cuda_desc* d, pp_cuda** out, pp_error* err) {
         }
         if ((e = cudaSetDevice(r->dev)) != cudaSuccess ||
             (e = cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+#ifdef PP_CUDA_TEST_EAGER_SIDE /* negative control (build/nccl-controls): made here, used or not */
             (_ppc_side_streams(c, d, r->dev) && (e = cudaStreamCreateWithFlags(&r->side, cudaStreamNonBlocking)) != cudaSuccess) ||
+#endif
             (e = cudaEventCreate(&r->origin)) != cudaSuccess) {
             pp_cuda_destroy(c);
             *out = NULL;

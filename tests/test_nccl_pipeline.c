@@ -448,8 +448,24 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
    and ZB-H2 run. At CUDA's default 8 queues the default makes 2 channels and a schedule that
    needs 4 is refused the same way. Negative control: build/nccl-ctl-old-queues (NCCL's streams
    not counted: 4 channels on 8 queues) hangs until its deadline. */
+/* Until the streams earlier cases destroyed are gone (the imitation releases a stream's queue
+   once its work is done, on its own thread): at most 2 s. */
+static void streams_settle(void) {
+    fakecuda_stats a, b;
+    int i, still = 0; /* 20 ms without a change */
+    fakecuda_stats_get(&a);
+    for (i = 0; i < 2000 && still < 20; i++) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+        fakecuda_stats_get(&b);
+        still = b.streams_live == a.streams_live ? still + 1 : 0;
+        a = b;
+    }
+}
+
 static void one_queue_case(pp_schedule_kind kind, int p, int m, const char* queues, int* ran, int* refused) {
     world w;
+    uint64_t shared0, made0[MAXP];
     pp_action* acts;
     pp_schedule sc;
     pp_error err;
@@ -466,9 +482,25 @@ static void one_queue_case(pp_schedule_kind kind, int p, int m, const char* queu
     memset(&w, 0, sizeof w);
     w.p = p, w.m = m, w.shapes = PP_SHAPES_LOCAL, w.blocking = 1, w.sched = &sc, w.steps = 2;
     reference(m, w.steps);
+    streams_settle();
+    shared0 = fakecuda_queue_shared();
+    for (r = 0; r < p; r++) made0[r] = fakecuda_streams_made(r); /* rank r's device is r (run_world) */
     setenv("CUDA_DEVICE_MAX_CONNECTIONS", queues, 1);
     (void)run_world(&w);
     setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 1);
+    /* every stream a rank made (the compute stream, each channel's, NCCL's two per communicator:
+       _ppn_queues_need) on a queue of its own. A stream more took a queue of another at two
+       channels on 8 queues: a host receive's copy stream and pp_cuda's unused side stream, and
+       steps hung by chance (build/nccl-ctl-copy-stream, build/nccl-ctl-eager-side) */
+    if (runs && strcmp(queues, "1")) {
+        CHECK(fakecuda_queue_shared() == shared0, "%s p=%d m=%d on %s queues: %llu stream(s) made onto a hardware queue another "
+              "stream held", pp_schedule_name(kind), p, m, queues, (unsigned long long)(fakecuda_queue_shared() - shared0));
+        for (r = 0; r < p; r++)
+            CHECK(fakecuda_streams_made(r) - made0[r] == (uint64_t)(1 + 3 * w.chans[r]),
+                  "%s p=%d m=%d on %s queues: rank %d made %llu streams on its device over %d channel(s); the queue count "
+                  "allows 1 + 3 per channel", pp_schedule_name(kind), p, m, queues, r,
+                  (unsigned long long)(fakecuda_streams_made(r) - made0[r]), w.chans[r]);
+    }
     for (r = 0; r < p; r++) {
         if (runs) {
             CHECK(w.rc[r][0] == PP_OK && w.rc[r][1] == PP_OK && w.chans[r] <= fit,

@@ -228,6 +228,8 @@ static fk_stream* fk_streams;
 static fakecuda_stats fk_st;
 static pthread_cond_t fk_hw_cv = PTHREAD_COND_INITIALIZER; /* a hardware queue moved on */
 static fk_hwq fk_hw[FAKECUDA_DEVICES][64];
+static uint64_t fk_queue_shared; /* streams placed on a queue that already held a live stream */
+static uint64_t fk_streams_made[FAKECUDA_DEVICES];
 
 /* device memory: addresses in [fk_dev, fk_dev + FAKECUDA_ARENA_BYTES), bytes at the same
    offset from fk_rw */
@@ -450,11 +452,13 @@ static inline fk_stream* fk_stream_new(int dev, unsigned flags, int legacy) {
         fk_max_conn = e && *e ? atoi(e) : 8;
         if (fk_max_conn < 0 || fk_max_conn > 64) fk_max_conn = fk_max_conn < 0 ? 0 : 64;
     }
+    if (dev >= 0 && dev < FAKECUDA_DEVICES) fk_streams_made[dev]++;
     if (fk_max_conn > 0 && dev >= 0 && dev < FAKECUDA_DEVICES) {
         int i, best = 0;
         for (i = 1; i < fk_max_conn; i++)
             if (fk_hw[dev][i].streams < fk_hw[dev][best].streams) best = i;
         s->q = &fk_hw[dev][best];
+        if (s->q->streams) fk_queue_shared++;
         s->q->streams++;
     }
     s->rng = (unsigned)(uintptr_t)s;
@@ -1252,6 +1256,24 @@ static inline void fakecuda_stats_reset(void) {
 
 /* Runtime calls the calling thread made so far (every kind). */
 static inline uint64_t fakecuda_thread_calls(void) { return fk_thread_calls; }
+/* Streams made so far onto a hardware queue that already held a live stream (more streams on a
+   device than FAKECUDA_MAX_CONNECTIONS queues: their work then waits behind each other's). */
+static inline uint64_t fakecuda_queue_shared(void) {
+    uint64_t n;
+    pthread_mutex_lock(&fk_mu);
+    n = fk_queue_shared;
+    pthread_mutex_unlock(&fk_mu);
+    return n;
+}
+/* Streams made on device dev so far (a legacy default stream included). */
+static inline uint64_t fakecuda_streams_made(int dev) {
+    uint64_t n;
+    if (dev < 0 || dev >= FAKECUDA_DEVICES) return 0;
+    pthread_mutex_lock(&fk_mu);
+    n = fk_streams_made[dev];
+    pthread_mutex_unlock(&fk_mu);
+    return n;
+}
 
 /* Host waits on device work (as fakecuda_stats.host_waits counts them) plus event and stream
    queries that answered cudaErrorNotReady, made by the calling thread so far: a caller that
