@@ -277,8 +277,12 @@ $(B)/ckpt-ctl-tp-order: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 # (PP_TEST_CKPT_TP_OUTCOME_OFF) they return PP_OK, and test_ckpt tp fails.
 $(B)/ckpt-ctl-tp-outcome-off: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_CKPT_TP_OUTCOME_OFF $(CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum $(B)/ckpt-ctl-tp-order $(B)/ckpt-ctl-tp-outcome-off
-	printf '#!/bin/sh\nexec sh tests/controls.sh ckpt-controls "$(B)/ckpt-ctl-no-checksum corrupt" "$(B)/ckpt-ctl-tp-order tp" "$(B)/ckpt-ctl-tp-outcome-off tp"\n' > $@
+# A sharded save whose slices go to TP rank 0 unasked, under one tag (PP_TEST_CKPT_PUSH, as before):
+# a save that fails on TP rank 0 leaves them queued, and the next save writes them (test_ckpt tp).
+$(B)/ckpt-ctl-tp-push: tests/test_ckpt.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_CKPT_PUSH $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/ckpt-controls: tests/controls.sh $(B)/ckpt-ctl-no-checksum $(B)/ckpt-ctl-tp-order $(B)/ckpt-ctl-tp-outcome-off $(B)/ckpt-ctl-tp-push
+	printf '#!/bin/sh\nexec sh tests/controls.sh ckpt-controls "$(B)/ckpt-ctl-no-checksum corrupt" "$(B)/ckpt-ctl-tp-order tp" "$(B)/ckpt-ctl-tp-outcome-off tp" "$(B)/ckpt-ctl-tp-push tp"\n' > $@
 	chmod +x $@
 # Checkpoints through examples/gpt_cpu.c (tests/test_resume.sh): --check-resume, and files saved
 # at p = 4 interleaved and resumed at p = 2 1F1B equal to an uninterrupted run's, byte for byte.

@@ -7328,7 +7328,8 @@ pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks
 
 #define _PP_TAG_TIED 0x7ffffff8
 #define _PP_TAG_CKPT_TP 0x7ffffff6 /* a checkpoint's slices, to the TP group's first rank */
-#define _PP_TAG_CKPT_OUT 0x7ffffff7 /* the first rank's save outcome, to every other TP rank */
+#define _PP_TAG_CKPT_OUT 0x7ffffff7 /* the first rank's words to every other TP rank: "send" or the outcome */
+#define _PP_CKPT_SEND 0x53454e44    /* "SEND": the first rank asks for the next slice (not a pp_result) */
 static pp_result _pp_tied_check(const pp_transport* t, const int pair[2], int* role, pp_error* err) {
     if (!t || !pair) return _pp_fail(err, PP_ERR_INVALID, "tied layers need a transport and a rank pair");
     if (pair[0] < 0 || pair[1] < 0 || pair[0] >= t->size || pair[1] >= t->size)
@@ -12718,6 +12719,8 @@ typedef struct _pp_ckpt {
     uint64_t max_buf;           /* the largest sharded buffer's bytes (whole) */
     int tp_k, tp_n;             /* this rank's place in d->tp, and its size (1: no TP) */
     int tp_ranks[PP_MAX_RANKS];
+    int32_t* tp_last;           /* a TP rank other than the first: the first's last word, once it came
+                                   (_pp_ckpt_ask; _PP_CKPT_SEND until then), or NULL */
 } _pp_ckpt;
 
 static int _pp_ckpt_owns(const _pp_ckpt* c, int l) { return !c->d->own || c->d->own[l]; }
@@ -13038,10 +13041,42 @@ static int _pp_ckpt_layer_sharded(const _pp_ckpt* c, int l) {
     return 0;
 }
 
+/* A TP rank other than the first: the first rank's next word (_PP_TAG_CKPT_OUT), within the TP
+   group's deadline. A slice goes to the first rank only when it asks for it (_PP_CKPT_SEND); any
+   other word is the save's outcome, its last word (c->tp_final). So a save the first rank gives up
+   (it cannot create its file, a write fails) leaves no slice queued on the TP transport, where
+   the next save would read it as its own: it sends its outcome instead of the next request.
+   Before (PP_TEST_CKPT_PUSH, build/ckpt-controls), every slice was sent unasked, under one tag. */
+static pp_result _pp_ckpt_word(const pp_group* g, int32_t* word, pp_error* err) {
+    const pp_transport* t = g->t;
+    pp_request rq;
+    pp_result rc;
+    *word = (int32_t)PP_ERR_TIMEOUT;
+    if ((rc = t->irecv(t->self, g->ranks ? g->ranks[0] : 0, _PP_TAG_CKPT_OUT, word, sizeof *word, &rq)) != PP_OK)
+        return rc;
+    return t->wait(t->self, &rq, g->timeout_s, err);
+}
+#ifndef PP_TEST_CKPT_PUSH
+static pp_result _pp_ckpt_ask(_pp_ckpt* c, int l, pp_error* err) {
+    int32_t word;
+    pp_result rc = _pp_ckpt_word(c->d->tp, &word, err);
+    if (rc != PP_OK)
+        return _pp_fail(err, rc, "checkpoint: TP rank %d waiting for TP rank 0 (rank %d) to ask for layer %d's slice: %s",
+                        c->tp_k, c->tp_ranks[0], l, err ? err->msg : "");
+    if (word == _PP_CKPT_SEND) return PP_OK;
+    if (c->tp_last) *c->tp_last = word;
+    if (word == (int32_t)PP_OK)
+        return _pp_fail(err, PP_ERR_INVALID, "checkpoint: TP rank 0 (rank %d) finished the save without layer %d's slice "
+                        "of TP rank %d: the ranks' descs differ", c->tp_ranks[0], l, c->tp_k);
+    return _pp_fail(err, (pp_result)word, "checkpoint: the save failed on TP rank 0 (rank %d), which writes the file: %s",
+                    c->tp_ranks[0], pp_result_str((pp_result)word));
+}
+#endif
+
 /* Slot s of layer l, whole, into w (host, c->bytes[l]): on TP rank 0 its own buffers and every
-   other TP rank's slices (received in rank order, into tmp); on the others, only their slices
-   sent to TP rank 0 (through tmp where d->copy is set). */
-static pp_result _pp_ckpt_gather(const _pp_ckpt* c, int l, int s, unsigned char* w, unsigned char* tmp, pp_error* err) {
+   other TP rank's slices (asked for and received in rank order, into tmp); on the others, only
+   their slices sent to TP rank 0 as it asks (through tmp where d->copy is set). */
+static pp_result _pp_ckpt_gather(_pp_ckpt* c, int l, int s, unsigned char* w, unsigned char* tmp, pp_error* err) {
     const pp_ckpt_desc* d = c->d;
     const pp_transport* t = d->tp->t;
     const pp_param* p = c->buf + (size_t)s * c->B + c->first[l];
@@ -13078,12 +13113,24 @@ static pp_result _pp_ckpt_gather(const _pp_ckpt* c, int l, int s, unsigned char*
             }
             if (c->tp_k != 0) {
                 if (!sb) continue;
+#ifndef PP_TEST_CKPT_PUSH
+                if ((rc = _pp_ckpt_ask(c, l, err)) != PP_OK) return rc;
+#endif
                 if ((rc = t->isend(t->self, c->tp_ranks[0], _PP_TAG_CKPT_TP, src, sb, &rq)) != PP_OK ||
                     (rc = t->wait(t->self, &rq, to, err)) != PP_OK)
                     return _pp_fail(err, rc, "checkpoint: TP rank %d sending layer %d (%s) buffer %d of %s to TP rank 0 "
                                     "(rank %d)", c->tp_k, l, _pp_ckpt_lname(c, l), b, c->slot[s], c->tp_ranks[0]);
                 continue;
             }
+#ifndef PP_TEST_CKPT_PUSH
+            if (j != 0 && sb) {
+                int32_t ask = _PP_CKPT_SEND;
+                if ((rc = t->isend(t->self, c->tp_ranks[j], _PP_TAG_CKPT_OUT, &ask, sizeof ask, &rq)) != PP_OK ||
+                    (rc = t->wait(t->self, &rq, to, err)) != PP_OK)
+                    return _pp_fail(err, rc, "checkpoint: TP rank 0 asking TP rank %d (rank %d) for layer %d (%s) buffer %d of %s",
+                                    j, c->tp_ranks[j], l, _pp_ckpt_lname(c, l), b, c->slot[s]);
+            }
+#endif
             if (j != 0 && sb &&
                 ((rc = t->irecv(t->self, c->tp_ranks[j], _PP_TAG_CKPT_TP, tmp, sb, &rq)) != PP_OK ||
                  (rc = t->wait(t->self, &rq, to, err)) != PP_OK))
@@ -13095,13 +13142,16 @@ static pp_result _pp_ckpt_gather(const _pp_ckpt* c, int l, int s, unsigned char*
     return PP_OK;
 }
 
-static pp_result _pp_ckpt_save_io(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_error* err) {
+/* last: where a TP rank other than the first keeps the first's last word should it come during
+   the save (_pp_ckpt_ask; _pp_ckpt_tp_outcome then waits for no other) */
+static pp_result _pp_ckpt_save_io(const pp_ckpt_desc* d, const pp_ckpt_io* io, int32_t* last, pp_error* err) {
     static const unsigned char zeros[8] = {0};
     _pp_ckpt c;
     unsigned char *head = NULL, *stage = NULL, *tmp = NULL, r[_PP_CKPT_REC];
     pp_result rc;
     int l, s, b, writer;
     if ((rc = _pp_ckpt_prepare(&c, d, 1, err)) != PP_OK) goto cleanup;
+    c.tp_last = last;
     writer = c.tp_k == 0; /* with tp, its first rank alone writes */
     if (writer && (!io || !io->write)) {
         rc = _pp_fail(err, PP_ERR_INVALID, "checkpoint save: io or its write is NULL");
@@ -13564,13 +13614,15 @@ static void _pp_ckpt_sync_dir(const char* path, char* dir, size_t cap) {
 
 /* With d->tp over several ranks: the save's outcome made the same on every TP rank. The first rank
    writes, the others only send their slices and cannot see a write fail, so the first sends its
-   result (an int32) to each of the others, which wait for it with tp's deadline and return it
-   where theirs was PP_OK: a save fails on every TP rank or none (PP_TEST_CKPT_TP_OUTCOME_OFF: the
-   senders' own result, as before; the negative control in build/ckpt-controls). */
-static pp_result _pp_ckpt_tp_outcome(const pp_ckpt_desc* d, pp_result rc, pp_error* err) {
+   result (an int32) to each of the others as its last word (_pp_ckpt_ask), which wait for it with
+   tp's deadline (unless it came during the save, `last`) and return it where theirs was PP_OK: a
+   save fails on every TP rank or none (PP_TEST_CKPT_TP_OUTCOME_OFF: the senders' own result, as
+   before; the negative control in build/ckpt-controls). */
+static pp_result _pp_ckpt_tp_outcome(const pp_ckpt_desc* d, pp_result rc, int32_t last, pp_error* err) {
 #ifdef PP_TEST_CKPT_TP_OUTCOME_OFF
     (void)d;
     (void)err;
+    (void)last;
     return rc;
 #else
     const pp_group* g = d ? d->tp : NULL;
@@ -13580,6 +13632,7 @@ static pp_result _pp_ckpt_tp_outcome(const pp_ckpt_desc* d, pp_result rc, pp_err
     pp_request rq;
     pp_result tr;
     pp_error e2;
+    e2.msg[0] = 0;
     if (n <= 1 || me < 0 || !g->t->isend || !g->t->irecv || !g->t->wait) return rc; /* me < 0: refused already */
     t = g->t;
     first = g->ranks ? g->ranks[0] : 0;
@@ -13593,12 +13646,13 @@ static pp_result _pp_ckpt_tp_outcome(const pp_ckpt_desc* d, pp_result rc, pp_err
         }
         return rc;
     }
-    out = (int32_t)PP_ERR_TIMEOUT;
-    if ((tr = t->irecv(t->self, first, _PP_TAG_CKPT_OUT, &out, sizeof out, &rq)) != PP_OK ||
-        (tr = t->wait(t->self, &rq, g->timeout_s, &e2)) != PP_OK)
-        return rc != PP_OK ? rc
-                           : _pp_fail(err, tr, "checkpoint: TP rank %d waiting for TP rank 0's save outcome (rank %d): %s", me,
-                                      first, e2.msg);
+    /* the first rank's last word, unless it came during the save; requests this rank no longer
+       answers (it failed) are passed over */
+    for (out = last, tr = PP_OK; out == _PP_CKPT_SEND;)
+        if ((tr = _pp_ckpt_word(g, &out, &e2)) != PP_OK)
+            return rc != PP_OK ? rc
+                               : _pp_fail(err, tr, "checkpoint: TP rank %d waiting for TP rank 0's save outcome (rank %d): %s",
+                                          me, first, e2.msg);
     if (rc == PP_OK && out != (int32_t)PP_OK)
         return _pp_fail(err, (pp_result)out, "checkpoint: the save failed on TP rank 0 (rank %d), which writes the file: %s",
                         first, pp_result_str((pp_result)out));
@@ -13607,7 +13661,9 @@ static pp_result _pp_ckpt_tp_outcome(const pp_ckpt_desc* d, pp_result rc, pp_err
 }
 
 pp_result pp_ckpt_save(const pp_ckpt_desc* d, const pp_ckpt_io* io, pp_error* err) {
-    return _pp_ckpt_tp_outcome(d, _pp_ckpt_save_io(d, io, err), err);
+    int32_t last = _PP_CKPT_SEND;
+    pp_result rc = _pp_ckpt_save_io(d, io, &last, err);
+    return _pp_ckpt_tp_outcome(d, rc, last, err);
 }
 
 /* With d->tp: this rank is not the TP group's first, so a save only sends its slices. */
@@ -13620,7 +13676,7 @@ static int _pp_ckpt_tp_sender(const pp_ckpt_desc* d) {
 
 /* _pp_ckpt_save_path on this rank alone (the outcome not yet agreed over TP). */
 static pp_result _pp_ckpt_save_path_1(const pp_ckpt_desc* d, const char* path, size_t (*fault)(void*, uint64_t, size_t),
-                                      void* fault_user, pp_error* err) {
+                                      void* fault_user, int32_t* last, pp_error* err) {
     _pp_ckpt c;
     _pp_ckpt_file w;
     pp_ckpt_io io;
@@ -13629,7 +13685,7 @@ static pp_result _pp_ckpt_save_path_1(const pp_ckpt_desc* d, const char* path, s
     size_t cap = 0;
     int in_place;
     if (!path) return _pp_fail(err, PP_ERR_INVALID, "checkpoint save: path is NULL");
-    if (_pp_ckpt_tp_sender(d)) return _pp_ckpt_save_io(d, NULL, err); /* the file is TP rank 0's */
+    if (_pp_ckpt_tp_sender(d)) return _pp_ckpt_save_io(d, NULL, last, err); /* the file is TP rank 0's */
     /* everything a save checks, the layers' data included, before the path is touched */
 #ifdef PP_TEST_CKPT_IN_PLACE
     rc = _pp_ckpt_prepare(&c, d, 0, err); /* as before: the layers' data unchecked */
@@ -13665,7 +13721,7 @@ static pp_result _pp_ckpt_save_path_1(const pp_ckpt_desc* d, const char* path, s
     io.write = _pp_ckpt_fwrite;
     io.read = NULL;
     io.ctx = &w;
-    rc = _pp_ckpt_save_io(d, &io, err);
+    rc = _pp_ckpt_save_io(d, &io, last, err);
     if (rc == PP_OK && _pp_ckpt_sync(w.f) != 0)
         rc = _pp_fail(err, PP_ERR_IO, "writing '%s' failed: %s", tmp ? tmp : path, strerror(errno));
     if (fclose(w.f) != 0 && rc == PP_OK) rc = _pp_fail(err, PP_ERR_IO, "closing '%s': %s", tmp ? tmp : path, strerror(errno));
@@ -13686,7 +13742,9 @@ static pp_result _pp_ckpt_save_path_1(const pp_ckpt_desc* d, const char* path, s
    TP rank. */
 static pp_result _pp_ckpt_save_path(const pp_ckpt_desc* d, const char* path, size_t (*fault)(void*, uint64_t, size_t),
                                     void* fault_user, pp_error* err) {
-    return _pp_ckpt_tp_outcome(d, _pp_ckpt_save_path_1(d, path, fault, fault_user, err), err);
+    int32_t last = _PP_CKPT_SEND;
+    pp_result rc = _pp_ckpt_save_path_1(d, path, fault, fault_user, &last, err);
+    return _pp_ckpt_tp_outcome(d, rc, last, err);
 }
 
 pp_result pp_ckpt_save_file(const pp_ckpt_desc* d, const char* path, pp_error* err) {
@@ -13712,13 +13770,13 @@ pp_result pp_ckpt_load_file(const pp_ckpt_desc* d, const char* path, pp_ckpt_inf
     return rc;
 }
 
-static pp_result _pp_ckpt_save_mem_1(const pp_ckpt_desc* d, void* buf, size_t cap, pp_error* err) {
+static pp_result _pp_ckpt_save_mem_1(const pp_ckpt_desc* d, void* buf, size_t cap, int32_t* last, pp_error* err) {
     _pp_ckpt_mem m;
     pp_ckpt_io io;
     uint64_t need = 0;
     pp_result rc;
     if (!buf) return _pp_fail(err, PP_ERR_INVALID, "checkpoint save: buf is NULL");
-    if (_pp_ckpt_tp_sender(d)) return _pp_ckpt_save_io(d, NULL, err); /* the buffer is TP rank 0's */
+    if (_pp_ckpt_tp_sender(d)) return _pp_ckpt_save_io(d, NULL, last, err); /* the buffer is TP rank 0's */
     if ((rc = pp_ckpt_size(d, &need, err)) != PP_OK) return rc;
     if (need > cap)
         return _pp_fail(err, PP_ERR_SIZE, "checkpoint save: the buffer has %zu bytes, the checkpoint needs %llu", cap,
@@ -13728,11 +13786,13 @@ static pp_result _pp_ckpt_save_mem_1(const pp_ckpt_desc* d, void* buf, size_t ca
     io.write = _pp_ckpt_mwrite;
     io.read = NULL;
     io.ctx = &m;
-    return _pp_ckpt_save_io(d, &io, err);
+    return _pp_ckpt_save_io(d, &io, last, err);
 }
 
 pp_result pp_ckpt_save_mem(const pp_ckpt_desc* d, void* buf, size_t cap, pp_error* err) {
-    return _pp_ckpt_tp_outcome(d, _pp_ckpt_save_mem_1(d, buf, cap, err), err);
+    int32_t last = _PP_CKPT_SEND;
+    pp_result rc = _pp_ckpt_save_mem_1(d, buf, cap, &last, err);
+    return _pp_ckpt_tp_outcome(d, rc, last, err);
 }
 
 pp_result pp_ckpt_load_mem(const pp_ckpt_desc* d, const void* buf, size_t bytes, pp_ckpt_info* info, pp_error* err) {

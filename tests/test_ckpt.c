@@ -1080,6 +1080,8 @@ static int tp_copy(void* user, void* dst, const void* src, size_t bytes) { /* a 
 
 typedef struct tprun {
     int pp, tp, load, to_file;
+    int then_mem;               /* after the save, every value + 1 and a second save into img, same TP transport */
+    pp_result rc2[TPMAX * 2];
     double timeout;             /* the TP group's deadline (0: 20 s) */
     int copies[TPMAX * 2];      /* pp = 2: through the copy hook (pp_ckpt_desc.copy), counted */
     pp_threads* all;
@@ -1090,6 +1092,16 @@ typedef struct tprun {
     int bad[TPMAX * 2];
     char msg[TPMAX * 2][600];
 } tprun;
+
+/* every value + 1: the weights a later save must write (a slice of the earlier ones is stale) */
+static void tp_bump(tpmem* mem) {
+    int s, l, i;
+    for (s = 0; s < 2; s++)
+        for (l = 0; l < TPL; l++) {
+            for (i = 0; i < 35; i++) mem->w[s][l][i] += 1.0f;
+            for (i = 0; i < 5; i++) mem->bd[s][l][i] += 1.0, mem->bf[s][l][i] += 1.0f;
+        }
+}
 
 static pp_result tp_ckpt_rank(int wr, void* user) {
     tprun* R = (tprun*)user;
@@ -1126,6 +1138,11 @@ static pp_result tp_ckpt_rank(int wr, void* user) {
     else if (R->to_file) R->rc[wr] = pp_ckpt_save_file(&d, R->path, &err);
     else R->rc[wr] = pp_ckpt_save_mem(&d, R->img, R->bytes, &err);
     if (R->rc[wr] != PP_OK) snprintf(R->msg[wr], sizeof R->msg[wr], "%s", err.msg);
+    if (R->then_mem) {
+        tp_bump(mem);
+        R->rc2[wr] = pp_ckpt_save_mem(&d, R->img, R->bytes, &err);
+        if (R->rc2[wr] != PP_OK) snprintf(R->msg[wr], sizeof R->msg[wr], "second save: %s", err.msg);
+    }
     for (s = 0; R->load && R->rc[wr] == PP_OK && s < 2; s++) /* every owned slice, every whole copy */
         for (l = 0; l < TPL; l++) {
             float want[35];
@@ -1230,9 +1247,21 @@ static void test_tp(void) {
         pp_threads_destroy(R.all);
     }
     { /* the write fails on TP rank 0 (a path in no directory): the other TP ranks, which only send,
-         return its failure too (a save fails on every TP rank or none) */
+         return its failure too (a save fails on every TP rank or none). Then every value + 1 and
+         a save into memory over the same TP transport must write the new values: the failed
+         save must leave no slice queued (before, TP rank 1 sent its slices unasked, and the next
+         save read those: build/ckpt-ctl-tp-push) */
         tprun R;
+        unsigned char* ref2 = (unsigned char*)calloc((size_t)size, 1);
+        tp_bind(st, mem, 0, 1, 1);
+        tp_desc(&d, st, stp, names);
+        tp_bump(mem);
+        CHECK(pp_ckpt_save_mem(&d, ref2, (size_t)size, &err) == PP_OK, "reference save + 1: %s", err.msg);
         memset(&R, 0, sizeof R);
+        R.then_mem = 1;
+        R.img = img;
+        R.bytes = (size_t)size;
+        memset(img, 0xee, (size_t)size);
         R.pp = 1;
         R.tp = 2;
         R.to_file = 1;
@@ -1243,7 +1272,11 @@ static void test_tp(void) {
         CHECK(R.rc[0] != PP_OK && R.rc[1] == R.rc[0] && strstr(R.msg[1], "TP rank 0"),
               "save_file tp=2 into no directory: TP rank 0 %s (%s), TP rank 1 %s (%s): want the same failure on both",
               pp_result_str(R.rc[0]), R.msg[0], pp_result_str(R.rc[1]), R.msg[1]);
+        CHECK(R.rc2[0] == PP_OK && R.rc2[1] == PP_OK && memcmp(img, ref2, (size_t)size) == 0,
+              "the save after a failed one: %s / %s; the image differs from tp = 1's at byte %zu of %llu (a stale slice)",
+              pp_result_str(R.rc2[0]), pp_result_str(R.rc2[1]), tp_first_diff(img, ref2, (size_t)size), (unsigned long long)size);
         pp_threads_destroy(R.all);
+        free(ref2);
     }
     for (tp = 1; tp <= TPMAX; tp *= 2)
         for (pp = 1; pp <= 2; pp++) {
