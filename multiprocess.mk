@@ -209,6 +209,15 @@ ifeq ($(HAVE_MPI),1)
 MPI_TESTS += $(B)/mpi-dpfault-controls
 endif
 # ---- end of issue 39's block ----
+# A split communicator's MPI_TAG_UB taken as MPI's minimum, 32767 (-DPP_MPI_TEST_SPLIT_TAG_MIN, as
+# before): Open MPI attaches the attribute to MPI_COMM_WORLD only; test_mpi's tag checks must fail.
+$(B)/mpi-ctl-split-tag-min: tests/test_mpi.c $(TEST_HDRS) $(EXH) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) -DPP_MPI_TEST_SPLIT_TAG_MIN $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/mpi-tag-controls: tests/controls.sh $(B)/mpi-ctl-split-tag-min
+	@printf '#!/bin/sh\nexec sh tests/controls.sh mpi-tag-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 2 $(B)/mpi-ctl-split-tag-min"\n' > $@ && chmod +x $@
+ifeq ($(HAVE_MPI),1)
+MPI_TESTS += $(B)/mpi-tag-controls
+endif
 # the grid example, pp 2 x dp 2, against the sequential model bit for bit: the data-parallel
 # reduction during the cool-down (its default) and after the step (--no-overlap)
 $(B)/mpi-tlm: $(B)/tlm_mpi

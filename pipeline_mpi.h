@@ -619,6 +619,12 @@ static pp_result _pp_mpi_create(MPI_Comm comm, _pp_mpi_domain* shared, MPI_Comm 
         return _pp_fail(err, PP_ERR_INVALID, "communicator has %d ranks, PP_MAX_RANKS is %d", n, PP_MAX_RANKS);
     }
     MPI_Comm_get_attr(t->comm, MPI_TAG_UB, &ub, &flag);
+#ifndef PP_MPI_TEST_SPLIT_TAG_MIN /* negative control (build/mpi-controls): a split's bound is the minimum */
+    /* MPI defines MPI_TAG_UB on MPI_COMM_WORLD, valid for every communicator; Open MPI attaches
+       it to MPI_COMM_WORLD and its duplicates only, not to a split (a grid's groups): the
+       world's, rather than the standard's minimum of 32767 */
+    if (!flag || !ub) MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+#endif
     t->tag_ub = flag && ub ? *(int*)ub : 32767;
     if (shared) {
         shared->refs++;

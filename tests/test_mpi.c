@@ -542,6 +542,21 @@ static void tag_checks(void) {
     CHECK(tr.isend(tr.self, peer, -3, &buf, sizeof buf, &rq) == PP_ERR_UNSUPPORTED, "negative tag");
     pp_mpi_destroy(t);
     MPI_Barrier(MPI_COMM_WORLD);
+    { /* a split communicator (a grid's groups) gets the world's bound: Open MPI attaches MPI_TAG_UB
+         to MPI_COMM_WORLD alone, and the split fell back to 32767 (build/mpi-ctl-split-tag-min) */
+        MPI_Comm half;
+        void* ub = NULL;
+        int flag = 0, world_ub;
+        MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+        world_ub = flag && ub ? *(int*)ub : 32767;
+        MPI_Comm_split(MPI_COMM_WORLD, W_RANK % 2, W_RANK, &half);
+        t = NULL;
+        CHECK(pp_mpi_create(half, MPI_COMM_NULL, &t, &err) == PP_OK, "create on a split: %s", err.msg);
+        if (t) CHECK(t->tag_ub == world_ub, "a split communicator's tag bound: %d, the world's %d", t->tag_ub, world_ub);
+        pp_mpi_destroy(t);
+        MPI_Comm_free(&half);
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
 }
 
 /* ---- tensor parallelism across processes ----------------------------------------------------
