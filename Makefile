@@ -214,7 +214,7 @@ $(B)/validate-ctl-novalidate: tests/test_validate.c $(TEST_HDRS) $(EXH) $(HEADER
 $(B)/validate-controls: tests/controls.sh $(B)/validate-ctl-novalidate
 	printf '#!/bin/sh\nexec sh tests/controls.sh validate-controls "$(B)/validate-ctl-novalidate"\n' > $@
 	chmod +x $@
-TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/nccl-no-host-hang $(B)/nccl-staged-gpu-mode $(B)/gpu-scripts $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
+TEST_BINS_EXTRA = $(B)/gpt-resume $(B)/gpt-trainer $(B)/nccl-p8 $(B)/tp-verdict-wrap $(B)/nccl-no-host-hang $(B)/nccl-staged-gpu-mode $(B)/gpu-scripts $(B)/bench-imitation-smoke $(B)/pp-sched-cli $(B)/agree-controls $(B)/zb-controls $(B)/cuda-controls $(B)/nccl-controls $(B)/errors-controls \
                   $(B)/validate-controls $(B)/gradnorm-controls $(B)/ckpt-controls $(B)/eval-controls $(B)/malloc-controls \
                   $(B)/overlap-controls $(B)/bf16-controls $(B)/model-controls
 
@@ -437,6 +437,19 @@ $(B)/tp-ctl-even-slice: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 # And the fixed TP tags inside a step: the step after a failed one takes its leftovers ("stale").
 $(B)/tp-ctl-no-step-tag: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_NO_STEP_TAG $(CFLAGS) $< -o $@ $(LDLIBS)
+# And each pipeline's outcome alone, not agreed over the TP group: a layer failing after the step's
+# last TP message on one TP rank leaves the other pipeline returning PP_OK ("stale", run 3).
+$(B)/tp-ctl-no-tp-agree: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_NO_TP_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
+# The TP verdict's tag repeating every step (it does every 4096): the step after a failed one meets
+# the verdict the failed rank left unreceived, and must pass it over ("stale" in tp-verdict-wrap);
+# taken (-DPP_TEST_TP_VERDICT_NO_SKIP), that rank fails a clean step alone.
+$(B)/tp-verdict-mod1: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_VERDICT_MASK=0 $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-verdict-wrap: $(B)/tp-verdict-mod1
+	@printf '#!/bin/sh\nexec $(B)/tp-verdict-mod1 stale\n' > $@ && chmod +x $@
+$(B)/tp-ctl-verdict-no-skip: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_VERDICT_MASK=0 -DPP_TEST_TP_VERDICT_NO_SKIP $(CFLAGS) $< -o $@ $(LDLIBS)
 # tests/test_pipeline.c "grid" (pp_pipeline with dp and tp): the step skips the data-parallel sum
 # (every dp = 2 case's gradients are one replica's); the layers get the dp group as io->tp (every
 # tp = 2 case's products are summed over the wrong ranks, or not at all).
@@ -467,8 +480,8 @@ $(B)/tp-ctl-gpt-nccl-norow: $(GPT_TP_NCCL_DEPS) | $(B)
 TEST_BINS_EXTRA += $(B)/test_gpt_tp_nccl
 $(B)/tp-controls: tests/controls.sh tests/test_trainer.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp $(B)/tp-ctl-pl-no-dp-sum \
                   $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow $(B)/gpt_cpu-ctl-tp-no-row \
-                  $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice $(B)/tp-ctl-pl-matrix-order $(B)/tp-ctl-no-step-tag
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale"\n' > $@
+                  $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice $(B)/tp-ctl-pl-matrix-order $(B)/tp-ctl-no-step-tag $(B)/tp-ctl-no-tp-agree $(B)/tp-ctl-verdict-no-skip
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale" "$(B)/tp-ctl-no-tp-agree stale" "$(B)/tp-ctl-verdict-no-skip stale"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

@@ -1527,7 +1527,10 @@ typedef struct pp_stage_desc {
        (gradients: of the previous), gathered there over the group before the layers read it;
        every TP rank of the group runs the same schedule and partition. Host blocks and
        PP_SHAPES_LOCAL or _BROADCAST only (else PP_ERR_UNSUPPORTED at create). A gather that fails
-       fails the step. pp_pipeline: its tp > 1 sets it for every rank (NULL in the template). */
+       fails the step. A step (or evaluation) is PP_OK only where it was in every pipeline of the
+       group: after its pipeline agrees, the rank exchanges its outcome with the group (one int32
+       pair each way; a failed rank only tells). pp_pipeline: its tp > 1 sets it for every rank
+       (NULL in the template), and stops its whole grid itself. */
     const struct pp_group* tp;
 } pp_stage_desc;
 
@@ -7838,6 +7841,7 @@ struct pp_stage {
     int* tp_ranks;                  /* [tp_n] the group's ranks on tp_t, TP rank order */
     int tp_n, tp_me;
     double tp_to;
+    int tp_agree_off;               /* pp_pipeline's stages: it stops its whole grid itself (_pp_tp_agree) */
     const pp_action* list;
     int n_list, p, v, S, L, max_layers;
     pp_error err;
@@ -10808,10 +10812,85 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
     return rc;
 }
 
+/* After the pipeline's agreement, the step's outcome over the stage's TP group (pp_stage_desc.tp),
+   whose members run this stage in the other pipelines of a pp x tp grid: every member sends every
+   other its verdict (the step's count and its code, two int32) on a tag of its own carrying the
+   step (_PP_TAG_TP_STEP + 3 * 8192 + (step mod 4096), under MPI's least tag bound), and a member
+   whose step went well takes the others' and keeps PP_OK only where every one's was. A member
+   that failed sends its verdict and returns without waiting: the others may be held in a TP
+   collective with it until their deadline. What it leaves unreceived, or what a receive that
+   timed out receives later, is a past step's: the count in it tells, and it is passed over. A
+   pipeline agrees within itself first, so every rank of it hears the same verdicts and takes the
+   same outcome. Before, a layer failing on one TP rank after its last TP message of the step (a
+   backward's last collective) left the other pipelines returning PP_OK: their optimizers
+   stepped, the failed one's did not, and the TP group's replicas of its weights drifted apart
+   (test_tp stale; PP_TEST_NO_TP_AGREE, build/tp-controls). pp_pipeline stops its whole grid
+   itself (tp_agree_off). */
+#define _PP_TAG_TP_VERDICT (_PP_TAG_TP_STEP + 3 * 8192)
+#ifdef PP_TEST_TP_VERDICT_MASK /* tests (build/tp-verdict-wrap): the tag repeats every step, so the next meets a leftover */
+#define _PP_TP_VERDICT_MASK PP_TEST_TP_VERDICT_MASK
+#else
+#define _PP_TP_VERDICT_MASK 0xfffu
+#endif
+static pp_result _pp_tp_agree(pp_stage* s, pp_result rc) {
+    const pp_group* g = s->d.tp;
+    const pp_transport* t;
+    int n = pp_group_size(g), me = pp_group_rank(g), i, bad = -1, idx[PP_MAX_RANKS], tag, tries;
+    int32_t mine[2], all[PP_MAX_RANKS][2];
+    _pp_tp_msg m[PP_MAX_RANKS];
+    double to, end;
+    pp_error e;
+    pp_result xr;
+#ifdef PP_TEST_NO_TP_AGREE /* negative control (build/tp-controls): each pipeline's outcome alone */
+    return rc;
+#endif
+    if (s->tp_agree_off || !g || !g->t || n <= 1 || n > PP_MAX_RANKS || me < 0 || !g->t->isend || !g->t->irecv ||
+        !g->t->wait)
+        return rc;
+    t = g->t;
+    to = g->timeout_s > 0 ? g->timeout_s : PP_DEFAULT_TIMEOUT_S;
+    end = _pp_now() + to;
+    tag = _PP_TAG_TP_VERDICT + (int)((uint32_t)s->n_steps & _PP_TP_VERDICT_MASK);
+    mine[0] = s->n_steps;
+    mine[1] = (int32_t)rc;
+    for (i = 0; i < n; i++) {
+        idx[i] = g->ranks ? g->ranks[i] : i;
+        all[i][0] = s->n_steps;
+        all[i][1] = (int32_t)PP_OK;
+        m[i].sp = mine;
+        m[i].rp = all[i];
+        m[i].sb = i == me ? 0 : sizeof mine;
+        m[i].rb = i == me || rc != PP_OK ? 0 : sizeof mine; /* a failed member only tells */
+    }
+    e.msg[0] = 0;
+    xr = _pp_tp_xchg(t, idx, n, me, tag, m, to, &e);
+    if (rc != PP_OK) return rc; /* its own failure is the one reported */
+#ifndef PP_TEST_TP_VERDICT_NO_SKIP /* negative control (build/tp-controls): a past step's verdict taken */
+    for (i = 0; i < n && xr == PP_OK; i++) /* a past step's verdict: passed over, the next one taken */
+        for (tries = 0; i != me && all[i][0] != s->n_steps && xr == PP_OK && tries < 4096; tries++) {
+            pp_request rq;
+            memset(&rq, 0, sizeof rq);
+            if ((xr = t->irecv(t->self, idx[i], tag, all[i], sizeof all[i], &rq)) == PP_OK)
+                xr = t->wait(t->self, &rq, end - _pp_now() > 0.001 ? end - _pp_now() : 0.001, &e);
+        }
+#else
+    (void)end, (void)tries;
+#endif
+    if (xr != PP_OK)
+        return _pp_fail(&s->err, xr, "rank %d: the step's outcome over its TP group (TP rank %d of %d): %s", s->d.rank, me, n,
+                        e.msg);
+    for (i = 0; i < n && bad < 0; i++)
+        if (i != me && (all[i][0] != s->n_steps || all[i][1] != (int32_t)PP_OK)) bad = i;
+    if (bad < 0) return PP_OK;
+    return _pp_fail(&s->err, PP_ERR_ABORTED, "rank %d: the step failed in TP rank %d's pipeline (rank %d of the TP transport): %s",
+                    s->d.rank, bad, idx[bad], all[bad][0] != s->n_steps ? "no verdict of this step" : pp_result_str((pp_result)all[bad][1]));
+}
+
 /* Any failure, a rejected batch included, tells the other ranks (transport.abort): they stop
    waiting for this one and return PP_ERR_ABORTED instead of running into their deadlines. Then
    every rank takes part in the agreement (>>impl-stage-agree), so a step is PP_OK on every rank
-   or on none; a failed step moves every rank to the next generation of tags. */
+   or on none, and with a TP group in the other pipelines too (_pp_tp_agree); a failed step moves
+   every rank to the next generation of tags. */
 static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* stats) {
     pp_result rc, own;
     int i, n_done;
@@ -10836,7 +10915,7 @@ static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* s
             s->d.transport.abort(s->d.transport.self, rc, s->err.msg);
         _pp_stage_recover(s);
     }
-    rc = _pp_agree(s, rc);
+    rc = _pp_tp_agree(s, _pp_agree(s, rc));
     if (rc == PP_OK) {
         if (s->last_rank == s->d.rank) {
             s->st.loss = _pp_step_loss(&s->plan, s->mb_loss);
@@ -11174,6 +11253,7 @@ static pp_result _pp_pipeline_start(pp_pipeline* pl, const _pp_pl_world* w, pp_e
             memcpy(tmp, err->msg, sizeof tmp);
             return _pp_fail(err, rc, "rank %d: %s", r, _pp_msg_body(tmp, rc));
         }
+        pl->st[r]->tp_agree_off = 1; /* a failed rank stops the whole grid (_pp_pipeline_stop_all) */
     }
     return PP_OK;
 }
@@ -13648,7 +13728,7 @@ static pp_result _pp_ckpt_tp_outcome(const pp_ckpt_desc* d, pp_result rc, int32_
     }
     /* the first rank's last word, unless it came during the save; requests this rank no longer
        answers (it failed) are passed over */
-    for (out = last, tr = PP_OK; out == _PP_CKPT_SEND;)
+    for (out = last; out == _PP_CKPT_SEND;)
         if ((tr = _pp_ckpt_word(g, &out, &e2)) != PP_OK)
             return rc != PP_OK ? rc
                                : _pp_fail(err, tr, "checkpoint: TP rank %d waiting for TP rank 0's save outcome (rank %d): %s",

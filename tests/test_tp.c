@@ -689,7 +689,7 @@ static pp_result bnd_rank(int r, void* user) {
     if (rc == PP_OK && W->off_rank < 0) {
         pp_step_stats es;
         if ((rc = pp_stage_eval(st, &W->b, NULL, &es)) != PP_OK)
-            snprintf(W->msg[r], sizeof W->msg[r], "eval: %s", pp_stage_error(st));
+            snprintf(W->msg[r], sizeof W->msg[r], "eval: %.480s", pp_stage_error(st));
         W->eval_loss[r] = es.loss;
     }
     pp_stage_destroy(st);
@@ -1061,7 +1061,7 @@ static void stale_checks(void) {
     static bw g_ref[BMAXW];
     static pp_step_stats s_ref[BMAXW];
     static pp_action acts[64];
-    static const char* what[3] = {"", "the gathers' slices", "the next layer's all-reduce blocks"};
+    static const char* what[4] = {"", "the gathers' slices", "the next layer's all-reduce blocks", "nothing"};
     pp_error err;
     int run, r, t, world = 4, n_ok, n_ok1, same;
     b_fill();
@@ -1078,8 +1078,11 @@ static void stale_checks(void) {
     W.b.target_row_bytes = BK * sizeof(float);
     /* 0: the reference, one clean step. Then a failed step and a clean one, the fault in world
        rank 1's last layer of stage 0 (left behind: gather slices sent to it and to stage 1's TP
-       rank 1), or in its layer 1 (world rank 0's layer 2 all-reduce block to it). */
-    for (run = 0; run < 3; run++) {
+       rank 1), or in its layer 1 (world rank 0's layer 2 all-reduce block to it). Run 3: the
+       fault in world rank 1's layer 0 backward of the last micro-batch, after every TP message
+       of its step: the other pipeline finished the step, and must still fail it (the TP group's
+       verdict, _pp_tp_agree; PP_TEST_NO_TP_AGREE: PP_OK there, build/tp-controls). */
+    for (run = 0; run < 4; run++) {
         memset(W.g, 0, sizeof W.g);
         memset(W.rc, 0, sizeof W.rc);
         for (r = 0; r < world; r++) b_weights(&W.w[r], W.tp, r % W.tp, 0);
@@ -1087,7 +1090,8 @@ static void stale_checks(void) {
         for (t = 0; t < W.tp; t++) CHECK(pp_threads_create(W.p, &W.pipes[t], &err) == PP_OK, "%s", err.msg);
         n_ok1 = 0;
         if (run > 0) {
-            W.w[1].fail_layer = run == 1 ? W.first[1] - 1 : 1, W.w[1].fail_mb = 1;
+            if (run < 3) W.w[1].fail_layer = run == 1 ? W.first[1] - 1 : 1, W.w[1].fail_mb = 1;
+            else W.w[1].fail_bwd = 1, W.w[1].fail_mb = 3;
             pp_threads_run(world, stale_rank, &W, &err);
             for (r = 0; r < world; r++) {
                 n_ok1 += W.rc[r] == PP_OK;
@@ -1095,8 +1099,10 @@ static void stale_checks(void) {
             }
             CHECK(W.rc[1] == PP_ERR_LAYER, "stale %d: step 1 on world rank 1: %s (%s), want the layer's error", run,
                   pp_result_str(W.rc[1]), W.msg[1]);
+            CHECK(n_ok1 == 0, "stale %d: the failed step returned PP_OK on %d of %d ranks (another pipeline of the TP group "
+                  "failed it)", run, n_ok1, world);
             for (t = 0; t < W.tp; t++) pp_threads_reset(W.pipes[t]); /* not the TP world: never aborted */
-            W.w[1].fail_layer = 0;
+            W.w[1].fail_layer = W.w[1].fail_bwd = 0;
             memset(W.g, 0, sizeof W.g);
             memset(W.rc, 0, sizeof W.rc);
             memset(W.stats, 0, sizeof W.stats);

@@ -22,6 +22,8 @@ typedef struct bw {
     float w[BN][BK * BK]; /* this TP rank's rows of each layer's W: (BK / tp, BK) */
     int fail_layer, fail_mb; /* fail_layer > 0: that layer's forward of micro-batch fail_mb returns an
                                 error after its collective (test_tp.c "stale") */
+    int fail_bwd;            /* > 0: layer fail_bwd - 1's backward of micro-batch fail_mb returns an
+                                error after its collectives (test_tp.c "stale": after the step's last) */
 } bw;
 
 static float BX[BMAXR * BK], BT[BMAXR * BK], BW[BN][BK * BK];
@@ -147,6 +149,7 @@ static int b_bwd(const void* weights, void* grads, int layer, pp_layer_io* io) {
         }
     }
     free(tmp);
+    if (w->fail_bwd == layer + 1 && io->mb->index == w->fail_mb) return 9;
     return bad ? 4 : 0;
 }
 
