@@ -1081,16 +1081,16 @@ static int tp_copy(void* user, void* dst, const void* src, size_t bytes) { /* a 
 typedef struct tprun {
     int pp, tp, load, to_file;
     int then_mem;               /* after the save, every value + 1 and a second save into img, same TP transport */
-    pp_result rc2[TPMAX * 2];
+    pp_result rc2[TPMAX * TPL];
     double timeout;             /* the TP group's deadline (0: 20 s) */
-    int copies[TPMAX * 2];      /* pp = 2: through the copy hook (pp_ckpt_desc.copy), counted */
+    int copies[TPMAX * TPL];    /* pp > 1: through the copy hook (pp_ckpt_desc.copy), counted */
     pp_threads* all;
     unsigned char* img;         /* the save's image (shared), or the file to load */
     size_t bytes;
     const char* path;
-    pp_result rc[TPMAX * 2];
-    int bad[TPMAX * 2];
-    char msg[TPMAX * 2][600];
+    pp_result rc[TPMAX * TPL];
+    int bad[TPMAX * TPL];
+    char msg[TPMAX * TPL][600];
 } tprun;
 
 /* every value + 1: the weights a later save must write (a slice of the earlier ones is stale) */
@@ -1130,7 +1130,7 @@ static pp_result tp_ckpt_rank(int wr, void* user) {
     d.tp = &g;
     d.shards = TP_SHARDS;
     d.n_shards = 3;
-    if (R->pp == 2) {
+    if (R->pp > 1) {
         d.copy = tp_copy;
         d.copy_user = &R->copies[wr];
     }
@@ -1206,7 +1206,7 @@ static void test_tp(void) {
               "a shard of a buffer the layer lacks: refused (%s)", err.msg);
     }
     for (tp = 1; tp <= TPMAX; tp *= 2)
-        for (pp = 1; pp <= 2; pp++) {
+        for (pp = 1; pp <= TPL; pp *= 2) {
             tprun R;
             memset(&R, 0, sizeof R);
             R.pp = pp;
@@ -1217,13 +1217,38 @@ static void test_tp(void) {
             CHECK(pp_threads_create(pp * tp, &R.all, &err) == PP_OK, "threads: %s", err.msg);
             CHECK(pp_threads_run(pp * tp, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
             for (i = 0; i < pp * tp; i++)
-                CHECK(R.rc[i] == PP_OK && (pp == 1 || R.copies[i] > 0), "save tp=%d pp=%d: world rank %d: %s (%d copies)", tp,
+                /* copies counted at pp = 2, where every rank holds bytes to save; at pp = 4 a stage of
+                   one layer may hold none on a TP rank (a whole layer, an empty last slice) */
+                CHECK(R.rc[i] == PP_OK && (pp != 2 || R.copies[i] > 0),
+                      "save tp=%d pp=%d: world rank %d: %s (%d copies)", tp,
                       pp, i, R.msg[i], R.copies[i]);
             CHECK(memcmp(img, ref, (size_t)size) == 0, "save tp=%d pp=%d: the image differs from tp = 1's at byte %zu of %llu",
                   tp, pp, tp_first_diff(img, ref, (size_t)size), (unsigned long long)size);
             pp_threads_destroy(R.all);
             runs++;
         }
+    { /* saved at (p 4, tp 2), resumed at (p 2, tp 1) and at (p 1, tp 4): every rank's weights and
+         optimizer state (the "m" slot) as saved, bit for bit */
+        static const int at[2][2] = {{2, 1}, {1, 4}};
+        unsigned char* img42 = (unsigned char*)calloc((size_t)size, 1);
+        int k;
+        for (k = -1; k < 2; k++) {
+            tprun R;
+            memset(&R, 0, sizeof R);
+            R.pp = k < 0 ? 4 : at[k][0];
+            R.tp = k < 0 ? 2 : at[k][1];
+            R.load = k >= 0;
+            R.img = img42;
+            R.bytes = (size_t)size;
+            CHECK(pp_threads_create(R.pp * R.tp, &R.all, &err) == PP_OK, "threads: %s", err.msg);
+            CHECK(pp_threads_run(R.pp * R.tp, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
+            for (i = 0; i < R.pp * R.tp; i++)
+                CHECK(R.rc[i] == PP_OK && R.bad[i] == 0, "%s at (p %d, tp %d), saved at (p 4, tp 2): world rank %d: %s",
+                      k < 0 ? "saved" : "loaded", R.pp, R.tp, i, R.msg[i]);
+            pp_threads_destroy(R.all);
+        }
+        free(img42);
+    }
     { /* a file at tp = 2: TP rank 1 leaves it alone */
         tprun R;
         FILE* f;
@@ -1279,7 +1304,7 @@ static void test_tp(void) {
         free(ref2);
     }
     for (tp = 1; tp <= TPMAX; tp *= 2)
-        for (pp = 1; pp <= 2; pp++) {
+        for (pp = 1; pp <= TPL; pp *= 2) {
             tprun R;
             memset(&R, 0, sizeof R);
             R.pp = pp;
@@ -1290,13 +1315,13 @@ static void test_tp(void) {
             CHECK(pp_threads_create(pp * tp, &R.all, &err) == PP_OK, "threads: %s", err.msg);
             CHECK(pp_threads_run(pp * tp, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
             for (i = 0; i < pp * tp; i++)
-                CHECK(R.rc[i] == PP_OK && R.bad[i] == 0 && (pp == 1 || R.copies[i] > 0), "load tp=%d pp=%d: world rank %d: %s",
+                CHECK(R.rc[i] == PP_OK && R.bad[i] == 0 && (pp != 2 || R.copies[i] > 0), "load tp=%d pp=%d: world rank %d: %s",
                       tp, pp, i, R.msg[i]);
             pp_threads_destroy(R.all);
         }
-    printf("tp: saves at tp = 1, 2, 4 x pp = 1, 2 (%d) and a file at tp = 2 equal the tp = 1 save byte for byte (%llu "
+    printf("tp: saves at tp = 1, 2, 4 x pp = 1, 2, 4 (%d) and a file at tp = 2 equal the tp = 1 save byte for byte (%llu "
            "bytes; rows, columns, a flat split with a short last slice, whole copies, a state); loads at tp = 1, 2, 4 give "
-           "each rank its slices\n",
+           "each rank its slices; saved at (p 4, tp 2), loaded at (p 2, tp 1) and (p 1, tp 4) bit for bit\n",
            runs, (unsigned long long)size);
     free(ref);
     free(img);
