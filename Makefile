@@ -43,7 +43,7 @@ CTL_CFLAGS ?= -O0
 # information, a fifth less to compile; TEST_CFLAGS="-O2 -g" for a debugger.
 TEST_CFLAGS ?= -O2
 CTL_KINDS   = agree ckpt conv cuda cudap errors eval gpt_cpu gradnorm malloc model nccl ncclgrid overlap recompute rel soak mpi \
-              validate zb tlm-mpi dpfault tp
+              validate zb tlm-mpi dpfault tp tp-mpi
 $(foreach k,$(CTL_KINDS),$(B)/$(k)-ctl-%): CFLAGS = $(CTL_CFLAGS)
 
 $(B)/mlp_cpu: examples/mlp_cpu.c $(EXH) $(HEADERS) | $(B)

@@ -233,8 +233,12 @@ $(B)/tp-mpi-ctl-unordered: tests/test_tp_mpi.c $(TEST_HDRS) $(HEADERS) pipeline_
 	$(MPICC) $(BASE) -DPP_TEST_TP_UNORDERED $(CTL_CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-mpi-ctl-no-gather: tests/test_tp_mpi.c $(TEST_HDRS) $(HEADERS) pipeline_mpi.h | $(B)
 	$(MPICC) $(BASE) -DPP_TEST_TP_NO_GATHER $(CTL_CFLAGS) $< -o $@ $(LDLIBS)
-$(B)/mpi-tp-controls: tests/controls.sh $(B)/tp-mpi-ctl-unordered $(B)/tp-mpi-ctl-no-gather
-	printf '#!/bin/sh\nexec sh tests/controls.sh mpi-tp-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-unordered" "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-no-gather"\n' > $@
+# Each pipeline's outcome alone, not agreed over the TP group: the pipelines of a TP rank failed
+# after the step's last TP message return PP_OK (verdict_checks).
+$(B)/tp-mpi-ctl-no-tp-agree: tests/test_tp_mpi.c $(TEST_HDRS) $(HEADERS) pipeline_mpi.h | $(B)
+	$(MPICC) $(BASE) -DPP_TEST_NO_TP_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/mpi-tp-controls: tests/controls.sh $(B)/tp-mpi-ctl-unordered $(B)/tp-mpi-ctl-no-gather $(B)/tp-mpi-ctl-no-tp-agree
+	printf '#!/bin/sh\nexec sh tests/controls.sh mpi-tp-controls "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-unordered" "$(MPIRUN) $(MPIRUN_FLAGS) -np 8 $(B)/tp-mpi-ctl-no-gather" "$(MPIRUN) $(MPIRUN_FLAGS) -np 4 $(B)/tp-mpi-ctl-no-tp-agree"\n' > $@
 	chmod +x $@
 $(B)/mpi-gpt-tp: tests/test_gpt_tp.sh tests/tp_lines.sh $(B)/gpt_mpi
 	@printf '#!/bin/sh\nexec timeout 300 sh tests/test_gpt_tp.sh $(B)/gpt_mpi $(MPIRUN) $(MPIRUN_FLAGS)\n' > $@ && chmod +x $@

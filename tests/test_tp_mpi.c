@@ -296,6 +296,48 @@ static void boundary_checks(int tp) {
     pp_mpi_grid_destroy(&mg);
 }
 
+/* A layer failing on one TP rank after the step's last TP message (replica 0's stage 0, TP rank 1:
+   layer 0's backward of the last micro-batch, 1F1B p = 2, m = 4): every rank of that replica must
+   fail the step, the other pipelines of its TP groups through the TP verdict (pp_stage_desc.tp;
+   before, they returned PP_OK, and the TP group's weights would drift apart). Over MPI the
+   verdicts cross processes. Last: the failed step leaves the grid's transports aborted.
+   Negative control: build/tp-mpi-ctl-no-tp-agree (PP_TEST_NO_TP_AGREE). */
+static void verdict_checks(int tp) {
+    static pp_action acts[64];
+    static bw w, g;
+    pp_mpi_grid mg;
+    pp_error err;
+    pp_schedule sc;
+    pp_batch b;
+    pp_step_stats st;
+    uint64_t sent = 0;
+    char msg[512];
+    int first[4];
+    pp_result rc;
+    CHECK(pp_mpi_grid_create_tp(MPI_COMM_WORLD, 2, tp, PP_GRID_DP_INNER, &mg, &err) == PP_OK, "rank %d: %s", W_RANK, err.msg);
+    b_fill();
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 64, &sc, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_partition_uniform(BN + 1, 2, first, &err) == PP_OK, "%s", err.msg);
+    memset(&b, 0, sizeof b);
+    b.m = 4;
+    b.input.data = BX;
+    b.input.rows = 16;
+    b.input.cols = BK;
+    b.input.dtype = PP_F32;
+    b.targets = BT;
+    b.target_row_bytes = BK * sizeof(float);
+    b_weights(&w, tp, mg.grid.tp_rank, 0);
+    w.fail_bwd = mg.grid.dp_rank == 0 && mg.grid.pp_rank == 0 && mg.grid.tp_rank == 1; /* layer 0 */
+    w.fail_mb = 3;
+    msg[0] = 0;
+    rc = bnd_step(&mg, &sc, first, &b, PP_SHAPES_LOCAL, 1, &w, &g, &st, &sent, msg, sizeof msg);
+    if (mg.grid.dp_rank == 0)
+        CHECK(rc != PP_OK, "rank %d (pp %d, tp %d of %d): the step TP rank 1 of stage 0 failed after its last TP message "
+              "returned PP_OK here", W_RANK, mg.grid.pp_rank, mg.grid.tp_rank, tp);
+    if (getenv("PP_TEST_VERBOSE")) printf("verdict tp %d: rank %d: %s: %s\n", tp, W_RANK, pp_result_str(rc), msg);
+    pp_mpi_grid_destroy(&mg);
+}
+
 int main(int argc, char** argv) {
     int tps[2] = {2, 4}, i, order, counts[2], total[2];
     pp_error err;
@@ -316,6 +358,7 @@ int main(int argc, char** argv) {
     if (W_SIZE % 2 == 0) mpi_grid_checks(1, PP_GRID_DP_INNER);
     for (i = 0; i < 2; i++)
         if (W_SIZE % (2 * tps[i]) == 0) boundary_checks(tps[i]);
+    if (W_SIZE % 4 == 0) verdict_checks(2);
     counts[0] = _t_pass;
     counts[1] = _t_fail;
     MPI_Reduce(counts, total, 2, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
