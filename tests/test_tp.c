@@ -764,14 +764,7 @@ static void boundary_refusals(void) {
     }
     d.shapes = PP_SHAPES_LOCAL;
     d.tp = NULL;
-    memset(&b, 0, sizeof b);
-    b.m = 2;
-    b.input.data = BX;
-    b.input.rows = 6;
-    b.input.cols = BK;
-    b.input.dtype = PP_F32;
-    b.targets = BT;
-    b.target_row_bytes = BK * sizeof(float);
+    b_batch(&b, 2, 6);
     CHECK(pp_stage_create(&d, &st, &err) == PP_OK, "%s", err.msg);
     if (st) {
         b_bad_out_tp = 7;
@@ -855,13 +848,7 @@ static void boundary_mismatch(void) {
     W.shapes = PP_SHAPES_LOCAL;
     CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 64, &W.sc, &err) == PP_OK, "%s", err.msg);
     CHECK(pp_partition_uniform(BN + 1, 2, W.first, &err) == PP_OK, "%s", err.msg);
-    W.b.m = 4;
-    W.b.input.data = BX;
-    W.b.input.rows = 13;
-    W.b.input.cols = BK;
-    W.b.input.dtype = PP_F32;
-    W.b.targets = BT;
-    W.b.target_row_bytes = BK * sizeof(float);
+    b_batch(&W.b, 4, 13);
     bnd_run(&W, sent, "mismatch");
     for (r = 0; r < 4; r++) {
         CHECK(W.rc[r] != PP_OK, "world rank %d: the step succeeded with a neighbour that does not split", r);
@@ -921,13 +908,7 @@ static void boundary_checks(void) {
                             } else {
                                 rows = kind % 2 ? 4 * m + 3 : m + 1; /* 1 or 2 rows a micro-batch: empty slices at tp 4 */
                             }
-                            W.b.m = m;
-                            W.b.input.data = BX;
-                            W.b.input.rows = rows;
-                            W.b.input.cols = BK;
-                            W.b.input.dtype = PP_F32;
-                            W.b.targets = BT;
-                            W.b.target_row_bytes = BK * sizeof(float);
+                            b_batch(&W.b, m, rows);
                             W.b.cu_seqlens = packed ? cu : NULL;
                             W.b.n_seqs = n_seqs;
                             W.b.split = PP_SPLIT_TOKENS;
@@ -1069,13 +1050,7 @@ static void stale_checks(void) {
     W.p = 2, W.tp = 2, W.split = 1, W.off_rank = -1, W.to = 1;
     CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 64, &W.sc, &err) == PP_OK, "%s", err.msg);
     CHECK(pp_partition_uniform(BN + 1, 2, W.first, &err) == PP_OK, "%s", err.msg);
-    W.b.m = 4;
-    W.b.input.data = BX;
-    W.b.input.rows = 16; /* 4 rows a micro-batch: every message of a kind the same size */
-    W.b.input.cols = BK;
-    W.b.input.dtype = PP_F32;
-    W.b.targets = BT;
-    W.b.target_row_bytes = BK * sizeof(float);
+    b_batch(&W.b, 4, 16); /* 4 rows a micro-batch: every message of a kind the same size */
     /* 0: the reference, one clean step. Then a failed step and a clean one, the fault in world
        rank 1's last layer of stage 0 (left behind: gather slices sent to it and to stage 1's TP
        rank 1), or in its layer 1 (world rank 0's layer 2 all-reduce block to it). Run 3: the

@@ -251,14 +251,7 @@ static void boundary_checks(int tp) {
             msg[0][0] = msg[1][0] = 0;
             CHECK(pp_schedule_make(kinds[ki], 2, v, m, acts, 256, &sc, &err) == PP_OK, "%s", err.msg);
             CHECK(pp_partition_uniform(BN + 1, S, first, &err) == PP_OK, "%s", err.msg);
-            memset(&b, 0, sizeof b);
-            b.m = m;
-            b.input.data = BX;
-            b.input.rows = cu[n_seqs];
-            b.input.cols = BK;
-            b.input.dtype = PP_F32;
-            b.targets = BT;
-            b.target_row_bytes = BK * sizeof(float);
+            b_batch(&b, m, cu[n_seqs]);
             b.cu_seqlens = cu;
             b.n_seqs = n_seqs;
             b.split = PP_SPLIT_TOKENS;
@@ -318,14 +311,7 @@ static void verdict_checks(int tp) {
     b_fill();
     CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, 4, acts, 64, &sc, &err) == PP_OK, "%s", err.msg);
     CHECK(pp_partition_uniform(BN + 1, 2, first, &err) == PP_OK, "%s", err.msg);
-    memset(&b, 0, sizeof b);
-    b.m = 4;
-    b.input.data = BX;
-    b.input.rows = 16;
-    b.input.cols = BK;
-    b.input.dtype = PP_F32;
-    b.targets = BT;
-    b.target_row_bytes = BK * sizeof(float);
+    b_batch(&b, 4, 16);
     b_weights(&w, tp, mg.grid.tp_rank, 0);
     w.fail_bwd = mg.grid.dp_rank == 0 && mg.grid.pp_rank == 0 && mg.grid.tp_rank == 1; /* layer 0 */
     w.fail_mb = 3;

@@ -188,6 +188,18 @@ static void b_fill(void) {
         for (k = 0; k < BK * BK; k++) BW[l][k] = (k % (BK + 1) == 0 ? 0.75f : 0.0f) + (float)((k * 3 + l * 5) % 7 - 3) / 16.0f;
 }
 
+/* The whole batch over BX and BT: m micro-batches of `rows` rows in all, dense (b's other fields zero). */
+static void b_batch(pp_batch* b, int m, int64_t rows) {
+    memset(b, 0, sizeof *b);
+    b->m = m;
+    b->input.data = BX;
+    b->input.rows = rows;
+    b->input.cols = BK;
+    b->input.dtype = PP_F32;
+    b->targets = BT;
+    b->target_row_bytes = BK * sizeof(float);
+}
+
 /* Rank (tp, tp_rank)'s weights: its rows of every layer. */
 static void b_weights(bw* w, int tp, int tp_rank, int sp) {
     int l;
