@@ -549,6 +549,13 @@ int main(int argc, char** argv) {
         return TEST_DONE("nccl-grid fault");
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
+#ifndef PP_TEST_REAL_CUDA
+    /* a grid rank's streams (the compute stream, the world's, the pipe's, dp's, the tied pair's:
+       12 and more) outnumber CUDA's default 8 queues, and the library's count is per transport:
+       the imitation then shares queues (60 streams on held ones, before), which can hang a step
+       by chance. As many queues as the streams, unless the caller says otherwise */
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+#endif
     grid_run(PP_SCHED_GPIPE, 4, 0);
     grid_run(PP_SCHED_1F1B, 5, 0);
     grid_run(PP_SCHED_ZB_H1, 4, 0);
@@ -556,6 +563,9 @@ int main(int argc, char** argv) {
     grid_run(PP_SCHED_ZB_H1, 4, 2); /* and host memory in the direct check */
 #ifndef PP_TEST_REAL_CUDA
     fault_run();
+    /* negative control (build/nccl-controls): CUDA_DEVICE_MAX_CONNECTIONS=8, CUDA's default */
+    CHECK(fakecuda_queue_shared() == 0, "%llu streams made onto a hardware queue another stream held (%s queues)",
+          (unsigned long long)fakecuda_queue_shared(), getenv("CUDA_DEVICE_MAX_CONNECTIONS"));
 #endif
 #ifdef PP_TEST_REAL_CUDA
     layer_staged_free();
