@@ -13123,7 +13123,7 @@ static int _pp_ckpt_layer_sharded(const _pp_ckpt* c, int l) {
 
 /* A TP rank other than the first: the first rank's next word (_PP_TAG_CKPT_OUT), within the TP
    group's deadline. A slice goes to the first rank only when it asks for it (_PP_CKPT_SEND); any
-   other word is the save's outcome, its last word (c->tp_final). So a save the first rank gives up
+   other word is the save's outcome, its last word (c->tp_last). So a save the first rank gives up
    (it cannot create its file, a write fails) leaves no slice queued on the TP transport, where
    the next save would read it as its own: it sends its outcome instead of the next request.
    Before (PP_TEST_CKPT_PUSH, build/ckpt-controls), every slice was sent unasked, under one tag. */
@@ -13139,10 +13139,12 @@ static pp_result _pp_ckpt_word(const pp_group* g, int32_t* word, pp_error* err) 
 #ifndef PP_TEST_CKPT_PUSH
 static pp_result _pp_ckpt_ask(_pp_ckpt* c, int l, pp_error* err) {
     int32_t word;
-    pp_result rc = _pp_ckpt_word(c->d->tp, &word, err);
-    if (rc != PP_OK)
+    pp_error e;
+    pp_result rc;
+    e.msg[0] = 0;
+    if ((rc = _pp_ckpt_word(c->d->tp, &word, &e)) != PP_OK)
         return _pp_fail(err, rc, "checkpoint: TP rank %d waiting for TP rank 0 (rank %d) to ask for layer %d's slice: %s",
-                        c->tp_k, c->tp_ranks[0], l, err ? err->msg : "");
+                        c->tp_k, c->tp_ranks[0], l, e.msg);
     if (word == _PP_CKPT_SEND) return PP_OK;
     if (c->tp_last) *c->tp_last = word;
     if (word == (int32_t)PP_OK)
