@@ -10833,28 +10833,22 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
 #define _PP_TP_VERDICT_MASK 0xfffu
 #endif
 static pp_result _pp_tp_agree(pp_stage* s, pp_result rc) {
-    const pp_group* g = s->d.tp;
-    const pp_transport* t;
-    int n = pp_group_size(g), me = pp_group_rank(g), i, bad = -1, idx[PP_MAX_RANKS], tag, tries;
+    const pp_transport* t = s->tp_t; /* pp_stage_desc.tp resolved at create: NULL for a group of one */
+    int n = s->tp_n, me = s->tp_me, i, bad = -1, tag, tries;
     int32_t mine[2], all[PP_MAX_RANKS][2];
     _pp_tp_msg m[PP_MAX_RANKS];
-    double to, end;
+    double end;
     pp_error e;
     pp_result xr;
 #ifdef PP_TEST_NO_TP_AGREE /* negative control (build/tp-controls): each pipeline's outcome alone */
     return rc;
 #endif
-    if (s->tp_agree_off || !g || !g->t || n <= 1 || n > PP_MAX_RANKS || me < 0 || !g->t->isend || !g->t->irecv ||
-        !g->t->wait)
-        return rc;
-    t = g->t;
-    to = g->timeout_s > 0 ? g->timeout_s : PP_DEFAULT_TIMEOUT_S;
-    end = _pp_now() + to;
+    if (s->tp_agree_off || !t || n <= 1 || n > PP_MAX_RANKS || !t->isend || !t->irecv || !t->wait) return rc;
+    end = _pp_now() + s->tp_to;
     tag = _PP_TAG_TP_VERDICT + (int)((uint32_t)s->n_steps & _PP_TP_VERDICT_MASK);
     mine[0] = s->n_steps;
     mine[1] = (int32_t)rc;
     for (i = 0; i < n; i++) {
-        idx[i] = g->ranks ? g->ranks[i] : i;
         all[i][0] = s->n_steps;
         all[i][1] = (int32_t)PP_OK;
         m[i].sp = mine;
@@ -10863,14 +10857,14 @@ static pp_result _pp_tp_agree(pp_stage* s, pp_result rc) {
         m[i].rb = i == me || rc != PP_OK ? 0 : sizeof mine; /* a failed member only tells */
     }
     e.msg[0] = 0;
-    xr = _pp_tp_xchg(t, idx, n, me, tag, m, to, &e);
+    xr = _pp_tp_xchg(t, s->tp_ranks, n, me, tag, m, s->tp_to, &e);
     if (rc != PP_OK) return rc; /* its own failure is the one reported */
 #ifndef PP_TEST_TP_VERDICT_NO_SKIP /* negative control (build/tp-controls): a past step's verdict taken */
     for (i = 0; i < n && xr == PP_OK; i++) /* a past step's verdict: passed over, the next one taken */
         for (tries = 0; i != me && all[i][0] != s->n_steps && xr == PP_OK && tries < 4096; tries++) {
             pp_request rq;
             memset(&rq, 0, sizeof rq);
-            if ((xr = t->irecv(t->self, idx[i], tag, all[i], sizeof all[i], &rq)) == PP_OK)
+            if ((xr = t->irecv(t->self, s->tp_ranks[i], tag, all[i], sizeof all[i], &rq)) == PP_OK)
                 xr = t->wait(t->self, &rq, end - _pp_now() > 0.001 ? end - _pp_now() : 0.001, &e);
         }
 #else
@@ -10883,7 +10877,7 @@ static pp_result _pp_tp_agree(pp_stage* s, pp_result rc) {
         if (i != me && (all[i][0] != s->n_steps || all[i][1] != (int32_t)PP_OK)) bad = i;
     if (bad < 0) return PP_OK;
     return _pp_fail(&s->err, PP_ERR_ABORTED, "rank %d: the step failed in TP rank %d's pipeline (rank %d of the TP transport): %s",
-                    s->d.rank, bad, idx[bad], all[bad][0] != s->n_steps ? "no verdict of this step" : pp_result_str((pp_result)all[bad][1]));
+                    s->d.rank, bad, s->tp_ranks[bad], all[bad][0] != s->n_steps ? "no verdict of this step" : pp_result_str((pp_result)all[bad][1]));
 }
 
 /* Any failure, a rejected batch included, tells the other ranks (transport.abort): they stop
