@@ -438,16 +438,6 @@ static void run_case(pp_schedule_kind kind, int p, int v, int m, pp_shape_policy
     free(acts);
 }
 
-/* Hardware queues, NCCL's own streams counted. Each channel's communicator has two streams of
-   NCCL's (deviceStream, which waits for every kernel of it, and hostStream; the imitation makes
-   them, tests/fakenccl), so n channels take 1 + 3n queues. With CUDA_DEVICE_MAX_CONNECTIONS=1
-   (as Megatron-LM sets it) every stream shares one queue and the device runs the transport's
-   kernels one after another in launch order, which the imitation's serialize_kernels = 2 also
-   imposes: every kind at p = 2 and 4 (m = 2p + 1) either runs bit-exact over one channel or is
-   refused at pp_stage_create on every rank, naming the kinds that run there; 1F1B, GPipe, ZB-H1
-   and ZB-H2 run. At CUDA's default 8 queues the default makes 2 channels and a schedule that
-   needs 4 is refused the same way. Negative control: build/nccl-ctl-old-queues (NCCL's streams
-   not counted: 4 channels on 8 queues) hangs until its deadline. */
 /* Until the streams earlier cases destroyed are gone (the imitation releases a stream's queue
    once its work is done, on its own thread): at most 2 s. */
 static void streams_settle(void) {
@@ -463,6 +453,16 @@ static void streams_settle(void) {
     }
 }
 
+/* Hardware queues, NCCL's own streams counted. Each channel's communicator has two streams of
+   NCCL's (deviceStream, which waits for every kernel of it, and hostStream; the imitation makes
+   them, tests/fakenccl), so n channels take 1 + 3n queues. With CUDA_DEVICE_MAX_CONNECTIONS=1
+   (as Megatron-LM sets it) every stream shares one queue and the device runs the transport's
+   kernels one after another in launch order, which the imitation's serialize_kernels = 2 also
+   imposes: every kind at p = 2 and 4 (m = 2p + 1) either runs bit-exact over one channel or is
+   refused at pp_stage_create on every rank, naming the kinds that run there; 1F1B, GPipe, ZB-H1
+   and ZB-H2 run. At CUDA's default 8 queues the default makes 2 channels and a schedule that
+   needs 4 is refused the same way. Negative control: build/nccl-ctl-old-queues (NCCL's streams
+   not counted: 4 channels on 8 queues) hangs until its deadline. */
 static void one_queue_case(pp_schedule_kind kind, int p, int m, const char* queues, int* ran, int* refused) {
     world w;
     uint64_t shared0, made0[MAXP];
