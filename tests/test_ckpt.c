@@ -1159,6 +1159,17 @@ static pp_result tp_ckpt_rank(int wr, void* user) {
     return PP_OK;
 }
 
+/* R's world (R->pp * R->tp threads) made, run through tp_ckpt_rank and gone: the outcomes in R. */
+static void tp_run(tprun* R) {
+    pp_error err;
+    err.msg[0] = 0;
+    CHECK(pp_threads_create(R->pp * R->tp, &R->all, &err) == PP_OK, "threads: %s", err.msg);
+    if (!R->all) return;
+    CHECK(pp_threads_run(R->pp * R->tp, tp_ckpt_rank, R, &err) == PP_OK, "run: %s", err.msg);
+    pp_threads_destroy(R->all);
+    R->all = NULL;
+}
+
 static size_t tp_first_diff(const unsigned char* a, const unsigned char* b, size_t n) {
     size_t i;
     for (i = 0; i < n && a[i] == b[i]; i++) {
@@ -1214,8 +1225,7 @@ static void test_tp(void) {
             R.img = img;
             R.bytes = (size_t)size;
             memset(img, 0xee, (size_t)size);
-            CHECK(pp_threads_create(pp * tp, &R.all, &err) == PP_OK, "threads: %s", err.msg);
-            CHECK(pp_threads_run(pp * tp, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
+            tp_run(&R);
             for (i = 0; i < pp * tp; i++)
                 /* copies counted at pp = 2, where every rank holds bytes to save; at pp = 4 a stage of
                    one layer may hold none on a TP rank (a whole layer, an empty last slice) */
@@ -1224,7 +1234,6 @@ static void test_tp(void) {
                       pp, i, R.msg[i], R.copies[i]);
             CHECK(memcmp(img, ref, (size_t)size) == 0, "save tp=%d pp=%d: the image differs from tp = 1's at byte %zu of %llu",
                   tp, pp, tp_first_diff(img, ref, (size_t)size), (unsigned long long)size);
-            pp_threads_destroy(R.all);
             runs++;
         }
     { /* saved at (p 4, tp 2), resumed at (p 2, tp 1) and at (p 1, tp 4): every rank's weights and
@@ -1240,12 +1249,10 @@ static void test_tp(void) {
             R.load = k >= 0;
             R.img = img42;
             R.bytes = (size_t)size;
-            CHECK(pp_threads_create(R.pp * R.tp, &R.all, &err) == PP_OK, "threads: %s", err.msg);
-            CHECK(pp_threads_run(R.pp * R.tp, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
+            tp_run(&R);
             for (i = 0; i < R.pp * R.tp; i++)
                 CHECK(R.rc[i] == PP_OK && R.bad[i] == 0, "%s at (p %d, tp %d), saved at (p 4, tp 2): world rank %d: %s",
                       k < 0 ? "saved" : "loaded", R.pp, R.tp, i, R.msg[i]);
-            pp_threads_destroy(R.all);
         }
         free(img42);
     }
@@ -1259,8 +1266,7 @@ static void test_tp(void) {
         R.tp = 2;
         R.to_file = 1;
         R.path = path;
-        CHECK(pp_threads_create(2, &R.all, &err) == PP_OK, "threads: %s", err.msg);
-        CHECK(pp_threads_run(2, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
+        tp_run(&R);
         CHECK(R.rc[0] == PP_OK && R.rc[1] == PP_OK, "save_file tp=2: %s / %s", R.msg[0], R.msg[1]);
         memset(img, 0, (size_t)size);
         f = fopen(path, "rb");
@@ -1269,7 +1275,6 @@ static void test_tp(void) {
               "save_file tp=2: %zu bytes, differ from tp = 1's at byte %zu", got, tp_first_diff(img, ref, got));
         if (f) fclose(f);
         remove(path);
-        pp_threads_destroy(R.all);
     }
     { /* the write fails on TP rank 0 (a path in no directory): the other TP ranks, which only send,
          return its failure too (a save fails on every TP rank or none). Then every value + 1 and
@@ -1292,15 +1297,13 @@ static void test_tp(void) {
         R.to_file = 1;
         R.timeout = 5;
         R.path = "/nonexistent-pp-test-dir/tp.ckpt";
-        CHECK(pp_threads_create(2, &R.all, &err) == PP_OK, "threads: %s", err.msg);
-        CHECK(pp_threads_run(2, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
+        tp_run(&R);
         CHECK(R.rc[0] != PP_OK && R.rc[1] == R.rc[0] && strstr(R.msg[1], "TP rank 0"),
               "save_file tp=2 into no directory: TP rank 0 %s (%s), TP rank 1 %s (%s): want the same failure on both",
               pp_result_str(R.rc[0]), R.msg[0], pp_result_str(R.rc[1]), R.msg[1]);
         CHECK(R.rc2[0] == PP_OK && R.rc2[1] == PP_OK && memcmp(img, ref2, (size_t)size) == 0,
               "the save after a failed one: %s / %s; the image differs from tp = 1's at byte %zu of %llu (a stale slice)",
               pp_result_str(R.rc2[0]), pp_result_str(R.rc2[1]), tp_first_diff(img, ref2, (size_t)size), (unsigned long long)size);
-        pp_threads_destroy(R.all);
         free(ref2);
     }
     for (tp = 1; tp <= TPMAX; tp *= 2)
@@ -1312,12 +1315,10 @@ static void test_tp(void) {
             R.load = 1;
             R.img = ref;
             R.bytes = (size_t)size;
-            CHECK(pp_threads_create(pp * tp, &R.all, &err) == PP_OK, "threads: %s", err.msg);
-            CHECK(pp_threads_run(pp * tp, tp_ckpt_rank, &R, &err) == PP_OK, "run: %s", err.msg);
+            tp_run(&R);
             for (i = 0; i < pp * tp; i++)
                 CHECK(R.rc[i] == PP_OK && R.bad[i] == 0 && (pp != 2 || R.copies[i] > 0), "load tp=%d pp=%d: world rank %d: %s",
                       tp, pp, i, R.msg[i]);
-            pp_threads_destroy(R.all);
         }
     printf("tp: saves at tp = 1, 2, 4 x pp = 1, 2, 4 (%d) and a file at tp = 2 equal the tp = 1 save byte for byte (%llu "
            "bytes; rows, columns, a flat split with a short last slice, whole copies, a state); loads at tp = 1, 2, 4 give "
