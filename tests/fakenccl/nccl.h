@@ -106,7 +106,7 @@
 
    - NCCL's own streams [src: init.cc, ncclStrongStreamConstruct(&sharedRes->deviceStream) and
      (&sharedRes->hostStream): cudaStreamCreateWithFlags]: two per communicator (per parent under
-     splitShare), made here at its first launch. Before a kernel its launch stream waits for
+     splitShare), made here at its first call once ready (fn_ready) or launch. Before a kernel its launch stream waits for
      deviceStream, after it deviceStream waits for the kernel's end [src: enqueue.cc,
      ncclLaunchPrepare: ncclStreamWaitStream; ncclLaunchFinish: ncclStreamAdvanceToEvent, a
      cudaStreamWaitEvent outside graph capture]. They take hardware queues like the client's
@@ -513,12 +513,14 @@ static inline ncclResult_t fn_state(struct ncclComm* c) {
 }
 
 /* "comm must be ready, or error will be reported" [src: init.cc, ncclCommEnsureReady] */
+static inline void fn_internal_streams(struct ncclComm* c);
 static inline ncclResult_t fn_ready(struct ncclComm* c) {
     ncclResult_t r;
     if (!c) return fn_fail(NULL, ncclInvalidArgument, "comm argument is NULL");
     pthread_mutex_lock(&fn_mu);
     r = fn_state(c);
     pthread_mutex_unlock(&fn_mu);
+    if (r == ncclSuccess) fn_internal_streams(c); /* NCCL made them at init: here by the first call after it */
     if (r == ncclInProgress)
         return fn_fail(c, ncclInvalidArgument, "Attempt to use communicator before the previous operation returned ncclSuccess");
     return r;
@@ -931,8 +933,10 @@ static inline int fn_kernel(void* arg) {
 /* NCCL's own streams [src: init.cc, commAlloc/sharedRes: ncclStrongStreamConstruct(&deviceStream),
    (&hostStream); misc/strongstream.cc, ncclStrongStreamConstruct: cudaStreamCreateWithFlags], one
    pair per shared resources (split children under splitShare use their parent's). NCCL makes
-   them at init; the imitation at the first launch of their communicator (before that launch's
-   stream work), on its device, lock not held. They take hardware queues like any stream
+   them at init; the imitation at the first call on the communicator once its init is done
+   (fn_ready: ncclCommCount and the other queries, a split), or at its first launch if that
+   comes first, on its device, lock not held. So they take their queues before the client's
+   streams made after (a grid's streams: tests/test_nccl_grid.c counts them). They take hardware queues like any stream
    (fakecuda: CUDA_DEVICE_MAX_CONNECTIONS), and deviceStream holds a wait for every kernel of
    its communicator (fn_launch): a stream sharing its queue runs nothing past it until the
    kernel ends. */
@@ -2022,7 +2026,7 @@ static inline void fakenccl_stats_get(fakenccl_stats* out) {
 /* fakenccl_stats.cuda_calls made in the calling thread so far (its group ends). */
 static inline uint64_t fakenccl_thread_cuda_calls(void) { return fn_thread_cuda_calls; }
 /* NCCL's own streams of comm's shared resources (fn_internal_streams): NULL until its first
-   launch, or without them (no_internal_streams). For tests of the rule. */
+   call or launch once ready, or without them (no_internal_streams). For tests of the rule. */
 static inline void fakenccl_comm_streams(ncclComm_t comm, cudaStream_t* dev, cudaStream_t* host) {
     pthread_mutex_lock(&fn_mu);
     *dev = comm && comm->q && comm->q->made == 1 ? comm->q->dev_stream : NULL;
