@@ -61,9 +61,10 @@
      channels' groups in different orders), which NCCL does not promise: where the kernels are
      known to run one after another the transport runs one channel and refuses a schedule that
      needs more, naming the kinds that run: n channels' streams (each channel's and NCCL's two
-     per communicator, deviceStream and hostStream) and the compute stream, 1 + 3n, beyond
-     CUDA_DEVICE_MAX_CONNECTIONS (8 by default: 2 channels fit), or NCCL_LAUNCH_ORDER_IMPLICIT
-     set. pp_nccl_desc.channels = 1 keeps to NCCL's documented rule everywhere (docs/gpu.md).
+     per communicator, deviceStream and hostStream) and the compute stream, 1 + 3n, with the
+     streams the rank holds besides (pp_nccl_desc.queues_held; a grid's pipe: 8, 11 with tp),
+     beyond CUDA_DEVICE_MAX_CONNECTIONS (8 by default: 2 channels fit, none beyond one in a
+     grid), or NCCL_LAUNCH_ORDER_IMPLICIT set. pp_nccl_desc.channels = 1 keeps to NCCL's documented rule everywhere (docs/gpu.md).
    - pp_nccl_step_end after every pp_stage_step (and pp_stage_eval): waits, with the deadline,
      for the step's groups, so a peer that never sent is an error here, not a GPU that never
      finishes.
@@ -162,8 +163,8 @@ typedef struct pp_nccl_desc {
     /* Communicators the transport runs (the given one and splits of it): 0, the default, uses
        the fewest of 1, 2, 4, 8 that every schedule checked at pp_stage_create passes over
        (pp_nccl_check_order, pp_nccl_check_rendezvous), up to 8 (4 with two ranks) and up to what
-       the device's hardware queues leave room for (1 + 3n queues: 2 channels at CUDA's default
-       8; 1 under NCCL_LAUNCH_ORDER_IMPLICIT); 8, 4, 2 or 1 make and use that many, at the price
+       the device's hardware queues leave room for (1 + 3n queues and queues_held: 2 channels at
+       CUDA's default 8; 1 under NCCL_LAUNCH_ORDER_IMPLICIT); 8, 4, 2 or 1 make and use that many, at the price
        of refusing some schedules. Every rank must pass the same. NCCL < 2.18: always 1. */
     int channels;
     double timeout_s;           /* create's splits and warm-up all-reduces, pp_stage_create's
@@ -186,6 +187,12 @@ typedef struct pp_nccl_desc {
        0: at the check, or at the first message where no schedule is ever checked, which holds
        that message's host until every rank sends or receives its own first. */
     int connect_all;
+    /* Hardware work queues this rank's other streams hold on its device, beyond the compute
+       stream and this transport's own: other communicators (each takes NCCL's two streams)
+       and their transports' streams, streams of your own that run while a step does. Channels
+       beyond one are counted against CUDA_DEVICE_MAX_CONNECTIONS less these, so none of them
+       shares a queue (pp_nccl_grid_create sets it for its pipe). Every rank must pass the same. */
+    int queues_held;
 } pp_nccl_desc;
 
 /* Device memory NCCL 2.30 gives one point-to-point or ring connection, one direction, one NCCL
@@ -451,6 +458,7 @@ struct pp_nccl {
        gradients, dir 1: received); _ppn_connect sets up those pairs on their channels */
     unsigned char want[PP_MAX_RANKS];
     int nch_max;                /* the most channels it may run (made at the first check, auto) */
+    int queues_held;            /* pp_nccl_desc.queues_held: queues the rank's other streams hold */
     int coll_only, planned;     /* pp_nccl_desc.collective_only; a schedule was checked (or all set up) */
     int colls_warmed, coll_conn, p2p_lazy; /* warm-up all-reduces; ring connections made; pairs NCCL made at first use */
     void* warm_buf;             /* the warm-up all-reduce's device element */
@@ -1658,8 +1666,14 @@ static pp_result _ppn_plan_all(pp_nccl* t, pp_error* err) {
      make no side stream (pipeline_cuda.h makes one at its own transport's first early copy).
      With one more, two channels at 8 queues put a channel's stream on the compute stream's
      queue and steps hung by chance (test_nccl_pipeline's queues mode counts every stream).
-     Ranks sharing a device in one process share its queues; the count is per rank. */
-static int _ppn_queues_need(int n) { return n <= 1 ? 1 : 1 + 3 * n; }
+     Ranks sharing a device in one process share its queues; the count is per rank. Streams
+     beside the transport's (a grid's other communicators: pp_nccl_desc.queues_held) take
+     queues too, and a channel's stream placed with one of them waits behind its work (an
+     all-reduce waiting for its peers, deviceStream's wait for it): held are counted first.
+     One channel needs no queue of its own: its kernels run in issue order, which its check
+     proves; every stream on one queue runs each rank's work in issue order, and the ranks of
+     a grid issue theirs in the same order per role. */
+static int _ppn_queues_need(int n, int held) { return n <= 1 ? 1 : held + 1 + 3 * n; }
 static int _ppn_queues(int* given) {
     const char* e = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
     int q = e && *e ? atoi(e) : 8;
@@ -1677,19 +1691,22 @@ static int _ppn_launch_ordered(void) {
     return e && *e && atoi(e) != 0;
 }
 /* the most channels (1, 2, 4 or 8) that may run at once */
-static int _ppn_channels_fit(void) {
+static int _ppn_channels_fit(int held) {
     int n = 8, q = _ppn_queues(NULL);
     if (_ppn_launch_ordered()) return 1;
 #ifdef PP_NCCL_TEST_OLD_QUEUES /* negative control (build/nccl-controls): NCCL's own streams not counted */
     while (n > 1 && n + 1 > q) n /= 2;
     return n;
 #endif
-    while (n > 1 && _ppn_queues_need(n) > q) n /= 2;
+    while (n > 1 && _ppn_queues_need(n, held) > q) n /= 2;
     return n;
 }
-static pp_result _ppn_queues_ok(int n, pp_error* err) {
+static pp_result _ppn_queues_ok(int n, int held, pp_error* err) {
     int given, q = _ppn_queues(&given);
-    if (n <= _ppn_channels_fit()) return PP_OK;
+    char others[160] = "";
+    if (n <= _ppn_channels_fit(held)) return PP_OK;
+    if (held > 0)
+        snprintf(others, sizeof others, ", and %d the rank's other streams hold: queues_held", held);
     if (_ppn_launch_ordered())
         return _pp_fail(err, PP_ERR_UNSUPPORTED,
                         "%d channels: NCCL_LAUNCH_ORDER_IMPLICIT is set, so NCCL orders this device's kernels by host launch "
@@ -1698,10 +1715,11 @@ static pp_result _ppn_queues_ok(int n, pp_error* err) {
                         n);
     return _pp_fail(err, PP_ERR_UNSUPPORTED,
                     "%d channels need %d hardware work queues (the compute stream, and for each channel its stream and NCCL's "
-                    "two of its communicator); CUDA_DEVICE_MAX_CONNECTIONS is %d%s: streams beyond share a queue and wait for "
+                    "two of its communicator%s); CUDA_DEVICE_MAX_CONNECTIONS is %d%s: streams beyond share a queue and wait for "
                     "each other's work, which can hang this schedule. Set CUDA_DEVICE_MAX_CONNECTIONS=%d or more before the "
                     "process first uses CUDA, or pp_nccl_desc.channels = %d",
-                    n, _ppn_queues_need(n), q, given ? "" : " (CUDA's default)", _ppn_queues_need(n), _ppn_channels_fit());
+                    n, _ppn_queues_need(n, held), others, q, given ? "" : " (CUDA's default)", _ppn_queues_need(n, held),
+                    _ppn_channels_fit(held));
 }
 
 /* The built-in kinds whose lists at p and m pass over nch channels, named into buf. */
@@ -1753,19 +1771,19 @@ static pp_result _ppn_check_schedule(void* self, const pp_schedule* s, pp_error*
             int more = t->nch_max * 2, most = t->size > 2 ? _PPN_MAXCH : 4; /* two ranks: one pair, one parity */
             if (rc == PP_OK) n = t->nch_max;
             while (rc != PP_OK && more <= most && _ppn_check_channels(s, more, NULL) != PP_OK) more *= 2;
-            if (rc != PP_OK && more <= most && more > _ppn_channels_fit()) {
+            if (rc != PP_OK && more <= most && more > _ppn_channels_fit(t->queues_held)) {
                 /* it runs over more channels than the device's queues leave room for: say what runs */
                 char kinds[256];
                 pp_error why;
-                int fit = _ppn_channels_fit();
-                (void)_ppn_queues_ok(more, &why);
+                int fit = _ppn_channels_fit(t->queues_held);
+                (void)_ppn_queues_ok(more, t->queues_held, &why);
                 _ppn_kinds_over(s->p, s->m, fit, kinds, sizeof kinds);
                 return _pp_fail(err, PP_ERR_UNSUPPORTED, "%s p=%d m=%d needs %d channels, and %d fit: %s. At p=%d m=%d these "
                                 "run over %d: %s", pp_schedule_name(s->kind), s->p, s->m, more, fit, why.msg, s->p, s->m, fit, kinds);
             }
             if (rc != PP_OK) return rc;
         }
-        if ((rc0 = _ppn_queues_ok(n, err)) != PP_OK) return rc0;
+        if ((rc0 = _ppn_queues_ok(n, t->queues_held, err)) != PP_OK) return rc0;
         if ((rc0 = _ppn_make_channels(t, n, err)) != PP_OK) { /* collective: the peers would wait */
             _ppn_abort_comm(t);
             return rc0;
@@ -1850,8 +1868,10 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
     if (!out) return _pp_fail(err, PP_ERR_INVALID, "output pointer is NULL");
     *out = NULL;
     if (!d || !d->comm) return _pp_fail(err, PP_ERR_INVALID, "pp_nccl_create needs a communicator");
+    if (d->queues_held < 0) return _pp_fail(err, PP_ERR_INVALID, "queues_held = %d (streams: 0 or more)", d->queues_held);
     if (!(t = (pp_nccl*)_pp_calloc(1, sizeof *t))) return _pp_fail(err, PP_ERR_NOMEM, "NCCL transport");
     t->comm = d->comm;
+    t->queues_held = d->queues_held;
     t->own_comm = d->own_comm;
     t->compute = d->compute;
     t->timeout_s = d->timeout_s > 0 ? d->timeout_s : PP_DEFAULT_TIMEOUT_S;
@@ -1872,7 +1892,8 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
     }
 #if NCCL_VERSION_CODE >= 21800
     if (t->size > 1) t->nch = d->channels ? d->channels : t->size > 2 ? 8 : 4; /* two ranks: one pair, one parity */
-    if (!d->channels && t->nch > _ppn_channels_fit()) t->nch = _ppn_channels_fit(); /* each stream a queue of its own */
+    if (!d->channels && t->nch > _ppn_channels_fit(t->queues_held)) /* each stream a queue of its own */
+        t->nch = _ppn_channels_fit(t->queues_held);
 #endif
     t->coll_only = d->collective_only;
 #ifdef PP_NCCL_TEST_DP_CHANNELS /* negative control (build/nccl-controls): all-reduce transports made like a pipeline's */
@@ -1895,7 +1916,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
                         d->comm_shares_resources ? "give a communicator made with splitShare = 0" : var ? "unset it" : "");
     }
     if (d->channels > 1 && t->nch > 1) { /* a count given: it is the one in use (the default waits for the check) */
-        pp_result rq = _ppn_queues_ok(t->nch, err);
+        pp_result rq = _ppn_queues_ok(t->nch, t->queues_held, err);
         if (rq != PP_OK) {
             PP_FREE(t);
             return rq;
@@ -1912,7 +1933,7 @@ pp_result pp_nccl_create(const pp_nccl_desc* d, pp_nccl** out, pp_error* err) {
     t->stream = t->ch_stream[0];
     /* the default: all until the first check, then the fewest (one channel because the queues
        leave room for no more is the default too: its refusals say so) */
-    t->nch_auto = !d->channels && !t->coll_only && (t->nch > 1 || (t->size > 1 && _ppn_channels_fit() < 8));
+    t->nch_auto = !d->channels && !t->coll_only && (t->nch > 1 || (t->size > 1 && _ppn_channels_fit(t->queues_held) < 8));
     {
         /* channels 1 ..: the same ranks in communicators of their own (collective); with the
            default count, only those the checked schedules need, made at the check */
@@ -2226,6 +2247,20 @@ pp_result pp_nccl_comm_init(const pp_launch* L, const ncclUniqueId* id, double t
     return _ppn_settle(*comm, deadline, "ncclCommInitRankConfig", err);
 }
 
+/* The hardware queues a grid rank's streams hold beside its pipe's (pp_nccl_desc.queues_held):
+   NCCL's two (deviceStream, hostStream: src/init.cc) for the world communicator, and for the
+   dp, the tied pair's and the TP group's communicator those two and the transport's stream.
+   The tied pair's are counted on every rank, so every pipe rank picks the same channels. */
+#if NCCL_VERSION_CODE >= 21800
+static int _ppn_grid_held(int tp) {
+#ifdef PP_NCCL_TEST_GRID_UNHELD /* negative control (build/nccl-controls): the pipe counts its own streams only */
+    (void)tp;
+    return 0;
+#endif
+    return 2 + 3 + 3 + (tp > 1 ? 3 : 0);
+}
+#endif
+
 pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cudaStream_t compute, double timeout_s,
                               pp_nccl_grid* g, pp_error* err) {
     return pp_nccl_grid_create_tp(world, pp, 1, order, compute, timeout_s, g, err);
@@ -2275,7 +2310,9 @@ pp_result pp_nccl_grid_create_tp(ncclComm_t world, int pp, int tp, pp_grid_order
     d.own_comm = 1;
     d.timeout_s = timeout_s;
     d.comm = pipe;
+    d.queues_held = _ppn_grid_held(tp);
     rc = pp_nccl_create(&d, &g->pipe, err);
+    d.queues_held = 0; /* one channel each */
     d.comm = dp;
     d.collective_only = 1; /* dp and tied only all-reduce: one communicator each, no pair connected ahead */
     if (rc == PP_OK) rc = pp_nccl_create(&d, &g->dp, err);

@@ -60,6 +60,7 @@ typedef struct world {
     int first[PP * 2 + 1];
     int m;
     int overlap;                /* 1: pp_dp_overlap (2: its direct check on host memory); 0: pp_grad_allreduce after the step */
+    int refused;                /* 1: every rank's pp_stage_create must refuse the schedule (queues_run) */
     float* w[NR];               /* each rank's weights and gradients, host memory */
     float* g[NR];
     float* wref;
@@ -420,7 +421,7 @@ static void run_ranks(world* W) {
     for (r = 0; r < NR; r++) pthread_join(th[r], NULL);
 }
 
-static void grid_run(pp_schedule_kind kind, int m, int overlap) {
+static void grid_run_v(pp_schedule_kind kind, int v, int m, int overlap, int refused) {
     static pp_action acts[PP * 2 * 2 * 16];
     world W;
     pp_error err;
@@ -431,8 +432,9 @@ static void grid_run(pp_schedule_kind kind, int m, int overlap) {
     W.model = layer_kernels_model(tlm_model_desc());
     W.m = m;
     W.overlap = overlap;
-    rc = pp_schedule_make(kind, PP, 1, m, acts, sizeof acts / sizeof acts[0], &W.sc, &err);
-    if (rc == PP_OK) rc = pp_partition_uniform(W.model.n_layers, PP, W.first, &err);
+    W.refused = refused;
+    rc = pp_schedule_make(kind, PP, v, m, acts, sizeof acts / sizeof acts[0], &W.sc, &err);
+    if (rc == PP_OK) rc = pp_partition_uniform(W.model.n_layers, PP * v, W.first, &err);
     CHECK(rc == PP_OK, "setup: %s", err.msg);
     if (rc != PP_OK) return;
     CHECK(owner(&W, TLM_EMBED_LAYER) == 0 && owner(&W, TLM_HEAD_LAYER) == PP - 1, "the tied pair is {0, %d}", PP - 1);
@@ -440,6 +442,14 @@ static void grid_run(pp_schedule_kind kind, int m, int overlap) {
     W.wref = tlm_grid_weights(W.w, W.g, NR);
     layer_range(TLM_HEAD_LAYER, &hoff, &hn);
     run_ranks(&W);
+    for (r = 0; refused && r < NR; r++) /* the same refusal on every rank, naming the variable and what fits */
+        CHECK(W.rc[r] == PP_ERR_UNSUPPORTED && strstr(W.msg[r], "CUDA_DEVICE_MAX_CONNECTIONS=") &&
+                  strstr(W.msg[r], "queues_held"), "%s: world rank %d: %s (want the queues' refusal)",
+              pp_schedule_name(kind), r, W.rc[r] == PP_OK ? "PP_OK" : W.msg[r]);
+    if (refused) {
+        tlm_grid_free(W.wref, W.w, W.g, NR);
+        return;
+    }
     for (r = 0; r < NR; r++) {
         CHECK(W.rc[r] == PP_OK, "%s: world rank %d: %s", pp_schedule_name(kind), r, W.msg[r]);
         CHECK(W.bad[r] == 0, "%s: world rank %d: %s", pp_schedule_name(kind), r, W.msg[r]);
@@ -486,6 +496,43 @@ static void grid_run(pp_schedule_kind kind, int m, int overlap) {
     }
     tlm_grid_free(W.wref, W.w, W.g, NR);
 }
+
+static void grid_run(pp_schedule_kind kind, int m, int overlap) { grid_run_v(kind, 1, m, overlap, 0); }
+
+#ifndef PP_TEST_REAL_CUDA
+/* The grid's hardware queues. A rank holds, besides its pipe's streams, the world communicator's
+   two NCCL streams and the dp and tied transports' (each its stream and NCCL's two): 8 more
+   (pp_nccl_grid_create's queues_held). Interleaved p = 2, m = 4 runs over 2 channels: 1 + 8 +
+   2 * 3 = 15 streams. At 15 queues it runs, every stream on a queue of its own and exactly 15
+   made per device; at 14 every rank refuses it at pp_stage_create (the pipe counted only its own
+   7 before, took 2 channels at 8 queues, and a channel's stream waited behind another
+   communicator's work). 1F1B at 8 runs on one channel, which needs no queue of its own. */
+static void queues_run(void) {
+    const char* was = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    char keep[32];
+    uint64_t made[NR], shared;
+    int r;
+    snprintf(keep, sizeof keep, "%s", was ? was : "");
+    for (r = 0; r < NR; r++) made[r] = fakecuda_streams_made(r);
+    shared = fakecuda_queue_shared();
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "15", 1);
+    grid_run_v(PP_SCHED_INTERLEAVED, 2, 4, 0, 0);
+    for (r = 0; r < NR; r++)
+        CHECK(fakecuda_streams_made(r) - made[r] == 15, "queues: device %d: %llu streams made for interleaved p=2 over a "
+              "grid, want 15 (1 + 8 held + 2 channels x 3)", r, (unsigned long long)(fakecuda_streams_made(r) - made[r]));
+    CHECK(fakecuda_queue_shared() == shared, "queues: %llu streams made onto a held queue at 15 queues",
+          (unsigned long long)(fakecuda_queue_shared() - shared));
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "14", 1);
+    grid_run_v(PP_SCHED_INTERLEAVED, 2, 4, 0, 1);
+    CHECK(fakecuda_queue_shared() == shared, "queues: %llu streams made onto a held queue at 14 queues",
+          (unsigned long long)(fakecuda_queue_shared() - shared));
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8", 1);
+    grid_run(PP_SCHED_1F1B, 5, 1);
+    if (was) setenv("CUDA_DEVICE_MAX_CONNECTIONS", keep, 1);
+    else unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    printf("nccl-grid queues: interleaved p=2 at 15 queues runs (15 streams a device), at 14 refused; 1F1B at 8 runs\n");
+}
+#endif
 
 /* Issue 39, item 1 over NCCL: pp 2 x dp 2 with the overlapped reduction (1F1B), a layer failing
    on replica 0 at step 1, the documented recovery. Step 1 fails on every rank of the grid, each
@@ -539,10 +586,20 @@ static void fault_run(void) {
 }
 
 int main(int argc, char** argv) {
+#ifndef PP_TEST_REAL_CUDA
+    uint64_t shared0;
+#endif
     if (argc > 1 && !strcmp(argv[1], "table")) { /* docs/multiprocess.md: connections and memory per rank */
         grid_table();
         return TEST_DONE("nccl-grid table");
     }
+#ifndef PP_TEST_REAL_CUDA
+    if (argc > 1 && !strcmp(argv[1], "queues")) { /* the queues run alone (the control) */
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        queues_run();
+        return TEST_DONE("nccl-grid queues");
+    }
+#endif
     if (argc > 1 && !strcmp(argv[1], "fault")) { /* the fault run alone (the controls) */
         setvbuf(stdout, NULL, _IOLBF, 0);
         fault_run();
@@ -555,6 +612,9 @@ int main(int argc, char** argv) {
        the imitation then shares queues (60 streams on held ones, before), which can hang a step
        by chance. As many queues as the streams, unless the caller says otherwise */
     setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    queues_run(); /* first: after the other runs a stream per device is still live (4 shared at 15
+                     queues); it restores the variable, and its 1F1B at 8 queues shares them */
+    shared0 = fakecuda_queue_shared();
 #endif
     grid_run(PP_SCHED_GPIPE, 4, 0);
     grid_run(PP_SCHED_1F1B, 5, 0);
@@ -564,8 +624,8 @@ int main(int argc, char** argv) {
 #ifndef PP_TEST_REAL_CUDA
     fault_run();
     /* negative control (build/nccl-controls): CUDA_DEVICE_MAX_CONNECTIONS=8, CUDA's default */
-    CHECK(fakecuda_queue_shared() == 0, "%llu streams made onto a hardware queue another stream held (%s queues)",
-          (unsigned long long)fakecuda_queue_shared(), getenv("CUDA_DEVICE_MAX_CONNECTIONS"));
+    CHECK(fakecuda_queue_shared() == shared0, "%llu streams made onto a hardware queue another stream held (%s queues)",
+          (unsigned long long)(fakecuda_queue_shared() - shared0), getenv("CUDA_DEVICE_MAX_CONNECTIONS"));
 #endif
 #ifdef PP_TEST_REAL_CUDA
     layer_staged_free();
