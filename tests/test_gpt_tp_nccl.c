@@ -13,7 +13,8 @@
    communicator, do not hang; the pipelined step's loss and gradients are pp_sequential_step's
    at that tp (every rank, its TP group in pp_model.ctx), bit for bit; and the loss and every
    gradient buffer are within 1e-5
-   (relative) of the tp 1 model's (gpt_init's, sharded by gpt_tp_shard). Its negative control
+   (relative) of the tp 1 model's (gpt_init's, sharded by gpt_tp_shard); each device holds the
+   15 streams the grid counts (queues_held). Its negative control
    (build/tp-ctl-gpt-nccl-norow: the attention projection's row-parallel all-reduce dropped,
    PP_TEST_GPT_TP_NO_ROW_REDUCE) must fail. */
 #define _POSIX_C_SOURCE 200809L
@@ -314,6 +315,8 @@ int main(void) {
     pp_error err;
     int r, k;
     make_batch();
+    for (r = 0; r < NR; r++) /* each device's legacy stream (the staged layers' cudaMemcpy), before the counts */
+        CHECK(cudaSetDevice(r) == cudaSuccess && cudaStreamSynchronize(0) == cudaSuccess, "device %d: legacy stream", r);
     g_inner[0] = gpt_model_desc_depth(CFG.n_block);
     g_inner[1] = gptz_model_desc_depth(CFG.n_block);
     for (k = 0; k < 3; k++) {
@@ -323,8 +326,16 @@ int main(void) {
         W.kind = kinds[k];
         W.tp = tps[k];
         W.pp = NR / tps[k];
+        uint64_t made[NR];
         ncclGetUniqueId(&W.id);
+        for (r = 0; r < NR; r++) made[r] = fakecuda_streams_made(r);
         CHECK(pp_threads_run(NR, rank_main, &W, &err) == PP_OK, "%s", err.msg);
+        /* the grid's queue count (pp_nccl_grid_create_tp's queues_held, 11 with tp): the compute
+           stream, the world's two, and the pipe's, dp's, the tied pair's (at pp 1 the rank is
+           both ends) and tp's three each: so many streams are made on each rank's device */
+        for (r = 0; r < NR; r++)
+            CHECK(fakecuda_streams_made(r) - made[r] == 15, "%s: device %d: %llu streams made, want 1 + 11 held + 3 for the "
+                  "pipe's channel", pp_schedule_name(kinds[k]), r, (unsigned long long)(fakecuda_streams_made(r) - made[r]));
         for (r = 0; r < NR; r++) {
             CHECK(W.bad[r] == 0, "%s: rank %d: %s", pp_schedule_name(kinds[k]), r, W.msg[r]);
             bad += W.bad[r] != 0;
