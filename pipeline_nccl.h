@@ -107,7 +107,8 @@
      into the pipeline group, the data-parallel group and the tied pair (first and last stage
      rank) of a pp x dp grid (pipeline.h's pp_grid colours; dp and tied collective_only), and with
      pp_nccl_grid_create_tp the TP group of a pp x dp x tp grid (g.tp, one channel, every pair; pipeline.h's
-     pp_tp_* collectives run over its isend/irecv, host memory); tied layers use the tied transport,
+     pp_tp_* collectives run over its isend/irecv, host memory, and pp_nccl_tp_* enqueue NCCL's own
+     on a layer's stream, device memory); tied layers use the tied transport,
      or the pipeline transport with the pair of ranks that own them (pp_tied_sum_grads), data
      parallelism the dp transport (pp_grad_allreduce after the step, or pp_dp_overlap during the
      cool-down: the transport's iallreduce_sum enqueues each bucket's ncclAllReduce on its own
@@ -261,6 +262,30 @@ const char* pp_nccl_error(const pp_nccl* t);
 /* Communicators, connections and the device memory they hold (pp_nccl_stats), now. */
 void pp_nccl_get_stats(const pp_nccl* t, pp_nccl_stats* out);
 
+/* Tensor-parallel collectives of device memory, in stream order, for layers that run on the
+   GPU (pipeline.h's pp_tp_* take host memory over any transport). g is the layer's TP group
+   (io->tp: pp_stage_desc.tp over the grid's g.tp transport, all of its ranks); the NCCL
+   collective (a sum) is enqueued on stream, the stream the layer's kernels run on, after what
+   the layer enqueued there, and the call returns: the host never waits, and the layer's next
+   kernels on that stream read the result. Every member calls the same collectives in the same
+   order. The sum is NCCL's, in its algorithm's order: the same bits run to run on one machine
+   and configuration, not pp_tp_allreduce's order. f32, f64, f16 and bf16. The reduce-scatter
+   and the all-gather take count as the whole tensor, divisible by the group's size (NCCL's
+   equal blocks): the reduce-scatter leaves this member's count / size elements in recv, the
+   all-gather reads count / size from send. g NULL or of one rank: no message (a copy where
+   send and recv differ). pp_nccl_step_end on the TP transport waits, with its deadline, for
+   the collectives enqueued since its last call: a member that never came is PP_ERR_TIMEOUT
+   there, and the TP communicator is aborted, which ends the kernels that wait for it. */
+#define pp_nccl_tp_allreduce _PP_ABI(nccl_tp_allreduce)
+#define pp_nccl_tp_reducescatter _PP_ABI(nccl_tp_reducescatter)
+#define pp_nccl_tp_allgather _PP_ABI(nccl_tp_allgather)
+pp_result pp_nccl_tp_allreduce(const pp_group* g, void* buf, size_t count, pp_dtype dtype, cudaStream_t stream,
+                               pp_error* err);
+pp_result pp_nccl_tp_reducescatter(const pp_group* g, const void* send, void* recv, size_t count, pp_dtype dtype,
+                                   cudaStream_t stream, pp_error* err);
+pp_result pp_nccl_tp_allgather(const pp_group* g, const void* send, void* recv, size_t count, pp_dtype dtype,
+                               cudaStream_t stream, pp_error* err);
+
 /* Bootstrap. The file variant: rank 0 removes what is at path, creates the id and writes it
    there atomically (write, then rename) with its wall-clock time and the launcher's job id
    ($SLURM_JOB_ID, $TORCHELASTIC_RUN_ID, ... where one is set); the others poll for the file until
@@ -301,7 +326,7 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
                               pp_nccl_grid* out, pp_error* err);
 /* pp x dp x tp (pp_grid_make_tp): also g.tp, the TP group's transport for pipeline.h's TP
    collectives (pp_tp_allreduce and friends, over its isend/irecv: host memory, staged through
-   the device), split after the other three. */
+   the device) and for pp_nccl_tp_* (device memory, in stream order), split after the other three. */
 pp_result pp_nccl_grid_create_tp(ncclComm_t world, int pp, int tp, pp_grid_order order, cudaStream_t compute,
                                  double timeout_s, pp_nccl_grid* out, pp_error* err);
 void pp_nccl_grid_destroy(pp_nccl_grid* g);
@@ -434,6 +459,8 @@ struct pp_nccl {
     uint64_t busy_seq[_PPN_MAXCH], busy_at[_PPN_MAXCH]; /* a batch of the channel seen running, and 1 + the epoch then */
     uint64_t epoch;             /* issues so far: one per _ppn_flush_all, one per flush outside it */
     cudaEvent_t ready;          /* recorded on the compute stream at every flush (a wait keeps its record) */
+    cudaEvent_t tp_done;        /* recorded after the last stream-ordered TP collective (pp_nccl_tp_*) */
+    int tp_pending;             /* 1: one was enqueued since pp_nccl_step_end last saw them done */
     uint64_t ready_n;           /* records of it so far */
     uint64_t ch_ready[_PPN_MAXCH]; /* the last of them channel ch's stream waited for */
     _ppn_rel* rel;              /* free blocks of the stage's pool, by base */
@@ -1975,6 +2002,9 @@ pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err) {
             _ppn_batch_release(t, b);
         }
     }
+#ifndef PP_NCCL_TEST_TP_UNWAITED /* negative control (build/tp-controls): the TP collectives not waited for */
+    if (rc == PP_OK && t->tp_pending && (rc = _ppn_event_wait(t, t->tp_done, deadline)) == PP_OK) t->tp_pending = 0;
+#endif
     if (rc == PP_OK) return PP_OK;
     _ppn_abort_comm(t);
     if (rc == PP_ERR_TIMEOUT)
@@ -1983,11 +2013,95 @@ pp_result pp_nccl_step_end(pp_nccl* t, double timeout_s, pp_error* err) {
     return _pp_fail(err, rc, "%s", t->err);
 }
 
+/* pp_nccl_tp_*: kind 0 all-reduce, 1 reduce-scatter, 2 all-gather. */
+static pp_result _ppn_tp_coll(const pp_group* g, int kind, const void* send, void* recv, size_t count, pp_dtype dtype,
+                              cudaStream_t stream, pp_error* err) {
+    static const char* const names[3] = {"TP all-reduce", "TP reduce-scatter", "TP all-gather"};
+    const char* what = names[kind];
+    int n = pp_group_size(g);
+    size_t es = pp_dtype_size(dtype), per;
+    ncclDataType_t nt;
+    ncclResult_t r;
+    pp_nccl* t;
+    pp_result rc;
+    switch (dtype) {
+    case PP_F32: nt = ncclFloat32; break;
+    case PP_F64: nt = ncclFloat64; break;
+    case PP_F16: nt = ncclFloat16; break;
+#if NCCL_VERSION_CODE >= 21000
+    case PP_BF16: nt = ncclBfloat16; break;
+#endif
+    default:
+        return _pp_fail(err, PP_ERR_INVALID, "%s: dtype %s: f32, f64, f16 or bf16 only", what,
+                        (int)dtype >= 0 && dtype < PP_DTYPE_COUNT ? pp_dtype_name(dtype) : "unknown");
+    }
+    if (count > 0 && (!send || !recv)) return _pp_fail(err, PP_ERR_INVALID, "%s: a NULL buffer for %zu elements", what, count);
+    if (kind != 0 && n > 1 && count % (size_t)n)
+        return _pp_fail(err, PP_ERR_INVALID, "%s: %zu elements do not split into %d equal blocks (NCCL's); pad the "
+                        "tensor, or use pp_tp_* on host memory (uneven blocks)", what, count, n);
+    per = count / (size_t)(n > 1 ? n : 1);
+    if (n <= 1 || count == 0) { /* no message; one rank: recv is send's own */
+        if (n > 1 || !count || send == recv) return PP_OK;
+        if (cudaMemcpyAsync(recv, send, count * es, cudaMemcpyDeviceToDevice, stream) == cudaSuccess) return PP_OK;
+        return _pp_fail(err, PP_ERR_TRANSPORT, "%s: cudaMemcpyAsync: %s", what, cudaGetErrorString(cudaGetLastError()));
+    }
+    if (!g->t || g->t->isend != _ppn_isend || !g->t->self)
+        return _pp_fail(err, PP_ERR_UNSUPPORTED, "%s of device memory: the group's transport is not pipeline_nccl.h's "
+                        "(pp_nccl_grid.tp); pp_tp_* take host memory over any transport", what);
+    t = (pp_nccl*)g->t->self;
+    if (g->ranks && !_pp_ranks_whole(g->ranks, g->n_ranks, t->size))
+        return _pp_fail(err, PP_ERR_UNSUPPORTED, "%s of device memory: the group is %d of the transport's %d ranks; NCCL's "
+                        "collectives run over a whole communicator (pp_nccl_grid.tp holds one TP group)", what, n, t->size);
+    if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: %s: the NCCL communicator was aborted (%s)", t->rank, what, t->err);
+    if (_ppn_is_host(t, send) || _ppn_is_host(t, recv))
+        return _pp_fail(err, PP_ERR_INVALID, "%s: host memory (device memory here; pp_tp_* take host memory)", what);
+    /* what the transport holds posted goes first on the communicator, as on every member */
+    if ((rc = _ppn_flush_all(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
+    if (!t->tp_done && (rc = _ppn_cuda(t, cudaEventCreateWithFlags(&t->tp_done, cudaEventDisableTiming), "cudaEventCreate")) != PP_OK)
+        return _pp_fail(err, rc, "%s", t->err);
+    r = kind == 0 ? ncclAllReduce(send, recv, count, nt, ncclSum, t->comm, stream)
+        : kind == 1 ? ncclReduceScatter(send, recv, per, nt, ncclSum, t->comm, stream)
+                    : ncclAllGather(send, recv, per, nt, t->comm, stream);
+    rc = _ppn_nccl(t, r, what);
+    /* a non-blocking communicator enqueues it later: the record must come after it */
+    if (rc == PP_OK && r == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, what, _pp_now() + t->timeout_s);
+    if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(t->tp_done, stream), "cudaEventRecord (TP collective)");
+#ifdef PP_NCCL_TEST_TP_HOST_WAIT /* negative control (build/tp-controls): the host waits for the collective */
+    if (rc == PP_OK) rc = _ppn_event_wait(t, t->tp_done, _pp_now() + t->timeout_s);
+#endif
+    if (rc == PP_OK) {
+        t->tp_pending = 1;
+        return PP_OK;
+    }
+    _ppn_abort_comm(t); /* the members that enqueued theirs would wait for this one */
+    return _pp_fail(err, rc, "%s: %s", what, t->err);
+}
+
+pp_result pp_nccl_tp_allreduce(const pp_group* g, void* buf, size_t count, pp_dtype dtype, cudaStream_t stream,
+                               pp_error* err) {
+    return _ppn_tp_coll(g, 0, buf, buf, count, dtype, stream, err);
+}
+pp_result pp_nccl_tp_reducescatter(const pp_group* g, const void* send, void* recv, size_t count, pp_dtype dtype,
+                                   cudaStream_t stream, pp_error* err) {
+    return _ppn_tp_coll(g, 1, send, recv, count, dtype, stream, err);
+}
+pp_result pp_nccl_tp_allgather(const pp_group* g, const void* send, void* recv, size_t count, pp_dtype dtype,
+                               cudaStream_t stream, pp_error* err) {
+    return _ppn_tp_coll(g, 2, send, recv, count, dtype, stream, err);
+}
+
 void pp_nccl_destroy(pp_nccl* t) {
     int ch, k, left = 0; /* left: the caller's communicator still runs work the deadline gave up on */
     double deadline;
     if (!t) return;
     deadline = _pp_now() + t->timeout_s;
+    /* stream-ordered TP collectives (pp_nccl_tp_*) not seen done: until the deadline, then the abort ends them */
+    if (t->tp_pending && !t->aborted && _ppn_event_wait(t, t->tp_done, deadline) != PP_OK) {
+        t->aborted = 1;
+        if (t->own_comm) ncclCommAbort(t->comm);
+        else left = 1;
+        for (k = 1; k < t->nch_made; k++) ncclCommAbort(t->ch_comm[k]);
+    }
 #ifndef PP_NCCL_TEST_DESTROY_UNBOUNDED
     /* Each channel's work until pp_nccl_desc.timeout_s, as every host wait here: a transfer whose
        peer never came or failed ends in NCCL's abort of the transport's communicators (its
@@ -2033,6 +2147,7 @@ void pp_nccl_destroy(pp_nccl* t) {
     PP_FREE(t->order);
     PP_FREE(t->proven);
     if (t->ready) cudaEventDestroy(t->ready);
+    if (t->tp_done) cudaEventDestroy(t->tp_done);
 #ifdef PP_NCCL_TEST_COPY_STREAM
     if (t->copy_ev) cudaEventDestroy(t->copy_ev);
     if (t->copy_stream) cudaStreamDestroy(t->copy_stream);
