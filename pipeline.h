@@ -1525,8 +1525,9 @@ typedef struct pp_stage_desc {
        layer_ctx). Every layer call gets it as io->tp. The boundaries between ranks go split
        (pp_tp_layout): each replicated tensor's 1/tp of rows to the same TP rank of the next stage
        (gradients: of the previous), gathered there over the group before the layers read it;
-       every TP rank of the group runs the same schedule and partition. Host blocks and
-       PP_SHAPES_LOCAL or _BROADCAST only (else PP_ERR_UNSUPPORTED at create). A gather that fails
+       every TP rank of the group runs the same schedule and partition. PP_SHAPES_LOCAL or
+       _BROADCAST only (else PP_ERR_UNSUPPORTED at create). With device blocks the group's
+       transport moves device memory (pipeline_nccl.h's, the grid's g.tp). A gather that fails
        fails the step. A step (or evaluation) is PP_OK only where it was in every pipeline of the
        group: after its pipeline agrees, the rank exchanges its outcome with the group (one int32
        pair each way; a failed rank only tells). pp_pipeline: its tp > 1 sets it for every rank
@@ -7670,7 +7671,8 @@ static pp_result _pp_tp_ag_units(const pp_transport* t, const int* ranks, int n,
     pp_result rc;
     int i;
     pp_tp_block(count, n, me, &off, &len);
-    if (len) memmove((char*)recv + off * es, send, len * es);
+    /* in place (a boundary's gather: its rows already there, host or device memory) moves nothing */
+    if (len && (const char*)recv + off * es != (const char*)send) memmove((char*)recv + off * es, send, len * es);
     if (n == 1) return PP_OK;
     if (!(m = (_pp_tp_msg*)PP_MALLOC((size_t)n * sizeof *m)))
         return _pp_fail(err, PP_ERR_NOMEM, "TP all-gather: %d blocks", n);
@@ -10351,9 +10353,6 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
         if (n > 1 && (d->shapes == PP_SHAPES_AUTO || d->shapes == PP_SHAPES_PER_MESSAGE))
             return _pp_fail(err, PP_ERR_UNSUPPORTED, "boundaries split across TP (pp_stage_desc.tp, %d ranks) need shape "
                             "policy LOCAL or BROADCAST, not %s", n, d->shapes == PP_SHAPES_AUTO ? "AUTO" : "PER_MESSAGE");
-        if (n > 1 && d->device.alloc)
-            return _pp_fail(err, PP_ERR_UNSUPPORTED, "boundaries split across TP (pp_stage_desc.tp, %d ranks) are "
-                            "gathered on the host: device blocks cannot use it in this version", n);
     }
     if (d->schedule->p > 1) {
         if (!d->transport.isend || !d->transport.irecv || !d->transport.wait)

@@ -14,9 +14,12 @@
    at that tp (every rank, its TP group in pp_model.ctx), bit for bit; and the loss and every
    gradient buffer are within 1e-5
    (relative) of the tp 1 model's (gpt_init's, sharded by gpt_tp_shard); each device holds the
-   15 streams the grid counts (queues_held). Its negative control
-   (build/tp-ctl-gpt-nccl-norow: the attention projection's row-parallel all-reduce dropped,
-   PP_TEST_GPT_TP_NO_ROW_REDUCE) must fail. */
+   15 streams the grid counts (queues_held). The boundaries go split over TP (pp_stage_desc.tp,
+   device blocks, gathered over g.tp); 1F1B again with them whole gives the same loss, each TP
+   rank sends the whole tensor bytes instead of its slice (the slices add up to it), and the
+   split run's gathers move the rest. Its negative controls (build/tp-ctl-gpt-nccl-norow: the
+   attention projection's row-parallel all-reduce dropped, PP_TEST_GPT_TP_NO_ROW_REDUCE;
+   tp-ctl-gpt-nccl-nogather: the boundary gather dropped) must fail. */
 #define _POSIX_C_SOURCE 200809L
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_nccl.h"
@@ -34,6 +37,9 @@ typedef struct world {
     ncclUniqueId id;
     pp_schedule_kind kind;
     int tp, pp;                 /* tp x pp = NR */
+    int whole;                  /* 1: pp_stage_desc.tp unset, every boundary whole (the bytes' comparison) */
+    uint64_t sent[NR];          /* the step's tensor bytes over the pipe (bytes_sent less metadata and agreement) */
+    uint64_t gathered[NR];      /* what it sent over g.tp gathering the split boundaries (tp_gather_bytes) */
     int bad[NR];
     double loss_rel[NR], grad_rel[NR];
     float loss[NR];
@@ -252,6 +258,7 @@ static pp_result rank_main(int r, void* user) {
     d.device = pp_cuda_device_ops(c, 0);
     d.layer_ctx = &lc;
     d.timeout_s = 20;
+    if (!W->whole) d.tp = &tpg; /* boundaries split over TP, gathered over g.tp: device blocks */
     if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) goto fail;
     memset(&ss, 0, sizeof ss);
     if ((rc = pp_stage_step(st, &b, &ss)) != PP_OK) {
@@ -259,7 +266,10 @@ static pp_result rank_main(int r, void* user) {
         goto done;
     }
     if ((rc = pp_nccl_step_end(g.pipe, 20, &err)) != PP_OK) goto fail;
+    if ((rc = pp_nccl_step_end(g.tp, 20, &err)) != PP_OK) goto fail;
     W->loss[r] = ss.has_loss ? ss.loss : 0;
+    W->sent[r] = ss.bytes_sent - ss.meta_bytes_sent - ss.agree_bytes;
+    W->gathered[r] = ss.tp_gather_bytes;
     /* the sequential step at tp 2 (no stream: io->ctx NULL), every rank at once */
     if ((rc = pp_sequential_step(&d.model, &w, &gref, &b, &ref_loss, &err)) != PP_OK) goto fail;
     if (ss.has_loss && memcmp(&ref_loss, &ss.loss, sizeof ref_loss) != 0) {
@@ -310,8 +320,10 @@ done:
 
 int main(void) {
     static world W;
-    const pp_schedule_kind kinds[3] = {PP_SCHED_1F1B, PP_SCHED_ZB_H1, PP_SCHED_GPIPE};
-    const int tps[3] = {2, 2, 4};
+    const pp_schedule_kind kinds[4] = {PP_SCHED_1F1B, PP_SCHED_ZB_H1, PP_SCHED_GPIPE, PP_SCHED_1F1B};
+    const int tps[4] = {2, 2, 4, 2};
+    float split_loss[NR];
+    uint64_t split_sent[NR], split_gathered[NR];
     pp_error err;
     int r, k;
     make_batch();
@@ -319,13 +331,14 @@ int main(void) {
         CHECK(cudaSetDevice(r) == cudaSuccess && cudaStreamSynchronize(0) == cudaSuccess, "device %d: legacy stream", r);
     g_inner[0] = gpt_model_desc_depth(CFG.n_block);
     g_inner[1] = gptz_model_desc_depth(CFG.n_block);
-    for (k = 0; k < 3; k++) {
+    for (k = 0; k < 4; k++) {
         double lr = 0, gr = 0;
         int bad = 0;
         memset(&W, 0, sizeof W);
         W.kind = kinds[k];
         W.tp = tps[k];
         W.pp = NR / tps[k];
+        W.whole = k == 3; /* 1F1B pp 2 x tp 2 again, boundaries whole */
         uint64_t made[NR];
         ncclGetUniqueId(&W.id);
         for (r = 0; r < NR; r++) made[r] = fakecuda_streams_made(r);
@@ -342,9 +355,38 @@ int main(void) {
             if (W.loss_rel[r] > lr) lr = W.loss_rel[r];
             if (W.grad_rel[r] > gr) gr = W.grad_rel[r];
         }
-        printf("gpt tp %d x pp %d over the NCCL imitation, %s: against tp 1: loss %.3g, gradients %.3g relative "
-               "(tolerance %g); %d of %d ranks failed a check\n",
-               W.tp, W.pp, pp_schedule_name(kinds[k]), lr, gr, TOL, bad, NR);
+        printf("gpt tp %d x pp %d over the NCCL imitation, %s, boundaries %s: against tp 1: loss %.3g, gradients %.3g "
+               "relative (tolerance %g); %d of %d ranks failed a check\n",
+               W.tp, W.pp, pp_schedule_name(kinds[k]), W.whole ? "whole" : "split", lr, gr, TOL, bad, NR);
+        if (k == 0) {
+            memcpy(split_loss, W.loss, sizeof split_loss);
+            memcpy(split_sent, W.sent, sizeof split_sent);
+            memcpy(split_gathered, W.gathered, sizeof split_gathered);
+        }
+        if (k == 3) { /* DP_INNER, dp 1: world rank = pp_rank * tp + tp_rank */
+            int p;
+            CHECK(memcmp(split_loss, W.loss, sizeof split_loss) == 0, "1F1B: the loss differs with the boundaries split");
+            for (p = 0; p < W.pp; p++) {
+                uint64_t sum = 0, got = 0;
+                for (r = 0; r < W.tp; r++) {
+                    sum += split_sent[p * W.tp + r];
+                    got += split_gathered[p * W.tp + r];
+                    CHECK(W.sent[p * W.tp + r] == W.sent[p * W.tp] && W.gathered[p * W.tp + r] == 0,
+                          "pp rank %d: whole boundaries, TP ranks send alike and gather nothing", p);
+                }
+                /* each TP rank sends its rows' slice: the slices add up to the whole tensor, and what
+                   the next stage's TP ranks gather is the rest of it, tp - 1 times over (1 at tp 2) */
+                CHECK(sum == W.sent[p * W.tp] && split_sent[p * W.tp] < W.sent[p * W.tp],
+                      "pp rank %d: split, the TP ranks send %llu tensor bytes in all (rank 0: %llu); whole, each %llu", p,
+                      (unsigned long long)sum, (unsigned long long)split_sent[p * W.tp], (unsigned long long)W.sent[p * W.tp]);
+                CHECK(got == (p == 0 ? W.sent[W.tp] : W.sent[0]), "pp rank %d: %llu bytes gathered over g.tp, want the %llu "
+                      "the other stage sends whole (tp 2)", p, (unsigned long long)got,
+                      (unsigned long long)(p == 0 ? W.sent[W.tp] : W.sent[0]));
+                printf("gpt pp rank %d: tensor bytes a step over the pipe, TP rank 0: %llu split, %llu whole; gathered over "
+                       "g.tp by its TP group: %llu\n", p, (unsigned long long)split_sent[p * W.tp], (unsigned long long)W.sent[p * W.tp],
+                       (unsigned long long)got);
+            }
+        }
     }
     return TEST_DONE("test_gpt_tp_nccl");
 }
