@@ -407,6 +407,11 @@ $(B)/dpfault-ctl-no-scale-check: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEAD
 	$(CC) $(BASE) -DPP_TEST_NO_DP_SCALE_CHECK $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/dpfault-ctl-no-agree: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_NO_DP_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
+# plain (pp_dp_agree, then pp_grad_allreduce): pp_dp_agree exchanging nothing (each member keeps
+# its own outcome): the good replica reduces alone, waits a deadline, and its leftovers give the
+# next steps' sums wrong with PP_OK.
+$(B)/dpfault-ctl-agree-alone: tests/test_dpfault.c $(TEST_HDRS) $(EXH) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_DP_AGREE_ALONE $(CFLAGS) $< -o $@ $(LDLIBS)
 # Over the NCCL imitation (tests/test_nccl_grid.c fault: a layer failing on one replica): no
 # vote (the good replica takes the failed step's sums as PP_OK), and a failed rank that skips
 # its wait's all-reduces (the collectives meet out of order: the grid hangs to its deadline).
@@ -414,8 +419,8 @@ $(B)/ncclgrid-ctl-no-agree: BASE += -DPP_TEST_NO_DP_AGREE
 $(B)/ncclgrid-ctl-same-order: BASE += -DPP_TEST_NO_DP_SAME_ORDER
 $(B)/ncclgrid-ctl-copy-untimed: BASE += -DPP_NCCL_TEST_COPY_UNTIMED
 $(B)/dpfault-controls: tests/controls.sh $(B)/dpfault-ctl-no-step-id $(B)/dpfault-ctl-deadline-each $(B)/dpfault-ctl-no-scale-check \
-                       $(B)/dpfault-ctl-no-agree $(B)/ncclgrid-ctl-no-agree $(B)/ncclgrid-ctl-same-order $(B)/ncclgrid-ctl-copy-untimed
-	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale" "$(B)/dpfault-ctl-no-agree agree" "$(B)/ncclgrid-ctl-no-agree fault" "timeout 10 $(B)/ncclgrid-ctl-same-order fault" "timeout 10 $(B)/ncclgrid-ctl-copy-untimed fault"\n' > $@
+                       $(B)/dpfault-ctl-no-agree $(B)/dpfault-ctl-agree-alone $(B)/ncclgrid-ctl-no-agree $(B)/ncclgrid-ctl-same-order $(B)/ncclgrid-ctl-copy-untimed
+	printf '#!/bin/sh\nexec sh tests/controls.sh dpfault-controls "$(B)/dpfault-ctl-no-step-id sweep" "$(B)/dpfault-ctl-deadline-each deadline" "$(B)/dpfault-ctl-no-scale-check scale" "$(B)/dpfault-ctl-no-agree agree" "$(B)/dpfault-ctl-agree-alone plain" "$(B)/ncclgrid-ctl-no-agree fault" "timeout 10 $(B)/ncclgrid-ctl-same-order fault" "timeout 10 $(B)/ncclgrid-ctl-copy-untimed fault"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/dpfault-controls
 # ---- tests/test_tp.c: the pp x dp x tp grid and the TP collectives (issue 40) ----------------

@@ -1813,6 +1813,16 @@ pp_result pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dt
    the threads transport, pp_mpi_set_ordered_sum). */
 pp_result pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
                             pp_dtype dtype, double scale, double timeout_s, pp_error* err);
+/* A step's outcome agreed over the data-parallel group, for a loop that reduces after the step
+   (pp_grad_allreduce; pp_dp_overlap_wait votes by itself). Every member calls it after every
+   step, whatever its step returned, with its step count and that result (after its pipeline's
+   own agreement, so the same on every rank of a replica): PP_OK on every member where every
+   member's was PP_OK, else an error on every member naming the first failed one, so no replica
+   sums gradients with one whose step failed (its drained zeros) and reports PP_OK. Members at
+   different step counts fail it too. One all-reduce of n_ranks + 4 doubles (t's allreduce_sum,
+   else pp_allreduce_p2p). Where it fails, skip the reduction and the update on this rank. */
+pp_result pp_dp_agree(const pp_transport* t, const int* ranks, int n_ranks, int64_t step, pp_result own, double timeout_s,
+                      pp_error* err);
 
 /* Tied layers (an embedding on the first stage whose matrix the last stage's head reuses).
    Each of the two ranks pair[0] (copy a) and pair[1] (copy b) keeps its own copy.
@@ -12277,7 +12287,8 @@ static void _pp_vote_fill(double* v, int n, int me, int64_t id, int prev_failed,
 }
 
 /* The verdict of a summed vote over n members (member i: rank ranks[i] of `group`). */
-static pp_result _pp_vote_judge(const double* v, int n, const int* ranks, int64_t id, const char* group, pp_error* err) {
+static pp_result _pp_vote_judge_as(const double* v, int n, const int* ranks, int64_t id, const char* group, const char* ends,
+                                   pp_error* err) {
     double k = (double)(id & 0xfffff);
     int i;
     for (i = 0; i < n; i++) {
@@ -12289,12 +12300,55 @@ static pp_result _pp_vote_judge(const double* v, int n, const int* ranks, int64_
     }
     if (i < n || v[0] != n * _PP_VOTE_MAGIC || v[1] != n * k || v[2] != n * k * k)
         return _pp_fail(err, PP_ERR_TRANSPORT, "the members of the %s are not at the same step (this rank at %lld): "
-                        "every rank ends every step with pp_dp_overlap_wait", group, (long long)id);
+                        "every rank ends every step with %s", group, (long long)id, ends);
     if (v[3] != 0 && v[3] != n)
         return _pp_fail(err, PP_ERR_TRANSPORT, "%d of the %d members of the %s returned an error for the previous step, "
                         "the others PP_OK (a fault in the last message of its agreement): their weights may differ; "
                         "restore them (pp_ckpt_load) before the next step", (int)v[3], n, group);
     return PP_OK;
+}
+static pp_result _pp_vote_judge(const double* v, int n, const int* ranks, int64_t id, const char* group, pp_error* err) {
+    return _pp_vote_judge_as(v, n, ranks, id, group, "pp_dp_overlap_wait", err);
+}
+
+pp_result pp_dp_agree(const pp_transport* t, const int* ranks, int n_ranks, int64_t step, pp_result own, double timeout_s,
+                      pp_error* err) {
+    int all[PP_MAX_RANKS], n, me = -1, i;
+    double* v;
+    pp_error e;
+    pp_result w;
+    if (!t) return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: transport is NULL");
+    if (own < PP_OK || own >= PP_RESULT_COUNT) return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: %d is not a pp_result", (int)own);
+    if (!ranks) {
+        if (t->size < 1 || t->size > PP_MAX_RANKS) return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: transport has %d ranks", t->size);
+        for (i = 0; i < t->size; i++) all[i] = i;
+        ranks = all;
+        n_ranks = t->size;
+    }
+    if ((w = _pp_check_group(t, ranks, n_ranks, err)) != PP_OK) return w;
+    n = n_ranks;
+    for (i = 0; i < n; i++)
+        if (ranks[i] == t->rank) me = i;
+    if (me < 0) return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: rank %d is not in the group", t->rank);
+    if (n < 2) return own == PP_OK ? PP_OK : _pp_fail(err, own, "rank %d: this rank's step failed (%s)", t->rank, pp_result_str(own));
+    if (!(v = (double*)PP_MALLOC(sizeof(double) * ((size_t)n + _PP_VOTE_HDR))))
+        return _pp_fail(err, PP_ERR_NOMEM, "pp_dp_agree: %d members", n);
+    e.msg[0] = 0;
+    _pp_vote_fill(v, n, me, step, 0, own);
+#ifndef PP_TEST_DP_AGREE_ALONE /* negative control (build/dpfault-controls): no exchange, each member its own outcome */
+    w = t->allreduce_sum ? t->allreduce_sum(t->self, v, (size_t)n + _PP_VOTE_HDR, PP_F64, ranks, n, timeout_s, &e)
+                         : pp_allreduce_p2p(t, v, (size_t)n + _PP_VOTE_HDR, PP_F64, ranks, n, timeout_s, &e);
+#else
+    w = PP_OK;
+    (void)timeout_s;
+    for (i = 0; i < _PP_VOTE_HDR; i++) v[i] *= n;
+#endif
+    if (own != PP_OK) w = _pp_fail(err, own, "rank %d: this rank's step failed (%s)", t->rank, pp_result_str(own));
+    else if (w != PP_OK) w = _pp_fail(err, w, "rank %d: the data-parallel group's agreement on step %lld: %s", t->rank,
+                                      (long long)step, e.msg[0] ? e.msg : pp_result_str(w));
+    else w = _pp_vote_judge_as(v, n, ranks, step, "data-parallel group", "pp_dp_agree", err);
+    PP_FREE(v);
+    return w;
 }
 
 /* The identity the step's messages carry (_pp_dp_tag's). */

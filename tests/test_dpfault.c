@@ -12,7 +12,8 @@
    sent, which no protocol settles: then the next step fails on every rank saying the weights
    may differ), no rank returns PP_OK with gradients other than the clean run's, a failed rank
    names its error, the failing step ends within one deadline, and the next steps are bit-exact
-   on every rank. `agree` runs the last 8 calls of every rank (the last bucket's reply, the vote).
+   on every rank. `agree` runs the last 8 calls of every rank (the last bucket's reply, the vote);
+   `plain` the loop without pp_dp_overlap (pp_dp_agree, then pp_grad_allreduce) with each layer fault.
    Also: after a failure, pp_dp_overlap_wait waits one deadline, not one per started bucket; a
    NaN or Inf scale is refused at create. Negative controls: build/dpfault-controls.
    The sweep is sampled: PP_TEST_FULL=1 runs every case, else those whose index % R equals
@@ -52,6 +53,7 @@ typedef struct fault {
 /* what the layer and transport wrappers read (set before the threads start, read in them) */
 static fault FAULT;
 static int STEP;
+static int PLAIN; /* 1: no pp_dp_overlap; after the step pp_dp_agree, then pp_grad_allreduce where it agreed */
 static pp_model INNER;
 
 typedef struct rankctx {
@@ -169,6 +171,15 @@ static pp_result rank_step(int r, void* user) {
     G->ctx[r].calls = 0;
     rc = pp_stage_step(G->st[r], &G->batch[STEP][r / PP], &stats);
     if (rc != PP_OK) snprintf(G->msg[r], sizeof G->msg[r], "step: %s", pp_stage_error(G->st[r]));
+    if (PLAIN) { /* the loop of a trainer that reduces after the step: agree, then reduce where agreed */
+        pp_transport* dpt = &G->ctx[r].in;
+        w = pp_dp_agree(dpt, NULL, 0, STEP, rc, DPT, &err);
+        if (w == PP_OK) w = pp_grad_allreduce(dpt, NULL, 0, G->gbuf[r], G->n, PP_F32, 1.0 / DP, DPT, &err);
+        if (w != PP_OK) snprintf(G->msg[r], sizeof G->msg[r], "agree or reduce: %s", err.msg);
+        G->rc[r] = w;
+        G->t[r] = hx_now() - t0;
+        return PP_OK;
+    }
     /* the step's end on every rank, whatever the step returned: the grid's outcome */
     w = G->wrapped ? pp_dp_overlap_end(G->ctx[r].ov, G->st[r], rc, NULL, &err) : pp_dp_overlap_wait(G->ctx[r].ov, NULL, &err);
     if (w != PP_OK) snprintf(G->msg[r], sizeof G->msg[r], "wait: %s", err.msg);
@@ -243,8 +254,8 @@ static int grid_make(grid* G, int wrap, int hook) {
         d.model.weight_grad = wwg;
         d.timeout_s = PIPET;
         d.layer_ctx = c;
-        d.grads_final = hook ? fhook : pp_dp_overlap_hook;
-        d.grads_final_user = hook ? (void*)c : (void*)c->ov;
+        d.grads_final = PLAIN ? NULL : hook ? fhook : pp_dp_overlap_hook;
+        d.grads_final_user = PLAIN ? NULL : hook ? (void*)c : (void*)c->ov;
         if (pp_stage_create(&d, &G->st[r], &err) != PP_OK) {
             printf("stage %d: %s\n", r, err.msg);
             return 0;
@@ -336,6 +347,10 @@ static int run_case(const fault* f, int* n_fail_steps) {
             if (G.t[r] > worst) worst = G.t[r];
             if (G.rc[r] == PP_OK && !same) {
                 CHECK(0, "%s: step %d: rank %d returned PP_OK with gradients other than the clean run's", name, step, r);
+                bad++;
+            }
+            if (PLAIN && G.rc[r] == PP_ERR_TIMEOUT) { /* the agreement tells every member at once */
+                CHECK(0, "%s: step %d: rank %d waited for a deadline: %s", name, step, r, G.msg[r]);
                 bad++;
             }
             if (G.rc[r] != PP_OK && !strstr(G.msg[r], pp_result_str(G.rc[r]))) {
@@ -455,6 +470,59 @@ static void sweep(void) {
     REF = NULL;
 }
 
+/* A trainer's loop without pp_dp_overlap: pp_dp_agree after every step, pp_grad_allreduce where
+   it agreed. One replica's layer fails in F, B or W at step 1 on each rank: every rank of the grid
+   fails that step at once (no one waits for a deadline: the failed replica agrees too), naming
+   its error; no rank returns PP_OK with gradients other than the clean run's (the overlap's, the
+   same sums); steps 0, 2 and 3 are exact. Its control (dpfault-ctl-agree-alone: each member keeps
+   its own outcome) lets the good replica reduce alone: it waits a deadline and fails, and what
+   it left in the dp world gives steps 2 and 3 wrong sums with PP_OK. */
+static pp_threads* AGREE_W;
+static pp_result AGREE_RC[DP];
+static char AGREE_MSG[DP][512];
+static pp_result agree_at(int r, void* user) { /* member r at step 5 + r: not the same step */
+    pp_transport t = pp_threads_transport(AGREE_W, r);
+    pp_error e;
+    (void)user;
+    e.msg[0] = 0;
+    AGREE_RC[r] = pp_dp_agree(&t, NULL, 0, 5 + r, PP_OK, 2.0, &e);
+    snprintf(AGREE_MSG[r], sizeof AGREE_MSG[r], "%s", e.msg);
+    return PP_OK;
+}
+static void plain(void) {
+    int r, op, mb, ran = 0, failing = 0, bad = 0;
+    double t0 = hx_now();
+    pp_error err;
+    pp_transport t1;
+    CHECK(pp_dp_agree(NULL, NULL, 0, 0, PP_OK, 1, &err) == PP_ERR_INVALID, "pp_dp_agree: a NULL transport is refused");
+    CHECK(pp_threads_create(DP, &AGREE_W, &err) == PP_OK, "%s", err.msg);
+    t1 = pp_threads_transport(AGREE_W, 0);
+    CHECK(pp_dp_agree(&t1, NULL, 0, 0, (pp_result)999, 1, &err) == PP_ERR_INVALID && strstr(err.msg, "999"),
+          "pp_dp_agree: an outcome that is no pp_result is refused: %s", err.msg);
+    pp_threads_run(DP, agree_at, NULL, &err);
+    for (r = 0; r < DP; r++)
+        CHECK(AGREE_RC[r] == PP_ERR_TRANSPORT && strstr(AGREE_MSG[r], "not at the same step"),
+              "pp_dp_agree: members at steps 5 and 6: member %d: %s", r, AGREE_MSG[r]);
+    pp_threads_destroy(AGREE_W);
+    clean_run();
+    PLAIN = 1;
+    for (r = 0; r < NR; r++)
+        for (op = OP_F; op <= OP_W; op++)
+            for (mb = 0; mb < M; mb += M - 1) {
+                fault f;
+                memset(&f, 0, sizeof f);
+                f.kind = F_LAYER, f.grank = r, f.op = op, f.mb = mb;
+                ran++;
+                bad += run_case(&f, &failing) != 0;
+            }
+    PLAIN = 0;
+    printf("test_dpfault plain: %d cases (pp_dp_agree, then pp_grad_allreduce) in %.1f s, the faulty step failed in %d, "
+           "%d went wrong\n", ran, hx_now() - t0, failing, bad);
+    CHECK(failing == ran, "every fault failed its step (%d of %d)", failing, ran);
+    free(REF);
+    REF = NULL;
+}
+
 /* After a failure the wait waits one deadline, not one per started bucket: a transport whose
    started all-reduces never complete (rank 1 never comes), 8 buckets, a deadline of 0.1 s. */
 static pp_threads* LONE;
@@ -547,9 +615,11 @@ int main(int argc, char** argv) {
     if (test_only(argc, argv, "deadline", one_deadline)) return TEST_DONE("test_dpfault deadline");
     if (test_only(argc, argv, "sweep", sweep)) return TEST_DONE("test_dpfault sweep");
     if (test_only(argc, argv, "agree", agree)) return TEST_DONE("test_dpfault agree");
+    if (test_only(argc, argv, "plain", plain)) return TEST_DONE("test_dpfault plain");
     scale_checks();
     one_deadline();
     agree();
+    plain();
     sweep();
     return TEST_DONE("test_dpfault");
 }
