@@ -492,19 +492,22 @@ $(B)/tp-ctl-gpt-nccl-nogather: $(GPT_TP_NCCL_DEPS) | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_TEST_TP_NO_GATHER $(CFLAGS) $< -o $@ $(LDLIBS)
 TEST_BINS_EXTRA += $(B)/tsan-test_gpt_tp_nccl
 # tests/test_tp_nccl.c's stream-ordered device collectives (pp_nccl_tp_*): the host waiting for
-# the collective (the gate kernel before it times out), and pp_nccl_step_end not waiting for
-# them (a member that never calls is not a timeout).
+# the collective (the gate kernel before it times out), pp_nccl_step_end not waiting for them (a
+# member that never calls is not a timeout), and no warm-up all-reduce at create (the first
+# collective sets NCCL's ring up inside the run).
 TP_NCCL_DEPS = tests/test_tp_nccl.c tests/tp_data.h $(TEST_HDRS) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h \
   pipeline_cuda.h pipeline_nccl.h
 $(B)/tp-ctl-nccl-host-wait: $(TP_NCCL_DEPS) | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_NCCL_TEST_TP_HOST_WAIT $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-nccl-unwaited: $(TP_NCCL_DEPS) | $(B)
 	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_NCCL_TEST_TP_UNWAITED $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-ctl-nccl-no-warmup: $(TP_NCCL_DEPS) | $(B)
+	$(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DPP_NCCL_TEST_NO_WARMUP $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-controls: tests/controls.sh tests/test_trainer.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp $(B)/tp-ctl-pl-no-dp-sum \
                   $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow $(B)/gpt_cpu-ctl-tp-no-row \
                   $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice $(B)/tp-ctl-pl-matrix-order $(B)/tp-ctl-no-step-tag $(B)/tp-ctl-no-tp-agree $(B)/tp-ctl-verdict-no-skip \
-                  $(B)/tp-ctl-nccl-host-wait $(B)/tp-ctl-nccl-unwaited $(B)/tp-ctl-gpt-nccl-nogather
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale" "$(B)/tp-ctl-no-tp-agree stale" "$(B)/tp-ctl-verdict-no-skip stale" "$(B)/tp-ctl-nccl-host-wait" "$(B)/tp-ctl-nccl-unwaited" "$(B)/tp-ctl-gpt-nccl-nogather"\n' > $@
+                  $(B)/tp-ctl-nccl-host-wait $(B)/tp-ctl-nccl-unwaited $(B)/tp-ctl-gpt-nccl-nogather $(B)/tp-ctl-nccl-no-warmup
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale" "$(B)/tp-ctl-no-tp-agree stale" "$(B)/tp-ctl-verdict-no-skip stale" "$(B)/tp-ctl-nccl-host-wait" "$(B)/tp-ctl-nccl-unwaited" "$(B)/tp-ctl-gpt-nccl-nogather" "$(B)/tp-ctl-nccl-no-warmup"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

@@ -106,6 +106,7 @@ static int dev_group(const pp_group* grp, int r, int me, int n, int seed0, char*
     void *a = NULL, *b = NULL;
     cudaStream_t st = NULL;
     pp_error err;
+    uint64_t c0 = fakenccl_thread_connects();
     for (i = 0; i < n; i++) seeds[i] = seed0 + i;
     err.msg[0] = 0;
     if (cudaStreamCreate(&st) != cudaSuccess || cudaMalloc(&a, OUTSZ) != cudaSuccess || cudaMalloc(&b, OUTSZ) != cudaSuccess) {
@@ -173,6 +174,11 @@ static int dev_group(const pp_group* grp, int r, int me, int n, int seed0, char*
             snprintf(msg, msg_n, "device TP: %d + 1 elements reduce-scattered over %d: %.400s", n, n, err.msg), bad = 1;
         else if (pp_nccl_tp_allreduce(grp, hostp, 8, PP_F32, st, &err) != PP_ERR_INVALID || !strstr(err.msg, "host memory"))
             snprintf(msg, msg_n, "device TP: host memory all-reduced: %.400s", err.msg), bad = 1;
+    }
+    if (!bad && fakenccl_thread_connects() != c0) { /* the grid's warm-up all-reduce set the ring up at create */
+        snprintf(msg, msg_n, "device TP (tp %d): the collectives set up %llu connections inside the run", n,
+                 (unsigned long long)(fakenccl_thread_connects() - c0));
+        bad = 1;
     }
     if (st) cudaStreamDestroy(st);
     cudaFree(a);
