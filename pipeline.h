@@ -12318,9 +12318,11 @@ pp_result pp_dp_agree(const pp_transport* t, const int* ranks, int n_ranks, int6
     pp_error e;
     pp_result w;
     if (!t) return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: transport is NULL");
-    if (own < PP_OK || own >= PP_RESULT_COUNT) return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: %d is not a pp_result", (int)own);
+    if (own < PP_OK || own >= PP_RESULT_COUNT)
+        return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: %d is not a pp_result", (int)own);
     if (!ranks) {
-        if (t->size < 1 || t->size > PP_MAX_RANKS) return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: transport has %d ranks", t->size);
+        if (t->size < 1 || t->size > PP_MAX_RANKS)
+            return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: transport has %d ranks", t->size);
         for (i = 0; i < t->size; i++) all[i] = i;
         ranks = all;
         n_ranks = t->size;
@@ -12330,7 +12332,8 @@ pp_result pp_dp_agree(const pp_transport* t, const int* ranks, int n_ranks, int6
     for (i = 0; i < n; i++)
         if (ranks[i] == t->rank) me = i;
     if (me < 0) return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: rank %d is not in the group", t->rank);
-    if (n < 2) return own == PP_OK ? PP_OK : _pp_fail(err, own, "rank %d: this rank's step failed (%s)", t->rank, pp_result_str(own));
+    if (n < 2)
+        return own == PP_OK ? PP_OK : _pp_fail(err, own, "rank %d: this rank's step failed (%s)", t->rank, pp_result_str(own));
     if (!(v = (double*)PP_MALLOC(sizeof(double) * ((size_t)n + _PP_VOTE_HDR))))
         return _pp_fail(err, PP_ERR_NOMEM, "pp_dp_agree: %d members", n);
     e.msg[0] = 0;

@@ -64,7 +64,8 @@
      per communicator, deviceStream and hostStream) and the compute stream, 1 + 3n, with the
      streams the rank holds besides (pp_nccl_desc.queues_held; a grid's pipe: 8, 11 with tp),
      beyond CUDA_DEVICE_MAX_CONNECTIONS (8 by default: 2 channels fit, none beyond one in a
-     grid), or NCCL_LAUNCH_ORDER_IMPLICIT set. pp_nccl_desc.channels = 1 keeps to NCCL's documented rule everywhere (docs/gpu.md).
+     grid), or NCCL_LAUNCH_ORDER_IMPLICIT set. pp_nccl_desc.channels = 1 keeps to NCCL's
+     documented rule everywhere (docs/gpu.md).
    - pp_nccl_step_end after every pp_stage_step (and pp_stage_eval): waits, with the deadline,
      for the step's groups, so a peer that never sent is an error here, not a GPU that never
      finishes.
@@ -165,8 +166,8 @@ typedef struct pp_nccl_desc {
        the fewest of 1, 2, 4, 8 that every schedule checked at pp_stage_create passes over
        (pp_nccl_check_order, pp_nccl_check_rendezvous), up to 8 (4 with two ranks) and up to what
        the device's hardware queues leave room for (1 + 3n queues and queues_held: 2 channels at
-       CUDA's default 8; 1 under NCCL_LAUNCH_ORDER_IMPLICIT); 8, 4, 2 or 1 make and use that many, at the price
-       of refusing some schedules. Every rank must pass the same. NCCL < 2.18: always 1. */
+       CUDA's default 8; 1 under NCCL_LAUNCH_ORDER_IMPLICIT); 8, 4, 2 or 1 make and use that
+       many, at the price of refusing some schedules. Every rank must pass the same. NCCL < 2.18: always 1. */
     int channels;
     double timeout_s;           /* create's splits and warm-up all-reduces, pp_stage_create's
                                    splits and connection set-up, a group's launch and
@@ -2052,13 +2053,15 @@ static pp_result _ppn_tp_coll(const pp_group* g, int kind, const void* send, voi
     if (g->ranks && !_pp_ranks_whole(g->ranks, g->n_ranks, t->size))
         return _pp_fail(err, PP_ERR_UNSUPPORTED, "%s of device memory: the group is %d of the transport's %d ranks; NCCL's "
                         "collectives run over a whole communicator (pp_nccl_grid.tp holds one TP group)", what, n, t->size);
-    if (t->aborted) return _pp_fail(err, PP_ERR_ABORTED, "rank %d: %s: the NCCL communicator was aborted (%s)", t->rank, what, t->err);
+    if (t->aborted)
+        return _pp_fail(err, PP_ERR_ABORTED, "rank %d: %s: the NCCL communicator was aborted (%s)", t->rank, what, t->err);
     if (_ppn_is_host(t, send) || _ppn_is_host(t, recv))
         return _pp_fail(err, PP_ERR_INVALID, "%s: host memory (device memory here; pp_tp_* take host memory)", what);
     /* what the transport holds posted goes first on the communicator, as on every member */
     if ((rc = _ppn_flush_all(t)) != PP_OK) return _pp_fail(err, rc, "%s", t->err);
-    if (!t->tp_done && (rc = _ppn_cuda(t, cudaEventCreateWithFlags(&t->tp_done, cudaEventDisableTiming), "cudaEventCreate")) != PP_OK)
-        return _pp_fail(err, rc, "%s", t->err);
+    if (!t->tp_done)
+        rc = _ppn_cuda(t, cudaEventCreateWithFlags(&t->tp_done, cudaEventDisableTiming), "cudaEventCreate (TP collectives)");
+    if (rc != PP_OK) return _pp_fail(err, rc, "%s", t->err);
     r = kind == 0 ? ncclAllReduce(send, recv, count, nt, ncclSum, t->comm, stream)
         : kind == 1 ? ncclReduceScatter(send, recv, per, nt, ncclSum, t->comm, stream)
                     : ncclAllGather(send, recv, per, nt, t->comm, stream);
