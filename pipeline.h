@@ -7242,6 +7242,19 @@ static pp_result _pp_check_group(const pp_transport* t, const int* ranks, int n,
     return PP_OK;
 }
 
+/* *ranks NULL: all of t's ranks (into all[], PP_MAX_RANKS room); then _pp_check_group. */
+static pp_result _pp_group_of(const pp_transport* t, const int** ranks, int* n_ranks, int* all, const char* what,
+                              pp_error* err) {
+    int i;
+    if (!*ranks) {
+        if (t->size < 1 || t->size > PP_MAX_RANKS) return _pp_fail(err, PP_ERR_INVALID, "%stransport has %d ranks", what, t->size);
+        for (i = 0; i < t->size; i++) all[i] = i;
+        *ranks = all;
+        *n_ranks = t->size;
+    }
+    return _pp_check_group(t, *ranks, *n_ranks, err);
+}
+
 pp_result pp_allreduce_p2p(const pp_transport* t, void* buf, size_t count, pp_dtype dtype, const int* ranks,
                            int n_ranks, double timeout_s, pp_error* err) {
     pp_result rc;
@@ -7311,20 +7324,13 @@ static void _pp_scale(void* buf, size_t count, pp_dtype dtype, double scale) {
 /* pp_grad_allreduce; tag >= 0: over _pp_allreduce_p2p on tags tag and tag + 1 (_pp_sum_tagged). */
 static pp_result _pp_grad_allreduce(const pp_transport* t, const int* ranks, int n_ranks, void* buf, size_t count,
                                     pp_dtype dtype, double scale, double timeout_s, pp_error* err, int tag) {
-    int all[PP_MAX_RANKS], i;
+    int all[PP_MAX_RANKS];
     pp_result rc;
     if (!t || (tag < 0 && !t->allreduce_sum)) return _pp_fail(err, PP_ERR_INVALID, "transport has no allreduce_sum");
     if (dtype != PP_F32 && dtype != PP_F64 && dtype != PP_F16 && dtype != PP_BF16)
         return _pp_fail(err, PP_ERR_INVALID, "gradients must be f32, f64, f16 or bf16 (got %s)", pp_dtype_name(dtype));
     if (count && !buf) return _pp_fail(err, PP_ERR_INVALID, "gradient buffer is NULL");
-    if (!ranks) {
-        if (t->size < 1 || t->size > PP_MAX_RANKS)
-            return _pp_fail(err, PP_ERR_INVALID, "transport has %d ranks", t->size);
-        for (i = 0; i < t->size; i++) all[i] = i;
-        ranks = all;
-        n_ranks = t->size;
-    }
-    if ((rc = _pp_check_group(t, ranks, n_ranks, err)) != PP_OK) return rc;
+    if ((rc = _pp_group_of(t, &ranks, &n_ranks, all, "", err)) != PP_OK) return rc;
     if (dtype == PP_F16 || dtype == PP_BF16)
         return _pp_half_sum(t, ranks, n_ranks, buf, count, dtype, scale, timeout_s, err, tag);
     if (n_ranks > 1 && count) {
@@ -12320,14 +12326,7 @@ pp_result pp_dp_agree(const pp_transport* t, const int* ranks, int n_ranks, int6
     if (!t) return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: transport is NULL");
     if (own < PP_OK || own >= PP_RESULT_COUNT)
         return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: %d is not a pp_result", (int)own);
-    if (!ranks) {
-        if (t->size < 1 || t->size > PP_MAX_RANKS)
-            return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: transport has %d ranks", t->size);
-        for (i = 0; i < t->size; i++) all[i] = i;
-        ranks = all;
-        n_ranks = t->size;
-    }
-    if ((w = _pp_check_group(t, ranks, n_ranks, err)) != PP_OK) return w;
+    if ((w = _pp_group_of(t, &ranks, &n_ranks, all, "pp_dp_agree: ", err)) != PP_OK) return w;
     n = n_ranks;
     for (i = 0; i < n; i++)
         if (ranks[i] == t->rank) me = i;
