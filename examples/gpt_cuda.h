@@ -352,7 +352,22 @@ typedef struct gptc_config {
     int bf16;           /* 1: the activations between layers and their gradients are bf16 (--dtype
                            bf16); each layer widens what it reads into f32 scratch in io->saved and
                            rounds what it writes; weights, gradients and saved scratch stay f32 */
+    int tp;             /* tensor parallelism (0 or 1: none): each block's heads and MLP units split
+                           tp ways, Megatron's way (TENSOR PARALLELISM below); C and H stay the
+                           whole model's, divisible by tp */
 } gptc_config;
+
+/* TENSOR PARALLELISM. With cfg.tp > 1 a TP rank (pp_group_rank(io->tp)) holds H / tp heads of
+   each block (qkv's q, k and v columns of its heads: column parallel) and the matching C / tp
+   rows of the attention projection (row parallel), and 4C / tp of the MLP's units (fc's columns,
+   fcp's rows), as examples/gpt.h does on the host. A row-parallel product is a partial sum,
+   completed by one TP all-reduce (proj and fcp in forward; the bias added by TP rank 0's); in
+   backward the input gradients of qkv and fc are all-reduced before the LayerNorm under them.
+   The embedding, LayerNorms and head are whole on every TP rank, and their gradients equal. The
+   all-reduce is gptc_run.tp_sum (gpt_nccl: pp_nccl_tp_allreduce, NCCL's on the layer's stream),
+   or on the host (--cpu) pipeline.h's pp_tp_allreduce over io->tp. gptc_tp_shard cuts a TP rank's
+   weights (or gradients) out of the whole model's. */
+static inline int gptc_tpn(const gptc_config* g) { return g->tp > 1 ? g->tp : 1; }
 
 /* What gpt_cuda and gpt_nccl share of their options (each program's own options struct derives
    from this one): the schedule, the batches, the model, the optimizer and its rate schedule, the
@@ -445,6 +460,7 @@ static gptc_config gptc_opts_config(const gptc_opts* o) {
     c.H = o->heads;
     c.nb = o->layers;
     c.bf16 = o->bf16;
+    c.tp = 0;
     return c;
 }
 
@@ -490,6 +506,9 @@ typedef struct gptc_blas {
 typedef struct gptc_run {
     gptc_config cfg;
     int cpu;                        /* run every op as a host loop on host memory */
+    /* cfg.tp > 1: buf (n floats, the layer's memory) summed over the layer's TP group in the
+       order of st; 0 or an error code. NULL: pp_tp_allreduce over io->tp (host memory: --cpu) */
+    int (*tp_sum)(const pp_layer_io* io, float* buf, size_t n, cudaStream_t st);
     gptc_tables tab[GPTC_MAX_DEV];  /* by the layer's device (pp_cuda_layer_ctx.device; 0 on the host) */
     gptc_blas* blas;                /* matrix products through cuBLAS (gptc_blas_create); NULL: the naive kernels */
 } gptc_run;
@@ -550,6 +569,16 @@ static int gptc_env_of(const pp_layer_io* io, gptc_env* e) {
     return 0;
 }
 
+/* The layer's TP rank (0 without a group) and the sum over its TP group (TENSOR PARALLELISM). */
+static int gptc_tp_rank(const pp_layer_io* io) { return io->tp && io->tp->t ? pp_group_rank(io->tp) : 0; }
+static int gptc_tp_sum(const gptc_env* e, const pp_layer_io* io, float* buf, size_t n) {
+    pp_error err;
+    if (gptc_tpn(e->c) <= 1) return 0;
+    if (e->run->tp_sum) return e->run->tp_sum(io, buf, n, e->st);
+    if (!e->cpu || !io->tp || !io->tp->t || pp_group_size(io->tp) != gptc_tpn(e->c)) return 10;
+    return pp_tp_allreduce(io->tp, buf, n, PP_F32, &err) == PP_OK ? 0 : 10;
+}
+
 /* return the error of a launch */
 #define GPTC_TRY(x)             \
     do {                        \
@@ -589,8 +618,8 @@ static int gptc_mm_bwd_w(const gptc_env* e, const float* x, const float* dy, flo
    g (V, C) += dl^T xn is gptc_mm_bwd_w without gb. */
 
 static size_t gptc_block_numel(const gptc_config* g) {
-    size_t C = (size_t)g->C;
-    return 4 * C + 3 * C * C + 3 * C + C * C + C + 4 * C * C + 4 * C + 4 * C * C + C;
+    size_t C = (size_t)g->C, L = C / (size_t)gptc_tpn(g); /* L: this TP rank's share of C */
+    return 4 * C + 3 * C * L + 3 * L + L * C + C + 4 * C * L + 4 * L + 4 * L * C + C;
 }
 /* parameters of nb blocks; the gradients hold V * C more (the head's share of wte) */
 static size_t gptc_numel(const gptc_config* g) {
@@ -698,6 +727,7 @@ static int gptc_block_fwd(const gptc_block_p* b, pp_layer_io* io) {
     gptc_env e;
     if (gptc_env_of(io, &e)) return 1;
     int T = (int)io->mb->rows, C = e.c->C, H = e.c->H, row0 = (int)io->mb->row0, cpu = e.cpu;
+    int L = C / gptc_tpn(e.c), HL = H / gptc_tpn(e.c), r0 = gptc_tp_rank(io) == 0; /* this TP rank's share */
     cudaStream_t st = e.st;
     const float* x;
     float* y;
@@ -706,15 +736,19 @@ static int gptc_block_fwd(const gptc_block_p* b, pp_layer_io* io) {
     GPTC_TRY(gptc_act_in(&e, &io->in[0], s.xin, &x));
     y = gptc_act_dst(&e, &io->out[0], s.dxmid); /* dxmid is free again once xmid is made */
     GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, x, (const float*)b->ln1_g, (const float*)b->ln1_b, s.ln1, s.mu1, s.rs1, C));
-    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.ln1, (const float*)b->qkv_w, (const float*)b->qkv_b, s.qkv, T, C, 3 * C));
-    GPTC_TRY(gptc_op<gptc_attn_fwd_op>(cpu, st, T * H, (const float*)s.qkv, e.tab->sstart, row0, s.att, s.lse, C, H));
-    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.att, (const float*)b->proj_w, (const float*)b->proj_b, s.dxmid, T, C, C));
+    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.ln1, (const float*)b->qkv_w, (const float*)b->qkv_b, s.qkv, T, C, 3 * L));
+    GPTC_TRY(gptc_op<gptc_attn_fwd_op>(cpu, st, T * HL, (const float*)s.qkv, e.tab->sstart, row0, s.att, s.lse, L, HL));
+    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.att, (const float*)b->proj_w, r0 ? (const float*)b->proj_b : NULL, s.dxmid, T, L, C));
+#ifndef PP_TEST_GPTC_TP_NO_ROW_REDUCE /* negative control (build/gptc-tp-ctl-norow): the heads' sums never meet */
+    GPTC_TRY(gptc_tp_sum(&e, io, s.dxmid, (size_t)T * C)); /* row parallel: the heads' partial sums */
+#endif
     GPTC_TRY(gptc_op<gptc_add_op>(cpu, st, T * C, x, (const float*)s.dxmid, s.xmid)); /* dxmid is free until backward */
     GPTC_TRY(gptc_op<gptc_ln_fwd_op>(cpu, st, T, (const float*)s.xmid, (const float*)b->ln2_g, (const float*)b->ln2_b, s.ln2, s.mu2,
                                      s.rs2, C));
-    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.ln2, (const float*)b->fc_w, (const float*)b->fc_b, s.fcpre, T, C, 4 * C));
-    GPTC_TRY(gptc_op<gptc_gelu_fwd_op>(cpu, st, T * 4 * C, (const float*)s.fcpre, s.fcact));
-    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.fcact, (const float*)b->fcp_w, (const float*)b->fcp_b, s.dln, T, 4 * C, C));
+    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.ln2, (const float*)b->fc_w, (const float*)b->fc_b, s.fcpre, T, C, 4 * L));
+    GPTC_TRY(gptc_op<gptc_gelu_fwd_op>(cpu, st, T * 4 * L, (const float*)s.fcpre, s.fcact));
+    GPTC_TRY(gptc_mm_fwd(&e, (const float*)s.fcact, (const float*)b->fcp_w, r0 ? (const float*)b->fcp_b : NULL, s.dln, T, 4 * L, C));
+    GPTC_TRY(gptc_tp_sum(&e, io, s.dln, (size_t)T * C)); /* row parallel: the units' partial sums */
     GPTC_TRY(gptc_op<gptc_add_op>(cpu, st, T * C, (const float*)s.xmid, (const float*)s.dln, y));
     return gptc_act_out(&e, y, &io->out[0]);
 }
@@ -723,6 +757,7 @@ static int gptc_block_bwd(const gptc_block_p* b, gptc_block_p* gb, pp_layer_io* 
     gptc_env e;
     if (gptc_env_of(io, &e)) return 1;
     int T = (int)io->mb->rows, C = e.c->C, H = e.c->H, row0 = (int)io->mb->row0, cpu = e.cpu;
+    int L = C / gptc_tpn(e.c), HL = H / gptc_tpn(e.c);
     cudaStream_t st = e.st;
     const float *x, *dy;
     float* dx;
@@ -732,25 +767,27 @@ static int gptc_block_bwd(const gptc_block_p* b, gptc_block_p* gb, pp_layer_io* 
     GPTC_TRY(gptc_act_in(&e, &io->d_out[0], s.dyf, &dy));
     dx = io->d_in[0].data ? gptc_act_dst(&e, &io->d_in[0], s.datt) : NULL; /* datt is free by then */
     /* MLP: y = xmid + fcp(gelu(fc(ln2(xmid)))) */
-    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.fcact, dy, gb->fcp_w, gb->fcp_b, T, 4 * C, C));
-    GPTC_TRY(gptc_mm_bwd_x(&e, dy, (const float*)b->fcp_w, s.dfc, T, 4 * C, C));
-    GPTC_TRY(gptc_op<gptc_gelu_bwd_op>(cpu, st, T * 4 * C, (const float*)s.fcpre, s.dfc));
-    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.ln2, (const float*)s.dfc, gb->fc_w, gb->fc_b, T, C, 4 * C));
-    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dfc, (const float*)b->fc_w, s.dln, T, C, 4 * C));
+    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.fcact, dy, gb->fcp_w, gb->fcp_b, T, 4 * L, C));
+    GPTC_TRY(gptc_mm_bwd_x(&e, dy, (const float*)b->fcp_w, s.dfc, T, 4 * L, C));
+    GPTC_TRY(gptc_op<gptc_gelu_bwd_op>(cpu, st, T * 4 * L, (const float*)s.fcpre, s.dfc));
+    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.ln2, (const float*)s.dfc, gb->fc_w, gb->fc_b, T, C, 4 * L));
+    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dfc, (const float*)b->fc_w, s.dln, T, C, 4 * L));
+    GPTC_TRY(gptc_tp_sum(&e, io, s.dln, (size_t)T * C)); /* column parallel: the units' shares of the input gradient */
     GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dln, (const float*)s.xmid, (const float*)s.mu2, (const float*)s.rs2,
                                        gb->ln2_g, gb->ln2_b, T, C));
     GPTC_TRY(gptc_op<gptc_ln_bwd_x_op>(cpu, st, T, (const float*)s.dln, (const float*)s.xmid, (const float*)s.mu2, (const float*)s.rs2,
                                        (const float*)b->ln2_g, dy, s.dxmid, C));
     /* attention: xmid = x + proj(attn(qkv(ln1(x)))) */
-    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.att, (const float*)s.dxmid, gb->proj_w, gb->proj_b, T, C, C));
-    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dxmid, (const float*)b->proj_w, s.datt, T, C, C));
-    GPTC_TRY(gptc_op<gptc_attn_d_op>(cpu, st, T * H, (const float*)s.datt, (const float*)s.att, s.D, C, H));
-    GPTC_TRY(gptc_op<gptc_attn_dq_op>(cpu, st, T * H, (const float*)s.qkv, (const float*)s.datt, (const float*)s.lse,
-                                      (const float*)s.D, e.tab->sstart, row0, s.dqkv, C, H));
-    GPTC_TRY(gptc_op<gptc_attn_dkv_op>(cpu, st, T * H, (const float*)s.qkv, (const float*)s.datt, (const float*)s.lse,
-                                       (const float*)s.D, e.tab->send, row0, s.dqkv, C, H));
-    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.ln1, (const float*)s.dqkv, gb->qkv_w, gb->qkv_b, T, C, 3 * C));
-    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dqkv, (const float*)b->qkv_w, s.dln, T, C, 3 * C));
+    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.att, (const float*)s.dxmid, gb->proj_w, gb->proj_b, T, L, C));
+    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dxmid, (const float*)b->proj_w, s.datt, T, L, C));
+    GPTC_TRY(gptc_op<gptc_attn_d_op>(cpu, st, T * HL, (const float*)s.datt, (const float*)s.att, s.D, L, HL));
+    GPTC_TRY(gptc_op<gptc_attn_dq_op>(cpu, st, T * HL, (const float*)s.qkv, (const float*)s.datt, (const float*)s.lse,
+                                      (const float*)s.D, e.tab->sstart, row0, s.dqkv, L, HL));
+    GPTC_TRY(gptc_op<gptc_attn_dkv_op>(cpu, st, T * HL, (const float*)s.qkv, (const float*)s.datt, (const float*)s.lse,
+                                       (const float*)s.D, e.tab->send, row0, s.dqkv, L, HL));
+    GPTC_TRY(gptc_mm_bwd_w(&e, (const float*)s.ln1, (const float*)s.dqkv, gb->qkv_w, gb->qkv_b, T, C, 3 * L));
+    GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.dqkv, (const float*)b->qkv_w, s.dln, T, C, 3 * L));
+    GPTC_TRY(gptc_tp_sum(&e, io, s.dln, (size_t)T * C)); /* column parallel: the heads' shares of the input gradient */
     GPTC_TRY(gptc_op<gptc_ln_bwd_p_op>(cpu, st, C, (const float*)s.dln, x, (const float*)s.mu1, (const float*)s.rs1, gb->ln1_g,
                                        gb->ln1_b, T, C));
     if (!dx) return 0;
@@ -773,7 +810,8 @@ static int gptc_head_fwd(const gptc_head_p* w, pp_layer_io* io) {
                                      s.mu, s.rs, C));
     GPTC_TRY(gptc_mm_bwd_x(&e, (const float*)s.xn, (const float*)w->wte, s.logits, T, V, C));
     GPTC_TRY(gptc_op<gptc_xent_fwd_op>(cpu, st, T, (const float*)s.logits, tgt, s.lse, s.rowloss, V));
-    io->loss = 0; /* on the GPU: the tables' mb_loss */
+    io->loss = 0; /* on the GPU: the tables' mb_loss (TP rank 0's: every TP rank has the same) */
+    if (gptc_tp_rank(io) != 0) return 0;
     return gptc_op<gptc_loss_sum_op>(cpu, st, 1, (const float*)s.rowloss, tgt, T, &e.tab->mb_loss[io->mb->index]);
 }
 
@@ -880,7 +918,7 @@ static pp_model gptc_model_desc_depth(gptc_run* run) {
 /* Points m's parameters into base, layer after layer (gradients: the head's wte share after
    them, gptc_numel + V * C floats in all; weights: the head reads the embedding's wte). */
 static void gptc_bind(gptc_model* m, const gptc_config* g, float* base, int grads) {
-    size_t C = (size_t)g->C;
+    size_t C = (size_t)g->C, L = C / (size_t)gptc_tpn(g);
     float* p = base;
     memset(m, 0, sizeof *m);
 #define GPTC_TAKE(f, n) (m->f = p, p += (n))
@@ -889,15 +927,15 @@ static void gptc_bind(gptc_model* m, const gptc_config* g, float* base, int grad
     for (int l = 0; l < g->nb && l < GPTC_MAX_BLOCK; l++) {
         GPTC_TAKE(block[l].ln1_g, C);
         GPTC_TAKE(block[l].ln1_b, C);
-        GPTC_TAKE(block[l].qkv_w, C * 3 * C);
-        GPTC_TAKE(block[l].qkv_b, 3 * C);
-        GPTC_TAKE(block[l].proj_w, C * C);
+        GPTC_TAKE(block[l].qkv_w, C * 3 * L);
+        GPTC_TAKE(block[l].qkv_b, 3 * L);
+        GPTC_TAKE(block[l].proj_w, L * C);
         GPTC_TAKE(block[l].proj_b, C);
         GPTC_TAKE(block[l].ln2_g, C);
         GPTC_TAKE(block[l].ln2_b, C);
-        GPTC_TAKE(block[l].fc_w, C * 4 * C);
-        GPTC_TAKE(block[l].fc_b, 4 * C);
-        GPTC_TAKE(block[l].fcp_w, 4 * C * C);
+        GPTC_TAKE(block[l].fc_w, C * 4 * L);
+        GPTC_TAKE(block[l].fc_b, 4 * L);
+        GPTC_TAKE(block[l].fcp_w, 4 * L * C);
         GPTC_TAKE(block[l].fcp_b, C);
     }
     GPTC_TAKE(head[0].lnf_g, C);
@@ -912,7 +950,7 @@ static void gptc_bind(gptc_model* m, const gptc_config* g, float* base, int grad
    gpt_decay_mask). Returns the count (at most 12), -1 for no such layer. */
 static int gptc_layer_buffers(const gptc_config* g, const gptc_model* w, int l, float** ptr, int64_t* count,
                               unsigned char* decay) {
-    const int64_t C = g->C;
+    const int64_t C = g->C, L = C / gptc_tpn(g);
     if (l == 0) {
         float* const p[2] = {w->embed[0].wte, w->embed[0].wpe};
         const int64_t n[2] = {(int64_t)g->V * C, (int64_t)g->maxT * C};
@@ -923,7 +961,7 @@ static int gptc_layer_buffers(const gptc_config* g, const gptc_model* w, int l, 
         const gptc_block_p* b = &w->block[l - 1];
         float* const p[12] = {b->ln1_g, b->ln1_b, b->qkv_w, b->qkv_b, b->proj_w, b->proj_b,
                               b->ln2_g, b->ln2_b, b->fc_w,  b->fc_b,  b->fcp_w, b->fcp_b};
-        const int64_t n[12] = {C, C, C * 3 * C, 3 * C, C * C, C, C, C, C * 4 * C, 4 * C, 4 * C * C, C};
+        const int64_t n[12] = {C, C, C * 3 * L, 3 * L, L * C, C, C, C, C * 4 * L, 4 * L, 4 * L * C, C};
         for (int k = 0; k < 12; k++) ptr[k] = p[k], count[k] = n[k], decay[k] = k == 2 || k == 4 || k == 8 || k == 10;
         return 12;
     }
@@ -1015,6 +1053,37 @@ static void gptc_init_weights(const gptc_config* g, float* h) {
         hw.head[0].lnf_g[k] = 1.0f;
         hw.head[0].lnf_b[k] = 0.0f;
     }
+}
+
+/* TP rank r's share (g: cfg.tp > 1) of the whole model's buffer `whole` (the same model at tp 1)
+   into `part` (gptc_numel(g) floats): host memory. grads: gradient buffers, the head's V * C
+   share of wte after them in both (gptc_bind's layout). The whole-model parts are copied. */
+static void gptc_tp_shard(const gptc_config* g, int r, const float* whole, float* part, int grads) {
+    gptc_config g1 = *g;
+    gptc_model a, b;
+    const size_t C = (size_t)g->C, L = C / (size_t)gptc_tpn(g), VC = (size_t)g->V * C, R = (size_t)r;
+    g1.tp = 0;
+    gptc_bind(&a, &g1, (float*)whole, grads);
+    gptc_bind(&b, g, part, grads);
+    memcpy(b.embed[0].wte, a.embed[0].wte, sizeof(float) * VC);
+    memcpy(b.embed[0].wpe, a.embed[0].wpe, sizeof(float) * (size_t)g->maxT * C);
+    for (int l = 0; l < g->nb && l < GPTC_MAX_BLOCK; l++) {
+        const gptc_block_p* x = &a.block[l];
+        gptc_block_p* y = &b.block[l];
+        float* const whole_dst[6] = {y->ln1_g, y->ln1_b, y->ln2_g, y->ln2_b, y->proj_b, y->fcp_b};
+        const float* const whole_src[6] = {x->ln1_g, x->ln1_b, x->ln2_g, x->ln2_b, x->proj_b, x->fcp_b};
+        for (int k = 0; k < 6; k++) memcpy(whole_dst[k], whole_src[k], sizeof(float) * C);
+        for (size_t k = 0; k < C; k++) /* qkv: its heads' q, k and v columns of each row */
+            for (size_t q = 0; q < 3; q++) memcpy(y->qkv_w + k * 3 * L + q * L, x->qkv_w + k * 3 * C + q * C + R * L, sizeof(float) * L);
+        for (size_t q = 0; q < 3; q++) memcpy(y->qkv_b + q * L, x->qkv_b + q * C + R * L, sizeof(float) * L);
+        memcpy(y->proj_w, x->proj_w + R * L * C, sizeof(float) * L * C); /* its heads' rows */
+        for (size_t k = 0; k < C; k++) memcpy(y->fc_w + k * 4 * L, x->fc_w + k * 4 * C + R * 4 * L, sizeof(float) * 4 * L);
+        memcpy(y->fc_b, x->fc_b + R * 4 * L, sizeof(float) * 4 * L);
+        memcpy(y->fcp_w, x->fcp_w + R * 4 * L * C, sizeof(float) * 4 * L * C); /* its units' rows */
+    }
+    memcpy(b.head[0].lnf_g, a.head[0].lnf_g, sizeof(float) * C);
+    memcpy(b.head[0].lnf_b, a.head[0].lnf_b, sizeof(float) * C);
+    if (grads) memcpy(b.head[0].wte, a.head[0].wte, sizeof(float) * VC);
 }
 
 /* ---- memory: the GPU, or the host when cpu is set --------------------------------------------- */

@@ -1,0 +1,201 @@
+/* tests/test_gptc_tp.cu - tensor parallelism in examples/gpt_cuda.h's model (the GPT that
+   gpt_cuda and gpt_nccl train), checked on the host: the same layer code as the GPU's, run as
+   host loops (gptc_run.cpu), in pipeline.h's one-process pipeline with tp (threads; io->tp the
+   layers' TP group, pp_tp_allreduce the sum).
+
+   The whole model (tp 1) takes one step at p = 2 (1F1B) on packed sequences; then the same
+   weights cut by gptc_tp_shard into tp = 2 and tp = 4 shards take it at p = 2, on 1F1B and
+   GPipe. Checked:
+   - the loss (TP rank 0's micro-batch losses) and every gradient buffer of every rank are
+     within 1e-5 (relative) of the whole model's, cut the same way (the partial sums of the
+     row-parallel products add in another order);
+   - at fixed tp the two kinds give the same gradient bits on every rank;
+   - the TP ranks' replicated gradients (LayerNorms, the row-parallel biases, the embedding
+     and head) are bit-identical across the TP group.
+   Its negative control (build/gptc-tp-ctl-norow: the attention projection's all-reduce dropped,
+   PP_TEST_GPTC_TP_NO_ROW_REDUCE) must fail. */
+#define PIPELINE_IMPLEMENTATION
+#include "../pipeline_cuda.h"
+#include "test.h"
+
+#include "../examples/gpt_cuda.h"
+
+#define NSEQ 8
+#define MAXROWS (NSEQ * 12)
+#define P 2
+#define M 4
+#define MAXTP 4
+#define TOL 1e-5
+
+static const int V = 32, MAXT = 16, C = 16, H = 4, NB = 2;
+static int32_t TOK[MAXROWS], TGT[MAXROWS], CU[NSEQ + 1], POS[MAXROWS], SST[MAXROWS], SEN[MAXROWS];
+static int ROWS;
+
+/* ||a - b|| / ||b|| over n floats (||a - b|| where b is zero) */
+static double rel_diff(const float* a, const float* b, int64_t n) {
+    double d = 0, r = 0;
+    for (int64_t i = 0; i < n; i++) {
+        d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        r += (double)b[i] * b[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+/* 8 packed sequences of 3 .. 12 tokens, each target the next token (-1 at a sequence's end). */
+static void make_batch(pp_batch* b) {
+    int n = 0;
+    CU[0] = 0;
+    for (int s = 0; s < NSEQ; s++) {
+        int len = 3 + (s * 5) % 10;
+        for (int j = 0; j < len; j++) {
+            TOK[n + j] = (s * 7 + j * 3) % V;
+            TGT[n + j] = j + 1 < len ? (s * 7 + (j + 1) * 3) % V : -1;
+        }
+        n += len;
+        CU[s + 1] = n;
+    }
+    ROWS = n;
+    gpt_row_tables(CU, NSEQ, POS, SST, SEN);
+    memset(b, 0, sizeof *b);
+    b->input.data = TOK;
+    b->input.rows = ROWS;
+    b->input.cols = 1;
+    b->input.dtype = PP_I32;
+    b->targets = TGT;
+    b->target_row_bytes = sizeof(int32_t);
+    b->cu_seqlens = CU;
+    b->n_seqs = NSEQ;
+    b->split = PP_SPLIT_TOKENS;
+}
+
+typedef struct result {
+    float loss;
+    float* g[P * MAXTP];        /* each world rank's gradients (gptc_numel + V * C floats) */
+    size_t n;                   /* floats in each */
+} result;
+
+/* One step of the model at tp over P stages, from whole (tp 1 weights) cut per TP rank. */
+static int step(int tp, pp_schedule_kind kind, const float* whole, result* out) {
+    gptc_run run;
+    float mb_loss[M] = {0};
+    float* wsh[MAXTP] = {0};
+    gptc_model w[MAXTP], g[P * MAXTP];
+    const void* wptr[P * MAXTP];
+    void* gptr[P * MAXTP];
+    pp_pipeline* pl = NULL;
+    pp_pipeline_desc d;
+    pp_batch b;
+    pp_step_stats st;
+    pp_error err;
+    int nr = P * tp, rc = 0;
+    memset(&run, 0, sizeof run);
+    run.cfg.V = V, run.cfg.maxT = MAXT, run.cfg.C = C, run.cfg.H = H, run.cfg.nb = NB, run.cfg.tp = tp;
+    run.cpu = 1;
+    run.tab[0].pos = POS, run.tab[0].sstart = SST, run.tab[0].send = SEN, run.tab[0].mb_loss = mb_loss;
+    make_batch(&b);
+    size_t np = gptc_numel(&run.cfg);
+    out->n = np + (size_t)V * C;
+    for (int t = 0; t < tp; t++) {
+        wsh[t] = (float*)calloc(np, sizeof(float));
+        if (tp > 1) gptc_tp_shard(&run.cfg, t, whole, wsh[t], 0);
+        else memcpy(wsh[t], whole, np * sizeof(float));
+        gptc_bind(&w[t], &run.cfg, wsh[t], 0);
+    }
+    for (int r = 0; r < nr; r++) { /* world rank r = pp_rank * tp + tp_rank */
+        out->g[r] = (float*)calloc(out->n, sizeof(float));
+        gptc_bind(&g[r], &run.cfg, out->g[r], 1);
+        wptr[r] = &w[r % tp];
+        gptr[r] = &g[r];
+    }
+    memset(&d, 0, sizeof d);
+    d.model = gptc_model_desc_depth(&run);
+    d.rank_weights = wptr;
+    d.rank_grads = gptr;
+    d.schedule = kind;
+    d.p = P;
+    d.v = 1;
+    d.m = M;
+    d.tp = tp;
+    d.stage.timeout_s = 30;
+    if (pp_pipeline_create(&d, &pl, &err) != PP_OK || pp_pipeline_step(pl, &b, &st) != PP_OK) {
+        printf("tp %d %s: %s\n", tp, pp_schedule_name(kind), pl ? pp_pipeline_error(pl) : err.msg);
+        rc = 1;
+    }
+    out->loss = 0;
+    for (int k = 0; k < M; k++) out->loss += mb_loss[k] / M;
+    pp_pipeline_destroy(pl);
+    for (int t = 0; t < tp; t++) free(wsh[t]);
+    return rc;
+}
+
+static void result_free(result* r, int nr) {
+    for (int k = 0; k < nr; k++) free(r->g[k]);
+}
+
+int main(void) {
+    gptc_config whole_cfg;
+    memset(&whole_cfg, 0, sizeof whole_cfg);
+    whole_cfg.V = V, whole_cfg.maxT = MAXT, whole_cfg.C = C, whole_cfg.H = H, whole_cfg.nb = NB;
+    size_t np1 = gptc_numel(&whole_cfg);
+    float* whole = (float*)malloc(np1 * sizeof(float));
+    result ref;
+    gptc_init_weights(&whole_cfg, whole);
+    CHECK(step(1, PP_SCHED_1F1B, whole, &ref) == 0, "tp 1: the step");
+    for (int tp = 2; tp <= MAXTP; tp *= 2) {
+        const pp_schedule_kind kinds[2] = {PP_SCHED_1F1B, PP_SCHED_GPIPE};
+        result res[2];
+        double worst = 0, lrel;
+        gptc_config cfg = whole_cfg;
+        cfg.tp = tp;
+        for (int k = 0; k < 2; k++) CHECK(step(tp, kinds[k], whole, &res[k]) == 0, "tp %d %s: the step", tp, pp_schedule_name(kinds[k]));
+        lrel = fabs((double)res[0].loss - ref.loss) / fabs((double)ref.loss);
+        CHECK(lrel <= TOL, "tp %d: loss %.9g against tp 1's %.9g (%.3g relative)", tp, res[0].loss, ref.loss, lrel);
+        for (int r = 0; r < P * tp; r++) {
+            int pr = r / tp, t = r % tp;
+            float* cut = (float*)calloc(res[0].n, sizeof(float));
+            gptc_model a, e;
+            gptc_tp_shard(&cfg, t, ref.g[pr], cut, 1); /* tp 1's rank pr, cut as TP rank t holds it */
+            gptc_bind(&a, &cfg, res[0].g[r], 1);
+            gptc_bind(&e, &cfg, cut, 1);
+            for (int l = 0; l < NB + 2; l++) {
+                float *pa[12], *pe[12];
+                int64_t na[12];
+                unsigned char dec[12];
+                int n = gptc_layer_buffers(&cfg, &a, l, pa, na, dec);
+                gptc_layer_buffers(&cfg, &e, l, pe, na, dec);
+                for (int k = 0; k < n; k++) {
+                    double dlt = rel_diff(pa[k], pe[k], na[k]);
+                    if (dlt > worst) worst = dlt;
+                    CHECK(dlt <= TOL, "tp %d: world rank %d, layer %d, buffer %d: %.3g relative to tp 1's", tp, r, l, k, dlt);
+                }
+            }
+            {
+                double dw = rel_diff(a.head[0].wte, e.head[0].wte, (int64_t)V * C);
+                CHECK(dw <= TOL, "tp %d: world rank %d: the head's wte share, %.3g relative to tp 1's", tp, r, dw);
+            }
+            CHECK(memcmp(res[0].g[r], res[1].g[r], res[0].n * sizeof(float)) == 0, "tp %d: world rank %d: 1F1B and GPipe "
+                  "gradients differ", tp, r);
+            if (t > 0) { /* the replicated buffers: the same bits on every TP rank */
+                gptc_model z;
+                gptc_bind(&z, &cfg, res[0].g[r - t], 1);
+                for (int l = 0; l < NB; l++) {
+                    const gptc_block_p *x = &a.block[l], *y = &z.block[l];
+                    CHECK(!memcmp(x->ln1_g, y->ln1_g, C * sizeof(float)) && !memcmp(x->ln2_b, y->ln2_b, C * sizeof(float)) &&
+                              !memcmp(x->proj_b, y->proj_b, C * sizeof(float)) && !memcmp(x->fcp_b, y->fcp_b, C * sizeof(float)),
+                          "tp %d: world rank %d, block %d: replicated gradients differ from TP rank 0's", tp, r, l);
+                }
+                CHECK(!memcmp(a.embed[0].wte, z.embed[0].wte, (size_t)V * C * sizeof(float)) &&
+                          !memcmp(a.head[0].lnf_g, z.head[0].lnf_g, C * sizeof(float)),
+                      "tp %d: world rank %d: the embedding's or head's gradients differ from TP rank 0's", tp, r);
+            }
+            free(cut);
+        }
+        printf("test_gptc_tp: tp %d x p %d on the host: loss %.9g (tp 1: %.9g, %.3g relative), gradients within %.3g "
+               "of tp 1's; 1F1B and GPipe bit-identical\n", tp, P, res[0].loss, ref.loss, lrel, worst);
+        result_free(&res[0], P * tp);
+        result_free(&res[1], P * tp);
+    }
+    result_free(&ref, P);
+    free(whole);
+    return TEST_DONE("test_gptc_tp");
+}
