@@ -22,6 +22,11 @@
    --eval-every N, --eval-seqs N (pp_stage_eval on every rank), --save FILE (replica 0's
    pipeline ranks write one file, each its own layers), --resume FILE (every process loads it
    all); and
+   --tp N (tensor parallelism: the world is p x dp x tp, pp_nccl_grid_create_tp; each block's
+   heads and MLP units split N ways as examples/gpt_cuda.h's TENSOR PARALLELISM says, the sums
+   pp_nccl_tp_allreduce on the layer's stream, the boundaries split over the TP group; not with
+   --clip, --save or --resume yet; not yet run on a GPU: tests/test_gptc_tp.cu checks the split
+   model on the host);
    --id-file PATH (the ncclUniqueId through a shared file; needed for world > 1 without MPI),
    --timeout S (every wait, default 120); --no-overlap (the data-parallel sum after the step, in
    one all-reduce), --bucket-kb N (most KiB one overlapped all-reduce carries, default 4096); --loss-log FILE (the printing rank writes every
@@ -67,6 +72,7 @@
 
 typedef struct opts : gptc_opts { /* the options gpt_cuda shares, and gpt_nccl's own */
     int p, dp;
+    int tp;                     /* --tp N: each block's heads and MLP units split N ways (gptc_config.tp) */
     int no_overlap;             /* --no-overlap: the data-parallel sum after the step, not from its hooks */
     int bucket_kb;              /* --bucket-kb N: most KiB one overlapped all-reduce carries (0: 4 MiB) */
     double timeout;
@@ -79,7 +85,7 @@ static int usage(void) {
                     "                [--dim N] [--heads N] [--layers N] [--lr X] [--lr-min X] [--warmup N] [--wd X]\n"
                     "                [--clip X] [--eval-every N] [--eval-seqs N] [--save FILE] [--resume FILE]\n"
                     "                [--dtype f32|bf16] [--id-file PATH] [--timeout S] [--loss-log FILE]\n"
-                    "                [--no-overlap] [--bucket-kb N] [--recompute K]\n");
+                    "                [--no-overlap] [--bucket-kb N] [--recompute K] [--tp N]\n");
     return 2;
 }
 
@@ -93,6 +99,9 @@ static double now_s(void) {
 typedef struct proc {
     pp_launch L;
     int dev, pp_rank, dp_rank, dp, p, v, cap;
+    int tp, tp_rank;            /* --tp: the TP group's size and this process's place in it */
+    pp_transport tpt;           /* the grid's g.tp transport (tp > 1) */
+    pp_group tpg;               /* its group: pp_stage_desc.tp, the layers' io->tp */
     gptc_run run;               /* the model's context: sizes, this GPU's tables (tab[dev]) */
     gptc_model w, g;
     pp_cuda_layer_ctx lc;       /* the layers' io->ctx: the compute stream and the GPU */
@@ -176,7 +185,7 @@ static int load_batch(proc* P, const opts* o, const gpt_corpus* corp, uint64_t* 
 }
 
 /* How many processes of the world report a failure (ok 0): an all-reduce over this pipeline, then
-   over the data-parallel group, so every process gets the same count and none goes on into a step
+   over the data-parallel group and the TP group, so every process gets the same count and none goes on into a step
    its peers left; -1 when the all-reduce itself fails. Also a barrier. */
 static int world_failures(proc* P, const opts* o, int ok) {
     pp_error err;
@@ -185,6 +194,7 @@ static int world_failures(proc* P, const opts* o, int ok) {
     if (gptc_copy(0, P->flag, &f, sizeof f) || cudaDeviceSynchronize() != cudaSuccess ||
         pp_grad_allreduce(&pt, NULL, 0, P->flag, 1, PP_F32, 1.0, o->timeout, &err) != PP_OK ||
         (P->dp > 1 && pp_grad_allreduce(&dt, NULL, 0, P->flag, 1, PP_F32, 1.0, o->timeout, &err) != PP_OK) ||
+        (P->tp > 1 && pp_grad_allreduce(&P->tpt, NULL, 0, P->flag, 1, PP_F32, 1.0, o->timeout, &err) != PP_OK) ||
         cudaStreamSynchronize(pp_cuda_stream(P->cuda, 0)) != cudaSuccess || gptc_copy(0, &f, P->flag, sizeof f))
         return -1;
     return (int)f;
@@ -266,6 +276,12 @@ static int overlap_create(proc* P, const opts* o, pp_stage_desc* d) {
     return 0;
 }
 
+/* --tp: the blocks' sums over the TP group, NCCL's own on the layer's stream (gptc_run.tp_sum) */
+static int tp_sum(const pp_layer_io* io, float* buf, size_t n, cudaStream_t st) {
+    pp_error err;
+    return pp_nccl_tp_allreduce(io->tp, buf, n, PP_F32, st, &err) == PP_OK ? 0 : 10;
+}
+
 /* Bootstrap, grid, model, stage: everything before the first step. */
 static int setup(proc* P, const opts* o, int have_launch) {
     pp_error err;
@@ -309,9 +325,9 @@ static int setup(proc* P, const opts* o, int have_launch) {
         ncclCommDestroy(world);
         FAIL("pp_cuda: %s", err.msg);
     }
-    if (pp_nccl_grid_create(world, o->p, PP_GRID_DP_INNER, pp_cuda_stream(P->cuda, 0), o->timeout, &P->grid, &err) != PP_OK) {
+    if (pp_nccl_grid_create_tp(world, o->p, o->tp, PP_GRID_DP_INNER, pp_cuda_stream(P->cuda, 0), o->timeout, &P->grid, &err) != PP_OK) {
         ncclCommDestroy(world);
-        FAIL("grid p=%d over world %d: %s", o->p, P->L.world, err.msg);
+        FAIL("grid p=%d tp=%d over world %d: %s", o->p, o->tp, P->L.world, err.msg);
     }
     ncclCommDestroy(world); /* the grid's split communicators live on */
     P->have_grid = 1;
@@ -319,6 +335,15 @@ static int setup(proc* P, const opts* o, int have_launch) {
     P->dp = P->grid.grid.dp;
     P->pp_rank = P->grid.grid.pp_rank;
     P->dp_rank = P->grid.grid.dp_rank;
+    P->tp = P->grid.grid.tp > 1 ? P->grid.grid.tp : 1;
+    P->tp_rank = P->grid.grid.tp_rank;
+    if (P->tp > 1) {
+        P->tpt = pp_nccl_transport(P->grid.tp);
+        memset(&P->tpg, 0, sizeof P->tpg);
+        P->tpg.t = &P->tpt;
+        P->tpg.timeout_s = o->timeout;
+        P->run.tp_sum = tp_sum;
+    }
     P->v = o->v;
     S = P->p * P->v;
     /* schedule, NCCL's message order, partition */
@@ -329,14 +354,26 @@ static int setup(proc* P, const opts* o, int have_launch) {
     if (P->dev >= GPTC_MAX_DEV) FAIL("GPU %d: the model keeps tables for GPUs 0 .. %d", P->dev, GPTC_MAX_DEV - 1);
     if (!(P->run.blas = gptc_blas_create())) FAIL("out of memory");  /* matrix products through cuBLAS */
     P->run.cfg = gptc_opts_config(o);
+    P->run.cfg.tp = P->tp;
     if (pp_partition_uniform(o->layers + 2, S, P->first, &err) != PP_OK) FAIL("partition: %s", err.msg);
     /* weights: gpt_cuda's initialisation (same seed on every process) */
     P->n_par = gptc_numel(&P->run.cfg);
     P->n_grad = P->n_par + (size_t)P->run.cfg.V * P->run.cfg.C;
     {
-        float* h = (float*)malloc(sizeof(float) * P->n_par);
-        if (!h) FAIL("out of host memory");
-        gptc_init_weights(&P->run.cfg, h);
+        gptc_config whole = P->run.cfg; /* --tp: this TP rank's share of the whole model's weights */
+        whole.tp = 0;
+        float* h = (float*)malloc(sizeof(float) * gptc_numel(&whole));
+        float* part = P->tp > 1 ? (float*)malloc(sizeof(float) * P->n_par) : NULL;
+        if (!h || (P->tp > 1 && !part)) {
+            free(h);
+            FAIL("out of host memory");
+        }
+        gptc_init_weights(&whole, h);
+        if (part) {
+            gptc_tp_shard(&P->run.cfg, P->tp_rank, h, part, 0);
+            free(h);
+            h = part;
+        }
         P->wbuf = (float*)gptc_alloc(0, sizeof(float) * P->n_par);
         if (!P->wbuf || gptc_copy(0, P->wbuf, h, sizeof(float) * P->n_par)) {
             free(h);
@@ -397,6 +434,7 @@ static int setup(proc* P, const opts* o, int have_launch) {
     d.transport = pp_nccl_transport(P->grid.pipe);
     d.device = pp_cuda_device_ops(P->cuda, 0);
     d.recompute = gpt_recompute_flags(o->recompute, d.model.n_layers, rflags); /* copied at create */
+    if (P->tp > 1) d.tp = &P->tpg; /* boundaries split over TP, gathered over g.tp; the TP outcome agreed */
     if (P->dp > 1 && !o->no_overlap && overlap_create(P, o, &d)) return 1;
     if (pp_stage_create(&d, &P->st, &err) != PP_OK) FAIL("stage: %s", err.msg);
     return 0;
@@ -490,7 +528,8 @@ static int evaluate(proc* P, const opts* o, const gpt_corpus* held, int steps_do
         if (upload_batch(P, o, T, k) || cudaDeviceSynchronize() != cudaSuccess) FAIL("uploading a held-out batch failed");
         if (pp_cuda_step_begin(P->cuda, &err) != PP_OK || pp_stage_eval(P->st, &P->batch, NULL, NULL) != PP_OK)
             FAIL("evaluation: %s %s %s", pp_stage_error(P->st), pp_cuda_error(P->cuda, 0), pp_nccl_error(P->grid.pipe));
-        if (pp_nccl_step_end(P->grid.pipe, o->timeout, &err) != PP_OK || pp_cuda_step_end(P->cuda, &info, &err) != PP_OK)
+        if (pp_nccl_step_end(P->grid.pipe, o->timeout, &err) != PP_OK ||
+            (P->tp > 1 && pp_nccl_step_end(P->grid.tp, o->timeout, &err) != PP_OK) || pp_cuda_step_end(P->cuda, &info, &err) != PP_OK)
             FAIL("evaluation: step_end: %s", err.msg);
         if (is_printer && read_losses(P, o, mbl, &loss)) FAIL("reading the held-out losses failed");
         s += (double)loss * T;
@@ -512,7 +551,7 @@ static int train(proc* P, const opts* o) {
     gpt_traffic tr;
     memset(&tr, 0, sizeof tr);
     pp_schedule_stage_to_rank(&P->sched, P->p * P->v - 1, &last_rank, &chunk);
-    is_printer = P->pp_rank == last_rank && P->dp_rank == 0;
+    is_printer = P->pp_rank == last_rank && P->dp_rank == 0 && P->tp_rank == 0; /* TP rank 0 writes the losses */
     if ((bad = gptc_opts_corpus(o, &corp))) FAIL("%s", bad);
     if (gpt_corpus_hold_out(&corp, GPT_HOLD_OUT, &held)) { /* set aside whether or not --eval-every reads it */
         gpt_corpus_free(&corp);
@@ -525,9 +564,9 @@ static int train(proc* P, const opts* o) {
              h_rank, P->p - 1);
     }
     if (P->L.rank == 0)
-        printf("gpt_nccl: %d processes (%s) = pp %d x dp %d, %s v=%d m=%d, %d blocks, C=%d, %zu parameters, tied wte on pipeline "
-               "ranks %d and %d, text: %s\n",
-               P->L.world, P->L.source ? P->L.source : "no launcher", P->p, P->dp, pp_schedule_name(o->kind), P->v, o->m,
+        printf("gpt_nccl: %d processes (%s) = pp %d x dp %d x tp %d, %s v=%d m=%d, %d blocks, C=%d, %zu parameters a "
+               "process, tied wte on pipeline ranks %d and %d, text: %s\n",
+               P->L.world, P->L.source ? P->L.source : "no launcher", P->p, P->dp, P->tp, pp_schedule_name(o->kind), P->v, o->m,
                o->layers, o->dim, P->n_par, e_rank, h_rank, corp.source);
     if (P->L.rank == 0) {
         printf("text: %d documents to train on, %d held out (every %dth)\n", corp.n_docs, held.n_docs, GPT_HOLD_OUT);
@@ -578,7 +617,8 @@ static int train(proc* P, const opts* o) {
             break;
         }
         /* the step's transfers, with a deadline (a peer that never sends shows up here), then the GPU */
-        if (pp_nccl_step_end(P->grid.pipe, o->timeout, &err) != PP_OK || pp_cuda_step_end(P->cuda, &info, &err) != PP_OK) {
+        if (pp_nccl_step_end(P->grid.pipe, o->timeout, &err) != PP_OK ||
+            (P->tp > 1 && pp_nccl_step_end(P->grid.tp, o->timeout, &err) != PP_OK) || pp_cuda_step_end(P->cuda, &info, &err) != PP_OK) {
             fprintf(stderr, "gpt_nccl rank %d: step_end: %s\n", P->L.rank, err.msg);
             rc = 1;
             break;
@@ -662,6 +702,7 @@ int main(int argc, char** argv) {
     memset(&o, 0, sizeof o); /* its own options */
     gptc_opts_default(&o);
     o.p = o.dp = 0;
+    o.tp = 1;
     o.timeout = 120;
 #ifdef PP_GPT_NCCL_MPI
     MPI_Init(&argc, &argv);
@@ -678,6 +719,7 @@ int main(int argc, char** argv) {
         }
         if (ARG("-p")) o.p = atoi(n);
         else if (ARG("--dp")) o.dp = atoi(n);
+        else if (ARG("--tp")) o.tp = atoi(n);
         else if (ARG("--id-file")) o.id_file = n;
         else if (ARG("--loss-log")) o.loss_log = n;
         else if (ARG("--timeout")) o.timeout = atof(n);
@@ -708,11 +750,22 @@ int main(int argc, char** argv) {
         rc = usage();
         goto done;
     }
-    if (o.p <= 0) o.p = o.dp > 0 ? P->L.world / o.dp : P->L.world;
-    if (o.dp <= 0) o.dp = o.p > 0 ? P->L.world / o.p : 0;
-    if (o.p < 1 || o.p > PP_MAX_RANKS || o.dp < 1 || o.p * o.dp != P->L.world) {
+    if (o.tp < 1 || o.dim % o.tp || o.heads % o.tp) {
+        if (P->L.rank == 0) fprintf(stderr, "gpt_nccl: --tp %d must divide --dim %d and --heads %d\n", o.tp, o.dim, o.heads);
+        rc = 2;
+        goto done;
+    }
+    if (o.tp > 1 && (o.clip > 0 || o.save || o.resume)) { /* the norm over shards, sharded checkpoints: not here yet */
+        if (P->L.rank == 0) fprintf(stderr, "gpt_nccl: --tp takes no --clip, --save or --resume in this version\n");
+        rc = 2;
+        goto done;
+    }
+    if (o.p <= 0) o.p = o.dp > 0 ? P->L.world / (o.dp * o.tp) : P->L.world / o.tp;
+    if (o.dp <= 0) o.dp = o.p > 0 ? P->L.world / (o.p * o.tp) : 0;
+    if (o.p < 1 || o.p > PP_MAX_RANKS || o.dp < 1 || o.p * o.dp * o.tp != P->L.world) {
         if (P->L.rank == 0)
-            fprintf(stderr, "gpt_nccl: the world has %d processes; -p %d x --dp %d must equal it\n", P->L.world, o.p, o.dp);
+            fprintf(stderr, "gpt_nccl: the world has %d processes; -p %d x --dp %d x --tp %d must equal it\n", P->L.world, o.p,
+                    o.dp, o.tp);
         rc = 2;
         goto done;
     }

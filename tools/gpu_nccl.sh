@@ -25,8 +25,9 @@
 #      4) and the pp 2 x dp 2 grid (4 ranks), under NCCL_MAX_CTAS=$PP_GPU_MAX_CTAS (default 2);
 #   5. gpt_nccl (packed variable-length sequences), one process per rank: p = 1, the reference
 #      (must pass), then 1F1B p = 2, 3, 4, interleaved p = 2, ZB-V p = 2, GPipe p = 4, the
-#      training loop's options and pp 2 x dp 2, each compared byte for byte with p = 1's losses
-#      (tried: two or more processes on one GPU; NCCL_MAX_CTAS as above beyond two ranks); and
+#      training loop's options and pp 2 x dp 2, each compared byte for byte with p = 1's losses,
+#      and --tp 2 at pp 1 and 2, within 1e-5 of them (tried: two or more processes on one GPU;
+#      NCCL_MAX_CTAS as above beyond two ranks); and
 #      gpt_nccl-old (a build from before the connections were set up at create, if BINDIR has it).
 # Logs in OUTDIR, the summary last; exit 1 when a must-pass run did not pass.
 # Preparing it on a machine without a GPU (about 25 minutes on two cores; docs/gpu.md):
@@ -150,6 +151,22 @@ gpt "pp 2 x dp 2, overlapped" 4 60 -p 2 --dp 2 --steps 12 --timeout 60 $M $TR --
 gpt "pp 2 x dp 2, --no-overlap" 4 60 -p 2 --dp 2 --steps 12 --timeout 60 $M $TR --no-overlap --save $ck.no --loss-log "$out/loss-dp2-no.txt"
 if cmp -s "$out/loss-dp2-ov.txt" "$out/loss-dp2-no.txt" && cmp -s $ck.ov $ck.no; then echo "  pp 2 x dp 2: overlapped = after the step, losses and checkpoint byte for byte" | tee -a "$sum"
 else echo "  pp 2 x dp 2: overlapped DIFFERS from --no-overlap (or missing)" | tee -a "$sum"; fi
+# tensor parallelism (--tp: NCCL's all-reduces on the layer's stream, the boundaries split over
+# the TP group): 12 steps against the first 12 of p = 1's, within 1e-5 (the partial sums add in
+# another order, so not bit for bit)
+gpt "pp 1 x tp 2" 2 60 -p 1 --tp 2 --steps 12 --timeout 60 $M --loss-log "$out/loss-tp2.txt"
+gpt "pp 2 x tp 2" 4 60 -p 2 --tp 2 --steps 12 --timeout 60 $M --loss-log "$out/loss-pp2-tp2.txt"
+for f in loss-tp2 loss-pp2-tp2; do
+    if [ -s "$out/$f.txt" ] && command -v python3 >/dev/null 2>&1; then
+        python3 - "$out/loss-p1.txt" "$out/$f.txt" <<'PY' | tee -a "$sum"
+import sys
+def losses(p): return [[float.fromhex(x) for x in l.split()[2:]] for l in open(p)]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+worst = max(abs(y - x) / abs(x) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+print("  %s: %d steps, the largest relative difference from p=1's losses %.3g (%s 1e-5)" % (sys.argv[2].split("/")[-1], len(b), worst, "within" if worst <= 1e-5 else "NOT within"))
+PY
+    else echo "  $f: no losses (or no python3)" | tee -a "$sum"; fi
+done
 rm -f $ck.*
 echo "--- $(( $(date +%s) - t0 )) s"
 for f in "$out"/*.log; do echo "##### $f"; grep -E "passed|FAIL|step +(0|1|10|11|49)[ /]|rror|stall|timed out|did not|memory|conn_probe|shares|val loss|saved|resumed|NCCL WARN" "$f" | cut -c1-300 | tail -30; done
