@@ -858,14 +858,17 @@ $(B)/test_cuda: tests/test_cuda.cu $(TEST_HDRS) $(CUDA_HDRS) | $(B)
 $(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_loop.h examples/gpt_data.h examples/gpt_traffic.h examples/splitmix.h $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
 
-# TP in gpt_cuda.h's model, on the host (tests/test_gptc_tp.cu); its control drops the attention
-# projection's all-reduce (PP_TEST_GPTC_TP_NO_ROW_REDUCE) and must fail.
+# TP in gpt_cuda.h's model, on the host (tests/test_gptc_tp.cu); its controls drop the attention
+# projection's all-reduce (PP_TEST_GPTC_TP_NO_ROW_REDUCE) and flag no buffer a shard for the norm
+# (PP_TEST_GPTC_TP_UNSHARDED): each must fail.
 GPTC_TP_DEPS = tests/test_gptc_tp.cu examples/gpt_cuda.h examples/gpt_loop.h examples/gpt_data.h examples/gpt_traffic.h \
   examples/splitmix.h tests/test.h $(CUDA_HDRS)
 $(B)/test_gptc_tp: $(GPTC_TP_DEPS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
 $(B)/gptc-tp-ctl-norow: $(GPTC_TP_DEPS) | $(B)
 	$(NVCC) $(NVFLAGS) -DPP_TEST_GPTC_TP_NO_ROW_REDUCE -I. $< -o $@ -lcublas -lpthread
+$(B)/gptc-tp-ctl-unsharded: $(GPTC_TP_DEPS) | $(B)
+	$(NVCC) $(NVFLAGS) -DPP_TEST_GPTC_TP_UNSHARDED -I. $< -o $@ -lcublas -lpthread
 
 $(B)/bubble_cuda: bench/bubble_cuda.cu tests/harness.h $(CUDA_HDRS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lpthread
@@ -881,8 +884,8 @@ check-cuda: | $(B)
 	  $(CXX) -std=c++11 -Wall -Wextra -Werror -I. -isystem $(CUDA_HOME)/include -DPIPELINE_IMPLEMENTATION -x c++ -c pipeline_cuda.h -o $(B)/cuda-cxx-check.o && \
 	  $(MAKE) --no-print-directory cuda && \
 	  $(B)/test_cuda && \
-	  $(B)/test_gptc_tp && $(MAKE) --no-print-directory $(B)/gptc-tp-ctl-norow && \
-	  sh tests/controls.sh gptc-tp-controls "$(B)/gptc-tp-ctl-norow" && \
+	  $(B)/test_gptc_tp && $(MAKE) --no-print-directory $(B)/gptc-tp-ctl-norow $(B)/gptc-tp-ctl-unsharded && \
+	  sh tests/controls.sh gptc-tp-controls "$(B)/gptc-tp-ctl-norow" "$(B)/gptc-tp-ctl-unsharded" && \
 	  $(B)/gpt_cuda --cpu --check -p 4 -m 4 --steps 3 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8 > $(B)/gpt_cuda_cpu.log && \
 	  tail -1 $(B)/gpt_cuda_cpu.log && \
 	  $(B)/gpt_cuda --cpu --check -p 4 -m 4 --steps 3 --dim 16 --heads 2 --layers 2 --max-len 32 --seqs-per-step 8 --dtype bf16 > $(B)/gpt_cuda_bf16.log && \

@@ -974,6 +974,16 @@ static int gptc_layer_buffers(const gptc_config* g, const gptc_model* w, int l, 
     return -1;
 }
 
+/* 1 where layer l's k-th buffer (gptc_layer_buffers' order) is a TP shard (cfg.tp > 1): qkv's
+   and fc's weights and biases, proj's and fcp's weights; the rest every TP rank holds whole. */
+static int gptc_buffer_sharded(const gptc_config* g, int l, int k) {
+#ifdef PP_TEST_GPTC_TP_UNSHARDED /* negative control (build/gptc-tp-ctl-unsharded): every buffer counted as whole */
+    (void)g, (void)l, (void)k;
+    return 0;
+#endif
+    return gptc_tpn(g) > 1 && l >= 1 && l <= g->nb && (k == 2 || k == 3 || k == 4 || k == 8 || k == 9 || k == 10);
+}
+
 /* pp_model.params (checkpoints, pp_ckpt_*): each layer's buffers, sized from the run's config. */
 static int gptc_params(const pp_model* m, const void* w, int l, pp_param* out, int cap) {
     float* ptr[12];
@@ -988,7 +998,8 @@ static int gptc_params(const pp_model* m, const void* w, int l, pp_param* out, i
    (gptc_numel floats: gptc_bind(.., 0); the tied wte's whole gradient in the embedding's slot),
    one per parameter buffer of each layer own[] flags (NULL: every layer), in memory dev reaches
    (NULL: the host). tied_layer >= 0 adds wte again as a tied copy of that layer (the head's
-   rank's copy: scaled, not counted). out: room for 12 * nb + 5; returns the count. */
+   rank's copy: scaled, not counted). With cfg.tp > 1 the shards are tp_sharded (the norm adds
+   every TP rank's: pp_grad_norm_tp). out: room for 12 * nb + 5; returns the count. */
 static int gptc_grad_bufs(const gptc_config* g, float* grad, const unsigned char* own, int tied_layer,
                           const pp_device_ops* dev, pp_grad_buf* out) {
     gptc_model gm;
@@ -1010,6 +1021,7 @@ static int gptc_grad_bufs(const gptc_config* g, float* grad, const unsigned char
             out[n].count = (size_t)count[j];
             out[n].dtype = PP_F32;
             out[n].tied_copy = l == tied_layer && j == k - 1;
+            out[n].tp_sharded = !out[n].tied_copy && gptc_buffer_sharded(g, l, j);
             out[n].device = dev;
         }
     }

@@ -24,9 +24,9 @@
    all); and
    --tp N (tensor parallelism: the world is p x dp x tp, pp_nccl_grid_create_tp; each block's
    heads and MLP units split N ways as examples/gpt_cuda.h's TENSOR PARALLELISM says, the sums
-   pp_nccl_tp_allreduce on the layer's stream, the boundaries split over the TP group; not with
-   --clip, --save or --resume yet; not yet run on a GPU: tests/test_gptc_tp.cu checks the split
-   model on the host);
+   pp_nccl_tp_allreduce on the layer's stream, the boundaries split over the TP group, --clip's
+   norm over pipeline and TP group, pp_stage_grad_clip_tp; not with --save or --resume yet; not
+   yet run on a GPU: tests/test_gptc_tp.cu checks the split model and its norm on the host);
    --id-file PATH (the ncclUniqueId through a shared file; needed for world > 1 without MPI),
    --timeout S (every wait, default 120); --no-overlap (the data-parallel sum after the step, in
    one all-reduce), --bucket-kb N (most KiB one overlapped all-reduce carries, default 4096); --loss-log FILE (the printing rank writes every
@@ -452,7 +452,9 @@ static int clip_grads(proc* P, const opts* o, int e_rank, int h_rank, double* no
     /* the slots AdamW reads (wte: the embedding's slot, which holds the tied sum) */
     int n = gptc_grad_bufs(&P->run.cfg, P->gbuf, P->own, e_rank != h_rank && P->pp_rank == h_rank ? o->layers + 1 : -1,
                            &ops, bufs);
-    if (pp_stage_grad_clip(P->st, bufs, n, o->clip, norm, &err) != PP_OK) FAIL("--clip: %s", err.msg);
+    pp_result rc = P->tp > 1 ? pp_stage_grad_clip_tp(P->st, &P->tpg, bufs, n, o->clip, norm, &err) /* shards once each */
+                             : pp_stage_grad_clip(P->st, bufs, n, o->clip, norm, &err);
+    if (rc != PP_OK) FAIL("--clip: %s", err.msg);
     return 0;
 }
 
@@ -755,8 +757,8 @@ int main(int argc, char** argv) {
         rc = 2;
         goto done;
     }
-    if (o.tp > 1 && (o.clip > 0 || o.save || o.resume)) { /* the norm over shards, sharded checkpoints: not here yet */
-        if (P->L.rank == 0) fprintf(stderr, "gpt_nccl: --tp takes no --clip, --save or --resume in this version\n");
+    if (o.tp > 1 && (o.save || o.resume)) { /* sharded checkpoints: not here yet */
+        if (P->L.rank == 0) fprintf(stderr, "gpt_nccl: --tp takes no --save or --resume in this version\n");
         rc = 2;
         goto done;
     }

@@ -12,8 +12,12 @@
    - at fixed tp the two kinds give the same gradient bits on every rank;
    - the TP ranks' replicated gradients (LayerNorms, the row-parallel biases, the embedding
      and head) are bit-identical across the TP group.
-   Its negative control (build/gptc-tp-ctl-norow: the attention projection's all-reduce dropped,
-   PP_TEST_GPTC_TP_NO_ROW_REDUCE) must fail. */
+   - the gradient norm over the pipeline and the TP group (pp_grad_norm_tp over gptc_grad_bufs'
+     lists, the shards flagged tp_sharded: gpt_nccl --tp --clip's) is the same on every rank and
+     within 1e-5 of tp 1's.
+   Its negative controls (build/gptc-tp-ctl-norow: the attention projection's all-reduce dropped,
+   PP_TEST_GPTC_TP_NO_ROW_REDUCE; gptc-tp-ctl-unsharded: no buffer flagged a shard, so the norm
+   takes TP rank 0's shards only) must fail. */
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_cuda.h"
 #include "test.h"
@@ -128,6 +132,54 @@ static int step(int tp, pp_schedule_kind kind, const float* whole, result* out) 
     return rc;
 }
 
+/* The gradient norm of a step's result: tp 1 over its pipeline (pp_grad_norm), tp > 1 over each
+   TP rank's pipeline and each stage's TP group (pp_grad_norm_tp), from gptc_grad_bufs' lists (the
+   shards flagged tp_sharded), every rank at once on threads worlds. */
+typedef struct normrun {
+    gptc_config cfg;
+    const result* res;
+    int first[P + 1];
+    pp_threads *pipes[MAXTP], *tps[P];
+    double norm[P * MAXTP];
+    pp_result rc[P * MAXTP];
+} normrun;
+static pp_result norm_rank(int r, void* user) {
+    static pp_grad_buf bufs[P * MAXTP][12 * GPTC_MAX_BLOCK + 5];
+    normrun* N = (normrun*)user;
+    int tp = gptc_tpn(&N->cfg), pr = r / tp, t = r % tp, n;
+    unsigned char own[GPTC_MAX_BLOCK + 2];
+    pp_transport pt = pp_threads_transport(N->pipes[t], pr), tt;
+    pp_group pg = {&pt, NULL, 0, 10.0}, tg = {&tt, NULL, 0, 10.0};
+    pp_error err;
+    for (int l = 0; l < NB + 2; l++) own[l] = l >= N->first[pr] && l < N->first[pr + 1];
+    n = gptc_grad_bufs(&N->cfg, N->res->g[r], own, -1, NULL, bufs[r]);
+    if (tp > 1) {
+        tt = pp_threads_transport(N->tps[pr], t);
+        N->rc[r] = pp_grad_norm_tp(&pg, &tg, NB + 2, bufs[r], n, &N->norm[r], &err);
+    } else
+        N->rc[r] = pp_grad_norm(&pg, NB + 2, bufs[r], n, &N->norm[r], &err);
+    return PP_OK;
+}
+static double grad_norm(const gptc_config* cfg, const result* res) {
+    normrun* N = (normrun*)calloc(1, sizeof *N);
+    pp_error err;
+    int tp = gptc_tpn(cfg), ok = 1;
+    double v;
+    N->cfg = *cfg;
+    N->res = res;
+    pp_partition_uniform(NB + 2, P, N->first, &err);
+    for (int t = 0; t < tp; t++) pp_threads_create(P, &N->pipes[t], &err);
+    for (int p = 0; p < P && tp > 1; p++) pp_threads_create(tp, &N->tps[p], &err);
+    pp_threads_run(P * tp, norm_rank, N, &err);
+    for (int r = 0; r < P * tp; r++) ok &= N->rc[r] == PP_OK && !memcmp(&N->norm[r], &N->norm[0], sizeof(double));
+    CHECK(ok, "tp %d: the norm failed or differs between ranks", tp);
+    v = N->norm[0];
+    for (int t = 0; t < tp; t++) pp_threads_destroy(N->pipes[t]);
+    for (int p = 0; p < P && tp > 1; p++) pp_threads_destroy(N->tps[p]);
+    free(N);
+    return v;
+}
+
 static void result_free(result* r, int nr) {
     for (int k = 0; k < nr; k++) free(r->g[k]);
 }
@@ -141,6 +193,7 @@ int main(void) {
     result ref;
     gptc_init_weights(&whole_cfg, whole);
     CHECK(step(1, PP_SCHED_1F1B, whole, &ref) == 0, "tp 1: the step");
+    double norm1 = grad_norm(&whole_cfg, &ref);
     for (int tp = 2; tp <= MAXTP; tp *= 2) {
         const pp_schedule_kind kinds[2] = {PP_SCHED_1F1B, PP_SCHED_GPIPE};
         result res[2];
@@ -190,8 +243,14 @@ int main(void) {
             }
             free(cut);
         }
-        printf("test_gptc_tp: tp %d x p %d on the host: loss %.9g (tp 1: %.9g, %.3g relative), gradients within %.3g "
-               "of tp 1's; 1F1B and GPipe bit-identical\n", tp, P, res[0].loss, ref.loss, lrel, worst);
+        {
+            double nt = grad_norm(&cfg, &res[0]), nrel = fabs(nt - norm1) / norm1;
+            CHECK(nrel <= TOL, "tp %d: gradient norm %.9g against tp 1's %.9g (%.3g relative): shards once, the rest once",
+                  tp, nt, norm1, nrel);
+            printf("test_gptc_tp: tp %d x p %d on the host: loss %.9g (tp 1: %.9g, %.3g relative), gradients within %.3g "
+                   "of tp 1's, norm %.9g (tp 1: %.9g); 1F1B and GPipe bit-identical\n", tp, P, res[0].loss, ref.loss, lrel,
+                   worst, nt, norm1);
+        }
         result_free(&res[0], P * tp);
         result_free(&res[1], P * tp);
     }
