@@ -1068,34 +1068,44 @@ static void gptc_init_weights(const gptc_config* g, float* h) {
 }
 
 /* TP rank r's share (g: cfg.tp > 1) of the whole model's buffer `whole` (the same model at tp 1)
-   into `part` (gptc_numel(g) floats): host memory. grads: gradient buffers, the head's V * C
-   share of wte after them in both (gptc_bind's layout). The whole-model parts are copied. */
-static void gptc_tp_shard(const gptc_config* g, int r, const float* whole, float* part, int grads) {
+   into `part` (gptc_numel(g) floats), or back (gptc_tp_unshard: the share's elements of whole,
+   the whole-model parts too, from this rank's copy); host memory. grads: gradient buffers, the
+   head's V * C share of wte after them in both (gptc_bind's layout). */
+static void gptc_tp_move(const gptc_config* g, int r, float* whole, float* part, int grads, int to_whole) {
     gptc_config g1 = *g;
     gptc_model a, b;
     const size_t C = (size_t)g->C, L = C / (size_t)gptc_tpn(g), VC = (size_t)g->V * C, R = (size_t)r;
+#define GPTC_MV(in_part, in_whole, n) (to_whole ? memcpy((in_whole), (in_part), sizeof(float) * (n)) \
+                                                : memcpy((in_part), (in_whole), sizeof(float) * (n)))
     g1.tp = 0;
-    gptc_bind(&a, &g1, (float*)whole, grads);
+    gptc_bind(&a, &g1, whole, grads);
     gptc_bind(&b, g, part, grads);
-    memcpy(b.embed[0].wte, a.embed[0].wte, sizeof(float) * VC);
-    memcpy(b.embed[0].wpe, a.embed[0].wpe, sizeof(float) * (size_t)g->maxT * C);
+    GPTC_MV(b.embed[0].wte, a.embed[0].wte, VC);
+    GPTC_MV(b.embed[0].wpe, a.embed[0].wpe, (size_t)g->maxT * C);
     for (int l = 0; l < g->nb && l < GPTC_MAX_BLOCK; l++) {
         const gptc_block_p* x = &a.block[l];
-        gptc_block_p* y = &b.block[l];
-        float* const whole_dst[6] = {y->ln1_g, y->ln1_b, y->ln2_g, y->ln2_b, y->proj_b, y->fcp_b};
-        const float* const whole_src[6] = {x->ln1_g, x->ln1_b, x->ln2_g, x->ln2_b, x->proj_b, x->fcp_b};
-        for (int k = 0; k < 6; k++) memcpy(whole_dst[k], whole_src[k], sizeof(float) * C);
+        const gptc_block_p* y = &b.block[l];
+        float* const in_part[6] = {y->ln1_g, y->ln1_b, y->ln2_g, y->ln2_b, y->proj_b, y->fcp_b};
+        float* const in_whole[6] = {x->ln1_g, x->ln1_b, x->ln2_g, x->ln2_b, x->proj_b, x->fcp_b};
+        for (int k = 0; k < 6; k++) GPTC_MV(in_part[k], in_whole[k], C);
         for (size_t k = 0; k < C; k++) /* qkv: its heads' q, k and v columns of each row */
-            for (size_t q = 0; q < 3; q++) memcpy(y->qkv_w + k * 3 * L + q * L, x->qkv_w + k * 3 * C + q * C + R * L, sizeof(float) * L);
-        for (size_t q = 0; q < 3; q++) memcpy(y->qkv_b + q * L, x->qkv_b + q * C + R * L, sizeof(float) * L);
-        memcpy(y->proj_w, x->proj_w + R * L * C, sizeof(float) * L * C); /* its heads' rows */
-        for (size_t k = 0; k < C; k++) memcpy(y->fc_w + k * 4 * L, x->fc_w + k * 4 * C + R * 4 * L, sizeof(float) * 4 * L);
-        memcpy(y->fc_b, x->fc_b + R * 4 * L, sizeof(float) * 4 * L);
-        memcpy(y->fcp_w, x->fcp_w + R * 4 * L * C, sizeof(float) * 4 * L * C); /* its units' rows */
+            for (size_t q = 0; q < 3; q++) GPTC_MV(y->qkv_w + k * 3 * L + q * L, x->qkv_w + k * 3 * C + q * C + R * L, L);
+        for (size_t q = 0; q < 3; q++) GPTC_MV(y->qkv_b + q * L, x->qkv_b + q * C + R * L, L);
+        GPTC_MV(y->proj_w, x->proj_w + R * L * C, L * C); /* its heads' rows */
+        for (size_t k = 0; k < C; k++) GPTC_MV(y->fc_w + k * 4 * L, x->fc_w + k * 4 * C + R * 4 * L, 4 * L);
+        GPTC_MV(y->fc_b, x->fc_b + R * 4 * L, 4 * L);
+        GPTC_MV(y->fcp_w, x->fcp_w + R * 4 * L * C, 4 * L * C); /* its units' rows */
     }
-    memcpy(b.head[0].lnf_g, a.head[0].lnf_g, sizeof(float) * C);
-    memcpy(b.head[0].lnf_b, a.head[0].lnf_b, sizeof(float) * C);
-    if (grads) memcpy(b.head[0].wte, a.head[0].wte, sizeof(float) * VC);
+    GPTC_MV(b.head[0].lnf_g, a.head[0].lnf_g, C);
+    GPTC_MV(b.head[0].lnf_b, a.head[0].lnf_b, C);
+    if (grads) GPTC_MV(b.head[0].wte, a.head[0].wte, VC);
+#undef GPTC_MV
+}
+static void gptc_tp_shard(const gptc_config* g, int r, const float* whole, float* part, int grads) {
+    gptc_tp_move(g, r, (float*)whole, part, grads, 0);
+}
+static void gptc_tp_unshard(const gptc_config* g, int r, const float* part, float* whole, int grads) {
+    gptc_tp_move(g, r, whole, (float*)part, grads, 1);
 }
 
 /* ---- memory: the GPU, or the host when cpu is set --------------------------------------------- */

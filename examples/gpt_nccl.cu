@@ -25,8 +25,10 @@
    --tp N (tensor parallelism: the world is p x dp x tp, pp_nccl_grid_create_tp; each block's
    heads and MLP units split N ways as examples/gpt_cuda.h's TENSOR PARALLELISM says, the sums
    pp_nccl_tp_allreduce on the layer's stream, the boundaries split over the TP group, --clip's
-   norm over pipeline and TP group, pp_stage_grad_clip_tp; not with --save or --resume yet; not
-   yet run on a GPU: tests/test_gptc_tp.cu checks the split model and its norm on the host);
+   norm over pipeline and TP group, pp_stage_grad_clip_tp; --save writes the whole model, the
+   tp = 1 layout, put together over the TP group, and --resume cuts this rank's share from it,
+   so a file resumes at any tp; not yet run on a GPU: tests/test_gptc_tp.cu checks the split
+   model, its norm and the shards put back on the host);
    --id-file PATH (the ncclUniqueId through a shared file; needed for world > 1 without MPI),
    --timeout S (every wait, default 120); --no-overlap (the data-parallel sum after the step, in
    one all-reduce), --bucket-kb N (most KiB one overlapped all-reduce carries, default 4096); --loss-log FILE (the printing rank writes every
@@ -200,39 +202,115 @@ static int world_failures(proc* P, const opts* o, int ok) {
     return (int)f;
 }
 
+/* --tp's checkpoints hold the whole model (the tp = 1 layout: the file a tp = 1 run writes for
+   the same weights), so they resume at any tp: the weights and Adam's moments put together on
+   the host from the TP group's shards (gptc_tp_unshard), or cut from a loaded file. */
+typedef struct whole_model {
+    gptc_run run;               /* P->run at tp 1 (its cfg is what the checkpoint's params read) */
+    float* buf[3];              /* host: weights, Adam's m and v, gptc_numel floats each */
+    gptc_model m[3];
+    const void* moments[2];
+    int cpu;                    /* 1: host memory (gptc_ckpt's copies) */
+} whole_model;
+static void whole_free(whole_model* W) {
+    for (int k = 0; k < 3; k++) free(W->buf[k]);
+}
+static int whole_make(const proc* P, whole_model* W) {
+    memset(W, 0, sizeof *W);
+    W->run = P->run;
+    W->run.cfg.tp = 0;
+    W->cpu = 1;
+    for (int k = 0; k < 3; k++) {
+        if (!(W->buf[k] = (float*)calloc(gptc_numel(&W->run.cfg), sizeof(float)))) return 1;
+        gptc_bind(&W->m[k], &W->run.cfg, W->buf[k], 0);
+    }
+    W->moments[0] = &W->m[1];
+    W->moments[1] = &W->m[2];
+    return 0;
+}
+/* this process's weights and moments (device) into W, gathered over the TP group (TP rank 0's W
+   then holds the whole model; the others' W is not read); 0 or 1 */
+static int whole_gather(proc* P, const opts* o, whole_model* W) {
+    const float* dev[3] = {P->wbuf, P->m1, P->m2};
+    float *part = (float*)malloc(sizeof(float) * P->n_par), *all = (float*)malloc(sizeof(float) * P->n_par * (size_t)P->tp);
+    pp_error err;
+    int bad = !part || !all;
+    (void)o;
+    for (int k = 0; k < 3 && !bad; k++) {
+        bad = gptc_copy(0, part, dev[k], sizeof(float) * P->n_par) ||
+              pp_tp_allgather(&P->tpg, part, all, P->n_par * (size_t)P->tp, PP_F32, &err) != PP_OK;
+        for (int t = 0; t < P->tp && !bad; t++) gptc_tp_unshard(&P->run.cfg, t, all + (size_t)t * P->n_par, W->buf[k], 0);
+    }
+    free(part);
+    free(all);
+    return bad;
+}
+/* W (a loaded whole model) cut into this process's weights and moments (device); 0 or 1 */
+static int whole_scatter(proc* P, const whole_model* W) {
+    float* dev[3] = {P->wbuf, P->m1, P->m2};
+    float* part = (float*)malloc(sizeof(float) * P->n_par);
+    int bad = !part;
+    for (int k = 0; k < 3 && !bad; k++) {
+        gptc_tp_shard(&P->run.cfg, P->tp_rank, W->buf[k], part, 0);
+        bad = gptc_copy(0, dev[k], part, sizeof(float) * P->n_par);
+    }
+    free(part);
+    return bad;
+}
+
 /* --resume: every process loads every layer (each holds the whole parameter buffer), weights and
-   Adam's moments, and the step; all agree that it went well. */
+   Adam's moments, and the step; all agree that it went well. With --tp: the whole model on the
+   host, then this TP rank's share of it. */
 static int resume_ckpt(proc* P, const opts* o, int* from) {
+    whole_model W;
+    int ok;
+    if (P->tp > 1) {
+        ok = whole_make(P, &W) == 0;
+        if (ok) {
+            pp_model m = gptc_model_desc_depth(&W.run);
+            pp_ckpt_desc k = gptc_ckpt(&m, &W.m[0], W.moments, NULL, 0, &W.cpu);
+            ok = gpt_ckpt_load_path(&k, o->resume, from) == 0 && whole_scatter(P, &W) == 0;
+        }
+        whole_free(&W);
+        return world_failures(P, o, ok) != 0;
+    }
     pp_model m = gptc_model_desc_depth(&P->run);
     pp_ckpt_desc k = gptc_ckpt(&m, &P->w, P->moments, NULL, 0, &P->cpu_flag);
-    int ok = gpt_ckpt_load_path(&k, o->resume, from) == 0;
+    ok = gpt_ckpt_load_path(&k, o->resume, from) == 0;
     return world_failures(P, o, ok) != 0;
 }
 
 /* --save: replica 0's pipeline ranks write one file together, each its own layers' records
    (pipeline rank 0 first, with the header), into FILE.tmp, renamed to FILE once all are in. */
 static int save_ckpt(proc* P, const opts* o, int steps_done) {
-    pp_model m = gptc_model_desc_depth(&P->run);
-    pp_ckpt_desc k = gptc_ckpt(&m, &P->w, P->moments, P->own, steps_done, &P->cpu_flag);
+    whole_model W;
+    int gathered = P->tp > 1 && whole_make(P, &W) == 0 && whole_gather(P, o, &W) == 0;
+    pp_model m = gptc_model_desc_depth(P->tp > 1 ? &W.run : &P->run);
+    pp_ckpt_desc k = P->tp > 1 ? gptc_ckpt(&m, &W.m[0], W.moments, P->own, steps_done, &W.cpu) /* --tp: the whole model */
+                               : gptc_ckpt(&m, &P->w, P->moments, P->own, steps_done, &P->cpu_flag);
     pp_error err;
     size_t n = strlen(o->save) + 5;
     char* tmp = (char*)malloc(n);
-    int ok = tmp != NULL, mine = ok, writer = P->dp_rank == 0; /* mine: this rank's part went well */
+    /* mine: this rank's part went well; the writers: replica 0's pipeline ranks (TP rank 0's) */
+    int ok = tmp != NULL && (P->tp == 1 || gathered), mine = ok, writer = P->dp_rank == 0 && P->tp_rank == 0;
+    snprintf(err.msg, sizeof err.msg, "%s", ok ? "" : "out of memory, or the TP group's gather failed");
     if (ok) snprintf(tmp, n, "%s.tmp", o->save);
     if (ok && writer && P->pp_rank == 0) ok = mine = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
     if (world_failures(P, o, ok) != 0) ok = 0; /* the header is in the file before the others write */
     k.records_only = 1;
     if (ok && writer && P->pp_rank != 0) ok = mine = pp_ckpt_save_file(&k, tmp, &err) == PP_OK;
-    if (!mine) fprintf(stderr, "gpt_nccl rank %d: --save %s: %s\n", P->L.rank, o->save, tmp ? err.msg : "out of memory");
+    if (!mine) fprintf(stderr, "gpt_nccl rank %d: --save %s: %s\n", P->L.rank, o->save, err.msg);
     if (world_failures(P, o, ok) != 0) ok = 0;
     if (ok && writer && P->pp_rank == 0) {
         if (rename(tmp, o->save) != 0) {
             fprintf(stderr, "gpt_nccl: --save: renaming %s to %s: %s\n", tmp, o->save, strerror(errno));
             ok = 0;
         } else
-            printf("saved %s after %d steps, every pipeline rank its own layers\n", o->save, steps_done);
+            printf("saved %s after %d steps, every pipeline rank its own layers%s\n", o->save, steps_done,
+                   P->tp > 1 ? " (the whole model: the tp = 1 layout)" : "");
     }
     free(tmp);
+    if (P->tp > 1) whole_free(&W);
     return !ok;
 }
 
@@ -754,11 +832,6 @@ int main(int argc, char** argv) {
     }
     if (o.tp < 1 || o.dim % o.tp || o.heads % o.tp) {
         if (P->L.rank == 0) fprintf(stderr, "gpt_nccl: --tp %d must divide --dim %d and --heads %d\n", o.tp, o.dim, o.heads);
-        rc = 2;
-        goto done;
-    }
-    if (o.tp > 1 && (o.save || o.resume)) { /* sharded checkpoints: not here yet */
-        if (P->L.rank == 0) fprintf(stderr, "gpt_nccl: --tp takes no --save or --resume in this version\n");
         rc = 2;
         goto done;
     }

@@ -13,6 +13,7 @@
      on every rank;
    - the TP ranks' replicated gradients (LayerNorms, the row-parallel biases, the embedding
      and head) are bit-identical across the TP group.
+   - gptc_tp_unshard of every TP rank's shard rebuilds the whole weights byte for byte;
    - the gradient norm over the pipeline and the TP group (pp_grad_norm_tp over gptc_grad_bufs'
      lists, the shards flagged tp_sharded: gpt_nccl --tp --clip's) is the same on every rank and
      within 1e-5 of tp 1's.
@@ -201,6 +202,18 @@ int main(void) {
         double worst = 0, lrel;
         gptc_config cfg = whole_cfg;
         cfg.tp = tp;
+        { /* the shards put back (gptc_tp_unshard, TP rank 0's whole parts last written by rank tp - 1:
+             the same bytes) are the whole model, byte for byte: a checkpoint of the tp = 1 layout */
+            size_t npt = gptc_numel(&cfg);
+            float *part = (float*)malloc(npt * sizeof(float)), *back = (float*)calloc(np1, sizeof(float));
+            for (int t = 0; t < tp; t++) {
+                gptc_tp_shard(&cfg, t, whole, part, 0);
+                gptc_tp_unshard(&cfg, t, part, back, 0);
+            }
+            CHECK(memcmp(back, whole, np1 * sizeof(float)) == 0, "tp %d: the shards put back differ from the whole model", tp);
+            free(part);
+            free(back);
+        }
         for (int k = 0; k < 3; k++) CHECK(step(tp, kinds[k], whole, &res[k]) == 0, "tp %d %s: the step", tp, pp_schedule_name(kinds[k]));
         lrel = fabs((double)res[0].loss - ref.loss) / fabs((double)ref.loss);
         CHECK(lrel <= TOL, "tp %d: loss %.9g against tp 1's %.9g (%.3g relative)", tp, res[0].loss, ref.loss, lrel);

@@ -26,7 +26,8 @@
 #   5. gpt_nccl (packed variable-length sequences), one process per rank: p = 1, the reference
 #      (must pass), then 1F1B p = 2, 3, 4, interleaved p = 2, ZB-V p = 2, GPipe p = 4, the
 #      training loop's options and pp 2 x dp 2, each compared byte for byte with p = 1's losses,
-#      and --tp 2 at pp 1 and 2, within 1e-5 of them (tried: two or more processes on one GPU;
+#      and --tp 2 at pp 1 and 2, within 1e-5 of them, its checkpoint resumed at tp 1 and at
+#      pp 2 x tp 2 (tried: two or more processes on one GPU;
 #      NCCL_MAX_CTAS as above beyond two ranks); and
 #      gpt_nccl-old (a build from before the connections were set up at create, if BINDIR has it).
 # Logs in OUTDIR, the summary last; exit 1 when a must-pass run did not pass.
@@ -167,6 +168,10 @@ print("  %s: %d steps, the largest relative difference from p=1's losses %.3g (%
 PY
     else echo "  $f: no losses (or no python3)" | tee -a "$sum"; fi
 done
+# --tp's checkpoint holds the whole model (the tp = 1 layout): saved at tp 2, it resumes at tp 1 and at pp 2 x tp 2
+gpt "pp 1 x tp 2, 6 steps, saved" 2 60 -p 1 --tp 2 --steps 6 --timeout 60 $M --save $ck.tp2
+gpt "resumed from the tp 2 file at tp 1" 1 60 -p 1 --steps 12 --timeout 60 $M --resume $ck.tp2
+gpt "resumed from the tp 2 file at pp 2 x tp 2" 4 60 -p 2 --tp 2 --steps 12 --timeout 60 $M --resume $ck.tp2
 rm -f $ck.*
 echo "--- $(( $(date +%s) - t0 )) s"
 for f in "$out"/*.log; do echo "##### $f"; grep -E "passed|FAIL|step +(0|1|10|11|49)[ /]|rror|stall|timed out|did not|memory|conn_probe|shares|val loss|saved|resumed|NCCL WARN" "$f" | cut -c1-300 | tail -30; done
