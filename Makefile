@@ -862,7 +862,7 @@ $(B)/gpt_cuda: examples/gpt_cuda.cu examples/gpt_cuda.h examples/gpt_loop.h exam
 # projection's all-reduce (PP_TEST_GPTC_TP_NO_ROW_REDUCE) and flag no buffer a shard for the norm
 # (PP_TEST_GPTC_TP_UNSHARDED): each must fail.
 GPTC_TP_DEPS = tests/test_gptc_tp.cu examples/gpt_cuda.h examples/gpt_loop.h examples/gpt_data.h examples/gpt_traffic.h \
-  examples/splitmix.h tests/test.h $(CUDA_HDRS)
+  examples/splitmix.h tests/test.h tests/harness.h $(CUDA_HDRS)
 $(B)/test_gptc_tp: $(GPTC_TP_DEPS) | $(B)
 	$(NVCC) $(NVFLAGS) -I. $< -o $@ -lcublas -lpthread
 $(B)/gptc-tp-ctl-norow: $(GPTC_TP_DEPS) | $(B)

@@ -118,6 +118,24 @@ static inline void hx_token_batch(pp_batch* b, const int32_t* tok, const int32_t
     b->input.dtype = PP_I32;
 }
 
+/* n_seqs packed token sequences, sequence s of 3 + (5 s mod 10) tokens, token j (7 s + 3 j) mod
+   vocab, each target the next token (-1 at a sequence's end), into tok, tgt and cu (n_seqs + 1
+   bounds); returns the rows (at most 12 n_seqs). */
+static inline int hx_token_seqs(int32_t* tok, int32_t* tgt, int32_t* cu, int n_seqs, int vocab) {
+    int s, j, n = 0;
+    cu[0] = 0;
+    for (s = 0; s < n_seqs; s++) {
+        int len = 3 + (s * 5) % 10;
+        for (j = 0; j < len; j++) {
+            tok[n + j] = (s * 7 + j * 3) % vocab;
+            tgt[n + j] = j + 1 < len ? (s * 7 + (j + 1) * 3) % vocab : -1;
+        }
+        n += len;
+        cu[s + 1] = n;
+    }
+    return n;
+}
+
 /* 1 when a[0..n) are all zero. */
 static inline int hx_all_zero(const float* a, size_t n) {
     size_t i;

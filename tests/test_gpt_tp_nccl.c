@@ -25,6 +25,7 @@
 #include "../pipeline_nccl.h"
 #include "../examples/gpt.h"
 #include "test.h"
+#include "harness.h"
 
 #include <stdio.h>
 
@@ -48,38 +49,14 @@ typedef struct world {
 
 static const gpt_config CFG = {16, 16, 16, 4, 2}; /* vocab, max_T, C, heads, blocks */
 static int32_t TOK[MAXROWS], TGT[MAXROWS], CU[NSEQ + 1];
-static int ROWS;
 
 /* 8 packed sequences of 3 .. 12 tokens, each target the next token (-1 at a sequence's end). */
-static void make_batch(void) {
-    int s, j, n = 0;
-    CU[0] = 0;
-    for (s = 0; s < NSEQ; s++) {
-        int len = 3 + (s * 5) % 10;
-        for (j = 0; j < len; j++) {
-            TOK[n + j] = (s * 7 + j * 3) % CFG.vocab;
-            TGT[n + j] = j + 1 < len ? (s * 7 + (j + 1) * 3) % CFG.vocab : -1;
-        }
-        n += len;
-        CU[s + 1] = n;
-    }
-    ROWS = n;
-}
+static void make_batch(void) { (void)hx_token_seqs(TOK, TGT, CU, NSEQ, CFG.vocab); }
 
 static pp_batch batch(void) {
     pp_batch b;
-    memset(&b, 0, sizeof b);
-    b.m = 4;
-    b.input.data = TOK;
-    b.input.rows = ROWS;
-    b.input.cols = 1;
-    b.input.dtype = PP_I32;
-    b.targets = TGT;
-    b.target_row_bytes = sizeof(int32_t);
-    b.cu_seqlens = CU;
-    b.n_seqs = NSEQ;
+    hx_token_batch(&b, TOK, TGT, CU, NSEQ, 4, PP_SPLIT_TOKENS);
     b.loss = PP_LOSS_MEAN_ROWS;
-    b.split = PP_SPLIT_TOKENS;
     return b;
 }
 

@@ -23,6 +23,7 @@
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_cuda.h"
 #include "test.h"
+#include "harness.h"
 
 #include "../examples/gpt_cuda.h"
 
@@ -35,7 +36,6 @@
 
 static const int V = 32, MAXT = 16, C = 16, H = 4, NB = 2;
 static int32_t TOK[MAXROWS], TGT[MAXROWS], CU[NSEQ + 1], POS[MAXROWS], SST[MAXROWS], SEN[MAXROWS];
-static int ROWS;
 
 /* ||a - b|| / ||b|| over n floats (||a - b|| where b is zero) */
 static double rel_diff(const float* a, const float* b, int64_t n) {
@@ -47,31 +47,12 @@ static double rel_diff(const float* a, const float* b, int64_t n) {
     return r > 0 ? sqrt(d / r) : sqrt(d);
 }
 
-/* 8 packed sequences of 3 .. 12 tokens, each target the next token (-1 at a sequence's end). */
+/* 8 packed sequences of 3 .. 12 tokens (harness.h's), each target the next token, and their
+   per-row tables. */
 static void make_batch(pp_batch* b) {
-    int n = 0;
-    CU[0] = 0;
-    for (int s = 0; s < NSEQ; s++) {
-        int len = 3 + (s * 5) % 10;
-        for (int j = 0; j < len; j++) {
-            TOK[n + j] = (s * 7 + j * 3) % V;
-            TGT[n + j] = j + 1 < len ? (s * 7 + (j + 1) * 3) % V : -1;
-        }
-        n += len;
-        CU[s + 1] = n;
-    }
-    ROWS = n;
+    (void)hx_token_seqs(TOK, TGT, CU, NSEQ, V);
     gpt_row_tables(CU, NSEQ, POS, SST, SEN);
-    memset(b, 0, sizeof *b);
-    b->input.data = TOK;
-    b->input.rows = ROWS;
-    b->input.cols = 1;
-    b->input.dtype = PP_I32;
-    b->targets = TGT;
-    b->target_row_bytes = sizeof(int32_t);
-    b->cu_seqlens = CU;
-    b->n_seqs = NSEQ;
-    b->split = PP_SPLIT_TOKENS;
+    hx_token_batch(b, TOK, TGT, CU, NSEQ, 0, PP_SPLIT_TOKENS); /* m: the pipeline's */
 }
 
 typedef struct result {
