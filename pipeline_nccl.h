@@ -2093,18 +2093,26 @@ pp_result pp_nccl_tp_allgather(const pp_group* g, const void* send, void* recv, 
     return _ppn_tp_coll(g, 2, send, recv, count, dtype, stream, err);
 }
 
+/* pp_nccl_destroy giving up on work past its deadline: the transport's communicators aborted
+   (their kernels stop); 1 where the caller's communicator (own_comm = 0) keeps its work. */
+static int _ppn_destroy_abort(pp_nccl* t) {
+    int k, left = 0;
+    t->aborted = 1;
+    if (t->own_comm) ncclCommAbort(t->comm);
+#ifndef PP_NCCL_TEST_DESTROY_FREES /* negative control (build/nccl-controls): frees what that work uses */
+    else left = 1;
+#endif
+    for (k = 1; k < t->nch_made; k++) ncclCommAbort(t->ch_comm[k]);
+    return left;
+}
+
 void pp_nccl_destroy(pp_nccl* t) {
     int ch, k, left = 0; /* left: the caller's communicator still runs work the deadline gave up on */
     double deadline;
     if (!t) return;
     deadline = _pp_now() + t->timeout_s;
     /* stream-ordered TP collectives (pp_nccl_tp_*) not seen done: until the deadline, then the abort ends them */
-    if (t->tp_pending && !t->aborted && _ppn_event_wait(t, t->tp_done, deadline) != PP_OK) {
-        t->aborted = 1;
-        if (t->own_comm) ncclCommAbort(t->comm);
-        else left = 1;
-        for (k = 1; k < t->nch_made; k++) ncclCommAbort(t->ch_comm[k]);
-    }
+    if (t->tp_pending && !t->aborted && _ppn_event_wait(t, t->tp_done, deadline) != PP_OK) left = _ppn_destroy_abort(t);
 #ifndef PP_NCCL_TEST_DESTROY_UNBOUNDED
     /* Each channel's work until pp_nccl_desc.timeout_s, as every host wait here: a transfer whose
        peer never came or failed ends in NCCL's abort of the transport's communicators (its
@@ -2121,12 +2129,7 @@ void pp_nccl_destroy(pp_nccl* t) {
                 continue;
             }
             (void)cudaGetLastError();
-            t->aborted = 1;
-            if (t->own_comm) ncclCommAbort(t->comm);
-#ifndef PP_NCCL_TEST_DESTROY_FREES /* negative control (build/nccl-controls): frees what that work uses */
-            else left = 1;
-#endif
-            for (k = 1; k < t->nch_made; k++) ncclCommAbort(t->ch_comm[k]);
+            left = _ppn_destroy_abort(t);
             break;
         }
     }
