@@ -12319,7 +12319,7 @@ static pp_result _pp_vote_judge(const double* v, int n, const int* ranks, int64_
 
 pp_result pp_dp_agree(const pp_transport* t, const int* ranks, int n_ranks, int64_t step, pp_result own, double timeout_s,
                       pp_error* err) {
-    int all[PP_MAX_RANKS], n, me = -1, i;
+    int all[PP_MAX_RANKS], n, me = 0, i;
     double* v;
     pp_error e;
     pp_result w;
@@ -12328,9 +12328,8 @@ pp_result pp_dp_agree(const pp_transport* t, const int* ranks, int n_ranks, int6
         return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: %d is not a pp_result", (int)own);
     if ((w = _pp_group_of(t, &ranks, &n_ranks, all, "pp_dp_agree: ", err)) != PP_OK) return w;
     n = n_ranks;
-    for (i = 0; i < n; i++)
+    for (i = 0; i < n; i++) /* in the group: _pp_group_of checked */
         if (ranks[i] == t->rank) me = i;
-    if (me < 0) return _pp_fail(err, PP_ERR_INVALID, "pp_dp_agree: rank %d is not in the group", t->rank);
     if (n < 2)
         return own == PP_OK ? PP_OK : _pp_fail(err, own, "rank %d: this rank's step failed (%s)", t->rank, pp_result_str(own));
     if (!(v = (double*)PP_MALLOC(sizeof(double) * ((size_t)n + _PP_VOTE_HDR))))
