@@ -230,12 +230,11 @@ static int whole_make(const proc* P, whole_model* W) {
 }
 /* this process's weights and moments (device) into W, gathered over the TP group (TP rank 0's W
    then holds the whole model; the others' W is not read); 0 or 1 */
-static int whole_gather(proc* P, const opts* o, whole_model* W) {
+static int whole_gather(proc* P, whole_model* W) {
     const float* dev[3] = {P->wbuf, P->m1, P->m2};
     float *part = (float*)malloc(sizeof(float) * P->n_par), *all = (float*)malloc(sizeof(float) * P->n_par * (size_t)P->tp);
     pp_error err;
     int bad = !part || !all;
-    (void)o;
     for (int k = 0; k < 3 && !bad; k++) {
         bad = gptc_copy(0, part, dev[k], sizeof(float) * P->n_par) ||
               pp_tp_allgather(&P->tpg, part, all, P->n_par * (size_t)P->tp, PP_F32, &err) != PP_OK;
@@ -284,7 +283,7 @@ static int resume_ckpt(proc* P, const opts* o, int* from) {
    (pipeline rank 0 first, with the header), into FILE.tmp, renamed to FILE once all are in. */
 static int save_ckpt(proc* P, const opts* o, int steps_done) {
     whole_model W;
-    int gathered = P->tp > 1 && whole_make(P, &W) == 0 && whole_gather(P, o, &W) == 0;
+    int gathered = P->tp > 1 && whole_make(P, &W) == 0 && whole_gather(P, &W) == 0;
     pp_model m = gptc_model_desc_depth(P->tp > 1 ? &W.run : &P->run);
     pp_ckpt_desc k = P->tp > 1 ? gptc_ckpt(&m, &W.m[0], W.moments, P->own, steps_done, &W.cpu) /* --tp: the whole model */
                                : gptc_ckpt(&m, &P->w, P->moments, P->own, steps_done, &P->cpu_flag);
