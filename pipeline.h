@@ -12330,8 +12330,6 @@ pp_result pp_dp_agree(const pp_transport* t, const int* ranks, int n_ranks, int6
     n = n_ranks;
     for (i = 0; i < n; i++) /* in the group: _pp_group_of checked */
         if (ranks[i] == t->rank) me = i;
-    if (n < 2)
-        return own == PP_OK ? PP_OK : _pp_fail(err, own, "rank %d: this rank's step failed (%s)", t->rank, pp_result_str(own));
     if (!(v = (double*)PP_MALLOC(sizeof(double) * ((size_t)n + _PP_VOTE_HDR))))
         return _pp_fail(err, PP_ERR_NOMEM, "pp_dp_agree: %d members", n);
     e.msg[0] = 0;
