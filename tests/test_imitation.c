@@ -353,6 +353,30 @@ static void r_split_child_first(world* w, int r) {
     ncclCommDestroy(w->comm[r]);
 }
 
+/* A member that called the split and then aborted its parent (its deadline ran out): the
+   others' children fail with ncclRemoteError, as NCCL's bootstrap of the child fails when that
+   member's sockets close [src: bootstrap.cc]. Rank 1 aborts at once; rank 0 splits last, so its
+   call completes the split. The known-bad expectation (the child usable) must fail. */
+static void r_split_member_aborts(world* w, int r) {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    ncclComm_t child = NULL;
+    ncclResult_t st = ncclSuccess;
+    cfg.blocking = 0;
+    w->rc[r] = ncclCommInitRankConfig(&w->comm[r], w->n, w->id, r, &cfg);
+    poll_ready(w->comm[r]);
+    if (r == 0) sleep_s(0.05);
+    w->rc2[r] = ncclCommSplit(w->comm[r], 0, r, &child, NULL);
+    if (r == 1) {
+        ncclCommAbort(w->comm[r]);
+        return;
+    }
+    w->ok[r] = poll_ready(w->comm[r]) == ncclSuccess && child != NULL; /* the parent settles, the child is written */
+    w->flag[r] = child ? (int)poll_ready(child) : -1;
+    w->ok2[r] = child && ncclCommGetAsyncError(child, &st) == ncclSuccess && st == ncclSuccess; /* known-bad: usable */
+    if (child) ncclCommAbort(child);
+    ncclCommDestroy(w->comm[r]);
+}
+
 /* [UG: ncclCommSplit]: colour groups, order by key then parent rank, NOCOLOR -> NULL, a NULL
    config inherits the parent's. */
 static void test_split(void) {
@@ -370,6 +394,11 @@ static void test_split(void) {
         CHECK(w.rc2[r] == ncclInProgress && w.ok[r], "rank %d: non-blocking split %d, ready %d", r, (int)w.rc2[r], w.ok[r]);
         CHECK(w.flag[r] == ncclInProgress && w.ok2[r], "rank %d: the child is not non-blocking (%d) or its all-reduce hung", r, w.flag[r]);
     }
+    world_init(&w, 2);
+    run_ranks(&w, r_split_member_aborts);
+    CHECK(w.ok[0] && w.flag[0] == ncclRemoteError, "a split whose other member aborted its parent: parent settled %d, "
+          "child state %d (want ncclRemoteError)", w.ok[0], w.flag[0]);
+    CHECK(!w.ok2[0], "known-bad: the child of a split whose other member aborted was usable");
     for (int n = 1; n <= 2; n++) {
         world_init(&w, n);
         run_ranks(&w, r_split_child_first);

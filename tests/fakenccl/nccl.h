@@ -1777,7 +1777,7 @@ static inline void fn_split_done(fn_clique* parent, fn_split* s) {
     int* order = (int*)malloc(sizeof(int) * (size_t)n);
     if (!order) return;
     for (i = 0; i < n; i++) {
-        int col = s->color[i], m = 0, first = 1;
+        int col = s->color[i], m = 0, first = 1, gone = 0;
         fn_clique* cl;
         if (col == NCCL_SPLIT_NOCOLOR) continue;
         for (j = 0; j < i; j++)
@@ -1798,7 +1798,12 @@ static inline void fn_split_done(fn_clique* parent, fn_split* s) {
                whether the child takes the parent's sharedRes, and so its deviceStream [src:
                init.cc, ncclCommSplit and commAlloc] */
             struct ncclComm* pc = parent->comms[pr];
-            struct ncclComm* c = fn_comm_new(cl, j, pc->dev, s->blocking[pr], s->share[pr], pc->split_share ? pc->q : NULL);
+            struct ncclComm* c;
+            if (!pc) { /* that rank called the split, then aborted its parent: its child never joins (below) */
+                gone = 1;
+                continue;
+            }
+            c = fn_comm_new(cl, j, pc->dev, s->blocking[pr], s->share[pr], pc->split_share ? pc->q : NULL);
             /* a blocking parent returns with *newcomm set; a non-blocking one gets it written
                when its own state is next seen leaving ncclInProgress (fn_state) */
             if (c && parent->comms[pr]->blocking) *s->out[pr] = c;
@@ -1808,9 +1813,14 @@ static inline void fn_split_done(fn_clique* parent, fn_split* s) {
         for (j = 0; j < m && cl->comms[j]; j++) {
         }
         if (j == m) fn_clique_done(cl);
-        else { /* out of memory: the ranks made so far fail */
+        else { /* out of memory, or a member that aborted its parent (its part of the split's bootstrap
+                  never answers: NCCL's bootstrap fails the others [src: bootstrap.cc, a closed
+                  socket]): the ranks made so far fail */
             for (j = 0; j < m; j++)
-                if (cl->comms[j]) cl->comms[j]->state = ncclSystemError;
+                if (cl->comms[j]) {
+                    cl->comms[j]->state = gone ? ncclRemoteError : ncclSystemError;
+                    if (gone) snprintf(cl->comms[j]->err, sizeof cl->comms[j]->err, "a member of the split aborted its parent");
+                }
             cl->complete = 1;
         }
     }
