@@ -1530,9 +1530,15 @@ typedef struct pp_stage_desc {
        transport moves device memory (pipeline_nccl.h's, the grid's g.tp). A gather that fails
        fails the step. A step (or evaluation) is PP_OK only where it was in every pipeline of the
        group: after its pipeline agrees, the rank exchanges its outcome with the group (one int32
-       pair each way; a failed rank only tells). pp_pipeline: its tp > 1 sets it for every rank
+       pair each way). pp_pipeline: its tp > 1 sets it for every rank
        (NULL in the template), and stops its whole grid itself. */
     const struct pp_group* tp;
+    /* 1: with tp set, every boundary goes whole (each TP rank sends its counterpart the whole
+       tensor, no gather; any shape policy), while the group is still io->tp and the step's
+       outcome is still agreed over it. Layers whose TP collectives run over a group the stage
+       is not told of (tp NULL, the group in model.ctx) leave each pipeline's outcome its own:
+       a layer failing on one TP rank after its last collective returns PP_OK on the others. */
+    int tp_whole;
 } pp_stage_desc;
 
 typedef struct pp_step_stats {
@@ -7854,12 +7860,13 @@ typedef struct _pp_prep {
 
 struct pp_stage {
     pp_stage_desc d;
-    /* pp_stage_desc.tp resolved: tp_n > 1 splits the replicated boundaries */
+    /* pp_stage_desc.tp resolved: tp_n > 1 splits the replicated boundaries (unless tp_whole) */
     const pp_transport* tp_t;
     int* tp_ranks;                  /* [tp_n] the group's ranks on tp_t, TP rank order */
     int tp_n, tp_me;
     double tp_to;
     int tp_agree_off;               /* pp_pipeline's stages: it stops its whole grid itself (_pp_tp_agree) */
+    int tp_split;                   /* boundaries split over the TP group (pp_stage_desc.tp without tp_whole) */
     const pp_action* list;
     int n_list, p, v, S, L, max_layers;
     pp_error err;
@@ -8870,9 +8877,9 @@ static void _pp_fp_describe(char* buf, size_t n, const int64_t* w) {
     }
 }
 
-/* The TP split in the plan check's records word (above n_rec): 0 without one, else tp | tp_rank << 16. */
+/* The TP split in the plan check's records word (above n_rec): 0 without one (tp_whole too), else tp | tp_rank << 16. */
 static int64_t _pp_fp_tp(const pp_stage* s) {
-    return s->tp_n > 1 ? ((int64_t)s->tp_n | ((int64_t)s->tp_me << 16)) << 32 : 0;
+    return s->tp_n > 1 && s->tp_split ? ((int64_t)s->tp_n | ((int64_t)s->tp_me << 16)) << 32 : 0;
 }
 
 /* Step start: send each neighbour this rank's view, post the receive of theirs. */
@@ -9271,7 +9278,7 @@ static pp_result _pp_agree(pp_stage* s, pp_result rc) {
    of it. Byte offset and length. */
 static void _pp_tp_cut(const pp_stage* s, const pp_tensor* x, int layout, size_t* off, size_t* len) {
     size_t rb = (size_t)x->cols * pp_dtype_size(x->dtype), o, l;
-    if (s->tp_n <= 1 || layout != PP_TP_REPLICATED) {
+    if (s->tp_n <= 1 || !s->tp_split || layout != PP_TP_REPLICATED) {
         *off = 0;
         *len = pp_tensor_bytes(x);
         return;
@@ -10201,7 +10208,7 @@ static pp_result _pp_tp_gather(pp_stage* s, const pp_action* a, _pp_prep* pr) {
     const _pp_bnd* bd;
     int k, n = 0, la, lb;
     double t0;
-    if (s->tp_n <= 1 || !pr->blk || a->op == PP_OP_W) return PP_OK;
+    if (s->tp_n <= 1 || !s->tp_split || !pr->blk || a->op == PP_OP_W) return PP_OK;
     _pp_stage_layers(s, a->stage, &la, &lb);
     if (a->op == PP_OP_F) {
         if (a->stage == 0 || _pp_turn(s, a->stage)) return PP_OK;
@@ -10366,7 +10373,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
         double to;
         if ((rc = _pp_tp_setup(d->tp, NULL, NULL, 0, PP_F32, "stage's TP group", all, &ranks, &n, &me, &to, err)) != PP_OK)
             return rc;
-        if (n > 1 && (d->shapes == PP_SHAPES_AUTO || d->shapes == PP_SHAPES_PER_MESSAGE))
+        if (n > 1 && !d->tp_whole && (d->shapes == PP_SHAPES_AUTO || d->shapes == PP_SHAPES_PER_MESSAGE))
             return _pp_fail(err, PP_ERR_UNSUPPORTED, "boundaries split across TP (pp_stage_desc.tp, %d ranks) need shape "
                             "policy LOCAL or BROADCAST, not %s", n, d->shapes == PP_SHAPES_AUTO ? "AUTO" : "PER_MESSAGE");
     }
@@ -10413,6 +10420,7 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
             memcpy(s->tp_ranks, ranks, sizeof *ranks * (size_t)n);
             s->tp_t = d->tp->t;
             s->tp_n = n;
+            s->tp_split = !d->tp_whole;
             s->tp_me = me;
             s->tp_to = to;
         }
@@ -10831,10 +10839,13 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
    whose members run this stage in the other pipelines of a pp x tp grid: every member sends every
    other its verdict (the step's count and its code, two int32) on a tag of its own carrying the
    step (_PP_TAG_TP_STEP + 3 * 8192 + (step mod 4096), under MPI's least tag bound), and a member
-   whose step went well takes the others' and keeps PP_OK only where every one's was. A member
-   that failed sends its verdict and returns without waiting: the others may be held in a TP
-   collective with it until their deadline. What it leaves unreceived, or what a receive that
-   timed out receives later, is a past step's: the count in it tells, and it is passed over. A
+   whose step went well keeps PP_OK only where every one's was. A member that failed takes the
+   others' verdicts too and reports its own failure: over NCCL a send completes only once its
+   receive runs, so a failed member that only told left its partners' sends waiting out their
+   deadline and their communicator aborted (tests/test_tp_nccl_fault.c "after";
+   PP_TEST_TP_VERDICT_TELL_ONLY). It may wait up to a deadline for a partner held in a TP
+   collective with it. What a receive that timed out receives later is a past step's: the
+   count in it tells, and it is passed over. A
    pipeline agrees within itself first, so every rank of it hears the same verdicts and takes the
    same outcome. Before, a layer failing on one TP rank after its last TP message of the step (a
    backward's last collective) left the other pipelines returning PP_OK: their optimizers
@@ -10869,7 +10880,11 @@ static pp_result _pp_tp_agree(pp_stage* s, pp_result rc) {
         m[i].sp = mine;
         m[i].rp = all[i];
         m[i].sb = i == me ? 0 : sizeof mine;
-        m[i].rb = i == me || rc != PP_OK ? 0 : sizeof mine; /* a failed member only tells */
+#ifndef PP_TEST_TP_VERDICT_TELL_ONLY /* negative control (build/tp-controls): a failed member receives none */
+        m[i].rb = i == me ? 0 : sizeof mine; /* a failed member takes theirs too: NCCL's sends wait for their receive */
+#else
+        m[i].rb = i == me || rc != PP_OK ? 0 : sizeof mine;
+#endif
     }
     e.msg[0] = 0;
     xr = _pp_tp_xchg(t, s->tp_ranks, n, me, tag, m, s->tp_to, &e);

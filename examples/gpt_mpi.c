@@ -242,8 +242,10 @@ int main(int argc, char** argv) {
     d.transport = pp_mpi_transport(tp > 1 ? grid.pipe : mpi);
     d.recompute = gpt_recompute_flags(c.recompute, d.model.n_layers, rflags);
     /* the boundaries split over the TP group: each TP rank sends its 1/tp of the rows to its peer of
-       the next stage, which all-gathers them (--tp-whole: each sends the whole tensor, as before) */
-    d.tp = tp > 1 && !c.tp_whole ? &tpg : NULL;
+       the next stage, which all-gathers them (--tp-whole: each sends the whole tensor, as before);
+       either way the step's outcome is agreed over the TP group */
+    d.tp = tp > 1 ? &tpg : NULL;
+    d.tp_whole = c.tp_whole;
     if (pp_stage_create(&d, &st, &err) != PP_OK) {
         fprintf(stderr, "rank %d: %s\n", rank, err.msg);
         goto cleanup;

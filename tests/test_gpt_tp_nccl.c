@@ -38,7 +38,7 @@ typedef struct world {
     ncclUniqueId id;
     pp_schedule_kind kind;
     int tp, pp;                 /* tp x pp = NR */
-    int whole;                  /* 1: pp_stage_desc.tp unset, every boundary whole (the bytes' comparison) */
+    int whole;                  /* 1: pp_stage_desc.tp_whole, every boundary whole (the bytes' comparison) */
     uint64_t sent[NR];          /* the step's tensor bytes over the pipe (bytes_sent less metadata and agreement) */
     uint64_t gathered[NR];      /* what it sent over g.tp gathering the split boundaries (tp_gather_bytes) */
     int bad[NR];
@@ -235,7 +235,8 @@ static pp_result rank_main(int r, void* user) {
     d.device = pp_cuda_device_ops(c, 0);
     d.layer_ctx = &lc;
     d.timeout_s = 20;
-    if (!W->whole) d.tp = &tpg; /* boundaries split over TP, gathered over g.tp: device blocks */
+    d.tp = &tpg;            /* boundaries split over TP, gathered over g.tp: device blocks */
+    d.tp_whole = W->whole;  /* or whole (the group still agrees the step's outcome) */
     if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) goto fail;
     memset(&ss, 0, sizeof ss);
     if ((rc = pp_stage_step(st, &b, &ss)) != PP_OK) {
