@@ -124,12 +124,12 @@ $(FAKE_CUDA): tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h p
 
 # The imitations themselves (tests/fakenccl over tests/fakecuda): each rule against a correct and
 # a known-bad client. Also compiled as C++ by check-cxx.
-FAKE_NCCL = $(foreach t,test_imitation test_nccl_pipeline test_nccl_grid test_tp_nccl,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
+FAKE_NCCL = $(foreach t,test_imitation test_nccl_pipeline test_nccl_grid test_tp_nccl test_tp_nccl_fault,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
 $(FAKE_NCCL): BASE += -Itests/fakenccl -Itests/fakecuda
 $(FAKE_NCCL): tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
 
 # pipeline_nccl.h with the real executor over the imitations: eight ranks need eight devices
-NCCL_PIPE = $(foreach t,test_nccl_pipeline,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
+NCCL_PIPE = $(foreach t,test_nccl_pipeline test_tp_nccl_fault,$(B)/$(t) $(B)/clang-$(t) $(B)/asan-$(t) $(B)/tsan-$(t))
 $(NCCL_PIPE): BASE += -DFAKECUDA_DEVICES=8
 
 # GPU transports' host work (runtime calls per transfer, host waits per action) on the imitation;
@@ -431,6 +431,24 @@ TEST_BINS_EXTRA += $(B)/dpfault-controls
 # stage alone (the replicas' TP groups merged: the split's groups are not g.tp_group); the split
 # boundaries never gathered; slices of rows / tp with the remainder dropped (odd row counts).
 TESTS += test_tp test_tp_nccl
+# tests/test_tp_nccl_fault.c: a layer failing on one TP rank of a pp 2 x dp 2 x tp 2 grid whose
+# layers' TP collectives run in stream order (pp_nccl_tp_allreduce), before its all-reduce (a
+# partner's collective stuck on its GPU) and after its last one; pp_nccl_grid_recover after it.
+# Its controls: recover without the vote (replica 1 keeps its grid, replica 0 splits again), the
+# grid kept, a failed member that only tells its verdict (its partners' sends wait for a receive:
+# their communicators aborted where nothing had to be), no TP verdict at all (a hang: timeout).
+TESTS += test_tp_nccl_fault
+TP_FAULT_DEPS = tests/test_tp_nccl_fault.c $(TEST_HDRS) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h \
+  pipeline_cuda.h pipeline_nccl.h
+TP_FAULT_CC = $(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8
+$(B)/tp-ctl-nccl-fault-alone: $(TP_FAULT_DEPS) | $(B)
+	$(TP_FAULT_CC) -DPP_NCCL_TEST_RECOVER_ALONE $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-ctl-nccl-fault-kept: $(TP_FAULT_DEPS) | $(B)
+	$(TP_FAULT_CC) -DPP_TEST_FAULT_NO_REBUILD $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-ctl-nccl-fault-tell: $(TP_FAULT_DEPS) | $(B)
+	$(TP_FAULT_CC) -DPP_TEST_TP_VERDICT_TELL_ONLY $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-ctl-nccl-fault-unagreed: $(TP_FAULT_DEPS) | $(B)
+	$(TP_FAULT_CC) -DPP_TEST_NO_TP_AGREE $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-unordered: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
 	$(CC) $(BASE) -DPP_TEST_TP_UNORDERED $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-split-no-dp: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
@@ -506,8 +524,10 @@ $(B)/tp-ctl-nccl-no-warmup: $(TP_NCCL_DEPS) | $(B)
 $(B)/tp-controls: tests/controls.sh tests/test_trainer.sh $(B)/tp-ctl-unordered $(B)/tp-ctl-split-no-dp $(B)/tp-ctl-pl-no-dp-sum \
                   $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow $(B)/gpt_cpu-ctl-tp-no-row \
                   $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice $(B)/tp-ctl-pl-matrix-order $(B)/tp-ctl-no-step-tag $(B)/tp-ctl-no-tp-agree $(B)/tp-ctl-verdict-no-skip \
-                  $(B)/tp-ctl-nccl-host-wait $(B)/tp-ctl-nccl-unwaited $(B)/tp-ctl-gpt-nccl-nogather $(B)/tp-ctl-nccl-no-warmup
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale" "$(B)/tp-ctl-no-tp-agree stale" "$(B)/tp-ctl-verdict-no-skip stale" "$(B)/tp-ctl-nccl-host-wait" "$(B)/tp-ctl-nccl-unwaited" "$(B)/tp-ctl-gpt-nccl-nogather" "$(B)/tp-ctl-nccl-no-warmup"\n' > $@
+                  $(B)/tp-ctl-nccl-host-wait $(B)/tp-ctl-nccl-unwaited $(B)/tp-ctl-gpt-nccl-nogather $(B)/tp-ctl-nccl-no-warmup \
+                  $(B)/tp-ctl-nccl-fault-alone $(B)/tp-ctl-nccl-fault-kept $(B)/tp-ctl-nccl-fault-tell \
+                  $(B)/tp-ctl-nccl-fault-unagreed
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale" "$(B)/tp-ctl-no-tp-agree stale" "$(B)/tp-ctl-verdict-no-skip stale" "$(B)/tp-ctl-nccl-host-wait" "$(B)/tp-ctl-nccl-unwaited" "$(B)/tp-ctl-gpt-nccl-nogather" "$(B)/tp-ctl-nccl-no-warmup" "timeout 60 $(B)/tp-ctl-nccl-fault-alone before" "timeout 60 $(B)/tp-ctl-nccl-fault-kept before" "timeout 60 $(B)/tp-ctl-nccl-fault-tell after" "timeout 15 $(B)/tp-ctl-nccl-fault-unagreed after"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------
@@ -963,9 +983,9 @@ $(Q)/pp-sched: tools/pp_sched.c $(HEADERS) | $(Q)
 
 $(Q)/test_cuda_host $(Q)/test_cuda_pipeline: BASE += -Itests/fakecuda
 $(Q)/test_cuda_host $(Q)/test_cuda_pipeline: tests/fakecuda/cuda_runtime_api.h tests/fakecuda/layer_kernels.h pipeline_cuda.h
-$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid $(Q)/test_tp_nccl: BASE += -Itests/fakenccl -Itests/fakecuda
-$(Q)/test_nccl_pipeline: BASE += -DFAKECUDA_DEVICES=8
-$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid $(Q)/test_tp_nccl: tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
+$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid $(Q)/test_tp_nccl $(Q)/test_tp_nccl_fault: BASE += -Itests/fakenccl -Itests/fakecuda
+$(Q)/test_nccl_pipeline $(Q)/test_tp_nccl_fault: BASE += -DFAKECUDA_DEVICES=8
+$(Q)/test_imitation $(Q)/test_nccl_pipeline $(Q)/test_nccl_grid $(Q)/test_tp_nccl $(Q)/test_tp_nccl_fault: tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h pipeline_cuda.h pipeline_nccl.h
 
 # Two at a time by default (make -jN quick: N builds); the slowest tests first, so that the
 # two runners finish together.

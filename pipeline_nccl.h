@@ -92,7 +92,8 @@
      probes of retiring blocks) or an NCCL error the communicators are aborted (ncclCommAbort),
      so this rank returns PP_ERR_TIMEOUT / PP_ERR_TRANSPORT instead of hanging, and its peers
      fail the same way within their own timeouts. transport.abort also aborts them. An aborted
-     transport stays aborted: destroy it and build a new communicator (a new unique id). A
+     transport stays aborted: destroy it and build a new communicator (a new unique id; a grid's:
+     pp_nccl_grid_recover, from the world communicator). A
      layer's failure does not abort: the transport's abort_local makes the stage drain the step
      (no compute, zeros sent) and report the failure at its end, on every rank at once. In a
      pp x dp grid pp_dp_overlap_wait, called on every rank after every step, gives the grid one
@@ -331,6 +332,22 @@ pp_result pp_nccl_grid_create(ncclComm_t world, int pp, pp_grid_order order, cud
 pp_result pp_nccl_grid_create_tp(ncclComm_t world, int pp, int tp, pp_grid_order order, cudaStream_t compute,
                                  double timeout_s, pp_nccl_grid* out, pp_error* err);
 void pp_nccl_grid_destroy(pp_nccl_grid* g);
+/* After a step that failed on every rank of the world (its outcome agreed: the TP verdict of
+   pp_stage_desc.tp, pp_dp_agree), once pp_nccl_step_end ran on each of g's transports; collective
+   over world: makes the grid usable again. A transport whose communicator was aborted (a wait
+   that ran out: a member whose layer failed before its pp_nccl_tp_* leaves the others'
+   collectives, and what their streams and communicators hold behind them, waiting out a
+   deadline) stays aborted, and the ranks that talk to it would fail every later step, so every
+   rank makes its grid again if any rank must: the world votes (one all-reduce of an int on
+   compute, polled until timeout_s); where any rank's grid holds an aborted communicator, every
+   rank destroys its grid and splits it again from world (g's pp, tp and order), and *remade = 1:
+   make the stages again over the new transports. Otherwise *remade = 0 and the grid stays (a
+   layer's failure that left nothing stuck drains the step without an abort). PP_ERR_TIMEOUT: a
+   rank did not vote in timeout_s, and world still runs the vote: abort world (ncclCommAbort) and
+   start over. */
+#define pp_nccl_grid_recover _PP_ABI(nccl_grid_recover)
+pp_result pp_nccl_grid_recover(ncclComm_t world, pp_nccl_grid* g, cudaStream_t compute, double timeout_s, int* remade,
+                               pp_error* err);
 
 /* Proves that, under schedule s, each ordered pair of ranks posts its receives in the order
    the sender sends, per kind of message (NCCL matches by order, not by tag; the transport sends
@@ -2469,6 +2486,78 @@ void pp_nccl_grid_destroy(pp_nccl_grid* g) {
     pp_nccl_destroy(g->dp);
     pp_nccl_destroy(g->pipe);
     g->tp = g->tied = g->dp = g->pipe = NULL;
+}
+
+pp_result pp_nccl_grid_recover(ncclComm_t world, pp_nccl_grid* g, cudaStream_t compute, double timeout_s, int* remade,
+                               pp_error* err) {
+#if NCCL_VERSION_CODE >= 21800
+    double deadline = _pp_now() + (timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
+    int32_t mine = 0, any = 0, *dev = NULL;
+    cudaEvent_t ev = NULL;
+    ncclResult_t r, st = ncclSuccess;
+    cudaError_t ce = cudaSuccess;
+    const char* what = "";
+    pp_grid grid;
+    if (!remade) return _pp_fail(err, PP_ERR_INVALID, "pp_nccl_grid_recover: remade is NULL");
+    *remade = 0;
+    if (!g || !world) return _pp_fail(err, PP_ERR_INVALID, "pp_nccl_grid_recover needs the world communicator and the grid");
+    grid = g->grid;
+    mine = (g->pipe && g->pipe->aborted) || (g->dp && g->dp->aborted) || (g->tied && g->tied->aborted) ||
+           (g->tp && g->tp->aborted) || !g->pipe; /* !pipe: a grid a failed recovery left without transports */
+#ifdef PP_NCCL_TEST_RECOVER_ALONE /* negative control (build/tp-controls): each rank decides alone */
+    any = mine;
+    goto decided;
+#endif
+    if ((ce = cudaMalloc((void**)&dev, sizeof mine)) != cudaSuccess) what = "cudaMalloc (the vote)";
+    else if ((ce = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)) != cudaSuccess) what = "cudaEventCreate (the vote)";
+    else if ((ce = cudaMemcpyAsync(dev, &mine, sizeof mine, cudaMemcpyHostToDevice, compute)) != cudaSuccess)
+        what = "cudaMemcpyAsync (the vote)";
+    if (!*what) {
+        r = ncclAllReduce(dev, dev, 1, ncclInt32, ncclSum, world, compute);
+        if (r == ncclInProgress) r = _ppn_comm_wait(world, deadline, 100);
+        if (r != ncclSuccess) {
+            if (ev) cudaEventDestroy(ev);
+            cudaFree(dev);
+            return _pp_fail(err, r == ncclInProgress ? PP_ERR_TIMEOUT : PP_ERR_TRANSPORT, "pp_nccl_grid_recover: the vote's "
+                            "all-reduce over the world communicator: %s%s", ncclGetErrorString(r),
+                            r == ncclInProgress ? " (abort the world communicator)" : "");
+        }
+        if ((ce = cudaEventRecord(ev, compute)) != cudaSuccess) what = "cudaEventRecord (the vote)";
+    }
+    while (!*what) { /* the vote's end, polled: a rank that never votes is a timeout, not a host held */
+        if ((ce = cudaEventQuery(ev)) == cudaSuccess) break;
+        if (ce != cudaErrorNotReady) what = "cudaEventQuery (the vote)";
+        else if (ncclCommGetAsyncError(world, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
+            cudaEventDestroy(ev);
+            return _pp_fail(err, PP_ERR_TRANSPORT, "pp_nccl_grid_recover: the world communicator failed in the vote: %s "
+                            "(abort it)", ncclGetErrorString(st));
+        } else if (_pp_now() > deadline) {
+            cudaEventDestroy(ev); /* dev stays: the vote may still write it */
+            return _pp_fail(err, PP_ERR_TIMEOUT, "pp_nccl_grid_recover: a rank did not vote in %.3g s (the world "
+                            "communicator still runs the vote: abort it)", timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S);
+        } else _ppn_sleep_us(200);
+    }
+    if (!*what && (ce = cudaMemcpy(&any, dev, sizeof any, cudaMemcpyDeviceToHost)) != cudaSuccess)
+        what = "cudaMemcpy (the vote)";
+    if (ev) cudaEventDestroy(ev);
+    if (dev) cudaFree(dev);
+    if (*what) {
+        (void)cudaGetLastError();
+        return _pp_fail(err, PP_ERR_TRANSPORT, "pp_nccl_grid_recover: %s: %s", what, cudaGetErrorString(ce));
+    }
+#ifdef PP_NCCL_TEST_RECOVER_ALONE
+decided:
+#endif
+    if (!any) return PP_OK;
+    pp_nccl_grid_destroy(g);
+    *remade = 1;
+    return pp_nccl_grid_create_tp(world, grid.pp, grid.tp, grid.order, compute, timeout_s, g, err);
+#else
+    (void)world; (void)g; (void)compute; (void)timeout_s;
+    if (remade) *remade = 0;
+    return _pp_fail(err, PP_ERR_UNSUPPORTED, "pp_nccl_grid_recover needs ncclCommSplit (NCCL >= 2.18; this is %d)",
+                    NCCL_VERSION_CODE);
+#endif
 }
 
 /* One message in a pair's sequence: (micro-batch, boundary stage, direction). */
