@@ -7519,9 +7519,15 @@ typedef struct _pp_tp_msg {
     size_t sb, rb;
 } _pp_tp_msg;
 
+/* The executor's probe of a retiring block waits this long for a send (>>impl-stage-exec); a
+   transport keeps a send posted when a wait this short runs out. */
+#ifndef _PP_RETIRE_WAIT_S
+#define _PP_RETIRE_WAIT_S 1.0
+#endif
 /* Every receive posted, then every send, inside the transport's group where it has one; then
    every request waited for, in posting order. A failure cancels the receives not yet waited for
-   (where the transport can) and waits for the sends (their buffers are the caller's). */
+   (where the transport can) and waits for the sends (their buffers are the caller's): at least
+   2 * _PP_RETIRE_WAIT_S, so that no transport takes the wait for a probe and keeps the send. */
 static pp_result _pp_tp_xchg(const pp_transport* t, const int* ranks, int n, int me, int tag, const _pp_tp_msg* m,
                              double timeout_s, pp_error* err) {
     pp_request* rq;
@@ -7563,7 +7569,8 @@ static pp_result _pp_tp_xchg(const pp_transport* t, const int* ranks, int n, int
             t->cancel(t->self, &rq[w]);
         } else {
             pp_error e2;
-            t->wait(t->self, &rq[w], timeout_s, &e2); /* the first failure is the one reported */
+            double ts = timeout_s > 2 * _PP_RETIRE_WAIT_S ? timeout_s : 2 * _PP_RETIRE_WAIT_S;
+            t->wait(t->self, &rq[w], ts, &e2); /* the first failure is the one reported */
         }
     }
     PP_FREE(rq);
@@ -7867,6 +7874,7 @@ struct pp_stage {
     double tp_to;
     int tp_agree_off;               /* pp_pipeline's stages: it stops its whole grid itself (_pp_tp_agree) */
     int tp_split;                   /* boundaries split over the TP group (pp_stage_desc.tp without tp_whole) */
+    double t_fail;                  /* when this step first failed on this rank (_pp_now; 0: it has not) */
     const pp_action* list;
     int n_list, p, v, S, L, max_layers;
     pp_error err;
@@ -7958,6 +7966,7 @@ static pp_result _pp_stage_say(pp_stage* s, pp_result code, const pp_action* a, 
     const char* c = pp_result_str(code);
     char* q;
     size_t k;
+    if (s->t_fail == 0) s->t_fail = _pp_now();
     /* a message of this code quoted inside ("...: wait timed out: rank 1 waited ..."): its code
        and this rank go, the rest stays */
     snprintf(own, sizeof own, "%s", body);
@@ -8378,9 +8387,6 @@ static size_t _pp_pool_grow(pp_stage* s, size_t bytes) {
    whose sends are done now wins (the list runs oldest first), else the one freed longest ago is
    waited for: its receiver has most likely taken the data already, so a GPU transport need not
    copy it early (pipeline_cuda.h, _ppc_side_copy). */
-#ifndef _PP_RETIRE_WAIT_S
-#define _PP_RETIRE_WAIT_S 1.0
-#endif
 /* 1 while a send of the block may still read it (the transport is asked, never waited for). */
 static int _pp_block_busy(pp_stage* s, _pp_block* b) {
     int i;
@@ -9708,6 +9714,7 @@ static int _pp_drain(pp_stage* s, pp_result rc) {
     if (!s->draining) {
         s->draining = 1;
         s->drain_rc = rc;
+        if (s->t_fail == 0) s->t_fail = _pp_now();
     }
     return 1;
 #endif
@@ -10843,8 +10850,9 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
    others' verdicts too and reports its own failure: over NCCL a send completes only once its
    receive runs, so a failed member that only told left its partners' sends waiting out their
    deadline and their communicator aborted (tests/test_tp_nccl_fault.c "after";
-   PP_TEST_TP_VERDICT_TELL_ONLY). It may wait up to a deadline for a partner held in a TP
-   collective with it. What a receive that timed out receives later is a past step's: the
+   PP_TEST_TP_VERDICT_TELL_ONLY). It waits until one deadline after its failure, no longer: a
+   partner held in a TP collective it never joined answers only at its own deadline. What a
+   receive that timed out receives later is a past step's: the
    count in it tells, and it is passed over. A
    pipeline agrees within itself first, so every rank of it hears the same verdicts and takes the
    same outcome. Before, a layer failing on one TP rank after its last TP message of the step (a
@@ -10863,7 +10871,7 @@ static pp_result _pp_tp_agree(pp_stage* s, pp_result rc) {
     int n = s->tp_n, me = s->tp_me, i, bad = -1, tag, tries;
     int32_t mine[2], all[PP_MAX_RANKS][2];
     _pp_tp_msg m[PP_MAX_RANKS];
-    double end;
+    double end, to;
     pp_error e;
     pp_result xr;
 #ifdef PP_TEST_NO_TP_AGREE /* negative control (build/tp-controls): each pipeline's outcome alone */
@@ -10887,7 +10895,15 @@ static pp_result _pp_tp_agree(pp_stage* s, pp_result rc) {
 #endif
     }
     e.msg[0] = 0;
-    xr = _pp_tp_xchg(t, s->tp_ranks, n, me, tag, m, s->tp_to, &e);
+    to = s->tp_to;
+#ifndef PP_TEST_TP_VERDICT_FULL_WAIT /* negative control (build/tp-controls): a deadline of its own */
+    /* a failed member's exchange ends one deadline after its failure: a partner held on its GPU
+       by a collective this member never joined cannot answer before its own deadline, and
+       waiting a new deadline here made the step's failure two (tests/test_tp_nccl_fault.c) */
+    if (rc != PP_OK && s->t_fail > 0 && s->t_fail + s->tp_to - _pp_now() < to)
+        to = s->t_fail + s->tp_to - _pp_now() > 0.001 ? s->t_fail + s->tp_to - _pp_now() : 0.001;
+#endif
+    xr = _pp_tp_xchg(t, s->tp_ranks, n, me, tag, m, to, &e);
     if (rc != PP_OK) return rc; /* its own failure is the one reported */
 #ifndef PP_TEST_TP_VERDICT_NO_SKIP /* negative control (build/tp-controls): a past step's verdict taken */
     for (i = 0; i < n && xr == PP_OK; i++) /* a past step's verdict: passed over, the next one taken */
@@ -10932,6 +10948,7 @@ static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* s
     }
     for (i = 0; i < s->n_nb; i++) s->nb[i].state = 0;
     s->draining = s->drained = 0;
+    s->t_fail = 0;
     rc = own = _pp_stage_step_run(s, b, &n_done);
     if (rc != PP_OK) {
         if (n_done > 0) _pp_stage_note(s, &s->list[n_done - 1], PP_FLIGHT_FAILED, -1);

@@ -277,7 +277,11 @@ void pp_nccl_get_stats(const pp_nccl* t, pp_nccl_stats* out);
    all-gather reads count / size from send. g NULL or of one rank: no message (a copy where
    send and recv differ). pp_nccl_step_end on the TP transport waits, with its deadline, for
    the collectives enqueued since its last call: a member that never came is PP_ERR_TIMEOUT
-   there, and the TP communicator is aborted, which ends the kernels that wait for it. */
+   there, and the TP communicator is aborted, which ends the kernels that wait for it. Each
+   collective's deadline runs from its enqueue (the transport's timeout_s): whatever waits
+   behind one on its communicator or its stream (the TP verdict; in a grid the pipe's, dp's and
+   the tied pair's waits, linked to g.tp) ends by then too, so a member whose layer failed
+   before its collective fails the step on every rank within one deadline. */
 #define pp_nccl_tp_allreduce _PP_ABI(nccl_tp_allreduce)
 #define pp_nccl_tp_reducescatter _PP_ABI(nccl_tp_reducescatter)
 #define pp_nccl_tp_allgather _PP_ABI(nccl_tp_allgather)
@@ -460,6 +464,7 @@ typedef struct _ppn_bounce {
    say) are not in one group, which NCCL completes as a whole: with four channels ZB-H2 generated
    for F, B, W = 1, 2, 1 waited in a cycle in 90 of 168 cases (pp_nccl_check_rendezvous). */
 #define _PPN_MAXCH 8
+#define _PPN_TP_RING 16 /* TP collectives tracked by age (more: the newest share a slot) */
 struct pp_nccl {
     ncclComm_t comm;            /* the caller's: channel 0 and the all-reduce */
     ncclComm_t ch_comm[_PPN_MAXCH]; /* [0] = comm, the others splits of it */
@@ -479,6 +484,12 @@ struct pp_nccl {
     cudaEvent_t ready;          /* recorded on the compute stream at every flush (a wait keeps its record) */
     cudaEvent_t tp_done;        /* recorded after the last stream-ordered TP collective (pp_nccl_tp_*) */
     int tp_pending;             /* 1: one was enqueued since pp_nccl_step_end last saw them done */
+    /* the TP collectives not yet seen done, oldest at tp_head: a record after each, and when it
+       was enqueued (full: the newest slot is recorded again, keeping its time) (_ppn_tp_due) */
+    cudaEvent_t tp_ev[_PPN_TP_RING];
+    double tp_at[_PPN_TP_RING];
+    int tp_head, tp_n;
+    struct pp_nccl* tp_link;    /* a grid's TP transport, whose collectives run on this one's compute stream */
     uint64_t ready_n;           /* records of it so far */
     uint64_t ch_ready[_PPN_MAXCH]; /* the last of them channel ch's stream waited for */
     _ppn_rel* rel;              /* free blocks of the stage's pool, by base */
@@ -875,9 +886,51 @@ static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
 }
 
 /* Polls b until it completes or the deadline passes. No abort here: a short wait is a probe. */
+/* When the oldest stream-ordered TP collective not yet done (pp_nccl_tp_*) runs out of time: its
+   enqueue plus the transport's timeout (a very large number where none is pending). Anything on
+   this communicator runs after it (NCCL's launch order per communicator), so a host wait on it
+   ends then too: a member that never came is found one deadline after the collective, not a
+   deadline after each wait that queued behind it began. */
+static double _ppn_tp_due(pp_nccl* t) {
+#ifdef PP_NCCL_TEST_TP_NO_DUE /* negative control (build/tp-controls): each wait its own deadline */
+    return 1e300;
+#endif
+    if (t->aborted) t->tp_n = 0; /* NCCL's abort ended them */
+    while (t->tp_n > 0) {
+        cudaError_t e = cudaEventQuery(t->tp_ev[t->tp_head]);
+        if (e != cudaSuccess) {
+            if (e != cudaErrorNotReady) (void)cudaGetLastError();
+            break;
+        }
+        t->tp_head = (t->tp_head + 1) % _PPN_TP_RING;
+        t->tp_n--;
+    }
+    if (t->tp_link) { /* a collective on the compute stream holds what this transport waits for behind it too */
+        double own = t->tp_n > 0 ? t->tp_at[t->tp_head] + t->timeout_s : 1e300, other = _ppn_tp_due(t->tp_link);
+        return own < other ? own : other;
+    }
+    return t->tp_n > 0 ? t->tp_at[t->tp_head] + t->timeout_s : 1e300;
+}
+
+/* After a TP collective was enqueued on stream: its record in the ring. */
+static pp_result _ppn_tp_track(pp_nccl* t, cudaStream_t stream) {
+    int slot;
+    (void)_ppn_tp_due(t); /* the done ones leave first */
+    slot = (t->tp_head + (t->tp_n < _PPN_TP_RING ? t->tp_n : _PPN_TP_RING - 1)) % _PPN_TP_RING;
+    if (!t->tp_ev[slot] && _ppn_cuda(t, cudaEventCreateWithFlags(&t->tp_ev[slot], cudaEventDisableTiming),
+                                     "cudaEventCreate (TP collectives)") != PP_OK)
+        return PP_ERR_TRANSPORT;
+    if (_ppn_cuda(t, cudaEventRecord(t->tp_ev[slot], stream), "cudaEventRecord (TP collective)") != PP_OK)
+        return PP_ERR_TRANSPORT;
+    if (t->tp_n < _PPN_TP_RING) t->tp_at[slot] = _pp_now(), t->tp_n++;
+    return PP_OK;
+}
+
 static pp_result _ppn_poll(pp_nccl* t, _ppn_batch* b, double deadline) {
     int done = 0, round = 0;
     pp_result rc;
+    double due = _ppn_tp_due(t);
+    if (due < deadline) deadline = due;
     /* seen running (or issued) since the last issue: sleep before the first question */
     int known_busy = !b->complete && !(b->seq && b->seq <= t->done_seq[b->ch]) && b->not_ready_at == t->epoch + 1;
     for (;; round++) {
@@ -1141,7 +1194,7 @@ static pp_result _ppn_unstage(pp_nccl* t, _ppn_op* op, double deadline);
 static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_error* err) {
     pp_nccl* t = (pp_nccl*)self;
     _ppn_op* op = req ? (_ppn_op*)req->impl : NULL;
-    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S;
+    double dt = timeout_s > 0 ? timeout_s : PP_DEFAULT_TIMEOUT_S, due;
     pp_result rc;
     int peer;
     if (!req) return _pp_fail(err, PP_ERR_INVALID, "wait on a NULL request");
@@ -1178,7 +1231,8 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
         op->batch->seq > t->done_seq[op->ch]) /* a probe, and only later groups could answer (_ppn_event) */
         return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d: a send to rank %d is not known to be done (a later group of its channel "
                         "would have to finish first)", t->rank, peer);
-    rc = _ppn_poll(t, op->batch, _pp_now() + dt);
+    due = _ppn_tp_due(t);
+    rc = _ppn_poll(t, op->batch, _pp_now() + dt); /* or the TP collectives' due, earlier (_ppn_poll) */
     if (rc == PP_ERR_TIMEOUT && !op->is_recv && dt <= _PP_RETIRE_WAIT_S) /* the executor's probe: no harm done */
         return _pp_fail(err, rc, "rank %d: a send to rank %d is not done after %.3g s", t->rank, peer, dt);
     if (rc == PP_OK && op->is_recv && op->bytes) rc = _ppn_unstage(t, op, _pp_now() + (dt > 0 ? dt : t->timeout_s));
@@ -1186,6 +1240,10 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
     _ppn_done(t, req, op, rc);
     if (rc == PP_OK) return PP_OK;
     _ppn_abort_comm(t);
+    if (rc == PP_ERR_TIMEOUT && _pp_now() >= due)
+        return _pp_fail(err, rc, "rank %d: a TP collective enqueued %.3g s ago never finished (a member that never came), and "
+                        "the message from rank %d waited behind it (communicator aborted)", t->rank, _pp_now() - (due - t->timeout_s),
+                        peer);
     if (rc == PP_ERR_TIMEOUT)
         return _pp_fail(err, rc, "rank %d waited %.3g s for rank %d over NCCL and got nothing (communicator aborted)", t->rank, dt,
                         peer);
@@ -1253,6 +1311,8 @@ static pp_result _ppn_cancel(void* self, pp_request* req) {
 static pp_result _ppn_event_wait(pp_nccl* t, cudaEvent_t ev, double deadline) {
     int done = 0, round = 0;
     pp_result rc = PP_OK;
+    double due = _ppn_tp_due(t); /* a TP collective on the compute stream that ran out of time ends it too */
+    if (due < deadline) deadline = due;
     for (;;) {
         _ppn_batch b;
         memset(&b, 0, sizeof b);
@@ -2086,6 +2146,7 @@ static pp_result _ppn_tp_coll(const pp_group* g, int kind, const void* send, voi
     /* a non-blocking communicator enqueues it later: the record must come after it */
     if (rc == PP_OK && r == ncclInProgress) rc = _ppn_settle_comm(t, t->comm, what, _pp_now() + t->timeout_s);
     if (rc == PP_OK) rc = _ppn_cuda(t, cudaEventRecord(t->tp_done, stream), "cudaEventRecord (TP collective)");
+    if (rc == PP_OK) rc = _ppn_tp_track(t, stream);
 #ifdef PP_NCCL_TEST_TP_HOST_WAIT /* negative control (build/tp-controls): the host waits for the collective */
     if (rc == PP_OK) rc = _ppn_event_wait(t, t->tp_done, _pp_now() + t->timeout_s);
 #endif
@@ -2171,6 +2232,8 @@ void pp_nccl_destroy(pp_nccl* t) {
     PP_FREE(t->proven);
     if (t->ready) cudaEventDestroy(t->ready);
     if (t->tp_done) cudaEventDestroy(t->tp_done);
+    for (k = 0; k < _PPN_TP_RING; k++)
+        if (t->tp_ev[k]) cudaEventDestroy(t->tp_ev[k]);
 #ifdef PP_NCCL_TEST_COPY_STREAM
     if (t->copy_ev) cudaEventDestroy(t->copy_ev);
     if (t->copy_stream) cudaStreamDestroy(t->copy_stream);
@@ -2463,6 +2526,11 @@ pp_result pp_nccl_grid_create_tp(ncclComm_t world, int pp, int tp, pp_grid_order
     d.channels = 1;
     d.connect_all = 1;
     if (rc == PP_OK && tpc) rc = pp_nccl_create(&d, &g->tp, err);
+    if (rc == PP_OK && g->tp) { /* their waits end when a TP collective on the compute stream runs out of time */
+        g->pipe->tp_link = g->tp;
+        g->dp->tp_link = g->tp;
+        if (g->tied) g->tied->tp_link = g->tp;
+    }
     if (rc != PP_OK) {
         if (!g->pipe) ncclCommDestroy(pipe);
         if (!g->dp) ncclCommDestroy(dp);
