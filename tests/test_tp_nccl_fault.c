@@ -34,7 +34,7 @@
    (PP_TEST_TP_VERDICT_TELL_ONLY: a failed member sends its verdict and takes none, so its
    partners' sends wait out their deadline and their communicators are aborted in "after") and
    tp-ctl-nccl-fault-unagreed (PP_TEST_NO_TP_AGREE: in "after" the other TP rank's pipelines
-   return PP_OK). */
+   return PP_OK). "after" runs again with the imitation's kernels one at a time per device. */
 #define _POSIX_C_SOURCE 200809L
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_nccl.h"
@@ -376,5 +376,13 @@ int main(int argc, char** argv) {
         CHECK(cudaSetDevice(r) == cudaSuccess && cudaStreamSynchronize(0) == cudaSuccess, "device %d: legacy stream", r);
     if (argc < 2 || !strcmp(argv[1], "before")) run(1);
     if (argc < 2 || !strcmp(argv[1], "after")) run(2);
+    if (argc < 2) { /* "after" again with one kernel per device at a time [UG: Using multiple NCCL
+                       communicators concurrently]: the TP collectives, the pipe's sends and
+                       receives and the dp vote, on three communicators, still meet */
+        fakenccl_options o = fakenccl_get_options();
+        o.serialize_kernels = 1;
+        fakenccl_set_options(&o);
+        run(2);
+    }
     return TEST_DONE("test_tp_nccl_fault");
 }
