@@ -442,6 +442,9 @@ TESTS += test_tp_nccl_fault
 TP_FAULT_DEPS = tests/test_tp_nccl_fault.c $(TEST_HDRS) $(HEADERS) tests/fakenccl/nccl.h tests/fakecuda/cuda_runtime_api.h \
   pipeline_cuda.h pipeline_nccl.h
 TP_FAULT_CC = $(CC) $(BASE) -Itests/fakenccl -Itests/fakecuda -DFAKECUDA_DEVICES=8
+# And a layer's TP collective inside a stage given no TP group allowed, as before (test_tp undeclared).
+$(B)/tp-ctl-undeclared-ok: tests/test_tp.c $(TEST_HDRS) $(HEADERS) | $(B)
+	$(CC) $(BASE) -DPP_TEST_TP_UNDECLARED_OK $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-nccl-fault-due: $(TP_FAULT_DEPS) | $(B)
 	$(TP_FAULT_CC) -DPP_NCCL_TEST_TP_NO_DUE $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-nccl-fault-full: $(TP_FAULT_DEPS) | $(B)
@@ -530,9 +533,9 @@ $(B)/tp-controls: tests/controls.sh tests/test_trainer.sh $(B)/tp-ctl-unordered 
                   $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow $(B)/gpt_cpu-ctl-tp-no-row \
                   $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice $(B)/tp-ctl-pl-matrix-order $(B)/tp-ctl-no-step-tag $(B)/tp-ctl-no-tp-agree $(B)/tp-ctl-verdict-no-skip \
                   $(B)/tp-ctl-nccl-host-wait $(B)/tp-ctl-nccl-unwaited $(B)/tp-ctl-gpt-nccl-nogather $(B)/tp-ctl-nccl-no-warmup \
-                  $(B)/tp-ctl-nccl-fault-due $(B)/tp-ctl-nccl-fault-full $(B)/tp-ctl-nccl-fault-alone $(B)/tp-ctl-nccl-fault-kept $(B)/tp-ctl-nccl-fault-tell \
+                  $(B)/tp-ctl-undeclared-ok $(B)/tp-ctl-nccl-fault-due $(B)/tp-ctl-nccl-fault-full $(B)/tp-ctl-nccl-fault-alone $(B)/tp-ctl-nccl-fault-kept $(B)/tp-ctl-nccl-fault-tell \
                   $(B)/tp-ctl-nccl-fault-unagreed
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale" "$(B)/tp-ctl-no-tp-agree stale" "$(B)/tp-ctl-verdict-no-skip stale" "$(B)/tp-ctl-nccl-host-wait" "$(B)/tp-ctl-nccl-unwaited" "$(B)/tp-ctl-gpt-nccl-nogather" "$(B)/tp-ctl-nccl-no-warmup" "timeout 60 $(B)/tp-ctl-nccl-fault-due before" "timeout 60 $(B)/tp-ctl-nccl-fault-full before" "timeout 60 $(B)/tp-ctl-nccl-fault-alone before" "timeout 60 $(B)/tp-ctl-nccl-fault-kept before" "timeout 60 $(B)/tp-ctl-nccl-fault-tell after" "timeout 15 $(B)/tp-ctl-nccl-fault-unagreed after"\n' > $@
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale" "$(B)/tp-ctl-no-tp-agree stale" "$(B)/tp-ctl-verdict-no-skip stale" "$(B)/tp-ctl-nccl-host-wait" "$(B)/tp-ctl-nccl-unwaited" "$(B)/tp-ctl-gpt-nccl-nogather" "$(B)/tp-ctl-nccl-no-warmup" "$(B)/tp-ctl-undeclared-ok undeclared" "timeout 60 $(B)/tp-ctl-nccl-fault-due before" "timeout 60 $(B)/tp-ctl-nccl-fault-full before" "timeout 60 $(B)/tp-ctl-nccl-fault-alone before" "timeout 60 $(B)/tp-ctl-nccl-fault-kept before" "timeout 60 $(B)/tp-ctl-nccl-fault-tell after" "timeout 15 $(B)/tp-ctl-nccl-fault-unagreed after"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

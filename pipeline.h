@@ -3471,6 +3471,8 @@ static pp_tensor _pp_input_view(const pp_batch* b, const pp_microbatch* mb) {
     return t;
 }
 
+/* ": <what a TP collective of the layer call refused>" on this thread's stage step, or "" (>>impl-tp). */
+static const char* _pp_tp_why(void);
 static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_microbatch* mb, int a, int b,
                                    const pp_tensor* act, const int* nact, void* const* saved, const size_t* saved_bytes,
                                    void* const* bsaved, const size_t* bsaved_bytes, float* loss, void* ctx,
@@ -3498,8 +3500,8 @@ static pp_result _pp_forward_range(const pp_model* m, const void* w, const pp_mi
         rc = m->forward(w, l, &io);
         if (ng && (v = _pp_guards_check(m, l, 0, mb, g, ng, rc, err)) != PP_OK) return v;
         if (rc != 0)
-            return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) forward returned %d on micro-batch %d", l,
-                            _pp_layer_name(m, l), rc, mb->index);
+            return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) forward returned %d on micro-batch %d%s", l,
+                            _pp_layer_name(m, l), rc, mb->index, _pp_tp_why());
         if (l == m->n_layers - 1 && loss) *loss = io.loss;
     }
     return PP_OK;
@@ -3540,8 +3542,8 @@ static pp_result _pp_grad_range(int weight_half, const pp_model* m, const void* 
         rc = weight_half ? m->weight_grad(w, g, l, &io) : m->backward(w, g, l, &io);
         if (ng && (v = _pp_guards_check(m, l, weight_half ? 2 : 1, mb, gd, ng, rc, err)) != PP_OK) return v;
         if (rc != 0)
-            return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) %s returned %d on micro-batch %d", l,
-                            _pp_layer_name(m, l), weight_half ? "weight_grad" : "backward", rc, mb->index);
+            return _pp_fail(err, PP_ERR_LAYER, "layer %d (%s) %s returned %d on micro-batch %d%s", l,
+                            _pp_layer_name(m, l), weight_half ? "weight_grad" : "backward", rc, mb->index, _pp_tp_why());
     }
     return PP_OK;
 }
@@ -7447,6 +7449,13 @@ pp_result pp_tied_sum_grads(const pp_transport* t, const int pair[2], void* grad
    reserved tags). Outside a step the fixed tags above. A leftover could only meet the step 8192
    steps later: pp_threads_reset drops them, an aborted MPI or NCCL transport is made again. */
 #define _PP_TAG_TP_STEP 0x100
+/* What a stage's step tells the TP collectives its layers make on its thread: the step count
+   (the tags), and whether the stage was given its TP group (pp_stage_desc.tp). */
+typedef struct _pp_tp_ctx {
+    const int32_t* step;
+    int tp_n;                       /* the stage's TP group size (1: none given) */
+    char why[200];                  /* ": " and what _pp_tp_declared refused this step ("" if nothing) */
+} _pp_tp_ctx;
 static pthread_once_t _pp_tp_once = PTHREAD_ONCE_INIT;
 static pthread_key_t _pp_tp_key;
 static int _pp_tp_key_ok;
@@ -7464,21 +7473,46 @@ static int _pp_tp_step_tag(int fixed, int64_t id) {
 
 /* fixed, or its step's tag where this thread runs a stage's step (_pp_tp_enter). */
 static int _pp_tp_tag(int fixed) {
-    const int32_t* id;
+    const _pp_tp_ctx* c;
     pthread_once(&_pp_tp_once, _pp_tp_key_make);
-    if (!_pp_tp_key_ok || !(id = (const int32_t*)pthread_getspecific(_pp_tp_key))) return fixed;
-    return _pp_tp_step_tag(fixed, *id);
+    if (!_pp_tp_key_ok || !(c = (const _pp_tp_ctx*)pthread_getspecific(_pp_tp_key))) return fixed;
+    return _pp_tp_step_tag(fixed, *c->step);
 }
 
-/* A stage's step begins on this thread: its TP collectives carry *step (read at each call);
+/* A stage's step begins on this thread: its TP collectives carry *c->step (read at each call);
    returns what was set before, for _pp_tp_leave. */
-static void* _pp_tp_enter(const int32_t* step) {
+static void* _pp_tp_enter(const _pp_tp_ctx* c) {
     void* prev;
     pthread_once(&_pp_tp_once, _pp_tp_key_make);
     if (!_pp_tp_key_ok) return NULL;
     prev = pthread_getspecific(_pp_tp_key);
-    pthread_setspecific(_pp_tp_key, step); /* on failure the layers keep the fixed tags: a mismatch, not a match */
+    pthread_setspecific(_pp_tp_key, c); /* on failure the layers keep the fixed tags: a mismatch, not a match */
     return prev;
+}
+
+/* A layer's TP collective over n > 1 ranks inside a stage's step whose stage was given no TP
+   group (pp_stage_desc.tp NULL, the group reached another way, e.g. model.ctx): refused. Such a
+   stage cannot agree its step's outcome over the group, so a layer failing on one TP rank after
+   its last collective left the others returning PP_OK with gradients the failed one never got.
+   Every member of the group is configured alike and refuses alike, before any message. */
+static pp_result _pp_tp_declared(int n, const char* what, pp_error* err) {
+    _pp_tp_ctx* c;
+#ifdef PP_TEST_TP_UNDECLARED_OK /* negative control (build/tp-controls): allowed, as before */
+    return PP_OK;
+#endif
+    if (n <= 1) return PP_OK;
+    pthread_once(&_pp_tp_once, _pp_tp_key_make);
+    if (!_pp_tp_key_ok || !(c = (_pp_tp_ctx*)pthread_getspecific(_pp_tp_key)) || c->tp_n > 1) return PP_OK;
+    snprintf(c->why, sizeof c->why, ": its %s over %d ranks was refused: the stage was given no TP group (set "
+             "pp_stage_desc.tp, with tp_whole for whole boundaries)", what, n);
+    return _pp_fail(err, PP_ERR_INVALID, "%s over %d ranks inside a stage that was given no TP group: set "
+                    "pp_stage_desc.tp (with tp_whole for whole boundaries), so the step's outcome is agreed over it", what, n);
+}
+static const char* _pp_tp_why(void) {
+    const _pp_tp_ctx* c;
+    pthread_once(&_pp_tp_once, _pp_tp_key_make);
+    if (!_pp_tp_key_ok || !(c = (const _pp_tp_ctx*)pthread_getspecific(_pp_tp_key))) return "";
+    return c->why;
 }
 static void _pp_tp_leave(void* prev) {
     if (_pp_tp_key_ok) pthread_setspecific(_pp_tp_key, prev);
@@ -7735,6 +7769,7 @@ pp_result pp_tp_reducescatter(const pp_group* g, const void* send, void* recv, s
     const int* ranks;
     double to;
     pp_result rc = _pp_tp_setup(g, send, recv, count, dtype, "TP reduce-scatter", all, &ranks, &n, &me, &to, err);
+    if (rc == PP_OK) rc = _pp_tp_declared(n, "TP reduce-scatter", err);
     if (rc != PP_OK) return rc;
     if (n == 1) {
         if (count) memmove(recv, send, count * pp_dtype_size(dtype));
@@ -7749,6 +7784,7 @@ pp_result pp_tp_allgather(const pp_group* g, const void* send, void* recv, size_
     const int* ranks;
     double to;
     pp_result rc = _pp_tp_setup(g, send, recv, count, dtype, "TP all-gather", all, &ranks, &n, &me, &to, err);
+    if (rc == PP_OK) rc = _pp_tp_declared(n, "TP all-gather", err);
     if (rc != PP_OK) return rc;
     return _pp_tp_ag(n > 1 ? g->t : NULL, ranks, n, me, send, recv, count, dtype, to, err);
 }
@@ -7760,6 +7796,7 @@ pp_result pp_tp_allreduce(const pp_group* g, void* buf, size_t count, pp_dtype d
     size_t es = pp_dtype_size(dtype), len;
     void* blk;
     pp_result rc = _pp_tp_setup(g, buf, buf, count, dtype, "TP all-reduce", all, &ranks, &n, &me, &to, err);
+    if (rc == PP_OK) rc = _pp_tp_declared(n, "TP all-reduce", err);
     if (rc != PP_OK || n == 1 || count == 0) return rc;
 #ifdef PP_TEST_TP_UNORDERED /* negative control (tests/test_tp.c): each member sums every copy itself, its own first */
     {
@@ -7875,6 +7912,7 @@ struct pp_stage {
     int tp_agree_off;               /* pp_pipeline's stages: it stops its whole grid itself (_pp_tp_agree) */
     int tp_split;                   /* boundaries split over the TP group (pp_stage_desc.tp without tp_whole) */
     double t_fail;                  /* when this step first failed on this rank (_pp_now; 0: it has not) */
+    _pp_tp_ctx tp_ctx;              /* for the TP collectives of its layers (_pp_tp_enter) */
     const pp_action* list;
     int n_list, p, v, S, L, max_layers;
     pp_error err;
@@ -8956,9 +8994,9 @@ static pp_result _pp_fp_check(pp_stage* s, int peer) {
     tp_theirs = theirs[3] >> 32;
     if (tp_mine != tp_theirs)
         return _pp_stage_fail(s, PP_ERR_INVALID,
-                              "ranks %d and %d split their boundaries differently across TP (pp_stage_desc.tp): here a TP "
-                              "group of %d (TP rank %d), on rank %d of %d (TP rank %d): neighbours must both set it, the same "
-                              "TP rank of groups of one size", s->d.rank, peer, tp_mine ? (int)(tp_mine & 0xffff) : 1,
+                              "ranks %d and %d split their boundaries differently across TP (pp_stage_desc.tp, tp_whole): "
+                              "here split over %d (TP rank %d), on rank %d over %d (TP rank %d; 1: whole): neighbours must both "
+                              "split, the same TP rank of groups of one size, or neither", s->d.rank, peer, tp_mine ? (int)(tp_mine & 0xffff) : 1,
                               (int)(tp_mine >> 16), peer, tp_theirs ? (int)(tp_theirs & 0xffff) : 1, (int)(tp_theirs >> 16));
     if (theirs[1] != mine[1] || theirs[2] != mine[2])
         return _pp_stage_fail(s, PP_ERR_TRANSPORT,
@@ -10936,7 +10974,10 @@ static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* s
     int i, n_done;
     void* tp_prev;
     if (!s) return PP_ERR_INVALID;
-    tp_prev = _pp_tp_enter(&s->n_steps); /* the TP collectives of its layers carry the step (>>impl-tp) */
+    s->tp_ctx.step = &s->n_steps;
+    s->tp_ctx.tp_n = s->tp_n;
+    s->tp_ctx.why[0] = 0;
+    tp_prev = _pp_tp_enter(&s->tp_ctx); /* the TP collectives of its layers carry the step (>>impl-tp) */
     memset(&s->st, 0, sizeof s->st);
     s->live_mem = 0; /* no stash outlives a step: no rounding carried over */
     s->err.msg[0] = 0;

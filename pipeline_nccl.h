@@ -2118,6 +2118,7 @@ static pp_result _ppn_tp_coll(const pp_group* g, int kind, const void* send, voi
         return _pp_fail(err, PP_ERR_INVALID, "%s: %zu elements do not split into %d equal blocks (NCCL's); pad the "
                         "tensor, or use pp_tp_* on host memory (uneven blocks)", what, count, n);
     per = count / (size_t)(n > 1 ? n : 1);
+    if ((rc = _pp_tp_declared(n, what, err)) != PP_OK) return rc; /* a stage that agrees its outcome over the group */
     if (n <= 1 || count == 0) { /* no message; one rank: recv is send's own */
         if (n > 1 || !count || send == recv) return PP_OK;
         if (cudaMemcpyAsync(recv, send, count * es, cudaMemcpyDeviceToDevice, stream) == cudaSuccess) return PP_OK;

@@ -480,6 +480,7 @@ typedef struct layer_world {
     pp_threads* pipes[2];      /* one pipeline per tp rank: stage ranks */
     pp_schedule sc;
     int first[3];
+    int undeclared;            /* 1: the stage is not given the group (pp_stage_desc.tp NULL) */
     lw w[4], g[4];
     tp_ctx ctx[4];
     float loss[4];
@@ -518,6 +519,8 @@ static pp_result layer_rank(int r, void* user) {
     d.transport = pp_threads_transport(L->pipes[g.tp_rank], g.pp_rank);
     d.timeout_s = 20;
     d.layer_ctx = &L->ctx[r]; /* every layer call gets it as io->ctx */
+    d.tp = L->undeclared ? NULL : &L->ctx[r].tp; /* the stage agrees its outcome over the group */
+    d.tp_whole = 1;           /* the boundaries whole, as these layers' checks take them */
     memset(&b, 0, sizeof b);
     b.m = LM;
     b.input.data = LX;
@@ -612,6 +615,36 @@ static void layer_checks(void) {
     CHECK(loss > 0 && j > LK, "a loss (%g) and gradients (%d non-zero pairs) that say something", (double)loss, j);
 }
 
+/* The same layers, the group only in the layer context (pp_stage_desc.tp NULL): the stage could
+   not agree its outcome over the group, so a layer failing on one TP rank after its last
+   collective would leave the other pipeline returning PP_OK. The layers' first TP collective is
+   refused on every rank instead, naming pp_stage_desc.tp, and no rank hangs. The control
+   tp-ctl-undeclared-ok (PP_TEST_TP_UNDECLARED_OK: allowed, as before) runs the step to PP_OK. */
+static void undeclared_checks(void) {
+    static pp_action acts[64];
+    static layer_world L;
+    pp_error err;
+    int r, named = 0;
+    memset(&L, 0, sizeof L);
+    L.undeclared = 1;
+    for (r = 0; r < 4; r++) memset(&L.w[r], 0, sizeof L.w[r]);
+    L.first[0] = 0, L.first[1] = 1, L.first[2] = 3;
+    CHECK(pp_schedule_make(PP_SCHED_1F1B, 2, 1, LM, acts, 64, &L.sc, &err) == PP_OK, "%s", err.msg);
+    CHECK(pp_threads_create(4, &L.tpw, &err) == PP_OK && pp_threads_create(2, &L.pipes[0], &err) == PP_OK &&
+              pp_threads_create(2, &L.pipes[1], &err) == PP_OK,
+          "threads");
+    pp_threads_run(4, layer_rank, &L, &err);
+    for (r = 0; r < 4; r++) {
+        CHECK(L.rc[r] != PP_OK, "undeclared: world rank %d's step returned PP_OK with its stage given no TP group", r);
+        named += strstr(L.msg[r], "pp_stage_desc.tp") != NULL;
+    }
+    CHECK(named >= 2, "undeclared: the refusal names pp_stage_desc.tp on both TP ranks of the first stage: %s / %s",
+          L.msg[0], L.msg[1]);
+    pp_threads_destroy(L.tpw);
+    pp_threads_destroy(L.pipes[0]);
+    pp_threads_destroy(L.pipes[1]);
+}
+
 /* ---- boundaries split across the TP group (pp_stage_desc.tp, pp_layer_desc.out_tp) ------------- */
 /* BN hidden layers, each a row-parallel linear over the TP group (x (rows, BK) -> y (rows, BK), W
    split by rows, the partial products all-reduced), then a squared-error loss. With sp (sequence
@@ -677,7 +710,8 @@ static pp_result bnd_rank(int r, void* user) {
     pp_result rc;
     bnd_desc(W, r, W->tp > 1 ? &tpt : NULL, W->to > 0 ? W->to : 20, &d);
     d.shapes = W->shapes;
-    d.tp = W->split && r != W->off_rank ? &W->ctx[r].tp : NULL;
+    d.tp = &W->ctx[r].tp; /* off (or this rank misconfigured): boundaries whole, the outcome still agreed */
+    d.tp_whole = !W->split || r == W->off_rank;
     d.allow_nonfinite_loss = 1; /* a broken split (the negative controls) gives wrong numbers, not a failed step */
     if ((rc = pp_stage_create(&d, &st, &err)) != PP_OK) {
         snprintf(W->msg[r], sizeof W->msg[r], "%s", err.msg);
@@ -1119,6 +1153,7 @@ int main(int argc, char** argv) {
     if (!only || !strcmp(only, "coll")) coll_checks();
     if (!only || !strcmp(only, "refuse")) refuse_checks();
     if (!only || !strcmp(only, "layer")) layer_checks();
+    if (!only || !strcmp(only, "undeclared")) undeclared_checks();
     if (!only || !strcmp(only, "boundary")) boundary_checks();
     if (!only || !strcmp(only, "stale")) stale_checks();
     return TEST_DONE("test_tp");

@@ -211,7 +211,8 @@ static pp_result bnd_step(pp_mpi_grid* mg, const pp_schedule* sc, const int* fir
     d.timeout_s = 30;
     d.shapes = shp;
     d.layer_ctx = &ctx;
-    d.tp = split ? &ctx.tp : NULL;
+    d.tp = &ctx.tp;       /* the outcome agreed over the group either way */
+    d.tp_whole = !split;  /* off: every boundary whole */
     memset(g, 0, sizeof *g);
     if ((rc = pp_stage_create(&d, &stage, &err)) != PP_OK) {
         snprintf(msg, msg_n, "%s", err.msg);
