@@ -435,7 +435,8 @@ TESTS += test_tp test_tp_nccl
 # layers' TP collectives run in stream order (pp_nccl_tp_allreduce), before its all-reduce (a
 # partner's collective stuck on its GPU) and after its last one; pp_nccl_grid_recover after it.
 # Its controls: each host wait its own deadline, not the stuck collective's (4.1 s at a 2 s
-# deadline); the failed member's verdict exchange a deadline of its own (4.1 s); recover without the vote (replica 1 keeps its grid, replica 0 splits again), the
+# deadline); the failed member's verdict exchange a deadline of its own (4.1 s); recover's vote
+# without a deadline (a rank that never votes: a hang, ended by its timeout); recover without the vote (replica 1 keeps its grid, replica 0 splits again), the
 # grid kept, a failed member that only tells its verdict (its partners' sends wait for a receive:
 # their communicators aborted where nothing had to be), no TP verdict at all (a hang: timeout).
 TESTS += test_tp_nccl_fault
@@ -449,6 +450,8 @@ $(B)/tp-ctl-nccl-fault-due: $(TP_FAULT_DEPS) | $(B)
 	$(TP_FAULT_CC) -DPP_NCCL_TEST_TP_NO_DUE $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-nccl-fault-full: $(TP_FAULT_DEPS) | $(B)
 	$(TP_FAULT_CC) -DPP_TEST_TP_VERDICT_FULL_WAIT $(CFLAGS) $< -o $@ $(LDLIBS)
+$(B)/tp-ctl-nccl-fault-untimed: $(TP_FAULT_DEPS) | $(B)
+	$(TP_FAULT_CC) -DPP_NCCL_TEST_RECOVER_UNTIMED $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-nccl-fault-alone: $(TP_FAULT_DEPS) | $(B)
 	$(TP_FAULT_CC) -DPP_NCCL_TEST_RECOVER_ALONE $(CFLAGS) $< -o $@ $(LDLIBS)
 $(B)/tp-ctl-nccl-fault-kept: $(TP_FAULT_DEPS) | $(B)
@@ -533,9 +536,10 @@ $(B)/tp-controls: tests/controls.sh tests/test_trainer.sh $(B)/tp-ctl-unordered 
                   $(B)/tp-ctl-pl-tp-is-dp $(B)/gpt_cpu-ctl-no-dp-sum $(B)/tp-ctl-gpt-nccl-norow $(B)/gpt_cpu-ctl-tp-no-row \
                   $(B)/tp-ctl-no-gather $(B)/tp-ctl-even-slice $(B)/tp-ctl-pl-matrix-order $(B)/tp-ctl-no-step-tag $(B)/tp-ctl-no-tp-agree $(B)/tp-ctl-verdict-no-skip \
                   $(B)/tp-ctl-nccl-host-wait $(B)/tp-ctl-nccl-unwaited $(B)/tp-ctl-gpt-nccl-nogather $(B)/tp-ctl-nccl-no-warmup \
-                  $(B)/tp-ctl-undeclared-ok $(B)/tp-ctl-nccl-fault-due $(B)/tp-ctl-nccl-fault-full $(B)/tp-ctl-nccl-fault-alone $(B)/tp-ctl-nccl-fault-kept $(B)/tp-ctl-nccl-fault-tell \
+                  $(B)/tp-ctl-undeclared-ok $(B)/tp-ctl-nccl-fault-due $(B)/tp-ctl-nccl-fault-full $(B)/tp-ctl-nccl-fault-untimed \
+                  $(B)/tp-ctl-nccl-fault-alone $(B)/tp-ctl-nccl-fault-kept $(B)/tp-ctl-nccl-fault-tell \
                   $(B)/tp-ctl-nccl-fault-unagreed
-	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale" "$(B)/tp-ctl-no-tp-agree stale" "$(B)/tp-ctl-verdict-no-skip stale" "$(B)/tp-ctl-nccl-host-wait" "$(B)/tp-ctl-nccl-unwaited" "$(B)/tp-ctl-gpt-nccl-nogather" "$(B)/tp-ctl-nccl-no-warmup" "$(B)/tp-ctl-undeclared-ok undeclared" "timeout 60 $(B)/tp-ctl-nccl-fault-due before" "timeout 60 $(B)/tp-ctl-nccl-fault-full before" "timeout 60 $(B)/tp-ctl-nccl-fault-alone before" "timeout 60 $(B)/tp-ctl-nccl-fault-kept before" "timeout 60 $(B)/tp-ctl-nccl-fault-tell after" "timeout 15 $(B)/tp-ctl-nccl-fault-unagreed after"\n' > $@
+	printf '#!/bin/sh\nexec sh tests/controls.sh tp-controls "$(B)/tp-ctl-unordered coll" "$(B)/tp-ctl-split-no-dp grid" "$(B)/tp-ctl-pl-no-dp-sum grid" "$(B)/tp-ctl-pl-tp-is-dp grid" "env TRAINER_PART=dp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-no-dp-sum" "$(B)/tp-ctl-gpt-nccl-norow" "env TRAINER_PART=tp sh tests/test_trainer.sh $(B)/gpt_cpu-ctl-tp-no-row" "$(B)/tp-ctl-no-gather boundary" "$(B)/tp-ctl-even-slice boundary" "$(B)/tp-ctl-pl-matrix-order matrix" "$(B)/tp-ctl-no-step-tag stale" "$(B)/tp-ctl-no-tp-agree stale" "$(B)/tp-ctl-verdict-no-skip stale" "$(B)/tp-ctl-nccl-host-wait" "$(B)/tp-ctl-nccl-unwaited" "$(B)/tp-ctl-gpt-nccl-nogather" "$(B)/tp-ctl-nccl-no-warmup" "$(B)/tp-ctl-undeclared-ok undeclared" "timeout 60 $(B)/tp-ctl-nccl-fault-due before" "timeout 60 $(B)/tp-ctl-nccl-fault-full before" "timeout 15 $(B)/tp-ctl-nccl-fault-untimed novote" "timeout 60 $(B)/tp-ctl-nccl-fault-alone before" "timeout 60 $(B)/tp-ctl-nccl-fault-kept before" "timeout 60 $(B)/tp-ctl-nccl-fault-tell after" "timeout 15 $(B)/tp-ctl-nccl-fault-unagreed after"\n' > $@
 	chmod +x $@
 TEST_BINS_EXTRA += $(B)/tp-controls
 # ---- end of test_dpfault's block ------------------------------------------------------------

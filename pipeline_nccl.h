@@ -346,9 +346,10 @@ void pp_nccl_grid_destroy(pp_nccl_grid* g);
    compute, polled until timeout_s); where any rank's grid holds an aborted communicator, every
    rank destroys its grid and splits it again from world (g's pp, tp and order), and *remade = 1:
    make the stages again over the new transports. Otherwise *remade = 0 and the grid stays (a
-   layer's failure that left nothing stuck drains the step without an abort). PP_ERR_TIMEOUT: a
-   rank did not vote in timeout_s, and world still runs the vote: abort world (ncclCommAbort) and
-   start over. */
+   layer's failure that left nothing stuck drains the step without an abort). The first vote is
+   the world communicator's first collective: NCCL sets its connections up in the call, every
+   member at once. PP_ERR_TIMEOUT: a rank did not vote in timeout_s, and world still runs the
+   vote: abort world (ncclCommAbort) and start over. */
 #define pp_nccl_grid_recover _PP_ABI(nccl_grid_recover)
 pp_result pp_nccl_grid_recover(ncclComm_t world, pp_nccl_grid* g, cudaStream_t compute, double timeout_s, int* remade,
                                pp_error* err);
@@ -2571,6 +2572,9 @@ pp_result pp_nccl_grid_recover(ncclComm_t world, pp_nccl_grid* g, cudaStream_t c
     *remade = 0;
     if (!g || !world) return _pp_fail(err, PP_ERR_INVALID, "pp_nccl_grid_recover needs the world communicator and the grid");
     grid = g->grid;
+#ifdef PP_NCCL_TEST_RECOVER_UNTIMED /* negative control (build/tp-controls): the vote waited for without a deadline */
+    deadline = 1e300;
+#endif
     mine = (g->pipe && g->pipe->aborted) || (g->dp && g->dp->aborted) || (g->tied && g->tied->aborted) ||
            (g->tp && g->tp->aborted) || !g->pipe; /* !pipe: a grid a failed recovery left without transports */
 #ifdef PP_NCCL_TEST_RECOVER_ALONE /* negative control (build/tp-controls): each rank decides alone */
@@ -2586,7 +2590,7 @@ pp_result pp_nccl_grid_recover(ncclComm_t world, pp_nccl_grid* g, cudaStream_t c
         if (r == ncclInProgress) r = _ppn_comm_wait(world, deadline, 100);
         if (r != ncclSuccess) {
             if (ev) cudaEventDestroy(ev);
-            cudaFree(dev);
+            if (r != ncclInProgress) cudaFree(dev); /* else the vote may still be launched and write it: leaked */
             return _pp_fail(err, r == ncclInProgress ? PP_ERR_TIMEOUT : PP_ERR_TRANSPORT, "pp_nccl_grid_recover: the vote's "
                             "all-reduce over the world communicator: %s%s", ncclGetErrorString(r),
                             r == ncclInProgress ? " (abort the world communicator)" : "");

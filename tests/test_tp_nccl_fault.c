@@ -34,7 +34,8 @@
    (PP_TEST_TP_VERDICT_TELL_ONLY: a failed member sends its verdict and takes none, so its
    partners' sends wait out their deadline and their communicators are aborted in "after") and
    tp-ctl-nccl-fault-unagreed (PP_TEST_NO_TP_AGREE: in "after" the other TP rank's pipelines
-   return PP_OK). "after" runs again with the imitation's kernels one at a time per device. */
+   return PP_OK). "after" runs again with the imitation's kernels one at a time per device.
+   "novote": a rank that never calls pp_nccl_grid_recover (run_novote). */
 #define _POSIX_C_SOURCE 200809L
 #define PIPELINE_IMPLEMENTATION
 #include "../pipeline_nccl.h"
@@ -56,7 +57,9 @@
 #define FAIL_LAYER 1 /* "before": its forward, micro-batch 0; "after": its backward, micro-batch M - 1 (step 1) */
 #define DEADLINE 2.0 /* every wait of a step; the votes across replicas wait for the slowest: 3 of them */
 
-static int g_mode; /* 0: no fault, 1: "before", 2: "after" */
+static int g_mode; /* 0: no fault, 1: "before", 2: "after", 3: "after", then NOVOTE_WR never votes */
+#define NOVOTE_WR 7
+#define NOVOTE_TIMEOUT 1.0
 
 typedef struct rank_ctx {
     cudaStream_t stream;
@@ -161,7 +164,7 @@ static int layer_call(int kind, const void* w, void* g, int l, pp_layer_io* io) 
     if (jb.loss) return 0;
     if (kind == 0) return pp_nccl_tp_allreduce(grp, jb.out, n, PP_F32, rc->stream, &err) == PP_OK ? 0 : 4;
     if (jb.d_in && pp_nccl_tp_allreduce(grp, jb.d_in, n, PP_F32, rc->stream, &err) != PP_OK) return 4;
-    if (g_mode == 2 && rc->wr == FAIL_WR && rc->step == 1 && l == FAIL_LAYER && io->mb->index == M - 1)
+    if (g_mode >= 2 && rc->wr == FAIL_WR && rc->step == 1 && l == FAIL_LAYER && io->mb->index == M - 1)
         return 43; /* after the step's last TP collective on this rank */
     return 0;
 }
@@ -204,7 +207,7 @@ static pp_result stage_make(rank_stage* S, const pp_stage_desc* tmpl, pp_cuda* c
     S->tpg.timeout_s = DEADLINE;
     d.model = model(&S->tpg);
     d.tp = &S->tpg;          /* io->tp, and the step's outcome agreed over the group */
-    d.tp_whole = g_mode == 2; /* "before": the boundaries split over TP (gathered over g.tp); "after": whole */
+    d.tp_whole = g_mode >= 2; /* "before": the boundaries split over TP (gathered over g.tp); "after": whole */
     d.rank = S->g.grid.pp_rank;
     d.transport = pp_nccl_transport(S->g.pipe);
     d.device = pp_cuda_device_ops(c, 0);
@@ -304,6 +307,17 @@ static pp_result rank_main(int r, void* user) {
             int again = 0;
             pp_stage_destroy(S.st);
             S.st = NULL;
+            if (g_mode == 3) { /* a rank that never votes: the others' recover is PP_ERR_TIMEOUT in its deadline */
+                double t1 = hx_now();
+                if (r != NOVOTE_WR) {
+                    rc = pp_nccl_grid_recover(comm, &S.g, pp_cuda_stream(c, 0), NOVOTE_TIMEOUT, &again, &err);
+                    W->secs[r][2] = hx_now() - t1;
+                    W->out[r][2] = rc;
+                    snprintf(W->omsg[r][2], sizeof W->omsg[r][2], "%s", err.msg);
+                }
+                world_ok = 0; /* the world still runs the vote: aborted */
+                goto done;
+            }
 #ifndef PP_TEST_FAULT_NO_REBUILD
             rc = pp_nccl_grid_recover(comm, &S.g, pp_cuda_stream(c, 0), 3 * DEADLINE, &again, &err);
 #endif
@@ -345,6 +359,32 @@ done:
     return PP_OK;
 }
 
+/* "after", then world rank NOVOTE_WR never calls pp_nccl_grid_recover: every other rank's is
+   PP_ERR_TIMEOUT within its deadline (1 s), saying to abort the world, not a host held (the
+   vote is the world communicator's first collective: NCCL sets it up in the call, holding the
+   host until every member comes [src: enqueue.cc, group.cc], so the deadline ends it there).
+   The control tp-ctl-nccl-fault-untimed (PP_NCCL_TEST_RECOVER_UNTIMED: no deadline) hangs. */
+static void run_novote(void) {
+    static world W;
+    pp_error err;
+    int r;
+    memset(&W, 0, sizeof W);
+    g_mode = 3;
+    ncclGetUniqueId(&W.id);
+    CHECK(pp_threads_run(NR, rank_main, &W, &err) == PP_OK, "%s", err.msg);
+    for (r = 0; r < NR; r++) {
+        if (r == NOVOTE_WR) continue;
+        CHECK(W.out[r][1] != PP_OK, "novote: step 1: rank %d returned PP_OK", r);
+        CHECK(W.out[r][2] == PP_ERR_TIMEOUT && strstr(W.omsg[r][2], "abort"),
+              "novote: rank %d: pp_nccl_grid_recover with a rank that never votes: %s: %s", r, pp_result_str(W.out[r][2]),
+              W.omsg[r][2]);
+        CHECK(W.secs[r][2] < NOVOTE_TIMEOUT + 1.0, "novote: rank %d: recover took %.2f s (deadline %.1f s)", r, W.secs[r][2],
+              NOVOTE_TIMEOUT);
+    }
+    printf("tp fault novote: rank 0: pp_nccl_grid_recover %s in %.2f s: %.120s\n", pp_result_str(W.out[0][2]), W.secs[0][2],
+           W.omsg[0][2]);
+}
+
 /* One run: mode 1 ("before") or 2 ("after"); every rank must fail step 1 and pass steps 0 and 2. */
 static void run(int mode) {
     static world W;
@@ -376,6 +416,7 @@ int main(int argc, char** argv) {
         CHECK(cudaSetDevice(r) == cudaSuccess && cudaStreamSynchronize(0) == cudaSuccess, "device %d: legacy stream", r);
     if (argc < 2 || !strcmp(argv[1], "before")) run(1);
     if (argc < 2 || !strcmp(argv[1], "after")) run(2);
+    if (argc < 2 || !strcmp(argv[1], "novote")) run_novote();
     if (argc < 2) { /* "after" again with one kernel per device at a time [UG: Using multiple NCCL
                        communicators concurrently]: the TP collectives, the pipe's sends and
                        receives and the dp vote, on three communicators, still meet */
