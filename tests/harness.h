@@ -831,4 +831,31 @@ static inline int hx_mlp_grads_match(const mlp_model* g, int p, const pp_schedul
 #endif
 #endif
 
+/* ---- a rank of an NCCL world (tests over pipeline_nccl.h) ------------------------------------- */
+#if defined(PIPELINE_NCCL_H) && defined(PIPELINE_CUDA_H)
+/* World rank r of n: its device (r modulo the devices there are, into *dev, which pp_cuda keeps
+   pointing at), the world communicator from id (pp_nccl_comm_init, non-blocking) and a one-rank
+   pp_cuda bound to that device (the compute stream, the device block pool). */
+static inline pp_result hx_nccl_rank(int r, int n, const ncclUniqueId* id, double timeout_s, int* dev, ncclComm_t* comm,
+                                     pp_cuda** c, pp_error* err) {
+    pp_launch L;
+    pp_cuda_desc cd;
+    int ndev = 1;
+    pp_result rc;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) ndev = 1;
+    *dev = r % ndev;
+    memset(&L, 0, sizeof L);
+    L.rank = r;
+    L.world = n;
+    L.local_rank = r;
+    memset(&cd, 0, sizeof cd);
+    cd.n_ranks = 1;
+    cd.devices = dev;
+    rc = pp_nccl_comm_init(&L, id, timeout_s, comm, err);
+    if (rc == PP_OK) rc = pp_cuda_create(&cd, c, err);
+    if (rc == PP_OK) rc = pp_cuda_bind(*c, 0, err);
+    return rc;
+}
+#endif
+
 #endif

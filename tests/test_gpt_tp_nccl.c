@@ -164,13 +164,11 @@ static pp_result rank_main(int r, void* user) {
     world* W = (world*)user;
     const int TPN = W->tp, PP = W->pp;
     const size_t n = gpt_param_count_tp(&CFG, TPN);
-    pp_launch L;
     ncclComm_t comm = NULL;
     pp_cuda* c = NULL;
-    pp_cuda_desc cd;
     pp_cuda_layer_ctx lc;
     pp_nccl_grid g;
-    int have_grid = 0, dev = r, first[NR + 1], l;
+    int have_grid = 0, dev = 0, first[NR + 1], l;
     pp_transport tpt;
     pp_group tpg;
     pp_stage_desc d;
@@ -185,18 +183,9 @@ static pp_result rank_main(int r, void* user) {
     pp_error err;
     pp_result rc;
     char* msg = W->msg[r];
-    memset(&L, 0, sizeof L);
     memset(&g, 0, sizeof g);
     err.msg[0] = 0;
-    L.rank = r;
-    L.world = NR;
-    L.local_rank = r;
-    memset(&cd, 0, sizeof cd);
-    cd.n_ranks = 1;
-    cd.devices = &dev;
-    rc = pp_nccl_comm_init(&L, &W->id, 20, &comm, &err);
-    if (rc == PP_OK) rc = pp_cuda_create(&cd, &c, &err);
-    if (rc == PP_OK) rc = pp_cuda_bind(c, 0, &err);
+    rc = hx_nccl_rank(r, NR, &W->id, 20, &dev, &comm, &c, &err);
     if (rc == PP_OK) rc = pp_nccl_grid_create_tp(comm, PP, TPN, PP_GRID_DP_INNER, pp_cuda_stream(c, 0), 20, &g, &err);
     if (rc != PP_OK) {
         snprintf(msg, sizeof W->msg[r], "set-up: %s", err.msg);

@@ -337,14 +337,22 @@ static void r_split_nonblocking(world* w, int r) {
    [NCCL issue 1472]. The known-bad client polls the child straight after the split (as
    pp_nccl_grid_create did: "internal error" on an H200, then a crash when NCCL wrote the
    pointer into a returned stack frame); the good one polls the parent first. */
-static void r_split_child_first(world* w, int r) {
+/* A non-blocking world (w->comm[r], settled), then, delay_s later, its split of colour 0, key r
+   into *child: the caller's, which NCCL writes once the parent settles (not this frame's). */
+static void nb_split(world* w, int r, double delay_s, ncclComm_t* child) {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    ncclComm_t child = NULL;
-    ncclResult_t st = ncclSuccess;
     cfg.blocking = 0;
+    *child = NULL;
     w->rc[r] = ncclCommInitRankConfig(&w->comm[r], w->n, w->id, r, &cfg);
     poll_ready(w->comm[r]);
-    w->rc2[r] = ncclCommSplit(w->comm[r], 0, r, &child, NULL);
+    if (delay_s > 0) sleep_s(delay_s);
+    w->rc2[r] = ncclCommSplit(w->comm[r], 0, r, child, NULL);
+}
+
+static void r_split_child_first(world* w, int r) {
+    ncclComm_t child;
+    ncclResult_t st = ncclSuccess;
+    nb_split(w, r, 0, &child);
     /* bad: the child straight away */
     w->flag[r] = child == NULL && ncclCommGetAsyncError(child, &st) != ncclSuccess;
     /* good: the parent, then the child */
@@ -358,14 +366,9 @@ static void r_split_child_first(world* w, int r) {
    member's sockets close [src: bootstrap.cc]. Rank 1 aborts at once; rank 0 splits last, so its
    call completes the split. The known-bad expectation (the child usable) must fail. */
 static void r_split_member_aborts(world* w, int r) {
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    ncclComm_t child = NULL;
+    ncclComm_t child;
     ncclResult_t st = ncclSuccess;
-    cfg.blocking = 0;
-    w->rc[r] = ncclCommInitRankConfig(&w->comm[r], w->n, w->id, r, &cfg);
-    poll_ready(w->comm[r]);
-    if (r == 0) sleep_s(0.05);
-    w->rc2[r] = ncclCommSplit(w->comm[r], 0, r, &child, NULL);
+    nb_split(w, r, r == 0 ? 0.05 : 0, &child);
     if (r == 1) {
         ncclCommAbort(w->comm[r]);
         return;

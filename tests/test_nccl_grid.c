@@ -245,13 +245,11 @@ static void dp_device_check(world* W, int wr, const pp_transport* dpt, cudaStrea
 static void* rank_main(void* arg) {
     rank_arg* a = (rank_arg*)arg;
     world* W = a->W;
-    int wr = a->r, dev = wr, step, ndev = 1;
-    pp_launch L;
+    int wr = a->r, dev = 0, step;
     pp_error err;
     ncclComm_t comm = NULL;
     pp_nccl_grid g;
     pp_cuda* c = NULL;
-    pp_cuda_desc cd;
     pp_stage* st = NULL;
     pp_stage_desc d;
     pp_dp_overlap* ov = NULL;
@@ -268,18 +266,9 @@ static void* rank_main(void* arg) {
     shard s;
     pp_result rc;
     err.msg[0] = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) ndev = 1;
-    dev = wr % ndev; /* several ranks on one GPU: NCCL >= 2.30 with NCCL_MULTI_RANK_GPU_ENABLE=1 */
-    memset(&L, 0, sizeof L);
-    L.rank = wr;
-    L.world = NR;
-    L.local_rank = dev;
-    memset(&cd, 0, sizeof cd);
-    cd.n_ranks = 1;
-    cd.devices = &dev;
-    rc = pp_nccl_comm_init(&L, &W->id, 20, &comm, &err);
-    if (rc == PP_OK) rc = pp_cuda_create(&cd, &c, &err);
-    if (rc == PP_OK) rc = pp_cuda_bind(c, 0, &err);
+    /* device wr modulo the devices there are: several ranks on one GPU need NCCL >= 2.30 with
+       NCCL_MULTI_RANK_GPU_ENABLE=1 */
+    rc = hx_nccl_rank(wr, NR, &W->id, 20, &dev, &comm, &c, &err);
     if (rc == PP_OK) rc = pp_nccl_grid_create(comm, PP, PP_GRID_DP_INNER, pp_cuda_stream(c, 0), 20, &g, &err);
     have_grid = rc == PP_OK;
     if (have_grid) {

@@ -216,13 +216,11 @@ static pp_result stage_make(rank_stage* S, const pp_stage_desc* tmpl, pp_cuda* c
 
 static pp_result rank_main(int r, void* user) {
     world* W = (world*)user;
-    pp_launch L;
     ncclComm_t comm = NULL;
     pp_cuda* c = NULL;
-    pp_cuda_desc cd;
     rank_ctx lc;
     rank_stage S;
-    int dev = r, first[PP + 1], step, l, world_ok = 1;
+    int dev = 0, first[PP + 1], step, l, world_ok = 1;
     pp_action acts[64];
     pp_schedule sched;
     pp_stage_desc d;
@@ -230,22 +228,13 @@ static pp_result rank_main(int r, void* user) {
     float w[(NL - 1) * COLS], gr[(NL - 1) * COLS], g0[(NL - 1) * COLS], gref[(NL - 1) * COLS], mean[(NL - 1) * COLS];
     pp_error err;
     pp_result rc;
-    memset(&L, 0, sizeof L);
     memset(&S, 0, sizeof S);
     err.msg[0] = 0;
     W->rebuilt[r] = -1;
-    L.rank = r;
-    L.world = NR;
-    L.local_rank = r;
-    memset(&cd, 0, sizeof cd);
-    cd.n_ranks = 1;
-    cd.devices = &dev;
     hx_dense_batch(&b, X, Y, ROWS, COLS, M); /* every replica the same batch: the mean is each one's */
     for (l = 0; l < (NL - 1) * COLS; l++) /* TP rank t's shard: its own numbers */
         w[l] = 0.5f + 0.03125f * (float)((l * 7 + (r % TPN) * 5) % 17);
-    rc = pp_nccl_comm_init(&L, &W->id, 20, &comm, &err);
-    if (rc == PP_OK) rc = pp_cuda_create(&cd, &c, &err);
-    if (rc == PP_OK) rc = pp_cuda_bind(c, 0, &err);
+    rc = hx_nccl_rank(r, NR, &W->id, 20, &dev, &comm, &c, &err);
     if (rc == PP_OK) rc = pp_nccl_grid_create_tp(comm, PP, TPN, PP_GRID_DP_INNER, pp_cuda_stream(c, 0), DEADLINE, &S.g, &err);
     S.have_grid = rc == PP_OK;
     if (rc == PP_OK) rc = pp_schedule_make(PP_SCHED_1F1B, PP, 1, M, acts, 64, &sched, &err);
