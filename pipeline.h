@@ -11316,7 +11316,9 @@ static pp_result _pp_pipeline_start(pp_pipeline* pl, const _pp_pl_world* w, pp_e
     pl->world = *w;
     if (pl->W > pl->d.p && !w->grid)
         return _pp_fail(err, PP_ERR_UNSUPPORTED, "dp = %d, tp = %d: this pipeline runs one replica of p ranks (the threads "
-                        "pipeline, pp_pipeline_create, runs dp and tp)", pl->d.dp, pl->d.tp);
+                        "pipeline, pp_pipeline_create, runs dp and tp; on GPUs, one process per GPU over pipeline_nccl.h's "
+                        "pp_nccl_grid_create_tp, as examples/gpt_nccl.cu --tp: a layer's TP collective needs NCCL)",
+                        pl->d.dp, pl->d.tp);
     for (r = 0; r < pl->W; r++) {
         pp_stage_desc sd = pl->d.stage;
         sd.model = pl->d.model;

@@ -360,8 +360,9 @@ static void test_refused(void) {
     d.rank_grads = GPTR;
     d.tp = 2;
     pl = NULL;
-    CHECK(pp_cuda_pipeline_create(&d, &cd, &pl, &err) == PP_ERR_UNSUPPORTED && !pl && strstr(err.msg, "tp = 2"), "tp 2: %s",
-          err.msg);
+    CHECK(pp_cuda_pipeline_create(&d, &cd, &pl, &err) == PP_ERR_UNSUPPORTED && !pl && strstr(err.msg, "tp = 2") &&
+              strstr(err.msg, "pp_nccl_grid_create_tp"),
+          "tp 2: %s (the refusal names where tp runs on GPUs)", err.msg);
     d.tp = 0;
     d.rank_grads = NULL;
     d.grads = GPTR[0];
