@@ -7471,12 +7471,16 @@ static int _pp_tp_step_tag(int fixed, int64_t id) {
 #endif
 }
 
+/* The stage step this thread runs (_pp_tp_enter), or NULL. */
+static _pp_tp_ctx* _pp_tp_cur(void) {
+    pthread_once(&_pp_tp_once, _pp_tp_key_make);
+    return _pp_tp_key_ok ? (_pp_tp_ctx*)pthread_getspecific(_pp_tp_key) : NULL;
+}
+
 /* fixed, or its step's tag where this thread runs a stage's step (_pp_tp_enter). */
 static int _pp_tp_tag(int fixed) {
-    const _pp_tp_ctx* c;
-    pthread_once(&_pp_tp_once, _pp_tp_key_make);
-    if (!_pp_tp_key_ok || !(c = (const _pp_tp_ctx*)pthread_getspecific(_pp_tp_key))) return fixed;
-    return _pp_tp_step_tag(fixed, *c->step);
+    const _pp_tp_ctx* c = _pp_tp_cur();
+    return c ? _pp_tp_step_tag(fixed, *c->step) : fixed;
 }
 
 /* A stage's step begins on this thread: its TP collectives carry *c->step (read at each call);
@@ -7500,19 +7504,15 @@ static pp_result _pp_tp_declared(int n, const char* what, pp_error* err) {
 #ifdef PP_TEST_TP_UNDECLARED_OK /* negative control (build/tp-controls): allowed, as before */
     return PP_OK;
 #endif
-    if (n <= 1) return PP_OK;
-    pthread_once(&_pp_tp_once, _pp_tp_key_make);
-    if (!_pp_tp_key_ok || !(c = (_pp_tp_ctx*)pthread_getspecific(_pp_tp_key)) || c->tp_n > 1) return PP_OK;
+    if (n <= 1 || !(c = _pp_tp_cur()) || c->tp_n > 1) return PP_OK;
     snprintf(c->why, sizeof c->why, ": its %s over %d ranks was refused: the stage was given no TP group (set "
              "pp_stage_desc.tp, with tp_whole for whole boundaries)", what, n);
     return _pp_fail(err, PP_ERR_INVALID, "%s over %d ranks inside a stage that was given no TP group: set "
                     "pp_stage_desc.tp (with tp_whole for whole boundaries), so the step's outcome is agreed over it", what, n);
 }
 static const char* _pp_tp_why(void) {
-    const _pp_tp_ctx* c;
-    pthread_once(&_pp_tp_once, _pp_tp_key_make);
-    if (!_pp_tp_key_ok || !(c = (const _pp_tp_ctx*)pthread_getspecific(_pp_tp_key))) return "";
-    return c->why;
+    const _pp_tp_ctx* c = _pp_tp_cur();
+    return c ? c->why : "";
 }
 static void _pp_tp_leave(void* prev) {
     if (_pp_tp_key_ok) pthread_setspecific(_pp_tp_key, prev);
@@ -10470,6 +10470,8 @@ pp_result pp_stage_create(const pp_stage_desc* d, pp_stage** out, pp_error* err)
             s->tp_to = to;
         }
     }
+    s->tp_ctx.step = &s->n_steps;
+    s->tp_ctx.tp_n = s->tp_n;
     s->p = d->schedule->p;
     s->v = d->schedule->v;
     s->S = d->schedule->n_stages;
@@ -10890,9 +10892,9 @@ static pp_result _pp_stage_step_run(pp_stage* s, const pp_batch* b, int* n_done)
    deadline and their communicator aborted (tests/test_tp_nccl_fault.c "after";
    PP_TEST_TP_VERDICT_TELL_ONLY). It waits until one deadline after its failure, no longer: a
    partner held in a TP collective it never joined answers only at its own deadline. What a
-   receive that timed out receives later is a past step's: the
-   count in it tells, and it is passed over. A
-   pipeline agrees within itself first, so every rank of it hears the same verdicts and takes the
+   receive that timed out receives later is a past step's: the count in it tells, and it is
+   passed over. A pipeline agrees within itself first, so every rank of it hears the same
+   verdicts and takes the
    same outcome. Before, a layer failing on one TP rank after its last TP message of the step (a
    backward's last collective) left the other pipelines returning PP_OK: their optimizers
    stepped, the failed one's did not, and the TP group's replicas of its weights drifted apart
@@ -10938,8 +10940,10 @@ static pp_result _pp_tp_agree(pp_stage* s, pp_result rc) {
     /* a failed member's exchange ends one deadline after its failure: a partner held on its GPU
        by a collective this member never joined cannot answer before its own deadline, and
        waiting a new deadline here made the step's failure two (tests/test_tp_nccl_fault.c) */
-    if (rc != PP_OK && s->t_fail > 0 && s->t_fail + s->tp_to - _pp_now() < to)
-        to = s->t_fail + s->tp_to - _pp_now() > 0.001 ? s->t_fail + s->tp_to - _pp_now() : 0.001;
+    if (rc != PP_OK && s->t_fail > 0) {
+        double left = s->t_fail + s->tp_to - _pp_now();
+        if (left < to) to = left > 0.001 ? left : 0.001;
+    }
 #endif
     xr = _pp_tp_xchg(t, s->tp_ranks, n, me, tag, m, to, &e);
     if (rc != PP_OK) return rc; /* its own failure is the one reported */
@@ -10974,8 +10978,6 @@ static pp_result _pp_stage_step(pp_stage* s, const pp_batch* b, pp_step_stats* s
     int i, n_done;
     void* tp_prev;
     if (!s) return PP_ERR_INVALID;
-    s->tp_ctx.step = &s->n_steps;
-    s->tp_ctx.tp_n = s->tp_n;
     s->tp_ctx.why[0] = 0;
     tp_prev = _pp_tp_enter(&s->tp_ctx); /* the TP collectives of its layers carry the step (>>impl-tp) */
     memset(&s->st, 0, sizeof s->st);

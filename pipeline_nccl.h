@@ -893,6 +893,7 @@ static pp_result _ppn_query(pp_nccl* t, _ppn_batch* b, int* done) {
    ends then too: a member that never came is found one deadline after the collective, not a
    deadline after each wait that queued behind it began. */
 static double _ppn_tp_due(pp_nccl* t) {
+    double due;
 #ifdef PP_NCCL_TEST_TP_NO_DUE /* negative control (build/tp-controls): each wait its own deadline */
     return 1e300;
 #endif
@@ -906,11 +907,12 @@ static double _ppn_tp_due(pp_nccl* t) {
         t->tp_head = (t->tp_head + 1) % _PPN_TP_RING;
         t->tp_n--;
     }
+    due = t->tp_n > 0 ? t->tp_at[t->tp_head] + t->timeout_s : 1e300;
     if (t->tp_link) { /* a collective on the compute stream holds what this transport waits for behind it too */
-        double own = t->tp_n > 0 ? t->tp_at[t->tp_head] + t->timeout_s : 1e300, other = _ppn_tp_due(t->tp_link);
-        return own < other ? own : other;
+        double other = _ppn_tp_due(t->tp_link);
+        if (other < due) due = other;
     }
-    return t->tp_n > 0 ? t->tp_at[t->tp_head] + t->timeout_s : 1e300;
+    return due;
 }
 
 /* After a TP collective was enqueued on stream: its record in the ring. */
@@ -1232,8 +1234,8 @@ static pp_result _ppn_wait(void* self, pp_request* req, double timeout_s, pp_err
         op->batch->seq > t->done_seq[op->ch]) /* a probe, and only later groups could answer (_ppn_event) */
         return _pp_fail(err, PP_ERR_TIMEOUT, "rank %d: a send to rank %d is not known to be done (a later group of its channel "
                         "would have to finish first)", t->rank, peer);
-    due = _ppn_tp_due(t);
     rc = _ppn_poll(t, op->batch, _pp_now() + dt); /* or the TP collectives' due, earlier (_ppn_poll) */
+    due = rc == PP_ERR_TIMEOUT ? _ppn_tp_due(t) : 1e300; /* which of the two ran out: asked before the abort below */
     if (rc == PP_ERR_TIMEOUT && !op->is_recv && dt <= _PP_RETIRE_WAIT_S) /* the executor's probe: no harm done */
         return _pp_fail(err, rc, "rank %d: a send to rank %d is not done after %.3g s", t->rank, peer, dt);
     if (rc == PP_OK && op->is_recv && op->bytes) rc = _ppn_unstage(t, op, _pp_now() + (dt > 0 ? dt : t->timeout_s));
